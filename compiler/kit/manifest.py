@@ -1,0 +1,188 @@
+"""Per-file manifests: made on the source, checked on the target, in parallel.
+
+A manifest is JSON lines: a header, one line per entry (sorted by path), and a totals line.
+Entries: {"p": path, "t": "f"|"d"|"l", "m": mode, "s": size, "h": digest} (files),
+{"p", "t": "d", "m"} (dirs), {"p", "t": "l", "l": link target} (symlinks).
+Exclude patterns follow GNU tar's defaults for --exclude: a pattern matches the whole relative
+path or any tail of it that starts at a component, and `*` matches `/` too. An excluded directory
+is not entered.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import stat
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator, Optional
+
+SCHEMA = 1
+CHUNK = 1 << 20
+SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+
+
+def excluded(rel: str, patterns: Iterable[str]) -> bool:
+    parts = rel.split("/")
+    tails = ["/".join(parts[i:]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(tail, pat) for pat in patterns for tail in tails)
+
+
+def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every entry below root, sorted, excludes pruned."""
+    patterns = list(patterns)
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        full = os.path.join(root, rel_dir) if rel_dir else root
+        with os.scandir(full) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subdirs = []
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if rel in SKIP_NAMES or excluded(rel, patterns):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            yield rel, st
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(rel)
+        stack.extend(reversed(subdirs))
+
+
+def digest(path: str, algo: str) -> str:
+    h = hashlib.new(algo) if algo != "blake2b" else hashlib.blake2b(digest_size=32)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            block = f.read(CHUNK)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return {"p": rel, "t": "l", "l": os.readlink(os.path.join(root, rel))}
+    if stat.S_ISDIR(st.st_mode):
+        return {"p": rel, "t": "d", "m": mode}
+    if stat.S_ISREG(st.st_mode):
+        return {"p": rel, "t": "f", "m": mode, "s": st.st_size}
+    return {"p": rel, "t": "?", "m": mode}
+
+
+def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4) -> dict:
+    """Scan and hash `root`; returns {"header", "entries", "totals"}."""
+    entries, disk = [], 0
+    for rel, st in walk(root, patterns):
+        entries.append(entry_of(root, rel, st))
+        disk += getattr(st, "st_blocks", 0) * 512
+    files = [e for e in entries if e["t"] == "f"]
+    if algo != "none":
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for e, h in zip(files, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), files)):
+                e["h"] = h
+    totals = {
+        "entries": len(entries),
+        "files": len(files),
+        "dirs": sum(1 for e in entries if e["t"] == "d"),
+        "links": sum(1 for e in entries if e["t"] == "l"),
+        "other": sum(1 for e in entries if e["t"] == "?"),
+        "bytes": sum(e["s"] for e in files),
+        "disk_bytes": disk,
+    }
+    header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
+    return {"header": header, "entries": entries, "totals": totals}
+
+
+def dump(manifest: dict, out) -> None:
+    out.write(json.dumps(manifest["header"], sort_keys=True) + "\n")
+    for e in manifest["entries"]:
+        out.write(json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n")
+    out.write(json.dumps({"totals": manifest["totals"]}, sort_keys=True) + "\n")
+
+
+def load(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines or lines[0].get("kind") != "rb-manifest" or "totals" not in lines[-1]:
+        raise ValueError(f"{path}: not a complete manifest (header or totals line missing)")
+    return {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
+
+
+def fingerprint(manifest: dict) -> str:
+    """sha256 over the entries: equal fingerprints mean equal trees (for the chosen algo)."""
+    h = hashlib.sha256()
+    for e in manifest["entries"]:
+        h.update(json.dumps(e, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
+
+
+def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
+    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`)."""
+    algo = manifest["header"]["algo"]
+    want = {e["p"]: e for e in manifest["entries"]}
+    have = {}
+    for rel, st in walk(root, ()):
+        have[rel] = entry_of(root, rel, st)
+    missing = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    differ: list[dict] = []
+    to_hash = []
+    for rel in sorted(set(want) & set(have)):
+        w, h = want[rel], have[rel]
+        for key in ("t", "m", "s", "l"):
+            if w.get(key) != h.get(key):
+                differ.append({"p": rel, "what": key, "want": w.get(key), "have": h.get(key)})
+                break
+        else:
+            if w["t"] == "f" and algo != "none":
+                to_hash.append(w)
+    if to_hash:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            got = pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), to_hash)
+            for w, h in zip(to_hash, got):
+                if w.get("h") != h:
+                    differ.append({"p": w["p"], "what": "content", "want": w.get("h"), "have": h})
+    ok = not (missing or extra or differ)
+    return {
+        "ok": ok,
+        "algo": algo,
+        "checked": len(want),
+        "hashed": len(to_hash),
+        "missing": missing[:limit],
+        "extra": extra[:limit],
+        "differ": sorted(differ, key=lambda d: d["p"])[:limit],
+        "counts": {"missing": len(missing), "extra": len(extra), "differ": len(differ)},
+    }
+
+
+def describe(result: dict) -> list[str]:
+    lines = []
+    for rel in result["missing"]:
+        lines.append(f"missing: {rel}")
+    for rel in result["extra"]:
+        lines.append(f"extra:   {rel}")
+    for d in result["differ"]:
+        lines.append(f"differs: {d['p']} ({d['what']}: expected {d['want']}, found {d['have']})")
+    c = result["counts"]
+    shown = len(lines)
+    total = c["missing"] + c["extra"] + c["differ"]
+    if total > shown:
+        lines.append(f"... and {total - shown} more")
+    return lines
+
+
+def names(manifest: dict, out) -> None:
+    """NUL-separated relative paths for `tar --null --no-recursion -T -`, parents first."""
+    for e in manifest["entries"]:
+        out.write(e["p"].encode("utf-8", "surrogateescape") + b"\0")
+
+
+def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:
+    """The manifest of the installed tree: `manifest` with relocation's rewritten entries."""
+    entries = [dict(e, **changes.get(e["p"], {})) for e in manifest["entries"]]
+    header = dict(manifest["header"], source_fingerprint=source_fingerprint)
+    return {"header": header, "entries": entries, "totals": manifest["totals"]}

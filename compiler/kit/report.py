@@ -1,0 +1,95 @@
+"""The run report: the runbook's event log + each host's probe report -> one JSON and a table."""
+
+from __future__ import annotations
+
+import json
+import os
+
+SCHEMA = 1
+
+
+def read_events(path: str) -> tuple[list[dict], dict]:
+    steps: list[dict] = []
+    facts: dict = {}
+    if not os.path.exists(path):
+        return steps, facts
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if parts[0] == "step" and len(parts) >= 7:
+                _, sid, status, start, end, host, detail = parts[:7]
+                steps.append({"id": sid, "status": status, "host": host or None,
+                              "duration_s": round((int(end) - int(start)) / 1000.0, 3),
+                              "detail": detail})
+            elif parts[0] == "fact" and len(parts) >= 4:
+                _, sid, key, value = parts[:4]
+                facts.setdefault(sid, {})[key] = _number(value)
+    return steps, facts
+
+
+def _number(value: str):
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+
+
+def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str) -> dict:
+    steps, facts = read_events(events)
+    for step in steps:
+        if step["id"] in facts:
+            step["facts"] = facts[step["id"]]
+    probe_docs = {}
+    for host, path in probes.items():
+        try:
+            with open(path, encoding="utf-8") as f:
+                probe_docs[host] = json.load(f)
+        except (OSError, ValueError) as exc:
+            probe_docs[host] = {"error": f"no readable probe report at {path}: {exc}"}
+    checks = {"pass": 0, "fail": 0, "skip": 0}
+    for doc in probe_docs.values():
+        for key in checks:
+            checks[key] += int(doc.get("summary", {}).get(key, 0))
+    return {
+        "schema": SCHEMA,
+        "kind": "rb-run-report",
+        "runbook": name,
+        "spec": spec,
+        "spec_sha256": sha,
+        "outcome": outcome,
+        "steps": steps,
+        "checks": checks,
+        "probes": probe_docs,
+    }
+
+
+def _size(n) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1000.0
+    return str(n)
+
+
+def table(doc: dict) -> str:
+    rows = [("step", "host", "status", "time", "detail")]
+    for s in doc["steps"]:
+        f = s.get("facts", {})
+        detail = s["detail"]
+        if "bytes" in f:
+            detail = f"{_size(f['bytes'])} in {f.get('files', '?')} files" + (
+                f", {f['mb_s']} MB/s" if "mb_s" in f else "") + (f"; {detail}" if detail else "")
+        rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    out = []
+    for r in rows:
+        out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
+    c = doc["checks"]
+    out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
+    out.append(f"outcome: {doc['outcome']}")
+    return "\n".join(out)

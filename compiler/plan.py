@@ -1,0 +1,264 @@
+"""Stage 3: every decision about what the runbook does, as a flat view model for the templates.
+
+Templates only paste values; everything conditional is decided here. Values that go to bash are
+plain strings here and get quoted by the render filters; the few words that must expand at run time
+(`~/` in an identity path) are built here as `Safe` words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from . import catalog
+from .loader import Source
+from .render import Safe
+from .spec import Host, Spec
+
+PACKAGE = Path(__file__).resolve().parent
+KIT_PACKAGES = (("rbkit", PACKAGE / "kit"), ("rbprobes", PACKAGE / "probes"))
+SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
+
+STEP_DOCS = {
+    "preflight": "Reach every host, ship the kit, check tools, source, destination and free space.",
+    "manifest": "Hash every file of the source (in parallel) into a manifest; detect a re-run.",
+    "transfer": "Stream the source into a staging directory beside the destination.",
+    "verify": "Check the staging copy against the manifest: every file, mode, link and digest.",
+    "relocate": "Rewrite what names the old path (shebangs, activate scripts) for the new one.",
+    "swap": "Put the verified copy in place in one rename; keep or remove what was there.",
+    "exports": "Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first.",
+    "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
+}
+
+
+@dataclass(frozen=True)
+class KitFile:
+    path: str  # "rbkit/manifest.py"
+    text: str
+
+
+def kit_files() -> list[KitFile]:
+    """Every Python file of the shipped packages, in a stable order."""
+    files = []
+    for name, root in KIT_PACKAGES:
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            files.append(KitFile(f"{name}/{rel}", path.read_text(encoding="utf-8")))
+    return files
+
+
+def _delimiter(text: str, seed: str) -> str:
+    base = "RB_PY_" + hashlib.sha256(seed.encode()).hexdigest()[:8].upper()
+    delimiter, n = base, 0
+    while delimiter in text.split("\n"):
+        n += 1
+        delimiter = f"{base}_{n}"
+    return delimiter
+
+
+def ssh_words(host: Host) -> list[Any]:
+    """The ssh arguments that reach `host` (without the runbook's common options)."""
+    if host.local:
+        return []
+    words: list[Any] = [
+        "-o", f"ConnectTimeout={host.connect_timeout}",
+        "-o", f"StrictHostKeyChecking={'yes' if host.host_keys == 'strict' else 'accept-new'}",
+    ]
+    if host.port:
+        words += ["-p", str(host.port)]
+    if host.identity_file:
+        words += ["-o", "IdentitiesOnly=yes", "-i", identity_word(host.identity_file)]
+    if host.jump:
+        words += ["-J", host.jump]
+    for key in sorted(host.options):
+        words += ["-o", f"{key}={host.options[key]}"]
+    words += ["--", host.ssh]
+    return words
+
+
+def identity_word(path: str) -> Any:
+    if path.startswith("~/"):
+        return Safe('"${HOME}"/' + shlex.quote(path[2:]))
+    return path
+
+
+def _where(source: Source, loc: tuple) -> str:
+    line, _col = source.position(loc, key=True)
+    return f"{source.path}:{line}"
+
+
+def probe_config(spec: Spec, dst_host: str) -> dict:
+    gpu = None
+    if spec.gpu:
+        known = catalog.lookup(spec.gpu.model)
+        capability = spec.gpu.capability or (known.capability if known else None)
+        gpu = {
+            "model": spec.gpu.model,
+            "count": spec.gpu.count,
+            "capability": capability,
+            "arch": catalog.arch_of(capability) if capability else None,
+        }
+    cuda = None
+    if spec.cuda:
+        cuda = {"version": spec.cuda.version, "home": spec.cuda.home,
+                "library_dirs": [], "library_path_first": list(spec.cuda.library_path_first)}
+    checks = []
+    for i, check in enumerate(spec.checks):
+        kind = check.kind
+        ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{i}"
+        checks.append({"id": ident, "type": kind, "params": check.params,
+                       "allow_skip": check.allow_skip})
+    return {"schema": 1, "host": dst_host, "venv": None, "gpu": gpu, "cuda": cuda,
+            "checks": checks}
+
+
+def build(spec: Spec, source: Source, script_name: str) -> dict:
+    """The view model of the runbook for `spec`."""
+    src_host, src_path = spec.transfer.source
+    dst_host, dst_path = spec.transfer.target
+    hosts_used = list(dict.fromkeys([src_host, dst_host]))
+    steps = ["preflight", "manifest", "transfer", "verify", "relocate", "swap", "exports"]
+    if spec.checks:
+        steps.append("probe")
+    exclude_args: list[str] = []
+    for pattern in spec.transfer.exclude:
+        exclude_args += ["--exclude", pattern]
+    env_pairs = [f"{k}={v}" for k, v in sorted(spec.env.items())]
+    config = probe_config(spec, dst_host)
+
+    settings = [
+        _s("RB_NAME", spec.name, "The runbook and its spec."),
+        _s("RB_SPEC", source.path),
+        _s("RB_SPEC_SHA256", source.sha256),
+        _s("RB_KIT_ID", kit_id()),
+        _s("RB_SSH_CIPHERS", SSH_CIPHERS, "AES-GCM first: the relay is CPU-bound."),
+        _s("RB_SRC_HOST", src_host, f"transfer ({_where(source, ('transfer',))})"),
+        _s("RB_SRC_PATH", src_path),
+        _s("RB_DST_HOST", dst_host),
+        _s("RB_DST_PATH", dst_path),
+        _s("RB_ROUTE", spec.transfer.route),
+        _s("RB_COMPRESSION", spec.transfer.compression),
+        _s("RB_VERIFY", spec.transfer.verify),
+        _s("RB_ON_EXISTING", spec.transfer.on_existing),
+        _s("RB_JOBS", str(spec.transfer.jobs)),
+        _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
+        _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
+        _s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
+           "The checks, as one JSON document for the probe on the target."),
+    ]
+    arrays = [
+        {"name": "RB_HOSTS", "words": hosts_used, "comment": "Hosts this runbook touches."},
+        {"name": "RB_STEPS", "words": steps, "comment": ""},
+        {"name": "RB_EXCLUDE_ARGS", "words": exclude_args, "comment": "transfer.exclude"},
+        {"name": "RB_LIB_FIRST",
+         "words": list(spec.cuda.library_path_first) if spec.cuda else [],
+         "comment": "cuda.library_path_first, relative to the venv's site-packages"},
+        {"name": "RB_ENV", "words": env_pairs, "comment": "env"},
+    ]
+    maps = [
+        {"name": "RB_STEP_DOC", "entries": [(s, STEP_DOCS[s]) for s in steps]},
+        {"name": "RB_STEP_PREVIEW", "entries": [(s, "\n".join(preview(s, spec))) for s in steps]},
+    ]
+    hosts = []
+    for hid in hosts_used:
+        host = spec.hosts[hid]
+        hosts.append({
+            "id": hid,
+            "where": _where(source, ("hosts", hid)),
+            "summary": "this machine" if host.local else f"{host.ssh} over ssh",
+            "ssh_words": ssh_words(host),
+        })
+    files = kit_files()
+    kit = [{"path": f.path, "delimiter": _delimiter(f.text, f.path), "text": Safe(f.text.rstrip("\n"))}
+           for f in files]
+    step_where = {
+        "preflight": ("hosts",), "manifest": ("transfer", "verify"), "transfer": ("transfer",),
+        "verify": ("transfer", "verify"), "relocate": ("transfer", "to"),
+        "swap": ("transfer", "on_existing"), "exports": ("cuda",), "probe": ("checks",),
+    }
+    step_views = []
+    for i, sid in enumerate(steps, 1):
+        loc = step_where[sid]
+        if loc[0] not in source.data:
+            loc = ("transfer",)
+        step_views.append({
+            "id": sid, "index": i, "total": len(steps), "where": _where(source, loc),
+            "doc_lines": [STEP_DOCS[sid]], "template": f"steps/{sid}.sh.j2",
+        })
+    return {
+        "spec_path": source.path,
+        "spec_sha256": source.sha256,
+        "script_name": script_name,
+        "description_lines": [spec.description] if spec.description else [],
+        "settings": settings,
+        "arrays": arrays,
+        "maps": maps,
+        "hosts": hosts,
+        "kit_dirs": sorted({f.path.rsplit("/", 1)[0] for f in files}),
+        "kit_files": kit,
+        "steps": step_views,
+    }
+
+
+def _s(name: str, value: str, comment: str = "") -> dict:
+    return {"name": name, "value": value, "comment": comment}
+
+
+def kit_id() -> str:
+    h = hashlib.sha256()
+    for f in kit_files():
+        h.update(f.path.encode() + b"\0" + f.text.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def preview(step: str, spec: Spec) -> list[str]:
+    """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
+    src_host, src = spec.transfer.source
+    dst_host, dst = spec.transfer.target
+    staging = f"{dst.rsplit('/', 1)[0] or '.'}/.{dst.rsplit('/', 1)[-1]}.rb-staging"
+    excl = " ".join(f"--exclude {shlex.quote(p)}" for p in spec.transfer.exclude)
+    comp = spec.transfer.compression
+    comp_note = {"auto": "zstd -1 if both ends have zstd, else none", "none": "none"}.get(comp, comp)
+    hosts = list(dict.fromkeys([src_host, dst_host]))
+    out: list[str] = []
+    if step == "preflight":
+        for h in hosts:
+            out.append(f"on {h}: connect; copy the kit to /tmp/rbkit-<id>; check tar and python3 >= 3.9")
+        out.append(f"on {src_host}: rbkit scan {src} {excl}".rstrip())
+        out.append(f"on {dst_host}: rbkit scan {dst}; rbkit free {staging}")
+        out.append(f"compression: {comp_note}")
+    elif step == "manifest":
+        out.append(f"on {src_host}: rbkit manifest build {src} {excl} --algo {spec.transfer.verify}"
+                   f" --jobs {spec.transfer.jobs}".replace("  ", " "))
+        out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
+        out.append(f"on {dst_host}: if {dst}/.rb-manifest.jsonl matches, skip the install")
+    elif step == "transfer":
+        out.append(f"on {dst_host}: rm -rf {staging} && mkdir -p {staging}")
+        out.append(f"on {src_host}: tar -C {src} --null --no-recursion -T <manifest names> -cf - "
+                   f"| <compress: {comp_note}>")
+        out.append(f"  | through this machine ({spec.transfer.route}) |")
+        out.append(f"on {dst_host}: <decompress> | tar -C {staging} -xf - --no-same-owner")
+    elif step == "verify":
+        out.append(f"on {dst_host}: rbkit manifest verify {staging} <manifest> --jobs {spec.transfer.jobs}")
+    elif step == "relocate":
+        out.append(f"on {dst_host}: rbkit relocate {staging} --old {src} --new {dst}")
+    elif step == "swap":
+        out.append(f"on {dst_host}: rbkit swap {staging} {dst} --policy {spec.transfer.on_existing}")
+        out.append(f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
+                   f"{dst}/bin/pip --version")
+    elif step == "exports":
+        env_file = (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else f"{dst}.env.sh")
+        out.append(f"on {dst_host}: write {env_file}")
+        if spec.cuda:
+            first = ", ".join(spec.cuda.library_path_first) or "-"
+            out.append(f"  CUDA_HOME={spec.cuda.home}; LD_LIBRARY_PATH: {first} (in site-packages), "
+                       f"then $CUDA_HOME/lib64")
+    elif step == "probe":
+        kinds = ", ".join(c.kind for c in spec.checks)
+        out.append(f"on {dst_host}: source the env file; {dst}/bin/python -m rbprobes run: {kinds}")
+        out.append(f"here: fetch the report to runs/{spec.name}/probe-{dst_host}.json")
+    return out

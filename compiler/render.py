@@ -1,0 +1,128 @@
+"""Stage 4: view model -> bash text. Jinja2 with no logic of ours in templates.
+
+Every value that reaches the output must be marked by one of the filters below; `finalize` refuses
+anything else, so a template that forgets to quote a value fails to render instead of producing a
+script where a spec string could execute.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Iterable
+
+import jinja2
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class Safe(str):
+    """Text that is safe to paste into the script where the filter that made it was used."""
+
+
+class RenderError(Exception):
+    """A template used a value without a quoting filter, or a filter got a value it refuses."""
+
+
+def sh(value: Any) -> Safe:
+    """One shell word, single-quoted as needed (POSIX quoting; newlines stay inside the quotes)."""
+    if isinstance(value, Safe):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise RenderError(f"|sh takes a string or an int, got {type(value).__name__}: {value!r}")
+    text = str(value)
+    if "\0" in text:
+        raise RenderError("|sh: NUL cannot be passed to bash")
+    return Safe(shlex.quote(text))
+
+
+def shwords(values: Iterable[Any]) -> Safe:
+    """Several shell words for an array body: each quoted by |sh (or already Safe)."""
+    return Safe(" ".join(sh(v) for v in values))
+
+
+def ident(value: Any) -> Safe:
+    text = str(value)
+    if not IDENTIFIER.match(text):
+        raise RenderError(f"|ident: {text!r} is not an identifier")
+    return Safe(text)
+
+
+def num(value: Any) -> Safe:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RenderError(f"|num: {value!r} is not an int")
+    return Safe(str(value))
+
+
+def comment(value: Any) -> Safe:
+    """Text for a `#` comment: one line, no control characters."""
+    text = str(value)
+    if CONTROL.search(text):
+        raise RenderError(f"|comment: {text!r} is not one line of text")
+    return Safe(text)
+
+
+def body(value: Any) -> Safe:
+    """Author-written text from this repository (kit files inside quoted heredocs)."""
+    if not isinstance(value, Safe):
+        raise RenderError("|body takes only text the plan marked as ours (Safe)")
+    return value
+
+
+def _finalize(value: Any) -> Any:
+    if isinstance(value, Safe):
+        return value
+    raise RenderError(
+        f"unquoted value {value!r} in a template: pass it through |sh, |ident, |num, |comment or |body"
+    )
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        finalize=_finalize,
+        # bash's ${#array[@]} would open a jinja comment: comments use <%# ... #%> instead.
+        comment_start_string="<%#",
+        comment_end_string="#%>",
+    )
+    env.filters.update(sh=sh, shwords=shwords, ident=ident, num=num, comment=comment, body=body)
+    return env
+
+
+HEREDOC = re.compile(r"<<'([A-Za-z_][A-Za-z0-9_]*)'\s*$")
+
+
+def tidy(text: str) -> str:
+    """Strip trailing spaces and squeeze runs of blank lines, except inside quoted heredocs, whose
+    text is kept byte for byte."""
+    out: list[str] = []
+    delimiter = None
+    for line in text.split("\n"):
+        if delimiter is not None:
+            out.append(line)
+            if line == delimiter:
+                delimiter = None
+            continue
+        line = line.rstrip()
+        if line == "" and out and out[-1] == "":
+            continue
+        out.append(line)
+        match = HEREDOC.search(line)
+        if match:
+            delimiter = match.group(1)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def render(view: dict, template: str = "runbook.sh.j2") -> str:
+    try:
+        return tidy(environment().get_template(template).render(**view))
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"template {template}: {exc}") from None

@@ -1,0 +1,417 @@
+"""Stage 2: the spec's schema. Pydantic models, extra keys forbidden, every string checked.
+
+Anything that will reach a shell is validated here first, even though rendering quotes it anyway:
+the runbook runs as root on expensive machines, so a hostile or mistyped value is refused with a
+message that points at the spec, rather than quoted and carried along.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
+
+IDENT = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+IPV6 = re.compile(r"^\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9]+)?\]?$")
+MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]{1,40}$")
+VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}([a-z0-9.+-]*)$")
+CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# ssh options the spec may not set through `options:` because the runbook owns them.
+OWNED_SSH_OPTIONS = {
+    "batchmode": "the runbook always runs ssh with BatchMode=yes",
+    "stricthostkeychecking": "use `host_keys: accept-new` (checking is never turned off)",
+    "controlmaster": "the runbook multiplexes connections itself",
+    "controlpath": "the runbook multiplexes connections itself",
+    "controlpersist": "the runbook multiplexes connections itself",
+    "proxycommand": "use `jump:` (ProxyJump); a ProxyCommand runs arbitrary commands",
+    "localcommand": "runs arbitrary commands on this machine",
+    "permitlocalcommand": "runs arbitrary commands on this machine",
+    "knownhostscommand": "runs arbitrary commands on this machine",
+    "remotecommand": "the runbook decides what runs remotely",
+    "port": "use `port:`",
+    "identityfile": "use `identity_file:`",
+    "proxyjump": "use `jump:`",
+    "user": "write it in `ssh: user@host`",
+    "hostname": "write it in `ssh: user@host`",
+}
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _text(value: str) -> str:
+    """One-line free text (descriptions): no control characters."""
+    if CONTROL.search(value.replace("\t", " ")):
+        raise ValueError("must be one line of text without control characters")
+    return value
+
+
+def _nonempty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if CONTROL.search(value):
+        raise ValueError("must not contain control characters (newline, tab, NUL, ...)")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    _nonempty(value)
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path (starting with /), got {value!r}")
+    return _clean_path(value)
+
+
+def _path(value: str) -> str:
+    """An absolute path, or a relative one (only where the spec allows it)."""
+    _nonempty(value)
+    return _clean_path(value)
+
+
+def _clean_path(value: str) -> str:
+    parts = value.split("/")
+    if ".." in parts:
+        raise ValueError("must not contain '..' components")
+    if value.startswith("-"):
+        raise ValueError("must not start with '-'")
+    norm = posixpath.normpath(value)
+    if norm in ("/", "."):
+        raise ValueError("must name a directory below / (not / itself)")
+    return norm
+
+
+def _identity_path(value: str) -> str:
+    _nonempty(value)
+    if value.startswith("~/"):
+        _clean_path(value[2:])
+        return "~/" + posixpath.normpath(value[2:])
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path or start with ~/")
+    return _clean_path(value)
+
+
+def _exclude(value: str) -> str:
+    _nonempty(value)
+    if value.startswith("-"):
+        raise ValueError("must not start with '-'")
+    return value
+
+
+def _ident(value: str) -> str:
+    if not IDENT.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use lower-case letters, digits and _ (start with a letter)"
+        )
+    return value
+
+
+def _name(value: str) -> str:
+    if not NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: lower-case letters, digits, '.', '_', '-' (max 63)"
+        )
+    return value
+
+
+def _module(value: str) -> str:
+    if not MODULE.match(value):
+        raise ValueError(f"{value!r} is not a Python module name")
+    return value
+
+
+def _version(value: str) -> str:
+    if not VERSION.match(value):
+        raise ValueError(f"{value!r} is not a version like \"13.0\" or \"2.11.0\"")
+    return value
+
+
+def _capability(value: str) -> str:
+    if not CAPABILITY.match(value):
+        raise ValueError(f"{value!r} is not a compute capability like \"10.3\"")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_text)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+IdentityPath = Annotated[str, AfterValidator(_identity_path)]
+Exclude = Annotated[str, AfterValidator(_exclude)]
+Ident = Annotated[str, AfterValidator(_ident)]
+Name = Annotated[str, AfterValidator(_name)]
+ModuleName = Annotated[str, AfterValidator(_module)]
+Version = Annotated[str, AfterValidator(_version)]
+Capability = Annotated[str, AfterValidator(_capability)]
+NonEmpty = Annotated[str, AfterValidator(_nonempty)]
+Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
+
+
+def parse_ssh_target(value: str) -> tuple[Optional[str], str]:
+    """"user@host" or "host" -> (user, host), each validated; raises ValueError."""
+    _nonempty(value)
+    user, _, host = value.rpartition("@")
+    if user and not USER.match(user):
+        raise ValueError(f"{user!r} is not a valid user name")
+    if not (HOSTNAME.match(host) or (":" in host and IPV6.match(host))):
+        raise ValueError(f"{host!r} is not a valid host name or address")
+    return (user or None), host.strip("[]")
+
+
+def _ssh_target(value: str) -> str:
+    parse_ssh_target(value)
+    return value
+
+
+def _jump(value: str) -> str:
+    # user@host[:port], comma-separated chain, as ssh -J takes it.
+    for hop in value.split(","):
+        target, _, port = hop.rpartition(":") if hop.count(":") == 1 else (hop, "", "")
+        parse_ssh_target(target)
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{port!r} is not a port number")
+    return value
+
+
+SshTarget = Annotated[str, AfterValidator(_ssh_target)]
+Jump = Annotated[str, AfterValidator(_jump)]
+
+
+class Host(Model):
+    """One machine the runbook touches: reached over ssh, or this machine itself (`local: true`)."""
+
+    ssh: Optional[SshTarget] = None
+    local: StrictBool = False
+    port: Optional[Port] = None
+    identity_file: Optional[IdentityPath] = None
+    jump: Optional[Jump] = None
+    host_keys: Literal["strict", "accept-new"] = "strict"
+    connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
+    options: dict[str, NonEmpty] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Host":
+        if self.local and self.ssh:
+            raise ValueError("a host is either `local: true` or reached by `ssh:`, not both")
+        if not self.local and not self.ssh:
+            raise ValueError("say how to reach the host: `ssh: user@host`, or `local: true`")
+        if self.local and (self.port or self.identity_file or self.jump or self.options):
+            raise ValueError("ssh settings (port, identity_file, jump, options) need `ssh:`")
+        for key in self.options:
+            if not SSH_OPTION.match(key):
+                raise ValueError(f"options: {key!r} is not an ssh option name")
+            owned = OWNED_SSH_OPTIONS.get(key.lower())
+            if owned:
+                raise ValueError(f"options: {key} cannot be set here: {owned}")
+        return self
+
+
+def parse_endpoint(value: str) -> tuple[str, str]:
+    """'host:/path' -> (host, path); the host is checked against `hosts:` later."""
+    host, sep, path = value.partition(":")
+    if not sep or not host:
+        raise ValueError(f"{value!r} must be HOST:PATH, e.g. b300:/opt/sglang/.venv")
+    return host, path
+
+
+class Transfer(Model):
+    from_: str = Field(alias="from")
+    to: str
+    route: Literal["relay", "direct", "auto"] = "relay"
+    compression: Literal["auto", "zstd", "gzip", "none"] = "auto"
+    exclude: list[Exclude] = Field(default_factory=list)
+    verify: Literal["sha256", "blake2b", "none"] = "sha256"
+    on_existing: Literal["refuse", "backup", "replace"] = "refuse"
+    jobs: Annotated[int, Field(strict=True, ge=1, le=256)] = 4
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> "Transfer":
+        for field, value in (("from", self.from_), ("to", self.to)):
+            host, path = parse_endpoint(value)
+            try:
+                _ident(host)
+                _path(path)
+            except ValueError as exc:
+                raise ValueError(f"{field}: {exc}") from None
+        return self
+
+    @property
+    def source(self) -> tuple[str, str]:
+        host, path = parse_endpoint(self.from_)
+        return host, _path(path)
+
+    @property
+    def target(self) -> tuple[str, str]:
+        host, path = parse_endpoint(self.to)
+        return host, _path(path)
+
+
+class Cuda(Model):
+    version: Version
+    home: AbsPath
+    library_path_first: list[NonEmpty] = Field(default_factory=list)
+    env_file: Optional[AbsPath] = None
+
+    @model_validator(mode="after")
+    def _relative_dirs(self) -> "Cuda":
+        for i, d in enumerate(self.library_path_first):
+            if d.startswith("/") or ".." in d.split("/") or d.startswith("-"):
+                raise ValueError(
+                    f"library_path_first[{i}]: {d!r} must be relative to the venv's site-packages"
+                )
+        return self
+
+
+def _gpu_model(value: str) -> str:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", value):
+        raise ValueError(f"{value!r} is not a GPU model name like B300 or H200")
+    return value
+
+
+class Gpu(Model):
+    model: Annotated[str, AfterValidator(_gpu_model)]
+    count: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
+    capability: Optional[Capability] = None
+
+
+class CheckBase(Model):
+    allow_skip: StrictBool = False
+
+
+class TorchCheck(CheckBase):
+    version: Optional[Version] = None
+    cuda: Optional[Version] = None
+
+
+class DevicesCheck(CheckBase):
+    count: Optional[Annotated[int, Field(strict=True, ge=0, le=64)]] = None
+    capability: Optional[Capability] = None
+    names: Optional[list[NonEmpty]] = None
+
+
+class MatmulCheck(CheckBase):
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    size: Annotated[int, Field(strict=True, ge=16, le=32768)] = 4096
+    every_device: StrictBool = True
+
+
+class KernelAuditCheck(CheckBase):
+    arch: Optional[Annotated[str, Field(pattern=r"^sm_[0-9]{2,3}[af]?$")]] = None
+    paths: Optional[list[NonEmpty]] = None
+
+
+class LibrariesCheck(CheckBase):
+    expect_dirs: list[AbsPath] = Field(default_factory=list)
+
+
+class NcclCheck(CheckBase):
+    pass
+
+
+class PythonCheck(CheckBase):
+    name: Optional[Text] = None
+    code: Annotated[str, Field(min_length=1, max_length=20000)]
+
+
+class CommandCheck(CheckBase):
+    name: Optional[Text] = None
+    run: Annotated[str, Field(min_length=1, max_length=20000)]
+    expect_exit: Annotated[int, Field(strict=True, ge=0, le=255)] = 0
+    timeout_s: Annotated[int, Field(strict=True, ge=1, le=3600)] = 300
+
+
+CHECK_TYPES: dict[str, Any] = {
+    "torch": TorchCheck,
+    "devices": DevicesCheck,
+    "matmul": MatmulCheck,
+    "imports": list[ModuleName],
+    "kernel_audit": KernelAuditCheck,
+    "libraries": LibrariesCheck,
+    "nccl": NcclCheck,
+    "python": PythonCheck,
+    "command": CommandCheck,
+}
+
+
+class Check(Model):
+    """One list item of `checks:`, a mapping with exactly one key naming the check type."""
+
+    torch: Optional[TorchCheck] = None
+    devices: Optional[DevicesCheck] = None
+    matmul: Optional[MatmulCheck] = None
+    imports: Optional[Annotated[list[ModuleName], Field(min_length=1)]] = None
+    kernel_audit: Optional[KernelAuditCheck] = None
+    libraries: Optional[LibrariesCheck] = None
+    nccl: Optional[NcclCheck] = None
+    python: Optional[PythonCheck] = None
+    command: Optional[CommandCheck] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_defaults(cls, data: Any) -> Any:
+        # `- devices: {}` and `- nccl:` (null) both mean "with defaults".
+        if isinstance(data, dict):
+            return {k: ({} if v is None and k != "imports" else v) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Check":
+        given = [k for k in CHECK_TYPES if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "each check is a mapping with exactly one of: " + ", ".join(CHECK_TYPES)
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in CHECK_TYPES if getattr(self, k) is not None)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        value = getattr(self, self.kind)
+        if isinstance(value, list):
+            return {"modules": list(value)}
+        return value.model_dump(exclude={"allow_skip"}, exclude_none=True)
+
+    @property
+    def allow_skip(self) -> bool:
+        value = getattr(self, self.kind)
+        return bool(getattr(value, "allow_skip", False))
+
+
+class Spec(Model):
+    name: Name
+    description: Text = ""
+    hosts: Annotated[dict[Ident, Host], Field(min_length=1)]
+    transfer: Transfer
+    cuda: Optional[Cuda] = None
+    gpu: Optional[Gpu] = None
+    checks: list[Check] = Field(default_factory=list)
+    env: dict[str, Annotated[str, AfterValidator(_nonempty)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _env_names(self) -> "Spec":
+        for key in self.env:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"env: {key!r} is not an environment variable name")
+        return self

@@ -1,0 +1,252 @@
+"""Stage 2 entry point: loaded spec -> `Spec`, or a SpecError listing every problem with its position.
+
+Two passes, both always run: the pydantic models (types, allowed keys, formats), then the checks
+that relate fields to each other (host references, source vs target, the GPU catalog). The second pass
+reads the raw data defensively so that it can report next to the first pass's problems.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from typing import Any, Optional
+
+from pydantic import BaseModel, ValidationError
+
+from . import catalog
+from .errors import Problem, SpecError
+from .loader import Source, plain
+from .spec import CHECK_TYPES, Spec, parse_endpoint
+
+
+def validate(source: Source) -> Spec:
+    data = plain(source.data)
+    problems: list[Problem] = []
+    spec: Optional[Spec] = None
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(_translate(source, err) for err in exc.errors(include_url=False))
+    problems.extend(_relations(source, data))
+    if problems:
+        raise SpecError(_unique(problems))
+    assert spec is not None
+    return spec
+
+
+def _unique(problems: list[Problem]) -> list[Problem]:
+    seen, out = set(), []
+    for p in problems:
+        if (p.line, p.column, p.field, p.message) not in seen:
+            seen.add((p.line, p.column, p.field, p.message))
+            out.append(p)
+    return out
+
+
+# -- pydantic errors -> problems ----------------------------------------------------------------
+
+
+def _translate(source: Source, err: dict[str, Any]) -> Problem:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if loc and loc[-1] == "[key]":
+        loc = loc[:-1]
+        return source.problem(loc, _clean(err["msg"]), key=True)
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = _did_you_mean(str(loc[-1]), allowed)
+        msg = f"unknown key {loc[-1]!r}" + hint
+        if not hint and allowed:
+            msg += f" (allowed: {', '.join(sorted(allowed))})"
+        return source.problem(loc, msg, key=True)
+    if kind == "missing":
+        problem = source.problem(loc[:-1], f"required key {loc[-1]!r} is missing", key=True)
+        return Problem(problem.path, problem.line, problem.column, _dotted(loc), problem.message)
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        options = [o.strip().strip("'") for o in expected.replace(" or ", ", ").split(",")]
+        given = err.get("input")
+        hint = _did_you_mean(str(given), options) if isinstance(given, str) else ""
+        return source.problem(loc, f"must be one of {', '.join(options)}; got {given!r}{hint}")
+    given = err.get("input")
+    if kind == "string_type" and isinstance(given, (int, float)) and not isinstance(given, bool):
+        why = " (YAML reads 13.10 as the number 13.1)" if isinstance(given, float) else ""
+        return source.problem(loc, f"must be a string: write it in quotes, e.g. \"{given}\"{why}")
+    if kind in ("dict_type", "model_type", "model_attributes_type") and err.get("input") is None:
+        return source.problem(loc, "must not be empty: give a mapping of keys to values")
+    return source.problem(loc, _clean(err["msg"]))
+
+
+def _dotted(loc: tuple) -> str:
+    from .loader import dotted
+
+    return dotted(loc)
+
+
+def _clean(msg: str) -> str:
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    return msg[:1].lower() + msg[1:] if msg[:2] != msg[:2].upper() else msg
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close:
+        close = [o for o in options if o.lower() == word.lower()]
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The keys the model at `loc` accepts (walks the model types along the location)."""
+    tp: Any = Spec
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = _field(tp, str(part))
+            if field is None:
+                return []
+            tp = field.annotation
+        else:
+            origin = typing.get_origin(tp)
+            args = typing.get_args(tp)
+            if origin in (dict,) and args:
+                tp = args[1]
+            elif origin in (list,) and args:
+                tp = args[0]
+            else:
+                return []
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [f.alias or name for name, f in tp.model_fields.items()]
+    return []
+
+
+def _field(model: type[BaseModel], key: str):
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == key:
+            return field
+    return None
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin is typing.Union:
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+# -- relations between fields -------------------------------------------------------------------
+
+
+def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
+    problems: list[Problem] = []
+    hosts = data.get("hosts") if isinstance(data.get("hosts"), dict) else {}
+    transfer = data.get("transfer") if isinstance(data.get("transfer"), dict) else {}
+    ends: dict[str, tuple[str, str]] = {}
+    for key in ("from", "to"):
+        value = transfer.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            host, path = parse_endpoint(value)
+        except ValueError:
+            continue  # the model reports the format
+        ends[key] = (host, path)
+        if host not in hosts:
+            hint = _did_you_mean(host, list(hosts))
+            problems.append(source.problem(
+                ("transfer", key), f"host {host!r} is not defined under hosts{hint}"))
+            continue
+        entry = hosts.get(host)
+        is_local = isinstance(entry, dict) and entry.get("local") is True
+        if path and not path.startswith("/") and not is_local:
+            problems.append(source.problem(
+                ("transfer", key),
+                f"{path!r} must be an absolute path on {host} (relative paths are only for "
+                "`local: true` hosts, where they are taken from the directory the runbook runs in)"))
+    if len(ends) == 2:
+        (h1, p1), (h2, p2) = ends["from"], ends["to"]
+        n1, n2 = _norm(p1), _norm(p2)
+        if h1 == h2 and n1 == n2:
+            problems.append(source.problem(("transfer", "to"), "is the same as transfer.from"))
+        elif h1 == h2 and (n2.startswith(n1 + "/") or n1.startswith(n2 + "/")):
+            problems.append(source.problem(
+                ("transfer", "to"), "source and destination on one host must not contain each other"))
+        route = transfer.get("route", "relay")
+        if route == "direct" and _is_local(hosts, h1) != _is_local(hosts, h2):
+            problems.append(source.problem(
+                ("transfer", "route"), "direct needs both ends reached over ssh; use relay"))
+    problems.extend(_gpu(source, data))
+    problems.extend(_checks(source, data))
+    return problems
+
+
+def _is_local(hosts: dict, name: str) -> bool:
+    entry = hosts.get(name)
+    return isinstance(entry, dict) and entry.get("local") is True
+
+
+def _norm(path: str) -> str:
+    import posixpath
+
+    return posixpath.normpath(path) if path else path
+
+
+def _gpu(source: Source, data: dict[str, Any]) -> list[Problem]:
+    gpu = data.get("gpu")
+    if not isinstance(gpu, dict) or not isinstance(gpu.get("model"), str):
+        return []
+    known = catalog.lookup(gpu["model"])
+    out = []
+    if known is None and not gpu.get("capability"):
+        hint = _did_you_mean(gpu["model"], [g.name for g in catalog.GPUS.values()])
+        known_names = ", ".join(g.name for g in catalog.GPUS.values())
+        out.append(source.problem(
+            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}"
+            + (hint if hint else f" (known: {known_names})") + "; or give `capability:` yourself"))
+    if known is not None and isinstance(gpu.get("capability"), str) and (
+        gpu["capability"] != known.capability
+    ):
+        out.append(source.problem(
+            ("gpu", "capability"),
+            f"{known.name} has compute capability {known.capability}, not {gpu['capability']}"))
+    cuda = data.get("cuda")
+    if known is not None and isinstance(cuda, dict) and isinstance(cuda.get("version"), str):
+        have = catalog.version_tuple(cuda["version"])
+        need = catalog.version_tuple(known.min_cuda)
+        if have and have < need:
+            out.append(source.problem(
+                ("cuda", "version"),
+                f"CUDA {cuda['version']} cannot target {known.arch} ({known.name}); needs "
+                f"{known.min_cuda} or later"))
+    return out
+
+
+def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
+    out = []
+    checks = data.get("checks")
+    if not isinstance(checks, list):
+        return out
+    seen: dict[str, int] = {}
+    for i, item in enumerate(checks):
+        if not isinstance(item, dict):
+            out.append(source.problem(
+                ("checks", i), "each check is a mapping like `- matmul: {dtype: bfloat16}`"))
+            continue
+        for key in item:
+            if key not in CHECK_TYPES:
+                continue
+            if key in seen and key not in ("python", "command"):
+                out.append(source.problem(
+                    ("checks", i, key), f"check {key!r} is already listed at checks[{seen[key]}]",
+                    key=True))
+            seen.setdefault(key, i)
+    return out
