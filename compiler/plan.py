@@ -147,9 +147,10 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_JOBS", str(spec.transfer.jobs)),
         _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
-        _s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
-           "The checks, as one JSON document for the probe on the target."),
     ]
+    if "probe" in steps:
+        settings.append(_s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
+                           "The checks, as one JSON document for the probe on the target."))
     arrays = [
         {"name": "RB_HOSTS", "words": hosts_used, "comment": "Hosts this runbook touches."},
         {"name": "RB_STEPS", "words": steps, "comment": ""},
@@ -162,6 +163,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
     maps = [
         {"name": "RB_STEP_DOC", "entries": [(s, STEP_DOCS[s]) for s in steps]},
         {"name": "RB_STEP_PREVIEW", "entries": [(s, "\n".join(preview(s, spec))) for s in steps]},
+        {"name": "RB_STEP_HOST", "entries": [(s, step_host(s, src_host, dst_host)) for s in steps]},
     ]
     hosts = []
     for hid in hosts_used:
@@ -204,6 +206,15 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
     }
 
 
+def step_host(step: str, src_host: str, dst_host: str) -> str:
+    """The host a step is mostly about (named in its log lines and the report)."""
+    if step == "manifest":
+        return src_host
+    if step in ("preflight", "transfer"):
+        return src_host if src_host == dst_host else f"{src_host}->{dst_host}"
+    return dst_host
+
+
 def _s(name: str, value: str, comment: str = "") -> dict:
     return {"name": name, "value": value, "comment": comment}
 
@@ -227,7 +238,8 @@ def preview(step: str, spec: Spec) -> list[str]:
     out: list[str] = []
     if step == "preflight":
         for h in hosts:
-            out.append(f"on {h}: connect; copy the kit to /tmp/rbkit-<id>; check tar and python3 >= 3.9")
+            ship = "use the kit here" if spec.hosts[h].local else "copy the kit to /tmp/rbkit-<id>"
+            out.append(f"on {h}: connect; {ship}; check tar and python3 >= 3.9")
         out.append(f"on {src_host}: rbkit scan {src} {excl}".rstrip())
         out.append(f"on {dst_host}: rbkit scan {dst}; rbkit free {staging}")
         out.append(f"compression: {comp_note}")

@@ -27,8 +27,15 @@ class RenderError(Exception):
     """A template used a value without a quoting filter, or a filter got a value it refuses."""
 
 
+def _defined(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises UndefinedError, naming the missing value
+    return value
+
+
 def sh(value: Any) -> Safe:
     """One shell word, single-quoted as needed (POSIX quoting; newlines stay inside the quotes)."""
+    value = _defined(value)
     if isinstance(value, Safe):
         return value
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -45,7 +52,7 @@ def shwords(values: Iterable[Any]) -> Safe:
 
 
 def ident(value: Any) -> Safe:
-    text = str(value)
+    text = str(_defined(value))
     if not IDENTIFIER.match(text):
         raise RenderError(f"|ident: {text!r} is not an identifier")
     return Safe(text)
@@ -59,7 +66,7 @@ def num(value: Any) -> Safe:
 
 def comment(value: Any) -> Safe:
     """Text for a `#` comment: one line, no control characters."""
-    text = str(value)
+    text = str(_defined(value))
     if CONTROL.search(text):
         raise RenderError(f"|comment: {text!r} is not one line of text")
     return Safe(text)

@@ -203,7 +203,8 @@ class Host(Model):
     jump: Optional[Jump] = None
     host_keys: Literal["strict", "accept-new"] = "strict"
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
-    options: dict[str, NonEmpty] = Field(default_factory=dict)
+    options: dict[Annotated[str, AfterValidator(_ssh_option_key)], NonEmpty] = Field(
+        default_factory=dict)
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Host":
@@ -213,12 +214,6 @@ class Host(Model):
             raise ValueError("say how to reach the host: `ssh: user@host`, or `local: true`")
         if self.local and (self.port or self.identity_file or self.jump or self.options):
             raise ValueError("ssh settings (port, identity_file, jump, options) need `ssh:`")
-        for key in self.options:
-            if not SSH_OPTION.match(key):
-                raise ValueError(f"options: {key!r} is not an ssh option name")
-            owned = OWNED_SSH_OPTIONS.get(key.lower())
-            if owned:
-                raise ValueError(f"options: {key} cannot be set here: {owned}")
         return self
 
 
@@ -230,9 +225,34 @@ def parse_endpoint(value: str) -> tuple[str, str]:
     return host, path
 
 
+def _endpoint(value: str) -> str:
+    host, path = parse_endpoint(value)
+    _ident(host)
+    _path(path)
+    return value
+
+
+EndpointText = Annotated[str, AfterValidator(_endpoint)]
+
+
+def _ssh_option_key(value: str) -> str:
+    if not SSH_OPTION.match(value):
+        raise ValueError(f"{value!r} is not an ssh option name")
+    owned = OWNED_SSH_OPTIONS.get(value.lower())
+    if owned:
+        raise ValueError(f"{value} cannot be set here: {owned}")
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name")
+    return value
+
+
 class Transfer(Model):
-    from_: str = Field(alias="from")
-    to: str
+    from_: EndpointText = Field(alias="from")
+    to: EndpointText
     route: Literal["relay", "direct", "auto"] = "relay"
     compression: Literal["auto", "zstd", "gzip", "none"] = "auto"
     exclude: list[Exclude] = Field(default_factory=list)
@@ -241,17 +261,6 @@ class Transfer(Model):
     jobs: Annotated[int, Field(strict=True, ge=1, le=256)] = 4
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
-
-    @model_validator(mode="after")
-    def _endpoints(self) -> "Transfer":
-        for field, value in (("from", self.from_), ("to", self.to)):
-            host, path = parse_endpoint(value)
-            try:
-                _ident(host)
-                _path(path)
-            except ValueError as exc:
-                raise ValueError(f"{field}: {exc}") from None
-        return self
 
     @property
     def source(self) -> tuple[str, str]:
@@ -407,11 +416,5 @@ class Spec(Model):
     cuda: Optional[Cuda] = None
     gpu: Optional[Gpu] = None
     checks: list[Check] = Field(default_factory=list)
-    env: dict[str, Annotated[str, AfterValidator(_nonempty)]] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _env_names(self) -> "Spec":
-        for key in self.env:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"env: {key!r} is not an environment variable name")
-        return self
+    env: dict[Annotated[str, AfterValidator(_env_name)], Annotated[str, AfterValidator(_nonempty)]] = (
+        Field(default_factory=dict))

@@ -8,6 +8,7 @@ reads the raw data defensively so that it can report next to the first pass's pr
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from typing import Any, Optional
 
@@ -87,7 +88,9 @@ def _clean(msg: str) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix):]
-    return msg[:1].lower() + msg[1:] if msg[:2] != msg[:2].upper() else msg
+    if re.match(r"^[A-Z][a-z]+ (should|required|must)", msg):  # pydantic's own sentences
+        msg = msg[:1].lower() + msg[1:]
+    return msg
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
@@ -211,7 +214,7 @@ def _gpu(source: Source, data: dict[str, Any]) -> list[Problem]:
         known_names = ", ".join(g.name for g in catalog.GPUS.values())
         out.append(source.problem(
             ("gpu", "model"), f"unknown GPU model {gpu['model']!r}"
-            + (hint if hint else f" (known: {known_names})") + "; or give `capability:` yourself"))
+            + (hint if hint else f" (known: {known_names})") + " Or give `capability:` yourself."))
     if known is not None and isinstance(gpu.get("capability"), str) and (
         gpu["capability"] != known.capability
     ):

@@ -58,7 +58,8 @@ def cmd_relocate(a) -> int:
             manifest.dump(installed, f)
     for rel in result["remaining"]:
         print(f"still names {a.old}: {rel}", file=sys.stderr)
-    _print({"rewritten": sorted(result["rewritten"]), "remaining": result["remaining"],
+    _print({"rewritten": sorted(result["rewritten"]), "count": len(result["rewritten"]),
+            "remaining": result["remaining"],
             "elsewhere": result["elsewhere"], "same_path": result["same_path"]})
     return 1 if result["remaining"] else 0
 

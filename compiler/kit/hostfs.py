@@ -93,7 +93,7 @@ def swap(staging: str, dest: str, policy: str) -> dict:
     if not os.path.lexists(dest):
         if not _renameat2(staging, dest, RENAME_NOREPLACE):
             os.rename(staging, dest)
-        return {"policy": policy, "previous": None}
+        return {"policy": policy, "previous": "none"}
     if policy == "refuse":
         raise FileExistsError(f"{dest} exists and on_existing is refuse")
     exchanged = _renameat2(staging, dest, RENAME_EXCHANGE)

@@ -1,0 +1,41 @@
+"""Shared test setup: the golden-file flag, and the lab fixtures (real test hosts, real venvs)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.lab.fixtures import *  # noqa: F401,F403 - lab, payload_small, payload_torch, ext4_scratch
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite golden files from the current output instead of comparing")
+
+
+@pytest.fixture
+def golden(request):
+    """golden(path, text): compare `text` with the file, or rewrite it with --update-golden."""
+    update = request.config.getoption("--update-golden")
+
+    def check(path: Path, text: str) -> None:
+        if update or not path.exists():
+            if not update and IN_CI:
+                pytest.fail(f"golden file {path} is missing; run: make regen")
+            path.write_text(text, encoding="utf-8")
+            return
+        want = path.read_text(encoding="utf-8")
+        if want != text:
+            diff = "".join(difflib.unified_diff(
+                want.splitlines(True), text.splitlines(True), str(path), "actual", n=2))
+            pytest.fail(f"{path} differs from the output (if the change is intended, run "
+                        f"`make regen`, i.e. pytest {request.node.nodeid.split('::')[0]} "
+                        f"--update-golden):\n{diff[:6000]}")
+
+    return check

@@ -1,0 +1,116 @@
+"""The compile command as a user meets it: exit codes, messages, what is (not) written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = """name: {name}
+hosts:
+  here: {{local: true}}
+transfer:
+  from: here:.venv
+  to: here:runs/{name}/venv
+"""
+
+
+def compile_(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "specs").mkdir()
+    for name in ("one", "two"):
+        (tmp_path / "specs" / f"{name}.yaml").write_text(GOOD.format(name=name))
+    return tmp_path
+
+
+def test_compiles_several_specs_into_generated(project):
+    r = compile_("specs/one.yaml", "specs/two.yaml", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (project / "generated").iterdir()) == ["one.sh", "two.sh"]
+    text = (project / "generated" / "one.sh").read_text()
+    assert text.startswith("#!/usr/bin/env bash\n# @generated from specs/one.yaml (sha256 ")
+    assert os.access(project / "generated" / "one.sh", os.X_OK)
+
+
+def test_output_is_deterministic(project):
+    compile_("specs/one.yaml", cwd=project)
+    first = (project / "generated" / "one.sh").read_bytes()
+    compile_("specs/one.yaml", cwd=project)
+    assert (project / "generated" / "one.sh").read_bytes() == first
+
+
+def test_directory_argument_and_output_dir(project):
+    r = compile_("specs", "-o", "out", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (project / "out").iterdir()) == ["one.sh", "two.sh"]
+
+
+def test_one_bad_spec_means_nothing_is_written(project):
+    (project / "specs" / "two.yaml").write_text(GOOD.format(name="two") + "  rout: relay\n")
+    r = compile_("specs", cwd=project)
+    assert r.returncode == 2
+    assert "specs/two.yaml:7:3: transfer.rout: unknown key 'rout'; did you mean 'route'?" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (project / "generated").exists()
+
+
+def test_check_names_every_drifted_file_and_exits_4(project):
+    assert compile_("specs", cwd=project).returncode == 0
+    assert compile_("--check", cwd=project).returncode == 0
+    (project / "specs" / "one.yaml").write_text(GOOD.format(name="one").replace("runs/one", "runs/x"))
+    (project / "generated" / "stray.sh").write_text("#!/bin/sh\n")
+    r = compile_("--check", cwd=project)
+    assert r.returncode == 4
+    assert "generated/one.sh: differs from specs/one.yaml" in r.stderr
+    assert "generated/stray.sh: no spec in specs/ compiles to it" in r.stderr
+    assert "two.sh" not in r.stderr
+
+
+def test_usage_errors_exit_64(project):
+    r = compile_("specs/nope.yaml", cwd=project)
+    assert r.returncode == 64
+    assert "no such file" in r.stderr
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "compile"
+    assert exe.exists(), "pip install -e . provides the `compile` command"
+
+
+def test_repository_specs_match_generated():
+    """specs/*.yaml must recompile to the committed generated/*.sh byte for byte."""
+    r = compile_("--check", cwd=ROOT)
+    assert r.returncode == 0, r.stderr + r.stdout
+
+
+def test_generated_runbooks_pass_shellcheck_on_their_own():
+    from compiler import lint
+
+    for script in sorted((ROOT / "generated").glob("*.sh")):
+        assert lint.shellcheck(script.read_text()) == [], script
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is needed")
+def test_runbook_list_help_and_dry_run_run_nothing(project):
+    compile_("specs/one.yaml", cwd=project)
+    script = project / "generated" / "one.sh"
+    for flag, expect in (("--list", "1. preflight"), ("--help", "--dry-run"),
+                         ("--dry-run", "on here: tar -C .venv")):
+        r = subprocess.run(["bash", str(script), flag], cwd=project, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert expect in r.stdout
+    assert not (project / "runs").exists(), "--list/--help/--dry-run must not start a run"
+    r = subprocess.run(["bash", str(script), "--only", "nope"], cwd=project, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "unknown step: nope" in r.stderr

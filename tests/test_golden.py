@@ -1,0 +1,58 @@
+"""Golden pairs: each valid case compiles to its .sh, each invalid case fails with its .err."""
+
+from __future__ import annotations
+
+import io
+import re
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from compiler import cli
+
+CASES = Path(__file__).parent / "cases"
+VALID = sorted((CASES / "valid").glob("*.yaml"))
+INVALID = sorted((CASES / "invalid").glob("*.yaml"))
+KIT_FILE = re.compile(r"(<<'(RB_PY_\w+)'\n).*?\n(\2\n)", re.S)
+KIT_ID = re.compile(r"^(readonly RB_KIT_ID=).*$", re.M)
+
+
+def without_kit(text: str) -> str:
+    """The kit (compiler/kit + compiler/probes, thousands of lines) is the same in every runbook and
+    has its own tests; goldens keep each heredoc's first and last line, so they show what a case
+    changes and not what the kit does."""
+    text = KIT_ID.sub(r"\1<kit id>", text)
+    return KIT_FILE.sub(lambda m: f"{m.group(1)}<kit file>\n{m.group(3)}", text)
+
+
+def run_compile(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("case", VALID, ids=[p.stem for p in VALID])
+def test_valid_case_compiles_to_its_golden_runbook(case, tmp_path, monkeypatch, golden):
+    monkeypatch.chdir(CASES.parent.parent)
+    rel = case.relative_to(CASES.parent.parent)
+    code, _out, err = run_compile([str(rel), "-o", str(tmp_path)])
+    assert code == 0, err
+    text = (tmp_path / f"{case.stem}.sh").read_text()
+    golden(case.with_suffix(".sh"), without_kit(text))
+
+
+@pytest.mark.parametrize("case", INVALID, ids=[p.stem for p in INVALID])
+def test_invalid_case_fails_with_its_golden_errors(case, tmp_path, monkeypatch, golden):
+    monkeypatch.chdir(CASES.parent.parent)
+    rel = case.relative_to(CASES.parent.parent)
+    code, out, err = run_compile([str(rel), "-o", str(tmp_path)])
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [], "nothing may be written for an invalid spec"
+    golden(case.with_suffix(".err"), err)
+
+
+def test_there_are_cases():
+    assert len(VALID) >= 3 and len(INVALID) >= 10

@@ -1,0 +1,201 @@
+"""The kit's file-system tools, on real trees: manifest, relocation, swap, exports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.kit import exports, hostfs, manifest, relocate
+
+
+def make_tree(root: Path) -> None:
+    (root / "bin").mkdir(parents=True)
+    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin").write_bytes(os.urandom(3 << 20))
+    (root / "lib64").symlink_to("lib")
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
+    tool = root / "bin" / "tool"
+    tool.write_text("#!/old/venv/bin/python\nimport sys\n")
+    tool.chmod(0o755)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "venv"
+    make_tree(root)
+    return root
+
+
+def test_manifest_excludes_like_tar_and_lists_links_and_modes(tree):
+    m = manifest.build(str(tree), ["__pycache__", "*.pyc"], "sha256", jobs=2)
+    paths = [e["p"] for e in m["entries"]]
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in paths)
+    link = next(e for e in m["entries"] if e["p"] == "lib64")
+    assert link == {"p": "lib64", "t": "l", "l": "lib"}
+    tool = next(e for e in m["entries"] if e["p"] == "bin/tool")
+    assert tool["m"] == 0o755 and len(tool["h"]) == 64
+    assert m["totals"]["files"] == 4
+
+
+@pytest.mark.parametrize("algo", ["sha256", "blake2b"])
+def test_verify_passes_on_an_exact_copy(tree, tmp_path, algo):
+    m = manifest.build(str(tree), [], algo)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
+    result = manifest.verify(str(copy), m, jobs=2)
+    assert result["ok"], manifest.describe(result)
+    assert result["hashed"] == 5
+
+
+def test_verify_names_every_kind_of_difference(tree, tmp_path):
+    m = manifest.build(str(tree), [], "sha256")
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
+    data = copy / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[12345] ^= 0x01  # one flipped bit, same size
+    data.write_bytes(bytes(raw))
+    (copy / "pyvenv.cfg").unlink()
+    (copy / "bin" / "extra").write_text("x")
+    (copy / "bin" / "tool").chmod(0o644)
+    (copy / "lib64").unlink()
+    (copy / "lib64").symlink_to("/usr/lib")
+    result = manifest.verify(str(copy), m)
+    assert not result["ok"]
+    text = "\n".join(manifest.describe(result))
+    assert "missing: pyvenv.cfg" in text
+    assert "extra:   bin/extra" in text
+    assert "differs: lib/python3.11/site-packages/pkg/data.bin (content" in text
+    assert "differs: bin/tool (m:" in text
+    assert "differs: lib64 (l: expected lib, found /usr/lib)" in text
+
+
+def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
+    out = tmp_path / "m.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "compiler.kit", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True)
+    r = run("manifest", "build", str(tree), "--out", str(out), "--exclude", "*.pyc")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["totals"]["files"] == 4
+    assert manifest.load(str(out))["totals"]["files"] == 4
+    assert run("manifest", "verify", str(tree), str(out)).returncode == 1  # the .pyc is extra
+    (tree / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").unlink()
+    assert run("manifest", "verify", str(tree), str(out)).returncode == 0
+
+
+def test_truncated_manifest_is_refused(tree, tmp_path):
+    out = tmp_path / "m.jsonl"
+    with open(out, "w") as f:
+        manifest.dump(manifest.build(str(tree)), f)
+    lines = out.read_text().splitlines(True)
+    out.write_text("".join(lines[:-1]))
+    with pytest.raises(ValueError, match="not a complete manifest"):
+        manifest.load(str(out))
+
+
+def test_relocate_rewrites_shebangs_activate_and_trampolines(tmp_path):
+    root = tmp_path / "v"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "tool").write_text("#!/old/venv/bin/python3\nprint('/old/venv2 stays')\n")
+    (root / "bin" / "long").write_text(
+        "#!/bin/sh\n'''exec' \"/old/venv/bin/python\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+    (root / "bin" / "activate").write_text('VIRTUAL_ENV="/old/venv"\nexport VIRTUAL_ENV\n')
+    (root / "bin" / "python").symlink_to("/usr/bin/python3")
+    (root / "bin" / "blob").write_bytes(b"\0/old/venv")
+    (root / "pyvenv.cfg").write_text("command = /usr/bin/python3 -m venv /old/venv\n")
+    result = relocate.relocate(str(root), "/old/venv", "/new/place")
+    assert sorted(result["rewritten"]) == ["bin/activate", "bin/long", "bin/tool", "pyvenv.cfg"]
+    assert (root / "bin" / "tool").read_text() == "#!/new/place/bin/python3\nprint('/old/venv2 stays')\n"
+    assert '"/new/place/bin/python"' in (root / "bin" / "long").read_text()
+    assert 'VIRTUAL_ENV="/new/place"' in (root / "bin" / "activate").read_text()
+    assert (root / "bin" / "blob").read_bytes() == b"\0/old/venv", "binaries are left alone"
+    assert result["remaining"] == []
+
+
+def test_relocate_turns_a_too_long_shebang_into_a_trampoline(tmp_path):
+    root = tmp_path / "v"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "tool").write_text("#!/o/bin/python\nimport sys\nprint(sys.argv)\n")
+    (root / "bin" / "tool").chmod(0o755)
+    new = "/" + "deep/" * 30 + "venv"
+    relocate.relocate(str(root), "/o", new)
+    text = (root / "bin" / "tool").read_text()
+    assert text.startswith("#!/bin/sh\n'''exec' \"" + new + "/bin/python\"")
+    assert os.stat(root / "bin" / "tool").st_mode & 0o777 == 0o755
+
+
+def test_relocated_console_script_really_runs(tmp_path):
+    src = tmp_path / "a" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(src)], check=True)
+    script = src / "bin" / "hello"
+    script.write_text(f"#!{src}/bin/python\nimport sys\nprint(sys.prefix)\n")
+    script.chmod(0o755)
+    dst = tmp_path / "b" / "moved"
+    dst.parent.mkdir()
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    relocate.relocate(str(dst), str(src), str(dst))
+    out = subprocess.run([str(dst / "bin" / "hello")], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(dst)
+
+
+def test_swap_refuse_backup_replace_and_restore(tmp_path):
+    dest = tmp_path / "venv"
+
+    def staged(tag):
+        st = tmp_path / ".venv.rb-staging"
+        st.mkdir()
+        (st / "tag").write_text(tag)
+        return st
+
+    assert hostfs.swap(str(staged("one")), str(dest), "refuse")["previous"] == "none"
+    with pytest.raises(FileExistsError):
+        hostfs.swap(str(staged("two")), str(dest), "refuse")
+    assert (dest / "tag").read_text() == "one", "refuse leaves the destination alone"
+    result = hostfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
+    assert result["previous"].endswith("venv.rb-backup.1") and result["atomic"]
+    assert (dest / "tag").read_text() == "two"
+    hostfs.swap(str(staged("three")), str(dest), "backup")
+    assert (tmp_path / "venv.rb-backup.2" / "tag").read_text() == "two"
+    hostfs.restore(str(dest))
+    assert (dest / "tag").read_text() == "two"
+    assert (tmp_path / "venv.rb-backup.2" / "tag").read_text() == "three"
+    hostfs.swap(str(staged("four")), str(dest), "replace")
+    assert (dest / "tag").read_text() == "four"
+    assert not (tmp_path / ".venv.rb-staging").exists()
+
+
+def test_exports_put_venv_library_dirs_first(tmp_path):
+    venv = tmp_path / "venv"
+    lib = venv / "lib" / "python3.12" / "site-packages" / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    text, summary = exports.render(str(venv), "/usr/local/cuda-13.0", ["nvidia/cu13/lib"],
+                                   {"NCCL_NVLS_ENABLE": "0"}, "test")
+    env_file = tmp_path / "env.sh"
+    env_file.write_text(text)
+    out = subprocess.run(
+        ["bash", "-c", 'LD_LIBRARY_PATH=/sys/lib; source "$1"; printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"', "_", str(env_file)],
+        capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == f"{lib}:/usr/local/cuda-13.0/lib64:/sys/lib"
+    assert out[1:] == ["/usr/local/cuda-13.0", "0"]
+    assert summary["missing_dirs"] == []
+    _text, summary = exports.render(str(venv), "", ["nvidia/cu12/lib"], {}, "test")
+    assert summary["missing_dirs"] == [str(venv / "lib/python3.12/site-packages/nvidia/cu12/lib")]
+
+
+def test_kit_files_compile_under_python_3_9():
+    py39 = Path("/root/.pyenv/versions/3.9.18/bin/python3")
+    if not py39.exists():
+        pytest.skip("python 3.9 is not installed here")
+    kit = Path(__file__).resolve().parent.parent / "compiler" / "kit"
+    for f in sorted(kit.glob("*.py")):
+        r = subprocess.run([str(py39), "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (f, r.stderr)

@@ -1,0 +1,70 @@
+"""The render guard: no value reaches the script unless a quoting filter marked it."""
+
+from __future__ import annotations
+
+import subprocess
+
+import jinja2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiler import render
+
+
+def _render(source: str, **values) -> str:
+    return render.environment().from_string(source).render(**values)
+
+
+def test_unquoted_value_is_refused():
+    with pytest.raises(render.RenderError, match="unquoted value"):
+        _render("echo {{ x }}", x="$(reboot)")
+
+
+def test_plain_filter_output_is_refused_because_marking_must_come_last():
+    with pytest.raises(render.RenderError):
+        _render("echo {{ x|sh|upper }}", x="a b")
+
+
+def test_undefined_is_an_error():
+    with pytest.raises(jinja2.UndefinedError):
+        _render("echo {{ missing|sh }}")
+
+
+@pytest.mark.parametrize("bad", ["a-b", "1x", "x y", "$(x)", ""])
+def test_ident_refuses_non_identifiers(bad):
+    with pytest.raises(render.RenderError):
+        render.ident(bad)
+
+
+def test_comment_refuses_newlines():
+    with pytest.raises(render.RenderError):
+        render.comment("one\nrm -rf /")
+
+
+def test_body_takes_only_safe_text():
+    with pytest.raises(render.RenderError):
+        render.body("echo hi")
+    assert render.body(render.Safe("x")) == "x"
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=60))
+def test_sh_quoted_words_come_back_unchanged_through_bash(value):
+    script = "printf '%s' " + render.sh(value)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True)
+    assert out.stdout.decode("utf-8", "surrogateescape") == value
+
+
+def test_sh_refuses_nul_and_non_strings():
+    with pytest.raises(render.RenderError):
+        render.sh("a\0b")
+    with pytest.raises(render.RenderError):
+        render.sh(None)
+    with pytest.raises(render.RenderError):
+        render.sh(True)
+
+
+def test_tidy_keeps_heredoc_bodies_byte_for_byte():
+    text = "a  \n\n\n\ncat <<'RB_PY_X'\nx = 1   \n\n\n\ny = 2\nRB_PY_X\n\n\nb\n"
+    assert render.tidy(text) == "a\n\ncat <<'RB_PY_X'\nx = 1   \n\n\n\ny = 2\nRB_PY_X\n\nb\n"
