@@ -60,8 +60,9 @@ def _delimiter(text: str, seed: str) -> str:
     return delimiter
 
 
-def ssh_words(host: Host) -> list[Any]:
-    """The ssh arguments that reach `host` (without the runbook's common options)."""
+def ssh_words(host: Host, *, here: bool = True) -> list[Any]:
+    """The ssh arguments that reach `host` (without the runbook's common options). `here`: the
+    words run on this machine, so `~/` expands to this machine's $HOME; else ssh expands it."""
     if host.local:
         return []
     words: list[Any] = [
@@ -71,13 +72,25 @@ def ssh_words(host: Host) -> list[Any]:
     if host.port:
         words += ["-p", str(host.port)]
     if host.identity_file:
-        words += ["-o", "IdentitiesOnly=yes", "-i", identity_word(host.identity_file)]
+        identity = identity_word(host.identity_file) if here else host.identity_file
+        words += ["-o", "IdentitiesOnly=yes", "-i", identity]
     if host.jump:
         words += ["-J", host.jump]
     for key in sorted(host.options):
         words += ["-o", f"{key}={host.options[key]}"]
     words += ["--", host.ssh]
     return words
+
+
+def direct_words(spec: Spec) -> list[Any]:
+    """ssh arguments for the source -> destination hop (run on the source host, so `~/` stays for
+    its ssh to expand there)."""
+    if spec.transfer.route == "relay":
+        return []
+    dst = spec.hosts[spec.transfer.target[0]]
+    hop = spec.transfer.direct or Host(ssh=dst.ssh, port=dst.port, host_keys=dst.host_keys,
+                                       connect_timeout=dst.connect_timeout)
+    return ssh_words(hop, here=False)
 
 
 def identity_word(path: str) -> Any:
@@ -159,6 +172,8 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
          "words": list(spec.cuda.library_path_first) if spec.cuda else [],
          "comment": "cuda.library_path_first, relative to the venv's site-packages"},
         {"name": "RB_ENV", "words": env_pairs, "comment": "env"},
+        {"name": "RB_DIRECT_SSH", "words": direct_words(spec),
+         "comment": "route direct/auto: ssh arguments the source uses to reach the destination"},
     ]
     maps = [
         {"name": "RB_STEP_DOC", "entries": [(s, STEP_DOCS[s]) for s in steps]},

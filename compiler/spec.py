@@ -259,6 +259,9 @@ class Transfer(Model):
     verify: Literal["sha256", "blake2b", "none"] = "sha256"
     on_existing: Literal["refuse", "backup", "replace"] = "refuse"
     jobs: Annotated[int, Field(strict=True, ge=1, le=256)] = 4
+    # route direct/auto: how the source host reaches the destination with its own ssh setup
+    # (default: the destination's `ssh:` and `port:`; keys and known_hosts are the source's own).
+    direct: Optional[Host] = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 

@@ -184,9 +184,13 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
             problems.append(source.problem(
                 ("transfer", "to"), "source and destination on one host must not contain each other"))
         route = transfer.get("route", "relay")
-        if route == "direct" and _is_local(hosts, h1) != _is_local(hosts, h2):
+        if route in ("direct", "auto") and (_is_local(hosts, h1) or _is_local(hosts, h2)):
             problems.append(source.problem(
-                ("transfer", "route"), "direct needs both ends reached over ssh; use relay"))
+                ("transfer", "route"), f"{route} needs both ends reached over ssh; use relay"))
+        direct = transfer.get("direct")
+        if isinstance(direct, dict) and direct.get("local"):
+            problems.append(source.problem(
+                ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
     problems.extend(_gpu(source, data))
     problems.extend(_checks(source, data))
     return problems

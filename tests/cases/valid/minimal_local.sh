@@ -43,6 +43,8 @@ readonly -a RB_EXCLUDE_ARGS=()
 readonly -a RB_LIB_FIRST=()
 # env
 readonly -a RB_ENV=()
+# route direct/auto: ssh arguments the source uses to reach the destination
+readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
   [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
@@ -86,18 +88,27 @@ declare -rA RB_STEP_HOST=(
 RB_STEP=''
 RB_HOST=''
 RB_LAST_CMD=''
-RB_RUN_DIR=''
-RB_REPORT=''
+RB_RUN_DIR=${RB_RUN_DIR:-}
+RB_REPORT=${RB_REPORT:-}
+RB_LOCAL_PY=python3
 RB_WORK=''
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
 RB_DRY_RUN=0
 RB_FAILED_STEP=''
+RB_SKIP_INSTALL=0
+RB_SRC_BYTES=0
+RB_SRC_FILES=0
+RB_SRC_DISK=0
+RB_COMPRESSION_USED=none
+RB_ROUTE_USED=relay
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
+declare -A RB_PY=()
+declare -A RB_J=()
 
 #######################################
 # Log a line to stderr: time, runbook, step, message.
@@ -213,7 +224,7 @@ rb::kit() {
   local host=$1
   shift
   rb::on_host "${host}" env PYTHONPATH="${RB_KIT_DIR[${host}]}" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m rbkit "$@"
+    "${RB_PY[${host}]:-python3}" -m rbkit "$@"
 }
 
 #######################################
@@ -225,11 +236,11 @@ rb::kit_ship() {
     return 0
   fi
   if rb::is_local "${host}"; then
-    RB_KIT_DIR[${host}]="${RB_WORK}/kit"
+    RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
     return 0
   fi
   dir="/tmp/rbkit-${RB_KIT_ID}"
-  tar -C "${RB_WORK}/kit" -cf - . |
+  tar -C "${RB_RUN_DIR}/kit" -cf - . |
     rb::pipe_on_host "${host}" sh -c \
       'test -f "$1/.complete" && exec cat >/dev/null
        t="$1.tmp.$$" && mkdir -p "$t" && tar -xf - -C "$t" && touch "$t/.complete" &&
@@ -256,26 +267,41 @@ rb::pipe_failed() {
 }
 
 #######################################
-# Read KEY from a JSON object given as $1 (uses this machine's python3).
+# Parse a JSON object ($1) into RB_J: nested keys dotted ("totals.files"), lists and objects kept
+# as JSON text, true/false as True/False. One python3 start per document.
 #######################################
-rb::jget() {
-  python3 -c 'import json, sys
-v = json.loads(sys.argv[1])
-for k in sys.argv[2].split("."):
-    v = v.get(k) if isinstance(v, dict) else None
-print("" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else v))' "$1" "$2"
+rb::jparse() {
+  local key value
+  RB_J=()
+  while IFS=$'\t' read -r key value; do
+    RB_J[${key}]=${value}
+  done < <("${RB_LOCAL_PY}" -c 'import json, sys
+def walk(prefix, v):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            walk(prefix + [str(k)], x)
+        if prefix:
+            print(".".join(prefix) + "\t" + json.dumps(v))
+    else:
+        text = json.dumps(v) if isinstance(v, list) else ("" if v is None else str(v))
+        print(".".join(prefix) + "\t" + text.replace("\t", " ").replace("\n", " "))
+walk([], json.loads(sys.argv[1]))' "$1")
 }
 
 #######################################
-# Bytes as a short human figure.
+# Bytes as a short human figure: 1234567 -> 1.2 MB.
 #######################################
 rb::human() {
-  python3 -c 'import sys
-n = float(sys.argv[1])
-for u in ("B", "KB", "MB", "GB", "TB"):
-    if n < 1000 or u == "TB":
-        print(("%d %s" if u == "B" else "%.1f %s") % (n, u)); break
-    n /= 1000' "$1"
+  local n=$1 units=(B KB MB GB TB PB) i=0
+  while ((n >= 1000000 && i < 4)); do
+    n=$((n / 1000))
+    i=$((i + 1))
+  done
+  if ((n >= 1000)); then
+    printf '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
+  else
+    printf '%d %s' "${n}" "${units[i]}"
+  fi
 }
 
 #######################################
@@ -360,7 +386,7 @@ rb::finish() {
   for probe in "${RB_PROBE_REPORTS[@]}"; do
     probe_args+=(--probe "${probe}")
   done
-  env PYTHONPATH="${RB_WORK}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
+  env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
     --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
@@ -503,53 +529,53 @@ RB_PY_5EB6C9BA
 # Reach every host, ship the kit, check tools, source, destination and free space.
 #######################################
 step_preflight() {
-  local host info need free
+  local host need free
   for host in "${RB_HOSTS[@]}"; do
-    rb::on_host "${host}" true
+    RB_PY[${host}]=$(rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
+      { echo "missing tool on this host: $t" >&2; exit 1; }; done
+      exec python3 -c "import sys
+if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
+print(sys.executable)"')
     rb::kit_ship "${host}"
-    rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
-      { echo "missing tool: $t" >&2; exit 1; }; done
-      python3 -c "import sys; sys.exit(sys.version_info < (3, 9))" ||
-      { echo "python3 on this host is older than 3.9" >&2; exit 1; }'
   done
+  rb::preflight_route
   rb::preflight_compression
-  info=$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")
-  if [[ "$(rb::jget "${info}" exists)" != True ]]; then
+  rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")"
+  if [[ "${RB_J[exists]}" != True ]]; then
     rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} does not exist"
   fi
-  if [[ "$(rb::jget "${info}" is_venv)" != True ]]; then
+  if [[ "${RB_J[is_venv]}" != True ]]; then
     rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} is not a venv (no pyvenv.cfg and bin/python)"
   fi
-  RB_SRC_BYTES=$(rb::jget "${info}" bytes)
-  RB_SRC_DISK=$(rb::jget "${info}" disk_bytes)
-  RB_SRC_FILES=$(rb::jget "${info}" files)
-  rb::log "source: $(rb::jget "${info}" files) files, $(rb::human "${RB_SRC_BYTES}") apparent," \
+  RB_SRC_BYTES=${RB_J[bytes]}
+  RB_SRC_DISK=${RB_J[disk_bytes]}
+  RB_SRC_FILES=${RB_J[files]}
+  rb::log "source: ${RB_SRC_FILES} files, $(rb::human "${RB_SRC_BYTES}") apparent," \
     "$(rb::human "${RB_SRC_DISK}") on disk, after excludes"
-  rb::fact files "$(rb::jget "${info}" files)"
+  rb::fact files "${RB_SRC_FILES}"
   rb::fact bytes "${RB_SRC_BYTES}"
   rb::fact disk_bytes "${RB_SRC_DISK}"
-  info=$(rb::kit "${RB_DST_HOST}" scan "${RB_DST_ABS}")
-  RB_DST_EXISTS=$(rb::jget "${info}" exists)
-  if [[ "${RB_DST_EXISTS}" == True ]]; then
-    rb::log "destination ${RB_DST_HOST}:${RB_DST_ABS} exists ($(rb::jget "${info}" files) files);" \
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" scan "${RB_DST_ABS}")"
+  if [[ "${RB_J[exists]}" == True ]]; then
+    rb::log "destination ${RB_DST_HOST}:${RB_DST_ABS} exists (${RB_J[files]:-?} files);" \
       "on_existing is ${RB_ON_EXISTING}"
-    if [[ "${RB_ON_EXISTING}" == refuse && "$(rb::jget "${info}" installed_manifest)" != True ]]; then
+    if [[ "${RB_ON_EXISTING}" == refuse && "${RB_J[installed_manifest]}" != True ]]; then
       rb::fail "destination ${RB_DST_HOST}:${RB_DST_ABS} exists and on_existing is refuse;" \
         "move it away or set on_existing: backup"
     fi
   else
     rb::log "destination ${RB_DST_HOST}:${RB_DST_ABS} does not exist yet"
   fi
-  info=$(rb::kit "${RB_DST_HOST}" free "${RB_STAGING}")
-  free=$(rb::jget "${info}" free_bytes)
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" free "${RB_STAGING}")"
+  free=${RB_J[free_bytes]}
   need=$((RB_SRC_DISK + RB_SRC_DISK / 10))
-  rb::log "free on ${RB_DST_HOST} at $(rb::jget "${info}" measured_at): $(rb::human "${free}");" \
+  rb::log "free on ${RB_DST_HOST} at ${RB_J[measured_at]}: $(rb::human "${free}");" \
     "staging needs about $(rb::human "${need}")"
   if ((free < need)); then
     rb::fail "not enough space on ${RB_DST_HOST} for staging: $(rb::human "${free}") free," \
       "$(rb::human "${need}") needed"
   fi
-  RB_STEP_DETAIL="route ${RB_ROUTE}, compression ${RB_COMPRESSION_USED}"
+  RB_STEP_DETAIL="route ${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
 }
 
 #######################################
@@ -581,29 +607,53 @@ rb::preflight_compression() {
 }
 
 #######################################
+# Decide the route: relay through this machine, or direct (the source pushes to the destination).
+#######################################
+rb::preflight_route() {
+  local why
+  RB_ROUTE_USED=relay
+  if [[ "${RB_ROUTE}" == relay ]]; then
+    rb::log "route: relay through this machine"
+    return 0
+  fi
+  if rb::on_host "${RB_SRC_HOST}" ssh -o BatchMode=yes "${RB_DIRECT_SSH[@]}" true \
+    2>"${RB_WORK}/direct.err"; then
+    RB_ROUTE_USED=direct
+    rb::log "route: direct (${RB_SRC_HOST} reaches ${RB_DST_HOST} over ssh itself)"
+    return 0
+  fi
+  why=$(tail -n 1 "${RB_WORK}/direct.err")
+  if [[ "${RB_ROUTE}" == direct ]]; then
+    rb::fail "route direct: ${RB_SRC_HOST} cannot reach ${RB_DST_HOST} over ssh: ${why}"
+  fi
+  rb::log "route: relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
+    "(${why:-ssh failed})"
+}
+
+#######################################
 # Step 2/7: manifest (tests/cases/valid/minimal_local.yaml:6)
 # Hash every file of the source (in parallel) into a manifest; detect a re-run.
 #######################################
 step_manifest() {
-  local src_kit dst_kit info installed fp
+  local src_kit dst_kit installed fp
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  info=$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+  rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${src_kit}/${RB_NAME}.names")
+    --names "${src_kit}/${RB_NAME}.names")"
+  fp=${RB_J[fingerprint]}
+  rb::fact files "${RB_J[totals.files]}"
+  rb::fact bytes "${RB_J[totals.bytes]}"
+  rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks," \
+    "${RB_VERIFY} digests; fingerprint ${fp:0:16}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
-  fp=$(rb::jget "${info}" fingerprint)
-  rb::fact files "$(rb::jget "${info}" totals.files)"
-  rb::fact bytes "$(rb::jget "${info}" totals.bytes)"
-  rb::log "manifest: $(rb::jget "${info}" totals.files) files, $(rb::jget "${info}" totals.links)" \
-    "symlinks, ${RB_VERIFY} digests; fingerprint ${fp:0:16}"
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
   rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
     <"${RB_RUN_DIR}/manifest.jsonl"
   RB_SKIP_INSTALL=0
   installed="${RB_DST_ABS}/.rb-manifest.jsonl"
   if rb::on_host "${RB_DST_HOST}" test -f "${installed}"; then
-    info=$(rb::kit "${RB_DST_HOST}" manifest fingerprint "${installed}")
-    if [[ "$(rb::jget "${info}" source_fingerprint)" == "${fp}" ]] &&
+    rb::jparse "$(rb::kit "${RB_DST_HOST}" manifest fingerprint "${installed}")"
+    if [[ "${RB_J[source_fingerprint]}" == "${fp}" ]] &&
       rb::kit "${RB_DST_HOST}" manifest verify "${RB_DST_ABS}" "${installed}" --jobs "${RB_JOBS}" >/dev/null; then
       RB_SKIP_INSTALL=1
       rb::log "the destination already holds this exact tree (verified); nothing will be sent"
@@ -621,11 +671,20 @@ step_manifest() {
 #######################################
 # The two ends of the stream. $1: directory, $2: NUL-separated name list (pack), $3/$2: compression.
 readonly RB_PACK_SCRIPT='set -o pipefail
-case "$3" in
-  zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
-  gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
-  *) exec tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
-esac'
+pack() {
+  case "$3" in
+    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
+    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
+  esac
+}
+if [ "$#" -gt 3 ]; then
+  src=$1 names=$2 comp=$3 remote=$4
+  shift 4
+  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
+else
+  pack "$1" "$2" "$3"
+fi'
 readonly RB_UNPACK_SCRIPT='set -o pipefail
 case "$2" in
   zstd) zstd -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
@@ -641,14 +700,21 @@ step_transfer() {
   fi
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
-  rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE}," \
+  rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   start_ms=$(rb::now_ms)
-  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-    "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
-    rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
-      "${RB_COMPRESSION_USED}" ||
-    rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
+  if [[ "${RB_ROUTE_USED}" == direct ]]; then
+    rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
+      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" \
+      "$(rb::shq bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" "${RB_COMPRESSION_USED}")" \
+      -o BatchMode=yes -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}"
+  else
+    rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
+      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
+      rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
+        "${RB_COMPRESSION_USED}" ||
+      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
+  fi
   ms=$(($(rb::now_ms) - start_ms))
   bytes=${RB_SRC_BYTES:-0}
   rb::fact bytes "${bytes}"
@@ -676,7 +742,8 @@ step_verify() {
     rb::fail "the copy in ${RB_DST_HOST}:${RB_STAGING} differs from the source manifest (listed" \
       "above); the destination was not touched"
   fi
-  RB_STEP_DETAIL="$(rb::jget "${info}" checked) entries match, $(rb::jget "${info}" hashed) files hashed (${RB_VERIFY})"
+  rb::jparse "${info}"
+  RB_STEP_DETAIL="${RB_J[checked]} entries match, ${RB_J[hashed]} files hashed (${RB_VERIFY})"
 }
 
 #######################################
@@ -684,20 +751,21 @@ step_verify() {
 # Rewrite what names the old path (shebangs, activate scripts) for the new one.
 #######################################
 step_relocate() {
-  local dst_kit info
+  local dst_kit
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: nothing was sent'
     return 0
   fi
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  info=$(rb::kit "${RB_DST_HOST}" relocate "${RB_STAGING}" --old "${RB_SRC_ABS}" --new "${RB_DST_ABS}" \
-    --manifest "${dst_kit}/${RB_NAME}.manifest.jsonl" --installed "${RB_STAGING}/.rb-manifest.jsonl")
-  rb::log "rewritten: $(rb::jget "${info}" rewritten)"
-  if [[ "$(rb::jget "${info}" elsewhere)" != '[]' ]]; then
-    rb::log "still naming ${RB_SRC_ABS} outside bin/ (data, left as is): $(rb::jget "${info}" elsewhere)"
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" relocate "${RB_STAGING}" --old "${RB_SRC_ABS}" \
+    --new "${RB_DST_ABS}" --manifest "${dst_kit}/${RB_NAME}.manifest.jsonl" \
+    --installed "${RB_STAGING}/.rb-manifest.jsonl")"
+  rb::log "rewritten: ${RB_J[rewritten]}"
+  if [[ "${RB_J[elsewhere]}" != '[]' ]]; then
+    rb::log "still naming ${RB_SRC_ABS} outside bin/ (data, left as is): ${RB_J[elsewhere]}"
   fi
-  rb::fact rewritten "$(rb::jget "${info}" count)"
-  RB_STEP_DETAIL="$(rb::jget "${info}" count) files rewritten"
+  rb::fact rewritten "${RB_J[count]}"
+  RB_STEP_DETAIL="${RB_J[count]} files rewritten"
 }
 
 #######################################
@@ -705,15 +773,15 @@ step_relocate() {
 # Put the verified copy in place in one rename; keep or remove what was there.
 #######################################
 step_swap() {
-  local info out
+  local out previous
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already up to date'
     return 0
   fi
-  info=$(rb::kit "${RB_DST_HOST}" swap "${RB_STAGING}" "${RB_DST_ABS}" --policy "${RB_ON_EXISTING}")
-  if [[ "$(rb::jget "${info}" previous)" == rb-backup || "$(rb::jget "${info}" previous)" == *.rb-backup.* ]]; then
-    rb::log "the previous destination is kept at $(rb::jget "${info}" previous);" \
-      "to put it back: bash ${0##*/} --restore"
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" swap "${RB_STAGING}" "${RB_DST_ABS}" --policy "${RB_ON_EXISTING}")"
+  previous=${RB_J[previous]}
+  if [[ "${previous}" == *.rb-backup.* ]]; then
+    rb::log "the previous destination is kept at ${previous}; to put it back: bash ${0##*/} --restore"
   fi
   out=$(rb::on_host "${RB_DST_HOST}" "${RB_DST_ABS}/bin/python" -c 'import sys; print(sys.prefix)')
   if [[ "${out}" != "${RB_DST_ABS}" ]]; then
@@ -726,7 +794,7 @@ step_swap() {
     fi
     rb::log "console script runs: ${out}"
   fi
-  RB_STEP_DETAIL="installed at ${RB_DST_ABS}; previous: $(rb::jget "${info}" previous)"
+  RB_STEP_DETAIL="installed at ${RB_DST_ABS}; previous: ${previous}"
 }
 
 #######################################
@@ -734,17 +802,17 @@ step_swap() {
 # Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first.
 #######################################
 step_exports() {
-  local info first
+  local item
   local -a args=(--venv "${RB_DST_ABS}" --out "${RB_ENV_OUT}" --cuda-home "${RB_CUDA_HOME}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})")
-  for first in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${first}")
+  for item in "${RB_LIB_FIRST[@]}"; do
+    args+=(--first "${item}")
   done
-  for first in "${RB_ENV[@]}"; do
-    args+=(--env "${first}")
+  for item in "${RB_ENV[@]}"; do
+    args+=(--env "${item}")
   done
-  info=$(rb::kit "${RB_DST_HOST}" exports "${args[@]}")
-  rb::log "env file ${RB_DST_HOST}:${RB_ENV_OUT}; LD_LIBRARY_PATH first: $(rb::jget "${info}" library_dirs)"
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" exports "${args[@]}")"
+  rb::log "env file ${RB_DST_HOST}:${RB_ENV_OUT}; LD_LIBRARY_PATH: ${RB_J[library_dirs]}"
   RB_STEP_DETAIL="${RB_ENV_OUT}"
 }
 
@@ -761,7 +829,11 @@ rb::init() {
   : >"${RB_RUN_DIR}/run.log"
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  rb::kit_write "${RB_WORK}/kit"
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
+  RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  # the kit's packages are rewritten every run; state files beside them (manifests) are kept
+  rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
+  rb::kit_write "${RB_RUN_DIR}/kit"
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")

@@ -1,0 +1,52 @@
+"""The check types: function, level, accepted params and default deadline of each.
+
+The params are those of compiler/spec.py's check models (the config's `params`), plus a few
+optional ones only the probes read (marked "probes-only" in docs/probes.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, NamedTuple
+
+from . import checks_hatch, checks_numeric, checks_runtime, checks_static
+
+
+class CheckType(NamedTuple):
+    run: Callable[..., Any]
+    level: str
+    params: Dict[str, str]  # name -> "str" | "int" | "bool" | "strs"
+    deadline_s: int  # the runner stops waiting after this (params.timeout_s extends it)
+
+
+CHECKS: Dict[str, CheckType] = {
+    "kernel_audit": CheckType(
+        checks_static.kernel_audit, "L0",
+        {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool"}, 1800),
+    "libraries": CheckType(
+        checks_runtime.libraries_check, "L1",
+        {"expect_dirs": "strs", "modules": "strs", "runtime": "bool"}, 600),
+    "torch": CheckType(checks_runtime.torch_check, "L1", {"version": "str", "cuda": "str"}, 300),
+    "devices": CheckType(
+        checks_runtime.devices_check, "L1",
+        {"count": "int", "capability": "str", "names": "strs"}, 300),
+    "imports": CheckType(checks_runtime.imports_check, "L1", {"modules": "strs"}, 600),
+    "matmul": CheckType(
+        checks_numeric.matmul_check, "L2",
+        {"dtype": "str", "size": "int", "every_device": "bool"}, 900),
+    "nccl": CheckType(
+        checks_numeric.nccl_check, "L2", {"timeout_s": "int", "elements": "int"}, 240),
+    "python": CheckType(
+        checks_hatch.python_check, "L1", {"code": "str", "name": "str", "timeout_s": "int"}, 300),
+    "command": CheckType(
+        checks_hatch.command_check, "L1",
+        {"run": "str", "name": "str", "expect_exit": "int", "timeout_s": "int"}, 300),
+}
+
+
+def deadline_for(check_type: str, params: Dict[str, Any]) -> float:
+    """How long the runner waits for a check: its default, or params.timeout_s plus a margin."""
+    spec = CHECKS[check_type]
+    own = params.get("timeout_s")
+    if isinstance(own, int) and not isinstance(own, bool):
+        return max(spec.deadline_s, own + 90)
+    return spec.deadline_s

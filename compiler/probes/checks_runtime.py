@@ -1,0 +1,332 @@
+"""L1 checks: facts of the running environment (torch, devices, imports, loaded libraries).
+
+torch is imported inside the checks, never at module import: the package must load (and the L0
+checks run) on a host without torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import arch, cudalibs
+from .checks_static import library_inventory
+from .result import Context, Unavailable, failed, passed, short_list
+
+
+def need_torch():
+    """Import torch, or raise Unavailable saying why it cannot be."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise Unavailable("torch is not installed in %s (%s)" % (sys.prefix, exc)) from None
+    return torch
+
+
+def need_cuda():
+    """torch with at least one CUDA device, or Unavailable naming what is missing."""
+    torch = need_torch()
+    if not torch.cuda.is_available():
+        build = "CUDA %s" % torch.version.cuda if torch.version.cuda else "a CPU-only build"
+        raise Unavailable("no CUDA device visible: torch %s (%s) reports "
+                          "torch.cuda.is_available() == False" % (torch.__version__, build))
+    return torch
+
+
+def version_matches(expected: str, actual: Optional[str]) -> bool:
+    """Prefix match by components: '2.11' matches '2.11.0+cu130', not '2.110.0'."""
+    if not actual:
+        return False
+    if "+" in expected:
+        return actual.startswith(expected)
+    want = expected.split(".")
+    have = actual.split("+", 1)[0].split(".")
+    return have[: len(want)] == want
+
+
+def driver_version() -> Optional[str]:
+    """The NVIDIA kernel driver version (580.95.05), from /proc or nvidia-smi."""
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
+            for word in fh.readline().split():
+                if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                    return word
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def torch_check(params: Dict[str, Any], ctx: Context):
+    torch = need_torch()
+    values: Dict[str, Any] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "file": getattr(torch, "__file__", None),
+        "cuda_available": bool(torch.cuda.is_available()),
+    }
+    if values["cuda_available"]:
+        values["driver"] = driver_version()
+        try:
+            api = torch._C._cuda_getDriverVersion()
+            values["driver_cuda"] = "%d.%d" % (api // 1000, (api % 1000) // 10)
+        except Exception:  # private API; its absence is no failure
+            pass
+    problems = []
+    want = params.get("version")
+    if want and not version_matches(want, torch.__version__):
+        problems.append("torch is %s, expected %s" % (torch.__version__, want))
+    want_cuda = params.get("cuda") or None
+    if want_cuda and not version_matches(want_cuda, torch.version.cuda):
+        problems.append("torch is built for CUDA %s, expected %s"
+                        % (torch.version.cuda or "none (CPU-only build)", want_cuda))
+    text = "torch %s, CUDA %s" % (torch.__version__, torch.version.cuda or "none")
+    if values.get("driver"):
+        text += ", driver %s" % values["driver"]
+        if values.get("driver_cuda"):
+            text += " (CUDA %s)" % values["driver_cuda"]
+    if problems:
+        return failed("; ".join(problems), values)
+    return passed(text, values)
+
+
+def _target(params: Dict[str, Any], ctx: Context) -> Tuple[Optional[str], Optional[int]]:
+    cap = params.get("capability") or ctx.gpu_value("capability")
+    if not cap and ctx.gpu_value("arch"):
+        major, minor = arch.parse_target(ctx.gpu_value("arch"))
+        cap = "%d.%d" % (major, minor)
+    count = params.get("count")
+    if count is None:
+        count = ctx.gpu_value("count")
+    return cap, count
+
+
+def devices_check(params: Dict[str, Any], ctx: Context):
+    try:
+        expected_cap, expected_count = _target(params, ctx)
+        if expected_cap:
+            arch.parse_capability(expected_cap)
+    except ValueError as exc:
+        return failed("expected device: %s" % exc)
+    torch = need_cuda()
+    n = torch.cuda.device_count()
+    devices = []
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        devices.append({
+            "index": i,
+            "name": p.name,
+            "capability": "%d.%d" % (p.major, p.minor),
+            "memory_gib": round(p.total_memory / 2**30, 1),
+            "multiprocessors": p.multi_processor_count,
+        })
+    arch_list = list(torch.cuda.get_arch_list())
+    values: Dict[str, Any] = {"count": n, "devices": devices, "arch_list": arch_list,
+                              "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    problems = []
+    if expected_count is not None and n != expected_count:
+        problems.append("%d device(s) visible, expected %d" % (n, expected_count))
+    if expected_cap:
+        wrong = ["%d: %s is %s" % (d["index"], d["name"], d["capability"])
+                 for d in devices if d["capability"] != expected_cap]
+        if wrong:
+            problems.append("capability %s expected, but device %s" % (expected_cap,
+                                                                       short_list(wrong)))
+    names = params.get("names")
+    if names:
+        wrong = [d["name"] for d in devices
+                 if not any(w.lower() in d["name"].lower() for w in names)]
+        if wrong:
+            problems.append("device names %s match none of %s" % (short_list(wrong), names))
+    # Does this torch build carry code (SASS, or PTX to JIT) for every device present?
+    unserved = []
+    for cap in sorted({d["capability"] for d in devices}):
+        dev = arch.parse_capability(cap)
+        usable = [a for a in arch_list if _arch_entry_runs(a, dev)]
+        values.setdefault("arch_paths", {})[cap] = usable
+        if not usable:
+            unserved.append(cap)
+    if unserved:
+        problems.append("this torch build has no SASS or PTX for capability %s (arch list: %s)"
+                        % (", ".join(unserved), " ".join(arch_list)))
+    if problems:
+        return failed("; ".join(problems), values)
+    caps = sorted({d["capability"] for d in devices})
+    names_seen = sorted({d["name"] for d in devices})
+    return passed("%d x %s (capability %s); torch carries %s" % (
+        n, "/".join(names_seen), "/".join(caps),
+        ", ".join(a for c in caps for a in values["arch_paths"][c])), values)
+
+
+def _arch_entry_runs(name: str, dev: Tuple[int, int]) -> bool:
+    try:
+        return arch.name_runs_on(name, dev)
+    except ValueError:
+        return False
+
+
+def module_version(module: Any, name: str) -> Optional[str]:
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    top = name.split(".")[0]
+    for candidate in (top, top.replace("_", "-")):
+        try:
+            return metadata.version(candidate)
+        except Exception:
+            continue
+    return None
+
+
+def imports_check(params: Dict[str, Any], ctx: Context):
+    modules = params.get("modules") or []
+    if not modules:
+        return failed("no modules to import: give params.modules")
+    results = []
+    missing = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except BaseException as exc:  # a module may raise anything, even SystemExit
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            text = "%s: %s" % (type(exc).__name__, exc)
+            results.append({"module": name, "ok": False, "error": text[:500]})
+            missing.append("%s (%s)" % (name, text[:200]))
+            continue
+        results.append({"module": name, "ok": True, "version": module_version(module, name),
+                        "file": getattr(module, "__file__", None)})
+    values = {"modules": results}
+    if missing:
+        return failed("cannot import %s" % short_list(missing), values)
+    return passed(", ".join("%s %s" % (r["module"], r["version"] or "?") for r in results),
+                  values)
+
+
+def _expected_dirs(params: Dict[str, Any], ctx: Context, venv: str) -> List[str]:
+    dirs = [venv]
+    dirs.extend(ctx.cuda_value("library_dirs") or [])
+    # cuda.library_path_first: directories relative to the venv's site-packages
+    for rel in ctx.cuda_value("library_path_first") or []:
+        dirs.extend(glob.glob(os.path.join(venv, "lib", "python*", "site-packages", rel)))
+    if ctx.cuda_value("home"):
+        dirs.append(ctx.cuda_value("home"))
+    dirs.extend(params.get("expect_dirs") or [])
+    return [d for d in dirs if d]
+
+
+def _inside(path: str, dirs: List[str]) -> bool:
+    real = os.path.realpath(path)
+    for d in dirs:
+        for base in {d.rstrip("/"), os.path.realpath(d)}:
+            if path.startswith(base + "/") or real.startswith(base + "/"):
+                return True
+    return False
+
+
+def loaded_report(maps_text: str, expected: List[str]) -> Dict[str, Any]:
+    """What the process has loaded, which of it is foreign, and which CUDA majors are mixed."""
+    loaded = []
+    for fam, path in cudalibs.loaded_libraries(maps_text):
+        major, how = cudalibs.cuda_major(path, fam)
+        loaded.append({"lib": fam, "path": path, "cuda_major": major, "source": how,
+                       "expected_dir": _inside(path, expected)})
+    majors = sorted({l["cuda_major"] for l in loaded if l["cuda_major"] is not None})
+    return {
+        "loaded": loaded,
+        "loaded_majors": majors,
+        "foreign": [l["path"] for l in loaded if not l["expected_dir"]],
+        "expected_dirs": expected,
+        "not_loaded": [m for m in cudalibs.MAIN if m not in {l["lib"] for l in loaded}],
+    }
+
+
+def _load_cuda_libraries(modules: List[str]) -> Dict[str, Any]:
+    """Import the modules; with torch and a GPU, touch CUDA, cuBLAS and cuDNN so they load."""
+    info: Dict[str, Any] = {"imported": []}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise Unavailable("cannot import %s (%s): the runtime part needs it" % (name, exc))
+        info["imported"].append(name)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.init()
+        a = torch.ones((64, 64), device="cuda")
+        (a @ a).sum().item()
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["cuda_initialised"] = True
+    else:
+        info["cuda_initialised"] = False
+    return info
+
+
+def read_maps() -> str:
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+
+
+def libraries_check(params: Dict[str, Any], ctx: Context):
+    """Static: which CUDA libraries the venv ships (by CUDA major). Runtime (unless
+    runtime: false): after importing `modules` (default torch) and touching CUDA, which were
+    loaded from where; fails on a library from outside the expected dirs, or two CUDA majors."""
+    venv = ctx.venv_or_prefix()
+    values: Dict[str, Any] = {}
+    notes = []
+    if os.path.isdir(venv):
+        values["static"] = library_inventory(venv)
+        if values["static"]["mixed"]:
+            notes.append("venv ships CUDA majors %s (%s)" % (
+                "+".join(map(str, values["static"]["cuda_majors"])),
+                ", ".join("%s: %s" % (k, "/".join(map(str, v)))
+                          for k, v in values["static"]["majors_by_lib"].items() if len(v) > 1)
+                or "different libraries"))
+    else:
+        notes.append("venv %s not found: static part skipped" % venv)
+    if params.get("runtime") is False:
+        shipped = "+".join(map(str, values.get("static", {}).get("cuda_majors", [])))
+        text = "static only; venv ships CUDA %s" % (shipped or "none")
+        return passed("; ".join([text] + notes), values, level="L0")
+    modules = params.get("modules")
+    if modules is None:
+        modules = ["torch"]
+    try:
+        values["runtime"] = _load_cuda_libraries(modules)
+    except Unavailable as exc:
+        raise Unavailable(exc.reason, values) from None
+    values.update(loaded_report(read_maps(), _expected_dirs(params, ctx, venv)))
+    problems = []
+    if values["foreign"]:
+        problems.append("loaded from outside the expected dirs: %s"
+                        % short_list(values["foreign"]))
+    if len(values["loaded_majors"]) > 1:
+        by_major = ["CUDA %s: %s" % (m, ", ".join(os.path.basename(l["path"])
+                                                 for l in values["loaded"]
+                                                 if l["cuda_major"] == m))
+                    for m in values["loaded_majors"]]
+        problems.append("CUDA majors %s loaded together (%s)"
+                        % ("+".join(map(str, values["loaded_majors"])), "; ".join(by_major)))
+    if problems:
+        return failed("; ".join(problems + notes), values)
+    loaded = values["loaded"]
+    text = ("%d CUDA libraries loaded, all from expected dirs, CUDA %s" % (
+        len(loaded), "+".join(map(str, values["loaded_majors"])) or "?")
+        if loaded else "no CUDA library loaded (CUDA %s)"
+        % ("initialised" if values["runtime"]["cuda_initialised"] else "not available"))
+    return passed("; ".join([text] + notes), values)

@@ -1,0 +1,184 @@
+"""Command line: `python -m rbprobes CHECK [options]` and `python -m rbprobes run ...`.
+
+Exit status: 0 pass (or skip), 1 fail, 2 usage error. A standalone check prints its result as
+JSON on stdout; `run` writes the report file and prints a table on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from . import proc, report, runner
+from .result import FAIL, Context
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own usage errors: exit 2, as documented
+        self.print_usage(sys.stderr)
+        sys.stderr.write("%s: error: %s\n" % (self.prog, message))
+        sys.exit(EXIT_USAGE)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-skip", action="store_true",
+                   help="a missing precondition (no GPU, no torch) is a skip, not a failure")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="stop waiting for the check after this many seconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    prog = "python -m %s" % (__package__ or "rbprobes")
+    parser = _Parser(prog=prog, description="Probe a Python/CUDA environment.")
+    sub = parser.add_subparsers(dest="command", metavar="CHECK", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("run", help="run the checks of a config document, write a report")
+    p.add_argument("--config-json", required=True,
+                   help="the config document as a JSON string ('-': read it from stdin)")
+    p.add_argument("--report", required=True, help="where to write the report JSON")
+
+    p = sub.add_parser("kernel_audit", help="L0: GPU code in a venv vs a target arch")
+    p.add_argument("path", help="a venv (or any directory), or one .so/.cubin/.fatbin file")
+    p.add_argument("--arch", required=True, help="target device, e.g. sm_103 or 10.3")
+    p.add_argument("--path", dest="paths", action="append",
+                   help="only this path (relative to PATH); repeatable")
+    p.add_argument("--driver-ptx-max", help="newest PTX ISA the driver accepts, e.g. 9.0")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail files where only some modules have a path")
+    _common(p)
+
+    p = sub.add_parser("libraries", help="L0/L1: CUDA libraries shipped and loaded")
+    p.add_argument("--venv", help="the venv (default: this interpreter's prefix)")
+    p.add_argument("--expect-dir", dest="expect_dirs", action="append", default=[],
+                   help="another directory libraries may come from; repeatable")
+    p.add_argument("--library-dir", dest="library_dirs", action="append", default=[],
+                   help="a cuda.library_dirs entry; repeatable")
+    p.add_argument("--cuda-home", help="cuda.home")
+    p.add_argument("--module", dest="modules", action="append",
+                   help="import this before reading the maps (default: torch); repeatable")
+    p.add_argument("--static-only", action="store_true", help="only scan the venv's files")
+    _common(p)
+
+    p = sub.add_parser("torch", help="L1: torch version, CUDA version, driver")
+    p.add_argument("--version", dest="version")
+    p.add_argument("--cuda")
+    _common(p)
+
+    p = sub.add_parser("devices", help="L1: device count, names, capability, torch arch list")
+    p.add_argument("--count", type=int)
+    p.add_argument("--capability", help="e.g. 10.3")
+    p.add_argument("--name", dest="names", action="append")
+    _common(p)
+
+    p = sub.add_parser("imports", help="L1: import modules, report versions and files")
+    p.add_argument("modules", nargs="+")
+    _common(p)
+
+    p = sub.add_parser("matmul", help="L2: matmul on every device vs a float64 reference")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--first-device", action="store_true", help="only device 0")
+    _common(p)
+
+    p = sub.add_parser("nccl", help="L2: all-reduce across all local GPUs")
+    p.add_argument("--timeout-s", type=int, default=180)
+    _common(p)
+
+    p = sub.add_parser("python", help="run a Python snippet with this interpreter")
+    p.add_argument("code")
+    p.add_argument("--name")
+    p.add_argument("--timeout-s", type=int, default=300)
+    _common(p)
+
+    p = sub.add_parser("command", help="run a shell command with /bin/sh -c")
+    p.add_argument("run")
+    p.add_argument("--name")
+    p.add_argument("--expect-exit", type=int, default=0)
+    p.add_argument("--timeout-s", type=int, default=300)
+    _common(p)
+    return parser
+
+
+def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
+    """The check dict and context a standalone command line stands for."""
+    c = args.command
+    params: Dict[str, Any] = {}
+    venv: Optional[str] = None
+    cuda: Dict[str, Any] = {}
+    if c == "kernel_audit":
+        venv = os.path.abspath(args.path)
+        params = {"arch": args.arch, "paths": args.paths, "driver_ptx_max": args.driver_ptx_max,
+                  "strict": args.strict or None}
+    elif c == "libraries":
+        venv = os.path.abspath(args.venv) if args.venv else None
+        params = {"expect_dirs": args.expect_dirs or None, "modules": args.modules,
+                  "runtime": False if args.static_only else None}
+        cuda = {"library_dirs": args.library_dirs, "home": args.cuda_home}
+    elif c == "torch":
+        params = {"version": args.version, "cuda": args.cuda}
+    elif c == "devices":
+        params = {"count": args.count, "capability": args.capability, "names": args.names}
+    elif c == "imports":
+        params = {"modules": args.modules}
+    elif c == "matmul":
+        params = {"dtype": args.dtype, "size": args.size,
+                  "every_device": False if args.first_device else None}
+    elif c == "nccl":
+        params = {"timeout_s": args.timeout_s}
+    elif c == "python":
+        params = {"code": args.code, "name": args.name, "timeout_s": args.timeout_s}
+    elif c == "command":
+        params = {"run": args.run, "name": args.name, "expect_exit": args.expect_exit,
+                  "timeout_s": args.timeout_s}
+    check = {"id": c, "type": c, "allow_skip": args.allow_skip,
+             "params": {k: v for k, v in params.items() if v is not None}}
+    if args.deadline_s:
+        check["timeout_s"] = args.deadline_s
+    return {"check": check, "ctx": Context(venv=venv, cuda=cuda or None)}
+
+
+def _load_config(text: str) -> Dict[str, Any]:
+    if text == "-":
+        text = sys.stdin.read()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise runner.ConfigError("--config-json is not valid JSON: %s" % exc) from None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    proc.apply_safe_env()
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        try:
+            config = _load_config(args.config_json)
+            doc, stopped = runner.run_config(config)
+        except runner.ConfigError as exc:
+            sys.stderr.write("error: %s\n" % exc)
+            return EXIT_USAGE
+        report.write(args.report, doc)
+        sys.stderr.write(report.table(doc["checks"]) + "\n" + report.summary_line(doc) + "\n")
+        code = EXIT_FAIL if doc["summary"].get("fail") else EXIT_OK
+        if stopped:
+            _hard_exit(code)
+        return code
+    job = _standalone(args)
+    entry = runner.run_check(job["check"], job["ctx"])
+    sys.stdout.write(json.dumps(entry, indent=2, default=str) + "\n")
+    code = EXIT_FAIL if entry["status"] == FAIL else EXIT_OK
+    if entry["values"].get("timed_out"):
+        _hard_exit(code)
+    return code
+
+
+def _hard_exit(code: int) -> None:
+    """A check thread is still stuck (in a CUDA call, say): leave without joining it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,343 @@
+"""A pure-Python reader of NVIDIA fat binaries (no CUDA toolkit needed).
+
+Where GPU code lives in a shared object:
+- `.nv_fatbin`: the fatbins the CUDA runtime registers when the library loads (what runs);
+- `__nv_relfatbin`: relocatable device code kept for a later device link (-rdc); it only counts
+  when a file has no `.nv_fatbin`;
+- `.nvFatBinSegment`: 24-byte `__fatBinC_Wrapper_t` records {u32 magic 0x466243B1, u32 version,
+  u64 fatbin address, u64 aux address}, one per registered fatbin. They hold no code, but tell
+  which containers form one module: nvcc 13's `-shared` (and any device link) writes a version-2
+  wrapper for the device-linked container and version-1 wrappers for each translation unit's own
+  container; the runtime may fall back from the linked cubin to those units' PTX, so together
+  they are one module (see `Scan.modules`).
+
+A section holds one or more *containers*, back to back (8-byte aligned):
+
+    container header, 16 bytes:  u32 magic 0xBA55ED50 | u16 version (1) | u16 header size (16)
+                                 | u64 size of the entries that follow
+    entry header, >= 64 bytes:   0  u16 kind (1 PTX, 2 ELF/SASS)   2  u16 (0x0101)
+                                 4  u32 entry header size (64, 80, 96, 112: CUDA 12.8+ appends
+                                        an option block for newer targets)
+                                 8  u64 payload size (8-byte padded)
+                                 16 u32 compressed size (0 if not compressed)
+                                 20 u32 offset of the option block in the header (0 if none)
+                                 24 u16 minor, 26 u16 major: PTX ISA version for PTX entries,
+                                        the cubin ABI version ([1, 8]) for ELF entries
+                                 28 u32 arch number: 90 = sm_90, 103 = sm_103, 120 = sm_120
+                                 32 u32 name offset, 36 u32 name length
+                                 40 u64 flags
+                                 56 u64 uncompressed size (when compressed)
+                                 then the payload, right after the entry header.
+
+Flag bits, as nvcc 13.0 writes them (found by building the same kernel for sm_90 / sm_90a /
+sm_100a / sm_100f / compute_100{,a,f} and comparing the bytes; see docs/probes.md):
+    0x000001 64-bit, 0x000010 Linux host,
+    0x002000 compressed, LZ4 block format (`-compress-mode=speed`, and CUDA < 12.8),
+    0x008000 compressed, Zstandard (CUDA 12.8+ default; `size`, `balance`, `default`),
+    0x100000 arch-specific code: `sm_90a`, `compute_100a` (the arch number stays 90 / 100),
+    0x200000 family-specific code: `sm_100f`, `compute_100f`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from . import arch, elf
+
+FATBIN_MAGIC = 0xBA55ED50
+WRAPPER_MAGIC = 0x466243B1
+_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+
+KIND_PTX = 1
+KIND_ELF = 2
+
+FLAG_64BIT = 0x1
+FLAG_LINUX = 0x10
+FLAG_COMPRESS_LZ4 = 0x2000
+FLAG_COMPRESS_ZSTD = 0x8000
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY = 0x200000
+
+RUNTIME_SECTION = ".nv_fatbin"
+RELOCATABLE_SECTION = "__nv_relfatbin"
+WRAPPER_SECTION = ".nvFatBinSegment"
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class Entry(NamedTuple):
+    kind: str  # "sass", "ptx", or "kind<N>" for kinds this reader does not know
+    number: int  # arch number: 90, 100, 103, 120
+    suffix: str  # "", "a" or "f"
+    version: Tuple[int, int]  # PTX ISA version (PTX), cubin ABI version (SASS)
+    flags: int
+    compression: Optional[str]  # None, "lz4", "zstd"
+    payload_offset: int  # absolute offset in the buffer
+    stored_size: int  # bytes stored (compressed size when compressed)
+    size: int  # uncompressed size (padded payload size when not compressed)
+
+    @property
+    def name(self) -> str:
+        """sm_100a, compute_90, ..."""
+        if self.kind not in ("sass", "ptx"):
+            return "%s_%d%s" % (self.kind, self.number, self.suffix)
+        return arch.code_name(self.kind, self.number, self.suffix)
+
+
+class Container(NamedTuple):
+    section: str
+    offset: int
+    entries: List[Entry]
+    error: Optional[str]  # set when the container is truncated or malformed
+    wrapper: Optional[int] = None  # version of the wrapper record pointing at it, if any
+
+
+class Scan(NamedTuple):
+    """What one file holds: its containers (runtime and relocatable) and wrapper count."""
+
+    path: str
+    kind: str  # "elf", "cubin", "fatbin", "not-elf", "error"
+    containers: List[Container]
+    wrappers: int
+    error: Optional[str]
+
+    @property
+    def runtime_containers(self) -> List[Container]:
+        """The containers that the CUDA runtime would load."""
+        rt = [c for c in self.containers if c.section != RELOCATABLE_SECTION]
+        return rt if rt else list(self.containers)
+
+    @property
+    def modules(self) -> List[List[Container]]:
+        """Runtime containers grouped into modules: a device-linked container (version-2
+        wrapper) together with the translation-unit containers (version-1 wrappers) it was
+        linked from; every other container alone. With several device links in one file the
+        units cannot be told apart and join all of them (an optimistic grouping)."""
+        rt = self.runtime_containers
+        linked = [c for c in rt if c.wrapper == 2]
+        if not linked:
+            return [[c] for c in rt]
+        group = linked + [c for c in rt if c.wrapper == 1]
+        return [group] + [[c] for c in rt if c.wrapper is None]
+
+    @property
+    def entries(self) -> List[Entry]:
+        return [e for c in self.containers for e in c.entries]
+
+
+def _suffix(flags: int) -> str:
+    if flags & FLAG_ARCH_SPECIFIC:
+        return "a"
+    if flags & FLAG_FAMILY:
+        return "f"
+    return ""
+
+
+def _compression(flags: int) -> Optional[str]:
+    if flags & FLAG_COMPRESS_ZSTD:
+        return "zstd"
+    if flags & FLAG_COMPRESS_LZ4:
+        return "lz4"
+    return None
+
+
+def parse_entries(buf, start: int, end: int) -> Tuple[List[Entry], Optional[str]]:
+    """Entries of one container whose entry area is buf[start:end]."""
+    entries = []
+    pos = start
+    while pos + 64 <= end:
+        kind_code, _v, hsize, size = struct.unpack_from("<HHIQ", buf, pos)
+        if hsize < 64 or pos + hsize + size > end:
+            return entries, "entry at offset %d overruns its container" % pos
+        (compressed,) = struct.unpack_from("<I", buf, pos + 16)
+        minor, major, number = struct.unpack_from("<HHI", buf, pos + 24)
+        (flags,) = struct.unpack_from("<Q", buf, pos + 40)
+        (usize,) = struct.unpack_from("<Q", buf, pos + 56)
+        kind = {KIND_PTX: "ptx", KIND_ELF: "sass"}.get(kind_code, "kind%d" % kind_code)
+        comp = _compression(flags)
+        entries.append(Entry(
+            kind, number, _suffix(flags), (major, minor), flags, comp, pos + hsize,
+            compressed if comp and compressed else size, usize if comp and usize else size))
+        pos += hsize + size
+    return entries, None
+
+
+def parse_containers(buf, start: int, end: int, section: str) -> List[Container]:
+    """Every fatbin container found in buf[start:end]."""
+    out = []
+    pos = buf.find(_MAGIC_BYTES, start, end)
+    while 0 <= pos and pos + 16 <= end:
+        _m, version, hsize, fsize = struct.unpack_from("<IHHQ", buf, pos)
+        if version != 1 or hsize < 16 or pos + hsize > end:
+            pos = buf.find(_MAGIC_BYTES, pos + 4, end)
+            continue
+        cend = pos + hsize + fsize
+        error = None
+        if cend > end:
+            error = "container at offset %d claims %d bytes past its section" % (pos, cend - end)
+            cend = end
+        entries, entry_error = parse_entries(buf, pos + hsize, cend)
+        if entries or error or entry_error:
+            out.append(Container(section, pos, entries, error or entry_error))
+        pos = buf.find(_MAGIC_BYTES, max(cend, pos + 4), end)
+    return out
+
+
+_TKINFO_ARCH = re.compile(rb"-arch (sm_[0-9]{2,3}[af]?)")
+
+
+def _cubin_entry(buf, image: elf.Elf) -> Entry:
+    """A standalone cubin: the arch from the toolkit note (ptxas's `-arch sm_90a`), else e_flags."""
+    for sec in image.sections:
+        if sec.name == ".note.nv.tkinfo":
+            m = _TKINFO_ARCH.search(elf.section_bytes(buf, sec))
+            if m:
+                _k, major, minor, suffix = arch.parse_arch(m.group(1).decode())
+                return Entry("sass", major * 10 + minor, suffix, (0, 0), 0, None, 0, len(buf),
+                             len(buf))
+    number = (image.flags >> 8) & 0xFF if image.abiversion >= 8 else image.flags & 0xFF
+    return Entry("sass", number, "", (0, 0), 0, None, 0, len(buf), len(buf))
+
+
+def scan_buffer(buf, path: str = "<buffer>") -> Scan:
+    """Scan an in-memory image (ELF shared object or object, cubin, or a raw fatbin)."""
+    if bytes(buf[:4]) == _MAGIC_BYTES:
+        return Scan(path, "fatbin", parse_containers(buf, 0, len(buf), "<fatbin>"), 0, None)
+    image = elf.parse(buf)
+    if image is None:
+        return Scan(path, "not-elf", [], 0, None)
+    if image.machine == elf.EM_CUDA:
+        entry = _cubin_entry(buf, image)
+        return Scan(path, "cubin", [Container("<cubin>", 0, [entry], None)], 0, None)
+    containers: List[Container] = []
+    versions: Dict[int, int] = {}  # container file offset -> wrapper version
+    wrappers = 0
+    for sec in image.sections:
+        if not elf.in_file(buf, sec):
+            continue
+        if sec.name in (RUNTIME_SECTION, RELOCATABLE_SECTION):
+            containers.extend(parse_containers(buf, sec.offset, sec.offset + sec.size, sec.name))
+        elif sec.name == WRAPPER_SECTION:
+            for magic, version, data in _wrappers(buf, sec):
+                wrappers += magic == WRAPPER_MAGIC
+                where = elf.file_offset(image, data) if magic == WRAPPER_MAGIC and data else None
+                if where is not None:
+                    versions[where] = version
+    if versions:
+        containers = [c._replace(wrapper=versions.get(c.offset)) for c in containers]
+    return Scan(path, "elf", containers, wrappers, None)
+
+
+def _wrappers(buf, sec: elf.Section):
+    """(magic, version, fatbin address) of each 24-byte wrapper record. The address is the one
+    stored in the file (the linker writes it there as well as into the RELATIVE relocation)."""
+    for pos in range(sec.offset, sec.offset + sec.size - 23, 24):
+        yield struct.unpack_from("<IIQ", buf, pos)
+
+
+def scan_file(path: str) -> Scan:
+    """Scan one file through a read-only mmap (never reads a big library into memory)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 16:
+                return Scan(path, "not-elf", [], 0, None)
+            head = fh.read(4)
+            if head not in (elf.MAGIC, _MAGIC_BYTES):
+                return Scan(path, "not-elf", [], 0, None)
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                scan = scan_buffer(mm, path)
+            return scan
+    except (OSError, ValueError) as exc:
+        return Scan(path, "error", [], 0, "%s: %s" % (type(exc).__name__, exc))
+
+
+def payload(buf, entry: Entry) -> Optional[bytes]:
+    """The entry's code, decompressed; None when it is Zstandard-compressed and no zstd module
+    (Python 3.14's compression.zstd, or zstandard) is importable."""
+    raw = bytes(buf[entry.payload_offset:entry.payload_offset + entry.stored_size])
+    if entry.compression is None:
+        return raw
+    if entry.compression == "lz4":
+        return lz4_block_decompress(raw, entry.size)
+    if not raw.startswith(_ZSTD_MAGIC):
+        raise ValueError("entry is flagged zstd but its payload has no zstd frame magic")
+    try:
+        from compression import zstd  # type: ignore  # Python 3.14+
+
+        return zstd.decompress(raw)
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore
+    except ImportError:
+        return None
+    return zstandard.ZstdDecompressor().decompress(raw, max_output_size=entry.size)
+
+
+def lz4_block_decompress(src: bytes, size: int) -> bytes:
+    """Decode one LZ4 block (the format of flag 0x2000). `size` is the expected output size."""
+    dst = bytearray()
+    i, n = 0, len(src)
+    while i < n:
+        token = src[i]
+        i += 1
+        length = token >> 4
+        if length == 15:
+            while True:
+                extra = src[i]
+                i += 1
+                length += extra
+                if extra != 255:
+                    break
+        dst += src[i:i + length]
+        i += length
+        if i >= n or len(dst) >= size:
+            break
+        offset = src[i] | (src[i + 1] << 8)
+        i += 2
+        if offset == 0 or offset > len(dst):
+            raise ValueError("corrupt LZ4 block: match offset %d at output %d" % (offset, len(dst)))
+        length = token & 15
+        if length == 15:
+            while True:
+                extra = src[i]
+                i += 1
+                length += extra
+                if extra != 255:
+                    break
+        length += 4
+        start = len(dst) - offset
+        if offset >= length:
+            dst += dst[start:start + length]
+        else:
+            for k in range(length):
+                dst.append(dst[start + k])
+    return bytes(dst[:size])
+
+
+def summarize(entries: List[Entry]) -> Dict[str, object]:
+    """Sorted SASS and PTX names, PTX ISA versions and the count of compressed entries."""
+    sass = sorted({e.name for e in entries if e.kind == "sass"}, key=_arch_key)
+    ptx = sorted({e.name for e in entries if e.kind == "ptx"}, key=_arch_key)
+    versions = sorted({e.version for e in entries if e.kind == "ptx"})
+    other = sorted({e.name for e in entries if e.kind not in ("sass", "ptx")})
+    out = {
+        "sass": sass,
+        "ptx": ptx,
+        "ptx_versions": ["%d.%d" % v for v in versions],
+        "entries": len(entries),
+        "compressed": sum(1 for e in entries if e.compression),
+    }
+    if other:
+        out["unknown_kinds"] = other
+    return out
+
+
+def _arch_key(name: str):
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return (int(digits or 0), name)

@@ -1,0 +1,56 @@
+"""One rank of the nccl check: `python -m <package>.nccl_worker RANK WORLD STORE ELEMENTS TIMEOUT`.
+
+Rank r contributes r + 1 on every element of a float32 tensor (integer values, exact in float32),
+so after a sum all-reduce every element must equal WORLD * (WORLD + 1) / 2 exactly. Prints one
+JSON line as its last line of output.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+
+from .proc import apply_safe_env
+
+
+def main(argv) -> int:
+    rank, world, store, elements, timeout_s = (int(argv[0]), int(argv[1]), argv[2],
+                                               int(argv[3]), int(argv[4]))
+    apply_safe_env()
+    out = {"rank": rank, "ok": False}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method="file://" + store, rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        x = torch.full((elements,), float(rank + 1), dtype=torch.float32, device="cuda")
+        dist.all_reduce(x)  # warm-up: builds the communicator
+        torch.cuda.synchronize()
+        x.fill_(float(rank + 1))
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        expected = world * (world + 1) // 2
+        lo, hi = float(x.min()), float(x.max())
+        out.update({"ok": lo == hi == expected, "min": lo, "max": hi, "elapsed_s": elapsed,
+                    "device": torch.cuda.get_device_name(rank),
+                    "nccl": _nccl_version(torch)})
+        dist.destroy_process_group()
+    except Exception as exc:
+        out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:400])
+    print(json.dumps(out), flush=True)
+    return 0 if out["ok"] else 1
+
+
+def _nccl_version(torch) -> str:
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+"""The real relay: runbooks moving a real venv between real sshd hosts (network namespaces).
+
+src cannot reach dst; this machine reaches both. Destinations live on the loop-mounted ext4 scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler import cli
+
+HOST = """  {name}:
+    ssh: root@{addr}
+    identity_file: {identity}
+    options: {{UserKnownHostsFile: {known_hosts}, GlobalKnownHostsFile: /dev/null}}
+"""
+
+
+def spec_text(lab, src: Path, dst: Path, *, name="relay", route="relay", policy="refuse",
+              checks="", compression="auto", extra="") -> str:
+    hosts = "".join(HOST.format(name=n, addr=lab.host(n).addr, identity=lab.identity,
+                                known_hosts=lab.known_hosts) for n in ("src", "dst"))
+    return (f"name: {name}\nhosts:\n{hosts}transfer:\n  from: src:{src}\n  to: dst:{dst}\n"
+            f"  route: {route}\n  compression: {compression}\n  on_existing: {policy}\n"
+            f"  exclude: [__pycache__, '*.pyc']\n  jobs: 2\n{extra}{checks}")
+
+
+def build(tmp_path: Path, text: str, name: str = "relay") -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(text)
+    assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
+    return tmp_path / f"{name}.sh"
+
+
+def run(tmp_path: Path, script: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def report(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "run" / "report.json").read_text())
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else
+                                       os.readlink(p) if p.is_symlink() else "d")
+            for p in sorted(root.rglob("*"))}
+
+
+CHECKS = """checks:
+  - torch: {version: "2.13.0"}
+  - imports: [torch, rb_payload]
+  - command: {name: payload-check, run: "payload-check"}
+"""
+
+
+@pytest.mark.e2e
+def test_relay_moves_a_torch_venv_and_the_console_script_runs_on_dst(clean_lab, payload_torch,
+                                                                      ext4_dir, tmp_path):
+    lab = clean_lab
+    dst = ext4_dir / "opt" / "venv"
+    dst.parent.mkdir()
+    script = build(tmp_path, spec_text(lab, payload_torch.venv, dst, checks=CHECKS))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-5000:]
+    assert "route: relay through this machine" in r.stderr
+    doc = report(tmp_path)
+    assert doc["outcome"] == "ok" and doc["checks"]["fail"] == 0 and doc["checks"]["pass"] == 3
+    # the moved console script, run on dst over ssh, imports torch from the new place
+    out = lab.ssh("dst", [str(dst / "bin" / "payload-check")], check=True).stdout
+    assert "2.13.0" in out and str(dst) in out
+    assert (tmp_path / "run" / "probe-dst.json").exists()
+
+    # a re-run finds the same tree on dst and sends nothing
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already holds this exact tree" in r.stderr
+
+
+@pytest.mark.e2e
+def test_auto_route_says_it_chose_relay_because_src_cannot_reach_dst(clean_lab, payload_small,
+                                                                     tmp_path):
+    lab = clean_lab
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, route="auto"))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "route: relay through this machine, because src cannot reach dst" in r.stderr
+    assert (dst / "bin" / "payload-hello").exists()
+
+
+@pytest.mark.e2e
+def test_direct_route_when_src_reaches_dst(clean_lab, payload_small, tmp_path):
+    lab = clean_lab
+    addr = lab.allow("src", "dst")
+    dst = tmp_path / "dst" / "venv"
+    hop = (f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
+           f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n")
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, route="auto", extra=hop))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "route: direct (src reaches dst over ssh itself)" in r.stderr
+    out = lab.ssh("dst", [str(dst / "bin" / "payload-hello")], check=True).stdout
+    assert str(dst) in out
+
+
+@pytest.mark.e2e
+def test_existing_destination_survives_refuse_and_is_restored_from_backup(clean_lab, payload_small,
+                                                                          tmp_path):
+    lab = clean_lab
+    dst = tmp_path / "dst" / "venv"
+    dst.mkdir(parents=True)
+    (dst / "old-install").write_text("the previous venv")
+    before = snapshot(dst.parent)
+    r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="refuse")))
+    assert r.returncode == 1
+    assert "in step preflight" in r.stderr and "on_existing is refuse" in r.stderr
+    assert snapshot(dst.parent) == before
+
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup"))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    backup = dst.parent / "venv.rb-backup.1"
+    assert (backup / "old-install").read_text() == "the previous venv"
+    assert (dst / "bin" / "payload-hello").exists()
+    r = run(tmp_path, script, "--restore")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (dst / "old-install").read_text() == "the previous venv"
+
+
+@pytest.mark.e2e
+def test_a_file_changed_in_staging_is_caught_and_named(clean_lab, payload_small, tmp_path):
+    lab = clean_lab
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst))
+    assert run(tmp_path, script, "--only", "manifest").returncode == 0
+    r = run(tmp_path, script, "--only", "transfer")
+    assert r.returncode == 0, r.stderr[-3000:]
+    staging = tmp_path / "dst" / ".venv.rb-staging"
+    victim = next(staging.rglob("greeting.txt"))
+    victim.write_text(victim.read_text().upper())
+    r = run(tmp_path, script, "--from", "verify")
+    assert r.returncode == 1
+    assert "FAILED (rc=1) in step verify on host dst" in r.stderr
+    assert f"greeting.txt (content" in r.stderr
+    assert not dst.exists()
+
+
+@pytest.mark.e2e
+def test_killing_the_source_sshd_mid_stream_fails_the_transfer_and_keeps_the_destination(
+        clean_lab, payload_torch, ext4_dir, tmp_path):
+    lab = clean_lab
+    dst = ext4_dir / "venv"
+    dst.mkdir()
+    (dst / "old-install").write_text("keep")
+    before = snapshot(ext4_dir)
+    script = build(tmp_path, spec_text(lab, payload_torch.venv, dst, policy="backup",
+                                       compression="none"))
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    staging = ext4_dir / ".venv.rb-staging"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if staging.is_dir() and sum(1 for _ in staging.rglob("*")) > 500:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before the stream could be cut"
+    lab.kill_sshd("src")
+    _out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "in step transfer" in err, err[-3000:]
+    assert "pack on src exited" in err or "unpack on dst exited" in err
+    now = snapshot(ext4_dir)
+    assert {k: v for k, v in now.items() if not k.startswith(".venv.rb-staging")} == before
+    assert report(tmp_path)["outcome"] == "failed"
