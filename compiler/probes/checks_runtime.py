@@ -68,6 +68,20 @@ def driver_version() -> Optional[str]:
     return None
 
 
+def driver_cuda_version() -> Optional[str]:
+    """The CUDA version the driver supports ("13.0"), from libcuda's cuDriverGetVersion."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        out = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(out)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return "%d.%d" % (out.value // 1000, (out.value % 1000) // 10)
+
+
 def torch_check(params: Dict[str, Any], ctx: Context):
     torch = need_torch()
     values: Dict[str, Any] = {
@@ -78,11 +92,7 @@ def torch_check(params: Dict[str, Any], ctx: Context):
     }
     if values["cuda_available"]:
         values["driver"] = driver_version()
-        try:
-            api = torch._C._cuda_getDriverVersion()
-            values["driver_cuda"] = "%d.%d" % (api // 1000, (api % 1000) // 10)
-        except Exception:  # private API; its absence is no failure
-            pass
+        values["driver_cuda"] = driver_cuda_version()
     problems = []
     want = params.get("version")
     if want and not version_matches(want, torch.__version__):

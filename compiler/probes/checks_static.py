@@ -49,16 +49,20 @@ def candidate_files(root: str) -> List[str]:
 def file_verdict(
     scan: fatbin.Scan, target: Tuple[int, int], driver_ptx_max: Optional[Tuple[int, int]]
 ) -> Tuple[str, int]:
-    """("sass" | "ptx" | "partial" | "none", modules without a path) for one file.
+    """("sass" | "ptx" | "partial" | "none" | "empty", modules without a path) for one file.
 
     A module (one translation unit, or one device link with its units: `Scan.modules`) has a
     path when one of its SASS entries runs on the target ("sass") or else one of its PTX entries
     can be JIT-compiled for it ("ptx"). A file is "partial" when some modules have a path and
     some do not: with lazy module loading that only fails when a kernel of such a module is
     launched. "none" (no entry of the file can run there) does not depend on the grouping.
+    Modules without any kernel (`Container.empty`) are left out; a file with nothing else is
+    "empty" (it passes: there is nothing to launch).
     """
     paths = []
     for module in scan.modules:
+        if all(container.empty for container in module):
+            continue  # no kernel in it: nothing to launch, nothing to fail
         how = "none"
         for e in (e for container in module for e in container.entries):
             if e.kind == "sass" and arch.runs_on("sass", e.number, e.suffix, target):
@@ -70,7 +74,9 @@ def file_verdict(
         if any(e.kind in ("sass", "ptx") for container in module for e in container.entries):
             paths.append(how)
     missing = paths.count("none")
-    if not paths or missing == len(paths):
+    if not paths:
+        return ("empty" if scan.modules else "none"), 0
+    if missing == len(paths):
         return "none", missing
     if missing:
         return "partial", missing
@@ -105,7 +111,8 @@ def audit(
                 errors.append("%s: %s" % (rel, scan.error))
                 continue
             errors.extend("%s: %s" % (rel, c.error) for c in scan.containers if c.error)
-            entries = [e for c in scan.runtime_containers for e in c.entries]
+            entries = [e for c in scan.runtime_containers + scan.embedded_containers
+                       for e in c.entries]
             if not entries:
                 continue
             all_entries.extend(entries)
@@ -113,6 +120,8 @@ def audit(
             info: Dict[str, Any] = {"path": rel}
             info.update(fatbin.summarize(entries))
             info["containers"] = len(scan.runtime_containers)
+            if scan.embedded_containers:
+                info["embedded_containers"] = len(scan.embedded_containers)
             info["modules"] = len(scan.modules)
             if without:
                 info["modules_without_path"] = without
@@ -131,8 +140,10 @@ def audit(
         "no_path": [f["path"] for f in files if f["verdict"] == "none"],
         "partial": [f["path"] for f in files if f["verdict"] == "partial"],
         "ptx_only": [f["path"] for f in files if f["verdict"] == "ptx"],
+        "kernel_free": [f["path"] for f in files if f["verdict"] == "empty"],
         "sass": overall["sass"],
         "ptx": overall["ptx"],
+        "lto": overall["lto"],
         "ptx_versions": overall["ptx_versions"],
         "compressed_entries": overall["compressed"],
         "missing_paths": missing_paths,

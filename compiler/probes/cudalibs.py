@@ -62,7 +62,9 @@ def _soname_major(fam: str, name: str) -> Optional[int]:
         if f == fam:
             m = pat.match(name)
             if m and m.group(1):
-                return int(m.group(1).split(".")[1])
+                major = int(m.group(1).split(".")[1])
+                # CUPTI went to year versions (libcupti.so.2025.1.1): not a CUDA major
+                return major if major < 100 else None
     return None
 
 

@@ -11,6 +11,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 MAGIC = b"\x7fELF"
 EM_CUDA = 190
+SHT_PROGBITS = 1
 SHT_NOBITS = 8
 SHT_DYNAMIC = 6
 DT_NULL = 0

@@ -15,7 +15,7 @@ A section holds one or more *containers*, back to back (8-byte aligned):
 
     container header, 16 bytes:  u32 magic 0xBA55ED50 | u16 version (1) | u16 header size (16)
                                  | u64 size of the entries that follow
-    entry header, >= 64 bytes:   0  u16 kind (1 PTX, 2 ELF/SASS)   2  u16 (0x0101)
+    entry header, >= 64 bytes:   0  u16 kind (1 PTX, 2 ELF/SASS, 8 LTO-IR)   2  u16 (0x0101)
                                  4  u32 entry header size (64, 80, 96, 112: CUDA 12.8+ appends
                                         an option block for newer targets)
                                  8  u64 payload size (8-byte padded)
@@ -54,6 +54,7 @@ _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 
 KIND_PTX = 1
 KIND_ELF = 2
+KIND_LTO = 8  # LTO-IR (`code=lto_90`): input for nvJitLink, never loaded as it is
 
 FLAG_64BIT = 0x1
 FLAG_LINUX = 0x10
@@ -65,12 +66,16 @@ FLAG_FAMILY = 0x200000
 RUNTIME_SECTION = ".nv_fatbin"
 RELOCATABLE_SECTION = "__nv_relfatbin"
 WRAPPER_SECTION = ".nvFatBinSegment"
+# Data sections where a library may keep fatbins it loads itself (cuModuleLoadData,
+# cuLibraryLoadData): libcufft.so.12 keeps ~24,000 containers in .ldata and a single sm_75 one in
+# .nv_fatbin. Searched only in files that have one of the sections above.
+EMBEDDED_PREFIXES = (".rodata", ".lrodata", ".data", ".ldata")
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class Entry(NamedTuple):
-    kind: str  # "sass", "ptx", or "kind<N>" for kinds this reader does not know
+    kind: str  # "sass", "ptx", "lto", or "kind<N>" for kinds this reader does not know
     number: int  # arch number: 90, 100, 103, 120
     suffix: str  # "", "a" or "f"
     version: Tuple[int, int]  # PTX ISA version (PTX), cubin ABI version (SASS)
@@ -83,6 +88,8 @@ class Entry(NamedTuple):
     @property
     def name(self) -> str:
         """sm_100a, compute_90, ..."""
+        if self.kind == "lto":
+            return "lto_%d%s" % (self.number, self.suffix)
         if self.kind not in ("sass", "ptx"):
             return "%s_%d%s" % (self.kind, self.number, self.suffix)
         return arch.code_name(self.kind, self.number, self.suffix)
@@ -94,6 +101,7 @@ class Container(NamedTuple):
     entries: List[Entry]
     error: Optional[str]  # set when the container is truncated or malformed
     wrapper: Optional[int] = None  # version of the wrapper record pointing at it, if any
+    empty: bool = False  # holds no kernel at all (see kernel_free)
 
 
 class Scan(NamedTuple):
@@ -106,23 +114,33 @@ class Scan(NamedTuple):
     error: Optional[str]
 
     @property
+    def embedded_containers(self) -> List[Container]:
+        """Containers found in data sections: loaded by the library itself, if at all."""
+        return [c for c in self.containers if c.section.startswith(EMBEDDED_PREFIXES)]
+
+    @property
     def runtime_containers(self) -> List[Container]:
-        """The containers that the CUDA runtime would load."""
-        rt = [c for c in self.containers if c.section != RELOCATABLE_SECTION]
-        return rt if rt else list(self.containers)
+        """The containers the CUDA runtime registers when the file is loaded (`__nv_relfatbin`
+        ones only when there is nothing else)."""
+        registered = [c for c in self.containers if not c.section.startswith(EMBEDDED_PREFIXES)]
+        rt = [c for c in registered if c.section != RELOCATABLE_SECTION]
+        return rt if rt else registered
 
     @property
     def modules(self) -> List[List[Container]]:
         """Runtime containers grouped into modules: a device-linked container (version-2
         wrapper) together with the translation-unit containers (version-1 wrappers) it was
         linked from; every other container alone. With several device links in one file the
-        units cannot be told apart and join all of them (an optimistic grouping)."""
+        units cannot be told apart and join all of them (an optimistic grouping). All embedded
+        containers together count as one more module: the library picks among them itself."""
         rt = self.runtime_containers
+        embedded = self.embedded_containers
+        extra = [embedded] if embedded else []
         linked = [c for c in rt if c.wrapper == 2]
         if not linked:
-            return [[c] for c in rt]
+            return [[c] for c in rt] + extra
         group = linked + [c for c in rt if c.wrapper == 1]
-        return [group] + [[c] for c in rt if c.wrapper is None]
+        return [group] + [[c] for c in rt if c.wrapper is None] + extra
 
     @property
     def entries(self) -> List[Entry]:
@@ -145,19 +163,25 @@ def _compression(flags: int) -> Optional[str]:
     return None
 
 
-def parse_entries(buf, start: int, end: int) -> Tuple[List[Entry], Optional[str]]:
-    """Entries of one container whose entry area is buf[start:end]."""
+def parse_entries(buf, start: int, end: int,
+                  strict: bool = False) -> Tuple[List[Entry], Optional[str]]:
+    """Entries of one container whose entry area is buf[start:end]. `strict` (for containers
+    found by searching data sections) rejects any entry that is not PTX or ELF of version
+    0x0101, so random bytes that happen to hold the magic are not taken for code."""
     entries = []
     pos = start
     while pos + 64 <= end:
-        kind_code, _v, hsize, size = struct.unpack_from("<HHIQ", buf, pos)
+        kind_code, v, hsize, size = struct.unpack_from("<HHIQ", buf, pos)
+        if strict and (v != 0x0101 or kind_code not in (KIND_PTX, KIND_ELF, KIND_LTO)):
+            return [], "not a fatbin entry at offset %d" % pos
         if hsize < 64 or pos + hsize + size > end:
             return entries, "entry at offset %d overruns its container" % pos
         (compressed,) = struct.unpack_from("<I", buf, pos + 16)
         minor, major, number = struct.unpack_from("<HHI", buf, pos + 24)
         (flags,) = struct.unpack_from("<Q", buf, pos + 40)
         (usize,) = struct.unpack_from("<Q", buf, pos + 56)
-        kind = {KIND_PTX: "ptx", KIND_ELF: "sass"}.get(kind_code, "kind%d" % kind_code)
+        kind = {KIND_PTX: "ptx", KIND_ELF: "sass", KIND_LTO: "lto"}.get(
+            kind_code, "kind%d" % kind_code)
         comp = _compression(flags)
         entries.append(Entry(
             kind, number, _suffix(flags), (major, minor), flags, comp, pos + hsize,
@@ -166,8 +190,10 @@ def parse_entries(buf, start: int, end: int) -> Tuple[List[Entry], Optional[str]
     return entries, None
 
 
-def parse_containers(buf, start: int, end: int, section: str) -> List[Container]:
-    """Every fatbin container found in buf[start:end]."""
+def parse_containers(buf, start: int, end: int, section: str,
+                     strict: bool = False) -> List[Container]:
+    """Every fatbin container found in buf[start:end] (`strict`: see parse_entries; a
+    container that fails it is dropped, not reported)."""
     out = []
     pos = buf.find(_MAGIC_BYTES, start, end)
     while 0 <= pos and pos + 16 <= end:
@@ -180,7 +206,10 @@ def parse_containers(buf, start: int, end: int, section: str) -> List[Container]
         if cend > end:
             error = "container at offset %d claims %d bytes past its section" % (pos, cend - end)
             cend = end
-        entries, entry_error = parse_entries(buf, pos + hsize, cend)
+        entries, entry_error = parse_entries(buf, pos + hsize, cend, strict)
+        if strict and (error or entry_error or not entries):
+            pos = buf.find(_MAGIC_BYTES, pos + 4, end)
+            continue
         if entries or error or entry_error:
             out.append(Container(section, pos, entries, error or entry_error))
         pos = buf.find(_MAGIC_BYTES, max(cend, pos + 4), end)
@@ -203,8 +232,9 @@ def _cubin_entry(buf, image: elf.Elf) -> Entry:
     return Entry("sass", number, "", (0, 0), 0, None, 0, len(buf), len(buf))
 
 
-def scan_buffer(buf, path: str = "<buffer>") -> Scan:
-    """Scan an in-memory image (ELF shared object or object, cubin, or a raw fatbin)."""
+def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
+    """Scan an in-memory image (ELF shared object or object, cubin, or a raw fatbin).
+    `embedded`: also search the data sections of a file with GPU code (EMBEDDED_PREFIXES)."""
     if bytes(buf[:4]) == _MAGIC_BYTES:
         return Scan(path, "fatbin", parse_containers(buf, 0, len(buf), "<fatbin>"), 0, None)
     image = elf.parse(buf)
@@ -227,8 +257,14 @@ def scan_buffer(buf, path: str = "<buffer>") -> Scan:
                 where = elf.file_offset(image, data) if magic == WRAPPER_MAGIC and data else None
                 if where is not None:
                     versions[where] = version
-    if versions:
-        containers = [c._replace(wrapper=versions.get(c.offset)) for c in containers]
+    containers = [c._replace(wrapper=versions.get(c.offset), empty=kernel_free(buf, c))
+                  for c in containers]
+    if embedded and (containers or wrappers):
+        for sec in image.sections:
+            if (sec.type == elf.SHT_PROGBITS and sec.name.startswith(EMBEDDED_PREFIXES)
+                    and elf.in_file(buf, sec)):
+                containers.extend(parse_containers(buf, sec.offset, sec.offset + sec.size,
+                                                   sec.name, strict=True))
     return Scan(path, "elf", containers, wrappers, None)
 
 
@@ -239,7 +275,42 @@ def _wrappers(buf, sec: elf.Section):
         yield struct.unpack_from("<IIQ", buf, pos)
 
 
-def scan_file(path: str) -> Scan:
+# Emptiness: a registered module without kernels (libcufft.so.12 and libcufftw.so.12 each carry
+# one sm_75 cubin with no .text section) cannot fail a launch, so it needs no path to the target.
+DECODE_MAX = 8192  # only entries this small are decoded to look for kernels
+EMPTY_CUBIN_MAX = 2560  # an undecodable (zstd, no module) cubin this small is taken as empty:
+#                         nvcc 13 writes 1.4-2.3 KB kernel-free cubins (sm_75..sm_120) and
+#                         2.8-5 KB ones for a single empty kernel
+
+
+def entry_has_kernels(buf, entry: Entry) -> Optional[bool]:
+    """True/False when known (a cubin with a `.text.*` section, PTX with `.entry`); None when
+    it cannot be told. Big entries are assumed to hold kernels."""
+    if entry.kind not in ("sass", "ptx") or entry.size > DECODE_MAX:
+        return True
+    try:
+        data = payload(buf, entry)
+    except (ValueError, IndexError):
+        data = None
+    if data is None:
+        if entry.kind == "sass" and entry.size <= EMPTY_CUBIN_MAX:
+            return False
+        return None
+    if entry.kind == "ptx":
+        return b".entry" in data
+    image = elf.parse(data)
+    if image is None:
+        return None
+    return any(sec.name.startswith(".text.") for sec in image.sections)
+
+
+def kernel_free(buf, container: Container) -> bool:
+    """Whether a container surely holds no kernel (every code entry known to be empty)."""
+    code = [e for e in container.entries if e.kind in ("sass", "ptx")]
+    return bool(code) and all(entry_has_kernels(buf, e) is False for e in code)
+
+
+def scan_file(path: str, embedded: bool = True) -> Scan:
     """Scan one file through a read-only mmap (never reads a big library into memory)."""
     try:
         with open(path, "rb") as fh:
@@ -250,7 +321,7 @@ def scan_file(path: str) -> Scan:
             if head not in (elf.MAGIC, _MAGIC_BYTES):
                 return Scan(path, "not-elf", [], 0, None)
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                scan = scan_buffer(mm, path)
+                scan = scan_buffer(mm, path, embedded)
             return scan
     except (OSError, ValueError) as exc:
         return Scan(path, "error", [], 0, "%s: %s" % (type(exc).__name__, exc))
@@ -325,10 +396,12 @@ def summarize(entries: List[Entry]) -> Dict[str, object]:
     sass = sorted({e.name for e in entries if e.kind == "sass"}, key=_arch_key)
     ptx = sorted({e.name for e in entries if e.kind == "ptx"}, key=_arch_key)
     versions = sorted({e.version for e in entries if e.kind == "ptx"})
-    other = sorted({e.name for e in entries if e.kind not in ("sass", "ptx")})
+    lto = sorted({e.name for e in entries if e.kind == "lto"}, key=_arch_key)
+    other = sorted({e.name for e in entries if e.kind not in ("sass", "ptx", "lto")})
     out = {
         "sass": sass,
         "ptx": ptx,
+        "lto": lto,
         "ptx_versions": ["%d.%d" % v for v in versions],
         "entries": len(entries),
         "compressed": sum(1 for e in entries if e.compression),

@@ -181,3 +181,27 @@ def test_killing_the_source_sshd_mid_stream_fails_the_transfer_and_keeps_the_des
     now = snapshot(ext4_dir)
     assert {k: v for k, v in now.items() if not k.startswith(".venv.rb-staging")} == before
     assert report(tmp_path)["outcome"] == "failed"
+
+
+@pytest.mark.e2e
+def test_a_changed_host_key_is_refused_before_anything_moves(clean_lab, payload_small, tmp_path):
+    lab = clean_lab
+    dst = tmp_path / "dst" / "venv"
+    lab.replace_host_key("dst")
+    r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, dst)))
+    assert r.returncode != 0
+    assert "in step preflight on host dst" in r.stderr
+    assert "Host key verification failed" in r.stderr or "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr
+    assert not dst.parent.exists()
+
+
+@pytest.mark.e2e
+def test_progress_lines_appear_when_pv_is_installed(clean_lab, payload_small, tmp_path):
+    import shutil
+
+    if shutil.which("pv") is None:
+        pytest.fail("pv is installed by `make test` (system-packages)")
+    lab = clean_lab
+    r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, tmp_path / "d" / "venv")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "progress: " in r.stderr

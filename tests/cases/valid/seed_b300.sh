@@ -170,7 +170,6 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  # shellcheck disable=SC1003 # a lone backslash, not an escaped quote
   local out='' word q="'" bs='\'
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
@@ -416,6 +415,7 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --only STEP     run one step (with the preflight it needs)
   --from STEP     run from STEP to the end (with the preflight it needs)
   --report PATH   write the JSON report to PATH (default: runs/${RB_NAME}/report.json)
+  --restore [N]   put backup N (default: the newest) of the destination back in place
   -h, --help      this text
 
 Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports.
@@ -724,6 +724,14 @@ step_transfer() {
       "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" \
       "$(rb::shq bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" "${RB_COMPRESSION_USED}")" \
       -o BatchMode=yes -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}"
+  elif command -v pv >/dev/null; then
+    rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
+      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
+      pv -f -i 10 -b -t -a 2> >(tr '\r' '\n' | sed -u '/^$/d; s/^/    progress: /' >&2) |
+      rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
+        "${RB_COMPRESSION_USED}" ||
+      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
+        "${PIPESTATUS[@]}"
   else
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
       "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
@@ -900,10 +908,28 @@ rb::cleanup() {
 }
 
 #######################################
+# --restore [N]: put backup N (default: the newest) back at the destination; the current install
+# becomes a backup in its place.
+#######################################
+rb::restore() {
+  local number=$1
+  local -a args=()
+  RB_STEP=restore
+  if [[ "${number}" != latest ]]; then
+    args=(--number "${number}")
+  fi
+  rb::kit_ship "${RB_DST_HOST}"
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}" "${args[@]}")"
+  rb::log "restored ${RB_J[restored]} to ${RB_DST_HOST}:${RB_DST_ABS};" \
+    "the install it replaced is kept at ${RB_J[kept_current_as]}"
+  RB_FINISHED=1
+}
+
+#######################################
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0
+  local only='' from='' id run=0 restore=
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -911,6 +937,13 @@ main() {
       --only) only=${2:?--only needs a step}; shift ;;
       --from) from=${2:?--from needs a step}; shift ;;
       --report) RB_REPORT=${2:?--report needs a path}; shift ;;
+      --restore)
+        restore=latest
+        if [[ "${2:-}" =~ ^[0-9]+$ ]]; then
+          restore=$2
+          shift
+        fi
+        ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -934,6 +967,10 @@ main() {
   trap rb::on_signal INT TERM
   trap rb::cleanup EXIT
   rb::init
+  if [[ -n "${restore}" ]]; then
+    rb::restore "${restore}"
+    return 0
+  fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do
     [[ "${id}" == "${from}" ]] && run=1
