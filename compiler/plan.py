@@ -17,7 +17,7 @@ from typing import Any, Optional
 from . import catalog
 from .loader import Source
 from .render import Safe
-from .spec import Host, Spec
+from .spec import Host, Spec, failed_checks_policy
 
 PACKAGE = Path(__file__).resolve().parent
 KIT_PACKAGES = (("rbkit", PACKAGE / "kit"), ("rbprobes", PACKAGE / "probes"))
@@ -78,7 +78,6 @@ def ssh_words(host: Host, *, here: bool = True) -> list[Any]:
         words += ["-J", host.jump]
     for key in sorted(host.options):
         words += ["-o", f"{key}={host.options[key]}"]
-    words += ["--", host.ssh]
     return words
 
 
@@ -90,7 +89,7 @@ def direct_words(spec: Spec) -> list[Any]:
     dst = spec.hosts[spec.transfer.target[0]]
     hop = spec.transfer.direct or Host(ssh=dst.ssh, port=dst.port, host_keys=dst.host_keys,
                                        connect_timeout=dst.connect_timeout)
-    return ssh_words(hop, here=False)
+    return ssh_words(hop, here=False) + ["--", hop.ssh]
 
 
 def identity_word(path: str) -> Any:
@@ -162,6 +161,8 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
     ]
     if "probe" in steps:
+        settings.append(_s("RB_ON_FAILED_CHECKS", failed_checks_policy(spec),
+                           "on_failed_checks: what a failed check after the swap does"))
         settings.append(_s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
                            "The checks, as one JSON document for the probe on the target."))
     arrays = [
@@ -188,6 +189,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
             "where": _where(source, ("hosts", hid)),
             "summary": "this machine" if host.local else f"{host.ssh} over ssh",
             "ssh_words": ssh_words(host),
+            "target": host.ssh or "",
         })
     files = kit_files()
     kit = [{"path": f.path, "delimiter": _delimiter(f.text, f.path), "text": Safe(f.text.rstrip("\n"))}

@@ -18,6 +18,8 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -59,14 +61,27 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+SECRET = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File|\bsshpass\b")
+
+
+def _no_secret(value: str) -> str:
+    if SECRET.search(value):
+        raise ValueError(
+            "looks like a private key or password: specs are committed and runbooks are reviewed in "
+            "PRs, so keep secrets out (use identity_file: with a path, an ssh agent, or ssh config)")
+    return value
+
+
 def _text(value: str) -> str:
     """One-line free text (descriptions): no control characters."""
+    _no_secret(value)
     if CONTROL.search(value.replace("\t", " ")):
         raise ValueError("must be one line of text without control characters")
     return value
 
 
 def _nonempty(value: str) -> str:
+    _no_secret(value)
     if not value.strip():
         raise ValueError("must not be empty")
     if CONTROL.search(value):
@@ -254,7 +269,7 @@ class Transfer(Model):
     from_: EndpointText = Field(alias="from")
     to: EndpointText
     route: Literal["relay", "direct", "auto"] = "relay"
-    compression: Literal["auto", "zstd", "gzip", "none"] = "auto"
+    compression: Literal["auto", "zstd", "lz4", "gzip", "none"] = "auto"
     exclude: list[Exclude] = Field(default_factory=list)
     verify: Literal["sha256", "blake2b", "none"] = "sha256"
     on_existing: Literal["refuse", "backup", "replace"] = "refuse"
@@ -338,14 +353,17 @@ class NcclCheck(CheckBase):
     pass
 
 
+Snippet = Annotated[str, Field(min_length=1, max_length=20000), AfterValidator(_no_secret)]
+
+
 class PythonCheck(CheckBase):
     name: Optional[Text] = None
-    code: Annotated[str, Field(min_length=1, max_length=20000)]
+    code: Snippet
 
 
 class CommandCheck(CheckBase):
     name: Optional[Text] = None
-    run: Annotated[str, Field(min_length=1, max_length=20000)]
+    run: Snippet
     expect_exit: Annotated[int, Field(strict=True, ge=0, le=255)] = 0
     timeout_s: Annotated[int, Field(strict=True, ge=1, le=3600)] = 300
 
@@ -412,6 +430,8 @@ class Check(Model):
 
 
 class Spec(Model):
+    """The whole spec file."""
+
     name: Name
     description: Text = ""
     hosts: Annotated[dict[Ident, Host], Field(min_length=1)]
@@ -419,5 +439,23 @@ class Spec(Model):
     cuda: Optional[Cuda] = None
     gpu: Optional[Gpu] = None
     checks: list[Check] = Field(default_factory=list)
+    # when a check fails after the swap: put the previous install back (needs on_existing: backup),
+    # or keep the new one. Default: rollback where a backup exists, else keep.
+    on_failed_checks: Optional[Literal["rollback", "keep"]] = None
+
+    @field_validator("on_failed_checks")
+    @classmethod
+    def _rollback_needs_backup(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        transfer = info.data.get("transfer")
+        if value == "rollback" and transfer is not None and transfer.on_existing != "backup":
+            raise ValueError("rollback needs a previous install to go back to: set "
+                             "transfer.on_existing: backup")
+        return value
     env: dict[Annotated[str, AfterValidator(_env_name)], Annotated[str, AfterValidator(_nonempty)]] = (
         Field(default_factory=dict))
+
+
+def failed_checks_policy(spec: Spec) -> str:
+    if spec.on_failed_checks:
+        return spec.on_failed_checks
+    return "rollback" if spec.transfer.on_existing == "backup" else "keep"

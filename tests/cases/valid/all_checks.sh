@@ -33,6 +33,8 @@ readonly RB_JOBS=4
 # cuda
 readonly RB_CUDA_HOME=/usr/local/cuda-12.9
 readonly RB_ENV_FILE=/etc/profile.d/venv2.sh
+# on_failed_checks: what a failed check after the swap does
+readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":["/usr/lib/x86_64-linux-gnu"]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"12.9","version":"2.9"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":4,"names":["NVIDIA GB200"]},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["numpy","torch.distributed"]},"type":"imports"},{"allow_skip":false,"id":"matmul","params":{"dtype":"float16","every_device":false,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"python","params":{"code":"import torch; assert torch.backends.cuda.matmul.allow_tf32 in (True, False)","name":"tf32 on"},"type":"python"},{"allow_skip":false,"id":"command_8","params":{"expect_exit":0,"name":"nvidia-smi","run":"nvidia-smi -L | grep -c GPU","timeout_s":30},"type":"command"},{"allow_skip":false,"id":"command_9","params":{"expect_exit":0,"run":"echo '"'"'second command'"'"'","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda-12.9","library_dirs":[],"library_path_first":["nvidia/cu12/lib","nvidia/cublas/lib"],"version":"12.9"},"gpu":{"arch":"sm_100","capability":"10.0","count":4,"model":"GB200"},"host":"b","schema":1,"venv":null}'
 # Hosts this runbook touches.
@@ -110,8 +112,10 @@ RB_SRC_FILES=0
 RB_SRC_DISK=0
 RB_COMPRESSION_USED=none
 RB_ROUTE_USED=relay
+RB_BACKUP_MADE=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
+RB_HOST_TARGET=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 declare -A RB_PY=()
@@ -181,7 +185,7 @@ rb::shq() {
 #######################################
 rb::is_local() {
   "rb::host_$1"
-  ((${#RB_HOST_SSH[@]} == 0))
+  [[ -z "${RB_HOST_TARGET}" ]]
 }
 
 #######################################
@@ -209,10 +213,11 @@ rb::_on_host() {
   if [[ -n "${RB_WORK}" ]]; then
     printf '%s\n%s\n' "${host}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   fi
-  if ((${#RB_HOST_SSH[@]} == 0)); then
+  if [[ -z "${RB_HOST_TARGET}" ]]; then
     "$@"
   else
-    ssh "${RB_SSH_COMMON[@]}" "${RB_HOST_SSH[@]}" "$(rb::shq "$@")"
+    # the spec's options first: for ssh the first value of an option wins
+    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "$(rb::shq "$@")"
   fi
 }
 
@@ -444,18 +449,22 @@ rb::dry_run() {
 
 #######################################
 # Host a (tests/cases/valid/all_checks.yaml:3): a.example over ssh
-# Sets RB_HOST_SSH to the ssh arguments that reach it (empty: this machine).
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
 #######################################
 rb::host_a() {
-  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -- a.example)
+  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes)
+  RB_HOST_TARGET=a.example
 }
 
 #######################################
 # Host b (tests/cases/valid/all_checks.yaml:4): b.example over ssh
-# Sets RB_HOST_SSH to the ssh arguments that reach it (empty: this machine).
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
 #######################################
 rb::host_b() {
-  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -- b.example)
+  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes)
+  RB_HOST_TARGET=b.example
 }
 
 #######################################
@@ -689,6 +698,7 @@ readonly RB_PACK_SCRIPT='set -o pipefail
 pack() {
   case "$3" in
     zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
     gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
     *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
   esac
@@ -703,6 +713,7 @@ fi'
 readonly RB_UNPACK_SCRIPT='set -o pipefail
 case "$2" in
   zstd) zstd -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
+  lz4) lz4 -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
   gzip) gzip -d -c | tar -C "$1" -xf - --no-same-owner ;;
   *) exec tar -C "$1" -xf - --no-same-owner ;;
 esac'
@@ -804,7 +815,9 @@ step_swap() {
   rb::jparse "$(rb::kit "${RB_DST_HOST}" swap "${RB_STAGING}" "${RB_DST_ABS}" --policy "${RB_ON_EXISTING}")"
   previous=${RB_J[previous]}
   if [[ "${previous}" == *.rb-backup.* ]]; then
-    rb::log "the previous destination is kept at ${previous}; to put it back: bash ${0##*/} --restore"
+    RB_BACKUP_MADE=${previous}
+    rb::log "the previous destination is kept at ${RB_BACKUP_MADE}; to put it back:" \
+      "bash ${0##*/} --restore"
   fi
   out=$(rb::on_host "${RB_DST_HOST}" "${RB_DST_ABS}/bin/python" -c 'import sys; print(sys.prefix)')
   if [[ "${out}" != "${RB_DST_ABS}" ]]; then
@@ -854,6 +867,14 @@ step_probe() {
     rb::on_host "${RB_DST_HOST}" cat "${report}" >"${RB_RUN_DIR}/probe-${RB_DST_HOST}.json"
     RB_PROBE_REPORTS+=("${RB_DST_HOST}=${RB_RUN_DIR}/probe-${RB_DST_HOST}.json")
   fi
+  if ((rc != 0)) && [[ "${RB_ON_FAILED_CHECKS}" == rollback && -n "${RB_BACKUP_MADE}" ]]; then
+    rb::log "checks failed: rolling back (on_failed_checks: rollback)"
+    rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}")"
+    rb::log "rolled back: the previous install is at ${RB_DST_ABS} again; the one that failed its" \
+      "checks is kept at ${RB_J[kept_current_as]}"
+  elif ((rc != 0)); then
+    rb::log "checks failed; the new install stays in place (on_failed_checks: ${RB_ON_FAILED_CHECKS})"
+  fi
   if ((rc != 0)); then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${RB_RUN_DIR}/probe-${RB_DST_HOST}.json)"
   fi
@@ -899,8 +920,8 @@ rb::cleanup() {
   fi
   for host in "${RB_HOSTS[@]}"; do
     "rb::host_${host}"
-    if ((${#RB_HOST_SSH[@]} > 0)); then
-      ssh "${RB_SSH_COMMON[@]}" -O exit "${RB_HOST_SSH[@]}" 2>/dev/null || true
+    if [[ -n "${RB_HOST_TARGET}" ]]; then
+      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
     fi
   done
   rm -rf "${RB_WORK}"

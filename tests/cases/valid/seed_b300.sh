@@ -34,6 +34,8 @@ readonly RB_JOBS=4
 # cuda
 readonly RB_CUDA_HOME=/usr/local/cuda-13.0
 readonly RB_ENV_FILE=''
+# on_failed_checks: what a failed check after the swap does
+readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"B300"},"host":"b300","schema":1,"venv":null}'
 # Hosts this runbook touches.
@@ -111,8 +113,10 @@ RB_SRC_FILES=0
 RB_SRC_DISK=0
 RB_COMPRESSION_USED=none
 RB_ROUTE_USED=relay
+RB_BACKUP_MADE=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
+RB_HOST_TARGET=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 declare -A RB_PY=()
@@ -182,7 +186,7 @@ rb::shq() {
 #######################################
 rb::is_local() {
   "rb::host_$1"
-  ((${#RB_HOST_SSH[@]} == 0))
+  [[ -z "${RB_HOST_TARGET}" ]]
 }
 
 #######################################
@@ -210,10 +214,11 @@ rb::_on_host() {
   if [[ -n "${RB_WORK}" ]]; then
     printf '%s\n%s\n' "${host}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   fi
-  if ((${#RB_HOST_SSH[@]} == 0)); then
+  if [[ -z "${RB_HOST_TARGET}" ]]; then
     "$@"
   else
-    ssh "${RB_SSH_COMMON[@]}" "${RB_HOST_SSH[@]}" "$(rb::shq "$@")"
+    # the spec's options first: for ssh the first value of an option wins
+    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "$(rb::shq "$@")"
   fi
 }
 
@@ -445,18 +450,22 @@ rb::dry_run() {
 
 #######################################
 # Host ct200 (tests/cases/valid/seed_b300.yaml:5): root@ct200.lab.internal over ssh
-# Sets RB_HOST_SSH to the ssh arguments that reach it (empty: this machine).
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
 #######################################
 rb::host_ct200() {
-  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -- root@ct200.lab.internal)
+  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes)
+  RB_HOST_TARGET=root@ct200.lab.internal
 }
 
 #######################################
 # Host b300 (tests/cases/valid/seed_b300.yaml:6): ubuntu@b300.lab.internal over ssh
-# Sets RB_HOST_SSH to the ssh arguments that reach it (empty: this machine).
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
 #######################################
 rb::host_b300() {
-  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -p 22 -o IdentitiesOnly=yes -i "${HOME}"/.ssh/id_b300 -- ubuntu@b300.lab.internal)
+  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -p 22 -o IdentitiesOnly=yes -i "${HOME}"/.ssh/id_b300)
+  RB_HOST_TARGET=ubuntu@b300.lab.internal
 }
 
 #######################################
@@ -690,6 +699,7 @@ readonly RB_PACK_SCRIPT='set -o pipefail
 pack() {
   case "$3" in
     zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
     gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
     *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
   esac
@@ -704,6 +714,7 @@ fi'
 readonly RB_UNPACK_SCRIPT='set -o pipefail
 case "$2" in
   zstd) zstd -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
+  lz4) lz4 -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
   gzip) gzip -d -c | tar -C "$1" -xf - --no-same-owner ;;
   *) exec tar -C "$1" -xf - --no-same-owner ;;
 esac'
@@ -805,7 +816,9 @@ step_swap() {
   rb::jparse "$(rb::kit "${RB_DST_HOST}" swap "${RB_STAGING}" "${RB_DST_ABS}" --policy "${RB_ON_EXISTING}")"
   previous=${RB_J[previous]}
   if [[ "${previous}" == *.rb-backup.* ]]; then
-    rb::log "the previous destination is kept at ${previous}; to put it back: bash ${0##*/} --restore"
+    RB_BACKUP_MADE=${previous}
+    rb::log "the previous destination is kept at ${RB_BACKUP_MADE}; to put it back:" \
+      "bash ${0##*/} --restore"
   fi
   out=$(rb::on_host "${RB_DST_HOST}" "${RB_DST_ABS}/bin/python" -c 'import sys; print(sys.prefix)')
   if [[ "${out}" != "${RB_DST_ABS}" ]]; then
@@ -855,6 +868,14 @@ step_probe() {
     rb::on_host "${RB_DST_HOST}" cat "${report}" >"${RB_RUN_DIR}/probe-${RB_DST_HOST}.json"
     RB_PROBE_REPORTS+=("${RB_DST_HOST}=${RB_RUN_DIR}/probe-${RB_DST_HOST}.json")
   fi
+  if ((rc != 0)) && [[ "${RB_ON_FAILED_CHECKS}" == rollback && -n "${RB_BACKUP_MADE}" ]]; then
+    rb::log "checks failed: rolling back (on_failed_checks: rollback)"
+    rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}")"
+    rb::log "rolled back: the previous install is at ${RB_DST_ABS} again; the one that failed its" \
+      "checks is kept at ${RB_J[kept_current_as]}"
+  elif ((rc != 0)); then
+    rb::log "checks failed; the new install stays in place (on_failed_checks: ${RB_ON_FAILED_CHECKS})"
+  fi
   if ((rc != 0)); then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${RB_RUN_DIR}/probe-${RB_DST_HOST}.json)"
   fi
@@ -900,8 +921,8 @@ rb::cleanup() {
   fi
   for host in "${RB_HOSTS[@]}"; do
     "rb::host_${host}"
-    if ((${#RB_HOST_SSH[@]} > 0)); then
-      ssh "${RB_SSH_COMMON[@]}" -O exit "${RB_HOST_SSH[@]}" 2>/dev/null || true
+    if [[ -n "${RB_HOST_TARGET}" ]]; then
+      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
     fi
   done
   rm -rf "${RB_WORK}"

@@ -103,8 +103,10 @@ RB_SRC_FILES=0
 RB_SRC_DISK=0
 RB_COMPRESSION_USED=none
 RB_ROUTE_USED=relay
+RB_BACKUP_MADE=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
+RB_HOST_TARGET=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 declare -A RB_PY=()
@@ -174,7 +176,7 @@ rb::shq() {
 #######################################
 rb::is_local() {
   "rb::host_$1"
-  ((${#RB_HOST_SSH[@]} == 0))
+  [[ -z "${RB_HOST_TARGET}" ]]
 }
 
 #######################################
@@ -202,10 +204,11 @@ rb::_on_host() {
   if [[ -n "${RB_WORK}" ]]; then
     printf '%s\n%s\n' "${host}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   fi
-  if ((${#RB_HOST_SSH[@]} == 0)); then
+  if [[ -z "${RB_HOST_TARGET}" ]]; then
     "$@"
   else
-    ssh "${RB_SSH_COMMON[@]}" "${RB_HOST_SSH[@]}" "$(rb::shq "$@")"
+    # the spec's options first: for ssh the first value of an option wins
+    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "$(rb::shq "$@")"
   fi
 }
 
@@ -437,18 +440,22 @@ rb::dry_run() {
 
 #######################################
 # Host src (tests/cases/valid/ssh_options.yaml:3): deploy@10.0.0.5 over ssh
-# Sets RB_HOST_SSH to the ssh arguments that reach it (empty: this machine).
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
 #######################################
 rb::host_src() {
-  RB_HOST_SSH=(-o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new -p 2222 -o IdentitiesOnly=yes -i /etc/rb/keys/id_src -- deploy@10.0.0.5)
+  RB_HOST_SSH=(-o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new -p 2222 -o IdentitiesOnly=yes -i /etc/rb/keys/id_src)
+  RB_HOST_TARGET=deploy@10.0.0.5
 }
 
 #######################################
 # Host dst (tests/cases/valid/ssh_options.yaml:9): ubuntu@gpu-07.cluster.internal over ssh
-# Sets RB_HOST_SSH to the ssh arguments that reach it (empty: this machine).
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
 #######################################
 rb::host_dst() {
-  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i "${HOME}"/'.ssh/id ed25519' -J bastion@gw.example.org:2200 -o Compression=no -o IPQoS=throughput -o ServerAliveInterval=30 -- ubuntu@gpu-07.cluster.internal)
+  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i "${HOME}"/'.ssh/id ed25519' -J bastion@gw.example.org:2200 -o Compression=no -o IPQoS=throughput -o ServerAliveInterval=30)
+  RB_HOST_TARGET=ubuntu@gpu-07.cluster.internal
 }
 
 #######################################
@@ -682,6 +689,7 @@ readonly RB_PACK_SCRIPT='set -o pipefail
 pack() {
   case "$3" in
     zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
     gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
     *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
   esac
@@ -696,6 +704,7 @@ fi'
 readonly RB_UNPACK_SCRIPT='set -o pipefail
 case "$2" in
   zstd) zstd -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
+  lz4) lz4 -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
   gzip) gzip -d -c | tar -C "$1" -xf - --no-same-owner ;;
   *) exec tar -C "$1" -xf - --no-same-owner ;;
 esac'
@@ -797,7 +806,9 @@ step_swap() {
   rb::jparse "$(rb::kit "${RB_DST_HOST}" swap "${RB_STAGING}" "${RB_DST_ABS}" --policy "${RB_ON_EXISTING}")"
   previous=${RB_J[previous]}
   if [[ "${previous}" == *.rb-backup.* ]]; then
-    rb::log "the previous destination is kept at ${previous}; to put it back: bash ${0##*/} --restore"
+    RB_BACKUP_MADE=${previous}
+    rb::log "the previous destination is kept at ${RB_BACKUP_MADE}; to put it back:" \
+      "bash ${0##*/} --restore"
   fi
   out=$(rb::on_host "${RB_DST_HOST}" "${RB_DST_ABS}/bin/python" -c 'import sys; print(sys.prefix)')
   if [[ "${out}" != "${RB_DST_ABS}" ]]; then
@@ -870,8 +881,8 @@ rb::cleanup() {
   fi
   for host in "${RB_HOSTS[@]}"; do
     "rb::host_${host}"
-    if ((${#RB_HOST_SSH[@]} > 0)); then
-      ssh "${RB_SSH_COMMON[@]}" -O exit "${RB_HOST_SSH[@]}" 2>/dev/null || true
+    if [[ -n "${RB_HOST_TARGET}" ]]; then
+      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
     fi
   done
   rm -rf "${RB_WORK}"
