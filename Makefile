@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-packages run test check regen clean
+.PHONY: setup system-packages run test check regen clean reliability
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,7 @@ regen: setup
 
 clean:
 	rm -rf runs/ .pytest_cache
+
+# docs/reliability.md from the hostile-input and fault tests' results.
+reliability: setup system-packages
+	$(PY) -m tests.reliability

@@ -251,7 +251,7 @@ def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
         for key in item:
             if key not in CHECK_TYPES:
                 continue
-            if key in seen and key not in ("python", "command"):
+            if key in seen and key not in ("python", "command", "matmul"):
                 out.append(source.problem(
                     ("checks", i, key), f"check {key!r} is already listed at checks[{seen[key]}]",
                     key=True))

@@ -114,3 +114,13 @@ def test_runbook_list_help_and_dry_run_run_nothing(project):
     r = subprocess.run(["bash", str(script), "--only", "nope"], cwd=project, capture_output=True,
                        text=True)
     assert r.returncode == 2 and "unknown step: nope" in r.stderr
+
+
+def test_no_key_material_in_any_generated_script():
+    scripts = sorted((ROOT / "generated").glob("*.sh")) + sorted(
+        (ROOT / "tests" / "cases" / "valid").glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        assert "PRIVATE KEY-----" not in text, script
+        assert "sshpass" not in text and "PuTTY-User-Key-File" not in text, script

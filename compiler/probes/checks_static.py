@@ -194,6 +194,8 @@ def kernel_audit(params: Dict[str, Any], ctx: Context):
             % "/".join(values["ptx_versions"] or ["?"])))
     if values["partial"]:
         notes.append("%d with some modules lacking %s code" % (len(values["partial"]), name))
+    if values["kernel_free"]:
+        notes.append("%d without any kernel" % len(values["kernel_free"]))
     if values["gpu_files"]:
         summary = "%d files with GPU code (of %d scanned) all have a path to %s" % (
             values["gpu_files"], values["files_scanned"], name)

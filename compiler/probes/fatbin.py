@@ -278,9 +278,9 @@ def _wrappers(buf, sec: elf.Section):
 # Emptiness: a registered module without kernels (libcufft.so.12 and libcufftw.so.12 each carry
 # one sm_75 cubin with no .text section) cannot fail a launch, so it needs no path to the target.
 DECODE_MAX = 8192  # only entries this small are decoded to look for kernels
-EMPTY_CUBIN_MAX = 2560  # an undecodable (zstd, no module) cubin this small is taken as empty:
-#                         nvcc 13 writes 1.4-2.3 KB kernel-free cubins (sm_75..sm_120) and
-#                         2.8-5 KB ones for a single empty kernel
+EMPTY_CUBIN_MAX = 2560  # an undecodable (zstd, no module) sm_75+ cubin this small is taken as
+#                         empty: nvcc 13 writes 1.4-2.3 KB kernel-free cubins (sm_75..sm_120)
+#                         and 2.8-5 KB ones for a single empty kernel
 
 
 def entry_has_kernels(buf, entry: Entry) -> Optional[bool]:
@@ -290,10 +290,11 @@ def entry_has_kernels(buf, entry: Entry) -> Optional[bool]:
         return True
     try:
         data = payload(buf, entry)
-    except (ValueError, IndexError):
+    except Exception:  # a corrupt payload, or the zstd module's own error type
         data = None
     if data is None:
-        if entry.kind == "sass" and entry.size <= EMPTY_CUBIN_MAX:
+        # the size rule was measured on sm_75+ only (what nvcc 13 builds)
+        if entry.kind == "sass" and entry.number >= 75 and entry.size <= EMPTY_CUBIN_MAX:
             return False
         return None
     if entry.kind == "ptx":

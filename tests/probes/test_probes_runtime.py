@@ -1,0 +1,121 @@
+"""L1/L2 checks on this machine: CPU torch, no GPU. The numerics run on the CPU through the
+matmul check's internal device option."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler.probes import run_check
+from compiler.probes.checks_numeric import matmul_check
+from compiler.probes.checks_runtime import version_matches
+from compiler.probes.result import Context
+
+torch = pytest.importorskip("torch")
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+
+
+def check(check_type, params=None, allow_skip=False, ctx=None):
+    return run_check({"type": check_type, "params": params or {}, "allow_skip": allow_skip},
+                     ctx or Context())
+
+
+def test_missing_module_fails_naming_it():
+    result = check("imports", {"modules": ["json", "no_such_module_xyz", "also_missing"]})
+    assert result["status"] == "fail"
+    assert "no_such_module_xyz" in result["reason"] and "also_missing" in result["reason"]
+    ok = [m for m in result["values"]["modules"] if m["ok"]]
+    assert [m["module"] for m in ok] == ["json"] and ok[0]["file"].endswith("json/__init__.py")
+
+
+def test_imports_report_version_and_file():
+    result = check("imports", {"modules": ["pytest", "torch"]})
+    assert result["status"] == "pass", result["reason"]
+    versions = {m["module"]: m["version"] for m in result["values"]["modules"]}
+    assert versions["torch"] == torch.__version__ and versions["pytest"]
+
+
+def test_module_raising_anything_is_a_failure_not_a_crash(tmp_path, monkeypatch):
+    (tmp_path / "exits_on_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = check("imports", {"modules": ["exits_on_import"]})
+    assert result["status"] == "fail" and "SystemExit" in result["reason"]
+
+
+@pytest.mark.parametrize("expected, actual, ok", [
+    ("2.11", "2.11.0+cu130", True), ("2.11.0", "2.11.0+cu130", True),
+    ("2.11.0+cu130", "2.11.0+cu130", True), ("2.11.0+cu130", "2.11.0+cu128", False),
+    ("2.1", "2.11.0", False), ("13.0", "13.0", True), ("13", "13.0", True),
+    ("12.8", "13.0", False), ("13.0", None, False),
+])
+def test_version_prefix_match(expected, actual, ok):
+    assert version_matches(expected, actual) is ok
+
+
+def test_torch_check():
+    good = check("torch", {"version": torch.__version__.split("+")[0]})
+    assert good["status"] == "pass" and good["values"]["version"] == torch.__version__
+    bad = check("torch", {"version": "1.0"})
+    assert bad["status"] == "fail" and "expected 1.0" in bad["reason"]
+
+
+@no_gpu
+def test_cpu_torch_with_a_cuda_expectation_fails():
+    result = check("torch", {"cuda": "13.0"})
+    assert result["status"] == "fail" and "CPU-only" in result["reason"]
+
+
+@no_gpu
+@pytest.mark.parametrize("check_type", ["devices", "matmul", "nccl"])
+def test_gpu_checks_without_a_gpu_fail_or_skip(check_type):
+    failed = check(check_type)
+    assert failed["status"] == "fail"
+    assert "no CUDA device visible" in failed["reason"] and "allow_skip" in failed["reason"]
+    skipped = check(check_type, allow_skip=True)
+    assert skipped["status"] == "skip" and "no CUDA device visible" in skipped["reason"]
+    assert skipped["values"]["precondition"].startswith("no CUDA device")
+
+
+@pytest.mark.parametrize("dtype, size", [("bfloat16", 96), ("float16", 128), ("float32", 200)])
+def test_matmul_numerics_on_cpu(dtype, size):
+    outcome = matmul_check({"dtype": dtype, "size": size}, Context(), device="cpu")
+    assert outcome.status == "pass", outcome.reason
+    (dev,) = outcome.values["devices"]
+    assert 0 < dev["max_rel_err"] <= dev["tolerance"] and dev["tflops"] > 0
+    assert dev["checked"] == "%dx%d of %dx%d" % (size, size, size, size)
+
+
+def test_matmul_catches_a_wrong_product():
+    def off_by_a_bit(a, b):
+        c = torch.matmul(a, b)
+        c[3, 5] += 0.05 * c.abs().max()
+        return c
+
+    outcome = matmul_check({"dtype": "float32", "size": 64}, Context(), device="cpu",
+                           op=off_by_a_bit)
+    assert outcome.status == "fail" and "max rel err" in outcome.reason
+
+
+def test_matmul_catches_nan():
+    def nan(a, b):
+        c = torch.matmul(a, b)
+        c[0, 0] = float("nan")
+        return c
+
+    outcome = matmul_check({"dtype": "bfloat16", "size": 32}, Context(), device="cpu", op=nan)
+    assert outcome.status == "fail" and "nan" in outcome.reason
+
+
+def test_matmul_samples_rows_of_large_products(monkeypatch):
+    from compiler.probes import checks_numeric
+
+    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 16)
+    monkeypatch.setattr(checks_numeric, "FULL_COLS", 32)
+    outcome = matmul_check({"dtype": "float32", "size": 48}, Context(), device="cpu")
+    assert outcome.values["devices"][0]["checked"] == "16x16 of 48x48"
+
+
+def test_bad_params_fail_with_the_key():
+    result = check("matmul", {"dtype": "bfloat16", "sise": 10})
+    assert result["status"] == "fail" and "'sise'" in result["reason"]
+    result = check("devices", {"count": "eight"})
+    assert result["status"] == "fail" and "'count'" in result["reason"]
