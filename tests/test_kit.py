@@ -86,8 +86,11 @@ def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["totals"]["files"] == 4
     assert manifest.load(str(out))["totals"]["files"] == 4
-    assert run("manifest", "verify", str(tree), str(out)).returncode == 1  # the .pyc is extra
-    (tree / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").unlink()
+    assert run("manifest", "verify", str(tree), str(out)).returncode == 0  # excluded .pyc: fine
+    (tree / "bin" / "new").write_text("not in the manifest")
+    r = run("manifest", "verify", str(tree), str(out))
+    assert r.returncode == 1 and "extra:   bin/new" in r.stderr
+    (tree / "bin" / "new").unlink()
     assert run("manifest", "verify", str(tree), str(out)).returncode == 0
 
 
@@ -199,3 +202,15 @@ def test_kit_files_compile_under_python_3_9():
         r = subprocess.run([str(py39), "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(f)],
                            capture_output=True, text=True)
         assert r.returncode == 0, (f, r.stderr)
+
+
+def test_caches_the_move_excluded_may_appear_at_the_destination(tree, tmp_path):
+    m = manifest.build(str(tree), ["__pycache__", "*.pyc"], "sha256")
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
+    (copy / "bin" / "__pycache__").mkdir()
+    (copy / "bin" / "__pycache__" / "tool.cpython-311.pyc").write_bytes(b"\0")
+    result = manifest.verify(str(copy), m)
+    assert result["ok"], manifest.describe(result)
+    (copy / "bin" / "new-script").write_text("x")
+    assert not manifest.verify(str(copy), m)["ok"], "anything else extra is still caught"

@@ -125,7 +125,8 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
     have = {}
-    for rel, st in walk(root, ()):
+    # what the move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
+    for rel, st in walk(root, manifest["header"].get("excludes", ())):
         have[rel] = entry_of(root, rel, st)
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
