@@ -3,6 +3,7 @@ file must compile. A failure here is a compiler bug, never the user's: nothing i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +25,10 @@ from .errors import LintError
 DISABLED = ("SC2310", "SC2312", "SC2249", "SC2016", "SC2029", "SC1003")
 
 
+FLAGS = ("--shell=bash", "--severity=style", "--enable=all", "--exclude=" + ",".join(DISABLED),
+         "--format=json1")
+
+
 def shellcheck_binary() -> str:
     here = Path(sys.executable).parent / "shellcheck"
     if here.exists():
@@ -34,15 +39,48 @@ def shellcheck_binary() -> str:
     return found
 
 
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "runbook-compiler" / "shellcheck"
+
+
+def _cache_key(binary: str, text: str) -> str:
+    st = os.stat(binary)
+    h = hashlib.sha256()
+    h.update(f"{binary}\0{st.st_size}\0{st.st_mtime_ns}\0{' '.join(FLAGS)}\0".encode())
+    h.update(text.encode())
+    return h.hexdigest()
+
+
 def shellcheck(text: str) -> list[str]:
-    """shellcheck findings as 'line:col: SCxxxx (level): message' lines; empty when clean."""
+    """shellcheck findings as 'line:col: SCxxxx (level): message' lines; empty when clean.
+
+    A clean result is remembered by the sha256 of (shellcheck binary, options, script text), so
+    `compile --check` and re-compiles of unchanged specs do not pay shellcheck's ~2 s again.
+    RB_LINT_CACHE=0 turns the cache off.
+    """
+    binary = shellcheck_binary()
+    use_cache = os.environ.get("RB_LINT_CACHE", "1") != "0"
+    marker = _cache_dir() / _cache_key(binary, text) if use_cache else None
+    if marker is not None and marker.exists():
+        return []
+    findings = _run_shellcheck(binary, text)
+    if marker is not None and not findings:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass  # a read-only home only costs speed
+    return findings
+
+
+def _run_shellcheck(binary: str, text: str) -> list[str]:
     with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
         f.write(text)
         path = f.name
     try:
         proc = subprocess.run(
-            [shellcheck_binary(), "--shell=bash", "--severity=style", "--enable=all",
-             "--exclude=" + ",".join(DISABLED), "--format=json1", path],
+            [binary, *FLAGS, path],
             capture_output=True, text=True, check=False,
         )
     finally:

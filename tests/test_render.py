@@ -49,7 +49,7 @@ def test_body_takes_only_safe_text():
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=60))
+@given(st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=60))
 def test_sh_quoted_words_come_back_unchanged_through_bash(value):
     script = "printf '%s' " + render.sh(value)
     out = subprocess.run(["bash", "-c", script], capture_output=True, check=True)
@@ -68,3 +68,16 @@ def test_sh_refuses_nul_and_non_strings():
 def test_tidy_keeps_heredoc_bodies_byte_for_byte():
     text = "a  \n\n\n\ncat <<'RB_PY_X'\nx = 1   \n\n\n\ny = 2\nRB_PY_X\n\n\nb\n"
     assert render.tidy(text) == "a\n\ncat <<'RB_PY_X'\nx = 1   \n\n\n\ny = 2\nRB_PY_X\n\nb\n"
+
+
+def test_lint_cache_remembers_only_clean_scripts(tmp_path, monkeypatch):
+    from compiler import lint
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    clean = "#!/usr/bin/env bash\necho 'hi'\n"
+    dirty = "#!/usr/bin/env bash\necho $1\n"
+    assert lint.shellcheck(clean) == []
+    assert len(list((tmp_path / "runbook-compiler" / "shellcheck").iterdir())) == 1
+    assert lint.shellcheck(dirty) != []
+    assert lint.shellcheck(dirty) != [], "findings are never cached away"
+    assert len(list((tmp_path / "runbook-compiler" / "shellcheck").iterdir())) == 1
