@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from . import catalog
+from . import catalog, fanout
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
@@ -33,6 +33,7 @@ STEP_DOCS = {
     "exports": "Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first.",
     "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
 }
+STEP_DOCS.update(fanout.STEP_DOCS)
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,15 @@ class KitFile:
     text: str
 
 
-def kit_files() -> list[KitFile]:
-    """Every Python file of the shipped packages, in a stable order."""
+def kit_files(with_fanout: bool = False) -> list[KitFile]:
+    """Every Python file of the shipped packages, in a stable order (rbkit/fanout.py only where
+    the spec has `fanout:`)."""
     files = []
     for name, root in KIT_PACKAGES:
         for path in sorted(root.rglob("*.py")):
             rel = path.relative_to(root).as_posix()
+            if f"{name}/{rel}" == "rbkit/fanout.py" and not with_fanout:
+                continue
             files.append(KitFile(f"{name}/{rel}", path.read_text(encoding="utf-8")))
     return files
 
@@ -136,6 +140,8 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
     steps = ["preflight", "manifest", "transfer", "verify", "relocate", "swap", "exports"]
     if spec.checks:
         steps.append("probe")
+    if spec.fanout:
+        steps = list(fanout.STEPS)
     exclude_args: list[str] = []
     for pattern in spec.transfer.exclude:
         exclude_args += ["--exclude", pattern]
@@ -146,7 +152,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_NAME", spec.name, "The runbook and its spec."),
         _s("RB_SPEC", source.path),
         _s("RB_SPEC_SHA256", source.sha256),
-        _s("RB_KIT_ID", kit_id()),
+        _s("RB_KIT_ID", kit_id(spec.fanout is not None)),
         _s("RB_SSH_CIPHERS", SSH_CIPHERS, "AES-GCM first: the relay is CPU-bound."),
         _s("RB_SRC_HOST", src_host, f"transfer ({_where(source, ('transfer',))})"),
         _s("RB_SRC_PATH", src_path),
@@ -156,11 +162,13 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_COMPRESSION", spec.transfer.compression),
         _s("RB_VERIFY", spec.transfer.verify),
         _s("RB_ON_EXISTING", spec.transfer.on_existing),
-        _s("RB_JOBS", str(spec.transfer.jobs)),
+        _s("RB_JOBS", str(spec.transfer.jobs or "auto"), "hashing threads on each host (auto: one per CPU)"),
         _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
     ]
-    if "probe" in steps:
+    if spec.fanout:
+        settings += fanout.settings(spec)
+    if "probe" in steps or (spec.fanout and spec.checks):
         settings.append(_s("RB_ON_FAILED_CHECKS", failed_checks_policy(spec),
                            "on_failed_checks: what a failed check after the swap does"))
         settings.append(_s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
@@ -176,6 +184,8 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         {"name": "RB_DIRECT_SSH", "words": direct_words(spec),
          "comment": "route direct/auto: ssh arguments the source uses to reach the destination"},
     ]
+    if spec.fanout:
+        arrays += fanout.arrays(spec)
     maps = [
         {"name": "RB_STEP_DOC", "entries": [(s, STEP_DOCS[s]) for s in steps]},
         {"name": "RB_STEP_PREVIEW", "entries": [(s, "\n".join(preview(s, spec))) for s in steps]},
@@ -191,7 +201,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
             "ssh_words": ssh_words(host),
             "target": host.ssh or "",
         })
-    files = kit_files()
+    files = kit_files(spec.fanout is not None)
     kit = [{"path": f.path, "delimiter": _delimiter(f.text, f.path), "text": Safe(f.text.rstrip("\n"))}
            for f in files]
     step_where = {
@@ -199,6 +209,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         "verify": ("transfer", "verify"), "relocate": ("transfer", "to"),
         "swap": ("transfer", "on_existing"), "exports": ("cuda",), "probe": ("checks",),
     }
+    step_where.update(fanout.STEP_WHERE)
     step_views = []
     for i, sid in enumerate(steps, 1):
         loc = step_where[sid]
@@ -220,6 +231,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         "kit_dirs": sorted({f.path.rsplit("/", 1)[0] for f in files}),
         "kit_files": kit,
         "steps": step_views,
+        "partials": fanout.partials(spec),
     }
 
 
@@ -236,15 +248,17 @@ def _s(name: str, value: str, comment: str = "") -> dict:
     return {"name": name, "value": value, "comment": comment}
 
 
-def kit_id() -> str:
+def kit_id(with_fanout: bool = False) -> str:
     h = hashlib.sha256()
-    for f in kit_files():
+    for f in kit_files(with_fanout):
         h.update(f.path.encode() + b"\0" + f.text.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
 def preview(step: str, spec: Spec) -> list[str]:
     """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
+    if step in fanout.STEP_DOCS:
+        return fanout.preview(step, spec)
     src_host, src = spec.transfer.source
     dst_host, dst = spec.transfer.target
     staging = f"{dst.rsplit('/', 1)[0] or '.'}/.{dst.rsplit('/', 1)[-1]}.rb-staging"
@@ -262,7 +276,7 @@ def preview(step: str, spec: Spec) -> list[str]:
         out.append(f"compression: {comp_note}")
     elif step == "manifest":
         out.append(f"on {src_host}: rbkit manifest build {src} {excl} --algo {spec.transfer.verify}"
-                   f" --jobs {spec.transfer.jobs}".replace("  ", " "))
+                   f" --jobs {spec.transfer.jobs or 'auto'}".replace("  ", " "))
         out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
         out.append(f"on {dst_host}: if {dst}/.rb-manifest.jsonl matches, skip the install")
     elif step == "transfer":
@@ -272,7 +286,7 @@ def preview(step: str, spec: Spec) -> list[str]:
         out.append(f"  | through this machine ({spec.transfer.route}) |")
         out.append(f"on {dst_host}: <decompress> | tar -C {staging} -xf - --no-same-owner")
     elif step == "verify":
-        out.append(f"on {dst_host}: rbkit manifest verify {staging} <manifest> --jobs {spec.transfer.jobs}")
+        out.append(f"on {dst_host}: rbkit manifest verify {staging} <manifest> --jobs {spec.transfer.jobs or 'auto'}")
     elif step == "relocate":
         out.append(f"on {dst_host}: rbkit relocate {staging} --old {src} --new {dst}")
     elif step == "swap":

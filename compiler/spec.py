@@ -273,7 +273,7 @@ class Transfer(Model):
     exclude: list[Exclude] = Field(default_factory=list)
     verify: Literal["sha256", "blake2b", "none"] = "sha256"
     on_existing: Literal["refuse", "backup", "replace"] = "refuse"
-    jobs: Annotated[int, Field(strict=True, ge=1, le=256)] = 4
+    jobs: Optional[Annotated[int, Field(strict=True, ge=1, le=256)]] = None  # None: one per CPU
     # route direct/auto: how the source host reaches the destination with its own ssh setup
     # (default: the destination's `ssh:` and `port:`; keys and known_hosts are the source's own).
     direct: Optional[Host] = None
@@ -429,6 +429,44 @@ class Check(Model):
         return bool(getattr(value, "allow_skip", False))
 
 
+def _nodeset(value: str) -> str:
+    from .fanout import expand  # the node-set syntax lives with the rest of the fan-out
+
+    expand(value)
+    return value
+
+
+NodeSet = Annotated[str, AfterValidator(_nodeset)]
+
+
+class Fanout(Model):
+    """`fanout:` install on many nodes through the cluster's engine (docs/fanout.md)."""
+
+    nodes: NodeSet
+    engine: Literal["slurm", "clush"] = "clush"
+    success: Union[Literal["all"], Annotated[int, Field(strict=True, ge=1, le=4096)]] = "all"
+    timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400)] = 600
+    connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
+    scratch: AbsPath = "/tmp"
+    width: Optional[Annotated[int, Field(strict=True, ge=1, le=4096)]] = None
+    ssh_config: Optional[AbsPath] = None   # clush: ssh -F for every node
+    topology: Optional[AbsPath] = None     # clush: tree mode through gateways
+
+    @model_validator(mode="after")
+    def _fits(self) -> "Fanout":
+        from .fanout import expand
+
+        if self.success != "all" and self.success > len(expand(self.nodes)):
+            raise ValueError(f"success: {self.success} is more nodes than {self.nodes} has")
+        for key in ("ssh_config", "topology"):
+            value = getattr(self, key)
+            if value and any(c.isspace() for c in value):
+                raise ValueError(f"{key}: must not contain spaces")
+        if self.engine == "slurm" and (self.ssh_config or self.topology):
+            raise ValueError("ssh_config and topology are clush settings (engine: clush)")
+        return self
+
+
 class Spec(Model):
     """The whole spec file."""
 
@@ -453,6 +491,20 @@ class Spec(Model):
         return value
     env: dict[Annotated[str, AfterValidator(_env_name)], Annotated[str, AfterValidator(_nonempty)]] = (
         Field(default_factory=dict))
+    # install on many nodes through the cluster's engine; transfer.to's host is where the engine
+    # runs (this machine), its path the destination on every node
+    fanout: Optional[Fanout] = None
+
+    @field_validator("fanout")
+    @classmethod
+    def _fanout_head_is_here(cls, value: Optional[Fanout], info: ValidationInfo) -> Optional[Fanout]:
+        transfer, hosts = info.data.get("transfer"), info.data.get("hosts") or {}
+        if value is not None and transfer is not None:
+            head = hosts.get(transfer.target[0])
+            if head is not None and not head.local:
+                raise ValueError("with fanout, transfer.to names `local: true` host (where the "
+                                 "engine runs) and the path on every node")
+        return value
 
 
 def failed_checks_policy(spec: Spec) -> str:

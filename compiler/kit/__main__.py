@@ -10,6 +10,13 @@ import sys
 from . import exports, hostfs, manifest, relocate, report
 
 
+def jobs(value: str) -> int:
+    """--jobs N, or auto: one per CPU of this host (at most 32)."""
+    if value == "auto":
+        return max(1, min(32, os.cpu_count() or 1))
+    return max(1, int(value))
+
+
 def _print(doc) -> None:
     print(json.dumps(doc, sort_keys=True))
 
@@ -65,7 +72,7 @@ def cmd_relocate(a) -> int:
 
 
 def cmd_scan(a) -> int:
-    _print(hostfs.scan(a.root, a.exclude))
+    _print(hostfs.scan(a.root, a.exclude, a.names))
     return 0
 
 
@@ -117,14 +124,14 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("root")
     b.add_argument("--exclude", action="append", default=[])
     b.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
-    b.add_argument("--jobs", type=int, default=4)
+    b.add_argument("--jobs", type=jobs, default="auto")
     b.add_argument("--out", required=True)
     b.add_argument("--names")
     b.set_defaults(fn=cmd_manifest_build)
     v = m.add_parser("verify")
     v.add_argument("root")
     v.add_argument("manifest")
-    v.add_argument("--jobs", type=int, default=4)
+    v.add_argument("--jobs", type=jobs, default="auto")
     v.set_defaults(fn=cmd_manifest_verify)
     fp = m.add_parser("fingerprint")
     fp.add_argument("manifest")
@@ -139,6 +146,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scan")
     s.add_argument("root")
     s.add_argument("--exclude", action="append", default=[])
+    s.add_argument("--names", help="also write the NUL-separated name list for tar -T here")
     s.set_defaults(fn=cmd_scan)
     fr = sub.add_parser("free")
     fr.add_argument("path")

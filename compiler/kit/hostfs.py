@@ -16,8 +16,10 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
 
-def scan(root: str, patterns) -> dict:
-    """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes."""
+def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
+    """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
+    With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
+    and order as a manifest's)."""
     out: dict = {"path": root, "exists": os.path.lexists(root)}
     if not out["exists"]:
         return out
@@ -33,7 +35,10 @@ def scan(root: str, patterns) -> dict:
     if out["is_dir"]:
         files = dirs = links = 0
         apparent = disk = 0
-        for _rel, st in manifest.walk(root, patterns):
+        names = open(names_path + ".tmp", "wb") if names_path else None
+        for rel, st in manifest.walk(root, patterns):
+            if names is not None:
+                names.write(rel.encode("utf-8", "surrogateescape") + b"\0")
             disk += getattr(st, "st_blocks", 0) * 512
             if os.path.stat.S_ISREG(st.st_mode):
                 files += 1
@@ -42,6 +47,9 @@ def scan(root: str, patterns) -> dict:
                 dirs += 1
             elif os.path.stat.S_ISLNK(st.st_mode):
                 links += 1
+        if names is not None:
+            names.close()
+            os.replace(names_path + ".tmp", names_path)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
