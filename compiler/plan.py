@@ -162,6 +162,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_COMPRESSION", spec.transfer.compression),
         _s("RB_VERIFY", spec.transfer.verify),
         _s("RB_ON_EXISTING", spec.transfer.on_existing),
+        _s("RB_RERUN", spec.transfer.rerun),
         _s("RB_JOBS", str(spec.transfer.jobs or "auto"), "hashing threads on each host (auto: one per CPU)"),
         _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),

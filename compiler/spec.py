@@ -273,6 +273,8 @@ class Transfer(Model):
     exclude: list[Exclude] = Field(default_factory=list)
     verify: Literal["sha256", "blake2b", "none"] = "sha256"
     on_existing: Literal["refuse", "backup", "replace"] = "refuse"
+    # re-run check: quick compares path/size/mode/mtime on both ends (like rsync); digest re-hashes
+    rerun: Literal["quick", "digest"] = "quick"
     jobs: Optional[Annotated[int, Field(strict=True, ge=1, le=256)]] = None  # None: one per CPU
     # route direct/auto: how the source host reaches the destination with its own ssh setup
     # (default: the destination's `ssh:` and `port:`; keys and known_hosts are the source's own).

@@ -214,3 +214,19 @@ def test_caches_the_move_excluded_may_appear_at_the_destination(tree, tmp_path):
     assert result["ok"], manifest.describe(result)
     (copy / "bin" / "new-script").write_text("x")
     assert not manifest.verify(str(copy), m)["ok"], "anything else extra is still caught"
+
+
+def test_quick_check_spots_a_changed_source_or_destination_without_reading(tree, tmp_path):
+    m = manifest.build(str(tree), ["*.pyc"], "sha256")
+    installed = manifest.relocated(m, {}, manifest.fingerprint(m))
+    dest = tmp_path / "dest"
+    subprocess.run(["cp", "-a", str(tree), str(dest)], check=True)
+    source_stat = hostfs.scan(str(tree), ["*.pyc"])["stat_fingerprint"]
+    assert manifest.quick_check(str(dest), installed, source_stat)["ok"]
+    tool = dest / "bin" / "tool"
+    tool.write_text(tool.read_text() + "# edited on the destination\n")
+    result = manifest.quick_check(str(dest), installed, source_stat)
+    assert not result["ok"] and result["changed"] == ["bin/tool"]
+    (tree / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.10\n")  # size changes
+    source_stat = hostfs.scan(str(tree), ["*.pyc"])["stat_fingerprint"]
+    assert "source changed" in manifest.quick_check(str(dest), installed, source_stat)["why"]

@@ -49,6 +49,14 @@ def cmd_manifest_fingerprint(a) -> int:
     return 0
 
 
+def cmd_manifest_quick(a) -> int:
+    result = manifest.quick_check(a.root, manifest.load(a.installed), a.source_stat)
+    for rel in result.get("changed", []):
+        print(f"changed at the destination: {rel}", file=sys.stderr)
+    _print(result)
+    return 0 if result["ok"] else 1
+
+
 def cmd_relocate(a) -> int:
     result = relocate.relocate(a.root, a.old, a.new)
     if a.manifest and a.installed:
@@ -133,6 +141,11 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("manifest")
     v.add_argument("--jobs", type=jobs, default="auto")
     v.set_defaults(fn=cmd_manifest_verify)
+    q = m.add_parser("quick-check")
+    q.add_argument("root")
+    q.add_argument("installed")
+    q.add_argument("--source-stat", required=True)
+    q.set_defaults(fn=cmd_manifest_quick)
     fp = m.add_parser("fingerprint")
     fp.add_argument("manifest")
     fp.set_defaults(fn=cmd_manifest_fingerprint)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import errno
 import os
 import re
@@ -36,7 +38,11 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
         files = dirs = links = 0
         apparent = disk = 0
         names = open(names_path + ".tmp", "wb") if names_path else None
+        stat_fp = hashlib.sha256()
         for rel, st in manifest.walk(root, patterns):
+            e = manifest.entry_of(root, rel, st)
+            stat_fp.update(json.dumps([e.get(k) for k in manifest.STAT_KEYS],
+                                      ensure_ascii=False).encode() + b"\n")
             if names is not None:
                 names.write(rel.encode("utf-8", "surrogateescape") + b"\0")
             disk += getattr(st, "st_blocks", 0) * 512
@@ -50,7 +56,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
         if names is not None:
             names.close()
             os.replace(names_path + ".tmp", names_path)
-        out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk)
+        out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
+                   stat_fingerprint=stat_fp.hexdigest())
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
 

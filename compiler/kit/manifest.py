@@ -69,8 +69,40 @@ def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
     if stat.S_ISDIR(st.st_mode):
         return {"p": rel, "t": "d", "m": mode}
     if stat.S_ISREG(st.st_mode):
-        return {"p": rel, "t": "f", "m": mode, "s": st.st_size}
+        # mtime in whole seconds: what tar restores (its default format keeps seconds)
+        return {"p": rel, "t": "f", "m": mode, "s": st.st_size, "mt": int(st.st_mtime)}
     return {"p": rel, "t": "?", "m": mode}
+
+
+STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
+
+
+def stat_fingerprint(entries: Iterable[dict]) -> str:
+    """sha256 over what a quick check compares (path, type, mode, size, link, mtime): no reading."""
+    h = hashlib.sha256()
+    for e in entries:
+        h.update(json.dumps([e.get(k) for k in STAT_KEYS], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
+
+
+def quick_check(root: str, installed: dict, source_stat: str) -> dict:
+    """Re-run check without reading file contents, like rsync's default: the source's stat
+    fingerprint must equal the one recorded at install time, and every entry at `root` must still
+    have the path, type, mode, size, link target and mtime the install recorded."""
+    recorded = installed["header"].get("source_stat_fingerprint")
+    if recorded != source_stat:
+        return {"ok": False, "why": "the source changed since the install (or was never recorded)"}
+    patterns = installed["header"].get("excludes", ())
+    want = {e["p"]: [e.get(k) for k in STAT_KEYS] for e in installed["entries"]}
+    have = {}
+    for rel, st in walk(root, patterns):
+        e = entry_of(root, rel, st)
+        have[rel] = [e.get(k) for k in STAT_KEYS]
+    changed = sorted(p for p in set(want) | set(have) if want.get(p) != have.get(p))
+    if changed:
+        return {"ok": False, "why": f"{len(changed)} entries changed at the destination",
+                "changed": changed[:20]}
+    return {"ok": True, "why": "same source, destination unchanged (stat check)"}
 
 
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4) -> dict:
@@ -183,7 +215,9 @@ def names(manifest: dict, out) -> None:
 
 
 def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:
-    """The manifest of the installed tree: `manifest` with relocation's rewritten entries."""
+    """The manifest of the installed tree: `manifest` with relocation's rewritten entries, and in
+    its header what the source was (for re-runs)."""
     entries = [dict(e, **changes.get(e["p"], {})) for e in manifest["entries"]]
-    header = dict(manifest["header"], source_fingerprint=source_fingerprint)
+    header = dict(manifest["header"], source_fingerprint=source_fingerprint,
+                  source_stat_fingerprint=stat_fingerprint(manifest["entries"]))
     return {"header": header, "entries": entries, "totals": manifest["totals"]}

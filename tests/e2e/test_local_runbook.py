@@ -141,3 +141,18 @@ def test_dry_run_and_list_touch_nothing(payload_small, tmp_path):
     assert r.returncode == 0
     assert "transfer:" in r.stdout and "on here: tar -C" in r.stdout
     assert not (tmp_path / "run").exists() and not (tmp_path / "d").exists()
+
+
+def test_rerun_after_a_source_change_sends_again_and_verifies(payload_small, tmp_path):
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "d" / "venv"
+    assert compile_and_run(tmp_path, src, dst, policy="replace").returncode == 0
+    r = compile_and_run(tmp_path, src, dst, policy="replace")
+    assert "quick check of sizes, modes and mtimes" in r.stderr
+    greeting = next(src.rglob("greeting.txt"))
+    greeting.write_text("changed at the source\n")
+    r = compile_and_run(tmp_path, src, dst, policy="replace")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "quick check: the source changed" in r.stderr
+    assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source\n"

@@ -1,0 +1,332 @@
+"""Fan-out: the install on one node, and the comparison of every node's report.
+
+`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
+cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
+`manifest.jsonl` and `payload.tar[.zst|.lz4|.gz]`. It installs through the kit's own command lines
+(extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
+a timeout, and prints one line `RBFAN {json}` on stdout: the node's report.
+
+`python -m rbkit.fanout compare --nodes N1,N2,... --out-dir D --success all|N < engine-output` reads
+those lines back (any prefix such as clush's `node01: ` is ignored), writes each node's report, prints
+a nodes x checks table with identical rows folded, names the odd nodes with what differs and the
+nodes that sent nothing, and exits 0 when the success policy holds.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+MARK = "RBFAN "
+STEPS = ("extract", "verify", "relocate", "swap", "exports", "probe")
+UNPACK = {"zstd": ["-I", "zstd"], "lz4": ["-I", "lz4"], "gzip": ["-z"], "none": []}
+VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
+
+
+def _tail(text: str, lines: int = 8) -> List[str]:
+    return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
+
+
+def _run(argv: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    start = time.monotonic()
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = 124, "", "timed out after %ss: %s" % (timeout, exc.cmd[0])
+    except OSError as exc:
+        rc, out, err = 127, "", str(exc)
+    return {"rc": rc, "out": out, "err": err, "seconds": round(time.monotonic() - start, 3)}
+
+
+def _json(text: str) -> Dict[str, Any]:
+    for line in reversed((text or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return {}
+    return {}
+
+
+def node(a: argparse.Namespace) -> int:
+    """Install and probe on this node; print the node's report. Exit 0 when every step passed."""
+    kit = os.path.join(a.dir, "kit")
+    env = dict(os.environ, PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
+    py = sys.executable or "python3"
+    dest = a.dest.rstrip("/")
+    staging = os.path.join(os.path.dirname(dest), "." + os.path.basename(dest) + ".rb-staging")
+    manifest = os.path.join(a.dir, "manifest.jsonl")
+    payload = os.path.join(a.dir, "payload.tar" + {"zstd": ".zst", "lz4": ".lz4", "gzip": ".gz"}
+                           .get(a.compression, ""))
+    doc: Dict[str, Any] = {"node": socket.gethostname(), "dest": dest, "steps": [], "ok": False,
+                           "probe": None}
+    rbkit = [py, "-m", "rbkit"]
+
+    def step(sid: str, argv: List[str], timeout: float) -> Optional[Dict[str, Any]]:
+        r = _run(argv, timeout, env)
+        entry = {"id": sid, "ok": r["rc"] == 0, "rc": r["rc"], "seconds": r["seconds"]}
+        if r["rc"] != 0:
+            entry["error"] = _tail(r["err"]) or _tail(r["out"])
+        doc["steps"].append(entry)
+        return r if r["rc"] == 0 else None
+
+    t = float(a.timeout)
+    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && rm -rf -- "$s" && mkdir -p -- "$s" && '
+                          'exec tar -C "$s" -xf "$p" --no-same-owner "$@"', "rb", staging, payload]
+              + UNPACK[a.compression], t) is not None
+    if ok:
+        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs], t)
+        if r is not None:
+            doc["verify"] = _json(r["out"])
+        ok = r is not None
+    if ok:
+        ok = step("relocate", rbkit + ["relocate", staging, "--old", a.old, "--new", dest,
+                                       "--manifest", manifest, "--installed",
+                                       os.path.join(staging, ".rb-manifest.jsonl")], t) is not None
+    if ok:
+        r = step("swap", rbkit + ["swap", staging, dest, "--policy", a.policy], t)
+        ok = r is not None
+        if ok:
+            doc["previous"] = _json(r["out"]).get("previous")
+    env_out = a.env_out or dest + ".env.sh"
+    if ok:
+        argv = rbkit + ["exports", "--venv", dest, "--out", env_out, "--cuda-home", a.cuda_home,
+                        "--origin", a.origin]
+        for item in a.first:
+            argv += ["--first", item]
+        for item in a.env:
+            argv += ["--env", item]
+        ok = step("exports", argv, t) is not None
+    if ok and a.probe_config:
+        report = os.path.join(a.dir, "probe-report.json")
+        r = step("probe", ["bash", "-c", 'source "$1" && exec "$2/bin/python" -m rbprobes run '
+                           '--config-json "$3" --report "$4"', "rb", env_out, dest,
+                           a.probe_config, report], t)
+        try:
+            with open(report, encoding="utf-8") as f:
+                doc["probe"] = json.load(f)
+        except (OSError, ValueError):
+            pass
+        ok = r is not None
+    doc["ok"] = ok
+    sys.stdout.write(MARK + json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return 0 if ok else 1
+
+
+def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
+    """Node reports from engine output: every line holding `RBFAN {...}`, whatever its prefix."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for line in lines:
+        at = line.find(MARK + "{")
+        if at < 0:
+            continue
+        try:
+            doc = json.loads(line[at + len(MARK):])
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("node"), str):
+            out[doc["node"]] = doc
+    return out
+
+
+def _stable(values: Any) -> Any:
+    if isinstance(values, dict):
+        return {k: _stable(v) for k, v in sorted(values.items()) if not VOLATILE.search(str(k))}
+    if isinstance(values, list):
+        return [_stable(v) for v in values]
+    return values
+
+
+def cells(doc: Optional[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """One node's row: column -> {"status": pass|fail|skip|-, "detail": what to compare}."""
+    row: Dict[str, Dict[str, Any]] = {}
+    if doc is None:
+        return row
+    for s in doc.get("steps", []):
+        if s["id"] == "probe":
+            continue
+        row[s["id"]] = {"status": "pass" if s["ok"] else "fail",
+                        "detail": None if s["ok"] else "; ".join(s.get("error", []))[:300]}
+    probe = doc.get("probe") or {}
+    for c in probe.get("checks", []):
+        detail = c.get("reason") or ""
+        row["check:" + str(c.get("id"))] = {"status": c.get("status", "?"),
+                                            "detail": detail[:300],
+                                            "values": _stable(c.get("values") or {})}
+    return row
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: List[str],
+            success: str) -> Dict[str, Any]:
+    rows = {n: cells(reports.get(n)) for n in nodes}
+    columns: List[str] = [s for s in STEPS if s != "probe" and any(s in r for r in rows.values())]
+    for r in rows.values():
+        for col in r:
+            if col.startswith("check:") and col not in columns:
+                columns.append(col)
+    # fold identical rows (status and compared values per column)
+    groups: Dict[str, List[str]] = {}
+    for n in nodes:
+        if n not in reports:
+            continue
+        key = json.dumps({c: [rows[n].get(c, {}).get("status", "-"),
+                              rows[n].get(c, {}).get("values")] for c in columns}, sort_keys=True)
+        groups.setdefault(key, []).append(n)
+    ordered = sorted(groups.values(), key=lambda g: (-len(g), nodes.index(g[0])))
+    majority = ordered[0][0] if ordered else None
+    odd: Dict[str, List[str]] = {}
+    for n in nodes:
+        if n not in reports or n == majority or (ordered and n in ordered[0]):
+            continue
+        diffs = []
+        for c in columns:
+            mine, ref = rows[n].get(c, {}), rows[majority].get(c, {})
+            if mine.get("status", "-") != ref.get("status", "-"):
+                what = "%s: %s (others: %s)" % (c, mine.get("status", "not run"),
+                                                 ref.get("status", "not run"))
+                if mine.get("detail"):
+                    what += ": " + mine["detail"]
+                diffs.append(what)
+            elif mine.get("values") != ref.get("values"):
+                mv, rv = mine.get("values") or {}, ref.get("values") or {}
+                for k in sorted(set(mv) | set(rv)):
+                    if mv.get(k) != rv.get(k):
+                        diffs.append("%s.%s: %s (others: %s)" % (c, k, _short(mv.get(k)),
+                                                                 _short(rv.get(k))))
+        odd[n] = diffs
+    missing: Dict[str, List[str]] = {}
+    for n in nodes:
+        if n not in reports:
+            said = [ln.strip() for ln in engine_err if re.search(r"\b%s\b" % re.escape(n), ln)]
+            missing[n] = said[-3:] or ["no report came back (node unreachable or killed)"]
+    good = [n for n in nodes if reports.get(n, {}).get("ok")]
+    need = len(nodes) if success == "all" else int(success)
+    return {"nodes": nodes, "columns": columns, "groups": ordered, "odd": odd, "missing": missing,
+            "ok_nodes": good, "failed_nodes": [n for n in nodes if n in reports and n not in good],
+            "success": success, "needed": need, "passed": len(good) >= need,
+            "rows": {n: {c: rows[n].get(c, {}).get("status", "-") for c in columns}
+                     for n in nodes if n in reports}}
+
+
+def fold(names: List[str]) -> str:
+    """node01,node02,node03,node05 -> node[01-03,05] (a common prefix and numeric suffix only)."""
+    parsed = [re.match(r"^(.*?)(\d+)$", n) for n in names]
+    if len(names) < 2 or not all(parsed) or len({m.group(1) for m in parsed}) != 1 or \
+            len({len(m.group(2)) for m in parsed}) != 1:
+        return ",".join(names)
+    prefix, width = parsed[0].group(1), len(parsed[0].group(2))
+    nums = sorted(int(m.group(2)) for m in parsed)
+    parts, start, prev = [], nums[0], nums[0]
+    for x in nums[1:] + [None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        parts.append(("%0*d" % (width, start)) if start == prev else
+                     "%0*d-%0*d" % (width, start, width, prev))
+        if x is not None:
+            start = prev = x
+    return "%s[%s]" % (prefix, ",".join(parts))
+
+
+def table(result: Dict[str, Any]) -> str:
+    cols = result["columns"]
+    short = [c[6:] if c.startswith("check:") else c for c in cols]
+    head = ["nodes"] + short
+    body = []
+    for group in result["groups"]:
+        body.append([fold(group)] + [result["rows"][group[0]][c] for c in cols])
+    for n, why in result["missing"].items():
+        body.append([n] + ["-"] * len(cols))
+    widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head] + body]
+    for n, diffs in result["odd"].items():
+        lines.append("odd node %s: %s" % (n, "; ".join(diffs) or "differs"))
+    for n, why in result["missing"].items():
+        lines.append("no report from %s: %s" % (n, " | ".join(why)))
+    lines.append("%d/%d nodes passed; success policy %s needs %d: %s" % (
+        len(result["ok_nodes"]), len(result["nodes"]), result["success"], result["needed"],
+        "met" if result["passed"] else "NOT met"))
+    return "\n".join(lines)
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    nodes = [n for n in a.nodes.split(",") if n]
+    with open(a.engine_out, encoding="utf-8", errors="replace") as f:
+        reports = parse_reports(f)
+    err: List[str] = []
+    if a.engine_err and os.path.exists(a.engine_err):
+        with open(a.engine_err, encoding="utf-8", errors="replace") as f:
+            err = f.read().splitlines()
+    reports = {n: d for n, d in reports.items() if n in nodes}
+    result = compare(nodes, reports, err, a.success)
+    os.makedirs(a.out_dir, exist_ok=True)
+    for n, doc in reports.items():
+        with open(os.path.join(a.out_dir, "node-%s.json" % n), "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+        if doc.get("probe"):
+            with open(os.path.join(a.out_dir, "probe-%s.json" % n), "w", encoding="utf-8") as f:
+                json.dump(doc["probe"], f, indent=2, sort_keys=True)
+    with open(os.path.join(a.out_dir, "fanout.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2, sort_keys=True)
+    print(table(result), file=sys.stderr)
+    print(json.dumps({"passed": result["passed"], "ok": len(result["ok_nodes"]),
+                      "nodes": len(nodes), "odd": fold(sorted(result["odd"])) if result["odd"]
+                      else "", "missing": fold(sorted(result["missing"])) if result["missing"]
+                      else "", "probes": sorted(n for n, d in reports.items() if d.get("probe"))},
+                     sort_keys=True))
+    return 0 if result["passed"] else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    n = sub.add_parser("node")
+    n.add_argument("--dir", required=True)
+    n.add_argument("--dest", required=True)
+    n.add_argument("--old", required=True)
+    n.add_argument("--policy", choices=("refuse", "backup", "replace"), required=True)
+    n.add_argument("--compression", choices=sorted(UNPACK), default="none")
+    n.add_argument("--jobs", default="auto")
+    n.add_argument("--timeout", type=float, default=600)
+    n.add_argument("--probe-config", default="")
+    n.add_argument("--env-out", default="")
+    n.add_argument("--cuda-home", default="")
+    n.add_argument("--first", action="append", default=[])
+    n.add_argument("--env", action="append", default=[])
+    n.add_argument("--origin", default="a fan-out runbook")
+    n.set_defaults(fn=node)
+    c = sub.add_parser("compare")
+    c.add_argument("--nodes", required=True)
+    c.add_argument("--engine-out", required=True)
+    c.add_argument("--engine-err", default="")
+    c.add_argument("--success", default="all")
+    c.add_argument("--out-dir", required=True)
+    c.set_defaults(fn=cmd_compare)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
