@@ -197,9 +197,12 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
         if n not in reports or n == majority or (ordered and n in ordered[0]):
             continue
         diffs = []
+        not_run = []
         for c in columns:
             mine, ref = rows[n].get(c, {}), rows[majority].get(c, {})
-            if mine.get("status", "-") != ref.get("status", "-"):
+            if c not in rows[n] and c in rows[majority]:
+                not_run.append(c)
+            elif mine.get("status", "-") != ref.get("status", "-"):
                 what = "%s: %s (others: %s)" % (c, mine.get("status", "not run"),
                                                  ref.get("status", "not run"))
                 if mine.get("detail"):
@@ -211,6 +214,8 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
                     if mv.get(k) != rv.get(k):
                         diffs.append("%s.%s: %s (others: %s)" % (c, k, _short(mv.get(k)),
                                                                  _short(rv.get(k))))
+        if not_run:
+            diffs.append("not run after that: " + ", ".join(not_run))
         odd[n] = diffs
     missing: Dict[str, List[str]] = {}
     for n in nodes:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import errno
 import os
 import re
@@ -40,9 +39,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
         names = open(names_path + ".tmp", "wb") if names_path else None
         stat_fp = hashlib.sha256()
         for rel, st in manifest.walk(root, patterns):
-            e = manifest.entry_of(root, rel, st)
-            stat_fp.update(json.dumps([e.get(k) for k in manifest.STAT_KEYS],
-                                      ensure_ascii=False).encode() + b"\n")
+            stat_fp.update(manifest.stat_line(manifest.entry_of(root, rel, st)))
             if names is not None:
                 names.write(rel.encode("utf-8", "surrogateescape") + b"\0")
             disk += getattr(st, "st_blocks", 0) * 512

@@ -77,11 +77,15 @@ def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
 STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
 
 
+def stat_line(entry: dict) -> bytes:
+    return json.dumps([entry.get(k) for k in STAT_KEYS], ensure_ascii=False).encode() + b"\n"
+
+
 def stat_fingerprint(entries: Iterable[dict]) -> str:
     """sha256 over what a quick check compares (path, type, mode, size, link, mtime): no reading."""
     h = hashlib.sha256()
     for e in entries:
-        h.update(json.dumps([e.get(k) for k in STAT_KEYS], ensure_ascii=False).encode() + b"\n")
+        h.update(stat_line(e))
     return h.hexdigest()
 
 
