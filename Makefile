@@ -22,7 +22,7 @@ setup: $(STAMP)
 # Tools the runbooks and the end-to-end tests use: sshd for the test hosts, zstd, iproute2, pv.
 system-packages:
 	@missing=(); \
-	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs pv:pv lz4:lz4; do \
+	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs pv:pv lz4:lz4 clush:clustershell munged:munge srun:slurm-wlm; do \
 	  command -v "$${pair%%:*}" >/dev/null || [[ -x /usr/sbin/$${pair%%:*} ]] || missing+=("$${pair#*:}"); \
 	done; \
 	if (( $${#missing[@]} )); then \

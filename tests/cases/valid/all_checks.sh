@@ -29,7 +29,9 @@ readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=refuse
-readonly RB_JOBS=4
+readonly RB_RERUN=quick
+# hashing threads on each host (auto: one per CPU)
+readonly RB_JOBS=auto
 # cuda
 readonly RB_CUDA_HOME=/usr/local/cuda-12.9
 readonly RB_ENV_FILE=/etc/profile.d/venv2.sh
@@ -64,14 +66,14 @@ on b: connect; copy the kit to /tmp/rbkit-<id>; check tar and python3 >= 3.9
 on a: rbkit scan /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"'
 on b: rbkit scan /opt/venv2; rbkit free /opt/.venv2.rb-staging
 compression: zstd -1 if both ends have zstd, else none'
-  [manifest]='on a: rbkit manifest build /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs 4
+  [manifest]='on a: rbkit manifest build /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/all-checks/manifest.jsonl; send it to b
 on b: if /opt/venv2/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on b: rm -rf /opt/.venv2.rb-staging && mkdir -p /opt/.venv2.rb-staging
 on a: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none>
   | through this machine (relay) |
 on b: <decompress> | tar -C /opt/.venv2.rb-staging -xf - --no-same-owner'
-  [verify]='on b: rbkit manifest verify /opt/.venv2.rb-staging <manifest> --jobs 4'
+  [verify]='on b: rbkit manifest verify /opt/.venv2.rb-staging <manifest> --jobs auto'
   [relocate]='on b: rbkit relocate /opt/.venv2.rb-staging --old /opt/venv --new /opt/venv2'
   [swap]='on b: rbkit swap /opt/.venv2.rb-staging /opt/venv2 --policy refuse
 on b: /opt/venv2/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/venv2/bin/pip --version'
@@ -113,6 +115,11 @@ RB_SRC_DISK=0
 RB_COMPRESSION_USED=none
 RB_ROUTE_USED=relay
 RB_BACKUP_MADE=''
+# the transfer hashes the source unless the manifest step already did in this run
+RB_HASH_DURING_STREAM=1
+RB_FINGERPRINT=''
+RB_SRC_STAT=''
+declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
@@ -564,7 +571,8 @@ print(sys.executable)"')
   done
   rb::preflight_route
   rb::preflight_compression
-  rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")"
+  rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --names "$(rb::kit_dir "${RB_SRC_HOST}")/${RB_NAME}.names")"
   if [[ "${RB_J[exists]}" != True ]]; then
     rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} does not exist"
   fi
@@ -574,6 +582,7 @@ print(sys.executable)"')
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
+  RB_SRC_STAT=${RB_J[stat_fingerprint]}
   rb::log "source: ${RB_SRC_FILES} files, $(rb::human "${RB_SRC_BYTES}") apparent," \
     "$(rb::human "${RB_SRC_DISK}") on disk, after excludes"
   rb::fact files "${RB_SRC_FILES}"
@@ -659,34 +668,76 @@ rb::preflight_route() {
 # Hash every file of the source (in parallel) into a manifest; detect a re-run.
 #######################################
 step_manifest() {
-  local src_kit dst_kit installed fp
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${src_kit}/${RB_NAME}.names")"
-  fp=${RB_J[fingerprint]}
-  rb::fact files "${RB_J[totals.files]}"
-  rb::fact bytes "${RB_J[totals.bytes]}"
-  rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks," \
-    "${RB_VERIFY} digests; fingerprint ${fp:0:16}"
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
-    <"${RB_RUN_DIR}/manifest.jsonl"
+  local installed
   RB_SKIP_INSTALL=0
   installed="${RB_DST_ABS}/.rb-manifest.jsonl"
-  if rb::on_host "${RB_DST_HOST}" test -f "${installed}"; then
-    rb::jparse "$(rb::kit "${RB_DST_HOST}" manifest fingerprint "${installed}")"
-    if [[ "${RB_J[source_fingerprint]}" == "${fp}" ]] &&
-      rb::kit "${RB_DST_HOST}" manifest verify "${RB_DST_ABS}" "${installed}" --jobs "${RB_JOBS}" >/dev/null; then
-      RB_SKIP_INSTALL=1
-      rb::log "the destination already holds this exact tree (verified); nothing will be sent"
-    elif [[ "${RB_ON_EXISTING}" == refuse ]]; then
-      rb::fail "destination ${RB_DST_HOST}:${RB_DST_ABS} holds a different install and" \
-        "on_existing is refuse"
-    fi
+  if ! rb::on_host "${RB_DST_HOST}" test -f "${installed}"; then
+    # nothing to compare with: hash while the stream runs (each file is read once from disk)
+    RB_HASH_DURING_STREAM=1
+    rb::log "no earlier install at the destination: the source is hashed while the stream runs"
+    RB_STEP_DETAIL='deferred: hashed during the transfer'
+    return 0
   fi
-  RB_STEP_DETAIL="fingerprint ${fp:0:16}"
+  if [[ "${RB_RERUN}" == quick ]]; then
+    if rb::kit "${RB_DST_HOST}" manifest quick-check "${RB_DST_ABS}" "${installed}" \
+      --source-stat "${RB_SRC_STAT}" >"${RB_RUN_DIR}/quick-check.json"; then
+      RB_SKIP_INSTALL=1
+      rb::log "the destination already holds this exact tree (same source, nothing changed there:" \
+        "quick check of sizes, modes and mtimes; rerun: digest re-hashes); nothing will be sent"
+      RB_STEP_DETAIL='quick check: destination up to date'
+      return 0
+    fi
+    rb::jparse "$(cat "${RB_RUN_DIR}/quick-check.json")"
+    rb::log "quick check: ${RB_J[why]}"
+  fi
+  rb::manifest_build
+  rb::manifest_share
+  RB_HASH_DURING_STREAM=0
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" manifest fingerprint "${installed}")"
+  if [[ "${RB_J[source_fingerprint]}" != "${RB_FINGERPRINT}" ]]; then
+    rb::log "the destination holds an install of a different source tree"
+  elif rb::kit "${RB_DST_HOST}" manifest verify "${RB_DST_ABS}" "${installed}" --jobs "${RB_JOBS}" \
+    >/dev/null; then
+    RB_SKIP_INSTALL=1
+    rb::log "the destination already holds this exact tree (verified); nothing will be sent"
+  else
+    rb::log "the destination was installed from this source but has changed since (listed above)"
+  fi
+  if ((RB_SKIP_INSTALL == 0)) && [[ "${RB_ON_EXISTING}" == refuse ]]; then
+    rb::fail "destination ${RB_DST_HOST}:${RB_DST_ABS} holds a different install and" \
+      "on_existing is refuse"
+  fi
+  RB_STEP_DETAIL="fingerprint ${RB_FINGERPRINT:0:16}"
+}
+
+#######################################
+# Hash the source into its manifest (on the source, in parallel). Sets RB_FINGERPRINT.
+#######################################
+rb::manifest_build() {
+  local src_kit
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl")"
+  rb::manifest_facts
+}
+
+rb::manifest_facts() {
+  RB_FINGERPRINT=${RB_J[fingerprint]}
+  rb::fact manifest_files "${RB_J[totals.files]}"
+  rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks," \
+    "${RB_VERIFY} digests; fingerprint ${RB_FINGERPRINT:0:16}"
+}
+
+#######################################
+# Copy the source's manifest here (runs/NAME/manifest.jsonl) and on to the destination.
+#######################################
+rb::manifest_share() {
+  local src_kit dst_kit
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
+  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
+    <"${RB_RUN_DIR}/manifest.jsonl"
 }
 
 #######################################
@@ -719,13 +770,24 @@ case "$2" in
 esac'
 
 step_transfer() {
-  local src_kit start_ms ms bytes
+  local src_kit start_ms ms bytes hash_pid=''
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
   fi
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
+  if ((RB_HASH_DURING_STREAM)); then
+    # a background job must not run the ERR trap (it would end the run from a subshell)
+    (
+      trap - ERR
+      RB_WORK=''
+      rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+        --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl"
+    ) >"${RB_RUN_DIR}/manifest-build.json" 2>"${RB_RUN_DIR}/manifest-build.err" &
+    hash_pid=$!
+    RB_BG_PIDS+=("${hash_pid}")
+  fi
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   start_ms=$(rb::now_ms)
@@ -750,6 +812,16 @@ step_transfer() {
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
   fi
   ms=$(($(rb::now_ms) - start_ms))
+  if [[ -n "${hash_pid}" ]]; then
+    if ! wait "${hash_pid}"; then
+      cat "${RB_RUN_DIR}/manifest-build.err" >&2
+      rb::fail "hashing the source on ${RB_SRC_HOST} failed (above)"
+    fi
+    rb::jparse "$(cat "${RB_RUN_DIR}/manifest-build.json")"
+    rb::manifest_facts
+    rb::manifest_share
+    rb::log "manifest ready $(($(rb::now_ms) - start_ms - ms)) ms after the stream ended"
+  fi
   bytes=${RB_SRC_BYTES:-0}
   rb::fact bytes "${bytes}"
   rb::fact files "${RB_SRC_FILES:-0}"
@@ -819,12 +891,13 @@ step_swap() {
     rb::log "the previous destination is kept at ${RB_BACKUP_MADE}; to put it back:" \
       "bash ${0##*/} --restore"
   fi
-  out=$(rb::on_host "${RB_DST_HOST}" "${RB_DST_ABS}/bin/python" -c 'import sys; print(sys.prefix)')
+  out=$(rb::on_host "${RB_DST_HOST}" env PYTHONDONTWRITEBYTECODE=1 "${RB_DST_ABS}/bin/python" -c \
+    'import sys; print(sys.prefix)')
   if [[ "${out}" != "${RB_DST_ABS}" ]]; then
     rb::fail "the moved interpreter reports sys.prefix ${out}, expected ${RB_DST_ABS}"
   fi
   if rb::on_host "${RB_DST_HOST}" test -x "${RB_DST_ABS}/bin/pip"; then
-    out=$(rb::on_host "${RB_DST_HOST}" "${RB_DST_ABS}/bin/pip" --version)
+    out=$(rb::on_host "${RB_DST_HOST}" env PYTHONDONTWRITEBYTECODE=1 "${RB_DST_ABS}/bin/pip" --version)
     if [[ "${out}" != *"${RB_DST_ABS}/"* ]]; then
       rb::fail "console script bin/pip runs from the wrong place: ${out}"
     fi
@@ -914,10 +987,13 @@ rb::init() {
 # On exit: close ssh connections, remove this run's scratch directory.
 #######################################
 rb::cleanup() {
-  local host
+  local host pid
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
+  for pid in "${RB_BG_PIDS[@]}"; do
+    kill "${pid}" 2>/dev/null || true
+  done
   for host in "${RB_HOSTS[@]}"; do
     "rb::host_${host}"
     if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -1,0 +1,177 @@
+"""Fan-out to many nodes through the cluster's own engine (Slurm or ClusterShell): the compile side.
+
+Node sets use the bracket syntax Slurm and ClusterShell share: `node[01-08]`, `gpu[1-4,7]`,
+`a[1-2]b[1-2]`, comma-separated items. `expand()` checks and expands them; `plan.build` asks this
+module for the step list, the settings and the `--dry-run` preview when the spec has `fanout:`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+MAX_NODES = 4096
+ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RANGE = re.compile(r"^([0-9]{1,6})(?:-([0-9]{1,6}))?$")
+
+STEPS = ["fan_preflight", "fan_pack", "fan_copy", "fan_install", "fan_compare"]
+STEP_DOCS = {
+    "fan_preflight": "Reach the source, check the engine and its tools here, list the nodes.",
+    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.",
+    "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
+    "fan_install": "On every node at once: extract to staging, verify, relocate, swap, exports, probe.",
+    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes named.",
+}
+STEP_WHERE = {"fan_preflight": ("fanout",), "fan_pack": ("transfer",), "fan_copy": ("fanout",),
+              "fan_install": ("fanout",), "fan_compare": ("fanout",)}
+
+
+def _split(text: str) -> list[str]:
+    """Split at commas outside brackets."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError("unbalanced ']'")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise ValueError("unbalanced '['")
+    out.append(cur)
+    return out
+
+
+def _ranges(body: str) -> list[str]:
+    vals: list[str] = []
+    for part in body.split(","):
+        m = RANGE.match(part)
+        if not m:
+            raise ValueError(f"{part!r} is not a number or a range like 01-08")
+        a, b = m.group(1), m.group(2) or m.group(1)
+        if int(b) < int(a):
+            raise ValueError(f"range {part!r} goes backwards")
+        width = len(a) if a.startswith("0") or len(a) == len(b) else 0
+        for i in range(int(a), int(b) + 1):
+            vals.append(str(i).zfill(width))
+            if len(vals) > MAX_NODES:
+                raise ValueError(f"more than {MAX_NODES} nodes")
+    return vals
+
+
+def _expand_item(item: str) -> list[str]:
+    m = re.search(r"\[([^\[\]]*)\]", item)
+    if not m:
+        if not ITEM.match(item):
+            raise ValueError(f"{item!r} is not a node name")
+        return [item]
+    head, tail = item[:m.start()], item[m.end():]
+    out: list[str] = []
+    for v in _ranges(m.group(1)):
+        out += _expand_item(head + v + tail)
+        if len(out) > MAX_NODES:
+            raise ValueError(f"more than {MAX_NODES} nodes")
+    return out
+
+
+def expand(nodeset: str) -> list[str]:
+    """`node[01-03],gpu7` -> ['node01', 'node02', 'node03', 'gpu7']; raises ValueError."""
+    if not nodeset or any(c.isspace() for c in nodeset):
+        raise ValueError("a node set is one word like node[01-08] (no spaces)")
+    out: list[str] = []
+    for item in _split(nodeset):
+        if not item:
+            raise ValueError("empty item in the node set")
+        out += _expand_item(item)
+    if len(set(out)) != len(out):
+        raise ValueError("names a node twice")
+    if len(out) > MAX_NODES:
+        raise ValueError(f"more than {MAX_NODES} nodes")
+    return out
+
+
+def scratch(spec: Any) -> str:
+    return f"{spec.fanout.scratch.rstrip('/')}/rbfan-{spec.name}"
+
+
+def settings(spec: Any) -> list[dict]:
+    f = spec.fanout
+    nodes = expand(f.nodes)
+    return [
+        {"name": "RB_FAN_ENGINE", "value": f.engine, "comment": "fanout: the cluster's engine"},
+        {"name": "RB_FAN_NODES", "value": f.nodes, "comment": f"{len(nodes)} nodes"},
+        {"name": "RB_FAN_SUCCESS", "value": str(f.success),
+         "comment": "all, or how many nodes must pass"},
+        {"name": "RB_FAN_TIMEOUT", "value": str(f.timeout_s),
+         "comment": "seconds for each engine call (copy, install)"},
+        {"name": "RB_FAN_CONNECT_TIMEOUT", "value": str(f.connect_timeout), "comment": ""},
+        {"name": "RB_FAN_SCRATCH", "value": scratch(spec),
+         "comment": "on each node: the bundle (.tar) and where it is unpacked"},
+    ]
+
+
+def arrays(spec: Any) -> list[dict]:
+    f = spec.fanout
+    opts: list[str] = []
+    if f.engine == "clush":
+        if f.ssh_config:
+            opts += ["-o", f"-F {f.ssh_config}"]
+        if f.width:
+            opts += ["-f", str(f.width)]
+        if f.topology:
+            opts += [f"--topology={f.topology}"]
+    elif f.engine == "slurm":
+        if f.width:
+            opts += [f"--fanout={f.width}"]
+    return [
+        {"name": "RB_FAN_NODE_LIST", "words": expand(f.nodes), "comment": "fanout.nodes, expanded"},
+        {"name": "RB_FAN_ENGINE_OPTS", "words": opts, "comment": f"extra {f.engine} options"},
+    ]
+
+
+def partials(spec: Any) -> list[str]:
+    return ["partials/fanout.sh.j2"] if spec.fanout else []
+
+
+def preview(step: str, spec: Any) -> list[str]:
+    """`--dry-run` lines: the engine commands as one would type them."""
+    f = spec.fanout
+    src_host, src = spec.transfer.source
+    _dst_host, dst = spec.transfer.target
+    d = scratch(spec)
+    bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
+    opts = " ".join(shlex.quote(o) for o in arrays(spec)[1]["words"])
+    opts = f" {opts}" if opts else ""
+    node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} && python3 -m rbkit.fanout node --dir {d} "
+                f"--dest {dst} --old {src} ...'")
+    t = f.timeout_s
+    if step == "fan_preflight":
+        return [f"on {src_host}: connect; ship the kit; rbkit scan {src}",
+                f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
+                f" present; nodes {f.nodes} ({len(expand(f.nodes))})"]
+    if step == "fan_pack":
+        return [f"on {src_host}: rbkit manifest build {src} --algo {spec.transfer.verify}",
+                f"on {src_host}: tar -C {src} -cf - <names> | <compress> > here: {bundle}"
+                " (with the manifest and the kit)"]
+    if step == "fan_copy":
+        if f.engine == "slurm":
+            return [f"timeout {t} sbcast -f -t {f.connect_timeout}{opts} {bundle} {d}.tar"]
+        return [f"timeout {t} clush -w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
+                f"--copy {bundle} --dest {f.scratch}"]
+    if step == "fan_install":
+        if f.engine == "slurm":
+            return [f"timeout {t} srun -N {len(expand(f.nodes))} -n {len(expand(f.nodes))} "
+                    f"--ntasks-per-node=1 -w {f.nodes} --immediate={f.connect_timeout} "
+                    f"--time={max(1, (t + 59) // 60)} -K0{opts} {node_cmd}"]
+        return [f"timeout {t} clush -w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} {node_cmd}"]
+    if step == "fan_compare":
+        policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
+        return ["here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded",
+                f"success: {policy} must pass"]
+    return []

@@ -1,0 +1,154 @@
+"""Fan-out through ClusterShell to a real mini-cluster: 8 nodes, each its own network namespace,
+hostname, sshd and private /tmp (tests/lab/cluster.py). The small payload venv goes to every node,
+is verified, relocated, swapped in and probed there; the reports come back and are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler import cli
+from tests.lab.cluster import Cluster, cluster_unavailable_reason
+from tests.lab.fixtures import in_ci
+
+DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
+
+
+def require_cluster() -> None:
+    reason = cluster_unavailable_reason()
+    if reason:
+        if in_ci():
+            pytest.fail(f"fan-out cluster unavailable in CI: {reason}", pytrace=False)
+        pytest.skip(f"fan-out cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_cluster()
+    with Cluster(8) as c:
+        yield c
+
+
+def spec(c: Cluster, venv: Path, *, name="fan8", success="all", engine="clush") -> str:
+    return f"""name: {name}
+hosts:
+  here: {{local: true}}
+transfer:
+  from: here:{venv}
+  to: here:{DEST}
+  compression: zstd
+  exclude: [__pycache__, '*.pyc']
+  on_existing: replace
+  jobs: 2
+fanout:
+  engine: {engine}
+  nodes: {c.nodeset}
+  success: {success}
+  timeout_s: 120
+  connect_timeout: 5
+  ssh_config: {c.ssh_config}
+checks:
+  - imports: [rb_payload, sqlite3]
+  - command: {{name: hello, run: "payload-hello"}}
+"""
+
+
+def build(tmp_path: Path, text: str, name: str) -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(text)
+    assert cli.main([str(p), "-o", str(tmp_path)]) == 0
+    return tmp_path / f"{name}.sh"
+
+
+def start(tmp_path: Path, script: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+    return subprocess.Popen(["bash", str(script), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, err
+
+
+@pytest.mark.e2e
+def test_clush_fanout_installs_and_probes_every_node(cluster, payload_small, tmp_path):
+    script = build(tmp_path, spec(cluster, payload_small.venv), "fan8")
+    t0 = time.monotonic()
+    rc, err = finish(start(tmp_path, script))
+    took = time.monotonic() - t0
+    assert rc == 0, err[-6000:]
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert sorted(fan["ok_nodes"]) == cluster.names and not fan["odd"] and not fan["missing"]
+    assert len(fan["groups"]) == 1                       # all eight folded into one row
+    assert "node[01-08]" in err
+    for name in cluster.names:                           # each node has its own, working copy
+        out = cluster.ssh(name, f"{DEST}/bin/payload-hello", check=True).stdout
+        assert json.loads(out)["prefix"] == DEST
+        assert (cluster.node_tmp(name) / "rbfan-dest" / "venv" / "pyvenv.cfg").exists()
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert doc["outcome"] == "ok" and set(doc["probes"]) == set(cluster.names)
+    print(f"\nclush fan-out to 8 nodes: {took:.1f} s")
+
+
+@pytest.mark.e2e
+def test_odd_nodes_are_named_and_a_node_down_mid_run_is_reported(cluster, payload_small, tmp_path):
+    # node03: its tar "corrupts" a file of every staging copy it extracts (a bad disk)
+    bad = tmp_path / "bad-sbin"
+    bad.mkdir()
+    (bad / "tar").write_text('#!/bin/sh\n/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
+                             '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
+                             'exit $rc\n')
+    (bad / "tar").chmod(0o755)
+    # node07: a slow tar, so the test can take the node down while it installs
+    slow = tmp_path / "slow-sbin"
+    slow.mkdir()
+    (slow / "tar").write_text('#!/bin/sh\ncase "$*" in *rb-staging*) sleep 20 ;; esac\n'
+                              'exec /usr/bin/tar "$@"\n')
+    (slow / "tar").chmod(0o755)
+    sqlite = next(Path("/root/.pyenv/versions/3.11.7/lib/python3.11/lib-dynload").glob("_sqlite3*"))
+    try:
+        cluster.restart_node("node03", binds=[(str(bad), "/usr/local/sbin")])
+        # node05: a system library missing: `import sqlite3` fails there only
+        cluster.restart_node("node05", binds=[("/dev/null", str(sqlite))])
+        cluster.restart_node("node07", binds=[(str(slow), "/usr/local/sbin")])
+        script = build(tmp_path, spec(cluster, payload_small.venv, name="fanodd", success=5),
+                       "fanodd")
+        p = start(tmp_path, script)
+        staging = cluster.node_tmp("node07") / "rbfan-dest" / ".venv.rb-staging"
+        deadline = time.monotonic() + 120
+        while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert staging.exists(), "node07 never started its install"
+        cluster.kill_node("node07")                       # mid-run: during its extract
+        rc, err = finish(p)
+    finally:
+        for name in ("node03", "node05", "node07"):
+            cluster.restart_node(name)
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert rc == 0, err[-6000:]                           # success: 5, and 5 passed
+    assert sorted(fan["ok_nodes"]) == ["node01", "node02", "node04", "node06", "node08"]
+    assert set(fan["odd"]) == {"node03", "node05"} and set(fan["missing"]) == {"node07"}
+    assert any("verify: fail" in d and "pyvenv.cfg" in d for d in fan["odd"]["node03"])
+    assert any("imports" in d and "sqlite3" in d for d in fan["odd"]["node05"])
+    assert "odd node node03" in err and "odd node node05" in err and "no report from node07" in err
+    assert "node[01-02,04,06,08]" in err
+
+
+@pytest.mark.e2e
+def test_policy_all_fails_the_run_when_a_node_is_down(cluster, payload_small, tmp_path):
+    cluster.kill_node("node08")
+    try:
+        script = build(tmp_path, spec(cluster, payload_small.venv, name="fanall"), "fanall")
+        rc, err = finish(start(tmp_path, script))
+    finally:
+        cluster.restart_node("node08")
+    assert rc == 1
+    assert "no report from node08" in err and "success policy all not met" in err
+    assert "7/8 nodes passed" in err
