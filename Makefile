@@ -19,10 +19,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Tools the runbooks and the end-to-end tests use: sshd for the test hosts, zstd, iproute2, pv.
+# Tools the runbooks and the end-to-end tests use: sshd for the test hosts, zstd, lz4, pv, iproute2,
+# ClusterShell for the fan-out tests.
 system-packages:
 	@missing=(); \
-	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs pv:pv lz4:lz4 clush:clustershell munged:munge srun:slurm-wlm; do \
+	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs pv:pv lz4:lz4 clush:clustershell; do \
 	  command -v "$${pair%%:*}" >/dev/null || [[ -x /usr/sbin/$${pair%%:*} ]] || missing+=("$${pair#*:}"); \
 	done; \
 	if (( $${#missing[@]} )); then \
