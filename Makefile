@@ -44,6 +44,7 @@ check: setup
 	$(PY) -m compiler --check
 
 regen: setup
+	$(PY) -m compiler --schema > docs/spec.schema.json
 	$(PY) -m compiler specs/
 	$(PY) -m pytest -q tests/test_golden.py --update-golden
 

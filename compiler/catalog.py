@@ -1,12 +1,21 @@
-"""GPU models the compiler knows: model name -> compute capability and what that needs.
+"""GPU models the compiler knows: model name -> compute capability and what targeting it needs.
 
-A first, small catalog; see the templating issue for the full one (family, minimum CUDA, count).
+The data lives in `compiler/data/gpus.yaml` (documented there and in docs/templating.md); this module
+reads it once and answers questions about it. Nothing here imports torch or touches a GPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from typing import Optional
+
+from ruamel.yaml import YAML
+
+DATA = ("data", "gpus.yaml")
+FIELDS = ("model", "capability", "arch_name", "family", "min_cuda", "per_node")
 
 
 @dataclass(frozen=True)
@@ -15,31 +24,79 @@ class GpuModel:
     capability: str  # "10.3"
     arch_name: str  # "Blackwell Ultra"
     min_cuda: str  # first CUDA release that can target it
+    family: str = ""  # "sm_10x": same major capability
+    per_node: int = 1  # typical GPUs per node
+    max_cuda: Optional[str] = None  # last CUDA release that can target it (None: still supported)
+    aliases: tuple[str, ...] = field(default=())
 
     @property
     def arch(self) -> str:
-        major, minor = self.capability.split(".")
-        return f"sm_{major}{minor}"
+        return arch_of(self.capability)
 
 
-GPUS = {
-    g.name.lower(): g
-    for g in (
-        GpuModel("A100", "8.0", "Ampere", "11.0"),
-        GpuModel("H100", "9.0", "Hopper", "11.8"),
-        GpuModel("H200", "9.0", "Hopper", "11.8"),
-        GpuModel("GH200", "9.0", "Hopper", "12.0"),
-        GpuModel("B200", "10.0", "Blackwell", "12.8"),
-        GpuModel("GB200", "10.0", "Blackwell", "12.8"),
-        GpuModel("B300", "10.3", "Blackwell Ultra", "12.9"),
-        GpuModel("GB300", "10.3", "Blackwell Ultra", "12.9"),
-        GpuModel("RTX-PRO-6000", "12.0", "Blackwell (workstation)", "12.8"),
-    )
-}
+def _key(name: str) -> str:
+    """Model names match without case or separators: "RTX PRO 6000" == "rtx-pro-6000"."""
+    return re.sub(r"[\s._-]+", "", name).lower()
+
+
+def _read() -> list[GpuModel]:
+    text = resources.files("compiler").joinpath(*DATA).read_text(encoding="utf-8")
+    out = []
+    for entry in YAML(typ="safe").load(text)["gpus"]:
+        missing = [k for k in FIELDS if k not in entry]
+        if missing:
+            raise ValueError(f"{'/'.join(DATA)}: {entry.get('model')}: missing {missing}")
+        out.append(GpuModel(
+            name=entry["model"], capability=str(entry["capability"]),
+            arch_name=entry["arch_name"], min_cuda=str(entry["min_cuda"]),
+            family=entry["family"], per_node=int(entry["per_node"]),
+            max_cuda=str(entry["max_cuda"]) if entry.get("max_cuda") else None,
+            aliases=tuple(entry.get("aliases") or ()),
+        ))
+    return out
+
+
+@lru_cache(maxsize=1)
+def _index() -> dict[str, GpuModel]:
+    index: dict[str, GpuModel] = {}
+    for gpu in _read():
+        for name in (gpu.name, *gpu.aliases):
+            if _key(name) in index:
+                raise ValueError(f"{'/'.join(DATA)}: {name!r} is listed twice")
+            index[_key(name)] = gpu
+    return index
+
+
+def models() -> list[GpuModel]:
+    """Every catalog entry, in file order."""
+    return list(dict.fromkeys(_index().values()))
+
+
+# `GPUS` stays for callers that iterate the catalog: lower-case model name -> entry.
+GPUS = {g.name.lower(): g for g in models()}
 
 
 def lookup(model: str) -> Optional[GpuModel]:
-    return GPUS.get(model.lower())
+    return _index().get(_key(model))
+
+
+def by_capability(capability: str) -> list[GpuModel]:
+    return [g for g in models() if g.capability == capability]
+
+
+def resolve(model: str, capability: Optional[str] = None) -> Optional[GpuModel]:
+    """The entry for `model`; for a model the catalog lacks, what it knows about `capability` (the
+    widest CUDA range any known GPU of that capability has), named after `model`; else None."""
+    known = lookup(model)
+    if known is not None or not capability:
+        return known
+    same = by_capability(capability)
+    if not same:
+        return None
+    first = min((g.min_cuda for g in same), key=version_tuple)
+    lasts = [g.max_cuda for g in same]
+    last = None if None in lasts else max((v for v in lasts if v), key=version_tuple)
+    return GpuModel(model, capability, same[0].arch_name, first, same[0].family, 1, last)
 
 
 def arch_of(capability: str) -> str:
@@ -55,3 +112,21 @@ def version_tuple(version: str) -> tuple[int, ...]:
             break
         out.append(int(digits))
     return tuple(out)
+
+
+def cuda_gap(cuda: str, gpu: GpuModel) -> Optional[str]:
+    """Why CUDA release `cuda` cannot target `gpu` ("needs 12.9 or later"), or None when it can."""
+    have = version_tuple(cuda)
+    if not have:
+        return None
+    if have < version_tuple(gpu.min_cuda):
+        return f"needs {gpu.min_cuda} or later"
+    if gpu.max_cuda and have[:2] > version_tuple(gpu.max_cuda)[:2]:
+        return f"CUDA {gpu.max_cuda} was the last release to support it"
+    return None
+
+
+def cuda_problem(cuda: str, gpu: GpuModel) -> Optional[str]:
+    """"CUDA 12.4 cannot target sm_103 (B300); needs 12.9 or later", or None when it can."""
+    gap = cuda_gap(cuda, gpu)
+    return f"CUDA {cuda} cannot target {gpu.arch} ({gpu.name}); {gap}" if gap else None

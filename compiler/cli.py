@@ -8,11 +8,12 @@ import os
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from . import lint, loader, plan, render, validate
-from .errors import CompilerError, DriftError, SpecError, UsageError
+from . import lint, loader, newspec, plan, planmd, render, schema, validate
+from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
 
 EXIT_OK = 0
 EXIT_INTERNAL = 70
@@ -23,6 +24,7 @@ class Output:
     spec: str
     path: Path
     text: str
+    warnings: list[Problem] = field(default_factory=list)
 
 
 def shown_path(path: Path) -> str:
@@ -34,14 +36,17 @@ def shown_path(path: Path) -> str:
         return path.as_posix()
 
 
-def compile_spec(spec_path: Path, out_dir: Path) -> Output:
-    source = loader.load(shown_path(spec_path))
-    spec = validate.validate(source)
+def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True) -> Optional[Output]:
+    """The runbook of one spec; None for a base (`abstract: true`) found in a directory."""
+    source = loader.load(shown_path(spec_path), allow_abstract=not explicit)
+    if source.abstract:
+        return None
+    spec, warnings = validate.validate_with_warnings(source)
     script = out_dir / f"{spec_path.stem}.sh"
     view = plan.build(spec, source, script_name=script.name)
     text = render.render(view)
     lint.lint(text, plan.kit_files())
-    return Output(source.path, script, text)
+    return Output(source.path, script, text, warnings)
 
 
 def write_atomically(outputs: list[Output]) -> None:
@@ -63,14 +68,15 @@ def write_atomically(outputs: list[Output]) -> None:
                 os.unlink(tmp)
 
 
-def collect(paths: list[str]) -> list[Path]:
-    specs: list[Path] = []
+def collect(paths: list[str]) -> list[tuple[Path, bool]]:
+    """(spec, named explicitly) for each file given and each *.yaml in each directory given."""
+    specs: list[tuple[Path, bool]] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            specs.extend(sorted(p.glob("*.yaml")))
+            specs.extend((f, False) for f in sorted(p.glob("*.yaml")))
         elif p.exists():
-            specs.append(p)
+            specs.append((p, True))
         else:
             raise UsageError(f"{raw}: no such file or directory")
     if not specs:
@@ -78,15 +84,25 @@ def collect(paths: list[str]) -> list[Path]:
     return specs
 
 
-def compile_all(specs: list[Path], out_dir: Path) -> list[Output]:
+def compile_all(specs: list[tuple[Path, bool]], out_dir: Path) -> list[Output]:
+    """Every spec's runbook; warnings go to stderr; SpecError with every problem of every spec (a
+    mistake in a shared base is reported once)."""
     outputs, problems, other = [], [], []
-    for spec in specs:
+    for spec, explicit in specs:
         try:
-            outputs.append(compile_spec(spec, out_dir))
+            out = compile_spec(spec, out_dir, explicit=explicit)
         except SpecError as exc:
-            problems.extend(exc.problems)
+            problems.extend(p for p in exc.problems if p not in problems)
+            continue
         except CompilerError as exc:
             other.append(exc)
+            continue
+        if out is None:
+            print(f"skipped {shown_path(spec)}: a base (abstract: true) for other specs")
+            continue
+        outputs.append(out)
+        for warning in out.warnings:
+            print(validate.warning_line(warning), file=sys.stderr)
     if problems:
         raise SpecError(problems)
     if other:
@@ -94,8 +110,9 @@ def compile_all(specs: list[Path], out_dir: Path) -> list[Output]:
     return outputs
 
 
-def check(specs: list[Path], out_dir: Path) -> list[str]:
-    """Names of files in out_dir that differ from what their spec compiles to (or lack a spec)."""
+def check(specs: list[tuple[Path, bool]], out_dir: Path) -> tuple[list[str], int]:
+    """Names of files in out_dir that differ from what their spec compiles to (or lack a spec), and
+    how many runbooks were compared."""
     outputs = compile_all(specs, out_dir)
     drift = []
     expected = {o.path.name for o in outputs}
@@ -108,20 +125,34 @@ def check(specs: list[Path], out_dir: Path) -> list[str]:
         for stray in sorted(out_dir.glob("*.sh")):
             if stray.name not in expected:
                 drift.append(f"{stray}: no spec in specs/ compiles to it (delete it)")
-    return drift
+    return drift, len(outputs)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would exit 2, the code of spec errors
+        raise UsageError(f"{self.prog}: {message} (see compile --help)")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="compile",
         description="Compile runbook specs (YAML) into linted bash runbooks.",
         epilog="Exit codes: 0 ok, 2 spec errors, 3 lint failure (compiler bug), 4 generated/ drift, "
-        "64 usage, 70 internal error.",
+        "64 usage, 70 internal error. Templating (extends, --new, --schema, --plan): "
+        "docs/templating.md.",
     )
     p.add_argument("specs", nargs="*", help="spec files or directories (default with --check: specs/)")
     p.add_argument("-o", "--output-dir", default="generated", help="where runbooks go (generated/)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 4 naming every runbook that no longer matches its spec")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true",
+                      help="write nothing; exit 4 naming every runbook that no longer matches its spec")
+    mode.add_argument("--plan", metavar="SPEC",
+                      help="print what SPEC's runbook will do, as markdown for a PR; write nothing")
+    mode.add_argument("--schema", action="store_true",
+                      help="print the JSON Schema of specs (docs/spec.schema.json)")
+    mode.add_argument("--new", metavar="NAME",
+                      help="write a new spec NAME.yaml beside the --from spec, to edit")
+    p.add_argument("--from", dest="from_spec", metavar="SPEC", help="with --new: the spec to start from")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks of crashes")
     return p
 
@@ -129,17 +160,45 @@ def parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     out_dir = Path(args.output_dir)
+    if (args.new is None) != (args.from_spec is None):
+        raise UsageError("--new NAME and --from SPEC go together, e.g. "
+                         "compile --new h100-b --from specs/b300.yaml")
+    if (args.plan or args.schema or args.new) and args.specs:
+        raise UsageError(f"--plan, --schema and --new take no other spec arguments: {args.specs}")
+    if args.schema:
+        print(schema.text(), end="")
+        return EXIT_OK
+    if args.plan:
+        return _plan(Path(args.plan), out_dir)
+    if args.new:
+        written, todo = newspec.create(args.new, Path(args.from_spec))
+        print(f"wrote {written}; edit these values and delete their {newspec.MARKER} markers "
+              f"(compile {written} refuses it until then):")
+        for p in todo:
+            print(f"  {p.path}:{p.line}:{p.column}: {p.field or '(comment)'}")
+        return EXIT_OK
     if args.check:
         specs = collect(args.specs or ["specs"])
-        drift = check(specs, out_dir)
+        drift, count = check(specs, out_dir)
         if drift:
             raise DriftError("generated/ does not match specs/:\n  " + "\n  ".join(drift))
-        print(f"ok: {len(specs)} runbooks in {out_dir}/ match their specs")
+        print(f"ok: {count} runbooks in {out_dir}/ match their specs")
         return EXIT_OK
     outputs = compile_all(collect(args.specs), out_dir)
     write_atomically(outputs)
     for o in outputs:
         print(f"wrote {o.path} from {o.spec}")
+    return EXIT_OK
+
+
+def _plan(spec_path: Path, out_dir: Path) -> int:
+    if not spec_path.is_file():
+        raise UsageError(f"{spec_path}: no such file")
+    source = loader.load(shown_path(spec_path))
+    spec, warnings = validate.validate_with_warnings(source)
+    for warning in warnings:
+        print(validate.warning_line(warning), file=sys.stderr)
+    print(planmd.markdown(spec, source, out_dir / f"{spec_path.stem}.sh", warnings), end="")
     return EXIT_OK
 
 

@@ -1,4 +1,6 @@
-"""Stage 1: read a spec file into plain data, keeping the line and column of every node."""
+"""Stage 1: read a spec file into plain data, keeping the line and column of every node.
+
+`parse` reads one file; `load` reads a spec with the chain of specs it `extends:` (extends.py)."""
 
 from __future__ import annotations
 
@@ -9,49 +11,80 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.constructor import DuplicateKeyError
+from ruamel.yaml.constructor import DuplicateKeyError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import SequenceNode
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from .errors import Problem, SpecError
 
 Loc = tuple  # a pydantic-style location: ("transfer", "exclude", 2)
+APPEND_TAG = "!append"  # on a list in a spec that extends another: add to the base's list
 
 
 @dataclass
 class Source:
-    """A loaded spec: its data (ruamel containers, which remember positions), text and digest."""
+    """A loaded spec: its data (ruamel containers, which remember positions), text and digest.
+
+    A spec that `extends:` others is one merged tree (see extends.py): `chain` names its files, top
+    first, `origins` says which file each entry of the tree came from (the deepest listed location
+    wins; absent: `path`), and `sha256` covers the bytes of every file in the chain.
+    """
 
     path: str
     text: str
     data: Any
     sha256: str = field(default="")
+    chain: tuple[str, ...] = field(default=())
+    origins: dict[Loc, str] = field(default_factory=dict)
+    abstract: bool = False
+    markers: list[Problem] = field(default_factory=list)  # fields still marked TODO(change me)
 
-    def position(self, loc: Loc, *, key: bool = False) -> tuple[int, int]:
-        """Line and column (1-based) of the node at `loc`, or of its nearest existing parent.
+    def locate(self, loc: Loc, *, key: bool = False) -> tuple[str, int, int]:
+        """File, line and column (1-based) of the node at `loc`, or of its nearest existing parent.
 
         With `key=True` a mapping entry is located at its key (for unknown-key errors), else at its
         value.
         """
-        node: Any = self.data
+        where = (self.path, 1, 1)
+        for depth, (line, col) in self._walk(loc, key):
+            where = (self.origin(loc[:depth]), line, col)
+        return where
+
+    def position(self, loc: Loc, *, key: bool = False) -> tuple[int, int]:
+        """Line and column in `path` itself: of `loc`, or of its nearest parent written there (what
+        a `(specs/x.yaml:14)` pointer in the runbook may name)."""
         best = (1, 1)
-        for depth, part in enumerate(loc):
-            last = depth == len(loc) - 1
-            if isinstance(node, CommentedMap) and part in node:
-                line, col = node.lc.key(part) if (key and last) else node.lc.value(part)
-                best = (line + 1, col + 1)
-                node = node[part]
-            elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
-                line, col = node.lc.item(part)
-                best = (line + 1, col + 1)
-                node = node[part]
-            else:
-                break
+        for depth, pos in self._walk(loc, key):
+            if self.origin(loc[:depth]) == self.path:
+                best = pos
         return best
 
+    def origin(self, loc: Loc) -> str:
+        """The file the entry at `loc` came from."""
+        for depth in range(len(loc), -1, -1):
+            found = self.origins.get(tuple(loc[:depth]))
+            if found is not None:
+                return found
+        return self.path
+
+    def _walk(self, loc: Loc, key: bool):
+        node: Any = self.data
+        for depth, part in enumerate(loc, 1):
+            last = depth == len(loc)
+            if isinstance(node, CommentedMap) and part in node and node.lc.data:
+                line, col = node.lc.key(part) if (key and last) else node.lc.value(part)
+            elif (isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node)
+                  and node.lc.data):
+                line, col = node.lc.item(part)
+            else:
+                return
+            yield depth, (line + 1, col + 1)
+            node = node[part]
+
     def problem(self, loc: Loc, message: str, *, key: bool = False) -> Problem:
-        line, col = self.position(loc, key=key)
-        return Problem(self.path, line, col, dotted(loc), message)
+        path, line, col = self.locate(loc, key=key)
+        return Problem(path, line, col, dotted(loc), message)
 
 
 def dotted(loc: Loc) -> str:
@@ -65,8 +98,42 @@ def dotted(loc: Loc) -> str:
     return out
 
 
-def load(path: str | Path) -> Source:
-    """Parse a spec file; syntax errors and duplicate keys become a SpecError with a position."""
+class _Constructor(RoundTripConstructor):
+    """ruamel's round-trip constructor, plus `!append` (see extends.py) keeping positions."""
+
+    def construct_append(self, node: Any) -> Any:
+        if isinstance(node, SequenceNode):
+            steps = self.construct_yaml_seq(node)
+        else:  # a misplaced tag: kept on the node, reported by extends.py
+            steps = self.construct_unknown(node)
+        data = next(steps)
+        data.yaml_set_ctag(node.ctag)
+        yield data
+        for _ in steps:
+            pass
+
+
+_Constructor.add_constructor(APPEND_TAG, _Constructor.construct_append)
+
+
+def load(path: str | Path, *, allow_abstract: bool = False) -> Source:
+    """Read a spec and everything it `extends:` into one Source; every problem is a SpecError.
+    A base (`abstract: true`) is an error unless `allow_abstract` (then `.abstract` is True)."""
+    from . import extends
+
+    return extends.load(str(path), allow_abstract=allow_abstract)
+
+
+def yaml_rt() -> YAML:
+    """The round-trip YAML reader/writer specs are read with."""
+    yaml = YAML(typ="rt")
+    yaml.Constructor = _Constructor
+    yaml.allow_duplicate_keys = False
+    return yaml
+
+
+def parse(path: str | Path) -> Source:
+    """Parse one spec file; syntax errors and duplicate keys become a SpecError with a position."""
     shown = str(path)
     try:
         raw = Path(path).read_bytes()
@@ -76,10 +143,8 @@ def load(path: str | Path) -> Source:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([Problem(shown, 0, 0, "", f"not UTF-8 text (byte {exc.start})")]) from None
-    yaml = YAML(typ="rt")
-    yaml.allow_duplicate_keys = False
     try:
-        data = yaml.load(text)
+        data = yaml_rt().load(text)
     except DuplicateKeyError as exc:
         mark = exc.problem_mark
         key = _duplicate_key(exc)
@@ -97,7 +162,8 @@ def load(path: str | Path) -> Source:
         raise SpecError([Problem(shown, 1, 1, "", "the spec is empty")])
     if not isinstance(data, CommentedMap):
         raise SpecError([Problem(shown, 1, 1, "", "the spec must be a mapping of keys to values")])
-    return Source(path=shown, text=text, data=data, sha256=hashlib.sha256(raw).hexdigest())
+    return Source(path=shown, text=text, data=data, sha256=hashlib.sha256(raw).hexdigest(),
+                  chain=(shown,))
 
 
 def _duplicate_key(exc: DuplicateKeyError) -> str:

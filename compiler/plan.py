@@ -103,8 +103,9 @@ def identity_word(path: str) -> Any:
 
 
 def _where(source: Source, loc: tuple) -> str:
-    line, _col = source.position(loc, key=True)
-    return f"{source.path}:{line}"
+    """`file:line` of the spec entry at `loc`: in the file it came from, for an extends chain."""
+    path, line, _col = source.locate(loc, key=True)
+    return f"{path}:{line}"
 
 
 def probe_config(spec: Spec, dst_host: str) -> dict:
@@ -223,6 +224,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
     return {
         "spec_path": source.path,
         "spec_sha256": source.sha256,
+        "spec_chain": list(source.chain[1:]),
         "script_name": script_name,
         "description_lines": [spec.description] if spec.description else [],
         "settings": settings,

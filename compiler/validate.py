@@ -14,15 +14,21 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from . import catalog
+from . import gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, plain
 from .spec import CHECK_TYPES, Spec, parse_endpoint
 
 
 def validate(source: Source) -> Spec:
+    return validate_with_warnings(source)[0]
+
+
+def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
+    """The spec, and what is legal but doubtful (a torch that cannot serve the GPU), as problems
+    the CLI prints as warnings. Raises SpecError listing every error."""
     data = plain(source.data)
-    problems: list[Problem] = []
+    problems: list[Problem] = list(source.markers)
     spec: Optional[Spec] = None
     try:
         spec = Spec.model_validate(data)
@@ -32,14 +38,21 @@ def validate(source: Source) -> Spec:
     if problems:
         raise SpecError(_unique(problems))
     assert spec is not None
-    return spec
+    return spec, gpu_rules.warnings(source, spec)
+
+
+def warning_line(warning: Problem) -> str:
+    """`path:line:col: warning: field: message`."""
+    where = f"{warning.path}:{warning.line}:{warning.column}" if warning.line else warning.path
+    field = f" {warning.field}:" if warning.field else ""
+    return f"{where}: warning:{field} {warning.message}"
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:
     seen, out = set(), []
     for p in problems:
-        if (p.line, p.column, p.field, p.message) not in seen:
-            seen.add((p.line, p.column, p.field, p.message))
+        if (p.path, p.line, p.column, p.field, p.message) not in seen:
+            seen.add((p.path, p.line, p.column, p.field, p.message))
             out.append(p)
     return out
 
@@ -191,7 +204,7 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
         if isinstance(direct, dict) and direct.get("local"):
             problems.append(source.problem(
                 ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
-    problems.extend(_gpu(source, data))
+    problems.extend(gpu_rules.problems(source, data, _did_you_mean))
     problems.extend(_checks(source, data))
     return problems
 
@@ -205,36 +218,6 @@ def _norm(path: str) -> str:
     import posixpath
 
     return posixpath.normpath(path) if path else path
-
-
-def _gpu(source: Source, data: dict[str, Any]) -> list[Problem]:
-    gpu = data.get("gpu")
-    if not isinstance(gpu, dict) or not isinstance(gpu.get("model"), str):
-        return []
-    known = catalog.lookup(gpu["model"])
-    out = []
-    if known is None and not gpu.get("capability"):
-        hint = _did_you_mean(gpu["model"], [g.name for g in catalog.GPUS.values()])
-        known_names = ", ".join(g.name for g in catalog.GPUS.values())
-        out.append(source.problem(
-            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}"
-            + (hint if hint else f" (known: {known_names})") + " Or give `capability:` yourself."))
-    if known is not None and isinstance(gpu.get("capability"), str) and (
-        gpu["capability"] != known.capability
-    ):
-        out.append(source.problem(
-            ("gpu", "capability"),
-            f"{known.name} has compute capability {known.capability}, not {gpu['capability']}"))
-    cuda = data.get("cuda")
-    if known is not None and isinstance(cuda, dict) and isinstance(cuda.get("version"), str):
-        have = catalog.version_tuple(cuda["version"])
-        need = catalog.version_tuple(known.min_cuda)
-        if have and have < need:
-            out.append(source.problem(
-                ("cuda", "version"),
-                f"CUDA {cuda['version']} cannot target {known.arch} ({known.name}); needs "
-                f"{known.min_cuda} or later"))
-    return out
 
 
 def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # @generated from tests/cases/valid/extends_cluster.yaml (sha256 d0fb2cecf87c1db39df6c472bc492f3bafb17d874098197c35f33a4d0e14cb08) by runbook-compiler -- DO NOT EDIT.
 # Edit the spec and recompile: compile tests/cases/valid/extends_cluster.yaml
+# It extends tests/cases/extends_bases/base.yaml (the sha256 above covers the whole chain).
 # Shared part of the extends_* cases.
 #
 # Usage: bash extends_cluster.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH]
@@ -665,7 +666,7 @@ rb::preflight_route() {
 }
 
 #######################################
-# Step 2/8: manifest (tests/cases/valid/extends_cluster.yaml:8)
+# Step 2/8: manifest (tests/cases/extends_bases/base.yaml:9)
 # Hash every file of the source (in parallel) into a manifest; detect a re-run.
 #######################################
 step_manifest() {
@@ -834,7 +835,7 @@ step_transfer() {
 }
 
 #######################################
-# Step 4/8: verify (tests/cases/valid/extends_cluster.yaml:8)
+# Step 4/8: verify (tests/cases/extends_bases/base.yaml:9)
 # Check the staging copy against the manifest: every file, mode, link and digest.
 #######################################
 step_verify() {

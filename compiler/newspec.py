@@ -1,0 +1,127 @@
+"""`compile --new NAME --from SPEC`: start the spec of a new cluster from an existing one.
+
+The new file is SPEC's own text (comments kept, `extends:` kept) with `name: NAME`, written beside
+SPEC. The values that differ from cluster to cluster (description, the destination host's address
+and key, the destination path, the GPU model, the CUDA version and home) carry a
+`# TODO(change me)` comment. A spec with such a marker left does not compile: `compile` lists each
+one with its line, so the first compile is the checklist. Nothing existing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.tokens import CommentToken
+
+from . import extends, loader, validate
+from .errors import Problem, SpecError, UsageError
+from .spec import NAME
+
+MARKER = extends.MARKER
+# (path in the spec, with "<dst>" for the destination host's id): the values a new cluster changes.
+MARKED = (
+    ("description",),
+    ("hosts", "<dst>", "ssh"),
+    ("hosts", "<dst>", "jump"),
+    ("hosts", "<dst>", "identity_file"),
+    ("transfer", "to"),
+    ("gpu", "model"),
+    ("cuda", "version"),
+    ("cuda", "home"),
+)
+
+
+def create(name: str, from_path: Path) -> tuple[Path, list[Problem]]:
+    """Write the new spec; its path and the markers in it (the to-do list)."""
+    if name.endswith((".yaml", ".yml")) or "/" in name or not NAME.match(name):
+        raise UsageError(f"--new {name!r}: give a spec name (lower-case letters, digits, '.', '_', "
+                         "'-'), e.g. --new h100-b; the file is NAME.yaml beside the --from spec")
+    if not from_path.is_file():
+        raise UsageError(f"--from {from_path}: no such file")
+    shown = str(from_path)
+    source = loader.load(shown, allow_abstract=True)
+    if source.abstract:
+        children = _extending(from_path)
+        hint = f", e.g. --from {children[0]}" if children else ""
+        raise UsageError(f"--from {from_path}: a base (abstract: true) is not a cluster; start from a "
+                         f"spec that extends it{hint}")
+    spec = validate.validate(source)  # the copy starts from a spec that compiles
+    target = from_path.parent / f"{name}.yaml"
+    text = render(from_path.read_text(encoding="utf-8"), name, spec.transfer.target[0],
+                  str(from_path))
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UsageError(f"{target} exists; refusing to overwrite it (choose another name, or "
+                         "delete the file first)") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return target, extends.markers(loader.parse(target))
+
+
+def render(text: str, name: str, dst_host: str, origin: str) -> str:
+    """The new spec's text: `text` with the new name and the markers."""
+    yaml = loader.yaml_rt()
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml.width = 4096
+    yaml.preserve_quotes = True
+    data = yaml.load(text)
+    if "name" in data:
+        data["name"] = name
+    else:
+        data.insert(1 if extends.EXTENDS in data else 0, "name", name)
+    marked = 0
+    for path in MARKED:
+        path = tuple(dst_host if part == "<dst>" else part for part in path)
+        marked += _mark(data, path)
+    if not marked:  # a copy that changes nothing would move to the old cluster: say so
+        _mark(data, ("name",), note="a copy of " + origin + ": change what differs")
+    out = io.StringIO()
+    yaml.dump(data, out)
+    head = (f"# Made by `compile --new {name} --from {origin}`. Edit each value marked with the TODO\n"
+            "# comment and delete the marker: compile refuses this spec while one is left.\n")
+    return head + out.getvalue()
+
+
+def _mark(data: Any, path: tuple, note: str = "") -> int:
+    """Put the marker on the entry at `path` if this file has it (block style, one key a line)."""
+    parents = [data]
+    for part in path[:-1]:
+        node = parents[-1].get(part) if isinstance(parents[-1], CommentedMap) else None
+        if not isinstance(node, CommentedMap):
+            return 0
+        parents.append(node)
+    owner, key = parents[-1], path[-1]
+    if key not in owner or isinstance(owner[key], CommentedMap):
+        return 0
+    for node in parents[1:]:
+        node.fa.set_block_style()
+    comment = f"{MARKER}" + (f": {note}" if note else "")
+    entry = owner.ca.items.get(key)
+    old = entry[2] if entry and len(entry) > 2 and isinstance(entry[2], CommentToken) else None
+    if old is not None:
+        first, newline, rest = old.value.partition("\n")
+        old.value = f"# {comment} -- {first.lstrip('#').strip()}{newline}{rest}"
+    else:
+        owner.yaml_add_eol_comment(comment, key)
+    return 1
+
+
+def _extending(base: Path) -> list[str]:
+    """Specs beside `base` that extend it (for the hint when --from names a base)."""
+    out = []
+    for path in sorted(base.parent.glob("*.yaml")):
+        if path == base:
+            continue
+        try:
+            data = loader.parse(str(path)).data
+        except SpecError:
+            continue
+        value = data.get(extends.EXTENDS)
+        if isinstance(value, str) and (path.parent / value).resolve() == base.resolve():
+            out.append(str(path))
+    return out
