@@ -3899,6 +3899,11 @@ step_manifest() {
     fi
     rb::jparse "$(cat "${RB_RUN_DIR}/quick-check.json")"
     rb::log "quick check: ${RB_J[why]}"
+    if [[ "${RB_J[why]}" == "the source changed"* && "${RB_ON_EXISTING}" != refuse ]]; then
+      # hashing both sides would only confirm it: send now, hash the source during the stream
+      RB_STEP_DETAIL='source changed: hashed during the transfer'
+      return 0
+    fi
   fi
   rb::manifest_build
   rb::manifest_share
