@@ -27,11 +27,11 @@ ROWS = [
     ("test_nasty_value_is_refused", "hostile strings in every string field (27 classes: $( ), backticks, "
      "quotes, ;, newline, NUL, leading -, globs, unicode, jinja/heredoc markers)",
      "refused with path:line:col, or compiled shellcheck-clean and dry-run", "canary never ran"),
-    ("test_generated_strings_never_break_out", "hostile strings, generated (hypothesis)",
+    ("test_generated_strings_never_break_out", "hostile strings, generated (hypothesis: 15 examples per run)",
      "refused with a location, or compiled and dry-run", "no traceback, no crash"),
     ("test_hostile_destination_and_values_are_inert", "hostile values in a real run (path, excludes, "
      "env, description)", "the runbook ran; values arrived byte for byte", "canary never ran"),
-    ("test_sh_quoted_words_come_back", "quoting filter round trip (hypothesis)",
+    ("test_sh_quoted_words_come_back", "quoting filter round trip (hypothesis: 120 examples per run)",
      "every string comes back through bash unchanged", "-"),
     ("test_unquoted_value_is_refused", "a template that forgets to quote", "render fails", "-"),
     ("test_invalid_case_fails", "invalid-spec corpus (golden errors)",
