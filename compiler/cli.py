@@ -29,11 +29,8 @@ class Output:
 
 def shown_path(path: Path) -> str:
     """The spec's path as the header shows it: relative to the working directory when inside it."""
-    try:
-        return Path(os.path.relpath(path.resolve(), Path.cwd())).as_posix() if not str(
-            os.path.relpath(path.resolve(), Path.cwd())).startswith("..") else path.as_posix()
-    except ValueError:
-        return path.as_posix()
+    rel = os.path.relpath(path.resolve(), Path.cwd())
+    return path.as_posix() if rel.startswith("..") else Path(rel).as_posix()
 
 
 def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True) -> Optional[Output]:

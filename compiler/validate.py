@@ -8,6 +8,7 @@ reads the raw data defensively so that it can report next to the first pass's pr
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 import typing
 from typing import Any, Optional
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import gpu_rules
 from .errors import Problem, SpecError
-from .loader import Source, plain
+from .loader import Source, dotted, plain
 from .spec import CHECK_TYPES, Spec, parse_endpoint
 
 
@@ -75,7 +76,7 @@ def _translate(source: Source, err: dict[str, Any]) -> Problem:
         return source.problem(loc, msg, key=True)
     if kind == "missing":
         problem = source.problem(loc[:-1], f"required key {loc[-1]!r} is missing", key=True)
-        return Problem(problem.path, problem.line, problem.column, _dotted(loc), problem.message)
+        return Problem(problem.path, problem.line, problem.column, dotted(loc), problem.message)
     if kind == "literal_error":
         expected = err.get("ctx", {}).get("expected", "")
         options = [o.strip().strip("'") for o in expected.replace(" or ", ", ").split(",")]
@@ -89,12 +90,6 @@ def _translate(source: Source, err: dict[str, Any]) -> Problem:
     if kind in ("dict_type", "model_type", "model_attributes_type") and err.get("input") is None:
         return source.problem(loc, "must not be empty: give a mapping of keys to values")
     return source.problem(loc, _clean(err["msg"]))
-
-
-def _dotted(loc: tuple) -> str:
-    from .loader import dotted
-
-    return dotted(loc)
 
 
 def _clean(msg: str) -> str:
@@ -215,8 +210,6 @@ def _is_local(hosts: dict, name: str) -> bool:
 
 
 def _norm(path: str) -> str:
-    import posixpath
-
     return posixpath.normpath(path) if path else path
 
 

@@ -4045,7 +4045,7 @@ step_transfer() {
   if ((ms > 0)); then
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
-  RB_STEP_DETAIL="$(rb::human "${bytes}") in $((ms / 1000)).$((ms % 1000 / 100)) s"
+  RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
 }
 
 #######################################
