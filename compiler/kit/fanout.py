@@ -4,10 +4,14 @@
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
 `manifest.jsonl` and `payload.tar[.zst|.lz4|.gz]`. It installs through the kit's own command lines
 (extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
-a timeout, and prints one line `RBFAN {json}` on stdout: the node's report.
+a timeout, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
+into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
+slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
+another node's output by srun; clush keeps nodes apart anyway).
 
 `python -m rbkit.fanout compare --nodes N1,N2,... --out-dir D --success all|N < engine-output` reads
-those lines back (any prefix such as clush's `node01: ` is ignored), writes each node's report, prints
+those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is ignored, chunks are put
+back together per node, in any order), writes each node's report, prints
 a nodes x checks table with identical rows folded, names the odd nodes with what differs and the
 nodes that sent nothing, and exits 0 when the success policy holds.
 
@@ -27,6 +31,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 MARK = "RBFAN "
+CHUNK = 800
+LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
 STEPS = ("extract", "verify", "relocate", "swap", "exports", "probe")
 UNPACK = {"zstd": ["-I", "zstd"], "lz4": ["-I", "lz4"], "gzip": ["-z"], "none": []}
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
@@ -121,24 +127,44 @@ def node(a: argparse.Namespace) -> int:
             pass
         ok = r is not None
     doc["ok"] = ok
-    sys.stdout.write(MARK + json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    emit(doc)
     return 0 if ok else 1
 
 
+def emit(doc: Dict[str, Any], out=None) -> None:
+    """Print a node's report as `RBFAN NODE I/N CHUNK` lines (see the module's docstring)."""
+    out = out or sys.stdout
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    parts = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
+    for i, part in enumerate(parts, 1):
+        out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], i, len(parts), part))
+        out.flush()
+
+
 def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
-    """Node reports from engine output: every line holding `RBFAN {...}`, whatever its prefix."""
-    out: Dict[str, Dict[str, Any]] = {}
+    """Node reports from engine output: the `RBFAN NODE I/N CHUNK` lines, whatever their prefix,
+    put together per node. A report with a chunk missing or not JSON is no report."""
+    chunks: Dict[str, Dict[int, str]] = {}
+    counts: Dict[str, int] = {}
     for line in lines:
-        at = line.find(MARK + "{")
-        if at < 0:
+        at = line.find(MARK)
+        m = LINE.match(line[at:].rstrip("\r\n")) if at >= 0 else None
+        if not m:
+            continue
+        name, i, n = m.group(1), int(m.group(2)), int(m.group(3))
+        if counts.setdefault(name, n) != n or not 1 <= i <= n:
+            continue
+        chunks.setdefault(name, {})[i] = m.group(4)
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, got in chunks.items():
+        if len(got) != counts[name]:
             continue
         try:
-            doc = json.loads(line[at + len(MARK):])
+            doc = json.loads("".join(got[i] for i in range(1, counts[name] + 1)))
         except ValueError:
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("node"), str):
-            out[doc["node"]] = doc
+        if isinstance(doc, dict) and doc.get("node") == name:
+            out[name] = doc
     return out
 
 

@@ -71,10 +71,17 @@ def cleanup_stale() -> None:
 
 
 class Cluster:
-    def __init__(self, n: int = 8, *, ready_timeout_s: float = 20.0) -> None:
+    def __init__(self, n: int = 8, *, ready_timeout_s: float = 20.0,
+                 subnet: str = SUBNET) -> None:
         if not 1 <= n <= 64:
             raise ValueError("1..64 nodes")
+        if not subnet.startswith("10.213.") or subnet.count(".") != 2:
+            raise ValueError("a 10.213.X subnet: the lab's guard route covers 10.213.0.0/16")
         self.n = n
+        self.subnet = subnet
+        # shell commands run in each node's namespaces before its sshd starts ({name} and {addr}
+        # are filled in): daemons such as slurmd that must share the node's mount namespace
+        self.node_start: list[str] = []
         self.runid = secrets.token_hex(3)
         self.dir = Path(f"/var/tmp/{PREFIX}-{self.runid}")
         self.bridge = f"rbfb{self.runid}"
@@ -88,7 +95,12 @@ class Cluster:
         return f"{PREFIX}-{self.runid}-{name}"
 
     def addr(self, name: str) -> str:
-        return f"{SUBNET}.{10 + self.names.index(name) + 1}"
+        return f"{self.subnet}.{10 + self.names.index(name) + 1}"
+
+    @property
+    def head_addr(self) -> str:
+        """This machine's address on the cluster's bridge."""
+        return f"{self.subnet}.1"
 
     def node_dir(self, name: str) -> Path:
         return self.dir / name
@@ -116,12 +128,12 @@ class Cluster:
         cleanup_stale()
         ensure_guard_route()
         used = _run(["ip", "-4", "-o", "addr"]).stdout
-        if f" {SUBNET}." in used:
-            raise LabError(f"{SUBNET}.0/24 is already in use on this machine (another cluster?)")
+        if f" {self.subnet}." in used:
+            raise LabError(f"{self.subnet}.0/24 is already in use on this machine (another cluster?)")
         self.dir.mkdir(parents=True)
         (self.dir / "owner").write_text(str(os.getpid()))
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        _run(["ip", "addr", "add", f"{SUBNET}.1/24", "dev", self.bridge])
+        _run(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
         key = self.dir / "id_ed25519"
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)])
@@ -167,7 +179,8 @@ class Cluster:
         d = self.node_dir(name)
         # the planted binds first: their sources may live under this machine's /tmp
         mounts = [f"mount --bind {a} {b}" for a, b in binds] + [f"mount --bind {d}/tmp /tmp"]
-        script = f"hostname {name} && " + " && ".join(mounts) + \
+        daemons = [c.format(name=name, addr=self.addr(name)) for c in self.node_start]
+        script = f"hostname {name} && " + " && ".join(mounts + daemons) + \
             f" && exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
         log = open(d / "sshd.log", "ab")
         self.procs[name] = subprocess.Popen(
