@@ -20,10 +20,11 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Tools the runbooks and the end-to-end tests use: sshd for the test hosts, zstd, lz4, pv, iproute2,
-# ClusterShell for the fan-out tests.
+# ClusterShell, Slurm (slurmctld, slurmd, client) and munge for the fan-out tests' mini-cluster.
 system-packages:
 	@missing=(); \
-	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs pv:pv lz4:lz4 clush:clustershell; do \
+	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs pv:pv lz4:lz4 clush:clustershell \
+	    slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge; do \
 	  command -v "$${pair%%:*}" >/dev/null || [[ -x /usr/sbin/$${pair%%:*} ]] || missing+=("$${pair#*:}"); \
 	done; \
 	if (( $${#missing[@]} )); then \

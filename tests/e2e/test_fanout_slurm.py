@@ -1,0 +1,187 @@
+"""Fan-out through Slurm to a real mini-cluster: 8 namespace nodes running slurmd, slurmctld and a
+private munged here (tests/lab/slurm.py). The runbook runs inside `salloc`, as a user would run it:
+sbcast carries the bundle (as a tree: TreeWidth=2, so this machine sends it to few nodes), one srun
+task per node installs and probes, the reports come back through srun's output and are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler import cli
+from tests.lab.fixtures import in_ci
+from tests.lab.payload import build_payload
+from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
+
+DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = slurm_unavailable_reason()
+    if reason:
+        if in_ci():
+            pytest.fail(f"slurm mini-cluster unavailable in CI: {reason}", pytrace=False)
+        pytest.skip(f"slurm mini-cluster unavailable: {reason}")
+    with SlurmCluster(8, subnet="10.213.252") as c:
+        yield c
+
+
+def spec(c: SlurmCluster, venv: Path, *, name: str, success="all", nodes=None,
+         extra: str = "") -> str:
+    return f"""name: {name}
+hosts:
+  here: {{local: true}}
+transfer:
+  from: here:{venv}
+  to: here:{DEST}
+  compression: zstd
+  exclude: [__pycache__, '*.pyc']
+  on_existing: replace
+  jobs: 2
+fanout:
+  engine: slurm
+  nodes: {nodes or c.nodeset}
+  success: {success}
+  timeout_s: 120
+  connect_timeout: 10
+{extra}checks:
+  - imports: [rb_payload, sqlite3]
+  - command: {{name: hello, run: "payload-hello"}}
+"""
+
+
+def build(tmp_path: Path, text: str, name: str) -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(text)
+    assert cli.main([str(p), "-o", str(tmp_path)]) == 0
+    return tmp_path / f"{name}.sh"
+
+
+def start(c: SlurmCluster, tmp_path: Path, argv: list[str]) -> subprocess.Popen:
+    env = dict(c.env, RB_RUN_DIR=str(tmp_path / "run"))
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    try:
+        _out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _out, err = p.communicate(timeout=30)
+        pytest.fail(f"runbook still running after {timeout} s: {err[-4000:]}")
+    Path(p.args[-1]).with_suffix(".err").write_text(err)      # beside the runbook, to read later
+    return p.returncode, err
+
+
+def tx_bytes(c: SlurmCluster) -> int:
+    """What this machine has sent into the cluster's bridge (node-to-node traffic not counted)."""
+    return int(Path(f"/sys/class/net/{c.bridge}/statistics/tx_bytes").read_text())
+
+
+@pytest.mark.e2e
+def test_slurm_fanout_installs_and_probes_every_node(slurm, payload_small, tmp_path):
+    script = build(tmp_path, spec(slurm, payload_small.venv, name="slurm8"), "slurm8")
+    t0 = time.monotonic()
+    rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
+    took = time.monotonic() - t0
+    assert rc == 0, err[-6000:]
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert sorted(fan["ok_nodes"]) == slurm.names and not fan["odd"] and not fan["missing"]
+    assert len(fan["groups"]) == 1
+    assert "sbcast -f" in err and "srun -N 8 -n 8" in err
+    for name in slurm.names:                              # each node has its own working copy
+        out = slurm.ssh(name, f"{DEST}/bin/payload-hello", check=True).stdout
+        assert json.loads(out)["prefix"] == DEST
+        assert (slurm.node_tmp(name) / "rbfan-dest" / "venv" / "pyvenv.cfg").exists()
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert doc["outcome"] == "ok" and set(doc["probes"]) == set(slurm.names)
+    print(f"\nslurm fan-out to 8 nodes: {took:.1f} s")
+
+
+@pytest.mark.e2e
+def test_outside_an_allocation_the_runbook_says_how_to_get_one(slurm, payload_small, tmp_path):
+    script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmnoalloc"), "slurmnoalloc")
+    rc, err = finish(start(slurm, tmp_path, ["bash", str(script)]))
+    assert rc != 0
+    assert "salloc -N 8 -w node[01-08] --no-kill" in err
+
+
+@pytest.mark.e2e
+def test_an_allocation_without_every_node_is_refused_before_anything_moves(slurm, payload_small,
+                                                                            tmp_path):
+    script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmpart"), "slurmpart")
+    argv = slurm.salloc(["bash", str(script)], nodes="node[01-04]")
+    rc, err = finish(start(slurm, tmp_path, argv))
+    assert rc != 0
+    assert "node[05-08]" in err and "not in this allocation" in err
+    assert not (tmp_path / "run" / "fanout" / "copy.out").exists()
+
+
+@pytest.mark.e2e
+def test_slurm_odd_node_named_and_node_down_mid_run_reported(slurm, payload_small, tmp_path):
+    # node02: its tar "corrupts" a file of every staging copy it extracts (a bad disk)
+    bad = tmp_path / "bad-sbin"
+    bad.mkdir()
+    (bad / "tar").write_text('#!/bin/sh\n/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
+                             '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
+                             'exit $rc\n')
+    (bad / "tar").chmod(0o755)
+    slow = tmp_path / "slow-sbin"
+    slow.mkdir()
+    (slow / "tar").write_text('#!/bin/sh\ncase "$*" in *rb-staging*) sleep 30 ;; esac\n'
+                              'exec /usr/bin/tar "$@"\n')
+    (slow / "tar").chmod(0o755)
+    sqlite = next(Path("/root/.pyenv/versions/3.11.7/lib/python3.11/lib-dynload").glob("_sqlite3*"))
+    try:
+        slurm.restart_node("node02", binds=[(str(bad), "/usr/local/sbin")])
+        slurm.restart_node("node04", binds=[("/dev/null", str(sqlite))])    # import sqlite3 fails
+        slurm.restart_node("node06", binds=[(str(slow), "/usr/local/sbin")])
+        script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmodd", success=5),
+                       "slurmodd")
+        p = start(slurm, tmp_path, slurm.salloc(["bash", str(script)]))
+        staging = slurm.node_tmp("node06") / "rbfan-dest" / ".venv.rb-staging"
+        deadline = time.monotonic() + 120
+        while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert staging.exists(), "node06 never started its install"
+        slurm.kill_node("node06")                          # mid-run: slurmd, sshd and the task
+        t_kill = time.monotonic()
+        rc, err = finish(p)
+        after_kill = time.monotonic() - t_kill
+    finally:
+        for name in ("node02", "node04", "node06"):
+            slurm.restart_node(name)
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert rc == 0, err[-6000:]                            # success: 5, and 5 passed
+    assert sorted(fan["ok_nodes"]) == ["node01", "node03", "node05", "node07", "node08"]
+    assert set(fan["odd"]) == {"node02", "node04"} and set(fan["missing"]) == {"node06"}
+    assert any("verify: fail" in d and "pyvenv.cfg" in d for d in fan["odd"]["node02"])
+    assert any("imports" in d and "sqlite3" in d for d in fan["odd"]["node04"])
+    assert "no report from node06" in err
+    print(f"\nslurm: the run ended {after_kill:.1f} s after node06 went down")
+
+
+@pytest.mark.e2e
+def test_sbcast_carries_the_bundle_as_a_tree_not_once_per_node(slurm, tmp_path):
+    venv = build_payload("small", dest=tmp_path / "big" / "venv").venv
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "rb_blob.bin").write_bytes(os.urandom(8 << 20))     # 8 MiB that no compressor shrinks
+    script = build(tmp_path, spec(slurm, venv, name="slurmtree"), "slurmtree")
+    before = tx_bytes(slurm)
+    rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
+    sent = tx_bytes(slurm) - before
+    assert rc == 0, err[-6000:]
+    steps = json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
+    bundle = next(s["facts"]["bundle_bytes"] for s in steps if s["id"] == "fan_pack")
+    ratio = sent / int(bundle)
+    print(f"\nbundle {int(bundle) / 1e6:.1f} MB; this machine sent {sent / 1e6:.1f} MB into the "
+          f"cluster for 8 nodes: {ratio:.2f} bundles (TreeWidth={slurm.tree_width})")
+    assert ratio < slurm.tree_width + 1      # flat, it would be 8 bundles

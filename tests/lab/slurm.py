@@ -1,0 +1,254 @@
+"""A Slurm mini-cluster on top of tests/lab/cluster.py: the same N namespace nodes, each also running
+slurmd inside its own network, mount and UTS namespaces (so a task on node02 writes node02's /tmp),
+slurmctld and a private munged in this machine's namespaces. Debian's slurm-wlm 22.05 and munge.
+
+    with SlurmCluster(8) as c:
+        c.env                       # SLURM_CONF for salloc/srun/sbcast/scontrol
+        c.salloc(["bash", "x.sh"])  # argv to run a command inside an allocation of every node
+        c.kill_node("node07")       # slurmd, sshd and tasks of the node, at once
+        c.restart_node("node07")    # back, and resumed
+
+What it took (see docs/fanout.md): `SlurmctldHost` is this machine's real hostname with the
+bridge's address; munged runs privately (its own key, socket, pid and log under the cluster's dir,
+whose parents are world-executable); slurmd is started by `nsenter --net=NS unshare -m -u` (an `ip
+netns exec` would hide the cgroup mount and slurmd would not start), after its spool dir exists;
+`ProctrackType=proctrack/linuxproc`, `TaskPlugin=task/none`; `TreeWidth` small, so Slurm's
+messages (and sbcast's file data) go through the nodes as a tree even with 8 nodes; short
+`SlurmdTimeout`, so a node taken down is noticed in seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .cluster import Cluster, _run, cluster_unavailable_reason
+from .errors import LabError
+
+CTLD_PORT = 16817      # not Slurm's 6817: a real slurmctld on this machine stays untouched
+SLURMD_PORT = 6818     # inside each node's own network namespace
+
+
+def slurm_unavailable_reason() -> Optional[str]:
+    reason = cluster_unavailable_reason()
+    if reason:
+        return reason
+    for tool in ("salloc", "srun", "sbcast", "scontrol", "sinfo"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (make system-packages: slurm-client)"
+    for daemon in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"):
+        if not Path(daemon).exists():
+            return f"{daemon} is not installed (make system-packages: slurmctld slurmd munge)"
+    return None
+
+
+class SlurmCluster(Cluster):
+    def __init__(self, n: int = 8, *, tree_width: int = 2, slurmd_timeout: int = 10,
+                 **kw) -> None:
+        super().__init__(n, **kw)
+        self.tree_width = tree_width
+        self.slurmd_timeout = slurmd_timeout
+        self.ctld: Optional[subprocess.Popen] = None
+
+    # -- layout
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm" / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.dir / "munge" / "munge.socket"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, SLURM_CONF=str(self.conf))
+
+    def salloc(self, argv: Sequence[str], *, nodes: Optional[str] = None,
+               immediate: int = 20) -> list[str]:
+        """argv that runs `argv` here inside an allocation of the nodes (all by default).
+        --no-kill: a node that fails does not end the allocation (the others finish)."""
+        ns = nodes or self.nodeset
+        count = len(self.names) if nodes is None else len(_hostnames(ns, self.env))
+        return ["salloc", "-N", str(count), "-w", ns, "--no-kill", f"--immediate={immediate}",
+                "--time=30", "-J", "rbfan-test", *argv]
+
+    # -- lifecycle
+    def start(self) -> "SlurmCluster":
+        t0 = time.monotonic()
+        _kill_stale_daemons()
+        self.dir.mkdir(parents=True)
+        (self.dir / "owner").write_text(str(os.getpid()))
+        self._start_munge()
+        self._write_conf()
+        for name in self.names:
+            (self.dir / "slurm" / name / "spool").mkdir(parents=True)
+        self.node_start = [
+            f"/usr/sbin/slurmd -f {self.conf} -N {{name}}"]  # daemonizes; its log names the node
+        super().start()
+        self._start_ctld()
+        self.wait_idle(self.names)
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _start_munge(self) -> None:
+        d = self.dir / "munge"
+        d.mkdir(mode=0o755)
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        _run(["/usr/sbin/munged", "--force", f"--socket={self.munge_socket}",
+              f"--key-file={key}", f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
+              f"--seed-file={d}/munged.seed"])
+
+    def _write_conf(self) -> None:
+        d = self.dir / "slurm"
+        (d / "state").mkdir(parents=True)
+        host = socket.gethostname()
+        nodes = "\n".join(
+            f"NodeName={n} NodeAddr={self.addr(n)} CPUs=1 RealMemory=256 State=UNKNOWN"
+            for n in self.names)
+        self.conf.write_text(f"""# written by tests/lab/slurm.py
+ClusterName=rbfan
+SlurmctldHost={host}({self.head_addr})
+SlurmctldPort={CTLD_PORT}
+SlurmdPort={SLURMD_PORT}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/%n/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/%n/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/%n/slurmd.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/linear
+ReturnToService=2
+TreeWidth={self.tree_width}
+SlurmdTimeout={self.slurmd_timeout}
+SlurmctldTimeout=30
+MessageTimeout=10
+InactiveLimit=0
+KillWait=5
+MinJobAge=30
+{nodes}
+PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+
+    def _start_ctld(self) -> None:
+        log = open(self.dir / "slurm" / "slurmctld.out", "ab")
+        self.ctld = subprocess.Popen(
+            ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
+        log.close()
+
+    def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=20,
+                           env=self.env)
+        if check and r.returncode != 0:
+            raise LabError(f"scontrol {' '.join(args)}: {r.stderr.strip()}")
+        return r
+
+    def states(self) -> dict[str, str]:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True,
+                           text=True, timeout=20, env=self.env)
+        out = {}
+        for line in r.stdout.splitlines():
+            name, _, state = line.partition(" ")
+            out[name] = state.strip()
+        return out
+
+    def wait_idle(self, names: Sequence[str], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if self.ctld is not None and self.ctld.poll() is not None:
+                raise LabError("slurmctld exited: " + self._tail("slurmctld.log"))
+            states = self.states()
+            if all(states.get(n, "").rstrip("*") == "idle" for n in names):
+                return
+            time.sleep(0.3)
+        raise LabError(f"slurm nodes not idle after {timeout:.0f} s: {states}; "
+                       + self._tail("slurmctld.log"))
+
+    def _tail(self, rel: str, lines: int = 15) -> str:
+        p = self.dir / "slurm" / rel
+        return " | ".join(p.read_text(errors="replace").splitlines()[-lines:]) if p.exists() else ""
+
+    def restart_node(self, name: str, binds: Sequence[tuple[str, str]] = ()) -> None:
+        """sshd and slurmd again (with binds in the node's mount namespace), then resumed."""
+        super().restart_node(name, binds)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = self.states().get(name, "").rstrip("*")
+            if state == "idle":
+                return
+            if "down" in state or "drain" in state:
+                self.scontrol("update", f"nodename={name}", "state=resume", check=False)
+            time.sleep(0.3)
+        raise LabError(f"{name} did not come back idle: {self.states().get(name)}")
+
+    def stop(self) -> None:
+        subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=20,
+                       env=self.env, check=False) if self.conf.exists() else None
+        if self.ctld is not None and self.ctld.poll() is None:
+            self.ctld.terminate()
+            try:
+                self.ctld.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.ctld.kill()
+                self.ctld.wait(timeout=5)
+        pid = self.dir / "munge" / "munged.pid"
+        if pid.exists():
+            _run(["/usr/sbin/munged", "--stop", f"--socket={self.munge_socket}"], check=False)
+        super().stop()
+
+
+def _hostnames(nodeset: str, env: dict[str, str]) -> list[str]:
+    r = subprocess.run(["scontrol", "show", "hostnames", nodeset], capture_output=True, text=True,
+                       timeout=20, env=env, check=True)
+    return r.stdout.split()
+
+
+def _kill_stale_daemons() -> None:
+    """slurmctld and munged of an earlier cluster whose test process is gone (they run in this
+    machine's namespaces, so deleting the nodes' namespaces does not end them)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith((b"slurmctld", b"munged")):
+            continue
+        text = b" ".join(argv).decode(errors="replace")
+        at = text.find("/var/tmp/rbfan-")
+        if at < 0:
+            continue
+        runid = text[at + len("/var/tmp/rbfan-"):].split("/")[0]
+        owner = Path(f"/var/tmp/rbfan-{runid}/owner")
+        try:
+            alive = Path(f"/proc/{int(owner.read_text())}").exists()
+        except (OSError, ValueError):
+            alive = False
+        if not alive:
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
