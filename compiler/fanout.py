@@ -12,6 +12,12 @@ import shlex
 from typing import Any
 
 MAX_NODES = 4096
+# clush without a topology sends the bundle once per node from this machine: above this many
+# nodes the compile warns (docs/fanout.md, "clush tree mode": at 8 nodes flat costs 8 bundles,
+# a tree with two gateways that are nodes too 4.7, so the tree starts to pay above 8)
+FLAT_COPY_WARN_NODES = 8
+GATEWAY_PYTHON = "/usr/bin/python3"   # where distribution packages put ClusterShell
+SBCAST_FANOUT = 2
 ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RANGE = re.compile(r"^([0-9]{1,6})(?:-([0-9]{1,6}))?$")
 
@@ -113,6 +119,8 @@ def settings(spec: Any) -> list[dict]:
         {"name": "RB_FAN_CONNECT_TIMEOUT", "value": str(f.connect_timeout), "comment": ""},
         {"name": "RB_FAN_SCRATCH", "value": scratch(spec),
          "comment": "on each node: the bundle (.tar) and where it is unpacked"},
+        {"name": "RB_FAN_TOPOLOGY", "value": f.topology or "",
+         "comment": "clush tree mode (fanout.topology); empty: this machine sends to every node"},
     ]
 
 
@@ -126,13 +134,51 @@ def arrays(spec: Any) -> list[dict]:
             opts += ["-f", str(f.width)]
         if f.topology:
             opts += [f"--topology={f.topology}"]
-    elif f.engine == "slurm":
-        if f.width:
-            opts += [f"--fanout={f.width}"]
     return [
         {"name": "RB_FAN_NODE_LIST", "words": expand(f.nodes), "comment": "fanout.nodes, expanded"},
         {"name": "RB_FAN_ENGINE_OPTS", "words": opts, "comment": f"extra {f.engine} options"},
+        {"name": "RB_FAN_CLUSH", "words": clush_words(spec),
+         "comment": "how clush is started (tree mode: with the gateways' python)"},
+        {"name": "RB_FAN_COPY_OPTS", "words": copy_opts(spec),
+         "comment": "extra options of the copy only"},
     ]
+
+
+def copy_opts(spec: Any) -> list[str]:
+    """sbcast --fanout: how many nodes this machine sends the bundle to; they forward it through
+    Slurm's message tree (measured: the head sends exactly fanout copies, whatever the node
+    count). sbcast's own default is 8; ours is 2 (width sets it, at most 8)."""
+    f = spec.fanout
+    if f.engine == "slurm":
+        return [f"--fanout={min(f.width or SBCAST_FANOUT, 8)}"]
+    return []
+
+
+def clush_words(spec: Any) -> list[str]:
+    """How clush is started: in tree mode with the python the gateways run ClusterShell's gateway
+    with (clush passes CLUSTERSHELL_GW_PYTHON_EXECUTABLE on to them; without it each gateway runs
+    whatever `python3` its PATH finds)."""
+    f = spec.fanout
+    if f.engine == "clush" and f.topology:
+        return ["env", f"CLUSTERSHELL_GW_PYTHON_EXECUTABLE={f.gateway_python or GATEWAY_PYTHON}",
+                "clush"]
+    return ["clush"]
+
+
+def warnings(source: Any, spec: Any) -> list:
+    """A flat clush copy to many nodes: the bundle leaves this machine once per node."""
+    f = spec.fanout
+    if f is None or f.engine != "clush" or f.topology:
+        return []
+    n = len(expand(f.nodes))
+    if n <= FLAT_COPY_WARN_NODES:
+        return []
+    return [source.problem(
+        ("fanout", "nodes"),
+        f"clush without a topology copies the bundle from this machine once per node ({n} "
+        f"copies); set fanout.topology to a topology.conf whose [routes] start at this machine's "
+        f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and `gw[1-2]: {f.nodes}`), so "
+        f"it is sent once per gateway (docs/fanout.md, clush tree mode)")]
 
 
 def partials(spec: Any) -> list[str]:
@@ -148,9 +194,11 @@ def preview(step: str, spec: Any) -> list[str]:
     bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
     opts = " ".join(shlex.quote(o) for o in arrays(spec)[1]["words"])
     opts = f" {opts}" if opts else ""
+    copy = "".join(f" {shlex.quote(o)}" for o in copy_opts(spec))
     node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} && python3 -m rbkit.fanout node --dir {d} "
                 f"--dest {dst} --old {src} ...'")
     t = f.timeout_s
+    clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))
     if step == "fan_preflight":
         return [f"on {src_host}: connect; ship the kit; rbkit scan {src}",
                 f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
@@ -161,15 +209,16 @@ def preview(step: str, spec: Any) -> list[str]:
                 " (with the manifest and the kit)"]
     if step == "fan_copy":
         if f.engine == "slurm":
-            return [f"timeout {t} sbcast -f -t {f.connect_timeout}{opts} {bundle} {d}.tar"]
-        return [f"timeout {t} clush -w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
-                f"--copy {bundle} --dest {f.scratch}"]
+            return [f"timeout {t} sbcast -f -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
+        return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
+                f"--copy {bundle} --dest {d}.tar"]
     if step == "fan_install":
         if f.engine == "slurm":
             return [f"timeout {t} srun -N {len(expand(f.nodes))} -n {len(expand(f.nodes))} "
-                    f"--ntasks-per-node=1 -w {f.nodes} --immediate={f.connect_timeout} "
+                    f"--ntasks-per-node=1 -w {f.nodes} --chdir={f.scratch} "
+                    f"--immediate={f.connect_timeout} "
                     f"--time={max(1, (t + 59) // 60)} -K0{opts} {node_cmd}"]
-        return [f"timeout {t} clush -w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} {node_cmd}"]
+        return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} {node_cmd}"]
     if step == "fan_compare":
         policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
         return ["here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded",

@@ -453,6 +453,9 @@ class Fanout(Model):
     width: Optional[Annotated[int, Field(strict=True, ge=1, le=4096)]] = None
     ssh_config: Optional[AbsPath] = None   # clush: ssh -F for every node
     topology: Optional[AbsPath] = None     # clush: tree mode through gateways
+    # clush tree mode: the python every gateway runs ClusterShell's gateway with
+    # (CLUSTERSHELL_GW_PYTHON_EXECUTABLE); it must import ClusterShell. Default /usr/bin/python3.
+    gateway_python: Optional[AbsPath] = None
 
     @model_validator(mode="after")
     def _fits(self) -> "Fanout":
@@ -460,12 +463,16 @@ class Fanout(Model):
 
         if self.success != "all" and self.success > len(expand(self.nodes)):
             raise ValueError(f"success: {self.success} is more nodes than {self.nodes} has")
-        for key in ("ssh_config", "topology"):
+        for key in ("ssh_config", "topology", "gateway_python"):
             value = getattr(self, key)
             if value and any(c.isspace() for c in value):
                 raise ValueError(f"{key}: must not contain spaces")
         if self.engine == "slurm" and (self.ssh_config or self.topology):
             raise ValueError("ssh_config and topology are clush settings (engine: clush)")
+        if self.gateway_python and not self.topology:
+            raise ValueError("gateway_python is for clush tree mode (topology): set topology too")
+        if self.engine == "slurm" and self.width is not None and self.width > 8:
+            raise ValueError(f"width: {self.width}: with slurm it is sbcast's --fanout, at most 8")
         return self
 
 

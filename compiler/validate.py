@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from . import gpu_rules
+from . import fanout, gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
 from .spec import CHECK_TYPES, Spec, parse_endpoint
@@ -39,7 +39,7 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     if problems:
         raise SpecError(_unique(problems))
     assert spec is not None
-    return spec, gpu_rules.warnings(source, spec)
+    return spec, gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
 
 
 def warning_line(warning: Problem) -> str:

@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=f0b52c8be0dd1f24
+readonly RB_KIT_ID=98a28f773d9685e5
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -47,6 +47,8 @@ readonly RB_FAN_TIMEOUT=900
 readonly RB_FAN_CONNECT_TIMEOUT=30
 # on each node: the bundle (.tar) and where it is unpacked
 readonly RB_FAN_SCRATCH=/tmp/rbfan-cluster8
+# clush tree mode (fanout.topology); empty: this machine sends to every node
+readonly RB_FAN_TOPOLOGY=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
@@ -66,6 +68,10 @@ readonly -a RB_DIRECT_SSH=()
 readonly -a RB_FAN_NODE_LIST=(gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 gpu07 gpu08)
 # extra slurm options
 readonly -a RB_FAN_ENGINE_OPTS=()
+# how clush is started (tree mode: with the gateways' python)
+readonly -a RB_FAN_CLUSH=(clush)
+# extra options of the copy only
+readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
 declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
   [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.'
@@ -78,8 +84,8 @@ declare -rA RB_STEP_PREVIEW=(
 here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
   [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
 on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)'
-  [fan_copy]='timeout 900 sbcast -f -t 30 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"''
+  [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8.tar'
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"''
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 7 nodes must pass'
 )
@@ -510,6 +516,67 @@ rb::fan_run() {
 }
 
 #######################################
+# Slurm: the runbook runs inside an allocation that holds every node of the spec. Says how to get
+# one when it does not; names the nodes the allocation lacks. sbcast copies to every node of the
+# allocation, so extra nodes are named too.
+#######################################
+rb::fan_allocation() {
+  local node alloc
+  local -a missing=() extra=() held=()
+  if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+    rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
+      "${RB_FAN_NODES} --no-kill bash ${0##*/} (--no-kill: a node that fails does not end the" \
+      "allocation, the others finish)"
+  fi
+  read -ra held <<<"$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" | tr '\n' ' ')"
+  alloc=" ${held[*]} "
+  for node in "${RB_FAN_NODE_LIST[@]}"; do
+    if [[ "${alloc}" != *" ${node} "* ]]; then
+      missing+=("${node}")
+    fi
+  done
+  if ((${#missing[@]})); then
+    rb::fail "nodes $(scontrol show hostlist "$(IFS=,; printf '%s' "${missing[*]}")") are not in" \
+      "this allocation (job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST:-none}): salloc -N" \
+      "${#RB_FAN_NODE_LIST[@]} -w ${RB_FAN_NODES} --no-kill bash ${0##*/}"
+  fi
+  for node in "${held[@]}"; do
+    if [[ " ${RB_FAN_NODE_LIST[*]} " != *" ${node} "* ]]; then
+      extra+=("${node}")
+    fi
+  done
+  if ((${#extra[@]})); then
+    rb::log "note: the allocation also holds ${extra[*]}; sbcast copies the bundle there too," \
+      "nothing is installed there"
+  fi
+  rb::log "slurm job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST}"
+}
+
+#######################################
+# clush tree mode: `true` on every node through the gateways before anything is packed. An error
+# of ClusterShell's tree (this machine is not the topology's root; no route through the gateways:
+# a gateway whose python lacks ClusterShell, a gateway down) ends the run here; nodes that do not
+# answer are logged and the run goes on (the success policy decides at the end).
+#######################################
+rb::fan_tree_check() {
+  local said
+  mkdir -p "${RB_RUN_DIR}/fanout"
+  rb::fan_run tree "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    -u "$((RB_FAN_CONNECT_TIMEOUT * 2 + 10))" "${RB_FAN_ENGINE_OPTS[@]}" true
+  said=$(grep -m1 'TREE MODE' "${RB_RUN_DIR}/fanout/tree.err" || true)
+  if [[ -n "${said}" ]]; then
+    rb::fail "clush tree mode (${RB_FAN_TOPOLOGY}): ${said#clush: }. ClusterShell names this" \
+      "machine ${HOSTNAME%%.*}: the [routes] must start there; every gateway runs" \
+      "${RB_FAN_CLUSH[1]#*=} -m ClusterShell.Gateway (fanout.gateway_python) and ssh with this" \
+      "runbook's ssh options (fanout.ssh_config must exist on every gateway)"
+  fi
+  if ((RB_FAN_RC != 0)); then
+    rb::log "not every node answered through the tree (exit ${RB_FAN_RC}); the run goes on, the" \
+      "comparison names the nodes without a report"
+  fi
+}
+
+#######################################
 # The bundle this machine hands to the engine.
 #######################################
 rb::fan_bundle() {
@@ -522,7 +589,7 @@ rb::fan_bundle() {
 # shared runtime stays the same in both kinds of runbook.
 #######################################
 rb::fan_unused() {
-  : "${RB_ROUTE}" "${RB_ON_FAILED_CHECKS:-}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
+  : "${RB_ROUTE}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
     "${RB_SRC_DISK}" "${RB_ROUTE_USED}" "${RB_BACKUP_MADE}" "${RB_HASH_DURING_STREAM}" \
     "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}"
 }
@@ -808,10 +875,14 @@ RB_PY_EAEBB3AA
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
 `manifest.jsonl` and `payload.tar[.zst|.lz4|.gz]`. It installs through the kit's own command lines
 (extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
-a timeout, and prints one line `RBFAN {json}` on stdout: the node's report.
+a timeout, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
+into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
+slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
+another node's output by srun; clush keeps nodes apart anyway).
 
 `python -m rbkit.fanout compare --nodes N1,N2,... --out-dir D --success all|N < engine-output` reads
-those lines back (any prefix such as clush's `node01: ` is ignored), writes each node's report, prints
+those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is ignored, chunks are put
+back together per node, in any order), writes each node's report, prints
 a nodes x checks table with identical rows folded, names the odd nodes with what differs and the
 nodes that sent nothing, and exits 0 when the success policy holds.
 
@@ -831,6 +902,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 MARK = "RBFAN "
+CHUNK = 800
+LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
 STEPS = ("extract", "verify", "relocate", "swap", "exports", "probe")
 UNPACK = {"zstd": ["-I", "zstd"], "lz4": ["-I", "lz4"], "gzip": ["-z"], "none": []}
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
@@ -924,25 +997,52 @@ def node(a: argparse.Namespace) -> int:
         except (OSError, ValueError):
             pass
         ok = r is not None
+        previous = doc.get("previous")
+        if not ok and a.on_failed_checks == "rollback" and previous not in (None, "none", "removed"):
+            # the checks failed after the swap and the install before it was kept: put it back,
+            # as the single-host runbook does (`rbkit restore`); the failed one becomes a backup
+            r = step("rollback", rbkit + ["restore", dest], t)
+            if r is not None:
+                doc["rolled_back"] = _json(r["out"])
     doc["ok"] = ok
-    sys.stdout.write(MARK + json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    emit(doc)
     return 0 if ok else 1
 
 
+def emit(doc: Dict[str, Any], out=None) -> None:
+    """Print a node's report as `RBFAN NODE I/N CHUNK` lines (see the module's docstring)."""
+    out = out or sys.stdout
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    parts = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
+    for i, part in enumerate(parts, 1):
+        out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], i, len(parts), part))
+        out.flush()
+
+
 def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
-    """Node reports from engine output: every line holding `RBFAN {...}`, whatever its prefix."""
-    out: Dict[str, Dict[str, Any]] = {}
+    """Node reports from engine output: the `RBFAN NODE I/N CHUNK` lines, whatever their prefix,
+    put together per node. A report with a chunk missing or not JSON is no report."""
+    chunks: Dict[str, Dict[int, str]] = {}
+    counts: Dict[str, int] = {}
     for line in lines:
-        at = line.find(MARK + "{")
-        if at < 0:
+        at = line.find(MARK)
+        m = LINE.match(line[at:].rstrip("\r\n")) if at >= 0 else None
+        if not m:
+            continue
+        name, i, n = m.group(1), int(m.group(2)), int(m.group(3))
+        if counts.setdefault(name, n) != n or not 1 <= i <= n:
+            continue
+        chunks.setdefault(name, {})[i] = m.group(4)
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, got in chunks.items():
+        if len(got) != counts[name]:
             continue
         try:
-            doc = json.loads(line[at + len(MARK):])
+            doc = json.loads("".join(got[i] for i in range(1, counts[name] + 1)))
         except ValueError:
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("node"), str):
-            out[doc["node"]] = doc
+        if isinstance(doc, dict) and doc.get("node") == name:
+            out[name] = doc
     return out
 
 
@@ -986,6 +1086,8 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
         for col in r:
             if col.startswith("check:") and col not in columns:
                 columns.append(col)
+    if any("rollback" in r for r in rows.values()):
+        columns.append("rollback")     # last: what happened after the checks
     # fold identical rows (status and compared values per column)
     groups: Dict[str, List[str]] = {}
     for n in nodes:
@@ -1031,6 +1133,8 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
     return {"nodes": nodes, "columns": columns, "groups": ordered, "odd": odd, "missing": missing,
             "ok_nodes": good, "failed_nodes": [n for n in nodes if n in reports and n not in good],
             "success": success, "needed": need, "passed": len(good) >= need,
+            "rolled_back": {n: reports[n]["rolled_back"] for n in nodes
+                            if n in reports and reports[n].get("rolled_back")},
             "rows": {n: {c: rows[n].get(c, {}).get("status", "-") for c in columns}
                      for n in nodes if n in reports}}
 
@@ -1070,6 +1174,9 @@ def table(result: Dict[str, Any]) -> str:
         lines.append("odd node %s: %s" % (n, "; ".join(diffs) or "differs"))
     for n, why in result["missing"].items():
         lines.append("no report from %s: %s" % (n, " | ".join(why)))
+    for n, back in sorted(result.get("rolled_back", {}).items()):
+        lines.append("rolled back %s: its checks failed, the previous install is in place again; "
+                     "the one that failed is kept at %s" % (n, back.get("kept_current_as")))
     lines.append("%d/%d nodes passed; success policy %s needs %d: %s" % (
         len(result["ok_nodes"]), len(result["nodes"]), result["success"], result["needed"],
         "met" if result["passed"] else "NOT met"))
@@ -1099,7 +1206,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     print(json.dumps({"passed": result["passed"], "ok": len(result["ok_nodes"]),
                       "nodes": len(nodes), "odd": fold(sorted(result["odd"])) if result["odd"]
                       else "", "missing": fold(sorted(result["missing"])) if result["missing"]
-                      else "", "probes": sorted(n for n, d in reports.items() if d.get("probe"))},
+                      else "", "probes": sorted(n for n, d in reports.items() if d.get("probe")),
+                      "rolled_back": fold(sorted(result["rolled_back"]))},
                      sort_keys=True))
     return 0 if result["passed"] else 1
 
@@ -1121,6 +1229,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--first", action="append", default=[])
     n.add_argument("--env", action="append", default=[])
     n.add_argument("--origin", default="a fan-out runbook")
+    n.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)
@@ -4174,28 +4283,30 @@ RB_PY_5EB6C9BA
 #######################################
 step_fan_preflight() {
   local host tool
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
-if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
-print(sys.executable)')
-    rb::kit_ship "${host}"
-  done
   case "${RB_FAN_ENGINE}" in
     clush) tool=clush ;;
     *) tool=srun ;;
   esac
-  for tool in "${tool}" sbcast timeout tar; do
-    if [[ "${tool}" == sbcast && "${RB_FAN_ENGINE}" != slurm ]]; then
+  for tool in "${tool}" sbcast scontrol timeout tar; do
+    if [[ "${tool}" == sbcast || "${tool}" == scontrol ]] && [[ "${RB_FAN_ENGINE}" != slurm ]]; then
       continue
     fi
     if ! command -v "${tool}" >/dev/null; then
       rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
     fi
   done
-  if [[ "${RB_FAN_ENGINE}" == slurm && -z "${SLURM_JOB_ID:-}" ]]; then
-    rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
-      "${RB_FAN_NODES} bash ${0##*/}"
+  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
+    rb::fan_allocation
   fi
+  if [[ "${RB_FAN_ENGINE}" == clush && -n "${RB_FAN_TOPOLOGY}" ]]; then
+    rb::fan_tree_check
+  fi
+  for host in "${RB_HOSTS[@]}"; do
+    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
+if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
+print(sys.executable)')
+    rb::kit_ship "${host}"
+  done
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")"
   if [[ "${RB_J[is_venv]:-}" != True ]]; then
     rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} is not a venv (or does not exist)"
@@ -4260,11 +4371,13 @@ step_fan_copy() {
   local bundle
   bundle=$(rb::fan_bundle)
   if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
+    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
       "${bundle}" "${RB_FAN_SCRATCH}.tar"
   else
-    rb::fan_run copy clush -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH%/*}"
+    # --dest names the file: in tree mode a directory without a trailing / would be taken for
+    # the file's name (ClusterShell's TreeWorker)
+    rb::fan_run copy "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH}.tar"
   fi
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
@@ -4282,7 +4395,7 @@ step_fan_install() {
   local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
     --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})")
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done
@@ -4291,11 +4404,12 @@ step_fan_install() {
   done
   if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
     rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
-      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
+      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
+      --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
       --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 "${RB_FAN_ENGINE_OPTS[@]}" \
       sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}"
   else
-    rb::fan_run install clush -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    rb::fan_run install "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
       -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
       "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}")"
   fi
@@ -4320,7 +4434,7 @@ step_fan_compare() {
   done
   rb::jparse "${info}"
   rb::fact nodes_ok "${RB_J[ok]}"
-  RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}"
+  RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}${RB_J[rolled_back]:+; rolled back: ${RB_J[rolled_back]}}"
   if ((rc != 0)); then
     rb::fail "success policy ${RB_FAN_SUCCESS} not met: ${RB_STEP_DETAIL} (table above;" \
       "${RB_RUN_DIR}/fanout/fanout.json)"

@@ -126,6 +126,13 @@ def node(a: argparse.Namespace) -> int:
         except (OSError, ValueError):
             pass
         ok = r is not None
+        previous = doc.get("previous")
+        if not ok and a.on_failed_checks == "rollback" and previous not in (None, "none", "removed"):
+            # the checks failed after the swap and the install before it was kept: put it back,
+            # as the single-host runbook does (`rbkit restore`); the failed one becomes a backup
+            r = step("rollback", rbkit + ["restore", dest], t)
+            if r is not None:
+                doc["rolled_back"] = _json(r["out"])
     doc["ok"] = ok
     emit(doc)
     return 0 if ok else 1
@@ -208,6 +215,8 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
         for col in r:
             if col.startswith("check:") and col not in columns:
                 columns.append(col)
+    if any("rollback" in r for r in rows.values()):
+        columns.append("rollback")     # last: what happened after the checks
     # fold identical rows (status and compared values per column)
     groups: Dict[str, List[str]] = {}
     for n in nodes:
@@ -253,6 +262,8 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
     return {"nodes": nodes, "columns": columns, "groups": ordered, "odd": odd, "missing": missing,
             "ok_nodes": good, "failed_nodes": [n for n in nodes if n in reports and n not in good],
             "success": success, "needed": need, "passed": len(good) >= need,
+            "rolled_back": {n: reports[n]["rolled_back"] for n in nodes
+                            if n in reports and reports[n].get("rolled_back")},
             "rows": {n: {c: rows[n].get(c, {}).get("status", "-") for c in columns}
                      for n in nodes if n in reports}}
 
@@ -292,6 +303,9 @@ def table(result: Dict[str, Any]) -> str:
         lines.append("odd node %s: %s" % (n, "; ".join(diffs) or "differs"))
     for n, why in result["missing"].items():
         lines.append("no report from %s: %s" % (n, " | ".join(why)))
+    for n, back in sorted(result.get("rolled_back", {}).items()):
+        lines.append("rolled back %s: its checks failed, the previous install is in place again; "
+                     "the one that failed is kept at %s" % (n, back.get("kept_current_as")))
     lines.append("%d/%d nodes passed; success policy %s needs %d: %s" % (
         len(result["ok_nodes"]), len(result["nodes"]), result["success"], result["needed"],
         "met" if result["passed"] else "NOT met"))
@@ -321,7 +335,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     print(json.dumps({"passed": result["passed"], "ok": len(result["ok_nodes"]),
                       "nodes": len(nodes), "odd": fold(sorted(result["odd"])) if result["odd"]
                       else "", "missing": fold(sorted(result["missing"])) if result["missing"]
-                      else "", "probes": sorted(n for n, d in reports.items() if d.get("probe"))},
+                      else "", "probes": sorted(n for n, d in reports.items() if d.get("probe")),
+                      "rolled_back": fold(sorted(result["rolled_back"]))},
                      sort_keys=True))
     return 0 if result["passed"] else 1
 
@@ -343,6 +358,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--first", action="append", default=[])
     n.add_argument("--env", action="append", default=[])
     n.add_argument("--origin", default="a fan-out runbook")
+    n.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)

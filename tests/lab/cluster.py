@@ -130,7 +130,7 @@ class Cluster:
         used = _run(["ip", "-4", "-o", "addr"]).stdout
         if f" {self.subnet}." in used:
             raise LabError(f"{self.subnet}.0/24 is already in use on this machine (another cluster?)")
-        self.dir.mkdir(parents=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "owner").write_text(str(os.getpid()))
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])

@@ -46,6 +46,8 @@ readonly RB_FAN_TIMEOUT=600
 readonly RB_FAN_CONNECT_TIMEOUT=10
 # on each node: the bundle (.tar) and where it is unpacked
 readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-slurm
+# clush tree mode (fanout.topology); empty: this machine sends to every node
+readonly RB_FAN_TOPOLOGY=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
@@ -65,6 +67,10 @@ readonly -a RB_DIRECT_SSH=()
 readonly -a RB_FAN_NODE_LIST=(node01 node02 node03 node04 big1 big2)
 # extra slurm options
 readonly -a RB_FAN_ENGINE_OPTS=()
+# how clush is started (tree mode: with the gateways' python)
+readonly -a RB_FAN_CLUSH=(clush)
+# extra options of the copy only
+readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
 declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
   [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.'
@@ -77,8 +83,8 @@ declare -rA RB_STEP_PREVIEW=(
 here: sbcast, srun, SLURM_JOB_ID present; nodes node[01-04],big[1-2] (6)'
   [fan_pack]='on here: rbkit manifest build /opt/build/venv --algo sha256
 on here: tar -C /opt/build/venv -cf - <names> | <compress> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
-  [fan_copy]='timeout 600 sbcast -f -t 10 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm.tar'
-  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w node[01-04],big[1-2] --immediate=10 --time=10 -K0 sh -c '"'"'tar -xf /tmp/rbfan-fanout-slurm.tar -C /tmp/rbfan-fanout-slurm && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm --dest /opt/venv --old /opt/build/venv ...'"'"''
+  [fan_copy]='timeout 600 sbcast -f -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm.tar'
+  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w node[01-04],big[1-2] --chdir=/tmp --immediate=10 --time=10 -K0 sh -c '"'"'tar -xf /tmp/rbfan-fanout-slurm.tar -C /tmp/rbfan-fanout-slurm && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm --dest /opt/venv --old /opt/build/venv ...'"'"''
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: every node must pass'
 )
@@ -499,6 +505,67 @@ rb::fan_run() {
 }
 
 #######################################
+# Slurm: the runbook runs inside an allocation that holds every node of the spec. Says how to get
+# one when it does not; names the nodes the allocation lacks. sbcast copies to every node of the
+# allocation, so extra nodes are named too.
+#######################################
+rb::fan_allocation() {
+  local node alloc
+  local -a missing=() extra=() held=()
+  if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+    rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
+      "${RB_FAN_NODES} --no-kill bash ${0##*/} (--no-kill: a node that fails does not end the" \
+      "allocation, the others finish)"
+  fi
+  read -ra held <<<"$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" | tr '\n' ' ')"
+  alloc=" ${held[*]} "
+  for node in "${RB_FAN_NODE_LIST[@]}"; do
+    if [[ "${alloc}" != *" ${node} "* ]]; then
+      missing+=("${node}")
+    fi
+  done
+  if ((${#missing[@]})); then
+    rb::fail "nodes $(scontrol show hostlist "$(IFS=,; printf '%s' "${missing[*]}")") are not in" \
+      "this allocation (job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST:-none}): salloc -N" \
+      "${#RB_FAN_NODE_LIST[@]} -w ${RB_FAN_NODES} --no-kill bash ${0##*/}"
+  fi
+  for node in "${held[@]}"; do
+    if [[ " ${RB_FAN_NODE_LIST[*]} " != *" ${node} "* ]]; then
+      extra+=("${node}")
+    fi
+  done
+  if ((${#extra[@]})); then
+    rb::log "note: the allocation also holds ${extra[*]}; sbcast copies the bundle there too," \
+      "nothing is installed there"
+  fi
+  rb::log "slurm job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST}"
+}
+
+#######################################
+# clush tree mode: `true` on every node through the gateways before anything is packed. An error
+# of ClusterShell's tree (this machine is not the topology's root; no route through the gateways:
+# a gateway whose python lacks ClusterShell, a gateway down) ends the run here; nodes that do not
+# answer are logged and the run goes on (the success policy decides at the end).
+#######################################
+rb::fan_tree_check() {
+  local said
+  mkdir -p "${RB_RUN_DIR}/fanout"
+  rb::fan_run tree "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    -u "$((RB_FAN_CONNECT_TIMEOUT * 2 + 10))" "${RB_FAN_ENGINE_OPTS[@]}" true
+  said=$(grep -m1 'TREE MODE' "${RB_RUN_DIR}/fanout/tree.err" || true)
+  if [[ -n "${said}" ]]; then
+    rb::fail "clush tree mode (${RB_FAN_TOPOLOGY}): ${said#clush: }. ClusterShell names this" \
+      "machine ${HOSTNAME%%.*}: the [routes] must start there; every gateway runs" \
+      "${RB_FAN_CLUSH[1]#*=} -m ClusterShell.Gateway (fanout.gateway_python) and ssh with this" \
+      "runbook's ssh options (fanout.ssh_config must exist on every gateway)"
+  fi
+  if ((RB_FAN_RC != 0)); then
+    rb::log "not every node answered through the tree (exit ${RB_FAN_RC}); the run goes on, the" \
+      "comparison names the nodes without a report"
+  fi
+}
+
+#######################################
 # The bundle this machine hands to the engine.
 #######################################
 rb::fan_bundle() {
@@ -511,7 +578,7 @@ rb::fan_bundle() {
 # shared runtime stays the same in both kinds of runbook.
 #######################################
 rb::fan_unused() {
-  : "${RB_ROUTE}" "${RB_ON_FAILED_CHECKS:-}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
+  : "${RB_ROUTE}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
     "${RB_SRC_DISK}" "${RB_ROUTE_USED}" "${RB_BACKUP_MADE}" "${RB_HASH_DURING_STREAM}" \
     "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}"
 }
@@ -606,28 +673,30 @@ RB_PY_5EB6C9BA
 #######################################
 step_fan_preflight() {
   local host tool
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
-if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
-print(sys.executable)')
-    rb::kit_ship "${host}"
-  done
   case "${RB_FAN_ENGINE}" in
     clush) tool=clush ;;
     *) tool=srun ;;
   esac
-  for tool in "${tool}" sbcast timeout tar; do
-    if [[ "${tool}" == sbcast && "${RB_FAN_ENGINE}" != slurm ]]; then
+  for tool in "${tool}" sbcast scontrol timeout tar; do
+    if [[ "${tool}" == sbcast || "${tool}" == scontrol ]] && [[ "${RB_FAN_ENGINE}" != slurm ]]; then
       continue
     fi
     if ! command -v "${tool}" >/dev/null; then
       rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
     fi
   done
-  if [[ "${RB_FAN_ENGINE}" == slurm && -z "${SLURM_JOB_ID:-}" ]]; then
-    rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
-      "${RB_FAN_NODES} bash ${0##*/}"
+  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
+    rb::fan_allocation
   fi
+  if [[ "${RB_FAN_ENGINE}" == clush && -n "${RB_FAN_TOPOLOGY}" ]]; then
+    rb::fan_tree_check
+  fi
+  for host in "${RB_HOSTS[@]}"; do
+    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
+if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
+print(sys.executable)')
+    rb::kit_ship "${host}"
+  done
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")"
   if [[ "${RB_J[is_venv]:-}" != True ]]; then
     rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} is not a venv (or does not exist)"
@@ -692,11 +761,13 @@ step_fan_copy() {
   local bundle
   bundle=$(rb::fan_bundle)
   if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
+    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
       "${bundle}" "${RB_FAN_SCRATCH}.tar"
   else
-    rb::fan_run copy clush -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH%/*}"
+    # --dest names the file: in tree mode a directory without a trailing / would be taken for
+    # the file's name (ClusterShell's TreeWorker)
+    rb::fan_run copy "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH}.tar"
   fi
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
@@ -714,7 +785,7 @@ step_fan_install() {
   local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
     --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})")
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done
@@ -723,11 +794,12 @@ step_fan_install() {
   done
   if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
     rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
-      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
+      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
+      --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
       --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 "${RB_FAN_ENGINE_OPTS[@]}" \
       sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}"
   else
-    rb::fan_run install clush -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    rb::fan_run install "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
       -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
       "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}")"
   fi
@@ -752,7 +824,7 @@ step_fan_compare() {
   done
   rb::jparse "${info}"
   rb::fact nodes_ok "${RB_J[ok]}"
-  RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}"
+  RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}${RB_J[rolled_back]:+; rolled back: ${RB_J[rolled_back]}}"
   if ((rc != 0)); then
     rb::fail "success policy ${RB_FAN_SUCCESS} not met: ${RB_STEP_DETAIL} (table above;" \
       "${RB_RUN_DIR}/fanout/fanout.json)"

@@ -1,0 +1,969 @@
+#!/usr/bin/env bash
+# @generated from tests/cases/valid/fanout_tree.yaml (sha256 c1ae2c4dc7065884a54054fefe4f724c358dacc5b6a98ed314b89f6d9a737403) by runbook-compiler -- DO NOT EDIT.
+# Edit the spec and recompile: compile tests/cases/valid/fanout_tree.yaml
+# One venv to gpu[001-128] through ClusterShell's tree; rollback on a node whose checks fail.
+#
+# Usage: bash fanout_tree.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH]
+set -Eeuo pipefail
+shopt -s inherit_errexit
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
+  echo "this runbook needs bash 4.4 or newer (found ${BASH_VERSION})" >&2
+  exit 2
+fi
+
+#######################################
+# Settings, from the spec. Every value is quoted by the compiler.
+#######################################
+# The runbook and its spec.
+readonly RB_NAME=fanout-tree
+readonly RB_SPEC=tests/cases/valid/fanout_tree.yaml
+readonly RB_SPEC_SHA256=c1ae2c4dc7065884a54054fefe4f724c358dacc5b6a98ed314b89f6d9a737403
+readonly RB_KIT_ID=<kit id>
+# AES-GCM first: the relay is CPU-bound.
+readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
+# transfer (tests/cases/valid/fanout_tree.yaml:6)
+readonly RB_SRC_HOST=build
+readonly RB_SRC_PATH=/opt/venv
+readonly RB_DST_HOST=head
+readonly RB_DST_PATH=/opt/venv
+readonly RB_ROUTE=relay
+readonly RB_COMPRESSION=auto
+readonly RB_VERIFY=sha256
+readonly RB_ON_EXISTING=backup
+readonly RB_RERUN=quick
+# hashing threads on each host (auto: one per CPU)
+readonly RB_JOBS=auto
+# cuda
+readonly RB_CUDA_HOME=''
+readonly RB_ENV_FILE=''
+# fanout: the cluster's engine
+readonly RB_FAN_ENGINE=clush
+# 128 nodes
+readonly RB_FAN_NODES='gpu[001-128]'
+# all, or how many nodes must pass
+readonly RB_FAN_SUCCESS=all
+# seconds for each engine call (copy, install)
+readonly RB_FAN_TIMEOUT=600
+readonly RB_FAN_CONNECT_TIMEOUT=10
+# on each node: the bundle (.tar) and where it is unpacked
+readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-tree
+# clush tree mode (fanout.topology); empty: this machine sends to every node
+readonly RB_FAN_TOPOLOGY=/etc/clustershell/topology.conf
+# on_failed_checks: what a failed check after the swap does
+readonly RB_ON_FAILED_CHECKS=rollback
+# The checks, as one JSON document for the probe on the target.
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"head","schema":1,"venv":null}'
+# Hosts this runbook touches.
+readonly -a RB_HOSTS=(build head)
+readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
+# transfer.exclude
+readonly -a RB_EXCLUDE_ARGS=()
+# cuda.library_path_first, relative to the venv's site-packages
+readonly -a RB_LIB_FIRST=()
+# env
+readonly -a RB_ENV=()
+# route direct/auto: ssh arguments the source uses to reach the destination
+readonly -a RB_DIRECT_SSH=()
+# fanout.nodes, expanded
+readonly -a RB_FAN_NODE_LIST=(gpu001 gpu002 gpu003 gpu004 gpu005 gpu006 gpu007 gpu008 gpu009 gpu010 gpu011 gpu012 gpu013 gpu014 gpu015 gpu016 gpu017 gpu018 gpu019 gpu020 gpu021 gpu022 gpu023 gpu024 gpu025 gpu026 gpu027 gpu028 gpu029 gpu030 gpu031 gpu032 gpu033 gpu034 gpu035 gpu036 gpu037 gpu038 gpu039 gpu040 gpu041 gpu042 gpu043 gpu044 gpu045 gpu046 gpu047 gpu048 gpu049 gpu050 gpu051 gpu052 gpu053 gpu054 gpu055 gpu056 gpu057 gpu058 gpu059 gpu060 gpu061 gpu062 gpu063 gpu064 gpu065 gpu066 gpu067 gpu068 gpu069 gpu070 gpu071 gpu072 gpu073 gpu074 gpu075 gpu076 gpu077 gpu078 gpu079 gpu080 gpu081 gpu082 gpu083 gpu084 gpu085 gpu086 gpu087 gpu088 gpu089 gpu090 gpu091 gpu092 gpu093 gpu094 gpu095 gpu096 gpu097 gpu098 gpu099 gpu100 gpu101 gpu102 gpu103 gpu104 gpu105 gpu106 gpu107 gpu108 gpu109 gpu110 gpu111 gpu112 gpu113 gpu114 gpu115 gpu116 gpu117 gpu118 gpu119 gpu120 gpu121 gpu122 gpu123 gpu124 gpu125 gpu126 gpu127 gpu128)
+# extra clush options
+readonly -a RB_FAN_ENGINE_OPTS=(-o '-F /etc/rb/ssh_config' --topology=/etc/clustershell/topology.conf)
+# how clush is started (tree mode: with the gateways' python)
+readonly -a RB_FAN_CLUSH=(env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush)
+# extra options of the copy only
+readonly -a RB_FAN_COPY_OPTS=()
+declare -rA RB_STEP_DOC=(
+  [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
+  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.'
+  [fan_copy]='Let the engine carry the bundle to every node (sbcast, or clush --copy).'
+  [fan_install]='On every node at once: extract to staging, verify, relocate, swap, exports, probe.'
+  [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
+)
+declare -rA RB_STEP_PREVIEW=(
+  [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/venv
+here: clush, nodeset present; nodes gpu[001-128] (128)'
+  [fan_pack]='on build: rbkit manifest build /opt/venv --algo sha256
+on build: tar -C /opt/venv -cf - <names> | <compress> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)'
+  [fan_copy]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree.tar'
+  [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'tar -xf /tmp/rbfan-fanout-tree.tar -C /tmp/rbfan-fanout-tree && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-tree --dest /opt/venv --old /opt/venv ...'"'"''
+  [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
+success: every node must pass'
+)
+declare -rA RB_STEP_HOST=(
+  [fan_preflight]=head
+  [fan_pack]=head
+  [fan_copy]=head
+  [fan_install]=head
+  [fan_compare]=head
+)
+
+#######################################
+# Runtime: logging, the step runner, host access. The same in every runbook.
+#######################################
+RB_STEP=''
+RB_HOST=''
+RB_LAST_CMD=''
+RB_RUN_DIR=${RB_RUN_DIR:-}
+RB_REPORT=${RB_REPORT:-}
+RB_LOCAL_PY=python3
+RB_WORK=''
+RB_EVENTS=''
+RB_STEP_START=0
+RB_FINISHED=0
+RB_DRY_RUN=0
+RB_FAILED_STEP=''
+RB_SKIP_INSTALL=0
+RB_SRC_BYTES=0
+RB_SRC_FILES=0
+RB_SRC_DISK=0
+RB_COMPRESSION_USED=none
+RB_ROUTE_USED=relay
+RB_BACKUP_MADE=''
+# the transfer hashes the source unless the manifest step already did in this run
+RB_HASH_DURING_STREAM=1
+RB_FINGERPRINT=''
+RB_SRC_STAT=''
+declare -a RB_BG_PIDS=()
+RB_STEP_DETAIL=''
+declare -a RB_HOST_SSH=()
+RB_HOST_TARGET=''
+declare -a RB_PROBE_REPORTS=()
+declare -A RB_KIT_DIR=()
+declare -A RB_PY=()
+declare -A RB_J=()
+
+#######################################
+# Log a line to stderr: time, runbook, step, message.
+#######################################
+rb::log() {
+  printf '%(%H:%M:%S)T %s [%s] %s\n' -1 "${RB_NAME}" "${RB_STEP:-main}" "$*" >&2
+}
+
+#######################################
+# Fail the current step with a message (the ERR trap reports it).
+#######################################
+rb::fail() {
+  RB_LAST_CMD="$*"
+  if [[ -n "${RB_WORK}" ]]; then
+    printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+  fi
+  rb::log "ERROR: $*"
+  return 1
+}
+
+#######################################
+# Milliseconds since the epoch.
+#######################################
+rb::now_ms() {
+  local t=${EPOCHREALTIME/[.,]/}
+  printf '%s' "${t:0:13}"
+}
+
+#######################################
+# Append a record to the event log (tab-separated; tabs and newlines folded to spaces).
+#######################################
+rb::event() {
+  local IFS=$'\t' fields=() f
+  for f in "$@"; do
+    f=${f//$'\t'/ }
+    fields+=("${f//$'\n'/ }")
+  done
+  if [[ -n "${RB_EVENTS}" ]]; then
+    printf '%s\n' "${fields[*]}" >>"${RB_EVENTS}"
+  fi
+}
+
+#######################################
+# Record a measured fact of the current step (shown in the summary and the report).
+#######################################
+rb::fact() {
+  rb::event fact "${RB_STEP}" "$1" "$2"
+}
+
+#######################################
+# Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
+#######################################
+rb::shq() {
+  local out='' word q="'" bs='\'
+  for word in "$@"; do
+    out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
+  done
+  printf '%s' "${out% }"
+}
+
+#######################################
+# Is HOST this machine?
+#######################################
+rb::is_local() {
+  "rb::host_$1"
+  [[ -z "${RB_HOST_TARGET}" ]]
+}
+
+#######################################
+# Run ARGV on HOST, stdin from /dev/null. Local hosts run it directly; ssh hosts through the
+# shared (multiplexed) connection, with the argv quoted for the remote shell.
+#######################################
+rb::on_host() {
+  rb::_on_host "$@" </dev/null
+}
+
+#######################################
+# Like rb::on_host, but stdin is passed through (the receiving end of a stream).
+#######################################
+rb::pipe_on_host() {
+  rb::_on_host "$@"
+}
+
+rb::_on_host() {
+  local host=$1
+  shift
+  RB_HOST=${host}
+  "rb::host_${host}"
+  RB_LAST_CMD="on ${host}: $(rb::shq "$@")"
+  # also on disk: a command inside $(...) runs in a subshell, whose variables the ERR trap never sees
+  if [[ -n "${RB_WORK}" ]]; then
+    printf '%s\n%s\n' "${host}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+  fi
+  if [[ -z "${RB_HOST_TARGET}" ]]; then
+    "$@"
+  else
+    # the spec's options first: for ssh the first value of an option wins
+    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "$(rb::shq "$@")"
+  fi
+}
+
+#######################################
+# The kit's directory on HOST (set by rb::kit_ship).
+#######################################
+rb::kit_dir() {
+  printf '%s' "${RB_KIT_DIR[$1]}"
+}
+
+#######################################
+# Run `python3 -m rbkit ARGS...` on HOST.
+#######################################
+rb::kit() {
+  local host=$1
+  shift
+  rb::on_host "${host}" env PYTHONPATH="${RB_KIT_DIR[${host}]}" PYTHONDONTWRITEBYTECODE=1 \
+    "${RB_PY[${host}]:-python3}" -m rbkit "$@"
+}
+
+#######################################
+# Write the kit here once, and copy it to HOST unless it is there already (content-addressed).
+#######################################
+rb::kit_ship() {
+  local host=$1 dir
+  if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+    return 0
+  fi
+  if rb::is_local "${host}"; then
+    RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
+    return 0
+  fi
+  dir="/tmp/rbkit-${RB_KIT_ID}"
+  tar -C "${RB_RUN_DIR}/kit" -cf - . |
+    rb::pipe_on_host "${host}" sh -c \
+      'test -f "$1/.complete" && exec cat >/dev/null
+       t="$1.tmp.$$" && mkdir -p "$t" && tar -xf - -C "$t" && touch "$t/.complete" &&
+       rm -rf "$1" && mv "$t" "$1"' rbkit "${dir}" ||
+    rb::pipe_failed "kit to ${host}" "tar here" "unpack on ${host}" "${PIPESTATUS[@]}"
+  RB_KIT_DIR[${host}]=${dir}
+}
+
+#######################################
+# Name the failed stages of a pipeline and fail. Arguments: a label, one name per stage, then
+# PIPESTATUS.
+#######################################
+rb::pipe_failed() {
+  local label=$1 n i msg=''
+  shift
+  n=$(($# / 2))
+  local -a names=("${@:1:n}") codes=("${@:n+1}")
+  for ((i = 0; i < n; i++)); do
+    if ((codes[i] != 0)); then
+      msg+=" ${names[i]} exited ${codes[i]};"
+    fi
+  done
+  rb::fail "${label} failed:${msg%;}"
+}
+
+#######################################
+# Parse a JSON object ($1) into RB_J: nested keys dotted ("totals.files"), lists and objects kept
+# as JSON text, true/false as True/False. One python3 start per document.
+#######################################
+rb::jparse() {
+  local key value
+  RB_J=()
+  while IFS=$'\t' read -r key value; do
+    RB_J[${key}]=${value}
+  done < <("${RB_LOCAL_PY}" -c 'import json, sys
+def walk(prefix, v):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            walk(prefix + [str(k)], x)
+        if prefix:
+            print(".".join(prefix) + "\t" + json.dumps(v))
+    else:
+        text = json.dumps(v) if isinstance(v, list) else ("" if v is None else str(v))
+        print(".".join(prefix) + "\t" + text.replace("\t", " ").replace("\n", " "))
+walk([], json.loads(sys.argv[1]))' "$1")
+}
+
+#######################################
+# Bytes as a short human figure: 1234567 -> 1.2 MB.
+#######################################
+rb::human() {
+  local n=$1 units=(B KB MB GB TB PB) i=0
+  while ((n >= 1000000 && i < 4)); do
+    n=$((n / 1000))
+    i=$((i + 1))
+  done
+  if ((n >= 1000)); then
+    printf '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
+  else
+    printf '%d %s' "${n}" "${units[i]}"
+  fi
+}
+
+#######################################
+# Make an absolute path of a spec path on HOST: relative paths (local hosts only) are taken from
+# the directory the runbook runs in.
+#######################################
+rb::abspath() {
+  local host=$1 path=$2
+  if [[ "${path}" == /* ]]; then
+    printf '%s' "${path}"
+  elif rb::is_local "${host}"; then
+    printf '%s/%s' "${PWD}" "${path}"
+  else
+    rb::fail "relative path ${path} on ssh host ${host}"
+  fi
+}
+
+#######################################
+# Run one step: log it, time it, record it. A failure goes to rb::on_err through the ERR trap.
+#######################################
+rb::run_step() {
+  local id=$1 detail
+  RB_STEP=${id}
+  RB_HOST=${RB_STEP_HOST[${id}]}
+  RB_LAST_CMD=''
+  RB_STEP_DETAIL=''
+  rm -f "${RB_WORK}/last-command"
+  rb::log "step ${id}: ${RB_STEP_DOC[${id}]}"
+  RB_STEP_START=$(rb::now_ms)
+  "step_${id}"
+  detail=${RB_STEP_DETAIL}
+  rb::event step "${id}" ok "${RB_STEP_START}" "$(rb::now_ms)" "${RB_STEP_HOST[${id}]}" "${detail}"
+  rb::log "step ${id}: ok${detail:+ (${detail})}"
+  RB_STEP=''
+}
+
+#######################################
+# ERR trap: name the step, the host and the command, write the report, exit non-zero.
+#######################################
+rb::on_err() {
+  local rc=$? line=$1
+  trap - ERR
+  set +e
+  if [[ -z "${RB_LAST_CMD}" && -f "${RB_WORK}/last-command" ]]; then
+    { read -r RB_HOST; read -r RB_LAST_CMD; } <"${RB_WORK}/last-command"
+  fi
+  rb::log "FAILED (rc=${rc}) in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}, line ${line}"
+  rb::log "  command: ${RB_LAST_CMD:-${BASH_COMMAND}}"
+  RB_FAILED_STEP=${RB_STEP}
+  if [[ -n "${RB_STEP}" ]]; then
+    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "$(rb::now_ms)" "${RB_HOST}" \
+      "rc=${rc}: ${RB_LAST_CMD:-${BASH_COMMAND}}"
+  fi
+  rb::finish failed
+  exit "${rc}"
+}
+
+#######################################
+# INT/TERM: the destination is only ever replaced by the swap step, so stopping is safe.
+#######################################
+rb::on_signal() {
+  trap - ERR INT TERM
+  set +e
+  rb::log "interrupted in step ${RB_STEP:-main}; the destination was not replaced unless the swap step had finished"
+  if [[ -n "${RB_STEP}" ]]; then
+    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "$(rb::now_ms)" "${RB_HOST}" ""
+  fi
+  rb::finish interrupted
+  exit 130
+}
+
+#######################################
+# Write the JSON report and print the summary. Argument: the outcome.
+#######################################
+rb::finish() {
+  local outcome=$1 probe
+  local -a probe_args=()
+  if ((RB_FINISHED)) || [[ -z "${RB_WORK}" ]] || ((RB_DRY_RUN)); then
+    return 0
+  fi
+  RB_FINISHED=1
+  for probe in "${RB_PROBE_REPORTS[@]}"; do
+    probe_args+=(--probe "${probe}")
+  done
+  env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
+    --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
+    --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+  rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
+  if [[ "${outcome}" != ok ]]; then
+    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+  fi
+}
+
+#######################################
+# Print the usage.
+#######################################
+rb::usage() {
+  cat <<USAGE
+Usage: bash ${0##*/} [options]
+Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
+
+  --list          list the steps with one-line descriptions
+  --dry-run       print what each step would run on which host; run nothing
+  --only STEP     run one step (with the preflight it needs)
+  --from STEP     run from STEP to the end (with the preflight it needs)
+  --report PATH   write the JSON report to PATH (default: runs/${RB_NAME}/report.json)
+  --restore [N]   put backup N (default: the newest) of the destination back in place
+  -h, --help      this text
+
+Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports.
+Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage; 130 interrupted.
+USAGE
+}
+
+#######################################
+# --list and --dry-run.
+#######################################
+rb::list() {
+  local id i=0
+  for id in "${RB_STEPS[@]}"; do
+    i=$((i + 1))
+    printf '%2d. %-10s %s\n' "${i}" "${id}" "${RB_STEP_DOC[${id}]}"
+  done
+}
+
+rb::dry_run() {
+  local id i=0
+  for id in "${RB_STEPS[@]}"; do
+    i=$((i + 1))
+    printf '%d. %s: %s\n' "${i}" "${id}" "${RB_STEP_DOC[${id}]}"
+    printf '%s\n' "${RB_STEP_PREVIEW[${id}]}" | sed 's/^/     /'
+  done
+}
+
+#######################################
+# Host build (tests/cases/valid/fanout_tree.yaml:4): root@build.example.com over ssh
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
+#######################################
+rb::host_build() {
+  RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes)
+  RB_HOST_TARGET=root@build.example.com
+}
+
+#######################################
+# Host head (tests/cases/valid/fanout_tree.yaml:5): this machine
+# Sets RB_HOST_SSH to the ssh options from the spec and RB_HOST_TARGET to user@host (both empty:
+# this machine).
+#######################################
+rb::host_head() {
+  RB_HOST_SSH=()
+  RB_HOST_TARGET=''
+}
+
+#######################################
+# Fan-out helpers: the engine's commands (clush or srun/sbcast) and what every node runs.
+#######################################
+# What every node runs: unpack the bundle the engine brought, then install and probe with the kit.
+# $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
+readonly RB_FAN_NODE_SCRIPT='d=$1
+shift
+rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
+PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
+# Pack the source on the source host: $1 root, $2 NUL-separated names, $3 compression.
+readonly RB_FAN_PACK_SCRIPT='set -o pipefail
+case "$3" in
+  zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+  lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
+  gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
+  *) exec tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
+esac'
+RB_FAN_RC=0
+
+#######################################
+# Run an engine command here under a hard timeout (the engine's own timeouts come first), output
+# to $1.out and $1.err in the run directory. Sets RB_FAN_RC; never fails the step by itself.
+#######################################
+rb::fan_run() {
+  local name=$1
+  shift
+  RB_LAST_CMD="here: $(rb::shq "$@")"
+  rb::log "$ $*"
+  RB_FAN_RC=0
+  timeout --kill-after=10 "$((RB_FAN_TIMEOUT + 30))" "$@" >"${RB_RUN_DIR}/fanout/${name}.out" \
+    2>"${RB_RUN_DIR}/fanout/${name}.err" || RB_FAN_RC=$?
+  if ((RB_FAN_RC != 0)); then
+    rb::log "${1} exited ${RB_FAN_RC}; what it said:"
+    tail -n 20 "${RB_RUN_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
+  fi
+}
+
+#######################################
+# Slurm: the runbook runs inside an allocation that holds every node of the spec. Says how to get
+# one when it does not; names the nodes the allocation lacks. sbcast copies to every node of the
+# allocation, so extra nodes are named too.
+#######################################
+rb::fan_allocation() {
+  local node alloc
+  local -a missing=() extra=() held=()
+  if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+    rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
+      "${RB_FAN_NODES} --no-kill bash ${0##*/} (--no-kill: a node that fails does not end the" \
+      "allocation, the others finish)"
+  fi
+  read -ra held <<<"$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" | tr '\n' ' ')"
+  alloc=" ${held[*]} "
+  for node in "${RB_FAN_NODE_LIST[@]}"; do
+    if [[ "${alloc}" != *" ${node} "* ]]; then
+      missing+=("${node}")
+    fi
+  done
+  if ((${#missing[@]})); then
+    rb::fail "nodes $(scontrol show hostlist "$(IFS=,; printf '%s' "${missing[*]}")") are not in" \
+      "this allocation (job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST:-none}): salloc -N" \
+      "${#RB_FAN_NODE_LIST[@]} -w ${RB_FAN_NODES} --no-kill bash ${0##*/}"
+  fi
+  for node in "${held[@]}"; do
+    if [[ " ${RB_FAN_NODE_LIST[*]} " != *" ${node} "* ]]; then
+      extra+=("${node}")
+    fi
+  done
+  if ((${#extra[@]})); then
+    rb::log "note: the allocation also holds ${extra[*]}; sbcast copies the bundle there too," \
+      "nothing is installed there"
+  fi
+  rb::log "slurm job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST}"
+}
+
+#######################################
+# clush tree mode: `true` on every node through the gateways before anything is packed. An error
+# of ClusterShell's tree (this machine is not the topology's root; no route through the gateways:
+# a gateway whose python lacks ClusterShell, a gateway down) ends the run here; nodes that do not
+# answer are logged and the run goes on (the success policy decides at the end).
+#######################################
+rb::fan_tree_check() {
+  local said
+  mkdir -p "${RB_RUN_DIR}/fanout"
+  rb::fan_run tree "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    -u "$((RB_FAN_CONNECT_TIMEOUT * 2 + 10))" "${RB_FAN_ENGINE_OPTS[@]}" true
+  said=$(grep -m1 'TREE MODE' "${RB_RUN_DIR}/fanout/tree.err" || true)
+  if [[ -n "${said}" ]]; then
+    rb::fail "clush tree mode (${RB_FAN_TOPOLOGY}): ${said#clush: }. ClusterShell names this" \
+      "machine ${HOSTNAME%%.*}: the [routes] must start there; every gateway runs" \
+      "${RB_FAN_CLUSH[1]#*=} -m ClusterShell.Gateway (fanout.gateway_python) and ssh with this" \
+      "runbook's ssh options (fanout.ssh_config must exist on every gateway)"
+  fi
+  if ((RB_FAN_RC != 0)); then
+    rb::log "not every node answered through the tree (exit ${RB_FAN_RC}); the run goes on, the" \
+      "comparison names the nodes without a report"
+  fi
+}
+
+#######################################
+# The bundle this machine hands to the engine.
+#######################################
+rb::fan_bundle() {
+  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
+}
+
+#######################################
+# Settings and state only the single-host steps use (route, rollback, staging beside the
+# destination here): a fan-out run installs on the nodes instead. Named here once so the
+# shared runtime stays the same in both kinds of runbook.
+#######################################
+rb::fan_unused() {
+  : "${RB_ROUTE}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
+    "${RB_SRC_DISK}" "${RB_ROUTE_USED}" "${RB_BACKUP_MADE}" "${RB_HASH_DURING_STREAM}" \
+    "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}"
+}
+
+#######################################
+# The kit: Python tools this runbook runs on each host (compiler/kit and compiler/probes).
+# Arguments: the directory to write them into.
+#######################################
+rb::kit_write() {
+  local dir=$1
+  mkdir -p "${dir}"/rbkit "${dir}"/rbprobes
+  cat >"${dir}"/rbkit/__init__.py <<'RB_PY_D8709D74'
+<kit file>
+RB_PY_D8709D74
+  cat >"${dir}"/rbkit/__main__.py <<'RB_PY_4A0F4903'
+<kit file>
+RB_PY_4A0F4903
+  cat >"${dir}"/rbkit/exports.py <<'RB_PY_EAEBB3AA'
+<kit file>
+RB_PY_EAEBB3AA
+  cat >"${dir}"/rbkit/fanout.py <<'RB_PY_1F141AB8'
+<kit file>
+RB_PY_1F141AB8
+  cat >"${dir}"/rbkit/hostfs.py <<'RB_PY_5F73DE2D'
+<kit file>
+RB_PY_5F73DE2D
+  cat >"${dir}"/rbkit/manifest.py <<'RB_PY_E618E5FC'
+<kit file>
+RB_PY_E618E5FC
+  cat >"${dir}"/rbkit/relocate.py <<'RB_PY_5E1398E2'
+<kit file>
+RB_PY_5E1398E2
+  cat >"${dir}"/rbkit/report.py <<'RB_PY_A002A646'
+<kit file>
+RB_PY_A002A646
+  cat >"${dir}"/rbprobes/__init__.py <<'RB_PY_54A17906'
+<kit file>
+RB_PY_54A17906
+  cat >"${dir}"/rbprobes/__main__.py <<'RB_PY_0EB65F22'
+<kit file>
+RB_PY_0EB65F22
+  cat >"${dir}"/rbprobes/arch.py <<'RB_PY_F551C5BA'
+<kit file>
+RB_PY_F551C5BA
+  cat >"${dir}"/rbprobes/checks.py <<'RB_PY_EE87DE44'
+<kit file>
+RB_PY_EE87DE44
+  cat >"${dir}"/rbprobes/checks_hatch.py <<'RB_PY_74DEDE3E'
+<kit file>
+RB_PY_74DEDE3E
+  cat >"${dir}"/rbprobes/checks_numeric.py <<'RB_PY_4208D592'
+<kit file>
+RB_PY_4208D592
+  cat >"${dir}"/rbprobes/checks_runtime.py <<'RB_PY_3C4C6F72'
+<kit file>
+RB_PY_3C4C6F72
+  cat >"${dir}"/rbprobes/checks_static.py <<'RB_PY_D11E5D37'
+<kit file>
+RB_PY_D11E5D37
+  cat >"${dir}"/rbprobes/cli.py <<'RB_PY_530F8990'
+<kit file>
+RB_PY_530F8990
+  cat >"${dir}"/rbprobes/cudalibs.py <<'RB_PY_8EEA011D'
+<kit file>
+RB_PY_8EEA011D
+  cat >"${dir}"/rbprobes/elf.py <<'RB_PY_489C7406'
+<kit file>
+RB_PY_489C7406
+  cat >"${dir}"/rbprobes/fatbin.py <<'RB_PY_01DEF17E'
+<kit file>
+RB_PY_01DEF17E
+  cat >"${dir}"/rbprobes/nccl_worker.py <<'RB_PY_C1F587CB'
+<kit file>
+RB_PY_C1F587CB
+  cat >"${dir}"/rbprobes/proc.py <<'RB_PY_F571E5A8'
+<kit file>
+RB_PY_F571E5A8
+  cat >"${dir}"/rbprobes/report.py <<'RB_PY_D227528A'
+<kit file>
+RB_PY_D227528A
+  cat >"${dir}"/rbprobes/result.py <<'RB_PY_147BD1A7'
+<kit file>
+RB_PY_147BD1A7
+  cat >"${dir}"/rbprobes/runner.py <<'RB_PY_5EB6C9BA'
+<kit file>
+RB_PY_5EB6C9BA
+}
+
+#######################################
+# Step 1/5: fan_preflight (tests/cases/valid/fanout_tree.yaml:10)
+# Reach the source, check the engine and its tools here, list the nodes.
+#######################################
+step_fan_preflight() {
+  local host tool
+  case "${RB_FAN_ENGINE}" in
+    clush) tool=clush ;;
+    *) tool=srun ;;
+  esac
+  for tool in "${tool}" sbcast scontrol timeout tar; do
+    if [[ "${tool}" == sbcast || "${tool}" == scontrol ]] && [[ "${RB_FAN_ENGINE}" != slurm ]]; then
+      continue
+    fi
+    if ! command -v "${tool}" >/dev/null; then
+      rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
+    fi
+  done
+  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
+    rb::fan_allocation
+  fi
+  if [[ "${RB_FAN_ENGINE}" == clush && -n "${RB_FAN_TOPOLOGY}" ]]; then
+    rb::fan_tree_check
+  fi
+  for host in "${RB_HOSTS[@]}"; do
+    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
+if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
+print(sys.executable)')
+    rb::kit_ship "${host}"
+  done
+  rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")"
+  if [[ "${RB_J[is_venv]:-}" != True ]]; then
+    rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} is not a venv (or does not exist)"
+  fi
+  RB_SRC_BYTES=${RB_J[bytes]}
+  RB_SRC_FILES=${RB_J[files]}
+  RB_COMPRESSION_USED=none
+  case "${RB_COMPRESSION}" in
+    none) ;;
+    auto) tool=zstd ;;
+    *) tool=${RB_COMPRESSION} ;;
+  esac
+  if [[ "${RB_COMPRESSION}" != none ]]; then
+    if command -v "${tool}" >/dev/null && rb::on_host "${RB_SRC_HOST}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
+      RB_COMPRESSION_USED=${tool}
+    elif [[ "${RB_COMPRESSION}" != auto ]]; then
+      rb::fail "compression ${RB_COMPRESSION}: ${tool} missing here or on ${RB_SRC_HOST}"
+    fi
+  fi
+  rb::log "source: ${RB_SRC_FILES} files, $(rb::human "${RB_SRC_BYTES}"); ${#RB_FAN_NODE_LIST[@]}" \
+    "nodes ${RB_FAN_NODES} through ${RB_FAN_ENGINE}; compression ${RB_COMPRESSION_USED}"
+  rb::fact nodes "${#RB_FAN_NODE_LIST[@]}"
+  RB_STEP_DETAIL="${#RB_FAN_NODE_LIST[@]} nodes, engine ${RB_FAN_ENGINE}, compression ${RB_COMPRESSION_USED}"
+}
+
+#######################################
+# Step 2/5: fan_pack (tests/cases/valid/fanout_tree.yaml:6)
+# Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.
+#######################################
+step_fan_pack() {
+  local src_kit dir="${RB_RUN_DIR}/fanout" payload=payload.tar bundle
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rm -rf "${dir}"
+  mkdir -p "${dir}/bundle/kit"
+  rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+    --names "${src_kit}/${RB_NAME}.names")"
+  rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks, ${RB_VERIFY};" \
+    "fingerprint ${RB_J[fingerprint]:0:16}"
+  rb::fact manifest_files "${RB_J[totals.files]}"
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/bundle/manifest.jsonl"
+  case "${RB_COMPRESSION_USED}" in
+    zstd) payload+=.zst ;;
+    lz4) payload+=.lz4 ;;
+    gzip) payload+=.gz ;;
+    *) ;;
+  esac
+  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_FAN_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
+    "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" >"${dir}/bundle/${payload}"
+  cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/bundle/kit/"
+  bundle=$(rb::fan_bundle)
+  tar -C "${dir}/bundle" -cf "${bundle}" .
+  rb::fact bundle_bytes "$(stat -c %s "${bundle}")"
+  RB_STEP_DETAIL="bundle $(rb::human "$(stat -c %s "${bundle}")") (${RB_COMPRESSION_USED})"
+}
+
+#######################################
+# Step 3/5: fan_copy (tests/cases/valid/fanout_tree.yaml:10)
+# Let the engine carry the bundle to every node (sbcast, or clush --copy).
+#######################################
+step_fan_copy() {
+  local bundle
+  bundle=$(rb::fan_bundle)
+  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
+    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
+      "${bundle}" "${RB_FAN_SCRATCH}.tar"
+  else
+    # --dest names the file: in tree mode a directory without a trailing / would be taken for
+    # the file's name (ClusterShell's TreeWorker)
+    rb::fan_run copy "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH}.tar"
+  fi
+  if ((RB_FAN_RC != 0)); then
+    rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
+      "comparison names the nodes without a report"
+  fi
+  RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
+}
+
+#######################################
+# Step 4/5: fan_install (tests/cases/valid/fanout_tree.yaml:10)
+# On every node at once: extract to staging, verify, relocate, swap, exports, probe.
+#######################################
+step_fan_install() {
+  local item
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
+    --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
+    --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}")
+  for item in "${RB_LIB_FIRST[@]}"; do
+    args+=(--first "${item}")
+  done
+  for item in "${RB_ENV[@]}"; do
+    args+=(--env "${item}")
+  done
+  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
+    rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
+      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
+      --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
+      --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 "${RB_FAN_ENGINE_OPTS[@]}" \
+      sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}"
+  else
+    rb::fan_run install "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
+      "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}")"
+  fi
+  RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
+}
+
+#######################################
+# Step 5/5: fan_compare (tests/cases/valid/fanout_tree.yaml:10)
+# Fetch every node's report and compare: nodes x checks, odd and missing nodes named.
+#######################################
+step_fan_compare() {
+  local rc=0 info node nodes
+  nodes=$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")
+  info=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout \
+    compare --nodes "${nodes}" --engine-out "${RB_RUN_DIR}/fanout/install.out" \
+    --engine-err "${RB_RUN_DIR}/fanout/install.err" --success "${RB_FAN_SUCCESS}" \
+    --out-dir "${RB_RUN_DIR}/fanout") || rc=$?
+  for node in "${RB_FAN_NODE_LIST[@]}"; do
+    if [[ -f "${RB_RUN_DIR}/fanout/probe-${node}.json" ]]; then
+      RB_PROBE_REPORTS+=("${node}=${RB_RUN_DIR}/fanout/probe-${node}.json")
+    fi
+  done
+  rb::jparse "${info}"
+  rb::fact nodes_ok "${RB_J[ok]}"
+  RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}${RB_J[rolled_back]:+; rolled back: ${RB_J[rolled_back]}}"
+  if ((rc != 0)); then
+    rb::fail "success policy ${RB_FAN_SUCCESS} not met: ${RB_STEP_DETAIL} (table above;" \
+      "${RB_RUN_DIR}/fanout/fanout.json)"
+  fi
+}
+
+#######################################
+# Set up this run: the run directory, the log, the kit, ssh multiplexing, absolute paths.
+#######################################
+rb::init() {
+  RB_RUN_DIR=${RB_RUN_DIR:-runs/${RB_NAME}}
+  mkdir -p "${RB_RUN_DIR}"
+  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd)
+  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
+  RB_EVENTS="${RB_RUN_DIR}/events.tsv"
+  : >"${RB_EVENTS}"
+  : >"${RB_RUN_DIR}/run.log"
+  exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
+  RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
+  RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  # the kit's packages are rewritten every run; state files beside them (manifests) are kept
+  rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
+  rb::kit_write "${RB_RUN_DIR}/kit"
+  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
+    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
+    -c "${RB_SSH_CIPHERS}")
+  RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
+  RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
+  RB_STAGING="${RB_DST_ABS%/*}/.${RB_DST_ABS##*/}.rb-staging"
+  RB_ENV_OUT=${RB_ENV_FILE:-${RB_DST_ABS}.env.sh}
+  rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
+}
+
+#######################################
+# On exit: close ssh connections, remove this run's scratch directory.
+#######################################
+rb::cleanup() {
+  local host pid
+  if [[ -z "${RB_WORK}" ]]; then
+    return 0
+  fi
+  for pid in "${RB_BG_PIDS[@]}"; do
+    kill "${pid}" 2>/dev/null || true
+  done
+  for host in "${RB_HOSTS[@]}"; do
+    "rb::host_${host}"
+    if [[ -n "${RB_HOST_TARGET}" ]]; then
+      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
+    fi
+  done
+  rm -rf "${RB_WORK}"
+}
+
+#######################################
+# --restore [N]: put backup N (default: the newest) back at the destination; the current install
+# becomes a backup in its place.
+#######################################
+rb::restore() {
+  local number=$1
+  local -a args=()
+  RB_STEP=restore
+  if [[ "${number}" != latest ]]; then
+    args=(--number "${number}")
+  fi
+  rb::kit_ship "${RB_DST_HOST}"
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}" "${args[@]}")"
+  rb::log "restored ${RB_J[restored]} to ${RB_DST_HOST}:${RB_DST_ABS};" \
+    "the install it replaced is kept at ${RB_J[kept_current_as]}"
+  RB_FINISHED=1
+}
+
+#######################################
+# Parse the command line, then run the chosen steps in order.
+#######################################
+main() {
+  local only='' from='' id run=0 restore=
+  while (($# > 0)); do
+    case "$1" in
+      --list) rb::list; return 0 ;;
+      --dry-run) RB_DRY_RUN=1 ;;
+      --only) only=${2:?--only needs a step}; shift ;;
+      --from) from=${2:?--from needs a step}; shift ;;
+      --report) RB_REPORT=${2:?--report needs a path}; shift ;;
+      --restore)
+        restore=latest
+        if [[ "${2:-}" =~ ^[0-9]+$ ]]; then
+          restore=$2
+          shift
+        fi
+        ;;
+      -h | --help) rb::usage; return 0 ;;
+      *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
+    esac
+    shift
+  done
+  for id in "${only}" "${from}"; do
+    if [[ -n "${id}" && -z "${RB_STEP_DOC[${id}]:-}" ]]; then
+      echo "unknown step: ${id} (steps: ${RB_STEPS[*]})" >&2
+      return 2
+    fi
+  done
+  if ((RB_DRY_RUN)); then
+    rb::dry_run
+    return 0
+  fi
+  if [[ -n "${RB_REPORT}" ]]; then
+    mkdir -p "$(dirname "${RB_REPORT}")"
+    RB_REPORT="$(cd "$(dirname "${RB_REPORT}")" && pwd)/${RB_REPORT##*/}"
+  fi
+  trap 'rb::on_err "${LINENO}"' ERR
+  trap rb::on_signal INT TERM
+  trap rb::cleanup EXIT
+  rb::init
+  if [[ -n "${restore}" ]]; then
+    rb::restore "${restore}"
+    return 0
+  fi
+  [[ -z "${from}" ]] && run=1
+  for id in "${RB_STEPS[@]}"; do
+    [[ "${id}" == "${from}" ]] && run=1
+    if [[ "${id}" == preflight ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
+      rb::run_step "${id}"
+    fi
+  done
+  rb::finish ok
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi
