@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=98a28f773d9685e5
+readonly RB_KIT_ID=416fbe3dd691e646
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -122,6 +122,9 @@ RB_BACKUP_MADE=''
 # the transfer hashes the source unless the manifest step already did in this run
 RB_HASH_DURING_STREAM=1
 RB_FINGERPRINT=''
+# an incremental install: staging holds links to the unchanged files, the stream only the rest
+RB_DELTA=0
+RB_SEND_NAMES=''
 RB_SRC_STAT=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -591,7 +594,8 @@ rb::fan_bundle() {
 rb::fan_unused() {
   : "${RB_ROUTE}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
     "${RB_SRC_DISK}" "${RB_ROUTE_USED}" "${RB_BACKUP_MADE}" "${RB_HASH_DURING_STREAM}" \
-    "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}"
+    "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}" \
+    "${RB_DELTA}" "${RB_SEND_NAMES}"
 }
 
 #######################################
@@ -632,7 +636,8 @@ def _print(doc) -> None:
 
 
 def cmd_manifest_build(a) -> int:
-    m = manifest.build(a.root, a.exclude, a.algo, a.jobs)
+    m = manifest.build(a.root, a.exclude, a.algo, a.jobs,
+                       manifest.load(a.reuse) if a.reuse else None)
     tmp = f"{a.out}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         manifest.dump(m, f)
@@ -640,15 +645,16 @@ def cmd_manifest_build(a) -> int:
     if a.names:
         with open(a.names, "wb") as f:
             manifest.names(m, f)
-    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m)})
+    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m), "reused": m["reused"]})
     return 0
 
 
 def cmd_manifest_verify(a) -> int:
-    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs)
+    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs,
+                             linked_from=a.linked_from)
     for line in manifest.describe(result):
         print(line, file=sys.stderr)
-    _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "counts")})
+    _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "linked", "counts")})
     return 0 if result["ok"] else 1
 
 
@@ -665,6 +671,12 @@ def cmd_manifest_quick(a) -> int:
         print(f"changed at the destination: {rel}", file=sys.stderr)
     _print(result)
     return 0 if result["ok"] else 1
+
+
+def cmd_stage(a) -> int:
+    _print(hostfs.stage(a.dest, a.staging, manifest.load(a.manifest), manifest.load(a.installed),
+                        a.names_out))
+    return 0
 
 
 def cmd_relocate(a) -> int:
@@ -745,11 +757,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=jobs, default="auto")
     b.add_argument("--out", required=True)
     b.add_argument("--names")
+    b.add_argument("--reuse", help="an earlier install's manifest: unchanged files keep its digest")
     b.set_defaults(fn=cmd_manifest_build)
     v = m.add_parser("verify")
     v.add_argument("root")
     v.add_argument("manifest")
     v.add_argument("--jobs", type=jobs, default="auto")
+    v.add_argument("--linked-from", help="files hard-linked from here are checked by stat")
     v.set_defaults(fn=cmd_manifest_verify)
     q = m.add_parser("quick-check")
     q.add_argument("root")
@@ -766,6 +780,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--manifest")
     r.add_argument("--installed")
     r.set_defaults(fn=cmd_relocate)
+    st = sub.add_parser("stage", help="an incremental install's staging (hostfs.stage)")
+    st.add_argument("dest")
+    st.add_argument("staging")
+    st.add_argument("--manifest", required=True)
+    st.add_argument("--installed", required=True)
+    st.add_argument("--names-out", required=True)
+    st.set_defaults(fn=cmd_stage)
     s = sub.add_parser("scan")
     s.add_argument("root")
     s.add_argument("--exclude", action="append", default=[])
@@ -1397,6 +1418,53 @@ def restore(dest: str, number: Optional[int] = None) -> dict:
         return {"restored": source, "kept_current_as": source}
     os.rename(source, dest)
     return {"restored": source, "kept_current_as": None}
+
+
+def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
+    """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
+    unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
+    mtime in both manifests, and the file at `dest` still has the recorded stat); writes the
+    NUL-separated names tar must still send (changed and new files, relocatable files, every
+    directory and symlink: tar restores their modes and targets). `dest` is never written."""
+    if new["header"].get("algo") != installed["header"].get("algo") or new["header"]["algo"] == "none":
+        raise ValueError("an incremental install needs digests of one algorithm in both manifests")
+    before = {e["p"]: e for e in installed["entries"]}
+    if os.path.lexists(staging):
+        shutil.rmtree(staging)
+    os.makedirs(staging)
+    send: list[str] = []
+    linked = linked_bytes = send_bytes = send_files = 0
+    for e in new["entries"]:                       # parents come before their children
+        rel = e["p"]
+        target = os.path.join(staging, rel)
+        if e["t"] == "d":
+            os.makedirs(target, exist_ok=True)
+            send.append(rel)
+            continue
+        old = before.get(rel)
+        if e["t"] == "f" and old is not None and not manifest.relocatable(rel) and \
+                old.get("h") == e.get("h") and \
+                all(old.get(k) == e.get(k) for k in manifest.QUICK_KEYS):
+            src = os.path.join(dest, rel)
+            try:
+                st = os.lstat(src)
+                if manifest.entry_of(dest, rel, st) == {k: v for k, v in old.items() if k != "h"}:
+                    os.link(src, target)
+                    linked += 1
+                    linked_bytes += e["s"]
+                    continue
+            except OSError:
+                pass                               # gone, another file system, not allowed: send
+        send.append(rel)
+        if e["t"] == "f":
+            send_files += 1
+            send_bytes += e["s"]
+    with open(names_path, "wb") as f:
+        for rel in send:
+            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+    return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
+            "send_bytes": send_bytes, "send_entries": len(send),
+            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 RB_PY_5F73DE2D
   cat >"${dir}"/rbkit/manifest.py <<'RB_PY_E618E5FC'
 """Per-file manifests: made on the source, checked on the target, in parallel.
@@ -1423,6 +1491,13 @@ from typing import Iterable, Iterator, Optional
 SCHEMA = 1
 CHUNK = 1 << 20
 SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
+
+
+def relocatable(rel: str) -> bool:
+    """What relocation may rewrite (bin/*, pyvenv.cfg): its installed content is not the source's,
+    so an incremental install never reuses its digest nor links it from the previous install."""
+    return rel == "pyvenv.cfg" or rel.startswith("bin/")
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
@@ -1510,16 +1585,33 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     return {"ok": True, "why": "same source, destination unchanged (stat check)"}
 
 
-def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4) -> dict:
-    """Scan and hash `root`; returns {"header", "entries", "totals"}."""
+def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
+          reuse: Optional[dict] = None) -> dict:
+    """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
+
+    With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
+    mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
+    trust as `rerun: quick`); relocatable files are always read."""
     entries, disk = [], 0
     for rel, st in walk(root, patterns):
         entries.append(entry_of(root, rel, st))
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
+    reused = 0
     if algo != "none":
+        before = {}
+        if reuse is not None and reuse["header"].get("algo") == algo:
+            before = {e["p"]: e for e in reuse["entries"] if e.get("t") == "f" and e.get("h")}
+        todo = []
+        for e in files:
+            old = before.get(e["p"])
+            if old and not relocatable(e["p"]) and all(old.get(k) == e.get(k) for k in QUICK_KEYS):
+                e["h"] = old["h"]
+                reused += 1
+            else:
+                todo.append(e)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for e, h in zip(files, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), files)):
+            for e, h in zip(todo, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), todo)):
                 e["h"] = h
     totals = {
         "entries": len(entries),
@@ -1531,7 +1623,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         "disk_bytes": disk,
     }
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
-    return {"header": header, "entries": entries, "totals": totals}
+    return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
 def dump(manifest: dict, out) -> None:
@@ -1557,8 +1649,19 @@ def fingerprint(manifest: dict) -> str:
     return h.hexdigest()
 
 
-def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
-    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`)."""
+def _same_inode(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
+           linked_from: Optional[str] = None) -> dict:
+    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`).
+    With `linked_from`, a file that is a hard link of the same path there (an incremental install's
+    staging: unchanged files linked from the previous install) is checked by stat, not read."""
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
     have = {}
@@ -1569,6 +1672,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
     extra = sorted(set(have) - set(want))
     differ: list[dict] = []
     to_hash = []
+    linked = 0
     for rel in sorted(set(want) & set(have)):
         w, h = want[rel], have[rel]
         for key in ("t", "m", "s", "l"):
@@ -1577,6 +1681,10 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
                 break
         else:
             if w["t"] == "f" and algo != "none":
+                if linked_from and _same_inode(os.path.join(root, rel),
+                                               os.path.join(linked_from, rel)):
+                    linked += 1
+                    continue
                 to_hash.append(w)
     if to_hash:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -1590,6 +1698,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
         "algo": algo,
         "checked": len(want),
         "hashed": len(to_hash),
+        "linked": linked,
         "missing": missing[:limit],
         "extra": extra[:limit],
         "differ": sorted(differ, key=lambda d: d["p"])[:limit],

@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=local
 readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
-readonly RB_KIT_ID=c3ad747933dde879
+readonly RB_KIT_ID=41f10863a18a6537
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -117,6 +117,9 @@ RB_BACKUP_MADE=''
 # the transfer hashes the source unless the manifest step already did in this run
 RB_HASH_DURING_STREAM=1
 RB_FINGERPRINT=''
+# an incremental install: staging holds links to the unchanged files, the stream only the rest
+RB_DELTA=0
+RB_SEND_NAMES=''
 RB_SRC_STAT=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -501,7 +504,8 @@ def _print(doc) -> None:
 
 
 def cmd_manifest_build(a) -> int:
-    m = manifest.build(a.root, a.exclude, a.algo, a.jobs)
+    m = manifest.build(a.root, a.exclude, a.algo, a.jobs,
+                       manifest.load(a.reuse) if a.reuse else None)
     tmp = f"{a.out}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         manifest.dump(m, f)
@@ -509,15 +513,16 @@ def cmd_manifest_build(a) -> int:
     if a.names:
         with open(a.names, "wb") as f:
             manifest.names(m, f)
-    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m)})
+    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m), "reused": m["reused"]})
     return 0
 
 
 def cmd_manifest_verify(a) -> int:
-    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs)
+    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs,
+                             linked_from=a.linked_from)
     for line in manifest.describe(result):
         print(line, file=sys.stderr)
-    _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "counts")})
+    _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "linked", "counts")})
     return 0 if result["ok"] else 1
 
 
@@ -534,6 +539,12 @@ def cmd_manifest_quick(a) -> int:
         print(f"changed at the destination: {rel}", file=sys.stderr)
     _print(result)
     return 0 if result["ok"] else 1
+
+
+def cmd_stage(a) -> int:
+    _print(hostfs.stage(a.dest, a.staging, manifest.load(a.manifest), manifest.load(a.installed),
+                        a.names_out))
+    return 0
 
 
 def cmd_relocate(a) -> int:
@@ -614,11 +625,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=jobs, default="auto")
     b.add_argument("--out", required=True)
     b.add_argument("--names")
+    b.add_argument("--reuse", help="an earlier install's manifest: unchanged files keep its digest")
     b.set_defaults(fn=cmd_manifest_build)
     v = m.add_parser("verify")
     v.add_argument("root")
     v.add_argument("manifest")
     v.add_argument("--jobs", type=jobs, default="auto")
+    v.add_argument("--linked-from", help="files hard-linked from here are checked by stat")
     v.set_defaults(fn=cmd_manifest_verify)
     q = m.add_parser("quick-check")
     q.add_argument("root")
@@ -635,6 +648,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--manifest")
     r.add_argument("--installed")
     r.set_defaults(fn=cmd_relocate)
+    st = sub.add_parser("stage", help="an incremental install's staging (hostfs.stage)")
+    st.add_argument("dest")
+    st.add_argument("staging")
+    st.add_argument("--manifest", required=True)
+    st.add_argument("--installed", required=True)
+    st.add_argument("--names-out", required=True)
+    st.set_defaults(fn=cmd_stage)
     s = sub.add_parser("scan")
     s.add_argument("root")
     s.add_argument("--exclude", action="append", default=[])
@@ -885,6 +905,53 @@ def restore(dest: str, number: Optional[int] = None) -> dict:
         return {"restored": source, "kept_current_as": source}
     os.rename(source, dest)
     return {"restored": source, "kept_current_as": None}
+
+
+def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
+    """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
+    unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
+    mtime in both manifests, and the file at `dest` still has the recorded stat); writes the
+    NUL-separated names tar must still send (changed and new files, relocatable files, every
+    directory and symlink: tar restores their modes and targets). `dest` is never written."""
+    if new["header"].get("algo") != installed["header"].get("algo") or new["header"]["algo"] == "none":
+        raise ValueError("an incremental install needs digests of one algorithm in both manifests")
+    before = {e["p"]: e for e in installed["entries"]}
+    if os.path.lexists(staging):
+        shutil.rmtree(staging)
+    os.makedirs(staging)
+    send: list[str] = []
+    linked = linked_bytes = send_bytes = send_files = 0
+    for e in new["entries"]:                       # parents come before their children
+        rel = e["p"]
+        target = os.path.join(staging, rel)
+        if e["t"] == "d":
+            os.makedirs(target, exist_ok=True)
+            send.append(rel)
+            continue
+        old = before.get(rel)
+        if e["t"] == "f" and old is not None and not manifest.relocatable(rel) and \
+                old.get("h") == e.get("h") and \
+                all(old.get(k) == e.get(k) for k in manifest.QUICK_KEYS):
+            src = os.path.join(dest, rel)
+            try:
+                st = os.lstat(src)
+                if manifest.entry_of(dest, rel, st) == {k: v for k, v in old.items() if k != "h"}:
+                    os.link(src, target)
+                    linked += 1
+                    linked_bytes += e["s"]
+                    continue
+            except OSError:
+                pass                               # gone, another file system, not allowed: send
+        send.append(rel)
+        if e["t"] == "f":
+            send_files += 1
+            send_bytes += e["s"]
+    with open(names_path, "wb") as f:
+        for rel in send:
+            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+    return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
+            "send_bytes": send_bytes, "send_entries": len(send),
+            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 RB_PY_5F73DE2D
   cat >"${dir}"/rbkit/manifest.py <<'RB_PY_E618E5FC'
 """Per-file manifests: made on the source, checked on the target, in parallel.
@@ -911,6 +978,13 @@ from typing import Iterable, Iterator, Optional
 SCHEMA = 1
 CHUNK = 1 << 20
 SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
+
+
+def relocatable(rel: str) -> bool:
+    """What relocation may rewrite (bin/*, pyvenv.cfg): its installed content is not the source's,
+    so an incremental install never reuses its digest nor links it from the previous install."""
+    return rel == "pyvenv.cfg" or rel.startswith("bin/")
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
@@ -998,16 +1072,33 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     return {"ok": True, "why": "same source, destination unchanged (stat check)"}
 
 
-def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4) -> dict:
-    """Scan and hash `root`; returns {"header", "entries", "totals"}."""
+def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
+          reuse: Optional[dict] = None) -> dict:
+    """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
+
+    With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
+    mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
+    trust as `rerun: quick`); relocatable files are always read."""
     entries, disk = [], 0
     for rel, st in walk(root, patterns):
         entries.append(entry_of(root, rel, st))
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
+    reused = 0
     if algo != "none":
+        before = {}
+        if reuse is not None and reuse["header"].get("algo") == algo:
+            before = {e["p"]: e for e in reuse["entries"] if e.get("t") == "f" and e.get("h")}
+        todo = []
+        for e in files:
+            old = before.get(e["p"])
+            if old and not relocatable(e["p"]) and all(old.get(k) == e.get(k) for k in QUICK_KEYS):
+                e["h"] = old["h"]
+                reused += 1
+            else:
+                todo.append(e)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for e, h in zip(files, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), files)):
+            for e, h in zip(todo, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), todo)):
                 e["h"] = h
     totals = {
         "entries": len(entries),
@@ -1019,7 +1110,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         "disk_bytes": disk,
     }
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
-    return {"header": header, "entries": entries, "totals": totals}
+    return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
 def dump(manifest: dict, out) -> None:
@@ -1045,8 +1136,19 @@ def fingerprint(manifest: dict) -> str:
     return h.hexdigest()
 
 
-def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
-    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`)."""
+def _same_inode(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
+           linked_from: Optional[str] = None) -> dict:
+    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`).
+    With `linked_from`, a file that is a hard link of the same path there (an incremental install's
+    staging: unchanged files linked from the previous install) is checked by stat, not read."""
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
     have = {}
@@ -1057,6 +1159,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
     extra = sorted(set(have) - set(want))
     differ: list[dict] = []
     to_hash = []
+    linked = 0
     for rel in sorted(set(want) & set(have)):
         w, h = want[rel], have[rel]
         for key in ("t", "m", "s", "l"):
@@ -1065,6 +1168,10 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
                 break
         else:
             if w["t"] == "f" and algo != "none":
+                if linked_from and _same_inode(os.path.join(root, rel),
+                                               os.path.join(linked_from, rel)):
+                    linked += 1
+                    continue
                 to_hash.append(w)
     if to_hash:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -1078,6 +1185,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
         "algo": algo,
         "checked": len(want),
         "hashed": len(to_hash),
+        "linked": linked,
         "missing": missing[:limit],
         "extra": extra[:limit],
         "differ": sorted(differ, key=lambda d: d["p"])[:limit],
@@ -3899,9 +4007,9 @@ step_manifest() {
     fi
     rb::jparse "$(cat "${RB_RUN_DIR}/quick-check.json")"
     rb::log "quick check: ${RB_J[why]}"
-    if [[ "${RB_J[why]}" == "the source changed"* && "${RB_ON_EXISTING}" != refuse ]]; then
-      # hashing both sides would only confirm it: send now, hash the source during the stream
-      RB_STEP_DETAIL='source changed: hashed during the transfer'
+    if [[ "${RB_ON_EXISTING}" != refuse ]]; then
+      # the source changed, or files at the destination did: send only what differs
+      rb::delta_plan "${installed}"
       return 0
     fi
   fi
@@ -3926,13 +4034,55 @@ step_manifest() {
 }
 
 #######################################
+# The source or the destination changed since the destination was installed: send only what
+# differs. The
+# destination's manifest goes to the source, whose unchanged files (same mode, size and mtime)
+# keep their recorded digests; the destination links its unchanged files into a new staging and
+# names what the stream must still carry. $1: the installed manifest on the destination.
+#######################################
+rb::delta_plan() {
+  local installed=$1 src_kit dst_kit
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  if [[ "${RB_VERIFY}" == none ]]; then
+    RB_STEP_DETAIL='source changed: hashed during the transfer'
+    return 0
+  fi
+  rb::on_host "${RB_DST_HOST}" cat "${installed}" >"${RB_RUN_DIR}/installed.jsonl"
+  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
+    <"${RB_RUN_DIR}/installed.jsonl"
+  rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
+  rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
+  rb::manifest_share
+  RB_HASH_DURING_STREAM=0
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" stage "${RB_DST_ABS}" "${RB_STAGING}" \
+    --manifest "${dst_kit}/${RB_NAME}.manifest.jsonl" --installed "${installed}" \
+    --names-out "${dst_kit}/${RB_NAME}.send-names")"
+  # through a file here: both ends may be one host and one kit directory
+  rb::on_host "${RB_DST_HOST}" cat "${dst_kit}/${RB_NAME}.send-names" >"${RB_RUN_DIR}/send-names"
+  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.send-names" \
+    <"${RB_RUN_DIR}/send-names"
+  RB_DELTA=1
+  RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
+  RB_SRC_BYTES=${RB_J[send_bytes]}
+  RB_SRC_FILES=${RB_J[send_files]}
+  rb::fact linked_files "${RB_J[linked]}"
+  rb::fact send_files "${RB_J[send_files]}"
+  rb::log "incremental: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) to send;" \
+    "${RB_J[linked]} unchanged files ($(rb::human "${RB_J[linked_bytes]}")) linked from the" \
+    "current install into staging; ${RB_J[removed]} entries gone from the source"
+  RB_STEP_DETAIL="source changed: ${RB_J[send_files]} files to send, ${RB_J[linked]} linked"
+}
+
+#######################################
 # Hash the source into its manifest (on the source, in parallel). Sets RB_FINGERPRINT.
+# Extra arguments go to `rbkit manifest build` (--reuse FILE).
 #######################################
 rb::manifest_build() {
   local src_kit
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl")"
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" "$@")"
   rb::manifest_facts
 }
 
@@ -3985,13 +4135,18 @@ case "$2" in
 esac'
 
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid=''
+  local src_kit start_ms ms bytes hash_pid='' names
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
   fi
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
+  names="${src_kit}/${RB_NAME}.names"
+  if ((RB_DELTA)); then
+    names=${RB_SEND_NAMES}      # staging already holds the unchanged files (the manifest step)
+  else
+    rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
+  fi
   if ((RB_HASH_DURING_STREAM)); then
     # a background job must not run the ERR trap (it would end the run from a subshell)
     (
@@ -4008,12 +4163,12 @@ step_transfer() {
   start_ms=$(rb::now_ms)
   if [[ "${RB_ROUTE_USED}" == direct ]]; then
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" \
+      "${names}" "${RB_COMPRESSION_USED}" \
       "$(rb::shq bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" "${RB_COMPRESSION_USED}")" \
       -o BatchMode=yes -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}"
   elif command -v pv >/dev/null; then
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
+      "${names}" "${RB_COMPRESSION_USED}" |
       pv -f -i 10 -b -t -a 2> >(tr '\r' '\n' | sed -u '/^$/d; s/^/    progress: /' >&2) |
       rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
         "${RB_COMPRESSION_USED}" ||
@@ -4021,7 +4176,7 @@ step_transfer() {
         "${PIPESTATUS[@]}"
   else
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
+      "${names}" "${RB_COMPRESSION_USED}" |
       rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
         "${RB_COMPRESSION_USED}" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
@@ -4045,6 +4200,9 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((RB_DELTA)); then
+    RB_STEP_DETAIL+=", incremental: only changed files sent"
+  fi
 }
 
 #######################################
@@ -4053,18 +4211,26 @@ step_transfer() {
 #######################################
 step_verify() {
   local dst_kit info
+  local -a linked=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: nothing was sent'
     return 0
   fi
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  if ((RB_DELTA)); then
+    # unchanged files are links of the current install, which the last run verified: stat only
+    linked=(--linked-from "${RB_DST_ABS}")
+  fi
   if ! info=$(rb::kit "${RB_DST_HOST}" manifest verify "${RB_STAGING}" \
-    "${dst_kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"); then
+    "${dst_kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}" "${linked[@]}"); then
     rb::fail "the copy in ${RB_DST_HOST}:${RB_STAGING} differs from the source manifest (listed" \
       "above); the destination was not touched"
   fi
   rb::jparse "${info}"
   RB_STEP_DETAIL="${RB_J[checked]} entries match, ${RB_J[hashed]} files hashed (${RB_VERIFY})"
+  if ((RB_DELTA)); then
+    RB_STEP_DETAIL+=", ${RB_J[linked]} linked unchanged"
+  fi
 }
 
 #######################################

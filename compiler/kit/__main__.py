@@ -22,7 +22,8 @@ def _print(doc) -> None:
 
 
 def cmd_manifest_build(a) -> int:
-    m = manifest.build(a.root, a.exclude, a.algo, a.jobs)
+    m = manifest.build(a.root, a.exclude, a.algo, a.jobs,
+                       manifest.load(a.reuse) if a.reuse else None)
     tmp = f"{a.out}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         manifest.dump(m, f)
@@ -30,15 +31,16 @@ def cmd_manifest_build(a) -> int:
     if a.names:
         with open(a.names, "wb") as f:
             manifest.names(m, f)
-    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m)})
+    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m), "reused": m["reused"]})
     return 0
 
 
 def cmd_manifest_verify(a) -> int:
-    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs)
+    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs,
+                             linked_from=a.linked_from)
     for line in manifest.describe(result):
         print(line, file=sys.stderr)
-    _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "counts")})
+    _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "linked", "counts")})
     return 0 if result["ok"] else 1
 
 
@@ -55,6 +57,12 @@ def cmd_manifest_quick(a) -> int:
         print(f"changed at the destination: {rel}", file=sys.stderr)
     _print(result)
     return 0 if result["ok"] else 1
+
+
+def cmd_stage(a) -> int:
+    _print(hostfs.stage(a.dest, a.staging, manifest.load(a.manifest), manifest.load(a.installed),
+                        a.names_out))
+    return 0
 
 
 def cmd_relocate(a) -> int:
@@ -135,11 +143,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=jobs, default="auto")
     b.add_argument("--out", required=True)
     b.add_argument("--names")
+    b.add_argument("--reuse", help="an earlier install's manifest: unchanged files keep its digest")
     b.set_defaults(fn=cmd_manifest_build)
     v = m.add_parser("verify")
     v.add_argument("root")
     v.add_argument("manifest")
     v.add_argument("--jobs", type=jobs, default="auto")
+    v.add_argument("--linked-from", help="files hard-linked from here are checked by stat")
     v.set_defaults(fn=cmd_manifest_verify)
     q = m.add_parser("quick-check")
     q.add_argument("root")
@@ -156,6 +166,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--manifest")
     r.add_argument("--installed")
     r.set_defaults(fn=cmd_relocate)
+    st = sub.add_parser("stage", help="an incremental install's staging (hostfs.stage)")
+    st.add_argument("dest")
+    st.add_argument("staging")
+    st.add_argument("--manifest", required=True)
+    st.add_argument("--installed", required=True)
+    st.add_argument("--names-out", required=True)
+    st.set_defaults(fn=cmd_stage)
     s = sub.add_parser("scan")
     s.add_argument("root")
     s.add_argument("--exclude", action="append", default=[])

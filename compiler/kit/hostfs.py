@@ -145,3 +145,50 @@ def restore(dest: str, number: Optional[int] = None) -> dict:
         return {"restored": source, "kept_current_as": source}
     os.rename(source, dest)
     return {"restored": source, "kept_current_as": None}
+
+
+def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
+    """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
+    unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
+    mtime in both manifests, and the file at `dest` still has the recorded stat); writes the
+    NUL-separated names tar must still send (changed and new files, relocatable files, every
+    directory and symlink: tar restores their modes and targets). `dest` is never written."""
+    if new["header"].get("algo") != installed["header"].get("algo") or new["header"]["algo"] == "none":
+        raise ValueError("an incremental install needs digests of one algorithm in both manifests")
+    before = {e["p"]: e for e in installed["entries"]}
+    if os.path.lexists(staging):
+        shutil.rmtree(staging)
+    os.makedirs(staging)
+    send: list[str] = []
+    linked = linked_bytes = send_bytes = send_files = 0
+    for e in new["entries"]:                       # parents come before their children
+        rel = e["p"]
+        target = os.path.join(staging, rel)
+        if e["t"] == "d":
+            os.makedirs(target, exist_ok=True)
+            send.append(rel)
+            continue
+        old = before.get(rel)
+        if e["t"] == "f" and old is not None and not manifest.relocatable(rel) and \
+                old.get("h") == e.get("h") and \
+                all(old.get(k) == e.get(k) for k in manifest.QUICK_KEYS):
+            src = os.path.join(dest, rel)
+            try:
+                st = os.lstat(src)
+                if manifest.entry_of(dest, rel, st) == {k: v for k, v in old.items() if k != "h"}:
+                    os.link(src, target)
+                    linked += 1
+                    linked_bytes += e["s"]
+                    continue
+            except OSError:
+                pass                               # gone, another file system, not allowed: send
+        send.append(rel)
+        if e["t"] == "f":
+            send_files += 1
+            send_bytes += e["s"]
+    with open(names_path, "wb") as f:
+        for rel in send:
+            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+    return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
+            "send_bytes": send_bytes, "send_entries": len(send),
+            "removed": len(set(before) - {e["p"] for e in new["entries"]})}

@@ -22,6 +22,13 @@ from typing import Iterable, Iterator, Optional
 SCHEMA = 1
 CHUNK = 1 << 20
 SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
+
+
+def relocatable(rel: str) -> bool:
+    """What relocation may rewrite (bin/*, pyvenv.cfg): its installed content is not the source's,
+    so an incremental install never reuses its digest nor links it from the previous install."""
+    return rel == "pyvenv.cfg" or rel.startswith("bin/")
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
@@ -109,16 +116,33 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     return {"ok": True, "why": "same source, destination unchanged (stat check)"}
 
 
-def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4) -> dict:
-    """Scan and hash `root`; returns {"header", "entries", "totals"}."""
+def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
+          reuse: Optional[dict] = None) -> dict:
+    """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
+
+    With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
+    mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
+    trust as `rerun: quick`); relocatable files are always read."""
     entries, disk = [], 0
     for rel, st in walk(root, patterns):
         entries.append(entry_of(root, rel, st))
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
+    reused = 0
     if algo != "none":
+        before = {}
+        if reuse is not None and reuse["header"].get("algo") == algo:
+            before = {e["p"]: e for e in reuse["entries"] if e.get("t") == "f" and e.get("h")}
+        todo = []
+        for e in files:
+            old = before.get(e["p"])
+            if old and not relocatable(e["p"]) and all(old.get(k) == e.get(k) for k in QUICK_KEYS):
+                e["h"] = old["h"]
+                reused += 1
+            else:
+                todo.append(e)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for e, h in zip(files, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), files)):
+            for e, h in zip(todo, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), todo)):
                 e["h"] = h
     totals = {
         "entries": len(entries),
@@ -130,7 +154,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         "disk_bytes": disk,
     }
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
-    return {"header": header, "entries": entries, "totals": totals}
+    return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
 def dump(manifest: dict, out) -> None:
@@ -156,8 +180,19 @@ def fingerprint(manifest: dict) -> str:
     return h.hexdigest()
 
 
-def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
-    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`)."""
+def _same_inode(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
+           linked_from: Optional[str] = None) -> dict:
+    """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`).
+    With `linked_from`, a file that is a hard link of the same path there (an incremental install's
+    staging: unchanged files linked from the previous install) is checked by stat, not read."""
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
     have = {}
@@ -168,6 +203,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
     extra = sorted(set(have) - set(want))
     differ: list[dict] = []
     to_hash = []
+    linked = 0
     for rel in sorted(set(want) & set(have)):
         w, h = want[rel], have[rel]
         for key in ("t", "m", "s", "l"):
@@ -176,6 +212,10 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
                 break
         else:
             if w["t"] == "f" and algo != "none":
+                if linked_from and _same_inode(os.path.join(root, rel),
+                                               os.path.join(linked_from, rel)):
+                    linked += 1
+                    continue
                 to_hash.append(w)
     if to_hash:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -189,6 +229,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50) -> dict:
         "algo": algo,
         "checked": len(want),
         "hashed": len(to_hash),
+        "linked": linked,
         "missing": missing[:limit],
         "extra": extra[:limit],
         "differ": sorted(differ, key=lambda d: d["p"])[:limit],

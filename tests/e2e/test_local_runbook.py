@@ -156,3 +156,60 @@ def test_rerun_after_a_source_change_sends_again_and_verifies(payload_small, tmp
     assert r.returncode == 0, r.stderr[-3000:]
     assert "quick check: the source changed" in r.stderr
     assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source\n"
+
+
+def test_rerun_after_a_source_change_sends_only_what_changed(payload_small, tmp_path):
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "d" / "venv"
+    r = compile_and_run(tmp_path, src, dst, policy="backup")
+    assert r.returncode == 0, r.stderr[-3000:]
+    greeting = next(src.rglob("greeting.txt"))
+    old_greeting = greeting.read_text()
+    site = greeting.parents[2]                                      # site-packages
+    gone = next(p for p in sorted(site.rglob("*.py")) if p.name != "__init__.py")
+    gone_rel = gone.relative_to(src)
+    greeting.write_text("changed at the source\n")                 # changed
+    (site / "rb_new_module.py").write_text("VALUE = 7\n")           # new
+    gone.unlink()                                                   # removed
+    r = compile_and_run(tmp_path, src, dst, policy="backup")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    facts = steps["manifest"]["facts"]
+    # what is sent: the changed and the new file, and bin/ + pyvenv.cfg (relocation rewrites them)
+    assert facts["send_files"] < 30 and facts["linked_files"] > 0, facts
+    assert "incremental" in steps["transfer"]["detail"]
+    assert "linked unchanged" in steps["verify"]["detail"]
+    assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source\n"
+    assert (dst / (site / "rb_new_module.py").relative_to(src)).read_text() == "VALUE = 7\n"
+    assert not (dst / gone_rel).exists()
+    out = subprocess.run([str(dst / "bin" / "python"), "-c", "import sys, rb_new_module; "
+                          "print(sys.prefix, rb_new_module.VALUE)"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == [str(dst), "7"], out
+    # the previous install, kept as the backup, is as it was: links share content, nothing was
+    # written through them
+    backup = next(dst.parent.glob("venv.rb-backup.*"))
+    assert next(backup.rglob("greeting.txt")).read_text() == old_greeting
+    assert (backup / gone_rel).exists()
+    # and a third run finds everything up to date
+    r = compile_and_run(tmp_path, src, dst, policy="backup")
+    assert r.returncode == 0 and "quick check: destination up to date" in r.stderr, r.stderr[-2000:]
+
+
+def test_an_incremental_copy_that_fails_verification_leaves_the_install_alone(payload_small,
+                                                                             tmp_path):
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "d" / "venv"
+    assert compile_and_run(tmp_path, src, dst, policy="replace").returncode == 0
+    before = tree_digest(dst)
+    next(src.rglob("greeting.txt")).write_text("changed at the source\n")
+    r = compile_and_run(tmp_path, src, dst, "--only", "manifest", policy="replace")
+    assert r.returncode == 0 and "incremental:" in r.stderr, r.stderr[-3000:]
+    r = compile_and_run(tmp_path, src, dst, "--only", "transfer", policy="replace")
+    assert r.returncode == 0, r.stderr[-3000:]
+    staged = next((tmp_path / "d" / ".venv.rb-staging").rglob("greeting.txt"))
+    staged.write_text("CHANGED AT THE SOURCE\n")                  # same size, other bytes
+    r = compile_and_run(tmp_path, src, dst, "--from", "verify", policy="replace")
+    assert r.returncode == 1 and "greeting.txt (content" in r.stderr, r.stderr[-3000:]
+    assert tree_digest(dst) == before

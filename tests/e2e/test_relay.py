@@ -205,3 +205,28 @@ def test_progress_lines_appear_when_pv_is_installed(clean_lab, payload_small, tm
     r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, tmp_path / "d" / "venv")))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "progress: " in r.stderr
+
+
+@pytest.mark.e2e
+def test_a_rerun_after_a_source_change_streams_only_the_changed_files(clean_lab, payload_small,
+                                                                      tmp_path):
+    lab = clean_lab
+    src = tmp_path / "src" / "venv"
+    src.parent.mkdir()
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(lab, src, dst, policy="replace", compression="zstd"))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    greeting = next(src.rglob("greeting.txt"))
+    greeting.write_text("changed at the source, sent alone\n")
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "incremental:" in r.stderr and "linked from the current install" in r.stderr
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    assert steps["manifest"]["facts"]["linked_files"] > 0
+    assert steps["transfer"]["facts"]["files"] == steps["manifest"]["facts"]["send_files"]
+    assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source, sent alone\n"
+    out = lab.ssh("dst", [str(dst / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
+                  check=True).stdout
+    assert out.strip() == str(dst)

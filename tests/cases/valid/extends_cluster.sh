@@ -120,6 +120,9 @@ RB_BACKUP_MADE=''
 # the transfer hashes the source unless the manifest step already did in this run
 RB_HASH_DURING_STREAM=1
 RB_FINGERPRINT=''
+# an incremental install: staging holds links to the unchanged files, the stream only the rest
+RB_DELTA=0
+RB_SEND_NAMES=''
 RB_SRC_STAT=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -691,9 +694,9 @@ step_manifest() {
     fi
     rb::jparse "$(cat "${RB_RUN_DIR}/quick-check.json")"
     rb::log "quick check: ${RB_J[why]}"
-    if [[ "${RB_J[why]}" == "the source changed"* && "${RB_ON_EXISTING}" != refuse ]]; then
-      # hashing both sides would only confirm it: send now, hash the source during the stream
-      RB_STEP_DETAIL='source changed: hashed during the transfer'
+    if [[ "${RB_ON_EXISTING}" != refuse ]]; then
+      # the source changed, or files at the destination did: send only what differs
+      rb::delta_plan "${installed}"
       return 0
     fi
   fi
@@ -718,13 +721,55 @@ step_manifest() {
 }
 
 #######################################
+# The source or the destination changed since the destination was installed: send only what
+# differs. The
+# destination's manifest goes to the source, whose unchanged files (same mode, size and mtime)
+# keep their recorded digests; the destination links its unchanged files into a new staging and
+# names what the stream must still carry. $1: the installed manifest on the destination.
+#######################################
+rb::delta_plan() {
+  local installed=$1 src_kit dst_kit
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  if [[ "${RB_VERIFY}" == none ]]; then
+    RB_STEP_DETAIL='source changed: hashed during the transfer'
+    return 0
+  fi
+  rb::on_host "${RB_DST_HOST}" cat "${installed}" >"${RB_RUN_DIR}/installed.jsonl"
+  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
+    <"${RB_RUN_DIR}/installed.jsonl"
+  rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
+  rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
+  rb::manifest_share
+  RB_HASH_DURING_STREAM=0
+  rb::jparse "$(rb::kit "${RB_DST_HOST}" stage "${RB_DST_ABS}" "${RB_STAGING}" \
+    --manifest "${dst_kit}/${RB_NAME}.manifest.jsonl" --installed "${installed}" \
+    --names-out "${dst_kit}/${RB_NAME}.send-names")"
+  # through a file here: both ends may be one host and one kit directory
+  rb::on_host "${RB_DST_HOST}" cat "${dst_kit}/${RB_NAME}.send-names" >"${RB_RUN_DIR}/send-names"
+  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.send-names" \
+    <"${RB_RUN_DIR}/send-names"
+  RB_DELTA=1
+  RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
+  RB_SRC_BYTES=${RB_J[send_bytes]}
+  RB_SRC_FILES=${RB_J[send_files]}
+  rb::fact linked_files "${RB_J[linked]}"
+  rb::fact send_files "${RB_J[send_files]}"
+  rb::log "incremental: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) to send;" \
+    "${RB_J[linked]} unchanged files ($(rb::human "${RB_J[linked_bytes]}")) linked from the" \
+    "current install into staging; ${RB_J[removed]} entries gone from the source"
+  RB_STEP_DETAIL="source changed: ${RB_J[send_files]} files to send, ${RB_J[linked]} linked"
+}
+
+#######################################
 # Hash the source into its manifest (on the source, in parallel). Sets RB_FINGERPRINT.
+# Extra arguments go to `rbkit manifest build` (--reuse FILE).
 #######################################
 rb::manifest_build() {
   local src_kit
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl")"
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" "$@")"
   rb::manifest_facts
 }
 
@@ -777,13 +822,18 @@ case "$2" in
 esac'
 
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid=''
+  local src_kit start_ms ms bytes hash_pid='' names
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
   fi
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
+  names="${src_kit}/${RB_NAME}.names"
+  if ((RB_DELTA)); then
+    names=${RB_SEND_NAMES}      # staging already holds the unchanged files (the manifest step)
+  else
+    rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
+  fi
   if ((RB_HASH_DURING_STREAM)); then
     # a background job must not run the ERR trap (it would end the run from a subshell)
     (
@@ -800,12 +850,12 @@ step_transfer() {
   start_ms=$(rb::now_ms)
   if [[ "${RB_ROUTE_USED}" == direct ]]; then
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" \
+      "${names}" "${RB_COMPRESSION_USED}" \
       "$(rb::shq bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" "${RB_COMPRESSION_USED}")" \
       -o BatchMode=yes -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}"
   elif command -v pv >/dev/null; then
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
+      "${names}" "${RB_COMPRESSION_USED}" |
       pv -f -i 10 -b -t -a 2> >(tr '\r' '\n' | sed -u '/^$/d; s/^/    progress: /' >&2) |
       rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
         "${RB_COMPRESSION_USED}" ||
@@ -813,7 +863,7 @@ step_transfer() {
         "${PIPESTATUS[@]}"
   else
     rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" |
+      "${names}" "${RB_COMPRESSION_USED}" |
       rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
         "${RB_COMPRESSION_USED}" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
@@ -837,6 +887,9 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((RB_DELTA)); then
+    RB_STEP_DETAIL+=", incremental: only changed files sent"
+  fi
 }
 
 #######################################
@@ -845,18 +898,26 @@ step_transfer() {
 #######################################
 step_verify() {
   local dst_kit info
+  local -a linked=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: nothing was sent'
     return 0
   fi
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  if ((RB_DELTA)); then
+    # unchanged files are links of the current install, which the last run verified: stat only
+    linked=(--linked-from "${RB_DST_ABS}")
+  fi
   if ! info=$(rb::kit "${RB_DST_HOST}" manifest verify "${RB_STAGING}" \
-    "${dst_kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"); then
+    "${dst_kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}" "${linked[@]}"); then
     rb::fail "the copy in ${RB_DST_HOST}:${RB_STAGING} differs from the source manifest (listed" \
       "above); the destination was not touched"
   fi
   rb::jparse "${info}"
   RB_STEP_DETAIL="${RB_J[checked]} entries match, ${RB_J[hashed]} files hashed (${RB_VERIFY})"
+  if ((RB_DELTA)); then
+    RB_STEP_DETAIL+=", ${RB_J[linked]} linked unchanged"
+  fi
 }
 
 #######################################

@@ -122,6 +122,9 @@ RB_BACKUP_MADE=''
 # the transfer hashes the source unless the manifest step already did in this run
 RB_HASH_DURING_STREAM=1
 RB_FINGERPRINT=''
+# an incremental install: staging holds links to the unchanged files, the stream only the rest
+RB_DELTA=0
+RB_SEND_NAMES=''
 RB_SRC_STAT=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -591,7 +594,8 @@ rb::fan_bundle() {
 rb::fan_unused() {
   : "${RB_ROUTE}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
     "${RB_SRC_DISK}" "${RB_ROUTE_USED}" "${RB_BACKUP_MADE}" "${RB_HASH_DURING_STREAM}" \
-    "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}"
+    "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}" \
+    "${RB_DELTA}" "${RB_SEND_NAMES}"
 }
 
 #######################################
