@@ -239,16 +239,14 @@ def _analysis(result: dict, shaped: dict | None = None) -> str:
         rs1 = med(recs, "rerun.rsync.one")
         one, one_m = med(recs, "rerun.runbook.one"), med(recs, "rerun.runbook.one", "manifest")
         if rs1 and one:
-            text += (f" One small file changed: rsync moves that file ({t(rs1)} s) while the runbook sends "
-                     f"the whole tree again ({t(one)} s)")
-            if one_m:
-                text += (f", and before that its manifest step spends {t(one_m)} s hashing the source and "
-                         f"verifying the old install only to learn that it differs; once the quick check "
-                         f"has found a difference, going straight to the stream with the source hashed "
-                         f"alongside (as for a fresh destination) saves that")
-            text += (". A per-file delta (send only the entries whose digest differs, into a staging copy "
-                     "made from the old install with `cp --reflink` or hard links) would close the gap "
-                     "to rsync.")
+            steps = {k: med(recs, "rerun.runbook.one", k) for k in ("preflight", "manifest", "verify")}
+            text += (f" One small file changed: rsync moves that file ({t(rs1)} s); the runbook's "
+                     f"incremental re-run sends that file with bin/ and pyvenv.cfg and hard-links the "
+                     f"rest of the current install into the staging ({t(one)} s: "
+                     + ", ".join(f"{k} {t(v)} s" for k, v in steps.items() if v)
+                     + "). What remains is fixed cost: one Python start per kit call on each host, "
+                     "the stat walk of both trees, and the relocation and swap checks that start the "
+                     "moved interpreter and pip.")
         out.append(text)
     return "\n".join(out) + "\n"
 

@@ -101,7 +101,8 @@ class Bench:
         nodes = [json.loads(f.read_text()) for f in (d / "run" / "fanout").glob("node-*.json")]
         if nodes:      # each node's own step times: their sum is the work the shared cores did
             per = [sum(s["seconds"] for s in n["steps"]) for n in nodes]
-            row["node_work_s"] = {"sum": round(sum(per), 2), "max": round(max(per), 2)}
+            row["node_work_s"] = {"sum": round(sum(per), 2), "max": round(max(per), 2),
+                                  "cpu": round(sum(n.get("cpu_s", 0.0) for n in nodes), 2)}
         return row
 
 
@@ -170,9 +171,9 @@ def table(result: dict) -> str:
     out = [f"bundle {bundle / 1e6:.1f} MB ({result['blob_mib']} MiB random + the small venv + the "
            f"kit), {n} nodes on {result['cores']} shared cores",
            "",
-           "| run | wall s | x one node | sent by this machine | in bundles | node work: sum, "
-           "longest | slowest steps |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "| run | wall s | x one node | sent by this machine | in bundles | nodes' CPU s | "
+           "longest node s | slowest steps |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for key, r in rows.items():
         engine = key.split("-")[0]
         steps = r["steps"]
@@ -181,7 +182,7 @@ def table(result: dict) -> str:
             key=lambda kv: -kv[1])[:3]) if "each_s" not in steps else \
             "each " + " ".join(f"{x:.1f}" for x in steps["each_s"])
         w = r.get("node_work_s")
-        work = f"{w['sum']:.1f} s, {w['max']:.1f} s" if w else "-"
+        work = f"{w.get('cpu', 0):.1f} | {w['max']:.1f}" if w else "- | -"
         out.append(f"| {key} | {r['wall_s']:.1f} | {r['wall_s'] / base[engine]:.2f} | "
                    f"{r['sent_bytes'] / 1e6:.1f} MB | {r['sent_bytes'] / bundle:.1f} | "
                    f"{work} | {top} |")

@@ -152,7 +152,9 @@ def steps_table(result: dict) -> str:
         tr = step_stats(r, "transfer")
         skipped = any(s["steps"].get("transfer_skipped") for s in r["samples"] if s["ok"])
         lim = recs.get(plumbing_limit(r, recs) or "")
-        if tr and tr["median"] > 0.05 and not skipped:
+        if r["id"].startswith("rerun.") and not skipped:
+            cells += ["(only changed files)", ""]     # the payload's size is not what was sent
+        elif tr and tr["median"] > 0.05 and not skipped:
             mbs = r["bytes"] / tr["median"] / 1e6
             lsp = speed(lim) if lim else None
             cells += [f"{mbs:.0f}", "" if not lsp else f"{mbs / lsp:.2f}"]
@@ -277,7 +279,7 @@ def findings(result: dict) -> list[str]:
             s += f"; with `rerun: digest` {_t(dg)} s"
         for rid, what in (("rerun.rsync.one", "rsync two hops with one small file changed"),
                           ("rerun.seed.one", "the tar relay, which re-sends everything"),
-                          ("rerun.runbook.one", "our runbook with one small file changed (re-sends everything)")):
+                          ("rerun.runbook.one", "our runbook with one small file changed (sends the changed file, bin/ and pyvenv.cfg; links the rest)")):
             x = _med(recs, rid)
             if x:
                 s += f"; {what}: {_t(x)} s"

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -134,6 +135,9 @@ def node(a: argparse.Namespace) -> int:
             if r is not None:
                 doc["rolled_back"] = _json(r["out"])
     doc["ok"] = ok
+    # CPU seconds of this node's install (its children and itself): what the node's cores did
+    ru = [resource.getrusage(w) for w in (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF)]
+    doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
     emit(doc)
     return 0 if ok else 1
 
