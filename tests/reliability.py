@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reliability.md"
 FILES = ["tests/test_hostile.py", "tests/test_golden.py", "tests/e2e/test_faults.py",
-         "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/test_render.py"]
+         "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/test_render.py",
+         "tests/e2e/test_fanout.py", "tests/e2e/test_fanout_slurm.py", "tests/e2e/test_fanout_tree.py"]
 
 # (test-name prefix, row, what happens, what "nothing lost" means there)
 ROWS = [
@@ -46,6 +47,11 @@ ROWS = [
      "nothing installed"),
     ("test_a_file_changed_in_staging", "a file changed in staging (ssh hosts)",
      "fails in verify, file named", "nothing installed"),
+    ("test_a_byte_flipped_in_transit", "a byte flipped in transit by the relay (ssh hosts)",
+     "fails in verify on dst, file named", "previous install byte-identical"),
+    ("test_an_incremental_copy_that_fails", "a byte changed in an incremental re-run's staging "
+     "(unchanged files hard-linked from the install)", "fails in verify, file named",
+     "install byte-identical (nothing written through the links)"),
     ("test_a_file_deleted_from_staging", "a file deleted from staging", "fails in verify: missing, named",
      "destination byte-identical; re-run completes"),
     ("test_a_changed_host_key", "target host key changed", "refused in preflight",
@@ -60,6 +66,21 @@ ROWS = [
      "destination byte-identical"),
     ("test_existing_destination_survives", "refuse, then backup and --restore (ssh hosts)",
      "refused; backed up; restored", "previous install restored"),
+    ("test_odd_nodes_are_named_and_a_node_down", "fan-out through clush, 8 nodes: a node whose disk "
+     "corrupts a file, a node missing a module, a node killed mid-install",
+     "odd nodes named with what differs, the dead node named; `success: 5` met", "the other 5 "
+     "installed and probed"),
+    ("test_slurm_odd_node_named_and_node_down", "fan-out through Slurm (salloc, sbcast, srun), the "
+     "same three faults", "the same, from srun's output", "the other 5 installed and probed"),
+    ("test_policy_all_fails_the_run_when_a_node_is_down", "fan-out, one node down, `success: all`",
+     "the run fails, the node named", "-"),
+    ("test_a_node_whose_checks_fail_is_rolled_back", "fan-out: one node fails its checks after the "
+     "swap (on_existing: backup)", "that node rolled back, named in the table",
+     "its previous install back in place; others keep the new one"),
+    ("test_a_gateway_without_the_ssh_config", "clush tree mode: a gateway that cannot reach its "
+     "nodes", "its nodes named without a report; the rest install", "-"),
+    ("test_an_allocation_without_every_node", "Slurm allocation lacking nodes of the spec",
+     "refused in preflight, missing nodes named", "nothing moved"),
 ]
 
 

@@ -230,3 +230,38 @@ def test_a_rerun_after_a_source_change_streams_only_the_changed_files(clean_lab,
     out = lab.ssh("dst", [str(dst / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
                   check=True).stdout
     assert out.strip() == str(dst)
+
+
+FLIP = r'''#!/usr/bin/env python3
+# a relay that corrupts what it carries: pv's place in the pipeline, one byte of a file's content
+# flipped in transit (the text of greeting.txt), the stream otherwise passed through unchanged
+import sys
+data = sys.stdin.buffer.read()
+at = data.find(b"hello from rb_payload")
+if at >= 0:
+    data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+sys.stdout.buffer.write(data)
+'''
+
+
+@pytest.mark.e2e
+def test_a_byte_flipped_in_transit_is_caught_by_verify_and_nothing_is_installed(
+        clean_lab, payload_small, tmp_path):
+    lab = clean_lab
+    bad = tmp_path / "bad-relay"
+    bad.mkdir()
+    (bad / "pv").write_text(FLIP)
+    (bad / "pv").chmod(0o755)
+    dst = tmp_path / "dst" / "venv"
+    dst.mkdir(parents=True)
+    (dst / "old-install").write_text("the previous venv")
+    before = snapshot(dst)
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="replace",
+                                       compression="none"))
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), PATH=f"{bad}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED (rc=1) in step verify on host dst" in r.stderr
+    assert "greeting.txt (content" in r.stderr
+    assert snapshot(dst) == before                        # the previous install is untouched
