@@ -364,7 +364,7 @@ class Lab:
         """Lowest /24 of NET_PREFIX with no address on this machine (called under the alloc lock)."""
         out = _run(["ip", "-4", "-o", "addr", "show"]).stdout
         used = {int(m.group(1)) for m in re.finditer(rf"inet {re.escape(NET_PREFIX)}\.(\d+)\.", out)}
-        for slot in range(1, 255):
+        for slot in range(1, 250):     # 250 and up: the fan-out clusters (tests/lab/cluster.py)
             if slot not in used:
                 return slot
         raise LabError(f"no free /24 left in {NET_PREFIX}.0.0/16")
