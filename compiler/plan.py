@@ -25,7 +25,8 @@ SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@o
 
 STEP_DOCS = {
     "preflight": "Reach every host, ship the kit, check tools, source, destination and free space.",
-    "manifest": "Hash every file of the source (in parallel) into a manifest; detect a re-run.",
+    "manifest": "Hash every file of the source (in parallel) into a manifest; detect a re-run "
+                "and what an incremental one must send.",
     "transfer": "Stream the source into a staging directory beside the destination.",
     "verify": "Check the staging copy against the manifest: every file, mode, link and digest.",
     "relocate": "Rewrite what names the old path (shebangs, activate scripts) for the new one.",
@@ -282,6 +283,9 @@ def preview(step: str, spec: Spec) -> list[str]:
                    f" --jobs {spec.transfer.jobs or 'auto'}".replace("  ", " "))
         out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
         out.append(f"on {dst_host}: if {dst}/.rb-manifest.jsonl matches, skip the install")
+        if spec.transfer.on_existing != "refuse" and spec.transfer.verify != "none":
+            out.append(f"on {dst_host}: if it differs, rbkit stage: link unchanged files from {dst}"
+                       f" into {staging}, send only the rest")
     elif step == "transfer":
         out.append(f"on {dst_host}: rm -rf {staging} && mkdir -p {staging}")
         out.append(f"on {src_host}: tar -C {src} --null --no-recursion -T <manifest names> -cf - "

@@ -54,7 +54,7 @@ readonly -a RB_ENV=()
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -70,7 +70,8 @@ on b200: rbkit scan /opt/sglang/.venv; rbkit free /opt/sglang/..venv.rb-staging
 compression: zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit manifest build /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' --algo sha256 --jobs 16
 here: keep a copy in runs/cluster-b200/manifest.jsonl; send it to b200
-on b200: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install'
+on b200: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
+on b200: if it differs, rbkit stage: link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b200: rm -rf /opt/sglang/..venv.rb-staging && mkdir -p /opt/sglang/..venv.rb-staging
 on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none>
   | through this machine (relay) |
@@ -3996,7 +3997,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/8: manifest (specs/base.yaml:14)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed

@@ -53,7 +53,7 @@ readonly -a RB_ENV=(NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DIS
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -68,7 +68,8 @@ on here: rbkit scan /opt/torch-moved/.venv; rbkit free /opt/torch-moved/..venv.r
 compression: none'
   [manifest]='on here: rbkit manifest build /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 8
 here: keep a copy in runs/h200/manifest.jsonl; send it to here
-on here: if /opt/torch-moved/.venv/.rb-manifest.jsonl matches, skip the install'
+on here: if /opt/torch-moved/.venv/.rb-manifest.jsonl matches, skip the install
+on here: if it differs, rbkit stage: link unchanged files from /opt/torch-moved/.venv into /opt/torch-moved/..venv.rb-staging, send only the rest'
   [transfer]='on here: rm -rf /opt/torch-moved/..venv.rb-staging && mkdir -p /opt/torch-moved/..venv.rb-staging
 on here: tar -C /opt/torch/.venv --null --no-recursion -T <manifest names> -cf - | <compress: none>
   | through this machine (relay) |
@@ -3984,7 +3985,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/8: manifest (specs/h200.yaml:14)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed

@@ -53,7 +53,7 @@ readonly -a RB_ENV=()
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -68,7 +68,8 @@ on here: rbkit scan runs/local/venv; rbkit free runs/local/.venv.rb-staging
 compression: zstd -1 if both ends have zstd, else none'
   [manifest]='on here: rbkit manifest build .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 2
 here: keep a copy in runs/local/manifest.jsonl; send it to here
-on here: if runs/local/venv/.rb-manifest.jsonl matches, skip the install'
+on here: if runs/local/venv/.rb-manifest.jsonl matches, skip the install
+on here: if it differs, rbkit stage: link unchanged files from runs/local/venv into runs/local/.venv.rb-staging, send only the rest'
   [transfer]='on here: rm -rf runs/local/.venv.rb-staging && mkdir -p runs/local/.venv.rb-staging
 on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none>
   | through this machine (relay) |
@@ -3983,7 +3984,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/8: manifest (specs/local.yaml:15)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed

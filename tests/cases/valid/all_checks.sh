@@ -52,7 +52,7 @@ readonly -a RB_ENV=('HF_HOME=/data/hf cache' NCCL_NVLS_ENABLE=0)
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -668,7 +668,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/8: manifest (tests/cases/valid/all_checks.yaml:6)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed

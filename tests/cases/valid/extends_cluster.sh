@@ -54,7 +54,7 @@ readonly -a RB_ENV=()
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -70,7 +70,8 @@ on dst: rbkit scan /opt/venv; rbkit free /opt/.venv.rb-staging
 compression: zstd -1 if both ends have zstd, else none'
   [manifest]='on src: rbkit manifest build /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/extends-cluster/manifest.jsonl; send it to dst
-on dst: if /opt/venv/.rb-manifest.jsonl matches, skip the install'
+on dst: if /opt/venv/.rb-manifest.jsonl matches, skip the install
+on dst: if it differs, rbkit stage: link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest'
   [transfer]='on dst: rm -rf /opt/.venv.rb-staging && mkdir -p /opt/.venv.rb-staging
 on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none>
   | through this machine (relay) |
@@ -670,7 +671,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/8: manifest (tests/cases/extends_bases/base.yaml:9)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed

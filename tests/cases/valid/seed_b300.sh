@@ -53,7 +53,7 @@ readonly -a RB_ENV=()
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -69,7 +69,8 @@ on b300: rbkit scan /opt/sglang/.venv; rbkit free /opt/sglang/..venv.rb-staging
 compression: zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit manifest build /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/b300/manifest.jsonl; send it to b300
-on b300: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install'
+on b300: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
+on b300: if it differs, rbkit stage: link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b300: rm -rf /opt/sglang/..venv.rb-staging && mkdir -p /opt/sglang/..venv.rb-staging
 on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none>
   | through this machine (relay) |
@@ -669,7 +670,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/8: manifest (tests/cases/valid/seed_b300.yaml:13)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed

@@ -48,7 +48,7 @@ readonly -a RB_ENV=()
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
   [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
-  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run.'
+  [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
   [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
@@ -63,7 +63,8 @@ on dst: rbkit scan /scratch/envs/torch; rbkit free /scratch/envs/.torch.rb-stagi
 compression: gzip'
   [manifest]='on src: rbkit manifest build /opt/envs/torch --algo blake2b --jobs 16
 here: keep a copy in runs/ssh-options/manifest.jsonl; send it to dst
-on dst: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip the install'
+on dst: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip the install
+on dst: if it differs, rbkit stage: link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest'
   [transfer]='on dst: rm -rf /scratch/envs/.torch.rb-staging && mkdir -p /scratch/envs/.torch.rb-staging
 on src: tar -C /opt/envs/torch --null --no-recursion -T <manifest names> -cf - | <compress: gzip>
   | through this machine (relay) |
@@ -659,7 +660,7 @@ rb::preflight_route() {
 
 #######################################
 # Step 2/7: manifest (tests/cases/valid/ssh_options.yaml:19)
-# Hash every file of the source (in parallel) into a manifest; detect a re-run.
+# Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
   local installed
