@@ -69,3 +69,10 @@ def test_compare_folds_equal_rows_and_names_odd_and_missing():
 def test_fold_names():
     assert fanout.fold(["node01", "node02", "node03", "node05"]) == "node[01-03,05]"
     assert fanout.fold(["a1", "b2"]) == "a1,b2"
+
+
+def test_a_node_that_reports_its_full_hostname_is_matched_to_the_spec_name():
+    reports = {"node01.cluster.example": report("node01.cluster.example"), "node02": report("node02"),
+               "stranger": report("stranger")}
+    got = fanout.match_nodes(["node01", "node02"], reports)
+    assert set(got) == {"node01", "node02"} and got["node01"]["node"] == "node01"
