@@ -7,7 +7,7 @@ Rows, each a whole runbook run from compile to the comparison:
   ssh 1 node / ssh N sequential  (today's single-host runbook, one per node, one after the other)
 For each: wall seconds, the runbook's step times, and the bytes this machine sent into the cluster
 (the bridge's tx counter: node-to-node traffic is not counted). Prints a table and stores JSON in
-benchmarks/results/fanout.json. The payload is the small test venv plus a blob of random bytes
+benchmarks/results-fanout/fanout.json. The payload is the small test venv plus a blob of random bytes
 (incompressible), so the copy is not free.
 """
 
@@ -26,7 +26,8 @@ from compiler import cli
 from tests.lab.payload import build_payload
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# not results/: docs/benchmarks.md is written from every JSON there (the transfer benchmark)
+RESULTS = Path(__file__).resolve().parent / "results-fanout"
 DEST = "/tmp/rbfan-bench/venv"
 SSH_DEST = "/tmp/rbfan-bench/ssh-venv"     # not DEST: the single-host runbook would skip an equal copy
 

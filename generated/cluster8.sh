@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=280cfbf25aa44888
+readonly RB_KIT_ID=ec37f4cd98768b44
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -969,7 +969,9 @@ def node(a: argparse.Namespace) -> int:
     manifest = os.path.join(a.dir, "manifest.jsonl")
     payload = os.path.join(a.dir, "payload.tar" + {"zstd": ".zst", "lz4": ".lz4", "gzip": ".gz"}
                            .get(a.compression, ""))
-    doc: Dict[str, Any] = {"node": socket.gethostname(), "dest": dest, "steps": [], "ok": False,
+    # the engine's name for this node: Slurm's (it may differ from the hostname), else the hostname
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False,
                            "probe": None}
     rbkit = [py, "-m", "rbkit"]
 
@@ -1068,6 +1070,18 @@ def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
             continue
         if isinstance(doc, dict) and doc.get("node") == name:
             out[name] = doc
+    return out
+
+
+def match_nodes(nodes: List[str], reports: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Reports keyed by the spec's node names: a node that reported its full hostname
+    (node01.cluster.example) counts as node01 when the spec names node01; others are dropped."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, doc in reports.items():
+        short = name.split(".", 1)[0]
+        key = name if name in nodes else short if short in nodes else None
+        if key is not None and key not in out:
+            out[key] = dict(doc, node=key) if key != name else doc
     return out
 
 
@@ -1216,7 +1230,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if a.engine_err and os.path.exists(a.engine_err):
         with open(a.engine_err, encoding="utf-8", errors="replace") as f:
             err = f.read().splitlines()
-    reports = {n: d for n, d in reports.items() if n in nodes}
+    reports = match_nodes(nodes, reports)
     result = compare(nodes, reports, err, a.success)
     os.makedirs(a.out_dir, exist_ok=True)
     for n, doc in reports.items():
