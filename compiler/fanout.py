@@ -182,7 +182,8 @@ def warnings(source: Any, spec: Any) -> list:
 
 
 def partials(spec: Any) -> list[str]:
-    return ["partials/fanout.sh.j2"] if spec.fanout else []
+    """The state and helpers of how the runbook installs: on the nodes, or on one destination."""
+    return ["partials/fanout.sh.j2"] if spec.fanout else ["partials/install.sh.j2"]
 
 
 def preview(step: str, spec: Any) -> list[str]:

@@ -160,17 +160,17 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_SRC_PATH", src_path),
         _s("RB_DST_HOST", dst_host),
         _s("RB_DST_PATH", dst_path),
-        _s("RB_ROUTE", spec.transfer.route),
         _s("RB_COMPRESSION", spec.transfer.compression),
         _s("RB_VERIFY", spec.transfer.verify),
         _s("RB_ON_EXISTING", spec.transfer.on_existing),
-        _s("RB_RERUN", spec.transfer.rerun),
         _s("RB_JOBS", str(spec.transfer.jobs or "auto"), "hashing threads on each host (auto: one per CPU)"),
         _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
     ]
     if spec.fanout:
         settings += fanout.settings(spec)
+    else:   # the single-host install: its route and how a re-run compares
+        settings[-4:-4] = [_s("RB_ROUTE", spec.transfer.route), _s("RB_RERUN", spec.transfer.rerun)]
     if "probe" in steps or (spec.fanout and spec.checks):
         settings.append(_s("RB_ON_FAILED_CHECKS", failed_checks_policy(spec),
                            "on_failed_checks: what a failed check after the swap does"))
@@ -184,11 +184,13 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
          "words": list(spec.cuda.library_path_first) if spec.cuda else [],
          "comment": "cuda.library_path_first, relative to the venv's site-packages"},
         {"name": "RB_ENV", "words": env_pairs, "comment": "env"},
-        {"name": "RB_DIRECT_SSH", "words": direct_words(spec),
-         "comment": "route direct/auto: ssh arguments the source uses to reach the destination"},
     ]
     if spec.fanout:
         arrays += fanout.arrays(spec)
+    else:
+        arrays.append({"name": "RB_DIRECT_SSH", "words": direct_words(spec),
+                       "comment": "route direct/auto: ssh arguments the source uses to reach the "
+                       "destination"})
     maps = [
         {"name": "RB_STEP_DOC", "entries": [(s, STEP_DOCS[s]) for s in steps]},
         {"name": "RB_STEP_PREVIEW", "entries": [(s, "\n".join(preview(s, spec))) for s in steps]},

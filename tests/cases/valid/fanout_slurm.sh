@@ -25,11 +25,9 @@ readonly RB_SRC_HOST=here
 readonly RB_SRC_PATH=/opt/build/venv
 readonly RB_DST_HOST=here
 readonly RB_DST_PATH=/opt/venv
-readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=refuse
-readonly RB_RERUN=quick
 # hashing threads on each host (auto: one per CPU)
 readonly RB_JOBS=auto
 # cuda
@@ -61,8 +59,6 @@ readonly -a RB_EXCLUDE_ARGS=()
 readonly -a RB_LIB_FIRST=()
 # env
 readonly -a RB_ENV=()
-# route direct/auto: ssh arguments the source uses to reach the destination
-readonly -a RB_DIRECT_SSH=()
 # fanout.nodes, expanded
 readonly -a RB_FAN_NODE_LIST=(node01 node02 node03 node04 big1 big2)
 # extra slurm options
@@ -111,20 +107,9 @@ RB_STEP_START=0
 RB_FINISHED=0
 RB_DRY_RUN=0
 RB_FAILED_STEP=''
-RB_SKIP_INSTALL=0
 RB_SRC_BYTES=0
 RB_SRC_FILES=0
-RB_SRC_DISK=0
 RB_COMPRESSION_USED=none
-RB_ROUTE_USED=relay
-RB_BACKUP_MADE=''
-# the transfer hashes the source unless the manifest step already did in this run
-RB_HASH_DURING_STREAM=1
-RB_FINGERPRINT=''
-# an incremental install: staging holds links to the unchanged files, the stream only the rest
-RB_DELTA=0
-RB_SEND_NAMES=''
-RB_SRC_STAT=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
@@ -576,15 +561,11 @@ rb::fan_bundle() {
 }
 
 #######################################
-# Settings and state only the single-host steps use (route, rollback, staging beside the
-# destination here): a fan-out run installs on the nodes instead. Named here once so the
-# shared runtime stays the same in both kinds of runbook.
+# The single-host install's paths (staging beside the destination here) have no meaning here:
+# every node stages beside its own destination (rbkit.fanout node).
 #######################################
-rb::fan_unused() {
-  : "${RB_ROUTE}" "${RB_DIRECT_SSH[@]}" "${RB_SKIP_INSTALL}" \
-    "${RB_SRC_DISK}" "${RB_ROUTE_USED}" "${RB_BACKUP_MADE}" "${RB_HASH_DURING_STREAM}" \
-    "${RB_FINGERPRINT}" "${RB_STAGING}" "${RB_ENV_OUT}" "${RB_RERUN:-}" "${RB_SRC_STAT:-}" \
-    "${RB_DELTA}" "${RB_SEND_NAMES}"
+rb::install_paths() {
+  :
 }
 
 #######################################
@@ -858,8 +839,7 @@ rb::init() {
     -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
-  RB_STAGING="${RB_DST_ABS%/*}/.${RB_DST_ABS##*/}.rb-staging"
-  RB_ENV_OUT=${RB_ENV_FILE:-${RB_DST_ABS}.env.sh}
+  rb::install_paths
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
 }
 

@@ -26,11 +26,11 @@ readonly RB_SRC_HOST=ct200
 readonly RB_SRC_PATH=/opt/sglang/.venv
 readonly RB_DST_HOST=b300
 readonly RB_DST_PATH=/opt/sglang/.venv
-readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=backup
+readonly RB_ROUTE=relay
 readonly RB_RERUN=quick
+readonly RB_ON_EXISTING=backup
 # hashing threads on each host (auto: one per CPU)
 readonly RB_JOBS=auto
 # cuda
@@ -110,20 +110,9 @@ RB_STEP_START=0
 RB_FINISHED=0
 RB_DRY_RUN=0
 RB_FAILED_STEP=''
-RB_SKIP_INSTALL=0
 RB_SRC_BYTES=0
 RB_SRC_FILES=0
-RB_SRC_DISK=0
 RB_COMPRESSION_USED=none
-RB_ROUTE_USED=relay
-RB_BACKUP_MADE=''
-# the transfer hashes the source unless the manifest step already did in this run
-RB_HASH_DURING_STREAM=1
-RB_FINGERPRINT=''
-# an incremental install: staging holds links to the unchanged files, the stream only the rest
-RB_DELTA=0
-RB_SEND_NAMES=''
-RB_SRC_STAT=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
@@ -477,6 +466,32 @@ rb::host_ct200() {
 rb::host_b300() {
   RB_HOST_SSH=(-o ConnectTimeout=10 -o StrictHostKeyChecking=yes -p 22 -o IdentitiesOnly=yes -i "${HOME}"/.ssh/id_b300)
   RB_HOST_TARGET=ubuntu@b300.lab.internal
+}
+
+#######################################
+# State of the single-host install (a fan-out runbook installs on its nodes instead and has
+# templates/partials/fanout.sh.j2 in this place).
+#######################################
+RB_SKIP_INSTALL=0
+RB_SRC_DISK=0
+RB_ROUTE_USED=relay
+RB_BACKUP_MADE=''
+# the transfer hashes the source unless the manifest step already did in this run
+RB_HASH_DURING_STREAM=1
+RB_FINGERPRINT=''
+# an incremental install: staging holds links to the unchanged files, the stream only the rest
+RB_DELTA=0
+RB_SEND_NAMES=''
+RB_SRC_STAT=''
+RB_STAGING=''
+RB_ENV_OUT=''
+
+#######################################
+# Paths on the destination, once its absolute path is known: the staging beside it, the env file.
+#######################################
+rb::install_paths() {
+  RB_STAGING="${RB_DST_ABS%/*}/.${RB_DST_ABS##*/}.rb-staging"
+  RB_ENV_OUT=${RB_ENV_FILE:-${RB_DST_ABS}.env.sh}
 }
 
 #######################################
@@ -1046,8 +1061,7 @@ rb::init() {
     -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
-  RB_STAGING="${RB_DST_ABS%/*}/.${RB_DST_ABS##*/}.rb-staging"
-  RB_ENV_OUT=${RB_ENV_FILE:-${RB_DST_ABS}.env.sh}
+  rb::install_paths
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
 }
 
