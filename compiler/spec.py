@@ -457,6 +457,13 @@ class Fanout(Model):
     # (CLUSTERSHELL_GW_PYTHON_EXECUTABLE); it must import ClusterShell. Default /usr/bin/python3.
     gateway_python: Optional[AbsPath] = None
 
+    @field_validator("width")
+    @classmethod
+    def _sbcast_fanout(cls, value: Optional[int], info: ValidationInfo) -> Optional[int]:
+        if value is not None and value > 8 and info.data.get("engine") == "slurm":
+            raise ValueError(f"{value}: with slurm, width is sbcast's --fanout, at most 8")
+        return value
+
     @model_validator(mode="after")
     def _fits(self) -> "Fanout":
         from .fanout import expand
@@ -471,8 +478,6 @@ class Fanout(Model):
             raise ValueError("ssh_config and topology are clush settings (engine: clush)")
         if self.gateway_python and not self.topology:
             raise ValueError("gateway_python is for clush tree mode (topology): set topology too")
-        if self.engine == "slurm" and self.width is not None and self.width > 8:
-            raise ValueError(f"width: {self.width}: with slurm it is sbcast's --fanout, at most 8")
         return self
 
 
