@@ -119,39 +119,42 @@ def settings(spec: Any) -> list[dict]:
         {"name": "RB_FAN_CONNECT_TIMEOUT", "value": str(f.connect_timeout), "comment": ""},
         {"name": "RB_FAN_SCRATCH", "value": scratch(spec),
          "comment": "on each node: the bundle (.tar) and where it is unpacked"},
-        {"name": "RB_FAN_TOPOLOGY", "value": f.topology or "",
-         "comment": "clush tree mode (fanout.topology); empty: this machine sends to every node"},
-    ]
+    ] + ([{"name": "RB_FAN_TOPOLOGY", "value": f.topology or "",
+           "comment": "clush tree mode (fanout.topology); empty: this machine sends to every node"}]
+         if f.engine == "clush" else [])
 
 
 def arrays(spec: Any) -> list[dict]:
+    """The node list, and the options only the spec's engine takes."""
+    f = spec.fanout
+    nodes = {"name": "RB_FAN_NODE_LIST", "words": expand(f.nodes),
+             "comment": "fanout.nodes, expanded"}
+    if f.engine == "slurm":
+        return [nodes, {"name": "RB_FAN_COPY_OPTS", "words": sbcast_opts(spec),
+                        "comment": "sbcast options"}]
+    return [nodes,
+            {"name": "RB_FAN_ENGINE_OPTS", "words": clush_opts(spec), "comment": "clush options"},
+            {"name": "RB_FAN_CLUSH", "words": clush_words(spec),
+             "comment": "how clush is started (tree mode: with the gateways' python)"}]
+
+
+def clush_opts(spec: Any) -> list[str]:
     f = spec.fanout
     opts: list[str] = []
-    if f.engine == "clush":
-        if f.ssh_config:
-            opts += ["-o", f"-F {f.ssh_config}"]
-        if f.width:
-            opts += ["-f", str(f.width)]
-        if f.topology:
-            opts += [f"--topology={f.topology}"]
-    return [
-        {"name": "RB_FAN_NODE_LIST", "words": expand(f.nodes), "comment": "fanout.nodes, expanded"},
-        {"name": "RB_FAN_ENGINE_OPTS", "words": opts, "comment": f"extra {f.engine} options"},
-        {"name": "RB_FAN_CLUSH", "words": clush_words(spec),
-         "comment": "how clush is started (tree mode: with the gateways' python)"},
-        {"name": "RB_FAN_COPY_OPTS", "words": copy_opts(spec),
-         "comment": "extra options of the copy only"},
-    ]
+    if f.ssh_config:
+        opts += ["-o", f"-F {f.ssh_config}"]
+    if f.width:
+        opts += ["-f", str(f.width)]
+    if f.topology:
+        opts += [f"--topology={f.topology}"]
+    return opts
 
 
-def copy_opts(spec: Any) -> list[str]:
+def sbcast_opts(spec: Any) -> list[str]:
     """sbcast --fanout: how many nodes this machine sends the bundle to; they forward it through
     Slurm's message tree (measured: the head sends exactly fanout copies, whatever the node
     count). sbcast's own default is 8; ours is 2 (width sets it, at most 8)."""
-    f = spec.fanout
-    if f.engine == "slurm":
-        return [f"--fanout={min(f.width or SBCAST_FANOUT, 8)}"]
-    return []
+    return [f"--fanout={min(spec.fanout.width or SBCAST_FANOUT, 8)}"]
 
 
 def clush_words(spec: Any) -> list[str]:
@@ -183,7 +186,9 @@ def warnings(source: Any, spec: Any) -> list:
 
 def partials(spec: Any) -> list[str]:
     """The state and helpers of how the runbook installs: on the nodes, or on one destination."""
-    return ["partials/fanout.sh.j2"] if spec.fanout else ["partials/install.sh.j2"]
+    if not spec.fanout:
+        return ["partials/install.sh.j2"]
+    return ["partials/fanout.sh.j2", f"partials/fanout_{spec.fanout.engine}.sh.j2"]
 
 
 def preview(step: str, spec: Any) -> list[str]:
@@ -193,9 +198,8 @@ def preview(step: str, spec: Any) -> list[str]:
     _dst_host, dst = spec.transfer.target
     d = scratch(spec)
     bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
-    opts = " ".join(shlex.quote(o) for o in arrays(spec)[1]["words"])
-    opts = f" {opts}" if opts else ""
-    copy = "".join(f" {shlex.quote(o)}" for o in copy_opts(spec))
+    opts = "".join(f" {shlex.quote(o)}" for o in clush_opts(spec)) if f.engine == "clush" else ""
+    copy = "".join(f" {shlex.quote(o)}" for o in sbcast_opts(spec)) if f.engine == "slurm" else ""
     node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} && python3 -m rbkit.fanout node --dir {d} "
                 f"--dest {dst} --old {src} ...'")
     t = f.timeout_s
@@ -218,7 +222,7 @@ def preview(step: str, spec: Any) -> list[str]:
             return [f"timeout {t} srun -N {len(expand(f.nodes))} -n {len(expand(f.nodes))} "
                     f"--ntasks-per-node=1 -w {f.nodes} --chdir={f.scratch} "
                     f"--immediate={f.connect_timeout} "
-                    f"--time={max(1, (t + 59) // 60)} -K0{opts} {node_cmd}"]
+                    f"--time={max(1, (t + 59) // 60)} -K0 {node_cmd}"]
         return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} {node_cmd}"]
     if step == "fan_compare":
         policy = "every node" if f.success == "all" else f"at least {f.success} nodes"

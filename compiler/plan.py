@@ -160,17 +160,20 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_SRC_PATH", src_path),
         _s("RB_DST_HOST", dst_host),
         _s("RB_DST_PATH", dst_path),
+        *([] if spec.fanout else [_s("RB_ROUTE", spec.transfer.route)]),
         _s("RB_COMPRESSION", spec.transfer.compression),
         _s("RB_VERIFY", spec.transfer.verify),
         _s("RB_ON_EXISTING", spec.transfer.on_existing),
+        *([] if spec.fanout else [
+            _s("RB_RERUN", spec.transfer.rerun),
+            _s("RB_INCREMENTAL", "1" if incremental(spec) else "0",
+               "a re-run that finds changes sends only them (see docs/design.md)")]),
         _s("RB_JOBS", str(spec.transfer.jobs or "auto"), "hashing threads on each host (auto: one per CPU)"),
         _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
     ]
     if spec.fanout:
         settings += fanout.settings(spec)
-    else:   # the single-host install: its route and how a re-run compares
-        settings[-4:-4] = [_s("RB_ROUTE", spec.transfer.route), _s("RB_RERUN", spec.transfer.rerun)]
     if "probe" in steps or (spec.fanout and spec.checks):
         settings.append(_s("RB_ON_FAILED_CHECKS", failed_checks_policy(spec),
                            "on_failed_checks: what a failed check after the swap does"))
@@ -241,6 +244,12 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
     }
 
 
+def incremental(spec: Spec) -> bool:
+    """Whether a re-run that finds the source or the destination changed sends only what differs:
+    it replaces the install (not with `refuse`) and links unchanged files by their digests."""
+    return spec.transfer.on_existing != "refuse" and spec.transfer.verify != "none"
+
+
 def step_host(step: str, src_host: str, dst_host: str) -> str:
     """The host a step is mostly about (named in its log lines and the report)."""
     if step == "manifest":
@@ -285,7 +294,7 @@ def preview(step: str, spec: Spec) -> list[str]:
                    f" --jobs {spec.transfer.jobs or 'auto'}".replace("  ", " "))
         out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
         out.append(f"on {dst_host}: if {dst}/.rb-manifest.jsonl matches, skip the install")
-        if spec.transfer.on_existing != "refuse" and spec.transfer.verify != "none":
+        if incremental(spec):
             out.append(f"on {dst_host}: if it differs, rbkit stage: link unchanged files from {dst}"
                        f" into {staging}, send only the rest")
     elif step == "transfer":

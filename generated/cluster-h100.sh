@@ -27,11 +27,13 @@ readonly RB_SRC_HOST=ct200
 readonly RB_SRC_PATH=/opt/sglang/.venv
 readonly RB_DST_HOST=h100
 readonly RB_DST_PATH=/opt/sglang/.venv
+readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
-readonly RB_ROUTE=relay
-readonly RB_RERUN=quick
 readonly RB_ON_EXISTING=backup
+readonly RB_RERUN=quick
+# a re-run that finds changes sends only them (see docs/design.md)
+readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU)
 readonly RB_JOBS=auto
 # cuda
@@ -122,6 +124,26 @@ declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 declare -A RB_PY=()
 declare -A RB_J=()
+
+# The sending end of every stream (a single-host transfer, a fan-out pack), run on the source:
+# $1 directory, $2 NUL-separated names, $3 compression; with $4, the stream goes on through
+# ssh with the arguments from $5 on, to $4 (the direct route), instead of stdout.
+readonly RB_PACK_SCRIPT='set -o pipefail
+pack() {
+  case "$3" in
+    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
+    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
+    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
+  esac
+}
+if [ "$#" -gt 3 ]; then
+  src=$1 names=$2 comp=$3 remote=$4
+  shift 4
+  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
+else
+  pack "$1" "$2" "$3"
+fi'
 
 #######################################
 # Log a line to stderr: time, runbook, step, message.
@@ -4036,7 +4058,7 @@ step_manifest() {
     fi
     rb::jparse "$(cat "${RB_RUN_DIR}/quick-check.json")"
     rb::log "quick check: ${RB_J[why]}"
-    if [[ "${RB_ON_EXISTING}" != refuse ]]; then
+    if ((RB_INCREMENTAL)); then
       # the source changed, or files at the destination did: send only what differs
       rb::delta_plan "${installed}"
       return 0
@@ -4073,10 +4095,6 @@ rb::delta_plan() {
   local installed=$1 src_kit dst_kit
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  if [[ "${RB_VERIFY}" == none ]]; then
-    RB_STEP_DETAIL='source changed: hashed during the transfer'
-    return 0
-  fi
   rb::on_host "${RB_DST_HOST}" cat "${installed}" >"${RB_RUN_DIR}/installed.jsonl"
   rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
     <"${RB_RUN_DIR}/installed.jsonl"
@@ -4138,23 +4156,8 @@ rb::manifest_share() {
 # Step 3/8: transfer (specs/cluster-h100.yaml:8)
 # Stream the source into a staging directory beside the destination.
 #######################################
-# The two ends of the stream. $1: directory, $2: NUL-separated name list (pack), $3/$2: compression.
-readonly RB_PACK_SCRIPT='set -o pipefail
-pack() {
-  case "$3" in
-    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
-    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
-    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
-    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
-  esac
-}
-if [ "$#" -gt 3 ]; then
-  src=$1 names=$2 comp=$3 remote=$4
-  shift 4
-  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
-else
-  pack "$1" "$2" "$3"
-fi'
+# The receiving end of the stream (RB_PACK_SCRIPT, the sending end, is in the runtime).
+# $1: directory, $2: compression.
 readonly RB_UNPACK_SCRIPT='set -o pipefail
 case "$2" in
   zstd) zstd -q -d -c | tar -C "$1" -xf - --no-same-owner ;;

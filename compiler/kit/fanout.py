@@ -148,7 +148,7 @@ def emit(doc: Dict[str, Any], out=None) -> None:
     """Print a node's report as `RBFAN NODE I/N CHUNK` lines (see the module's docstring)."""
     out = out or sys.stdout
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    parts = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)] or [""]
+    parts = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)]
     for i, part in enumerate(parts, 1):
         out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], i, len(parts), part))
         out.flush()

@@ -44,8 +44,6 @@ readonly RB_FAN_TIMEOUT=600
 readonly RB_FAN_CONNECT_TIMEOUT=10
 # on each node: the bundle (.tar) and where it is unpacked
 readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-slurm
-# clush tree mode (fanout.topology); empty: this machine sends to every node
-readonly RB_FAN_TOPOLOGY=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
@@ -61,11 +59,7 @@ readonly -a RB_LIB_FIRST=()
 readonly -a RB_ENV=()
 # fanout.nodes, expanded
 readonly -a RB_FAN_NODE_LIST=(node01 node02 node03 node04 big1 big2)
-# extra slurm options
-readonly -a RB_FAN_ENGINE_OPTS=()
-# how clush is started (tree mode: with the gateways' python)
-readonly -a RB_FAN_CLUSH=(clush)
-# extra options of the copy only
+# sbcast options
 readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
 declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
@@ -118,6 +112,26 @@ declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 declare -A RB_PY=()
 declare -A RB_J=()
+
+# The sending end of every stream (a single-host transfer, a fan-out pack), run on the source:
+# $1 directory, $2 NUL-separated names, $3 compression; with $4, the stream goes on through
+# ssh with the arguments from $5 on, to $4 (the direct route), instead of stdout.
+readonly RB_PACK_SCRIPT='set -o pipefail
+pack() {
+  case "$3" in
+    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
+    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
+    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
+  esac
+}
+if [ "$#" -gt 3 ]; then
+  src=$1 names=$2 comp=$3 remote=$4
+  shift 4
+  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
+else
+  pack "$1" "$2" "$3"
+fi'
 
 #######################################
 # Log a line to stderr: time, runbook, step, message.
@@ -456,7 +470,8 @@ rb::host_here() {
 }
 
 #######################################
-# Fan-out helpers: the engine's commands (clush or srun/sbcast) and what every node runs.
+# Fan-out helpers: what every node runs, and what both engines share. The engine's own commands
+# (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this one.
 #######################################
 # What every node runs: unpack the bundle the engine brought, then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
@@ -464,14 +479,6 @@ readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
 rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
-# Pack the source on the source host: $1 root, $2 NUL-separated names, $3 compression.
-readonly RB_FAN_PACK_SCRIPT='set -o pipefail
-case "$3" in
-  zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
-  lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
-  gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
-  *) exec tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
-esac'
 RB_FAN_RC=0
 
 #######################################
@@ -490,6 +497,41 @@ rb::fan_run() {
     rb::log "${1} exited ${RB_FAN_RC}; what it said:"
     tail -n 20 "${RB_RUN_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
   fi
+}
+
+#######################################
+# Fail unless every tool named is installed here.
+#######################################
+rb::fan_need() {
+  local tool
+  for tool in "$@"; do
+    if ! command -v "${tool}" >/dev/null; then
+      rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
+    fi
+  done
+}
+
+#######################################
+# The bundle this machine hands to the engine.
+#######################################
+rb::fan_bundle() {
+  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
+}
+
+#######################################
+# The single-host install's paths (staging beside the destination here) have no meaning here:
+# every node stages beside its own destination (rbkit.fanout node).
+#######################################
+rb::install_paths() {
+  :
+}
+
+#######################################
+# The Slurm engine: inside an allocation, sbcast carries the bundle, one srun task per node installs.
+#######################################
+rb::fan_ready() {
+  rb::fan_need srun sbcast scontrol
+  rb::fan_allocation
 }
 
 #######################################
@@ -530,42 +572,21 @@ rb::fan_allocation() {
 }
 
 #######################################
-# clush tree mode: `true` on every node through the gateways before anything is packed. An error
-# of ClusterShell's tree (this machine is not the topology's root; no route through the gateways:
-# a gateway whose python lacks ClusterShell, a gateway down) ends the run here; nodes that do not
-# answer are logged and the run goes on (the success policy decides at the end).
+# Copy the bundle $1 to every node of the allocation (through Slurm's message tree).
 #######################################
-rb::fan_tree_check() {
-  local said
-  mkdir -p "${RB_RUN_DIR}/fanout"
-  rb::fan_run tree "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-    -u "$((RB_FAN_CONNECT_TIMEOUT * 2 + 10))" "${RB_FAN_ENGINE_OPTS[@]}" true
-  said=$(grep -m1 'TREE MODE' "${RB_RUN_DIR}/fanout/tree.err" || true)
-  if [[ -n "${said}" ]]; then
-    rb::fail "clush tree mode (${RB_FAN_TOPOLOGY}): ${said#clush: }. ClusterShell names this" \
-      "machine ${HOSTNAME%%.*}: the [routes] must start there; every gateway runs" \
-      "${RB_FAN_CLUSH[1]#*=} -m ClusterShell.Gateway (fanout.gateway_python) and ssh with this" \
-      "runbook's ssh options (fanout.ssh_config must exist on every gateway)"
-  fi
-  if ((RB_FAN_RC != 0)); then
-    rb::log "not every node answered through the tree (exit ${RB_FAN_RC}); the run goes on, the" \
-      "comparison names the nodes without a report"
-  fi
+rb::fan_copy() {
+  rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
+    "$1" "${RB_FAN_SCRATCH}.tar"
 }
 
 #######################################
-# The bundle this machine hands to the engine.
+# One task per node: unpack the bundle, install and probe; arguments go to `rbkit.fanout node`.
 #######################################
-rb::fan_bundle() {
-  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
-}
-
-#######################################
-# The single-host install's paths (staging beside the destination here) have no meaning here:
-# every node stages beside its own destination (rbkit.fanout node).
-#######################################
-rb::install_paths() {
-  :
+rb::fan_install() {
+  rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
+    --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
+    --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
+    --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@"
 }
 
 #######################################
@@ -658,24 +679,8 @@ RB_PY_5EB6C9BA
 #######################################
 step_fan_preflight() {
   local host tool
-  case "${RB_FAN_ENGINE}" in
-    clush) tool=clush ;;
-    *) tool=srun ;;
-  esac
-  for tool in "${tool}" sbcast scontrol timeout tar; do
-    if [[ "${tool}" == sbcast || "${tool}" == scontrol ]] && [[ "${RB_FAN_ENGINE}" != slurm ]]; then
-      continue
-    fi
-    if ! command -v "${tool}" >/dev/null; then
-      rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
-    fi
-  done
-  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_allocation
-  fi
-  if [[ "${RB_FAN_ENGINE}" == clush && -n "${RB_FAN_TOPOLOGY}" ]]; then
-    rb::fan_tree_check
-  fi
+  rb::fan_need timeout tar
+  rb::fan_ready
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
 if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
@@ -729,7 +734,7 @@ step_fan_pack() {
     gzip) payload+=.gz ;;
     *) ;;
   esac
-  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_FAN_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
+  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
     "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" >"${dir}/bundle/${payload}"
   cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/bundle/kit/"
   bundle=$(rb::fan_bundle)
@@ -743,17 +748,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
-  local bundle
-  bundle=$(rb::fan_bundle)
-  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
-      "${bundle}" "${RB_FAN_SCRATCH}.tar"
-  else
-    # --dest names the file: in tree mode a directory without a trailing / would be taken for
-    # the file's name (ClusterShell's TreeWorker)
-    rb::fan_run copy "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH}.tar"
-  fi
+  rb::fan_copy "$(rb::fan_bundle)"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
       "comparison names the nodes without a report"
@@ -777,17 +772,7 @@ step_fan_install() {
   for item in "${RB_ENV[@]}"; do
     args+=(--env "${item}")
   done
-  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
-      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
-      --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
-      --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 "${RB_FAN_ENGINE_OPTS[@]}" \
-      sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}"
-  else
-    rb::fan_run install "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
-      "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}")"
-  fi
+  rb::fan_install "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
 }
 

@@ -62,12 +62,10 @@ readonly -a RB_LIB_FIRST=()
 readonly -a RB_ENV=()
 # fanout.nodes, expanded
 readonly -a RB_FAN_NODE_LIST=(gpu001 gpu002 gpu003 gpu004 gpu005 gpu006 gpu007 gpu008 gpu009 gpu010 gpu011 gpu012 gpu013 gpu014 gpu015 gpu016 gpu017 gpu018 gpu019 gpu020 gpu021 gpu022 gpu023 gpu024 gpu025 gpu026 gpu027 gpu028 gpu029 gpu030 gpu031 gpu032 gpu033 gpu034 gpu035 gpu036 gpu037 gpu038 gpu039 gpu040 gpu041 gpu042 gpu043 gpu044 gpu045 gpu046 gpu047 gpu048 gpu049 gpu050 gpu051 gpu052 gpu053 gpu054 gpu055 gpu056 gpu057 gpu058 gpu059 gpu060 gpu061 gpu062 gpu063 gpu064 gpu065 gpu066 gpu067 gpu068 gpu069 gpu070 gpu071 gpu072 gpu073 gpu074 gpu075 gpu076 gpu077 gpu078 gpu079 gpu080 gpu081 gpu082 gpu083 gpu084 gpu085 gpu086 gpu087 gpu088 gpu089 gpu090 gpu091 gpu092 gpu093 gpu094 gpu095 gpu096 gpu097 gpu098 gpu099 gpu100 gpu101 gpu102 gpu103 gpu104 gpu105 gpu106 gpu107 gpu108 gpu109 gpu110 gpu111 gpu112 gpu113 gpu114 gpu115 gpu116 gpu117 gpu118 gpu119 gpu120 gpu121 gpu122 gpu123 gpu124 gpu125 gpu126 gpu127 gpu128)
-# extra clush options
+# clush options
 readonly -a RB_FAN_ENGINE_OPTS=(-o '-F /etc/rb/ssh_config' --topology=/etc/clustershell/topology.conf)
 # how clush is started (tree mode: with the gateways' python)
 readonly -a RB_FAN_CLUSH=(env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush)
-# extra options of the copy only
-readonly -a RB_FAN_COPY_OPTS=()
 declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
   [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.'
@@ -119,6 +117,26 @@ declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 declare -A RB_PY=()
 declare -A RB_J=()
+
+# The sending end of every stream (a single-host transfer, a fan-out pack), run on the source:
+# $1 directory, $2 NUL-separated names, $3 compression; with $4, the stream goes on through
+# ssh with the arguments from $5 on, to $4 (the direct route), instead of stdout.
+readonly RB_PACK_SCRIPT='set -o pipefail
+pack() {
+  case "$3" in
+    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
+    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
+    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
+    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
+  esac
+}
+if [ "$#" -gt 3 ]; then
+  src=$1 names=$2 comp=$3 remote=$4
+  shift 4
+  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
+else
+  pack "$1" "$2" "$3"
+fi'
 
 #######################################
 # Log a line to stderr: time, runbook, step, message.
@@ -467,7 +485,8 @@ rb::host_head() {
 }
 
 #######################################
-# Fan-out helpers: the engine's commands (clush or srun/sbcast) and what every node runs.
+# Fan-out helpers: what every node runs, and what both engines share. The engine's own commands
+# (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this one.
 #######################################
 # What every node runs: unpack the bundle the engine brought, then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
@@ -475,14 +494,6 @@ readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
 rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
-# Pack the source on the source host: $1 root, $2 NUL-separated names, $3 compression.
-readonly RB_FAN_PACK_SCRIPT='set -o pipefail
-case "$3" in
-  zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
-  lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
-  gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
-  *) exec tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
-esac'
 RB_FAN_RC=0
 
 #######################################
@@ -504,40 +515,41 @@ rb::fan_run() {
 }
 
 #######################################
-# Slurm: the runbook runs inside an allocation that holds every node of the spec. Says how to get
-# one when it does not; names the nodes the allocation lacks. sbcast copies to every node of the
-# allocation, so extra nodes are named too.
+# Fail unless every tool named is installed here.
 #######################################
-rb::fan_allocation() {
-  local node alloc
-  local -a missing=() extra=() held=()
-  if [[ -z "${SLURM_JOB_ID:-}" ]]; then
-    rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
-      "${RB_FAN_NODES} --no-kill bash ${0##*/} (--no-kill: a node that fails does not end the" \
-      "allocation, the others finish)"
-  fi
-  read -ra held <<<"$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" | tr '\n' ' ')"
-  alloc=" ${held[*]} "
-  for node in "${RB_FAN_NODE_LIST[@]}"; do
-    if [[ "${alloc}" != *" ${node} "* ]]; then
-      missing+=("${node}")
+rb::fan_need() {
+  local tool
+  for tool in "$@"; do
+    if ! command -v "${tool}" >/dev/null; then
+      rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
     fi
   done
-  if ((${#missing[@]})); then
-    rb::fail "nodes $(scontrol show hostlist "$(IFS=,; printf '%s' "${missing[*]}")") are not in" \
-      "this allocation (job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST:-none}): salloc -N" \
-      "${#RB_FAN_NODE_LIST[@]} -w ${RB_FAN_NODES} --no-kill bash ${0##*/}"
+}
+
+#######################################
+# The bundle this machine hands to the engine.
+#######################################
+rb::fan_bundle() {
+  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
+}
+
+#######################################
+# The single-host install's paths (staging beside the destination here) have no meaning here:
+# every node stages beside its own destination (rbkit.fanout node).
+#######################################
+rb::install_paths() {
+  :
+}
+
+#######################################
+# The ClusterShell engine: clush --copy, then one clush command on every node (through gateways
+# when fanout.topology is set).
+#######################################
+rb::fan_ready() {
+  rb::fan_need clush
+  if [[ -n "${RB_FAN_TOPOLOGY}" ]]; then
+    rb::fan_tree_check
   fi
-  for node in "${held[@]}"; do
-    if [[ " ${RB_FAN_NODE_LIST[*]} " != *" ${node} "* ]]; then
-      extra+=("${node}")
-    fi
-  done
-  if ((${#extra[@]})); then
-    rb::log "note: the allocation also holds ${extra[*]}; sbcast copies the bundle there too," \
-      "nothing is installed there"
-  fi
-  rb::log "slurm job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST}"
 }
 
 #######################################
@@ -565,18 +577,21 @@ rb::fan_tree_check() {
 }
 
 #######################################
-# The bundle this machine hands to the engine.
+# Copy the bundle $1 to every node. --dest names the file: in tree mode a directory without a
+# trailing / would be taken for the file's name (ClusterShell's TreeWorker).
 #######################################
-rb::fan_bundle() {
-  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
+rb::fan_copy() {
+  rb::fan_run copy "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "$1" --dest "${RB_FAN_SCRATCH}.tar"
 }
 
 #######################################
-# The single-host install's paths (staging beside the destination here) have no meaning here:
-# every node stages beside its own destination (rbkit.fanout node).
+# On every node: unpack the bundle, install and probe; arguments go to `rbkit.fanout node`.
 #######################################
-rb::install_paths() {
-  :
+rb::fan_install() {
+  rb::fan_run install "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
+    -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
+    "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@")"
 }
 
 #######################################
@@ -669,24 +684,8 @@ RB_PY_5EB6C9BA
 #######################################
 step_fan_preflight() {
   local host tool
-  case "${RB_FAN_ENGINE}" in
-    clush) tool=clush ;;
-    *) tool=srun ;;
-  esac
-  for tool in "${tool}" sbcast scontrol timeout tar; do
-    if [[ "${tool}" == sbcast || "${tool}" == scontrol ]] && [[ "${RB_FAN_ENGINE}" != slurm ]]; then
-      continue
-    fi
-    if ! command -v "${tool}" >/dev/null; then
-      rb::fail "engine ${RB_FAN_ENGINE}: ${tool} is not installed here"
-    fi
-  done
-  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_allocation
-  fi
-  if [[ "${RB_FAN_ENGINE}" == clush && -n "${RB_FAN_TOPOLOGY}" ]]; then
-    rb::fan_tree_check
-  fi
+  rb::fan_need timeout tar
+  rb::fan_ready
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
 if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
@@ -740,7 +739,7 @@ step_fan_pack() {
     gzip) payload+=.gz ;;
     *) ;;
   esac
-  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_FAN_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
+  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
     "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" >"${dir}/bundle/${payload}"
   cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/bundle/kit/"
   bundle=$(rb::fan_bundle)
@@ -754,17 +753,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
-  local bundle
-  bundle=$(rb::fan_bundle)
-  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
-      "${bundle}" "${RB_FAN_SCRATCH}.tar"
-  else
-    # --dest names the file: in tree mode a directory without a trailing / would be taken for
-    # the file's name (ClusterShell's TreeWorker)
-    rb::fan_run copy "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" --copy "${bundle}" --dest "${RB_FAN_SCRATCH}.tar"
-  fi
+  rb::fan_copy "$(rb::fan_bundle)"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
       "comparison names the nodes without a report"
@@ -788,17 +777,7 @@ step_fan_install() {
   for item in "${RB_ENV[@]}"; do
     args+=(--env "${item}")
   done
-  if [[ "${RB_FAN_ENGINE}" == slurm ]]; then
-    rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
-      --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
-      --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
-      --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 "${RB_FAN_ENGINE_OPTS[@]}" \
-      sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}"
-  else
-    rb::fan_run install "${RB_FAN_CLUSH[@]}" -w "${RB_FAN_NODES}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
-      -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
-      "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "${args[@]}")"
-  fi
+  rb::fan_install "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
 }
 
