@@ -149,9 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_s": round(sum(r["wall_s"] for r in seq), 2),
                 "sent_bytes": sum(r["sent_bytes"] for r in seq),
                 "steps": {"each_s": [r["wall_s"] for r in seq]}}
-            bundle = next(json.loads(p.read_text()) for p in [work / "slurmn" / "run" /
-                                                              "report.json"])
-            bundle_bytes = next(s["facts"]["bundle_bytes"] for s in bundle["steps"]
+            report = json.loads((work / "slurmn" / "run" / "report.json").read_text())
+            bundle_bytes = next(s["facts"]["bundle_bytes"] for s in report["steps"]
                                 if s["id"] == "fan_pack")
     result = {"nodes": n, "blob_mib": a.blob_mib, "bundle_bytes": int(bundle_bytes),
               "cores": os.cpu_count(), "rows": rows,

@@ -13,19 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from compiler import cli
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
-from tests.lab.fixtures import in_ci
+from tests.lab import fanout
 
 DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
 
 
 def require_cluster() -> None:
-    reason = cluster_unavailable_reason()
-    if reason:
-        if in_ci():
-            pytest.fail(f"fan-out cluster unavailable in CI: {reason}", pytrace=False)
-        pytest.skip(f"fan-out cluster unavailable: {reason}")
+    fanout.require(cluster_unavailable_reason(), "fan-out cluster")
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +31,12 @@ def cluster():
 
 
 def spec(c: Cluster, venv: Path, *, name="fan8", success="all", engine="clush") -> str:
-    return f"""name: {name}
-hosts:
-  here: {{local: true}}
-transfer:
-  from: here:{venv}
-  to: here:{DEST}
-  compression: zstd
-  exclude: [__pycache__, '*.pyc']
-  on_existing: replace
-  jobs: 2
-fanout:
-  engine: {engine}
-  nodes: {c.nodeset}
-  success: {success}
-  timeout_s: 120
-  connect_timeout: 5
-  ssh_config: {c.ssh_config}
-checks:
-  - imports: [rb_payload, sqlite3]
-  - command: {{name: hello, run: "payload-hello"}}
-"""
+    return fanout.spec(name, venv, DEST, engine=engine, nodes=c.nodeset, success=success,
+                       extra=f"  ssh_config: {c.ssh_config}\n")
 
 
 def build(tmp_path: Path, text: str, name: str) -> Path:
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(text)
-    assert cli.main([str(p), "-o", str(tmp_path)]) == 0
-    return tmp_path / f"{name}.sh"
+    return fanout.build(tmp_path, text, name)
 
 
 def start(tmp_path: Path, script: Path, *args: str) -> subprocess.Popen:
@@ -99,24 +72,13 @@ def test_clush_fanout_installs_and_probes_every_node(cluster, payload_small, tmp
 
 @pytest.mark.e2e
 def test_odd_nodes_are_named_and_a_node_down_mid_run_is_reported(cluster, payload_small, tmp_path):
-    # node03: its tar "corrupts" a file of every staging copy it extracts (a bad disk)
-    bad = tmp_path / "bad-sbin"
-    bad.mkdir()
-    (bad / "tar").write_text('#!/bin/sh\n/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
-                             '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
-                             'exit $rc\n')
-    (bad / "tar").chmod(0o755)
-    # node07: a slow tar, so the test can take the node down while it installs
-    slow = tmp_path / "slow-sbin"
-    slow.mkdir()
-    (slow / "tar").write_text('#!/bin/sh\ncase "$*" in *rb-staging*) sleep 20 ;; esac\n'
-                              'exec /usr/bin/tar "$@"\n')
-    (slow / "tar").chmod(0o755)
-    sqlite = next(Path("/root/.pyenv/versions/3.11.7/lib/python3.11/lib-dynload").glob("_sqlite3*"))
+    bad = fanout.corrupting_tar(tmp_path / "bad-sbin")   # node03: a disk that corrupts a file
+    slow = fanout.slow_tar(tmp_path / "slow-sbin", 20)   # node07: time to take it down mid-install
+    sqlite = fanout.sqlite_module()
     try:
         cluster.restart_node("node03", binds=[(str(bad), "/usr/local/sbin")])
         # node05: a system library missing: `import sqlite3` fails there only
-        cluster.restart_node("node05", binds=[("/dev/null", str(sqlite))])
+        cluster.restart_node("node05", binds=[("/dev/null", sqlite)])
         cluster.restart_node("node07", binds=[(str(slow), "/usr/local/sbin")])
         script = build(tmp_path, spec(cluster, payload_small.venv, name="fanodd", success=5),
                        "fanodd")

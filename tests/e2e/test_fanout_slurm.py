@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler import cli
-from tests.lab.fixtures import in_ci
+from compiler.fanout import SBCAST_FANOUT
+from tests.lab import fanout
 from tests.lab.payload import build_payload
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
@@ -24,44 +24,19 @@ DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
 
 @pytest.fixture(scope="module")
 def slurm():
-    reason = slurm_unavailable_reason()
-    if reason:
-        if in_ci():
-            pytest.fail(f"slurm mini-cluster unavailable in CI: {reason}", pytrace=False)
-        pytest.skip(f"slurm mini-cluster unavailable: {reason}")
+    fanout.require(slurm_unavailable_reason(), "slurm mini-cluster")
     with SlurmCluster(8, subnet="10.213.252") as c:
         yield c
 
 
 def spec(c: SlurmCluster, venv: Path, *, name: str, success="all", nodes=None,
          extra: str = "") -> str:
-    return f"""name: {name}
-hosts:
-  here: {{local: true}}
-transfer:
-  from: here:{venv}
-  to: here:{DEST}
-  compression: zstd
-  exclude: [__pycache__, '*.pyc']
-  on_existing: replace
-  jobs: 2
-fanout:
-  engine: slurm
-  nodes: {nodes or c.nodeset}
-  success: {success}
-  timeout_s: 120
-  connect_timeout: 10
-{extra}checks:
-  - imports: [rb_payload, sqlite3]
-  - command: {{name: hello, run: "payload-hello"}}
-"""
+    return fanout.spec(name, venv, DEST, engine="slurm", nodes=nodes or c.nodeset,
+                       success=success, connect_timeout=10, extra=extra)
 
 
 def build(tmp_path: Path, text: str, name: str) -> Path:
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(text)
-    assert cli.main([str(p), "-o", str(tmp_path)]) == 0
-    return tmp_path / f"{name}.sh"
+    return fanout.build(tmp_path, text, name)
 
 
 def start(c: SlurmCluster, tmp_path: Path, argv: list[str]) -> subprocess.Popen:
@@ -127,22 +102,12 @@ def test_an_allocation_without_every_node_is_refused_before_anything_moves(slurm
 
 @pytest.mark.e2e
 def test_slurm_odd_node_named_and_node_down_mid_run_reported(slurm, payload_small, tmp_path):
-    # node02: its tar "corrupts" a file of every staging copy it extracts (a bad disk)
-    bad = tmp_path / "bad-sbin"
-    bad.mkdir()
-    (bad / "tar").write_text('#!/bin/sh\n/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
-                             '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
-                             'exit $rc\n')
-    (bad / "tar").chmod(0o755)
-    slow = tmp_path / "slow-sbin"
-    slow.mkdir()
-    (slow / "tar").write_text('#!/bin/sh\ncase "$*" in *rb-staging*) sleep 30 ;; esac\n'
-                              'exec /usr/bin/tar "$@"\n')
-    (slow / "tar").chmod(0o755)
-    sqlite = next(Path("/root/.pyenv/versions/3.11.7/lib/python3.11/lib-dynload").glob("_sqlite3*"))
+    bad = fanout.corrupting_tar(tmp_path / "bad-sbin")   # node02: a disk that corrupts a file
+    slow = fanout.slow_tar(tmp_path / "slow-sbin", 30)   # node06: time to take it down mid-install
+    sqlite = fanout.sqlite_module()
     try:
         slurm.restart_node("node02", binds=[(str(bad), "/usr/local/sbin")])
-        slurm.restart_node("node04", binds=[("/dev/null", str(sqlite))])    # import sqlite3 fails
+        slurm.restart_node("node04", binds=[("/dev/null", sqlite)])    # import sqlite3 fails
         slurm.restart_node("node06", binds=[(str(slow), "/usr/local/sbin")])
         script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmodd", success=5),
                        "slurmodd")
@@ -183,5 +148,5 @@ def test_sbcast_carries_the_bundle_as_a_tree_not_once_per_node(slurm, tmp_path):
     bundle = next(s["facts"]["bundle_bytes"] for s in steps if s["id"] == "fan_pack")
     ratio = sent / int(bundle)
     print(f"\nbundle {int(bundle) / 1e6:.1f} MB; this machine sent {sent / 1e6:.1f} MB into the "
-          f"cluster for 8 nodes: {ratio:.2f} bundles (TreeWidth={slurm.tree_width})")
-    assert ratio < slurm.tree_width + 1      # flat, it would be 8 bundles
+          f"cluster for 8 nodes: {ratio:.2f} bundles (sbcast --fanout={SBCAST_FANOUT})")
+    assert ratio < SBCAST_FANOUT + 1         # flat, it would be 8 bundles

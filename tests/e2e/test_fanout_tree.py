@@ -15,13 +15,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from compiler import cli
 from tests.e2e.test_fanout import require_cluster
+from tests.lab import fanout
 from tests.lab.cluster import Cluster
 from tests.lab.payload import build_payload
 
@@ -72,35 +71,16 @@ def topology(d: Path, head: str = HEAD) -> Path:
 
 
 def spec(c: Cluster, venv: Path, name: str, *, topo: Path | None, on_existing="replace",
-         extra="") -> str:
+         success="all", extra="") -> str:
     tree = f"  topology: {topo}\n  gateway_python: /usr/bin/python3\n" if topo else ""
-    return f"""name: {name}
-hosts:
-  here: {{local: true}}
-transfer:
-  from: here:{venv}
-  to: here:{DEST}
-  compression: zstd
-  exclude: [__pycache__, '*.pyc']
-  on_existing: {on_existing}
-  jobs: 2
-fanout:
-  engine: clush
-  nodes: {c.nodeset}
-  timeout_s: 120
-  connect_timeout: 5
-  ssh_config: {c.ssh_config}
-{tree}{extra}checks:
-  - imports: [rb_payload, sqlite3]
-  - command: {{name: hello, run: "payload-hello"}}
-"""
+    return fanout.spec(name, venv, DEST, engine="clush", nodes=c.nodeset, on_existing=on_existing,
+                       success=success, extra=f"  ssh_config: {c.ssh_config}\n{tree}{extra}")
 
 
 def run(d: Path, text: str, name: str, timeout: float = 300) -> tuple[int, str, Path]:
     out = d / name
     out.mkdir()
-    (out / f"{name}.yaml").write_text(text)
-    assert cli.main([str(out / f"{name}.yaml"), "-o", str(out)]) == 0
+    fanout.build(out, text, name)
     env = dict(os.environ, RB_RUN_DIR=str(out / "run"), PATH=f"{d / 'bin'}:{os.environ['PATH']}")
     p = subprocess.run(["bash", str(out / f"{name}.sh")], cwd=out, env=env, capture_output=True,
                        text=True, timeout=timeout)
@@ -170,7 +150,7 @@ def test_a_gateway_without_the_ssh_config_loses_its_nodes_only(cluster, work):
     try:
         cluster.restart_node("node01", binds=[("/dev/null", str(cluster.ssh_config))])
         rc, err, rundir = run(work, spec(cluster, work / "src" / "venv", "gwcfg", topo=topo,
-                                         extra="  success: 5\n"), "gwcfg")
+                                         success=5), "gwcfg")
     finally:
         cluster.restart_node("node01")
     fan = json.loads((rundir / "fanout" / "fanout.json").read_text())
@@ -193,13 +173,12 @@ def test_a_node_whose_checks_fail_is_rolled_back_the_others_keep_the_new_install
     assert {on_node(cluster, n, f"{DEST}/rb_version.txt") for n in cluster.names} == {"1"}
 
     (venv / "rb_version.txt").write_text("2\n")
-    lib = Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    sqlite = next((lib / "lib-dynload").glob("_sqlite3*"))
+    sqlite = fanout.sqlite_module()
     try:
         # node05 (a gateway) loses _sqlite3: `import sqlite3` fails there only, after the swap
-        cluster.restart_node("node05", binds=[("/dev/null", str(sqlite))])
+        cluster.restart_node("node05", binds=[("/dev/null", sqlite)])
         rc, err, rundir = run(work, spec(cluster, venv, "v2", topo=topo, on_existing="backup",
-                                         extra="  success: 7\non_failed_checks: rollback\n"), "v2")
+                                         success=7, extra="on_failed_checks: rollback\n"), "v2")
     finally:
         cluster.restart_node("node05")
     assert rc == 0, err[-6000:]                 # success: 7, and 7 passed

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from compiler.fanout import expand
+
 from .cluster import Cluster, _run, cluster_unavailable_reason
 from .errors import LabError
 
@@ -75,8 +77,7 @@ class SlurmCluster(Cluster):
         """argv that runs `argv` here inside an allocation of the nodes (all by default).
         --no-kill: a node that fails does not end the allocation (the others finish)."""
         ns = nodes or self.nodeset
-        count = len(self.names) if nodes is None else len(_hostnames(ns, self.env))
-        return ["salloc", "-N", str(count), "-w", ns, "--no-kill", f"--immediate={immediate}",
+        return ["salloc", "-N", str(len(expand(ns))), "-w", ns, "--no-kill", f"--immediate={immediate}",
                 "--time=30", "-J", "rbfan-test", *argv]
 
     # -- lifecycle
@@ -206,8 +207,9 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         raise LabError(f"{name} did not come back idle: {self.states().get(name)}")
 
     def stop(self) -> None:
-        subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=20,
-                       env=self.env, check=False) if self.conf.exists() else None
+        if self.conf.exists():
+            subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=20,
+                           env=self.env, check=False)
         if self.ctld is not None and self.ctld.poll() is None:
             self.ctld.terminate()
             try:
@@ -219,12 +221,6 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         if pid.exists():
             _run(["/usr/sbin/munged", "--stop", f"--socket={self.munge_socket}"], check=False)
         super().stop()
-
-
-def _hostnames(nodeset: str, env: dict[str, str]) -> list[str]:
-    r = subprocess.run(["scontrol", "show", "hostnames", nodeset], capture_output=True, text=True,
-                       timeout=20, env=env, check=True)
-    return r.stdout.split()
 
 
 def _kill_stale_daemons() -> None:

@@ -1,0 +1,85 @@
+"""What the fan-out end-to-end tests share: the spec they compile (every engine, the same checks),
+compiling it, the precondition that fails in CI instead of skipping, and the node faults they
+plant (a tar that corrupts what it extracts, a slow tar, a system module taken away)."""
+
+from __future__ import annotations
+
+import _sqlite3
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from compiler import cli
+
+from .fixtures import in_ci
+
+
+def require(reason: Optional[str], what: str) -> None:
+    """Skip when the cluster cannot run here, but never in CI: there it is a failure."""
+    if reason:
+        if in_ci():
+            pytest.fail(f"{what} unavailable in CI: {reason}", pytrace=False)
+        pytest.skip(f"{what} unavailable: {reason}")
+
+
+def spec(name: str, venv: Path, dest: str, *, engine: str, nodes: str, success="all",
+         on_existing: str = "replace", connect_timeout: int = 5, extra: str = "") -> str:
+    """A fan-out spec: this machine is source and head; every node installs at `dest` and checks
+    `import rb_payload, sqlite3` and the payload's console script. `extra`: more `fanout:` lines."""
+    return f"""name: {name}
+hosts:
+  here: {{local: true}}
+transfer:
+  from: here:{venv}
+  to: here:{dest}
+  compression: zstd
+  exclude: [__pycache__, '*.pyc']
+  on_existing: {on_existing}
+  jobs: 2
+fanout:
+  engine: {engine}
+  nodes: {nodes}
+  success: {success}
+  timeout_s: 120
+  connect_timeout: {connect_timeout}
+{extra}checks:
+  - imports: [rb_payload, sqlite3]
+  - command: {{name: hello, run: "payload-hello"}}
+"""
+
+
+def build(out: Path, text: str, name: str) -> Path:
+    """Compile `text` into out/NAME.sh (through the compiler's own entry point)."""
+    p = out / f"{name}.yaml"
+    p.write_text(text)
+    assert cli.main([str(p), "-o", str(out)]) == 0
+    return out / f"{name}.sh"
+
+
+def _tar_wrapper(d: Path, body: str) -> Path:
+    d.mkdir(parents=True)
+    (d / "tar").write_text("#!/bin/sh\n" + body)
+    (d / "tar").chmod(0o755)
+    return d
+
+
+def corrupting_tar(d: Path) -> Path:
+    """A dir holding a `tar` that appends a line to pyvenv.cfg of every staging copy it extracts
+    (a bad disk): bind it over a node's /usr/local/sbin."""
+    return _tar_wrapper(d, '/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
+                           '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
+                           'exit $rc\n')
+
+
+def slow_tar(d: Path, seconds: int) -> Path:
+    """A dir holding a `tar` that waits before extracting a staging copy: time to take the node
+    down while it installs."""
+    return _tar_wrapper(d, f'case "$*" in *rb-staging*) sleep {seconds} ;; esac\n'
+                           'exec /usr/bin/tar "$@"\n')
+
+
+def sqlite_module() -> str:
+    """The interpreter's _sqlite3 extension (the payload venvs' base python is this one): bind
+    /dev/null over it in a node's mount namespace and `import sqlite3` fails there only."""
+    return _sqlite3.__file__
