@@ -146,6 +146,31 @@ else
 fi'
 
 #######################################
+# Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
+# have: auto takes zstd where every end has it, else none; a named tool one end lacks fails.
+#######################################
+rb::choose_compression() {
+  local want=${RB_COMPRESSION} tool host
+  RB_COMPRESSION_USED=none
+  case "${want}" in
+    none) return 0 ;;
+    auto) tool=zstd ;;
+    *) tool=${want} ;;
+  esac
+  for host in "$@"; do
+    if ! rb::on_host "${host}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
+      if [[ "${want}" == auto ]]; then
+        rb::log "compression: ${tool} missing on ${host}, sending uncompressed"
+        return 0
+      fi
+      rb::fail "compression ${want} was asked for, but ${host} has no ${tool}"
+    fi
+  done
+  RB_COMPRESSION_USED=${tool}
+  rb::log "compression: ${tool} (every end has it)"
+}
+
+#######################################
 # Log a line to stderr: time, runbook, step, message.
 #######################################
 rb::log() {
@@ -655,31 +680,16 @@ print(sys.executable)"')
 }
 
 #######################################
-# Decide the stream's compression from the spec and what both ends have.
+# Decide the stream's compression: none when both ends are this machine (no link to save),
+# else from the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
-  local want=${RB_COMPRESSION} tool host
-  RB_COMPRESSION_USED=none
-  if [[ "${want}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
+    RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
     return 0
   fi
-  case "${want}" in
-    none) return 0 ;;
-    auto) tool=zstd ;;
-    *) tool=${want} ;;
-  esac
-  for host in "${RB_SRC_HOST}" "${RB_DST_HOST}"; do
-    if ! rb::on_host "${host}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
-      if [[ "${want}" == auto ]]; then
-        rb::log "compression: ${tool} missing on ${host}, sending uncompressed"
-        return 0
-      fi
-      rb::fail "compression ${want} was asked for, but ${host} has no ${tool}"
-    fi
-  done
-  RB_COMPRESSION_USED=${tool}
-  rb::log "compression: ${tool} (both ends have it)"
+  rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
 }
 
 #######################################

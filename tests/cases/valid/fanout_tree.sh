@@ -139,6 +139,31 @@ else
 fi'
 
 #######################################
+# Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
+# have: auto takes zstd where every end has it, else none; a named tool one end lacks fails.
+#######################################
+rb::choose_compression() {
+  local want=${RB_COMPRESSION} tool host
+  RB_COMPRESSION_USED=none
+  case "${want}" in
+    none) return 0 ;;
+    auto) tool=zstd ;;
+    *) tool=${want} ;;
+  esac
+  for host in "$@"; do
+    if ! rb::on_host "${host}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
+      if [[ "${want}" == auto ]]; then
+        rb::log "compression: ${tool} missing on ${host}, sending uncompressed"
+        return 0
+      fi
+      rb::fail "compression ${want} was asked for, but ${host} has no ${tool}"
+    fi
+  done
+  RB_COMPRESSION_USED=${tool}
+  rb::log "compression: ${tool} (every end has it)"
+}
+
+#######################################
 # Log a line to stderr: time, runbook, step, message.
 #######################################
 rb::log() {
@@ -683,7 +708,7 @@ RB_PY_5EB6C9BA
 # Reach the source, check the engine and its tools here, list the nodes.
 #######################################
 step_fan_preflight() {
-  local host tool
+  local host
   rb::fan_need timeout tar
   rb::fan_ready
   for host in "${RB_HOSTS[@]}"; do
@@ -698,19 +723,9 @@ print(sys.executable)')
   fi
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_FILES=${RB_J[files]}
-  RB_COMPRESSION_USED=none
-  case "${RB_COMPRESSION}" in
-    none) ;;
-    auto) tool=zstd ;;
-    *) tool=${RB_COMPRESSION} ;;
-  esac
-  if [[ "${RB_COMPRESSION}" != none ]]; then
-    if command -v "${tool}" >/dev/null && rb::on_host "${RB_SRC_HOST}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
-      RB_COMPRESSION_USED=${tool}
-    elif [[ "${RB_COMPRESSION}" != auto ]]; then
-      rb::fail "compression ${RB_COMPRESSION}: ${tool} missing here or on ${RB_SRC_HOST}"
-    fi
-  fi
+  # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
+  # extract and is named); this machine, the head, stands in for them here
+  rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
   rb::log "source: ${RB_SRC_FILES} files, $(rb::human "${RB_SRC_BYTES}"); ${#RB_FAN_NODE_LIST[@]}" \
     "nodes ${RB_FAN_NODES} through ${RB_FAN_ENGINE}; compression ${RB_COMPRESSION_USED}"
   rb::fact nodes "${#RB_FAN_NODE_LIST[@]}"
