@@ -312,7 +312,29 @@ def change_one_file(env: Env, payload: str, root: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ peers
-class Seed(CopyRow):
+class PeerRow(CopyRow):
+    """A peer's shell command, timed; with state "one" it keeps its copy between rounds."""
+
+    state = "fresh"
+
+    def command(self, env: Env) -> str:
+        raise NotImplementedError
+
+    def first_copy(self, env: Env) -> None:
+        """The untimed full copy a re-run row starts from."""
+        s = timed(env, self.command(env), self.timeout)
+        if not s.ok:
+            raise RuntimeError(f"{self.id}: the untimed first copy failed: {s.error}")
+
+    def run(self, env: Env) -> list[Sample]:
+        return [timed(env, self.command(env), self.timeout)]
+
+    def cleanup(self, env: Env) -> None:
+        if self.state == "fresh":
+            super().cleanup(env)
+
+
+class Seed(PeerRow):
     """The hand-typed pipeline: ssh src "tar c" | ssh dst "tar x"."""
 
     group = "peers"
@@ -338,21 +360,13 @@ class Seed(CopyRow):
             return
         if not self.dest(env).is_dir():       # the first time: an untimed full copy
             super().prepare(env)
-            s = timed(env, self.command(env), self.timeout)
-            if not s.ok:
-                raise RuntimeError(f"{self.id}: the untimed first copy failed: {s.error}")
+            self.first_copy(env)
         change_one_file(env, self.payload or "torch", self.dest(env))
         env.flush()
 
-    def run(self, env: Env) -> list[Sample]:
-        return [timed(env, self.command(env), self.timeout)]
-
-    def cleanup(self, env: Env) -> None:
-        if self.state == "fresh":
-            super().cleanup(env)
 
 
-class Rsync2Hop(CopyRow):
+class Rsync2Hop(PeerRow):
     """rsync -a src -> a directory on this machine -> dst (src cannot reach dst)."""
 
     group = "peers"
@@ -377,20 +391,12 @@ class Rsync2Hop(CopyRow):
             super().prepare(env)
             self.hop(env).mkdir()
             if self.state != "fresh":
-                s = timed(env, self.command(env), self.timeout)
-                if not s.ok:
-                    raise RuntimeError(f"{self.id}: the untimed first copy failed: {s.error}")
+                self.first_copy(env)
         if self.state == "one":
             change_one_file(env, self.payload or "torch", self.hop(env))
             change_one_file(env, self.payload or "torch", self.dest(env))
         env.flush()
 
-    def run(self, env: Env) -> list[Sample]:
-        return [timed(env, self.command(env), self.timeout)]
-
-    def cleanup(self, env: Env) -> None:
-        if self.state == "fresh":
-            super().cleanup(env)
 
 
 class Scp3(CopyRow):
