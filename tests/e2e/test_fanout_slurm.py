@@ -29,6 +29,13 @@ def slurm():
         yield c
 
 
+@pytest.fixture(autouse=True)
+def settled(slurm):
+    """Every node idle before each test: what one test left behind (a node down, one Slurm still
+    holds `completing`) must not fail the next test's salloc."""
+    slurm.settle()
+
+
 def spec(c: SlurmCluster, venv: Path, *, name: str, success="all", nodes=None,
          extra: str = "") -> str:
     return fanout.spec(name, venv, DEST, engine="slurm", nodes=nodes or c.nodeset,

@@ -14,7 +14,9 @@ whose parents are world-executable); slurmd is started by `nsenter --net=NS unsh
 netns exec` would hide the cgroup mount and slurmd would not start), after its spool dir exists;
 `ProctrackType=proctrack/linuxproc`, `TaskPlugin=task/none`; `TreeWidth` small, so Slurm's
 messages (and sbcast's file data) go through the nodes as a tree even with 8 nodes; short
-`SlurmdTimeout`, so a node taken down is noticed in seconds, not minutes.
+`SlurmdTimeout`, so a node taken down is noticed in seconds, not minutes. After a job lost a node,
+Slurm holds some of its other nodes `completing` for ~45 s: `settle()` ends that (down, resume), so
+one test's dead node does not fail the next test's allocation.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class SlurmCluster(Cluster):
             f"/usr/sbin/slurmd -f {self.conf} -N {{name}}"]  # daemonizes; its log names the node
         super().start()
         self._start_ctld()
-        self.wait_idle(self.names)
+        self.settle(timeout=60)
         self.start_seconds = time.monotonic() - t0
         return self
 
@@ -176,19 +178,6 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             out[name] = state.strip()
         return out
 
-    def wait_idle(self, names: Sequence[str], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        states: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            if self.ctld is not None and self.ctld.poll() is not None:
-                raise LabError("slurmctld exited: " + self._tail("slurmctld.log"))
-            states = self.states()
-            if all(states.get(n, "").rstrip("*") == "idle" for n in names):
-                return
-            time.sleep(0.3)
-        raise LabError(f"slurm nodes not idle after {timeout:.0f} s: {states}; "
-                       + self._tail("slurmctld.log"))
-
     def _tail(self, rel: str, lines: int = 15) -> str:
         p = self.dir / "slurm" / rel
         return " | ".join(p.read_text(errors="replace").splitlines()[-lines:]) if p.exists() else ""
@@ -196,15 +185,45 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def restart_node(self, name: str, binds: Sequence[tuple[str, str]] = ()) -> None:
         """sshd and slurmd again (with binds in the node's mount namespace), then resumed."""
         super().restart_node(name, binds)
-        deadline = time.monotonic() + 30
+        self.settle([name])
+
+    def jobs(self) -> list[str]:
+        r = subprocess.run(["squeue", "-h", "-o", "%T"], capture_output=True, text=True,
+                           timeout=20, env=self.env)
+        return r.stdout.split()
+
+    def settle(self, names: Optional[Sequence[str]] = None, *, timeout: float = 90,
+               grace: float = 5) -> None:
+        """Wait until the nodes (all by default) are idle, resuming what is down or drained. After
+        a job lost a node, Slurm keeps some of the job's other nodes `completing` for ~45 s here
+        (its terminate messages go through the node tree, which ran through the dead node): a node
+        still completing after `grace` seconds, when no job is running, is set down and resumed,
+        which ends that at once. A node left so by one test would fail the next test's salloc."""
+        names = list(names or self.names)
+        deadline = time.monotonic() + timeout
+        completing_since: dict[str, float] = {}
+        states: dict[str, str] = {}
         while time.monotonic() < deadline:
-            state = self.states().get(name, "").rstrip("*")
-            if state == "idle":
+            if self.ctld is not None and self.ctld.poll() is not None:
+                raise LabError("slurmctld exited: " + self._tail("slurmctld.log"))
+            states = {n: s.rstrip("*") for n, s in self.states().items() if n in names}
+            if len(states) == len(names) and all(s == "idle" for s in states.values()):
                 return
-            if "down" in state or "drain" in state:
-                self.scontrol("update", f"nodename={name}", "state=resume", check=False)
+            now = time.monotonic()
+            running = [j for j in self.jobs() if j != "COMPLETING"]
+            for name, state in states.items():
+                if "down" in state or "drain" in state:
+                    self.scontrol("update", f"nodename={name}", "state=resume", check=False)
+                elif state.startswith("completing") and not running:
+                    since = completing_since.setdefault(name, now)
+                    if now - since > grace:
+                        self.scontrol("update", f"nodename={name}", "state=down",
+                                      "reason=lab-settle", check=False)
+                        self.scontrol("update", f"nodename={name}", "state=resume", check=False)
+                        completing_since.pop(name)
             time.sleep(0.3)
-        raise LabError(f"{name} did not come back idle: {self.states().get(name)}")
+        raise LabError(f"slurm nodes not idle after {timeout:.0f} s: {states}, jobs "
+                       f"{self.jobs()}; " + self._tail("slurmctld.log"))
 
     def stop(self) -> None:
         if self.conf.exists():
