@@ -24,9 +24,11 @@ RANGE = re.compile(r"^([0-9]{1,6})(?:-([0-9]{1,6}))?$")
 STEPS = ["fan_preflight", "fan_pack", "fan_copy", "fan_install", "fan_compare"]
 STEP_DOCS = {
     "fan_preflight": "Reach the source, check the engine and its tools here, list the nodes.",
-    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.",
+    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle"
+                " (on a re-run: only what changed since the last fan-out).",
     "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
-    "fan_install": "On every node at once: extract to staging, verify, relocate, swap, exports, probe.",
+    "fan_install": "On every node at once: extract to staging, verify, relocate, swap, exports, probe"
+                   " (a node the changes alone cannot serve gets the whole bundle).",
     "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes named.",
 }
 STEP_WHERE = {"fan_preflight": ("fanout",), "fan_pack": ("transfer",), "fan_copy": ("fanout",),
@@ -191,7 +193,7 @@ def partials(spec: Any) -> list[str]:
     return ["partials/fanout.sh.j2", f"partials/fanout_{spec.fanout.engine}.sh.j2"]
 
 
-def preview(step: str, spec: Any) -> list[str]:
+def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     """`--dry-run` lines: the engine commands as one would type them."""
     f = spec.fanout
     src_host, src = spec.transfer.source
@@ -209,21 +211,30 @@ def preview(step: str, spec: Any) -> list[str]:
                 f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
                 f" present; nodes {f.nodes} ({len(expand(f.nodes))})"]
     if step == "fan_pack":
-        return [f"on {src_host}: rbkit manifest build {src} --algo {spec.transfer.verify}",
-                f"on {src_host}: tar -C {src} -cf - <names> | <compress> > here: {bundle}"
-                " (with the manifest and the kit)"]
+        lines = [f"on {src_host}: rbkit manifest build {src} --algo {spec.transfer.verify}",
+                 f"on {src_host}: tar -C {src} -cf - <names> | <compress> > here: {bundle}"
+                 " (with the manifest and the kit)"]
+        if incremental:
+            lines.append(f"re-run (runs/{spec.name}/fanout-base.jsonl, the last fan-out's "
+                         "manifest, exists): <names> are only what changed since "
+                         "(rbkit manifest delta)")
+        return lines
     if step == "fan_copy":
         if f.engine == "slurm":
             return [f"timeout {t} sbcast -f -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
         return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
                 f"--copy {bundle} --dest {d}.tar"]
     if step == "fan_install":
+        again = ["re-run: nodes that lack what the changes-only bundle leaves out (no earlier "
+                 "install, a file changed there) get the whole bundle: copy and install again, "
+                 "on them only"] if incremental else []
         if f.engine == "slurm":
             return [f"timeout {t} srun -N {len(expand(f.nodes))} -n {len(expand(f.nodes))} "
                     f"--ntasks-per-node=1 -w {f.nodes} --chdir={f.scratch} "
                     f"--immediate={f.connect_timeout} "
-                    f"--time={max(1, (t + 59) // 60)} -K0 {node_cmd}"]
-        return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} {node_cmd}"]
+                    f"--time={max(1, (t + 59) // 60)} -K0 {node_cmd}"] + again
+        return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
+                f"{node_cmd}"] + again
     if step == "fan_compare":
         policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
         return ["here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded",

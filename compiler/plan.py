@@ -164,10 +164,9 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_COMPRESSION", spec.transfer.compression),
         _s("RB_VERIFY", spec.transfer.verify),
         _s("RB_ON_EXISTING", spec.transfer.on_existing),
-        *([] if spec.fanout else [
-            _s("RB_RERUN", spec.transfer.rerun),
-            _s("RB_INCREMENTAL", "1" if incremental(spec) else "0",
-               "a re-run that finds changes sends only them (see docs/design.md)")]),
+        _s("RB_RERUN", spec.transfer.rerun),
+        _s("RB_INCREMENTAL", "1" if incremental(spec) else "0",
+           "a re-run that finds changes sends only them (see docs/design.md)"),
         _s("RB_JOBS", str(spec.transfer.jobs or "auto"), "hashing threads on each host (auto: one per CPU)"),
         _s("RB_CUDA_HOME", spec.cuda.home if spec.cuda else "", "cuda"),
         _s("RB_ENV_FILE", (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")),
@@ -273,7 +272,7 @@ def kit_id(with_fanout: bool = False) -> str:
 def preview(step: str, spec: Spec) -> list[str]:
     """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
     if step in fanout.STEP_DOCS:
-        return fanout.preview(step, spec)
+        return fanout.preview(step, spec, incremental(spec))
     src_host, src = spec.transfer.source
     dst_host, dst = spec.transfer.target
     staging = f"{dst.rsplit('/', 1)[0] or '.'}/.{dst.rsplit('/', 1)[-1]}.rb-staging"

@@ -19,7 +19,7 @@ fi
 readonly RB_NAME=cluster-h100
 readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
-readonly RB_KIT_ID=41f10863a18a6537
+readonly RB_KIT_ID=79284e20221f5566
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -617,6 +617,15 @@ def cmd_manifest_quick(a) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_manifest_delta(a) -> int:
+    d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
+    with open(a.names_out, "wb") as f:
+        for rel in d.pop("send"):
+            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+    _print(d)
+    return 0
+
+
 def cmd_stage(a) -> int:
     _print(hostfs.stage(a.dest, a.staging, manifest.load(a.manifest), manifest.load(a.installed),
                         a.names_out))
@@ -717,6 +726,11 @@ def parser() -> argparse.ArgumentParser:
     fp = m.add_parser("fingerprint")
     fp.add_argument("manifest")
     fp.set_defaults(fn=cmd_manifest_fingerprint)
+    d = m.add_parser("delta", help="what a host installed from BASE still needs (manifest.delta)")
+    d.add_argument("manifest")
+    d.add_argument("base")
+    d.add_argument("--names-out", required=True)
+    d.set_defaults(fn=cmd_manifest_delta)
     r = sub.add_parser("relocate")
     r.add_argument("root")
     r.add_argument("--old", required=True)
@@ -1005,9 +1019,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
             send.append(rel)
             continue
         old = before.get(rel)
-        if e["t"] == "f" and old is not None and not manifest.relocatable(rel) and \
-                old.get("h") == e.get("h") and \
-                all(old.get(k) == e.get(k) for k in manifest.QUICK_KEYS):
+        if manifest.linkable(old, e):
             src = os.path.join(dest, rel)
             try:
                 st = os.lstat(src)
@@ -1061,6 +1073,28 @@ def relocatable(rel: str) -> bool:
     """What relocation may rewrite (bin/*, pyvenv.cfg): its installed content is not the source's,
     so an incremental install never reuses its digest nor links it from the previous install."""
     return rel == "pyvenv.cfg" or rel.startswith("bin/")
+
+
+def linkable(old: Optional[dict], new: dict) -> bool:
+    """Whether a file recorded as `old` (by an earlier install or an earlier source manifest) can
+    stand for `new` unread: same digest, type, mode, size and mtime, and not relocatable."""
+    return (new["t"] == "f" and old is not None and not relocatable(new["p"])
+            and bool(new.get("h")) and old.get("h") == new.get("h")
+            and all(old.get(k) == new.get(k) for k in QUICK_KEYS))
+
+
+def delta(new: dict, base: dict) -> dict:
+    """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
+    every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
+    same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    before = {e["p"]: e for e in base["entries"]}
+    send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
+    files = [e for e in send if e["t"] == "f"]
+    same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
+    return {"send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
+            "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
+            "unchanged_bytes": sum(e["s"] for e in same),
+            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:

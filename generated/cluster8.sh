@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=1616f47ebded4d9b
+readonly RB_KIT_ID=297e66dbd6e1d004
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -29,6 +29,9 @@ readonly RB_DST_PATH=/opt/sglang/.venv
 readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=backup
+readonly RB_RERUN=quick
+# a re-run that finds changes sends only them (see docs/design.md)
+readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU)
 readonly RB_JOBS=auto
 # cuda
@@ -64,18 +67,20 @@ readonly -a RB_FAN_NODE_LIST=(gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 gpu07 gpu08)
 readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
 declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
-  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.'
+  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).'
   [fan_copy]='Let the engine carry the bundle to every node (sbcast, or clush --copy).'
-  [fan_install]='On every node at once: extract to staging, verify, relocate, swap, exports, probe.'
+  [fan_install]='On every node at once: extract to staging, verify, relocate, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).'
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
   [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/sglang/.venv
 here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
   [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
-on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)'
+on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
+re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"''
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 7 nodes must pass'
 )
@@ -516,6 +521,8 @@ shift
 rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
+RB_FAN_DELTA=0
+RB_FAN_FULL=''
 
 #######################################
 # Run an engine command here under a hard timeout (the engine's own timeouts come first), output
@@ -548,10 +555,55 @@ rb::fan_need() {
 }
 
 #######################################
-# The bundle this machine hands to the engine.
+# Pack a bundle for the nodes: $1 its directory here (manifest.jsonl, and delta.names for a
+# re-run's, already in it), $2 the names file on the source (what the payload carries). Writes
+# the payload (tar on the source, streamed here), the kit, and the bundle file $1.tar.
 #######################################
-rb::fan_bundle() {
-  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
+rb::fan_bundle_make() {
+  local dir=$1 list=$2 payload=payload.tar
+  case "${RB_COMPRESSION_USED}" in
+    zstd) payload+=.zst ;;
+    lz4) payload+=.lz4 ;;
+    gzip) payload+=.gz ;;
+    *) ;;
+  esac
+  mkdir -p "${dir}/kit"
+  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" "${list}" \
+    "${RB_COMPRESSION_USED}" >"${dir}/${payload}"
+  cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/kit/"
+  tar -C "${dir}" -cf "${dir}.tar" .
+}
+
+#######################################
+# The kit here (the head): python -m rbkit.fanout ARGS.
+#######################################
+rb::fan_kit() {
+  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout "$@"
+}
+
+#######################################
+# After a re-run's round: the nodes that could not take the changes alone (no earlier install, a
+# file changed there) get the whole bundle, copied and installed on them only. $@: the install's
+# arguments. Sets RB_FAN_FULL (the nodes, comma-separated; empty when none).
+#######################################
+rb::fan_full_round() {
+  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit
+  local -a need=()
+  RB_FAN_FULL=$(rb::fan_kit pending --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+    --engine-out "${RB_RUN_DIR}/fanout/install.out")
+  if [[ -z "${RB_FAN_FULL}" ]]; then
+    return 0
+  fi
+  IFS=, read -ra need <<<"${RB_FAN_FULL}"
+  rb::log "${#need[@]} nodes could not take the changes alone (${RB_FAN_FULL}: no earlier install," \
+    "or files changed there): the whole bundle goes to them"
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  mkdir -p "${dir}"
+  cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${dir}/"
+  rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
+  rb::fact full_bundle_bytes "$(stat -c %s "${dir}.tar")"
+  rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
+  rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "$@"
 }
 
 #######################################
@@ -608,20 +660,23 @@ rb::fan_allocation() {
 }
 
 #######################################
-# Copy the bundle $1 to every node of the allocation (through Slurm's message tree).
+# Copy the bundle: $1 the output's name, $2 the bundle here, $3 the nodes that need it. sbcast
+# copies to every node of the allocation (through Slurm's message tree), whatever $3 says.
 #######################################
 rb::fan_copy() {
-  rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
-    "$1" "${RB_FAN_SCRATCH}.tar"
+  rb::fan_run "$1" sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
+    "$2" "${RB_FAN_SCRATCH}.tar"
 }
 
 #######################################
-# One task per node: unpack the bundle, install and probe; arguments go to `rbkit.fanout node`.
+# One task per node: unpack the bundle, install and probe. $1 the output's name, $2 the nodes,
+# $3 how many; the rest go to `rbkit.fanout node`.
 #######################################
 rb::fan_install() {
-  rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
-    --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
-    --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
+  local name=$1 nodes=$2 count=$3
+  shift 3
+  rb::fan_run "${name}" srun -N "${count}" -n "${count}" --ntasks-per-node=1 -w "${nodes}" \
+    --chdir="${RB_FAN_SCRATCH%/*}" --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
     --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@"
 }
 
@@ -698,6 +753,15 @@ def cmd_manifest_quick(a) -> int:
         print(f"changed at the destination: {rel}", file=sys.stderr)
     _print(result)
     return 0 if result["ok"] else 1
+
+
+def cmd_manifest_delta(a) -> int:
+    d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
+    with open(a.names_out, "wb") as f:
+        for rel in d.pop("send"):
+            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+    _print(d)
+    return 0
 
 
 def cmd_stage(a) -> int:
@@ -800,6 +864,11 @@ def parser() -> argparse.ArgumentParser:
     fp = m.add_parser("fingerprint")
     fp.add_argument("manifest")
     fp.set_defaults(fn=cmd_manifest_fingerprint)
+    d = m.add_parser("delta", help="what a host installed from BASE still needs (manifest.delta)")
+    d.add_argument("manifest")
+    d.add_argument("base")
+    d.add_argument("--names-out", required=True)
+    d.set_defaults(fn=cmd_manifest_delta)
     r = sub.add_parser("relocate")
     r.add_argument("root")
     r.add_argument("--old", required=True)
@@ -928,11 +997,18 @@ into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB
 slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
 another node's output by srun; clush keeps nodes apart anyway).
 
-`python -m rbkit.fanout compare --nodes N1,N2,... --out-dir D --success all|N < engine-output` reads
-those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is ignored, chunks are put
-back together per node, in any order), writes each node's report, prints
-a nodes x checks table with identical rows folded, names the odd nodes with what differs and the
-nodes that sent nothing, and exits 0 when the success policy holds.
+A re-run's bundle carries only what changed since the last fan-out (`delta.names` lists it): the
+node links its unchanged files from its install into staging and extracts the rest over them; a
+node that lacks something the bundle does not carry (no earlier install, a file changed there)
+reports `needs_full` and installs nothing. `pending` names those nodes from the engine's output;
+the runbook sends them the whole bundle in a second round.
+
+`python -m rbkit.fanout compare --nodes N1,N2,... --engine-out OUT [--engine-out OUT2] --out-dir D
+--success all|N` reads those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is
+ignored, chunks are put back together per node, in any order; a node's report in a later file
+replaces its earlier one), writes each node's report, prints a nodes x checks table with identical
+rows folded, names the odd nodes with what differs and the nodes that sent nothing, and exits 0
+when the success policy holds.
 
 stdlib only; Python >= 3.9.
 """
@@ -1011,11 +1087,25 @@ def node(a: argparse.Namespace) -> int:
         return r if r["rc"] == 0 else None
 
     t = float(a.timeout)
-    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && rm -rf -- "$s" && mkdir -p -- "$s" && '
+    # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
+    # links its unchanged files from its install into staging, if what it lacks is in the bundle
+    delta = os.path.exists(os.path.join(a.dir, "delta.names"))
+    if delta:
+        start = time.monotonic()
+        why = _stage_delta(rbkit, env, a.dir, dest, staging, manifest, t, doc)
+        if why is not None:
+            doc["needs_full"] = why
+            doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
+                "needs the whole bundle: " + why], "seconds": round(time.monotonic() - start, 3)})
+            emit(doc)
+            return 3
+    fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
+    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && ' + fresh +
                           'exec tar -C "$s" -xf "$p" --no-same-owner "$@"', "rb", staging, payload]
               + UNPACK[a.compression], t) is not None
     if ok:
-        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs], t)
+        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
+                 + (["--linked-from", dest] if delta else []), t)
         if r is not None:
             doc["verify"] = _json(r["out"])
         ok = r is not None
@@ -1061,6 +1151,38 @@ def node(a: argparse.Namespace) -> int:
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
     emit(doc)
     return 0 if ok else 1
+
+
+def _stage_delta(rbkit: List[str], env: Dict[str, str], d: str, dest: str, staging: str,
+                 manifest: str, timeout: float, doc: Dict[str, Any]) -> Optional[str]:
+    """Staging for a re-run's bundle: every unchanged file hard-linked from this node's install
+    (`rbkit stage`, the single-host incremental install's rule). Returns None when the bundle holds
+    every file this node still needs, else why the node needs the whole bundle (staging removed)."""
+    installed = os.path.join(dest, ".rb-manifest.jsonl")
+    if not os.path.isfile(installed):
+        return "no earlier install at %s" % dest
+    mine = os.path.join(d, "node.names")
+    r = _run(rbkit + ["stage", dest, staging, "--manifest", manifest, "--installed", installed,
+                      "--names-out", mine], timeout, env)
+    if r["rc"] != 0:
+        return "staging from the earlier install failed: %s" % " ".join(_tail(r["err"], 2))
+    facts = _json(r["out"])
+    with open(mine, "rb") as f:
+        need = [n for n in f.read().split(b"\0") if n]
+    with open(os.path.join(d, "delta.names"), "rb") as f:
+        have = set(n for n in f.read().split(b"\0") if n)
+    lacking = [n.decode("utf-8", "surrogateescape") for n in need if n not in have]
+    doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")}
+    if lacking:
+        subprocess.run(["rm", "-rf", "--", staging], timeout=timeout, check=False)
+        return ("%d files here differ from what the last fan-out installed (changed here, or "
+                "installed from another source), e.g. %s" % (len(lacking), lacking[0]))
+    return None
+
+
+def pending(reports: Dict[str, Dict[str, Any]], nodes: List[str]) -> List[str]:
+    """Nodes whose report says the re-run's bundle was not enough (they need the whole one)."""
+    return [n for n in nodes if (reports.get(n) or {}).get("needs_full")]
 
 
 def emit(doc: Dict[str, Any], out=None) -> None:
@@ -1249,15 +1371,30 @@ def table(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]]:
+    """Reports from engine output files, in order: a node's report in a later file (the whole
+    bundle's round after a re-run's) replaces its earlier one."""
+    reports: Dict[str, Dict[str, Any]] = {}
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            reports.update(match_nodes(nodes, parse_reports(f)))
+    return reports
+
+
+def cmd_pending(a: argparse.Namespace) -> int:
+    nodes = [n for n in a.nodes.split(",") if n]
+    print(",".join(pending(read_reports(nodes, [a.engine_out]), nodes)))
+    return 0
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     nodes = [n for n in a.nodes.split(",") if n]
-    with open(a.engine_out, encoding="utf-8", errors="replace") as f:
-        reports = parse_reports(f)
+    reports = read_reports(nodes, a.engine_out)
     err: List[str] = []
-    if a.engine_err and os.path.exists(a.engine_err):
-        with open(a.engine_err, encoding="utf-8", errors="replace") as f:
-            err = f.read().splitlines()
-    reports = match_nodes(nodes, reports)
+    for path in a.engine_err:
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                err += f.read().splitlines()
     result = compare(nodes, reports, err, a.success)
     os.makedirs(a.out_dir, exist_ok=True)
     for n, doc in reports.items():
@@ -1299,11 +1436,16 @@ def parser() -> argparse.ArgumentParser:
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)
-    c.add_argument("--engine-out", required=True)
-    c.add_argument("--engine-err", default="")
+    c.add_argument("--engine-out", action="append", required=True,
+                   help="engine output; repeated: a later file's reports replace earlier ones")
+    c.add_argument("--engine-err", action="append", default=[])
     c.add_argument("--success", default="all")
     c.add_argument("--out-dir", required=True)
     c.set_defaults(fn=cmd_compare)
+    pd = sub.add_parser("pending", help="nodes whose report asks for the whole bundle")
+    pd.add_argument("--nodes", required=True)
+    pd.add_argument("--engine-out", required=True)
+    pd.set_defaults(fn=cmd_pending)
     return p
 
 
@@ -1487,9 +1629,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
             send.append(rel)
             continue
         old = before.get(rel)
-        if e["t"] == "f" and old is not None and not manifest.relocatable(rel) and \
-                old.get("h") == e.get("h") and \
-                all(old.get(k) == e.get(k) for k in manifest.QUICK_KEYS):
+        if manifest.linkable(old, e):
             src = os.path.join(dest, rel)
             try:
                 st = os.lstat(src)
@@ -1543,6 +1683,28 @@ def relocatable(rel: str) -> bool:
     """What relocation may rewrite (bin/*, pyvenv.cfg): its installed content is not the source's,
     so an incremental install never reuses its digest nor links it from the previous install."""
     return rel == "pyvenv.cfg" or rel.startswith("bin/")
+
+
+def linkable(old: Optional[dict], new: dict) -> bool:
+    """Whether a file recorded as `old` (by an earlier install or an earlier source manifest) can
+    stand for `new` unread: same digest, type, mode, size and mtime, and not relocatable."""
+    return (new["t"] == "f" and old is not None and not relocatable(new["p"])
+            and bool(new.get("h")) and old.get("h") == new.get("h")
+            and all(old.get(k) == new.get(k) for k in QUICK_KEYS))
+
+
+def delta(new: dict, base: dict) -> dict:
+    """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
+    every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
+    same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    before = {e["p"]: e for e in base["entries"]}
+    send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
+    files = [e for e in send if e["t"] == "f"]
+    same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
+    return {"send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
+            "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
+            "unchanged_bytes": sum(e["s"] for e in same),
+            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
@@ -4462,33 +4624,48 @@ print(sys.executable)')
 
 #######################################
 # Step 2/5: fan_pack (specs/cluster8.yaml:9)
-# Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.
+# Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).
 #######################################
 step_fan_pack() {
-  local src_kit dir="${RB_RUN_DIR}/fanout" payload=payload.tar bundle
+  local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
+  local what=bundle
+  local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rm -rf "${dir}"
-  mkdir -p "${dir}/bundle/kit"
+  rm -rf "${RB_RUN_DIR}/fanout"
+  mkdir -p "${dir}"
+  RB_FAN_DELTA=0
+  if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
+    # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
+    RB_FAN_DELTA=1
+    rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.base.jsonl" \
+      <"${base}"
+    if [[ "${RB_RERUN}" == quick ]]; then
+      reuse=(--reuse "${src_kit}/${RB_NAME}.base.jsonl")
+    fi
+  fi
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${src_kit}/${RB_NAME}.names")"
+    --names "${src_kit}/${RB_NAME}.names" "${reuse[@]}")"
   rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks, ${RB_VERIFY};" \
-    "fingerprint ${RB_J[fingerprint]:0:16}"
+    "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[totals.files]}"
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/bundle/manifest.jsonl"
-  case "${RB_COMPRESSION_USED}" in
-    zstd) payload+=.zst ;;
-    lz4) payload+=.lz4 ;;
-    gzip) payload+=.gz ;;
-    *) ;;
-  esac
-  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-    "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" >"${dir}/bundle/${payload}"
-  cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/bundle/kit/"
-  bundle=$(rb::fan_bundle)
-  tar -C "${dir}/bundle" -cf "${bundle}" .
-  rb::fact bundle_bytes "$(stat -c %s "${bundle}")"
-  RB_STEP_DETAIL="bundle $(rb::human "$(stat -c %s "${bundle}")") (${RB_COMPRESSION_USED})"
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
+  if ((RB_FAN_DELTA)); then
+    rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
+      "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
+    rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
+    rb::fact delta_files "${RB_J[send_files]}"
+    rb::fact delta_bytes "${RB_J[send_bytes]}"
+    rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since the" \
+      "last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
+      "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
+    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.delta.names"
+    what="changes-only bundle"
+  else
+    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
+  fi
+  rb::fact bundle_bytes "$(stat -c %s "${dir}.tar")"
+  RB_STEP_DETAIL="${what} $(rb::human "$(stat -c %s "${dir}.tar")") (${RB_COMPRESSION_USED})"
 }
 
 #######################################
@@ -4496,7 +4673,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
-  rb::fan_copy "$(rb::fan_bundle)"
+  rb::fan_copy copy "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
       "comparison names the nodes without a report"
@@ -4506,7 +4683,7 @@ step_fan_copy() {
 
 #######################################
 # Step 4/5: fan_install (specs/cluster8.yaml:15)
-# On every node at once: extract to staging, verify, relocate, swap, exports, probe.
+# On every node at once: extract to staging, verify, relocate, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
 #######################################
 step_fan_install() {
   local item
@@ -4520,8 +4697,12 @@ step_fan_install() {
   for item in "${RB_ENV[@]}"; do
     args+=(--env "${item}")
   done
-  rb::fan_install "${args[@]}"
+  rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
+  if ((RB_FAN_DELTA)); then
+    rb::fan_full_round "${args[@]}"
+    RB_STEP_DETAIL+="${RB_FAN_FULL:+; whole bundle to ${RB_FAN_FULL} (exit ${RB_FAN_RC})}"
+  fi
 }
 
 #######################################
@@ -4531,9 +4712,14 @@ step_fan_install() {
 step_fan_compare() {
   local rc=0 info node nodes
   nodes=$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")
-  info=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout \
-    compare --nodes "${nodes}" --engine-out "${RB_RUN_DIR}/fanout/install.out" \
-    --engine-err "${RB_RUN_DIR}/fanout/install.err" --success "${RB_FAN_SUCCESS}" \
+  local -a rounds=(--engine-out "${RB_RUN_DIR}/fanout/install.out"
+    --engine-err "${RB_RUN_DIR}/fanout/install.err")
+  if [[ -n "${RB_FAN_FULL}" ]]; then
+    # the whole bundle's round: its reports replace those of the nodes that asked for it
+    rounds+=(--engine-out "${RB_RUN_DIR}/fanout/install-full.out"
+      --engine-err "${RB_RUN_DIR}/fanout/install-full.err")
+  fi
+  info=$(rb::fan_kit compare --nodes "${nodes}" "${rounds[@]}" --success "${RB_FAN_SUCCESS}" \
     --out-dir "${RB_RUN_DIR}/fanout") || rc=$?
   for node in "${RB_FAN_NODE_LIST[@]}"; do
     if [[ -f "${RB_RUN_DIR}/fanout/probe-${node}.json" ]]; then
@@ -4542,6 +4728,10 @@ step_fan_compare() {
   done
   rb::jparse "${info}"
   rb::fact nodes_ok "${RB_J[ok]}"
+  if ((RB_J[ok] > 0)); then
+    # what the nodes that passed now hold: the next run sends only what changes from it
+    cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${RB_RUN_DIR}/fanout-base.jsonl"
+  fi
   RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}${RB_J[rolled_back]:+; rolled back: ${RB_J[rolled_back]}}"
   if ((rc != 0)); then
     rb::fail "success policy ${RB_FAN_SUCCESS} not met: ${RB_STEP_DETAIL} (table above;" \

@@ -59,6 +59,15 @@ def cmd_manifest_quick(a) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_manifest_delta(a) -> int:
+    d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
+    with open(a.names_out, "wb") as f:
+        for rel in d.pop("send"):
+            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+    _print(d)
+    return 0
+
+
 def cmd_stage(a) -> int:
     _print(hostfs.stage(a.dest, a.staging, manifest.load(a.manifest), manifest.load(a.installed),
                         a.names_out))
@@ -159,6 +168,11 @@ def parser() -> argparse.ArgumentParser:
     fp = m.add_parser("fingerprint")
     fp.add_argument("manifest")
     fp.set_defaults(fn=cmd_manifest_fingerprint)
+    d = m.add_parser("delta", help="what a host installed from BASE still needs (manifest.delta)")
+    d.add_argument("manifest")
+    d.add_argument("base")
+    d.add_argument("--names-out", required=True)
+    d.set_defaults(fn=cmd_manifest_delta)
     r = sub.add_parser("relocate")
     r.add_argument("root")
     r.add_argument("--old", required=True)

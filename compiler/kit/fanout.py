@@ -9,11 +9,18 @@ into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB
 slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
 another node's output by srun; clush keeps nodes apart anyway).
 
-`python -m rbkit.fanout compare --nodes N1,N2,... --out-dir D --success all|N < engine-output` reads
-those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is ignored, chunks are put
-back together per node, in any order), writes each node's report, prints
-a nodes x checks table with identical rows folded, names the odd nodes with what differs and the
-nodes that sent nothing, and exits 0 when the success policy holds.
+A re-run's bundle carries only what changed since the last fan-out (`delta.names` lists it): the
+node links its unchanged files from its install into staging and extracts the rest over them; a
+node that lacks something the bundle does not carry (no earlier install, a file changed there)
+reports `needs_full` and installs nothing. `pending` names those nodes from the engine's output;
+the runbook sends them the whole bundle in a second round.
+
+`python -m rbkit.fanout compare --nodes N1,N2,... --engine-out OUT [--engine-out OUT2] --out-dir D
+--success all|N` reads those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is
+ignored, chunks are put back together per node, in any order; a node's report in a later file
+replaces its earlier one), writes each node's report, prints a nodes x checks table with identical
+rows folded, names the odd nodes with what differs and the nodes that sent nothing, and exits 0
+when the success policy holds.
 
 stdlib only; Python >= 3.9.
 """
@@ -92,11 +99,25 @@ def node(a: argparse.Namespace) -> int:
         return r if r["rc"] == 0 else None
 
     t = float(a.timeout)
-    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && rm -rf -- "$s" && mkdir -p -- "$s" && '
+    # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
+    # links its unchanged files from its install into staging, if what it lacks is in the bundle
+    delta = os.path.exists(os.path.join(a.dir, "delta.names"))
+    if delta:
+        start = time.monotonic()
+        why = _stage_delta(rbkit, env, a.dir, dest, staging, manifest, t, doc)
+        if why is not None:
+            doc["needs_full"] = why
+            doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
+                "needs the whole bundle: " + why], "seconds": round(time.monotonic() - start, 3)})
+            emit(doc)
+            return 3
+    fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
+    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && ' + fresh +
                           'exec tar -C "$s" -xf "$p" --no-same-owner "$@"', "rb", staging, payload]
               + UNPACK[a.compression], t) is not None
     if ok:
-        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs], t)
+        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
+                 + (["--linked-from", dest] if delta else []), t)
         if r is not None:
             doc["verify"] = _json(r["out"])
         ok = r is not None
@@ -142,6 +163,38 @@ def node(a: argparse.Namespace) -> int:
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
     emit(doc)
     return 0 if ok else 1
+
+
+def _stage_delta(rbkit: List[str], env: Dict[str, str], d: str, dest: str, staging: str,
+                 manifest: str, timeout: float, doc: Dict[str, Any]) -> Optional[str]:
+    """Staging for a re-run's bundle: every unchanged file hard-linked from this node's install
+    (`rbkit stage`, the single-host incremental install's rule). Returns None when the bundle holds
+    every file this node still needs, else why the node needs the whole bundle (staging removed)."""
+    installed = os.path.join(dest, ".rb-manifest.jsonl")
+    if not os.path.isfile(installed):
+        return "no earlier install at %s" % dest
+    mine = os.path.join(d, "node.names")
+    r = _run(rbkit + ["stage", dest, staging, "--manifest", manifest, "--installed", installed,
+                      "--names-out", mine], timeout, env)
+    if r["rc"] != 0:
+        return "staging from the earlier install failed: %s" % " ".join(_tail(r["err"], 2))
+    facts = _json(r["out"])
+    with open(mine, "rb") as f:
+        need = [n for n in f.read().split(b"\0") if n]
+    with open(os.path.join(d, "delta.names"), "rb") as f:
+        have = set(n for n in f.read().split(b"\0") if n)
+    lacking = [n.decode("utf-8", "surrogateescape") for n in need if n not in have]
+    doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")}
+    if lacking:
+        subprocess.run(["rm", "-rf", "--", staging], timeout=timeout, check=False)
+        return ("%d files here differ from what the last fan-out installed (changed here, or "
+                "installed from another source), e.g. %s" % (len(lacking), lacking[0]))
+    return None
+
+
+def pending(reports: Dict[str, Dict[str, Any]], nodes: List[str]) -> List[str]:
+    """Nodes whose report says the re-run's bundle was not enough (they need the whole one)."""
+    return [n for n in nodes if (reports.get(n) or {}).get("needs_full")]
 
 
 def emit(doc: Dict[str, Any], out=None) -> None:
@@ -330,15 +383,30 @@ def table(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]]:
+    """Reports from engine output files, in order: a node's report in a later file (the whole
+    bundle's round after a re-run's) replaces its earlier one."""
+    reports: Dict[str, Dict[str, Any]] = {}
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            reports.update(match_nodes(nodes, parse_reports(f)))
+    return reports
+
+
+def cmd_pending(a: argparse.Namespace) -> int:
+    nodes = [n for n in a.nodes.split(",") if n]
+    print(",".join(pending(read_reports(nodes, [a.engine_out]), nodes)))
+    return 0
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     nodes = [n for n in a.nodes.split(",") if n]
-    with open(a.engine_out, encoding="utf-8", errors="replace") as f:
-        reports = parse_reports(f)
+    reports = read_reports(nodes, a.engine_out)
     err: List[str] = []
-    if a.engine_err and os.path.exists(a.engine_err):
-        with open(a.engine_err, encoding="utf-8", errors="replace") as f:
-            err = f.read().splitlines()
-    reports = match_nodes(nodes, reports)
+    for path in a.engine_err:
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                err += f.read().splitlines()
     result = compare(nodes, reports, err, a.success)
     os.makedirs(a.out_dir, exist_ok=True)
     for n, doc in reports.items():
@@ -380,11 +448,16 @@ def parser() -> argparse.ArgumentParser:
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)
-    c.add_argument("--engine-out", required=True)
-    c.add_argument("--engine-err", default="")
+    c.add_argument("--engine-out", action="append", required=True,
+                   help="engine output; repeated: a later file's reports replace earlier ones")
+    c.add_argument("--engine-err", action="append", default=[])
     c.add_argument("--success", default="all")
     c.add_argument("--out-dir", required=True)
     c.set_defaults(fn=cmd_compare)
+    pd = sub.add_parser("pending", help="nodes whose report asks for the whole bundle")
+    pd.add_argument("--nodes", required=True)
+    pd.add_argument("--engine-out", required=True)
+    pd.set_defaults(fn=cmd_pending)
     return p
 
 

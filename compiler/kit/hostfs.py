@@ -169,9 +169,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
             send.append(rel)
             continue
         old = before.get(rel)
-        if e["t"] == "f" and old is not None and not manifest.relocatable(rel) and \
-                old.get("h") == e.get("h") and \
-                all(old.get(k) == e.get(k) for k in manifest.QUICK_KEYS):
+        if manifest.linkable(old, e):
             src = os.path.join(dest, rel)
             try:
                 st = os.lstat(src)

@@ -31,6 +31,28 @@ def relocatable(rel: str) -> bool:
     return rel == "pyvenv.cfg" or rel.startswith("bin/")
 
 
+def linkable(old: Optional[dict], new: dict) -> bool:
+    """Whether a file recorded as `old` (by an earlier install or an earlier source manifest) can
+    stand for `new` unread: same digest, type, mode, size and mtime, and not relocatable."""
+    return (new["t"] == "f" and old is not None and not relocatable(new["p"])
+            and bool(new.get("h")) and old.get("h") == new.get("h")
+            and all(old.get(k) == new.get(k) for k in QUICK_KEYS))
+
+
+def delta(new: dict, base: dict) -> dict:
+    """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
+    every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
+    same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    before = {e["p"]: e for e in base["entries"]}
+    send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
+    files = [e for e in send if e["t"] == "f"]
+    same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
+    return {"send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
+            "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
+            "unchanged_bytes": sum(e["s"] for e in same),
+            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
+
+
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
     parts = rel.split("/")
     tails = ["/".join(parts[i:]) for i in range(len(parts))]

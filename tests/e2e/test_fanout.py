@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -114,3 +115,39 @@ def test_policy_all_fails_the_run_when_a_node_is_down(cluster, payload_small, tm
     assert rc == 1
     assert "no report from node08" in err and "success policy all not met" in err
     assert "7/8 nodes passed" in err
+
+
+@pytest.mark.e2e
+def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_needed(cluster,
+                                                                                     tmp_path):
+    venv = fanout.payload_with_blob(tmp_path / "src" / "venv")
+    script = build(tmp_path, spec(cluster, venv, name="fanre"), "fanre")
+    rc, err = finish(start(tmp_path, script))
+    assert rc == 0, err[-6000:]
+    whole = int(fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"])
+    line = fanout.change_one_file(venv)
+    rel = "rbfan-dest/venv/" + str(fanout.site_packages(venv).relative_to(venv))
+    shutil.rmtree(cluster.node_tmp("node04") / "rbfan-dest" / "venv")   # node04: no install now
+    (cluster.node_tmp("node06") / rel / "rb_blob.bin").write_bytes(b"changed on node06")
+    before = fanout.tx_bytes(cluster.bridge)
+    t0 = time.monotonic()
+    rc, err = finish(start(tmp_path, script))
+    took = time.monotonic() - t0
+    sent = fanout.tx_bytes(cluster.bridge) - before
+    assert rc == 0, err[-6000:]
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert sorted(fan["ok_nodes"]) == cluster.names and not fan["odd"] and not fan["missing"]
+    pack = fanout.step_facts(tmp_path / "run", "fan_pack")
+    delta = int(pack["bundle_bytes"])
+    assert delta < whole / 20, (delta, whole)          # the 8 MiB blob stayed home
+    assert "2 nodes could not take the changes alone (node04,node06" in err
+    for name in cluster.names:
+        node = json.loads((tmp_path / "run" / "fanout" / f"node-{name}.json").read_text())
+        assert ("delta" in node) == (name not in ("node04", "node06")), node
+        assert (cluster.node_tmp(name) / rel / "rb_payload" / "__init__.py").read_text() \
+            .endswith(line)
+        assert (cluster.node_tmp(name) / rel / "rb_blob.bin").stat().st_size == 8 << 20
+    # flat clush: the whole bundle to the two nodes that needed it, the changes to all eight
+    print(f"\nre-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, {delta / 1e3:.1f} kB "
+          f"changes only; this machine sent {sent / 1e6:.1f} MB")
+    assert sent < 2 * whole + 8 * delta + (2 << 20)

@@ -7,7 +7,7 @@ task per node installs and probes, the reports come back through srun's output a
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +16,6 @@ import pytest
 
 from compiler.fanout import SBCAST_FANOUT
 from tests.lab import fanout
-from tests.lab.payload import build_payload
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
@@ -61,11 +60,6 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
         pytest.fail(f"runbook still running after {timeout} s: {err[-4000:]}")
     Path(p.args[-1]).with_suffix(".err").write_text(err)      # beside the runbook, to read later
     return p.returncode, err
-
-
-def tx_bytes(c: SlurmCluster) -> int:
-    """What this machine has sent into the cluster's bridge (node-to-node traffic not counted)."""
-    return int(Path(f"/sys/class/net/{c.bridge}/statistics/tx_bytes").read_text())
 
 
 @pytest.mark.e2e
@@ -143,17 +137,42 @@ def test_slurm_odd_node_named_and_node_down_mid_run_reported(slurm, payload_smal
 
 @pytest.mark.e2e
 def test_sbcast_carries_the_bundle_as_a_tree_not_once_per_node(slurm, tmp_path):
-    venv = build_payload("small", dest=tmp_path / "big" / "venv").venv
-    site = next(venv.glob("lib/python*/site-packages"))
-    (site / "rb_blob.bin").write_bytes(os.urandom(8 << 20))     # 8 MiB that no compressor shrinks
+    venv = fanout.payload_with_blob(tmp_path / "big" / "venv")
     script = build(tmp_path, spec(slurm, venv, name="slurmtree"), "slurmtree")
-    before = tx_bytes(slurm)
+    before = fanout.tx_bytes(slurm.bridge)
     rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
-    sent = tx_bytes(slurm) - before
+    sent = fanout.tx_bytes(slurm.bridge) - before
     assert rc == 0, err[-6000:]
-    steps = json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
-    bundle = next(s["facts"]["bundle_bytes"] for s in steps if s["id"] == "fan_pack")
+    bundle = fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"]
     ratio = sent / int(bundle)
     print(f"\nbundle {int(bundle) / 1e6:.1f} MB; this machine sent {sent / 1e6:.1f} MB into the "
           f"cluster for 8 nodes: {ratio:.2f} bundles (sbcast --fanout={SBCAST_FANOUT})")
     assert ratio < SBCAST_FANOUT + 1         # flat, it would be 8 bundles
+
+
+@pytest.mark.e2e
+def test_a_rerun_sends_only_the_change_and_the_whole_bundle_where_needed(slurm, tmp_path):
+    venv = fanout.payload_with_blob(tmp_path / "src" / "venv")
+    script = build(tmp_path, spec(slurm, venv, name="slurmre"), "slurmre")
+    rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
+    assert rc == 0, err[-6000:]
+    whole = int(fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"])
+    line = fanout.change_one_file(venv)
+    rel = "rbfan-dest/venv/" + str(fanout.site_packages(venv).relative_to(venv))
+    shutil.rmtree(slurm.node_tmp("node03") / "rbfan-dest" / "venv")     # node03: no install now
+    t0 = time.monotonic()
+    rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
+    took = time.monotonic() - t0
+    assert rc == 0, err[-6000:]
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert sorted(fan["ok_nodes"]) == slurm.names and not fan["odd"] and not fan["missing"]
+    delta = int(fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"])
+    assert delta < whole / 20, (delta, whole)
+    assert "1 nodes could not take the changes alone (node03" in err
+    assert "srun -N 1 -n 1 --ntasks-per-node=1 -w node03" in err
+    for name in slurm.names:
+        assert (slurm.node_tmp(name) / rel / "rb_payload" / "__init__.py").read_text() \
+            .endswith(line)
+        assert (slurm.node_tmp(name) / rel / "rb_blob.bin").stat().st_size == 8 << 20
+    print(f"\nslurm re-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, "
+          f"{delta / 1e3:.1f} kB changes only")

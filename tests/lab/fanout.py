@@ -5,6 +5,8 @@ plant (a tar that corrupts what it extracts, a slow tar, a system module taken a
 from __future__ import annotations
 
 import _sqlite3
+import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +15,7 @@ import pytest
 from compiler import cli
 
 from .fixtures import in_ci
+from .payload import build_payload
 
 
 def require(reason: Optional[str], what: str) -> None:
@@ -83,3 +86,34 @@ def sqlite_module() -> str:
     """The interpreter's _sqlite3 extension (the payload venvs' base python is this one): bind
     /dev/null over it in a node's mount namespace and `import sqlite3` fails there only."""
     return _sqlite3.__file__
+
+
+def payload_with_blob(dest: Path, mib: int = 8) -> Path:
+    """A private small payload venv at `dest` (tests change it) with `mib` MiB that no compressor
+    shrinks in site-packages/rb_blob.bin, so a bundle's size is felt on the wire."""
+    venv = build_payload("small", dest=dest).venv
+    (site_packages(venv) / "rb_blob.bin").write_bytes(os.urandom(mib << 20))
+    return venv
+
+
+def site_packages(venv: Path) -> Path:
+    return next(venv.glob("lib/python*/site-packages"))
+
+
+def change_one_file(venv: Path) -> str:
+    """Append a line to rb_payload/__init__.py on the source; returns the line."""
+    line = "RB_RERUN_MARK = 1\n"
+    with open(site_packages(venv) / "rb_payload" / "__init__.py", "a", encoding="utf-8") as f:
+        f.write(line)
+    return line
+
+
+def step_facts(run_dir: Path, step: str) -> dict:
+    """The facts a step recorded in the run's report.json."""
+    steps = json.loads((run_dir / "report.json").read_text())["steps"]
+    return next(s.get("facts", {}) for s in steps if s["id"] == step)
+
+
+def tx_bytes(bridge: str) -> int:
+    """What this machine has sent into a cluster's bridge (node-to-node traffic not counted)."""
+    return int(Path(f"/sys/class/net/{bridge}/statistics/tx_bytes").read_text())

@@ -28,6 +28,9 @@ readonly RB_DST_PATH=/opt/venv
 readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=refuse
+readonly RB_RERUN=quick
+# a re-run that finds changes sends only them (see docs/design.md)
+readonly RB_INCREMENTAL=0
 # hashing threads on each host (auto: one per CPU)
 readonly RB_JOBS=auto
 # cuda
@@ -63,9 +66,9 @@ readonly -a RB_FAN_NODE_LIST=(node01 node02 node03 node04 big1 big2)
 readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
 declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
-  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.'
+  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).'
   [fan_copy]='Let the engine carry the bundle to every node (sbcast, or clush --copy).'
-  [fan_install]='On every node at once: extract to staging, verify, relocate, swap, exports, probe.'
+  [fan_install]='On every node at once: extract to staging, verify, relocate, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).'
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
@@ -505,6 +508,8 @@ shift
 rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
+RB_FAN_DELTA=0
+RB_FAN_FULL=''
 
 #######################################
 # Run an engine command here under a hard timeout (the engine's own timeouts come first), output
@@ -537,10 +542,55 @@ rb::fan_need() {
 }
 
 #######################################
-# The bundle this machine hands to the engine.
+# Pack a bundle for the nodes: $1 its directory here (manifest.jsonl, and delta.names for a
+# re-run's, already in it), $2 the names file on the source (what the payload carries). Writes
+# the payload (tar on the source, streamed here), the kit, and the bundle file $1.tar.
 #######################################
-rb::fan_bundle() {
-  printf '%s' "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar"
+rb::fan_bundle_make() {
+  local dir=$1 list=$2 payload=payload.tar
+  case "${RB_COMPRESSION_USED}" in
+    zstd) payload+=.zst ;;
+    lz4) payload+=.lz4 ;;
+    gzip) payload+=.gz ;;
+    *) ;;
+  esac
+  mkdir -p "${dir}/kit"
+  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" "${list}" \
+    "${RB_COMPRESSION_USED}" >"${dir}/${payload}"
+  cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/kit/"
+  tar -C "${dir}" -cf "${dir}.tar" .
+}
+
+#######################################
+# The kit here (the head): python -m rbkit.fanout ARGS.
+#######################################
+rb::fan_kit() {
+  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout "$@"
+}
+
+#######################################
+# After a re-run's round: the nodes that could not take the changes alone (no earlier install, a
+# file changed there) get the whole bundle, copied and installed on them only. $@: the install's
+# arguments. Sets RB_FAN_FULL (the nodes, comma-separated; empty when none).
+#######################################
+rb::fan_full_round() {
+  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit
+  local -a need=()
+  RB_FAN_FULL=$(rb::fan_kit pending --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+    --engine-out "${RB_RUN_DIR}/fanout/install.out")
+  if [[ -z "${RB_FAN_FULL}" ]]; then
+    return 0
+  fi
+  IFS=, read -ra need <<<"${RB_FAN_FULL}"
+  rb::log "${#need[@]} nodes could not take the changes alone (${RB_FAN_FULL}: no earlier install," \
+    "or files changed there): the whole bundle goes to them"
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  mkdir -p "${dir}"
+  cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${dir}/"
+  rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
+  rb::fact full_bundle_bytes "$(stat -c %s "${dir}.tar")"
+  rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
+  rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "$@"
 }
 
 #######################################
@@ -597,20 +647,23 @@ rb::fan_allocation() {
 }
 
 #######################################
-# Copy the bundle $1 to every node of the allocation (through Slurm's message tree).
+# Copy the bundle: $1 the output's name, $2 the bundle here, $3 the nodes that need it. sbcast
+# copies to every node of the allocation (through Slurm's message tree), whatever $3 says.
 #######################################
 rb::fan_copy() {
-  rb::fan_run copy sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
-    "$1" "${RB_FAN_SCRATCH}.tar"
+  rb::fan_run "$1" sbcast -f -t "${RB_FAN_CONNECT_TIMEOUT}" "${RB_FAN_COPY_OPTS[@]}" \
+    "$2" "${RB_FAN_SCRATCH}.tar"
 }
 
 #######################################
-# One task per node: unpack the bundle, install and probe; arguments go to `rbkit.fanout node`.
+# One task per node: unpack the bundle, install and probe. $1 the output's name, $2 the nodes,
+# $3 how many; the rest go to `rbkit.fanout node`.
 #######################################
 rb::fan_install() {
-  rb::fan_run install srun -N "${#RB_FAN_NODE_LIST[@]}" -n "${#RB_FAN_NODE_LIST[@]}" \
-    --ntasks-per-node=1 -w "${RB_FAN_NODES}" --chdir="${RB_FAN_SCRATCH%/*}" \
-    --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
+  local name=$1 nodes=$2 count=$3
+  shift 3
+  rb::fan_run "${name}" srun -N "${count}" -n "${count}" --ntasks-per-node=1 -w "${nodes}" \
+    --chdir="${RB_FAN_SCRATCH%/*}" --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
     --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@"
 }
 
@@ -729,33 +782,48 @@ print(sys.executable)')
 
 #######################################
 # Step 2/5: fan_pack (tests/cases/valid/fanout_slurm.yaml:4)
-# Pack the source once: manifest, tar with the chosen compression, the kit: one bundle.
+# Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).
 #######################################
 step_fan_pack() {
-  local src_kit dir="${RB_RUN_DIR}/fanout" payload=payload.tar bundle
+  local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
+  local what=bundle
+  local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rm -rf "${dir}"
-  mkdir -p "${dir}/bundle/kit"
+  rm -rf "${RB_RUN_DIR}/fanout"
+  mkdir -p "${dir}"
+  RB_FAN_DELTA=0
+  if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
+    # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
+    RB_FAN_DELTA=1
+    rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.base.jsonl" \
+      <"${base}"
+    if [[ "${RB_RERUN}" == quick ]]; then
+      reuse=(--reuse "${src_kit}/${RB_NAME}.base.jsonl")
+    fi
+  fi
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${src_kit}/${RB_NAME}.names")"
+    --names "${src_kit}/${RB_NAME}.names" "${reuse[@]}")"
   rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks, ${RB_VERIFY};" \
-    "fingerprint ${RB_J[fingerprint]:0:16}"
+    "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[totals.files]}"
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/bundle/manifest.jsonl"
-  case "${RB_COMPRESSION_USED}" in
-    zstd) payload+=.zst ;;
-    lz4) payload+=.lz4 ;;
-    gzip) payload+=.gz ;;
-    *) ;;
-  esac
-  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-    "${src_kit}/${RB_NAME}.names" "${RB_COMPRESSION_USED}" >"${dir}/bundle/${payload}"
-  cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/bundle/kit/"
-  bundle=$(rb::fan_bundle)
-  tar -C "${dir}/bundle" -cf "${bundle}" .
-  rb::fact bundle_bytes "$(stat -c %s "${bundle}")"
-  RB_STEP_DETAIL="bundle $(rb::human "$(stat -c %s "${bundle}")") (${RB_COMPRESSION_USED})"
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
+  if ((RB_FAN_DELTA)); then
+    rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
+      "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
+    rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
+    rb::fact delta_files "${RB_J[send_files]}"
+    rb::fact delta_bytes "${RB_J[send_bytes]}"
+    rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since the" \
+      "last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
+      "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
+    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.delta.names"
+    what="changes-only bundle"
+  else
+    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
+  fi
+  rb::fact bundle_bytes "$(stat -c %s "${dir}.tar")"
+  RB_STEP_DETAIL="${what} $(rb::human "$(stat -c %s "${dir}.tar")") (${RB_COMPRESSION_USED})"
 }
 
 #######################################
@@ -763,7 +831,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
-  rb::fan_copy "$(rb::fan_bundle)"
+  rb::fan_copy copy "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
       "comparison names the nodes without a report"
@@ -773,7 +841,7 @@ step_fan_copy() {
 
 #######################################
 # Step 4/5: fan_install (tests/cases/valid/fanout_slurm.yaml:8)
-# On every node at once: extract to staging, verify, relocate, swap, exports, probe.
+# On every node at once: extract to staging, verify, relocate, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
 #######################################
 step_fan_install() {
   local item
@@ -787,8 +855,12 @@ step_fan_install() {
   for item in "${RB_ENV[@]}"; do
     args+=(--env "${item}")
   done
-  rb::fan_install "${args[@]}"
+  rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
+  if ((RB_FAN_DELTA)); then
+    rb::fan_full_round "${args[@]}"
+    RB_STEP_DETAIL+="${RB_FAN_FULL:+; whole bundle to ${RB_FAN_FULL} (exit ${RB_FAN_RC})}"
+  fi
 }
 
 #######################################
@@ -798,9 +870,14 @@ step_fan_install() {
 step_fan_compare() {
   local rc=0 info node nodes
   nodes=$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")
-  info=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout \
-    compare --nodes "${nodes}" --engine-out "${RB_RUN_DIR}/fanout/install.out" \
-    --engine-err "${RB_RUN_DIR}/fanout/install.err" --success "${RB_FAN_SUCCESS}" \
+  local -a rounds=(--engine-out "${RB_RUN_DIR}/fanout/install.out"
+    --engine-err "${RB_RUN_DIR}/fanout/install.err")
+  if [[ -n "${RB_FAN_FULL}" ]]; then
+    # the whole bundle's round: its reports replace those of the nodes that asked for it
+    rounds+=(--engine-out "${RB_RUN_DIR}/fanout/install-full.out"
+      --engine-err "${RB_RUN_DIR}/fanout/install-full.err")
+  fi
+  info=$(rb::fan_kit compare --nodes "${nodes}" "${rounds[@]}" --success "${RB_FAN_SUCCESS}" \
     --out-dir "${RB_RUN_DIR}/fanout") || rc=$?
   for node in "${RB_FAN_NODE_LIST[@]}"; do
     if [[ -f "${RB_RUN_DIR}/fanout/probe-${node}.json" ]]; then
@@ -809,6 +886,10 @@ step_fan_compare() {
   done
   rb::jparse "${info}"
   rb::fact nodes_ok "${RB_J[ok]}"
+  if ((RB_J[ok] > 0)); then
+    # what the nodes that passed now hold: the next run sends only what changes from it
+    cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${RB_RUN_DIR}/fanout-base.jsonl"
+  fi
   RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}${RB_J[rolled_back]:+; rolled back: ${RB_J[rolled_back]}}"
   if ((rc != 0)); then
     rb::fail "success policy ${RB_FAN_SUCCESS} not met: ${RB_STEP_DETAIL} (table above;" \
