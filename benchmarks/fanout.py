@@ -3,7 +3,8 @@ mini-cluster of tests/lab/slurm.py (namespace nodes running sshd and slurmd; nee
 
 Rows, each a whole runbook run from compile to the comparison:
   slurm 1 node / slurm N nodes   (sbcast --fanout 2 + one srun), inside salloc
-  clush 1 node / clush N nodes   (flat: clush --copy, then one clush command)
+  slurm N nodes re-run           (after one small file changed: the changes-only bundle)
+  clush 1 node / clush N nodes   (flat: clush --copy, then one clush command), and its re-run
   ssh 1 node / ssh N sequential  (today's single-host runbook, one per node, one after the other)
 For each: wall seconds, the runbook's step times, and the bytes this machine sent into the cluster
 (the bridge's tx counter: node-to-node traffic is not counted). Prints a table and stores JSON in
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 from compiler import cli
-from tests.lab.payload import build_payload
+from tests.lab.fanout import change_one_file, payload_with_blob
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 # not results/: docs/benchmarks.md is written from every JSON there (the transfer benchmark)
@@ -86,6 +87,16 @@ class Bench:
         (d / f"{name}.yaml").write_text(text)
         if cli.main([str(d / f"{name}.yaml"), "-o", str(d)]) != 0:
             raise SystemExit(f"{name}: does not compile")
+        return self.again(name, salloc=salloc)
+
+    def rerun(self, name: str, venv: Path, *, salloc: str | None = None) -> dict:
+        """One small file changes on the source, then the runbook runs again."""
+        change_one_file(venv)
+        return self.again(name, salloc=salloc)
+
+    def again(self, name: str, *, salloc: str | None = None) -> dict:
+        """Run a compiled runbook (again: its run dir keeps the last fan-out's manifest)."""
+        d = self.work / name
         argv = ["bash", str(d / f"{name}.sh")]
         if salloc:
             argv = self.c.salloc(argv, nodes=salloc)
@@ -99,6 +110,9 @@ class Bench:
         doc = json.loads((d / "run" / "report.json").read_text())
         steps = {s["id"]: round(s.get("duration_s", 0.0), 2) for s in doc["steps"]}
         row = {"wall_s": round(wall, 2), "sent_bytes": sent, "steps": steps}
+        pack = next((s.get("facts", {}) for s in doc["steps"] if s["id"] == "fan_pack"), {})
+        if "bundle_bytes" in pack:
+            row["bundle_bytes"] = int(pack["bundle_bytes"])
         nodes = [json.loads(f.read_text()) for f in (d / "run" / "fanout").glob("node-*.json")]
         if nodes:      # each node's own step times: their sum is the work the shared cores did
             per = [sum(s["seconds"] for s in n["steps"]) for n in nodes]
@@ -120,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     n = a.nodes
     with tempfile.TemporaryDirectory(prefix="rbfan-bench-", dir="/var/tmp") as tmp:
         work = Path(tmp)
-        venv = build_payload("small", dest=work / "src" / "venv").venv
-        site = next(venv.glob("lib/python*/site-packages"))
-        (site / "rb_blob.bin").write_bytes(os.urandom(a.blob_mib << 20))
+        venv = payload_with_blob(work / "src" / "venv", a.blob_mib)
         with SlurmCluster(n, subnet="10.213.254") as c:
             log(f"{n} nodes up in {c.start_seconds:.1f} s")
             b = Bench(c, work)
@@ -136,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                     ("clush-1", lambda: b.run("clush1", fan_spec("clush1", venv, "clush", one, c))),
                     (f"clush-{n}", lambda: b.run("clushn", fan_spec("clushn", venv, "clush",
                                                                     c.nodeset, c)))]
+            # a re-run after one small file changed on the source: the changes-only bundle
+            plan.insert(2, (f"slurm-{n} re-run, 1 file changed",
+                            lambda: b.rerun("slurmn", venv, salloc=c.nodeset)))
+            plan.append((f"clush-{n} re-run, 1 file changed", lambda: b.rerun("clushn", venv)))
             for key, fn in plan:
                 log(f"{key} ...")
                 rows[key] = fn()
@@ -149,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_s": round(sum(r["wall_s"] for r in seq), 2),
                 "sent_bytes": sum(r["sent_bytes"] for r in seq),
                 "steps": {"each_s": [r["wall_s"] for r in seq]}}
-            report = json.loads((work / "slurmn" / "run" / "report.json").read_text())
-            bundle_bytes = next(s["facts"]["bundle_bytes"] for s in report["steps"]
-                                if s["id"] == "fan_pack")
-    result = {"nodes": n, "blob_mib": a.blob_mib, "bundle_bytes": int(bundle_bytes),
+    result = {"nodes": n, "blob_mib": a.blob_mib, "bundle_bytes": rows[f"slurm-{n}"]["bundle_bytes"],
               "cores": os.cpu_count(), "rows": rows,
               "when": time.strftime("%Y-%m-%d")}
     print(table(result))
@@ -171,11 +184,11 @@ def table(result: dict) -> str:
     out = [f"bundle {bundle / 1e6:.1f} MB ({result['blob_mib']} MiB random + the small venv + the "
            f"kit), {n} nodes on {result['cores']} shared cores",
            "",
-           "| run | wall s | x one node | sent by this machine | in bundles | nodes' CPU s | "
-           "longest node s | slowest steps |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "| run | wall s | x one node | bundle | sent by this machine | in whole bundles | "
+           "nodes' CPU s | longest node s | slowest steps |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for key, r in rows.items():
-        engine = key.split("-")[0]
+        engine = key.split("-")[0]     # "x one node": against that engine's first, whole run
         steps = r["steps"]
         top = ", ".join(f"{k} {v}" for k, v in sorted(
             ((k, v) for k, v in steps.items() if isinstance(v, (int, float))),
@@ -183,8 +196,9 @@ def table(result: dict) -> str:
             "each " + " ".join(f"{x:.1f}" for x in steps["each_s"])
         w = r.get("node_work_s")
         work = f"{w.get('cpu', 0):.1f} | {w['max']:.1f}" if w else "- | -"
-        out.append(f"| {key} | {r['wall_s']:.1f} | {r['wall_s'] / base[engine]:.2f} | "
-                   f"{r['sent_bytes'] / 1e6:.1f} MB | {r['sent_bytes'] / bundle:.1f} | "
+        size = f"{r['bundle_bytes'] / 1e6:.2f} MB" if "bundle_bytes" in r else "-"
+        out.append(f"| {key} | {r['wall_s']:.1f} | {r['wall_s'] / base[engine]:.2f} | {size} | "
+                   f"{r['sent_bytes'] / 1e6:.1f} MB | {r['sent_bytes'] / bundle:.2f} | "
                    f"{work} | {top} |")
     return "\n".join(out)
 

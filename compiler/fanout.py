@@ -202,8 +202,8 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
     opts = "".join(f" {shlex.quote(o)}" for o in clush_opts(spec)) if f.engine == "clush" else ""
     copy = "".join(f" {shlex.quote(o)}" for o in sbcast_opts(spec)) if f.engine == "slurm" else ""
-    node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} && python3 -m rbkit.fanout node --dir {d} "
-                f"--dest {dst} --old {src} ...'")
+    node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} --exclude=payload.tar* && python3 -m rbkit.fanout "
+                f"node --dir {d} --dest {dst} --old {src} ...'")
     t = f.timeout_s
     clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))
     if step == "fan_preflight":

@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=297e66dbd6e1d004
+readonly RB_KIT_ID=7c951827cf6953a7
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -79,7 +79,7 @@ here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
 on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 --exclude=payload.tar* && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 7 nodes must pass'
@@ -514,14 +514,14 @@ rb::host_login() {
 # Fan-out helpers: what every node runs, and what both engines share. The engine's own commands
 # (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this one.
 #######################################
-# What every node runs: unpack the bundle the engine brought, then install and probe with the kit.
+# What every node runs: unpack the bundle the engine brought (all but the payload, which the
+# install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
-rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
+rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude="payload.tar*" || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
-RB_FAN_DELTA=0
 RB_FAN_FULL=''
 
 #######################################
@@ -990,7 +990,8 @@ RB_PY_EAEBB3AA
 
 `python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
-`manifest.jsonl` and `payload.tar[.zst|.lz4|.gz]`. It installs through the kit's own command lines
+`manifest.jsonl`, and `payload.tar[.zst|.lz4|.gz]` unless the node script left it inside DIR.tar
+(it does: the payload is then streamed from there into staging, written once on the node). It installs through the kit's own command lines
 (extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
 a timeout, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
 into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
@@ -1100,9 +1101,13 @@ def node(a: argparse.Namespace) -> int:
             emit(doc)
             return 3
     fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
-    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && ' + fresh +
-                          'exec tar -C "$s" -xf "$p" --no-same-owner "$@"', "rb", staging, payload]
-              + UNPACK[a.compression], t) is not None
+    # the payload is read from inside the bundle file (the node script unpacked the rest), so a
+    # node writes it once, into staging; a bundle unpacked whole has it as a file
+    read = 'cat -- "$p"' if os.path.exists(payload) else 'tar -xOf "$b" "$m"'
+    ok = step("extract", ["bash", "-c", 'set -o pipefail; s=$1 p=$2 b=$3 m=$4 && shift 4 && ' +
+                          fresh + read + ' | tar -C "$s" -xf - --no-same-owner "$@"', "rb",
+                          staging, payload, a.dir.rstrip("/") + ".tar",
+                          "./" + os.path.basename(payload)] + UNPACK[a.compression], t) is not None
     if ok:
         r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
                  + (["--linked-from", dest] if delta else []), t)
@@ -1697,11 +1702,14 @@ def delta(new: dict, base: dict) -> dict:
     """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
     every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
     same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    if new["header"].get("algo") != base["header"].get("algo") or new["header"]["algo"] == "none":
+        return {"usable": False, "send": [e["p"] for e in new["entries"]],
+                "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
     before = {e["p"]: e for e in base["entries"]}
     send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
     files = [e for e in send if e["t"] == "f"]
     same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
-    return {"send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
+    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
             "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
             "unchanged_bytes": sum(e["s"] for e in same),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
@@ -4628,15 +4636,14 @@ print(sys.executable)')
 #######################################
 step_fan_pack() {
   local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
-  local what=bundle
+  local what=bundle names
   local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  names="${src_kit}/${RB_NAME}.names"
   rm -rf "${RB_RUN_DIR}/fanout"
   mkdir -p "${dir}"
-  RB_FAN_DELTA=0
   if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
-    RB_FAN_DELTA=1
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.base.jsonl" \
       <"${base}"
     if [[ "${RB_RERUN}" == quick ]]; then
@@ -4645,25 +4652,28 @@ step_fan_pack() {
   fi
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${src_kit}/${RB_NAME}.names" "${reuse[@]}")"
+    --names "${names}" "${reuse[@]}")"
   rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks, ${RB_VERIFY};" \
     "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[totals.files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
-  if ((RB_FAN_DELTA)); then
+  if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
       "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
-    rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
-    rb::fact delta_files "${RB_J[send_files]}"
-    rb::fact delta_bytes "${RB_J[send_bytes]}"
-    rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since the" \
-      "last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
-      "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
-    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.delta.names"
-    what="changes-only bundle"
-  else
-    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
+    if [[ "${RB_J[usable]}" == True ]]; then
+      rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
+      names="${src_kit}/${RB_NAME}.delta.names"
+      what="changes-only bundle"
+      rb::fact delta_files "${RB_J[send_files]}"
+      rb::fact delta_bytes "${RB_J[send_bytes]}"
+      rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since" \
+        "the last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
+        "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
+    else
+      rb::log "re-run: ${RB_J[why]}; the whole tree goes to the nodes"
+    fi
   fi
+  rb::fan_bundle_make "${dir}" "${names}"
   rb::fact bundle_bytes "$(stat -c %s "${dir}.tar")"
   RB_STEP_DETAIL="${what} $(rb::human "$(stat -c %s "${dir}.tar")") (${RB_COMPRESSION_USED})"
 }
@@ -4699,7 +4709,8 @@ step_fan_install() {
   done
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
-  if ((RB_FAN_DELTA)); then
+  if [[ -f "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/delta.names" ]]; then
+    # the bundle held only the changes (fan_pack)
     rb::fan_full_round "${args[@]}"
     RB_STEP_DETAIL+="${RB_FAN_FULL:+; whole bundle to ${RB_FAN_FULL} (exit ${RB_FAN_RC})}"
   fi
@@ -4853,7 +4864,8 @@ main() {
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do
     [[ "${id}" == "${from}" ]] && run=1
-    if [[ "${id}" == preflight ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
+    # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
+    if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
       rb::run_step "${id}"
     fi
   done

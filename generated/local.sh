@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=local
 readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
-readonly RB_KIT_ID=79284e20221f5566
+readonly RB_KIT_ID=7e9c8c3ea1ba1a9a
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -1074,11 +1074,14 @@ def delta(new: dict, base: dict) -> dict:
     """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
     every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
     same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    if new["header"].get("algo") != base["header"].get("algo") or new["header"]["algo"] == "none":
+        return {"usable": False, "send": [e["p"] for e in new["entries"]],
+                "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
     before = {e["p"]: e for e in base["entries"]}
     send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
     files = [e for e in send if e["t"] == "f"]
     same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
-    return {"send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
+    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
             "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
             "unchanged_bytes": sum(e["s"] for e in same),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
@@ -4513,7 +4516,8 @@ main() {
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do
     [[ "${id}" == "${from}" ]] && run=1
-    if [[ "${id}" == preflight ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
+    # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
+    if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
       rb::run_step "${id}"
     fi
   done

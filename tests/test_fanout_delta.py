@@ -139,3 +139,11 @@ def test_pending_and_a_later_round_replacing_a_nodes_report(tmp_path):
     result = fanout.compare(["n1", "n2"], reports, [], "all")
     assert result["passed"] and result["groups"] == [["n1", "n2"]]
     json.dumps(result)
+
+
+def test_a_base_with_digests_of_another_algorithm_is_not_used(tmp_path):
+    src = tmp_path / "venv"
+    make_tree(src)
+    old = manifest.build(str(src), [], "blake2b", jobs=2)
+    d = manifest.delta(manifest.build(str(src), [], "sha256", jobs=2), old)
+    assert not d["usable"] and "another algorithm" in d["why"]

@@ -2,7 +2,8 @@
 
 `python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
-`manifest.jsonl` and `payload.tar[.zst|.lz4|.gz]`. It installs through the kit's own command lines
+`manifest.jsonl`, and `payload.tar[.zst|.lz4|.gz]` unless the node script left it inside DIR.tar
+(it does: the payload is then streamed from there into staging, written once on the node). It installs through the kit's own command lines
 (extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
 a timeout, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
 into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
@@ -112,9 +113,13 @@ def node(a: argparse.Namespace) -> int:
             emit(doc)
             return 3
     fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
-    ok = step("extract", ["sh", "-c", 's=$1 p=$2 && shift 2 && ' + fresh +
-                          'exec tar -C "$s" -xf "$p" --no-same-owner "$@"', "rb", staging, payload]
-              + UNPACK[a.compression], t) is not None
+    # the payload is read from inside the bundle file (the node script unpacked the rest), so a
+    # node writes it once, into staging; a bundle unpacked whole has it as a file
+    read = 'cat -- "$p"' if os.path.exists(payload) else 'tar -xOf "$b" "$m"'
+    ok = step("extract", ["bash", "-c", 'set -o pipefail; s=$1 p=$2 b=$3 m=$4 && shift 4 && ' +
+                          fresh + read + ' | tar -C "$s" -xf - --no-same-owner "$@"', "rb",
+                          staging, payload, a.dir.rstrip("/") + ".tar",
+                          "./" + os.path.basename(payload)] + UNPACK[a.compression], t) is not None
     if ok:
         r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
                  + (["--linked-from", dest] if delta else []), t)

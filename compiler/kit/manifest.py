@@ -43,11 +43,14 @@ def delta(new: dict, base: dict) -> dict:
     """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
     every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
     same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    if new["header"].get("algo") != base["header"].get("algo") or new["header"]["algo"] == "none":
+        return {"usable": False, "send": [e["p"] for e in new["entries"]],
+                "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
     before = {e["p"]: e for e in base["entries"]}
     send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
     files = [e for e in send if e["t"] == "f"]
     same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
-    return {"send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
+    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
             "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
             "unchanged_bytes": sum(e["s"] for e in same),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}

@@ -151,3 +151,7 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     print(f"\nre-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, {delta / 1e3:.1f} kB "
           f"changes only; this machine sent {sent / 1e6:.1f} MB")
     assert sent < 2 * whole + 8 * delta + (2 << 20)
+    # --from fan_install: fan_preflight runs again (it sets what the rest use), the copied
+    # changes-only bundle installs again on every node, now that each holds the new tree
+    rc, err = finish(start(tmp_path, script, "--from", "fan_install"))
+    assert rc == 0 and "could not take" not in err, err[-4000:]

@@ -1163,7 +1163,8 @@ main() {
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do
     [[ "${id}" == "${from}" ]] && run=1
-    if [[ "${id}" == preflight ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
+    # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
+    if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
       rb::run_step "${id}"
     fi
   done

@@ -83,7 +83,7 @@ here: clush, nodeset present; nodes gpu[001-128] (128)'
 on build: tar -C /opt/venv -cf - <names> | <compress> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)
 re-run (runs/fanout-tree/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree.tar'
-  [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'tar -xf /tmp/rbfan-fanout-tree.tar -C /tmp/rbfan-fanout-tree && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-tree --dest /opt/venv --old /opt/venv ...'"'"'
+  [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'tar -xf /tmp/rbfan-fanout-tree.tar -C /tmp/rbfan-fanout-tree --exclude=payload.tar* && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-tree --dest /opt/venv --old /opt/venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: every node must pass'
@@ -518,14 +518,14 @@ rb::host_head() {
 # Fan-out helpers: what every node runs, and what both engines share. The engine's own commands
 # (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this one.
 #######################################
-# What every node runs: unpack the bundle the engine brought, then install and probe with the kit.
+# What every node runs: unpack the bundle the engine brought (all but the payload, which the
+# install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
-rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" || exit 1
+rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude="payload.tar*" || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
-RB_FAN_DELTA=0
 RB_FAN_FULL=''
 
 #######################################
@@ -794,15 +794,14 @@ print(sys.executable)')
 #######################################
 step_fan_pack() {
   local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
-  local what=bundle
+  local what=bundle names
   local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  names="${src_kit}/${RB_NAME}.names"
   rm -rf "${RB_RUN_DIR}/fanout"
   mkdir -p "${dir}"
-  RB_FAN_DELTA=0
   if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
-    RB_FAN_DELTA=1
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.base.jsonl" \
       <"${base}"
     if [[ "${RB_RERUN}" == quick ]]; then
@@ -811,25 +810,28 @@ step_fan_pack() {
   fi
   rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${src_kit}/${RB_NAME}.names" "${reuse[@]}")"
+    --names "${names}" "${reuse[@]}")"
   rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks, ${RB_VERIFY};" \
     "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[totals.files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
-  if ((RB_FAN_DELTA)); then
+  if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
       "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
-    rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
-    rb::fact delta_files "${RB_J[send_files]}"
-    rb::fact delta_bytes "${RB_J[send_bytes]}"
-    rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since the" \
-      "last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
-      "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
-    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.delta.names"
-    what="changes-only bundle"
-  else
-    rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
+    if [[ "${RB_J[usable]}" == True ]]; then
+      rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
+      names="${src_kit}/${RB_NAME}.delta.names"
+      what="changes-only bundle"
+      rb::fact delta_files "${RB_J[send_files]}"
+      rb::fact delta_bytes "${RB_J[send_bytes]}"
+      rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since" \
+        "the last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
+        "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
+    else
+      rb::log "re-run: ${RB_J[why]}; the whole tree goes to the nodes"
+    fi
   fi
+  rb::fan_bundle_make "${dir}" "${names}"
   rb::fact bundle_bytes "$(stat -c %s "${dir}.tar")"
   RB_STEP_DETAIL="${what} $(rb::human "$(stat -c %s "${dir}.tar")") (${RB_COMPRESSION_USED})"
 }
@@ -865,7 +867,8 @@ step_fan_install() {
   done
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
-  if ((RB_FAN_DELTA)); then
+  if [[ -f "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/delta.names" ]]; then
+    # the bundle held only the changes (fan_pack)
     rb::fan_full_round "${args[@]}"
     RB_STEP_DETAIL+="${RB_FAN_FULL:+; whole bundle to ${RB_FAN_FULL} (exit ${RB_FAN_RC})}"
   fi
@@ -1019,7 +1022,8 @@ main() {
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do
     [[ "${id}" == "${from}" ]] && run=1
-    if [[ "${id}" == preflight ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
+    # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
+    if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
       rb::run_step "${id}"
     fi
   done

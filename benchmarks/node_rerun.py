@@ -1,0 +1,190 @@
+"""`python -m benchmarks.node_rerun SOURCE --runbook generated/h200.sh --work DIR`: one fan-out
+node's install of a real venv, whole and then as a re-run after one file changed on the source.
+
+It does on one machine what a fan-out runbook does for each node, with the same code: the source's
+manifest (`rbkit manifest build`, then `--reuse` for the re-run), the payload as tar (+ zstd when
+there), the bundle file, and on the "node" the runbook's node script (unpack the bundle, then
+`rbkit.fanout node`: extract into staging, verify, relocate, swap, exports, the checks). The
+runbook named gives the checks, CUDA home, library order and env, as its fan-out would. The source
+is a hard-link copy of SOURCE (`cp -al`, so SOURCE is never written) in which one small file is
+then replaced. Prints each phase's seconds and the node's own step times; writes DIR/result.json.
+Made for the lent GPU machine (docs/fanout.md, "A node on the H200"); runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from compiler.kit import fanout, manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)
+NODE_SCRIPT = re.compile(r"^readonly RB_FAN_NODE_SCRIPT='(.*?)'$", re.S | re.M)
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} node-rerun: {msg}", file=sys.stderr, flush=True)
+
+
+def settings(runbook: Path) -> dict:
+    """The runbook's one-line `readonly NAME=value` and `readonly -a NAME=(...)` settings."""
+    out: dict = {}
+    for line in runbook.read_text().splitlines():
+        m = re.match(r"^readonly (-a )?(RB_[A-Z_]+)=(.*)$", line)
+        if not m:
+            continue
+        try:
+            words = shlex.split(m.group(3).strip("()") if m.group(1) else m.group(3))
+        except ValueError:
+            continue          # a multi-line value (a script): not a setting read here
+        out[m.group(2)] = words if m.group(1) else (words[0] if words else "")
+    return out
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+
+    def run(self, name: str, fn):
+        t0 = time.monotonic()
+        result = fn()
+        self.phases[name] = round(time.monotonic() - t0, 2)
+        log(f"{name}: {self.phases[name]} s")
+        return result
+
+
+def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, **kw)
+
+
+def nul(names: list[str]) -> bytes:
+    return b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in names)
+
+
+def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
+                delta: bool = False) -> Path:
+    """What fan_pack makes: DIR/{manifest.jsonl, payload.tar[.zst], kit/, delta.names} -> DIR.tar
+    (delta.names, naming what the payload holds, only in a re-run's bundle)."""
+    if d.exists():
+        shutil.rmtree(d)
+    (d / "kit").mkdir(parents=True)
+    shutil.copytree(ROOT / "compiler" / "kit", d / "kit" / "rbkit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "compiler" / "probes", d / "kit" / "rbprobes",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
+        manifest.dump(m, f)
+    listing = d.parent / (d.name + ".names")
+    listing.write_bytes(nul(names))
+    if delta:
+        (d / "delta.names").write_bytes(nul(names))
+    payload = d / ("payload.tar.zst" if comp == "zstd" else "payload.tar")
+    with open(payload, "wb") as out:
+        tar = subprocess.Popen(["tar", "-C", str(src), "--null", "--no-recursion", "-T",
+                                str(listing), "-cf", "-"], stdout=subprocess.PIPE)
+        if comp == "zstd":
+            sh(["zstd", "-q", "-1", "-T0"], stdin=tar.stdout, stdout=out)
+        else:
+            shutil.copyfileobj(tar.stdout, out, 1 << 20)
+        tar.stdout.close()
+        if tar.wait() != 0:
+            raise SystemExit("tar of the payload failed")
+    sh(["tar", "-C", str(d), "-cf", str(d) + ".tar", "."])
+    return Path(str(d) + ".tar")
+
+
+def node(scratch: Path, dest: str, old: str, s: dict, comp: str) -> dict:
+    """The runbook's node script on SCRATCH.tar (the bundle as the engine left it); returns the
+    node's report."""
+    script = s["RB_FAN_NODE_SCRIPT"]
+    args = ["--dest", dest, "--old", old, "--policy", "replace", "--compression", comp,
+            "--jobs", "auto", "--timeout", "900", "--cuda-home", s.get("RB_CUDA_HOME", ""),
+            "--probe-config", s.get("RB_PROBE_CONFIG", ""), "--origin", "benchmarks.node_rerun"]
+    for item in s.get("RB_LIB_FIRST", []):
+        args += ["--first", item]
+    for item in s.get("RB_ENV", []):
+        args += ["--env", item]
+    p = subprocess.run(["sh", "-c", script, "rb", str(scratch), *args], capture_output=True,
+                       text=True, timeout=1200)
+    reports = fanout.parse_reports(p.stdout.splitlines())
+    if len(reports) != 1:
+        raise SystemExit(f"no node report (exit {p.returncode}): {p.stdout[-2000:]} {p.stderr[-2000:]}")
+    doc = next(iter(reports.values()))
+    if not doc["ok"]:
+        raise SystemExit("node install failed: " + json.dumps(doc["steps"])[-3000:])
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.node_rerun", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("source")
+    ap.add_argument("--runbook", type=Path, help="checks, CUDA and env from here (none without)")
+    ap.add_argument("--work", type=Path, required=True, help="on the source's file system")
+    ap.add_argument("--changed", default="", help="the file (relative) replaced for the re-run")
+    a = ap.parse_args(argv)
+    s = settings(a.runbook) if a.runbook else {}
+    # the node script lives in fan-out runbooks; the other settings come from the runbook named
+    s["RB_FAN_NODE_SCRIPT"] = NODE_SCRIPT.search((ROOT / "generated" / "cluster8.sh")
+                                                 .read_text()).group(1)
+    excludes = s.get("RB_EXCLUDE_ARGS", [])[1::2]
+    comp = "zstd" if shutil.which("zstd") else "none"
+    jobs = os.cpu_count() or 4
+    a.work.mkdir(parents=True, exist_ok=True)
+    src = a.work / "src"
+    dest = str(a.work / "node" / "venv")
+    scratch = a.work / "scratch" / "rbfan-node"
+    scratch.parent.mkdir(exist_ok=True)
+    t = Timer()
+    if src.exists():
+        shutil.rmtree(src)
+    t.run("hard-link copy of the source", lambda: sh(["cp", "-al", a.source, str(src)]))
+    m1 = t.run("manifest (hash everything)", lambda: manifest.build(str(src), excludes, "sha256",
+                                                                     jobs))
+    names = [e["p"] for e in m1["entries"]]
+    b1 = t.run("pack the whole bundle", lambda: make_bundle(a.work / "b1", src, m1, names, comp))
+    t.run("deliver the whole bundle (a copy)", lambda: shutil.copyfile(b1, f"{scratch}.tar"))
+    first = t.run("node: whole install + checks", lambda: node(scratch, dest, a.source, s, comp))
+    # one small, non-relocatable file changes on the source (a new file, not written through)
+    rel = a.changed or next(e["p"] for e in m1["entries"] if e["t"] == "f" and e["p"].endswith(
+        "/__init__.py") and not manifest.relocatable(e["p"]) and 0 < e["s"] < 4096)
+    tmp = src / (rel + ".rb-new")
+    shutil.copyfile(src / rel, tmp)
+    with open(tmp, "a", encoding="utf-8") as f:
+        f.write("\n# changed for benchmarks.node_rerun\n")
+    os.replace(tmp, src / rel)
+    m2 = t.run("manifest again (reusing digests)", lambda: manifest.build(
+        str(src), excludes, "sha256", jobs, reuse=m1))
+    d = manifest.delta(m2, m1)
+    b2 = t.run("pack the changes-only bundle", lambda: make_bundle(
+        a.work / "b2", src, m2, d["send"], comp, delta=True))
+    t.run("deliver the changes-only bundle", lambda: shutil.copyfile(b2, f"{scratch}.tar"))
+    second = t.run("node: re-run install + checks", lambda: node(scratch, dest, a.source, s, comp))
+    assert (Path(dest) / rel).read_text().endswith("# changed for benchmarks.node_rerun\n")
+    result = {
+        "source": a.source, "files": m1["totals"]["files"], "bytes": m1["totals"]["bytes"],
+        "compression": comp, "changed": rel, "reused_digests": m2["reused"],
+        "delta": {k: v for k, v in d.items() if k != "send"},
+        "bundle_bytes": {"whole": b1.stat().st_size, "changes": b2.stat().st_size},
+        "phases_s": t.phases,
+        "node_steps_s": {"whole": {x["id"]: x["seconds"] for x in first["steps"]},
+                         "rerun": {x["id"]: x["seconds"] for x in second["steps"]}},
+        "rerun_linked": second.get("delta", {}),
+        "checks": {c["id"]: c["status"] for c in (second.get("probe") or {}).get("checks", [])},
+    }
+    (a.work / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
