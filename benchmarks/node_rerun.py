@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     t = Timer()
     if src.exists():
         shutil.rmtree(src)
-    t.run("hard-link copy of the source", lambda: sh(["cp", "-al", a.source, str(src)]))
+    if subprocess.run(["cp", "-al", a.source, str(src)], capture_output=True).returncode != 0:
+        shutil.rmtree(src, ignore_errors=True)      # another file system: a real copy
+        t.run("copy of the source", lambda: sh(["cp", "-a", a.source, str(src)]))
     m1 = t.run("manifest (hash everything)", lambda: manifest.build(str(src), excludes, "sha256",
                                                                      jobs))
     names = [e["p"] for e in m1["entries"]]
