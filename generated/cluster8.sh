@@ -4666,9 +4666,10 @@ step_fan_pack() {
       what="changes-only bundle"
       rb::fact delta_files "${RB_J[send_files]}"
       rb::fact delta_bytes "${RB_J[send_bytes]}"
-      rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) changed since" \
-        "the last fan-out and go to the nodes; ${RB_J[unchanged_files]} unchanged files" \
-        "($(rb::human "${RB_J[unchanged_bytes]}")) are linked from each node's install"
+      rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) go to the" \
+        "nodes: what changed since the last fan-out, and bin/ and pyvenv.cfg (relocated on every" \
+        "install); ${RB_J[unchanged_files]} unchanged files ($(rb::human "${RB_J[unchanged_bytes]}"))" \
+        "are linked from each node's install"
     else
       rb::log "re-run: ${RB_J[why]}; the whole tree goes to the nodes"
     fi

@@ -134,6 +134,7 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     rc, err = finish(start(tmp_path, script))
     took = time.monotonic() - t0
     sent = fanout.tx_bytes(cluster.bridge) - before
+    (tmp_path / "rerun.err").write_text(err)              # to read later
     assert rc == 0, err[-6000:]
     fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
     assert sorted(fan["ok_nodes"]) == cluster.names and not fan["odd"] and not fan["missing"]
