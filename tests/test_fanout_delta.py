@@ -118,6 +118,7 @@ def test_a_file_changed_on_the_node_that_the_bundle_lacks_means_the_whole_bundle
     rc, doc = node(bundle(tmp_path / "b2", src, m2, base=m1), dest)
     assert rc == 3 and "1 files here differ" in doc["needs_full"] and "data.bin" in doc["needs_full"]
     assert local.read_bytes() == b"changed on this node"          # the install is left alone
+    assert (tmp_path / "b2" / "manifest.jsonl").exists()          # a failed node keeps its bundle
     assert (dest / PKG / "__init__.py").read_text() == "x = 1\n"
     assert not (dest.parent / ".venv.rb-staging").exists()
     # and the whole bundle then installs it
@@ -147,3 +148,19 @@ def test_a_base_with_digests_of_another_algorithm_is_not_used(tmp_path):
     old = manifest.build(str(src), [], "blake2b", jobs=2)
     d = manifest.delta(manifest.build(str(src), [], "sha256", jobs=2), old)
     assert not d["usable"] and "another algorithm" in d["why"]
+
+
+def test_a_node_that_holds_the_tree_keeps_it_and_an_installed_node_drops_its_bundle(first,
+                                                                                    tmp_path):
+    src, m1, dest = first
+    assert not (tmp_path / "b1").exists()             # installed: its bundle left the scratch
+    inode = (dest / PKG / "data.bin").stat().st_ino
+    rc, doc = node(bundle(tmp_path / "again", src, m1), dest)
+    assert rc == 0 and doc["ok"] and doc["up_to_date"] == "up to date (quick check)"
+    assert all(s.get("skipped") for s in doc["steps"] if s["id"] != "exports")
+    assert (dest / PKG / "data.bin").stat().st_ino == inode
+    # a file changed at the destination: not up to date any more, installed again
+    (dest / PKG / "__init__.py").write_text("x = 3\n")
+    rc, doc = node(bundle(tmp_path / "third", src, m1), dest)
+    assert rc == 0 and "up_to_date" not in doc
+    assert (dest / PKG / "__init__.py").read_text() == "x = 1\n"

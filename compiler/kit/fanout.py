@@ -13,7 +13,8 @@ another node's output by srun; clush keeps nodes apart anyway).
 A re-run's bundle carries only what changed since the last fan-out (`delta.names` lists it): the
 node links its unchanged files from its install into staging and extracts the rest over them; a
 node that lacks something the bundle does not carry (no earlier install, a file changed there)
-reports `needs_full` and installs nothing. `pending` names those nodes from the engine's output;
+reports `needs_full` and installs nothing. `nodes --which needs-full` names those nodes from the
+engine's output;
 the runbook sends them the whole bundle in a second round.
 
 `python -m rbkit.fanout compare --nodes N1,N2,... --engine-out OUT [--engine-out OUT2] --out-dir D
@@ -38,6 +39,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
+
+from . import manifest as kitmanifest
 
 MARK = "RBFAN "
 CHUNK = 800
@@ -100,41 +103,19 @@ def node(a: argparse.Namespace) -> int:
         return r if r["rc"] == 0 else None
 
     t = float(a.timeout)
-    # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
-    # links its unchanged files from its install into staging, if what it lacks is in the bundle
-    delta = os.path.exists(os.path.join(a.dir, "delta.names"))
-    if delta:
-        start = time.monotonic()
-        why = _stage_delta(rbkit, env, a.dir, dest, staging, manifest, t, doc)
-        if why is not None:
-            doc["needs_full"] = why
-            doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
-                "needs the whole bundle: " + why], "seconds": round(time.monotonic() - start, 3)})
+    # a node that already holds this exact tree keeps it: no staging, no swap (exports and checks
+    # run as usual)
+    up = _up_to_date(rbkit, env, dest, manifest, a.rerun, a.jobs, t)
+    if up is not None:
+        doc["up_to_date"] = up
+        doc["steps"] += [{"id": sid, "ok": True, "rc": 0, "seconds": 0.0, "skipped": up}
+                         for sid in ("extract", "verify", "relocate", "swap")]
+        ok = True
+    else:
+        ok = _install(a, doc, step, rbkit, env, dest, staging, manifest, payload, t)
+        if ok is None:
             emit(doc)
             return 3
-    fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
-    # the payload is read from inside the bundle file (the node script unpacked the rest), so a
-    # node writes it once, into staging; a bundle unpacked whole has it as a file
-    read = 'cat -- "$p"' if os.path.exists(payload) else 'tar -xOf "$b" "$m"'
-    ok = step("extract", ["bash", "-c", 'set -o pipefail; s=$1 p=$2 b=$3 m=$4 && shift 4 && ' +
-                          fresh + read + ' | tar -C "$s" -xf - --no-same-owner "$@"', "rb",
-                          staging, payload, a.dir.rstrip("/") + ".tar",
-                          "./" + os.path.basename(payload)] + UNPACK[a.compression], t) is not None
-    if ok:
-        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
-                 + (["--linked-from", dest] if delta else []), t)
-        if r is not None:
-            doc["verify"] = _json(r["out"])
-        ok = r is not None
-    if ok:
-        ok = step("relocate", rbkit + ["relocate", staging, "--old", a.old, "--new", dest,
-                                       "--manifest", manifest, "--installed",
-                                       os.path.join(staging, ".rb-manifest.jsonl")], t) is not None
-    if ok:
-        r = step("swap", rbkit + ["swap", staging, dest, "--policy", a.policy], t)
-        ok = r is not None
-        if ok:
-            doc["previous"] = _json(r["out"]).get("previous")
     env_out = a.env_out or dest + ".env.sh"
     if ok:
         argv = rbkit + ["exports", "--venv", dest, "--out", env_out, "--cuda-home", a.cuda_home,
@@ -167,7 +148,77 @@ def node(a: argparse.Namespace) -> int:
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF)]
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
     emit(doc)
+    if ok:
+        # installed: the bundle and its unpacked kit leave the node's scratch (a failed node
+        # keeps them, for `--from fan_install`)
+        subprocess.run(["rm", "-rf", "--", a.dir, a.dir.rstrip("/") + ".tar"], timeout=t,
+                       check=False)
     return 0 if ok else 1
+
+
+def _up_to_date(rbkit: List[str], env: Dict[str, str], dest: str, manifest: str, rerun: str,
+                jobs: str, timeout: float) -> Optional[str]:
+    """Why DEST already holds the tree of this bundle's manifest, or None: as the single-host
+    re-run check, `quick` compares stat fingerprints (the source's recorded at the install, and
+    every entry at DEST with what the install recorded), `digest` re-hashes DEST."""
+    installed = os.path.join(dest, ".rb-manifest.jsonl")
+    if not os.path.isfile(installed):
+        return None
+    try:
+        new = kitmanifest.load(manifest)
+        header = kitmanifest.load(installed)["header"]
+    except (OSError, ValueError):
+        return None
+    if rerun == "digest":
+        if header.get("source_fingerprint") != kitmanifest.fingerprint(new):
+            return None
+        r = _run(rbkit + ["manifest", "verify", dest, installed, "--jobs", jobs], timeout, env)
+        return "up to date (every file re-hashed)" if r["rc"] == 0 else None
+    fp = kitmanifest.stat_fingerprint(new["entries"])
+    r = _run(rbkit + ["manifest", "quick-check", dest, installed, "--source-stat", fp], timeout, env)
+    return "up to date (quick check)" if r["rc"] == 0 else None
+
+
+def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
+             env: Dict[str, str], dest: str, staging: str, manifest: str, payload: str,
+             t: float) -> Optional[bool]:
+    """Extract into staging, verify, relocate, swap: True when all passed, None when this node
+    needs the whole bundle (a re-run's bundle lacks something it does not hold)."""
+    # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
+    # links its unchanged files from its install into staging, if what it lacks is in the bundle
+    delta = os.path.exists(os.path.join(a.dir, "delta.names"))
+    if delta:
+        start = time.monotonic()
+        why = _stage_delta(rbkit, env, a.dir, dest, staging, manifest, t, doc)
+        if why is not None:
+            doc["needs_full"] = why
+            doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
+                "needs the whole bundle: " + why], "seconds": round(time.monotonic() - start, 3)})
+            return None
+    fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
+    # the payload is read from inside the bundle file (the node script unpacked the rest), so a
+    # node writes it once, into staging; a bundle unpacked whole has it as a file
+    read = 'cat -- "$p"' if os.path.exists(payload) else 'tar -xOf "$b" "$m"'
+    ok = step("extract", ["bash", "-c", 'set -o pipefail; s=$1 p=$2 b=$3 m=$4 && shift 4 && ' +
+                          fresh + read + ' | tar -C "$s" -xf - --no-same-owner "$@"', "rb",
+                          staging, payload, a.dir.rstrip("/") + ".tar",
+                          "./" + os.path.basename(payload)] + UNPACK[a.compression], t) is not None
+    if ok:
+        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
+                 + (["--linked-from", dest] if delta else []), t)
+        if r is not None:
+            doc["verify"] = _json(r["out"])
+        ok = r is not None
+    if ok:
+        ok = step("relocate", rbkit + ["relocate", staging, "--old", a.old, "--new", dest,
+                                       "--manifest", manifest, "--installed",
+                                       os.path.join(staging, ".rb-manifest.jsonl")], t) is not None
+    if ok:
+        r = step("swap", rbkit + ["swap", staging, dest, "--policy", a.policy], t)
+        ok = r is not None
+        if ok:
+            doc["previous"] = _json(r["out"]).get("previous")
+    return ok
 
 
 def _stage_delta(rbkit: List[str], env: Dict[str, str], d: str, dest: str, staging: str,
@@ -398,9 +449,14 @@ def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]
     return reports
 
 
-def cmd_pending(a: argparse.Namespace) -> int:
+def cmd_nodes(a: argparse.Namespace) -> int:
+    """The nodes whose report (in one engine output) asks for the whole bundle, or passed."""
     nodes = [n for n in a.nodes.split(",") if n]
-    print(",".join(pending(read_reports(nodes, [a.engine_out]), nodes)))
+    reports = read_reports(nodes, [a.engine_out])
+    if a.which == "passed":
+        print(",".join(n for n in nodes if (reports.get(n) or {}).get("ok")))
+    else:
+        print(",".join(pending(reports, nodes)))
     return 0
 
 
@@ -450,6 +506,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--env", action="append", default=[])
     n.add_argument("--origin", default="a fan-out runbook")
     n.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
+    n.add_argument("--rerun", choices=("quick", "digest"), default="quick",
+                   help="how a node decides it already holds this tree")
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)
@@ -459,10 +517,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--success", default="all")
     c.add_argument("--out-dir", required=True)
     c.set_defaults(fn=cmd_compare)
-    pd = sub.add_parser("pending", help="nodes whose report asks for the whole bundle")
-    pd.add_argument("--nodes", required=True)
-    pd.add_argument("--engine-out", required=True)
-    pd.set_defaults(fn=cmd_pending)
+    nd = sub.add_parser("nodes", help="nodes of one engine output that need the whole bundle, "
+                        "or that passed")
+    nd.add_argument("--which", choices=("needs-full", "passed"), required=True)
+    nd.add_argument("--nodes", required=True)
+    nd.add_argument("--engine-out", required=True)
+    nd.set_defaults(fn=cmd_nodes)
     return p
 
 

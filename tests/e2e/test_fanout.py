@@ -152,7 +152,13 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     print(f"\nre-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, {delta / 1e3:.1f} kB "
           f"changes only; this machine sent {sent / 1e6:.1f} MB")
     assert sent < 2 * whole + 8 * delta + (2 << 20)
-    # --from fan_install: fan_preflight runs again (it sets what the rest use), the copied
-    # changes-only bundle installs again on every node, now that each holds the new tree
-    rc, err = finish(start(tmp_path, script, "--from", "fan_install"))
+    for name in cluster.names:                         # installed: no bundle left in scratch
+        assert not (cluster.node_tmp(name) / "rbfan-fanre.tar").exists()
+        assert not (cluster.node_tmp(name) / "rbfan-fanre").exists()
+    # --from fan_copy (fan_preflight runs too: it sets what the rest use): the same changes-only
+    # bundle again, and every node, holding that tree now, keeps its install
+    rc, err = finish(start(tmp_path, script, "--from", "fan_copy"))
     assert rc == 0 and "could not take" not in err, err[-4000:]
+    for name in cluster.names:
+        node = json.loads((tmp_path / "run" / "fanout" / f"node-{name}.json").read_text())
+        assert node["up_to_date"] == "up to date (quick check)", node

@@ -540,9 +540,11 @@ rb::fan_run() {
   RB_FAN_RC=0
   timeout --kill-after=10 "$((RB_FAN_TIMEOUT + 30))" "$@" >"${RB_RUN_DIR}/fanout/${name}.out" \
     2>"${RB_RUN_DIR}/fanout/${name}.err" || RB_FAN_RC=$?
-  if ((RB_FAN_RC != 0)); then
+  if ((RB_FAN_RC != 0)) && [[ -s "${RB_RUN_DIR}/fanout/${name}.err" ]]; then
     rb::log "${1} exited ${RB_FAN_RC}; what it said:"
     tail -n 20 "${RB_RUN_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
+  elif ((RB_FAN_RC != 0)); then
+    rb::log "${1} exited ${RB_FAN_RC} (nothing on stderr; the nodes' reports say why)"
   fi
 }
 
@@ -591,9 +593,10 @@ rb::fan_kit() {
 # arguments. Sets RB_FAN_FULL (the nodes, comma-separated; empty when none).
 #######################################
 rb::fan_full_round() {
-  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit
+  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit rc
   local -a need=()
-  RB_FAN_FULL=$(rb::fan_kit pending --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+  RB_FAN_FULL=$(rb::fan_kit nodes --which needs-full \
+    --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
     --engine-out "${RB_RUN_DIR}/fanout/install.out")
   if [[ -z "${RB_FAN_FULL}" ]]; then
     return 0
@@ -608,6 +611,9 @@ rb::fan_full_round() {
   rb::fact full_bundle_bytes "$(stat -c %s "${dir}.tar")"
   rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
   rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "$@"
+  rc=${RB_FAN_RC}
+  rb::fan_full_done
+  RB_FAN_RC=${rc}
 }
 
 #######################################
@@ -673,6 +679,13 @@ rb::fan_install() {
   rb::fan_run "${name}" "${RB_FAN_CLUSH[@]}" -w "${nodes}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
     -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" \
     "$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@")"
+}
+
+#######################################
+# After the whole bundle's round: clush copied it to that round's nodes only; nothing to remove.
+#######################################
+rb::fan_full_done() {
+  :
 }
 
 #######################################
@@ -859,7 +872,8 @@ step_fan_install() {
   local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
     --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}")
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --rerun "${RB_RERUN}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done

@@ -523,9 +523,11 @@ rb::fan_run() {
   RB_FAN_RC=0
   timeout --kill-after=10 "$((RB_FAN_TIMEOUT + 30))" "$@" >"${RB_RUN_DIR}/fanout/${name}.out" \
     2>"${RB_RUN_DIR}/fanout/${name}.err" || RB_FAN_RC=$?
-  if ((RB_FAN_RC != 0)); then
+  if ((RB_FAN_RC != 0)) && [[ -s "${RB_RUN_DIR}/fanout/${name}.err" ]]; then
     rb::log "${1} exited ${RB_FAN_RC}; what it said:"
     tail -n 20 "${RB_RUN_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
+  elif ((RB_FAN_RC != 0)); then
+    rb::log "${1} exited ${RB_FAN_RC} (nothing on stderr; the nodes' reports say why)"
   fi
 }
 
@@ -574,9 +576,10 @@ rb::fan_kit() {
 # arguments. Sets RB_FAN_FULL (the nodes, comma-separated; empty when none).
 #######################################
 rb::fan_full_round() {
-  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit
+  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit rc
   local -a need=()
-  RB_FAN_FULL=$(rb::fan_kit pending --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+  RB_FAN_FULL=$(rb::fan_kit nodes --which needs-full \
+    --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
     --engine-out "${RB_RUN_DIR}/fanout/install.out")
   if [[ -z "${RB_FAN_FULL}" ]]; then
     return 0
@@ -591,6 +594,9 @@ rb::fan_full_round() {
   rb::fact full_bundle_bytes "$(stat -c %s "${dir}.tar")"
   rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
   rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "$@"
+  rc=${RB_FAN_RC}
+  rb::fan_full_done
+  RB_FAN_RC=${rc}
 }
 
 #######################################
@@ -665,6 +671,30 @@ rb::fan_install() {
   rb::fan_run "${name}" srun -N "${count}" -n "${count}" --ntasks-per-node=1 -w "${nodes}" \
     --chdir="${RB_FAN_SCRATCH%/*}" --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
     --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@"
+}
+
+#######################################
+# After the whole bundle's round: sbcast copied that bundle to every node of the allocation, not
+# only to the round's. Remove it where it serves nothing: the nodes that passed the first round
+# (each removed its own bundle then) and the allocation's nodes outside the spec. Nodes that
+# failed keep it, for `--from fan_install`.
+#######################################
+rb::fan_full_done() {
+  local node passed
+  local -a drop=()
+  passed=$(rb::fan_kit nodes --which passed \
+    --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+    --engine-out "${RB_RUN_DIR}/fanout/install.out")
+  for node in $(scontrol show hostnames "${SLURM_JOB_NODELIST}"); do
+    if [[ ",${passed}," == *",${node},"* || " ${RB_FAN_NODE_LIST[*]} " != *" ${node} "* ]]; then
+      drop+=("${node}")
+    fi
+  done
+  if ((${#drop[@]})); then
+    rb::fan_run clean-full srun -N "${#drop[@]}" -n "${#drop[@]}" --ntasks-per-node=1 \
+      -w "$(IFS=,; printf '%s' "${drop[*]}")" --immediate="${RB_FAN_CONNECT_TIMEOUT}" --time=1 -K0 \
+      rm -f -- "${RB_FAN_SCRATCH}.tar"
+  fi
 }
 
 #######################################
@@ -851,7 +881,8 @@ step_fan_install() {
   local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
     --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}")
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --rerun "${RB_RERUN}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done
