@@ -29,8 +29,10 @@ from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 # not results/: docs/benchmarks.md is written from every JSON there (the transfer benchmark)
 RESULTS = Path(__file__).resolve().parent / "results-fanout"
-DEST = "/tmp/rbfan-bench/venv"
-SSH_DEST = "/tmp/rbfan-bench/ssh-venv"     # not DEST: the single-host runbook would skip an equal copy
+# each run installs at a path of its own: a node (or the single-host runbook) that already holds
+# the tree keeps it, and the next row would measure nothing; a re-run row reuses its run's path
+DEST = "/tmp/rbfan-bench/{name}/venv"
+SSH_DEST = "/tmp/rbfan-bench/ssh-{name}/venv"
 
 
 def log(msg: str) -> None:
@@ -44,7 +46,7 @@ hosts:
   here: {{local: true}}
 transfer:
   from: here:{venv}
-  to: here:{DEST}
+  to: here:{DEST.format(name=name)}
   compression: zstd
   on_existing: replace
 fanout:
@@ -65,7 +67,7 @@ hosts:
           options: {{UserKnownHostsFile: {c.dir}/known_hosts}}}}
 transfer:
   from: here:{venv}
-  to: node:{SSH_DEST}
+  to: node:{SSH_DEST.format(name=name)}
   compression: zstd
   on_existing: replace
 checks:

@@ -17,7 +17,10 @@ import pytest
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab import fanout
 
-DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
+def dest(name: str) -> str:
+    """Where test NAME installs on each node (/tmp is private to the node): a path of its own, so
+    a node never holds another test's install (it would keep it: already up to date)."""
+    return f"/tmp/rbdest-{name}/venv"
 
 
 def require_cluster() -> None:
@@ -32,7 +35,7 @@ def cluster():
 
 
 def spec(c: Cluster, venv: Path, *, name="fan8", success="all", engine="clush") -> str:
-    return fanout.spec(name, venv, DEST, engine=engine, nodes=c.nodeset, success=success,
+    return fanout.spec(name, venv, dest(name), engine=engine, nodes=c.nodeset, success=success,
                        extra=f"  ssh_config: {c.ssh_config}\n")
 
 
@@ -63,9 +66,9 @@ def test_clush_fanout_installs_and_probes_every_node(cluster, payload_small, tmp
     assert len(fan["groups"]) == 1                       # all eight folded into one row
     assert "node[01-08]" in err
     for name in cluster.names:                           # each node has its own, working copy
-        out = cluster.ssh(name, f"{DEST}/bin/payload-hello", check=True).stdout
-        assert json.loads(out)["prefix"] == DEST
-        assert (cluster.node_tmp(name) / "rbfan-dest" / "venv" / "pyvenv.cfg").exists()
+        out = cluster.ssh(name, f"{dest('fan8')}/bin/payload-hello", check=True).stdout
+        assert json.loads(out)["prefix"] == dest("fan8")
+        assert (cluster.node_tmp(name) / "rbdest-fan8" / "venv" / "pyvenv.cfg").exists()
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert doc["outcome"] == "ok" and set(doc["probes"]) == set(cluster.names)
     print(f"\nclush fan-out to 8 nodes: {took:.1f} s")
@@ -84,7 +87,7 @@ def test_odd_nodes_are_named_and_a_node_down_mid_run_is_reported(cluster, payloa
         script = build(tmp_path, spec(cluster, payload_small.venv, name="fanodd", success=5),
                        "fanodd")
         p = start(tmp_path, script)
-        staging = cluster.node_tmp("node07") / "rbfan-dest" / ".venv.rb-staging"
+        staging = cluster.node_tmp("node07") / "rbdest-fanodd" / ".venv.rb-staging"
         deadline = time.monotonic() + 120
         while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.1)
@@ -126,8 +129,8 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     assert rc == 0, err[-6000:]
     whole = int(fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"])
     line = fanout.change_one_file(venv)
-    rel = "rbfan-dest/venv/" + str(fanout.site_packages(venv).relative_to(venv))
-    shutil.rmtree(cluster.node_tmp("node04") / "rbfan-dest" / "venv")   # node04: no install now
+    rel = "rbdest-fanre/venv/" + str(fanout.site_packages(venv).relative_to(venv))
+    shutil.rmtree(cluster.node_tmp("node04") / "rbdest-fanre" / "venv")  # node04: no install now
     (cluster.node_tmp("node06") / rel / "rb_blob.bin").write_bytes(b"changed on node06")
     before = fanout.tx_bytes(cluster.bridge)
     t0 = time.monotonic()

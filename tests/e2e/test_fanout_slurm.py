@@ -18,7 +18,10 @@ from compiler.fanout import SBCAST_FANOUT
 from tests.lab import fanout
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
-DEST = "/tmp/rbfan-dest/venv"     # on each node: /tmp is private to the node
+def dest(name: str) -> str:
+    """Where test NAME installs on each node (/tmp is private to the node): a path of its own, so
+    a node never holds another test's install (it would keep it: already up to date)."""
+    return f"/tmp/rbdest-{name}/venv"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def settled(slurm):
 
 def spec(c: SlurmCluster, venv: Path, *, name: str, success="all", nodes=None,
          extra: str = "") -> str:
-    return fanout.spec(name, venv, DEST, engine="slurm", nodes=nodes or c.nodeset,
+    return fanout.spec(name, venv, dest(name), engine="slurm", nodes=nodes or c.nodeset,
                        success=success, connect_timeout=10, extra=extra)
 
 
@@ -74,9 +77,9 @@ def test_slurm_fanout_installs_and_probes_every_node(slurm, payload_small, tmp_p
     assert len(fan["groups"]) == 1
     assert "sbcast -f" in err and "srun -N 8 -n 8" in err
     for name in slurm.names:                              # each node has its own working copy
-        out = slurm.ssh(name, f"{DEST}/bin/payload-hello", check=True).stdout
-        assert json.loads(out)["prefix"] == DEST
-        assert (slurm.node_tmp(name) / "rbfan-dest" / "venv" / "pyvenv.cfg").exists()
+        out = slurm.ssh(name, f"{dest('slurm8')}/bin/payload-hello", check=True).stdout
+        assert json.loads(out)["prefix"] == dest("slurm8")
+        assert (slurm.node_tmp(name) / "rbdest-slurm8" / "venv" / "pyvenv.cfg").exists()
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert doc["outcome"] == "ok" and set(doc["probes"]) == set(slurm.names)
     print(f"\nslurm fan-out to 8 nodes: {took:.1f} s")
@@ -113,7 +116,7 @@ def test_slurm_odd_node_named_and_node_down_mid_run_reported(slurm, payload_smal
         script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmodd", success=5),
                        "slurmodd")
         p = start(slurm, tmp_path, slurm.salloc(["bash", str(script)]))
-        staging = slurm.node_tmp("node06") / "rbfan-dest" / ".venv.rb-staging"
+        staging = slurm.node_tmp("node06") / "rbdest-slurmodd" / ".venv.rb-staging"
         deadline = time.monotonic() + 120
         while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.1)
@@ -158,8 +161,8 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_where_needed(slurm, 
     assert rc == 0, err[-6000:]
     whole = int(fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"])
     line = fanout.change_one_file(venv)
-    rel = "rbfan-dest/venv/" + str(fanout.site_packages(venv).relative_to(venv))
-    shutil.rmtree(slurm.node_tmp("node03") / "rbfan-dest" / "venv")     # node03: no install now
+    rel = "rbdest-slurmre/venv/" + str(fanout.site_packages(venv).relative_to(venv))
+    shutil.rmtree(slurm.node_tmp("node03") / "rbdest-slurmre" / "venv")  # node03: no install now
     t0 = time.monotonic()
     rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
     took = time.monotonic() - t0
