@@ -4,6 +4,7 @@ mini-cluster of tests/lab/slurm.py (namespace nodes running sshd and slurmd; nee
 Rows, each a whole runbook run from compile to the comparison:
   slurm 1 node / slurm N nodes   (sbcast --fanout 2 + one srun), inside salloc
   slurm N nodes re-run           (after one small file changed: the changes-only bundle)
+  slurm N nodes again            (nothing changed: every node keeps its install, runs the checks)
   clush 1 node / clush N nodes   (flat: clush --copy, then one clush command), and its re-run
   ssh 1 node / ssh N sequential  (today's single-host runbook, one per node, one after the other)
 For each: wall seconds, the runbook's step times, and the bytes this machine sent into the cluster
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             # a re-run after one small file changed on the source: the changes-only bundle
             plan.insert(2, (f"slurm-{n} re-run, 1 file changed",
                             lambda: b.rerun("slurmn", venv, salloc=c.nodeset)))
+            plan.insert(3, (f"slurm-{n} again, nothing changed",
+                            lambda: b.again("slurmn", salloc=c.nodeset)))
             plan.append((f"clush-{n} re-run, 1 file changed", lambda: b.rerun("clushn", venv)))
             for key, fn in plan:
                 log(f"{key} ...")
