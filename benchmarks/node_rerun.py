@@ -1,5 +1,6 @@
 """`python -m benchmarks.node_rerun SOURCE --runbook generated/h200.sh --work DIR`: one fan-out
-node's install of a real venv, whole and then as a re-run after one file changed on the source.
+node's install of a real venv, whole, then as a re-run after one file changed on the source, then
+once more with nothing changed (the node keeps its install and runs the checks).
 
 It does on one machine what a fan-out runbook does for each node, with the same code: the source's
 manifest (`rbkit manifest build`, then `--reuse` for the re-run), the payload as tar (+ zstd when
@@ -172,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     t.run("deliver the changes-only bundle", lambda: shutil.copyfile(b2, f"{scratch}.tar"))
     second = t.run("node: re-run install + checks", lambda: node(scratch, dest, a.source, s, comp))
     assert (Path(dest) / rel).read_text().endswith("# changed for benchmarks.node_rerun\n")
+    # the same bundle once more: nothing changed, the node keeps its install
+    t.run("deliver it again", lambda: shutil.copyfile(b2, f"{scratch}.tar"))
+    third = t.run("node: nothing changed + checks", lambda: node(scratch, dest, a.source, s, comp))
+    assert third.get("up_to_date"), third
     result = {
         "source": a.source, "files": m1["totals"]["files"], "bytes": m1["totals"]["bytes"],
         "compression": comp, "changed": rel, "reused_digests": m2["reused"],
@@ -179,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         "bundle_bytes": {"whole": b1.stat().st_size, "changes": b2.stat().st_size},
         "phases_s": t.phases,
         "node_steps_s": {"whole": {x["id"]: x["seconds"] for x in first["steps"]},
-                         "rerun": {x["id"]: x["seconds"] for x in second["steps"]}},
+                         "rerun": {x["id"]: x["seconds"] for x in second["steps"]},
+                         "unchanged": {x["id"]: x["seconds"] for x in third["steps"]}},
+        "node_cpu_s": {"whole": first.get("cpu_s"), "rerun": second.get("cpu_s"),
+                       "unchanged": third.get("cpu_s")},
         "rerun_linked": second.get("delta", {}),
         "checks": {c["id"]: c["status"] for c in (second.get("probe") or {}).get("checks", [])},
     }
