@@ -155,6 +155,9 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     print(f"\nre-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, {delta / 1e3:.1f} kB "
           f"changes only; this machine sent {sent / 1e6:.1f} MB")
     assert sent < 2 * whole + 8 * delta + (2 << 20)
+    # --from fan_compare: the whole-bundle round's reports still replace the first round's
+    rc, err = finish(start(tmp_path, script, "--from", "fan_compare"))
+    assert rc == 0 and "8/8 nodes passed" in err, err[-4000:]
     for name in cluster.names:                         # installed: no bundle left in scratch
         assert not (cluster.node_tmp(name) / "rbfan-fanre.tar").exists()
         assert not (cluster.node_tmp(name) / "rbfan-fanre").exists()

@@ -889,6 +889,8 @@ step_fan_install() {
   for item in "${RB_ENV[@]}"; do
     args+=(--env "${item}")
   done
+  # a whole-bundle round's output is this step's alone (a --from run may find an earlier one)
+  rm -f "${RB_RUN_DIR}/fanout/"{copy,install}-full.{out,err}
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
   if [[ -f "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/delta.names" ]]; then
@@ -907,8 +909,9 @@ step_fan_compare() {
   nodes=$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")
   local -a rounds=(--engine-out "${RB_RUN_DIR}/fanout/install.out"
     --engine-err "${RB_RUN_DIR}/fanout/install.err")
-  if [[ -n "${RB_FAN_FULL}" ]]; then
-    # the whole bundle's round: its reports replace those of the nodes that asked for it
+  if [[ -f "${RB_RUN_DIR}/fanout/install-full.out" ]]; then
+    # this run's whole-bundle round (fan_pack empties fanout/): its reports replace those of the
+    # nodes that asked for it
     rounds+=(--engine-out "${RB_RUN_DIR}/fanout/install-full.out"
       --engine-err "${RB_RUN_DIR}/fanout/install-full.err")
   fi
