@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=9d93b30dff939d55
+readonly RB_KIT_ID=db44269bab037490
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -1021,9 +1021,10 @@ RB_PY_EAEBB3AA
 `python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
 `manifest.jsonl`, and `payload.tar[.zst|.lz4|.gz]` unless the node script left it inside DIR.tar
-(it does: the payload is then streamed from there into staging, written once on the node). It installs through the kit's own command lines
-(extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
-a timeout, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
+(it does: the payload is then streamed from there into staging, written once on the node). It
+installs through the kit's own command lines: extract into staging (tar), `manifest verify`,
+`relocate`, `swap`, `exports` (run in this process, see `_kit`), `rbprobes run` (the moved
+interpreter), and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
 into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
 slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
 another node's output by srun; clush keeps nodes apart anyway).

@@ -3,9 +3,10 @@
 `python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
 `manifest.jsonl`, and `payload.tar[.zst|.lz4|.gz]` unless the node script left it inside DIR.tar
-(it does: the payload is then streamed from there into staging, written once on the node). It installs through the kit's own command lines
-(extract into staging, `manifest verify`, `relocate`, `swap`, `exports`, `rbprobes run`), each under
-a timeout, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
+(it does: the payload is then streamed from there into staging, written once on the node). It
+installs through the kit's own command lines: extract into staging (tar), `manifest verify`,
+`relocate`, `swap`, `exports` (run in this process, see `_kit`), `rbprobes run` (the moved
+interpreter), and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
 into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
 slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
 another node's output by srun; clush keeps nodes apart anyway).
