@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reliability.md"
 FILES = ["tests/test_hostile.py", "tests/test_golden.py", "tests/e2e/test_faults.py",
          "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/test_render.py",
-         "tests/e2e/test_fanout.py", "tests/e2e/test_fanout_slurm.py", "tests/e2e/test_fanout_tree.py"]
+         "tests/e2e/test_fanout.py", "tests/e2e/test_fanout_slurm.py", "tests/e2e/test_fanout_tree.py",
+         "tests/test_fanout_delta.py"]
 
 # (test-name prefix, row, what happens, what "nothing lost" means there)
 ROWS = [
@@ -81,6 +82,13 @@ ROWS = [
      "nodes", "its nodes named without a report; the rest install", "-"),
     ("test_an_allocation_without_every_node", "Slurm allocation lacking nodes of the spec",
      "refused in preflight, missing nodes named", "nothing moved"),
+    ("test_a_rerun_sends_only_the_change", "fan-out re-run where a node lost its install (clush, "
+     "Slurm) or has a file changed on it (clush)", "the changes go to all; those nodes ask for and "
+     "get the whole bundle in a second round; all pass", "a node that cannot take the changes "
+     "installs nothing from them"),
+    ("test_a_file_changed_on_the_node_that_the_bundle_lacks", "fan-out node: a file changed there "
+     "that the re-run's bundle does not carry (kit, no cluster)", "needs the whole bundle, says "
+     "which file", "its install left as it was (the changed file too)"),
 ]
 
 
