@@ -80,6 +80,9 @@ ROWS = [
      "its previous install back in place; others keep the new one"),
     ("test_a_gateway_without_the_ssh_config", "clush tree mode: a gateway that cannot reach its "
      "nodes", "its nodes named without a report; the rest install", "-"),
+    ("test_a_gateway_that_dies_mid_run", "clush tree mode: a gateway killed mid-install",
+     "the run ends within a second; the nodes behind it named without a report; the rest pass",
+     "a node killed mid-extract holds no install, only a staging"),
     ("test_an_allocation_without_every_node", "Slurm allocation lacking nodes of the spec",
      "refused in preflight, missing nodes named", "nothing moved"),
     ("test_a_rerun_sends_only_the_change", "fan-out re-run where a node lost its install (clush, "

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,9 @@ def topology(d: Path, head: str = HEAD) -> Path:
 
 
 def spec(c: Cluster, venv: Path, name: str, *, topo: Path | None, on_existing="replace",
-         success="all", extra="") -> str:
+         success="all", extra="", dest: str = DEST) -> str:
     tree = f"  topology: {topo}\n  gateway_python: /usr/bin/python3\n" if topo else ""
-    return fanout.spec(name, venv, DEST, engine="clush", nodes=c.nodeset, on_existing=on_existing,
+    return fanout.spec(name, venv, dest, engine="clush", nodes=c.nodeset, on_existing=on_existing,
                        success=success, extra=f"  ssh_config: {c.ssh_config}\n{tree}{extra}")
 
 
@@ -158,6 +159,46 @@ def test_a_gateway_without_the_ssh_config_loses_its_nodes_only(cluster, work):
     assert set(fan["missing"]) == {"node02", "node03", "node04"}
     assert sorted(fan["ok_nodes"]) == ["node01", "node05", "node06", "node07", "node08"]
     assert any("Could not resolve hostname node02" in w for w in fan["missing"]["node02"])
+
+
+@pytest.mark.e2e
+def test_a_gateway_that_dies_mid_run_loses_only_the_nodes_behind_it(cluster, work):
+    """node01 (gateway of node[02-04]) is killed while node03 extracts slowly: the run ends at
+    once, the nodes whose reports came through node01 are named, node[05-08] pass."""
+    slow = fanout.slow_tar(work / "slow-sbin", 15)
+    dest = "/tmp/rbtree-gw/venv"                 # a path no earlier test installed at
+    out = work / "gwdies"
+    out.mkdir()
+    fanout.build(out, spec(cluster, work / "src" / "venv", "gwdies", topo=topology(work),
+                           success=4, dest=dest), "gwdies")
+    env = dict(os.environ, RB_RUN_DIR=str(out / "run"))
+    try:
+        cluster.restart_node("node03", binds=[(str(slow), "/usr/local/sbin")])
+        p = subprocess.Popen(["bash", str(out / "gwdies.sh")], cwd=out, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        staging = cluster.node_tmp("node03") / "rbtree-gw" / ".venv.rb-staging"
+        deadline = time.monotonic() + 120
+        while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert staging.exists(), "node03 never started its install"
+        cluster.kill_node("node01")
+        killed = time.monotonic()
+        _out, err = p.communicate(timeout=300)
+        after_kill = time.monotonic() - killed
+    finally:
+        cluster.restart_node("node01")
+        cluster.restart_node("node03")
+    assert p.returncode == 0, err[-6000:]        # success: 4, and node[05-08] passed
+    fan = json.loads((out / "run" / "fanout" / "fanout.json").read_text())
+    assert {"node05", "node06", "node07", "node08"} <= set(fan["ok_nodes"])
+    # node03 for sure; node01 (its own install may have finished first) and node02/04 (their
+    # reports travel through node01) as ClusterShell's gateway had forwarded them or not
+    assert "node03" in fan["missing"]
+    assert set(fan["missing"]) <= {"node01", "node02", "node03", "node04"}
+    assert after_kill < 30, after_kill           # not clush's -u 120
+    assert not (cluster.node_tmp("node03") / "rbtree-gw" / "venv").exists()
+    print(f"\ngateway node01 killed: the run ended {after_kill:.1f} s later; no report from "
+          f"{sorted(fan['missing'])}")
 
 
 @pytest.mark.e2e
