@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from compiler import cli
-from tests.lab.fanout import change_one_file, payload_with_blob
+from tests.lab.fanout import change_one_file, payload_with_blob, tx_bytes
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 # not results/: docs/benchmarks.md is written from every JSON there (the transfer benchmark)
@@ -82,7 +82,7 @@ class Bench:
         self.c, self.work = c, work
 
     def tx(self) -> int:
-        return int(Path(f"/sys/class/net/{self.c.bridge}/statistics/tx_bytes").read_text())
+        return tx_bytes(self.c.bridge)
 
     def run(self, name: str, text: str, *, salloc: str | None = None) -> dict:
         d = self.work / name

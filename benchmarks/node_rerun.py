@@ -67,10 +67,6 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=True, **kw)
 
 
-def nul(names: list[str]) -> bytes:
-    return b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in names)
-
-
 def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
                 delta: bool = False) -> Path:
     """What fan_pack makes: DIR/{manifest.jsonl, payload.tar[.zst], kit/, delta.names} -> DIR.tar
@@ -85,9 +81,10 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
         manifest.dump(m, f)
     listing = d.parent / (d.name + ".names")
-    listing.write_bytes(nul(names))
-    if delta:
-        (d / "delta.names").write_bytes(nul(names))
+    lists = [listing, d / "delta.names"] if delta else [listing]
+    for path in lists:
+        with open(path, "wb") as f:
+            manifest.write_names(names, f)
     payload = d / ("payload.tar.zst" if comp == "zstd" else "payload.tar")
     with open(payload, "wb") as out:
         tar = subprocess.Popen(["tar", "-C", str(src), "--null", "--no-recursion", "-T",

@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=db44269bab037490
+readonly RB_KIT_ID=a39ec1ab3ec69e58
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -788,8 +788,7 @@ def cmd_manifest_quick(a) -> int:
 def cmd_manifest_delta(a) -> int:
     d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
     with open(a.names_out, "wb") as f:
-        for rel in d.pop("send"):
-            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+        manifest.write_names(d.pop("send"), f)
     _print(d)
     return 0
 
@@ -1157,14 +1156,15 @@ def node(a: argparse.Namespace) -> int:
                              "error": ["the bundle's manifest: %s" % exc]})
         emit(doc)
         return 1
-    up = _up_to_date(rbkit, env, dest, new, a.rerun, a.jobs, t)
+    installed = _installed(dest)
+    up = _up_to_date(rbkit, env, dest, installed, new, a.rerun, a.jobs, t)
     if up is not None:
         doc["up_to_date"] = up
         doc["steps"] += [{"id": sid, "ok": True, "rc": 0, "seconds": 0.0, "skipped": up}
                          for sid in ("extract", "verify", "relocate", "swap")]
         ok = True
     else:
-        ok = _install(a, doc, step, rbkit, dest, staging, manifest, new, payload, t)
+        ok = _install(a, doc, step, rbkit, dest, staging, manifest, new, installed, payload, t)
         if ok is None:
             emit(doc)
             return 3
@@ -1208,37 +1208,40 @@ def node(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _up_to_date(rbkit: List[str], env: Dict[str, str], dest: str, new: Dict[str, Any],
-                rerun: str, jobs: str, timeout: float) -> Optional[str]:
+def _installed(dest: str) -> Optional[Dict[str, Any]]:
+    """The manifest the install at DEST recorded, or None (no install, or not readable)."""
+    try:
+        return kitmanifest.load(os.path.join(dest, ".rb-manifest.jsonl"))
+    except (OSError, ValueError):
+        return None
+
+
+def _up_to_date(rbkit: List[str], env: Dict[str, str], dest: str,
+                installed: Optional[Dict[str, Any]], new: Dict[str, Any], rerun: str, jobs: str,
+                timeout: float) -> Optional[str]:
     """Why DEST already holds the tree of this bundle's manifest, or None: as the single-host
     re-run check, `quick` compares stat fingerprints (the source's recorded at the install, and
     every entry at DEST with what the install recorded), `digest` re-hashes DEST."""
-    installed = os.path.join(dest, ".rb-manifest.jsonl")
-    if not os.path.isfile(installed):
-        return None
-    try:
-        header = kitmanifest.load(installed)["header"]
-    except (OSError, ValueError):
-        return None
-    if header.get("source_stat_fingerprint") is None:
+    if installed is None or installed["header"].get("source_stat_fingerprint") is None:
         return None
     if rerun == "digest":
-        if header.get("source_fingerprint") != kitmanifest.fingerprint(new):
+        if installed["header"].get("source_fingerprint") != kitmanifest.fingerprint(new):
             return None
-        r = _run(rbkit + ["manifest", "verify", dest, installed, "--jobs", jobs], timeout, env)
+        r = _run(rbkit + ["manifest", "verify", dest, os.path.join(dest, ".rb-manifest.jsonl"),
+                          "--jobs", jobs], timeout, env)
         return "up to date (every file re-hashed)" if r["rc"] == 0 else None
     # in this process: a stat walk, no reading (one Python start less on every node)
     try:
-        quick = kitmanifest.quick_check(dest, kitmanifest.load(installed),
+        quick = kitmanifest.quick_check(dest, installed,
                                         kitmanifest.stat_fingerprint(new["entries"]))
-    except (OSError, ValueError):
+    except OSError:
         return None
     return "up to date (quick check)" if quick["ok"] else None
 
 
 def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
-             dest: str, staging: str, manifest: str, new: Dict[str, Any], payload: str,
-             t: float) -> Optional[bool]:
+             dest: str, staging: str, manifest: str, new: Dict[str, Any],
+             installed: Optional[Dict[str, Any]], payload: str, t: float) -> Optional[bool]:
     """Extract into staging, verify, relocate, swap: True when all passed, None when this node
     needs the whole bundle (a re-run's bundle lacks something it does not hold)."""
     # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
@@ -1246,7 +1249,7 @@ def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
     delta = os.path.exists(os.path.join(a.dir, "delta.names"))
     if delta:
         start = time.monotonic()
-        why = _stage_delta(a.dir, dest, staging, new, t, doc)
+        why = _stage_delta(a.dir, dest, staging, new, installed, t, doc)
         if why is not None:
             doc["needs_full"] = why
             doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
@@ -1278,24 +1281,21 @@ def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
     return ok
 
 
-def _stage_delta(d: str, dest: str, staging: str, new: Dict[str, Any], timeout: float,
+def _stage_delta(d: str, dest: str, staging: str, new: Dict[str, Any],
+                 installed: Optional[Dict[str, Any]], timeout: float,
                  doc: Dict[str, Any]) -> Optional[str]:
     """Staging for a re-run's bundle: every unchanged file hard-linked from this node's install
     (`rbkit stage`, the single-host incremental install's rule). Returns None when the bundle holds
     every file this node still needs, else why the node needs the whole bundle (staging removed)."""
-    installed = os.path.join(dest, ".rb-manifest.jsonl")
-    if not os.path.isfile(installed):
-        return "no earlier install at %s" % dest
+    if installed is None:
+        return "no earlier install at %s (or its manifest is unreadable)" % dest
     mine = os.path.join(d, "node.names")
     try:       # in this process: links and stats, no reading (one Python start less)
-        facts = hostfs.stage(dest, staging, new, kitmanifest.load(installed), mine)
+        facts = hostfs.stage(dest, staging, new, installed, mine)
     except (OSError, ValueError) as exc:
         return "staging from the earlier install failed: %s" % exc
-    with open(mine, "rb") as f:
-        need = [n for n in f.read().split(b"\0") if n]
-    with open(os.path.join(d, "delta.names"), "rb") as f:
-        have = set(n for n in f.read().split(b"\0") if n)
-    lacking = [n.decode("utf-8", "surrogateescape") for n in need if n not in have]
+    have = set(kitmanifest.read_names(os.path.join(d, "delta.names")))
+    lacking = [n for n in kitmanifest.read_names(mine) if n not in have]
     doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")}
     if lacking:
         subprocess.run(["rm", "-rf", "--", staging], timeout=timeout, check=False)
@@ -1778,8 +1778,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
             send_files += 1
             send_bytes += e["s"]
     with open(names_path, "wb") as f:
-        for rel in send:
-            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+        manifest.write_names(send, f)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
             "send_bytes": send_bytes, "send_entries": len(send),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
@@ -1834,12 +1833,13 @@ def delta(new: dict, base: dict) -> dict:
         return {"usable": False, "send": [e["p"] for e in new["entries"]],
                 "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
     before = {e["p"]: e for e in base["entries"]}
-    send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
+    send, same = [], []
+    for e in new["entries"]:
+        (same if linkable(before.get(e["p"]), e) else send).append(e)
     files = [e for e in send if e["t"] == "f"]
-    same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
-    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
-            "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
-            "unchanged_bytes": sum(e["s"] for e in same),
+    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send),
+            "send_files": len(files), "send_bytes": sum(e["s"] for e in files),
+            "unchanged_files": len(same), "unchanged_bytes": sum(e["s"] for e in same),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 
 
@@ -2067,8 +2067,19 @@ def describe(result: dict) -> list[str]:
 
 def names(manifest: dict, out) -> None:
     """NUL-separated relative paths for `tar --null --no-recursion -T -`, parents first."""
-    for e in manifest["entries"]:
-        out.write(e["p"].encode("utf-8", "surrogateescape") + b"\0")
+    write_names((e["p"] for e in manifest["entries"]), out)
+
+
+def write_names(paths: Iterable[str], out) -> None:
+    """Relative paths as a NUL-separated list (a binary file), the form `tar -T` and
+    `read_names` take."""
+    for rel in paths:
+        out.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+
+
+def read_names(path: str) -> list[str]:
+    with open(path, "rb") as f:
+        return [n.decode("utf-8", "surrogateescape") for n in f.read().split(b"\0") if n]
 
 
 def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:
@@ -4764,7 +4775,7 @@ print(sys.executable)')
 #######################################
 step_fan_pack() {
   local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
-  local what=bundle names
+  local what=bundle names rerun=0
   local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   names="${src_kit}/${RB_NAME}.names"
@@ -4772,6 +4783,7 @@ step_fan_pack() {
   mkdir -p "${dir}"
   if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
+    rerun=1
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.base.jsonl" \
       <"${base}"
     if [[ "${RB_RERUN}" == quick ]]; then
@@ -4785,7 +4797,7 @@ step_fan_pack() {
     "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[totals.files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
-  if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
+  if ((rerun)); then
     rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
       "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
     if [[ "${RB_J[usable]}" == True ]]; then

@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=h200
 readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
-readonly RB_KIT_ID=7e9c8c3ea1ba1a9a
+readonly RB_KIT_ID=9bfce32e79af9a78
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -608,8 +608,7 @@ def cmd_manifest_quick(a) -> int:
 def cmd_manifest_delta(a) -> int:
     d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
     with open(a.names_out, "wb") as f:
-        for rel in d.pop("send"):
-            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+        manifest.write_names(d.pop("send"), f)
     _print(d)
     return 0
 
@@ -1023,8 +1022,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
             send_files += 1
             send_bytes += e["s"]
     with open(names_path, "wb") as f:
-        for rel in send:
-            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+        manifest.write_names(send, f)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
             "send_bytes": send_bytes, "send_entries": len(send),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
@@ -1079,12 +1077,13 @@ def delta(new: dict, base: dict) -> dict:
         return {"usable": False, "send": [e["p"] for e in new["entries"]],
                 "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
     before = {e["p"]: e for e in base["entries"]}
-    send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
+    send, same = [], []
+    for e in new["entries"]:
+        (same if linkable(before.get(e["p"]), e) else send).append(e)
     files = [e for e in send if e["t"] == "f"]
-    same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
-    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
-            "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
-            "unchanged_bytes": sum(e["s"] for e in same),
+    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send),
+            "send_files": len(files), "send_bytes": sum(e["s"] for e in files),
+            "unchanged_files": len(same), "unchanged_bytes": sum(e["s"] for e in same),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 
 
@@ -1312,8 +1311,19 @@ def describe(result: dict) -> list[str]:
 
 def names(manifest: dict, out) -> None:
     """NUL-separated relative paths for `tar --null --no-recursion -T -`, parents first."""
-    for e in manifest["entries"]:
-        out.write(e["p"].encode("utf-8", "surrogateescape") + b"\0")
+    write_names((e["p"] for e in manifest["entries"]), out)
+
+
+def write_names(paths: Iterable[str], out) -> None:
+    """Relative paths as a NUL-separated list (a binary file), the form `tar -T` and
+    `read_names` take."""
+    for rel in paths:
+        out.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+
+
+def read_names(path: str) -> list[str]:
+    with open(path, "rb") as f:
+        return [n.decode("utf-8", "surrogateescape") for n in f.read().split(b"\0") if n]
 
 
 def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:

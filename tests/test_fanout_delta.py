@@ -34,8 +34,7 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
         if base is None:
             manifest.names(m, f)
         else:
-            for rel in manifest.delta(m, base)["send"]:
-                f.write(rel.encode() + b"\0")
+            manifest.write_names(manifest.delta(m, base)["send"], f)
     subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names), "-cf",
                     str(d / "payload.tar")], check=True)
     return d

@@ -62,8 +62,7 @@ def cmd_manifest_quick(a) -> int:
 def cmd_manifest_delta(a) -> int:
     d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
     with open(a.names_out, "wb") as f:
-        for rel in d.pop("send"):
-            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+        manifest.write_names(d.pop("send"), f)
     _print(d)
     return 0
 

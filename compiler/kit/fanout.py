@@ -139,14 +139,15 @@ def node(a: argparse.Namespace) -> int:
                              "error": ["the bundle's manifest: %s" % exc]})
         emit(doc)
         return 1
-    up = _up_to_date(rbkit, env, dest, new, a.rerun, a.jobs, t)
+    installed = _installed(dest)
+    up = _up_to_date(rbkit, env, dest, installed, new, a.rerun, a.jobs, t)
     if up is not None:
         doc["up_to_date"] = up
         doc["steps"] += [{"id": sid, "ok": True, "rc": 0, "seconds": 0.0, "skipped": up}
                          for sid in ("extract", "verify", "relocate", "swap")]
         ok = True
     else:
-        ok = _install(a, doc, step, rbkit, dest, staging, manifest, new, payload, t)
+        ok = _install(a, doc, step, rbkit, dest, staging, manifest, new, installed, payload, t)
         if ok is None:
             emit(doc)
             return 3
@@ -190,37 +191,40 @@ def node(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _up_to_date(rbkit: List[str], env: Dict[str, str], dest: str, new: Dict[str, Any],
-                rerun: str, jobs: str, timeout: float) -> Optional[str]:
+def _installed(dest: str) -> Optional[Dict[str, Any]]:
+    """The manifest the install at DEST recorded, or None (no install, or not readable)."""
+    try:
+        return kitmanifest.load(os.path.join(dest, ".rb-manifest.jsonl"))
+    except (OSError, ValueError):
+        return None
+
+
+def _up_to_date(rbkit: List[str], env: Dict[str, str], dest: str,
+                installed: Optional[Dict[str, Any]], new: Dict[str, Any], rerun: str, jobs: str,
+                timeout: float) -> Optional[str]:
     """Why DEST already holds the tree of this bundle's manifest, or None: as the single-host
     re-run check, `quick` compares stat fingerprints (the source's recorded at the install, and
     every entry at DEST with what the install recorded), `digest` re-hashes DEST."""
-    installed = os.path.join(dest, ".rb-manifest.jsonl")
-    if not os.path.isfile(installed):
-        return None
-    try:
-        header = kitmanifest.load(installed)["header"]
-    except (OSError, ValueError):
-        return None
-    if header.get("source_stat_fingerprint") is None:
+    if installed is None or installed["header"].get("source_stat_fingerprint") is None:
         return None
     if rerun == "digest":
-        if header.get("source_fingerprint") != kitmanifest.fingerprint(new):
+        if installed["header"].get("source_fingerprint") != kitmanifest.fingerprint(new):
             return None
-        r = _run(rbkit + ["manifest", "verify", dest, installed, "--jobs", jobs], timeout, env)
+        r = _run(rbkit + ["manifest", "verify", dest, os.path.join(dest, ".rb-manifest.jsonl"),
+                          "--jobs", jobs], timeout, env)
         return "up to date (every file re-hashed)" if r["rc"] == 0 else None
     # in this process: a stat walk, no reading (one Python start less on every node)
     try:
-        quick = kitmanifest.quick_check(dest, kitmanifest.load(installed),
+        quick = kitmanifest.quick_check(dest, installed,
                                         kitmanifest.stat_fingerprint(new["entries"]))
-    except (OSError, ValueError):
+    except OSError:
         return None
     return "up to date (quick check)" if quick["ok"] else None
 
 
 def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
-             dest: str, staging: str, manifest: str, new: Dict[str, Any], payload: str,
-             t: float) -> Optional[bool]:
+             dest: str, staging: str, manifest: str, new: Dict[str, Any],
+             installed: Optional[Dict[str, Any]], payload: str, t: float) -> Optional[bool]:
     """Extract into staging, verify, relocate, swap: True when all passed, None when this node
     needs the whole bundle (a re-run's bundle lacks something it does not hold)."""
     # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
@@ -228,7 +232,7 @@ def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
     delta = os.path.exists(os.path.join(a.dir, "delta.names"))
     if delta:
         start = time.monotonic()
-        why = _stage_delta(a.dir, dest, staging, new, t, doc)
+        why = _stage_delta(a.dir, dest, staging, new, installed, t, doc)
         if why is not None:
             doc["needs_full"] = why
             doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
@@ -260,24 +264,21 @@ def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
     return ok
 
 
-def _stage_delta(d: str, dest: str, staging: str, new: Dict[str, Any], timeout: float,
+def _stage_delta(d: str, dest: str, staging: str, new: Dict[str, Any],
+                 installed: Optional[Dict[str, Any]], timeout: float,
                  doc: Dict[str, Any]) -> Optional[str]:
     """Staging for a re-run's bundle: every unchanged file hard-linked from this node's install
     (`rbkit stage`, the single-host incremental install's rule). Returns None when the bundle holds
     every file this node still needs, else why the node needs the whole bundle (staging removed)."""
-    installed = os.path.join(dest, ".rb-manifest.jsonl")
-    if not os.path.isfile(installed):
-        return "no earlier install at %s" % dest
+    if installed is None:
+        return "no earlier install at %s (or its manifest is unreadable)" % dest
     mine = os.path.join(d, "node.names")
     try:       # in this process: links and stats, no reading (one Python start less)
-        facts = hostfs.stage(dest, staging, new, kitmanifest.load(installed), mine)
+        facts = hostfs.stage(dest, staging, new, installed, mine)
     except (OSError, ValueError) as exc:
         return "staging from the earlier install failed: %s" % exc
-    with open(mine, "rb") as f:
-        need = [n for n in f.read().split(b"\0") if n]
-    with open(os.path.join(d, "delta.names"), "rb") as f:
-        have = set(n for n in f.read().split(b"\0") if n)
-    lacking = [n.decode("utf-8", "surrogateescape") for n in need if n not in have]
+    have = set(kitmanifest.read_names(os.path.join(d, "delta.names")))
+    lacking = [n for n in kitmanifest.read_names(mine) if n not in have]
     doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")}
     if lacking:
         subprocess.run(["rm", "-rf", "--", staging], timeout=timeout, check=False)

@@ -185,8 +185,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
             send_files += 1
             send_bytes += e["s"]
     with open(names_path, "wb") as f:
-        for rel in send:
-            f.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+        manifest.write_names(send, f)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
             "send_bytes": send_bytes, "send_entries": len(send),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}

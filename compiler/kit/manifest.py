@@ -47,12 +47,13 @@ def delta(new: dict, base: dict) -> dict:
         return {"usable": False, "send": [e["p"] for e in new["entries"]],
                 "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
     before = {e["p"]: e for e in base["entries"]}
-    send = [e for e in new["entries"] if not linkable(before.get(e["p"]), e)]
+    send, same = [], []
+    for e in new["entries"]:
+        (same if linkable(before.get(e["p"]), e) else send).append(e)
     files = [e for e in send if e["t"] == "f"]
-    same = [e for e in new["entries"] if e["t"] == "f" and linkable(before.get(e["p"]), e)]
-    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send), "send_files": len(files),
-            "send_bytes": sum(e["s"] for e in files), "unchanged_files": len(same),
-            "unchanged_bytes": sum(e["s"] for e in same),
+    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send),
+            "send_files": len(files), "send_bytes": sum(e["s"] for e in files),
+            "unchanged_files": len(same), "unchanged_bytes": sum(e["s"] for e in same),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 
 
@@ -280,8 +281,19 @@ def describe(result: dict) -> list[str]:
 
 def names(manifest: dict, out) -> None:
     """NUL-separated relative paths for `tar --null --no-recursion -T -`, parents first."""
-    for e in manifest["entries"]:
-        out.write(e["p"].encode("utf-8", "surrogateescape") + b"\0")
+    write_names((e["p"] for e in manifest["entries"]), out)
+
+
+def write_names(paths: Iterable[str], out) -> None:
+    """Relative paths as a NUL-separated list (a binary file), the form `tar -T` and
+    `read_names` take."""
+    for rel in paths:
+        out.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+
+
+def read_names(path: str) -> list[str]:
+    with open(path, "rb") as f:
+        return [n.decode("utf-8", "surrogateescape") for n in f.read().split(b"\0") if n]
 
 
 def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:

@@ -816,7 +816,7 @@ print(sys.executable)')
 #######################################
 step_fan_pack() {
   local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
-  local what=bundle names
+  local what=bundle names rerun=0
   local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   names="${src_kit}/${RB_NAME}.names"
@@ -824,6 +824,7 @@ step_fan_pack() {
   mkdir -p "${dir}"
   if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
+    rerun=1
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.base.jsonl" \
       <"${base}"
     if [[ "${RB_RERUN}" == quick ]]; then
@@ -837,7 +838,7 @@ step_fan_pack() {
     "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[totals.files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
-  if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
+  if ((rerun)); then
     rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
       "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
     if [[ "${RB_J[usable]}" == True ]]; then
