@@ -60,10 +60,10 @@ rewritten from all stored runs.
   null relay through multiplexed masters opened before the clock, plus pv, as the runbook does. MB/s is 10^6 bytes per second of the payload's tar stream (for hashing rows: of
   its file bytes).
 - **correct?**: after every timed run the destination is scanned with the project's manifest code
-  (`compiler/kit/manifest.py` walk/entry/digest, sha256) and compared with the source: every entry,
+  (`hostkit/rbkit/manifest.py` walk/entry/digest, sha256) and compared with the source: every entry,
   its type (a symlink must stay a symlink), mode, link target, size and contents. A runbook's install
   is relocated (bin/ scripts and pyvenv.cfg rewritten for the new path), so for those files the
-  expected contents are the source's rewritten by `compiler/kit/relocate.py`'s own rule. Notes say
+  expected contents are the source's rewritten by `hostkit/rbkit/relocate.py`'s own rule. Notes say
   when modification times were not kept and when bin/ scripts of an exact copy still name the source
   path (the copy is right but the venv does not work at its new path without relocation).
 - **Runbook rows** compile a spec for the lab hosts with `compiler.cli.main([spec, "-o", dir])`

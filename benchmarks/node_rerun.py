@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from compiler.kit import fanout, manifest
+from rbkit import fanout, manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 # the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)

@@ -445,13 +445,13 @@ class KitManifest(Row):
                 env.sh(self._build_cmd(env), timeout=300)
 
     def _build_cmd(self, env: Env) -> str:
-        return (f"cd {q(REPO)} && {q(sys.executable)} -m compiler.kit manifest build "
+        return (f"cd {q(REPO)} && {q(sys.executable)} -m rbkit manifest build "
                 f"{q(self.src(env))} --algo {self.algo} --jobs 2 --out {q(self.out)}")
 
     def run(self, env: Env) -> list[Sample]:
         if self.mode == "verify":
             copy = env.scratch / "verify-copy" / "venv"
-            return [timed(env, f"cd {q(REPO)} && {q(sys.executable)} -m compiler.kit manifest verify "
+            return [timed(env, f"cd {q(REPO)} && {q(sys.executable)} -m rbkit manifest verify "
                                f"{q(copy)} {q(self.out)} --jobs 2 >/dev/null", self.timeout)]
         return [timed(env, self._build_cmd(env), self.timeout)]
 
@@ -468,7 +468,7 @@ class HashLib(Row):
         self.result: dict[str, str] = {}
 
     def run(self, env: Env) -> list[Sample]:
-        from compiler.kit import manifest
+        from rbkit import manifest
 
         root = self.src(env)
         files = [rel for rel, e in source_manifest(root)["entries"].items() if e["t"] == "f"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import lint, loader, newspec, plan, planmd, render, schema, validate
+from . import kit, lint, loader, newspec, plan, planmd, render, schema, validate
 from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
 
 EXIT_OK = 0
@@ -42,7 +42,7 @@ def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True) -> Op
     script = out_dir / f"{spec_path.stem}.sh"
     view = plan.build(spec, source, script_name=script.name)
     text = render.render(view)
-    lint.lint(text, plan.kit_files())
+    lint.lint(text, kit.files(spec.fanout is not None))
     return Output(source.path, script, text, warnings)
 
 

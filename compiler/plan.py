@@ -7,20 +7,15 @@ plain strings here and get quoted by the render filters; the few words that must
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from . import catalog, fanout
+from . import catalog, fanout, kit as kitfiles
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
 
-PACKAGE = Path(__file__).resolve().parent
-KIT_PACKAGES = (("rbkit", PACKAGE / "kit"), ("rbprobes", PACKAGE / "probes"))
 SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 
 STEP_DOCS = {
@@ -35,34 +30,6 @@ STEP_DOCS = {
     "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
 }
 STEP_DOCS.update(fanout.STEP_DOCS)
-
-
-@dataclass(frozen=True)
-class KitFile:
-    path: str  # "rbkit/manifest.py"
-    text: str
-
-
-def kit_files(with_fanout: bool = False) -> list[KitFile]:
-    """Every Python file of the shipped packages, in a stable order (rbkit/fanout.py only where
-    the spec has `fanout:`)."""
-    files = []
-    for name, root in KIT_PACKAGES:
-        for path in sorted(root.rglob("*.py")):
-            rel = path.relative_to(root).as_posix()
-            if f"{name}/{rel}" == "rbkit/fanout.py" and not with_fanout:
-                continue
-            files.append(KitFile(f"{name}/{rel}", path.read_text(encoding="utf-8")))
-    return files
-
-
-def _delimiter(text: str, seed: str) -> str:
-    base = "RB_PY_" + hashlib.sha256(seed.encode()).hexdigest()[:8].upper()
-    delimiter, n = base, 0
-    while delimiter in text.split("\n"):
-        n += 1
-        delimiter = f"{base}_{n}"
-    return delimiter
 
 
 def ssh_words(host: Host, *, here: bool = True) -> list[Any]:
@@ -154,7 +121,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         _s("RB_NAME", spec.name, "The runbook and its spec."),
         _s("RB_SPEC", source.path),
         _s("RB_SPEC_SHA256", source.sha256),
-        _s("RB_KIT_ID", kit_id(spec.fanout is not None)),
+        _s("RB_KIT_ID", kitfiles.kit_id(spec.fanout is not None)),
         _s("RB_SSH_CIPHERS", SSH_CIPHERS, "AES-GCM first: the relay is CPU-bound."),
         _s("RB_SRC_HOST", src_host, f"transfer ({_where(source, ('transfer',))})"),
         _s("RB_SRC_PATH", src_path),
@@ -208,8 +175,9 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
             "ssh_words": ssh_words(host),
             "target": host.ssh or "",
         })
-    files = kit_files(spec.fanout is not None)
-    kit = [{"path": f.path, "delimiter": _delimiter(f.text, f.path), "text": Safe(f.text.rstrip("\n"))}
+    files = kitfiles.files(spec.fanout is not None)
+    kit = [{"path": f.path, "delimiter": kitfiles.delimiter(f.text, f.path),
+            "text": Safe(f.text.rstrip("\n"))}
            for f in files]
     step_where = {
         "preflight": ("hosts",), "manifest": ("transfer", "verify"), "transfer": ("transfer",),
@@ -260,13 +228,6 @@ def step_host(step: str, src_host: str, dst_host: str) -> str:
 
 def _s(name: str, value: str, comment: str = "") -> dict:
     return {"name": name, "value": value, "comment": comment}
-
-
-def kit_id(with_fanout: bool = False) -> str:
-    h = hashlib.sha256()
-    for f in kit_files(with_fanout):
-        h.update(f.path.encode() + b"\0" + f.text.encode() + b"\0")
-    return h.hexdigest()[:16]
 
 
 def preview(step: str, spec: Spec) -> list[str]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
 import jinja2
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# The repository's templates/ (compiler/templates links to it; a wheel carries the files there).
+TEMPLATES = Path(str(resources.files("compiler") / "templates"))
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 

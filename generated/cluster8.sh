@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=cluster8
 readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
-readonly RB_KIT_ID=a39ec1ab3ec69e58
+readonly RB_KIT_ID=4361fe99e4842401
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -711,7 +711,7 @@ rb::fan_full_done() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (compiler/kit and compiler/probes).
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes).
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -724,7 +724,7 @@ Relative imports only: on a host this package is named `rbkit` (see docs/design.
 """
 RB_PY_D8709D74
   cat >"${dir}"/rbkit/__main__.py <<'RB_PY_4A0F4903'
-"""python -m rbkit (on hosts) / python -m compiler.kit (from the repo). See docs/design.md."""
+"""python -m rbkit (on hosts) / python -m rbkit (from the repo). See docs/design.md."""
 
 from __future__ import annotations
 
@@ -2333,7 +2333,7 @@ RB_PY_A002A646
 """rbprobes: prove that a moved Python/CUDA environment works on its GPU host.
 
 Shipped to hosts as the package `rbprobes` (stdlib only; torch imported inside the checks that
-need it), and importable from the repo as `compiler.probes`. Public API:
+need it); in the repo it is `hostkit/rbprobes`, installed with the compiler as the package `rbprobes`. Public API:
 
 - run_config(config) -> (report, stopped_early): run a config document's checks (docs/design.md)
 - run_check(check, context) -> one report entry
@@ -2349,7 +2349,7 @@ from .runner import run_check, run_config
 __all__ = ["Context", "audit", "run_check", "run_config", "scan_file"]
 RB_PY_54A17906
   cat >"${dir}"/rbprobes/__main__.py <<'RB_PY_0EB65F22'
-"""`python -m rbprobes ...` (on a host) / `python -m compiler.probes ...` (in the repo)."""
+"""`python -m rbprobes ...` (on a host) / `python -m rbprobes ...` (in the repo)."""
 
 import sys
 

@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=local
 readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
-readonly RB_KIT_ID=9bfce32e79af9a78
+readonly RB_KIT_ID=a037a7a77316ddb8
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -530,7 +530,7 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (compiler/kit and compiler/probes).
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes).
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -543,7 +543,7 @@ Relative imports only: on a host this package is named `rbkit` (see docs/design.
 """
 RB_PY_D8709D74
   cat >"${dir}"/rbkit/__main__.py <<'RB_PY_4A0F4903'
-"""python -m rbkit (on hosts) / python -m compiler.kit (from the repo). See docs/design.md."""
+"""python -m rbkit (on hosts) / python -m rbkit (from the repo). See docs/design.md."""
 
 from __future__ import annotations
 
@@ -1576,7 +1576,7 @@ RB_PY_A002A646
 """rbprobes: prove that a moved Python/CUDA environment works on its GPU host.
 
 Shipped to hosts as the package `rbprobes` (stdlib only; torch imported inside the checks that
-need it), and importable from the repo as `compiler.probes`. Public API:
+need it); in the repo it is `hostkit/rbprobes`, installed with the compiler as the package `rbprobes`. Public API:
 
 - run_config(config) -> (report, stopped_early): run a config document's checks (docs/design.md)
 - run_check(check, context) -> one report entry
@@ -1592,7 +1592,7 @@ from .runner import run_check, run_config
 __all__ = ["Context", "audit", "run_check", "run_config", "scan_file"]
 RB_PY_54A17906
   cat >"${dir}"/rbprobes/__main__.py <<'RB_PY_0EB65F22'
-"""`python -m rbprobes ...` (on a host) / `python -m compiler.probes ...` (in the repo)."""
+"""`python -m rbprobes ...` (on a host) / `python -m rbprobes ...` (in the repo)."""
 
 import sys
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from compiler.kit import fanout, manifest
+from rbkit import fanout, manifest
 from tests.test_kit import make_tree
 
-KIT = Path(__file__).resolve().parents[1] / "compiler" / "kit"
+KIT = Path(__file__).resolve().parents[1] / "hostkit" / "rbkit"
 PKG = "lib/python3.11/site-packages/pkg"
 
 

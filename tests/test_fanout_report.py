@@ -7,7 +7,7 @@ import io
 import json
 import random
 
-from compiler.kit import fanout
+from rbkit import fanout
 
 
 def lines_of(doc: dict) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from compiler import cli
 from compiler.fanout import expand
-from compiler.kit import fanout as kit_fanout
+from rbkit import fanout as kit_fanout
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ KIT_ID = re.compile(r"^(readonly RB_KIT_ID=).*$", re.M)
 
 
 def without_kit(text: str) -> str:
-    """The kit (compiler/kit + compiler/probes, thousands of lines) is the same in every runbook and
+    """The kit (hostkit/rbkit + hostkit/rbprobes, thousands of lines) is the same in every runbook and
     has its own tests; goldens keep each heredoc's first and last line, so they show what a case
     changes and not what the kit does."""
     text = KIT_ID.sub(r"\1<kit id>", text)

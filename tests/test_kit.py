@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.kit import exports, hostfs, manifest, relocate
+from rbkit import exports, hostfs, manifest, relocate
 
 
 def make_tree(root: Path) -> None:
@@ -79,8 +79,8 @@ def test_verify_names_every_kind_of_difference(tree, tmp_path):
 
 def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
     out = tmp_path / "m.jsonl"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "compiler.kit", *a], env=env,  # noqa: E731
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "hostkit"))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "rbkit", *a], env=env,  # noqa: E731
                                     capture_output=True, text=True)
     r = run("manifest", "build", str(tree), "--out", str(out), "--exclude", "*.pyc")
     assert r.returncode == 0, r.stderr
@@ -197,7 +197,7 @@ def test_kit_files_compile_under_python_3_9():
     py39 = Path("/root/.pyenv/versions/3.9.18/bin/python3")
     if not py39.exists():
         pytest.skip("python 3.9 is not installed here")
-    kit = Path(__file__).resolve().parent.parent / "compiler" / "kit"
+    kit = Path(__file__).resolve().parent.parent / "hostkit" / "rbkit"
     for f in sorted(kit.glob("*.py")):
         r = subprocess.run([str(py39), "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(f)],
                            capture_output=True, text=True)

@@ -3,7 +3,7 @@
     python tests/probes/crosscheck_cuobjdump.py [--cuobjdump PATH] [--budget-s 150] FILE_OR_DIR...
 
 For each shared object with GPU code: the SASS and PTX names (with counts) that
-`cuobjdump --list-elf --list-ptx` lists, against those compiler/probes/fatbin.py reads from the
+`cuobjdump --list-elf --list-ptx` lists, against those hostkit/rbprobes/fatbin.py reads from the
 containers the runtime registers (`Scan.runtime_containers`: cuobjdump lists neither
 `__nv_relfatbin` when a `.nv_fatbin` exists, nor fatbins kept in data sections, nor LTO-IR).
 cuobjdump names a cubin by its ELF header, which does not mark family code, so our `sm_100f`
@@ -25,10 +25,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "hostkit"))
 
-from compiler.probes import fatbin  # noqa: E402
-from compiler.probes.checks_static import candidate_files  # noqa: E402
+from rbprobes import fatbin  # noqa: E402
+from rbprobes.checks_static import candidate_files  # noqa: E402
 
 _NAME = re.compile(r"(sm|compute)_([0-9]{2,3})([af]?)")
 

@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1
 log="${out}/smoke.log"
 exec > >(tee -a "${log}") 2>&1
 
-probe() { timeout "$1" "${py}" -m compiler.probes "${@:2}"; }
+probe() { timeout "$1" "${py}" -m rbprobes "${@:2}"; }
 
 nvidia-smi -L
 cap=$("${py}" -c 'import torch; p = torch.cuda.get_device_properties(0); print("%d.%d" % (p.major, p.minor))')

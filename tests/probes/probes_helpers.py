@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if str(ROOT / "hostkit") not in sys.path:
+    sys.path.insert(0, str(ROOT / "hostkit"))
 
-PACKAGE_DIR = ROOT / "compiler" / "probes"
+PACKAGE_DIR = ROOT / "hostkit" / "rbprobes"
 KERNEL = r"""
 extern "C" __global__ void add_one(float *x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -86,10 +86,10 @@ def need(tool: str, why: str):
 
 
 def run_cli(*args, python=None, env=None, cwd=None, stdin=None, timeout=300):
-    """Run `python -m compiler.probes ARGS` from the repo root; returns CompletedProcess."""
+    """Run `python -m rbprobes ARGS` from the repo root; returns CompletedProcess."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([python or sys.executable, "-m", "compiler.probes"] + list(args),
+    return subprocess.run([python or sys.executable, "-m", "rbprobes"] + list(args),
                           capture_output=True, text=True, cwd=cwd or ROOT, env=full_env,
                           input=stdin, timeout=timeout)
 

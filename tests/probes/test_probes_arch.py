@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compiler.probes import arch
+from rbprobes import arch
 
 
 @pytest.mark.parametrize(

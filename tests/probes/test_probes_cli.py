@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from compiler.probes import checks, run_check, run_config
-from compiler.probes.result import Context
+from rbprobes import checks, run_check, run_config
+from rbprobes.result import Context
 from probes_helpers import cli_json, run_cli
 
 CONFIG = {

@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from compiler.probes import elf, fatbin
-from compiler.probes.checks_static import audit, file_verdict
-from compiler.probes.result import Context
-from compiler.probes import run_check
+from rbprobes import elf, fatbin
+from rbprobes.checks_static import audit, file_verdict
+from rbprobes.result import Context
+from rbprobes import run_check
 from probes_helpers import c_array, cli_json, fatbin_container, fatbin_entry, need, run_cli
 
 
@@ -73,7 +73,7 @@ def test_lz4_entries_decompress_to_cubins_of_their_arch(fatbins):
     ("compressed", "sm_120", "ptx"), ("compressed", "sm_80", "none"),
 ])
 def test_verdicts(fatbins, build, target, verdict):
-    from compiler.probes.arch import parse_target
+    from rbprobes.arch import parse_target
 
     scan = fatbin.scan_file(str(fatbins[build]))
     assert file_verdict(scan, parse_target(target), None)[0] == verdict

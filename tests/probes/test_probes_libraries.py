@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from compiler.probes import cudalibs
-from compiler.probes.checks_runtime import loaded_report
-from compiler.probes.checks_static import library_inventory
+from rbprobes import cudalibs
+from rbprobes.checks_runtime import loaded_report
+from rbprobes.checks_static import library_inventory
 from probes_helpers import ROOT, run_cli
 
 
@@ -21,7 +21,7 @@ def load_then_check(libs, *cli_args):
     code = ("import ctypes, sys\n"
             "for lib in sys.argv[1:]:\n"
             "    ctypes.CDLL(lib)\n"
-            "from compiler.probes.cli import main\n"
+            "from rbprobes.cli import main\n"
             "sys.exit(main(%r))\n" % (["libraries", "--module", "ctypes"] + list(cli_args),))
     done = subprocess.run([sys.executable, "-c", code] + [str(l) for l in libs], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
@@ -172,8 +172,8 @@ def test_venv_reached_through_a_symlink_is_expected(tmp_path):
 
 
 def test_library_path_first_is_relative_to_site_packages(tmp_path):
-    from compiler.probes.checks_runtime import _expected_dirs
-    from compiler.probes.result import Context
+    from rbprobes.checks_runtime import _expected_dirs
+    from rbprobes.result import Context
 
     site = make_venv(tmp_path)
     ctx = Context(cuda={"home": "/usr/local/cuda-13.0", "library_dirs": ["/opt/extra"],

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.probes import run_check
-from compiler.probes.checks_numeric import matmul_check
-from compiler.probes.checks_runtime import version_matches
-from compiler.probes.result import Context
+from rbprobes import run_check
+from rbprobes.checks_numeric import matmul_check
+from rbprobes.checks_runtime import version_matches
+from rbprobes.result import Context
 
 torch = pytest.importorskip("torch")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -106,7 +106,7 @@ def test_matmul_catches_nan():
 
 
 def test_matmul_samples_rows_of_large_products(monkeypatch):
-    from compiler.probes import checks_numeric
+    from rbprobes import checks_numeric
 
     monkeypatch.setattr(checks_numeric, "FULL_ROWS", 16)
     monkeypatch.setattr(checks_numeric, "FULL_COLS", 32)

@@ -540,7 +540,7 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (compiler/kit and compiler/probes).
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes).
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {

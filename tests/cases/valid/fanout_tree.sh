@@ -689,7 +689,7 @@ rb::fan_full_done() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (compiler/kit and compiler/probes).
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes).
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {

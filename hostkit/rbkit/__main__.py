@@ -1,4 +1,4 @@
-"""python -m rbkit (on hosts) / python -m compiler.kit (from the repo). See docs/design.md."""
+"""python -m rbkit (on hosts) / python -m rbkit (from the repo). See docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,0 @@
-"""`python -m rbprobes ...` (on a host) / `python -m compiler.probes ...` (in the repo)."""
-
-import sys
-
-from .cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
