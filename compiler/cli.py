@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import kit, lint, loader, newspec, plan, planmd, render, schema, validate
+from . import __version__, kit, lint, loader, newspec, plan, planmd, render, schema, validate
 from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
 
 EXIT_OK = 0
@@ -25,6 +25,8 @@ class Output:
     path: Path
     text: str
     warnings: list[Problem] = field(default_factory=list)
+    kit: Optional[tuple[Path, bytes]] = None  # the pinned kit's file (generated/.kit/<sha>.tar)
+    data: Optional[bytes] = None  # bytes to write instead of text (a kit file)
 
 
 def shown_path(path: Path) -> str:
@@ -33,17 +35,52 @@ def shown_path(path: Path) -> str:
     return path.as_posix() if rel.startswith("..") else Path(rel).as_posix()
 
 
-def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True) -> Optional[Output]:
+def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
+                 standalone: bool = False) -> Optional[Output]:
     """The runbook of one spec; None for a base (`abstract: true`) found in a directory."""
     source = loader.load(shown_path(spec_path), allow_abstract=not explicit)
     if source.abstract:
         return None
     spec, warnings = validate.validate_with_warnings(source)
     script = out_dir / f"{spec_path.stem}.sh"
-    view = plan.build(spec, source, script_name=script.name)
+    view = plan.build(spec, source, script_name=script.name, standalone=standalone)
     text = render.render(view)
-    lint.lint(text, kit.files(spec.fanout is not None))
-    return Output(source.path, script, text, warnings)
+    lint.lint(text, kit.files())
+    pinned = None
+    if not standalone:
+        sha, data = kit.pinned()
+        pinned = (out_dir / plan.KIT_DIR / f"{sha}.tar", data)
+    return Output(source.path, script, text, warnings, pinned)
+
+
+def kit_outputs(outputs: list[Output]) -> list[Output]:
+    """The kit files the runbooks pin, each once, as outputs of their own."""
+    seen: dict[Path, Output] = {}
+    for o in outputs:
+        if o.kit and o.kit[0] not in seen:
+            seen[o.kit[0]] = Output(o.spec, o.kit[0], "", data=o.kit[1])
+    return list(seen.values())
+
+
+def referenced_kits(out_dir: Path) -> set[str]:
+    """Names of the kit files that the runbooks in out_dir pin."""
+    names = set()
+    for script in out_dir.glob("*.sh"):
+        for line in script.read_text(encoding="utf-8", errors="replace").splitlines()[:80]:
+            if line.startswith("readonly RB_KIT_FILE="):
+                names.add(line.split("=", 1)[1].strip("'").rsplit("/", 1)[-1])
+    return names
+
+
+def prune_kits(out_dir: Path) -> list[Path]:
+    """Remove kit files in out_dir/.kit that no runbook there pins any more."""
+    keep = referenced_kits(out_dir)
+    removed = []
+    for tar in sorted((out_dir / plan.KIT_DIR).glob("*.tar")):
+        if tar.name not in keep:
+            tar.unlink()
+            removed.append(tar)
+    return removed
 
 
 def write_atomically(outputs: list[Output]) -> None:
@@ -52,10 +89,12 @@ def write_atomically(outputs: list[Output]) -> None:
     try:
         for out in outputs:
             out.path.parent.mkdir(parents=True, exist_ok=True)
+            if out.data is not None and out.path.exists() and out.path.read_bytes() == out.data:
+                continue  # content-addressed: already there
             fd, tmp = tempfile.mkstemp(prefix=f".{out.path.name}.", dir=out.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(out.text)
-            os.chmod(tmp, 0o755)
+            with os.fdopen(fd, "wb") as f:
+                f.write(out.text.encode("utf-8") if out.data is None else out.data)
+            os.chmod(tmp, 0o755 if out.data is None else 0o644)
             staged.append((tmp, out.path))
         for tmp, final in staged:
             os.replace(tmp, final)
@@ -71,7 +110,7 @@ def collect(paths: list[str]) -> list[tuple[Path, bool]]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            specs.extend((f, False) for f in sorted(p.glob("*.yaml")))
+            specs.extend((f, False) for f in sorted([*p.glob("*.yaml"), *p.glob("*.yml")]))
         elif p.exists():
             specs.append((p, True))
         else:
@@ -81,13 +120,14 @@ def collect(paths: list[str]) -> list[tuple[Path, bool]]:
     return specs
 
 
-def compile_all(specs: list[tuple[Path, bool]], out_dir: Path) -> list[Output]:
+def compile_all(specs: list[tuple[Path, bool]], out_dir: Path, *,
+                standalone: bool = False) -> list[Output]:
     """Every spec's runbook; warnings go to stderr; SpecError with every problem of every spec (a
     mistake in a shared base is reported once)."""
     outputs, problems, other = [], [], []
     for spec, explicit in specs:
         try:
-            out = compile_spec(spec, out_dir, explicit=explicit)
+            out = compile_spec(spec, out_dir, explicit=explicit, standalone=standalone)
         except SpecError as exc:
             problems.extend(p for p in exc.problems if p not in problems)
             continue
@@ -109,18 +149,26 @@ def compile_all(specs: list[tuple[Path, bool]], out_dir: Path) -> list[Output]:
 
 def check(specs: list[tuple[Path, bool]], out_dir: Path) -> tuple[list[str], int]:
     """Names of files in out_dir that differ from what their spec compiles to (or lack a spec), and
-    how many runbooks were compared."""
-    outputs = compile_all(specs, out_dir)
+    how many runbooks were compared. A runbook in its --standalone form (kit embedded) is compared
+    with that form."""
+    outputs = []
+    for spec, explicit in specs:
+        existing = out_dir / f"{spec.stem}.sh"
+        standalone = existing.is_file() and "\nreadonly RB_KIT_FILE=''\n" in existing.read_text(
+            encoding="utf-8", errors="replace")
+        outputs += compile_all([(spec, explicit)], out_dir, standalone=standalone)
     drift = []
     expected = {o.path.name for o in outputs}
-    for o in outputs:
+    for o in outputs + kit_outputs(outputs):
         if not o.path.exists():
             drift.append(f"{o.path}: missing (compile {o.spec})")
-        elif o.path.read_text(encoding="utf-8") != o.text:
+        elif o.data is not None and o.path.read_bytes() != o.data:
+            drift.append(f"{o.path}: differs from the kit it is named for (compile {o.spec})")
+        elif o.data is None and o.path.read_text(encoding="utf-8") != o.text:
             drift.append(f"{o.path}: differs from {o.spec} (compile {o.spec})")
     if out_dir.is_dir():
-        for stray in sorted(out_dir.glob("*.sh")):
-            if stray.name not in expected:
+        for stray in sorted([*out_dir.glob("*.sh"), *(out_dir / plan.KIT_DIR).glob("*.tar")]):
+            if stray.name not in expected and stray.name not in {o.kit[0].name for o in outputs if o.kit}:
                 drift.append(f"{stray}: no spec in specs/ compiles to it (delete it)")
     return drift, len(outputs)
 
@@ -149,7 +197,13 @@ def parser() -> argparse.ArgumentParser:
                       help="print the JSON Schema of specs (docs/spec.schema.json)")
     mode.add_argument("--new", metavar="NAME",
                       help="write a new spec NAME.yaml beside the --from spec, to edit")
-    p.add_argument("--from", dest="from_spec", metavar="SPEC", help="with --new: the spec to start from")
+    p.add_argument("--from", dest="from_spec", metavar="SPEC",
+                   help="with --new: the spec to start from (default: the packaged example, "
+                   "written to specs/NAME.yaml)")
+    p.add_argument("--standalone", action="store_true",
+                   help="embed the kit in the runbook (one self-contained file) instead of pinning "
+                   "generated/.kit/<sha256>.tar by its hash")
+    p.add_argument("--version", action="version", version=f"runbook-compiler {__version__}")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks of crashes")
     return p
 
@@ -157,8 +211,8 @@ def parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     out_dir = Path(args.output_dir)
-    if (args.new is None) != (args.from_spec is None):
-        raise UsageError("--new NAME and --from SPEC go together, e.g. "
+    if args.from_spec is not None and args.new is None:
+        raise UsageError("--from SPEC goes with --new NAME, e.g. "
                          "compile --new h100-b --from specs/b300.yaml")
     if (args.plan or args.schema or args.new) and args.specs:
         raise UsageError(f"--plan, --schema and --new take no other spec arguments: {args.specs}")
@@ -168,7 +222,7 @@ def run(argv: list[str]) -> int:
     if args.plan:
         return _plan(Path(args.plan), out_dir)
     if args.new:
-        written, todo = newspec.create(args.new, Path(args.from_spec))
+        written, todo = newspec.create(args.new, Path(args.from_spec) if args.from_spec else None)
         print(f"wrote {written}; edit these values and delete their {newspec.MARKER} markers "
               f"(compile {written} refuses it until then):")
         for p in todo:
@@ -181,10 +235,12 @@ def run(argv: list[str]) -> int:
             raise DriftError("generated/ does not match specs/:\n  " + "\n  ".join(drift))
         print(f"ok: {count} runbooks in {out_dir}/ match their specs")
         return EXIT_OK
-    outputs = compile_all(collect(args.specs), out_dir)
-    write_atomically(outputs)
+    outputs = compile_all(collect(args.specs), out_dir, standalone=args.standalone)
+    write_atomically(outputs + kit_outputs(outputs))
     for o in outputs:
-        print(f"wrote {o.path} from {o.spec}")
+        print(f"wrote {o.path} from {o.spec}" + (f" (kit {o.kit[0]})" if o.kit else ""))
+    for tar in prune_kits(out_dir):
+        print(f"removed {tar}: no runbook pins it any more")
     return EXIT_OK
 
 

@@ -151,7 +151,8 @@ def _combine(chain: list[Source], problems: list[Problem]) -> Source:
         raise SpecError(problems)
     digest = hashlib.sha256("\n".join(s.sha256 for s in chain).encode()).hexdigest()
     return Source(path=top.path, text=top.text, data=data, sha256=digest,
-                  chain=tuple(s.path for s in chain), origins=origins, abstract=top.abstract,
+                  chain=tuple(s.path for s in chain), files=tuple(f for s in chain for f in s.files),
+                  origins=origins, abstract=top.abstract,
                   markers=todo)
 
 

@@ -14,7 +14,6 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGES = ("rbkit", "rbprobes")
-FANOUT_ONLY = ("rbkit/fanout.py",)
 
 
 @dataclass(frozen=True)
@@ -40,18 +39,9 @@ def _all_files() -> tuple[KitFile, ...]:
     return tuple(files)
 
 
-def files(with_fanout: bool = False) -> list[KitFile]:
-    """Every Python file of the shipped packages, in a stable order (rbkit/fanout.py only where
-    the spec has `fanout:`)."""
-    return [f for f in _all_files() if with_fanout or f.path not in FANOUT_ONLY]
-
-
-def kit_id(with_fanout: bool = False) -> str:
-    """The kit's content hash (16 hex digits of the sha256 of every path and text)."""
-    h = hashlib.sha256()
-    for f in files(with_fanout):
-        h.update(f.path.encode() + b"\0" + f.text.encode() + b"\0")
-    return h.hexdigest()[:16]
+def files() -> list[KitFile]:
+    """Every Python file of the shipped packages, in a stable order: one kit for every runbook."""
+    return list(_all_files())
 
 
 def delimiter(text: str, seed: str) -> str:
@@ -62,3 +52,29 @@ def delimiter(text: str, seed: str) -> str:
         n += 1
         word = f"{base}_{n}"
     return word
+
+
+def tar_bytes() -> bytes:
+    """The kit as a plain tar, byte for byte the same for the same files (sorted, mtime 0, owner
+    root, modes 0644/0755, no compression: a compressor's output may differ between versions)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for d in sorted({f.path.split("/", 1)[0] for f in files()}):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for f in files():
+            data = f.text.encode("utf-8")
+            info = tarfile.TarInfo(f.path)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def pinned() -> tuple[str, bytes]:
+    """(sha256 of the kit's tar, the tar): what a default runbook pins and `generated/.kit/` holds."""
+    data = tar_bytes()
+    return hashlib.sha256(data).hexdigest(), data

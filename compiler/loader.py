@@ -36,6 +36,7 @@ class Source:
     data: Any
     sha256: str = field(default="")
     chain: tuple[str, ...] = field(default=())
+    files: tuple[tuple[str, str], ...] = field(default=())  # (path, sha256 of its bytes), top first
     origins: dict[Loc, str] = field(default_factory=dict)
     abstract: bool = False
     markers: list[Problem] = field(default_factory=list)  # fields still marked TODO(change me)
@@ -163,7 +164,7 @@ def parse(path: str | Path) -> Source:
     if not isinstance(data, CommentedMap):
         raise SpecError([Problem(shown, 1, 1, "", "the spec must be a mapping of keys to values")])
     return Source(path=shown, text=text, data=data, sha256=hashlib.sha256(raw).hexdigest(),
-                  chain=(shown,))
+                  chain=(shown,), files=((shown, hashlib.sha256(raw).hexdigest()),))
 
 
 def _duplicate_key(exc: DuplicateKeyError) -> str:

@@ -1,7 +1,10 @@
-"""`compile --new NAME --from SPEC`: start the spec of a new cluster from an existing one.
+"""`compile --new NAME [--from SPEC]`: start the spec of a new cluster from an existing one.
 
 The new file is SPEC's own text (comments kept, `extends:` kept) with `name: NAME`, written beside
-SPEC. The values that differ from cluster to cluster (description, the destination host's address
+SPEC; without --from, the example that ships in the package (compiler/data/example.yaml), written
+to specs/NAME.yaml. A spec without a `yaml-language-server` modeline gets one naming the JSON
+Schema, which is written beside it (runbook-spec.schema.json) where it is not there yet: editors
+find it with no checkout of this repository around. The values that differ from cluster to cluster (description, the destination host's address
 and key, the destination path, the GPU model, the CUDA version and home) carry a
 `# TODO(change me)` comment. A spec with such a marker left does not compile: `compile` lists each
 one with its line, so the first compile is the checklist. Nothing existing is ever overwritten.
@@ -11,13 +14,14 @@ from __future__ import annotations
 
 import io
 import os
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.tokens import CommentToken
 
-from . import extends, loader, validate
+from . import extends, loader, schema, validate
 from .errors import Problem, SpecError, UsageError
 from .spec import NAME
 
@@ -35,11 +39,18 @@ MARKED = (
 )
 
 
-def create(name: str, from_path: Path) -> tuple[Path, list[Problem]]:
+EXAMPLE = ("data", "example.yaml")
+SCHEMA_FILE = "runbook-spec.schema.json"
+MODELINE = "# yaml-language-server: $schema="
+
+
+def create(name: str, from_path: Optional[Path]) -> tuple[Path, list[Problem]]:
     """Write the new spec; its path and the markers in it (the to-do list)."""
     if name.endswith((".yaml", ".yml")) or "/" in name or not NAME.match(name):
         raise UsageError(f"--new {name!r}: give a spec name (lower-case letters, digits, '.', '_', "
                          "'-'), e.g. --new h100-b; the file is NAME.yaml beside the --from spec")
+    if from_path is None:
+        return _from_example(name)
     if not from_path.is_file():
         raise UsageError(f"--from {from_path}: no such file")
     shown = str(from_path)
@@ -53,6 +64,20 @@ def create(name: str, from_path: Path) -> tuple[Path, list[Problem]]:
     target = from_path.parent / f"{name}.yaml"
     text = render(from_path.read_text(encoding="utf-8"), name, spec.transfer.target[0],
                   str(from_path))
+    return _write(target, text)
+
+
+def _from_example(name: str) -> tuple[Path, list[Problem]]:
+    text = resources.files("compiler").joinpath(*EXAMPLE).read_text(encoding="utf-8")
+    target = Path("specs") / f"{name}.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return _write(target, render(text, name, "new", "the packaged example"))
+
+
+def _write(target: Path, text: str) -> tuple[Path, list[Problem]]:
+    modeline = MODELINE not in text
+    if modeline:
+        text = f"{MODELINE}{SCHEMA_FILE}\n{text}"
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
@@ -60,7 +85,10 @@ def create(name: str, from_path: Path) -> tuple[Path, list[Problem]]:
                          "delete the file first)") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    return target, extends.markers(loader.parse(target))
+    schema_path = target.parent / SCHEMA_FILE
+    if modeline and not schema_path.exists():
+        schema_path.write_text(schema.text(), encoding="utf-8")
+    return target, extends.markers(loader.parse(str(target)))
 
 
 def render(text: str, name: str, dst_host: str, origin: str) -> str:

@@ -11,11 +11,12 @@ import json
 import shlex
 from typing import Any
 
-from . import catalog, fanout, kit as kitfiles
+from . import __version__, catalog, fanout, kit as kitfiles
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
 
+KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 
 STEP_DOCS = {
@@ -101,8 +102,10 @@ def probe_config(spec: Spec, dst_host: str) -> dict:
             "checks": checks}
 
 
-def build(spec: Spec, source: Source, script_name: str) -> dict:
-    """The view model of the runbook for `spec`."""
+def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = False) -> dict:
+    """The view model of the runbook for `spec`. `standalone`: the kit is embedded in the runbook;
+    by default the runbook pins the kit by its sha256 and reads it from `.kit/<sha256>.tar` beside
+    itself (compiler.kit.pinned; the CLI writes that file)."""
     src_host, src_path = spec.transfer.source
     dst_host, dst_path = spec.transfer.target
     hosts_used = list(dict.fromkeys([src_host, dst_host]))
@@ -116,12 +119,17 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         exclude_args += ["--exclude", pattern]
     env_pairs = [f"{k}={v}" for k, v in sorted(spec.env.items())]
     config = probe_config(spec, dst_host)
+    kit_sha = kitfiles.pinned()[0]
 
     settings = [
         _s("RB_NAME", spec.name, "The runbook and its spec."),
         _s("RB_SPEC", source.path),
         _s("RB_SPEC_SHA256", source.sha256),
-        _s("RB_KIT_ID", kitfiles.kit_id(spec.fanout is not None)),
+        _s("RB_COMPILER_VERSION", __version__),
+        _s("RB_KIT_SHA256", kit_sha, "The kit (hostkit/): " + (
+            "embedded below (compile --standalone)." if standalone else
+            f"{KIT_DIR}/<sha256>.tar beside this runbook, checked against this hash.")),
+        _s("RB_KIT_FILE", "" if standalone else f"{KIT_DIR}/{kit_sha}.tar"),
         _s("RB_SSH_CIPHERS", SSH_CIPHERS, "AES-GCM first: the relay is CPU-bound."),
         _s("RB_SRC_HOST", src_host, f"transfer ({_where(source, ('transfer',))})"),
         _s("RB_SRC_PATH", src_path),
@@ -146,6 +154,8 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         settings.append(_s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
                            "The checks, as one JSON document for the probe on the target."))
     arrays = [
+        {"name": "RB_SPEC_FILES", "words": [f"{path}={sha}" for path, sha in source.files],
+         "comment": "Each file of the spec and its sha256: a run refuses to start when one changed."},
         {"name": "RB_HOSTS", "words": hosts_used, "comment": "Hosts this runbook touches."},
         {"name": "RB_STEPS", "words": steps, "comment": ""},
         {"name": "RB_EXCLUDE_ARGS", "words": exclude_args, "comment": "transfer.exclude"},
@@ -175,7 +185,7 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
             "ssh_words": ssh_words(host),
             "target": host.ssh or "",
         })
-    files = kitfiles.files(spec.fanout is not None)
+    files = kitfiles.files() if standalone else []
     kit = [{"path": f.path, "delimiter": kitfiles.delimiter(f.text, f.path),
             "text": Safe(f.text.rstrip("\n"))}
            for f in files]
@@ -206,6 +216,9 @@ def build(spec: Spec, source: Source, script_name: str) -> dict:
         "hosts": hosts,
         "kit_dirs": sorted({f.path.rsplit("/", 1)[0] for f in files}),
         "kit_files": kit,
+        "kit_partial": "partials/kit_embedded.sh.j2" if standalone else "partials/kit_pinned.sh.j2",
+        "compiler_version": __version__,
+        "seal_placeholder": "0" * 64,
         "steps": step_views,
         "partials": fanout.partials(spec),
     }

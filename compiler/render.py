@@ -7,6 +7,7 @@ script where a spec string could execute.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from importlib import resources
@@ -130,8 +131,18 @@ def tidy(text: str) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+SEAL = re.compile(r"^(# sha256 of this file with these 64 digits zeroed: )(0{64})$", re.M)
+
+
+def seal(text: str) -> str:
+    """Fill in the runbook's own hash: the sha256 of its text with the 64 digits zeroed (the
+    runbook checks it at start and refuses to run when it was edited by hand)."""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return SEAL.sub(lambda m: m.group(1) + digest, text, count=1)
+
+
 def render(view: dict, template: str = "runbook.sh.j2") -> str:
     try:
-        return tidy(environment().get_template(template).render(**view))
+        return seal(tidy(environment().get_template(template).render(**view)))
     except jinja2.UndefinedError as exc:
         raise RenderError(f"template {template}: {exc}") from None

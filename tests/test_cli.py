@@ -37,8 +37,11 @@ def project(tmp_path):
 def test_compiles_several_specs_into_generated(project):
     r = compile_("specs/one.yaml", "specs/two.yaml", cwd=project)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in (project / "generated").iterdir()) == ["one.sh", "two.sh"]
+    assert sorted(p.name for p in (project / "generated").iterdir()) == [".kit", "one.sh", "two.sh"]
+    kits = list((project / "generated" / ".kit").iterdir())
+    assert len(kits) == 1 and kits[0].suffix == ".tar"  # one kit, pinned by both runbooks
     text = (project / "generated" / "one.sh").read_text()
+    assert f"readonly RB_KIT_SHA256={kits[0].stem}\n" in text
     assert text.startswith("#!/usr/bin/env bash\n# @generated from specs/one.yaml (sha256 ")
     assert os.access(project / "generated" / "one.sh", os.X_OK)
 
@@ -53,7 +56,7 @@ def test_output_is_deterministic(project):
 def test_directory_argument_and_output_dir(project):
     r = compile_("specs", "-o", "out", cwd=project)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in (project / "out").iterdir()) == ["one.sh", "two.sh"]
+    assert sorted(p.name for p in (project / "out").iterdir()) == [".kit", "one.sh", "two.sh"]
 
 
 def test_one_bad_spec_means_nothing_is_written(project):

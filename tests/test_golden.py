@@ -15,14 +15,15 @@ CASES = Path(__file__).parent / "cases"
 VALID = sorted((CASES / "valid").glob("*.yaml"))
 INVALID = sorted((CASES / "invalid").glob("*.yaml"))
 KIT_FILE = re.compile(r"(<<'(RB_PY_\w+)'\n).*?\n(\2\n)", re.S)
-KIT_ID = re.compile(r"^(readonly RB_KIT_ID=).*$", re.M)
+KIT_ID = re.compile(r"^(readonly RB_KIT_SHA256=|readonly RB_KIT_FILE='\.kit/|# sha256 of this file with "
+                    r"these 64 digits zeroed: )[0-9a-f]{64}", re.M)
 
 
 def without_kit(text: str) -> str:
     """The kit (hostkit/rbkit + hostkit/rbprobes, thousands of lines) is the same in every runbook and
     has its own tests; goldens keep each heredoc's first and last line, so they show what a case
     changes and not what the kit does."""
-    text = KIT_ID.sub(r"\1<kit id>", text)
+    text = KIT_ID.sub(r"\1<kit hash>", text)
     return KIT_FILE.sub(lambda m: f"{m.group(1)}<kit file>\n{m.group(3)}", text)
 
 

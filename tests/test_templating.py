@@ -189,7 +189,7 @@ def test_a_directory_compile_skips_bases_and_check_catches_drift_from_the_base(p
     code, out, err = compile_("specs")
     assert code == 0, err
     assert "skipped specs/base.yaml" in out
-    assert sorted(p.name for p in (project / "generated").iterdir()) == ["child.sh"]
+    assert sorted(p.name for p in (project / "generated").iterdir()) == [".kit", "child.sh"]
     header = (project / "generated/child.sh").read_text().splitlines()[1]
     assert header.startswith("# @generated from specs/child.yaml (sha256 ")
     assert compile_("--check")[0] == 0
@@ -272,7 +272,10 @@ def test_new_writes_a_marked_copy_that_compiles_once_edited(project):
     text = new.read_text()
     assert "name: h100-b\n" in text and "# The seed scenario" in text  # comments are kept
     marked = [line for line in text.splitlines() if "TODO(change me)" in line]
-    assert len(marked) == 7 and "specs/h100-b.yaml:9:10: hosts.b300.ssh" in out
+    assert len(marked) == 7 and "specs/h100-b.yaml:10:10: hosts.b300.ssh" in out
+    # editors find the schema without this repository: written beside the spec, named on line 1
+    assert text.startswith("# yaml-language-server: $schema=runbook-spec.schema.json\n")
+    assert json.loads((project / "specs/runbook-spec.schema.json").read_text())["title"]
     code, _out, err = compile_("specs/h100-b.yaml")
     assert code == 2 and err.count("marked TODO(change me)") == 7
     assert not (project / "generated").exists()
@@ -294,7 +297,7 @@ def test_new_refuses_to_overwrite_and_needs_a_cluster_to_start_from(project):
     code, _out, err = compile_("--new", "x", "--from", "specs/base.yaml")
     assert code == 64 and "e.g. --from specs/child.yaml" in err
     assert compile_("--new", "Bad Name", "--from", "specs/child.yaml")[0] == 64
-    assert compile_("--new", "x")[0] == 64
+    assert compile_("--from", "specs/child.yaml")[0] == 64
     assert compile_("--from", "specs/child.yaml")[0] == 64
     assert sorted(p.name for p in (project / "specs").iterdir()) == ["base.yaml", "child.yaml"]
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# @generated from tests/cases/valid/minimal_local.yaml (sha256 a0f192ec4aa3110089025f5a84361f69d42c291bc313bc63094a050096142a17) by runbook-compiler -- DO NOT EDIT.
+# @generated from tests/cases/valid/minimal_local.yaml (sha256 a0f192ec4aa3110089025f5a84361f69d42c291bc313bc63094a050096142a17) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile tests/cases/valid/minimal_local.yaml
+# sha256 of this file with these 64 digits zeroed: <kit hash>
 # Both ends on this machine, no checks.
 #
-# Usage: bash minimal_local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH]
+# Usage: bash minimal_local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -18,7 +19,10 @@ fi
 readonly RB_NAME=minimal-local
 readonly RB_SPEC=tests/cases/valid/minimal_local.yaml
 readonly RB_SPEC_SHA256=a0f192ec4aa3110089025f5a84361f69d42c291bc313bc63094a050096142a17
-readonly RB_KIT_ID=<kit id>
+readonly RB_COMPILER_VERSION=0.1.0
+# The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
+readonly RB_KIT_SHA256=<kit hash>
+readonly RB_KIT_FILE=.kit/1534b3db282af804b24f1c9e90ef4f1def2186fb60bff6b322f5544e58402e57.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (tests/cases/valid/minimal_local.yaml:5)
@@ -38,6 +42,8 @@ readonly RB_JOBS=auto
 # cuda
 readonly RB_CUDA_HOME=''
 readonly RB_ENV_FILE=''
+# Each file of the spec and its sha256: a run refuses to start when one changed.
+readonly -a RB_SPEC_FILES=(tests/cases/valid/minimal_local.yaml=a0f192ec4aa3110089025f5a84361f69d42c291bc313bc63094a050096142a17)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate swap exports)
@@ -110,6 +116,9 @@ declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
+RB_KIT_TAR_SHA256=''
+RB_ALLOW_EDITED=0
+RB_EDITED=''
 declare -A RB_PY=()
 declare -A RB_J=()
 
@@ -276,7 +285,10 @@ rb::kit() {
 }
 
 #######################################
-# Write the kit here once, and copy it to HOST unless it is there already (content-addressed).
+# Give HOST the kit: this machine uses the run directory's copy; an ssh host gets a private
+# directory made for this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar
+# is sent and checked against its sha256 there before it is unpacked. Nothing is reused from an
+# earlier run, so nothing another user of the host planted is ever run. rb::cleanup removes it.
 #######################################
 rb::kit_ship() {
   local host=$1 dir
@@ -287,14 +299,28 @@ rb::kit_ship() {
     RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
     return 0
   fi
-  dir="/tmp/rbkit-${RB_KIT_ID}"
-  tar -C "${RB_RUN_DIR}/kit" -cf - . |
-    rb::pipe_on_host "${host}" sh -c \
-      'test -f "$1/.complete" && exec cat >/dev/null
-       t="$1.tmp.$$" && mkdir -p "$t" && tar -xf - -C "$t" && touch "$t/.complete" &&
-       rm -rf "$1" && mv "$t" "$1"' rbkit "${dir}" ||
-    rb::pipe_failed "kit to ${host}" "tar here" "unpack on ${host}" "${PIPESTATUS[@]}"
+  dir=$(rb::on_host "${host}" sh -c 'umask 077 && mktemp -d /tmp/rbkit.XXXXXXXXXX') ||
+    rb::fail "could not make a private directory for the kit on ${host}"
   RB_KIT_DIR[${host}]=${dir}
+  rb::pipe_on_host "${host}" sh -c 'set -e
+    cat >"$1/kit.tar"
+    got=$(python3 -c "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], \"rb\").read()).hexdigest())" "$1/kit.tar")
+    if [ "${got}" != "$2" ]; then echo "the kit arrived with sha256 ${got}, not $2" >&2; exit 1; fi
+    tar -C "$1" -xf "$1/kit.tar" --no-same-owner --no-same-permissions
+    rm -f "$1/kit.tar"' rbkit "${dir}" "${RB_KIT_TAR_SHA256}" <"${RB_WORK}/kit.tar" ||
+    rb::fail "could not ship the kit to ${host}:${dir} (above)"
+  if [[ "${host}" == "${RB_DST_HOST}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
+    # a --from/--only run goes on from the manifest this machine kept, never one left on the host
+    rb::pipe_on_host "${host}" sh -c 'cat >"$1"' rb "${dir}/${RB_NAME}.manifest.jsonl" \
+      <"${RB_RUN_DIR}/manifest.jsonl"
+  fi
+}
+
+#######################################
+# The sha256 of a file here (hashlib: coreutils' sha256sum is slower on some hosts).
+#######################################
+rb::sha256() {
+  "${RB_LOCAL_PY}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
 }
 
 #######################################
@@ -365,6 +391,59 @@ rb::abspath() {
   else
     rb::fail "relative path ${path} on ssh host ${host}"
   fi
+}
+
+#######################################
+# Refuse to run a runbook edited by hand (its sha256 line no longer matches its text) or one whose
+# spec (any file of its extends chain, where it is reachable at the recorded path) changed since
+# it was compiled. --allow-edited runs it anyway and says so in the log and the report.
+# Sets RB_EDITED to what differs. Returns 1 to refuse.
+#######################################
+rb::check_sealed() {
+  local out
+  if ! out=$(python3 - "${BASH_SOURCE[0]}" "${RB_SPEC_FILES[@]}" <<'PY'
+import hashlib
+import re
+import sys
+
+data = open(sys.argv[1], "rb").read()
+seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data, re.M)
+if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]).hexdigest() \
+        != seal.group(1).decode():
+    print("this runbook was edited after it was compiled")
+for item in sys.argv[2:]:
+    path, _, want = item.rpartition("=")
+    try:
+        with open(path, "rb") as f:
+            got = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        continue  # not reachable from here: nothing to compare
+    if got != want:
+        print(f"{path} changed since this runbook was compiled")
+PY
+  ); then
+    echo "could not check this runbook's own hash (python3 failed)" >&2
+    return 1
+  fi
+  if [[ -z "${out}" ]]; then
+    return 0
+  fi
+  RB_EDITED=${out//$'\n'/; }
+  if ((RB_ALLOW_EDITED)); then
+    return 0
+  fi
+  printf '%s\n' "${out}" >&2
+  echo "refusing to run: compile ${RB_SPEC} again and review the new runbook (or run it anyway" \
+    "with --allow-edited, which the log and the report record)" >&2
+  return 1
+}
+
+#######################################
+# --version: what wrote this runbook, from which spec, with which kit.
+#######################################
+rb::version() {
+  echo "runbook ${RB_NAME}: compiled by runbook-compiler ${RB_COMPILER_VERSION} from ${RB_SPEC}" \
+    "(sha256 ${RB_SPEC_SHA256}); kit sha256 ${RB_KIT_SHA256}"
 }
 
 #######################################
@@ -521,84 +600,27 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes).
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
+# pinned by RB_KIT_SHA256 and read from RB_KIT_FILE beside this runbook (compile writes it;
+# `compile --standalone` embeds the kit instead). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
-  local dir=$1
-  mkdir -p "${dir}"/rbkit "${dir}"/rbprobes
-  cat >"${dir}"/rbkit/__init__.py <<'RB_PY_D8709D74'
-<kit file>
-RB_PY_D8709D74
-  cat >"${dir}"/rbkit/__main__.py <<'RB_PY_4A0F4903'
-<kit file>
-RB_PY_4A0F4903
-  cat >"${dir}"/rbkit/exports.py <<'RB_PY_EAEBB3AA'
-<kit file>
-RB_PY_EAEBB3AA
-  cat >"${dir}"/rbkit/hostfs.py <<'RB_PY_5F73DE2D'
-<kit file>
-RB_PY_5F73DE2D
-  cat >"${dir}"/rbkit/manifest.py <<'RB_PY_E618E5FC'
-<kit file>
-RB_PY_E618E5FC
-  cat >"${dir}"/rbkit/relocate.py <<'RB_PY_5E1398E2'
-<kit file>
-RB_PY_5E1398E2
-  cat >"${dir}"/rbkit/report.py <<'RB_PY_A002A646'
-<kit file>
-RB_PY_A002A646
-  cat >"${dir}"/rbprobes/__init__.py <<'RB_PY_54A17906'
-<kit file>
-RB_PY_54A17906
-  cat >"${dir}"/rbprobes/__main__.py <<'RB_PY_0EB65F22'
-<kit file>
-RB_PY_0EB65F22
-  cat >"${dir}"/rbprobes/arch.py <<'RB_PY_F551C5BA'
-<kit file>
-RB_PY_F551C5BA
-  cat >"${dir}"/rbprobes/checks.py <<'RB_PY_EE87DE44'
-<kit file>
-RB_PY_EE87DE44
-  cat >"${dir}"/rbprobes/checks_hatch.py <<'RB_PY_74DEDE3E'
-<kit file>
-RB_PY_74DEDE3E
-  cat >"${dir}"/rbprobes/checks_numeric.py <<'RB_PY_4208D592'
-<kit file>
-RB_PY_4208D592
-  cat >"${dir}"/rbprobes/checks_runtime.py <<'RB_PY_3C4C6F72'
-<kit file>
-RB_PY_3C4C6F72
-  cat >"${dir}"/rbprobes/checks_static.py <<'RB_PY_D11E5D37'
-<kit file>
-RB_PY_D11E5D37
-  cat >"${dir}"/rbprobes/cli.py <<'RB_PY_530F8990'
-<kit file>
-RB_PY_530F8990
-  cat >"${dir}"/rbprobes/cudalibs.py <<'RB_PY_8EEA011D'
-<kit file>
-RB_PY_8EEA011D
-  cat >"${dir}"/rbprobes/elf.py <<'RB_PY_489C7406'
-<kit file>
-RB_PY_489C7406
-  cat >"${dir}"/rbprobes/fatbin.py <<'RB_PY_01DEF17E'
-<kit file>
-RB_PY_01DEF17E
-  cat >"${dir}"/rbprobes/nccl_worker.py <<'RB_PY_C1F587CB'
-<kit file>
-RB_PY_C1F587CB
-  cat >"${dir}"/rbprobes/proc.py <<'RB_PY_F571E5A8'
-<kit file>
-RB_PY_F571E5A8
-  cat >"${dir}"/rbprobes/report.py <<'RB_PY_D227528A'
-<kit file>
-RB_PY_D227528A
-  cat >"${dir}"/rbprobes/result.py <<'RB_PY_147BD1A7'
-<kit file>
-RB_PY_147BD1A7
-  cat >"${dir}"/rbprobes/runner.py <<'RB_PY_5EB6C9BA'
-<kit file>
-RB_PY_5EB6C9BA
+  local dir=$1 file got
+  file="$(dirname "${BASH_SOURCE[0]}")/${RB_KIT_FILE}"
+  if [[ ! -f "${file}" || -L "${file}" ]]; then
+    rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
+      "the runbook, or compile --standalone for a runbook that carries its kit"
+  fi
+  cp -- "${file}" "${RB_WORK}/kit.tar"
+  got=$(rb::sha256 "${RB_WORK}/kit.tar")
+  if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
+    rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
+      "recompile (compile writes the kit this runbook was reviewed with)"
+  fi
+  RB_KIT_TAR_SHA256=${got}
+  mkdir -p "${dir}"
+  tar -C "${dir}" -xf "${RB_WORK}/kit.tar" --no-same-owner --no-same-permissions
 }
 
 #######################################
@@ -1025,6 +1047,10 @@ rb::init() {
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
   rb::install_paths
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
+  if ((RB_ALLOW_EDITED)); then
+    rb::event fact main allow_edited "${RB_EDITED:-no}"
+    rb::log "--allow-edited: ${RB_EDITED:-nothing was edited}"
+  fi
 }
 
 #######################################
@@ -1037,6 +1063,11 @@ rb::cleanup() {
   fi
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
+  done
+  for host in "${!RB_KIT_DIR[@]}"; do
+    if ! rb::is_local "${host}"; then
+      rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+    fi
   done
   for host in "${RB_HOSTS[@]}"; do
     "rb::host_${host}"
@@ -1073,6 +1104,8 @@ main() {
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
+      --version) rb::version; return 0 ;;
+      --allow-edited) RB_ALLOW_EDITED=1 ;;
       --dry-run) RB_DRY_RUN=1 ;;
       --only) only=${2:?--only needs a step}; shift ;;
       --from) from=${2:?--from needs a step}; shift ;;
@@ -1103,6 +1136,7 @@ main() {
     mkdir -p "$(dirname "${RB_REPORT}")"
     RB_REPORT="$(cd "$(dirname "${RB_REPORT}")" && pwd)/${RB_REPORT##*/}"
   fi
+  rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap rb::on_signal INT TERM
   trap rb::cleanup EXIT
