@@ -63,6 +63,7 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
         "steps": steps,
         "checks": checks,
         "probes": probe_docs,
+        "notes": facts.get("main", {}),
     }
 
 

@@ -1,0 +1,82 @@
+"""The kit on ssh hosts (issue #15 C1): a private directory per run, its content checked by hash,
+never a guessable /tmp path another user of the host can plant code in first."""
+
+from __future__ import annotations
+
+import pwd
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_relay import build, report, run, spec_text
+
+EVIL = "rbevil"
+
+
+def unprivileged_user() -> str:
+    try:
+        pwd.getpwnam(EVIL)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", EVIL],
+                       check=True, capture_output=True, timeout=60)
+    return EVIL
+
+
+def as_user(user: str, script: str) -> None:
+    subprocess.run(["runuser", "-u", user, "--", "sh", "-c", script], check=True,
+                   capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.e2e
+def test_a_kit_planted_in_tmp_by_another_user_is_never_run(clean_lab, payload_small, tmp_path):
+    lab = clean_lab
+    user = unprivileged_user()
+    dst = tmp_path / "dest" / "venv"
+    dst.parent.mkdir()
+    dst.parent.chmod(0o755)
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst))
+    text = script.read_text()
+    # where a runbook of 90eb1ef looked for its kit on each host, and the same from the pin
+    ids = set(re.findall(r"^readonly RB_KIT_ID=([0-9a-f]+)$", text, re.M))
+    ids |= {sha[:16] for sha in re.findall(r"^readonly RB_KIT_SHA256=([0-9a-f]{64})$", text, re.M)}
+    canary = Path("/tmp") / f"rbevil-canary-{tmp_path.name}"
+    planted = []
+    for kit_id in ids:
+        d = Path("/tmp") / f"rbkit-{kit_id}"
+        shutil.rmtree(d, ignore_errors=True)
+        as_user(user, f"mkdir -p {d}/rbkit && touch {d}/.complete && "
+                      f"printf 'open(\"{canary}\", \"w\").write(\"ran\")\\n' >{d}/rbkit/__main__.py && "
+                      f"touch {d}/rbkit/__init__.py")
+        planted.append(d)
+    before = set(Path("/tmp").glob("rbkit.*"))
+    try:
+        r = run(tmp_path, script)
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert not canary.exists(), "code another user planted in /tmp ran as root"
+        assert report(tmp_path)["outcome"] == "ok"
+        # each run's private kit directories are gone afterwards
+        assert set(Path("/tmp").glob("rbkit.*")) == before
+    finally:
+        for d in planted:
+            shutil.rmtree(d, ignore_errors=True)
+        canary.unlink(missing_ok=True)
+
+
+@pytest.mark.e2e
+def test_a_kit_that_arrives_changed_is_refused(clean_lab, payload_small, tmp_path):
+    """The kit is checked against its hash on the host: a copy changed on the way is not run."""
+    lab = clean_lab
+    dst = tmp_path / "dest" / "venv"
+    dst.parent.mkdir()
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst))
+    kit = next((tmp_path / ".kit").glob("*.tar"))
+    data = bytearray(kit.read_bytes())
+    data[1000] ^= 1
+    kit.write_bytes(bytes(data))
+    r = run(tmp_path, script)
+    assert r.returncode != 0
+    assert "not the" in r.stderr and "this runbook pins" in r.stderr
+    assert not dst.exists()
