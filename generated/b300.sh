@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 8ceb37ef956a80fc72c301835b441638c72505532ce92f8f79572f5c49d2cdcb
+# sha256 of this file with these 64 digits zeroed: 00a1762454d8ceb5f7786ece28e7078b02b3c0bfcb532d002782addd770fbfe9
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+#
+# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
+# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
+# quoted by rb::shq.
+# shellcheck disable=SC2016
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -230,7 +235,7 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  local out='' word q="'" bs='\'
+  local out='' word q="'" bs="\\"
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
   done

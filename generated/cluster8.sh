@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: e685557016196cff5eba996eb0e04d363e9d686292dca8b5d68d709bf42c9bb5
+# sha256 of this file with these 64 digits zeroed: b3631bbf8e1e7e9f27da8aa5486e512326e60172f1e3b1fc2f2015fc1237f00e
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+#
+# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
+# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
+# quoted by rb::shq.
+# shellcheck disable=SC2016
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -225,7 +230,7 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  local out='' word q="'" bs='\'
+  local out='' word q="'" bs="\\"
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
   done

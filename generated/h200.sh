@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 27be5e81deaaa81cc805bfdf3eb7a0271ece53a6bba33645f9f89b26450ddbf5
+# sha256 of this file with these 64 digits zeroed: 2c822b11699ebe9299b6120441a1ce010f1bfc15376c0dbbc9c2716d1ca2e2de
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+#
+# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
+# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
+# quoted by rb::shq.
+# shellcheck disable=SC2016
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -229,7 +234,7 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  local out='' word q="'" bs='\'
+  local out='' word q="'" bs="\\"
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
   done

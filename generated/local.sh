@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: d52abf41dcdb46f637936a1acb3e3ecb33ac646938fe11c013248457de3f7970
+# sha256 of this file with these 64 digits zeroed: 8d308620de4da0c4bc1f4f9ab7e47aae997b9fb15684569f52222c6100ce57c4
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+#
+# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
+# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
+# quoted by rb::shq.
+# shellcheck disable=SC2016
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -228,7 +233,7 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  local out='' word q="'" bs='\'
+  local out='' word q="'" bs="\\"
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
   done

@@ -4,6 +4,11 @@
 # sha256 of this file with these 64 digits zeroed: <kit hash>
 #
 # Usage: bash catalog_alias_model.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+#
+# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
+# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
+# quoted by rb::shq.
+# shellcheck disable=SC2016
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -228,7 +233,7 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  local out='' word q="'" bs='\'
+  local out='' word q="'" bs="\\"
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
   done

@@ -5,6 +5,11 @@
 # One venv to gpu[001-128] through ClusterShell's tree; rollback on a node whose checks fail.
 #
 # Usage: bash fanout_tree.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+#
+# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
+# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
+# quoted by rb::shq.
+# shellcheck disable=SC2016
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -229,7 +234,7 @@ rb::fact() {
 # Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
 #######################################
 rb::shq() {
-  local out='' word q="'" bs='\'
+  local out='' word q="'" bs="\\"
   for word in "$@"; do
     out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
   done
