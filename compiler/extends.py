@@ -152,7 +152,7 @@ def _combine(chain: list[Source], problems: list[Problem]) -> Source:
     digest = hashlib.sha256("\n".join(s.sha256 for s in chain).encode()).hexdigest()
     return Source(path=top.path, text=top.text, data=data, sha256=digest,
                   chain=tuple(s.path for s in chain), origins=origins, abstract=top.abstract,
-                  markers=todo)
+                  markers=todo, texts={s.path: s.text for s in chain})
 
 
 def _merge(base: Any, base_origins: dict, child_src: Source, child: Any, loc: Loc,

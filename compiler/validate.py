@@ -85,11 +85,21 @@ def _translate(source: Source, err: dict[str, Any]) -> Problem:
         return source.problem(loc, f"must be one of {', '.join(options)}; got {given!r}{hint}")
     given = err.get("input")
     if kind == "string_type" and isinstance(given, (int, float)) and not isinstance(given, bool):
-        why = " (YAML reads 13.10 as the number 13.1)" if isinstance(given, float) else ""
-        return source.problem(loc, f"must be a string: write it in quotes, e.g. \"{given}\"{why}")
+        return source.problem(loc, _quote_hint(source.written(loc) or str(given), given))
     if kind in ("dict_type", "model_type", "model_attributes_type") and err.get("input") is None:
         return source.problem(loc, "must not be empty: give a mapping of keys to values")
     return source.problem(loc, _clean(err["msg"]))
+
+
+def _quote_hint(written: str, given: Any) -> str:
+    """A number where a string belongs: quote it as the user wrote it (`12.10`, not the float's
+    `12.1`), and say what YAML made of it when that differs."""
+    if isinstance(given, float):
+        why = (f" (YAML reads {written} as the number {given})" if written != str(given)
+               else " (YAML reads 13.10 as the number 13.1)")
+    else:
+        why = ""
+    return f"must be a string: write it in quotes, e.g. \"{written}\"{why}"
 
 
 def _clean(msg: str) -> str:
