@@ -8,6 +8,7 @@ reads the raw data defensively so that it can report next to the first pass's pr
 from __future__ import annotations
 
 import difflib
+import json
 import posixpath
 import re
 import typing
@@ -86,6 +87,8 @@ def _translate(source: Source, err: dict[str, Any]) -> Problem:
     given = err.get("input")
     if kind == "string_type" and isinstance(given, (int, float)) and not isinstance(given, bool):
         return source.problem(loc, _quote_hint(source.written(loc) or str(given), given))
+    if kind == "list_type" and isinstance(given, str):
+        return source.problem(loc, _list_hint(loc, given))
     if kind in ("dict_type", "model_type", "model_attributes_type") and err.get("input") is None:
         return source.problem(loc, "must not be empty: give a mapping of keys to values")
     return source.problem(loc, _clean(err["msg"]))
@@ -100,6 +103,15 @@ def _quote_hint(written: str, given: Any) -> str:
     else:
         why = ""
     return f"must be a string: write it in quotes, e.g. \"{written}\"{why}"
+
+
+def _list_hint(loc: tuple, given: str) -> str:
+    """A string where a list belongs: show the list form (`exclude: ["__pycache__"]`); a string
+    with commas is taken as the items it lists."""
+    items = [part.strip() for part in given.split(",")] if "," in given else [given]
+    key = next((str(part) for part in reversed(loc) if isinstance(part, str)), "key")
+    shown = ", ".join(json.dumps(item, ensure_ascii=False) for item in items if item)
+    return f"must be a list: write {key}: [{shown}]"
 
 
 def _clean(msg: str) -> str:

@@ -48,3 +48,18 @@ def test_a_number_in_a_base_is_quoted_from_the_base(tmp_path):
     lines = problems(tmp_path, "extends: base.yaml\nname: child\n", {"base.yaml": base})
     assert lines[0].startswith(f"{tmp_path}/base.yaml:8:17: cuda.version:")
     assert '"12.10"' in lines[0]
+
+
+# -- a string where a list belongs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry, hint", [  # HOSTS ends inside transfer:
+    ('  exclude: "__pycache__"', 'transfer.exclude: must be a list: write exclude: ["__pycache__"]'),
+    ("  exclude: __pycache__, .git", 'write exclude: ["__pycache__", ".git"]'),
+    ("checks:\n  - imports: torch", 'checks[0].imports: must be a list: write imports: ["torch"]'),
+    ("cuda: {version: '13.0', home: /usr/cuda, library_path_first: nvidia/cu13/lib}",
+     'write library_path_first: ["nvidia/cu13/lib"]'),
+])
+def test_a_string_where_a_list_belongs_shows_the_list_form(tmp_path, entry, hint):
+    lines = problems(tmp_path, f"name: l\n{HOSTS}{entry}\n")
+    assert len(lines) == 1 and hint in lines[0], lines
