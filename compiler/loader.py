@@ -170,7 +170,11 @@ def parse(path: str | Path) -> Source:
         mark = exc.problem_mark or exc.context_mark
         what = " ".join(x for x in (exc.context, exc.problem) if x)
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        raise SpecError([Problem(shown, line, col, "", f"YAML syntax error: {what}")]) from None
+        if _tab_at(text, line, col):
+            what = "YAML needs spaces, not tabs: replace the tab here with spaces"
+        else:
+            what = f"YAML syntax error: {what}"
+        raise SpecError([Problem(shown, line, col, "", what)]) from None
     except YAMLError as exc:
         raise SpecError([Problem(shown, 0, 0, "", f"YAML error: {exc}")]) from None
     if data is None:
@@ -179,6 +183,15 @@ def parse(path: str | Path) -> Source:
         raise SpecError([Problem(shown, 1, 1, "", "the spec must be a mapping of keys to values")])
     return Source(path=shown, text=text, data=data, sha256=hashlib.sha256(raw).hexdigest(),
                   chain=(shown,), texts={shown: text})
+
+
+def _tab_at(text: str, line: int, col: int) -> bool:
+    """Whether the character at `line`:`col` (1-based) is a tab: YAML refuses tabs in indentation
+    and between tokens, and ruamel's message ("found character '\\t' that cannot start any token")
+    does not say what to do."""
+    lines = text.split("\n")
+    return 0 < line <= len(lines) and 0 < col <= len(lines[line - 1]) \
+        and lines[line - 1][col - 1] == "\t"
 
 
 def _duplicate_key(exc: DuplicateKeyError) -> str:
