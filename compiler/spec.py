@@ -30,6 +30,9 @@ HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 IPV6 = re.compile(r"^\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9]+)?\]?$")
+HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:\[\]]+):([0-9]+)$")  # host:2222, [::1]:2222
+SSH_URI = re.compile(r"^ssh://(?:(?P<user>[^@/\[\]]+)@)?(?P<host>\[[^\]/]+\]|[^:/@\[\]]+)"
+                     r"(?::(?P<port>[^/]*))?/?$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]{1,40}$")
 VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}([a-z0-9.+-]*)$")
@@ -55,6 +58,22 @@ OWNED_SSH_OPTIONS = {
     "user": "write it in `ssh: user@host`",
     "hostname": "write it in `ssh: user@host`",
 }
+
+
+class At(ValueError):
+    """A validator's error that belongs to an entry below the value it checks: `at` is the path
+    from that value (`("success",)` from a check of the whole `fanout:`), so validate.py points the
+    message at that entry. Several: `At.many([(at, message), ...])`."""
+
+    def __init__(self, at: tuple, message: str):
+        super().__init__(message)
+        self.errors: list[tuple[tuple, str]] = [(tuple(at), message)]
+
+    @classmethod
+    def many(cls, errors: list[tuple[tuple, str]]) -> "At":
+        first = cls(*errors[0])
+        first.errors = [(tuple(at), message) for at, message in errors]
+        return first
 
 
 class Model(BaseModel):
@@ -182,6 +201,13 @@ def parse_ssh_target(value: str) -> tuple[Optional[str], str]:
     """"user@host" or "host" -> (user, host), each validated; raises ValueError."""
     _nonempty(value)
     user, _, host = value.rpartition("@")
+    with_port = HOST_PORT.match(host)
+    if with_port:
+        raise ValueError(
+            f"{value!r}: ssh takes no port in the address: use `port: {with_port.group(2)}` "
+            f"(and `ssh: {user + '@' if user else ''}{with_port.group(1).strip('[]')}`)")
+    if value.startswith("ssh://"):
+        raise ValueError(f"{value!r} is not an ssh address like ssh://user@host:2222")
     if user and not USER.match(user):
         raise ValueError(f"{user!r} is not a valid user name")
     if not (HOSTNAME.match(host) or (":" in host and IPV6.match(host))):
@@ -194,14 +220,40 @@ def _ssh_target(value: str) -> str:
     return value
 
 
+def parse_ssh_uri(value: str) -> tuple[str, Optional[int]]:
+    """"ssh://user@host:2222" -> ("user@host", 2222), checked; raises ValueError."""
+    found = SSH_URI.match(value)
+    if not found:
+        raise ValueError(f"{value!r} is not an ssh address like ssh://user@host:2222 (no path)")
+    user, host, port = found.group("user", "host", "port")
+    host = host.strip("[]")  # ssh takes an IPv6 address bare after user@, in brackets in a URI
+    target = f"{user}@{host}" if user else host
+    parse_ssh_target(target)
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{value!r}: {port!r} is not a port number")
+    return target, int(port) if port else None
+
+
 def _jump(value: str) -> str:
-    # user@host[:port], comma-separated chain, as ssh -J takes it.
+    # user@host[:port], comma-separated chain, as ssh -J takes it ([v6]:port for an IPv6 address);
+    # ssh://user@host:port hops are rewritten that way.
+    hops = []
     for hop in value.split(","):
-        target, _, port = hop.rpartition(":") if hop.count(":") == 1 else (hop, "", "")
+        if hop.startswith("ssh://"):
+            target, port = parse_ssh_uri(hop)
+            user, at, host = target.rpartition("@")
+            host = f"[{host}]" if port and ":" in host else host
+            hop = f"{user}{at}{host}:{port}" if port else target
+        hops.append(hop)
+        with_port = HOST_PORT.match(hop.rpartition("@")[2])
+        if with_port:
+            target, port = hop[:-len(with_port.group(2)) - 1], with_port.group(2)
+        else:
+            target, _, port = hop.rpartition(":") if hop.count(":") == 1 else (hop, "", "")
         parse_ssh_target(target)
         if port and not (port.isdigit() and 1 <= int(port) <= 65535):
             raise ValueError(f"{port!r} is not a port number")
-    return value
+    return ",".join(hops)
 
 
 SshTarget = Annotated[str, AfterValidator(_ssh_target)]
@@ -220,6 +272,21 @@ class Host(Model):
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     options: dict[Annotated[str, AfterValidator(_ssh_option_key)], NonEmpty] = Field(
         default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ssh_uri(cls, data: Any) -> Any:
+        """`ssh: ssh://user@host:2222` is read as `ssh: user@host` with `port: 2222`."""
+        if not isinstance(data, dict) or not isinstance(data.get("ssh"), str) \
+                or not data["ssh"].startswith("ssh://"):
+            return data
+        try:
+            target, port = parse_ssh_uri(data["ssh"])
+        except ValueError as exc:
+            raise At(("ssh",), str(exc)) from None
+        if port is not None and data.get("port") not in (None, port):
+            raise At(("port",), f"{data['port']} differs from the port in ssh: {data['ssh']}")
+        return {**data, "ssh": target, **({"port": port} if port is not None else {})}
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Host":
@@ -447,6 +514,16 @@ class Fanout(Model):
     nodes: NodeSet
     engine: Literal["slurm", "clush"] = "clush"
     success: Union[Literal["all"], Annotated[int, Field(strict=True, ge=1, le=4096)]] = "all"
+
+    @field_validator("success", mode="before")
+    @classmethod
+    def _success(cls, value: Any) -> Any:
+        if value == "all" or (type(value) is int and 1 <= value <= 4096):
+            return value
+        quoted = " (a number: write it without quotes)" if isinstance(value, str) \
+            and value.isdigit() else ""
+        raise ValueError(f'must be "all" or how many nodes must pass (1 to 4096); got '
+                         f'{value!r}{quoted}')
     timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400)] = 600
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     scratch: AbsPath = "/tmp"
@@ -468,8 +545,9 @@ class Fanout(Model):
     def _fits(self) -> "Fanout":
         from .fanout import expand
 
-        if self.success != "all" and self.success > len(expand(self.nodes)):
-            raise ValueError(f"success: {self.success} is more nodes than {self.nodes} has")
+        count = len(expand(self.nodes))
+        if self.success != "all" and self.success > count:
+            raise At(("success",), f"{self.success} is more nodes than {self.nodes} has ({count})")
         for key in ("ssh_config", "topology", "gateway_python"):
             value = getattr(self, key)
             if value and any(c.isspace() for c in value):

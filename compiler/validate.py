@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from . import fanout, gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
-from .spec import CHECK_TYPES, Spec, parse_endpoint
+from .spec import CHECK_TYPES, At, Spec, parse_endpoint
 
 
 def validate(source: Source) -> Spec:
@@ -35,7 +35,8 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        problems.extend(_translate(source, err) for err in exc.errors(include_url=False))
+        for err in exc.errors(include_url=False):
+            problems.extend(_located(source, err))
     problems.extend(_relations(source, data))
     if problems:
         raise SpecError(_unique(problems))
@@ -60,6 +61,14 @@ def _unique(problems: list[Problem]) -> list[Problem]:
 
 
 # -- pydantic errors -> problems ----------------------------------------------------------------
+
+
+def _located(source: Source, err: dict[str, Any]) -> list[Problem]:
+    """A validator that raised `At` names the entries below its value that are wrong."""
+    error = (err.get("ctx") or {}).get("error")
+    if not isinstance(error, At):
+        return [_translate(source, err)]
+    return [source.problem(tuple(err["loc"]) + at, _clean(message)) for at, message in error.errors]
 
 
 def _translate(source: Source, err: dict[str, Any]) -> Problem:

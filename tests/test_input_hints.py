@@ -63,3 +63,78 @@ def test_a_number_in_a_base_is_quoted_from_the_base(tmp_path):
 def test_a_string_where_a_list_belongs_shows_the_list_form(tmp_path, entry, hint):
     lines = problems(tmp_path, f"name: l\n{HOSTS}{entry}\n")
     assert len(lines) == 1 and hint in lines[0], lines
+
+
+# -- ssh addresses, tabs, fanout.success ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("written, target, port", [
+    ("ssh://ubuntu@gpu-07.example:2222", "ubuntu@gpu-07.example", 2222),
+    ("ssh://gpu-07.example", "gpu-07.example", None),
+    ("ssh://root@gpu-07.example:22/", "root@gpu-07.example", 22),
+    ("ssh://root@[fd00::7]:2200", "root@fd00::7", 2200),
+])
+def test_an_ssh_uri_is_read_as_user_host_and_port(written, target, port):
+    from compiler.spec import Host
+
+    host = Host.model_validate({"ssh": written})
+    assert (host.ssh, host.port) == (target, port)
+    assert Host.model_validate({"ssh": written, "port": port}).port == port
+
+
+@pytest.mark.parametrize("written, message", [
+    ("root@gpu-07.example:2222", "use `port: 2222` (and `ssh: root@gpu-07.example`)"),
+    ("[fd00::7]:22", "use `port: 22` (and `ssh: fd00::7`)"),
+    ("ssh://root@gpu-07.example/opt", "is not an ssh address like ssh://user@host:2222"),
+    ("ssh://root@gpu-07.example:0", "'0' is not a port number"),
+])
+def test_an_ssh_address_with_a_port_or_path_is_refused_with_a_hint(tmp_path, written, message):
+    text = f'name: s\n{HOSTS}'.replace("root@dst.example", f'"{written}"')
+    lines = problems(tmp_path, text)
+    assert len(lines) == 1 and lines[0].startswith(f"{tmp_path}/s.yaml:4:14: hosts.dst.ssh: ")
+    assert message in lines[0]
+
+
+def test_an_ssh_uri_jump_hop_is_written_as_ssh_j_takes_it():
+    from compiler.spec import Host
+
+    host = Host.model_validate({"ssh": "h", "jump": "ssh://a@gw:2200,b@[fd00::1]:22,ssh://c@[fd00::2]:23"})
+    assert host.jump == "a@gw:2200,b@[fd00::1]:22,c@[fd00::2]:23"
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: t\nhosts:\n\tsrc: {local: true}\n", "3:1"),
+    ("name:\tt\n", "1:6"),
+    ("name: t\nhosts:\n  src:\t{local: true}\n", "3:7"),
+])
+def test_a_tab_is_named_at_its_position(tmp_path, text, where):
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(SpecError) as exc:
+        loader.load(str(tmp_path / "s.yaml"))
+    assert exc.value.lines() == [
+        f"{tmp_path}/s.yaml:{where}: YAML needs spaces, not tabs: replace the tab here with spaces"]
+
+
+FANOUT = """name: f
+hosts:
+  here: {local: true}
+transfer:
+  from: here:/opt/build/venv
+  to: here:/opt/venv
+fanout:
+  nodes: node[1-4]
+  success: %s
+"""
+
+
+@pytest.mark.parametrize("value, message", [
+    ("5", "fanout.success: 5 is more nodes than node[1-4] has (4)"),
+    ("most", "fanout.success: must be \"all\" or how many nodes must pass (1 to 4096); got 'most'"),
+    ("0", "got 0"),
+    ('"3"', "got '3' (a number: write it without quotes)"),
+])
+def test_fanout_success_errors_point_at_success(tmp_path, value, message):
+    lines = problems(tmp_path, FANOUT % value)
+    assert lines == [f"{tmp_path}/s.yaml:9:12: {message}"] if message.startswith("fanout") \
+        else len(lines) == 1 and lines[0].startswith(f"{tmp_path}/s.yaml:9:12: fanout.success:") \
+        and message in lines[0]
