@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from . import catalog
 from .errors import Problem
@@ -11,7 +11,7 @@ from .loader import Source
 from .spec import Spec
 
 
-def problems(source: Source, data: dict[str, Any], hint: Callable[[str, list], str]) -> list[Problem]:
+def problems(source: Source, data: dict[str, Any]) -> list[Problem]:
     """Errors: an unknown model, a capability that contradicts the model, a CUDA that cannot target
     the GPU."""
     gpu = data.get("gpu")
@@ -21,11 +21,13 @@ def problems(source: Source, data: dict[str, Any], hint: Callable[[str, list], s
     known = catalog.lookup(gpu["model"])
     out = []
     if known is None and not gpu.get("capability"):
-        names = [g.name for g in catalog.models()]
-        near = hint(gpu["model"], names)
+        near = catalog.closest(gpu["model"])
+        either = " or ".join([", ".join(near[:-1]), near[-1]] if len(near) > 1 else near)
+        hint = (f"; did you mean {either}?" if near
+                else f" (known: {', '.join(g.name for g in catalog.models())}).")
         out.append(source.problem(
-            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}"
-            + (near if near else f" (known: {', '.join(names)})") + " Or give `capability:` yourself."))
+            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}{hint} Or give `capability:` "
+            "yourself."))
     if known is not None and capability and capability != known.capability:
         out.append(source.problem(
             ("gpu", "capability"),

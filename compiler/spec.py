@@ -377,8 +377,9 @@ class Cuda(Model):
 
 
 def _gpu_model(value: str) -> str:
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", value):
-        raise ValueError(f"{value!r} is not a GPU model name like B300 or H200")
+    # as people write it or nvidia-smi prints it: "B300", "NVIDIA H100 80GB HBM3" (catalog.lookup)
+    if not re.match(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]| (?! )){0,79}(?<! )$", value):
+        raise ValueError(f"{value!r} is not a GPU model name like B300 or \"NVIDIA H100 80GB HBM3\"")
     return value
 
 

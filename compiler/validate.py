@@ -230,7 +230,7 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
         if isinstance(direct, dict) and direct.get("local"):
             problems.append(source.problem(
                 ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
-    problems.extend(gpu_rules.problems(source, data, _did_you_mean))
+    problems.extend(gpu_rules.problems(source, data))
     problems.extend(_checks(source, data))
     return problems
 

@@ -138,3 +138,53 @@ def test_fanout_success_errors_point_at_success(tmp_path, value, message):
     assert lines == [f"{tmp_path}/s.yaml:9:12: {message}"] if message.startswith("fanout") \
         else len(lines) == 1 and lines[0].startswith(f"{tmp_path}/s.yaml:9:12: fanout.success:") \
         and message in lines[0]
+
+
+# -- GPU names as people write them or nvidia-smi prints them --------------------------------------
+
+
+@pytest.mark.parametrize("written, model", [
+    ("H100 SXM", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100"),
+    ("NVIDIA H100 NVL", "H100"), ("rtx pro 6000 blackwell", "RTX-PRO-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTX-PRO-6000"),
+    ("b300", "B300"), ("NVIDIA B300 SXM6 AC", "B300"), ("hgx_b300", "B300"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
+    ("Tesla V100-SXM2-32GB", "V100"), ("Tesla V100S-PCIE-32GB", "V100"),
+    ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA GH200 144G HBM3e", "GH200"),
+    ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA GB200", "GB200"), ("GB300 NVL72", "GB300"), ("NVIDIA B200", "B200"),
+])
+def test_gpu_names_as_written_or_printed_match_the_catalog(written, model):
+    from compiler import catalog
+
+    assert catalog.lookup(written).name == model
+
+
+@pytest.mark.parametrize("written, near", [
+    ("H110", ["H100"]), ("b30", ["B300", "GB300"]), ("NVIDIA H800", ["H200", "H100", "GH200"]),
+    ("RTX 6000", ["RTX-PRO-6000"]),
+])
+def test_an_unknown_gpu_name_gets_the_closest_catalog_names(written, near):
+    from compiler import catalog
+
+    assert catalog.lookup(written) is None
+    assert catalog.closest(written) == near
+
+
+def test_only_noise_is_not_a_model():
+    from compiler import catalog
+
+    assert catalog.lookup("NVIDIA") is None and catalog.lookup("80GB HBM3") is None
+
+
+def test_a_printed_gpu_name_compiles_with_the_catalog_capability(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\n{HOSTS}gpu: {{model: NVIDIA H100 80GB HBM3}}\n"
+                    "cuda: {version: '12.4', home: /usr/cuda}\n")
+    from compiler import plan
+
+    source = loader.load(str(spec))
+    config = plan.probe_config(validate.validate(source), "dst")
+    assert config["gpu"] == {"model": "NVIDIA H100 80GB HBM3", "count": 1, "capability": "9.0",
+                             "arch": "sm_90"}
