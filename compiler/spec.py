@@ -500,7 +500,7 @@ class Check(Model):
 
 
 def _nodeset(value: str) -> str:
-    from .fanout import expand  # the node-set syntax lives with the rest of the fan-out
+    from .fanout import expand  # ClusterShell's NodeSet, with the rest of the fan-out
 
     expand(value)
     return value

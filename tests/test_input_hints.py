@@ -188,3 +188,73 @@ def test_a_printed_gpu_name_compiles_with_the_catalog_capability(tmp_path):
     config = plan.probe_config(validate.validate(source), "dst")
     assert config["gpu"] == {"model": "NVIDIA H100 80GB HBM3", "count": 1, "capability": "9.0",
                              "arch": "sm_90"}
+
+
+# -- node sets: ClusterShell's NodeSet -------------------------------------------------------------
+
+
+def groups(**named: str):
+    from ClusterShell.NodeUtils import GroupResolver, GroupSource
+
+    return GroupResolver(GroupSource("test", named))
+
+
+@pytest.mark.parametrize("text, nodes", [
+    ("gpu[01-16/2]", ["gpu01", "gpu03", "gpu05", "gpu07", "gpu09", "gpu11", "gpu13", "gpu15"]),
+    ("gpu[01-04,07],login[1-2]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "login1", "login2"]),
+    ("a[1-2]b[1-2]", ["a1b1", "a1b2", "a2b1", "a2b2"]),
+    ("gpu[01-08]!gpu[03-07]", ["gpu01", "gpu02", "gpu08"]),
+    ("n[1-3]&n[2-5]", ["n2", "n3"]),
+    ("n[1-3],n2", ["n1", "n2", "n3"]),  # as clush: a node named twice is one node
+    ("node7", ["node7"]),
+])
+def test_node_sets_expand_as_clustershell_reads_them(text, nodes):
+    from compiler import fanout
+
+    assert fanout.expand(text) == nodes
+
+
+def test_groups_resolve_with_the_resolver_and_fold_for_the_engines():
+    from compiler import fanout
+
+    res = groups(gpus="gpu[01-04]", login="login[1-2]")
+    assert fanout.expand("@gpus,@login!gpu02", res) == ["gpu01", "gpu03", "gpu04", "login1", "login2"]
+    assert fanout.folded("@test:gpus", res) == "gpu[01-04]"
+    assert fanout.folded("gpu[01-16/4]") == "gpu[01,05,09,13]"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("@gpus", "ClusterShell group @gpus cannot be resolved at compile time"),
+    ("@nosuch:gpus", "ClusterShell group @nosuch:gpus cannot be resolved at compile time"),
+    ("node[08-01", 'not a node set (ClusterShell: missing bracket: "node[08-01")'),
+    ("node[08-01]", 'not a node set (ClusterShell: bad range: "invalid values in range : "08-01"")'),
+    ("n[1-3]]", 'not a node set (ClusterShell: illegal closing bracket: "]")'),
+    (",a", "not a node set (ClusterShell: missing nodeset operand with ',' operator"),
+    ("node[1-999999999]", "more than 4096 nodes"),
+    ("a[1-100]b[1-100]", "more than 4096 nodes"),
+    ("n[1-9000/2]", "more than 4096 nodes"),
+    ("-rf", "'-rf' is not a node name"),
+    ("$(reboot)", "'$(reboot)' is not a node name"),
+    ("a!a", "'a!a' names no nodes"),
+    ("a b", "no spaces"),
+])
+def test_bad_node_sets_say_why(text, message):
+    from compiler import fanout
+
+    with pytest.raises(ValueError) as exc:
+        fanout.expand(text, groups(login="login[1-2]"))
+    assert message in str(exc.value)
+
+
+def test_a_node_set_with_a_group_compiles_to_the_groups_nodes(tmp_path, monkeypatch):
+    from compiler import cli, fanout
+
+    monkeypatch.setattr(fanout, "std_group_resolver", lambda: groups(gpus="gpu[01-04]"))
+    spec = tmp_path / "g.yaml"
+    spec.write_text("name: g\nhosts:\n  here: {local: true}\ntransfer:\n  from: here:/opt/b\n"
+                    "  to: here:/opt/v\nfanout:\n  engine: slurm\n  nodes: '@gpus,gpu[10-16/3]'\n")
+    assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "g.sh").read_text()
+    assert "# 7 nodes (fanout.nodes: @gpus,gpu[10-16/3])\nreadonly RB_FAN_NODES='gpu[01-04,10,13,16]'" in text
+    assert "RB_FAN_NODE_LIST=(gpu01 gpu02 gpu03 gpu04 gpu10 gpu13 gpu16)" in text
+    assert "srun -N 7 -n 7 --ntasks-per-node=1 -w gpu[01-04,10,13,16] " in text
