@@ -48,7 +48,7 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
     target = catalog.resolve(spec.gpu.model, spec.gpu.capability)
     if target is None:
         return []
-    dst_host = spec.transfer.target[0]
+    where = "every node" if spec.fanout is not None else spec.transfer.target[0]
     out = []
     for i, check in enumerate(spec.checks):
         if check.kind != "torch" or not check.torch or not check.torch.cuda:
@@ -58,5 +58,5 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
             out.append(source.problem(
                 ("checks", i, "torch", "cuda"),
                 f"a torch built for CUDA {check.torch.cuda} has no code for {target.arch} "
-                f"({target.name}): {gap}; expect the checks to fail on {dst_host}"))
+                f"({target.name}): {gap}; expect the checks to fail on {where}"))
     return out

@@ -258,3 +258,25 @@ def test_a_node_set_with_a_group_compiles_to_the_groups_nodes(tmp_path, monkeypa
     assert "# 7 nodes (fanout.nodes: @gpus,gpu[10-16/3])\nreadonly RB_FAN_NODES='gpu[01-04,10,13,16]'" in text
     assert "RB_FAN_NODE_LIST=(gpu01 gpu02 gpu03 gpu04 gpu10 gpu13 gpu16)" in text
     assert "srun -N 7 -n 7 --ntasks-per-node=1 -w gpu[01-04,10,13,16] " in text
+
+
+# -- --plan of a fan-out spec ----------------------------------------------------------------------
+
+
+def test_the_plan_of_a_fanout_spec_heads_its_checks_on_every_node(capsys):
+    from compiler import cli
+
+    root = Path(__file__).resolve().parent.parent
+    assert cli.main(["--plan", str(root / "specs/cluster8.yaml")]) == 0
+    text = capsys.readouterr().out
+    assert "### Checks on every node (8), with the moved interpreter" in text
+    assert "### Checks on `login`" not in text
+
+
+def test_a_torch_warning_of_a_fanout_spec_names_every_node(tmp_path):
+    spec = tmp_path / "w.yaml"
+    spec.write_text("name: w\nhosts:\n  here: {local: true}\ntransfer:\n  from: here:/opt/b\n"
+                    "  to: here:/opt/v\nfanout: {nodes: 'gpu[1-2]'}\ngpu: {model: B300}\n"
+                    "checks:\n  - torch: {cuda: '12.4'}\n")
+    _spec, warnings = validate.validate_with_warnings(loader.load(str(spec)))
+    assert [w.message.rsplit("; ", 1)[1] for w in warnings] == ["expect the checks to fail on every node"]
