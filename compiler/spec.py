@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from . import sshopts
+
 IDENT = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
@@ -40,39 +42,19 @@ CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-# ssh options the spec may not set through `options:` because the runbook owns them.
-OWNED_SSH_OPTIONS = {
-    "batchmode": "the runbook always runs ssh with BatchMode=yes",
-    "stricthostkeychecking": "use `host_keys: accept-new` (checking is never turned off)",
-    "controlmaster": "the runbook multiplexes connections itself",
-    "controlpath": "the runbook multiplexes connections itself",
-    "controlpersist": "the runbook multiplexes connections itself",
-    "proxycommand": "use `jump:` (ProxyJump); a ProxyCommand runs arbitrary commands",
-    "localcommand": "runs arbitrary commands on this machine",
-    "permitlocalcommand": "runs arbitrary commands on this machine",
-    "knownhostscommand": "runs arbitrary commands on this machine",
-    "remotecommand": "the runbook decides what runs remotely",
-    "port": "use `port:`",
-    "identityfile": "use `identity_file:`",
-    "proxyjump": "use `jump:`",
-    "user": "write it in `ssh: user@host`",
-    "hostname": "write it in `ssh: user@host`",
-}
-
-
 class At(ValueError):
     """A validator's error that belongs to an entry below the value it checks: `at` is the path
     from that value (`("success",)` from a check of the whole `fanout:`), so validate.py points the
-    message at that entry. Several: `At.many([(at, message), ...])`."""
+    message at that entry (at its key with `key=True`). Several: `At.many([(at, message, key)])`."""
 
-    def __init__(self, at: tuple, message: str):
+    def __init__(self, at: tuple, message: str, key: bool = False):
         super().__init__(message)
-        self.errors: list[tuple[tuple, str]] = [(tuple(at), message)]
+        self.errors: list[tuple[tuple, str, bool]] = [(tuple(at), message, key)]
 
     @classmethod
-    def many(cls, errors: list[tuple[tuple, str]]) -> "At":
+    def many(cls, errors: list[tuple[tuple, str, bool]]) -> "At":
         first = cls(*errors[0])
-        first.errors = [(tuple(at), message) for at, message in errors]
+        first.errors = [(tuple(at), message, key) for at, message, key in errors]
         return first
 
 
@@ -270,8 +252,23 @@ class Host(Model):
     jump: Optional[Jump] = None
     host_keys: Literal["strict", "accept-new"] = "strict"
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
+    # only the ssh options a relay needs (compiler/sshopts.py: an allowlist, values checked)
     options: dict[Annotated[str, AfterValidator(_ssh_option_key)], NonEmpty] = Field(
         default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _allowed_options(cls, options: dict[str, str]) -> dict[str, str]:
+        errors = []
+        for key, value in options.items():
+            refused = sshopts.key_problem(key)
+            if refused:
+                errors.append(((key,), refused, True))
+            elif sshopts.value_problem(key, value):
+                errors.append(((key,), sshopts.value_problem(key, value), False))
+        if errors:
+            raise At.many(errors)
+        return options
 
     @model_validator(mode="before")
     @classmethod
@@ -320,9 +317,6 @@ EndpointText = Annotated[str, AfterValidator(_endpoint)]
 def _ssh_option_key(value: str) -> str:
     if not SSH_OPTION.match(value):
         raise ValueError(f"{value!r} is not an ssh option name")
-    owned = OWNED_SSH_OPTIONS.get(value.lower())
-    if owned:
-        raise ValueError(f"{value} cannot be set here: {owned}")
     return value
 
 

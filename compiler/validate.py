@@ -68,7 +68,8 @@ def _located(source: Source, err: dict[str, Any]) -> list[Problem]:
     error = (err.get("ctx") or {}).get("error")
     if not isinstance(error, At):
         return [_translate(source, err)]
-    return [source.problem(tuple(err["loc"]) + at, _clean(message)) for at, message in error.errors]
+    return [source.problem(tuple(err["loc"]) + at, _clean(message), key=key)
+            for at, message, key in error.errors]
 
 
 def _translate(source: Source, err: dict[str, Any]) -> Problem:

@@ -280,3 +280,96 @@ def test_a_torch_warning_of_a_fanout_spec_names_every_node(tmp_path):
                     "checks:\n  - torch: {cuda: '12.4'}\n")
     _spec, warnings = validate.validate_with_warnings(loader.load(str(spec)))
     assert [w.message.rsplit("; ", 1)[1] for w in warnings] == ["expect the checks to fail on every node"]
+
+
+# -- ssh options: an allowlist (issue #15 M1) -------------------------------------------------------
+
+# Code or commands on this machine, host keys off, this machine's agent, display, credentials or
+# ports handed over, config directives, options the runbook sets itself. Each compiled before the
+# allowlist, except ProxyCommand, LocalCommand, PermitLocalCommand, KnownHostsCommand and
+# StrictHostKeyChecking, which the old denylist refused already (with other words).
+DANGEROUS = [
+    ("PKCS11Provider", "/tmp/evil.so", "loads a library into ssh on this machine"),
+    ("SecurityKeyProvider", "/tmp/evil.so", "loads a library into ssh on this machine"),
+    ("XAuthLocation", "/tmp/evil", "names a program ssh runs on this machine"),
+    ("UserKnownHostsFile", "/dev/null", "turns host key checking off"),
+    ("UserKnownHostsFile", "none", "turns host key checking off"),
+    ("ForwardAgent", "yes", "hands this machine's ssh agent to the remote host"),
+    ("LocalForward", "8080 127.0.0.1:80", "opens a tunnel"),
+    ("RemoteForward", "8080 127.0.0.1:80", "opens a tunnel"),
+    ("DynamicForward", "1080", "opens a tunnel"),
+    ("ProxyCommand", "nc %h %p", "a ProxyCommand runs a command on this machine"),
+    ("LocalCommand", "touch /tmp/x", "runs a command on this machine"),
+    ("PermitLocalCommand", "yes", "lets LocalCommand run"),
+    ("KnownHostsCommand", "/bin/echo", "runs a command on this machine"),
+    ("Include", "/tmp/other_config", "a config file directive"),
+    ("Match", "exec true", "`Match exec` runs a command on this machine"),
+    ("ForwardX11", "yes", "opens this machine's X display"),
+    ("SendEnv", "AWS_SECRET_ACCESS_KEY", "sends this machine's environment variables"),
+    ("GSSAPIDelegateCredentials", "yes", "hands your Kerberos credentials"),
+    ("ConnectTimeout", "30", "use `connect_timeout:`"),
+    ("Ciphers", "aes256-ctr", "the runbook chooses the ciphers"),
+    ("stricthostkeychecking", "no", "checking is never turned off"),
+]
+
+
+def host_with(options: str) -> str:
+    return f"name: o\n{HOSTS}".replace("{ssh: root@dst.example}",
+                                       f"{{ssh: root@dst.example, options: {{{options}}}}}")
+
+
+@pytest.mark.parametrize("key, value, why", DANGEROUS, ids=[f"{k}={v}" for k, v, _ in DANGEROUS])
+def test_a_dangerous_ssh_option_is_refused_at_its_position(tmp_path, key, value, why):
+    lines = problems(tmp_path, host_with(f'{key}: "{value}"'))
+    assert len(lines) == 1, lines
+    column = 42 + len(f"{key}: ") if key == "UserKnownHostsFile" else 42  # its value; else its key
+    assert lines[0].startswith(f"{tmp_path}/s.yaml:4:{column}: hosts.dst.options.{key}: "), lines[0]
+    assert why in lines[0]
+    if key != "UserKnownHostsFile":
+        assert "(allowed: AddressFamily, BindAddress, " in lines[0]
+
+
+@pytest.mark.parametrize("key, hint", [("ServerAliveIntervall", "'ServerAliveInterval'"),
+                                       ("Compresion", "'Compression'"), ("TCPKeepalive", None),
+                                       ("VisualHostKey", "")])
+def test_an_unknown_ssh_option_gets_a_did_you_mean_and_the_allowed_list(tmp_path, key, hint):
+    text = host_with(f'{key}: "yes"')
+    if hint is None:  # ssh reads option names without case
+        spec = tmp_path / "s.yaml"
+        spec.write_text(text)
+        validate.validate(loader.load(str(spec)))
+        return
+    lines = problems(tmp_path, text)
+    assert len(lines) == 1 and "is not among the ssh options a spec may set" in lines[0]
+    assert (f"did you mean {hint}?" in lines[0]) if hint else "did you mean" not in lines[0]
+    assert "ServerAliveCountMax, ServerAliveInterval, TCPKeepAlive, UserKnownHostsFile)" in lines[0]
+
+
+@pytest.mark.parametrize("options", [
+    'ServerAliveInterval: "30", ServerAliveCountMax: "4", Compression: "no", IPQoS: throughput',
+    'UserKnownHostsFile: /etc/rb/known_hosts, GlobalKnownHostsFile: /dev/null',
+    'UserKnownHostsFile: "~/.ssh/known_hosts /etc/rb/known_hosts"',
+    'KexAlgorithms: "+diffie-hellman-group14-sha256", HostKeyAlgorithms: ssh-ed25519',
+    'AddressFamily: inet6, LogLevel: ERROR, IdentitiesOnly: "yes", TCPKeepAlive: "no"',
+    'MACs: "hmac-sha2-256-etm@openssh.com,umac-128-etm@openssh.com", RekeyLimit: 1G 1h',
+])
+def test_the_options_a_relay_needs_are_allowed(tmp_path, options):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(host_with(options))
+    validate.validate(loader.load(str(spec)))
+
+
+def test_every_bad_option_is_reported_at_once(tmp_path):
+    lines = problems(tmp_path, host_with(
+        'ForwardAgent: "yes", Compression: maybe, ConnectionAttempts: many'))
+    assert [line.split(": ", 2)[1] for line in lines] == [
+        "hosts.dst.options.ForwardAgent", "hosts.dst.options.Compression",
+        "hosts.dst.options.ConnectionAttempts"]
+    assert lines[1].endswith("hosts.dst.options.Compression: must be one of yes, no")
+
+
+def test_the_readme_lists_every_allowed_ssh_option():
+    from compiler import sshopts
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert [name for name in sshopts.ALLOWED if name not in readme] == []
