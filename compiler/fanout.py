@@ -15,7 +15,7 @@ import shlex
 from typing import Any, Optional
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException, std_group_resolver
-from ClusterShell.NodeUtils import GroupResolverError, GroupSourceError
+from ClusterShell.NodeUtils import GroupResolverError, GroupResolverSourceError, GroupSourceError
 from ClusterShell.RangeSet import RangeSetException
 
 MAX_NODES = 4096
@@ -57,7 +57,7 @@ class _Groups:
     def group_nodes(self, group: str, namespace: Optional[str] = None) -> list:
         try:
             nodes = self._inner.group_nodes(group, namespace)
-        except GroupResolverError:  # no group source at all (no groups.conf): no such group
+        except GroupResolverSourceError:  # no such group source, or none at all (no groups.conf)
             nodes = []
         if not nodes:
             self.empty.append(f"@{namespace}:{group}" if namespace else f"@{group}")

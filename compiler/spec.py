@@ -263,9 +263,11 @@ class Host(Model):
         for key, value in options.items():
             refused = sshopts.key_problem(key)
             if refused:
-                errors.append(((key,), refused, True))
-            elif sshopts.value_problem(key, value):
-                errors.append(((key,), sshopts.value_problem(key, value), False))
+                errors.append(((key,), refused, True))  # at the option's name
+                continue
+            bad_value = sshopts.value_problem(key, value)
+            if bad_value:
+                errors.append(((key,), bad_value, False))
         if errors:
             raise At.many(errors)
         return options
@@ -509,16 +511,6 @@ class Fanout(Model):
     nodes: NodeSet
     engine: Literal["slurm", "clush"] = "clush"
     success: Union[Literal["all"], Annotated[int, Field(strict=True, ge=1, le=4096)]] = "all"
-
-    @field_validator("success", mode="before")
-    @classmethod
-    def _success(cls, value: Any) -> Any:
-        if value == "all" or (type(value) is int and 1 <= value <= 4096):
-            return value
-        quoted = " (a number: write it without quotes)" if isinstance(value, str) \
-            and value.isdigit() else ""
-        raise ValueError(f'must be "all" or how many nodes must pass (1 to 4096); got '
-                         f'{value!r}{quoted}')
     timeout_s: Annotated[int, Field(strict=True, ge=1, le=86400)] = 600
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     scratch: AbsPath = "/tmp"
@@ -528,6 +520,17 @@ class Fanout(Model):
     # clush tree mode: the python every gateway runs ClusterShell's gateway with
     # (CLUSTERSHELL_GW_PYTHON_EXECUTABLE); it must import ClusterShell. Default /usr/bin/python3.
     gateway_python: Optional[AbsPath] = None
+
+    @field_validator("success", mode="before")
+    @classmethod
+    def _success(cls, value: Any) -> Any:
+        """One message for both halves of the union (pydantic would give one per member)."""
+        if value == "all" or (type(value) is int and 1 <= value <= 4096):
+            return value
+        quoted = " (a number: write it without quotes)" if isinstance(value, str) \
+            and value.isdigit() else ""
+        raise ValueError(f'must be "all" or how many nodes must pass (1 to 4096); got '
+                         f'{value!r}{quoted}')
 
     @field_validator("width")
     @classmethod

@@ -246,6 +246,16 @@ def test_bad_node_sets_say_why(text, message):
     assert message in str(exc.value)
 
 
+def test_without_any_group_configuration_a_group_gets_the_same_message(tmp_path):
+    from ClusterShell.NodeUtils import GroupResolverConfig
+
+    from compiler import fanout
+
+    with pytest.raises(ValueError) as exc:  # no groups.conf: what the golden case says there too
+        fanout.expand("@gpus", GroupResolverConfig([str(tmp_path / "groups.conf")]))
+    assert str(exc.value).startswith("ClusterShell group @gpus cannot be resolved at compile time: ")
+
+
 def test_a_node_set_with_a_group_compiles_to_the_groups_nodes(tmp_path, monkeypatch):
     from compiler import cli, fanout
 
