@@ -6,6 +6,7 @@ reads it once and answers questions about it. Nothing here imports torch or touc
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -37,6 +38,21 @@ class GpuModel:
 def _key(name: str) -> str:
     """Model names match without case or separators: "RTX PRO 6000" == "rtx-pro-6000"."""
     return re.sub(r"[\s._-]+", "", name).lower()
+
+
+# Words of a name as nvidia-smi prints it ("NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB",
+# "NVIDIA B300 SXM6 AC", "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition") that say
+# nothing about the compute capability: the vendor, the memory, the form factor, the board.
+NOISE = re.compile(
+    r"^(?:nvidia|tesla|[0-9]+g(?:b)?|hbm[0-9]*e?|gddr[0-9]+x?|sxm[0-9]*|pcie|nvl[0-9]*|ac|lc"
+    r"|hgx|dgx|server|workstation|edition|max|q)$")
+
+
+def _core(name: str) -> str:
+    """The key of `name` without the words NOISE matches: "NVIDIA H100 80GB HBM3" -> "h100"."""
+    words = [w for w in re.split(r"[\s._-]+", name.lower()) if w]
+    kept = [w for w in words if not NOISE.match(w)]
+    return "".join(kept or words)
 
 
 def _read() -> list[GpuModel]:
@@ -77,7 +93,32 @@ GPUS = {g.name.lower(): g for g in models()}
 
 
 def lookup(model: str) -> Optional[GpuModel]:
-    return _index().get(_key(model))
+    """The entry for a model name as people write it or nvidia-smi prints it: the name or an
+    alias without case or separators, else without the words that only name the vendor, memory or
+    form factor ("NVIDIA H100 80GB HBM3", "b300 sxm6 ac")."""
+    index = _index()
+    return index.get(_key(model)) or _cores().get(_core(model))
+
+
+@lru_cache(maxsize=1)
+def _cores() -> dict[str, GpuModel]:
+    """`_core` of every name and alias -> its entry (a core two models share is left out)."""
+    cores: dict[str, Optional[GpuModel]] = {}
+    for gpu in models():
+        for name in (gpu.name, *gpu.aliases):
+            core = _core(name)
+            cores[core] = gpu if cores.get(core, gpu) is gpu else None
+    return {core: gpu for core, gpu in cores.items() if gpu is not None}
+
+
+def closest(model: str, n: int = 3) -> list[str]:
+    """Up to `n` catalog model names nearest to `model` (for a did-you-mean), nearest first."""
+    names = {}
+    for gpu in models():
+        for name in (gpu.name, *gpu.aliases):
+            names.setdefault(_core(name), gpu.name)
+    near = difflib.get_close_matches(_core(model), list(names), n=4 * n, cutoff=0.6)
+    return list(dict.fromkeys(names[key] for key in near))[:n]
 
 
 def by_capability(capability: str) -> list[GpuModel]:

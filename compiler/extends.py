@@ -153,7 +153,7 @@ def _combine(chain: list[Source], problems: list[Problem]) -> Source:
     return Source(path=top.path, text=top.text, data=data, sha256=digest,
                   chain=tuple(s.path for s in chain), files=tuple(f for s in chain for f in s.files),
                   origins=origins, abstract=top.abstract,
-                  markers=todo)
+                  markers=todo, texts={s.path: s.text for s in chain})
 
 
 def _merge(base: Any, base_origins: dict, child_src: Source, child: Any, loc: Loc,

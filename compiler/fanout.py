@@ -1,15 +1,22 @@
 """Fan-out to many nodes through the cluster's own engine (Slurm or ClusterShell): the compile side.
 
-Node sets use the bracket syntax Slurm and ClusterShell share: `node[01-08]`, `gpu[1-4,7]`,
-`a[1-2]b[1-2]`, comma-separated items. `expand()` checks and expands them; `plan.build` asks this
-module for the step list, the settings and the `--dry-run` preview when the spec has `fanout:`.
+Node sets are read by ClusterShell's own `NodeSet`, as clush and `nodeset -e` read them: `node[01-08]`,
+steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`, `a[1-2]b[1-2]`, the
+operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time, with this machine's
+ClusterShell groups (groups.conf). `expand()` checks and expands them; `folded()` is the set as the
+engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`); `plan.build` asks this module for
+the step list, the settings and the `--dry-run` preview when the spec has `fanout:`.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, Optional
+
+from ClusterShell.NodeSet import NodeSet, NodeSetException, std_group_resolver
+from ClusterShell.NodeUtils import GroupResolverError, GroupResolverSourceError, GroupSourceError
+from ClusterShell.RangeSet import RangeSetException
 
 MAX_NODES = 4096
 # clush without a topology sends the bundle once per node from this machine: above this many
@@ -18,8 +25,10 @@ MAX_NODES = 4096
 FLAT_COPY_WARN_NODES = 8
 GATEWAY_PYTHON = "/usr/bin/python3"   # where distribution packages put ClusterShell
 SBCAST_FANOUT = 2
-ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-RANGE = re.compile(r"^([0-9]{1,6})(?:-([0-9]{1,6}))?$")
+NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+BRACKET = re.compile(r"\[([^\[\]]*)\]")
+RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+)(?:/([0-9]+))?)?$")
+OPERATORS = ",!&^"  # ClusterShell's set operators: union, difference, intersection, xor
 
 STEPS = ["fan_preflight", "fan_pack", "fan_copy", "fan_install", "fan_compare"]
 STEP_DOCS = {
@@ -35,73 +44,85 @@ STEP_WHERE = {"fan_preflight": ("fanout",), "fan_pack": ("transfer",), "fan_copy
               "fan_install": ("fanout",), "fan_compare": ("fanout",)}
 
 
-def _split(text: str) -> list[str]:
-    """Split at commas outside brackets."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError("unbalanced ']'")
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if depth:
-        raise ValueError("unbalanced '['")
-    out.append(cur)
-    return out
+class _Groups:
+    """A ClusterShell group resolver that remembers the groups that named no nodes."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self.empty: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def group_nodes(self, group: str, namespace: Optional[str] = None) -> list:
+        try:
+            nodes = self._inner.group_nodes(group, namespace)
+        except GroupResolverSourceError:  # no such group source, or none at all (no groups.conf)
+            nodes = []
+        if not nodes:
+            self.empty.append(f"@{namespace}:{group}" if namespace else f"@{group}")
+        return nodes
 
 
-def _ranges(body: str) -> list[str]:
-    vals: list[str] = []
-    for part in body.split(","):
-        m = RANGE.match(part)
-        if not m:
-            raise ValueError(f"{part!r} is not a number or a range like 01-08")
-        a, b = m.group(1), m.group(2) or m.group(1)
-        if int(b) < int(a):
-            raise ValueError(f"range {part!r} goes backwards")
-        width = len(a) if a.startswith("0") or len(a) == len(b) else 0
-        for i in range(int(a), int(b) + 1):
-            vals.append(str(i).zfill(width))
-            if len(vals) > MAX_NODES:
-                raise ValueError(f"more than {MAX_NODES} nodes")
-    return vals
-
-
-def _expand_item(item: str) -> list[str]:
-    m = re.search(r"\[([^\[\]]*)\]", item)
-    if not m:
-        if not ITEM.match(item):
-            raise ValueError(f"{item!r} is not a node name")
-        return [item]
-    head, tail = item[:m.start()], item[m.end():]
-    out: list[str] = []
-    for v in _ranges(m.group(1)):
-        out += _expand_item(head + v + tail)
-        if len(out) > MAX_NODES:
-            raise ValueError(f"more than {MAX_NODES} nodes")
-    return out
-
-
-def expand(nodeset: str) -> list[str]:
-    """`node[01-03],gpu7` -> ['node01', 'node02', 'node03', 'gpu7']; raises ValueError."""
+def expand(nodeset: str, resolver: Any = None) -> list[str]:
+    """`gpu[01-04,07],login[1-2]` -> the nodes, sorted as ClusterShell sorts them; `@group`s from
+    `resolver` (default: this machine's ClusterShell groups). Raises ValueError, with
+    ClusterShell's own message where it refused the text."""
     if not nodeset or any(c.isspace() for c in nodeset):
         raise ValueError("a node set is one word like node[01-08] (no spaces)")
-    out: list[str] = []
-    for item in _split(nodeset):
-        if not item:
-            raise ValueError("empty item in the node set")
-        out += _expand_item(item)
-    if len(set(out)) != len(out):
-        raise ValueError("names a node twice")
-    if len(out) > MAX_NODES:
+    if _upper_bound(nodeset) > MAX_NODES:
         raise ValueError(f"more than {MAX_NODES} nodes")
-    return out
+    groups = _Groups(resolver if resolver is not None else std_group_resolver())
+    try:
+        nodes = NodeSet(nodeset, resolver=groups)
+    except (NodeSetException, RangeSetException, GroupResolverError, GroupSourceError) as exc:
+        raise ValueError(f"not a node set (ClusterShell: {exc})") from None
+    if groups.empty:
+        raise ValueError(
+            f"ClusterShell group {groups.empty[0]} cannot be resolved at compile time: this "
+            "machine's ClusterShell groups (groups.conf) name no nodes for it; `compile` expands "
+            "the node set where it runs and writes the nodes into the runbook, so list the nodes "
+            "(e.g. gpu[01-08]) or compile where the group is defined")
+    if len(nodes) > MAX_NODES:
+        raise ValueError(f"more than {MAX_NODES} nodes ({len(nodes)})")
+    names = [str(node) for node in nodes]
+    if not names:
+        raise ValueError(f"{nodeset!r} names no nodes")
+    for name in names:
+        if not NODE.match(name):
+            raise ValueError(f"{name!r} is not a node name (letters, digits, '.', '_', '-')")
+    return names
+
+
+def folded(nodeset: str, resolver: Any = None) -> str:
+    """The node set as the engines get it: groups, steps and operators expanded, then folded
+    (`gpu[01-16/2]` -> `gpu[01,03,05,07,09,11,13,15]`), which clush, srun and sbcast all read."""
+    return str(NodeSet.fromlist(expand(nodeset, resolver)))
+
+
+def _upper_bound(nodeset: str) -> int:
+    """At most how many nodes the text names, counted from its brackets before ClusterShell builds
+    them (`n[1-999999999]` would take minutes and gigabytes); groups are counted once resolved."""
+    total, item, depth = 0, "", 0
+    for ch in nodeset + ",":
+        depth += (ch == "[") - (ch == "]")
+        if ch in OPERATORS and depth == 0:
+            count = 1
+            for body in BRACKET.findall(item):
+                count *= max(1, sum(_range_size(part) for part in body.split(",")))
+            total += count
+            item = ""
+        else:
+            item += ch
+    return total
+
+
+def _range_size(text: str) -> int:
+    found = RANGE.match(text)
+    if not found:
+        return 1  # ClusterShell says what is wrong with it
+    first, last, step = found.group(1), found.group(2) or found.group(1), found.group(3) or "1"
+    return max(0, int(last) - int(first)) // max(1, int(step)) + 1
 
 
 def scratch(spec: Any) -> str:
@@ -111,9 +132,12 @@ def scratch(spec: Any) -> str:
 def settings(spec: Any) -> list[dict]:
     f = spec.fanout
     nodes = expand(f.nodes)
+    comment = f"{len(nodes)} nodes"
+    if folded(f.nodes) != f.nodes:
+        comment += f" (fanout.nodes: {f.nodes})"
     return [
         {"name": "RB_FAN_ENGINE", "value": f.engine, "comment": "fanout: the cluster's engine"},
-        {"name": "RB_FAN_NODES", "value": f.nodes, "comment": f"{len(nodes)} nodes"},
+        {"name": "RB_FAN_NODES", "value": folded(f.nodes), "comment": comment},
         {"name": "RB_FAN_SUCCESS", "value": str(f.success),
          "comment": "all, or how many nodes must pass"},
         {"name": "RB_FAN_TIMEOUT", "value": str(f.timeout_s),
@@ -182,7 +206,8 @@ def warnings(source: Any, spec: Any) -> list:
         ("fanout", "nodes"),
         f"clush without a topology copies the bundle from this machine once per node ({n} "
         f"copies); set fanout.topology to a topology.conf whose [routes] start at this machine's "
-        f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and `gw[1-2]: {f.nodes}`), so "
+        f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and "
+        f"`gw[1-2]: {folded(f.nodes)}`), so "
         f"it is sent once per gateway (docs/fanout.md, clush tree mode)")]
 
 
@@ -206,10 +231,11 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
                 f"node --dir {d} --dest {dst} --old {src} ...'")
     t = f.timeout_s
     clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))
+    nodes = folded(f.nodes)
     if step == "fan_preflight":
         return [f"on {src_host}: connect; ship the kit; rbkit scan {src}",
                 f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
-                f" present; nodes {f.nodes} ({len(expand(f.nodes))})"]
+                f" present; nodes {nodes} ({len(expand(f.nodes))})"]
     if step == "fan_pack":
         lines = [f"on {src_host}: rbkit manifest build {src} --algo {spec.transfer.verify}",
                  f"on {src_host}: tar -C {src} -cf - <names> | <compress> > here: {bundle}"
@@ -222,7 +248,7 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     if step == "fan_copy":
         if f.engine == "slurm":
             return [f"timeout {t} sbcast -f -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
-        return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
+        return [f"timeout {t} {clush}-w {nodes} -S -t {f.connect_timeout} -u {t}{opts} "
                 f"--copy {bundle} --dest {d}.tar"]
     if step == "fan_install":
         again = ["re-run: nodes that lack what the changes-only bundle leaves out (no earlier "
@@ -230,10 +256,10 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
                  "on them only"] if incremental else []
         if f.engine == "slurm":
             return [f"timeout {t} srun -N {len(expand(f.nodes))} -n {len(expand(f.nodes))} "
-                    f"--ntasks-per-node=1 -w {f.nodes} --chdir={f.scratch} "
+                    f"--ntasks-per-node=1 -w {nodes} --chdir={f.scratch} "
                     f"--immediate={f.connect_timeout} "
                     f"--time={max(1, (t + 59) // 60)} -K0 {node_cmd}"] + again
-        return [f"timeout {t} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {t}{opts} "
+        return [f"timeout {t} {clush}-w {nodes} -S -t {f.connect_timeout} -u {t}{opts} "
                 f"{node_cmd}"] + again
     if step == "fan_compare":
         policy = "every node" if f.success == "all" else f"at least {f.success} nodes"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from . import catalog
 from .errors import Problem
@@ -11,7 +11,7 @@ from .loader import Source
 from .spec import Spec
 
 
-def problems(source: Source, data: dict[str, Any], hint: Callable[[str, list], str]) -> list[Problem]:
+def problems(source: Source, data: dict[str, Any]) -> list[Problem]:
     """Errors: an unknown model, a capability that contradicts the model, a CUDA that cannot target
     the GPU."""
     gpu = data.get("gpu")
@@ -21,11 +21,13 @@ def problems(source: Source, data: dict[str, Any], hint: Callable[[str, list], s
     known = catalog.lookup(gpu["model"])
     out = []
     if known is None and not gpu.get("capability"):
-        names = [g.name for g in catalog.models()]
-        near = hint(gpu["model"], names)
+        near = catalog.closest(gpu["model"])
+        either = " or ".join([", ".join(near[:-1]), near[-1]] if len(near) > 1 else near)
+        hint = (f"; did you mean {either}?" if near
+                else f" (known: {', '.join(g.name for g in catalog.models())}).")
         out.append(source.problem(
-            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}"
-            + (near if near else f" (known: {', '.join(names)})") + " Or give `capability:` yourself."))
+            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}{hint} Or give `capability:` "
+            "yourself."))
     if known is not None and capability and capability != known.capability:
         out.append(source.problem(
             ("gpu", "capability"),
@@ -46,7 +48,7 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
     target = catalog.resolve(spec.gpu.model, spec.gpu.capability)
     if target is None:
         return []
-    dst_host = spec.transfer.target[0]
+    where = "every node" if spec.fanout is not None else spec.transfer.target[0]
     out = []
     for i, check in enumerate(spec.checks):
         if check.kind != "torch" or not check.torch or not check.torch.cuda:
@@ -56,5 +58,5 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
             out.append(source.problem(
                 ("checks", i, "torch", "cuda"),
                 f"a torch built for CUDA {check.torch.cuda} has no code for {target.arch} "
-                f"({target.name}): {gap}; expect the checks to fail on {dst_host}"))
+                f"({target.name}): {gap}; expect the checks to fail on {where}"))
     return out

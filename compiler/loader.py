@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -20,6 +21,7 @@ from .errors import Problem, SpecError
 
 Loc = tuple  # a pydantic-style location: ("transfer", "exclude", 2)
 APPEND_TAG = "!append"  # on a list in a spec that extends another: add to the base's list
+PLAIN_SCALAR = re.compile(r"[^\s,\[\]{}#'\"]+")  # a number or word as written, up to a flow separator
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Source:
     origins: dict[Loc, str] = field(default_factory=dict)
     abstract: bool = False
     markers: list[Problem] = field(default_factory=list)  # fields still marked TODO(change me)
+    texts: dict[str, str] = field(default_factory=dict)  # path -> text, of every file in the chain
 
     def locate(self, loc: Loc, *, key: bool = False) -> tuple[str, int, int]:
         """File, line and column (1-based) of the node at `loc`, or of its nearest existing parent.
@@ -82,6 +85,18 @@ class Source:
                 return
             yield depth, (line + 1, col + 1)
             node = node[part]
+
+    def written(self, loc: Loc) -> Optional[str]:
+        """The plain scalar at `loc` as the file spells it (`12.10`, where the data holds the float
+        12.1); None when `loc` is not written in a file of the chain or is not a plain scalar."""
+        if not any(depth == len(loc) for depth, _pos in self._walk(loc, False)):
+            return None
+        path, line, col = self.locate(loc)
+        lines = self.texts.get(path, self.text if path == self.path else "").splitlines()
+        if not 0 < line <= len(lines):
+            return None
+        found = PLAIN_SCALAR.match(lines[line - 1], col - 1)
+        return found.group(0) if found else None
 
     def problem(self, loc: Loc, message: str, *, key: bool = False) -> Problem:
         path, line, col = self.locate(loc, key=key)
@@ -156,7 +171,11 @@ def parse(path: str | Path) -> Source:
         mark = exc.problem_mark or exc.context_mark
         what = " ".join(x for x in (exc.context, exc.problem) if x)
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        raise SpecError([Problem(shown, line, col, "", f"YAML syntax error: {what}")]) from None
+        if _tab_at(text, line, col):
+            what = "YAML needs spaces, not tabs: replace the tab here with spaces"
+        else:
+            what = f"YAML syntax error: {what}"
+        raise SpecError([Problem(shown, line, col, "", what)]) from None
     except YAMLError as exc:
         raise SpecError([Problem(shown, 0, 0, "", f"YAML error: {exc}")]) from None
     if data is None:
@@ -164,7 +183,17 @@ def parse(path: str | Path) -> Source:
     if not isinstance(data, CommentedMap):
         raise SpecError([Problem(shown, 1, 1, "", "the spec must be a mapping of keys to values")])
     return Source(path=shown, text=text, data=data, sha256=hashlib.sha256(raw).hexdigest(),
-                  chain=(shown,), files=((shown, hashlib.sha256(raw).hexdigest()),))
+                  chain=(shown,), files=((shown, hashlib.sha256(raw).hexdigest()),),
+                  texts={shown: text})
+
+
+def _tab_at(text: str, line: int, col: int) -> bool:
+    """Whether the character at `line`:`col` (1-based) is a tab: YAML refuses tabs in indentation
+    and between tokens, and ruamel's message ("found character '\\t' that cannot start any token")
+    does not say what to do."""
+    lines = text.split("\n")
+    return 0 < line <= len(lines) and 0 < col <= len(lines[line - 1]) \
+        and lines[line - 1][col - 1] == "\t"
 
 
 def _duplicate_key(exc: DuplicateKeyError) -> str:

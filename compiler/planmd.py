@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import catalog, plan
+from . import catalog, fanout, plan
 from .errors import Problem
 from .loader import Source
 from .spec import Host, Spec, failed_checks_policy
@@ -170,7 +170,10 @@ def _staging(dst: str) -> str:
 
 
 def _checks(spec: Spec, dst_host: str) -> str:
-    lines = [f"### Checks on {_code(dst_host)}, with the moved interpreter", ""]
+    fan = getattr(spec, "fanout", None)
+    where = (f"every node ({len(fanout.expand(fan.nodes))})" if fan is not None
+             else _code(dst_host))
+    lines = [f"### Checks on {where}, with the moved interpreter", ""]
     if spec.gpu:
         known = catalog.resolve(spec.gpu.model, spec.gpu.capability)
         cap = spec.gpu.capability or (known.capability if known else None)

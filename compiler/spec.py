@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from . import sshopts
+
 IDENT = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
@@ -30,6 +32,9 @@ HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 IPV6 = re.compile(r"^\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9]+)?\]?$")
+HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:\[\]]+):([0-9]+)$")  # host:2222, [::1]:2222
+SSH_URI = re.compile(r"^ssh://(?:(?P<user>[^@/\[\]]+)@)?(?P<host>\[[^\]/]+\]|[^:/@\[\]]+)"
+                     r"(?::(?P<port>[^/]*))?/?$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]{1,40}$")
 VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}([a-z0-9.+-]*)$")
@@ -37,24 +42,20 @@ CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-# ssh options the spec may not set through `options:` because the runbook owns them.
-OWNED_SSH_OPTIONS = {
-    "batchmode": "the runbook always runs ssh with BatchMode=yes",
-    "stricthostkeychecking": "use `host_keys: accept-new` (checking is never turned off)",
-    "controlmaster": "the runbook multiplexes connections itself",
-    "controlpath": "the runbook multiplexes connections itself",
-    "controlpersist": "the runbook multiplexes connections itself",
-    "proxycommand": "use `jump:` (ProxyJump); a ProxyCommand runs arbitrary commands",
-    "localcommand": "runs arbitrary commands on this machine",
-    "permitlocalcommand": "runs arbitrary commands on this machine",
-    "knownhostscommand": "runs arbitrary commands on this machine",
-    "remotecommand": "the runbook decides what runs remotely",
-    "port": "use `port:`",
-    "identityfile": "use `identity_file:`",
-    "proxyjump": "use `jump:`",
-    "user": "write it in `ssh: user@host`",
-    "hostname": "write it in `ssh: user@host`",
-}
+class At(ValueError):
+    """A validator's error that belongs to an entry below the value it checks: `at` is the path
+    from that value (`("success",)` from a check of the whole `fanout:`), so validate.py points the
+    message at that entry (at its key with `key=True`). Several: `At.many([(at, message, key)])`."""
+
+    def __init__(self, at: tuple, message: str, key: bool = False):
+        super().__init__(message)
+        self.errors: list[tuple[tuple, str, bool]] = [(tuple(at), message, key)]
+
+    @classmethod
+    def many(cls, errors: list[tuple[tuple, str, bool]]) -> "At":
+        first = cls(*errors[0])
+        first.errors = [(tuple(at), message, key) for at, message, key in errors]
+        return first
 
 
 class Model(BaseModel):
@@ -182,6 +183,13 @@ def parse_ssh_target(value: str) -> tuple[Optional[str], str]:
     """"user@host" or "host" -> (user, host), each validated; raises ValueError."""
     _nonempty(value)
     user, _, host = value.rpartition("@")
+    with_port = HOST_PORT.match(host)
+    if with_port:
+        raise ValueError(
+            f"{value!r}: ssh takes no port in the address: use `port: {with_port.group(2)}` "
+            f"(and `ssh: {user + '@' if user else ''}{with_port.group(1).strip('[]')}`)")
+    if value.startswith("ssh://"):
+        raise ValueError(f"{value!r} is not an ssh address like ssh://user@host:2222")
     if user and not USER.match(user):
         raise ValueError(f"{user!r} is not a valid user name")
     if not (HOSTNAME.match(host) or (":" in host and IPV6.match(host))):
@@ -194,14 +202,40 @@ def _ssh_target(value: str) -> str:
     return value
 
 
+def parse_ssh_uri(value: str) -> tuple[str, Optional[int]]:
+    """"ssh://user@host:2222" -> ("user@host", 2222), checked; raises ValueError."""
+    found = SSH_URI.match(value)
+    if not found:
+        raise ValueError(f"{value!r} is not an ssh address like ssh://user@host:2222 (no path)")
+    user, host, port = found.group("user", "host", "port")
+    host = host.strip("[]")  # ssh takes an IPv6 address bare after user@, in brackets in a URI
+    target = f"{user}@{host}" if user else host
+    parse_ssh_target(target)
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"{value!r}: {port!r} is not a port number")
+    return target, int(port) if port else None
+
+
 def _jump(value: str) -> str:
-    # user@host[:port], comma-separated chain, as ssh -J takes it.
+    # user@host[:port], comma-separated chain, as ssh -J takes it ([v6]:port for an IPv6 address);
+    # ssh://user@host:port hops are rewritten that way.
+    hops = []
     for hop in value.split(","):
-        target, _, port = hop.rpartition(":") if hop.count(":") == 1 else (hop, "", "")
+        if hop.startswith("ssh://"):
+            target, port = parse_ssh_uri(hop)
+            user, at, host = target.rpartition("@")
+            host = f"[{host}]" if port and ":" in host else host
+            hop = f"{user}{at}{host}:{port}" if port else target
+        hops.append(hop)
+        with_port = HOST_PORT.match(hop.rpartition("@")[2])
+        if with_port:
+            target, port = hop[:-len(with_port.group(2)) - 1], with_port.group(2)
+        else:
+            target, _, port = hop.rpartition(":") if hop.count(":") == 1 else (hop, "", "")
         parse_ssh_target(target)
         if port and not (port.isdigit() and 1 <= int(port) <= 65535):
             raise ValueError(f"{port!r} is not a port number")
-    return value
+    return ",".join(hops)
 
 
 SshTarget = Annotated[str, AfterValidator(_ssh_target)]
@@ -218,8 +252,40 @@ class Host(Model):
     jump: Optional[Jump] = None
     host_keys: Literal["strict", "accept-new"] = "strict"
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
+    # only the ssh options a relay needs (compiler/sshopts.py: an allowlist, values checked)
     options: dict[Annotated[str, AfterValidator(_ssh_option_key)], NonEmpty] = Field(
         default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _allowed_options(cls, options: dict[str, str]) -> dict[str, str]:
+        errors = []
+        for key, value in options.items():
+            refused = sshopts.key_problem(key)
+            if refused:
+                errors.append(((key,), refused, True))  # at the option's name
+                continue
+            bad_value = sshopts.value_problem(key, value)
+            if bad_value:
+                errors.append(((key,), bad_value, False))
+        if errors:
+            raise At.many(errors)
+        return options
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ssh_uri(cls, data: Any) -> Any:
+        """`ssh: ssh://user@host:2222` is read as `ssh: user@host` with `port: 2222`."""
+        if not isinstance(data, dict) or not isinstance(data.get("ssh"), str) \
+                or not data["ssh"].startswith("ssh://"):
+            return data
+        try:
+            target, port = parse_ssh_uri(data["ssh"])
+        except ValueError as exc:
+            raise At(("ssh",), str(exc)) from None
+        if port is not None and data.get("port") not in (None, port):
+            raise At(("port",), f"{data['port']} differs from the port in ssh: {data['ssh']}")
+        return {**data, "ssh": target, **({"port": port} if port is not None else {})}
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Host":
@@ -253,9 +319,6 @@ EndpointText = Annotated[str, AfterValidator(_endpoint)]
 def _ssh_option_key(value: str) -> str:
     if not SSH_OPTION.match(value):
         raise ValueError(f"{value!r} is not an ssh option name")
-    owned = OWNED_SSH_OPTIONS.get(value.lower())
-    if owned:
-        raise ValueError(f"{value} cannot be set here: {owned}")
     return value
 
 
@@ -310,8 +373,9 @@ class Cuda(Model):
 
 
 def _gpu_model(value: str) -> str:
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", value):
-        raise ValueError(f"{value!r} is not a GPU model name like B300 or H200")
+    # as people write it or nvidia-smi prints it: "B300", "NVIDIA H100 80GB HBM3" (catalog.lookup)
+    if not re.match(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]| (?! )){0,79}(?<! )$", value):
+        raise ValueError(f"{value!r} is not a GPU model name like B300 or \"NVIDIA H100 80GB HBM3\"")
     return value
 
 
@@ -432,7 +496,7 @@ class Check(Model):
 
 
 def _nodeset(value: str) -> str:
-    from .fanout import expand  # the node-set syntax lives with the rest of the fan-out
+    from .fanout import expand  # ClusterShell's NodeSet, with the rest of the fan-out
 
     expand(value)
     return value
@@ -457,6 +521,17 @@ class Fanout(Model):
     # (CLUSTERSHELL_GW_PYTHON_EXECUTABLE); it must import ClusterShell. Default /usr/bin/python3.
     gateway_python: Optional[AbsPath] = None
 
+    @field_validator("success", mode="before")
+    @classmethod
+    def _success(cls, value: Any) -> Any:
+        """One message for both halves of the union (pydantic would give one per member)."""
+        if value == "all" or (type(value) is int and 1 <= value <= 4096):
+            return value
+        quoted = " (a number: write it without quotes)" if isinstance(value, str) \
+            and value.isdigit() else ""
+        raise ValueError(f'must be "all" or how many nodes must pass (1 to 4096); got '
+                         f'{value!r}{quoted}')
+
     @field_validator("width")
     @classmethod
     def _sbcast_fanout(cls, value: Optional[int], info: ValidationInfo) -> Optional[int]:
@@ -468,8 +543,9 @@ class Fanout(Model):
     def _fits(self) -> "Fanout":
         from .fanout import expand
 
-        if self.success != "all" and self.success > len(expand(self.nodes)):
-            raise ValueError(f"success: {self.success} is more nodes than {self.nodes} has")
+        count = len(expand(self.nodes))
+        if self.success != "all" and self.success > count:
+            raise At(("success",), f"{self.success} is more nodes than {self.nodes} has ({count})")
         for key in ("ssh_config", "topology", "gateway_python"):
             value = getattr(self, key)
             if value and any(c.isspace() for c in value):

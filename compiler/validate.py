@@ -8,6 +8,7 @@ reads the raw data defensively so that it can report next to the first pass's pr
 from __future__ import annotations
 
 import difflib
+import json
 import posixpath
 import re
 import typing
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from . import fanout, gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
-from .spec import CHECK_TYPES, Spec, parse_endpoint
+from .spec import CHECK_TYPES, At, Spec, parse_endpoint
 
 
 def validate(source: Source) -> Spec:
@@ -34,7 +35,8 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        problems.extend(_translate(source, err) for err in exc.errors(include_url=False))
+        for err in exc.errors(include_url=False):
+            problems.extend(_located(source, err))
     problems.extend(_relations(source, data))
     if problems:
         raise SpecError(_unique(problems))
@@ -61,6 +63,15 @@ def _unique(problems: list[Problem]) -> list[Problem]:
 # -- pydantic errors -> problems ----------------------------------------------------------------
 
 
+def _located(source: Source, err: dict[str, Any]) -> list[Problem]:
+    """A validator that raised `At` names the entries below its value that are wrong."""
+    error = (err.get("ctx") or {}).get("error")
+    if not isinstance(error, At):
+        return [_translate(source, err)]
+    return [source.problem(tuple(err["loc"]) + at, _clean(message), key=key)
+            for at, message, key in error.errors]
+
+
 def _translate(source: Source, err: dict[str, Any]) -> Problem:
     loc = tuple(err["loc"])
     kind = err["type"]
@@ -85,11 +96,32 @@ def _translate(source: Source, err: dict[str, Any]) -> Problem:
         return source.problem(loc, f"must be one of {', '.join(options)}; got {given!r}{hint}")
     given = err.get("input")
     if kind == "string_type" and isinstance(given, (int, float)) and not isinstance(given, bool):
-        why = " (YAML reads 13.10 as the number 13.1)" if isinstance(given, float) else ""
-        return source.problem(loc, f"must be a string: write it in quotes, e.g. \"{given}\"{why}")
+        return source.problem(loc, _quote_hint(source.written(loc) or str(given), given))
+    if kind == "list_type" and isinstance(given, str):
+        return source.problem(loc, _list_hint(loc, given))
     if kind in ("dict_type", "model_type", "model_attributes_type") and err.get("input") is None:
         return source.problem(loc, "must not be empty: give a mapping of keys to values")
     return source.problem(loc, _clean(err["msg"]))
+
+
+def _quote_hint(written: str, given: Any) -> str:
+    """A number where a string belongs: quote it as the user wrote it (`12.10`, not the float's
+    `12.1`), and say what YAML made of it when that differs."""
+    if isinstance(given, float):
+        why = (f" (YAML reads {written} as the number {given})" if written != str(given)
+               else " (YAML reads 13.10 as the number 13.1)")
+    else:
+        why = ""
+    return f"must be a string: write it in quotes, e.g. \"{written}\"{why}"
+
+
+def _list_hint(loc: tuple, given: str) -> str:
+    """A string where a list belongs: show the list form (`exclude: ["__pycache__"]`); a string
+    with commas is taken as the items it lists."""
+    items = [part.strip() for part in given.split(",")] if "," in given else [given]
+    key = next((str(part) for part in reversed(loc) if isinstance(part, str)), "key")
+    shown = ", ".join(json.dumps(item, ensure_ascii=False) for item in items if item)
+    return f"must be a list: write {key}: [{shown}]"
 
 
 def _clean(msg: str) -> str:
@@ -199,7 +231,7 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
         if isinstance(direct, dict) and direct.get("local"):
             problems.append(source.problem(
                 ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
-    problems.extend(gpu_rules.problems(source, data, _did_you_mean))
+    problems.extend(gpu_rules.problems(source, data))
     problems.extend(_checks(source, data))
     return problems
 

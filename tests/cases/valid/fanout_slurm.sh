@@ -47,8 +47,8 @@ readonly RB_CUDA_HOME=''
 readonly RB_ENV_FILE=''
 # fanout: the cluster's engine
 readonly RB_FAN_ENGINE=slurm
-# 6 nodes
-readonly RB_FAN_NODES='node[01-04],big[1-2]'
+# 6 nodes (fanout.nodes: node[01-04],big[1-2])
+readonly RB_FAN_NODES='big[1-2],node[01-04]'
 # all, or how many nodes must pass
 readonly RB_FAN_SUCCESS=all
 # seconds for each engine call (copy, install)
@@ -72,7 +72,7 @@ readonly -a RB_LIB_FIRST=()
 # env
 readonly -a RB_ENV=()
 # fanout.nodes, expanded
-readonly -a RB_FAN_NODE_LIST=(node01 node02 node03 node04 big1 big2)
+readonly -a RB_FAN_NODE_LIST=(big1 big2 node01 node02 node03 node04)
 # sbcast options
 readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
 declare -rA RB_STEP_DOC=(
@@ -84,11 +84,11 @@ declare -rA RB_STEP_DOC=(
 )
 declare -rA RB_STEP_PREVIEW=(
   [fan_preflight]='on here: connect; ship the kit; rbkit scan /opt/build/venv
-here: sbcast, srun, SLURM_JOB_ID present; nodes node[01-04],big[1-2] (6)'
+here: sbcast, srun, SLURM_JOB_ID present; nodes big[1-2],node[01-04] (6)'
   [fan_pack]='on here: rbkit manifest build /opt/build/venv --algo sha256
 on here: tar -C /opt/build/venv -cf - <names> | <compress> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
   [fan_copy]='timeout 600 sbcast -f -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm.tar'
-  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w node[01-04],big[1-2] --chdir=/tmp --immediate=10 --time=10 -K0 sh -c '"'"'tar -xf /tmp/rbfan-fanout-slurm.tar -C /tmp/rbfan-fanout-slurm --exclude=payload.tar* && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm --dest /opt/venv --old /opt/build/venv ...'"'"''
+  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w big[1-2],node[01-04] --chdir=/tmp --immediate=10 --time=10 -K0 sh -c '"'"'tar -xf /tmp/rbfan-fanout-slurm.tar -C /tmp/rbfan-fanout-slurm --exclude=payload.tar* && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm --dest /opt/venv --old /opt/build/venv ...'"'"''
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: every node must pass'
 )
