@@ -50,8 +50,16 @@ def sh(value: Any) -> Safe:
 
 
 def shwords(values: Iterable[Any]) -> Safe:
-    """Several shell words for an array body: each quoted by |sh (or already Safe)."""
-    return Safe(" ".join(sh(v) for v in values))
+    """Several shell words for an array body: each quoted by |sh (or already Safe). A word that
+    starts with `=` or holds a comma is single-quoted even though bash would read it bare: in an
+    array body ShellCheck takes those for index assignments (SC2191) or separators (SC2054)."""
+    words = []
+    for v in values:
+        word = sh(v)
+        if not isinstance(v, Safe) and (word.startswith("=") or "," in word) and word[:1] != "'":
+            word = Safe("'" + word + "'")
+        words.append(word)
+    return Safe(" ".join(words))
 
 
 def ident(value: Any) -> Safe:

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 00a1762454d8ceb5f7786ece28e7078b02b3c0bfcb532d002782addd770fbfe9
+# sha256 of this file with these 64 digits zeroed: 04a1e4ed56197a6ae751cb07ba76d86f5c9fed24a217fa0641febc8bea16260e
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 #
-# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
-# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
-# quoted by rb::shq.
-# shellcheck disable=SC2016
+# ShellCheck exclusions, for the whole file, each for a reason:
+#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so that
+#   `$1` in them expands there; their arguments travel quoted by rb::shq.
+#   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
+#   construction; a value may hold a backslash, which this check takes for a mistyped escape.
+# shellcheck disable=SC2016,SC1003
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then

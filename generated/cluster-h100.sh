@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: f9a892d7621d3192a4d9c87b9a3298c96974084c5acb77619c090e2908d7d8b6
+# sha256 of this file with these 64 digits zeroed: 8a1a4b4b5bd6b4f126339e902de916be18e14536d42978925b2122a99bfdf4e3
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
 # Usage: bash cluster-h100.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 #
-# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
-# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
-# quoted by rb::shq.
-# shellcheck disable=SC2016
+# ShellCheck exclusions, for the whole file, each for a reason:
+#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so that
+#   `$1` in them expands there; their arguments travel quoted by rb::shq.
+#   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
+#   construction; a value may hold a backslash, which this check takes for a mistyped escape.
+# shellcheck disable=SC2016,SC1003
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then

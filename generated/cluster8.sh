@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: b3631bbf8e1e7e9f27da8aa5486e512326e60172f1e3b1fc2f2015fc1237f00e
+# sha256 of this file with these 64 digits zeroed: 8c748b9738c74879722151adaf3ecf31c14aa83ed2826c09f59d026c27690979
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 #
-# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
-# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
-# quoted by rb::shq.
-# shellcheck disable=SC2016
+# ShellCheck exclusions, for the whole file, each for a reason:
+#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so that
+#   `$1` in them expands there; their arguments travel quoted by rb::shq.
+#   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
+#   construction; a value may hold a backslash, which this check takes for a mistyped escape.
+# shellcheck disable=SC2016,SC1003
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 8d308620de4da0c4bc1f4f9ab7e47aae997b9fb15684569f52222c6100ce57c4
+# sha256 of this file with these 64 digits zeroed: fac8bf4bbadce7c9513bc01d44a481f1e2629d83ec7006c1c0d46f15a45b7dc6
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 #
-# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
-# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
-# quoted by rb::shq.
-# shellcheck disable=SC2016
+# ShellCheck exclusions, for the whole file, each for a reason:
+#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so that
+#   `$1` in them expands there; their arguments travel quoted by rb::shq.
+#   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
+#   construction; a value may hold a backslash, which this check takes for a mistyped escape.
+# shellcheck disable=SC2016,SC1003
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then

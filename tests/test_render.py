@@ -81,3 +81,17 @@ def test_lint_cache_remembers_only_clean_scripts(tmp_path, monkeypatch):
     assert lint.shellcheck(dirty) != []
     assert lint.shellcheck(dirty) != [], "findings are never cached away"
     assert len(list((tmp_path / "runbook-compiler" / "shellcheck").iterdir())) == 1
+
+
+@pytest.mark.parametrize("word", ["=", "=x", "a,b", "gw:2200,b@h"])
+def test_array_words_shellcheck_would_misread_are_quoted_and_come_back_unchanged(word, tmp_path):
+    """`=` at the start of an array word (SC2191) and commas (SC2054) lint-failed whole specs
+    (exclude: ["="], a multi-hop jump:); they are single-quoted, and bash reads them back as is."""
+    script = tmp_path / "a.sh"
+    script.write_text(f"#!/usr/bin/env bash\na=({render.shwords(['--exclude', word])})\n"
+                      'printf "%s\\n" "${a[@]}"\n')
+    from compiler import lint
+    r = subprocess.run([lint.shellcheck_binary(), str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True).stdout
+    assert out == f"--exclude\n{word}\n"

@@ -6,10 +6,12 @@
 #
 # Usage: bash minimal_local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 #
-# The one ShellCheck exclusion, for the whole file: scripts run by `sh -c` on a host (here or over
-# ssh) are single-quoted on purpose, so that `$1` in them expands there, and their arguments travel
-# quoted by rb::shq.
-# shellcheck disable=SC2016
+# ShellCheck exclusions, for the whole file, each for a reason:
+#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so that
+#   `$1` in them expands there; their arguments travel quoted by rb::shq.
+#   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
+#   construction; a value may hold a backslash, which this check takes for a mistyped escape.
+# shellcheck disable=SC2016,SC1003
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
