@@ -17,14 +17,13 @@ import difflib
 import hashlib
 import os
 import posixpath
-from typing import Any
+from typing import Any, Callable
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from . import loader
 from .errors import Problem, SpecError
-from .loader import APPEND_TAG, Loc, Source
+from .source import APPEND_TAG, Loc, Source, dotted
 
 EXTENDS = "extends"
 ABSTRACT = "abstract"
@@ -32,13 +31,14 @@ META_KEYS = (EXTENDS, ABSTRACT)  # read here, never seen by the spec model
 MARKER = "TODO(change me)"
 
 
-def load(path: str, *, allow_abstract: bool = False) -> Source:
+def load(path: str, parse: Callable[[str], Source], *, allow_abstract: bool = False) -> Source:
     """Read `path` and its chain of bases; merge them; SpecError listing every problem. A base
-    (`abstract: true`) named here is an error unless `allow_abstract` (then `.abstract` is set)."""
+    (`abstract: true`) named here is an error unless `allow_abstract` (then `.abstract` is set).
+    `parse` reads one file (loader.parse: this module never imports the loader)."""
     chain: list[Source] = []
     problems: list[Problem] = []
     seen: list[str] = []
-    current = loader.parse(path)
+    current = parse(path)
     if current.data.get(ABSTRACT) is True and not allow_abstract:
         problems.append(current.problem(
             (ABSTRACT,), "this spec is a base (abstract: true): it becomes a runbook only through "
@@ -58,7 +58,7 @@ def load(path: str, *, allow_abstract: bool = False) -> Source:
             problems.append(current.problem((EXTENDS,), _missing(target, current.data[EXTENDS])))
             break
         try:
-            current = loader.parse(target)
+            current = parse(target)
         except SpecError as exc:
             problems.extend(exc.problems)
             break
@@ -219,7 +219,7 @@ def markers(source: Source) -> list[Problem]:
             continue
         hits = sorted((not scalar, col, loc) for loc, at, col, scalar in entries if at == number)
         loc, col = (hits[0][2], hits[0][1] + 1) if hits else ((), line.index(MARKER) + 1)
-        out.append(Problem(source.path, number + 1, col, loader.dotted(loc),
+        out.append(Problem(source.path, number + 1, col, dotted(loc),
                            f"marked {MARKER}: set the value for this spec, then delete the marker"))
     return out
 

@@ -17,7 +17,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,

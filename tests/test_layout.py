@@ -1,0 +1,65 @@
+"""The layout shows where code runs (issue #14): the compiler's modules import each other without a
+cycle, host-side code never imports the compiler, and no template partial grows past ~100 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_imports(package: Path, name: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (any depth in the file)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        mod = path.stem
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1 and node.module:
+                    deps.add(node.module.split(".")[0])
+                elif node.level == 1:
+                    deps.update(a.name for a in node.names)
+                elif node.module and node.module.startswith(name + "."):
+                    deps.add(node.module.split(".")[1])
+        graph[mod] = {d for d in deps if (package / f"{d}.py").exists() and d != mod}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == "open":
+                found.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_compiler_has_no_import_cycle():
+    graph = module_imports(ROOT / "compiler", "compiler")
+    assert "extends" in graph["loader"] and "loader" not in graph["extends"]
+    assert cycles(graph) == []
+
+
+def test_host_side_code_never_imports_the_compiler():
+    for path in sorted((ROOT / "hostkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            assert not any(n == "compiler" or n.startswith("compiler.") for n in names), path
+
+
+def test_no_template_is_over_about_a_hundred_lines():
+    for path in sorted((ROOT / "templates").rglob("*.j2")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 120, f"{path.relative_to(ROOT)} has {lines} lines: split it"
