@@ -111,6 +111,34 @@ def test_a_lab_waits_for_an_sshd_that_starts_late(monkeypatch, caplog):
                for m in lines), lines
 
 
+def test_ssh_refused_at_first_is_retried_until_it_works(monkeypatch, caplog):
+    require_lab()
+    caplog.set_level(logging.INFO, logger="tests.lab")
+    spawn = Lab._spawn_sshd
+    later: list[threading.Thread] = []
+
+    def spawn_keys_late(self, h):
+        spawn(self, h)
+        if h.name == "a":     # sshd listens at once but refuses the key for 3 s
+            keys = self.dir / "authorized_keys"
+            keys.rename(keys.with_name("keys.later"))
+            t = threading.Thread(target=lambda: (time.sleep(3), keys.with_name("keys.later")
+                                                 .rename(keys)), daemon=True)
+            later.append(t)
+            t.start()
+
+    monkeypatch.setattr(Lab, "_spawn_sshd", spawn_keys_late)
+    try:
+        with Lab(("a",), prefix="rblkeys") as lab:
+            assert lab.ready_seconds["a"] >= 3
+            assert lab.ssh("a", "hostname", check=True).stdout.strip() == "a"
+    finally:
+        for t in later:
+            t.join(timeout=30)
+    msg = next(r.getMessage() for r in caplog.records if f"rblkeys-{lab.runid} a:" in r.getMessage())
+    assert "tries)" in msg and "(1 try)" not in msg, msg
+
+
 def test_an_sshd_that_exits_fails_the_wait_at_once(monkeypatch):
     require_lab()
     write = Lab._write_sshd_config

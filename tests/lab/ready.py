@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from .errors import LabError
 
@@ -158,28 +160,41 @@ def wait_listening(waits: Sequence[SshdWait], *, deadline: float, label: str) ->
         sleep_until(deadline, next(pause))
 
 
-def _ssh_round(waits: Sequence[SshdWait], deadline: float) -> dict[str, tuple[int, str]]:
-    """One `ssh NAME true` to each, in parallel; name -> (rc, stderr). Bounded by the deadline."""
+def _ssh_round(waits: Sequence[SshdWait], deadline: float) -> dict[str, tuple[int, str, float]]:
+    """One `ssh NAME true` to each, in parallel; name -> (rc, stderr, when it ended). Bounded by
+    the deadline. stderr goes to a file, so a chatty client can never block on a full pipe."""
     connect = int(min(30.0, max(5.0, deadline - time.monotonic())))
-    procs: dict[str, subprocess.Popen[str]] = {}
-    out: dict[str, tuple[int, str]] = {}
+    procs: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+    out: dict[str, tuple[int, str, float]] = {}
     try:
         for w in waits:
-            procs[w.name] = subprocess.Popen(
-                w.ssh_argv(connect), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, text=True)
-        for name, p in procs.items():
-            try:
-                _, err = p.communicate(timeout=max(0.5, deadline - time.monotonic()))
-                out[name] = (p.returncode, err.strip())
-            except subprocess.TimeoutExpired:
-                out[name] = (-1, "no answer before the deadline")
+            err = tempfile.TemporaryFile()
+            procs[w.name] = (subprocess.Popen(w.ssh_argv(connect), stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=err), err)
+        pause = backoff(0.01, 0.1)
+        while len(out) < len(procs):
+            for name, (p, err) in procs.items():
+                if name not in out and p.poll() is not None:
+                    err.seek(0)
+                    out[name] = (p.returncode, err.read().decode(errors="replace").strip(),
+                                 time.monotonic())
+            if len(out) < len(procs):
+                if time.monotonic() >= deadline:
+                    break
+                sleep_until(deadline, next(pause))
+        for name in procs:
+            out.setdefault(name, (-1, "no answer before the deadline", time.monotonic()))
     finally:
-        for p in procs.values():
+        for p, err in procs.values():
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
+            err.close()
     return out
+
+
+def _tries(n: int) -> str:
+    return "1 try" if n == 1 else f"{n} tries"
 
 
 def wait_sshds(waits: Sequence[SshdWait], *, base_s: float, label: str,
@@ -198,10 +213,10 @@ def wait_sshds(waits: Sequence[SshdWait], *, base_s: float, label: str,
         pending = list(waits)
         pause = backoff(0.2, 2.0)
         while pending and time.monotonic() < deadline:
-            for name, (rc, err) in _ssh_round(pending, deadline).items():
+            for name, (rc, err, ended) in _ssh_round(pending, deadline).items():
                 tries[name] += 1
                 if rc == 0:
-                    ready[name] = time.monotonic() - t0
+                    ready[name] = ended - t0
                 else:
                     last[name] = err[-300:]
             pending = [w for w in pending if w.name not in ready]
@@ -213,13 +228,13 @@ def wait_sshds(waits: Sequence[SshdWait], *, base_s: float, label: str,
             raise LabError(
                 f"{label}: `ssh NAME true` still failing after {time.monotonic() - t0:.1f} s "
                 f"(budget {limit:.0f} s, {load_note()}): "
-                + "; ".join(f"{w.name} ({tries[w.name]} tries): {last.get(w.name, '?')}"
+                + "; ".join(f"{w.name} ({_tries(tries[w.name])}): {last.get(w.name, '?')}"
                             for w in pending))
     else:
         ready = dict(heard)
     for w in waits:
         LOG.info("%s %s: listening after %.2f s%s (budget %.0f s, %s)", label, w.name,
                  heard[w.name],
-                 f", ssh ok after {ready[w.name]:.2f} s ({tries[w.name]} tries)" if ssh else "",
+                 f", ssh ok after {ready[w.name]:.2f} s ({_tries(tries[w.name])})" if ssh else "",
                  limit, load_note())
     return ready
