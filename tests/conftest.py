@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,16 @@ from tests.lab.fixtures import *  # noqa: F401,F403 - lab, payload_small, payloa
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_sessionstart(session):
+    """Remove what killed lab runs left (network namespaces, daemons, bridges, mounts) before any
+    test builds a lab; live runs, this session's or another's, are never touched."""
+    from tests.lab.stale import cleanup_all_stale
+
+    removed = cleanup_all_stale()
+    if removed:
+        print(f"lab leftovers of dead runs removed: {', '.join(removed)}", file=sys.stderr)
 
 
 def pytest_addoption(parser):

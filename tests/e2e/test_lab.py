@@ -237,8 +237,8 @@ def test_an_unavailable_lab_skips_here_but_fails_in_ci(monkeypatch):
 def test_a_failed_start_leaves_nothing(monkeypatch):
     require_lab()
 
-    def broken(self, host):
-        raise LabError(f"injected: {host.name} never became ready")
+    def broken(self, hosts, **kw):
+        raise LabError(f"injected: {hosts[0].name} never became ready")
 
     monkeypatch.setattr(Lab, "_wait_ready", broken)
     failing = Lab(("a",), prefix="rblfail")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import LabError
+from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
 
 SSHD = "/usr/sbin/sshd"
 NET_PREFIX = "10.213"          # the only range the lab assigns or contacts
@@ -48,8 +49,8 @@ MAX_DIRECT = 32                # direct links use 10.213.S.128-255 in /30s
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 
-_POLL_N = 50                   # readiness: at most 50 polls ...
-_POLL_S = 0.1                  # ... 0.1 s apart
+_KILL_WAIT_S = 10.0            # killed processes gone (idle machine; budget() stretches it)
+_EXIT_WAIT_S = 5.0             # an sshd's exit after SIGTERM/SIGKILL (likewise)
 _CMD_TIMEOUT_S = 30
 
 
@@ -95,18 +96,20 @@ def netns_pids(netns: str) -> list[int]:
 
 
 def _kill_netns_processes(netns: str, sig: int = signal.SIGKILL) -> None:
-    """Signal every process in the namespace, then wait (bounded) until none is left."""
-    for _ in range(_POLL_N):
+    """Signal every process in the namespace, again and again until none is left; bounded by
+    budget(_KILL_WAIT_S), a namespace that does not exist has none."""
+    deadline = time.monotonic() + budget(_KILL_WAIT_S)
+    pause = backoff(0.02, 0.5)
+    while True:
         pids = netns_pids(netns)
         if not pids:
             return
+        if time.monotonic() >= deadline:
+            raise LabError(f"processes {pids} in {netns} survived signal {sig} ({load_note()})")
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        time.sleep(_POLL_S)
-    left = netns_pids(netns)
-    if left:
-        raise LabError(f"processes {left} in {netns} survived signal {sig}")
+        sleep_until(deadline, next(pause))
 
 
 def _tcp_open(addr: str, port: int, timeout: float) -> bool:
@@ -156,7 +159,8 @@ def cleanup_stale(prefix: str = "rblab") -> list[str]:
         if m is None or not _flock_free(LOCK_DIR / f"{prefix}-{m.group(1)}.lock"):
             continue
         runids.add(m.group(1))
-        _kill_netns_processes(ns)
+        with contextlib.suppress(LabError):
+            _kill_netns_processes(ns)
         _run(["ip", "netns", "del", ns], check=False)
         removed.append(ns)
     for lock in LOCK_DIR.glob(f"{prefix}-*.lock"):
@@ -219,10 +223,14 @@ class Host:
 
 class Lab:
     """N test hosts reachable over real ssh from this machine. Use as a context manager or
-    start()/stop(); stop() is idempotent and also runs at interpreter exit."""
+    start()/stop(); stop() is idempotent and also runs at interpreter exit. A start() that fails
+    halfway stops what it made before it raises.
+
+    ready_timeout_s: how long the sshds may take to answer on an idle machine; the wait stretches
+    with the load (ready.budget) and ends at once when an sshd exits."""
 
     def __init__(self, hosts: Iterable[str] = ("src", "dst"), *, prefix: str = "rblab",
-                 ready_timeout_s: float = 10.0) -> None:
+                 ready_timeout_s: float = 30.0) -> None:
         names = list(hosts)
         if not names or len(names) > MAX_HOSTS or len(set(names)) != len(names):
             raise LabError(f"need 1..{MAX_HOSTS} distinct host names, got {names}")
@@ -244,6 +252,7 @@ class Lab:
         self._stopped = False
         self._dirty: set[str] = set()                  # hosts a fault method touched since reset()
         self.start_seconds: float | None = None
+        self.ready_seconds: dict[str, float] = {}      # host -> seconds its last readiness wait took
 
     # ---------------------------------------------------------------- paths clients use
     @property
@@ -298,7 +307,10 @@ class Lab:
         try:
             self._start()
         except BaseException:
-            self.stop()
+            try:
+                self.stop()
+            except Exception as exc:   # noqa: BLE001 - the start's own error is the one to raise
+                LOG.warning("lab %s: teardown after a failed start: %s", self.runid, exc)
             raise
         self.start_seconds = time.monotonic() - t0
         return self
@@ -330,25 +342,30 @@ class Lab:
         self._write_ssh_config()
         for h in self.hosts.values():
             self._spawn_sshd(h)
-        for h in self.hosts.values():
-            self._wait_ready(h)
+        self._wait_ready(list(self.hosts.values()))
 
     def stop(self) -> None:
         """Kill every process in the hosts' namespaces, delete them (their veths go with them),
-        remove the lab's files and release its lock. Safe to call more than once."""
+        remove the lab's files and release its lock. Safe to call more than once, and on a lab
+        whose start() failed halfway: each step runs whatever the one before it did, and what
+        was never made is skipped. Raises LabError naming what could not be removed."""
         if self._stopped or not self._started:
             return
         self._stopped = True
-        errors = []
+        errors: list[str] = []
+        links = _run(["ip", "-o", "link", "show"], check=False).stdout
         for h in self.hosts.values():
-            try:
-                _kill_netns_processes(h.netns)
-                if h.proc is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        h.proc.wait(timeout=5)
-                _run(["ip", "netns", "del", h.netns], check=False)
-            except LabError as exc:
-                errors.append(str(exc))
+            _attempt(errors, _kill_netns_processes, h.netns)
+            if h.proc is not None:
+                _attempt(errors, _reap, h.proc, h.name)
+            # The veth first: a deleted namespace is freed (and its veths with it) later, by the
+            # kernel; deleting this end takes both ends away now.
+            if f": {h.veth_root}@" in links:
+                _attempt(errors, _run, ["ip", "link", "del", h.veth_root], check=False)
+            _attempt(errors, _run, ["ip", "netns", "del", h.netns], check=False)
+        left = set(list_netns()) & {h.netns for h in self.hosts.values()}
+        if left:
+            errors.append(f"namespaces not deleted: {sorted(left)}")
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
         if self._lock_fd is not None:
@@ -459,33 +476,18 @@ SetEnv HOME={h.home}
             h.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                       start_new_session=True)
 
-    def _log_tail(self, h: Host) -> str:
-        try:
-            return h.log.read_text(errors="replace")[-2000:]
-        except OSError:
-            return ""
+    def _sshd_wait(self, h: Host) -> SshdWait:
+        return SshdWait(h.name, h.netns, lambda: h.proc, h.log,
+                        lambda connect: self.ssh_argv(h.name, "true",
+                                                      ["-o", f"ConnectTimeout={connect}"]))
 
-    def _wait_ready(self, h: Host) -> None:
-        """Bounded: TCP polls (50 x 0.1 s), then the real `ssh NAME true`, a few tries."""
-        for _ in range(_POLL_N):
-            if h.proc is not None and h.proc.poll() is not None:
-                raise LabError(f"sshd of {h.name} exited rc={h.proc.returncode}:\n{self._log_tail(h)}")
-            if _tcp_open(h.addr, 22, timeout=_POLL_S):
-                break
-            time.sleep(_POLL_S)
-        else:
-            raise LabError(f"sshd of {h.name} not listening on {h.addr}:22:\n{self._log_tail(h)}")
-        deadline = time.monotonic() + self.ready_timeout_s
-        last = None
-        for _ in range(_POLL_N):
-            last = self.ssh(h.name, ["true"], timeout=max(1.0, deadline - time.monotonic()))
-            if last.returncode == 0:
-                return
-            if time.monotonic() > deadline:
-                break
-            time.sleep(_POLL_S)
-        raise LabError(f"`ssh {h.name} true` failed (rc={last and last.returncode}): "
-                       f"{last and last.stderr.strip()}\n{self._log_tail(h)}")
+    def _wait_ready(self, hosts: Sequence[Host], *, ssh: bool = True) -> None:
+        """Wait for the hosts' sshds at once: listening (their namespace's socket table), then
+        `ssh NAME true` with backoff; bounded by budget(ready_timeout_s), at once on an exited
+        sshd. Records and logs the seconds each host took."""
+        took = wait_sshds([self._sshd_wait(h) for h in hosts], base_s=self.ready_timeout_s,
+                          label=f"lab {self.prefix}-{self.runid}", ssh=ssh)
+        self.ready_seconds.update(took)
 
     def sshd_running(self, name: str) -> bool:
         h = self.host(name)
@@ -497,7 +499,7 @@ SetEnv HOME={h.home}
         if self.sshd_running(name):
             return
         self._spawn_sshd(h)
-        self._wait_ready(h)
+        self._wait_ready([h])
 
     def stop_sshd(self, name: str) -> None:
         """Gracefully stop the host's listening sshd (SIGTERM); open sessions go on."""
@@ -505,11 +507,7 @@ SetEnv HOME={h.home}
         self._dirty.add(name)
         if h.proc is not None and h.proc.poll() is None:
             h.proc.terminate()
-            try:
-                h.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                h.proc.kill()
-                h.proc.wait(timeout=5)
+            _reap(h.proc, name)
 
     def kill_sshd(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Fault injection: send sig (default kill -9) to every process in the host's namespace --
@@ -519,7 +517,7 @@ SetEnv HOME={h.home}
         _kill_netns_processes(h.netns, sig)
         if h.proc is not None:
             try:
-                h.proc.wait(timeout=5)
+                h.proc.wait(timeout=budget(_EXIT_WAIT_S))
             except subprocess.TimeoutExpired as exc:
                 raise LabError(f"sshd of {name} did not exit after signal {sig}") from exc
 
@@ -609,16 +607,8 @@ SetEnv HOME={h.home}
         self.stop_sshd(name)
         if trust:
             self._write_known_hosts()
-            self._spawn_sshd(h)
-            self._wait_ready(h)
-        else:
-            self._spawn_sshd(h)
-            for _ in range(_POLL_N):
-                if _tcp_open(h.addr, 22, timeout=_POLL_S):
-                    break
-                time.sleep(_POLL_S)
-            else:
-                raise LabError(f"sshd of {name} not listening after key change:\n{self._log_tail(h)}")
+        self._spawn_sshd(h)
+        self._wait_ready([h], ssh=trust)      # an untrusted key: listening is all there is to see
         return h.host_key_line()
 
     def allow(self, a: str, b: str) -> str:
@@ -679,8 +669,8 @@ SetEnv HOME={h.home}
             if not self.sshd_running(h.name):
                 _kill_netns_processes(h.netns)   # sessions left by a stopped sshd
                 self._spawn_sshd(h)
-        for h in dirty:
-            self._wait_ready(h)
+        if dirty:
+            self._wait_ready(dirty)
         self._dirty.clear()
 
     def forwarding(self) -> dict[str, str]:
@@ -689,6 +679,26 @@ SetEnv HOME={h.home}
         for h in self.hosts.values():
             out[h.veth_root] = Path(f"/proc/sys/net/ipv4/conf/{h.veth_root}/forwarding").read_text().strip()
         return out
+
+
+def _attempt(errors: list[str], fn, *args, **kw) -> None:
+    """fn(*args, **kw) for a teardown: an error is noted in errors and the teardown goes on."""
+    try:
+        fn(*args, **kw)
+    except (LabError, OSError, subprocess.SubprocessError) as exc:
+        errors.append(str(exc))
+
+
+def _reap(proc: subprocess.Popen, name: str) -> None:
+    """Wait for a signalled process (bounded by budget(_EXIT_WAIT_S)); SIGKILL it when it lingers."""
+    try:
+        proc.wait(timeout=budget(_EXIT_WAIT_S))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.wait(timeout=budget(_EXIT_WAIT_S))
+        except subprocess.TimeoutExpired as exc:
+            raise LabError(f"process {proc.pid} ({name}) did not exit after SIGKILL") from exc
 
 
 def _atomic_write(path: Path, text: str) -> None:

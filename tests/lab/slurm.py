@@ -17,14 +17,19 @@ messages (and sbcast's file data) go through the nodes as a tree even with 8 nod
 `SlurmdTimeout`, so a node taken down is noticed in seconds, not minutes. After a job lost a node,
 Slurm holds some of its other nodes `completing` for ~45 s: `settle()` ends that (down, resume), so
 one test's dead node does not fail the next test's allocation.
+
+Readiness: munged before anything (it daemonizes once its socket is up), slurmd in each node
+before its sshd, then the nodes' sshds (Cluster.wait_ready), slurmctld's listening socket, and
+`settle()` until every node is idle. Each wait is bounded by ready.budget (it stretches with the
+load) and logged. A start that fails at any point stops what it made: stop() cancels the jobs when
+slurmctld still answers, stops slurmctld and munged, then the nodes (Cluster.stop, which also kills
+any process left that names the cluster's dir).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -35,9 +40,15 @@ from compiler.fanout import expand
 
 from .cluster import Cluster, _run, cluster_unavailable_reason
 from .errors import LabError
+from .netlab import _attempt, _reap
+from .ready import LOG, backoff, budget, listening, load_note, log_tail, sleep_until
 
 CTLD_PORT = 16817      # not Slurm's 6817: a real slurmctld on this machine stays untouched
 SLURMD_PORT = 6818     # inside each node's own network namespace
+_CTLD_READY_S = 30     # slurmctld listening (idle machine; budget() stretches it)
+_START_SETTLE_S = 60   # every node idle after the start (likewise)
+_SETTLE_S = 90         # settle()'s default (likewise)
+_CLIENT_T = 20         # scontrol, sinfo, squeue, scancel
 
 
 def slurm_unavailable_reason() -> Optional[str]:
@@ -75,30 +86,31 @@ class SlurmCluster(Cluster):
         return dict(os.environ, SLURM_CONF=str(self.conf))
 
     def salloc(self, argv: Sequence[str], *, nodes: Optional[str] = None,
-               immediate: int = 20) -> list[str]:
+               immediate: Optional[int] = None) -> list[str]:
         """argv that runs `argv` here inside an allocation of the nodes (all by default).
-        --no-kill: a node that fails does not end the allocation (the others finish)."""
+        --no-kill: a node that fails does not end the allocation (the others finish).
+        immediate: seconds salloc waits for the nodes (default budget(20): longer under load)."""
         ns = nodes or self.nodeset
+        if immediate is None:
+            immediate = int(budget(20))
         return ["salloc", "-N", str(len(expand(ns))), "-w", ns, "--no-kill", f"--immediate={immediate}",
                 "--time=30", "-J", "rbfan-test", *argv]
 
-    # -- lifecycle
-    def start(self) -> "SlurmCluster":
-        t0 = time.monotonic()
-        _kill_stale_daemons()
-        self.dir.mkdir(parents=True)
-        (self.dir / "owner").write_text(str(os.getpid()))
+    # -- lifecycle (start(), stop() and the cleanup of a failed start: Cluster)
+    def _start(self) -> None:
+        self._claim()
         self._start_munge()
         self._write_conf()
         for name in self.names:
             (self.dir / "slurm" / name / "spool").mkdir(parents=True)
         self.node_start = [
             f"/usr/sbin/slurmd -f {self.conf} -N {{name}}"]  # daemonizes; its log names the node
-        super().start()
+        super()._start()
         self._start_ctld()
-        self.settle(timeout=60)
-        self.start_seconds = time.monotonic() - t0
-        return self
+        self._wait_ctld()
+        took = self.settle(timeout=_START_SETTLE_S)
+        LOG.info("slurm %s: every node idle %.1f s after slurmctld listened (%s)", self.runid,
+                 took, load_note())
 
     def _start_munge(self) -> None:
         d = self.dir / "munge"
@@ -156,22 +168,46 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
 
     def _start_ctld(self) -> None:
-        log = open(self.dir / "slurm" / "slurmctld.out", "ab")
-        self.ctld = subprocess.Popen(
-            ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
-        log.close()
+        with open(self.dir / "slurm" / "slurmctld.out", "ab") as log:
+            self.ctld = subprocess.Popen(
+                ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
+
+    def _wait_ctld(self) -> None:
+        """Until slurmctld listens on CTLD_PORT (bounded by budget(_CTLD_READY_S)); at once when
+        it exited."""
+        t0 = time.monotonic()
+        deadline = t0 + budget(_CTLD_READY_S)
+        pause = backoff(0.05, 0.5)
+        while self.ctld is not None and not listening(self.ctld.pid, CTLD_PORT):
+            if self.ctld.poll() is not None:
+                out = log_tail(self.dir / "slurm" / "slurmctld.out", 600)
+                raise LabError(f"slurmctld exited rc={self.ctld.returncode}: "
+                               f"{self._tail('slurmctld.log')} {out}")
+            if time.monotonic() >= deadline:
+                raise LabError(f"slurmctld not listening on {CTLD_PORT} after "
+                               f"{time.monotonic() - t0:.1f} s ({load_note()}): "
+                               + self._tail("slurmctld.log"))
+            sleep_until(deadline, next(pause))
+        LOG.info("slurm %s: slurmctld listening after %.2f s", self.runid, time.monotonic() - t0)
+
+    def _client(self, argv: Sequence[str]) -> subprocess.CompletedProcess:
+        """A Slurm client command; a timeout (a busy machine, a slurmctld not answering yet) is
+        an rc of 124, not an exception: the waits above retry until their own deadline."""
+        try:
+            return subprocess.run(list(argv), capture_output=True, text=True, timeout=_CLIENT_T,
+                                  env=self.env)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(list(argv), 124, "", f"timed out after {_CLIENT_T} s")
 
     def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=20,
-                           env=self.env)
+        r = self._client(["scontrol", *args])
         if check and r.returncode != 0:
             raise LabError(f"scontrol {' '.join(args)}: {r.stderr.strip()}")
         return r
 
     def states(self) -> dict[str, str]:
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True,
-                           text=True, timeout=20, env=self.env)
+        r = self._client(["sinfo", "-h", "-N", "-o", "%N %T"])
         out = {}
         for line in r.stdout.splitlines():
             name, _, state = line.partition(" ")
@@ -188,19 +224,21 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.settle([name])
 
     def jobs(self) -> list[str]:
-        r = subprocess.run(["squeue", "-h", "-o", "%T"], capture_output=True, text=True,
-                           timeout=20, env=self.env)
-        return r.stdout.split()
+        return self._client(["squeue", "-h", "-o", "%T"]).stdout.split()
 
-    def settle(self, names: Optional[Sequence[str]] = None, *, timeout: float = 90,
-               grace: float = 5) -> None:
+    def settle(self, names: Optional[Sequence[str]] = None, *, timeout: float = _SETTLE_S,
+               grace: float = 5) -> float:
         """Wait until the nodes (all by default) are idle, resuming what is down or drained. After
         a job lost a node, Slurm keeps some of the job's other nodes `completing` for ~45 s here
         (its terminate messages go through the node tree, which ran through the dead node): a node
         still completing after `grace` seconds, when no job is running, is set down and resumed,
-        which ends that at once. A node left so by one test would fail the next test's salloc."""
+        which ends that at once. A node left so by one test would fail the next test's salloc.
+        timeout is for an idle machine: the wait is bounded by budget(timeout). Returns the
+        seconds it took."""
         names = list(names or self.names)
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        limit = budget(timeout)
+        deadline = t0 + limit
         completing_since: dict[str, float] = {}
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -208,7 +246,7 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 raise LabError("slurmctld exited: " + self._tail("slurmctld.log"))
             states = {n: s.rstrip("*") for n, s in self.states().items() if n in names}
             if len(states) == len(names) and all(s == "idle" for s in states.values()):
-                return
+                return time.monotonic() - t0
             now = time.monotonic()
             running = [j for j in self.jobs() if j != "COMPLETING"]
             for name, state in states.items():
@@ -221,49 +259,21 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                                       "reason=lab-settle", check=False)
                         self.scontrol("update", f"nodename={name}", "state=resume", check=False)
                         completing_since.pop(name)
-            time.sleep(0.3)
-        raise LabError(f"slurm nodes not idle after {timeout:.0f} s: {states}, jobs "
-                       f"{self.jobs()}; " + self._tail("slurmctld.log"))
+            sleep_until(deadline, 0.3)
+        raise LabError(f"slurm nodes not idle after {time.monotonic() - t0:.0f} s (budget "
+                       f"{limit:.0f} s, {load_note()}): {states}, jobs {self.jobs()}; "
+                       + self._tail("slurmctld.log"))
 
-    def stop(self) -> None:
-        if self.conf.exists():
-            subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=20,
-                           env=self.env, check=False)
+    def _teardown(self, errors: list[str]) -> None:
+        """Jobs cancelled (while slurmctld lives), slurmctld and munged stopped, then the nodes
+        and whatever else names the cluster's dir (Cluster._teardown). Each part is tried even
+        when one before it failed, and skipped when it was never made."""
         if self.ctld is not None and self.ctld.poll() is None:
+            self._client(["scancel", "--full", "-u", "root"])
             self.ctld.terminate()
-            try:
-                self.ctld.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.ctld.kill()
-                self.ctld.wait(timeout=5)
-        pid = self.dir / "munge" / "munged.pid"
-        if pid.exists():
-            _run(["/usr/sbin/munged", "--stop", f"--socket={self.munge_socket}"], check=False)
-        super().stop()
+            _attempt(errors, _reap, self.ctld, "slurmctld")
+        if (self.dir / "munge" / "munged.pid").exists():
+            _attempt(errors, _run, ["/usr/sbin/munged", "--stop", f"--socket={self.munge_socket}"],
+                     check=False)
+        super()._teardown(errors)
 
-
-def _kill_stale_daemons() -> None:
-    """slurmctld and munged of an earlier cluster whose test process is gone (they run in this
-    machine's namespaces, so deleting the nodes' namespaces does not end them)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not argv or not argv[0].endswith((b"slurmctld", b"munged")):
-            continue
-        text = b" ".join(argv).decode(errors="replace")
-        at = text.find("/var/tmp/rbfan-")
-        if at < 0:
-            continue
-        runid = text[at + len("/var/tmp/rbfan-"):].split("/")[0]
-        owner = Path(f"/var/tmp/rbfan-{runid}/owner")
-        try:
-            alive = Path(f"/proc/{int(owner.read_text())}").exists()
-        except (OSError, ValueError):
-            alive = False
-        if not alive:
-            with contextlib.suppress(OSError):
-                os.kill(int(proc.name), signal.SIGKILL)
