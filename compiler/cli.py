@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import __version__, kit, lint, loader, newspec, plan, planmd, render, schema, validate
+from . import __version__, kit, lint, loader, plan, render, validate
 from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
 
 EXIT_OK = 0
@@ -217,11 +217,13 @@ def run(argv: list[str]) -> int:
     if (args.plan or args.schema or args.new) and args.specs:
         raise UsageError(f"--plan, --schema and --new take no other spec arguments: {args.specs}")
     if args.schema:
+        from . import schema  # the modes below import what only they use: compile starts faster
         print(schema.text(), end="")
         return EXIT_OK
     if args.plan:
         return _plan(Path(args.plan), out_dir)
     if args.new:
+        from . import newspec
         written, todo = newspec.create(args.new, Path(args.from_spec) if args.from_spec else None)
         print(f"wrote {written}; edit these values and delete their {newspec.MARKER} markers "
               f"(compile {written} refuses it until then):")
@@ -251,6 +253,7 @@ def _plan(spec_path: Path, out_dir: Path) -> int:
     spec, warnings = validate.validate_with_warnings(source)
     for warning in warnings:
         print(validate.warning_line(warning), file=sys.stderr)
+    from . import planmd
     print(planmd.markdown(spec, source, out_dir / f"{spec_path.stem}.sh", warnings), end="")
     return EXIT_OK
 

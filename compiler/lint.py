@@ -37,9 +37,23 @@ def shellcheck_binary() -> str:
     return found
 
 
-def _cache_dir() -> Path:
+def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "runbook-compiler" / "shellcheck"
+    return Path(base) / "runbook-compiler"
+
+
+def _cache_dir() -> Path:
+    return cache_root() / "shellcheck"
+
+
+def _remember(marker: Path | None) -> None:
+    if marker is None:
+        return
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass  # a read-only home only costs speed
 
 
 def _cache_key(binary: str, text: str) -> str:
@@ -63,12 +77,8 @@ def shellcheck(text: str) -> list[str]:
     if marker is not None and marker.exists():
         return []
     findings = _run_shellcheck(binary, text)
-    if marker is not None and not findings:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass  # a read-only home only costs speed
+    if not findings:
+        _remember(marker)
     return findings
 
 
@@ -90,13 +100,21 @@ def _run_shellcheck(binary: str, text: str) -> list[str]:
 
 
 def python_sources(files) -> list[str]:
-    """compile() each embedded Python file; returns the errors."""
+    """compile() each embedded Python file; returns the errors. A file that compiled is remembered
+    by the sha256 of (this Python's version, path, text), like shellcheck's clean results."""
     errors = []
+    use_cache = os.environ.get("RB_LINT_CACHE", "1") != "0"
     for f in files:
+        key = hashlib.sha256(f"{sys.version}\0{f.path}\0{f.text}".encode()).hexdigest()
+        marker = cache_root() / "python" / key if use_cache else None
+        if marker is not None and marker.exists():
+            continue
         try:
             compile(f.text, f.path, "exec", dont_inherit=True)
         except SyntaxError as exc:
             errors.append(f"{f.path}:{exc.lineno}: {exc.msg}")
+            continue
+        _remember(marker)
     return errors
 
 
