@@ -212,3 +212,9 @@ def test_no_event_log_lays_steps_end_to_end_and_bad_lines_are_skipped(runs, tmp_
     pictures.write_all({"runbook": "r", "outcome": "interrupted"}, str(log), str(tmp_path))
     words = texts(svg(tmp_path / "timeline.svg"))
     assert "INTERRUPTED: step swap on host h after 0.5 s" in words
+
+
+def test_the_readme_fanout_example_is_what_the_code_draws(runs, tmp_path, golden):
+    draw(runs / "fanout", tmp_path / "o", fanout=True)
+    golden(Path(__file__).resolve().parent.parent / "docs" / "img" / "nodes.svg",
+           (tmp_path / "o" / "nodes.svg").read_text(encoding="utf-8"))
