@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 70c82b9a78c6cd5d78441a47bdb4d6c0e476976a00b554ce95b34e793c33367d
+# sha256 of this file with these 64 digits zeroed: f5506b304de02915af1c9d136b559507c0dc8622a14b5b158afccc479b19b056
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -26,8 +26,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21
-readonly RB_KIT_FILE=.kit/4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21.tar
+readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
+readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 2368c4fac33bf2c4e16e60ee71ca287653723f9b05f2c247a8658f18575bfb88
+# sha256 of this file with these 64 digits zeroed: fe67f7dbaca8a2d876a3befdb826aa9040ee93fb90f2efe141b0ec1b6d056cb8
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -27,8 +27,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21
-readonly RB_KIT_FILE=.kit/4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21.tar
+readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
+readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 90e668c0d7712c0723d33d98cd5ccf2367f14ba8f7c1f2a2e34233d3e8bcc3f3
+# sha256 of this file with these 64 digits zeroed: 189480708dffda67d4ce03eb639d023dc4b222fad3d8428793d77e8c70ed09f0
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -26,8 +26,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21
-readonly RB_KIT_FILE=.kit/4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21.tar
+readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
+readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 40993d3d0f7d613ef1e8e65ddab8f3f852db63b4c2b3798f48a7cfa28dc7a8fb
+# sha256 of this file with these 64 digits zeroed: dda97082d844f99dcca2583686afa68bfbef2755995a98dd37413ea45806f23d
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -26,8 +26,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21
-readonly RB_KIT_FILE=.kit/4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21.tar
+readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
+readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

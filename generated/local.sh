@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 0078d819518a84439155518a5b7ddc17301084f81289cf62be4a1fa39621231e
+# sha256 of this file with these 64 digits zeroed: 6b074bc8a4f8a51fd49f77e3b377a0962004e440b012a02e3a3e91b1b3230768
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -26,8 +26,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21
-readonly RB_KIT_FILE=.kit/4a8f9f6445e4d89db0170d10ff7650d9259013dcf8ec00028e42fe4376c39f21.tar
+readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
+readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

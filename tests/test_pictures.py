@@ -1,5 +1,5 @@
-"""The pictures of a run (rbkit.pictures): well-formed SVG and HTML, every step, host and node named,
-failures drawn as failures, hostile text escaped, the same bytes for the same run."""
+"""The pictures of a run (rbkit.pictures): well-formed SVG and HTML, every step, host and node
+named, failures drawn as failures, hostile text escaped, the same bytes for the same run."""
 
 from __future__ import annotations
 

@@ -51,16 +51,17 @@ COLOURS = {           # status -> (fill, text on it)
 }
 OTHER = ("#7e57c2", "#ffffff")
 RATE = "#1565c0"
+Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]    # (step, host) -> [(t_ms, bytes)]
 _BAD_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 # -- reading ---------------------------------------------------------------------------------------
 
-def read_log(path: str) -> Tuple[List[Dict[str, Any]], Dict[Tuple[str, str], List[Tuple[int, int]]]]:
+def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
     """Steps with their start and end (ms) and the progress samples per (step, host), in file
     order; lines that do not parse are skipped (a log cut short by a crash still draws)."""
     steps: List[Dict[str, Any]] = []
-    samples: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
+    samples: Samples = {}
     if not path or not os.path.exists(path):
         return steps, samples
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -273,7 +274,7 @@ def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
 
 
 def _rates(steps: List[Dict[str, Any]], report: Dict[str, Any],
-           samples: Dict[Tuple[str, str], List[Tuple[int, int]]]) -> List[Dict[str, Any]]:
+           samples: Samples) -> List[Dict[str, Any]]:
     """Rate series per transfer: from progress samples (MB/s between successive samples) when
     there are at least two, else the step's average (fact mb_s) over the step."""
     facts = {}
@@ -398,7 +399,7 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> 
 
 
 def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
-             samples: Dict[Tuple[str, str], List[Tuple[int, int]]], timed: bool = True) -> str:
+             samples: Samples, timed: bool = True) -> str:
     """The timeline picture (see the module's docstring). TIMED: the steps have real start
     times (else they were laid one after the other from their durations)."""
     hosts: List[str] = []
@@ -776,7 +777,7 @@ def _write(out_dir: str, name: str, text: str) -> str:
 
 
 def write_all(report: dict, events_path: str, out_dir: str,
-              fanout: Optional[dict] = None) -> List[str]:
+              fanout: Optional[dict] = None) -> list[str]:
     """Write timeline.svg, nodes.svg (when FANOUT is given) and report.html into OUT_DIR; return
     their paths. FANOUT is `fanout.compare()`'s result, with the node reports under "reports"
     (node -> report) when the cells should carry seconds."""
