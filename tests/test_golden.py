@@ -15,7 +15,7 @@ CASES = Path(__file__).parent / "cases"
 VALID = sorted((CASES / "valid").glob("*.yaml"))
 INVALID = sorted((CASES / "invalid").glob("*.yaml"))
 KIT_FILE = re.compile(r"(<<'(RB_PY_\w+)'\n).*?\n(\2\n)", re.S)
-KIT_ID = re.compile(r"^(readonly RB_KIT_SHA256=|readonly RB_KIT_FILE='\.kit/|# sha256 of this file with "
+KIT_ID = re.compile(r"^(readonly RB_KIT_SHA256=|readonly RB_KIT_FILE='?\.kit/|# sha256 of this file with "
                     r"these 64 digits zeroed: )[0-9a-f]{64}", re.M)
 
 

@@ -28,7 +28,7 @@ readonly RB_SPEC_SHA256=dbc182a11f7cf3fe93cd5de1342ac0347d9161ffa0f649fd7c6dcbba
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
 readonly RB_KIT_SHA256=<kit hash>
-readonly RB_KIT_FILE=.kit/f7cecf92b742d07c22f9d53e3c2b9c4f6182e166ee8fa6609ede2301516c3606.tar
+readonly RB_KIT_FILE=.kit/<kit hash>.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (tests/cases/valid/catalog_alias_model.yaml:6)
