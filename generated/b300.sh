@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 99fe375b311994629f97fb14df18e8d2e236888b91181a7aa9dbba266b7987f3
+# sha256 of this file with these 64 digits zeroed: 2b5c2248562d9568988ac5737d617e6d33160cd0bd41b1874d42da7689f03e73
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -534,9 +534,28 @@ rb::finish() {
   env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
     --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+  rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+  fi
+}
+
+#######################################
+# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
+# fails is said, never the run's outcome.
+#######################################
+rb::pictures() {
+  local -a fan=()
+  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  fi
+  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
+    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
+    >/dev/null; then
+    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
+  else
+    rb::log "could not draw the pictures of this run (above); the report is complete"
   fi
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 153728a10e0174d90e882fd57e41520dcd82c22a14f1d458a2fa9df1ee2ae365
+# sha256 of this file with these 64 digits zeroed: eee8c3b5c4536627e697a658b9e56904b651c8063b7c4e0ec63358e173da5109
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -535,9 +535,28 @@ rb::finish() {
   env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
     --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+  rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+  fi
+}
+
+#######################################
+# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
+# fails is said, never the run's outcome.
+#######################################
+rb::pictures() {
+  local -a fan=()
+  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  fi
+  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
+    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
+    >/dev/null; then
+    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
+  else
+    rb::log "could not draw the pictures of this run (above); the report is complete"
   fi
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 9ebdefd31bf2a6db93e2cb478054ddf3c753816e185fc64f2c881a928ca2ae55
+# sha256 of this file with these 64 digits zeroed: 17ec7c23090d0f5952ec5099f00a63f5eb44242793ced8553511c0d183cee26f
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -529,9 +529,28 @@ rb::finish() {
   env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
     --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+  rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+  fi
+}
+
+#######################################
+# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
+# fails is said, never the run's outcome.
+#######################################
+rb::pictures() {
+  local -a fan=()
+  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  fi
+  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
+    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
+    >/dev/null; then
+    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
+  else
+    rb::log "could not draw the pictures of this run (above); the report is complete"
   fi
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: e07457debb89a85e75d342ec19ca9dd091e3ea0b77b400f9b1f694883a7d723b
+# sha256 of this file with these 64 digits zeroed: 474721a2b8f4a14531bdeee92aef59c207ddb169d40c6f03cbded083135cd4fb
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -533,9 +533,28 @@ rb::finish() {
   env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
     --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+  rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+  fi
+}
+
+#######################################
+# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
+# fails is said, never the run's outcome.
+#######################################
+rb::pictures() {
+  local -a fan=()
+  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  fi
+  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
+    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
+    >/dev/null; then
+    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
+  else
+    rb::log "could not draw the pictures of this run (above); the report is complete"
   fi
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: c46d5b9f54d21dd677c46945d58af58b88a7ab2651bcb1df8a5562c2ef6aa507
+# sha256 of this file with these 64 digits zeroed: 0aac095f2779c58f7a2d989d0c25383a4be82a9ecf048c854c78f44fbfdfc8fe
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -532,9 +532,28 @@ rb::finish() {
   env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
     --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+  rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+  fi
+}
+
+#######################################
+# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
+# fails is said, never the run's outcome.
+#######################################
+rb::pictures() {
+  local -a fan=()
+  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  fi
+  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
+    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
+    >/dev/null; then
+    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
+  else
+    rb::log "could not draw the pictures of this run (above); the report is complete"
   fi
 }
 

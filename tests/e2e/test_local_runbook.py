@@ -67,6 +67,10 @@ def test_full_local_move_then_rerun_skips(payload_small, tmp_path):
     assert [s["id"] for s in doc["steps"]] == [
         "preflight", "manifest", "transfer", "verify", "relocate", "swap", "exports", "probe"]
     assert doc["checks"]["fail"] == 0 and doc["checks"]["pass"] >= 2
+    # the run's pictures beside its report (issue #18)
+    for name in ("timeline.svg", "report.html"):
+        assert (tmp_path / "run" / name).is_file(), name
+    assert "preflight" in (tmp_path / "run" / "timeline.svg").read_text()
     # the moved console script runs from the new place, through its rewritten shebang
     out = subprocess.run([str(dst / "bin" / "payload-hello")], capture_output=True, text=True)
     assert out.returncode == 0 and str(dst) in out.stdout
