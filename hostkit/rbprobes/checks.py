@@ -21,7 +21,8 @@ class CheckType(NamedTuple):
 CHECKS: Dict[str, CheckType] = {
     "kernel_audit": CheckType(
         checks_static.kernel_audit, "L0",
-        {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool"}, 1800),
+        {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool",
+         "partial_ok": "strs"}, 1800),
     "libraries": CheckType(
         checks_runtime.libraries_check, "L1",
         {"expect_dirs": "strs", "modules": "strs", "runtime": "bool"}, 600),

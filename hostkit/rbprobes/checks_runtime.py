@@ -14,6 +14,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import arch, cudalibs
+from .driver import driver_cuda_version, driver_version
 from .checks_static import library_inventory
 from .result import Context, Unavailable, failed, passed, short_list
 
@@ -46,40 +47,6 @@ def version_matches(expected: str, actual: Optional[str]) -> bool:
     want = expected.split(".")
     have = actual.split("+", 1)[0].split(".")
     return have[: len(want)] == want
-
-
-def driver_version() -> Optional[str]:
-    """The NVIDIA kernel driver version (580.95.05), from /proc or nvidia-smi."""
-    try:
-        with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
-            for word in fh.readline().split():
-                if word.count(".") >= 1 and word.replace(".", "").isdigit():
-                    return word
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=False)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip().splitlines()[0].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
-
-
-def driver_cuda_version() -> Optional[str]:
-    """The CUDA version the driver supports ("13.0"), from libcuda's cuDriverGetVersion."""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        out = ctypes.c_int(0)
-        if lib.cuDriverGetVersion(ctypes.byref(out)) != 0:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return "%d.%d" % (out.value // 1000, (out.value % 1000) // 10)
 
 
 def torch_check(params: Dict[str, Any], ctx: Context):
