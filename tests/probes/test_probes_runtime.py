@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rbprobes import run_check
-from rbprobes.checks_numeric import matmul_check
+from rbprobes.checks_numeric import EPS, matmul_check, tolerance
 from rbprobes.checks_runtime import version_matches
 from rbprobes.result import Context
+from numeric_faults import FAULTS, flip_one_sign
 
 torch = pytest.importorskip("torch")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -80,8 +81,77 @@ def test_matmul_numerics_on_cpu(dtype, size):
     outcome = matmul_check({"dtype": dtype, "size": size}, Context(), device="cpu")
     assert outcome.status == "pass", outcome.reason
     (dev,) = outcome.values["devices"]
-    assert 0 < dev["max_rel_err"] <= dev["tolerance"] and dev["tflops"] > 0
+    # a correct product meets the per-element rule with margin (worst element well inside)
+    assert dev["bad"] == 0 and 0 < dev["max_ratio"] < 0.5 and dev["tflops"] > 0
+    assert dev["rtol"] == EPS[dtype] and dev["atol"] > 0
     assert dev["checked"] == "%dx%d of %dx%d" % (size, size, size, size)
+    assert dev["elements"] == size * size and len(dev["worst"]) == 5
+
+
+def test_tolerance_scales_with_k_and_the_term_size():
+    t1 = tolerance("bfloat16", 1024, 1 / 3)
+    t4 = tolerance("bfloat16", 4096, 1 / 3)
+    assert t1["rtol"] == 2.0 ** -7 and t4["atol"] > t1["atol"]
+    assert tolerance("bfloat16", 1024, 2 / 3)["atol"] == pytest.approx(2 * t1["atol"])
+    # float32: the accumulation term (K * 2^-23) dominates, so 4x K is ~4x atol
+    f1, f4 = tolerance("float32", 1024, 1.0), tolerance("float32", 4096, 1.0)
+    assert 3.5 < f4["atol"] / f1["atol"] <= 4.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_planted_faults_fail(dtype, fault):
+    """0.1% of outputs zeroed, one sign flipped, one K-block dropped: each fails, with the
+    count of bad elements and the worst ones (index, got, want)."""
+    outcome = matmul_check({"dtype": dtype, "size": 256}, Context(), device="cpu",
+                           op=FAULTS[fault](torch))
+    assert outcome.status == "fail", (fault, outcome.reason)
+    (dev,) = outcome.values["devices"]
+    assert dev["bad"] >= 1 and dev["max_ratio"] > 1
+    assert "elements off" in outcome.reason and "want" in outcome.reason
+    if fault == "one_sign_flipped":
+        assert dev["bad"] == 1 and (dev["worst"][0]["row"], dev["worst"][0]["col"]) == (85, 51)
+        assert dev["worst"][0]["got"] == pytest.approx(-dev["worst"][0]["want"], rel=1e-2)
+
+
+def test_small_errors_the_old_rule_missed():
+    """One float32 element with a small value, its sign flipped: off by 2|c|, far below the
+    old max|C - ref| / max|ref| <= 1e-3, far above float32's own error."""
+    size = 200
+    a = torch.Generator().manual_seed(0)
+    probe = (torch.rand((size, size), generator=a) * 2 - 1) @ (
+        torch.rand((size, size), generator=a) * 2 - 1)
+    small = int((probe.abs() - 1e-3).abs().flatten().argmin())  # |c| close to 1e-3
+    row, col = divmod(small, size)
+    outcome = matmul_check({"dtype": "float32", "size": size}, Context(), device="cpu",
+                           op=flip_one_sign(torch, row, col))
+    (dev,) = outcome.values["devices"]
+    assert outcome.status == "fail" and dev["bad"] == 1
+    assert dev["max_rel_err"] < 1e-3  # what the old rule compared: it would have passed
+
+
+def test_float32_runs_with_tf32_off_and_restores_it():
+    m = torch.backends.cuda.matmul
+    before = (m.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    m.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        seen = {}
+
+        def spy(a, b):
+            seen["tf32"] = (m.allow_tf32, torch.backends.cudnn.allow_tf32,
+                            torch.get_float32_matmul_precision())
+            return torch.matmul(a, b)
+
+        outcome = matmul_check({"dtype": "float32", "size": 32}, Context(), device="cpu", op=spy)
+        assert seen["tf32"] == (False, False, "highest")
+        assert outcome.values["allow_tf32"] is False and "TF32 off" in outcome.reason
+        assert (m.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision()) == (True, True, "high")
+    finally:
+        m.allow_tf32, torch.backends.cudnn.allow_tf32 = before[0], before[1]
+        torch.set_float32_matmul_precision(before[2])
 
 
 def test_matmul_catches_a_wrong_product():
@@ -92,7 +162,8 @@ def test_matmul_catches_a_wrong_product():
 
     outcome = matmul_check({"dtype": "float32", "size": 64}, Context(), device="cpu",
                            op=off_by_a_bit)
-    assert outcome.status == "fail" and "max rel err" in outcome.reason
+    assert outcome.status == "fail" and "1 of 4096 elements off" in outcome.reason
+    assert "C[3,5]" in outcome.reason
 
 
 def test_matmul_catches_nan():
