@@ -17,27 +17,27 @@ from . import arch
 # The first Linux driver of each CUDA release (CUDA release notes, "CUDA Toolkit and
 # Corresponding Driver Versions"): a driver at least this new supports that CUDA version.
 DRIVER_TO_CUDA = [
-    ((590, 44, 1), "13.1"),
-    ((580, 65, 6), "13.0"),
-    ((575, 51, 3), "12.9"),
-    ((570, 26, 0), "12.8"),
-    ((565, 57, 1), "12.7"),  # the 565 branch reports CUDA 12.7 (no 12.7 toolkit was released)
-    ((560, 28, 3), "12.6"),
-    ((555, 42, 2), "12.5"),
-    ((550, 54, 14), "12.4"),
-    ((545, 23, 6), "12.3"),
-    ((535, 54, 3), "12.2"),
-    ((530, 30, 2), "12.1"),
-    ((525, 60, 13), "12.0"),
-    ((520, 61, 5), "11.8"),
-    ((515, 43, 4), "11.7"),
-    ((510, 39, 1), "11.6"),
-    ((495, 29, 5), "11.5"),
-    ((470, 42, 1), "11.4"),
-    ((465, 19, 1), "11.3"),
-    ((460, 27, 3), "11.2"),
-    ((455, 23, 0), "11.1"),
-    ((450, 36, 6), "11.0"),
+    ("590.44.01", "13.1"),
+    ("580.65.06", "13.0"),
+    ("575.51.03", "12.9"),
+    ("570.26", "12.8"),
+    ("565.57.01", "12.7"),  # the 565 branch reports CUDA 12.7 (no 12.7 toolkit was released)
+    ("560.28.03", "12.6"),
+    ("555.42.02", "12.5"),
+    ("550.54.14", "12.4"),
+    ("545.23.06", "12.3"),
+    ("535.54.03", "12.2"),
+    ("530.30.02", "12.1"),
+    ("525.60.13", "12.0"),
+    ("520.61.05", "11.8"),
+    ("515.43.04", "11.7"),
+    ("510.39.01", "11.6"),
+    ("495.29.05", "11.5"),
+    ("470.42.01", "11.4"),
+    ("465.19.01", "11.3"),
+    ("460.27.03", "11.2"),
+    ("455.23", "11.1"),
+    ("450.36.06", "11.0"),
 ]
 
 
@@ -55,7 +55,7 @@ def cuda_for_driver(version: str) -> Optional[str]:
         return None
     have = have + (0,) * (3 - len(have))
     for first, cuda in DRIVER_TO_CUDA:
-        if have >= first:
+        if have >= _tuple(first):
             return cuda
     return None
 
@@ -139,3 +139,25 @@ def host_driver() -> HostDriver:
         cuda = cuda_for_driver(version)
         source = "driver version table" if cuda else None
     return HostDriver(version, cuda, source, ptx_max_for_cuda(cuda) if cuda else None)
+
+
+def cuda_device_count() -> Tuple[Optional[int], str]:
+    """(devices, how it was found) through libcuda (cuInit, cuDeviceGetCount) without torch;
+    (None, why) when libcuda is missing or cuInit fails."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return None, "libcuda.so.1 cannot be loaded (%s)" % exc
+    try:
+        rc = lib.cuInit(0)
+        if rc != 0:
+            return None, "cuInit failed with CUDA error %d" % rc
+        count = ctypes.c_int(0)
+        rc = lib.cuDeviceGetCount(ctypes.byref(count))
+        if rc != 0:
+            return None, "cuDeviceGetCount failed with CUDA error %d" % rc
+    except AttributeError as exc:
+        return None, "libcuda.so.1 lacks %s" % exc
+    return count.value, "libcuda cuDeviceGetCount"

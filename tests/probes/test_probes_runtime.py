@@ -59,6 +59,27 @@ def test_torch_check():
     assert bad["status"] == "fail" and "expected 1.0" in bad["reason"]
 
 
+@pytest.mark.parametrize("wheel, drv, cuda, status, words", [
+    ("13.0", "575.57.08", "12.9", "fail", ["13.0", "575.57.08", "12.9", ">= 580.65.06"]),
+    ("12.8", "535.104.05", "12.2", "pass", ["minor-version compatibility"]),
+    ("13.0", "580.159.04", "13.0", "pass", ["driver 580.159.04 (CUDA 13.0)"]),
+    ("13.0", None, None, "pass", ["no NVIDIA driver found"]),
+])
+def test_torch_check_fails_on_a_driver_older_than_the_wheel(monkeypatch, wheel, drv, cuda,
+                                                            status, words):
+    """A cu130 wheel on a 575 driver (CUDA 12.9) cannot run at all; it used to pass here."""
+    from rbprobes import driver
+
+    monkeypatch.setattr(torch.version, "cuda", wheel)
+    monkeypatch.setattr(driver, "host_driver", lambda: driver.HostDriver(
+        drv, cuda, "libcuda" if cuda else None, None))
+    result = check("torch")
+    assert result["status"] == status, result["reason"]
+    for w in words:
+        assert w in result["reason"]
+    assert result["values"]["driver_cuda"] == cuda
+
+
 @no_gpu
 def test_cpu_torch_with_a_cuda_expectation_fails():
     result = check("torch", {"cuda": "13.0"})
