@@ -97,12 +97,23 @@ def unit_path(unit: List[fatbin.Container], target: Tuple[int, int],
     return None, why
 
 
+def _arch_specific(unit: List[fatbin.Container]) -> bool:
+    """A unit whose code is all arch- or family-specific (sm_100a, sm_90a, sm_100f, ...): built
+    for those archs' own features, so a library calls it only on them (dispatch by design)."""
+    code = [e for c in unit for e in c.entries if e.kind in ("sass", "ptx")]
+    return bool(code) and all(e.suffix in ("a", "f") for e in code)
+
+
 def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
-             ptx_max: Optional[Tuple[int, int]], waived: bool) -> Dict[str, Any]:
-    """Per-file facts: units with and without a path, the kernels of the latter, problems."""
+             ptx_max: Optional[Tuple[int, int]], waived: bool,
+             strict: bool = False) -> Dict[str, Any]:
+    """Per-file facts: units with and without a path, the kernels of the latter, problems.
+    Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
+    unless `strict`."""
     units = scan.units
     with_path = {"sass": 0, "ptx": 0}
     missing: List[Dict[str, Any]] = []
+    specific: List[Dict[str, Any]] = []
     kernel_free = 0
     problems: List[str] = []
     unreadable: List[str] = ["%s: %s" % (c.label, c.error) for c in scan.containers if c.error]
@@ -137,26 +148,26 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             if not k.complete:
                 item["kernels_note"] = k.undecoded
         elif has_code:
-            item["kernels_note"] = "not decoded (partial_ok)" if decode is False else \
-                "not decoded"
-        missing.append(item)
+            item["kernels_note"] = "not decoded (partial_ok)" if not decode else "not decoded"
+        (specific if not strict and _arch_specific(unit) else missing).append(item)
     if unknown:
         problems.append("entries of a kind this reader does not know (%s): cannot judge"
                         % ", ".join(unknown))
     if unreadable:
         problems.append("unreadable: %s" % short_list(unreadable, 3))
     n_path = with_path["sass"] + with_path["ptx"]
+    if not n_path and specific:  # nothing in the file runs here: arch-specific or not
+        missing, specific = missing + specific, []
     if missing:
         verdict = "partial" if n_path else "none"
     elif n_path:
-        verdict = "ptx" if with_path["ptx"] and not with_path["sass"] else "sass"
-        if with_path["ptx"] and with_path["sass"]:
-            verdict = "sass"
+        verdict = "ptx" if with_path["ptx"] else "sass"
     else:
         verdict = "empty"
     return {"units": len(units), "units_with_path": n_path, "units_ptx_only": with_path["ptx"],
             "units_kernel_free": kernel_free, "units_without_path": len(missing),
-            "missing": missing, "verdict": verdict, "problems": problems,
+            "units_arch_specific": len(specific), "missing": missing,
+            "arch_specific": specific, "verdict": verdict, "problems": problems,
             "unreadable": unreadable, "unknown_kinds": unknown}
 
 
@@ -231,7 +242,8 @@ def audit(
                     continue
                 all_entries.extend(entries)
                 waived_by = None if strict else glob_match(path, globs)
-                facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None)
+                facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None,
+                                 strict)
             info: Dict[str, Any] = {"path": rel}
             info.update(fatbin.summarize(entries))
             info["containers"] = len(scan.runtime_containers)
@@ -242,8 +254,13 @@ def audit(
                     len(c.entries) for c in scan.containers
                     if c.section == fatbin.RELOCATABLE_SECTION)
             missing = facts.pop("missing")
+            specific = facts.pop("arch_specific")
             info.update(facts)
             info["missing"] = missing[:UNITS_LISTED]
+            if specific:
+                info["arch_specific"] = specific[:UNITS_LISTED]
+                info["arch_specific_archs"] = sorted(
+                    {a for u in specific for a in u["archs"]}, key=fatbin._arch_key)
             problems = list(facts["problems"])
             errors.extend("%s: %s" % (rel, u) for u in facts["unreadable"])
             verdict = facts["verdict"]
@@ -277,6 +294,7 @@ def audit(
         "partial_waived": having(lambda f: f["verdict"] == "partial" and f.get("waived_by")),
         "ptx_only": having(lambda f: f["verdict"] == "ptx"),
         "kernel_free": having(lambda f: f["verdict"] == "empty"),
+        "arch_specific": having(lambda f: f.get("units_arch_specific")),
         "unreadable": having(lambda f: f["verdict"] == "unreadable" or f.get("unreadable")),
         "unknown_kinds": having(lambda f: f.get("unknown_kinds")),
         "partial_ok": globs,
@@ -369,6 +387,12 @@ def judge_audit(values: Dict[str, Any]):
                          ["%s (%d of %d units)" % (os.path.basename(f["path"]),
                                                    f["units_without_path"], f["units"])
                           for f in waived], 3)))
+    if values.get("arch_specific"):
+        spec = [f for f in values["files"] if f.get("units_arch_specific")]
+        notes.append("%d with arch-specific units for other archs, called only there: %s" % (
+            len(spec), short_list(["%s (%d units: %s)" % (
+                os.path.basename(f["path"]), f["units_arch_specific"],
+                "+".join(f["arch_specific_archs"][:4])) for f in spec], 3)))
     if values["kernel_free"]:
         notes.append("%d without any kernel" % len(values["kernel_free"]))
     if values["skipped_not_regular"]:

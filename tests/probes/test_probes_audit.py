@@ -77,6 +77,33 @@ def test_a_vendor_library_with_no_unit_for_the_target_fails(tmp_path):
     assert result["status"] == "fail" and "no unit has a path to sm_90" in result["reason"]
 
 
+def test_arch_specific_units_for_other_archs_are_listed_not_failed(tmp_path):
+    """A unit of sm_100a/sm_100f code only is built for those archs' own features: a library
+    calls it only there. On sm_90 it is listed; strict counts it; alone it fails."""
+    path = tmp_path / "libdispatch.so"
+    path.write_bytes(tiny_so(fatbin_container(sass(90, ["generic"]))
+                             + fatbin_container(sass(100, ["tcgen05_gemm"], 0x100011),
+                                                sass(103, ["tcgen05_gemm"], 0x100011))
+                             + fatbin_container(sass(100, ["fam"], 0x200011))))
+    result = audit_check(path)
+    assert result["status"] == "pass", result["reason"]
+    (info,) = result["values"]["files"]
+    assert info["units_arch_specific"] == 2 and info["arch_specific_archs"] == [
+        "sm_100a", "sm_100f", "sm_103a"]
+    assert info["arch_specific"][0]["kernels"] == ["tcgen05_gemm"]
+    assert "arch-specific units" in result["reason"]
+    assert result["values"]["arch_specific"] == ["libdispatch.so"]
+    assert audit_check(path, strict=True)["status"] == "fail"
+    alone = tmp_path / "libonly100a.so"
+    alone.write_bytes(tiny_so(fatbin_container(sass(100, ["k100a"], 0x100011))))
+    result = audit_check(alone)
+    assert result["status"] == "fail" and "no unit has a path" in result["reason"]
+    mixed = tmp_path / "libmixed.so"  # plain sm_80 beside sm_100a in one unit: not specific
+    mixed.write_bytes(tiny_so(fatbin_container(sass(90, ["ok"]))
+                              + fatbin_container(sass(80, ["old"]), sass(100, ["old"], 0x100011))))
+    assert audit_check(mixed)["status"] == "fail"
+
+
 def test_lto_only_units_fail_with_the_reason(tmp_path):
     """LTO-IR is nvJitLink input, never loaded: it used to count as "no kernel" (a pass)."""
     only = tmp_path / "liblto.so"

@@ -91,6 +91,11 @@ FIXTURES = [
                       Unit("k_multi_bad", gencode("80:sm_80"), False)]),
     Fixture("multi_zstd", [Unit("k_multiz_ok", gencode("90:sm_90") + ZSTD, True),
                            Unit("k_multiz_bad", gencode("80:sm_80") + ZSTD, False)]),
+    # a unit of arch-specific code for another arch: it cannot launch here, and the audit
+    # lists it without failing the file (dispatch by design); alone in a file, it fails
+    Fixture("multi_a", [Unit("k_multia_ok", gencode("90:sm_90"), True),
+                        Unit("k_multia_100a", gencode("100a:sm_100a"), False)]),
+    Fixture("sass100a", [Unit("k_sass100a", gencode("100a:sm_100a"), False)]),
     Fixture("multi_ptx", [Unit("k_multip_ok", gencode("80:compute_80"), True),
                           Unit("k_multip_bad", gencode("100:compute_100", "80:sm_80"), False)]),
     # -rdc: the units' kernels live in the device-linked cubin (SASS for the link's archs
@@ -233,7 +238,7 @@ def audit_verdicts(values: Dict[str, object], doc: Dict[str, Dict[str, object]]
     for name, entry in doc.items():
         info = files.get(name)
         named, unknown = set(), False
-        for m in (info or {}).get("missing", []):
+        for m in (info or {}).get("missing", []) + (info or {}).get("arch_specific", []):
             named.update(m.get("kernels") or [])
             unknown = unknown or not m.get("kernels_complete", False)
         for k in entry["kernels"]:
