@@ -76,6 +76,9 @@ def resolve_names(names: List[str], env: Dict[str, str], venv_bin: str
     if bare:
         script = 'for n in "$@"; do p=$(command -v -- "$n") || p=; printf "%s\\n" "$p"; done'
         done = proc.run_bounded(["/bin/sh", "-c", script, "sh"] + bare, 30, env=env)
+        if done.timed_out or done.returncode != 0:
+            raise ValueError("resolving %s with /bin/sh failed: %s" % (
+                " ".join(bare), done.output.strip()[-200:] or "timed out"))
         lines = done.stdout.split("\n")
         found = {n: (lines[i] if i < len(lines) else "") for i, n in enumerate(bare)}
     out = []
@@ -115,9 +118,9 @@ def command_check(params: Dict[str, Any], ctx: Context):
                               "path": env["PATH"], "venv_bin": venv_bin}
     try:
         resolved = resolve_names(command_names(command), env, venv_bin)
-    except ValueError as exc:  # unbalanced quotes: the shell will say so when it runs
+    except ValueError as exc:  # unbalanced quotes (the shell will say so when it runs)
         resolved = []
-        values["parse_error"] = str(exc)
+        values["resolve_error"] = str(exc)
     values["resolved"] = resolved
     if resolved and resolved[0].get("path"):
         values["executed"] = resolved[0].get("realpath") or resolved[0]["path"]

@@ -334,7 +334,12 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
     if cfg.get("include-system-site-packages", "false").lower() == "true":
         refs.append(_ref("system_site_packages", "pyvenv.cfg", home or "?"))
     for site in venvfs.site_packages(venv):
-        for name in sorted(os.listdir(site)):
+        try:
+            with os.scandir(site) as it:
+                names = sorted(e.name for e in it if not e.is_symlink())  # links: below
+        except OSError:
+            continue
+        for name in names:
             full = os.path.join(site, name)
             rel = os.path.relpath(full, venv)
             if name.startswith("__editable__") and name.endswith("finder.py"):
