@@ -32,8 +32,9 @@ ATOL_DTYPE = 2.0
 ATOL_ACC = 8.0
 WORST_LISTED = 5
 TOLERANCE = EPS  # the dtypes this check knows (kept for callers of the old name)
-FULL_ROWS = 1024  # every row is checked up to this size, then this many sampled rows
-FULL_COLS = 8192  # every column is checked up to this size, then FULL_ROWS sampled columns
+FULL_ROWS = 1024  # the device's float64 reference is compared with the CPU's on this many
+FULL_COLS = 8192  # sampled rows (and every column up to FULL_COLS, else FULL_ROWS of them)
+REF_AGREE = 1e-9  # largest relative difference between the two float64 references
 
 
 def _sample(torch, n: int, limit: int, seed: int):
@@ -89,9 +90,9 @@ def tolerance(dtype_name: str, k: int, scale: float) -> Dict[str, float]:
 
 
 def compare(torch, got, ref, atol: float, rtol: float, rows=None, cols=None) -> Dict[str, Any]:
-    """Per element |got - ref| <= atol + rtol*|ref| (got, ref float64 CPU tensors): how many
-    fail, the largest ratio of error to allowance, and the worst few as (row, col, got, want)
-    in the full matrix's indices."""
+    """Per element |got - ref| <= atol + rtol*|ref| (got, ref: float64 tensors on one device):
+    how many fail, the largest ratio of error to allowance, and the worst few as (row, col,
+    got, want) in the full matrix's indices (`rows`/`cols` map a sampled block back)."""
     err = (got - ref).abs()
     allowed = atol + rtol * ref.abs()
     ratio = err / allowed
@@ -115,10 +116,13 @@ def compare(torch, got, ref, atol: float, rtol: float, rows=None, cols=None) -> 
 
 
 def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
-                min_time_s: float = 0.2, op=None) -> Dict[str, Any]:
-    """C = A @ B on `device` in `dtype`, checked element by element against float64 on the
-    CPU, then timed. `op` replaces torch.matmul (unit tests and the GPU calibration inject
-    wrong products with it)."""
+                min_time_s: float = 0.2, op=None, crosscheck: Optional[bool] = None
+                ) -> Dict[str, Any]:
+    """C = A @ B on `device` in `dtype`, every element checked against the same rounded inputs
+    multiplied in float64 on the device, that reference itself checked against float64 on the
+    CPU for a seeded sample of rows (and columns), then timed. `op` replaces torch.matmul
+    (unit tests and the GPU calibration inject wrong products with it); `crosscheck` forces
+    the CPU comparison on or off (default: on unless the device is the CPU)."""
     op = op or torch.matmul
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -134,15 +138,24 @@ def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
     tol = tolerance(dtype_name, size, scale)
     c = op(a, b)
     sync()
-    rows = _sample(torch, size, FULL_ROWS, seed + 1)
-    cols = _sample(torch, size, FULL_COLS if size <= FULL_COLS else FULL_ROWS, seed + 2)
-    a_ref = (a if rows is None else a[rows.to(device)]).cpu().double()
-    b_ref = (b if cols is None else b[:, cols.to(device)]).cpu().double()
-    got = c if rows is None else c[rows.to(device)]
-    got = (got if cols is None else got[:, cols.to(device)]).cpu().double()
-    ref = a_ref @ b_ref
-    result = compare(torch, got, ref, tol["atol"], tol["rtol"], rows, cols)
+    a64, b64 = a.double(), b.double()
+    ref = a64 @ b64
+    result = compare(torch, c.double(), ref, tol["atol"], tol["rtol"])
     ref_max = float(ref.abs().max())
+    if crosscheck is None:
+        crosscheck = not device.startswith("cpu")
+    if crosscheck:
+        rows = _sample(torch, size, FULL_ROWS, seed + 1)
+        cols = _sample(torch, size, FULL_COLS if size <= FULL_COLS else FULL_ROWS, seed + 2)
+        a_ref = (a if rows is None else a[rows.to(device)]).cpu().double()
+        b_ref = (b if cols is None else b[:, cols.to(device)]).cpu().double()
+        sample = ref if rows is None else ref[rows.to(device)]
+        sample = (sample if cols is None else sample[:, cols.to(device)]).cpu()
+        cpu = a_ref @ b_ref
+        diff = float((cpu - sample).abs().max()) / max(float(cpu.abs().max()), 1e-300)
+        result["reference_check"] = {"rows": int(cpu.shape[0]), "cols": int(cpu.shape[1]),
+                                     "max_rel_diff": diff, "ok": diff <= REF_AGREE}
+    del a64, b64, ref
     # timing: warm up, then repeat until min_time_s has passed (at most 100 runs)
     for _ in range(2):
         op(a, b)
@@ -159,11 +172,14 @@ def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
     sync()
     elapsed = time.perf_counter() - start
     tflops = 2.0 * size ** 3 * runs / elapsed / 1e12
+    checked = "every element of %dx%d" % (size, size)
+    if "reference_check" in result:
+        checked += "; float64 reference on %s agrees with the CPU's on %dx%d" % (
+            device, result["reference_check"]["rows"], result["reference_check"]["cols"])
     result.update({
         "atol": tol["atol"], "rtol": tol["rtol"], "scale": scale,
         "max_rel_err": result["max_abs_err"] / ref_max if ref_max > 0 else float("inf"),
-        "tflops": float("%.4g" % tflops), "runs": runs,
-        "checked": "%dx%d of %dx%d" % (ref.shape[0], ref.shape[1], size, size)})
+        "tflops": float("%.4g" % tflops), "runs": runs, "checked": checked})
     return result
 
 
@@ -196,14 +212,18 @@ def matmul_check(params: Dict[str, Any], ctx: Context, device: Optional[str] = N
             name = (torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda")
                     else "cpu")
             r = matmul_once(torch, dev, dtype_name, size, op=op)
-            r.update({"device": dev, "name": name, "ok": r["bad"] == 0})
+            r.update({"device": dev, "name": name,
+                      "ok": r["bad"] == 0 and r.get("reference_check", {}).get("ok", True)})
             results.append(r)
     values: Dict[str, Any] = {"dtype": dtype_name, "size": size, "devices": results,
                               "allow_tf32": tf32,
                               "rule": "|C - ref| <= atol + rtol*|ref| per element"}
     bad = ["%s: %d of %d elements off (worst %.3g x allowed: %s)" % (
         r["device"], r["bad"], r["elements"], r["max_ratio"], _describe_worst(r))
-        for r in results if not r["ok"]]
+        for r in results if r["bad"]]
+    bad += ["%s: its float64 reference differs from the CPU's by %.3g (relative)" % (
+        r["device"], r["reference_check"]["max_rel_diff"])
+        for r in results if not r.get("reference_check", {}).get("ok", True)]
     if bad:
         return failed("%s %dx%d matmul wrong on %s" % (dtype_name, size, size, short_list(bad)),
                       values)

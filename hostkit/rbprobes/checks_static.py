@@ -97,6 +97,29 @@ def unit_path(unit: List[fatbin.Container], target: Tuple[int, int],
     return None, why
 
 
+def judged_units(scan: fatbin.Scan, target: Tuple[int, int],
+                 ptx_max: Optional[Tuple[int, int]]) -> List[List[fatbin.Container]]:
+    """`Scan.units` as the runtime uses them on `target`: a device-linked (-rdc) container
+    whose SASS runs there is one unit; one that does not is replaced by the relocatable units
+    it was linked from, each on its own (on the H200 the runtime then loads each unit whose
+    relocatable SASS runs, or whose PTX it can JIT, and only those)."""
+    out = []
+    for unit in scan.units:
+        if fatbin.linked_group(unit) and unit_path(unit[:1], target, ptx_max)[0] is None:
+            out.extend([c] for c in unit[1:])
+        elif fatbin.linked_group(unit):
+            out.append(unit[:1])
+        else:
+            out.append(unit)
+    return out
+
+
+def jit_versions(unit: List[fatbin.Container], target: Tuple[int, int]) -> List[str]:
+    """PTX ISA versions of the entries a PTX-only unit would be JIT-compiled from."""
+    return sorted({"%d.%d" % e.version for c in unit for e in c.entries
+                   if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target)})
+
+
 def _arch_specific(unit: List[fatbin.Container]) -> bool:
     """A unit whose code is all arch- or family-specific (sm_100a, sm_90a, sm_100f, ...): built
     for those archs' own features, so a library calls it only on them (dispatch by design)."""
@@ -110,7 +133,7 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
     """Per-file facts: units with and without a path, the kernels of the latter, problems.
     Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
     unless `strict`."""
-    units = scan.units
+    units = judged_units(scan, target, ptx_max)
     with_path = {"sass": 0, "ptx": 0}
     missing: List[Dict[str, Any]] = []
     specific: List[Dict[str, Any]] = []
@@ -120,10 +143,13 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
     unknown = sorted({e.name for e in scan.entries
                       if e.kind not in ("sass", "ptx", "lto")}, key=fatbin._arch_key)
     lacking = []
+    jit = set()
     for unit in units:
         how, what = unit_path(unit, target, ptx_max)
         if how:
             with_path[how] += 1
+            if how == "ptx":
+                jit.update(jit_versions(unit, target))
         elif any(c.entries for c in unit):
             lacking.append((unit, what))
     # A waived file with some unit that runs needs no decoding: it is a note either way.
@@ -166,7 +192,8 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
         verdict = "empty"
     return {"units": len(units), "units_with_path": n_path, "units_ptx_only": with_path["ptx"],
             "units_kernel_free": kernel_free, "units_without_path": len(missing),
-            "units_arch_specific": len(specific), "missing": missing,
+            "units_arch_specific": len(specific), "jit_ptx_versions": sorted(jit),
+            "missing": missing,
             "arch_specific": specific, "verdict": verdict, "problems": problems,
             "unreadable": unreadable, "unknown_kinds": unknown}
 
@@ -371,14 +398,14 @@ def judge_audit(values: Dict[str, Any]):
     notes = []
     drv = values.get("driver") or {}
     if values["ptx_only"]:
+        jit = sorted({v for f in values["files"] for v in f.get("jit_ptx_versions", [])},
+                     key=lambda v: tuple(int(x) for x in v.split(".")))
         if values.get("driver_ptx_max"):
             notes.append("%d only through PTX JIT (slow first launch; ISA %s <= %s)" % (
-                len(values["ptx_only"]), "/".join(values["ptx_versions"] or ["?"]),
-                values["driver_ptx_max"]))
+                len(values["ptx_only"]), "/".join(jit or ["?"]), values["driver_ptx_max"]))
         else:
             notes.append("%d only through PTX JIT (slow first launch; PTX ISA %s not checked: "
-                         "%s)" % (len(values["ptx_only"]),
-                                  "/".join(values["ptx_versions"] or ["?"]),
+                         "%s)" % (len(values["ptx_only"]), "/".join(jit or ["?"]),
                                   drv.get("source", "no driver limit")))
     if values["partial_waived"]:
         waived = [f for f in values["files"] if f.get("waived_by")]

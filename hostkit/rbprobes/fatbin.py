@@ -142,10 +142,17 @@ class Scan(NamedTuple):
         (version-1 wrapper, the unit's SASS and PTX) and a kernel-free device-linked one
         (version-2 wrapper); the runtime loads each as a module of its own, so a unit built for
         other archs fails to launch even when its neighbour has the target's code. With -rdc
-        the device-linked container holds every unit's kernels (SASS for the link's archs
-        only) and the units' relocatable code sits in `__nv_relfatbin`, which is not loaded."""
+        the device-linked container (version 2) holds every unit's kernels as SASS for the
+        link's archs only, and the units' relocatable code sits in `__nv_relfatbin` (version-1
+        wrappers): when the linked SASS does not fit, the runtime falls back to those units,
+        each on its own (seen on the H200), so such a unit is [linked container] + those
+        relocatable containers (`linked_group`; checks_static.judged_units splits it)."""
         embedded = self.embedded_containers
-        return [[c] for c in self.runtime_containers] + ([embedded] if embedded else [])
+        rt = self.runtime_containers
+        rdc = [c for c in self.containers
+               if c.section == RELOCATABLE_SECTION and c.wrapper == 1 and c not in rt]
+        units = [[c] + rdc if c.wrapper == 2 and rdc else [c] for c in rt]
+        return units + ([embedded] if embedded else [])
 
     @property
     def modules(self) -> List[List[Container]]:
@@ -155,6 +162,12 @@ class Scan(NamedTuple):
     @property
     def entries(self) -> List[Entry]:
         return [e for c in self.containers for e in c.entries]
+
+
+def linked_group(unit: List[Container]) -> bool:
+    """A device-linked container followed by the relocatable units it was linked from."""
+    return (len(unit) > 1 and unit[0].wrapper == 2
+            and all(c.section == RELOCATABLE_SECTION for c in unit[1:]))
 
 
 def _suffix(flags: int) -> str:

@@ -25,7 +25,8 @@ def summary(outcome, seconds):
             "max_ratio": d["max_ratio"], "atol": d["atol"], "rtol": d["rtol"],
             "scale": d["scale"], "max_rel_err": d["max_rel_err"], "tflops": d["tflops"],
             "worst": d["worst"][:3], "allow_tf32": outcome.values["allow_tf32"],
-            "checked": d["checked"], "seconds": round(seconds, 2), "reason": outcome.reason}
+            "checked": d["checked"], "reference_check": d.get("reference_check"),
+            "seconds": round(seconds, 2), "reason": outcome.reason}
 
 
 def main(argv=None):

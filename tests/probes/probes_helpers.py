@@ -130,7 +130,7 @@ def c_array(name: str, data: bytes, section: str = "") -> str:
 
 
 def tiny_elf(sections, machine: int = 62, etype: int = 3, flags: int = 0,
-             abiversion: int = 0) -> bytes:
+             abiversion: int = 0, addresses: bool = False) -> bytes:
     """A little-endian ELF64 image with the given sections, laid out by hand (no toolchain):
     sections = [(name, sh_type, data, sh_link)], section 0 and .shstrtab added. x86-64 shared
     object by default; machine 190 makes a cubin."""
@@ -170,8 +170,8 @@ def tiny_elf(sections, machine: int = 62, etype: int = 3, flags: int = 0,
     table = b"\0" * 64
     for (name, sh_type, data, link), noff, off in zip(sections, offsets, placed):
         entsize = 24 if sh_type == 2 else 0
-        table += struct.pack("<IIQQQQIIQQ", noff, sh_type, 2, 0, off, len(data), link, 0, 8,
-                             entsize)
+        table += struct.pack("<IIQQQQIIQQ", noff, sh_type, 2, off if addresses else 0, off,
+                             len(data), link, 0, 8, entsize)
     table += struct.pack("<IIQQQQIIQQ", shstr_name, 3, 0, 0, shstr_off, len(names), 0, 0, 1, 0)
     return head + body + table
 
@@ -227,3 +227,24 @@ def zstd_raw_frame(data: bytes) -> bytes:
         header = last | (0 << 1) | (len(block) << 3)
         out += struct.pack("<I", header)[:3] + block
     return out
+
+
+def tiny_rdc_so(linked: bytes, relocatables) -> bytes:
+    """An -rdc shared object as nvcc 13 lays it out: the device-linked container in
+    .nv_fatbin (version-2 wrapper), each unit's relocatable container in __nv_relfatbin
+    (version-1 wrappers), and the 24-byte wrapper records in .nvFatBinSegment (addresses equal
+    file offsets here)."""
+    import struct
+
+    rel = b""
+    rel_offsets = []
+    nv_off = 64
+    rel_start = nv_off + len(linked) + (-len(linked) % 8)
+    for r in relocatables:
+        rel_offsets.append(rel_start + len(rel))
+        rel += r + b"\0" * (-len(r) % 8)
+    records = struct.pack("<IIQQ", 0x466243B1, 2, nv_off, 0)
+    records += b"".join(struct.pack("<IIQQ", 0x466243B1, 1, o, 0) for o in rel_offsets)
+    return tiny_elf([(".nv_fatbin", 1, linked + b"\0" * (-len(linked) % 8), 0),
+                     ("__nv_relfatbin", 1, rel, 0), (".nvFatBinSegment", 1, records, 0)],
+                    addresses=True)

@@ -16,7 +16,7 @@ from rbprobes import arch, driver, fatbin, run_check
 from rbprobes.checks_static import audit
 from rbprobes.result import Context
 from probes_helpers import (ROOT, fatbin_container, fatbin_entry, lz4_literals, tiny_cubin,
-                            tiny_ptx, tiny_so, zstd_raw_frame)
+                            tiny_ptx, tiny_rdc_so, tiny_so, zstd_raw_frame)
 
 LZ4 = 0x2011
 ZSTD = 0x8011
@@ -102,6 +102,37 @@ def test_arch_specific_units_for_other_archs_are_listed_not_failed(tmp_path):
     mixed.write_bytes(tiny_so(fatbin_container(sass(90, ["ok"]))
                               + fatbin_container(sass(80, ["old"]), sass(100, ["old"], 0x100011))))
     assert audit_check(mixed)["status"] == "fail"
+
+
+@pytest.mark.parametrize("units, runs", [
+    # (entries of each relocatable unit, which kernels the runtime loads on sm_90: H200)
+    ([[("ptx", 80)], [("ptx", 80)]], {"ka", "kb"}),
+    ([[("ptx", 80)], [("sass", 80)]], {"ka"}),
+    ([[("sass", 90)], [("sass", 90)]], {"ka", "kb"}),
+    ([[("sass", 80)], [("sass", 80)]], set()),
+])
+def test_rdc_units_are_judged_on_their_own_when_the_link_does_not_fit(tmp_path, units, runs):
+    """-rdc linked for sm_80: on sm_90 the runtime falls back to each relocatable unit, its
+    SASS if it runs, else its PTX (what the H200 did with librdc80*.so)."""
+    def entry(kind, number, kernel):
+        if kind == "ptx":
+            return fatbin_entry(1, number, payload=tiny_ptx([kernel], "9.0"), version=(9, 0))
+        return sass(number, [kernel])
+
+    linked = fatbin_container(sass(80, ["ka", "kb"]))
+    rel = [fatbin_container(*[entry(k, n, name) for k, n in u])
+           for u, name in zip(units, ["ka", "kb"])]
+    path = tmp_path / "librdc.so"
+    path.write_bytes(tiny_rdc_so(linked, rel))
+    scan = fatbin.scan_file(str(path))
+    assert [c.wrapper for c in scan.containers] == [2, 1, 1]
+    result = audit_check(path, driver_ptx_max="9.0")
+    (info,) = result["values"]["files"]
+    lacking = {k for m in info["missing"] for k in m["kernels"]}
+    assert lacking == {"ka", "kb"} - runs
+    assert result["status"] == ("pass" if runs == {"ka", "kb"} else "fail")
+    fits = audit_check(path, arch="sm_86")  # the linked sm_80 cubin runs on 8.6: one unit
+    assert fits["status"] == "pass" and fits["values"]["files"][0]["units"] == 1
 
 
 def test_lto_only_units_fail_with_the_reason(tmp_path):

@@ -105,7 +105,7 @@ def test_matmul_numerics_on_cpu(dtype, size):
     # a correct product meets the per-element rule with margin (worst element well inside)
     assert dev["bad"] == 0 and 0 < dev["max_ratio"] < 0.5 and dev["tflops"] > 0
     assert dev["rtol"] == EPS[dtype] and dev["atol"] > 0
-    assert dev["checked"] == "%dx%d of %dx%d" % (size, size, size, size)
+    assert dev["checked"] == "every element of %dx%d" % (size, size)
     assert dev["elements"] == size * size and len(dev["worst"]) == 5
 
 
@@ -197,13 +197,39 @@ def test_matmul_catches_nan():
     assert outcome.status == "fail" and "nan" in outcome.reason
 
 
-def test_matmul_samples_rows_of_large_products(monkeypatch):
+def test_every_element_is_checked_and_the_reference_against_the_cpu(monkeypatch):
+    """The old check compared a sample of 1024 rows beyond that size, so one wrong element
+    elsewhere passed (on the H200 a flipped sign at row 1365 of 4096 did). Every element is
+    compared now, with a float64 reference made on the device, itself compared with the CPU's
+    on the sample."""
     from rbprobes import checks_numeric
 
-    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 16)
-    monkeypatch.setattr(checks_numeric, "FULL_COLS", 32)
-    outcome = matmul_check({"dtype": "float32", "size": 48}, Context(), device="cpu")
-    assert outcome.values["devices"][0]["checked"] == "16x16 of 48x48"
+    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 8)
+    monkeypatch.setattr(checks_numeric, "FULL_COLS", 16)
+    r = checks_numeric.matmul_once(torch, "cpu", "float32", 48, crosscheck=True)
+    assert r["elements"] == 48 * 48 and r["bad"] == 0
+    assert r["reference_check"]["rows"] == 8 and r["reference_check"]["cols"] == 8
+    assert r["reference_check"]["ok"] and r["checked"].startswith("every element of 48x48")
+    outcome = matmul_check({"dtype": "float32", "size": 48}, Context(), device="cpu",
+                           op=flip_one_sign(torch, 45, 3))
+    (dev,) = outcome.values["devices"]
+    assert outcome.status == "fail" and dev["bad"] == 1
+    assert (dev["worst"][0]["row"], dev["worst"][0]["col"]) == (45, 3)
+
+
+def test_a_wrong_reference_fails(monkeypatch):
+    from rbprobes import checks_numeric
+
+    real = torch.Tensor.__matmul__
+
+    def skewed(x, y):
+        out = real(x, y)
+        return out * (1 + 1e-6) if out.dtype == torch.float64 and out.shape[0] == 32 else out
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", skewed)
+    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 8)
+    r = checks_numeric.matmul_once(torch, "cpu", "float32", 32, crosscheck=True)
+    assert r["reference_check"]["ok"] is False
 
 
 def test_bad_params_fail_with_the_key():

@@ -99,12 +99,21 @@ FIXTURES = [
     Fixture("multi_ptx", [Unit("k_multip_ok", gencode("80:compute_80"), True),
                           Unit("k_multip_bad", gencode("100:compute_100", "80:sm_80"), False)]),
     # -rdc: the units' kernels live in the device-linked cubin (SASS for the link's archs
-    # only); their relocatable SASS and PTX sit in __nv_relfatbin, which nothing loads.
+    # only); their relocatable SASS and PTX sit in __nv_relfatbin. On the H200, when the
+    # linked cubin does not fit, the runtime falls back to each relocatable unit on its own:
+    # its SASS if that runs, else its PTX through the JIT (rdc80 runs on sm_90; in
+    # rdc80_mixed only the unit with PTX runs; rdc80_sass90 runs from relocatable sm_90 SASS).
     Fixture("rdc90", [Unit("k_rdc90_a", gencode("90:sm_90", "90:compute_90"), True),
                       Unit("k_rdc90_b", gencode("90:sm_90", "90:compute_90"), True)],
             how="rdc", link_args=gencode("90:sm_90")),
-    Fixture("rdc80", [Unit("k_rdc80_a", gencode("80:sm_80", "80:compute_80"), False),
-                      Unit("k_rdc80_b", gencode("80:sm_80", "80:compute_80"), False)],
+    Fixture("rdc80", [Unit("k_rdc80_a", gencode("80:sm_80", "80:compute_80"), True),
+                      Unit("k_rdc80_b", gencode("80:sm_80", "80:compute_80"), True)],
+            how="rdc", link_args=gencode("80:sm_80")),
+    Fixture("rdc80_mixed", [Unit("k_rdcm_a", gencode("80:sm_80", "80:compute_80"), True),
+                            Unit("k_rdcm_b", gencode("80:sm_80"), False)],
+            how="rdc", link_args=gencode("80:sm_80")),
+    Fixture("rdc80_sass90", [Unit("k_rdcs_a", gencode("80:sm_80", "90:sm_90"), True),
+                             Unit("k_rdcs_b", gencode("80:sm_80", "90:sm_90"), True)],
             how="rdc", link_args=gencode("80:sm_80")),
     Fixture("cubin90", [Unit("k_cubin90", ["-arch", "sm_90"], True)], how="cubin"),
     Fixture("cubin80", [Unit("k_cubin80", ["-arch", "sm_80"], False)], how="cubin"),

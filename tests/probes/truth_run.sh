@@ -54,6 +54,12 @@ for arch in ("sm_90", "sm_103", "sm_120"):
         "partial_waived": ["%s (%s of %s units)" % (f["path"].split("site-packages/")[-1],
                                                     f["units_without_path"], f["units"])
                            for f in v.get("files", []) if f.get("waived_by")],
+        "arch_specific": ["%s (%s units: %s)" % (f["path"].split("site-packages/")[-1],
+                                                 f["units_arch_specific"],
+                                                 "+".join(f["arch_specific_archs"]))
+                          for f in v.get("files", []) if f.get("units_arch_specific")],
+        "jit_ptx_versions": {f["path"].split("site-packages/")[-1]: f.get("jit_ptx_versions")
+                             for f in v.get("files", []) if f.get("jit_ptx_versions")},
         "ptx_only": v.get("ptx_only"), "kernel_free": v.get("kernel_free"),
         "unreadable": v.get("unreadable"), "unknown_kinds": v.get("unknown_kinds"),
         "errors": (v.get("errors") or [])[:20]}
