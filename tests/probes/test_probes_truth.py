@@ -49,3 +49,19 @@ def test_the_check_names_every_failing_file(truth):
     assert "9.1" in by_file["ptx91.fatbin"]["missing"][0]["why"]
     assert by_file["libmulti_a.so"]["arch_specific"][0]["kernels"] == ["k_multia_100a"]
     assert by_file["libmulti_a.so"]["fails"] is False
+
+
+def test_expected_is_what_the_h200_did():
+    """EXPECTED is the launches recorded on the H200 (h200_truth.json), kernel for kernel;
+    the matmul calibration there passed every correct product and failed every fault."""
+    import json
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "h200_truth.json")) as fh:
+        measured = json.load(fh)["launches"]
+    assert {k: v["ran"] for k, v in measured.items()} == truth_fixtures.EXPECTED
+    with open(os.path.join(here, "h200_matmul.json")) as fh:
+        matmul = json.load(fh)
+    assert all(r["status"] == "pass" and r["max_ratio"] < 0.5 for r in matmul["correct"])
+    assert all(r["status"] == "fail" for r in matmul["faults"]) and len(matmul["faults"]) == 9
