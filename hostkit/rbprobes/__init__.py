@@ -5,7 +5,8 @@ need it); in the repo it is `hostkit/rbprobes`, installed with the compiler as t
 
 - run_config(config) -> (report, stopped_early): run a config document's checks (docs/design.md)
 - run_check(check, context) -> one report entry
-- audit(root, target, paths=None, driver_ptx_max=None) -> kernel audit values
+- audit(root, target, paths=None, driver_ptx_max=None, partial_ok=None, strict=False) -> kernel
+  audit values (every unit of GPU code judged for the target)
 - scan_file(path) -> the fatbin containers and entries of one file
 """
 

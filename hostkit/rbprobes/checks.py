@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, NamedTuple
 
-from . import checks_hatch, checks_numeric, checks_runtime, checks_static
+from . import checks_hatch, checks_numeric, checks_runtime, checks_static, checks_venv
 
 
 class CheckType(NamedTuple):
@@ -21,7 +21,11 @@ class CheckType(NamedTuple):
 CHECKS: Dict[str, CheckType] = {
     "kernel_audit": CheckType(
         checks_static.kernel_audit, "L0",
-        {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool"}, 1800),
+        {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool",
+         "partial_ok": "strs"}, 1800),
+    "relocation": CheckType(
+        checks_venv.relocation_check, "L0", {"old": "str", "timeout_s": "int"}, 300),
+    "outside": CheckType(checks_venv.outside_check, "L0", {}, 600),
     "libraries": CheckType(
         checks_runtime.libraries_check, "L1",
         {"expect_dirs": "strs", "modules": "strs", "runtime": "bool"}, 600),

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import arch, cudalibs
+from . import arch, cudalibs, driver
 from .checks_static import library_inventory
 from .result import Context, Unavailable, failed, passed, short_list
 
@@ -48,41 +48,11 @@ def version_matches(expected: str, actual: Optional[str]) -> bool:
     return have[: len(want)] == want
 
 
-def driver_version() -> Optional[str]:
-    """The NVIDIA kernel driver version (580.95.05), from /proc or nvidia-smi."""
-    try:
-        with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
-            for word in fh.readline().split():
-                if word.count(".") >= 1 and word.replace(".", "").isdigit():
-                    return word
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=False)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip().splitlines()[0].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
-
-
-def driver_cuda_version() -> Optional[str]:
-    """The CUDA version the driver supports ("13.0"), from libcuda's cuDriverGetVersion."""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        out = ctypes.c_int(0)
-        if lib.cuDriverGetVersion(ctypes.byref(out)) != 0:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return "%d.%d" % (out.value // 1000, (out.value % 1000) // 10)
-
-
 def torch_check(params: Dict[str, Any], ctx: Context):
+    """torch's version and CUDA version as expected, and a driver new enough for the wheel:
+    a driver whose CUDA major is older than torch.version.cuda's fails (a cu130 wheel on a
+    driver < 580); an older minor of the same major runs through CUDA's minor-version
+    compatibility and is a note."""
     torch = need_torch()
     values: Dict[str, Any] = {
         "version": torch.__version__,
@@ -90,10 +60,12 @@ def torch_check(params: Dict[str, Any], ctx: Context):
         "file": getattr(torch, "__file__", None),
         "cuda_available": bool(torch.cuda.is_available()),
     }
-    if values["cuda_available"]:
-        values["driver"] = driver_version()
-        values["driver_cuda"] = driver_cuda_version()
+    host = driver.host_driver()
+    values["driver"] = host.version
+    values["driver_cuda"] = host.cuda
+    values["driver_cuda_source"] = host.cuda_source
     problems = []
+    notes = []
     want = params.get("version")
     if want and not version_matches(want, torch.__version__):
         problems.append("torch is %s, expected %s" % (torch.__version__, want))
@@ -101,14 +73,29 @@ def torch_check(params: Dict[str, Any], ctx: Context):
     if want_cuda and not version_matches(want_cuda, torch.version.cuda):
         problems.append("torch is built for CUDA %s, expected %s"
                         % (torch.version.cuda or "none (CPU-only build)", want_cuda))
+    if torch.version.cuda and host.cuda:
+        wheel = arch.parse_version(torch.version.cuda)
+        have = arch.parse_version(host.cuda)
+        need = [d for d, c in driver.DRIVER_TO_CUDA if arch.parse_version(c) >= wheel]
+        least = need[-1] if need else "?"
+        if have[0] < wheel[0]:
+            problems.append("torch %s is built for CUDA %s but the driver %s supports CUDA %s "
+                            "(CUDA %d needs a driver >= %s)" % (
+                                torch.__version__, torch.version.cuda, host.version or "?",
+                                host.cuda, wheel[0], least))
+        elif have < wheel:
+            notes.append("driver CUDA %s is older than the wheel's %s: runs through CUDA "
+                         "minor-version compatibility (PTX from the newer toolkit cannot be "
+                         "JIT-compiled; kernel_audit checks that)" % (host.cuda,
+                                                                      torch.version.cuda))
+    elif torch.version.cuda and not host.cuda:
+        notes.append("no NVIDIA driver found")
     text = "torch %s, CUDA %s" % (torch.__version__, torch.version.cuda or "none")
-    if values.get("driver"):
-        text += ", driver %s" % values["driver"]
-        if values.get("driver_cuda"):
-            text += " (CUDA %s)" % values["driver_cuda"]
+    if host.version or host.cuda:
+        text += ", driver %s (CUDA %s)" % (host.version or "?", host.cuda or "?")
     if problems:
         return failed("; ".join(problems), values)
-    return passed(text, values)
+    return passed("; ".join([text] + notes), values)
 
 
 def _target(params: Dict[str, Any], ctx: Context) -> Tuple[Optional[str], Optional[int]]:
@@ -267,7 +254,8 @@ def loaded_report(maps_text: str, expected: List[str]) -> Dict[str, Any]:
 
 
 def _load_cuda_libraries(modules: List[str]) -> Dict[str, Any]:
-    """Import the modules; with torch and a GPU, touch CUDA, cuBLAS and cuDNN so they load."""
+    """Import the modules; with a GPU, touch CUDA, cuBLAS and cuDNN (through torch, when it is
+    one of them) so they load. `cuda_initialised`: a CUDA device was found and used."""
     info: Dict[str, Any] = {"imported": []}
     for name in modules:
         try:
@@ -276,14 +264,24 @@ def _load_cuda_libraries(modules: List[str]) -> Dict[str, Any]:
             raise Unavailable("cannot import %s (%s): the runtime part needs it" % (name, exc))
         info["imported"].append(name)
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.init()
-        a = torch.ones((64, 64), device="cuda")
-        (a @ a).sum().item()
-        info["cudnn"] = torch.backends.cudnn.version()
-        info["cuda_initialised"] = True
-    else:
-        info["cuda_initialised"] = False
+    if torch is not None:
+        if torch.cuda.is_available():
+            torch.cuda.init()
+            a = torch.ones((64, 64), device="cuda")
+            (a @ a).sum().item()
+            info["cudnn"] = torch.backends.cudnn.version()
+            info["cuda_initialised"] = True
+            info["devices"] = torch.cuda.device_count()
+        else:
+            info["cuda_initialised"] = False
+            info["why_not"] = "torch %s (CUDA %s) reports torch.cuda.is_available() == False" % (
+                torch.__version__, torch.version.cuda or "none: a CPU-only build")
+        return info
+    count, how = driver.cuda_device_count()
+    info["devices"] = count
+    info["cuda_initialised"] = bool(count)
+    if not count:
+        info["why_not"] = how if count is None else "libcuda sees no CUDA device"
     return info
 
 
@@ -335,8 +333,15 @@ def libraries_check(params: Dict[str, Any], ctx: Context):
     if problems:
         return failed("; ".join(problems + notes), values)
     loaded = values["loaded"]
-    text = ("%d CUDA libraries loaded, all from expected dirs, CUDA %s" % (
+    # Nothing wrong was seen; but without CUDA in use, nothing was proven either.
+    if not values["runtime"]["cuda_initialised"]:
+        raise Unavailable("no CUDA device to load the CUDA libraries with (%s); %d tracked "
+                          "CUDA libraries were loaded by importing %s, none from elsewhere" % (
+                              values["runtime"].get("why_not", "?"), len(loaded),
+                              ", ".join(modules) or "nothing"), values)
+    if not loaded:
+        raise Unavailable("CUDA is initialised but no tracked CUDA library was loaded after "
+                          "importing %s" % (", ".join(modules) or "nothing"), values)
+    text = "%d CUDA libraries loaded, all from expected dirs, CUDA %s" % (
         len(loaded), "+".join(map(str, values["loaded_majors"])) or "?")
-        if loaded else "no CUDA library loaded (CUDA %s)"
-        % ("initialised" if values["runtime"]["cuda_initialised"] else "not available"))
     return passed("; ".join([text] + notes), values)

@@ -1,86 +1,228 @@
 """L0 checks: read files only, need no GPU and no torch.
 
-- kernel_audit: every file with GPU code in the venv, and whether it has a path to the target
-  device (SASS that runs there, or PTX the driver can JIT for it).
+- kernel_audit: every unit of GPU code in the venv, and whether it has a path to the target
+  device (SASS that runs there, or PTX this host's driver can JIT for it).
 - library_inventory: which CUDA libraries the venv ships, by CUDA major (used by `libraries`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import arch, cudalibs, fatbin
+from . import arch, cudalibs, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
 
 _SUFFIXES = (".so", ".cubin", ".fatbin")
+# Libraries whose vendor dispatches per arch by design: a unit without the target's code is
+# a note there, not a failure (NVIDIA's math libraries: libcublasLt.so.13 has no sm_103 code
+# in 1534 of its 2782 units and launches only the kernels it has for the device).
+DEFAULT_PARTIAL_OK = ["nvidia/*"]
+DECODE_BUDGET = 64 << 20  # compressed bytes decoded per file to read kernels of units
+UNITS_LISTED = 20  # units without a path listed per file
 
 
 def _is_candidate(name: str) -> bool:
     return name.endswith(_SUFFIXES) or ".so." in name
 
 
-def candidate_files(root: str) -> List[str]:
+def candidate_files(root: str, skipped: Optional[List[str]] = None) -> List[str]:
     """Shared objects, cubins and fatbins under root (or root itself if it is a file), each
-    real file once: symlinks are skipped, hard links de-duplicated."""
-    if os.path.isfile(root):
-        return [root]
+    regular file once: symbolic links are not followed, hard links are de-duplicated, and
+    anything else with such a name (a FIFO, a socket, a device) is listed in `skipped`."""
+    if not os.path.isdir(root):
+        if os.path.isfile(root):
+            return [root]
+        if skipped is not None and os.path.exists(root):
+            skipped.append(root)
+        return []
     seen = set()
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames):
-            if not _is_candidate(name):
+    for _top, entry in venvfs.walk(root):
+        if not _is_candidate(entry.name):
+            continue
+        try:
+            if entry.is_symlink() or entry.is_dir(follow_symlinks=False):
                 continue
-            full = os.path.join(dirpath, name)
-            try:
-                if os.path.islink(full):
-                    continue
-                st = os.stat(full)
-            except OSError:
+            if not entry.is_file(follow_symlinks=False):
+                if skipped is not None:
+                    skipped.append(entry.path)
                 continue
-            key = (st.st_dev, st.st_ino)
-            if key not in seen:
-                seen.add(key)
-                out.append(full)
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key not in seen:
+            seen.add(key)
+            out.append(entry.path)
     return out
 
 
-def file_verdict(
-    scan: fatbin.Scan, target: Tuple[int, int], driver_ptx_max: Optional[Tuple[int, int]]
-) -> Tuple[str, int]:
-    """("sass" | "ptx" | "partial" | "none" | "empty", modules without a path) for one file.
+def glob_match(path: str, globs: List[str]) -> Optional[str]:
+    """The first glob that matches `path` or any end part of it that starts at a directory
+    (`nvidia/*` matches .../site-packages/nvidia/cu13/lib/libcublasLt.so.13), else None."""
+    parts = os.path.abspath(path).strip(os.sep).split(os.sep)
+    tails = ["/".join(parts[i:]) for i in range(len(parts))]
+    for g in globs:
+        if any(fnmatch.fnmatchcase(t, g) for t in tails):
+            return g
+    return None
 
-    A module (one translation unit, or one device link with its units: `Scan.modules`) has a
-    path when one of its SASS entries runs on the target ("sass") or else one of its PTX entries
-    can be JIT-compiled for it ("ptx"). A file is "partial" when some modules have a path and
-    some do not: with lazy module loading that only fails when a kernel of such a module is
-    launched. "none" (no entry of the file can run there) does not depend on the grouping.
-    Modules without any kernel (`Container.empty`) are left out; a file with nothing else is
-    "empty" (it passes: there is nothing to launch).
-    """
-    paths = []
-    for module in scan.modules:
-        if all(container.empty for container in module):
-            continue  # no kernel in it: nothing to launch, nothing to fail
-        how = "none"
-        for e in (e for container in module for e in container.entries):
-            if e.kind == "sass" and arch.runs_on("sass", e.number, e.suffix, target):
-                how = "sass"
-                break
-            if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target, e.version,
-                                                driver_ptx_max):
-                how = "ptx"
-        if any(e.kind in ("sass", "ptx") for container in module for e in container.entries):
-            paths.append(how)
-    missing = paths.count("none")
-    if not paths:
-        return ("empty" if scan.modules else "none"), 0
-    if missing == len(paths):
-        return "none", missing
+
+def unit_path(unit: List[fatbin.Container], target: Tuple[int, int],
+              ptx_max: Optional[Tuple[int, int]]) -> Tuple[Optional[str], str]:
+    """("sass" | "ptx" | None, what it has): SASS that runs on the target, else PTX that the
+    driver can JIT for it (its ISA version at most `ptx_max`, when known)."""
+    entries = [e for c in unit for e in c.entries]
+    for e in entries:
+        if e.kind == "sass" and arch.runs_on("sass", e.number, e.suffix, target):
+            return "sass", e.name
+    ptx_fit = [e for e in entries if e.kind == "ptx"
+               and arch.runs_on("ptx", e.number, e.suffix, target)]
+    for e in ptx_fit:
+        if ptx_max is None or e.version <= ptx_max:
+            return "ptx", e.name
+    names = sorted({e.name for e in entries}, key=fatbin._arch_key)
+    code = [e for e in entries if e.kind in ("sass", "ptx")]
+    if not code:
+        if any(e.kind == "lto" for e in entries):
+            return None, ("only LTO-IR (%s): input for nvJitLink, never loaded as it is"
+                          % "+".join(names))
+        return None, "no SASS or PTX (%s)" % ("+".join(names) or "no entries")
+    why = "has %s" % "+".join(names)
+    if ptx_fit:
+        why += "; its PTX is ISA %s, the driver JITs up to %d.%d" % (
+            "/".join(sorted({"%d.%d" % e.version for e in ptx_fit})), ptx_max[0], ptx_max[1])
+    return None, why
+
+
+def judged_units(scan: fatbin.Scan, target: Tuple[int, int],
+                 ptx_max: Optional[Tuple[int, int]]) -> List[List[fatbin.Container]]:
+    """`Scan.units` as the runtime uses them on `target`: a device-linked (-rdc) container
+    whose SASS runs there is one unit; one that does not is replaced by the relocatable units
+    it was linked from, each on its own (on the H200 the runtime then loads each unit whose
+    relocatable SASS runs, or whose PTX it can JIT, and only those)."""
+    out = []
+    for unit in scan.units:
+        if fatbin.linked_group(unit) and unit_path(unit[:1], target, ptx_max)[0] is None:
+            out.extend([c] for c in unit[1:])
+        elif fatbin.linked_group(unit):
+            out.append(unit[:1])
+        else:
+            out.append(unit)
+    return out
+
+
+def jit_versions(unit: List[fatbin.Container], target: Tuple[int, int]) -> List[str]:
+    """PTX ISA versions of the entries a PTX-only unit would be JIT-compiled from."""
+    return sorted({"%d.%d" % e.version for c in unit for e in c.entries
+                   if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target)})
+
+
+def _arch_specific(unit: List[fatbin.Container]) -> bool:
+    """A unit whose code is all arch- or family-specific (sm_100a, sm_90a, sm_100f, ...): built
+    for those archs' own features, so a library calls it only on them (dispatch by design)."""
+    code = [e for c in unit for e in c.entries if e.kind in ("sass", "ptx")]
+    return bool(code) and all(e.suffix in ("a", "f") for e in code)
+
+
+def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
+             ptx_max: Optional[Tuple[int, int]], waived: bool,
+             strict: bool = False) -> Dict[str, Any]:
+    """Per-file facts: units with and without a path, the kernels of the latter, problems.
+    Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
+    unless `strict`."""
+    units = judged_units(scan, target, ptx_max)
+    with_path = {"sass": 0, "ptx": 0}
+    missing: List[Dict[str, Any]] = []
+    specific: List[Dict[str, Any]] = []
+    kernel_free = 0
+    problems: List[str] = []
+    unreadable: List[str] = ["%s: %s" % (c.label, c.error) for c in scan.containers if c.error]
+    unknown = sorted({e.name for e in scan.entries
+                      if e.kind not in ("sass", "ptx", "lto")}, key=fatbin._arch_key)
+    lacking = []
+    jit = set()
+    for unit in units:
+        how, what = unit_path(unit, target, ptx_max)
+        if how:
+            with_path[how] += 1
+            if how == "ptx":
+                jit.update(jit_versions(unit, target))
+        elif any(c.entries for c in unit):
+            lacking.append((unit, what))
+    # A waived file with some unit that runs needs no decoding: it is a note either way.
+    decode = not (waived and (with_path["sass"] or with_path["ptx"]))
+    budget = [DECODE_BUDGET]
+    for unit, what in lacking:
+        label = (unit[0].label if len(unit) == 1
+                 else "%s (%d embedded containers)" % (unit[0].section, len(unit)))
+        item: Dict[str, Any] = {"unit": label, "why": what,
+                                "archs": sorted({e.name for c in unit for e in c.entries},
+                                                key=fatbin._arch_key)}
+        has_code = any(e.kind in ("sass", "ptx") for c in unit for e in c.entries)
+        if decode and has_code and buf is not None:
+            k = fatbin.unit_kernels(buf, unit, budget)
+            if k.error:
+                unreadable.append(k.error)
+            if k.kernel_free:
+                kernel_free += 1
+                continue
+            item["kernels"] = k.names
+            item["kernels_complete"] = k.complete
+            if not k.complete:
+                item["kernels_note"] = k.undecoded
+        elif has_code:
+            item["kernels_note"] = "not decoded (partial_ok)" if not decode else "not decoded"
+        (specific if not strict and _arch_specific(unit) else missing).append(item)
+    if unknown:
+        problems.append("entries of a kind this reader does not know (%s): cannot judge"
+                        % ", ".join(unknown))
+    if unreadable:
+        problems.append("unreadable: %s" % short_list(unreadable, 3))
+    n_path = with_path["sass"] + with_path["ptx"]
+    if not n_path and specific:  # nothing in the file runs here: arch-specific or not
+        missing, specific = missing + specific, []
     if missing:
-        return "partial", missing
-    return ("ptx" if "ptx" in paths else "sass"), 0
+        verdict = "partial" if n_path else "none"
+    elif n_path:
+        verdict = "ptx" if with_path["ptx"] else "sass"
+    else:
+        verdict = "empty"
+    return {"units": len(units), "units_with_path": n_path, "units_ptx_only": with_path["ptx"],
+            "units_kernel_free": kernel_free, "units_without_path": len(missing),
+            "units_arch_specific": len(specific), "jit_ptx_versions": sorted(jit),
+            "missing": missing,
+            "arch_specific": specific, "verdict": verdict, "problems": problems,
+            "unreadable": unreadable, "unknown_kinds": unknown}
+
+
+def file_verdict(
+    scan: fatbin.Scan, target: Tuple[int, int], driver_ptx_max: Optional[Tuple[int, int]],
+    buf=None,
+) -> Tuple[str, int]:
+    """("sass" | "ptx" | "partial" | "none" | "empty", units without a path) for one file.
+
+    Each unit (`Scan.units`) has a path when one of its SASS entries runs on the target, or
+    else one of its PTX entries can be JIT-compiled for it. With `buf` (the file's bytes) the
+    units without a path are decoded and those without any kernel left out (without it, the
+    file at scan.path is read when there is one)."""
+    if buf is None and os.path.isfile(scan.path):
+        with fatbin.mapped(scan.path, follow=True) as (_again, mm):
+            info = _examine(scan, mm, target, driver_ptx_max, False)
+    else:
+        info = _examine(scan, buf, target, driver_ptx_max, False)
+    return info["verdict"], info["units_without_path"]
+
+
+def _describe_missing(item: Dict[str, Any]) -> str:
+    kernels = item.get("kernels")
+    if kernels:
+        text = "kernels %s" % short_list(kernels, 3)
+    else:
+        text = "kernels not read: %s" % item.get("kernels_note", "?")
+    return "%s: %s; %s" % (item["unit"], item["why"], text)
 
 
 def audit(
@@ -88,114 +230,200 @@ def audit(
     target: Tuple[int, int],
     paths: Optional[List[str]] = None,
     driver_ptx_max: Optional[Tuple[int, int]] = None,
+    partial_ok: Optional[List[str]] = None,
+    strict: bool = False,
 ) -> Dict[str, Any]:
-    """Scan root (a venv, a directory or one file), or the given paths inside it."""
+    """Scan root (a venv, a directory or one file), or the given paths inside it, and judge
+    every unit for `target`. A file fails when it is unreadable, holds entries of an unknown
+    kind, has no unit with a path ("none"), or has units without a path ("partial") unless
+    it matches a `partial_ok` glob (default DEFAULT_PARTIAL_OK; ignored with `strict`)."""
+    globs = DEFAULT_PARTIAL_OK if partial_ok is None else list(partial_ok)
     roots = [root] if not paths else [p if os.path.isabs(p) else os.path.join(root, p)
                                       for p in paths]
-    missing_paths = [p for p in roots if not os.path.exists(p)]
+    missing_paths = [p for p in roots if not os.path.lexists(p)]
     base = root if os.path.isdir(root) else os.path.dirname(root)
     files: List[Dict[str, Any]] = []
     errors: List[str] = []
+    skipped: List[str] = []
     scanned = 0
     all_entries: List[fatbin.Entry] = []
     for r in roots:
-        if not os.path.exists(r):
+        if not os.path.lexists(r):
             continue
-        for path in candidate_files(r):
-            scan = fatbin.scan_file(path)
-            if scan.kind == "not-elf":
-                continue
-            scanned += 1
-            rel = os.path.relpath(path, base)
-            if scan.error:
-                errors.append("%s: %s" % (rel, scan.error))
-                continue
-            errors.extend("%s: %s" % (rel, c.error) for c in scan.containers if c.error)
-            entries = [e for c in scan.runtime_containers + scan.embedded_containers
-                       for e in c.entries]
-            if not entries:
-                continue
-            all_entries.extend(entries)
-            verdict, without = file_verdict(scan, target, driver_ptx_max)
+        for path in candidate_files(r, skipped):
+            with fatbin.mapped(path, follow=(path == r)) as (scan, buf):
+                if scan.kind in ("not-elf", "not-regular"):
+                    if scan.kind == "not-regular":
+                        skipped.append(path)
+                    continue
+                scanned += 1
+                rel = os.path.relpath(path, base)
+                if scan.error:
+                    errors.append("%s: %s" % (rel, scan.error))
+                    files.append({"path": rel, "verdict": "unreadable", "fails": True,
+                                  "problems": ["unreadable: %s" % scan.error]})
+                    continue
+                entries = [e for c in scan.runtime_containers + scan.embedded_containers
+                           for e in c.entries]
+                if not entries and not any(c.error for c in scan.containers):
+                    continue
+                all_entries.extend(entries)
+                waived_by = None if strict else glob_match(path, globs)
+                facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None,
+                                 strict)
             info: Dict[str, Any] = {"path": rel}
             info.update(fatbin.summarize(entries))
             info["containers"] = len(scan.runtime_containers)
             if scan.embedded_containers:
                 info["embedded_containers"] = len(scan.embedded_containers)
-            info["modules"] = len(scan.modules)
-            if without:
-                info["modules_without_path"] = without
             if any(c.section == fatbin.RELOCATABLE_SECTION for c in scan.containers):
                 info["relocatable"] = sum(
                     len(c.entries) for c in scan.containers
                     if c.section == fatbin.RELOCATABLE_SECTION)
-            info["verdict"] = verdict
+            missing = facts.pop("missing")
+            specific = facts.pop("arch_specific")
+            info.update(facts)
+            info["missing"] = missing[:UNITS_LISTED]
+            if specific:
+                info["arch_specific"] = specific[:UNITS_LISTED]
+                info["arch_specific_archs"] = sorted(
+                    {a for u in specific for a in u["archs"]}, key=fatbin._arch_key)
+            problems = list(facts["problems"])
+            errors.extend("%s: %s" % (rel, u) for u in facts["unreadable"])
+            verdict = facts["verdict"]
+            if verdict == "none":
+                problems.append("no unit has a path to %s" % arch.capability_to_arch(target))
+            elif verdict == "partial":
+                if waived_by:
+                    info["waived_by"] = waived_by
+                else:
+                    problems.append("%d of %d units have no path to %s%s" % (
+                        len(missing), facts["units"] - facts["units_kernel_free"],
+                        arch.capability_to_arch(target), " (strict)" if strict else ""))
+            info["problems"] = problems
+            info["fails"] = bool(problems)
+            if problems:
+                info["package"] = venvfs.owner(path)
             files.append(info)
     overall = fatbin.summarize(all_entries)
+
+    def having(cond) -> List[str]:
+        return [f["path"] for f in files if cond(f)]
+
     return {
         "target": arch.capability_to_arch(target),
         "root": root,
         "files_scanned": scanned,
         "gpu_files": len(files),
-        "no_path": [f["path"] for f in files if f["verdict"] == "none"],
-        "partial": [f["path"] for f in files if f["verdict"] == "partial"],
-        "ptx_only": [f["path"] for f in files if f["verdict"] == "ptx"],
-        "kernel_free": [f["path"] for f in files if f["verdict"] == "empty"],
+        "failing": having(lambda f: f["fails"]),
+        "no_path": having(lambda f: f["verdict"] == "none"),
+        "partial": having(lambda f: f["verdict"] == "partial"),
+        "partial_waived": having(lambda f: f["verdict"] == "partial" and f.get("waived_by")),
+        "ptx_only": having(lambda f: f["verdict"] == "ptx"),
+        "kernel_free": having(lambda f: f["verdict"] == "empty"),
+        "arch_specific": having(lambda f: f.get("units_arch_specific")),
+        "unreadable": having(lambda f: f["verdict"] == "unreadable" or f.get("unreadable")),
+        "unknown_kinds": having(lambda f: f.get("unknown_kinds")),
+        "partial_ok": globs,
+        "strict": strict,
         "sass": overall["sass"],
         "ptx": overall["ptx"],
         "lto": overall["lto"],
         "ptx_versions": overall["ptx_versions"],
         "compressed_entries": overall["compressed"],
+        "zstd_decoder": fatbin.zstd_decoder(),
         "missing_paths": missing_paths,
+        "skipped_not_regular": skipped,
         "errors": errors,
         "files": files,
     }
 
 
+def resolve_ptx_limit(value: Optional[str]) -> Tuple[Optional[Tuple[int, int]], Dict[str, Any]]:
+    """driver_ptx_max as given: "X.Y" (that), "none" (not checked), absent (this host's
+    driver, when it has one). Returns (limit, what the report says about it)."""
+    if value and value.lower() != "none":
+        return arch.parse_version(value), {"ptx_max": value, "source": "params.driver_ptx_max"}
+    if value:
+        return None, {"ptx_max": None, "source": "not checked (driver_ptx_max: none)"}
+    host = driver.host_driver()
+    info = dict(host.as_dict())
+    info["source"] = host.describe()
+    return host.ptx_max, info
+
+
 def kernel_audit(params: Dict[str, Any], ctx: Context):
-    """Check: every file with GPU code has a path to the target arch."""
+    """Check: every unit of GPU code has a path to the target arch (see `audit`)."""
     target_text = params.get("arch") or ctx.gpu_value("arch") or ctx.gpu_value("capability")
     if not target_text:
         return failed("no target architecture: give params.arch (e.g. sm_103) or gpu.arch")
     try:
         target = arch.parse_target(str(target_text))
-        driver_max = (arch.parse_version(params["driver_ptx_max"])
-                      if params.get("driver_ptx_max") else None)
+        driver_max, driver_info = resolve_ptx_limit(params.get("driver_ptx_max"))
     except ValueError as exc:
         return failed(str(exc))
     root = ctx.venv_or_prefix()
     if not os.path.exists(root):
         return failed("%s does not exist" % root)
-    values = audit(root, target, params.get("paths"), driver_max)
-    values["driver_ptx_max"] = params.get("driver_ptx_max")
+    values = audit(root, target, params.get("paths"), driver_max, params.get("partial_ok"),
+                   bool(params.get("strict")))
+    values["driver"] = driver_info
+    values["driver_ptx_max"] = driver_info.get("ptx_max")
+    return judge_audit(values)
+
+
+def judge_audit(values: Dict[str, Any]):
+    """The kernel_audit outcome (pass/fail and its one-line reason) for audit() values."""
     name = values["target"]
-    strict = bool(params.get("strict"))
     problems = []
     if values["missing_paths"]:
         problems.append("missing paths: %s" % short_list(values["missing_paths"]))
-    if values["no_path"]:
-        described = ["%s (%s)" % (f["path"], "+".join(f["sass"] + f["ptx"]))
-                     for f in values["files"] if f["verdict"] == "none"]
-        problems.append("%d of %d files with GPU code have no %s SASS and no PTX that can be "
-                        "JIT-compiled for it: %s" % (len(described), values["gpu_files"], name,
-                                                     short_list(described)))
-    if strict and values["partial"]:
-        problems.append("%d files have modules without a path to %s (strict): %s"
-                        % (len(values["partial"]), name, short_list(values["partial"])))
-    if values["errors"]:
-        problems.append("unreadable: %s" % short_list(values["errors"], 3))
+    failing = [f for f in values["files"] if f["fails"]]
+    if failing:
+        described = []
+        for f in failing:
+            text = f["path"]
+            if f.get("package"):
+                text += " [%s]" % f["package"]
+            detail = "; ".join(f["problems"])
+            if f.get("missing"):
+                detail += "; " + _describe_missing(f["missing"][0])
+                if f["units_without_path"] > 1:
+                    detail += " (+%d more units)" % (f["units_without_path"] - 1)
+            described.append("%s (%s)" % (text, detail))
+        problems.append("%d of %d files with GPU code fail for %s: %s" % (
+            len(failing), values["gpu_files"], name, short_list(described, 3)))
     if problems:
         return failed("; ".join(problems), values)
     notes = []
+    drv = values.get("driver") or {}
     if values["ptx_only"]:
-        notes.append("%d only through PTX JIT (slow first launch%s)" % (
-            len(values["ptx_only"]),
-            "" if driver_max else "; driver must accept PTX ISA %s"
-            % "/".join(values["ptx_versions"] or ["?"])))
-    if values["partial"]:
-        notes.append("%d with some modules lacking %s code" % (len(values["partial"]), name))
+        jit = sorted({v for f in values["files"] for v in f.get("jit_ptx_versions", [])},
+                     key=lambda v: tuple(int(x) for x in v.split(".")))
+        if values.get("driver_ptx_max"):
+            notes.append("%d only through PTX JIT (slow first launch; ISA %s <= %s)" % (
+                len(values["ptx_only"]), "/".join(jit or ["?"]), values["driver_ptx_max"]))
+        else:
+            notes.append("%d only through PTX JIT (slow first launch; PTX ISA %s not checked: "
+                         "%s)" % (len(values["ptx_only"]), "/".join(jit or ["?"]),
+                                  drv.get("source", "no driver limit")))
+    if values["partial_waived"]:
+        waived = [f for f in values["files"] if f.get("waived_by")]
+        notes.append("%d with units lacking %s code, allowed by partial_ok (vendor dispatch): "
+                     "%s" % (len(waived), name, short_list(
+                         ["%s (%d of %d units)" % (os.path.basename(f["path"]),
+                                                   f["units_without_path"], f["units"])
+                          for f in waived], 3)))
+    if values.get("arch_specific"):
+        spec = [f for f in values["files"] if f.get("units_arch_specific")]
+        notes.append("%d with arch-specific units for other archs, called only there: %s" % (
+            len(spec), short_list(["%s (%d units: %s)" % (
+                os.path.basename(f["path"]), f["units_arch_specific"],
+                "+".join(f["arch_specific_archs"][:4])) for f in spec], 3)))
     if values["kernel_free"]:
         notes.append("%d without any kernel" % len(values["kernel_free"]))
+    if values["skipped_not_regular"]:
+        notes.append("%d not regular files, skipped" % len(values["skipped_not_regular"]))
     if values["gpu_files"]:
         summary = "%d files with GPU code (of %d scanned) all have a path to %s" % (
             values["gpu_files"], values["files_scanned"], name)

@@ -48,10 +48,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", required=True, help="target device, e.g. sm_103 or 10.3")
     p.add_argument("--path", dest="paths", action="append",
                    help="only this path (relative to PATH); repeatable")
-    p.add_argument("--driver-ptx-max", help="newest PTX ISA the driver accepts, e.g. 9.0")
+    p.add_argument("--driver-ptx-max",
+                   help="newest PTX ISA the driver accepts, e.g. 9.0 ('none': do not check; "
+                        "default: this host's driver)")
+    p.add_argument("--driver-cuda", help="the driver's CUDA version, e.g. 12.8 (instead of "
+                                         "--driver-ptx-max)")
+    p.add_argument("--partial-ok", dest="partial_ok", action="append",
+                   help="glob of files whose units may lack the target (vendor dispatch); "
+                        "repeatable; replaces the default nvidia/*")
+    p.add_argument("--no-partial-ok", action="store_true",
+                   help="no file may have units without a path (partial_ok: [])")
     p.add_argument("--strict", action="store_true",
-                   help="also fail files where only some modules have a path")
+                   help="every unit counts, partial_ok ignored")
     _common(p)
+
+    p = sub.add_parser("relocation", help="L0: a moved venv works where it lives")
+    p.add_argument("venv")
+    p.add_argument("--old", help="the prefix the venv was built at (searched for in bin/)")
+    p.add_argument("--timeout-s", type=int, default=60,
+                   help="bound on starting bin/python")
+    _common(p)
+
+    p = sub.add_parser("outside", help="L0: references from the venv to paths outside it")
+    p.add_argument("venv")
+    _common(p)
+
+    p = sub.add_parser("preflight", help="source host, before a move: kernel_audit for the "
+                                         "destination arch + outside (+ relocation with --old)")
+    p.add_argument("--venv", required=True)
+    p.add_argument("--arch", required=True, help="the destination's arch, e.g. sm_103")
+    p.add_argument("--old", help="also run the relocation check with this old prefix")
+    p.add_argument("--path", dest="paths", action="append",
+                   help="audit only this path (relative to the venv); repeatable")
+    p.add_argument("--driver-ptx-max", help="the destination driver's PTX ISA limit")
+    p.add_argument("--driver-cuda", help="the destination driver's CUDA version, e.g. 13.0")
+    p.add_argument("--partial-ok", dest="partial_ok", action="append")
+    p.add_argument("--no-partial-ok", action="store_true")
+    p.add_argument("--strict", action="store_true")
 
     p = sub.add_parser("libraries", help="L0/L1: CUDA libraries shipped and loaded")
     p.add_argument("--venv", help="the venv (default: this interpreter's prefix)")
@@ -98,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("command", help="run a shell command with /bin/sh -c")
     p.add_argument("run")
+    p.add_argument("--venv", help="whose bin/ goes first in PATH (default: this "
+                                  "interpreter's prefix)")
     p.add_argument("--name")
     p.add_argument("--expect-exit", type=int, default=0)
     p.add_argument("--timeout-s", type=int, default=300)
@@ -113,8 +148,20 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
     cuda: Dict[str, Any] = {}
     if c == "kernel_audit":
         venv = os.path.abspath(args.path)
-        params = {"arch": args.arch, "paths": args.paths, "driver_ptx_max": args.driver_ptx_max,
-                  "strict": args.strict or None}
+        ptx_max = args.driver_ptx_max
+        if not ptx_max and args.driver_cuda:
+            from . import driver
+
+            limit = driver.ptx_max_for_cuda(args.driver_cuda)
+            ptx_max = "%d.%d" % limit if limit else "none"
+        params = {"arch": args.arch, "paths": args.paths, "driver_ptx_max": ptx_max,
+                  "strict": args.strict or None,
+                  "partial_ok": [] if args.no_partial_ok else args.partial_ok}
+    elif c == "relocation":
+        venv = os.path.abspath(args.venv)
+        params = {"old": args.old, "timeout_s": args.timeout_s}
+    elif c == "outside":
+        venv = os.path.abspath(args.venv)
     elif c == "libraries":
         venv = os.path.abspath(args.venv) if args.venv else None
         params = {"expect_dirs": args.expect_dirs or None, "modules": args.modules,
@@ -134,6 +181,7 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
     elif c == "python":
         params = {"code": args.code, "name": args.name, "timeout_s": args.timeout_s}
     elif c == "command":
+        venv = os.path.abspath(args.venv) if args.venv else None
         params = {"run": args.run, "name": args.name, "expect_exit": args.expect_exit,
                   "timeout_s": args.timeout_s}
     check = {"id": c, "type": c, "allow_skip": args.allow_skip,
@@ -168,6 +216,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if stopped:
             _hard_exit(code)
         return code
+    if args.command == "preflight":
+        return _preflight(args)
     job = _standalone(args)
     entry = runner.run_check(job["check"], job["ctx"])
     sys.stdout.write(json.dumps(entry, indent=2, default=str) + "\n")
@@ -175,6 +225,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     if entry["values"].get("timed_out"):
         _hard_exit(code)
     return code
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from . import preflight
+
+    try:
+        doc = preflight.run(args.venv, args.arch, args.old, args.driver_ptx_max,
+                            args.driver_cuda, [] if args.no_partial_ok else args.partial_ok,
+                            args.strict, args.paths)
+    except ValueError as exc:
+        sys.stderr.write("error: %s\n" % exc)
+        return EXIT_USAGE
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stderr.write(report.table(doc["checks"]) + "\n")
+    for p in doc["problems"]:
+        sys.stderr.write("%s: %s%s: %s\n    fix: %s\n" % (
+            p["check"], p["file"], " [%s]" % p["package"] if p.get("package") else "",
+            p["what"], p["fix"]))
+    return EXIT_OK if doc["ok"] else EXIT_FAIL
 
 
 def _hard_exit(code: int) -> None:

@@ -40,9 +40,11 @@ sm_100a / sm_100f / compute_100{,a,f} and comparing the bytes; see docs/probes.m
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
+import stat
 import struct
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -83,7 +85,8 @@ class Entry(NamedTuple):
     compression: Optional[str]  # None, "lz4", "zstd"
     payload_offset: int  # absolute offset in the buffer
     stored_size: int  # bytes stored (compressed size when compressed)
-    size: int  # uncompressed size (padded payload size when not compressed)
+    size: int  # uncompressed size: the header's declared size when compressed (0: not given),
+    #            else the (padded) payload size
 
     @property
     def name(self) -> str:
@@ -101,14 +104,18 @@ class Container(NamedTuple):
     entries: List[Entry]
     error: Optional[str]  # set when the container is truncated or malformed
     wrapper: Optional[int] = None  # version of the wrapper record pointing at it, if any
-    empty: bool = False  # holds no kernel at all (see kernel_free)
+
+    @property
+    def label(self) -> str:
+        """Where it is: `.nv_fatbin+0x8e990` (the file offset of its header)."""
+        return "%s+0x%x" % (self.section, self.offset)
 
 
 class Scan(NamedTuple):
     """What one file holds: its containers (runtime and relocatable) and wrapper count."""
 
     path: str
-    kind: str  # "elf", "cubin", "fatbin", "not-elf", "error"
+    kind: str  # "elf", "cubin", "fatbin", "not-elf", "not-regular", "error"
     containers: List[Container]
     wrappers: int
     error: Optional[str]
@@ -127,24 +134,40 @@ class Scan(NamedTuple):
         return rt if rt else registered
 
     @property
-    def modules(self) -> List[List[Container]]:
-        """Runtime containers grouped into modules: a device-linked container (version-2
-        wrapper) together with the translation-unit containers (version-1 wrappers) it was
-        linked from; every other container alone. With several device links in one file the
-        units cannot be told apart and join all of them (an optimistic grouping). All embedded
-        containers together count as one more module: the library picks among them itself."""
-        rt = self.runtime_containers
+    def units(self) -> List[List[Container]]:
+        """What is judged on its own: each registered container (one translation unit, or one
+        device link), and all embedded containers together (the library picks among them).
+
+        nvcc 13 registers, for a non-rdc `-shared` build, one container per translation unit
+        (version-1 wrapper, the unit's SASS and PTX) and a kernel-free device-linked one
+        (version-2 wrapper); the runtime loads each as a module of its own, so a unit built for
+        other archs fails to launch even when its neighbour has the target's code. With -rdc
+        the device-linked container (version 2) holds every unit's kernels as SASS for the
+        link's archs only, and the units' relocatable code sits in `__nv_relfatbin` (version-1
+        wrappers): when the linked SASS does not fit, the runtime falls back to those units,
+        each on its own (seen on the H200), so such a unit is [linked container] + those
+        relocatable containers (`linked_group`; checks_static.judged_units splits it)."""
         embedded = self.embedded_containers
-        extra = [embedded] if embedded else []
-        linked = [c for c in rt if c.wrapper == 2]
-        if not linked:
-            return [[c] for c in rt] + extra
-        group = linked + [c for c in rt if c.wrapper == 1]
-        return [group] + [[c] for c in rt if c.wrapper is None] + extra
+        rt = self.runtime_containers
+        rdc = [c for c in self.containers
+               if c.section == RELOCATABLE_SECTION and c.wrapper == 1 and c not in rt]
+        units = [[c] + rdc if c.wrapper == 2 and rdc else [c] for c in rt]
+        return units + ([embedded] if embedded else [])
+
+    @property
+    def modules(self) -> List[List[Container]]:
+        """The old name of `units`."""
+        return self.units
 
     @property
     def entries(self) -> List[Entry]:
         return [e for c in self.containers for e in c.entries]
+
+
+def linked_group(unit: List[Container]) -> bool:
+    """A device-linked container followed by the relocatable units it was linked from."""
+    return (len(unit) > 1 and unit[0].wrapper == 2
+            and all(c.section == RELOCATABLE_SECTION for c in unit[1:]))
 
 
 def _suffix(flags: int) -> str:
@@ -166,8 +189,8 @@ def _compression(flags: int) -> Optional[str]:
 def parse_entries(buf, start: int, end: int,
                   strict: bool = False) -> Tuple[List[Entry], Optional[str]]:
     """Entries of one container whose entry area is buf[start:end]. `strict` (for containers
-    found by searching data sections) rejects any entry that is not PTX or ELF of version
-    0x0101, so random bytes that happen to hold the magic are not taken for code."""
+    found by searching data sections) rejects any entry that is not PTX, ELF or LTO-IR of
+    version 0x0101, so random bytes that happen to hold the magic are not taken for code."""
     entries = []
     pos = start
     while pos + 64 <= end:
@@ -183,10 +206,15 @@ def parse_entries(buf, start: int, end: int,
         kind = {KIND_PTX: "ptx", KIND_ELF: "sass", KIND_LTO: "lto"}.get(
             kind_code, "kind%d" % kind_code)
         comp = _compression(flags)
+        if comp and compressed > size:
+            return entries, ("entry at offset %d: compressed size %d exceeds its payload of %d"
+                             % (pos, compressed, size))
         entries.append(Entry(
             kind, number, _suffix(flags), (major, minor), flags, comp, pos + hsize,
-            compressed if comp and compressed else size, usize if comp and usize else size))
+            compressed if comp and compressed else size, usize if comp else size))
         pos += hsize + size
+    if pos != end and end - pos >= 8 and any(bytes(buf[pos:end])):
+        return entries, "%d stray bytes after the last entry at offset %d" % (end - pos, pos)
     return entries, None
 
 
@@ -232,9 +260,14 @@ def _cubin_entry(buf, image: elf.Elf) -> Entry:
     return Entry("sass", number, "", (0, 0), 0, None, 0, len(buf), len(buf))
 
 
+_FATBIN_SECTIONS = (RUNTIME_SECTION, RELOCATABLE_SECTION, WRAPPER_SECTION)
+NO_SECTION_TABLE = "<no section table>"
+
+
 def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
     """Scan an in-memory image (ELF shared object or object, cubin, or a raw fatbin).
-    `embedded`: also search the data sections of a file with GPU code (EMBEDDED_PREFIXES)."""
+    `embedded`: also search the data sections of a file with GPU code (EMBEDDED_PREFIXES).
+    Raises elf.ElfError for an ELF image whose section table cannot be read."""
     if bytes(buf[:4]) == _MAGIC_BYTES:
         return Scan(path, "fatbin", parse_containers(buf, 0, len(buf), "<fatbin>"), 0, None)
     image = elf.parse(buf)
@@ -243,22 +276,30 @@ def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
     if image.machine == elf.EM_CUDA:
         entry = _cubin_entry(buf, image)
         return Scan(path, "cubin", [Container("<cubin>", 0, [entry], None)], 0, None)
+    if not image.sections:
+        # A stripped image without section headers (sstrip): the runtime still registers
+        # its fatbins (the registration code holds their addresses), so search all of it.
+        found = parse_containers(buf, 0, len(buf), NO_SECTION_TABLE, strict=True)
+        return Scan(path, "elf", found, 0, None)
     containers: List[Container] = []
     versions: Dict[int, int] = {}  # container file offset -> wrapper version
     wrappers = 0
     for sec in image.sections:
-        if not elf.in_file(buf, sec):
+        if sec.name not in _FATBIN_SECTIONS or sec.type == elf.SHT_NOBITS:
             continue
-        if sec.name in (RUNTIME_SECTION, RELOCATABLE_SECTION):
+        if not elf.in_file(buf, sec):
+            containers.append(Container(sec.name, sec.offset, [], (
+                "section %s (%d bytes at offset %d) lies outside the file (%d bytes): truncated?"
+                % (sec.name, sec.size, sec.offset, len(buf)))))
+        elif sec.name in (RUNTIME_SECTION, RELOCATABLE_SECTION):
             containers.extend(parse_containers(buf, sec.offset, sec.offset + sec.size, sec.name))
-        elif sec.name == WRAPPER_SECTION:
+        else:
             for magic, version, data in _wrappers(buf, sec):
                 wrappers += magic == WRAPPER_MAGIC
                 where = elf.file_offset(image, data) if magic == WRAPPER_MAGIC and data else None
                 if where is not None:
                     versions[where] = version
-    containers = [c._replace(wrapper=versions.get(c.offset), empty=kernel_free(buf, c))
-                  for c in containers]
+    containers = [c._replace(wrapper=versions.get(c.offset)) for c in containers]
     if embedded and (containers or wrappers):
         for sec in image.sections:
             if (sec.type == elf.SHT_PROGBITS and sec.name.startswith(EMBEDDED_PREFIXES)
@@ -275,121 +316,295 @@ def _wrappers(buf, sec: elf.Section):
         yield struct.unpack_from("<IIQ", buf, pos)
 
 
-# Emptiness: a registered module without kernels (libcufft.so.12 and libcufftw.so.12 each carry
-# one sm_75 cubin with no .text section) cannot fail a launch, so it needs no path to the target.
-DECODE_MAX = 8192  # only entries this small are decoded to look for kernels
-EMPTY_CUBIN_MAX = 2560  # an undecodable (zstd, no module) sm_75+ cubin this small is taken as
-#                         empty: nvcc 13 writes 1.4-2.3 KB kernel-free cubins (sm_75..sm_120)
-#                         and 2.8-5 KB ones for a single empty kernel
+def scan_file(path: str, embedded: bool = True, follow: bool = False) -> Scan:
+    """Scan one file through a read-only mmap (never reads a big library into memory). Only a
+    regular file is read: the open does not block (a FIFO named `x.so` must not hang the
+    audit) and, unless `follow`, does not follow a symbolic link."""
+    with mapped(path, embedded, follow) as (scan, _buf):
+        return scan
 
 
-def entry_has_kernels(buf, entry: Entry) -> Optional[bool]:
-    """True/False when known (a cubin with a `.text.*` section, PTX with `.entry`); None when
-    it cannot be told. Big entries are assumed to hold kernels."""
-    if entry.kind not in ("sass", "ptx") or entry.size > DECODE_MAX:
-        return True
+@contextlib.contextmanager
+def mapped(path: str, embedded: bool = True, follow: bool = False):
+    """`with mapped(path) as (scan, buf)`: scan_file, with the file's read-only mmap kept open
+    for decoding payloads (buf is None when nothing was mapped)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        data = payload(buf, entry)
-    except Exception:  # a corrupt payload, or the zstd module's own error type
-        data = None
-    if data is None:
-        # the size rule was measured on sm_75+ only (what nvcc 13 builds)
-        if entry.kind == "sass" and entry.number >= 75 and entry.size <= EMPTY_CUBIN_MAX:
-            return False
-        return None
-    if entry.kind == "ptx":
-        return b".entry" in data
-    image = elf.parse(data)
-    if image is None:
-        return None
-    return any(sec.name.startswith(".text.") for sec in image.sections)
-
-
-def kernel_free(buf, container: Container) -> bool:
-    """Whether a container surely holds no kernel (every code entry known to be empty)."""
-    code = [e for e in container.entries if e.kind in ("sass", "ptx")]
-    return bool(code) and all(entry_has_kernels(buf, e) is False for e in code)
-
-
-def scan_file(path: str, embedded: bool = True) -> Scan:
-    """Scan one file through a read-only mmap (never reads a big library into memory)."""
+        fd = os.open(path, flags)
+    except OSError as exc:
+        yield Scan(path, "error", [], 0, "%s: %s" % (type(exc).__name__, exc.strerror or exc)), None
+        return
+    mm = None
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < 16:
-                return Scan(path, "not-elf", [], 0, None)
-            head = fh.read(4)
-            if head not in (elf.MAGIC, _MAGIC_BYTES):
-                return Scan(path, "not-elf", [], 0, None)
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        scan = None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                scan = Scan(path, "not-regular", [], 0, None)
+            elif st.st_size < 16 or os.pread(fd, 4, 0) not in (elf.MAGIC, _MAGIC_BYTES):
+                scan = Scan(path, "not-elf", [], 0, None)
+            else:
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 scan = scan_buffer(mm, path, embedded)
-            return scan
-    except (OSError, ValueError) as exc:
-        return Scan(path, "error", [], 0, "%s: %s" % (type(exc).__name__, exc))
+        except (OSError, ValueError) as exc:  # elf.ElfError is a ValueError
+            scan = Scan(path, "error", [], 0, "%s: %s" % (type(exc).__name__, exc))
+        yield scan, mm
+    finally:
+        if mm is not None:
+            mm.close()
+        os.close(fd)
+
+
+# Decoding payloads: only for units without a path to the target (are there kernels in them,
+# and which?). Every decoder is bounded by the entry's declared uncompressed size and by
+# DECODE_CAP; more output than that, or a payload that does not decode, is Unreadable.
+DECODE_CAP = 256 << 20
+
+
+class Unreadable(ValueError):
+    """A payload that cannot be decoded: corrupt, truncated, or larger than it says."""
+
+
+def _limit(entry: Entry) -> int:
+    if entry.compression and entry.size <= 0:
+        raise Unreadable("%s entry declares no uncompressed size" % entry.compression)
+    if entry.size > DECODE_CAP:
+        raise Unreadable("declared uncompressed size %d exceeds the %d-byte cap"
+                         % (entry.size, DECODE_CAP))
+    return entry.size
 
 
 def payload(buf, entry: Entry) -> Optional[bytes]:
-    """The entry's code, decompressed; None when it is Zstandard-compressed and no zstd module
-    (Python 3.14's compression.zstd, or zstandard) is importable."""
-    raw = bytes(buf[entry.payload_offset:entry.payload_offset + entry.stored_size])
+    """The entry's code, decompressed; None when it is Zstandard-compressed and no zstd decoder
+    (Python 3.14's compression.zstd, the zstandard module, or libzstd.so.1 through ctypes) is
+    available. Raises Unreadable for a payload that does not decode within its declared size."""
+    end = entry.payload_offset + entry.stored_size
+    if end > len(buf):
+        raise Unreadable("payload runs past the end of the data")
+    raw = bytes(buf[entry.payload_offset:end])
     if entry.compression is None:
         return raw
+    limit = _limit(entry)
     if entry.compression == "lz4":
-        return lz4_block_decompress(raw, entry.size)
+        return lz4_block_decompress(raw, limit)
     if not raw.startswith(_ZSTD_MAGIC):
-        raise ValueError("entry is flagged zstd but its payload has no zstd frame magic")
+        raise Unreadable("entry is flagged zstd but its payload has no zstd frame magic")
+    return zstd_decompress(raw, limit)
+
+
+def zstd_decompress(raw: bytes, limit: int) -> Optional[bytes]:
+    """At most `limit` bytes out of one zstd frame; None when no decoder is available."""
     try:
         from compression import zstd  # type: ignore  # Python 3.14+
-
-        return zstd.decompress(raw)
     except ImportError:
-        pass
+        zstd = None
+    if zstd is not None:
+        d = zstd.ZstdDecompressor()
+        try:
+            out = d.decompress(raw, max_length=limit + 1)
+        except zstd.ZstdError as exc:
+            raise Unreadable("zstd: %s" % exc) from None
+        if len(out) > limit:
+            raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
+        if not d.eof:
+            raise Unreadable("truncated zstd frame")
+        return out
     try:
         import zstandard  # type: ignore
     except ImportError:
+        zstandard = None
+    if zstandard is not None:
+        try:
+            declared = zstandard.frame_content_size(raw)
+            if declared > limit:
+                raise Unreadable("zstd frame declares %d bytes, the entry %d" % (declared, limit))
+            return zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit)
+        except zstandard.ZstdError as exc:
+            raise Unreadable("zstd: %s" % exc) from None
+    lib = _libzstd()
+    if lib is None:
         return None
-    return zstandard.ZstdDecompressor().decompress(raw, max_output_size=entry.size)
+    import ctypes
+
+    dst = ctypes.create_string_buffer(max(limit, 1))
+    n = lib.ZSTD_decompress(dst, limit, raw, len(raw))
+    if lib.ZSTD_isError(n):
+        raise Unreadable("zstd: %s" % lib.ZSTD_getErrorName(n).decode("ascii", "replace"))
+    return dst.raw[:n]
+
+
+_LIBZSTD: List[object] = []
+
+
+def _libzstd():
+    """libzstd.so.1 through ctypes (present on most Linux hosts), or None."""
+    if not _LIBZSTD:
+        lib = None
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libzstd.so.1")
+            lib.ZSTD_decompress.restype = ctypes.c_size_t
+            lib.ZSTD_decompress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
+                                            ctypes.c_size_t]
+            lib.ZSTD_isError.restype = ctypes.c_uint
+            lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
+            lib.ZSTD_getErrorName.restype = ctypes.c_char_p
+            lib.ZSTD_getErrorName.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            lib = None
+        _LIBZSTD.append(lib)
+    return _LIBZSTD[0]
+
+
+def zstd_decoder() -> Optional[str]:
+    """Which zstd decoder this host has ("compression.zstd", "zstandard", "libzstd"), or None."""
+    try:
+        from compression import zstd  # type: ignore  # noqa: F401
+
+        return "compression.zstd"
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore  # noqa: F401
+
+        return "zstandard"
+    except ImportError:
+        pass
+    return "libzstd" if _libzstd() is not None else None
+
+
+def _lz4_length(src: bytes, i: int, length: int, room: int) -> Tuple[int, int]:
+    """A 4-bit length of 15 continues in bytes of 255 until one is smaller. `room`: the output
+    left; a longer length is refused as soon as it is seen."""
+    if length != 15:
+        return length, i
+    n = len(src)
+    while True:
+        if i >= n:
+            raise Unreadable("truncated LZ4 block: a length runs past the input")
+        extra = src[i]
+        i += 1
+        length += extra
+        if length > room:
+            raise Unreadable("LZ4 output exceeds the declared size")
+        if extra != 255:
+            return length, i
 
 
 def lz4_block_decompress(src: bytes, size: int) -> bytes:
-    """Decode one LZ4 block (the format of flag 0x2000). `size` is the expected output size."""
+    """Decode one LZ4 block (the format of flag 0x2000) into at most `size` bytes (the entry's
+    declared uncompressed size). Raises Unreadable for output past `size`, a match before the
+    start of the output, or input that ends in the middle of a sequence."""
+    if size > DECODE_CAP:
+        raise Unreadable("declared size %d exceeds the %d-byte cap" % (size, DECODE_CAP))
     dst = bytearray()
     i, n = 0, len(src)
     while i < n:
         token = src[i]
         i += 1
-        length = token >> 4
-        if length == 15:
-            while True:
-                extra = src[i]
-                i += 1
-                length += extra
-                if extra != 255:
-                    break
+        length, i = _lz4_length(src, i, token >> 4, size - len(dst))
+        if i + length > n:
+            raise Unreadable("truncated LZ4 block: %d literal bytes past the input" % (
+                i + length - n))
+        if len(dst) + length > size:
+            raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
         dst += src[i:i + length]
         i += length
-        if i >= n or len(dst) >= size:
-            break
+        if i >= n or len(dst) == size:
+            break  # the last sequence has literals only
+        if i + 2 > n:
+            raise Unreadable("truncated LZ4 block: no room for a match offset")
         offset = src[i] | (src[i + 1] << 8)
         i += 2
         if offset == 0 or offset > len(dst):
-            raise ValueError("corrupt LZ4 block: match offset %d at output %d" % (offset, len(dst)))
-        length = token & 15
-        if length == 15:
-            while True:
-                extra = src[i]
-                i += 1
-                length += extra
-                if extra != 255:
-                    break
+            raise Unreadable("corrupt LZ4 block: match offset %d at output %d"
+                             % (offset, len(dst)))
+        length, i = _lz4_length(src, i, token & 15, size - len(dst))
         length += 4
+        if len(dst) + length > size:
+            raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
         start = len(dst) - offset
         if offset >= length:
             dst += dst[start:start + length]
-        else:
-            for k in range(length):
-                dst.append(dst[start + k])
-    return bytes(dst[:size])
+        else:  # overlapping: the last `offset` bytes repeat
+            chunk = bytes(dst[start:])
+            dst += (chunk * (length // offset + 1))[:length]
+    return bytes(dst)
+
+
+_PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+
+
+def entry_kernels(buf, entry: Entry) -> Optional[List[str]]:
+    """The kernels of a SASS or PTX entry (a cubin's STO_CUDA_ENTRY symbols, PTX `.entry`
+    names); [] for code without any kernel; None when it cannot be decoded here (zstd without a
+    decoder). Raises Unreadable for a payload that does not decode or is not a cubin."""
+    data = payload(buf, entry)
+    if data is None:
+        return None
+    if entry.kind == "ptx":
+        found = []
+        for m in _PTX_ENTRY.finditer(data):
+            name = m.group(1).decode("latin-1")
+            if name not in found:
+                found.append(name)
+        return found
+    try:
+        image = elf.parse(data)
+    except elf.ElfError as exc:
+        raise Unreadable("cubin: %s" % exc) from None
+    if image is None or image.machine != elf.EM_CUDA:
+        raise Unreadable("payload of a SASS entry is not a CUDA ELF image")
+    return elf.kernels(data, image)
+
+
+class UnitKernels(NamedTuple):
+    names: List[str]  # kernels found (mangled names as the symbol table has them)
+    complete: bool  # every container with code was decoded: `names == []` means kernel-free
+    error: Optional[str]  # a payload that is corrupt (the unit is unreadable)
+    undecoded: str  # why some container was not decoded ("" when complete)
+
+    @property
+    def kernel_free(self) -> bool:
+        return self.complete and not self.names and not self.error
+
+
+def unit_kernels(buf, unit: List[Container], budget: Optional[List[int]] = None) -> UnitKernels:
+    """The kernels of a unit, read from the cheapest code entry of each container that decodes
+    here (all entries of one container hold the same kernels, compiled for other archs).
+    `budget`: [bytes] of compressed input still allowed to be decoded (shared across calls);
+    a container past it is left undecoded."""
+    order = {None: 0, "lz4": 1, "zstd": 2}
+    names: List[str] = []
+    undecoded = ""
+    for c in unit:
+        code = sorted((e for e in c.entries if e.kind in ("sass", "ptx")),
+                      key=lambda e: (order.get(e.compression, 3), e.stored_size))
+        if not code:
+            continue
+        done = False
+        for e in code:
+            if budget is not None and budget[0] < e.stored_size:
+                undecoded = "decoding budget spent"
+                break
+            try:
+                found = entry_kernels(buf, e)
+            except Unreadable as exc:
+                return UnitKernels(names, False, "%s %s: %s" % (c.label, e.name, exc), "")
+            if budget is not None:
+                budget[0] -= e.stored_size
+            if found is None:
+                undecoded = "zstd payload and no zstd decoder here"
+                continue
+            names.extend(k for k in found if k not in names)
+            done = True
+            break
+        if not done and not undecoded:
+            undecoded = "no decodable entry"
+    return UnitKernels(names, not undecoded, None, undecoded)
 
 
 def summarize(entries: List[Entry]) -> Dict[str, object]:

@@ -127,3 +127,124 @@ def c_array(name: str, data: bytes, section: str = "") -> str:
     body = ",".join(str(b) for b in data)
     return "const unsigned char %s[%d] __attribute__((%s)) = {%s};\n" % (
         name, len(data), attrs, body)
+
+
+def tiny_elf(sections, machine: int = 62, etype: int = 3, flags: int = 0,
+             abiversion: int = 0, addresses: bool = False) -> bytes:
+    """A little-endian ELF64 image with the given sections, laid out by hand (no toolchain):
+    sections = [(name, sh_type, data, sh_link)], section 0 and .shstrtab added. x86-64 shared
+    object by default; machine 190 makes a cubin."""
+    import struct
+
+    names = b"\0"
+    offsets = []
+    for name, *_rest in sections:
+        offsets.append(len(names))
+        names += name.encode() + b"\0"
+    shstr_name = len(names)
+    names += b".shstrtab\0"
+    body = b""
+    placed = []
+    pos = 64
+    for (_name, _type, data, _link), noff in zip(sections, offsets):
+        pad = -pos % 8
+        body += b"\0" * pad
+        pos += pad
+        placed.append(pos)
+        body += data
+        pos += len(data)
+    pad = -pos % 8
+    body += b"\0" * pad
+    pos += pad
+    shstr_off = pos
+    body += names
+    pos += len(names)
+    pad = -pos % 8
+    body += b"\0" * pad
+    pos += pad
+    shoff = pos
+    shnum = len(sections) + 2
+    head = b"\x7fELF" + bytes([2, 1, 1, 0x33 if machine == 190 else 0, abiversion]) + b"\0" * 7
+    head += struct.pack("<HHIQQQIHHHHHH", etype, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64,
+                        shnum, shnum - 1)
+    table = b"\0" * 64
+    for (name, sh_type, data, link), noff, off in zip(sections, offsets, placed):
+        entsize = 24 if sh_type == 2 else 0
+        table += struct.pack("<IIQQQQIIQQ", noff, sh_type, 2, off if addresses else 0, off,
+                             len(data), link, 0, 8, entsize)
+    table += struct.pack("<IIQQQQIIQQ", shstr_name, 3, 0, 0, shstr_off, len(names), 0, 0, 1, 0)
+    return head + body + table
+
+
+def tiny_cubin(kernels, number: int = 90) -> bytes:
+    """A cubin-shaped ELF (EM_CUDA) whose symbol table names `kernels` as entries
+    (STT_FUNC, global, st_other STO_CUDA_ENTRY) with one `.text.NAME` section each."""
+    import struct
+
+    strtab = b"\0"
+    syms = b"\0" * 24
+    sections = []
+    for i, k in enumerate(kernels):
+        name_off = len(strtab)
+        strtab += k.encode() + b"\0"
+        # sections: 1 .strtab, 2 .symtab, then .text.k at 3 + i
+        syms += struct.pack("<IBBHQQ", name_off, 0x12, 0x10, 3 + i, 0, 16)
+    sections.append((".strtab", 3, strtab, 0))
+    sections.append((".symtab", 2, syms, 1))
+    for k in kernels:
+        sections.append((".text." + k, 1, b"\0" * 16, 0))
+    return tiny_elf(sections, machine=190, etype=2, flags=number, abiversion=7)
+
+
+def tiny_ptx(kernels, isa: str = "8.0", target: str = "sm_80") -> bytes:
+    body = "".join(".visible .entry %s(\n)\n{\n\tret;\n}\n" % k for k in kernels)
+    return (".version %s\n.target %s\n.address_size 64\n%s" % (isa, target, body)).encode() + b"\0"
+
+
+def tiny_so(fatbin: bytes, extra_sections=()) -> bytes:
+    """An x86-64 shared object (hand-laid, no toolchain) with `fatbin` as its .nv_fatbin."""
+    return tiny_elf([(".nv_fatbin", 1, fatbin, 0)] + list(extra_sections))
+
+
+def lz4_literals(data: bytes) -> bytes:
+    """A valid LZ4 block holding `data` as one run of literals (no matches)."""
+    n = len(data)
+    if n < 15:
+        return bytes([n << 4]) + data
+    rest = n - 15
+    ext = b"\xff" * (rest // 255) + bytes([rest % 255])
+    return bytes([0xF0]) + ext + data
+
+
+def zstd_raw_frame(data: bytes) -> bytes:
+    """A valid Zstandard frame holding `data` in raw blocks (no toolchain, no zstd module)."""
+    import struct
+
+    out = b"\x28\xb5\x2f\xfd" + bytes([0xA0]) + struct.pack("<I", len(data))
+    blocks = [data[i:i + (128 << 10)] for i in range(0, len(data), 128 << 10)] or [b""]
+    for i, block in enumerate(blocks):
+        last = 1 if i == len(blocks) - 1 else 0
+        header = last | (0 << 1) | (len(block) << 3)
+        out += struct.pack("<I", header)[:3] + block
+    return out
+
+
+def tiny_rdc_so(linked: bytes, relocatables) -> bytes:
+    """An -rdc shared object as nvcc 13 lays it out: the device-linked container in
+    .nv_fatbin (version-2 wrapper), each unit's relocatable container in __nv_relfatbin
+    (version-1 wrappers), and the 24-byte wrapper records in .nvFatBinSegment (addresses equal
+    file offsets here)."""
+    import struct
+
+    rel = b""
+    rel_offsets = []
+    nv_off = 64
+    rel_start = nv_off + len(linked) + (-len(linked) % 8)
+    for r in relocatables:
+        rel_offsets.append(rel_start + len(rel))
+        rel += r + b"\0" * (-len(r) % 8)
+    records = struct.pack("<IIQQ", 0x466243B1, 2, nv_off, 0)
+    records += b"".join(struct.pack("<IIQQ", 0x466243B1, 1, o, 0) for o in rel_offsets)
+    return tiny_elf([(".nv_fatbin", 1, linked + b"\0" * (-len(linked) % 8), 0),
+                     ("__nv_relfatbin", 1, rel, 0), (".nvFatBinSegment", 1, records, 0)],
+                    addresses=True)

@@ -93,25 +93,49 @@ def test_kernel_audit_check(fatbins, build, target, status):
         assert path.name in result["reason"] and path.name in result["values"]["no_path"]
 
 
-def test_modules_of_a_device_linked_library(fatbins):
-    """nvcc -shared: a device-linked container (wrapper version 2, SASS only) plus the unit's own
-    container (version 1, with PTX) form one module, so PTX can serve a newer arch."""
+def test_units_of_a_device_linked_library(fatbins):
+    """nvcc -shared: a kernel-free device-linked container (wrapper version 2) and the unit's
+    own container (version 1, SASS and PTX) are two units; the first needs no path."""
     scan = fatbin.scan_file(str(fatbins["compressed"]))
     assert sorted(c.wrapper for c in scan.containers) == [1, 2]
-    assert len(scan.modules) == 1
+    assert len(scan.units) == 2
+    data = fatbins["compressed"].read_bytes()
+    linked = [u for u in scan.units if u[0].wrapper == 2][0]
+    assert fatbin.unit_kernels(data, linked).kernel_free
+    assert file_verdict(scan, (12, 0), None) == ("ptx", 0)
 
 
-def test_partial_file_has_a_module_without_a_path(fatbins):
+def test_partial_file_fails_naming_the_unit_and_its_kernel(fatbins, tmp_path):
+    """Two units linked by the host linker: on sm_90 the sm_120 unit's kernel cannot launch.
+    (It used to pass with a note: the old rule only failed files where no unit had a path.)"""
     scan = fatbin.scan_file(str(fatbins["partial"]))
-    assert [c.wrapper for c in scan.containers] == [1, 1] and len(scan.modules) == 2
+    assert [c.wrapper for c in scan.containers] == [1, 1] and len(scan.units) == 2
     assert file_verdict(scan, (9, 0), None) == ("partial", 1)
     assert file_verdict(scan, (12, 0), None) == ("partial", 1)
     assert file_verdict(scan, (10, 3), None) == ("none", 2)
     ctx = Context(venv=str(fatbins["partial"]))
-    lenient = run_check({"type": "kernel_audit", "params": {"arch": "sm_90"}}, ctx)
-    strict = run_check({"type": "kernel_audit", "params": {"arch": "sm_90", "strict": True}}, ctx)
-    assert lenient["status"] == "pass" and "1 with some modules" in lenient["reason"]
-    assert strict["status"] == "fail" and "libpartial.so" in strict["reason"]
+    result = run_check({"type": "kernel_audit", "params": {"arch": "sm_90"}}, ctx)
+    assert result["status"] == "fail", result["reason"]
+    assert "libpartial.so" in result["reason"] and "add_one_1" in result["reason"]
+    (info,) = result["values"]["files"]
+    assert [m["kernels"] for m in info["missing"]] == [["add_one_1"]]
+    assert info["missing"][0]["archs"] == ["sm_120"]
+    # the same file where a vendor dispatches per arch (below nvidia/): a note, listed
+    vendor = tmp_path / "site-packages" / "nvidia" / "foo" / "lib"
+    vendor.mkdir(parents=True)
+    (vendor / "libfoo.so").write_bytes(fatbins["partial"].read_bytes())
+    ctx = Context(venv=str(tmp_path))
+    noted = run_check({"type": "kernel_audit", "params": {"arch": "sm_90"}}, ctx)
+    assert noted["status"] == "pass" and "partial_ok" in noted["reason"]
+    assert noted["values"]["partial_waived"] == ["site-packages/nvidia/foo/lib/libfoo.so"]
+    for params in ({"strict": True}, {"partial_ok": []}, {"partial_ok": ["other/*"]}):
+        params = dict(params, arch="sm_90")
+        result = run_check({"type": "kernel_audit", "params": params}, ctx)
+        assert result["status"] == "fail" and "libfoo.so" in result["reason"], params
+    wider = run_check({"type": "kernel_audit", "params": {"arch": "sm_90",
+                                                          "partial_ok": ["libpartial.so"]}},
+                      Context(venv=str(fatbins["partial"])))
+    assert wider["status"] == "pass", wider["reason"]
 
 
 def test_audit_of_a_tree_lists_the_files_without_a_path(fatbins):
@@ -212,7 +236,8 @@ def test_null_venv_means_the_running_interpreter(monkeypatch, tmp_path):
 def test_a_library_without_kernels_needs_no_path(fatbins, build):
     """Like libcufftw.so.12: one sm_75 cubin with no kernel in it. It cannot fail a launch."""
     scan = fatbin.scan_file(str(fatbins[build]))
-    assert scan.containers and all(c.empty for c in scan.containers)
+    data = fatbins[build].read_bytes()
+    assert scan.units and all(fatbin.unit_kernels(data, u).kernel_free for u in scan.units)
     assert file_verdict(scan, (10, 3), None) == ("empty", 0)
     result = run_check({"type": "kernel_audit", "params": {"arch": "sm_103"}},
                        Context(venv=str(fatbins[build])))
@@ -220,25 +245,30 @@ def test_a_library_without_kernels_needs_no_path(fatbins, build):
 
 
 def test_kernel_detection_by_decoding(fatbins):
-    """Uncompressed and LZ4 cubins are decoded: kernels are `.text.*` sections."""
-    for build, has in (("nokernel", False), ("sm90", True), ("lz4", True)):
+    """Uncompressed, LZ4 and zstd cubins are decoded: kernels are the symbols nvcc marks as
+    entries (STO_CUDA_ENTRY)."""
+    for build, kernels in (("nokernel", []), ("sm90", ["add_one"]), ("lz4", ["add_one"]),
+                           ("compressed", ["add_one"]), ("ptx100", ["add_one"])):
         data = fatbins[build].read_bytes()
         scan = fatbin.scan_buffer(data)
         tu = [c for c in scan.containers if c.wrapper != 2]  # the unit's own container
-        assert all(fatbin.entry_has_kernels(data, e) is has for c in tu for e in c.entries)
+        for c in tu:
+            for e in c.entries:
+                assert fatbin.entry_kernels(data, e) == kernels, (build, e.name)
 
 
-def test_size_rule_when_zstd_cannot_be_decoded(monkeypatch):
-    """Without a zstd module a small zstd cubin is judged by its uncompressed size."""
-    monkeypatch.setattr(fatbin, "payload", lambda buf, entry: None)
-    small = fatbin.Entry("sass", 75, "", (1, 8), 0x8011, "zstd", 0, 500, 1896)
-    old_arch = small._replace(number=70)
-    big = small._replace(size=3432)
-    ptx = small._replace(kind="ptx")
-    assert fatbin.entry_has_kernels(b"", small) is False
-    assert fatbin.entry_has_kernels(b"", big) is None
-    assert fatbin.entry_has_kernels(b"", ptx) is None
-    assert fatbin.entry_has_kernels(b"", old_arch) is None
+def test_no_size_rule_for_undecodable_zstd(monkeypatch, fatbins):
+    """Without any zstd decoder a small zstd cubin is not taken for kernel-free (the old size
+    rule skipped every compressed cubin up to 2560 bytes): the unit counts, and says why."""
+    monkeypatch.setattr(fatbin, "zstd_decompress", lambda raw, limit: None)
+    scan = fatbin.scan_file(str(fatbins["nokernel_zstd"]))
+    data = fatbins["nokernel_zstd"].read_bytes()
+    (unit,) = [u for u in scan.units if u[0].entries[0].compression == "zstd"][:1]
+    k = fatbin.unit_kernels(data, unit)
+    assert not k.kernel_free and "no zstd decoder" in k.undecoded
+    result = run_check({"type": "kernel_audit", "params": {"arch": "sm_103"}},
+                       Context(venv=str(fatbins["nokernel_zstd"])))
+    assert result["status"] == "fail" and "no zstd decoder" in result["reason"]
 
 
 def test_fatbins_in_data_sections(tmp_path):
@@ -258,7 +288,7 @@ def test_fatbins_in_data_sections(tmp_path):
     assert [e.name for e in scan.embedded_containers[0].entries] == ["sm_90", "sm_100f",
                                                                      "lto_90"]
     assert fatbin.scan_file(str(lib), embedded=False).embedded_containers == []
-    # the registered module is an unknown 8-byte "cubin": assumed to hold kernels
+    # the registered unit is an 8-byte "cubin" that does not decode: unreadable, and counted
     assert file_verdict(scan, (10, 3), None) == ("partial", 1)
     assert file_verdict(scan, (12, 0), None) == ("none", 2)  # LTO-IR is no path
     values = audit(str(lib), (10, 3))

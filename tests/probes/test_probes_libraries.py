@@ -15,14 +15,19 @@ from rbprobes.checks_static import library_inventory
 from probes_helpers import ROOT, run_cli
 
 
-def load_then_check(libs, *cli_args):
+def load_then_check(libs, *cli_args, devices=None):
     """In a fresh interpreter: dlopen `libs` (as a system CUDA would be), then run the
-    libraries check's command line without importing torch."""
+    libraries check's command line without importing torch. `devices`: what libcuda is made
+    to report (this machine has no GPU); None leaves it alone."""
     code = ("import ctypes, sys\n"
+            "from rbprobes import driver\n"
+            "if %r is not None:\n"
+            "    driver.cuda_device_count = lambda: (%r, 'test')\n"
             "for lib in sys.argv[1:]:\n"
             "    ctypes.CDLL(lib)\n"
             "from rbprobes.cli import main\n"
-            "sys.exit(main(%r))\n" % (["libraries", "--module", "ctypes"] + list(cli_args),))
+            "sys.exit(main(%r))\n" % (devices, devices,
+                                       ["libraries", "--module", "ctypes"] + list(cli_args)))
     done = subprocess.run([sys.executable, "-c", code] + [str(l) for l in libs], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     return done.returncode, json.loads(done.stdout)
@@ -42,17 +47,33 @@ def test_system_cudart_shadowing_the_venv_is_caught(fake_libs, tmp_path):
 
 def test_library_from_an_expected_dir_passes(fake_libs, tmp_path):
     rc, result = load_then_check([fake_libs["12"]], "--venv", str(tmp_path),
-                                 "--expect-dir", str(fake_libs["12"].parent))
+                                 "--expect-dir", str(fake_libs["12"].parent), devices=1)
     assert (rc, result["status"]) == (0, "pass"), result["reason"]
     assert result["values"]["loaded_majors"] == [12]
 
 
+def test_without_cuda_nothing_is_proven(fake_libs, tmp_path):
+    """No GPU (this machine): the check used to pass; it fails unless allow_skip."""
+    args = ("--venv", str(tmp_path), "--expect-dir", str(fake_libs["12"].parent))
+    rc, result = load_then_check([fake_libs["12"]], *args, devices=0)
+    assert (rc, result["status"]) == (1, "fail")
+    assert "no CUDA device" in result["reason"] and "allow_skip" in result["reason"]
+    assert result["values"]["loaded_majors"] == [12]  # what was seen is still reported
+    rc, result = load_then_check([fake_libs["12"]], *args, "--allow-skip")
+    assert (rc, result["status"]) == (0, "skip") and "libcuda" in result["reason"]
+
+
+def test_cuda_without_any_library_loaded_fails(tmp_path):
+    rc, result = load_then_check([], "--venv", str(tmp_path), devices=1)
+    assert rc == 1 and "no tracked CUDA library was loaded" in result["reason"]
+
+
 def test_cuda_library_dirs_and_home_count_as_expected(fake_libs, tmp_path):
     rc, result = load_then_check([fake_libs["12"]], "--venv", str(tmp_path),
-                                 "--library-dir", str(fake_libs["12"].parent))
+                                 "--library-dir", str(fake_libs["12"].parent), devices=1)
     assert rc == 0, result["reason"]
     rc, result = load_then_check([fake_libs["12"]], "--venv", str(tmp_path),
-                                 "--cuda-home", str(fake_libs["12"].parent))
+                                 "--cuda-home", str(fake_libs["12"].parent), devices=1)
     assert rc == 0, result["reason"]
 
 

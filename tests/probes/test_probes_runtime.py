@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rbprobes import run_check
-from rbprobes.checks_numeric import matmul_check
+from rbprobes.checks_numeric import EPS, matmul_check, tolerance
 from rbprobes.checks_runtime import version_matches
 from rbprobes.result import Context
+from numeric_faults import FAULTS, flip_one_sign
 
 torch = pytest.importorskip("torch")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -58,6 +59,27 @@ def test_torch_check():
     assert bad["status"] == "fail" and "expected 1.0" in bad["reason"]
 
 
+@pytest.mark.parametrize("wheel, drv, cuda, status, words", [
+    ("13.0", "575.57.08", "12.9", "fail", ["13.0", "575.57.08", "12.9", ">= 580.65.06"]),
+    ("12.8", "535.104.05", "12.2", "pass", ["minor-version compatibility"]),
+    ("13.0", "580.159.04", "13.0", "pass", ["driver 580.159.04 (CUDA 13.0)"]),
+    ("13.0", None, None, "pass", ["no NVIDIA driver found"]),
+])
+def test_torch_check_fails_on_a_driver_older_than_the_wheel(monkeypatch, wheel, drv, cuda,
+                                                            status, words):
+    """A cu130 wheel on a 575 driver (CUDA 12.9) cannot run at all; it used to pass here."""
+    from rbprobes import driver
+
+    monkeypatch.setattr(torch.version, "cuda", wheel)
+    monkeypatch.setattr(driver, "host_driver", lambda: driver.HostDriver(
+        drv, cuda, "libcuda" if cuda else None, None))
+    result = check("torch")
+    assert result["status"] == status, result["reason"]
+    for w in words:
+        assert w in result["reason"]
+    assert result["values"]["driver_cuda"] == cuda
+
+
 @no_gpu
 def test_cpu_torch_with_a_cuda_expectation_fails():
     result = check("torch", {"cuda": "13.0"})
@@ -80,8 +102,77 @@ def test_matmul_numerics_on_cpu(dtype, size):
     outcome = matmul_check({"dtype": dtype, "size": size}, Context(), device="cpu")
     assert outcome.status == "pass", outcome.reason
     (dev,) = outcome.values["devices"]
-    assert 0 < dev["max_rel_err"] <= dev["tolerance"] and dev["tflops"] > 0
-    assert dev["checked"] == "%dx%d of %dx%d" % (size, size, size, size)
+    # a correct product meets the per-element rule with margin (worst element well inside)
+    assert dev["bad"] == 0 and 0 < dev["max_ratio"] < 0.5 and dev["tflops"] > 0
+    assert dev["rtol"] == EPS[dtype] and dev["atol"] > 0
+    assert dev["checked"] == "every element of %dx%d" % (size, size)
+    assert dev["elements"] == size * size and len(dev["worst"]) == 5
+
+
+def test_tolerance_scales_with_k_and_the_term_size():
+    t1 = tolerance("bfloat16", 1024, 1 / 3)
+    t4 = tolerance("bfloat16", 4096, 1 / 3)
+    assert t1["rtol"] == 2.0 ** -7 and t4["atol"] > t1["atol"]
+    assert tolerance("bfloat16", 1024, 2 / 3)["atol"] == pytest.approx(2 * t1["atol"])
+    # float32: the accumulation term (K * 2^-23) dominates, so 4x K is ~4x atol
+    f1, f4 = tolerance("float32", 1024, 1.0), tolerance("float32", 4096, 1.0)
+    assert 3.5 < f4["atol"] / f1["atol"] <= 4.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_planted_faults_fail(dtype, fault):
+    """0.1% of outputs zeroed, one sign flipped, one K-block dropped: each fails, with the
+    count of bad elements and the worst ones (index, got, want)."""
+    outcome = matmul_check({"dtype": dtype, "size": 256}, Context(), device="cpu",
+                           op=FAULTS[fault](torch))
+    assert outcome.status == "fail", (fault, outcome.reason)
+    (dev,) = outcome.values["devices"]
+    assert dev["bad"] >= 1 and dev["max_ratio"] > 1
+    assert "elements off" in outcome.reason and "want" in outcome.reason
+    if fault == "one_sign_flipped":
+        assert dev["bad"] == 1 and (dev["worst"][0]["row"], dev["worst"][0]["col"]) == (85, 51)
+        assert dev["worst"][0]["got"] == pytest.approx(-dev["worst"][0]["want"], rel=1e-2)
+
+
+def test_small_errors_the_old_rule_missed():
+    """One float32 element with a small value, its sign flipped: off by 2|c|, far below the
+    old max|C - ref| / max|ref| <= 1e-3, far above float32's own error."""
+    size = 200
+    a = torch.Generator().manual_seed(0)
+    probe = (torch.rand((size, size), generator=a) * 2 - 1) @ (
+        torch.rand((size, size), generator=a) * 2 - 1)
+    small = int((probe.abs() - 1e-3).abs().flatten().argmin())  # |c| close to 1e-3
+    row, col = divmod(small, size)
+    outcome = matmul_check({"dtype": "float32", "size": size}, Context(), device="cpu",
+                           op=flip_one_sign(torch, row, col))
+    (dev,) = outcome.values["devices"]
+    assert outcome.status == "fail" and dev["bad"] == 1
+    assert dev["max_rel_err"] < 1e-3  # what the old rule compared: it would have passed
+
+
+def test_float32_runs_with_tf32_off_and_restores_it():
+    m = torch.backends.cuda.matmul
+    before = (m.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    m.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        seen = {}
+
+        def spy(a, b):
+            seen["tf32"] = (m.allow_tf32, torch.backends.cudnn.allow_tf32,
+                            torch.get_float32_matmul_precision())
+            return torch.matmul(a, b)
+
+        outcome = matmul_check({"dtype": "float32", "size": 32}, Context(), device="cpu", op=spy)
+        assert seen["tf32"] == (False, False, "highest")
+        assert outcome.values["allow_tf32"] is False and "TF32 off" in outcome.reason
+        assert (m.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision()) == (True, True, "high")
+    finally:
+        m.allow_tf32, torch.backends.cudnn.allow_tf32 = before[0], before[1]
+        torch.set_float32_matmul_precision(before[2])
 
 
 def test_matmul_catches_a_wrong_product():
@@ -92,7 +183,8 @@ def test_matmul_catches_a_wrong_product():
 
     outcome = matmul_check({"dtype": "float32", "size": 64}, Context(), device="cpu",
                            op=off_by_a_bit)
-    assert outcome.status == "fail" and "max rel err" in outcome.reason
+    assert outcome.status == "fail" and "1 of 4096 elements off" in outcome.reason
+    assert "C[3,5]" in outcome.reason
 
 
 def test_matmul_catches_nan():
@@ -105,13 +197,39 @@ def test_matmul_catches_nan():
     assert outcome.status == "fail" and "nan" in outcome.reason
 
 
-def test_matmul_samples_rows_of_large_products(monkeypatch):
+def test_every_element_is_checked_and_the_reference_against_the_cpu(monkeypatch):
+    """The old check compared a sample of 1024 rows beyond that size, so one wrong element
+    elsewhere passed (on the H200 a flipped sign at row 1365 of 4096 did). Every element is
+    compared now, with a float64 reference made on the device, itself compared with the CPU's
+    on the sample."""
     from rbprobes import checks_numeric
 
-    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 16)
-    monkeypatch.setattr(checks_numeric, "FULL_COLS", 32)
-    outcome = matmul_check({"dtype": "float32", "size": 48}, Context(), device="cpu")
-    assert outcome.values["devices"][0]["checked"] == "16x16 of 48x48"
+    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 8)
+    monkeypatch.setattr(checks_numeric, "FULL_COLS", 16)
+    r = checks_numeric.matmul_once(torch, "cpu", "float32", 48, crosscheck=True)
+    assert r["elements"] == 48 * 48 and r["bad"] == 0
+    assert r["reference_check"]["rows"] == 8 and r["reference_check"]["cols"] == 8
+    assert r["reference_check"]["ok"] and r["checked"].startswith("every element of 48x48")
+    outcome = matmul_check({"dtype": "float32", "size": 48}, Context(), device="cpu",
+                           op=flip_one_sign(torch, 45, 3))
+    (dev,) = outcome.values["devices"]
+    assert outcome.status == "fail" and dev["bad"] == 1
+    assert (dev["worst"][0]["row"], dev["worst"][0]["col"]) == (45, 3)
+
+
+def test_a_wrong_reference_fails(monkeypatch):
+    from rbprobes import checks_numeric
+
+    real = torch.Tensor.__matmul__
+
+    def skewed(x, y):
+        out = real(x, y)
+        return out * (1 + 1e-6) if out.dtype == torch.float64 and out.shape[0] == 32 else out
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", skewed)
+    monkeypatch.setattr(checks_numeric, "FULL_ROWS", 8)
+    r = checks_numeric.matmul_once(torch, "cpu", "float32", 32, crosscheck=True)
+    assert r["reference_check"]["ok"] is False
 
 
 def test_bad_params_fail_with_the_key():
