@@ -98,8 +98,24 @@ def probe_config(spec: Spec, dst_host: str) -> dict:
         ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{i}"
         checks.append({"id": ident, "type": kind, "params": check.params,
                        "allow_skip": check.allow_skip})
+    checks = implied_checks(spec, checks) + checks
     return {"schema": 1, "host": dst_host, "venv": None, "gpu": gpu, "cuda": cuda,
             "checks": checks}
+
+
+def implied_checks(spec: Spec, listed: list[dict]) -> list[dict]:
+    """The checks every probe runs whatever the spec lists (issue #16): the relocation proof, and
+    with `gpu:` the kernel audit of the whole venv for its arch (unless `gpu.kernel_audit: false`,
+    or the spec lists its own). They run first: they read files and need no GPU."""
+    kinds = {c["type"] for c in listed}
+    out = []
+    if "relocation" not in kinds:
+        _src_host, src = spec.transfer.source
+        params = {"old": src} if src.startswith("/") else {}
+        out.append({"id": "relocation", "type": "relocation", "params": params, "allow_skip": False})
+    if spec.gpu and spec.gpu.kernel_audit and "kernel_audit" not in kinds:
+        out.append({"id": "kernel_audit", "type": "kernel_audit", "params": {}, "allow_skip": False})
+    return out
 
 
 def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = False) -> dict:

@@ -382,6 +382,9 @@ class Gpu(Model):
     model: Annotated[str, AfterValidator(_gpu_model)]
     count: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
     capability: Optional[Capability] = None
+    # the audit of every kernel library in the venv for this GPU's arch: before anything moves (on
+    # the source) and again after the swap; `false` turns it off, and says so in --plan
+    kernel_audit: StrictBool = True
 
 
 class CheckBase(Model):
@@ -408,6 +411,20 @@ class MatmulCheck(CheckBase):
 class KernelAuditCheck(CheckBase):
     arch: Optional[Annotated[str, Field(pattern=r"^sm_[0-9]{2,3}[af]?$")]] = None
     paths: Optional[list[NonEmpty]] = None
+    # files whose vendor dispatches per arch by design, where a unit without the target is a note
+    # (absent: NVIDIA's own libraries, nvidia/*); strict: every unit counts
+    partial_ok: Optional[list[NonEmpty]] = None
+    strict: StrictBool = False
+
+
+class RelocationCheck(CheckBase):
+    """Always run (the plan adds it): bin/ interpreters inside the venv, no old prefix left."""
+    old: Optional[AbsPath] = None
+    timeout_s: Annotated[int, Field(strict=True, ge=1, le=3600)] = 60
+
+
+class OutsideCheck(CheckBase):
+    """References that leave the venv: editable installs, .pth paths, links out of the tree."""
 
 
 class LibrariesCheck(CheckBase):
@@ -443,6 +460,8 @@ CHECK_TYPES: dict[str, Any] = {
     "nccl": NcclCheck,
     "python": PythonCheck,
     "command": CommandCheck,
+    "relocation": RelocationCheck,
+    "outside": OutsideCheck,
 }
 
 
@@ -458,6 +477,8 @@ class Check(Model):
     nccl: Optional[NcclCheck] = None
     python: Optional[PythonCheck] = None
     command: Optional[CommandCheck] = None
+    relocation: Optional[RelocationCheck] = None
+    outside: Optional[OutsideCheck] = None
 
     @model_validator(mode="before")
     @classmethod

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 474721a2b8f4a14531bdeee92aef59c207ddb169d40c6f03cbded083135cd4fb
+# sha256 of this file with these 64 digits zeroed: 737f3c6c9a5996606848d237f0f29b5649c49cf49a39debf614b5fd4fae4356a
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
-readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
+readonly RB_KIT_SHA256=f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469
+readonly RB_KIT_FILE=.kit/f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -52,7 +52,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"kernel_audit","params":{"paths":["lib/python3.12/site-packages/torch/lib"]},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","triton","numpy"]},"type":"imports"},{"allow_skip":false,"id":"matmul_5","params":{"dtype":"bfloat16","every_device":true,"size":8192},"type":"matmul"},{"allow_skip":false,"id":"matmul_6","params":{"dtype":"float32","every_device":true,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"command","params":{"expect_exit":0,"name":"console script","run":"torchrun --help >/dev/null","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":1,"model":"H200"},"host":"here","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/torch/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{"paths":["lib/python3.12/site-packages/torch/lib"],"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","triton","numpy"]},"type":"imports"},{"allow_skip":false,"id":"matmul_5","params":{"dtype":"bfloat16","every_device":true,"size":8192},"type":"matmul"},{"allow_skip":false,"id":"matmul_6","params":{"dtype":"float32","every_device":true,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"command","params":{"expect_exit":0,"name":"console script","run":"torchrun --help >/dev/null","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":1,"model":"H200"},"host":"here","schema":1,"venv":null}'
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(specs/h200.yaml=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69)
 # Hosts this runbook touches.

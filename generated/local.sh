@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 0aac095f2779c58f7a2d989d0c25383a4be82a9ecf048c854c78f44fbfdfc8fe
+# sha256 of this file with these 64 digits zeroed: 21edb4cd395bbfcddc199963bb2b7fe716c9d0cda857d77c4f29ff63aabfc315
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841
-readonly RB_KIT_FILE=.kit/0ebeb8c7da0d7b667c1780b35505276ef62bb934748d96f7c8d3086a24b72841.tar
+readonly RB_KIT_SHA256=f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469
+readonly RB_KIT_FILE=.kit/f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -52,7 +52,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"torch","params":{"version":"2.13.0"},"type":"torch"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","pydantic","jinja2","ruamel.yaml"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":true,"id":"matmul","params":{"dtype":"float32","every_device":true,"size":256},"type":"matmul"},{"allow_skip":true,"id":"devices","params":{},"type":"devices"}],"cuda":null,"gpu":null,"host":"here","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{},"type":"relocation"},{"allow_skip":false,"id":"torch","params":{"version":"2.13.0"},"type":"torch"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","pydantic","jinja2","ruamel.yaml"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":true,"id":"matmul","params":{"dtype":"float32","every_device":true,"size":256},"type":"matmul"},{"allow_skip":true,"id":"devices","params":{},"type":"devices"}],"cuda":null,"gpu":null,"host":"here","schema":1,"venv":null}'
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(specs/local.yaml=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4)
 # Hosts this runbook touches.

@@ -51,7 +51,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"devices","params":{},"type":"devices"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":[],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"NVIDIA B300 SXM6 AC"},"host":"here","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":[],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"NVIDIA B300 SXM6 AC"},"host":"here","schema":1,"venv":null}'
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(tests/cases/valid/catalog_nvidia_smi_name.yaml=ffc8c3609ab2564c6f093eb0a873ec560375381d649191ba661c8b605485b560)
 # Hosts this runbook touches.

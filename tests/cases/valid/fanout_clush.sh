@@ -64,7 +64,7 @@ readonly RB_FAN_TOPOLOGY=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"head","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"head","schema":1,"venv":null}'
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(tests/cases/valid/fanout_clush.yaml=f7ebe0c493039d12ef0225885e71dcb448c8d3c3850e78a19e1dadffe1ebe49d)
 # Hosts this runbook touches.

@@ -61,7 +61,7 @@ readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-slurm
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"here","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/build/venv"},"type":"relocation"},{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"here","schema":1,"venv":null}'
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(tests/cases/valid/fanout_slurm.yaml=e27e8839925b21df6db6d6d98249c0095b19c3e66c10915d91b2aeec9a8dd5d6)
 # Hosts this runbook touches.

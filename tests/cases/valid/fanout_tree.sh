@@ -64,7 +64,7 @@ readonly RB_FAN_TOPOLOGY=/etc/clustershell/topology.conf
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"head","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"head","schema":1,"venv":null}'
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(tests/cases/valid/fanout_tree.yaml=c1ae2c4dc7065884a54054fefe4f724c358dacc5b6a98ed314b89f6d9a737403)
 # Hosts this runbook touches.
