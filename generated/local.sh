@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=local
 readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
-readonly RB_KIT_ID=a037a7a77316ddb8
+readonly RB_KIT_ID=e8600e56ae8ae56e
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -789,6 +789,8 @@ import glob
 import os
 import shlex
 
+from . import safefs
+
 
 def site_packages(venv: str) -> str:
     found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages")))
@@ -827,11 +829,9 @@ def render(venv: str, cuda_home: str, first: list, env: dict, origin: str) -> tu
 
 
 def write(path: str, text: str) -> None:
-    tmp = f"{path}.rb-tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Write the env file at `path` (mode 0644) through a new temp file and one rename
+    (rbkit.safefs): a link at `path`, or at any temp name, is never written through."""
+    safefs.write_file(path, text.encode("utf-8"), 0o644)
 RB_PY_EAEBB3AA
   cat >"${dir}"/rbkit/hostfs.py <<'RB_PY_5F73DE2D'
 """Small facts about paths on a host: what is there, how big, how much room, and the atomic swap."""
@@ -846,7 +846,7 @@ import re
 import shutil
 from typing import Optional
 
-from . import manifest
+from . import manifest, safefs
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
@@ -872,12 +872,12 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
     if out["is_dir"]:
         files = dirs = links = 0
         apparent = disk = 0
-        names = open(names_path + ".tmp", "wb") if names_path else None
+        names = [] if names_path else None
         stat_fp = hashlib.sha256()
         for rel, st in manifest.walk(root, patterns):
             stat_fp.update(manifest.stat_line(manifest.entry_of(root, rel, st)))
             if names is not None:
-                names.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
             disk += getattr(st, "st_blocks", 0) * 512
             if os.path.stat.S_ISREG(st.st_mode):
                 files += 1
@@ -886,9 +886,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
                 dirs += 1
             elif os.path.stat.S_ISLNK(st.st_mode):
                 links += 1
-        if names is not None:
-            names.close()
-            os.replace(names_path + ".tmp", names_path)
+        if names is not None:       # a new temp file and a rename: never through a link
+            safefs.write_file(names_path, b"".join(names), 0o600)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
                    stat_fingerprint=stat_fp.hexdigest())
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
@@ -1020,8 +1019,10 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
         if e["t"] == "f":
             send_files += 1
             send_bytes += e["s"]
-    with open(names_path, "wb") as f:
-        manifest.write_names(send, f)
+    buf = bytearray()
+    for rel in send:
+        buf += rel.encode("utf-8", "surrogateescape") + b"\0"
+    safefs.write_file(names_path, bytes(buf), 0o600)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
             "send_bytes": send_bytes, "send_entries": len(send),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
@@ -1041,12 +1042,15 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Optional
+
+from . import safefs
 
 SCHEMA = 1
 CHUNK = 1 << 20
@@ -1114,8 +1118,11 @@ def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat
 
 
 def digest(path: str, algo: str) -> str:
+    """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
+    path to another file."""
     h = hashlib.new(algo) if algo != "blake2b" else hashlib.blake2b(digest_size=32)
-    with open(path, "rb", buffering=0) as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as f:
         while True:
             block = f.read(CHUNK)
             if not block:
@@ -1217,6 +1224,14 @@ def dump(manifest: dict, out) -> None:
     for e in manifest["entries"]:
         out.write(json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n")
     out.write(json.dumps({"totals": manifest["totals"]}, sort_keys=True) + "\n")
+
+
+def save(manifest: dict, path: str, mode: int = 0o644) -> None:
+    """Write `manifest` to `path` (e.g. an install's `.rb-manifest.jsonl`) through a new temp
+    file and one rename: a link at `path` is replaced, never written through."""
+    buf = io.StringIO()
+    dump(manifest, buf)
+    safefs.write_file(path, buf.getvalue().encode("utf-8"), mode)
 
 
 def load(path: str) -> dict:
@@ -1341,15 +1356,23 @@ for long paths, `VIRTUAL_ENV` in the activate scripts, and any other text file n
 plus pyvenv.cfg's `command` line. A shebang longer than the kernel's limit (127 bytes on Linux) is
 written in the trampoline form. Text elsewhere that still names the old prefix is counted and
 reported, not rewritten (it is data: RECORD files, caches, direct_url.json).
+
+Only regular files are read or rewritten, and no link is followed: `bin/` must be a directory of
+the tree (not a link out of it), a script or pyvenv.cfg that is a link is left as it is, and a
+rewrite is a new file made beside the old one with O_EXCL|O_NOFOLLOW and renamed over it
+(rbkit.safefs), so a link the tree ships at any name the kit might use is never written through.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
 import stat
-from typing import Optional
+from typing import List, Optional, Tuple
+
+from . import safefs
 
 SHEBANG_MAX = 127
 SNIFF = 8192
@@ -1378,10 +1401,8 @@ def _fix_long_shebang(data: bytes) -> bytes:
     return _trampoline(words[0], rest)
 
 
-def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:
-    """New content for `path` if it names `old`, else None."""
-    with open(path, "rb") as f:
-        data = f.read()
+def rewrite_bytes(data: bytes, old: str, new: str) -> Optional[bytes]:
+    """`data` with the old prefix replaced, if it is text that names it; else None."""
     if not _is_text(data[:SNIFF]):
         return None
     pat = _pattern(old)
@@ -1391,14 +1412,51 @@ def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:
     return _fix_long_shebang(out)
 
 
-def _write_keep_mode(path: str, data: bytes) -> None:
-    st = os.lstat(path)
-    tmp = f"{path}.rb-tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, stat.S_IMODE(st.st_mode))
-    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-    os.replace(tmp, path)
+def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:
+    """New content for `path` if it is a regular file (not a link) that names `old`, else None."""
+    head, name = os.path.split(path)
+    got = safefs.read_in(head or ".", name)
+    return None if got is None else rewrite_bytes(got[0], old, new)
+
+
+def _open_bin(root_fd: int) -> Optional[int]:
+    """The tree's bin/ as a descriptor, or None when it is missing or not a directory (a link
+    out of the tree is not followed)."""
+    try:
+        return os.open("bin", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=root_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+
+
+def _candidates(root_fd: int) -> List[Tuple[str, int, str]]:
+    """(relative path, directory fd, name) of what relocation reads: every entry of bin/, and
+    pyvenv.cfg. The caller closes the bin/ descriptor (the one that is not `root_fd`)."""
+    out = []
+    bin_fd = _open_bin(root_fd)
+    if bin_fd is not None:
+        out.extend((f"bin/{name}", bin_fd, name) for name in sorted(os.listdir(bin_fd)))
+    out.append(("pyvenv.cfg", root_fd, "pyvenv.cfg"))
+    return out
+
+
+def _scan_bin(root: str, fn) -> None:
+    """Call fn(rel, dir_fd, name, content, stat) for each regular file relocation reads."""
+    root_fd = safefs.open_dir(root)
+    try:
+        cands = _candidates(root_fd)
+        try:
+            for rel, dir_fd, name in cands:
+                got = safefs.read_at(dir_fd, name)
+                if got is not None:
+                    fn(rel, dir_fd, name, got[0], got[1])
+        finally:
+            for fd in {d for _r, d, _n in cands if d != root_fd}:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
 
 
 def relocate(root: str, old: str, new: str) -> dict:
@@ -1406,23 +1464,17 @@ def relocate(root: str, old: str, new: str) -> dict:
     rewritten: dict[str, dict] = {}
     if old.rstrip("/") == new.rstrip("/"):
         return {"same_path": True, "rewritten": {}, "elsewhere": [], "remaining": []}
-    candidates = []
-    bindir = os.path.join(root, "bin")
-    if os.path.isdir(bindir):
-        for name in sorted(os.listdir(bindir)):
-            full = os.path.join(bindir, name)
-            if os.path.isfile(full) and not os.path.islink(full):
-                candidates.append(f"bin/{name}")
-    if os.path.isfile(os.path.join(root, "pyvenv.cfg")):
-        candidates.append("pyvenv.cfg")
-    for rel in candidates:
-        full = os.path.join(root, rel)
-        data = rewrite_file(full, old, new)
-        if data is None:
-            continue
-        _write_keep_mode(full, data)
-        st = os.lstat(full)
-        rewritten[rel] = {"s": st.st_size, "h_sha256": hashlib.sha256(data).hexdigest()}
+
+    def rewrite(rel: str, dir_fd: int, name: str, data: bytes, st: os.stat_result) -> None:
+        out = rewrite_bytes(data, old, new)
+        if out is None:
+            return
+        # the file's own mode and times (tar restored them; the manifest recorded them)
+        safefs.write_at(dir_fd, name, out, stat.S_IMODE(st.st_mode),
+                        times_ns=(st.st_atime_ns, st.st_mtime_ns))
+        rewritten[rel] = {"s": len(out), "h_sha256": hashlib.sha256(out).hexdigest()}
+
+    _scan_bin(root, rewrite)
     return {
         "same_path": False,
         "rewritten": rewritten,
@@ -1434,17 +1486,13 @@ def relocate(root: str, old: str, new: str) -> dict:
 def check(root: str, old: str) -> list[str]:
     """Scripts under bin/ that still name the old prefix (must be empty after relocate)."""
     pat = _pattern(old)
-    left = []
-    bindir = os.path.join(root, "bin")
-    if not os.path.isdir(bindir):
-        return left
-    for name in sorted(os.listdir(bindir)):
-        full = os.path.join(bindir, name)
-        if os.path.isfile(full) and not os.path.islink(full):
-            with open(full, "rb") as f:
-                data = f.read()
-            if _is_text(data[:SNIFF]) and pat.search(data):
-                left.append(f"bin/{name}")
+    left: List[str] = []
+
+    def look(rel: str, _fd: int, _name: str, data: bytes, _st: os.stat_result) -> None:
+        if rel.startswith("bin/") and _is_text(data[:SNIFF]) and pat.search(data):
+            left.append(rel)
+
+    _scan_bin(root, look)
     return left
 
 
@@ -1461,14 +1509,13 @@ def elsewhere(root: str, old: str, limit: int = 20) -> list[str]:
         for name in sorted(filenames):
             if not name.endswith((".pth", ".json", ".txt", ".cfg", "RECORD", ".py", ".sh")):
                 continue
-            full = os.path.join(dirpath, name)
             try:
-                if os.path.islink(full) or os.path.getsize(full) > 4 << 20:
-                    continue
-                with open(full, "rb") as f:
-                    data = f.read()
+                got = safefs.read_in(dirpath, name, limit=4 << 20)
             except OSError:
                 continue
+            if got is None:
+                continue
+            data = got[0]
             if _is_text(data[:SNIFF]) and pat.search(data):
                 found.append(os.path.normpath(os.path.join(rel_dir, name)))
                 if len(found) >= limit:
@@ -1572,6 +1619,189 @@ def table(doc: dict) -> str:
     out.append(f"outcome: {doc['outcome']}")
     return "\n".join(out)
 RB_PY_A002A646
+  cat >"${dir}"/rbkit/safefs.py <<'RB_PY_A8AA38CB'
+"""Writes and reads inside trees we did not make: never through a link, never a guessable name.
+
+The kit runs as root over trees other users wrote (the source venv, the host's /tmp, a shared
+parent directory). A tree may hold a link where the kit would write (`bin/activate.rb-tmp ->
+/etc/...`), a `bin/` that is a link out of the tree, or a file that is a link to a secret. So:
+
+- a directory inside a tree is reached from the tree's root one component at a time, each opened
+  with O_NOFOLLOW|O_DIRECTORY (`open_dir`); the root path itself is the caller's;
+- a write goes to a temp file made with O_CREAT|O_EXCL|O_NOFOLLOW and a random name in the
+  target's own directory, gets its mode with fchmod on the descriptor (and its times with futimens),
+  is fsync'd, and replaces the target with one rename (`write_at`, `write_in`, `write_file`): a link
+  at the target's name is replaced, never written through;
+- a read opens the final component with O_NOFOLLOW and reads only a regular file (`read_at`).
+
+Stdlib only, Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from typing import Optional, Tuple
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_MAX_NAME = 200   # of the target's name inside a temp name (NAME_MAX is 255)
+
+
+def open_dir(root: str, rel: str = "") -> int:
+    """A descriptor of the directory `root`/`rel`. `root` is opened as given (links in the path
+    the caller chose are the caller's); each component of `rel` is opened without following a
+    link, so `rel` cannot lead out of the tree. OSError (ELOOP, ENOTDIR, ENOENT) otherwise."""
+    fd = os.open(root or ".", _DIR_FLAGS)
+    try:
+        for part in rel.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise OSError(errno.EPERM, "'..' in a path inside a tree", rel)
+            nfd = os.open(part, _DIR_FLAGS | _NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fsync_dir(dir_fd: int) -> None:
+    try:
+        os.fsync(dir_fd)
+    except OSError as exc:           # some file systems cannot fsync a directory
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+
+
+def create_excl(dir_fd: int, name: str, mode: int = 0o600) -> int:
+    """Open a new file `name` in `dir_fd` for writing: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file
+    or link of that name is an error, never opened), mode set with fchmod."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(name, dir_fd=dir_fd)
+        raise
+    return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def temp_name(name: str) -> str:
+    return f".{name[:_MAX_NAME]}.rb-tmp.{secrets.token_hex(8)}"
+
+
+def make_temp(dir_fd: int, name: str, mode: int = 0o600) -> Tuple[int, str]:
+    """A new temp file beside `name` (a random name, O_EXCL|O_NOFOLLOW): (fd, temp name)."""
+    for _ in range(16):
+        tmp = temp_name(name)
+        try:
+            return create_excl(dir_fd, tmp, mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temp name", name)
+
+
+def write_at(dir_fd: int, name: str, data: bytes, mode: int, *,
+             times_ns: Optional[Tuple[int, int]] = None, sync: bool = True) -> None:
+    """Replace `name` in the directory `dir_fd` with `data`, mode `mode` (and atime/mtime
+    `times_ns`), through a temp file and one rename. A link named `name` is replaced, not
+    followed."""
+    fd, tmp = make_temp(dir_fd, name, 0o600)
+    try:
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, mode)
+            if times_ns is not None:
+                os.utime(fd, ns=times_ns)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
+    if sync:
+        fsync_dir(dir_fd)
+
+
+def write_in(root: str, rel: str, data: bytes, mode: int, *,
+             times_ns: Optional[Tuple[int, int]] = None, sync: bool = True) -> None:
+    """`write_at` for the file `rel` inside the tree `root` (no link followed below `root`)."""
+    head, name = os.path.split(rel)
+    if not name or name in (".", ".."):
+        raise OSError(errno.EINVAL, "not a file name", rel)
+    dir_fd = open_dir(root, head)
+    try:
+        write_at(dir_fd, name, data, mode, times_ns=times_ns, sync=sync)
+    finally:
+        os.close(dir_fd)
+
+
+def write_file(path: str, data: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
+    """`write_at` for a file whose directory the caller chose (an env file, a names list): the
+    directory path is taken as given, the file itself is never followed."""
+    head, name = os.path.split(path)
+    write_in(head or ".", name, data, mode, sync=sync)
+
+
+def read_at(dir_fd: int, name: str, limit: Optional[int] = None
+            ) -> Optional[Tuple[bytes, os.stat_result]]:
+    """(content, stat) of `name` in `dir_fd` if it is a regular file (not a link, a FIFO, a
+    device); None otherwise. With `limit`, a larger file is None too."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR,
+                         errno.EACCES, errno.EPERM):
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
+            return None
+        chunks = []
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                break
+            chunks.append(block)
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
+
+
+def read_in(root: str, rel: str, limit: Optional[int] = None
+            ) -> Optional[Tuple[bytes, os.stat_result]]:
+    """`read_at` for `rel` inside the tree `root`; None when a component is a link or missing."""
+    head, name = os.path.split(rel)
+    try:
+        dir_fd = open_dir(root, head)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise
+    try:
+        return read_at(dir_fd, name, limit)
+    finally:
+        os.close(dir_fd)
+RB_PY_A8AA38CB
   cat >"${dir}"/rbprobes/__init__.py <<'RB_PY_54A17906'
 """rbprobes: prove that a moved Python/CUDA environment works on its GPU host.
 

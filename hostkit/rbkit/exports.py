@@ -6,6 +6,8 @@ import glob
 import os
 import shlex
 
+from . import safefs
+
 
 def site_packages(venv: str) -> str:
     found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages")))
@@ -44,8 +46,6 @@ def render(venv: str, cuda_home: str, first: list, env: dict, origin: str) -> tu
 
 
 def write(path: str, text: str) -> None:
-    tmp = f"{path}.rb-tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Write the env file at `path` (mode 0644) through a new temp file and one rename
+    (rbkit.safefs): a link at `path`, or at any temp name, is never written through."""
+    safefs.write_file(path, text.encode("utf-8"), 0o644)

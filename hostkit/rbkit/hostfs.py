@@ -10,7 +10,7 @@ import re
 import shutil
 from typing import Optional
 
-from . import manifest
+from . import manifest, safefs
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
@@ -36,12 +36,12 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
     if out["is_dir"]:
         files = dirs = links = 0
         apparent = disk = 0
-        names = open(names_path + ".tmp", "wb") if names_path else None
+        names = [] if names_path else None
         stat_fp = hashlib.sha256()
         for rel, st in manifest.walk(root, patterns):
             stat_fp.update(manifest.stat_line(manifest.entry_of(root, rel, st)))
             if names is not None:
-                names.write(rel.encode("utf-8", "surrogateescape") + b"\0")
+                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
             disk += getattr(st, "st_blocks", 0) * 512
             if os.path.stat.S_ISREG(st.st_mode):
                 files += 1
@@ -50,9 +50,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
                 dirs += 1
             elif os.path.stat.S_ISLNK(st.st_mode):
                 links += 1
-        if names is not None:
-            names.close()
-            os.replace(names_path + ".tmp", names_path)
+        if names is not None:       # a new temp file and a rename: never through a link
+            safefs.write_file(names_path, b"".join(names), 0o600)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
                    stat_fingerprint=stat_fp.hexdigest())
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
@@ -184,8 +183,10 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
         if e["t"] == "f":
             send_files += 1
             send_bytes += e["s"]
-    with open(names_path, "wb") as f:
-        manifest.write_names(send, f)
+    buf = bytearray()
+    for rel in send:
+        buf += rel.encode("utf-8", "surrogateescape") + b"\0"
+    safefs.write_file(names_path, bytes(buf), 0o600)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
             "send_bytes": send_bytes, "send_entries": len(send),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}

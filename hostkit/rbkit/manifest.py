@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Optional
+
+from . import safefs
 
 SCHEMA = 1
 CHUNK = 1 << 20
@@ -85,8 +88,11 @@ def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat
 
 
 def digest(path: str, algo: str) -> str:
+    """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
+    path to another file."""
     h = hashlib.new(algo) if algo != "blake2b" else hashlib.blake2b(digest_size=32)
-    with open(path, "rb", buffering=0) as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as f:
         while True:
             block = f.read(CHUNK)
             if not block:
@@ -188,6 +194,14 @@ def dump(manifest: dict, out) -> None:
     for e in manifest["entries"]:
         out.write(json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n")
     out.write(json.dumps({"totals": manifest["totals"]}, sort_keys=True) + "\n")
+
+
+def save(manifest: dict, path: str, mode: int = 0o644) -> None:
+    """Write `manifest` to `path` (e.g. an install's `.rb-manifest.jsonl`) through a new temp
+    file and one rename: a link at `path` is replaced, never written through."""
+    buf = io.StringIO()
+    dump(manifest, buf)
+    safefs.write_file(path, buf.getvalue().encode("utf-8"), mode)
 
 
 def load(path: str) -> dict:

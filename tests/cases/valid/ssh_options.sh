@@ -559,6 +559,9 @@ RB_PY_5E1398E2
   cat >"${dir}"/rbkit/report.py <<'RB_PY_A002A646'
 <kit file>
 RB_PY_A002A646
+  cat >"${dir}"/rbkit/safefs.py <<'RB_PY_A8AA38CB'
+<kit file>
+RB_PY_A8AA38CB
   cat >"${dir}"/rbprobes/__init__.py <<'RB_PY_54A17906'
 <kit file>
 RB_PY_54A17906
