@@ -18,7 +18,7 @@ fi
 readonly RB_NAME=h200
 readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
-readonly RB_KIT_ID=e8600e56ae8ae56e
+readonly RB_KIT_ID=8903697d302df14a
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -835,17 +835,24 @@ def write(path: str, text: str) -> None:
     safefs.write_file(path, text.encode("utf-8"), 0o644)
 RB_PY_EAEBB3AA
   cat >"${dir}"/rbkit/hostfs.py <<'RB_PY_5F73DE2D'
-"""Small facts about paths on a host: what is there, how big, how much room, and the atomic swap."""
+"""Small facts about paths on a host: what is there, how big, how much room, and the atomic swap.
+
+The host side runs as root over trees other users wrote (see docs/design.md, "Threat model"):
+`scan` reports what must not be moved silently (setuid/setgid/world-writable entries, links that
+leave the tree, device nodes) and refuses it unless the spec allows it; `strip_special` removes
+those mode bits from an extracted tree.
+"""
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import errno
+import hashlib
 import os
 import re
 import shutil
-from typing import Optional
+import stat
+from typing import List, Optional
 
 from . import manifest, safefs
 
@@ -853,46 +860,207 @@ AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
+SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
+# the venv's own interpreter links (bin/python -> /usr/bin/python3.12): outside the tree by design
+INTERPRETER_LINK = re.compile(r"^bin/(?:python|pypy)[0-9.]*$")
 
-def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
+
+def _octal(mode: int) -> str:
+    return "%04o" % mode
+
+
+def link_escapes(root: str, rel: str, target: str, max_hops: int = 40) -> bool:
+    """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it. An
+    absolute target always does (at the destination it names the source's path or the host's
+    files); a relative one is resolved component by component against the tree, following the
+    links it meets as the kernel would (`dot -> .` then `x -> dot/..` is the tree's parent, which
+    a lexical normpath calls inside). A target that does not exist (yet) leads nowhere: False."""
+    if target.startswith("/"):
+        return True
+    stack = [p for p in rel.split("/")[:-1] if p]
+    todo = target.split("/")
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return True
+            stack.pop()
+            continue
+        here = os.path.join(root, *stack, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return False                      # dangling (or through a file): resolves nowhere
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > max_hops:
+                return False                  # a loop: the kernel gives ELOOP, nothing is reached
+            inner = os.readlink(here)
+            if inner.startswith("/"):
+                return True
+            todo = inner.split("/") + todo
+            continue
+        stack.append(part)
+    return False
+
+
+def scan(root: str, patterns, names_path: Optional[str] = None, *,
+         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
-    and order as a manifest's)."""
-    out: dict = {"path": root, "exists": os.path.lexists(root)}
+    and order as a manifest's).
+
+    Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
+    world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks
+    that leave the tree, the venv's bin/python* excepted: refused unless `keep`) and `devices`
+    (never moved); `refusal` is the text preflight fails with, "" when nothing is refused.
+    `need_bytes` is the room the copy takes: each file at the larger of its apparent size and its
+    blocks (tar writes a sparse file's holes out)."""
+    if special_modes not in SPECIAL_MODES:
+        raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
+    if outside_links not in OUTSIDE_LINKS:
+        raise ValueError(f"outside_links must be one of {OUTSIDE_LINKS}, not {outside_links!r}")
+    out: dict = {"path": root, "exists": os.path.lexists(root), "refusal": ""}
     if not out["exists"]:
         return out
+    out["is_link"] = os.path.islink(root)
+    if out["is_link"]:
+        out["link_target"] = os.readlink(root)
     out["is_dir"] = os.path.isdir(root)
     cfg = os.path.join(root, "pyvenv.cfg")
     out["is_venv"] = os.path.isfile(cfg) and os.path.exists(os.path.join(root, "bin", "python"))
-    if os.path.isfile(cfg):
-        with open(cfg, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition("=")
-                if key.strip() in ("version", "version_info", "home"):
-                    out[f"pyvenv_{key.strip()}"] = value.strip()
+    got = safefs.read_in(root, "pyvenv.cfg", limit=1 << 20) if out["is_dir"] else None
+    if got is not None:
+        for line in got[0].decode("utf-8", "replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() in ("version", "version_info", "home"):
+                out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
         files = dirs = links = 0
-        apparent = disk = 0
-        names = [] if names_path else None
+        apparent = disk = need = 0
+        names: List[bytes] = []
+        special: List[dict] = []
+        outside: List[dict] = []
+        devices: List[str] = []
+        sparse: List[str] = []
         stat_fp = hashlib.sha256()
+        strip = special_modes == "strip"
         for rel, st in manifest.walk(root, patterns):
-            stat_fp.update(manifest.stat_line(manifest.entry_of(root, rel, st)))
-            if names is not None:
+            entry = manifest.entry_of(root, rel, st)
+            stat_fp.update(manifest.stat_line(manifest.without_special(entry) if strip else entry))
+            if names_path:
                 names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
-            disk += getattr(st, "st_blocks", 0) * 512
-            if os.path.stat.S_ISREG(st.st_mode):
+            blocks = getattr(st, "st_blocks", 0) * 512
+            disk += blocks
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                need += blocks
+                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, entry["l"]):
+                    outside.append({"p": rel, "l": entry["l"]})
+                continue
+            if mode & manifest.SPECIAL_BITS:
+                special.append({"p": rel, "m": _octal(mode)})
+            if stat.S_ISREG(st.st_mode):
                 files += 1
                 apparent += st.st_size
-            elif os.path.stat.S_ISDIR(st.st_mode):
+                need += max(blocks, -(-st.st_size // 4096) * 4096)
+                if blocks + 4096 <= st.st_size:
+                    sparse.append(rel)
+            elif stat.S_ISDIR(st.st_mode):
                 dirs += 1
-            elif os.path.stat.S_ISLNK(st.st_mode):
-                links += 1
-        if names is not None:       # a new temp file and a rename: never through a link
+                need += max(blocks, 4096)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                devices.append(rel)
+        if names_path:
             safefs.write_file(names_path, b"".join(names), 0o600)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
-                   stat_fingerprint=stat_fp.hexdigest())
+                   need_bytes=need, stat_fingerprint=stat_fp.hexdigest(),
+                   special_modes=special[:limit], special_modes_count=len(special),
+                   special_modes_action=special_modes, outside_links=outside[:limit],
+                   outside_links_count=len(outside), devices=devices[:limit],
+                   sparse_files=sparse[:limit], sparse_count=len(sparse))
+        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
+
+
+def _count(items: list, one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
+
+
+def _refusal(special: list, special_action: str, outside: list, outside_action: str,
+             devices: list, shown: int = 10) -> str:
+    why = []
+
+    def some(items: list) -> str:
+        more = f", and {len(items) - shown} more" if len(items) > shown else ""
+        return ", ".join(items[:shown]) + more
+
+    if special and special_action == "refuse":
+        why.append(f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
+                   "world-write bits (moved by root, a setuid file of another user arrives as a "
+                   "setuid-root file): "
+                   + some([f"{e['p']} ({e['m']})" for e in special])
+                   + "; set transfer.special_modes: strip to install them without those bits, "
+                   "or keep to move them as they are")
+    if outside and outside_action == "refuse":
+        why.append(f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
+                   + some([f"{e['p']} -> {e['l']}" for e in outside])
+                   + "; set transfer.outside_links: keep to move them as they are")
+    if devices:
+        why.append(f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
+                   + some(devices))
+    return "; ".join(why)
+
+
+def _chmod_nofollow(root: str, rel: str, st: os.stat_result, mode: int) -> None:
+    """chmod `rel` in the tree `root` to `mode` through a descriptor of the very inode the walk
+    saw (opened without following a link); FIFOs and devices through O_PATH, never opened."""
+    head, name = os.path.split(rel)
+    dir_fd = safefs.open_dir(root, head)
+    try:
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(name, flags | (os.O_DIRECTORY if stat.S_ISDIR(st.st_mode) else 0),
+                         dir_fd=dir_fd)
+            path_fd = False
+        else:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            path_fd = True
+        try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise OSError(errno.ESTALE, "changed while the tree was walked", rel)
+            if path_fd:
+                os.chmod(f"/proc/self/fd/{fd}", mode)
+            else:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def strip_special(root: str) -> List[dict]:
+    """Remove the setuid, setgid, sticky and world-write bits (manifest.SPECIAL_BITS) from every
+    entry of the tree `root` (an extracted staging), links never followed. Returns what it
+    changed, [{"p", "was", "now"}]: empty when the extraction created none (the recommended tar
+    flags), so the caller can say what it stripped, or fail when it expected nothing."""
+    changed = []
+    for rel, st in manifest.walk(root):
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & manifest.SPECIAL_BITS:
+            now = mode & ~manifest.SPECIAL_BITS
+            _chmod_nofollow(root, rel, st, now)
+            changed.append({"p": rel, "was": _octal(mode), "now": _octal(now)})
+    return changed
 
 
 def free_bytes(path: str) -> dict:
@@ -1034,6 +1202,8 @@ RB_PY_5F73DE2D
 A manifest is JSON lines: a header, one line per entry (sorted by path), and a totals line.
 Entries: {"p": path, "t": "f"|"d"|"l", "m": mode, "s": size, "h": digest} (files),
 {"p", "t": "d", "m"} (dirs), {"p", "t": "l", "l": link target} (symlinks).
+With `strip_special` a manifest records modes without the setuid, setgid, sticky and world-write
+bits (SPECIAL_BITS): what the install will hold after they are stripped (`hostfs.strip_special`).
 Exclude patterns follow GNU tar's defaults for --exclude: a pattern matches the whole relative
 path or any tail of it that starts at a component, and `*` matches `/` too. An excluded directory
 is not entered.
@@ -1056,6 +1226,8 @@ from . import safefs
 SCHEMA = 1
 CHUNK = 1 << 20
 SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+# what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
+SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
 
 
@@ -1144,6 +1316,13 @@ def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
     return {"p": rel, "t": "?", "m": mode}
 
 
+def without_special(entry: dict) -> dict:
+    """`entry` with its mode's SPECIAL_BITS cleared (links have no mode of their own)."""
+    if entry.get("t") == "l" or "m" not in entry or not entry["m"] & SPECIAL_BITS:
+        return entry
+    return dict(entry, m=entry["m"] & ~SPECIAL_BITS)
+
+
 STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
 
 
@@ -1180,15 +1359,18 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
 
 
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
-          reuse: Optional[dict] = None) -> dict:
+          reuse: Optional[dict] = None, *, strip_special: bool = False) -> dict:
     """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
 
     With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
     mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
-    trust as `rerun: quick`); relocatable files are always read."""
+    trust as `rerun: quick`); relocatable files are always read. With `strip_special`, modes are
+    recorded without SPECIAL_BITS (transfer.special_modes: strip)."""
     entries, disk = [], 0
+    patterns = list(patterns)
     for rel, st in walk(root, patterns):
-        entries.append(entry_of(root, rel, st))
+        e = entry_of(root, rel, st)
+        entries.append(without_special(e) if strip_special else e)
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
     reused = 0
@@ -1217,6 +1399,8 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         "disk_bytes": disk,
     }
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
+    if strip_special:
+        header["strip_special"] = True
     return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 

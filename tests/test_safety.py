@@ -10,8 +10,12 @@ never replaced, the previous install and its env file recoverable.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from rbkit import exports, hostfs, manifest, relocate
 
@@ -38,6 +42,111 @@ def bait(tmp_path: Path, name: str = "outside.txt") -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("not yours\n")
     return target
+
+
+# -- C2: setuid becomes setuid-root ------------------------------------------------------------
+
+
+def special_tree(tmp_path: Path) -> Path:
+    root = venv_tree(tmp_path / "src")
+    (root / "bin" / "su-ish").write_text("#!/bin/sh\n")
+    (root / "bin" / "su-ish").chmod(0o4755)
+    (root / "bin" / "sg-ish").write_text("#!/bin/sh\n")
+    (root / "bin" / "sg-ish").chmod(0o2755)
+    (root / "share").mkdir()
+    (root / "share" / "anyone-writes").write_text("x")
+    (root / "share" / "anyone-writes").chmod(0o666)
+    (root / "share" / "open-dir").mkdir()
+    (root / "share" / "open-dir").chmod(0o777)
+    return root
+
+
+def test_scan_lists_setuid_setgid_and_world_writable_entries_and_refuses_them(tmp_path):
+    root = special_tree(tmp_path)
+    doc = hostfs.scan(str(root), [])
+    listed = {e["p"]: e["m"] for e in doc["special_modes"]}
+    assert listed == {"bin/su-ish": "4755", "bin/sg-ish": "2755", "share/anyone-writes": "0666",
+                      "share/open-dir": "0777"}
+    assert doc["special_modes_count"] == 4
+    assert "setuid" in doc["refusal"] and "bin/su-ish (4755)" in doc["refusal"]
+    assert "special_modes" in doc["refusal"], "the refusal names the spec field that allows it"
+    stripped = hostfs.scan(str(root), [], special_modes="strip")
+    assert stripped["refusal"] == "" and len(stripped["special_modes"]) == 4
+    assert stripped["special_modes_action"] == "strip"
+    assert hostfs.scan(str(root), [], special_modes="keep")["refusal"] == ""
+    with pytest.raises(ValueError):
+        hostfs.scan(str(root), [], special_modes="sometimes")
+
+
+def test_manifest_records_modes_without_special_bits_when_stripping(tmp_path):
+    root = special_tree(tmp_path)
+    m = manifest.build(str(root), [], "sha256", jobs=1, strip_special=True)
+    modes = {e["p"]: e.get("m") for e in m["entries"]}
+    assert modes["bin/su-ish"] == 0o755 and modes["bin/sg-ish"] == 0o755
+    assert modes["share/anyone-writes"] == 0o664 and modes["share/open-dir"] == 0o775
+    assert m["header"]["strip_special"] is True
+    # the re-run's quick check compares the source's stat fingerprint (scan) with the one the
+    # install recorded (from the manifest): both see the same stripped modes
+    scanned = hostfs.scan(str(root), [], special_modes="strip")["stat_fingerprint"]
+    assert scanned == manifest.stat_fingerprint(m["entries"])
+    kept = manifest.build(str(root), [], "sha256", jobs=1)
+    assert {e["p"]: e.get("m") for e in kept["entries"]}["bin/su-ish"] == 0o4755
+
+
+def test_strip_special_leaves_no_special_bit_and_never_follows_a_link(tmp_path):
+    root = special_tree(tmp_path)
+    outside = bait(tmp_path)
+    outside.chmod(0o4755)
+    (root / "share" / "link-out").symlink_to(outside)
+    removed = hostfs.strip_special(str(root))
+    assert sorted(r["p"] for r in removed) == ["bin/sg-ish", "bin/su-ish", "share/anyone-writes",
+                                                "share/open-dir"]
+    assert {r["p"]: (r["was"], r["now"]) for r in removed}["bin/su-ish"] == ("4755", "0755")
+    for p in root.rglob("*"):
+        if not p.is_symlink():
+            assert stat.S_IMODE(p.lstat().st_mode) & manifest.SPECIAL_BITS == 0, p
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o4755, "a link's target is not ours to chmod"
+    assert hostfs.strip_special(str(root)) == [], "a second pass finds nothing"
+    # what verify then sees equals the stripped manifest of the source
+    src = special_tree(tmp_path / "again")
+    m = manifest.build(str(src), [], "sha256", jobs=1, strip_special=True)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(src), str(copy)], check=True)
+    assert not manifest.verify(str(copy), m)["ok"], "a setuid bit the manifest lacks is caught"
+    hostfs.strip_special(str(copy))
+    assert manifest.verify(str(copy), m)["ok"]
+
+
+@pytest.mark.skipif(not ROOT, reason="tar keeps modes and drops owners only when run as root")
+def test_tar_as_root_keeps_setuid_unless_told_not_to(tmp_path):
+    """What the transfer's extraction does with a setuid file of another user (GNU tar, as root):
+    `--no-same-owner` alone makes it a setuid-ROOT file; `--no-same-permissions` under `umask 002`
+    never creates a special bit (the flags this issue recommends for the unpack end)."""
+    src = tmp_path / "src"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin" / "su-ish").write_text("#!/bin/sh\n")
+    shutil.chown(src / "bin" / "su-ish", "nobody")
+    (src / "bin" / "su-ish").chmod(0o4755)           # after chown: chown clears setuid
+    (src / "share").mkdir()
+    (src / "share" / "open").write_text("x")
+    (src / "share" / "open").chmod(0o666)
+    (src / "share" / "group").write_text("x")
+    (src / "share" / "group").chmod(0o664)
+    archive = tmp_path / "a.tar"
+    subprocess.run(["tar", "-C", str(src), "-cf", str(archive), "."], check=True)
+
+    def extract(flags: str) -> dict:
+        out = tmp_path / f"x{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        subprocess.run(["sh", "-c", f'umask 002 && tar -C "$1" -xf "$2" {flags}', "sh", str(out),
+                        str(archive)], check=True)
+        return {rel: (stat.S_IMODE((out / rel).lstat().st_mode), (out / rel).lstat().st_uid)
+                for rel in ("bin/su-ish", "share/open", "share/group")}
+
+    today = extract("--no-same-owner")                                 # templates/steps/transfer
+    assert today["bin/su-ish"] == (0o4755, 0), "documented: setuid becomes setuid-root"
+    safe = extract("--no-same-owner --no-same-permissions")
+    assert safe == {"bin/su-ish": (0o755, 0), "share/open": (0o664, 0), "share/group": (0o664, 0)}
 
 
 # -- C3: relocation writes through symlinks ------------------------------------------------------
@@ -106,3 +215,51 @@ def test_names_and_manifest_files_are_never_written_through_a_link(tmp_path):
     manifest.save(manifest.build(str(root)), str(out))
     assert target.read_text() == "not yours\n" and not out.is_symlink()
     assert manifest.load(str(out))["totals"]["files"] == 4
+
+
+def test_scan_reports_links_that_leave_the_tree(tmp_path):
+    root = venv_tree(tmp_path / "venv")
+    (root / "lib64").symlink_to("lib")                                        # inside
+    (root / "bin" / "python3").symlink_to("python")                           # the interpreter
+    (root / "etc-link").symlink_to("/etc")                                    # absolute
+    (root / "lib" / "up").symlink_to("../../elsewhere")                       # relative, out
+    (root / "dot").symlink_to(".")
+    (root / "sneaky").symlink_to("dot/..")   # lexically inside; really the tree's parent
+    (root / "self-abs").symlink_to(str(root / "lib"))   # absolute into the tree: the source's path
+    (root / "dangling").symlink_to("no/such/thing")
+    doc = hostfs.scan(str(root), [])
+    out = {e["p"]: e["l"] for e in doc["outside_links"]}
+    assert out == {"etc-link": "/etc", "lib/up": "../../elsewhere", "sneaky": "dot/..",
+                   "self-abs": str(root / "lib")}
+    assert doc["outside_links_count"] == 4
+    assert "4 symlinks point outside the tree" in doc["refusal"]
+    assert "etc-link -> /etc" in doc["refusal"] and "outside_links" in doc["refusal"]
+    assert hostfs.scan(str(root), [], outside_links="keep")["refusal"] == ""
+    assert hostfs.link_escapes(str(root), "bin/python", "/usr/bin/python3")
+    assert not hostfs.link_escapes(str(root), "lib64", "lib")
+
+
+def test_scan_refuses_device_nodes_always(tmp_path):
+    if not ROOT:
+        pytest.skip("mknod needs root")
+    root = venv_tree(tmp_path / "venv")
+    try:
+        os.mknod(root / "disk", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("this container may not make device nodes")
+    doc = hostfs.scan(str(root), [], special_modes="keep", outside_links="keep")
+    assert doc["devices"] == ["disk"] and "device" in doc["refusal"]
+
+
+# -- L4: sparse files, backups that never expire, backups sharing inodes ---------------------------
+
+
+def test_scan_judges_room_by_apparent_size_for_sparse_files(tmp_path):
+    root = venv_tree(tmp_path / "venv")
+    sparse = root / "lib" / "big.img"
+    with open(sparse, "wb") as f:
+        f.truncate(64 << 20)                         # 64 MiB apparent, next to nothing on disk
+    doc = hostfs.scan(str(root), [])
+    assert doc["disk_bytes"] < (1 << 20)
+    assert doc["need_bytes"] >= 64 << 20, "tar writes the zeros out: room for the apparent size"
+    assert doc["sparse_files"] == ["lib/big.img"] and doc["sparse_count"] == 1

@@ -3,6 +3,8 @@
 A manifest is JSON lines: a header, one line per entry (sorted by path), and a totals line.
 Entries: {"p": path, "t": "f"|"d"|"l", "m": mode, "s": size, "h": digest} (files),
 {"p", "t": "d", "m"} (dirs), {"p", "t": "l", "l": link target} (symlinks).
+With `strip_special` a manifest records modes without the setuid, setgid, sticky and world-write
+bits (SPECIAL_BITS): what the install will hold after they are stripped (`hostfs.strip_special`).
 Exclude patterns follow GNU tar's defaults for --exclude: a pattern matches the whole relative
 path or any tail of it that starts at a component, and `*` matches `/` too. An excluded directory
 is not entered.
@@ -25,6 +27,8 @@ from . import safefs
 SCHEMA = 1
 CHUNK = 1 << 20
 SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+# what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
+SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
 
 
@@ -113,6 +117,13 @@ def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
     return {"p": rel, "t": "?", "m": mode}
 
 
+def without_special(entry: dict) -> dict:
+    """`entry` with its mode's SPECIAL_BITS cleared (links have no mode of their own)."""
+    if entry.get("t") == "l" or "m" not in entry or not entry["m"] & SPECIAL_BITS:
+        return entry
+    return dict(entry, m=entry["m"] & ~SPECIAL_BITS)
+
+
 STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
 
 
@@ -149,15 +160,18 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
 
 
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
-          reuse: Optional[dict] = None) -> dict:
+          reuse: Optional[dict] = None, *, strip_special: bool = False) -> dict:
     """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
 
     With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
     mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
-    trust as `rerun: quick`); relocatable files are always read."""
+    trust as `rerun: quick`); relocatable files are always read. With `strip_special`, modes are
+    recorded without SPECIAL_BITS (transfer.special_modes: strip)."""
     entries, disk = [], 0
+    patterns = list(patterns)
     for rel, st in walk(root, patterns):
-        entries.append(entry_of(root, rel, st))
+        e = entry_of(root, rel, st)
+        entries.append(without_special(e) if strip_special else e)
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
     reused = 0
@@ -186,6 +200,8 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         "disk_bytes": disk,
     }
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
+    if strip_special:
+        header["strip_special"] = True
     return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
