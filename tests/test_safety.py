@@ -9,6 +9,7 @@ never replaced, the previous install and its env file recoverable.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -249,6 +250,76 @@ def test_scan_refuses_device_nodes_always(tmp_path):
         pytest.skip("this container may not make device nodes")
     doc = hostfs.scan(str(root), [], special_modes="keep", outside_links="keep")
     assert doc["devices"] == ["disk"] and "device" in doc["refusal"]
+
+
+# -- H3: the source can be destroyed ----------------------------------------------------------
+
+
+def test_same_or_nested_sees_through_aliases_relative_paths_and_nesting(tmp_path, monkeypatch):
+    src = venv_tree(tmp_path / "opt" / "venv")
+    alias = tmp_path / "alias"
+    alias.symlink_to(tmp_path / "opt")
+    ident = hostfs.identity
+    assert "one directory" in hostfs.same_or_nested(ident(str(src)), ident(str(alias / "venv")))
+    monkeypatch.chdir(tmp_path / "opt")
+    assert "one directory" in hostfs.same_or_nested(ident(str(src)), ident("venv"))
+    assert "one directory" in hostfs.same_or_nested(ident("./venv/../venv"), ident(str(src)))
+    inside = hostfs.same_or_nested(ident(str(src)), ident(str(src / "lib" / "new")))
+    assert "inside the source" in inside
+    around = hostfs.same_or_nested(ident(str(src / "lib")), ident(str(tmp_path / "opt")))
+    assert "inside the destination" in around
+    # the destination's backup or staging named as the source: the install would remove it
+    backup = hostfs.same_or_nested(ident(str(tmp_path / "opt" / "v.rb-backup.3")),
+                                   ident(str(tmp_path / "opt" / "v")))
+    assert "backup" in backup
+    assert hostfs.same_or_nested(ident(str(src)), ident(str(tmp_path / "opt" / "venv2"))) is None
+    assert hostfs.same_or_nested(ident(str(src)), ident(str(tmp_path / "venv"))) is None
+
+
+def test_same_or_nested_compares_inodes_when_paths_differ(tmp_path):
+    """A bind mount (or a path this host cannot resolve to the same text) shows the same
+    (st_dev, st_ino) in the destination's parent chain: refused without relying on the text."""
+    src = venv_tree(tmp_path / "src")
+    a = hostfs.identity(str(src))
+    b = hostfs.identity(str(src / "lib" / "deeper" / "dest"))
+    b = dict(b, realpath="/mnt/elsewhere/dest")      # as a bind mount would show it
+    assert "inside the source" in hostfs.same_or_nested(a, b)
+    a2 = dict(a, realpath="/mnt/also/elsewhere")
+    assert "same directory" in hostfs.same_or_nested(a2, dict(hostfs.identity(str(src)),
+                                                            realpath="/x/y"))
+
+
+def test_same_or_nested_needs_one_machine_and_compares_network_mounts_across_machines():
+    def ident(real, boot, machine="m1", mount=None, chain=()):
+        return {"realpath": real, "boot_id": boot, "machine_id": machine, "exists": True,
+                "dev_ino": list(chain[0]) if chain else None, "chain": [list(c) for c in chain],
+                "mount": mount}
+
+    # two machines (cloned images share a machine-id; the boot id tells them apart)
+    assert hostfs.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b2")) is None
+    assert "one directory" in hostfs.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b1"))
+    # no boot id (not Linux): the machine id decides
+    assert "one directory" in hostfs.same_or_nested(ident("/opt/v", None), ident("/opt/v", None))
+    assert hostfs.same_or_nested(ident("/opt/v", None, "m1"), ident("/opt/v", None, "m2")) is None
+    # one NFS export mounted on two machines, at different mount points
+    nfs_a = {"fstype": "nfs4", "source": "filer:/export/envs", "root": "/", "point": "/nfs"}
+    nfs_b = {"fstype": "nfs4", "source": "filer:/export/envs", "root": "/", "point": "/mnt/envs"}
+    why = hostfs.same_or_nested(ident("/nfs/team/v", "b1", mount=nfs_a),
+                                ident("/mnt/envs/team/v", "b2", mount=nfs_b))
+    assert why is not None and "filer:/export/envs" in why
+    assert hostfs.same_or_nested(ident("/nfs/team/v", "b1", mount=nfs_a),
+                                 ident("/mnt/envs/team/w", "b2", mount=nfs_b)) is None
+    local = dict(nfs_a, fstype="ext4", source="/dev/sda1")
+    assert hostfs.same_or_nested(ident("/opt/v", "b1", mount=local),
+                                 ident("/opt/v", "b2", mount=dict(local))) is None
+
+
+def test_identity_reads_this_machine(tmp_path):
+    doc = hostfs.identity(str(tmp_path / "not-yet" / "venv"))
+    assert doc["exists"] is False and doc["realpath"] == str(tmp_path.resolve() / "not-yet" / "venv")
+    assert doc["chain"][0] == [os.stat(tmp_path).st_dev, os.stat(tmp_path).st_ino]
+    assert doc["boot_id"] or doc["machine_id"]
+    assert json.loads(json.dumps(doc)) == doc
 
 
 # -- L4: sparse files, backups that never expire, backups sharing inodes ---------------------------

@@ -3,7 +3,8 @@
 The host side runs as root over trees other users wrote (see docs/design.md, "Threat model"):
 `scan` reports what must not be moved silently (setuid/setgid/world-writable entries, links that
 leave the tree, device nodes) and refuses it unless the spec allows it; `strip_special` removes
-those mode bits from an extracted tree.
+those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
+the destination is the source under another name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import stat
 from typing import List, Optional
 
 from . import manifest, safefs
+# public here (what callers use as hostfs.NAME): which path is which
+from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1

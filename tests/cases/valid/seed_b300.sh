@@ -563,6 +563,9 @@ RB_PY_5F73DE2D
   cat >"${dir}"/rbkit/manifest.py <<'RB_PY_E618E5FC'
 <kit file>
 RB_PY_E618E5FC
+  cat >"${dir}"/rbkit/pathid.py <<'RB_PY_22621B07'
+<kit file>
+RB_PY_22621B07
   cat >"${dir}"/rbkit/relocate.py <<'RB_PY_5E1398E2'
 <kit file>
 RB_PY_5E1398E2
