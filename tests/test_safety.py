@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import exports, hostfs, manifest, relocate
+from rbkit import exports, hostfs, manifest, relocate, swapfs
 
 ROOT = os.geteuid() == 0
 
@@ -322,6 +322,166 @@ def test_identity_reads_this_machine(tmp_path):
     assert json.loads(json.dumps(doc)) == doc
 
 
+# -- L2: swap without RENAME_EXCHANGE -----------------------------------------------------------
+
+
+def staged(parent: Path, tag: str) -> Path:
+    st = parent / ".venv.rb-staging"
+    st.mkdir()
+    (st / "tag").write_text(tag)
+    return st
+
+
+def installed(parent: Path, tag: str) -> Path:
+    dest = parent / "venv"
+    dest.mkdir()
+    (dest / "tag").write_text(tag)
+    return dest
+
+
+@pytest.fixture
+def no_exchange(monkeypatch):
+    """A file system without RENAME_EXCHANGE (NFS): renameat2 reports it cannot."""
+    real = swapfs._renameat2
+
+    def fake(src, dst, flags):
+        return False if flags == hostfs.RENAME_EXCHANGE else real(src, dst, flags)
+
+    monkeypatch.setattr(swapfs, "_renameat2", fake)
+
+
+def interrupt_rename(monkeypatch, at: int) -> None:
+    """The `at`-th rename (1-based) of the swap raises KeyboardInterrupt, as a ^C would."""
+    calls = {"n": 0}
+    real = os.rename
+
+    def rename(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+@pytest.mark.parametrize("policy", ["backup", "replace"])
+def test_an_interrupted_two_rename_swap_is_undone_by_the_next_run(tmp_path, monkeypatch,
+                                                                   no_exchange, policy):
+    staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
+    with monkeypatch.context() as m:
+        interrupt_rename(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            hostfs.swap(str(staging), str(dest), policy)
+    assert not dest.exists(), "interrupted between the two renames"
+    # what the next run (its swap, or --restore) does first: the previous install goes back
+    done = hostfs.recover_swap(str(dest))
+    assert done["action"] == "undone"
+    assert (dest / "tag").read_text() == "old"
+    assert hostfs.recover_swap(str(dest)) is None, "the journal is gone"
+    assert not [p.name for p in tmp_path.iterdir() if "rb-swap" in p.name]
+
+
+def test_restore_after_an_interrupted_swap_gives_back_the_previous_install(tmp_path, monkeypatch,
+                                                                           no_exchange):
+    staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
+    with monkeypatch.context() as m:
+        interrupt_rename(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            hostfs.swap(str(staging), str(dest), "backup")
+    result = hostfs.restore(str(dest))
+    assert (dest / "tag").read_text() == "old"
+    assert result["recovered"]["action"] == "undone"
+
+
+def test_a_swap_finished_but_not_cleaned_up_is_finished(tmp_path, monkeypatch, no_exchange):
+    staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            hostfs.swap(str(staging), str(dest), "replace")
+    assert (dest / "tag").read_text() == "new"
+    assert hostfs.recover_swap(str(dest))["action"] == "finished"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["venv"]
+
+
+@pytest.mark.parametrize("at,action,tags", [(2, "undone", ("current", "older")),
+                                             (3, "finished", ("older", "current"))])
+def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
+        tmp_path, monkeypatch, no_exchange, at, action, tags):
+    dest = installed(tmp_path, "current")
+    backup = tmp_path / "venv.rb-backup.1"
+    backup.mkdir()
+    (backup / "tag").write_text("older")
+    with monkeypatch.context() as m:
+        interrupt_rename(m, at)
+        with pytest.raises(KeyboardInterrupt):
+            hostfs.restore(str(dest))
+    assert hostfs.recover_swap(str(dest))["action"] == action
+    assert ((dest / "tag").read_text(), (backup / "tag").read_text()) == tags
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1"]
+    result = hostfs.restore(str(dest))                       # and once more, uninterrupted
+    assert result["atomic"] is False
+    assert ((dest / "tag").read_text(), (backup / "tag").read_text()) == tags[::-1]
+
+
+def test_swap_atomic_require_refuses_and_allow_says_so(tmp_path, no_exchange):
+    staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
+    with pytest.raises(OSError, match="RENAME_EXCHANGE"):
+        hostfs.swap(str(staging), str(dest), "backup", swap_atomic="require")
+    assert (dest / "tag").read_text() == "old" and (staging / "tag").read_text() == "new"
+    result = hostfs.swap(str(staging), str(dest), "backup", swap_atomic="allow")
+    assert result["atomic"] is False and result["swap_atomic"] == "allow"
+    assert "two renames" in result["note"]
+    assert (dest / "tag").read_text() == "new"
+    assert (tmp_path / "venv.rb-backup.1" / "tag").read_text() == "old"
+
+
+def test_a_journal_we_did_not_write_is_not_obeyed(tmp_path):
+    dest = installed(tmp_path, "old")
+    journal = Path(hostfs.journal_path(str(dest)))
+    journal.write_text(json.dumps({"v": 1, "op": "swap", "policy": "replace",
+                                   "old": "../../etc"}))
+    with pytest.raises(ValueError, match="journal"):
+        hostfs.recover_swap(str(dest))
+    journal.unlink()
+    journal.symlink_to(bait(tmp_path))
+    with pytest.raises(OSError):
+        hostfs.recover_swap(str(dest))
+    assert (dest / "tag").read_text() == "old"
+
+
+# -- L3: a destination that is a symlink ----------------------------------------------------------
+
+
+def test_swap_and_restore_refuse_a_destination_that_is_a_symlink(tmp_path):
+    (tmp_path / "data").mkdir()
+    real = installed(tmp_path / "data", "old")
+    dest = tmp_path / "venv"
+    dest.symlink_to(real)
+    staging = staged(tmp_path, "new")
+    with pytest.raises(OSError, match=f"symlink to {real}"):
+        hostfs.swap(str(staging), str(dest), "backup")
+    assert dest.is_symlink() and os.readlink(dest) == str(real)
+    assert (real / "tag").read_text() == "old" and (staging / "tag").read_text() == "new"
+    (tmp_path / "venv.rb-backup.1").mkdir()
+    with pytest.raises(OSError, match="symlink to"):
+        hostfs.restore(str(dest))
+    assert dest.is_symlink()
+    doc = hostfs.identity(str(dest))
+    assert doc["is_link"] and doc["link_target"] == str(real)
+    assert hostfs.scan(str(dest), [])["link_target"] == str(real)
+
+
+def test_swap_refuses_a_staging_that_is_a_symlink(tmp_path):
+    dest = installed(tmp_path, "old")
+    elsewhere = tmp_path / "someone-elses"
+    elsewhere.mkdir()
+    (tmp_path / ".venv.rb-staging").symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        hostfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
+    assert (dest / "tag").read_text() == "old" and not dest.is_symlink()
+
+
 # -- L4: sparse files, backups that never expire, backups sharing inodes ---------------------------
 
 
@@ -334,3 +494,59 @@ def test_scan_judges_room_by_apparent_size_for_sparse_files(tmp_path):
     assert doc["disk_bytes"] < (1 << 20)
     assert doc["need_bytes"] >= 64 << 20, "tar writes the zeros out: room for the apparent size"
     assert doc["sparse_files"] == ["lib/big.img"] and doc["sparse_count"] == 1
+
+
+def backups_of(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".rb-backup." in p.name)
+
+
+def test_prune_backups_keeps_the_newest_n_and_swap_applies_keep_backups(tmp_path):
+    dest = installed(tmp_path, "live")
+    for n in (1, 2, 3, 5):
+        (tmp_path / f"venv.rb-backup.{n}").mkdir()
+    outside = tmp_path / "not-a-backup"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (tmp_path / "venv.rb-backup.4").symlink_to(outside)        # named like one, but a link
+    removed = hostfs.prune_backups(str(dest), 2)
+    assert sorted(os.path.basename(p) for p in removed) == ["venv.rb-backup.1", "venv.rb-backup.2"]
+    assert backups_of(tmp_path) == ["venv.rb-backup.3", "venv.rb-backup.4", "venv.rb-backup.5"]
+    assert (outside / "keep").exists()
+    with pytest.raises(ValueError):
+        hostfs.prune_backups(str(dest), 0)
+    result = hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup", keep_backups=2)
+    assert result["previous"].endswith("venv.rb-backup.6")
+    assert backups_of(tmp_path) == ["venv.rb-backup.4", "venv.rb-backup.5", "venv.rb-backup.6"]
+    assert [os.path.basename(p) for p in result["pruned"]] == ["venv.rb-backup.3"]
+
+
+def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(tmp_path):
+    src = venv_tree(tmp_path / "src")
+    big = src / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
+    big.write_bytes(os.urandom(1 << 20))
+    dest = tmp_path / "dst" / "venv"
+    dest.parent.mkdir()
+    subprocess.run(["cp", "-a", str(src), str(dest)], check=True)
+    before = manifest.build(str(src), [], "sha256", jobs=1)
+    (src / "bin" / "tool").write_text("#!/old/venv/bin/python\nprint(2)\n")
+    new = manifest.build(str(src), [], "sha256", jobs=1)
+    staging = dest.parent / ".venv.rb-staging"
+    facts = hostfs.stage(str(dest), str(staging), new, before, str(tmp_path / "names"))
+    assert facts["linked"] == 2                                   # data.bin and __init__.py
+    names = (tmp_path / "names").read_bytes().split(b"\0")[:-1]
+    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(tmp_path / "names"),
+                    "-cf", str(tmp_path / "d.tar")], check=True)
+    subprocess.run(["tar", "-C", str(staging), "-xf", str(tmp_path / "d.tar")], check=True)
+    assert names
+    result = hostfs.swap(str(staging), str(dest), "backup")
+    backup = Path(result["previous"])
+    rel = "lib/python3.11/site-packages/pkg/data.bin"
+    live, kept = dest / rel, backup / rel
+    assert os.stat(live).st_ino != os.stat(kept).st_ino
+    assert kept.read_bytes() == big.read_bytes()
+    assert os.stat(kept).st_mtime_ns == os.stat(live).st_mtime_ns
+    assert stat.S_IMODE(os.stat(kept).st_mode) == stat.S_IMODE(os.stat(live).st_mode)
+    assert result["unshared"]["files"] == 2
+    with open(live, "r+b") as f:                                   # a later in-place write
+        f.write(b"\0" * 16)
+    assert kept.read_bytes() == big.read_bytes(), "the backup is not changed through the install"

@@ -4,12 +4,13 @@ The host side runs as root over trees other users wrote (see docs/design.md, "Th
 `scan` reports what must not be moved silently (setuid/setgid/world-writable entries, links that
 leave the tree, device nodes) and refuses it unless the spec allows it; `strip_special` removes
 those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
-the destination is the source under another name.
+the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
+replace a link with a directory, journal a swap that cannot be one rename, and keep each backup
+independent of the live install.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import os
@@ -19,12 +20,19 @@ import stat
 from typing import List, Optional
 
 from . import manifest, safefs
-# public here (what callers use as hostfs.NAME): which path is which
+# public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
+from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
+                     backup_dirs, backups, journal_path, prune_backups, recover_swap, remove,
+                     restore, swap, unshare_backup)
 
-AT_FDCWD = -100
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
+__all__ = [
+    "scan", "link_escapes", "strip_special", "free_bytes", "stage",
+    "identity", "mount_of", "same_machine", "same_or_nested",
+    "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
+    "recover_swap", "journal_path", "remove",
+    "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
+]
 
 SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
 OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
@@ -241,93 +249,18 @@ def free_bytes(path: str) -> dict:
     return {"path": path, "measured_at": probe, "free_bytes": usage.free, "total_bytes": usage.total}
 
 
-def _renameat2(src: str, dst: str, flags: int) -> bool:
-    """renameat2(2) through libc; False when the kernel or libc cannot do it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL):
-        return False
-    raise OSError(err, os.strerror(err), dst)
-
-
-def backups(dest: str) -> list[tuple[int, str]]:
-    parent, base = os.path.split(dest)
-    pat = re.compile(re.escape(base) + r"\.rb-backup\.([0-9]+)$")
-    found = []
-    for name in os.listdir(parent or "."):
-        m = pat.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(parent, name)))
-    return sorted(found)
-
-
-def swap(staging: str, dest: str, policy: str) -> dict:
-    """Put `staging` at `dest` in one step; what was at `dest` is refused, kept or removed."""
-    if not os.path.isdir(staging):
-        raise FileNotFoundError(f"staging directory {staging} is missing")
-    if not os.path.lexists(dest):
-        if not _renameat2(staging, dest, RENAME_NOREPLACE):
-            os.rename(staging, dest)
-        return {"policy": policy, "previous": "none"}
-    if policy == "refuse":
-        raise FileExistsError(f"{dest} exists and on_existing is refuse")
-    exchanged = _renameat2(staging, dest, RENAME_EXCHANGE)
-    if exchanged:
-        old_at = staging  # the previous destination now sits at the staging path
-    else:
-        old_at = f"{staging}.old"
-        os.rename(dest, old_at)
-        os.rename(staging, dest)
-    result: dict = {"policy": policy, "atomic": exchanged}
-    if policy == "backup":
-        number = (backups(dest)[-1][0] + 1) if backups(dest) else 1
-        target = f"{dest}.rb-backup.{number}"
-        os.rename(old_at, target)
-        result["previous"] = target
-    else:
-        shutil.rmtree(old_at)
-        result["previous"] = "removed"
-    return result
-
-
-def restore(dest: str, number: Optional[int] = None) -> dict:
-    """Put backup N (default: the newest) back at `dest`; the current one becomes a backup too."""
-    found = dict(backups(dest))
-    if not found:
-        raise FileNotFoundError(f"no {dest}.rb-backup.N to restore")
-    number = number if number is not None else max(found)
-    if number not in found:
-        raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist")
-    source = found[number]
-    if os.path.lexists(dest):
-        if not _renameat2(source, dest, RENAME_EXCHANGE):
-            os.rename(dest, f"{source}.swap")
-            os.rename(source, dest)
-            os.rename(f"{source}.swap", source)
-        # what was installed is now kept under the backup's number
-        return {"restored": source, "kept_current_as": source}
-    os.rename(source, dest)
-    return {"restored": source, "kept_current_as": None}
-
-
 def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
     """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
     unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
     mtime in both manifests, and the file at `dest` still has the recorded stat); writes the
     NUL-separated names tar must still send (changed and new files, relocatable files, every
-    directory and symlink: tar restores their modes and targets). `dest` is never written."""
+    directory and symlink: tar restores their modes and targets). `dest` is never written.
+    A staging path that is a link is removed as a link (its target is not touched)."""
     if new["header"].get("algo") != installed["header"].get("algo") or new["header"]["algo"] == "none":
         raise ValueError("an incremental install needs digests of one algorithm in both manifests")
     before = {e["p"]: e for e in installed["entries"]}
     if os.path.lexists(staging):
-        shutil.rmtree(staging)
+        remove(staging)
     os.makedirs(staging)
     send: list[str] = []
     linked = linked_bytes = send_bytes = send_files = 0

@@ -734,6 +734,9 @@ RB_PY_A002A646
   cat >"${dir}"/rbkit/safefs.py <<'RB_PY_A8AA38CB'
 <kit file>
 RB_PY_A8AA38CB
+  cat >"${dir}"/rbkit/swapfs.py <<'RB_PY_D6AAE1CF'
+<kit file>
+RB_PY_D6AAE1CF
   cat >"${dir}"/rbprobes/__init__.py <<'RB_PY_54A17906'
 <kit file>
 RB_PY_54A17906
