@@ -19,7 +19,7 @@ fi
 readonly RB_NAME=cluster-b200
 readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
-readonly RB_KIT_ID=26d430daa40d248d
+readonly RB_KIT_ID=986c62fb4e7a62ea
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -794,15 +794,24 @@ if __name__ == "__main__":
     sys.exit(main())
 RB_PY_4A0F4903
   cat >"${dir}"/rbkit/exports.py <<'RB_PY_EAEBB3AA'
-"""The env file a moved venv is used through: CUDA_HOME, PATH, LD_LIBRARY_PATH (venv dirs first)."""
+"""The env file a moved venv is used through: CUDA_HOME, PATH, LD_LIBRARY_PATH (venv dirs first).
+
+The env file belongs to the install it was written for: `write(..., venv=DEST)` keeps a copy inside
+the install (`DEST/.rb-env.sh`, which manifests skip), and `restore_env` puts that copy back at the
+public path when a restore or a rollback brings the install back. Both are written through a new
+temp file and one rename (rbkit.safefs): a link at either name is replaced, never written through.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
 import shlex
+from typing import Optional
 
 from . import safefs
+
+IN_INSTALL = ".rb-env.sh"   # the install's own copy of its env file (manifest.SKIP_NAMES)
 
 
 def site_packages(venv: str) -> str:
@@ -841,10 +850,26 @@ def render(venv: str, cuda_home: str, first: list, env: dict, origin: str) -> tu
     return "\n".join(lines) + "\n", summary
 
 
-def write(path: str, text: str) -> None:
-    """Write the env file at `path` (mode 0644) through a new temp file and one rename
-    (rbkit.safefs): a link at `path`, or at any temp name, is never written through."""
-    safefs.write_file(path, text.encode("utf-8"), 0o644)
+def write(path: str, text: str, *, venv: Optional[str] = None) -> None:
+    """Write the env file at `path` (mode 0644). With `venv` (the install it is for), first keep
+    the same text inside the install as `venv/.rb-env.sh`, so that a restore of this install can
+    put its own env file back."""
+    data = text.encode("utf-8")
+    if venv is not None:
+        safefs.write_in(venv, IN_INSTALL, data, 0o644)
+    safefs.write_file(path, data, 0o644)
+
+
+def restore_env(venv: str, path: str) -> dict:
+    """Put the env file kept inside the install at `venv` back at `path`. When the install has
+    none (made before env files were versioned), `path` is left alone and the result says so."""
+    got = safefs.read_in(venv, IN_INSTALL, limit=1 << 20)
+    if got is None:
+        return {"path": path, "restored": False,
+                "why": f"{venv} holds no {IN_INSTALL}; {path} still belongs to the install it "
+                       "replaced: run the exports step again"}
+    safefs.write_file(path, got[0], 0o644)
+    return {"path": path, "restored": True, "from": os.path.join(venv, IN_INSTALL)}
 RB_PY_EAEBB3AA
   cat >"${dir}"/rbkit/hostfs.py <<'RB_PY_5F73DE2D'
 """Small facts about paths on a host: what is there, how big, how much room, and the atomic swap.
@@ -854,8 +879,8 @@ The host side runs as root over trees other users wrote (see docs/design.md, "Th
 leave the tree, device nodes) and refuses it unless the spec allows it; `strip_special` removes
 those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
 the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
-replace a link with a directory, journal a swap that cannot be one rename, and keep each backup
-independent of the live install.
+replace a link with a directory, journal a swap that cannot be one rename, keep each backup
+independent of the live install, and bring back an install's own env file.
 """
 
 from __future__ import annotations
@@ -872,14 +897,14 @@ from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     backup_dirs, backups, journal_path, prune_backups, recover_swap, remove,
-                     restore, swap, unshare_backup)
+                     backup_dirs, backups, describe_install, failed_mark, journal_path,
+                     prune_backups, recover_swap, remove, restore, swap, unshare_backup)
 
 __all__ = [
     "scan", "link_escapes", "strip_special", "free_bytes", "stage",
     "identity", "mount_of", "same_machine", "same_or_nested",
     "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
-    "recover_swap", "journal_path", "remove",
+    "recover_swap", "journal_path", "describe_install", "failed_mark", "remove",
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 
@@ -1173,7 +1198,9 @@ from . import safefs
 
 SCHEMA = 1
 CHUNK = 1 << 20
-SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+# written into an install by the install itself (its manifest, its versioned env file, the mark
+# of a build whose checks failed): never compared, never sent
+SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed")
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
@@ -1293,6 +1320,15 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     recorded = installed["header"].get("source_stat_fingerprint")
     if recorded != source_stat:
         return {"ok": False, "why": "the source changed since the install (or was never recorded)"}
+    result = check_tree(root, installed)
+    if result["ok"]:
+        result["why"] = "same source, destination unchanged (stat check)"
+    return result
+
+
+def check_tree(root: str, installed: dict) -> dict:
+    """Whether every entry at `root` still has the path, type, mode, size, link target and mtime
+    that `installed` (the manifest the install recorded) says; no reading of contents."""
     patterns = installed["header"].get("excludes", ())
     want = {e["p"]: [e.get(k) for k in STAT_KEYS] for e in installed["entries"]}
     have = {}
@@ -1303,7 +1339,7 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     if changed:
         return {"ok": False, "why": f"{len(changed)} entries changed at the destination",
                 "changed": changed[:20]}
-    return {"ok": True, "why": "same source, destination unchanged (stat check)"}
+    return {"ok": True, "why": "unchanged since the install (stat check)"}
 
 
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
@@ -2130,13 +2166,14 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import manifest, safefs
+from . import exports, manifest, safefs
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 FICLONE = 0x40049409
 SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
+FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
 
 
 def _renameat2(src: str, dst: str, flags: int) -> bool:
@@ -2190,6 +2227,12 @@ def _refuse_link(path: str, what: str) -> None:
         raise OSError(errno.ELOOP, f"the {what} {path} is a symlink to {os.readlink(path)}: refusing "
                       "to replace a link with a directory (its target would be left behind, and the "
                       f"next steps would act on the link); name {os.path.realpath(path)} itself")
+
+
+def failed_mark(path: str) -> Optional[str]:
+    """Why the install at `path` was rolled back (its checks failed), or None."""
+    got = safefs.read_in(path, FAILED_MARK, limit=64 << 10)
+    return got[0].decode("utf-8", "replace").strip() if got is not None else None
 
 
 # -- the journal of a swap that is more than one rename ---------------------------------------
@@ -2428,15 +2471,18 @@ def remove(path: str) -> None:
 
 
 def prune_backups(dest: str, keep: int) -> List[str]:
-    """Remove all but the `keep` newest backups of `dest` (transfer.keep_backups, at least 1: the
-    newest is what a rollback puts back); a link named like a backup is neither counted nor
-    removed. Returns the paths removed."""
+    """Remove all but `keep` backups of `dest` (transfer.keep_backups, at least 1: the newest is
+    what a rollback puts back). Backups whose install passed are kept before those marked as
+    failed its checks, newest first; a link named like a backup is neither counted nor removed.
+    Returns the paths removed."""
     if keep < 1:
         raise ValueError("keep_backups must be at least 1: the newest backup is what a rollback "
                          "puts back")
     recover_swap(dest)
+    found = backup_dirs(dest)
+    ranked = sorted(found, key=lambda nb: (failed_mark(nb[1]) is None, nb[0]))
     removed = []
-    for _n, path in backup_dirs(dest)[:-keep]:
+    for _n, path in sorted(ranked[:-keep]):
         shutil.rmtree(path)
         removed.append(path)
     return removed
@@ -2510,11 +2556,40 @@ def unshare_backup(backup: str, dest: str) -> dict:
     return {"files": files, "bytes": nbytes, "reflinked": reflinked}
 
 
-def restore(dest: str, number: Optional[int] = None, *, swap_atomic: str = "allow") -> dict:
-    """Put backup N (default: the newest) back at `dest`; the current one becomes a backup under
-    that number. An interrupted swap is finished or undone first (`recovered`); when that already
-    put the previous install back, nothing more moves. A destination that is a symlink is
-    refused; without RENAME_EXCHANGE, `swap_atomic` decides as for `swap`."""
+def describe_install(path: str) -> dict:
+    """What an install is, for a restore's report: where, the source it was made from, whether
+    it was rolled back for failed checks, and a stat check of it against its own manifest (a file
+    changed since it was installed, e.g. written in place, is named)."""
+    out: dict = {"path": path, "failed": failed_mark(path)}
+    got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
+    if got is None:
+        out.update(source_fingerprint=None,
+                   tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
+        return out
+    try:
+        lines = [json.loads(line) for line in got[0].decode("utf-8").splitlines() if line.strip()]
+        m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
+    except (ValueError, KeyError, IndexError):
+        out.update(source_fingerprint=None,
+                   tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"})
+        return out
+    out["source_fingerprint"] = m["header"].get("source_fingerprint")
+    out["tree_check"] = manifest.check_tree(path, m)
+    return out
+
+
+def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
+            failed: Optional[str] = None, swap_atomic: str = "allow") -> dict:
+    """Put backup N (default: the newest whose checks did not fail) back at `dest`; the current
+    one becomes a backup under that number.
+
+    An interrupted swap is finished or undone first; when that already put the previous install
+    back, nothing more moves. With `failed` (a rollback: the checks of the current install
+    failed), the install moved aside is marked, so that a later restore without a number does
+    not bring it back unchecked. With `env_file`, the restored install's own env file
+    (`DEST/.rb-env.sh`, see exports.write) is put back there. The result says what is at `dest`
+    now (`installed`: its source, a stat check, whether it failed its checks) for the runbook to
+    check again."""
     if swap_atomic not in SWAP_ATOMIC:
         raise ValueError(f"swap_atomic must be one of {SWAP_ATOMIC}, not {swap_atomic!r}")
     recovered = recover_swap(dest)
@@ -2523,16 +2598,24 @@ def restore(dest: str, number: Optional[int] = None, *, swap_atomic: str = "allo
     if recovered and recovered["action"] == "undone":
         result.update(restored=None, kept_current_as=None)
     else:
-        result.update(_restore_backup(dest, number, swap_atomic))
+        result.update(_restore_backup(dest, number, failed, swap_atomic))
+    result["env_file"] = exports.restore_env(dest, env_file) if env_file else None
+    result["installed"] = describe_install(dest)
     return result
 
 
-def _restore_backup(dest: str, number: Optional[int], swap_atomic: str) -> dict:
+def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
+                    swap_atomic: str) -> dict:
     found = dict(backup_dirs(dest))
     if not found:
         raise FileNotFoundError(f"no {dest}.rb-backup.N to restore")
     if number is None:
-        number = max(found)
+        usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
+        if not usable:
+            raise FileNotFoundError(
+                f"every backup of {dest} failed its checks ({', '.join(found[n] for n in sorted(found))});"
+                " name one to put it back anyway: --restore N")
+        number = usable[-1]
     if number not in found:
         raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist")
     source = found[number]
@@ -2557,6 +2640,8 @@ def _restore_backup(dest: str, number: Optional[int], swap_atomic: str) -> dict:
         os.rename(aside, source)
         _sync_parent(parent)
         _drop_journal(dest)
+    if failed:
+        safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
     # what was installed is now kept under the backup's number
     return {"restored": source, "kept_current_as": source, "atomic": atomic}
 RB_PY_D6AAE1CF

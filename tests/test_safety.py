@@ -550,3 +550,51 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     with open(live, "r+b") as f:                                   # a later in-place write
         f.write(b"\0" * 16)
     assert kept.read_bytes() == big.read_bytes(), "the backup is not changed through the install"
+
+
+# -- M2: the env file goes with its install ---------------------------------------------------------
+
+
+def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
+    env_file = tmp_path / "venv.env.sh"
+    staging = staged(tmp_path, "old")
+    dest = tmp_path / "venv"
+    hostfs.swap(str(staging), str(dest), "backup")
+    exports.write(str(env_file), "export CUDA_HOME=/usr/local/cuda-12.8\n", venv=str(dest))
+    with open(dest / ".rb-manifest.jsonl", "w") as f:
+        manifest.dump(manifest.build(str(dest)), f)
+    hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+    exports.write(str(env_file), "export CUDA_HOME=/usr/local/cuda-13.0\n", venv=str(dest))
+    # the checks fail: the rollback puts the previous install back, with its env file
+    result = hostfs.restore(str(dest), env_file=str(env_file), failed="checks failed: torch")
+    assert (dest / "tag").read_text() == "old"
+    assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-12.8\n"
+    assert result["env_file"]["restored"] is True
+    assert result["installed"]["tree_check"]["ok"] is True
+    # a second --restore does not silently bring back the build that failed its checks
+    with pytest.raises(FileNotFoundError, match="failed its checks"):
+        hostfs.restore(str(dest), env_file=str(env_file))
+    again = hostfs.restore(str(dest), 1, env_file=str(env_file))     # named: on purpose
+    assert (dest / "tag").read_text() == "new"
+    assert again["installed"]["failed"] == "checks failed: torch"
+    assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-13.0\n"
+
+
+def test_the_versioned_env_file_and_failure_mark_are_not_part_of_the_tree(tmp_path):
+    root = venv_tree(tmp_path / "venv")
+    m = manifest.build(str(root))
+    exports.write(str(tmp_path / "venv.env.sh"), "export A=1\n", venv=str(root))
+    (root / ".rb-failed").write_text("x")
+    assert manifest.verify(str(root), m)["ok"], "quick checks and verify do not see them as extra"
+
+
+def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_path):
+    dest = installed(tmp_path, "old")
+    with open(dest / ".rb-manifest.jsonl", "w") as f:
+        manifest.dump(manifest.build(str(dest)), f)
+    hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+    (tmp_path / "venv.rb-backup.1" / "tag").write_text("changed in the backup\n")
+    result = hostfs.restore(str(dest))
+    check = result["installed"]["tree_check"]
+    assert check["ok"] is False and check["changed"] == ["tag"]
+    assert result["env_file"] is None

@@ -5,8 +5,8 @@ The host side runs as root over trees other users wrote (see docs/design.md, "Th
 leave the tree, device nodes) and refuses it unless the spec allows it; `strip_special` removes
 those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
 the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
-replace a link with a directory, journal a swap that cannot be one rename, and keep each backup
-independent of the live install.
+replace a link with a directory, journal a swap that cannot be one rename, keep each backup
+independent of the live install, and bring back an install's own env file.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     backup_dirs, backups, journal_path, prune_backups, recover_swap, remove,
-                     restore, swap, unshare_backup)
+                     backup_dirs, backups, describe_install, failed_mark, journal_path,
+                     prune_backups, recover_swap, remove, restore, swap, unshare_backup)
 
 __all__ = [
     "scan", "link_escapes", "strip_special", "free_bytes", "stage",
     "identity", "mount_of", "same_machine", "same_or_nested",
     "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
-    "recover_swap", "journal_path", "remove",
+    "recover_swap", "journal_path", "describe_install", "failed_mark", "remove",
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 

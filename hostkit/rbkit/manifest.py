@@ -26,7 +26,9 @@ from . import safefs
 
 SCHEMA = 1
 CHUNK = 1 << 20
-SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+# written into an install by the install itself (its manifest, its versioned env file, the mark
+# of a build whose checks failed): never compared, never sent
+SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed")
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
@@ -146,6 +148,15 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     recorded = installed["header"].get("source_stat_fingerprint")
     if recorded != source_stat:
         return {"ok": False, "why": "the source changed since the install (or was never recorded)"}
+    result = check_tree(root, installed)
+    if result["ok"]:
+        result["why"] = "same source, destination unchanged (stat check)"
+    return result
+
+
+def check_tree(root: str, installed: dict) -> dict:
+    """Whether every entry at `root` still has the path, type, mode, size, link target and mtime
+    that `installed` (the manifest the install recorded) says; no reading of contents."""
     patterns = installed["header"].get("excludes", ())
     want = {e["p"]: [e.get(k) for k in STAT_KEYS] for e in installed["entries"]}
     have = {}
@@ -156,7 +167,7 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     if changed:
         return {"ok": False, "why": f"{len(changed)} entries changed at the destination",
                 "changed": changed[:20]}
-    return {"ok": True, "why": "same source, destination unchanged (stat check)"}
+    return {"ok": True, "why": "unchanged since the install (stat check)"}
 
 
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,

@@ -19,13 +19,14 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import manifest, safefs
+from . import exports, manifest, safefs
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 FICLONE = 0x40049409
 SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
+FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
 
 
 def _renameat2(src: str, dst: str, flags: int) -> bool:
@@ -79,6 +80,12 @@ def _refuse_link(path: str, what: str) -> None:
         raise OSError(errno.ELOOP, f"the {what} {path} is a symlink to {os.readlink(path)}: refusing "
                       "to replace a link with a directory (its target would be left behind, and the "
                       f"next steps would act on the link); name {os.path.realpath(path)} itself")
+
+
+def failed_mark(path: str) -> Optional[str]:
+    """Why the install at `path` was rolled back (its checks failed), or None."""
+    got = safefs.read_in(path, FAILED_MARK, limit=64 << 10)
+    return got[0].decode("utf-8", "replace").strip() if got is not None else None
 
 
 # -- the journal of a swap that is more than one rename ---------------------------------------
@@ -317,15 +324,18 @@ def remove(path: str) -> None:
 
 
 def prune_backups(dest: str, keep: int) -> List[str]:
-    """Remove all but the `keep` newest backups of `dest` (transfer.keep_backups, at least 1: the
-    newest is what a rollback puts back); a link named like a backup is neither counted nor
-    removed. Returns the paths removed."""
+    """Remove all but `keep` backups of `dest` (transfer.keep_backups, at least 1: the newest is
+    what a rollback puts back). Backups whose install passed are kept before those marked as
+    failed its checks, newest first; a link named like a backup is neither counted nor removed.
+    Returns the paths removed."""
     if keep < 1:
         raise ValueError("keep_backups must be at least 1: the newest backup is what a rollback "
                          "puts back")
     recover_swap(dest)
+    found = backup_dirs(dest)
+    ranked = sorted(found, key=lambda nb: (failed_mark(nb[1]) is None, nb[0]))
     removed = []
-    for _n, path in backup_dirs(dest)[:-keep]:
+    for _n, path in sorted(ranked[:-keep]):
         shutil.rmtree(path)
         removed.append(path)
     return removed
@@ -399,11 +409,40 @@ def unshare_backup(backup: str, dest: str) -> dict:
     return {"files": files, "bytes": nbytes, "reflinked": reflinked}
 
 
-def restore(dest: str, number: Optional[int] = None, *, swap_atomic: str = "allow") -> dict:
-    """Put backup N (default: the newest) back at `dest`; the current one becomes a backup under
-    that number. An interrupted swap is finished or undone first (`recovered`); when that already
-    put the previous install back, nothing more moves. A destination that is a symlink is
-    refused; without RENAME_EXCHANGE, `swap_atomic` decides as for `swap`."""
+def describe_install(path: str) -> dict:
+    """What an install is, for a restore's report: where, the source it was made from, whether
+    it was rolled back for failed checks, and a stat check of it against its own manifest (a file
+    changed since it was installed, e.g. written in place, is named)."""
+    out: dict = {"path": path, "failed": failed_mark(path)}
+    got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
+    if got is None:
+        out.update(source_fingerprint=None,
+                   tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
+        return out
+    try:
+        lines = [json.loads(line) for line in got[0].decode("utf-8").splitlines() if line.strip()]
+        m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
+    except (ValueError, KeyError, IndexError):
+        out.update(source_fingerprint=None,
+                   tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"})
+        return out
+    out["source_fingerprint"] = m["header"].get("source_fingerprint")
+    out["tree_check"] = manifest.check_tree(path, m)
+    return out
+
+
+def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
+            failed: Optional[str] = None, swap_atomic: str = "allow") -> dict:
+    """Put backup N (default: the newest whose checks did not fail) back at `dest`; the current
+    one becomes a backup under that number.
+
+    An interrupted swap is finished or undone first; when that already put the previous install
+    back, nothing more moves. With `failed` (a rollback: the checks of the current install
+    failed), the install moved aside is marked, so that a later restore without a number does
+    not bring it back unchecked. With `env_file`, the restored install's own env file
+    (`DEST/.rb-env.sh`, see exports.write) is put back there. The result says what is at `dest`
+    now (`installed`: its source, a stat check, whether it failed its checks) for the runbook to
+    check again."""
     if swap_atomic not in SWAP_ATOMIC:
         raise ValueError(f"swap_atomic must be one of {SWAP_ATOMIC}, not {swap_atomic!r}")
     recovered = recover_swap(dest)
@@ -412,16 +451,24 @@ def restore(dest: str, number: Optional[int] = None, *, swap_atomic: str = "allo
     if recovered and recovered["action"] == "undone":
         result.update(restored=None, kept_current_as=None)
     else:
-        result.update(_restore_backup(dest, number, swap_atomic))
+        result.update(_restore_backup(dest, number, failed, swap_atomic))
+    result["env_file"] = exports.restore_env(dest, env_file) if env_file else None
+    result["installed"] = describe_install(dest)
     return result
 
 
-def _restore_backup(dest: str, number: Optional[int], swap_atomic: str) -> dict:
+def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
+                    swap_atomic: str) -> dict:
     found = dict(backup_dirs(dest))
     if not found:
         raise FileNotFoundError(f"no {dest}.rb-backup.N to restore")
     if number is None:
-        number = max(found)
+        usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
+        if not usable:
+            raise FileNotFoundError(
+                f"every backup of {dest} failed its checks ({', '.join(found[n] for n in sorted(found))});"
+                " name one to put it back anyway: --restore N")
+        number = usable[-1]
     if number not in found:
         raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist")
     source = found[number]
@@ -446,5 +493,7 @@ def _restore_backup(dest: str, number: Optional[int], swap_atomic: str) -> dict:
         os.rename(aside, source)
         _sync_parent(parent)
         _drop_journal(dest)
+    if failed:
+        safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
     # what was installed is now kept under the backup's number
     return {"restored": source, "kept_current_as": source, "atomic": atomic}
