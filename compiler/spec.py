@@ -341,6 +341,17 @@ class Transfer(Model):
     # route direct/auto: how the source host reaches the destination with its own ssh setup
     # (default: the destination's `ssh:` and `port:`; keys and known_hosts are the source's own).
     direct: Optional[Host] = None
+    # Hostile source and host (docs/design.md, "Threat model"); the kit's side is rbkit.hostfs.
+    # Entries with setuid, setgid, sticky or world-write bits: refused in preflight (moved by root,
+    # a setuid file of another user would arrive setuid-root), installed without them, or kept.
+    special_modes: Literal["refuse", "strip", "keep"] = "refuse"
+    # Symlinks that leave the tree (the venv's bin/python* excepted): refused, or moved as they are.
+    outside_links: Literal["refuse", "keep"] = "refuse"
+    # Backups (on_existing: backup) kept after a successful swap; older ones are removed.
+    keep_backups: Annotated[int, Field(strict=True, ge=1, le=100)] = 2
+    # A file system that cannot swap in one rename (no RENAME_EXCHANGE, e.g. NFS): refuse, or swap
+    # with two renames journaled beside the destination (finished or undone by the next run).
+    swap_atomic: Literal["require", "allow"] = "allow"
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 

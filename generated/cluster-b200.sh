@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 5d6661dfa71e172d7d2a7d550d8f30f14e2398baf6a3ae2ab2f7aab2aefab3ba
+# sha256 of this file with these 64 digits zeroed: 0f722900c20381a1788af7acfec3fe3f9df955cddadaf101686512cf9cd502a8
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469
-readonly RB_KIT_FILE=.kit/f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469.tar
+readonly RB_KIT_SHA256=20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db
+readonly RB_KIT_FILE=.kit/20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 37baa5323c1b4614d53c485890ada651acd113b80d9e8235a05f0a55b30852c2
+# sha256 of this file with these 64 digits zeroed: 36bd184e974b4b3472f2c5bab29e12cc110fc47e8a5f5f50d5830074591bcdb2
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469
-readonly RB_KIT_FILE=.kit/f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469.tar
+readonly RB_KIT_SHA256=20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db
+readonly RB_KIT_FILE=.kit/20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

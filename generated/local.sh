@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 21edb4cd395bbfcddc199963bb2b7fe716c9d0cda857d77c4f29ff63aabfc315
+# sha256 of this file with these 64 digits zeroed: c4b9953e4b1c8424ff66ff7b7161576dab178d80fcb64a3135b806287e109bd9
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469
-readonly RB_KIT_FILE=.kit/f8ff4325770623ffba6e349559b1f9d37ea225a2f953d4130fa2fed4b7389469.tar
+readonly RB_KIT_SHA256=20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db
+readonly RB_KIT_FILE=.kit/20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

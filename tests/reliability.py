@@ -1,16 +1,22 @@
 """Regenerate docs/reliability.md from the hostile-input and fault tests' own results.
 
     .venv/bin/python -m tests.reliability        (or: make reliability)
+    .venv/bin/python -m tests.reliability --only tests/test_safety.py tests/e2e/test_safety.py
 
 Runs the tests below with a JUnit XML report, then writes one table row per hostile class or fault:
 how many cases ran, how many passed, what the runbook did, and whether anything was lost (each of
 these tests asserts that the destination that existed before is byte-identical, or that the canary
-never ran).
+never ran). Two tables: hostile input and faults (ROWS), and hostile host and hostile source
+(HOSTILE_ROWS: what other users of a shared machine can plant in the source tree or beside the
+destination). With --only FILE..., only those files run; every other row keeps the counts the
+page had, and the page says which rows ran when.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -22,7 +28,7 @@ OUT = ROOT / "docs" / "reliability.md"
 FILES = ["tests/test_hostile.py", "tests/test_golden.py", "tests/e2e/test_faults.py",
          "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/test_render.py",
          "tests/e2e/test_fanout.py", "tests/e2e/test_fanout_slurm.py", "tests/e2e/test_fanout_tree.py",
-         "tests/test_fanout_delta.py"]
+         "tests/test_fanout_delta.py", "tests/test_safety.py", "tests/e2e/test_safety.py"]
 
 # (test-name prefix, row, what happens, what "nothing lost" means there)
 ROWS = [
@@ -95,8 +101,70 @@ ROWS = [
 ]
 
 
-def run_tests(xml: Path) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *FILES]
+# Hostile host and hostile source (issue #15): tests/test_safety.py (the kit's functions, on real
+# trees) and tests/e2e/test_safety.py (real runs and real sshd hosts). A prefix may be a tuple.
+HOSTILE_ROWS = [
+    ("test_scan_lists_setuid_setgid", "a setuid, setgid or world-writable entry in the source "
+     "(extracted by root with `--no-same-owner`, another user's setuid file becomes setuid-root)",
+     "scan lists each with its mode; the refusal names them and `transfer.special_modes`", "-"),
+    (("test_manifest_records_modes_without_special", "test_strip_special_leaves"),
+     "`special_modes: strip`: the bits removed from the install",
+     "manifest records modes without them; the extracted tree is stripped, links not followed; "
+     "verify catches a bit the manifest lacks", "a link's target keeps its mode"),
+    ("test_tar_as_root_keeps_setuid", "GNU tar as root: `--no-same-owner` alone, and with "
+     "`--no-same-permissions` under `umask 002`", "the first makes a setuid-root file (documented); "
+     "the second never creates a special bit", "-"),
+    ("test_relocation_never_writes_through", "a link where relocation writes its temp file "
+     "(`bin/activate.rb-tmp -> outside`)", "rewritten through a new temp file made with O_EXCL and O_NOFOLLOW",
+     "the link's target byte-identical"),
+    ("test_relocation_does_not_follow", "`bin/` or `pyvenv.cfg` a link out of the tree",
+     "not followed, not rewritten, not copied in", "outside files byte-identical"),
+    (("test_env_file_write_never_follows", "test_names_and_manifest_files_are_never"),
+     "a link at the env file, at its old temp name, at the names list's or the manifest's",
+     "replaced, never written through", "the link's target byte-identical"),
+    ("test_scan_reports_links_that_leave", "symlinks that leave the tree (absolute, `..`, "
+     "through another link in the tree)", "listed; refused unless `transfer.outside_links: keep`",
+     "-"),
+    ("test_scan_refuses_device_nodes", "a device node in the source", "refused, always", "-"),
+    ("test_a_link_where_relocation_writes", "the planted temp-name link in a real run over ssh "
+     "(the spec allows outside links)", "the run passes; bin/activate relocated; the link moved "
+     "as it was", "its target byte-identical"),
+    (("test_same_or_nested", "test_identity_reads"), "source and destination one directory or "
+     "nested: symlink alias, relative path, bind mount (one inode), the destination's backup, "
+     "one NFS export on two machines", "`same_or_nested` says why (for preflight to refuse)", "-"),
+    ("test_two_hosts_that_are_one_machine", "two hosts (names, addresses) that are one machine, "
+     "the destination an alias of the source (ssh hosts)", "seen as one directory, or nested; "
+     "a sibling path is allowed", "-"),
+    (("test_an_interrupted_two_rename_swap", "test_restore_after_an_interrupted_swap",
+      "test_a_swap_finished_but_not_cleaned", "test_an_interrupted_restore_without"),
+     "a swap or restore without RENAME_EXCHANGE (NFS) interrupted between its renames",
+     "journaled first; the next swap, restore or `recover_swap` finishes or undoes it",
+     "the previous install back in place"),
+    ("test_swap_atomic_require", "no RENAME_EXCHANGE with `swap_atomic: require` / `allow`",
+     "refused before anything moves / two journaled renames, `atomic: false`",
+     "destination unchanged when refused"),
+    ("test_a_journal_we_did_not_write", "a swap journal someone else planted (names outside, "
+     "a link)", "refused, never obeyed", "destination unchanged"),
+    (("test_swap_and_restore_refuse_a_destination", "test_swap_refuses_a_staging"),
+     "a destination or staging that is a symlink", "refused, the link's target named",
+     "link, target and staging unchanged"),
+    ("test_scan_judges_room", "a sparse file in the source", "room judged at the apparent size "
+     "(`need_bytes`); sparse files listed", "-"),
+    ("test_prune_backups_keeps", "backups piling up; a link named like a backup",
+     "the `keep_backups` newest kept; the link neither counted nor followed",
+     "the link's target kept"),
+    ("test_a_backup_never_shares_inodes", "an in-place write to the install after an "
+     "incremental re-run (unchanged files were hard-linked)", "the backup holds its own copies "
+     "(same content, mode, times)", "backup unchanged"),
+    (("test_restore_puts_back_the_env_file", "test_the_versioned_env_file",
+      "test_restore_says_when"), "rollback and `--restore`: the env file, a build that failed its "
+     "checks, a backup changed since", "the install's own env file put back; a failed build only "
+     "when named; a stat check of what was put back", "env file matches the install"),
+]
+
+
+def run_tests(xml: Path, files: list) -> int:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *files]
     return subprocess.run(cmd, cwd=ROOT, check=False).returncode
 
 
@@ -106,7 +174,7 @@ def tally(xml: Path) -> dict:
         name = case.get("name", "")
         failed = case.find("failure") is not None or case.find("error") is not None
         skipped = case.find("skipped") is not None
-        for prefix, *_ in ROWS:
+        for prefix, *_ in ROWS + HOSTILE_ROWS:
             if name.startswith(prefix):
                 c = counts.setdefault(prefix, {"ran": 0, "passed": 0, "skipped": 0})
                 c["ran"] += 0 if skipped else 1
@@ -115,7 +183,35 @@ def tally(xml: Path) -> dict:
     return counts
 
 
-def write(counts: dict) -> str:
+HEADER = "| hostile class or fault | cases ran | passed | what the runbook did | nothing lost |"
+
+
+def previous(text: str) -> tuple:
+    """The counts of every row of an earlier page (by its row text), and its "Last run" line."""
+    counts = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.match(r"^([0-9]+)(?: \(([0-9]+) skipped\))?$", cells[1]) if len(cells) == 5 else None
+        if m and cells[2].isdigit():
+            counts[cells[0]] = {"ran": int(m.group(1)), "passed": int(cells[2]),
+                                "skipped": int(m.group(2) or 0)}
+    last = re.search(r"^Last run: ([0-9-]+)", text, re.MULTILINE)
+    return counts, (last.group(1) if last else "never")
+
+
+def table(rows: list, counts: dict, before: dict) -> list:
+    lines = [HEADER, "|---|---|---|---|---|"]
+    for prefix, row, what, lost in rows:
+        c = counts.get(prefix) or before.get(row) or {"ran": 0, "passed": 0, "skipped": 0}
+        skipped = f" ({c['skipped']} skipped)" if c["skipped"] else ""
+        lines.append(f"| {row} | {c['ran']}{skipped} | {c['passed']} | {what} | {lost} |")
+    return lines
+
+
+def write(counts: dict, before: dict = None, last: str = "", only: list = None) -> str:
+    today = datetime.date.today().isoformat()
+    when = (f"Last run: {last}; the rows of {', '.join(only)} ran again on {today}." if only
+            else f"Last run: {today}.")
     lines = [
         "# Reliability: hostile input and faults",
         "",
@@ -123,23 +219,34 @@ def write(counts: dict) -> str:
         "do not edit by hand. Every fault runs end to end against real sshd hosts in network",
         "namespaces (tests/lab), with a real venv.",
         "",
-        f"Last run: {datetime.date.today().isoformat()}.",
+        when,
         "",
-        "| hostile class or fault | cases ran | passed | what the runbook did | nothing lost |",
-        "|---|---|---|---|---|",
+        *table(ROWS, counts, before or {}),
+        "",
+        "## Hostile host and hostile source",
+        "",
+        "The kit runs as root on machines shared with other users, over trees it did not write",
+        "(docs/design.md, \"Threat model\"). Each case plants what such a user could: in the source",
+        "tree, beside the destination, or as a second name for the source. Most run against the",
+        "kit's own functions on real trees (tests/test_safety.py); the ssh rows are real runs",
+        "(tests/e2e/test_safety.py). \"Refused\" means the kit's answer says so, named; the",
+        "preflight that acts on it is wired by the install engine.",
+        "",
+        *table(HOSTILE_ROWS, counts, before or {}),
     ]
-    for prefix, row, what, lost in ROWS:
-        c = counts.get(prefix, {"ran": 0, "passed": 0, "skipped": 0})
-        skipped = f" ({c['skipped']} skipped)" if c["skipped"] else ""
-        lines.append(f"| {row} | {c['ran']}{skipped} | {c['passed']} | {what} | {lost} |")
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.reliability", description=__doc__.split("\n")[0])
+    p.add_argument("--only", nargs="+", metavar="FILE",
+                   help="run only these test files; the other rows keep the page's counts")
+    a = p.parse_args(argv)
     xml = ROOT / "runs" / "reliability.xml"
     xml.parent.mkdir(exist_ok=True)
-    rc = run_tests(xml)
-    OUT.write_text(write(tally(xml)))
+    rc = run_tests(xml, a.only or FILES)
+    before, last = previous(OUT.read_text()) if a.only and OUT.exists() else ({}, "")
+    OUT.write_text(write(tally(xml), before, last, a.only))
     print(f"wrote {OUT} (pytest exit {rc})")
     return rc
 

@@ -1,10 +1,21 @@
-"""The env file a moved venv is used through: CUDA_HOME, PATH, LD_LIBRARY_PATH (venv dirs first)."""
+"""The env file a moved venv is used through: CUDA_HOME, PATH, LD_LIBRARY_PATH (venv dirs first).
+
+The env file belongs to the install it was written for: `write(..., venv=DEST)` keeps a copy inside
+the install (`DEST/.rb-env.sh`, which manifests skip), and `restore_env` puts that copy back at the
+public path when a restore or a rollback brings the install back. Both are written through a new
+temp file and one rename (rbkit.safefs): a link at either name is replaced, never written through.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
 import shlex
+from typing import Optional
+
+from . import safefs
+
+IN_INSTALL = ".rb-env.sh"   # the install's own copy of its env file (manifest.SKIP_NAMES)
 
 
 def site_packages(venv: str) -> str:
@@ -43,9 +54,23 @@ def render(venv: str, cuda_home: str, first: list, env: dict, origin: str) -> tu
     return "\n".join(lines) + "\n", summary
 
 
-def write(path: str, text: str) -> None:
-    tmp = f"{path}.rb-tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write(path: str, text: str, *, venv: Optional[str] = None) -> None:
+    """Write the env file at `path` (mode 0644). With `venv` (the install it is for), first keep
+    the same text inside the install as `venv/.rb-env.sh`, so that a restore of this install can
+    put its own env file back."""
+    data = text.encode("utf-8")
+    if venv is not None:
+        safefs.write_in(venv, IN_INSTALL, data, 0o644)
+    safefs.write_file(path, data, 0o644)
+
+
+def restore_env(venv: str, path: str) -> dict:
+    """Put the env file kept inside the install at `venv` back at `path`. When the install has
+    none (made before env files were versioned), `path` is left alone and the result says so."""
+    got = safefs.read_in(venv, IN_INSTALL, limit=1 << 20)
+    if got is None:
+        return {"path": path, "restored": False,
+                "why": f"{venv} holds no {IN_INSTALL}; {path} still belongs to the install it "
+                       "replaced: run the exports step again"}
+    safefs.write_file(path, got[0], 0o644)
+    return {"path": path, "restored": True, "from": os.path.join(venv, IN_INSTALL)}

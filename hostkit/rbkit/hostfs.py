@@ -1,62 +1,240 @@
-"""Small facts about paths on a host: what is there, how big, how much room, and the atomic swap."""
+"""Small facts about paths on a host: what is there, how big, how much room, and the atomic swap.
+
+The host side runs as root over trees other users wrote (see docs/design.md, "Threat model"):
+`scan` reports what must not be moved silently (setuid/setgid/world-writable entries, links that
+leave the tree, device nodes) and refuses it unless the spec allows it; `strip_special` removes
+those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
+the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
+replace a link with a directory, journal a swap that cannot be one rename, keep each backup
+independent of the live install, and bring back an install's own env file.
+"""
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import errno
+import hashlib
 import os
 import re
 import shutil
-from typing import Optional
+import stat
+from typing import List, Optional
 
-from . import manifest
+from . import manifest, safefs
+# public here (what callers use as hostfs.NAME): which path is which, and the swap's side
+from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
+from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
+                     backup_dirs, backups, describe_install, failed_mark, journal_path,
+                     prune_backups, recover_swap, remove, restore, swap, unshare_backup)
 
-AT_FDCWD = -100
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
+__all__ = [
+    "scan", "link_escapes", "strip_special", "free_bytes", "stage",
+    "identity", "mount_of", "same_machine", "same_or_nested",
+    "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
+    "recover_swap", "journal_path", "describe_install", "failed_mark", "remove",
+    "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
+]
+
+SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
+# the venv's own interpreter links (bin/python -> /usr/bin/python3.12): outside the tree by design
+INTERPRETER_LINK = re.compile(r"^bin/(?:python|pypy)[0-9.]*$")
 
 
-def scan(root: str, patterns, names_path: Optional[str] = None) -> dict:
+def _octal(mode: int) -> str:
+    return "%04o" % mode
+
+
+def link_escapes(root: str, rel: str, target: str, max_hops: int = 40) -> bool:
+    """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it. An
+    absolute target always does (at the destination it names the source's path or the host's
+    files); a relative one is resolved component by component against the tree, following the
+    links it meets as the kernel would (`dot -> .` then `x -> dot/..` is the tree's parent, which
+    a lexical normpath calls inside). A target that does not exist (yet) leads nowhere: False."""
+    if target.startswith("/"):
+        return True
+    stack = [p for p in rel.split("/")[:-1] if p]
+    todo = target.split("/")
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return True
+            stack.pop()
+            continue
+        here = os.path.join(root, *stack, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return False                      # dangling (or through a file): resolves nowhere
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > max_hops:
+                return False                  # a loop: the kernel gives ELOOP, nothing is reached
+            inner = os.readlink(here)
+            if inner.startswith("/"):
+                return True
+            todo = inner.split("/") + todo
+            continue
+        stack.append(part)
+    return False
+
+
+def scan(root: str, patterns, names_path: Optional[str] = None, *,
+         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
-    and order as a manifest's)."""
-    out: dict = {"path": root, "exists": os.path.lexists(root)}
+    and order as a manifest's).
+
+    Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
+    world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks
+    that leave the tree, the venv's bin/python* excepted: refused unless `keep`) and `devices`
+    (never moved); `refusal` is the text preflight fails with, "" when nothing is refused.
+    `need_bytes` is the room the copy takes: each file at the larger of its apparent size and its
+    blocks (tar writes a sparse file's holes out)."""
+    if special_modes not in SPECIAL_MODES:
+        raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
+    if outside_links not in OUTSIDE_LINKS:
+        raise ValueError(f"outside_links must be one of {OUTSIDE_LINKS}, not {outside_links!r}")
+    out: dict = {"path": root, "exists": os.path.lexists(root), "refusal": ""}
     if not out["exists"]:
         return out
+    out["is_link"] = os.path.islink(root)
+    if out["is_link"]:
+        out["link_target"] = os.readlink(root)
     out["is_dir"] = os.path.isdir(root)
     cfg = os.path.join(root, "pyvenv.cfg")
     out["is_venv"] = os.path.isfile(cfg) and os.path.exists(os.path.join(root, "bin", "python"))
-    if os.path.isfile(cfg):
-        with open(cfg, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition("=")
-                if key.strip() in ("version", "version_info", "home"):
-                    out[f"pyvenv_{key.strip()}"] = value.strip()
+    got = safefs.read_in(root, "pyvenv.cfg", limit=1 << 20) if out["is_dir"] else None
+    if got is not None:
+        for line in got[0].decode("utf-8", "replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() in ("version", "version_info", "home"):
+                out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
         files = dirs = links = 0
-        apparent = disk = 0
-        names = open(names_path + ".tmp", "wb") if names_path else None
+        apparent = disk = need = 0
+        names: List[bytes] = []
+        special: List[dict] = []
+        outside: List[dict] = []
+        devices: List[str] = []
+        sparse: List[str] = []
         stat_fp = hashlib.sha256()
+        strip = special_modes == "strip"
         for rel, st in manifest.walk(root, patterns):
-            stat_fp.update(manifest.stat_line(manifest.entry_of(root, rel, st)))
-            if names is not None:
-                names.write(rel.encode("utf-8", "surrogateescape") + b"\0")
-            disk += getattr(st, "st_blocks", 0) * 512
-            if os.path.stat.S_ISREG(st.st_mode):
+            entry = manifest.entry_of(root, rel, st)
+            stat_fp.update(manifest.stat_line(manifest.without_special(entry) if strip else entry))
+            if names_path:
+                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
+            blocks = getattr(st, "st_blocks", 0) * 512
+            disk += blocks
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                need += blocks
+                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, entry["l"]):
+                    outside.append({"p": rel, "l": entry["l"]})
+                continue
+            if mode & manifest.SPECIAL_BITS:
+                special.append({"p": rel, "m": _octal(mode)})
+            if stat.S_ISREG(st.st_mode):
                 files += 1
                 apparent += st.st_size
-            elif os.path.stat.S_ISDIR(st.st_mode):
+                need += max(blocks, -(-st.st_size // 4096) * 4096)
+                if blocks + 4096 <= st.st_size:
+                    sparse.append(rel)
+            elif stat.S_ISDIR(st.st_mode):
                 dirs += 1
-            elif os.path.stat.S_ISLNK(st.st_mode):
-                links += 1
-        if names is not None:
-            names.close()
-            os.replace(names_path + ".tmp", names_path)
+                need += max(blocks, 4096)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                devices.append(rel)
+        if names_path:
+            safefs.write_file(names_path, b"".join(names), 0o600)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
-                   stat_fingerprint=stat_fp.hexdigest())
+                   need_bytes=need, stat_fingerprint=stat_fp.hexdigest(),
+                   special_modes=special[:limit], special_modes_count=len(special),
+                   special_modes_action=special_modes, outside_links=outside[:limit],
+                   outside_links_count=len(outside), devices=devices[:limit],
+                   sparse_files=sparse[:limit], sparse_count=len(sparse))
+        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
+
+
+def _count(items: list, one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
+
+
+def _refusal(special: list, special_action: str, outside: list, outside_action: str,
+             devices: list, shown: int = 10) -> str:
+    why = []
+
+    def some(items: list) -> str:
+        more = f", and {len(items) - shown} more" if len(items) > shown else ""
+        return ", ".join(items[:shown]) + more
+
+    if special and special_action == "refuse":
+        why.append(f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
+                   "world-write bits (moved by root, a setuid file of another user arrives as a "
+                   "setuid-root file): "
+                   + some([f"{e['p']} ({e['m']})" for e in special])
+                   + "; set transfer.special_modes: strip to install them without those bits, "
+                   "or keep to move them as they are")
+    if outside and outside_action == "refuse":
+        why.append(f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
+                   + some([f"{e['p']} -> {e['l']}" for e in outside])
+                   + "; set transfer.outside_links: keep to move them as they are")
+    if devices:
+        why.append(f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
+                   + some(devices))
+    return "; ".join(why)
+
+
+def _chmod_nofollow(root: str, rel: str, st: os.stat_result, mode: int) -> None:
+    """chmod `rel` in the tree `root` to `mode` through a descriptor of the very inode the walk
+    saw (opened without following a link); FIFOs and devices through O_PATH, never opened."""
+    head, name = os.path.split(rel)
+    dir_fd = safefs.open_dir(root, head)
+    try:
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(name, flags | (os.O_DIRECTORY if stat.S_ISDIR(st.st_mode) else 0),
+                         dir_fd=dir_fd)
+            path_fd = False
+        else:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            path_fd = True
+        try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise OSError(errno.ESTALE, "changed while the tree was walked", rel)
+            if path_fd:
+                os.chmod(f"/proc/self/fd/{fd}", mode)
+            else:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def strip_special(root: str) -> List[dict]:
+    """Remove the setuid, setgid, sticky and world-write bits (manifest.SPECIAL_BITS) from every
+    entry of the tree `root` (an extracted staging), links never followed. Returns what it
+    changed, [{"p", "was", "now"}]: empty when the extraction created none (the recommended tar
+    flags), so the caller can say what it stripped, or fail when it expected nothing."""
+    changed = []
+    for rel, st in manifest.walk(root):
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & manifest.SPECIAL_BITS:
+            now = mode & ~manifest.SPECIAL_BITS
+            _chmod_nofollow(root, rel, st, now)
+            changed.append({"p": rel, "was": _octal(mode), "now": _octal(now)})
+    return changed
 
 
 def free_bytes(path: str) -> dict:
@@ -71,93 +249,18 @@ def free_bytes(path: str) -> dict:
     return {"path": path, "measured_at": probe, "free_bytes": usage.free, "total_bytes": usage.total}
 
 
-def _renameat2(src: str, dst: str, flags: int) -> bool:
-    """renameat2(2) through libc; False when the kernel or libc cannot do it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL):
-        return False
-    raise OSError(err, os.strerror(err), dst)
-
-
-def backups(dest: str) -> list[tuple[int, str]]:
-    parent, base = os.path.split(dest)
-    pat = re.compile(re.escape(base) + r"\.rb-backup\.([0-9]+)$")
-    found = []
-    for name in os.listdir(parent or "."):
-        m = pat.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(parent, name)))
-    return sorted(found)
-
-
-def swap(staging: str, dest: str, policy: str) -> dict:
-    """Put `staging` at `dest` in one step; what was at `dest` is refused, kept or removed."""
-    if not os.path.isdir(staging):
-        raise FileNotFoundError(f"staging directory {staging} is missing")
-    if not os.path.lexists(dest):
-        if not _renameat2(staging, dest, RENAME_NOREPLACE):
-            os.rename(staging, dest)
-        return {"policy": policy, "previous": "none"}
-    if policy == "refuse":
-        raise FileExistsError(f"{dest} exists and on_existing is refuse")
-    exchanged = _renameat2(staging, dest, RENAME_EXCHANGE)
-    if exchanged:
-        old_at = staging  # the previous destination now sits at the staging path
-    else:
-        old_at = f"{staging}.old"
-        os.rename(dest, old_at)
-        os.rename(staging, dest)
-    result: dict = {"policy": policy, "atomic": exchanged}
-    if policy == "backup":
-        number = (backups(dest)[-1][0] + 1) if backups(dest) else 1
-        target = f"{dest}.rb-backup.{number}"
-        os.rename(old_at, target)
-        result["previous"] = target
-    else:
-        shutil.rmtree(old_at)
-        result["previous"] = "removed"
-    return result
-
-
-def restore(dest: str, number: Optional[int] = None) -> dict:
-    """Put backup N (default: the newest) back at `dest`; the current one becomes a backup too."""
-    found = dict(backups(dest))
-    if not found:
-        raise FileNotFoundError(f"no {dest}.rb-backup.N to restore")
-    number = number if number is not None else max(found)
-    if number not in found:
-        raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist")
-    source = found[number]
-    if os.path.lexists(dest):
-        if not _renameat2(source, dest, RENAME_EXCHANGE):
-            os.rename(dest, f"{source}.swap")
-            os.rename(source, dest)
-            os.rename(f"{source}.swap", source)
-        # what was installed is now kept under the backup's number
-        return {"restored": source, "kept_current_as": source}
-    os.rename(source, dest)
-    return {"restored": source, "kept_current_as": None}
-
-
 def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
     """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
     unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
     mtime in both manifests, and the file at `dest` still has the recorded stat); writes the
     NUL-separated names tar must still send (changed and new files, relocatable files, every
-    directory and symlink: tar restores their modes and targets). `dest` is never written."""
+    directory and symlink: tar restores their modes and targets). `dest` is never written.
+    A staging path that is a link is removed as a link (its target is not touched)."""
     if new["header"].get("algo") != installed["header"].get("algo") or new["header"]["algo"] == "none":
         raise ValueError("an incremental install needs digests of one algorithm in both manifests")
     before = {e["p"]: e for e in installed["entries"]}
     if os.path.lexists(staging):
-        shutil.rmtree(staging)
+        remove(staging)
     os.makedirs(staging)
     send: list[str] = []
     linked = linked_bytes = send_bytes = send_files = 0
@@ -184,8 +287,10 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
         if e["t"] == "f":
             send_files += 1
             send_bytes += e["s"]
-    with open(names_path, "wb") as f:
-        manifest.write_names(send, f)
+    buf = bytearray()
+    for rel in send:
+        buf += rel.encode("utf-8", "surrogateescape") + b"\0"
+    safefs.write_file(names_path, bytes(buf), 0o600)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
             "send_bytes": send_bytes, "send_entries": len(send),
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}

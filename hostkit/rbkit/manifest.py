@@ -3,6 +3,8 @@
 A manifest is JSON lines: a header, one line per entry (sorted by path), and a totals line.
 Entries: {"p": path, "t": "f"|"d"|"l", "m": mode, "s": size, "h": digest} (files),
 {"p", "t": "d", "m"} (dirs), {"p", "t": "l", "l": link target} (symlinks).
+With `strip_special` a manifest records modes without the setuid, setgid, sticky and world-write
+bits (SPECIAL_BITS): what the install will hold after they are stripped (`hostfs.strip_special`).
 Exclude patterns follow GNU tar's defaults for --exclude: a pattern matches the whole relative
 path or any tail of it that starts at a component, and `*` matches `/` too. An excluded directory
 is not entered.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import stat
@@ -19,9 +22,15 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, Optional
 
+from . import safefs
+
 SCHEMA = 1
 CHUNK = 1 << 20
-SKIP_NAMES = (".rb-manifest.jsonl",)  # written by the install itself, never compared
+# written into an install by the install itself (its manifest, its versioned env file, the mark
+# of a build whose checks failed): never compared, never sent
+SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed")
+# what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
+SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
 
 
@@ -85,8 +94,11 @@ def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat
 
 
 def digest(path: str, algo: str) -> str:
+    """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
+    path to another file."""
     h = hashlib.new(algo) if algo != "blake2b" else hashlib.blake2b(digest_size=32)
-    with open(path, "rb", buffering=0) as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as f:
         while True:
             block = f.read(CHUNK)
             if not block:
@@ -105,6 +117,13 @@ def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
         # mtime in whole seconds: what tar restores (its default format keeps seconds)
         return {"p": rel, "t": "f", "m": mode, "s": st.st_size, "mt": int(st.st_mtime)}
     return {"p": rel, "t": "?", "m": mode}
+
+
+def without_special(entry: dict) -> dict:
+    """`entry` with its mode's SPECIAL_BITS cleared (links have no mode of their own)."""
+    if entry.get("t") == "l" or "m" not in entry or not entry["m"] & SPECIAL_BITS:
+        return entry
+    return dict(entry, m=entry["m"] & ~SPECIAL_BITS)
 
 
 STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
@@ -129,6 +148,15 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     recorded = installed["header"].get("source_stat_fingerprint")
     if recorded != source_stat:
         return {"ok": False, "why": "the source changed since the install (or was never recorded)"}
+    result = check_tree(root, installed)
+    if result["ok"]:
+        result["why"] = "same source, destination unchanged (stat check)"
+    return result
+
+
+def check_tree(root: str, installed: dict) -> dict:
+    """Whether every entry at `root` still has the path, type, mode, size, link target and mtime
+    that `installed` (the manifest the install recorded) says; no reading of contents."""
     patterns = installed["header"].get("excludes", ())
     want = {e["p"]: [e.get(k) for k in STAT_KEYS] for e in installed["entries"]}
     have = {}
@@ -139,19 +167,22 @@ def quick_check(root: str, installed: dict, source_stat: str) -> dict:
     if changed:
         return {"ok": False, "why": f"{len(changed)} entries changed at the destination",
                 "changed": changed[:20]}
-    return {"ok": True, "why": "same source, destination unchanged (stat check)"}
+    return {"ok": True, "why": "unchanged since the install (stat check)"}
 
 
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
-          reuse: Optional[dict] = None) -> dict:
+          reuse: Optional[dict] = None, *, strip_special: bool = False) -> dict:
     """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
 
     With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
     mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
-    trust as `rerun: quick`); relocatable files are always read."""
+    trust as `rerun: quick`); relocatable files are always read. With `strip_special`, modes are
+    recorded without SPECIAL_BITS (transfer.special_modes: strip)."""
     entries, disk = [], 0
+    patterns = list(patterns)
     for rel, st in walk(root, patterns):
-        entries.append(entry_of(root, rel, st))
+        e = entry_of(root, rel, st)
+        entries.append(without_special(e) if strip_special else e)
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
     reused = 0
@@ -180,6 +211,8 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         "disk_bytes": disk,
     }
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
+    if strip_special:
+        header["strip_special"] = True
     return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
@@ -188,6 +221,14 @@ def dump(manifest: dict, out) -> None:
     for e in manifest["entries"]:
         out.write(json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n")
     out.write(json.dumps({"totals": manifest["totals"]}, sort_keys=True) + "\n")
+
+
+def save(manifest: dict, path: str, mode: int = 0o644) -> None:
+    """Write `manifest` to `path` (e.g. an install's `.rb-manifest.jsonl`) through a new temp
+    file and one rename: a link at `path` is replaced, never written through."""
+    buf = io.StringIO()
+    dump(manifest, buf)
+    safefs.write_file(path, buf.getvalue().encode("utf-8"), mode)
 
 
 def load(path: str) -> dict:

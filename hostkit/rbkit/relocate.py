@@ -5,15 +5,23 @@ for long paths, `VIRTUAL_ENV` in the activate scripts, and any other text file n
 plus pyvenv.cfg's `command` line. A shebang longer than the kernel's limit (127 bytes on Linux) is
 written in the trampoline form. Text elsewhere that still names the old prefix is counted and
 reported, not rewritten (it is data: RECORD files, caches, direct_url.json).
+
+Only regular files are read or rewritten, and no link is followed: `bin/` must be a directory of
+the tree (not a link out of it), a script or pyvenv.cfg that is a link is left as it is, and a
+rewrite is a new file made beside the old one with O_EXCL|O_NOFOLLOW and renamed over it
+(rbkit.safefs), so a link the tree ships at any name the kit might use is never written through.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
 import stat
-from typing import Optional
+from typing import List, Optional, Tuple
+
+from . import safefs
 
 SHEBANG_MAX = 127
 SNIFF = 8192
@@ -42,10 +50,8 @@ def _fix_long_shebang(data: bytes) -> bytes:
     return _trampoline(words[0], rest)
 
 
-def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:
-    """New content for `path` if it names `old`, else None."""
-    with open(path, "rb") as f:
-        data = f.read()
+def rewrite_bytes(data: bytes, old: str, new: str) -> Optional[bytes]:
+    """`data` with the old prefix replaced, if it is text that names it; else None."""
     if not _is_text(data[:SNIFF]):
         return None
     pat = _pattern(old)
@@ -55,14 +61,51 @@ def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:
     return _fix_long_shebang(out)
 
 
-def _write_keep_mode(path: str, data: bytes) -> None:
-    st = os.lstat(path)
-    tmp = f"{path}.rb-tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, stat.S_IMODE(st.st_mode))
-    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-    os.replace(tmp, path)
+def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:
+    """New content for `path` if it is a regular file (not a link) that names `old`, else None."""
+    head, name = os.path.split(path)
+    got = safefs.read_in(head or ".", name)
+    return None if got is None else rewrite_bytes(got[0], old, new)
+
+
+def _open_bin(root_fd: int) -> Optional[int]:
+    """The tree's bin/ as a descriptor, or None when it is missing or not a directory (a link
+    out of the tree is not followed)."""
+    try:
+        return os.open("bin", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=root_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+
+
+def _candidates(root_fd: int) -> List[Tuple[str, int, str]]:
+    """(relative path, directory fd, name) of what relocation reads: every entry of bin/, and
+    pyvenv.cfg. The caller closes the bin/ descriptor (the one that is not `root_fd`)."""
+    out = []
+    bin_fd = _open_bin(root_fd)
+    if bin_fd is not None:
+        out.extend((f"bin/{name}", bin_fd, name) for name in sorted(os.listdir(bin_fd)))
+    out.append(("pyvenv.cfg", root_fd, "pyvenv.cfg"))
+    return out
+
+
+def _scan_bin(root: str, fn) -> None:
+    """Call fn(rel, dir_fd, name, content, stat) for each regular file relocation reads."""
+    root_fd = safefs.open_dir(root)
+    try:
+        cands = _candidates(root_fd)
+        try:
+            for rel, dir_fd, name in cands:
+                got = safefs.read_at(dir_fd, name)
+                if got is not None:
+                    fn(rel, dir_fd, name, got[0], got[1])
+        finally:
+            for fd in {d for _r, d, _n in cands if d != root_fd}:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
 
 
 def relocate(root: str, old: str, new: str) -> dict:
@@ -70,23 +113,17 @@ def relocate(root: str, old: str, new: str) -> dict:
     rewritten: dict[str, dict] = {}
     if old.rstrip("/") == new.rstrip("/"):
         return {"same_path": True, "rewritten": {}, "elsewhere": [], "remaining": []}
-    candidates = []
-    bindir = os.path.join(root, "bin")
-    if os.path.isdir(bindir):
-        for name in sorted(os.listdir(bindir)):
-            full = os.path.join(bindir, name)
-            if os.path.isfile(full) and not os.path.islink(full):
-                candidates.append(f"bin/{name}")
-    if os.path.isfile(os.path.join(root, "pyvenv.cfg")):
-        candidates.append("pyvenv.cfg")
-    for rel in candidates:
-        full = os.path.join(root, rel)
-        data = rewrite_file(full, old, new)
-        if data is None:
-            continue
-        _write_keep_mode(full, data)
-        st = os.lstat(full)
-        rewritten[rel] = {"s": st.st_size, "h_sha256": hashlib.sha256(data).hexdigest()}
+
+    def rewrite(rel: str, dir_fd: int, name: str, data: bytes, st: os.stat_result) -> None:
+        out = rewrite_bytes(data, old, new)
+        if out is None:
+            return
+        # the file's own mode and times (tar restored them; the manifest recorded them)
+        safefs.write_at(dir_fd, name, out, stat.S_IMODE(st.st_mode),
+                        times_ns=(st.st_atime_ns, st.st_mtime_ns))
+        rewritten[rel] = {"s": len(out), "h_sha256": hashlib.sha256(out).hexdigest()}
+
+    _scan_bin(root, rewrite)
     return {
         "same_path": False,
         "rewritten": rewritten,
@@ -98,17 +135,13 @@ def relocate(root: str, old: str, new: str) -> dict:
 def check(root: str, old: str) -> list[str]:
     """Scripts under bin/ that still name the old prefix (must be empty after relocate)."""
     pat = _pattern(old)
-    left = []
-    bindir = os.path.join(root, "bin")
-    if not os.path.isdir(bindir):
-        return left
-    for name in sorted(os.listdir(bindir)):
-        full = os.path.join(bindir, name)
-        if os.path.isfile(full) and not os.path.islink(full):
-            with open(full, "rb") as f:
-                data = f.read()
-            if _is_text(data[:SNIFF]) and pat.search(data):
-                left.append(f"bin/{name}")
+    left: List[str] = []
+
+    def look(rel: str, _fd: int, _name: str, data: bytes, _st: os.stat_result) -> None:
+        if rel.startswith("bin/") and _is_text(data[:SNIFF]) and pat.search(data):
+            left.append(rel)
+
+    _scan_bin(root, look)
     return left
 
 
@@ -125,14 +158,13 @@ def elsewhere(root: str, old: str, limit: int = 20) -> list[str]:
         for name in sorted(filenames):
             if not name.endswith((".pth", ".json", ".txt", ".cfg", "RECORD", ".py", ".sh")):
                 continue
-            full = os.path.join(dirpath, name)
             try:
-                if os.path.islink(full) or os.path.getsize(full) > 4 << 20:
-                    continue
-                with open(full, "rb") as f:
-                    data = f.read()
+                got = safefs.read_in(dirpath, name, limit=4 << 20)
             except OSError:
                 continue
+            if got is None:
+                continue
+            data = got[0]
             if _is_text(data[:SNIFF]) and pat.search(data):
                 found.append(os.path.normpath(os.path.join(rel_dir, name)))
                 if len(found) >= limit:
