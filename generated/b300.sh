@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 5e299d0e37e025edf8a1fe6e0e4db59d7bb5ddaea1f0cb145e2c6bafef57194a
+# sha256 of this file with these 64 digits zeroed: 17fd68ae43398354a9a98859632aaeedb9ca086fb1e27e568b218aaa0b0c07e7
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db
-readonly RB_KIT_FILE=.kit/20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db.tar
+readonly RB_KIT_SHA256=a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482
+readonly RB_KIT_FILE=.kit/a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: bd141fea07043ba746d5fa533b1374ed55dc6fb8fdd375751918f937190ac308
+# sha256 of this file with these 64 digits zeroed: 1f19bbed5629bbe86f49b7a6d8404b41b5a277394f527e926e3576b99d079b20
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db
-readonly RB_KIT_FILE=.kit/20e4cdc841508d880119f5e985c8a6408e983edf5b1b0d343f24da42bff222db.tar
+readonly RB_KIT_SHA256=a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482
+readonly RB_KIT_FILE=.kit/a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

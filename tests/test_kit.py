@@ -289,3 +289,23 @@ def test_stage_links_unchanged_files_and_lists_the_rest(tree, tmp_path):
     info = hostfs.stage(str(dest), str(staging), new, installed, str(names))
     assert info["linked"] == 0 and info["send_files"] == 5
     assert dest_data.exists() and not (staging / "bin" / "tool").exists()
+
+
+def test_relocation_rewrites_the_prefix_the_venv_records_when_the_spec_names_another(tmp_path):
+    """A venv copied with `cp -a` (or reached through a link) names the path it was made at in
+    its scripts, not the path a spec gives: relocation rewrites both (the relocation proof found
+    this: such an install ran its console scripts with the original venv's interpreter)."""
+    made = tmp_path / "made" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(made)], check=True)
+    (made / "bin" / "tool").write_text(f"#!{made}/bin/python\nprint('hi')\n")
+    (made / "bin" / "tool").chmod(0o755)
+    copied = tmp_path / "copied"
+    subprocess.run(["cp", "-a", str(made), str(copied)], check=True)
+    new = tmp_path / "new" / "venv"
+    assert relocate.recorded_prefix(str(copied)) == str(made)
+    out = relocate.relocate(str(copied), str(copied), str(new))
+    assert out["old_prefixes"] == [str(copied), str(made)]
+    assert "bin/tool" in out["rewritten"] and "bin/activate" in out["rewritten"]
+    assert (copied / "bin" / "tool").read_text().startswith(f"#!{new}/bin/python\n")
+    assert str(made) not in (copied / "bin" / "activate").read_text()
+    assert out["remaining"] == []

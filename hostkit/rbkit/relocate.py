@@ -108,15 +108,47 @@ def _scan_bin(root: str, fn) -> None:
         os.close(root_fd)
 
 
+ACTIVATE_PREFIX = re.compile(rb"""^[ \t]*(?:export[ \t]+)?VIRTUAL_ENV=(['"]?)(/[^'"\n]*?)\1[ \t]*$""",
+                             re.MULTILINE)
+
+
+def recorded_prefix(root: str) -> Optional[str]:
+    """The path the venv was made at, as its bin/activate says (VIRTUAL_ENV=...): a venv copied
+    with `cp -a` or reached through a link names that path in its scripts, not the one a spec
+    gives. None when bin/activate is missing, not a regular file, or names no absolute path."""
+    try:
+        fd = os.open(os.path.join(root, "bin", "activate"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    m = ACTIVATE_PREFIX.search(data)
+    return os.fsdecode(m.group(2)).rstrip("/") if m else None
+
+
 def relocate(root: str, old: str, new: str) -> dict:
-    """Rewrite under `root` (a venv copied from `old`, to live at `new`). Returns a summary."""
+    """Rewrite under `root` (a venv copied from `old`, to live at `new`). Returns a summary. The
+    prefix the venv's own activate script records is rewritten too when it differs from `old`
+    (a venv copied from elsewhere, or reached through a link): its scripts name that path."""
     rewritten: dict[str, dict] = {}
-    if old.rstrip("/") == new.rstrip("/"):
-        return {"same_path": True, "rewritten": {}, "elsewhere": [], "remaining": []}
+    olds = [old.rstrip("/")]
+    recorded = recorded_prefix(root)
+    if recorded and recorded not in olds and recorded != new.rstrip("/"):
+        olds.append(recorded)
+    olds = [o for o in olds if o != new.rstrip("/")]
+    if not olds:
+        return {"same_path": True, "rewritten": {}, "elsewhere": [], "remaining": [],
+                "old_prefixes": []}
 
     def rewrite(rel: str, dir_fd: int, name: str, data: bytes, st: os.stat_result) -> None:
-        out = rewrite_bytes(data, old, new)
-        if out is None:
+        out = data
+        for prefix in olds:
+            out = rewrite_bytes(out, prefix, new) or out
+        if out == data:
             return
         # the file's own mode and times (tar restored them; the manifest recorded them)
         safefs.write_at(dir_fd, name, out, stat.S_IMODE(st.st_mode),
@@ -126,9 +158,10 @@ def relocate(root: str, old: str, new: str) -> dict:
     _scan_bin(root, rewrite)
     return {
         "same_path": False,
+        "old_prefixes": olds,
         "rewritten": rewritten,
-        "remaining": check(root, old),
-        "elsewhere": elsewhere(root, old),
+        "remaining": sorted({rel for prefix in olds for rel in check(root, prefix)}),
+        "elsewhere": sorted({rel for prefix in olds for rel in elsewhere(root, prefix)}),
     }
 
 

@@ -166,13 +166,16 @@ def test_rerun_after_a_source_change_sends_only_what_changed(payload_small, tmp_
     src = tmp_path / "src"
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
     dst = tmp_path / "d" / "venv"
+    greeting = next(src.rglob("greeting.txt"))
+    site = greeting.parents[2]                                      # site-packages
+    # a module no check uses (removing one the console script imports made the old runbook's
+    # green a lie: its scripts still ran the original venv's interpreter, where the file was)
+    gone = site / "rb_gone_module.py"
+    gone.write_text("GONE = 1\n")
+    gone_rel = gone.relative_to(src)
     r = compile_and_run(tmp_path, src, dst, policy="backup")
     assert r.returncode == 0, r.stderr[-3000:]
-    greeting = next(src.rglob("greeting.txt"))
     old_greeting = greeting.read_text()
-    site = greeting.parents[2]                                      # site-packages
-    gone = next(p for p in sorted(site.rglob("*.py")) if p.name != "__init__.py")
-    gone_rel = gone.relative_to(src)
     greeting.write_text("changed at the source\n")                 # changed
     (site / "rb_new_module.py").write_text("VALUE = 7\n")           # new
     gone.unlink()                                                   # removed
