@@ -72,7 +72,8 @@ def test_relay_moves_a_torch_venv_and_the_console_script_runs_on_dst(clean_lab, 
     assert r.returncode == 0, r.stderr[-5000:]
     assert "route: relay through this machine" in r.stderr
     doc = report(tmp_path)
-    assert doc["outcome"] == "ok" and doc["checks"]["fail"] == 0 and doc["checks"]["pass"] == 3
+    # the three checks of the spec and the relocation proof every probe runs
+    assert doc["outcome"] == "ok" and doc["checks"]["fail"] == 0 and doc["checks"]["pass"] == 4
     # the moved console script, run on dst over ssh, imports torch from the new place
     out = lab.ssh("dst", [str(dst / "bin" / "payload-check")], check=True).stdout
     assert "2.13.0" in out and str(dst) in out
