@@ -5,7 +5,8 @@ steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`, `a
 operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time, with this machine's
 ClusterShell groups (groups.conf). `expand()` checks and expands them; `folded()` is the set as the
 engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`); `plan.build` asks this module for
-the step list, the settings and the `--dry-run` preview when the spec has `fanout:`.
+the settings, and steps.py for the `--dry-run` preview when the spec has `fanout:` (the step
+list and every step's text are steps.py's).
 """
 
 from __future__ import annotations
@@ -29,19 +30,6 @@ NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 BRACKET = re.compile(r"\[([^\[\]]*)\]")
 RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+)(?:/([0-9]+))?)?$")
 OPERATORS = ",!&^"  # ClusterShell's set operators: union, difference, intersection, xor
-
-STEPS = ["fan_preflight", "fan_pack", "fan_copy", "fan_install", "fan_compare"]
-STEP_DOCS = {
-    "fan_preflight": "Reach the source, check the engine and its tools here, list the nodes.",
-    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle"
-                " (on a re-run: only what changed since the last fan-out).",
-    "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
-    "fan_install": "On every node at once: extract to staging, verify, relocate, swap, exports, probe"
-                   " (a node the changes alone cannot serve gets the whole bundle).",
-    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes named.",
-}
-STEP_WHERE = {"fan_preflight": ("fanout",), "fan_pack": ("transfer",), "fan_copy": ("fanout",),
-              "fan_install": ("fanout",), "fan_compare": ("fanout",)}
 
 
 class _Groups:
@@ -227,7 +215,7 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
     opts = "".join(f" {shlex.quote(o)}" for o in clush_opts(spec)) if f.engine == "clush" else ""
     copy = "".join(f" {shlex.quote(o)}" for o in sbcast_opts(spec)) if f.engine == "slurm" else ""
-    node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} --exclude=payload.tar* && python3 -m rbkit.fanout "
+    node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} --exclude=./payload && python3 -m rbkit.fanout "
                 f"node --dir {d} --dest {dst} --old {src} ...'")
     t = f.timeout_s
     clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))

@@ -11,27 +11,13 @@ import json
 import shlex
 from typing import Any
 
-from . import __version__, catalog, fanout, kit as kitfiles
+from . import __version__, catalog, fanout, kit as kitfiles, steps as stepdocs
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
 
 KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
-
-STEP_DOCS = {
-    "preflight": "Reach every host, ship the kit, check tools, source, destination and free space.",
-    "manifest": "Hash every file of the source (in parallel) into a manifest; detect a re-run "
-                "and what an incremental one must send.",
-    "transfer": "Stream the source into a staging directory beside the destination.",
-    "verify": "Check the staging copy against the manifest: every file, mode, link and digest.",
-    "relocate": "Rewrite what names the old path (shebangs, activate scripts) for the new one.",
-    "swap": "Put the verified copy in place in one rename; keep or remove what was there.",
-    "exports": "Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first.",
-    "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
-}
-STEP_DOCS.update(fanout.STEP_DOCS)
-
 
 def ssh_words(host: Host, *, here: bool = True) -> list[Any]:
     """The ssh arguments that reach `host` (without the runbook's common options). `here`: the
@@ -125,11 +111,7 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
     src_host, src_path = spec.transfer.source
     dst_host, dst_path = spec.transfer.target
     hosts_used = list(dict.fromkeys([src_host, dst_host]))
-    steps = ["preflight", "manifest", "transfer", "verify", "relocate", "swap", "exports"]
-    if spec.checks:
-        steps.append("probe")
-    if spec.fanout:
-        steps = list(fanout.STEPS)
+    steps = stepdocs.step_list(spec)
     exclude_args: list[str] = []
     for pattern in spec.transfer.exclude:
         exclude_args += ["--exclude", pattern]
@@ -187,9 +169,11 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
                        "comment": "route direct/auto: ssh arguments the source uses to reach the "
                        "destination"})
     maps = [
-        {"name": "RB_STEP_DOC", "entries": [(s, STEP_DOCS[s]) for s in steps]},
-        {"name": "RB_STEP_PREVIEW", "entries": [(s, "\n".join(preview(s, spec))) for s in steps]},
-        {"name": "RB_STEP_HOST", "entries": [(s, step_host(s, src_host, dst_host)) for s in steps]},
+        {"name": "RB_STEP_DOC", "entries": [(s, stepdocs.DOCS[s]) for s in steps]},
+        {"name": "RB_STEP_PREVIEW",
+         "entries": [(s, "\n".join(stepdocs.preview(s, spec, incremental(spec)))) for s in steps]},
+        {"name": "RB_STEP_HOST",
+         "entries": [(s, stepdocs.host(s, src_host, dst_host)) for s in steps]},
     ]
     hosts = []
     for hid in hosts_used:
@@ -205,20 +189,14 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
     kit = [{"path": f.path, "delimiter": kitfiles.delimiter(f.text, f.path),
             "text": Safe(f.text.rstrip("\n"))}
            for f in files]
-    step_where = {
-        "preflight": ("hosts",), "manifest": ("transfer", "verify"), "transfer": ("transfer",),
-        "verify": ("transfer", "verify"), "relocate": ("transfer", "to"),
-        "swap": ("transfer", "on_existing"), "exports": ("cuda",), "probe": ("checks",),
-    }
-    step_where.update(fanout.STEP_WHERE)
     step_views = []
     for i, sid in enumerate(steps, 1):
-        loc = step_where[sid]
+        loc = stepdocs.WHERE[sid]
         if loc[0] not in source.data:
             loc = ("transfer",)
         step_views.append({
             "id": sid, "index": i, "total": len(steps), "where": _where(source, loc),
-            "doc_lines": [STEP_DOCS[sid]], "template": f"steps/{sid}.sh.j2",
+            "doc_lines": [stepdocs.DOCS[sid]], "template": f"steps/{sid}.sh.j2",
         })
     return {
         "spec_path": source.path,
@@ -246,69 +224,5 @@ def incremental(spec: Spec) -> bool:
     return spec.transfer.on_existing != "refuse" and spec.transfer.verify != "none"
 
 
-def step_host(step: str, src_host: str, dst_host: str) -> str:
-    """The host a step is mostly about (named in its log lines and the report)."""
-    if step == "manifest":
-        return src_host
-    if step in ("preflight", "transfer"):
-        return src_host if src_host == dst_host else f"{src_host}->{dst_host}"
-    return dst_host
-
-
 def _s(name: str, value: str, comment: str = "") -> dict:
     return {"name": name, "value": value, "comment": comment}
-
-
-def preview(step: str, spec: Spec) -> list[str]:
-    """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
-    if step in fanout.STEP_DOCS:
-        return fanout.preview(step, spec, incremental(spec))
-    src_host, src = spec.transfer.source
-    dst_host, dst = spec.transfer.target
-    staging = f"{dst.rsplit('/', 1)[0] or '.'}/.{dst.rsplit('/', 1)[-1]}.rb-staging"
-    excl = " ".join(f"--exclude {shlex.quote(p)}" for p in spec.transfer.exclude)
-    comp = spec.transfer.compression
-    comp_note = {"auto": "zstd -1 if both ends have zstd, else none", "none": "none"}.get(comp, comp)
-    hosts = list(dict.fromkeys([src_host, dst_host]))
-    out: list[str] = []
-    if step == "preflight":
-        for h in hosts:
-            ship = "use the kit here" if spec.hosts[h].local else "copy the kit to /tmp/rbkit-<id>"
-            out.append(f"on {h}: connect; {ship}; check tar and python3 >= 3.9")
-        out.append(f"on {src_host}: rbkit scan {src} {excl}".rstrip())
-        out.append(f"on {dst_host}: rbkit scan {dst}; rbkit free {staging}")
-        out.append(f"compression: {comp_note}")
-    elif step == "manifest":
-        out.append(f"on {src_host}: rbkit manifest build {src} {excl} --algo {spec.transfer.verify}"
-                   f" --jobs {spec.transfer.jobs or 'auto'}".replace("  ", " "))
-        out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
-        out.append(f"on {dst_host}: if {dst}/.rb-manifest.jsonl matches, skip the install")
-        if incremental(spec):
-            out.append(f"on {dst_host}: if it differs, rbkit stage: link unchanged files from {dst}"
-                       f" into {staging}, send only the rest")
-    elif step == "transfer":
-        out.append(f"on {dst_host}: rm -rf {staging} && mkdir -p {staging}")
-        out.append(f"on {src_host}: tar -C {src} --null --no-recursion -T <manifest names> -cf - "
-                   f"| <compress: {comp_note}>")
-        out.append(f"  | through this machine ({spec.transfer.route}) |")
-        out.append(f"on {dst_host}: <decompress> | tar -C {staging} -xf - --no-same-owner")
-    elif step == "verify":
-        out.append(f"on {dst_host}: rbkit manifest verify {staging} <manifest> --jobs {spec.transfer.jobs or 'auto'}")
-    elif step == "relocate":
-        out.append(f"on {dst_host}: rbkit relocate {staging} --old {src} --new {dst}")
-    elif step == "swap":
-        out.append(f"on {dst_host}: rbkit swap {staging} {dst} --policy {spec.transfer.on_existing}")
-        out.append(f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
-                   f"{dst}/bin/pip --version")
-    elif step == "exports":
-        env_file = (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else f"{dst}.env.sh")
-        out.append(f"on {dst_host}: write {env_file}")
-        if spec.cuda:
-            first = ", ".join(spec.cuda.library_path_first) or "-"
-            out.append(f"  CUDA_HOME={spec.cuda.home}; LD_LIBRARY_PATH: {first} (in site-packages), "
-                       f"then $CUDA_HOME/lib64")
-    elif step == "probe":
-        kinds = ", ".join(c.kind for c in spec.checks)
-        out.append(f"on {dst_host}: source the env file; {dst}/bin/python -m rbprobes run: {kinds}")
-        out.append(f"here: fetch the report to runs/{spec.name}/probe-{dst_host}.json")
-    return out

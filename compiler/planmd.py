@@ -1,5 +1,5 @@
 """`compile --plan SPEC`: what the runbook will do, on which host, in plain words, as markdown to
-paste into a PR. Built from the validated spec and plan.py's own step texts (`STEP_DOCS`,
+paste into a PR. Built from the validated spec and the runbook's own step texts (steps.py: `DOCS`,
 `preview`), so it says what the runbook does, not a second opinion. Long lists are cut, so the text
 stays well under a PR comment's 65,536 characters whatever the spec holds."""
 
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import catalog, fanout, plan
+from . import catalog, fanout, plan, steps as stepdocs
 from .errors import Problem
 from .loader import Source
 from .spec import Host, Spec, failed_checks_policy
@@ -143,7 +143,7 @@ def _changes(spec: Spec, dst_host: str, src: str, dst: str) -> str:
     lines = [
         f"### What changes on {where}", "",
         f"- {_code(dst)}: the verified copy is put in place with one rename (staged first in "
-        f"{_code(_staging(dst))})",
+        f"{_code(stepdocs.staging(dst))})",
     ]
     if src != dst:
         lines.append(f"- files in the venv that name {_code(src)} (script shebangs, activate "
@@ -162,11 +162,6 @@ def _changes(spec: Spec, dst_host: str, src: str, dst: str) -> str:
     if not spec.hosts[dst_host].local:
         lines.append("- the runbook's helper kit is copied to `/tmp/rbkit-<id>` on each ssh host")
     return "\n".join(lines) + "\n"
-
-
-def _staging(dst: str) -> str:
-    head, _, tail = dst.rpartition("/")
-    return f"{head}/.{tail}.rb-staging" if head else f".{tail}.rb-staging"
 
 
 def _checks(spec: Spec, dst_host: str) -> str:
@@ -195,8 +190,8 @@ def _checks(spec: Spec, dst_host: str) -> str:
 
 
 def _steps(spec: Spec, source: Source, script: Path) -> str:
-    """The runbook's own step list, host, summary and --dry-run text (plan.STEP_DOCS and
-    plan.preview, through the view model plan.build makes for the runbook)."""
+    """The runbook's own step list, host, summary and --dry-run text (steps.DOCS and
+    steps.preview, through the view model plan.build makes for the runbook)."""
     view = plan.build(spec, source, script_name=script.name)
     maps = {m["name"]: dict(m["entries"]) for m in view["maps"]}
     steps = [step["id"] for step in view["steps"]]
@@ -204,9 +199,8 @@ def _steps(spec: Spec, source: Source, script: Path) -> str:
              f"<code>bash {script.as_posix()} --dry-run</code> prints)</summary>", ""]
     for i, step in enumerate(steps, 1):
         where = maps.get("RB_STEP_HOST", {}).get(step, "")
-        doc = maps.get("RB_STEP_DOC", {}).get(step) or plan.STEP_DOCS.get(step, "")
-        preview = maps.get("RB_STEP_PREVIEW", {}).get(step)
-        body = preview.splitlines() if preview is not None else plan.preview(step, spec)
+        doc = maps["RB_STEP_DOC"][step]
+        body = maps["RB_STEP_PREVIEW"][step].splitlines()
         body = [_cut(line, 240, one_line=False) for line in body[:MAX_ITEMS]]
         fence = "`" * max(3, 1 + max((len(run) for line in body for run in re.findall("`+", line)),
                                      default=0))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 7901ceb32b097c3a7997bfba40d69f092b54ff2ee4ce1874304b7573e7ed60d3
+# sha256 of this file with these 64 digits zeroed: 9b6088344cd5423b727813fc327ae997a195fbb330814cfb71d2247febf2af29
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482
-readonly RB_KIT_FILE=.kit/a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482.tar
+readonly RB_KIT_SHA256=c2d074ac4d049f471a18d74228be8d6a88066cd6dd5c0f2f8c16ce462c43faa6
+readonly RB_KIT_FILE=.kit/c2d074ac4d049f471a18d74228be8d6a88066cd6dd5c0f2f8c16ce462c43faa6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -58,7 +58,7 @@ readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","para
 readonly -a RB_SPEC_FILES=(specs/cluster-h100.yaml=c36d36eaa82ec84f8df6d2a7ed87081bba6a22c572c79b5d75aa1ea106e5e436 specs/base.yaml=e7be93981a5525fd6d23d625ce96de38430b0e4b1a9a1a12558ba12dab60482b)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(ct200 h100)
-readonly -a RB_STEPS=(preflight manifest transfer verify relocate swap exports probe)
+readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
 # cuda.library_path_first, relative to the venv's site-packages
@@ -68,36 +68,39 @@ readonly -a RB_ENV=()
 # route direct/auto: ssh arguments the source uses to reach the destination
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
-  [preflight]='Reach every host, ship the kit, check tools, source, destination and free space.'
+  [preflight]='Reach every host, ship the kit, check the source is a venv after the excludes, take the destination'"'"'s lock, check its state and free space.'
   [manifest]='Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.'
   [transfer]='Stream the source into a staging directory beside the destination.'
-  [verify]='Check the staging copy against the manifest: every file, mode, link and digest.'
+  [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
-  [swap]='Put the verified copy in place in one rename; keep or remove what was there.'
+  [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
 declare -rA RB_STEP_PREVIEW=(
-  [preflight]='on ct200: connect; copy the kit to /tmp/rbkit-<id>; check tar and python3 >= 3.9
-on h100: connect; copy the kit to /tmp/rbkit-<id>; check tar and python3 >= 3.9
-on ct200: rbkit scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"'
-on h100: rbkit scan /opt/sglang/.venv; rbkit free /opt/sglang/..venv.rb-staging
+  [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
+on h100: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
+on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
+on h100: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
+on h100: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 compression: zstd -1 if both ends have zstd, else none'
-  [manifest]='on ct200: rbkit manifest build /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
+  [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/cluster-h100/manifest.jsonl; send it to h100
-on h100: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
-on h100: if it differs, rbkit stage: link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
-  [transfer]='on h100: rm -rf /opt/sglang/..venv.rb-staging && mkdir -p /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none>
+on h100: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
+on h100: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
+  [transfer]='on h100: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
+on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
-on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner'
-  [verify]='on h100: rbkit manifest verify /opt/sglang/..venv.rb-staging <manifest> --jobs auto'
-  [relocate]='on h100: rbkit relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
-  [swap]='on h100: rbkit swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
-on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version'
-  [exports]='on h100: write /opt/sglang/.venv.env.sh
+on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+  [verify]='on h100: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
+  [relocate]='on h100: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
+  [prove]='on h100: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
+  [swap]='on h100: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
+on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
+  [exports]='on h100: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on h100: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: torch, devices, matmul, imports
+  [probe]='on h100: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: torch, devices, matmul, imports
 here: fetch the report to runs/cluster-h100/probe-h100.json'
 )
 declare -rA RB_STEP_HOST=(
@@ -106,6 +109,7 @@ declare -rA RB_STEP_HOST=(
   [transfer]='ct200->h100'
   [verify]=h100
   [relocate]=h100
+  [prove]=h100
   [swap]=h100
   [exports]=h100
   [probe]=h100
@@ -126,8 +130,6 @@ RB_STEP_START=0
 RB_FINISHED=0
 RB_DRY_RUN=0
 RB_FAILED_STEP=''
-RB_SRC_BYTES=0
-RB_SRC_FILES=0
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -140,26 +142,14 @@ RB_ALLOW_EDITED=0
 RB_EDITED=''
 declare -A RB_PY=()
 declare -A RB_J=()
-
-# The sending end of every stream (a single-host transfer, a fan-out pack), run on the source:
-# $1 directory, $2 NUL-separated names, $3 compression; with $4, the stream goes on through
-# ssh with the arguments from $5 on, to $4 (the direct route), instead of stdout.
-readonly RB_PACK_SCRIPT='set -o pipefail
-pack() {
-  case "$3" in
-    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
-    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
-    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
-    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
-  esac
-}
-if [ "$#" -gt 3 ]; then
-  src=$1 names=$2 comp=$3 remote=$4
-  shift 4
-  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
-else
-  pack "$1" "$2" "$3"
-fi'
+RB_NOW=0
+RB_ENGINE_PID=''
+RB_ENGINE_LOCAL_PID=''
+RB_ENGINE_W=''
+RB_ENGINE_R=''
+RB_ENGINE_STATUS=''
+RB_ENGINE_DETAIL=''
+declare -a RB_KIT_ARGV=()
 
 #######################################
 # Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
@@ -206,11 +196,11 @@ rb::fail() {
 }
 
 #######################################
-# Milliseconds since the epoch.
+# Milliseconds since the epoch, into RB_NOW.
 #######################################
-rb::now_ms() {
+rb::now() {
   local t=${EPOCHREALTIME/[.,]/}
-  printf '%s' "${t:0:13}"
+  RB_NOW=${t:0:13}
 }
 
 #######################################
@@ -269,7 +259,7 @@ rb::pipe_on_host() {
 }
 
 rb::_on_host() {
-  local host=$1
+  local host=$1 words
   shift
   RB_HOST=${host}
   "rb::host_${host}"
@@ -282,7 +272,8 @@ rb::_on_host() {
     "$@"
   else
     # the spec's options first: for ssh the first value of an option wins
-    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "$(rb::shq "$@")"
+    words=$(rb::shq "$@")
+    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "${words}"
   fi
 }
 
@@ -360,40 +351,18 @@ rb::pipe_failed() {
 }
 
 #######################################
-# Parse a JSON object ($1) into RB_J: nested keys dotted ("totals.files"), lists and objects kept
-# as JSON text, true/false as True/False. One python3 start per document.
-#######################################
-rb::jparse() {
-  local key value
-  RB_J=()
-  while IFS=$'\t' read -r key value; do
-    RB_J[${key}]=${value}
-  done < <("${RB_LOCAL_PY}" -c 'import json, sys
-def walk(prefix, v):
-    if isinstance(v, dict):
-        for k, x in v.items():
-            walk(prefix + [str(k)], x)
-        if prefix:
-            print(".".join(prefix) + "\t" + json.dumps(v))
-    else:
-        text = json.dumps(v) if isinstance(v, list) else ("" if v is None else str(v))
-        print(".".join(prefix) + "\t" + text.replace("\t", " ").replace("\n", " "))
-walk([], json.loads(sys.argv[1]))' "$1")
-}
-
-#######################################
-# Bytes as a short human figure: 1234567 -> 1.2 MB.
+# Bytes as a short human figure into the variable named $1: 1234567 -> 1.2 MB.
 #######################################
 rb::human() {
-  local n=$1 units=(B KB MB GB TB PB) i=0
+  local n=$2 units=(B KB MB GB TB PB) i=0
   while ((n >= 1000000 && i < 4)); do
     n=$((n / 1000))
     i=$((i + 1))
   done
   if ((n >= 1000)); then
-    printf '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
+    printf -v "$1" '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
   else
-    printf '%d %s' "${n}" "${units[i]}"
+    printf -v "$1" '%d %s' "${n}" "${units[i]}"
   fi
 }
 
@@ -476,29 +445,38 @@ rb::run_step() {
   RB_STEP_DETAIL=''
   rm -f "${RB_WORK}/last-command"
   rb::log "step ${id}: ${RB_STEP_DOC[${id}]}"
-  RB_STEP_START=$(rb::now_ms)
+  rb::now
+  RB_STEP_START=${RB_NOW}
   "step_${id}"
   detail=${RB_STEP_DETAIL}
-  rb::event step "${id}" ok "${RB_STEP_START}" "$(rb::now_ms)" "${RB_STEP_HOST[${id}]}" "${detail}"
+  rb::now
+  rb::event step "${id}" ok "${RB_STEP_START}" "${RB_NOW}" "${RB_STEP_HOST[${id}]}" "${detail}"
   rb::log "step ${id}: ok${detail:+ (${detail})}"
   RB_STEP=''
 }
 
 #######################################
-# ERR trap: name the step, the host and the command, write the report, exit non-zero.
+# ERR trap: name the step, the host and the command, write the report, exit non-zero. In a
+# subshell (a command substitution, a background job) it only exits: the shell that waits for
+# it sees the failure and reports it, once.
 #######################################
 rb::on_err() {
   local rc=$? line=$1
   trap - ERR
+  if ((BASHPID != $$)); then
+    exit "${rc}"
+  fi
   set +e
-  if [[ -z "${RB_LAST_CMD}" && -f "${RB_WORK}/last-command" ]]; then
+  # the command that ran last, also when it ran in a subshell (whose variables are gone)
+  if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
     { read -r RB_HOST; read -r RB_LAST_CMD; } <"${RB_WORK}/last-command"
   fi
   rb::log "FAILED (rc=${rc}) in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}, line ${line}"
   rb::log "  command: ${RB_LAST_CMD:-${BASH_COMMAND}}"
   RB_FAILED_STEP=${RB_STEP}
   if [[ -n "${RB_STEP}" ]]; then
-    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "$(rb::now_ms)" "${RB_HOST}" \
+    rb::now
+    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" \
       "rc=${rc}: ${RB_LAST_CMD:-${BASH_COMMAND}}"
   fi
   rb::finish failed
@@ -510,17 +488,175 @@ rb::on_err() {
 #######################################
 rb::on_signal() {
   trap - ERR INT TERM
+  if ((BASHPID != $$)); then
+    exit 130
+  fi
   set +e
   rb::log "interrupted in step ${RB_STEP:-main}; the destination was not replaced unless the swap step had finished"
   if [[ -n "${RB_STEP}" ]]; then
-    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "$(rb::now_ms)" "${RB_HOST}" ""
+    rb::now
+    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" ""
   fi
   rb::finish interrupted
   exit 130
 }
 
 #######################################
-# Write the JSON report and print the summary. Argument: the outcome.
+# The kit's command line on HOST as words, for a stage of a pipeline: sets RB_KIT_ARGV.
+#######################################
+rb::kit_argv() {
+  local host=$1 dir
+  dir=$(rb::kit_dir "${host}")
+  RB_KIT_ARGV=(env PYTHONPATH="${dir}" PYTHONDONTWRITEBYTECODE=1 "${RB_PY[${host}]:-python3}" -m rbkit)
+}
+
+#######################################
+# Read one answer of the engine from stdin, lines of `set KEY VALUE` (into RB_J), `event JSON`
+# (into the event log, under the current step), `ping` (ignored) and last `done STATUS DETAIL`
+# (into RB_ENGINE_STATUS and RB_ENGINE_DETAIL). $1: at most this many seconds between two lines
+# (the engine pings every 5 s while it works). Returns 1 when the answer ends before `done`.
+#######################################
+rb::engine_read() {
+  local kind a b
+  local -a wait=()
+  if [[ -n "${1:-}" ]]; then
+    wait=(-t "$1")
+  fi
+  RB_J=()
+  RB_ENGINE_STATUS=''
+  RB_ENGINE_DETAIL=''
+  while IFS=$'\t' read -r "${wait[@]}" kind a b; do
+    case "${kind}" in
+      set) RB_J[${a}]=${b} ;;
+      event) rb::event engine "${RB_STEP:-main}" "${a}" ;;
+      done)
+        RB_ENGINE_STATUS=${a}
+        RB_ENGINE_DETAIL=${b}
+        return 0
+        ;;
+      *) ;;
+    esac
+  done
+  return 1
+}
+
+#######################################
+# Run `rbkit engine ARGS...` once on HOST (the source's scan, hash and delta) and read its
+# answer; the step fails with the engine's reason when it failed.
+#######################################
+rb::engine_once() {
+  local host=$1 out rc=0
+  shift
+  out=$(rb::kit "${host}" engine "$@") || rc=$?
+  if ! rb::engine_read <<<"${out}" || ((rc != 0)); then
+    rb::fail "${RB_ENGINE_DETAIL:-rbkit engine $1 on ${host} exited ${rc} (above)}"
+  fi
+}
+
+#######################################
+# Start the destination's engine for this run (rbkit engine serve): it takes the destination's
+# lock for the whole run (a second run is refused, naming this one), makes its private state
+# directory, and answers one request per step (rb::engine) until rb::engine_stop. Its log lines
+# go to the log as they come.
+#######################################
+rb::engine_start() {
+  local host=${RB_DST_HOST} item kit fifo="${RB_WORK}/engine"
+  kit=$(rb::kit_dir "${host}")
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
+    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"
+    --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
+    --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
+  if [[ -n "${RB_ENGINE_PID}" ]]; then
+    return 0
+  fi
+  for item in "${RB_LIB_FIRST[@]}"; do
+    args+=(--first "${item}")
+  done
+  for item in "${RB_ENV[@]}"; do
+    args+=(--env "${item}")
+  done
+  if [[ -n "${RB_LOCK_WAIT:-}" ]]; then
+    args+=(--lock-wait "${RB_LOCK_WAIT}")
+  fi
+  rb::kit_argv "${host}"
+  mkfifo -m 600 "${fifo}.in" "${fifo}.out"
+  # a background job: its failure ends it quietly (rb::on_err), this shell sees it as EOF; with
+  # RB_WORK empty it does not record itself as the command that ran last
+  RB_WORK='' rb::pipe_on_host "${host}" "${RB_KIT_ARGV[@]}" engine serve "${args[@]}" \
+    <"${fifo}.in" >"${fifo}.out" &
+  RB_ENGINE_PID=$!
+  RB_BG_PIDS+=("${RB_ENGINE_PID}")
+  exec {RB_ENGINE_W}>"${fifo}.in" {RB_ENGINE_R}<"${fifo}.out"
+  RB_HOST=${host}
+  RB_LAST_CMD="on ${host}: rbkit engine serve --dest ${RB_DST_ABS}"
+  if ! rb::engine_read 120 <&"${RB_ENGINE_R}"; then
+    rb::fail "the engine on ${host} did not start (above)"
+  fi
+  if [[ "${RB_ENGINE_STATUS}" != ok ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}"
+  fi
+  if rb::is_local "${host}"; then
+    RB_ENGINE_LOCAL_PID=${RB_J[pid]}
+  fi
+}
+
+#######################################
+# Ask the destination's engine to run one step: $1 the step, then key=value words. Its events are
+# recorded under the current step; RB_J, RB_ENGINE_STATUS and RB_ENGINE_DETAIL say how it went.
+# rb::engine fails the step when the engine's step failed; rb::engine_call leaves it to the
+# caller (the probe fetches its report first).
+#######################################
+rb::engine() {
+  rb::engine_call "$@"
+  if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}"
+  fi
+}
+
+rb::engine_call() {
+  local rc=0
+  RB_HOST=${RB_DST_HOST}
+  RB_LAST_CMD="on ${RB_DST_HOST}: rbkit engine $*"
+  if [[ -z "${RB_ENGINE_PID}" ]]; then
+    rb::fail "the engine on ${RB_DST_HOST} is not running (it is started by the first step)"
+  fi
+  printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+  # an engine that is gone must fail this step, not end this shell with SIGPIPE
+  trap '' PIPE
+  printf '%s\0' "$@" '' >&"${RB_ENGINE_W}" || rc=$?
+  trap - PIPE
+  if ((rc != 0)) || ! rb::engine_read 90 <&"${RB_ENGINE_R}"; then
+    rb::fail "the engine on ${RB_DST_HOST} ended (or went silent) before it answered $1 (above)"
+  fi
+}
+
+#######################################
+# End the destination's engine: the end of its requests finishes the run there (replace: the
+# install the swap replaced is removed now), it lets go of the lock and removes its state; its
+# last events are recorded. $1 `now` (an interrupted run): an engine on this machine stops where
+# it is (never inside a rename); one over ssh ends the step it is in (the ssh session is gone).
+#######################################
+rb::engine_stop() {
+  local pid=${RB_ENGINE_PID}
+  if [[ -z "${pid}" ]]; then
+    return 0
+  fi
+  RB_ENGINE_PID=''
+  if [[ "${1:-}" == now && -n "${RB_ENGINE_LOCAL_PID}" ]]; then
+    kill -TERM "${RB_ENGINE_LOCAL_PID}" 2>/dev/null || true
+  fi
+  exec {RB_ENGINE_W}>&-
+  rb::engine_read 90 <&"${RB_ENGINE_R}" || true
+  exec {RB_ENGINE_R}<&-
+  wait "${pid}" || true
+}
+
+#######################################
+# End the destination's engine (its last events go into the log), write the JSON report and
+# print the summary. Argument: the outcome this shell saw; the report's is the worse of it and
+# what the steps' events say.
 #######################################
 rb::finish() {
   local outcome=$1 probe
@@ -529,6 +665,11 @@ rb::finish() {
     return 0
   fi
   RB_FINISHED=1
+  if [[ "${outcome}" == interrupted ]]; then
+    rb::engine_stop now
+  else
+    rb::engine_stop
+  fi
   for probe in "${RB_PROBE_REPORTS[@]}"; do
     probe_args+=(--probe "${probe}")
   done
@@ -538,7 +679,9 @@ rb::finish() {
   rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
-    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after" \
+      "fixing it (from verify at the latest for relocate, prove and swap: only a staging this run" \
+      "verified is installed)"
   fi
 }
 
@@ -576,7 +719,8 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --restore [N]   put backup N (default: the newest) of the destination back in place
   -h, --help      this text
 
-Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports.
+Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports;
+RB_LOCK_WAIT (seconds, default 30) how long to wait for a destination another run is installing.
 Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage; 130 interrupted.
 USAGE
 }
@@ -626,9 +770,10 @@ rb::host_h100() {
 # templates/partials/fanout.sh.j2 in this place).
 #######################################
 RB_SKIP_INSTALL=0
+RB_SRC_BYTES=0
+RB_SRC_FILES=0
 RB_SRC_DISK=0
 RB_ROUTE_USED=relay
-RB_BACKUP_MADE=''
 # the transfer hashes the source unless the manifest step already did in this run
 RB_HASH_DURING_STREAM=1
 RB_FINGERPRINT=''
@@ -636,15 +781,17 @@ RB_FINGERPRINT=''
 RB_DELTA=0
 RB_SEND_NAMES=''
 RB_SRC_STAT=''
+# beside the destination, by the engine's one rule (rbkit.engine.staging_path): preflight asks it
 RB_STAGING=''
-RB_ENV_OUT=''
+# the destination holds an earlier install (preflight); the engine's private state dir there
+RB_DST_INSTALLED=0
+RB_ENGINE_STATE=''
 
 #######################################
-# Paths on the destination, once its absolute path is known: the staging beside it, the env file.
+# Paths on the destination are the engine's (the staging, the env file): nothing to set here.
 #######################################
 rb::install_paths() {
-  RB_STAGING="${RB_DST_ABS%/*}/.${RB_DST_ABS##*/}.rb-staging"
-  RB_ENV_OUT=${RB_ENV_FILE:-${RB_DST_ABS}.env.sh}
+  :
 }
 
 #######################################
@@ -672,11 +819,11 @@ rb::kit_write() {
 }
 
 #######################################
-# Step 1/8: preflight (specs/cluster-h100.yaml:6)
-# Reach every host, ship the kit, check tools, source, destination and free space.
+# Step 1/9: preflight (specs/cluster-h100.yaml:6)
+# Reach every host, ship the kit, check the source is a venv after the excludes, take the destination's lock, check its state and free space.
 #######################################
 step_preflight() {
-  local host need free
+  local host need src_kit
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
       { echo "missing tool on this host: $t" >&2; exit 1; }; done
@@ -687,43 +834,25 @@ print(sys.executable)"')
   done
   rb::preflight_route
   rb::preflight_compression
-  rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --names "$(rb::kit_dir "${RB_SRC_HOST}")/${RB_NAME}.names")"
-  if [[ "${RB_J[exists]}" != True ]]; then
-    rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} does not exist"
-  fi
-  if [[ "${RB_J[is_venv]}" != True ]]; then
-    rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} is not a venv (no pyvenv.cfg and bin/python)"
-  fi
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
+  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --names "${src_kit}/${RB_NAME}.names"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
   RB_SRC_STAT=${RB_J[stat_fingerprint]}
-  rb::log "source: ${RB_SRC_FILES} files, $(rb::human "${RB_SRC_BYTES}") apparent," \
-    "$(rb::human "${RB_SRC_DISK}") on disk, after excludes"
+  rb::log "source: ${RB_ENGINE_DETAIL} apparent, after excludes"
   rb::fact files "${RB_SRC_FILES}"
   rb::fact bytes "${RB_SRC_BYTES}"
   rb::fact disk_bytes "${RB_SRC_DISK}"
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" scan "${RB_DST_ABS}")"
-  if [[ "${RB_J[exists]}" == True ]]; then
-    rb::log "destination ${RB_DST_HOST}:${RB_DST_ABS} exists (${RB_J[files]:-?} files);" \
-      "on_existing is ${RB_ON_EXISTING}"
-    if [[ "${RB_ON_EXISTING}" == refuse && "${RB_J[installed_manifest]}" != True ]]; then
-      rb::fail "destination ${RB_DST_HOST}:${RB_DST_ABS} exists and on_existing is refuse;" \
-        "move it away or set on_existing: backup"
-    fi
-  else
-    rb::log "destination ${RB_DST_HOST}:${RB_DST_ABS} does not exist yet"
-  fi
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" free "${RB_STAGING}")"
-  free=${RB_J[free_bytes]}
+  # the destination's engine for the run: from here on it holds the destination's lock
+  rb::engine_start
+  RB_ENGINE_STATE=${RB_J[state]}
   need=$((RB_SRC_DISK + RB_SRC_DISK / 10))
-  rb::log "free on ${RB_DST_HOST} at ${RB_J[measured_at]}: $(rb::human "${free}");" \
-    "staging needs about $(rb::human "${need}")"
-  if ((free < need)); then
-    rb::fail "not enough space on ${RB_DST_HOST} for staging: $(rb::human "${free}") free," \
-      "$(rb::human "${need}") needed"
-  fi
+  rb::engine preflight "need=${need}"
+  RB_DST_INSTALLED=${RB_J[installed]}
+  RB_STAGING=${RB_J[staging]}
   RB_STEP_DETAIL="route ${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
 }
 
@@ -765,14 +894,12 @@ rb::preflight_route() {
 }
 
 #######################################
-# Step 2/8: manifest (specs/base.yaml:14)
+# Step 2/9: manifest (specs/base.yaml:14)
 # Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
 step_manifest() {
-  local installed
   RB_SKIP_INSTALL=0
-  installed="${RB_DST_ABS}/.rb-manifest.jsonl"
-  if ! rb::on_host "${RB_DST_HOST}" test -f "${installed}"; then
+  if ((RB_DST_INSTALLED == 0)); then
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
     RB_HASH_DURING_STREAM=1
     rb::log "no earlier install at the destination: the source is hashed while the stream runs"
@@ -780,96 +907,86 @@ step_manifest() {
     return 0
   fi
   if [[ "${RB_RERUN}" == quick ]]; then
-    if rb::kit "${RB_DST_HOST}" manifest quick-check "${RB_DST_ABS}" "${installed}" \
-      --source-stat "${RB_SRC_STAT}" >"${RB_RUN_DIR}/quick-check.json"; then
+    rb::engine current mode=quick "source_stat=${RB_SRC_STAT}"
+    if [[ "${RB_J[up_to_date]}" == 1 ]]; then
       RB_SKIP_INSTALL=1
       rb::log "the destination already holds this exact tree (same source, nothing changed there:" \
         "quick check of sizes, modes and mtimes; rerun: digest re-hashes); nothing will be sent"
       RB_STEP_DETAIL='quick check: destination up to date'
       return 0
     fi
-    rb::jparse "$(cat "${RB_RUN_DIR}/quick-check.json")"
-    rb::log "quick check: ${RB_J[why]}"
+    rb::log "quick check: ${RB_ENGINE_DETAIL}"
     if ((RB_INCREMENTAL)); then
       # the source changed, or files at the destination did: send only what differs
-      rb::delta_plan "${installed}"
+      rb::delta_plan
       return 0
     fi
   fi
   rb::manifest_build
   rb::manifest_share
   RB_HASH_DURING_STREAM=0
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" manifest fingerprint "${installed}")"
-  if [[ "${RB_J[source_fingerprint]}" != "${RB_FINGERPRINT}" ]]; then
-    rb::log "the destination holds an install of a different source tree"
-  elif rb::kit "${RB_DST_HOST}" manifest verify "${RB_DST_ABS}" "${installed}" --jobs "${RB_JOBS}" \
-    >/dev/null; then
+  # every file at the destination re-hashed; a different install with on_existing: refuse fails
+  rb::engine current mode=digest
+  if [[ "${RB_J[up_to_date]}" == 1 ]]; then
     RB_SKIP_INSTALL=1
     rb::log "the destination already holds this exact tree (verified); nothing will be sent"
   else
-    rb::log "the destination was installed from this source but has changed since (listed above)"
-  fi
-  if ((RB_SKIP_INSTALL == 0)) && [[ "${RB_ON_EXISTING}" == refuse ]]; then
-    rb::fail "destination ${RB_DST_HOST}:${RB_DST_ABS} holds a different install and" \
-      "on_existing is refuse"
+    rb::log "${RB_ENGINE_DETAIL}"
   fi
   RB_STEP_DETAIL="fingerprint ${RB_FINGERPRINT:0:16}"
 }
 
 #######################################
 # The source or the destination changed since the destination was installed: send only what
-# differs. The
-# destination's manifest goes to the source, whose unchanged files (same mode, size and mtime)
-# keep their recorded digests; the destination links its unchanged files into a new staging and
-# names what the stream must still carry. $1: the installed manifest on the destination.
+# differs. The destination's manifest goes to the source, whose unchanged files (same mode, size
+# and mtime) keep their recorded digests; the destination's engine links its unchanged files into
+# a new staging and names what the stream must still carry.
 #######################################
 rb::delta_plan() {
-  local installed=$1 src_kit dst_kit
+  local src_kit sent linked
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  rb::on_host "${RB_DST_HOST}" cat "${installed}" >"${RB_RUN_DIR}/installed.jsonl"
+  rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_RUN_DIR}/installed.jsonl"
   rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
     <"${RB_RUN_DIR}/installed.jsonl"
   rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
   rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
   rb::manifest_share
   RB_HASH_DURING_STREAM=0
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" stage "${RB_DST_ABS}" "${RB_STAGING}" \
-    --manifest "${dst_kit}/${RB_NAME}.manifest.jsonl" --installed "${installed}" \
-    --names-out "${dst_kit}/${RB_NAME}.send-names")"
-  # through a file here: both ends may be one host and one kit directory
-  rb::on_host "${RB_DST_HOST}" cat "${dst_kit}/${RB_NAME}.send-names" >"${RB_RUN_DIR}/send-names"
-  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.send-names" \
-    <"${RB_RUN_DIR}/send-names"
+  rb::engine stage delta=1
   RB_DELTA=1
-  RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
   RB_SRC_BYTES=${RB_J[send_bytes]}
   RB_SRC_FILES=${RB_J[send_files]}
   rb::fact linked_files "${RB_J[linked]}"
   rb::fact send_files "${RB_J[send_files]}"
-  rb::log "incremental: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) to send;" \
-    "${RB_J[linked]} unchanged files ($(rb::human "${RB_J[linked_bytes]}")) linked from the" \
-    "current install into staging; ${RB_J[removed]} entries gone from the source"
+  rb::human sent "${RB_J[send_bytes]}"
+  rb::human linked "${RB_J[linked_bytes]}"
+  rb::log "incremental: ${RB_J[send_files]} files (${sent}) to send; ${RB_J[linked]} unchanged" \
+    "files (${linked}) linked from the current install into staging; ${RB_J[removed]} entries" \
+    "gone from the source"
   RB_STEP_DETAIL="source changed: ${RB_J[send_files]} files to send, ${RB_J[linked]} linked"
+  # through a file here: both ends may be one host and one kit directory
+  rb::on_host "${RB_DST_HOST}" cat "${RB_J[names]}" >"${RB_RUN_DIR}/send-names"
+  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.send-names" \
+    <"${RB_RUN_DIR}/send-names"
+  RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
 }
 
 #######################################
 # Hash the source into its manifest (on the source, in parallel). Sets RB_FINGERPRINT.
-# Extra arguments go to `rbkit manifest build` (--reuse FILE).
+# Extra arguments go to `rbkit engine hash` (--reuse FILE).
 #######################################
 rb::manifest_build() {
   local src_kit
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" "$@")"
+  rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" "$@"
   rb::manifest_facts
 }
 
 rb::manifest_facts() {
   RB_FINGERPRINT=${RB_J[fingerprint]}
-  rb::fact manifest_files "${RB_J[totals.files]}"
-  rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks," \
-    "${RB_VERIFY} digests; fingerprint ${RB_FINGERPRINT:0:16}"
+  rb::fact manifest_files "${RB_J[files]}"
+  rb::log "manifest: ${RB_ENGINE_DETAIL}"
 }
 
 #######################################
@@ -885,21 +1002,12 @@ rb::manifest_share() {
 }
 
 #######################################
-# Step 3/8: transfer (specs/cluster-h100.yaml:8)
+# Step 3/9: transfer (specs/cluster-h100.yaml:8)
 # Stream the source into a staging directory beside the destination.
 #######################################
-# The receiving end of the stream (RB_PACK_SCRIPT, the sending end, is in the runtime).
-# $1: directory, $2: compression.
-readonly RB_UNPACK_SCRIPT='set -o pipefail
-case "$2" in
-  zstd) zstd -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
-  lz4) lz4 -q -d -c | tar -C "$1" -xf - --no-same-owner ;;
-  gzip) gzip -d -c | tar -C "$1" -xf - --no-same-owner ;;
-  *) exec tar -C "$1" -xf - --no-same-owner ;;
-esac'
-
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names
+  local src_kit start_ms ms bytes hash_pid='' names remote
+  local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
@@ -909,52 +1017,60 @@ step_transfer() {
   if ((RB_DELTA)); then
     names=${RB_SEND_NAMES}      # staging already holds the unchanged files (the manifest step)
   else
-    rb::on_host "${RB_DST_HOST}" sh -c 'rm -rf -- "$1" && mkdir -p -- "$1"' rb "${RB_STAGING}"
+    rb::engine stage
   fi
   if ((RB_HASH_DURING_STREAM)); then
-    # a background job must not run the ERR trap (it would end the run from a subshell)
-    (
-      trap - ERR
-      RB_WORK=''
-      rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-        --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl"
-    ) >"${RB_RUN_DIR}/manifest-build.json" 2>"${RB_RUN_DIR}/manifest-build.err" &
+    # a background job: its failure ends it quietly (rb::on_err), `wait` below sees it
+    RB_WORK='' rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+      --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+      >"${RB_RUN_DIR}/manifest-build.out" 2>"${RB_RUN_DIR}/manifest-build.err" &
     hash_pid=$!
     RB_BG_PIDS+=("${hash_pid}")
   fi
+  # the two ends of the stream are the engine's (send on the source, receive into this run's
+  # staging on the destination), with the one compression table
+  rb::kit_argv "${RB_SRC_HOST}"
+  send=("${RB_KIT_ARGV[@]}" engine send "${RB_SRC_ABS}" "${names}" --compression "${RB_COMPRESSION_USED}")
+  rb::kit_argv "${RB_DST_HOST}"
+  recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
+    --compression "${RB_COMPRESSION_USED}")
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
-  start_ms=$(rb::now_ms)
+  rb::now
+  start_ms=${RB_NOW}
   if [[ "${RB_ROUTE_USED}" == direct ]]; then
-    rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${names}" "${RB_COMPRESSION_USED}" \
-      "$(rb::shq bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" "${RB_COMPRESSION_USED}")" \
-      -o BatchMode=yes -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}"
+    remote=$(rb::shq "${recv[@]}")
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
+      "${RB_DIRECT_SSH[@]}" "${remote}" >"${RB_WORK}/receive.out"
   elif command -v pv >/dev/null; then
-    rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${names}" "${RB_COMPRESSION_USED}" |
+    # shellcheck disable=SC2312 # pv's progress lines go to the log; pv's status is in PIPESTATUS
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
       pv -f -i 10 -b -t -a 2> >(tr '\r' '\n' | sed -u '/^$/d; s/^/    progress: /' >&2) |
-      rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
-        "${RB_COMPRESSION_USED}" ||
+      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
         "${PIPESTATUS[@]}"
   else
-    rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" \
-      "${names}" "${RB_COMPRESSION_USED}" |
-      rb::pipe_on_host "${RB_DST_HOST}" bash -c "${RB_UNPACK_SCRIPT}" rb "${RB_STAGING}" \
-        "${RB_COMPRESSION_USED}" ||
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
+      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
   fi
-  ms=$(($(rb::now_ms) - start_ms))
+  rb::now
+  ms=$((RB_NOW - start_ms))
+  if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
+    rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+  fi
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
       rb::fail "hashing the source on ${RB_SRC_HOST} failed (above)"
     fi
-    rb::jparse "$(cat "${RB_RUN_DIR}/manifest-build.json")"
+    if ! rb::engine_read <"${RB_RUN_DIR}/manifest-build.out"; then
+      rb::fail "hashing the source on ${RB_SRC_HOST} said nothing (above)"
+    fi
     rb::manifest_facts
     rb::manifest_share
-    rb::log "manifest ready $(($(rb::now_ms) - start_ms - ms)) ms after the stream ended"
+    rb::now
+    rb::log "manifest ready $((RB_NOW - start_ms - ms)) ms after the stream ended"
   fi
   bytes=${RB_SRC_BYTES:-0}
   rb::fact bytes "${bytes}"
@@ -970,134 +1086,78 @@ step_transfer() {
 }
 
 #######################################
-# Step 4/8: verify (specs/base.yaml:14)
-# Check the staging copy against the manifest: every file, mode, link and digest.
+# Step 4/9: verify (specs/base.yaml:14)
+# Check the staging against the manifest: every file, mode, link and digest.
 #######################################
 step_verify() {
-  local dst_kit info
-  local -a linked=()
-  if ((RB_SKIP_INSTALL)); then
-    RB_STEP_DETAIL='skipped: nothing was sent'
-    return 0
-  fi
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  if ((RB_DELTA)); then
-    # unchanged files are links of the current install, which the last run verified: stat only
-    linked=(--linked-from "${RB_DST_ABS}")
-  fi
-  if ! info=$(rb::kit "${RB_DST_HOST}" manifest verify "${RB_STAGING}" \
-    "${dst_kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}" "${linked[@]}"); then
-    rb::fail "the copy in ${RB_DST_HOST}:${RB_STAGING} differs from the source manifest (listed" \
-      "above); the destination was not touched"
-  fi
-  rb::jparse "${info}"
-  RB_STEP_DETAIL="${RB_J[checked]} entries match, ${RB_J[hashed]} files hashed (${RB_VERIFY})"
-  if ((RB_DELTA)); then
-    RB_STEP_DETAIL+=", ${RB_J[linked]} linked unchanged"
-  fi
+  # every entry of this run's staging; files linked unchanged from the current install by stat.
+  # The engine leaves its stamp: relocate, prove and swap install only what this run verified.
+  rb::engine verify
+  RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
 
 #######################################
-# Step 5/8: relocate (specs/cluster-h100.yaml:9)
+# Step 5/9: relocate (specs/cluster-h100.yaml:9)
 # Rewrite what names the old path (shebangs, activate scripts) for the new one.
 #######################################
 step_relocate() {
-  local dst_kit
-  if ((RB_SKIP_INSTALL)); then
-    RB_STEP_DETAIL='skipped: nothing was sent'
-    return 0
-  fi
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" relocate "${RB_STAGING}" --old "${RB_SRC_ABS}" \
-    --new "${RB_DST_ABS}" --manifest "${dst_kit}/${RB_NAME}.manifest.jsonl" \
-    --installed "${RB_STAGING}/.rb-manifest.jsonl")"
-  rb::log "rewritten: ${RB_J[rewritten]}"
-  if [[ "${RB_J[elsewhere]}" != '[]' ]]; then
-    rb::log "still naming ${RB_SRC_ABS} outside bin/ (data, left as is): ${RB_J[elsewhere]}"
-  fi
-  rb::fact rewritten "${RB_J[count]}"
-  RB_STEP_DETAIL="${RB_J[count]} files rewritten"
+  rb::engine relocate
+  rb::fact rewritten "${RB_J[rewritten]:-0}"
+  RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
 
 #######################################
-# Step 6/8: swap (specs/base.yaml:15)
-# Put the verified copy in place in one rename; keep or remove what was there.
+# Step 6/9: prove (specs/cluster-h100.yaml:9)
+# The staged interpreter runs here and reports the staging as sys.prefix.
+#######################################
+step_prove() {
+  # the staged interpreter must run here before anything is installed (a venv whose base
+  # interpreter this host lacks stops here)
+  rb::engine prove
+  RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
+}
+
+#######################################
+# Step 7/9: swap (specs/base.yaml:15)
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  local out previous
-  if ((RB_SKIP_INSTALL)); then
-    RB_STEP_DETAIL='skipped: destination already up to date'
-    return 0
+  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # was there when the proof fails
+  rb::engine swap
+  if [[ -n "${RB_J[backup]:-}" ]]; then
+    rb::log "to put the previous destination back: bash ${0##*/} --restore"
   fi
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" swap "${RB_STAGING}" "${RB_DST_ABS}" --policy "${RB_ON_EXISTING}")"
-  previous=${RB_J[previous]}
-  if [[ "${previous}" == *.rb-backup.* ]]; then
-    RB_BACKUP_MADE=${previous}
-    rb::log "the previous destination is kept at ${RB_BACKUP_MADE}; to put it back:" \
-      "bash ${0##*/} --restore"
-  fi
-  out=$(rb::on_host "${RB_DST_HOST}" env PYTHONDONTWRITEBYTECODE=1 "${RB_DST_ABS}/bin/python" -c \
-    'import sys; print(sys.prefix)')
-  if [[ "${out}" != "${RB_DST_ABS}" ]]; then
-    rb::fail "the moved interpreter reports sys.prefix ${out}, expected ${RB_DST_ABS}"
-  fi
-  if rb::on_host "${RB_DST_HOST}" test -x "${RB_DST_ABS}/bin/pip"; then
-    out=$(rb::on_host "${RB_DST_HOST}" env PYTHONDONTWRITEBYTECODE=1 "${RB_DST_ABS}/bin/pip" --version)
-    if [[ "${out}" != *"${RB_DST_ABS}/"* ]]; then
-      rb::fail "console script bin/pip runs from the wrong place: ${out}"
-    fi
-    rb::log "console script runs: ${out}"
-  fi
-  RB_STEP_DETAIL="installed at ${RB_DST_ABS}; previous: ${previous}"
+  RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
 
 #######################################
-# Step 7/8: exports (specs/cluster-h100.yaml:10)
+# Step 8/9: exports (specs/cluster-h100.yaml:10)
 # Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first.
 #######################################
 step_exports() {
-  local item
-  local -a args=(--venv "${RB_DST_ABS}" --out "${RB_ENV_OUT}" --cuda-home "${RB_CUDA_HOME}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})")
-  for item in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${item}")
-  done
-  for item in "${RB_ENV[@]}"; do
-    args+=(--env "${item}")
-  done
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" exports "${args[@]}")"
-  rb::log "env file ${RB_DST_HOST}:${RB_ENV_OUT}; LD_LIBRARY_PATH: ${RB_J[library_dirs]}"
-  RB_STEP_DETAIL="${RB_ENV_OUT}"
+  # a failure past this run's swap puts back what was there (the engine)
+  rb::engine exports
+  RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
 
 #######################################
-# Step 8/8: probe (specs/base.yaml:20)
+# Step 9/9: probe (specs/base.yaml:20)
 # Run the checks with the moved interpreter on the target; fetch the report.
 #######################################
 step_probe() {
-  local dst_kit report rc=0
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  report="${dst_kit}/${RB_NAME}.probe-report.json"
-  rb::on_host "${RB_DST_HOST}" bash -c 'source "$1" && export PYTHONPATH="$2" PYTHONDONTWRITEBYTECODE=1 &&
-    exec "$3/bin/python" -m rbprobes run --config-json "$4" --report "$5"' rb \
-    "${RB_ENV_OUT}" "${dst_kit}" "${RB_DST_ABS}" "${RB_PROBE_CONFIG}" "${report}" || rc=$?
-  if rb::on_host "${RB_DST_HOST}" test -f "${report}"; then
-    rb::on_host "${RB_DST_HOST}" cat "${report}" >"${RB_RUN_DIR}/probe-${RB_DST_HOST}.json"
-    RB_PROBE_REPORTS+=("${RB_DST_HOST}=${RB_RUN_DIR}/probe-${RB_DST_HOST}.json")
+  local report="${RB_RUN_DIR}/probe-${RB_DST_HOST}.json"
+  # the checks with the moved interpreter; a failure rolls back as on_failed_checks says (the
+  # engine)
+  rb::engine_call probe
+  if [[ -n "${RB_J[report]:-}" ]] && rb::on_host "${RB_DST_HOST}" test -f "${RB_J[report]}"; then
+    rb::on_host "${RB_DST_HOST}" cat "${RB_J[report]}" >"${report}"
+    RB_PROBE_REPORTS+=("${RB_DST_HOST}=${report}")
   fi
-  if ((rc != 0)) && [[ "${RB_ON_FAILED_CHECKS}" == rollback && -n "${RB_BACKUP_MADE}" ]]; then
-    rb::log "checks failed: rolling back (on_failed_checks: rollback)"
-    rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}")"
-    rb::log "rolled back: the previous install is at ${RB_DST_ABS} again; the one that failed its" \
-      "checks is kept at ${RB_J[kept_current_as]}"
-  elif ((rc != 0)); then
-    rb::log "checks failed; the new install stays in place (on_failed_checks: ${RB_ON_FAILED_CHECKS})"
+  if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
+    rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"
   fi
-  if ((rc != 0)); then
-    rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${RB_RUN_DIR}/probe-${RB_DST_HOST}.json)"
-  fi
-  rb::jparse "$(cat "${RB_RUN_DIR}/probe-${RB_DST_HOST}.json")"
-  RB_STEP_DETAIL="${RB_J[summary.pass]} passed, ${RB_J[summary.skip]} skipped, ${RB_J[summary.fail]} failed on ${RB_DST_HOST}"
+  RB_STEP_DETAIL="${RB_ENGINE_DETAIL} on ${RB_DST_HOST}"
 }
 
 #######################################
@@ -1111,6 +1171,7 @@ rb::init() {
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   : >"${RB_EVENTS}"
   : >"${RB_RUN_DIR}/run.log"
+  # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
@@ -1165,12 +1226,14 @@ rb::restore() {
   local -a args=()
   RB_STEP=restore
   if [[ "${number}" != latest ]]; then
-    args=(--number "${number}")
+    args=("number=${number}")
   fi
   rb::kit_ship "${RB_DST_HOST}"
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}" "${args[@]}")"
-  rb::log "restored ${RB_J[restored]} to ${RB_DST_HOST}:${RB_DST_ABS};" \
-    "the install it replaced is kept at ${RB_J[kept_current_as]}"
+  # through the destination's engine: under the destination's lock
+  rb::engine_start
+  rb::engine restore "${args[@]}"
+  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::engine_stop
   RB_FINISHED=1
 }
 

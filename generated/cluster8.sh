@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 15f0ede1b6c9c503f0aba5c088433d8ee05dbc38bf31da065413ba5d7368a651
+# sha256 of this file with these 64 digits zeroed: 69144eb1e9f557085d18b2b87517208e2f4ca7e83e2fa47cfb2867929edfb78a
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482
-readonly RB_KIT_FILE=.kit/a4de07cbd987d4f3c98092cdad4650e5d380a9992104b88b07c78457bd3f0482.tar
+readonly RB_KIT_SHA256=c2d074ac4d049f471a18d74228be8d6a88066cd6dd5c0f2f8c16ce462c43faa6
+readonly RB_KIT_FILE=.kit/c2d074ac4d049f471a18d74228be8d6a88066cd6dd5c0f2f8c16ce462c43faa6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -82,7 +82,7 @@ declare -rA RB_STEP_DOC=(
   [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
   [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).'
   [fan_copy]='Let the engine carry the bundle to every node (sbcast, or clush --copy).'
-  [fan_install]='On every node at once: extract to staging, verify, relocate, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).'
+  [fan_install]='On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).'
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
@@ -92,7 +92,7 @@ here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
 on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 --exclude=payload.tar* && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 7 nodes must pass'
@@ -120,8 +120,6 @@ RB_STEP_START=0
 RB_FINISHED=0
 RB_DRY_RUN=0
 RB_FAILED_STEP=''
-RB_SRC_BYTES=0
-RB_SRC_FILES=0
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -134,26 +132,14 @@ RB_ALLOW_EDITED=0
 RB_EDITED=''
 declare -A RB_PY=()
 declare -A RB_J=()
-
-# The sending end of every stream (a single-host transfer, a fan-out pack), run on the source:
-# $1 directory, $2 NUL-separated names, $3 compression; with $4, the stream goes on through
-# ssh with the arguments from $5 on, to $4 (the direct route), instead of stdout.
-readonly RB_PACK_SCRIPT='set -o pipefail
-pack() {
-  case "$3" in
-    zstd) tar -C "$1" --null --no-recursion -T "$2" -cf - | zstd -q -1 -T0 ;;
-    lz4) tar -C "$1" --null --no-recursion -T "$2" -cf - | lz4 -q -1 -c ;;
-    gzip) tar -C "$1" --null --no-recursion -T "$2" -cf - | gzip -1 ;;
-    *) tar -C "$1" --null --no-recursion -T "$2" -cf - ;;
-  esac
-}
-if [ "$#" -gt 3 ]; then
-  src=$1 names=$2 comp=$3 remote=$4
-  shift 4
-  pack "${src}" "${names}" "${comp}" | ssh "$@" "${remote}"
-else
-  pack "$1" "$2" "$3"
-fi'
+RB_NOW=0
+RB_ENGINE_PID=''
+RB_ENGINE_LOCAL_PID=''
+RB_ENGINE_W=''
+RB_ENGINE_R=''
+RB_ENGINE_STATUS=''
+RB_ENGINE_DETAIL=''
+declare -a RB_KIT_ARGV=()
 
 #######################################
 # Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
@@ -200,11 +186,11 @@ rb::fail() {
 }
 
 #######################################
-# Milliseconds since the epoch.
+# Milliseconds since the epoch, into RB_NOW.
 #######################################
-rb::now_ms() {
+rb::now() {
   local t=${EPOCHREALTIME/[.,]/}
-  printf '%s' "${t:0:13}"
+  RB_NOW=${t:0:13}
 }
 
 #######################################
@@ -263,7 +249,7 @@ rb::pipe_on_host() {
 }
 
 rb::_on_host() {
-  local host=$1
+  local host=$1 words
   shift
   RB_HOST=${host}
   "rb::host_${host}"
@@ -276,7 +262,8 @@ rb::_on_host() {
     "$@"
   else
     # the spec's options first: for ssh the first value of an option wins
-    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "$(rb::shq "$@")"
+    words=$(rb::shq "$@")
+    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "${words}"
   fi
 }
 
@@ -354,40 +341,18 @@ rb::pipe_failed() {
 }
 
 #######################################
-# Parse a JSON object ($1) into RB_J: nested keys dotted ("totals.files"), lists and objects kept
-# as JSON text, true/false as True/False. One python3 start per document.
-#######################################
-rb::jparse() {
-  local key value
-  RB_J=()
-  while IFS=$'\t' read -r key value; do
-    RB_J[${key}]=${value}
-  done < <("${RB_LOCAL_PY}" -c 'import json, sys
-def walk(prefix, v):
-    if isinstance(v, dict):
-        for k, x in v.items():
-            walk(prefix + [str(k)], x)
-        if prefix:
-            print(".".join(prefix) + "\t" + json.dumps(v))
-    else:
-        text = json.dumps(v) if isinstance(v, list) else ("" if v is None else str(v))
-        print(".".join(prefix) + "\t" + text.replace("\t", " ").replace("\n", " "))
-walk([], json.loads(sys.argv[1]))' "$1")
-}
-
-#######################################
-# Bytes as a short human figure: 1234567 -> 1.2 MB.
+# Bytes as a short human figure into the variable named $1: 1234567 -> 1.2 MB.
 #######################################
 rb::human() {
-  local n=$1 units=(B KB MB GB TB PB) i=0
+  local n=$2 units=(B KB MB GB TB PB) i=0
   while ((n >= 1000000 && i < 4)); do
     n=$((n / 1000))
     i=$((i + 1))
   done
   if ((n >= 1000)); then
-    printf '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
+    printf -v "$1" '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
   else
-    printf '%d %s' "${n}" "${units[i]}"
+    printf -v "$1" '%d %s' "${n}" "${units[i]}"
   fi
 }
 
@@ -470,29 +435,38 @@ rb::run_step() {
   RB_STEP_DETAIL=''
   rm -f "${RB_WORK}/last-command"
   rb::log "step ${id}: ${RB_STEP_DOC[${id}]}"
-  RB_STEP_START=$(rb::now_ms)
+  rb::now
+  RB_STEP_START=${RB_NOW}
   "step_${id}"
   detail=${RB_STEP_DETAIL}
-  rb::event step "${id}" ok "${RB_STEP_START}" "$(rb::now_ms)" "${RB_STEP_HOST[${id}]}" "${detail}"
+  rb::now
+  rb::event step "${id}" ok "${RB_STEP_START}" "${RB_NOW}" "${RB_STEP_HOST[${id}]}" "${detail}"
   rb::log "step ${id}: ok${detail:+ (${detail})}"
   RB_STEP=''
 }
 
 #######################################
-# ERR trap: name the step, the host and the command, write the report, exit non-zero.
+# ERR trap: name the step, the host and the command, write the report, exit non-zero. In a
+# subshell (a command substitution, a background job) it only exits: the shell that waits for
+# it sees the failure and reports it, once.
 #######################################
 rb::on_err() {
   local rc=$? line=$1
   trap - ERR
+  if ((BASHPID != $$)); then
+    exit "${rc}"
+  fi
   set +e
-  if [[ -z "${RB_LAST_CMD}" && -f "${RB_WORK}/last-command" ]]; then
+  # the command that ran last, also when it ran in a subshell (whose variables are gone)
+  if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
     { read -r RB_HOST; read -r RB_LAST_CMD; } <"${RB_WORK}/last-command"
   fi
   rb::log "FAILED (rc=${rc}) in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}, line ${line}"
   rb::log "  command: ${RB_LAST_CMD:-${BASH_COMMAND}}"
   RB_FAILED_STEP=${RB_STEP}
   if [[ -n "${RB_STEP}" ]]; then
-    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "$(rb::now_ms)" "${RB_HOST}" \
+    rb::now
+    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" \
       "rc=${rc}: ${RB_LAST_CMD:-${BASH_COMMAND}}"
   fi
   rb::finish failed
@@ -504,17 +478,175 @@ rb::on_err() {
 #######################################
 rb::on_signal() {
   trap - ERR INT TERM
+  if ((BASHPID != $$)); then
+    exit 130
+  fi
   set +e
   rb::log "interrupted in step ${RB_STEP:-main}; the destination was not replaced unless the swap step had finished"
   if [[ -n "${RB_STEP}" ]]; then
-    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "$(rb::now_ms)" "${RB_HOST}" ""
+    rb::now
+    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" ""
   fi
   rb::finish interrupted
   exit 130
 }
 
 #######################################
-# Write the JSON report and print the summary. Argument: the outcome.
+# The kit's command line on HOST as words, for a stage of a pipeline: sets RB_KIT_ARGV.
+#######################################
+rb::kit_argv() {
+  local host=$1 dir
+  dir=$(rb::kit_dir "${host}")
+  RB_KIT_ARGV=(env PYTHONPATH="${dir}" PYTHONDONTWRITEBYTECODE=1 "${RB_PY[${host}]:-python3}" -m rbkit)
+}
+
+#######################################
+# Read one answer of the engine from stdin, lines of `set KEY VALUE` (into RB_J), `event JSON`
+# (into the event log, under the current step), `ping` (ignored) and last `done STATUS DETAIL`
+# (into RB_ENGINE_STATUS and RB_ENGINE_DETAIL). $1: at most this many seconds between two lines
+# (the engine pings every 5 s while it works). Returns 1 when the answer ends before `done`.
+#######################################
+rb::engine_read() {
+  local kind a b
+  local -a wait=()
+  if [[ -n "${1:-}" ]]; then
+    wait=(-t "$1")
+  fi
+  RB_J=()
+  RB_ENGINE_STATUS=''
+  RB_ENGINE_DETAIL=''
+  while IFS=$'\t' read -r "${wait[@]}" kind a b; do
+    case "${kind}" in
+      set) RB_J[${a}]=${b} ;;
+      event) rb::event engine "${RB_STEP:-main}" "${a}" ;;
+      done)
+        RB_ENGINE_STATUS=${a}
+        RB_ENGINE_DETAIL=${b}
+        return 0
+        ;;
+      *) ;;
+    esac
+  done
+  return 1
+}
+
+#######################################
+# Run `rbkit engine ARGS...` once on HOST (the source's scan, hash and delta) and read its
+# answer; the step fails with the engine's reason when it failed.
+#######################################
+rb::engine_once() {
+  local host=$1 out rc=0
+  shift
+  out=$(rb::kit "${host}" engine "$@") || rc=$?
+  if ! rb::engine_read <<<"${out}" || ((rc != 0)); then
+    rb::fail "${RB_ENGINE_DETAIL:-rbkit engine $1 on ${host} exited ${rc} (above)}"
+  fi
+}
+
+#######################################
+# Start the destination's engine for this run (rbkit engine serve): it takes the destination's
+# lock for the whole run (a second run is refused, naming this one), makes its private state
+# directory, and answers one request per step (rb::engine) until rb::engine_stop. Its log lines
+# go to the log as they come.
+#######################################
+rb::engine_start() {
+  local host=${RB_DST_HOST} item kit fifo="${RB_WORK}/engine"
+  kit=$(rb::kit_dir "${host}")
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
+    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"
+    --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
+    --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
+    --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
+  if [[ -n "${RB_ENGINE_PID}" ]]; then
+    return 0
+  fi
+  for item in "${RB_LIB_FIRST[@]}"; do
+    args+=(--first "${item}")
+  done
+  for item in "${RB_ENV[@]}"; do
+    args+=(--env "${item}")
+  done
+  if [[ -n "${RB_LOCK_WAIT:-}" ]]; then
+    args+=(--lock-wait "${RB_LOCK_WAIT}")
+  fi
+  rb::kit_argv "${host}"
+  mkfifo -m 600 "${fifo}.in" "${fifo}.out"
+  # a background job: its failure ends it quietly (rb::on_err), this shell sees it as EOF; with
+  # RB_WORK empty it does not record itself as the command that ran last
+  RB_WORK='' rb::pipe_on_host "${host}" "${RB_KIT_ARGV[@]}" engine serve "${args[@]}" \
+    <"${fifo}.in" >"${fifo}.out" &
+  RB_ENGINE_PID=$!
+  RB_BG_PIDS+=("${RB_ENGINE_PID}")
+  exec {RB_ENGINE_W}>"${fifo}.in" {RB_ENGINE_R}<"${fifo}.out"
+  RB_HOST=${host}
+  RB_LAST_CMD="on ${host}: rbkit engine serve --dest ${RB_DST_ABS}"
+  if ! rb::engine_read 120 <&"${RB_ENGINE_R}"; then
+    rb::fail "the engine on ${host} did not start (above)"
+  fi
+  if [[ "${RB_ENGINE_STATUS}" != ok ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}"
+  fi
+  if rb::is_local "${host}"; then
+    RB_ENGINE_LOCAL_PID=${RB_J[pid]}
+  fi
+}
+
+#######################################
+# Ask the destination's engine to run one step: $1 the step, then key=value words. Its events are
+# recorded under the current step; RB_J, RB_ENGINE_STATUS and RB_ENGINE_DETAIL say how it went.
+# rb::engine fails the step when the engine's step failed; rb::engine_call leaves it to the
+# caller (the probe fetches its report first).
+#######################################
+rb::engine() {
+  rb::engine_call "$@"
+  if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}"
+  fi
+}
+
+rb::engine_call() {
+  local rc=0
+  RB_HOST=${RB_DST_HOST}
+  RB_LAST_CMD="on ${RB_DST_HOST}: rbkit engine $*"
+  if [[ -z "${RB_ENGINE_PID}" ]]; then
+    rb::fail "the engine on ${RB_DST_HOST} is not running (it is started by the first step)"
+  fi
+  printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+  # an engine that is gone must fail this step, not end this shell with SIGPIPE
+  trap '' PIPE
+  printf '%s\0' "$@" '' >&"${RB_ENGINE_W}" || rc=$?
+  trap - PIPE
+  if ((rc != 0)) || ! rb::engine_read 90 <&"${RB_ENGINE_R}"; then
+    rb::fail "the engine on ${RB_DST_HOST} ended (or went silent) before it answered $1 (above)"
+  fi
+}
+
+#######################################
+# End the destination's engine: the end of its requests finishes the run there (replace: the
+# install the swap replaced is removed now), it lets go of the lock and removes its state; its
+# last events are recorded. $1 `now` (an interrupted run): an engine on this machine stops where
+# it is (never inside a rename); one over ssh ends the step it is in (the ssh session is gone).
+#######################################
+rb::engine_stop() {
+  local pid=${RB_ENGINE_PID}
+  if [[ -z "${pid}" ]]; then
+    return 0
+  fi
+  RB_ENGINE_PID=''
+  if [[ "${1:-}" == now && -n "${RB_ENGINE_LOCAL_PID}" ]]; then
+    kill -TERM "${RB_ENGINE_LOCAL_PID}" 2>/dev/null || true
+  fi
+  exec {RB_ENGINE_W}>&-
+  rb::engine_read 90 <&"${RB_ENGINE_R}" || true
+  exec {RB_ENGINE_R}<&-
+  wait "${pid}" || true
+}
+
+#######################################
+# End the destination's engine (its last events go into the log), write the JSON report and
+# print the summary. Argument: the outcome this shell saw; the report's is the worse of it and
+# what the steps' events say.
 #######################################
 rb::finish() {
   local outcome=$1 probe
@@ -523,6 +655,11 @@ rb::finish() {
     return 0
   fi
   RB_FINISHED=1
+  if [[ "${outcome}" == interrupted ]]; then
+    rb::engine_stop now
+  else
+    rb::engine_stop
+  fi
   for probe in "${RB_PROBE_REPORTS[@]}"; do
     probe_args+=(--probe "${probe}")
   done
@@ -532,7 +669,9 @@ rb::finish() {
   rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
-    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after fixing it"
+    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after" \
+      "fixing it (from verify at the latest for relocate, prove and swap: only a staging this run" \
+      "verified is installed)"
   fi
 }
 
@@ -570,7 +709,8 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --restore [N]   put backup N (default: the newest) of the destination back in place
   -h, --help      this text
 
-Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports.
+Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports;
+RB_LOCK_WAIT (seconds, default 30) how long to wait for a destination another run is installing.
 Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage; 130 interrupted.
 USAGE
 }
@@ -624,7 +764,7 @@ rb::host_login() {
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
-rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude="payload.tar*" || exit 1
+rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
 RB_FAN_FULL=''
@@ -664,19 +804,14 @@ rb::fan_need() {
 #######################################
 # Pack a bundle for the nodes: $1 its directory here (manifest.jsonl, and delta.names for a
 # re-run's, already in it), $2 the names file on the source (what the payload carries). Writes
-# the payload (tar on the source, streamed here), the kit, and the bundle file $1.tar.
+# the payload (the engine's stream from the source, compressed as chosen, streamed here), the
+# kit, and the bundle file $1.tar.
 #######################################
 rb::fan_bundle_make() {
-  local dir=$1 list=$2 payload=payload.tar
-  case "${RB_COMPRESSION_USED}" in
-    zstd) payload+=.zst ;;
-    lz4) payload+=.lz4 ;;
-    gzip) payload+=.gz ;;
-    *) ;;
-  esac
+  local dir=$1 list=$2
   mkdir -p "${dir}/kit"
-  rb::on_host "${RB_SRC_HOST}" bash -c "${RB_PACK_SCRIPT}" rb "${RB_SRC_ABS}" "${list}" \
-    "${RB_COMPRESSION_USED}" >"${dir}/${payload}"
+  rb::kit "${RB_SRC_HOST}" engine send "${RB_SRC_ABS}" "${list}" \
+    --compression "${RB_COMPRESSION_USED}" >"${dir}/payload"
   cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/kit/"
   tar -C "${dir}" -cf "${dir}.tar" .
 }
@@ -694,7 +829,7 @@ rb::fan_kit() {
 # arguments. Sets RB_FAN_FULL (the nodes, comma-separated; empty when none).
 #######################################
 rb::fan_full_round() {
-  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit rc
+  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit rc size
   local -a need=()
   RB_FAN_FULL=$(rb::fan_kit nodes --which needs-full \
     --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
@@ -709,7 +844,8 @@ rb::fan_full_round() {
   mkdir -p "${dir}"
   cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${dir}/"
   rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
-  rb::fact full_bundle_bytes "$(stat -c %s "${dir}.tar")"
+  size=$(stat -c %s "${dir}.tar")
+  rb::fact full_bundle_bytes "${size}"
   rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
   rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "$@"
   rc=${RB_FAN_RC}
@@ -739,14 +875,16 @@ rb::fan_ready() {
 # allocation, so extra nodes are named too.
 #######################################
 rb::fan_allocation() {
-  local node alloc
+  local node alloc list folded
   local -a missing=() extra=() held=()
   if [[ -z "${SLURM_JOB_ID:-}" ]]; then
     rb::fail "engine slurm runs inside an allocation: salloc -N ${#RB_FAN_NODE_LIST[@]} -w" \
       "${RB_FAN_NODES} --no-kill bash ${0##*/} (--no-kill: a node that fails does not end the" \
       "allocation, the others finish)"
   fi
-  read -ra held <<<"$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" | tr '\n' ' ')"
+  list=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}") ||
+    rb::fail "scontrol cannot expand this allocation's nodes (${SLURM_JOB_NODELIST:-none})"
+  read -ra held <<<"${list//$'\n'/ }"
   alloc=" ${held[*]} "
   for node in "${RB_FAN_NODE_LIST[@]}"; do
     if [[ "${alloc}" != *" ${node} "* ]]; then
@@ -754,7 +892,9 @@ rb::fan_allocation() {
     fi
   done
   if ((${#missing[@]})); then
-    rb::fail "nodes $(scontrol show hostlist "$(IFS=,; printf '%s' "${missing[*]}")") are not in" \
+    list=$(IFS=,; printf '%s' "${missing[*]}")
+    folded=$(scontrol show hostlist "${list}") || folded=${list}
+    rb::fail "nodes ${folded} are not in" \
       "this allocation (job ${SLURM_JOB_ID}: ${SLURM_JOB_NODELIST:-none}): salloc -N" \
       "${#RB_FAN_NODE_LIST[@]} -w ${RB_FAN_NODES} --no-kill bash ${0##*/}"
   fi
@@ -853,17 +993,13 @@ if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.
 print(sys.executable)')
     rb::kit_ship "${host}"
   done
-  rb::jparse "$(rb::kit "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}")"
-  if [[ "${RB_J[is_venv]:-}" != True ]]; then
-    rb::fail "source ${RB_SRC_HOST}:${RB_SRC_ABS} is not a venv (or does not exist)"
-  fi
-  RB_SRC_BYTES=${RB_J[bytes]}
-  RB_SRC_FILES=${RB_J[files]}
+  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
+  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}"
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
-  rb::log "source: ${RB_SRC_FILES} files, $(rb::human "${RB_SRC_BYTES}"); ${#RB_FAN_NODE_LIST[@]}" \
-    "nodes ${RB_FAN_NODES} through ${RB_FAN_ENGINE}; compression ${RB_COMPRESSION_USED}"
+  rb::log "source: ${RB_ENGINE_DETAIL}; ${#RB_FAN_NODE_LIST[@]} nodes ${RB_FAN_NODES} through" \
+    "${RB_FAN_ENGINE}; compression ${RB_COMPRESSION_USED}"
   rb::fact nodes "${#RB_FAN_NODE_LIST[@]}"
   RB_STEP_DETAIL="${#RB_FAN_NODE_LIST[@]} nodes, engine ${RB_FAN_ENGINE}, compression ${RB_COMPRESSION_USED}"
 }
@@ -874,7 +1010,7 @@ print(sys.executable)')
 #######################################
 step_fan_pack() {
   local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
-  local what=bundle names rerun=0
+  local what=bundle names rerun=0 size human unchanged
   local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   names="${src_kit}/${RB_NAME}.names"
@@ -889,33 +1025,35 @@ step_fan_pack() {
       reuse=(--reuse "${src_kit}/${RB_NAME}.base.jsonl")
     fi
   fi
-  rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest build "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+  rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${names}" "${reuse[@]}")"
-  rb::log "manifest: ${RB_J[totals.files]} files, ${RB_J[totals.links]} symlinks, ${RB_VERIFY};" \
-    "fingerprint ${RB_J[fingerprint]:0:16}; ${RB_J[reused]} digests reused from the last fan-out"
-  rb::fact manifest_files "${RB_J[totals.files]}"
+    --names "${names}" "${reuse[@]}"
+  rb::log "manifest: ${RB_ENGINE_DETAIL}; ${RB_J[reused]} digests reused from the last fan-out"
+  rb::fact manifest_files "${RB_J[files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
   if ((rerun)); then
-    rb::jparse "$(rb::kit "${RB_SRC_HOST}" manifest delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
-      "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names")"
-    if [[ "${RB_J[usable]}" == True ]]; then
+    rb::engine_once "${RB_SRC_HOST}" delta "${src_kit}/${RB_NAME}.manifest.jsonl" \
+      "${src_kit}/${RB_NAME}.base.jsonl" --names-out "${src_kit}/${RB_NAME}.delta.names"
+    if [[ "${RB_J[usable]}" == 1 ]]; then
       rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.delta.names" >"${dir}/delta.names"
       names="${src_kit}/${RB_NAME}.delta.names"
       what="changes-only bundle"
       rb::fact delta_files "${RB_J[send_files]}"
       rb::fact delta_bytes "${RB_J[send_bytes]}"
-      rb::log "re-run: ${RB_J[send_files]} files ($(rb::human "${RB_J[send_bytes]}")) go to the" \
-        "nodes: what changed since the last fan-out, and bin/ and pyvenv.cfg (relocated on every" \
-        "install); ${RB_J[unchanged_files]} unchanged files ($(rb::human "${RB_J[unchanged_bytes]}"))" \
-        "are linked from each node's install"
+      rb::human human "${RB_J[send_bytes]}"
+      rb::human unchanged "${RB_J[unchanged_bytes]}"
+      rb::log "re-run: ${RB_J[send_files]} files (${human}) go to the nodes: what changed since" \
+        "the last fan-out, and bin/ and pyvenv.cfg (relocated on every install);" \
+        "${RB_J[unchanged_files]} unchanged files (${unchanged}) are linked from each node's install"
     else
       rb::log "re-run: ${RB_J[why]}; the whole tree goes to the nodes"
     fi
   fi
   rb::fan_bundle_make "${dir}" "${names}"
-  rb::fact bundle_bytes "$(stat -c %s "${dir}.tar")"
-  RB_STEP_DETAIL="${what} $(rb::human "$(stat -c %s "${dir}.tar")") (${RB_COMPRESSION_USED})"
+  size=$(stat -c %s "${dir}.tar")
+  rb::fact bundle_bytes "${size}"
+  rb::human human "${size}"
+  RB_STEP_DETAIL="${what} ${human} (${RB_COMPRESSION_USED})"
 }
 
 #######################################
@@ -933,7 +1071,7 @@ step_fan_copy() {
 
 #######################################
 # Step 4/5: fan_install (specs/cluster8.yaml:15)
-# On every node at once: extract to staging, verify, relocate, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
+# On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
 #######################################
 step_fan_install() {
   local item
@@ -981,7 +1119,7 @@ step_fan_compare() {
       RB_PROBE_REPORTS+=("${node}=${RB_RUN_DIR}/fanout/probe-${node}.json")
     fi
   done
-  rb::jparse "${info}"
+  rb::engine_read <<<"${info}" || true
   rb::fact nodes_ok "${RB_J[ok]}"
   if ((RB_J[ok] > 0)); then
     # what the nodes that passed now hold: the next run sends only what changes from it
@@ -1005,6 +1143,7 @@ rb::init() {
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   : >"${RB_EVENTS}"
   : >"${RB_RUN_DIR}/run.log"
+  # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
@@ -1059,12 +1198,14 @@ rb::restore() {
   local -a args=()
   RB_STEP=restore
   if [[ "${number}" != latest ]]; then
-    args=(--number "${number}")
+    args=("number=${number}")
   fi
   rb::kit_ship "${RB_DST_HOST}"
-  rb::jparse "$(rb::kit "${RB_DST_HOST}" restore "${RB_DST_ABS}" "${args[@]}")"
-  rb::log "restored ${RB_J[restored]} to ${RB_DST_HOST}:${RB_DST_ABS};" \
-    "the install it replaced is kept at ${RB_J[kept_current_as]}"
+  # through the destination's engine: under the destination's lock
+  rb::engine_start
+  rb::engine restore "${args[@]}"
+  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::engine_stop
   RB_FINISHED=1
 }
 

@@ -69,8 +69,8 @@ NODES = ["gpu%02d" % i for i in range(1, 9)]
 def node_report(i: int, name: str) -> dict:
     """One node's report as `rbkit.fanout node` prints it, times varying a little per node."""
     j = (i * 7) % 5 / 10.0
-    steps = [("extract", 6.1 + j), ("verify", 3.2 + j / 2), ("relocate", 0.6), ("swap", 0.2),
-             ("exports", 0.1), ("probe", 5.4 + j)]
+    steps = [("stage", 0.1), ("receive", 6.1 + j), ("verify", 3.2 + j / 2), ("relocate", 0.6),
+             ("prove", 0.1), ("swap", 0.2), ("exports", 0.1), ("probe", 5.4 + j)]
     checks = [check("torch", "L1", "pass", 2.7 + j / 3, "torch 2.6.0+cu128, CUDA 12.8",
                     version="2.6.0+cu128"),
               check("devices", "L1", "pass", 0.4, "8 x NVIDIA H200", count=8, driver="570.124"),

@@ -21,7 +21,8 @@ transfer:
 
 
 def compile_(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # this checkout's compiler and kit (hostkit/), not an installed one
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'hostkit'}{os.pathsep}{ROOT}")
     return subprocess.run([sys.executable, "-m", "compiler", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, check=False)
 

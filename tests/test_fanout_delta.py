@@ -23,8 +23,8 @@ PKG = "lib/python3.11/site-packages/pkg"
 
 
 def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
-    """A node's unpacked bundle: kit/rbkit, manifest.jsonl, payload.tar (everything, or only what
-    changed since `base`, then with delta.names)."""
+    """A node's unpacked bundle: kit/rbkit, manifest.jsonl, payload (a tar of everything, or of
+    only what changed since `base`, then with delta.names)."""
     (d / "kit").mkdir(parents=True)
     (d / "kit" / "rbkit").symlink_to(KIT)
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
@@ -36,7 +36,7 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
         else:
             manifest.write_names(manifest.delta(m, base)["send"], f)
     subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names), "-cf",
-                    str(d / "payload.tar")], check=True)
+                    str(d / "payload")], check=True)
     return d
 
 
@@ -61,7 +61,7 @@ def _lines(doc: dict) -> list[str]:
 def first(tmp_path):
     """The source, its manifest, and one node (dest) installed from the first, whole bundle."""
     src = tmp_path / "src" / "venv"
-    make_tree(src)
+    make_tree(src, python=True)
     m1 = manifest.build(str(src), [], "sha256", jobs=2)
     dest = tmp_path / "node1" / "venv"
     dest.parent.mkdir()
@@ -84,11 +84,12 @@ def test_a_rerun_bundle_carries_only_the_change_and_the_node_links_the_rest(firs
     d = manifest.delta(m2, m1)
     assert d["send_files"] == 3 and d["unchanged_files"] == 2    # sent: __init__, bin/tool, pyvenv.cfg
     b2 = bundle(tmp_path / "b2", src, m2, base=m1)
-    assert (b2 / "payload.tar").stat().st_size < 100_000          # data.bin (3 MiB) stays home
+    assert (b2 / "payload").stat().st_size < 100_000          # data.bin (3 MiB) stays home
     rc, doc = node(b2, dest)
     assert rc == 0 and doc["ok"], doc
     assert doc["delta"]["linked"] == 2 and doc["delta"]["send_files"] == 3
-    assert [s["id"] for s in doc["steps"]] == ["extract", "verify", "relocate", "swap", "exports"]
+    assert [s["id"] for s in doc["steps"]] == ["stage", "receive", "verify", "relocate", "prove",
+                                               "swap", "exports"]
     assert (dest / PKG / "__init__.py").read_text() == "x = 2222\n"
     assert data.stat().st_ino == inode                            # linked, not sent again
     assert "/node1/venv/bin/python" in (dest / "bin" / "tool").read_text()   # relocated

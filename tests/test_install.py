@@ -16,6 +16,8 @@ import pytest
 from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parent.parent
+# this checkout's compiler and kit (hostkit/), not an installed one (a worktree's may differ)
+CHECKOUT = f"{ROOT / 'hostkit'}{os.pathsep}{ROOT}"
 pytestmark = pytest.mark.slow
 
 
@@ -89,7 +91,7 @@ def test_the_wheel_installs_a_compile_that_works_from_any_directory(wheel, tmp_p
     # byte for byte what the editable install in this checkout writes
     ref = tmp_path / "ref"
     sh([sys.executable, "-m", "compiler", "specs/mine.yaml", "-o", ref], cwd=work,
-       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+       env=dict(os.environ, PYTHONPATH=CHECKOUT))
     assert (ref / "mine.sh").read_bytes() == script.read_bytes()
     assert sorted(p.name for p in (ref / ".kit").iterdir()) == sorted(
         p.name for p in (work / "generated/.kit").iterdir())
@@ -117,7 +119,7 @@ def test_the_pre_commit_hook_fails_on_drift_then_passes_after_compile(tmp_path):
                     GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
     sh(["git", "init", "-q"], cwd=repo, env=env)
     sh([sys.executable, "-m", "compiler", "specs/"], cwd=repo,
-       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+       env=dict(os.environ, PYTHONPATH=CHECKOUT))
     # drift: the spec changes after its runbook was compiled
     spec = repo / "specs/one.yaml"
     spec.write_text(spec.read_text().replace("jobs: 2", "jobs: 3"))
@@ -128,7 +130,7 @@ def test_the_pre_commit_hook_fails_on_drift_then_passes_after_compile(tmp_path):
     assert r.returncode != 0, out
     assert "generated/ does not match specs/" in out and "generated/one.sh: differs" in out
     sh([sys.executable, "-m", "compiler", "specs/"], cwd=repo,
-       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+       env=dict(os.environ, PYTHONPATH=CHECKOUT))
     sh(["git", "add", "-A"], cwd=repo, env=env)
     r = sh(try_repo, cwd=repo, env=env, check=False, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr

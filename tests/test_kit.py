@@ -13,7 +13,9 @@ import pytest
 from rbkit import exports, hostfs, manifest, relocate
 
 
-def make_tree(root: Path) -> None:
+def make_tree(root: Path, python: bool = False) -> None:
+    """A small venv-shaped tree. `python`: with bin/python, a link to this interpreter's base
+    (and pyvenv.cfg naming its home), so that the tree's interpreter runs as a venv's does."""
     (root / "bin").mkdir(parents=True)
     (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__").mkdir(parents=True)
     (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py").write_text("x = 1\n")
@@ -24,6 +26,11 @@ def make_tree(root: Path) -> None:
     tool = root / "bin" / "tool"
     tool.write_text("#!/old/venv/bin/python\nimport sys\n")
     tool.chmod(0o755)
+    if python:
+        base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        (root / "bin" / "python").symlink_to(base)
+        (root / "pyvenv.cfg").write_text(f"home = {os.path.dirname(base)}\n"
+                                         f"version = {sys.version.split()[0]}\n")
 
 
 @pytest.fixture

@@ -122,13 +122,13 @@ def test_fanout_heatmap_names_odd_and_missing_nodes(runs, tmp_path):
     words = texts(root)
     for n in picture_data.NODES:
         assert n in words
-    for col in ("extract", "verify", "swap", "torch", "libraries", "imports"):
+    for col in ("receive", "verify", "prove", "swap", "torch", "libraries", "imports"):
         assert col in words
     cells = {tip.split(":")[0]: (a["fill"], tip) for a, tip in titled(root, "rect")}
     assert cells["gpu05 libraries"][0] == pictures.COLOURS["fail"][0]
     assert cells["gpu05 libraries"][1] == "gpu05 libraries: FAIL, 0.1 s"
     assert cells["gpu01 libraries"][0] == pictures.COLOURS["pass"][0]
-    assert cells["gpu01 extract"][1] == "gpu01 extract: pass, 6.3 s"    # seconds from node-*.json
+    assert cells["gpu01 receive"][1] == "gpu01 receive: pass, 6.3 s"    # seconds from node-*.json
     assert cells["gpu07"][0] == "url(#nohatch)" and "closed by remote host" in cells["gpu07"][1]
     assert not any(k.startswith("gpu07 ") for k in cells)
     assert "no report" in words

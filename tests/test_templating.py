@@ -360,7 +360,7 @@ def test_plan_says_what_happens_where(project):
     for part in ("### Hosts", "| `dst` | destination | ssh `root@dst.example`",
                  "route **relay**", "- `__pycache__`", "Not known at compile time",
                  "`NCCL_DEBUG=INFO`", "GPU expected: 8 x `B300`, compute capability 10.3",
-                 "| 1 | torch | version=`2.11.0` | fails |", "1. **preflight**", "8. **probe**"):
+                 "| 1 | torch | version=`2.11.0` | fails |", "1. **preflight**", "9. **probe**"):
         assert part in out, part
     assert not (project / "generated").exists()
 

@@ -224,6 +224,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["engine"]:
+        from . import serve          # the install engine's own command line (serve.py)
+
+        return serve.main(argv[1:])
     a = parser().parse_args(argv)
     try:
         return a.fn(a)

@@ -2,21 +2,22 @@
 
 `python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
-`manifest.jsonl`, and `payload.tar[.zst|.lz4|.gz]` unless the node script left it inside DIR.tar
-(it does: the payload is then streamed from there into staging, written once on the node). It
-installs through the kit's own command lines: extract into staging (tar), `manifest verify`,
-`relocate`, `swap`, `exports` (run in this process, see `_kit`), `rbprobes run` (the moved
-interpreter), and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut
-into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages in which
-slurmstepd forwards task output (a longer line from one node could be cut and interleaved with
-another node's output by srun; clush keeps nodes apart anyway).
+`manifest.jsonl`, and `payload` (the tar stream, compressed as the run chose) unless the node
+script left it inside DIR.tar (it does: the payload is then streamed from there into staging,
+written once on the node). It installs through the install engine's steps (engine.install, the
+functions a single-host runbook's destination runs too: stage, receive, verify, relocate, prove,
+swap with its post-swap proof, exports, probe; a failure past the swap rolls back), holding the
+destination's lock, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact
+JSON cut into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages
+in which slurmstepd forwards task output (a longer line from one node could be cut and
+interleaved with another node's output by srun; clush keeps nodes apart anyway).
 
 A re-run's bundle carries only what changed since the last fan-out (`delta.names` lists it): the
 node links its unchanged files from its install into staging and extracts the rest over them; a
-node that lacks something the bundle does not carry (no earlier install, a file changed there)
-reports `needs_full` and installs nothing. `nodes --which needs-full` names those nodes from the
-engine's output;
-the runbook sends them the whole bundle in a second round.
+node that lacks something the bundle does not carry (no earlier install, a file changed there, a
+file that failed the digest check with `rerun: digest`) reports `needs_full` and installs
+nothing. `nodes --which needs-full` names those nodes from the engine's output; the runbook sends
+them the whole bundle in a second round.
 
 `python -m rbkit.fanout compare --nodes N1,N2,... --engine-out OUT [--engine-out OUT2] --out-dir D
 --success all|N` reads those lines back (any prefix such as clush's `node01: ` or srun's `3: ` is
@@ -31,260 +32,120 @@ stdlib only; Python >= 3.9.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
 import resource
+import shutil
 import socket
-import subprocess
 import sys
-import time
 from typing import Any, Dict, List, Optional
 
-from . import hostfs
-from . import manifest as kitmanifest
+from . import engine
+from .lock import Lock, Taken
 
-KIT = "rbkit"          # argv[0] that `_run` runs in this process: `python -m rbkit` without a start
 MARK = "RBFAN "
 CHUNK = 800
 LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
-STEPS = ("extract", "verify", "relocate", "swap", "exports", "probe")
-UNPACK = {"zstd": ["-I", "zstd"], "lz4": ["-I", "lz4"], "gzip": ["-z"], "none": []}
+STEPS = engine.STEPS
+PAYLOAD = "payload"      # the tar stream in the bundle, compressed as the run chose
+LOCK_WAIT_S = 10.0
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
 
 
-def _tail(text: str, lines: int = 8) -> List[str]:
-    return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
-
-
-def _kit(args: List[str]) -> Dict[str, Any]:
-    """`python -m rbkit ARGS` in this process: the kit's own command line, one Python start less
-    per step on every node. Its output is captured; an error it did not catch fails the step."""
-    from . import __main__ as kit     # not at the top: __main__ imports every kit module
-
-    start = time.monotonic()
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = kit.main(args)
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 2
-    except Exception as exc:          # a kit bug: the step fails, the node still reports
-        rc = 1
-        err.write("rbkit %s: %s: %s\n" % (args[0], type(exc).__name__, exc))
-    return {"rc": rc, "out": out.getvalue(), "err": err.getvalue(),
-            "seconds": round(time.monotonic() - start, 3)}
-
-
-def _run(argv: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Run argv under a timeout; argv starting with KIT runs the kit in this process (`_kit`: the
-    engine's timeout bounds it, which is the timeout every step gets anyway)."""
-    if argv[:1] == [KIT]:
-        return _kit(argv[1:])
-    start = time.monotonic()
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = 124, "", "timed out after %ss: %s" % (timeout, exc.cmd[0])
-    except OSError as exc:
-        rc, out, err = 127, "", str(exc)
-    return {"rc": rc, "out": out, "err": err, "seconds": round(time.monotonic() - start, 3)}
-
-
-def _json(text: str) -> Dict[str, Any]:
-    for line in reversed((text or "").splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return {}
-    return {}
-
-
 def node(a: argparse.Namespace) -> int:
-    """Install and probe on this node; print the node's report. Exit 0 when every step passed."""
-    kit = os.path.join(a.dir, "kit")
-    env = dict(os.environ, PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
+    """Install and probe on this node through the engine's steps (engine.install: the same
+    functions a single-host runbook's destination runs); print the node's report. Exit 0 when
+    every step passed, 3 when this node needs the whole bundle, else 1."""
     dest = a.dest.rstrip("/")
-    staging = os.path.join(os.path.dirname(dest), "." + os.path.basename(dest) + ".rb-staging")
-    manifest = os.path.join(a.dir, "manifest.jsonl")
-    payload = os.path.join(a.dir, "payload.tar" + {"zstd": ".zst", "lz4": ".lz4", "gzip": ".gz"}
-                           .get(a.compression, ""))
+    bundle = a.dir.rstrip("/") + ".tar"
+    payload = os.path.join(a.dir, PAYLOAD)
+    # the payload is read from inside the bundle file (the node script unpacked the rest), so a
+    # node writes it once, into staging; a bundle unpacked whole has it as a file
+    producer = ["cat", "--", payload] if os.path.exists(payload) else \
+        ["tar", "-xOf", bundle, "./" + PAYLOAD]
+    delta = os.path.join(a.dir, "delta.names")
     # the engine's name for this node: Slurm's (it may differ from the hostname), else the hostname
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False,
-                           "probe": None}
-    rbkit = [KIT]
-
-    def step(sid: str, argv: List[str], timeout: float) -> Optional[Dict[str, Any]]:
-        r = _run(argv, timeout, env)
-        entry = {"id": sid, "ok": r["rc"] == 0, "rc": r["rc"], "seconds": r["seconds"]}
-        if r["rc"] != 0:
-            entry["error"] = _tail(r["err"]) or _tail(r["out"])
-        doc["steps"].append(entry)
-        return r if r["rc"] == 0 else None
-
-    t = float(a.timeout)
-    # a node that already holds this exact tree keeps it: no staging, no swap (exports and checks
-    # run as usual)
+    doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False, "probe": None}
+    logs: List[str] = []
+    ctx = engine.Context(
+        dest, old=a.old, policy=a.policy, manifest=os.path.join(a.dir, "manifest.jsonl"),
+        jobs=a.jobs, compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home,
+        first=a.first, env=a.env, origin=a.origin, probe_config=a.probe_config,
+        on_failed_checks=a.on_failed_checks, rerun=a.rerun, timeout=float(a.timeout),
+        capture=True, log=logs.append)
+    ctx.state = engine.make_state()
+    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.origin), LOCK_WAIT_S, logs.append)
     try:
-        new = kitmanifest.load(manifest)
-    except (OSError, ValueError) as exc:
-        doc["steps"].append({"id": "extract", "ok": False, "rc": 1, "seconds": 0.0,
-                             "error": ["the bundle's manifest: %s" % exc]})
-        emit(doc)
-        return 1
-    installed = _installed(dest)
-    up = _up_to_date(rbkit, env, dest, installed, new, a.rerun, a.jobs, t)
-    if up is not None:
-        doc["up_to_date"] = up
-        doc["steps"] += [{"id": sid, "ok": True, "rc": 0, "seconds": 0.0, "skipped": up}
-                         for sid in ("extract", "verify", "relocate", "swap")]
-        ok = True
-    else:
-        ok = _install(a, doc, step, rbkit, dest, staging, manifest, new, installed, payload, t)
-        if ok is None:
-            emit(doc)
-            return 3
-    env_out = a.env_out or dest + ".env.sh"
-    if ok:
-        argv = rbkit + ["exports", "--venv", dest, "--out", env_out, "--cuda-home", a.cuda_home,
-                        "--origin", a.origin]
-        for item in a.first:
-            argv += ["--first", item]
-        for item in a.env:
-            argv += ["--env", item]
-        ok = step("exports", argv, t) is not None
-    if ok and a.probe_config:
-        report = os.path.join(a.dir, "probe-report.json")
-        r = step("probe", ["bash", "-c", 'source "$1" && exec "$2/bin/python" -m rbprobes run '
-                           '--config-json "$3" --report "$4"', "rb", env_out, dest,
-                           a.probe_config, report], t)
-        try:
-            with open(report, encoding="utf-8") as f:
-                doc["probe"] = json.load(f)
-        except (OSError, ValueError):
-            pass
-        ok = r is not None
-        previous = doc.get("previous")
-        if not ok and a.on_failed_checks == "rollback" and previous not in (None, "none", "removed"):
-            # the checks failed after the swap and the install before it was kept: put it back,
-            # as the single-host runbook does (`rbkit restore`); the failed one becomes a backup
-            r = step("rollback", rbkit + ["restore", dest], t)
-            if r is not None:
-                doc["rolled_back"] = _json(r["out"])
-    doc["ok"] = ok
+        taken = engine.run(ctx, "lock", _take, lock)
+        ctx.locked = taken["status"] == "ok"
+        rc = engine.install(ctx, producer, delta if os.path.exists(delta) else None) \
+            if ctx.locked else 1
+        engine.finish(ctx)
+    finally:
+        lock.release()
+        shutil.rmtree(ctx.state, ignore_errors=True)
+    _report(doc, ctx.events, rc)
     # CPU seconds of this node's install (its children and itself): what the node's cores did
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF)]
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
     emit(doc)
-    if ok:
+    if rc == 0:
         # installed: the bundle and its unpacked kit leave the node's scratch (a failed node
         # keeps them, for `--from fan_install`)
-        subprocess.run(["rm", "-rf", "--", a.dir, a.dir.rstrip("/") + ".tar"], timeout=t,
-                       check=False)
-    return 0 if ok else 1
+        shutil.rmtree(a.dir, ignore_errors=True)
+        try:
+            os.unlink(bundle)
+        except OSError:
+            pass
+    return rc
 
 
-def _installed(dest: str) -> Optional[Dict[str, Any]]:
-    """The manifest the install at DEST recorded, or None (no install, or not readable)."""
+def _take(ctx: engine.Context, lock: Lock) -> engine.Result:
     try:
-        return kitmanifest.load(os.path.join(dest, ".rb-manifest.jsonl"))
-    except (OSError, ValueError):
-        return None
+        lock.acquire()
+    except Taken as exc:
+        raise engine.StepError(str(exc)) from None
+    return engine.Result("holding %s" % lock.path)
 
 
-def _up_to_date(rbkit: List[str], env: Dict[str, str], dest: str,
-                installed: Optional[Dict[str, Any]], new: Dict[str, Any], rerun: str, jobs: str,
-                timeout: float) -> Optional[str]:
-    """Why DEST already holds the tree of this bundle's manifest, or None: as the single-host
-    re-run check, `quick` compares stat fingerprints (the source's recorded at the install, and
-    every entry at DEST with what the install recorded), `digest` re-hashes DEST."""
-    if installed is None or installed["header"].get("source_stat_fingerprint") is None:
-        return None
-    if rerun == "digest":
-        if installed["header"].get("source_fingerprint") != kitmanifest.fingerprint(new):
-            return None
-        r = _run(rbkit + ["manifest", "verify", dest, os.path.join(dest, ".rb-manifest.jsonl"),
-                          "--jobs", jobs], timeout, env)
-        return "up to date (every file re-hashed)" if r["rc"] == 0 else None
-    # in this process: a stat walk, no reading (one Python start less on every node)
-    try:
-        quick = kitmanifest.quick_check(dest, installed,
-                                        kitmanifest.stat_fingerprint(new["entries"]))
-    except OSError:
-        return None
-    return "up to date (quick check)" if quick["ok"] else None
-
-
-def _install(a: argparse.Namespace, doc: Dict[str, Any], step, rbkit: List[str],
-             dest: str, staging: str, manifest: str, new: Dict[str, Any],
-             installed: Optional[Dict[str, Any]], payload: str, t: float) -> Optional[bool]:
-    """Extract into staging, verify, relocate, swap: True when all passed, None when this node
-    needs the whole bundle (a re-run's bundle lacks something it does not hold)."""
-    # a re-run's bundle holds only what changed since the last fan-out (delta.names): this node
-    # links its unchanged files from its install into staging, if what it lacks is in the bundle
-    delta = os.path.exists(os.path.join(a.dir, "delta.names"))
-    if delta:
-        start = time.monotonic()
-        why = _stage_delta(a.dir, dest, staging, new, installed, t, doc)
-        if why is not None:
-            doc["needs_full"] = why
-            doc["steps"].append({"id": "extract", "ok": False, "rc": 3, "error": [
-                "needs the whole bundle: " + why], "seconds": round(time.monotonic() - start, 3)})
-            return None
-    fresh = '' if delta else 'rm -rf -- "$s" && mkdir -p -- "$s" && '
-    # the payload is read from inside the bundle file (the node script unpacked the rest), so a
-    # node writes it once, into staging; a bundle unpacked whole has it as a file
-    read = 'cat -- "$p"' if os.path.exists(payload) else 'tar -xOf "$b" "$m"'
-    ok = step("extract", ["bash", "-c", 'set -o pipefail; s=$1 p=$2 b=$3 m=$4 && shift 4 && ' +
-                          fresh + read + ' | tar -C "$s" -xf - --no-same-owner "$@"', "rb",
-                          staging, payload, a.dir.rstrip("/") + ".tar",
-                          "./" + os.path.basename(payload)] + UNPACK[a.compression], t) is not None
-    if ok:
-        r = step("verify", rbkit + ["manifest", "verify", staging, manifest, "--jobs", a.jobs]
-                 + (["--linked-from", dest] if delta else []), t)
-        if r is not None:
-            doc["verify"] = _json(r["out"])
-        ok = r is not None
-    if ok:
-        ok = step("relocate", rbkit + ["relocate", staging, "--old", a.old, "--new", dest,
-                                       "--manifest", manifest, "--installed",
-                                       os.path.join(staging, ".rb-manifest.jsonl")], t) is not None
-    if ok:
-        r = step("swap", rbkit + ["swap", staging, dest, "--policy", a.policy], t)
-        ok = r is not None
-        if ok:
-            doc["previous"] = _json(r["out"]).get("previous")
-    return ok
-
-
-def _stage_delta(d: str, dest: str, staging: str, new: Dict[str, Any],
-                 installed: Optional[Dict[str, Any]], timeout: float,
-                 doc: Dict[str, Any]) -> Optional[str]:
-    """Staging for a re-run's bundle: every unchanged file hard-linked from this node's install
-    (`rbkit stage`, the single-host incremental install's rule). Returns None when the bundle holds
-    every file this node still needs, else why the node needs the whole bundle (staging removed)."""
-    if installed is None:
-        return "no earlier install at %s (or its manifest is unreadable)" % dest
-    mine = os.path.join(d, "node.names")
-    try:       # in this process: links and stats, no reading (one Python start less)
-        facts = hostfs.stage(dest, staging, new, installed, mine)
-    except (OSError, ValueError) as exc:
-        return "staging from the earlier install failed: %s" % exc
-    have = set(kitmanifest.read_names(os.path.join(d, "delta.names")))
-    lacking = [n for n in kitmanifest.read_names(mine) if n not in have]
-    doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")}
-    if lacking:
-        subprocess.run(["rm", "-rf", "--", staging], timeout=timeout, check=False)
-        return ("%d files here differ from what the last fan-out installed (changed here, or "
-                "installed from another source), e.g. %s" % (len(lacking), lacking[0]))
-    return None
+def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
+    """The node's report from the engine's events: one entry per step (id, ok, rc, seconds, and
+    the error or why it was skipped), and what the comparison and the re-run read."""
+    for e in events:
+        facts = e.get("facts") or {}
+        if e["step"] in ("lock", "current", "finish"):
+            if facts.get("up_to_date"):
+                doc["up_to_date"] = e["detail"]
+            if e["status"] != "failed":
+                continue                  # named in the report only when it failed
+        entry: Dict[str, Any] = {"id": e["step"], "ok": e["status"] != "failed",
+                                 "rc": facts.get("rc", 0) if e["status"] == "failed" else 0,
+                                 "seconds": e["duration_s"]}
+        if e["status"] == "failed":
+            entry["error"] = e.get("error") or [e["detail"]]
+        if e["status"] == "skipped":
+            entry["skipped"] = e["detail"].replace("skipped: ", "", 1)
+        doc["steps"].append(entry)
+        if e["step"] == "stage" and facts.get("delta"):
+            doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files",
+                                                      "send_bytes")}
+        if e["step"] == "stage" and facts.get("needs_full"):
+            doc["needs_full"] = e["detail"].replace("needs the whole bundle: ", "", 1)
+        if e["step"] == "verify":
+            doc["verify"] = {k: facts.get(k) for k in ("checked", "hashed", "linked")}
+        if e["step"] == "swap" and facts.get("previous"):
+            doc["previous"] = facts["previous"]
+        if e["step"] == "rollback" and e["status"] == "ok":
+            doc["rolled_back"] = facts
+        if e["step"] == "probe" and facts.get("report"):
+            try:
+                with open(facts["report"], encoding="utf-8") as f:
+                    doc["probe"] = json.load(f)
+            except (OSError, ValueError):
+                pass
+    doc["ok"] = rc == 0
 
 
 def pending(reports: Dict[str, Dict[str, Any]], nodes: List[str]) -> List[str]:
@@ -518,12 +379,15 @@ def cmd_compare(a: argparse.Namespace) -> int:
     with open(os.path.join(a.out_dir, "fanout.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2, sort_keys=True)
     print(table(result), file=sys.stderr)
-    print(json.dumps({"passed": result["passed"], "ok": len(result["ok_nodes"]),
-                      "nodes": len(nodes), "odd": fold(sorted(result["odd"])) if result["odd"]
-                      else "", "missing": fold(sorted(result["missing"])) if result["missing"]
-                      else "", "probes": sorted(n for n, d in reports.items() if d.get("probe")),
-                      "rolled_back": fold(sorted(result["rolled_back"]))},
-                     sort_keys=True))
+    # for the runbook: `set KEY VALUE` lines, as the engine answers (serve.py)
+    facts = {"passed": int(result["passed"]), "ok": len(result["ok_nodes"]), "nodes": len(nodes),
+             "odd": fold(sorted(result["odd"])) if result["odd"] else "",
+             "missing": fold(sorted(result["missing"])) if result["missing"] else "",
+             "rolled_back": fold(sorted(result["rolled_back"])) if result["rolled_back"] else ""}
+    for key, value in sorted(facts.items()):
+        print("set\t%s\t%s" % (key, value))
+    print("done\t%s\t%d/%d nodes passed" % ("ok" if result["passed"] else "failed",
+                                              len(result["ok_nodes"]), len(nodes)))
     return 0 if result["passed"] else 1
 
 
@@ -535,7 +399,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--dest", required=True)
     n.add_argument("--old", required=True)
     n.add_argument("--policy", choices=("refuse", "backup", "replace"), required=True)
-    n.add_argument("--compression", choices=sorted(UNPACK), default="none")
+    n.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
     n.add_argument("--jobs", default="auto")
     n.add_argument("--timeout", type=float, default=600)
     n.add_argument("--probe-config", default="")

@@ -1,4 +1,10 @@
-"""The run report: the runbook's event log + each host's probe report -> one JSON and a table."""
+"""The run report: the runbook's event log + each host's probe report -> one JSON and a table.
+
+The event log (events.tsv) has tab-separated records: `step ID STATUS START_MS END_MS HOST DETAIL`
+(the runbook's steps), `fact STEP KEY VALUE`, and `engine STEP JSON` (an event of the install
+engine, rbkit/engine.py, during that step). Each step is reported once (a step recorded twice
+keeps its worst status), with the engine's events of it; the outcome is the worse of what the
+runbook said and what the steps' records say."""
 
 from __future__ import annotations
 
@@ -8,23 +14,43 @@ import os
 SCHEMA = 1
 
 
-def read_events(path: str) -> tuple[list[dict], dict]:
-    steps: list[dict] = []
+RANK = {"ok": 0, "skipped": 0, "interrupted": 1, "failed": 2}
+
+
+def read_events(path: str) -> tuple[list[dict], dict, dict]:
+    """(steps, facts by step, engine events by step) from the event log."""
+    steps: dict = {}
     facts: dict = {}
+    engine: dict = {}
     if not os.path.exists(path):
-        return steps, facts
+        return [], facts, engine
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             parts = line.rstrip("\n").split("\t")
             if parts[0] == "step" and len(parts) >= 7:
                 _, sid, status, start, end, host, detail = parts[:7]
-                steps.append({"id": sid, "status": status, "host": host or None,
-                              "duration_s": round((int(end) - int(start)) / 1000.0, 3),
-                              "detail": detail})
+                entry = {"id": sid, "status": status, "host": host or None,
+                         "duration_s": round((int(end) - int(start)) / 1000.0, 3),
+                         "detail": detail}
+                # once per step: a second record (never written by a sound run) keeps the worse
+                if sid not in steps or RANK.get(status, 2) >= RANK.get(steps[sid]["status"], 2):
+                    steps[sid] = entry
             elif parts[0] == "fact" and len(parts) >= 4:
                 _, sid, key, value = parts[:4]
                 facts.setdefault(sid, {})[key] = _number(value)
-    return steps, facts
+            elif parts[0] == "engine" and len(parts) >= 3:
+                try:
+                    event = json.loads(parts[2])
+                except ValueError:
+                    continue
+                engine.setdefault(parts[1], []).append(event)
+    return list(steps.values()), facts, engine
+
+
+def outcome_of(said: str, steps: list[dict]) -> str:
+    """The worse of what the runbook said and what its steps' records say."""
+    worst = max([said] + [s["status"] for s in steps], key=lambda s: RANK.get(s, 2))
+    return "ok" if RANK.get(worst, 2) == 0 else worst
 
 
 def _number(value: str):
@@ -38,10 +64,12 @@ def _number(value: str):
 
 
 def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str) -> dict:
-    steps, facts = read_events(events)
+    steps, facts, engine = read_events(events)
     for step in steps:
         if step["id"] in facts:
             step["facts"] = facts[step["id"]]
+        if step["id"] in engine:
+            step["engine"] = engine.pop(step["id"])
     probe_docs = {}
     for host, path in probes.items():
         try:
@@ -59,11 +87,13 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
         "runbook": name,
         "spec": spec,
         "spec_sha256": sha,
-        "outcome": outcome,
+        "outcome": outcome_of(outcome, steps),
         "steps": steps,
         "checks": checks,
         "probes": probe_docs,
         "notes": facts.get("main", {}),
+        # engine events outside any step: the end of the run (replace: the old install removed)
+        "engine": [e for events in engine.values() for e in events],
     }
 
 

@@ -1,0 +1,160 @@
+"""Every step of a runbook, described once: its one-line summary (`--list`, the comment above the
+step's function, `compile --plan`), its `--dry-run` preview, the host it is mostly about and the
+spec entry it comes from. plan.py, planmd.py and fanout.py read it; nothing else words a step.
+
+The destination-side steps are the install engine's (hostkit/rbkit/engine.py, ENGINE_STEPS): a
+single-host runbook runs them one by one through the engine on the destination, a fan-out node
+runs them all in its own process. The staging path has one rule (`staging`), the engine's
+`staging_path` (a test holds the two equal).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from typing import Any
+
+# the install engine's steps, in order (rbkit.engine.STEPS)
+ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
+ENGINE_DOCS = {
+    "stage": "make a fresh staging beside the destination (on a re-run: unchanged files "
+             "hard-linked from the current install)",
+    "receive": "unpack the tar stream into the staging",
+    "verify": "check the staging against the manifest: every file, mode, link and digest",
+    "relocate": "rewrite what names the old path (shebangs, activate scripts) for the new one",
+    "prove": "the staged interpreter runs here and reports the staging as sys.prefix",
+    "swap": "put the proven copy in place in one rename, then prove it there (sys.prefix, "
+            "bin/pip); a failure puts back what was there",
+    "exports": "write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first",
+    "probe": "run the checks with the moved interpreter",
+}
+
+SINGLE_HOST = ("preflight", "manifest", "transfer", "verify", "relocate", "prove", "swap",
+               "exports", "probe")
+FANOUT = ("fan_preflight", "fan_pack", "fan_copy", "fan_install", "fan_compare")
+
+
+def _sentence(text: str) -> str:
+    return text[0].upper() + text[1:] + "."
+
+
+DOCS = {
+    "preflight": "Reach every host, ship the kit, check the source is a venv after the excludes, "
+                 "take the destination's lock, check its state and free space.",
+    "manifest": "Hash every file of the source (in parallel) into a manifest; detect a re-run "
+                "and what an incremental one must send.",
+    "transfer": "Stream the source into a staging directory beside the destination.",
+    **{s: _sentence(ENGINE_DOCS[s]) for s in ("verify", "relocate", "prove", "swap", "exports")},
+    "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
+    "fan_preflight": "Reach the source, check the engine and its tools here, list the nodes.",
+    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle"
+                " (on a re-run: only what changed since the last fan-out).",
+    "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
+    "fan_install": "On every node at once, the install engine: " + ", ".join(ENGINE_STEPS)
+                   + " (a node the changes alone cannot serve gets the whole bundle).",
+    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes named.",
+}
+# the spec entry each step comes from (the `(specs/x.yaml:14)` marker above the step)
+WHERE = {
+    "preflight": ("hosts",), "manifest": ("transfer", "verify"), "transfer": ("transfer",),
+    "verify": ("transfer", "verify"), "relocate": ("transfer", "to"), "prove": ("transfer", "to"),
+    "swap": ("transfer", "on_existing"), "exports": ("cuda",), "probe": ("checks",),
+    "fan_preflight": ("fanout",), "fan_pack": ("transfer",), "fan_copy": ("fanout",),
+    "fan_install": ("fanout",), "fan_compare": ("fanout",),
+}
+COMPRESSION_NOTE = {"auto": "zstd -1 if both ends have zstd, else none", "none": "none"}
+
+
+def staging(dest: str) -> str:
+    """`.<name>.rb-staging` beside the destination: rbkit.engine.staging_path's rule."""
+    dest = dest.rstrip("/") or "/"
+    head, tail = posixpath.split(dest)
+    return posixpath.join(head, "." + tail + ".rb-staging")
+
+
+def step_list(spec: Any) -> list[str]:
+    if spec.fanout:
+        return list(FANOUT)
+    return [s for s in SINGLE_HOST if s != "probe" or spec.checks]
+
+
+def host(step: str, src_host: str, dst_host: str) -> str:
+    """The host a step is mostly about (named in its log lines and the report)."""
+    if step == "manifest":
+        return src_host
+    if step in ("preflight", "transfer"):
+        return src_host if src_host == dst_host else f"{src_host}->{dst_host}"
+    return dst_host
+
+
+def preview(step: str, spec: Any, incremental: bool) -> list[str]:
+    """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
+    if step in FANOUT:
+        from . import fanout
+
+        return fanout.preview(step, spec, incremental)
+    src_host, src = spec.transfer.source
+    dst_host, dst = spec.transfer.target
+    stg = staging(dst)
+    excl = " ".join(f"--exclude {shlex.quote(p)}" for p in spec.transfer.exclude)
+    comp = spec.transfer.compression
+    comp_note = COMPRESSION_NOTE.get(comp, comp)
+    jobs = spec.transfer.jobs or "auto"
+    on_dst = f"on {dst_host}: engine"
+    out: list[str] = []
+    if step == "preflight":
+        for h in dict.fromkeys([src_host, dst_host]):
+            ship = "use the kit here" if spec.hosts[h].local else \
+                "copy the kit to a private directory (mktemp -d), checked by its sha256"
+            out.append(f"on {h}: connect; {ship}; check tar and python3 >= 3.9")
+        out.append(f"on {src_host}: rbkit engine scan {src} {excl}".rstrip()
+                   + " (refused unless pyvenv.cfg, bin/python and files are sent)")
+        out.append(f"on {dst_host}: rbkit engine serve --dest {dst}: takes "
+                   f"{lock(dst)} for the run (a second run is refused, naming this one)")
+        out.append(f"{on_dst} preflight: on_existing {spec.transfer.on_existing}; free space for "
+                   f"{stg}")
+        out.append(f"compression: {comp_note}")
+    elif step == "manifest":
+        out.append(f"on {src_host}: rbkit engine hash {src} {excl} --algo {spec.transfer.verify}"
+                   f" --jobs {jobs}".replace("  ", " "))
+        out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
+        out.append(f"{on_dst} current: if {dst}/.rb-manifest.jsonl matches, skip the install")
+        if incremental:
+            out.append(f"{on_dst} stage: if it differs, link unchanged files from {dst} into "
+                       f"{stg}, send only the rest")
+    elif step == "transfer":
+        out.append(f"{on_dst} stage: rm -rf {stg} && mkdir {stg}")
+        out.append(f"on {src_host}: tar -C {src} --null --no-recursion -T <manifest names> -cf - "
+                   f"| <compress: {comp_note}> (rbkit engine send)")
+        out.append(f"  | through this machine ({spec.transfer.route}) |")
+        out.append(f"on {dst_host}: <decompress> | tar -C {stg} -xf - --no-same-owner "
+                   "(rbkit engine receive)")
+    elif step == "verify":
+        out.append(f"{on_dst} verify {stg} against the manifest (--jobs {jobs}); the stamp "
+                   "relocate, prove and swap require")
+    elif step == "relocate":
+        out.append(f"{on_dst} relocate {stg} --old {src} --new {dst}")
+    elif step == "prove":
+        out.append(f"on {dst_host}: {stg}/bin/python -I -B -c 'import sys; print(sys.prefix)' "
+                   "(within 120 s)")
+    elif step == "swap":
+        out.append(f"{on_dst} swap {stg} {dst} --policy {spec.transfer.on_existing}")
+        out.append(f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
+                   f"{dst}/bin/pip --version; on failure put back what was there")
+    elif step == "exports":
+        env_file = (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else f"{dst}.env.sh")
+        out.append(f"{on_dst} exports: write {env_file}")
+        if spec.cuda:
+            first = ", ".join(spec.cuda.library_path_first) or "-"
+            out.append(f"  CUDA_HOME={spec.cuda.home}; LD_LIBRARY_PATH: {first} (in site-packages), "
+                       f"then $CUDA_HOME/lib64")
+    elif step == "probe":
+        kinds = ", ".join(c.kind for c in spec.checks)
+        out.append(f"{on_dst} probe: source the env file; {dst}/bin/python -m rbprobes run: {kinds}")
+        out.append(f"here: fetch the report to runs/{spec.name}/probe-{dst_host}.json")
+    return out
+
+
+def lock(dest: str) -> str:
+    """The destination's lock file (rbkit.lock.lock_path's rule)."""
+    return staging(dest).replace(".rb-staging", ".rb-lock")

@@ -1,0 +1,882 @@
+"""The install engine: every destination-side step of a move, written once.
+
+A single-host runbook drives these steps one request at a time through `python -m rbkit engine
+serve` on the destination (one process for the whole run, holding the destination's lock: see
+serve.py); a fan-out node runs the same functions in its own process (`rbkit.fanout node`, through
+`install` below). Each step is a function taking the run's Context and returning a Result; `run`
+times it and emits one event:
+
+    {"step": "verify", "status": "ok|failed|skipped", "detail": "...", "facts": {...},
+     "duration_s": 1.234, "error": ["...", ...]}        (error: only when it failed)
+
+The steps, in order (STEPS): stage (a fresh staging beside the destination, or one whose unchanged
+files are hard-linked from the current install), receive (a tar stream into it), verify (every
+entry against the source's manifest; leaves the stamp), relocate (rewrites what names the old
+path; updates the stamp), prove (the staged interpreter runs), swap (one rename, then the
+post-swap proof), exports (the env file), probe (the checks, with the moved interpreter). Before
+them `current` says whether the destination already holds the tree; after a failure past the swap
+`after_failure` rolls back to what was there.
+
+The stamp: verify writes it into the run's private state directory (made by this process, never a
+place the tree controls): the manifest's fingerprint and the staging's identity (st_dev, st_ino).
+relocate and swap refuse without it, so a staging that failed verification, or one another run
+replaced, is never installed.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from . import exports as kitexports
+from . import hostfs
+from . import manifest as kitmanifest
+from . import relocate as kitrelocate
+
+# The install's steps, in order: what a fan-out node's report and the runbook's events name.
+STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
+# The compression table, the only one: the stream's sending end (`send`) packs with `pack`, its
+# receiving end (`receive`) unpacks with `unpack`; `tool` is what a host must have.
+COMPRESSION: Dict[str, Dict[str, Any]] = {
+    "none": {"tool": None, "pack": None, "unpack": None},
+    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
+    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
+    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
+}
+PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
+STAMP = "stamp.json"
+INSTALLED = ".rb-manifest.jsonl"
+
+
+def staging_path(dest: str) -> str:
+    """The one staging rule: `.<name>.rb-staging` beside the destination (the same file system,
+    so the swap is one rename)."""
+    dest = dest.rstrip("/") or "/"
+    head, tail = os.path.split(dest)
+    return os.path.join(head, "." + tail + ".rb-staging")
+
+
+def jobs(value: Any) -> int:
+    """--jobs N, or auto: one per CPU of this host (at most 32)."""
+    if value in (None, "", "auto"):
+        return max(1, min(32, os.cpu_count() or 1))
+    return max(1, int(value))
+
+
+class StepError(Exception):
+    """A step failed: the message is the event's detail; `lines` what it listed (missing files)."""
+
+    def __init__(self, message: str, facts: Optional[dict] = None,
+                 lines: Optional[List[str]] = None, rc: int = 1) -> None:
+        super().__init__(message)
+        self.facts = facts or {}
+        self.lines = lines or []
+        self.rc = rc
+
+
+class Result:
+    def __init__(self, detail: str = "", facts: Optional[dict] = None, status: str = "ok") -> None:
+        self.detail, self.facts, self.status = detail, facts or {}, status
+
+
+class Context:
+    """What the steps of one run share: the destination and the spec's choices (given), and
+    what the run learned so far (the up-to-date verdict, what the swap did, files never to link).
+    `emit` receives every event; `log` every human line (the runbook's stderr, or a node's
+    report); `capture`: children's output is collected (a node) instead of passed through."""
+
+    def __init__(self, dest: str, *, old: str = "", policy: str = "refuse", manifest: str = "",
+                 jobs: Any = "auto", compression: str = "none", env_out: str = "",
+                 cuda_home: str = "", first: Optional[List[str]] = None,
+                 env: Optional[List[str]] = None, origin: str = "a runbook",
+                 probe_config: str = "", on_failed_checks: str = "keep", rerun: str = "quick",
+                 timeout: Optional[float] = None, state: str = "", capture: bool = False,
+                 emit: Optional[Callable[[dict], None]] = None,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        self.dest = os.path.abspath(dest)
+        self.staging = staging_path(self.dest)
+        self.old, self.policy, self.manifest = old, policy, manifest
+        self.jobs, self.compression = jobs, compression
+        self.env_out = env_out or self.dest + ".env.sh"
+        self.cuda_home, self.first, self.env = cuda_home, list(first or []), list(env or [])
+        self.origin, self.probe_config = origin, probe_config
+        self.on_failed_checks, self.rerun, self.timeout = on_failed_checks, rerun, timeout
+        self.state, self.capture = state, capture
+        self.emit = emit or (lambda event: None)
+        self.log = log or (lambda line: None)
+        self.locked = False
+        self.events: List[dict] = []
+        self.up_to_date: Optional[str] = None   # why the destination already holds the tree
+        self.unlinkable: set = set()             # failed the digest check: sent, never linked
+        self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
+        self.critical = 0                        # inside a rename sequence: signals wait
+        self._manifest_cache: Optional[tuple] = None
+
+    def new_manifest(self) -> dict:
+        """The source's manifest for this run (loaded once per version of the file)."""
+        if not self.manifest:
+            raise StepError("no source manifest was given to the engine")
+        try:
+            st = os.stat(self.manifest)
+        except OSError as exc:
+            raise StepError("the source's manifest %s is not here (%s): run the manifest step "
+                            "first" % (self.manifest, exc.strerror)) from None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._manifest_cache is None or self._manifest_cache[0] != key:
+            m = kitmanifest.load(self.manifest)
+            self._manifest_cache = (key, m, kitmanifest.fingerprint(m))
+        return self._manifest_cache[1]
+
+    def fingerprint(self) -> str:
+        self.new_manifest()
+        return self._manifest_cache[2]
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+
+def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: Any) -> dict:
+    """Run one step, time it, emit its event (also kept in ctx.events); never raises for the
+    step's own failure."""
+    start = time.monotonic()
+    error: List[str] = []
+    try:
+        res = fn(ctx, *args, **kw)
+        status, detail, facts = res.status, res.detail, res.facts
+    except StepError as exc:
+        status, detail, facts, error = "failed", str(exc), exc.facts, exc.lines
+        facts = dict(facts, rc=exc.rc)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        status, detail, facts = "failed", "%s: %s" % (type(exc).__name__, exc), {"rc": 1}
+    except Exception as exc:             # a bug of the kit: the step fails, the run reports it
+        status, detail, facts = "failed", "engine error %s: %s" % (type(exc).__name__, exc), {"rc": 1}
+    event = {"step": step, "status": status, "detail": detail, "facts": facts,
+             "duration_s": round(time.monotonic() - start, 3)}
+    if status == "failed":
+        event["error"] = ([detail] + error)[:20]
+    ctx.events.append(event)
+    ctx.emit(event)
+    return event
+
+
+def skipped(ctx: Context, step: str, why: str) -> dict:
+    return run(ctx, step, lambda c: Result("skipped: " + why, status="skipped"))
+
+
+def after_failure(ctx: Context, step: str) -> Optional[dict]:
+    """After a failed step: a failure past this run's swap puts back what was there (the post-
+    swap proof, the env file; failed checks only with on_failed_checks: rollback)."""
+    if ctx.swapped is None:
+        return None
+    if step in ("swap", "exports") or (step == "probe" and ctx.on_failed_checks == "rollback"):
+        return run(ctx, "rollback", rollback, step)
+    if step == "probe":
+        ctx.log("checks failed; the new install stays in place (on_failed_checks: %s)"
+                % ctx.on_failed_checks)
+    return None
+
+
+def install(ctx: Context, producer: Optional[List[str]] = None,
+            carried: Optional[str] = None) -> int:
+    """A whole install in this process (a fan-out node): current, then stage .. swap unless the
+    destination holds the tree already, exports, probe. Returns 0, 1 (a step failed) or 3 (the
+    payload lacks files this host needs: it needs the whole bundle)."""
+    cur = run(ctx, "current", current, ctx.rerun, linking=carried is not None)
+    if cur["status"] == "failed":
+        return 1
+    steps: List[tuple] = []
+    if ctx.up_to_date:
+        for sid in ("stage", "receive", "verify", "relocate", "prove", "swap"):
+            skipped(ctx, sid, ctx.up_to_date)
+    else:
+        steps += [("stage", stage, {"delta": carried is not None, "carried": carried}),
+                  ("receive", receive, {"producer": producer}), ("verify", verify, {}),
+                  ("relocate", relocate, {}), ("prove", prove, {}), ("swap", swap, {})]
+    steps.append(("exports", exports, {}))
+    if ctx.probe_config:
+        steps.append(("probe", probe, {}))
+    for sid, fn, kw in steps:
+        event = run(ctx, sid, fn, **kw)
+        if event["status"] == "failed":
+            after_failure(ctx, sid)
+            return 3 if event["facts"].get("needs_full") else 1
+    return 0
+
+
+def finish(ctx: Context) -> Optional[dict]:
+    """The run is over: under on_existing: replace, the install the swap replaced (kept until
+    now, for a rollback) is removed."""
+    if ctx.swapped is None or not ctx.swapped.get("transient"):
+        return None
+    return run(ctx, "finish", _drop_replaced)
+
+
+def _drop_replaced(ctx: Context) -> Result:
+    old = ctx.swapped["previous"]
+    ctx.swapped = None
+    remove_tree(old)
+    return Result("removed the install it replaced (%s; on_existing: replace)" % old)
+
+
+# -- the private state and the stamp -------------------------------------------------------------
+
+
+def make_state(parent: Optional[str] = None) -> str:
+    """This run's private state directory (mkdtemp: 0700, ours)."""
+    return tempfile.mkdtemp(prefix="rbengine.", dir=parent)
+
+
+def _stamp_path(ctx: Context) -> str:
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
+    return os.path.join(ctx.state, STAMP)
+
+
+def read_stamp(ctx: Context) -> Optional[dict]:
+    try:
+        with open(_stamp_path(ctx), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
+    path = _stamp_path(ctx)
+    if doc is None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    write_file(path, json.dumps(doc, sort_keys=True).encode(), 0o600)
+
+
+def _identity(path: str) -> List[int]:
+    """(st_dev, st_ino) of a staging directory; a symlink or a file there is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise StepError("the staging %s does not exist" % path) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StepError("the staging %s is not a directory (a symlink or a file is never "
+                        "followed)" % path)
+    return [st.st_dev, st.st_ino]
+
+
+def _require(ctx: Context, want: tuple, step: str) -> dict:
+    """The stamp, when it says the staging went through `want` in this run and is still the same
+    directory with the same manifest; else the step is refused."""
+    doc = read_stamp(ctx)
+    if doc is None or doc.get("stage") not in want:
+        raise StepError(
+            "refusing to %s: the staging %s was not verified in this run (a verify that failed, "
+            "or one in an earlier run, leaves nothing to install); run again --from verify, or "
+            "the whole runbook" % (step, ctx.staging))
+    if _identity(ctx.staging) != doc.get("identity"):
+        raise StepError("refusing to %s: %s is not the staging directory this run verified "
+                        "(it was replaced since: another run?)" % (step, ctx.staging))
+    if doc.get("fingerprint") != ctx.fingerprint():
+        raise StepError("refusing to %s: the staging was verified against another manifest"
+                        % step)
+    for rel, digest in sorted(doc.get("relocated", {}).items()):
+        if _sha256(os.path.join(ctx.staging, rel)) != digest:
+            raise StepError("refusing to %s: %s changed in the staging after relocation"
+                            % (step, rel))
+    return doc
+
+
+def _require_lock(ctx: Context) -> None:
+    if not ctx.locked:
+        raise StepError("the engine does not hold the destination's lock (a bug)")
+
+
+def _sha256(path: str) -> Optional[str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `path` whole: a private temp file in the same directory (O_EXCL), fchmod, replace."""
+    fd, tmp = tempfile.mkstemp(prefix=".rb-tmp.", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory tree we made or replaced (a symlink is removed, never followed)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        if os.path.lexists(path):
+            os.unlink(path)
+        return
+    shutil.rmtree(path)
+
+
+# -- the steps -----------------------------------------------------------------------------------
+
+
+def preflight(ctx: Context, need: int = 0) -> Result:
+    """The destination before anything is sent: what is there, the policy for it, room for the
+    staging, and which compressors this host has."""
+    exists = os.path.lexists(ctx.dest)
+    installed = os.path.isfile(os.path.join(ctx.dest, INSTALLED))
+    if exists and ctx.policy == "refuse" and not installed:
+        raise StepError("destination %s exists and on_existing is refuse; move it away or set "
+                        "on_existing: backup" % ctx.dest)
+    free = hostfs.free_bytes(ctx.staging)
+    if need and free["free_bytes"] < need:
+        raise StepError("not enough space for the staging at %s: %s free, %s needed"
+                        % (free["measured_at"], human(free["free_bytes"]), human(need)))
+    have = [name for name, c in sorted(COMPRESSION.items())
+            if c["tool"] is None or shutil.which(c["tool"])]
+    what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
+        else "does not exist yet"
+    ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.policy))
+    ctx.log("free at %s: %s; the staging needs about %s" % (free["measured_at"],
+                                                            human(free["free_bytes"]), human(need)))
+    return Result("%s; %s free" % (what, human(free["free_bytes"])),
+                  {"exists": int(exists), "installed": int(installed), "staging": ctx.staging,
+                   "free_bytes": free["free_bytes"], "compressors": ",".join(have)})
+
+
+def current(ctx: Context, mode: str = "quick", source_stat: str = "",
+            linking: bool = False) -> Result:
+    """Does the destination already hold this tree? `quick`: the source's stat fingerprint
+    (`source_stat`, else the manifest's) against the one the install recorded, and every entry
+    there against the install's manifest (no reading); `digest`: the install came from a source
+    with this manifest's fingerprint and every file there still has its recorded digest (with
+    `linking`, a staging linked from the install follows: the files are hashed even when the
+    source changed). A file that fails the digest check is never linked into a staging: it is
+    sent again."""
+    ctx.up_to_date = None
+    ctx.unlinkable = set()
+    try:
+        installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
+    except (OSError, ValueError):
+        installed = None
+    if installed is None or installed["header"].get("source_stat_fingerprint") is None:
+        return _not_current(ctx, "no earlier install at %s (or its manifest is unreadable)"
+                            % ctx.dest, mode)
+    if mode == "digest":
+        same_source = installed["header"].get("source_fingerprint") == ctx.fingerprint()
+        if not same_source and not linking:
+            return _not_current(ctx, "the destination holds an install of a different source "
+                                "tree", mode)
+        result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.jobs), limit=1 << 30)
+        if not result["ok"]:
+            ctx.unlinkable = set(result["missing"]) | {d["p"] for d in result["differ"]}
+            for line in kitmanifest.describe(dict(result, missing=result["missing"][:20],
+                                                  extra=result["extra"][:20],
+                                                  differ=result["differ"][:20])):
+                ctx.log(line)
+            return _not_current(ctx, "the destination has changed since it was installed (%d "
+                                "entries, listed above; they are sent again, never linked)"
+                                % sum(result["counts"].values()), mode)
+        if not same_source:
+            return _not_current(ctx, "the source changed since the install", mode)
+        why = "up to date (every file re-hashed)"
+    else:
+        stat_fp = source_stat or kitmanifest.stat_fingerprint(ctx.new_manifest()["entries"])
+        quick = kitmanifest.quick_check(ctx.dest, installed, stat_fp)
+        if not quick["ok"]:
+            for rel in quick.get("changed", []):
+                ctx.log("changed at the destination: %s" % rel)
+            return _not_current(ctx, quick["why"], mode)
+        why = "up to date (quick check)"
+    ctx.up_to_date = why
+    return Result(why, {"up_to_date": 1})
+
+
+def _not_current(ctx: Context, why: str, mode: str) -> Result:
+    if mode == "digest" and ctx.policy == "refuse" and os.path.lexists(ctx.dest):
+        raise StepError("destination %s holds a different install and on_existing is refuse (%s)"
+                        % (ctx.dest, why))
+    return Result(why, {"up_to_date": 0, "why": why})
+
+
+def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> Result:
+    """A fresh staging beside the destination. With `delta`, every unchanged file (same digest,
+    mode, size and mtime as the install recorded, and still so at the destination) is hard-linked
+    from the current install, and `send.names` in the state directory lists what the stream must
+    still carry. `carried`: the names a payload holds (a fan-out re-run's bundle); a staging that
+    needs more than that is removed and the step fails with needs_full."""
+    _require_lock(ctx)
+    _write_stamp(ctx, None)
+    if os.path.lexists(ctx.staging):
+        remove_tree(ctx.staging)
+    facts: dict = {"delta": int(bool(delta))}
+    if delta:
+        try:
+            installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
+        except (OSError, ValueError):
+            why = "no earlier install at %s (or its manifest is unreadable)" % ctx.dest
+            if carried is None:
+                raise StepError("nothing to link from: " + why) from None
+            raise StepError("needs the whole bundle: " + why, {"needs_full": 1}, rc=3) from None
+        if ctx.unlinkable:
+            # what failed the digest check is not linked: it is sent (or the bundle is whole)
+            installed = dict(installed, entries=[e for e in installed["entries"]
+                                                 if e["p"] not in ctx.unlinkable])
+        names = os.path.join(ctx.state, "send.names")
+        got = hostfs.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
+        facts.update({k: got.get(k) for k in ("linked", "linked_bytes", "send_files",
+                                              "send_bytes", "removed")})
+        facts["names"] = names
+        if carried is not None:
+            have = set(kitmanifest.read_names(carried))
+            lacking = [n for n in kitmanifest.read_names(names) if n not in have]
+            if lacking:
+                remove_tree(ctx.staging)
+                raise StepError(
+                    "needs the whole bundle: %d files here differ from what the last fan-out "
+                    "installed (changed here, or installed from another source), e.g. %s"
+                    % (len(lacking), lacking[0]), dict(facts, needs_full=1), rc=3)
+        detail = ("%d unchanged files linked from the current install, %d files to send"
+                  % (got["linked"], got["send_files"]))
+    else:
+        parent = os.path.dirname(ctx.staging)
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(ctx.staging, 0o755)
+        detail = "fresh staging %s" % ctx.staging
+    _write_stamp(ctx, {"stage": "staged", "identity": _identity(ctx.staging),
+                       "delta": bool(delta)})
+    return Result(detail, facts)
+
+
+def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
+    """Unpack a tar stream into this run's staging: from stdin (the far end of the runbook's
+    pipeline), or from `producer`'s output (a fan-out node reading its bundle)."""
+    doc = read_stamp(ctx)
+    if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
+        raise StepError("refusing to receive: %s is not the staging this run's stage step made"
+                        % ctx.staging)
+    table = COMPRESSION[ctx.compression]
+    argvs: List[List[str]] = []
+    names: List[str] = []
+    if producer:
+        argvs.append(producer)
+        names.append("read")
+    if table["unpack"]:
+        argvs.append(table["unpack"])
+        names.append(table["tool"])
+    argvs.append(["tar", "-C", ctx.staging, "-xf", "-", "--no-same-owner"])
+    names.append("tar")
+    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture)
+    bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
+    if bad:
+        raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(bad)),
+                        lines=tail("\n".join(errs)), rc=next(c for c in codes if c != 0))
+    return Result("unpacked into %s (compression %s)" % (ctx.staging, ctx.compression))
+
+
+def verify(ctx: Context) -> Result:
+    """Every entry of the staging against the source's manifest (files linked from the current
+    install by this run's stage: by stat). Leaves the stamp relocate and swap require."""
+    _require_lock(ctx)
+    doc = read_stamp(ctx) or {}
+    _write_stamp(ctx, None)
+    identity = _identity(ctx.staging)
+    linked = ctx.dest if doc.get("delta") and doc.get("identity") == identity else None
+    new = ctx.new_manifest()
+    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked)
+    listed = kitmanifest.describe(result)
+    for line in listed:
+        ctx.log(line)
+    facts = {k: result[k] for k in ("checked", "hashed", "linked")}
+    if not result["ok"]:
+        raise StepError("the copy in %s differs from the source manifest (listed above); the "
+                        "destination was not touched" % ctx.staging, facts, listed)
+    _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
+                       "delta": bool(linked)})
+    detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
+                                                          result["algo"])
+    if linked:
+        detail += ", %d linked unchanged" % result["linked"]
+    return Result(detail, facts)
+
+
+def relocate(ctx: Context) -> Result:
+    """Rewrite what names the old path (shebangs, activate scripts, pyvenv.cfg) in the verified
+    staging, write the install's manifest, and put the rewritten files' digests in the stamp."""
+    _require_lock(ctx)
+    doc = _require(ctx, ("verified",), "relocate")
+    result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest)
+    m = ctx.new_manifest()
+    algo = m["header"]["algo"]
+    changes, digests = {}, {}
+    for rel, info in result["rewritten"].items():
+        change = {"s": info["s"]}
+        if algo != "none":
+            change["h"] = kitmanifest.digest(os.path.join(ctx.staging, rel), algo)
+        changes[rel] = change
+        digests[rel] = _sha256(os.path.join(ctx.staging, rel))
+    installed = kitmanifest.relocated(m, changes, ctx.fingerprint())
+    path = os.path.join(ctx.staging, INSTALLED)
+    text = "".join(json.dumps(x, sort_keys=True, ensure_ascii=False) + "\n" for x in
+                   [installed["header"]] + installed["entries"] + [{"totals": installed["totals"]}])
+    write_file(path, text.encode("utf-8"), 0o644)
+    digests[INSTALLED] = _sha256(path)
+    if result["remaining"]:
+        raise StepError("still naming %s under bin/ after relocation: %s"
+                        % (ctx.old, ", ".join(result["remaining"])), lines=result["remaining"])
+    if result["elsewhere"]:
+        ctx.log("still naming %s outside bin/ (data, left as is): %s"
+                % (ctx.old, ", ".join(result["elsewhere"])))
+    ctx.log("rewritten: %s" % (", ".join(sorted(result["rewritten"])) or "nothing"))
+    _write_stamp(ctx, dict(doc, stage="relocated", relocated=digests))
+    return Result("%d files rewritten" % len(result["rewritten"]),
+                  {"rewritten": len(result["rewritten"]), "elsewhere": len(result["elsewhere"])})
+
+
+def prove(ctx: Context) -> Result:
+    """The staged interpreter runs here and knows where it is: bin/python -c 'sys.prefix' from
+    the staging, within PROVE_TIMEOUT. A venv whose base interpreter this host lacks stops here,
+    before anything is installed."""
+    _require_lock(ctx)
+    doc = _require(ctx, ("relocated",), "prove")
+    python = os.path.join(ctx.staging, "bin", "python")
+    prefix, version = interpreter_prefix(python, ctx.staging)
+    if os.path.realpath(prefix) != os.path.realpath(ctx.staging):
+        raise StepError("the staged interpreter reports sys.prefix %s, not the staging %s"
+                        % (prefix, ctx.staging))
+    _write_stamp(ctx, dict(doc, stage="proven"))
+    return Result("bin/python %s runs from the staging" % version, {"python": version})
+
+
+def swap(ctx: Context) -> Result:
+    """Put the proven staging at the destination in one rename, then prove it there: sys.prefix
+    is the destination, and bin/pip (when there) runs from it. What was there is kept until the
+    run ends (a backup with on_existing: backup, for good)."""
+    _require_lock(ctx)
+    _require(ctx, ("proven",), "swap")
+    transient = ctx.policy == "replace" and os.path.lexists(ctx.dest)
+    ctx.critical += 1
+    try:
+        result = hostfs.swap(ctx.staging, ctx.dest, "backup" if transient else ctx.policy)
+        previous = result.get("previous")
+        ctx.swapped = {"previous": previous, "transient": transient, "policy": ctx.policy}
+        _write_stamp(ctx, None)
+    finally:
+        ctx.critical -= 1
+    kept = previous if previous not in (None, "none", "removed") and not transient else ""
+    facts = {"previous": previous, "backup": kept, "atomic": int(bool(result.get("atomic", True)))}
+    prefix, version = interpreter_prefix(os.path.join(ctx.dest, "bin", "python"), ctx.dest)
+    if os.path.realpath(prefix) != os.path.realpath(ctx.dest):
+        raise StepError("the moved interpreter reports sys.prefix %s, expected %s"
+                        % (prefix, ctx.dest), facts)
+    facts["prefix"] = prefix
+    pip = os.path.join(ctx.dest, "bin", "pip")
+    if os.path.isfile(pip) and os.access(pip, os.X_OK):
+        rc, out, err = run_quiet([pip, "--version"], PROVE_TIMEOUT)
+        if rc != 0 or ctx.dest + "/" not in out:
+            raise StepError("console script bin/pip runs from the wrong place: %s"
+                            % (out.strip() or err.strip() or "exit %s" % rc), facts)
+        facts["pip"] = out.strip()
+        ctx.log("console script runs: %s" % out.strip())
+    if kept:
+        ctx.log("the previous destination is kept at %s" % kept)
+    what = "kept until the run ends (replace)" if transient else previous
+    return Result("installed at %s; previous: %s" % (ctx.dest, what), facts)
+
+
+def exports(ctx: Context) -> Result:
+    """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
+    _require_lock(ctx)
+    env = dict(item.split("=", 1) for item in ctx.env)
+    text, summary = kitexports.render(ctx.dest, ctx.cuda_home, ctx.first, env, ctx.origin)
+    if summary["missing_dirs"]:
+        raise StepError("library dirs do not exist in the venv: %s"
+                        % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
+    kitexports.write(ctx.env_out, text)
+    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out,
+                                                   ":".join(summary["library_dirs"]) or "-"))
+    return Result(ctx.env_out, {"file": ctx.env_out,
+                                "library_dirs": len(summary["library_dirs"])})
+
+
+def probe(ctx: Context, report: str = "") -> Result:
+    """The checks (rbprobes, from this kit) with the moved interpreter and the env file sourced;
+    the report is written to `report` (default: the state directory)."""
+    report = report or os.path.join(ctx.state, "probe-report.json")
+    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(_child_env(), PYTHONPATH=kit)
+    argv = ["bash", "-c", 'source "$1" && exec "$2/bin/python" -m rbprobes run --config-json "$3" '
+            '--report "$4"', "rb", ctx.env_out, ctx.dest, ctx.probe_config, report]
+    if ctx.capture:
+        rc, out, err = run_quiet(argv, ctx.timeout, env)
+        ctx.log(err)
+    else:
+        # the checks' table goes to the runbook's log as it is printed
+        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=2, env=env, cwd="/",
+                            timeout=ctx.timeout, check=False).returncode
+        out = err = ""
+    summary: dict = {}
+    try:
+        with open(report, encoding="utf-8") as f:
+            summary = json.load(f).get("summary", {})
+    except (OSError, ValueError):
+        pass
+    facts = {"report": report, "pass": summary.get("pass", 0), "skip": summary.get("skip", 0),
+             "fail": summary.get("fail", 0)}
+    detail = "%s passed, %s skipped, %s failed" % (facts["pass"], facts["skip"], facts["fail"])
+    if rc != 0:
+        raise StepError("checks failed: " + detail if summary else
+                        "the checks did not run (exit %s)" % rc, facts, tail(err or out), rc=rc)
+    return Result(detail, facts)
+
+
+def rollback(ctx: Context, after: str = "") -> Result:
+    """Put back what this run's swap replaced; the failed install is kept as a backup (removed
+    under on_existing: replace). Nothing was there: the new install stays, without its manifest,
+    so that no re-run takes it for a good install."""
+    _require_lock(ctx)
+    s = ctx.swapped
+    if s is None:
+        return Result("nothing to roll back: no swap in this run", status="skipped")
+    previous = s["previous"]
+    ctx.critical += 1
+    try:
+        if previous in (None, "none", "removed"):
+            ctx.swapped = None
+            try:
+                os.unlink(os.path.join(ctx.dest, INSTALLED))
+            except FileNotFoundError:
+                pass
+            return Result("nothing was at %s before this run: the new install stays, without "
+                          "its manifest (a re-run installs it again)" % ctx.dest)
+        number = int(previous.rsplit(".", 1)[1])
+        hostfs.restore(ctx.dest, number)
+        ctx.swapped = None
+        kept: Optional[str] = previous
+        if s["transient"]:
+            remove_tree(previous)
+            kept = None
+    finally:
+        ctx.critical -= 1
+    where = "kept at %s" % kept if kept else "removed (on_existing: replace)"
+    ctx.log("rolled back after %s failed: the previous install is at %s again; the one that "
+            "failed is %s" % (after, ctx.dest, where))
+    return Result("rolled back: the previous install is in place again; the failed one is %s"
+                  % where, {"restored": previous, "kept_current_as": kept})
+
+
+def restore(ctx: Context, number: Optional[int] = None) -> Result:
+    """`--restore [N]`: backup N (default: the newest) back at the destination."""
+    _require_lock(ctx)
+    ctx.critical += 1
+    try:
+        result = hostfs.restore(ctx.dest, number)
+    finally:
+        ctx.critical -= 1
+    return Result("restored %s; the install it replaced is kept at %s"
+                  % (result["restored"], result["kept_current_as"]), result)
+
+
+# -- children ------------------------------------------------------------------------------------
+
+
+def _child_env() -> Dict[str, str]:
+    """The environment of what runs from the tree: ours without PYTHON* (the kit's PYTHONPATH
+    must not reach the moved interpreter), no bytecode written into the tree."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run_quiet(argv: List[str], timeout: Optional[float],
+              env: Optional[Dict[str, str]] = None) -> tuple:
+    """(rc, stdout, stderr) of argv, output collected, from /; 124 when it timed out, 127 when
+    it could not start."""
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env or _child_env(), cwd="/",
+                           timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out after %ss: %s" % (timeout, argv[0])
+    except OSError as exc:
+        return 127, "", "%s: %s" % (argv[0], exc.strerror)
+    return (p.returncode, p.stdout.decode("utf-8", "replace"),
+            p.stderr.decode("utf-8", "replace"))
+
+
+def interpreter_prefix(python: str, root: str) -> tuple:
+    """(sys.prefix, version) that `python` reports; fails naming what is missing."""
+    if not os.path.lexists(python):
+        raise StepError("%s has no bin/python: not a venv" % root)
+    if not os.path.exists(python):
+        target = os.readlink(python) if os.path.islink(python) else python
+        raise StepError("bin/python -> %s: that interpreter does not exist on this host (the "
+                        "venv's base interpreter%s must be installed here); nothing was installed"
+                        % (target, _home(root)))
+    rc, out, err = run_quiet([python, "-I", "-B", "-c",
+                              "import sys; print(sys.prefix); print(sys.version.split()[0])"],
+                             PROVE_TIMEOUT)
+    lines = out.splitlines()
+    if rc != 0 or len(lines) < 2:
+        raise StepError("%s does not run here (exit %s): %s" % (python, rc, " | ".join(
+            tail(err or out, 3)) or "no output"), lines=tail(err or out))
+    return lines[0], lines[1]
+
+
+def _home(root: str) -> str:
+    try:
+        with open(os.path.join(root, "pyvenv.cfg"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition("=")
+                if key.strip() == "home":
+                    return ", pyvenv.cfg home = %s" % value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def pipeline(argvs: List[List[str]], timeout: Optional[float], capture: bool = False,
+             stdin: Any = None, stdout: Any = None) -> tuple:
+    """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
+    default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
+    stage, stderr texts: only with `capture`, else they went to ours). A stage that cannot start
+    counts 127 (and so do the stages after it); past `timeout` every stage is killed (124)."""
+    procs: List[subprocess.Popen] = []
+    errs: List[Any] = []
+    prev = stdin
+    not_started: Optional[str] = None
+    for i, argv in enumerate(argvs):
+        last = i == len(argvs) - 1
+        err = tempfile.TemporaryFile() if capture else None
+        try:
+            p = subprocess.Popen(argv, stdin=prev, stdout=stdout if last else subprocess.PIPE,
+                                 stderr=err, cwd="/")
+        except OSError as exc:
+            not_started = "%s: %s" % (argv[0], exc.strerror)
+            if err is not None:
+                err.close()
+            break
+        if i > 0:
+            prev.close()                 # the previous stage's output is the child's now
+        prev = p.stdout
+        procs.append(p)
+        errs.append(err)
+    if not_started is not None:
+        if procs and prev is not None:
+            prev.close()
+        for p in procs:
+            p.kill()
+    codes: List[int] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for p in procs:
+        try:
+            left = None if deadline is None else max(0.1, deadline - time.monotonic())
+            codes.append(p.wait(left))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            codes.append(124)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    codes += [127] * (len(argvs) - len(procs))
+    texts = [not_started] if not_started else []
+    for err in errs:
+        if err is not None:
+            err.seek(0)
+            texts.append(err.read().decode("utf-8", "replace"))
+            err.close()
+    return codes, texts
+
+
+def tail(text: str, lines: int = 8) -> List[str]:
+    return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
+
+
+def human(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return str(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return str(n)
+
+
+# -- the source side: what the stream carries ----------------------------------------------------
+
+
+def scan_source(root: str, excludes: List[str], names: Optional[str] = None) -> Result:
+    """The source before anything is sent: it exists, and what the excludes leave of it is a venv
+    (pyvenv.cfg and bin/python are sent) with files in it. A tree the excludes empty, or one
+    that is not a venv, is refused here: `replace` would otherwise swap a working install for it."""
+    out = hostfs.scan(root, excludes, names)
+    if not out["exists"]:
+        raise StepError("source %s does not exist" % root)
+    if not out.get("is_dir"):
+        raise StepError("source %s is not a directory" % root)
+    why = []
+    for rel in ("pyvenv.cfg", "bin/python"):
+        parts = rel.split("/")
+        left_out = [p for p in ("/".join(parts[:i + 1]) for i in range(len(parts)))
+                    if kitmanifest.excluded(p, excludes)]
+        if left_out:
+            why.append("transfer.exclude leaves out %s" % left_out[0])
+        elif not os.path.exists(os.path.join(root, rel)):
+            why.append("no %s" % rel)
+    if not out.get("files"):
+        why.append("no files to send after the excludes (%d entries)" % (
+            out.get("files", 0) + out.get("dirs", 0) + out.get("links", 0)))
+    if why:
+        raise StepError("source %s is not a venv after the excludes: %s; nothing was sent (an "
+                        "install there would not run)" % (root, "; ".join(why)))
+    facts = {k: out.get(k) for k in ("files", "dirs", "links", "bytes", "disk_bytes",
+                                     "stat_fingerprint")}
+    facts["compressors"] = ",".join(n for n, c in sorted(COMPRESSION.items())
+                                    if c["tool"] is None or shutil.which(c["tool"]))
+    return Result("%d files, %s" % (out["files"], human(out["bytes"])), facts)
+
+
+def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
+    """The sending end of the stream: tar of the listed names (NUL-separated), compressed."""
+    argvs = [["tar", "-C", root, "--null", "--no-recursion", "-T", names, "-cf", "-"]]
+    if COMPRESSION[compression]["pack"]:
+        argvs.append(COMPRESSION[compression]["pack"])
+    return argvs
+
+
+def send(root: str, names: str, compression: str, remote: Optional[List[str]] = None) -> int:
+    """Stream the tree to stdout, or with `remote` (an ssh argv) to the far end of that ssh.
+    Each stage's failure is named on stderr; returns the first non-zero exit code."""
+    argvs = send_argvs(root, names, compression)
+    labels = ["tar", compression][:len(argvs)]
+    if remote:
+        argvs.append(remote)
+        labels.append("ssh")
+    codes, _errs = pipeline(argvs, None, stdin=subprocess.DEVNULL)
+    bad = [(label, c) for label, c in zip(labels, codes) if c != 0]
+    if bad:
+        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
+        return bad[0][1]
+    return 0

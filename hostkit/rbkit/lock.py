@@ -1,0 +1,140 @@
+"""One lock per destination, held for a whole run: flock on `.<name>.rb-lock` beside it.
+
+The file is opened with O_NOFOLLOW and must be a regular file of ours with one link (a symlink
+or a hard link planted there is refused, never written through); the holder (host, pid, what
+runs, since when) is written into it, so a run that finds it taken names who holds it. The lock
+is the kernel's: it goes with the holder's process, however that ends. The holder removes the
+file when it lets go (a file whose lock is free is taken over by the next run; one replaced
+while we waited for it is opened again).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+import time
+from typing import Callable, List, Optional
+
+
+def lock_path(dest: str) -> str:
+    dest = dest.rstrip("/") or "/"
+    head, tail = os.path.split(dest)
+    return os.path.join(head, "." + tail + ".rb-lock")
+
+
+class Taken(Exception):
+    """The lock is held by another run (the message names it), or cannot be trusted."""
+
+
+class Lock:
+    def __init__(self, dest: str, holder: str, wait: float = 0.0,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        self.path = lock_path(dest)
+        self.holder, self.wait = holder, wait
+        self.log = log or (lambda line: None)
+        self.fd: Optional[int] = None
+        self.made: List[str] = []      # parent directories this lock made (removed when empty)
+
+    def acquire(self) -> None:
+        self._parents()
+        deadline = time.monotonic() + self.wait
+        said = False
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                who = _read(fd)
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise Taken("%s is locked by another run: %s. Two runs must not install "
+                                "into one destination at once; wait for it to end (the lock goes "
+                                "with its process)" % (os.path.dirname(self.path) or ".", who)) \
+                        from None
+                if not said:
+                    self.log("waiting up to %.0f s for the lock %s, held by %s"
+                             % (self.wait, self.path, who))
+                    said = True
+                time.sleep(0.5)
+                continue
+            # the file may have been removed (or replaced) by its last holder since we opened it
+            try:
+                same = _ident(os.lstat(self.path)) == _ident(os.fstat(fd))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            self.fd = fd
+            doc = {"holder": self.holder, "host": socket.gethostname(), "pid": os.getpid(),
+                   "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(doc, sort_keys=True) + "\n").encode(), 0)
+            return
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if _ident(os.lstat(self.path)) == _ident(os.fstat(self.fd)):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+        for d in reversed(self.made):
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+
+    def _parents(self) -> None:
+        """The destination's parent directory, made if missing (the staging will be there too)."""
+        parent = os.path.dirname(self.path) or "."
+        missing = []
+        while parent and not os.path.lexists(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for d in reversed(missing):
+            os.mkdir(d, 0o755)
+            self.made.append(d)
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Taken("the lock path %s is a symlink: refusing to follow it (remove it if "
+                            "you put it there)" % self.path) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise Taken("the lock path %s is not a lock file of this user (type %o, %d links, "
+                        "owner uid %d): refusing to use it" % (self.path, stat.S_IFMT(st.st_mode),
+                                                                st.st_nlink, st.st_uid))
+        return fd
+
+
+def _ident(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino)
+
+
+def _read(fd: int) -> str:
+    try:
+        doc = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
+    except ValueError:
+        doc = {}
+    if not doc:
+        return "a run that has not written its name yet"
+    return "%s (engine pid %s on %s, since %s)" % (doc.get("holder", "?"), doc.get("pid", "?"),
+                                                   doc.get("host", "?"), doc.get("since", "?"))

@@ -1,0 +1,391 @@
+"""`python -m rbkit engine ...`: the install engine's command line (engine.py has the steps).
+
+    engine serve --dest D --holder TEXT [the run's choices]    the destination's engine for a run
+    engine receive --dest D --state S --compression C          the far end of the stream (stdin)
+    engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
+    engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
+    engine hash ROOT --out F [--exclude P]... [--algo A] [--jobs N] [--names F] [--reuse F]
+    engine delta MANIFEST BASE --names-out F                   what a host installed from BASE needs
+    engine send ROOT NAMES --compression C [--remote SSH...]   the sending end of the stream
+    engine staging DEST                                        the staging path (the one rule)
+
+Every command but send and staging answers in lines a runbook reads without a parser:
+
+    set<TAB>KEY<TAB>VALUE      a fact of the step (also inside its event)
+    event<TAB>{JSON}           the step's event (engine.py: step, status, detail, facts, duration_s)
+    done<TAB>STATUS<TAB>DETAIL the end of the answer: ok, skipped or failed, and why
+    ping                       (serve only) the engine is alive; ignored
+
+`serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
+names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
+once it holds the lock, then reads requests from stdin: words each ended by NUL, a request ended
+by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one step (a
+failure past the swap is followed by its rollback); at the end of stdin it finishes the run
+(replace: the install the swap replaced is removed), lets go of the lock and removes its state.
+Human lines go to stderr, as they happen. While it is idle it writes `ping` every few seconds, so
+that an ssh session whose runbook is gone (a link down) is noticed and the lock let go.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from typing import Any, Dict, List, Optional
+
+from . import engine
+from . import manifest as kitmanifest
+from .lock import Lock, Taken
+
+PING_S = 5.0
+LOCK_WAIT_S = 30.0
+
+
+class Stop(BaseException):
+    """SIGTERM/SIGHUP, or the runbook gone: end the run where it is (never inside a rename)."""
+
+
+class Answer:
+    """The answer channel: lines as described above, written whole under a lock (the ping thread
+    writes too)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.mutex = threading.Lock()
+        self.events: List[dict] = []
+
+    def line(self, *fields: Any) -> None:
+        text = "\t".join(_one_line(f) for f in fields) + "\n"
+        with self.mutex:
+            self.out.write(text)
+            self.out.flush()
+
+    def event(self, event: dict) -> None:
+        for key, value in sorted(event["facts"].items()):
+            if isinstance(value, (str, int, float)) or value is None:
+                self.line("set", key, "" if value is None else value)
+        self.line("event", json.dumps(event, sort_keys=True, separators=(",", ":")))
+        self.events.append(event)
+
+    def done(self) -> int:
+        """End the answer to one request: failed when one of its events failed."""
+        events, self.events = self.events, []
+        failed = [e for e in events if e["status"] == "failed"]
+        last = failed[0] if failed else (events[0] if events else None)
+        status = "failed" if failed else (last["status"] if last else "ok")
+        self.line("done", status, last["detail"] if last else "")
+        return 1 if failed else 0
+
+
+def _one_line(value: Any) -> str:
+    return str(value).replace("\t", " ").replace("\n", " ")
+
+
+def _log(line: str) -> None:
+    """A human line of the engine: to stderr (the runbook's log), indented under its step's."""
+    for part in (line or "").splitlines():
+        sys.stderr.write("    " + part + "\n")
+    sys.stderr.flush()
+
+
+def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
+    return engine.Context(
+        a.dest, old=a.old, policy=a.policy, manifest=a.manifest, jobs=a.jobs,
+        compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home, first=a.first,
+        env=a.env, origin=a.origin, probe_config=a.probe_config,
+        on_failed_checks=a.on_failed_checks, rerun=a.rerun, **kw)
+
+
+# what a request may ask: the step's function and how its key=value words are read
+REQUESTS: Dict[str, tuple] = {
+    "preflight": (engine.preflight, {"need": int}),
+    "current": (engine.current, {"mode": str, "source_stat": str}),
+    "stage": (engine.stage, {"delta": lambda v: v == "1"}),
+    "verify": (engine.verify, {}),
+    "relocate": (engine.relocate, {}),
+    "prove": (engine.prove, {}),
+    "swap": (engine.swap, {}),
+    "exports": (engine.exports, {}),
+    "probe": (engine.probe, {"report": str}),
+    "restore": (engine.restore, {"number": int}),
+}
+INSTALL = ("stage", "verify", "relocate", "prove", "swap")
+
+
+def handle(ctx: engine.Context, words: List[str]) -> None:
+    """One request: its step (skipped when the destination already holds the tree), and the
+    rollback a failure past the swap asks for."""
+    name, params = words[0], {}
+    fn, types = REQUESTS.get(name, (None, {}))
+    for word in words[1:]:
+        key, _, value = word.partition("=")
+        if key not in types:
+            fn = None
+            break
+        params[key] = types[key](value)
+    if fn is None:
+        engine.run(ctx, name, _refuse, " ".join(words))
+        return
+    if name in INSTALL and ctx.up_to_date:
+        engine.skipped(ctx, name, ctx.up_to_date)
+        return
+    event = engine.run(ctx, name, fn, **params)
+    if event["status"] == "failed":
+        engine.after_failure(ctx, name)
+
+
+def _refuse(ctx: engine.Context, what: str) -> engine.Result:
+    raise engine.StepError("the engine does not know this request: %s" % what)
+
+
+def _requests(fd: int):
+    """Requests from fd: words ended by NUL, a request ended by an empty word; None at the end."""
+    buf = b""
+    words: List[str] = []
+    while True:
+        while b"\0" not in buf:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            buf += chunk
+        word, buf = buf.split(b"\0", 1)
+        if word:
+            words.append(word.decode("utf-8", "surrogateescape"))
+        elif words:
+            yield words
+            words = []
+
+
+def serve(a: argparse.Namespace) -> int:
+    # the answer channel is a copy of stdout; stdout itself becomes stderr, so that nothing a
+    # step or a child prints can be taken for an answer
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    answer = Answer(out)
+    ctx = context(a, emit=answer.event, log=_log)
+    ctx.state = engine.make_state()
+    lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
+    busy = threading.Event()
+    stop = {"asked": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["asked"] = True
+        if ctx.critical == 0:
+            raise Stop()
+
+    def ping() -> None:
+        while True:
+            threading.Event().wait(PING_S)
+            if busy.is_set():
+                continue
+            try:
+                answer.line("ping")
+            except (OSError, ValueError):
+                os.kill(os.getpid(), signal.SIGTERM)       # the runbook is gone
+                return
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the runbook's Ctrl-C: it closes our stdin
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    rc = 0
+    try:
+        engine.run(ctx, "lock", _take, lock)
+        if answer.done():
+            return 1
+        ctx.locked = True
+        threading.Thread(target=ping, daemon=True).start()
+        for words in _requests(0):
+            busy.set()
+            try:
+                handle(ctx, words)
+            finally:
+                busy.clear()
+            answer.done()
+            if stop["asked"]:
+                raise Stop()
+        engine.finish(ctx)
+        answer.done()
+    except Stop:
+        _log("the engine on %s stops: its runbook is gone or it was told to" % ctx.dest)
+        rc = 1
+    except BrokenPipeError:
+        rc = 1
+    finally:
+        lock.release()
+        shutil.rmtree(ctx.state, ignore_errors=True)
+    return rc
+
+
+def _take(ctx: engine.Context, lock: Lock) -> engine.Result:
+    try:
+        lock.acquire()
+    except Taken as exc:
+        raise engine.StepError(str(exc)) from None
+    return engine.Result("holding %s" % lock.path, {"state": ctx.state, "lock": lock.path,
+                                                     "staging": ctx.staging, "pid": os.getpid()})
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    """Steps in order, in this process, under the lock; stops at the first failure."""
+    answer = Answer(sys.stdout)
+    ctx = context(a, emit=answer.event, log=_log)
+    ctx.state = engine.make_state()
+    lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
+    try:
+        engine.run(ctx, "lock", _take, lock)
+        if answer.done():
+            return 1
+        ctx.locked = True
+        for step in a.steps:
+            words = [step] + (["mode=" + ctx.rerun] if step == "current" else [])
+            handle(ctx, words)
+            if answer.done():
+                return 1
+        engine.finish(ctx)
+        answer.done()
+        return 0
+    finally:
+        lock.release()
+        shutil.rmtree(ctx.state, ignore_errors=True)
+
+
+def cmd_receive(a: argparse.Namespace) -> int:
+    answer = Answer(sys.stdout)
+    ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
+                         emit=answer.event)
+    engine.run(ctx, "receive", engine.receive)
+    return answer.done()
+
+
+def cmd_scan(a: argparse.Namespace) -> int:
+    answer = Answer(sys.stdout)
+    ctx = engine.Context(a.root, emit=answer.event, log=_log)
+    engine.run(ctx, "scan", lambda c: engine.scan_source(a.root, a.exclude, a.names))
+    return answer.done()
+
+
+def cmd_hash(a: argparse.Namespace) -> int:
+    answer = Answer(sys.stdout)
+
+    def build(ctx: engine.Context) -> engine.Result:
+        reuse = kitmanifest.load(a.reuse) if a.reuse else None
+        m = kitmanifest.build(a.root, a.exclude, a.algo, engine.jobs(a.jobs), reuse)
+        text = "".join(json.dumps(x, sort_keys=True, ensure_ascii=False) + "\n" for x in
+                       [m["header"]] + m["entries"] + [{"totals": m["totals"]}])
+        engine.write_file(a.out, text.encode("utf-8"), 0o600)
+        if a.names:
+            engine.write_file(a.names, b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0"
+                                                for e in m["entries"]), 0o600)
+        t = m["totals"]
+        fp = kitmanifest.fingerprint(m)
+        return engine.Result("%d files, %d symlinks, %s; fingerprint %s" % (
+            t["files"], t["links"], a.algo, fp[:16]), {
+            "files": t["files"], "links": t["links"], "bytes": t["bytes"], "fingerprint": fp,
+            "reused": m["reused"]})
+
+    engine.run(engine.Context(a.root, emit=answer.event, log=_log), "hash", build)
+    return answer.done()
+
+
+def cmd_delta(a: argparse.Namespace) -> int:
+    answer = Answer(sys.stdout)
+
+    def delta(ctx: engine.Context) -> engine.Result:
+        d = kitmanifest.delta(kitmanifest.load(a.manifest), kitmanifest.load(a.base))
+        engine.write_file(a.names_out, b"".join(n.encode("utf-8", "surrogateescape") + b"\0"
+                                                for n in d.pop("send")), 0o600)
+        d["usable"] = int(d["usable"])
+        return engine.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
+
+    engine.run(engine.Context(a.manifest, emit=answer.event, log=_log), "delta", delta)
+    return answer.done()
+
+
+def cmd_send(a: argparse.Namespace) -> int:
+    return engine.send(a.root, a.names, a.compression, a.remote or None)
+
+
+def cmd_staging(a: argparse.Namespace) -> int:
+    print(engine.staging_path(a.dest))
+    return 0
+
+
+def _choices(p: argparse.ArgumentParser) -> None:
+    """The run's choices (from the spec), for serve and run."""
+    p.add_argument("--dest", required=True)
+    p.add_argument("--old", default="")
+    p.add_argument("--policy", choices=("refuse", "backup", "replace"), default="refuse")
+    p.add_argument("--manifest", default="", help="the source's manifest on this host")
+    p.add_argument("--jobs", default="auto")
+    p.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    p.add_argument("--env-out", default="")
+    p.add_argument("--cuda-home", default="")
+    p.add_argument("--first", action="append", default=[])
+    p.add_argument("--env", action="append", default=[])
+    p.add_argument("--origin", default="a runbook")
+    p.add_argument("--probe-config", default="")
+    p.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
+    p.add_argument("--rerun", choices=("quick", "digest"), default="quick")
+    p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
+    p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S,
+                   help="seconds to wait for a lock another run holds")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rbkit engine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve")
+    _choices(s)
+    s.set_defaults(fn=serve)
+    r = sub.add_parser("run")
+    r.add_argument("steps", nargs="+", choices=["current"] + list(REQUESTS))
+    _choices(r)
+    r.set_defaults(fn=cmd_run)
+    rc = sub.add_parser("receive")
+    rc.add_argument("--dest", required=True)
+    rc.add_argument("--state", required=True)
+    rc.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    rc.set_defaults(fn=cmd_receive)
+    sc = sub.add_parser("scan")
+    sc.add_argument("root")
+    sc.add_argument("--exclude", action="append", default=[])
+    sc.add_argument("--names")
+    sc.set_defaults(fn=cmd_scan)
+    h = sub.add_parser("hash")
+    h.add_argument("root")
+    h.add_argument("--exclude", action="append", default=[])
+    h.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
+    h.add_argument("--jobs", default="auto")
+    h.add_argument("--out", required=True)
+    h.add_argument("--names")
+    h.add_argument("--reuse")
+    h.set_defaults(fn=cmd_hash)
+    d = sub.add_parser("delta")
+    d.add_argument("manifest")
+    d.add_argument("base")
+    d.add_argument("--names-out", required=True)
+    d.set_defaults(fn=cmd_delta)
+    se = sub.add_parser("send")
+    se.add_argument("root")
+    se.add_argument("names")
+    se.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    se.add_argument("--remote", nargs=argparse.REMAINDER, default=[],
+                    help="the rest: an ssh command line the stream is piped into")
+    se.set_defaults(fn=cmd_send)
+    st = sub.add_parser("staging")
+    st.add_argument("dest")
+    st.set_defaults(fn=cmd_staging)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
+    return a.fn(a)

@@ -1,0 +1,267 @@
+"""The install engine (hostkit/rbkit/engine.py) on real trees, without hosts: the steps a
+single-host runbook's destination and a fan-out node both run. What used to go wrong is tested
+against the engine's own entry points: a node that installed a tree whose post-swap proof fails
+(it kept it), a digest re-run that linked a corrupted file (M7), a staging that never passed
+verify being swapped in (H2), a venv whose interpreter cannot run here being installed (M3)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler import steps as compiler_steps
+from rbkit import engine, manifest, serve
+from rbkit.lock import Lock, Taken, lock_path
+from tests.test_fanout_delta import PKG, bundle, change_one_file, node
+from tests.test_kit import make_tree
+
+KIT = Path(__file__).resolve().parents[1] / "hostkit"
+
+
+def test_one_staging_rule_for_the_compiler_and_the_engine():
+    for dest in ("/opt/sglang/.venv", "/a/b/venv/", "runs/local/venv", "venv"):
+        assert compiler_steps.staging(dest) == engine.staging_path(dest)
+    assert engine.staging_path("/opt/x/venv") == "/opt/x/.venv.rb-staging"
+    assert compiler_steps.ENGINE_STEPS == engine.STEPS
+
+
+# -- fan-out nodes: the same steps, the post-swap proof, the digest re-run ----------------------
+
+
+def test_a_node_proves_the_install_after_the_swap_and_rolls_back_when_it_fails(tmp_path):
+    """bin/pip that runs from the wrong place: the single-host runbook always failed the swap
+    for it; a fan-out node used to install it and pass."""
+    src = tmp_path / "src" / "venv"
+    make_tree(src, python=True)
+    dest = tmp_path / "node" / "venv"
+    dest.parent.mkdir()
+    rc, doc = node(bundle(tmp_path / "b1", src, manifest.build(str(src), [], "sha256")), dest)
+    assert rc == 0 and doc["ok"], doc
+    good = (dest / PKG / "__init__.py").read_text()
+    pip = src / "bin" / "pip"
+    pip.write_text("#!/bin/sh\necho 'pip 24.0 from /somewhere/else/site-packages/pip (python 3.11)'\n")
+    pip.chmod(0o755)
+    change_one_file(src)
+    rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
+    assert rc == 1 and not doc["ok"]
+    swap = next(s for s in doc["steps"] if s["id"] == "swap")
+    assert not swap["ok"] and "bin/pip runs from the wrong place" in swap["error"][0], doc
+    assert [s["id"] for s in doc["steps"]][-1] == "rollback"
+    assert doc["rolled_back"]["kept_current_as"] is None          # replace: the failed one goes
+    assert (dest / PKG / "__init__.py").read_text() == good       # what was there is back
+    assert not (dest / "bin" / "pip").exists()
+    assert not list(dest.parent.glob("venv.rb-backup.*"))
+
+
+def test_a_node_proves_the_install_after_the_swap(first_install):
+    src, m1, dest, tmp_path = first_install
+    pip = src / "bin" / "pip"                      # prints the path it runs from, as pip does
+    pip.write_text('#!/bin/sh\necho "pip 24.0 from $(cd "$(dirname "$0")/.." && pwd)/lib"\n')
+    pip.chmod(0o755)
+    rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
+    assert rc == 0 and doc["ok"], doc
+    assert [s["id"] for s in doc["steps"]] == ["stage", "receive", "verify", "relocate", "prove",
+                                               "swap", "exports"]
+
+
+def test_a_venv_whose_interpreter_is_missing_here_is_refused_before_the_swap(first_install):
+    src, m1, dest, tmp_path = first_install
+    before = (dest / PKG / "__init__.py").read_text()
+    (src / "bin" / "python").unlink()
+    (src / "bin" / "python").symlink_to("/nonexistent/rb-base/bin/python3.11")
+    change_one_file(src)
+    rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
+    assert rc == 1
+    prove = next(s for s in doc["steps"] if s["id"] == "prove")
+    assert not prove["ok"] and "does not exist on this host" in prove["error"][0], doc
+    assert "swap" not in [s["id"] for s in doc["steps"]]
+    assert (dest / PKG / "__init__.py").read_text() == before      # the install is untouched
+
+
+@pytest.fixture
+def first_install(tmp_path):
+    src = tmp_path / "src" / "venv"
+    make_tree(src, python=True)
+    m1 = manifest.build(str(src), [], "sha256", jobs=2)
+    dest = tmp_path / "node1" / "venv"
+    dest.parent.mkdir()
+    rc, doc = node(bundle(tmp_path / "b1", src, m1), dest)
+    assert rc == 0 and doc["ok"], doc
+    return src, m1, dest, tmp_path
+
+
+def node_digest(d: Path, dest: Path) -> tuple[int, dict]:
+    env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d),
+                        "--dest", str(dest), "--old", "/old/venv", "--policy", "replace",
+                        "--jobs", "2", "--timeout", "60", "--rerun", "digest"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    from rbkit import fanout
+    reports = fanout.parse_reports(p.stdout.splitlines())
+    assert len(reports) == 1, p.stdout + p.stderr
+    return p.returncode, next(iter(reports.values()))
+
+
+@pytest.mark.parametrize("source_changed", [False, True])
+def test_a_digest_rerun_never_links_a_file_that_failed_its_digest(first_install, source_changed):
+    """M7: the file is corrupted on the node with its size and mtime kept (what only a digest
+    sees). The re-run's bundle carries what changed at the source only; the node must not link
+    the corrupted file into the new install (it used to, and verify passed it as linked)."""
+    src, m1, dest, tmp_path = first_install
+    data = dest / PKG / "data.bin"
+    st = data.stat()
+    corrupt = bytearray(data.read_bytes())
+    corrupt[100] ^= 0xFF
+    data.write_bytes(bytes(corrupt))
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    if source_changed:
+        change_one_file(src)
+    m2 = manifest.build(str(src), [], "sha256", jobs=2, reuse=m1)
+    rc, doc = node_digest(bundle(tmp_path / "b2", src, m2, base=m1), dest)
+    assert rc == 3 and "data.bin" in doc["needs_full"], doc      # the bundle lacks it: send all
+    assert data.read_bytes() == bytes(corrupt)                     # nothing installed yet
+    rc, doc = node_digest(bundle(tmp_path / "b3", src, m2), dest)  # the whole bundle
+    assert rc == 0 and doc["ok"], doc
+    assert data.read_bytes() == (src / PKG / "data.bin").read_bytes()
+
+
+# -- the engine's stamp and lock (H2) ------------------------------------------------------------
+
+
+def engine_run(dest: Path, *steps: str, manifest_path: Path, holder="test", wait=0.0,
+               extra=()) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "-m", "rbkit", "engine", "run", *steps, "--dest",
+                           str(dest), "--manifest", str(manifest_path), "--policy", "replace",
+                           "--old", "/old/venv", "--holder", holder, "--lock-wait", str(wait),
+                           *extra], env=env, capture_output=True, text=True, timeout=120)
+
+
+def answers(out: str) -> list[dict]:
+    return [json.loads(line.split("\t", 1)[1]) for line in out.splitlines()
+            if line.startswith("event\t")]
+
+
+def test_swap_and_relocate_refuse_a_staging_this_run_did_not_verify(tmp_path):
+    src = tmp_path / "src" / "venv"
+    make_tree(src, python=True)
+    m = tmp_path / "m.jsonl"
+    with open(m, "w", encoding="utf-8") as f:
+        manifest.dump(manifest.build(str(src), [], "sha256"), f)
+    dest = tmp_path / "d" / "venv"
+    dest.mkdir(parents=True)
+    (dest / "old-install").write_text("the working install\n")
+    staging = Path(engine.staging_path(str(dest)))
+    subprocess.run(["cp", "-a", str(src), str(staging)], check=True)
+    (next(staging.rglob("data.bin"))).write_bytes(b"truncated")      # a copy that fails verify
+    for steps in (["swap"], ["relocate", "prove", "swap"], ["prove", "swap"]):
+        r = engine_run(dest, *steps, manifest_path=m)
+        assert r.returncode == 1, r.stdout + r.stderr
+        failed = [e for e in answers(r.stdout) if e["status"] == "failed"]
+        assert failed and "was not verified in this run" in failed[0]["detail"], r.stdout
+    r = engine_run(dest, "verify", "relocate", "prove", "swap", manifest_path=m)
+    assert r.returncode == 1 and "differs: " in r.stderr
+    assert (dest / "old-install").read_text() == "the working install\n"
+    assert not (tmp_path / "d" / ".venv.rb-lock").exists()        # let go at the end
+
+
+def test_a_staging_replaced_after_verify_is_refused(tmp_path):
+    src = tmp_path / "src" / "venv"
+    make_tree(src, python=True)
+    mf = manifest.build(str(src), [], "sha256")
+    dest = tmp_path / "d" / "venv"
+    ctx = engine.Context(str(dest), old=str(src), policy="replace", manifest=str(tmp_path / "m"),
+                         state=engine.make_state(str(tmp_path)))
+    with open(ctx.manifest, "w", encoding="utf-8") as f:
+        manifest.dump(mf, f)
+    ctx.locked = True
+    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    subprocess.run(["cp", "-a", f"{src}/.", ctx.staging], check=True)
+    assert engine.run(ctx, "verify", engine.verify)["status"] == "ok"
+    os.rename(ctx.staging, ctx.staging + ".moved")               # another run's staging now
+    subprocess.run(["cp", "-a", ctx.staging + ".moved", ctx.staging], check=True)
+    event = engine.run(ctx, "relocate", engine.relocate)
+    assert event["status"] == "failed" and "not the staging directory this run verified" in \
+        event["detail"]
+
+
+def test_a_second_run_is_refused_naming_the_holder(tmp_path):
+    dest = tmp_path / "d" / "venv"
+    first = Lock(str(dest), "runbook first on head (pid 4242)")
+    first.acquire()
+    try:
+        with pytest.raises(Taken, match=r"locked by another run: runbook first on head"):
+            Lock(str(dest), "runbook second").acquire()
+        m = tmp_path / "m.jsonl"
+        m.write_text("")
+        r = engine_run(dest, "exports", manifest_path=m)
+        assert r.returncode == 1 and "runbook first on head (pid 4242)" in r.stdout
+    finally:
+        first.release()
+    assert not Path(lock_path(str(dest))).exists()
+    assert not dest.parent.exists()                  # the parent the lock made is gone again
+
+
+def test_a_planted_lock_file_is_never_followed(tmp_path):
+    dest = tmp_path / "venv"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    Path(lock_path(str(dest))).symlink_to(victim)
+    with pytest.raises(Taken, match="is a symlink"):
+        Lock(str(dest), "x").acquire()
+    Path(lock_path(str(dest))).unlink()
+    os.link(victim, lock_path(str(dest)))
+    with pytest.raises(Taken, match="not a lock file"):
+        Lock(str(dest), "x").acquire()
+    assert victim.read_text() == "precious\n"
+
+
+def test_the_lock_is_the_kernels_and_goes_with_its_holder(tmp_path):
+    dest = tmp_path / "venv"
+    held = Lock(str(dest), "gone")
+    held.acquire()
+    os.close(held.fd)                                 # the process ends: its flock goes with it
+    again = Lock(str(dest), "next")
+    again.acquire()
+    with open(lock_path(str(dest)), "rb") as f:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    again.release()
+
+
+# -- the source: a tree the excludes empty is refused (M3) --------------------------------------
+
+
+@pytest.mark.parametrize("excludes, why", [
+    (["*"], "leaves out pyvenv.cfg"),
+    (["bin"], "leaves out bin"),
+    (["pyvenv.cfg"], "leaves out pyvenv.cfg"),
+])
+def test_a_source_the_excludes_empty_or_unvenv_is_refused(tmp_path, excludes, why):
+    src = tmp_path / "venv"
+    make_tree(src, python=True)
+    event = engine.run(engine.Context(str(src)), "scan",
+                       lambda c: engine.scan_source(str(src), excludes))
+    assert event["status"] == "failed" and "is not a venv after the excludes" in event["detail"]
+    assert why in event["detail"]
+
+
+def test_the_engine_answers_in_lines_a_runbook_reads(tmp_path):
+    src = tmp_path / "venv"
+    make_tree(src, python=True)
+    answer = serve.Answer(open(tmp_path / "out", "w", encoding="utf-8"))
+    ctx = engine.Context(str(src), emit=answer.event)
+    engine.run(ctx, "scan", lambda c: engine.scan_source(str(src), []))
+    answer.done()
+    answer.out.close()
+    lines = (tmp_path / "out").read_text().splitlines()
+    assert lines[-1].startswith("done\tok\t")
+    assert "set\tfiles\t5" in lines
+    event = json.loads(next(ln for ln in lines if ln.startswith("event\t")).split("\t", 1)[1])
+    assert set(event) == {"step", "status", "detail", "facts", "duration_s"}
