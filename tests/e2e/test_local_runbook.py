@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,10 @@ hosts:
 transfer:
   from: here:{src}
   to: here:{dst}
-  exclude: ["__pycache__", "*.pyc"]
+  exclude: {exclude}
   on_existing: {policy}
   jobs: 2
-checks:
+{extra}checks:
 {checks}
 """
 CHECKS = """  - imports: [rb_payload, json]
@@ -37,13 +38,23 @@ CHECKS = """  - imports: [rb_payload, json]
 
 
 def compile_and_run(tmp_path: Path, src: Path, dst: Path, *args: str, policy: str = "refuse",
-                    checks: str = CHECKS, name: str = "e2e") -> subprocess.CompletedProcess:
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(SPEC.format(name=name, src=src, dst=dst, policy=policy, checks=checks))
-    assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.run(["bash", str(tmp_path / f"{name}.sh"), *args], cwd=tmp_path, env=env,
+                    checks: str = CHECKS, name: str = "e2e", extra: str = "",
+                    exclude: str = '["__pycache__", "*.pyc"]',
+                    env: dict | None = None) -> subprocess.CompletedProcess:
+    script = compile_(tmp_path, src, dst, policy=policy, checks=checks, name=name, extra=extra,
+                      exclude=exclude)
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), **(env or {}))
+    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def compile_(tmp_path: Path, src: Path, dst: Path, *, policy: str = "refuse", checks: str = CHECKS,
+             name: str = "e2e", extra: str = "", exclude: str = '["__pycache__", "*.pyc"]') -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(SPEC.format(name=name, src=src, dst=dst, policy=policy, checks=checks,
+                                extra=extra, exclude=exclude))
+    assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
+    return tmp_path / f"{name}.sh"
 
 
 def report(tmp_path: Path) -> dict:
@@ -65,7 +76,8 @@ def test_full_local_move_then_rerun_skips(payload_small, tmp_path):
     doc = report(tmp_path)
     assert doc["outcome"] == "ok"
     assert [s["id"] for s in doc["steps"]] == [
-        "preflight", "manifest", "transfer", "verify", "relocate", "swap", "exports", "probe"]
+        "preflight", "manifest", "transfer", "verify", "relocate", "prove", "swap", "exports",
+        "probe"]
     assert doc["checks"]["fail"] == 0 and doc["checks"]["pass"] >= 2
     # the run's pictures beside its report (issue #18)
     for name in ("timeline.svg", "report.html"):
@@ -220,3 +232,121 @@ def test_an_incremental_copy_that_fails_verification_leaves_the_install_alone(pa
     r = compile_and_run(tmp_path, src, dst, "--from", "verify", policy="replace")
     assert r.returncode == 1 and "greeting.txt (content" in r.stderr, r.stderr[-3000:]
     assert tree_digest(dst) == before
+
+
+def old_install(dst: Path) -> dict:
+    dst.mkdir(parents=True)
+    (dst / "old-install").write_text("the working install\n")
+    return tree_digest(dst.parent)
+
+
+def test_a_failed_step_fails_the_run_once_and_puts_back_what_was_there(payload_small, tmp_path):
+    """H1: exports fails (a library dir the venv lacks): the run used to exit 0 with `outcome: ok`
+    and the step listed twice (the kit's status was lost in `parse "$(kit ...)"`)."""
+    dst = tmp_path / "d" / "venv"
+    old_install(dst)
+    cuda = "cuda:\n  version: \"12.4\"\n  home: /usr/local/cuda\n  library_path_first: [nvidia/absent/lib]\n"
+    r = compile_and_run(tmp_path, payload_small.venv, dst, policy="backup", extra=cuda)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED (rc=1) in step exports on host here" in r.stderr
+    assert "library dirs do not exist in the venv" in r.stderr and "nvidia/absent/lib" in r.stderr
+    doc = report(tmp_path)
+    assert doc["outcome"] == "failed"
+    ids = [s["id"] for s in doc["steps"]]
+    assert ids.count("exports") == 1 and ids[-1] == "exports", ids
+    assert doc["steps"][-1]["status"] == "failed"
+    assert not Path(f"{dst}.env.sh").exists()
+    # a failure past the swap puts back what was there; the failed install is kept beside it
+    assert (dst / "old-install").read_text() == "the working install\n"
+    assert "rolled back" in r.stderr
+    assert (tmp_path / "d" / "venv.rb-backup.1" / "bin" / "payload-hello").exists()
+
+
+def test_swap_refuses_a_staging_that_failed_verification(payload_small, tmp_path):
+    """H2: `--only swap` after a failed verify installed the unverified staging (and `replace`
+    deleted the working install), exit 0."""
+    dst = tmp_path / "d" / "venv"
+    before = old_install(dst)
+    assert compile_and_run(tmp_path, payload_small.venv, dst, "--only", "manifest",
+                           policy="replace").returncode == 0
+    assert compile_and_run(tmp_path, payload_small.venv, dst, "--only", "transfer",
+                           policy="replace").returncode == 0
+    staged = next((tmp_path / "d" / ".venv.rb-staging").rglob("greeting.txt"))
+    staged.write_text("truncated")
+    r = compile_and_run(tmp_path, payload_small.venv, dst, "--from", "verify", policy="replace")
+    assert r.returncode == 1 and "in step verify" in r.stderr, r.stderr[-3000:]
+    for args in (["--only", "swap"], ["--from", "relocate"], ["--from", "prove"]):
+        r = compile_and_run(tmp_path, payload_small.venv, dst, *args, policy="replace")
+        assert r.returncode == 1, r.stderr[-3000:]
+        assert "was not verified in this run" in r.stderr, r.stderr[-3000:]
+        assert {k: v for k, v in tree_digest(tmp_path / "d").items()
+                if ".rb-staging" not in k} == before
+        assert report(tmp_path)["outcome"] == "failed"
+
+
+def test_a_second_run_into_the_same_destination_is_refused_naming_the_first(payload_small,
+                                                                             tmp_path):
+    """H2: two runs at once shared the staging and installed a mix; now the destination's lock
+    (held by the first run's engine for its whole run) refuses the second, naming the first."""
+    dst = tmp_path / "d" / "venv"
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "pv").write_text("#!/bin/sh\nsleep 15\nexec cat\n")      # the relay's pv, slowed
+    (slow / "pv").chmod(0o755)
+    first = compile_(tmp_path, payload_small.venv, dst, name="first")
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run-first"),
+               PATH=f"{slow}:{os.environ['PATH']}")
+    p = subprocess.Popen(["bash", str(first)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        lock = tmp_path / "d" / ".venv.rb-lock"
+        deadline = time.monotonic() + 120
+        while not lock.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lock.exists(), "the first run never took the lock"
+        r = compile_and_run(tmp_path, payload_small.venv, dst, name="second",
+                            env={"RB_LOCK_WAIT": "1"})
+        assert r.returncode == 1, r.stderr[-3000:]
+        assert "FAILED (rc=1) in step preflight" in r.stderr
+        assert "is locked by another run: runbook first run from" in r.stderr, r.stderr[-3000:]
+        assert str(tmp_path / "run-first") in r.stderr           # its run directory, named
+    finally:
+        _out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert (dst / "bin" / "payload-hello").exists() and not lock.exists()
+
+
+def test_a_source_the_excludes_empty_is_refused_before_anything_is_replaced(payload_small,
+                                                                             tmp_path):
+    """M3: `exclude: ["*"]` passed preflight as "0 files", and replace swapped the working install
+    for an empty tree."""
+    dst = tmp_path / "d" / "venv"
+    before = old_install(dst)
+    r = compile_and_run(tmp_path, payload_small.venv, dst, policy="replace", exclude='["*"]')
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED (rc=1) in step preflight" in r.stderr
+    assert "is not a venv after the excludes: transfer.exclude leaves out pyvenv.cfg" in r.stderr
+    assert tree_digest(tmp_path / "d") == before
+
+
+def test_a_venv_whose_interpreter_is_missing_at_the_destination_is_refused_before_the_swap(
+        payload_small, tmp_path):
+    """M3: a venv whose base interpreter does not exist on the target: bin/python names it by a
+    relative path that resolves beside the source and nowhere beside the destination. It used
+    to be swapped in (replace: the working install deleted) and fail after."""
+    src = tmp_path / "a" / "src" / "venv"
+    src.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    base = tmp_path / "a" / "src" / "base"
+    base.mkdir()
+    (base / "python").symlink_to(os.path.realpath(src / "bin" / "python"))
+    (src / "bin" / "python").unlink()
+    (src / "bin" / "python").symlink_to("../../base/python")
+    dst = tmp_path / "a" / "dst" / "venv"
+    before = old_install(dst)
+    r = compile_and_run(tmp_path, src, dst, policy="replace")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED (rc=1) in step prove on host here" in r.stderr
+    assert "does not exist on this host" in r.stderr
+    assert {k: v for k, v in tree_digest(dst.parent).items() if ".rb-staging" not in k} == before
+    assert [s["id"] for s in report(tmp_path)["steps"]][-1] == "prove"
