@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 77ddb98878c61b5e6f00a338fd18080712000c35056b06448ce41fac021c1457
+# sha256 of this file with these 64 digits zeroed: beaf9cc50ec38fa00a47b806fafe9cb5e634631020f1377a0280ecfcbe14f368
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c2d074ac4d049f471a18d74228be8d6a88066cd6dd5c0f2f8c16ce462c43faa6
-readonly RB_KIT_FILE=.kit/c2d074ac4d049f471a18d74228be8d6a88066cd6dd5c0f2f8c16ce462c43faa6.tar
+readonly RB_KIT_SHA256=c9a045514ae41a8bbd83b264df0c1573d4864fb3000fd795b600f29471f094cc
+readonly RB_KIT_FILE=.kit/c9a045514ae41a8bbd83b264df0c1573d4864fb3000fd795b600f29471f094cc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

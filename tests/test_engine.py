@@ -265,3 +265,27 @@ def test_the_engine_answers_in_lines_a_runbook_reads(tmp_path):
     assert "set\tfiles\t5" in lines
     event = json.loads(next(ln for ln in lines if ln.startswith("event\t")).split("\t", 1)[1])
     assert set(event) == {"step", "status", "detail", "facts", "duration_s"}
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
+def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression):
+    """send (the source's end, here with a --remote command line taking the place of ssh: words
+    after --remote are never the engine's, `--` included) and receive (into this run's staging)."""
+    src = tmp_path / "venv"
+    make_tree(src, python=True)
+    names = tmp_path / "names"
+    with open(names, "wb") as f:
+        manifest.names(manifest.build(str(src), [], "none"), f)
+    env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
+    stream = tmp_path / "stream"
+    r = subprocess.run([sys.executable, "-m", "rbkit", "engine", "send", str(src), str(names),
+                        "--compression", compression, "--remote", "sh", "-c", 'cat >"$2"', "--",
+                        "rb", str(stream)], env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    dest = tmp_path / "d" / "venv"
+    ctx = engine.Context(str(dest), compression=compression, state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(stream)])
+    assert event["status"] == "ok", event
+    assert (Path(ctx.staging) / PKG / "data.bin").read_bytes() == (src / PKG / "data.bin").read_bytes()

@@ -377,8 +377,8 @@ def parser() -> argparse.ArgumentParser:
     se.add_argument("root")
     se.add_argument("names")
     se.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
-    se.add_argument("--remote", nargs=argparse.REMAINDER, default=[],
-                    help="the rest: an ssh command line the stream is piped into")
+    se.add_argument("--remote", action="store_true",
+                    help="the words after it: an ssh command line the stream is piped into")
     se.set_defaults(fn=cmd_send)
     st = sub.add_parser("staging")
     st.add_argument("dest")
@@ -387,5 +387,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    remote: List[str] = []
+    if argv[:1] == ["send"] and "--remote" in argv:
+        # every word after --remote is the ssh command line, `--` and options included
+        at = argv.index("--remote")
+        argv, remote = argv[:at + 1], argv[at + 1:]
     a = parser().parse_args(argv)
+    if a.fn is cmd_send:
+        a.remote = remote
     return a.fn(a)
