@@ -24,7 +24,10 @@ def old_install(parent: Path) -> Path:
 
 
 def outside_staging(root: Path) -> dict:
-    return {k: v for k, v in snapshot(root).items() if ".rb-staging" not in k}
+    """What a failed run must leave as it was: all but its staging and its lock file (an engine
+    cut off by a dead link still holds the lock until its ssh session is found gone)."""
+    return {k: v for k, v in snapshot(root).items()
+            if ".rb-staging" not in k and not k.endswith(".rb-lock")}
 
 
 def test_target_link_down_mid_stream(clean_lab, payload_torch, ext4_dir, tmp_path):
