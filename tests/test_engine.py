@@ -289,3 +289,20 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
     event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(stream)])
     assert event["status"] == "ok", event
     assert (Path(ctx.staging) / PKG / "data.bin").read_bytes() == (src / PKG / "data.bin").read_bytes()
+
+
+def test_a_nodes_report_carries_its_checks(first_install):
+    src, m1, dest, tmp_path = first_install
+    config = {"schema": 1, "host": "n", "venv": None, "gpu": None, "cuda": None,
+              "checks": [{"id": "python", "type": "python", "params": {}, "allow_skip": False}]}
+    d = bundle(tmp_path / "b2", src, m1)
+    env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
+    (d / "kit" / "rbprobes").symlink_to(KIT / "rbprobes")
+    p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d), "--dest",
+                        str(tmp_path / "n2" / "venv"), "--old", "/old/venv", "--policy",
+                        "replace", "--jobs", "2", "--timeout", "60", "--probe-config",
+                        json.dumps(config)], env=env, capture_output=True, text=True, timeout=120)
+    from rbkit import fanout
+    doc = next(iter(fanout.parse_reports(p.stdout.splitlines()).values()))
+    assert [s["id"] for s in doc["steps"]][-1] == "probe"
+    assert doc["probe"] and doc["probe"]["checks"][0]["id"] == "python", doc

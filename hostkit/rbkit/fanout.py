@@ -83,10 +83,10 @@ def node(a: argparse.Namespace) -> int:
         rc = engine.install(ctx, producer, delta if os.path.exists(delta) else None) \
             if ctx.locked else 1
         engine.finish(ctx)
+        _report(doc, ctx.events, rc)        # before the state goes: the checks' report is there
     finally:
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
-    _report(doc, ctx.events, rc)
     # CPU seconds of this node's install (its children and itself): what the node's cores did
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF)]
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
