@@ -5,7 +5,7 @@ once more with nothing changed (the node keeps its install and runs the checks).
 It does on one machine what a fan-out runbook does for each node, with the same code: the source's
 manifest (`rbkit manifest build`, then `--reuse` for the re-run), the payload as tar (+ zstd when
 there), the bundle file, and on the "node" the runbook's node script (unpack the bundle, then
-`rbkit.fanout node`: extract into staging, verify, relocate, swap, exports, the checks). The
+`rbkit.fanout node`: the install engine's steps, stage to probe). The
 runbook named gives the checks, CUDA home, library order and env, as its fan-out would. The source
 is a hard-link copy of SOURCE (`cp -al`, so SOURCE is never written) in which one small file is
 then replaced. Prints each phase's seconds and the node's own step times; writes DIR/result.json.
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rbkit import fanout, manifest
+from rbkit import engine, fanout, manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 # the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)
@@ -69,14 +69,15 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
 
 def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
                 delta: bool = False) -> Path:
-    """What fan_pack makes: DIR/{manifest.jsonl, payload.tar[.zst], kit/, delta.names} -> DIR.tar
-    (delta.names, naming what the payload holds, only in a re-run's bundle)."""
+    """What fan_pack makes: DIR/{manifest.jsonl, payload, kit/, delta.names} -> DIR.tar (payload:
+    the engine's stream, compressed as `comp` says; delta.names, naming what the payload holds,
+    only in a re-run's bundle)."""
     if d.exists():
         shutil.rmtree(d)
     (d / "kit").mkdir(parents=True)
-    shutil.copytree(ROOT / "compiler" / "kit", d / "kit" / "rbkit",
+    shutil.copytree(ROOT / "hostkit" / "rbkit", d / "kit" / "rbkit",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "compiler" / "probes", d / "kit" / "rbprobes",
+    shutil.copytree(ROOT / "hostkit" / "rbprobes", d / "kit" / "rbprobes",
                     ignore=shutil.ignore_patterns("__pycache__"))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
         manifest.dump(m, f)
@@ -85,17 +86,11 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
     for path in lists:
         with open(path, "wb") as f:
             manifest.write_names(names, f)
-    payload = d / ("payload.tar.zst" if comp == "zstd" else "payload.tar")
-    with open(payload, "wb") as out:
-        tar = subprocess.Popen(["tar", "-C", str(src), "--null", "--no-recursion", "-T",
-                                str(listing), "-cf", "-"], stdout=subprocess.PIPE)
-        if comp == "zstd":
-            sh(["zstd", "-q", "-1", "-T0"], stdin=tar.stdout, stdout=out)
-        else:
-            shutil.copyfileobj(tar.stdout, out, 1 << 20)
-        tar.stdout.close()
-        if tar.wait() != 0:
-            raise SystemExit("tar of the payload failed")
+    with open(d / fanout.PAYLOAD, "wb") as out:
+        codes, _ = engine.pipeline(engine.send_argvs(str(src), str(listing), comp), None,
+                                   stdin=subprocess.DEVNULL, stdout=out)
+        if any(codes):
+            raise SystemExit(f"the payload's stream failed: exit codes {codes}")
     sh(["tar", "-C", str(d), "-cf", str(d) + ".tar", "."])
     return Path(str(d) + ".tar")
 
