@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: a378ed6cb03a4e3eacab22990b514a21a90e4e22ab025de28f1a8f918c3b6c85
+# sha256 of this file with these 64 digits zeroed: eaeeb79c6054c4ec84bcf370623c43d11d64f9991c7d2daaec7d1768b6d34282
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20
-readonly RB_KIT_FILE=.kit/391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20.tar
+readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
+readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 39a6f818547d512bc499873a24cf354145e155248832c7bd4d7de2ee416da668
+# sha256 of this file with these 64 digits zeroed: da887f0d6af4ba81fed83142f8b634c6c0cd085effd86663a5bf78ff97ab5206
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20
-readonly RB_KIT_FILE=.kit/391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20.tar
+readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
+readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 7626ba8cefe1964cd0e11a11e40252d17d5d382a4bcb15e7b45548a9f47ae6d9
+# sha256 of this file with these 64 digits zeroed: e320379f2221b8beb838ed739f56313cb96d9d41f0d2bc0f722def79489926e6
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20
-readonly RB_KIT_FILE=.kit/391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20.tar
+readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
+readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

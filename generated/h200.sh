@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 15ce01c8bb6162c166c621106e5ed82c5df47ea0f5a27fccc7d10a8acf6b3652
+# sha256 of this file with these 64 digits zeroed: b25c519a3fd311e6f39d2c843d250768d91a57d954650845fb0f90bbae18b01e
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20
-readonly RB_KIT_FILE=.kit/391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20.tar
+readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
+readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: dd7718faab1fad09db4621ec45e822e55b4065c9e88e5a24401ea44b38f001c0
+# sha256 of this file with these 64 digits zeroed: e494ff1d79bd7f069b48a78a7fbf4642685ac187b520648f40de3cd93a2e4c74
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20
-readonly RB_KIT_FILE=.kit/391284f52c91dfdceb6c9f87634ed1689a6935d45e86b6aa1d87c35f29d29f20.tar
+readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
+readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -306,3 +306,17 @@ def test_a_nodes_report_carries_its_checks(first_install):
     doc = next(iter(fanout.parse_reports(p.stdout.splitlines()).values()))
     assert [s["id"] for s in doc["steps"]][-1] == "probe"
     assert doc["probe"] and doc["probe"]["checks"][0]["id"] == "python", doc
+
+
+def test_prove_refuses_an_interpreter_of_another_python_version(first_install):
+    """bin/python runs here, but it is not the Python the venv was made with: its packages
+    (lib/pythonX.Y) would not be seen; refused before the swap."""
+    src, m1, dest, tmp_path = first_install
+    cfg = src / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace(f"version = {sys.version.split()[0]}", "version = 2.7.18"))
+    before = (dest / PKG / "__init__.py").read_text()
+    change_one_file(src)
+    rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
+    prove = next(s for s in doc["steps"] if s["id"] == "prove")
+    assert rc == 1 and not prove["ok"] and "the venv was made with 2.7.18" in prove["error"][0]
+    assert (dest / PKG / "__init__.py").read_text() == before

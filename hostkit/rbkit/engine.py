@@ -564,6 +564,12 @@ def prove(ctx: Context) -> Result:
     if os.path.realpath(prefix) != os.path.realpath(ctx.staging):
         raise StepError("the staged interpreter reports sys.prefix %s, not the staging %s"
                         % (prefix, ctx.staging))
+    made = _cfg(ctx.staging, "version") or _cfg(ctx.staging, "version_info")
+    if made and made.split(".")[:2] != version.split(".")[:2]:
+        raise StepError("bin/python here is Python %s, the venv was made with %s (pyvenv.cfg): its "
+                        "packages under lib/python%s are not seen; install Python %s here"
+                        % (version, made, ".".join(made.split(".")[:2]),
+                           ".".join(made.split(".")[:2])))
     _write_stamp(ctx, dict(doc, stage="proven"))
     return Result("bin/python %s runs from the staging" % version, {"python": version})
 
@@ -744,12 +750,18 @@ def interpreter_prefix(python: str, root: str) -> tuple:
 
 
 def _home(root: str) -> str:
+    home = _cfg(root, "home")
+    return ", pyvenv.cfg home = %s" % home if home else ""
+
+
+def _cfg(root: str, key: str) -> str:
+    """A value of the venv's pyvenv.cfg ('' when not there)."""
     try:
         with open(os.path.join(root, "pyvenv.cfg"), encoding="utf-8", errors="replace") as f:
             for line in f:
-                key, _, value = line.partition("=")
-                if key.strip() == "home":
-                    return ", pyvenv.cfg home = %s" % value.strip()
+                k, _, value = line.partition("=")
+                if k.strip() == key:
+                    return value.strip()
     except OSError:
         pass
     return ""
