@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rbkit import engine, fanout, manifest
+from rbkit import fanout, manifest, stream
 
 ROOT = Path(__file__).resolve().parents[1]
 # the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)
@@ -87,7 +87,7 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
         with open(path, "wb") as f:
             manifest.write_names(names, f)
     with open(d / fanout.PAYLOAD, "wb") as out:
-        codes, _ = engine.pipeline(engine.send_argvs(str(src), str(listing), comp), None,
+        codes, _ = stream.pipeline(stream.send_argvs(str(src), str(listing), comp), None,
                                    stdin=subprocess.DEVNULL, stdout=out)
         if any(codes):
             raise SystemExit(f"the payload's stream failed: exit codes {codes}")

@@ -138,6 +138,12 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         _s("RB_VERIFY", spec.transfer.verify),
         _s("RB_ON_EXISTING", spec.transfer.on_existing),
         _s("RB_RERUN", spec.transfer.rerun),
+        _s("RB_SPECIAL_MODES", spec.transfer.special_modes,
+           "the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links "
+           "that leave the tree, backups kept, a swap that cannot be one rename"),
+        _s("RB_OUTSIDE_LINKS", spec.transfer.outside_links),
+        _s("RB_KEEP_BACKUPS", str(spec.transfer.keep_backups)),
+        _s("RB_SWAP_ATOMIC", spec.transfer.swap_atomic),
         _s("RB_INCREMENTAL", "1" if incremental(spec) else "0",
            "a re-run that finds changes sends only them (see docs/design.md)"),
         _s("RB_JOBS", str(spec.transfer.jobs or "auto"), "hashing threads on each host (auto: one per CPU)"),

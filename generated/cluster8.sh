@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: e320379f2221b8beb838ed739f56313cb96d9d41f0d2bc0f722def79489926e6
+# sha256 of this file with these 64 digits zeroed: 1247ec7a1afb4603790d99110c4c7f72ac66af15b93e06a9fe089c4dfef7777c
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
-readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
+readonly RB_KIT_SHA256=9c1faac45f316f2da40af6ef9ee7c2be3214681e36ec4dc0cba2898e5f7d9829
+readonly RB_KIT_FILE=.kit/9c1faac45f316f2da40af6ef9ee7c2be3214681e36ec4dc0cba2898e5f7d9829.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -41,6 +41,11 @@ readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=backup
 readonly RB_RERUN=quick
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+readonly RB_SPECIAL_MODES=refuse
+readonly RB_OUTSIDE_LINKS=refuse
+readonly RB_KEEP_BACKUPS=2
+readonly RB_SWAP_ATOMIC=allow
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU)
@@ -557,6 +562,8 @@ rb::engine_start() {
     --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
     --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
+    --swap-atomic "${RB_SWAP_ATOMIC}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
@@ -994,7 +1001,8 @@ print(sys.executable)')
     rb::kit_ship "${host}"
   done
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}"
+  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --special-modes "${RB_SPECIAL_MODES}" --outside-links "${RB_OUTSIDE_LINKS}"
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
@@ -1027,7 +1035,7 @@ step_fan_pack() {
   fi
   rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${names}" "${reuse[@]}"
+    --names "${names}" --special-modes "${RB_SPECIAL_MODES}" "${reuse[@]}"
   rb::log "manifest: ${RB_ENGINE_DETAIL}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
@@ -1079,7 +1087,8 @@ step_fan_install() {
     --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --rerun "${RB_RERUN}")
+    --rerun "${RB_RERUN}" --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
+    --swap-atomic "${RB_SWAP_ATOMIC}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: e494ff1d79bd7f069b48a78a7fbf4642685ac187b520648f40de3cd93a2e4c74
+# sha256 of this file with these 64 digits zeroed: f66a543fab26645a711a7bc0c6fd78de4a9cd779c8b44cf1bcf4c87c656de571
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=c920e77239e27051221162c53cdab3c35d063b1d3881cb2544a31cb150a75ca4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6
-readonly RB_KIT_FILE=.kit/3b9c2eb5a0f8c079897cc56f22ba657315c45f279268c7a1d6f4c9f509ef56c6.tar
+readonly RB_KIT_SHA256=9c1faac45f316f2da40af6ef9ee7c2be3214681e36ec4dc0cba2898e5f7d9829
+readonly RB_KIT_FILE=.kit/9c1faac45f316f2da40af6ef9ee7c2be3214681e36ec4dc0cba2898e5f7d9829.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -42,6 +42,11 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+readonly RB_SPECIAL_MODES=refuse
+readonly RB_OUTSIDE_LINKS=refuse
+readonly RB_KEEP_BACKUPS=2
+readonly RB_SWAP_ATOMIC=allow
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU)
@@ -564,6 +569,8 @@ rb::engine_start() {
     --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
     --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
+    --swap-atomic "${RB_SWAP_ATOMIC}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
@@ -810,7 +817,7 @@ rb::kit_write() {
 # Reach every host, ship the kit, check the source is a venv after the excludes, take the destination's lock, check its state and free space.
 #######################################
 step_preflight() {
-  local host need src_kit
+  local host need src_kit identity
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
       { echo "missing tool on this host: $t" >&2; exit 1; }; done
@@ -824,11 +831,14 @@ print(sys.executable)"')
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
   rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --names "${src_kit}/${RB_NAME}.names"
+    --names "${src_kit}/${RB_NAME}.names" --special-modes "${RB_SPECIAL_MODES}" \
+    --outside-links "${RB_OUTSIDE_LINKS}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
   RB_SRC_STAT=${RB_J[stat_fingerprint]}
+  identity=${RB_J[identity]}
+  need=$((RB_J[need_bytes] + RB_J[need_bytes] / 10))
   rb::log "source: ${RB_ENGINE_DETAIL} apparent, after excludes"
   rb::fact files "${RB_SRC_FILES}"
   rb::fact bytes "${RB_SRC_BYTES}"
@@ -836,8 +846,8 @@ print(sys.executable)"')
   # the destination's engine for the run: from here on it holds the destination's lock
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  need=$((RB_SRC_DISK + RB_SRC_DISK / 10))
-  rb::engine preflight "need=${need}"
+  # never into the source, nor inside it, nor the reverse, whatever the names
+  rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}
   RB_STAGING=${RB_J[staging]}
   RB_STEP_DETAIL="route ${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
@@ -966,7 +976,8 @@ rb::manifest_build() {
   local src_kit
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" "$@"
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+    --special-modes "${RB_SPECIAL_MODES}" "$@"
   rb::manifest_facts
 }
 
@@ -1010,6 +1021,7 @@ step_transfer() {
     # a background job: its failure ends it quietly (rb::on_err), `wait` below sees it
     RB_WORK='' rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
       --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+      --special-modes "${RB_SPECIAL_MODES}" \
       >"${RB_RUN_DIR}/manifest-build.out" 2>"${RB_RUN_DIR}/manifest-build.err" &
     hash_pid=$!
     RB_BG_PIDS+=("${hash_pid}")
@@ -1020,7 +1032,7 @@ step_transfer() {
   send=("${RB_KIT_ARGV[@]}" engine send "${RB_SRC_ABS}" "${names}" --compression "${RB_COMPRESSION_USED}")
   rb::kit_argv "${RB_DST_HOST}"
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}")
+    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}")
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   rb::now

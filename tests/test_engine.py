@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from compiler import steps as compiler_steps
-from rbkit import engine, manifest, serve
+from rbkit import engine, manifest, serve, stream
 from rbkit.lock import Lock, Taken, lock_path
 from tests.test_fanout_delta import PKG, bundle, change_one_file, node
 from tests.test_kit import make_tree
@@ -246,10 +246,9 @@ def test_the_lock_is_the_kernels_and_goes_with_its_holder(tmp_path):
 def test_a_source_the_excludes_empty_or_unvenv_is_refused(tmp_path, excludes, why):
     src = tmp_path / "venv"
     make_tree(src, python=True)
-    event = engine.run(engine.Context(str(src)), "scan",
-                       lambda c: engine.scan_source(str(src), excludes))
-    assert event["status"] == "failed" and "is not a venv after the excludes" in event["detail"]
-    assert why in event["detail"]
+    with pytest.raises(stream.SourceRefused, match="is not a venv after the excludes") as got:
+        stream.scan_source(str(src), excludes)
+    assert why in str(got.value)
 
 
 def test_the_engine_answers_in_lines_a_runbook_reads(tmp_path):
@@ -257,7 +256,7 @@ def test_the_engine_answers_in_lines_a_runbook_reads(tmp_path):
     make_tree(src, python=True)
     answer = serve.Answer(open(tmp_path / "out", "w", encoding="utf-8"))
     ctx = engine.Context(str(src), emit=answer.event)
-    engine.run(ctx, "scan", lambda c: engine.scan_source(str(src), []))
+    engine.run(ctx, "scan", lambda c: engine.Result(*stream.scan_source(str(src), [])))
     answer.done()
     answer.out.close()
     lines = (tmp_path / "out").read_text().splitlines()

@@ -1,4 +1,14 @@
-"""python -m rbkit (on hosts) / python -m rbkit (from the repo). See docs/design.md."""
+"""python -m rbkit (on hosts) / python -m rbkit (from the repo). See docs/design.md.
+
+    manifest build ROOT --out F [...]     a manifest of a tree (JSON summary on stdout)
+    manifest verify ROOT MANIFEST [...]    a tree against a manifest (differences on stderr)
+    relocate ROOT --old OLD --new NEW      rewrite what names OLD in a venv's bin/ (by hand)
+    report --events E --out R [...]        the run's report from its event log (on the head)
+    engine ...                             the install engine (serve.py): every step of a move
+
+The steps of a move (scan, stage, receive, verify, relocate, prove, swap, exports, probe,
+restore) are the engine's only: `python -m rbkit engine run STEP... --dest DEST` runs them by hand.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +17,7 @@ import json
 import os
 import sys
 
-from . import exports, hostfs, manifest, relocate, report
+from . import manifest, relocate, report
 
 
 def jobs(value: str) -> int:
@@ -24,10 +34,7 @@ def _print(doc) -> None:
 def cmd_manifest_build(a) -> int:
     m = manifest.build(a.root, a.exclude, a.algo, a.jobs,
                        manifest.load(a.reuse) if a.reuse else None)
-    tmp = f"{a.out}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        manifest.dump(m, f)
-    os.replace(tmp, a.out)
+    manifest.save(m, a.out)
     if a.names:
         with open(a.names, "wb") as f:
             manifest.names(m, f)
@@ -44,88 +51,14 @@ def cmd_manifest_verify(a) -> int:
     return 0 if result["ok"] else 1
 
 
-def cmd_manifest_fingerprint(a) -> int:
-    m = manifest.load(a.manifest)
-    _print({"fingerprint": manifest.fingerprint(m), "source_fingerprint":
-            m["header"].get("source_fingerprint"), "totals": m["totals"]})
-    return 0
-
-
-def cmd_manifest_quick(a) -> int:
-    result = manifest.quick_check(a.root, manifest.load(a.installed), a.source_stat)
-    for rel in result.get("changed", []):
-        print(f"changed at the destination: {rel}", file=sys.stderr)
-    _print(result)
-    return 0 if result["ok"] else 1
-
-
-def cmd_manifest_delta(a) -> int:
-    d = manifest.delta(manifest.load(a.manifest), manifest.load(a.base))
-    with open(a.names_out, "wb") as f:
-        manifest.write_names(d.pop("send"), f)
-    _print(d)
-    return 0
-
-
-def cmd_stage(a) -> int:
-    _print(hostfs.stage(a.dest, a.staging, manifest.load(a.manifest), manifest.load(a.installed),
-                        a.names_out))
-    return 0
-
-
 def cmd_relocate(a) -> int:
     result = relocate.relocate(a.root, a.old, a.new)
-    if a.manifest and a.installed:
-        m = manifest.load(a.manifest)
-        algo = m["header"]["algo"]
-        changes = {}
-        for rel, info in result["rewritten"].items():
-            change = {"s": info["s"]}
-            if algo != "none":
-                change["h"] = manifest.digest(os.path.join(a.root, rel), algo)
-            changes[rel] = change
-        installed = manifest.relocated(m, changes, manifest.fingerprint(m))
-        with open(a.installed, "w", encoding="utf-8") as f:
-            manifest.dump(installed, f)
     for rel in result["remaining"]:
         print(f"still names {a.old}: {rel}", file=sys.stderr)
     _print({"rewritten": sorted(result["rewritten"]), "count": len(result["rewritten"]),
-            "remaining": result["remaining"],
-            "elsewhere": result["elsewhere"], "same_path": result["same_path"]})
+            "remaining": result["remaining"], "elsewhere": result["elsewhere"],
+            "same_path": result["same_path"]})
     return 1 if result["remaining"] else 0
-
-
-def cmd_scan(a) -> int:
-    _print(hostfs.scan(a.root, a.exclude, a.names))
-    return 0
-
-
-def cmd_free(a) -> int:
-    _print(hostfs.free_bytes(a.path))
-    return 0
-
-
-def cmd_swap(a) -> int:
-    _print(hostfs.swap(a.staging, a.dest, a.policy))
-    return 0
-
-
-def cmd_restore(a) -> int:
-    _print(hostfs.restore(a.dest, a.number))
-    return 0
-
-
-def cmd_exports(a) -> int:
-    env = dict(item.split("=", 1) for item in a.env)
-    text, summary = exports.render(a.venv, a.cuda_home, a.first, env, a.origin)
-    if summary["missing_dirs"]:
-        for d in summary["missing_dirs"]:
-            print(f"library dir does not exist in the venv: {d}", file=sys.stderr)
-        _print(summary)
-        return 1
-    exports.write(a.out, text)
-    _print(dict(summary, file=a.out))
-    return 0
 
 
 def cmd_report(a) -> int:
@@ -141,7 +74,8 @@ def cmd_report(a) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rbkit", description=__doc__)
+    p = argparse.ArgumentParser(prog="rbkit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manifest").add_subparsers(dest="mcmd", required=True)
     b = m.add_parser("build")
@@ -159,58 +93,12 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--jobs", type=jobs, default="auto")
     v.add_argument("--linked-from", help="files hard-linked from here are checked by stat")
     v.set_defaults(fn=cmd_manifest_verify)
-    q = m.add_parser("quick-check")
-    q.add_argument("root")
-    q.add_argument("installed")
-    q.add_argument("--source-stat", required=True)
-    q.set_defaults(fn=cmd_manifest_quick)
-    fp = m.add_parser("fingerprint")
-    fp.add_argument("manifest")
-    fp.set_defaults(fn=cmd_manifest_fingerprint)
-    d = m.add_parser("delta", help="what a host installed from BASE still needs (manifest.delta)")
-    d.add_argument("manifest")
-    d.add_argument("base")
-    d.add_argument("--names-out", required=True)
-    d.set_defaults(fn=cmd_manifest_delta)
     r = sub.add_parser("relocate")
     r.add_argument("root")
     r.add_argument("--old", required=True)
     r.add_argument("--new", required=True)
-    r.add_argument("--manifest")
-    r.add_argument("--installed")
     r.set_defaults(fn=cmd_relocate)
-    st = sub.add_parser("stage", help="an incremental install's staging (hostfs.stage)")
-    st.add_argument("dest")
-    st.add_argument("staging")
-    st.add_argument("--manifest", required=True)
-    st.add_argument("--installed", required=True)
-    st.add_argument("--names-out", required=True)
-    st.set_defaults(fn=cmd_stage)
-    s = sub.add_parser("scan")
-    s.add_argument("root")
-    s.add_argument("--exclude", action="append", default=[])
-    s.add_argument("--names", help="also write the NUL-separated name list for tar -T here")
-    s.set_defaults(fn=cmd_scan)
-    fr = sub.add_parser("free")
-    fr.add_argument("path")
-    fr.set_defaults(fn=cmd_free)
-    sw = sub.add_parser("swap")
-    sw.add_argument("staging")
-    sw.add_argument("dest")
-    sw.add_argument("--policy", choices=("refuse", "backup", "replace"), required=True)
-    sw.set_defaults(fn=cmd_swap)
-    rs = sub.add_parser("restore")
-    rs.add_argument("dest")
-    rs.add_argument("--number", type=int)
-    rs.set_defaults(fn=cmd_restore)
-    e = sub.add_parser("exports")
-    e.add_argument("--venv", required=True)
-    e.add_argument("--out", required=True)
-    e.add_argument("--cuda-home", default="")
-    e.add_argument("--first", action="append", default=[])
-    e.add_argument("--env", action="append", default=[])
-    e.add_argument("--origin", default="a runbook")
-    e.set_defaults(fn=cmd_exports)
+    sub.add_parser("engine", help="the install engine: python -m rbkit engine --help")
     rp = sub.add_parser("report")
     rp.add_argument("--name", required=True)
     rp.add_argument("--spec", required=True)

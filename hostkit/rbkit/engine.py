@@ -33,26 +33,18 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 from . import exports as kitexports
-from . import hostfs
+from . import hostfs, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
+from .stream import COMPRESSION, child_env, human, pipeline, run_quiet, tail
 
 # The install's steps, in order: what a fan-out node's report and the runbook's events name.
 STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
-# The compression table, the only one: the stream's sending end (`send`) packs with `pack`, its
-# receiving end (`receive`) unpacks with `unpack`; `tool` is what a host must have.
-COMPRESSION: Dict[str, Dict[str, Any]] = {
-    "none": {"tool": None, "pack": None, "unpack": None},
-    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
-    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
-    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
-}
 PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
 STAMP = "stamp.json"
 INSTALLED = ".rb-manifest.jsonl"
@@ -101,6 +93,8 @@ class Context:
                  env: Optional[List[str]] = None, origin: str = "a runbook",
                  probe_config: str = "", on_failed_checks: str = "keep", rerun: str = "quick",
                  timeout: Optional[float] = None, state: str = "", capture: bool = False,
+                 special_modes: str = "refuse", keep_backups: Optional[int] = None,
+                 swap_atomic: str = "allow",
                  emit: Optional[Callable[[dict], None]] = None,
                  log: Optional[Callable[[str], None]] = None) -> None:
         self.dest = os.path.abspath(dest)
@@ -112,6 +106,9 @@ class Context:
         self.origin, self.probe_config = origin, probe_config
         self.on_failed_checks, self.rerun, self.timeout = on_failed_checks, rerun, timeout
         self.state, self.capture = state, capture
+        # transfer.special_modes (receive), keep_backups and swap_atomic (swap, restore)
+        self.special_modes, self.keep_backups, self.swap_atomic = \
+            special_modes, keep_backups, swap_atomic
         self.emit = emit or (lambda event: None)
         self.log = log or (lambda line: None)
         self.locked = False
@@ -313,36 +310,49 @@ def _sha256(path: str) -> Optional[str]:
 
 
 def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write `path` whole: a private temp file in the same directory (O_EXCL), fchmod, replace."""
-    fd, tmp = tempfile.mkstemp(prefix=".rb-tmp.", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            os.fchmod(f.fileno(), mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write `path` whole: a new temp file beside it (O_EXCL, O_NOFOLLOW), then one rename
+    (safefs.write_file: a link at `path` is replaced, never written through)."""
+    safefs.write_file(path, data, mode)
 
 
 def remove_tree(path: str) -> None:
-    """Remove a directory tree we made or replaced (a symlink is removed, never followed)."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        if os.path.lexists(path):
-            os.unlink(path)
-        return
-    shutil.rmtree(path)
+    """Remove a tree we made or replaced, if it is there (hostfs.remove: a link is removed, never
+    followed)."""
+    if os.path.lexists(path):
+        hostfs.remove(path)
 
 
 # -- the steps -----------------------------------------------------------------------------------
 
 
-def preflight(ctx: Context, need: int = 0) -> Result:
-    """The destination before anything is sent: what is there, the policy for it, room for the
-    staging, and which compressors this host has."""
+def take_lock(ctx: Context, lock: Any) -> Result:
+    """Hold the destination's lock (rbkit.lock) for the run; then a swap or restore an earlier run
+    left half done (two renames, journaled) is finished or undone, before anything here may
+    remove the staging, where a previous install can sit until it has its backup name."""
+    from .lock import Taken
+
+    try:
+        lock.acquire()
+    except Taken as exc:
+        raise StepError(str(exc)) from None
+    ctx.locked = True
+    facts: dict = {"state": ctx.state, "lock": lock.path, "staging": ctx.staging,
+                   "pid": os.getpid()}
+    recovered = hostfs.recover_swap(ctx.dest)
+    if recovered:
+        ctx.log("an earlier swap of %s was interrupted: %s" % (ctx.dest, recovered.get("detail")))
+        facts["recovered"] = recovered.get("action")
+    return Result("holding %s" % lock.path, facts)
+
+
+def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
+    """The destination before anything is sent: that it is not the source (nor inside it, nor
+    the reverse, whatever the names: `source_identity`, the source's hostfs.identity), what is
+    there, the policy for it, room for the staging, and which compressors this host has."""
+    if source_identity:
+        why = hostfs.same_or_nested(json.loads(source_identity), hostfs.identity(ctx.dest))
+        if why:
+            raise StepError("refusing to install %s: %s" % (ctx.dest, why))
     exists = os.path.lexists(ctx.dest)
     installed = os.path.isfile(os.path.join(ctx.dest, INSTALLED))
     if exists and ctx.policy == "refuse" and not installed:
@@ -484,14 +494,24 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     if table["unpack"]:
         argvs.append(table["unpack"])
         names.append(table["tool"])
-    argvs.append(["tar", "-C", ctx.staging, "-xf", "-", "--no-same-owner"])
+    # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
+    # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
+    keep = ctx.special_modes == "keep"
+    argvs.append(["tar", "-C", ctx.staging, "-xf", "-", "--no-same-owner"]
+                 + ([] if keep else ["--no-same-permissions"]))
     names.append("tar")
-    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture)
+    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002)
     bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
     if bad:
         raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(bad)),
                         lines=tail("\n".join(errs)), rc=next(c for c in codes if c != 0))
-    return Result("unpacked into %s (compression %s)" % (ctx.staging, ctx.compression))
+    facts: dict = {}
+    if ctx.special_modes == "strip":
+        stripped = hostfs.strip_special(ctx.staging)
+        facts["stripped"] = len(stripped)
+        for item in stripped[:20]:
+            ctx.log("stripped %s: mode %s -> %s" % (item["p"], item["was"], item["now"]))
+    return Result("unpacked into %s (compression %s)" % (ctx.staging, ctx.compression), facts)
 
 
 def verify(ctx: Context) -> Result:
@@ -537,9 +557,7 @@ def relocate(ctx: Context) -> Result:
         digests[rel] = _sha256(os.path.join(ctx.staging, rel))
     installed = kitmanifest.relocated(m, changes, ctx.fingerprint())
     path = os.path.join(ctx.staging, INSTALLED)
-    text = "".join(json.dumps(x, sort_keys=True, ensure_ascii=False) + "\n" for x in
-                   [installed["header"]] + installed["entries"] + [{"totals": installed["totals"]}])
-    write_file(path, text.encode("utf-8"), 0o644)
+    kitmanifest.save(installed, path)
     digests[INSTALLED] = _sha256(path)
     if result["remaining"]:
         raise StepError("still naming %s under bin/ after relocation: %s"
@@ -583,7 +601,14 @@ def swap(ctx: Context) -> Result:
     transient = ctx.policy == "replace" and os.path.lexists(ctx.dest)
     ctx.critical += 1
     try:
-        result = hostfs.swap(ctx.staging, ctx.dest, "backup" if transient else ctx.policy)
+        if transient:
+            # replace: what was there waits as a backup (not pruned, not unshared) until the run
+            # ends, for a rollback
+            result = hostfs.swap(ctx.staging, ctx.dest, "backup", swap_atomic=ctx.swap_atomic,
+                                 unshare=False)
+        else:
+            result = hostfs.swap(ctx.staging, ctx.dest, ctx.policy, swap_atomic=ctx.swap_atomic,
+                                 keep_backups=ctx.keep_backups if ctx.policy == "backup" else None)
         previous = result.get("previous")
         ctx.swapped = {"previous": previous, "transient": transient, "policy": ctx.policy}
         _write_stamp(ctx, None)
@@ -591,6 +616,10 @@ def swap(ctx: Context) -> Result:
         ctx.critical -= 1
     kept = previous if previous not in (None, "none", "removed") and not transient else ""
     facts = {"previous": previous, "backup": kept, "atomic": int(bool(result.get("atomic", True)))}
+    if result.get("note"):
+        ctx.log(result["note"])
+    for gone in result.get("pruned") or []:
+        ctx.log("removed an older backup (keep_backups: %s): %s" % (ctx.keep_backups, gone))
     prefix, version = interpreter_prefix(os.path.join(ctx.dest, "bin", "python"), ctx.dest)
     if os.path.realpath(prefix) != os.path.realpath(ctx.dest):
         raise StepError("the moved interpreter reports sys.prefix %s, expected %s"
@@ -618,7 +647,7 @@ def exports(ctx: Context) -> Result:
     if summary["missing_dirs"]:
         raise StepError("library dirs do not exist in the venv: %s"
                         % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
-    kitexports.write(ctx.env_out, text)
+    kitexports.write(ctx.env_out, text, venv=ctx.dest)
     ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out,
                                                    ":".join(summary["library_dirs"]) or "-"))
     return Result(ctx.env_out, {"file": ctx.env_out,
@@ -630,7 +659,7 @@ def probe(ctx: Context, report: str = "") -> Result:
     the report is written to `report` (default: the state directory)."""
     report = report or os.path.join(ctx.state, "probe-report.json")
     kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(_child_env(), PYTHONPATH=kit)
+    env = dict(child_env(), PYTHONPATH=kit)
     argv = ["bash", "-c", 'source "$1" && exec "$2/bin/python" -m rbprobes run --config-json "$3" '
             '--report "$4"', "rb", ctx.env_out, ctx.dest, ctx.probe_config, report]
     if ctx.capture:
@@ -676,7 +705,8 @@ def rollback(ctx: Context, after: str = "") -> Result:
             return Result("nothing was at %s before this run: the new install stays, without "
                           "its manifest (a re-run installs it again)" % ctx.dest)
         number = int(previous.rsplit(".", 1)[1])
-        hostfs.restore(ctx.dest, number)
+        hostfs.restore(ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.swap_atomic,
+                       failed="%s failed after the swap (runbook rollback)" % (after or "a step"))
         ctx.swapped = None
         kept: Optional[str] = previous
         if s["transient"]:
@@ -696,38 +726,19 @@ def restore(ctx: Context, number: Optional[int] = None) -> Result:
     _require_lock(ctx)
     ctx.critical += 1
     try:
-        result = hostfs.restore(ctx.dest, number)
+        result = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
+                                swap_atomic=ctx.swap_atomic)
     finally:
         ctx.critical -= 1
+    now = result.get("installed") or {}
+    if now:
+        ctx.log("in place now: %s" % json.dumps(now, sort_keys=True))
     return Result("restored %s; the install it replaced is kept at %s"
-                  % (result["restored"], result["kept_current_as"]), result)
+                  % (result["restored"], result["kept_current_as"]),
+                  {"restored": result["restored"], "kept_current_as": result["kept_current_as"]})
 
 
 # -- children ------------------------------------------------------------------------------------
-
-
-def _child_env() -> Dict[str, str]:
-    """The environment of what runs from the tree: ours without PYTHON* (the kit's PYTHONPATH
-    must not reach the moved interpreter), no bytecode written into the tree."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-def run_quiet(argv: List[str], timeout: Optional[float],
-              env: Optional[Dict[str, str]] = None) -> tuple:
-    """(rc, stdout, stderr) of argv, output collected, from /; 124 when it timed out, 127 when
-    it could not start."""
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, env=env or _child_env(), cwd="/",
-                           timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, "", "timed out after %ss: %s" % (timeout, argv[0])
-    except OSError as exc:
-        return 127, "", "%s: %s" % (argv[0], exc.strerror)
-    return (p.returncode, p.stdout.decode("utf-8", "replace"),
-            p.stderr.decode("utf-8", "replace"))
 
 
 def interpreter_prefix(python: str, root: str) -> tuple:
@@ -765,130 +776,3 @@ def _cfg(root: str, key: str) -> str:
     except OSError:
         pass
     return ""
-
-
-def pipeline(argvs: List[List[str]], timeout: Optional[float], capture: bool = False,
-             stdin: Any = None, stdout: Any = None) -> tuple:
-    """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
-    default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
-    stage, stderr texts: only with `capture`, else they went to ours). A stage that cannot start
-    counts 127 (and so do the stages after it); past `timeout` every stage is killed (124)."""
-    procs: List[subprocess.Popen] = []
-    errs: List[Any] = []
-    prev = stdin
-    not_started: Optional[str] = None
-    for i, argv in enumerate(argvs):
-        last = i == len(argvs) - 1
-        err = tempfile.TemporaryFile() if capture else None
-        try:
-            p = subprocess.Popen(argv, stdin=prev, stdout=stdout if last else subprocess.PIPE,
-                                 stderr=err, cwd="/")
-        except OSError as exc:
-            not_started = "%s: %s" % (argv[0], exc.strerror)
-            if err is not None:
-                err.close()
-            break
-        if i > 0:
-            prev.close()                 # the previous stage's output is the child's now
-        prev = p.stdout
-        procs.append(p)
-        errs.append(err)
-    if not_started is not None:
-        if procs and prev is not None:
-            prev.close()
-        for p in procs:
-            p.kill()
-    codes: List[int] = []
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for p in procs:
-        try:
-            left = None if deadline is None else max(0.1, deadline - time.monotonic())
-            codes.append(p.wait(left))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            codes.append(124)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    codes += [127] * (len(argvs) - len(procs))
-    texts = [not_started] if not_started else []
-    for err in errs:
-        if err is not None:
-            err.seek(0)
-            texts.append(err.read().decode("utf-8", "replace"))
-            err.close()
-    return codes, texts
-
-
-def tail(text: str, lines: int = 8) -> List[str]:
-    return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
-
-
-def human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return str(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
-
-# -- the source side: what the stream carries ----------------------------------------------------
-
-
-def scan_source(root: str, excludes: List[str], names: Optional[str] = None) -> Result:
-    """The source before anything is sent: it exists, and what the excludes leave of it is a venv
-    (pyvenv.cfg and bin/python are sent) with files in it. A tree the excludes empty, or one
-    that is not a venv, is refused here: `replace` would otherwise swap a working install for it."""
-    out = hostfs.scan(root, excludes, names)
-    if not out["exists"]:
-        raise StepError("source %s does not exist" % root)
-    if not out.get("is_dir"):
-        raise StepError("source %s is not a directory" % root)
-    why = []
-    for rel in ("pyvenv.cfg", "bin/python"):
-        parts = rel.split("/")
-        left_out = [p for p in ("/".join(parts[:i + 1]) for i in range(len(parts)))
-                    if kitmanifest.excluded(p, excludes)]
-        if left_out:
-            why.append("transfer.exclude leaves out %s" % left_out[0])
-        elif not os.path.exists(os.path.join(root, rel)):
-            why.append("no %s" % rel)
-    if not out.get("files"):
-        why.append("no files to send after the excludes (%d entries)" % (
-            out.get("files", 0) + out.get("dirs", 0) + out.get("links", 0)))
-    if why:
-        raise StepError("source %s is not a venv after the excludes: %s; nothing was sent (an "
-                        "install there would not run)" % (root, "; ".join(why)))
-    facts = {k: out.get(k) for k in ("files", "dirs", "links", "bytes", "disk_bytes",
-                                     "stat_fingerprint")}
-    facts["compressors"] = ",".join(n for n, c in sorted(COMPRESSION.items())
-                                    if c["tool"] is None or shutil.which(c["tool"]))
-    return Result("%d files, %s" % (out["files"], human(out["bytes"])), facts)
-
-
-def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
-    """The sending end of the stream: tar of the listed names (NUL-separated), compressed."""
-    argvs = [["tar", "-C", root, "--null", "--no-recursion", "-T", names, "-cf", "-"]]
-    if COMPRESSION[compression]["pack"]:
-        argvs.append(COMPRESSION[compression]["pack"])
-    return argvs
-
-
-def send(root: str, names: str, compression: str, remote: Optional[List[str]] = None) -> int:
-    """Stream the tree to stdout, or with `remote` (an ssh argv) to the far end of that ssh.
-    Each stage's failure is named on stderr; returns the first non-zero exit code."""
-    argvs = send_argvs(root, names, compression)
-    labels = ["tar", compression][:len(argvs)]
-    if remote:
-        argvs.append(remote)
-        labels.append("ssh")
-    codes, _errs = pipeline(argvs, None, stdin=subprocess.DEVNULL)
-    bad = [(label, c) for label, c in zip(labels, codes) if c != 0]
-    if bad:
-        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
-        return bad[0][1]
-    return 0

@@ -41,8 +41,8 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
-from . import engine
-from .lock import Lock, Taken
+from . import engine, stream
+from .lock import Lock
 
 MARK = "RBFAN "
 CHUNK = 800
@@ -74,12 +74,12 @@ def node(a: argparse.Namespace) -> int:
         jobs=a.jobs, compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home,
         first=a.first, env=a.env, origin=a.origin, probe_config=a.probe_config,
         on_failed_checks=a.on_failed_checks, rerun=a.rerun, timeout=float(a.timeout),
+        special_modes=a.special_modes, keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
         capture=True, log=logs.append)
     ctx.state = engine.make_state()
     lock = Lock(dest, "fan-out node %s (%s)" % (name, a.origin), LOCK_WAIT_S, logs.append)
     try:
-        taken = engine.run(ctx, "lock", _take, lock)
-        ctx.locked = taken["status"] == "ok"
+        engine.run(ctx, "lock", engine.take_lock, lock)
         rc = engine.install(ctx, producer, delta if os.path.exists(delta) else None) \
             if ctx.locked else 1
         engine.finish(ctx)
@@ -100,14 +100,6 @@ def node(a: argparse.Namespace) -> int:
         except OSError:
             pass
     return rc
-
-
-def _take(ctx: engine.Context, lock: Lock) -> engine.Result:
-    try:
-        lock.acquire()
-    except Taken as exc:
-        raise engine.StepError(str(exc)) from None
-    return engine.Result("holding %s" % lock.path)
 
 
 def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
@@ -399,7 +391,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--dest", required=True)
     n.add_argument("--old", required=True)
     n.add_argument("--policy", choices=("refuse", "backup", "replace"), required=True)
-    n.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    n.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
     n.add_argument("--jobs", default="auto")
     n.add_argument("--timeout", type=float, default=600)
     n.add_argument("--probe-config", default="")
@@ -411,6 +403,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
     n.add_argument("--rerun", choices=("quick", "digest"), default="quick",
                    help="how a node decides it already holds this tree")
+    n.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
+    n.add_argument("--keep-backups", type=int, default=None)
+    n.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)

@@ -39,9 +39,9 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import engine
+from . import engine, stream
 from . import manifest as kitmanifest
-from .lock import Lock, Taken
+from .lock import Lock
 
 PING_S = 5.0
 LOCK_WAIT_S = 30.0
@@ -99,12 +99,13 @@ def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
         a.dest, old=a.old, policy=a.policy, manifest=a.manifest, jobs=a.jobs,
         compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home, first=a.first,
         env=a.env, origin=a.origin, probe_config=a.probe_config,
-        on_failed_checks=a.on_failed_checks, rerun=a.rerun, **kw)
+        on_failed_checks=a.on_failed_checks, rerun=a.rerun, special_modes=a.special_modes,
+        keep_backups=a.keep_backups, swap_atomic=a.swap_atomic, **kw)
 
 
 # what a request may ask: the step's function and how its key=value words are read
 REQUESTS: Dict[str, tuple] = {
-    "preflight": (engine.preflight, {"need": int}),
+    "preflight": (engine.preflight, {"need": int, "source_identity": str}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
     "stage": (engine.stage, {"delta": lambda v: v == "1"}),
     "verify": (engine.verify, {}),
@@ -196,10 +197,9 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, on_signal)
     rc = 0
     try:
-        engine.run(ctx, "lock", _take, lock)
+        engine.run(ctx, "lock", engine.take_lock, lock)
         if answer.done():
             return 1
-        ctx.locked = True
         threading.Thread(target=ping, daemon=True).start()
         for words in _requests(0):
             busy.set()
@@ -223,15 +223,6 @@ def serve(a: argparse.Namespace) -> int:
     return rc
 
 
-def _take(ctx: engine.Context, lock: Lock) -> engine.Result:
-    try:
-        lock.acquire()
-    except Taken as exc:
-        raise engine.StepError(str(exc)) from None
-    return engine.Result("holding %s" % lock.path, {"state": ctx.state, "lock": lock.path,
-                                                     "staging": ctx.staging, "pid": os.getpid()})
-
-
 def cmd_run(a: argparse.Namespace) -> int:
     """Steps in order, in this process, under the lock; stops at the first failure."""
     answer = Answer(sys.stdout)
@@ -239,10 +230,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     ctx.state = engine.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
     try:
-        engine.run(ctx, "lock", _take, lock)
+        engine.run(ctx, "lock", engine.take_lock, lock)
         if answer.done():
             return 1
-        ctx.locked = True
         for step in a.steps:
             words = [step] + (["mode=" + ctx.rerun] if step == "current" else [])
             handle(ctx, words)
@@ -259,7 +249,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_receive(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
-                         emit=answer.event)
+                         emit=answer.event, special_modes=a.special_modes)
     engine.run(ctx, "receive", engine.receive)
     return answer.done()
 
@@ -267,7 +257,15 @@ def cmd_receive(a: argparse.Namespace) -> int:
 def cmd_scan(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.root, emit=answer.event, log=_log)
-    engine.run(ctx, "scan", lambda c: engine.scan_source(a.root, a.exclude, a.names))
+    def scan(c: engine.Context) -> engine.Result:
+        try:
+            detail, facts = stream.scan_source(a.root, a.exclude, a.names, a.special_modes,
+                                               a.outside_links)
+        except stream.SourceRefused as exc:
+            raise engine.StepError(str(exc)) from None
+        return engine.Result(detail, facts)
+
+    engine.run(ctx, "scan", scan)
     return answer.done()
 
 
@@ -276,10 +274,9 @@ def cmd_hash(a: argparse.Namespace) -> int:
 
     def build(ctx: engine.Context) -> engine.Result:
         reuse = kitmanifest.load(a.reuse) if a.reuse else None
-        m = kitmanifest.build(a.root, a.exclude, a.algo, engine.jobs(a.jobs), reuse)
-        text = "".join(json.dumps(x, sort_keys=True, ensure_ascii=False) + "\n" for x in
-                       [m["header"]] + m["entries"] + [{"totals": m["totals"]}])
-        engine.write_file(a.out, text.encode("utf-8"), 0o600)
+        m = kitmanifest.build(a.root, a.exclude, a.algo, engine.jobs(a.jobs), reuse,
+                              strip_special=a.special_modes == "strip")
+        kitmanifest.save(m, a.out, 0o600)
         if a.names:
             engine.write_file(a.names, b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0"
                                                 for e in m["entries"]), 0o600)
@@ -309,7 +306,7 @@ def cmd_delta(a: argparse.Namespace) -> int:
 
 
 def cmd_send(a: argparse.Namespace) -> int:
-    return engine.send(a.root, a.names, a.compression, a.remote or None)
+    return stream.send(a.root, a.names, a.compression, a.remote or None)
 
 
 def cmd_staging(a: argparse.Namespace) -> int:
@@ -324,7 +321,7 @@ def _choices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=("refuse", "backup", "replace"), default="refuse")
     p.add_argument("--manifest", default="", help="the source's manifest on this host")
     p.add_argument("--jobs", default="auto")
-    p.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    p.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
     p.add_argument("--env-out", default="")
     p.add_argument("--cuda-home", default="")
     p.add_argument("--first", action="append", default=[])
@@ -333,6 +330,9 @@ def _choices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-config", default="")
     p.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
     p.add_argument("--rerun", choices=("quick", "digest"), default="quick")
+    p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
+    p.add_argument("--keep-backups", type=int, default=None)
+    p.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
     p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
     p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S,
                    help="seconds to wait for a lock another run holds")
@@ -352,12 +352,15 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("receive")
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    rc.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    rc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
     rc.set_defaults(fn=cmd_receive)
     sc = sub.add_parser("scan")
     sc.add_argument("root")
     sc.add_argument("--exclude", action="append", default=[])
     sc.add_argument("--names")
+    sc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
+    sc.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
     sc.set_defaults(fn=cmd_scan)
     h = sub.add_parser("hash")
     h.add_argument("root")
@@ -367,6 +370,8 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--names")
     h.add_argument("--reuse")
+    h.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse",
+                   help="strip: modes recorded without setuid/setgid/sticky/world-write")
     h.set_defaults(fn=cmd_hash)
     d = sub.add_parser("delta")
     d.add_argument("manifest")
@@ -376,7 +381,7 @@ def parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send")
     se.add_argument("root")
     se.add_argument("names")
-    se.add_argument("--compression", choices=sorted(engine.COMPRESSION), default="none")
+    se.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
     se.add_argument("--remote", action="store_true",
                     help="the words after it: an ssh command line the stream is piped into")
     se.set_defaults(fn=cmd_send)

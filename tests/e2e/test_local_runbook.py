@@ -350,3 +350,32 @@ def test_a_venv_whose_interpreter_is_missing_at_the_destination_is_refused_befor
     assert "does not exist on this host" in r.stderr
     assert {k: v for k, v in tree_digest(dst.parent).items() if ".rb-staging" not in k} == before
     assert [s["id"] for s in report(tmp_path)["steps"]][-1] == "prove"
+
+
+def test_a_destination_inside_the_source_is_refused_in_preflight(payload_small, tmp_path):
+    """The threat model's preflight (hostfs.identity on each end, same_or_nested), wired in the
+    destination's engine: the install would move or remove what it copies."""
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    (tmp_path / "alias").symlink_to(tmp_path)           # the spec's paths do not show it
+    r = compile_and_run(tmp_path, tmp_path / "alias" / "src", src / "inner" / "venv",
+                        policy="replace", exclude='["__pycache__", "*.pyc", "inner"]')
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED (rc=1) in step preflight" in r.stderr
+    assert "is inside the source" in r.stderr
+    assert not (src / "inner").exists()
+
+
+def test_a_setuid_file_is_refused_unless_the_spec_strips_it(payload_small, tmp_path):
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    victim = next(src.rglob("greeting.txt"))
+    victim.chmod(0o4755)
+    dst = tmp_path / "d" / "venv"
+    r = compile_and_run(tmp_path, src, dst, policy="replace")
+    assert r.returncode == 1 and "FAILED (rc=1) in step preflight" in r.stderr, r.stderr[-3000:]
+    assert "setuid" in r.stderr and not dst.exists()
+    r = compile_and_run(tmp_path, src, dst, policy="replace", extra="  special_modes: strip\n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    installed = dst / victim.relative_to(src)
+    assert installed.stat().st_mode & 0o7777 == 0o755

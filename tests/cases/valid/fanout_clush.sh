@@ -41,6 +41,11 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=backup
 readonly RB_RERUN=quick
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+readonly RB_SPECIAL_MODES=refuse
+readonly RB_OUTSIDE_LINKS=refuse
+readonly RB_KEEP_BACKUPS=2
+readonly RB_SWAP_ATOMIC=allow
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU)
@@ -561,6 +566,8 @@ rb::engine_start() {
     --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
     --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
+    --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
+    --swap-atomic "${RB_SWAP_ATOMIC}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
@@ -968,7 +975,8 @@ print(sys.executable)')
     rb::kit_ship "${host}"
   done
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}"
+  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --special-modes "${RB_SPECIAL_MODES}" --outside-links "${RB_OUTSIDE_LINKS}"
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
@@ -1001,7 +1009,7 @@ step_fan_pack() {
   fi
   rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --names "${names}" "${reuse[@]}"
+    --names "${names}" --special-modes "${RB_SPECIAL_MODES}" "${reuse[@]}"
   rb::log "manifest: ${RB_ENGINE_DETAIL}; ${RB_J[reused]} digests reused from the last fan-out"
   rb::fact manifest_files "${RB_J[files]}"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${dir}/manifest.jsonl"
@@ -1053,7 +1061,8 @@ step_fan_install() {
     --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --rerun "${RB_RERUN}")
+    --rerun "${RB_RERUN}" --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
+    --swap-atomic "${RB_SWAP_ATOMIC}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done

@@ -1,0 +1,191 @@
+"""The stream between hosts and what runs beside it: the one compression table, the sending end
+(`send`: tar of the names a manifest lists, compressed; on to ssh for the direct route), the
+source's scan before anything is sent (`scan_source`), and how the engine runs children
+(`pipeline`, every stage's exit code seen; `run_quiet`). The receiving end is engine.receive.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+from . import hostfs
+from . import manifest as kitmanifest
+
+# The compression table, the only one: the stream's sending end (`send`) packs with `pack`, its
+# receiving end (`receive`) unpacks with `unpack`; `tool` is what a host must have.
+COMPRESSION: Dict[str, Dict[str, Any]] = {
+    "none": {"tool": None, "pack": None, "unpack": None},
+    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
+    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
+    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
+}
+
+
+class SourceRefused(Exception):
+    """The source must not be sent: the message says why."""
+
+
+def child_env() -> Dict[str, str]:
+    """The environment of what runs from the tree: ours without PYTHON* (the kit's PYTHONPATH
+    must not reach the moved interpreter), no bytecode written into the tree."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run_quiet(argv: List[str], timeout: Optional[float],
+              env: Optional[Dict[str, str]] = None) -> tuple:
+    """(rc, stdout, stderr) of argv, output collected, from /; 124 when it timed out, 127 when
+    it could not start."""
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env or child_env(), cwd="/",
+                           timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out after %ss: %s" % (timeout, argv[0])
+    except OSError as exc:
+        return 127, "", "%s: %s" % (argv[0], exc.strerror)
+    return (p.returncode, p.stdout.decode("utf-8", "replace"),
+            p.stderr.decode("utf-8", "replace"))
+
+
+def pipeline(argvs: List[List[str]], timeout: Optional[float], capture: bool = False,
+             stdin: Any = None, stdout: Any = None, umask: Optional[int] = None) -> tuple:
+    """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
+    default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
+    stage, stderr texts: only with `capture`, else they went to ours). A stage that cannot start
+    counts 127 (and so do the stages after it); past `timeout` every stage is killed (124)."""
+    procs: List[subprocess.Popen] = []
+    errs: List[Any] = []
+    prev = stdin
+    not_started: Optional[str] = None
+    for i, argv in enumerate(argvs):
+        last = i == len(argvs) - 1
+        err = tempfile.TemporaryFile() if capture else None
+        try:
+            p = subprocess.Popen(argv, stdin=prev, stdout=stdout if last else subprocess.PIPE,
+                                 stderr=err, cwd="/", umask=-1 if umask is None else umask)
+        except OSError as exc:
+            not_started = "%s: %s" % (argv[0], exc.strerror)
+            if err is not None:
+                err.close()
+            break
+        if i > 0:
+            prev.close()                 # the previous stage's output is the child's now
+        prev = p.stdout
+        procs.append(p)
+        errs.append(err)
+    if not_started is not None:
+        if procs and prev is not None:
+            prev.close()
+        for p in procs:
+            p.kill()
+    codes: List[int] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for p in procs:
+        try:
+            left = None if deadline is None else max(0.1, deadline - time.monotonic())
+            codes.append(p.wait(left))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            codes.append(124)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    codes += [127] * (len(argvs) - len(procs))
+    texts = [not_started] if not_started else []
+    for err in errs:
+        if err is not None:
+            err.seek(0)
+            texts.append(err.read().decode("utf-8", "replace"))
+            err.close()
+    return codes, texts
+
+
+def tail(text: str, lines: int = 8) -> List[str]:
+    return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
+
+
+def human(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return str(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return str(n)
+
+
+
+
+def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
+                special_modes: str = "refuse", outside_links: str = "refuse") -> tuple:
+    """The source before anything is sent: it exists, and what the excludes leave of it is a venv
+    (pyvenv.cfg and bin/python are sent) with files in it. A tree the excludes empty, or one
+    that is not a venv, is refused here (SourceRefused): `replace` would otherwise swap a working
+    install for it. Returns (detail, facts)."""
+    out = hostfs.scan(root, excludes, names, special_modes=special_modes,
+                      outside_links=outside_links)
+    if not out["exists"]:
+        raise SourceRefused("source %s does not exist" % root)
+    if not out.get("is_dir"):
+        raise SourceRefused("source %s is not a directory" % root)
+    why = []
+    for rel in ("pyvenv.cfg", "bin/python"):
+        parts = rel.split("/")
+        left_out = [p for p in ("/".join(parts[:i + 1]) for i in range(len(parts)))
+                    if kitmanifest.excluded(p, excludes)]
+        if left_out:
+            why.append("transfer.exclude leaves out %s" % left_out[0])
+        elif not os.path.exists(os.path.join(root, rel)):
+            why.append("no %s" % rel)
+    if not out.get("files"):
+        why.append("no files to send after the excludes (%d entries)" % (
+            out.get("files", 0) + out.get("dirs", 0) + out.get("links", 0)))
+    if why:
+        raise SourceRefused("source %s is not a venv after the excludes: %s; nothing was sent (an "
+                        "install there would not run)" % (root, "; ".join(why)))
+    if out.get("refusal"):
+        raise SourceRefused("source %s: %s" % (root, out["refusal"]))
+    facts = {k: out.get(k) for k in ("files", "dirs", "links", "bytes", "disk_bytes",
+                                     "need_bytes", "stat_fingerprint")}
+    # what the destination compares itself with (never the source, nor inside it)
+    facts["identity"] = json.dumps(hostfs.identity(root), sort_keys=True, separators=(",", ":"))
+    facts["compressors"] = ",".join(n for n, c in sorted(COMPRESSION.items())
+                                    if c["tool"] is None or shutil.which(c["tool"]))
+    return "%d files, %s" % (out["files"], human(out["bytes"])), facts
+
+
+def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
+    """The sending end of the stream: tar of the listed names (NUL-separated), compressed."""
+    argvs = [["tar", "-C", root, "--null", "--no-recursion", "-T", names, "-cf", "-"]]
+    if COMPRESSION[compression]["pack"]:
+        argvs.append(COMPRESSION[compression]["pack"])
+    return argvs
+
+
+def send(root: str, names: str, compression: str, remote: Optional[List[str]] = None) -> int:
+    """Stream the tree to stdout, or with `remote` (an ssh argv) to the far end of that ssh.
+    Each stage's failure is named on stderr; returns the first non-zero exit code."""
+    argvs = send_argvs(root, names, compression)
+    labels = ["tar", compression][:len(argvs)]
+    if remote:
+        argvs.append(remote)
+        labels.append("ssh")
+    codes, _errs = pipeline(argvs, None, stdin=subprocess.DEVNULL)
+    bad = [(label, c) for label, c in zip(labels, codes) if c != 0]
+    if bad:
+        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
+        return bad[0][1]
+    return 0
