@@ -26,10 +26,10 @@ hosts:
 transfer:
   from: here:{src}
   to: here:{dst}
-  exclude: {exclude}
+  exclude: ["__pycache__", "*.pyc"]
   on_existing: {policy}
   jobs: 2
-{extra}checks:
+checks:
 {checks}
 """
 CHECKS = """  - imports: [rb_payload, json]
@@ -51,8 +51,10 @@ def compile_and_run(tmp_path: Path, src: Path, dst: Path, *args: str, policy: st
 def compile_(tmp_path: Path, src: Path, dst: Path, *, policy: str = "refuse", checks: str = CHECKS,
              name: str = "e2e", extra: str = "", exclude: str = '["__pycache__", "*.pyc"]') -> Path:
     spec = tmp_path / f"{name}.yaml"
-    spec.write_text(SPEC.format(name=name, src=src, dst=dst, policy=policy, checks=checks,
-                                extra=extra, exclude=exclude))
+    text = SPEC.format(name=name, src=src, dst=dst, policy=policy, checks=checks)
+    # other excludes, and more of the spec (transfer keys, then top-level ones) after jobs:
+    text = text.replace('  exclude: ["__pycache__", "*.pyc"]\n', f"  exclude: {exclude}\n")
+    spec.write_text(text.replace("  jobs: 2\n", "  jobs: 2\n" + extra))
     assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
     return tmp_path / f"{name}.sh"
 
