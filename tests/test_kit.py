@@ -316,3 +316,26 @@ def test_relocation_rewrites_the_prefix_the_venv_records_when_the_spec_names_ano
     assert (copied / "bin" / "tool").read_text().startswith(f"#!{new}/bin/python\n")
     assert str(made) not in (copied / "bin" / "activate").read_text()
     assert out["remaining"] == []
+
+
+def test_a_declared_gpu_that_no_check_proved_is_said_as_such(tmp_path):
+    """Issue #16: a spec with gpu: whose GPU checks were skipped (allow_skip) does not read as a
+    pass: report.json and the summary say the GPU was not proven."""
+    from rbkit import report
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"checks": [
+        {"id": "torch", "type": "torch", "status": "pass"},
+        {"id": "devices", "type": "devices", "status": "skip"},
+        {"id": "matmul", "type": "matmul", "status": "skip"}],
+        "summary": {"pass": 1, "fail": 0, "skip": 2}}))
+    doc = report.build("x", "specs/x.yaml", "0" * 64, str(tmp_path / "none.tsv"),
+                       {"b300": str(probe)}, "ok", gpu=True)
+    assert doc["gpu"] == {"declared": True, "proven": False,
+                          "unproven": ["b300: devices skipped", "b300: matmul skipped"]}
+    assert "GPU NOT PROVEN" in report.table(doc)
+    probe.write_text(json.dumps({"checks": [{"id": "devices", "type": "devices", "status": "pass"}],
+                                 "summary": {"pass": 1, "fail": 0, "skip": 0}}))
+    doc = report.build("x", "specs/x.yaml", "0" * 64, str(tmp_path / "none.tsv"),
+                       {"b300": str(probe)}, "ok", gpu=True)
+    assert doc["gpu"]["proven"] and "GPU NOT PROVEN" not in report.table(doc)
+    assert "gpu" not in report.build("x", "s", "0", str(tmp_path / "none.tsv"), {}, "ok")

@@ -63,7 +63,7 @@ def cmd_relocate(a) -> int:
 
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
-    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome)
+    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
     tmp = f"{a.out}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, sort_keys=True)
@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--events", required=True)
     rp.add_argument("--probe", action="append", default=[])
     rp.add_argument("--outcome", required=True)
+    rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
     rp.add_argument("--out", required=True)
     rp.set_defaults(fn=cmd_report)
     return p

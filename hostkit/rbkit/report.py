@@ -63,7 +63,30 @@ def _number(value: str):
             return value
 
 
-def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str) -> dict:
+GPU_CHECKS = ("devices", "matmul", "nccl", "libraries", "torch")
+
+
+def gpu_verdict(probe_docs: dict) -> dict:
+    """For a spec that declares gpu:, whether the checks proved a GPU: a GPU check that was
+    skipped (allow_skip) or a host without a probe report leaves it unproven, said as such."""
+    unproven = []
+    proven = False
+    for host, doc in sorted(probe_docs.items()):
+        if "checks" not in doc:
+            unproven.append(f"{host}: no probe report")
+            continue
+        for c in doc["checks"]:
+            if c.get("type") in GPU_CHECKS and c.get("status") == "skip":
+                unproven.append(f"{host}: {c.get('id')} skipped")
+            elif c.get("type") in ("devices", "matmul") and c.get("status") == "pass":
+                proven = True
+    if not probe_docs:
+        unproven.append("no checks ran")
+    return {"declared": True, "proven": proven and not unproven, "unproven": unproven}
+
+
+def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str,
+          gpu: bool = False) -> dict:
     steps, facts, engine = read_events(events)
     for step in steps:
         if step["id"] in facts:
@@ -122,5 +145,10 @@ def table(doc: dict) -> str:
         out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
     c = doc["checks"]
     out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
+    gpu = doc.get("gpu")
+    if gpu and not gpu["proven"]:
+        out.append("GPU NOT PROVEN: the spec declares gpu:, but "
+                   + ("; ".join(gpu["unproven"]) or "no GPU check passed")
+                   + " (a skip the spec allowed is not a pass)")
     out.append(f"outcome: {doc['outcome']}")
     return "\n".join(out)

@@ -89,7 +89,7 @@ def test_a_file_deleted_from_staging_is_named_as_missing(clean_lab, payload_smal
     victim.unlink()
     r = run(tmp_path, script, "--from", "verify")
     assert r.returncode == 1
-    assert "FAILED (rc=1) in step verify on host dst" in r.stderr
+    assert "FAILED in step verify on host dst" in r.stderr
     assert "missing: " in r.stderr and "greeting.txt" in r.stderr
     assert outside_staging(dst.parent) == before
     r = run(tmp_path, script)
@@ -103,8 +103,11 @@ def test_source_sshd_down_before_start_fails_in_preflight(clean_lab, payload_sma
     lab.stop_sshd("src")
     script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup"))
     r = run(tmp_path, script)
-    assert r.returncode != 0
+    assert r.returncode == 1  # issue #18: the documented status, not ssh's 255
     assert "in step preflight on host src" in r.stderr
+    assert f"cannot reach src (root@{lab.host('src').addr}): " in r.stderr
+    assert "Connection refused" in r.stderr and "what to do: check that" in r.stderr
+    assert r.stderr.count("FAILED in step") == 1
     assert snapshot(dst.parent) == before
     lab.start_sshd("src")
     assert run(tmp_path, script).returncode == 0

@@ -149,7 +149,7 @@ def test_a_file_changed_in_staging_is_caught_and_named(clean_lab, payload_small,
     victim.write_text(victim.read_text().upper())
     r = run(tmp_path, script, "--from", "verify")
     assert r.returncode == 1
-    assert "FAILED (rc=1) in step verify on host dst" in r.stderr
+    assert "FAILED in step verify on host dst" in r.stderr
     assert f"greeting.txt (content" in r.stderr
     assert not dst.exists()
 
@@ -194,6 +194,13 @@ def test_a_changed_host_key_is_refused_before_anything_moves(clean_lab, payload_
     assert "in step preflight on host dst" in r.stderr
     assert "Host key verification failed" in r.stderr or "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr
     assert not dst.parent.exists()
+    # issue #18: exit 1 (not ssh's 255), the cause in words, how to fix it, the step once
+    assert r.returncode == 1
+    assert f"cannot reach dst (root@{lab.host('dst').addr})" in r.stderr
+    assert "what to do: this machine does not trust dst's host key" in r.stderr
+    assert "ssh-keyscan" in r.stderr and "host_keys: accept-new" in r.stderr
+    assert r.stderr.count("FAILED in step") == 1
+    assert [s["id"] for s in report(tmp_path)["steps"]] == ["preflight"]
 
 
 @pytest.mark.e2e
@@ -263,6 +270,6 @@ def test_a_byte_flipped_in_transit_is_caught_by_verify_and_nothing_is_installed(
     r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 1, r.stderr[-3000:]
-    assert "FAILED (rc=1) in step verify on host dst" in r.stderr
+    assert "FAILED in step verify on host dst" in r.stderr
     assert "greeting.txt (content" in r.stderr
     assert snapshot(dst) == before                        # the previous install is untouched

@@ -45,6 +45,10 @@ readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+# gpu: declared: the report says whether the checks proved it (a skip is not a pass)
+readonly RB_GPU_DECLARED=''
+# the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
+readonly RB_AUDIT_ARCH=''
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=0
 # hashing threads on each host (auto: one per CPU)
@@ -67,6 +71,8 @@ readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-slurm
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/build/venv"},"type":"relocation"},{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"here","schema":1,"venv":null}'
+# the kernel audit's options from the spec's kernel_audit check
+readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec and its sha256: a run refuses to start when one changed.
 readonly -a RB_SPEC_FILES=(tests/cases/valid/fanout_slurm.yaml=e27e8839925b21df6db6d6d98249c0095b19c3e66c10915d91b2aeec9a8dd5d6)
 # Hosts this runbook touches.
@@ -131,7 +137,10 @@ declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''
 RB_ALLOW_EDITED=0
+RB_FORCE=0
 RB_EDITED=''
+RB_CAUSE=''
+RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_J=()
 RB_NOW=0
@@ -181,7 +190,8 @@ rb::log() {
 rb::fail() {
   RB_LAST_CMD="$*"
   if [[ -n "${RB_WORK}" ]]; then
-    printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+    # the third line marks a failure in words: the failure block shows it as the cause
+    printf '%s\n%s\nfail\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   fi
   rb::log "ERROR: $*"
   return 1
@@ -453,7 +463,7 @@ rb::run_step() {
 # it sees the failure and reports it, once.
 #######################################
 rb::on_err() {
-  local rc=$? line=$1
+  local rc=$? line=$1 what said=
   trap - ERR
   if ((BASHPID != $$)); then
     exit "${rc}"
@@ -461,18 +471,102 @@ rb::on_err() {
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
   if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
-    { read -r RB_HOST; read -r RB_LAST_CMD; } <"${RB_WORK}/last-command"
+    { read -r RB_HOST; read -r RB_LAST_CMD; read -r said || true; } <"${RB_WORK}/last-command"
   fi
-  rb::log "FAILED (rc=${rc}) in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}, line ${line}"
-  rb::log "  command: ${RB_LAST_CMD:-${BASH_COMMAND}}"
+  what=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
+  if [[ "${said:-}" == fail ]]; then
+    RB_CAUSE=${what}   # rb::fail said it in words (logged above as ERROR)
+    RB_HINT=''
+    rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
+  else
+    rb::cause "${rc}"
+    rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
+    rb::log "  command: ${what} (exit ${rc}; line ${line})"
+  fi
+  if [[ -n "${RB_HINT}" ]]; then
+    rb::log "  what to do: ${RB_HINT}"
+  fi
   RB_FAILED_STEP=${RB_STEP}
   if [[ -n "${RB_STEP}" ]]; then
     rb::now
-    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" \
-      "rc=${rc}: ${RB_LAST_CMD:-${BASH_COMMAND}}"
+    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" "${RB_CAUSE}"
   fi
   rb::finish failed
-  exit "${rc}"
+  # the documented statuses: 1 a step or a check failed (the tool's own status is in the log)
+  exit 1
+}
+
+#######################################
+# The first line of a command, at most 160 characters: what the failure block shows of it.
+#######################################
+rb::short() {
+  local text=${1%%$'\n'*}
+  if ((${#text} > 160)); then
+    text="${text:0:157}..."
+  fi
+  if [[ "${text}" != "$1" && "${text}" != *... ]]; then
+    text+=" ..."
+  fi
+  printf '%s' "${text}"
+}
+
+#######################################
+# Set RB_CAUSE (what failed, in words) and RB_HINT (what to do, or empty) for exit status $1 of
+# the last host command. ssh's own failures (status 255) are asked again in a few seconds, to
+# say why: refused, unreachable, unknown name, or a host key this machine does not trust.
+#######################################
+rb::cause() {
+  local rc=$1 why port host=${RB_HOST:-}
+  RB_HINT=''
+  RB_CAUSE="exit status ${rc}"
+  if ((rc == 127)); then
+    why=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
+    RB_CAUSE="a command was not found on ${host:-this machine}: ${why}"
+    RB_HINT="install it there, or put it on the PATH of the ssh user"
+    return 0
+  fi
+  if ((rc != 255)) || [[ -z "${host}" ]] || rb::is_local "${host}"; then
+    return 0
+  fi
+  "rb::host_${host}"
+  why=$(timeout 20 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -o ControlPath=none \
+    -o ConnectTimeout=8 -- "${RB_HOST_TARGET}" true 2>&1 >/dev/null | tr -d '\r' | grep -v '^Warning' |
+    tail -n 1) || true
+  port=$(rb::port_of) || true
+  RB_CAUSE="cannot reach ${host} (${RB_HOST_TARGET}${port}): ${why:-ssh exited 255}"
+  case "${why}" in
+    *"Host key verification failed"* | *"No "*"host key is known"* | *"HOST IDENTIFICATION HAS CHANGED"*)
+      port=$(rb::port_of -p) || true
+      RB_HINT="this machine does not trust ${host}'s host key. Check its fingerprint with the host's"
+      RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then"
+      RB_HINT+=" add it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ~/.ssh/known_hosts), or"
+      RB_HINT+=" set hosts.${host}.host_keys: accept-new in the spec for a first contact"
+      ;;
+    *"Permission denied"*)
+      RB_HINT="the key this runbook uses is not accepted there: check hosts.${host}.ssh (user)"
+      RB_HINT+=" and identity_file"
+      ;;
+    *"Connection refused"* | *"timed out"* | *"No route"* | *"Could not resolve"* | *"Name or service"*)
+      RB_HINT="check that ${RB_HOST_TARGET#*@} is up and its sshd listens there (hosts.${host} in the spec)"
+      ;;
+  esac
+}
+
+#######################################
+# ", port N" (or "-p N" with an argument) when the host's ssh words name a port.
+#######################################
+rb::port_of() {
+  local i
+  for ((i = 0; i < ${#RB_HOST_SSH[@]}; i++)); do
+    if [[ "${RB_HOST_SSH[i]}" == -p ]]; then
+      if (($# > 0)); then
+        printf ' -p %s' "${RB_HOST_SSH[i + 1]}"
+      else
+        printf ', port %s' "${RB_HOST_SSH[i + 1]}"
+      fi
+      return 0
+    fi
+  done
 }
 
 #######################################
@@ -542,6 +636,48 @@ rb::engine_once() {
   out=$(rb::kit "${host}" engine "$@") || rc=$?
   if ! rb::engine_read <<<"${out}" || ((rc != 0)); then
     rb::fail "${RB_ENGINE_DETAIL:-rbkit engine $1 on ${host} exited ${rc} (above)}"
+  fi
+}
+
+#######################################
+# The static checks on the source, before anything moves (issue #16): the kernel audit for the
+# target's arch (a spec with gpu:) and the references that leave the venv (editable installs,
+# .pth paths, links out of the tree). A failure is refused with the files and packages named,
+# unless --force. When both ends are one machine, references that leave the venv still resolve
+# there: they are said, not refused.
+#######################################
+rb::preflight_audit() {
+  local out rc=0 failed src_kit
+  local -a cmd=(outside "${RB_SRC_ABS}")
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  if [[ -n "${RB_AUDIT_ARCH}" ]]; then
+    cmd=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
+  fi
+  out=$(rb::on_host "${RB_SRC_HOST}" env PYTHONPATH="${src_kit}" PYTHONDONTWRITEBYTECODE=1 \
+    "${RB_PY[${RB_SRC_HOST}]}" -m rbprobes "${cmd[@]}" 2>"${RB_WORK}/audit.err") || rc=$?
+  if ((rc == 0)); then
+    rb::log "static checks on the source: passed (${cmd[0]}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
+    return 0
+  fi
+  if ((rc != 1)); then
+    cat "${RB_WORK}/audit.err" >&2
+    rb::fail "the static checks could not run on ${RB_SRC_HOST} (exit ${rc}, above)"
+  fi
+  failed=$("${RB_LOCAL_PY}" -c 'import json, sys
+doc = json.loads(sys.argv[1])
+print(" ".join(sorted({c["type"] for c in doc.get("checks") or [doc] if c["status"] == "fail"})))' \
+    "${out}") || rb::fail "the static checks' report is not JSON: ${out:0:200}"
+  grep -v '^check \|^[a-z_]* *L0 ' "${RB_WORK}/audit.err" >&2 || true
+  rb::fact static_failed "${failed}"
+  if [[ "${failed}" == outside && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    rb::log "the venv names paths outside itself (above); both ends are this one machine, where" \
+      "they resolve: moving it"
+  elif ((RB_FORCE)); then
+    rb::log "the static checks failed (${failed}; above): moving it anyway (--force)"
+  else
+    rb::fail "the source cannot work on ${RB_DST_HOST} as it is (${failed}: the files and" \
+      "packages above, each with its fix); nothing was moved. Fix the venv, or move it anyway" \
+      "with --force"
   fi
 }
 
@@ -669,7 +805,7 @@ rb::finish() {
   done
   env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
     --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
-    --out "${RB_REPORT}" "${probe_args[@]}" || rb::log "could not write the report"
+    --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} || rb::log "could not write the report"
   rb::pictures
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
@@ -711,6 +847,10 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --from STEP     run from STEP to the end (with the preflight it needs)
   --report PATH   write the JSON report to PATH (default: runs/${RB_NAME}/report.json)
   --restore [N]   put backup N (default: the newest) of the destination back in place
+  --force         move a source whose static checks failed (kernels without code for the
+                  target, references that leave the venv); the log and the report say so
+  --allow-edited  run this runbook although it was edited, or its spec changed, since compile
+  --version       the compiler, spec and kit this runbook was made from
   -h, --help      this text
 
 Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports;
@@ -990,6 +1130,7 @@ print(sys.executable)')
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
   rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --special-modes "${RB_SPECIAL_MODES}" --outside-links "${RB_OUTSIDE_LINKS}"
+  rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
@@ -1215,6 +1356,7 @@ main() {
       --list) rb::list; return 0 ;;
       --version) rb::version; return 0 ;;
       --allow-edited) RB_ALLOW_EDITED=1 ;;
+      --force) RB_FORCE=1 ;;
       --dry-run) RB_DRY_RUN=1 ;;
       --only) only=${2:?--only needs a step}; shift ;;
       --from) from=${2:?--from needs a step}; shift ;;
