@@ -117,6 +117,7 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
         "notes": facts.get("main", {}),
         # engine events outside any step: the end of the run (replace: the old install removed)
         "engine": [e for events in engine.values() for e in events],
+        **({"gpu": gpu_verdict(probe_docs)} if gpu else {}),
     }
 
 
