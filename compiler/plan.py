@@ -11,7 +11,7 @@ import json
 import shlex
 from typing import Any
 
-from . import __version__, catalog, fanout, kit as kitfiles, steps as stepdocs
+from . import __version__, catalog, fanout, implied, kit as kitfiles, steps as stepdocs
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
@@ -84,55 +84,9 @@ def probe_config(spec: Spec, dst_host: str) -> dict:
         ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{i}"
         checks.append({"id": ident, "type": kind, "params": check.params,
                        "allow_skip": check.allow_skip})
-    checks = implied_checks(spec, checks) + checks
+    checks = implied.implied_checks(spec, checks) + checks
     return {"schema": 1, "host": dst_host, "venv": None, "gpu": gpu, "cuda": cuda,
             "checks": checks}
-
-
-def audit_arch(spec: Spec) -> str:
-    """The arch the source's kernel libraries are audited for before the move ('' for none)."""
-    if not (spec.gpu and spec.gpu.kernel_audit):
-        return ""
-    listed = [c for c in spec.checks if c.kind == "kernel_audit"]
-    if listed and listed[0].params.get("arch"):
-        return listed[0].params["arch"]
-    known = catalog.lookup(spec.gpu.model)
-    capability = spec.gpu.capability or (known.capability if known else None)
-    return catalog.arch_of(capability) if capability else ""
-
-
-def audit_args(spec: Spec) -> list[str]:
-    """`rbprobes preflight` options from the spec's own kernel_audit check (paths, partial_ok,
-    strict): the audit before the move judges as the one after it."""
-    words: list[str] = []
-    listed = [c for c in spec.checks if c.kind == "kernel_audit"]
-    if not listed:
-        return words
-    params = listed[0].params
-    for path in params.get("paths") or []:
-        words += ["--path", path]
-    if params.get("partial_ok") == []:
-        words.append("--no-partial-ok")
-    for glob in params.get("partial_ok") or []:
-        words += ["--partial-ok", glob]
-    if params.get("strict"):
-        words.append("--strict")
-    return words
-
-
-def implied_checks(spec: Spec, listed: list[dict]) -> list[dict]:
-    """The checks every probe runs whatever the spec lists (issue #16): the relocation proof, and
-    with `gpu:` the kernel audit of the whole venv for its arch (unless `gpu.kernel_audit: false`,
-    or the spec lists its own). They run first: they read files and need no GPU."""
-    kinds = {c["type"] for c in listed}
-    out = []
-    if "relocation" not in kinds:
-        _src_host, src = spec.transfer.source
-        params = {"old": src} if src.startswith("/") else {}
-        out.append({"id": "relocation", "type": "relocation", "params": params, "allow_skip": False})
-    if spec.gpu and spec.gpu.kernel_audit and "kernel_audit" not in kinds:
-        out.append({"id": "kernel_audit", "type": "kernel_audit", "params": {}, "allow_skip": False})
-    return out
 
 
 def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = False) -> dict:
@@ -177,7 +131,7 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         _s("RB_SWAP_ATOMIC", spec.transfer.swap_atomic),
         _s("RB_GPU_DECLARED", "1" if spec.gpu else "",
            "gpu: declared: the report says whether the checks proved it (a skip is not a pass)"),
-        _s("RB_AUDIT_ARCH", audit_arch(spec),
+        _s("RB_AUDIT_ARCH", implied.audit_arch(spec),
            "the static checks on the source before anything moves: the kernel audit for this arch "
            "(empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv"),
         _s("RB_INCREMENTAL", "1" if incremental(spec) else "0",
@@ -194,7 +148,7 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         settings.append(_s("RB_PROBE_CONFIG", json.dumps(config, sort_keys=True, separators=(",", ":")),
                            "The checks, as one JSON document for the probe on the target."))
     arrays = [
-        {"name": "RB_AUDIT_ARGS", "words": audit_args(spec),
+        {"name": "RB_AUDIT_ARGS", "words": implied.audit_args(spec),
          "comment": "the kernel audit's options from the spec's kernel_audit check"},
         {"name": "RB_SPEC_FILES", "words": [f"{path}={sha}" for path, sha in source.files],
          "comment": "Each file of the spec and its sha256: a run refuses to start when one changed."},

@@ -14,6 +14,8 @@ import posixpath
 import shlex
 from typing import Any
 
+from . import implied
+
 # the install engine's steps, in order (rbkit.engine.STEPS)
 ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
 ENGINE_DOCS = {
@@ -62,7 +64,6 @@ WHERE = {
     "fan_preflight": ("fanout",), "fan_pack": ("transfer",), "fan_copy": ("fanout",),
     "fan_install": ("fanout",), "fan_compare": ("fanout",),
 }
-COMPRESSION_NOTE = {"auto": "zstd -1 if both ends have zstd, else none", "none": "none"}
 
 
 def staging(dest: str) -> str:
@@ -97,8 +98,7 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
     dst_host, dst = spec.transfer.target
     stg = staging(dst)
     excl = " ".join(f"--exclude {shlex.quote(p)}" for p in spec.transfer.exclude)
-    comp = spec.transfer.compression
-    comp_note = COMPRESSION_NOTE.get(comp, comp)
+    comp_note = compression_note(spec)
     jobs = spec.transfer.jobs or "auto"
     on_dst = f"on {dst_host}: engine"
     out: list[str] = []
@@ -113,6 +113,7 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
                    f"{lock(dst)} for the run (a second run is refused, naming this one)")
         out.append(f"{on_dst} preflight: on_existing {spec.transfer.on_existing}; free space for "
                    f"{stg}")
+        out.append(audit_line(spec))
         out.append(f"compression: {comp_note}")
     elif step == "manifest":
         out.append(f"on {src_host}: rbkit engine hash {src} {excl} --algo {spec.transfer.verify}"
@@ -149,10 +150,34 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
             out.append(f"  CUDA_HOME={spec.cuda.home}; LD_LIBRARY_PATH: {first} (in site-packages), "
                        f"then $CUDA_HOME/lib64")
     elif step == "probe":
-        kinds = ", ".join(c.kind for c in spec.checks)
+        listed = [{"type": c.kind} for c in spec.checks]
+        kinds = ", ".join(c["type"] for c in implied.implied_checks(spec, listed) + listed)
         out.append(f"{on_dst} probe: source the env file; {dst}/bin/python -m rbprobes run: {kinds}")
         out.append(f"here: fetch the report to runs/{spec.name}/probe-{dst_host}.json")
     return out
+
+
+def compression_note(spec: Any) -> str:
+    """The stream's compression as the run decides it (rb::preflight_compression's rule)."""
+    comp = spec.transfer.compression
+    src_host, dst_host = spec.transfer.source[0], spec.transfer.target[0]
+    if comp == "auto" and src_host == dst_host and spec.hosts[src_host].local and not spec.fanout:
+        return "none (both ends are this machine: no link to save)"
+    if comp == "auto":
+        return "decided at run time: zstd -1 if both ends have zstd, else none"
+    if comp == "none":
+        return "none"
+    return f"{comp} (preflight fails if an end lacks it)"
+
+
+def audit_line(spec: Any) -> str:
+    """What the static checks on the source run before anything moves (rb::preflight_audit)."""
+    src_host, src = spec.transfer.source
+    arch = implied.audit_arch(spec)
+    what = (f"rbprobes preflight --venv {src} --arch {arch} {' '.join(implied.audit_args(spec))}"
+            .rstrip() if arch else f"rbprobes outside {src}")
+    return (f"on {src_host}: {what} (refused with the files and packages named unless --force; "
+            "on one machine, references outside the venv are said, not refused)")
 
 
 def lock(dest: str) -> str:

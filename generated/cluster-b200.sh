@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: c3be72bbfae5919a086d497b536b4d7e0a47d3dff06bacb02ff272564acc2051
+# sha256 of this file with these 64 digits zeroed: e5e2e6287eea0bf9c1c17837f4f599fbebfc13fc623bbfa2e1d8d9a07ce62f16
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -95,13 +95,14 @@ on b200: connect; copy the kit to a private directory (mktemp -d), checked by it
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
 on b200: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b200: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: decided at run time: zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' --algo sha256 --jobs 16
 here: keep a copy in runs/cluster-b200/manifest.jsonl; send it to b200
 on b200: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on b200: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b200: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b200: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
@@ -111,7 +112,7 @@ on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-own
 on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
   [exports]='on b200: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on b200: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: torch, devices, matmul, imports, kernel_audit, nccl
+  [probe]='on b200: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, torch, devices, matmul, imports, kernel_audit, nccl
 here: fetch the report to runs/cluster-b200/probe-b200.json'
 )
 declare -rA RB_STEP_HOST=(

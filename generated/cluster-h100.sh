@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 4cab9e3efd05bd31db107159d4f7d383e9664db2676c6d16190ec5a16b2eb44a
+# sha256 of this file with these 64 digits zeroed: 60ede3d32571553c6e1cc45cf0f4aacd891f8c710f90af1074ce5bc05257d8dd
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -95,13 +95,14 @@ on h100: connect; copy the kit to a private directory (mktemp -d), checked by it
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
 on h100: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on h100: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_90 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: decided at run time: zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/cluster-h100/manifest.jsonl; send it to h100
 on h100: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on h100: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on h100: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on h100: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -111,7 +112,7 @@ on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-own
 on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
   [exports]='on h100: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on h100: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: torch, devices, matmul, imports
+  [probe]='on h100: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
 here: fetch the report to runs/cluster-h100/probe-h100.json'
 )
 declare -rA RB_STEP_HOST=(

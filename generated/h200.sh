@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 49fba53c821ab7fbe32af9884fb1e51f7c9832adb37496991da99d82d0d286f3
+# sha256 of this file with these 64 digits zeroed: 75621ae4c14677817c1ac594ebadeee693b1511605210443bb20ef9320107343
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -93,6 +93,7 @@ declare -rA RB_STEP_PREVIEW=(
 on here: rbkit engine scan /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
 on here: rbkit engine serve --dest /opt/torch-moved/.venv: takes /opt/torch-moved/..venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing replace; free space for /opt/torch-moved/..venv.rb-staging
+on here: rbprobes preflight --venv /opt/torch/.venv --arch sm_90 --path lib/python3.12/site-packages/torch/lib (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none'
   [manifest]='on here: rbkit engine hash /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 8
 here: keep a copy in runs/h200/manifest.jsonl; send it to here
@@ -109,7 +110,7 @@ on here: <decompress> | tar -C /opt/torch-moved/..venv.rb-staging -xf - --no-sam
 on here: /opt/torch-moved/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/torch-moved/.venv/bin/pip --version; on failure put back what was there'
   [exports]='on here: engine exports: write /opt/torch-moved/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on here: engine probe: source the env file; /opt/torch-moved/.venv/bin/python -m rbprobes run: kernel_audit, libraries, torch, devices, imports, matmul, matmul, nccl, command
+  [probe]='on here: engine probe: source the env file; /opt/torch-moved/.venv/bin/python -m rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, matmul, nccl, command
 here: fetch the report to runs/h200/probe-here.json'
 )
 declare -rA RB_STEP_HOST=(

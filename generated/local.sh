@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: e0eeea483f691f5ed596221b2297f3c2a1fb08e83c5a93ee241ec220333d1900
+# sha256 of this file with these 64 digits zeroed: a9139fb6b4503f5668a873cabf5e37568bb29d048b9d74b9d9a2265b4a9c53b9
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -93,13 +93,14 @@ declare -rA RB_STEP_PREVIEW=(
 on here: rbkit engine scan .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
 on here: rbkit engine serve --dest runs/local/venv: takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing replace; free space for runs/local/.venv.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: none (both ends are this machine: no link to save)'
   [manifest]='on here: rbkit engine hash .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 2
 here: keep a copy in runs/local/manifest.jsonl; send it to here
 on here: engine current: if runs/local/venv/.rb-manifest.jsonl matches, skip the install
 on here: engine stage: if it differs, link unchanged files from runs/local/venv into runs/local/.venv.rb-staging, send only the rest'
   [transfer]='on here: engine stage: rm -rf runs/local/.venv.rb-staging && mkdir runs/local/.venv.rb-staging
-on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
 on here: <decompress> | tar -C runs/local/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify runs/local/.venv.rb-staging against the manifest (--jobs 2); the stamp relocate, prove and swap require'
@@ -108,7 +109,7 @@ on here: <decompress> | tar -C runs/local/.venv.rb-staging -xf - --no-same-owner
   [swap]='on here: engine swap runs/local/.venv.rb-staging runs/local/venv --policy replace
 on here: runs/local/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; runs/local/venv/bin/pip --version; on failure put back what was there'
   [exports]='on here: engine exports: write runs/local/venv.env.sh'
-  [probe]='on here: engine probe: source the env file; runs/local/venv/bin/python -m rbprobes run: torch, imports, libraries, matmul, devices
+  [probe]='on here: engine probe: source the env file; runs/local/venv/bin/python -m rbprobes run: relocation, torch, imports, libraries, matmul, devices
 here: fetch the report to runs/local/probe-here.json'
 )
 declare -rA RB_STEP_HOST=(

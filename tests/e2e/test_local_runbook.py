@@ -81,6 +81,7 @@ def test_full_local_move_then_rerun_skips(payload_small, tmp_path):
         "preflight", "manifest", "transfer", "verify", "relocate", "prove", "swap", "exports",
         "probe"]
     assert doc["checks"]["fail"] == 0 and doc["checks"]["pass"] >= 2
+    assert "compression: none (both ends are this machine: no link to save)" in r.stderr
     # the run's pictures beside its report (issue #18)
     for name in ("timeline.svg", "report.html"):
         assert (tmp_path / "run" / name).is_file(), name
@@ -158,6 +159,11 @@ def test_dry_run_and_list_touch_nothing(payload_small, tmp_path):
     r = compile_and_run(tmp_path, payload_small.venv, tmp_path / "d" / "venv", "--dry-run")
     assert r.returncode == 0
     assert "transfer:" in r.stdout and "on here: tar -C" in r.stdout
+    # issue #18: the dry-run states the choices the run makes (the run's own log says the same:
+    # test_full_local_move_then_rerun_skips), and the checks the probe really runs
+    assert "compression: none (both ends are this machine: no link to save)" in r.stdout
+    assert "rbprobes run: relocation, imports, command" in r.stdout
+    assert "on here: rbprobes outside " in r.stdout
     assert not (tmp_path / "run").exists() and not (tmp_path / "d").exists()
 
 

@@ -93,12 +93,13 @@ on b: connect; copy the kit to a private directory (mktemp -d), checked by its s
 on a: rbkit engine scan /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
 on b: rbkit engine serve --dest /opt/venv2: takes /opt/.venv2.rb-lock for the run (a second run is refused, naming this one)
 on b: engine preflight: on_existing refuse; free space for /opt/.venv2.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on a: rbprobes preflight --venv /opt/venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: decided at run time: zstd -1 if both ends have zstd, else none'
   [manifest]='on a: rbkit engine hash /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/all-checks/manifest.jsonl; send it to b
 on b: engine current: if /opt/venv2/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on b: engine stage: rm -rf /opt/.venv2.rb-staging && mkdir /opt/.venv2.rb-staging
-on a: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on a: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on b: <decompress> | tar -C /opt/.venv2.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b: engine verify /opt/.venv2.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -108,7 +109,7 @@ on b: <decompress> | tar -C /opt/.venv2.rb-staging -xf - --no-same-owner (rbkit 
 on b: /opt/venv2/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/venv2/bin/pip --version; on failure put back what was there'
   [exports]='on b: engine exports: write /etc/profile.d/venv2.sh
   CUDA_HOME=/usr/local/cuda-12.9; LD_LIBRARY_PATH: nvidia/cu12/lib, nvidia/cublas/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on b: engine probe: source the env file; /opt/venv2/bin/python -m rbprobes run: kernel_audit, libraries, torch, devices, imports, matmul, nccl, python, command, command
+  [probe]='on b: engine probe: source the env file; /opt/venv2/bin/python -m rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, nccl, python, command, command
 here: fetch the report to runs/all-checks/probe-b.json'
 )
 declare -rA RB_STEP_HOST=(

@@ -92,12 +92,13 @@ declare -rA RB_STEP_PREVIEW=(
 on here: rbkit engine scan build/venv (refused unless pyvenv.cfg, bin/python and files are sent)
 on here: rbkit engine serve --dest runs/venv: takes runs/.venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing refuse; free space for runs/.venv.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on here: rbprobes preflight --venv build/venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: none (both ends are this machine: no link to save)'
   [manifest]='on here: rbkit engine hash build/venv --algo sha256 --jobs auto
 here: keep a copy in runs/smi-name/manifest.jsonl; send it to here
 on here: engine current: if runs/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on here: engine stage: rm -rf runs/.venv.rb-staging && mkdir runs/.venv.rb-staging
-on here: tar -C build/venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on here: tar -C build/venv --null --no-recursion -T <manifest names> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
 on here: <decompress> | tar -C runs/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify runs/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -107,7 +108,7 @@ on here: <decompress> | tar -C runs/.venv.rb-staging -xf - --no-same-owner (rbki
 on here: runs/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; runs/venv/bin/pip --version; on failure put back what was there'
   [exports]='on here: engine exports: write runs/venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: - (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on here: engine probe: source the env file; runs/venv/bin/python -m rbprobes run: devices
+  [probe]='on here: engine probe: source the env file; runs/venv/bin/python -m rbprobes run: relocation, kernel_audit, devices
 here: fetch the report to runs/smi-name/probe-here.json'
 )
 declare -rA RB_STEP_HOST=(

@@ -88,12 +88,13 @@ declare -rA RB_STEP_PREVIEW=(
 on here: rbkit engine scan .venv (refused unless pyvenv.cfg, bin/python and files are sent)
 on here: rbkit engine serve --dest runs/copy/venv: takes runs/copy/.venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing refuse; free space for runs/copy/.venv.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: none (both ends are this machine: no link to save)'
   [manifest]='on here: rbkit engine hash .venv --algo sha256 --jobs auto
 here: keep a copy in runs/minimal-local/manifest.jsonl; send it to here
 on here: engine current: if runs/copy/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on here: engine stage: rm -rf runs/copy/.venv.rb-staging && mkdir runs/copy/.venv.rb-staging
-on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
 on here: <decompress> | tar -C runs/copy/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify runs/copy/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'

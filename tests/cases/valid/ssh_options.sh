@@ -88,13 +88,14 @@ on dst: connect; copy the kit to a private directory (mktemp -d), checked by its
 on src: rbkit engine scan /opt/envs/torch (refused unless pyvenv.cfg, bin/python and files are sent)
 on dst: rbkit engine serve --dest /scratch/envs/torch: takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing replace; free space for /scratch/envs/.torch.rb-staging
-compression: gzip'
+on src: rbprobes outside /opt/envs/torch (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: gzip (preflight fails if an end lacks it)'
   [manifest]='on src: rbkit engine hash /opt/envs/torch --algo blake2b --jobs 16
 here: keep a copy in runs/ssh-options/manifest.jsonl; send it to dst
 on dst: engine current: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip the install
 on dst: engine stage: if it differs, link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /scratch/envs/.torch.rb-staging && mkdir /scratch/envs/.torch.rb-staging
-on src: tar -C /opt/envs/torch --null --no-recursion -T <manifest names> -cf - | <compress: gzip> (rbkit engine send)
+on src: tar -C /opt/envs/torch --null --no-recursion -T <manifest names> -cf - | <compress: gzip (preflight fails if an end lacks it)> (rbkit engine send)
   | through this machine (relay) |
 on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on dst: engine verify /scratch/envs/.torch.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'

@@ -89,13 +89,14 @@ on dst: connect; copy the kit to a private directory (mktemp -d), checked by its
 on src: rbkit engine scan /opt/venv (refused unless pyvenv.cfg, bin/python and files are sent)
 on dst: rbkit engine serve --dest /opt/venv: takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing backup; free space for /opt/.venv.rb-staging
-compression: zstd -1 if both ends have zstd, else none'
+on src: rbprobes outside /opt/venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
+compression: decided at run time: zstd -1 if both ends have zstd, else none'
   [manifest]='on src: rbkit engine hash /opt/venv --algo sha256 --jobs auto
 here: keep a copy in runs/safety/manifest.jsonl; send it to dst
 on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the install
 on dst: engine stage: if it differs, link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
-on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on dst: <decompress> | tar -C /opt/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
