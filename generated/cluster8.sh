@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: e1df81f97bcdebcbe36020992b05b0ee5f3b42c78cbb445970c3203ece4cd797
+# sha256 of this file with these 64 digits zeroed: 9b57057e9c1c977d8845bd556d284084de7d7bef3e53ef0502d1f4292dc613f5
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -178,6 +178,31 @@ rb::choose_compression() {
   done
   RB_COMPRESSION_USED=${tool}
   rb::log "compression: ${tool} (every end has it)"
+}
+
+#######################################
+# The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
+# the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
+# and a `progress` event the timeline draws the rate from.
+#######################################
+rb::progress() {
+  local total=$1 start=$2 bytes ms rate line
+  while read -r bytes; do
+    [[ "${bytes}" =~ ^[0-9]+$ ]] || continue
+    rb::now
+    rb::event progress transfer "${RB_DST_HOST}" "${RB_NOW}" "${bytes}"
+    ms=$((RB_NOW - start > 0 ? RB_NOW - start : 1))
+    rate=$((bytes * 1000 / ms))
+    line="$((bytes / 1000000)) MB"
+    if ((total > 0)); then
+      line+=" of $((total / 1000000)) MB ($((bytes * 100 / total))%)"
+    fi
+    line+=", $((rate / 1000000)) MB/s"
+    if ((total > bytes && rate > 0)); then
+      line+=", about $(((total - bytes) / rate)) s left"
+    fi
+    printf '    progress: %s\n' "${line}" >&2
+  done
 }
 
 #######################################

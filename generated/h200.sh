@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 75621ae4c14677817c1ac594ebadeee693b1511605210443bb20ef9320107343
+# sha256 of this file with these 64 digits zeroed: ed666d8eae6c6589073b42d081ff77d67141e93f0b11a83e56e861be8638c0c7
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -187,6 +187,31 @@ rb::choose_compression() {
   done
   RB_COMPRESSION_USED=${tool}
   rb::log "compression: ${tool} (every end has it)"
+}
+
+#######################################
+# The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
+# the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
+# and a `progress` event the timeline draws the rate from.
+#######################################
+rb::progress() {
+  local total=$1 start=$2 bytes ms rate line
+  while read -r bytes; do
+    [[ "${bytes}" =~ ^[0-9]+$ ]] || continue
+    rb::now
+    rb::event progress transfer "${RB_DST_HOST}" "${RB_NOW}" "${bytes}"
+    ms=$((RB_NOW - start > 0 ? RB_NOW - start : 1))
+    rate=$((bytes * 1000 / ms))
+    line="$((bytes / 1000000)) MB"
+    if ((total > 0)); then
+      line+=" of $((total / 1000000)) MB ($((bytes * 100 / total))%)"
+    fi
+    line+=", $((rate / 1000000)) MB/s"
+    if ((total > bytes && rate > 0)); then
+      line+=", about $(((total - bytes) / rate)) s left"
+    fi
+    printf '    progress: %s\n' "${line}" >&2
+  done
 }
 
 #######################################
@@ -1147,7 +1172,7 @@ rb::manifest_share() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote
+  local src_kit start_ms ms bytes hash_pid='' names remote total
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -1185,9 +1210,15 @@ step_transfer() {
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
       "${RB_DIRECT_SSH[@]}" "${remote}" >"${RB_WORK}/receive.out"
   elif command -v pv >/dev/null; then
-    # shellcheck disable=SC2312 # pv's progress lines go to the log; pv's status is in PIPESTATUS
+    # pv counts the bytes every 5 s; rb::progress logs percent, rate and ETA and records them
+    # for the timeline (the size is known when the stream is not compressed)
+    total=0
+    if [[ "${RB_COMPRESSION_USED}" == none ]]; then
+      total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
+    fi
+    # shellcheck disable=SC2312 # pv's counts go to rb::progress; pv's status is in PIPESTATUS
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      pv -f -i 10 -b -t -a 2> >(tr '\r' '\n' | sed -u '/^$/d; s/^/    progress: /' >&2) |
+      pv -f -n -b -i 5 2> >(rb::progress "${total}" "${start_ms}") |
       rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
         "${PIPESTATUS[@]}"

@@ -185,6 +185,31 @@ rb::choose_compression() {
 }
 
 #######################################
+# The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
+# the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
+# and a `progress` event the timeline draws the rate from.
+#######################################
+rb::progress() {
+  local total=$1 start=$2 bytes ms rate line
+  while read -r bytes; do
+    [[ "${bytes}" =~ ^[0-9]+$ ]] || continue
+    rb::now
+    rb::event progress transfer "${RB_DST_HOST}" "${RB_NOW}" "${bytes}"
+    ms=$((RB_NOW - start > 0 ? RB_NOW - start : 1))
+    rate=$((bytes * 1000 / ms))
+    line="$((bytes / 1000000)) MB"
+    if ((total > 0)); then
+      line+=" of $((total / 1000000)) MB ($((bytes * 100 / total))%)"
+    fi
+    line+=", $((rate / 1000000)) MB/s"
+    if ((total > bytes && rate > 0)); then
+      line+=", about $(((total - bytes) / rate)) s left"
+    fi
+    printf '    progress: %s\n' "${line}" >&2
+  done
+}
+
+#######################################
 # Log a line to stderr: time, runbook, step, message.
 #######################################
 rb::log() {

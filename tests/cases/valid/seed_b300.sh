@@ -191,6 +191,31 @@ rb::choose_compression() {
 }
 
 #######################################
+# The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
+# the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
+# and a `progress` event the timeline draws the rate from.
+#######################################
+rb::progress() {
+  local total=$1 start=$2 bytes ms rate line
+  while read -r bytes; do
+    [[ "${bytes}" =~ ^[0-9]+$ ]] || continue
+    rb::now
+    rb::event progress transfer "${RB_DST_HOST}" "${RB_NOW}" "${bytes}"
+    ms=$((RB_NOW - start > 0 ? RB_NOW - start : 1))
+    rate=$((bytes * 1000 / ms))
+    line="$((bytes / 1000000)) MB"
+    if ((total > 0)); then
+      line+=" of $((total / 1000000)) MB ($((bytes * 100 / total))%)"
+    fi
+    line+=", $((rate / 1000000)) MB/s"
+    if ((total > bytes && rate > 0)); then
+      line+=", about $(((total - bytes) / rate)) s left"
+    fi
+    printf '    progress: %s\n' "${line}" >&2
+  done
+}
+
+#######################################
 # Log a line to stderr: time, runbook, step, message.
 #######################################
 rb::log() {
@@ -1158,7 +1183,7 @@ rb::manifest_share() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote
+  local src_kit start_ms ms bytes hash_pid='' names remote total
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -1196,9 +1221,15 @@ step_transfer() {
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
       "${RB_DIRECT_SSH[@]}" "${remote}" >"${RB_WORK}/receive.out"
   elif command -v pv >/dev/null; then
-    # shellcheck disable=SC2312 # pv's progress lines go to the log; pv's status is in PIPESTATUS
+    # pv counts the bytes every 5 s; rb::progress logs percent, rate and ETA and records them
+    # for the timeline (the size is known when the stream is not compressed)
+    total=0
+    if [[ "${RB_COMPRESSION_USED}" == none ]]; then
+      total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
+    fi
+    # shellcheck disable=SC2312 # pv's counts go to rb::progress; pv's status is in PIPESTATUS
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      pv -f -i 10 -b -t -a 2> >(tr '\r' '\n' | sed -u '/^$/d; s/^/    progress: /' >&2) |
+      pv -f -n -b -i 5 2> >(rb::progress "${total}" "${start_ms}") |
       rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
         "${PIPESTATUS[@]}"
