@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
+# @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: ed666d8eae6c6589073b42d081ff77d67141e93f0b11a83e56e861be8638c0c7
+# sha256 of this file with these 64 digits zeroed: 2afc13d1d72587cf346499acda1bbe7bfa005efa86d2cb15e91b5e180805d570
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -25,7 +25,7 @@ fi
 # The runbook and its spec.
 readonly RB_NAME=h200
 readonly RB_SPEC=specs/h200.yaml
-readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
+readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
 readonly RB_KIT_SHA256=fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4
@@ -43,7 +43,7 @@ readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
 # the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
-readonly RB_SPECIAL_MODES=refuse
+readonly RB_SPECIAL_MODES=strip
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
@@ -65,7 +65,7 @@ readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","para
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=(--path lib/python3.12/site-packages/torch/lib)
 # Each file of the spec and its sha256: a run refuses to start when one changed.
-readonly -a RB_SPEC_FILES=(specs/h200.yaml=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69)
+readonly -a RB_SPEC_FILES=(specs/h200.yaml=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
@@ -1305,7 +1305,7 @@ step_swap() {
 }
 
 #######################################
-# Step 8/9: exports (specs/h200.yaml:17)
+# Step 8/9: exports (specs/h200.yaml:19)
 # Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first.
 #######################################
 step_exports() {
@@ -1315,7 +1315,7 @@ step_exports() {
 }
 
 #######################################
-# Step 9/9: probe (specs/h200.yaml:26)
+# Step 9/9: probe (specs/h200.yaml:28)
 # Run the checks with the moved interpreter on the target; fetch the report.
 #######################################
 step_probe() {
