@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: f9661f70d01fb12704332ea5d6278556ce373497a447c882dc9c159c8feea0a6
+# sha256 of this file with these 64 digits zeroed: e62f7efb914f9f49372cf260116255e9332017802eb539c9f892294ddba4233e
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=229d3725ae5b370bcd04c0d1b6086f965ef0088a630135ccc7a86bb8df0d3c69
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ee7abb7c8b60663443e87f13b178123b0d1cddb5cfed85916f78ffad24e7150b
-readonly RB_KIT_FILE=.kit/ee7abb7c8b60663443e87f13b178123b0d1cddb5cfed85916f78ffad24e7150b.tar
+readonly RB_KIT_SHA256=ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017
+readonly RB_KIT_FILE=.kit/ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
