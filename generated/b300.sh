@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: f0fc07a2fc1355c39e5020b3aa6164b8691163d20064725cfabd5e00d8eecdc7
+# sha256 of this file with these 64 digits zeroed: 26a315374a058974c714d6d3485bdfbc2c8cff9a69671f1c56b9662aabd77230
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4
-readonly RB_KIT_FILE=.kit/fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4.tar
+readonly RB_KIT_SHA256=ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017
+readonly RB_KIT_FILE=.kit/ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

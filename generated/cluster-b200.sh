@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 6d711dfbc86e2fd2a0df55a236e3393e5bb03704aeb121ca6ca25b340fd68e90
+# sha256 of this file with these 64 digits zeroed: ea9a141108bf0a85ef98f313d165ba5233e5e04e564b255ef98003e4dd5a4566
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4
-readonly RB_KIT_FILE=.kit/fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4.tar
+readonly RB_KIT_SHA256=ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017
+readonly RB_KIT_FILE=.kit/ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: bba818e475301a315f2b066e21bf541e6d89b0068a36fc40b92c908f3a551f8f
+# sha256 of this file with these 64 digits zeroed: b11540af032fe997a024e611ffc163f660329e95e568d716a2040e3430f6e306
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4
-readonly RB_KIT_FILE=.kit/fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4.tar
+readonly RB_KIT_SHA256=ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017
+readonly RB_KIT_FILE=.kit/ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 2afc13d1d72587cf346499acda1bbe7bfa005efa86d2cb15e91b5e180805d570
+# sha256 of this file with these 64 digits zeroed: 20b98afd8a6a4f12bd9d8cc5b01b84040e5f3899513b959fb2b28f0a80a2c38d
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4
-readonly RB_KIT_FILE=.kit/fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4.tar
+readonly RB_KIT_SHA256=ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017
+readonly RB_KIT_FILE=.kit/ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 96410355d2034f14626a2676303ec0a833070aab9ff0acc1d6719aeae793ca69
+# sha256 of this file with these 64 digits zeroed: 2747cdcc98b91c1cb4a9b36eb89493138e7f541aa1136a69137e0f65eedd924a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4
-readonly RB_KIT_FILE=.kit/fe61a9baa311e4467148ca40f68eb5c8019ff9ec41e1aab1770d4b2817ee6cb4.tar
+readonly RB_KIT_SHA256=ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017
+readonly RB_KIT_FILE=.kit/ba21926186a81cad7b1e013eeee979659fa17e8bea09d40af08fabc6b37ea017.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

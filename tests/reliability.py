@@ -28,7 +28,8 @@ OUT = ROOT / "docs" / "reliability.md"
 FILES = ["tests/test_hostile.py", "tests/test_golden.py", "tests/e2e/test_faults.py",
          "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/test_render.py",
          "tests/e2e/test_fanout.py", "tests/e2e/test_fanout_slurm.py", "tests/e2e/test_fanout_tree.py",
-         "tests/test_fanout_delta.py", "tests/test_safety.py", "tests/e2e/test_safety.py"]
+         "tests/test_fanout_delta.py", "tests/test_safety.py", "tests/e2e/test_safety.py",
+         "tests/test_engine.py"]
 
 # (test-name prefix, row, what happens, what "nothing lost" means there)
 ROWS = [
@@ -98,6 +99,32 @@ ROWS = [
     ("test_a_file_changed_on_the_node_that_the_bundle_lacks", "fan-out node: a file changed there "
      "that the re-run's bundle does not carry (kit, no cluster)", "needs the whole bundle, says "
      "which file", "its install left as it was (the changed file too)"),
+    ("test_a_failed_step_fails_the_run_once", "a step fails after the swap (exports: a library dir "
+     "the venv lacks)", "exit 1, outcome failed, the step recorded once (it used to end green)",
+     "the previous install put back"),
+    ("test_only_swap_after_a_failed_verify", "`--only swap`, `--from relocate`, "
+     "`--from prove` after a verify that failed", "refused: no stamp of this run's verify",
+     "the previous install byte-identical"),
+    ("test_a_second_run_into_the_same_destination", "two runs into one destination at once",
+     "the second is refused in preflight, naming the first (runbook, host, pid, run dir)",
+     "the first installs; nothing mixed"),
+    ("test_a_source_the_excludes_empty", "`exclude: [\"*\"]` with `on_existing: replace`",
+     "refused in preflight: not a venv after the excludes", "the working install byte-identical"),
+    ("test_a_venv_whose_interpreter_is_missing_at", "a venv whose base interpreter the destination "
+     "lacks", "stops at prove, before the swap, naming the interpreter",
+     "the previous install byte-identical"),
+    (("test_a_venv_whose_interpreter_is_missing_here", "test_prove_refuses_an_interpreter"),
+     "fan-out node: the venv's interpreter missing, or of another Python version", "stops at "
+     "prove, before the swap", "the node's install untouched"),
+    ("test_a_node_proves_the_install_after_the_swap_and_rolls", "fan-out node: bin/pip runs from "
+     "the wrong place after the swap (the post-swap proof, now on nodes too)", "swap fails, "
+     "rolled back", "the previous install back in place"),
+    ("test_a_digest_rerun_never_links", "fan-out `rerun: digest`: a file corrupted on the node, "
+     "size and mtime kept", "never linked into the new install: the node asks for the whole "
+     "bundle", "the corrupted file replaced by the source's"),
+    (("test_swap_and_relocate_refuse_a_staging", "test_a_staging_replaced_after_verify"),
+     "the engine: steps after verify without its stamp, a staging replaced after verify",
+     "refused", "the destination unchanged"),
 ]
 
 
@@ -126,6 +153,13 @@ HOSTILE_ROWS = [
      "through another link in the tree)", "listed; refused unless `transfer.outside_links: keep`",
      "-"),
     ("test_scan_refuses_device_nodes", "a device node in the source", "refused, always", "-"),
+    ("test_a_setuid_file_is_refused_unless", "a setuid file in the source, in a real run",
+     "refused in preflight; with `special_modes: strip` installed without the bit", "-"),
+    ("test_a_destination_inside_the_source_is_refused", "the destination inside the source "
+     "through another name (a symlink alias), in a real run", "refused in preflight (the "
+     "engine: `same_or_nested` of both ends)", "nothing written"),
+    ("test_a_planted_lock_file", "a symlink or a hard link planted at the destination's lock "
+     "file", "refused, never written through", "the link's target byte-identical"),
     ("test_a_link_where_relocation_writes", "the planted temp-name link in a real run over ssh "
      "(the spec allows outside links)", "the run passes; bin/activate relocated; the link moved "
      "as it was", "its target byte-identical"),

@@ -319,3 +319,40 @@ def test_prove_refuses_an_interpreter_of_another_python_version(first_install):
     prove = next(s for s in doc["steps"] if s["id"] == "prove")
     assert rc == 1 and not prove["ok"] and "the venv was made with 2.7.18" in prove["error"][0]
     assert (dest / PKG / "__init__.py").read_text() == before
+
+
+SLOW_SERVER = r'''
+import sys, time
+from rbkit import engine, serve
+serve.PING_S = 0.1
+def slow(ctx):
+    time.sleep(0.6)
+    return engine.Result("slept")
+serve.REQUESTS["verify"] = (slow, {})
+sys.exit(serve.main(sys.argv[1:]))
+'''
+
+
+def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(tmp_path):
+    """The runbook reads each answer with a bound between two lines (a dead link must not hang
+    it): a long step still says it is alive. The lock is held from the first answer to the end
+    of stdin, and let go then."""
+    dest = tmp_path / "d" / "venv"
+    env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, "serve", "--dest", str(dest),
+                          "--holder", "test"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline().decode()
+    while not first.startswith("done"):
+        first = p.stdout.readline().decode()
+    assert first.startswith("done\tok\tholding ") and Path(lock_path(str(dest))).exists()
+    p.stdin.write(b"verify\0\0")
+    p.stdin.flush()
+    lines = []
+    while not lines or not lines[-1].startswith("done"):
+        lines.append(p.stdout.readline().decode())
+    assert lines[-1] == "done\tok\tslept\n"
+    assert sum(ln == "ping\n" for ln in lines) >= 3, lines
+    p.stdin.close()
+    p.wait(timeout=30)
+    assert p.returncode == 0 and not Path(lock_path(str(dest))).exists()

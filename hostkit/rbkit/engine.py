@@ -47,6 +47,7 @@ from .stream import COMPRESSION, child_env, human, pipeline, run_quiet, tail
 STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
 PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
 STAMP = "stamp.json"
+BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
 INSTALLED = ".rb-manifest.jsonl"
 
 
@@ -274,11 +275,14 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
     """The stamp, when it says the staging went through `want` in this run and is still the same
     directory with the same manifest; else the step is refused."""
     doc = read_stamp(ctx)
-    if doc is None or doc.get("stage") not in want:
+    if doc is None or doc.get("stage") not in ("verified", "relocated", "proven"):
         raise StepError(
             "refusing to %s: the staging %s was not verified in this run (a verify that failed, "
             "or one in an earlier run, leaves nothing to install); run again --from verify, or "
             "the whole runbook" % (step, ctx.staging))
+    if doc.get("stage") not in want:
+        raise StepError("refusing to %s: %s must pass first, in this run (the staging is %s)"
+                        % (step, BEFORE[step], doc.get("stage")))
     if _identity(ctx.staging) != doc.get("identity"):
         raise StepError("refusing to %s: %s is not the staging directory this run verified "
                         "(it was replaced since: another run?)" % (step, ctx.staging))
@@ -545,6 +549,8 @@ def relocate(ctx: Context) -> Result:
     staging, write the install's manifest, and put the rewritten files' digests in the stamp."""
     _require_lock(ctx)
     doc = _require(ctx, ("verified",), "relocate")
+    # from here the staging is being rewritten: nothing may install it until relocate says so
+    _write_stamp(ctx, dict(doc, stage="relocating"))
     result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest)
     m = ctx.new_manifest()
     algo = m["header"]["algo"]
@@ -578,7 +584,11 @@ def prove(ctx: Context) -> Result:
     _require_lock(ctx)
     doc = _require(ctx, ("relocated",), "prove")
     python = os.path.join(ctx.staging, "bin", "python")
-    prefix, version = interpreter_prefix(python, ctx.staging)
+    try:
+        prefix, version = interpreter_prefix(python, ctx.staging)
+    except StepError as exc:
+        raise StepError("%s; refused before the swap: nothing was installed" % exc,
+                        lines=exc.lines) from None
     if os.path.realpath(prefix) != os.path.realpath(ctx.staging):
         raise StepError("the staged interpreter reports sys.prefix %s, not the staging %s"
                         % (prefix, ctx.staging))
@@ -748,8 +758,7 @@ def interpreter_prefix(python: str, root: str) -> tuple:
     if not os.path.exists(python):
         target = os.readlink(python) if os.path.islink(python) else python
         raise StepError("bin/python -> %s: that interpreter does not exist on this host (the "
-                        "venv's base interpreter%s must be installed here); nothing was installed"
-                        % (target, _home(root)))
+                        "venv's base interpreter%s must be installed here)" % (target, _home(root)))
     rc, out, err = run_quiet([python, "-I", "-B", "-c",
                               "import sys; print(sys.prefix); print(sys.version.split()[0])"],
                              PROVE_TIMEOUT)
@@ -766,13 +775,13 @@ def _home(root: str) -> str:
 
 
 def _cfg(root: str, key: str) -> str:
-    """A value of the venv's pyvenv.cfg ('' when not there)."""
+    """A value of the venv's pyvenv.cfg ('' when not there; a link there is not followed)."""
     try:
-        with open(os.path.join(root, "pyvenv.cfg"), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                k, _, value = line.partition("=")
-                if k.strip() == key:
-                    return value.strip()
+        got = safefs.read_in(root, "pyvenv.cfg", limit=1 << 20)
     except OSError:
-        pass
+        return ""
+    for line in (got[0] if got else b"").decode("utf-8", "replace").splitlines():
+        k, _, value = line.partition("=")
+        if k.strip() == key:
+            return value.strip()
     return ""

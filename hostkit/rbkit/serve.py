@@ -22,8 +22,9 @@ once it holds the lock, then reads requests from stdin: words each ended by NUL,
 by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one step (a
 failure past the swap is followed by its rollback); at the end of stdin it finishes the run
 (replace: the install the swap replaced is removed), lets go of the lock and removes its state.
-Human lines go to stderr, as they happen. While it is idle it writes `ping` every few seconds, so
-that an ssh session whose runbook is gone (a link down) is noticed and the lock let go.
+Human lines go to stderr, as they happen. It writes `ping` every few seconds, so that the runbook
+knows it alive during a long step, and an ssh session whose runbook is gone (a link down) is
+noticed and the lock let go.
 
 stdlib only; Python >= 3.9.
 """
@@ -173,7 +174,6 @@ def serve(a: argparse.Namespace) -> int:
     ctx = context(a, emit=answer.event, log=_log)
     ctx.state = engine.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
-    busy = threading.Event()
     stop = {"asked": False}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -182,10 +182,9 @@ def serve(a: argparse.Namespace) -> int:
             raise Stop()
 
     def ping() -> None:
+        # also while a step works: the runbook reads its answers with a bound between two lines
         while True:
             threading.Event().wait(PING_S)
-            if busy.is_set():
-                continue
             try:
                 answer.line("ping")
             except (OSError, ValueError):
@@ -202,11 +201,7 @@ def serve(a: argparse.Namespace) -> int:
             return 1
         threading.Thread(target=ping, daemon=True).start()
         for words in _requests(0):
-            busy.set()
-            try:
-                handle(ctx, words)
-            finally:
-                busy.clear()
+            handle(ctx, words)
             answer.done()
             if stop["asked"]:
                 raise Stop()

@@ -270,7 +270,7 @@ def test_a_failed_step_fails_the_run_once_and_puts_back_what_was_there(payload_s
     assert (tmp_path / "d" / "venv.rb-backup.1" / "bin" / "payload-hello").exists()
 
 
-def test_swap_refuses_a_staging_that_failed_verification(payload_small, tmp_path):
+def test_only_swap_after_a_failed_verify_is_refused(payload_small, tmp_path):
     """H2: `--only swap` after a failed verify installed the unverified staging (and `replace`
     deleted the working install), exit 0."""
     dst = tmp_path / "d" / "venv"
