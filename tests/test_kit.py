@@ -339,3 +339,31 @@ def test_a_declared_gpu_that_no_check_proved_is_said_as_such(tmp_path):
                        {"b300": str(probe)}, "ok", gpu=True)
     assert doc["gpu"]["proven"] and "GPU NOT PROVEN" not in report.table(doc)
     assert "gpu" not in report.build("x", "s", "0", str(tmp_path / "none.tsv"), {}, "ok")
+
+
+@pytest.mark.parametrize("odd", ["x y", "$(touch CANARY)", "a'b\"c", "`touch CANARY`"])
+def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_no_path(odd, tmp_path):
+    """A space ends a shebang's path, and `$(...)` or backquotes would run inside a trampoline's
+    double quotes: the rewritten script finds its interpreter
+    beside itself (pip's form), runs, and the relocation proof reads it (the always-on check found
+    the broken shebang at a destination with a space)."""
+    from rbprobes import checks_venv
+    new = tmp_path / odd / "venv"
+    (new / "bin").mkdir(parents=True)
+    (new / "bin" / "python").symlink_to(sys.executable)
+    for src in (b"#!/old/venv/bin/python\nimport sys; print(sys.executable)\n",
+                b"#!/bin/sh\n'''exec' \"/old/venv/bin/python\" \"$0\" \"$@\"\n' '''\n"
+                b"import sys; print(sys.executable)\n"):
+        out = relocate.rewrite_bytes(src, "/old/venv", str(new))
+        assert out.startswith(b"#!/bin/sh\n'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")/python\"")
+        assert out.count(b"' '''") == 1
+        script = new / "bin" / "tool"
+        script.write_bytes(out)
+        script.chmod(0o755)
+        r = subprocess.run([str(script)], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.strip() == str(new / "bin" / "python"), r
+        assert not (tmp_path / "CANARY").exists()
+        info, problem = checks_venv._judge_interpreter(str(script), out, str(new), "/usr/bin")
+        assert problem is None and info["interpreter"] == str(new / "bin" / "python")
+    plain = relocate.rewrite_bytes(b"#!/old/venv/bin/python\n", "/old/venv", "/opt/venv")
+    assert plain == b"#!/opt/venv/bin/python\n"  # a plain short path keeps its shebang

@@ -50,6 +50,43 @@ def _fix_long_shebang(data: bytes) -> bytes:
     return _trampoline(words[0], rest)
 
 
+# a path the kernel reads as one shebang word and sh as one word inside double quotes
+PLAIN_PATH = re.compile(rb"^[A-Za-z0-9/._+-]+$")
+PROGRAM = re.compile(rb"^[A-Za-z0-9._+-]+$")
+TRAMPOLINE_TAIL = b'" "$0" "$@"'
+# pip's own form for a path it cannot write into a shebang: the interpreter beside the script
+BESIDE = b'"$(dirname -- "$(realpath -- "$0")")/'
+
+
+def _fix_venv_shebang(data: bytes, new: str) -> Optional[bytes]:
+    """A script whose interpreter is the new venv's own bin/NAME (a shebang, or pip's trampoline),
+    where the new path holds anything but plain path characters (a space ends a shebang's path;
+    `$`, backquotes or quotes would run inside the trampoline's double quotes): the trampoline that
+    finds its interpreter beside the script, so the path is never written into it. None when the
+    script is not such a one (a plain path too long for a shebang gets pip's trampoline naming it,
+    _fix_long_shebang)."""
+    first, _nl, rest = data.partition(b"\n")
+    own = b"#!" + new.encode() + b"/bin/"
+    tramp = b"'''exec' \"" + new.encode() + b"/bin/"
+    if first.startswith(own) and PROGRAM.match(first[len(own):]):
+        name = first[len(own):]
+        if PLAIN_PATH.match(new.encode()):
+            return None  # a plain path: as it is, or pip's trampoline naming it when too long
+    elif first.strip() == b"#!/bin/sh" and rest.startswith(tramp):
+        line, _nl2, after = rest.partition(b"\n")
+        name, sep, tail = line[len(tramp):].partition(b'"')
+        if not sep or not PROGRAM.match(name) or (b'"' + tail) != TRAMPOLINE_TAIL:
+            return None
+        if PLAIN_PATH.match(new.encode()):
+            return data
+        rest = after
+    else:
+        return None
+    if not rest.startswith(b"' '''"):
+        rest = b"' '''\n" + rest
+    return b"#!/bin/sh\n'''exec' " + BESIDE + name + TRAMPOLINE_TAIL + b"\n" + rest
+
+
 def rewrite_bytes(data: bytes, old: str, new: str) -> Optional[bytes]:
     """`data` with the old prefix replaced, if it is text that names it; else None."""
     if not _is_text(data[:SNIFF]):
@@ -58,7 +95,8 @@ def rewrite_bytes(data: bytes, old: str, new: str) -> Optional[bytes]:
     if not pat.search(data):
         return None
     out = pat.sub(new.encode().replace(b"\\", b"\\\\"), data)
-    return _fix_long_shebang(out)
+    fixed = _fix_venv_shebang(out, new)
+    return fixed if fixed is not None else _fix_long_shebang(out)
 
 
 def rewrite_file(path: str, old: str, new: str) -> Optional[bytes]:

@@ -20,6 +20,9 @@ from .result import Context, failed, passed, short_list
 
 ACTIVATE = ("activate", "activate.csh", "activate.fish", "activate.nu", "Activate.ps1")
 TRAMPOLINE = re.compile(rb"^'''exec' (.*)$")  # pip/distlib/uv's form for long shebangs
+# the form that names no path: the interpreter beside the script (what relocation writes for a
+# venv path that is too long for a shebang or is not plain path characters)
+BESIDE = re.compile(rb'''^'\'\'exec' "\$\(dirname -- "\$\(realpath -- "\$0"\)"\)/([A-Za-z0-9._+-]+)" "\$0" "\$@"$''')
 PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*$")
 PYTHON_START_S = 60
 SCAN_LIMIT = 256 << 20  # bytes of one bin/ file searched for the old prefix
@@ -54,6 +57,9 @@ def parse_interpreter(head: bytes) -> Optional[Tuple[str, List[str], str]]:
                 words = shlex.split(m.group(1).decode("utf-8", "replace"))
             except ValueError:
                 words = m.group(1).decode("utf-8", "replace").split()
+            beside = BESIDE.match(lines[1].rstrip(b"\r"))
+            if beside:  # pip's form: the interpreter beside the script, wherever it lives
+                return "@beside/" + beside.group(1).decode(), [], "trampoline"
             if words:
                 return words[0], words[1:], "trampoline"
     try:
@@ -88,6 +94,11 @@ def _judge_interpreter(script: str, head: bytes, venv: str, path_env: str
     if not interp:
         return info, "%s: empty shebang" % script
     runs = interp
+    if interp.startswith("@beside/"):
+        where = script if os.path.isabs(script) else os.path.join(venv, script)
+        runs = interp = os.path.join(os.path.dirname(os.path.realpath(where)),
+                                     interp[len("@beside/"):])
+        info["interpreter"] = interp
     if os.path.basename(interp) == "env" and form == "shebang":
         prog = _env_command(args)
         if not prog:
