@@ -114,6 +114,8 @@ def _range_size(text: str) -> int:
 
 
 def scratch(spec: Any) -> str:
+    """The start of each node's scratch name; the run adds 16 random hex digits (fan_copy), so no
+    other user of a node can make the path first."""
     return f"{spec.fanout.scratch.rstrip('/')}/rbfan-{spec.name}"
 
 
@@ -131,8 +133,9 @@ def settings(spec: Any) -> list[dict]:
         {"name": "RB_FAN_TIMEOUT", "value": str(f.timeout_s),
          "comment": "seconds for each engine call (copy, install)"},
         {"name": "RB_FAN_CONNECT_TIMEOUT", "value": str(f.connect_timeout), "comment": ""},
-        {"name": "RB_FAN_SCRATCH", "value": scratch(spec),
-         "comment": "on each node: the bundle (.tar) and where it is unpacked"},
+        {"name": "RB_FAN_SCRATCH_BASE", "value": scratch(spec),
+         "comment": "on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random "
+                    "hex digits made by each run's copy> (private: mkdir -m 700, never reused)"},
     ] + ([{"name": "RB_FAN_TOPOLOGY", "value": f.topology or "",
            "comment": "clush tree mode (fanout.topology); empty: this machine sends to every node"}]
          if f.engine == "clush" else [])
@@ -211,11 +214,12 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     f = spec.fanout
     src_host, src = spec.transfer.source
     _dst_host, dst = spec.transfer.target
-    d = scratch(spec)
+    d = f"{scratch(spec)}-<random>"
     bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
     opts = "".join(f" {shlex.quote(o)}" for o in clush_opts(spec)) if f.engine == "clush" else ""
     copy = "".join(f" {shlex.quote(o)}" for o in sbcast_opts(spec)) if f.engine == "slurm" else ""
-    node_cmd = (f"sh -c 'tar -xf {d}.tar -C {d} --exclude=./payload && python3 -m rbkit.fanout "
+    node_cmd = (f"sh -c 'mkdir -m 700 {d} && tar -xf {d}.tar -C {d} --exclude=./payload && "
+                f"python3 -m rbkit.fanout "
                 f"node --dir {d} --dest {dst} --old {src} ...'")
     t = f.timeout_s
     clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))

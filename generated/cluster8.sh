@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 8c3c119df9b0484b2cb6a3fa20748d41057aa2441b7c7f5d414517cfde10c814
+# sha256 of this file with these 64 digits zeroed: 932ad71dd1fc008394b8610dc9e0257faa8fc2acde8522b92ba3985e389af23e
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -66,8 +66,8 @@ readonly RB_FAN_SUCCESS=7
 # seconds for each engine call (copy, install)
 readonly RB_FAN_TIMEOUT=900
 readonly RB_FAN_CONNECT_TIMEOUT=30
-# on each node: the bundle (.tar) and where it is unpacked
-readonly RB_FAN_SCRATCH=/tmp/rbfan-cluster8
+# on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random hex digits made by each run's copy> (private: mkdir -m 700, never reused)
+readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-cluster8
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
@@ -102,8 +102,8 @@ here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
   [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
 on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
-  [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'tar -xf /tmp/rbfan-cluster8.tar -C /tmp/rbfan-cluster8 --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8 --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+  [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'mkdir -m 700 /tmp/rbfan-cluster8-<random> && tar -xf /tmp/rbfan-cluster8-<random>.tar -C /tmp/rbfan-cluster8-<random> --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8-<random> --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 7 nodes must pass'
@@ -947,11 +947,40 @@ rb::host_login() {
 # What every node runs: unpack the bundle the engine brought (all but the payload, which the
 # install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
+# The directory is made here with mkdir -m 700 (never -p, never a path that exists and is not
+# this user's own private directory from an earlier round of the same run): nothing another user
+# of the node made first is unpacked into or run.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
-rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
+if [ -e "$d" ] || [ -L "$d" ]; then
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u:%a -- "$d")" != "$(id -u):700" ]; then
+    echo "refusing $d: not a private directory of this user" >&2
+    exit 1
+  fi
+  rm -rf -- "$d"
+fi
+if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
+mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
+# this run's scratch name on the nodes (rb::fan_scratch)
+RB_FAN_SCRATCH=''
+
+#######################################
+# The nodes' scratch name: a new random one for a copy ($1 = new), else the one the last copy
+# made (kept in the run directory, for a --from run after it).
+#######################################
+rb::fan_scratch() {
+  local saved="${RB_RUN_DIR}/fanout/scratch-name" hex
+  if [[ "${1:-}" == new || ! -s "${saved}" ]]; then
+    hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
+    RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
+    mkdir -p "${RB_RUN_DIR}/fanout"
+    printf '%s\n' "${RB_FAN_SCRATCH}" >"${saved}"
+  else
+    RB_FAN_SCRATCH=$(<"${saved}")
+  fi
+}
 RB_FAN_FULL=''
 
 #######################################
@@ -1171,6 +1200,7 @@ rb::kit_write() {
 step_fan_preflight() {
   local host
   rb::fan_need timeout tar
+  rb::fan_scratch
   rb::fan_ready
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
@@ -1248,6 +1278,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
+  rb::fan_scratch new
   rb::fan_copy copy "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \

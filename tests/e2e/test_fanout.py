@@ -57,10 +57,21 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 @pytest.mark.e2e
 def test_clush_fanout_installs_and_probes_every_node(cluster, payload_small, tmp_path):
     script = build(tmp_path, spec(cluster, payload_small.venv), "fan8")
+    # issue #15 C1: what another user planted at the scratch name a runbook of 90eb1ef used on
+    # every node (/tmp/rbfan-NAME, unpacked into with mkdir -p, its kit run as root) is never run
+    canary = tmp_path / "planted-kit-ran"
+    for name in cluster.names:
+        planted = cluster.node_tmp(name) / "rbfan-fan8" / "kit" / "rbkit"
+        planted.mkdir(parents=True, exist_ok=True)
+        (planted / "__init__.py").write_text("")
+        (planted / "fanout.py").write_text(f"open({str(canary)!r}, 'w').write('ran')\n")
     t0 = time.monotonic()
     rc, err = finish(start(tmp_path, script))
     took = time.monotonic() - t0
     assert rc == 0, err[-6000:]
+    assert not canary.exists(), "a kit planted at the old scratch path ran"
+    for name in cluster.names:
+        shutil.rmtree(cluster.node_tmp(name) / "rbfan-fan8")
     fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
     assert sorted(fan["ok_nodes"]) == cluster.names and not fan["odd"] and not fan["missing"]
     assert len(fan["groups"]) == 1                       # all eight folded into one row
@@ -160,8 +171,7 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     rc, err = finish(start(tmp_path, script, "--from", "fan_compare"))
     assert rc == 0 and "8/8 nodes passed" in err, err[-4000:]
     for name in cluster.names:                         # installed: no bundle left in scratch
-        assert not (cluster.node_tmp(name) / "rbfan-fanre.tar").exists()
-        assert not (cluster.node_tmp(name) / "rbfan-fanre").exists()
+        assert not list(cluster.node_tmp(name).glob("rbfan-fanre*"))
     # --from fan_copy (fan_preflight runs too: it sets what the rest use): the same changes-only
     # bundle again, and every node, holding that tree now, keeps its install
     rc, err = finish(start(tmp_path, script, "--from", "fan_copy"))

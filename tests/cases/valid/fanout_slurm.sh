@@ -65,8 +65,8 @@ readonly RB_FAN_SUCCESS=all
 # seconds for each engine call (copy, install)
 readonly RB_FAN_TIMEOUT=600
 readonly RB_FAN_CONNECT_TIMEOUT=10
-# on each node: the bundle (.tar) and where it is unpacked
-readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-slurm
+# on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random hex digits made by each run's copy> (private: mkdir -m 700, never reused)
+readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-fanout-slurm
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
@@ -100,8 +100,8 @@ declare -rA RB_STEP_PREVIEW=(
 here: sbcast, srun, SLURM_JOB_ID present; nodes big[1-2],node[01-04] (6)'
   [fan_pack]='on here: rbkit manifest build /opt/build/venv --algo sha256
 on here: tar -C /opt/build/venv -cf - <names> | <compress> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
-  [fan_copy]='timeout 600 sbcast -f -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm.tar'
-  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w big[1-2],node[01-04] --chdir=/tmp --immediate=10 --time=10 -K0 sh -c '"'"'tar -xf /tmp/rbfan-fanout-slurm.tar -C /tmp/rbfan-fanout-slurm --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm --dest /opt/venv --old /opt/build/venv ...'"'"''
+  [fan_copy]='timeout 600 sbcast -f -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm-<random>.tar'
+  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w big[1-2],node[01-04] --chdir=/tmp --immediate=10 --time=10 -K0 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-slurm-<random> && tar -xf /tmp/rbfan-fanout-slurm-<random>.tar -C /tmp/rbfan-fanout-slurm-<random> --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm-<random> --dest /opt/venv --old /opt/build/venv ...'"'"''
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: every node must pass'
 )
@@ -934,11 +934,40 @@ rb::host_here() {
 # What every node runs: unpack the bundle the engine brought (all but the payload, which the
 # install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
+# The directory is made here with mkdir -m 700 (never -p, never a path that exists and is not
+# this user's own private directory from an earlier round of the same run): nothing another user
+# of the node made first is unpacked into or run.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
-rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
+if [ -e "$d" ] || [ -L "$d" ]; then
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u:%a -- "$d")" != "$(id -u):700" ]; then
+    echo "refusing $d: not a private directory of this user" >&2
+    exit 1
+  fi
+  rm -rf -- "$d"
+fi
+if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
+mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
+# this run's scratch name on the nodes (rb::fan_scratch)
+RB_FAN_SCRATCH=''
+
+#######################################
+# The nodes' scratch name: a new random one for a copy ($1 = new), else the one the last copy
+# made (kept in the run directory, for a --from run after it).
+#######################################
+rb::fan_scratch() {
+  local saved="${RB_RUN_DIR}/fanout/scratch-name" hex
+  if [[ "${1:-}" == new || ! -s "${saved}" ]]; then
+    hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
+    RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
+    mkdir -p "${RB_RUN_DIR}/fanout"
+    printf '%s\n' "${RB_FAN_SCRATCH}" >"${saved}"
+  else
+    RB_FAN_SCRATCH=$(<"${saved}")
+  fi
+}
 RB_FAN_FULL=''
 
 #######################################
@@ -1158,6 +1187,7 @@ rb::kit_write() {
 step_fan_preflight() {
   local host
   rb::fan_need timeout tar
+  rb::fan_scratch
   rb::fan_ready
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
@@ -1235,6 +1265,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
+  rb::fan_scratch new
   rb::fan_copy copy "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \

@@ -66,8 +66,8 @@ readonly RB_FAN_SUCCESS=all
 # seconds for each engine call (copy, install)
 readonly RB_FAN_TIMEOUT=600
 readonly RB_FAN_CONNECT_TIMEOUT=10
-# on each node: the bundle (.tar) and where it is unpacked
-readonly RB_FAN_SCRATCH=/tmp/rbfan-fanout-tree
+# on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random hex digits made by each run's copy> (private: mkdir -m 700, never reused)
+readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-fanout-tree
 # clush tree mode (fanout.topology); empty: this machine sends to every node
 readonly RB_FAN_TOPOLOGY=/etc/clustershell/topology.conf
 # on_failed_checks: what a failed check after the swap does
@@ -106,8 +106,8 @@ here: clush, nodeset present; nodes gpu[001-128] (128)'
   [fan_pack]='on build: rbkit manifest build /opt/venv --algo sha256
 on build: tar -C /opt/venv -cf - <names> | <compress> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)
 re-run (runs/fanout-tree/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
-  [fan_copy]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree.tar'
-  [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'tar -xf /tmp/rbfan-fanout-tree.tar -C /tmp/rbfan-fanout-tree --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-tree --dest /opt/venv --old /opt/venv ...'"'"'
+  [fan_copy]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree-<random>.tar'
+  [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-tree-<random> && tar -xf /tmp/rbfan-fanout-tree-<random>.tar -C /tmp/rbfan-fanout-tree-<random> --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-tree-<random> --dest /opt/venv --old /opt/venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: every node must pass'
@@ -951,11 +951,40 @@ rb::host_head() {
 # What every node runs: unpack the bundle the engine brought (all but the payload, which the
 # install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
+# The directory is made here with mkdir -m 700 (never -p, never a path that exists and is not
+# this user's own private directory from an earlier round of the same run): nothing another user
+# of the node made first is unpacked into or run.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
-rm -rf -- "$d" && mkdir -p -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
+if [ -e "$d" ] || [ -L "$d" ]; then
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u:%a -- "$d")" != "$(id -u):700" ]; then
+    echo "refusing $d: not a private directory of this user" >&2
+    exit 1
+  fi
+  rm -rf -- "$d"
+fi
+if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
+mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
 PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
+# this run's scratch name on the nodes (rb::fan_scratch)
+RB_FAN_SCRATCH=''
+
+#######################################
+# The nodes' scratch name: a new random one for a copy ($1 = new), else the one the last copy
+# made (kept in the run directory, for a --from run after it).
+#######################################
+rb::fan_scratch() {
+  local saved="${RB_RUN_DIR}/fanout/scratch-name" hex
+  if [[ "${1:-}" == new || ! -s "${saved}" ]]; then
+    hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
+    RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
+    mkdir -p "${RB_RUN_DIR}/fanout"
+    printf '%s\n' "${RB_FAN_SCRATCH}" >"${saved}"
+  else
+    RB_FAN_SCRATCH=$(<"${saved}")
+  fi
+}
 RB_FAN_FULL=''
 
 #######################################
@@ -1145,6 +1174,7 @@ rb::kit_write() {
 step_fan_preflight() {
   local host
   rb::fan_need timeout tar
+  rb::fan_scratch
   rb::fan_ready
   for host in "${RB_HOSTS[@]}"; do
     RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
@@ -1222,6 +1252,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
+  rb::fan_scratch new
   rb::fan_copy copy "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
