@@ -206,7 +206,8 @@ def partials(spec: Any) -> list[str]:
     """The state and helpers of how the runbook installs: on the nodes, or on one destination."""
     if not spec.fanout:
         return ["partials/install.sh.j2"]
-    return ["partials/fanout.sh.j2", f"partials/fanout_{spec.fanout.engine}.sh.j2"]
+    return ["partials/fanout_node.sh.j2", "partials/fanout.sh.j2",
+            f"partials/fanout_{spec.fanout.engine}.sh.j2"]
 
 
 def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:

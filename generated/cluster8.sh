@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 932ad71dd1fc008394b8610dc9e0257faa8fc2acde8522b92ba3985e389af23e
+# sha256 of this file with these 64 digits zeroed: 4dc5053dc76b208376f05cbf14dd4e6be15d26e432d73eddbaaa159dc5ae2afd
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -941,19 +941,18 @@ rb::host_login() {
 }
 
 #######################################
-# Fan-out helpers: what every node runs, and what both engines share. The engine's own commands
-# (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this one.
+# What every fan-out node runs, and where: the scratch directory on each node.
 #######################################
 # What every node runs: unpack the bundle the engine brought (all but the payload, which the
 # install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
 # The directory is made here with mkdir -m 700 (never -p, never a path that exists and is not
-# this user's own private directory from an earlier round of the same run): nothing another user
+# this user's own directory from an earlier round of the same run): nothing another user
 # of the node made first is unpacked into or run.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
 if [ -e "$d" ] || [ -L "$d" ]; then
-  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u:%a -- "$d")" != "$(id -u):700" ]; then
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u -- "$d")" != "$(id -u)" ]; then
     echo "refusing $d: not a private directory of this user" >&2
     exit 1
   fi
@@ -982,6 +981,12 @@ rb::fan_scratch() {
   fi
 }
 RB_FAN_FULL=''
+
+#######################################
+# Fan-out helpers both engines share (what every node runs is in fanout_node.sh.j2). The engine's
+# own commands (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after
+# this one.
+#######################################
 
 #######################################
 # Run an engine command here under a hard timeout (the engine's own timeouts come first), output

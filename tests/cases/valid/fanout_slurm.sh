@@ -928,19 +928,18 @@ rb::host_here() {
 }
 
 #######################################
-# Fan-out helpers: what every node runs, and what both engines share. The engine's own commands
-# (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this one.
+# What every fan-out node runs, and where: the scratch directory on each node.
 #######################################
 # What every node runs: unpack the bundle the engine brought (all but the payload, which the
 # install streams from the bundle into staging), then install and probe with the kit.
 # $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
 # The directory is made here with mkdir -m 700 (never -p, never a path that exists and is not
-# this user's own private directory from an earlier round of the same run): nothing another user
+# this user's own directory from an earlier round of the same run): nothing another user
 # of the node made first is unpacked into or run.
 readonly RB_FAN_NODE_SCRIPT='d=$1
 shift
 if [ -e "$d" ] || [ -L "$d" ]; then
-  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u:%a -- "$d")" != "$(id -u):700" ]; then
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u -- "$d")" != "$(id -u)" ]; then
     echo "refusing $d: not a private directory of this user" >&2
     exit 1
   fi
@@ -969,6 +968,12 @@ rb::fan_scratch() {
   fi
 }
 RB_FAN_FULL=''
+
+#######################################
+# Fan-out helpers both engines share (what every node runs is in fanout_node.sh.j2). The engine's
+# own commands (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after
+# this one.
+#######################################
 
 #######################################
 # Run an engine command here under a hard timeout (the engine's own timeouts come first), output
