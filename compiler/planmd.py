@@ -160,7 +160,8 @@ def _changes(spec: Spec, dst_host: str, src: str, dst: str) -> str:
         pairs = [_code(f"{k}={v}") for k, v in sorted(spec.env.items())]
         lines.append("  - also exported: " + _inline(pairs))
     if not spec.hosts[dst_host].local:
-        lines.append("- the runbook's helper kit is copied to `/tmp/rbkit-<id>` on each ssh host")
+        lines.append("- the runbook's helper kit is copied to a private directory made for the run "
+                     "(`mktemp -d`) on each ssh host, checked there by its sha256")
     return "\n".join(lines) + "\n"
 
 
