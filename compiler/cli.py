@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from . import __version__, kit, lint, loader, plan, render, validate
 from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
 
+KIT_LINE = re.compile(r"^readonly RB_KIT_FILE=(.*)$", re.M)
 EXIT_OK = 0
 EXIT_INTERNAL = 70
 
@@ -66,10 +68,19 @@ def referenced_kits(out_dir: Path) -> set[str]:
     """Names of the kit files that the runbooks in out_dir pin."""
     names = set()
     for script in out_dir.glob("*.sh"):
-        for line in script.read_text(encoding="utf-8", errors="replace").splitlines()[:80]:
-            if line.startswith("readonly RB_KIT_FILE="):
-                names.add(line.split("=", 1)[1].strip("'").rsplit("/", 1)[-1])
+        found = KIT_LINE.search(script.read_text(encoding="utf-8", errors="replace"))
+        if found:
+            names.add(found.group(1).strip("'").rsplit("/", 1)[-1])
     return names
+
+
+def is_standalone(script: Path) -> bool:
+    """Whether an existing runbook carries its kit (compile --standalone): --check compares it
+    with that form."""
+    if not script.is_file():
+        return False
+    found = KIT_LINE.search(script.read_text(encoding="utf-8", errors="replace"))
+    return found is not None and found.group(1) == "''"
 
 
 def prune_kits(out_dir: Path) -> list[Path]:
@@ -121,13 +132,14 @@ def collect(paths: list[str]) -> list[tuple[Path, bool]]:
 
 
 def compile_all(specs: list[tuple[Path, bool]], out_dir: Path, *,
-                standalone: bool = False) -> list[Output]:
+                standalone: Callable[[Path], bool] = lambda _script: False) -> list[Output]:
     """Every spec's runbook; warnings go to stderr; SpecError with every problem of every spec (a
-    mistake in a shared base is reported once)."""
+    mistake in a shared base is reported once). `standalone(script)`: embed the kit in it."""
     outputs, problems, other = [], [], []
     for spec, explicit in specs:
         try:
-            out = compile_spec(spec, out_dir, explicit=explicit, standalone=standalone)
+            out = compile_spec(spec, out_dir, explicit=explicit,
+                               standalone=standalone(out_dir / f"{spec.stem}.sh"))
         except SpecError as exc:
             problems.extend(p for p in exc.problems if p not in problems)
             continue
@@ -151,12 +163,7 @@ def check(specs: list[tuple[Path, bool]], out_dir: Path) -> tuple[list[str], int
     """Names of files in out_dir that differ from what their spec compiles to (or lack a spec), and
     how many runbooks were compared. A runbook in its --standalone form (kit embedded) is compared
     with that form."""
-    outputs = []
-    for spec, explicit in specs:
-        existing = out_dir / f"{spec.stem}.sh"
-        standalone = existing.is_file() and "\nreadonly RB_KIT_FILE=''\n" in existing.read_text(
-            encoding="utf-8", errors="replace")
-        outputs += compile_all([(spec, explicit)], out_dir, standalone=standalone)
+    outputs = compile_all(specs, out_dir, standalone=is_standalone)
     drift = []
     expected = {o.path.name for o in outputs}
     for o in outputs + kit_outputs(outputs):
@@ -237,7 +244,8 @@ def run(argv: list[str]) -> int:
             raise DriftError("generated/ does not match specs/:\n  " + "\n  ".join(drift))
         print(f"ok: {count} runbooks in {out_dir}/ match their specs")
         return EXIT_OK
-    outputs = compile_all(collect(args.specs), out_dir, standalone=args.standalone)
+    outputs = compile_all(collect(args.specs), out_dir,
+                          standalone=lambda _script: args.standalone)
     write_atomically(outputs + kit_outputs(outputs))
     for o in outputs:
         print(f"wrote {o.path} from {o.spec}" + (f" (kit {o.kit[0]})" if o.kit else ""))

@@ -104,8 +104,9 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     checks it), so a whole `compile` does not re-compile 30 templates every time."""
     if os.environ.get("RB_LINT_CACHE", "1") == "0":
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = Path(base) / "runbook-compiler" / "jinja"
+    from .lint import cache_root  # one cache folder for the compiler
+
+    directory = cache_root() / "jinja"
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:

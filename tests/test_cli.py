@@ -139,3 +139,15 @@ def test_a_reviewers_plain_shellcheck_passes_on_every_generated_runbook():
     r = subprocess.run([lint.shellcheck_binary(), *scripts], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_check_reports_the_mistakes_of_every_spec_at_once(project):
+    """--check compiles each spec in the form its runbook has (pinned or --standalone) and still
+    lists every spec's mistakes, not the first spec's only."""
+    assert compile_("specs", cwd=project).returncode == 0
+    for name in ("one", "two"):
+        spec = project / "specs" / f"{name}.yaml"
+        spec.write_text(spec.read_text() + "bogus_key: 1\n")
+    r = compile_("--check", cwd=project)
+    assert r.returncode == 2
+    assert "specs/one.yaml" in r.stderr and "specs/two.yaml" in r.stderr
