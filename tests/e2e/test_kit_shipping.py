@@ -66,8 +66,9 @@ def test_a_kit_planted_in_tmp_by_another_user_is_never_run(clean_lab, payload_sm
 
 
 @pytest.mark.e2e
-def test_a_kit_that_arrives_changed_is_refused(clean_lab, payload_small, tmp_path):
-    """The kit is checked against its hash on the host: a copy changed on the way is not run."""
+def test_a_pinned_kit_file_that_changed_is_refused(clean_lab, payload_small, tmp_path):
+    """generated/.kit/<sha>.tar is checked against the hash the runbook pins before anything runs
+    (the second check, on each ssh host after the copy, is not planted here)."""
     lab = clean_lab
     dst = tmp_path / "dest" / "venv"
     dst.parent.mkdir()
