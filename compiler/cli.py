@@ -47,7 +47,8 @@ def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
     script = out_dir / f"{spec_path.stem}.sh"
     view = plan.build(spec, source, script_name=script.name, standalone=standalone)
     text = render.render(view)
-    lint.lint(text, kit.files())
+    # the runbook as written and, for the default form, with the runtime in place (what runs)
+    lint.lint([text] if standalone else [text, render.render(plan.lint_view(view))], kit.files())
     pinned = None
     if not standalone:
         sha, data = kit.pinned()

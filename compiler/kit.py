@@ -1,4 +1,5 @@
-"""The kit: the host-side packages a runbook ships (hostkit/rbkit, hostkit/rbprobes), read as files.
+"""The kit: the host-side packages a runbook ships (hostkit/rbkit, hostkit/rbprobes), read as files,
+and the runbooks' bash runtime (templates/runtime/, the same in every runbook) as runtime.sh.
 
 The compiler never imports them: it reads their source through the import system's locations
 (`importlib.util.find_spec`, which finds a package without running it), so a checkout, an editable
@@ -44,6 +45,19 @@ def files() -> list[KitFile]:
     return list(_all_files())
 
 
+RUNTIME_INLINE = "partials/runtime_inline.sh.j2"
+RUNTIME_PINNED = "partials/runtime_pinned.sh.j2"
+
+
+@lru_cache(maxsize=None)
+def runtime_text() -> str:
+    """The runtime's bash, rendered without any spec value: what a --standalone runbook holds in
+    place and a default runbook reads from the pinned kit's runtime.sh."""
+    from . import render
+
+    return render.tidy(render.environment().get_template(RUNTIME_INLINE).render())
+
+
 def delimiter(text: str, seed: str) -> str:
     """A heredoc delimiter that no line of `text` equals."""
     base = "RB_PY_" + hashlib.sha256(seed.encode()).hexdigest()[:8].upper()
@@ -71,9 +85,14 @@ def tar_bytes() -> bytes:
             info = tarfile.TarInfo(f.path)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
+        data = runtime_text().encode("utf-8")
+        info = tarfile.TarInfo("runtime.sh")
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
+@lru_cache(maxsize=None)
 def pinned() -> tuple[str, bytes]:
     """(sha256 of the kit's tar, the tar): what a default runbook pins and `generated/.kit/` holds."""
     data = tar_bytes()

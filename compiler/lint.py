@@ -73,32 +73,44 @@ def shellcheck(text: str) -> list[str]:
     `compile --check` and re-compiles of unchanged specs do not pay shellcheck's ~2 s again.
     RB_LINT_CACHE=0 turns the cache off.
     """
+    return shellcheck_all([text])[0]
+
+
+def shellcheck_all(texts: list[str]) -> list[list[str]]:
+    """The findings of each text (see `shellcheck`), from one shellcheck process for those not
+    remembered clean."""
     binary = shellcheck_binary()
     use_cache = os.environ.get("RB_LINT_CACHE", "1") != "0"
-    marker = _cache_dir() / _cache_key(binary, text) if use_cache else None
-    if marker is not None and marker.exists():
-        return []
-    findings = _run_shellcheck(binary, text)
-    if not findings:
-        _remember(marker)
-    return findings
+    markers = [_cache_dir() / _cache_key(binary, t) if use_cache else None for t in texts]
+    results: list[list[str]] = [[] for _ in texts]
+    todo = [i for i, m in enumerate(markers) if m is None or not m.exists()]
+    if todo:
+        for i, findings in zip(todo, _run_shellcheck(binary, [texts[i] for i in todo])):
+            results[i] = findings
+            if not findings:
+                _remember(markers[i])
+    return results
 
 
-def _run_shellcheck(binary: str, text: str) -> list[str]:
-    with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
-        f.write(text)
-        path = f.name
+def _run_shellcheck(binary: str, texts: list[str]) -> list[list[str]]:
+    paths = []
     try:
-        proc = subprocess.run(
-            [binary, *FLAGS, path],
-            capture_output=True, text=True, check=False,
-        )
+        for text in texts:
+            with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+                f.write(text)
+                paths.append(f.name)
+        proc = subprocess.run([binary, *FLAGS, *paths], capture_output=True, text=True, check=False)
     finally:
-        os.unlink(path)
+        for path in paths:
+            os.unlink(path)
     if proc.returncode not in (0, 1):
         raise LintError(f"shellcheck could not run: {proc.stderr.strip()}")
     comments = json.loads(proc.stdout or '{"comments": []}')["comments"]
-    return [f"{c['line']}:{c['column']}: SC{c['code']} ({c['level']}): {c['message']}" for c in comments]
+    out: list[list[str]] = [[] for _ in texts]
+    for c in comments:
+        out[paths.index(c["file"])].append(
+            f"{c['line']}:{c['column']}: SC{c['code']} ({c['level']}): {c['message']}")
+    return out
 
 
 def python_sources(files) -> list[str]:
@@ -120,9 +132,12 @@ def python_sources(files) -> list[str]:
     return errors
 
 
-def lint(text: str, files) -> None:
+def lint(texts: list[str], files) -> None:
+    """Every text must pass shellcheck (the runbook; for the default form also the runbook with
+    its runtime in place) and every shipped Python file must compile."""
     problems = [f"embedded python: {e}" for e in python_sources(files)]
-    problems += [f"shellcheck: {e}" for e in shellcheck(text)]
+    for n, findings in enumerate(shellcheck_all(texts)):
+        problems += [f"shellcheck{'' if n == 0 else ' (runtime in place)'}: {e}" for e in findings]
     if problems:
         raise LintError("the generated runbook failed its lint (a compiler bug):\n  "
                         + "\n  ".join(problems))

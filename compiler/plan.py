@@ -17,6 +17,23 @@ from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
 
 KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
+# ShellCheck checks a runbook turns off for the whole file, each with its reason (printed above the
+# directive): a reviewer's plain `shellcheck generated/*.sh` agrees with compile's lint.
+EXCLUSIONS = (
+    ("SC2016", ("scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so",
+                "that `$1` in them expands there; their arguments travel quoted by rb::shq.")),
+    ("SC1003", ("spec values are single-quoted by the compiler (Python's shlex.quote), right by",
+                "construction; a value may hold a backslash, which this check takes for a mistyped",
+                "escape.")),
+)
+# The default form reads its runtime from the pinned kit, so settings and state variables only
+# the runtime reads look unused here. compile lints the runbook with the runtime in place
+# (`lint_view`), where this check runs.
+PINNED_EXCLUSIONS = EXCLUSIONS + (
+    ("SC2034", ("settings and state variables that only the runtime reads (runtime.sh of the pinned",
+                "kit) look unused in this file; compile lints the runbook with the runtime in place,",
+                "where this check runs.")),
+)
 SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 
 def ssh_words(host: Host, *, here: bool = True) -> list[Any]:
@@ -209,11 +226,24 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         "kit_dirs": sorted({f.path.rsplit("/", 1)[0] for f in files}),
         "kit_files": kit,
         "kit_partial": "partials/kit_embedded.sh.j2" if standalone else "partials/kit_pinned.sh.j2",
+        "runtime_partial": kitfiles.RUNTIME_INLINE if standalone else kitfiles.RUNTIME_PINNED,
+        **exclusions(EXCLUSIONS if standalone else PINNED_EXCLUSIONS),
         "compiler_version": __version__,
         "seal_placeholder": "0" * 64,
         "steps": step_views,
         "partials": fanout.partials(spec),
     }
+
+
+def lint_view(view: dict) -> dict:
+    """The runbook as compile lints it: the runtime in place (as --standalone has it), with none
+    of the exclusions that only the pinned form needs."""
+    return dict(view, runtime_partial=kitfiles.RUNTIME_INLINE, **exclusions(EXCLUSIONS))
+
+
+def exclusions(table: tuple) -> dict:
+    return {"exclusions": [{"code": c, "lines": list(lines)} for c, lines in table],
+            "exclusion_codes": ",".join(c for c, _ in table)}
 
 
 def incremental(spec: Spec) -> bool:

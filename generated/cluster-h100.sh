@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: b53ff7429c636ad39a6403a24d9c4ac83b26dbe792fc0e166bcbc2e17a5fdf75
+# sha256 of this file with these 64 digits zeroed: ac65b4a163918b749e0f1ae5ee466d70c0cd57e812a584fed9f700cd9ac800d8
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
 # Usage: bash cluster-h100.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
-#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so that
-#   `$1` in them expands there; their arguments travel quoted by rb::shq.
+#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
+#     that `$1` in them expands there; their arguments travel quoted by rb::shq.
 #   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
-#   construction; a value may hold a backslash, which this check takes for a mistyped escape.
-# shellcheck disable=SC2016,SC1003
+#     construction; a value may hold a backslash, which this check takes for a mistyped
+#     escape.
+#   SC2034: settings and state variables that only the runtime reads (runtime.sh of the pinned
+#     kit) look unused in this file; compile lints the runbook with the runtime in place,
+#     where this check runs.
+# shellcheck disable=SC2016,SC1003,SC2034
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
   echo "this runbook needs bash 4.4 or newer (found ${BASH_VERSION})" >&2
   exit 2
 fi
+# This file: its own hash and the kit beside it are read from here.
+readonly RB_SELF=${BASH_SOURCE[0]}
 
 #######################################
 # Settings, from the spec. Every value is quoted by the compiler.
@@ -29,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ea0f10985a6fdc4c3d0161b653ceac4d23ff52c6f205084647c3fdc602b57a54
-readonly RB_KIT_FILE=.kit/ea0f10985a6fdc4c3d0161b653ceac4d23ff52c6f205084647c3fdc602b57a54.tar
+readonly RB_KIT_SHA256=03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e
+readonly RB_KIT_FILE=.kit/03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -167,769 +173,43 @@ RB_ENGINE_DETAIL=''
 declare -a RB_KIT_ARGV=()
 
 #######################################
-# Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
-# have: auto takes zstd where every end has it, else none; a named tool one end lacks fails.
+# The runtime: logging, the step runner, host access, the failure report. The same bash in every
+# runbook, so it is not written here: it is runtime.sh of the kit this runbook pins, read from
+# RB_KIT_FILE beside this runbook and run only when the bytes read have the sha256 RB_KIT_SHA256
+# (one read: what is checked is what runs). `compile --standalone` writes it here instead.
 #######################################
-rb::choose_compression() {
-  local want=${RB_COMPRESSION} tool host
-  RB_COMPRESSION_USED=none
-  case "${want}" in
-    none) return 0 ;;
-    auto) tool=zstd ;;
-    *) tool=${want} ;;
-  esac
-  for host in "$@"; do
-    if ! rb::on_host "${host}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
-      if [[ "${want}" == auto ]]; then
-        rb::log "compression: ${tool} missing on ${host}, sending uncompressed"
-        return 0
-      fi
-      rb::fail "compression ${want} was asked for, but ${host} has no ${tool}"
-    fi
-  done
-  RB_COMPRESSION_USED=${tool}
-  rb::log "compression: ${tool} (every end has it)"
-}
-
-#######################################
-# The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
-# the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
-# and a `progress` event the timeline draws the rate from.
-#######################################
-rb::progress() {
-  local total=$1 start=$2 bytes ms rate line
-  while read -r bytes; do
-    [[ "${bytes}" =~ ^[0-9]+$ ]] || continue
-    rb::now
-    rb::event progress transfer "${RB_DST_HOST}" "${RB_NOW}" "${bytes}"
-    ms=$((RB_NOW - start > 0 ? RB_NOW - start : 1))
-    rate=$((bytes * 1000 / ms))
-    line="$((bytes / 1000000)) MB"
-    if ((total > 0)); then
-      line+=" of $((total / 1000000)) MB ($((bytes * 100 / total))%)"
-    fi
-    line+=", $((rate / 1000000)) MB/s"
-    if ((total > bytes && rate > 0)); then
-      line+=", about $(((total - bytes) / rate)) s left"
-    fi
-    printf '    progress: %s\n' "${line}" >&2
-  done
-}
-
-#######################################
-# Log a line to stderr: time, runbook, step, message.
-#######################################
-rb::log() {
-  printf '%(%H:%M:%S)T %s [%s] %s\n' -1 "${RB_NAME}" "${RB_STEP:-main}" "$*" >&2
-}
-
-#######################################
-# Fail the current step with a message (the ERR trap reports it).
-#######################################
-rb::fail() {
-  RB_LAST_CMD="$*"
-  if [[ -n "${RB_WORK}" ]]; then
-    # the third line marks a failure in words: the failure block shows it as the cause
-    printf '%s\n%s\nfail\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
-  fi
-  rb::log "ERROR: $*"
-  return 1
-}
-
-#######################################
-# Milliseconds since the epoch, into RB_NOW.
-#######################################
-rb::now() {
-  local t=${EPOCHREALTIME/[.,]/}
-  RB_NOW=${t:0:13}
-}
-
-#######################################
-# Append a record to the event log (tab-separated; tabs and newlines folded to spaces).
-#######################################
-rb::event() {
-  local IFS=$'\t' fields=() f
-  for f in "$@"; do
-    f=${f//$'\t'/ }
-    fields+=("${f//$'\n'/ }")
-  done
-  if [[ -n "${RB_EVENTS}" ]]; then
-    printf '%s\n' "${fields[*]}" >>"${RB_EVENTS}"
-  fi
-}
-
-#######################################
-# Record a measured fact of the current step (shown in the summary and the report).
-#######################################
-rb::fact() {
-  rb::event fact "${RB_STEP}" "$1" "$2"
-}
-
-#######################################
-# Quote words for a POSIX shell on the far side of ssh: 'a' 'b'\''c'.
-#######################################
-rb::shq() {
-  local out='' word q="'" bs="\\"
-  for word in "$@"; do
-    out+="${q}${word//${q}/${q}${bs}${q}${q}}${q} "
-  done
-  printf '%s' "${out% }"
-}
-
-#######################################
-# Is HOST this machine?
-#######################################
-rb::is_local() {
-  "rb::host_$1"
-  [[ -z "${RB_HOST_TARGET}" ]]
-}
-
-#######################################
-# Run ARGV on HOST, stdin from /dev/null. Local hosts run it directly; ssh hosts through the
-# shared (multiplexed) connection, with the argv quoted for the remote shell.
-#######################################
-rb::on_host() {
-  rb::_on_host "$@" </dev/null
-}
-
-#######################################
-# Like rb::on_host, but stdin is passed through (the receiving end of a stream).
-#######################################
-rb::pipe_on_host() {
-  rb::_on_host "$@"
-}
-
-rb::_on_host() {
-  local host=$1 words
-  shift
-  RB_HOST=${host}
-  "rb::host_${host}"
-  RB_LAST_CMD="on ${host}: $(rb::shq "$@")"
-  # also on disk: a command inside $(...) runs in a subshell, whose variables the ERR trap never sees
-  if [[ -n "${RB_WORK}" ]]; then
-    printf '%s\n%s\n' "${host}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
-  fi
-  if [[ -z "${RB_HOST_TARGET}" ]]; then
-    "$@"
-  else
-    # the spec's options first: for ssh the first value of an option wins
-    words=$(rb::shq "$@")
-    ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "${words}"
-  fi
-}
-
-#######################################
-# The kit's directory on HOST (set by rb::kit_ship).
-#######################################
-rb::kit_dir() {
-  printf '%s' "${RB_KIT_DIR[$1]}"
-}
-
-#######################################
-# Run `python3 -m rbkit ARGS...` on HOST.
-#######################################
-rb::kit() {
-  local host=$1
-  shift
-  rb::on_host "${host}" env PYTHONPATH="${RB_KIT_DIR[${host}]}" PYTHONDONTWRITEBYTECODE=1 \
-    "${RB_PY[${host}]:-python3}" -m rbkit "$@"
-}
-
-#######################################
-# Give HOST the kit: this machine uses the run directory's copy; an ssh host gets a private
-# directory made for this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar
-# is sent and checked against its sha256 there before it is unpacked. Nothing is reused from an
-# earlier run, so nothing another user of the host planted is ever run. rb::cleanup removes it.
-#######################################
-rb::kit_ship() {
-  local host=$1 dir
-  if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
-    return 0
-  fi
-  if rb::is_local "${host}"; then
-    RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
-    return 0
-  fi
-  dir=$(rb::on_host "${host}" sh -c 'umask 077 && mktemp -d /tmp/rbkit.XXXXXXXXXX') ||
-    rb::fail "could not make a private directory for the kit on ${host}"
-  RB_KIT_DIR[${host}]=${dir}
-  rb::pipe_on_host "${host}" sh -c 'set -e
-    cat >"$1/kit.tar"
-    got=$(python3 -c "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], \"rb\").read()).hexdigest())" "$1/kit.tar")
-    if [ "${got}" != "$2" ]; then echo "the kit arrived with sha256 ${got}, not $2" >&2; exit 1; fi
-    tar -C "$1" -xf "$1/kit.tar" --no-same-owner --no-same-permissions
-    rm -f "$1/kit.tar"' rbkit "${dir}" "${RB_KIT_TAR_SHA256}" <"${RB_WORK}/kit.tar" ||
-    rb::fail "could not ship the kit to ${host}:${dir} (above)"
-  if [[ "${host}" == "${RB_DST_HOST}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
-    # a --from/--only run goes on from the manifest this machine kept, never one left on the host
-    rb::pipe_on_host "${host}" sh -c 'cat >"$1"' rb "${dir}/${RB_NAME}.manifest.jsonl" \
-      <"${RB_RUN_DIR}/manifest.jsonl"
-  fi
-}
-
-#######################################
-# The sha256 of a file here (hashlib: coreutils' sha256sum is slower on some hosts).
-#######################################
-rb::sha256() {
-  "${RB_LOCAL_PY}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
-}
-
-#######################################
-# Name the failed stages of a pipeline and fail. Arguments: a label, one name per stage, then
-# PIPESTATUS.
-#######################################
-rb::pipe_failed() {
-  local label=$1 n i msg=''
-  shift
-  n=$(($# / 2))
-  local -a names=("${@:1:n}") codes=("${@:n+1}")
-  for ((i = 0; i < n; i++)); do
-    if ((codes[i] != 0)); then
-      msg+=" ${names[i]} exited ${codes[i]};"
-    fi
-  done
-  rb::fail "${label} failed:${msg%;}"
-}
-
-#######################################
-# Bytes as a short human figure into the variable named $1: 1234567 -> 1.2 MB.
-#######################################
-rb::human() {
-  local n=$2 units=(B KB MB GB TB PB) i=0
-  while ((n >= 1000000 && i < 4)); do
-    n=$((n / 1000))
-    i=$((i + 1))
-  done
-  if ((n >= 1000)); then
-    printf -v "$1" '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
-  else
-    printf -v "$1" '%d %s' "${n}" "${units[i]}"
-  fi
-}
-
-#######################################
-# Make an absolute path of a spec path on HOST: relative paths (local hosts only) are taken from
-# the directory the runbook runs in.
-#######################################
-rb::abspath() {
-  local host=$1 path=$2
-  if [[ "${path}" == /* ]]; then
-    printf '%s' "${path}"
-  elif rb::is_local "${host}"; then
-    printf '%s/%s' "${PWD}" "${path}"
-  else
-    rb::fail "relative path ${path} on ssh host ${host}"
-  fi
-}
-
-#######################################
-# Refuse to run a runbook edited by hand (its sha256 line no longer matches its text) or one whose
-# spec (any file of its extends chain, where it is reachable at the recorded path) changed since
-# it was compiled. --allow-edited runs it anyway and says so in the log and the report.
-# Sets RB_EDITED to what differs. Returns 1 to refuse.
-#######################################
-rb::check_sealed() {
-  local out
-  if ! out=$(python3 - "${BASH_SOURCE[0]}" "${RB_SPEC_FILES[@]}" <<'PY'
+if [[ "${RB_SELF}" == */* ]]; then
+  RB_RUNTIME=${RB_SELF%/*}/${RB_KIT_FILE}
+else
+  RB_RUNTIME=./${RB_KIT_FILE}
+fi
+if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
 import hashlib
-import re
+import io
+import os
 import sys
+import tarfile
 
-data = open(sys.argv[1], "rb").read()
-seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data, re.M)
-if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]).hexdigest() \
-        != seal.group(1).decode():
-    print("this runbook was edited after it was compiled")
-for item in sys.argv[2:]:
-    path, _, want = item.rpartition("=")
-    try:
-        with open(path, "rb") as f:
-            got = hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        continue  # not reachable from here: nothing to compare
-    if got != want:
-        print(f"{path} changed since this runbook was compiled")
+path, want = sys.argv[1], sys.argv[2]
+try:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        data = f.read()
+except OSError as exc:
+    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
+             "or compile --standalone for a runbook that carries its kit")
+got = hashlib.sha256(data).hexdigest()
+if got != want:
+    sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
+             "(compile writes the kit this runbook was reviewed with)")
+with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
 PY
-  ); then
-    echo "could not check this runbook's own hash (python3 failed)" >&2
-    return 1
-  fi
-  if [[ -z "${out}" ]]; then
-    return 0
-  fi
-  RB_EDITED=${out//$'\n'/; }
-  if ((RB_ALLOW_EDITED)); then
-    return 0
-  fi
-  printf '%s\n' "${out}" >&2
-  echo "refusing to run: compile ${RB_SPEC} again and review the new runbook (or run it anyway" \
-    "with --allow-edited, which the log and the report record)" >&2
-  return 1
-}
-
-#######################################
-# --version: what wrote this runbook, from which spec, with which kit.
-#######################################
-rb::version() {
-  echo "runbook ${RB_NAME}: compiled by runbook-compiler ${RB_COMPILER_VERSION} from ${RB_SPEC}" \
-    "(sha256 ${RB_SPEC_SHA256}); kit sha256 ${RB_KIT_SHA256} (${RB_KIT_FILE:-embedded})"
-}
-
-#######################################
-# Run one step: log it, time it, record it. A failure goes to rb::on_err through the ERR trap.
-#######################################
-rb::run_step() {
-  local id=$1 detail
-  RB_STEP=${id}
-  RB_HOST=${RB_STEP_HOST[${id}]}
-  RB_LAST_CMD=''
-  RB_STEP_DETAIL=''
-  rm -f "${RB_WORK}/last-command"
-  rb::log "step ${id}: ${RB_STEP_DOC[${id}]}"
-  rb::now
-  RB_STEP_START=${RB_NOW}
-  "step_${id}"
-  detail=${RB_STEP_DETAIL}
-  rb::now
-  rb::event step "${id}" ok "${RB_STEP_START}" "${RB_NOW}" "${RB_STEP_HOST[${id}]}" "${detail}"
-  rb::log "step ${id}: ok${detail:+ (${detail})}"
-  RB_STEP=''
-}
-
-#######################################
-# ERR trap: name the step, the host and the command, write the report, exit non-zero. In a
-# subshell (a command substitution, a background job) it only exits: the shell that waits for
-# it sees the failure and reports it, once.
-#######################################
-rb::on_err() {
-  local rc=$? line=$1 what said=
-  trap - ERR
-  if ((BASHPID != $$)); then
-    exit "${rc}"
-  fi
-  set +e
-  # the command that ran last, also when it ran in a subshell (whose variables are gone)
-  if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
-    { read -r RB_HOST; read -r RB_LAST_CMD; read -r said || true; } <"${RB_WORK}/last-command"
-  fi
-  what=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
-  if [[ "${said:-}" == fail ]]; then
-    RB_CAUSE=${what}   # rb::fail said it in words (logged above as ERROR)
-    RB_HINT=''
-    rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
-  else
-    rb::cause "${rc}"
-    rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
-    rb::log "  command: ${what} (exit ${rc}; line ${line})"
-  fi
-  if [[ -n "${RB_HINT}" ]]; then
-    rb::log "  what to do: ${RB_HINT}"
-  fi
-  RB_FAILED_STEP=${RB_STEP}
-  if [[ -n "${RB_STEP}" ]]; then
-    rb::now
-    rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" "${RB_CAUSE}"
-  fi
-  rb::finish failed
-  # the documented statuses: 1 a step or a check failed (the tool's own status is in the log)
-  exit 1
-}
-
-#######################################
-# INT/TERM: the destination is only ever replaced by the swap step, so stopping is safe.
-#######################################
-rb::on_signal() {
-  trap - ERR INT TERM
-  if ((BASHPID != $$)); then
-    exit 130
-  fi
-  set +e
-  rb::log "interrupted in step ${RB_STEP:-main}; the destination was not replaced unless the swap step had finished"
-  if [[ -n "${RB_STEP}" ]]; then
-    rb::now
-    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" ""
-  fi
-  rb::finish interrupted
-  exit 130
-}
-
-#######################################
-# The first line of a command, at most 160 characters: what the failure block shows of it.
-#######################################
-rb::short() {
-  local text=${1%%$'\n'*}
-  if ((${#text} > 160)); then
-    text="${text:0:157}..."
-  fi
-  if [[ "${text}" != "$1" && "${text}" != *... ]]; then
-    text+=" ..."
-  fi
-  printf '%s' "${text}"
-}
-
-#######################################
-# Set RB_CAUSE (what failed, in words) and RB_HINT (what to do, or empty) for exit status $1 of
-# the last host command. ssh's own failures (status 255) are asked again in a few seconds, to
-# say why: refused, unreachable, unknown name, or a host key this machine does not trust.
-#######################################
-rb::cause() {
-  local rc=$1 why port host=${RB_HOST:-}
-  RB_HINT=''
-  RB_CAUSE="exit status ${rc}"
-  if ((rc == 127)); then
-    why=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
-    RB_CAUSE="a command was not found on ${host:-this machine}: ${why}"
-    RB_HINT="install it there, or put it on the PATH of the ssh user"
-    return 0
-  fi
-  if ((rc != 255)) || [[ -z "${host}" ]] || rb::is_local "${host}"; then
-    return 0
-  fi
-  "rb::host_${host}"
-  why=$(timeout 20 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -o ControlPath=none \
-    -o ConnectTimeout=8 -- "${RB_HOST_TARGET}" true 2>&1 >/dev/null | tr -d '\r' | grep -v '^Warning' |
-    tail -n 1) || true
-  port=$(rb::port_of) || true
-  RB_CAUSE="cannot reach ${host} (${RB_HOST_TARGET}${port}): ${why:-ssh exited 255}"
-  case "${why}" in
-    *"Host key verification failed"* | *"No "*"host key is known"* | *"HOST IDENTIFICATION HAS CHANGED"*)
-      port=$(rb::port_of -p) || true
-      RB_HINT="this machine does not trust ${host}'s host key. Check its fingerprint with the host's"
-      RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then"
-      RB_HINT+=" add it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ~/.ssh/known_hosts), or"
-      RB_HINT+=" set hosts.${host}.host_keys: accept-new in the spec for a first contact"
-      ;;
-    *"Permission denied"*)
-      RB_HINT="the key this runbook uses is not accepted there: check hosts.${host}.ssh (user)"
-      RB_HINT+=" and identity_file"
-      ;;
-    *"Connection refused"* | *"timed out"* | *"No route"* | *"Could not resolve"* | *"Name or service"*)
-      RB_HINT="check that ${RB_HOST_TARGET#*@} is up and its sshd listens there (hosts.${host} in the spec)"
-      ;;
-  esac
-}
-
-#######################################
-# ", port N" (or "-p N" with an argument) when the host's ssh words name a port.
-#######################################
-rb::port_of() {
-  local i
-  for ((i = 0; i < ${#RB_HOST_SSH[@]}; i++)); do
-    if [[ "${RB_HOST_SSH[i]}" == -p ]]; then
-      if (($# > 0)); then
-        printf ' -p %s' "${RB_HOST_SSH[i + 1]}"
-      else
-        printf ', port %s' "${RB_HOST_SSH[i + 1]}"
-      fi
-      return 0
-    fi
-  done
-}
-
-#######################################
-# The kit's command line on HOST as words, for a stage of a pipeline: sets RB_KIT_ARGV.
-#######################################
-rb::kit_argv() {
-  local host=$1 dir
-  dir=$(rb::kit_dir "${host}")
-  RB_KIT_ARGV=(env PYTHONPATH="${dir}" PYTHONDONTWRITEBYTECODE=1 "${RB_PY[${host}]:-python3}" -m rbkit)
-}
-
-#######################################
-# Read one answer of the engine from stdin, lines of `set KEY VALUE` (into RB_J), `event JSON`
-# (into the event log, under the current step), `ping` (ignored) and last `done STATUS DETAIL`
-# (into RB_ENGINE_STATUS and RB_ENGINE_DETAIL). $1: at most this many seconds between two lines
-# (the engine pings every 5 s while it works). Returns 1 when the answer ends before `done`.
-#######################################
-rb::engine_read() {
-  local kind a b
-  local -a wait=()
-  if [[ -n "${1:-}" ]]; then
-    wait=(-t "$1")
-  fi
-  RB_J=()
-  RB_ENGINE_STATUS=''
-  RB_ENGINE_DETAIL=''
-  while IFS=$'\t' read -r "${wait[@]}" kind a b; do
-    case "${kind}" in
-      set) RB_J[${a}]=${b} ;;
-      event) rb::event engine "${RB_STEP:-main}" "${a}" ;;
-      done)
-        RB_ENGINE_STATUS=${a}
-        RB_ENGINE_DETAIL=${b}
-        return 0
-        ;;
-      *) ;;
-    esac
-  done
-  return 1
-}
-
-#######################################
-# Run `rbkit engine ARGS...` once on HOST (the source's scan, hash and delta) and read its
-# answer; the step fails with the engine's reason when it failed.
-#######################################
-rb::engine_once() {
-  local host=$1 out rc=0
-  shift
-  out=$(rb::kit "${host}" engine "$@") || rc=$?
-  if ! rb::engine_read <<<"${out}" || ((rc != 0)); then
-    rb::fail "${RB_ENGINE_DETAIL:-rbkit engine $1 on ${host} exited ${rc} (above)}"
-  fi
-}
-
-#######################################
-# The static checks on the source, before anything moves (issue #16): the kernel audit for the
-# target's arch (a spec with gpu:) and the references that leave the venv (editable installs,
-# .pth paths, links out of the tree). A failure is refused with the files and packages named,
-# unless --force. When both ends are one machine, references that leave the venv still resolve
-# there: they are said, not refused.
-#######################################
-rb::preflight_audit() {
-  local out rc=0 failed src_kit
-  local -a cmd=(outside "${RB_SRC_ABS}")
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  if [[ -n "${RB_AUDIT_ARCH}" ]]; then
-    cmd=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
-  fi
-  out=$(rb::on_host "${RB_SRC_HOST}" env PYTHONPATH="${src_kit}" PYTHONDONTWRITEBYTECODE=1 \
-    "${RB_PY[${RB_SRC_HOST}]}" -m rbprobes "${cmd[@]}" 2>"${RB_WORK}/audit.err") || rc=$?
-  if ((rc == 0)); then
-    rb::log "static checks on the source: passed (${cmd[0]}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
-    return 0
-  fi
-  if ((rc != 1)); then
-    cat "${RB_WORK}/audit.err" >&2
-    rb::fail "the static checks could not run on ${RB_SRC_HOST} (exit ${rc}, above)"
-  fi
-  # links that leave the tree are the spec's to allow (transfer.outside_links: keep)
-  failed=$("${RB_LOCAL_PY}" -c 'import json, sys
-doc, keep_links = json.loads(sys.argv[1]), sys.argv[2] == "keep"
-failed = set()
-for c in doc.get("checks") or [doc]:
-    refs = (c.get("values") or {}).get("refs") or []
-    if c["status"] != "fail" or (c["type"] == "outside" and keep_links and refs
-                                 and all(r.get("kind") == "symlink" for r in refs)):
-        continue
-    failed.add(c["type"])
-print(" ".join(sorted(failed)))' "${out}" "${RB_OUTSIDE_LINKS}") ||
-    rb::fail "the static checks' report is not JSON: ${out:0:200}"
-  grep -v '^check \|^[a-z_]* *L0 ' "${RB_WORK}/audit.err" >&2 || true
-  if [[ -z "${failed}" ]]; then
-    rb::log "static checks on the source: passed; its links that leave the tree are kept" \
-      "(transfer.outside_links: keep)"
-    return 0
-  fi
-  rb::fact static_failed "${failed}"
-  if [[ "${failed}" == outside && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
-    rb::log "the venv names paths outside itself (above); both ends are this one machine, where" \
-      "they resolve: moving it"
-  elif ((RB_FORCE)); then
-    rb::log "the static checks failed (${failed}; above): moving it anyway (--force)"
-  else
-    rb::fail "the source cannot work on ${RB_DST_HOST} as it is (${failed}: the files and" \
-      "packages above, each with its fix); nothing was moved. Fix the venv, or move it anyway" \
-      "with --force"
-  fi
-}
-
-#######################################
-# Start the destination's engine for this run (rbkit engine serve): it takes the destination's
-# lock for the whole run (a second run is refused, naming this one), makes its private state
-# directory, and answers one request per step (rb::engine) until rb::engine_stop. Its log lines
-# go to the log as they come.
-#######################################
-rb::engine_start() {
-  local host=${RB_DST_HOST} item kit fifo="${RB_WORK}/engine"
-  kit=$(rb::kit_dir "${host}")
-  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
-    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"
-    --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
-    --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}"
-    --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
-  if [[ -n "${RB_ENGINE_PID}" ]]; then
-    return 0
-  fi
-  for item in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${item}")
-  done
-  for item in "${RB_ENV[@]}"; do
-    args+=(--env "${item}")
-  done
-  if [[ -n "${RB_LOCK_WAIT:-}" ]]; then
-    args+=(--lock-wait "${RB_LOCK_WAIT}")
-  fi
-  rb::kit_argv "${host}"
-  mkfifo -m 600 "${fifo}.in" "${fifo}.out"
-  # a background job: its failure ends it quietly (rb::on_err), this shell sees it as EOF; with
-  # RB_WORK empty it does not record itself as the command that ran last
-  RB_WORK='' rb::pipe_on_host "${host}" "${RB_KIT_ARGV[@]}" engine serve "${args[@]}" \
-    <"${fifo}.in" >"${fifo}.out" &
-  RB_ENGINE_PID=$!
-  RB_BG_PIDS+=("${RB_ENGINE_PID}")
-  exec {RB_ENGINE_W}>"${fifo}.in" {RB_ENGINE_R}<"${fifo}.out"
-  RB_HOST=${host}
-  RB_LAST_CMD="on ${host}: rbkit engine serve --dest ${RB_DST_ABS}"
-  if ! rb::engine_read 120 <&"${RB_ENGINE_R}"; then
-    rb::fail "the engine on ${host} did not start (above)"
-  fi
-  if [[ "${RB_ENGINE_STATUS}" != ok ]]; then
-    rb::fail "${RB_ENGINE_DETAIL}"
-  fi
-  if rb::is_local "${host}"; then
-    RB_ENGINE_LOCAL_PID=${RB_J[pid]}
-  fi
-}
-
-#######################################
-# Ask the destination's engine to run one step: $1 the step, then key=value words. Its events are
-# recorded under the current step; RB_J, RB_ENGINE_STATUS and RB_ENGINE_DETAIL say how it went.
-# rb::engine fails the step when the engine's step failed; rb::engine_call leaves it to the
-# caller (the probe fetches its report first).
-#######################################
-rb::engine() {
-  rb::engine_call "$@"
-  if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
-    rb::fail "${RB_ENGINE_DETAIL}"
-  fi
-}
-
-rb::engine_call() {
-  local rc=0
-  RB_HOST=${RB_DST_HOST}
-  RB_LAST_CMD="on ${RB_DST_HOST}: rbkit engine $*"
-  if [[ -z "${RB_ENGINE_PID}" ]]; then
-    rb::fail "the engine on ${RB_DST_HOST} is not running (it is started by the first step)"
-  fi
-  printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
-  # an engine that is gone must fail this step, not end this shell with SIGPIPE
-  trap '' PIPE
-  printf '%s\0' "$@" '' >&"${RB_ENGINE_W}" || rc=$?
-  trap - PIPE
-  if ((rc != 0)) || ! rb::engine_read 90 <&"${RB_ENGINE_R}"; then
-    rb::fail "the engine on ${RB_DST_HOST} ended (or went silent) before it answered $1 (above)"
-  fi
-}
-
-#######################################
-# End the destination's engine: the end of its requests finishes the run there (replace: the
-# install the swap replaced is removed now), it lets go of the lock and removes its state; its
-# last events are recorded. $1 `now` (an interrupted run): an engine on this machine stops where
-# it is (never inside a rename); one over ssh ends the step it is in (the ssh session is gone).
-#######################################
-rb::engine_stop() {
-  local pid=${RB_ENGINE_PID}
-  if [[ -z "${pid}" ]]; then
-    return 0
-  fi
-  RB_ENGINE_PID=''
-  if [[ "${1:-}" == now && -n "${RB_ENGINE_LOCAL_PID}" ]]; then
-    kill -TERM "${RB_ENGINE_LOCAL_PID}" 2>/dev/null || true
-  fi
-  exec {RB_ENGINE_W}>&-
-  rb::engine_read 90 <&"${RB_ENGINE_R}" || true
-  exec {RB_ENGINE_R}<&-
-  wait "${pid}" || true
-}
-
-#######################################
-# End the destination's engine (its last events go into the log), write the JSON report and
-# print the summary. Argument: the outcome this shell saw; the report's is the worse of it and
-# what the steps' events say.
-#######################################
-rb::finish() {
-  local outcome=$1 probe
-  local -a probe_args=()
-  if ((RB_FINISHED)) || [[ -z "${RB_WORK}" ]] || ((RB_DRY_RUN)); then
-    return 0
-  fi
-  RB_FINISHED=1
-  if [[ "${outcome}" == interrupted ]]; then
-    rb::engine_stop now
-  else
-    rb::engine_stop
-  fi
-  for probe in "${RB_PROBE_REPORTS[@]}"; do
-    probe_args+=(--probe "${probe}")
-  done
-  env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
-    --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
-    --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} || rb::log "could not write the report"
-  rb::pictures
-  rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
-  if [[ "${outcome}" != ok ]]; then
-    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after" \
-      "fixing it (from verify at the latest for relocate, prove and swap: only a staging this run" \
-      "verified is installed)"
-  fi
-}
-
-#######################################
-# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
-# fails is said, never the run's outcome.
-#######################################
-rb::pictures() {
-  local -a fan=()
-  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
-    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
-  fi
-  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
-    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
-    >/dev/null; then
-    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
-  else
-    rb::log "could not draw the pictures of this run (above); the report is complete"
-  fi
-}
-
-#######################################
-# Print the usage.
-#######################################
-rb::usage() {
-  cat <<USAGE
-Usage: bash ${0##*/} [options]
-Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
-
-  --list          list the steps with one-line descriptions
-  --dry-run       print what each step would run on which host; run nothing
-  --only STEP     run one step (with the preflight it needs)
-  --from STEP     run from STEP to the end (with the preflight it needs)
-  --report PATH   write the JSON report to PATH (default: runs/${RB_NAME}/report.json)
-  --restore [N]   put backup N (default: the newest) of the destination back in place
-  --force         move a source whose static checks failed (kernels without code for the
-                  target, references that leave the venv); the log and the report say so
-  --allow-edited  run this runbook although it was edited, or its spec changed, since compile
-  --version       the compiler, spec and kit this runbook was made from
-  -h, --help      this text
-
-Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports;
-RB_LOCK_WAIT (seconds, default 30) how long to wait for a destination another run is installing.
-Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage; 130 interrupted.
-USAGE
-}
-
-#######################################
-# --list and --dry-run.
-#######################################
-rb::list() {
-  local id i=0
-  for id in "${RB_STEPS[@]}"; do
-    i=$((i + 1))
-    printf '%2d. %-10s %s\n' "${i}" "${id}" "${RB_STEP_DOC[${id}]}"
-  done
-}
-
-rb::dry_run() {
-  local id i=0
-  for id in "${RB_STEPS[@]}"; do
-    i=$((i + 1))
-    printf '%d. %s: %s\n' "${i}" "${id}" "${RB_STEP_DOC[${id}]}"
-    printf '%s\n' "${RB_STEP_PREVIEW[${id}]}" | sed 's/^/     /'
-  done
-}
+); then
+  echo "refusing to run: no runtime from the kit (above)" >&2
+  exit 2
+fi
+eval "${RB_RUNTIME}"
+unset RB_RUNTIME
 
 #######################################
 # Host ct200 (specs/base.yaml:8): root@ct200.lab.internal over ssh
@@ -988,7 +268,10 @@ rb::install_paths() {
 #######################################
 rb::kit_write() {
   local dir=$1 file got
-  file="$(dirname "${BASH_SOURCE[0]}")/${RB_KIT_FILE}"
+  file=./${RB_KIT_FILE}
+  if [[ "${RB_SELF}" == */* ]]; then
+    file=${RB_SELF%/*}/${RB_KIT_FILE}
+  fi
   if [[ ! -f "${file}" || -L "${file}" ]]; then
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"

@@ -57,3 +57,20 @@ def test_invalid_case_fails_with_its_golden_errors(case, tmp_path, monkeypatch, 
 
 def test_there_are_cases():
     assert len(VALID) >= 3 and len(INVALID) >= 10
+
+
+def test_the_runtime_in_the_kit_is_its_golden(golden):
+    """A default runbook reads its runtime (the same bash in every runbook) from the pinned kit's
+    runtime.sh: its text is a golden of its own, so a change to it shows in review as a diff."""
+    from compiler import kit
+
+    golden(CASES / "runtime.sh", kit.runtime_text())
+    assert kit.runtime_text() in cli.render.render(
+        cli.plan.lint_view(_view(str(CASES / "valid" / "minimal_local.yaml"))))
+
+
+def _view(spec: str) -> dict:
+    from compiler import loader, plan, validate
+
+    source = loader.load(spec)
+    return plan.build(validate.validate_with_warnings(source)[0], source, "x.sh")
