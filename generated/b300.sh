@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: fd07b6208c9802168d7088c023cc233d0365eed426bfb7ab6cef8caa85f2973c
+# sha256 of this file with these 64 digits zeroed: 08bbc016722bfcd41fedcd416bc409d942ebffb3e7abc3ff219e0775c26c8d0c
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e
-readonly RB_KIT_FILE=.kit/03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e.tar
+readonly RB_KIT_SHA256=d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe
+readonly RB_KIT_FILE=.kit/d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -194,8 +194,8 @@ try:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         data = f.read()
 except OSError as exc:
-    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
-             "or compile --standalone for a runbook that carries its kit")
+    sys.exit(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
+             "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 4f01e660c21953a2f3abde487e749a06b58bc783212d48a68821de98782080a9
+# sha256 of this file with these 64 digits zeroed: 9047f94f08c11264bebebf4483b342593ff67cbf2105a5feec938230290132cb
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e
-readonly RB_KIT_FILE=.kit/03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e.tar
+readonly RB_KIT_SHA256=d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe
+readonly RB_KIT_FILE=.kit/d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -195,8 +195,8 @@ try:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         data = f.read()
 except OSError as exc:
-    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
-             "or compile --standalone for a runbook that carries its kit")
+    sys.exit(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
+             "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 4f1db6e408344171a008fe0914ae8abeaf1e747a52f0a7d617952520327f01d6
+# sha256 of this file with these 64 digits zeroed: d7dd63948663efb00af25438fb55f2599f7cd0d6854141f003e7d0f7c09d30bb
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e
-readonly RB_KIT_FILE=.kit/03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e.tar
+readonly RB_KIT_SHA256=d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe
+readonly RB_KIT_FILE=.kit/d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -193,8 +193,8 @@ try:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         data = f.read()
 except OSError as exc:
-    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
-             "or compile --standalone for a runbook that carries its kit")
+    sys.exit(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
+             "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "

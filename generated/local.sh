@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 6d93b66acb94ba4b24a5cfe34eed62c55cd12fb9d691c9423c02cf40fd106ac8
+# sha256 of this file with these 64 digits zeroed: 17cf2134393a2805e8365662ffe031ee41f92a998f76526155c14dc0fc251ab5
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e
-readonly RB_KIT_FILE=.kit/03e5d170f312925234df54bdd9de374bfc02ca0e1940b4e026bc215aec0f385e.tar
+readonly RB_KIT_SHA256=d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe
+readonly RB_KIT_FILE=.kit/d85ce75c1118f72c171a80d05b2a509b1acce0173bcd3c6a673c942475ca87fe.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -192,8 +192,8 @@ try:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         data = f.read()
 except OSError as exc:
-    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
-             "or compile --standalone for a runbook that carries its kit")
+    sys.exit(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
+             "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "

@@ -76,3 +76,57 @@ def test_a_node_that_reports_its_full_hostname_is_matched_to_the_spec_name():
                "stranger": report("stranger")}
     got = fanout.match_nodes(["node01", "node02"], reports)
     assert set(got) == {"node01", "node02"} and got["node01"]["node"] == "node01"
+
+
+def _grow(path, chunks):
+    """A fake clock and sleep that append the next chunk of engine output at each sleep."""
+    state = {"t": 0.0, "i": 0}
+
+    def clock():
+        return state["t"]
+
+    def sleep(s):
+        state["t"] += s
+        if state["i"] < len(chunks):
+            with open(path, "a") as f:
+                f.write(chunks[state["i"]])
+            state["i"] += 1
+
+    return clock, sleep
+
+
+def test_watch_says_each_node_as_it_finishes_and_stops_when_all_reported(tmp_path):
+    """Fan-out progress (issue #18): nodes done / total as they finish, from the engine's output
+    as it grows; a report cut mid-line counts only once its line is whole."""
+    out_path = tmp_path / "install.out"
+    out_path.write_text("")
+    a = _lines({"node": "n1", "ok": True, "steps": []}, prefix="n1: ")
+    b = _lines({"node": "n2", "ok": False, "steps": [{"id": "verify", "ok": False}]}, prefix="n2: ")
+    text_b = "".join(b)
+    chunks = ["noise from clush\n", "".join(a), text_b[:10], text_b[10:], "", ""]
+    clock, sleep = _grow(out_path, chunks)
+    said = io.StringIO()
+    rc = fanout.watch(["n1", "n2", "n3"], str(out_path), str(tmp_path / "ended"), every=10,
+                      limit=60, out=said, clock=clock, sleep=sleep)
+    assert rc == 0
+    lines = said.getvalue().splitlines()
+    assert lines[0].startswith("n1 ok: 1/3 nodes done, 2 running")
+    assert lines[1].startswith("n2 failed in verify: 2/3 nodes done (1 not ok), 1 running")
+    # n3 never reports: a line at least every 10 s, then the limit ends the watch
+    assert any(line.startswith("2/3 nodes done (1 not ok), 1 running, ") for line in lines[2:])
+    assert lines[-1].startswith("2/3 nodes done (1 not ok), 1 running when the round ended")
+
+
+def test_watch_ends_when_the_round_ends(tmp_path):
+    out_path = tmp_path / "install.out"
+    out_path.write_text("".join(_lines({"node": "n1", "ok": True, "steps": []})))
+    (tmp_path / "ended").write_text("")
+    said = io.StringIO()
+    fanout.watch(["n1", "n2"], str(out_path), str(tmp_path / "ended"), every=10, limit=60,
+                 out=said, clock=lambda: 0.0, sleep=lambda s: None)
+    assert said.getvalue().splitlines() == ["n1 ok: 1/2 nodes done, 1 running, 0 s",
+                                            "1/2 nodes done, 1 running when the round ended, 0 s"]
+
+
+def _lines(doc: dict, prefix: str = "") -> list[str]:
+    return [prefix + line + "\n" for line in lines_of(doc)]

@@ -383,6 +383,77 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def _verdict(doc: Dict[str, Any]) -> str:
+    """A node's report in a few words: ok, needs the whole bundle, or the step that failed."""
+    if doc.get("needs_full"):
+        return "needs the whole bundle"
+    if doc.get("ok"):
+        return "up to date" if doc.get("up_to_date") else "ok"
+    failed = [s["id"] for s in doc.get("steps") or [] if not s.get("ok")]
+    return "failed in %s" % failed[0] if failed else "failed"
+
+
+def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
+          out=None, clock=None, sleep=None) -> int:
+    """Progress of one engine round, as its nodes finish: read the engine's output as it grows
+    (whole lines only), and print a line when a node's report is complete (`node03 ok: 3/8 nodes
+    done (1 failed), 5 running`) and, between those, every `every` seconds. Ends when the file
+    `stop` exists (the round ended: a last line with the count), when every node reported, or
+    after `limit` seconds. A bounded loop; it never fails the round it watches."""
+    import time
+
+    out = out or sys.stdout
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    start = last = clock()
+    seen: Dict[str, str] = {}
+    lines: List[str] = []
+    offset, rest = 0, ""
+
+    def say(text: str) -> None:
+        out.write(text + "\n")
+        out.flush()
+
+    def count() -> str:
+        bad = sum(1 for v in seen.values() if v != "ok" and v != "up to date")
+        running = len(nodes) - len(seen)
+        return "%d/%d nodes done%s%s" % (len(seen), len(nodes),
+                                          " (%d not ok)" % bad if bad else "",
+                                          ", %d running" % running if running else "")
+
+    while True:
+        stopped = os.path.exists(stop)      # before the read: what came before the stop is read
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            data = b""
+        offset += len(data)
+        text = rest + data.decode("utf-8", "replace")
+        complete, _, rest = text.rpartition("\n")
+        if complete:
+            lines += complete.split("\n")
+            for name, doc in sorted(match_nodes(nodes, parse_reports(lines)).items()):
+                if name not in seen:
+                    seen[name] = _verdict(doc)
+                    last = clock()
+                    say("%s %s: %s, %.0f s" % (name, seen[name], count(), last - start))
+        now = clock()
+        if stopped or len(seen) == len(nodes) or now - start >= limit:
+            if len(seen) < len(nodes):
+                say("%s when the round ended, %.0f s" % (count(), now - start))
+            return 0
+        if now - last >= every:
+            last = now
+            say("%s, %.0f s" % (count(), now - start))
+        sleep(min(1.0, every))
+
+
+def cmd_watch(a: argparse.Namespace) -> int:
+    return watch([n for n in a.nodes.split(",") if n], a.engine_out, a.stop, a.every, a.limit)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -421,6 +492,13 @@ def parser() -> argparse.ArgumentParser:
     nd.add_argument("--nodes", required=True)
     nd.add_argument("--engine-out", required=True)
     nd.set_defaults(fn=cmd_nodes)
+    w = sub.add_parser("watch", help="print the round's progress as its nodes finish")
+    w.add_argument("--nodes", required=True)
+    w.add_argument("--engine-out", required=True)
+    w.add_argument("--stop", required=True, help="the round ended when this file exists")
+    w.add_argument("--every", type=float, default=10.0)
+    w.add_argument("--limit", type=float, default=3600.0)
+    w.set_defaults(fn=cmd_watch)
     return p
 
 

@@ -65,7 +65,8 @@ def test_default_form_needs_its_pinned_kit_and_standalone_carries_it(payload_sma
     alone.mkdir()
     shutil.copy(script, alone / "rev.sh")
     r = run(tmp_path, alone / "rev.sh", "--only", "preflight")
-    assert r.returncode == 1 and "is not beside this runbook" in r.stderr
+    # refused before anything runs (exit 2): the runtime itself comes from the kit
+    assert r.returncode == 2 and "is not beside this runbook" in r.stderr
     assert "compile --standalone" in r.stderr
     _spec, script = make(tmp_path, payload_small.venv, "--standalone")
     shutil.copy(script, alone / "rev.sh")

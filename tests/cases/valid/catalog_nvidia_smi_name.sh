@@ -191,8 +191,8 @@ try:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         data = f.read()
 except OSError as exc:
-    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
-             "or compile --standalone for a runbook that carries its kit")
+    sys.exit(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
+             "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "

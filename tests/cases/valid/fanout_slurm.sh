@@ -181,8 +181,8 @@ try:
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         data = f.read()
 except OSError as exc:
-    sys.exit(f"the kit {path} cannot be read ({exc.strerror}): copy it along with the runbook, "
-             "or compile --standalone for a runbook that carries its kit")
+    sys.exit(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
+             "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     sys.exit(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
@@ -276,6 +276,28 @@ rb::fan_run() {
 }
 
 #######################################
+# rb::fan_run for an install round, its progress logged as the nodes finish (rbkit.fanout watch
+# reads the engine's output as it grows: each node's verdict, nodes done / total, and a line at
+# least every 10 s). $1 the output's name, $2 the round's nodes (comma-separated), the rest the
+# engine's command.
+#######################################
+rb::fan_run_watched() {
+  local name=$1 nodes=$2 out watcher
+  shift 2
+  out="${RB_RUN_DIR}/fanout/${name}.out"
+  rm -f "${out}.ended"
+  : >"${out}"
+  {
+    rb::fan_kit watch --nodes "${nodes}" --engine-out "${out}" --stop "${out}.ended" \
+      --limit "$((RB_FAN_TIMEOUT + 60))" | while IFS= read -r line; do rb::log "${line}"; done
+  } || true &
+  watcher=$!
+  rb::fan_run "${name}" "$@"
+  : >"${out}.ended"
+  wait "${watcher}" || true
+}
+
+#######################################
 # Fail unless every tool named is installed here.
 #######################################
 rb::fan_need() {
@@ -333,7 +355,7 @@ rb::fan_full_round() {
   size=$(stat -c %s "${dir}.tar")
   rb::fact full_bundle_bytes "${size}"
   rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
-  rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "$@"
+  rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "${RB_FAN_FULL}" "$@"
   rc=${RB_FAN_RC}
   rb::fan_full_done
   RB_FAN_RC=${rc}
@@ -407,12 +429,12 @@ rb::fan_copy() {
 
 #######################################
 # One task per node: unpack the bundle, install and probe. $1 the output's name, $2 the nodes,
-# $3 how many; the rest go to `rbkit.fanout node`.
+# $3 how many, $4 the nodes comma-separated (the progress); the rest go to `rbkit.fanout node`.
 #######################################
 rb::fan_install() {
-  local name=$1 nodes=$2 count=$3
-  shift 3
-  rb::fan_run "${name}" srun -N "${count}" -n "${count}" --ntasks-per-node=1 -w "${nodes}" \
+  local name=$1 nodes=$2 count=$3 listed=$4
+  shift 4
+  rb::fan_run_watched "${name}" "${listed}" srun -N "${count}" -n "${count}" --ntasks-per-node=1 -w "${nodes}" \
     --chdir="${RB_FAN_SCRATCH%/*}" --immediate="${RB_FAN_CONNECT_TIMEOUT}" \
     --time="$(((RB_FAN_TIMEOUT + 59) / 60))" -K0 sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@"
 }
@@ -582,7 +604,8 @@ step_fan_install() {
   done
   # a whole-bundle round's output is this step's alone (a --from run may find an earlier one)
   rm -f "${RB_RUN_DIR}/fanout/"{copy,install}-full.{out,err}
-  rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" "${args[@]}"
+  rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \
+    "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
   if [[ -f "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/delta.names" ]]; then
     # the bundle held only the changes (fan_pack)
