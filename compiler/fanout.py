@@ -5,8 +5,8 @@ steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`, `a
 operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time, with this machine's
 ClusterShell groups (groups.conf). `expand()` checks and expands them; `folded()` is the set as the
 engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`); `plan.build` asks this module for
-the settings, and steps.py for the `--dry-run` preview when the spec has `fanout:` (the step
-list and every step's text are steps.py's).
+the view model's `Fanout` group (`view`) and its settings, and steps.py for the `--dry-run` preview
+when the spec has `fanout:` (the step list and every step's text are steps.py's).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any, Optional
 from ClusterShell.NodeSet import NodeSet, NodeSetException, std_group_resolver
 from ClusterShell.NodeUtils import GroupResolverError, GroupResolverSourceError, GroupSourceError
 from ClusterShell.RangeSet import RangeSetException
+
+from .view import Array, Fanout, Setting
 
 MAX_NODES = 4096
 # clush without a topology sends the bundle once per node from this machine: above this many
@@ -119,40 +121,59 @@ def scratch(spec: Any) -> str:
     return f"{spec.fanout.scratch.rstrip('/')}/rbfan-{spec.name}"
 
 
-def settings(spec: Any) -> list[dict]:
+def view(spec: Any) -> Fanout:
+    """What the runbook needs of `fanout:`: the nodes, expanded once, and the engine's options."""
     f = spec.fanout
+    clush = f.engine == "clush"
     nodes = expand(f.nodes)
-    comment = f"{len(nodes)} nodes"
-    if folded(f.nodes) != f.nodes:
-        comment += f" (fanout.nodes: {f.nodes})"
-    return [
-        {"name": "RB_FAN_ENGINE", "value": f.engine, "comment": "fanout: the cluster's engine"},
-        {"name": "RB_FAN_NODES", "value": folded(f.nodes), "comment": comment},
-        {"name": "RB_FAN_SUCCESS", "value": str(f.success),
-         "comment": "all, or how many nodes must pass"},
-        {"name": "RB_FAN_TIMEOUT", "value": str(f.timeout_s),
-         "comment": "seconds for each engine call (copy, install)"},
-        {"name": "RB_FAN_CONNECT_TIMEOUT", "value": str(f.connect_timeout), "comment": ""},
-        {"name": "RB_FAN_SCRATCH_BASE", "value": scratch(spec),
-         "comment": "on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random "
-                    "hex digits made by each run's copy> (private: mkdir -m 700, never reused)"},
-    ] + ([{"name": "RB_FAN_TOPOLOGY", "value": f.topology or "",
-           "comment": "clush tree mode (fanout.topology); empty: this machine sends to every node"}]
-         if f.engine == "clush" else [])
+    return Fanout(
+        engine=f.engine,
+        nodes=str(NodeSet.fromlist(nodes)),  # folded()
+        nodes_given=f.nodes,
+        node_list=tuple(nodes),
+        success=str(f.success),
+        timeout_s=f.timeout_s,
+        connect_timeout=f.connect_timeout,
+        scratch_base=scratch(spec),
+        topology=(f.topology or "") if clush else None,
+        copy_opts=None if clush else tuple(sbcast_opts(spec)),
+        engine_opts=tuple(clush_opts(spec)) if clush else None,
+        clush=tuple(clush_words(spec)) if clush else None,
+    )
 
 
-def arrays(spec: Any) -> list[dict]:
+def settings(f: Fanout) -> list[Setting]:
+    comment = f"{len(f.node_list)} nodes"
+    if f.nodes != f.nodes_given:
+        comment += f" (fanout.nodes: {f.nodes_given})"
+    rows = [
+        Setting("RB_FAN_ENGINE", f.engine, "fanout: the cluster's engine"),
+        Setting("RB_FAN_NODES", f.nodes, comment),
+        Setting("RB_FAN_SUCCESS", f.success, "all, or how many nodes must pass"),
+        Setting("RB_FAN_TIMEOUT", str(f.timeout_s), "seconds for each engine call (copy, install)"),
+        Setting("RB_FAN_CONNECT_TIMEOUT", str(f.connect_timeout)),
+        Setting("RB_FAN_SCRATCH_BASE", f.scratch_base,
+                "on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random "
+                "hex digits made by each run's copy> (private: mkdir -m 700, never reused)"),
+    ]
+    if f.topology is not None:
+        rows.append(Setting("RB_FAN_TOPOLOGY", f.topology,
+                            "clush tree mode (fanout.topology); empty: this machine sends to every "
+                            "node"))
+    return rows
+
+
+def arrays(f: Fanout) -> list[Array]:
     """The node list, and the options only the spec's engine takes."""
-    f = spec.fanout
-    nodes = {"name": "RB_FAN_NODE_LIST", "words": expand(f.nodes),
-             "comment": "fanout.nodes, expanded"}
-    if f.engine == "slurm":
-        return [nodes, {"name": "RB_FAN_COPY_OPTS", "words": sbcast_opts(spec),
-                        "comment": "sbcast options"}]
-    return [nodes,
-            {"name": "RB_FAN_ENGINE_OPTS", "words": clush_opts(spec), "comment": "clush options"},
-            {"name": "RB_FAN_CLUSH", "words": clush_words(spec),
-             "comment": "how clush is started (tree mode: with the gateways' python)"}]
+    rows = [Array("RB_FAN_NODE_LIST", f.node_list, "fanout.nodes, expanded")]
+    if f.copy_opts is not None:
+        rows.append(Array("RB_FAN_COPY_OPTS", f.copy_opts, "sbcast options"))
+    if f.engine_opts is not None:
+        rows.append(Array("RB_FAN_ENGINE_OPTS", f.engine_opts, "clush options"))
+    if f.clush is not None:
+        rows.append(Array("RB_FAN_CLUSH", f.clush,
+                          "how clush is started (tree mode: with the gateways' python)"))
+    return rows
 
 
 def clush_opts(spec: Any) -> list[str]:
