@@ -19,6 +19,7 @@ from ClusterShell.NodeSet import NodeSet, NodeSetException, std_group_resolver
 from ClusterShell.NodeUtils import GroupResolverError, GroupResolverSourceError, GroupSourceError
 from ClusterShell.RangeSet import RangeSetException
 
+from .errors import Problem
 from .view import Array, Fanout, Setting
 
 MAX_NODES = 4096
@@ -44,9 +45,9 @@ class _Groups:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def group_nodes(self, group: str, namespace: Optional[str] = None) -> list:
+    def group_nodes(self, group: str, namespace: Optional[str] = None) -> list[str]:
         try:
-            nodes = self._inner.group_nodes(group, namespace)
+            nodes: list[str] = self._inner.group_nodes(group, namespace)
         except GroupResolverSourceError:  # no such group source, or none at all (no groups.conf)
             nodes = []
         if not nodes:
@@ -206,7 +207,7 @@ def clush_words(spec: Any) -> list[str]:
     return ["clush"]
 
 
-def warnings(source: Any, spec: Any) -> list:
+def warnings(source: Any, spec: Any) -> list[Problem]:
     """A flat clush copy to many nodes: the bundle leaves this machine once per node."""
     f = spec.fanout
     if f is None or f.engine != "clush" or f.topology:

@@ -53,6 +53,7 @@ def direct_words(spec: Spec) -> list[str]:
     dst = spec.hosts[spec.transfer.target[0]]
     hop = spec.transfer.direct or Host(ssh=dst.ssh, port=dst.port, host_keys=dst.host_keys,
                                        connect_timeout=dst.connect_timeout)
+    assert hop.ssh is not None  # validate.py: direct and auto need both ends reached over ssh
     return ssh_words(hop, here=False) + ["--", hop.ssh]
 
 
@@ -63,7 +64,7 @@ def identity_word(path: str) -> str:
     return path
 
 
-def _where(source: Source, loc: tuple) -> str:
+def _where(source: Source, loc: tuple[str, ...]) -> str:
     """`file:line` of the spec entry at `loc`: in the file it came from, for an extends chain."""
     path, line, _col = source.locate(loc, key=True)
     return f"{path}:{line}"
