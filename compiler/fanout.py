@@ -15,12 +15,11 @@ import re
 import shlex
 from typing import Any, Optional
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException, std_group_resolver
-from ClusterShell.NodeUtils import GroupResolverError, GroupResolverSourceError, GroupSourceError
-from ClusterShell.RangeSet import RangeSetException
-
 from .errors import Problem
 from .view import Array, Fanout, Setting
+
+# ClusterShell is imported where a node set is read (expand, _fold): a spec without `fanout:`
+# compiles without loading it.
 
 MAX_NODES = 4096
 # clush without a topology sends the bundle once per node from this machine: above this many
@@ -46,6 +45,8 @@ class _Groups:
         return getattr(self._inner, name)
 
     def group_nodes(self, group: str, namespace: Optional[str] = None) -> list[str]:
+        from ClusterShell.NodeUtils import GroupResolverSourceError
+
         try:
             nodes: list[str] = self._inner.group_nodes(group, namespace)
         except GroupResolverSourceError:  # no such group source, or none at all (no groups.conf)
@@ -63,6 +64,10 @@ def expand(nodeset: str, resolver: Any = None) -> list[str]:
         raise ValueError("a node set is one word like node[01-08] (no spaces)")
     if _upper_bound(nodeset) > MAX_NODES:
         raise ValueError(f"more than {MAX_NODES} nodes")
+    from ClusterShell.NodeSet import NodeSet, NodeSetException
+    from ClusterShell.NodeUtils import GroupResolverError, GroupSourceError
+    from ClusterShell.RangeSet import RangeSetException
+
     groups = _Groups(resolver if resolver is not None else std_group_resolver())
     try:
         nodes = NodeSet(nodeset, resolver=groups)
@@ -85,10 +90,23 @@ def expand(nodeset: str, resolver: Any = None) -> list[str]:
     return names
 
 
+def std_group_resolver() -> Any:
+    """This machine's ClusterShell groups (groups.conf)."""
+    from ClusterShell.NodeSet import std_group_resolver as resolver
+
+    return resolver()
+
+
 def folded(nodeset: str, resolver: Any = None) -> str:
     """The node set as the engines get it: groups, steps and operators expanded, then folded
     (`gpu[01-16/2]` -> `gpu[01,03,05,07,09,11,13,15]`), which clush, srun and sbcast all read."""
-    return str(NodeSet.fromlist(expand(nodeset, resolver)))
+    return _fold(expand(nodeset, resolver))
+
+
+def _fold(nodes: list[str]) -> str:
+    from ClusterShell.NodeSet import NodeSet
+
+    return str(NodeSet.fromlist(nodes))
 
 
 def _upper_bound(nodeset: str) -> int:
@@ -129,7 +147,7 @@ def view(spec: Any) -> Fanout:
     nodes = expand(f.nodes)
     return Fanout(
         engine=f.engine,
-        nodes=str(NodeSet.fromlist(nodes)),  # folded()
+        nodes=_fold(nodes),
         nodes_given=f.nodes,
         node_list=tuple(nodes),
         success=str(f.success),
