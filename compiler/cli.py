@@ -11,7 +11,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from . import __version__, kit, lint, loader, plan, render, validate
 from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
@@ -136,7 +136,9 @@ def compile_all(specs: list[tuple[Path, bool]], out_dir: Path, *,
                 standalone: Callable[[Path], bool] = lambda _script: False) -> list[Output]:
     """Every spec's runbook; warnings go to stderr; SpecError with every problem of every spec (a
     mistake in a shared base is reported once). `standalone(script)`: embed the kit in it."""
-    outputs, problems, other = [], [], []
+    outputs: list[Output] = []
+    problems: list[Problem] = []
+    other: list[CompilerError] = []
     for spec, explicit in specs:
         try:
             out = compile_spec(spec, out_dir, explicit=explicit,
@@ -182,7 +184,7 @@ def check(specs: list[tuple[Path, bool]], out_dir: Path) -> tuple[list[str], int
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would exit 2, the code of spec errors
+    def error(self, message: str) -> NoReturn:  # argparse would exit 2, the code of spec errors
         raise UsageError(f"{self.prog}: {message} (see compile --help)")
 
 

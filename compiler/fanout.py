@@ -5,8 +5,8 @@ steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`, `a
 operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time, with this machine's
 ClusterShell groups (groups.conf). `expand()` checks and expands them; `folded()` is the set as the
 engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`); `plan.build` asks this module for
-the settings, and steps.py for the `--dry-run` preview when the spec has `fanout:` (the step
-list and every step's text are steps.py's).
+the view model's `Fanout` group (`view`) and its settings, and steps.py for the `--dry-run` preview
+when the spec has `fanout:` (the step list and every step's text are steps.py's).
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import re
 import shlex
 from typing import Any, Optional
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException, std_group_resolver
-from ClusterShell.NodeUtils import GroupResolverError, GroupResolverSourceError, GroupSourceError
-from ClusterShell.RangeSet import RangeSetException
+from .errors import Problem
+from .view import Array, Fanout, Setting
+
+# ClusterShell is imported where a node set is read (expand, _fold): a spec without `fanout:`
+# compiles without loading it.
 
 MAX_NODES = 4096
 # clush without a topology sends the bundle once per node from this machine: above this many
@@ -42,9 +44,11 @@ class _Groups:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def group_nodes(self, group: str, namespace: Optional[str] = None) -> list:
+    def group_nodes(self, group: str, namespace: Optional[str] = None) -> list[str]:
+        from ClusterShell.NodeUtils import GroupResolverSourceError
+
         try:
-            nodes = self._inner.group_nodes(group, namespace)
+            nodes: list[str] = self._inner.group_nodes(group, namespace)
         except GroupResolverSourceError:  # no such group source, or none at all (no groups.conf)
             nodes = []
         if not nodes:
@@ -60,6 +64,10 @@ def expand(nodeset: str, resolver: Any = None) -> list[str]:
         raise ValueError("a node set is one word like node[01-08] (no spaces)")
     if _upper_bound(nodeset) > MAX_NODES:
         raise ValueError(f"more than {MAX_NODES} nodes")
+    from ClusterShell.NodeSet import NodeSet, NodeSetException
+    from ClusterShell.NodeUtils import GroupResolverError, GroupSourceError
+    from ClusterShell.RangeSet import RangeSetException
+
     groups = _Groups(resolver if resolver is not None else std_group_resolver())
     try:
         nodes = NodeSet(nodeset, resolver=groups)
@@ -82,10 +90,23 @@ def expand(nodeset: str, resolver: Any = None) -> list[str]:
     return names
 
 
+def std_group_resolver() -> Any:
+    """This machine's ClusterShell groups (groups.conf)."""
+    from ClusterShell.NodeSet import std_group_resolver as resolver
+
+    return resolver()
+
+
 def folded(nodeset: str, resolver: Any = None) -> str:
     """The node set as the engines get it: groups, steps and operators expanded, then folded
     (`gpu[01-16/2]` -> `gpu[01,03,05,07,09,11,13,15]`), which clush, srun and sbcast all read."""
-    return str(NodeSet.fromlist(expand(nodeset, resolver)))
+    return _fold(expand(nodeset, resolver))
+
+
+def _fold(nodes: list[str]) -> str:
+    from ClusterShell.NodeSet import NodeSet
+
+    return str(NodeSet.fromlist(nodes))
 
 
 def _upper_bound(nodeset: str) -> int:
@@ -119,40 +140,59 @@ def scratch(spec: Any) -> str:
     return f"{spec.fanout.scratch.rstrip('/')}/rbfan-{spec.name}"
 
 
-def settings(spec: Any) -> list[dict]:
+def view(spec: Any) -> Fanout:
+    """What the runbook needs of `fanout:`: the nodes, expanded once, and the engine's options."""
     f = spec.fanout
+    clush = f.engine == "clush"
     nodes = expand(f.nodes)
-    comment = f"{len(nodes)} nodes"
-    if folded(f.nodes) != f.nodes:
-        comment += f" (fanout.nodes: {f.nodes})"
-    return [
-        {"name": "RB_FAN_ENGINE", "value": f.engine, "comment": "fanout: the cluster's engine"},
-        {"name": "RB_FAN_NODES", "value": folded(f.nodes), "comment": comment},
-        {"name": "RB_FAN_SUCCESS", "value": str(f.success),
-         "comment": "all, or how many nodes must pass"},
-        {"name": "RB_FAN_TIMEOUT", "value": str(f.timeout_s),
-         "comment": "seconds for each engine call (copy, install)"},
-        {"name": "RB_FAN_CONNECT_TIMEOUT", "value": str(f.connect_timeout), "comment": ""},
-        {"name": "RB_FAN_SCRATCH_BASE", "value": scratch(spec),
-         "comment": "on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random "
-                    "hex digits made by each run's copy> (private: mkdir -m 700, never reused)"},
-    ] + ([{"name": "RB_FAN_TOPOLOGY", "value": f.topology or "",
-           "comment": "clush tree mode (fanout.topology); empty: this machine sends to every node"}]
-         if f.engine == "clush" else [])
+    return Fanout(
+        engine=f.engine,
+        nodes=_fold(nodes),
+        nodes_given=f.nodes,
+        node_list=tuple(nodes),
+        success=str(f.success),
+        timeout_s=f.timeout_s,
+        connect_timeout=f.connect_timeout,
+        scratch_base=scratch(spec),
+        topology=(f.topology or "") if clush else None,
+        copy_opts=None if clush else tuple(sbcast_opts(spec)),
+        engine_opts=tuple(clush_opts(spec)) if clush else None,
+        clush=tuple(clush_words(spec)) if clush else None,
+    )
 
 
-def arrays(spec: Any) -> list[dict]:
+def settings(f: Fanout) -> list[Setting]:
+    comment = f"{len(f.node_list)} nodes"
+    if f.nodes != f.nodes_given:
+        comment += f" (fanout.nodes: {f.nodes_given})"
+    rows = [
+        Setting("RB_FAN_ENGINE", f.engine, "fanout: the cluster's engine"),
+        Setting("RB_FAN_NODES", f.nodes, comment),
+        Setting("RB_FAN_SUCCESS", f.success, "all, or how many nodes must pass"),
+        Setting("RB_FAN_TIMEOUT", str(f.timeout_s), "seconds for each engine call (copy, install)"),
+        Setting("RB_FAN_CONNECT_TIMEOUT", str(f.connect_timeout)),
+        Setting("RB_FAN_SCRATCH_BASE", f.scratch_base,
+                "on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random "
+                "hex digits made by each run's copy> (private: mkdir -m 700, never reused)"),
+    ]
+    if f.topology is not None:
+        rows.append(Setting("RB_FAN_TOPOLOGY", f.topology,
+                            "clush tree mode (fanout.topology); empty: this machine sends to every "
+                            "node"))
+    return rows
+
+
+def arrays(f: Fanout) -> list[Array]:
     """The node list, and the options only the spec's engine takes."""
-    f = spec.fanout
-    nodes = {"name": "RB_FAN_NODE_LIST", "words": expand(f.nodes),
-             "comment": "fanout.nodes, expanded"}
-    if f.engine == "slurm":
-        return [nodes, {"name": "RB_FAN_COPY_OPTS", "words": sbcast_opts(spec),
-                        "comment": "sbcast options"}]
-    return [nodes,
-            {"name": "RB_FAN_ENGINE_OPTS", "words": clush_opts(spec), "comment": "clush options"},
-            {"name": "RB_FAN_CLUSH", "words": clush_words(spec),
-             "comment": "how clush is started (tree mode: with the gateways' python)"}]
+    rows = [Array("RB_FAN_NODE_LIST", f.node_list, "fanout.nodes, expanded")]
+    if f.copy_opts is not None:
+        rows.append(Array("RB_FAN_COPY_OPTS", f.copy_opts, "sbcast options"))
+    if f.engine_opts is not None:
+        rows.append(Array("RB_FAN_ENGINE_OPTS", f.engine_opts, "clush options"))
+    if f.clush is not None:
+        rows.append(Array("RB_FAN_CLUSH", f.clush,
+                          "how clush is started (tree mode: with the gateways' python)"))
+    return rows
 
 
 def clush_opts(spec: Any) -> list[str]:
@@ -185,7 +225,7 @@ def clush_words(spec: Any) -> list[str]:
     return ["clush"]
 
 
-def warnings(source: Any, spec: Any) -> list:
+def warnings(source: Any, spec: Any) -> list[Problem]:
     """A flat clush copy to many nodes: the bundle leaves this machine once per node."""
     f = spec.fanout
     if f is None or f.engine != "clush" or f.topology:

@@ -194,18 +194,14 @@ def _steps(spec: Spec, source: Source, script: Path) -> str:
     """The runbook's own step list, host, summary and --dry-run text (steps.DOCS and
     steps.preview, through the view model plan.build makes for the runbook)."""
     view = plan.build(spec, source, script_name=script.name)
-    maps = {m["name"]: dict(m["entries"]) for m in view["maps"]}
-    steps = [step["id"] for step in view["steps"]]
-    lines = ["### Steps", "", "<details><summary>" + " → ".join(steps) + " (what "
-             f"<code>bash {script.as_posix()} --dry-run</code> prints)</summary>", ""]
-    for i, step in enumerate(steps, 1):
-        where = maps.get("RB_STEP_HOST", {}).get(step, "")
-        doc = maps["RB_STEP_DOC"][step]
-        body = maps["RB_STEP_PREVIEW"][step].splitlines()
-        body = [_cut(line, 240, one_line=False) for line in body[:MAX_ITEMS]]
+    lines = ["### Steps", "", "<details><summary>" + " → ".join(s.id for s in view.steps)
+             + f" (what <code>bash {script.as_posix()} --dry-run</code> prints)</summary>", ""]
+    for i, step in enumerate(view.steps, 1):
+        body = [_cut(line, 240, one_line=False) for line in step.preview.splitlines()[:MAX_ITEMS]]
         fence = "`" * max(3, 1 + max((len(run) for line in body for run in re.findall("`+", line)),
                                      default=0))
-        lines.append(f"{i}. **{step}**" + (f" on {_code(where)}" if where else "") + f": {doc}")
+        lines.append(f"{i}. **{step.id}**" + (f" on {_code(step.host)}" if step.host else "")
+                     + f": {step.doc}")
         lines += [f"   {fence}", *(f"   {line}" for line in body), f"   {fence}"]
     lines += ["", "</details>", ""]
     return "\n".join(lines)

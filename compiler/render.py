@@ -7,15 +7,19 @@ script where a spec string could execute.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
 import shlex
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import jinja2
+
+if TYPE_CHECKING:
+    from .view import Plan
 
 # The repository's templates/ (compiler/templates links to it; a wheel carries the files there).
 TEMPLATES = Path(str(resources.files("compiler") / "templates"))
@@ -166,8 +170,10 @@ def seal(text: str) -> str:
     return SEAL.sub(lambda m: m.group(1) + digest, text, count=1)
 
 
-def render(view: dict, template: str = "runbook.sh.j2") -> str:
+def render(view: Plan, template: str = "runbook.sh.j2") -> str:
+    """`view`: the plan (plan.build); each of its fields is a name the templates read."""
+    names = {f.name: getattr(view, f.name) for f in dataclasses.fields(view)}
     try:
-        return seal(tidy(environment().get_template(template).render(**view)))
+        return seal(tidy(environment().get_template(template).render(names)))
     except jinja2.UndefinedError as exc:
         raise RenderError(f"template {template}: {exc}") from None

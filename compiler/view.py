@@ -1,0 +1,205 @@
+"""The view model's types: what plan.build decides, grouped the way the runbook reads, as frozen
+dataclasses the templates read by attribute.
+
+A runbook reads top to bottom as its identity (the header), its settings (`readonly` values,
+arrays and maps, made from the groups below: the spec and the kit, the transfer, the destination,
+the checks, the fan-out), the hosts it reaches, how it installs, the kit, and its steps. `Plan`
+holds each group once; `Plan.settings`, `arrays` and `maps` are the rows the settings block prints,
+in the runbook's order, made from the groups by plan.build (the one place that names an RB_*
+value). Every string here reaches bash through a quoting filter (render.py); a word that must
+expand at run time is a `render.Safe`, a str, so it fits every `str` field and stays Safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+Words = tuple[str, ...]  # shell words, each quoted by |shwords (a Safe one stays as it is)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """`readonly NAME=value`, under its comment line (none when empty)."""
+
+    name: str
+    value: str
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Array:
+    """`readonly -a NAME=(words)`, under its comment line (none when empty)."""
+
+    name: str
+    words: Words
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Map:
+    """`declare -rA NAME=([key]=value ...)`: keys are identifiers."""
+
+    name: str
+    entries: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The runbook and its spec: the header, and the settings that name them."""
+
+    name: str
+    script_name: str
+    spec_path: str
+    spec_sha256: str
+    spec_chain: tuple[str, ...]  # the bases it extends, nearest first
+    spec_files: tuple[tuple[str, str], ...]  # (path, sha256) of each file of the chain
+    description_lines: tuple[str, ...]
+    compiler_version: str
+    seal_placeholder: str  # the 64 zeros render.seal fills in
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What moves from where to where, and how (spec `transfer:`)."""
+
+    where: str  # `file:line` of `transfer:`
+    src_host: str
+    src_path: str
+    dst_host: str
+    dst_path: str
+    route: Optional[str]  # None with fan-out: the cluster's engine carries the bundle
+    compression: str
+    verify: str
+    rerun: str
+    jobs: str  # hashing threads on each host, or "auto"
+    incremental: bool  # a re-run sends only what changed
+    exclude_args: Words
+    direct_ssh: Optional[Words]  # the source's ssh to the destination; None with fan-out
+    ssh_ciphers: str
+
+
+@dataclass(frozen=True)
+class Destination:
+    """How the copy is installed at the destination, and the env file it gets."""
+
+    on_existing: str
+    special_modes: str
+    outside_links: str
+    keep_backups: int
+    swap_atomic: str
+    cuda_home: str  # "" without `cuda:`
+    env_file: str  # "" for the default, DEST.env.sh
+    library_path_first: Words
+    env: Words  # KEY=VALUE, sorted by key
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What proves the move: the audit on the source before, the checks on the target after."""
+
+    gpu_declared: bool
+    audit_arch: str  # "" for no kernel audit
+    audit_args: Words
+    run: bool  # whether the checks run on the target (the probe step, or each fan-out node)
+    on_failed_checks: str
+    config: str  # the checks as one JSON document (plan.probe_config)
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """The install on many nodes through the cluster's engine (spec `fanout:`)."""
+
+    engine: str  # slurm | clush
+    nodes: str  # the node set as the engines get it (folded)
+    nodes_given: str  # as the spec wrote it
+    node_list: Words
+    success: str  # "all", or how many nodes must pass
+    timeout_s: int
+    connect_timeout: int
+    scratch_base: str
+    topology: Optional[str]  # clush only ("" for none); None with slurm
+    copy_opts: Optional[Words]  # sbcast options (slurm)
+    engine_opts: Optional[Words]  # clush options (clush)
+    clush: Optional[Words]  # how clush is started (clush)
+
+
+@dataclass(frozen=True)
+class KitFile:
+    """One file of the kit, embedded in a quoted heredoc (compile --standalone)."""
+
+    path: str
+    delimiter: str
+    text: str  # a render.Safe: the file as this repository has it
+
+
+@dataclass(frozen=True)
+class Kit:
+    """The host-side kit: pinned by its sha256 (a file beside the runbook), or embedded."""
+
+    sha256: str
+    file: str  # .kit/<sha256>.tar; "" when embedded
+    standalone: bool
+    partial: str  # the template that writes it into the run directory
+    runtime_partial: str  # the runtime: read from the pinned kit, or written in place
+    dirs: tuple[str, ...]  # embedded: its directories
+    files: tuple[KitFile, ...]  # embedded: its files
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A ShellCheck check the runbook turns off for the whole file, with its reason."""
+
+    code: str  # SC2016
+    lines: tuple[str, ...]  # the reason, as comment lines
+
+
+@dataclass(frozen=True)
+class HostView:
+    """A host the runbook touches and how it is reached."""
+
+    id: str
+    where: str  # `file:line` of its entry under `hosts:`
+    summary: str
+    ssh_words: Words  # empty for this machine
+    target: str  # user@host for ssh, "" for this machine
+
+
+@dataclass(frozen=True)
+class StepView:
+    """A step function of the runbook: its place, its text (steps.py) and its template."""
+
+    id: str
+    index: int
+    total: int
+    where: str  # `file:line` of the spec entry it comes from
+    doc: str  # its one-line summary
+    host: str  # the host it is mostly about
+    preview: str  # what --dry-run prints, lines joined by newlines
+    template: str
+
+    @property
+    def doc_lines(self) -> tuple[str, ...]:
+        return (self.doc,)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The view model of one runbook: every decision, for the templates to paste."""
+
+    runbook: Identity
+    kit: Kit
+    transfer: Transfer
+    destination: Destination
+    checks: Checks
+    fanout: Optional[Fanout]
+    hosts: tuple[HostView, ...]
+    partials: tuple[str, ...]  # the templates of how it installs: on one destination, or the nodes
+    steps: tuple[StepView, ...]
+    # the settings block, in the runbook's order (made from the groups above)
+    settings: tuple[Setting, ...]
+    arrays: tuple[Array, ...]
+    maps: tuple[Map, ...]
+    # ShellCheck exclusions for the whole file, each with its reason; their codes for the directive
+    exclusions: tuple[Exclusion, ...]
+    exclusion_codes: str
