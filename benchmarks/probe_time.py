@@ -3,18 +3,21 @@
 Needs only the stdlib and the hostkit folder beside it (copy both to the GPU host and run it
 there; no compiler, no jinja, no lab):
 
-    python3 benchmarks/probe_time.py --python /opt/torch/.venv/bin/python \\
-        --config generated/h200.sh --rounds 3 --phases
+    python3 benchmarks/probe_time.py --python /opt/torch-moved/.venv/bin/python \\
+        --env-file /opt/torch-moved/.venv.env.sh --config generated/h200.sh --rounds 3 --phases
 
 --config takes a JSON file, a JSON string, or a runbook (generated/*.sh), whose
 RB_PROBE_CONFIG line is read. The probe runs with --python (the venv's interpreter: the runbook
 runs it with the moved venv's python) as `PYTHON -m rbprobes run`, hostkit/ on PYTHONPATH, in a
-fresh process per round. Printed per round: each check's status, start and end (seconds from the
-probe's start, from the report's `schedule` when the runner writes one, else as if one after the
-other) and duration; then the process's wall time and the runner's own. --phases adds one more
-process that times the steps the torch checks share (python start, import torch, CUDA init,
-first matmul (cuBLAS), cuDNN, nccl import), to tell where the first torch check's seconds go.
---json PATH writes everything measured.
+fresh process per round. Printed per round: each check's status, lane, start and end (seconds
+from the probe's start, from the report's `schedule` when the runner writes one, else as if one
+after the other) and duration; then the process's wall time and the runner's own. --phases adds
+four processes that time the steps the serial checks share (python start, import torch, CUDA
+init, the context, first matmul (cuBLAS), cuDNN, torch.distributed, the imports check's
+modules), to tell where the first torch check's seconds go: two "plain", two "prewarm" (a thread
+creates device 0's primary context through libcuda while torch imports; compare `ready_s`,
+the time until cuDNN is loaded, to see what overlapping that would save). --json PATH writes
+everything measured.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTKIT = os.path.join(os.path.dirname(HERE), "hostkit")
 
 PHASES = r"""
-import json, sys, time
-t0 = float(sys.argv[1])
-out = {"python_start_s": time.time() - t0}
+import ctypes, json, sys, threading, time
+t0, variant, mods = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
+start = time.perf_counter()
+out = {"variant": variant, "python_start_s": round(time.time() - t0, 3)}
 def mark(name, fn):
     s = time.perf_counter()
     try:
@@ -43,10 +47,27 @@ def mark(name, fn):
         out[name + "_s"] = round(time.perf_counter() - s, 3)
     except Exception as exc:
         out[name + "_error"] = "%s: %s" % (type(exc).__name__, exc)
+def prewarm():  # the driver and device 0's primary context, through libcuda, GIL released
+    s = time.perf_counter()
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        rc = [cu.cuInit(0), cu.cuDeviceGet(ctypes.byref(dev), 0),
+              cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)]
+        out["prewarm_rc"] = rc
+    except OSError as exc:
+        out["prewarm_error"] = str(exc)
+    out["prewarm_s"] = round(time.perf_counter() - s, 3)
+if variant == "prewarm":
+    threading.Thread(target=prewarm, daemon=True).start()
 mark("import_torch", lambda: __import__("torch"))
 import torch
 if torch.cuda.is_available():
     mark("cuda_init", torch.cuda.init)
+    def context():
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+    mark("context", context)
     def first_matmul():
         a = torch.ones((64, 64), device="cuda")
         (a @ a).sum().item()
@@ -54,10 +75,10 @@ if torch.cuda.is_available():
     mark("cudnn", torch.backends.cudnn.version)
 else:
     out["cuda"] = "not available (torch %s)" % torch.__version__
+out["ready_s"] = round(time.perf_counter() - start, 3)
 mark("import_torch_distributed", lambda: __import__("torch.distributed"))
-for mod in sys.argv[2:]:
+for mod in mods:
     mark("import_" + mod, lambda: __import__(mod))
-out["python_start_s"] = round(out["python_start_s"], 3)
 print(json.dumps(out))
 """
 
@@ -74,15 +95,23 @@ def read_config(text: str) -> Dict[str, Any]:
     return json.loads(text)
 
 
-def one_round(python: str, config: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+def with_env_file(argv: List[str], env_file: Optional[str]) -> List[str]:
+    """argv run as the runbook's probe step runs it: the env file sourced by bash first."""
+    if not env_file:
+        return argv
+    return ["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", env_file] + argv
+
+
+def one_round(python: str, config: Dict[str, Any], timeout_s: float,
+              hostkit: str = HOSTKIT, env_file: Optional[str] = None) -> Dict[str, Any]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = HOSTKIT + (os.pathsep + env["PYTHONPATH"]
+    env["PYTHONPATH"] = hostkit + (os.pathsep + env["PYTHONPATH"]
                                    if env.get("PYTHONPATH") else "")
     tmp = tempfile.mkdtemp(prefix="probe-time-")
     path = os.path.join(tmp, "report.json")
     start = time.monotonic()
-    done = subprocess.run([python, "-m", "rbprobes", "run", "--config-json", "-",
-                           "--report", path], input=json.dumps(config), text=True,
+    argv = [python, "-m", "rbprobes", "run", "--config-json", "-", "--report", path]
+    done = subprocess.run(with_env_file(argv, env_file), input=json.dumps(config), text=True,
                           capture_output=True, env=env, timeout=timeout_s)
     wall = time.monotonic() - start
     try:
@@ -113,8 +142,10 @@ def one_round(python: str, config: Dict[str, Any], timeout_s: float) -> Dict[str
             "runner_s": doc.get("duration_s"), "checks": rows}
 
 
-def phases(python: str, modules: List[str], timeout_s: float) -> Dict[str, Any]:
-    done = subprocess.run([python, "-c", PHASES, repr(time.time())] + modules,
+def phases(python: str, variant: str, modules: List[str], timeout_s: float,
+           env_file: Optional[str] = None) -> Dict[str, Any]:
+    argv = [python, "-c", PHASES, repr(time.time()), variant] + modules
+    done = subprocess.run(with_env_file(argv, env_file),
                           capture_output=True, text=True, timeout=timeout_s)
     lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -122,9 +153,19 @@ def phases(python: str, modules: List[str], timeout_s: float) -> Dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def lane_spans(r: Dict[str, Any]) -> Dict[str, float]:
+    """Each lane's last end (seconds from the probe's start): the serial lane's is the floor."""
+    spans: Dict[str, float] = {}
+    for c in r["checks"]:
+        if c["end_s"] is not None:
+            spans[c["lane"]] = max(spans.get(c["lane"], 0.0), c["end_s"])
+    return spans
+
+
 def print_round(n: int, r: Dict[str, Any]) -> None:
-    print("round %d: exit %d, wall %.2f s (runner %.2f s)" % (n, r["exit"], r["wall_s"],
-                                                              r["runner_s"] or 0))
+    spans = ", ".join("%s lane ends at %.2f s" % kv for kv in sorted(lane_spans(r).items()))
+    print("round %d: exit %d, wall %.2f s (runner %.2f s; %s)" % (
+        n, r["exit"], r["wall_s"], r["runner_s"] or 0, spans))
     width = max(len(c["id"]) for c in r["checks"]) if r["checks"] else 5
     print("  %-*s  %-6s  %-12s %7s %7s %7s  %s" % (width, "check", "status", "lane", "start",
                                                   "end", "secs", "detail"))
@@ -143,17 +184,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--config", required=True,
                     help="a JSON file, a JSON string, or a runbook (its RB_PROBE_CONFIG)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--hostkit", default=HOSTKIT,
+                    help="the folder holding rbprobes/ (default: ../hostkit beside this "
+                    "script); another kit, e.g. an older commit's, to compare")
     ap.add_argument("--phases", action="store_true",
                     help="also time import torch, CUDA init, cuBLAS, cuDNN in one process")
+    ap.add_argument("--env-file", metavar="PATH",
+                    help="source this first, as the runbook does (its exports step writes "
+                    "DEST.env.sh, e.g. /opt/torch-moved/.venv.env.sh)")
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--json", metavar="PATH", help="write what was measured here")
     a = ap.parse_args(argv)
     config = read_config(a.config)
-    result: Dict[str, Any] = {"python": a.python, "checks": [c.get("id") for c in
+    result: Dict[str, Any] = {"python": a.python, "hostkit": os.path.abspath(a.hostkit),
+                              "checks": [c.get("id") for c in
                                                             config.get("checks", [])],
                               "rounds": []}
     for n in range(1, a.rounds + 1):
-        r = one_round(a.python, config, a.timeout_s)
+        r = one_round(a.python, config, a.timeout_s, os.path.abspath(a.hostkit), a.env_file)
         print_round(n, r)
         result["rounds"].append(r)
     walls = sorted(r["wall_s"] for r in result["rounds"])
@@ -166,9 +214,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if c.get("type") == "imports":
                 mods += [m for m in (c.get("params") or {}).get("modules") or []
                          if m != "torch" and m not in mods]
-        result["phases"] = phases(a.python, mods, a.timeout_s)
-        print("phases (one process): " + ", ".join(
-            "%s %s" % (k, v) for k, v in result["phases"].items()))
+        result["phases"] = [phases(a.python, v, mods, a.timeout_s, a.env_file)
+                            for v in ("plain", "prewarm", "plain", "prewarm")]
+        for ph in result["phases"]:
+            print("phases (one process): " + ", ".join(
+                "%s %s" % (k, v) for k, v in ph.items()))
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)

@@ -232,3 +232,23 @@ def test_nccl_workers_report_a_missing_precondition(monkeypatch):
     skipped = run_check({"type": "nccl", "params": {"timeout_s": 60}, "allow_skip": True},
                         Context())
     assert skipped["status"] == "skip"
+
+
+def test_probe_time_script_prints_each_check_and_the_total(tmp_path):
+    """benchmarks/probe_time.py (for the GPU host): stdlib only, reads a runbook's config."""
+    config = {"schema": 1, "checks": [
+        {"id": "one", "type": "command", "params": {"run": "true"}},
+        {"id": "mods", "type": "imports", "params": {"modules": ["json"]}}]}
+    runbook = tmp_path / "x.sh"
+    runbook.write_text("#!/usr/bin/env bash\nreadonly RB_PROBE_CONFIG='%s'\n" % json.dumps(config))
+    out = tmp_path / "t.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_time.py"),
+                           "--python", sys.executable, "--config", str(runbook),
+                           "--rounds", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "probe wall time: median" in done.stdout and "serial lane ends at" in done.stdout
+    got = json.loads(out.read_text())
+    assert len(got["rounds"]) == 2 and got["checks"] == ["one", "mods"]
+    assert [(c["id"], c["lane"], c["status"]) for c in got["rounds"][0]["checks"]] == [
+        ("one", "parallel", "pass"), ("mods", "serial", "pass")]
