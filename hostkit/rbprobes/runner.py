@@ -132,7 +132,8 @@ PARALLEL_MAX = 8
 def _not_run(check: Dict[str, Any], stopped: str) -> Dict[str, Any]:
     spec = CHECKS.get(check["type"])
     return report.result(check["id"], str(check["type"]), spec.level if spec else "L?", FAIL,
-                         "not run: check %s timed out and the runner stopped" % stopped,
+                         "not run: check %s timed out in the probe's process, which the "
+                         "serial checks after it share" % stopped,
                          {"not_run": True})
 
 
