@@ -11,9 +11,9 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from . import proc
+from . import driver, proc
 from .checks_runtime import need_cuda
-from .result import Context, failed, passed, short_list
+from .result import Context, Unavailable, failed, passed, short_list
 
 # Per element, |C - ref| <= atol + rtol * |ref|, the reference being the same (rounded) inputs
 # multiplied in float64 on the CPU:
@@ -253,15 +253,51 @@ def _package_parent() -> str:
 
 
 def nccl_check(params: Dict[str, Any], ctx: Context):
-    """Check: an all-reduce over every local GPU, one process per GPU, gives the exact sum."""
-    torch = need_cuda()
-    import torch.distributed as dist
+    """Check: an all-reduce over every local GPU, one process per GPU, gives the exact sum.
 
-    if not dist.is_available() or not dist.is_nccl_available():
-        return failed("this torch build has no NCCL backend (torch %s)" % torch.__version__)
-    world = torch.cuda.device_count()
+    It imports no torch in this process (it overlaps the serial checks, and the libraries check
+    reads what this process has loaded): the number of workers comes from libcuda
+    (cuDeviceGetCount, which honours CUDA_VISIBLE_DEVICES as torch does), and the workers
+    themselves say whether torch, CUDA and NCCL are there (the same words as need_cuda)."""
     timeout_s = int(params.get("timeout_s", 180))
     elements = int(params.get("elements", 1 << 22))
+    world, how = driver.cuda_device_count()
+    if not world:
+        why = how if world is None else "libcuda sees no CUDA device (CUDA_VISIBLE_DEVICES=%r)" \
+            % os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise Unavailable("no CUDA device visible: %s; the all-reduce needs one" % why,
+                          {"devices_from": how})
+    results = _run_workers(world, elements, timeout_s)
+    seen = [r.get("device_count") for r in results if isinstance(r.get("device_count"), int)]
+    if seen and seen[0] != world and seen[0] > 0 and not any(r.get("unavailable")
+                                                              for r in results):
+        # torch counts otherwise than libcuda did (should not happen): run again with its count
+        world = seen[0]
+        results = _run_workers(world, elements, timeout_s)
+    expected = world * (world + 1) // 2
+    values = {"world_size": world, "expected": expected, "elements": elements,
+              "devices_from": how, "ranks": results,
+              "env": {k: os.environ.get(k, v) for k, v in proc.SAFE_ENV.items()}}
+    for r in results:
+        if r.get("unavailable"):
+            raise Unavailable(r["unavailable"], values)
+    for r in results:
+        if r.get("no_nccl"):
+            return failed(r["no_nccl"], values)
+    bad = ["rank %d: %s" % (r["rank"], r.get("error") or "sum %s, expected %s" % (
+        r.get("min"), expected)) for r in results if not r.get("ok")]
+    if bad:
+        return failed("all-reduce over %d GPU(s) failed: %s" % (world, short_list(bad, 3)),
+                      values)
+    slowest = max(r.get("elapsed_s", 0.0) for r in results)
+    note = " (world size 1: only one GPU, no inter-GPU traffic)" if world == 1 else ""
+    return passed("all-reduce over %d GPU(s) gave exactly %d on every element in %.3f s%s"
+                  % (world, expected, slowest, note), values)
+
+
+def _run_workers(world: int, elements: int, timeout_s: int) -> List[Dict[str, Any]]:
+    """Start one worker per rank, wait for all (bounded by timeout_s + 60 s, then every
+    worker's process group is killed), and read each one's JSON line."""
     tmp = tempfile.mkdtemp(prefix="rbprobes-nccl-")
     env = proc.child_env(_package_parent())
     try:
@@ -269,13 +305,20 @@ def nccl_check(params: Dict[str, Any], ctx: Context):
         argv = [sys.executable, "-m", __package__ + ".nccl_worker"]
         started = time.monotonic()
         children = []
-        for rank in range(world):
-            log = open(os.path.join(tmp, "rank%d.log" % rank), "w+b")
-            child = proc.subprocess.Popen(
-                argv + [str(rank), str(world), store, str(elements), str(timeout_s)],
-                stdout=log, stderr=proc.subprocess.STDOUT, stdin=proc.subprocess.DEVNULL,
-                env=env, start_new_session=True)
-            children.append((child, log))
+        try:
+            for rank in range(world):
+                log = open(os.path.join(tmp, "rank%d.log" % rank), "w+b")
+                child = proc.subprocess.Popen(
+                    argv + [str(rank), str(world), store, str(elements), str(timeout_s)],
+                    stdout=log, stderr=proc.subprocess.STDOUT, stdin=proc.subprocess.DEVNULL,
+                    env=env, start_new_session=True)
+                children.append((child, log))
+        except BaseException:
+            for other, log in children:
+                proc.kill_group(other)
+                other.wait()
+                log.close()
+            raise
         deadline = started + timeout_s + 60
         results: List[Dict[str, Any]] = []
         for rank, (child, log) in enumerate(children):
@@ -291,19 +334,7 @@ def nccl_check(params: Dict[str, Any], ctx: Context):
             results.append(_worker_result(rank, child.returncode, output))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    expected = world * (world + 1) // 2
-    values = {"world_size": world, "expected": expected, "elements": elements,
-              "ranks": results, "env": {k: os.environ.get(k, v)
-                                        for k, v in proc.SAFE_ENV.items()}}
-    bad = ["rank %d: %s" % (r["rank"], r.get("error") or "sum %s, expected %s" % (
-        r.get("min"), expected)) for r in results if not r.get("ok")]
-    if bad:
-        return failed("all-reduce over %d GPU(s) failed: %s" % (world, short_list(bad, 3)),
-                      values)
-    slowest = max(r.get("elapsed_s", 0.0) for r in results)
-    note = " (world size 1: only one GPU, no inter-GPU traffic)" if world == 1 else ""
-    return passed("all-reduce over %d GPU(s) gave exactly %d on every element in %.3f s%s"
-                  % (world, expected, slowest, note), values)
+    return results
 
 
 def _worker_result(rank: int, returncode: Optional[int], output: str) -> Dict[str, Any]:

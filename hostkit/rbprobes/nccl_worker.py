@@ -2,7 +2,10 @@
 
 Rank r contributes r + 1 on every element of a float32 tensor (integer values, exact in float32),
 so after a sum all-reduce every element must equal WORLD * (WORLD + 1) / 2 exactly. Prints one
-JSON line as its last line of output.
+JSON line as its last line of output. The check's preconditions are found here, in a fresh
+process, not in the probe's: `unavailable` (torch or a CUDA device missing, need_cuda's words),
+`no_nccl` (a torch build without NCCL), `device_count` (torch's; the check started one worker
+per device libcuda counted, and a worker whose torch counts otherwise stops before NCCL).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import sys
 import time
 
 from .proc import apply_safe_env
+from .result import Unavailable
 
 
 def main(argv) -> int:
@@ -21,9 +25,26 @@ def main(argv) -> int:
     apply_safe_env()
     out = {"rank": rank, "ok": False}
     try:
-        import torch
+        from .checks_runtime import need_cuda
+
+        try:
+            torch = need_cuda()
+        except Unavailable as exc:
+            out["unavailable"] = exc.reason
+            print(json.dumps(out), flush=True)
+            return 1
         import torch.distributed as dist
 
+        if not dist.is_available() or not dist.is_nccl_available():
+            out["no_nccl"] = "this torch build has no NCCL backend (torch %s)" % torch.__version__
+            print(json.dumps(out), flush=True)
+            return 1
+        out["device_count"] = torch.cuda.device_count()
+        if out["device_count"] != world:
+            out["error"] = "torch sees %d device(s), the check started %d worker(s)" % (
+                out["device_count"], world)
+            print(json.dumps(out), flush=True)
+            return 1
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", init_method="file://" + store, rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))

@@ -20,12 +20,15 @@ def result(check_id: str, check_type: str, level: str, status: str, reason: str,
 
 
 def build(host: Optional[str], started: float, duration_s: float,
-          checks: List[Dict[str, Any]]) -> Dict[str, Any]:
+          checks: List[Dict[str, Any]],
+          schedule: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """The report; `schedule` (run_config's) lists, in the checks' order, each check's lane and
+    its start and end in seconds from `started` (null for a check that was not run)."""
     ran = {c["level"] for c in checks if not c["values"].get("not_run")}
     summary = {"pass": 0, "fail": 0, "skip": 0}
     for c in checks:
         summary[c["status"]] = summary.get(c["status"], 0) + 1
-    return {
+    doc = {
         "schema": SCHEMA,
         "host": host or socket.gethostname(),
         "hostname": socket.gethostname(),
@@ -36,6 +39,9 @@ def build(host: Optional[str], started: float, duration_s: float,
         "checks": checks,
         "summary": summary,
     }
+    if schedule is not None:
+        doc["schedule"] = schedule
+    return doc
 
 
 def write(path: str, doc: Dict[str, Any]) -> None:

@@ -1,19 +1,28 @@
 """Run checks: one (standalone) or the list of a config document, each under a deadline.
 
 A check runs in a worker thread; if it does not finish by its deadline it is reported as failed
-and the runner stops (a hung CUDA call cannot be interrupted; the caller exits the process).
+(a hung CUDA call cannot be interrupted; the caller exits the process without waiting for it).
 Any exception a check raises becomes a failed result, never a crash of the runner.
+
+A config's checks run in two lanes (checks.py says which check goes where): the serial lane, in
+this process, one after another in the config's order (torch, devices, imports, matmul,
+libraries: they share torch, the CUDA context and what the process has loaded); and the
+parallel lane, up to PARALLEL_MAX at a time, started at once (checks that read files or run
+their own processes: kernel_audit, relocation, outside, command, python, nccl). A check that
+times out stops the serial checks after it (they would share its stuck process); the others run
+on. The report lists the checks in the config's order whatever order they finished in.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import report
-from .checks import CHECKS, deadline_for
+from .checks import CHECKS, SERIAL, deadline_for, lane_for
 from .result import FAIL, SKIP, Context, Outcome, ParamError, Unavailable, check_params
 
 
@@ -114,28 +123,89 @@ def validate_config(config: Any) -> List[Dict[str, Any]]:
     return out
 
 
+# Parallel checks running at once, at most: each is a thread waiting on a child process or
+# reading files; more than this many children at once (a spec with many commands) would only
+# compete for the same cores.
+PARALLEL_MAX = 8
+
+
+def _not_run(check: Dict[str, Any], stopped: str) -> Dict[str, Any]:
+    spec = CHECKS.get(check["type"])
+    return report.result(check["id"], str(check["type"]), spec.level if spec else "L?", FAIL,
+                         "not run: check %s timed out in the probe's process, which the "
+                         "serial checks after it share" % stopped,
+                         {"not_run": True})
+
+
 def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], bool]:
-    """Run every check of the config in order; returns (report, stopped_early). After a check
-    times out the rest are not started and are reported as failed, "not run"."""
+    """Run every check of the config; returns (report, stopped_early). The serial checks run in
+    the config's order in this process; after one of them times out, the serial checks behind it
+    are not started and are reported as failed, "not run". The parallel checks start at once and
+    each runs to its own end or deadline. `on_result(entry)` is called, in this thread, as each
+    check finishes (in the order they finish); the report holds them in the config's order, and
+    its `schedule` says when each ran and in which lane. stopped_early: a check timed out (its
+    thread may still be running)."""
     checks = validate_config(config)
     ctx = context_of(config)
     started_wall = time.time()
     start = time.monotonic()
-    results: List[Dict[str, Any]] = []
-    stopped: Optional[str] = None
-    for check in checks:
-        if stopped:
-            spec = CHECKS.get(check["type"])
-            entry = report.result(check["id"], str(check["type"]),
-                                  spec.level if spec else "L?", FAIL,
-                                  "not run: check %s timed out and the runner stopped" % stopped,
-                                  {"not_run": True})
-        else:
-            entry = run_check(check, ctx)
-            if entry["values"].get("timed_out"):
-                stopped = entry["id"]
-        results.append(entry)
+    lanes = [lane_for(c["type"], c.get("params")) for c in checks]
+    results: List[Optional[Dict[str, Any]]] = [None] * len(checks)
+    schedule: List[Dict[str, Any]] = [{"id": c["id"], "lane": lane, "start_s": None,
+                                       "end_s": None} for c, lane in zip(checks, lanes)]
+    finished: "queue.Queue[int]" = queue.Queue()
+
+    def run_one(i: int) -> Dict[str, Any]:
+        schedule[i]["start_s"] = round(time.monotonic() - start, 3)
+        try:
+            entry = run_check(checks[i], ctx)
+        except BaseException as exc:  # run_check catches what a check raises; this is a bug
+            entry = report.result(checks[i]["id"], str(checks[i]["type"]), "L?", FAIL,
+                                  "runner error: %s: %s" % (type(exc).__name__, exc))
+        schedule[i]["end_s"] = round(time.monotonic() - start, 3)
+        results[i] = entry
+        finished.put(i)
+        return entry
+
+    serial = [i for i, lane in enumerate(lanes) if lane == SERIAL]
+    parallel = [i for i, lane in enumerate(lanes) if lane != SERIAL]
+    todo: "queue.Queue[int]" = queue.Queue()
+    for i in parallel:
+        todo.put(i)
+
+    def parallel_worker() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            run_one(i)
+
+    def serial_lane() -> None:
+        stopped: Optional[str] = None
+        for i in serial:
+            if stopped:
+                results[i] = _not_run(checks[i], stopped)
+                finished.put(i)
+                continue
+            if run_one(i)["values"].get("timed_out"):
+                stopped = checks[i]["id"]
+
+    # Daemon threads: each returns by its checks' deadlines (run_check does not wait for a
+    # stuck check), so they are joined through `finished`, never left behind waiting.
+    threads = [threading.Thread(target=parallel_worker, name="rbprobes-parallel-%d" % n,
+                                daemon=True)
+               for n in range(min(PARALLEL_MAX, len(parallel)))]
+    if serial:
+        threads.insert(0, threading.Thread(target=serial_lane, name="rbprobes-serial",
+                                           daemon=True))
+    for t in threads:
+        t.start()
+    for _ in checks:
+        i = finished.get()
         if on_result:
-            on_result(entry)
-    doc = report.build(ctx.host, started_wall, time.monotonic() - start, results)
-    return doc, stopped is not None
+            on_result(results[i])
+    entries = [r for r in results if r is not None]
+    stopped = any(e["values"].get("timed_out") for e in entries)
+    doc = report.build(ctx.host, started_wall, time.monotonic() - start, entries, schedule)
+    return doc, stopped
