@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -76,6 +77,9 @@ def test_clush_fanout_installs_and_probes_every_node(cluster, payload_small, tmp
     assert sorted(fan["ok_nodes"]) == cluster.names and not fan["odd"] and not fan["missing"]
     assert len(fan["groups"]) == 1                       # all eight folded into one row
     assert "node[01-08]" in err
+    # progress as the nodes finish (issue #18): each node's verdict and the count, up to 8/8
+    assert re.search(r"node0\d ok: 1/8 nodes done, 7 running", err), err[-3000:]
+    assert re.search(r"node0\d ok: 8/8 nodes done, \d+ s", err), err[-3000:]
     for name in cluster.names:                           # each node has its own, working copy
         out = cluster.ssh(name, f"{dest('fan8')}/bin/payload-hello", check=True).stdout
         assert json.loads(out)["prefix"] == dest("fan8")
@@ -116,6 +120,9 @@ def test_odd_nodes_are_named_and_a_node_down_mid_run_is_reported(cluster, payloa
     assert any("imports" in d and "sqlite3" in d for d in fan["odd"]["node05"])
     assert "odd node node03" in err and "odd node node05" in err and "no report from node07" in err
     assert "node[01-02,04,06,08]" in err
+    assert re.search(r"node03 failed in verify: \d/8 nodes done \(\d not ok\)", err), err[-3000:]
+    # node07 was killed: it never reports, and the last count says so
+    assert "7/8 nodes done (2 not ok), 1 running when the round ended" in err, err[-3000:]
 
 
 @pytest.mark.e2e
