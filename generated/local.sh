@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: ba4eabfa589602676dfd5c5acbbf6b8e5f3ca8368656c17b82ecc193109f9b58
+# sha256 of this file with these 64 digits zeroed: 0840f864c87e07c1e306fe2d2cdba189260d218b16ac44435650ea336f031144
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3f52630d3824360f30499e5e3a09911fbc0034534cfb18a81df975860f349e51
-readonly RB_KIT_FILE=.kit/3f52630d3824360f30499e5e3a09911fbc0034534cfb18a81df975860f349e51.tar
+readonly RB_KIT_SHA256=4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086
+readonly RB_KIT_FILE=.kit/4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -218,3 +218,25 @@ def test_the_readme_fanout_example_is_what_the_code_draws(runs, tmp_path, golden
     draw(runs / "fanout", tmp_path / "o", fanout=True)
     golden(Path(__file__).resolve().parent.parent / "docs" / "img" / "nodes.svg",
            (tmp_path / "o" / "nodes.svg").read_text(encoding="utf-8"))
+
+
+def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
+    """The probe runs independent checks at once and reports when each ran (`schedule`): the
+    timeline places each check there, not one after the other."""
+    from rbkit import pictures
+
+    steps = [{"id": "probe", "host": "dst", "start": 1000.0, "end": 9000.0}]
+    report = {"probes": {"dst": {"started": 1.5, "checks": [
+        {"id": "libraries", "status": "pass", "duration_s": 5.0},
+        {"id": "nccl", "status": "pass", "duration_s": 4.0},
+        {"id": "matmul", "status": "pass", "duration_s": 1.0}],
+        "schedule": [{"id": "libraries", "lane": "serial", "start_s": 0.0, "end_s": 5.0},
+                     {"id": "nccl", "lane": "parallel", "start_s": 0.0, "end_s": 4.0},
+                     {"id": "matmul", "lane": "serial", "start_s": 5.0, "end_s": 6.0}]}}}
+    rows = {r["id"]: (r["start"], r["end"]) for r in pictures._check_rows(report, "dst", steps)}
+    assert rows == {"libraries": (1500.0, 6500.0), "nccl": (1500.0, 5500.0),
+                    "matmul": (6500.0, 7500.0)}
+    # without a schedule (an older probe): one after the other, as before
+    del report["probes"]["dst"]["schedule"]
+    rows = {r["id"]: (r["start"], r["end"]) for r in pictures._check_rows(report, "dst", steps)}
+    assert rows["nccl"] == (6500.0, 10500.0)

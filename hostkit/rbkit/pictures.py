@@ -257,6 +257,14 @@ def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
         t = float(started) * 1000
     if probe and (t is None or not probe[-1]["start"] <= t <= probe[-1]["end"]):
         t = float(probe[-1]["start"])
+    # where the probe says when each check ran (its `schedule`: checks overlap), each row is
+    # placed there; else one after the other
+    schedule = {}
+    for item in doc.get("schedule") or []:
+        if isinstance(item, dict) and all(isinstance(item.get(k), (int, float))
+                                          for k in ("start_s", "end_s")):
+            schedule[str(item.get("id"))] = (float(item["start_s"]), float(item["end_s"]))
+    t0 = t
     rows = []
     for c in doc["checks"]:
         if not isinstance(c, dict):
@@ -266,7 +274,10 @@ def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
         row = {"id": str(c.get("id", "?")), "status": str(c.get("status", "?")), "check": True,
                "detail": str(c.get("reason") or ""), "level": c.get("level"), "seconds": d,
                "start": None, "end": None}
-        if t is not None and d is not None:
+        at = schedule.get(row["id"])
+        if t0 is not None and at is not None:
+            row["start"], row["end"] = t0 + at[0] * 1000, t0 + at[1] * 1000
+        elif t is not None and d is not None:
             row["start"], row["end"] = t, t + d * 1000
             t += d * 1000
         rows.append(row)
