@@ -29,5 +29,7 @@ t=$(now); RB_RUN_DIR=/tmp/rb-full bash "${full}" >&2; add runbook_with_checks "$
 probe=$(python3 -c "import json; d=json.load(open('/tmp/rb-full/report.json')); print(next(s['duration_s'] for s in d['steps'] if s['id'] == 'probe'))")
 add probe_step "${probe}"
 python3 -c "import json; d=json.load(open('/tmp/rb-full/report.json')); print(json.dumps({s['id']: s['duration_s'] for s in d['steps']})); print(json.dumps(d['checks']))" >&2
-rm -rf /opt/torch-moved
+if [[ -z "${KEEP_MOVED:-}" ]]; then     # KEEP_MOVED=1: leave the moved venv (to time its probe after)
+  rm -rf /opt/torch-moved
+fi
 IFS=,; printf '{%s}\n' "${rows[*]}"
