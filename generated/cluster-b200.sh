@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 24505190d63387bae630b7b40ed14e0e55aa764f3bb9534e46d2d1e0a815c33e
+# sha256 of this file with these 64 digits zeroed: a441eab8f63ee319ec6270b8a39004da817c06134eadfbc3c0afc9c3ee9a97d3
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086
-readonly RB_KIT_FILE=.kit/4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086.tar
+readonly RB_KIT_SHA256=6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476
+readonly RB_KIT_FILE=.kit/6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 0e0d771b3d4a67582318f77e869e39018c7931d9f77f0413a3cf9c573e5a0f8b
+# sha256 of this file with these 64 digits zeroed: 4314f3620c7fa23c2a2296d05895f978bf7e6db96074c6b3d5420a4aa8417f14
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086
-readonly RB_KIT_FILE=.kit/4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086.tar
+readonly RB_KIT_SHA256=6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476
+readonly RB_KIT_FILE=.kit/6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

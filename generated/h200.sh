@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: abd8e1c1c29dd9dc44a5bd72ecf64656c5f79a881055f6890ac1be58a3650271
+# sha256 of this file with these 64 digits zeroed: 0b14a27231aea730c5c83eccf213d8033799aced19900055a4871e660911f43b
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086
-readonly RB_KIT_FILE=.kit/4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086.tar
+readonly RB_KIT_SHA256=6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476
+readonly RB_KIT_FILE=.kit/6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

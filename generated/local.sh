@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 0840f864c87e07c1e306fe2d2cdba189260d218b16ac44435650ea336f031144
+# sha256 of this file with these 64 digits zeroed: 3f69510c706d19ee70286db1745d994913d045f1bdf22a74de71ca172a297acb
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086
-readonly RB_KIT_FILE=.kit/4cab828688255c30df091a4cc4a81e594cb033116a04570e37f017045cf80086.tar
+readonly RB_KIT_SHA256=6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476
+readonly RB_KIT_FILE=.kit/6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

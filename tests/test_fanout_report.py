@@ -117,6 +117,18 @@ def test_watch_says_each_node_as_it_finishes_and_stops_when_all_reported(tmp_pat
     assert lines[-1].startswith("2/3 nodes done (1 not ok), 1 running when the round ended")
 
 
+def test_a_node_verdict_names_the_failed_step_or_checks():
+    assert fanout._verdict({"ok": True, "steps": []}) == "ok"
+    assert fanout._verdict({"ok": True, "up_to_date": "same tree", "steps": []}) == "up to date"
+    assert fanout._verdict({"needs_full": "x", "steps": []}) == "needs the whole bundle"
+    probe = {"checks": [{"id": "imports", "status": "fail"}, {"id": "matmul", "status": "pass"}]}
+    assert fanout._verdict({"ok": False, "steps": [{"id": "probe", "ok": False}],
+                            "probe": probe}) == "failed check imports"
+    assert fanout._verdict({"ok": False, "steps": [{"id": "probe", "ok": True}],
+                            "probe": probe}) == "failed check imports"
+    assert fanout._verdict({"ok": False, "steps": [{"id": "swap", "ok": False}]}) == "failed in swap"
+
+
 def test_watch_ends_when_the_round_ends(tmp_path):
     out_path = tmp_path / "install.out"
     out_path.write_text("".join(_lines({"node": "n1", "ok": True, "steps": []})))

@@ -390,7 +390,11 @@ def _verdict(doc: Dict[str, Any]) -> str:
     if doc.get("ok"):
         return "up to date" if doc.get("up_to_date") else "ok"
     failed = [s["id"] for s in doc.get("steps") or [] if not s.get("ok")]
-    return "failed in %s" % failed[0] if failed else "failed"
+    checks = [str(c.get("id")) for c in (doc.get("probe") or {}).get("checks") or []
+              if isinstance(c, dict) and c.get("status") == "fail"]
+    if failed and failed[0] != "probe" or not checks:
+        return "failed in %s" % failed[0] if failed else "failed"
+    return "failed check%s %s" % ("s" if len(checks) > 1 else "", ", ".join(checks[:3]))
 
 
 def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
