@@ -186,6 +186,43 @@ def _med(recs: dict, rid: str, step: str | None = None) -> float | None:
     return stats(r).get("median")
 
 
+# The targets of issue #17 measured in the lab, each as a ratio of two rows of the same run:
+# (what, our row, the row it is measured against, the target, "max" (ratio at most) or "min").
+TARGETS = (
+    ("whole runbook (verify sha256, no checks, compression auto) ÷ best hand pipeline "
+     "(seed, aes128-gcm + lz4)", "runbook.relay.auto", "peer.seed.aes.lz4", 1.25, "max"),
+    ("whole runbook (verify sha256, no checks, compression none) ÷ best hand pipeline",
+     "runbook.relay.none", "peer.seed.aes.lz4", 1.25, "max"),
+    ("null relay ÷ whole runbook (compression auto): the runbook's speed as a fraction of the limit",
+     "limit.relay.aes", "runbook.relay.auto", 0.6, "min"),
+    ("re-run, nothing changed ÷ null relay", "rerun.runbook.same", "limit.relay.aes", 0.3, "max"),
+    ("re-run after one small file changed ÷ rsync's incremental two hops", "rerun.runbook.one",
+     "rerun.rsync.one", 1.0, "max"),
+)
+COMPILE_TARGETS = (("compile one spec (specs/b300.yaml, lint cache warm), s", "compile.b300.warm", 0.3),
+                   ("compile all specs (specs/, lint cache warm), s", "compile.all.warm", 1.0))
+
+
+def targets_table(result: dict) -> str:
+    """Each target of issue #17 with this run's ratio (medians) and whether it is met."""
+    recs = index(result)
+    out = ["| target (issue #17) | ours s | against s | ratio | target | met? |",
+           "|---|---:|---:|---:|---:|---|"]
+    for what, mine, theirs, goal, how in TARGETS:
+        a, b = _med(recs, mine), _med(recs, theirs)
+        if a is None or b is None or b <= 0:
+            continue
+        r = a / b
+        ok = r <= goal if how == "max" else r >= goal
+        out.append(f"| {_cell(what)} | {_t(a)} | {_t(b)} | {r:.2f} | "
+                   f"{'≤' if how == 'max' else '≥'} {goal:g} | {'yes' if ok else '**no**'} |")
+    for what, rid, goal in COMPILE_TARGETS:
+        a = _med(recs, rid)
+        if a is not None:
+            out.append(f"| {_cell(what)} | {_t(a)} | | | ≤ {goal:g} s | {'yes' if a <= goal else '**no**'} |")
+    return "\n".join(out) + "\n" if len(out) > 2 else ""
+
+
 def findings(result: dict) -> list[str]:
     """Sentences computed from the numbers of this run (only those whose rows ran)."""
     recs = index(result)
@@ -347,6 +384,9 @@ def render_result(result: dict) -> str:
         lines.append(f"Payload `{p['kind']}`: {p['files']:,} files, {p['links']} symlinks, "
                      f"{p['file_bytes'] / 1e6:.0f} MB in files, {p['stream_bytes'] / 1e6:.0f} MB as a tar "
                      f"stream.")
+    targets = targets_table(result)
+    if targets:
+        lines += ["", "#### The targets (issue #17), ratios of this run's medians", "", targets]
     lines += ["", main_table(result), "#### Our runbook, step by step (from its report.json)", "",
               steps_table(result), "#### What this run shows", ""]
     lines += [f"- {s}" for s in findings(result)]
