@@ -246,7 +246,10 @@ def cmd_receive(a: argparse.Namespace) -> int:
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
                          emit=answer.event, special_modes=a.special_modes, algo=a.algo,
                          jobs=a.jobs)
-    engine.run(ctx, "receive", engine.receive)
+    event = engine.run(ctx, "receive", engine.receive)
+    if event["status"] == "failed":
+        # the runbook names the stage that failed (unpack on HOST); this says why, in its log
+        _log("receive: %s" % event["detail"])
     return answer.done()
 
 
