@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 8d9650a8d108ce891aff109d2df54ac7cb6d3cedaf79a127c62dbeb08aff2835
+# sha256 of this file with these 64 digits zeroed: 8a280ebbd34caa2887b334b061861a180a3349d4e4624949153e0c40f2cf3a65
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d3791bfdc313019d6925a58800bcad649d4982f43cb102e512f1fd593989b3e0
-readonly RB_KIT_FILE=.kit/d3791bfdc313019d6925a58800bcad649d4982f43cb102e512f1fd593989b3e0.tar
+readonly RB_KIT_SHA256=6b6173fbfa3923af4511907ebe28a7713b5a1f2b0ed10ac978a0491b7684ccdd
+readonly RB_KIT_FILE=.kit/6b6173fbfa3923af4511907ebe28a7713b5a1f2b0ed10ac978a0491b7684ccdd.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

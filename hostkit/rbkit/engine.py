@@ -566,12 +566,17 @@ def _forget_received(ctx: Context) -> None:
 
 def _save_received(ctx: Context, algo: str, digests: dict) -> int:
     """RECEIVED: for each regular file of the staging that the stream carried, its digest and
-    the inode, ctime and size tar left it with (one stat walk, no reading). Verify trusts a
-    digest only for a file that still has them; returns how many files it lists."""
+    the inode, ctime and size tar left it with (an lstat each, no reading: a path through a
+    link is never one verify's walk takes, so what it names is never looked up). Verify trusts
+    a digest only for a file that still has them; returns how many files it lists."""
     files = {}
-    for rel, st in kitmanifest.walk(ctx.staging):
-        if stat.S_ISREG(st.st_mode) and rel in digests:
-            files[rel] = [digests[rel], st.st_ino, st.st_ctime_ns, st.st_size]
+    for rel, digest in digests.items():
+        try:
+            st = os.lstat(os.path.join(ctx.staging, rel))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files[rel] = [digest, st.st_ino, st.st_ctime_ns, st.st_size]
     doc = {"algo": algo, "identity": _identity(ctx.staging), "files": files}
     write_file(_received_path(ctx), json.dumps(doc, separators=(",", ":")).encode(), 0o600)
     return len(files)

@@ -166,7 +166,7 @@ class Digester:
         except ValueError as exc:
             self.corrupt = "the tar header at byte %d of the stream: %s" % (at, exc)
             return
-        unsigned = sum(h[:148]) + sum(h[156:]) + 256
+        unsigned = sum(h) - sum(h[148:156]) + 256      # the checksum field counts as spaces
         if want != unsigned and want != unsigned - 256 * sum(1 for b in h if b > 127):
             self.corrupt = "the tar header at byte %d of the stream fails its checksum" % at
             return
