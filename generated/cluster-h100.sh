@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: b048d69c8ea9be16f998a7c980fa8b4eeb9a8498a9033b96b483f5b4e28e550a
+# sha256 of this file with these 64 digits zeroed: 9ae2889a2dcf88473512550f4f8b29c838e6c3adb69166587cef500ab4cb8267
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6b6173fbfa3923af4511907ebe28a7713b5a1f2b0ed10ac978a0491b7684ccdd
-readonly RB_KIT_FILE=.kit/6b6173fbfa3923af4511907ebe28a7713b5a1f2b0ed10ac978a0491b7684ccdd.tar
+readonly RB_KIT_SHA256=7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075
+readonly RB_KIT_FILE=.kit/7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -46,6 +46,13 @@ def new_hash(algo: str) -> Any:
     return hashlib.blake2b(digest_size=32) if algo == "blake2b" else hashlib.new(algo)
 
 
+def _maker(algo: str) -> Any:
+    """A function making a new hash of `algo` (hashlib's named constructors are the fastest)."""
+    if algo == "blake2b":
+        return lambda: hashlib.blake2b(digest_size=32)
+    return getattr(hashlib, algo, None) or (lambda: hashlib.new(algo))
+
+
 def _number(field: bytes) -> int:
     """A header number: octal text, or GNU base-256 (first byte 0x80, or 0xff: negative)."""
     if field[:1] and field[0] & 0x80:
@@ -68,7 +75,7 @@ def norm(name: bytes) -> Optional[str]:
     while text.startswith("./"):
         text = text[2:]
     text = text.rstrip("/")
-    if not text or text.startswith("/") or ".." in text.split("/"):
+    if not text or text[0] == "/" or (".." in text and ".." in text.split("/")):
         return None
     return text
 
@@ -96,6 +103,7 @@ class Digester:
 
     def __init__(self, algo: str = "sha256", workers: int = 2) -> None:
         self.algo = algo
+        self._new = _maker(algo)
         self.off = 0                    # stream offset of what feed sees next
         self.ended = False              # saw the end of the archive (a zero block)
         self.corrupt: Optional[str] = None   # the stream is not a good tar archive: why
@@ -183,15 +191,13 @@ class Digester:
             if prefix:
                 name = prefix + b"/" + name
         link = _text(h[157:257])
-        meta = dict(self._global, **self._pending)
+        meta = dict(self._global, **self._pending) if self._pending or self._global else {}
         self._pending = {}
-        if "path" in meta:
-            name = meta["path"]
-        if "linkpath" in meta:
-            link = meta["linkpath"]
-        if "size" in meta:
-            size = int(meta["size"])
-        if any(k.startswith("GNU.sparse") for k in meta) or kind in (b"S", b"M"):
+        if meta:
+            name = meta.get("path", name)
+            link = meta.get("linkpath", link)
+            size = int(meta["size"]) if "size" in meta else size
+        if kind in (b"S", b"M") or (meta and any(k.startswith("GNU.sparse") for k in meta)):
             self.lost = ("member %s of type %s (sparse or multi-volume) is not followed"
                          % (name.decode("utf-8", "replace"), kind.decode("ascii", "replace")))
             return
@@ -200,7 +206,7 @@ class Digester:
             slot = len(self._slots)
             self._slots.append(None)
             self._order.append((path, slot))
-            hasher = new_hash(self.algo)
+            hasher = self._new()
             worker = self._worker() if size > INLINE else None
             self._file = (slot, hasher, worker)
             self._sink = hasher.update if worker is None else \
