@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 5b6705c38072324b9f9694adb2b03a167bb81fa3c9f58155f8272c06ce2bf4ed
+# sha256 of this file with these 64 digits zeroed: 341ffcfbb47999a99ddbd1972fb04910e1eb68a19091471d38c74762bdb38cf5
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075
-readonly RB_KIT_FILE=.kit/7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075.tar
+readonly RB_KIT_SHA256=80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8
+readonly RB_KIT_FILE=.kit/80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

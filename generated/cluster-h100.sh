@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 9ae2889a2dcf88473512550f4f8b29c838e6c3adb69166587cef500ab4cb8267
+# sha256 of this file with these 64 digits zeroed: b8df5c0f069fb5308074b61291ec0527c4914e6f3b3d484c26765314ddb5d1ca
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -29,8 +29,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075
-readonly RB_KIT_FILE=.kit/7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075.tar
+readonly RB_KIT_SHA256=80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8
+readonly RB_KIT_FILE=.kit/80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 1592707a26613b6490d37d2b9fff880dd856805f661d1cae1422925045bade0b
+# sha256 of this file with these 64 digits zeroed: 25760ea9f9f38d1689c1ead3f07429f275523049cc0f09ff7f1550f7b9729990
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075
-readonly RB_KIT_FILE=.kit/7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075.tar
+readonly RB_KIT_SHA256=80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8
+readonly RB_KIT_FILE=.kit/80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

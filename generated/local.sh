@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 8d127a00f684b90d2ccd888a81b3d05fb8e4fc519ced3a699f1718530b9a0339
+# sha256 of this file with these 64 digits zeroed: e7029f39dfb23e633fc9a11ea899cf897f325eb12ba317ff74ea444f6fe7eab7
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -28,8 +28,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075
-readonly RB_KIT_FILE=.kit/7549645aef170c18d2d483b4c220fcbc1a266ad2fb574c79c3f28cc848c65075.tar
+readonly RB_KIT_SHA256=80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8
+readonly RB_KIT_FILE=.kit/80f287b1f0ea0b8ffc0013030c0d865c2644444c0f5018af3c91f755de53fba8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -41,13 +41,9 @@ NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # tarfile's rule: these never
 ZERO = bytes(BLOCK)
 
 
-def new_hash(algo: str) -> Any:
-    """The manifest's algorithm (manifest.digest's choice of blake2b size)."""
-    return hashlib.blake2b(digest_size=32) if algo == "blake2b" else hashlib.new(algo)
-
-
 def _maker(algo: str) -> Any:
-    """A function making a new hash of `algo` (hashlib's named constructors are the fastest)."""
+    """A function making a new hash of the manifest's `algo` (manifest.digest's blake2b size;
+    hashlib's named constructors are the fastest)."""
     if algo == "blake2b":
         return lambda: hashlib.blake2b(digest_size=32)
     return getattr(hashlib, algo, None) or (lambda: hashlib.new(algo))
@@ -108,7 +104,6 @@ class Digester:
         self.ended = False              # saw the end of the archive (a zero block)
         self.corrupt: Optional[str] = None   # the stream is not a good tar archive: why
         self.lost: Optional[str] = None      # the parser stopped following the stream: why
-        self.members = 0
         self._hdr = bytearray()
         self._left = 0                  # data bytes of the current member still to come
         self._pad = 0                   # padding after them
@@ -179,7 +174,6 @@ class Digester:
             self.corrupt = "the tar header at byte %d of the stream fails its checksum" % at
             return
         kind = h[156:157]
-        self.members += 1
         if kind in (b"L", b"K", b"x", b"g"):
             self._meta = (kind, bytearray())
             self._sink = self._meta[1].extend
