@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 4314f3620c7fa23c2a2296d05895f978bf7e6db96074c6b3d5420a4aa8417f14
+# sha256 of this file with these 64 digits zeroed: a5223c5cf369e226da2e9b572da559f02a0b2e62d7efc1e2c686cd87e449e035
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476
-readonly RB_KIT_FILE=.kit/6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476.tar
+readonly RB_KIT_SHA256=2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d
+readonly RB_KIT_FILE=.kit/2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -507,8 +507,10 @@ step_transfer() {
   rb::kit_argv "${RB_SRC_HOST}"
   send=("${RB_KIT_ARGV[@]}" engine send "${RB_SRC_ABS}" "${names}" --compression "${RB_COMPRESSION_USED}")
   rb::kit_argv "${RB_DST_HOST}"
+  # receive hashes each file as the stream carries it (verify compares those digests)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}")
+    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}")
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   rb::now

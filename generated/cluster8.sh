@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 0fb361bab6dd47caf9124ccb31a93e86c4347e4b317a6490b87e090b4049c3f8
+# sha256 of this file with these 64 digits zeroed: 4cabea99b0291afe0d4de956f75fb95555c6e205e0543722d6935f81145fba68
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476
-readonly RB_KIT_FILE=.kit/6809e9b2d6c3f0ddd6a342c1fd8dc65b110a2fbb93e9a2c2547e9eae31c2f476.tar
+readonly RB_KIT_SHA256=2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d
+readonly RB_KIT_FILE=.kit/2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -356,3 +357,150 @@ def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(t
     p.stdin.close()
     p.wait(timeout=30)
     assert p.returncode == 0 and not Path(lock_path(str(dest))).exists()
+
+
+# -- digests from the stream (#17): verify reads no file that the stream's digest proves ---------
+
+
+def received_staging(tmp_path: Path, cut=None, flip=None):
+    """A source tree, its manifest, its tar stream (`cut`/`flip`: what happened to the stream on
+    the way: bytes(stream) -> bytes), and an engine context that staged and received it."""
+    src = tmp_path / "src" / "venv"
+    make_tree(src, python=True)
+    m = manifest.build(str(src), [], "sha256", jobs=2)
+    mpath = tmp_path / "manifest.jsonl"
+    manifest.save(m, str(mpath))
+    names = tmp_path / "names"
+    with open(names, "wb") as f:
+        manifest.names(m, f)
+    data = subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names),
+                           "-cf", "-"], check=True, capture_output=True).stdout
+    for change in (cut, flip):
+        if change is not None:
+            data = change(data)
+    (tmp_path / "stream").write_bytes(data)
+    ctx = engine.Context(str(tmp_path / "d" / "venv"), manifest=str(mpath), jobs=2,
+                         state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(tmp_path / "stream")])
+    return src, ctx, event
+
+
+def offset_of(data: bytes, rel: str) -> int:
+    """Where the data of member `rel` starts in the tar stream `data`."""
+    import io
+    import tarfile
+    return next(t.offset_data for t in tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+                if t.name == rel)
+
+
+DATA_BIN = PKG + "/data.bin"
+
+
+def test_verify_takes_each_files_digest_from_the_stream_and_reads_none(tmp_path, monkeypatch):
+    _src, ctx, event = received_staging(tmp_path)
+    assert event["status"] == "ok" and event["facts"]["streamed"] == 5, event
+
+    def no_reading(*args):
+        raise AssertionError("verify read a file the stream's digest proves")
+
+    monkeypatch.setattr(manifest, "digest", no_reading)
+    event = engine.run(ctx, "verify", engine.verify)
+    assert event["status"] == "ok", event
+    assert event["facts"]["streamed"] == 5 and event["facts"]["hashed"] == 0
+    assert "5 files by the stream's digests, 0 hashed" in event["detail"]
+
+
+def test_a_byte_flipped_between_the_ends_fails_verify_by_the_streams_digest(tmp_path):
+    def flip(data: bytes) -> bytes:
+        raw = bytearray(data)
+        raw[offset_of(data, DATA_BIN) + 4321] ^= 0x01
+        return bytes(raw)
+
+    src, ctx, event = received_staging(tmp_path, flip=flip)
+    assert event["status"] == "ok", event                  # tar has no checksum over file data
+    event = engine.run(ctx, "verify", engine.verify)
+    assert event["status"] == "failed"
+    assert any(line.startswith("differs: %s (content" % DATA_BIN) for line in event["error"])
+    assert event["facts"]["hashed"] == 0                    # found from the stream, nothing read
+    assert not os.path.exists(os.path.join(ctx.dest, "bin"))    # nothing installed
+
+
+def _rewrite(p: Path) -> None:
+    raw = bytearray(p.read_bytes())
+    raw[10] ^= 0xFF
+    with open(p, "r+b") as f:                          # in place: the same inode, the same size
+        f.write(bytes(raw))
+
+
+def _replace(p: Path) -> None:
+    other = p.with_name("other")
+    other.write_bytes(bytes(len(p.read_bytes())))      # a new inode, the same size
+    os.rename(other, p)
+
+
+@pytest.mark.parametrize("change, line", [
+    (_rewrite, "differs: %s (content" % DATA_BIN),
+    (_replace, "differs: %s (content" % DATA_BIN),
+    (lambda p: p.write_bytes(p.read_bytes() + b"x"), "differs: %s (s:" % DATA_BIN),
+    (lambda p: p.chmod(0o600), "differs: %s (m:" % DATA_BIN),
+    (lambda p: p.unlink(), "missing: %s" % DATA_BIN),
+    (lambda p: p.with_name("planted.so").write_bytes(b"x"), "extra:   %s/planted.so" % PKG),
+])
+def test_a_staging_changed_after_receive_fails_verify(tmp_path, change, line):
+    """With the stream's digests verify reads no file whose inode, ctime and size are still what
+    tar left: a file changed after receive (a new ctime, another inode) is read again; size, mode,
+    missing and extra files are the stat walk's."""
+    _src, ctx, event = received_staging(tmp_path)
+    assert event["status"] == "ok", event
+    time.sleep(0.05)     # a change within the file system's timestamp tick of tar's is not seen
+    change(Path(ctx.staging) / DATA_BIN)
+    event = engine.run(ctx, "verify", engine.verify)
+    assert event["status"] == "failed"
+    assert any(e.startswith(line) for e in event["error"]), event["error"]
+    if "content" in line:
+        assert event["facts"]["hashed"] == 1          # only the file that changed was read
+    assert engine.read_stamp(ctx) is None             # nothing to relocate or swap
+
+
+def test_a_stream_cut_between_two_members_fails_receive(tmp_path):
+    """GNU tar ends without a word (exit 0) at a member boundary: the cut used to pass receive
+    (and, cut after the last member, verify too)."""
+    import io
+    import tarfile
+
+    def cut(data: bytes) -> bytes:
+        members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+        return data[:members[len(members) // 2].offset]
+
+    def no_end(data: bytes) -> bytes:
+        last = tarfile.open(fileobj=io.BytesIO(data)).getmembers()[-1]
+        return data[:last.offset_data + -(-last.size // 512) * 512]
+
+    for how in (cut, no_end):
+        _src, ctx, event = received_staging(tmp_path / how.__name__, cut=how)
+        assert event["status"] == "failed", event
+        assert "before the end of the tar archive" in event["detail"], event
+
+
+def test_a_stream_with_a_broken_header_fails_receive_naming_it(tmp_path):
+    def flip(data: bytes) -> bytes:
+        raw = bytearray(data)
+        raw[offset_of(data, DATA_BIN) - 512 + 3] ^= 0x01      # data.bin's header, its name
+        return bytes(raw)
+
+    _src, ctx, event = received_staging(tmp_path, flip=flip)
+    assert event["status"] == "failed"
+    assert "fails its checksum" in event["detail"], event
+
+
+def test_a_node_verifies_by_the_streams_digests_and_a_delta_links_by_stat(first_install):
+    """The fan-out node goes through the same receive and verify: nothing of a whole bundle is
+    read again, and in a re-run's bundle the linked files keep the stat rule."""
+    src, m1, dest, tmp_path = first_install
+    change_one_file(src)
+    m2 = manifest.build(str(src), [], "sha256", jobs=2, reuse=m1)
+    rc, doc = node(bundle(tmp_path / "b2", src, m2, base=m1), dest)
+    assert rc == 0 and doc["ok"], doc
+    assert doc["verify"]["hashed"] == 0 and doc["verify"]["linked"] >= 1, doc

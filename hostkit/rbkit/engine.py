@@ -41,12 +41,14 @@ from . import exports as kitexports
 from . import hostfs, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
+from . import tarstream
 from .stream import COMPRESSION, child_env, human, pipeline, run_quiet, tail
 
 # The install's steps, in order: what a fan-out node's report and the runbook's events name.
 STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
 PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
 STAMP = "stamp.json"
+RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
 BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
 INSTALLED = ".rb-manifest.jsonl"
 
@@ -95,7 +97,7 @@ class Context:
                  probe_config: str = "", on_failed_checks: str = "keep", rerun: str = "quick",
                  timeout: Optional[float] = None, state: str = "", capture: bool = False,
                  special_modes: str = "refuse", keep_backups: Optional[int] = None,
-                 swap_atomic: str = "allow",
+                 swap_atomic: str = "allow", algo: str = "",
                  emit: Optional[Callable[[dict], None]] = None,
                  log: Optional[Callable[[str], None]] = None) -> None:
         self.dest = os.path.abspath(dest)
@@ -110,6 +112,8 @@ class Context:
         # transfer.special_modes (receive), keep_backups and swap_atomic (swap, restore)
         self.special_modes, self.keep_backups, self.swap_atomic = \
             special_modes, keep_backups, swap_atomic
+        # the digest the stream's receiving end computes (the manifest's, when it is here first)
+        self.algo = algo
         self.emit = emit or (lambda event: None)
         self.log = log or (lambda line: None)
         self.locked = False
@@ -441,6 +445,7 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> R
     needs more than that is removed and the step fails with needs_full."""
     _require_lock(ctx)
     _write_stamp(ctx, None)
+    _forget_received(ctx)
     if os.path.lexists(ctx.staging):
         remove_tree(ctx.staging)
     facts: dict = {"delta": int(bool(delta))}
@@ -484,13 +489,19 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> R
 
 def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     """Unpack a tar stream into this run's staging: from stdin (the far end of the runbook's
-    pipeline), or from `producer`'s output (a fan-out node reading its bundle)."""
+    pipeline), or from `producer`'s output (a fan-out node reading its bundle). A reader between
+    the decompressor and tar (tarstream.Digester) hashes each file as the stream carries it; when
+    tar is done, the digests and each file's inode and ctime as tar left it go into the state
+    directory (RECEIVED), for verify. A stream that is not a whole tar archive (truncated, a bad
+    header) fails here, whatever tar says."""
     doc = read_stamp(ctx)
     if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
         raise StepError("refusing to receive: %s is not the staging this run's stage step made"
                         % ctx.staging)
+    _forget_received(ctx)
+    algo = ctx.algo or (ctx.new_manifest()["header"]["algo"] if ctx.manifest else "sha256")
     table = COMPRESSION[ctx.compression]
-    argvs: List[List[str]] = []
+    argvs: List[Any] = []
     names: List[str] = []
     if producer:
         argvs.append(producer)
@@ -498,6 +509,12 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     if table["unpack"]:
         argvs.append(table["unpack"])
         names.append(table["tool"])
+    digester = None
+    if algo != "none":
+        # hashing threads for big files: the cores tar and the decompressor leave
+        digester = tarstream.Digester(algo, max(1, min(8, jobs(ctx.jobs) - 1)))
+        argvs.append(digester.stage)
+        names.append("digest reader")
     # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
     # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
     keep = ctx.special_modes == "keep"
@@ -506,39 +523,108 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     names.append("tar")
     codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002)
     bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
-    if bad:
-        raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(bad)),
-                        lines=tail("\n".join(errs)), rc=next(c for c in codes if c != 0))
+    broken = ""
+    if digester is not None:
+        digester.close()
+        if digester.corrupt:
+            broken = "the stream is not a good tar archive: %s" % digester.corrupt
+        elif digester.truncated:
+            broken = ("the stream ended at byte %d, before the end of the tar archive (cut short "
+                      "on the way?)" % digester.off)
+    if bad or broken:
+        raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(
+            bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
+            rc=next((c for c in codes if c != 0), 1))
     facts: dict = {}
     if ctx.special_modes == "strip":
         stripped = hostfs.strip_special(ctx.staging)
         facts["stripped"] = len(stripped)
         for item in stripped[:20]:
             ctx.log("stripped %s: mode %s -> %s" % (item["p"], item["was"], item["now"]))
-    return Result("unpacked into %s (compression %s)" % (ctx.staging, ctx.compression), facts)
+    detail = "unpacked into %s (compression %s)" % (ctx.staging, ctx.compression)
+    if digester is not None:
+        digests = digester.result()
+        if digester.lost:
+            ctx.log("no digests from the stream (verify reads every file): %s" % digester.lost)
+        facts["streamed"] = _save_received(ctx, algo, digests)
+        detail += ", %d files hashed from the stream (%s)" % (facts["streamed"], algo)
+    return Result(detail, facts)
+
+
+def _received_path(ctx: Context) -> str:
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
+    return os.path.join(ctx.state, RECEIVED)
+
+
+def _forget_received(ctx: Context) -> None:
+    try:
+        os.unlink(_received_path(ctx))
+    except FileNotFoundError:
+        pass
+
+
+def _save_received(ctx: Context, algo: str, digests: dict) -> int:
+    """RECEIVED: for each regular file of the staging that the stream carried, its digest and
+    the inode, ctime and size tar left it with (an lstat each, no reading: a path through a
+    link is never one verify's walk takes, so what it names is never looked up). Verify trusts
+    a digest only for a file that still has them; returns how many files it lists."""
+    files = {}
+    for rel, digest in digests.items():
+        try:
+            st = os.lstat(os.path.join(ctx.staging, rel))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files[rel] = [digest, st.st_ino, st.st_ctime_ns, st.st_size]
+    doc = {"algo": algo, "identity": _identity(ctx.staging), "files": files}
+    write_file(_received_path(ctx), json.dumps(doc, separators=(",", ":")).encode(), 0o600)
+    return len(files)
+
+
+def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
+    """The files receive hashed from the stream into this staging (None: no record, or one of
+    another staging or algorithm: every file is read)."""
+    try:
+        with open(_received_path(ctx), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if doc.get("identity") != identity or doc.get("algo") != algo:
+        return None
+    return doc.get("files") or {}
 
 
 def verify(ctx: Context) -> Result:
-    """Every entry of the staging against the source's manifest (files linked from the current
-    install by this run's stage: by stat). Leaves the stamp relocate and swap require."""
+    """Every entry of the staging against the source's manifest, by a stat walk (type, mode, size,
+    link target; every entry there, nothing extra). A file's content: by the digest receive took
+    from the stream, when the file still has the inode and ctime tar left it with (RECEIVED);
+    by stat when this run's stage linked it from the current install; else it is read and hashed.
+    Leaves the stamp relocate and swap require."""
     _require_lock(ctx)
     doc = read_stamp(ctx) or {}
     _write_stamp(ctx, None)
     identity = _identity(ctx.staging)
     linked = ctx.dest if doc.get("delta") and doc.get("identity") == identity else None
     new = ctx.new_manifest()
-    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked)
+    received = _load_received(ctx, identity, new["header"]["algo"])
+    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked,
+                                received=received)
     listed = kitmanifest.describe(result)
     for line in listed:
         ctx.log(line)
-    facts = {k: result[k] for k in ("checked", "hashed", "linked")}
+    facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
     if not result["ok"]:
         raise StepError("the copy in %s differs from the source manifest (listed above); the "
                         "destination was not touched" % ctx.staging, facts, listed)
     _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
                        "delta": bool(linked)})
-    detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
-                                                          result["algo"])
+    if result["streamed"]:
+        detail = "%d entries match, %d files by the stream's digests, %d hashed (%s)" % (
+            result["checked"], result["streamed"], result["hashed"], result["algo"])
+    else:
+        detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
+                                                              result["algo"])
     if linked:
         detail += ", %d linked unchanged" % result["linked"]
     return Result(detail, facts)

@@ -126,7 +126,7 @@ def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
         if e["step"] == "stage" and facts.get("needs_full"):
             doc["needs_full"] = e["detail"].replace("needs the whole bundle: ", "", 1)
         if e["step"] == "verify":
-            doc["verify"] = {k: facts.get(k) for k in ("checked", "hashed", "linked")}
+            doc["verify"] = {k: facts.get(k) for k in ("checked", "hashed", "linked", "streamed")}
         if e["step"] == "swap" and facts.get("previous"):
             doc["previous"] = facts["previous"]
         if e["step"] == "rollback" and e["status"] == "ok":

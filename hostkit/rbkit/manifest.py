@@ -256,21 +256,27 @@ def _same_inode(a: str, b: str) -> bool:
 
 
 def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
-           linked_from: Optional[str] = None) -> dict:
+           linked_from: Optional[str] = None, received: Optional[dict] = None) -> dict:
     """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`).
     With `linked_from`, a file that is a hard link of the same path there (an incremental install's
-    staging: unchanged files linked from the previous install) is checked by stat, not read."""
+    staging: unchanged files linked from the previous install) is checked by stat, not read.
+    With `received` ({path: [digest, inode, ctime_ns, size]}: what the receiving end hashed from
+    the stream and the inode it wrote), a file that still has that inode, ctime and size is
+    checked by that digest, not read (`streamed`); any other file is read and hashed."""
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
     have = {}
+    stats = {}
+    received = received or {}
     # what the move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
     for rel, st in walk(root, manifest["header"].get("excludes", ())):
         have[rel] = entry_of(root, rel, st)
+        stats[rel] = st
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
     differ: list[dict] = []
     to_hash = []
-    linked = 0
+    linked = streamed = 0
     for rel in sorted(set(want) & set(have)):
         w, h = want[rel], have[rel]
         for key in ("t", "m", "s", "l"):
@@ -282,6 +288,14 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
                 if linked_from and _same_inode(os.path.join(root, rel),
                                                os.path.join(linked_from, rel)):
                     linked += 1
+                    continue
+                got = received.get(rel)
+                st = stats[rel]
+                if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
+                    streamed += 1
+                    if w.get("h") != got[0]:
+                        differ.append({"p": rel, "what": "content", "want": w.get("h"),
+                                       "have": got[0]})
                     continue
                 to_hash.append(w)
     if to_hash:
@@ -297,6 +311,7 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
         "checked": len(want),
         "hashed": len(to_hash),
         "linked": linked,
+        "streamed": streamed,
         "missing": missing[:limit],
         "extra": extra[:limit],
         "differ": sorted(differ, key=lambda d: d["p"])[:limit],

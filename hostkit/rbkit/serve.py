@@ -1,7 +1,7 @@
 """`python -m rbkit engine ...`: the install engine's command line (engine.py has the steps).
 
     engine serve --dest D --holder TEXT [the run's choices]    the destination's engine for a run
-    engine receive --dest D --state S --compression C          the far end of the stream (stdin)
+    engine receive --dest D --state S --compression C [--algo A] the far end of the stream (stdin)
     engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
     engine hash ROOT --out F [--exclude P]... [--algo A] [--jobs N] [--names F] [--reuse F]
@@ -244,8 +244,12 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_receive(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
-                         emit=answer.event, special_modes=a.special_modes)
-    engine.run(ctx, "receive", engine.receive)
+                         emit=answer.event, special_modes=a.special_modes, algo=a.algo,
+                         jobs=a.jobs)
+    event = engine.run(ctx, "receive", engine.receive)
+    if event["status"] == "failed":
+        # the runbook names the stage that failed (unpack on HOST); this says why, in its log
+        _log("receive: %s" % event["detail"])
     return answer.done()
 
 
@@ -349,6 +353,9 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--state", required=True)
     rc.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
     rc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
+    rc.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256",
+                    help="the digest taken of each file as the stream carries it (verify's)")
+    rc.add_argument("--jobs", default="auto")
     rc.set_defaults(fn=cmd_receive)
     sc = sub.add_parser("scan")
     sc.add_argument("root")

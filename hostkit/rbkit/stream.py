@@ -58,18 +58,27 @@ def run_quiet(argv: List[str], timeout: Optional[float],
             p.stderr.decode("utf-8", "replace"))
 
 
-def pipeline(argvs: List[List[str]], timeout: Optional[float], capture: bool = False,
+def pipeline(argvs: List[Any], timeout: Optional[float], capture: bool = False,
              stdin: Any = None, stdout: Any = None, umask: Optional[int] = None) -> tuple:
     """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
     default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
     stage, stderr texts: only with `capture`, else they went to ours). A stage that cannot start
-    counts 127 (and so do the stages after it); past `timeout` every stage is killed (124)."""
-    procs: List[subprocess.Popen] = []
+    counts 127 (and so do the stages after it); past `timeout` every stage is killed (124).
+
+    A stage may be a function `fn(in_fd, out_fd) -> int` instead of an argv (not the last): it
+    runs in a thread of this process between its neighbours (tarstream.Digester.stage), its
+    return value is its exit code (1 when it raised), its stderr text empty."""
+    procs: List[Any] = []
     errs: List[Any] = []
     prev = stdin
     not_started: Optional[str] = None
     for i, argv in enumerate(argvs):
         last = i == len(argvs) - 1
+        if callable(argv):
+            procs.append(_Inline(argv, prev))
+            prev = procs[-1].stdout
+            errs.append(None)
+            continue
         err = tempfile.TemporaryFile() if capture else None
         try:
             p = subprocess.Popen(argv, stdin=prev, stdout=stdout if last else subprocess.PIPE,
@@ -80,13 +89,13 @@ def pipeline(argvs: List[List[str]], timeout: Optional[float], capture: bool = F
                 err.close()
             break
         if i > 0:
-            prev.close()                 # the previous stage's output is the child's now
+            _close(prev)                 # the previous stage's output is the child's now
         prev = p.stdout
         procs.append(p)
         errs.append(err)
     if not_started is not None:
         if procs and prev is not None:
-            prev.close()
+            _close(prev)
         for p in procs:
             p.kill()
     codes: List[int] = []
@@ -110,7 +119,59 @@ def pipeline(argvs: List[List[str]], timeout: Optional[float], capture: bool = F
             err.seek(0)
             texts.append(err.read().decode("utf-8", "replace"))
             err.close()
+        elif capture:
+            texts.append("")
     return codes, texts
+
+
+def _close(stream: Any) -> None:
+    if isinstance(stream, int):
+        os.close(stream)
+    elif stream is not None:
+        stream.close()
+
+
+class _Inline:
+    """A pipeline stage that is a function in a thread (see `pipeline`), with a Popen's face:
+    `stdout` (the read end of its output pipe, an fd for the next stage), wait, poll, kill."""
+
+    def __init__(self, fn: Any, stdin: Any) -> None:
+        import threading
+        if stdin is None:
+            self._in, self._own_in = 0, False
+        elif isinstance(stdin, int):
+            self._in, self._own_in = stdin, True
+        else:
+            self._in, self._own_in = os.dup(stdin.fileno()), True
+            stdin.close()
+        self.stdout, self._out = os.pipe()
+        self._fn = fn
+        self.returncode: Optional[int] = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.returncode = int(self._fn(self._in, self._out) or 0)
+        except Exception as exc:          # the stage's own failure: named, counted as exit 1
+            sys.stderr.write("rbkit: %s: %s\n" % (type(exc).__name__, exc))
+            self.returncode = 1
+        finally:
+            os.close(self._out)
+            if self._own_in:
+                os.close(self._in)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise subprocess.TimeoutExpired("inline stage", timeout or 0)
+        return self.returncode if self.returncode is not None else 1
+
+    def poll(self) -> Optional[int]:
+        return None if self._thread.is_alive() else self.wait()
+
+    def kill(self) -> None:
+        pass          # it ends when its input ends or its reader goes: both are killed
 
 
 def tail(text: str, lines: int = 8) -> List[str]:

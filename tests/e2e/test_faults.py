@@ -140,3 +140,62 @@ def test_keep_policy_leaves_the_new_install(clean_lab, payload_small, tmp_path):
     assert r.returncode == 1
     assert "the new install stays in place" in r.stderr
     assert (dst / "bin" / "payload-hello").exists()
+
+
+# What the stream meets between the ends: this machine's `pv` (the relay runs the stream through
+# it when it is on PATH) stands in for a link that flips a byte or cuts the stream short.
+FAKE_PV = """#!/usr/bin/env python3
+import io, os, sys, tarfile
+data = sys.stdin.buffer.read()
+members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+if os.environ["RB_FAKE_PV"] == "flip":
+    at = next(t for t in members if t.name.endswith("greeting.txt")).offset_data
+    data = data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
+else:
+    data = data[:members[len(members) // 2].offset]     # whole members only: tar says nothing
+sys.stdout.buffer.write(data)
+"""
+
+
+def run_through(tmp_path: Path, script: Path, how: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "pv").write_text(FAKE_PV)
+    (bin_dir / "pv").chmod(0o755)
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), RB_FAKE_PV=how,
+               PATH="%s:%s" % (bin_dir, os.environ["PATH"]))
+    return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_byte_flipped_in_the_stream_fails_verify_naming_the_file(clean_lab, payload_small,
+                                                                   tmp_path):
+    lab = clean_lab
+    dst = old_install(tmp_path / "d")
+    before = snapshot(dst.parent)
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup",
+                                       compression="none"))
+    r = run_through(tmp_path, script, "flip")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED in step verify on host dst" in r.stderr
+    assert "greeting.txt (content: expected" in r.stderr, r.stderr[-3000:]
+    assert outside_staging(dst.parent) == before
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_stream_cut_between_two_files_fails_the_transfer(clean_lab, payload_small, tmp_path):
+    """GNU tar takes a stream that stops between two members for a whole archive (exit 0); the
+    run used to go on to verify, which found files missing. The receiving end says it was cut."""
+    lab = clean_lab
+    dst = old_install(tmp_path / "d")
+    before = snapshot(dst.parent)
+    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup",
+                                       compression="none"))
+    r = run_through(tmp_path, script, "cut")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "FAILED in step transfer" in r.stderr and "unpack on dst exited" in r.stderr
+    assert "before the end of the tar archive" in r.stderr, r.stderr[-3000:]
+    assert outside_staging(dst.parent) == before
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]

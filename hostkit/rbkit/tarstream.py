@@ -1,0 +1,363 @@
+"""Digests from a tar stream as it passes: a reader between the decompressor and `tar -x` (the
+receiving end, engine.receive) that hands every byte on to tar unchanged and hashes each regular
+file's data as it goes by, so that verify compares the source's manifest with what tar was given
+instead of reading every file tar wrote.
+
+The parser knows what GNU tar writes (`rbkit engine send`: `tar -cf - --null --no-recursion -T
+NAMES`, GNU format) and what a POSIX one may: ustar names with their prefix, GNU long names and
+long link targets (`L`, `K` members before the entry they name), pax extended headers (`x`, and
+`g` for every entry after it: path, linkpath, size), numbers in octal or GNU base-256, hard links
+(`1`: no data; the content of the member it names, earlier in the same stream). Each header's
+checksum is checked. What it does not follow (a GNU sparse member, pax sparse keys) stops the
+digests, never the stream: the files from there on get no digest and verify reads them.
+
+The stream must end as a tar archive ends (a zero block); one that stops before it, or in the
+middle of a member, is truncated (`Digester.truncated`), whatever tar says about it.
+
+Threads, not processes: hashlib releases the GIL on buffers of 2 KiB and more, so a big file's
+data is hashed by one of `workers` threads (in order: every piece of one file goes to the same
+thread), small files by the parser's own thread, and the copy to tar (os.write) never waits for
+either: the parser reads from a bounded queue behind the copy.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+from typing import Any, Dict, List, Optional
+
+BLOCK = 512
+CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
+PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
+INLINE = 1 << 20           # files up to this size are hashed by the parser's thread
+BACKLOG = 32               # chunks the copy may run ahead of the parser (bounded memory)
+F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
+REGULAR = (b"0", b"\0", b"7")
+NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # tarfile's rule: these never carry data
+ZERO = bytes(BLOCK)
+
+
+def _maker(algo: str) -> Any:
+    """A function making a new hash of the manifest's `algo` (manifest.digest's blake2b size;
+    hashlib's named constructors are the fastest)."""
+    if algo == "blake2b":
+        return lambda: hashlib.blake2b(digest_size=32)
+    return getattr(hashlib, algo, None) or (lambda: hashlib.new(algo))
+
+
+def _number(field: bytes) -> int:
+    """A header number: octal text, or GNU base-256 (first byte 0x80, or 0xff: negative)."""
+    if field[:1] and field[0] & 0x80:
+        n = int.from_bytes(field[1:], "big")
+        if field[0] == 0xFF:
+            raise ValueError("a negative number in a tar header")
+        return n
+    text = field.split(b"\0", 1)[0].strip(b" \0")
+    return int(text, 8) if text else 0
+
+
+def _text(field: bytes) -> bytes:
+    return field.split(b"\0", 1)[0]
+
+
+def norm(name: bytes) -> Optional[str]:
+    """A member's name as the manifest writes the path: no leading `./`, no trailing `/`; None
+    for a name tar would rewrite before extracting (absolute, `..`), which gets no digest."""
+    text = name.decode("utf-8", "surrogateescape")
+    while text.startswith("./"):
+        text = text[2:]
+    text = text.rstrip("/")
+    if not text or text[0] == "/" or (".." in text and ".." in text.split("/")):
+        return None
+    return text
+
+
+def _pax(data: bytes) -> Dict[str, bytes]:
+    """The records of a pax extended header: `LEN KEY=VALUE\\n`, each."""
+    out: Dict[str, bytes] = {}
+    at = 0
+    while at < len(data) and data[at:at + 1] not in (b"\0", b""):
+        space = data.index(b" ", at)
+        length = int(data[at:space])
+        if length <= 0:
+            raise ValueError("a pax record of length %d" % length)
+        record = data[space + 1:at + length - 1]          # without the newline
+        key, _, value = record.partition(b"=")
+        out[key.decode("utf-8", "replace")] = value
+        at += length
+    return out
+
+
+class Digester:
+    """Parses a tar stream fed to it in pieces (`feed`), in order, and keeps each regular file's
+    digest by its path (`result`). `stage(in_fd, out_fd)` is the reader itself: a pipeline stage
+    (stream.pipeline) that copies in_fd to out_fd and feeds a copy to the parser."""
+
+    def __init__(self, algo: str = "sha256", workers: int = 2) -> None:
+        self.algo = algo
+        self._new = _maker(algo)
+        self.off = 0                    # stream offset of what feed sees next
+        self.ended = False              # saw the end of the archive (a zero block)
+        self.corrupt: Optional[str] = None   # the stream is not a good tar archive: why
+        self.lost: Optional[str] = None      # the parser stopped following the stream: why
+        self._hdr = bytearray()
+        self._left = 0                  # data bytes of the current member still to come
+        self._pad = 0                   # padding after them
+        self._sink: Any = None          # where the data goes: a hash's update, or a bytearray
+        self._meta: Optional[tuple] = None   # (type, bytearray) of an L/K/x/g member
+        self._file: Optional[tuple] = None   # (slot, hash, worker or None) of a file
+        self._pending: Dict[str, bytes] = {}
+        self._global: Dict[str, bytes] = {}
+        # what each member left: (path, slot) in stream order; slots hold digests, or
+        # ("link", target path) for a hard link, resolved in order by `result`
+        self._order: List[tuple] = []
+        self._slots: List[Any] = []
+        self._workers: List[tuple] = []
+        self._nworkers = max(0, workers)
+        self._closed = False
+
+    # -- the parser --------------------------------------------------------------------------
+
+    def feed(self, data: Any) -> None:
+        mv = memoryview(data)
+        while mv.nbytes:
+            if self.corrupt or self.lost or (self.ended and not self._hdr):
+                self.off += mv.nbytes
+                return
+            if self._left:
+                n = min(self._left, mv.nbytes)
+                if self._sink is not None:
+                    self._sink(mv[:n])
+                self._left -= n
+                self.off += n
+                mv = mv[n:]
+                if not self._left:
+                    self._member_done()
+                continue
+            if self._pad:
+                n = min(self._pad, mv.nbytes)
+                self._pad -= n
+                self.off += n
+                mv = mv[n:]
+                continue
+            if not self._hdr and mv.nbytes >= BLOCK:
+                block = mv[:BLOCK].tobytes()
+                mv = mv[BLOCK:]
+            else:
+                n = min(BLOCK - len(self._hdr), mv.nbytes)
+                self._hdr += mv[:n]
+                self.off += n - BLOCK          # the whole block is counted below
+                mv = mv[n:]
+                if len(self._hdr) < BLOCK:
+                    self.off += BLOCK
+                    return
+                block, self._hdr = bytes(self._hdr), bytearray()
+            self.off += BLOCK
+            self._header(block, self.off - BLOCK)
+
+    def _header(self, h: bytes, at: int) -> None:
+        if h == ZERO:
+            self.ended = True
+            return
+        try:
+            want = _number(h[148:156])
+            size = _number(h[124:136])
+        except ValueError as exc:
+            self.corrupt = "the tar header at byte %d of the stream: %s" % (at, exc)
+            return
+        unsigned = sum(h) - sum(h[148:156]) + 256      # the checksum field counts as spaces
+        if want != unsigned and want != unsigned - 256 * sum(1 for b in h if b > 127):
+            self.corrupt = "the tar header at byte %d of the stream fails its checksum" % at
+            return
+        kind = h[156:157]
+        if kind in (b"L", b"K", b"x", b"g"):
+            self._meta = (kind, bytearray())
+            self._sink = self._meta[1].extend
+            self._expect(size)
+            return
+        name = _text(h[0:100])
+        if h[257:263] == b"ustar\0":              # POSIX ustar: a prefix before the name
+            prefix = _text(h[345:500])
+            if prefix:
+                name = prefix + b"/" + name
+        link = _text(h[157:257])
+        meta = dict(self._global, **self._pending) if self._pending or self._global else {}
+        self._pending = {}
+        if meta:
+            name = meta.get("path", name)
+            link = meta.get("linkpath", link)
+            size = int(meta["size"]) if "size" in meta else size
+        if kind in (b"S", b"M") or (meta and any(k.startswith("GNU.sparse") for k in meta)):
+            self.lost = ("member %s of type %s (sparse or multi-volume) is not followed"
+                         % (name.decode("utf-8", "replace"), kind.decode("ascii", "replace")))
+            return
+        path = norm(name)
+        if kind in REGULAR and not (kind == b"\0" and name.endswith(b"/")):
+            slot = len(self._slots)
+            self._slots.append(None)
+            self._order.append((path, slot))
+            hasher = self._new()
+            worker = self._worker() if size > INLINE else None
+            self._file = (slot, hasher, worker)
+            self._sink = hasher.update if worker is None else \
+                (lambda piece, w=worker, hs=hasher: w[0].put((hs, piece, None)))
+            self._expect(size)
+            return
+        if kind == b"1":
+            slot = len(self._slots)
+            self._slots.append(("link", norm(link)))
+            self._order.append((path, slot))
+        else:
+            self._order.append((path, None))    # a directory, a symlink, a device: no digest
+        if kind not in NO_DATA:
+            self._sink = None                   # an unknown member: its data is skipped
+            self._expect(size)
+
+    def _expect(self, size: int) -> None:
+        self._left, self._pad = size, (-size) % BLOCK
+        if not size:
+            self._member_done()
+
+    def _member_done(self) -> None:
+        if self._meta is not None:
+            kind, data = self._meta
+            self._meta = None
+            if kind == b"L":
+                self._pending["path"] = _text(bytes(data))
+            elif kind == b"K":
+                self._pending["linkpath"] = _text(bytes(data))
+            else:
+                try:
+                    records = _pax(bytes(data))
+                except ValueError as exc:
+                    self.corrupt = "a pax header before byte %d: %s" % (self.off, exc)
+                    return
+                (self._pending if kind == b"x" else self._global).update(records)
+        elif self._file is not None:
+            slot, hasher, worker = self._file
+            if worker is None:
+                self._slots[slot] = hasher.hexdigest()
+            else:
+                worker[0].put((hasher, None, slot))
+        self._file = None
+        self._sink = None
+
+    # -- big files' hashing threads ------------------------------------------------------------
+
+    def _worker(self) -> Optional[tuple]:
+        if not self._nworkers:
+            return None
+        if len(self._workers) < self._nworkers:
+            q: "queue.Queue" = queue.Queue(maxsize=16)
+            t = threading.Thread(target=self._hash_loop, args=(q,), daemon=True)
+            t.start()
+            self._workers.append((q, t))
+            return self._workers[-1]
+        return min(self._workers, key=lambda w: w[0].qsize())
+
+    def _hash_loop(self, q: "queue.Queue") -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            hasher, piece, slot = item
+            if piece is not None:
+                hasher.update(piece)
+            else:
+                self._slots[slot] = hasher.hexdigest()
+
+    def close(self) -> None:
+        """Wait for the hashing threads (every digest is in its slot after this)."""
+        if self._closed:
+            return
+        self._closed = True
+        for q, _t in self._workers:
+            q.put(None)
+        for _q, t in self._workers:
+            t.join()
+
+    @property
+    def truncated(self) -> bool:
+        """The stream stopped before the archive's end: in a member, or before its zero block."""
+        return not (self.corrupt or self.lost) and (
+            not self.ended or bool(self._left) or bool(self._hdr))
+
+    def result(self) -> Dict[str, Optional[str]]:
+        """path -> digest of its content as the stream carried it (the last member of that path
+        wins, as it does on disk); none at all when the parser lost the stream (verify then reads
+        every file)."""
+        self.close()
+        if self.corrupt or self.lost:
+            return {}
+        out: Dict[str, Optional[str]] = {}
+        for path, slot in self._order:
+            if path is None:
+                continue
+            value = None if slot is None else self._slots[slot]
+            if isinstance(value, tuple):           # a hard link: the content of its target
+                value = out.get(value[1]) if value[1] else None
+            if value is None:
+                out.pop(path, None)
+            else:
+                out[path] = value
+        return out
+
+    # -- the pipeline stage ------------------------------------------------------------------
+
+    def stage(self, in_fd: int, out_fd: int) -> int:
+        """Copy in_fd to out_fd unchanged while the parser (a thread of its own, behind a bounded
+        queue) reads the same bytes. Ends at the end of in_fd, or when out_fd's reader is gone
+        (tar stopped: its own exit code says why); returns 0."""
+        for fd in (in_fd, out_fd):
+            try:
+                import fcntl
+                fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+            except (OSError, ImportError):
+                pass                               # not a pipe, or over the host's limit
+        backlog: "queue.Queue" = queue.Queue(maxsize=BACKLOG)
+        parser = threading.Thread(target=self._parse_loop, args=(backlog,), daemon=True)
+        parser.start()
+        writing = True
+        try:
+            while True:
+                data = os.read(in_fd, CHUNK)
+                if not data:
+                    break
+                if writing:
+                    try:
+                        view = memoryview(data)
+                        while view.nbytes:
+                            view = view[os.write(out_fd, view):]
+                    except BrokenPipeError:
+                        writing = False             # tar is gone; what it read is parsed
+                        if not self.ended:
+                            break
+                if writing or not self.ended:
+                    backlog.put(data)
+        finally:
+            backlog.put(None)
+            parser.join()
+            self.close()
+        return 0
+
+    def _parse_loop(self, backlog: "queue.Queue") -> None:
+        while True:
+            data = backlog.get()
+            if data is None:
+                return
+            try:
+                self.feed(data)
+            except Exception as exc:            # a parser bug: no digests, the copy goes on
+                self.lost = "the tar parser failed at byte %d: %s: %s" % (
+                    self.off, type(exc).__name__, exc)
+                self._drain(backlog)
+                return
+
+    @staticmethod
+    def _drain(backlog: "queue.Queue") -> None:
+        while backlog.get() is not None:
+            pass

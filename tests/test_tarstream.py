@@ -1,0 +1,136 @@
+"""The reader between the decompressor and `tar -x` (rbkit.tarstream): the digest it takes of each
+file from the stream is the digest of the file tar writes, for every way GNU tar writes a name, a
+link or a size, whatever the pieces the stream arrives in; what it cannot follow gives no digest
+(verify then reads the files), never a wrong one."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rbkit import tarstream
+
+
+def odd_tree(root: Path, big: int = (3 << 20) + 17) -> None:
+    """Names past 100 bytes (GNU long names, pax path, a ustar prefix), a symlink target past 100
+    bytes, a hard link to a big file (a `1` member: no data), an empty file, a name that is not
+    UTF-8, a file bigger than one read."""
+    deep = root / ("a" * 120) / ("b" * 90)
+    deep.mkdir(parents=True)
+    (deep / ("c" * 150)).write_bytes(os.urandom(5000))
+    (root / "big").write_bytes(os.urandom(big))
+    os.link(root / "big", root / ("a" * 120) / ("hardlink-" + "x" * 100))
+    (root / "longlink").symlink_to("z" * 200)
+    (root / "empty").write_bytes(b"")
+    (root / "d").mkdir()
+    (root / "d" / "é-utf8").write_bytes(b"hi")
+    with open(os.path.join(os.fsencode(root), b"d", b"raw\xff"), "wb") as f:
+        f.write(b"raw")
+    split = root / ("p" * 80) / ("q" * 60)       # 150 bytes: ustar splits it into prefix/name
+    split.mkdir(parents=True)
+    (split / "file").write_bytes(os.urandom(7000))
+
+
+def digests_on_disk(root: Path) -> dict:
+    out = {}
+    for dirpath, _dirs, files in os.walk(os.fsencode(root)):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                rel = os.path.relpath(path, os.fsencode(root)).decode("utf-8", "surrogateescape")
+                with open(path, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def tar_of(root: Path, *opts: str) -> bytes:
+    return subprocess.run(["tar", "-C", str(root), *opts, "-cf", "-", "."], check=True,
+                          capture_output=True).stdout
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "oldgnu"])
+@pytest.mark.parametrize("piece", [1, 511, 512, 100_000, 1 << 20])
+def test_every_file_gets_the_digest_of_what_tar_writes(tmp_path, fmt, piece):
+    odd_tree(tmp_path / "t", big=(3 << 20) + 17 if piece >= 512 else 70_000)
+    data = tar_of(tmp_path / "t", "--format=" + fmt)
+    d = tarstream.Digester("sha256", workers=2)
+    for at in range(0, len(data), piece):
+        d.feed(data[at:at + piece])
+    assert d.result() == digests_on_disk(tmp_path / "t")
+    assert d.ended and not d.truncated and d.corrupt is None and d.lost is None
+
+
+def test_a_ustar_name_is_its_prefix_and_its_name(tmp_path):
+    root = tmp_path / "t"
+    split = root / ("p" * 80) / ("q" * 60)
+    split.mkdir(parents=True)
+    (split / "file").write_bytes(b"in a split name")
+    d = tarstream.Digester()
+    d.feed(tar_of(root, "--format=ustar"))
+    assert d.result() == digests_on_disk(root)
+
+
+def test_the_stage_hands_on_every_byte_unchanged(tmp_path):
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t")
+    (tmp_path / "in").write_bytes(data)
+    d = tarstream.Digester("blake2b", workers=2)
+    with open(tmp_path / "in", "rb") as src, open(tmp_path / "out", "wb") as dst:
+        assert d.stage(src.fileno(), dst.fileno()) == 0
+    assert (tmp_path / "out").read_bytes() == data
+    want = {}
+    for rel, _ in digests_on_disk(tmp_path / "t").items():
+        with open(os.path.join(os.fsencode(tmp_path / "t"), os.fsencode(rel)), "rb") as f:
+            want[rel] = hashlib.blake2b(f.read(), digest_size=32).hexdigest()
+    assert d.result() == want
+
+
+def test_a_stream_cut_short_is_truncated_wherever_it_is_cut(tmp_path):
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t")
+    members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+    last = members[-1]
+    end = last.offset_data + -(-last.size // 512) * 512      # every member whole, no end blocks
+    # in a header, in a file's data, between two members (GNU tar takes that as the end: exit 0)
+    for cut in (700, members[1].offset_data + 10, members[len(members) // 2].offset, end):
+        d = tarstream.Digester()
+        d.feed(data[:cut])
+        assert d.truncated, cut
+
+
+def test_a_bad_header_is_corrupt_and_gives_no_digests(tmp_path):
+    odd_tree(tmp_path / "t")
+    data = bytearray(tar_of(tmp_path / "t"))
+    data[5] ^= 0x20                                  # in the first header's name
+    d = tarstream.Digester()
+    d.feed(bytes(data))
+    assert d.corrupt and "fails its checksum" in d.corrupt
+    assert d.result() == {} and not d.truncated
+
+
+def test_a_member_it_does_not_follow_gives_no_digests_not_wrong_ones(tmp_path):
+    root = tmp_path / "t"
+    root.mkdir()
+    (root / "a").write_bytes(b"first")
+    with open(root / "sparse", "wb") as f:
+        f.truncate(1 << 20)
+        f.seek(1 << 19)
+        f.write(b"data in the middle")
+    d = tarstream.Digester()
+    d.feed(tar_of(root, "--sparse", "--format=gnu"))
+    assert d.lost and "sparse" in d.lost
+    assert d.result() == {} and not d.truncated
+
+
+def test_numbers_in_octal_and_in_base_256():
+    assert tarstream._number(b"00000001750\0") == 1000
+    assert tarstream._number(b"   1750 \0") == 1000
+    assert tarstream._number(bytes([0x80]) + (9 << 30).to_bytes(11, "big")) == 9 << 30
+    with pytest.raises(ValueError):
+        tarstream._number(b"\xff" * 12)
