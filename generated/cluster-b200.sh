@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: e5877e42bd6bd5d54ee5286e3c053daaadebcfe4d8799cf16efc334c9e8b7c57
+# sha256 of this file with these 64 digits zeroed: 357c73f43bcf75c23a40fdd55a52be42bcb9d6ea0dd8605affaf1922cb9073b6
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=26eb7998ab8bc6dd04bcf3f67ffb44b2cdd919b6a126e24bf77856d85c02476e
-readonly RB_KIT_FILE=.kit/26eb7998ab8bc6dd04bcf3f67ffb44b2cdd919b6a126e24bf77856d85c02476e.tar
+readonly RB_KIT_SHA256=35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779
+readonly RB_KIT_FILE=.kit/35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -163,7 +163,8 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
-RB_DST_INSTALLED_STAT=''
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -299,15 +300,15 @@ step_preflight() {
   rb::hosts_prepare "${RB_HOSTS[@]}"
   rb::preflight_route
   rb::preflight_compression
-  # the destination's engine for the run: from here on it holds the destination's lock; it says
-  # what the install there recorded of its source (a re-run of the same tree skips the audit)
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
+  # and bin/python sent), then its static checks: one engine process there, in the background
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination's engine for the run: from here on it holds the destination's
+  # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  RB_DST_INSTALLED_STAT=${RB_J[installed_stat]:-}
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent);
-  # then the static checks, in the same engine process on the source
-  rb::source_check "${src_kit}/${RB_NAME}.names"
+  rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: cd1fb33d6f90431c8a79dc8bc3f96194da5f5a7e4867f35a3bc64046dc801a5d
+# sha256 of this file with these 64 digits zeroed: ff86dd7d25fbc573acafcc78e4503b2df0f8aff364a79a37eadd63ba7776144f
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=26eb7998ab8bc6dd04bcf3f67ffb44b2cdd919b6a126e24bf77856d85c02476e
-readonly RB_KIT_FILE=.kit/26eb7998ab8bc6dd04bcf3f67ffb44b2cdd919b6a126e24bf77856d85c02476e.tar
+readonly RB_KIT_SHA256=35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779
+readonly RB_KIT_FILE=.kit/35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -152,7 +152,8 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
-RB_DST_INSTALLED_STAT=''
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -495,7 +496,8 @@ step_fan_preflight() {
   rb::hosts_prepare "${RB_HOSTS[@]}"
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python
   # sent); then the static checks, in the same engine process
-  rb::source_check ''
+  rb::source_start ''
+  rb::source_finish ''
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 7bbd86397833b73808f7a3598a3f9142dc91c479659864b3cf6b5da6b1d4f597
+# sha256 of this file with these 64 digits zeroed: e9d0d3aa0ba214c6b4d974021830a78ee7d8eae0ea71b17d80bcebf76ca0c97a
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=26eb7998ab8bc6dd04bcf3f67ffb44b2cdd919b6a126e24bf77856d85c02476e
-readonly RB_KIT_FILE=.kit/26eb7998ab8bc6dd04bcf3f67ffb44b2cdd919b6a126e24bf77856d85c02476e.tar
+readonly RB_KIT_SHA256=35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779
+readonly RB_KIT_FILE=.kit/35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -161,7 +161,8 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
-RB_DST_INSTALLED_STAT=''
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -287,15 +288,15 @@ step_preflight() {
   rb::hosts_prepare "${RB_HOSTS[@]}"
   rb::preflight_route
   rb::preflight_compression
-  # the destination's engine for the run: from here on it holds the destination's lock; it says
-  # what the install there recorded of its source (a re-run of the same tree skips the audit)
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
+  # and bin/python sent), then its static checks: one engine process there, in the background
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination's engine for the run: from here on it holds the destination's
+  # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  RB_DST_INSTALLED_STAT=${RB_J[installed_stat]:-}
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent);
-  # then the static checks, in the same engine process on the source
-  rb::source_check "${src_kit}/${RB_NAME}.names"
+  rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}

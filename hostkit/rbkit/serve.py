@@ -4,7 +4,7 @@
     engine receive --dest D --state S --compression C          the far end of the stream (stdin)
     engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
-    engine source ROOT [scan's options] [--installed-stat FP] --audit RBPROBES-ARGV...
+    engine source ROOT [scan's options] [--installed-stat FP|-] --audit RBPROBES-ARGV...
                                                                scan and static checks, one process
     engine hash ROOT --out F [--exclude P]... [--algo A] [--jobs N] [--names F] [--reuse F]
     engine delta MANIFEST BASE --names-out F                   what a host installed from BASE needs
@@ -279,9 +279,13 @@ def cmd_source(a: argparse.Namespace) -> int:
     facts: Dict[str, Any] = {}
     event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names, a.special_modes,
                        a.outside_links, facts)
+    installed = a.installed_stat
+    if installed == "-":
+        # the runbook learns it from the destination's engine while this scan runs
+        installed = sys.stdin.readline(4096).strip()
     if event["status"] != "failed":
         engine.run(ctx, "audit", source.audit, a.audit, facts.get("stat_fingerprint") or "",
-                   a.installed_stat, a.outside_links)
+                   installed, a.outside_links)
     return answer.done()
 
 
@@ -399,7 +403,8 @@ def parser() -> argparse.ArgumentParser:
     so.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
     so.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
     so.add_argument("--installed-stat", default="",
-                    help="the destination install's source stat fingerprint: equal, no checks")
+                    help="the destination install's source stat fingerprint (equal: no checks); "
+                         "`-`: read it from stdin after the scan")
     so.add_argument("--audit", action="store_true",
                     help="the words after it: the rbprobes command line of the static checks")
     so.set_defaults(fn=cmd_source)

@@ -73,13 +73,18 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
         sys.stdout, sys.stderr = old
     failed: List[str] = []
     if rc == 1:
+        doc: Dict[str, Any] = {}
         try:
-            failed = failed_checks(json.loads(out.getvalue()), outside_links == "keep")
+            doc = json.loads(out.getvalue())
+            failed = failed_checks(doc, outside_links == "keep")
         except ValueError:
             rc = 2
             err.write("the static checks' report is not JSON: %s\n" % out.getvalue()[:200])
-        # the problems, each with its fix (not the table of checks)
-        lines = [ln for ln in err.getvalue().splitlines() if not TABLE_ROW.match(ln)]
+        # the problems, each with its fix (not the table of checks); a single check (outside)
+        # prints none: its reason says them
+        lines = [ln for ln in err.getvalue().splitlines() if not TABLE_ROW.match(ln)] or \
+            ["%s: %s" % (c.get("type"), c.get("reason")) for c in doc.get("checks") or [doc]
+             if c.get("status") == "fail"]
     else:
         lines = err.getvalue().splitlines() if rc != 0 else []
     for line in lines:

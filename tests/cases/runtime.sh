@@ -568,15 +568,18 @@ rb::engine_once() {
 }
 
 #######################################
-# The source before anything moves, in one engine process there (rbkit engine source): the scan
-# (a venv after the excludes; what the threat model refuses), then the static checks (issue
-# #16): the kernel audit for the target's arch (a spec with gpu:) and the references that leave
-# the venv (editable installs, .pth paths, links out of the tree). The checks are skipped when
-# the source's stat fingerprint equals the one the destination's install recorded
-# (RB_DST_INSTALLED_STAT, from its engine): the tree it passed them with. $1: where the source
-# writes the names of what it sends (empty: nowhere). rb::preflight_audit judges the checks.
+# The source before anything moves, in one engine process there (rbkit engine source), started
+# in the background by rb::source_start and read by rb::source_finish: the scan (a venv after
+# the excludes; what the threat model refuses), then the static checks (issue #16): the kernel
+# audit for the target's arch (a spec with gpu:) and the references that leave the venv
+# (editable installs, .pth paths, links out of the tree). Between the two the engine waits for
+# the source stat fingerprint the destination's install recorded (rb::source_finish's $1, from
+# the destination's engine, which starts meanwhile): the checks are skipped when, and only when,
+# the source's equals it, the tree they passed with. rb::source_start's $1: where the source
+# writes the names of what it sends (empty: nowhere).
 #######################################
-rb::source_check() {
+rb::source_start() {
+  local fifo=${RB_WORK}/source
   local -a audit=(outside "${RB_SRC_ABS}") names=()
   if [[ -n "$1" ]]; then
     names=(--names "$1")
@@ -584,9 +587,36 @@ rb::source_check() {
   if [[ -n "${RB_AUDIT_ARCH}" ]]; then
     audit=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
   fi
-  rb::engine_once "${RB_SRC_HOST}" source "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" "${names[@]}" \
-    --special-modes "${RB_SPECIAL_MODES}" --outside-links "${RB_OUTSIDE_LINKS}" \
-    --installed-stat "${RB_DST_INSTALLED_STAT}" --audit "${audit[@]}"
+  rb::kit_argv "${RB_SRC_HOST}"
+  mkfifo -m 600 "${fifo}.in"
+  # a background job: RB_WORK empty, it does not record itself as the command that ran last
+  RB_WORK='' rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" engine source "${RB_SRC_ABS}" \
+    "${RB_EXCLUDE_ARGS[@]}" "${names[@]}" --special-modes "${RB_SPECIAL_MODES}" \
+    --outside-links "${RB_OUTSIDE_LINKS}" --installed-stat - --audit "${audit[@]}" \
+    <"${fifo}.in" >"${fifo}.out" &
+  RB_SOURCE_PID=$!
+  RB_BG_PIDS+=("${RB_SOURCE_PID}")
+  exec {RB_SOURCE_W}>"${fifo}.in"
+}
+
+#######################################
+# Give the source's engine the stat fingerprint the destination's install recorded ($1, empty:
+# none), wait for its answer and read it (RB_J); the step fails with the engine's reason.
+#######################################
+rb::source_finish() {
+  local rc=0
+  # a source engine that is gone must fail this step, not end this shell with SIGPIPE
+  trap '' PIPE
+  printf '%s\n' "$1" >&"${RB_SOURCE_W}" || true
+  trap - PIPE
+  exec {RB_SOURCE_W}>&-
+  RB_HOST=${RB_SRC_HOST}
+  RB_LAST_CMD="on ${RB_SRC_HOST}: rbkit engine source ${RB_SRC_ABS}"
+  printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+  wait "${RB_SOURCE_PID}" || rc=$?
+  if ! rb::engine_read <"${RB_WORK}/source.out" || ((rc != 0)); then
+    rb::fail "${RB_ENGINE_DETAIL:-rbkit engine source on ${RB_SRC_HOST} exited ${rc} (above)}"
+  fi
 }
 
 #######################################

@@ -160,7 +160,8 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
-RB_DST_INSTALLED_STAT=''
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -296,15 +297,15 @@ step_preflight() {
   rb::hosts_prepare "${RB_HOSTS[@]}"
   rb::preflight_route
   rb::preflight_compression
-  # the destination's engine for the run: from here on it holds the destination's lock; it says
-  # what the install there recorded of its source (a re-run of the same tree skips the audit)
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
+  # and bin/python sent), then its static checks: one engine process there, in the background
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination's engine for the run: from here on it holds the destination's
+  # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  RB_DST_INSTALLED_STAT=${RB_J[installed_stat]:-}
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent);
-  # then the static checks, in the same engine process on the source
-  rb::source_check "${src_kit}/${RB_NAME}.names"
+  rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}

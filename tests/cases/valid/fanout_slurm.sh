@@ -149,7 +149,8 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
-RB_DST_INSTALLED_STAT=''
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -482,7 +483,8 @@ step_fan_preflight() {
   rb::hosts_prepare "${RB_HOSTS[@]}"
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python
   # sent); then the static checks, in the same engine process
-  rb::source_check ''
+  rb::source_start ''
+  rb::source_finish ''
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
