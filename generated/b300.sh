@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 69649780ecc02c4f4afc98c79396e2586122fd98b5b34bd9d480234c28ee1010
+# sha256 of this file with these 64 digits zeroed: b269e3cbd3c67acc169661946ec1a3f8aa40650ecad0b392c737b5bbf94a8dcc
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779
-readonly RB_KIT_FILE=.kit/35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779.tar
+readonly RB_KIT_SHA256=fe266ebebca267b5b2ff6815ad5086967e974188d3de76924078cb7cb7e43e30
+readonly RB_KIT_FILE=.kit/fe266ebebca267b5b2ff6815ad5086967e974188d3de76924078cb7cb7e43e30.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 2941c77dfb8a6f47ec1ddb92e60c5584db0a8910f410804e4c63374df67b7e6a
+# sha256 of this file with these 64 digits zeroed: 7533a5f70d2869ac8d36ccd6c0c1443525eae1671d61c9a54b3c64f74de4eaad
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779
-readonly RB_KIT_FILE=.kit/35f4c29c4fb92fc993353167b563ac04a42cb2d3ad1f37a8a4281cea5c878779.tar
+readonly RB_KIT_SHA256=fe266ebebca267b5b2ff6815ad5086967e974188d3de76924078cb7cb7e43e30
+readonly RB_KIT_FILE=.kit/fe266ebebca267b5b2ff6815ad5086967e974188d3de76924078cb7cb7e43e30.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

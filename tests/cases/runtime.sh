@@ -175,11 +175,11 @@ rb::kit() {
 # this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar is sent and checked
 # against its sha256 there before it is unpacked. Nothing is reused from an earlier run, so
 # nothing another user of the host planted is ever run. rb::cleanup removes it. A host that fails
-# is named, the first in the order given.
+# is named (the first in the order given) once every host's job has ended.
 #######################################
 rb::hosts_prepare() {
   local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare
-  local -A pids=()
+  local -A pids=() rcs=()
   for host in "$@"; do
     if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
       continue
@@ -189,22 +189,33 @@ rb::hosts_prepare() {
     pids[${host}]=$!
     RB_BG_PIDS+=("$!")
   done
+  # every job waited for, so that each kit directory made is known (rb::cleanup removes it)
   for host in "$@"; do
-    if [[ -z "${pids[${host}]:-}" ]]; then
+    if [[ -n "${pids[${host}]:-}" ]]; then
+      rcs[${host}]=0
+      wait "${pids[${host}]}" || rcs[${host}]=$?
+    fi
+    if [[ "${rcs[${host}]:-}" == 0 ]]; then
+      IFS=$'\t' read -r RB_PY["${host}"] RB_KIT_DIR["${host}"] RB_HOST_COMP["${host}"] \
+        <"${out}-${host}" || true
+    fi
+  done
+  for host in "$@"; do
+    if [[ -z "${rcs[${host}]:-}" ]]; then
       continue
     fi
     RB_HOST=${host}
     RB_LAST_CMD="on ${host}: check tar and python3 >= 3.9, receive the kit (sha256 ${RB_KIT_TAR_SHA256:0:12})"
     printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
-    # a failure here is this host's: the ERR trap names it and the cause (ssh's, asked again)
-    wait "${pids[${host}]}"
-    IFS=$'\t' read -r RB_PY["${host}"] RB_KIT_DIR["${host}"] RB_HOST_COMP["${host}"] \
-      <"${out}-${host}" || rb::fail "${host} did not say how it was prepared"
+    if ((rcs[${host}] != 0)); then
+      # this host's failure: the ERR trap names it and the cause (ssh's, asked again)
+      return "${rcs[${host}]}"
+    fi
+    if [[ -z "${RB_PY[${host}]:-}" || -z "${RB_KIT_DIR[${host}]:-}" ]]; then
+      rb::fail "${host} did not say how it was prepared"
+    fi
     if rb::is_local "${host}"; then
       RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
-    fi
-    if [[ -z "${RB_PY[${host}]}" || -z "${RB_KIT_DIR[${host}]}" ]]; then
-      rb::fail "${host} did not say how it was prepared"
     fi
   done
   if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]] && ! rb::is_local "${RB_DST_HOST}"; then
