@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 249a10b58bbdf99768dc1218bb0fffdcfc1caa46f9526cda300b6e32624c160a
+# sha256 of this file with these 64 digits zeroed: e788cac4eb99a19574682b59b9747f7bd7180bfe7300ba7673d46b0ef330b912
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d
-readonly RB_KIT_FILE=.kit/2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d.tar
+readonly RB_KIT_SHA256=3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539
+readonly RB_KIT_FILE=.kit/3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -161,6 +161,9 @@ RB_EDITED=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
+declare -A RB_HOST_COMP=()
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -291,22 +294,20 @@ rb::kit_write() {
 # Reach every host, ship the kit, check the source is a venv after the excludes, take the destination's lock, check its state and free space.
 #######################################
 step_preflight() {
-  local host need src_kit identity
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
-      { echo "missing tool on this host: $t" >&2; exit 1; }; done
-      exec python3 -c "import sys
-if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
-print(sys.executable)"')
-    rb::kit_ship "${host}"
-  done
+  local need src_kit identity
+  # every host at once: tools, python3, compressors, the kit (one command and reply each)
+  rb::hosts_prepare "${RB_HOSTS[@]}"
   rb::preflight_route
   rb::preflight_compression
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --names "${src_kit}/${RB_NAME}.names" --special-modes "${RB_SPECIAL_MODES}" \
-    --outside-links "${RB_OUTSIDE_LINKS}"
+  # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
+  # and bin/python sent), then its static checks: one engine process there, in the background
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination's engine for the run: from here on it holds the destination's
+  # lock; it says what the install there recorded of its source (the same tree: no audit)
+  rb::engine_start
+  RB_ENGINE_STATE=${RB_J[state]}
+  rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
@@ -318,9 +319,6 @@ print(sys.executable)"')
   rb::fact files "${RB_SRC_FILES}"
   rb::fact bytes "${RB_SRC_BYTES}"
   rb::fact disk_bytes "${RB_SRC_DISK}"
-  # the destination's engine for the run: from here on it holds the destination's lock
-  rb::engine_start
-  RB_ENGINE_STATE=${RB_J[state]}
   # never into the source, nor inside it, nor the reverse, whatever the names
   rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: fdc7cc33e560fd95f9ffd0443f4d016685d01a9b050d6a527525e8a92ae27cda
+# sha256 of this file with these 64 digits zeroed: bc6cc73ca292ff20fad4456cd1ec364def5c834bdc8c47ab5a59fd5e8b2f54b9
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d
-readonly RB_KIT_FILE=.kit/2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d.tar
+readonly RB_KIT_SHA256=3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539
+readonly RB_KIT_FILE=.kit/3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -162,6 +162,9 @@ RB_EDITED=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
+declare -A RB_HOST_COMP=()
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -292,22 +295,20 @@ rb::kit_write() {
 # Reach every host, ship the kit, check the source is a venv after the excludes, take the destination's lock, check its state and free space.
 #######################################
 step_preflight() {
-  local host need src_kit identity
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
-      { echo "missing tool on this host: $t" >&2; exit 1; }; done
-      exec python3 -c "import sys
-if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
-print(sys.executable)"')
-    rb::kit_ship "${host}"
-  done
+  local need src_kit identity
+  # every host at once: tools, python3, compressors, the kit (one command and reply each)
+  rb::hosts_prepare "${RB_HOSTS[@]}"
   rb::preflight_route
   rb::preflight_compression
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --names "${src_kit}/${RB_NAME}.names" --special-modes "${RB_SPECIAL_MODES}" \
-    --outside-links "${RB_OUTSIDE_LINKS}"
+  # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
+  # and bin/python sent), then its static checks: one engine process there, in the background
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination's engine for the run: from here on it holds the destination's
+  # lock; it says what the install there recorded of its source (the same tree: no audit)
+  rb::engine_start
+  RB_ENGINE_STATE=${RB_J[state]}
+  rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
@@ -319,9 +320,6 @@ print(sys.executable)"')
   rb::fact files "${RB_SRC_FILES}"
   rb::fact bytes "${RB_SRC_BYTES}"
   rb::fact disk_bytes "${RB_SRC_DISK}"
-  # the destination's engine for the run: from here on it holds the destination's lock
-  rb::engine_start
-  RB_ENGINE_STATE=${RB_J[state]}
   # never into the source, nor inside it, nor the reverse, whatever the names
   rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 4cabea99b0291afe0d4de956f75fb95555c6e205e0543722d6935f81145fba68
+# sha256 of this file with these 64 digits zeroed: e6015c120de533445eed636f8d54d7a55138cde36c62cb8c0df0197cdc61b527
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d
-readonly RB_KIT_FILE=.kit/2ee7c06efe13824d1a4231fbf46c6634914bc507f9465c8613eb10e966ac496d.tar
+readonly RB_KIT_SHA256=3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539
+readonly RB_KIT_FILE=.kit/3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -151,6 +151,9 @@ RB_EDITED=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
+declare -A RB_HOST_COMP=()
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -508,19 +511,15 @@ rb::kit_write() {
 # Reach the source, check the engine and its tools here, list the nodes.
 #######################################
 step_fan_preflight() {
-  local host
   rb::fan_need timeout tar
   rb::fan_scratch
   rb::fan_ready
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
-if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
-print(sys.executable)')
-    rb::kit_ship "${host}"
-  done
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --special-modes "${RB_SPECIAL_MODES}" --outside-links "${RB_OUTSIDE_LINKS}"
+  # every host at once: tools, python3, compressors, the kit (one command and reply each)
+  rb::hosts_prepare "${RB_HOSTS[@]}"
+  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python
+  # sent); then the static checks, in the same engine process
+  rb::source_start ''
+  rb::source_finish ''
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here

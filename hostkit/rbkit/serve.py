@@ -4,6 +4,8 @@
     engine receive --dest D --state S --compression C [--algo A] the far end of the stream (stdin)
     engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
+    engine source ROOT [scan's options] [--installed-stat FP|-] --audit RBPROBES-ARGV...
+                                                               scan and static checks, one process
     engine hash ROOT --out F [--exclude P]... [--algo A] [--jobs N] [--names F] [--reuse F]
     engine delta MANIFEST BASE --names-out F                   what a host installed from BASE needs
     engine send ROOT NAMES --compression C [--remote SSH...]   the sending end of the stream
@@ -18,7 +20,8 @@ Every command but send and staging answers in lines a runbook reads without a pa
 
 `serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
 names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
-once it holds the lock, then reads requests from stdin: words each ended by NUL, a request ended
+once it holds the lock (with `set installed_stat FP`: the source stat fingerprint the install
+there recorded, empty when none), then reads requests from stdin: words each ended by NUL, a request ended
 by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one step (a
 failure past the swap is followed by its rollback); at the end of stdin it finishes the run
 (replace: the install the swap replaced is removed), lets go of the lock and removes its state.
@@ -40,7 +43,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import engine, stream
+from . import engine, source, stream
 from . import manifest as kitmanifest
 from .lock import Lock
 
@@ -197,6 +200,7 @@ def serve(a: argparse.Namespace) -> int:
     rc = 0
     try:
         engine.run(ctx, "lock", engine.take_lock, lock)
+        answer.line("set", "installed_stat", installed_stat(ctx.dest))
         if answer.done():
             return 1
         threading.Thread(target=ping, daemon=True).start()
@@ -266,6 +270,41 @@ def cmd_scan(a: argparse.Namespace) -> int:
 
     engine.run(ctx, "scan", scan)
     return answer.done()
+
+
+def cmd_source(a: argparse.Namespace) -> int:
+    """The source's scan, then its static checks (source.py), in this one process. The answer
+    channel is a copy of stdout; stdout itself becomes stderr (the checks print)."""
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    answer = Answer(out)
+    ctx = engine.Context(a.root, emit=answer.event, log=_log)
+    facts: Dict[str, Any] = {}
+    event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names, a.special_modes,
+                       a.outside_links, facts)
+    installed = a.installed_stat
+    if installed == "-":
+        # the runbook learns it from the destination's engine while this scan runs
+        installed = sys.stdin.readline(4096).strip()
+    if event["status"] != "failed":
+        engine.run(ctx, "audit", source.audit, a.audit, facts.get("stat_fingerprint") or "",
+                   installed, a.outside_links)
+    return answer.done()
+
+
+def installed_stat(dest: str) -> str:
+    """The source stat fingerprint the install at dest recorded (its manifest's first line), or
+    empty: read to let the source skip the static checks of a tree it already passed."""
+    try:
+        with open(os.path.join(dest, engine.INSTALLED), "rb") as f:
+            header = json.loads(f.readline(1 << 20))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(header, dict) or header.get("kind") != "rb-manifest":
+        return ""
+    value = header.get("source_stat_fingerprint")
+    return value if isinstance(value, str) else ""
 
 
 def cmd_hash(a: argparse.Namespace) -> int:
@@ -364,6 +403,18 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
     sc.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
     sc.set_defaults(fn=cmd_scan)
+    so = sub.add_parser("source")
+    so.add_argument("root")
+    so.add_argument("--exclude", action="append", default=[])
+    so.add_argument("--names")
+    so.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
+    so.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
+    so.add_argument("--installed-stat", default="",
+                    help="the destination install's source stat fingerprint (equal: no checks); "
+                         "`-`: read it from stdin after the scan")
+    so.add_argument("--audit", action="store_true",
+                    help="the words after it: the rbprobes command line of the static checks")
+    so.set_defaults(fn=cmd_source)
     h = sub.add_parser("hash")
     h.add_argument("root")
     h.add_argument("--exclude", action="append", default=[])
@@ -396,11 +447,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     remote: List[str] = []
-    if argv[:1] == ["send"] and "--remote" in argv:
-        # every word after --remote is the ssh command line, `--` and options included
-        at = argv.index("--remote")
+    tail = {"send": "--remote", "source": "--audit"}.get(argv[0] if argv else "")
+    if tail and tail in argv:
+        # every word after --remote (--audit) is the ssh (rbprobes) command line, options included
+        at = argv.index(tail)
         argv, remote = argv[:at + 1], argv[at + 1:]
     a = parser().parse_args(argv)
     if a.fn is cmd_send:
         a.remote = remote
+    if a.fn is cmd_source:
+        a.audit = remote
     return a.fn(a)

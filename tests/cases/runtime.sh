@@ -1,6 +1,7 @@
 #######################################
 # Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
-# have: auto takes zstd where every end has it, else none; a named tool one end lacks fails.
+# have (RB_HOST_COMP, said by rb::hosts_prepare): auto takes zstd where every end has it, else
+# none; a named tool one end lacks fails.
 #######################################
 rb::choose_compression() {
   local want=${RB_COMPRESSION} tool host
@@ -11,7 +12,7 @@ rb::choose_compression() {
     *) tool=${want} ;;
   esac
   for host in "$@"; do
-    if ! rb::on_host "${host}" sh -c 'command -v "$1" >/dev/null' rb "${tool}"; then
+    if [[ ",${RB_HOST_COMP[${host}]:-}," != *",${tool},"* ]]; then
       if [[ "${want}" == auto ]]; then
         rb::log "compression: ${tool} missing on ${host}, sending uncompressed"
         return 0
@@ -168,35 +169,102 @@ rb::kit() {
 }
 
 #######################################
-# Give HOST the kit: this machine uses the run directory's copy; an ssh host gets a private
-# directory made for this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar
-# is sent and checked against its sha256 there before it is unpacked. Nothing is reused from an
-# earlier run, so nothing another user of the host planted is ever run. rb::cleanup removes it.
+# Prepare HOSTS... for the run, all at once (one background job each), one command and one reply
+# per host: tar and python3 >= 3.9 are there, which compressors it has (RB_HOST_COMP), and the
+# kit: this machine uses the run directory's copy; an ssh host gets a private directory made for
+# this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar is sent and checked
+# against its sha256 there before it is unpacked. Nothing is reused from an earlier run, so
+# nothing another user of the host planted is ever run. rb::cleanup removes it. A host that fails
+# is named (the first in the order given) once every host's job has ended.
+#######################################
+rb::hosts_prepare() {
+  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare
+  local -A pids=() rcs=()
+  for host in "$@"; do
+    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+      continue
+    fi
+    # RB_WORK empty: a job does not record itself as the command that ran last (the jobs race)
+    RB_WORK='' rb::host_prepare "${host}" "${tar}" >"${out}-${host}" &
+    pids[${host}]=$!
+    RB_BG_PIDS+=("$!")
+  done
+  # every job waited for, so that each kit directory made is known (rb::cleanup removes it)
+  for host in "$@"; do
+    if [[ -n "${pids[${host}]:-}" ]]; then
+      rcs[${host}]=0
+      wait "${pids[${host}]}" || rcs[${host}]=$?
+    fi
+    if [[ "${rcs[${host}]:-}" == 0 ]]; then
+      IFS=$'\t' read -r RB_PY["${host}"] RB_KIT_DIR["${host}"] RB_HOST_COMP["${host}"] \
+        <"${out}-${host}" || true
+    fi
+  done
+  for host in "$@"; do
+    if [[ -z "${rcs[${host}]:-}" ]]; then
+      continue
+    fi
+    RB_HOST=${host}
+    RB_LAST_CMD="on ${host}: check tar and python3 >= 3.9, receive the kit (sha256 ${RB_KIT_TAR_SHA256:0:12})"
+    printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+    if ((rcs[${host}] != 0)); then
+      # this host's failure: the ERR trap names it and the cause (ssh's, asked again)
+      return "${rcs[${host}]}"
+    fi
+    if [[ -z "${RB_PY[${host}]:-}" || -z "${RB_KIT_DIR[${host}]:-}" ]]; then
+      rb::fail "${host} did not say how it was prepared"
+    fi
+    if rb::is_local "${host}"; then
+      RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
+    fi
+  done
+  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]] && ! rb::is_local "${RB_DST_HOST}"; then
+    # a --from/--only run goes on from the manifest this machine kept, never one left on the host
+    rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb \
+      "${RB_KIT_DIR[${RB_DST_HOST}]}/${RB_NAME}.manifest.jsonl" <"${RB_RUN_DIR}/manifest.jsonl"
+  fi
+}
+
+#######################################
+# Give HOST the kit (and check its tools): rb::hosts_prepare of one host.
 #######################################
 rb::kit_ship() {
-  local host=$1 dir
-  if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
-    return 0
-  fi
+  rb::hosts_prepare "$1"
+}
+
+#######################################
+# One host's preparation (rb::hosts_prepare): $1 the host, $2 the kit's tar here. Prints
+# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS` (KIT_DIR `-` for this machine, which uses the run
+# directory's copy). A kit that arrives with another sha256 is removed unread.
+#######################################
+rb::host_prepare() {
+  local host=$1 tar=$2 mode=ship
   if rb::is_local "${host}"; then
-    RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
-    return 0
+    mode=here
+    tar=/dev/null
   fi
-  dir=$(rb::on_host "${host}" sh -c 'umask 077 && mktemp -d /tmp/rbkit.XXXXXXXXXX') ||
-    rb::fail "could not make a private directory for the kit on ${host}"
-  RB_KIT_DIR[${host}]=${dir}
-  rb::pipe_on_host "${host}" sh -c 'set -e
-    cat >"$1/kit.tar"
-    got=$(python3 -c "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], \"rb\").read()).hexdigest())" "$1/kit.tar")
-    if [ "${got}" != "$2" ]; then echo "the kit arrived with sha256 ${got}, not $2" >&2; exit 1; fi
-    tar -C "$1" -xf "$1/kit.tar" --no-same-owner --no-same-permissions
-    rm -f "$1/kit.tar"' rbkit "${dir}" "${RB_KIT_TAR_SHA256}" <"${RB_WORK}/kit.tar" ||
-    rb::fail "could not ship the kit to ${host}:${dir} (above)"
-  if [[ "${host}" == "${RB_DST_HOST}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
-    # a --from/--only run goes on from the manifest this machine kept, never one left on the host
-    rb::pipe_on_host "${host}" sh -c 'cat >"$1"' rb "${dir}/${RB_NAME}.manifest.jsonl" \
-      <"${RB_RUN_DIR}/manifest.jsonl"
-  fi
+  rb::pipe_on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
+      { echo "missing tool on this host: $t" >&2; exit 1; }; done
+    comp=none
+    for t in gzip lz4 zstd; do if command -v "$t" >/dev/null; then comp="${comp},$t"; fi; done
+    dir=-
+    if [ "$1" = ship ]; then
+      dir=$(umask 077 && mktemp -d /tmp/rbkit.XXXXXXXXXX) || exit 1
+      trap "rm -rf -- \"${dir}\"" EXIT
+      cat >"${dir}/kit.tar" || exit 1
+    fi
+    py=$(python3 -c "import hashlib, sys
+if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
+if sys.argv[1] != \"-\":
+    got = hashlib.sha256(open(sys.argv[1] + \"/kit.tar\", \"rb\").read()).hexdigest()
+    if got != sys.argv[2]: sys.exit(\"the kit arrived with sha256 %s, not %s\" % (got, sys.argv[2]))
+print(sys.executable)" "${dir}" "$2") || exit 1
+    if [ "$1" = ship ]; then
+      tar -C "${dir}" -xf "${dir}/kit.tar" --no-same-owner --no-same-permissions || exit 1
+      rm -f "${dir}/kit.tar" || exit 1
+      trap - EXIT
+    fi
+    printf "%s\t%s\t%s\n" "${py}" "${dir}" "${comp}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" <"${tar}"
 }
 
 #######################################
@@ -511,46 +579,81 @@ rb::engine_once() {
 }
 
 #######################################
-# The static checks on the source, before anything moves (issue #16): the kernel audit for the
-# target's arch (a spec with gpu:) and the references that leave the venv (editable installs,
-# .pth paths, links out of the tree). A failure is refused with the files and packages named,
+# The source before anything moves, in one engine process there (rbkit engine source), started
+# in the background by rb::source_start and read by rb::source_finish: the scan (a venv after
+# the excludes; what the threat model refuses), then the static checks (issue #16): the kernel
+# audit for the target's arch (a spec with gpu:) and the references that leave the venv
+# (editable installs, .pth paths, links out of the tree). Between the two the engine waits for
+# the source stat fingerprint the destination's install recorded (rb::source_finish's $1, from
+# the destination's engine, which starts meanwhile): the checks are skipped when, and only when,
+# the source's equals it, the tree they passed with. rb::source_start's $1: where the source
+# writes the names of what it sends (empty: nowhere).
+#######################################
+rb::source_start() {
+  local fifo=${RB_WORK}/source
+  local -a audit=(outside "${RB_SRC_ABS}") names=()
+  if [[ -n "$1" ]]; then
+    names=(--names "$1")
+  fi
+  if [[ -n "${RB_AUDIT_ARCH}" ]]; then
+    audit=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
+  fi
+  rb::kit_argv "${RB_SRC_HOST}"
+  mkfifo -m 600 "${fifo}.in"
+  # a background job: RB_WORK empty, it does not record itself as the command that ran last
+  RB_WORK='' rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" engine source "${RB_SRC_ABS}" \
+    "${RB_EXCLUDE_ARGS[@]}" "${names[@]}" --special-modes "${RB_SPECIAL_MODES}" \
+    --outside-links "${RB_OUTSIDE_LINKS}" --installed-stat - --audit "${audit[@]}" \
+    <"${fifo}.in" >"${fifo}.out" &
+  RB_SOURCE_PID=$!
+  RB_BG_PIDS+=("${RB_SOURCE_PID}")
+  exec {RB_SOURCE_W}>"${fifo}.in"
+}
+
+#######################################
+# Give the source's engine the stat fingerprint the destination's install recorded ($1, empty:
+# none), wait for its answer and read it (RB_J); the step fails with the engine's reason.
+#######################################
+rb::source_finish() {
+  local rc=0
+  # a source engine that is gone must fail this step, not end this shell with SIGPIPE
+  trap '' PIPE
+  printf '%s\n' "$1" >&"${RB_SOURCE_W}" || true
+  trap - PIPE
+  exec {RB_SOURCE_W}>&-
+  RB_HOST=${RB_SRC_HOST}
+  RB_LAST_CMD="on ${RB_SRC_HOST}: rbkit engine source ${RB_SRC_ABS}"
+  printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+  wait "${RB_SOURCE_PID}" || rc=$?
+  if ! rb::engine_read <"${RB_WORK}/source.out" || ((rc != 0)); then
+    rb::fail "${RB_ENGINE_DETAIL:-rbkit engine source on ${RB_SRC_HOST} exited ${rc} (above)}"
+  fi
+}
+
+#######################################
+# Judge the static checks rb::source_check ran (RB_J: audit_rc, audit_failed, audit_skipped,
+# audit_what). A failure is refused with the files and packages named (the engine logged them),
 # unless --force. When both ends are one machine, references that leave the venv still resolve
 # there: they are said, not refused.
 #######################################
 rb::preflight_audit() {
-  local out rc=0 failed src_kit
-  local -a cmd=(outside "${RB_SRC_ABS}")
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  if [[ -n "${RB_AUDIT_ARCH}" ]]; then
-    cmd=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
+  local rc=${RB_J[audit_rc]:-2} failed=${RB_J[audit_failed]:-} what=${RB_J[audit_what]:-}
+  if [[ "${RB_J[audit_skipped]:-0}" == 1 ]]; then
+    rb::log "static checks on the source: skipped, it is the tree the destination's install" \
+      "recorded (same stat fingerprint: path, type, mode, size, link, mtime of every entry)"
+    return 0
   fi
-  out=$(rb::on_host "${RB_SRC_HOST}" env PYTHONPATH="${src_kit}" PYTHONDONTWRITEBYTECODE=1 \
-    "${RB_PY[${RB_SRC_HOST}]}" -m rbprobes "${cmd[@]}" 2>"${RB_WORK}/audit.err") || rc=$?
-  if ((rc == 0)); then
-    rb::log "static checks on the source: passed (${cmd[0]}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
+  if ((rc == 0)) || { ((rc == 1)) && [[ -z "${failed}" ]]; }; then
+    if ((rc == 0)); then
+      rb::log "static checks on the source: passed (${what}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
+    else
+      rb::log "static checks on the source: passed; its links that leave the tree are kept" \
+        "(transfer.outside_links: keep)"
+    fi
     return 0
   fi
   if ((rc != 1)); then
-    cat "${RB_WORK}/audit.err" >&2
     rb::fail "the static checks could not run on ${RB_SRC_HOST} (exit ${rc}, above)"
-  fi
-  # links that leave the tree are the spec's to allow (transfer.outside_links: keep)
-  failed=$("${RB_LOCAL_PY}" -c 'import json, sys
-doc, keep_links = json.loads(sys.argv[1]), sys.argv[2] == "keep"
-failed = set()
-for c in doc.get("checks") or [doc]:
-    refs = (c.get("values") or {}).get("refs") or []
-    if c["status"] != "fail" or (c["type"] == "outside" and keep_links and refs
-                                 and all(r.get("kind") == "symlink" for r in refs)):
-        continue
-    failed.add(c["type"])
-print(" ".join(sorted(failed)))' "${out}" "${RB_OUTSIDE_LINKS}") ||
-    rb::fail "the static checks' report is not JSON: ${out:0:200}"
-  grep -v '^check \|^[a-z_]* *L0 ' "${RB_WORK}/audit.err" >&2 || true
-  if [[ -z "${failed}" ]]; then
-    rb::log "static checks on the source: passed; its links that leave the tree are kept" \
-      "(transfer.outside_links: keep)"
-    return 0
   fi
   rb::fact static_failed "${failed}"
   if [[ "${failed}" == outside && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then

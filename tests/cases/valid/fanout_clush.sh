@@ -155,6 +155,9 @@ RB_EDITED=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
+declare -A RB_HOST_COMP=()
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -483,19 +486,15 @@ rb::kit_write() {
 # Reach the source, check the engine and its tools here, list the nodes.
 #######################################
 step_fan_preflight() {
-  local host
   rb::fan_need timeout tar
   rb::fan_scratch
   rb::fan_ready
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" python3 -c 'import sys
-if sys.version_info < (3, 9): sys.exit("python3 here is older than 3.9: " + sys.version.split()[0])
-print(sys.executable)')
-    rb::kit_ship "${host}"
-  done
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --special-modes "${RB_SPECIAL_MODES}" --outside-links "${RB_OUTSIDE_LINKS}"
+  # every host at once: tools, python3, compressors, the kit (one command and reply each)
+  rb::hosts_prepare "${RB_HOSTS[@]}"
+  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python
+  # sent); then the static checks, in the same engine process
+  rb::source_start ''
+  rb::source_finish ''
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here

@@ -151,6 +151,9 @@ RB_EDITED=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
+declare -A RB_HOST_COMP=()
+RB_SOURCE_PID=''
+RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
 RB_ENGINE_PID=''
@@ -281,22 +284,20 @@ rb::kit_write() {
 # Reach every host, ship the kit, check the source is a venv after the excludes, take the destination's lock, check its state and free space.
 #######################################
 step_preflight() {
-  local host need src_kit identity
-  for host in "${RB_HOSTS[@]}"; do
-    RB_PY[${host}]=$(rb::on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
-      { echo "missing tool on this host: $t" >&2; exit 1; }; done
-      exec python3 -c "import sys
-if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
-print(sys.executable)"')
-    rb::kit_ship "${host}"
-  done
+  local need src_kit identity
+  # every host at once: tools, python3, compressors, the kit (one command and reply each)
+  rb::hosts_prepare "${RB_HOSTS[@]}"
   rb::preflight_route
   rb::preflight_compression
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python sent)
-  rb::engine_once "${RB_SRC_HOST}" scan "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --names "${src_kit}/${RB_NAME}.names" --special-modes "${RB_SPECIAL_MODES}" \
-    --outside-links "${RB_OUTSIDE_LINKS}"
+  # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
+  # and bin/python sent), then its static checks: one engine process there, in the background
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination's engine for the run: from here on it holds the destination's
+  # lock; it says what the install there recorded of its source (the same tree: no audit)
+  rb::engine_start
+  RB_ENGINE_STATE=${RB_J[state]}
+  rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
@@ -308,9 +309,6 @@ print(sys.executable)"')
   rb::fact files "${RB_SRC_FILES}"
   rb::fact bytes "${RB_SRC_BYTES}"
   rb::fact disk_bytes "${RB_SRC_DISK}"
-  # the destination's engine for the run: from here on it holds the destination's lock
-  rb::engine_start
-  RB_ENGINE_STATE=${RB_J[state]}
   # never into the source, nor inside it, nor the reverse, whatever the names
   rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}
