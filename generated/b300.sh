@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: e788cac4eb99a19574682b59b9747f7bd7180bfe7300ba7673d46b0ef330b912
+# sha256 of this file with these 64 digits zeroed: 3330d7916f7aee5b9961a1ae0fc6b2d729f61efd8cc5e0a5bbeed0f1cb613a6c
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539
-readonly RB_KIT_FILE=.kit/3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539.tar
+readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
+readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -189,6 +189,7 @@ if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
 import hashlib
 import io
 import os
+import shlex
 import sys
 import tarfile
 
@@ -205,6 +206,8 @@ if got != want:
              "(compile writes the kit this runbook was reviewed with)")
 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
+# and the interpreter behind `python3` (a version manager's shim costs a start each time)
+print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 PY
 ); then
   echo "refusing to run: no runtime from the kit (above)" >&2
@@ -654,8 +657,11 @@ rb::init() {
   # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
-  RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # pinned form's start found it already
+  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
+    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
   rb::kit_write "${RB_RUN_DIR}/kit"

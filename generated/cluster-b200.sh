@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: bc6cc73ca292ff20fad4456cd1ec364def5c834bdc8c47ab5a59fd5e8b2f54b9
+# sha256 of this file with these 64 digits zeroed: 82ba28b255a220285fae45c07cd31ae03e20e9b96158ddf87d53d8b1d6162d71
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539
-readonly RB_KIT_FILE=.kit/3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539.tar
+readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
+readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -190,6 +190,7 @@ if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
 import hashlib
 import io
 import os
+import shlex
 import sys
 import tarfile
 
@@ -206,6 +207,8 @@ if got != want:
              "(compile writes the kit this runbook was reviewed with)")
 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
+# and the interpreter behind `python3` (a version manager's shim costs a start each time)
+print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 PY
 ); then
   echo "refusing to run: no runtime from the kit (above)" >&2
@@ -655,8 +658,11 @@ rb::init() {
   # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
-  RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # pinned form's start found it already
+  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
+    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
   rb::kit_write "${RB_RUN_DIR}/kit"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 5bd7f6a1c1df7915bc8286afcfd09a170ef0f14191d270362ac36b557b4dd98d
+# sha256 of this file with these 64 digits zeroed: d33cb759ac59cd5388df4c93bf479a34a8131648ef4de31bd4908b11ebb9fe15
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539
-readonly RB_KIT_FILE=.kit/3d08f26031664b40f7c96c8dfc4977ed2c5c0a7729f738479acd9d250d9a5539.tar
+readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
+readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -188,6 +188,7 @@ if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
 import hashlib
 import io
 import os
+import shlex
 import sys
 import tarfile
 
@@ -204,6 +205,8 @@ if got != want:
              "(compile writes the kit this runbook was reviewed with)")
 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
+# and the interpreter behind `python3` (a version manager's shim costs a start each time)
+print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 PY
 ); then
   echo "refusing to run: no runtime from the kit (above)" >&2
@@ -643,8 +646,11 @@ rb::init() {
   # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
-  RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # pinned form's start found it already
+  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
+    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
   rb::kit_write "${RB_RUN_DIR}/kit"

@@ -330,7 +330,7 @@ rb::abspath() {
 #######################################
 rb::check_sealed() {
   local out
-  if ! out=$(python3 - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+  if ! out=$("${RB_LOCAL_PY}" - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import hashlib
 import re
 import sys

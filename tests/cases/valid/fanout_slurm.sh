@@ -176,6 +176,7 @@ if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
 import hashlib
 import io
 import os
+import shlex
 import sys
 import tarfile
 
@@ -192,6 +193,8 @@ if got != want:
              "(compile writes the kit this runbook was reviewed with)")
 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
+# and the interpreter behind `python3` (a version manager's shim costs a start each time)
+print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 PY
 ); then
   echo "refusing to run: no runtime from the kit (above)" >&2
@@ -662,8 +665,11 @@ rb::init() {
   # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start)
-  RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # pinned form's start found it already
+  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
+    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+  fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
   rb::kit_write "${RB_RUN_DIR}/kit"
