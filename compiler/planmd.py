@@ -98,8 +98,9 @@ def _reach(host: Host) -> str:
 
 def _route(spec: Spec, src_host: str, src: str, dst_host: str, dst: str) -> str:
     t = spec.transfer
-    comp = {"auto": "zstd where both ends have it, else none", "none": "none"}.get(
-        t.compression, t.compression)
+    comp = {"auto": ", else ".join(f"{tool} where both ends have it" for tool in
+                                   stepdocs.auto_compression(spec)) + ", else none",
+            "none": "none"}.get(t.compression, t.compression)
     verify = ("none: files are not hashed (sizes and names are still checked)" if t.verify == "none"
               else f"every file's {t.verify} is taken on {src_host} and checked on {dst_host} "
               "before anything is put in place")

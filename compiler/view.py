@@ -70,6 +70,7 @@ class Transfer:
     dst_path: str
     route: Optional[str]  # None with fan-out: the cluster's engine carries the bundle
     compression: str
+    auto_compression: tuple[str, ...]  # what `auto` takes: the first every end has, else none
     verify: str
     rerun: str
     jobs: str  # hashing threads on each host, or "auto"

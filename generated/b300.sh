@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 3330d7916f7aee5b9961a1ae0fc6b2d729f61efd8cc5e0a5bbeed0f1cb613a6c
+# sha256 of this file with these 64 digits zeroed: 38e6f99039308c18739d1dbfe607d50cb5ae3dcf86edfec927897a2f84c5f457
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
-readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
+readonly RB_KIT_SHA256=166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0
+readonly RB_KIT_FILE=.kit/166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -77,6 +77,8 @@ readonly -a RB_HOSTS=(ct200 b300)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
 # env
@@ -101,13 +103,13 @@ on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"
 on b300: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b300: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: zstd -1 if both ends have zstd, else none'
+compression: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/b300/manifest.jsonl; send it to b300
 on b300: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b300: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'

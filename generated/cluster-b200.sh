@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 82ba28b255a220285fae45c07cd31ae03e20e9b96158ddf87d53d8b1d6162d71
+# sha256 of this file with these 64 digits zeroed: cfe5a7ee42196bd6e6eaadecaeb1f7ef40f31f8a7e8e68dca23ab9dc45239337
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
-readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
+readonly RB_KIT_SHA256=166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0
+readonly RB_KIT_FILE=.kit/166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -78,6 +78,8 @@ readonly -a RB_HOSTS=(ct200 b200)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc' --exclude '*.a')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
 # env
@@ -102,13 +104,13 @@ on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"
 on b200: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b200: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: zstd -1 if both ends have zstd, else none'
+compression: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' --algo sha256 --jobs 16
 here: keep a copy in runs/cluster-b200/manifest.jsonl; send it to b200
 on b200: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on b200: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b200: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b200: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: b37a5a02935e12885a06be029525246a0652bb58fab21ea42723bbe45ea0fed7
+# sha256 of this file with these 64 digits zeroed: bb5b87feb5933f423d4ecbf592545f06ad39902ab874fe6be9791960434c0edb
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
-readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
+readonly RB_KIT_SHA256=166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0
+readonly RB_KIT_FILE=.kit/166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -87,6 +87,8 @@ readonly -a RB_HOSTS=(build login)
 readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
 # env

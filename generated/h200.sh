@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: d33cb759ac59cd5388df4c93bf479a34a8131648ef4de31bd4908b11ebb9fe15
+# sha256 of this file with these 64 digits zeroed: d57da01932b69a93afa44ee9d3431287e0f20fb0a808887315c9a0c7455cf549
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
-readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
+readonly RB_KIT_SHA256=166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0
+readonly RB_KIT_FILE=.kit/166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -77,6 +77,8 @@ readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
 # env

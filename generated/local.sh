@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 676c708f6cd784e1079e11aaf74877123bad7e9ec475069c08c8c0ff92ab44c5
+# sha256 of this file with these 64 digits zeroed: a74c06d859f29557b8062448b65895565574ab923a278256364c3f801d939a4c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb
-readonly RB_KIT_FILE=.kit/cc02d32d252bad4ede510693be474e22f451588483e417d97d47ef39abe48ccb.tar
+readonly RB_KIT_SHA256=166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0
+readonly RB_KIT_FILE=.kit/166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -77,6 +77,8 @@ readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=()
 # env

@@ -1,27 +1,31 @@
 #######################################
 # Set RB_COMPRESSION_USED from the spec's compression and what the given hosts (the stream's ends)
-# have (RB_HOST_COMP, said by rb::hosts_prepare): auto takes zstd where every end has it, else
-# none; a named tool one end lacks fails.
+# have (RB_HOST_COMP, said by rb::hosts_prepare): auto takes the first of RB_AUTO_COMPRESSION that
+# every end has, else none; a named tool one end lacks fails.
 #######################################
 rb::choose_compression() {
-  local want=${RB_COMPRESSION} tool host
+  local tool host
+  local -a tools=("${RB_COMPRESSION}")
   RB_COMPRESSION_USED=none
-  case "${want}" in
+  case "${RB_COMPRESSION}" in
     none) return 0 ;;
-    auto) tool=zstd ;;
-    *) tool=${want} ;;
+    auto) tools=("${RB_AUTO_COMPRESSION[@]}") ;;
   esac
-  for host in "$@"; do
-    if [[ ",${RB_HOST_COMP[${host}]:-}," != *",${tool},"* ]]; then
-      if [[ "${want}" == auto ]]; then
-        rb::log "compression: ${tool} missing on ${host}, sending uncompressed"
-        return 0
+  for tool in "${tools[@]}"; do
+    for host in "$@"; do
+      if [[ ",${RB_HOST_COMP[${host}]:-}," != *",${tool},"* ]]; then
+        if [[ "${RB_COMPRESSION}" != auto ]]; then
+          rb::fail "compression ${RB_COMPRESSION} was asked for, but ${host} has no ${tool}"
+        fi
+        rb::log "compression: ${tool} missing on ${host}"
+        continue 2
       fi
-      rb::fail "compression ${want} was asked for, but ${host} has no ${tool}"
-    fi
+    done
+    RB_COMPRESSION_USED=${tool}
+    rb::log "compression: ${tool} (every end has it)"
+    return 0
   done
-  RB_COMPRESSION_USED=${tool}
-  rb::log "compression: ${tool} (every end has it)"
+  rb::log "compression: none (no end-to-end compressor of ${tools[*]})"
 }
 
 #######################################

@@ -76,6 +76,8 @@ readonly -a RB_HOSTS=(a b)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc' --exclude 'tests/*' --exclude 'it'"'"'s a "quoted" $(name)')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=(nvidia/cu12/lib nvidia/cublas/lib)
 # env
@@ -100,12 +102,12 @@ on a: rbkit engine scan /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"
 on b: rbkit engine serve --dest /opt/venv2: takes /opt/.venv2.rb-lock for the run (a second run is refused, naming this one)
 on b: engine preflight: on_existing refuse; free space for /opt/.venv2.rb-staging
 on a: rbprobes preflight --venv /opt/venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: zstd -1 if both ends have zstd, else none'
+compression: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on a: rbkit engine hash /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/all-checks/manifest.jsonl; send it to b
 on b: engine current: if /opt/venv2/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on b: engine stage: rm -rf /opt/.venv2.rb-staging && mkdir /opt/.venv2.rb-staging
-on a: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on a: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on b: <decompress> | tar -C /opt/.venv2.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b: engine verify /opt/.venv2.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'

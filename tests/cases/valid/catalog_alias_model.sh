@@ -76,6 +76,8 @@ readonly -a RB_HOSTS=(src dst)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=()
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=()
 # env
@@ -100,12 +102,12 @@ on src: rbkit engine scan /opt/venv (refused unless pyvenv.cfg, bin/python and f
 on dst: rbkit engine serve --dest /opt/venv: takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing refuse; free space for /opt/.venv.rb-staging
 on src: rbprobes preflight --venv /opt/venv --arch sm_120 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: zstd -1 if both ends have zstd, else none'
+compression: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on src: rbkit engine hash /opt/venv --algo sha256 --jobs auto
 here: keep a copy in runs/rtx-pro/manifest.jsonl; send it to dst
 on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
-on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on dst: <decompress> | tar -C /opt/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'

@@ -76,6 +76,8 @@ readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=()
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=()
 # env

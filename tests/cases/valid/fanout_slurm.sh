@@ -86,6 +86,8 @@ readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=()
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=()
 # env

@@ -77,6 +77,8 @@ readonly -a RB_HOSTS=(ct200 b300)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
 # env
@@ -101,13 +103,13 @@ on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"
 on b300: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b300: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: zstd -1 if both ends have zstd, else none'
+compression: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/b300/manifest.jsonl; send it to b300
 on b300: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b300: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'

@@ -72,6 +72,8 @@ readonly -a RB_HOSTS=(src dst)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=()
+# compression auto: the first of these every end of the stream has, else none
+readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # cuda.library_path_first, relative to the venv's site-packages
 readonly -a RB_LIB_FIRST=()
 # env
