@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: a74c06d859f29557b8062448b65895565574ab923a278256364c3f801d939a4c
+# sha256 of this file with these 64 digits zeroed: caa5ca902ae40d60a68ca4f123c6820250c12cdc1bfbabe556811fca683b2a6b
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0
-readonly RB_KIT_FILE=.kit/166687732c8a998325da7bed0e6f6e617c3623b2e33b351c74ba59c7716129e0.tar
+readonly RB_KIT_SHA256=b13ee1fab4186f1444c325765df05411541b7f73f3f57a882a61c26459d4995e
+readonly RB_KIT_FILE=.kit/b13ee1fab4186f1444c325765df05411541b7f73f3f57a882a61c26459d4995e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -173,6 +173,8 @@ RB_ENGINE_R=''
 RB_ENGINE_STATUS=''
 RB_ENGINE_DETAIL=''
 declare -a RB_KIT_ARGV=()
+RB_AUDIT_KEY=''
+RB_SRC_STAT=''
 
 #######################################
 # The runtime: logging, the step runner, host access, the failure report. The same bash in every

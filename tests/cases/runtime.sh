@@ -590,7 +590,7 @@ rb::engine_once() {
 # (editable installs, .pth paths, links out of the tree). Between the two the engine waits for
 # the source stat fingerprint the destination's install recorded (rb::source_finish's $1, from
 # the destination's engine, which starts meanwhile): the checks are skipped when, and only when,
-# the source's equals it, the tree they passed with. rb::source_start's $1: where the source
+# the source's equals it and the checks passed here for that tree with the same settings. rb::source_start's $1: where the source
 # writes the names of what it sends (empty: nowhere).
 #######################################
 rb::source_start() {
@@ -602,6 +602,8 @@ rb::source_start() {
   if [[ -n "${RB_AUDIT_ARCH}" ]]; then
     audit=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
   fi
+  # what the checks ran with: a skip also needs the last pass to have had these settings
+  RB_AUDIT_KEY=$(printf '%q ' "${RB_SRC_HOST}" "${audit[@]}")
   rb::kit_argv "${RB_SRC_HOST}"
   mkfifo -m 600 "${fifo}.in"
   # a background job: RB_WORK empty, it does not record itself as the command that ran last
@@ -619,10 +621,18 @@ rb::source_start() {
 # none), wait for its answer and read it (RB_J); the step fails with the engine's reason.
 #######################################
 rb::source_finish() {
-  local rc=0
+  local rc=0 installed=$1 passed=''
+  # the checks are skipped only for the tree they passed with here, with these settings: the
+  # record rb::preflight_audit writes when they pass (not when --force moved a failing tree)
+  if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
+    read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
+  fi
+  if [[ "${passed}" != "${installed} ${RB_AUDIT_KEY}" ]]; then
+    installed=''
+  fi
   # a source engine that is gone must fail this step, not end this shell with SIGPIPE
   trap '' PIPE
-  printf '%s\n' "$1" >&"${RB_SOURCE_W}" || true
+  printf '%s\n' "${installed}" >&"${RB_SOURCE_W}" || true
   trap - PIPE
   exec {RB_SOURCE_W}>&-
   RB_HOST=${RB_SRC_HOST}
@@ -648,6 +658,7 @@ rb::preflight_audit() {
     return 0
   fi
   if ((rc == 0)) || { ((rc == 1)) && [[ -z "${failed}" ]]; }; then
+    printf '%s %s\n' "${RB_SRC_STAT}" "${RB_AUDIT_KEY}" >"${RB_RUN_DIR}/audit-passed"
     if ((rc == 0)); then
       rb::log "static checks on the source: passed (${what}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
     else

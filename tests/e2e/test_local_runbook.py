@@ -99,6 +99,15 @@ def test_full_local_move_then_rerun_skips(payload_small, tmp_path):
     assert "already holds this exact tree" in r2.stderr
     transfer = next(s for s in report(tmp_path)["steps"] if s["id"] == "transfer")
     assert transfer["detail"].startswith("skipped")
+    assert "static checks on the source: skipped" in r2.stderr
+    # the skip needs this machine's record that the checks passed for that tree with the same
+    # settings (another gpu arch or audit option is another record): with another, they run again
+    record = tmp_path / "run" / "audit-passed"
+    stat = record.read_text().split(" ", 1)[0]
+    record.write_text(f"{stat} here preflight --venv {payload_small.venv} --arch sm_103\n")
+    r3 = compile_and_run(tmp_path, payload_small.venv, dst)
+    assert r3.returncode == 0, r3.stderr[-4000:]
+    assert "static checks on the source: passed" in r3.stderr, r3.stderr[-3000:]
 
 
 def test_refuse_leaves_an_existing_destination_alone(payload_small, tmp_path):

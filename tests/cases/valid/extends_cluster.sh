@@ -176,6 +176,8 @@ RB_ENGINE_R=''
 RB_ENGINE_STATUS=''
 RB_ENGINE_DETAIL=''
 declare -a RB_KIT_ARGV=()
+RB_AUDIT_KEY=''
+RB_SRC_STAT=''
 
 #######################################
 # The runtime: logging, the step runner, host access, the failure report. The same bash in every
