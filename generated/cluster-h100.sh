@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: b9d1777201d483f11b76f7ab0aa3ed95519b62f9c510fef903331ff3a163a282
+# sha256 of this file with these 64 digits zeroed: e0624a1c0257f66aef218726e2d8330858905a723fe7d127abf7cfd3e03c7b00
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b13ee1fab4186f1444c325765df05411541b7f73f3f57a882a61c26459d4995e
-readonly RB_KIT_FILE=.kit/b13ee1fab4186f1444c325765df05411541b7f73f3f57a882a61c26459d4995e.tar
+readonly RB_KIT_SHA256=801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf
+readonly RB_KIT_FILE=.kit/801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 663ca150bc16ef3eaef35139de811e2fa328c04c7bf4b02f074f6656a2057d75
+# sha256 of this file with these 64 digits zeroed: 32082edbb6a3a6985ce248d5142b61b0d177f0e1ecef1186dfdcf6f91e227646
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b13ee1fab4186f1444c325765df05411541b7f73f3f57a882a61c26459d4995e
-readonly RB_KIT_FILE=.kit/b13ee1fab4186f1444c325765df05411541b7f73f3f57a882a61c26459d4995e.tar
+readonly RB_KIT_SHA256=801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf
+readonly RB_KIT_FILE=.kit/801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

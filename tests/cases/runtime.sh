@@ -604,6 +604,7 @@ rb::source_start() {
   fi
   # what the checks ran with: a skip also needs the last pass to have had these settings
   RB_AUDIT_KEY=$(printf '%q ' "${RB_SRC_HOST}" "${audit[@]}")
+  RB_AUDIT_KEY=${RB_AUDIT_KEY% }
   rb::kit_argv "${RB_SRC_HOST}"
   mkfifo -m 600 "${fifo}.in"
   # a background job: RB_WORK empty, it does not record itself as the command that ran last
@@ -625,7 +626,7 @@ rb::source_finish() {
   # the checks are skipped only for the tree they passed with here, with these settings: the
   # record rb::preflight_audit writes when they pass (not when --force moved a failing tree)
   if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
-    read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
+    IFS= read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
   fi
   if [[ "${passed}" != "${installed} ${RB_AUDIT_KEY}" ]]; then
     installed=''

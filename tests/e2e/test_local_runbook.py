@@ -104,6 +104,7 @@ def test_full_local_move_then_rerun_skips(payload_small, tmp_path):
     # settings (another gpu arch or audit option is another record): with another, they run again
     record = tmp_path / "run" / "audit-passed"
     stat = record.read_text().split(" ", 1)[0]
+    assert record.read_text() == f"{stat} here outside {payload_small.venv}\n"
     record.write_text(f"{stat} here preflight --venv {payload_small.venv} --arch sm_103\n")
     r3 = compile_and_run(tmp_path, payload_small.venv, dst)
     assert r3.returncode == 0, r3.stderr[-4000:]
