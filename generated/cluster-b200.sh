@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: d586387996a79c07c2228048432eb51821fa85f0c0a9ee14a58fe2906009024e
+# sha256 of this file with these 64 digits zeroed: 16dd9b4d9c5c65a36505a9f1467c2dfbfa18ae1eaa32b21bb995d113250d9fc9
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf
-readonly RB_KIT_FILE=.kit/801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf.tar
+readonly RB_KIT_SHA256=3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712
+readonly RB_KIT_FILE=.kit/3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: ebef7116777d77afe83bc13faa6ef8d22b067a5fc4697b9202108418db6a2ccd
+# sha256 of this file with these 64 digits zeroed: 1f6d1f0715819266250d5092f61361905497a6e996b9be33dd02df7a7a948417
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf
-readonly RB_KIT_FILE=.kit/801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf.tar
+readonly RB_KIT_SHA256=3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712
+readonly RB_KIT_FILE=.kit/3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b73d58de61821c26b316c47fe96a35f929eb8a94d66f0b3267c3b8a7b7d832d5
+# sha256 of this file with these 64 digits zeroed: 61d5512adf60e5adcb4d59fc798fea1fcf3f46f02f0d522a7b9a87f5eabf0de1
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf
-readonly RB_KIT_FILE=.kit/801e16d35f256cf1ebd0e306d25438df016fcdbf61801b2a5535ce3351188ebf.tar
+readonly RB_KIT_SHA256=3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712
+readonly RB_KIT_FILE=.kit/3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

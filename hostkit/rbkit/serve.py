@@ -376,6 +376,16 @@ def _choices(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for a lock another run holds")
 
 
+def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The source's scan options (`scan`, and `source` which scans first)."""
+    p.add_argument("root")
+    p.add_argument("--exclude", action="append", default=[])
+    p.add_argument("--names")
+    p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
+    p.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
+    return p
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rbkit engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -396,19 +406,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the digest taken of each file as the stream carries it (verify's)")
     rc.add_argument("--jobs", default="auto")
     rc.set_defaults(fn=cmd_receive)
-    sc = sub.add_parser("scan")
-    sc.add_argument("root")
-    sc.add_argument("--exclude", action="append", default=[])
-    sc.add_argument("--names")
-    sc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    sc.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
+    sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)
-    so = sub.add_parser("source")
-    so.add_argument("root")
-    so.add_argument("--exclude", action="append", default=[])
-    so.add_argument("--names")
-    so.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    so.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
+    so = _scan_options(sub.add_parser("source"))
     so.add_argument("--installed-stat", default="",
                     help="the destination install's source stat fingerprint (equal: no checks); "
                          "`-`: read it from stdin after the scan")
