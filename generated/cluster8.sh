@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 1f6d1f0715819266250d5092f61361905497a6e996b9be33dd02df7a7a948417
+# sha256 of this file with these 64 digits zeroed: 7b8b6ebd36164dbaa16d89e090ff3a0d2c3a28e3929e510c7c6162274a00bcd5
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712
-readonly RB_KIT_FILE=.kit/3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712.tar
+readonly RB_KIT_SHA256=89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124
+readonly RB_KIT_FILE=.kit/89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -301,8 +301,8 @@ rb::fan_run() {
 #######################################
 # rb::fan_run for an install round, its progress logged as the nodes finish (rbkit.fanout watch
 # reads the engine's output as it grows: each node's verdict, nodes done / total, and a line at
-# least every 10 s). $1 the output's name, $2 the round's nodes (comma-separated), the rest the
-# engine's command.
+# least every 10 s; it ends with the round, or when this run is stopped). $1 the output's name,
+# $2 the round's nodes (comma-separated), the rest the engine's command.
 #######################################
 rb::fan_run_watched() {
   local name=$1 nodes=$2 out watcher
@@ -315,6 +315,7 @@ rb::fan_run_watched() {
       --limit "$((RB_FAN_TIMEOUT + 60))" | while IFS= read -r line; do rb::log "${line}"; done
   } || true &
   watcher=$!
+  RB_BG_PIDS+=("${watcher}")
   rb::fan_run "${name}" "$@"
   : >"${out}.ended"
   wait "${watcher}" || true

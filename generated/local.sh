@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 61d5512adf60e5adcb4d59fc798fea1fcf3f46f02f0d522a7b9a87f5eabf0de1
+# sha256 of this file with these 64 digits zeroed: b3ceba33c0a486d907040238d12d8cbc36a3e6a68e252b0780e25eb26e68503d
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712
-readonly RB_KIT_FILE=.kit/3b33de6420a79710e03002ff7cf56a798a43b809c0fcd4acb7b8bae86ea22712.tar
+readonly RB_KIT_SHA256=89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124
+readonly RB_KIT_FILE=.kit/89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -142,3 +142,17 @@ def test_watch_ends_when_the_round_ends(tmp_path):
 
 def _lines(doc: dict, prefix: str = "") -> list[str]:
     return [prefix + line + "\n" for line in lines_of(doc)]
+
+
+def test_watch_ends_when_the_runbook_that_started_it_is_gone(tmp_path, monkeypatch):
+    """A run stopped mid-round (^C, killed) leaves no watcher printing: it ends when its parent
+    changes (the runbook's background job is gone)."""
+    out_path = tmp_path / "install.out"
+    out_path.write_text("")
+    parents = iter([100, 100, 1])
+    monkeypatch.setattr(fanout.os, "getppid", lambda: next(parents, 1))
+    said = io.StringIO()
+    naps = []
+    rc = fanout.watch(["n1", "n2"], str(out_path), str(tmp_path / "ended"), every=10, limit=3600,
+                      out=said, clock=lambda: 0.0, sleep=naps.append)
+    assert rc == 0 and len(naps) == 1 and said.getvalue() == ""

@@ -409,6 +409,7 @@ def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
     out = out or sys.stdout
     clock = clock or time.monotonic
     sleep = sleep or time.sleep
+    parent = os.getppid()                   # the runbook's job: gone (killed, ^C) ends the watch
     start = last = clock()
     seen: Dict[str, str] = {}
     lines: List[str] = []
@@ -444,6 +445,8 @@ def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
                     last = clock()
                     say("%s %s: %s, %.0f s" % (name, seen[name], count(), last - start))
         now = clock()
+        if os.getppid() != parent:
+            return 0
         if stopped or len(seen) == len(nodes) or now - start >= limit:
             if len(seen) < len(nodes):
                 say("%s when the round ended, %.0f s" % (count(), now - start))

@@ -305,8 +305,8 @@ rb::fan_run() {
 #######################################
 # rb::fan_run for an install round, its progress logged as the nodes finish (rbkit.fanout watch
 # reads the engine's output as it grows: each node's verdict, nodes done / total, and a line at
-# least every 10 s). $1 the output's name, $2 the round's nodes (comma-separated), the rest the
-# engine's command.
+# least every 10 s; it ends with the round, or when this run is stopped). $1 the output's name,
+# $2 the round's nodes (comma-separated), the rest the engine's command.
 #######################################
 rb::fan_run_watched() {
   local name=$1 nodes=$2 out watcher
@@ -319,6 +319,7 @@ rb::fan_run_watched() {
       --limit "$((RB_FAN_TIMEOUT + 60))" | while IFS= read -r line; do rb::log "${line}"; done
   } || true &
   watcher=$!
+  RB_BG_PIDS+=("${watcher}")
   rb::fan_run "${name}" "$@"
   : >"${out}.ended"
   wait "${watcher}" || true
