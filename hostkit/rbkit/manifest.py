@@ -67,6 +67,8 @@ def delta(new: dict, base: dict) -> dict:
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
+    if not patterns:
+        return False
     parts = rel.split("/")
     tails = ["/".join(parts[i:]) for i in range(len(parts))]
     return any(fnmatch.fnmatchcase(tail, pat) for pat in patterns for tail in tails)
@@ -84,7 +86,7 @@ def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat
         subdirs = []
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if rel in SKIP_NAMES or excluded(rel, patterns):
+            if rel in SKIP_NAMES or (patterns and excluded(rel, patterns)):
                 continue
             st = entry.stat(follow_symlinks=False)
             yield rel, st
@@ -127,10 +129,14 @@ def without_special(entry: dict) -> dict:
 
 
 STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
+# json.dumps(x, sort_keys=True, ensure_ascii=False) and json.dumps(x, ensure_ascii=False), byte for
+# byte (fingerprints compare with those of earlier installs), without a new encoder per call
+_ENTRY = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode
+_PLAIN = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def stat_line(entry: dict) -> bytes:
-    return json.dumps([entry.get(k) for k in STAT_KEYS], ensure_ascii=False).encode() + b"\n"
+    return _PLAIN([entry.get(k) for k in STAT_KEYS]).encode() + b"\n"
 
 
 def stat_fingerprint(entries: Iterable[dict]) -> str:
@@ -141,14 +147,15 @@ def stat_fingerprint(entries: Iterable[dict]) -> str:
     return h.hexdigest()
 
 
-def quick_check(root: str, installed: dict, source_stat: str) -> dict:
+def quick_check(root: str, installed: dict, source_stat: str, tree: Optional[dict] = None) -> dict:
     """Re-run check without reading file contents, like rsync's default: the source's stat
     fingerprint must equal the one recorded at install time, and every entry at `root` must still
-    have the path, type, mode, size, link target and mtime the install recorded."""
+    have the path, type, mode, size, link target and mtime the install recorded (`tree`: that
+    check_tree result, when it was taken already)."""
     recorded = installed["header"].get("source_stat_fingerprint")
     if recorded != source_stat:
         return {"ok": False, "why": "the source changed since the install (or was never recorded)"}
-    result = check_tree(root, installed)
+    result = dict(tree) if tree is not None else check_tree(root, installed)
     if result["ok"]:
         result["why"] = "same source, destination unchanged (stat check)"
     return result
@@ -218,8 +225,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
 
 def dump(manifest: dict, out) -> None:
     out.write(json.dumps(manifest["header"], sort_keys=True) + "\n")
-    for e in manifest["entries"]:
-        out.write(json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n")
+    out.write("".join(_ENTRY(e) + "\n" for e in manifest["entries"]))
     out.write(json.dumps({"totals": manifest["totals"]}, sort_keys=True) + "\n")
 
 
@@ -243,7 +249,7 @@ def fingerprint(manifest: dict) -> str:
     """sha256 over the entries: equal fingerprints mean equal trees (for the chosen algo)."""
     h = hashlib.sha256()
     for e in manifest["entries"]:
-        h.update(json.dumps(e, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+        h.update(_ENTRY(e).encode() + b"\n")
     return h.hexdigest()
 
 
