@@ -34,6 +34,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from typing import Any, Callable, List, Optional
 
@@ -122,6 +123,8 @@ class Context:
         self.unlinkable: set = set()             # failed the digest check: sent, never linked
         self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
         self.critical = 0                        # inside a rename sequence: signals wait
+        self.elsewhere: Any = None               # relocate's scan of data files (a thread)
+        self.early: Any = None                   # the quick check's walk, begun at the lock
         self._manifest_cache: Optional[tuple] = None
 
     def new_manifest(self) -> dict:
@@ -382,6 +385,39 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
                    "free_bytes": free["free_bytes"], "compressors": ",".join(have)})
 
 
+class EarlyCheck:
+    """The quick check's half that needs no source: the install's manifest, and the stat walk of
+    the destination against it (`kitmanifest.check_tree`), in a thread begun as soon as this run
+    holds the destination's lock, while the runbook is still scanning the source. `current`
+    (mode quick) takes it; nothing this run does writes to the destination before that."""
+
+    def __init__(self, dest: str) -> None:
+        self.dest = dest
+        self.installed: Optional[dict] = None
+        self.tree: Optional[dict] = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.installed = kitmanifest.load(os.path.join(self.dest, INSTALLED))
+        except (OSError, ValueError):
+            return
+        if self.installed["header"].get("source_stat_fingerprint") is not None:
+            self.tree = kitmanifest.check_tree(self.dest, self.installed)
+
+    def take(self) -> tuple:
+        """(installed manifest or None, check_tree's result or None)."""
+        self._thread.join()
+        return self.installed, self.tree
+
+
+def begin_early_check(ctx: Context) -> None:
+    """Start EarlyCheck when a quick re-run check may follow (the lock is held)."""
+    if ctx.rerun == "quick" and ctx.locked and os.path.isfile(os.path.join(ctx.dest, INSTALLED)):
+        ctx.early = EarlyCheck(ctx.dest)
+
+
 def current(ctx: Context, mode: str = "quick", source_stat: str = "",
             linking: bool = False) -> Result:
     """Does the destination already hold this tree? `quick`: the source's stat fingerprint
@@ -393,10 +429,15 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
     sent again."""
     ctx.up_to_date = None
     ctx.unlinkable = set()
-    try:
-        installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
-    except (OSError, ValueError):
-        installed = None
+    early, ctx.early = ctx.early, None
+    tree = None
+    if early is not None and mode == "quick":
+        installed, tree = early.take()
+    else:
+        try:
+            installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
+        except (OSError, ValueError):
+            installed = None
     if installed is None or installed["header"].get("source_stat_fingerprint") is None:
         return _not_current(ctx, "no earlier install at %s (or its manifest is unreadable)"
                             % ctx.dest, mode)
@@ -420,7 +461,7 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
         why = "up to date (every file re-hashed)"
     else:
         stat_fp = source_stat or kitmanifest.stat_fingerprint(ctx.new_manifest()["entries"])
-        quick = kitmanifest.quick_check(ctx.dest, installed, stat_fp)
+        quick = kitmanifest.quick_check(ctx.dest, installed, stat_fp, tree=tree)
         if not quick["ok"]:
             for rel in quick.get("changed", []):
                 ctx.log("changed at the destination: %s" % rel)
@@ -637,7 +678,10 @@ def relocate(ctx: Context) -> Result:
     doc = _require(ctx, ("verified",), "relocate")
     # from here the staging is being rewritten: nothing may install it until relocate says so
     _write_stamp(ctx, dict(doc, stage="relocating"))
-    result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest)
+    result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest, scan_elsewhere=False)
+    # data files outside bin/ that name the old path are only reported: that scan reads every
+    # .py, .txt, .json... of the tree, so it runs beside the steps up to the swap's bin/pip check
+    ctx.elsewhere = kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"])
     m = ctx.new_manifest()
     algo = m["header"]["algo"]
     changes, digests = {}, {}
@@ -654,13 +698,24 @@ def relocate(ctx: Context) -> Result:
     if result["remaining"]:
         raise StepError("still naming %s under bin/ after relocation: %s"
                         % (ctx.old, ", ".join(result["remaining"])), lines=result["remaining"])
-    if result["elsewhere"]:
-        ctx.log("still naming %s outside bin/ (data, left as is): %s"
-                % (ctx.old, ", ".join(result["elsewhere"])))
     ctx.log("rewritten: %s" % (", ".join(sorted(result["rewritten"])) or "nothing"))
     _write_stamp(ctx, dict(doc, stage="relocated", relocated=digests))
     return Result("%d files rewritten" % len(result["rewritten"]),
-                  {"rewritten": len(result["rewritten"]), "elsewhere": len(result["elsewhere"])})
+                  {"rewritten": len(result["rewritten"])})
+
+
+def _report_elsewhere(ctx: Context, facts: dict) -> None:
+    """What relocate's background scan found (see relocate): logged, counted in `facts`."""
+    scan, ctx.elsewhere = ctx.elsewhere, None
+    if scan is None:
+        return
+    found, why = scan.result()
+    if why:
+        ctx.log("the scan for data files that name %s did not finish: %s" % (ctx.old, why))
+        return
+    facts["elsewhere"] = len(found)
+    if found:
+        ctx.log("still naming %s outside bin/ (data, left as is): %s" % (ctx.old, ", ".join(found)))
 
 
 def prove(ctx: Context) -> Result:
@@ -729,6 +784,7 @@ def swap(ctx: Context) -> Result:
                             % (out.strip() or err.strip() or "exit %s" % rc), facts)
         facts["pip"] = out.strip()
         ctx.log("console script runs: %s" % out.strip())
+    _report_elsewhere(ctx, facts)
     if kept:
         ctx.log("the previous destination is kept at %s" % kept)
     what = "kept until the run ends (replace)" if transient else previous

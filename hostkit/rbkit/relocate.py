@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 import stat
+import threading
 from typing import List, Optional, Tuple
 
 from . import safefs
@@ -168,10 +169,11 @@ def recorded_prefix(root: str) -> Optional[str]:
     return os.fsdecode(m.group(2)).rstrip("/") if m else None
 
 
-def relocate(root: str, old: str, new: str) -> dict:
+def relocate(root: str, old: str, new: str, *, scan_elsewhere: bool = True) -> dict:
     """Rewrite under `root` (a venv copied from `old`, to live at `new`). Returns a summary. The
     prefix the venv's own activate script records is rewritten too when it differs from `old`
-    (a venv copied from elsewhere, or reached through a link): its scripts name that path."""
+    (a venv copied from elsewhere, or reached through a link): its scripts name that path.
+    Without `scan_elsewhere`, "elsewhere" is None: the caller scans (`Elsewhere`, in a thread)."""
     rewritten: dict[str, dict] = {}
     olds = [old.rstrip("/")]
     recorded = recorded_prefix(root)
@@ -199,7 +201,8 @@ def relocate(root: str, old: str, new: str) -> dict:
         "old_prefixes": olds,
         "rewritten": rewritten,
         "remaining": sorted({rel for prefix in olds for rel in check(root, prefix)}),
-        "elsewhere": sorted({rel for prefix in olds for rel in elsewhere(root, prefix)}),
+        "elsewhere": sorted({rel for prefix in olds for rel in elsewhere(root, prefix)})
+        if scan_elsewhere else None,
     }
 
 
@@ -218,26 +221,66 @@ def check(root: str, old: str) -> list[str]:
 
 def elsewhere(root: str, old: str, limit: int = 20) -> list[str]:
     """Text files outside bin/ that name the old prefix (counted and reported, not rewritten)."""
-    pat = _pattern(old)
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        if rel_dir == "bin":
-            dirnames[:] = []
-            continue
+    root_fd = safefs.open_dir(root)
+    try:
+        return elsewhere_at(root_fd, [old], limit)
+    finally:
+        os.close(root_fd)
+
+
+ELSEWHERE_SUFFIXES = (".pth", ".json", ".txt", ".cfg", "RECORD", ".py", ".sh")
+
+
+def elsewhere_at(root_fd: int, olds: List[str], limit: int = 20) -> list[str]:
+    """`elsewhere` for any of `olds`, in the tree open at `root_fd` (the walk goes by descriptors:
+    it finishes in the same tree when that tree is renamed meanwhile; links are not followed)."""
+    pats = [_pattern(o) for o in olds]
+    found: List[str] = []
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=root_fd):
+        rel_dir = os.path.normpath(dirpath)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d != "bin"]
         dirnames.sort()
         for name in sorted(filenames):
-            if not name.endswith((".pth", ".json", ".txt", ".cfg", "RECORD", ".py", ".sh")):
+            if not name.endswith(ELSEWHERE_SUFFIXES):
                 continue
             try:
-                got = safefs.read_in(dirpath, name, limit=4 << 20)
+                got = safefs.read_at(dir_fd, name, limit=4 << 20)
             except OSError:
                 continue
             if got is None:
                 continue
             data = got[0]
-            if _is_text(data[:SNIFF]) and pat.search(data):
+            if _is_text(data[:SNIFF]) and any(p.search(data) for p in pats):
                 found.append(os.path.normpath(os.path.join(rel_dir, name)))
                 if len(found) >= limit:
                     return found
     return found
+
+
+class Elsewhere:
+    """`elsewhere_at` in a thread of its own, over a descriptor of the tree opened now: the
+    engine starts it at relocate and takes `result()` after the swap's rename, while bin/pip runs
+    (the scan only reports, it never changes what is installed)."""
+
+    def __init__(self, root: str, olds: List[str]) -> None:
+        self._found: List[str] = []
+        self._error = ""
+        self._fd = safefs.open_dir(root)
+        self._thread = threading.Thread(target=self._run, args=(olds,), daemon=True)
+        self._thread.start()
+
+    def _run(self, olds: List[str]) -> None:
+        try:
+            self._found = elsewhere_at(self._fd, olds) if olds else []
+        except OSError as exc:
+            self._error = str(exc)
+        finally:
+            os.close(self._fd)
+
+    def result(self, timeout: float = 120.0) -> Tuple[List[str], str]:
+        """(paths found, why the scan did not finish: "" when it did)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return [], "still scanning after %.0f s" % timeout
+        return self._found, self._error

@@ -200,6 +200,7 @@ def serve(a: argparse.Namespace) -> int:
     rc = 0
     try:
         engine.run(ctx, "lock", engine.take_lock, lock)
+        engine.begin_early_check(ctx)
         answer.line("set", "installed_stat", installed_stat(ctx.dest))
         if answer.done():
             return 1
