@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: c3015ead4fc593899c129fb87e1ada2c4fa000f101e36dc751df7301ce6446ee
+# sha256 of this file with these 64 digits zeroed: aaace6e2f037c628f3cc120e9ce12638362ba8c03bab6eb9898e14066585154a
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124
-readonly RB_KIT_FILE=.kit/89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124.tar
+readonly RB_KIT_SHA256=476332b1d728eee056c8afdfa2075f81ad1f592a416c6f0389ab35be109fd463
+readonly RB_KIT_FILE=.kit/476332b1d728eee056c8afdfa2075f81ad1f592a416c6f0389ab35be109fd463.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -161,6 +161,8 @@ RB_KIT_TAR_SHA256=''
 RB_ALLOW_EDITED=0
 RB_FORCE=0
 RB_EDITED=''
+RB_SEAL_DONE=0
+RB_SEAL_OUT=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
@@ -184,13 +186,14 @@ RB_SRC_STAT=''
 # runbook, so it is not written here: it is runtime.sh of the kit this runbook pins, read from
 # RB_KIT_FILE beside this runbook and run only when the bytes read have the sha256 RB_KIT_SHA256
 # (one read: what is checked is what runs). `compile --standalone` writes it here instead.
+# The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 if [[ "${RB_SELF}" == */* ]]; then
   RB_RUNTIME=${RB_SELF%/*}/${RB_KIT_FILE}
 else
   RB_RUNTIME=./${RB_KIT_FILE}
 fi
-if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
+if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import hashlib
 import io
 import os
@@ -213,6 +216,39 @@ with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
 # and the interpreter behind `python3` (a version manager's shim costs a start each time)
 print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
+
+
+def seal_findings(runbook, spec_items):
+    """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
+    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    import hashlib
+    import re
+
+    found = []
+    try:
+        with open(runbook, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return [f"this runbook's own text could not be read to check it ({runbook}: {exc.strerror})"]
+    seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data,
+                     re.M)
+    if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
+            .hexdigest() != seal.group(1).decode():
+        found.append("this runbook was edited after it was compiled")
+    for item in spec_items:
+        path, _, want = item.rpartition("=")
+        try:
+            with open(path, "rb") as f:
+                got = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            continue  # not reachable from here: nothing to compare
+        if got != want:
+            found.append(f"{path} changed since this runbook was compiled")
+    return found
+
+
+print("RB_SEAL_OUT=" + shlex.quote("\n".join(seal_findings(sys.argv[3], sys.argv[4:]))))
+print("RB_SEAL_DONE=1")
 PY
 ); then
   echo "refusing to run: no runtime from the kit (above)" >&2

@@ -70,6 +70,16 @@ def cmd_report(a) -> int:
         f.write("\n")
     os.replace(tmp, a.out)
     print(report.table(doc), file=sys.stderr)
+    if a.pictures:
+        # in the same process (one Python start less at the end of every run); a drawing that
+        # fails is said on stderr and by no `drawn` line, never the report's outcome
+        try:
+            from . import pictures
+            for path in pictures.draw(doc, a.events, a.pictures, a.fanout):
+                print("drawn %s" % path)
+        except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
+            print("rbkit report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
+                  file=sys.stderr)
     return 0
 
 
@@ -108,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--outcome", required=True)
     rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
     rp.add_argument("--out", required=True)
+    rp.add_argument("--pictures", default="", help="also draw the run's pictures into this directory")
+    rp.add_argument("--fanout", default="", help="with --pictures: the fan-out's fanout.json")
     rp.set_defaults(fn=cmd_report)
     return p
 

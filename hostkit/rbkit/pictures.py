@@ -806,21 +806,14 @@ def write_all(report: dict, events_path: str, out_dir: str,
     return written
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbkit.pictures", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--report", required=True, help="the run's report.json")
-    p.add_argument("--events", default="", help="the run's events.tsv")
-    p.add_argument("--out", required=True, help="directory to write the pictures into")
-    p.add_argument("--fanout", default="", help="fanout.json; node-*.json beside it are read too")
-    a = p.parse_args(argv)
-    with open(a.report, encoding="utf-8") as f:
-        report = json.load(f)
+def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
+    """Every picture of a run into `out`, from its report (a dict), events.tsv and fanout.json
+    (node-*.json beside it are read too); returns the paths written."""
     fan = None
-    if a.fanout:
-        with open(a.fanout, encoding="utf-8") as f:
+    if fanout:
+        with open(fanout, encoding="utf-8") as f:
             fan = json.load(f)
-        where = os.path.dirname(os.path.abspath(a.fanout))
+        where = os.path.dirname(os.path.abspath(fanout))
         reports = {}
         for n in fan.get("nodes") or []:
             path = os.path.join(where, "node-%s.json" % n)
@@ -831,8 +824,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                 except (OSError, ValueError):
                     pass
         fan = dict(fan, reports=reports)
-    os.makedirs(a.out, exist_ok=True)
-    for path in write_all(report, a.events, a.out, fan):
+    os.makedirs(out, exist_ok=True)
+    return write_all(report, events, out, fan)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rbkit.pictures", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--report", required=True, help="the run's report.json")
+    p.add_argument("--events", default="", help="the run's events.tsv")
+    p.add_argument("--out", required=True, help="directory to write the pictures into")
+    p.add_argument("--fanout", default="", help="fanout.json; node-*.json beside it are read too")
+    a = p.parse_args(argv)
+    with open(a.report, encoding="utf-8") as f:
+        report = json.load(f)
+    for path in draw(report, a.events, a.out, a.fanout):
         print(path)
     return 0
 

@@ -272,9 +272,16 @@ print(sys.executable)" "${dir}" "$2") || exit 1
 }
 
 #######################################
-# The sha256 of a file here (hashlib: coreutils' sha256sum is slower on some hosts).
+# The sha256 of a small file here (the kit: coreutils' sha256sum, a few ms, where there is one;
+# else hashlib, a Python start).
 #######################################
 rb::sha256() {
+  local out
+  if command -v sha256sum >/dev/null && out=$(sha256sum -b -- "$1"); then
+    out=${out#\\}          # (a name with a backslash or newline: the line starts with one)
+    printf '%s\n' "${out%% *}"
+    return 0
+  fi
   "${RB_LOCAL_PY}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
 }
 
@@ -334,25 +341,41 @@ rb::abspath() {
 #######################################
 rb::check_sealed() {
   local out
-  if ! out=$("${RB_LOCAL_PY}" - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
-import hashlib
-import re
+  if ((RB_SEAL_DONE)); then
+    out=${RB_SEAL_OUT}         # the start-up lines that read the kit checked already
+  elif ! out=$("${RB_LOCAL_PY}" - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import sys
 
-data = open(sys.argv[1], "rb").read()
-seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data, re.M)
-if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]).hexdigest() \
-        != seal.group(1).decode():
-    print("this runbook was edited after it was compiled")
-for item in sys.argv[2:]:
-    path, _, want = item.rpartition("=")
+def seal_findings(runbook, spec_items):
+    """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
+    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    import hashlib
+    import re
+
+    found = []
     try:
-        with open(path, "rb") as f:
-            got = hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        continue  # not reachable from here: nothing to compare
-    if got != want:
-        print(f"{path} changed since this runbook was compiled")
+        with open(runbook, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return [f"this runbook's own text could not be read to check it ({runbook}: {exc.strerror})"]
+    seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data,
+                     re.M)
+    if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
+            .hexdigest() != seal.group(1).decode():
+        found.append("this runbook was edited after it was compiled")
+    for item in spec_items:
+        path, _, want = item.rpartition("=")
+        try:
+            with open(path, "rb") as f:
+                got = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            continue  # not reachable from here: nothing to compare
+        if got != want:
+            found.append(f"{path} changed since this runbook was compiled")
+    return found
+
+
+print("\n".join(seal_findings(sys.argv[1], sys.argv[2:])))
 PY
   ); then
     echo "could not check this runbook's own hash (python3 failed)" >&2
@@ -792,8 +815,8 @@ rb::engine_stop() {
 # what the steps' events say.
 #######################################
 rb::finish() {
-  local outcome=$1 probe
-  local -a probe_args=()
+  local outcome=$1 probe drawn=''
+  local -a probe_args=() fan=()
   if ((RB_FINISHED)) || [[ -z "${RB_WORK}" ]] || ((RB_DRY_RUN)); then
     return 0
   fi
@@ -806,33 +829,27 @@ rb::finish() {
   for probe in "${RB_PROBE_REPORTS[@]}"; do
     probe_args+=(--probe "${probe}")
   done
-  env PYTHONPATH="${RB_RUN_DIR}/kit" python3 -m rbkit report --name "${RB_NAME}" --spec "${RB_SPEC}" \
-    --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "${outcome}" \
-    --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} || rb::log "could not write the report"
-  rb::pictures
+  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  fi
+  # the report, then its pictures beside it (timeline.svg, nodes.svg, report.html), one process
+  if drawn=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit \
+    report --name "${RB_NAME}" --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" \
+    --outcome "${outcome}" --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} \
+    --pictures "$(dirname "${RB_REPORT}")" "${fan[@]}"); then
+    if [[ -n "${drawn}" ]]; then
+      rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
+    else
+      rb::log "could not draw the pictures of this run (above); the report is complete"
+    fi
+  else
+    rb::log "could not write the report"
+  fi
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   if [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after" \
       "fixing it (from verify at the latest for relocate, prove and swap: only a staging this run" \
       "verified is installed)"
-  fi
-}
-
-#######################################
-# Draw the run beside its report: timeline.svg, nodes.svg (fan-out), report.html. A drawing that
-# fails is said, never the run's outcome.
-#######################################
-rb::pictures() {
-  local -a fan=()
-  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
-    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
-  fi
-  if env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.pictures \
-    --report "${RB_REPORT}" --events "${RB_EVENTS}" --out "$(dirname "${RB_REPORT}")" "${fan[@]}" \
-    >/dev/null; then
-    rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
-  else
-    rb::log "could not draw the pictures of this run (above); the report is complete"
   fi
 }
 

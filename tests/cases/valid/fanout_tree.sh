@@ -154,6 +154,8 @@ RB_KIT_TAR_SHA256=''
 RB_ALLOW_EDITED=0
 RB_FORCE=0
 RB_EDITED=''
+RB_SEAL_DONE=0
+RB_SEAL_OUT=''
 RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
@@ -177,13 +179,14 @@ RB_SRC_STAT=''
 # runbook, so it is not written here: it is runtime.sh of the kit this runbook pins, read from
 # RB_KIT_FILE beside this runbook and run only when the bytes read have the sha256 RB_KIT_SHA256
 # (one read: what is checked is what runs). `compile --standalone` writes it here instead.
+# The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 if [[ "${RB_SELF}" == */* ]]; then
   RB_RUNTIME=${RB_SELF%/*}/${RB_KIT_FILE}
 else
   RB_RUNTIME=./${RB_KIT_FILE}
 fi
-if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" <<'PY'
+if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import hashlib
 import io
 import os
@@ -206,6 +209,39 @@ with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     sys.stdout.write(tar.extractfile("runtime.sh").read().decode("utf-8"))
 # and the interpreter behind `python3` (a version manager's shim costs a start each time)
 print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
+
+
+def seal_findings(runbook, spec_items):
+    """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
+    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    import hashlib
+    import re
+
+    found = []
+    try:
+        with open(runbook, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return [f"this runbook's own text could not be read to check it ({runbook}: {exc.strerror})"]
+    seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data,
+                     re.M)
+    if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
+            .hexdigest() != seal.group(1).decode():
+        found.append("this runbook was edited after it was compiled")
+    for item in spec_items:
+        path, _, want = item.rpartition("=")
+        try:
+            with open(path, "rb") as f:
+                got = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            continue  # not reachable from here: nothing to compare
+        if got != want:
+            found.append(f"{path} changed since this runbook was compiled")
+    return found
+
+
+print("RB_SEAL_OUT=" + shlex.quote("\n".join(seal_findings(sys.argv[3], sys.argv[4:]))))
+print("RB_SEAL_DONE=1")
 PY
 ); then
   echo "refusing to run: no runtime from the kit (above)" >&2
