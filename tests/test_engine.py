@@ -504,3 +504,95 @@ def test_a_node_verifies_by_the_streams_digests_and_a_delta_links_by_stat(first_
     rc, doc = node(bundle(tmp_path / "b2", src, m2, base=m1), dest)
     assert rc == 0 and doc["ok"], doc
     assert doc["verify"]["hashed"] == 0 and doc["verify"]["linked"] >= 1, doc
+
+
+# -- work that overlaps: the early quick check, relocate's background scan ----------------------
+
+
+def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first_install,
+                                                                            monkeypatch):
+    """The walk that the quick re-run check needs starts when the engine holds the lock (while
+    the runbook scans the source); `current` takes its result and walks nothing itself."""
+    src, _m1, dest, tmp_path = first_install
+    installed = manifest.load(str(dest / engine.INSTALLED))
+    source_stat = installed["header"]["source_stat_fingerprint"]
+    ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    engine.begin_early_check(ctx)
+    assert ctx.early is not None
+    ctx.early.take()                                   # the walk is done before current asks
+
+    def no_walk(*args, **kw):
+        raise AssertionError("current walked the destination again")
+
+    monkeypatch.setattr(manifest, "check_tree", no_walk)
+    event = engine.run(ctx, "current", engine.current, mode="quick", source_stat=source_stat)
+    assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
+    assert ctx.early is None                            # taken once
+    monkeypatch.undo()
+    # a file changed at the destination before the walk: not up to date, and named
+    change_one_file(dest)
+    ctx2 = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    ctx2.locked = True
+    engine.begin_early_check(ctx2)
+    event = engine.run(ctx2, "current", engine.current, mode="quick", source_stat=source_stat)
+    assert event["facts"]["up_to_date"] == 0, event
+    # another source: the walk alone never makes it up to date
+    ctx3 = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    ctx3.locked = True
+    engine.begin_early_check(ctx3)
+    event = engine.run(ctx3, "current", engine.current, mode="quick", source_stat="0" * 64)
+    assert event["facts"]["up_to_date"] == 0 and "source changed" in event["facts"]["why"]
+
+
+def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_install):
+    _src, _m1, dest, tmp_path = first_install
+    ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    engine.begin_early_check(ctx)                       # not locked
+    assert ctx.early is None
+    ctx = engine.Context(str(dest), rerun="digest", state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    engine.begin_early_check(ctx)
+    assert ctx.early is None
+    ctx = engine.Context(str(tmp_path / "nothing" / "venv"), state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    engine.begin_early_check(ctx)
+    assert ctx.early is None
+
+
+def test_relocates_scan_of_data_files_finishes_in_the_tree_after_its_rename(tmp_path):
+    """The scan runs by descriptors: the swap renames the staging while it may still run."""
+    from rbkit import relocate
+
+    tree = tmp_path / "staging"
+    (tree / "lib" / "pkg").mkdir(parents=True)
+    (tree / "bin").mkdir()
+    (tree / "lib" / "pkg" / "paths.txt").write_text("/old/venv/lib\n")
+    (tree / "lib" / "pkg" / "other.py").write_text("x = 1\n")
+    (tree / "bin" / "tool.py").write_text("#!/old/venv/bin/python\n")      # bin/: relocate's own
+    (tree / "lib" / "link.txt").symlink_to(tmp_path / "outside.txt")
+    (tmp_path / "outside.txt").write_text("/old/venv\n")                    # not followed
+    scan = relocate.Elsewhere(str(tree), ["/old/venv"])
+    os.rename(tree, tmp_path / "installed")
+    assert scan.result() == (["lib/pkg/paths.txt"], "")
+    assert relocate.elsewhere(str(tmp_path / "installed"), "/old/venv") == ["lib/pkg/paths.txt"]
+
+
+def test_the_swap_reports_what_relocates_scan_found(tmp_path):
+    src, ctx, event = received_staging(tmp_path)
+    assert event["status"] == "ok"
+    (Path(ctx.staging) / "notes.txt").write_text("made at %s\n" % src)     # data naming the source
+    m = manifest.build(str(ctx.staging), [], "sha256", jobs=2)
+    manifest.save(m, ctx.manifest)
+    ctx._manifest_cache = None
+    ctx.old = str(src)
+    ctx.policy = "replace"
+    logged = []
+    ctx.log = logged.append
+    for step in ("verify", "relocate", "prove", "swap"):
+        event = engine.run(ctx, step, getattr(engine, step))
+        assert event["status"] == "ok", event
+        if step == "relocate":
+            assert "elsewhere" not in event["facts"]
+    assert event["facts"]["elsewhere"] == 1, event
+    assert any("outside bin/" in line and "notes.txt" in line for line in logged), logged

@@ -240,3 +240,30 @@ def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
     del report["probes"]["dst"]["schedule"]
     rows = {r["id"]: (r["start"], r["end"]) for r in pictures._check_rows(report, "dst", steps)}
     assert rows["nccl"] == (6500.0, 10500.0)
+
+
+def test_the_report_draws_the_pictures_in_its_own_process_and_a_drawing_never_fails_it(
+        runs, tmp_path, monkeypatch, capsys):
+    """`rbkit report --pictures DIR`: what a runbook's end runs (one Python start, not two)."""
+    from rbkit import __main__ as kit_cli
+
+    run = runs / "two-host"
+    out = tmp_path / "run"
+    argv = ["report", "--name", "bench", "--spec", "s.yaml", "--sha", "0" * 64,
+            "--events", str(run / "events.tsv"), "--outcome", "ok",
+            "--out", str(out / "report.json"), "--pictures", str(out)]
+    out.mkdir()
+    assert kit_cli.main(argv) == 0
+    drawn = capsys.readouterr().out.split()
+    assert {"timeline.svg", "report.html"} <= {Path(p).name for p in drawn if p != "drawn"}
+    assert (out / "report.json").is_file() and (out / "timeline.svg").is_file()
+
+    def broken(*args, **kw):
+        raise ValueError("a drawing bug")
+
+    monkeypatch.setattr(pictures, "write_all", broken)
+    (out / "report.json").unlink()
+    assert kit_cli.main(argv) == 0                      # the report stands
+    captured = capsys.readouterr()
+    assert "drawn" not in captured.out and "could not draw the pictures: ValueError" in captured.err
+    assert json.loads((out / "report.json").read_text())["steps"]
