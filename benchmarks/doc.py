@@ -68,7 +68,8 @@ rewritten from all stored runs.
   path (the copy is right but the venv does not work at its new path without relocation).
 - **Runbook rows** compile a spec for the lab hosts with `compiler.cli.main([spec, "-o", dir])`
   (`on_existing: replace`, `jobs: 2`, `exclude: []` so every row moves the same tree, no `checks:`)
-  and run `bash dir/bench.sh` with `RB_RUN_DIR`; the step times come from the run's `report.json`.
+  and run `bash dir/bench.sh` with `RB_RUN_DIR` (one run directory per destination, kept between
+  runs as a user's `runs/NAME` is); the step times come from the run's `report.json`.
 - **Re-run rows** start from an existing copy: the runbook's re-run rows from the install the row
   "runbook relay, compression none" just made (same source, same manifest), rsync's and tar's from
   their own earlier copy. "One small file changed" appends a line to one small `.py` file of the

@@ -236,7 +236,10 @@ class RunbookRow(Row):
     def _run_once(self, env: Env) -> Sample:
         script = self.compile(env)
         self.runs += 1
-        run_dir = script.parent / f"run-{self.runs}"
+        # one run directory per destination, as runs/NAME is for a user's runbook: what a run
+        # leaves there for the next (the source audit's record) is there, as it would be
+        run_dir = env.work / "runs" / self.dest_key
+        (run_dir / "report.json").unlink(missing_ok=True)
         envv = dict(os.environ, RB_RUN_DIR=str(run_dir))
         t0 = time.monotonic()
         r = run_bounded(["bash", str(script)], cwd=script.parent, env=envv, timeout=self.timeout)
@@ -254,7 +257,6 @@ class RunbookRow(Row):
                 steps["transfer_skipped"] = 1.0
             if doc.get("outcome") != "ok" and rc == 0:
                 rc = 1
-        shutil.rmtree(run_dir, ignore_errors=True)
         if rc != 0:
             lines = [ln for ln in err.splitlines() if "FAILED" in ln or "ERROR" in ln] or err.splitlines()
             return Sample(dt, False, f"runbook exit {rc}: {_tail(' | '.join(lines[-3:]))}", steps,
