@@ -367,3 +367,26 @@ def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_n
         assert problem is None and info["interpreter"] == str(new / "bin" / "python")
     plain = relocate.rewrite_bytes(b"#!/old/venv/bin/python\n", "/old/venv", "/opt/venv")
     assert plain == b"#!/opt/venv/bin/python\n"  # a plain short path keeps its shebang
+
+
+def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
+    """manifest.excluded is one regex per pattern list; the rule it must keep: a pattern matches
+    the path, or the path from any of its components on, by fnmatch (where * crosses "/")."""
+    import fnmatch
+    import random
+
+    def reference(rel, patterns):
+        parts = rel.split("/")
+        return any(fnmatch.fnmatchcase("/".join(parts[i:]), p)
+                   for p in patterns for i in range(len(parts)))
+
+    rnd = random.Random(17)
+    comps = ["a", "b", "__pycache__", "x.pyc", "lib", "t.py", "[x]", "a.b", "cu13", ".git", "c d",
+             "é", "*", "?q", "a\nb"]
+    for patterns in (["__pycache__", "*.pyc"], ["lib/*.py"], ["a/b"], ["*/cu13/*"], ["[ab]"],
+                     ["?"], ["*"], [".git", "t.py"], ["\\*"], ["a*b"], ["**/x.pyc"], ["[!a]"],
+                     ["x.pyc/"], ["/a"], ["a\nb"]):
+        for _ in range(600):
+            rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 6)))
+            assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
+    assert not manifest.excluded("a/b", [])

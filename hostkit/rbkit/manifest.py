@@ -13,10 +13,12 @@ is not entered.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import io
 import json
 import os
+import re
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -67,11 +69,18 @@ def delta(new: dict, base: dict) -> dict:
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
+    """Whether a pattern matches `rel` or one of its tails (the path from any of its components
+    on: `__pycache__` excludes `a/__pycache__`, `*.pyc` every .pyc), fnmatch rules."""
     if not patterns:
         return False
-    parts = rel.split("/")
-    tails = ["/".join(parts[i:]) for i in range(len(parts))]
-    return any(fnmatch.fnmatchcase(tail, pat) for pat in patterns for tail in tails)
+    return _exclusion(tuple(patterns)).search(rel) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _exclusion(patterns: tuple) -> "re.Pattern[str]":
+    """One regex for `excluded`: each pattern (fnmatch.translate, anchored at the end) may start
+    at the beginning or after any "/", which is matching it against every tail."""
+    return re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in patterns))
 
 
 def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
