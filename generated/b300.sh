@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 13704cf504ba98b1576db70d9e998f788d8e60692d53a1e9fd855b66ebe01cd4
+# sha256 of this file with these 64 digits zeroed: fcfb553b1780977a75444254b1e3389d5f7890727f8c4293b3015bea730f6e61
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=001022e665fdca536a15c5905cc553bec8e8dc7731d7a3b54396d5edc15746f1
-readonly RB_KIT_FILE=.kit/001022e665fdca536a15c5905cc553bec8e8dc7731d7a3b54396d5edc15746f1.tar
+readonly RB_KIT_SHA256=588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1
+readonly RB_KIT_FILE=.kit/588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

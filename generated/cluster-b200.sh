@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: b9c3323c5552f60937a5350b4b1975dd595a0ec2d952605afd007d86a0b42b4f
+# sha256 of this file with these 64 digits zeroed: 7a080eda2f4587c8369579418d36c108ea7dbebddf2217e96c60ea21b2d3af76
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=001022e665fdca536a15c5905cc553bec8e8dc7731d7a3b54396d5edc15746f1
-readonly RB_KIT_FILE=.kit/001022e665fdca536a15c5905cc553bec8e8dc7731d7a3b54396d5edc15746f1.tar
+readonly RB_KIT_SHA256=588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1
+readonly RB_KIT_FILE=.kit/588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 966f4fda322388bbfed7e90d523bfb2fdda96d0b04bd40bbe0cfc809a9c7b6c2
+# sha256 of this file with these 64 digits zeroed: 471d5280ba3b59491b8bea5322032dc396e2124c5f72abf632031923dfd682f5
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=001022e665fdca536a15c5905cc553bec8e8dc7731d7a3b54396d5edc15746f1
-readonly RB_KIT_FILE=.kit/001022e665fdca536a15c5905cc553bec8e8dc7731d7a3b54396d5edc15746f1.tar
+readonly RB_KIT_SHA256=588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1
+readonly RB_KIT_FILE=.kit/588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

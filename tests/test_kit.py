@@ -390,3 +390,25 @@ def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
             rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 6)))
             assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
     assert not manifest.excluded("a/b", [])
+
+
+def test_a_stat_line_is_the_json_modules_bytes(tree):
+    """stat_line writes the JSON itself for str/int/None values: the stat fingerprints it makes
+    must stay those of earlier installs, so it is held to json.dumps byte for byte."""
+    import random
+
+    def reference(e):
+        return json.dumps([e.get(k) for k in manifest.STAT_KEYS], ensure_ascii=False).encode() + b"\n"
+
+    for e in manifest.build(str(tree), [], "none")["entries"]:
+        assert manifest.stat_line(e) == reference(e)
+    rnd = random.Random(5)
+    alpha = ["a", '"', "\\", "\n", "\x00", "\x1f", "é", "\u2028", "😀", "/", " ", "\x7f", "\t"]
+    for _ in range(3000):
+        e = {"p": "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 8))),
+             "t": rnd.choice("fdl?"), "m": rnd.choice([0, 420, 0o7777, None]),
+             "s": rnd.choice([0, 1, 2 ** 40, None, -1]), "l": rnd.choice([None, 'x"y', "é/\n"]),
+             "mt": rnd.choice([None, 0, 1700000000, True, 1.5])}
+        if rnd.random() < 0.2:
+            del e["m"]
+        assert manifest.stat_line(e) == reference(e), e

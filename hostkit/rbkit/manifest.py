@@ -142,10 +142,24 @@ STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
 # byte (fingerprints compare with those of earlier installs), without a new encoder per call
 _ENTRY = json.JSONEncoder(sort_keys=True, ensure_ascii=False).encode
 _PLAIN = json.JSONEncoder(ensure_ascii=False).encode
+_STR = json.encoder.encode_basestring          # what _PLAIN writes for a str (ensure_ascii off)
 
 
 def stat_line(entry: dict) -> bytes:
-    return _PLAIN([entry.get(k) for k in STAT_KEYS]).encode() + b"\n"
+    """JSON of the entry's STAT_KEYS values as a list, and a newline: the bytes the json module
+    writes, put together here for the usual values (str, int, None: ~3x faster on a big tree)."""
+    parts = []
+    for k in STAT_KEYS:
+        v = entry.get(k)
+        if v is None:
+            parts.append("null")
+        elif type(v) is str:
+            parts.append(_STR(v))
+        elif type(v) is int:
+            parts.append(int.__repr__(v))
+        else:
+            return _PLAIN([entry.get(k) for k in STAT_KEYS]).encode() + b"\n"
+    return ("[" + ", ".join(parts) + "]\n").encode()
 
 
 def stat_fingerprint(entries: Iterable[dict]) -> str:
