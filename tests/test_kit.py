@@ -367,3 +367,31 @@ def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_n
         assert problem is None and info["interpreter"] == str(new / "bin" / "python")
     plain = relocate.rewrite_bytes(b"#!/old/venv/bin/python\n", "/old/venv", "/opt/venv")
     assert plain == b"#!/opt/venv/bin/python\n"  # a plain short path keeps its shebang
+
+
+def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path):
+    """The install's pkg/ replaced by a link to a look-alike tree elsewhere (same names, sizes,
+    modes and mtimes): stage reaches each directory without following a link, so nothing is
+    linked from the look-alike; a file replaced by a link is not linked either."""
+    dest = tmp_path / "dest"
+    installed = install(tree, dest)
+    new = manifest.build(str(tree), ["__pycache__", "*.pyc"], "sha256", jobs=2)
+    site = dest / "lib" / "python3.11" / "site-packages"
+    elsewhere = tmp_path / "elsewhere"
+    (site / "pkg").rename(elsewhere)
+    (site / "pkg").symlink_to(elsewhere)
+    staging = tmp_path / ".dest.rb-staging"
+    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    assert info["linked"] == 0, info
+    staged = staging / "lib" / "python3.11" / "site-packages" / "pkg"
+    assert staged.is_dir() and not staged.is_symlink() and not list(staged.iterdir())
+    # a file of the install that is a link now, to a file with the recorded stat
+    (site / "pkg").unlink()
+    (elsewhere).rename(site / "pkg")
+    data = site / "pkg" / "data.bin"
+    data.rename(tmp_path / "data.bin")
+    data.symlink_to(tmp_path / "data.bin")
+    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    assert not (staged / "data.bin").exists(), info
+    sent = (tmp_path / "names").read_bytes().split(b"\0")
+    assert b"lib/python3.11/site-packages/pkg/data.bin" in sent

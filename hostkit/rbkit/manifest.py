@@ -43,9 +43,11 @@ def relocatable(rel: str) -> bool:
 def linkable(old: Optional[dict], new: dict) -> bool:
     """Whether a file recorded as `old` (by an earlier install or an earlier source manifest) can
     stand for `new` unread: same digest, type, mode, size and mtime, and not relocatable."""
-    return (new["t"] == "f" and old is not None and not relocatable(new["p"])
-            and bool(new.get("h")) and old.get("h") == new.get("h")
-            and all(old.get(k) == new.get(k) for k in QUICK_KEYS))
+    # QUICK_KEYS written out: this runs once per file of a tree on every incremental re-run
+    return (old is not None and new["t"] == "f" and bool(new.get("h"))
+            and old.get("h") == new["h"] and old.get("t") == "f" and old.get("m") == new.get("m")
+            and old.get("s") == new.get("s") and old.get("mt") == new.get("mt")
+            and not relocatable(new["p"]))
 
 
 def delta(new: dict, base: dict) -> dict:
