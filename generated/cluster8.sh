@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 7b8b6ebd36164dbaa16d89e090ff3a0d2c3a28e3929e510c7c6162274a00bcd5
+# sha256 of this file with these 64 digits zeroed: 4a920e33d671e2aeb89b114e2c81ba0e34b2f6522ae90402819f966fe05f5c92
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124
-readonly RB_KIT_FILE=.kit/89e6afd3a561d0d81572bd9921cb64d0864accd14ef37dab1067cb7081d21124.tar
+readonly RB_KIT_SHA256=33ae3136e22c63d62df39776f6ab486044020f5136635d6384e8b5d1386f8e99
+readonly RB_KIT_FILE=.kit/33ae3136e22c63d62df39776f6ab486044020f5136635d6384e8b5d1386f8e99.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
