@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 25c071f93c5b551802ee496df95cf7a7b27462f01aa0eaa1e0176d82730bca88
+# sha256 of this file with these 64 digits zeroed: 8fbf5a63705e8ff789c5b2e1c6c2d2acc5ad62ef084cd57e600dcf42d652dc5c
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1
-readonly RB_KIT_FILE=.kit/588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1.tar
+readonly RB_KIT_SHA256=9e25d7de9c560f884af5d693ebc7c27d5a67c672ba3be3e99e29824ad526be9d
+readonly RB_KIT_FILE=.kit/9e25d7de9c560f884af5d693ebc7c27d5a67c672ba3be3e99e29824ad526be9d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

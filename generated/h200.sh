@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 9c238986c35d365cc9a27ce9d6d0cf62430b01ecd63b843227895c6bd2682cc0
+# sha256 of this file with these 64 digits zeroed: 6b93f4ba450c0addbd69876c77a91bedadb26da89e6bfbe88564c147f8db9583
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1
-readonly RB_KIT_FILE=.kit/588d98643d44723ed5bde89d972eb7de275f3124729f641a9b8c8b45a8b615d1.tar
+readonly RB_KIT_SHA256=9e25d7de9c560f884af5d693ebc7c27d5a67c672ba3be3e99e29824ad526be9d
+readonly RB_KIT_FILE=.kit/9e25d7de9c560f884af5d693ebc7c27d5a67c672ba3be3e99e29824ad526be9d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -439,22 +439,38 @@ step_manifest() {
 }
 
 #######################################
-# The source or the destination changed since the destination was installed: send only what
-# differs. The destination's manifest goes to the source, whose unchanged files (same mode, size
-# and mtime) keep their recorded digests; the destination's engine links its unchanged files into
-# a new staging and names what the stream must still carry.
+# The source or the destination changed since the install: send only what differs (the engine
+# links the unchanged files into a new staging). An unchanged source is not hashed: its manifest
+# as of the install stands for it (engine.kept_source). Else the install's manifest goes to the
+# source, whose unchanged files (same mode, size and mtime) keep their recorded digests.
 #######################################
 rb::delta_plan() {
-  local src_kit sent linked
+  local src_kit sent linked i
+  local -a kept=(delta=1 "source_stat=${RB_SRC_STAT}" "algo=${RB_VERIFY}")
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_RUN_DIR}/installed.jsonl"
-  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
-    <"${RB_RUN_DIR}/installed.jsonl"
-  rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
-  rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
-  rb::manifest_share
+  for ((i = 1; i < ${#RB_EXCLUDE_ARGS[@]}; i += 2)); do
+    kept+=("exclude=${RB_EXCLUDE_ARGS[i]}")
+  done
+  rb::engine stage "${kept[@]}"
+  if [[ "${RB_J[kept]:-0}" == 1 ]]; then
+    RB_FINGERPRINT=${RB_J[fingerprint]}
+    rb::fact manifest_files "${RB_J[files]}"
+    if [[ "${RB_J[rebuilt]}" == 1 ]]; then
+      rb::on_host "${RB_DST_HOST}" cat "${RB_J[manifest]}" >"${RB_RUN_DIR}/manifest.jsonl"
+    fi
+    rb::log "the source is unchanged since the install: its manifest as of then (fingerprint" \
+      "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
+  else
+    rb::log "${RB_ENGINE_DETAIL}"
+    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_RUN_DIR}/installed.jsonl"
+    rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
+      <"${RB_RUN_DIR}/installed.jsonl"
+    rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
+    rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
+    rb::manifest_share
+    rb::engine stage delta=1
+  fi
   RB_HASH_DURING_STREAM=0
-  rb::engine stage delta=1
   RB_DELTA=1
   RB_SRC_BYTES=${RB_J[send_bytes]}
   RB_SRC_FILES=${RB_J[send_files]}
@@ -465,12 +481,12 @@ rb::delta_plan() {
   rb::log "incremental: ${RB_J[send_files]} files (${sent}) to send; ${RB_J[linked]} unchanged" \
     "files (${linked}) linked from the current install into staging; ${RB_J[removed]} entries" \
     "gone from the source"
-  RB_STEP_DETAIL="source changed: ${RB_J[send_files]} files to send, ${RB_J[linked]} linked"
-  # through a file here: both ends may be one host and one kit directory
-  rb::on_host "${RB_DST_HOST}" cat "${RB_J[names]}" >"${RB_RUN_DIR}/send-names"
-  rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.send-names" \
-    <"${RB_RUN_DIR}/send-names"
+  RB_STEP_DETAIL="incremental: ${RB_J[send_files]} files to send, ${RB_J[linked]} linked"
+  # straight from the destination's engine to the source (both ends may be one host: two paths)
   RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
+  rb::on_host "${RB_DST_HOST}" cat "${RB_J[names]}" |
+    rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${RB_SEND_NAMES}" ||
+    rb::pipe_failed "send names" "read on ${RB_DST_HOST}" "write on ${RB_SRC_HOST}" "${PIPESTATUS[@]}"
 }
 
 #######################################

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from compiler import steps as compiler_steps
-from rbkit import engine, manifest, serve, stream
+from rbkit import engine, hostfs, manifest, serve, stream
 from rbkit.lock import Lock, Taken, lock_path
 from tests.test_fanout_delta import PKG, bundle, change_one_file, node
 from tests.test_kit import make_tree
@@ -596,3 +596,114 @@ def test_the_swap_reports_what_relocates_scan_found(tmp_path):
             assert "elsewhere" not in event["facts"]
     assert event["facts"]["elsewhere"] == 1, event
     assert any("outside bin/" in line and "notes.txt" in line for line in logged), logged
+
+
+# -- a re-run whose source is unchanged (#17): nothing hashed at the source ------------------------
+
+
+def rerun_ctx(tmp_path: Path, dest: Path, mpath: Path) -> engine.Context:
+    ctx = engine.Context(str(dest), old="/old/venv", policy="replace", manifest=str(mpath),
+                         jobs=2, state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    return ctx
+
+
+def install_sent(ctx: engine.Context, src: Path, names: str, tmp_path: Path) -> dict:
+    """The rest of the install: the names the stage listed, streamed from `src`; receive ..
+    swap. Returns verify's event."""
+    payload = tmp_path / "sent.tar"
+    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", names, "-cf",
+                    str(payload)], check=True)
+    events = {}
+    for sid, fn, kw in (("receive", engine.receive, {"producer": ["cat", str(payload)]}),
+                        ("verify", engine.verify, {}), ("relocate", engine.relocate, {}),
+                        ("prove", engine.prove, {}), ("swap", engine.swap, {})):
+        events[sid] = engine.run(ctx, sid, fn, **kw)
+        assert events[sid]["status"] == "ok", events[sid]
+    return events["verify"]
+
+
+def corrupt_keeping_stat(path: Path) -> None:
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_install):
+    """The install's manifest records its source's (the entries relocation rewrote, as they
+    were): with the source's stat fingerprint unchanged, stage rebuilds the source's manifest
+    from it (checked by its fingerprint) and the source is only read by the stream. A file
+    changed at the destination is sent and verified against the source's digest."""
+    src, m1, dest, tmp_path = first_install
+    installed = manifest.load(str(dest / engine.INSTALLED))
+    assert installed["header"]["source_entries"], "relocation rewrote bin/tool"
+    source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]      # preflight's figure
+    assert source_stat == installed["header"]["source_stat_fingerprint"]
+    (dest / PKG / "__init__.py").write_text("x = 'changed at the destination'\n")
+    away = src.with_name("away")
+    src.rename(away)                   # the source is nowhere while the engine plans the re-run
+    mpath = tmp_path / "no-kept-manifest.jsonl"
+    ctx = rerun_ctx(tmp_path, dest, mpath)
+    assert engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"][
+        "up_to_date"] == 0
+    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
+                       algo="sha256", exclude=[])
+    assert event["status"] == "ok" and event["facts"]["kept"] == 1, event
+    assert event["facts"]["rebuilt"] == 1
+    assert manifest.load(str(mpath))["entries"] == m1["entries"]   # the source's, bin/tool too
+    sent = manifest.read_names(event["facts"]["names"])
+    assert f"{PKG}/__init__.py" in sent and "bin/tool" in sent and f"{PKG}/data.bin" not in sent
+    away.rename(src)
+    verify = install_sent(ctx, src, event["facts"]["names"], tmp_path)
+    assert verify["facts"]["linked"] >= 1 and verify["facts"]["hashed"] == 0, verify
+    assert (dest / PKG / "__init__.py").read_text() == (src / PKG / "__init__.py").read_text()
+    again = manifest.load(str(dest / engine.INSTALLED))["header"]
+    assert again["source_fingerprint"] == manifest.fingerprint(m1)
+
+
+def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install):
+    """The source manifest kept from the last run stands for the unchanged source (nothing
+    rebuilt, nothing hashed there); with `rerun: digest`, a file corrupted here with its size
+    and mtime kept fails its digest and is sent, never linked."""
+    src, m1, dest, tmp_path = first_install
+    mpath = tmp_path / "kept.jsonl"
+    manifest.save(m1, str(mpath))
+    data = dest / PKG / "data.bin"
+    corrupt_keeping_stat(data)
+    source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
+    ctx = rerun_ctx(tmp_path, dest, mpath)
+    cur = engine.run(ctx, "current", engine.current, "digest", linking=True)
+    assert cur["facts"]["up_to_date"] == 0 and f"{PKG}/data.bin" in ctx.unlinkable, cur
+    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
+                       algo="sha256", exclude=[])
+    assert event["facts"]["kept"] == 1 and event["facts"]["rebuilt"] == 0, event
+    assert not (Path(ctx.staging) / PKG / "data.bin").exists()
+    assert f"{PKG}/data.bin" in manifest.read_names(event["facts"]["names"])
+    install_sent(ctx, src, event["facts"]["names"], tmp_path)
+    assert data.read_bytes() == (src / PKG / "data.bin").read_bytes()
+
+
+@pytest.mark.parametrize("what", ["source changed", "other excludes", "forged record"])
+def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first_install, what):
+    src, m1, dest, tmp_path = first_install
+    source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
+    exclude: list = []
+    if what == "source changed":
+        change_one_file(src)
+        source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
+    elif what == "other excludes":
+        exclude = ["*.pyc"]
+    else:                          # the recorded entry of bin/tool is not what the source had
+        m = manifest.load(str(dest / engine.INSTALLED))
+        m["header"]["source_entries"][0]["h"] = "0" * 64
+        manifest.save(m, str(dest / engine.INSTALLED))
+    before = (dest / PKG / "__init__.py").read_text()
+    ctx = rerun_ctx(tmp_path, dest, tmp_path / "m.jsonl")
+    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
+                       algo="sha256", exclude=exclude)
+    assert event["status"] == "skipped" and event["facts"]["kept"] == 0, event
+    assert not os.path.lexists(ctx.staging) and engine.read_stamp(ctx) is None
+    assert not (tmp_path / "m.jsonl").exists() or what == "other excludes"
+    assert (dest / PKG / "__init__.py").read_text() == before

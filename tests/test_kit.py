@@ -412,3 +412,31 @@ def test_a_stat_line_is_the_json_modules_bytes(tree):
         if rnd.random() < 0.2:
             del e["m"]
         assert manifest.stat_line(e) == reference(e), e
+
+
+def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path):
+    """The install's pkg/ replaced by a link to a look-alike tree elsewhere (same names, sizes,
+    modes and mtimes): stage reaches each directory without following a link, so nothing is
+    linked from the look-alike; a file replaced by a link is not linked either."""
+    dest = tmp_path / "dest"
+    installed = install(tree, dest)
+    new = manifest.build(str(tree), ["__pycache__", "*.pyc"], "sha256", jobs=2)
+    site = dest / "lib" / "python3.11" / "site-packages"
+    elsewhere = tmp_path / "elsewhere"
+    (site / "pkg").rename(elsewhere)
+    (site / "pkg").symlink_to(elsewhere)
+    staging = tmp_path / ".dest.rb-staging"
+    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    assert info["linked"] == 0, info
+    staged = staging / "lib" / "python3.11" / "site-packages" / "pkg"
+    assert staged.is_dir() and not staged.is_symlink() and not list(staged.iterdir())
+    # a file of the install that is a link now, to a file with the recorded stat
+    (site / "pkg").unlink()
+    (elsewhere).rename(site / "pkg")
+    data = site / "pkg" / "data.bin"
+    data.rename(tmp_path / "data.bin")
+    data.symlink_to(tmp_path / "data.bin")
+    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    assert not (staged / "data.bin").exists(), info
+    sent = (tmp_path / "names").read_bytes().split(b"\0")
+    assert b"lib/python3.11/site-packages/pkg/data.bin" in sent

@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from . import exports as kitexports
 from . import hostfs, safefs
@@ -145,6 +145,11 @@ class Context:
     def fingerprint(self) -> str:
         self.new_manifest()
         return self._manifest_cache[2]
+
+    def wrote_manifest(self, m: dict, fp: str) -> None:
+        """`m` (fingerprint `fp`) was just written to self.manifest: kept without reading it."""
+        st = os.stat(self.manifest)
+        self._manifest_cache = ((st.st_mtime_ns, st.st_size, st.st_ino), m, fp)
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -478,18 +483,26 @@ def _not_current(ctx: Context, why: str, mode: str) -> Result:
     return Result(why, {"up_to_date": 0, "why": why})
 
 
-def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> Result:
+def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
+          source_stat: str = "", algo: str = "", exclude: Optional[List[str]] = None) -> Result:
     """A fresh staging beside the destination. With `delta`, every unchanged file (same digest,
     mode, size and mtime as the install recorded, and still so at the destination) is hard-linked
     from the current install, and `send.names` in the state directory lists what the stream must
     still carry. `carried`: the names a payload holds (a fan-out re-run's bundle); a staging that
-    needs more than that is removed and the step fails with needs_full."""
+    needs more than that is removed and the step fails with needs_full.
+
+    With `source_stat` (a re-run, before anything is hashed at the source): the source manifest
+    this host holds for the run (ctx.manifest, the one the runbook's machine kept from its last
+    run) is used only when it is the source's manifest as of the install (`kept_source`), so
+    that nothing at the source needs hashing: `kept=1`. Otherwise nothing is staged (skipped,
+    `kept=0` and why): the source is hashed and stage is asked again without it."""
     _require_lock(ctx)
     _write_stamp(ctx, None)
     _forget_received(ctx)
     if os.path.lexists(ctx.staging):
         remove_tree(ctx.staging)
     facts: dict = {"delta": int(bool(delta))}
+    installed = None
     if delta:
         try:
             installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
@@ -498,6 +511,17 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> R
             if carried is None:
                 raise StepError("nothing to link from: " + why) from None
             raise StepError("needs the whole bundle: " + why, {"needs_full": 1}, rc=3) from None
+    if source_stat:
+        if installed is None:
+            raise StepError("a kept source manifest is only for an incremental stage (delta=1)")
+        why, rebuilt = kept_source(ctx, installed, source_stat, algo, exclude or [])
+        if why:
+            return Result("the source is hashed: " + why, {"kept": 0, "why": why},
+                          status="skipped")
+        m = ctx.new_manifest()
+        facts.update(kept=1, rebuilt=int(rebuilt), fingerprint=ctx.fingerprint(),
+                     files=m["totals"]["files"], manifest=ctx.manifest)
+    if delta:
         if ctx.unlinkable:
             # what failed the digest check is not linked: it is sent (or the bundle is whole)
             installed = dict(installed, entries=[e for e in installed["entries"]
@@ -518,6 +542,8 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> R
                     % (len(lacking), lacking[0]), dict(facts, needs_full=1), rc=3)
         detail = ("%d unchanged files linked from the current install, %d files to send"
                   % (got["linked"], got["send_files"]))
+        if source_stat:
+            detail += "; the source is unchanged: its manifest as of the install stands for it"
     else:
         parent = os.path.dirname(ctx.staging)
         os.makedirs(parent, exist_ok=True)
@@ -526,6 +552,48 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None) -> R
     _write_stamp(ctx, {"stage": "staged", "identity": _identity(ctx.staging),
                        "delta": bool(delta)})
     return Result(detail, facts)
+
+
+def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
+                exclude: List[str]) -> Tuple[str, bool]:
+    """(why not, rebuilt): whether the source's manifest as of the install can stand for the
+    source's now, and where it came from. It can when the install recorded `source_stat` as its
+    source's stat fingerprint and that is the stat fingerprint of the manifest's entries (the
+    source is unchanged since, by the quick check's trust: path, type, mode, size, link and mtime
+    of every entry), the manifest is, by its fingerprint, the one the install recorded for its
+    source, and it was made with this run's digest, excludes and special-modes rule. The manifest
+    is the one this host was given for the run (ctx.manifest: the runbook's machine kept it from
+    its last run) when that is it; else the one `manifest.source_of` rebuilds from the install's
+    own manifest, written to ctx.manifest (rebuilt: True)."""
+    header = installed["header"]
+    if header.get("source_stat_fingerprint") != source_stat:
+        return "the source changed since the install", False
+    rebuilt = False
+    try:
+        ok = ctx.fingerprint() == header.get("source_fingerprint")
+    except (StepError, OSError, ValueError):
+        ok = False
+    if not ok:
+        m = kitmanifest.source_of(installed)
+        if m is None:
+            return ("the install did not record its source's manifest (an older kit), and none "
+                    "kept here is it"), False
+        if not ctx.manifest:
+            raise StepError("no source manifest path was given to the engine")
+        fp = kitmanifest.save(m, ctx.manifest, 0o600)
+        if fp != header.get("source_fingerprint"):
+            os.unlink(ctx.manifest)
+            return "the install's record of its source's manifest does not add up", False
+        ctx.wrote_manifest(m, fp)
+        rebuilt = True
+    m = ctx.new_manifest()
+    kept = m["header"]
+    if (kept.get("algo") != algo or list(kept.get("excludes", ())) != list(exclude)
+            or bool(kept.get("strip_special")) != (ctx.special_modes == "strip")):
+        return "the install's source manifest has other digests, excludes or modes", rebuilt
+    if kitmanifest.stat_fingerprint(m["entries"]) != source_stat:
+        return "the install's source manifest does not have its recorded stat", rebuilt
+    return "", rebuilt
 
 
 def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:

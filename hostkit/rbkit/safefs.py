@@ -48,6 +48,14 @@ def open_dir(root: str, rel: str = "") -> int:
     return fd
 
 
+def open_dir_at(dir_fd: int, name: str) -> int:
+    """A descriptor of the directory `name` in `dir_fd`, not following a link (one component of
+    `open_dir`, for a walk that keeps its parent open)."""
+    if not name or name in (".", "..") or "/" in name:
+        raise OSError(errno.EINVAL, "not one component of a path", name)
+    return os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=dir_fd)
+
+
 def fsync_dir(dir_fd: int) -> None:
     try:
         os.fsync(dir_fd)

@@ -111,7 +111,8 @@ def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
 REQUESTS: Dict[str, tuple] = {
     "preflight": (engine.preflight, {"need": int, "source_identity": str}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
-    "stage": (engine.stage, {"delta": lambda v: v == "1"}),
+    "stage": (engine.stage, {"delta": lambda v: v == "1", "source_stat": str, "algo": str,
+                             "exclude": list}),
     "verify": (engine.verify, {}),
     "relocate": (engine.relocate, {}),
     "prove": (engine.prove, {}),
@@ -133,7 +134,10 @@ def handle(ctx: engine.Context, words: List[str]) -> None:
         if key not in types:
             fn = None
             break
-        params[key] = types[key](value)
+        if types[key] is list:                    # a key that may be given again: each a value
+            params.setdefault(key, []).append(value)
+        else:
+            params[key] = types[key](value)
     if fn is None:
         engine.run(ctx, name, _refuse, " ".join(words))
         return
