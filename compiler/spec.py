@@ -237,6 +237,12 @@ def _jump(value: str) -> str:
     return ",".join(hops)
 
 
+def _ssh_option_key(value: str) -> str:
+    if not SSH_OPTION.match(value):
+        raise ValueError(f"{value!r} is not an ssh option name")
+    return value
+
+
 SshTarget = Annotated[str, AfterValidator(_ssh_target)]
 Jump = Annotated[str, AfterValidator(_jump)]
 
@@ -313,12 +319,6 @@ def _endpoint(value: str) -> str:
 
 
 EndpointText = Annotated[str, AfterValidator(_endpoint)]
-
-
-def _ssh_option_key(value: str) -> str:
-    if not SSH_OPTION.match(value):
-        raise ValueError(f"{value!r} is not an ssh option name")
-    return value
 
 
 def _env_name(value: str) -> str:
