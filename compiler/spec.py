@@ -5,8 +5,8 @@ the runbook runs as root on expensive machines, so a hostile or mistyped value i
 message that points at the spec, rather than quoted and carried along.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: pydantic would then eval() every field's
+# annotation string when it builds the models at import (~4 ms of each compile).
 import posixpath
 import re
 from typing import Annotated, Any, Literal, Optional, Union
