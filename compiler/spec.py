@@ -58,7 +58,10 @@ class At(ValueError):
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # defer_build: a model's validator is built when it is first used, not at import. A compile
+    # validates with Spec's alone (which holds every model's schema), so the 18 per-model
+    # validators and serializers are not built (only those of the checks Check.params dumps).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 SECRET = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File|\bsshpass\b")
@@ -353,7 +356,8 @@ class Transfer(Model):
     # with two renames journaled beside the destination (finished or undone by the next run).
     swap_atomic: Literal["require", "allow"] = "allow"
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True,
+                              defer_build=True)
 
     @property
     def source(self) -> tuple[str, str]:
