@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shlex
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -118,7 +119,10 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     return jinja2.FileSystemBytecodeCache(str(directory))
 
 
+@lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
+    """The one environment of the process: its templates are loaded once for every render (the
+    runbook, the lint's runtime-in-place form, the kit's runtime.sh, each spec of a directory)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         bytecode_cache=_bytecode_cache(),
