@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
 import shlex
 from functools import lru_cache
@@ -107,16 +106,10 @@ def _finalize(value: Any) -> Any:
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
     """Compiled templates, kept beside the lint cache (keyed by each template's source: jinja2
     checks it), so a whole `compile` does not re-compile 30 templates every time."""
-    if os.environ.get("RB_LINT_CACHE", "1") == "0":
-        return None
-    from .lint import cache_root  # one cache folder for the compiler
+    from .lint import cache_dir  # one cache folder for the compiler, only this user's
 
-    directory = cache_root() / "jinja"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(str(directory))
+    directory = cache_dir("jinja")
+    return None if directory is None else jinja2.FileSystemBytecodeCache(str(directory))
 
 
 @lru_cache(maxsize=None)
