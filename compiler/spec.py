@@ -60,7 +60,7 @@ class At(ValueError):
 class Model(BaseModel):
     # defer_build: a model's validator is built when it is first used, not at import. A compile
     # validates with Spec's alone (which holds every model's schema), so the 18 per-model
-    # validators and serializers are not built (only those of the checks Check.params dumps).
+    # validators and serializers are never built.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
@@ -522,7 +522,14 @@ class Check(Model):
         value = getattr(self, self.kind)
         if isinstance(value, list):
             return {"modules": list(value)}
-        return value.model_dump(exclude={"allow_skip"}, exclude_none=True)
+        # what model_dump(exclude={"allow_skip"}, exclude_none=True) gives for these flat models
+        # (strings, numbers, lists of strings), without building a serializer for each check type
+        out = {}
+        for name in type(value).model_fields:
+            v = getattr(value, name)
+            if name != "allow_skip" and v is not None:
+                out[name] = list(v) if isinstance(v, list) else v
+        return out
 
     @property
     def allow_skip(self) -> bool:
