@@ -6,14 +6,21 @@ reads it once and answers questions about it. Nothing here imports torch or touc
 
 from __future__ import annotations
 
-import difflib
+import contextlib
+import hashlib
+import json
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Optional
 
 from ruamel.yaml import YAML
+
+from .lint import cache_dir  # one cache folder for the compiler, only this user's
 
 DATA = ("data", "gpus.yaml")
 FIELDS = ("model", "capability", "arch_name", "family", "min_cuda", "per_node")
@@ -58,7 +65,7 @@ def _core(name: str) -> str:
 def _read() -> list[GpuModel]:
     text = resources.files("compiler").joinpath(*DATA).read_text(encoding="utf-8")
     out = []
-    for entry in YAML(typ="safe").load(text)["gpus"]:
+    for entry in _entries(text):
         missing = [k for k in FIELDS if k not in entry]
         if missing:
             raise ValueError(f"{'/'.join(DATA)}: {entry.get('model')}: missing {missing}")
@@ -70,6 +77,39 @@ def _read() -> list[GpuModel]:
             aliases=tuple(entry.get("aliases") or ()),
         ))
     return out
+
+
+def _entries(text: str) -> list[dict]:
+    """The `gpus:` entries of the catalog's text. The pure-Python YAML reader takes ~6 ms for it in
+    every compile, so what it read is kept in the cache as JSON (~0.1 ms to read), named by the
+    sha256 of the text: an edited catalog is read afresh."""
+    cache = cache_dir("catalog")
+    kept = cache / f"{hashlib.sha256(text.encode()).hexdigest()}.json" if cache else None
+    if kept is not None:
+        try:
+            return json.loads(kept.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass  # not kept yet (or unreadable): read the YAML
+    entries = YAML(typ="safe").load(text)["gpus"]
+    data = json.dumps(entries)
+    if kept is not None and json.loads(data) == entries:  # JSON holds exactly what YAML gave
+        _keep(kept, data)
+    return entries
+
+
+def _keep(path: Path, data: str) -> None:
+    """Write `path` whole or not at all (a temp file beside it, then a rename)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError:
+        return  # a read-only cache only costs speed
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 @lru_cache(maxsize=1)
@@ -117,6 +157,8 @@ def closest(model: str, n: int = 3) -> list[str]:
     for gpu in models():
         for name in (gpu.name, *gpu.aliases):
             names.setdefault(_core(name), gpu.name)
+    import difflib  # only a mistake needs it
+
     near = difflib.get_close_matches(_core(model), list(names), n=4 * n, cutoff=0.6)
     return list(dict.fromkeys(names[key] for key in near))[:n]
 

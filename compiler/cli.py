@@ -8,7 +8,6 @@ import os
 import re
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn, Optional
@@ -285,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place that turns crashes into a message
         if "--traceback" in argv:
+            import traceback
+
             traceback.print_exc()
         else:
             print(f"internal error: {type(exc).__name__}: {exc} (re-run with --traceback)",

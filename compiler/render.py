@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
 import shlex
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -106,19 +106,16 @@ def _finalize(value: Any) -> Any:
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
     """Compiled templates, kept beside the lint cache (keyed by each template's source: jinja2
     checks it), so a whole `compile` does not re-compile 30 templates every time."""
-    if os.environ.get("RB_LINT_CACHE", "1") == "0":
-        return None
-    from .lint import cache_root  # one cache folder for the compiler
+    from .lint import cache_dir  # one cache folder for the compiler, only this user's
 
-    directory = cache_root() / "jinja"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(str(directory))
+    directory = cache_dir("jinja")
+    return None if directory is None else jinja2.FileSystemBytecodeCache(str(directory))
 
 
+@lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
+    """The one environment of the process: its templates are loaded once for every render (the
+    runbook, the lint's runtime-in-place form, the kit's runtime.sh, each spec of a directory)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         bytecode_cache=_bytecode_cache(),

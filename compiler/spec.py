@@ -5,8 +5,8 @@ the runbook runs as root on expensive machines, so a hostile or mistyped value i
 message that points at the spec, rather than quoted and carried along.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: pydantic would then eval() every field's
+# annotation string when it builds the models at import (~2 ms of each compile).
 import posixpath
 import re
 from typing import Annotated, Any, Literal, Optional, Union
@@ -21,8 +21,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from . import sshopts
 
 IDENT = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -57,8 +55,23 @@ class At(ValueError):
         return first
 
 
+def _empty_list() -> list:
+    return []
+
+
+def _empty_dict() -> dict:
+    return {}
+
+
+# Field(default_factory=_empty_list), not default_factory=list: pydantic inspects the factory's
+# signature, and a builtin's is parsed from text with the tokenizer (~2 ms of each compile).
+
+
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # defer_build: a model's validator is built when it is first used, not at import. A compile
+    # validates with Spec's alone (which holds every model's schema), so the 18 per-model
+    # validators and serializers are never built.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 SECRET = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File|\bsshpass\b")
@@ -237,6 +250,12 @@ def _jump(value: str) -> str:
     return ",".join(hops)
 
 
+def _ssh_option_key(value: str) -> str:
+    if not SSH_OPTION.match(value):
+        raise ValueError(f"{value!r} is not an ssh option name")
+    return value
+
+
 SshTarget = Annotated[str, AfterValidator(_ssh_target)]
 Jump = Annotated[str, AfterValidator(_jump)]
 
@@ -253,11 +272,13 @@ class Host(Model):
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     # only the ssh options a relay needs (compiler/sshopts.py: an allowlist, values checked)
     options: dict[Annotated[str, AfterValidator(_ssh_option_key)], NonEmpty] = Field(
-        default_factory=dict)
+        default_factory=_empty_dict)
 
     @field_validator("options")
     @classmethod
     def _allowed_options(cls, options: dict[str, str]) -> dict[str, str]:
+        from . import sshopts  # the allowlist: loaded by the specs that set options only
+
         errors = []
         for key, value in options.items():
             refused = sshopts.key_problem(key)
@@ -315,12 +336,6 @@ def _endpoint(value: str) -> str:
 EndpointText = Annotated[str, AfterValidator(_endpoint)]
 
 
-def _ssh_option_key(value: str) -> str:
-    if not SSH_OPTION.match(value):
-        raise ValueError(f"{value!r} is not an ssh option name")
-    return value
-
-
 def _env_name(value: str) -> str:
     if not ENV_NAME.match(value):
         raise ValueError(f"{value!r} is not an environment variable name")
@@ -332,7 +347,7 @@ class Transfer(Model):
     to: EndpointText
     route: Literal["relay", "direct", "auto"] = "relay"
     compression: Literal["auto", "zstd", "lz4", "gzip", "none"] = "auto"
-    exclude: list[Exclude] = Field(default_factory=list)
+    exclude: list[Exclude] = Field(default_factory=_empty_list)
     verify: Literal["sha256", "blake2b", "none"] = "sha256"
     on_existing: Literal["refuse", "backup", "replace"] = "refuse"
     # re-run check: quick compares path/size/mode/mtime on both ends (like rsync); digest re-hashes
@@ -353,7 +368,8 @@ class Transfer(Model):
     # with two renames journaled beside the destination (finished or undone by the next run).
     swap_atomic: Literal["require", "allow"] = "allow"
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True,
+                              defer_build=True)
 
     @property
     def source(self) -> tuple[str, str]:
@@ -369,7 +385,7 @@ class Transfer(Model):
 class Cuda(Model):
     version: Version
     home: AbsPath
-    library_path_first: list[NonEmpty] = Field(default_factory=list)
+    library_path_first: list[NonEmpty] = Field(default_factory=_empty_list)
     env_file: Optional[AbsPath] = None
 
     @model_validator(mode="after")
@@ -439,7 +455,7 @@ class OutsideCheck(CheckBase):
 
 
 class LibrariesCheck(CheckBase):
-    expect_dirs: list[AbsPath] = Field(default_factory=list)
+    expect_dirs: list[AbsPath] = Field(default_factory=_empty_list)
 
 
 class NcclCheck(CheckBase):
@@ -518,7 +534,14 @@ class Check(Model):
         value = getattr(self, self.kind)
         if isinstance(value, list):
             return {"modules": list(value)}
-        return value.model_dump(exclude={"allow_skip"}, exclude_none=True)
+        # what model_dump(exclude={"allow_skip"}, exclude_none=True) gives for these flat models
+        # (strings, numbers, lists of strings), without building a serializer for each check type
+        out = {}
+        for name in type(value).model_fields:
+            v = getattr(value, name)
+            if name != "allow_skip" and v is not None:
+                out[name] = list(v) if isinstance(v, list) else v
+        return out
 
     @property
     def allow_skip(self) -> bool:
@@ -597,7 +620,7 @@ class Spec(Model):
     transfer: Transfer
     cuda: Optional[Cuda] = None
     gpu: Optional[Gpu] = None
-    checks: list[Check] = Field(default_factory=list)
+    checks: list[Check] = Field(default_factory=_empty_list)
     # when a check fails after the swap: put the previous install back (needs on_existing: backup),
     # or keep the new one. Default: rollback where a backup exists, else keep.
     on_failed_checks: Optional[Literal["rollback", "keep"]] = None
@@ -611,7 +634,7 @@ class Spec(Model):
                              "transfer.on_existing: backup")
         return value
     env: dict[Annotated[str, AfterValidator(_env_name)], Annotated[str, AfterValidator(_nonempty)]] = (
-        Field(default_factory=dict))
+        Field(default_factory=_empty_dict))
     # install on many nodes through the cluster's engine; transfer.to's host is where the engine
     # runs (this machine), its path the destination on every node
     fanout: Optional[Fanout] = None

@@ -12,7 +12,6 @@ allowed). ssh reads option names without case; so does this check.
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Callable, Optional
 
@@ -146,6 +145,8 @@ def key_problem(key: str) -> Optional[str]:
     why = REFUSED.get(key.lower())
     if why:
         return f"{key} cannot be set in options: {why} (allowed: {allowed_list()})"
+    import difflib  # only a mistake needs it
+
     near = difflib.get_close_matches(key.lower(), list(_BY_LOWER), n=1, cutoff=0.75)
     hint = f"; did you mean {_BY_LOWER[near[0]]!r}?" if near else ""
     return (f"{key} is not among the ssh options a spec may set{hint} (allowed: "

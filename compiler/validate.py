@@ -7,7 +7,6 @@ reads the raw data defensively so that it can report next to the first pass's pr
 
 from __future__ import annotations
 
-import difflib
 import json
 import posixpath
 import re
@@ -134,6 +133,8 @@ def _clean(msg: str) -> str:
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
+    import difflib  # only a mistake needs it
+
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     if not close:
         close = [o for o in options if o.lower() == word.lower()]
