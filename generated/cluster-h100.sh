@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 8f0c7b7e4f49b6369fcabfaa3d51a1b9969642913e06c2c95c1cc3751587a1fe
+# sha256 of this file with these 64 digits zeroed: 6073ef647035e465b0f28054e68062b1ced64e295fa8d3444e4780da5306b045
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9e25d7de9c560f884af5d693ebc7c27d5a67c672ba3be3e99e29824ad526be9d
-readonly RB_KIT_FILE=.kit/9e25d7de9c560f884af5d693ebc7c27d5a67c672ba3be3e99e29824ad526be9d.tar
+readonly RB_KIT_SHA256=7b5568b7d9d43ec4b92b2f3123315f6c3ee34313fabf475cef95fa2bc0cc377c
+readonly RB_KIT_FILE=.kit/7b5568b7d9d43ec4b92b2f3123315f6c3ee34313fabf475cef95fa2bc0cc377c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

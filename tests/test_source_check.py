@@ -10,10 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rbkit import serve
 from tests.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[1] / "hostkit"
+
+
+@pytest.fixture(autouse=True, params=["0", "1"], ids=["checks-after-scan", "checks-beside-scan"])
+def beside(request, monkeypatch):
+    """Every test both ways: the static checks in the engine's process after the scan (a host
+    with few cores), and in a child Python begun before it (RBKIT_AUDIT_BESIDE=1)."""
+    monkeypatch.setenv("RBKIT_AUDIT_BESIDE", request.param)
+    return request.param
 
 
 def source(src: Path, *extra: str, stdin: str = "") -> dict:
@@ -98,3 +108,9 @@ def test_the_destination_says_what_its_install_recorded(tmp_path):
     assert serve.installed_stat(str(dest)) == ""
     (dest / ".rb-manifest.jsonl").write_text("not json\n")
     assert serve.installed_stat(str(dest)) == ""
+
+
+def test_a_refused_source_has_no_static_checks_whichever_way_they_run(tmp_path, beside):
+    got = source(tmp_path / "missing")
+    assert got["done"][0] == "failed" and set(got["events"]) == {"scan"}, got
+    assert "does not exist" in got["events"]["scan"]["detail"]

@@ -286,6 +286,9 @@ def cmd_source(a: argparse.Namespace) -> int:
     answer = Answer(out)
     ctx = engine.Context(a.root, emit=answer.event, log=_log)
     facts: Dict[str, Any] = {}
+    # with cores to spare, the static checks run beside the scan (cancelled when the scan fails or
+    # the install's record says they passed for this very tree)
+    early = source.EarlyAudit(a.audit) if a.audit and source.spare_cores() else None
     event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names, a.special_modes,
                        a.outside_links, facts)
     installed = a.installed_stat
@@ -294,7 +297,9 @@ def cmd_source(a: argparse.Namespace) -> int:
         installed = sys.stdin.readline(4096).strip()
     if event["status"] != "failed":
         engine.run(ctx, "audit", source.audit, a.audit, facts.get("stat_fingerprint") or "",
-                   installed, a.outside_links)
+                   installed, a.outside_links, early)
+    elif early is not None:
+        early.cancel()
     return answer.done()
 
 

@@ -1,7 +1,9 @@
 """The source before anything is sent, in one process (`rbkit engine source`): the scan (a venv
 after the excludes, what the threat model refuses; stream.scan_source) and the static checks
 (rbprobes: `outside`, or `preflight` with the kernel audit for the target's arch), run in this
-process instead of a second Python start.
+process instead of a second Python start; on a host with cores to spare (4 or more) and nothing
+recorded to compare with yet, the static checks start in a child Python before the scan and run
+beside it (EarlyAudit; on a big venv both take a second or more).
 
 On a re-run the static checks are skipped when, and only when, the scan's stat fingerprint equals
 `installed_stat`: the one the destination's install recorded for its source (the tree then was
@@ -16,11 +18,16 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import re
+import subprocess
 import sys
-from typing import Any, Dict, List
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import engine, stream
+
+AUDIT_TIMEOUT_S = 900
 
 # rbprobes' table of checks (`check ...`, `outside   L0 ...`): not repeated in the log
 TABLE_ROW = re.compile(r"^check |^[a-z_]* *L0 ")
@@ -49,18 +56,58 @@ def failed_checks(doc: Dict[str, Any], keep_links: bool) -> List[str]:
     return sorted(failed)
 
 
-def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
-          outside_links: str) -> engine.Result:
-    """rbprobes ARGV in this process: facts audit_rc (0 passed, 1 failed, else it could not run),
-    audit_failed (the failed check types, space-separated). Its human lines go to the log: all
-    of them when it could not run, the problems when it failed."""
-    what = argv[0] if argv else ""
-    if installed_stat and installed_stat == stat:
-        return engine.Result(
-            "skipped: the source is the tree the destination's install recorded (same stat "
-            "fingerprint %s); the static checks are not repeated" % stat[:16],
-            {"audit_rc": 0, "audit_skipped": 1, "audit_failed": "", "audit_what": what},
-            status="skipped")
+def spare_cores() -> bool:
+    """Whether this host has cores for the static checks beside the scan (4 or more usable;
+    RBKIT_AUDIT_BESIDE=1 or 0 decides instead: the tests take both ways on any host)."""
+    forced = os.environ.get("RBKIT_AUDIT_BESIDE", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return n >= 4
+
+
+class EarlyAudit:
+    """rbprobes ARGV in a child Python (this interpreter, this kit), begun before the scan; its
+    output goes to unlinked temporary files, read when the scan is done."""
+
+    def __init__(self, argv: List[str]) -> None:
+        kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(stream.child_env(), PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._p: Optional[subprocess.Popen] = None
+        try:
+            self._p = subprocess.Popen([sys.executable, "-m", "rbprobes"] + list(argv),
+                                       stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+                                       cwd="/", env=env)
+        except OSError as exc:
+            self._err.write(("could not start the static checks: %s\n" % exc.strerror).encode())
+
+    def cancel(self) -> None:
+        if self._p is not None and self._p.poll() is None:
+            self._p.kill()
+            self._p.wait()
+
+    def result(self) -> Tuple[int, str, str]:
+        """(exit code, stdout, stderr) as cli.main would leave them (124: past AUDIT_TIMEOUT_S)."""
+        rc = 127
+        if self._p is not None:
+            try:
+                rc = self._p.wait(AUDIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.cancel()
+                rc = 124
+        texts = []
+        for f in (self._out, self._err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", "replace"))
+            f.close()
+        return rc, texts[0], texts[1]
+
+
+def _in_process(argv: List[str]) -> Tuple[int, str, str]:
     cli = importlib.import_module("rbprobes.cli")
     out, err = io.StringIO(), io.StringIO()
     old = sys.stdout, sys.stderr
@@ -71,6 +118,26 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
         rc = exc.code if isinstance(exc.code, int) else 2
     finally:
         sys.stdout, sys.stderr = old
+    return rc, out.getvalue(), err.getvalue()
+
+
+def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
+          outside_links: str, early: Optional[EarlyAudit] = None) -> engine.Result:
+    """rbprobes ARGV (in this process, or `early`'s result): facts audit_rc (0 passed, 1 failed,
+    else it could not run), audit_failed (the failed check types, space-separated). Its human
+    lines go to the log: all of them when it could not run, the problems when it failed."""
+    what = argv[0] if argv else ""
+    if installed_stat and installed_stat == stat:
+        if early is not None:
+            early.cancel()
+        return engine.Result(
+            "skipped: the source is the tree the destination's install recorded (same stat "
+            "fingerprint %s); the static checks are not repeated" % stat[:16],
+            {"audit_rc": 0, "audit_skipped": 1, "audit_failed": "", "audit_what": what},
+            status="skipped")
+    rc, out_text, err_text = early.result() if early is not None else _in_process(argv)
+    out, err = io.StringIO(out_text), io.StringIO()
+    err.write(err_text)
     failed: List[str] = []
     if rc == 1:
         doc: Dict[str, Any] = {}
