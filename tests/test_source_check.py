@@ -114,3 +114,14 @@ def test_a_refused_source_has_no_static_checks_whichever_way_they_run(tmp_path, 
     got = source(tmp_path / "missing")
     assert got["done"][0] == "failed" and set(got["events"]) == {"scan"}, got
     assert "does not exist" in got["events"]["scan"]["detail"]
+
+
+def test_a_rerun_runs_the_checks_after_the_scan_and_they_are_still_skipped_or_run(tmp_path):
+    """--checks-beside no (the runbook's re-run with the same settings): the same answers."""
+    src = tmp_path / "venv"
+    make_tree(src, python=True)
+    stat = source(src)["facts"]["stat_fingerprint"]
+    same = source(src, "--checks-beside", "no", "--installed-stat", stat)
+    assert same["facts"]["audit_skipped"] == "1", same
+    other = source(src, "--checks-beside", "no", "--installed-stat", "0" * 64)
+    assert other["facts"]["audit_skipped"] == "0" and other["facts"]["audit_rc"] == "0", other

@@ -288,7 +288,9 @@ def cmd_source(a: argparse.Namespace) -> int:
     facts: Dict[str, Any] = {}
     # with cores to spare, the static checks run beside the scan (cancelled when the scan fails or
     # the install's record says they passed for this very tree)
-    early = source.EarlyAudit(a.audit) if a.audit and source.spare_cores() else None
+    early = None
+    if a.audit and a.checks_beside == "auto" and source.spare_cores():
+        early = source.EarlyAudit(a.audit)
     event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names, a.special_modes,
                        a.outside_links, facts)
     installed = a.installed_stat
@@ -422,6 +424,9 @@ def parser() -> argparse.ArgumentParser:
     so.add_argument("--installed-stat", default="",
                     help="the destination install's source stat fingerprint (equal: no checks); "
                          "`-`: read it from stdin after the scan")
+    so.add_argument("--checks-beside", choices=("auto", "no"), default="auto",
+                    help="auto: the static checks run beside the scan on a host with cores to "
+                         "spare; no: after it (a re-run that will likely skip them)")
     so.add_argument("--audit", action="store_true",
                     help="the words after it: the rbprobes command line of the static checks")
     so.set_defaults(fn=cmd_source)

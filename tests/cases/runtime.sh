@@ -617,7 +617,7 @@ rb::engine_once() {
 # writes the names of what it sends (empty: nowhere).
 #######################################
 rb::source_start() {
-  local fifo=${RB_WORK}/source
+  local fifo=${RB_WORK}/source passed='' beside=auto
   local -a audit=(outside "${RB_SRC_ABS}") names=()
   if [[ -n "$1" ]]; then
     names=(--names "$1")
@@ -628,12 +628,21 @@ rb::source_start() {
   # what the checks ran with: a skip also needs the last pass to have had these settings
   RB_AUDIT_KEY=$(printf '%q ' "${RB_SRC_HOST}" "${audit[@]}")
   RB_AUDIT_KEY=${RB_AUDIT_KEY% }
+  # they passed here before with these settings: a re-run, which likely skips them; else they may
+  # run beside the scan (a host with cores to spare)
+  if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
+    IFS= read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
+    if [[ "${passed#* }" == "${RB_AUDIT_KEY}" ]]; then
+      beside=no
+    fi
+  fi
   rb::kit_argv "${RB_SRC_HOST}"
   mkfifo -m 600 "${fifo}.in"
   # a background job: RB_WORK empty, it does not record itself as the command that ran last
   RB_WORK='' rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" engine source "${RB_SRC_ABS}" \
     "${RB_EXCLUDE_ARGS[@]}" "${names[@]}" --special-modes "${RB_SPECIAL_MODES}" \
-    --outside-links "${RB_OUTSIDE_LINKS}" --installed-stat - --audit "${audit[@]}" \
+    --outside-links "${RB_OUTSIDE_LINKS}" --installed-stat - --checks-beside "${beside}" \
+    --audit "${audit[@]}" \
     <"${fifo}.in" >"${fifo}.out" &
   RB_SOURCE_PID=$!
   RB_BG_PIDS+=("${RB_SOURCE_PID}")
