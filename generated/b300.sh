@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: cbcb76a0166fcdd671be3f9d25f8ff2ce4005ec865ef619e879f8a1cc39d25a7
+# sha256 of this file with these 64 digits zeroed: ed470b893b551e07119efc8c8d35bf87f51681f2113fd90baa5c10ddcedf42a4
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6
-readonly RB_KIT_FILE=.kit/df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6.tar
+readonly RB_KIT_SHA256=c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c
+readonly RB_KIT_FILE=.kit/c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: c9e4d79da7f7c8700adb51ee19cc17cada40f99c1218a822d2643f8cb73ea5d8
+# sha256 of this file with these 64 digits zeroed: 8f36487fed219f429eef47c4c0a576ce959f0493adfe5ce088b4755c1bac47fa
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6
-readonly RB_KIT_FILE=.kit/df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6.tar
+readonly RB_KIT_SHA256=c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c
+readonly RB_KIT_FILE=.kit/c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 670998f3a3e881861845f7b5a553aed201ddd8641e308ee02eb46d3a91300908
+# sha256 of this file with these 64 digits zeroed: d01ccd51c4a3cd1ac86f69b5e84dd74e19fc056574f087c2d629709a9bc74a79
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6
-readonly RB_KIT_FILE=.kit/df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6.tar
+readonly RB_KIT_SHA256=c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c
+readonly RB_KIT_FILE=.kit/c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

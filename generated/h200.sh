@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 9f04aa264c4005c1afc80d1f0503539282b72d2bc87d2c0f8b937c6988dff735
+# sha256 of this file with these 64 digits zeroed: e32bee9e4ae1aecf635e4d26c40c7c93bb4c923a5092744b8707b7c88ae59fb3
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6
-readonly RB_KIT_FILE=.kit/df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6.tar
+readonly RB_KIT_SHA256=c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c
+readonly RB_KIT_FILE=.kit/c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

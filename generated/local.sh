@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: daefc90c49f73a9a77ec12fb58f521ae8f59213f0b5c821b92bd676e549ec3f3
+# sha256 of this file with these 64 digits zeroed: 4f4f5f96489f561f8d838a8813a887f6626f37f069745bae4acddde47d4877bd
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6
-readonly RB_KIT_FILE=.kit/df43ec3feeab70a8b28da6836fcc653690039bc96edf552c99b43a676e14b3c6.tar
+readonly RB_KIT_SHA256=c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c
+readonly RB_KIT_FILE=.kit/c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -125,3 +125,13 @@ def test_a_rerun_runs_the_checks_after_the_scan_and_they_are_still_skipped_or_ru
     assert same["facts"]["audit_skipped"] == "1", same
     other = source(src, "--checks-beside", "no", "--installed-stat", "0" * 64)
     assert other["facts"]["audit_skipped"] == "0" and other["facts"]["audit_rc"] == "0", other
+
+
+def test_checks_held_for_a_possible_skip_still_run_when_the_runbook_says_none(tmp_path):
+    """--checks-beside no with `-`: an empty line (no install, or no pass recorded here) starts
+    the checks; they run and pass whichever way this host runs them."""
+    src = tmp_path / "venv"
+    make_tree(src, python=True)
+    got = source(src, "--checks-beside", "no", "--installed-stat", "-", stdin="\n")
+    assert got["facts"]["audit_skipped"] == "0" and got["facts"]["audit_rc"] == "0", got
+    assert got["events"]["audit"]["status"] == "ok"

@@ -286,22 +286,33 @@ def cmd_source(a: argparse.Namespace) -> int:
     answer = Answer(out)
     ctx = engine.Context(a.root, emit=answer.event, log=_log)
     facts: Dict[str, Any] = {}
-    # with cores to spare, the static checks run beside the scan (cancelled when the scan fails or
-    # the install's record says they passed for this very tree)
-    early = None
-    if a.audit and a.checks_beside == "auto" and source.spare_cores():
-        early = source.EarlyAudit(a.audit)
+    # with cores to spare, the static checks run beside the scan: from the start when no earlier
+    # pass can let them be skipped (--checks-beside auto), else as soon as the runbook's line says
+    # none does (empty); cancelled when the scan fails or the line's fingerprint is the scan's
+    beside = bool(a.audit) and source.spare_cores()
+    early: List[Any] = [source.EarlyAudit(a.audit)] if beside and a.checks_beside == "auto" else []
+    line: List[str] = [a.installed_stat]
+    reader = None
+    if a.installed_stat == "-":
+        # the runbook learns it from the destination's engine while this scan runs
+
+        def read_line() -> None:
+            line[0] = sys.stdin.readline(4096).strip()
+            if beside and not early and not line[0]:
+                early.append(source.EarlyAudit(a.audit))
+
+        reader = threading.Thread(target=read_line, daemon=True)
+        reader.start()
     event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names, a.special_modes,
                        a.outside_links, facts)
-    installed = a.installed_stat
-    if installed == "-":
-        # the runbook learns it from the destination's engine while this scan runs
-        installed = sys.stdin.readline(4096).strip()
+    if reader is not None:
+        reader.join()
+    started = early[0] if early else None
     if event["status"] != "failed":
         engine.run(ctx, "audit", source.audit, a.audit, facts.get("stat_fingerprint") or "",
-                   installed, a.outside_links, early)
-    elif early is not None:
-        early.cancel()
+                   line[0], a.outside_links, started)
+    elif started is not None:
+        started.cancel()
     return answer.done()
 
 
@@ -425,8 +436,8 @@ def parser() -> argparse.ArgumentParser:
                     help="the destination install's source stat fingerprint (equal: no checks); "
                          "`-`: read it from stdin after the scan")
     so.add_argument("--checks-beside", choices=("auto", "no"), default="auto",
-                    help="auto: the static checks run beside the scan on a host with cores to "
-                         "spare; no: after it (a re-run that will likely skip them)")
+                    help="auto: the static checks start with the scan on a host with cores to "
+                         "spare; no: once the installed stat (`-`) says they cannot be skipped")
     so.add_argument("--audit", action="store_true",
                     help="the words after it: the rbprobes command line of the static checks")
     so.set_defaults(fn=cmd_source)

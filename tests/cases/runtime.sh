@@ -628,8 +628,8 @@ rb::source_start() {
   # what the checks ran with: a skip also needs the last pass to have had these settings
   RB_AUDIT_KEY=$(printf '%q ' "${RB_SRC_HOST}" "${audit[@]}")
   RB_AUDIT_KEY=${RB_AUDIT_KEY% }
-  # they passed here before with these settings: a re-run, which likely skips them; else they may
-  # run beside the scan (a host with cores to spare)
+  # on a host with cores to spare the checks run beside the scan: from its start, or, when they
+  # passed here before with these settings (a re-run may skip them), from rb::source_finish's word
   if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
     IFS= read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
     if [[ "${passed#* }" == "${RB_AUDIT_KEY}" ]]; then
