@@ -298,12 +298,14 @@ def fingerprint(manifest: dict) -> str:
     return h.hexdigest()
 
 
-def _same_inode(a: str, b: str) -> bool:
+def _is_inode(st: os.stat_result, path: str) -> bool:
+    """Whether `path` (not followed) is the inode `st` describes (the walk's lstat of a staging
+    file: one lstat less per linked file)."""
     try:
-        sa, sb = os.lstat(a), os.lstat(b)
+        other = os.lstat(path)
     except OSError:
         return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
 def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
@@ -336,12 +338,11 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
                 break
         else:
             if w["t"] == "f" and algo != "none":
-                if linked_from and _same_inode(os.path.join(root, rel),
-                                               os.path.join(linked_from, rel)):
+                st = stats[rel]
+                if linked_from and _is_inode(st, os.path.join(linked_from, rel)):
                     linked += 1
                     continue
                 got = received.get(rel)
-                st = stats[rel]
                 if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
                     streamed += 1
                     if w.get("h") != got[0]:
