@@ -173,7 +173,10 @@ def compression_note(spec: Any) -> str:
     if comp == "auto" and src_host == dst_host and spec.hosts[src_host].local and not spec.fanout:
         return "none (both ends are this machine: no link to save)"
     if comp == "auto":
-        return "decided at run time: " + ", else ".join(
+        one_kernel = "" if spec.fanout else (
+            "none if every machine the stream passes through runs one kernel (the same boot id: "
+            "no link to save), else ")
+        return "decided at run time: " + one_kernel + ", else ".join(
             f"{tool} -1 if both ends have {tool}" for tool in auto_compression(spec)) + ", else none"
     if comp == "none":
         return "none"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 4f4f5f96489f561f8d838a8813a887f6626f37f069745bae4acddde47d4877bd
+# sha256 of this file with these 64 digits zeroed: d350469bbb30ba20280d3e00423839e8f356d0b47840093f710e119fb47b5a8d
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c
-readonly RB_KIT_FILE=.kit/c47c9634e3108f8bb090a77d6aaaaa4e40192c44e27bb88319ee955a3d8ae92c.tar
+readonly RB_KIT_SHA256=3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded
+readonly RB_KIT_FILE=.kit/3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -164,6 +164,7 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
+declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
 RB_SOURCE_W=''
 declare -A RB_J=()
@@ -358,13 +359,25 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: none when both ends are this machine (no link to save),
+# Decide the stream's compression: with auto, none when every machine the stream passes through
+# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
+# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
 # else from the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
+    RB_COMPRESSION_USED=none
+    if [[ "${RB_ROUTE_USED}" == relay ]]; then
+      through=' and this machine'
+    fi
+    rb::log "compression: none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
+      "${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"

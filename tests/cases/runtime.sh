@@ -29,6 +29,23 @@ rb::choose_compression() {
 }
 
 #######################################
+# Whether every machine a stream from host $1 to host $2 passes through runs one kernel (the same
+# boot id, RB_HOST_BOOT from rb::hosts_prepare): both hosts, and this machine when it relays ($3
+# `relay`). Prints that boot id; returns 1 when they differ or one is not known.
+#######################################
+rb::one_kernel() {
+  local boot=${RB_HOST_BOOT[$1]:--} here=''
+  if [[ "${boot}" == - || "${RB_HOST_BOOT[$2]:--}" != "${boot}" ]]; then
+    return 1
+  fi
+  if [[ "$3" == relay ]]; then
+    IFS= read -r here 2>/dev/null </proc/sys/kernel/random/boot_id || return 1
+    [[ "${here}" == "${boot}" ]] || return 1
+  fi
+  printf '%s\n' "${boot}"
+}
+
+#######################################
 # The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
 # the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
 # and a `progress` event the timeline draws the rate from.
@@ -201,7 +218,7 @@ rb::hosts_prepare() {
     fi
     if [[ "${rcs[${host}]:-}" == 0 ]]; then
       IFS=$'\t' read -r RB_PY["${host}"] RB_KIT_DIR["${host}"] RB_HOST_COMP["${host}"] \
-        <"${out}-${host}" || true
+        RB_HOST_BOOT["${host}"] <"${out}-${host}" || true
     fi
   done
   for host in "$@"; do
@@ -238,8 +255,9 @@ rb::kit_ship() {
 
 #######################################
 # One host's preparation (rb::hosts_prepare): $1 the host, $2 the kit's tar here. Prints
-# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS` (KIT_DIR `-` for this machine, which uses the run
-# directory's copy). A kit that arrives with another sha256 is removed unread.
+# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS<TAB>BOOT_ID` (KIT_DIR `-` for this machine, which uses the
+# run directory's copy; BOOT_ID the running kernel's, `-` where there is none to read). A kit
+# that arrives with another sha256 is removed unread.
 #######################################
 rb::host_prepare() {
   local host=$1 tar=$2 mode=ship
@@ -268,7 +286,8 @@ print(sys.executable)" "${dir}" "$2") || exit 1
       rm -f "${dir}/kit.tar" || exit 1
       trap - EXIT
     fi
-    printf "%s\t%s\t%s\n" "${py}" "${dir}" "${comp}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" <"${tar}"
+    boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null) || boot=-
+    printf "%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" <"${tar}"
 }
 
 #######################################

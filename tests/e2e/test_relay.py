@@ -71,6 +71,9 @@ def test_relay_moves_a_torch_venv_and_the_console_script_runs_on_dst(clean_lab, 
     r = run(tmp_path, script)
     assert r.returncode == 0, r.stderr[-5000:]
     assert "route: relay through this machine" in r.stderr
+    # compression: auto, and the lab's hosts are namespaces of this machine: one kernel, so a
+    # compressor would only spend the CPUs the stream already uses
+    assert "compression: none (auto: src dst and this machine run one kernel" in r.stderr
     doc = report(tmp_path)
     # the three checks of the spec and the relocation proof every probe runs
     assert doc["outcome"] == "ok" and doc["checks"]["fail"] == 0 and doc["checks"]["pass"] == 4
@@ -108,6 +111,7 @@ def test_direct_route_when_src_reaches_dst(clean_lab, payload_small, tmp_path):
     r = run(tmp_path, script)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "route: direct (src reaches dst over ssh itself)" in r.stderr
+    assert "compression: none (auto: src dst run one kernel" in r.stderr
     out = lab.ssh("dst", [str(dst / "bin" / "payload-hello")], check=True).stdout
     assert str(dst) in out
 

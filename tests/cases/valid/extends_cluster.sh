@@ -104,13 +104,13 @@ on src: rbkit engine scan /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"
 on dst: rbkit engine serve --dest /opt/venv: takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing replace; free space for /opt/.venv.rb-staging
 on src: rbprobes preflight --venv /opt/venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
+compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on src: rbkit engine hash /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' --algo sha256 --jobs auto
 here: keep a copy in runs/extends-cluster/manifest.jsonl; send it to dst
 on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the install
 on dst: engine stage: if it differs, link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
-on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on dst: <decompress> | tar -C /opt/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -167,6 +167,7 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
+declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
 RB_SOURCE_W=''
 declare -A RB_J=()
@@ -371,13 +372,25 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: none when both ends are this machine (no link to save),
+# Decide the stream's compression: with auto, none when every machine the stream passes through
+# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
+# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
 # else from the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
+    RB_COMPRESSION_USED=none
+    if [[ "${RB_ROUTE_USED}" == relay ]]; then
+      through=' and this machine'
+    fi
+    rb::log "compression: none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
+      "${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"

@@ -153,6 +153,7 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
+declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
 RB_SOURCE_W=''
 declare -A RB_J=()

@@ -156,6 +156,7 @@ RB_CAUSE=''
 RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
+declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
 RB_SOURCE_W=''
 declare -A RB_J=()
@@ -360,13 +361,25 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: none when both ends are this machine (no link to save),
+# Decide the stream's compression: with auto, none when every machine the stream passes through
+# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
+# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
 # else from the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
+    RB_COMPRESSION_USED=none
+    if [[ "${RB_ROUTE_USED}" == relay ]]; then
+      through=' and this machine'
+    fi
+    rb::log "compression: none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
+      "${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
