@@ -134,3 +134,67 @@ def test_numbers_in_octal_and_in_base_256():
     assert tarstream._number(bytes([0x80]) + (9 << 30).to_bytes(11, "big")) == 9 << 30
     with pytest.raises(ValueError):
         tarstream._number(b"\xff" * 12)
+
+
+def through_pipes(d: "tarstream.Digester", data: bytes, consumer: list) -> tuple:
+    """Run d.stage between two pipes: `data` written into the first by a thread, the second read
+    by `consumer` (a command, its output to a file). Returns (stage's return, consumer's output,
+    consumer's exit)."""
+    import tempfile
+    import threading
+
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    sink = tempfile.TemporaryFile()
+    p = subprocess.Popen(consumer, stdin=out_r, stdout=sink)
+    os.close(out_r)
+
+    def feed():
+        try:
+            with os.fdopen(in_w, "wb") as f:
+                f.write(data)
+        except BrokenPipeError:
+            pass
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    rc = d.stage(in_r, out_w)
+    os.close(out_w)
+    os.close(in_r)                                # the feeder's writes fail now, if any are left
+    p.wait(30)
+    t.join(30)
+    sink.seek(0)
+    return rc, sink.read(), p.returncode
+
+
+def test_between_pipes_every_byte_goes_on_and_every_digest_is_tars(tmp_path):
+    """The stage as the receiving end runs it: between two pipes, with tar's reader behind."""
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t")
+    d = tarstream.Digester("sha256", workers=2)
+    rc, got, crc = through_pipes(d, data, ["cat"])
+    assert rc == 0 and crc == 0 and got == data
+    assert d.result() == digests_on_disk(tmp_path / "t")
+    assert d.ended and not d.truncated and d.corrupt is None and d.lost is None
+
+
+def test_a_reader_that_stops_after_the_archive_leaves_the_rest_to_the_parser(tmp_path):
+    """tar stops reading at the end of the archive: the sender's padding past it is still read
+    (its writes must not fail), and the digests stand."""
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t")
+    padded = data + b"\0" * (3 << 20)
+    d = tarstream.Digester("sha256", workers=2)
+    rc, got, _ = through_pipes(d, padded, ["head", "-c", str(len(data))])
+    assert rc == 0 and got == data
+    assert d.result() == digests_on_disk(tmp_path / "t")
+    assert d.ended and d.corrupt is None and d.lost is None
+
+
+def test_a_reader_that_dies_mid_archive_ends_the_stage(tmp_path):
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t")
+    d = tarstream.Digester("sha256", workers=2)
+    rc, got, _ = through_pipes(d, data, ["head", "-c", "4096"])
+    assert rc == 0 and got == data[:4096]
+    assert not d.ended                              # the stage stopped: no end was seen
