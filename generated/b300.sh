@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 5da7dfa1236b06de22cadf8ca1450520ab2b6feaf72019e810ab0728f2ecfd7f
+# sha256 of this file with these 64 digits zeroed: 3d25979005c5a5db780d54649d6ea316b2d3fe9c2957d93d94ecb0af98de7c48
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded
-readonly RB_KIT_FILE=.kit/3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded.tar
+readonly RB_KIT_SHA256=c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4
+readonly RB_KIT_FILE=.kit/c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

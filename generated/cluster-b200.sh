@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 6fec85ade67470964c3ddb9d46fd5c4df95dbcae1ec9cdea425648946119b885
+# sha256 of this file with these 64 digits zeroed: 01fe4fdde963480f57dfa4b839ed959c24745c4093a3934f74492fc9dde973cf
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded
-readonly RB_KIT_FILE=.kit/3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded.tar
+readonly RB_KIT_SHA256=c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4
+readonly RB_KIT_FILE=.kit/c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 8668cc507bdc829cae7a92e10e217fbc156a874d79fe05db58836d2b16652fb1
+# sha256 of this file with these 64 digits zeroed: 17b6bcd13a67efad66301580a29a5f7ef534c35185941bdc28771df4dd109585
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded
-readonly RB_KIT_FILE=.kit/3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded.tar
+readonly RB_KIT_SHA256=c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4
+readonly RB_KIT_FILE=.kit/c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: b7152abc140f3e092d4fc3242411758b6c1f0bd20086d50277ca9341e4fdf012
+# sha256 of this file with these 64 digits zeroed: ed3cf1f74b53dd946f1d0ad535e0ab9c83778d8319867cbdbbbf8077d140f2d2
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded
-readonly RB_KIT_FILE=.kit/3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded.tar
+readonly RB_KIT_SHA256=c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4
+readonly RB_KIT_FILE=.kit/c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: d350469bbb30ba20280d3e00423839e8f356d0b47840093f710e119fb47b5a8d
+# sha256 of this file with these 64 digits zeroed: 60266ee4077d4e4f11180df515cb8233dfe542aedec9f8cd651c44c7c85398ce
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded
-readonly RB_KIT_FILE=.kit/3dee0559a46ef502e86e3dd535d15c94df4c2061e374c119a37d5219c4839ded.tar
+readonly RB_KIT_SHA256=c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4
+readonly RB_KIT_FILE=.kit/c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -135,25 +135,23 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
             "fingerprint %s); the static checks are not repeated" % stat[:16],
             {"audit_rc": 0, "audit_skipped": 1, "audit_failed": "", "audit_what": what},
             status="skipped")
-    rc, out_text, err_text = early.result() if early is not None else _in_process(argv)
-    out, err = io.StringIO(out_text), io.StringIO()
-    err.write(err_text)
+    rc, out, err = early.result() if early is not None else _in_process(argv)
     failed: List[str] = []
     if rc == 1:
         doc: Dict[str, Any] = {}
         try:
-            doc = json.loads(out.getvalue())
+            doc = json.loads(out)
             failed = failed_checks(doc, outside_links == "keep")
         except ValueError:
             rc = 2
-            err.write("the static checks' report is not JSON: %s\n" % out.getvalue()[:200])
+            err += "the static checks' report is not JSON: %s\n" % out[:200]
         # the problems, each with its fix (not the table of checks); a single check (outside)
         # prints none: its reason says them
-        lines = [ln for ln in err.getvalue().splitlines() if not TABLE_ROW.match(ln)] or \
+        lines = [ln for ln in err.splitlines() if not TABLE_ROW.match(ln)] or \
             ["%s: %s" % (c.get("type"), c.get("reason")) for c in doc.get("checks") or [doc]
              if c.get("status") == "fail"]
     else:
-        lines = err.getvalue().splitlines() if rc != 0 else []
+        lines = err.splitlines() if rc != 0 else []
     for line in lines:
         sys.stderr.write(line + "\n")
     sys.stderr.flush()

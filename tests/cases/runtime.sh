@@ -632,8 +632,8 @@ rb::engine_once() {
 # (editable installs, .pth paths, links out of the tree). Between the two the engine waits for
 # the source stat fingerprint the destination's install recorded (rb::source_finish's $1, from
 # the destination's engine, which starts meanwhile): the checks are skipped when, and only when,
-# the source's equals it and the checks passed here for that tree with the same settings. rb::source_start's $1: where the source
-# writes the names of what it sends (empty: nowhere).
+# the source's equals it and the checks passed here for that tree with the same settings.
+# rb::source_start's $1: where the source writes the names of what it sends (empty: nowhere).
 #######################################
 rb::source_start() {
   local fifo=${RB_WORK}/source passed='' beside=auto
@@ -649,11 +649,9 @@ rb::source_start() {
   RB_AUDIT_KEY=${RB_AUDIT_KEY% }
   # on a host with cores to spare the checks run beside the scan: from its start, or, when they
   # passed here before with these settings (a re-run may skip them), from rb::source_finish's word
-  if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
-    IFS= read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
-    if [[ "${passed#* }" == "${RB_AUDIT_KEY}" ]]; then
-      beside=no
-    fi
+  passed=$(rb::audit_passed)
+  if [[ "${passed#* }" == "${RB_AUDIT_KEY}" ]]; then
+    beside=no
   fi
   rb::kit_argv "${RB_SRC_HOST}"
   mkfifo -m 600 "${fifo}.in"
@@ -669,16 +667,25 @@ rb::source_start() {
 }
 
 #######################################
+# The record rb::preflight_audit writes when the checks pass (not when --force moved a failing
+# tree): `STAT_FINGERPRINT AUDIT_KEY`, or nothing.
+#######################################
+rb::audit_passed() {
+  local line=''
+  if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
+    IFS= read -r line <"${RB_RUN_DIR}/audit-passed" || line=''
+  fi
+  printf '%s\n' "${line}"
+}
+
+#######################################
 # Give the source's engine the stat fingerprint the destination's install recorded ($1, empty:
 # none), wait for its answer and read it (RB_J); the step fails with the engine's reason.
 #######################################
 rb::source_finish() {
   local rc=0 installed=$1 passed=''
-  # the checks are skipped only for the tree they passed with here, with these settings: the
-  # record rb::preflight_audit writes when they pass (not when --force moved a failing tree)
-  if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
-    IFS= read -r passed <"${RB_RUN_DIR}/audit-passed" || passed=''
-  fi
+  # the checks are skipped only for the tree they passed with here, with these settings
+  passed=$(rb::audit_passed)
   if [[ "${passed}" != "${installed} ${RB_AUDIT_KEY}" ]]; then
     installed=''
   fi
