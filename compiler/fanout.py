@@ -260,7 +260,7 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     opts = "".join(f" {shlex.quote(o)}" for o in clush_opts(spec)) if f.engine == "clush" else ""
     copy = "".join(f" {shlex.quote(o)}" for o in sbcast_opts(spec)) if f.engine == "slurm" else ""
     node_cmd = (f"sh -c 'mkdir -m 700 {d} && tar -xf {d}.tar -C {d} --exclude=./payload && "
-                f"python3 -m rbkit.fanout "
+                f"python3 -S -m rbkit.fanout "
                 f"node --dir {d} --dest {dst} --old {src} ...'")
     t = f.timeout_s
     clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))
@@ -296,6 +296,6 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
                 f"{node_cmd}"] + again
     if step == "fan_compare":
         policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
-        return ["here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded",
+        return ["here: python3 -S -m rbkit.fanout compare: nodes x checks, identical rows folded",
                 f"success: {policy} must pass"]
     return []

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 17b6bcd13a67efad66301580a29a5f7ef534c35185941bdc28771df4dd109585
+# sha256 of this file with these 64 digits zeroed: 7a8d41eb22d94342ff9d661230ca40df56c05a7e83257cae93e010d4e4777eaf
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4
-readonly RB_KIT_FILE=.kit/c0d7b4bdb5ad388e4354ad6f6359dbf8b2ac88280e5cb762613011b3034a56d4.tar
+readonly RB_KIT_SHA256=1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e
+readonly RB_KIT_FILE=.kit/1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -111,9 +111,9 @@ here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
 on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'mkdir -m 700 /tmp/rbfan-cluster8-<random> && tar -xf /tmp/rbfan-cluster8-<random>.tar -C /tmp/rbfan-cluster8-<random> --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-cluster8-<random> --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'mkdir -m 700 /tmp/rbfan-cluster8-<random> && tar -xf /tmp/rbfan-cluster8-<random>.tar -C /tmp/rbfan-cluster8-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-cluster8-<random> --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
+  [fan_compare]='here: python3 -S -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 7 nodes must pass'
 )
 declare -rA RB_STEP_HOST=(
@@ -158,6 +158,9 @@ declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
+RB_MANIFEST_PID=''
+# the steps this run runs, in order (main)
+RB_RUN_STEPS=()
 RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
@@ -183,7 +186,7 @@ if [[ "${RB_SELF}" == */* ]]; then
 else
   RB_RUNTIME=./${RB_KIT_FILE}
 fi
-if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+if ! RB_RUNTIME=$(python3 -S - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import hashlib
 import io
 import os
@@ -287,7 +290,7 @@ if [ -e "$d" ] || [ -L "$d" ]; then
 fi
 if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
 mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
-PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
+PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -S -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
 # this run's scratch name on the nodes (rb::fan_scratch)
 RB_FAN_SCRATCH=''
@@ -389,7 +392,7 @@ rb::fan_bundle_make() {
 # The kit here (the head): python -m rbkit.fanout ARGS.
 #######################################
 rb::fan_kit() {
-  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout "$@"
+  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -S -m rbkit.fanout "$@"
 }
 
 #######################################
@@ -723,7 +726,7 @@ rb::init() {
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
-    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+    RB_LOCAL_PY=$(python3 -S -c 'import sys; print(sys.executable)')
   fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
@@ -746,22 +749,29 @@ rb::init() {
 #######################################
 rb::cleanup() {
   local host pid
+  local -a ends
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  for host in "${!RB_KIT_DIR[@]}"; do
-    if ! rb::is_local "${host}"; then
-      rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
-    fi
-  done
+  # every host at once: its kit directory removed, then its ssh connection closed
+  ends=()
   for host in "${RB_HOSTS[@]}"; do
-    "rb::host_${host}"
-    if [[ -n "${RB_HOST_TARGET}" ]]; then
-      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
-    fi
+    {
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
+        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      fi
+      "rb::host_${host}"
+      if [[ -n "${RB_HOST_TARGET}" ]]; then
+        ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
+      fi
+    } &
+    ends+=("$!")
+  done
+  for pid in "${ends[@]}"; do
+    wait "${pid}" || true
   done
   rm -rf "${RB_WORK}"
 }
@@ -841,8 +851,11 @@ main() {
     [[ "${id}" == "${from}" ]] && run=1
     # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
     if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
-      rb::run_step "${id}"
+      RB_RUN_STEPS+=("${id}")
     fi
+  done
+  for id in "${RB_RUN_STEPS[@]}"; do
+    rb::run_step "${id}"
   done
   rb::finish ok
 }

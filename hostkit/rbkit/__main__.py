@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from . import manifest, relocate, report
+from . import report
 
 
 def jobs(value: str) -> int:
@@ -32,6 +32,7 @@ def _print(doc) -> None:
 
 
 def cmd_manifest_build(a) -> int:
+    from . import manifest
     m = manifest.build(a.root, a.exclude, a.algo, a.jobs,
                        manifest.load(a.reuse) if a.reuse else None)
     manifest.save(m, a.out)
@@ -43,6 +44,7 @@ def cmd_manifest_build(a) -> int:
 
 
 def cmd_manifest_verify(a) -> int:
+    from . import manifest
     result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs,
                              linked_from=a.linked_from)
     for line in manifest.describe(result):
@@ -52,6 +54,7 @@ def cmd_manifest_verify(a) -> int:
 
 
 def cmd_relocate(a) -> int:
+    from . import relocate
     result = relocate.relocate(a.root, a.old, a.new)
     for rel in result["remaining"]:
         print(f"still names {a.old}: {rel}", file=sys.stderr)

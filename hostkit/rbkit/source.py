@@ -79,7 +79,7 @@ class EarlyAudit:
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         self._p: Optional[subprocess.Popen] = None
         try:
-            self._p = subprocess.Popen([sys.executable, "-m", "rbprobes"] + list(argv),
+            self._p = subprocess.Popen([sys.executable, "-S", "-m", "rbprobes"] + list(argv),
                                        stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
                                        cwd="/", env=env)
         except OSError as exc:

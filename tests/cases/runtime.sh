@@ -186,7 +186,7 @@ rb::kit() {
   local host=$1
   shift
   rb::on_host "${host}" env PYTHONPATH="${RB_KIT_DIR[${host}]}" PYTHONDONTWRITEBYTECODE=1 \
-    "${RB_PY[${host}]:-python3}" -m rbkit "$@"
+    "${RB_PY[${host}]:-python3}" -S -m rbkit "$@"
 }
 
 #######################################
@@ -239,10 +239,31 @@ rb::hosts_prepare() {
       RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
     fi
   done
-  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]] && ! rb::is_local "${RB_DST_HOST}"; then
-    # a --from/--only run goes on from the manifest this machine kept, never one left on the host
-    rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb \
-      "${RB_KIT_DIR[${RB_DST_HOST}]}/${RB_NAME}.manifest.jsonl" <"${RB_RUN_DIR}/manifest.jsonl"
+  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" && " ${RB_RUN_STEPS[*]} " != *" manifest "* ]] &&
+    ! rb::is_local "${RB_DST_HOST}"; then
+    # a --from/--only run without the manifest step goes on from the manifest this machine kept,
+    # never one left on the host (a run with it makes the run's own). Sent in the background,
+    # beside the engines' start: the next step waits for it (rb::manifest_sent).
+    RB_WORK='' rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
+      "${RB_KIT_DIR[${RB_DST_HOST}]}/${RB_NAME}.manifest.jsonl" <"${RB_RUN_DIR}/manifest.jsonl" &
+    RB_MANIFEST_PID=$!
+    RB_BG_PIDS+=("$!")
+  fi
+}
+
+#######################################
+# Wait for the kept manifest sent by rb::hosts_prepare, if one is on its way; the step fails
+# when it did not arrive.
+#######################################
+rb::manifest_sent() {
+  local pid=${RB_MANIFEST_PID}
+  if [[ -z "${pid}" ]]; then
+    return 0
+  fi
+  RB_MANIFEST_PID=''
+  if ! wait "${pid}"; then
+    RB_HOST=${RB_DST_HOST}
+    rb::fail "could not send the manifest this machine kept (${RB_RUN_DIR}/manifest.jsonl) to ${RB_DST_HOST}"
   fi
 }
 
@@ -275,7 +296,7 @@ rb::host_prepare() {
       trap "rm -rf -- \"${dir}\"" EXIT
       cat >"${dir}/kit.tar" || exit 1
     fi
-    py=$(python3 -c "import hashlib, sys
+    py=$(python3 -S -c "import hashlib, sys
 if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
 if sys.argv[1] != \"-\":
     got = hashlib.sha256(open(sys.argv[1] + \"/kit.tar\", \"rb\").read()).hexdigest()
@@ -301,7 +322,7 @@ rb::sha256() {
     printf '%s\n' "${out%% *}"
     return 0
   fi
-  "${RB_LOCAL_PY}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
+  "${RB_LOCAL_PY}" -S -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
 }
 
 #######################################
@@ -362,7 +383,7 @@ rb::check_sealed() {
   local out
   if ((RB_SEAL_DONE)); then
     out=${RB_SEAL_OUT}         # the start-up lines that read the kit checked already
-  elif ! out=$("${RB_LOCAL_PY}" - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+  elif ! out=$("${RB_LOCAL_PY}" -S - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import sys
 
 def seal_findings(runbook, spec_items):
@@ -434,6 +455,7 @@ rb::run_step() {
   rb::log "step ${id}: ${RB_STEP_DOC[${id}]}"
   rb::now
   RB_STEP_START=${RB_NOW}
+  rb::manifest_sent
   "step_${id}"
   detail=${RB_STEP_DETAIL}
   rb::now
@@ -578,7 +600,7 @@ rb::port_of() {
 rb::kit_argv() {
   local host=$1 dir
   dir=$(rb::kit_dir "${host}")
-  RB_KIT_ARGV=(env PYTHONPATH="${dir}" PYTHONDONTWRITEBYTECODE=1 "${RB_PY[${host}]:-python3}" -m rbkit)
+  RB_KIT_ARGV=(env PYTHONPATH="${dir}" PYTHONDONTWRITEBYTECODE=1 "${RB_PY[${host}]:-python3}" -S -m rbkit)
 }
 
 #######################################
@@ -868,7 +890,7 @@ rb::finish() {
     fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
   fi
   # the report, then its pictures beside it (timeline.svg, nodes.svg, report.html), one process
-  if drawn=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit \
+  if drawn=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -S -m rbkit \
     report --name "${RB_NAME}" --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" \
     --outcome "${outcome}" --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} \
     --pictures "$(dirname "${RB_REPORT}")" "${fan[@]}"); then

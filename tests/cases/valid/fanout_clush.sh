@@ -115,9 +115,9 @@ here: clush, nodeset present; nodes gpu[01-16] (16)'
 on build: tar -C /opt/venv -cf - <names> | <compress> > here: runs/fanout-clush/fanout/rbfan-fanout-clush.tar (with the manifest and the kit)
 re-run (runs/fanout-clush/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 --copy runs/fanout-clush/fanout/rbfan-fanout-clush.tar --dest /tmp/rbfan-fanout-clush-<random>.tar'
-  [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-clush-<random> && tar -xf /tmp/rbfan-fanout-clush-<random>.tar -C /tmp/rbfan-fanout-clush-<random> --exclude=./payload && python3 -m rbkit.fanout node --dir /tmp/rbfan-fanout-clush-<random> --dest /opt/venv --old /opt/venv ...'"'"'
+  [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-clush-<random> && tar -xf /tmp/rbfan-fanout-clush-<random>.tar -C /tmp/rbfan-fanout-clush-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-fanout-clush-<random> --dest /opt/venv --old /opt/venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -m rbkit.fanout compare: nodes x checks, identical rows folded
+  [fan_compare]='here: python3 -S -m rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 15 nodes must pass'
 )
 declare -rA RB_STEP_HOST=(
@@ -162,6 +162,9 @@ declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
+RB_MANIFEST_PID=''
+# the steps this run runs, in order (main)
+RB_RUN_STEPS=()
 RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
@@ -187,7 +190,7 @@ if [[ "${RB_SELF}" == */* ]]; then
 else
   RB_RUNTIME=./${RB_KIT_FILE}
 fi
-if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+if ! RB_RUNTIME=$(python3 -S - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import hashlib
 import io
 import os
@@ -291,7 +294,7 @@ if [ -e "$d" ] || [ -L "$d" ]; then
 fi
 if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
 mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
-PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -m rbkit.fanout node --dir "$d" "$@"'
+PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -S -m rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
 # this run's scratch name on the nodes (rb::fan_scratch)
 RB_FAN_SCRATCH=''
@@ -393,7 +396,7 @@ rb::fan_bundle_make() {
 # The kit here (the head): python -m rbkit.fanout ARGS.
 #######################################
 rb::fan_kit() {
-  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -m rbkit.fanout "$@"
+  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -S -m rbkit.fanout "$@"
 }
 
 #######################################
@@ -698,7 +701,7 @@ rb::init() {
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
-    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+    RB_LOCAL_PY=$(python3 -S -c 'import sys; print(sys.executable)')
   fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
@@ -721,22 +724,29 @@ rb::init() {
 #######################################
 rb::cleanup() {
   local host pid
+  local -a ends
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  for host in "${!RB_KIT_DIR[@]}"; do
-    if ! rb::is_local "${host}"; then
-      rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
-    fi
-  done
+  # every host at once: its kit directory removed, then its ssh connection closed
+  ends=()
   for host in "${RB_HOSTS[@]}"; do
-    "rb::host_${host}"
-    if [[ -n "${RB_HOST_TARGET}" ]]; then
-      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
-    fi
+    {
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
+        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      fi
+      "rb::host_${host}"
+      if [[ -n "${RB_HOST_TARGET}" ]]; then
+        ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
+      fi
+    } &
+    ends+=("$!")
+  done
+  for pid in "${ends[@]}"; do
+    wait "${pid}" || true
   done
   rm -rf "${RB_WORK}"
 }
@@ -816,8 +826,11 @@ main() {
     [[ "${id}" == "${from}" ]] && run=1
     # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
     if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
-      rb::run_step "${id}"
+      RB_RUN_STEPS+=("${id}")
     fi
+  done
+  for id in "${RB_RUN_STEPS[@]}"; do
+    rb::run_step "${id}"
   done
   rb::finish ok
 }

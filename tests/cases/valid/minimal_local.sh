@@ -157,6 +157,9 @@ declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
 RB_SOURCE_PID=''
+RB_MANIFEST_PID=''
+# the steps this run runs, in order (main)
+RB_RUN_STEPS=()
 RB_SOURCE_W=''
 declare -A RB_J=()
 RB_NOW=0
@@ -182,7 +185,7 @@ if [[ "${RB_SELF}" == */* ]]; then
 else
   RB_RUNTIME=./${RB_KIT_FILE}
 fi
-if ! RB_RUNTIME=$(python3 - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+if ! RB_RUNTIME=$(python3 -S - "${RB_RUNTIME}" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
 import hashlib
 import io
 import os
@@ -448,7 +451,7 @@ step_manifest() {
 # source, whose unchanged files (same mode, size and mtime) keep their recorded digests.
 #######################################
 rb::delta_plan() {
-  local src_kit sent linked i
+  local src_kit sent linked i have
   local -a kept=(delta=1 "source_stat=${RB_SRC_STAT}" "algo=${RB_VERIFY}")
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   for ((i = 1; i < ${#RB_EXCLUDE_ARGS[@]}; i += 2)); do
@@ -458,8 +461,12 @@ rb::delta_plan() {
   if [[ "${RB_J[kept]:-0}" == 1 ]]; then
     RB_FINGERPRINT=${RB_J[fingerprint]}
     rb::fact manifest_files "${RB_J[files]}"
-    if [[ "${RB_J[rebuilt]}" == 1 ]]; then
+    have=$(rb::kept_fingerprint)
+    if [[ "${RB_J[rebuilt]}" == 1 && "${have}" != "${RB_FINGERPRINT}" ]]; then
+      # rebuilt there from the install's record: this machine keeps a copy unless it has it
+      rb::kept_fingerprint ''
       rb::on_host "${RB_DST_HOST}" cat "${RB_J[manifest]}" >"${RB_RUN_DIR}/manifest.jsonl"
+      rb::kept_fingerprint "${RB_FINGERPRINT}"
     fi
     rb::log "the source is unchanged since the install: its manifest as of then (fingerprint" \
       "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
@@ -518,9 +525,31 @@ rb::manifest_share() {
   local src_kit dst_kit
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  rb::kept_fingerprint ''
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
+  rb::kept_fingerprint "${RB_FINGERPRINT}"
   rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
     <"${RB_RUN_DIR}/manifest.jsonl"
+}
+
+#######################################
+# The fingerprint of the source manifest this machine keeps (runs/NAME/manifest.jsonl): with an
+# argument, record it (the manifest was just written there; '' before it is written: none is
+# known while it is rewritten); without, print it (empty when none is recorded).
+#######################################
+rb::kept_fingerprint() {
+  local file=${RB_RUN_DIR}/manifest.fingerprint line=''
+  if (($# > 0)); then
+    rm -f "${file}"
+    if [[ -n "$1" ]]; then
+      printf '%s\n' "$1" >"${file}"
+    fi
+    return 0
+  fi
+  if [[ -f "${file}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
+    IFS= read -r line <"${file}" || true
+  fi
+  printf '%s\n' "${line}"
 }
 
 #######################################
@@ -689,7 +718,7 @@ rb::init() {
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
-    RB_LOCAL_PY=$(python3 -c 'import sys; print(sys.executable)')
+    RB_LOCAL_PY=$(python3 -S -c 'import sys; print(sys.executable)')
   fi
   # the kit's packages are rewritten every run; state files beside them (manifests) are kept
   rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
@@ -712,22 +741,29 @@ rb::init() {
 #######################################
 rb::cleanup() {
   local host pid
+  local -a ends
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  for host in "${!RB_KIT_DIR[@]}"; do
-    if ! rb::is_local "${host}"; then
-      rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
-    fi
-  done
+  # every host at once: its kit directory removed, then its ssh connection closed
+  ends=()
   for host in "${RB_HOSTS[@]}"; do
-    "rb::host_${host}"
-    if [[ -n "${RB_HOST_TARGET}" ]]; then
-      ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
-    fi
+    {
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
+        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      fi
+      "rb::host_${host}"
+      if [[ -n "${RB_HOST_TARGET}" ]]; then
+        ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
+      fi
+    } &
+    ends+=("$!")
+  done
+  for pid in "${ends[@]}"; do
+    wait "${pid}" || true
   done
   rm -rf "${RB_WORK}"
 }
@@ -807,8 +843,11 @@ main() {
     [[ "${id}" == "${from}" ]] && run=1
     # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
     if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
-      rb::run_step "${id}"
+      RB_RUN_STEPS+=("${id}")
     fi
+  done
+  for id in "${RB_RUN_STEPS[@]}"; do
+    rb::run_step "${id}"
   done
   rb::finish ok
 }
