@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: e70ee092940b6485d379ae992d83150898c5cb567d520960c687d60a9a7b2728
+# sha256 of this file with these 64 digits zeroed: ea4fd21d9c72ecd4c24538d352b20d04ead08b7f2799230c84880d600420567c
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e
-readonly RB_KIT_FILE=.kit/1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e.tar
+readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
+readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -703,7 +703,7 @@ step_prove() {
 # Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 6931d9ddbf6bd23f1b5205fdf811cc84621cc169813a13e7368d1540308a2b2a
+# sha256 of this file with these 64 digits zeroed: 5a35da9c17fe2132af69a8f5a670778af3e8025ae55151b3633aa13c9ae736df
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e
-readonly RB_KIT_FILE=.kit/1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e.tar
+readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
+readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -704,7 +704,7 @@ step_prove() {
 # Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then

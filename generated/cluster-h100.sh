@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 358f29e72221b64d44e70804e41d6437d2595b2c263bb81829e2d6667c4f3427
+# sha256 of this file with these 64 digits zeroed: cb5accd8da63630077e4c0a05508a943979f44a4a2e5077e30fd2dca156247fc
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e
-readonly RB_KIT_FILE=.kit/1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e.tar
+readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
+readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -704,7 +704,7 @@ step_prove() {
 # Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: a7c52be07f5032ef9f0f988d6bda74eea3898cf31345641eb1142d0e9b78d286
+# sha256 of this file with these 64 digits zeroed: fa5648de43242295a6ba0c51a565254a578166c3bce0a632fcc4e9162ed7f8e6
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e
-readonly RB_KIT_FILE=.kit/1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e.tar
+readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
+readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -692,7 +692,7 @@ step_prove() {
 # Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: ce0591f9dbd4cc2596bcebcb83e159b14c7aedd47767695d8b982171472d2759
+# sha256 of this file with these 64 digits zeroed: 1c1d46daed0f62f673d4d9dd7315e14fcbde9e6057fa75e3c35e191e1662ad58
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e
-readonly RB_KIT_FILE=.kit/1b64c14fc6c1e37f49e2978b7411105240e30b7d77737cf3dedf81d7e885be7e.tar
+readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
+readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -691,7 +691,7 @@ step_prove() {
 # Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then

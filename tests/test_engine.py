@@ -707,3 +707,37 @@ def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first
     assert not os.path.lexists(ctx.staging) and engine.read_stamp(ctx) is None
     assert not (tmp_path / "m.jsonl").exists() or what == "other excludes"
     assert (dest / PKG / "__init__.py").read_text() == before
+
+
+# -- the post-swap proof: every console script started by the kernel, none of its code run ------
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def test_the_post_swap_proof_starts_each_console_script_without_running_its_code(tmp_path):
+    dest = tmp_path / "venv"
+    make_tree(dest, python=True)
+    ran = tmp_path / "ran"
+    code = f"open({str(ran)!r}, 'a').write(__file__ + '\\n')\n"
+    _script(dest / "bin" / "tool", f"#!{dest}/bin/python\n{code}")
+    _script(dest / "bin" / "pip", f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n{code}")
+    _script(dest / "bin" / "other", f"#!/usr/bin/env python3\n{code}")    # not the venv's own
+    proven, failed = engine.prove_scripts(str(dest), ["bin/tool", "bin/other", "pyvenv.cfg"])
+    assert (proven, failed) == (["bin/pip", "bin/tool"], [])
+    assert not ran.exists()                    # the hook ended each interpreter before the script
+
+
+def test_the_post_swap_proof_fails_a_console_script_whose_interpreter_lives_elsewhere(tmp_path):
+    dest, other = tmp_path / "venv", tmp_path / "other"
+    make_tree(dest, python=True)
+    make_tree(other, python=True)
+    # the venv's python3 is a wrapper that starts another venv's interpreter
+    _script(dest / "bin" / "python3", f"#!/bin/sh\nexec {other}/bin/python \"$@\"\n")
+    _script(dest / "bin" / "tool", f"#!{dest}/bin/python3\nimport sys\n")
+    proven, failed = engine.prove_scripts(str(dest), ["bin/tool"])
+    assert proven == []
+    assert failed == [f"console script bin/tool runs from the wrong place: sys.prefix {other}, "
+                      f"{other}/bin/python"], failed

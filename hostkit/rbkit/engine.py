@@ -748,7 +748,7 @@ def relocate(ctx: Context) -> Result:
     _write_stamp(ctx, dict(doc, stage="relocating"))
     result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest, scan_elsewhere=False)
     # data files outside bin/ that name the old path are only reported: that scan reads every
-    # .py, .txt, .json... of the tree, so it runs beside the steps up to the swap's bin/pip check
+    # .py, .txt, .json... of the tree, so it runs beside the steps up to the swap's console-script proof
     ctx.elsewhere = kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"])
     m = ctx.new_manifest()
     algo = m["header"]["algo"]
@@ -811,12 +811,90 @@ def prove(ctx: Context) -> Result:
     return Result("bin/python %s runs from the staging" % version, {"python": version})
 
 
+# the post-swap proof's hook: a console script's interpreter imports sitecustomize from
+# PYTHONPATH at start-up (site), before the script; this one says where the interpreter runs
+# from and ends it there, so no script's own code runs
+EXEC_PROOF = "rb-exec-proof"
+_PROOF_HOOK = (b"import os, sys\n"
+               b"os.write(1, b'" + EXEC_PROOF.encode() + b" ' + os.fsencode(sys.prefix) + b'\\0'"
+               b" + os.fsencode(sys.executable) + b'\\n')\n"
+               b"os._exit(0)\n")
+
+
+def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bool]]:
+    """(rel, started by the venv's own python) for each executable regular file under bin/ that
+    relocation rewrote, and bin/pip always: what the post-swap proof execs."""
+    rels = sorted({r for r in rewritten if r.startswith("bin/") and r.count("/") == 1}
+                  | {"bin/pip"})
+    out = []
+    for rel in rels:
+        got = safefs.read_in(dest, rel, limit=1 << 24)
+        if got is None or not got[1].st_mode & 0o111:
+            continue
+        out.append((rel, kitrelocate.python_script(got[0][:4096], dest)))
+    return out
+
+
+def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOUT
+                  ) -> Tuple[List[str], List[str]]:
+    """Exec the console scripts of `dest` through the kernel (their shebangs), all at once:
+    each whose interpreter is the venv's own python must report, through the hook above,
+    sys.prefix == dest; no code of the script runs. bin/pip started otherwise (a wrapper) runs
+    `--version`, which must name dest. Returns (the scripts proven, the failures)."""
+    scripts = _console_scripts(dest, rewritten)
+    if not scripts:
+        return [], []
+    hook = tempfile.mkdtemp(prefix="rbkit-exec-proof.")     # 0700, this user's
+    try:
+        fd = os.open(os.path.join(hook, "sitecustomize.py"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_PROOF_HOOK)
+        env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
+        real = os.path.realpath(dest)
+        results: List[Any] = [None] * len(scripts)
+
+        def one(i: int) -> None:
+            rel, own = scripts[i]
+            if own or rel == "bin/pip":       # any other script's code would run: not started
+                results[i] = run_quiet([os.path.join(dest, rel), "--version"], timeout, env)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(scripts))]
+        width = max(1, min(8, os.cpu_count() or 1))
+        for k in range(0, len(threads), width):
+            for t in threads[k:k + width]:
+                t.start()
+            for t in threads[k:k + width]:
+                t.join()
+    finally:
+        shutil.rmtree(hook, ignore_errors=True)
+    proven, failed = [], []
+    for (rel, own), got in zip(scripts, results):
+        if got is None:
+            continue
+        rc, out, err = got
+        line = out.split("\n", 1)[0]
+        if line.startswith(EXEC_PROOF + " "):
+            prefix, _, exe = line[len(EXEC_PROOF) + 1:].partition("\0")
+            ok = rc == 0 and os.path.realpath(prefix) == real and exe.startswith(dest + "/")
+            said = "sys.prefix %s, %s" % (prefix, exe)
+        else:
+            # no hook ran (not the venv's python, or one that skips site): what it printed
+            ok = rc == 0 and dest + "/" in out
+            said = out.strip() or err.strip() or "exit %s" % rc
+        if ok:
+            proven.append(rel)
+        else:
+            failed.append("console script %s runs from the wrong place: %s" % (rel, said))
+    return proven, failed
+
+
 def swap(ctx: Context) -> Result:
     """Put the proven staging at the destination in one rename, then prove it there: sys.prefix
     is the destination, and bin/pip (when there) runs from it. What was there is kept until the
     run ends (a backup with on_existing: backup, for good)."""
     _require_lock(ctx)
-    _require(ctx, ("proven",), "swap")
+    doc = _require(ctx, ("proven",), "swap")
     transient = ctx.policy == "replace" and os.path.lexists(ctx.dest)
     ctx.critical += 1
     try:
@@ -844,14 +922,13 @@ def swap(ctx: Context) -> Result:
         raise StepError("the moved interpreter reports sys.prefix %s, expected %s"
                         % (prefix, ctx.dest), facts)
     facts["prefix"] = prefix
-    pip = os.path.join(ctx.dest, "bin", "pip")
-    if os.path.isfile(pip) and os.access(pip, os.X_OK):
-        rc, out, err = run_quiet([pip, "--version"], PROVE_TIMEOUT)
-        if rc != 0 or ctx.dest + "/" not in out:
-            raise StepError("console script bin/pip runs from the wrong place: %s"
-                            % (out.strip() or err.strip() or "exit %s" % rc), facts)
-        facts["pip"] = out.strip()
-        ctx.log("console script runs: %s" % out.strip())
+    proven, failed = prove_scripts(ctx.dest, list(doc.get("relocated") or {}))
+    facts["scripts"] = len(proven)
+    if failed:
+        raise StepError(failed[0], facts, lines=failed)
+    if proven:
+        ctx.log("console scripts started from %s by their shebangs (sys.prefix there): %s"
+                % (ctx.dest, ", ".join(proven)))
     _report_elsewhere(ctx, facts)
     if kept:
         ctx.log("the previous destination is kept at %s" % kept)

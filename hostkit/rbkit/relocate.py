@@ -88,6 +88,30 @@ def _fix_venv_shebang(data: bytes, new: str) -> Optional[bytes]:
     return b"#!/bin/sh\n'''exec' " + BESIDE + name + TRAMPOLINE_TAIL + b"\n" + rest
 
 
+def python_script(data: bytes, root: str) -> bool:
+    """Whether `data` is a script the kernel starts with the venv at `root`'s own bin/python*,
+    in one of the forms relocation writes: `#!ROOT/bin/pythonX`, pip's trampoline naming
+    ROOT/bin/pythonX, or the trampoline that finds pythonX beside the script (no interpreter
+    arguments: -I or -S would keep the post-swap proof's hook from running)."""
+    first, _nl, rest = data.partition(b"\n")
+    own = root.encode() + b"/bin/"
+    if first.startswith(b"#!" + own):
+        name = first[2 + len(own):]
+    elif first.strip() == b"#!/bin/sh" and rest.startswith(b"'''exec' "):
+        line = rest.partition(b"\n")[0][len(b"'''exec' "):]
+        for lead in (b'"' + own, BESIDE):
+            if line.startswith(lead):
+                name, sep, tail = line[len(lead):].partition(b'"')
+                if not sep or (b'"' + tail) != TRAMPOLINE_TAIL:
+                    return False
+                break
+        else:
+            return False
+    else:
+        return False
+    return bool(PROGRAM.match(name)) and name.startswith(b"python")
+
+
 def rewrite_bytes(data: bytes, old: str, new: str) -> Optional[bytes]:
     """`data` with the old prefix replaced, if it is text that names it; else None."""
     if not _is_text(data[:SNIFF]):
@@ -260,8 +284,8 @@ def elsewhere_at(root_fd: int, olds: List[str], limit: int = 20) -> list[str]:
 
 class Elsewhere:
     """`elsewhere_at` in a thread of its own, over a descriptor of the tree opened now: the
-    engine starts it at relocate and takes `result()` after the swap's rename, while bin/pip runs
-    (the scan only reports, it never changes what is installed)."""
+    engine starts it at relocate and takes `result()` after the swap's rename, while the console
+    scripts are proved (the scan only reports, it never changes what is installed)."""
 
     def __init__(self, root: str, olds: List[str]) -> None:
         self._found: List[str] = []

@@ -682,7 +682,7 @@ step_prove() {
 # Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
 #######################################
 step_swap() {
-  # one rename, then the post-swap proof there (sys.prefix, bin/pip); the engine puts back what
+  # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
