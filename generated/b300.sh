@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: ea4fd21d9c72ecd4c24538d352b20d04ead08b7f2799230c84880d600420567c
+# sha256 of this file with these 64 digits zeroed: 88cddbc511cdad82f6e38cae206315ddd91ec3700adf37b9518ce9d2534184a6
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
-readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
+readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
+readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -452,7 +452,7 @@ step_manifest() {
     fi
   fi
   rb::manifest_build
-  rb::manifest_share
+  rb::manifest_share "${RB_FINGERPRINT}"
   RB_HASH_DURING_STREAM=0
   # every file at the destination re-hashed; a different install with on_existing: refuse fails
   rb::engine current mode=digest
@@ -498,7 +498,7 @@ rb::delta_plan() {
       <"${RB_RUN_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
     rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
-    rb::manifest_share
+    rb::manifest_share "${RB_FINGERPRINT}"
     rb::engine stage delta=1
   fi
   RB_HASH_DURING_STREAM=0
@@ -537,40 +537,6 @@ rb::manifest_facts() {
   RB_FINGERPRINT=${RB_J[fingerprint]}
   rb::fact manifest_files "${RB_J[files]}"
   rb::log "manifest: ${RB_ENGINE_DETAIL}"
-}
-
-#######################################
-# Copy the source's manifest here (runs/NAME/manifest.jsonl) and on to the destination.
-#######################################
-rb::manifest_share() {
-  local src_kit dst_kit
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  rb::kept_fingerprint ''
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
-  rb::kept_fingerprint "${RB_FINGERPRINT}"
-  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
-    <"${RB_RUN_DIR}/manifest.jsonl"
-}
-
-#######################################
-# The fingerprint of the source manifest this machine keeps (runs/NAME/manifest.jsonl): with an
-# argument, record it (the manifest was just written there; '' before it is written: none is
-# known while it is rewritten); without, print it (empty when none is recorded).
-#######################################
-rb::kept_fingerprint() {
-  local file=${RB_RUN_DIR}/manifest.fingerprint line=''
-  if (($# > 0)); then
-    rm -f "${file}"
-    if [[ -n "$1" ]]; then
-      printf '%s\n' "$1" >"${file}"
-    fi
-    return 0
-  fi
-  if [[ -f "${file}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
-    IFS= read -r line <"${file}" || true
-  fi
-  printf '%s\n' "${line}"
 }
 
 #######################################
@@ -649,7 +615,7 @@ step_transfer() {
       rb::fail "hashing the source on ${RB_SRC_HOST} said nothing (above)"
     fi
     rb::manifest_facts
-    rb::manifest_share
+    rb::manifest_share "${RB_FINGERPRINT}"
     rb::now
     rb::log "manifest ready $((RB_NOW - start_ms - ms)) ms after the stream ended"
   fi

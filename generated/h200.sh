@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: fa5648de43242295a6ba0c51a565254a578166c3bce0a632fcc4e9162ed7f8e6
+# sha256 of this file with these 64 digits zeroed: 3b286d773452a6849932ecb5737ae7e3fd66ca4c1f428411b9b792053382b6e5
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49
-readonly RB_KIT_FILE=.kit/74e412d63dd426b86022f72ff536b2f1468062dc96c6ef5889f14c4947c64f49.tar
+readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
+readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -441,7 +441,7 @@ step_manifest() {
     fi
   fi
   rb::manifest_build
-  rb::manifest_share
+  rb::manifest_share "${RB_FINGERPRINT}"
   RB_HASH_DURING_STREAM=0
   # every file at the destination re-hashed; a different install with on_existing: refuse fails
   rb::engine current mode=digest
@@ -487,7 +487,7 @@ rb::delta_plan() {
       <"${RB_RUN_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
     rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
-    rb::manifest_share
+    rb::manifest_share "${RB_FINGERPRINT}"
     rb::engine stage delta=1
   fi
   RB_HASH_DURING_STREAM=0
@@ -526,40 +526,6 @@ rb::manifest_facts() {
   RB_FINGERPRINT=${RB_J[fingerprint]}
   rb::fact manifest_files "${RB_J[files]}"
   rb::log "manifest: ${RB_ENGINE_DETAIL}"
-}
-
-#######################################
-# Copy the source's manifest here (runs/NAME/manifest.jsonl) and on to the destination.
-#######################################
-rb::manifest_share() {
-  local src_kit dst_kit
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  rb::kept_fingerprint ''
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
-  rb::kept_fingerprint "${RB_FINGERPRINT}"
-  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
-    <"${RB_RUN_DIR}/manifest.jsonl"
-}
-
-#######################################
-# The fingerprint of the source manifest this machine keeps (runs/NAME/manifest.jsonl): with an
-# argument, record it (the manifest was just written there; '' before it is written: none is
-# known while it is rewritten); without, print it (empty when none is recorded).
-#######################################
-rb::kept_fingerprint() {
-  local file=${RB_RUN_DIR}/manifest.fingerprint line=''
-  if (($# > 0)); then
-    rm -f "${file}"
-    if [[ -n "$1" ]]; then
-      printf '%s\n' "$1" >"${file}"
-    fi
-    return 0
-  fi
-  if [[ -f "${file}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
-    IFS= read -r line <"${file}" || true
-  fi
-  printf '%s\n' "${line}"
 }
 
 #######################################
@@ -638,7 +604,7 @@ step_transfer() {
       rb::fail "hashing the source on ${RB_SRC_HOST} said nothing (above)"
     fi
     rb::manifest_facts
-    rb::manifest_share
+    rb::manifest_share "${RB_FINGERPRINT}"
     rb::now
     rb::log "manifest ready $((RB_NOW - start_ms - ms)) ms after the stream ended"
   fi

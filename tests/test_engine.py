@@ -741,3 +741,17 @@ def test_the_post_swap_proof_fails_a_console_script_whose_interpreter_lives_else
     assert proven == []
     assert failed == [f"console script bin/tool runs from the wrong place: sys.prefix {other}, "
                       f"{other}/bin/python"], failed
+
+
+def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path, monkeypatch):
+    dest = tmp_path / "venv"
+    make_tree(dest, python=True)
+    for name in ("a", "b", "c"):
+        _script(dest / "bin" / name, f"#!{dest}/bin/python\nimport sys\n")
+    _script(dest / "bin" / "d", f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n")
+    started = []
+    real = engine.run_quiet
+    monkeypatch.setattr(engine, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a))
+    proven, failed = engine.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
+    assert (proven, failed) == (["bin/a", "bin/b", "bin/c", "bin/d"], [])
+    assert sorted(started) == [f"{dest}/bin/a", f"{dest}/bin/d"]

@@ -821,9 +821,11 @@ _PROOF_HOOK = (b"import os, sys\n"
                b"os._exit(0)\n")
 
 
-def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bool]]:
-    """(rel, started by the venv's own python) for each executable regular file under bin/ that
-    relocation rewrote, and bin/pip always: what the post-swap proof execs."""
+def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]:
+    """(rel, header) for each executable regular file under bin/ that relocation rewrote, and
+    bin/pip always: what the post-swap proof execs. `header`: the lines the kernel and the
+    trampoline read to find the interpreter (the first two) when that is the venv's own python,
+    else b"" (a script whose code would run if started)."""
     rels = sorted({r for r in rewritten if r.startswith("bin/") and r.count("/") == 1}
                   | {"bin/pip"})
     out = []
@@ -831,19 +833,29 @@ def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bool]]:
         got = safefs.read_in(dest, rel, limit=1 << 24)
         if got is None or not got[1].st_mode & 0o111:
             continue
-        out.append((rel, kitrelocate.python_script(got[0][:4096], dest)))
+        head = got[0][:4096]
+        own = kitrelocate.python_script(head, dest)
+        out.append((rel, b"\n".join(head.split(b"\n", 2)[:2]) if own else b""))
     return out
 
 
 def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOUT
                   ) -> Tuple[List[str], List[str]]:
-    """Exec the console scripts of `dest` through the kernel (their shebangs), all at once:
-    each whose interpreter is the venv's own python must report, through the hook above,
-    sys.prefix == dest; no code of the script runs. bin/pip started otherwise (a wrapper) runs
-    `--version`, which must name dest. Returns (the scripts proven, the failures)."""
-    scripts = _console_scripts(dest, rewritten)
-    if not scripts:
+    """Exec the console scripts of `dest` through the kernel (their shebangs), at once: each
+    whose interpreter is the venv's own python must report, through the hook above, sys.prefix
+    == dest, and no code of the script runs. Scripts whose interpreter lines are the same bytes
+    (every script in bin/, the same directory) start the same way: one of each such group is
+    started for all (bin/pip always for itself). A bin/pip started otherwise (a wrapper) runs
+    `--version`, which must name dest; other such scripts are not started. Returns (the scripts
+    proven, the failures)."""
+    groups: dict = {}
+    for rel, head in _console_scripts(dest, rewritten):
+        if head or rel == "bin/pip":
+            groups.setdefault(head if rel != "bin/pip" else b"pip", []).append(rel)
+    if not groups:
         return [], []
+    runs = list(groups.values())
+    results: List[Any] = [None] * len(runs)
     hook = tempfile.mkdtemp(prefix="rbkit-exec-proof.")     # 0700, this user's
     try:
         fd = os.open(os.path.join(hook, "sitecustomize.py"),
@@ -851,16 +863,12 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
         with os.fdopen(fd, "wb") as f:
             f.write(_PROOF_HOOK)
         env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
-        real = os.path.realpath(dest)
-        results: List[Any] = [None] * len(scripts)
 
         def one(i: int) -> None:
-            rel, own = scripts[i]
-            if own or rel == "bin/pip":       # any other script's code would run: not started
-                results[i] = run_quiet([os.path.join(dest, rel), "--version"], timeout, env)
+            results[i] = run_quiet([os.path.join(dest, runs[i][0]), "--version"], timeout, env)
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(scripts))]
-        width = max(1, min(8, os.cpu_count() or 1))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
+        width = max(1, min(16, os.cpu_count() or 1))
         for k in range(0, len(threads), width):
             for t in threads[k:k + width]:
                 t.start()
@@ -868,11 +876,9 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
                 t.join()
     finally:
         shutil.rmtree(hook, ignore_errors=True)
+    real = os.path.realpath(dest)
     proven, failed = [], []
-    for (rel, own), got in zip(scripts, results):
-        if got is None:
-            continue
-        rc, out, err = got
+    for rels, (rc, out, err) in zip(runs, results):
         line = out.split("\n", 1)[0]
         if line.startswith(EXEC_PROOF + " "):
             prefix, _, exe = line[len(EXEC_PROOF) + 1:].partition("\0")
@@ -883,16 +889,19 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
             ok = rc == 0 and dest + "/" in out
             said = out.strip() or err.strip() or "exit %s" % rc
         if ok:
-            proven.append(rel)
+            proven.extend(rels)
         else:
-            failed.append("console script %s runs from the wrong place: %s" % (rel, said))
-    return proven, failed
+            same = " (and %d more with its interpreter lines: %s)" % (
+                len(rels) - 1, ", ".join(rels[1:])) if len(rels) > 1 else ""
+            failed.append("console script %s runs from the wrong place: %s%s"
+                          % (rels[0], said, same))
+    return sorted(proven), failed
 
 
 def swap(ctx: Context) -> Result:
     """Put the proven staging at the destination in one rename, then prove it there: sys.prefix
-    is the destination, and bin/pip (when there) runs from it. What was there is kept until the
-    run ends (a backup with on_existing: backup, for good)."""
+    is the destination, and the console scripts start from it (prove_scripts). What was there is
+    kept until the run ends (a backup with on_existing: backup, for good)."""
     _require_lock(ctx)
     doc = _require(ctx, ("proven",), "swap")
     transient = ctx.policy == "replace" and os.path.lexists(ctx.dest)

@@ -242,28 +242,11 @@ rb::hosts_prepare() {
   if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" && " ${RB_RUN_STEPS[*]} " != *" manifest "* ]] &&
     ! rb::is_local "${RB_DST_HOST}"; then
     # a --from/--only run without the manifest step goes on from the manifest this machine kept,
-    # never one left on the host (a run with it makes the run's own). Sent in the background,
-    # beside the engines' start: the next step waits for it (rb::manifest_sent).
+    # never one left on the host; sent beside the engines' start (rb::manifest_sent waits)
     RB_WORK='' rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
       "${RB_KIT_DIR[${RB_DST_HOST}]}/${RB_NAME}.manifest.jsonl" <"${RB_RUN_DIR}/manifest.jsonl" &
     RB_MANIFEST_PID=$!
     RB_BG_PIDS+=("$!")
-  fi
-}
-
-#######################################
-# Wait for the kept manifest sent by rb::hosts_prepare, if one is on its way; the step fails
-# when it did not arrive.
-#######################################
-rb::manifest_sent() {
-  local pid=${RB_MANIFEST_PID}
-  if [[ -z "${pid}" ]]; then
-    return 0
-  fi
-  RB_MANIFEST_PID=''
-  if ! wait "${pid}"; then
-    RB_HOST=${RB_DST_HOST}
-    rb::fail "could not send the manifest this machine kept (${RB_RUN_DIR}/manifest.jsonl) to ${RB_DST_HOST}"
   fi
 }
 
@@ -323,6 +306,57 @@ rb::sha256() {
     return 0
   fi
   "${RB_LOCAL_PY}" -S -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
+}
+
+#######################################
+# Copy the source's manifest (fingerprint $1) here (runs/NAME/manifest.jsonl) and on to the
+# destination.
+#######################################
+rb::manifest_share() {
+  local src_kit dst_kit fingerprint=$1
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  rb::kept_fingerprint ''
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
+  rb::kept_fingerprint "${fingerprint}"
+  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
+    <"${RB_RUN_DIR}/manifest.jsonl"
+}
+
+#######################################
+# The fingerprint of the source manifest this machine keeps (runs/NAME/manifest.jsonl): with an
+# argument, record it (the manifest was just written there; '' before it is written: none is
+# known while it is rewritten); without, print it (empty when none is recorded).
+#######################################
+rb::kept_fingerprint() {
+  local file=${RB_RUN_DIR}/manifest.fingerprint line=''
+  if (($# > 0)); then
+    rm -f "${file}"
+    if [[ -n "$1" ]]; then
+      printf '%s\n' "$1" >"${file}"
+    fi
+    return 0
+  fi
+  if [[ -f "${file}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
+    IFS= read -r line <"${file}" || true
+  fi
+  printf '%s\n' "${line}"
+}
+
+#######################################
+# Wait for the kept manifest sent by rb::hosts_prepare, if one is on its way; the step fails
+# when it did not arrive.
+#######################################
+rb::manifest_sent() {
+  local pid=${RB_MANIFEST_PID}
+  if [[ -z "${pid}" ]]; then
+    return 0
+  fi
+  RB_MANIFEST_PID=''
+  if ! wait "${pid}"; then
+    RB_HOST=${RB_DST_HOST}
+    rb::fail "could not send the manifest this machine kept (${RB_RUN_DIR}/manifest.jsonl) to ${RB_DST_HOST}"
+  fi
 }
 
 #######################################

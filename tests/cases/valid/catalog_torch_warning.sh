@@ -450,7 +450,7 @@ step_manifest() {
     fi
   fi
   rb::manifest_build
-  rb::manifest_share
+  rb::manifest_share "${RB_FINGERPRINT}"
   RB_HASH_DURING_STREAM=0
   # every file at the destination re-hashed; a different install with on_existing: refuse fails
   rb::engine current mode=digest
@@ -496,7 +496,7 @@ rb::delta_plan() {
       <"${RB_RUN_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
     rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
-    rb::manifest_share
+    rb::manifest_share "${RB_FINGERPRINT}"
     rb::engine stage delta=1
   fi
   RB_HASH_DURING_STREAM=0
@@ -535,40 +535,6 @@ rb::manifest_facts() {
   RB_FINGERPRINT=${RB_J[fingerprint]}
   rb::fact manifest_files "${RB_J[files]}"
   rb::log "manifest: ${RB_ENGINE_DETAIL}"
-}
-
-#######################################
-# Copy the source's manifest here (runs/NAME/manifest.jsonl) and on to the destination.
-#######################################
-rb::manifest_share() {
-  local src_kit dst_kit
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
-  rb::kept_fingerprint ''
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
-  rb::kept_fingerprint "${RB_FINGERPRINT}"
-  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
-    <"${RB_RUN_DIR}/manifest.jsonl"
-}
-
-#######################################
-# The fingerprint of the source manifest this machine keeps (runs/NAME/manifest.jsonl): with an
-# argument, record it (the manifest was just written there; '' before it is written: none is
-# known while it is rewritten); without, print it (empty when none is recorded).
-#######################################
-rb::kept_fingerprint() {
-  local file=${RB_RUN_DIR}/manifest.fingerprint line=''
-  if (($# > 0)); then
-    rm -f "${file}"
-    if [[ -n "$1" ]]; then
-      printf '%s\n' "$1" >"${file}"
-    fi
-    return 0
-  fi
-  if [[ -f "${file}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
-    IFS= read -r line <"${file}" || true
-  fi
-  printf '%s\n' "${line}"
 }
 
 #######################################
@@ -647,7 +613,7 @@ step_transfer() {
       rb::fail "hashing the source on ${RB_SRC_HOST} said nothing (above)"
     fi
     rb::manifest_facts
-    rb::manifest_share
+    rb::manifest_share "${RB_FINGERPRINT}"
     rb::now
     rb::log "manifest ready $((RB_NOW - start_ms - ms)) ms after the stream ended"
   fi
