@@ -26,7 +26,7 @@ ENGINE_DOCS = {
     "relocate": "rewrite what names the old path (shebangs, activate scripts) for the new one",
     "prove": "the staged interpreter runs here and reports the staging as sys.prefix",
     "swap": "put the proven copy in place in one rename, then prove it there (sys.prefix, "
-            "bin/pip); a failure puts back what was there",
+            "the console scripts); a failure puts back what was there",
     "exports": "write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's libs first",
     "probe": "run the checks with the moved interpreter",
 }
@@ -141,7 +141,8 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
     elif step == "swap":
         out.append(f"{on_dst} swap {stg} {dst} --policy {spec.transfer.on_existing}")
         out.append(f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
-                   f"{dst}/bin/pip --version; on failure put back what was there")
+                   f"each console script (one per interpreter line) started to its sys.prefix; "
+                   f"on failure put back what was there")
     elif step == "exports":
         env_file = (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else f"{dst}.env.sh")
         out.append(f"{on_dst} exports: write {env_file}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 88cddbc511cdad82f6e38cae206315ddd91ec3700adf37b9518ce9d2534184a6
+# sha256 of this file with these 64 digits zeroed: 793753b1bf710cc79b42d01c1044c1e24c2ac6b9e4f0379ac534fca9966df7bf
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
-readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
+readonly RB_KIT_SHA256=11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2
+readonly RB_KIT_FILE=.kit/11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -92,7 +92,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -116,7 +116,7 @@ on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-own
   [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b300: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on b300: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
-on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
+on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b300: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on b300: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
@@ -666,7 +666,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (specs/b300.yaml:14)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: df598dbe87a8a20dd956ab179c983a72b39802717015222aab653a6b3a66570e
+# sha256 of this file with these 64 digits zeroed: 06dbccd59d124952657e2629c518047e00b41a1cefc8c7a45a63cfffdb3ccf61
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
-readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
+readonly RB_KIT_SHA256=11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2
+readonly RB_KIT_FILE=.kit/11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -93,7 +93,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -117,7 +117,7 @@ on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-own
   [relocate]='on b200: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b200: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on b200: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
-on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
+on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b200: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on b200: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, torch, devices, matmul, imports, kernel_audit, nccl
@@ -667,7 +667,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (specs/base.yaml:15)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d347bf20b78aedd895ff52c89c3cad91e1a6bbd1e759f62f3c655dc4808016d8
+# sha256 of this file with these 64 digits zeroed: c3421dddc7a79953b20b65e93e29f7211aa3ad3ca321cd08280821cb3cc7cd25
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
-readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
+readonly RB_KIT_SHA256=11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2
+readonly RB_KIT_FILE=.kit/11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -93,7 +93,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -117,7 +117,7 @@ on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-own
   [relocate]='on h100: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on h100: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on h100: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
-on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
+on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on h100: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on h100: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
@@ -667,7 +667,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (specs/base.yaml:15)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

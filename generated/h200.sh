@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3b286d773452a6849932ecb5737ae7e3fd66ca4c1f428411b9b792053382b6e5
+# sha256 of this file with these 64 digits zeroed: 1568427be9fe22cce17beaad6179301ad89c41a2993b0ae17009abf493edae10
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
-readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
+readonly RB_KIT_SHA256=11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2
+readonly RB_KIT_FILE=.kit/11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -92,7 +92,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -115,7 +115,7 @@ on here: <decompress> | tar -C /opt/torch-moved/..venv.rb-staging -xf - --no-sam
   [relocate]='on here: engine relocate /opt/torch-moved/..venv.rb-staging --old /opt/torch/.venv --new /opt/torch-moved/.venv'
   [prove]='on here: /opt/torch-moved/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on here: engine swap /opt/torch-moved/..venv.rb-staging /opt/torch-moved/.venv --policy replace
-on here: /opt/torch-moved/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/torch-moved/.venv/bin/pip --version; on failure put back what was there'
+on here: /opt/torch-moved/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write /opt/torch-moved/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on here: engine probe: source the env file; /opt/torch-moved/.venv/bin/python -m rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, matmul, nccl, command
@@ -655,7 +655,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (specs/h200.yaml:15)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b1b2dc442c259d662aaee1e4ffc2991853f1dc8a5839e94ba1cf7669ad32efe8
+# sha256 of this file with these 64 digits zeroed: 874a8da0e50bef0105ad79a3354c743a65479cabbe0bb2b147e6e89ce226db13
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec
-readonly RB_KIT_FILE=.kit/30d6b105ef806dfd324c2d9083d43473e22efe01b9095220e75fbc1c7d4eb9ec.tar
+readonly RB_KIT_SHA256=11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2
+readonly RB_KIT_FILE=.kit/11a10f624d5f18a8018321165fe1d5e3e37ee75b9a7aabf64e3700de9976b4d2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -92,7 +92,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -115,7 +115,7 @@ on here: <decompress> | tar -C runs/local/.venv.rb-staging -xf - --no-same-owner
   [relocate]='on here: engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
   [prove]='on here: runs/local/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on here: engine swap runs/local/.venv.rb-staging runs/local/venv --policy replace
-on here: runs/local/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; runs/local/venv/bin/pip --version; on failure put back what was there'
+on here: runs/local/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write runs/local/venv.env.sh'
   [probe]='on here: engine probe: source the env file; runs/local/venv/bin/python -m rbprobes run: relocation, torch, imports, libraries, matmul, devices
 here: fetch the report to runs/local/probe-here.json'
@@ -654,7 +654,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (specs/local.yaml:16)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -560,8 +560,11 @@ def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_instal
     assert ctx.early is None
 
 
-def test_relocates_scan_of_data_files_finishes_in_the_tree_after_its_rename(tmp_path):
-    """The scan runs by descriptors: the swap renames the staging while it may still run."""
+@pytest.mark.parametrize("kind", ["Elsewhere", "ElsewhereChild"])
+def test_relocates_scan_of_data_files_finishes_in_the_tree_after_its_rename(tmp_path, kind):
+    """The scan runs by descriptors (in a thread, or a child Python given one): the swap renames
+    the staging while it may still run. What relocation rewrites (bin/, pyvenv.cfg) is not read:
+    the child's scan starts with verify, before relocation."""
     from rbkit import relocate
 
     tree = tmp_path / "staging"
@@ -572,7 +575,8 @@ def test_relocates_scan_of_data_files_finishes_in_the_tree_after_its_rename(tmp_
     (tree / "bin" / "tool.py").write_text("#!/old/venv/bin/python\n")      # bin/: relocate's own
     (tree / "lib" / "link.txt").symlink_to(tmp_path / "outside.txt")
     (tmp_path / "outside.txt").write_text("/old/venv\n")                    # not followed
-    scan = relocate.Elsewhere(str(tree), ["/old/venv"])
+    (tree / "pyvenv.cfg").write_text("command = /usr/bin/python3 -m venv /old/venv\n")
+    scan = getattr(relocate, kind)(str(tree), ["/old/venv"])
     os.rename(tree, tmp_path / "installed")
     assert scan.result() == (["lib/pkg/paths.txt"], "")
     assert relocate.elsewhere(str(tmp_path / "installed"), "/old/venv") == ["lib/pkg/paths.txt"]

@@ -3,6 +3,7 @@
     manifest build ROOT --out F [...]     a manifest of a tree (JSON summary on stdout)
     manifest verify ROOT MANIFEST [...]    a tree against a manifest (differences on stderr)
     relocate ROOT --old OLD --new NEW      rewrite what names OLD in a venv's bin/ (by hand)
+    elsewhere --fd N --old OLD...          text files outside bin/ naming OLD (relocate's report)
     report --events E --out R [...]        the run's report from its event log (on the head)
     engine ...                             the install engine (serve.py): every step of a move
 
@@ -64,6 +65,18 @@ def cmd_relocate(a) -> int:
     return 1 if result["remaining"] else 0
 
 
+def cmd_elsewhere(a) -> int:
+    """The tree open at descriptor --fd (inherited): its text files outside bin/ that name any
+    --old prefix, as a JSON list (relocate.ElsewhereChild)."""
+    from . import relocate
+    try:
+        found = relocate.elsewhere_at(a.fd, a.old)
+    finally:
+        os.close(a.fd)
+    _print(found)
+    return 0
+
+
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
     doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
@@ -111,6 +124,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--old", required=True)
     r.add_argument("--new", required=True)
     r.set_defaults(fn=cmd_relocate)
+    e = sub.add_parser("elsewhere", help="text files outside bin/ naming an old prefix (JSON)")
+    e.add_argument("--fd", type=int, required=True, help="an inherited descriptor of the tree")
+    e.add_argument("--old", action="append", required=True)
+    e.set_defaults(fn=cmd_elsewhere)
     sub.add_parser("engine", help="the install engine: python -m rbkit engine --help")
     rp = sub.add_parser("report")
     rp.add_argument("--name", required=True)

@@ -123,7 +123,7 @@ class Context:
         self.unlinkable: set = set()             # failed the digest check: sent, never linked
         self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
         self.critical = 0                        # inside a rename sequence: signals wait
-        self.elsewhere: Any = None               # relocate's scan of data files (a thread)
+        self.elsewhere: Any = None               # (the scan of data files, its prefixes)
         self.early: Any = None                   # the quick check's walk, begun at the lock
         self._manifest_cache: Optional[tuple] = None
 
@@ -717,6 +717,7 @@ def verify(ctx: Context) -> Result:
     linked = ctx.dest if doc.get("delta") and doc.get("identity") == identity else None
     new = ctx.new_manifest()
     received = _load_received(ctx, identity, new["header"]["algo"])
+    _scan_elsewhere(ctx)
     result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked,
                                 received=received)
     listed = kitmanifest.describe(result)
@@ -724,6 +725,7 @@ def verify(ctx: Context) -> Result:
         ctx.log(line)
     facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
     if not result["ok"]:
+        _cancel_elsewhere(ctx)
         raise StepError("the copy in %s differs from the source manifest (listed above); the "
                         "destination was not touched" % ctx.staging, facts, listed)
     _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
@@ -747,9 +749,10 @@ def relocate(ctx: Context) -> Result:
     # from here the staging is being rewritten: nothing may install it until relocate says so
     _write_stamp(ctx, dict(doc, stage="relocating"))
     result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest, scan_elsewhere=False)
-    # data files outside bin/ that name the old path are only reported: that scan reads every
-    # .py, .txt, .json... of the tree, so it runs beside the steps up to the swap's console-script proof
-    ctx.elsewhere = kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"])
+    if ctx.elsewhere is None or ctx.elsewhere[1] != result["old_prefixes"]:
+        _cancel_elsewhere(ctx)
+        ctx.elsewhere = (kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"]),
+                         result["old_prefixes"])
     m = ctx.new_manifest()
     algo = m["header"]["algo"]
     changes, digests = {}, {}
@@ -772,12 +775,35 @@ def relocate(ctx: Context) -> Result:
                   {"rewritten": len(result["rewritten"])})
 
 
+def _scan_elsewhere(ctx: Context) -> None:
+    """Data files outside bin/ that name the old path are only reported (swap, _report_elsewhere);
+    that scan reads every .py, .txt, .json... of the staging, so it starts with verify, in a child
+    Python beside verify's walk, on the prefixes relocate will replace (relocate starts it again
+    in a thread if those differ)."""
+    _cancel_elsewhere(ctx)
+    olds = kitrelocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
+    if olds:
+        ctx.elsewhere = (kitrelocate.ElsewhereChild(ctx.staging, olds), olds)
+
+
+def stop_background(ctx: Context) -> None:
+    """The run's engine ends: what it started beside its steps is stopped (the scan of data
+    files, when no swap took its result)."""
+    _cancel_elsewhere(ctx)
+
+
+def _cancel_elsewhere(ctx: Context) -> None:
+    scan, ctx.elsewhere = ctx.elsewhere, None
+    if scan is not None and hasattr(scan[0], "cancel"):
+        scan[0].cancel()
+
+
 def _report_elsewhere(ctx: Context, facts: dict) -> None:
-    """What relocate's background scan found (see relocate): logged, counted in `facts`."""
+    """What the scan begun at verify (or relocate) found: logged, counted in `facts`."""
     scan, ctx.elsewhere = ctx.elsewhere, None
     if scan is None:
         return
-    found, why = scan.result()
+    found, why = scan[0].result()
     if why:
         ctx.log("the scan for data files that name %s did not finish: %s" % (ctx.old, why))
         return
@@ -936,8 +962,9 @@ def swap(ctx: Context) -> Result:
     if failed:
         raise StepError(failed[0], facts, lines=failed)
     if proven:
-        ctx.log("console scripts started from %s by their shebangs (sys.prefix there): %s"
-                % (ctx.dest, ", ".join(proven)))
+        ctx.log("%d console scripts started from %s by their shebangs (sys.prefix there): %s%s"
+                % (len(proven), ctx.dest, ", ".join(proven[:8]),
+                   ", ..." if len(proven) > 8 else ""))
     _report_elsewhere(ctx, facts)
     if kept:
         ctx.log("the previous destination is kept at %s" % kept)

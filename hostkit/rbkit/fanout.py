@@ -85,6 +85,7 @@ def node(a: argparse.Namespace) -> int:
         engine.finish(ctx)
         _report(doc, ctx.events, rc)        # before the state goes: the checks' report is there
     finally:
+        engine.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
     # CPU seconds of this node's install (its children and itself): what the node's cores did

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import stat
+import subprocess
+import sys
+import tempfile
 import threading
 from typing import List, Optional, Tuple
 
@@ -193,17 +197,24 @@ def recorded_prefix(root: str) -> Optional[str]:
     return os.fsdecode(m.group(2)).rstrip("/") if m else None
 
 
+def old_prefixes(root: str, old: str, new: str) -> List[str]:
+    """The prefixes relocation replaces in the venv at `root` (copied from `old`, to live at
+    `new`): `old`, and the one its activate script records when that differs; [] when the venv
+    stays where it was."""
+    olds = [old.rstrip("/")]
+    recorded = recorded_prefix(root)
+    if recorded and recorded not in olds and recorded != new.rstrip("/"):
+        olds.append(recorded)
+    return [o for o in olds if o != new.rstrip("/")]
+
+
 def relocate(root: str, old: str, new: str, *, scan_elsewhere: bool = True) -> dict:
     """Rewrite under `root` (a venv copied from `old`, to live at `new`). Returns a summary. The
     prefix the venv's own activate script records is rewritten too when it differs from `old`
     (a venv copied from elsewhere, or reached through a link): its scripts name that path.
     Without `scan_elsewhere`, "elsewhere" is None: the caller scans (`Elsewhere`, in a thread)."""
     rewritten: dict[str, dict] = {}
-    olds = [old.rstrip("/")]
-    recorded = recorded_prefix(root)
-    if recorded and recorded not in olds and recorded != new.rstrip("/"):
-        olds.append(recorded)
-    olds = [o for o in olds if o != new.rstrip("/")]
+    olds = old_prefixes(root, old, new)
     if not olds:
         return {"same_path": True, "rewritten": {}, "elsewhere": [], "remaining": [],
                 "old_prefixes": []}
@@ -257,13 +268,15 @@ ELSEWHERE_SUFFIXES = (".pth", ".json", ".txt", ".cfg", "RECORD", ".py", ".sh")
 
 def elsewhere_at(root_fd: int, olds: List[str], limit: int = 20) -> list[str]:
     """`elsewhere` for any of `olds`, in the tree open at `root_fd` (the walk goes by descriptors:
-    it finishes in the same tree when that tree is renamed meanwhile; links are not followed)."""
+    it finishes in the same tree when that tree is renamed meanwhile; links are not followed).
+    What relocation rewrites (bin/, pyvenv.cfg) is not read: the scan may run before it."""
     pats = [_pattern(o) for o in olds]
     found: List[str] = []
     for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=root_fd):
         rel_dir = os.path.normpath(dirpath)
         if rel_dir == ".":
             dirnames[:] = [d for d in dirnames if d != "bin"]
+            filenames = [f for f in filenames if f != "pyvenv.cfg"]
         dirnames.sort()
         for name in sorted(filenames):
             if not name.endswith(ELSEWHERE_SUFFIXES):
@@ -280,6 +293,55 @@ def elsewhere_at(root_fd: int, olds: List[str], limit: int = 20) -> list[str]:
                 if len(found) >= limit:
                     return found
     return found
+
+
+class ElsewhereChild:
+    """`elsewhere_at` in a child Python (`python -S -m rbkit elsewhere`), given a descriptor of
+    the tree opened now: it reads every text file outside bin/ while the engine's own walks (verify)
+    hold this process's interpreter, and finishes in the same tree when it is renamed. The same
+    `result()` as Elsewhere; `cancel()` ends it."""
+
+    def __init__(self, root: str, olds: List[str]) -> None:
+        self._out = tempfile.TemporaryFile()
+        self._p: Optional[subprocess.Popen] = None
+        self._error = ""
+        fd = safefs.open_dir(root)
+        try:
+            kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
+            env.update(PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
+            argv = [sys.executable, "-S", "-m", "rbkit", "elsewhere", "--fd", str(fd)]
+            for o in olds:
+                argv += ["--old", o]
+            self._p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out,
+                                       stderr=subprocess.STDOUT, cwd="/", env=env, pass_fds=(fd,))
+        except OSError as exc:
+            self._error = "could not start the scan: %s" % exc.strerror
+        finally:
+            os.close(fd)
+
+    def cancel(self) -> None:
+        if self._p is not None and self._p.poll() is None:
+            self._p.kill()
+            self._p.wait()
+
+    def result(self, timeout: float = 120.0) -> Tuple[List[str], str]:
+        if self._p is None:
+            return [], self._error
+        try:
+            rc = self._p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return [], "still scanning after %.0f s" % timeout
+        self._out.seek(0)
+        text = self._out.read().decode("utf-8", "replace")
+        try:
+            found = json.loads(text) if rc == 0 else None
+        except ValueError:
+            found = None
+        if not isinstance(found, list):
+            return [], "the scan exited %s: %s" % (rc, text.strip()[-300:] or "no output")
+        return [str(f) for f in found], ""
 
 
 class Elsewhere:

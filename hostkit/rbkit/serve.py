@@ -222,6 +222,7 @@ def serve(a: argparse.Namespace) -> int:
     except BrokenPipeError:
         rc = 1
     finally:
+        engine.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
     return rc
@@ -246,6 +247,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         answer.done()
         return 0
     finally:
+        engine.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
 

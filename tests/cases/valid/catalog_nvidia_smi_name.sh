@@ -91,7 +91,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -113,7 +113,7 @@ on here: <decompress> | tar -C runs/.venv.rb-staging -xf - --no-same-owner (rbki
   [relocate]='on here: engine relocate runs/.venv.rb-staging --old build/venv --new runs/venv'
   [prove]='on here: runs/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on here: engine swap runs/.venv.rb-staging runs/venv --policy refuse
-on here: runs/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; runs/venv/bin/pip --version; on failure put back what was there'
+on here: runs/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write runs/venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: - (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on here: engine probe: source the env file; runs/venv/bin/python -m rbprobes run: relocation, kernel_audit, devices
@@ -653,7 +653,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (tests/cases/valid/catalog_nvidia_smi_name.yaml:6)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

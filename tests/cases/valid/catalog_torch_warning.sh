@@ -91,7 +91,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -114,7 +114,7 @@ on dst: <decompress> | tar -C /opt/.venv.rb-staging -xf - --no-same-owner (rbkit
   [relocate]='on dst: engine relocate /opt/.venv.rb-staging --old /opt/venv --new /opt/venv'
   [prove]='on dst: /opt/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on dst: engine swap /opt/.venv.rb-staging /opt/venv --policy refuse
-on dst: /opt/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/venv/bin/pip --version; on failure put back what was there'
+on dst: /opt/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on dst: engine exports: write /opt/venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: - (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on dst: engine probe: source the env file; /opt/venv/bin/python -m rbprobes run: relocation, kernel_audit, torch
@@ -664,7 +664,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (tests/cases/valid/catalog_torch_warning.yaml:7)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -88,7 +88,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
 )
 declare -rA RB_STEP_PREVIEW=(
@@ -109,7 +109,7 @@ on here: <decompress> | tar -C runs/copy/.venv.rb-staging -xf - --no-same-owner 
   [relocate]='on here: engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
   [prove]='on here: runs/copy/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on here: engine swap runs/copy/.venv.rb-staging runs/copy/venv --policy refuse
-on here: runs/copy/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; runs/copy/venv/bin/pip --version; on failure put back what was there'
+on here: runs/copy/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write runs/copy/venv.env.sh'
 )
 declare -rA RB_STEP_HOST=(
@@ -645,7 +645,7 @@ step_prove() {
 
 #######################################
 # Step 7/8: swap (tests/cases/valid/minimal_local.yaml:6)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -92,7 +92,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
   [probe]='Run the checks with the moved interpreter on the target; fetch the report.'
 )
@@ -116,7 +116,7 @@ on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-own
   [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b300: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on b300: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
-on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /opt/sglang/.venv/bin/pip --version; on failure put back what was there'
+on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b300: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on b300: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
@@ -666,7 +666,7 @@ step_prove() {
 
 #######################################
 # Step 7/9: swap (tests/cases/valid/seed_b300.yaml:14)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what

@@ -87,7 +87,7 @@ declare -rA RB_STEP_DOC=(
   [verify]='Check the staging against the manifest: every file, mode, link and digest.'
   [relocate]='Rewrite what names the old path (shebangs, activate scripts) for the new one.'
   [prove]='The staged interpreter runs here and reports the staging as sys.prefix.'
-  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.'
+  [swap]='Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.'
   [exports]='Write the env file: CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv'"'"'s libs first.'
 )
 declare -rA RB_STEP_PREVIEW=(
@@ -110,7 +110,7 @@ on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -xf - --no-same-ow
   [relocate]='on dst: engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
   [prove]='on dst: /scratch/envs/.torch.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
   [swap]='on dst: engine swap /scratch/envs/.torch.rb-staging /scratch/envs/torch --policy replace
-on dst: /scratch/envs/torch/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; /scratch/envs/torch/bin/pip --version; on failure put back what was there'
+on dst: /scratch/envs/torch/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on dst: engine exports: write /scratch/envs/torch.env.sh'
 )
 declare -rA RB_STEP_HOST=(
@@ -656,7 +656,7 @@ step_prove() {
 
 #######################################
 # Step 7/8: swap (tests/cases/valid/ssh_options.yaml:20)
-# Put the proven copy in place in one rename, then prove it there (sys.prefix, bin/pip); a failure puts back what was there.
+# Put the proven copy in place in one rename, then prove it there (sys.prefix, the console scripts); a failure puts back what was there.
 #######################################
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
