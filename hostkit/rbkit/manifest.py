@@ -85,15 +85,17 @@ def _exclusion(patterns: tuple) -> "re.Pattern[str]":
     return re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in patterns))
 
 
-def walk(root: str, patterns: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of every entry below root, sorted, excludes pruned."""
+def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
+         ) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every entry below root, sorted (unless not `ordered`: the order
+    the directories give), excludes pruned."""
     patterns = list(patterns)
     stack = [""]
     while stack:
         rel_dir = stack.pop()
         full = os.path.join(root, rel_dir) if rel_dir else root
         with os.scandir(full) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            entries = sorted(it, key=lambda e: e.name) if ordered else list(it)
         subdirs = []
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
@@ -318,27 +320,37 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
     checked by that digest, not read (`streamed`); any other file is read and hashed."""
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
-    have = {}
-    stats = {}
     received = received or {}
-    # what the move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
-    for rel, st in walk(root, manifest["header"].get("excludes", ())):
-        have[rel] = entry_of(root, rel, st)
-        stats[rel] = st
-    missing = sorted(set(want) - set(have))
-    extra = sorted(set(have) - set(want))
+    extra: list[str] = []
+    seen: set = set()
     differ: list[dict] = []
     to_hash = []
     linked = streamed = 0
-    for rel in sorted(set(want) & set(have)):
-        w, h = want[rel], have[rel]
-        for key in ("t", "m", "s", "l"):
-            if w.get(key) != h.get(key):
-                differ.append({"p": rel, "what": key, "want": w.get(key), "have": h.get(key)})
+    # one pass, in the order the directories give (what is compared is keyed by path); what the
+    # move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
+    for rel, st in walk(root, manifest["header"].get("excludes", ()), ordered=False):
+        w = want.get(rel)
+        if w is None:
+            extra.append(rel)
+            continue
+        seen.add(rel)
+        # entry_of's values, without making the entry
+        fmt = stat.S_IFMT(st.st_mode)
+        mode, size, link = stat.S_IMODE(st.st_mode), None, None
+        if fmt == stat.S_IFREG:
+            kind, size = "f", st.st_size
+        elif fmt == stat.S_IFDIR:
+            kind = "d"
+        elif fmt == stat.S_IFLNK:
+            kind, mode, link = "l", None, os.readlink(os.path.join(root, rel))
+        else:
+            kind = "?"
+        for key, value in (("t", kind), ("m", mode), ("s", size), ("l", link)):
+            if w.get(key) != value:
+                differ.append({"p": rel, "what": key, "want": w.get(key), "have": value})
                 break
         else:
-            if w["t"] == "f" and algo != "none":
-                st = stats[rel]
+            if kind == "f" and algo != "none":
                 if linked_from and _is_inode(st, os.path.join(linked_from, rel)):
                     linked += 1
                     continue
@@ -356,6 +368,8 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
             for w, h in zip(to_hash, got):
                 if w.get("h") != h:
                     differ.append({"p": w["p"], "what": "content", "want": w.get("h"), "have": h})
+    missing = sorted(set(want) - seen) if len(seen) != len(want) else []
+    extra.sort()
     ok = not (missing or extra or differ)
     return {
         "ok": ok,
