@@ -440,3 +440,19 @@ def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path)
     assert not (staged / "data.bin").exists(), info
     sent = (tmp_path / "names").read_bytes().split(b"\0")
     assert b"lib/python3.11/site-packages/pkg/data.bin" in sent
+
+
+def test_a_loaded_manifests_fingerprint_is_that_of_its_entries(tree, tmp_path):
+    """The engine takes a manifest's fingerprint from its lines as written (no entry encoded
+    again): for what `save` wrote that is `fingerprint`; another writing of the same entries
+    (keys in another order) gets another fingerprint, never a false equal."""
+    m = manifest.build(str(tree), [], "sha256", jobs=2)
+    path = tmp_path / "m.jsonl"
+    saved = manifest.save(m, str(path))
+    loaded, fp = manifest.load_fingerprinted(str(path))
+    assert fp == saved == manifest.fingerprint(loaded) == manifest.fingerprint(m)
+    lines = path.read_text().splitlines()
+    lines[2] = json.dumps(json.loads(lines[2]), sort_keys=False, indent=None, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+    again, fp2 = manifest.load_fingerprinted(str(path))
+    assert again["entries"] == loaded["entries"] and fp2 != fp

@@ -138,8 +138,8 @@ class Context:
                             "first" % (self.manifest, exc.strerror)) from None
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._manifest_cache is None or self._manifest_cache[0] != key:
-            m = kitmanifest.load(self.manifest)
-            self._manifest_cache = (key, m, kitmanifest.fingerprint(m))
+            m, fp = kitmanifest.load_fingerprinted(self.manifest)
+            self._manifest_cache = (key, m, fp)
         return self._manifest_cache[1]
 
     def fingerprint(self) -> str:

@@ -22,7 +22,7 @@ import re
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Tuple
 
 from . import safefs
 
@@ -226,6 +226,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
         disk += getattr(st, "st_blocks", 0) * 512
     files = [e for e in entries if e["t"] == "f"]
     reused = 0
+    stat_fp = ""
     if algo != "none":
         before = {}
         if reuse is not None and reuse["header"].get("algo") == algo:
@@ -239,7 +240,10 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
             else:
                 todo.append(e)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for e, h in zip(todo, pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), todo)):
+            hashed = pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), todo)
+            # while the files are read: what the install records as its source's stat (no "h")
+            stat_fp = stat_fingerprint(entries)
+            for e, h in zip(todo, hashed):
                 e["h"] = h
     totals = {
         "entries": len(entries),
@@ -253,6 +257,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
     if strip_special:
         header["strip_special"] = True
+    header["stat_fingerprint"] = stat_fp or stat_fingerprint(entries)
     return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
@@ -279,6 +284,14 @@ def save(manifest: dict, path: str, mode: int = 0o644) -> str:
 
 
 def load(path: str) -> dict:
+    return load_fingerprinted(path)[0]
+
+
+def load_fingerprinted(path: str) -> Tuple[dict, str]:
+    """`load`, and the manifest's fingerprint taken from its entry lines as they are written: for
+    a file `dump` wrote (every manifest the kit writes) that is `fingerprint` of its entries,
+    without encoding each entry again; for one written otherwise, the fingerprint of its bytes
+    (equal fingerprints still mean equal entries)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     rows = [line for line in text.split("\n") if line.strip()]
@@ -289,7 +302,8 @@ def load(path: str) -> dict:
             or not isinstance(lines[-1], dict) or lines[0].get("kind") != "rb-manifest"
             or "totals" not in lines[-1]):
         raise ValueError(f"{path}: not a complete manifest (header or totals line missing)")
-    return {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
+    fp = hashlib.sha256("".join(row + "\n" for row in rows[1:-1]).encode()).hexdigest()
+    return {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}, fp
 
 
 def fingerprint(manifest: dict) -> str:
@@ -427,8 +441,11 @@ def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Opti
     its header what the source was (for re-runs): its fingerprints, and the source's own entries
     of the rewritten files, so that `source_of` can give back `manifest` itself."""
     entries = [dict(e, **changes.get(e["p"], {})) for e in manifest["entries"]]
-    header = dict(manifest["header"], source_fingerprint=source_fingerprint,
-                  source_stat_fingerprint=stat_fingerprint(manifest["entries"]),
+    header = {k: v for k, v in manifest["header"].items() if k != "stat_fingerprint"}
+    # the stat fingerprint `build` took of these entries, where it is there (it is theirs by
+    # construction: the source's engine wrote both), else taken now
+    stat_fp = manifest["header"].get("stat_fingerprint") or stat_fingerprint(manifest["entries"])
+    header.update(source_fingerprint=source_fingerprint, source_stat_fingerprint=stat_fp,
                   source_entries=[e for e in manifest["entries"] if e["p"] in changes])
     return {"header": header, "entries": entries, "totals": manifest["totals"]}
 
