@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 4e3bb57aaac722329b075921eb08f3a493f5874651965ad42d058459a6047be7
+# sha256 of this file with these 64 digits zeroed: 95b137d87754f17005b9425f46384cf65efe92a3512e7b639c70ed6cde7b2a5f
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe
-readonly RB_KIT_FILE=.kit/882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe.tar
+readonly RB_KIT_SHA256=b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff
+readonly RB_KIT_FILE=.kit/b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 815ea032538b09fdb95f4ac1ddaf39cd1af871ac90d95ef1b75a57ecc9222444
+# sha256 of this file with these 64 digits zeroed: 7c3e699eb8963c0e9c1b62cdd6ffe66d35717b281450f8a3cf37765e2faba32f
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe
-readonly RB_KIT_FILE=.kit/882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe.tar
+readonly RB_KIT_SHA256=b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff
+readonly RB_KIT_FILE=.kit/b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

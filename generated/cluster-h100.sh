@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 681292ca047db181895e2b456b7be3f3d2c5dd2a8b103351dad17c8070aef53e
+# sha256 of this file with these 64 digits zeroed: 77557715f1381104dafe32f68aaaecf4f407b92180aa0b30a414df0308de5301
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe
-readonly RB_KIT_FILE=.kit/882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe.tar
+readonly RB_KIT_SHA256=b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff
+readonly RB_KIT_FILE=.kit/b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

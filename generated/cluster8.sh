@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: fb72a81921bfa8034244b3de7b05b44ef42e830604b5ffac8d604114d94e0a3d
+# sha256 of this file with these 64 digits zeroed: 74fc38847e367a09851859b9fcf9fdd6da03a9c804d722a42d21deb370f49038
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe
-readonly RB_KIT_FILE=.kit/882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe.tar
+readonly RB_KIT_SHA256=b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff
+readonly RB_KIT_FILE=.kit/b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 5ed0927799a838cb27ab0ecb39f098a4241b7ce5a37ad2ea1cc9bbea1ae8eefd
+# sha256 of this file with these 64 digits zeroed: 9958b896dcc9b4693db4009f639015501b531a318e100fe47e785641dde6b766
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe
-readonly RB_KIT_FILE=.kit/882d35b9ce0ee078265b7c3c11c411e158d349d5b6ae442454440b0eb71d5abe.tar
+readonly RB_KIT_SHA256=b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff
+readonly RB_KIT_FILE=.kit/b9b4f0e2123b0eb0a5b28b7b4eb83e5ed2891b30733532816e5667446b7554ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

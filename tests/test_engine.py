@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from compiler import steps as compiler_steps
-from rbkit import engine, hostfs, manifest, serve, stream
+from rbkit import engine, hostfs, manifest, relocate, serve, stream
 from rbkit.lock import Lock, Taken, lock_path
 from tests.test_fanout_delta import PKG, bundle, change_one_file, node
 from tests.test_kit import make_tree
@@ -759,3 +759,15 @@ def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path
     proven, failed = engine.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
     assert (proven, failed) == (["bin/a", "bin/b", "bin/c", "bin/d"], [])
     assert sorted(started) == [f"{dest}/bin/a", f"{dest}/bin/d"]
+
+
+def test_the_post_swap_proof_follows_a_trampoline_to_the_interpreter_beside_it(tmp_path):
+    # dest reached through a link: the trampoline that finds its python beside the script runs
+    # it by its real path, which is still the venv's own bin/
+    real = tmp_path / "real venv"
+    make_tree(real, python=True)
+    dest = tmp_path / "venv"
+    dest.symlink_to(real)
+    _script(real / "bin" / "tool", "#!/bin/sh\n'''exec' " + relocate.BESIDE.decode()
+            + "python\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+    assert engine.prove_scripts(str(dest), ["bin/tool"]) == (["bin/tool"], [])

@@ -908,7 +908,10 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
         line = out.split("\n", 1)[0]
         if line.startswith(EXEC_PROOF + " "):
             prefix, _, exe = line[len(EXEC_PROOF) + 1:].partition("\0")
-            ok = rc == 0 and os.path.realpath(prefix) == real and exe.startswith(dest + "/")
+            # the interpreter in the venv's bin/, however reached (a trampoline beside
+            # it runs it by its real path when dest is a link)
+            ok = (rc == 0 and os.path.realpath(prefix) == real
+                  and os.path.realpath(os.path.dirname(exe)) == os.path.join(real, "bin"))
             said = "sys.prefix %s, %s" % (prefix, exe)
         else:
             # no hook ran (not the venv's python, or one that skips site): what it printed

@@ -239,8 +239,8 @@ rb::hosts_prepare() {
       RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
     fi
   done
-  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" && " ${RB_RUN_STEPS[*]} " != *" manifest "* ]] &&
-    ! rb::is_local "${RB_DST_HOST}"; then
+  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" && ${#RB_RUN_STEPS[@]} -gt 0 &&
+    " ${RB_RUN_STEPS[*]} " != *" manifest "* ]] && ! rb::is_local "${RB_DST_HOST}"; then
     # a --from/--only run without the manifest step goes on from the manifest this machine kept,
     # never one left on the host; sent beside the engines' start (rb::manifest_sent waits)
     RB_WORK='' rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
