@@ -414,6 +414,36 @@ def test_a_stat_line_is_the_json_modules_bytes(tree):
         assert manifest.stat_line(e) == reference(e), e
 
 
+@pytest.mark.parametrize("strip", [False, True])
+def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
+    """hostfs.scan and check_tree take each entry's stat values without making the entry
+    (stat_values, values_line): the same bytes as stat_line(entry_of(...)), for every kind of
+    entry, odd names, special bits kept or stripped, an mtime before 1970; so the scan's
+    fingerprint is the one a manifest of the same tree has."""
+    odd = tree / 'a "q\\ é\u2028\ttab'
+    odd.write_text("x")
+    os.utime(odd, (0, -86400.5))
+    (tree / "setuid").write_text("s")
+    (tree / "setuid").chmod(0o4755)
+    (tree / "open").mkdir(mode=0o777)
+    (tree / "open").chmod(0o1777)
+    os.mkfifo(tree / "fifo")
+    (tree / "dangling").symlink_to('no/"where"')
+    root = str(tree)
+    walked = list(manifest.walk(root, []))
+    assert {st.st_mode >> 12 for _, st in walked} >= {0o10, 0o4, 0o12, 0o1}
+    entries = []
+    for rel, st in walked:
+        e = manifest.entry_of(root, rel, st)
+        e = manifest.without_special(e) if strip else e
+        v = manifest.stat_values(root, rel, st, strip)
+        assert v == tuple(e.get(k) for k in manifest.STAT_KEYS), rel
+        assert manifest.values_line(v) == manifest.stat_line(e), rel
+        entries.append(e)
+    got = hostfs.scan(root, [], special_modes="strip" if strip else "keep")
+    assert got["stat_fingerprint"] == manifest.stat_fingerprint(entries)
+
+
 def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path):
     """The install's pkg/ replaced by a link to a look-alike tree elsewhere (same names, sizes,
     modes and mtimes): stage reaches each directory without following a link, so nothing is

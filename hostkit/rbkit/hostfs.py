@@ -121,21 +121,22 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
         outside: List[dict] = []
         devices: List[str] = []
         sparse: List[str] = []
-        stat_fp = hashlib.sha256()
+        lines: List[bytes] = []
         strip = special_modes == "strip"
+        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
         for rel, st in manifest.walk(root, patterns):
-            entry = manifest.entry_of(root, rel, st)
-            stat_fp.update(manifest.stat_line(manifest.without_special(entry) if strip else entry))
+            values = manifest.stat_values(root, rel, st, strip)
+            lines.append(manifest.values_line(values))
             if names_path:
                 names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
-            blocks = getattr(st, "st_blocks", 0) * 512
+            blocks = st.st_blocks * 512
             disk += blocks
             mode = stat.S_IMODE(st.st_mode)
-            if stat.S_ISLNK(st.st_mode):
+            if values[1] == "l":
                 links += 1
                 need += blocks
-                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, entry["l"]):
-                    outside.append({"p": rel, "l": entry["l"]})
+                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, values[4]):
+                    outside.append({"p": rel, "l": values[4]})
                 continue
             if mode & manifest.SPECIAL_BITS:
                 special.append({"p": rel, "m": _octal(mode)})
@@ -153,7 +154,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
         if names_path:
             safefs.write_file(names_path, b"".join(names), 0o600)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
-                   need_bytes=need, stat_fingerprint=stat_fp.hexdigest(),
+                   need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),
                    special_modes=special[:limit], special_modes_count=len(special),
                    special_modes_action=special_modes, outside_links=outside[:limit],
                    outside_links_count=len(outside), devices=devices[:limit],

@@ -172,6 +172,28 @@ def stat_line(entry: dict) -> bytes:
     return ("[" + ", ".join(parts) + "]\n").encode()
 
 
+def stat_values(root: str, rel: str, st: os.stat_result, strip: bool = False) -> tuple:
+    """The STAT_KEYS values of `entry_of(root, rel, st)` (`without_special` with `strip`) as a
+    tuple, without making the entry: what a scan of every entry of a tree takes per entry."""
+    m = st.st_mode
+    fmt = stat.S_IFMT(m)
+    if fmt == stat.S_IFLNK:
+        return (rel, "l", None, None, os.readlink(os.path.join(root, rel)), None)
+    mode = m & ~SPECIAL_BITS & 0o7777 if strip else m & 0o7777
+    if fmt == stat.S_IFREG:
+        return (rel, "f", mode, st.st_size, None, int(st.st_mtime))
+    return (rel, "d" if fmt == stat.S_IFDIR else "?", mode, None, None, None)
+
+
+def values_line(v: tuple) -> bytes:
+    """stat_line of the entry whose STAT_KEYS values are `v` (from stat_values): the same bytes."""
+    if v[1] == "f":
+        return ('[%s, "f", %d, %d, null, %d]\n' % (_STR(v[0]), v[2], v[3], v[5])).encode()
+    if v[1] == "l":
+        return ('[%s, "l", null, null, %s, null]\n' % (_STR(v[0]), _STR(v[4]))).encode()
+    return ('[%s, "%s", %d, null, null, null]\n' % (_STR(v[0]), v[1], v[2])).encode()
+
+
 def stat_fingerprint(entries: Iterable[dict]) -> str:
     """sha256 over what a quick check compares (path, type, mode, size, link, mtime): no reading."""
     h = hashlib.sha256()
@@ -198,12 +220,16 @@ def check_tree(root: str, installed: dict) -> dict:
     """Whether every entry at `root` still has the path, type, mode, size, link target and mtime
     that `installed` (the manifest the install recorded) says; no reading of contents."""
     patterns = installed["header"].get("excludes", ())
-    want = {e["p"]: [e.get(k) for k in STAT_KEYS] for e in installed["entries"]}
-    have = {}
-    for rel, st in walk(root, patterns):
-        e = entry_of(root, rel, st)
-        have[rel] = [e.get(k) for k in STAT_KEYS]
-    changed = sorted(p for p in set(want) | set(have) if want.get(p) != have.get(p))
+    want = {e["p"]: e for e in installed["entries"]}
+    changed = []
+    # in the order the directories give; what is compared is keyed by path
+    for rel, st in walk(root, patterns, ordered=False):
+        w = want.pop(rel, None)
+        v = stat_values(root, rel, st)
+        if w is None or v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
+            changed.append(rel)
+    changed.extend(want)
+    changed.sort()
     if changed:
         return {"ok": False, "why": f"{len(changed)} entries changed at the destination",
                 "changed": changed[:20]}
@@ -218,15 +244,24 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
     trust as `rerun: quick`); relocatable files are always read. With `strip_special`, modes are
     recorded without SPECIAL_BITS (transfer.special_modes: strip)."""
-    entries, disk = [], 0
+    entries, disk, lines = [], 0, []
     patterns = list(patterns)
     for rel, st in walk(root, patterns):
-        e = entry_of(root, rel, st)
-        entries.append(without_special(e) if strip_special else e)
-        disk += getattr(st, "st_blocks", 0) * 512
+        # entry_of's entry (without_special'd with strip_special), made from its stat values,
+        # whose stat_line is taken here: the install records it as its source's stat
+        v = stat_values(root, rel, st, strip_special)
+        lines.append(values_line(v))
+        if v[1] == "f":
+            entries.append({"p": rel, "t": "f", "m": v[2], "s": v[3], "mt": v[5]})
+        elif v[1] == "l":
+            entries.append({"p": rel, "t": "l", "l": v[4]})
+        else:
+            entries.append({"p": rel, "t": v[1], "m": v[2]})
+        disk += st.st_blocks * 512
+    stat_fp = hashlib.sha256(b"".join(lines)).hexdigest()
+    del lines
     files = [e for e in entries if e["t"] == "f"]
     reused = 0
-    stat_fp = ""
     if algo != "none":
         before = {}
         if reuse is not None and reuse["header"].get("algo") == algo:
@@ -241,8 +276,6 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
                 todo.append(e)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             hashed = pool.map(lambda e: digest(os.path.join(root, e["p"]), algo), todo)
-            # while the files are read: what the install records as its source's stat (no "h")
-            stat_fp = stat_fingerprint(entries)
             for e, h in zip(todo, hashed):
                 e["h"] = h
     totals = {
@@ -257,7 +290,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     header = {"schema": SCHEMA, "kind": "rb-manifest", "algo": algo, "excludes": list(patterns)}
     if strip_special:
         header["strip_special"] = True
-    header["stat_fingerprint"] = stat_fp or stat_fingerprint(entries)
+    header["stat_fingerprint"] = stat_fp
     return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
