@@ -120,6 +120,33 @@ def test_runbook_list_help_and_dry_run_run_nothing(project):
     assert r.returncode == 2 and "unknown step: nope" in r.stderr
 
 
+def test_a_runbook_starts_python_without_a_version_managers_shim(project, tmp_path):
+    """The local Python is the first python3 on PATH that is a program: a shim script before it
+    (pyenv's costs 0.15 s a start) is not run. A program that is no working Python (here `true`)
+    is passed over for plain `python3`; one the shim leads to still works."""
+    compile_("specs/one.yaml", cwd=project)
+    script = project / "generated" / "one.sh"
+    real = os.path.realpath(sys.executable)
+    shims, broken = tmp_path / "shims", tmp_path / "broken"
+    shims.mkdir()
+    broken.mkdir()
+    calls = tmp_path / "shim-calls"
+    (shims / "python3").write_text(f'#!/bin/sh\necho x >>"{calls}"\nexec "{real}" "$@"\n')
+    (shims / "python3").chmod(0o755)
+    (broken / "python3").symlink_to(shutil.which("true"))
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    (real_dir / "python3").symlink_to(real)
+    base = os.environ.get("PATH", "")
+    for path, shim_runs in ((f"{shims}:{real_dir}:{base}", 0), (f"{shims}:{broken}:{base}", 1)):
+        calls.unlink(missing_ok=True)
+        r = subprocess.run(["bash", str(script), "--list"], cwd=project, capture_output=True,
+                           text=True, env=dict(os.environ, PATH=path))
+        assert r.returncode == 0, r.stderr
+        assert "1. preflight" in r.stdout
+        assert (calls.read_text().count("x") if calls.exists() else 0) == shim_runs, path
+
+
 def test_no_key_material_in_any_generated_script():
     scripts = sorted((ROOT / "generated").glob("*.sh")) + sorted(
         (ROOT / "tests" / "cases" / "valid").glob("*.sh"))
