@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 5c662d055102e390f6071b28581c2e8ce1013d27bbcf8c0af04f167c89b9af8d
+# sha256 of this file with these 64 digits zeroed: 0fa379a0c02745bbcd78d8b650f047c528d5a323431eaf181d4b97ddeea1d4b6
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -233,18 +233,19 @@ try:
         data = f.read()
 except OSError as exc:
     refuse(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
-             "the runbook, or compile --standalone for a runbook that carries its kit")
+           "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     refuse(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
-             "(compile writes the kit this runbook was reviewed with)")
+           "(compile writes the kit this runbook was reviewed with)")
 # runtime.sh, a member of this ustar archive (the bytes checked above; tarfile's import costs
 # more than this walk over its headers)
 at = 0
 while at + 512 <= len(data) and data[at:at + 512].strip(b"\0"):
     head = data[at:at + 512]
     size = int(head[124:136].strip(b" \0") or b"0", 8)
-    if (head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")) == (b"runtime.sh", b"0", b""):
+    name, kind, prefix = head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")
+    if (name, kind, prefix) == (b"runtime.sh", b"0", b""):
         sys.stdout.write(data[at + 512:at + 512 + size].decode("utf-8"))
         break
     at += 512 + -(-size // 512) * 512

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: f15aad985ad5d961134ac0d9d8915a2ae2e2c550a56ace2a9085f1810c75cfbe
+# sha256 of this file with these 64 digits zeroed: 4f3d62ad636993f6f8ba4b32aa0d30ec2041f39bb583d0068e0f1fa0e2867d7d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -234,18 +234,19 @@ try:
         data = f.read()
 except OSError as exc:
     refuse(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
-             "the runbook, or compile --standalone for a runbook that carries its kit")
+           "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     refuse(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
-             "(compile writes the kit this runbook was reviewed with)")
+           "(compile writes the kit this runbook was reviewed with)")
 # runtime.sh, a member of this ustar archive (the bytes checked above; tarfile's import costs
 # more than this walk over its headers)
 at = 0
 while at + 512 <= len(data) and data[at:at + 512].strip(b"\0"):
     head = data[at:at + 512]
     size = int(head[124:136].strip(b" \0") or b"0", 8)
-    if (head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")) == (b"runtime.sh", b"0", b""):
+    name, kind, prefix = head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")
+    if (name, kind, prefix) == (b"runtime.sh", b"0", b""):
         sys.stdout.write(data[at + 512:at + 512 + size].decode("utf-8"))
         break
     at += 512 + -(-size // 512) * 512

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 2f9be86b0b0dfdcab92393d26dcf8b6f16998adf2c98bf7d9f4ee0f84ef980d2
+# sha256 of this file with these 64 digits zeroed: 55f4e8b46abe2c00cc115fc3a3fbefed686a80a000ad857830f0e075ec9dea6f
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -223,18 +223,19 @@ try:
         data = f.read()
 except OSError as exc:
     refuse(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
-             "the runbook, or compile --standalone for a runbook that carries its kit")
+           "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     refuse(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
-             "(compile writes the kit this runbook was reviewed with)")
+           "(compile writes the kit this runbook was reviewed with)")
 # runtime.sh, a member of this ustar archive (the bytes checked above; tarfile's import costs
 # more than this walk over its headers)
 at = 0
 while at + 512 <= len(data) and data[at:at + 512].strip(b"\0"):
     head = data[at:at + 512]
     size = int(head[124:136].strip(b" \0") or b"0", 8)
-    if (head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")) == (b"runtime.sh", b"0", b""):
+    name, kind, prefix = head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")
+    if (name, kind, prefix) == (b"runtime.sh", b"0", b""):
         sys.stdout.write(data[at + 512:at + 512 + size].decode("utf-8"))
         break
     at += 512 + -(-size // 512) * 512

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 07bbe9379b8c3479f7147b6ad5218ce9b0cecc981e24d72f3ce2936e06354c53
+# sha256 of this file with these 64 digits zeroed: d01396fb59bea59c6bd424daf878e382c5442cabf81f8a6f7f78ee97a53cbf60
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -231,18 +231,19 @@ try:
         data = f.read()
 except OSError as exc:
     refuse(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
-             "the runbook, or compile --standalone for a runbook that carries its kit")
+           "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     refuse(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
-             "(compile writes the kit this runbook was reviewed with)")
+           "(compile writes the kit this runbook was reviewed with)")
 # runtime.sh, a member of this ustar archive (the bytes checked above; tarfile's import costs
 # more than this walk over its headers)
 at = 0
 while at + 512 <= len(data) and data[at:at + 512].strip(b"\0"):
     head = data[at:at + 512]
     size = int(head[124:136].strip(b" \0") or b"0", 8)
-    if (head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")) == (b"runtime.sh", b"0", b""):
+    name, kind, prefix = head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")
+    if (name, kind, prefix) == (b"runtime.sh", b"0", b""):
         sys.stdout.write(data[at + 512:at + 512 + size].decode("utf-8"))
         break
     at += 512 + -(-size // 512) * 512

@@ -231,18 +231,19 @@ try:
         data = f.read()
 except OSError as exc:
     refuse(f"the kit {path} is not beside this runbook ({exc.strerror}): copy it along with "
-             "the runbook, or compile --standalone for a runbook that carries its kit")
+           "the runbook, or compile --standalone for a runbook that carries its kit")
 got = hashlib.sha256(data).hexdigest()
 if got != want:
     refuse(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
-             "(compile writes the kit this runbook was reviewed with)")
+           "(compile writes the kit this runbook was reviewed with)")
 # runtime.sh, a member of this ustar archive (the bytes checked above; tarfile's import costs
 # more than this walk over its headers)
 at = 0
 while at + 512 <= len(data) and data[at:at + 512].strip(b"\0"):
     head = data[at:at + 512]
     size = int(head[124:136].strip(b" \0") or b"0", 8)
-    if (head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")) == (b"runtime.sh", b"0", b""):
+    name, kind, prefix = head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")
+    if (name, kind, prefix) == (b"runtime.sh", b"0", b""):
         sys.stdout.write(data[at + 512:at + 512 + size].decode("utf-8"))
         break
     at += 512 + -(-size // 512) * 512
