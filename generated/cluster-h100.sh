@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 4f3d62ad636993f6f8ba4b32aa0d30ec2041f39bb583d0068e0f1fa0e2867d7d
+# sha256 of this file with these 64 digits zeroed: 5217d754ec758c6fec4e0cd011e623522fe7720d0d429a2880e878d3ddaff20d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bdadab491c0be7c07b343dbec5bcd745c97c1c47b1f67817e8edeb798b683998
-readonly RB_KIT_FILE=.kit/bdadab491c0be7c07b343dbec5bcd745c97c1c47b1f67817e8edeb798b683998.tar
+readonly RB_KIT_SHA256=8596cf7b87e79265750f96d1059578c3b71e69edb08b80baa8cbb56259f1562a
+readonly RB_KIT_FILE=.kit/8596cf7b87e79265750f96d1059578c3b71e69edb08b80baa8cbb56259f1562a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

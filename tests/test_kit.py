@@ -444,6 +444,24 @@ def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
     assert got["stat_fingerprint"] == manifest.stat_fingerprint(entries)
 
 
+def test_a_name_that_is_not_utf8_is_refused_by_the_scan_and_named(tree):
+    """A manifest records paths as UTF-8 text: a source entry whose name (or link target) is
+    other bytes is refused before anything is sent, named with those bytes shown as \\xNN, not a
+    UnicodeEncodeError from the fingerprint; left out by an exclude, the tree scans."""
+    from rbkit import stream
+
+    os.close(os.open(os.fsencode(tree) + b"/lib/caf\xe9.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+    os.symlink(b"to-\xff", os.fsencode(tree) + b"/odd-link")
+    out = hostfs.scan(str(tree), [])
+    assert "2 entries whose name or link target is not UTF-8" in out["refusal"]
+    assert "lib/caf\\xe9.txt" in out["refusal"] and "odd-link" in out["refusal"]
+    (tree / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tree / "bin" / "python").symlink_to(sys.executable)
+    with pytest.raises(stream.SourceRefused, match="not UTF-8"):
+        stream.scan_source(str(tree), [])
+    assert hostfs.scan(str(tree), ["caf*", "odd-link"])["refusal"] == ""
+
+
 def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path):
     """The install's pkg/ replaced by a link to a look-alike tree elsewhere (same names, sizes,
     modes and mtimes): stage reaches each directory without following a link, so nothing is

@@ -121,12 +121,17 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
         outside: List[dict] = []
         devices: List[str] = []
         sparse: List[str] = []
+        not_utf8: List[str] = []
         lines: List[bytes] = []
         strip = special_modes == "strip"
         # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
         for rel, st in manifest.walk(root, patterns):
             values = manifest.stat_values(root, rel, st, strip)
-            lines.append(manifest.values_line(values))
+            try:
+                lines.append(manifest.values_line(values))
+            except UnicodeEncodeError:
+                # a name (or link target) of bytes that are not UTF-8: no manifest records it
+                not_utf8.append(_shown(rel))
             if names_path:
                 names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
             blocks = st.st_blocks * 512
@@ -159,7 +164,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
                    special_modes_action=special_modes, outside_links=outside[:limit],
                    outside_links_count=len(outside), devices=devices[:limit],
                    sparse_files=sparse[:limit], sparse_count=len(sparse))
-        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices)
+        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices,
+                                  not_utf8)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
 
@@ -168,8 +174,13 @@ def _count(items: list, one: str, many: str) -> str:
     return f"{len(items)} {one if len(items) == 1 else many}"
 
 
+def _shown(rel: str) -> str:
+    """A path whose bytes are not all UTF-8, as text: those bytes as \\xNN."""
+    return repr(os.fsencode(rel))[2:-1]
+
+
 def _refusal(special: list, special_action: str, outside: list, outside_action: str,
-             devices: list, shown: int = 10) -> str:
+             devices: list, not_utf8: List[str], shown: int = 10) -> str:
     why = []
 
     def some(items: list) -> str:
@@ -190,6 +201,11 @@ def _refusal(special: list, special_action: str, outside: list, outside_action: 
     if devices:
         why.append(f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
                    + some(devices))
+    if not_utf8:
+        why.append(f"{_count(not_utf8, 'entry', 'entries')} whose name or link target is "
+                   "not UTF-8 (a manifest records paths as UTF-8 text, so it could not be "
+                   "verified): " + some(not_utf8) + "; rename them, or leave them out "
+                   "with transfer.exclude")
     return "; ".join(why)
 
 
