@@ -191,6 +191,47 @@ def test_a_reader_that_stops_after_the_archive_leaves_the_rest_to_the_parser(tmp
     assert d.ended and d.corrupt is None and d.lost is None
 
 
+def test_a_reader_that_stops_at_the_end_is_judged_on_what_was_written_not_on_a_lagging_parser(
+        tmp_path):
+    """The copy may run ahead of the parser: when tar leaves after the archive's end, in the middle
+    of a chunk, whether the end was reached is decided once the parser has every byte written
+    before the pipe broke (here a parser slowed on purpose), so the last members' digests stand
+    and the rest of the input is still read. Before, the stage judged by where the parser happened
+    to be, stopped reading, and never parsed that chunk: its members had no digest."""
+    import tempfile
+    import time
+
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t")
+    # the archive ends half-way into a chunk of the stage's reads (a file gives whole chunks)
+    lead = (-len(data) - tarstream.CHUNK // 2) % tarstream.CHUNK
+    total = len(data) + lead + 2 * tarstream.CHUNK
+    src = tempfile.TemporaryFile()
+    src.write(data.ljust(total, b"\0"))
+    src.flush()
+    os.lseek(src.fileno(), 0, os.SEEK_SET)
+    d = tarstream.Digester("sha256", workers=2)
+    feed = d.feed
+
+    def slow_feed(chunk):
+        time.sleep(0.2)
+        return feed(chunk)
+
+    d.feed = slow_feed
+    out_r, out_w = os.pipe()
+    sink = tempfile.TemporaryFile()
+    p = subprocess.Popen(["head", "-c", str(len(data))], stdin=out_r, stdout=sink)
+    os.close(out_r)
+    assert d.stage(src.fileno(), out_w) == 0
+    os.close(out_w)
+    assert p.wait(30) == 0
+    assert os.lseek(src.fileno(), 0, os.SEEK_CUR) == total          # every byte was read
+    sink.seek(0)
+    assert sink.read() == data
+    assert d.result() == digests_on_disk(tmp_path / "t")
+    assert d.ended and d.corrupt is None and d.lost is None
+
+
 def test_a_reader_that_dies_mid_archive_ends_the_stage(tmp_path):
     odd_tree(tmp_path / "t")
     data = tar_of(tmp_path / "t")

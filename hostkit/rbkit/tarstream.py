@@ -328,15 +328,23 @@ class Digester:
                 if not data:
                     break
                 if writing:
+                    view = memoryview(data)
                     try:
-                        view = memoryview(data)
                         while view.nbytes:
                             view = view[os.write(out_fd, view):]
                     except BrokenPipeError:
-                        writing = False             # tar is gone; what it read is parsed
+                        # tar is gone. Whether it had the whole archive is the parser's to say,
+                        # once it has every byte written before the pipe broke (it may lag
+                        # behind the copy): past the end, the rest of in_fd is read unparsed
+                        # (the sender's writes must not fail); inside it, the stage stops
+                        writing = False
+                        if view.nbytes < len(data):
+                            backlog.put(data[:len(data) - view.nbytes])
+                        backlog.put(None)
+                        parser.join()
                         if not self.ended:
                             break
-                if writing or not self.ended:
+                        continue
                     backlog.put(data)
         finally:
             backlog.put(None)
