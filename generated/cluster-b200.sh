@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: ad3f9406c40f65cca794fef43a2c3e8da8c097bc81c29cc2671875203efda49c
+# sha256 of this file with these 64 digits zeroed: 6fce52efa76be2f60c55ccba5c5388813353179f0eba284714650f9c5c413d09
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6de92f480e70b5a6debf3cde0297422e08b9e15d38bbd36101a79f8ea92ce475
-readonly RB_KIT_FILE=.kit/6de92f480e70b5a6debf3cde0297422e08b9e15d38bbd36101a79f8ea92ce475.tar
+readonly RB_KIT_SHA256=7e45e3de2e1a2d10d6ecbc479dfd486465092ccfc688cb939294d1f6eb8c4d78
+readonly RB_KIT_FILE=.kit/7e45e3de2e1a2d10d6ecbc479dfd486465092ccfc688cb939294d1f6eb8c4d78.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 35c6f8edeb3cd6cc013a7cb91e1c34ab282dbf6ea267e2927658ceca92c49add
+# sha256 of this file with these 64 digits zeroed: 3c0d384848246f5005e50e71130cf7f1d24a99b9d8d3f249f03938d1dc54f321
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6de92f480e70b5a6debf3cde0297422e08b9e15d38bbd36101a79f8ea92ce475
-readonly RB_KIT_FILE=.kit/6de92f480e70b5a6debf3cde0297422e08b9e15d38bbd36101a79f8ea92ce475.tar
+readonly RB_KIT_SHA256=7e45e3de2e1a2d10d6ecbc479dfd486465092ccfc688cb939294d1f6eb8c4d78
+readonly RB_KIT_FILE=.kit/7e45e3de2e1a2d10d6ecbc479dfd486465092ccfc688cb939294d1f6eb8c4d78.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

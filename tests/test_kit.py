@@ -437,7 +437,15 @@ def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
         e = manifest.entry_of(root, rel, st)
         e = manifest.without_special(e) if strip else e
         v = manifest.stat_values(root, rel, st, strip)
-        assert v == tuple(e.get(k) for k in manifest.STAT_KEYS), rel
+        mode = st.st_mode & 0o7777 & ~(manifest.SPECIAL_BITS if strip else 0)
+        if os.path.islink(os.path.join(root, rel)):
+            want = (rel, "l", None, None, os.readlink(os.path.join(root, rel)), None)
+        elif os.path.isfile(os.path.join(root, rel)):
+            want = (rel, "f", mode, st.st_size, None, int(st.st_mtime))
+        else:
+            want = (rel, "d" if os.path.isdir(os.path.join(root, rel)) else "?", mode, None, None,
+                    None)
+        assert v == want == tuple(e.get(k) for k in manifest.STAT_KEYS), rel
         assert manifest.values_line(v) == manifest.stat_line(e), rel
         entries.append(e)
     got = hostfs.scan(root, [], special_modes="strip" if strip else "keep")

@@ -123,15 +123,17 @@ def digest(path: str, algo: str) -> str:
 
 
 def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
-    mode = stat.S_IMODE(st.st_mode)
-    if stat.S_ISLNK(st.st_mode):
-        return {"p": rel, "t": "l", "l": os.readlink(os.path.join(root, rel))}
-    if stat.S_ISDIR(st.st_mode):
-        return {"p": rel, "t": "d", "m": mode}
-    if stat.S_ISREG(st.st_mode):
-        # mtime in whole seconds: what tar restores (its default format keeps seconds)
-        return {"p": rel, "t": "f", "m": mode, "s": st.st_size, "mt": int(st.st_mtime)}
-    return {"p": rel, "t": "?", "m": mode}
+    return entry_from(stat_values(root, rel, st))
+
+
+def entry_from(v: tuple) -> dict:
+    """The entry whose STAT_KEYS values are `v` (stat_values): a file's mtime in whole seconds
+    (what tar restores: its default format keeps seconds), no mode for a link."""
+    if v[1] == "f":
+        return {"p": v[0], "t": "f", "m": v[2], "s": v[3], "mt": v[5]}
+    if v[1] == "l":
+        return {"p": v[0], "t": "l", "l": v[4]}
+    return {"p": v[0], "t": v[1], "m": v[2]}
 
 
 def without_special(entry: dict) -> dict:
@@ -173,8 +175,8 @@ def stat_line(entry: dict) -> bytes:
 
 
 def stat_values(root: str, rel: str, st: os.stat_result, strip: bool = False) -> tuple:
-    """The STAT_KEYS values of `entry_of(root, rel, st)` (`without_special` with `strip`) as a
-    tuple, without making the entry: what a scan of every entry of a tree takes per entry."""
+    """An entry's STAT_KEYS values as a tuple (its modes `without_special` with `strip`), from
+    the walk's lstat: what entry_of, a scan and a verify of every entry of a tree take."""
     m = st.st_mode
     fmt = stat.S_IFMT(m)
     if fmt == stat.S_IFLNK:
@@ -247,16 +249,11 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     entries, disk, lines = [], 0, []
     patterns = list(patterns)
     for rel, st in walk(root, patterns):
-        # entry_of's entry (without_special'd with strip_special), made from its stat values,
-        # whose stat_line is taken here: the install records it as its source's stat
+        # the entry (without_special'd with strip_special) and its stat_line, from one set of
+        # stat values: the install records the lines' sha256 as its source's stat
         v = stat_values(root, rel, st, strip_special)
         lines.append(values_line(v))
-        if v[1] == "f":
-            entries.append({"p": rel, "t": "f", "m": v[2], "s": v[3], "mt": v[5]})
-        elif v[1] == "l":
-            entries.append({"p": rel, "t": "l", "l": v[4]})
-        else:
-            entries.append({"p": rel, "t": v[1], "m": v[2]})
+        entries.append(entry_from(v))
         disk += st.st_blocks * 512
     stat_fp = hashlib.sha256(b"".join(lines)).hexdigest()
     del lines
@@ -381,18 +378,9 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
             extra.append(rel)
             continue
         seen.add(rel)
-        # entry_of's values, without making the entry
-        fmt = stat.S_IFMT(st.st_mode)
-        mode, size, link = stat.S_IMODE(st.st_mode), None, None
-        if fmt == stat.S_IFREG:
-            kind, size = "f", st.st_size
-        elif fmt == stat.S_IFDIR:
-            kind = "d"
-        elif fmt == stat.S_IFLNK:
-            kind, mode, link = "l", None, os.readlink(os.path.join(root, rel))
-        else:
-            kind = "?"
-        for key, value in (("t", kind), ("m", mode), ("s", size), ("l", link)):
+        v = stat_values(root, rel, st)
+        kind = v[1]
+        for key, value in zip(("t", "m", "s", "l"), v[1:5]):
             if w.get(key) != value:
                 differ.append({"p": rel, "what": key, "want": w.get(key), "have": value})
                 break
