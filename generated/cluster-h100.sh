@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 3c0d384848246f5005e50e71130cf7f1d24a99b9d8d3f249f03938d1dc54f321
+# sha256 of this file with these 64 digits zeroed: 0799356a2bc8af6df05bb85568aab46fa6e89cdb7fa8f45a7f0df94668393211
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7e45e3de2e1a2d10d6ecbc479dfd486465092ccfc688cb939294d1f6eb8c4d78
-readonly RB_KIT_FILE=.kit/7e45e3de2e1a2d10d6ecbc479dfd486465092ccfc688cb939294d1f6eb8c4d78.tar
+readonly RB_KIT_SHA256=0ed77588737a5b65e3f58b21a3c9fda53711b9e2a3ca2eb7a1bafaf5176d5c9d
+readonly RB_KIT_FILE=.kit/0ed77588737a5b65e3f58b21a3c9fda53711b9e2a3ca2eb7a1bafaf5176d5c9d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

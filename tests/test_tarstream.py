@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,74 @@ def test_a_reader_that_dies_mid_archive_ends_the_stage(tmp_path):
     rc, got, _ = through_pipes(d, data, ["head", "-c", "4096"])
     assert rc == 0 and got == data[:4096]
     assert not d.ended                              # the stage stopped: no end was seen
+
+
+class _Rendezvous:
+    """A sha256 whose first update waits until another file's hashing has begun (a barrier of
+    two): it passes only when two big files are hashed side by side."""
+
+    barrier = None
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.first = True
+
+    def update(self, piece) -> None:
+        if self.first:
+            self.first = False
+            self.barrier.wait()
+        self.h.update(piece)
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+def test_big_files_are_hashed_side_by_side_within_the_budget(tmp_path, monkeypatch):
+    # one file's digest is sequential work: the parser must hand a big file's pieces over and go
+    # on to the next file while they are hashed. Before, each thread took 16 pieces at most, so
+    # the parser waited on the first file and the second was never begun (the barrier broke)
+    root = tmp_path / "t"
+    root.mkdir()
+    for name in ("a", "b"):
+        (root / name).write_bytes(os.urandom(3 << 20))
+    data = tar_of(root, "--format=gnu")
+    monkeypatch.setattr(_Rendezvous, "barrier", threading.Barrier(2, timeout=20))
+    d = tarstream.Digester("sha256", workers=2, budget=16 << 20)
+    monkeypatch.setattr(d, "_new", _Rendezvous)
+    held = []
+    give = d._budget.give
+    monkeypatch.setattr(d._budget, "give", lambda n, w: (held.append(d._budget.held), give(n, w)))
+    for at in range(0, len(data), 64 << 10):          # 48 pieces of 64 KiB a file
+        d.feed(data[at:at + (64 << 10)])
+    assert d.result() == digests_on_disk(root) and d.lost is None
+    assert max(held) <= 16 << 20 and d._budget.held == 0
+
+
+def test_the_budget_holds_the_parser_back(tmp_path, monkeypatch):
+    # a budget of 256 KiB and a hasher that waits until the parser has handed over about that:
+    # what is handed over and not hashed never passes the budget, and every digest is right
+    root = tmp_path / "t"
+    root.mkdir()
+    (root / "a").write_bytes(os.urandom(2 << 20))
+    data = tar_of(root, "--format=gnu")
+    d = tarstream.Digester("sha256", workers=1, budget=256 << 10)
+    full = threading.Event()
+
+    class Gated(_Rendezvous):
+        def update(self, piece) -> None:
+            assert full.wait(20)
+            self.h.update(piece)
+    monkeypatch.setattr(d, "_new", Gated)
+    held = []
+    take = d._budget.take
+
+    def watched_take(n, w):
+        take(n, w)
+        held.append(d._budget.held)
+        if d._budget.held > (256 - 64) << 10:     # the next piece would not fit
+            full.set()
+    monkeypatch.setattr(d._budget, "take", watched_take)
+    for at in range(0, len(data), 64 << 10):
+        d.feed(data[at:at + (64 << 10)])
+    assert d.result() == digests_on_disk(root) and d.lost is None
+    assert (256 - 64) << 10 < max(held) <= 256 << 10 and len(held) >= 32

@@ -17,7 +17,12 @@ middle of a member, is truncated (`Digester.truncated`), whatever tar says about
 Threads, not processes: hashlib releases the GIL on buffers of 2 KiB and more, so a big file's
 data is hashed by one of `workers` threads (in order: every piece of one file goes to the same
 thread), small files by the parser's own thread, and the copy to tar (os.write) never waits for
-either: the parser reads from a bounded queue behind the copy.
+either: the parser reads from a bounded queue behind the copy. One file's digest is sequential
+work (sha256 runs at about 1 GB/s a core), so big files must be hashed side by side: the parser
+hands a big file's pieces to its thread and goes on to the next member without waiting for them
+to be hashed, up to a byte budget for all threads together (`budget`: bounded memory; an eighth
+of the memory available, 64 MiB to 1 GiB). With a small per-thread limit instead, the parser
+waited on each big file in turn and the stream ran at one core's hashing rate.
 
 stdlib only; Python >= 3.9.
 """
@@ -35,6 +40,7 @@ CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its si
 PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
 INLINE = 1 << 20           # files up to this size are hashed by the parser's thread
 BACKLOG = 32               # chunks the copy may run ahead of the parser (bounded memory)
+BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30   # bytes handed to hashing threads, not yet hashed
 F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
 REGULAR = (b"0", b"\0", b"7")
 NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # tarfile's rule: these never carry data
@@ -47,6 +53,44 @@ def _maker(algo: str) -> Any:
     if algo == "blake2b":
         return lambda: hashlib.blake2b(digest_size=32)
     return getattr(hashlib, algo, None) or (lambda: hashlib.new(algo))
+
+
+def hash_budget() -> int:
+    """How many bytes of big files' data may wait for the hashing threads: an eighth of the
+    memory available now, between BUDGET_MIN and BUDGET_MAX (256 MiB where /proc/meminfo does
+    not say)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return max(BUDGET_MIN, min(BUDGET_MAX, int(line.split()[1]) * 1024 // 8))
+    except (OSError, ValueError, IndexError):
+        pass
+    return 256 << 20
+
+
+class _Budget:
+    """Bytes handed to the hashing threads and not hashed yet, in all and per thread (a
+    worker's third item). `take` waits while they would pass `limit` (a piece always goes when
+    nothing is held: one bigger than the limit cannot wait for room)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.cv = threading.Condition()
+
+    def take(self, n: int, worker: list) -> None:
+        with self.cv:
+            while self.held and self.held + n > self.limit:
+                self.cv.wait()
+            self.held += n
+            worker[2] += n
+
+    def give(self, n: int, worker: list) -> None:
+        with self.cv:
+            self.held -= n
+            worker[2] -= n
+            self.cv.notify_all()
 
 
 def _number(field: bytes) -> int:
@@ -97,7 +141,8 @@ class Digester:
     digest by its path (`result`). `stage(in_fd, out_fd)` is the reader itself: a pipeline stage
     (stream.pipeline) that copies in_fd to out_fd and feeds a copy to the parser."""
 
-    def __init__(self, algo: str = "sha256", workers: int = 2) -> None:
+    def __init__(self, algo: str = "sha256", workers: int = 2,
+                 budget: Optional[int] = None) -> None:
         self.algo = algo
         self._new = _maker(algo)
         self.off = 0                    # stream offset of what feed sees next
@@ -116,8 +161,9 @@ class Digester:
         # ("link", target path) for a hard link, resolved in order by `result`
         self._order: List[tuple] = []
         self._slots: List[Any] = []
-        self._workers: List[tuple] = []
+        self._workers: List[list] = []     # [queue, thread, bytes queued and not hashed]
         self._nworkers = max(0, workers)
+        self._budget = _Budget(hash_budget() if budget is None else budget)
         self._closed = False
 
     # -- the parser --------------------------------------------------------------------------
@@ -204,7 +250,7 @@ class Digester:
             worker = self._worker() if size > INLINE else None
             self._file = (slot, hasher, worker)
             self._sink = hasher.update if worker is None else \
-                (lambda piece, w=worker, hs=hasher: w[0].put((hs, piece, None)))
+                (lambda piece, w=worker, hs=hasher: self._hand(w, hs, piece))
             self._expect(size)
             return
         if kind == b"1":
@@ -248,37 +294,52 @@ class Digester:
 
     # -- big files' hashing threads ------------------------------------------------------------
 
-    def _worker(self) -> Optional[tuple]:
+    def _worker(self) -> Optional[list]:
+        """The thread for the next big file: a new one while there are fewer than `workers`,
+        else the one with the fewest bytes still to hash."""
         if not self._nworkers:
             return None
         if len(self._workers) < self._nworkers:
-            q: "queue.Queue" = queue.Queue(maxsize=16)
-            t = threading.Thread(target=self._hash_loop, args=(q,), daemon=True)
-            t.start()
-            self._workers.append((q, t))
-            return self._workers[-1]
-        return min(self._workers, key=lambda w: w[0].qsize())
+            w: list = [queue.SimpleQueue(), None, 0]
+            w[1] = threading.Thread(target=self._hash_loop, args=(w,), daemon=True)
+            self._workers.append(w)
+            w[1].start()
+            return w
+        with self._budget.cv:
+            return min(self._workers, key=lambda w: w[2])
 
-    def _hash_loop(self, q: "queue.Queue") -> None:
+    def _hand(self, worker: list, hasher: Any, piece: memoryview) -> None:
+        """A piece of a big file to its thread, once the budget has room for it."""
+        self._budget.take(piece.nbytes, worker)
+        worker[0].put((hasher, piece, None))
+
+    def _hash_loop(self, w: list) -> None:
         while True:
-            item = q.get()
+            item = w[0].get()
             if item is None:
                 return
             hasher, piece, slot = item
+            try:
+                if piece is None:
+                    self._slots[slot] = hasher.hexdigest()
+                else:
+                    hasher.update(piece)
+            except Exception as exc:
+                # a bug: no digests at all; the thread goes on, or the parser would wait for
+                # budget this thread never gives back
+                self.lost = "a hashing thread failed: %s: %s" % (type(exc).__name__, exc)
             if piece is not None:
-                hasher.update(piece)
-            else:
-                self._slots[slot] = hasher.hexdigest()
+                self._budget.give(piece.nbytes, w)
 
     def close(self) -> None:
         """Wait for the hashing threads (every digest is in its slot after this)."""
         if self._closed:
             return
         self._closed = True
-        for q, _t in self._workers:
-            q.put(None)
-        for _q, t in self._workers:
-            t.join()
+        for w in self._workers:
+            w[0].put(None)
+        for w in self._workers:
+            w[1].join()
 
     @property
     def truncated(self) -> bool:
