@@ -38,7 +38,8 @@ from typing import Any, Dict, List, Optional
 BLOCK = 512
 CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
 PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
-INLINE = 1 << 20           # files up to this size are hashed by the parser's thread
+INLINE = 64 << 10          # files up to this size are hashed by the parser's thread (the H200's venv:
+                           # 0.5 GB in 3,060 files between 64 KiB and 1 MiB taken off it)
 BACKLOG = 32               # chunks the copy may run ahead of the parser (bounded memory)
 BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30   # bytes handed to hashing threads, not yet hashed
 F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
