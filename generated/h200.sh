@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: d5d0d0f73004f06c4e6ca713fe95bf2c67529d60a19b0cbc496dacbdc6f2f1b6
+# sha256 of this file with these 64 digits zeroed: 3652112824973358937a916eb7b7646d7a534b965f922790992edc3b9e93f5ab
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=37bfba07485b9ccde42215ca184eeaf241d14f3e76d2e0845ca79f88b9d42a63
-readonly RB_KIT_FILE=.kit/37bfba07485b9ccde42215ca184eeaf241d14f3e76d2e0845ca79f88b9d42a63.tar
+readonly RB_KIT_SHA256=c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff
+readonly RB_KIT_FILE=.kit/c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

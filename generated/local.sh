@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 4c3c95fa19b9065bee5985b2decbc14ad844c014bcb2233e47de0d1992654c51
+# sha256 of this file with these 64 digits zeroed: 7db171103c142e5684637db04225bdfe678370c37696247afc063b2d80c9655f
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=37bfba07485b9ccde42215ca184eeaf241d14f3e76d2e0845ca79f88b9d42a63
-readonly RB_KIT_FILE=.kit/37bfba07485b9ccde42215ca184eeaf241d14f3e76d2e0845ca79f88b9d42a63.tar
+readonly RB_KIT_SHA256=c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff
+readonly RB_KIT_FILE=.kit/c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -370,8 +370,9 @@ def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_n
 
 
 def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
-    """manifest.excluded is one regex per pattern list; the rule it must keep: a pattern matches
-    the path, or the path from any of its components on, by fnmatch (where * crosses "/")."""
+    """manifest.excluded (a name set and suffixes for `NAME` and `*TEXT` patterns, one regex for
+    the rest); the rule it must keep: a pattern matches the path, or the path from any of its
+    components on, by fnmatch (where * crosses "/"). Fixed lists, then random ones."""
     import fnmatch
     import random
 
@@ -385,9 +386,18 @@ def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
              "é", "*", "?q", "a\nb"]
     for patterns in (["__pycache__", "*.pyc"], ["lib/*.py"], ["a/b"], ["*/cu13/*"], ["[ab]"],
                      ["?"], ["*"], [".git", "t.py"], ["\\*"], ["a*b"], ["**/x.pyc"], ["[!a]"],
-                     ["x.pyc/"], ["/a"], ["a\nb"]):
+                     ["x.pyc/"], ["/a"], ["a\nb"], ["__pycache__", "*.pyc", "a*b"], ["*x.pyc", "b"],
+                     ["*é", "c d"], ["*\nb"], [""], ["*", "a"], ["*.b", "lib/*.py"], ["*[x]"],
+                     ["pyc"], ["*.pyc", "*b"]):
         for _ in range(600):
             rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 6)))
+            assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
+    alphabet = ["a", "b", ".", "/", "*", "?", "[", "]", "!", "é", "\n", "\\", "pyc", "x.pyc"]
+    for _ in range(1500):
+        patterns = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 5)))
+                    for _ in range(rnd.randint(1, 3))]
+        for _ in range(20):
+            rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 5)))
             assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
     assert not manifest.excluded("a/b", [])
 

@@ -22,7 +22,7 @@ import re
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from . import safefs
 
@@ -75,14 +75,34 @@ def excluded(rel: str, patterns: Iterable[str]) -> bool:
     on: `__pycache__` excludes `a/__pycache__`, `*.pyc` every .pyc), fnmatch rules."""
     if not patterns:
         return False
-    return _exclusion(tuple(patterns)).search(rel) is not None
+    return _exclusion(tuple(patterns))(rel)
 
 
 @functools.lru_cache(maxsize=64)
-def _exclusion(patterns: tuple) -> "re.Pattern[str]":
-    """One regex for `excluded`: each pattern (fnmatch.translate, anchored at the end) may start
-    at the beginning or after any "/", which is matching it against every tail."""
-    return re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in patterns))
+def _exclusion(patterns: tuple) -> Callable[[str], bool]:
+    """The test `excluded` makes. A pattern without "/" or a wildcard matches a tail only as the
+    last component, and `*` then such a text only a last component that ends with it (the text
+    has no "/"): a set and a tuple of suffixes, for the usual excludes (`__pycache__`, `*.pyc`).
+    Any other pattern goes into one regex: each (fnmatch.translate, anchored at the end) may
+    start at the beginning or after any "/", which is matching it against every tail."""
+    names, suffixes, rest = set(), [], []
+    for p in patterns:
+        text = p[1:] if p.startswith("*") else p
+        if "/" in p or any(c in text for c in "*?["):
+            rest.append(p)
+        elif p.startswith("*"):
+            suffixes.append(text)
+        else:
+            names.add(p)
+    ends = tuple(suffixes)
+    regex = re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in rest)
+                       ).search if rest else None
+
+    def test(rel: str) -> bool:
+        name = rel[rel.rfind("/") + 1:]
+        return name in names or name.endswith(ends) or (regex is not None and
+                                                         regex(rel) is not None)
+    return test
 
 
 def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
