@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: c6b9db21a86148a795685d5c7276147fd790c75a2d78eea388c9cafb814301ef
+# sha256 of this file with these 64 digits zeroed: 7bc8bdf70537ded939da394b31cf3498248847b7e1c74fad3e7c58c33641cb8f
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff
-readonly RB_KIT_FILE=.kit/c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff.tar
+readonly RB_KIT_SHA256=1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8
+readonly RB_KIT_FILE=.kit/1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3652112824973358937a916eb7b7646d7a534b965f922790992edc3b9e93f5ab
+# sha256 of this file with these 64 digits zeroed: 18f035cdd52f43ba47035213415363f69ad49cd7970ddbd3e485e2d8d88525bd
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff
-readonly RB_KIT_FILE=.kit/c4489451401b286fe07acbacafc2adc1bd92e3ea09ec0a6e05973ca6b56ae7ff.tar
+readonly RB_KIT_SHA256=1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8
+readonly RB_KIT_FILE=.kit/1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -689,6 +689,53 @@ def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install
     assert data.read_bytes() == (src / PKG / "data.bin").read_bytes()
 
 
+def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_linked(
+        first_install, monkeypatch):
+    """The quick check's read of the install's manifest serves the stage (one read per version
+    of the file); the rebuilt source manifest carries its stat fingerprint for relocate; verify
+    takes a linked file by the inode stage linked, so a file put in the staging's place after
+    the stage, with the size, mode and mtime kept but other bytes, is read and fails."""
+    src, m1, dest, tmp_path = first_install
+    source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
+    change_one_file(dest)
+    mpath = tmp_path / "rebuilt.jsonl"
+    ctx = rerun_ctx(tmp_path, dest, mpath)
+    engine.begin_early_check(ctx)
+    assert engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"][
+        "up_to_date"] == 0
+    reads = []
+    real_load = manifest.load
+    monkeypatch.setattr(manifest, "load", lambda p: reads.append(p) or real_load(p))
+    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
+                       algo="sha256", exclude=[])
+    assert event["status"] == "ok" and event["facts"]["rebuilt"] == 1, event
+    assert reads == [], "stage read the install's manifest again"
+    monkeypatch.undo()
+    assert manifest.load(str(mpath))["header"]["stat_fingerprint"] == source_stat
+    # the install's manifest changed since the quick check read it: read again
+    m = manifest.load(str(dest / engine.INSTALLED))
+    manifest.save(m, str(dest / engine.INSTALLED))
+    cached = ctx._installed_cache
+    assert ctx.installed() is not cached[1] and ctx._installed_cache[0] != cached[0]
+    # a linked file of the staging swapped for a copy with other bytes and the same stat
+    linked = Path(ctx.staging) / PKG / "data.bin"
+    assert linked.stat().st_ino == (dest / PKG / "data.bin").stat().st_ino
+    planted = linked.with_name("planted")
+    planted.write_bytes(linked.read_bytes())
+    corrupt_keeping_stat(planted)
+    os.utime(planted, ns=(linked.stat().st_atime_ns, linked.stat().st_mtime_ns))
+    os.chmod(planted, linked.stat().st_mode & 0o7777)
+    os.replace(planted, linked)
+    payload = tmp_path / "sent.tar"
+    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T",
+                    event["facts"]["names"], "-cf", str(payload)], check=True)
+    assert engine.run(ctx, "receive", engine.receive, producer=["cat", str(payload)])[
+        "status"] == "ok"
+    ver = engine.run(ctx, "verify", engine.verify)
+    assert ver["status"] == "failed" and f"{PKG}/data.bin" in str(ver), ver
+    assert (dest / PKG / "data.bin").read_bytes() == (src / PKG / "data.bin").read_bytes()
+
+
 @pytest.mark.parametrize("what", ["source changed", "other excludes", "forged record"])
 def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first_install, what):
     src, m1, dest, tmp_path = first_install

@@ -424,6 +424,40 @@ def test_a_stat_line_is_the_json_modules_bytes(tree):
         assert manifest.stat_line(e) == reference(e), e
 
 
+def test_an_entry_line_is_the_json_modules_text(tree):
+    """entry_line writes a hashed file's line itself: a manifest's fingerprint (what a re-run and
+    the kept manifest compare) must stay the one json.dumps(sort_keys) gives, byte for byte, and
+    dump/fingerprint must hash the same lines as before."""
+    import hashlib
+    import io
+    import random
+
+    def reference(e):
+        return json.dumps(e, sort_keys=True, ensure_ascii=False)
+
+    m = manifest.build(str(tree), [], "sha256")
+    assert any(e["t"] == "f" for e in m["entries"])
+    for e in m["entries"]:
+        assert manifest.entry_line(e) == reference(e)
+    rnd = random.Random(7)
+    alpha = ["a", '"', "\\", "\n", "\x00", "\x1f", "é", "\u2028", "😀", "/", " ", "\x7f"]
+    for _ in range(3000):
+        e = {"p": "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 8))), "t": rnd.choice("ffd"),
+             "m": rnd.choice([0, 420, 0o7777, True, 1.0]), "s": rnd.choice([0, 2 ** 40, -1, None]),
+             "mt": rnd.choice([0, -86401, 1700000000, False]),
+             "h": rnd.choice(["ab" * 32, 'x"\\é', 5])}
+        if rnd.random() < 0.1:
+            e["l"] = "x"
+        if rnd.random() < 0.1:
+            del e["h"]
+        assert manifest.entry_line(e) == reference(e), e
+    buf = io.StringIO()
+    fp = manifest.dump(m, buf)
+    lines = buf.getvalue().splitlines(keepends=True)
+    assert fp == hashlib.sha256("".join(lines[1:-1]).encode()).hexdigest() == manifest.fingerprint(m)
+    assert manifest.dump(dict(m, entries=[]), io.StringIO()) == hashlib.sha256(b"").hexdigest()
+
+
 @pytest.mark.parametrize("strip", [False, True])
 def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
     """hostfs.scan and check_tree take each entry's stat values without making the entry

@@ -126,6 +126,8 @@ class Context:
         self.elsewhere: Any = None               # (the scan of data files, its prefixes)
         self.early: Any = None                   # the quick check's walk, begun at the lock
         self._manifest_cache: Optional[tuple] = None
+        self._installed_cache: Optional[tuple] = None   # (stat key, the install's manifest)
+        self.linked_inodes: Optional[tuple] = None     # (staging identity, what stage linked)
 
     def new_manifest(self) -> dict:
         """The source's manifest for this run (loaded once per version of the file)."""
@@ -150,6 +152,28 @@ class Context:
         """`m` (fingerprint `fp`) was just written to self.manifest: kept without reading it."""
         st = os.stat(self.manifest)
         self._manifest_cache = ((st.st_mtime_ns, st.st_size, st.st_ino), m, fp)
+
+    def installed(self) -> dict:
+        """The current install's manifest (raises OSError, ValueError), read once per version of
+        the file: the quick check's read (EarlyCheck) serves the stage that follows it."""
+        key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
+        self._installed_cache = (key, m) if key is not None else None
+        return m
+
+
+def _file_key(path: str) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
+    """(stat key, manifest at `path`): `cache`'s manifest when the file has its key still; the
+    key is None when the file changed while it was read (nothing to keep)."""
+    key = _file_key(path)
+    if cache is not None and cache[0] == key:
+        return key, cache[1]
+    m = kitmanifest.load(path)
+    return (key if _file_key(path) == key else None), m
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -399,13 +423,14 @@ class EarlyCheck:
     def __init__(self, dest: str) -> None:
         self.dest = dest
         self.installed: Optional[dict] = None
+        self.key: Optional[tuple] = None
         self.tree: Optional[dict] = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self.installed = kitmanifest.load(os.path.join(self.dest, INSTALLED))
+            self.key, self.installed = _load_keyed(os.path.join(self.dest, INSTALLED), None)
         except (OSError, ValueError):
             return
         if self.installed["header"].get("source_stat_fingerprint") is not None:
@@ -438,9 +463,10 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
     tree = None
     if early is not None and mode == "quick":
         installed, tree = early.take()
+        ctx._installed_cache = (early.key, installed) if early.key and installed else None
     else:
         try:
-            installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
+            installed = ctx.installed()
         except (OSError, ValueError):
             installed = None
     if installed is None or installed["header"].get("source_stat_fingerprint") is None:
@@ -499,13 +525,14 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
     _require_lock(ctx)
     _write_stamp(ctx, None)
     _forget_received(ctx)
+    ctx.linked_inodes = None
     if os.path.lexists(ctx.staging):
         remove_tree(ctx.staging)
     facts: dict = {"delta": int(bool(delta))}
     installed = None
     if delta:
         try:
-            installed = kitmanifest.load(os.path.join(ctx.dest, INSTALLED))
+            installed = ctx.installed()
         except (OSError, ValueError):
             why = "no earlier install at %s (or its manifest is unreadable)" % ctx.dest
             if carried is None:
@@ -549,8 +576,12 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
         os.makedirs(parent, exist_ok=True)
         os.mkdir(ctx.staging, 0o755)
         detail = "fresh staging %s" % ctx.staging
-    _write_stamp(ctx, {"stage": "staged", "identity": _identity(ctx.staging),
-                       "delta": bool(delta)})
+    identity = _identity(ctx.staging)
+    if delta:
+        # verify, in this engine, knows each linked file by the inode linked (not by a look at
+        # the install's file of that name)
+        ctx.linked_inodes = (identity, got["inodes"])
+    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
     return Result(detail, facts)
 
 
@@ -568,7 +599,7 @@ def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
     header = installed["header"]
     if header.get("source_stat_fingerprint") != source_stat:
         return "the source changed since the install", False
-    rebuilt = False
+    rebuilt, stat_fp = False, ""
     try:
         ok = ctx.fingerprint() == header.get("source_fingerprint")
     except (StepError, OSError, ValueError):
@@ -580,7 +611,12 @@ def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
                     "kept here is it"), False
         if not ctx.manifest:
             raise StepError("no source manifest path was given to the engine")
-        fp = kitmanifest.save(m, ctx.manifest, 0o600)
+        # the stat fingerprint its entries have (checked below), in its header as build puts
+        # it there: relocate's record of the source takes it from there
+        stat_fp = kitmanifest.stat_fingerprint(m["entries"])
+        if stat_fp == source_stat:
+            m["header"]["stat_fingerprint"] = stat_fp
+        fp = kitmanifest.save(m, ctx.manifest, 0o600, sync=False)
         if fp != header.get("source_fingerprint"):
             os.unlink(ctx.manifest)
             return "the install's record of its source's manifest does not add up", False
@@ -591,7 +627,7 @@ def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
     if (kept.get("algo") != algo or list(kept.get("excludes", ())) != list(exclude)
             or bool(kept.get("strip_special")) != (ctx.special_modes == "strip")):
         return "the install's source manifest has other digests, excludes or modes", rebuilt
-    if kitmanifest.stat_fingerprint(m["entries"]) != source_stat:
+    if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
         return "the install's source manifest does not have its recorded stat", rebuilt
     return "", rebuilt
 
@@ -718,8 +754,10 @@ def verify(ctx: Context) -> Result:
     new = ctx.new_manifest()
     received = _load_received(ctx, identity, new["header"]["algo"])
     _scan_elsewhere(ctx)
+    inodes = (ctx.linked_inodes[1] if linked and ctx.linked_inodes is not None
+              and ctx.linked_inodes[0] == identity else None)
     result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked,
-                                received=received)
+                                received=received, linked_inodes=inodes)
     listed = kitmanifest.describe(result)
     for line in listed:
         ctx.log(line)

@@ -287,6 +287,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
         remove(staging)
     os.makedirs(staging)
     send: list[str] = []
+    inodes: dict = {}
     linked = linked_bytes = send_bytes = send_files = 0
     here = _DirPair(dest, staging)
     try:
@@ -300,7 +301,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
                 continue
             old = before.get(rel)
             if here.src is not None and manifest.linkable(old, e) and _link_unchanged(
-                    here.src, here.dst, name, old):
+                    here.src, here.dst, name, old, inodes, rel):
                 linked += 1
                 linked_bytes += e["s"]
                 continue
@@ -315,7 +316,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
         buf += rel.encode("utf-8", "surrogateescape") + b"\0"
     safefs.write_file(names_path, bytes(buf), 0o600)
     return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
-            "send_bytes": send_bytes, "send_entries": len(send),
+            "send_bytes": send_bytes, "send_entries": len(send), "inodes": inodes,
             "removed": len(set(before) - {e["p"] for e in new["entries"]})}
 
 
@@ -363,9 +364,11 @@ class _DirPair:
             self._pop()
 
 
-def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict) -> bool:
+def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict, inodes: dict,
+                    rel: str) -> bool:
     """Hard-link `name` from the install's directory into the staging's when the inode linked is
-    a regular file with the recorded mode, size and mtime; else nothing is left at `name`."""
+    a regular file with the recorded mode, size and mtime (its (st_dev, st_ino) go in `inodes`
+    under `rel`); else nothing is left at `name`."""
     try:
         os.link(name, name, src_dir_fd=src_dir, dst_dir_fd=dst_dir, follow_symlinks=False)
     except OSError:
@@ -373,6 +376,7 @@ def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict) -> bool:
     st = os.stat(name, dir_fd=dst_dir, follow_symlinks=False)
     if (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == old.get("m")
             and st.st_size == old.get("s") and int(st.st_mtime) == old.get("mt")):
+        inodes[rel] = (st.st_dev, st.st_ino)
         return True
     os.unlink(name, dir_fd=dst_dir)
     return False
