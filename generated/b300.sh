@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 23d7f0a6cfe3b6d5b7f599656a1405127a70f762c13656160c6986d4dd672cad
+# sha256 of this file with these 64 digits zeroed: 689108aa72ea3bb1a7e9d1e28cd48aa7a31660b5775c7d6d03e62feb5c876f83
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8
-readonly RB_KIT_FILE=.kit/1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8.tar
+readonly RB_KIT_SHA256=49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c
+readonly RB_KIT_FILE=.kit/49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

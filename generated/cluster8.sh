@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 3c431961d5e7b825ec0874c521f75905f8e5fa09c9453f642c0ecde585e296d4
+# sha256 of this file with these 64 digits zeroed: abfdbd9b8de886428a6b057c5693085e73cfbcd9968da50a6a8dc5f1e748a657
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8
-readonly RB_KIT_FILE=.kit/1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8.tar
+readonly RB_KIT_SHA256=49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c
+readonly RB_KIT_FILE=.kit/49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

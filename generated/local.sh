@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 4b1c0cdb1cf8d29404f8a381e3d03fa009c149bb35c4bd2f374d27da178e50a9
+# sha256 of this file with these 64 digits zeroed: d56fd7a49e5d7722dfb3b210070b65f1517aab965ab6af0498ec7ac40c002c86
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8
-readonly RB_KIT_FILE=.kit/1f815cd086a8d343813c0226e425a4daf1cb04cb8e8757fdfbeaa071dc1e30d8.tar
+readonly RB_KIT_SHA256=49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c
+readonly RB_KIT_FILE=.kit/49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

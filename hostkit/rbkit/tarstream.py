@@ -33,7 +33,7 @@ import hashlib
 import os
 import queue
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 BLOCK = 512
 CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
@@ -70,9 +70,21 @@ def hash_budget() -> int:
     return 256 << 20
 
 
+class _Hasher:
+    """One hashing thread: its queue of (hasher, piece, slot) items, and the bytes handed to it
+    and not hashed yet (kept by _Budget, under its lock)."""
+
+    __slots__ = ("queue", "thread", "pending")
+
+    def __init__(self, target: Callable[["_Hasher"], None]) -> None:
+        self.queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.pending = 0
+        self.thread = threading.Thread(target=target, args=(self,), daemon=True)
+
+
 class _Budget:
-    """Bytes handed to the hashing threads and not hashed yet, in all and per thread (a
-    worker's third item). `take` waits while they would pass `limit` (a piece always goes when
+    """Bytes handed to the hashing threads and not hashed yet, in all and per thread
+    (_Hasher.pending). `take` waits while they would pass `limit` (a piece always goes when
     nothing is held: one bigger than the limit cannot wait for room)."""
 
     def __init__(self, limit: int) -> None:
@@ -80,17 +92,17 @@ class _Budget:
         self.held = 0
         self.cv = threading.Condition()
 
-    def take(self, n: int, worker: list) -> None:
+    def take(self, n: int, worker: _Hasher) -> None:
         with self.cv:
             while self.held and self.held + n > self.limit:
                 self.cv.wait()
             self.held += n
-            worker[2] += n
+            worker.pending += n
 
-    def give(self, n: int, worker: list) -> None:
+    def give(self, n: int, worker: _Hasher) -> None:
         with self.cv:
             self.held -= n
-            worker[2] -= n
+            worker.pending -= n
             self.cv.notify_all()
 
 
@@ -162,7 +174,7 @@ class Digester:
         # ("link", target path) for a hard link, resolved in order by `result`
         self._order: List[tuple] = []
         self._slots: List[Any] = []
-        self._workers: List[list] = []     # [queue, thread, bytes queued and not hashed]
+        self._workers: List[_Hasher] = []
         self._nworkers = max(0, workers)
         self._budget = _Budget(hash_budget() if budget is None else budget)
         self._closed = False
@@ -289,34 +301,33 @@ class Digester:
             if worker is None:
                 self._slots[slot] = hasher.hexdigest()
             else:
-                worker[0].put((hasher, None, slot))
+                worker.queue.put((hasher, None, slot))
         self._file = None
         self._sink = None
 
     # -- big files' hashing threads ------------------------------------------------------------
 
-    def _worker(self) -> Optional[list]:
+    def _worker(self) -> Optional[_Hasher]:
         """The thread for the next big file: a new one while there are fewer than `workers`,
         else the one with the fewest bytes still to hash."""
         if not self._nworkers:
             return None
         if len(self._workers) < self._nworkers:
-            w: list = [queue.SimpleQueue(), None, 0]
-            w[1] = threading.Thread(target=self._hash_loop, args=(w,), daemon=True)
+            w = _Hasher(self._hash_loop)
             self._workers.append(w)
-            w[1].start()
+            w.thread.start()
             return w
         with self._budget.cv:
-            return min(self._workers, key=lambda w: w[2])
+            return min(self._workers, key=lambda w: w.pending)
 
-    def _hand(self, worker: list, hasher: Any, piece: memoryview) -> None:
+    def _hand(self, worker: _Hasher, hasher: Any, piece: memoryview) -> None:
         """A piece of a big file to its thread, once the budget has room for it."""
         self._budget.take(piece.nbytes, worker)
-        worker[0].put((hasher, piece, None))
+        worker.queue.put((hasher, piece, None))
 
-    def _hash_loop(self, w: list) -> None:
+    def _hash_loop(self, w: _Hasher) -> None:
         while True:
-            item = w[0].get()
+            item = w.queue.get()
             if item is None:
                 return
             hasher, piece, slot = item
@@ -338,9 +349,9 @@ class Digester:
             return
         self._closed = True
         for w in self._workers:
-            w[0].put(None)
+            w.queue.put(None)
         for w in self._workers:
-            w[1].join()
+            w.thread.join()
 
     @property
     def truncated(self) -> bool:
