@@ -179,12 +179,12 @@ class RunbookRow(Row):
                  route: str = "relay", excludes: tuple[str, ...] = (), payload: str = "torch",
                  state: str = "fresh", dest_key: str | None = None, quick: bool = False,
                  warmup: bool = False, group: str = "runbook", default: bool = True,
-                 keep: bool = False, extra: dict[str, str] | None = None,
+                 extra: dict[str, str] | None = None,
                  repeat: int | None = None, drop: bool = False) -> None:
         self.id, self.label, self.payload, self.quick = rid, label, payload, quick
         self.compression, self.verify, self.route, self.excludes = compression, verify, route, excludes
         self.state, self.dest_key, self.warmup, self.group = state, dest_key or rid, warmup, group
-        self.default, self.keep, self.extra, self.repeat = default, keep, extra or {}, repeat
+        self.default, self.extra, self.repeat = default, extra or {}, repeat
         self.drop = drop           # a re-run row that removes the install it re-ran after its round
         self.script: Path | None = None
         self.runs = 0
@@ -292,7 +292,7 @@ class RunbookRow(Row):
                        relocated_to=str(self.dest(env)))
 
     def cleanup(self, env: Env) -> None:
-        if (self.state == "fresh" and not self.keep) or self.drop:
+        if self.state == "fresh" or self.drop:
             shutil.rmtree(self.dest(env).parent, ignore_errors=True)
 
 

@@ -453,8 +453,9 @@ def test_an_entry_line_is_the_json_modules_text(tree):
         assert manifest.entry_line(e) == reference(e), e
     buf = io.StringIO()
     fp = manifest.dump(m, buf)
-    lines = buf.getvalue().splitlines(keepends=True)
-    assert fp == hashlib.sha256("".join(lines[1:-1]).encode()).hexdigest() == manifest.fingerprint(m)
+    lines = buf.getvalue().split("\n")                 # not splitlines: a path may hold U+2028
+    body = "".join(line + "\n" for line in lines[1:-2])
+    assert fp == hashlib.sha256(body.encode()).hexdigest() == manifest.fingerprint(m)
     assert manifest.dump(dict(m, entries=[]), io.StringIO()) == hashlib.sha256(b"").hexdigest()
 
 
