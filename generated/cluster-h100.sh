@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 668b593ed0cdd60adb05ec4807bd0a6cbac525df278dc2ba1a1a04770a126cd9
+# sha256 of this file with these 64 digits zeroed: 674f77466103485a1c389650bbdce7e4f7b70fb1b126288b892db94043a3ca11
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c
-readonly RB_KIT_FILE=.kit/49f2231991c247fe227a38ec08002ac87f44bf6b76e0be70086eb3391736862c.tar
+readonly RB_KIT_SHA256=af93c91622c7ead07c97c4f83e1b15b5c3bf186852a5534f7e472fd7b62ec048
+readonly RB_KIT_FILE=.kit/af93c91622c7ead07c97c4f83e1b15b5c3bf186852a5534f7e472fd7b62ec048.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -610,11 +610,9 @@ step_transfer() {
     rb::engine stage
   fi
   if ((RB_HASH_DURING_STREAM)); then
-    # a background job: its failure ends it quietly (rb::on_err), `wait` below sees it
-    RB_WORK='' rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-      --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-      --special-modes "${RB_SPECIAL_MODES}" \
-      >"${RB_RUN_DIR}/manifest-build.out" 2>"${RB_RUN_DIR}/manifest-build.err" &
+    # a background job: hash the source, then copy its manifest here and to the destination
+    # while the stream still runs; its failure ends it quietly (rb::on_err), `wait` below sees it
+    rb::hash_during_stream "${RB_RUN_DIR}/manifest-build.out" 2>"${RB_RUN_DIR}/manifest-build.err" &
     hash_pid=$!
     RB_BG_PIDS+=("${hash_pid}")
   fi
@@ -661,13 +659,17 @@ step_transfer() {
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
+      if [[ -s "${RB_RUN_DIR}/manifest-build.out" ]]; then
+        rb::fail "copying the source's manifest from ${RB_SRC_HOST} here and to ${RB_DST_HOST}" \
+          "failed (above)"
+      fi
       rb::fail "hashing the source on ${RB_SRC_HOST} failed (above)"
     fi
     if ! rb::engine_read <"${RB_RUN_DIR}/manifest-build.out"; then
       rb::fail "hashing the source on ${RB_SRC_HOST} said nothing (above)"
     fi
     rb::manifest_facts
-    rb::manifest_share "${RB_FINGERPRINT}"
+    rb::kept_fingerprint "${RB_FINGERPRINT}"
     rb::now
     rb::log "manifest ready $((RB_NOW - start_ms - ms)) ms after the stream ended"
   fi
@@ -682,6 +684,23 @@ step_transfer() {
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi
+}
+
+#######################################
+# The transfer's background job (no ERR-trap record of its own: RB_WORK is the main shell's):
+# hash the source into its manifest (`rbkit engine hash`; its answer into $1, written only once
+# it succeeded), then copy that manifest here and on to the destination.
+#######################################
+rb::hash_during_stream() {
+  local out=$1 src_kit
+  RB_WORK=''
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rm -f "${out}"
+  rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+    --special-modes "${RB_SPECIAL_MODES}" >"${out}.part"
+  mv -f -- "${out}.part" "${out}"
+  rb::manifest_share -
 }
 
 #######################################

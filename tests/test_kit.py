@@ -239,6 +239,36 @@ def test_quick_check_spots_a_changed_source_or_destination_without_reading(tree,
     assert "source changed" in manifest.quick_check(str(dest), installed, source_stat)["why"]
 
 
+def test_digests_of_many_files_by_threads_are_each_files_in_order(tmp_path):
+    """manifest.digests: threads taking paths from one iterator give each path its own file's
+    digest, in the order asked (sizes around the read size, so one buffer is reused short and
+    long); the first failure in that order is raised, after every thread stopped."""
+    import hashlib
+    import random
+
+    rng = random.Random(7)
+    rels = []
+    for i in range(300):
+        size = rng.choice((0, 1, 511, manifest.CHUNK - 1, manifest.CHUNK, manifest.CHUNK + 3))
+        rel = f"d{i % 7}/f{i}"
+        (tmp_path / f"d{i % 7}").mkdir(exist_ok=True)
+        (tmp_path / rel).write_bytes(rng.randbytes(size))
+        rels.append(rel)
+    want = [hashlib.sha256((tmp_path / r).read_bytes()).hexdigest() for r in rels]
+    for jobs in (1, 2, 5):
+        assert manifest.digests(str(tmp_path), rels, "sha256", jobs) == want, jobs
+    blake = [hashlib.blake2b((tmp_path / r).read_bytes(), digest_size=32).hexdigest() for r in rels]
+    assert manifest.digests(str(tmp_path), rels, "blake2b", 3) == blake
+    assert manifest.digests(str(tmp_path), [], "sha256", 4) == []
+    # a link where a file was (O_NOFOLLOW) and a path gone: the earlier one in the list is raised
+    os.symlink("f0", tmp_path / "d1" / "link")
+    bad = rels[:100] + ["d1/link"] + rels[100:200] + ["gone"] + rels[200:]
+    for jobs in (1, 4):
+        with pytest.raises(OSError) as info:
+            manifest.digests(str(tmp_path), bad, "sha256", jobs)
+        assert info.value.filename.endswith("d1/link"), jobs
+
+
 # -- incremental install: digests reused on the source, unchanged files linked into staging
 
 

@@ -168,11 +168,13 @@ def through_pipes(d: "tarstream.Digester", data: bytes, consumer: list) -> tuple
     return rc, sink.read(), p.returncode
 
 
-def test_between_pipes_every_byte_goes_on_and_every_digest_is_tars(tmp_path):
-    """The stage as the receiving end runs it: between two pipes, with tar's reader behind."""
+@pytest.mark.parametrize("workers", [0, 2])
+def test_between_pipes_every_byte_goes_on_and_every_digest_is_tars(tmp_path, workers):
+    """The stage as the receiving end runs it: between two pipes, with tar's reader behind;
+    with no hashing threads (a host of two cores) and with two."""
     odd_tree(tmp_path / "t")
     data = tar_of(tmp_path / "t")
-    d = tarstream.Digester("sha256", workers=2)
+    d = tarstream.Digester("sha256", workers=workers)
     rc, got, crc = through_pipes(d, data, ["cat"])
     assert rc == 0 and crc == 0 and got == data
     assert d.result() == digests_on_disk(tmp_path / "t")

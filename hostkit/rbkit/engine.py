@@ -656,8 +656,10 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
         names.append(table["tool"])
     digester = None
     if algo != "none":
-        # hashing threads for big files: the cores tar and the decompressor leave
-        digester = tarstream.Digester(algo, max(1, min(8, jobs(ctx.jobs) - 1)))
+        # hashing threads for big files: the cores tar and the decompressor leave; none on two
+        # (tarstream: there each hand-over costs more than the thread gives)
+        n = jobs(ctx.jobs)
+        digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
         argvs.append(digester.stage)
         names.append("digest reader")
     # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps

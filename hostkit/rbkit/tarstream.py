@@ -14,46 +14,41 @@ digests, never the stream: the files from there on get no digest and verify read
 The stream must end as a tar archive ends (a zero block); one that stops before it, or in the
 middle of a member, is truncated (`Digester.truncated`), whatever tar says about it.
 
-Threads, not processes: hashlib releases the GIL on buffers of 2 KiB and more, so a big file's
-data is hashed by one of `workers` threads (in order: every piece of one file goes to the same
-thread), small files by the parser's own thread, and the copy to tar (os.write) never waits for
-either: the parser reads from a bounded queue behind the copy. One file's digest is sequential
-work (sha256 runs at about 1 GB/s a core), so big files must be hashed side by side: the parser
+One thread copies and parses: it reads a piece, writes it to tar, then parses it (a file's data is
+a slice of the piece, no copy). Small files are hashed there. Big ones, with `workers`, by
+hashing threads (hashlib releases the GIL on buffers of 2 KiB and more; every piece of one file
+goes to the same thread, in order): one file's digest is sequential work (sha256 runs at about
+1 GB/s a core), so on a host with cores to spare big files are hashed side by side. The parser
 hands a big file's pieces to its thread and goes on to the next member without waiting for them
 to be hashed, up to a byte budget for all threads together (`budget`: bounded memory; an eighth
 of the memory available, 64 MiB to 1 GiB). With a small per-thread limit instead, the parser
-waited on each big file in turn and the stream ran at one core's hashing rate.
+waited on each big file in turn and the stream ran at one core's hashing rate. Each hand-over
+costs wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
+everything in the one thread (engine.receive: no workers): on the lab's two cores that took
+0.9 s of CPU for the torch venv's 900 MB, against 1.05 s with a parser thread and one hasher.
 
 stdlib only; Python >= 3.9.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import threading
 from typing import Any, Callable, Dict, List, Optional
+
+from . import manifest
 
 BLOCK = 512
 CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
 PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
 INLINE = 64 << 10          # files up to this size are hashed by the parser's thread (the H200's venv:
                            # 0.5 GB in 3,060 files between 64 KiB and 1 MiB taken off it)
-BACKLOG = 32               # chunks the copy may run ahead of the parser (bounded memory)
 BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30   # bytes handed to hashing threads, not yet hashed
 F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
 REGULAR = (b"0", b"\0", b"7")
 NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # tarfile's rule: these never carry data
 ZERO = bytes(BLOCK)
-
-
-def _maker(algo: str) -> Any:
-    """A function making a new hash of the manifest's `algo` (manifest.digest's blake2b size;
-    hashlib's named constructors are the fastest)."""
-    if algo == "blake2b":
-        return lambda: hashlib.blake2b(digest_size=32)
-    return getattr(hashlib, algo, None) or (lambda: hashlib.new(algo))
 
 
 def hash_budget() -> int:
@@ -157,7 +152,7 @@ class Digester:
     def __init__(self, algo: str = "sha256", workers: int = 2,
                  budget: Optional[int] = None) -> None:
         self.algo = algo
-        self._new = _maker(algo)
+        self._new = manifest.hasher(algo)
         self.off = 0                    # stream offset of what feed sees next
         self.ended = False              # saw the end of the archive (a zero block)
         self.corrupt: Optional[str] = None   # the stream is not a good tar archive: why
@@ -382,63 +377,46 @@ class Digester:
     # -- the pipeline stage ------------------------------------------------------------------
 
     def stage(self, in_fd: int, out_fd: int) -> int:
-        """Copy in_fd to out_fd unchanged while the parser (a thread of its own, behind a bounded
-        queue) reads the same bytes. Ends at the end of in_fd, or when out_fd's reader is gone
-        (tar stopped: its own exit code says why); returns 0."""
+        """Copy in_fd to out_fd unchanged and parse each piece right after tar was given it, in
+        this one thread (small files are hashed here, big files' pieces go to the hashing
+        threads). Ends at the end of in_fd, or when out_fd's reader is gone (tar stopped: its
+        own exit code says why); returns 0."""
         for fd in (in_fd, out_fd):
             try:
                 import fcntl
                 fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
             except (OSError, ImportError):
                 pass                               # not a pipe, or over the host's limit
-        backlog: "queue.Queue" = queue.Queue(maxsize=BACKLOG)
-        parser = threading.Thread(target=self._parse_loop, args=(backlog,), daemon=True)
-        parser.start()
         writing = True
         try:
             while True:
                 data = os.read(in_fd, CHUNK)
                 if not data:
                     break
-                if writing:
-                    view = memoryview(data)
-                    try:
-                        while view.nbytes:
-                            view = view[os.write(out_fd, view):]
-                    except BrokenPipeError:
-                        # tar is gone. Whether it had the whole archive is the parser's to say,
-                        # once it has every byte written before the pipe broke (it may lag
-                        # behind the copy): past the end, the rest of in_fd is read unparsed
-                        # (the sender's writes must not fail); inside it, the stage stops
-                        writing = False
-                        if view.nbytes < len(data):
-                            backlog.put(data[:len(data) - view.nbytes])
-                        backlog.put(None)
-                        parser.join()
-                        if not self.ended:
-                            break
-                        continue
-                    backlog.put(data)
+                if not writing:
+                    continue                       # past the archive's end, tar gone: read only
+                view = memoryview(data)
+                try:
+                    while view.nbytes:
+                        view = view[os.write(out_fd, view):]
+                except BrokenPipeError:
+                    # tar is gone. Whether it had the whole archive is the parser's to say, on
+                    # every byte written before the pipe broke: past the end, the rest of in_fd
+                    # is read unparsed (the sender's writes must not fail); inside it, the
+                    # stage stops
+                    writing = False
+                    self._parse(data[:len(data) - view.nbytes])
+                    if not self.ended:
+                        break
+                    continue
+                self._parse(data)
         finally:
-            backlog.put(None)
-            parser.join()
             self.close()
         return 0
 
-    def _parse_loop(self, backlog: "queue.Queue") -> None:
-        while True:
-            data = backlog.get()
-            if data is None:
-                return
-            try:
-                self.feed(data)
-            except Exception as exc:            # a parser bug: no digests, the copy goes on
-                self.lost = "the tar parser failed at byte %d: %s: %s" % (
-                    self.off, type(exc).__name__, exc)
-                self._drain(backlog)
-                return
-
-    @staticmethod
-    def _drain(backlog: "queue.Queue") -> None:
-        while backlog.get() is not None:
-            pass
+    def _parse(self, data: bytes) -> None:
+        try:
+            self.feed(data)
+        except Exception as exc:                # a parser bug: no digests, the copy goes on
+            self.lost = "the tar parser failed at byte %d: %s: %s" % (
+                self.off, type(exc).__name__, exc)

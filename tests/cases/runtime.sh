@@ -310,17 +310,24 @@ rb::sha256() {
 
 #######################################
 # Copy the source's manifest (fingerprint $1) here (runs/NAME/manifest.jsonl) and on to the
-# destination.
+# destination, in one pipeline; written aside and renamed there (both ends may be one host and
+# one kit directory: the file being read). `-` for $1 (the transfer's background job, which has
+# not read the fingerprint yet): copied, no fingerprint recorded; the transfer records it after.
 #######################################
 rb::manifest_share() {
   local src_kit dst_kit fingerprint=$1
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
   rb::kept_fingerprint ''
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" >"${RB_RUN_DIR}/manifest.jsonl"
-  rb::kept_fingerprint "${fingerprint}"
-  rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1"' rb "${dst_kit}/${RB_NAME}.manifest.jsonl" \
-    <"${RB_RUN_DIR}/manifest.jsonl"
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" |
+    tee "${RB_RUN_DIR}/manifest.jsonl" |
+    rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
+      "${dst_kit}/${RB_NAME}.manifest.jsonl" ||
+    rb::pipe_failed "copying the source's manifest" "read on ${RB_SRC_HOST}" "keep here" \
+      "write on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
+  if [[ "${fingerprint}" != - ]]; then
+    rb::kept_fingerprint "${fingerprint}"
+  fi
 }
 
 #######################################

@@ -609,11 +609,9 @@ step_transfer() {
     rb::engine stage
   fi
   if ((RB_HASH_DURING_STREAM)); then
-    # a background job: its failure ends it quietly (rb::on_err), `wait` below sees it
-    RB_WORK='' rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-      --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-      --special-modes "${RB_SPECIAL_MODES}" \
-      >"${RB_RUN_DIR}/manifest-build.out" 2>"${RB_RUN_DIR}/manifest-build.err" &
+    # a background job: hash the source, then copy its manifest here and to the destination
+    # while the stream still runs; its failure ends it quietly (rb::on_err), `wait` below sees it
+    rb::hash_during_stream "${RB_RUN_DIR}/manifest-build.out" 2>"${RB_RUN_DIR}/manifest-build.err" &
     hash_pid=$!
     RB_BG_PIDS+=("${hash_pid}")
   fi
@@ -660,13 +658,17 @@ step_transfer() {
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
+      if [[ -s "${RB_RUN_DIR}/manifest-build.out" ]]; then
+        rb::fail "copying the source's manifest from ${RB_SRC_HOST} here and to ${RB_DST_HOST}" \
+          "failed (above)"
+      fi
       rb::fail "hashing the source on ${RB_SRC_HOST} failed (above)"
     fi
     if ! rb::engine_read <"${RB_RUN_DIR}/manifest-build.out"; then
       rb::fail "hashing the source on ${RB_SRC_HOST} said nothing (above)"
     fi
     rb::manifest_facts
-    rb::manifest_share "${RB_FINGERPRINT}"
+    rb::kept_fingerprint "${RB_FINGERPRINT}"
     rb::now
     rb::log "manifest ready $((RB_NOW - start_ms - ms)) ms after the stream ended"
   fi
@@ -681,6 +683,23 @@ step_transfer() {
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi
+}
+
+#######################################
+# The transfer's background job (no ERR-trap record of its own: RB_WORK is the main shell's):
+# hash the source into its manifest (`rbkit engine hash`; its answer into $1, written only once
+# it succeeded), then copy that manifest here and on to the destination.
+#######################################
+rb::hash_during_stream() {
+  local out=$1 src_kit
+  RB_WORK=''
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rm -f "${out}"
+  rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+    --special-modes "${RB_SPECIAL_MODES}" >"${out}.part"
+  mv -f -- "${out}.part" "${out}"
+  rb::manifest_share -
 }
 
 #######################################
