@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: fba4eabd70862179c9bed8124f73403b49328a0e91abfd5d332dff80df45d873
+# sha256 of this file with these 64 digits zeroed: dd6e4c4ca21cdf54522c3cc111dc69b3d780a1d1f15e4fd79e6602727c5ad720
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=af93c91622c7ead07c97c4f83e1b15b5c3bf186852a5534f7e472fd7b62ec048
-readonly RB_KIT_FILE=.kit/af93c91622c7ead07c97c4f83e1b15b5c3bf186852a5534f7e472fd7b62ec048.tar
+readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
+readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 8941c4267ad7f3aafda35f6505b9e1dd8977aa9d8232c1c92dbc156e3f472a37
+# sha256 of this file with these 64 digits zeroed: 7900d5739ecacdfb70bd5612bea3ece02b20d9a9c13f34373f6f18722241959f
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=af93c91622c7ead07c97c4f83e1b15b5c3bf186852a5534f7e472fd7b62ec048
-readonly RB_KIT_FILE=.kit/af93c91622c7ead07c97c4f83e1b15b5c3bf186852a5534f7e472fd7b62ec048.tar
+readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
+readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -561,7 +561,8 @@ rb::delta_plan() {
 }
 
 #######################################
-# Hash the source into its manifest (on the source, in parallel). Sets RB_FINGERPRINT.
+# Hash the source into its manifest (on the source, in parallel; the entries preflight's scan
+# listed for tar, not a new walk). Sets RB_FINGERPRINT.
 # Extra arguments go to `rbkit engine hash` (--reuse FILE).
 #######################################
 rb::manifest_build() {
@@ -569,7 +570,7 @@ rb::manifest_build() {
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" "$@"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" "$@"
   rb::manifest_facts
 }
 
@@ -676,8 +677,9 @@ step_transfer() {
 
 #######################################
 # The transfer's background job (no ERR-trap record of its own: RB_WORK is the main shell's):
-# hash the source into its manifest (`rbkit engine hash`; its answer into $1, written only once
-# it succeeded), then copy that manifest here and on to the destination.
+# hash the source into its manifest (`rbkit engine hash` of the entries preflight's scan listed
+# for tar; its answer into $1, written only once it succeeded), then copy that manifest here and
+# on to the destination.
 #######################################
 rb::hash_during_stream() {
   local out=$1 src_kit
@@ -686,7 +688,7 @@ rb::hash_during_stream() {
   rm -f "${out}"
   rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" >"${out}.part"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" >"${out}.part"
   mv -f -- "${out}.part" "${out}"
   rb::manifest_share -
 }

@@ -269,6 +269,50 @@ def test_digests_of_many_files_by_threads_are_each_files_in_order(tmp_path):
         assert info.value.filename.endswith("d1/link"), jobs
 
 
+def test_a_build_from_the_scan_record_is_the_walked_build_and_only_for_that_walk(tree, tmp_path):
+    """hostfs.scan writes, beside the names it lists for tar, their stat lines (the scan record);
+    manifest.build(scanned=) takes its entries from there and gives the manifest a new walk would,
+    stat fingerprint included. A record of another walk (other excludes, strip rule or root) is
+    not used: the build walks."""
+    excl = ["__pycache__", "*.pyc"]
+    names = tmp_path / "run.names"
+    info = hostfs.scan(str(tree), excl, str(names))
+    record = tmp_path / ("run.names" + manifest.SCAN_SUFFIX)
+    assert record.is_file() and oct(record.stat().st_mode & 0o777) == "0o600"
+    walked = manifest.build(str(tree), excl, "sha256", jobs=2)
+    got = manifest.build(str(tree), excl, "sha256", jobs=2, scanned=str(record))
+    assert got["entries"] == walked["entries"] and got["header"] == walked["header"]
+    assert got["header"]["stat_fingerprint"] == info["stat_fingerprint"]
+    assert [e["p"].encode() for e in got["entries"]] == names.read_bytes().split(b"\0")[:-1]
+    # the record is what is used: a file added after the scan is not in the manifest
+    (tree / "bin" / "late").write_text("x")
+    assert "bin/late" not in {e["p"] for e in
+                              manifest.build(str(tree), excl, "sha256", 2, scanned=str(record))["entries"]}
+    # another walk's record: walked again (the new file is there)
+    for args, kw in (((str(tree), [], "sha256", 2), {}),
+                     ((str(tree), excl, "sha256", 2), {"strip_special": True}),
+                     ((str(tree) + "/", excl, "sha256", 2), {})):
+        other = manifest.build(*args, scanned=str(record), **kw)
+        assert "bin/late" in {e["p"] for e in other["entries"]}, (args, kw)
+    assert "bin/late" in {e["p"] for e in manifest.build(str(tree), excl, "sha256", 2,
+                                                         scanned=str(tmp_path / "none"))["entries"]}
+
+
+def test_a_file_that_changed_size_since_the_scan_fails_the_build_by_name(tree, tmp_path):
+    """A digest is never given to an entry whose file has grown or shrunk since it was seen: the
+    build stops, naming the file (before: the manifest had the old size with the new content's
+    digest, and the copy failed verify as a content mismatch at the destination)."""
+    excl = ["__pycache__", "*.pyc"]
+    hostfs.scan(str(tree), excl, str(tmp_path / "n"))
+    init = tree / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py"
+    init.write_text("x = 1\ny = 2\n")
+    with pytest.raises(manifest.Changed, match=r"__init__\.py: 12 bytes read, 6 when"):
+        manifest.build(str(tree), excl, "sha256", 2, scanned=str(tmp_path / ("n" + manifest.SCAN_SUFFIX)))
+    # walked: the entry and the digest are of the same file
+    m = manifest.build(str(tree), excl, "sha256", 2)
+    assert {e["p"]: e.get("s") for e in m["entries"]}["lib/python3.11/site-packages/pkg/__init__.py"] == 12
+
+
 # -- incremental install: digests reused on the source, unchanged files linked into staging
 
 

@@ -86,7 +86,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
          special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
-    and order as a manifest's).
+    and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
+    the scan record a manifest build of this run takes instead of walking again.
 
     Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
     world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks
@@ -96,6 +97,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     blocks (tar writes a sparse file's holes out)."""
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
+    patterns = list(patterns)
     if outside_links not in OUTSIDE_LINKS:
         raise ValueError(f"outside_links must be one of {OUTSIDE_LINKS}, not {outside_links!r}")
     out: dict = {"path": root, "exists": os.path.lexists(root), "refusal": ""}
@@ -157,7 +159,11 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                 devices.append(rel)
         if names_path:
-            safefs.write_file(names_path, b"".join(names), 0o600)
+            # this run's private files: no fsync
+            safefs.write_file(names_path, b"".join(names), 0o600, sync=False)
+            safefs.write_file(names_path + manifest.SCAN_SUFFIX,
+                              manifest.scan_header(root, patterns, strip) + b"".join(lines), 0o600,
+                              sync=False)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
                    need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),
                    special_modes=special[:limit], special_modes_count=len(special),

@@ -34,6 +34,7 @@ SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed")
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
 QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
+SCAN_SUFFIX = ".stat"                 # the scan record beside a names list (hostfs.scan)
 
 
 def relocatable(rel: str) -> bool:
@@ -136,29 +137,42 @@ def hasher(algo: str) -> Callable[[], Any]:
     return getattr(hashlib, algo, None) or functools.partial(hashlib.new, algo)
 
 
-def digest(path: str, algo: str, buf: Optional[bytearray] = None) -> str:
+class Changed(ValueError):
+    """A file read for its digest did not have the size the walk (or the scan) saw: the source
+    changed while it was being moved."""
+
+
+def digest(path: str, algo: str, buf: Optional[bytearray] = None,
+           size: Optional[int] = None) -> str:
     """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
     path to another file. `buf`: a buffer of CHUNK bytes to read into (one per thread: no new
-    1 MiB object, and no fresh pages, each read)."""
+    1 MiB object, and no fresh pages, each read). `size`: what the walk saw; other than the bytes
+    read, Changed is raised (the digest would not be of the entry's file)."""
     h = hasher(algo)()
     if buf is None:
         buf = bytearray(CHUNK)
     view = memoryview(buf)
+    total = 0
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     with open(fd, "rb", buffering=0) as f:
         while True:
             n = f.readinto(buf)
             if not n:
                 break
+            total += n
             h.update(view[:n])
+    if size is not None and total != size:
+        raise Changed("%s: %d bytes read, %d when the tree was walked: it changed while being "
+                      "moved (stop what writes to the source, then run again)" % (path, total, size))
     return h.hexdigest()
 
 
-def digests(root: str, rels: list, algo: str, jobs: int) -> list:
-    """digest() of each of `rels` (paths under `root`), in their order, by `jobs` threads that
-    take the next path from one shared iterator (no task object nor wake-up per file: a thread
-    pool's per-file futures cost 0.5 s of CPU on 21k files here, as much as half the hashing).
-    The first error (in the order of `rels`) is raised once every thread stopped."""
+def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
+    """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
+    their order, by `jobs` threads that take the next path from one shared iterator (no task
+    object nor wake-up per file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files
+    here, as much as half the hashing). The first error (in the order of `rels`) is raised once
+    every thread stopped."""
     out: list = [None] * len(rels)
     todo = iter(enumerate(rels))
     errors: list = []
@@ -169,7 +183,8 @@ def digests(root: str, rels: list, algo: str, jobs: int) -> list:
             if errors:
                 return
             try:
-                out[i] = digest(os.path.join(root, rel), algo, buf)
+                out[i] = digest(os.path.join(root, rel), algo, buf,
+                                None if sizes is None else sizes[i])
             except BaseException as exc:     # re-raised below, in the caller
                 errors.append((i, exc))
                 return
@@ -315,25 +330,60 @@ def check_tree(root: str, installed: dict) -> dict:
     return {"ok": True, "why": "unchanged since the install (stat check)"}
 
 
+def scan_header(root: str, patterns: Iterable[str], strip_special: bool) -> bytes:
+    """The first line of a scan record (hostfs.scan): what the walk was of, and how."""
+    return (json.dumps({"kind": "rb-scan", "root": root, "excludes": list(patterns),
+                        "strip_special": bool(strip_special)}, sort_keys=True) + "\n").encode()
+
+
+def read_scan(path: str, root: str, patterns: Iterable[str], strip_special: bool
+              ) -> Optional[bytes]:
+    """The stat lines (values_line's, in the walk's order) of a scan record hostfs.scan wrote
+    for this very walk (same root, excludes and strip rule); None when there is none, or it is of
+    another walk."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        data = f.read()
+    head, _, body = data.partition(b"\n")
+    if head + b"\n" != scan_header(root, patterns, strip_special):
+        return None
+    return body
+
+
 def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
-          reuse: Optional[dict] = None, *, strip_special: bool = False) -> dict:
+          reuse: Optional[dict] = None, *, strip_special: bool = False,
+          scanned: Optional[str] = None) -> dict:
     """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
 
     With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
     mtime equal its entry there takes that entry's digest unread (rsync's quick check: the same
     trust as `rerun: quick`); relocatable files are always read. With `strip_special`, modes are
-    recorded without SPECIAL_BITS (transfer.special_modes: strip)."""
-    entries, disk, lines = [], 0, []
+    recorded without SPECIAL_BITS (transfer.special_modes: strip). With `scanned` (the scan
+    record this run's preflight wrote, hostfs.scan), the entries are the ones that scan saw and
+    listed for tar, not walked again; a file read with another size than seen raises Changed."""
+    entries, disk = [], 0
     patterns = list(patterns)
-    for rel, st in walk(root, patterns):
-        # the entry (without_special'd with strip_special) and its stat_line, from one set of
-        # stat values: the install records the lines' sha256 as its source's stat
-        v = stat_values(root, rel, st, strip_special)
-        lines.append(values_line(v))
-        entries.append(entry_from(v))
-        disk += st.st_blocks * 512
-    stat_fp = hashlib.sha256(b"".join(lines)).hexdigest()
-    del lines
+    body = read_scan(scanned, root, patterns, strip_special) if scanned else None
+    if body is not None:
+        values = json.loads(b"[" + b",".join(body.splitlines()) + b"]")
+        entries = [entry_from(v) for v in values]
+        stat_fp = hashlib.sha256(body).hexdigest()
+        disk = None
+        del body, values
+    else:
+        lines = []
+        for rel, st in walk(root, patterns):
+            # the entry (without_special'd with strip_special) and its stat_line, from one set
+            # of stat values: the install records the lines' sha256 as its source's stat
+            v = stat_values(root, rel, st, strip_special)
+            lines.append(values_line(v))
+            entries.append(entry_from(v))
+            disk += st.st_blocks * 512
+        stat_fp = hashlib.sha256(b"".join(lines)).hexdigest()
+        del lines
     files = [e for e in entries if e["t"] == "f"]
     reused = 0
     if algo != "none":
@@ -348,7 +398,8 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
                 reused += 1
             else:
                 todo.append(e)
-        for e, h in zip(todo, digests(root, [e["p"] for e in todo], algo, jobs)):
+        for e, h in zip(todo, digests(root, [e["p"] for e in todo], algo, jobs,
+                                      [e["s"] for e in todo])):
             e["h"] = h
     totals = {
         "entries": len(entries),

@@ -7,6 +7,7 @@
     engine source ROOT [scan's options] [--installed-stat FP|-] --audit RBPROBES-ARGV...
                                                                scan and static checks, one process
     engine hash ROOT --out F [--exclude P]... [--algo A] [--jobs N] [--names F] [--reuse F]
+        [--scanned NAMES.stat]                                     (the entries this run's scan saw)
     engine delta MANIFEST BASE --names-out F                   what a host installed from BASE needs
     engine send ROOT NAMES --compression C [--remote SSH...]   the sending end of the stream
     engine staging DEST                                        the staging path (the one rule)
@@ -338,7 +339,7 @@ def cmd_hash(a: argparse.Namespace) -> int:
     def build(ctx: engine.Context) -> engine.Result:
         reuse = kitmanifest.load(a.reuse) if a.reuse else None
         m = kitmanifest.build(a.root, a.exclude, a.algo, engine.jobs(a.jobs), reuse,
-                              strip_special=a.special_modes == "strip")
+                              strip_special=a.special_modes == "strip", scanned=a.scanned)
         kitmanifest.save(m, a.out, 0o600)
         if a.names:
             engine.write_file(a.names, b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0"
@@ -451,6 +452,8 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--names")
     h.add_argument("--reuse")
+    h.add_argument("--scanned", help="the scan record this run's `engine source` wrote (NAMES.stat):"
+                   " its entries, not a new walk")
     h.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse",
                    help="strip: modes recorded without setuid/setgid/sticky/world-write")
     h.set_defaults(fn=cmd_hash)

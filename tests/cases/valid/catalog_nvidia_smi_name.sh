@@ -559,7 +559,8 @@ rb::delta_plan() {
 }
 
 #######################################
-# Hash the source into its manifest (on the source, in parallel). Sets RB_FINGERPRINT.
+# Hash the source into its manifest (on the source, in parallel; the entries preflight's scan
+# listed for tar, not a new walk). Sets RB_FINGERPRINT.
 # Extra arguments go to `rbkit engine hash` (--reuse FILE).
 #######################################
 rb::manifest_build() {
@@ -567,7 +568,7 @@ rb::manifest_build() {
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::engine_once "${RB_SRC_HOST}" hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" "$@"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" "$@"
   rb::manifest_facts
 }
 
@@ -674,8 +675,9 @@ step_transfer() {
 
 #######################################
 # The transfer's background job (no ERR-trap record of its own: RB_WORK is the main shell's):
-# hash the source into its manifest (`rbkit engine hash`; its answer into $1, written only once
-# it succeeded), then copy that manifest here and on to the destination.
+# hash the source into its manifest (`rbkit engine hash` of the entries preflight's scan listed
+# for tar; its answer into $1, written only once it succeeded), then copy that manifest here and
+# on to the destination.
 #######################################
 rb::hash_during_stream() {
   local out=$1 src_kit
@@ -684,7 +686,7 @@ rb::hash_during_stream() {
   rm -f "${out}"
   rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" >"${out}.part"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" >"${out}.part"
   mv -f -- "${out}.part" "${out}"
   rb::manifest_share -
 }
