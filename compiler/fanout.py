@@ -271,7 +271,7 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
                 f" present; nodes {nodes} ({len(expand(f.nodes))})"]
     if step == "fan_pack":
         lines = [f"on {src_host}: rbkit manifest build {src} --algo {spec.transfer.verify}",
-                 f"on {src_host}: tar -C {src} -cf - <names> | <compress> > here: {bundle}"
+                 f"on {src_host}: tar -C {src} -b 256 -cf - <names> | <compress> > here: {bundle}"
                  " (with the manifest and the kit)"]
         if incremental:
             lines.append(f"re-run (runs/{spec.name}/fanout-base.jsonl, the last fan-out's "

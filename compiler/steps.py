@@ -117,7 +117,7 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
         out.append(f"compression: {comp_note}")
     elif step == "manifest":
         out.append(f"on {src_host}: rbkit engine hash {src} {excl} --algo {spec.transfer.verify}"
-                   f" --jobs {jobs}".replace("  ", " "))
+                   f" --jobs {jobs} --scanned <preflight's scan of it>".replace("  ", " "))
         out.append(f"here: keep a copy in runs/{spec.name}/manifest.jsonl; send it to {dst_host}")
         out.append(f"{on_dst} current: if {dst}/.rb-manifest.jsonl matches, skip the install")
         if incremental:
@@ -125,10 +125,10 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
                        f"{stg}, send only the rest")
     elif step == "transfer":
         out.append(f"{on_dst} stage: rm -rf {stg} && mkdir {stg}")
-        out.append(f"on {src_host}: tar -C {src} --null --no-recursion -T <manifest names> -cf - "
+        out.append(f"on {src_host}: tar -C {src} -b 256 --null --no-recursion -T <names to send> -cf - "
                    f"| <compress: {comp_note}> (rbkit engine send)")
         out.append(f"  | through this machine ({spec.transfer.route}) |")
-        out.append(f"on {dst_host}: <decompress> | tar -C {stg} -xf - --no-same-owner "
+        out.append(f"on {dst_host}: <decompress> | tar -C {stg} -b 256 -xf - --no-same-owner "
                    "(rbkit engine receive)")
     elif step == "verify":
         out.append(f"{on_dst} verify {stg} against the manifest (--jobs {jobs}); the stamp "

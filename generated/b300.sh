@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 7e2fcf1007c322b8e72c1cd80416c6c2405bed37e6c5a58c281b3cc275af9b29
+# sha256 of this file with these 64 digits zeroed: 413d76d1a40019c7abab9cdcb4d07ad2b7153a9006b09216f96e0ceb894ad713
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
-readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
+readonly RB_KIT_SHA256=e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820
+readonly RB_KIT_FILE=.kit/e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -104,14 +104,14 @@ on b300: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.r
 on b300: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
-  [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
+  [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/b300/manifest.jsonl; send it to b300
 on b300: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b300: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
-on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b300: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: ac9457b82b46fe36b217763fcbcd75b2123c7b7054f798bcabafa5966bfc68cc
+# sha256 of this file with these 64 digits zeroed: a2d81cbff6db1eb62233d21faa9773552bbada571aeacad1b3972d396d2a2351
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
-readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
+readonly RB_KIT_SHA256=e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820
+readonly RB_KIT_FILE=.kit/e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -105,14 +105,14 @@ on h100: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.r
 on h100: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_90 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
-  [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto
+  [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/cluster-h100/manifest.jsonl; send it to h100
 on h100: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on h100: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on h100: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
-on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on h100: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on h100: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on h100: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: dd6e4c4ca21cdf54522c3cc111dc69b3d780a1d1f15e4fd79e6602727c5ad720
+# sha256 of this file with these 64 digits zeroed: 8c5e29c7bc005fcfd982ca30c6cf2a137ea14ca1c609ef27fdba69fd517300df
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
-readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
+readonly RB_KIT_SHA256=e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820
+readonly RB_KIT_FILE=.kit/e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -108,7 +108,7 @@ declare -rA RB_STEP_PREVIEW=(
   [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/sglang/.venv
 here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
   [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
-on build: tar -C /opt/sglang/.venv -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
+on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 900 sbcast -f -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
   [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/tmp --immediate=30 --time=15 -K0 sh -c '"'"'mkdir -m 700 /tmp/rbfan-cluster8-<random> && tar -xf /tmp/rbfan-cluster8-<random>.tar -C /tmp/rbfan-cluster8-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-cluster8-<random> --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 7900d5739ecacdfb70bd5612bea3ece02b20d9a9c13f34373f6f18722241959f
+# sha256 of this file with these 64 digits zeroed: 1c8a2d322aa587c7fc1b4dfe2f8ba1ecac951cd5dfd36b48e94654f864243eb0
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
-readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
+readonly RB_KIT_SHA256=e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820
+readonly RB_KIT_FILE=.kit/e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -103,14 +103,14 @@ on here: rbkit engine serve --dest /opt/torch-moved/.venv: takes /opt/torch-move
 on here: engine preflight: on_existing replace; free space for /opt/torch-moved/..venv.rb-staging
 on here: rbprobes preflight --venv /opt/torch/.venv --arch sm_90 --path lib/python3.12/site-packages/torch/lib (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none'
-  [manifest]='on here: rbkit engine hash /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 8
+  [manifest]='on here: rbkit engine hash /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 8 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/h200/manifest.jsonl; send it to here
 on here: engine current: if /opt/torch-moved/.venv/.rb-manifest.jsonl matches, skip the install
 on here: engine stage: if it differs, link unchanged files from /opt/torch-moved/.venv into /opt/torch-moved/..venv.rb-staging, send only the rest'
   [transfer]='on here: engine stage: rm -rf /opt/torch-moved/..venv.rb-staging && mkdir /opt/torch-moved/..venv.rb-staging
-on here: tar -C /opt/torch/.venv --null --no-recursion -T <manifest names> -cf - | <compress: none> (rbkit engine send)
+on here: tar -C /opt/torch/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none> (rbkit engine send)
   | through this machine (relay) |
-on here: <decompress> | tar -C /opt/torch-moved/..venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on here: <decompress> | tar -C /opt/torch-moved/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify /opt/torch-moved/..venv.rb-staging against the manifest (--jobs 8); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate /opt/torch-moved/..venv.rb-staging --old /opt/torch/.venv --new /opt/torch-moved/.venv'
   [prove]='on here: /opt/torch-moved/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 09d27def3820c37050b76e791d468df0c2ad0eb7c1153335445c0a6f3e8f59b0
+# sha256 of this file with these 64 digits zeroed: 807d371c2c1c66e61b06c0a09aae9b30aa070327723612da325b674dc7f2bcbd
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324
-readonly RB_KIT_FILE=.kit/43562978993c018fc80a5bd75d66a693e856fee0d23fd48764e1d85ea6239324.tar
+readonly RB_KIT_SHA256=e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820
+readonly RB_KIT_FILE=.kit/e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -103,14 +103,14 @@ on here: rbkit engine serve --dest runs/local/venv: takes runs/local/.venv.rb-lo
 on here: engine preflight: on_existing replace; free space for runs/local/.venv.rb-staging
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'
-  [manifest]='on here: rbkit engine hash .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 2
+  [manifest]='on here: rbkit engine hash .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 2 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/local/manifest.jsonl; send it to here
 on here: engine current: if runs/local/venv/.rb-manifest.jsonl matches, skip the install
 on here: engine stage: if it differs, link unchanged files from runs/local/venv into runs/local/.venv.rb-staging, send only the rest'
   [transfer]='on here: engine stage: rm -rf runs/local/.venv.rb-staging && mkdir runs/local/.venv.rb-staging
-on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
+on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
-on here: <decompress> | tar -C runs/local/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on here: <decompress> | tar -C runs/local/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify runs/local/.venv.rb-staging against the manifest (--jobs 2); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
   [prove]='on here: runs/local/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

@@ -43,7 +43,7 @@ from . import hostfs, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
 from . import tarstream
-from .stream import COMPRESSION, child_env, human, pipeline, run_quiet, tail
+from .stream import COMPRESSION, TAR_RECORD, child_env, human, pipeline, run_quiet, tail
 
 # The install's steps, in order: what a fan-out node's report and the runbook's events name.
 STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
@@ -665,7 +665,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
     # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
     keep = ctx.special_modes == "keep"
-    argvs.append(["tar", "-C", ctx.staging, "-xf", "-", "--no-same-owner"]
+    argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
                  + ([] if keep else ["--no-same-permissions"]))
     names.append("tar")
     codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002)

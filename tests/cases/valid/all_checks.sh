@@ -103,13 +103,13 @@ on b: rbkit engine serve --dest /opt/venv2: takes /opt/.venv2.rb-lock for the ru
 on b: engine preflight: on_existing refuse; free space for /opt/.venv2.rb-staging
 on a: rbprobes preflight --venv /opt/venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
-  [manifest]='on a: rbkit engine hash /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs auto
+  [manifest]='on a: rbkit engine hash /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/all-checks/manifest.jsonl; send it to b
 on b: engine current: if /opt/venv2/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on b: engine stage: rm -rf /opt/.venv2.rb-staging && mkdir /opt/.venv2.rb-staging
-on a: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on a: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
-on b: <decompress> | tar -C /opt/.venv2.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on b: <decompress> | tar -C /opt/.venv2.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on b: engine verify /opt/.venv2.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on b: engine relocate /opt/.venv2.rb-staging --old /opt/venv --new /opt/venv2'
   [prove]='on b: /opt/.venv2.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

@@ -103,13 +103,13 @@ on dst: rbkit engine serve --dest /opt/venv: takes /opt/.venv.rb-lock for the ru
 on dst: engine preflight: on_existing refuse; free space for /opt/.venv.rb-staging
 on src: rbprobes preflight --venv /opt/venv --arch sm_120 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
-  [manifest]='on src: rbkit engine hash /opt/venv --algo sha256 --jobs auto
+  [manifest]='on src: rbkit engine hash /opt/venv --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/rtx-pro/manifest.jsonl; send it to dst
 on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
-on src: tar -C /opt/venv --null --no-recursion -T <manifest names> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on src: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
-on dst: <decompress> | tar -C /opt/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on dst: <decompress> | tar -C /opt/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /opt/.venv.rb-staging --old /opt/venv --new /opt/venv'
   [prove]='on dst: /opt/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

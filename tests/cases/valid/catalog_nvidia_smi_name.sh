@@ -102,13 +102,13 @@ on here: rbkit engine serve --dest runs/venv: takes runs/.venv.rb-lock for the r
 on here: engine preflight: on_existing refuse; free space for runs/.venv.rb-staging
 on here: rbprobes preflight --venv build/venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'
-  [manifest]='on here: rbkit engine hash build/venv --algo sha256 --jobs auto
+  [manifest]='on here: rbkit engine hash build/venv --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/smi-name/manifest.jsonl; send it to here
 on here: engine current: if runs/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on here: engine stage: rm -rf runs/.venv.rb-staging && mkdir runs/.venv.rb-staging
-on here: tar -C build/venv --null --no-recursion -T <manifest names> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
+on here: tar -C build/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
-on here: <decompress> | tar -C runs/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on here: <decompress> | tar -C runs/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify runs/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/.venv.rb-staging --old build/venv --new runs/venv'
   [prove]='on here: runs/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

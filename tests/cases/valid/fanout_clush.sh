@@ -112,7 +112,7 @@ declare -rA RB_STEP_PREVIEW=(
   [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/venv
 here: clush, nodeset present; nodes gpu[01-16] (16)'
   [fan_pack]='on build: rbkit manifest build /opt/venv --algo sha256
-on build: tar -C /opt/venv -cf - <names> | <compress> > here: runs/fanout-clush/fanout/rbfan-fanout-clush.tar (with the manifest and the kit)
+on build: tar -C /opt/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-clush/fanout/rbfan-fanout-clush.tar (with the manifest and the kit)
 re-run (runs/fanout-clush/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 --copy runs/fanout-clush/fanout/rbfan-fanout-clush.tar --dest /tmp/rbfan-fanout-clush-<random>.tar'
   [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-clush-<random> && tar -xf /tmp/rbfan-fanout-clush-<random>.tar -C /tmp/rbfan-fanout-clush-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-fanout-clush-<random> --dest /opt/venv --old /opt/venv ...'"'"'

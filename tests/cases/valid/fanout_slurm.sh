@@ -107,7 +107,7 @@ declare -rA RB_STEP_PREVIEW=(
   [fan_preflight]='on here: connect; ship the kit; rbkit scan /opt/build/venv
 here: sbcast, srun, SLURM_JOB_ID present; nodes big[1-2],node[01-04] (6)'
   [fan_pack]='on here: rbkit manifest build /opt/build/venv --algo sha256
-on here: tar -C /opt/build/venv -cf - <names> | <compress> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
+on here: tar -C /opt/build/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
   [fan_copy]='timeout 600 sbcast -f -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm-<random>.tar'
   [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w big[1-2],node[01-04] --chdir=/tmp --immediate=10 --time=10 -K0 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-slurm-<random> && tar -xf /tmp/rbfan-fanout-slurm-<random>.tar -C /tmp/rbfan-fanout-slurm-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-fanout-slurm-<random> --dest /opt/venv --old /opt/build/venv ...'"'"''
   [fan_compare]='here: python3 -S -m rbkit.fanout compare: nodes x checks, identical rows folded

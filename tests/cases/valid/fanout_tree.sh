@@ -112,7 +112,7 @@ declare -rA RB_STEP_PREVIEW=(
   [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/venv
 here: clush, nodeset present; nodes gpu[001-128] (128)'
   [fan_pack]='on build: rbkit manifest build /opt/venv --algo sha256
-on build: tar -C /opt/venv -cf - <names> | <compress> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)
+on build: tar -C /opt/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)
 re-run (runs/fanout-tree/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree-<random>.tar'
   [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-tree-<random> && tar -xf /tmp/rbfan-fanout-tree-<random>.tar -C /tmp/rbfan-fanout-tree-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-fanout-tree-<random> --dest /opt/venv --old /opt/venv ...'"'"'

@@ -98,13 +98,13 @@ on here: rbkit engine serve --dest runs/copy/venv: takes runs/copy/.venv.rb-lock
 on here: engine preflight: on_existing refuse; free space for runs/copy/.venv.rb-staging
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'
-  [manifest]='on here: rbkit engine hash .venv --algo sha256 --jobs auto
+  [manifest]='on here: rbkit engine hash .venv --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/minimal-local/manifest.jsonl; send it to here
 on here: engine current: if runs/copy/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on here: engine stage: rm -rf runs/copy/.venv.rb-staging && mkdir runs/copy/.venv.rb-staging
-on here: tar -C .venv --null --no-recursion -T <manifest names> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
+on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
-on here: <decompress> | tar -C runs/copy/.venv.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on here: <decompress> | tar -C runs/copy/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on here: engine verify runs/copy/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
   [prove]='on here: runs/copy/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'

@@ -98,14 +98,14 @@ on dst: rbkit engine serve --dest /scratch/envs/torch: takes /scratch/envs/.torc
 on dst: engine preflight: on_existing replace; free space for /scratch/envs/.torch.rb-staging
 on src: rbprobes outside /opt/envs/torch (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: gzip (preflight fails if an end lacks it)'
-  [manifest]='on src: rbkit engine hash /opt/envs/torch --algo blake2b --jobs 16
+  [manifest]='on src: rbkit engine hash /opt/envs/torch --algo blake2b --jobs 16 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/ssh-options/manifest.jsonl; send it to dst
 on dst: engine current: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip the install
 on dst: engine stage: if it differs, link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /scratch/envs/.torch.rb-staging && mkdir /scratch/envs/.torch.rb-staging
-on src: tar -C /opt/envs/torch --null --no-recursion -T <manifest names> -cf - | <compress: gzip (preflight fails if an end lacks it)> (rbkit engine send)
+on src: tar -C /opt/envs/torch -b 256 --null --no-recursion -T <names to send> -cf - | <compress: gzip (preflight fails if an end lacks it)> (rbkit engine send)
   | through this machine (relay) |
-on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -xf - --no-same-owner (rbkit engine receive)'
+on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
   [verify]='on dst: engine verify /scratch/envs/.torch.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
   [prove]='on dst: /scratch/envs/.torch.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
