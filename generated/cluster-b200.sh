@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: bf8ef450dba4d798b10d1ad7c6aac35c6c2a2721715e1521e18ce2fbfffa3c53
+# sha256 of this file with these 64 digits zeroed: 5fa4b04005ebcf7051a425d4a5c9b23331e2369f6aac70be6fddac420188f1b7
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820
-readonly RB_KIT_FILE=.kit/e7978095a7d323ff6e10260cbf27ecb8c33f8b49fd83ada419cc6ab93c039820.tar
+readonly RB_KIT_SHA256=0a3fcc79742787702f5580f836dbf7446e1b0c9fbcd4678783247ca18ea2c512
+readonly RB_KIT_FILE=.kit/0a3fcc79742787702f5580f836dbf7446e1b0c9fbcd4678783247ca18ea2c512.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

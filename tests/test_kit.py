@@ -275,6 +275,8 @@ def test_a_build_from_the_scan_record_is_the_walked_build_and_only_for_that_walk
     stat fingerprint included. A record of another walk (other excludes, strip rule or root) is
     not used: the build walks."""
     excl = ["__pycache__", "*.pyc"]
+    for odd in ("new\nline", "sep\u2028ara\u2029tor", "cr\rx"):     # one entry each, in any text
+        (tree / "lib" / odd).write_text(odd)
     names = tmp_path / "run.names"
     info = hostfs.scan(str(tree), excl, str(names))
     record = tmp_path / ("run.names" + manifest.SCAN_SUFFIX)

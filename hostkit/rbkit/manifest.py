@@ -368,11 +368,14 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     patterns = list(patterns)
     body = read_scan(scanned, root, patterns, strip_special) if scanned else None
     if body is not None:
-        values = json.loads(b"[" + b",".join(body.splitlines()) + b"]")
+        rows = body.split(b"\n")              # a name's newline is escaped in its JSON
+        if rows[-1] == b"":
+            rows.pop()
+        values = json.loads(b"[" + b",".join(rows) + b"]")
         entries = [entry_from(v) for v in values]
         stat_fp = hashlib.sha256(body).hexdigest()
         disk = None
-        del body, values
+        del body, rows, values
     else:
         lines = []
         for rel, st in walk(root, patterns):
