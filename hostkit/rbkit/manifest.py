@@ -363,7 +363,8 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     trust as `rerun: quick`); relocatable files are always read. With `strip_special`, modes are
     recorded without SPECIAL_BITS (transfer.special_modes: strip). With `scanned` (the scan
     record this run's preflight wrote, hostfs.scan), the entries are the ones that scan saw and
-    listed for tar, not walked again; a file read with another size than seen raises Changed."""
+    listed for tar, not walked again (totals' disk_bytes is then None: the scan reported it); a
+    file read with another size than seen raises Changed."""
     entries, disk = [], 0
     patterns = list(patterns)
     body = read_scan(scanned, root, patterns, strip_special) if scanned else None
