@@ -288,8 +288,8 @@ def test_a_build_from_the_scan_record_is_the_walked_build_and_only_for_that_walk
     assert [e["p"].encode() for e in got["entries"]] == names.read_bytes().split(b"\0")[:-1]
     # the record is what is used: a file added after the scan is not in the manifest
     (tree / "bin" / "late").write_text("x")
-    assert "bin/late" not in {e["p"] for e in
-                              manifest.build(str(tree), excl, "sha256", 2, scanned=str(record))["entries"]}
+    again = manifest.build(str(tree), excl, "sha256", 2, scanned=str(record))
+    assert "bin/late" not in {e["p"] for e in again["entries"]}
     # another walk's record: walked again (the new file is there)
     for args, kw in (((str(tree), [], "sha256", 2), {}),
                      ((str(tree), excl, "sha256", 2), {"strip_special": True}),
@@ -309,10 +309,16 @@ def test_a_file_that_changed_size_since_the_scan_fails_the_build_by_name(tree, t
     init = tree / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py"
     init.write_text("x = 1\ny = 2\n")
     with pytest.raises(manifest.Changed, match=r"__init__\.py: 12 bytes read, 6 when"):
-        manifest.build(str(tree), excl, "sha256", 2, scanned=str(tmp_path / ("n" + manifest.SCAN_SUFFIX)))
+        manifest.build(str(tree), excl, "sha256", 2,
+                       scanned=str(tmp_path / ("n" + manifest.SCAN_SUFFIX)))
+    # the check itself, whatever gave the size: a digest of other bytes than seen is refused
+    rel = "lib/python3.11/site-packages/pkg/__init__.py"
+    with pytest.raises(manifest.Changed):
+        manifest.digests(str(tree), ["pyvenv.cfg", rel], "sha256", 2,
+                         [(tree / "pyvenv.cfg").stat().st_size, 6])
     # walked: the entry and the digest are of the same file
     m = manifest.build(str(tree), excl, "sha256", 2)
-    assert {e["p"]: e.get("s") for e in m["entries"]}["lib/python3.11/site-packages/pkg/__init__.py"] == 12
+    assert {e["p"]: e.get("s") for e in m["entries"]}[rel] == 12
 
 
 # -- incremental install: digests reused on the source, unchanged files linked into staging
