@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 01db2875314e68654c8dacbe5778d261330cc475985f14f2a56673a23aca7e04
+# sha256 of this file with these 64 digits zeroed: b165c10552a9a686f482a138312ce38a38d19b2299f446dfe14c16a32248748f
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72d5f5697123e9606c6ebdda3a3f85973cdfa934fe5410e8f7e8fbd2ecab9f6d
-readonly RB_KIT_FILE=.kit/72d5f5697123e9606c6ebdda3a3f85973cdfa934fe5410e8f7e8fbd2ecab9f6d.tar
+readonly RB_KIT_SHA256=ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7
+readonly RB_KIT_FILE=.kit/ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 615bfe966667035bd8bb0c7dc82f07e478fa0147721adfe5726eeed2447eead6
+# sha256 of this file with these 64 digits zeroed: 898e029ee546898b9a2753c21c39120ad2945ee6c865d70dbd128c29c6200836
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72d5f5697123e9606c6ebdda3a3f85973cdfa934fe5410e8f7e8fbd2ecab9f6d
-readonly RB_KIT_FILE=.kit/72d5f5697123e9606c6ebdda3a3f85973cdfa934fe5410e8f7e8fbd2ecab9f6d.tar
+readonly RB_KIT_SHA256=ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7
+readonly RB_KIT_FILE=.kit/ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

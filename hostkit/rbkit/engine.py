@@ -157,8 +157,13 @@ class Context:
         """The current install's manifest (raises OSError, ValueError), read once per version of
         the file: the quick check's read (EarlyCheck) serves the stage that follows it."""
         key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
-        self._installed_cache = (key, m) if key is not None else None
+        self.keep_installed(key, m)
         return m
+
+    def keep_installed(self, key: Optional[tuple], m: Optional[dict]) -> None:
+        """Keep `m`, read from the install's manifest while it had stat `key` (_file_key), for
+        `installed`; nothing is kept without both."""
+        self._installed_cache = (key, m) if key is not None and m is not None else None
 
 
 def _file_key(path: str) -> tuple:
@@ -463,7 +468,7 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
     tree = None
     if early is not None and mode == "quick":
         installed, tree = early.take()
-        ctx._installed_cache = (early.key, installed) if early.key and installed else None
+        ctx.keep_installed(early.key, installed)
     else:
         try:
             installed = ctx.installed()

@@ -421,10 +421,15 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     return {"header": header, "entries": entries, "totals": totals, "reused": reused}
 
 
+def _body(entries: list) -> str:
+    """The entry lines of a manifest, each ended by a newline: what its fingerprint is of."""
+    lines = [entry_line(e) for e in entries]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def dump(manifest: dict, out) -> str:
     """Write `manifest` as JSON lines to `out`; returns its fingerprint (of the lines written)."""
-    lines = [entry_line(e) for e in manifest["entries"]]
-    body = "\n".join(lines) + "\n" if lines else ""
+    body = _body(manifest["entries"])
     out.write(json.dumps(manifest["header"], sort_keys=True) + "\n")
     out.write(body)
     out.write(json.dumps({"totals": manifest["totals"]}, sort_keys=True) + "\n")
@@ -466,8 +471,7 @@ def load_fingerprinted(path: str) -> Tuple[dict, str]:
 
 def fingerprint(manifest: dict) -> str:
     """sha256 over the entries: equal fingerprints mean equal trees (for the chosen algo)."""
-    lines = [entry_line(e) for e in manifest["entries"]]
-    return hashlib.sha256(("\n".join(lines) + "\n" if lines else "").encode()).hexdigest()
+    return hashlib.sha256(_body(manifest["entries"]).encode()).hexdigest()
 
 
 def _is_inode(st: os.stat_result, path: str) -> bool:
