@@ -164,7 +164,7 @@ def steps_table(result: dict) -> str:
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out) + (
         "\n\nCells: median (min–max) seconds of the step as report.json times it. The transfer step "
-        "streams through ssh connections the runbook opened earlier (multiplexed) and pv, so its ratio "
+        "streams through ssh connections the runbook opened earlier (multiplexed), so its ratio "
         "is against the null relay with that same plumbing, connections opened before the clock "
         "(`limit.relay.plumbing`; its `many.` twin), where the run has it.\n")
 
@@ -240,7 +240,7 @@ def findings(result: dict) -> list[str]:
         out.append(s + ".")
         p = recs.get("limit.relay.plumbing")
         if p and speed(p):
-            out.append(f"The same relay through multiplexed ssh masters and pv (how the runbook's stream "
+            out.append(f"The same relay through multiplexed ssh masters (how the runbook's stream "
                        f"travels): {speed(p):.0f} MB/s, {speed(p) / lim_sp:.2f}× the limit.")
         lt = recs.get("limit.local-tar")
         if lt and speed(lt):

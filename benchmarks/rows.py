@@ -131,7 +131,7 @@ class NullRelay(Row):
         if self.plumbing:   # the masters are up before the clock starts, as in the runbook
             for h in ("src", "dst"):
                 env.sh(f"{ssh} {h} true", timeout=30)
-            return [timed(env, f"{ssh} src 'head -c {n} /dev/zero' | pv -q | {ssh} dst 'cat >/dev/null'",
+            return [timed(env, f"{ssh} src 'head -c {n} /dev/zero' | {ssh} dst 'cat >/dev/null'",
                           self.timeout)]
         return [timed(env, f"{ssh} src 'head -c {n} /dev/zero' | {ssh} dst 'cat >/dev/null'",
                       self.timeout)]
@@ -570,7 +570,7 @@ def catalogue() -> list[Row]:
                   quick=True),
         NullRelay("limit.relay.default", "null relay, OpenSSH default cipher (chacha20-poly1305)", None,
                   quick=True),
-        NullRelay("limit.relay.plumbing", "null relay, aes128-gcm, multiplexed + pv (runbook plumbing)",
+        NullRelay("limit.relay.plumbing", "null relay, aes128-gcm, multiplexed (runbook plumbing)",
                   AES, plumbing=True),
         OneLink("limit.link.aes", "one link alone: head -c N /dev/zero | ssh dst cat, aes128-gcm", AES,
                 quick=True),
@@ -618,7 +618,7 @@ def catalogue() -> list[Row]:
         HashTool("xxh128sum"),
         NullRelay("many.limit.relay.aes", "null relay, aes128-gcm, many-files byte count (limit)", AES,
                   payload="many", group="many"),
-        NullRelay("many.limit.relay.plumbing", "null relay, many-files byte count, multiplexed + pv", AES,
+        NullRelay("many.limit.relay.plumbing", "null relay, many-files byte count, multiplexed", AES,
                   payload="many", group="many", plumbing=True),
         RunbookRow("many.runbook.relay.none", "runbook relay, none, sha256", payload="many",
                    group="many", warmup=True),

@@ -129,7 +129,7 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
                    f"| <compress: {comp_note}> (rbkit engine send)")
         out.append(f"  | through this machine ({spec.transfer.route}) |")
         out.append(f"on {dst_host}: <decompress> | tar -C {stg} -b 256 -xf - --no-same-owner "
-                   "(rbkit engine receive)")
+                   "(rbkit engine receive; how much tar has read, every 5 s)")
     elif step == "verify":
         out.append(f"{on_dst} verify {stg} against the manifest (--jobs {jobs}); the stamp "
                    "relocate, prove and swap require")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 763e417d6e2b75364d36a944abe8d2dc925822bb97ac32cd091906ef55a162ab
+# sha256 of this file with these 64 digits zeroed: 7ea28d26b9167db3bb10d0fc3afce80ef15ca5044a519ab02b5fdfa224a9b01a
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7
-readonly RB_KIT_FILE=.kit/ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7.tar
+readonly RB_KIT_SHA256=027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859
+readonly RB_KIT_FILE=.kit/027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -112,7 +112,7 @@ on h100: engine stage: if it differs, link unchanged files from /opt/sglang/.ven
   [transfer]='on h100: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
-on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
+on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on h100: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on h100: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on h100: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
@@ -622,35 +622,27 @@ step_transfer() {
   rb::kit_argv "${RB_SRC_HOST}"
   send=("${RB_KIT_ARGV[@]}" engine send "${RB_SRC_ABS}" "${names}" --compression "${RB_COMPRESSION_USED}")
   rb::kit_argv "${RB_DST_HOST}"
-  # receive hashes each file as the stream carries it (verify compares those digests)
+  # receive hashes each file as the stream carries it (verify compares those digests) and says
+  # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
     --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}")
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
+  total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
   if [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" >"${RB_WORK}/receive.out"
-  elif command -v pv >/dev/null; then
-    # pv counts the bytes every 5 s; rb::progress logs percent, rate and ETA and records them
-    # for the timeline (the size is known when the stream is not compressed)
-    total=0
-    if [[ "${RB_COMPRESSION_USED}" == none ]]; then
-      total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
-    fi
-    # shellcheck disable=SC2312 # pv's counts go to rb::progress; pv's status is in PIPESTATUS
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      pv -f -n -b -i 5 2> >(rb::progress "${total}" "${start_ms}") |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
-        "${PIPESTATUS[@]}"
+      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+      >"${RB_WORK}/receive.out"
   else
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
+      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
+        "${PIPESTATUS[@]}"
   fi
   rb::now
   ms=$((RB_NOW - start_ms))

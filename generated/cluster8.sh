@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 5e35105927ecd8c052a1b6f28eea4e414463e0be4e866c24f09acd28fb300b53
+# sha256 of this file with these 64 digits zeroed: 9e67767df0f2a8cea261ec46a5d97f773c7fd36b7659a1b5378d66acccf86726
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7
-readonly RB_KIT_FILE=.kit/ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7.tar
+readonly RB_KIT_SHA256=027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859
+readonly RB_KIT_FILE=.kit/027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

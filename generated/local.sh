@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 1ea4f87e75c5aef0b58a2ab9ac7f06a609005392d0a4e37e909204e60619d539
+# sha256 of this file with these 64 digits zeroed: c3cc6d04511a10972c95e22f26612aa3562e511fedc260dde9ec3cae1fb2e4a9
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7
-readonly RB_KIT_FILE=.kit/ed4ea5e936803015ec9f734037af41aefeb12c45dc6f33849d829691523595e7.tar
+readonly RB_KIT_SHA256=027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859
+readonly RB_KIT_FILE=.kit/027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -110,7 +110,7 @@ on here: engine stage: if it differs, link unchanged files from runs/local/venv 
   [transfer]='on here: engine stage: rm -rf runs/local/.venv.rb-staging && mkdir runs/local/.venv.rb-staging
 on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
-on here: <decompress> | tar -C runs/local/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
+on here: <decompress> | tar -C runs/local/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on here: engine verify runs/local/.venv.rb-staging against the manifest (--jobs 2); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
   [prove]='on here: runs/local/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
@@ -609,35 +609,27 @@ step_transfer() {
   rb::kit_argv "${RB_SRC_HOST}"
   send=("${RB_KIT_ARGV[@]}" engine send "${RB_SRC_ABS}" "${names}" --compression "${RB_COMPRESSION_USED}")
   rb::kit_argv "${RB_DST_HOST}"
-  # receive hashes each file as the stream carries it (verify compares those digests)
+  # receive hashes each file as the stream carries it (verify compares those digests) and says
+  # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
     --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}")
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
+  total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
   if [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" >"${RB_WORK}/receive.out"
-  elif command -v pv >/dev/null; then
-    # pv counts the bytes every 5 s; rb::progress logs percent, rate and ETA and records them
-    # for the timeline (the size is known when the stream is not compressed)
-    total=0
-    if [[ "${RB_COMPRESSION_USED}" == none ]]; then
-      total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
-    fi
-    # shellcheck disable=SC2312 # pv's counts go to rb::progress; pv's status is in PIPESTATUS
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      pv -f -n -b -i 5 2> >(rb::progress "${total}" "${start_ms}") |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
-        "${PIPESTATUS[@]}"
+      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+      >"${RB_WORK}/receive.out"
   else
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
+      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
+        "${PIPESTATUS[@]}"
   fi
   rb::now
   ms=$((RB_NOW - start_ms))

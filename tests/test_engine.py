@@ -387,6 +387,34 @@ def received_staging(tmp_path: Path, cut=None, flip=None):
     return src, ctx, event
 
 
+TRICKLE = ("import sys, time; d = open(sys.argv[1], 'rb').read(); o = sys.stdout.buffer; "
+           "o.write(d[:len(d) // 2]); o.flush(); time.sleep(1.0); o.write(d[len(d) // 2:])")
+
+
+@pytest.mark.parametrize("algo", ["sha256", "none"])
+def test_receive_says_how_much_of_the_stream_its_tar_has_read(tmp_path, algo):
+    """`--progress S` (the runbook's progress lines, pv's job before): every S seconds the bytes
+    the unpacking tar has read so far (its rchar: no copy of the stream is made to count it),
+    never more than it was sent; at the end the stream's whole size where the digest reader
+    counted it (not with verify: none, whose receive has none)."""
+    _src, ctx, _event = received_staging(tmp_path)
+    data = (tmp_path / "stream").read_bytes()
+    said = []
+    ctx.algo = algo
+    ctx.progress = (0.05, said.append)
+    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    event = engine.run(ctx, "receive", engine.receive,
+                       producer=[sys.executable, "-c", TRICKLE, str(tmp_path / "stream")])
+    assert event["status"] == "ok", event
+    # samples while the producer waits, half the stream sent: at most that half (and tar's own
+    # few reads of files such as /etc/localtime)
+    during = said[:-1] if algo != "none" else said
+    assert len(during) >= 5, said
+    assert during == sorted(during) and 0 < during[0] <= len(data) // 2 + 65536, (said, len(data))
+    if algo != "none":
+        assert said[-1] == len(data)
+
+
 def offset_of(data: bytes, rel: str) -> int:
     """Where the data of member `rel` starts in the tar stream `data`."""
     import io

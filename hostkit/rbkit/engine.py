@@ -42,7 +42,7 @@ from . import exports as kitexports
 from . import hostfs, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
-from . import tarstream
+from . import stream, tarstream
 from .stream import COMPRESSION, TAR_RECORD, child_env, human, pipeline, run_quiet, tail
 
 # The install's steps, in order: what a fan-out node's report and the runbook's events name.
@@ -100,7 +100,8 @@ class Context:
                  special_modes: str = "refuse", keep_backups: Optional[int] = None,
                  swap_atomic: str = "allow", algo: str = "",
                  emit: Optional[Callable[[dict], None]] = None,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 log: Optional[Callable[[str], None]] = None,
+                 progress: Optional[Tuple[float, Callable[[int], None]]] = None) -> None:
         self.dest = os.path.abspath(dest)
         self.staging = staging_path(self.dest)
         self.old, self.policy, self.manifest = old, policy, manifest
@@ -117,6 +118,8 @@ class Context:
         self.algo = algo
         self.emit = emit or (lambda event: None)
         self.log = log or (lambda line: None)
+        # (every so many seconds, where to) the bytes of the stream receive's tar has read so far
+        self.progress = progress
         self.locked = False
         self.events: List[dict] = []
         self.up_to_date: Optional[str] = None   # why the destination already holds the tree
@@ -673,7 +676,11 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
                  + ([] if keep else ["--no-same-permissions"]))
     names.append("tar")
-    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002)
+    watch = stream.Progress(*ctx.progress) if ctx.progress else None
+    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002,
+                           started=watch.start if watch else None)
+    if watch is not None:
+        watch.stop(digester.off if digester is not None and not digester.corrupt else None)
     bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
     broken = ""
     if digester is not None:

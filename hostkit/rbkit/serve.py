@@ -1,7 +1,8 @@
 """`python -m rbkit engine ...`: the install engine's command line (engine.py has the steps).
 
     engine serve --dest D --holder TEXT [the run's choices]    the destination's engine for a run
-    engine receive --dest D --state S --compression C [--algo A] the far end of the stream (stdin)
+    engine receive --dest D --state S --compression C [--algo A] [--progress S]
+                                                               the far end of the stream (stdin)
     engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
     engine source ROOT [scan's options] [--installed-stat FP|-] --audit RBPROBES-ARGV...
@@ -18,6 +19,8 @@ Every command but send and staging answers in lines a runbook reads without a pa
     event<TAB>{JSON}           the step's event (engine.py: step, status, detail, facts, duration_s)
     done<TAB>STATUS<TAB>DETAIL the end of the answer: ok, skipped or failed, and why
     ping                       (serve only) the engine is alive; ignored
+    progress<TAB>BYTES         (receive --progress S only) how much of the tar stream tar has read,
+                               every S seconds and once at its end
 
 `serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
 names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
@@ -257,7 +260,8 @@ def cmd_receive(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
                          emit=answer.event, special_modes=a.special_modes, algo=a.algo,
-                         jobs=a.jobs)
+                         jobs=a.jobs, progress=(a.progress, lambda n: answer.line("progress", n))
+                         if a.progress > 0 else None)
     event = engine.run(ctx, "receive", engine.receive)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
@@ -431,6 +435,8 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256",
                     help="the digest taken of each file as the stream carries it (verify's)")
     rc.add_argument("--jobs", default="auto")
+    rc.add_argument("--progress", type=float, default=0.0, metavar="S",
+                    help="a `progress BYTES` line every S seconds (0: none)")
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)

@@ -14,8 +14,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from . import hostfs
 from . import manifest as kitmanifest
@@ -66,11 +67,13 @@ def run_quiet(argv: List[str], timeout: Optional[float],
 
 
 def pipeline(argvs: List[Any], timeout: Optional[float], capture: bool = False,
-             stdin: Any = None, stdout: Any = None, umask: Optional[int] = None) -> tuple:
+             stdin: Any = None, stdout: Any = None, umask: Optional[int] = None,
+             started: Optional[Callable[[List[Any]], None]] = None) -> tuple:
     """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
     default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
     stage, stderr texts: only with `capture`, else they went to ours). A stage that cannot start
     counts 127 (and so do the stages after it); past `timeout` every stage is killed (124).
+    `started` is called with the running stages once all have started (a `Progress` watch).
 
     A stage may be a function `fn(in_fd, out_fd) -> int` instead of an argv (not the last): it
     runs in a thread of this process between its neighbours (tarstream.Digester.stage), its
@@ -105,6 +108,8 @@ def pipeline(argvs: List[Any], timeout: Optional[float], capture: bool = False,
             _close(prev)
         for p in procs:
             p.kill()
+    elif started is not None:
+        started(procs)
     codes: List[int] = []
     deadline = None if timeout is None else time.monotonic() + timeout
     for p in procs:
@@ -179,6 +184,53 @@ class _Inline:
 
     def kill(self) -> None:
         pass          # it ends when its input ends or its reader goes: both are killed
+
+
+class Progress:
+    """How far the last stage of a pipeline (the receiving end's tar) has read its input: every
+    `every` seconds, the bytes it read so far (rchar in /proc/PID/io, the uncompressed tar stream:
+    no copy of the stream is made to count it) go to `say`. Nothing where /proc does not tell;
+    never a figure of another process (a stage reaped, its pid free again, is read no more)."""
+
+    def __init__(self, every: float, say: Callable[[int], None]) -> None:
+        self.every, self.say = every, say
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self, procs: List[Any]) -> None:
+        """The `started` hook of `pipeline`."""
+        last = procs[-1] if procs else None
+        if last is None or not isinstance(getattr(last, "pid", None), int):
+            return
+        self._thread = threading.Thread(target=self._run, args=(last,), daemon=True)
+        self._thread.start()
+
+    def _run(self, proc: Any) -> None:
+        path = "/proc/%d/io" % proc.pid
+        while not self._stop.wait(self.every):
+            if proc.returncode is not None:
+                return
+            try:
+                with open(path, "rb") as f:
+                    text = f.read()
+            except OSError:
+                return
+            if proc.returncode is not None:
+                return
+            for line in text.splitlines():
+                if line.startswith(b"rchar:"):
+                    self.say(int(line.split()[1]))
+                    break
+            else:
+                return
+
+    def stop(self, final: Optional[int] = None) -> None:
+        """No more samples; `final`: the stream's whole size, said last (when it is known)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if final is not None:
+            self.say(final)
 
 
 def tail(text: str, lines: int = 8) -> List[str]:

@@ -46,23 +46,33 @@ rb::one_kernel() {
 }
 
 #######################################
-# The stream's progress, from pv's byte counts (one a line on stdin): a log line with the bytes,
-# the percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
+# The receiving end's answer on stdin, passed on to stdout but for its `progress BYTES` lines
+# (every 5 s: how much of the tar stream its tar has read): each is a log line with the bytes, the
+# percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),
 # and a `progress` event the timeline draws the rate from.
 #######################################
 rb::progress() {
-  local total=$1 start=$2 bytes ms rate line
-  while read -r bytes; do
+  local total=$1 start=$2 line bytes ms rate have of speed
+  while IFS= read -r line || [[ -n "${line}" ]]; do
+    if [[ "${line}" != progress$'\t'* ]]; then
+      printf '%s\n' "${line}"
+      continue
+    fi
+    bytes=${line#progress$'\t'}
     [[ "${bytes}" =~ ^[0-9]+$ ]] || continue
     rb::now
     rb::event progress transfer "${RB_DST_HOST}" "${RB_NOW}" "${bytes}"
     ms=$((RB_NOW - start > 0 ? RB_NOW - start : 1))
     rate=$((bytes * 1000 / ms))
-    line="$((bytes / 1000000)) MB"
+    rb::human have "${bytes}"
+    rb::human speed "${rate}"
+    line="${have}"
     if ((total > 0)); then
-      line+=" of $((total / 1000000)) MB ($((bytes * 100 / total))%)"
+      # the size is an estimate (tar's headers and padding): never past 100%
+      rb::human of "$((bytes > total ? bytes : total))"
+      line+=" of ${of} ($((bytes >= total ? 100 : bytes * 100 / total))%)"
     fi
-    line+=", $((rate / 1000000)) MB/s"
+    line+=", ${speed}/s"
     if ((total > bytes && rate > 0)); then
       line+=", about $(((total - bytes) / rate)) s left"
     fi

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_relay import build, report, run, snapshot, spec_text
+from tests.e2e.test_relay import build, report, run, snapshot, spec_text, tampering_ssh
 from tests.lab.payload import build_payload
 
 pytestmark = pytest.mark.e2e
@@ -142,28 +142,22 @@ def test_keep_policy_leaves_the_new_install(clean_lab, payload_small, tmp_path):
     assert (dst / "bin" / "payload-hello").exists()
 
 
-# What the stream meets between the ends: this machine's `pv` (the relay runs the stream through
-# it when it is on PATH) stands in for a link that flips a byte or cuts the stream short.
-FAKE_PV = """#!/usr/bin/env python3
-import io, os, sys, tarfile
-data = sys.stdin.buffer.read()
-members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
-if os.environ["RB_FAKE_PV"] == "flip":
-    at = next(t for t in members if t.name.endswith("greeting.txt")).offset_data
-    data = data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
-else:
-    data = data[:members[len(members) // 2].offset]     # whole members only: tar says nothing
-sys.stdout.buffer.write(data)
+# What the stream meets between the ends: a link (this machine's ssh, tests.e2e.test_relay's
+# tampering_ssh) that flips a byte of a file or cuts the stream short.
+TAMPER = """
+import io, tarfile
+def tamper(data):
+    members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+    if os.environ["RB_TAMPER"] == "flip":
+        at = next(t for t in members if t.name.endswith("greeting.txt")).offset_data
+        return data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
+    return data[:members[len(members) // 2].offset]     # whole members only: tar says nothing
 """
 
 
 def run_through(tmp_path: Path, script: Path, how: str) -> subprocess.CompletedProcess:
-    bin_dir = tmp_path / "fake-bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "pv").write_text(FAKE_PV)
-    (bin_dir / "pv").chmod(0o755)
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), RB_FAKE_PV=how,
-               PATH="%s:%s" % (bin_dir, os.environ["PATH"]))
+    env = tampering_ssh(tmp_path / "fake-bin", TAMPER)
+    env.update(RB_RUN_DIR=str(tmp_path / "run"), RB_TAMPER=how)
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
 

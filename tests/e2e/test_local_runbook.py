@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -309,8 +310,12 @@ def test_a_second_run_into_the_same_destination_is_refused_naming_the_first(payl
     dst = tmp_path / "d" / "venv"
     slow = tmp_path / "slow-bin"
     slow.mkdir()
-    (slow / "pv").write_text("#!/bin/sh\nsleep 15\nexec cat\n")      # the relay's pv, slowed
-    (slow / "pv").chmod(0o755)
+    tar = shutil.which("tar")
+    assert tar
+    # the stream's sending end (tar -c of the names the scan listed), slowed
+    (slow / "tar").write_text('#!/bin/sh\ncase " $* " in *" --null "*) sleep 15 ;; esac\n'
+                              f'exec {tar} "$@"\n')
+    (slow / "tar").chmod(0o755)
     first = compile_(tmp_path, payload_small.venv, dst, name="first")
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run-first"),
                PATH=f"{slow}:{os.environ['PATH']}")

@@ -208,15 +208,16 @@ def test_a_changed_host_key_is_refused_before_anything_moves(clean_lab, payload_
 
 
 @pytest.mark.e2e
-def test_progress_lines_appear_when_pv_is_installed(clean_lab, payload_small, tmp_path):
-    import shutil
-
-    if shutil.which("pv") is None:
-        pytest.fail("pv is installed by `make test` (system-packages)")
+def test_progress_lines_come_from_the_receiving_end(clean_lab, payload_small, tmp_path):
+    """The receiving end says how much of the tar stream its tar has read (every 5 s and at the
+    end): a log line with percent and rate, an event the timeline draws; no pv, no extra copy."""
     lab = clean_lab
-    r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, tmp_path / "d" / "venv")))
+    r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, tmp_path / "d" / "venv",
+                                                 compression="zstd")))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "progress: " in r.stderr
+    assert "progress: " in r.stderr and "(100%)" in r.stderr, r.stderr[-3000:]
+    events = (tmp_path / "run" / "events.tsv").read_text().splitlines()
+    assert any(e.startswith("progress\ttransfer\tdst\t") for e in events)
 
 
 @pytest.mark.e2e
@@ -244,33 +245,59 @@ def test_a_rerun_after_a_source_change_streams_only_the_changed_files(clean_lab,
     assert out.strip() == str(dst)
 
 
-FLIP = r'''#!/usr/bin/env python3
-# a relay that corrupts what it carries: pv's place in the pipeline, one byte of a file's content
-# flipped in transit (the text of greeting.txt), the stream otherwise passed through unchanged
-import sys
-data = sys.stdin.buffer.read()
-at = data.find(b"hello from rb_payload")
-if at >= 0:
-    data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
-sys.stdout.buffer.write(data)
+TAMPERING_SSH = r'''#!/usr/bin/env python3
+# this machine's ssh, first on PATH: what the stream's sending end (a remote command that runs
+# `rbkit engine send`) writes comes back through tamper() below; every other ssh is the real one
+import os, subprocess, sys
+REAL = %(real)r
+args = sys.argv[1:]
+if not any("'engine' 'send'" in a for a in args):
+    os.execv(REAL, [REAL] + args)
+p = subprocess.Popen([REAL] + args, stdout=subprocess.PIPE)
+data = p.stdout.read()
+rc = p.wait()
+%(tamper)s
+sys.stdout.buffer.write(tamper(data))
+sys.stdout.flush()
+sys.exit(rc)
 '''
+
+
+def tampering_ssh(bin_dir: Path, tamper: str) -> dict:
+    """A link between the ends that changes what it carries: `tamper` defines tamper(bytes) ->
+    bytes, applied to the whole stream as the source sent it. Returns the environment (PATH) for
+    a run through it."""
+    import shutil
+
+    real = shutil.which("ssh")
+    assert real, "ssh is installed by `make test` (system-packages)"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "ssh").write_text(TAMPERING_SSH % {"real": real, "tamper": tamper})
+    (bin_dir / "ssh").chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+# one byte of a file's content flipped in transit (the text of greeting.txt), the stream otherwise
+# passed on unchanged
+FLIP = """
+def tamper(data):
+    at = data.find(b"hello from rb_payload")
+    return data if at < 0 else data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:]
+"""
 
 
 @pytest.mark.e2e
 def test_a_byte_flipped_in_transit_is_caught_by_verify_and_nothing_is_installed(
         clean_lab, payload_small, tmp_path):
     lab = clean_lab
-    bad = tmp_path / "bad-relay"
-    bad.mkdir()
-    (bad / "pv").write_text(FLIP)
-    (bad / "pv").chmod(0o755)
+    env = tampering_ssh(tmp_path / "bad-relay", FLIP)
     dst = tmp_path / "dst" / "venv"
     dst.mkdir(parents=True)
     (dst / "old-install").write_text("the previous venv")
     before = snapshot(dst)
     script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="replace",
                                        compression="none"))
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), PATH=f"{bad}:{os.environ['PATH']}")
+    env["RB_RUN_DIR"] = str(tmp_path / "run")
     r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 1, r.stderr[-3000:]

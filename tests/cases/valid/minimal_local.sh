@@ -104,7 +104,7 @@ on here: engine current: if runs/copy/venv/.rb-manifest.jsonl matches, skip the 
   [transfer]='on here: engine stage: rm -rf runs/copy/.venv.rb-staging && mkdir runs/copy/.venv.rb-staging
 on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | through this machine (relay) |
-on here: <decompress> | tar -C runs/copy/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive)'
+on here: <decompress> | tar -C runs/copy/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on here: engine verify runs/copy/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
   [prove]='on here: runs/copy/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
@@ -600,35 +600,27 @@ step_transfer() {
   rb::kit_argv "${RB_SRC_HOST}"
   send=("${RB_KIT_ARGV[@]}" engine send "${RB_SRC_ABS}" "${names}" --compression "${RB_COMPRESSION_USED}")
   rb::kit_argv "${RB_DST_HOST}"
-  # receive hashes each file as the stream carries it (verify compares those digests)
+  # receive hashes each file as the stream carries it (verify compares those digests) and says
+  # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
     --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}")
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
+  total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
   if [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" >"${RB_WORK}/receive.out"
-  elif command -v pv >/dev/null; then
-    # pv counts the bytes every 5 s; rb::progress logs percent, rate and ETA and records them
-    # for the timeline (the size is known when the stream is not compressed)
-    total=0
-    if [[ "${RB_COMPRESSION_USED}" == none ]]; then
-      total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
-    fi
-    # shellcheck disable=SC2312 # pv's counts go to rb::progress; pv's status is in PIPESTATUS
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      pv -f -n -b -i 5 2> >(rb::progress "${total}" "${start_ms}") |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "pv here" "unpack on ${RB_DST_HOST}" \
-        "${PIPESTATUS[@]}"
+      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+      >"${RB_WORK}/receive.out"
   else
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "${PIPESTATUS[@]}"
+      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
+        "${PIPESTATUS[@]}"
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
