@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 7ea28d26b9167db3bb10d0fc3afce80ef15ca5044a519ab02b5fdfa224a9b01a
+# sha256 of this file with these 64 digits zeroed: 3df5623c4cd275ccee203ddc3252d4d0b69e338a8a4e5f5b3e9acc6545073ea7
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859
-readonly RB_KIT_FILE=.kit/027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859.tar
+readonly RB_KIT_SHA256=787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330
+readonly RB_KIT_FILE=.kit/787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -638,7 +638,7 @@ step_transfer() {
       "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
+    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
       rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
       rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \

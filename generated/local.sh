@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: c3cc6d04511a10972c95e22f26612aa3562e511fedc260dde9ec3cae1fb2e4a9
+# sha256 of this file with these 64 digits zeroed: 49b2a896456946b1d029cfbbaf7bad59036ff862ffc483d49509b960f65b5244
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859
-readonly RB_KIT_FILE=.kit/027a878b7718d415f8c55828a6e3d4277d39fba28b81487c0f41c8cfeb765859.tar
+readonly RB_KIT_SHA256=787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330
+readonly RB_KIT_FILE=.kit/787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -625,7 +625,7 @@ step_transfer() {
       "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
+    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
       rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
       rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \

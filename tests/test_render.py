@@ -95,3 +95,23 @@ def test_array_words_shellcheck_would_misread_are_quoted_and_come_back_unchanged
     assert r.returncode == 0, r.stdout
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True).stdout
     assert out == f"--exclude\n{word}\n"
+
+
+def test_the_relays_pipe_between_its_two_ssh_clients_is_widened(tmp_path):
+    """rb::wide_pipe, run first in the relay's sending stage: the pipe on its stdout (to the
+    destination's ssh) holds 1 MiB after it (64 KiB made the two ssh clients take turns); where
+    stdout is not a pipe it changes nothing and still succeeds."""
+    import sys
+
+    from compiler import kit
+
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(kit.runtime_text())
+    head = f"source {runtime}; RB_LOCAL_PY={sys.executable}; "
+    size = subprocess.run(
+        ["bash", "-c", head + f"rb::wide_pipe | {sys.executable} -c "
+         "'import fcntl; print(fcntl.fcntl(0, 1032))'"],      # F_GETPIPE_SZ
+        check=True, capture_output=True, text=True).stdout
+    assert int(size) == 1 << 20
+    subprocess.run(["bash", "-c", head + f"rb::wide_pipe >{tmp_path / 'file'}"], check=True)
+    assert (tmp_path / "file").read_bytes() == b""

@@ -46,6 +46,18 @@ rb::one_kernel() {
 }
 
 #######################################
+# Widen the pipe on stdout to 1 MiB (Linux's F_SETPIPE_SZ; pipe-max-size is 1 MiB for any user),
+# where there is one; else leave it. Between the two ssh clients of the relay, a 64 KiB pipe makes
+# them take turns: a null relay of 900 MB through the lab's multiplexed masters took 2.18 s, 1.90
+# with 1 MiB; the whole runbook 4.98 -> 4.65 s, 0.5 s less CPU (7 rounds alternated).
+#######################################
+rb::wide_pipe() {
+  "${RB_LOCAL_PY}" -S -c 'import fcntl, stat, os, sys
+if sys.platform.startswith("linux") and stat.S_ISFIFO(os.fstat(1).st_mode):
+    fcntl.fcntl(1, 1031, 1 << 20)' 2>/dev/null || true
+}
+
+#######################################
 # The receiving end's answer on stdin, passed on to stdout but for its `progress BYTES` lines
 # (every 5 s: how much of the tar stream its tar has read): each is a log line with the bytes, the
 # percent of $1 (the stream's size, 0 when unknown), the rate and the time left since $2 (ms),

@@ -637,7 +637,7 @@ step_transfer() {
       "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" |
+    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
       rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
       rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
       rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
