@@ -57,7 +57,7 @@ rewritten from all stored runs.
   cipher (`ssh -c aes128-gcm@openssh.com src 'head -c N /dev/zero' | ssh ... dst 'cat >/dev/null'`,
   fresh connections, so its time includes opening two connections in parallel). The runbook's
   transfer step streams through connections it opened earlier, so the step table compares it with the
-  null relay through multiplexed masters opened before the clock, as the runbook does. MB/s is 10^6 bytes per second of the payload's tar stream (for hashing rows: of
+  null relay through multiplexed masters opened before the clock, with a 1 MiB pipe between the two clients, as the runbook does. MB/s is 10^6 bytes per second of the payload's tar stream (for hashing rows: of
   its file bytes).
 - **correct?**: after every timed run the destination is scanned with the project's manifest code
   (`hostkit/rbkit/manifest.py` walk/entry/digest, sha256) and compared with the source: every entry,
@@ -181,7 +181,8 @@ def _analysis(result: dict, shaped: dict | None = None) -> str:
                      f"{lim / seed:.2f}× the limit: tar on both ends takes CPU the null relay does not spend. ")
         if plumbing:
             text += (f"The runbook's stream goes through multiplexed ssh masters opened in preflight "
-                     f"(its progress is read on the unpacking side, no pv); a null relay with that "
+                     f"with a 1 MiB pipe between the two clients (its progress is read on the unpacking "
+                     f"side, no pv); a null relay with that "
                      f"plumbing took {t(plumbing)} s against {t(lim)} s "
                      f"for fresh connections, so against that pre-opened relay the transfer step is at "
                      f"{plumbing / st['transfer']:.2f}× (not {lim / st['transfer']:.2f}×). ")

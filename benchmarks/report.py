@@ -240,7 +240,7 @@ def findings(result: dict) -> list[str]:
         out.append(s + ".")
         p = recs.get("limit.relay.plumbing")
         if p and speed(p):
-            out.append(f"The same relay through multiplexed ssh masters (how the runbook's stream "
+            out.append(f"The same relay through multiplexed ssh masters and a 1 MiB pipe (how the runbook's stream "
                        f"travels): {speed(p):.0f} MB/s, {speed(p) / lim_sp:.2f}× the limit.")
         lt = recs.get("limit.local-tar")
         if lt and speed(lt):

@@ -116,6 +116,11 @@ class CopyRow(Row):
 
 
 # ---------------------------------------------------------------------------------------- the limit
+# the runbook's rb::wide_pipe: the pipe on stdout widened to 1 MiB (F_SETPIPE_SZ)
+WIDE_PIPE = (f"{q(sys.executable)} -S -c 'import fcntl; fcntl.fcntl(1, 1031, 1 << 20)' "
+             "2>/dev/null || true")
+
+
 class NullRelay(Row):
     group = "limit"
     size = "stream"
@@ -131,8 +136,9 @@ class NullRelay(Row):
         if self.plumbing:   # the masters are up before the clock starts, as in the runbook
             for h in ("src", "dst"):
                 env.sh(f"{ssh} {h} true", timeout=30)
-            return [timed(env, f"{ssh} src 'head -c {n} /dev/zero' | {ssh} dst 'cat >/dev/null'",
-                          self.timeout)]
+            # and the pipe between the two clients widened to 1 MiB, as rb::wide_pipe does
+            return [timed(env, f"{{ {WIDE_PIPE}; {ssh} src 'head -c {n} /dev/zero'; }} | "
+                               f"{ssh} dst 'cat >/dev/null'", self.timeout)]
         return [timed(env, f"{ssh} src 'head -c {n} /dev/zero' | {ssh} dst 'cat >/dev/null'",
                       self.timeout)]
 
@@ -570,7 +576,7 @@ def catalogue() -> list[Row]:
                   quick=True),
         NullRelay("limit.relay.default", "null relay, OpenSSH default cipher (chacha20-poly1305)", None,
                   quick=True),
-        NullRelay("limit.relay.plumbing", "null relay, aes128-gcm, multiplexed (runbook plumbing)",
+        NullRelay("limit.relay.plumbing", "null relay, aes128-gcm, multiplexed, 1 MiB relay pipe (runbook plumbing)",
                   AES, plumbing=True),
         OneLink("limit.link.aes", "one link alone: head -c N /dev/zero | ssh dst cat, aes128-gcm", AES,
                 quick=True),
@@ -618,7 +624,7 @@ def catalogue() -> list[Row]:
         HashTool("xxh128sum"),
         NullRelay("many.limit.relay.aes", "null relay, aes128-gcm, many-files byte count (limit)", AES,
                   payload="many", group="many"),
-        NullRelay("many.limit.relay.plumbing", "null relay, many-files byte count, multiplexed", AES,
+        NullRelay("many.limit.relay.plumbing", "null relay, many-files byte count, multiplexed, 1 MiB relay pipe", AES,
                   payload="many", group="many", plumbing=True),
         RunbookRow("many.runbook.relay.none", "runbook relay, none, sha256", payload="many",
                    group="many", warmup=True),
