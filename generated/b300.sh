@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: d0c9935cd585decc905cc3747bf78c2785da5dbfb100ccdd6e9d4dd6b1224549
+# sha256 of this file with these 64 digits zeroed: 323d7b805b7bb204576861d696028793c6863747f56ef8a3497f2d8651376e55
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330
-readonly RB_KIT_FILE=.kit/787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330.tar
+readonly RB_KIT_SHA256=aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a
+readonly RB_KIT_FILE=.kit/aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 3df5623c4cd275ccee203ddc3252d4d0b69e338a8a4e5f5b3e9acc6545073ea7
+# sha256 of this file with these 64 digits zeroed: 739a7e338d3f38e314689dd15ce843383d4cf9e5d0d1be122c7ccccccaa9cef1
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330
-readonly RB_KIT_FILE=.kit/787bdf88399d22a23a4c6ba07e67c36966f0e7d596051f3cc64dda8cfdbda330.tar
+readonly RB_KIT_SHA256=aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a
+readonly RB_KIT_FILE=.kit/aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -11,7 +11,8 @@
 Event log lines read here (tab-separated; `report.read_events` reads the first two):
     step STEP STATUS START_MS END_MS HOST DETAIL
     fact STEP KEY VALUE
-    progress STEP HOST T_MS BYTES        (optional: BYTES sent so far by STEP at T_MS, same clock)
+    progress STEP HOST T_MS BYTES        (optional: BYTES of the stream STEP moved so far, at T_MS,
+                                          same clock; the transfer's: what the destination's tar read)
 
 The SVG is written by hand: no plotting library, as the kit runs on hosts where nothing can be
 installed. The output depends only on its inputs (no clock, stable order), so the same run gives
