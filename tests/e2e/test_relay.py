@@ -112,6 +112,8 @@ def test_direct_route_when_src_reaches_dst(clean_lab, payload_small, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "route: direct (src reaches dst over ssh itself)" in r.stderr
     assert "compression: none (auto: src dst run one kernel" in r.stderr
+    # the receiving end's progress comes back through src's ssh too (the relay had pv, this none)
+    assert "progress: " in r.stderr and "(100%)" in r.stderr, r.stderr[-3000:]
     out = lab.ssh("dst", [str(dst / "bin" / "payload-hello")], check=True).stdout
     assert str(dst) in out
 
