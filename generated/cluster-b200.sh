@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 7c729cb5bb67a7ce3af05692367767d8e18da877b60fcdaf44b45fe3eccd4606
+# sha256 of this file with these 64 digits zeroed: e7446e00f454ee3acb9a6e85d7586962215027c3e8645ce099bdc8f6e1029058
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a
-readonly RB_KIT_FILE=.kit/aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a.tar
+readonly RB_KIT_SHA256=044bbcd865b56e9737fe2bf1ac065e1f64eb7479418ee77f1911a4ec56f36b15
+readonly RB_KIT_FILE=.kit/044bbcd865b56e9737fe2bf1ac065e1f64eb7479418ee77f1911a4ec56f36b15.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

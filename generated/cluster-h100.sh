@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 739a7e338d3f38e314689dd15ce843383d4cf9e5d0d1be122c7ccccccaa9cef1
+# sha256 of this file with these 64 digits zeroed: dd7549fdb7802d7e6043e7db7928c62fcca699bc6f67335255f0d7cdd2f68c4f
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a
-readonly RB_KIT_FILE=.kit/aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a.tar
+readonly RB_KIT_SHA256=044bbcd865b56e9737fe2bf1ac065e1f64eb7479418ee77f1911a4ec56f36b15
+readonly RB_KIT_FILE=.kit/044bbcd865b56e9737fe2bf1ac065e1f64eb7479418ee77f1911a4ec56f36b15.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 4277bb4b6e073960cc69c56196a52e642ed2b728b3e4c45614e3ebf52baf4dca
+# sha256 of this file with these 64 digits zeroed: a66da70a8812fbf53427f0fd797e31e1002cd5edc735e53ee0bd4b916fe5c245
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a
-readonly RB_KIT_FILE=.kit/aac1609cfed16378cfb5f2aeda4da7dd9065fa845df0715e1f7245383e70a43a.tar
+readonly RB_KIT_SHA256=044bbcd865b56e9737fe2bf1ac065e1f64eb7479418ee77f1911a4ec56f36b15
+readonly RB_KIT_FILE=.kit/044bbcd865b56e9737fe2bf1ac065e1f64eb7479418ee77f1911a4ec56f36b15.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -42,8 +42,9 @@ from . import exports as kitexports
 from . import hostfs, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
-from . import stream, tarstream
-from .stream import COMPRESSION, TAR_RECORD, child_env, human, pipeline, run_quiet, tail
+from . import tarstream
+from .stream import (COMPRESSION, TAR_RECORD, Progress, child_env, human, pipeline, run_quiet,
+                     tail)
 
 # The install's steps, in order: what a fan-out node's report and the runbook's events name.
 STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
@@ -676,11 +677,11 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
                  + ([] if keep else ["--no-same-permissions"]))
     names.append("tar")
-    watch = stream.Progress(*ctx.progress) if ctx.progress else None
+    watch = Progress(*ctx.progress) if ctx.progress else None
     codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002,
                            started=watch.start if watch else None)
     if watch is not None:
-        watch.stop(digester.off if digester is not None and not digester.corrupt else None)
+        watch.stop(digester.off if digester is not None else None)
     bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
     broken = ""
     if digester is not None:

@@ -179,8 +179,12 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
 
     def work() -> None:
         buf = bytearray(CHUNK)
-        for i, rel in todo:                 # a list iterator's next() is one step under the GIL
-            if errors:
+        # errors looked at before a path is taken, never after: a path taken is hashed, so every
+        # path before the first one that failed is (its error, if any, is the one raised)
+        while not errors:
+            try:
+                i, rel = next(todo)         # a list iterator's next() is one step under the GIL
+            except StopIteration:
                 return
             try:
                 out[i] = digest(os.path.join(root, rel), algo, buf,
