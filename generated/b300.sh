@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: a5226c5bbd60a7396e9080aa717296f3cdd108081403c678ec6a7808414c21c6
+# sha256 of this file with these 64 digits zeroed: 5914d7c997e2bb48e5dbc912e23d791627acd65046cbdcaf62b1614391401f8e
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -818,12 +818,14 @@ rb::cleanup() {
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  # every host at once: its kit directory removed, then its ssh connection closed
+  # every host at once: its kit directory removed, then its ssh connection closed; a host that
+  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
-      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
-        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
+        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: e7446e00f454ee3acb9a6e85d7586962215027c3e8645ce099bdc8f6e1029058
+# sha256 of this file with these 64 digits zeroed: 022ffad432abb07ab1ee742b26897ac445215a8bc3c7f84f9a5df51af373a47b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -819,12 +819,14 @@ rb::cleanup() {
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  # every host at once: its kit directory removed, then its ssh connection closed
+  # every host at once: its kit directory removed, then its ssh connection closed; a host that
+  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
-      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
-        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
+        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: dd7549fdb7802d7e6043e7db7928c62fcca699bc6f67335255f0d7cdd2f68c4f
+# sha256 of this file with these 64 digits zeroed: 43a019fd1e7781430c51cde186abbb0c62639ace5ed5aaf7df8d44e39a7cf8a6
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -819,12 +819,14 @@ rb::cleanup() {
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  # every host at once: its kit directory removed, then its ssh connection closed
+  # every host at once: its kit directory removed, then its ssh connection closed; a host that
+  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
-      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
-        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
+        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: acea9c938ce78f0308bc2ba5e3799d909507915694c9cd931fc3f21f3d423232
+# sha256 of this file with these 64 digits zeroed: 96c47134b440a3575c4f9b598d9bdd42143f2e0267de51d373138b26dec4d611
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -807,12 +807,14 @@ rb::cleanup() {
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  # every host at once: its kit directory removed, then its ssh connection closed
+  # every host at once: its kit directory removed, then its ssh connection closed; a host that
+  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
-      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
-        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
+        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

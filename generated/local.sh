@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: a66da70a8812fbf53427f0fd797e31e1002cd5edc735e53ee0bd4b916fe5c245
+# sha256 of this file with these 64 digits zeroed: 321fec8ffdd69f139861b141341604cb13b4c4233207adbd581523e6c567080a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -806,12 +806,14 @@ rb::cleanup() {
   for pid in "${RB_BG_PIDS[@]}"; do
     kill "${pid}" 2>/dev/null || true
   done
-  # every host at once: its kit directory removed, then its ssh connection closed
+  # every host at once: its kit directory removed, then its ssh connection closed; a host that
+  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
-      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}"; then
-        rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null || true
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
+        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import glob
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,20 @@ def pytest_sessionstart(session):
     removed = cleanup_all_stale()
     if removed:
         print(f"lab leftovers of dead runs removed: {', '.join(removed)}", file=sys.stderr)
+
+
+@pytest.fixture(autouse=True)
+def _no_kit_left_on_a_lab_host(request):
+    """A run against the lab's hosts removes the kit directory it made on each of them (they share
+    this machine's /tmp): a test after which one is left fails, naming it. (A run that cannot reach
+    a host says what it left there; such a test removes it itself.)"""
+    if request.node.get_closest_marker("e2e") is None and "lab" not in request.fixturenames:
+        yield
+        return
+    before = set(glob.glob("/tmp/rbkit.*"))
+    yield
+    left = sorted(set(glob.glob("/tmp/rbkit.*")) - before)
+    assert not left, f"kit directories left behind on a lab host: {left}"
 
 
 def pytest_addoption(parser):

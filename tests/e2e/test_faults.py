@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_relay import build, report, run, snapshot, spec_text, tampering_ssh
+from tests.e2e.test_relay import (build, remove_left_kits, report, run, snapshot, spec_text,
+                                  tampering_ssh)
 from tests.lab.payload import build_payload
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +56,8 @@ def test_target_link_down_mid_stream(clean_lab, payload_torch, ext4_dir, tmp_pat
         _out, err = proc.communicate(timeout=120)
     finally:
         lab.link_up("dst")
+    # the destination's kit could not be removed, and the log says where it is
+    assert list(remove_left_kits(err)) == ["dst"], err[-3000:]
     assert proc.returncode != 0
     assert "in step transfer" in err, err[-3000:]
     assert outside_staging(ext4_dir) == before

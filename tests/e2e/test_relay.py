@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -52,6 +54,16 @@ def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else
                                        os.readlink(p) if p.is_symlink() else "d")
             for p in sorted(root.rglob("*"))}
+
+
+def remove_left_kits(err: str) -> dict[str, Path]:
+    """The kit directories a run says it left on hosts that stopped answering, by host, each
+    removed (the lab's hosts share this machine's /tmp, and a lab leaves nothing behind)."""
+    left = {m[0]: Path(m[1]) for m in re.findall(r"\] left on (\w+): (/tmp/rbkit\.\w+) ", err)}
+    for d in left.values():
+        assert d.is_dir(), d
+        shutil.rmtree(d)
+    return left
 
 
 CHECKS = """checks:
@@ -182,6 +194,8 @@ def test_killing_the_source_sshd_mid_stream_fails_the_transfer_and_keeps_the_des
     assert proc.poll() is None, "the run ended before the stream could be cut"
     lab.kill_sshd("src")
     _out, err = proc.communicate(timeout=300)
+    # the source's kit could not be removed, and the log says where it is
+    assert list(remove_left_kits(err)) == ["src"], err[-3000:]
     assert proc.returncode != 0
     assert "in step transfer" in err, err[-3000:]
     assert "pack on src exited" in err or "unpack on dst exited" in err
