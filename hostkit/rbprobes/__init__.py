@@ -10,9 +10,18 @@ need it); in the repo it is `hostkit/rbprobes`, installed with the compiler as t
 - scan_file(path) -> the fatbin containers and entries of one file
 """
 
-from .checks_static import audit
-from .fatbin import scan_file
-from .result import Context
-from .runner import run_check, run_config
+import importlib
 
 __all__ = ["Context", "audit", "run_check", "run_config", "scan_file"]
+
+# imported when first asked for: `python -m rbprobes outside` needs none of the GPU code's modules
+_WHERE = {"Context": "result", "audit": "checks_static", "run_check": "runner",
+          "run_config": "runner", "scan_file": "fatbin"}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    value = getattr(importlib.import_module("." + _WHERE[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -12,9 +12,8 @@ their own child processes, and they start at once and overlap the serial ones.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple
-
-from . import checks_hatch, checks_numeric, checks_runtime, checks_static, checks_venv
+import importlib
+from typing import Any, Callable, Dict, NamedTuple, Union
 
 
 SERIAL = "serial"
@@ -22,39 +21,47 @@ PARALLEL = "parallel"
 
 
 class CheckType(NamedTuple):
-    run: Callable[..., Any]
+    run: Union[str, Callable[..., Any]]  # "module.function" in this package, imported when the
+    #     check runs (a process that runs one check imports its module only: the source's
+    #     `outside` does), or the function itself
     level: str
     params: Dict[str, str]  # name -> "str" | "int" | "bool" | "strs"
     deadline_s: int  # the runner stops waiting after this (params.timeout_s extends it)
     lane: str = PARALLEL  # SERIAL: uses torch/CUDA in the probe's process; see above
 
+    def function(self) -> Callable[..., Any]:
+        if callable(self.run):
+            return self.run
+        module, _, name = self.run.rpartition(".")
+        return getattr(importlib.import_module("." + module, __package__), name)
+
 
 CHECKS: Dict[str, CheckType] = {
     "kernel_audit": CheckType(
-        checks_static.kernel_audit, "L0",
+        "checks_static.kernel_audit", "L0",
         {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool",
          "partial_ok": "strs"}, 1800),
     "relocation": CheckType(
-        checks_venv.relocation_check, "L0", {"old": "str", "timeout_s": "int"}, 300),
-    "outside": CheckType(checks_venv.outside_check, "L0", {}, 600),
+        "checks_venv.relocation_check", "L0", {"old": "str", "timeout_s": "int"}, 300),
+    "outside": CheckType("checks_venv.outside_check", "L0", {}, 600),
     "libraries": CheckType(
-        checks_runtime.libraries_check, "L1",
+        "checks_runtime.libraries_check", "L1",
         {"expect_dirs": "strs", "modules": "strs", "runtime": "bool"}, 600, SERIAL),
-    "torch": CheckType(checks_runtime.torch_check, "L1", {"version": "str", "cuda": "str"}, 300,
+    "torch": CheckType("checks_runtime.torch_check", "L1", {"version": "str", "cuda": "str"}, 300,
                        SERIAL),
     "devices": CheckType(
-        checks_runtime.devices_check, "L1",
+        "checks_runtime.devices_check", "L1",
         {"count": "int", "capability": "str", "names": "strs"}, 300, SERIAL),
-    "imports": CheckType(checks_runtime.imports_check, "L1", {"modules": "strs"}, 600, SERIAL),
+    "imports": CheckType("checks_runtime.imports_check", "L1", {"modules": "strs"}, 600, SERIAL),
     "matmul": CheckType(
-        checks_numeric.matmul_check, "L2",
+        "checks_numeric.matmul_check", "L2",
         {"dtype": "str", "size": "int", "every_device": "bool"}, 900, SERIAL),
     "nccl": CheckType(
-        checks_numeric.nccl_check, "L2", {"timeout_s": "int", "elements": "int"}, 240),
+        "checks_numeric.nccl_check", "L2", {"timeout_s": "int", "elements": "int"}, 240),
     "python": CheckType(
-        checks_hatch.python_check, "L1", {"code": "str", "name": "str", "timeout_s": "int"}, 300),
+        "checks_hatch.python_check", "L1", {"code": "str", "name": "str", "timeout_s": "int"}, 300),
     "command": CheckType(
-        checks_hatch.command_check, "L1",
+        "checks_hatch.command_check", "L1",
         {"run": "str", "name": "str", "expect_exit": "int", "timeout_s": "int"}, 300),
 }
 

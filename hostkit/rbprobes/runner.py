@@ -67,7 +67,7 @@ def run_check(check: Dict[str, Any], ctx: Context) -> Dict[str, Any]:
     except ParamError as exc:
         return report.result(check_id, check_type, spec.level, FAIL, str(exc))
     deadline_s = check.get("timeout_s") or deadline_for(check_type, params)
-    kind, value = _call(spec.run, params, ctx, float(deadline_s))
+    kind, value = _call(spec.function(), params, ctx, float(deadline_s))
     elapsed = time.monotonic() - start
     if kind == "ok" and isinstance(value, Outcome):
         return report.result(check_id, check_type, value.level or spec.level, value.status,
