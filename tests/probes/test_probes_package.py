@@ -96,3 +96,23 @@ def test_import_does_not_import_torch(shipped):
     done = subprocess.run([sys.executable, "-c", code], cwd=str(shipped), capture_output=True,
                           text=True, timeout=120, env={"PYTHONPATH": str(shipped)})
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_check_imports_its_own_module_only(shipped, tmp_path):
+    """`python -m rbprobes outside` (the source's audit on every run) imports no GPU code's
+    modules: a check's module is imported when that check runs; the package's names still work."""
+    code = ("import sys, rbprobes.cli; rc = rbprobes.cli.main(['outside', sys.argv[1]]);"
+            "print(sorted(m for m in sys.modules if m.startswith('rbprobes.'))); print(rc)")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path)], cwd=str(shipped),
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(shipped)})
+    loaded = ast.literal_eval(done.stdout.splitlines()[-2])
+    assert "rbprobes.checks_venv" in loaded, done.stderr
+    assert not {"rbprobes.checks_static", "rbprobes.fatbin", "rbprobes.elf",
+                "rbprobes.checks_runtime", "rbprobes.checks_numeric"} & set(loaded), loaded
+    names = ("import rbprobes; print(sorted(n for n in rbprobes.__all__ if callable(getattr("
+             "rbprobes, n))))")
+    done = subprocess.run([sys.executable, "-c", names], cwd=str(shipped), capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": str(shipped)})
+    assert done.stdout.split("\n")[0] == str(sorted(["Context", "audit", "run_check",
+                                                     "run_config", "scan_file"])), done.stderr
