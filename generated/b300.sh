@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: ffbc476ad03fdea279bbf3fb338c8319d06c088d672a70419b49fd06d9cc81be
+# sha256 of this file with these 64 digits zeroed: 20f3cfc93656b6f30a2ab7afb2ed2e49557c815b0f380ab62fba36525123a212
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e
-readonly RB_KIT_FILE=.kit/546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e.tar
+readonly RB_KIT_SHA256=62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d
+readonly RB_KIT_FILE=.kit/62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -67,7 +67,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"B300"},"host":"b300","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"B300","names":["B300","HGX-B300","DGX-B300"]},"host":"b300","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec and its sha256: a run refuses to start when one changed.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: a212da6262190babf3742b2beace1e2e7c375cf8830d06557865a3ba45897341
+# sha256 of this file with these 64 digits zeroed: b3ef0bfea455391c14f84dbdab8df138fba3975026e20be22fd6fbfc23a77286
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e
-readonly RB_KIT_FILE=.kit/546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e.tar
+readonly RB_KIT_SHA256=62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d
+readonly RB_KIT_FILE=.kit/62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -68,7 +68,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"},{"allow_skip":false,"id":"kernel_audit","params":{"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_100","capability":"10.0","count":8,"model":"B200"},"host":"b200","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"},{"allow_skip":false,"id":"kernel_audit","params":{"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_100","capability":"10.0","count":8,"model":"B200","names":["B200","HGX-B200","DGX-B200"]},"host":"b200","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec and its sha256: a run refuses to start when one changed.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 7aef604c45632b060c226378bf53468526bf28cd5d010639a0737c07a2063714
+# sha256 of this file with these 64 digits zeroed: 3ade399c054cffffc5cd661a67c3fa01bed0714f2db0f60db058e8dcfd0e9cd5
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e
-readonly RB_KIT_FILE=.kit/546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e.tar
+readonly RB_KIT_SHA256=62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d
+readonly RB_KIT_FILE=.kit/62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -77,7 +77,7 @@ readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-cluster8
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":8},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","sglang"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H200"},"host":"login","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":8},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","sglang"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},"host":"login","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec and its sha256: a run refuses to start when one changed.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: b31e809e1a92bf7b2bba1702b4593dd4863071a28ee65ea708131d8f239fdbb7
+# sha256 of this file with these 64 digits zeroed: ea437fa681d078c4f35faddc1ffa9fa9706e088034ceae5ad10a15c29003ca7e
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e
-readonly RB_KIT_FILE=.kit/546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e.tar
+readonly RB_KIT_SHA256=62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d
+readonly RB_KIT_FILE=.kit/62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -67,7 +67,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/torch/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{"paths":["lib/python3.12/site-packages/torch/lib"],"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","triton","numpy"]},"type":"imports"},{"allow_skip":false,"id":"matmul_5","params":{"dtype":"bfloat16","every_device":true,"size":8192},"type":"matmul"},{"allow_skip":false,"id":"matmul_6","params":{"dtype":"float32","every_device":true,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"command","params":{"expect_exit":0,"name":"console script","run":"torchrun --help >/dev/null","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":1,"model":"H200"},"host":"here","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/torch/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{"paths":["lib/python3.12/site-packages/torch/lib"],"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","triton","numpy"]},"type":"imports"},{"allow_skip":false,"id":"matmul_5","params":{"dtype":"bfloat16","every_device":true,"size":8192},"type":"matmul"},{"allow_skip":false,"id":"matmul_6","params":{"dtype":"float32","every_device":true,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"command","params":{"expect_exit":0,"name":"console script","run":"torchrun --help >/dev/null","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":1,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},"host":"here","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=(--path lib/python3.12/site-packages/torch/lib)
 # Each file of the spec and its sha256: a run refuses to start when one changed.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 6adbedce7de86ddf6dc37f35784bcd9607d9bf0f30ba6201ad76b5905ef93cf4
+# sha256 of this file with these 64 digits zeroed: 0f64879e02f20fdee6a248cf0ae04d3cfcbe0d91841069a81915ebecf49632c5
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e
-readonly RB_KIT_FILE=.kit/546dfc143d4d40b485aa1958ee8176c749a7c5eefc4f1ce0d7651cf5d8ab477e.tar
+readonly RB_KIT_SHA256=62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d
+readonly RB_KIT_FILE=.kit/62b722d63bcbed18ac15e59f93b6a6bda5b42484c315c8f0ee8599127164a22d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

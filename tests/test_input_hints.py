@@ -187,7 +187,8 @@ def test_a_printed_gpu_name_compiles_with_the_catalog_capability(tmp_path):
     source = loader.load(str(spec))
     config = plan.probe_config(validate.validate(source), "dst")
     assert config["gpu"] == {"model": "NVIDIA H100 80GB HBM3", "count": 1, "capability": "9.0",
-                             "arch": "sm_90"}
+                             "arch": "sm_90",
+                             "names": ["H100", "H100-SXM", "H100-SXM5", "H100-PCIE", "H100-NVL"]}
 
 
 # -- node sets: ClusterShell's NodeSet -------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import importlib
 import os
+import re
 import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -146,6 +147,16 @@ def devices_check(params: Dict[str, Any], ctx: Context):
                  if not any(w.lower() in d["name"].lower() for w in names)]
         if wrong:
             problems.append("device names %s match none of %s" % (short_list(wrong), names))
+    # the spec's gpu.model: a device of the same capability but another model (an H100 for an
+    # H200) is not the GPU the spec declared
+    model, model_names = ctx.gpu_value("model"), ctx.gpu_value("names")
+    if model_names:
+        values["model"] = model
+        wrong = ["%d: %s" % (d["index"], d["name"]) for d in devices
+                 if not names_model(d["name"], model_names)]
+        if wrong:
+            problems.append("the spec's gpu.model is %s, but device %s is not one (its names: %s)"
+                            % (model, short_list(wrong), ", ".join(model_names)))
     # Does this torch build carry code (SASS, or PTX to JIT) for every device present?
     unserved = []
     for cap in sorted({d["capability"] for d in devices}):
@@ -161,9 +172,20 @@ def devices_check(params: Dict[str, Any], ctx: Context):
         return failed("; ".join(problems), values)
     caps = sorted({d["capability"] for d in devices})
     names_seen = sorted({d["name"] for d in devices})
-    return passed("%d x %s (capability %s); torch carries %s" % (
-        n, "/".join(names_seen), "/".join(caps),
+    return passed("%d x %s (capability %s%s); torch carries %s" % (
+        n, "/".join(names_seen), "/".join(caps), ", a %s" % model if model_names else "",
         ", ".join(a for c in caps for a in values["arch_paths"][c])), values)
+
+
+def names_model(device: str, names: List[str]) -> bool:
+    """Whether a device's name as the driver reports it ("NVIDIA H100 80GB HBM3") names one of
+    `names` (a model and its aliases, from the compiler's GPU catalog): a run of its words,
+    joined without case or separators, is one of them. "NVIDIA GH200 480GB" names GH200, not
+    H200; "NVIDIA RTX PRO 6000 Blackwell Server Edition" names RTX-PRO-6000."""
+    words = [w for w in re.split(r"[\s._-]+", device.lower()) if w]
+    keys = {re.sub(r"[\s._-]+", "", n).lower() for n in names}
+    return any("".join(words[i:j]) in keys
+               for i in range(len(words)) for j in range(i + 1, len(words) + 1))
 
 
 def _arch_entry_runs(name: str, dev: Tuple[int, int]) -> bool:

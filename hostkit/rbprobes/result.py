@@ -15,7 +15,7 @@ class Context(NamedTuple):
 
     host: Optional[str] = None
     venv: Optional[str] = None
-    gpu: Optional[Dict[str, Any]] = None  # {"model", "count", "capability", "arch"}
+    gpu: Optional[Dict[str, Any]] = None  # {"model", "count", "capability", "arch", "names"}
     cuda: Optional[Dict[str, Any]] = None  # {"version", "home", "library_dirs",
     #                                          "library_path_first"}
 

@@ -237,3 +237,54 @@ def test_bad_params_fail_with_the_key():
     assert result["status"] == "fail" and "'sise'" in result["reason"]
     result = check("devices", {"count": "eight"})
     assert result["status"] == "fail" and "'count'" in result["reason"]
+
+
+class _FakeCuda:
+    """torch.cuda as the devices check reads it, for GPUs this machine does not have."""
+
+    def __init__(self, names, capability=(9, 0)):
+        self.names, self.capability = names, capability
+
+    def device_count(self):
+        return len(self.names)
+
+    def get_device_properties(self, i):
+        from types import SimpleNamespace
+        return SimpleNamespace(name=self.names[i], major=self.capability[0],
+                               minor=self.capability[1], total_memory=80 << 30,
+                               multi_processor_count=132)
+
+    def get_arch_list(self):
+        return ["sm_%d%d" % self.capability]
+
+
+@pytest.mark.parametrize("device, model, names_it", [
+    ("NVIDIA H200", "H200", True),
+    ("NVIDIA H100 80GB HBM3", "H200", False),        # same capability (9.0), another GPU
+    ("NVIDIA H100 80GB HBM3", "H100", True),
+    ("NVIDIA GH200 480GB", "H200", False),
+    ("NVIDIA GH200 480GB", "GH200", True),
+    ("NVIDIA B300 SXM6 AC", "B300", True),
+    ("Tesla V100-SXM2-32GB", "V100", True),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000", True),
+    ("NVIDIA GB200", "B200", False),
+])
+def test_the_devices_check_proves_the_specs_gpu_model(monkeypatch, device, model, names_it):
+    """The spec's gpu.model comes with its catalog names; a device of the same capability that
+    is not that model fails the check (found on a lent H100 running specs/h200.yaml: it passed)."""
+    from rbprobes import checks_runtime
+    from types import SimpleNamespace
+    from compiler import catalog
+
+    known = catalog.lookup(model)
+    fake = SimpleNamespace(cuda=_FakeCuda([device], tuple(map(int, known.capability.split(".")))))
+    monkeypatch.setattr(checks_runtime, "need_cuda", lambda: fake)
+    gpu = {"model": known.name, "count": 1, "capability": known.capability,
+           "names": [known.name, *known.aliases]}
+    result = check("devices", ctx=Context(gpu=gpu))
+    assert (result["status"] == "pass") == names_it, result["reason"]
+    if not names_it:
+        assert f"the spec's gpu.model is {known.name}, but device 0: {device} is not one" \
+            in result["reason"]
+    else:
+        assert f", a {known.name})" in result["reason"]

@@ -66,7 +66,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"}],"cuda":{"home":"/usr/local/cuda-12.8","library_dirs":[],"library_path_first":[],"version":"12.8"},"gpu":{"arch":"sm_120","capability":"12.0","count":2,"model":"rtx_pro_6000_blackwell"},"host":"dst","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"}],"cuda":{"home":"/usr/local/cuda-12.8","library_dirs":[],"library_path_first":[],"version":"12.8"},"gpu":{"arch":"sm_120","capability":"12.0","count":2,"model":"rtx_pro_6000_blackwell","names":["RTX-PRO-6000","RTX-PRO-6000-Blackwell","RTX-PRO-6000-Blackwell-Server","RTX-6000-PRO"]},"host":"dst","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec and its sha256: a run refuses to start when one changed.

@@ -66,7 +66,7 @@ readonly RB_ENV_FILE=''
 # on_failed_checks: what a failed check after the swap does
 readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":[],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"NVIDIA B300 SXM6 AC"},"host":"here","schema":1,"venv":null}'
+readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":[],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"NVIDIA B300 SXM6 AC","names":["B300","HGX-B300","DGX-B300"]},"host":"here","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec and its sha256: a run refuses to start when one changed.
