@@ -173,7 +173,7 @@ def devices_check(params: Dict[str, Any], ctx: Context):
     caps = sorted({d["capability"] for d in devices})
     names_seen = sorted({d["name"] for d in devices})
     return passed("%d x %s (capability %s%s); torch carries %s" % (
-        n, "/".join(names_seen), "/".join(caps), ", a %s" % model if model_names else "",
+        n, "/".join(names_seen), "/".join(caps), ", gpu.model %s" % model if model_names else "",
         ", ".join(a for c in caps for a in values["arch_paths"][c])), values)
 
 

@@ -287,4 +287,4 @@ def test_the_devices_check_proves_the_specs_gpu_model(monkeypatch, device, model
         assert f"the spec's gpu.model is {known.name}, but device 0: {device} is not one" \
             in result["reason"]
     else:
-        assert f", a {known.name})" in result["reason"]
+        assert f"(capability {known.capability}, gpu.model {known.name})" in result["reason"]
