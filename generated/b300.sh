@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 099a709f9d4e4565cc556121a8f515b064e9ac46812205118239d291c9178b4c
+# sha256 of this file with these 64 digits zeroed: 4d9f727e9860dce718505b9e08c2d2390eb9e4f7aea07287a793df6701110969
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -819,13 +819,14 @@ rb::cleanup() {
     kill "${pid}" 2>/dev/null || true
   done
   # every host at once: its kit directory removed, then its ssh connection closed; a host that
-  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
+  # does not answer (a link or sshd lost mid-run), or whose rm fails, keeps it; the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
       if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
         ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
-        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+          "did not answer, or rm there failed): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

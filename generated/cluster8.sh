@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: c1abc83d31673278247d86f2b45f6a2248a48bdc12bdcb47091ab87d64c80430
+# sha256 of this file with these 64 digits zeroed: ff0df60153248461df1966feac39d1288a3dd6652fbe2823791b9ef085a2a99e
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -808,13 +808,14 @@ rb::cleanup() {
     kill "${pid}" 2>/dev/null || true
   done
   # every host at once: its kit directory removed, then its ssh connection closed; a host that
-  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
+  # does not answer (a link or sshd lost mid-run), or whose rm fails, keeps it; the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
       if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
         ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
-        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+          "did not answer, or rm there failed): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

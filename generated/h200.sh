@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 371c15a9ebb73486701932a41c45c2cb8f9f3aa37945741df5e30b769d664aee
+# sha256 of this file with these 64 digits zeroed: fa3e15c9eed579969d4b94c4671eeac2ad2b27b49e4cb9ef7f948306e6406e97
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -808,13 +808,14 @@ rb::cleanup() {
     kill "${pid}" 2>/dev/null || true
   done
   # every host at once: its kit directory removed, then its ssh connection closed; a host that
-  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
+  # does not answer (a link or sshd lost mid-run), or whose rm fails, keeps it; the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
       if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
         ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
-        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+          "did not answer, or rm there failed): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 19f78f53f682f0141f60b2523a592ad5743a7d4625b7426a6eb4ec442e3126c0
+# sha256 of this file with these 64 digits zeroed: 8ccc1275fe6b5c31792e6ab1beb42f53f6f72f21726e0488582efd6e9a555a95
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -807,13 +807,14 @@ rb::cleanup() {
     kill "${pid}" 2>/dev/null || true
   done
   # every host at once: its kit directory removed, then its ssh connection closed; a host that
-  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
+  # does not answer (a link or sshd lost mid-run), or whose rm fails, keeps it; the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
       if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
         ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
-        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+          "did not answer, or rm there failed): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then

@@ -783,13 +783,14 @@ rb::cleanup() {
     kill "${pid}" 2>/dev/null || true
   done
   # every host at once: its kit directory removed, then its ssh connection closed; a host that
-  # does not answer (a link or sshd lost mid-run) keeps it, and the log says where
+  # does not answer (a link or sshd lost mid-run), or whose rm fails, keeps it; the log says where
   ends=()
   for host in "${RB_HOSTS[@]}"; do
     {
       if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
         ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
-        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host did not answer): remove it there"
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+          "did not answer, or rm there failed): remove it there"
       fi
       "rb::host_${host}"
       if [[ -n "${RB_HOST_TARGET}" ]]; then
