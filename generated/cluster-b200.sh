@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 6820e37a373509f2a1cfa2fbc0b4ab626a775fb7837980c2f75319028acb83e7
+# sha256 of this file with these 64 digits zeroed: b755081ebad69063b2fdd05d216ec8cbbd8f6b2b04aa30b918171811e5eafbac
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fbd8743d2fa1eeb056b7ad9d3696ef5419bc95acdd33565eeaa993df16350223
-readonly RB_KIT_FILE=.kit/fbd8743d2fa1eeb056b7ad9d3696ef5419bc95acdd33565eeaa993df16350223.tar
+readonly RB_KIT_SHA256=c700b56d711f16e34e0425cc7979e381f46519386fda3a9888d9dd6261a61f40
+readonly RB_KIT_FILE=.kit/c700b56d711f16e34e0425cc7979e381f46519386fda3a9888d9dd6261a61f40.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

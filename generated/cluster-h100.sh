@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 88391c62f6e27da7b10a0c5e95dbbefe273686c0dc74df07e6a9db1e5cdde3ee
+# sha256 of this file with these 64 digits zeroed: cebe0deed735e1a256a181170a3b1f9b25a9dafb2d34205100bce705f319fc5d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=fbd8743d2fa1eeb056b7ad9d3696ef5419bc95acdd33565eeaa993df16350223
-readonly RB_KIT_FILE=.kit/fbd8743d2fa1eeb056b7ad9d3696ef5419bc95acdd33565eeaa993df16350223.tar
+readonly RB_KIT_SHA256=c700b56d711f16e34e0425cc7979e381f46519386fda3a9888d9dd6261a61f40
+readonly RB_KIT_FILE=.kit/c700b56d711f16e34e0425cc7979e381f46519386fda3a9888d9dd6261a61f40.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -8,8 +8,11 @@
 from __future__ import annotations
 
 import fnmatch
+import marshal
 import os
-from typing import Any, Dict, List, Optional, Tuple
+import struct
+import sys
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from . import arch, cudalibs, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
@@ -31,9 +34,17 @@ def candidate_files(root: str, skipped: Optional[List[str]] = None) -> List[str]
     """Shared objects, cubins and fatbins under root (or root itself if it is a file), each
     regular file once: symbolic links are not followed, hard links are de-duplicated, and
     anything else with such a name (a FIFO, a socket, a device) is listed in `skipped`."""
+    return [path for path, _size in _candidates(root, skipped)]
+
+
+def _candidates(root: str, skipped: Optional[List[str]]) -> List[Tuple[str, int]]:
+    """candidate_files with each file's size (what the audit's workers are balanced by)."""
     if not os.path.isdir(root):
         if os.path.isfile(root):
-            return [root]
+            try:
+                return [(root, os.stat(root).st_size)]
+            except OSError:
+                return [(root, 0)]  # gone since: its scan says so
         if skipped is not None and os.path.exists(root):
             skipped.append(root)
         return []
@@ -55,7 +66,7 @@ def candidate_files(root: str, skipped: Optional[List[str]] = None) -> List[str]
         key = (st.st_dev, st.st_ino)
         if key not in seen:
             seen.add(key)
-            out.append(entry.path)
+            out.append((entry.path, st.st_size))
     return out
 
 
@@ -224,6 +235,162 @@ def _describe_missing(item: Dict[str, Any]) -> str:
         text = "kernels not read: %s" % item.get("kernels_note", "?")
     return "%s: %s; %s" % (item["unit"], item["why"], text)
 
+AUDIT_JOBS_MAX = 8
+AUDIT_PARALLEL_BYTES = 64 << 20  # less to read than this: one process reads it all
+
+
+class _Seen(NamedTuple):
+    """What the audit's summary needs of a fatbin.Entry (a worker sends these back)."""
+    kind: str
+    name: str
+    version: Tuple[int, int]
+    compression: Optional[str]
+
+
+def audit_jobs(sizes: List[int]) -> int:
+    """How many processes read the audit's files: RBPROBES_AUDIT_JOBS when set, else one per
+    usable core but one (at most AUDIT_JOBS_MAX) when there is at least AUDIT_PARALLEL_BYTES to
+    read, and never more than the files. Only a process without threads forks workers."""
+    forced = os.environ.get("RBPROBES_AUDIT_JOBS", "")
+    if forced.isdigit():
+        return max(1, min(int(forced), len(sizes)))
+    if sum(sizes) < AUDIT_PARALLEL_BYTES:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores - 1, AUDIT_JOBS_MAX, len(sizes)))
+
+
+def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
+                driver_ptx_max: Optional[Tuple[int, int]], globs: List[str],
+                strict: bool) -> Optional[Dict[str, Any]]:
+    """One candidate file's part of `audit`: None (not ELF), {"skipped": path} (not a regular
+    file), else {"errors": [...], "seen": [entry facts], "file": its row when it has GPU code}.
+    Plain data only (a worker process marshals it back)."""
+    with fatbin.mapped(path, follow=follow) as (scan, buf):
+        if scan.kind == "not-elf":
+            return None
+        if scan.kind == "not-regular":
+            return {"skipped": path}
+        rel = os.path.relpath(path, base)
+        if scan.error:
+            return {"errors": ["%s: %s" % (rel, scan.error)],
+                    "file": {"path": rel, "verdict": "unreadable", "fails": True,
+                             "problems": ["unreadable: %s" % scan.error]}}
+        entries = [e for c in scan.runtime_containers + scan.embedded_containers
+                   for e in c.entries]
+        if not entries and not any(c.error for c in scan.containers):
+            return {}
+        waived_by = None if strict else glob_match(path, globs)
+        facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None, strict)
+    info: Dict[str, Any] = {"path": rel}
+    info.update(fatbin.summarize(entries))
+    info["containers"] = len(scan.runtime_containers)
+    if scan.embedded_containers:
+        info["embedded_containers"] = len(scan.embedded_containers)
+    if any(c.section == fatbin.RELOCATABLE_SECTION for c in scan.containers):
+        info["relocatable"] = sum(
+            len(c.entries) for c in scan.containers
+            if c.section == fatbin.RELOCATABLE_SECTION)
+    missing = facts.pop("missing")
+    specific = facts.pop("arch_specific")
+    info.update(facts)
+    info["missing"] = missing[:UNITS_LISTED]
+    if specific:
+        info["arch_specific"] = specific[:UNITS_LISTED]
+        info["arch_specific_archs"] = sorted(
+            {a for u in specific for a in u["archs"]}, key=fatbin._arch_key)
+    problems = list(facts["problems"])
+    verdict = facts["verdict"]
+    if verdict == "none":
+        problems.append("no unit has a path to %s" % arch.capability_to_arch(target))
+    elif verdict == "partial":
+        if waived_by:
+            info["waived_by"] = waived_by
+        else:
+            problems.append("%d of %d units have no path to %s%s" % (
+                len(missing), facts["units"] - facts["units_kernel_free"],
+                arch.capability_to_arch(target), " (strict)" if strict else ""))
+    info["problems"] = problems
+    info["fails"] = bool(problems)
+    if problems:
+        info["package"] = venvfs.owner(path)
+    return {"errors": ["%s: %s" % (rel, u) for u in facts["unreadable"]],
+            "seen": [(e.kind, e.name, e.version, e.compression) for e in entries],
+            "file": info}
+
+
+def _over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> List[Any]:
+    """[fn(0), fn(1), ...] for each of `sizes`' items, computed by `jobs` forked workers that
+    take the items largest first, each as soon as it is free; the results come back marshalled
+    (plain data). An item no worker answered for (a worker that died, an answer that does not
+    load) is computed here, so the list is always whole. With one job, or threads in this
+    process (a fork would copy their locks held), everything is computed here."""
+    n = len(sizes)
+    threaded = "threading" in sys.modules and sys.modules["threading"].active_count() > 1
+    if jobs <= 1 or n <= 1 or threaded or not hasattr(os, "fork"):
+        return [fn(i) for i in range(n)]
+    order = sorted(range(n), key=lambda i: -sizes[i])
+    task_r, task_w = os.pipe()
+    # every index is 4 bytes, written before any worker reads: a pipe hands each 4-byte read
+    # whole to one reader (n * 4 bytes fit its buffer up to 16,384 items; more, chunk by chunk)
+    children = []
+    parent = os.getpid()
+    todo = b"".join(struct.pack("<I", i) for i in order)
+    for _ in range(min(jobs, n)):
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                os.close(task_w)
+                os.close(out_r)
+                done = []
+                while os.getppid() == parent:
+                    got = os.read(task_r, 4)
+                    if len(got) != 4:
+                        break
+                    i = struct.unpack("<I", got)[0]
+                    done.append((i, fn(i)))
+                data = marshal.dumps(done)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out_w, view):]
+            except BaseException:  # noqa: B902 (the parent computes what is not answered)
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(out_w)
+        children.append((pid, out_r))
+    os.close(task_r)
+    try:
+        view = memoryview(todo)
+        while view:
+            view = view[os.write(task_w, view):]
+    finally:
+        os.close(task_w)
+    results: List[Any] = [None] * n
+    answered = [False] * n
+    for pid, out_r in children:
+        with os.fdopen(out_r, "rb") as f:
+            data = f.read()
+        _pid, status = os.waitpid(pid, 0)
+        if status != 0:
+            continue
+        try:
+            for i, rec in marshal.loads(data):
+                results[i] = rec
+                answered[i] = True
+        except (ValueError, EOFError, TypeError):
+            continue
+    for i in range(n):
+        if not answered[i]:
+            results[i] = fn(i)
+    return results
+
+
 
 def audit(
     root: str,
@@ -232,79 +399,47 @@ def audit(
     driver_ptx_max: Optional[Tuple[int, int]] = None,
     partial_ok: Optional[List[str]] = None,
     strict: bool = False,
+    jobs: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Scan root (a venv, a directory or one file), or the given paths inside it, and judge
     every unit for `target`. A file fails when it is unreadable, holds entries of an unknown
     kind, has no unit with a path ("none"), or has units without a path ("partial") unless
-    it matches a `partial_ok` glob (default DEFAULT_PARTIAL_OK; ignored with `strict`)."""
+    it matches a `partial_ok` glob (default DEFAULT_PARTIAL_OK; ignored with `strict`).
+
+    The files are read by `jobs` worker processes (default: audit_jobs), the result the same
+    as one process's, file for file and in the same order."""
     globs = DEFAULT_PARTIAL_OK if partial_ok is None else list(partial_ok)
     roots = [root] if not paths else [p if os.path.isabs(p) else os.path.join(root, p)
                                       for p in paths]
     missing_paths = [p for p in roots if not os.path.lexists(p)]
     base = root if os.path.isdir(root) else os.path.dirname(root)
+    skipped: List[str] = []
+    todo: List[Tuple[str, bool]] = []
+    sizes: List[int] = []
+    for r in roots:
+        if os.path.lexists(r):
+            for path, size in _candidates(r, skipped):
+                todo.append((path, path == r))
+                sizes.append(size)
+    n = audit_jobs(sizes) if jobs is None else jobs
+    records = _over_workers(
+        lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
+                              strict), sizes, n)
     files: List[Dict[str, Any]] = []
     errors: List[str] = []
-    skipped: List[str] = []
     scanned = 0
-    all_entries: List[fatbin.Entry] = []
-    for r in roots:
-        if not os.path.lexists(r):
+    all_entries: List[Any] = []
+    for rec in records:
+        if rec is None:
             continue
-        for path in candidate_files(r, skipped):
-            with fatbin.mapped(path, follow=(path == r)) as (scan, buf):
-                if scan.kind in ("not-elf", "not-regular"):
-                    if scan.kind == "not-regular":
-                        skipped.append(path)
-                    continue
-                scanned += 1
-                rel = os.path.relpath(path, base)
-                if scan.error:
-                    errors.append("%s: %s" % (rel, scan.error))
-                    files.append({"path": rel, "verdict": "unreadable", "fails": True,
-                                  "problems": ["unreadable: %s" % scan.error]})
-                    continue
-                entries = [e for c in scan.runtime_containers + scan.embedded_containers
-                           for e in c.entries]
-                if not entries and not any(c.error for c in scan.containers):
-                    continue
-                all_entries.extend(entries)
-                waived_by = None if strict else glob_match(path, globs)
-                facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None,
-                                 strict)
-            info: Dict[str, Any] = {"path": rel}
-            info.update(fatbin.summarize(entries))
-            info["containers"] = len(scan.runtime_containers)
-            if scan.embedded_containers:
-                info["embedded_containers"] = len(scan.embedded_containers)
-            if any(c.section == fatbin.RELOCATABLE_SECTION for c in scan.containers):
-                info["relocatable"] = sum(
-                    len(c.entries) for c in scan.containers
-                    if c.section == fatbin.RELOCATABLE_SECTION)
-            missing = facts.pop("missing")
-            specific = facts.pop("arch_specific")
-            info.update(facts)
-            info["missing"] = missing[:UNITS_LISTED]
-            if specific:
-                info["arch_specific"] = specific[:UNITS_LISTED]
-                info["arch_specific_archs"] = sorted(
-                    {a for u in specific for a in u["archs"]}, key=fatbin._arch_key)
-            problems = list(facts["problems"])
-            errors.extend("%s: %s" % (rel, u) for u in facts["unreadable"])
-            verdict = facts["verdict"]
-            if verdict == "none":
-                problems.append("no unit has a path to %s" % arch.capability_to_arch(target))
-            elif verdict == "partial":
-                if waived_by:
-                    info["waived_by"] = waived_by
-                else:
-                    problems.append("%d of %d units have no path to %s%s" % (
-                        len(missing), facts["units"] - facts["units_kernel_free"],
-                        arch.capability_to_arch(target), " (strict)" if strict else ""))
-            info["problems"] = problems
-            info["fails"] = bool(problems)
-            if problems:
-                info["package"] = venvfs.owner(path)
-            files.append(info)
+        if "skipped" in rec:
+            skipped.append(rec["skipped"])
+            continue
+        scanned += 1
+        errors.extend(rec.get("errors", ()))
+        all_entries.extend(_Seen(*e) for e in rec.get("seen", ()))
+        if "file" in rec:
+            files.append(rec["file"])
     overall = fatbin.summarize(all_entries)
 
     def having(cond) -> List[str]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import marshal
+import os
+import shutil
 import struct
 import subprocess
+import time
 
 import pytest
 
-from rbprobes import elf, fatbin
+from rbprobes import checks_static, elf, fatbin
 from rbprobes.checks_static import audit, file_verdict
 from rbprobes.result import Context
 from rbprobes import run_check
@@ -147,6 +151,59 @@ def test_audit_of_a_tree_lists_the_files_without_a_path(fatbins):
     assert values["ptx_only"] == ["libptx100.so"]
     assert values["gpu_files"] == len(fatbins)
     assert values["compressed_entries"] >= 4
+
+
+def test_workers_give_the_one_process_audit(fatbins, tmp_path):
+    """The audit's files read by forked workers (a big venv's, on a host with cores): the same
+    document as one process's, file for file and in order, also with a file that is
+    unreadable, one that is waived and one without GPU code; each file's record is plain data
+    (a worker marshals it back; one that does not load would be read again in the parent)."""
+    root = tmp_path / "venv"
+    shutil.copytree(fatbins["sm90"].parent, root, ignore=shutil.ignore_patterns("*.cu"))
+    waived = root / "site-packages" / "nvidia" / "foo" / "lib"
+    waived.mkdir(parents=True)
+    shutil.copy(fatbins["partial"], waived / "libfoo.so")
+    whole = fatbins["sm90"].read_bytes()
+    (root / "libbroken.so").write_bytes(whole[:len(whole) // 2])
+    (root / "libplain.so").write_bytes(b"\x7fELF" + b"\0" * 60)
+    for target in ((10, 3), (9, 0)):
+        one = audit(str(root), target, jobs=1)
+        assert one["gpu_files"] >= len(fatbins) and one["errors"]
+        assert bool(one["partial_waived"]) == (target == (9, 0))
+        for jobs in (2, 5):
+            assert audit(str(root), target, jobs=jobs) == one, (target, jobs)
+    for path, size in checks_static._candidates(str(root), []):
+        rec = checks_static._audit_file(path, False, str(root), (10, 3), None,
+                                        checks_static.DEFAULT_PARTIAL_OK, False)
+        assert marshal.loads(marshal.dumps(rec)) == rec, path
+    env = {"RBPROBES_AUDIT_JOBS": "3"}
+    forked = run_cli("kernel_audit", str(root), "--arch", "sm_103", env=env)
+    alone = run_cli("kernel_audit", str(root), "--arch", "sm_103",
+                    env={"RBPROBES_AUDIT_JOBS": "1"})
+    assert forked.returncode == alone.returncode == 1, forked.stderr
+    assert cli_json(forked)["values"] == cli_json(alone)["values"]
+
+
+def test_audit_workers_answer_in_order_and_a_lost_one_is_redone_here():
+    """_over_workers: items taken largest first by several workers, results in the items'
+    order; an item whose worker died is computed in the calling process."""
+    parent = os.getpid()
+    sizes = [5, 1, 30, 2, 9, 7, 3, 8]
+    def slow(i):
+        time.sleep(0.05)  # each item takes a while, as a library's does: the workers share them
+        return i, os.getpid()
+
+    got = checks_static._over_workers(slow, sizes, 3)
+    assert [i for i, _pid in got] == list(range(len(sizes)))
+    assert parent not in {pid for _i, pid in got} and len({pid for _i, pid in got}) > 1
+
+    def dies_on_2(i):
+        if i == 2 and os.getpid() != parent:
+            os._exit(3)
+        return i * 10
+
+    assert checks_static._over_workers(dies_on_2, sizes, 3) == [i * 10 for i in range(8)]
+    assert checks_static._over_workers(lambda i: i, sizes, 1) == list(range(8))
 
 
 def test_driver_ptx_limit(fatbins):
