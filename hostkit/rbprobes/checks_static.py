@@ -322,16 +322,18 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
             "file": info}
 
 
-def _over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> List[Any]:
-    """[fn(0), fn(1), ...] for each of `sizes`' items, computed by `jobs` forked workers that
-    take the items largest first, each as soon as it is free; the results come back marshalled
-    (plain data). An item no worker answered for (a worker that died, an answer that does not
-    load) is computed here, so the list is always whole. With one job, or threads in this
-    process (a fork would copy their locks held), everything is computed here."""
+def _over_workers(fn: Callable[[int], Any], sizes: List[int],
+                  jobs: int) -> Tuple[List[Any], int]:
+    """([fn(0), fn(1), ...] for each of `sizes`' items, how many workers answered), computed by
+    `jobs` forked workers that take the items largest first, each as soon as it is free; the
+    results come back marshalled (plain data). An item no worker answered for (a worker that
+    died, an answer that does not load) is computed here, so the list is always whole. With one
+    job, or threads in this process (a fork would copy their locks held), everything is
+    computed here."""
     n = len(sizes)
     threaded = "threading" in sys.modules and sys.modules["threading"].active_count() > 1
     if jobs <= 1 or n <= 1 or threaded or not hasattr(os, "fork"):
-        return [fn(i) for i in range(n)]
+        return [fn(i) for i in range(n)], 0
     order = sorted(range(n), key=lambda i: -sizes[i])
     task_r, task_w = os.pipe()
     # every index is 4 bytes, written before any worker reads: a pipe hands each 4-byte read
@@ -373,6 +375,7 @@ def _over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> List
         os.close(task_w)
     results: List[Any] = [None] * n
     answered = [False] * n
+    workers = 0
     for pid, out_r in children:
         with os.fdopen(out_r, "rb") as f:
             data = f.read()
@@ -380,15 +383,17 @@ def _over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> List
         if status != 0:
             continue
         try:
-            for i, rec in marshal.loads(data):
+            got = marshal.loads(data)
+            for i, rec in got:
                 results[i] = rec
                 answered[i] = True
         except (ValueError, EOFError, TypeError):
             continue
+        workers += 1
     for i in range(n):
         if not answered[i]:
             results[i] = fn(i)
-    return results
+    return results, workers
 
 
 
@@ -422,7 +427,7 @@ def audit(
                 todo.append((path, path == r))
                 sizes.append(size)
     n = audit_jobs(sizes) if jobs is None else jobs
-    records = _over_workers(
+    records, workers = _over_workers(
         lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
                               strict), sizes, n)
     files: List[Dict[str, Any]] = []
@@ -449,6 +454,7 @@ def audit(
         "target": arch.capability_to_arch(target),
         "root": root,
         "files_scanned": scanned,
+        "workers": workers,
         "gpu_files": len(files),
         "failing": having(lambda f: f["fails"]),
         "no_path": having(lambda f: f["verdict"] == "none"),

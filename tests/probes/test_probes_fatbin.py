@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import marshal
-import os
 import shutil
 import struct
 import subprocess
-import time
+import sys
 
 import pytest
 
@@ -15,7 +15,7 @@ from rbprobes import checks_static, elf, fatbin
 from rbprobes.checks_static import audit, file_verdict
 from rbprobes.result import Context
 from rbprobes import run_check
-from probes_helpers import c_array, cli_json, fatbin_container, fatbin_entry, need, run_cli
+from probes_helpers import ROOT, c_array, cli_json, fatbin_container, fatbin_entry, need, run_cli
 
 
 def names(path):
@@ -157,7 +157,8 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
     """The audit's files read by forked workers (a big venv's, on a host with cores): the same
     document as one process's, file for file and in order, also with a file that is
     unreadable, one that is waived and one without GPU code; each file's record is plain data
-    (a worker marshals it back; one that does not load would be read again in the parent)."""
+    (a worker marshals it back; one that does not load would be read again in the parent).
+    Compared in a process of its own: this one may have threads, and then nothing forks."""
     root = tmp_path / "venv"
     shutil.copytree(fatbins["sm90"].parent, root, ignore=shutil.ignore_patterns("*.cu"))
     waived = root / "site-packages" / "nvidia" / "foo" / "lib"
@@ -166,44 +167,79 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
     whole = fatbins["sm90"].read_bytes()
     (root / "libbroken.so").write_bytes(whole[:len(whole) // 2])
     (root / "libplain.so").write_bytes(b"\x7fELF" + b"\0" * 60)
-    for target in ((10, 3), (9, 0)):
-        one = audit(str(root), target, jobs=1)
-        assert one["gpu_files"] >= len(fatbins) and one["errors"]
-        assert bool(one["partial_waived"]) == (target == (9, 0))
-        for jobs in (2, 5):
-            assert audit(str(root), target, jobs=jobs) == one, (target, jobs)
+    compare = (
+        "import json, sys\n"
+        "from rbprobes.checks_static import audit\n"
+        "out = []\n"
+        "for target in ((10, 3), (9, 0)):\n"
+        "    one = audit(sys.argv[1], target, jobs=1)\n"
+        "    alone = one.pop('workers')\n"
+        "    for jobs in (2, 5):\n"
+        "        many = audit(sys.argv[1], target, jobs=jobs)\n"
+        "        out.append([target, jobs, many.pop('workers'), alone, many == one,\n"
+        "                    one['gpu_files'], bool(one['errors']), one['partial_waived']])\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", compare, str(root)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for target, jobs, workers, alone, same, gpu_files, errors, waived in json.loads(done.stdout):
+        assert (workers, alone, same) == (jobs, 0, True), (target, jobs)
+        assert gpu_files >= len(fatbins) and errors
+        assert bool(waived) == (target == [9, 0])
     for path, size in checks_static._candidates(str(root), []):
         rec = checks_static._audit_file(path, False, str(root), (10, 3), None,
                                         checks_static.DEFAULT_PARTIAL_OK, False)
         assert marshal.loads(marshal.dumps(rec)) == rec, path
-    env = {"RBPROBES_AUDIT_JOBS": "3"}
-    forked = run_cli("kernel_audit", str(root), "--arch", "sm_103", env=env)
-    alone = run_cli("kernel_audit", str(root), "--arch", "sm_103",
+    # preflight (the source's static checks, in a child Python beside the scan) forks them;
+    # the kernel_audit check runs in a thread of the runner, so there one process reads them
+    forked = run_cli("preflight", "--venv", str(root), "--arch", "sm_103",
+                     env={"RBPROBES_AUDIT_JOBS": "3"})
+    alone = run_cli("preflight", "--venv", str(root), "--arch", "sm_103",
                     env={"RBPROBES_AUDIT_JOBS": "1"})
     assert forked.returncode == alone.returncode == 1, forked.stderr
-    assert cli_json(forked)["values"] == cli_json(alone)["values"]
+    forked_values, alone_values = (cli_json(done)["checks"][0]["values"]
+                                   for done in (forked, alone))
+    assert (forked_values.pop("workers"), alone_values.pop("workers")) == (3, 0)
+    assert forked_values == alone_values
 
 
 def test_audit_workers_answer_in_order_and_a_lost_one_is_redone_here():
-    """_over_workers: items taken largest first by several workers, results in the items'
-    order; an item whose worker died is computed in the calling process."""
-    parent = os.getpid()
-    sizes = [5, 1, 30, 2, 9, 7, 3, 8]
-    def slow(i):
-        time.sleep(0.05)  # each item takes a while, as a library's does: the workers share them
-        return i, os.getpid()
-
-    got = checks_static._over_workers(slow, sizes, 3)
-    assert [i for i, _pid in got] == list(range(len(sizes)))
-    assert parent not in {pid for _i, pid in got} and len({pid for _i, pid in got}) > 1
-
-    def dies_on_2(i):
-        if i == 2 and os.getpid() != parent:
-            os._exit(3)
-        return i * 10
-
-    assert checks_static._over_workers(dies_on_2, sizes, 3) == [i * 10 for i in range(8)]
-    assert checks_static._over_workers(lambda i: i, sizes, 1) == list(range(8))
+    """_over_workers (in a process without threads): items taken largest first by several
+    workers, results in the items' order; an item whose worker died is computed in the calling
+    process; in a process with threads nothing forks."""
+    script = (
+        "import json, os, threading, time\n"
+        "from rbprobes.checks_static import _over_workers\n"
+        "parent = os.getpid()\n"
+        "sizes = [5, 1, 30, 2, 9, 7, 3, 8]\n"
+        "def slow(i):\n"
+        "    time.sleep(0.05)  # each item takes a while, as a library does\n"
+        "    return i, os.getpid()\n"
+        "def dies_on_2(i):\n"
+        "    if i == 2 and os.getpid() != parent:\n"
+        "        os._exit(3)\n"
+        "    return i * 10\n"
+        "got, workers = _over_workers(slow, sizes, 3)\n"
+        "lost = _over_workers(dies_on_2, sizes, 3)\n"
+        "one = _over_workers(lambda i: i, sizes, 1)\n"
+        "stop = threading.Event()\n"
+        "t = threading.Thread(target=stop.wait)\n"
+        "t.start()\n"
+        "threaded = _over_workers(lambda i: os.getpid() == parent, sizes, 3)\n"
+        "stop.set()\n"
+        "print(json.dumps({'order': [i for i, _ in got], 'workers': workers,\n"
+        "                  'pids': sorted({p for _, p in got}), 'parent': parent,\n"
+        "                  'lost': lost, 'one': one, 'threaded': threaded}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout)
+    assert r["order"] == list(range(8)) and r["workers"] == 3
+    assert r["parent"] not in r["pids"] and len(r["pids"]) > 1
+    # the worker that took item 2 died: its items were computed here, the others answered
+    assert r["lost"] == [[i * 10 for i in range(8)], 2]
+    assert r["one"] == [list(range(8)), 0]
+    assert r["threaded"] == [[True] * 8, 0]
 
 
 def test_driver_ptx_limit(fatbins):
