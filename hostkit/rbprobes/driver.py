@@ -10,8 +10,6 @@ torch are needed; a host without a driver gives None.
 from __future__ import annotations
 
 import subprocess
-import threading
-import time
 from typing import Dict, NamedTuple, Optional, Tuple
 
 from . import arch
@@ -163,40 +161,3 @@ def cuda_device_count() -> Tuple[Optional[int], str]:
     except AttributeError as exc:
         return None, "libcuda.so.1 lacks %s" % exc
     return count.value, "libcuda cuDeviceGetCount"
-
-
-class CudaWarm:
-    """The driver started (cuInit) and device 0's primary context taken, in a thread of its own
-    begun before the probe's serial lane imports torch: the driver's start-up (hundreds of ms on
-    a big GPU host) then overlaps the import, and torch finds the context made. It changes
-    nothing a check reads: the same driver, environment and device torch itself would start;
-    it never fails a check (what it met is in the report's schedule, `cuda_warm`)."""
-
-    def __init__(self, clock_start: float) -> None:
-        self._t0 = clock_start
-        self.start_s = round(time.monotonic() - clock_start, 3)
-        self.end_s: Optional[float] = None
-        self.result = "running"
-        self._thread = threading.Thread(target=self._run, name="rbprobes-cuda-warm", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import ctypes
-
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            dev = ctypes.c_int(0)
-            ctx = ctypes.c_void_p()
-            rc = lib.cuInit(0)
-            if rc == 0:
-                rc = lib.cuDeviceGet(ctypes.byref(dev), 0)
-                if rc == 0:
-                    rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-            self.result = "ok" if rc == 0 else "CUDA error %d" % rc
-        except (OSError, AttributeError) as exc:
-            self.result = "libcuda.so.1: %s" % exc
-        finally:
-            self.end_s = round(time.monotonic() - self._t0, 3)
-
-    def as_dict(self) -> Dict[str, object]:
-        return {"start_s": self.start_s, "end_s": self.end_s, "result": self.result}

@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import driver, report
+from . import report
 from .checks import CHECKS, SERIAL, deadline_for, lane_for
 from .result import FAIL, SKIP, Context, Outcome, ParamError, Unavailable, check_params
 
@@ -123,10 +123,6 @@ def validate_config(config: Any) -> List[Dict[str, Any]]:
     return out
 
 
-# Serial checks that start CUDA: with one of them in the config, the driver starts beside the
-# torch import (driver.CudaWarm)
-WARMS_CUDA = ("devices", "matmul", "libraries")
-
 # Parallel checks running at once, at most: each is a thread waiting on a child process or
 # reading files; more than this many children at once (a spec with many commands) would only
 # compete for the same cores.
@@ -173,8 +169,6 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
 
     serial = [i for i, lane in enumerate(lanes) if lane == SERIAL]
     parallel = [i for i, lane in enumerate(lanes) if lane != SERIAL]
-    warm = (driver.CudaWarm(start) if any(checks[i]["type"] in WARMS_CUDA for i in serial)
-            else None)
     todo: "queue.Queue[int]" = queue.Queue()
     for i in parallel:
         todo.put(i)
@@ -214,6 +208,4 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
     entries = [r for r in results if r is not None]
     stopped = any(e["values"].get("timed_out") for e in entries)
     doc = report.build(ctx.host, started_wall, time.monotonic() - start, entries, schedule)
-    if warm is not None:
-        doc["cuda_warm"] = warm.as_dict()
     return doc, stopped

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from rbprobes import checks, driver, run_check, run_config
+from rbprobes import checks, run_check, run_config
 from rbprobes.result import Context, failed, passed
 from probes_helpers import ROOT, run_cli
 
@@ -74,36 +74,6 @@ def test_the_registry_puts_torch_checks_in_the_probes_process():
     # a libraries check that only reads files shares nothing
     assert checks.lane_for("libraries", {"runtime": False}) == checks.PARALLEL
     assert checks.lane_for("teleport", {}) == checks.PARALLEL
-
-
-def test_the_driver_starts_beside_the_torch_import_when_a_serial_check_needs_cuda(naps,
-                                                                                  monkeypatch):
-    """driver.CudaWarm (cuInit and device 0's primary context, in a thread) starts with the run
-    when a serial check that uses CUDA is in the config, and only then; the report says what it
-    met. On this host (no libcuda) it ends by itself and fails nothing."""
-    made = []
-
-    class Warm:
-        def __init__(self, t0):
-            made.append(t0)
-
-        def as_dict(self):
-            return {"result": "ok"}
-
-    monkeypatch.setattr(driver, "CudaWarm", Warm)
-    doc, _ = run_config({"schema": 1, "checks": [check("s", "serial_nap"), check("p", "nap")]})
-    assert "cuda_warm" not in doc and not made
-    params = {"name": "str", "ms": "int", "fail": "bool"}
-    for ctype in ("devices", "matmul", "libraries"):
-        monkeypatch.setitem(checks.CHECKS, ctype,
-                            checks.CheckType(nap, "L1", params, 60, checks.SERIAL))
-        doc, _ = run_config({"schema": 1, "checks": [check("c", ctype)]})
-        assert doc["cuda_warm"] == {"result": "ok"} and doc["checks"][0]["status"] == "pass"
-    assert len(made) == 3
-    monkeypatch.undo()
-    real = driver.CudaWarm(time.monotonic())
-    real._thread.join(60)
-    assert real.as_dict()["result"] != "running" and real.as_dict()["end_s"] is not None
 
 
 def test_report_in_config_order_whatever_finished_first(naps):
