@@ -235,6 +235,7 @@ def _describe_missing(item: Dict[str, Any]) -> str:
         text = "kernels not read: %s" % item.get("kernels_note", "?")
     return "%s: %s; %s" % (item["unit"], item["why"], text)
 
+
 AUDIT_JOBS_MAX = 8
 AUDIT_PARALLEL_BYTES = 64 << 20  # less to read than this: one process reads it all
 
@@ -394,7 +395,6 @@ def _over_workers(fn: Callable[[int], Any], sizes: List[int],
         if not answered[i]:
             results[i] = fn(i)
     return results, workers
-
 
 
 def audit(
