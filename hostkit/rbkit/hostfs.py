@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import marshal
 import os
 import re
 import shutil
 import stat
+import struct
+import subprocess
+import sys
+import tempfile
 from typing import List, Optional
 
 from . import manifest, safefs
@@ -83,7 +88,8 @@ def link_escapes(root: str, rel: str, target: str, max_hops: int = 40) -> bool:
 
 
 def scan(root: str, patterns, names_path: Optional[str] = None, *,
-         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50) -> dict:
+         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50,
+         jobs: Optional[int] = None) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
     and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
@@ -94,7 +100,11 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     that leave the tree, the venv's bin/python* excepted: refused unless `keep`) and `devices`
     (never moved); `refusal` is the text preflight fails with, "" when nothing is refused.
     `need_bytes` is the room the copy takes: each file at the larger of its apparent size and its
-    blocks (tar writes a sparse file's holes out)."""
+    blocks (tar writes a sparse file's holes out).
+
+    On a host with cores to spare, child Pythons take the entries' lstat and tally in chunks
+    while this process lists the tree (`jobs`, default scan_jobs(); `scan_workers`: how many
+    answered); the result is byte for byte the one of a single walk."""
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
     patterns = list(patterns)
@@ -116,64 +126,239 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             if key.strip() in ("version", "version_info", "home"):
                 out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
-        files = dirs = links = 0
-        apparent = disk = need = 0
-        names: List[bytes] = []
-        special: List[dict] = []
-        outside: List[dict] = []
-        devices: List[str] = []
-        sparse: List[str] = []
-        not_utf8: List[str] = []
-        lines: List[bytes] = []
-        strip = special_modes == "strip"
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
-        for rel, st in manifest.walk(root, patterns):
-            values = manifest.stat_values(root, rel, st, strip)
-            try:
-                lines.append(manifest.values_line(values))
-            except UnicodeEncodeError:
-                # a name (or link target) of bytes that are not UTF-8: no manifest records it
-                not_utf8.append(_shown(rel))
-            if names_path:
-                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
-            blocks = st.st_blocks * 512
-            disk += blocks
-            mode = stat.S_IMODE(st.st_mode)
-            if values[1] == "l":
-                links += 1
-                need += blocks
-                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, values[4]):
-                    outside.append({"p": rel, "l": values[4]})
-                continue
-            if mode & manifest.SPECIAL_BITS:
-                special.append({"p": rel, "m": _octal(mode)})
-            if stat.S_ISREG(st.st_mode):
-                files += 1
-                apparent += st.st_size
-                need += max(blocks, -(-st.st_size // 4096) * 4096)
-                if blocks + 4096 <= st.st_size:
-                    sparse.append(rel)
-            elif stat.S_ISDIR(st.st_mode):
-                dirs += 1
-                need += max(blocks, 4096)
-            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                devices.append(rel)
+        t = _tally_tree(root, patterns, special_modes == "strip", bool(names_path), jobs)
         if names_path:
             # this run's private files: no fsync
-            safefs.write_file(names_path, b"".join(names), 0o600, sync=False)
+            safefs.write_file(names_path, b"".join(t.names), 0o600, sync=False)
             safefs.write_file(names_path + manifest.SCAN_SUFFIX,
-                              manifest.scan_header(root, patterns, strip) + b"".join(lines), 0o600,
-                              sync=False)
-        out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
-                   need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),
-                   special_modes=special[:limit], special_modes_count=len(special),
-                   special_modes_action=special_modes, outside_links=outside[:limit],
-                   outside_links_count=len(outside), devices=devices[:limit],
-                   sparse_files=sparse[:limit], sparse_count=len(sparse))
-        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices,
-                                  not_utf8)
+                              manifest.scan_header(root, patterns, special_modes == "strip")
+                              + b"".join(t.lines), 0o600, sync=False)
+        out.update(files=t.files, dirs=t.dirs, links=t.links, bytes=t.apparent,
+                   disk_bytes=t.disk, need_bytes=t.need,
+                   stat_fingerprint=hashlib.sha256(b"".join(t.lines)).hexdigest(),
+                   special_modes=t.special[:limit], special_modes_count=len(t.special),
+                   special_modes_action=special_modes, outside_links=t.outside[:limit],
+                   outside_links_count=len(t.outside), devices=t.devices[:limit],
+                   sparse_files=t.sparse[:limit], sparse_count=len(t.sparse),
+                   scan_workers=t.workers)
+        out["refusal"] = _refusal(t.special, special_modes, t.outside, outside_links, t.devices,
+                                  t.not_utf8)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
+
+
+class _Tally:
+    """What `scan` adds up over a walk's entries, in the walk's order: each entry's stat line
+    (manifest.values_line), its name for tar -T, the counts, and what must not move silently."""
+
+    FIELDS = ("files", "dirs", "links", "apparent", "disk", "need")
+    LISTS = ("lines", "names", "special", "outside", "devices", "sparse", "not_utf8")
+
+    def __init__(self, root: str, strip: bool, with_names: bool) -> None:
+        self.root, self.strip, self.with_names = root, strip, with_names
+        self.files = self.dirs = self.links = self.apparent = self.disk = self.need = 0
+        self.lines: List[bytes] = []
+        self.names: List[bytes] = []
+        self.special: List[dict] = []
+        self.outside: List[dict] = []
+        self.devices: List[str] = []
+        self.sparse: List[str] = []
+        self.not_utf8: List[str] = []
+        self.workers = 0
+
+    def add(self, rel: str, st: os.stat_result) -> None:
+        values = manifest.stat_values(self.root, rel, st, self.strip)
+        try:
+            self.lines.append(manifest.values_line(values))
+        except UnicodeEncodeError:
+            # a name (or link target) of bytes that are not UTF-8: no manifest records it
+            self.not_utf8.append(_shown(rel))
+        if self.with_names:
+            self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
+        blocks = st.st_blocks * 512
+        self.disk += blocks
+        mode = stat.S_IMODE(st.st_mode)
+        if values[1] == "l":
+            self.links += 1
+            self.need += blocks
+            if not INTERPRETER_LINK.match(rel) and link_escapes(self.root, rel, values[4]):
+                self.outside.append({"p": rel, "l": values[4]})
+            return
+        if mode & manifest.SPECIAL_BITS:
+            self.special.append({"p": rel, "m": _octal(mode)})
+        if stat.S_ISREG(st.st_mode):
+            self.files += 1
+            self.apparent += st.st_size
+            self.need += max(blocks, -(-st.st_size // 4096) * 4096)
+            if blocks + 4096 <= st.st_size:
+                self.sparse.append(rel)
+        elif stat.S_ISDIR(st.st_mode):
+            self.dirs += 1
+            self.need += max(blocks, 4096)
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            self.devices.append(rel)
+
+    def data(self) -> tuple:
+        """Plain data (marshal): the counts, then the lists."""
+        return (tuple(getattr(self, k) for k in self.FIELDS),
+                tuple(getattr(self, k) for k in self.LISTS))
+
+    def merge(self, data: tuple) -> None:
+        """Add another tally's data, as if its entries came next in the walk."""
+        counts, lists = data
+        for k, v in zip(self.FIELDS, counts):
+            setattr(self, k, getattr(self, k) + v)
+        for k, v in zip(self.LISTS, lists):
+            getattr(self, k).extend(v)
+
+
+def tally_rels(root: str, strip: bool, with_names: bool, rels: List[str]) -> tuple:
+    """The tally data of these entries (paths relative to root, in the walk's order), each
+    taken by lstat."""
+    part = _Tally(root, strip, with_names)
+    for rel in rels:
+        part.add(rel, os.lstat(os.path.join(root, rel)))
+    return part.data()
+
+
+SCAN_JOBS_MAX = 6
+SCAN_CHUNK = 2048                 # entries per task of a scan's child
+
+
+def scan_jobs() -> int:
+    """Child Pythons that tally the scan's entries: RBKIT_SCAN_JOBS when set (0 or 1: none),
+    else half the usable cores on a host of 4 or more (at most SCAN_JOBS_MAX), else none."""
+    forced = os.environ.get("RBKIT_SCAN_JOBS", "")
+    if forced.isdigit():
+        return int(forced)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return min(cores // 2, SCAN_JOBS_MAX) if cores >= 4 else 0
+
+
+def _tally_tree(root: str, patterns: List[str], strip: bool, with_names: bool,
+                jobs: Optional[int]) -> _Tally:
+    """The tally of manifest.walk(root, patterns): by this process alone, or, once the walk has
+    SCAN_CHUNK entries and `jobs` is 2 or more, with child Pythons (`python -S -m rbkit
+    scan-part`) taking the lstat and tally of each chunk of SCAN_CHUNK entries while this process
+    goes on listing (manifest.walk_names: the same entries, in the same order, by name). The
+    chunks' tallies are added in their order; a chunk no child answered for is taken here, so
+    the tally is always the one of a single walk."""
+    n = scan_jobs() if jobs is None else jobs
+    tally = _Tally(root, strip, with_names)
+    if n < 2:
+        for rel, st in manifest.walk(root, patterns):
+            tally.add(rel, st)
+        return tally
+    chunks: List[List[str]] = []
+    workers: Optional[_ScanWorkers] = None
+    try:
+        pending: List[str] = []
+        for rel in manifest.walk_names(root, patterns):
+            pending.append(rel)
+            if len(pending) == SCAN_CHUNK:
+                if workers is None:
+                    workers = _ScanWorkers(root, strip, with_names, n)
+                workers.give(len(chunks), pending)
+                chunks.append(pending)
+                pending = []
+        if pending:
+            chunks.append(pending)      # the last, short one: taken here, while they finish
+        got = workers.take() if workers is not None else {}
+    finally:
+        if workers is not None:
+            workers.close()
+    tally.workers = workers.answered if workers is not None else 0
+    for i, rels in enumerate(chunks):
+        tally.merge(got[i] if i in got else tally_rels(root, strip, with_names, rels))
+    return tally
+
+
+class _ScanWorkers:
+    """`jobs` child Pythons (`python -S -m rbkit scan-part`), given chunks in turn on their
+    stdin (4-byte number, 4-byte length, marshal of the entries' paths); each answers
+    {chunk: tally data} (marshal, into a temporary file) when its stdin closes."""
+
+    def __init__(self, root: str, strip: bool, with_names: bool, jobs: int) -> None:
+        self.answered = 0
+        self._procs: List[tuple] = []
+        self._dead: set = set()
+        kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
+        env.update(PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
+        argv = [sys.executable, "-S", "-m", "rbkit", "scan-part", root]
+        argv += (["--strip"] if strip else []) + (["--names"] if with_names else [])
+        for _ in range(jobs):
+            out = tempfile.TemporaryFile()
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out,
+                                        stderr=subprocess.DEVNULL, cwd="/", env=env)
+            except OSError:
+                out.close()
+                break
+            self._procs.append((proc, out))
+
+    def give(self, number: int, rels: List[str]) -> None:
+        if not self._procs:
+            return
+        k = number % len(self._procs)
+        if k in self._dead:
+            return                                   # taken here, in the end
+        data = marshal.dumps(rels)
+        try:
+            self._procs[k][0].stdin.write(struct.pack("<II", number, len(data)) + data)
+        except OSError:
+            self._dead.add(k)                        # it died: its chunks are taken here
+
+    def take(self, timeout: float = 600.0) -> dict:
+        """{chunk: tally data} of every child that exited 0 with an answer that loads."""
+        got: dict = {}
+        for k, (proc, out) in enumerate(self._procs):
+            try:
+                proc.stdin.close()
+            except OSError:
+                self._dead.add(k)
+            try:
+                rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                continue
+            out.seek(0)
+            try:
+                answer = marshal.loads(out.read()) if rc == 0 and k not in self._dead else None
+            except (ValueError, EOFError, TypeError):
+                answer = None
+            if isinstance(answer, dict):
+                got.update(answer)
+                self.answered += 1
+        return got
+
+    def close(self) -> None:
+        for proc, out in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            out.close()
+
+
+def scan_part(root: str, strip: bool, with_names: bool, stdin, stdout) -> int:
+    """A scan-part child: chunks from stdin until it closes, {chunk: tally data} to stdout."""
+    done = {}
+    while True:
+        head = stdin.read(8)
+        if len(head) != 8:
+            break
+        number, size = struct.unpack("<II", head)
+        rels = marshal.loads(stdin.read(size))
+        done[number] = tally_rels(root, strip, with_names, rels)
+    stdout.write(marshal.dumps(done))
+    stdout.flush()
+    return 0
 
 
 def _count(items: list, one: str, many: str) -> str:

@@ -129,6 +129,27 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
         stack.extend(reversed(subdirs))
 
 
+def walk_names(root: str, patterns: Iterable[str] = ()) -> Iterator[str]:
+    """The relative paths `walk` gives, in its order, without an lstat of each (a directory is
+    known by the directory entry's type): what hostfs.scan's children then take the lstat of."""
+    patterns = list(patterns)
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        full = os.path.join(root, rel_dir) if rel_dir else root
+        with os.scandir(full) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subdirs = []
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if rel in SKIP_NAMES or (patterns and excluded(rel, patterns)):
+                continue
+            yield rel
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(rel)
+        stack.extend(reversed(subdirs))
+
+
 def hasher(algo: str) -> Callable[[], Any]:
     """A function making a new hash of `algo` (blake2b: 32 bytes; hashlib's named constructors
     are faster than hashlib.new)."""
