@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 9fa4919e12f681459ea811efce533b3e867e91487e7c7df94cfba3e6ae7cce9c
+# sha256 of this file with these 64 digits zeroed: 85348ae18e3e01dfe4b507a95293e9c86122fec8a212b28586e45f8ad9e6c42a
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d576acc80648b08f40faf27dae0fe84fceddd8a1c4d85cf6454e0930537429f4
-readonly RB_KIT_FILE=.kit/d576acc80648b08f40faf27dae0fe84fceddd8a1c4d85cf6454e0930537429f4.tar
+readonly RB_KIT_SHA256=bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00
+readonly RB_KIT_FILE=.kit/bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

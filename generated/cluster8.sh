@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 02eef30d5a4ad49cde8a178afc58a1f20991774e14b788a38d3f9c79c47c392e
+# sha256 of this file with these 64 digits zeroed: 17fb1a363b80c03d8489fa05aa40745003036960e7ad397d7870b3dde7104646
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d576acc80648b08f40faf27dae0fe84fceddd8a1c4d85cf6454e0930537429f4
-readonly RB_KIT_FILE=.kit/d576acc80648b08f40faf27dae0fe84fceddd8a1c4d85cf6454e0930537429f4.tar
+readonly RB_KIT_SHA256=bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00
+readonly RB_KIT_FILE=.kit/bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

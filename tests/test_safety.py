@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import exports, hostfs, manifest, relocate, swapfs
+from rbkit import chunks, exports, hostfs, manifest, relocate, swapfs
 
 ROOT = os.geteuid() == 0
 
@@ -522,7 +522,7 @@ def test_a_scan_by_child_pythons_is_the_scan_of_one_walk(tmp_path, monkeypatch):
             (pkg / f"__pycache__").mkdir(exist_ok=True)
             (pkg / "__pycache__" / f"m{i}.pyc").write_bytes(b"x")
     (root / manifest.SKIP_NAMES[0]).write_text("{}")
-    monkeypatch.setattr(hostfs, "SCAN_CHUNK", 7)
+    monkeypatch.setattr(chunks, "CHUNK", 7)
 
     def scan(jobs, tag, **kw):
         names = tmp_path / f"names-{tag}"
@@ -536,7 +536,7 @@ def test_a_scan_by_child_pythons_is_the_scan_of_one_walk(tmp_path, monkeypatch):
         assert (one.pop("scan_workers"), many.pop("scan_workers")) == (0, 3)
         assert many == one and many_names == one_names and many_stat == one_stat
         assert one["files"] > 60 and one["refusal"] and one_names.count(b"\0") > 80
-    monkeypatch.setattr(hostfs.sys, "executable", "/bin/false")
+    monkeypatch.setattr(chunks.sys, "executable", "/bin/false")
     lost, lost_names, lost_stat = scan(3, "lost")
     one, one_names, one_stat = scan(0, "one")
     assert (lost.pop("scan_workers"), one.pop("scan_workers")) == (0, 0)

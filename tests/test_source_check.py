@@ -60,8 +60,8 @@ def test_the_scan_and_the_static_checks_answer_in_one_process(tmp_path):
 
 
 def test_the_scan_by_child_pythons_answers_the_same_facts(tmp_path, monkeypatch):
-    """RBKIT_SCAN_JOBS=3 (what a host of 6 or more cores does by itself): the engine's scan of a
-    tree of more than one chunk (hostfs.SCAN_CHUNK entries) is taken by three child Pythons
+    """RBKIT_WALK_JOBS=3 (what a host of 6 or more cores does by itself): the engine's scan of a
+    tree of more than one chunk (chunks.CHUNK entries) is taken by three child Pythons
     beside the listing, and answers what one walk answers."""
     src = tmp_path / "venv"
     make_tree(src, python=True)
@@ -71,7 +71,7 @@ def test_the_scan_by_child_pythons_answers_the_same_facts(tmp_path, monkeypatch)
         (many / f"m{i:04d}.py").write_text("")
     facts = {}
     for jobs in ("0", "3"):
-        monkeypatch.setenv("RBKIT_SCAN_JOBS", jobs)
+        monkeypatch.setenv("RBKIT_WALK_JOBS", jobs)
         got = source(src)
         assert got["rc"] == 0 and got["done"][0] == "ok", got
         facts[jobs] = got["facts"]

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import marshal
 import os
 import re
 import shutil
 import stat
-import struct
-import subprocess
-import sys
-import tempfile
 from typing import List, Optional
 
-from . import manifest, safefs
+from . import chunks, manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
@@ -103,7 +98,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     blocks (tar writes a sparse file's holes out).
 
     On a host with cores to spare, child Pythons take the entries' lstat and tally in chunks
-    while this process lists the tree (`jobs`, default scan_jobs(); `scan_workers`: how many
+    while this process lists the tree (`jobs`, default chunks.jobs(); `scan_workers`: how many
     answered); the result is byte for byte the one of a single walk."""
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
@@ -221,145 +216,31 @@ def tally_rels(root: str, strip: bool, with_names: bool, rels: List[str]) -> tup
     return part.data()
 
 
-SCAN_JOBS_MAX = 6
-SCAN_CHUNK = 2048                 # entries per task of a scan's child
-
-
-def scan_jobs() -> int:
-    """Child Pythons that tally the scan's entries: RBKIT_SCAN_JOBS when set (0 or 1: none),
-    else half the usable cores on a host of 4 or more (at most SCAN_JOBS_MAX), else none."""
-    forced = os.environ.get("RBKIT_SCAN_JOBS", "")
-    if forced.isdigit():
-        return int(forced)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return min(cores // 2, SCAN_JOBS_MAX) if cores >= 4 else 0
-
-
 def _tally_tree(root: str, patterns: List[str], strip: bool, with_names: bool,
                 jobs: Optional[int]) -> _Tally:
-    """The tally of manifest.walk(root, patterns): by this process alone, or, once the walk has
-    SCAN_CHUNK entries and `jobs` is 2 or more, with child Pythons (`python -S -m rbkit
-    scan-part`) taking the lstat and tally of each chunk of SCAN_CHUNK entries while this process
-    goes on listing (manifest.walk_names: the same entries, in the same order, by name). The
-    chunks' tallies are added in their order; a chunk no child answered for is taken here, so
-    the tally is always the one of a single walk."""
-    n = scan_jobs() if jobs is None else jobs
+    """The tally of manifest.walk(root, patterns): by this process alone, or with `jobs` child
+    Pythons (default chunks.jobs(); `rbkit scan-part`) taking the lstat and tally of each chunk
+    of entries while this process lists the tree by name (manifest.walk_names: the same entries
+    in the same order); the chunks' tallies are added in their order (rbkit.chunks)."""
+    n = chunks.jobs() if jobs is None else jobs
     tally = _Tally(root, strip, with_names)
     if n < 2:
         for rel, st in manifest.walk(root, patterns):
             tally.add(rel, st)
         return tally
-    chunks: List[List[str]] = []
-    workers: Optional[_ScanWorkers] = None
-    try:
-        pending: List[str] = []
-        for rel in manifest.walk_names(root, patterns):
-            pending.append(rel)
-            if len(pending) == SCAN_CHUNK:
-                if workers is None:
-                    workers = _ScanWorkers(root, strip, with_names, n)
-                workers.give(len(chunks), pending)
-                chunks.append(pending)
-                pending = []
-        if pending:
-            chunks.append(pending)      # the last, short one: taken here, while they finish
-        got = workers.take() if workers is not None else {}
-    finally:
-        if workers is not None:
-            workers.close()
-    tally.workers = workers.answered if workers is not None else 0
-    for i, rels in enumerate(chunks):
-        tally.merge(got[i] if i in got else tally_rels(root, strip, with_names, rels))
+    args = ["scan-part", root] + (["--strip"] if strip else []) + (
+        ["--names"] if with_names else [])
+    parts, tally.workers = chunks.by_children(
+        chunks.split(manifest.walk_names(root, patterns)), args, n,
+        lambda rels: tally_rels(root, strip, with_names, rels))
+    for part in parts:
+        tally.merge(part)
     return tally
 
 
-class _ScanWorkers:
-    """`jobs` child Pythons (`python -S -m rbkit scan-part`), given chunks in turn on their
-    stdin (4-byte number, 4-byte length, marshal of the entries' paths); each answers
-    {chunk: tally data} (marshal, into a temporary file) when its stdin closes."""
-
-    def __init__(self, root: str, strip: bool, with_names: bool, jobs: int) -> None:
-        self.answered = 0
-        self._procs: List[tuple] = []
-        self._dead: set = set()
-        kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
-        env.update(PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
-        argv = [sys.executable, "-S", "-m", "rbkit", "scan-part", root]
-        argv += (["--strip"] if strip else []) + (["--names"] if with_names else [])
-        for _ in range(jobs):
-            out = tempfile.TemporaryFile()
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out,
-                                        stderr=subprocess.DEVNULL, cwd="/", env=env)
-            except OSError:
-                out.close()
-                break
-            self._procs.append((proc, out))
-
-    def give(self, number: int, rels: List[str]) -> None:
-        if not self._procs:
-            return
-        k = number % len(self._procs)
-        if k in self._dead:
-            return                                   # taken here, in the end
-        data = marshal.dumps(rels)
-        try:
-            self._procs[k][0].stdin.write(struct.pack("<II", number, len(data)) + data)
-        except OSError:
-            self._dead.add(k)                        # it died: its chunks are taken here
-
-    def take(self, timeout: float = 600.0) -> dict:
-        """{chunk: tally data} of every child that exited 0 with an answer that loads."""
-        got: dict = {}
-        for k, (proc, out) in enumerate(self._procs):
-            try:
-                proc.stdin.close()
-            except OSError:
-                self._dead.add(k)
-            try:
-                rc = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                continue
-            out.seek(0)
-            try:
-                answer = marshal.loads(out.read()) if rc == 0 and k not in self._dead else None
-            except (ValueError, EOFError, TypeError):
-                answer = None
-            if isinstance(answer, dict):
-                got.update(answer)
-                self.answered += 1
-        return got
-
-    def close(self) -> None:
-        for proc, out in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-            out.close()
-
-
 def scan_part(root: str, strip: bool, with_names: bool, stdin, stdout) -> int:
-    """A scan-part child: chunks from stdin until it closes, {chunk: tally data} to stdout."""
-    done = {}
-    while True:
-        head = stdin.read(8)
-        if len(head) != 8:
-            break
-        number, size = struct.unpack("<II", head)
-        rels = marshal.loads(stdin.read(size))
-        done[number] = tally_rels(root, strip, with_names, rels)
-    stdout.write(marshal.dumps(done))
-    stdout.flush()
-    return 0
-
+    """A scan-part child: the tally data of each chunk of entries it is given."""
+    return chunks.serve(lambda rels: tally_rels(root, strip, with_names, rels), stdin, stdout)
 
 def _count(items: list, one: str, many: str) -> str:
     return f"{len(items)} {one if len(items) == 1 else many}"
