@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 28fdae8d3170bd5fb8b9b68858ef8cbce7480b87d14885ff8f6d3894f50260a3
+# sha256 of this file with these 64 digits zeroed: 6b2c88ed86e6100ece79370a8feb7aa77c564947bdf72933f6e123b2719f9d43
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00
-readonly RB_KIT_FILE=.kit/bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00.tar
+readonly RB_KIT_SHA256=eae18e57437e798685e5b37b2267171077614b23e2200f525640e5626a0951cf
+readonly RB_KIT_FILE=.kit/eae18e57437e798685e5b37b2267171077614b23e2200f525640e5626a0951cf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 4ee19c9650660fba41b8ef0a0ff70c5458ecf20092160aae44f3275d8d5237c1
+# sha256 of this file with these 64 digits zeroed: 9cd5bf48153aa5df827d33789af13dc8d65d2e9bf27047d1434d88dd22ed551b
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00
-readonly RB_KIT_FILE=.kit/bb088f154552d0b8777f1edbc3596ab013b67db1685a3d06eb32991d96ed2a00.tar
+readonly RB_KIT_SHA256=eae18e57437e798685e5b37b2267171077614b23e2200f525640e5626a0951cf
+readonly RB_KIT_FILE=.kit/eae18e57437e798685e5b37b2267171077614b23e2200f525640e5626a0951cf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

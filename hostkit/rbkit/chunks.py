@@ -69,7 +69,9 @@ class Workers:
             return                                   # taken by the parent, in the end
         data = marshal.dumps(chunk)
         try:
-            self._procs[k][0].stdin.write(struct.pack("<II", number, len(data)) + data)
+            stdin = self._procs[k][0].stdin
+            stdin.write(struct.pack("<II", number, len(data)) + data)
+            stdin.flush()                            # the child starts on it now
         except OSError:
             self._dead.add(k)
 
