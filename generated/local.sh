@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 9cd5bf48153aa5df827d33789af13dc8d65d2e9bf27047d1434d88dd22ed551b
+# sha256 of this file with these 64 digits zeroed: d6931bf3ba8406b8f50dc99dd13d90a869119c4dacf1184fa915d8174948db6c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=eae18e57437e798685e5b37b2267171077614b23e2200f525640e5626a0951cf
-readonly RB_KIT_FILE=.kit/eae18e57437e798685e5b37b2267171077614b23e2200f525640e5626a0951cf.tar
+readonly RB_KIT_SHA256=cc78679348ff8f3ccb1c89d507ce747da5a72829acd7f09d2eab9313c14a3e59
+readonly RB_KIT_FILE=.kit/cc78679348ff8f3ccb1c89d507ce747da5a72829acd7f09d2eab9313c14a3e59.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -110,29 +110,17 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
          ) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every entry below root, sorted (unless not `ordered`: the order
     the directories give), excludes pruned."""
-    patterns = list(patterns)
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        full = os.path.join(root, rel_dir) if rel_dir else root
-        with os.scandir(full) as it:
-            entries = sorted(it, key=lambda e: e.name) if ordered else list(it)
-        subdirs = []
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if rel in SKIP_NAMES or (patterns and excluded(rel, patterns)):
-                continue
-            st = entry.stat(follow_symlinks=False)
-            yield rel, st
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(rel)
-        stack.extend(reversed(subdirs))
+    return _walk(root, patterns, ordered, True)
 
 
 def walk_names(root: str, patterns: Iterable[str] = (), ordered: bool = True) -> Iterator[str]:
     """The relative paths `walk` gives, in its order, without an lstat of each (a directory is
     known by the directory entry's type): what the children of hostfs.scan and verify then take
     the lstat of (rbkit.chunks)."""
+    return (rel for rel, _st in _walk(root, patterns, ordered, False))
+
+
+def _walk(root: str, patterns: Iterable[str], ordered: bool, lstat: bool) -> Iterator[tuple]:
     patterns = list(patterns)
     stack = [""]
     while stack:
@@ -145,9 +133,15 @@ def walk_names(root: str, patterns: Iterable[str] = (), ordered: bool = True) ->
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             if rel in SKIP_NAMES or (patterns and excluded(rel, patterns)):
                 continue
-            yield rel
-            if entry.is_dir(follow_symlinks=False):
-                subdirs.append(rel)
+            if lstat:
+                st = entry.stat(follow_symlinks=False)
+                yield rel, st
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(rel)
+            else:
+                yield rel, None
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(rel)
         stack.extend(reversed(subdirs))
 
 
