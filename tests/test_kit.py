@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import chunks, exports, hostfs, manifest, relocate
+from rbkit import exports, hostfs, manifest, relocate
 
 
 def make_tree(root: Path, python: bool = False) -> None:
@@ -82,50 +82,6 @@ def test_verify_names_every_kind_of_difference(tree, tmp_path):
     assert "differs: lib/python3.11/site-packages/pkg/data.bin (content" in text
     assert "differs: bin/tool (m:" in text
     assert "differs: lib64 (l: expected lib, found /usr/lib)" in text
-
-
-def test_verify_by_children_names_what_one_walk_names(tree, tmp_path, monkeypatch):
-    """On a host with cores, children take the lstat and comparison of the staging's entries in
-    chunks (rbkit.chunks): the same verdict and the same lists as one walk, with files checked
-    by the stream's digests (one of them wrong), files read and hashed, and every kind of
-    difference; a child that cannot start leaves its chunks to the verify's own process."""
-    pkg = tree / "lib" / "python3.11" / "site-packages" / "many"
-    pkg.mkdir()
-    for i in range(40):
-        (pkg / f"m{i:02d}.py").write_text(str(i))
-    m = manifest.build(str(tree), ["__pycache__", "*.pyc"], "sha256")
-    copy = tmp_path / "copy"
-    subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
-    received = {}
-    for e in m["entries"]:
-        if e["t"] == "f" and e["p"].startswith("lib/python3.11/site-packages/many/m1"):
-            st = os.lstat(copy / e["p"])
-            received[e["p"]] = [e["h"], st.st_ino, st.st_ctime_ns, st.st_size]
-    received["lib/python3.11/site-packages/many/m10.py"][0] = "0" * 64   # the stream said so
-    (copy / "lib" / "python3.11" / "site-packages" / "many" / "m21.py").unlink()
-    (copy / "lib" / "python3.11" / "site-packages" / "many" / "m22.py").write_text("changed")
-    (copy / "lib" / "python3.11" / "site-packages" / "many" / "extra.py").write_text("x")
-    (copy / "bin" / "tool").chmod(0o644)
-    monkeypatch.setattr(chunks, "CHUNK", 6)
-    one = manifest.verify(str(copy), m, jobs=2, received=received, children=0)
-    many = manifest.verify(str(copy), m, jobs=2, received=received, children=3)
-    assert (one.pop("children"), many.pop("children")) == (0, 3)
-    assert many == one and not one["ok"] and one["streamed"] == 10 and one["hashed"] > 30
-    text = "\n".join(manifest.describe(one))
-    for line in ("missing: lib/python3.11/site-packages/many/m21.py",
-                 "extra:   lib/python3.11/site-packages/many/extra.py",
-                 "differs: lib/python3.11/site-packages/many/m10.py (content",
-                 "differs: lib/python3.11/site-packages/many/m22.py (s:",
-                 "differs: bin/tool (m:"):
-        assert line in text, text
-    monkeypatch.setattr(chunks.sys, "executable", "/bin/false")
-    lost = manifest.verify(str(copy), m, jobs=2, received=received, children=3)
-    assert lost.pop("children") == 0 and lost == one
-    subprocess.run(["cp", "-a", str(tree), str(tmp_path / "exact")], check=True)
-    monkeypatch.undo()
-    monkeypatch.setattr(chunks, "CHUNK", 6)
-    exact = manifest.verify(str(tmp_path / "exact"), m, jobs=2, children=3)
-    assert exact["ok"] and exact["children"] == 3, manifest.describe(exact)
 
 
 def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):

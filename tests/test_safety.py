@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import chunks, exports, hostfs, manifest, relocate, swapfs
+from rbkit import exports, hostfs, manifest, relocate, swapfs
 
 ROOT = os.geteuid() == 0
 
@@ -494,53 +494,6 @@ def test_scan_judges_room_by_apparent_size_for_sparse_files(tmp_path):
     assert doc["disk_bytes"] < (1 << 20)
     assert doc["need_bytes"] >= 64 << 20, "tar writes the zeros out: room for the apparent size"
     assert doc["sparse_files"] == ["lib/big.img"] and doc["sparse_count"] == 1
-
-
-def test_a_scan_by_child_pythons_is_the_scan_of_one_walk(tmp_path, monkeypatch):
-    """On a host with cores, children take the lstat and tally of the walk's entries in chunks:
-    every fact, the tar -T list and the stat record must be those of one walk, with each kind of
-    entry the scan judges (setuid, world-writable, links in and out, a FIFO, a device as root, a
-    sparse file, a name that is not UTF-8, excluded and never-sent names); a child that cannot
-    start leaves its chunks to the scan's own process."""
-    root = special_tree(tmp_path)
-    (root / "lib64").symlink_to("lib")
-    (root / "etc-link").symlink_to("/etc")
-    os.mkfifo(root / "share" / "pipe")
-    if ROOT:
-        try:
-            os.mknod(root / "disk", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
-        except PermissionError:
-            pass
-    with open(root / "lib" / "big.img", "wb") as f:
-        f.truncate(8 << 20)
-    (root / os.fsdecode(b"caf\xe9.txt")).write_text("latin-1 name")
-    for d in range(6):
-        pkg = root / "lib" / "python3.11" / "site-packages" / f"p{d}" / "sub"
-        pkg.mkdir(parents=True)
-        for i in range(9):
-            (pkg.parent / f"m{i}.py").write_text(str(i))
-            (pkg / f"__pycache__").mkdir(exist_ok=True)
-            (pkg / "__pycache__" / f"m{i}.pyc").write_bytes(b"x")
-    (root / manifest.SKIP_NAMES[0]).write_text("{}")
-    monkeypatch.setattr(chunks, "CHUNK", 7)
-
-    def scan(jobs, tag, **kw):
-        names = tmp_path / f"names-{tag}"
-        doc = hostfs.scan(str(root), ["__pycache__", "*.pyc"], str(names), jobs=jobs, **kw)
-        return (doc, names.read_bytes(),
-                Path(str(names) + manifest.SCAN_SUFFIX).read_bytes())
-
-    for kw in ({}, {"special_modes": "strip", "outside_links": "keep"}):
-        one, one_names, one_stat = scan(0, "one", **kw)
-        many, many_names, many_stat = scan(3, "many", **kw)
-        assert (one.pop("scan_workers"), many.pop("scan_workers")) == (0, 3)
-        assert many == one and many_names == one_names and many_stat == one_stat
-        assert one["files"] > 60 and one["refusal"] and one_names.count(b"\0") > 80
-    monkeypatch.setattr(chunks.sys, "executable", "/bin/false")
-    lost, lost_names, lost_stat = scan(3, "lost")
-    one, one_names, one_stat = scan(0, "one")
-    assert (lost.pop("scan_workers"), one.pop("scan_workers")) == (0, 0)
-    assert lost == one and lost_names == one_names and lost_stat == one_stat
 
 
 def backups_of(parent: Path) -> list[str]:

@@ -59,26 +59,6 @@ def test_the_scan_and_the_static_checks_answer_in_one_process(tmp_path):
     assert got["facts"]["audit_rc"] == "0" and got["facts"]["audit_skipped"] == "0"
 
 
-def test_the_scan_by_child_pythons_answers_the_same_facts(tmp_path, monkeypatch):
-    """RBKIT_WALK_JOBS=3 (what a host of 6 or more cores does by itself): the engine's scan of a
-    tree of more than one chunk (chunks.CHUNK entries) is taken by three child Pythons
-    beside the listing, and answers what one walk answers."""
-    src = tmp_path / "venv"
-    make_tree(src, python=True)
-    many = src / "lib" / "python3.11" / "site-packages" / "many"
-    many.mkdir()
-    for i in range(2600):
-        (many / f"m{i:04d}.py").write_text("")
-    facts = {}
-    for jobs in ("0", "3"):
-        monkeypatch.setenv("RBKIT_WALK_JOBS", jobs)
-        got = source(src)
-        assert got["rc"] == 0 and got["done"][0] == "ok", got
-        facts[jobs] = got["facts"]
-    assert (facts["0"].pop("scan_workers"), facts["3"].pop("scan_workers")) == ("0", "3")
-    assert facts["3"] == facts["0"] and int(facts["0"]["files"]) > 2600
-
-
 def test_a_failed_check_names_its_type_and_its_problems_reach_the_log(tmp_path):
     src = tmp_path / "venv"
     make_tree(src, python=True)

@@ -4,8 +4,6 @@
     manifest verify ROOT MANIFEST [...]    a tree against a manifest (differences on stderr)
     relocate ROOT --old OLD --new NEW      rewrite what names OLD in a venv's bin/ (by hand)
     elsewhere --fd N --old OLD...          text files outside bin/ naming OLD (relocate's report)
-    scan-part ROOT [--strip] [--names]     chunks of the source's scan (hostfs.scan's children)
-    verify-part ROOT ALGO                  chunks of a staging's verify (manifest.verify's)
     report --events E --out R [...]        the run's report from its event log (on the head)
     engine ...                             the install engine (serve.py): every step of a move
 
@@ -79,19 +77,6 @@ def cmd_elsewhere(a) -> int:
     return 0
 
 
-def cmd_scan_part(a) -> int:
-    """A child of the source's scan (hostfs._ScanWorkers): the tallies of the chunks it is
-    given on stdin."""
-    from . import hostfs
-    return hostfs.scan_part(a.root, a.strip, a.names, sys.stdin.buffer, sys.stdout.buffer)
-
-
-def cmd_verify_part(a) -> int:
-    """A child of a staging's verify (manifest.verify): the chunks of entries it is given."""
-    from . import manifest
-    return manifest.verify_part(a.root, a.algo, sys.stdin.buffer, sys.stdout.buffer)
-
-
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
     doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
@@ -143,15 +128,6 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--fd", type=int, required=True, help="an inherited descriptor of the tree")
     e.add_argument("--old", action="append", required=True)
     e.set_defaults(fn=cmd_elsewhere)
-    sp = sub.add_parser("scan-part", help="a child of the source's scan: tallies of entries")
-    sp.add_argument("root")
-    sp.add_argument("--strip", action="store_true")
-    sp.add_argument("--names", action="store_true")
-    sp.set_defaults(fn=cmd_scan_part)
-    vp = sub.add_parser("verify-part", help="a child of a verify: its chunks of entries compared")
-    vp.add_argument("root")
-    vp.add_argument("algo")
-    vp.set_defaults(fn=cmd_verify_part)
     sub.add_parser("engine", help="the install engine: python -m rbkit engine --help")
     rp = sub.add_parser("report")
     rp.add_argument("--name", required=True)

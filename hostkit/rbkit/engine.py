@@ -776,7 +776,7 @@ def verify(ctx: Context) -> Result:
     listed = kitmanifest.describe(result)
     for line in listed:
         ctx.log(line)
-    facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed", "children")}
+    facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
     if not result["ok"]:
         _cancel_elsewhere(ctx)
         raise StepError("the copy in %s differs from the source manifest (listed above); the "

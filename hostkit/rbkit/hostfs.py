@@ -19,7 +19,7 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import chunks, manifest, safefs
+from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
@@ -83,8 +83,7 @@ def link_escapes(root: str, rel: str, target: str, max_hops: int = 40) -> bool:
 
 
 def scan(root: str, patterns, names_path: Optional[str] = None, *,
-         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50,
-         jobs: Optional[int] = None) -> dict:
+         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
     and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
@@ -95,11 +94,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     that leave the tree, the venv's bin/python* excepted: refused unless `keep`) and `devices`
     (never moved); `refusal` is the text preflight fails with, "" when nothing is refused.
     `need_bytes` is the room the copy takes: each file at the larger of its apparent size and its
-    blocks (tar writes a sparse file's holes out).
-
-    On a host with cores to spare, child Pythons take the entries' lstat and tally in chunks
-    while this process lists the tree (`jobs`, default chunks.jobs(); `scan_workers`: how many
-    answered); the result is byte for byte the one of a single walk."""
+    blocks (tar writes a sparse file's holes out)."""
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
     patterns = list(patterns)
@@ -121,126 +116,65 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             if key.strip() in ("version", "version_info", "home"):
                 out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
-        t = _tally_tree(root, patterns, special_modes == "strip", bool(names_path), jobs)
+        files = dirs = links = 0
+        apparent = disk = need = 0
+        names: List[bytes] = []
+        special: List[dict] = []
+        outside: List[dict] = []
+        devices: List[str] = []
+        sparse: List[str] = []
+        not_utf8: List[str] = []
+        lines: List[bytes] = []
+        strip = special_modes == "strip"
+        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        for rel, st in manifest.walk(root, patterns):
+            values = manifest.stat_values(root, rel, st, strip)
+            try:
+                lines.append(manifest.values_line(values))
+            except UnicodeEncodeError:
+                # a name (or link target) of bytes that are not UTF-8: no manifest records it
+                not_utf8.append(_shown(rel))
+            if names_path:
+                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
+            blocks = st.st_blocks * 512
+            disk += blocks
+            mode = stat.S_IMODE(st.st_mode)
+            if values[1] == "l":
+                links += 1
+                need += blocks
+                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, values[4]):
+                    outside.append({"p": rel, "l": values[4]})
+                continue
+            if mode & manifest.SPECIAL_BITS:
+                special.append({"p": rel, "m": _octal(mode)})
+            if stat.S_ISREG(st.st_mode):
+                files += 1
+                apparent += st.st_size
+                need += max(blocks, -(-st.st_size // 4096) * 4096)
+                if blocks + 4096 <= st.st_size:
+                    sparse.append(rel)
+            elif stat.S_ISDIR(st.st_mode):
+                dirs += 1
+                need += max(blocks, 4096)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                devices.append(rel)
         if names_path:
             # this run's private files: no fsync
-            safefs.write_file(names_path, b"".join(t.names), 0o600, sync=False)
+            safefs.write_file(names_path, b"".join(names), 0o600, sync=False)
             safefs.write_file(names_path + manifest.SCAN_SUFFIX,
-                              manifest.scan_header(root, patterns, special_modes == "strip")
-                              + b"".join(t.lines), 0o600, sync=False)
-        out.update(files=t.files, dirs=t.dirs, links=t.links, bytes=t.apparent,
-                   disk_bytes=t.disk, need_bytes=t.need,
-                   stat_fingerprint=hashlib.sha256(b"".join(t.lines)).hexdigest(),
-                   special_modes=t.special[:limit], special_modes_count=len(t.special),
-                   special_modes_action=special_modes, outside_links=t.outside[:limit],
-                   outside_links_count=len(t.outside), devices=t.devices[:limit],
-                   sparse_files=t.sparse[:limit], sparse_count=len(t.sparse),
-                   scan_workers=t.workers)
-        out["refusal"] = _refusal(t.special, special_modes, t.outside, outside_links, t.devices,
-                                  t.not_utf8)
+                              manifest.scan_header(root, patterns, strip) + b"".join(lines), 0o600,
+                              sync=False)
+        out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
+                   need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),
+                   special_modes=special[:limit], special_modes_count=len(special),
+                   special_modes_action=special_modes, outside_links=outside[:limit],
+                   outside_links_count=len(outside), devices=devices[:limit],
+                   sparse_files=sparse[:limit], sparse_count=len(sparse))
+        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices,
+                                  not_utf8)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
 
-
-class _Tally:
-    """What `scan` adds up over a walk's entries, in the walk's order: each entry's stat line
-    (manifest.values_line), its name for tar -T, the counts, and what must not move silently."""
-
-    FIELDS = ("files", "dirs", "links", "apparent", "disk", "need")
-    LISTS = ("lines", "names", "special", "outside", "devices", "sparse", "not_utf8")
-
-    def __init__(self, root: str, strip: bool, with_names: bool) -> None:
-        self.root, self.strip, self.with_names = root, strip, with_names
-        self.files = self.dirs = self.links = self.apparent = self.disk = self.need = 0
-        self.lines: List[bytes] = []
-        self.names: List[bytes] = []
-        self.special: List[dict] = []
-        self.outside: List[dict] = []
-        self.devices: List[str] = []
-        self.sparse: List[str] = []
-        self.not_utf8: List[str] = []
-        self.workers = 0
-
-    def add(self, rel: str, st: os.stat_result) -> None:
-        values = manifest.stat_values(self.root, rel, st, self.strip)
-        try:
-            self.lines.append(manifest.values_line(values))
-        except UnicodeEncodeError:
-            # a name (or link target) of bytes that are not UTF-8: no manifest records it
-            self.not_utf8.append(_shown(rel))
-        if self.with_names:
-            self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
-        blocks = st.st_blocks * 512
-        self.disk += blocks
-        mode = stat.S_IMODE(st.st_mode)
-        if values[1] == "l":
-            self.links += 1
-            self.need += blocks
-            if not INTERPRETER_LINK.match(rel) and link_escapes(self.root, rel, values[4]):
-                self.outside.append({"p": rel, "l": values[4]})
-            return
-        if mode & manifest.SPECIAL_BITS:
-            self.special.append({"p": rel, "m": _octal(mode)})
-        if stat.S_ISREG(st.st_mode):
-            self.files += 1
-            self.apparent += st.st_size
-            self.need += max(blocks, -(-st.st_size // 4096) * 4096)
-            if blocks + 4096 <= st.st_size:
-                self.sparse.append(rel)
-        elif stat.S_ISDIR(st.st_mode):
-            self.dirs += 1
-            self.need += max(blocks, 4096)
-        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-            self.devices.append(rel)
-
-    def data(self) -> tuple:
-        """Plain data (marshal): the counts, then the lists."""
-        return (tuple(getattr(self, k) for k in self.FIELDS),
-                tuple(getattr(self, k) for k in self.LISTS))
-
-    def merge(self, data: tuple) -> None:
-        """Add another tally's data, as if its entries came next in the walk."""
-        counts, lists = data
-        for k, v in zip(self.FIELDS, counts):
-            setattr(self, k, getattr(self, k) + v)
-        for k, v in zip(self.LISTS, lists):
-            getattr(self, k).extend(v)
-
-
-def tally_rels(root: str, strip: bool, with_names: bool, rels: List[str]) -> tuple:
-    """The tally data of these entries (paths relative to root, in the walk's order), each
-    taken by lstat."""
-    part = _Tally(root, strip, with_names)
-    for rel in rels:
-        part.add(rel, os.lstat(os.path.join(root, rel)))
-    return part.data()
-
-
-def _tally_tree(root: str, patterns: List[str], strip: bool, with_names: bool,
-                jobs: Optional[int]) -> _Tally:
-    """The tally of manifest.walk(root, patterns): by this process alone, or with `jobs` child
-    Pythons (default chunks.jobs(); `rbkit scan-part`) taking the lstat and tally of each chunk
-    of entries while this process lists the tree by name (manifest.walk_names: the same entries
-    in the same order); the chunks' tallies are added in their order (rbkit.chunks)."""
-    n = chunks.jobs() if jobs is None else jobs
-    tally = _Tally(root, strip, with_names)
-    if n < 2:
-        for rel, st in manifest.walk(root, patterns):
-            tally.add(rel, st)
-        return tally
-    args = ["scan-part", root] + (["--strip"] if strip else []) + (
-        ["--names"] if with_names else [])
-    parts, tally.workers = chunks.by_children(
-        chunks.split(manifest.walk_names(root, patterns)), args, n,
-        lambda rels: tally_rels(root, strip, with_names, rels))
-    for part in parts:
-        tally.merge(part)
-    return tally
-
-
-def scan_part(root: str, strip: bool, with_names: bool, stdin, stdout) -> int:
-    """A scan-part child: the tally data of each chunk of entries it is given."""
-    return chunks.serve(lambda rels: tally_rels(root, strip, with_names, rels), stdin, stdout)
 
 def _count(items: list, one: str, many: str) -> str:
     return f"{len(items)} {one if len(items) == 1 else many}"

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
-from . import chunks, safefs
+from . import safefs
 
 SCHEMA = 1
 CHUNK = 1 << 20
@@ -110,17 +110,6 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
          ) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every entry below root, sorted (unless not `ordered`: the order
     the directories give), excludes pruned."""
-    return _walk(root, patterns, ordered, True)
-
-
-def walk_names(root: str, patterns: Iterable[str] = (), ordered: bool = True) -> Iterator[str]:
-    """The relative paths `walk` gives, in its order, without an lstat of each (a directory is
-    known by the directory entry's type): what the children of hostfs.scan and verify then take
-    the lstat of (rbkit.chunks)."""
-    return (rel for rel, _st in _walk(root, patterns, ordered, False))
-
-
-def _walk(root: str, patterns: Iterable[str], ordered: bool, lstat: bool) -> Iterator[tuple]:
     patterns = list(patterns)
     stack = [""]
     while stack:
@@ -133,15 +122,10 @@ def _walk(root: str, patterns: Iterable[str], ordered: bool, lstat: bool) -> Ite
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             if rel in SKIP_NAMES or (patterns and excluded(rel, patterns)):
                 continue
-            if lstat:
-                st = entry.stat(follow_symlinks=False)
-                yield rel, st
-                if stat.S_ISDIR(st.st_mode):
-                    subdirs.append(rel)
-            else:
-                yield rel, None
-                if entry.is_dir(follow_symlinks=False):
-                    subdirs.append(rel)
+            st = entry.stat(follow_symlinks=False)
+            yield rel, st
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(rel)
         stack.extend(reversed(subdirs))
 
 
@@ -506,7 +490,7 @@ def _is_inode(st: os.stat_result, path: str) -> bool:
 
 def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
            linked_from: Optional[str] = None, received: Optional[dict] = None,
-           linked_inodes: Optional[dict] = None, children: Optional[int] = None) -> dict:
+           linked_inodes: Optional[dict] = None) -> dict:
     """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`).
     With `linked_from`, a file that is a hard link of the same path there (an incremental install's
     staging: unchanged files linked from the previous install) is checked by stat, not read;
@@ -514,76 +498,49 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
     that is still the inode linked is such a link without a look at `linked_from`.
     With `received` ({path: [digest, inode, ctime_ns, size]}: what the receiving end hashed from
     the stream and the inode it wrote), a file that still has that inode, ctime and size is
-    checked by that digest, not read (`streamed`); any other file is read and hashed.
-
-    Without `linked_from`, on a host with cores to spare, `children` child Pythons (default
-    rbkit.chunks.jobs(); `rbkit verify-part`) take the lstat and comparison of the entries in
-    chunks while this process lists the tree (`children` in the result: how many answered)."""
+    checked by that digest, not read (`streamed`); any other file is read and hashed."""
     algo = manifest["header"]["algo"]
     want = {e["p"]: e for e in manifest["entries"]}
     received = received or {}
-    excludes = manifest["header"].get("excludes", ())
     extra: list[str] = []
+    seen: set = set()
     differ: list[dict] = []
     to_hash = []
-    linked = streamed = answered = 0
-    n = chunks.jobs() if children is None else children
-    if linked_from is None and n >= 2:
-        seen = 0
-
-        def listed():
-            nonlocal seen
-            for rel in walk_names(root, excludes, ordered=False):
-                w = want.get(rel)
-                if w is None:
-                    extra.append(rel)
+    linked = streamed = 0
+    # one pass, in the order the directories give (what is compared is keyed by path); what the
+    # move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
+    for rel, st in walk(root, manifest["header"].get("excludes", ()), ordered=False):
+        w = want.get(rel)
+        if w is None:
+            extra.append(rel)
+            continue
+        seen.add(rel)
+        v = stat_values(root, rel, st)
+        kind = v[1]
+        for key, value in zip(("t", "m", "s", "l"), v[1:5]):
+            if w.get(key) != value:
+                differ.append({"p": rel, "what": key, "want": w.get(key), "have": value})
+                break
+        else:
+            if kind == "f" and algo != "none":
+                if linked_from and ((st.st_dev, st.st_ino) == linked_inodes.get(rel)
+                                    if linked_inodes is not None
+                                    else _is_inode(st, os.path.join(linked_from, rel))):
+                    linked += 1
                     continue
-                seen += 1
-                yield (rel, w, received.get(rel))
-
-        parts, answered = chunks.by_children(chunks.split(listed()), ["verify-part", root, algo],
-                                             n, lambda items: compare_items(root, algo, items))
-        for part_differ, part_hash, part_streamed in parts:
-            differ.extend(part_differ)
-            to_hash.extend(want[rel] for rel in part_hash)
-            streamed += part_streamed
-        missing_any = seen != len(want)
-        seen_set = None
-    else:
-        seen_set = set()
-        is_linked = None
-        if linked_from:
-            def is_linked(rel: str, st: os.stat_result) -> bool:
-                if linked_inodes is not None:
-                    return (st.st_dev, st.st_ino) == linked_inodes.get(rel)
-                return _is_inode(st, os.path.join(linked_from, rel))
-        # one pass, in the order the directories give (what is compared is keyed by path); what
-        # the move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
-        for rel, st in walk(root, excludes, ordered=False):
-            w = want.get(rel)
-            if w is None:
-                extra.append(rel)
-                continue
-            seen_set.add(rel)
-            outcome, diff = compare(root, rel, st, w, received.get(rel), algo, is_linked)
-            if diff is not None:
-                differ.append(diff)
-            if outcome == "linked":
-                linked += 1
-            elif outcome == "streamed":
-                streamed += 1
-            elif outcome == "hash":
+                got = received.get(rel)
+                if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
+                    streamed += 1
+                    if w.get("h") != got[0]:
+                        differ.append({"p": rel, "what": "content", "want": w.get("h"),
+                                       "have": got[0]})
+                    continue
                 to_hash.append(w)
-        missing_any = len(seen_set) != len(want)
     if to_hash:
         for w, h in zip(to_hash, digests(root, [w["p"] for w in to_hash], algo, jobs)):
             if w.get("h") != h:
                 differ.append({"p": w["p"], "what": "content", "want": w.get("h"), "have": h})
-    missing: list[str] = []
-    if missing_any:
-        if seen_set is None:    # listed again, by name: only when something is missing
-            seen_set = {rel for rel in walk_names(root, excludes, ordered=False) if rel in want}
-        missing = sorted(set(want) - seen_set)
+    missing = sorted(set(want) - seen) if len(seen) != len(want) else []
     extra.sort()
     ok = not (missing or extra or differ)
     return {
@@ -593,52 +550,11 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
         "hashed": len(to_hash),
         "linked": linked,
         "streamed": streamed,
-        "children": answered,
         "missing": missing[:limit],
         "extra": extra[:limit],
         "differ": sorted(differ, key=lambda d: d["p"])[:limit],
         "counts": {"missing": len(missing), "extra": len(extra), "differ": len(differ)},
     }
-
-
-def compare(root: str, rel: str, st: os.stat_result, w: dict, got: Optional[list], algo: str,
-            is_linked: Optional[Callable[[str, os.stat_result], bool]] = None) -> tuple:
-    """One entry of `verify` against its manifest entry `w`: (outcome, difference or None), the
-    outcome "ok", "differ" (type, mode, size or link target), "linked" (checked by `is_linked`),
-    "streamed" (by the stream's digest `got`, which may differ) or "hash" (to be read)."""
-    v = stat_values(root, rel, st)
-    for key, value in zip(("t", "m", "s", "l"), v[1:5]):
-        if w.get(key) != value:
-            return "differ", {"p": rel, "what": key, "want": w.get(key), "have": value}
-    if v[1] != "f" or algo == "none":
-        return "ok", None
-    if is_linked is not None and is_linked(rel, st):
-        return "linked", None
-    if got and got[0] and list(got[1:]) == [st.st_ino, st.st_ctime_ns, st.st_size]:
-        if w.get("h") != got[0]:
-            return "streamed", {"p": rel, "what": "content", "want": w.get("h"), "have": got[0]}
-        return "streamed", None
-    return "hash", None
-
-
-def compare_items(root: str, algo: str, items: list) -> tuple:
-    """A chunk of `verify`'s entries ((path, manifest entry, stream's record) each), taken by
-    lstat: (differences, paths to read and hash, files checked by the stream's digests)."""
-    differ, to_hash, streamed = [], [], 0
-    for rel, w, got in items:
-        outcome, diff = compare(root, rel, os.lstat(os.path.join(root, rel)), w, got, algo)
-        if diff is not None:
-            differ.append(diff)
-        if outcome == "streamed":
-            streamed += 1
-        elif outcome == "hash":
-            to_hash.append(rel)
-    return differ, to_hash, streamed
-
-
-def verify_part(root: str, algo: str, stdin, stdout) -> int:
-    """A verify-part child: compare_items of each chunk it is given."""
-    return chunks.serve(lambda items: compare_items(root, algo, items), stdin, stdout)
 
 
 def describe(result: dict) -> list[str]:

@@ -279,7 +279,7 @@ def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
     if out.get("refusal"):
         raise SourceRefused("source %s: %s" % (root, out["refusal"]))
     facts = {k: out.get(k) for k in ("files", "dirs", "links", "bytes", "disk_bytes",
-                                     "need_bytes", "stat_fingerprint", "scan_workers")}
+                                     "need_bytes", "stat_fingerprint")}
     # what the destination compares itself with (never the source, nor inside it)
     facts["identity"] = json.dumps(hostfs.identity(root), sort_keys=True, separators=(",", ":"))
     facts["compressors"] = ",".join(n for n, c in sorted(COMPRESSION.items())
