@@ -99,8 +99,9 @@ def _exclusion(patterns: tuple) -> Callable[[str], bool]:
     regex = re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in rest)
                        ).search if rest else None
 
-    def test(rel: str) -> bool:
-        name = rel[rel.rfind("/") + 1:]
+    def test(rel: str, name: Optional[str] = None) -> bool:
+        if name is None:
+            name = rel[rel.rfind("/") + 1:]
         return name in names or name.endswith(ends) or (regex is not None and
                                                          regex(rel) is not None)
     return test
@@ -110,7 +111,8 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
          ) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every entry below root, sorted (unless not `ordered`: the order
     the directories give), excludes pruned."""
-    patterns = list(patterns)
+    patterns = tuple(patterns)
+    test = _exclusion(patterns) if patterns else None      # looked up once, not per entry
     stack = [""]
     while stack:
         rel_dir = stack.pop()
@@ -119,8 +121,9 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
             entries = sorted(it, key=lambda e: e.name) if ordered else list(it)
         subdirs = []
         for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if rel in SKIP_NAMES or (patterns and excluded(rel, patterns)):
+            name = entry.name
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if rel in SKIP_NAMES or (test is not None and test(rel, name)):
                 continue
             st = entry.stat(follow_symlinks=False)
             yield rel, st
@@ -517,25 +520,25 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
         seen.add(rel)
         v = stat_values(root, rel, st)
         kind = v[1]
-        for key, value in zip(("t", "m", "s", "l"), v[1:5]):
-            if w.get(key) != value:
-                differ.append({"p": rel, "what": key, "want": w.get(key), "have": value})
-                break
-        else:
-            if kind == "f" and algo != "none":
-                if linked_from and ((st.st_dev, st.st_ino) == linked_inodes.get(rel)
-                                    if linked_inodes is not None
-                                    else _is_inode(st, os.path.join(linked_from, rel))):
-                    linked += 1
-                    continue
-                got = received.get(rel)
-                if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
-                    streamed += 1
-                    if w.get("h") != got[0]:
-                        differ.append({"p": rel, "what": "content", "want": w.get("h"),
-                                       "have": got[0]})
-                    continue
-                to_hash.append(w)
+        expected = (w.get("t"), w.get("m"), w.get("s"), w.get("l"))
+        if expected != v[1:5]:
+            key, want_v, value = next(d for d in zip(("t", "m", "s", "l"), expected, v[1:5])
+                                      if d[1] != d[2])
+            differ.append({"p": rel, "what": key, "want": want_v, "have": value})
+        elif kind == "f" and algo != "none":
+            if linked_from and ((st.st_dev, st.st_ino) == linked_inodes.get(rel)
+                                if linked_inodes is not None
+                                else _is_inode(st, os.path.join(linked_from, rel))):
+                linked += 1
+                continue
+            got = received.get(rel)
+            if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
+                streamed += 1
+                if w.get("h") != got[0]:
+                    differ.append({"p": rel, "what": "content", "want": w.get("h"),
+                                   "have": got[0]})
+                continue
+            to_hash.append(w)
     if to_hash:
         for w, h in zip(to_hash, digests(root, [w["p"] for w in to_hash], algo, jobs)):
             if w.get("h") != h:
