@@ -41,9 +41,24 @@ def clean_env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """The wheel of this checkout's files as git would carry them (tracked and not ignored),
+    built from a copy: setuptools builds in the tree's own build/, where a module deleted since
+    an earlier build is still there and would go into the wheel (a clean clone has no build/)."""
     out = tmp_path_factory.mktemp("wheel")
+    src = out / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, listed.decode("utf-8", "surrogateescape").split("\0")):
+        here = ROOT / rel
+        if not here.is_symlink() and not here.is_file():
+            continue                                  # deleted, and not yet committed
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        if here.is_symlink():                         # compiler/templates -> ../templates
+            os.symlink(os.readlink(here), src / rel)
+        else:
+            shutil.copy2(here, src / rel)
     sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
-        "-w", out, ROOT], cwd=out)
+        "-w", out, src], cwd=out)
     found = list(out.glob("runbook_compiler-*.whl"))
     assert len(found) == 1, found
     return found[0]
