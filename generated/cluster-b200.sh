@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: c2db32a2b14630d5d04d9541422445b947e45afdde49429bca3807ecff281d06
+# sha256 of this file with these 64 digits zeroed: 9184cc1283888c56178e57f6ae5a9d14c06ba5cc7df1de7bbb884b48d5181b10
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=812f7faec9bc2695df006d74534bf22cebe1cc3698fe49e232c3d1696f0d2ae7
-readonly RB_KIT_FILE=.kit/812f7faec9bc2695df006d74534bf22cebe1cc3698fe49e232c3d1696f0d2ae7.tar
+readonly RB_KIT_SHA256=c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b
+readonly RB_KIT_FILE=.kit/c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

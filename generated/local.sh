@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b0078aeb6b6ecdf4e4764cadbb05cb2b14b4c3c9e96b614d6f8c22ba7deba51f
+# sha256 of this file with these 64 digits zeroed: 2da8bce8a9df2636edb25eb455cbe0224d02585f08295b244a9c20fcbe15289c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=812f7faec9bc2695df006d74534bf22cebe1cc3698fe49e232c3d1696f0d2ae7
-readonly RB_KIT_FILE=.kit/812f7faec9bc2695df006d74534bf22cebe1cc3698fe49e232c3d1696f0d2ae7.tar
+readonly RB_KIT_SHA256=c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b
+readonly RB_KIT_FILE=.kit/c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

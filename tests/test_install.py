@@ -47,8 +47,10 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     src = out / "src"
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout
-    for rel in filter(None, listed.decode("utf-8", "surrogateescape").split("\0")):
+                            cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:                        # not a git checkout: the tree as it is
+        src = ROOT
+    for rel in filter(None, listed.stdout.decode("utf-8", "surrogateescape").split("\0")):
         here = ROOT / rel
         if not here.is_symlink() and not here.is_file():
             continue                                  # deleted, and not yet committed

@@ -80,12 +80,13 @@ def excluded(rel: str, patterns: Iterable[str]) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _exclusion(patterns: tuple) -> Callable[[str], bool]:
+def _exclusion(patterns: tuple) -> Callable[..., bool]:
     """The test `excluded` makes. A pattern without "/" or a wildcard matches a tail only as the
     last component, and `*` then such a text only a last component that ends with it (the text
     has no "/"): a set and a tuple of suffixes, for the usual excludes (`__pycache__`, `*.pyc`).
     Any other pattern goes into one regex: each (fnmatch.translate, anchored at the end) may
-    start at the beginning or after any "/", which is matching it against every tail."""
+    start at the beginning or after any "/", which is matching it against every tail. The test
+    takes the path and, optionally, its last component (a walk has it: one slice less)."""
     names, suffixes, rest = set(), [], []
     for p in patterns:
         text = p[1:] if p.startswith("*") else p
