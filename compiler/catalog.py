@@ -140,6 +140,13 @@ def lookup(model: str) -> Optional[GpuModel]:
     return index.get(_key(model)) or _cores().get(_core(model))
 
 
+def model_names(model: str) -> list[str]:
+    """What a device's name must name to be `model` (the probes' devices check): its catalog
+    name and aliases, or the model as written for one the catalog lacks."""
+    known = lookup(model)
+    return [known.name, *known.aliases] if known else [model]
+
+
 @lru_cache(maxsize=1)
 def _cores() -> dict[str, GpuModel]:
     """`_core` of every name and alias -> its entry (a core two models share is left out)."""

@@ -102,8 +102,7 @@ def probe_config(spec: Spec, dst_host: str) -> dict[str, Any]:
             "count": spec.gpu.count,
             "capability": capability,
             "arch": catalog.arch_of(capability) if capability else None,
-            # what each device's name must name (the devices check): the model and its aliases
-            "names": [known.name, *known.aliases] if known else [spec.gpu.model],
+            "names": catalog.model_names(spec.gpu.model),
         }
     cuda = None
     if spec.cuda:

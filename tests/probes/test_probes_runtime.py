@@ -280,7 +280,7 @@ def test_the_devices_check_proves_the_specs_gpu_model(monkeypatch, device, model
     fake = SimpleNamespace(cuda=_FakeCuda([device], tuple(map(int, known.capability.split(".")))))
     monkeypatch.setattr(checks_runtime, "need_cuda", lambda: fake)
     gpu = {"model": known.name, "count": 1, "capability": known.capability,
-           "names": [known.name, *known.aliases]}
+           "names": catalog.model_names(model)}
     result = check("devices", ctx=Context(gpu=gpu))
     assert (result["status"] == "pass") == names_it, result["reason"]
     if not names_it:
