@@ -270,7 +270,8 @@ def _settings(runbook: Identity, kit: Kit, transfer: Transfer, destination: Dest
                 "the venv"),
         Setting("RB_INCREMENTAL", "1" if t.incremental else "0",
                 "a re-run that finds changes sends only them (see docs/design.md)"),
-        Setting("RB_JOBS", t.jobs, "hashing threads on each host (auto: one per CPU)"),
+        Setting("RB_JOBS", t.jobs, "hashing threads on each host (auto: one per CPU); one stream "
+                "per two where the sending end starts the receiving ends (one host, direct)"),
         Setting("RB_CUDA_HOME", d.cuda_home, "cuda"),
         Setting("RB_ENV_FILE", d.env_file),
     ]

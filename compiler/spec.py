@@ -352,7 +352,9 @@ class Transfer(Model):
     on_existing: Literal["refuse", "backup", "replace"] = "refuse"
     # re-run check: quick compares path/size/mode/mtime on both ends (like rsync); digest re-hashes
     rerun: Literal["quick", "digest"] = "quick"
-    jobs: Optional[Annotated[int, Field(strict=True, ge=1, le=256)]] = None  # None: one per CPU
+    # the cores the kit may use on each host (None: one per CPU): hashing threads, and where the
+    # sending end starts the receiving ends (both on one host, route direct) one stream per two
+    jobs: Optional[Annotated[int, Field(strict=True, ge=1, le=256)]] = None
     # route direct/auto: how the source host reaches the destination with its own ssh setup
     # (default: the destination's `ssh:` and `port:`; keys and known_hosts are the source's own).
     direct: Optional[Host] = None

@@ -17,6 +17,10 @@ from typing import Any
 from . import implied
 
 # the install engine's steps, in order (rbkit.engine.STEPS)
+# rbkit.stream's rule for streams side by side (a test holds the two equal): from this many MB,
+# one stream per two jobs, at most this many
+STREAMS_MIN_MB = 256
+MAX_STREAMS = 8
 ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
 ENGINE_DOCS = {
     "stage": "make a fresh staging beside the destination (on a re-run: unchanged files "
@@ -127,7 +131,17 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
         out.append(f"{on_dst} stage: rm -rf {stg} && mkdir {stg}")
         out.append(f"on {src_host}: tar -C {src} -b 256 --null --no-recursion -T <names to send> -cf - "
                    f"| <compress: {comp_note}> (rbkit engine send)")
-        out.append(f"  | through this machine ({spec.transfer.route}) |")
+        streams = (f"streams side by side from {STREAMS_MIN_MB} MB: one per two of the {jobs} "
+                   f"jobs, at most {MAX_STREAMS}")
+        if src_host == dst_host:
+            out.append(f"  | a pipe on {src_host}, no ssh ({streams}) |")
+        elif spec.transfer.route == "direct":
+            out.append(f"  | ssh from {src_host} to {dst_host} (direct; {streams}) |")
+        elif spec.transfer.route == "auto":
+            out.append(f"  | ssh from {src_host} to {dst_host} where it reaches it (direct; "
+                       f"{streams}), else through this machine (relay) |")
+        else:
+            out.append(f"  | through this machine ({spec.transfer.route}) |")
         out.append(f"on {dst_host}: <decompress> | tar -C {stg} -b 256 -xf - --no-same-owner "
                    "(rbkit engine receive; how much tar has read, every 5 s)")
     elif step == "verify":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 8503ab3e2a1cdb6b77766e3aa63240a80596bec85f151ebd4c99e5427cef728f
+# sha256 of this file with these 64 digits zeroed: 0fc23a191bf5d03af673836816853a38dbbb2016320ab578bce9a6f958dd6960
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b
-readonly RB_KIT_FILE=.kit/c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b.tar
+readonly RB_KIT_SHA256=d6b09f1492de979d6f541dede4fdeffaf540eb713a193839d13aca22a715cb66
+readonly RB_KIT_FILE=.kit/d6b09f1492de979d6f541dede4fdeffaf540eb713a193839d13aca22a715cb66.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -59,7 +59,7 @@ readonly RB_GPU_DECLARED=1
 readonly RB_AUDIT_ARCH=sm_103
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
-# hashing threads on each host (auto: one per CPU)
+# hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
 # cuda
 readonly RB_CUDA_HOME=/usr/local/cuda-13.0
@@ -596,7 +596,7 @@ rb::manifest_facts() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote total
+  local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -631,10 +631,16 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_ROUTE_USED}" == direct ]]; then
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    # both ends on one host: the sending end starts the receiving ends there, no ssh between
+    # them; several streams side by side where the run may use the cores (rbkit send --jobs)
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "send and receive on ${RB_SRC_HOST}" "progress here" "${PIPESTATUS[@]}"
+  elif [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --remote ssh -o BatchMode=yes \
+      -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
     { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
@@ -648,6 +654,7 @@ step_transfer() {
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
   fi
+  streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
@@ -673,6 +680,10 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((streams > 1)); then
+    rb::fact streams "${streams}"
+    RB_STEP_DETAIL+=", ${streams} streams side by side"
+  fi
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi

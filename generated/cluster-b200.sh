@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 9184cc1283888c56178e57f6ae5a9d14c06ba5cc7df1de7bbb884b48d5181b10
+# sha256 of this file with these 64 digits zeroed: 00fce89cb2e51a7ba407335e60a4223e1bc8034e8a6b075e1a69926afce14c62
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b
-readonly RB_KIT_FILE=.kit/c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b.tar
+readonly RB_KIT_SHA256=d6b09f1492de979d6f541dede4fdeffaf540eb713a193839d13aca22a715cb66
+readonly RB_KIT_FILE=.kit/d6b09f1492de979d6f541dede4fdeffaf540eb713a193839d13aca22a715cb66.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -60,7 +60,7 @@ readonly RB_GPU_DECLARED=1
 readonly RB_AUDIT_ARCH=sm_100
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
-# hashing threads on each host (auto: one per CPU)
+# hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=16
 # cuda
 readonly RB_CUDA_HOME=/usr/local/cuda-13.0
@@ -597,7 +597,7 @@ rb::manifest_facts() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote total
+  local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -632,10 +632,16 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_ROUTE_USED}" == direct ]]; then
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    # both ends on one host: the sending end starts the receiving ends there, no ssh between
+    # them; several streams side by side where the run may use the cores (rbkit send --jobs)
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "send and receive on ${RB_SRC_HOST}" "progress here" "${PIPESTATUS[@]}"
+  elif [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --remote ssh -o BatchMode=yes \
+      -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
     { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
@@ -649,6 +655,7 @@ step_transfer() {
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
   fi
+  streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
@@ -674,6 +681,10 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((streams > 1)); then
+    rb::fact streams "${streams}"
+    RB_STEP_DETAIL+=", ${streams} streams side by side"
+  fi
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 2da8bce8a9df2636edb25eb455cbe0224d02585f08295b244a9c20fcbe15289c
+# sha256 of this file with these 64 digits zeroed: b16a090fb3eb27e250862613bd6bba91074649c3cabd57a4d93cfb7b6be14143
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b
-readonly RB_KIT_FILE=.kit/c2e20e2704b024f9df4fb573abd1fc45057070069a61a3a58423544828b5a97b.tar
+readonly RB_KIT_SHA256=d6b09f1492de979d6f541dede4fdeffaf540eb713a193839d13aca22a715cb66
+readonly RB_KIT_FILE=.kit/d6b09f1492de979d6f541dede4fdeffaf540eb713a193839d13aca22a715cb66.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -59,7 +59,7 @@ readonly RB_GPU_DECLARED=''
 readonly RB_AUDIT_ARCH=''
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
-# hashing threads on each host (auto: one per CPU)
+# hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=2
 # cuda
 readonly RB_CUDA_HOME=''
@@ -109,7 +109,7 @@ on here: engine current: if runs/local/venv/.rb-manifest.jsonl matches, skip the
 on here: engine stage: if it differs, link unchanged files from runs/local/venv into runs/local/.venv.rb-staging, send only the rest'
   [transfer]='on here: engine stage: rm -rf runs/local/.venv.rb-staging && mkdir runs/local/.venv.rb-staging
 on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
-  | through this machine (relay) |
+  | a pipe on here, no ssh (streams side by side from 256 MB: one per two of the 2 jobs, at most 8) |
 on here: <decompress> | tar -C runs/local/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on here: engine verify runs/local/.venv.rb-staging against the manifest (--jobs 2); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
@@ -584,7 +584,7 @@ rb::manifest_facts() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote total
+  local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -619,10 +619,16 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_ROUTE_USED}" == direct ]]; then
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    # both ends on one host: the sending end starts the receiving ends there, no ssh between
+    # them; several streams side by side where the run may use the cores (rbkit send --jobs)
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "send and receive on ${RB_SRC_HOST}" "progress here" "${PIPESTATUS[@]}"
+  elif [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --remote ssh -o BatchMode=yes \
+      -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
     { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
@@ -636,6 +642,7 @@ step_transfer() {
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
   fi
+  streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
@@ -661,6 +668,10 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((streams > 1)); then
+    rb::fact streams "${streams}"
+    RB_STEP_DETAIL+=", ${streams} streams side by side"
+  fi
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi

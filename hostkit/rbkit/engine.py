@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -51,6 +52,7 @@ STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "
 PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
 STAMP = "stamp.json"
 RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
+                             # (received.I.json: stream I's, when several streams ran)
 BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
 INSTALLED = ".rb-manifest.jsonl"
 
@@ -102,7 +104,8 @@ class Context:
                  swap_atomic: str = "allow", algo: str = "",
                  emit: Optional[Callable[[dict], None]] = None,
                  log: Optional[Callable[[str], None]] = None,
-                 progress: Optional[Tuple[float, Callable[[int], None]]] = None) -> None:
+                 progress: Optional[Tuple[float, Callable[[int], None]]] = None,
+                 part: Optional[Tuple[int, int]] = None) -> None:
         self.dest = os.path.abspath(dest)
         self.staging = staging_path(self.dest)
         self.old, self.policy, self.manifest = old, policy, manifest
@@ -121,6 +124,8 @@ class Context:
         self.log = log or (lambda line: None)
         # (every so many seconds, where to) the bytes of the stream receive's tar has read so far
         self.progress = progress
+        # receive: which stream of how many this one is (rbkit send --part I/N), None: the one
+        self.part = part
         self.locked = False
         self.events: List[dict] = []
         self.up_to_date: Optional[str] = None   # why the destination already holds the tree
@@ -533,7 +538,7 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
     `kept=0` and why): the source is hashed and stage is asked again without it."""
     _require_lock(ctx)
     _write_stamp(ctx, None)
-    _forget_received(ctx)
+    _forget_received(ctx, every=True)
     ctx.linked_inodes = None
     if os.path.lexists(ctx.staging):
         remove_tree(ctx.staging)
@@ -668,6 +673,8 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
         # hashing threads for big files: the cores tar and the decompressor leave; none on two
         # (tarstream: there each hand-over costs more than the thread gives)
         n = jobs(ctx.jobs)
+        if ctx.part is not None:
+            n = max(1, n // ctx.part[1])     # several streams: the cores shared among them
         digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
         argvs.append(digester.stage)
         names.append("digest reader")
@@ -695,8 +702,10 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
         raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(
             bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
             rc=next((c for c in codes if c != 0), 1))
-    facts: dict = {}
+    facts: dict = {"staging": ctx.staging}
     if ctx.special_modes == "strip":
+        # several streams: each strips the whole staging once its own tar is done (what another
+        # stream's tar still writes, that stream strips)
         stripped = hostfs.strip_special(ctx.staging)
         facts["stripped"] = len(stripped)
         for item in stripped[:20]:
@@ -714,14 +723,32 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
 def _received_path(ctx: Context) -> str:
     if not ctx.state:
         raise StepError("the engine has no private state directory")
+    if ctx.part is not None:
+        return os.path.join(ctx.state, "received.%d.json" % ctx.part[0])
     return os.path.join(ctx.state, RECEIVED)
 
 
-def _forget_received(ctx: Context) -> None:
+def _received_paths(ctx: Context) -> List[str]:
+    """Every stream's RECEIVED in the state directory (one, or one per stream)."""
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
     try:
-        os.unlink(_received_path(ctx))
-    except FileNotFoundError:
-        pass
+        names = os.listdir(ctx.state)
+    except OSError:
+        return []
+    return [os.path.join(ctx.state, n) for n in sorted(names)
+            if n == RECEIVED or _PART_RECEIVED.match(n)]
+
+
+_PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
+
+
+def _forget_received(ctx: Context, every: bool = False) -> None:
+    for path in _received_paths(ctx) if every else [_received_path(ctx)]:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _save_received(ctx: Context, algo: str, digests: dict) -> int:
@@ -743,16 +770,25 @@ def _save_received(ctx: Context, algo: str, digests: dict) -> int:
 
 
 def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
-    """The files receive hashed from the stream into this staging (None: no record, or one of
-    another staging or algorithm: every file is read)."""
-    try:
-        with open(_received_path(ctx), encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if doc.get("identity") != identity or doc.get("algo") != algo:
-        return None
-    return doc.get("files") or {}
+    """The files receive hashed from the stream, or from each of the streams, into this staging
+    (None: no record; a record of another staging or algorithm counts as none: those files are
+    read)."""
+    files: Optional[dict] = None
+    for path in _received_paths(ctx):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if (not isinstance(doc, dict) or doc.get("identity") != identity
+                or doc.get("algo") != algo):
+            continue
+        got = doc.get("files") or {}
+        if files is None:
+            files = got
+        else:
+            files.update(got)
+    return files
 
 
 def verify(ctx: Context) -> Result:

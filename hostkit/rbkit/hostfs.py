@@ -87,7 +87,9 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
     and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
-    the scan record a manifest build of this run takes instead of walking again.
+    the scan record a manifest build of this run takes instead of walking again; and
+    (NAMES.links: manifest.LINKS_SUFFIX) the files of more than one link, a JSON line each of its
+    index in the list and its inode (stream.split_names keeps one inode's names in one stream).
 
     Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
     world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks
@@ -119,6 +121,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
         files = dirs = links = 0
         apparent = disk = need = 0
         names: List[bytes] = []
+        multi: List[bytes] = []
         special: List[dict] = []
         outside: List[dict] = []
         devices: List[str] = []
@@ -149,6 +152,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
                 special.append({"p": rel, "m": _octal(mode)})
             if stat.S_ISREG(st.st_mode):
                 files += 1
+                if st.st_nlink > 1 and names_path:
+                    multi.append(b"[%d, %d, %d]\n" % (len(names) - 1, st.st_dev, st.st_ino))
                 apparent += st.st_size
                 need += max(blocks, -(-st.st_size // 4096) * 4096)
                 if blocks + 4096 <= st.st_size:
@@ -163,6 +168,8 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             safefs.write_file(names_path, b"".join(names), 0o600, sync=False)
             safefs.write_file(names_path + manifest.SCAN_SUFFIX,
                               manifest.scan_header(root, patterns, strip) + b"".join(lines), 0o600,
+                              sync=False)
+            safefs.write_file(names_path + manifest.LINKS_SUFFIX, b"".join(multi), 0o600,
                               sync=False)
         out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
                    need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),

@@ -1,7 +1,7 @@
 """`python -m rbkit engine ...`: the install engine's command line (engine.py has the steps).
 
     engine serve --dest D --holder TEXT [the run's choices]    the destination's engine for a run
-    engine receive --dest D --state S --compression C [--algo A] [--progress S]
+    engine receive --dest D --state S --compression C [--algo A] [--progress S] [--part I/N]
                                                                the far end of the stream (stdin)
     engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
@@ -10,7 +10,8 @@
     engine hash ROOT --out F [--exclude P]... [--algo A] [--jobs N] [--names F] [--reuse F]
         [--scanned NAMES.stat]                                     (the entries this run's scan saw)
     engine delta MANIFEST BASE --names-out F                   what a host installed from BASE needs
-    engine send ROOT NAMES --compression C [--remote SSH...]   the sending end of the stream
+    engine send ROOT NAMES --compression C [--jobs N] [--remote SSH... | --local RECEIVE...]
+                                                               the sending end of the stream(s)
     engine staging DEST                                        the staging path (the one rule)
 
 Every command but send and staging answers in lines a runbook reads without a parser:
@@ -261,7 +262,7 @@ def cmd_receive(a: argparse.Namespace) -> int:
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
                          emit=answer.event, special_modes=a.special_modes, algo=a.algo,
                          jobs=a.jobs, progress=(a.progress, lambda n: answer.line("progress", n))
-                         if a.progress > 0 else None)
+                         if a.progress > 0 else None, part=a.part)
     event = engine.run(ctx, "receive", engine.receive)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
@@ -374,7 +375,19 @@ def cmd_delta(a: argparse.Namespace) -> int:
 
 
 def cmd_send(a: argparse.Namespace) -> int:
-    return stream.send(a.root, a.names, a.compression, a.remote or None)
+    return stream.send(a.root, a.names, a.compression, a.remote or None, a.local or None,
+                       engine.jobs(a.jobs))
+
+
+def _part(text: str) -> tuple:
+    """--part I/N: stream I (0-based) of N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("not I/N: %r" % text) from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError("stream %d of %d" % (i, n))
+    return (i, n)
 
 
 def cmd_staging(a: argparse.Namespace) -> int:
@@ -437,6 +450,8 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--jobs", default="auto")
     rc.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="a `progress BYTES` line every S seconds (0: none)")
+    rc.add_argument("--part", type=_part, default=None, metavar="I/N",
+                    help="this is stream I of N (rbkit send's streams side by side)")
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)
@@ -472,8 +487,12 @@ def parser() -> argparse.ArgumentParser:
     se.add_argument("root")
     se.add_argument("names")
     se.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    se.add_argument("--jobs", default="1",
+                    help="the cores the run may use here: one stream per two (rbkit stream)")
     se.add_argument("--remote", action="store_true",
                     help="the words after it: an ssh command line the stream is piped into")
+    se.add_argument("--local", action="store_true",
+                    help="the words after it: the receiving end's command, started here")
     se.set_defaults(fn=cmd_send)
     st = sub.add_parser("staging")
     st.add_argument("dest")
@@ -485,13 +504,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     remote: List[str] = []
     tail = {"send": "--remote", "source": "--audit"}.get(argv[0] if argv else "")
+    if tail == "--remote":
+        tail = next((w for w in argv if w in ("--remote", "--local")), tail)
     if tail and tail in argv:
-        # every word after --remote (--audit) is the ssh (rbprobes) command line, options included
+        # every word after --remote (--local, --audit) is the ssh (receive's, rbprobes')
+        # command line, options included
         at = argv.index(tail)
         argv, remote = argv[:at + 1], argv[at + 1:]
     a = parser().parse_args(argv)
     if a.fn is cmd_send:
-        a.remote = remote
+        a.remote, a.local = (remote, []) if tail == "--remote" else ([], remote)
     if a.fn is cmd_source:
         a.audit = remote
     return a.fn(a)

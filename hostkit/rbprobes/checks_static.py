@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 import fnmatch
-import marshal
 import os
-import struct
-import sys
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from rbkit.workers import over_workers
 
 from . import arch, cudalibs, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
@@ -323,80 +322,6 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
             "file": info}
 
 
-def _over_workers(fn: Callable[[int], Any], sizes: List[int],
-                  jobs: int) -> Tuple[List[Any], int]:
-    """([fn(0), fn(1), ...] for each of `sizes`' items, how many workers answered), computed by
-    `jobs` forked workers that take the items largest first, each as soon as it is free; the
-    results come back marshalled (plain data). An item no worker answered for (a worker that
-    died, an answer that does not load) is computed here, so the list is always whole. With one
-    job, or threads in this process (a fork would copy their locks held), everything is
-    computed here."""
-    n = len(sizes)
-    threaded = "threading" in sys.modules and sys.modules["threading"].active_count() > 1
-    if jobs <= 1 or n <= 1 or threaded or not hasattr(os, "fork"):
-        return [fn(i) for i in range(n)], 0
-    order = sorted(range(n), key=lambda i: -sizes[i])
-    task_r, task_w = os.pipe()
-    # every index is 4 bytes, written before any worker reads: a pipe hands each 4-byte read
-    # whole to one reader (n * 4 bytes fit its buffer up to 16,384 items; more, chunk by chunk)
-    children = []
-    parent = os.getpid()
-    todo = b"".join(struct.pack("<I", i) for i in order)
-    for _ in range(min(jobs, n)):
-        out_r, out_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 0
-            try:
-                os.close(task_w)
-                os.close(out_r)
-                done = []
-                while os.getppid() == parent:
-                    got = os.read(task_r, 4)
-                    if len(got) != 4:
-                        break
-                    i = struct.unpack("<I", got)[0]
-                    done.append((i, fn(i)))
-                data = marshal.dumps(done)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(out_w, view):]
-            except BaseException:  # noqa: B902 (the parent computes what is not answered)
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(out_w)
-        children.append((pid, out_r))
-    os.close(task_r)
-    try:
-        view = memoryview(todo)
-        while view:
-            view = view[os.write(task_w, view):]
-    finally:
-        os.close(task_w)
-    results: List[Any] = [None] * n
-    answered = [False] * n
-    workers = 0
-    for pid, out_r in children:
-        with os.fdopen(out_r, "rb") as f:
-            data = f.read()
-        _pid, status = os.waitpid(pid, 0)
-        if status != 0:
-            continue
-        try:
-            got = marshal.loads(data)
-            for i, rec in got:
-                results[i] = rec
-                answered[i] = True
-        except (ValueError, EOFError, TypeError):
-            continue
-        workers += 1
-    for i in range(n):
-        if not answered[i]:
-            results[i] = fn(i)
-    return results, workers
-
-
 def audit(
     root: str,
     target: Tuple[int, int],
@@ -427,7 +352,7 @@ def audit(
                 todo.append((path, path == r))
                 sizes.append(size)
     n = audit_jobs(sizes) if jobs is None else jobs
-    records, workers = _over_workers(
+    records, workers = over_workers(
         lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
                               strict), sizes, n)
     files: List[Dict[str, Any]] = []

@@ -41,21 +41,22 @@ CHECKS = """  - imports: [rb_payload, json]
 def compile_and_run(tmp_path: Path, src: Path, dst: Path, *args: str, policy: str = "refuse",
                     checks: str = CHECKS, name: str = "e2e", extra: str = "",
                     exclude: str = '["__pycache__", "*.pyc"]',
-                    env: dict | None = None) -> subprocess.CompletedProcess:
+                    env: dict | None = None, jobs: int = 2) -> subprocess.CompletedProcess:
     script = compile_(tmp_path, src, dst, policy=policy, checks=checks, name=name, extra=extra,
-                      exclude=exclude)
+                      exclude=exclude, jobs=jobs)
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), **(env or {}))
     return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 def compile_(tmp_path: Path, src: Path, dst: Path, *, policy: str = "refuse", checks: str = CHECKS,
-             name: str = "e2e", extra: str = "", exclude: str = '["__pycache__", "*.pyc"]') -> Path:
+             name: str = "e2e", extra: str = "", exclude: str = '["__pycache__", "*.pyc"]',
+             jobs: int = 2) -> Path:
     spec = tmp_path / f"{name}.yaml"
     text = SPEC.format(name=name, src=src, dst=dst, policy=policy, checks=checks)
     # other excludes, and more of the spec (transfer keys, then top-level ones) after jobs:
     text = text.replace('  exclude: ["__pycache__", "*.pyc"]\n', f"  exclude: {exclude}\n")
-    spec.write_text(text.replace("  jobs: 2\n", "  jobs: 2\n" + extra))
+    spec.write_text(text.replace("  jobs: 2\n", f"  jobs: {jobs}\n" + extra))
     assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
     return tmp_path / f"{name}.sh"
 
@@ -402,3 +403,26 @@ def test_a_setuid_file_is_refused_unless_the_spec_strips_it(payload_small, tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     installed = dst / victim.relative_to(src)
     assert installed.stat().st_mode & 0o7777 == 0o755
+
+
+def test_one_host_moves_a_big_tree_in_streams_side_by_side(payload_small, tmp_path):
+    """Both ends on this machine, 300 MB to move and jobs 4: the sending end starts two receiving
+    ends (two tar pairs side by side); verify takes both streams' digests and reads no file; the
+    two names of one inode arrive as one inode."""
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    big = src / "lib" / "big"
+    big.mkdir()
+    for i in range(3):
+        (big / f"part{i}.bin").write_bytes(bytes([i + 1]) * (100 << 20))
+    os.link(big / "part0.bin", big / "part0-again.bin")
+    dst = tmp_path / "d" / "venv"
+    r = compile_and_run(tmp_path, src, dst, policy="replace", jobs=4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    assert steps["transfer"]["detail"].endswith("2 streams side by side"), steps["transfer"]
+    receive = next(e for e in steps["transfer"]["engine"] if e["step"] == "receive")
+    assert receive["facts"]["streams"] == 2, receive
+    assert "0 hashed" in steps["verify"]["detail"], steps["verify"]
+    assert (dst / "lib" / "big" / "part2.bin").read_bytes() == bytes([3]) * (100 << 20)
+    assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")

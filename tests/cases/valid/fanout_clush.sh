@@ -58,7 +58,7 @@ readonly RB_GPU_DECLARED=''
 readonly RB_AUDIT_ARCH=''
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
-# hashing threads on each host (auto: one per CPU)
+# hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
 # cuda
 readonly RB_CUDA_HOME=''

@@ -59,7 +59,7 @@ readonly RB_GPU_DECLARED=''
 readonly RB_AUDIT_ARCH=''
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=0
-# hashing threads on each host (auto: one per CPU)
+# hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
 # cuda
 readonly RB_CUDA_HOME=''
@@ -103,7 +103,7 @@ here: keep a copy in runs/minimal-local/manifest.jsonl; send it to here
 on here: engine current: if runs/copy/venv/.rb-manifest.jsonl matches, skip the install'
   [transfer]='on here: engine stage: rm -rf runs/copy/.venv.rb-staging && mkdir runs/copy/.venv.rb-staging
 on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
-  | through this machine (relay) |
+  | a pipe on here, no ssh (streams side by side from 256 MB: one per two of the auto jobs, at most 8) |
 on here: <decompress> | tar -C runs/copy/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on here: engine verify runs/copy/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
@@ -575,7 +575,7 @@ rb::manifest_facts() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote total
+  local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -610,10 +610,16 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_ROUTE_USED}" == direct ]]; then
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    # both ends on one host: the sending end starts the receiving ends there, no ssh between
+    # them; several streams side by side where the run may use the cores (rbkit send --jobs)
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "send and receive on ${RB_SRC_HOST}" "progress here" "${PIPESTATUS[@]}"
+  elif [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --remote ssh -o BatchMode=yes \
+      -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
     { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
@@ -627,6 +633,7 @@ step_transfer() {
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
   fi
+  streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
@@ -652,6 +659,10 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((streams > 1)); then
+    rb::fact streams "${streams}"
+    RB_STEP_DETAIL+=", ${streams} streams side by side"
+  fi
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi

@@ -59,7 +59,7 @@ readonly RB_GPU_DECLARED=1
 readonly RB_AUDIT_ARCH=sm_103
 # a re-run that finds changes sends only them (see docs/design.md)
 readonly RB_INCREMENTAL=1
-# hashing threads on each host (auto: one per CPU)
+# hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
 # cuda
 readonly RB_CUDA_HOME=/usr/local/cuda-13.0
@@ -596,7 +596,7 @@ rb::manifest_facts() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote total
+  local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
@@ -631,10 +631,16 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_ROUTE_USED}" == direct ]]; then
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    # both ends on one host: the sending end starts the receiving ends there, no ssh between
+    # them; several streams side by side where the run may use the cores (rbkit send --jobs)
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
+      rb::pipe_failed "stream" "send and receive on ${RB_SRC_HOST}" "progress here" "${PIPESTATUS[@]}"
+  elif [[ "${RB_ROUTE_USED}" == direct ]]; then
     remote=$(rb::shq "${recv[@]}")
-    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --remote ssh -o BatchMode=yes -c "${RB_SSH_CIPHERS}" \
-      "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
+    rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --remote ssh -o BatchMode=yes \
+      -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
     { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
@@ -648,6 +654,7 @@ step_transfer() {
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
   fi
+  streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2
@@ -673,6 +680,10 @@ step_transfer() {
     rb::fact mb_s "$((bytes / ms / 1000))"
   fi
   RB_STEP_DETAIL="${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
+  if ((streams > 1)); then
+    rb::fact streams "${streams}"
+    RB_STEP_DETAIL+=", ${streams} streams side by side"
+  fi
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
   fi

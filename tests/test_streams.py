@@ -1,0 +1,211 @@
+"""Several streams side by side (#17): where the sending end starts the receiving ends (both on one
+host, or the direct route), `rbkit engine send` splits the scan's list and runs one tar pair per
+part, each receiving end hashing its own stream; verify takes every stream's digests. And the
+source's manifest hashed by forked workers, biggest files first (threads of one Python did not
+scale on the H100 host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler import steps as compiler_steps
+from rbkit import engine, hostfs, manifest, serve, stream
+from tests.test_kit import make_tree
+
+KIT = Path(__file__).resolve().parents[1] / "hostkit"
+
+
+def big_tree(root: Path) -> None:
+    """make_tree's venv with files of several sizes in a few directories, one inode under two
+    names (a hard link) and a link to a directory."""
+    make_tree(root, python=True)
+    for d in ("a", "a/b", "c"):
+        (root / "lib" / d).mkdir(parents=True, exist_ok=True)
+    for i, size in enumerate((900_000, 700_000, 500_000, 300_000, 200_000, 100_000, 10, 0)):
+        (root / "lib" / ("a", "a/b", "c")[i % 3] / f"f{i}.bin").write_bytes(bytes([i]) * size)
+    os.link(root / "lib" / "a" / "f0.bin", root / "lib" / "c" / "same-as-f0.bin")
+    (root / "lib" / "to-a").symlink_to("a")
+
+
+def scanned(tmp_path: Path) -> tuple:
+    src = tmp_path / "src" / "venv"
+    big_tree(src)
+    names = tmp_path / "names"
+    out = hostfs.scan(str(src), [], str(names))
+    assert not out["refusal"], out
+    return src, names
+
+
+def read_list(path: str) -> list:
+    data = Path(path).read_bytes()
+    assert data.endswith(b"\0")
+    return data[:-1].decode().split("\0")
+
+
+def test_the_split_puts_every_directory_in_every_list_and_each_file_in_one(tmp_path):
+    src, names = scanned(tmp_path)
+    listed = read_list(str(names))
+    dirs = [p for p in listed if (src / p).is_dir() and not (src / p).is_symlink()]
+    others = [p for p in listed if p not in dirs]
+    (tmp_path / "parts").mkdir()
+    parts = stream.split_names(str(names), 3, str(tmp_path / "parts"))
+    assert parts and len(parts) == 3
+    lists = [read_list(p) for p in parts]
+    seen = []
+    for got in lists:
+        # the scan's order (parents before what is in them), every directory in each list
+        assert got == [p for p in listed if p in set(got)]
+        assert [p for p in got if p in dirs] == dirs
+        seen += [p for p in got if p not in dirs]
+    assert sorted(seen) == sorted(others)                        # each other entry once
+    # the two names of one inode in one list: tar sends the second as a link to the first
+    assert any({"lib/a/f0.bin", "lib/c/same-as-f0.bin"} <= set(got) for got in lists)
+    # the biggest first into the emptiest list: no list holds two of the three biggest files
+    biggest = {"lib/python3.11/site-packages/pkg/data.bin", "lib/a/f0.bin", "lib/a/b/f1.bin"}
+    for got in lists:
+        assert len(biggest & set(got)) == 1
+
+
+def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp_path):
+    _src, names = scanned(tmp_path)
+    (tmp_path / "parts").mkdir()
+    into = str(tmp_path / "parts")
+    assert stream.split_names(str(names), 2, into, min_bytes=1 << 30) is None
+    assert stream.split_names(str(names), 500, into) is None              # more lists than files
+    record = Path(str(names) + manifest.SCAN_SUFFIX)
+    lines = record.read_bytes().split(b"\n")
+    record.write_bytes(b"\n".join(lines[:1] + lines[2:]))                  # one line short
+    assert stream.split_names(str(names), 2, into) is None
+    record.unlink()
+    assert stream.split_names(str(names), 2, into) is None
+    assert os.listdir(into) == []
+
+
+def test_stream_count_is_one_per_two_jobs_at_most_eight_as_the_compiler_says():
+    assert [stream.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    assert compiler_steps.MAX_STREAMS == stream.MAX_STREAMS
+    assert compiler_steps.STREAMS_MIN_MB << 20 == stream.STREAMS_MIN_BYTES
+
+
+def test_each_receiving_end_is_told_its_part():
+    ssh = ["ssh", "-o", "BatchMode=yes", "dst", "env PYTHONPATH=/k python3 -m rbkit engine receive"]
+    assert stream.part_argv(ssh, True, 1, 4)[-1].endswith("engine receive --part 1/4")
+    assert stream.part_argv(ssh, True, 1, 4)[:-1] == ssh[:-1]
+    assert stream.part_argv(["python3", "-m", "rbkit"], False, 0, 2) == [
+        "python3", "-m", "rbkit", "--part", "0/2"]
+
+
+def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeypatch):
+    got = {}
+
+    def fake(root, names, compression, remote=None, local=None, jobs=1):
+        got.update(root=root, names=names, remote=remote, local=local, jobs=jobs)
+        return 0
+
+    monkeypatch.setattr(serve.stream, "send", fake)
+    assert serve.main(["send", "/r", "/n", "--compression", "none", "--jobs", "6", "--local",
+                       "python3", "-m", "rbkit", "engine", "receive", "--remote", "x"]) == 0
+    assert got == {"root": "/r", "names": "/n", "remote": None, "jobs": 6,
+                   "local": ["python3", "-m", "rbkit", "engine", "receive", "--remote", "x"]}
+    assert serve.main(["send", "/r", "/n", "--remote", "ssh", "h", "--local"]) == 0
+    assert got["remote"] == ["ssh", "h", "--local"] and got["local"] is None and got["jobs"] == 1
+
+
+def staged(tmp_path: Path, src: Path) -> engine.Context:
+    m = manifest.build(str(src), [], "sha256", jobs=2)
+    mpath = tmp_path / "manifest.jsonl"
+    manifest.save(m, str(mpath))
+    ctx = engine.Context(str(tmp_path / "d" / "venv"), manifest=str(mpath), jobs=4,
+                         state=engine.make_state(str(tmp_path)))
+    ctx.locked = True
+    # a record of an earlier try at this destination: the stage forgets it with the rest
+    Path(ctx.state, "received.7.json").write_text("{}")
+    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    assert not Path(ctx.state, "received.7.json").exists()
+    return ctx
+
+
+def receiver(ctx: engine.Context) -> list:
+    return [sys.executable, "-m", "rbkit", "engine", "receive", "--dest", ctx.dest,
+            "--state", ctx.state, "--algo", "sha256", "--jobs", "4", "--progress", "0.05"]
+
+
+def test_two_streams_land_whole_and_verify_takes_both_streams_digests(tmp_path, monkeypatch,
+                                                                      capsys):
+    src, names = scanned(tmp_path)
+    ctx = staged(tmp_path, src)
+    monkeypatch.setenv("PYTHONPATH", str(KIT))
+    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    assert stream.send(str(src), str(names), "none", local=receiver(ctx), jobs=4) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("done\tok\tunpacked into %s in 2 streams side by side" % ctx.staging)
+    event = json.loads(next(ln for ln in lines if ln.startswith("event\t")).split("\t", 1)[1])
+    files = sum(1 for e in manifest.load(ctx.manifest)["entries"] if e["t"] == "f")
+    assert event["facts"]["streams"] == 2 and event["facts"]["streamed"] == files
+    assert "set\tstreams\t2" in lines
+    assert sorted(os.listdir(ctx.state)) >= ["received.0.json", "received.1.json"]
+    staging = Path(ctx.staging)
+    assert os.path.samefile(staging / "lib/a/f0.bin", staging / "lib/c/same-as-f0.bin")
+    assert (staging / "lib" / "to-a").is_symlink()
+    got = engine.run(ctx, "verify", engine.verify)
+    assert got["status"] == "ok", got
+    assert got["facts"]["streamed"] == files and got["facts"]["hashed"] == 0
+
+
+def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, capsys):
+    src, names = scanned(tmp_path)
+    ctx = staged(tmp_path, src)
+    monkeypatch.setenv("PYTHONPATH", str(KIT))
+    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    # the second receiving end fails as soon as it starts; the first may finish or be stopped
+    wrapper = ["sh", "-c", 'case "$*" in *"--part 1/2"*) echo broken >&2; exit 3;; esac; '
+               'exec "$@"', "sh", *receiver(ctx)]
+    rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
+    assert rc != 0
+    captured = capsys.readouterr()
+    last = captured.out.splitlines()[-1]
+    assert last.startswith("done\tfailed\tstream 2 of 2: "), captured.out
+    assert "stream 2/2: receive exited 3" in captured.err
+    assert engine.run(ctx, "verify", engine.verify)["status"] == "failed"
+
+
+FORKED = """
+import json, os, sys, threading
+from rbkit import manifest
+root = sys.argv[1]
+rels = sorted(os.listdir(root))
+sizes = [os.path.getsize(os.path.join(root, r)) for r in rels]
+one = manifest.digests(root, rels, "sha256", 1, sizes)
+forked = manifest.digests(root, rels, "sha256", 3, sizes)
+stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()
+threaded = manifest.digests(root, rels, "sha256", 3, sizes)
+stop.set(); t.join()
+errors = []
+for jobs in (1, 3):
+    bad = list(sizes); bad[2] += 1; bad[5] += 1      # two files "changed" since the walk
+    try:
+        manifest.digests(root, rels, "sha256", jobs, bad)
+    except manifest.Changed as exc:
+        errors.append(str(exc).split(":")[0])
+print(json.dumps({"same": one == forked == threaded, "n": len(one), "errors": errors,
+                  "third": os.path.join(root, rels[2])}))
+"""
+
+
+def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp_path):
+    root = tmp_path / "files"
+    root.mkdir()
+    for i in range(12):
+        (root / f"f{i:02d}").write_bytes(os.urandom(1000 * (12 - i) ** 2))
+    done = subprocess.run([sys.executable, "-c", FORKED, str(root)], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(KIT)))
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout)
+    assert r["same"] and r["n"] == 12
+    assert r["errors"] == [r["third"], r["third"]]      # the first in the list's order, both ways
