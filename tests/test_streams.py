@@ -78,6 +78,14 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     into = str(tmp_path / "parts")
     assert stream.split_names(str(names), 2, into, min_bytes=1 << 30) is None
     assert stream.split_names(str(names), 500, into) is None              # more lists than files
+    (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o555)
+    hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
+    assert stream.split_names(str(names), 2, into) is None                # a directory u-w
+    (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o755)
+    hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
+    assert stream.split_names(str(names), 2, into) is not None
+    for name in os.listdir(into):
+        os.unlink(os.path.join(into, name))
     record = Path(str(names) + manifest.SCAN_SUFFIX)
     lines = record.read_bytes().split(b"\n")
     record.write_bytes(b"\n".join(lines[:1] + lines[2:]))                  # one line short

@@ -316,7 +316,9 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     one list, the biggest first into the list with the fewest bytes so far; the names of one
     inode in one list (tar sends the second as a link to the first). None when the scan's
     record is not there or not of this list (one stream then), when its files hold fewer than
-    `min_bytes`, or when the split would leave a list with nothing but directories."""
+    `min_bytes`, when the split would leave a list with nothing but directories, or when a
+    directory forbids its owner to write (one tar's setting its mode would stop another's
+    writing there, for an owner who is not root)."""
     try:
         with open(names, "rb") as f:
             listed = f.read().split(b"\0")
@@ -348,6 +350,8 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     sizes: Dict[Any, int] = {}
     for i, v in enumerate(values):
         if v[1] == "d":
+            if not isinstance(v[2], int) or not v[2] & 0o200:
+                return None
             continue
         key = group.get(i, i)
         items.setdefault(key, []).append(i)
