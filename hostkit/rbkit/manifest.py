@@ -24,7 +24,9 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
-from . import safefs, workers
+from rbprobes import workers
+
+from . import safefs
 
 SCHEMA = 1
 CHUNK = 1 << 20
@@ -176,7 +178,7 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
     """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
     their order, by `jobs` workers taking the biggest files first (one big file taken last is
     hashed alone while the others are done). The workers are forked processes where this
-    process has no threads (workers.over_workers): on the H100 host 8 threads of one Python
+    process has no threads (rbprobes.workers.over_workers): on the H100 host 8 threads of one Python
     hashed /opt/torch/.venv (7.2 GB) in 6-7 s, one thread's pace, 16 threads slower still.
     Else threads of this process take the next path from one shared iterator (no task object
     nor wake-up per file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files here).

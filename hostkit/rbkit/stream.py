@@ -389,7 +389,7 @@ def send(root: str, names: str, compression: str, remote: Optional[List[str]] = 
     with `local` (the receiving end's argv) into that command started here. With either, the
     tree goes in several streams (stream_count: --part I/N added to each receiving end's
     command) when the scan's record allows, and the receiving ends' answers are one answer on
-    stdout (merge_answers). Each stage's failure is named on stderr; returns the first non-zero
+    stdout (Merged). Each stage's failure is named on stderr; returns the first non-zero
     exit code."""
     receiver = local or remote
     n = stream_count(jobs) if receiver else 1
@@ -478,9 +478,9 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
 
 class Merged:
     """The answers of the receiving ends of several streams as one (a runbook reads one): their
-    progress lines summed as they come, and at the end one answer: every stream's `set` and
-    `event` lines when one failed (the first failed stream's detail in `done`), else one receive
-    event of them all (its numbers summed, `streams` N)."""
+    progress lines summed as they come, and at the end one receive event: failed, naming the
+    stream that failed first and in its own words, when one did; else of them all (its numbers
+    summed, `streams` N)."""
 
     def __init__(self, n: int, out: Any, compression: str) -> None:
         self.n, self.out, self.compression = n, out, compression

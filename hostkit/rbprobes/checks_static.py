@@ -11,10 +11,9 @@ import fnmatch
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from rbkit.workers import over_workers
-
 from . import arch, cudalibs, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
+from .workers import over_workers
 
 _SUFFIXES = (".so", ".cubin", ".fatbin")
 # Libraries whose vendor dispatches per arch by design: a unit without the target's code is

@@ -204,12 +204,12 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
 
 
 def test_audit_workers_answer_in_order_and_a_lost_one_is_redone_here():
-    """rbkit.workers.over_workers (in a process without threads): items taken largest first by several
+    """rbprobes.workers.over_workers (in a process without threads): items taken largest first by several
     workers, results in the items' order; an item whose worker died is computed in the calling
     process; in a process with threads nothing forks."""
     script = (
         "import json, os, threading, time\n"
-        "from rbkit.workers import over_workers as _over_workers\n"
+        "from rbprobes.workers import over_workers as _over_workers\n"
         "parent = os.getpid()\n"
         "sizes = [5, 1, 30, 2, 9, 7, 3, 8]\n"
         "def slow(i):\n"

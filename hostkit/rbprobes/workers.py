@@ -1,6 +1,8 @@
-"""Work spread over forked worker processes (the kernel audit's files, the manifest's digests):
-one process each, where threads of one Python do not scale (hashlib's sha256 in 8 threads of one
-process moved 7.2 GB at one thread's pace on the H100 host; 8 processes at eight).
+"""Work spread over forked worker processes: the kernel audit's files (checks_static), and the
+install engine's digests of the source (rbkit.manifest imports it from here: rbprobes imports
+nothing outside itself, rbkit may import rbprobes, both ship in every kit). One process each,
+where threads of one Python do not scale (sha256 in 8 threads of one process hashed 7.2 GB at
+one thread's pace on the H100 host; 8 processes, at eight).
 
 stdlib only; Python >= 3.9.
 """
