@@ -131,6 +131,39 @@ def test_direct_route_when_src_reaches_dst(clean_lab, payload_small, tmp_path):
 
 
 @pytest.mark.e2e
+def test_direct_route_moves_a_big_tree_in_streams_side_by_side(clean_lab, payload_small, tmp_path):
+    """route direct, jobs 4, 300 MB to move: src opens one ssh connection to dst per stream (two),
+    each receiving end hashes its own stream, verify reads no file, a hard link stays one, and
+    the progress lines sum both streams."""
+    lab = clean_lab
+    addr = lab.allow("src", "dst")
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    big = src / "lib" / "big"
+    big.mkdir()
+    for i in range(3):
+        (big / f"part{i}.bin").write_bytes(bytes([i + 1]) * (100 << 20))
+    os.link(big / "part0.bin", big / "part0-again.bin")
+    dst = tmp_path / "dst" / "venv"
+    hop = (f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
+           f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n")
+    text = spec_text(lab, src, dst, route="direct", extra=hop).replace("  jobs: 2\n",
+                                                                         "  jobs: 4\n")
+    r = run(tmp_path, build(tmp_path, text))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "route: direct (src reaches dst over ssh itself)" in r.stderr
+    # the last progress line sums both streams' ends: 300 MB of data (the hard link's second
+    # name carries none: the estimate, which counts it, says 75%)
+    said = re.findall(r"progress: ([0-9.]+) MB of", r.stderr)
+    assert said and float(said[-1]) >= 300, r.stderr[-3000:]
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    assert steps["transfer"]["detail"].endswith("2 streams side by side"), steps["transfer"]
+    assert "0 hashed" in steps["verify"]["detail"], steps["verify"]
+    assert (dst / "lib" / "big" / "part1.bin").read_bytes() == bytes([2]) * (100 << 20)
+    assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+
+
+@pytest.mark.e2e
 def test_existing_destination_survives_refuse_and_is_restored_from_backup(clean_lab, payload_small,
                                                                           tmp_path):
     lab = clean_lab
