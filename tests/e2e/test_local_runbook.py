@@ -405,17 +405,24 @@ def test_a_setuid_file_is_refused_unless_the_spec_strips_it(payload_small, tmp_p
     assert installed.stat().st_mode & 0o7777 == 0o755
 
 
-def test_one_host_moves_a_big_tree_in_streams_side_by_side(payload_small, tmp_path):
-    """Both ends on this machine, 300 MB to move and jobs 4: the sending end starts two receiving
-    ends (two tar pairs side by side); verify takes both streams' digests and reads no file; the
-    two names of one inode arrive as one inode."""
-    src = tmp_path / "src"
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+def big_source(venv: Path, src: Path) -> Path:
+    """A copy of `venv` with 300 MB more in lib/big: three files of 100 MB (part0..2.bin, of
+    bytes 1, 2 and 3), and part0-again.bin, a hard link of part0.bin. Enough to move in streams
+    side by side (from 256 MB)."""
+    subprocess.run(["cp", "-a", str(venv), str(src)], check=True)
     big = src / "lib" / "big"
     big.mkdir()
     for i in range(3):
         (big / f"part{i}.bin").write_bytes(bytes([i + 1]) * (100 << 20))
     os.link(big / "part0.bin", big / "part0-again.bin")
+    return src
+
+
+def test_one_host_moves_a_big_tree_in_streams_side_by_side(payload_small, tmp_path):
+    """Both ends on this machine, 300 MB to move and jobs 4: the sending end starts two receiving
+    ends (two tar pairs side by side); verify takes both streams' digests and reads no file; the
+    two names of one inode arrive as one inode."""
+    src = big_source(payload_small.venv, tmp_path / "src")
     dst = tmp_path / "d" / "venv"
     r = compile_and_run(tmp_path, src, dst, policy="replace", jobs=4)
     assert r.returncode == 0, r.stderr[-3000:]

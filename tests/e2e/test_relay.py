@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from compiler import cli
+from tests.e2e.test_local_runbook import big_source
 
 HOST = """  {name}:
     ssh: root@{addr}
@@ -137,13 +138,7 @@ def test_direct_route_moves_a_big_tree_in_streams_side_by_side(clean_lab, payloa
     the progress lines sum both streams."""
     lab = clean_lab
     addr = lab.allow("src", "dst")
-    src = tmp_path / "src"
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    big = src / "lib" / "big"
-    big.mkdir()
-    for i in range(3):
-        (big / f"part{i}.bin").write_bytes(bytes([i + 1]) * (100 << 20))
-    os.link(big / "part0.bin", big / "part0-again.bin")
+    src = big_source(payload_small.venv, tmp_path / "src")
     dst = tmp_path / "dst" / "venv"
     hop = (f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
            f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n")
@@ -161,6 +156,26 @@ def test_direct_route_moves_a_big_tree_in_streams_side_by_side(clean_lab, payloa
     assert "0 hashed" in steps["verify"]["detail"], steps["verify"]
     assert (dst / "lib" / "big" / "part1.bin").read_bytes() == bytes([2]) * (100 << 20)
     assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+
+
+@pytest.mark.e2e
+def test_both_ends_on_one_ssh_host_stream_there_without_this_machine(clean_lab, payload_small,
+                                                                     tmp_path):
+    """from and to on the same ssh host (dst): the sending end starts the receiving ends there
+    (send --local over one ssh session), two streams for 300 MB with jobs 4; nothing of the
+    stream passes through this machine."""
+    lab = clean_lab
+    src = big_source(payload_small.venv, tmp_path / "src")
+    dst = tmp_path / "dst" / "venv"
+    text = spec_text(lab, src, dst).replace("  from: src:", "  from: dst:").replace(
+        "  jobs: 2\n", "  jobs: 4\n")
+    r = run(tmp_path, build(tmp_path, text))
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    assert steps["transfer"]["detail"].endswith("2 streams side by side"), steps["transfer"]
+    assert "0 hashed" in steps["verify"]["detail"], steps["verify"]
+    out = lab.ssh("dst", [str(dst / "bin" / "payload-hello")], check=True).stdout
+    assert str(dst) in out
 
 
 @pytest.mark.e2e
