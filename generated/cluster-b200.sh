@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: ac63ba6d36d84b6656cafde3e07f5dd0c071c6279b18a4e1032b364263729fa9
+# sha256 of this file with these 64 digits zeroed: 798ccf3c4c7d75ce7ef6045d9b459bad82aa975aa5e0c9e1140e6105ef7b90ae
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1cb3eba98ff4bf5becff178e35a34f06db97504d2cf5b59b752f8f1d785e7ec5
-readonly RB_KIT_FILE=.kit/1cb3eba98ff4bf5becff178e35a34f06db97504d2cf5b59b752f8f1d785e7ec5.tar
+readonly RB_KIT_SHA256=2762ba4dc7c0c29ecaa79a8b3c781d3ef53c2b25ba529236846109a04795f959
+readonly RB_KIT_FILE=.kit/2762ba4dc7c0c29ecaa79a8b3c781d3ef53c2b25ba529236846109a04795f959.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

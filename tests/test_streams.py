@@ -72,6 +72,22 @@ def test_the_split_puts_every_directory_in_every_list_and_each_file_in_one(tmp_p
         assert len(biggest & set(got)) == 1
 
 
+def test_the_scan_counts_the_data_of_a_hard_link_once_and_records_its_names(tmp_path):
+    """What the stream carries: tar sends a second name of an inode as a link, no data; the
+    transfer's progress runs to 100% of the scan's bytes (it stopped at 75% with a 100 MB file
+    under two names)."""
+    src, names = scanned(tmp_path)
+    out = hostfs.scan(str(src), [], str(names))
+    sizes = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    assert out["bytes"] == sizes - (src / "lib" / "a" / "f0.bin").stat().st_size
+    listed = read_list(str(names))
+    linked = [json.loads(line) for line in Path(str(names) + manifest.LINKS_SUFFIX).read_text()
+              .splitlines()]
+    assert sorted(listed[i] for i, _dev, _ino in linked) == ["lib/a/f0.bin",
+                                                            "lib/c/same-as-f0.bin"]
+    assert len({(dev, ino) for _i, dev, ino in linked}) == 1
+
+
 def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp_path):
     _src, names = scanned(tmp_path)
     (tmp_path / "parts").mkdir()

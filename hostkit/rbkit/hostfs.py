@@ -96,7 +96,9 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     that leave the tree, the venv's bin/python* excepted: refused unless `keep`) and `devices`
     (never moved); `refusal` is the text preflight fails with, "" when nothing is refused.
     `need_bytes` is the room the copy takes: each file at the larger of its apparent size and its
-    blocks (tar writes a sparse file's holes out)."""
+    blocks (tar writes a sparse file's holes out). `bytes` counts the data of an inode the tree
+    names twice (a hard link) once, as `du --apparent-size` does and as the stream carries it
+    (tar sends the second name as a link): the transfer's progress runs to 100% on it."""
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
     patterns = list(patterns)
@@ -122,6 +124,7 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
         apparent = disk = need = 0
         names: List[bytes] = []
         multi: List[bytes] = []
+        inodes: set = set()            # (st_dev, st_ino) of the files of more than one link
         special: List[dict] = []
         outside: List[dict] = []
         devices: List[str] = []
@@ -152,8 +155,13 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
                 special.append({"p": rel, "m": _octal(mode)})
             if stat.S_ISREG(st.st_mode):
                 files += 1
-                if st.st_nlink > 1 and names_path:
-                    multi.append(b"[%d, %d, %d]\n" % (len(names) - 1, st.st_dev, st.st_ino))
+                if st.st_nlink > 1:
+                    if names_path:
+                        multi.append(b"[%d, %d, %d]\n" % (len(names) - 1, st.st_dev, st.st_ino))
+                    if (st.st_dev, st.st_ino) in inodes:
+                        disk -= blocks         # its data is counted (and sent, and stored) once
+                        continue
+                    inodes.add((st.st_dev, st.st_ino))
                 apparent += st.st_size
                 need += max(blocks, -(-st.st_size // 4096) * 4096)
                 if blocks + 4096 <= st.st_size:

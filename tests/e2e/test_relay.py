@@ -147,10 +147,10 @@ def test_direct_route_moves_a_big_tree_in_streams_side_by_side(clean_lab, payloa
     r = run(tmp_path, build(tmp_path, text))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "route: direct (src reaches dst over ssh itself)" in r.stderr
-    # the last progress line sums both streams' ends: 300 MB of data (the hard link's second
-    # name carries none: the estimate, which counts it, says 75%)
-    said = re.findall(r"progress: ([0-9.]+) MB of", r.stderr)
-    assert said and float(said[-1]) >= 300, r.stderr[-3000:]
+    # the last progress line sums both streams' ends: 300 MB of data, all of it (the hard link's
+    # second name carries none, and the scan's bytes count it once)
+    said = re.findall(r"progress: ([0-9.]+) MB of ([0-9.]+) MB \((\d+)%\)", r.stderr)
+    assert said and float(said[-1][0]) >= 300 and said[-1][2] == "100", r.stderr[-3000:]
     steps = {s["id"]: s for s in report(tmp_path)["steps"]}
     assert steps["transfer"]["detail"].endswith("2 streams side by side"), steps["transfer"]
     assert "0 hashed" in steps["verify"]["detail"], steps["verify"]
