@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 438033af28323bd27c574cd2c512195320df884c293b6b4d049c78c46024fc7c
+# sha256 of this file with these 64 digits zeroed: 826a6f85c4dbeb8c3a58132d508757938cb867181cd83ed8fb33fcd08c814b31
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2762ba4dc7c0c29ecaa79a8b3c781d3ef53c2b25ba529236846109a04795f959
-readonly RB_KIT_FILE=.kit/2762ba4dc7c0c29ecaa79a8b3c781d3ef53c2b25ba529236846109a04795f959.tar
+readonly RB_KIT_SHA256=72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164
+readonly RB_KIT_FILE=.kit/72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

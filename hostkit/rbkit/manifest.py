@@ -176,42 +176,33 @@ def digest(path: str, algo: str, buf: Optional[bytearray] = None,
 
 def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
     """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
-    their order, by `jobs` workers taking the biggest files first (one big file taken last is
-    hashed alone while the others are done). The workers are forked processes where this
-    process has no threads (rbprobes.workers.over_workers): on the H100 host 8 threads of one Python
-    hashed /opt/torch/.venv (7.2 GB) in 6-7 s, one thread's pace, 16 threads slower still.
-    Else threads of this process take the next path from one shared iterator (no task object
-    nor wake-up per file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files here).
-    The first error in the order of `rels` is raised (the paths before it are all hashed)."""
-    out: list = [None] * len(rels)
+    their order. Where this process has no threads, by `jobs` forked workers taking the biggest
+    files first (_digests_forked): on the H100 host 8 threads of one Python hashed
+    /opt/torch/.venv (7.2 GB) in 3.8-7 s, one thread's pace, 8 processes in 1.2 s. Else by `jobs`
+    threads that take the next path from one shared iterator (no task object nor wake-up per
+    file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files here, as much as half
+    the hashing). The first error (in the order of `rels`) is raised once every worker stopped."""
     n = max(1, min(jobs, len(rels)))
     if n > 1 and workers.forkable():
         return _digests_forked(root, rels, algo, n, sizes)
-    order = (sorted(range(len(rels)), key=sizes.__getitem__, reverse=True)
-             if sizes is not None else range(len(rels)))
-    todo = iter(order)
-    taken = [False] * len(rels)
+    out: list = [None] * len(rels)
+    todo = iter(enumerate(rels))
     errors: list = []
-
-    def one(i: int, buf: bytearray) -> bool:
-        try:
-            out[i] = digest(os.path.join(root, rels[i]), algo, buf,
-                            None if sizes is None else sizes[i])
-            return True
-        except BaseException as exc:     # re-raised below, in the caller
-            errors.append((i, exc))
-            return False
 
     def work() -> None:
         buf = bytearray(CHUNK)
-        # errors looked at before a path is taken, never after: a path taken is hashed
+        # errors looked at before a path is taken, never after: a path taken is hashed, so every
+        # path before the first one that failed is (its error, if any, is the one raised)
         while not errors:
             try:
-                i = next(todo)             # a list iterator's next() is one step under the GIL
+                i, rel = next(todo)         # a list iterator's next() is one step under the GIL
             except StopIteration:
                 return
-            taken[i] = True
-            if not one(i, buf):
+            try:
+                out[i] = digest(os.path.join(root, rel), algo, buf,
+                                None if sizes is None else sizes[i])
+            except BaseException as exc:     # re-raised below, in the caller
+                errors.append((i, exc))
                 return
 
     if n == 1:
@@ -223,19 +214,15 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
         for t in threads:
             t.join()
     if errors:
-        first = min(e[0] for e in errors)
-        buf = bytearray(CHUNK)
-        for i in range(first):
-            if not taken[i] and not one(i, buf):
-                break
         raise min(errors, key=lambda e: e[0])[1]
     return out
 
 
 def _digests_forked(root: str, rels: list, algo: str, jobs: int,
                     sizes: Optional[list]) -> list:
-    """digests() by forked workers: a file a worker could not hash (or that no worker answered
-    for) is hashed here again, in order, so that its error is raised here as the threads' is."""
+    """digests() by forked workers (rbprobes.workers.over_workers), the biggest files first: a file
+    a worker could not hash (or that no worker answered for) is hashed here again, in order, so
+    that the first error is raised here as the threads' is."""
     buf = bytearray(CHUNK)
 
     def fn(i: int) -> Optional[str]:
