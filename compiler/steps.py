@@ -16,11 +16,11 @@ from typing import Any
 
 from . import implied
 
-# the install engine's steps, in order (rbkit.engine.STEPS)
 # rbkit.stream's rule for streams side by side (a test holds the two equal): from this many MB,
 # one stream per two jobs, at most this many
 STREAMS_MIN_MB = 256
 MAX_STREAMS = 8
+# the install engine's steps, in order (rbkit.engine.STEPS)
 ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
 ENGINE_DOCS = {
     "stage": "make a fresh staging beside the destination (on a re-run: unchanged files "
