@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 06b47a4863a1e75586cf621939c916a25eeea710aba00bbb65794cb003be597e
+# sha256 of this file with these 64 digits zeroed: 0e97a160173a514f31b6af48f55f4db45a2a1ac0c4e9feada8a2b5b48a0bc5cd
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -450,11 +450,17 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Decide the route: relay through this machine, or direct (the source pushes to the destination).
+# Decide the route: relay through this machine, or direct (the source pushes to the destination);
+# with both ends on one host, that host (the sending end starts the receiving ends there).
 #######################################
 rb::preflight_route() {
   local why
   RB_ROUTE_USED=relay
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    RB_ROUTE_USED=one-host
+    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    return 0
+  fi
   if [[ "${RB_ROUTE}" == relay ]]; then
     rb::log "route: relay through this machine"
     return 0
@@ -631,7 +637,7 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+  if [[ "${RB_ROUTE_USED}" == one-host ]]; then
     # both ends on one host: the sending end starts the receiving ends there, no ssh between
     # them; several streams side by side where the run may use the cores (rbkit send --jobs)
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |

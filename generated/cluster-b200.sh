@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 1bd361cc238880cd148aefd1a82572a5ae1fc6934bab79b0f0234f95f33178fd
+# sha256 of this file with these 64 digits zeroed: 8d44c8fab78bf84b7286ba6a96e74b5d7efbcae16a7fa382c1a6d8face947283
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -451,11 +451,17 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Decide the route: relay through this machine, or direct (the source pushes to the destination).
+# Decide the route: relay through this machine, or direct (the source pushes to the destination);
+# with both ends on one host, that host (the sending end starts the receiving ends there).
 #######################################
 rb::preflight_route() {
   local why
   RB_ROUTE_USED=relay
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    RB_ROUTE_USED=one-host
+    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    return 0
+  fi
   if [[ "${RB_ROUTE}" == relay ]]; then
     rb::log "route: relay through this machine"
     return 0
@@ -632,7 +638,7 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+  if [[ "${RB_ROUTE_USED}" == one-host ]]; then
     # both ends on one host: the sending end starts the receiving ends there, no ssh between
     # them; several streams side by side where the run may use the cores (rbkit send --jobs)
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 93a518c86a3459e67ce32d87465b1e39e5ed6351d8a82252f8ca935fb52f04e0
+# sha256 of this file with these 64 digits zeroed: 01652b0720e6585f4b6ea729028290808d21f587e43d6850413e8b0fe1ebaf71
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -451,11 +451,17 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Decide the route: relay through this machine, or direct (the source pushes to the destination).
+# Decide the route: relay through this machine, or direct (the source pushes to the destination);
+# with both ends on one host, that host (the sending end starts the receiving ends there).
 #######################################
 rb::preflight_route() {
   local why
   RB_ROUTE_USED=relay
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    RB_ROUTE_USED=one-host
+    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    return 0
+  fi
   if [[ "${RB_ROUTE}" == relay ]]; then
     rb::log "route: relay through this machine"
     return 0
@@ -632,7 +638,7 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+  if [[ "${RB_ROUTE_USED}" == one-host ]]; then
     # both ends on one host: the sending end starts the receiving ends there, no ssh between
     # them; several streams side by side where the run may use the cores (rbkit send --jobs)
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |

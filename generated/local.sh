@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 826a6f85c4dbeb8c3a58132d508757938cb867181cd83ed8fb33fcd08c814b31
+# sha256 of this file with these 64 digits zeroed: e1f3cbcb454c69abbc3119498dccd9bd27271f43f262ad31c59cc9c5ef4a73f2
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -438,11 +438,17 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Decide the route: relay through this machine, or direct (the source pushes to the destination).
+# Decide the route: relay through this machine, or direct (the source pushes to the destination);
+# with both ends on one host, that host (the sending end starts the receiving ends there).
 #######################################
 rb::preflight_route() {
   local why
   RB_ROUTE_USED=relay
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    RB_ROUTE_USED=one-host
+    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    return 0
+  fi
   if [[ "${RB_ROUTE}" == relay ]]; then
     rb::log "route: relay through this machine"
     return 0
@@ -619,7 +625,7 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+  if [[ "${RB_ROUTE_USED}" == one-host ]]; then
     # both ends on one host: the sending end starts the receiving ends there, no ssh between
     # them; several streams side by side where the run may use the cores (rbkit send --jobs)
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |

@@ -171,6 +171,7 @@ def test_both_ends_on_one_ssh_host_stream_there_without_this_machine(clean_lab, 
         "  jobs: 2\n", "  jobs: 4\n")
     r = run(tmp_path, build(tmp_path, text))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "route: one host (both ends on dst: the stream stays there)" in r.stderr
     steps = {s["id"]: s for s in report(tmp_path)["steps"]}
     assert steps["transfer"]["detail"].endswith("2 streams side by side"), steps["transfer"]
     assert "0 hashed" in steps["verify"]["detail"], steps["verify"]

@@ -448,11 +448,17 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Decide the route: relay through this machine, or direct (the source pushes to the destination).
+# Decide the route: relay through this machine, or direct (the source pushes to the destination);
+# with both ends on one host, that host (the sending end starts the receiving ends there).
 #######################################
 rb::preflight_route() {
   local why
   RB_ROUTE_USED=relay
+  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+    RB_ROUTE_USED=one-host
+    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    return 0
+  fi
   if [[ "${RB_ROUTE}" == relay ]]; then
     rb::log "route: relay through this machine"
     return 0
@@ -629,7 +635,7 @@ step_transfer() {
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
-  if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
+  if [[ "${RB_ROUTE_USED}" == one-host ]]; then
     # both ends on one host: the sending end starts the receiving ends there, no ssh between
     # them; several streams side by side where the run may use the cores (rbkit send --jobs)
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
