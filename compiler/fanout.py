@@ -15,6 +15,8 @@ import re
 import shlex
 from typing import Any, Optional
 
+from rbrules import launch
+
 from .errors import Problem
 from .view import Array, Fanout, Setting
 
@@ -259,8 +261,9 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
     bundle = f"runs/{spec.name}/fanout/rbfan-{spec.name}.tar"
     opts = "".join(f" {shlex.quote(o)}" for o in clush_opts(spec)) if f.engine == "clush" else ""
     copy = "".join(f" {shlex.quote(o)}" for o in sbcast_opts(spec)) if f.engine == "slurm" else ""
+    flags = " ".join(launch.FLAGS)
     node_cmd = (f"sh -c 'mkdir -m 700 {d} && tar -xf {d}.tar -C {d} --exclude=./payload && "
-                f"python3 -S -m rbkit.fanout "
+                f"cd {d} && python3 {flags} {d}/kit/{launch.START} rbkit.fanout "
                 f"node --dir {d} --dest {dst} --old {src} ...'")
     t = f.timeout_s
     clush = "".join(f"{shlex.quote(w)} " for w in clush_words(spec))
@@ -289,13 +292,14 @@ def preview(step: str, spec: Any, incremental: bool = False) -> list[str]:
                  "on them only"] if incremental else []
         if f.engine == "slurm":
             return [f"timeout {t} srun -N {len(expand(f.nodes))} -n {len(expand(f.nodes))} "
-                    f"--ntasks-per-node=1 -w {nodes} --chdir={f.scratch} "
+                    f"--ntasks-per-node=1 -w {nodes} --chdir=/ "
                     f"--immediate={f.connect_timeout} "
                     f"--time={max(1, (t + 59) // 60)} -K0 {node_cmd}"] + again
         return [f"timeout {t} {clush}-w {nodes} -S -t {f.connect_timeout} -u {t}{opts} "
                 f"{node_cmd}"] + again
     if step == "fan_compare":
         policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
-        return ["here: python3 -S -m rbkit.fanout compare: nodes x checks, identical rows folded",
+        return [f"here: python3 {flags} <kit>/{launch.START} rbkit.fanout compare: nodes x checks, "
+                "identical rows folded",
                 f"success: {policy} must pass"]
     return []

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-PACKAGES = ("rbkit", "rbprobes")
+PACKAGES = ("rbkit", "rbprobes", "rbrules")
 
 
 @dataclass(frozen=True)

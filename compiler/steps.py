@@ -14,6 +14,8 @@ import posixpath
 import shlex
 from typing import Any
 
+from rbrules import launch
+
 from . import implied
 
 # rbkit.stream's rule for streams side by side (a test holds the two equal): from this many MB,
@@ -167,7 +169,9 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
     elif step == "probe":
         listed = [{"type": c.kind} for c in spec.checks]
         kinds = ", ".join(c["type"] for c in implied.implied_checks(spec, listed) + listed)
-        out.append(f"{on_dst} probe: source the env file; {dst}/bin/python -m rbprobes run: {kinds}")
+        flags = " ".join(launch.SITE_FLAGS)
+        out.append(f"{on_dst} probe: source the env file; {dst}/bin/python {flags} "
+                   f"<kit>/{launch.START} rbprobes run: {kinds}")
         out.append(f"here: fetch the report to runs/{spec.name}/probe-{dst_host}.json")
     return out
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 8d44c8fab78bf84b7286ba6a96e74b5d7efbcae16a7fa382c1a6d8face947283
+# sha256 of this file with these 64 digits zeroed: 9a6f7188dcbd529f8503bc58823ea4abf20fca29cde9a8e00143ca28a25a7886
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -23,8 +23,14 @@ if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
   echo "this runbook needs bash 4.4 or newer (found ${BASH_VERSION})" >&2
   exit 2
 fi
-# This file: its own hash and the kit beside it are read from here.
+# This file: its own hash and the kit beside it are read from here (by an absolute path: the
+# Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
+RB_SELF_ABS=${RB_SELF}
+if [[ "${RB_SELF_ABS}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+fi
+readonly RB_SELF_ABS
 
 #######################################
 # Settings, from the spec. Every value is quoted by the compiler.
@@ -35,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164
-readonly RB_KIT_FILE=.kit/72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164.tar
+readonly RB_KIT_SHA256=0f914c7387abdec1058c57fa30e5f2bb841b3e95e6a5a5c210ea11e12b6c1e59
+readonly RB_KIT_FILE=.kit/0f914c7387abdec1058c57fa30e5f2bb841b3e95e6a5a5c210ea11e12b6c1e59.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -120,7 +126,7 @@ on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-s
 on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b200: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on b200: engine probe: source the env file; /opt/sglang/.venv/bin/python -m rbprobes run: relocation, torch, devices, matmul, imports, kernel_audit, nccl
+  [probe]='on b200: engine probe: source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, torch, devices, matmul, imports, kernel_audit, nccl
 here: fetch the report to runs/cluster-b200/probe-b200.json'
 )
 declare -rA RB_STEP_HOST=(
@@ -144,6 +150,22 @@ RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
 RB_LOCAL_PY=python3
+# how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
+# path of the kit's entry file in a private directory, from a private working directory
+readonly -a RB_PY_FLAGS=(-I -S -B)
+readonly RB_PY_START=rbrules/start.py
+# the spec files the seal compares (PATH=SHA256), by absolute paths from where the run started
+declare -a RB_SPEC_ABS=()
+rb::spec_abs() {
+  local item
+  for item in "${RB_SPEC_FILES[@]}"; do
+    if [[ "${item}" != /* ]]; then
+      item=${PWD}/${item}
+    fi
+    RB_SPEC_ABS+=("${item}")
+  done
+}
+rb::spec_abs
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
 # 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
@@ -165,6 +187,10 @@ rb::local_python() {
 }
 rb::local_python
 RB_WORK=''
+# this machine's kit: RB_WORK/kit (private, this run's), never the run directory
+RB_LOCAL_KIT=''
+# the run directory's lock this run holds (rb::run_lock)
+RB_RUN_LOCK=''
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -213,7 +239,7 @@ RB_SRC_STAT=''
 # The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 rb::boot() {
-  "$1" -S - "$2" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
 import sys
 
 if sys.version_info < (3, 9):
@@ -289,11 +315,7 @@ print("RB_SEAL_OUT=" + shlex.quote("\n".join(seal_findings(sys.argv[3], sys.argv
 print("RB_SEAL_DONE=1")
 PY
 }
-if [[ "${RB_SELF}" == */* ]]; then
-  RB_KIT_PATH=${RB_SELF%/*}/${RB_KIT_FILE}
-else
-  RB_KIT_PATH=./${RB_KIT_FILE}
-fi
+RB_KIT_PATH=${RB_SELF_ABS%/*}/${RB_KIT_FILE}
 RB_BOOT_RC=0
 RB_RUNTIME=$(rb::boot "${RB_LOCAL_PY}" "${RB_KIT_PATH}") || RB_BOOT_RC=$?
 if ((RB_BOOT_RC != 4)) && [[ "${RB_RUNTIME}" != *RB_SEAL_DONE=1 && "${RB_LOCAL_PY}" != python3 ]]; then
@@ -369,10 +391,7 @@ rb::install_paths() {
 #######################################
 rb::kit_write() {
   local dir=$1 file got
-  file=./${RB_KIT_FILE}
-  if [[ "${RB_SELF}" == */* ]]; then
-    file=${RB_SELF%/*}/${RB_KIT_FILE}
-  fi
+  file=${RB_SELF_ABS%/*}/${RB_KIT_FILE}
   if [[ ! -f "${file}" || -L "${file}" ]]; then
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
@@ -790,33 +809,50 @@ step_probe() {
 }
 
 #######################################
-# Set up this run: the run directory, the log, the kit, ssh multiplexing, absolute paths.
+# Set up this run: the private scratch directory and this machine's kit, the run directory (made
+# private, or refused), the run's own lock, the log, ssh multiplexing, absolute paths. Nothing is
+# written in the run directory before it is known private and this run holds it.
 #######################################
 rb::init() {
+  local me
+  # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
+  # sockets, and the working directory of every command this runbook starts from here on
+  RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
+  RB_LOCAL_KIT=${RB_WORK}/kit
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # pinned form's start found it already
+  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
+    RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
+  fi
+  rb::kit_write "${RB_LOCAL_KIT}"
   RB_RUN_DIR=${RB_RUN_DIR:-runs/${RB_NAME}}
-  mkdir -p "${RB_RUN_DIR}"
-  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd)
+  if [[ "${RB_RUN_DIR}" != /* ]]; then
+    RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
+  fi
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
+  if [[ "${RB_REPORT}" != /* ]]; then
+    RB_REPORT=${PWD}/${RB_REPORT}
+  fi
+  me=$(id -un)
+  rb::private_dir "${RB_RUN_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
+    "${me} can write (its parents too), or fix the one named"
+  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
+    "directory only ${me} can write"
+  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd -P)
+  rb::run_lock
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
+  rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
   : >"${RB_EVENTS}"
   : >"${RB_RUN_DIR}/run.log"
   # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
-  RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
-  # pinned form's start found it already
-  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
-    RB_LOCAL_PY=$(python3 -S -c 'import sys; print(sys.executable)')
-  fi
-  # the kit's packages are rewritten every run; state files beside them (manifests) are kept
-  rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
-  rb::kit_write "${RB_RUN_DIR}/kit"
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
   rb::install_paths
+  cd "${RB_WORK}"
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
   if ((RB_ALLOW_EDITED)); then
     rb::event fact main allow_edited "${RB_EDITED:-no}"
@@ -857,6 +893,9 @@ rb::cleanup() {
     wait "${pid}" || true
   done
   rm -rf "${RB_WORK}"
+  if [[ -n "${RB_RUN_LOCK}" ]]; then
+    rm -rf -- "${RB_RUN_LOCK}"
+  fi
 }
 
 #######################################
@@ -915,10 +954,6 @@ main() {
   if ((RB_DRY_RUN)); then
     rb::dry_run
     return 0
-  fi
-  if [[ -n "${RB_REPORT}" ]]; then
-    mkdir -p "$(dirname "${RB_REPORT}")"
-    RB_REPORT="$(cd "$(dirname "${RB_REPORT}")" && pwd)/${RB_REPORT##*/}"
   fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 from . import report
 
@@ -80,11 +81,17 @@ def cmd_elsewhere(a) -> int:
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
     doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
-    tmp = f"{a.out}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, a.out)
+    # a new file of its own name beside the report (O_EXCL, never a name another user could have
+    # pointed elsewhere), renamed over it
+    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, a.out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     print(report.table(doc), file=sys.stderr)
     if a.pictures:
         # in the same process (one Python start less at the end of every run); a drawing that

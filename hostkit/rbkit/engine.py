@@ -39,6 +39,8 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
+from rbrules import launch
+
 from . import exports as kitexports
 from . import hostfs, safefs
 from . import manifest as kitmanifest
@@ -1083,10 +1085,13 @@ def probe(ctx: Context, report: str = "") -> Result:
     """The checks (rbprobes, from this kit) with the moved interpreter and the env file sourced;
     the report is written to `report` (default: the state directory)."""
     report = report or os.path.join(ctx.state, "probe-report.json")
-    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(child_env(), PYTHONPATH=kit)
-    argv = ["bash", "-c", 'source "$1" && exec "$2/bin/python" -m rbprobes run --config-json "$3" '
-            '--report "$4"', "rb", ctx.env_out, ctx.dest, ctx.probe_config, report]
+    env = child_env()
+    # the moved interpreter, isolated (rbrules.launch: the checks see the venv's own
+    # site-packages and the env file's variables, never a PYTHON* variable or the working
+    # directory), from /
+    argv = (["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", ctx.env_out]
+            + launch.argv(os.path.join(ctx.dest, "bin", "python"), "rbprobes", site=True)
+            + ["run", "--config-json", ctx.probe_config, "--report", report])
     if ctx.capture:
         rc, out, err = run_quiet(argv, ctx.timeout, env)
         ctx.log(err)

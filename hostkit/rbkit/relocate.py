@@ -26,6 +26,8 @@ import tempfile
 import threading
 from typing import List, Optional, Tuple
 
+from rbrules import launch
+
 from . import safefs
 
 SHEBANG_MAX = 127
@@ -307,10 +309,8 @@ class ElsewhereChild:
         self._error = ""
         fd = safefs.open_dir(root)
         try:
-            kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
-            env.update(PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
-            argv = [sys.executable, "-S", "-m", "rbkit", "elsewhere", "--fd", str(fd)]
+            argv = launch.argv(sys.executable, "rbkit") + ["elsewhere", "--fd", str(fd)]
             for o in olds:
                 argv += ["--old", o]
             self._p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out,

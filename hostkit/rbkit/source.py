@@ -25,6 +25,8 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+from rbrules import launch
+
 from . import engine, stream
 
 AUDIT_TIMEOUT_S = 900
@@ -74,12 +76,11 @@ class EarlyAudit:
     output goes to unlinked temporary files, read when the scan is done."""
 
     def __init__(self, argv: List[str]) -> None:
-        kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(stream.child_env(), PYTHONPATH=kit, PYTHONDONTWRITEBYTECODE="1")
+        env = stream.child_env()
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         self._p: Optional[subprocess.Popen] = None
         try:
-            self._p = subprocess.Popen([sys.executable, "-S", "-m", "rbprobes"] + list(argv),
+            self._p = subprocess.Popen(launch.argv(sys.executable, "rbprobes") + list(argv),
                                        stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
                                        cwd="/", env=env)
         except OSError as exc:

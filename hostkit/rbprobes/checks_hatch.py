@@ -34,7 +34,9 @@ def python_check(params: Dict[str, Any], ctx: Context):
         return failed("no code to run: give params.code")
     timeout_s = params.get("timeout_s", DEFAULT_TIMEOUT_S)
     label = "python snippet %s" % (params.get("name") or "")
-    finished = proc.run_bounded([sys.executable, "-c", code], timeout_s, env=proc.child_env())
+    # isolated, from / (proc.run_bounded): the snippet sees the venv, not where the run started
+    finished = proc.run_bounded([sys.executable, "-I", "-c", code], timeout_s,
+                                env=proc.child_env())
     return _judge(label.strip(), finished, 0, timeout_s,
                   {"name": params.get("name"), "python": sys.executable})
 

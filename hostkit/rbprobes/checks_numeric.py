@@ -11,6 +11,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from rbrules import launch
+
 from . import driver, proc
 from .checks_runtime import need_cuda
 from .result import Context, Unavailable, failed, passed, short_list
@@ -243,15 +245,6 @@ class _Nothing:
         return False
 
 
-def _package_parent() -> str:
-    """The directory to put on PYTHONPATH so that `python -m <this package>` works."""
-    depth = len(__package__.split("."))
-    here = os.path.dirname(os.path.abspath(__file__))
-    for _ in range(depth):
-        here = os.path.dirname(here)
-    return here
-
-
 def nccl_check(params: Dict[str, Any], ctx: Context):
     """Check: an all-reduce over every local GPU, one process per GPU, gives the exact sum.
 
@@ -299,10 +292,10 @@ def _run_workers(world: int, elements: int, timeout_s: int) -> List[Dict[str, An
     """Start one worker per rank, wait for all (bounded by timeout_s + 60 s, then every
     worker's process group is killed), and read each one's JSON line."""
     tmp = tempfile.mkdtemp(prefix="rbprobes-nccl-")
-    env = proc.child_env(_package_parent())
+    env = proc.child_env()
     try:
         store = os.path.join(tmp, "store")
-        argv = [sys.executable, "-m", __package__ + ".nccl_worker"]
+        argv = launch.argv(sys.executable, __package__ + ".nccl_worker", site=True)
         started = time.monotonic()
         children = []
         try:

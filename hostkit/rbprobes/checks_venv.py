@@ -213,7 +213,7 @@ def _start_python(venv: str, timeout_s: float, problems: List[Dict[str, str]]
     env.pop("PYTHONHOME", None)
     env.pop("VIRTUAL_ENV", None)
     try:
-        done = proc.run_bounded([exe, "-c", code], timeout_s, env=env)
+        done = proc.run_bounded([exe, "-I", "-c", code], timeout_s, env=env)
     except OSError as exc:
         problems.append({"file": "bin/python", "what": "cannot be started: %s" % exc})
         info["error"] = str(exc)

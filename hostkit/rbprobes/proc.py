@@ -27,12 +27,10 @@ def apply_safe_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return target
 
 
-def child_env(extra_pythonpath: Optional[str] = None) -> Dict[str, str]:
-    env = apply_safe_env(dict(os.environ))
-    if extra_pythonpath:
-        old = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = extra_pythonpath + (os.pathsep + old if old else "")
-    return env
+def child_env() -> Dict[str, str]:
+    """This process's environment with the SAFE_ENV defaults, for a child (started isolated:
+    rbrules.launch)."""
+    return apply_safe_env(dict(os.environ))
 
 
 class Finished(NamedTuple):
@@ -48,8 +46,9 @@ def tail(text: str, limit: int = TAIL_CHARS) -> str:
 
 
 def run_bounded(argv: List[str], timeout_s: float, env: Optional[Dict[str, str]] = None,
-                cwd: Optional[str] = None) -> Finished:
-    """Run argv in its own process group; at the deadline kill the whole group."""
+                cwd: str = "/") -> Finished:
+    """Run argv in its own process group, from `cwd` (default /: no other user can write there);
+    at the deadline kill the whole group."""
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd,

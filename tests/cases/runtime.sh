@@ -52,7 +52,7 @@ rb::one_kernel() {
 # with 1 MiB; the whole runbook 4.98 -> 4.65 s, 0.5 s less CPU (7 rounds alternated).
 #######################################
 rb::wide_pipe() {
-  "${RB_LOCAL_PY}" -S -c 'import fcntl, stat, os, sys
+  "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" -c 'import fcntl, stat, os, sys
 if sys.platform.startswith("linux") and stat.S_ISFIFO(os.fstat(1).st_mode):
     fcntl.fcntl(1, 1031, 1 << 20)' 2>/dev/null || true
 }
@@ -188,8 +188,10 @@ rb::_on_host() {
   if [[ -z "${RB_HOST_TARGET}" ]]; then
     "$@"
   else
-    # the spec's options first: for ssh the first value of an option wins
-    words=$(rb::shq "$@")
+    # the spec's options first: for ssh the first value of an option wins; the command starts in
+    # this run's private kit directory there (`/` before it is made), never the login's directory
+    words=$(rb::shq cd "${RB_KIT_DIR[${host}]:-/}")
+    words+=" && $(rb::shq "$@")"
     ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "${words}"
   fi
 }
@@ -202,13 +204,30 @@ rb::kit_dir() {
 }
 
 #######################################
-# Run `python3 -m rbkit ARGS...` on HOST.
+# The words that start MODULE ($3) of the kit in directory $2 with the Python $1, as
+# `python -m MODULE` would but isolated (rbrules.launch: -I -S -B, the kit's entry file by its
+# path, nothing from the working directory or the environment): sets RB_KIT_ARGV. Every start of
+# the kit goes through here; where it starts is private (rb::_on_host, rb::init).
+#######################################
+rb::py_argv() {
+  RB_KIT_ARGV=("$1" "${RB_PY_FLAGS[@]}" "$2/${RB_PY_START}" "$3")
+}
+
+#######################################
+# The kit's command line on HOST as words ($2: the module, default rbkit): sets RB_KIT_ARGV.
+#######################################
+rb::kit_argv() {
+  rb::py_argv "${RB_PY[$1]:-python3}" "${RB_KIT_DIR[$1]}" "${2:-rbkit}"
+}
+
+#######################################
+# Run `rbkit ARGS...` on HOST.
 #######################################
 rb::kit() {
   local host=$1
   shift
-  rb::on_host "${host}" env PYTHONPATH="${RB_KIT_DIR[${host}]}" PYTHONDONTWRITEBYTECODE=1 \
-    "${RB_PY[${host}]:-python3}" -S -m rbkit "$@"
+  rb::kit_argv "${host}"
+  rb::on_host "${host}" "${RB_KIT_ARGV[@]}" "$@"
 }
 
 #######################################
@@ -258,11 +277,11 @@ rb::hosts_prepare() {
       rb::fail "${host} did not say how it was prepared"
     fi
     if rb::is_local "${host}"; then
-      RB_KIT_DIR[${host}]="${RB_RUN_DIR}/kit"
+      RB_KIT_DIR[${host}]=${RB_LOCAL_KIT}
     fi
   done
   if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" && ${#RB_RUN_STEPS[@]} -gt 0 &&
-    " ${RB_RUN_STEPS[*]} " != *" manifest "* ]] && ! rb::is_local "${RB_DST_HOST}"; then
+    " ${RB_RUN_STEPS[*]} " != *" manifest "* ]]; then
     # a --from/--only run without the manifest step goes on from the manifest this machine kept,
     # never one left on the host; sent beside the engines' start (rb::manifest_sent waits)
     RB_WORK='' rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
@@ -301,7 +320,7 @@ rb::host_prepare() {
       trap "rm -rf -- \"${dir}\"" EXIT
       cat >"${dir}/kit.tar" || exit 1
     fi
-    py=$(python3 -S -c "import hashlib, sys
+    py=$(python3 -I -S -B -c "import hashlib, sys
 if sys.version_info < (3, 9): sys.exit(\"python3 here is older than 3.9: \" + sys.version.split()[0])
 if sys.argv[1] != \"-\":
     got = hashlib.sha256(open(sys.argv[1] + \"/kit.tar\", \"rb\").read()).hexdigest()
@@ -327,7 +346,7 @@ rb::sha256() {
     printf '%s\n' "${out%% *}"
     return 0
   fi
-  "${RB_LOCAL_PY}" -S -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
+  "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
 }
 
 #######################################
@@ -437,6 +456,49 @@ rb::abspath() {
 }
 
 #######################################
+# Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
+# private (rbrules.private: this user's, not writable by others, nor any directory above it by
+# anyone but this user or root), or the run stops here (exit 2) before anything is written there.
+#######################################
+rb::private_dir() {
+  local dir=$1 what=$2 why
+  shift 2
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
+  if ! why=$("${RB_KIT_ARGV[@]}" --make --what "${what}" --fix "$*" -- "${dir}" 2>&1); then
+    printf '%s\n' "${why:-refusing ${what} ${dir} (the check failed)}" >&2
+    exit 2
+  fi
+}
+
+#######################################
+# Hold the run directory for this run (a directory made there, holding this shell's pid): a
+# second run of the runbook into the same run directory ends here (exit 1), naming the holder,
+# before it writes anything; a holder that is gone (killed) is taken over. rb::cleanup lets go.
+#######################################
+rb::run_lock() {
+  local lock=${RB_RUN_DIR}/.run-lock holder='' tries
+  for tries in 1 2; do
+    if mkdir -m 700 -- "${lock}" 2>/dev/null; then
+      printf '%s %s\n' "$$" "${HOSTNAME%%.*}" >"${lock}/holder"
+      RB_RUN_LOCK=${lock}
+      return 0
+    fi
+    holder=''
+    if [[ -f "${lock}/holder" ]]; then
+      read -r holder _ <"${lock}/holder" || holder=''
+    fi
+    if [[ "${holder}" =~ ^[0-9]+$ ]] && kill -0 "${holder}" 2>/dev/null || ((tries == 2)); then
+      break
+    fi
+    # its holder is gone (or never wrote itself down): a killed run's
+    rm -rf -- "${lock}"
+  done
+  echo "refusing to run: another run of ${RB_NAME} (pid ${holder:-unknown}) is using the run" \
+    "directory ${RB_RUN_DIR}; wait for it to end, or give this run its own: RB_RUN_DIR=DIR" >&2
+  exit 1
+}
+
+#######################################
 # Refuse to run a runbook edited by hand (its sha256 line no longer matches its text) or one whose
 # spec (any file of its extends chain, where it is reachable at the recorded path) changed since
 # it was compiled. --allow-edited runs it anyway and says so in the log and the report.
@@ -446,7 +508,7 @@ rb::check_sealed() {
   local out
   if ((RB_SEAL_DONE)); then
     out=${RB_SEAL_OUT}         # the start-up lines that read the kit checked already
-  elif ! out=$("${RB_LOCAL_PY}" -S - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+  elif ! out=$(cd / && "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" - "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
 import sys
 
 def seal_findings(runbook, spec_items):
@@ -655,15 +717,6 @@ rb::port_of() {
       return 0
     fi
   done
-}
-
-#######################################
-# The kit's command line on HOST as words, for a stage of a pipeline: sets RB_KIT_ARGV.
-#######################################
-rb::kit_argv() {
-  local host=$1 dir
-  dir=$(rb::kit_dir "${host}")
-  RB_KIT_ARGV=(env PYTHONPATH="${dir}" PYTHONDONTWRITEBYTECODE=1 "${RB_PY[${host}]:-python3}" -S -m rbkit)
 }
 
 #######################################
@@ -937,7 +990,8 @@ rb::engine_stop() {
 rb::finish() {
   local outcome=$1 probe drawn=''
   local -a probe_args=() fan=()
-  if ((RB_FINISHED)) || [[ -z "${RB_WORK}" ]] || ((RB_DRY_RUN)); then
+  # nothing is written before the run directory is known private and this run holds it
+  if ((RB_FINISHED)) || [[ -z "${RB_WORK}" || -z "${RB_RUN_LOCK}" ]] || ((RB_DRY_RUN)); then
     return 0
   fi
   RB_FINISHED=1
@@ -953,8 +1007,8 @@ rb::finish() {
     fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
   fi
   # the report, then its pictures beside it (timeline.svg, nodes.svg, report.html), one process
-  if drawn=$(env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -S -m rbkit \
-    report --name "${RB_NAME}" --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" \
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  if drawn=$("${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" \
     --outcome "${outcome}" --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} \
     --pictures "$(dirname "${RB_REPORT}")" "${fan[@]}"); then
     if [[ -n "${drawn}" ]]; then

@@ -22,8 +22,14 @@ if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
   echo "this runbook needs bash 4.4 or newer (found ${BASH_VERSION})" >&2
   exit 2
 fi
-# This file: its own hash and the kit beside it are read from here.
+# This file: its own hash and the kit beside it are read from here (by an absolute path: the
+# Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
+RB_SELF_ABS=${RB_SELF}
+if [[ "${RB_SELF_ABS}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+fi
+readonly RB_SELF_ABS
 
 #######################################
 # Settings, from the spec. Every value is quoted by the compiler.
@@ -115,9 +121,9 @@ here: clush, nodeset present; nodes gpu[01-16] (16)'
 on build: tar -C /opt/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-clush/fanout/rbfan-fanout-clush.tar (with the manifest and the kit)
 re-run (runs/fanout-clush/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 --copy runs/fanout-clush/fanout/rbfan-fanout-clush.tar --dest /tmp/rbfan-fanout-clush-<random>.tar'
-  [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-clush-<random> && tar -xf /tmp/rbfan-fanout-clush-<random>.tar -C /tmp/rbfan-fanout-clush-<random> --exclude=./payload && python3 -S -m rbkit.fanout node --dir /tmp/rbfan-fanout-clush-<random> --dest /opt/venv --old /opt/venv ...'"'"'
+  [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-clush-<random> && tar -xf /tmp/rbfan-fanout-clush-<random>.tar -C /tmp/rbfan-fanout-clush-<random> --exclude=./payload && cd /tmp/rbfan-fanout-clush-<random> && python3 -I -S -B /tmp/rbfan-fanout-clush-<random>/kit/rbrules/start.py rbkit.fanout node --dir /tmp/rbfan-fanout-clush-<random> --dest /opt/venv --old /opt/venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -S -m rbkit.fanout compare: nodes x checks, identical rows folded
+  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 15 nodes must pass'
 )
 declare -rA RB_STEP_HOST=(
@@ -137,6 +143,22 @@ RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
 RB_LOCAL_PY=python3
+# how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
+# path of the kit's entry file in a private directory, from a private working directory
+readonly -a RB_PY_FLAGS=(-I -S -B)
+readonly RB_PY_START=rbrules/start.py
+# the spec files the seal compares (PATH=SHA256), by absolute paths from where the run started
+declare -a RB_SPEC_ABS=()
+rb::spec_abs() {
+  local item
+  for item in "${RB_SPEC_FILES[@]}"; do
+    if [[ "${item}" != /* ]]; then
+      item=${PWD}/${item}
+    fi
+    RB_SPEC_ABS+=("${item}")
+  done
+}
+rb::spec_abs
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
 # 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
@@ -158,6 +180,10 @@ rb::local_python() {
 }
 rb::local_python
 RB_WORK=''
+# this machine's kit: RB_WORK/kit (private, this run's), never the run directory
+RB_LOCAL_KIT=''
+# the run directory's lock this run holds (rb::run_lock)
+RB_RUN_LOCK=''
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -206,7 +232,7 @@ RB_SRC_STAT=''
 # The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 rb::boot() {
-  "$1" -S - "$2" "${RB_KIT_SHA256}" "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
+  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
 import sys
 
 if sys.version_info < (3, 9):
@@ -282,11 +308,7 @@ print("RB_SEAL_OUT=" + shlex.quote("\n".join(seal_findings(sys.argv[3], sys.argv
 print("RB_SEAL_DONE=1")
 PY
 }
-if [[ "${RB_SELF}" == */* ]]; then
-  RB_KIT_PATH=${RB_SELF%/*}/${RB_KIT_FILE}
-else
-  RB_KIT_PATH=./${RB_KIT_FILE}
-fi
+RB_KIT_PATH=${RB_SELF_ABS%/*}/${RB_KIT_FILE}
 RB_BOOT_RC=0
 RB_RUNTIME=$(rb::boot "${RB_LOCAL_PY}" "${RB_KIT_PATH}") || RB_BOOT_RC=$?
 if ((RB_BOOT_RC != 4)) && [[ "${RB_RUNTIME}" != *RB_SEAL_DONE=1 && "${RB_LOCAL_PY}" != python3 ]]; then
@@ -345,7 +367,8 @@ if [ -e "$d" ] || [ -L "$d" ]; then
 fi
 if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
 mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
-PYTHONPATH="$d/kit" PYTHONDONTWRITEBYTECODE=1 exec python3 -S -m rbkit.fanout node --dir "$d" "$@"'
+cd "$d" || exit 1
+exec python3 -I -S -B "$d/kit/rbrules/start.py" rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
 # this run's scratch name on the nodes (rb::fan_scratch)
 RB_FAN_SCRATCH=''
@@ -368,9 +391,8 @@ rb::fan_scratch() {
 RB_FAN_FULL=''
 
 #######################################
-# Fan-out helpers both engines share (what every node runs is in fanout_node.sh.j2). The engine's
-# own commands (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after
-# this one.
+# Fan-out helpers both engines share (what every node runs: fanout_node.sh.j2). The engine's own
+# commands (rb::fan_ready, rb::fan_copy, rb::fan_install) are in the engine's partial after this.
 #######################################
 
 #######################################
@@ -439,15 +461,16 @@ rb::fan_bundle_make() {
   mkdir -p "${dir}/kit"
   rb::kit "${RB_SRC_HOST}" engine send "${RB_SRC_ABS}" "${list}" \
     --compression "${RB_COMPRESSION_USED}" >"${dir}/payload"
-  cp -R "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes" "${dir}/kit/"
+  cp -R "${RB_LOCAL_KIT}/rbkit" "${RB_LOCAL_KIT}/rbprobes" "${RB_LOCAL_KIT}/rbrules" "${dir}/kit/"
   tar -C "${dir}" -cf "${dir}.tar" .
 }
 
 #######################################
-# The kit here (the head): python -m rbkit.fanout ARGS.
+# The kit here (the head): rbkit.fanout ARGS, isolated (rb::py_argv).
 #######################################
 rb::fan_kit() {
-  env PYTHONPATH="${RB_RUN_DIR}/kit" PYTHONDONTWRITEBYTECODE=1 "${RB_LOCAL_PY}" -S -m rbkit.fanout "$@"
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit.fanout
+  "${RB_KIT_ARGV[@]}" "$@"
 }
 
 #######################################
@@ -561,10 +584,7 @@ rb::fan_full_done() {
 #######################################
 rb::kit_write() {
   local dir=$1 file got
-  file=./${RB_KIT_FILE}
-  if [[ "${RB_SELF}" == */* ]]; then
-    file=${RB_SELF%/*}/${RB_KIT_FILE}
-  fi
+  file=${RB_SELF_ABS%/*}/${RB_KIT_FILE}
   if [[ ! -f "${file}" || -L "${file}" ]]; then
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
@@ -736,33 +756,50 @@ step_fan_compare() {
 }
 
 #######################################
-# Set up this run: the run directory, the log, the kit, ssh multiplexing, absolute paths.
+# Set up this run: the private scratch directory and this machine's kit, the run directory (made
+# private, or refused), the run's own lock, the log, ssh multiplexing, absolute paths. Nothing is
+# written in the run directory before it is known private and this run holds it.
 #######################################
 rb::init() {
+  local me
+  # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
+  # sockets, and the working directory of every command this runbook starts from here on
+  RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
+  RB_LOCAL_KIT=${RB_WORK}/kit
+  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # pinned form's start found it already
+  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
+    RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
+  fi
+  rb::kit_write "${RB_LOCAL_KIT}"
   RB_RUN_DIR=${RB_RUN_DIR:-runs/${RB_NAME}}
-  mkdir -p "${RB_RUN_DIR}"
-  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd)
+  if [[ "${RB_RUN_DIR}" != /* ]]; then
+    RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
+  fi
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
+  if [[ "${RB_REPORT}" != /* ]]; then
+    RB_REPORT=${PWD}/${RB_REPORT}
+  fi
+  me=$(id -un)
+  rb::private_dir "${RB_RUN_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
+    "${me} can write (its parents too), or fix the one named"
+  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
+    "directory only ${me} can write"
+  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd -P)
+  rb::run_lock
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
+  rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
   : >"${RB_EVENTS}"
   : >"${RB_RUN_DIR}/run.log"
   # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
   exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
-  RB_WORK=$(mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
-  # pinned form's start found it already
-  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
-    RB_LOCAL_PY=$(python3 -S -c 'import sys; print(sys.executable)')
-  fi
-  # the kit's packages are rewritten every run; state files beside them (manifests) are kept
-  rm -rf "${RB_RUN_DIR}/kit/rbkit" "${RB_RUN_DIR}/kit/rbprobes"
-  rb::kit_write "${RB_RUN_DIR}/kit"
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
   rb::install_paths
+  cd "${RB_WORK}"
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
   if ((RB_ALLOW_EDITED)); then
     rb::event fact main allow_edited "${RB_EDITED:-no}"
@@ -803,6 +840,9 @@ rb::cleanup() {
     wait "${pid}" || true
   done
   rm -rf "${RB_WORK}"
+  if [[ -n "${RB_RUN_LOCK}" ]]; then
+    rm -rf -- "${RB_RUN_LOCK}"
+  fi
 }
 
 #######################################
@@ -861,10 +901,6 @@ main() {
   if ((RB_DRY_RUN)); then
     rb::dry_run
     return 0
-  fi
-  if [[ -n "${RB_REPORT}" ]]; then
-    mkdir -p "$(dirname "${RB_REPORT}")"
-    RB_REPORT="$(cd "$(dirname "${RB_REPORT}")" && pwd)/${RB_REPORT##*/}"
   fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR

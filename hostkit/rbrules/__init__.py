@@ -1,0 +1,9 @@
+"""rbrules: the rules the compiler and the kit share, each written once (stdlib only, Python >= 3.9).
+
+The bottom of the kit: it imports nothing outside itself; rbprobes and rbkit import it, and it is
+the one host-side package the compiler imports (for the rules it renders into a runbook's bash).
+
+    launch    how every Python the runbook starts on a host is started: isolated, by the path of
+              the kit's own entry file, from a private working directory
+    private   whether a path root executes from or writes to is private, and the refusal if not
+"""
