@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 866826f8a2de443a96bbc3bb5a573ac5da9a718d10d0941322a4434d473b4271
+# sha256 of this file with these 64 digits zeroed: 8e3d2fe398416ca109e29a8ff863a3547e2e4ef2eb7a413e04bb91542ea887f9
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164
-readonly RB_KIT_FILE=.kit/72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164.tar
+readonly RB_KIT_SHA256=457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab
+readonly RB_KIT_FILE=.kit/457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -80,8 +80,8 @@ readonly RB_ON_FAILED_CHECKS=rollback
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":8},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","sglang"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},"host":"login","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
-# Each file of the spec and its sha256: a run refuses to start when one changed.
-readonly -a RB_SPEC_FILES=(specs/cluster8.yaml=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10)
+# Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
+readonly -a RB_SPEC_FILES=(specs/cluster8.yaml ../specs/cluster8.yaml f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(build login)
 readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
@@ -247,8 +247,11 @@ print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 
 def seal_findings(runbook, spec_items):
     """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
+    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
+    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
     import hashlib
+    import os
     import re
 
     found = []
@@ -262,15 +265,17 @@ def seal_findings(runbook, spec_items):
     if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
             .hexdigest() != seal.group(1).decode():
         found.append("this runbook was edited after it was compiled")
-    for item in spec_items:
-        path, _, want = item.rpartition("=")
+    here = os.path.dirname(os.path.realpath(runbook))
+    for at in range(0, len(spec_items) - 2, 3):
+        name, path, want = spec_items[at:at + 3]
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(here, path), "rb") as f:
                 got = hashlib.sha256(f.read()).hexdigest()
         except OSError:
-            continue  # not reachable from here: nothing to compare
+            found.append(f"spec not checked: {name} not found from here")
+            continue
         if got != want:
-            found.append(f"{path} changed since this runbook was compiled")
+            found.append(f"{name} changed since this runbook was compiled")
     return found
 
 

@@ -438,12 +438,15 @@ rb::abspath() {
 
 #######################################
 # Refuse to run a runbook edited by hand (its sha256 line no longer matches its text) or one whose
-# spec (any file of its extends chain, where it is reachable at the recorded path) changed since
-# it was compiled. --allow-edited runs it anyway and says so in the log and the report.
+# spec (any file of its extends chain, found at its recorded path from this runbook's folder)
+# changed since it was compiled; a file not found there is named (`spec not checked: ...`) and the
+# run goes on. --allow-edited runs it anyway and says so in the log and the report. The seal
+# catches accidental edits and stale specs, not tampering: whoever can edit the runbook can
+# recompute its hash (docs/design.md, "The seal").
 # Sets RB_EDITED to what differs. Returns 1 to refuse.
 #######################################
 rb::check_sealed() {
-  local out
+  local out line found=''
   if ((RB_SEAL_DONE)); then
     out=${RB_SEAL_OUT}         # the start-up lines that read the kit checked already
   elif ! out=$("${RB_LOCAL_PY}" -S - "${RB_SELF}" "${RB_SPEC_FILES[@]}" <<'PY'
@@ -451,8 +454,11 @@ import sys
 
 def seal_findings(runbook, spec_items):
     """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
+    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
+    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
     import hashlib
+    import os
     import re
 
     found = []
@@ -466,15 +472,17 @@ def seal_findings(runbook, spec_items):
     if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
             .hexdigest() != seal.group(1).decode():
         found.append("this runbook was edited after it was compiled")
-    for item in spec_items:
-        path, _, want = item.rpartition("=")
+    here = os.path.dirname(os.path.realpath(runbook))
+    for at in range(0, len(spec_items) - 2, 3):
+        name, path, want = spec_items[at:at + 3]
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(here, path), "rb") as f:
                 got = hashlib.sha256(f.read()).hexdigest()
         except OSError:
-            continue  # not reachable from here: nothing to compare
+            found.append(f"spec not checked: {name} not found from here")
+            continue
         if got != want:
-            found.append(f"{path} changed since this runbook was compiled")
+            found.append(f"{name} changed since this runbook was compiled")
     return found
 
 
@@ -484,6 +492,15 @@ PY
     echo "could not check this runbook's own hash (python3 failed)" >&2
     return 1
   fi
+  # a spec file not found from the runbook's folder is said, not refused: a copied runbook
+  while IFS= read -r line; do
+    if [[ "${line}" == "spec not checked: "* ]]; then
+      printf '%s\n' "${line}" >&2
+    elif [[ -n "${line}" ]]; then
+      found+=${found:+$'\n'}${line}
+    fi
+  done <<<"${out}"
+  out=${found}
   if [[ -z "${out}" ]]; then
     return 0
   fi
