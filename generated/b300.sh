@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 5be42eed9d3a81886845ef1af8a2bcea0a21eda55ca1752b309d463f4479518f
+# sha256 of this file with these 64 digits zeroed: e35b3dd08011ac6f4e1206dd7f6d268adad51d03199744746c819264350a1d37
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab
-readonly RB_KIT_FILE=.kit/457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab.tar
+readonly RB_KIT_SHA256=7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e
+readonly RB_KIT_FILE=.kit/7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

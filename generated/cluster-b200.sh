@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: ddea578d7726cd3790f1c95d874253fce50a79d50d803d247a1e0c539393b598
+# sha256 of this file with these 64 digits zeroed: 1322a92a985702e358c236d7b86469f65974e119dfba95cc42d180b1333e6d1b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab
-readonly RB_KIT_FILE=.kit/457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab.tar
+readonly RB_KIT_SHA256=7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e
+readonly RB_KIT_FILE=.kit/7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: dc75811dd2499f87318179751da4eeb2873baa04290147db341d524446053325
+# sha256 of this file with these 64 digits zeroed: cda2c7118413557f055dbbd95a9ccca780f5068cabca65f9b7b545f0f6a76c8b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab
-readonly RB_KIT_FILE=.kit/457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab.tar
+readonly RB_KIT_SHA256=7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e
+readonly RB_KIT_FILE=.kit/7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

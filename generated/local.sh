@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 97f0619663ecf0d16393baec3e026af9958f5d66cb8077b512dc52f194199ddd
+# sha256 of this file with these 64 digits zeroed: fab395b6d5b4295982596d666af546c0465610a7b9b11302c0a64687bf9e84ec
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab
-readonly RB_KIT_FILE=.kit/457e7911585e140a8db1b07a1a15b8a6a8e7bcc8f4c29c7c0a1872cc315352ab.tar
+readonly RB_KIT_SHA256=7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e
+readonly RB_KIT_FILE=.kit/7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -212,6 +212,72 @@ rb::kit() {
 }
 
 #######################################
+# Before HOST is reached over ssh: each known_hosts file its options name (UserKnownHostsFile,
+# GlobalKnownHostsFile; compile refused /dev, /proc, /sys and a user file /dev/null however
+# spelled) is a regular file here. With host_keys: accept-new the first user file may be missing
+# when ssh can make it: its folder exists, is this user's, and no one else can write it. A file
+# ssh can neither read nor write knows no key, and accept-new then takes any key on every
+# connection, a changed one too, without a word (issue 33 N5). Fails (rb::fail) naming the file,
+# the host and the fix.
+#######################################
+rb::known_hosts_ready() {
+  local host=$1 word key file dir mode accept_new=0 first=1
+  local -a files
+  "rb::host_${host}"
+  if [[ -z "${RB_HOST_TARGET}" ]]; then
+    return 0
+  fi
+  for word in "${RB_HOST_SSH[@]}"; do
+    if [[ "${word}" == StrictHostKeyChecking=accept-new ]]; then
+      accept_new=1
+    fi
+  done
+  for word in "${RB_HOST_SSH[@]}"; do
+    key=${word%%=*}
+    case "${key,,}" in
+      userknownhostsfile | globalknownhostsfile) ;;
+      *) continue ;;
+    esac
+    read -r -a files <<<"${word#*=}"
+    for file in "${files[@]}"; do
+      # ssh's ~/ is this user's home
+      if [[ "${file}" == \~/* ]]; then
+        file=${HOME}/${file#\~/}
+      fi
+      if [[ "${key,,}" == globalknownhostsfile && "${file}" == /dev/null ]] || [[ -f "${file}" ]]; then
+        [[ "${key,,}" == userknownhostsfile ]] && first=0
+        continue
+      fi
+      RB_HOST=${host}
+      if [[ -e "${file}" ]]; then
+        rb::fail "hosts.${host}: ${key} ${file} is not a regular file here (ssh reads and records" \
+          "${host}'s host key in it): name a known_hosts file"
+        return 1
+      fi
+      dir=${file%/*}
+      dir=${dir:-/}
+      if [[ "${key,,}" == userknownhostsfile ]] && ((accept_new && first)); then
+        mode=$(stat -L -c %a -- "${dir}" 2>/dev/null) || mode=''
+        if [[ -d "${dir}" && -O "${dir}" && -n "${mode}" ]] && ((!(8#${mode} & 8#022))); then
+          first=0
+          continue
+        fi
+        rb::fail "hosts.${host}: ${key} ${file} does not exist and ssh cannot make it there" \
+          "(${dir} must be a folder of this user that no one else can write): with host_keys:" \
+          "accept-new ssh would take any key of ${host}, a changed one too, on every connection." \
+          "Make the folder (mkdir -m 700 ${dir}), or name a known_hosts file that exists"
+        return 1
+      fi
+      rb::fail "hosts.${host}: ${key} ${file} does not exist here: ssh would know no host key" \
+        "of ${host} from it. Create it with ${host}'s key (ssh-keyscan, checked against the" \
+        "host's own), or set hosts.${host}.host_keys: accept-new for a first contact, or name" \
+        "the file that holds the key"
+      return 1
+    done
+  done
+}
+
+#######################################
 # Prepare HOSTS... for the run, all at once (one background job each), one command and one reply
 # per host: tar and python3 >= 3.9 are there, which compressors it has (RB_HOST_COMP), and the
 # kit: this machine uses the run directory's copy; an ssh host gets a private directory made for
@@ -223,6 +289,10 @@ rb::kit() {
 rb::hosts_prepare() {
   local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare
   local -A pids=() rcs=()
+  # before ssh reads them: the known_hosts files the spec names (rb::known_hosts_ready)
+  for host in "$@"; do
+    rb::known_hosts_ready "${host}"
+  done
   for host in "$@"; do
     if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
       continue
