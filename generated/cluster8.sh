@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 444ba5ec31bc9937b30c1855a20a30faad95154c802ece02e2e8670e453bf88b
+# sha256 of this file with these 64 digits zeroed: 4cdd7601e5a938b525c0333f0fce03f536cd6a80a2ab5fdcfac7a3b690680abc
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e
-readonly RB_KIT_FILE=.kit/7a85b79bffcf3e10aff76069a9e58171cb27e9f4aa074315b3062bce72c1171e.tar
+readonly RB_KIT_SHA256=ded1957cb9bcfe46e0da4d473db2670eaceff313ed22b1249c368794dce3b69a
+readonly RB_KIT_FILE=.kit/ded1957cb9bcfe46e0da4d473db2670eaceff313ed22b1249c368794dce3b69a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -221,7 +221,7 @@ rb::kit() {
 # the host and the fix.
 #######################################
 rb::known_hosts_ready() {
-  local host=$1 word key file dir mode accept_new=0 first=1
+  local host=$1 word key file dir mode fix accept_new=0 first=1
   local -a files
   "rb::host_${host}"
   if [[ -z "${RB_HOST_TARGET}" ]]; then
@@ -262,10 +262,14 @@ rb::known_hosts_ready() {
           first=0
           continue
         fi
+        fix="mkdir -m 700 ${dir}"
+        if [[ -d "${dir}" ]]; then
+          fix="chown ${EUID} ${dir}; chmod go-w ${dir}"
+        fi
         rb::fail "hosts.${host}: ${key} ${file} does not exist and ssh cannot make it there" \
           "(${dir} must be a folder of this user that no one else can write): with host_keys:" \
           "accept-new ssh would take any key of ${host}, a changed one too, on every connection." \
-          "Make the folder (mkdir -m 700 ${dir}), or name a known_hosts file that exists"
+          "Make it one (${fix}), or name a known_hosts file that exists"
         return 1
       fi
       rb::fail "hosts.${host}: ${key} ${file} does not exist here: ssh would know no host key" \

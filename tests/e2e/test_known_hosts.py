@@ -4,7 +4,6 @@ a changed one too, without a word. Real sshd hosts (the lab); each case plants t
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -28,7 +27,7 @@ def with_known_hosts(lab, src: Path, dst: Path, known_hosts: str, host_keys: str
 @pytest.mark.e2e
 @pytest.mark.parametrize("host_keys, fault, said", [
     ("strict", "missing", "does not exist here: ssh would know no host key of dst"),
-    ("accept-new", "no folder", "does not exist and ssh cannot make it there"),
+    ("accept-new", "no folder", "cannot make it there (TMP/keys must be a folder of this user"),
     ("accept-new", "folder others can write", "does not exist and ssh cannot make it there"),
     ("accept-new", "a folder, not a file", "is not a regular file here"),
 ])
@@ -48,6 +47,7 @@ def test_a_known_hosts_file_ssh_cannot_use_is_refused_before_ssh_runs(
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0, r.stderr[-3000:]
     line = next((x for x in r.stderr.splitlines() if "UserKnownHostsFile" in x and "ERROR" in x), "")
+    said = said.replace("TMP", str(tmp_path))
     assert f"hosts.dst: UserKnownHostsFile {kh} " in line and said in line, r.stderr[-3000:]
     assert "FAILED in step preflight on host dst: hosts.dst: UserKnownHostsFile" in r.stderr
     # refused before ssh read the file: nothing recorded, no kit sent to dst
@@ -56,18 +56,23 @@ def test_a_known_hosts_file_ssh_cannot_use_is_refused_before_ssh_runs(
 
 
 @pytest.mark.e2e
-def test_accept_new_with_a_missing_file_in_a_private_folder_records_the_key(
+def test_accept_new_makes_the_file_once_its_folder_is_private_and_records_the_key(
         clean_lab, payload_small, tmp_path):
-    """The first contact that accept-new is for: ssh makes the file and records dst's key in it."""
+    """The first contact that accept-new is for: refused while others can write the folder ssh
+    would make the file in; once it is private, ssh makes the file and records dst's key there."""
     lab = clean_lab
     kh = tmp_path / "keys" / "known_hosts"
-    kh.parent.mkdir(mode=0o700)
+    kh.parent.mkdir()
+    kh.parent.chmod(0o777)
     script = build(tmp_path, with_known_hosts(lab, payload_small.venv, tmp_path / "dst" / "venv",
                                               str(kh), "accept-new"))
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode != 0 and f"chmod go-w {kh.parent}" in r.stderr, r.stderr[-3000:]
+    assert not kh.exists()
+    kh.parent.chmod(0o700)
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     # the key recorded for dst's address (hashed or not, as this machine's ssh_config says)
     found = subprocess.run(["ssh-keygen", "-F", lab.host("dst").addr, "-f", str(kh)],
                            capture_output=True, text=True)
     assert found.returncode == 0 and "ssh-ed25519" in found.stdout, kh.read_text()
-    assert os.stat(kh).st_mode & 0o022 == 0
