@@ -36,6 +36,24 @@ def shown_path(path: Path) -> str:
     return path.as_posix() if rel.startswith("..") else Path(rel).as_posix()
 
 
+def runbook_names(source: loader.Source, out_dir: Path) -> tuple[loader.Source, dict[str, str]]:
+    """The spec's files as its runbook in out_dir names them, whatever directory compile ran in
+    (errors and warnings name them from there): relative to the folder above out_dir (the
+    project: specs/x.yaml for generated/x.sh) for a file inside it, else as given. And the path
+    the runbook finds each by, from its own folder (../specs/x.yaml), for its seal: name -> path."""
+    out = os.path.realpath(out_dir)
+    root = os.path.dirname(out)
+    names: dict[str, str] = {}
+    from_runbook: dict[str, str] = {}
+    for path, _sha in source.files:
+        real = os.path.realpath(path)
+        rel = os.path.relpath(real, root)
+        name = path if rel == ".." or rel.startswith("../") else Path(rel).as_posix()
+        names[path] = name
+        from_runbook[name] = Path(os.path.relpath(real, out)).as_posix()
+    return source.renamed(names), from_runbook
+
+
 def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
                  standalone: bool = False) -> Optional[Output]:
     """The runbook of one spec; None for a base (`abstract: true`) found in a directory."""
@@ -44,7 +62,10 @@ def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
         return None
     spec, warnings = validate.validate_with_warnings(source)
     script = out_dir / f"{spec_path.stem}.sh"
-    view = plan.build(spec, source, script_name=script.name, standalone=standalone)
+    shown = source.path
+    source, from_runbook = runbook_names(source, out_dir)
+    view = plan.build(spec, source, script_name=script.name, standalone=standalone,
+                      from_runbook=from_runbook)
     text = render.render(view)
     # the runbook as written and, for the default form, with the runtime in place (what runs)
     lint.lint([text] if standalone else [text, render.render(plan.lint_view(view))], kit.files())
@@ -52,7 +73,7 @@ def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
     if not standalone:
         sha, data = kit.pinned()
         pinned = (out_dir / plan.KIT_DIR / f"{sha}.tar", data)
-    return Output(source.path, script, text, warnings, pinned)
+    return Output(shown, script, text, warnings, pinned)
 
 
 def kit_outputs(outputs: list[Output]) -> list[Output]:

@@ -119,10 +119,12 @@ def probe_config(spec: Spec, dst_host: str) -> dict[str, Any]:
             "checks": checks}
 
 
-def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = False) -> Plan:
+def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = False,
+          from_runbook: Optional[dict[str, str]] = None) -> Plan:
     """The view model of the runbook for `spec`. `standalone`: the kit is embedded in the runbook;
     by default the runbook pins the kit by its sha256 and reads it from `.kit/<sha256>.tar` beside
-    itself (compiler.kit.pinned; the CLI writes that file)."""
+    itself (compiler.kit.pinned; the CLI writes that file). `from_runbook`: each spec file's path
+    from the runbook's folder, by its name (cli.runbook_names; absent: the name itself)."""
     src_host, src_path = spec.transfer.source
     dst_host, dst_path = spec.transfer.target
     hosts_used = list(dict.fromkeys([src_host, dst_host]))
@@ -140,7 +142,8 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         spec_path=source.path,
         spec_sha256=source.sha256,
         spec_chain=tuple(source.chain[1:]),
-        spec_files=tuple(source.files),
+        spec_files=tuple((path, (from_runbook or {}).get(path, path), sha)
+                         for path, sha in source.files),
         description_lines=(spec.description,) if spec.description else (),
         compiler_version=__version__,
         seal_placeholder="0" * 64,
@@ -291,8 +294,9 @@ def _arrays(runbook: Identity, transfer: Transfer, destination: Destination, che
     rows = [
         Array("RB_AUDIT_ARGS", checks.audit_args,
               "the kernel audit's options from the spec's kernel_audit check"),
-        Array("RB_SPEC_FILES", tuple(f"{path}={sha}" for path, sha in runbook.spec_files),
-              "Each file of the spec and its sha256: a run refuses to start when one changed."),
+        Array("RB_SPEC_FILES", tuple(word for file in runbook.spec_files for word in file),
+              "Each file of the spec, three words each: its name, its path from this runbook's "
+              "folder, its sha256: a run refuses to start when one changed."),
         Array("RB_HOSTS", tuple(hosts), "Hosts this runbook touches."),
         Array("RB_STEPS", tuple(steps)),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),

@@ -4,7 +4,7 @@ each entry came from. Shared by the reader of one file (loader.py) and of a chai
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -35,6 +35,17 @@ class Source:
     abstract: bool = False
     markers: list[Problem] = field(default_factory=list)  # fields still marked TODO(change me)
     texts: dict[str, str] = field(default_factory=dict)  # path -> text, of every file in the chain
+
+    def renamed(self, names: dict[str, str]) -> "Source":
+        """The same spec with its files named by `names` (old name -> new; absent: unchanged), for
+        the runbook, whose names must not depend on the directory compile ran in."""
+        def new(path: str) -> str:
+            return names.get(path, path)
+
+        return replace(self, path=new(self.path), chain=tuple(new(p) for p in self.chain),
+                       files=tuple((new(p), sha) for p, sha in self.files),
+                       origins={loc: new(p) for loc, p in self.origins.items()},
+                       texts={new(p): text for p, text in self.texts.items()})
 
     def locate(self, loc: Loc, *, key: bool = False) -> tuple[str, int, int]:
         """File, line and column (1-based) of the node at `loc`, or of its nearest existing parent.

@@ -290,7 +290,9 @@ class Host(Model):
                 errors.append(((key,), bad_value, False))
         if errors:
             raise At.many(errors)
-        return options
+        # known_hosts files as the kernel reads them: what ssh gets and the runbook checks
+        return {key: sshopts.known_hosts_files(value) if key.lower() in sshopts.KNOWN_HOSTS
+                else value for key, value in options.items()}
 
     @model_validator(mode="before")
     @classmethod

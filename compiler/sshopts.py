@@ -8,10 +8,20 @@ one that turns host key checking off (UserKnownHostsFile=/dev/null), one that ha
 agent, credentials, display or ports to the remote (ForwardAgent, LocalForward, ...), config
 directives (Include, Match), and any name not listed (ssh has dozens; what is not needed is not
 allowed). ssh reads option names without case; so does this check.
+
+Known-hosts files (issue 33 N5) are compared as the kernel reads them, not as written: `/dev/./null`
+and `//dev/null` are /dev/null. UserKnownHostsFile may not be /dev/null or `none` (no key is ever
+known: strict checking fails every connection, accept-new takes any key, a changed one too);
+GlobalKnownHostsFile may (this machine's /etc/ssh/ssh_known_hosts is then not read, which only
+knows fewer keys). No file in /dev, /proc or /sys, no ssh % tokens; and the runbook checks, before
+it connects, that each file is a regular file, or with accept-new that the first user file can be
+made in a private folder (runtime/known_hosts.sh.j2): ssh takes a key it cannot record without a
+word.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Callable, Optional
 
@@ -24,6 +34,10 @@ IPQOS = re.compile(r"^[a-z0-9]{1,12}( [a-z0-9]{1,12})?$")
 REKEY = re.compile(r"^(default|[0-9]{1,12}[KMG]?)( (none|[0-9]{1,9}[smhdw]?))?$")
 PATH = re.compile(r"^(/|~/)[A-Za-z0-9._/%@+=,:-]*$")
 OFF = ("/dev/null", "none")
+KNOWN_HOSTS = ("userknownhostsfile", "globalknownhostsfile")  # by their lower-case names
+# where a known_hosts file cannot be: what is there is not a file that keeps keys
+SYSTEM = {"dev": "a device", "proc": "the kernel's view of processes",
+          "sys": "the kernel's view of devices"}
 
 Check = Callable[[str], Optional[str]]  # the value -> why it is refused, or None
 
@@ -36,16 +50,47 @@ def _match(pattern: re.Pattern, what: str) -> Check:
     return lambda v: None if pattern.match(v) else f"must be {what}"
 
 
+def known_hosts_path(f: str) -> str:
+    """A known_hosts file's name as the kernel reads it, lexically: `/dev/./null`, `//dev/null`
+    and `/dev//null` are all /dev/null (posixpath.normpath keeps a leading `//`; Linux does not)."""
+    if f.startswith("~/"):
+        return "~/" + posixpath.normpath(f[2:]).lstrip("/")
+    return "/" + posixpath.normpath(f).lstrip("/")
+
+
+def known_hosts_files(v: str) -> str:
+    """The value of UserKnownHostsFile/GlobalKnownHostsFile with each file named as the kernel
+    reads it (what the runbook passes to ssh and checks before it connects)."""
+    return " ".join(f if f in OFF else known_hosts_path(f) for f in v.split(" "))
+
+
 def _paths(v: str, *, may_be_off: bool) -> Optional[str]:
     files = v.split(" ")
-    if not may_be_off and any(f in OFF for f in files):
-        return (f"{v} turns host key checking off (no host key is ever known: with accept-new "
-                "any key is taken): name a known_hosts file, or leave the option out")
     for f in files:
-        if f in OFF and may_be_off:
+        if f in OFF:
             continue
+        if "%" in f:
+            return (f"{f}: ssh's % tokens are not taken here (the runbook checks the file before "
+                    "ssh reads it): write ~/ for your home, and name one file for every host")
         if not PATH.match(f) or ".." in f.split("/"):
-            return "must be absolute paths or ~/ paths, separated by single spaces"
+            where = " (ssh would read it from wherever the runbook runs)" if PATH.match(
+                "/" + f) and ".." not in f.split("/") else ""
+            return (f"{f} must be an absolute path or a ~/ path{where}, e.g. ~/.ssh/known_hosts; "
+                    "several files are separated by single spaces, without `..`")
+    normal = [f if f in OFF else known_hosts_path(f) for f in files]
+    if not may_be_off and any(f in OFF for f in normal):
+        shown = next(f if f == n else f"{f} is /dev/null: it" for f, n in zip(files, normal)
+                     if n in OFF)
+        return (f"{shown} turns host key checking off (no host key is ever known: with accept-new "
+                "any key is taken): name a known_hosts file, or leave the option out")
+    for f, n in zip(files, normal):
+        if n in OFF:
+            continue  # GlobalKnownHostsFile /dev/null: this machine's global file is not read
+        top = n.split("/")[1] if n.startswith("/") else ""
+        if top in SYSTEM:
+            return (f"{f} is in /{top}, {SYSTEM[top]}, not a known_hosts file: name a regular file "
+                    "that holds the host's key (e.g. /etc/ssh/ssh_known_hosts or "
+                    "~/.ssh/known_hosts), or leave the option out")
     return None
 
 

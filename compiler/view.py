@@ -53,7 +53,8 @@ class Identity:
     spec_path: str
     spec_sha256: str
     spec_chain: tuple[str, ...]  # the bases it extends, nearest first
-    spec_files: tuple[tuple[str, str], ...]  # (path, sha256) of each file of the chain
+    # (name, path from the runbook's folder, sha256) of each file of the chain
+    spec_files: tuple[tuple[str, str, str], ...]
     description_lines: tuple[str, ...]
     compiler_version: str
     seal_placeholder: str  # the 64 zeros render.seal fills in

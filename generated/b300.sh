@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 37fe8c93ae344f40e433f081c2faec698a5e609b4c8a330ab025604e329880cf
+# sha256 of this file with these 64 digits zeroed: cc50d98b3704517b5f31cc126435540cf07b2155ff715416fc0ca1dc1a8ffacb
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0f914c7387abdec1058c57fa30e5f2bb841b3e95e6a5a5c210ea11e12b6c1e59
-readonly RB_KIT_FILE=.kit/0f914c7387abdec1058c57fa30e5f2bb841b3e95e6a5a5c210ea11e12b6c1e59.tar
+readonly RB_KIT_SHA256=bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1
+readonly RB_KIT_FILE=.kit/bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -76,8 +76,8 @@ readonly RB_ON_FAILED_CHECKS=rollback
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"B300","names":["B300","HGX-B300","DGX-B300"]},"host":"b300","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
-# Each file of the spec and its sha256: a run refuses to start when one changed.
-readonly -a RB_SPEC_FILES=(specs/b300.yaml=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8)
+# Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
+readonly -a RB_SPEC_FILES=(specs/b300.yaml ../specs/b300.yaml 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(ct200 b300)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
@@ -153,18 +153,6 @@ RB_LOCAL_PY=python3
 # path of the kit's entry file in a private directory, from a private working directory
 readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
-# the spec files the seal compares (PATH=SHA256), by absolute paths from where the run started
-declare -a RB_SPEC_ABS=()
-rb::spec_abs() {
-  local item
-  for item in "${RB_SPEC_FILES[@]}"; do
-    if [[ "${item}" != /* ]]; then
-      item=${PWD}/${item}
-    fi
-    RB_SPEC_ABS+=("${item}")
-  done
-}
-rb::spec_abs
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
 # 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
@@ -238,7 +226,7 @@ RB_SRC_STAT=''
 # The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 rb::boot() {
-  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
+  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_FILES[@]}" <<'PY'
 import sys
 
 if sys.version_info < (3, 9):
@@ -283,8 +271,11 @@ print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 
 def seal_findings(runbook, spec_items):
     """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
+    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
+    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
     import hashlib
+    import os
     import re
 
     found = []
@@ -298,15 +289,17 @@ def seal_findings(runbook, spec_items):
     if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
             .hexdigest() != seal.group(1).decode():
         found.append("this runbook was edited after it was compiled")
-    for item in spec_items:
-        path, _, want = item.rpartition("=")
+    here = os.path.dirname(os.path.realpath(runbook))
+    for at in range(0, len(spec_items) - 2, 3):
+        name, path, want = spec_items[at:at + 3]
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(here, path), "rb") as f:
                 got = hashlib.sha256(f.read()).hexdigest()
         except OSError:
-            continue  # not reachable from here: nothing to compare
+            found.append(f"spec not checked: {name} not found from here")
+            continue
         if got != want:
-            found.append(f"{path} changed since this runbook was compiled")
+            found.append(f"{name} changed since this runbook was compiled")
     return found
 
 

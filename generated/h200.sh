@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 84546c218e6322004762c71fc74163c26b8709888fd0e4bf389f4615972236f6
+# sha256 of this file with these 64 digits zeroed: 93f92300a3f43dd7a043920b7186842a4b7983dd8b0303439ad9651f5cfdcf84
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0f914c7387abdec1058c57fa30e5f2bb841b3e95e6a5a5c210ea11e12b6c1e59
-readonly RB_KIT_FILE=.kit/0f914c7387abdec1058c57fa30e5f2bb841b3e95e6a5a5c210ea11e12b6c1e59.tar
+readonly RB_KIT_SHA256=bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1
+readonly RB_KIT_FILE=.kit/bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -76,8 +76,8 @@ readonly RB_ON_FAILED_CHECKS=keep
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/torch/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{"paths":["lib/python3.12/site-packages/torch/lib"],"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","triton","numpy"]},"type":"imports"},{"allow_skip":false,"id":"matmul_5","params":{"dtype":"bfloat16","every_device":true,"size":8192},"type":"matmul"},{"allow_skip":false,"id":"matmul_6","params":{"dtype":"float32","every_device":true,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"command","params":{"expect_exit":0,"name":"console script","run":"torchrun --help >/dev/null","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":1,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},"host":"here","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=(--path lib/python3.12/site-packages/torch/lib)
-# Each file of the spec and its sha256: a run refuses to start when one changed.
-readonly -a RB_SPEC_FILES=(specs/h200.yaml=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec)
+# Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
+readonly -a RB_SPEC_FILES=(specs/h200.yaml ../specs/h200.yaml 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
@@ -152,18 +152,6 @@ RB_LOCAL_PY=python3
 # path of the kit's entry file in a private directory, from a private working directory
 readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
-# the spec files the seal compares (PATH=SHA256), by absolute paths from where the run started
-declare -a RB_SPEC_ABS=()
-rb::spec_abs() {
-  local item
-  for item in "${RB_SPEC_FILES[@]}"; do
-    if [[ "${item}" != /* ]]; then
-      item=${PWD}/${item}
-    fi
-    RB_SPEC_ABS+=("${item}")
-  done
-}
-rb::spec_abs
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
 # 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
@@ -237,7 +225,7 @@ RB_SRC_STAT=''
 # The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 rb::boot() {
-  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
+  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_FILES[@]}" <<'PY'
 import sys
 
 if sys.version_info < (3, 9):
@@ -282,8 +270,11 @@ print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 
 def seal_findings(runbook, spec_items):
     """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
+    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
+    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
     import hashlib
+    import os
     import re
 
     found = []
@@ -297,15 +288,17 @@ def seal_findings(runbook, spec_items):
     if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
             .hexdigest() != seal.group(1).decode():
         found.append("this runbook was edited after it was compiled")
-    for item in spec_items:
-        path, _, want = item.rpartition("=")
+    here = os.path.dirname(os.path.realpath(runbook))
+    for at in range(0, len(spec_items) - 2, 3):
+        name, path, want = spec_items[at:at + 3]
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(here, path), "rb") as f:
                 got = hashlib.sha256(f.read()).hexdigest()
         except OSError:
-            continue  # not reachable from here: nothing to compare
+            found.append(f"spec not checked: {name} not found from here")
+            continue
         if got != want:
-            found.append(f"{path} changed since this runbook was compiled")
+            found.append(f"{name} changed since this runbook was compiled")
     return found
 
 

@@ -54,6 +54,20 @@ def test_output_is_deterministic(project):
     assert (project / "generated" / "one.sh").read_bytes() == first
 
 
+def test_output_does_not_depend_on_the_directory_compile_runs_in(project):
+    """Issue 33 N6: the runbook names its spec, and records where its seal finds it, the same way
+    whether compile ran in the project, in specs/, or at / with absolute paths."""
+    assert compile_("specs/one.yaml", cwd=project).returncode == 0
+    first = (project / "generated" / "one.sh").read_bytes()
+    assert b"readonly -a RB_SPEC_FILES=(specs/one.yaml ../specs/one.yaml " in first
+    for args, cwd in ((["one.yaml", "-o", "../generated"], project / "specs"),
+                      ([str(project / "specs" / "one.yaml"), "-o", str(project / "generated")],
+                       Path("/"))):
+        r = compile_(*args, cwd=cwd)
+        assert r.returncode == 0, r.stderr
+        assert (project / "generated" / "one.sh").read_bytes() == first, (args, cwd)
+
+
 def test_directory_argument_and_output_dir(project):
     r = compile_("specs", "-o", "out", cwd=project)
     assert r.returncode == 0, r.stderr

@@ -370,6 +370,31 @@ def test_the_options_a_relay_needs_are_allowed(tmp_path, options):
     validate.validate(loader.load(str(spec)))
 
 
+def test_known_hosts_files_are_compared_and_passed_on_as_the_kernel_reads_them(tmp_path):
+    """Issue 33 N5: the allowlist compared strings, so `/dev/./null` and `//dev/null` passed as
+    UserKnownHostsFile (host key checking off) and a file in /dev or /proc was taken. They are
+    normalised now: refused where they land, and what ssh gets is the normal name."""
+    for value, why in (("/dev/./null", "/dev/./null is /dev/null: it turns host key checking off"),
+                       ("//dev/null", "//dev/null is /dev/null: it turns host key checking off"),
+                       ("/etc/rb/known_hosts /dev//null", "/dev//null is /dev/null"),
+                       ("/dev/tty", "/dev/tty is in /dev, a device, not a known_hosts file"),
+                       ("/sys/kernel/notes", "is in /sys"),
+                       ("//proc/self/fd/0", "is in /proc"),
+                       ("%d/.ssh/known_hosts", "ssh's % tokens are not taken here"),
+                       ("known_hosts", "ssh would read it from wherever the runbook runs")):
+        lines = problems(tmp_path, host_with(f'UserKnownHostsFile: "{value}"'))
+        assert len(lines) == 1 and why in lines[0], (value, lines)
+    lines = problems(tmp_path, host_with('GlobalKnownHostsFile: /proc/self/fd/0'))
+    assert len(lines) == 1 and "/proc/self/fd/0 is in /proc" in lines[0], lines
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: o\n" + HOSTS.replace("{ssh: root@dst.example}", (
+        "{ssh: root@dst.example, options: {GlobalKnownHostsFile: //dev/./null, "
+        "UserKnownHostsFile: \"/etc//rb/./known_hosts ~/.ssh//known_hosts\"}}")))
+    options = validate.validate(loader.load(str(spec))).hosts["dst"].options
+    assert options == {"GlobalKnownHostsFile": "/dev/null",
+                       "UserKnownHostsFile": "/etc/rb/known_hosts ~/.ssh/known_hosts"}
+
+
 def test_every_bad_option_is_reported_at_once(tmp_path):
     lines = problems(tmp_path, host_with(
         'ForwardAgent: "yes", Compression: maybe, ConnectionAttempts: many'))

@@ -105,8 +105,9 @@ def test_the_wheel_installs_a_compile_that_works_from_any_directory(wheel, tmp_p
     r = sh([compile_, "specs/mine.yaml"], cwd=work, env=env)
     script = work / "generated/mine.sh"
     assert script.is_file() and list((work / "generated/.kit").glob("*.tar"))
-    # byte for byte what the editable install in this checkout writes
-    ref = tmp_path / "ref"
+    # byte for byte what the editable install in this checkout writes (beside generated/: a
+    # runbook records its spec's path from its own folder)
+    ref = work / "ref"
     sh([sys.executable, "-m", "compiler", "specs/mine.yaml", "-o", ref], cwd=work,
        env=dict(os.environ, PYTHONPATH=CHECKOUT))
     assert (ref / "mine.sh").read_bytes() == script.read_bytes()

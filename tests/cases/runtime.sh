@@ -231,6 +231,76 @@ rb::kit() {
 }
 
 #######################################
+# Before HOST is reached over ssh: each known_hosts file its options name (UserKnownHostsFile,
+# GlobalKnownHostsFile; compile refused /dev, /proc, /sys and a user file /dev/null however
+# spelled) is a regular file here. With host_keys: accept-new the first user file may be missing
+# when ssh can make it: its folder exists, is this user's, and no one else can write it. A file
+# ssh can neither read nor write knows no key, and accept-new then takes any key on every
+# connection, a changed one too, without a word (issue 33 N5). Fails (rb::fail) naming the file,
+# the host and the fix.
+#######################################
+rb::known_hosts_ready() {
+  local host=$1 word key file dir mode fix accept_new=0 first=1
+  local -a files
+  "rb::host_${host}"
+  if [[ -z "${RB_HOST_TARGET}" ]]; then
+    return 0
+  fi
+  for word in "${RB_HOST_SSH[@]}"; do
+    if [[ "${word}" == StrictHostKeyChecking=accept-new ]]; then
+      accept_new=1
+    fi
+  done
+  for word in "${RB_HOST_SSH[@]}"; do
+    key=${word%%=*}
+    case "${key,,}" in
+      userknownhostsfile | globalknownhostsfile) ;;
+      *) continue ;;
+    esac
+    read -r -a files <<<"${word#*=}"
+    for file in "${files[@]}"; do
+      # ssh's ~/ is this user's home
+      if [[ "${file}" == \~/* ]]; then
+        file=${HOME}/${file#\~/}
+      fi
+      if [[ "${key,,}" == globalknownhostsfile && "${file}" == /dev/null ]] || [[ -f "${file}" ]]; then
+        [[ "${key,,}" == userknownhostsfile ]] && first=0
+        continue
+      fi
+      RB_HOST=${host}
+      if [[ -e "${file}" ]]; then
+        rb::fail "hosts.${host}: ${key} ${file} is not a regular file here (ssh reads and records" \
+          "${host}'s host key in it): name a known_hosts file"
+        return 1
+      fi
+      dir=${file%/*}
+      dir=${dir:-/}
+      if [[ "${key,,}" == userknownhostsfile ]] && ((accept_new && first)); then
+        mode=$(stat -L -c %a -- "${dir}" 2>/dev/null) || mode=''
+        if [[ -d "${dir}" && -O "${dir}" && -n "${mode}" ]] && ((!(8#${mode} & 8#022))); then
+          first=0
+          continue
+        fi
+        fix="mkdir -m 700 ${dir}"
+        if [[ -d "${dir}" ]]; then
+          fix="chown ${EUID} ${dir}; chmod go-w ${dir}"
+        fi
+        rb::fail "hosts.${host}: ${key} ${file} does not exist and ssh cannot make it there" \
+          "(${dir} must be a folder of this user that no one else can write): with host_keys:" \
+          "accept-new ssh would take any key of ${host}, a changed one too, on every connection." \
+          "Make it one (${fix}), or name a known_hosts file that exists"
+        return 1
+      fi
+      rb::fail "hosts.${host}: ${key} ${file} does not exist here: ssh would know no host key" \
+        "of ${host} from it. Create it with ${host}'s key (ssh-keyscan, checked against the" \
+        "host's own), or set hosts.${host}.host_keys: accept-new for a first contact, or name" \
+        "the file that holds the key"
+      return 1
+    done
+  done
+}
+
+#######################################
 # Prepare HOSTS... for the run, all at once (one background job each), one command and one reply
 # per host: tar and python3 >= 3.9 are there, which compressors it has (RB_HOST_COMP), and the
 # kit: this machine uses the run directory's copy; an ssh host gets a private directory made for
@@ -242,6 +312,10 @@ rb::kit() {
 rb::hosts_prepare() {
   local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare
   local -A pids=() rcs=()
+  # before ssh reads them: the known_hosts files the spec names (rb::known_hosts_ready)
+  for host in "$@"; do
+    rb::known_hosts_ready "${host}"
+  done
   for host in "$@"; do
     if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
       continue
@@ -500,21 +574,27 @@ rb::run_lock() {
 
 #######################################
 # Refuse to run a runbook edited by hand (its sha256 line no longer matches its text) or one whose
-# spec (any file of its extends chain, where it is reachable at the recorded path) changed since
-# it was compiled. --allow-edited runs it anyway and says so in the log and the report.
+# spec (any file of its extends chain, found at its recorded path from this runbook's folder)
+# changed since it was compiled; a file not found there is named (`spec not checked: ...`) and the
+# run goes on. --allow-edited runs it anyway and says so in the log and the report. The seal
+# catches accidental edits and stale specs, not tampering: whoever can edit the runbook can
+# recompute its hash (docs/design.md, "The seal").
 # Sets RB_EDITED to what differs. Returns 1 to refuse.
 #######################################
 rb::check_sealed() {
-  local out
+  local out line found=''
   if ((RB_SEAL_DONE)); then
     out=${RB_SEAL_OUT}         # the start-up lines that read the kit checked already
-  elif ! out=$(cd / && "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" - "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
+  elif ! out=$(cd / && "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" - "${RB_SELF_ABS}" "${RB_SPEC_FILES[@]}" <<'PY'
 import sys
 
 def seal_findings(runbook, spec_items):
     """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
+    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
+    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
     import hashlib
+    import os
     import re
 
     found = []
@@ -528,15 +608,17 @@ def seal_findings(runbook, spec_items):
     if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
             .hexdigest() != seal.group(1).decode():
         found.append("this runbook was edited after it was compiled")
-    for item in spec_items:
-        path, _, want = item.rpartition("=")
+    here = os.path.dirname(os.path.realpath(runbook))
+    for at in range(0, len(spec_items) - 2, 3):
+        name, path, want = spec_items[at:at + 3]
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(here, path), "rb") as f:
                 got = hashlib.sha256(f.read()).hexdigest()
         except OSError:
-            continue  # not reachable from here: nothing to compare
+            found.append(f"spec not checked: {name} not found from here")
+            continue
         if got != want:
-            found.append(f"{path} changed since this runbook was compiled")
+            found.append(f"{name} changed since this runbook was compiled")
     return found
 
 
@@ -546,6 +628,15 @@ PY
     echo "could not check this runbook's own hash (python3 failed)" >&2
     return 1
   fi
+  # a spec file not found from the runbook's folder is said, not refused: a copied runbook
+  while IFS= read -r line; do
+    if [[ "${line}" == "spec not checked: "* ]]; then
+      printf '%s\n' "${line}" >&2
+    elif [[ -n "${line}" ]]; then
+      found+=${found:+$'\n'}${line}
+    fi
+  done <<<"${out}"
+  out=${found}
   if [[ -z "${out}" ]]; then
     return 0
   fi

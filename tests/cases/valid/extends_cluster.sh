@@ -77,8 +77,8 @@ readonly RB_ON_FAILED_CHECKS=keep
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":1024},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"B300","names":["B300","HGX-B300","DGX-B300"]},"host":"dst","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
-# Each file of the spec and its sha256: a run refuses to start when one changed.
-readonly -a RB_SPEC_FILES=(tests/cases/valid/extends_cluster.yaml=6a407cd568d4c722e367325cbccacff0075fb9bd79b1dd69bf17f7129ca84afc tests/cases/extends_bases/base.yaml=a085b2729f4d41e414369bf4c0fe2a6a40c625b0199baf7877f4436a6fede2cb)
+# Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
+readonly -a RB_SPEC_FILES=(tests/cases/valid/extends_cluster.yaml <checkout>/tests/cases/valid/extends_cluster.yaml 6a407cd568d4c722e367325cbccacff0075fb9bd79b1dd69bf17f7129ca84afc tests/cases/extends_bases/base.yaml <checkout>/tests/cases/extends_bases/base.yaml a085b2729f4d41e414369bf4c0fe2a6a40c625b0199baf7877f4436a6fede2cb)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(src dst)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
@@ -154,18 +154,6 @@ RB_LOCAL_PY=python3
 # path of the kit's entry file in a private directory, from a private working directory
 readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
-# the spec files the seal compares (PATH=SHA256), by absolute paths from where the run started
-declare -a RB_SPEC_ABS=()
-rb::spec_abs() {
-  local item
-  for item in "${RB_SPEC_FILES[@]}"; do
-    if [[ "${item}" != /* ]]; then
-      item=${PWD}/${item}
-    fi
-    RB_SPEC_ABS+=("${item}")
-  done
-}
-rb::spec_abs
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
 # 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
@@ -239,7 +227,7 @@ RB_SRC_STAT=''
 # The same Python start checks this runbook's seal (rb::check_sealed says what it found).
 #######################################
 rb::boot() {
-  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_ABS[@]}" <<'PY'
+  cd / && "$1" "${RB_PY_FLAGS[@]}" - "$2" "${RB_KIT_SHA256}" "${RB_SELF_ABS}" "${RB_SPEC_FILES[@]}" <<'PY'
 import sys
 
 if sys.version_info < (3, 9):
@@ -284,8 +272,11 @@ print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
 
 def seal_findings(runbook, spec_items):
     """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file PATH=SHA256 of `spec_items` reachable from here."""
+    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
+    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
+    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
     import hashlib
+    import os
     import re
 
     found = []
@@ -299,15 +290,17 @@ def seal_findings(runbook, spec_items):
     if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
             .hexdigest() != seal.group(1).decode():
         found.append("this runbook was edited after it was compiled")
-    for item in spec_items:
-        path, _, want = item.rpartition("=")
+    here = os.path.dirname(os.path.realpath(runbook))
+    for at in range(0, len(spec_items) - 2, 3):
+        name, path, want = spec_items[at:at + 3]
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(here, path), "rb") as f:
                 got = hashlib.sha256(f.read()).hexdigest()
         except OSError:
-            continue  # not reachable from here: nothing to compare
+            found.append(f"spec not checked: {name} not found from here")
+            continue
         if got != want:
-            found.append(f"{path} changed since this runbook was compiled")
+            found.append(f"{name} changed since this runbook was compiled")
     return found
 
 
