@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 8d44c8fab78bf84b7286ba6a96e74b5d7efbcae16a7fa382c1a6d8face947283
+# sha256 of this file with these 64 digits zeroed: f92ea3888f55e79500800293c3c3a570efe1cc93f3f9431051ca2e9045b01147
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164
-readonly RB_KIT_FILE=.kit/72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164.tar
+readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
+readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -49,11 +49,12 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=backup
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv

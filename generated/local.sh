@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: e1f3cbcb454c69abbc3119498dccd9bd27271f43f262ad31c59cc9c5ef4a73f2
+# sha256 of this file with these 64 digits zeroed: 29c81be4f9768b3ff5a3c9233cbeba8882ace6f5e9dc86b154816bb7cb9620dc
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164
-readonly RB_KIT_FILE=.kit/72dd79a0ad3acdcb5eb3eb52887c82fc1a8e0438fc8ea49af25d2e03f00c4164.tar
+readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
+readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -48,11 +48,12 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=''
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv

@@ -842,7 +842,7 @@ rb::engine_start() {
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
     --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
     --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}"
+    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0

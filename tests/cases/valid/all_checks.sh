@@ -47,11 +47,12 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=refuse
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
