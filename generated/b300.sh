@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: e81ed1e9abef17a3bfd13f76a1bbf2b12d4ec1317bf25fcbead3babb2e56145c
+# sha256 of this file with these 64 digits zeroed: 3494a027822c05986193faae96d6cf8e352b0c1c25ecc74029de0654462721f5
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
-readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
+readonly RB_KIT_SHA256=6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9
+readonly RB_KIT_FILE=.kit/6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -101,7 +101,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b300: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b300: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
+on b300: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b300: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'

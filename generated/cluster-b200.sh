@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: f92ea3888f55e79500800293c3c3a570efe1cc93f3f9431051ca2e9045b01147
+# sha256 of this file with these 64 digits zeroed: 40f1447ffab51b6065b9308d98e982143e28aed93a46f2f594977025e8e6a6dc
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
-readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
+readonly RB_KIT_SHA256=6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9
+readonly RB_KIT_FILE=.kit/6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -102,7 +102,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b200: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
+on b200: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b200: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: eafdcb8d3f7b9695ce3b34a10a0ec34f121c8b5faf5ed0a25f44ad3417951612
+# sha256 of this file with these 64 digits zeroed: a3eeb5940768adfca46fa77ff1db8fbf46019af36db79d6149437ee0cb53cb57
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
-readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
+readonly RB_KIT_SHA256=6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9
+readonly RB_KIT_FILE=.kit/6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -102,7 +102,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on h100: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on h100: rbkit engine serve --dest /opt/sglang/.venv: takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
+on h100: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on h100: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_90 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'

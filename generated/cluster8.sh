@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: ff740a18082d422a49487878355d7b35cbd662bb02e1ade5b23c2fa570f416ec
+# sha256 of this file with these 64 digits zeroed: cf2a18b7300a3ee35e711b3ff567f47b662edc4bc4c694bd0146f68c175bd3cd
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
-readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
+readonly RB_KIT_SHA256=6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9
+readonly RB_KIT_FILE=.kit/6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 889d2747339d25937d6c62e0b7d7cf7208d768f3ba4f40bd46e2cea39ab20515
+# sha256 of this file with these 64 digits zeroed: 825724513c49af3f0fec78f8d50beac0003c050b8e900fd25f03697ccf19cef7
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
-readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
+readonly RB_KIT_SHA256=6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9
+readonly RB_KIT_FILE=.kit/6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -100,7 +100,7 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest /opt/torch-moved/.venv: takes /opt/torch-moved/..venv.rb-lock for the run (a second run is refused, naming this one)
+on here: rbkit engine serve --dest /opt/torch-moved/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/torch-moved/..venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing replace; free space for /opt/torch-moved/..venv.rb-staging
 on here: rbprobes preflight --venv /opt/torch/.venv --arch sm_90 --path lib/python3.12/site-packages/torch/lib (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none'

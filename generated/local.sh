@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 29c81be4f9768b3ff5a3c9233cbeba8882ace6f5e9dc86b154816bb7cb9620dc
+# sha256 of this file with these 64 digits zeroed: 3299ce26e1ace67ea2dde8b2c980ed085420d6e8c4204ceba686346175a5b373
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94
-readonly RB_KIT_FILE=.kit/80735dc4b342c4a6114111380211a9cf47b98ae16b9c7108608b3ed5739a0f94.tar
+readonly RB_KIT_SHA256=6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9
+readonly RB_KIT_FILE=.kit/6c5cc89152089a2de323dbeeb9e00cf24c91283860baf52c687768c64d76d6f9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -100,7 +100,7 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest runs/local/venv: takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one)
+on here: rbkit engine serve --dest runs/local/venv: refuses a parent of it another user can write (shared_parent: refuse); takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing replace; free space for runs/local/.venv.rb-staging
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'

@@ -100,7 +100,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on a: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on a: rbkit engine scan /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b: rbkit engine serve --dest /opt/venv2: takes /opt/.venv2.rb-lock for the run (a second run is refused, naming this one)
+on b: rbkit engine serve --dest /opt/venv2: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv2.rb-lock for the run (a second run is refused, naming this one)
 on b: engine preflight: on_existing refuse; free space for /opt/.venv2.rb-staging
 on a: rbprobes preflight --venv /opt/venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'

@@ -95,7 +95,7 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan .venv (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest runs/copy/venv: takes runs/copy/.venv.rb-lock for the run (a second run is refused, naming this one)
+on here: rbkit engine serve --dest runs/copy/venv: refuses a parent of it another user can write (shared_parent: refuse); takes runs/copy/.venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing refuse; free space for runs/copy/.venv.rb-staging
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'

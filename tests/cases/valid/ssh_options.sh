@@ -95,7 +95,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on src: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on dst: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on src: rbkit engine scan /opt/envs/torch (refused unless pyvenv.cfg, bin/python and files are sent)
-on dst: rbkit engine serve --dest /scratch/envs/torch: takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one)
+on dst: rbkit engine serve --dest /scratch/envs/torch: refuses a parent of it another user can write (shared_parent: refuse); takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing replace; free space for /scratch/envs/.torch.rb-staging
 on src: rbprobes outside /opt/envs/torch (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: gzip (preflight fails if an end lacks it)'
