@@ -140,7 +140,8 @@ def test_with_shared_parent_allow_a_swapped_env_file_is_never_sourced_as_root(
     checks = "checks:\n  - imports: [rb_payload]\n"
     script = build(tmp_path, spec_text(lab, payload_small.venv, dst, checks=checks,
                                        extra="  shared_parent: allow\n"))
-    racer = subprocess.Popen([*NOBODY, "/usr/bin/python3", "-c", RACER, str(nobodys_parent), str(marker)],
+    racer = subprocess.Popen([*NOBODY, "/usr/bin/python3", "-c", RACER, str(nobodys_parent),
+                              str(marker)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
         r = run(tmp_path, script)
