@@ -181,6 +181,7 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         outside_links=spec.transfer.outside_links,
         keep_backups=spec.transfer.keep_backups,
         swap_atomic=spec.transfer.swap_atomic,
+        shared_parent=spec.transfer.shared_parent,
         cuda_home=spec.cuda.home if spec.cuda else "",
         env_file=spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "",
         library_path_first=tuple(spec.cuda.library_path_first) if spec.cuda else (),
@@ -260,10 +261,12 @@ def _settings(runbook: Identity, kit: Kit, transfer: Transfer, destination: Dest
         Setting("RB_RERUN", t.rerun),
         Setting("RB_SPECIAL_MODES", d.special_modes,
                 "the threat model's choices (docs/design.md): setuid/setgid/world-write entries, "
-                "links that leave the tree, backups kept, a swap that cannot be one rename"),
+                "links that leave the tree, backups kept, a swap that cannot be one rename, a "
+                "destination parent other users can write"),
         Setting("RB_OUTSIDE_LINKS", d.outside_links),
         Setting("RB_KEEP_BACKUPS", str(d.keep_backups)),
         Setting("RB_SWAP_ATOMIC", d.swap_atomic),
+        Setting("RB_SHARED_PARENT", d.shared_parent),
         Setting("RB_GPU_DECLARED", "1" if c.gpu_declared else "",
                 "gpu: declared: the report says whether the checks proved it (a skip is not a "
                 "pass)"),

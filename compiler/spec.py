@@ -371,6 +371,10 @@ class Transfer(Model):
     # A file system that cannot swap in one rename (no RENAME_EXCHANGE, e.g. NFS): refuse, or swap
     # with two renames journaled beside the destination (finished or undone by the next run).
     swap_atomic: Literal["require", "allow"] = "allow"
+    # A destination whose parent (or a directory above it) another user can write: the lock, the
+    # staging, the backups and the env file live there, so it is refused in preflight; allow: a
+    # warning naming it, and the run goes on (the checks still source the install's own env file).
+    shared_parent: Literal["refuse", "allow"] = "refuse"
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True,
                               defer_build=True)

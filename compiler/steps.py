@@ -115,7 +115,8 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
             out.append(f"on {h}: connect; {ship}; check tar and python3 >= 3.9")
         out.append(f"on {src_host}: rbkit engine scan {src} {excl}".rstrip()
                    + " (refused unless pyvenv.cfg, bin/python and files are sent)")
-        out.append(f"on {dst_host}: rbkit engine serve --dest {dst}: takes "
+        out.append(f"on {dst_host}: rbkit engine serve --dest {dst}: refuses a parent of it "
+                   f"another user can write (shared_parent: {spec.transfer.shared_parent}); takes "
                    f"{lock(dst)} for the run (a second run is refused, naming this one)")
         out.append(f"{on_dst} preflight: on_existing {spec.transfer.on_existing}; free space for "
                    f"{stg}")

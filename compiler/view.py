@@ -90,6 +90,7 @@ class Destination:
     outside_links: str
     keep_backups: int
     swap_atomic: str
+    shared_parent: str  # transfer.shared_parent: refuse or allow
     cuda_home: str  # "" without `cuda:`
     env_file: str  # "" for the default, DEST.env.sh
     library_path_first: Words

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: c9628cbfcb5680199649b0067e0e50602057fd783dd1b27afe8b0172b1af93f6
+# sha256 of this file with these 64 digits zeroed: 559fc2a93b816fec20417524d9fe8b91809f4581b2f6b7fa59b0ca5b8438ef1d
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1
-readonly RB_KIT_FILE=.kit/bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1.tar
+readonly RB_KIT_SHA256=6d1f448c445b0fe538d8a21815b693c0c7c6d75c5a16e23096b3e9448e095c73
+readonly RB_KIT_FILE=.kit/6d1f448c445b0fe538d8a21815b693c0c7c6d75c5a16e23096b3e9448e095c73.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -53,11 +53,12 @@ readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=backup
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -719,7 +720,7 @@ step_fan_install() {
     --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
     --rerun "${RB_RERUN}" --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}")
+    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}")
   for item in "${RB_LIB_FIRST[@]}"; do
     args+=(--first "${item}")
   done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 93f92300a3f43dd7a043920b7186842a4b7983dd8b0303439ad9651f5cfdcf84
+# sha256 of this file with these 64 digits zeroed: bc4962f64651037f050ad3da5f5a3716c5e0f4e91f4636db507b7494afe530ae
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1
-readonly RB_KIT_FILE=.kit/bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1.tar
+readonly RB_KIT_SHA256=6d1f448c445b0fe538d8a21815b693c0c7c6d75c5a16e23096b3e9448e095c73
+readonly RB_KIT_FILE=.kit/6d1f448c445b0fe538d8a21815b693c0c7c6d75c5a16e23096b3e9448e095c73.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -54,11 +54,12 @@ readonly RB_COMPRESSION=none
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=strip
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -105,7 +106,7 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest /opt/torch-moved/.venv: takes /opt/torch-moved/..venv.rb-lock for the run (a second run is refused, naming this one)
+on here: rbkit engine serve --dest /opt/torch-moved/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/torch-moved/..venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing replace; free space for /opt/torch-moved/..venv.rb-staging
 on here: rbprobes preflight --venv /opt/torch/.venv --arch sm_90 --path lib/python3.12/site-packages/torch/lib (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f056204b2854c03cbc9a84307d81c931abd44bf21210ad27e98e5f598ad4f8f6
+# sha256 of this file with these 64 digits zeroed: 90131dff7eff58bc47583ba7d5ca6a9c192ac3830b75e551b370bb863c2aeaa2
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1
-readonly RB_KIT_FILE=.kit/bd991ee6c1727fecfd77073f8b8b78e25c920617ae58df169460a17da9aa06d1.tar
+readonly RB_KIT_SHA256=6d1f448c445b0fe538d8a21815b693c0c7c6d75c5a16e23096b3e9448e095c73
+readonly RB_KIT_FILE=.kit/6d1f448c445b0fe538d8a21815b693c0c7c6d75c5a16e23096b3e9448e095c73.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -54,11 +54,12 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=''
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -105,7 +106,7 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest runs/local/venv: takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one)
+on here: rbkit engine serve --dest runs/local/venv: refuses a parent of it another user can write (shared_parent: refuse); takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one)
 on here: engine preflight: on_existing replace; free space for runs/local/.venv.rb-staging
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'

@@ -202,21 +202,22 @@ def test_a_private_directory_and_what_is_not(tmp_path):
     # another user's directory along the way
     os.chown(base / "a", NOBODY, NOBODY)
     why = private.why_not_private(str(run))
-    assert why is not None and "belongs to another user" in why and "nobody" in why
+    assert why == (f"directory {base / 'a'} is owned by nobody (uid {NOBODY}), mode 0755: that "
+                   "user can rename or replace what is in it")
     os.chown(base / "a", 0, 0)
     # writable by others, without the sticky bit: anyone can rename `run` away
     (base / "a").chmod(0o777)
     why = private.why_not_private(str(run))
-    assert why is not None and "mode 0777" in why and "can be written by others" in why
+    assert why is not None and "mode 0777: writable by group and others without the sticky" in why
     # sticky: others cannot rename our entry, so the entry is the question
     (base / "a").chmod(0o1777)
     assert private.why_not_private(str(run)) is None
     os.chown(run, NOBODY, NOBODY)
-    assert "belongs to another user" in private.why_not_private(str(run))
+    assert "run is owned by nobody (uid 65534), mode 0700" in private.why_not_private(str(run))
     os.chown(run, 0, 0)
     # the directory itself, group-writable
     run.chmod(0o770)
-    assert "can be written by its group" in private.why_not_private(str(run))
+    assert "mode 0770: writable by group without" in private.why_not_private(str(run))
     run.chmod(0o700)
     # a link along the way is followed and its own directory checked; another user's link is not
     (base / "a").chmod(0o755)
@@ -224,7 +225,7 @@ def test_a_private_directory_and_what_is_not(tmp_path):
     link.symlink_to(base / "a")
     assert private.why_not_private(str(link / "run")) is None
     os.lchown(link, NOBODY, NOBODY)
-    assert "the link" in private.why_not_private(str(link / "run"))
+    assert "the symlink" in private.why_not_private(str(link / "run"))
     # not a directory, missing
     (base / "f").write_text("")
     assert "not a directory" in private.why_not_private(str(base / "f"))
@@ -239,7 +240,7 @@ def test_the_private_command_refuses_naming_the_fix(tmp_path):
         "--make", "--what", "the run directory", "--fix", "set RB_RUN_DIR", str(shared / "run")],
         cwd="/", capture_output=True, text=True, check=False)
     assert r.returncode == 2
-    assert r.stderr.startswith(f"refusing the run directory {shared / 'run'}: {shared} (owner root")
-    assert "mode 0777) can be written by others" in r.stderr and r.stderr.rstrip().endswith(
-        ": set RB_RUN_DIR")
+    assert r.stderr.startswith(f"refusing the run directory {shared / 'run'}: directory {shared} "
+                               "is owned by root (uid 0), mode 0777: writable by group and others")
+    assert r.stderr.rstrip().endswith(": set RB_RUN_DIR")
     assert not (shared / "run").exists()

@@ -42,7 +42,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from rbrules import launch
 
 from . import exports as kitexports
-from . import hostfs, safefs
+from . import hostfs, privacy, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
 from . import tarstream
@@ -103,7 +103,7 @@ class Context:
                  probe_config: str = "", on_failed_checks: str = "keep", rerun: str = "quick",
                  timeout: Optional[float] = None, state: str = "", capture: bool = False,
                  special_modes: str = "refuse", keep_backups: Optional[int] = None,
-                 swap_atomic: str = "allow", algo: str = "",
+                 swap_atomic: str = "allow", shared_parent: str = "refuse", algo: str = "",
                  emit: Optional[Callable[[dict], None]] = None,
                  log: Optional[Callable[[str], None]] = None,
                  progress: Optional[Tuple[float, Callable[[int], None]]] = None,
@@ -120,6 +120,9 @@ class Context:
         # transfer.special_modes (receive), keep_backups and swap_atomic (swap, restore)
         self.special_modes, self.keep_backups, self.swap_atomic = \
             special_modes, keep_backups, swap_atomic
+        # transfer.shared_parent: a destination's parent other users can write is refused
+        # (check_parent), unless allow
+        self.shared_parent = shared_parent
         # the digest the stream's receiving end computes (the manifest's, when it is here first)
         self.algo = algo
         self.emit = emit or (lambda event: None)
@@ -387,6 +390,7 @@ def take_lock(ctx: Context, lock: Any) -> Result:
     remove the staging, where a previous install can sit until it has its backup name."""
     from .lock import Taken
 
+    shared = check_parent(ctx)
     try:
         lock.acquire()
     except Taken as exc:
@@ -394,11 +398,32 @@ def take_lock(ctx: Context, lock: Any) -> Result:
     ctx.locked = True
     facts: dict = {"state": ctx.state, "lock": lock.path, "staging": ctx.staging,
                    "pid": os.getpid()}
+    if shared:
+        facts["shared_parent"] = shared
     recovered = hostfs.recover_swap(ctx.dest)
     if recovered:
         ctx.log("an earlier swap of %s was interrupted: %s" % (ctx.dest, recovered.get("detail")))
         facts["recovered"] = recovered.get("action")
     return Result("holding %s" % lock.path, facts)
+
+
+def check_parent(ctx: Context) -> str:
+    """The destination's parent, and every directory above it, before anything is written there
+    (the lock is first): a directory another user can write (privacy.why_not_private) is refused,
+    naming it, its owner and mode, and the fixes; with shared_parent: allow it is a warning, and
+    returned."""
+    uid = os.geteuid()
+    found = privacy.check_parent(ctx.dest, uid)
+    if found is None:
+        return ""
+    where, why = found
+    if ctx.shared_parent != "allow":
+        raise StepError(privacy.refusal(ctx.dest, where, why, uid), {"shared_parent": where})
+    ctx.log("warning: %s; going on because %s is allow: the checks source the install's own env "
+            "file (not %s), and a backup of another user is never restored, but another user can "
+            "still swap what this run puts in %s"
+            % (why, privacy.SPEC_KEY, ctx.env_out, os.path.dirname(ctx.dest)))
+    return where
 
 
 def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
@@ -1081,15 +1106,44 @@ def exports(ctx: Context) -> Result:
                                 "library_dirs": len(summary["library_dirs"])})
 
 
+ENV_COPY = "env.sh"     # in the state directory: what the checks source
+
+
+def own_env_copy(ctx: Context) -> str:
+    """The env file the checks source, as root: the install's own copy (DEST/.rb-env.sh, which
+    exports wrote beside the public one), opened without following a link, a regular file of this
+    user not writable by others, copied into this run's private state directory. Never the public
+    env file by its name: that is in the destination's parent, where another user may swap it."""
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
+    got = safefs.read_in(ctx.dest, kitexports.IN_INSTALL, limit=1 << 20)
+    if got is None:
+        raise StepError("the install at %s holds no env file of its own (%s: missing, or not a "
+                        "regular file): run the exports step again (--from exports)"
+                        % (ctx.dest, kitexports.IN_INSTALL))
+    data, st = got
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        raise StepError("refusing to source %s as %s: it is owned by %s, mode %04o (not written "
+                        "by this kit); look at it, remove it and run the exports step again"
+                        % (os.path.join(ctx.dest, kitexports.IN_INSTALL),
+                           privacy.user_name(os.geteuid()), privacy.owner(st),
+                           stat.S_IMODE(st.st_mode)))
+    path = os.path.join(ctx.state, ENV_COPY)
+    write_file(path, data, 0o600)
+    return path
+
+
 def probe(ctx: Context, report: str = "") -> Result:
-    """The checks (rbprobes, from this kit) with the moved interpreter and the env file sourced;
-    the report is written to `report` (default: the state directory)."""
+    """The checks (rbprobes, from this kit) with the moved interpreter and the install's own env
+    file sourced (own_env_copy); the report is written to `report` (default: the state
+    directory)."""
     report = report or os.path.join(ctx.state, "probe-report.json")
+    own_env = own_env_copy(ctx)
     env = child_env()
     # the moved interpreter, isolated (rbrules.launch: the checks see the venv's own
     # site-packages and the env file's variables, never a PYTHON* variable or the working
     # directory), from /
-    argv = (["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", ctx.env_out]
+    argv = (["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", own_env]
             + launch.argv(os.path.join(ctx.dest, "bin", "python"), "rbprobes", site=True)
             + ["run", "--config-json", ctx.probe_config, "--report", report])
     if ctx.capture:
@@ -1160,6 +1214,8 @@ def restore(ctx: Context, number: Optional[int] = None) -> Result:
                                 swap_atomic=ctx.swap_atomic)
     finally:
         ctx.critical -= 1
+    for why in result.get("ignored") or []:
+        ctx.log("ignored: " + why)
     now = result.get("installed") or {}
     if now:
         ctx.log("in place now: %s" % json.dumps(now, sort_keys=True))

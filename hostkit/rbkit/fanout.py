@@ -75,6 +75,7 @@ def node(a: argparse.Namespace) -> int:
         first=a.first, env=a.env, origin=a.origin, probe_config=a.probe_config,
         on_failed_checks=a.on_failed_checks, rerun=a.rerun, timeout=float(a.timeout),
         special_modes=a.special_modes, keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
+        shared_parent=a.shared_parent,
         capture=True, log=logs.append)
     ctx.state = engine.make_state()
     lock = Lock(dest, "fan-out node %s (%s)" % (name, a.origin), LOCK_WAIT_S, logs.append)
@@ -485,6 +486,7 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
     n.add_argument("--keep-backups", type=int, default=None)
     n.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
+    n.add_argument("--shared-parent", choices=("refuse", "allow"), default="refuse")
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)

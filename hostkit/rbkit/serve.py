@@ -109,7 +109,8 @@ def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
         compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home, first=a.first,
         env=a.env, origin=a.origin, probe_config=a.probe_config,
         on_failed_checks=a.on_failed_checks, rerun=a.rerun, special_modes=a.special_modes,
-        keep_backups=a.keep_backups, swap_atomic=a.swap_atomic, **kw)
+        keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
+        shared_parent=a.shared_parent, **kw)
 
 
 # what a request may ask: the step's function and how its key=value words are read
@@ -414,6 +415,8 @@ def _choices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
     p.add_argument("--keep-backups", type=int, default=None)
     p.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
+    p.add_argument("--shared-parent", choices=("refuse", "allow"), default="refuse",
+                   help="a destination whose parent other users can write: refused, or a warning")
     p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
     p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S,
                    help="seconds to wait for a lock another run holds")

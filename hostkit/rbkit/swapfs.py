@@ -19,7 +19,7 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import exports, manifest, safefs
+from . import exports, manifest, privacy, safefs
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
@@ -59,8 +59,42 @@ def backups(dest: str) -> list[tuple[int, str]]:
 
 
 def backup_dirs(dest: str) -> list[tuple[int, str]]:
-    """The backups that are real directories (a link named like one is not ours to use)."""
-    return [(n, p) for n, p in backups(dest) if _is_real_dir(p)]
+    """The backups that are real directories of ours (a link named like one, or a directory
+    another user made there, is not ours to use: `foreign_backups` says why)."""
+    return [(n, p) for n, p in backups(dest) if _is_real_dir(p) and _not_ours(p) is None]
+
+
+def _not_ours(path: str) -> Optional[str]:
+    """Why the directory `path`, named like a backup, may have been planted by another user (None:
+    it cannot have been). In a private parent (rbkit.privacy) only this user and root make
+    entries, so every one is ours, whoever owns it (a previous install of another user, moved
+    aside by a swap). In a parent others can write (transfer.shared_parent: allow), one owned by
+    another user than this one or root, or writable by every user, is not ours: only root can
+    give a directory another owner, so one planted there keeps its planter's. Group write is not
+    judged: extraction keeps the source root's (umask 002)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if privacy.why_not_private(os.path.dirname(os.path.abspath(path)), os.geteuid()) is None:
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return (f"{path} is owned by {privacy.owner(st)}, not by "
+                f"{privacy.user_name(os.geteuid())}: not a "
+                "backup this kit made (another user can make a directory of that name beside "
+                "the destination); it is never restored, counted or removed: look at it and "
+                "remove it")
+    if stat.S_IMODE(st.st_mode) & 0o002:
+        return (f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): not a "
+                "backup this kit made; it is never restored, counted or removed: look at it and "
+                "remove it")
+    return None
+
+
+def foreign_backups(dest: str) -> list[str]:
+    """Why each directory named like a backup of `dest` is not one of ours (`_not_ours`)."""
+    return [why for _n, p in backups(dest) if _is_real_dir(p)
+            for why in [_not_ours(p)] if why is not None]
 
 
 def _is_real_dir(path: str) -> bool:
@@ -460,8 +494,14 @@ def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] 
 def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
                     swap_atomic: str) -> dict:
     found = dict(backup_dirs(dest))
+    foreign = foreign_backups(dest)
+    if number is not None and number not in found:
+        why = _not_ours(f"{dest}.rb-backup.{number}")
+        if why:
+            raise PermissionError(f"refusing to restore backup {number}: {why}")
     if not found:
-        raise FileNotFoundError(f"no {dest}.rb-backup.N to restore")
+        raise FileNotFoundError(f"no {dest}.rb-backup.N to restore"
+                                + (f" ({'; '.join(foreign)})" if foreign else ""))
     if number is None:
         usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
         if not usable:
@@ -474,7 +514,7 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
     source = found[number]
     if not os.path.lexists(dest):
         os.rename(source, dest)
-        return {"restored": source, "kept_current_as": None}
+        return {"restored": source, "kept_current_as": None, "ignored": foreign}
     atomic = _renameat2(source, dest, RENAME_EXCHANGE)
     if not atomic:
         if swap_atomic == "require":
@@ -496,4 +536,4 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
     if failed:
         safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
     # what was installed is now kept under the backup's number
-    return {"restored": source, "kept_current_as": source, "atomic": atomic}
+    return {"restored": source, "kept_current_as": source, "atomic": atomic, "ignored": foreign}

@@ -15,78 +15,119 @@ the refusal, naming the directory, its owner and mode, and the fix, when it is n
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import pwd
 import stat
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-MAX_LINKS = 40
+MAX_LINKS = 40        # symlinks followed along one path (the kernel's own limit)
 
 
-def _owner(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
-        import pwd
-        return "%s (uid %d)" % (pwd.getpwuid(uid).pw_name, uid)
-    except (ImportError, KeyError):
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
         return "uid %d" % uid
 
 
-def describe(path: str, st: os.stat_result) -> str:
-    """`/x (owner nobody (uid 65534), mode 0777)`"""
-    return "%s (owner %s, mode %04o)" % (path, _owner(st.st_uid), stat.S_IMODE(st.st_mode))
+def owner(st: os.stat_result) -> str:
+    """`name (uid N)`, or `uid N` for a uid without a name."""
+    name = user_name(st.st_uid)
+    return name if name.startswith("uid ") else "%s (uid %d)" % (name, st.st_uid)
 
 
-def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = False) -> Optional[str]:
+def _judge(path: str, st: os.stat_result, uid: int) -> Optional[str]:
+    """Why this one component is not private (None: it is)."""
+    mode = stat.S_IMODE(st.st_mode)
+    kind = "the symlink" if stat.S_ISLNK(st.st_mode) else "directory" \
+        if stat.S_ISDIR(st.st_mode) else "the file"
+    if st.st_uid not in (uid, 0):
+        return ("%s %s is owned by %s, mode %04o: that user can rename or replace what is in it%s"
+                % (kind, path, owner(st), mode,
+                   "" if not stat.S_ISLNK(st.st_mode) else " (and the link itself)"))
+    if stat.S_ISLNK(st.st_mode):
+        return None        # a link's own mode means nothing; its directory and target are judged
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        who = "group and others" if mode & 0o022 == 0o022 else \
+            "group" if mode & 0o020 else "others"
+        return ("%s %s is owned by %s, mode %04o: writable by %s without the sticky bit, so "
+                "another user can rename or replace what is in it"
+                % (kind, path, owner(st), mode, who))
+    return None
+
+
+def first_not_private(path: str, uid: int) -> Optional[Tuple[str, str]]:
+    """(the component, why) of the first component of `path` that is not private to `uid`, from
+    `/` down, links followed as the kernel would; None when there is none."""
+    todo: List[str] = [p for p in os.path.abspath(path).split("/") if p]
+    todo.reverse()                      # a stack: the next component is last
+    cur = "/"
+    why = _judge(cur, os.lstat(cur), uid)
+    if why:
+        return cur, why
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None               # not there yet: the kit makes it
+            raise
+        why = _judge(nxt, st, uid)
+        if why:
+            return nxt, why
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                return nxt, "more than %d symlinks along %s" % (MAX_LINKS, path)
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            todo.extend(reversed([p for p in target.split("/") if p]))
+            continue
+        cur = nxt
+    return None
+
+
+def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = False
+                    ) -> Optional[str]:
     """None when the directory `path` is private to `uid` (default: this process's effective
     user), else why not: the first directory along it that another user can change, named with
-    its owner and mode. A path that does not exist, or is not a directory, is not private.
-    parent=True: `path` is where a private entry is to be made: root may own it, and others may
-    write it when it is sticky (the entry made there is then this user's alone)."""
+    its owner and mode (first_not_private), or the directory itself when it is missing, not a
+    directory, not `uid`'s, or writable by its group or others.
+    parent=True: `path` is where private entries are to be made: the walk alone is the rule
+    (root may own it; others may write it when it is sticky; what is missing the kit makes)."""
     uid = os.geteuid() if uid is None else uid
-    trusted = (uid, 0)
-    todo: List[str] = [p for p in os.path.abspath(path).split("/") if p]
-    here, hops = "/", 0
     try:
-        st = os.lstat(here)
-        while True:
-            mode = stat.S_IMODE(st.st_mode)
-            if st.st_uid not in trusted:
-                return "%s belongs to another user" % describe(here, st)
-            if not todo:
-                break
-            name = todo.pop(0)
-            if name == ".":
-                continue
-            nxt = os.path.dirname(here) if name == ".." else os.path.join(here, name)
-            nst = os.lstat(nxt)
-            if mode & 0o022 and not mode & stat.S_ISVTX:
-                return "%s can be written by %s" % (
-                    describe(here, st), "others" if mode & 0o002 else "its group")
-            if mode & 0o022 and nst.st_uid not in trusted:
-                return "%s belongs to another user, in %s" % (describe(nxt, nst), here)
-            if stat.S_ISLNK(nst.st_mode):
-                hops += 1
-                if hops > MAX_LINKS:
-                    return "%s: too many links" % path
-                if nst.st_uid not in trusted:
-                    return "the link %s belongs to another user" % describe(nxt, nst)
-                target = os.readlink(nxt)
-                todo = [p for p in target.split("/") if p] + todo
-                if target.startswith("/"):
-                    here, st = "/", os.lstat("/")
-                continue
-            here, st = nxt, nst
+        found = first_not_private(path, uid)
     except OSError as exc:
         return "%s: %s" % (exc.filename or path, exc.strerror)
-    if not stat.S_ISDIR(st.st_mode):
-        return "%s is not a directory" % here
-    if parent and (st.st_mode & stat.S_ISVTX or not st.st_mode & 0o022):
+    if found is not None:
+        return found[1]
+    if parent:
         return None
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return "%s: %s" % (path, exc.strerror)
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        return "%s is not a directory" % path
     if st.st_uid != uid:
-        return "%s is not yours" % describe(here, st)
-    if stat.S_IMODE(st.st_mode) & 0o022:
-        return "%s can be written by %s" % (
-            describe(here, st), "others" if st.st_mode & 0o002 else "its group")
+        return "directory %s is owned by %s, mode %04o, not by %s" % (
+            path, owner(st), mode, user_name(uid))
+    if mode & 0o022:
+        return "directory %s is writable by %s (mode %04o)" % (
+            path, "others" if mode & 0o002 else "its group", mode)
     return None
 
 

@@ -410,20 +410,6 @@ print(sys.executable)" "${dir}" "$2") || exit 1
 }
 
 #######################################
-# The sha256 of a small file here (the kit: coreutils' sha256sum, a few ms, where there is one;
-# else hashlib, a Python start).
-#######################################
-rb::sha256() {
-  local out
-  if command -v sha256sum >/dev/null && out=$(sha256sum -b -- "$1"); then
-    out=${out#\\}          # (a name with a backslash or newline: the line starts with one)
-    printf '%s\n' "${out%% *}"
-    return 0
-  fi
-  "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
-}
-
-#######################################
 # Copy the source's manifest (fingerprint $1) here (runs/NAME/manifest.jsonl) and on to the
 # destination, in one pipeline; written aside and renamed there (both ends may be one host and
 # one kit directory: the file being read). `-` for $1 (the transfer's background job, which has
@@ -527,6 +513,20 @@ rb::abspath() {
   else
     rb::fail "relative path ${path} on ssh host ${host}"
   fi
+}
+
+#######################################
+# The sha256 of a small file here (the kit: coreutils' sha256sum, a few ms, where there is one;
+# else hashlib, a Python start).
+#######################################
+rb::sha256() {
+  local out
+  if command -v sha256sum >/dev/null && out=$(sha256sum -b -- "$1"); then
+    out=${out#\\}          # (a name with a backslash or newline: the line starts with one)
+    printf '%s\n' "${out%% *}"
+    return 0
+  fi
+  "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
 }
 
 #######################################
@@ -986,7 +986,7 @@ rb::engine_start() {
     --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
     --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
     --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}"
+    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0

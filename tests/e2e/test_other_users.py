@@ -124,8 +124,8 @@ def test_a_run_directory_another_user_owns_is_refused_and_nothing_is_written_thr
     r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-3000:]
-    assert f"refusing the run directory {run}: {run} (owner nobody (uid {NOBODY}), mode 0755) " \
-        "belongs to another user" in r.stderr
+    assert f"refusing the run directory {run}: directory {run} is owned by nobody (uid {NOBODY}), " \
+        "mode 0755: that user can rename or replace what is in it" in r.stderr
     assert secret.read_text() == "root only\n"
     assert not (tmp_path / "d").exists()
 
@@ -141,7 +141,8 @@ def test_a_run_directory_under_a_directory_others_can_write_is_refused(payload_s
                        env=dict(os.environ, RB_RUN_DIR=str(parent / "run")),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-3000:]
-    assert f"{parent} (owner root (uid 0), mode 0777) can be written by others" in r.stderr
+    assert f"directory {parent} is owned by root (uid 0), mode 0777: writable by group and " \
+        "others without the sticky bit" in r.stderr
     assert os.listdir(parent / "run") == []
 
 
@@ -159,8 +160,8 @@ def test_a_report_in_a_directory_anyone_can_write_is_refused(payload_small, shar
                        env=dict(os.environ, RB_RUN_DIR=str(tmp_path / "run")),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-3000:]
-    assert f"refusing the directory of --report {drop}: {drop} (owner root (uid 0), mode 1777)" \
-        in r.stderr
+    assert f"refusing the directory of --report {drop}: directory {drop} is writable by others " \
+        "(mode 1777)" in r.stderr
     assert secret.read_text() == "root only\n"
 
 

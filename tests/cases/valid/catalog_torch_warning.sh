@@ -53,11 +53,12 @@ readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
 readonly RB_ON_EXISTING=refuse
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -105,7 +106,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on src: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on dst: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on src: rbkit engine scan /opt/venv (refused unless pyvenv.cfg, bin/python and files are sent)
-on dst: rbkit engine serve --dest /opt/venv: takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
+on dst: rbkit engine serve --dest /opt/venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing refuse; free space for /opt/.venv.rb-staging
 on src: rbprobes preflight --venv /opt/venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'

@@ -53,11 +53,12 @@ readonly RB_COMPRESSION=gzip
 readonly RB_VERIFY=blake2b
 readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename
+# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
 readonly RB_KEEP_BACKUPS=2
 readonly RB_SWAP_ATOMIC=allow
+readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=''
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -100,7 +101,7 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on src: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on dst: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on src: rbkit engine scan /opt/envs/torch (refused unless pyvenv.cfg, bin/python and files are sent)
-on dst: rbkit engine serve --dest /scratch/envs/torch: takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one)
+on dst: rbkit engine serve --dest /scratch/envs/torch: refuses a parent of it another user can write (shared_parent: refuse); takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing replace; free space for /scratch/envs/.torch.rb-staging
 on src: rbprobes outside /opt/envs/torch (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: gzip (preflight fails if an end lacks it)'

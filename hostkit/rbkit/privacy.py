@@ -1,0 +1,46 @@
+"""The destination's parent, private to the user the kit runs as, or refused (issue 33, N4).
+
+Whatever the kit writes beside the destination (the lock, the staging, the backups a `--restore`
+puts back, the env file) is only as safe as the directories along the way: whoever can write one
+of them can rename, replace or plant an entry there between two of the kit's steps. The rule is
+rbrules.private's walk (first_not_private: every component from / down, links followed, owned by
+this user or root and not writable by others unless sticky; what is missing is not judged, the
+kit makes it), the one the run directory and --report's directory also go through; here the
+refusal preflight fails with, naming the fixes and the spec key that accepts such a parent. Not
+covered: ACLs and capabilities that grant writes beyond the mode bits.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+from rbrules.private import MAX_LINKS, first_not_private, owner, user_name  # noqa: F401
+
+SPEC_KEY = "transfer.shared_parent"
+
+
+def why_not_private(path: str, uid: int) -> Optional[str]:
+    """Why `path` is not private to the user `uid` (rbrules.private's walk: the rule), or None."""
+    found = first_not_private(path, uid)
+    return found[1] if found else None
+
+
+def refusal(dest: str, where: str, why: str, uid: int) -> str:
+    """The preflight's refusal of `dest`, whose parent (or an ancestor of it) `where` is not
+    private: what, why it matters, and the fixes."""
+    runner = user_name(uid)
+    return ("refusing to install %s as %s: %s. The lock, the staging, the backups that --restore "
+            "puts back and the env file live beside the destination, in %s; whoever can write "
+            "there can swap them between two steps of this run. Fix: make %s %s's and not "
+            "writable by others (chown %s %s && chmod go-w %s), or choose a destination under a "
+            "parent only %s can write, or, to accept it, set %s: allow in the spec"
+            % (dest, runner, why, os.path.dirname(dest), where, runner, runner, where, where,
+               runner, SPEC_KEY))
+
+
+def check_parent(dest: str, uid: int) -> Optional[Tuple[str, str]]:
+    """(the component, why) when the parent of `dest` is not private to `uid`; else None."""
+    return first_not_private(os.path.dirname(os.path.abspath(dest)) or "/", uid)
