@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 96089c07fa572645aeb15adfbf1dce401078a02b0058bf9a1c151b70da9d5973
+# sha256 of this file with these 64 digits zeroed: dd2dfab56a35ba291dc3d4c11476be169f2453b5250497017bdf0d5212aaa17b
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44
-readonly RB_KIT_FILE=.kit/7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44.tar
+readonly RB_KIT_SHA256=5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e
+readonly RB_KIT_FILE=.kit/5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

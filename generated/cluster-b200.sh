@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 56d602f38350cd23eef56d66b964cd11cfab26740e98db90002efaf9253fb6b9
+# sha256 of this file with these 64 digits zeroed: 9e1a376f027976f1bcdec597857c0bbd6f10f93a46bf62b8b0211e98746dccef
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -35,8 +35,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44
-readonly RB_KIT_FILE=.kit/7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44.tar
+readonly RB_KIT_SHA256=5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e
+readonly RB_KIT_FILE=.kit/5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 11544d4babfd88b31da19388b541717401cd33b08acdd19fea1ac7de60a43678
+# sha256 of this file with these 64 digits zeroed: 8e24bb8e1d2894b73c865319597796dc13ffdc908c9e0dc3b8f9c069bc18c959
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44
-readonly RB_KIT_FILE=.kit/7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44.tar
+readonly RB_KIT_SHA256=5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e
+readonly RB_KIT_FILE=.kit/5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 57b3e3bed797416b21cb4229b68f19d42cd49457c140d5d4834cae2149e979c0
+# sha256 of this file with these 64 digits zeroed: 6a540cdf614943925ca8a56637c21535da6371d109742b25ee656825bd641c64
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44
-readonly RB_KIT_FILE=.kit/7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44.tar
+readonly RB_KIT_SHA256=5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e
+readonly RB_KIT_FILE=.kit/5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

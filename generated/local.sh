@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 83bda4f55cc44c05eff0dbbc593eb217f3fb944ce1bb108ddb459cfa0dfb39a1
+# sha256 of this file with these 64 digits zeroed: 114cfa4ff8299702ab3854c84a0b082136542d2360c9a54b8c1234e9cdc07781
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -34,8 +34,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44
-readonly RB_KIT_FILE=.kit/7c9b35d84af860a9541ebe40b50403ab217e8571a98aa99e9b941b6eea35ec44.tar
+readonly RB_KIT_SHA256=5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e
+readonly RB_KIT_FILE=.kit/5150f279ff22e413dd650b0d8d06d890db11fe00ee03b2be1404cbeed8b72f9e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

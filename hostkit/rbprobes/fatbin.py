@@ -571,37 +571,47 @@ def zstd_decompress(raw: bytes, limit: int, deadline: Optional[float] = None):
 
 
 def _libzstd_stream(lib, raw: bytes, limit: int, deadline: Optional[float]) -> bytearray:
-    """One zstd frame through libzstd's streaming API, DECODE_CHUNK of output at a time."""
+    """One zstd frame through libzstd's streaming API, straight into the bytearray it returns
+    (as large as the frame declares, plus one byte to see more; grown a chunk at a time when it
+    does not say), DECODE_CHUNK of output per call."""
     import ctypes
 
     declared = lib.ZSTD_getFrameContentSize(raw, len(raw))
-    if declared < (1 << 64) - 2 and declared > limit:  # not UNKNOWN (-1) nor ERROR (-2)
+    known = declared < (1 << 64) - 2  # not UNKNOWN (-1) nor ERROR (-2)
+    if known and declared > limit:
         raise Unreadable("zstd frame declares %d bytes, the entry %d" % (declared, limit))
-    src = ctypes.create_string_buffer(raw, len(raw))
+    most = declared if known else limit
+    out = bytearray((declared if known else min(DECODE_CHUNK, limit)) + 1)
+    pos = 0
+    src = ctypes.c_char_p(raw)  # raw's own bytes, not a copy
     inb = _ZstdIn(ctypes.cast(src, ctypes.c_void_p), len(raw), 0)
-    chunk = ctypes.create_string_buffer(min(DECODE_CHUNK, limit + 1) or 1)
     ds = lib.ZSTD_createDStream()
     if not ds:
         raise MemoryError("ZSTD_createDStream")
-    out = bytearray()
     try:
         lib.ZSTD_initDStream(ds)
         while True:
-            _past(deadline, len(out))
-            outb = _ZstdOut(ctypes.cast(chunk, ctypes.c_void_p), len(chunk), 0)
+            _past(deadline, pos)
+            if pos == len(out):  # a frame that does not say its size: room for a chunk more
+                out.extend(bytes(min(DECODE_CHUNK, most + 1 - pos)))
+            view = (ctypes.c_char * (len(out) - pos)).from_buffer(out, pos)
+            outb = _ZstdOut(ctypes.addressof(view), min(DECODE_CHUNK, len(out) - pos), 0)
             ret = lib.ZSTD_decompressStream(ds, ctypes.byref(outb), ctypes.byref(inb))
+            del view
             if lib.ZSTD_isError(ret):
                 raise Unreadable("zstd: %s" % lib.ZSTD_getErrorName(ret).decode("ascii",
                                                                                 "replace"))
-            out += memoryview(chunk)[:outb.pos]  # no copy of the chunk on the way
-            if len(out) > limit:
-                raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
+            pos += outb.pos
+            if pos > most:
+                raise Unreadable("zstd output exceeds the declared %d bytes" % most)
             if ret == 0:
-                return out
+                break
             if inb.pos == inb.size and outb.pos < outb.size:
                 raise Unreadable("truncated zstd frame")
     finally:
         lib.ZSTD_freeDStream(ds)
+    del out[pos:]
+    return out
 
 
 _LIBZSTD: List[object] = []
@@ -747,7 +757,7 @@ def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) 
         # time (at most about DECODE_CHUNK), so a long match costs no more memory than that
         # and the deadline is looked at between blocks.
         period = bytes(dst[start:])
-        block = period * max(1, DECODE_CHUNK // offset)
+        block = period * (min(length, DECODE_CHUNK) // offset + 1)
         while length > len(block):
             _past(deadline, len(dst))
             dst += block

@@ -1,6 +1,9 @@
 """The kernel audit's decoding limits, measured (issue 33 N8): not a test, a benchmark to run by hand.
 
-    .venv/bin/python tests/probes/bench_decode_budget.py [case ...]
+    .venv/bin/python tests/probes/bench_decode_budget.py [--hostkit DIR] [case ...]
+
+--hostkit: another copy of hostkit/ to measure (e.g. `git archive 24efc9a hostkit | tar -x -C
+/tmp/old` and --hostkit /tmp/old/hostkit: the code before the limits).
 
 Each case is a venv-like directory of hand-made shared objects whose fatbin entries are LZ4 "bombs"
 (one literal, then one match that repeats it: ~1 MB of input per 256 MiB of output), for sm_80, so
@@ -50,7 +53,7 @@ CASES = {   # name: (files, entries per file, decoded size of each entry)
 
 CHILD = """
 import json, sys, time
-sys.path.insert(0, %r)
+sys.path.insert(0, sys.argv[2])
 from rbprobes import checks_static
 t = time.monotonic()
 v = checks_static.audit(sys.argv[1], (9, 0))
@@ -59,16 +62,16 @@ import resource
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"s": time.monotonic() - t, "peak": peak, "status": out.status,
                   "reason": out.reason[:400]}))
-""" % str(ROOT / "hostkit")
+"""
 
 
-def measure(name: str) -> None:
+def measure(name: str, hostkit: Path = ROOT / "hostkit") -> None:
     files, entries, size = CASES[name]
     with tempfile.TemporaryDirectory(prefix="rb-bench-decode-") as tmp:
         build(Path(tmp), files, entries, size)
         on_disk = sum(p.stat().st_size for p in Path(tmp).iterdir())
         t0 = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", CHILD, tmp], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", CHILD, tmp, str(hostkit)], capture_output=True, text=True,
                               env=dict(os.environ, RBPROBES_AUDIT_JOBS="1"))
         wall = time.monotonic() - t0
     if done.returncode != 0:
@@ -81,5 +84,9 @@ def measure(name: str) -> None:
 
 
 if __name__ == "__main__":
-    for case in sys.argv[1:] or list(CASES):
-        measure(case)
+    args = sys.argv[1:]
+    kit = ROOT / "hostkit"
+    if args[:1] == ["--hostkit"]:
+        kit, args = Path(args[1]).resolve(), args[2:]
+    for case in args or list(CASES):
+        measure(case, kit)
