@@ -20,7 +20,7 @@ _SUFFIXES = (".so", ".cubin", ".fatbin")
 # a note there, not a failure (NVIDIA's math libraries: libcublasLt.so.13 has no sm_103 code
 # in 1534 of its 2782 units and launches only the kernels it has for the device).
 DEFAULT_PARTIAL_OK = ["nvidia/*"]
-DECODE_BUDGET = 64 << 20  # compressed bytes decoded per file to read kernels of units
+DECODE_BUDGET = fatbin.FILE_INPUT_BUDGET  # the old name; the decoding limits: fatbin.py
 UNITS_LISTED = 20  # units without a path listed per file
 
 
@@ -138,10 +138,17 @@ def _arch_specific(unit: List[fatbin.Container]) -> bool:
 
 def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
              ptx_max: Optional[Tuple[int, int]], waived: bool,
-             strict: bool = False) -> Dict[str, Any]:
+             strict: bool = False, run: Optional[fatbin.DecodeBudget] = None) -> Dict[str, Any]:
     """Per-file facts: units with and without a path, the kernels of the latter, problems.
     Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
-    unless `strict`."""
+    unless `strict`. `run`: the audit run's decoding budget and deadline (a fresh one when not
+    given); a unit a limit left undecoded is `unproven`, a problem: it may hold kernels."""
+    if run is None:
+        run = fatbin.DecodeBudget()
+        try:
+            return _examine(scan, buf, target, ptx_max, waived, strict, run)
+        finally:
+            run.close()
     units = judged_units(scan, target, ptx_max)
     with_path = {"sass": 0, "ptx": 0}
     missing: List[Dict[str, Any]] = []
@@ -163,7 +170,7 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             lacking.append((unit, what))
     # A waived file with some unit that runs needs no decoding: it is a note either way.
     decode = not (waived and (with_path["sass"] or with_path["ptx"]))
-    budget = [DECODE_BUDGET]
+    budget = [fatbin.FILE_INPUT_BUDGET]
     for unit, what in lacking:
         label = (unit[0].label if len(unit) == 1
                  else "%s (%d embedded containers)" % (unit[0].section, len(unit)))
@@ -172,7 +179,7 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
                                                 key=fatbin._arch_key)}
         has_code = any(e.kind in ("sass", "ptx") for c in unit for e in c.entries)
         if decode and has_code and buf is not None:
-            k = fatbin.unit_kernels(buf, unit, budget)
+            k = fatbin.unit_kernels(buf, unit, budget, run)
             if k.error:
                 unreadable.append(k.error)
             if k.kernel_free:
@@ -182,6 +189,8 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             item["kernels_complete"] = k.complete
             if not k.complete:
                 item["kernels_note"] = k.undecoded
+            if k.limited:
+                item["unproven"] = True
         elif has_code:
             item["kernels_note"] = "not decoded (partial_ok)" if not decode else "not decoded"
         (specific if not strict and _arch_specific(unit) else missing).append(item)
@@ -193,6 +202,12 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
     n_path = with_path["sass"] + with_path["ptx"]
     if not n_path and specific:  # nothing in the file runs here: arch-specific or not
         missing, specific = missing + specific, []
+    # A unit without a path that a limit left undecoded may be free of kernels (then it would
+    # not count): that was not shown, so it counts, and the file says why.
+    unproven = [m["kernels_note"] for m in missing if m.get("unproven")]
+    if unproven:
+        problems.append("not proven: %d units without a path not decoded, so not shown free of "
+                        "kernels (%s)" % (len(unproven), short_list(unproven, 2)))
     if missing:
         verdict = "partial" if n_path else "none"
     elif n_path:
@@ -204,7 +219,7 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             "units_arch_specific": len(specific), "jit_ptx_versions": sorted(jit),
             "missing": missing,
             "arch_specific": specific, "verdict": verdict, "problems": problems,
-            "unreadable": unreadable, "unknown_kinds": unknown}
+            "unreadable": unreadable, "unproven": unproven, "unknown_kinds": unknown}
 
 
 def file_verdict(
@@ -264,10 +279,11 @@ def audit_jobs(sizes: List[int]) -> int:
 
 def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
                 driver_ptx_max: Optional[Tuple[int, int]], globs: List[str],
-                strict: bool) -> Optional[Dict[str, Any]]:
+                strict: bool, run: Optional[fatbin.DecodeBudget] = None
+                ) -> Optional[Dict[str, Any]]:
     """One candidate file's part of `audit`: None (not ELF), {"skipped": path} (not a regular
     file), else {"errors": [...], "seen": [entry facts], "file": its row when it has GPU code}.
-    Plain data only (a worker process marshals it back)."""
+    Plain data only (a worker process marshals it back). `run`: the audit's decoding limits."""
     with fatbin.mapped(path, follow=follow) as (scan, buf):
         if scan.kind == "not-elf":
             return None
@@ -283,7 +299,7 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
         if not entries and not any(c.error for c in scan.containers):
             return {}
         waived_by = None if strict else glob_match(path, globs)
-        facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None, strict)
+        facts = _examine(scan, buf, target, driver_ptx_max, waived_by is not None, strict, run)
     info: Dict[str, Any] = {"path": rel}
     info.update(fatbin.summarize(entries))
     info["containers"] = len(scan.runtime_containers)
@@ -351,9 +367,13 @@ def audit(
                 todo.append((path, path == r))
                 sizes.append(size)
     n = audit_jobs(sizes) if jobs is None else jobs
-    records, workers = over_workers(
-        lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
-                              strict), sizes, n)
+    run = fatbin.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
+    try:
+        records, workers = over_workers(
+            lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
+                                  strict, run), sizes, n)
+    finally:
+        run.close()
     files: List[Dict[str, Any]] = []
     errors: List[str] = []
     scanned = 0
@@ -388,6 +408,9 @@ def audit(
         "kernel_free": having(lambda f: f["verdict"] == "empty"),
         "arch_specific": having(lambda f: f.get("units_arch_specific")),
         "unreadable": having(lambda f: f["verdict"] == "unreadable" or f.get("unreadable")),
+        "unproven": having(lambda f: f.get("unproven")),
+        "decode_limits": {"entry_cap": fatbin.ENTRY_CAP, "output": run.output,
+                          "seconds": run.seconds, "file_input": fatbin.FILE_INPUT_BUDGET},
         "unknown_kinds": having(lambda f: f.get("unknown_kinds")),
         "partial_ok": globs,
         "strict": strict,

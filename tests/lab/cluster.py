@@ -39,6 +39,7 @@ from .errors import LabError
 from .netlab import (LOCK_DIR, _attempt, _flock_free, _kill_netns_processes, _reap,
                      ensure_guard_route, list_netns, netns_pids)
 from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
+from .rundirs import ensure_run_dirs
 
 SUBNET = "10.213.250"
 PREFIX = "rbfan"
@@ -290,7 +291,7 @@ class Cluster:
         _alive). Idempotent."""
         if self._lock_fd is not None:
             return
-        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        ensure_run_dirs()          # LOCK_DIR, and /run/sshd for the nodes' sshds (issue 34)
         self._lock_fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.dir.mkdir(parents=True, exist_ok=True)

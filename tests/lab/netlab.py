@@ -40,10 +40,11 @@ from pathlib import Path
 
 from .errors import LabError
 from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
+from .rundirs import LAB_LOCKS, ensure_run_dirs
 
 SSHD = "/usr/sbin/sshd"
 NET_PREFIX = "10.213"          # the only range the lab assigns or contacts
-LOCK_DIR = Path("/run/rblab")  # per-run lock files (a held flock = a live run) and the allocation lock
+LOCK_DIR = Path(LAB_LOCKS.path)  # per-run lock files (a held flock = a live run), the allocation lock
 MAX_HOSTS = 32                 # host links use 10.213.S.0-127 in /30s
 MAX_DIRECT = 32                # direct links use 10.213.S.128-255 in /30s
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
@@ -316,8 +317,7 @@ class Lab:
         return self
 
     def _start(self) -> None:
-        LOCK_DIR.mkdir(parents=True, exist_ok=True)
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)   # sshd's privilege separation dir
+        ensure_run_dirs()          # /run/sshd (sshd's privilege separation dir), LOCK_DIR
         self._lock_fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-{self.runid}-"))

@@ -353,7 +353,7 @@ def test_kernel_detection_by_decoding(fatbins):
 def test_no_size_rule_for_undecodable_zstd(monkeypatch, fatbins):
     """Without any zstd decoder a small zstd cubin is not taken for kernel-free (the old size
     rule skipped every compressed cubin up to 2560 bytes): the unit counts, and says why."""
-    monkeypatch.setattr(fatbin, "zstd_decompress", lambda raw, limit: None)
+    monkeypatch.setattr(fatbin, "zstd_decompress", lambda raw, limit, deadline=None: None)
     scan = fatbin.scan_file(str(fatbins["nokernel_zstd"]))
     data = fatbins["nokernel_zstd"].read_bytes()
     (unit,) = [u for u in scan.units if u[0].entries[0].compression == "zstd"][:1]
