@@ -173,7 +173,7 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
         flags = " ".join(launch.SITE_FLAGS)
         out.append(f"{on_dst} probe: source the env file; {dst}/bin/python {flags} "
                    f"<kit>/{launch.START} rbprobes run: {kinds}")
-        out.append(f"here: fetch the report to runs/{spec.name}/probe-{dst_host}.json")
+        out.append(f"here: fetch the report to runs/{spec.name}/<run>/probe-{dst_host}.json")
     return out
 
 

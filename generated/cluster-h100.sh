@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d73b679152607717488981aab05e2db5c80caa58209df9062d8590f07285e343
+# sha256 of this file with these 64 digits zeroed: 21dc98cc36dd4865cd6b6eca332109ecbb33e482b617304f53d0de13b5a73fd4
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7
-readonly RB_KIT_FILE=.kit/05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7.tar
+readonly RB_KIT_SHA256=d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8
+readonly RB_KIT_FILE=.kit/d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -128,7 +128,7 @@ on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'
   [exports]='on h100: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on h100: engine probe: source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
-here: fetch the report to runs/cluster-h100/probe-h100.json'
+here: fetch the report to runs/cluster-h100/<run>/probe-h100.json'
 )
 declare -rA RB_STEP_HOST=(
   [preflight]='ct200->h100'
@@ -180,6 +180,8 @@ RB_WORK=''
 RB_LOCAL_KIT=''
 # the run directory's lock this run holds (rb::run_lock)
 RB_RUN_LOCK=''
+# the runbook's directory: what later runs go on from (rb::run_dirs)
+RB_STATE_DIR=''
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -557,16 +559,16 @@ rb::delta_plan() {
     if [[ "${RB_J[rebuilt]}" == 1 && "${have}" != "${RB_FINGERPRINT}" ]]; then
       # rebuilt there from the install's record: this machine keeps a copy unless it has it
       rb::kept_fingerprint ''
-      rb::on_host "${RB_DST_HOST}" cat "${RB_J[manifest]}" >"${RB_RUN_DIR}/manifest.jsonl"
+      rb::on_host "${RB_DST_HOST}" cat "${RB_J[manifest]}" >"${RB_STATE_DIR}/manifest.jsonl"
       rb::kept_fingerprint "${RB_FINGERPRINT}"
     fi
     rb::log "the source is unchanged since the install: its manifest as of then (fingerprint" \
       "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
   else
     rb::log "${RB_ENGINE_DETAIL}"
-    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_RUN_DIR}/installed.jsonl"
+    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_STATE_DIR}/installed.jsonl"
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
-      <"${RB_RUN_DIR}/installed.jsonl"
+      <"${RB_STATE_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
     rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
     rb::manifest_share "${RB_FINGERPRINT}"
@@ -803,12 +805,12 @@ step_probe() {
 }
 
 #######################################
-# Set up this run: the private scratch directory and this machine's kit, the run directory (made
-# private, or refused), the run's own lock, the log, ssh multiplexing, absolute paths. Nothing is
-# written in the run directory before it is known private and this run holds it.
+# Set up this run: the private scratch directory and this machine's kit, the runbook's directory
+# and this run's own (rb::run_dirs: private, or refused; held by one run at a time), the log, ssh
+# multiplexing, absolute paths. Nothing is written in either before it is known private and this
+# run holds it.
 #######################################
 rb::init() {
-  local me
   # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
   # sockets, and the working directory of every command this runbook starts from here on
   RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
@@ -819,21 +821,7 @@ rb::init() {
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
   fi
   rb::kit_write "${RB_LOCAL_KIT}"
-  RB_RUN_DIR=${RB_RUN_DIR:-runs/${RB_NAME}}
-  if [[ "${RB_RUN_DIR}" != /* ]]; then
-    RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
-  fi
-  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
-  if [[ "${RB_REPORT}" != /* ]]; then
-    RB_REPORT=${PWD}/${RB_REPORT}
-  fi
-  me=$(id -un)
-  rb::private_dir "${RB_RUN_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
-    "${me} can write (its parents too), or fix the one named"
-  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
-    "directory only ${me} can write"
-  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd -P)
-  rb::run_lock
+  rb::run_dirs
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
   : >"${RB_EVENTS}"

@@ -354,12 +354,12 @@ rb::hosts_prepare() {
       RB_KIT_DIR[${host}]=${RB_LOCAL_KIT}
     fi
   done
-  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_RUN_DIR}/manifest.jsonl" && ${#RB_RUN_STEPS[@]} -gt 0 &&
+  if [[ -n "${pids[${RB_DST_HOST}]:-}" && -f "${RB_STATE_DIR}/manifest.jsonl" && ${#RB_RUN_STEPS[@]} -gt 0 &&
     " ${RB_RUN_STEPS[*]} " != *" manifest "* ]]; then
     # a --from/--only run without the manifest step goes on from the manifest this machine kept,
     # never one left on the host; sent beside the engines' start (rb::manifest_sent waits)
     RB_WORK='' rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
-      "${RB_KIT_DIR[${RB_DST_HOST}]}/${RB_NAME}.manifest.jsonl" <"${RB_RUN_DIR}/manifest.jsonl" &
+      "${RB_KIT_DIR[${RB_DST_HOST}]}/${RB_NAME}.manifest.jsonl" <"${RB_STATE_DIR}/manifest.jsonl" &
     RB_MANIFEST_PID=$!
     RB_BG_PIDS+=("$!")
   fi
@@ -421,7 +421,7 @@ rb::manifest_share() {
   dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
   rb::kept_fingerprint ''
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.manifest.jsonl" |
-    tee "${RB_RUN_DIR}/manifest.jsonl" |
+    tee "${RB_STATE_DIR}/manifest.jsonl" |
     rb::pipe_on_host "${RB_DST_HOST}" sh -c 'cat >"$1.part" && mv -f -- "$1.part" "$1"' rb \
       "${dst_kit}/${RB_NAME}.manifest.jsonl" ||
     rb::pipe_failed "copying the source's manifest" "read on ${RB_SRC_HOST}" "keep here" \
@@ -437,7 +437,7 @@ rb::manifest_share() {
 # known while it is rewritten); without, print it (empty when none is recorded).
 #######################################
 rb::kept_fingerprint() {
-  local file=${RB_RUN_DIR}/manifest.fingerprint line=''
+  local file=${RB_STATE_DIR}/manifest.fingerprint line=''
   if (($# > 0)); then
     rm -f "${file}"
     if [[ -n "$1" ]]; then
@@ -445,7 +445,7 @@ rb::kept_fingerprint() {
     fi
     return 0
   fi
-  if [[ -f "${file}" && -f "${RB_RUN_DIR}/manifest.jsonl" ]]; then
+  if [[ -f "${file}" && -f "${RB_STATE_DIR}/manifest.jsonl" ]]; then
     IFS= read -r line <"${file}" || true
   fi
   printf '%s\n' "${line}"
@@ -463,7 +463,7 @@ rb::manifest_sent() {
   RB_MANIFEST_PID=''
   if ! wait "${pid}"; then
     RB_HOST=${RB_DST_HOST}
-    rb::fail "could not send the manifest this machine kept (${RB_RUN_DIR}/manifest.jsonl) to ${RB_DST_HOST}"
+    rb::fail "could not send the manifest this machine kept (${RB_STATE_DIR}/manifest.jsonl) to ${RB_DST_HOST}"
   fi
 }
 
@@ -545,13 +545,60 @@ rb::private_dir() {
 }
 
 #######################################
-# Hold the run directory for this run (a directory made there, holding this shell's pid): a
-# second run of the runbook into the same run directory ends here (exit 1), naming the holder,
-# before it writes anything; a holder that is gone (killed) is taken over. rb::cleanup lets go.
+# The runbook's directory (RB_STATE_DIR, default runs/NAME: what later runs go on from, the kept
+# manifest, the audit's pass, the fan-out's bundle) and this run's own (RB_RUN_DIR: its log,
+# events, report, probe reports): by default runs/NAME/<UTC time>-<pid>, with runs/NAME/latest
+# naming the newest and the oldest past RB_KEEP_RUNS (default 20) removed; an RB_RUN_DIR set by
+# hand is both. Each made private or refused (exit 2); the runbook's directory held (rb::run_lock)
+# before anything is written in either.
+#######################################
+rb::run_dirs() {
+  local me stamp old keep
+  local -a runs=()
+  me=$(id -un)
+  if [[ -n "${RB_RUN_DIR}" && "${RB_RUN_DIR}" != /* ]]; then
+    RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
+  fi
+  RB_STATE_DIR=${RB_RUN_DIR:-${PWD}/runs/${RB_NAME}}
+  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR:-${RB_STATE_DIR}/-}/report.json}
+  if [[ "${RB_REPORT}" != /* ]]; then
+    RB_REPORT=${PWD}/${RB_REPORT}
+  fi
+  rb::private_dir "${RB_STATE_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
+    "${me} can write (its parents too), or fix the one named"
+  RB_STATE_DIR=$(cd "${RB_STATE_DIR}" && pwd -P)
+  rb::run_lock "${RB_LOCK_WAIT:-30}"
+  if [[ -z "${RB_RUN_DIR}" ]]; then
+    stamp=$(TZ=UTC0 printf '%(%Y%m%dT%H%M%SZ)T' -1)
+    RB_RUN_DIR=${RB_STATE_DIR}/${stamp}-$$
+    mkdir -m 700 -- "${RB_RUN_DIR}"
+    ln -s -- "${RB_RUN_DIR##*/}" "${RB_STATE_DIR}/.latest.$$"
+    mv -Tf -- "${RB_STATE_DIR}/.latest.$$" "${RB_STATE_DIR}/latest"
+    RB_REPORT=${RB_REPORT/%\/-\/report.json//${RB_RUN_DIR##*/}/report.json}
+    # the oldest runs' directories past RB_KEEP_RUNS (the names sort by their UTC time)
+    shopt -s nullglob
+    runs=("${RB_STATE_DIR}"/[0-9]*T[0-9]*Z-[0-9]*)
+    shopt -u nullglob
+    keep=${RB_KEEP_RUNS:-20}
+    if ((${#runs[@]} > keep)); then
+      for old in "${runs[@]:0:${#runs[@]}-keep}"; do
+        rm -rf -- "${old}"
+      done
+    fi
+  fi
+  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
+    "directory only ${me} can write"
+}
+
+#######################################
+# Hold the runbook's directory for this run (a directory made there, holding this shell's pid):
+# a second run of the runbook waits up to $1 seconds for the holder, naming it, then ends here
+# (exit 1) before it writes anything; a holder that is gone (killed) is taken over. rb::cleanup
+# lets go.
 #######################################
 rb::run_lock() {
-  local lock=${RB_RUN_DIR}/.run-lock holder='' tries
-  for tries in 1 2; do
+  local lock=${RB_STATE_DIR}/.run-lock holder='' waited=0 said=0 taken=0
+  while true; do
     if mkdir -m 700 -- "${lock}" 2>/dev/null; then
       printf '%s %s\n' "$$" "${HOSTNAME%%.*}" >"${lock}/holder"
       RB_RUN_LOCK=${lock}
@@ -561,14 +608,29 @@ rb::run_lock() {
     if [[ -f "${lock}/holder" ]]; then
       read -r holder _ <"${lock}/holder" || holder=''
     fi
-    if [[ "${holder}" =~ ^[0-9]+$ ]] && kill -0 "${holder}" 2>/dev/null || ((tries == 2)); then
+    if ! [[ "${holder}" =~ ^[0-9]+$ ]] || ! kill -0 "${holder}" 2>/dev/null; then
+      # its holder is gone (killed), or has not written itself down a second after: taken over
+      if ((taken >= 3)); then
+        break
+      elif [[ -n "${holder}" ]] || ((taken)); then
+        rm -rf -- "${lock}"
+        taken=$((taken + 1))
+        continue
+      fi
+      taken=1
+    elif ((waited >= $1)); then
       break
+    elif ((!said)); then
+      echo "waiting up to $1 s for another run of ${RB_NAME} (pid ${holder}) that holds" \
+        "${RB_STATE_DIR} (RB_LOCK_WAIT)" >&2
+      said=1
     fi
-    # its holder is gone (or never wrote itself down): a killed run's
-    rm -rf -- "${lock}"
+    sleep 1
+    waited=$((waited + 1))
   done
-  echo "refusing to run: another run of ${RB_NAME} (pid ${holder:-unknown}) is using the run" \
-    "directory ${RB_RUN_DIR}; wait for it to end, or give this run its own: RB_RUN_DIR=DIR" >&2
+  echo "refusing to run: another run of ${RB_NAME} (pid ${holder:-unknown}) still holds ${RB_STATE_DIR}" \
+    "after ${waited} s; wait for it to end and run again (RB_LOCK_WAIT=SECONDS waits longer)," \
+    "or give this run a directory of its own (RB_RUN_DIR=DIR)" >&2
   exit 1
 }
 
@@ -901,8 +963,8 @@ rb::source_start() {
 #######################################
 rb::audit_passed() {
   local line=''
-  if [[ -f "${RB_RUN_DIR}/audit-passed" ]]; then
-    IFS= read -r line <"${RB_RUN_DIR}/audit-passed" || line=''
+  if [[ -f "${RB_STATE_DIR}/audit-passed" ]]; then
+    IFS= read -r line <"${RB_STATE_DIR}/audit-passed" || line=''
   fi
   printf '%s\n' "${line}"
 }
@@ -946,7 +1008,7 @@ rb::preflight_audit() {
     return 0
   fi
   if ((rc == 0)) || { ((rc == 1)) && [[ -z "${failed}" ]]; }; then
-    printf '%s %s\n' "${RB_SRC_STAT}" "${RB_AUDIT_KEY}" >"${RB_RUN_DIR}/audit-passed"
+    printf '%s %s\n' "${RB_SRC_STAT}" "${RB_AUDIT_KEY}" >"${RB_STATE_DIR}/audit-passed"
     if ((rc == 0)); then
       rb::log "static checks on the source: passed (${what}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
     else
@@ -1094,8 +1156,8 @@ rb::finish() {
   for probe in "${RB_PROBE_REPORTS[@]}"; do
     probe_args+=(--probe "${probe}")
   done
-  if [[ -f "${RB_RUN_DIR}/fanout/fanout.json" ]]; then
-    fan=(--fanout "${RB_RUN_DIR}/fanout/fanout.json")
+  if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
+    fan=(--fanout "${RB_STATE_DIR}/fanout/fanout.json")
   fi
   # the report, then its pictures beside it (timeline.svg, nodes.svg, report.html), one process
   rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
@@ -1138,8 +1200,11 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --version       the compiler, spec and kit this runbook was made from
   -h, --help      this text
 
-Environment: RB_RUN_DIR (default runs/${RB_NAME}) holds the log, the manifest and the reports;
-RB_LOCK_WAIT (seconds, default 30) how long to wait for a destination another run is installing.
+Environment: each run writes its log, events and reports in a directory of its own,
+runs/${RB_NAME}/<UTC time>-<pid> (runs/${RB_NAME}/latest: the newest; RB_KEEP_RUNS, default 20,
+are kept); runs/${RB_NAME} keeps what later runs go on from. RB_RUN_DIR=DIR: one directory
+for both. RB_LOCK_WAIT (seconds, default 30): how long a second run waits for the first (the
+runbook's directory, the destination) before it gives up, naming it.
 Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage; 130 interrupted.
 USAGE
 }

@@ -181,11 +181,12 @@ def test_a_run_locked_out_of_the_run_directory_leaves_the_other_runs_records_alo
     try:
         (run / ".run-lock").mkdir(mode=0o700)
         (run / ".run-lock" / "holder").write_text(f"{holder.pid} elsewhere\n")
-        r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=dict(env, RB_LOCK_WAIT="1"),
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 1, r.stderr[-3000:]
-        assert f"another run of e2e (pid {holder.pid}) is using the run directory {run}" \
+        assert f"waiting up to 1 s for another run of e2e (pid {holder.pid}) that holds {run}" \
             in r.stderr
+        assert f"another run of e2e (pid {holder.pid}) still holds {run} after 1 s" in r.stderr
         assert {p: (run / p).read_bytes() for p in records} == records
     finally:
         holder.kill()

@@ -124,7 +124,7 @@ on here: runs/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each c
   [exports]='on here: engine exports: write runs/venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: - (in site-packages), then $CUDA_HOME/lib64'
   [probe]='on here: engine probe: source the env file; runs/venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, devices
-here: fetch the report to runs/smi-name/probe-here.json'
+here: fetch the report to runs/smi-name/<run>/probe-here.json'
 )
 declare -rA RB_STEP_HOST=(
   [preflight]=here
@@ -176,6 +176,8 @@ RB_WORK=''
 RB_LOCAL_KIT=''
 # the run directory's lock this run holds (rb::run_lock)
 RB_RUN_LOCK=''
+# the runbook's directory: what later runs go on from (rb::run_dirs)
+RB_STATE_DIR=''
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -543,16 +545,16 @@ rb::delta_plan() {
     if [[ "${RB_J[rebuilt]}" == 1 && "${have}" != "${RB_FINGERPRINT}" ]]; then
       # rebuilt there from the install's record: this machine keeps a copy unless it has it
       rb::kept_fingerprint ''
-      rb::on_host "${RB_DST_HOST}" cat "${RB_J[manifest]}" >"${RB_RUN_DIR}/manifest.jsonl"
+      rb::on_host "${RB_DST_HOST}" cat "${RB_J[manifest]}" >"${RB_STATE_DIR}/manifest.jsonl"
       rb::kept_fingerprint "${RB_FINGERPRINT}"
     fi
     rb::log "the source is unchanged since the install: its manifest as of then (fingerprint" \
       "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
   else
     rb::log "${RB_ENGINE_DETAIL}"
-    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_RUN_DIR}/installed.jsonl"
+    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_STATE_DIR}/installed.jsonl"
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
-      <"${RB_RUN_DIR}/installed.jsonl"
+      <"${RB_STATE_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
     rb::log "source hashed: ${RB_J[reused]} unchanged files kept the digest recorded at the install"
     rb::manifest_share "${RB_FINGERPRINT}"
@@ -789,12 +791,12 @@ step_probe() {
 }
 
 #######################################
-# Set up this run: the private scratch directory and this machine's kit, the run directory (made
-# private, or refused), the run's own lock, the log, ssh multiplexing, absolute paths. Nothing is
-# written in the run directory before it is known private and this run holds it.
+# Set up this run: the private scratch directory and this machine's kit, the runbook's directory
+# and this run's own (rb::run_dirs: private, or refused; held by one run at a time), the log, ssh
+# multiplexing, absolute paths. Nothing is written in either before it is known private and this
+# run holds it.
 #######################################
 rb::init() {
-  local me
   # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
   # sockets, and the working directory of every command this runbook starts from here on
   RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
@@ -805,21 +807,7 @@ rb::init() {
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
   fi
   rb::kit_write "${RB_LOCAL_KIT}"
-  RB_RUN_DIR=${RB_RUN_DIR:-runs/${RB_NAME}}
-  if [[ "${RB_RUN_DIR}" != /* ]]; then
-    RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
-  fi
-  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
-  if [[ "${RB_REPORT}" != /* ]]; then
-    RB_REPORT=${PWD}/${RB_REPORT}
-  fi
-  me=$(id -un)
-  rb::private_dir "${RB_RUN_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
-    "${me} can write (its parents too), or fix the one named"
-  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
-    "directory only ${me} can write"
-  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd -P)
-  rb::run_lock
+  rb::run_dirs
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
   : >"${RB_EVENTS}"

@@ -166,6 +166,8 @@ RB_WORK=''
 RB_LOCAL_KIT=''
 # the run directory's lock this run holds (rb::run_lock)
 RB_RUN_LOCK=''
+# the runbook's directory: what later runs go on from (rb::run_dirs)
+RB_STATE_DIR=''
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -355,11 +357,11 @@ RB_FAN_SCRATCH=''
 # made (kept in the run directory, for a --from run after it).
 #######################################
 rb::fan_scratch() {
-  local saved="${RB_RUN_DIR}/fanout/scratch-name" hex
+  local saved="${RB_STATE_DIR}/fanout/scratch-name" hex
   if [[ "${1:-}" == new || ! -s "${saved}" ]]; then
     hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
     RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
-    mkdir -p "${RB_RUN_DIR}/fanout"
+    mkdir -p "${RB_STATE_DIR}/fanout"
     printf '%s\n' "${RB_FAN_SCRATCH}" >"${saved}"
   else
     RB_FAN_SCRATCH=$(<"${saved}")
@@ -382,11 +384,11 @@ rb::fan_run() {
   RB_LAST_CMD="here: $(rb::shq "$@")"
   rb::log "$ $*"
   RB_FAN_RC=0
-  timeout --kill-after=10 "$((RB_FAN_TIMEOUT + 30))" "$@" >"${RB_RUN_DIR}/fanout/${name}.out" \
-    2>"${RB_RUN_DIR}/fanout/${name}.err" || RB_FAN_RC=$?
-  if ((RB_FAN_RC != 0)) && [[ -s "${RB_RUN_DIR}/fanout/${name}.err" ]]; then
+  timeout --kill-after=10 "$((RB_FAN_TIMEOUT + 30))" "$@" >"${RB_STATE_DIR}/fanout/${name}.out" \
+    2>"${RB_STATE_DIR}/fanout/${name}.err" || RB_FAN_RC=$?
+  if ((RB_FAN_RC != 0)) && [[ -s "${RB_STATE_DIR}/fanout/${name}.err" ]]; then
     rb::log "${1} exited ${RB_FAN_RC}; what it said:"
-    tail -n 20 "${RB_RUN_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
+    tail -n 20 "${RB_STATE_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
   elif ((RB_FAN_RC != 0)); then
     rb::log "${1} exited ${RB_FAN_RC} (nothing on stderr; the nodes' reports say why)"
   fi
@@ -401,7 +403,7 @@ rb::fan_run() {
 rb::fan_run_watched() {
   local name=$1 nodes=$2 out watcher
   shift 2
-  out="${RB_RUN_DIR}/fanout/${name}.out"
+  out="${RB_STATE_DIR}/fanout/${name}.out"
   rm -f "${out}.ended"
   : >"${out}"
   {
@@ -456,11 +458,11 @@ rb::fan_kit() {
 # arguments. Sets RB_FAN_FULL (the nodes, comma-separated; empty when none).
 #######################################
 rb::fan_full_round() {
-  local dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit rc size
+  local dir="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}-full" src_kit rc size
   local -a need=()
   RB_FAN_FULL=$(rb::fan_kit nodes --which needs-full \
     --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
-    --engine-out "${RB_RUN_DIR}/fanout/install.out")
+    --engine-out "${RB_STATE_DIR}/fanout/install.out")
   if [[ -z "${RB_FAN_FULL}" ]]; then
     return 0
   fi
@@ -469,7 +471,7 @@ rb::fan_full_round() {
     "or files changed there): the whole bundle goes to them"
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   mkdir -p "${dir}"
-  cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${dir}/"
+  cp "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${dir}/"
   rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
   size=$(stat -c %s "${dir}.tar")
   rb::fact full_bundle_bytes "${size}"
@@ -569,7 +571,7 @@ rb::fan_full_done() {
   local -a drop=()
   passed=$(rb::fan_kit nodes --which passed \
     --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
-    --engine-out "${RB_RUN_DIR}/fanout/install.out")
+    --engine-out "${RB_STATE_DIR}/fanout/install.out")
   for node in $(scontrol show hostnames "${SLURM_JOB_NODELIST}"); do
     if [[ ",${passed}," == *",${node},"* || " ${RB_FAN_NODE_LIST[*]} " != *" ${node} "* ]]; then
       drop+=("${node}")
@@ -635,12 +637,12 @@ step_fan_preflight() {
 # Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).
 #######################################
 step_fan_pack() {
-  local src_kit dir="${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_RUN_DIR}/fanout-base.jsonl"
+  local src_kit dir="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_STATE_DIR}/fanout-base.jsonl"
   local what=bundle names rerun=0 size human unchanged
   local -a reuse=()
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   names="${src_kit}/${RB_NAME}.names"
-  rm -rf "${RB_RUN_DIR}/fanout"
+  rm -rf "${RB_STATE_DIR}/fanout"
   mkdir -p "${dir}"
   if ((RB_INCREMENTAL)) && [[ -f "${base}" ]]; then
     # a re-run: the manifest of the last fan-out is the base; only what changed since is packed
@@ -688,7 +690,7 @@ step_fan_pack() {
 #######################################
 step_fan_copy() {
   rb::fan_scratch new
-  rb::fan_copy copy "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
+  rb::fan_copy copy "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
       "comparison names the nodes without a report"
@@ -715,11 +717,11 @@ step_fan_install() {
     args+=(--env "${item}")
   done
   # a whole-bundle round's output is this step's alone (a --from run may find an earlier one)
-  rm -f "${RB_RUN_DIR}/fanout/"{copy,install}-full.{out,err}
+  rm -f "${RB_STATE_DIR}/fanout/"{copy,install}-full.{out,err}
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \
     "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
-  if [[ -f "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/delta.names" ]]; then
+  if [[ -f "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}/delta.names" ]]; then
     # the bundle held only the changes (fan_pack)
     rb::fan_full_round "${args[@]}"
     RB_STEP_DETAIL+="${RB_FAN_FULL:+; whole bundle to ${RB_FAN_FULL} (exit ${RB_FAN_RC})}"
@@ -733,41 +735,41 @@ step_fan_install() {
 step_fan_compare() {
   local rc=0 info node nodes
   nodes=$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")
-  local -a rounds=(--engine-out "${RB_RUN_DIR}/fanout/install.out"
-    --engine-err "${RB_RUN_DIR}/fanout/install.err")
-  if [[ -f "${RB_RUN_DIR}/fanout/install-full.out" ]]; then
+  local -a rounds=(--engine-out "${RB_STATE_DIR}/fanout/install.out"
+    --engine-err "${RB_STATE_DIR}/fanout/install.err")
+  if [[ -f "${RB_STATE_DIR}/fanout/install-full.out" ]]; then
     # this run's whole-bundle round (fan_pack empties fanout/): its reports replace those of the
     # nodes that asked for it
-    rounds+=(--engine-out "${RB_RUN_DIR}/fanout/install-full.out"
-      --engine-err "${RB_RUN_DIR}/fanout/install-full.err")
+    rounds+=(--engine-out "${RB_STATE_DIR}/fanout/install-full.out"
+      --engine-err "${RB_STATE_DIR}/fanout/install-full.err")
   fi
   info=$(rb::fan_kit compare --nodes "${nodes}" "${rounds[@]}" --success "${RB_FAN_SUCCESS}" \
-    --out-dir "${RB_RUN_DIR}/fanout") || rc=$?
+    --out-dir "${RB_STATE_DIR}/fanout") || rc=$?
   for node in "${RB_FAN_NODE_LIST[@]}"; do
-    if [[ -f "${RB_RUN_DIR}/fanout/probe-${node}.json" ]]; then
-      RB_PROBE_REPORTS+=("${node}=${RB_RUN_DIR}/fanout/probe-${node}.json")
+    if [[ -f "${RB_STATE_DIR}/fanout/probe-${node}.json" ]]; then
+      RB_PROBE_REPORTS+=("${node}=${RB_STATE_DIR}/fanout/probe-${node}.json")
     fi
   done
   rb::engine_read <<<"${info}" || true
   rb::fact nodes_ok "${RB_J[ok]}"
   if ((RB_J[ok] > 0)); then
     # what the nodes that passed now hold: the next run sends only what changes from it
-    cp "${RB_RUN_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${RB_RUN_DIR}/fanout-base.jsonl"
+    cp "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}/manifest.jsonl" "${RB_STATE_DIR}/fanout-base.jsonl"
   fi
   RB_STEP_DETAIL="${RB_J[ok]}/${RB_J[nodes]} nodes passed${RB_J[odd]:+; odd: ${RB_J[odd]}}${RB_J[missing]:+; no report: ${RB_J[missing]}}${RB_J[rolled_back]:+; rolled back: ${RB_J[rolled_back]}}"
   if ((rc != 0)); then
     rb::fail "success policy ${RB_FAN_SUCCESS} not met: ${RB_STEP_DETAIL} (table above;" \
-      "${RB_RUN_DIR}/fanout/fanout.json)"
+      "${RB_STATE_DIR}/fanout/fanout.json)"
   fi
 }
 
 #######################################
-# Set up this run: the private scratch directory and this machine's kit, the run directory (made
-# private, or refused), the run's own lock, the log, ssh multiplexing, absolute paths. Nothing is
-# written in the run directory before it is known private and this run holds it.
+# Set up this run: the private scratch directory and this machine's kit, the runbook's directory
+# and this run's own (rb::run_dirs: private, or refused; held by one run at a time), the log, ssh
+# multiplexing, absolute paths. Nothing is written in either before it is known private and this
+# run holds it.
 #######################################
 rb::init() {
-  local me
   # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
   # sockets, and the working directory of every command this runbook starts from here on
   RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
@@ -778,21 +780,7 @@ rb::init() {
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
   fi
   rb::kit_write "${RB_LOCAL_KIT}"
-  RB_RUN_DIR=${RB_RUN_DIR:-runs/${RB_NAME}}
-  if [[ "${RB_RUN_DIR}" != /* ]]; then
-    RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
-  fi
-  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
-  if [[ "${RB_REPORT}" != /* ]]; then
-    RB_REPORT=${PWD}/${RB_REPORT}
-  fi
-  me=$(id -un)
-  rb::private_dir "${RB_RUN_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
-    "${me} can write (its parents too), or fix the one named"
-  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
-    "directory only ${me} can write"
-  RB_RUN_DIR=$(cd "${RB_RUN_DIR}" && pwd -P)
-  rb::run_lock
+  rb::run_dirs
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
   : >"${RB_EVENTS}"
