@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 21dc98cc36dd4865cd6b6eca332109ecbb33e482b617304f53d0de13b5a73fd4
+# sha256 of this file with these 64 digits zeroed: dec64d4b1c5cd96d46e3caf443fde38dad707532267bbb5d09dacd89310af988
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8
-readonly RB_KIT_FILE=.kit/d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8.tar
+readonly RB_KIT_SHA256=1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485
+readonly RB_KIT_FILE=.kit/1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -111,13 +111,13 @@ on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"
 on h100: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
 on h100: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_90 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
+compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/cluster-h100/manifest.jsonl; send it to h100
 on h100: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
 on h100: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on h100: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
-on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay) |
 on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on h100: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -441,16 +441,20 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: with auto, none when every machine the stream passes through
-# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
-# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
-# else from the spec and what both ends have (rb::choose_compression).
+# Decide the stream's compression: with auto, on the relay by measurement (the link's rate
+# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
+# the direct route, none when every machine the stream passes through runs one kernel (the same
+# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
+# the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
   local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
     return 0
   fi
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then

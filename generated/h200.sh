@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 852cfd40b5a1cf410210583cc7d5ae4ccb2667eaab4e7bfd63a28fd1b8f7d445
+# sha256 of this file with these 64 digits zeroed: 0ef208cd11b1937f0aec954c16ca1753e841f3864424705a40726455aa6fafd0
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8
-readonly RB_KIT_FILE=.kit/d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8.tar
+readonly RB_KIT_SHA256=1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485
+readonly RB_KIT_FILE=.kit/1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -429,16 +429,20 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: with auto, none when every machine the stream passes through
-# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
-# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
-# else from the spec and what both ends have (rb::choose_compression).
+# Decide the stream's compression: with auto, on the relay by measurement (the link's rate
+# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
+# the direct route, none when every machine the stream passes through runs one kernel (the same
+# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
+# the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
   local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
     return 0
   fi
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then

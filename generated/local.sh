@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: c5ac902daf8dabbeb4864ff4442e670b1997e09678dc93105f2f00d29c3e8a50
+# sha256 of this file with these 64 digits zeroed: 23f13eb8d1012cb26f9ac3a3887666c2e8d62fdeb8ddb143a1246bdfb7d83788
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8
-readonly RB_KIT_FILE=.kit/d2f440e69b7f8129853be6758e169a0d0bed80dd77faded43f379be51679ecf8.tar
+readonly RB_KIT_SHA256=1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485
+readonly RB_KIT_FILE=.kit/1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -428,16 +428,20 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: with auto, none when every machine the stream passes through
-# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
-# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
-# else from the spec and what both ends have (rb::choose_compression).
+# Decide the stream's compression: with auto, on the relay by measurement (the link's rate
+# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
+# the direct route, none when every machine the stream passes through runs one kernel (the same
+# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
+# the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
   local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
     return 0
   fi
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then

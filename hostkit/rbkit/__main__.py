@@ -5,6 +5,7 @@
     relocate ROOT --old OLD --new NEW      rewrite what names OLD in a venv's bin/ (by hand)
     elsewhere --fd N --old OLD...          text files outside bin/ naming OLD (relocate's report)
     report --events E --out R [...]        the run's report from its event log (on the head)
+    measure ROOT --tool T...               how fast each compressor packs a sample of the tree
     engine ...                             the install engine (serve.py): every step of a move
 
 The steps of a move (scan, stage, receive, verify, relocate, prove, swap, exports, probe,
@@ -106,6 +107,16 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_measure(a) -> int:
+    from . import measure
+    doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds)
+    if a.link is None:
+        _print(doc)
+    else:
+        print("\n".join(measure.main_lines(doc, a.link, a.shared_cpu)))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rbkit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +147,16 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--old", action="append", required=True)
     e.set_defaults(fn=cmd_elsewhere)
     sub.add_parser("engine", help="the install engine: python -m rbkit engine --help")
+    ms = sub.add_parser("measure", help="how fast each compressor packs a sample of the tree")
+    ms.add_argument("root")
+    ms.add_argument("--tool", action="append", default=[])
+    ms.add_argument("--exclude", action="append", default=[])
+    ms.add_argument("--bytes", type=int, default=32 << 20)
+    ms.add_argument("--seconds", type=float, default=5.0)
+    ms.add_argument("--link", type=int, help="the link's rate (bytes/s): print the choice")
+    ms.add_argument("--shared-cpu", action="store_true",
+                    help="the compressor and the link share CPUs (one kernel)")
+    ms.set_defaults(fn=cmd_measure)
     rp = sub.add_parser("report")
     rp.add_argument("--name", required=True)
     rp.add_argument("--spec", required=True)

@@ -530,6 +530,76 @@ rb::sha256() {
 }
 
 #######################################
+# The relay's own rate, bytes a second: zeros streamed for 0.6 s from $1
+# through this machine to $2 over the run's ssh connections (the ones the stream will use, with
+# its cipher), counted on $2. Prints the rate; returns 1 when it could not be measured.
+#######################################
+rb::measure_link() {
+  local from=$1 to=$2 start bytes=0 took
+  local -a codes=(0 0)
+  rb::now
+  start=${RB_NOW}
+  # shellcheck disable=SC2016 # $? is the far side's
+  rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb \
+    0.6 | rb::pipe_on_host "${to}" wc -c >"${RB_WORK}/link-bytes" 2>&1 ||
+    codes=("${PIPESTATUS[@]}")
+  rb::now
+  took=$((RB_NOW - start))
+  read -r bytes <"${RB_WORK}/link-bytes" || bytes=0
+  if [[ "${codes[*]}" != "0 0" || ! "${bytes}" =~ ^[0-9]+$ ]] || ((bytes == 0 || took <= 0)); then
+    return 1
+  fi
+  printf '%s\n' "$((bytes * 1000 / took))"
+}
+
+#######################################
+# compression: auto on the relay: the link's rate (rb::measure_link) against each compressor
+# both ends have, packing a sample of the source tree on the source (rbkit measure): the fastest
+# way through, logged with the figures. Returns 1 (the caller falls back to the fixed order)
+# when either could not be measured, saying why.
+#######################################
+rb::measured_compression() {
+  local link tool out key value choice='' why=''
+  local -a tools=() args=()
+  for tool in "${RB_AUTO_COMPRESSION[@]}"; do
+    if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${tool},"* &&
+      ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${tool},"* ]]; then
+      tools+=("${tool}")
+      args+=(--tool "${tool}")
+    fi
+  done
+  if ((${#tools[@]} == 0)); then
+    RB_COMPRESSION_USED=none
+    rb::log "compression: none (no compressor of ${RB_AUTO_COMPRESSION[*]} on both ends)"
+    return 0
+  fi
+  if ! link=$(rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}"); then
+    rb::log "compression: the link's rate could not be measured (timeout or wc missing on an end?)"
+    return 1
+  fi
+  if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
+    args+=(--shared-cpu)
+  fi
+  out=$(rb::kit "${RB_SRC_HOST}" measure "${RB_SRC_ABS}" "${args[@]}" "${RB_EXCLUDE_ARGS[@]}" \
+    --link "${link}") || true
+  while IFS=$'\t' read -r key value; do
+    case "${key}" in
+      choice) choice=${value} ;;
+      why) why=${value} ;;
+      json) rb::fact compression_measured "${value}" ;;
+      error) why=${value} ;;
+      *) ;;
+    esac
+  done <<<"${out}"
+  if [[ -z "${choice}" ]]; then
+    rb::log "compression: the compressors could not be measured on ${RB_SRC_HOST} (${why:-no answer})"
+    return 1
+  fi
+  RB_COMPRESSION_USED=${choice}
+  rb::log "compression: ${choice} (auto, measured: ${why})"
+}
+
+#######################################
 # Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
 # private (rbrules.private: this user's, not writable by others, nor any directory above it by
 # anyone but this user or root), or the run stops here (exit 2) before anything is written there.

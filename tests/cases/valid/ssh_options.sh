@@ -430,16 +430,20 @@ step_preflight() {
 }
 
 #######################################
-# Decide the stream's compression: with auto, none when every machine the stream passes through
-# runs one kernel (the same boot id: this machine, or namespaces or containers of one host), where
-# a compressor only adds work to the CPUs the stream already uses and there is no link to save;
-# else from the spec and what both ends have (rb::choose_compression).
+# Decide the stream's compression: with auto, on the relay by measurement (the link's rate
+# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
+# the direct route, none when every machine the stream passes through runs one kernel (the same
+# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
+# the spec and what both ends have (rb::choose_compression).
 #######################################
 rb::preflight_compression() {
   local boot through=''
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
+    return 0
+  fi
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
     return 0
   fi
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then

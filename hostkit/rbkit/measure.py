@@ -1,0 +1,174 @@
+"""How fast each compressor packs this tree, on the host that will pack it (`compression: auto`).
+
+    rbkit measure ROOT --tool lz4 --tool zstd [--exclude PAT]... [--bytes N] [--seconds S]
+
+reads a sample of the tree's files (spread over the whole tree by size: every file's chance is its
+bytes, at most 1 MiB of each, N bytes in all, 32 MiB by default) into memory, packs it with each
+tool exactly as the stream packs (stream.COMPRESSION's `pack` words: `zstd -1 -T0` uses every core,
+as the stream's does), and prints one JSON line: the sample's size, and per tool the rate it read
+the sample at (bytes a second) and the ratio (sample bytes / packed bytes). A tool that is missing
+or fails is said with its reason, never measured. Bounded: the walk stops after 200,000 entries,
+each tool after S seconds (default 5). The runbook compares these with the link's own rate
+(rb::measure_link) and takes the fastest way through (rb::measured_compression).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import stat
+import subprocess
+import time
+from typing import Any, Dict, List, Tuple
+
+from .stream import COMPRESSION
+
+MAX_ENTRIES = 200_000
+PER_FILE = 1 << 20
+SAMPLE = 32 << 20
+
+
+def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
+    """(path, size) of the regular files under root the excludes leave, up to MAX_ENTRIES entries
+    seen, in walk order; links are not followed."""
+    out: List[Tuple[str, int]] = []
+    seen = 0
+    todo = [root]
+    while todo and seen < MAX_ENTRIES:
+        here = todo.pop()
+        try:
+            entries = sorted(os.scandir(here), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if any(fnmatch.fnmatch(e.name, p) for p in excludes):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(e.path)
+            elif stat.S_ISREG(st.st_mode) and st.st_size > 0:
+                out.append((e.path, st.st_size))
+    return out
+
+
+def sample(root: str, excludes: List[str], want: int = SAMPLE) -> bytes:
+    """About `want` bytes of the tree: files picked at even steps of the tree's cumulative size
+    (a big file is picked as often as its bytes say), at most PER_FILE of each."""
+    files = _files(root, excludes)
+    total = sum(size for _p, size in files)
+    if not files or total == 0:
+        return b""
+    picks = max(1, want // (128 << 10))
+    step = max(1, total // picks)
+    parts: List[bytes] = []
+    have, at, mark = 0, 0, 0
+    for path, size in files:
+        at += size
+        if at < mark:
+            continue
+        mark = at + step
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = f.read(min(PER_FILE, want - have))
+        except OSError:
+            continue
+        parts.append(data)
+        have += len(data)
+        if have >= want:
+            break
+    return b"".join(parts)
+
+
+def _pack(words: List[str], data: bytes, seconds: float) -> Tuple[float, Any]:
+    start = time.monotonic()
+    done = subprocess.run(words, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=seconds, check=False, cwd="/")
+    return time.monotonic() - start, done
+
+
+def rate(tool: str, data: bytes, seconds: float) -> Dict[str, Any]:
+    """{"rate": bytes/s read, "ratio": in/out} of `tool` packing `data`, or {"error": why}. The
+    tool's own start (timed on one byte first) is not counted: the stream starts it once."""
+    words = COMPRESSION[tool]["pack"]
+    if shutil.which(words[0]) is None:
+        return {"error": "%s is not installed here" % words[0]}
+    try:
+        start_s, _ = _pack(words, b"\0", seconds)
+        took, done = _pack(words, data, seconds)
+    except subprocess.TimeoutExpired:
+        return {"error": "%s took more than %ss for %d bytes" % (words[0], seconds, len(data))}
+    took = max(took - start_s, 1e-3)
+    if done.returncode != 0 or not done.stdout:
+        return {"error": "%s exited %d: %s" % (words[0], done.returncode,
+                                               done.stderr.decode("utf-8", "replace")[-200:])}
+    return {"rate": int(len(data) / took), "ratio": round(len(data) / len(done.stdout), 3),
+            "seconds": round(took, 4)}
+
+
+MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
+SMALL = 1 << 20   # a tree whose sample is smaller moves in a moment whatever its compression
+
+
+def mb(rate: float) -> str:
+    return "%d MB/s" % round(rate / 1e6)
+
+
+def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False) -> Tuple[str, str]:
+    """(the compression to use, the reason in words) for a link of `link` bytes a second and the
+    measured tools: each moves min(its own rate, link x its ratio) of the tree's bytes a second
+    where the compressor and the link's ends have CPUs of their own (the stages run side by side);
+    with `shared` (every machine of the stream runs one kernel: they take turns on the same CPUs)
+    1 / (1/its rate + 1/(link x ratio)). The fastest, when it beats none by MARGIN, else none."""
+    best, best_rate, said = "none", float(link), []
+    for tool, m in tools.items():
+        if "rate" not in m:
+            said.append("%s: %s" % (tool, m.get("error", "not measured")))
+            continue
+        rate_, moved = float(m["rate"]), link * float(m["ratio"])
+        through = 1.0 / (1.0 / rate_ + 1.0 / moved) if shared else min(rate_, moved)
+        said.append("%s %s on this tree (ratio %.1f): %s through" % (
+            tool, mb(m["rate"]), m["ratio"], mb(through)))
+        if through > best_rate * (MARGIN if best == "none" else 1.0):
+            best, best_rate = tool, through
+    why = "link %s%s; %s" % (mb(link), " (one kernel: the compressor shares its CPUs)" if shared
+                              else "", "; ".join(said) if said else "no compressor to try")
+    if best == "none":
+        why += ": none, the link is as fast as any compressor"
+    return best, why
+
+
+def measure(root: str, tools: List[str], excludes: List[str], want: int = SAMPLE,
+            seconds: float = 5.0) -> Dict[str, Any]:
+    start = time.monotonic()
+    data = sample(root, excludes, want)
+    doc: Dict[str, Any] = {"sample_bytes": len(data),
+                           "read_seconds": round(time.monotonic() - start, 4), "tools": {}}
+    if not data:
+        doc["error"] = "no file to sample under %s" % root
+        return doc
+    for tool in tools:
+        if tool not in COMPRESSION or tool == "none":
+            doc["tools"][tool] = {"error": "not a compressor the stream knows"}
+            continue
+        doc["tools"][tool] = rate(tool, data, seconds)
+    return doc
+
+
+def main_lines(doc: Dict[str, Any], link: int, shared: bool = False) -> List[str]:
+    """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
+    figures as one `json` line (tab-separated)."""
+    import json
+    if doc.get("error") or link <= 0:
+        return ["error\t%s" % (doc.get("error") or "no link rate")]
+    if doc["sample_bytes"] < SMALL:
+        choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
+            mb(link), doc["sample_bytes"] // 1024)
+    else:
+        choice, why = choose(link, doc["tools"], shared)
+    doc = dict(doc, link_rate=link, choice=choice)
+    return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]
