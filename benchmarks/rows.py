@@ -302,6 +302,65 @@ class RunbookRow(Row):
             shutil.rmtree(self.dest(env).parent, ignore_errors=True)
 
 
+class ResumeRow(RunbookRow):
+    """Issue 34: the move cut at about half (untimed: the receiving end on dst killed, kill -9,
+    once the staging holds `at` of the tree), then the re-run that continues it, timed. Compare
+    with runbook.relay.none, the whole move, of the same round."""
+
+    def __init__(self, rid: str, label: str, at: float = 0.5, **kw) -> None:
+        super().__init__(rid, label, **kw)
+        self.at = at
+        self.cut_note = ""
+
+    def prepare(self, env: Env) -> None:
+        import subprocess
+
+        from tests.lab.netlab import netns_pids
+
+        script = self.compile(env)
+        env.fresh(self.dest(env).parent)
+        staging = self.dest(env).parent / ".venv.rb-staging"
+        total = env.payloads[self.payload or "torch"].file_bytes
+        run_dir = env.work / "runs" / self.dest_key
+        envv = dict(os.environ, RB_RUN_DIR=str(run_dir))
+        t0 = time.monotonic()
+        proc = subprocess.Popen(["bash", str(script)], cwd=script.parent, env=envv,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cut = 0
+        while proc.poll() is None and time.monotonic() - t0 < self.timeout:
+            got = sum(p.lstat().st_size for p in staging.rglob("*")
+                      if p.is_file() and not p.is_symlink()) if staging.is_dir() else 0
+            if got >= self.at * total:
+                for pid in netns_pids(env.lab.host("dst").netns):
+                    try:
+                        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    except OSError:
+                        continue
+                    if b"engine" in argv and b"receive" in argv:
+                        os.kill(pid, 9)
+                        cut = got
+                if cut:
+                    break
+            time.sleep(0.02)
+        proc.wait(timeout=self.timeout)
+        if not cut or proc.returncode == 0:
+            raise RuntimeError(f"{self.id}: the move was not cut (it ended first)")
+        self.cut_note = "cut at %.0f%% after %.1f s" % (100.0 * cut / total, time.monotonic() - t0)
+        env.flush()
+
+    def run(self, env: Env) -> list[Sample]:
+        s = self._run_once(env)
+        s.note = self.cut_note
+        manifest = s.details.get("manifest", "")
+        if s.ok and "resumed" not in manifest:
+            return [Sample(s.seconds, False, f"the re-run did not resume: {manifest}", s.steps,
+                           s.details)]
+        return [s]
+
+    def cleanup(self, env: Env) -> None:
+        shutil.rmtree(self.dest(env).parent, ignore_errors=True)
+
+
 def small_file(env: Env, payload: str) -> str:
     """A small regular file of the payload (deterministic): the one-file change of the re-run rows."""
     entries = source_manifest(env.payloads[payload].root)["entries"]
@@ -608,6 +667,9 @@ def catalogue() -> list[Row]:
                    state="same", dest_key="rerun.install", group="rerun", extra={"rerun": "digest"}),
         RunbookRow("rerun.runbook.one", "runbook re-run, one small file changed on the destination",
                    state="one", dest_key="rerun.install", group="rerun", repeat=2, drop=True),
+        ResumeRow("rerun.runbook.resume50", "runbook re-run after a relay cut at 50% (resumes; "
+                  "compare runbook.relay.none, the whole move)", dest_key="rerun.resume",
+                  group="rerun", repeat=1),
         Rsync2Hop("rerun.rsync.one", "rsync -a two hops, one small file changed", state="one",
                   group="rerun"),
         Seed("rerun.seed.one", "seed tar relay, one small file changed (re-sends everything)", state="one",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 66531679eb001ae7f5fdb374e8c9f72555d85e8c8af9d6e4ac340a0780df885d
+# sha256 of this file with these 64 digits zeroed: 01442dc63c53ae54b901af67ad476b6a7597f84c5ca9bfb99925f7a41621ce0f
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485
-readonly RB_KIT_FILE=.kit/1e98a192c5fe9841563a321b8538625ea032d40d5e7849f2f7f8c26ed62f8485.tar
+readonly RB_KIT_SHA256=672ca93e786bfdb37f8a952c4609d780991fec01dd667fb056544ffd22dc2ed6
+readonly RB_KIT_FILE=.kit/672ca93e786bfdb37f8a952c4609d780991fec01dd667fb056544ffd22dc2ed6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

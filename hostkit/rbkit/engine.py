@@ -57,6 +57,9 @@ RECEIVED = "received.json"   # what receive saw in the stream: each file's diges
                              # (received.I.json: stream I's, when several streams ran)
 BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
 INSTALLED = ".rb-manifest.jsonl"
+INCOMPLETE = ".incomplete"   # beside the staging (STAGING.incomplete): what arrived of a stream
+                             # that did not end in a verified staging, and the source it was for
+KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, for verify
 
 
 def staging_path(dest: str) -> str:
@@ -551,7 +554,8 @@ def _not_current(ctx: Context, why: str, mode: str) -> Result:
 
 
 def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
-          source_stat: str = "", algo: str = "", exclude: Optional[List[str]] = None) -> Result:
+          source_stat: str = "", algo: str = "", exclude: Optional[List[str]] = None,
+          source: str = "", resume: bool = False) -> Result:
     """A fresh staging beside the destination. With `delta`, every unchanged file (same digest,
     mode, size and mtime as the install recorded, and still so at the destination) is hard-linked
     from the current install, and `send.names` in the state directory lists what the stream must
@@ -562,13 +566,25 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
     this host holds for the run (ctx.manifest, the one the runbook's machine kept from its last
     run) is used only when it is the source's manifest as of the install (`kept_source`), so
     that nothing at the source needs hashing: `kept=1`. Otherwise nothing is staged (skipped,
-    `kept=0` and why): the source is hashed and stage is asked again without it."""
+    `kept=0` and why): the source is hashed and stage is asked again without it.
+
+    `source` (a fresh staging): what the staging is for (`STAT-FINGERPRINT HOST:PATH`), written
+    in its mark (INCOMPLETE, beside it) until verify passes: a stream cut short leaves a staging
+    that is private (0700), marked, and never installed, which a later run for the same source
+    may continue (`resume`: only the files missing or different are sent, see `resume_stage`).
+    Any other staging left here is removed, saying why."""
     _require_lock(ctx)
     _write_stamp(ctx, None)
     _forget_received(ctx, every=True)
     ctx.linked_inodes = None
+    if resume:
+        return resume_stage(ctx, source)     # refused unless resumable (the manifest step asks)
     if os.path.lexists(ctx.staging):
+        why = resumable_why(ctx, source) if source else "not a fresh move's staging"
+        ctx.log("an earlier run's staging %s is removed (%s)" % (ctx.staging, why or
+                                                                 "this run starts afresh"))
         remove_tree(ctx.staging)
+    _drop_mark(ctx)
     facts: dict = {"delta": int(bool(delta))}
     installed = None
     if delta:
@@ -615,7 +631,15 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
     else:
         parent = os.path.dirname(ctx.staging)
         os.makedirs(parent, exist_ok=True)
-        os.mkdir(ctx.staging, 0o755)
+        if source:
+            # private and marked until verify passes: what a cut stream leaves is kept for a
+            # re-run to continue, and is never taken for a whole staging
+            os.mkdir(ctx.staging, 0o700)
+            write_file(_mark_path(ctx), json.dumps(
+                {"source": source, "dest": ctx.dest,
+                 "identity": _identity(ctx.staging)}).encode(), 0o600)
+        else:
+            os.mkdir(ctx.staging, 0o755)
         detail = "fresh staging %s" % ctx.staging
     identity = _identity(ctx.staging)
     if delta:
@@ -624,6 +648,187 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
         ctx.linked_inodes = (identity, got["inodes"])
     _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
     return Result(detail, facts)
+
+
+def _mark_path(ctx: Context) -> str:
+    return ctx.staging + INCOMPLETE
+
+
+def _drop_mark(ctx: Context) -> None:
+    try:
+        os.unlink(_mark_path(ctx))
+    except FileNotFoundError:
+        pass
+
+
+def _read_mark(ctx: Context) -> Optional[dict]:
+    """The staging's mark, when it is a regular file of ours (this user's, one link, no bits for
+    others: made by `stage` under the lock), else None."""
+    try:
+        fd = os.open(_mark_path(ctx), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1
+                or st.st_mode & 0o077):
+            return None
+        try:
+            doc = json.loads(f.read(1 << 16))
+        except ValueError:
+            return None
+    return doc if isinstance(doc, dict) else None
+
+
+def resumable_why(ctx: Context, source: str) -> str:
+    """"" when the staging beside the destination is what a cut stream of this very source left
+    (a private directory of ours, marked by `stage` for `source`: STAT-FINGERPRINT HOST:PATH),
+    else why not, in words."""
+    try:
+        st = os.lstat(ctx.staging)
+    except FileNotFoundError:
+        return "no staging at %s" % ctx.staging
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return "%s is not a directory of ours" % ctx.staging
+    mark = _read_mark(ctx)
+    if mark is None:
+        return ("it is not marked as what a cut stream left (%s: a staging that passed verify, "
+                "or an older kit's)" % _mark_path(ctx))
+    if mark.get("dest") != ctx.dest or mark.get("identity") != [st.st_dev, st.st_ino]:
+        return "its mark %s is of another directory" % _mark_path(ctx)
+    was, now = str(mark.get("source", "")), source
+    if was.partition(" ")[2] != now.partition(" ")[2]:
+        return "it was for another source (%s)" % was.partition(" ")[2]
+    if was != now:
+        return "the source changed since (its stat fingerprint differs)"
+    return ""
+
+
+def resumable(ctx: Context, source: str = "") -> Result:
+    """Whether a cut stream of this source left a staging here that `stage resume=1` continues
+    (resumable_why). Nothing is written."""
+    _require_lock(ctx)
+    why = resumable_why(ctx, source)
+    if why:
+        if os.path.lexists(ctx.staging):
+            return Result("an earlier staging is not continued: %s" % why,
+                          {"resumable": 0, "why": why})
+        return Result(why, {"resumable": 0, "why": why})
+    return Result("%s holds what a cut stream of this source left" % ctx.staging,
+                  {"resumable": 1})
+
+
+def resume_stage(ctx: Context, source: str) -> Result:
+    """Continue a cut stream's staging (resumable_why must hold, and the source's manifest be
+    here): every entry there that the manifest does not list as it is (a file of another size,
+    mode or mtime: one cut mid-write; a link, a directory where a file belongs) is removed; each
+    remaining file is read and kept only when its digest is the manifest's (the others are
+    removed). The names the stream must still carry (every directory and symlink, and each file
+    not kept) go to `send.names` in the state directory; the kept files' digests, with the
+    inode, ctime and size they were read with, to KEPT (verify takes them as it takes the
+    stream's). The staging stays marked until verify passes."""
+    why = resumable_why(ctx, source)
+    m = ctx.new_manifest()
+    algo = m["header"].get("algo")
+    if not why and algo in (None, "", "none"):
+        why = "the manifest has no digests (verify: none) to compare what arrived with"
+    if why:
+        raise StepError("cannot continue the staging %s: %s" % (ctx.staging, why))
+    _chmod_dir(ctx.staging, 0o700)
+    wanted = {e["p"]: e for e in m["entries"]}
+    candidates, removed = _resume_walk(ctx.staging, wanted)
+    kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.jobs))
+    removed += len(candidates) - len(kept)
+    send: List[str] = []
+    kept_bytes = send_bytes = send_files = total = 0
+    for e in m["entries"]:
+        if e["t"] == "f":
+            total += e["s"]
+            if e["p"] in kept:
+                kept_bytes += e["s"]
+                continue
+            send_files += 1
+            send_bytes += e["s"]
+        send.append(e["p"])
+    names = os.path.join(ctx.state, "send.names")
+    write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
+    identity = _identity(ctx.staging)
+    doc = {"algo": algo, "identity": identity, "files": kept}
+    write_file(os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(),
+               0o600)
+    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
+    detail = ("resuming: %s of %s already staged (%d files, read and matched); %s to send "
+              "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes),
+                              send_files))
+    return Result(detail, {"resumed": 1, "kept": len(kept), "kept_bytes": kept_bytes,
+                           "send_files": send_files, "send_bytes": send_bytes,
+                           "total_bytes": total, "removed": removed, "names": names,
+                           "delta": 0})
+
+
+def _chmod_dir(path: str, mode: int) -> None:
+    """chmod the directory at `path` itself (a link there is refused, never followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
+    """What a cut stream left in `root`, against the manifest's entries: (the files whose type,
+    size, mode and mtime are the manifest's, to be read: (rel, entry, stat)), how many entries
+    were removed. Nothing is followed: a link (at any name) is removed as a link, a directory the
+    manifest does not list is removed whole."""
+    candidates: List[tuple] = []
+    removed = 0
+    for here, dirs, files in os.walk(root, topdown=True, followlinks=False):
+        rel_here = os.path.relpath(here, root)
+        rel_here = "" if rel_here == "." else rel_here
+        for name in list(dirs) + files:
+            rel = rel_here + "/" + name if rel_here else name
+            path = os.path.join(here, name)
+            st = os.lstat(path)
+            e = wanted.get(rel)
+            if stat.S_ISDIR(st.st_mode) and e is not None and e["t"] == "d":
+                continue
+            if (stat.S_ISREG(st.st_mode) and e is not None and e["t"] == "f"
+                    and st.st_size == e["s"] and stat.S_IMODE(st.st_mode) == e.get("m")
+                    and int(st.st_mtime) == e.get("mt")):
+                candidates.append((rel, e, st))
+                continue
+            remove_tree(path)
+            removed += 1
+            if name in dirs:
+                dirs.remove(name)
+    return candidates, removed
+
+
+def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
+    """{rel: [digest, ino, ctime_ns, size]} of the candidates whose digest is the manifest's and
+    that did not change while read; each other one is removed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple) -> Optional[list]:
+        rel, e, st = item
+        path = os.path.join(root, rel)
+        try:
+            got = kitmanifest.digest(path, algo, size=e["s"])
+            after = os.lstat(path)
+        except (OSError, kitmanifest.Changed):
+            got, after = None, None
+        if (got == e.get("h") and after is not None and after.st_ino == st.st_ino
+                and after.st_ctime_ns == st.st_ctime_ns and after.st_size == st.st_size):
+            return [got, st.st_ino, st.st_ctime_ns, st.st_size]
+        remove_tree(path)
+        return None
+
+    kept = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(8, n))) as pool:
+        for item, got in zip(candidates, pool.map(one, candidates)):
+            if got is not None:
+                kept[item[0]] = got
+    return kept
 
 
 def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
@@ -730,6 +935,8 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
             bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
             rc=next((c for c in codes if c != 0), 1))
     facts: dict = {"staging": ctx.staging}
+    if digester is not None:
+        facts["stream_bytes"] = digester.off     # what this end read of the tar stream
     if ctx.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)
@@ -764,7 +971,7 @@ def _received_paths(ctx: Context) -> List[str]:
     except OSError:
         return []
     return [os.path.join(ctx.state, n) for n in sorted(names)
-            if n == RECEIVED or _PART_RECEIVED.match(n)]
+            if n in (RECEIVED, KEPT) or _PART_RECEIVED.match(n)]
 
 
 _PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
@@ -844,6 +1051,10 @@ def verify(ctx: Context) -> Result:
         _cancel_elsewhere(ctx)
         raise StepError("the copy in %s differs from the source manifest (listed above); the "
                         "destination was not touched" % ctx.staging, facts, listed)
+    if _read_mark(ctx) is not None:
+        # whole and verified: no longer what a cut stream left; the install's mode
+        _chmod_dir(ctx.staging, 0o755)
+        _drop_mark(ctx)
     _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
                        "delta": bool(linked)})
     if result["streamed"]:

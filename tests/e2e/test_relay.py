@@ -369,3 +369,102 @@ def test_a_byte_flipped_in_transit_is_caught_by_verify_and_nothing_is_installed(
     assert "FAILED in step verify on host dst" in r.stderr
     assert "greeting.txt (content" in r.stderr
     assert snapshot(dst) == before                        # the previous install is untouched
+
+
+def _receive_pids(lab, dst_host: str) -> list[int]:
+    """The `rbkit engine receive` processes in dst's namespace (the stream's far end)."""
+    from tests.lab.netlab import netns_pids
+    found = []
+    for pid in netns_pids(lab.host(dst_host).netns):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine" in argv and b"receive" in argv:
+            found.append(pid)
+    return found
+
+
+def _staged_bytes(staging: Path) -> int:
+    total = 0
+    for p in staging.rglob("*"):
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if p.is_file() and not p.is_symlink():
+            total += st.st_size
+    return total
+
+
+@pytest.mark.e2e
+def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, payload_small,
+                                                                     ext4_dir, tmp_path):
+    """Issue 34: the receiving end on dst is killed (kill -9) when about half of a 600 MB tree
+    has arrived; the run fails naming the transfer, the destination is untouched, and the
+    staging is kept: private, marked incomplete with the source it was for. The re-run says it
+    resumes, sends at most 60% of the tree (the tar stream its receiving end read), verify
+    passes, and the install is the source's tree; the mark is gone."""
+    lab = clean_lab
+    src = ext4_dir / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    big = src / "lib" / "big"
+    big.mkdir()
+    for i in range(14):                  # 700 MB in files of 50 MB: time to cut it at half
+        (big / f"part{i:02d}.bin").write_bytes(bytes([i + 1]) * (50 << 20))
+    os.link(big / "part00.bin", big / "part00-again.bin")
+    tree = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    dst = ext4_dir / "opt" / "venv"
+    dst.parent.mkdir()
+    script = build(tmp_path, spec_text(lab, src, dst))
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    staging = ext4_dir / "opt" / ".venv.rb-staging"
+    mark = ext4_dir / "opt" / ".venv.rb-staging.incomplete"
+    deadline = time.monotonic() + 240
+    cut = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        if staging.is_dir() and _staged_bytes(staging) >= 0.5 * tree:
+            pids = _receive_pids(lab, "dst")
+            for pid in pids:
+                os.kill(pid, 9)
+            if pids:
+                cut = _staged_bytes(staging)
+                break
+        time.sleep(0.02)
+    _out, err = proc.communicate(timeout=300)
+    assert cut, "the stream ended before it could be cut: " + err[-2000:]
+    assert cut < 0.7 * tree, (cut, tree)
+    assert proc.returncode == 1, err[-3000:]
+    assert "FAILED in step transfer on host" in err, err[-3000:]
+    assert not dst.exists()
+    # kept: private, marked with the source it was for, never verified or installed
+    assert staging.is_dir() and (staging.stat().st_mode & 0o777) == 0o700
+    doc = json.loads(mark.read_text())
+    assert doc["source"].endswith(f" src:{src}") and (mark.stat().st_mode & 0o777) == 0o600
+    assert report(tmp_path)["outcome"] == "failed"
+    # the cut left a file written part way (the right name, too few bytes)
+    partial = [p.name for p in (staging / "lib" / "big").iterdir()
+               if p.stat().st_size < (big / p.name).stat().st_size]
+    assert partial, sorted((p.name, p.stat().st_size) for p in (staging / "lib" / "big").iterdir())
+
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-5000:]
+    line = next(ln for ln in r.stderr.splitlines() if "resuming: " in ln)
+    assert "already staged" in line and "to send" in line, line
+    doc = report(tmp_path)
+    assert doc["outcome"] == "ok"
+    steps = {s["id"]: s for s in doc["steps"]}
+    receive = next(e for e in steps["transfer"]["engine"] if e["step"] == "receive")
+    sent = receive["facts"]["stream_bytes"]
+    assert sent <= 0.6 * tree, (sent, tree, line)
+    assert "resumed" in steps["transfer"]["detail"], steps["transfer"]
+    assert steps["verify"]["status"] == "ok", steps["verify"]
+    moved = {k: v for k, v in snapshot(src / "lib").items()
+             if "__pycache__" not in k and not k.endswith(".pyc")}    # the spec's excludes
+    assert snapshot(dst / "lib") == moved
+    assert not staging.exists() and not mark.exists()
+    print("cut at %d of %d bytes (%s part way); re-run: %s; stream %d bytes"
+          % (cut, tree, partial, line, sent))
+    assert (dst.stat().st_mode & 0o777) == 0o755

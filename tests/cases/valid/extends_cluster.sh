@@ -364,6 +364,8 @@ RB_HASH_DURING_STREAM=1
 RB_FINGERPRINT=''
 # an incremental install: staging holds links to the unchanged files, the stream only the rest
 RB_DELTA=0
+# continuing what a cut stream left in the staging: the stream only what is missing there
+RB_RESUME=0
 RB_SEND_NAMES=''
 RB_SRC_STAT=''
 # beside the destination, by the engine's one rule (rbkit.engine.staging_path): preflight asks it
@@ -506,6 +508,9 @@ rb::preflight_route() {
 step_manifest() {
   RB_SKIP_INSTALL=0
   if ((RB_DST_INSTALLED == 0)); then
+    if rb::resume_plan; then
+      return 0
+    fi
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
     RB_HASH_DURING_STREAM=1
     rb::log "no earlier install at the destination: the source is hashed while the stream runs"
@@ -590,11 +595,7 @@ rb::delta_plan() {
     "files (${linked}) linked from the current install into staging; ${RB_J[removed]} entries" \
     "gone from the source"
   RB_STEP_DETAIL="incremental: ${RB_J[send_files]} files to send, ${RB_J[linked]} linked"
-  # straight from the destination's engine to the source (both ends may be one host: two paths)
-  RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
-  rb::on_host "${RB_DST_HOST}" cat "${RB_J[names]}" |
-    rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${RB_SEND_NAMES}" ||
-    rb::pipe_failed "send names" "read on ${RB_DST_HOST}" "write on ${RB_SRC_HOST}" "${PIPESTATUS[@]}"
+  rb::send_names
 }
 
 #######################################
@@ -618,6 +619,48 @@ rb::manifest_facts() {
 }
 
 #######################################
+# A cut stream of this source left a staging at the destination (private, marked, never
+# installed): hash the source now, keep each file there whose digest is the manifest's, send the
+# rest (engine.resume_stage). Returns 1 (nothing done) when there is none to continue.
+#######################################
+rb::resume_plan() {
+  rb::engine resumable "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
+  if [[ "${RB_J[resumable]}" != 1 ]]; then
+    if [[ "${RB_ENGINE_DETAIL}" == "an earlier staging"* ]]; then
+      rb::log "${RB_ENGINE_DETAIL}: it is removed, and the whole tree sent"
+    fi
+    return 1
+  fi
+  rb::log "${RB_ENGINE_DETAIL}: the source is hashed first, to know what arrived whole"
+  rb::manifest_build
+  rb::manifest_share "${RB_FINGERPRINT}"
+  rb::engine stage resume=1 "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
+  RB_HASH_DURING_STREAM=0
+  RB_RESUME=1
+  RB_SRC_BYTES=${RB_J[send_bytes]}
+  RB_SRC_FILES=${RB_J[send_files]}
+  rb::fact kept_files "${RB_J[kept]}"
+  rb::fact kept_bytes "${RB_J[kept_bytes]}"
+  rb::fact send_files "${RB_J[send_files]}"
+  rb::log "${RB_ENGINE_DETAIL}"
+  RB_STEP_DETAIL="resumed: ${RB_J[kept]} files kept from a cut stream, ${RB_J[send_files]} to send"
+  rb::send_names
+}
+
+#######################################
+# The names the stream must carry, from the destination's engine (RB_J[names]) to the source:
+# RB_SEND_NAMES (both ends may be one host: two paths).
+#######################################
+rb::send_names() {
+  local src_kit
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  RB_SEND_NAMES="${src_kit}/${RB_NAME}.send-names"
+  rb::on_host "${RB_DST_HOST}" cat "${RB_J[names]}" |
+    rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${RB_SEND_NAMES}" ||
+    rb::pipe_failed "send names" "read on ${RB_DST_HOST}" "write on ${RB_SRC_HOST}" "${PIPESTATUS[@]}"
+}
+
+#######################################
 # Step 3/9: transfer (tests/cases/valid/extends_cluster.yaml:7)
 # Stream the source into a staging directory beside the destination.
 #######################################
@@ -630,10 +673,11 @@ step_transfer() {
   fi
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   names="${src_kit}/${RB_NAME}.names"
-  if ((RB_DELTA)); then
+  if ((RB_DELTA || RB_RESUME)); then
     names=${RB_SEND_NAMES}      # staging already holds the unchanged files (the manifest step)
   else
-    rb::engine stage
+    # marked with the source until verify passes: a cut stream's staging is kept for a re-run
+    rb::engine stage "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
   fi
   if ((RB_HASH_DURING_STREAM)); then
     # a background job: hash the source, then copy its manifest here and to the destination
@@ -712,6 +756,8 @@ step_transfer() {
   fi
   if ((RB_DELTA)); then
     RB_STEP_DETAIL+=", incremental: only changed files sent"
+  elif ((RB_RESUME)); then
+    RB_STEP_DETAIL+=", resumed: only what the staging lacked sent"
   fi
 }
 
