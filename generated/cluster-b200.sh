@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: f249ed5ac78387fa3cd64f21a094b55345a5fb693caa605593997eb48d69f2b6
+# sha256 of this file with these 64 digits zeroed: c35f43a804c337f96c2e2ec684e6e40cd378f3468d556859f83bab6c03d13f23
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7
-readonly RB_KIT_FILE=.kit/05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7.tar
+readonly RB_KIT_SHA256=fdd87dd51e75bf3b2d5698e7e0229effae6c0d1301df9138308f068d1841d836
+readonly RB_KIT_FILE=.kit/fdd87dd51e75bf3b2d5698e7e0229effae6c0d1301df9138308f068d1841d836.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
