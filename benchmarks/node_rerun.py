@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rbkit import fanout, manifest, stream
+from rbkit import fanout, hostfs, manifest, stream
 
 ROOT = Path(__file__).resolve().parents[1]
 # the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)
@@ -71,7 +71,7 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
                 delta: bool = False) -> Path:
     """What fan_pack makes: DIR/{manifest.jsonl, payload, kit/, delta.names} -> DIR.tar (payload:
     the engine's stream, compressed as `comp` says; delta.names, naming what the payload holds,
-    only in a re-run's bundle)."""
+    only in a re-run's bundle), and the source's identity that each node checks its DEST with."""
     if d.exists():
         shutil.rmtree(d)
     (d / "kit").mkdir(parents=True)
@@ -81,6 +81,7 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
                     ignore=shutil.ignore_patterns("__pycache__"))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
         manifest.dump(m, f)
+    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
     listing = d.parent / (d.name + ".names")
     lists = [listing, d / "delta.names"] if delta else [listing]
     for path in lists:

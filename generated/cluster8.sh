@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 01442dc63c53ae54b901af67ad476b6a7597f84c5ca9bfb99925f7a41621ce0f
+# sha256 of this file with these 64 digits zeroed: 38fdf2405a8568541bbeede4264a2ed9c14bfbb9724a3b75e00fe9928cd128f2
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=672ca93e786bfdb37f8a952c4609d780991fec01dd667fb056544ffd22dc2ed6
-readonly RB_KIT_FILE=.kit/672ca93e786bfdb37f8a952c4609d780991fec01dd667fb056544ffd22dc2ed6.tar
+readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
+readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -381,6 +381,8 @@ rb::fan_scratch() {
   fi
 }
 RB_FAN_FULL=''
+# the source's hostfs.identity (fan_preflight's scan), for every node's bundle
+RB_SRC_IDENTITY=''
 
 #######################################
 # Fan-out helpers both engines share (what every node runs: fanout_node.sh.j2). The engine's own
@@ -444,13 +446,14 @@ rb::fan_need() {
 
 #######################################
 # Pack a bundle for the nodes: $1 its directory here (manifest.jsonl, and delta.names for a
-# re-run's, already in it), $2 the names file on the source (what the payload carries). Writes
-# the payload (the engine's stream from the source, compressed as chosen, streamed here), the
-# kit, and the bundle file $1.tar.
+# re-run's, already in it), $2 the names file on the source (what the payload carries). Writes the
+# payload (the source engine's stream, compressed as chosen), the kit, the source's identity (a
+# node refuses a destination that is the source, inside it or around it), the bundle $1.tar.
 #######################################
 rb::fan_bundle_make() {
   local dir=$1 list=$2
   mkdir -p "${dir}/kit"
+  printf '%s\n' "${RB_SRC_IDENTITY}" >"${dir}/source-identity.json"
   rb::kit "${RB_SRC_HOST}" engine send "${RB_SRC_ABS}" "${list}" \
     --compression "${RB_COMPRESSION_USED}" >"${dir}/payload"
   cp -R "${RB_LOCAL_KIT}/rbkit" "${RB_LOCAL_KIT}/rbprobes" "${RB_LOCAL_KIT}/rbrules" "${dir}/kit/"
@@ -496,8 +499,7 @@ rb::fan_full_round() {
 }
 
 #######################################
-# The single-host install's paths (staging beside the destination here) have no meaning here:
-# every node stages beside its own destination (rbkit.fanout node).
+# No single-host install paths here: every node stages beside its own destination.
 #######################################
 rb::install_paths() {
   :
@@ -635,6 +637,8 @@ step_fan_preflight() {
   # sent); then the static checks, in the same engine process
   rb::source_start ''
   rb::source_finish ''
+  # each node compares its destination with it (rbkit.fanout node, in the bundle)
+  RB_SRC_IDENTITY=${RB_J[identity]}
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here

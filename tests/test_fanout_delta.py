@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import fanout, manifest
+from rbkit import fanout, hostfs, manifest
 from tests.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[1] / "hostkit" / "rbkit"
@@ -23,10 +23,11 @@ PKG = "lib/python3.11/site-packages/pkg"
 
 
 def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
-    """A node's unpacked bundle: kit/rbkit, manifest.jsonl, payload (a tar of everything, or of
-    only what changed since `base`, then with delta.names)."""
+    """A node's unpacked bundle: kit/rbkit, manifest.jsonl, the source's identity, payload (a tar
+    of everything, or of only what changed since `base`, then with delta.names)."""
     (d / "kit").mkdir(parents=True)
     (d / "kit" / "rbkit").symlink_to(KIT)
+    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
         manifest.dump(m, f)
     names = d / "delta.names" if base is not None else d / "all.names"

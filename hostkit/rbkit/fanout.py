@@ -41,7 +41,7 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
-from . import engine, stream
+from . import engine, hostfs, stream
 from .lock import Lock
 
 MARK = "RBFAN "
@@ -51,6 +51,30 @@ STEPS = engine.STEPS
 PAYLOAD = "payload"      # the tar stream in the bundle, compressed as the run chose
 LOCK_WAIT_S = 10.0
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
+SOURCE_IDENTITY = "source-identity.json"   # in the bundle: the source's hostfs.identity
+PRE = ("preflight",)     # a node's steps before the install's, in its report only when they fail
+
+
+def check_source(ctx: engine.Context, path: str) -> engine.Result:
+    """This node's destination is not the source, nor inside it, nor around it, whatever the
+    names (a node that is the source host, or shares its file system): the source's identity
+    (`path`, the bundle's SOURCE_IDENTITY, from the head's scan) against this node's
+    hostfs.identity of the destination, by hostfs.same_or_nested; refused with the message of the
+    single-host route's preflight. Nothing is written before it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise engine.StepError("refusing to install %s: the bundle holds no source identity to "
+                               "compare it with (%s: %s); pack the bundle again: run the runbook "
+                               "from fan_pack" % (ctx.dest, path, exc)) from None
+    if not isinstance(source, dict) or not source.get("realpath"):
+        raise engine.StepError("refusing to install %s: %s is not a source identity; pack the "
+                               "bundle again: run the runbook from fan_pack" % (ctx.dest, path))
+    why = hostfs.same_or_nested(source, hostfs.identity(ctx.dest))
+    if why:
+        raise engine.StepError("refusing to install %s: %s" % (ctx.dest, why))
+    return engine.Result("%s is apart from the source %s" % (ctx.dest, source["realpath"]))
 
 
 def node(a: argparse.Namespace) -> int:
@@ -80,7 +104,10 @@ def node(a: argparse.Namespace) -> int:
     ctx.state = engine.make_state()
     lock = Lock(dest, "fan-out node %s (%s)" % (name, a.origin), LOCK_WAIT_S, logs.append)
     try:
-        engine.run(ctx, "lock", engine.take_lock, lock)
+        # never into the source (before the lock: nothing is written beside a refused one)
+        pre = engine.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
+        if pre["status"] != "failed":
+            engine.run(ctx, "lock", engine.take_lock, lock)
         rc = engine.install(ctx, producer, delta if os.path.exists(delta) else None) \
             if ctx.locked else 1
         engine.finish(ctx)
@@ -109,7 +136,7 @@ def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
     the error or why it was skipped), and what the comparison and the re-run read."""
     for e in events:
         facts = e.get("facts") or {}
-        if e["step"] in ("lock", "current", "finish"):
+        if e["step"] in PRE + ("lock", "current", "finish"):
             if facts.get("up_to_date"):
                 doc["up_to_date"] = e["detail"]
             if e["status"] != "failed":
@@ -231,7 +258,15 @@ def _short(value: Any) -> str:
 def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: List[str],
             success: str) -> Dict[str, Any]:
     rows = {n: cells(reports.get(n)) for n in nodes}
-    columns: List[str] = [s for s in STEPS if s != "probe" and any(s in r for r in rows.values())]
+    # a step before the install's is in a report only when it failed: every other node that
+    # reported passed it
+    pre = [s for s in PRE if any(s in r for r in rows.values())]
+    for n in nodes:
+        for s in pre:
+            if n in reports:
+                rows[n].setdefault(s, {"status": "pass", "detail": None})
+    columns: List[str] = pre + [s for s in STEPS
+                                if s != "probe" and any(s in r for r in rows.values())]
     for r in rows.values():
         for col in r:
             if col.startswith("check:") and col not in columns:

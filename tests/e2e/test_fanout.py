@@ -186,3 +186,43 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_only_where_it_is_nee
     for name in cluster.names:
         node = json.loads((tmp_path / "run" / "fanout" / f"node-{name}.json").read_text())
         assert node["up_to_date"] == "up to date (quick check)", node
+
+
+@pytest.mark.e2e
+def test_a_node_whose_destination_is_the_source_is_refused_and_the_source_untouched(cluster,
+                                                                                    tmp_path):
+    """Issue 33 (known open): a node that shares the source's file system, where the spec's
+    destination is the source under another name. The source lies outside /tmp (the nodes' /tmp
+    is their own, the rest of the file system is this machine's), and on node03 the destination's
+    parent /tmp/rbdest-fansame is a symlink to the source's parent. node03 must refuse with the
+    single-host route's message (its first step, before the lock), the other seven install, the
+    run passes (success: 7) and the source is untouched (every entry's inode and bytes, nothing
+    beside it). On 24efc9a the node had no such check: it staged beside the source, swapped its
+    copy in and (on_existing: replace) removed the original: the source's inode changes, an
+    .rb-manifest.jsonl appears in it, and node03 passes."""
+    from tests.lab.payload import build_payload
+    from tests.test_fanout_source import state
+
+    src = build_payload("small", dest=cluster.dir / "srcsame" / "venv").venv
+    link = cluster.node_tmp("node03") / "rbdest-fansame"
+    link.symlink_to(src.parent)
+    before, beside = state(src), sorted(os.listdir(src.parent))
+    try:
+        script = build(tmp_path, spec(cluster, src, name="fansame", success=7), "fansame")
+        rc, err = finish(start(tmp_path, script))
+    finally:
+        link.unlink()
+    assert state(src) == before, "the source changed"
+    assert sorted(os.listdir(src.parent)) == beside
+    assert rc == 0, err[-6000:]
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert fan["failed_nodes"] == ["node03"] and not fan["missing"]
+    assert sorted(fan["ok_nodes"]) == [n for n in cluster.names if n != "node03"]
+    said = ("preflight: fail (others: pass): refusing to install /tmp/rbdest-fansame/venv: source "
+            f"and destination are the same directory under two names ({src}, {src}: one device "
+            "and inode)")
+    assert fan["odd"]["node03"][0] == said, fan["odd"]
+    assert said in err and "node03 failed in preflight" in err
+    node = json.loads((tmp_path / "run" / "fanout" / "node-node03.json").read_text())
+    assert [s["id"] for s in node["steps"]] == ["preflight"]     # no lock, nothing staged
+    assert (cluster.node_tmp("node01") / "rbdest-fansame" / "venv" / "pyvenv.cfg").exists()

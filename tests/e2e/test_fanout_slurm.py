@@ -183,3 +183,68 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_where_needed(slurm, 
     assert "srun -N 7 -n 7 --ntasks-per-node=1 -w node01,node02,node04" in err
     print(f"\nslurm re-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, "
           f"{delta / 1e3:.1f} kB changes only")
+
+
+# Python files another user of a node can leave in its /tmp (the scratch base: srun's --chdir on
+# 24efc9a, where `python3 -S -m rbkit.fanout` put the working directory first on sys.path): the
+# kit's own modules and stdlib modules the node's start imports. Each writes its euid into MARKS.
+PLANTED = ("rbkit/__init__.py", "rbkit/fanout.py", "rbkit/__main__.py", "rbrules/__init__.py",
+           "rbrules/start.py", "rbprobes/__init__.py", "rbprobes/__main__.py", "rbprobes/cli.py",
+           "hashlib.py", "json.py", "runpy.py", "argparse.py", "sitecustomize.py")
+MARKS = "rbplant-marks"        # on each node's /tmp, 1777: whoever runs a planted file writes here
+
+PLANT = r"""
+import os, sys
+tmp, marks, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+os.mkdir(os.path.join(tmp, marks))
+os.chmod(os.path.join(tmp, marks), 0o1777)
+for rel in names:
+    path = os.path.join(tmp, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("import os\n"
+                "with open(os.path.join('/tmp', %r, '%%s-euid%%d-pid%%d' %% (%r, os.geteuid(),"
+                " os.getpid())), 'w') as _f:\n"
+                "    _f.write(str(os.geteuid()))\n" % (marks, rel.replace('/', '.')))
+"""
+
+
+def plant_as_nobody(tmp: Path) -> None:
+    """As nobody (65534, no groups), the files of PLANTED in `tmp` (a node's /tmp seen from here)
+    and the 1777 marks directory they write to."""
+    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                    "/usr/bin/python3", "-I", "-c", PLANT, str(tmp), MARKS, *PLANTED],
+                   cwd="/", check=True, capture_output=True, timeout=30)
+    assert (tmp / "rbkit" / "fanout.py").stat().st_uid == 65534
+
+
+@pytest.mark.e2e
+def test_modules_planted_in_a_nodes_tmp_never_run(slurm, payload_small, tmp_path):
+    """Issue 33 N1, a Slurm fan-out node with a planted /tmp: nobody leaves rbkit/fanout.py (and
+    the kit's other entry modules, hashlib.py, json.py, runpy.py, ...) in every node's /tmp, each
+    writing its euid into a 1777 marks directory there. The run must pass on every node and no
+    planted file may run. On 24efc9a it fails: srun ran each task with --chdir=/tmp (the scratch
+    base) and the node started `python3 -S -m rbkit.fanout` (PYTHONPATH=kit), so /tmp came first
+    on sys.path and nobody's rbkit/fanout.py ran as root (run there: rbkit/__init__.py and
+    rbkit/fanout.py wrote euid 0 on all eight nodes; the stdlib names did not run). Now
+    the task starts in /, the node script cds into its own 0700 scratch directory and starts
+    `python3 -I -S -B KIT/rbrules/start.py rbkit.fanout node` (no working directory on sys.path)."""
+    for name in slurm.names:
+        plant_as_nobody(slurm.node_tmp(name))
+    try:
+        script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmplant"), "slurmplant")
+        rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
+        ran = {name: sorted(p.name for p in (slurm.node_tmp(name) / MARKS).iterdir())
+               for name in slurm.names}
+    finally:
+        for name in slurm.names:
+            tmp = slurm.node_tmp(name)
+            for top in {rel.split("/")[0] for rel in PLANTED} | {MARKS}:
+                p = tmp / top
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    assert not any(ran.values()), f"planted files ran on the nodes: {ran}"
+    assert rc == 0, err[-6000:]
+    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
+    assert sorted(fan["ok_nodes"]) == slurm.names and not fan["odd"] and not fan["missing"]
+    for name in slurm.names:
+        assert (slurm.node_tmp(name) / "rbdest-slurmplant" / "venv" / "pyvenv.cfg").exists()

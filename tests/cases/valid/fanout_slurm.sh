@@ -368,6 +368,8 @@ rb::fan_scratch() {
   fi
 }
 RB_FAN_FULL=''
+# the source's hostfs.identity (fan_preflight's scan), for every node's bundle
+RB_SRC_IDENTITY=''
 
 #######################################
 # Fan-out helpers both engines share (what every node runs: fanout_node.sh.j2). The engine's own
@@ -431,13 +433,14 @@ rb::fan_need() {
 
 #######################################
 # Pack a bundle for the nodes: $1 its directory here (manifest.jsonl, and delta.names for a
-# re-run's, already in it), $2 the names file on the source (what the payload carries). Writes
-# the payload (the engine's stream from the source, compressed as chosen, streamed here), the
-# kit, and the bundle file $1.tar.
+# re-run's, already in it), $2 the names file on the source (what the payload carries). Writes the
+# payload (the source engine's stream, compressed as chosen), the kit, the source's identity (a
+# node refuses a destination that is the source, inside it or around it), the bundle $1.tar.
 #######################################
 rb::fan_bundle_make() {
   local dir=$1 list=$2
   mkdir -p "${dir}/kit"
+  printf '%s\n' "${RB_SRC_IDENTITY}" >"${dir}/source-identity.json"
   rb::kit "${RB_SRC_HOST}" engine send "${RB_SRC_ABS}" "${list}" \
     --compression "${RB_COMPRESSION_USED}" >"${dir}/payload"
   cp -R "${RB_LOCAL_KIT}/rbkit" "${RB_LOCAL_KIT}/rbprobes" "${RB_LOCAL_KIT}/rbrules" "${dir}/kit/"
@@ -483,8 +486,7 @@ rb::fan_full_round() {
 }
 
 #######################################
-# The single-host install's paths (staging beside the destination here) have no meaning here:
-# every node stages beside its own destination (rbkit.fanout node).
+# No single-host install paths here: every node stages beside its own destination.
 #######################################
 rb::install_paths() {
   :
@@ -622,6 +624,8 @@ step_fan_preflight() {
   # sent); then the static checks, in the same engine process
   rb::source_start ''
   rb::source_finish ''
+  # each node compares its destination with it (rbkit.fanout node, in the bundle)
+  RB_SRC_IDENTITY=${RB_J[identity]}
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
