@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rbrules import paths
+
 from . import catalog, fanout, plan, steps as stepdocs
 from .errors import Problem
 from .loader import Source
@@ -138,7 +140,7 @@ def _size(src_host: str, dst_host: str) -> str:
 
 
 def _changes(spec: Spec, dst_host: str, src: str, dst: str) -> str:
-    env_file = spec.cuda.env_file if spec.cuda and spec.cuda.env_file else f"{dst}.env.sh"
+    env_file = paths.env_file(dst, spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")
     fan = getattr(spec, "fanout", None)
     where = f"every node of {_code(fan.nodes)}" if fan is not None else _code(dst_host)
     lines = [

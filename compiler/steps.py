@@ -10,11 +10,10 @@ runs them all in its own process. The staging path has one rule (`staging`), the
 
 from __future__ import annotations
 
-import posixpath
 import shlex
 from typing import Any
 
-from rbrules import launch
+from rbrules import launch, paths
 
 from . import implied
 
@@ -73,10 +72,8 @@ WHERE = {
 
 
 def staging(dest: str) -> str:
-    """`.<name>.rb-staging` beside the destination: rbkit.engine.staging_path's rule."""
-    dest = dest.rstrip("/") or "/"
-    head, tail = posixpath.split(dest)
-    return posixpath.join(head, "." + tail + ".rb-staging")
+    """`.<name>.rb-staging` beside the destination: the kit's rule (rbrules.paths)."""
+    return paths.staging(dest)
 
 
 def step_list(spec: Any) -> list[str]:
@@ -161,7 +158,8 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
                    f"each console script (one per interpreter line) started to its sys.prefix; "
                    f"on failure put back what was there")
     elif step == "exports":
-        env_file = (spec.cuda.env_file if spec.cuda and spec.cuda.env_file else f"{dst}.env.sh")
+        env_file = paths.env_file(dst, spec.cuda.env_file if spec.cuda and spec.cuda.env_file
+                                  else "")
         out.append(f"{on_dst} exports: write {env_file}")
         if spec.cuda:
             first = ", ".join(spec.cuda.library_path_first) or "-"
@@ -219,4 +217,4 @@ def audit_line(spec: Any) -> str:
 
 def lock(dest: str) -> str:
     """The destination's lock file (rbkit.lock.lock_path's rule)."""
-    return staging(dest).replace(".rb-staging", ".rb-lock")
+    return paths.lock(dest)

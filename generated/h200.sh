@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 784dce3c887fdf59c7aaef90616b0294c61c92ff672df4749580cad8a7e938dc
+# sha256 of this file with these 64 digits zeroed: 9e390b995695106d8a983cb3ed774df2fa31312f0e25cb03d17eff745cae52e5
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=f7f5cbadb29465aef555270d8dfaa7c91e7b8929dc145c91309d3b05ba1467dd
+readonly RB_KIT_FILE=.kit/f7f5cbadb29465aef555270d8dfaa7c91e7b8929dc145c91309d3b05ba1467dd.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

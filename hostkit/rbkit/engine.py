@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from rbrules import launch
+from rbrules import launch, paths
 
 from . import exports as kitexports
 from . import hostfs, privacy, safefs
@@ -63,11 +63,8 @@ KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, f
 
 
 def staging_path(dest: str) -> str:
-    """The one staging rule: `.<name>.rb-staging` beside the destination (the same file system,
-    so the swap is one rename)."""
-    dest = dest.rstrip("/") or "/"
-    head, tail = os.path.split(dest)
-    return os.path.join(head, "." + tail + ".rb-staging")
+    """`.<name>.rb-staging` beside the destination: rbrules.paths.staging, the one rule."""
+    return paths.staging(dest)
 
 
 def jobs(value: Any) -> int:
@@ -115,7 +112,7 @@ class Context:
         self.staging = staging_path(self.dest)
         self.old, self.policy, self.manifest = old, policy, manifest
         self.jobs, self.compression = jobs, compression
-        self.env_out = env_out or self.dest + ".env.sh"
+        self.env_out = paths.env_file(self.dest, env_out or "")
         self.cuda_home, self.first, self.env = cuda_home, list(first or []), list(env or [])
         self.origin, self.probe_config = origin, probe_config
         self.on_failed_checks, self.rerun, self.timeout = on_failed_checks, rerun, timeout

@@ -21,11 +21,12 @@ import stat
 import time
 from typing import Callable, List, Optional
 
+from rbrules import paths
+
 
 def lock_path(dest: str) -> str:
-    dest = dest.rstrip("/") or "/"
-    head, tail = os.path.split(dest)
-    return os.path.join(head, "." + tail + ".rb-lock")
+    """`.<name>.rb-lock` beside the destination: rbrules.paths.lock, the one rule."""
+    return paths.lock(dest)
 
 
 class Taken(Exception):
