@@ -191,6 +191,8 @@ def serve(a: argparse.Namespace) -> int:
     stop = {"asked": False}
 
     def on_signal(signum: int, frame: Any) -> None:
+        if stop["asked"]:
+            return                  # stopping already (the group's signal, then the runbook's)
         stop["asked"] = True
         if ctx.critical == 0:
             raise Stop()
@@ -229,6 +231,10 @@ def serve(a: argparse.Namespace) -> int:
     except BrokenPipeError:
         rc = 1
     finally:
+        # once stopping, a second signal (the group's, then the runbook's own TERM) must not cut
+        # the release of the lock and the removal of the state short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         engine.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)

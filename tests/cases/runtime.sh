@@ -810,6 +810,7 @@ rb::run_step() {
   rb::event step "${id}" ok "${RB_STEP_START}" "${RB_NOW}" "${RB_STEP_HOST[${id}]}" "${detail}"
   rb::log "step ${id}: ok${detail:+ (${detail})}"
   RB_STEP=''
+  RB_STEP_DONE=${id}
 }
 
 #######################################
@@ -822,6 +823,9 @@ rb::on_err() {
   trap - ERR
   if ((BASHPID != $$)); then
     exit "${rc}"
+  fi
+  if ((RB_SIGNALLED)); then
+    return 0     # a signal is being handled (rb::on_signal): it reports and exits
   fi
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
@@ -852,21 +856,150 @@ rb::on_err() {
 }
 
 #######################################
-# INT/TERM: the destination is only ever replaced by the swap step, so stopping is safe.
+# INT, TERM, HUP ($1: which; main traps them): the destination is only ever replaced by the swap
+# step, so stopping is safe. A terminal's Ctrl-C (or its closing) reaches every process of the
+# run's group: the stream's stages and ssh clients die, the log's copy (rb::init's tee, which
+# ignores them) stays.
+# Further signals are ignored from here on (they would cut the report short), and the report is
+# of this run. Exit 130, whichever the signal.
 #######################################
 rb::on_signal() {
-  trap - ERR INT TERM
+  trap '' INT TERM HUP PIPE
+  trap - ERR
   if ((BASHPID != $$)); then
     exit 130
   fi
+  if ((RB_SIGNALLED)); then
+    return 0
+  fi
+  local where="in step ${RB_STEP:-main}"
+  RB_SIGNALLED=1
   set +e
-  rb::log "interrupted in step ${RB_STEP:-main}; the destination was not replaced unless the swap step had finished"
+  if [[ -z "${RB_STEP}" && -n "${RB_STEP_DONE}" ]]; then
+    where="after step ${RB_STEP_DONE}, before the next"
+  fi
+  rb::log "interrupted ${where} (SIG$1); the destination was not replaced unless the swap step" \
+    "had finished"
   if [[ -n "${RB_STEP}" ]]; then
     rb::now
-    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" ""
+    rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" "SIG$1"
   fi
+  RB_FAILED_STEP=${RB_STEP}
   rb::finish interrupted
   exit 130
+}
+
+#######################################
+# The step a re-run should start from: the one that failed or was interrupted ($1), else the one
+# after the last that finished; relocate, prove and swap install only a staging this run
+# verified, so they go on from verify. Empty when every step had finished.
+#######################################
+rb::resume_step() {
+  local id=$1 i
+  if [[ -z "${id}" ]]; then
+    id=${RB_RUN_STEPS[0]:-}
+    for i in "${!RB_RUN_STEPS[@]}"; do
+      if [[ "${RB_RUN_STEPS[i]}" == "${RB_STEP_DONE}" ]]; then
+        id=${RB_RUN_STEPS[i + 1]:-}
+      fi
+    done
+  fi
+  case "${id}" in
+    relocate | prove | swap) id=verify ;;
+    *) ;;
+  esac
+  printf '%s' "${id}"
+}
+
+#######################################
+# Kill each of the given processes and everything they started (an ssh client, a kit's Python,
+# its tar): all found first, then TERM to all at once.
+#######################################
+rb::kill_tree() {
+  local pid
+  RB_TREE=()
+  for pid in "$@"; do
+    rb::tree_pids "${pid}"
+  done
+  kill -TERM "${RB_TREE[@]}" 2>/dev/null || true
+}
+
+rb::tree_pids() {
+  local kids kid
+  RB_TREE+=("$1")
+  kids=$(pgrep -P "$1" 2>/dev/null) || return 0
+  for kid in ${kids}; do
+    rb::tree_pids "${kid}"
+  done
+}
+
+#######################################
+# Wait for the given jobs at most $1 seconds in all; those still running then are killed with
+# what they started (into RB_KILLED). Returns 1 when one had to be killed.
+#######################################
+rb::wait_bounded() {
+  local deadline=$(($1 * 10)) pid rc=0
+  shift
+  while ((deadline > 0)); do
+    for pid in "$@"; do
+      if kill -0 "${pid}" 2>/dev/null; then
+        sleep 0.1
+        deadline=$((deadline - 1))
+        continue 2
+      fi
+    done
+    break
+  done
+  RB_KILLED=()
+  for pid in "$@"; do
+    if kill -0 "${pid}" 2>/dev/null; then
+      rb::kill_tree "${pid}"
+      RB_KILLED+=("${pid}")
+      rc=1
+    fi
+    wait "${pid}" 2>/dev/null || true
+  done
+  return "${rc}"
+}
+
+#######################################
+# On exit, every host at once: its kit directory removed, then its ssh connection closed. A host
+# that does not answer (a link or sshd lost mid-run) or whose rm fails keeps it, and the log says
+# where; none holds the prompt: 5 s for all, then its ssh is killed.
+#######################################
+rb::close_hosts() {
+  local host
+  local -A ends=()
+  for host in "${RB_HOSTS[@]}"; do
+    {
+      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
+        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
+        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+          "did not answer, or rm there failed): remove it there"
+      fi
+      rb::close_master "${host}"
+    } &
+    ends[${host}]=$!
+  done
+  if ((${#ends[@]} == 0)) || rb::wait_bounded 5 "${ends[@]}"; then
+    return 0
+  fi
+  for host in "${!ends[@]}"; do
+    if [[ " ${RB_KILLED[*]} " == *" ${ends[${host}]} "* && -n "${RB_KIT_DIR[${host}]:-}" ]] &&
+      ! rb::is_local "${host}"; then
+      RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
+        "did not answer within 5 s): remove it there"
+    fi
+    rb::close_master "${host}"
+  done
+}
+
+rb::close_master() {
+  "rb::host_$1"
+  if [[ -n "${RB_HOST_TARGET}" ]]; then
+    timeout 2 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" \
+      2>/dev/null || true
+  fi
 }
 
 #######################################
@@ -1200,6 +1333,14 @@ rb::engine_stop() {
     kill -TERM "${RB_ENGINE_LOCAL_PID}" 2>/dev/null || true
   fi
   exec {RB_ENGINE_W}>&-
+  if [[ "${1:-}" == now ]]; then
+    # a few seconds for its last answer, then its ssh client goes: the engine there stops when
+    # its answers find no reader (serve's ping), never inside a rename
+    rb::engine_read 3 <&"${RB_ENGINE_R}" || true
+    exec {RB_ENGINE_R}<&-
+    rb::wait_bounded 2 "${pid}" || true
+    return 0
+  fi
   rb::engine_read 90 <&"${RB_ENGINE_R}" || true
   exec {RB_ENGINE_R}<&-
   wait "${pid}" || true
@@ -1211,7 +1352,7 @@ rb::engine_stop() {
 # what the steps' events say.
 #######################################
 rb::finish() {
-  local outcome=$1 probe drawn=''
+  local outcome=$1 probe drawn='' from
   local -a probe_args=() fan=()
   # nothing is written before the run directory is known private and this run holds it
   if ((RB_FINISHED)) || [[ -z "${RB_WORK}" || -z "${RB_RUN_LOCK}" ]] || ((RB_DRY_RUN)); then
@@ -1243,10 +1384,14 @@ rb::finish() {
     rb::log "could not write the report"
   fi
   rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
-  if [[ "${outcome}" != ok ]]; then
-    rb::log "${outcome}: see the step named above; re-run with --from ${RB_FAILED_STEP:-<step>} after" \
-      "fixing it (from verify at the latest for relocate, prove and swap: only a staging this run" \
-      "verified is installed)"
+  from=$(rb::resume_step "${RB_FAILED_STEP}")
+  if [[ "${outcome}" == interrupted ]]; then
+    rb::log "interrupted: re-run with --from ${from:-${RB_STEPS[0]}} to go on (relocate, prove" \
+      "and swap install only a staging this run verified: they go on from verify)"
+  elif [[ "${outcome}" != ok ]]; then
+    rb::log "${outcome}: see the step named above; re-run with --from ${from:-${RB_STEPS[0]}}" \
+      "after fixing it (relocate, prove and swap install only a staging this run verified: they" \
+      "go on from verify)"
   fi
 }
 
@@ -1275,7 +1420,8 @@ runs/${RB_NAME}/<UTC time>-<pid> (runs/${RB_NAME}/latest: the newest; RB_KEEP_RU
 are kept); runs/${RB_NAME} keeps what later runs go on from. RB_RUN_DIR=DIR: one directory
 for both. RB_LOCK_WAIT (seconds, default 30): how long a second run waits for the first (the
 runbook's directory, the destination) before it gives up, naming it.
-Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage; 130 interrupted.
+Exit status: 0 all steps and checks passed; 1 a step or check failed; 2 usage or a refused
+directory; 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the summary and the report say where).
 USAGE
 }
 

@@ -186,6 +186,10 @@ RB_STEP_START=0
 RB_FINISHED=0
 RB_DRY_RUN=0
 RB_FAILED_STEP=''
+# the last step that finished ok; the signal that interrupted this run (rb::on_signal)
+RB_STEP_DONE=''
+RB_SIGNALLED=0
+declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
@@ -875,8 +879,10 @@ rb::init() {
   rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
   : >"${RB_EVENTS}"
   : >"${RB_RUN_DIR}/run.log"
-  # shellcheck disable=SC2312 # the log's copy: tee's status is no step's
-  exec 2> >(tee -a "${RB_RUN_DIR}/run.log" >&2)
+  # the log's copy: tee's status is no step's, and it ignores the signals a Ctrl-C sends the run's
+  # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
+  # shellcheck disable=SC2312
+  exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
@@ -895,34 +901,14 @@ rb::init() {
 # On exit: close ssh connections, remove this run's scratch directory.
 #######################################
 rb::cleanup() {
-  local host pid
-  local -a ends
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
-  for pid in "${RB_BG_PIDS[@]}"; do
-    kill "${pid}" 2>/dev/null || true
-  done
-  # every host at once: its kit directory removed, then its ssh connection closed; a host that
-  # does not answer (a link or sshd lost mid-run), or whose rm fails, keeps it; the log says where
-  ends=()
-  for host in "${RB_HOSTS[@]}"; do
-    {
-      if [[ -n "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::is_local "${host}" &&
-        ! rb::on_host "${host}" rm -rf -- "${RB_KIT_DIR[${host}]}" 2>/dev/null; then
-        RB_STEP=cleanup rb::log "left on ${host}: ${RB_KIT_DIR[${host}]} (this run's kit; the host" \
-          "did not answer, or rm there failed): remove it there"
-      fi
-      "rb::host_${host}"
-      if [[ -n "${RB_HOST_TARGET}" ]]; then
-        ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" 2>/dev/null || true
-      fi
-    } &
-    ends+=("$!")
-  done
-  for pid in "${ends[@]}"; do
-    wait "${pid}" || true
-  done
+  # the background jobs and what they started (an ssh client, a kit's Python, its tar)
+  if ((${#RB_BG_PIDS[@]} > 0)); then
+    rb::kill_tree "${RB_BG_PIDS[@]}"
+  fi
+  rb::close_hosts
   rm -rf "${RB_WORK}"
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"
@@ -988,7 +974,9 @@ main() {
   fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
-  trap rb::on_signal INT TERM
+  trap 'rb::on_signal INT' INT
+  trap 'rb::on_signal TERM' TERM
+  trap 'rb::on_signal HUP' HUP
   trap rb::cleanup EXIT
   rb::init
   if [[ -n "${restore}" ]]; then
