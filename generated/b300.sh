@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 7ae1b3d21ac316008cf19fb1fdb6b38cba30195158b37396c54d7fcec50410ed
+# sha256 of this file with these 64 digits zeroed: a2dccc4cc62f3a56ce908f0383285b209206c4b2f08b84c1fade1a2bd25eabc5
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7
-readonly RB_KIT_FILE=.kit/05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7.tar
+readonly RB_KIT_SHA256=450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880
+readonly RB_KIT_FILE=.kit/450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -767,7 +767,7 @@ step_swap() {
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
-    rb::log "to put the previous destination back: bash ${0##*/} --restore"
+    rb::log "to put the previous destination back: bash ${RB_SELF} --restore"
   fi
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
@@ -794,6 +794,9 @@ step_probe() {
   if [[ -n "${RB_J[report]:-}" ]] && rb::on_host "${RB_DST_HOST}" test -f "${RB_J[report]}"; then
     rb::on_host "${RB_DST_HOST}" cat "${RB_J[report]}" >"${report}"
     RB_PROBE_REPORTS+=("${RB_DST_HOST}=${report}")
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"
@@ -892,8 +895,9 @@ rb::cleanup() {
 }
 
 #######################################
-# --restore [N]: put backup N (default: the newest) back at the destination; the current install
-# becomes a backup in its place.
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
 #######################################
 rb::restore() {
   local number=$1
@@ -907,6 +911,7 @@ rb::restore() {
   rb::engine_start
   rb::engine restore "${args[@]}"
   rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
   rb::engine_stop
   RB_FINISHED=1
 }
@@ -915,7 +920,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore=
+  local only='' from='' id run=0 restore='' list_backups=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -933,6 +938,7 @@ main() {
           shift
         fi
         ;;
+      --list-backups) list_backups=1 ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -953,6 +959,10 @@ main() {
   trap rb::on_signal INT TERM
   trap rb::cleanup EXIT
   rb::init
+  if ((list_backups)); then
+    rb::list_backups
+    return 0
+  fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d73b679152607717488981aab05e2db5c80caa58209df9062d8590f07285e343
+# sha256 of this file with these 64 digits zeroed: 9928d306ec75914a8aebd5d7bad8a235d09757aa94601b23c4a4041ab3fd81a0
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7
-readonly RB_KIT_FILE=.kit/05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7.tar
+readonly RB_KIT_SHA256=450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880
+readonly RB_KIT_FILE=.kit/450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -768,7 +768,7 @@ step_swap() {
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
-    rb::log "to put the previous destination back: bash ${0##*/} --restore"
+    rb::log "to put the previous destination back: bash ${RB_SELF} --restore"
   fi
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
@@ -795,6 +795,9 @@ step_probe() {
   if [[ -n "${RB_J[report]:-}" ]] && rb::on_host "${RB_DST_HOST}" test -f "${RB_J[report]}"; then
     rb::on_host "${RB_DST_HOST}" cat "${RB_J[report]}" >"${report}"
     RB_PROBE_REPORTS+=("${RB_DST_HOST}=${report}")
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"
@@ -893,8 +896,9 @@ rb::cleanup() {
 }
 
 #######################################
-# --restore [N]: put backup N (default: the newest) back at the destination; the current install
-# becomes a backup in its place.
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
 #######################################
 rb::restore() {
   local number=$1
@@ -908,6 +912,7 @@ rb::restore() {
   rb::engine_start
   rb::engine restore "${args[@]}"
   rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
   rb::engine_stop
   RB_FINISHED=1
 }
@@ -916,7 +921,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore=
+  local only='' from='' id run=0 restore='' list_backups=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -934,6 +939,7 @@ main() {
           shift
         fi
         ;;
+      --list-backups) list_backups=1 ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -954,6 +960,10 @@ main() {
   trap rb::on_signal INT TERM
   trap rb::cleanup EXIT
   rb::init
+  if ((list_backups)); then
+    rb::list_backups
+    return 0
+  fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0

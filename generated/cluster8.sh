@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 58c463bdb16bcbc2082a9128d3845cf233514f02b0d8ca6f4178dfaff5b40a3a
+# sha256 of this file with these 64 digits zeroed: b9397f3612e34996a9eada7efbcfd65ea213d139535cd3e5a4cdadc896c3d3c4
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7
-readonly RB_KIT_FILE=.kit/05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7.tar
+readonly RB_KIT_SHA256=450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880
+readonly RB_KIT_FILE=.kit/450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -865,8 +865,9 @@ rb::cleanup() {
 }
 
 #######################################
-# --restore [N]: put backup N (default: the newest) back at the destination; the current install
-# becomes a backup in its place.
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
 #######################################
 rb::restore() {
   local number=$1
@@ -880,6 +881,7 @@ rb::restore() {
   rb::engine_start
   rb::engine restore "${args[@]}"
   rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
   rb::engine_stop
   RB_FINISHED=1
 }
@@ -888,7 +890,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore=
+  local only='' from='' id run=0 restore='' list_backups=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -906,6 +908,7 @@ main() {
           shift
         fi
         ;;
+      --list-backups) list_backups=1 ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -926,6 +929,10 @@ main() {
   trap rb::on_signal INT TERM
   trap rb::cleanup EXIT
   rb::init
+  if ((list_backups)); then
+    rb::list_backups
+    return 0
+  fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0

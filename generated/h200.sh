@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 53a028230f195d7bf8ff0e3bc9540b1d1b90c4e3fc78e6b221a4c9a83caced14
+# sha256 of this file with these 64 digits zeroed: 8f7b42b9e3d2571db783e44aa36d5b641ed516605e706c7aa5f35cb494e76d6f
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7
-readonly RB_KIT_FILE=.kit/05741811b74ba2879db39325c25c297c761175066747887512871ced6a1b8ab7.tar
+readonly RB_KIT_SHA256=450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880
+readonly RB_KIT_FILE=.kit/450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -756,7 +756,7 @@ step_swap() {
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
-    rb::log "to put the previous destination back: bash ${0##*/} --restore"
+    rb::log "to put the previous destination back: bash ${RB_SELF} --restore"
   fi
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
@@ -783,6 +783,9 @@ step_probe() {
   if [[ -n "${RB_J[report]:-}" ]] && rb::on_host "${RB_DST_HOST}" test -f "${RB_J[report]}"; then
     rb::on_host "${RB_DST_HOST}" cat "${RB_J[report]}" >"${report}"
     RB_PROBE_REPORTS+=("${RB_DST_HOST}=${report}")
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
+    rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"
@@ -881,8 +884,9 @@ rb::cleanup() {
 }
 
 #######################################
-# --restore [N]: put backup N (default: the newest) back at the destination; the current install
-# becomes a backup in its place.
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
 #######################################
 rb::restore() {
   local number=$1
@@ -896,6 +900,7 @@ rb::restore() {
   rb::engine_start
   rb::engine restore "${args[@]}"
   rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
   rb::engine_stop
   RB_FINISHED=1
 }
@@ -904,7 +909,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore=
+  local only='' from='' id run=0 restore='' list_backups=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -922,6 +927,7 @@ main() {
           shift
         fi
         ;;
+      --list-backups) list_backups=1 ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -942,6 +948,10 @@ main() {
   trap rb::on_signal INT TERM
   trap rb::cleanup EXIT
   rb::init
+  if ((list_backups)); then
+    rb::list_backups
+    return 0
+  fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
