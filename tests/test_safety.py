@@ -421,7 +421,10 @@ def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1"]
     result = hostfs.restore(str(dest))                       # and once more, uninterrupted
     assert result["atomic"] is False
-    assert ((dest / "tag").read_text(), (backup / "tag").read_text()) == tags[::-1]
+    # the install it replaced is the newest backup now, under a new number (issue 34)
+    newest = tmp_path / "venv.rb-backup.2"
+    assert ((dest / "tag").read_text(), (newest / "tag").read_text()) == tags[::-1]
+    assert result["kept_current_as"] == str(newest) and not backup.exists()
 
 
 def test_swap_atomic_require_refuses_and_allow_says_so(tmp_path, no_exchange):
@@ -571,13 +574,14 @@ def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
     assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-12.8\n"
     assert result["env_file"]["restored"] is True
     assert result["installed"]["tree_check"]["ok"] is True
-    # a second --restore does not silently bring back the build that failed its checks
-    with pytest.raises(FileNotFoundError, match="failed its checks"):
+    # the build that failed its checks is kept apart, never a backup: a second --restore does not
+    # bring it back, and says where it is (issue 34)
+    failed = tmp_path / "venv.rb-failed"
+    assert result["kept_current_as"] == str(failed) and (failed / "tag").read_text() == "new"
+    assert hostfs.failed_mark(str(failed)) == "checks failed: torch"
+    with pytest.raises(FileNotFoundError, match="kept apart at .*venv.rb-failed"):
         hostfs.restore(str(dest), env_file=str(env_file))
-    again = hostfs.restore(str(dest), 1, env_file=str(env_file))     # named: on purpose
-    assert (dest / "tag").read_text() == "new"
-    assert again["installed"]["failed"] == "checks failed: torch"
-    assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-13.0\n"
+    assert (dest / "tag").read_text() == "old"
 
 
 def test_the_versioned_env_file_and_failure_mark_are_not_part_of_the_tree(tmp_path):
