@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 9f5215af9008d3cd7e38fc3a38464ddd087b40e852a7ae97d904570baa04fadf
+# sha256 of this file with these 64 digits zeroed: ca39e3d43499c0146f9b5896315852412b40a77b28e354ae9f02bd5e00869b72
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880
-readonly RB_KIT_FILE=.kit/450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880.tar
+readonly RB_KIT_SHA256=ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89
+readonly RB_KIT_FILE=.kit/ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -798,6 +798,11 @@ step_probe() {
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
     rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[rolled_back]:-}" ]]; then
+    rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report}); rolled back: the" \
+      "previous install is in place again. After fixing it run every step again: bash ${RB_SELF}" \
+      "(--from probe would check the install put back)"
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"

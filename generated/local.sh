@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 419b3ff91539f68a6a719628b83afa9e078eef2f9d3a3b1cf04ecad9b157f24b
+# sha256 of this file with these 64 digits zeroed: 386129fd7d6b95a2126ab8f32585eaf6812156d019a0c31a060ffaa011a895aa
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880
-readonly RB_KIT_FILE=.kit/450da51376bb8d08d5e12ecfce666e34ae6501953a2a415481967cea5bce9880.tar
+readonly RB_KIT_SHA256=ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89
+readonly RB_KIT_FILE=.kit/ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -785,6 +785,11 @@ step_probe() {
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
     rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[rolled_back]:-}" ]]; then
+    rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report}); rolled back: the" \
+      "previous install is in place again. After fixing it run every step again: bash ${RB_SELF}" \
+      "(--from probe would check the install put back)"
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"

@@ -1248,9 +1248,10 @@ def rollback(ctx: Context, after: str = "") -> Result:
     finally:
         ctx.critical -= 1
     where = "kept at %s" % kept if kept else "removed (on_existing: replace)"
-    ctx.log("the previous install is at %s again" % ctx.dest)
+    ctx.log("rolled back: %s failed; the previous install is at %s again; the failed one is %s"
+            % (what, ctx.dest, where))
     return Result("rolled back: %s failed; failed install %s" % (what, where),
-                  {"restored": previous, "kept_current_as": kept})
+                  {"restored": previous, "kept_current_as": kept, "rolled_back": 1})
 
 
 def restore(ctx: Context, number: Optional[int] = None) -> Result:
@@ -1336,9 +1337,9 @@ def list_backups(ctx: Context) -> Result:
         ctx.log("  " + "  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
         if row["failed"]:
             ctx.log("      why: %s" % row["failed"])
-        if info.get("put_back_after"):
+        if row["info"].get("put_back_after"):
             ctx.log("      put back after %s failed (the failed install: %s)"
-                    % (info["put_back_after"], info.get("failed_install", "-")))
+                    % (row["info"]["put_back_after"], row["info"].get("failed_install", "-")))
     if not rows:
         ctx.log("  nothing there yet")
     n = sum(1 for r in rows if r["kind"] == "backup")

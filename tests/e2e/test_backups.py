@@ -75,6 +75,7 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
     swap = next(s for s in json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
                 if s["id"] == "swap")
     assert swap["detail"] == want
+    assert f"After fixing it run every step again: bash {GEN}" in r.stderr
 
     # --from probe now would probe the install put back, not the one this spec made: refused
     r = run(tmp_path, "--from", "probe")
@@ -95,7 +96,10 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
         assert re.search(r" 20[0-9-]+T[0-9:]+Z .* source [0-9a-f]{12} ", ln), ln
     assert " failed " in line_of(failed)
     assert "why: release gate failed after the swap" in r.stderr
-    assert "put back after release gate failed" in r.stderr
+    in_place = next(i for i, ln in enumerate(lines) if ln.strip().startswith("in place "))
+    assert lines[in_place].rstrip().endswith(str(dst))
+    assert "put back after release gate failed" in lines[in_place + 1]
+    assert r.stderr.count("put back after release gate failed") == 1, "only the install put back"
     assert f"bash {GEN} --restore N" in r.stderr
 
     # --restore: the newest good backup (2), why, and its checks run on what was put back

@@ -799,6 +799,11 @@ step_probe() {
   if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
     rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
   fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[rolled_back]:-}" ]]; then
+    rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report}); rolled back: the" \
+      "previous install is in place again. After fixing it run every step again: bash ${RB_SELF}" \
+      "(--from probe would check the install put back)"
+  fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"
   fi
