@@ -23,9 +23,10 @@ from tests.e2e.test_local_runbook import CHECKS, SPEC
 GEN = "generated/e2e.sh"
 
 
-def compile_into_generated(tmp_path: Path, src: Path, dst: Path, flag: Path) -> None:
+def compile_into_generated(tmp_path: Path, src: Path, dst: Path, flag: Path,
+                           top: str = "") -> None:
     checks = CHECKS + f'  - command: {{name: release gate, run: "test ! -e {flag}"}}\n'
-    text = SPEC.format(name="e2e", src=src, dst=dst, policy="backup", checks=checks)
+    text = SPEC.format(name="e2e", src=src, dst=dst, policy="backup", checks=checks) + top
     spec = tmp_path / "e2e.yaml"
     spec.write_text(text.replace("  jobs: 2\n", "  jobs: 2\n  keep_backups: 2\n"))
     assert cli.main([str(spec), "-o", str(tmp_path / "generated")]) == 0
@@ -123,3 +124,39 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
     assert removed > probe_at, "evicted only after the checks passed"
     assert not backup[1].exists() and generation(backup[3]) == "generation 3\n"
     assert generation(backup[4]) == "generation 2\n" and generation(failed) == "generation 4\n"
+
+
+def test_an_install_that_failed_its_checks_never_becomes_a_backup_and_a_bad_restore_fails(
+        payload_small, tmp_path):
+    """on_failed_checks: keep: the install whose checks failed stays in place, marked; the next
+    swap keeps it apart as NAME.rb-failed, not as a backup. A --restore whose checks fail on what
+    it put back exits 1 and says so."""
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "d" / "venv"
+    flag = tmp_path / "fail-the-gate"
+    compile_into_generated(tmp_path, src, dst, flag, top="on_failed_checks: keep\n")
+    greeting = next(src.rglob("greeting.txt"))
+    greeting.write_text("generation 1\n")
+    assert run(tmp_path).returncode == 0
+    flag.touch()
+    greeting.write_text("generation 2\n")
+    r = run(tmp_path)
+    assert r.returncode == 1 and "the new install stays in place" in r.stderr, r.stderr[-3000:]
+    assert generation(dst) == "generation 2\n"
+    flag.unlink()
+    greeting.write_text("generation 3\n")
+    r = run(tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    failed = dst.parent / "venv.rb-failed"
+    assert generation(failed) == "generation 2\n"
+    assert f"the previous destination had failed its checks: kept apart at {failed}" in r.stderr
+    assert sorted(p.name for p in dst.parent.glob("venv.rb-backup.*")) == ["venv.rb-backup.1"]
+    assert generation(dst.parent / "venv.rb-backup.1") == "generation 1\n"
+
+    flag.touch()
+    r = run(tmp_path, "--restore")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert generation(dst) == "generation 1\n"
+    assert "the restored install failed its checks on here" in r.stderr, r.stderr[-3000:]
+    assert f"bash {GEN} --list-backups" in r.stderr
