@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 2d702dd7acc0fb05ac9074069fbabd048c3caf3cf3d2aeb052f32fcb14aad653
+# sha256 of this file with these 64 digits zeroed: bfd32e79e3dc2d48eac2ecfa5f202f1429617d9db4ab6ecaadcf3294219ce79e
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89
-readonly RB_KIT_FILE=.kit/ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89.tar
+readonly RB_KIT_SHA256=d25285a8a1200b23daac6eb87b286bdcf1523326690585218279d93f6195091d
+readonly RB_KIT_FILE=.kit/d25285a8a1200b23daac6eb87b286bdcf1523326690585218279d93f6195091d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

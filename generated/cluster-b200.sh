@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: ca39e3d43499c0146f9b5896315852412b40a77b28e354ae9f02bd5e00869b72
+# sha256 of this file with these 64 digits zeroed: 7b012f678a1a748b115cf41a12be6638db5ea7cd33684772b663ffb3c9d95d0a
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89
-readonly RB_KIT_FILE=.kit/ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89.tar
+readonly RB_KIT_SHA256=d25285a8a1200b23daac6eb87b286bdcf1523326690585218279d93f6195091d
+readonly RB_KIT_FILE=.kit/d25285a8a1200b23daac6eb87b286bdcf1523326690585218279d93f6195091d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 386129fd7d6b95a2126ab8f32585eaf6812156d019a0c31a060ffaa011a895aa
+# sha256 of this file with these 64 digits zeroed: 96a7aca9627e2ee24b3e420b17901049ede48a6e69f497c202dd918c05a40fd3
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89
-readonly RB_KIT_FILE=.kit/ad858c963453ae618263c9a5d744a23687f4a657a1026057178090262b7efb89.tar
+readonly RB_KIT_SHA256=d25285a8a1200b23daac6eb87b286bdcf1523326690585218279d93f6195091d
+readonly RB_KIT_FILE=.kit/d25285a8a1200b23daac6eb87b286bdcf1523326690585218279d93f6195091d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -602,3 +602,30 @@ def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_pa
     check = result["installed"]["tree_check"]
     assert check["ok"] is False and check["changed"] == ["tag"]
     assert result["env_file"] is None
+
+
+# -- issue 34: an install whose checks failed is kept apart, never a backup -------------------------
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_an_install_that_failed_its_checks_goes_apart_and_a_rollback_brings_it_back(
+        tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(swapfs, "_renameat2", lambda src, dst, flags: False)
+    dest = installed(tmp_path, "kept after its checks failed")
+    (tmp_path / "venv.rb-backup.1").mkdir()
+    (tmp_path / "venv.rb-backup.1" / "tag").write_text("good")
+    hostfs.set_checks(str(dest), False, "checks failed: torch")
+    result = hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+    failed = tmp_path / "venv.rb-failed"
+    assert result["previous"] == str(failed) and result["previous_failed"] is True
+    assert backups_of(tmp_path) == ["venv.rb-backup.1"], "never counted as a backup"
+    assert hostfs.prune_backups(str(dest), 1) == [], "nor does it evict the good one"
+    # the new install's env file fails: the rollback puts back what was there, the new one apart
+    got = hostfs.restore(str(dest), failed="step exports failed after the swap",
+                         from_failed=True)
+    assert (dest / "tag").read_text() == "kept after its checks failed"
+    assert (failed / "tag").read_text() == "new" and got["kept_current_as"] == str(failed)
+    assert hostfs.failed_mark(str(failed)) == "step exports failed after the swap"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1",
+                                                          "venv.rb-failed"]

@@ -1130,7 +1130,7 @@ def exports(ctx: Context) -> Result:
     kitexports.write(ctx.env_out, text, venv=ctx.dest)
     ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out,
                                                    ":".join(summary["library_dirs"]) or "-"))
-    if not ctx.probe_config:
+    if not ctx.probe_config and ctx.swapped is not None:
         hostfs.write_info(ctx.dest, checks="none")
         prune_after_checks(ctx)
     return Result(ctx.env_out, {"file": ctx.env_out,
@@ -1236,9 +1236,11 @@ def rollback(ctx: Context, after: str = "") -> Result:
                 pass
             return Result("nothing was at %s before this run: the new install stays, without "
                           "its manifest (a re-run installs it again)" % ctx.dest)
-        number = int(previous.rsplit(".", 1)[1])
+        from_failed = previous == hostfs.failed_path(ctx.dest)
+        number = None if from_failed else int(previous.rsplit(".", 1)[1])
         got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.swap_atomic,
-                             failed="%s failed after the swap (runbook rollback)" % what)
+                             failed="%s failed after the swap (runbook rollback)" % what,
+                             from_failed=from_failed)
         ctx.swapped = None
         kept: Optional[str] = got["kept_current_as"]
         if s["transient"]:

@@ -171,6 +171,8 @@ def _keep_failed(path: str, dest: str) -> str:
     """Move the install at `path` (its checks failed) to `failed_path(dest)`, replacing the one
     kept there before. Returns where it is."""
     target = failed_path(dest)
+    if os.path.abspath(path) == target:
+        return target                    # exchanged with the failed one: already there
     if os.path.lexists(target):
         remove(target)
     os.rename(path, target)
@@ -550,7 +552,8 @@ def describe_install(path: str) -> dict:
 
 
 def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
-            failed: Optional[str] = None, swap_atomic: str = "allow") -> dict:
+            failed: Optional[str] = None, swap_atomic: str = "allow",
+            from_failed: bool = False) -> dict:
     """Put backup N (default: the newest whose checks did not fail) back at `dest`.
 
     What was in place goes apart as `DEST.rb-failed` when its checks failed (`failed` given: a
@@ -559,7 +562,9 @@ def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] 
     first; when that already put the previous install back, nothing more moves. With `env_file`,
     the restored install's own env file (`DEST/.rb-env.sh`, see exports.write) is put back there.
     The result says which backup was chosen and why (`why`, `skipped`), where the replaced install
-    is (`kept_current_as`), and what is at `dest` now (`installed`: its record, a stat check)."""
+    is (`kept_current_as`), and what is at `dest` now (`installed`: its record, a stat check).
+    `from_failed` (a rollback whose swap moved an install that had failed its checks apart): that
+    install, at `DEST.rb-failed`, is what goes back; the one replacing it there is `failed`."""
     if swap_atomic not in SWAP_ATOMIC:
         raise ValueError(f"swap_atomic must be one of {SWAP_ATOMIC}, not {swap_atomic!r}")
     recovered = recover_swap(dest)
@@ -568,16 +573,22 @@ def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] 
     if recovered and recovered["action"] == "undone":
         result.update(restored=None, kept_current_as=None, why=recovered["detail"], skipped=[])
     else:
-        result.update(_restore_backup(dest, number, failed, swap_atomic))
+        result.update(_restore_backup(dest, number, failed, swap_atomic, from_failed))
     result["env_file"] = exports.restore_env(dest, env_file) if env_file else None
     result["installed"] = describe_install(dest)
     return result
 
 
 def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
-                    swap_atomic: str) -> dict:
+                    swap_atomic: str, from_failed: bool = False) -> dict:
     found = dict(backup_dirs(dest))
     foreign = foreign_backups(dest)
+    if from_failed:
+        if not _is_real_dir(failed_path(dest)):
+            raise FileNotFoundError(f"{failed_path(dest)} is not there to put back")
+        return _exchange(dest, failed_path(dest), failed, swap_atomic, {
+            "restored": failed_path(dest), "skipped": [], "ignored": foreign,
+            "why": "the install this run replaced (its checks had failed before)"})
     if number is not None and number not in found:
         why = _not_ours(f"{dest}.rb-backup.{number}")
         if why:
@@ -610,8 +621,15 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
     if number not in found:
         raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist (backups: "
                                 f"{', '.join(str(n) for n in sorted(found))})")
-    source = found[number]
-    done = {"restored": source, "why": why, "skipped": skipped, "ignored": foreign}
+    return _exchange(dest, found[number], failed, swap_atomic,
+                     {"restored": found[number], "why": why, "skipped": skipped,
+                      "ignored": foreign})
+
+
+def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str,
+              done: dict) -> dict:
+    """The install at `source` (a backup, or the failed one) to `dest`; what was there to a new
+    backup number, or apart as DEST.rb-failed when its checks failed."""
     if not os.path.lexists(dest):
         os.rename(source, dest)
         return dict(done, kept_current_as=None)
