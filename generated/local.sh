@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 1fd120f2fe92bf7d0ddf722907ffa5b6eada488a743f29a62523c76f9ecb2406
+# sha256 of this file with these 64 digits zeroed: 1af170b2d3a6d30f87173a1e36009b515c65766e97568d92a0e556bb7d58a18a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=98f27f5f5b526b39bb0adf924129722bdd335eb8cc92c67db0040c31cc4f561f
-readonly RB_KIT_FILE=.kit/98f27f5f5b526b39bb0adf924129722bdd335eb8cc92c67db0040c31cc4f561f.tar
+readonly RB_KIT_SHA256=ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53
+readonly RB_KIT_FILE=.kit/ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -179,6 +179,8 @@ RB_LOCAL_KIT=''
 RB_RUN_LOCK=''
 # the runbook's directory: what later runs go on from (rb::run_dirs)
 RB_STATE_DIR=''
+# the probe rolled the install back: a re-run runs every step (rb::finish says so)
+RB_ROLLED_BACK=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -811,7 +813,7 @@ step_swap() {
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
-    rb::log "to put the previous destination back: bash ${0##*/} --restore"
+    rb::log "to put the previous destination back: bash ${RB_SELF} --restore"
   fi
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
@@ -838,6 +840,16 @@ step_probe() {
   if [[ -n "${RB_J[report]:-}" ]] && rb::on_host "${RB_DST_HOST}" test -f "${RB_J[report]}"; then
     rb::on_host "${RB_DST_HOST}" cat "${RB_J[report]}" >"${report}"
     RB_PROBE_REPORTS+=("${RB_DST_HOST}=${report}")
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[put_back_after]:-}" ]]; then
+    RB_ROLLED_BACK=1
+    rb::fail "${RB_ENGINE_DETAIL}: bash ${RB_SELF}"
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed && -n "${RB_J[rolled_back]:-}" ]]; then
+    RB_ROLLED_BACK=1
+    rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report}); rolled back: the" \
+      "previous install is in place again. After fixing it run every step again: bash ${RB_SELF}" \
+      "(--from probe would check the install put back)"
   fi
   if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
     rb::fail "checks failed on ${RB_DST_HOST} (table above; report ${report})"
@@ -904,8 +916,9 @@ rb::cleanup() {
 }
 
 #######################################
-# --restore [N]: put backup N (default: the newest) back at the destination; the current install
-# becomes a backup in its place.
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
 #######################################
 rb::restore() {
   local number=$1
@@ -919,6 +932,7 @@ rb::restore() {
   rb::engine_start
   rb::engine restore "${args[@]}"
   rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
   rb::engine_stop
   RB_FINISHED=1
 }
@@ -927,7 +941,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore=
+  local only='' from='' id run=0 restore='' list_backups=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -945,6 +959,7 @@ main() {
           shift
         fi
         ;;
+      --list-backups) list_backups=1 ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -967,6 +982,10 @@ main() {
   trap 'rb::on_signal HUP' HUP
   trap rb::cleanup EXIT
   rb::init
+  if ((list_backups)); then
+    rb::list_backups
+    return 0
+  fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0

@@ -176,7 +176,8 @@ def test_swap_refuse_backup_replace_and_restore(tmp_path):
     assert (tmp_path / "venv.rb-backup.2" / "tag").read_text() == "two"
     hostfs.restore(str(dest))
     assert (dest / "tag").read_text() == "two"
-    assert (tmp_path / "venv.rb-backup.2" / "tag").read_text() == "three"
+    # the install it replaced: the newest backup, under a new number (issue 34)
+    assert (tmp_path / "venv.rb-backup.3" / "tag").read_text() == "three"
     hostfs.swap(str(staged("four")), str(dest), "replace")
     assert (dest / "tag").read_text() == "four"
     assert not (tmp_path / ".venv.rb-staging").exists()

@@ -421,7 +421,10 @@ def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1"]
     result = hostfs.restore(str(dest))                       # and once more, uninterrupted
     assert result["atomic"] is False
-    assert ((dest / "tag").read_text(), (backup / "tag").read_text()) == tags[::-1]
+    # the install it replaced is the newest backup now, under a new number (issue 34)
+    newest = tmp_path / "venv.rb-backup.2"
+    assert ((dest / "tag").read_text(), (newest / "tag").read_text()) == tags[::-1]
+    assert result["kept_current_as"] == str(newest) and not backup.exists()
 
 
 def test_swap_atomic_require_refuses_and_allow_says_so(tmp_path, no_exchange):
@@ -571,13 +574,14 @@ def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
     assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-12.8\n"
     assert result["env_file"]["restored"] is True
     assert result["installed"]["tree_check"]["ok"] is True
-    # a second --restore does not silently bring back the build that failed its checks
-    with pytest.raises(FileNotFoundError, match="failed its checks"):
+    # the build that failed its checks is kept apart, never a backup: a second --restore does not
+    # bring it back, and says where it is (issue 34)
+    failed = tmp_path / "venv.rb-failed"
+    assert result["kept_current_as"] == str(failed) and (failed / "tag").read_text() == "new"
+    assert hostfs.failed_mark(str(failed)) == "checks failed: torch"
+    with pytest.raises(FileNotFoundError, match="kept apart at .*venv.rb-failed"):
         hostfs.restore(str(dest), env_file=str(env_file))
-    again = hostfs.restore(str(dest), 1, env_file=str(env_file))     # named: on purpose
-    assert (dest / "tag").read_text() == "new"
-    assert again["installed"]["failed"] == "checks failed: torch"
-    assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-13.0\n"
+    assert (dest / "tag").read_text() == "old"
 
 
 def test_the_versioned_env_file_and_failure_mark_are_not_part_of_the_tree(tmp_path):
@@ -598,3 +602,30 @@ def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_pa
     check = result["installed"]["tree_check"]
     assert check["ok"] is False and check["changed"] == ["tag"]
     assert result["env_file"] is None
+
+
+# -- issue 34: an install whose checks failed is kept apart, never a backup -------------------------
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_an_install_that_failed_its_checks_goes_apart_and_a_rollback_brings_it_back(
+        tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(swapfs, "_renameat2", lambda src, dst, flags: False)
+    dest = installed(tmp_path, "kept after its checks failed")
+    (tmp_path / "venv.rb-backup.1").mkdir()
+    (tmp_path / "venv.rb-backup.1" / "tag").write_text("good")
+    hostfs.set_checks(str(dest), False, "checks failed: torch")
+    result = hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+    failed = tmp_path / "venv.rb-failed"
+    assert result["previous"] == str(failed) and result["previous_failed"] is True
+    assert backups_of(tmp_path) == ["venv.rb-backup.1"], "never counted as a backup"
+    assert hostfs.prune_backups(str(dest), 1) == [], "nor does it evict the good one"
+    # the new install's env file fails: the rollback puts back what was there, the new one apart
+    got = hostfs.restore(str(dest), failed="step exports failed after the swap",
+                         from_failed=True)
+    assert (dest / "tag").read_text() == "kept after its checks failed"
+    assert (failed / "tag").read_text() == "new" and got["kept_current_as"] == str(failed)
+    assert hostfs.failed_mark(str(failed)) == "step exports failed after the swap"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1",
+                                                          "venv.rb-failed"]

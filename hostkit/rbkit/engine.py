@@ -136,6 +136,7 @@ class Context:
         self.up_to_date: Optional[str] = None   # why the destination already holds the tree
         self.unlinkable: set = set()             # failed the digest check: sent, never linked
         self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
+        self.failed_checks = ""                  # the checks that failed, named (probe)
         self.critical = 0                        # inside a rename sequence: signals wait
         self.elsewhere: Any = None               # (the scan of data files, its prefixes)
         self.early: Any = None                   # the quick check's walk, begun at the lock
@@ -1266,19 +1267,22 @@ def swap(ctx: Context) -> Result:
             result = hostfs.swap(ctx.staging, ctx.dest, "backup", swap_atomic=ctx.swap_atomic,
                                  unshare=False)
         else:
-            result = hostfs.swap(ctx.staging, ctx.dest, ctx.policy, swap_atomic=ctx.swap_atomic,
-                                 keep_backups=ctx.keep_backups if ctx.policy == "backup" else None)
+            # keep_backups is applied once the new install passed its checks (prune_after_checks)
+            result = hostfs.swap(ctx.staging, ctx.dest, ctx.policy, swap_atomic=ctx.swap_atomic)
         previous = result.get("previous")
         ctx.swapped = {"previous": previous, "transient": transient, "policy": ctx.policy}
         _write_stamp(ctx, None)
     finally:
         ctx.critical -= 1
+    _record_install(ctx)
     kept = previous if previous not in (None, "none", "removed") and not transient else ""
+    if result.get("previous_failed"):
+        ctx.log("the previous destination had failed its checks: kept apart at %s (not a backup; "
+                "replaced by the next failure)" % kept)
+        kept = ""
     facts = {"previous": previous, "backup": kept, "atomic": int(bool(result.get("atomic", True)))}
     if result.get("note"):
         ctx.log(result["note"])
-    for gone in result.get("pruned") or []:
-        ctx.log("removed an older backup (keep_backups: %s): %s" % (ctx.keep_backups, gone))
     prefix, version = interpreter_prefix(os.path.join(ctx.dest, "bin", "python"), ctx.dest)
     if os.path.realpath(prefix) != os.path.realpath(ctx.dest):
         raise StepError("the moved interpreter reports sys.prefix %s, expected %s"
@@ -1299,6 +1303,30 @@ def swap(ctx: Context) -> Result:
     return Result("installed at %s; previous: %s" % (ctx.dest, what), facts)
 
 
+def _record_install(ctx: Context) -> None:
+    """The new install's record (hostfs.read_info): when, from which runbook and spec, the
+    source's manifest fingerprint; its checks not run yet."""
+    try:
+        fingerprint = ctx.fingerprint()
+    except (StepError, OSError, ValueError):
+        fingerprint = ""
+    hostfs.write_info(ctx.dest, installed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      origin=ctx.origin, source_fingerprint=fingerprint, checks="not run",
+                      put_back_after=None, failed_install=None)
+
+
+def prune_after_checks(ctx: Context) -> None:
+    """keep_backups, applied once this run's new install proved itself (its checks passed, or
+    the spec has none and its env file is written): an install that fails never evicts a good
+    backup."""
+    s = ctx.swapped
+    if s is None or s.get("transient") or s.get("policy") != "backup" or not ctx.keep_backups:
+        return
+    for gone in hostfs.prune_backups(ctx.dest, ctx.keep_backups):
+        ctx.log("removed an older backup (keep_backups: %s): %s (the new install passed its "
+                "checks)" % (ctx.keep_backups, gone))
+
+
 def exports(ctx: Context) -> Result:
     """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
     _require_lock(ctx)
@@ -1310,6 +1338,9 @@ def exports(ctx: Context) -> Result:
     kitexports.write(ctx.env_out, text, venv=ctx.dest)
     ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out,
                                                    ":".join(summary["library_dirs"]) or "-"))
+    if not ctx.probe_config and ctx.swapped is not None:
+        hostfs.write_info(ctx.dest, checks="none")
+        prune_after_checks(ctx)
     return Result(ctx.env_out, {"file": ctx.env_out,
                                 "library_dirs": len(summary["library_dirs"])})
 
@@ -1346,6 +1377,13 @@ def probe(ctx: Context, report: str = "") -> Result:
     file sourced (own_env_copy); the report is written to `report` (default: the state
     directory)."""
     report = report or os.path.join(ctx.state, "probe-report.json")
+    info = hostfs.read_info(ctx.dest)
+    if ctx.swapped is None and ctx.up_to_date is None and info.get("put_back_after"):
+        raise StepError("the install at %s is the previous one, put back after %s failed (the "
+                        "failed install is kept at %s): checking it would not check what this spec "
+                        "installs; run every step again" % (
+                            ctx.dest, info["put_back_after"], info.get("failed_install", "-")),
+                        {"put_back_after": info["put_back_after"]})
     own_env = own_env_copy(ctx)
     env = child_env()
     # the moved interpreter, isolated (rbrules.launch: the checks see the venv's own
@@ -1363,29 +1401,39 @@ def probe(ctx: Context, report: str = "") -> Result:
                             timeout=ctx.timeout, check=False).returncode
         out = err = ""
     summary: dict = {}
+    names: List[str] = []
     try:
         with open(report, encoding="utf-8") as f:
-            summary = json.load(f).get("summary", {})
-    except (OSError, ValueError):
+            doc = json.load(f)
+        summary = doc.get("summary", {})
+        names = [str((c.get("values") or {}).get("name") or c.get("id"))
+                 for c in doc.get("checks", []) if c.get("status") == "fail"]
+    except (OSError, ValueError, AttributeError):
         pass
     facts = {"report": report, "pass": summary.get("pass", 0), "skip": summary.get("skip", 0),
              "fail": summary.get("fail", 0)}
     detail = "%s passed, %s skipped, %s failed" % (facts["pass"], facts["skip"], facts["fail"])
     if rc != 0:
+        ctx.failed_checks = ", ".join(names) or "the checks"
+        hostfs.set_checks(ctx.dest, False, "checks failed: " + ctx.failed_checks)
         raise StepError("checks failed: " + detail if summary else
                         "the checks did not run (exit %s)" % rc, facts, tail(err or out), rc=rc)
+    hostfs.set_checks(ctx.dest, True)
+    prune_after_checks(ctx)
     return Result(detail, facts)
 
 
 def rollback(ctx: Context, after: str = "") -> Result:
-    """Put back what this run's swap replaced; the failed install is kept as a backup (removed
-    under on_existing: replace). Nothing was there: the new install stays, without its manifest,
-    so that no re-run takes it for a good install."""
+    """Put back what this run's swap replaced; the failed install is kept apart as
+    `DEST.rb-failed` (removed under on_existing: replace), never as a backup. Nothing was there:
+    the new install stays, without its manifest, so that no re-run takes it for a good install."""
     _require_lock(ctx)
     s = ctx.swapped
     if s is None:
         return Result("nothing to roll back: no swap in this run", status="skipped")
     previous = s["previous"]
+    what = ctx.failed_checks if after == "probe" and ctx.failed_checks else \
+        "step %s" % (after or "a step")
     ctx.critical += 1
     try:
         if previous in (None, "none", "removed"):
@@ -1396,40 +1444,119 @@ def rollback(ctx: Context, after: str = "") -> Result:
                 pass
             return Result("nothing was at %s before this run: the new install stays, without "
                           "its manifest (a re-run installs it again)" % ctx.dest)
-        number = int(previous.rsplit(".", 1)[1])
-        hostfs.restore(ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.swap_atomic,
-                       failed="%s failed after the swap (runbook rollback)" % (after or "a step"))
+        from_failed = previous == hostfs.failed_path(ctx.dest)
+        number = None if from_failed else int(previous.rsplit(".", 1)[1])
+        got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.swap_atomic,
+                             failed="%s failed after the swap (runbook rollback)" % what,
+                             from_failed=from_failed)
         ctx.swapped = None
-        kept: Optional[str] = previous
+        kept: Optional[str] = got["kept_current_as"]
         if s["transient"]:
-            remove_tree(previous)
+            remove_tree(kept)
             kept = None
+        hostfs.write_info(ctx.dest, put_back_after=what, failed_install=kept or "removed")
     finally:
         ctx.critical -= 1
     where = "kept at %s" % kept if kept else "removed (on_existing: replace)"
-    ctx.log("rolled back after %s failed: the previous install is at %s again; the one that "
-            "failed is %s" % (after, ctx.dest, where))
-    return Result("rolled back: the previous install is in place again; the failed one is %s"
-                  % where, {"restored": previous, "kept_current_as": kept})
+    ctx.log("rolled back: %s failed; the previous install is at %s again; the failed one is %s"
+            % (what, ctx.dest, where))
+    return Result("rolled back: %s failed; failed install %s" % (what, where),
+                  {"restored": previous, "kept_current_as": kept, "rolled_back": 1})
 
 
 def restore(ctx: Context, number: Optional[int] = None) -> Result:
-    """`--restore [N]`: backup N (default: the newest) back at the destination."""
+    """`--restore [N]`: backup N (default: the newest whose checks passed) back at the
+    destination; says which and why, and what is in place now. The runbook runs the checks on it
+    next (probe)."""
     _require_lock(ctx)
     ctx.critical += 1
     try:
         result = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
                                 swap_atomic=ctx.swap_atomic)
+        if os.path.isdir(ctx.dest):
+            # chosen by hand: the checks that follow are this install's, not a stale spec's
+            hostfs.write_info(ctx.dest, put_back_after=None, failed_install=None)
     finally:
         ctx.critical -= 1
     for why in result.get("ignored") or []:
         ctx.log("ignored: " + why)
     now = result.get("installed") or {}
     if now:
-        ctx.log("in place now: %s" % json.dumps(now, sort_keys=True))
-    return Result("restored %s; the install it replaced is kept at %s"
-                  % (result["restored"], result["kept_current_as"]),
-                  {"restored": result["restored"], "kept_current_as": result["kept_current_as"]})
+        ctx.log("in place now: %s" % _describe(now))
+    if result["restored"] is None:
+        return Result("nothing restored: %s" % result["why"], {"restored": "", "kept_current_as": ""})
+    if result["kept_current_as"] is None:
+        then = "nothing was in place"
+    elif result.get("kept_failed"):
+        then = ("the install that was in place failed its checks: kept apart at %s"
+                % result["kept_current_as"])
+    else:
+        then = "the install that was in place is now %s" % result["kept_current_as"]
+    skipped = "; ".join(result.get("skipped") or []) or "none"
+    return Result("restored %s: %s (skipped: %s); %s"
+                  % (result["restored"], result["why"], skipped, then),
+                  {"restored": result["restored"], "kept_current_as": result["kept_current_as"] or ""})
+
+
+def _describe(doc: dict) -> str:
+    """An install's record and stat check in words (describe_install's dict)."""
+    info = doc.get("info") or {}
+    parts = ["%s made %s by %s" % (doc.get("path"), info.get("installed", "at an unknown time"),
+                                   info.get("origin", "an unknown run"))]
+    fp = info.get("source_fingerprint") or doc.get("source_fingerprint")
+    parts.append("source %s" % (fp[:16] if fp else "unknown"))
+    parts.append("checks %s" % ("failed: " + doc["failed"] if doc.get("failed")
+                                else info.get("checks", "not recorded")))
+    check = doc.get("tree_check") or {}
+    if check.get("ok") is True:
+        parts.append("its files are as installed (stat check against its manifest)")
+    elif check.get("ok") is False:
+        changed = check.get("changed") or check.get("missing") or []
+        parts.append("changed since installed: %s" % (", ".join(changed[:8]) if changed
+                                                       else check.get("why", "see its manifest")))
+    else:
+        parts.append(check.get("why", "no stat check"))
+    return "; ".join(parts)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return "%d B" % n
+
+
+def list_backups(ctx: Context) -> Result:
+    """`--list-backups`: each backup of the destination, the failed install kept apart and the
+    one in place: when it was installed, by which runbook and spec, the source's fingerprint,
+    its checks, its size."""
+    rows = hostfs.list_installs(ctx.dest)
+    ctx.log("installs of %s (keep_backups: %s counts the backups whose checks passed):"
+            % (ctx.dest, ctx.keep_backups or "-"))
+    table = []
+    for row in rows:
+        info = row["info"]
+        checks = "failed" if row["failed"] else info.get("checks", "unknown").split(":")[0]
+        label = ("backup %d" % row["number"]) if row["kind"] == "backup" else row["kind"]
+        fp = info.get("source_fingerprint") or ""
+        table.append((label, info.get("installed", "-"), checks, _size(row["size"]),
+                      "source " + (fp[:12] or "-"), info.get("origin", "-"), row["path"]))
+    widths = [max(len(r[i]) for r in table) for i in range(6)] if table else []
+    for r, row in zip(table, rows):
+        ctx.log("  " + "  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
+        if row["failed"]:
+            ctx.log("      why: %s" % row["failed"])
+        if row["info"].get("put_back_after"):
+            ctx.log("      put back after %s failed (the failed install: %s)"
+                    % (row["info"]["put_back_after"], row["info"].get("failed_install", "-")))
+    if not rows:
+        ctx.log("  nothing there yet")
+    n = sum(1 for r in rows if r["kind"] == "backup")
+    good = sum(1 for r in rows if r["kind"] == "backup" and not r["failed"])
+    return Result("%d backups (%d whose checks did not fail)%s" % (
+        n, good, "; a failed install kept apart" if any(r["kind"] == "failed" for r in rows)
+        else ""), {"backups": n, "good": good})
 
 
 # -- children ------------------------------------------------------------------------------------

@@ -23,14 +23,16 @@ from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     backup_dirs, backups, describe_install, failed_mark, journal_path,
-                     prune_backups, recover_swap, remove, restore, swap, unshare_backup)
+                     backup_dirs, backups, describe_install, failed_mark, failed_path,
+                     journal_path, list_installs, prune_backups, read_info, recover_swap, remove,
+                     restore, set_checks, swap, unshare_backup, write_info)
 
 __all__ = [
     "scan", "link_escapes", "strip_special", "free_bytes", "stage",
     "identity", "mount_of", "same_machine", "same_or_nested",
     "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
     "recover_swap", "journal_path", "describe_install", "failed_mark", "remove",
+    "failed_path", "list_installs", "read_info", "write_info", "set_checks",
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 

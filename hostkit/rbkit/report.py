@@ -88,7 +88,13 @@ def gpu_verdict(probe_docs: dict) -> dict:
 def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str,
           gpu: bool = False) -> dict:
     steps, facts, engine = read_events(events)
+    # a swap undone later in the run (a check or step failed): its row says so, not "installed"
+    undone = [e for events_of in engine.values() for e in events_of
+              if e.get("step") == "rollback" and e.get("status") == "ok"
+              and str(e.get("detail", "")).startswith("rolled back:")]
     for step in steps:
+        if step["id"] == "swap" and undone:
+            step["detail"] = undone[-1]["detail"]
         if step["id"] in facts:
             step["facts"] = facts[step["id"]]
         if step["id"] in engine:

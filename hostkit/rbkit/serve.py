@@ -127,6 +127,7 @@ REQUESTS: Dict[str, tuple] = {
     "exports": (engine.exports, {}),
     "probe": (engine.probe, {"report": str}),
     "restore": (engine.restore, {"number": int}),
+    "backups": (engine.list_backups, {}),
 }
 INSTALL = ("stage", "verify", "relocate", "prove", "swap")
 

@@ -27,6 +27,7 @@ RENAME_EXCHANGE = 2
 FICLONE = 0x40049409
 SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
 FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
+INFO = ".rb-install.json"                      # what an install is: when, from what, its checks
 
 
 def _renameat2(src: str, dst: str, flags: int) -> bool:
@@ -122,6 +123,88 @@ def failed_mark(path: str) -> Optional[str]:
     return got[0].decode("utf-8", "replace").strip() if got is not None else None
 
 
+def failed_path(dest: str) -> str:
+    """Where the one install whose checks failed is kept apart: `DEST.rb-failed` (never a backup:
+    never counted toward keep_backups, never restored without being named, replaced by the next
+    failure)."""
+    return os.path.abspath(dest) + ".rb-failed"
+
+
+def read_info(path: str) -> dict:
+    """The install's own record (INFO, written by the engine: `installed` (UTC, ISO 8601),
+    `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
+    failed: ...), `put_back_after`); {} when it has none or it is not one."""
+    got = safefs.read_in(path, INFO, limit=64 << 10)
+    try:
+        doc = json.loads(got[0]) if got is not None else {}
+    except ValueError:
+        doc = {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_info(path: str, **fields: object) -> dict:
+    """Merge `fields` into the install's record (a None value removes the key)."""
+    doc = read_info(path)
+    doc.update(fields)
+    doc = {k: v for k, v in doc.items() if v is not None}
+    safefs.write_in(path, INFO, json.dumps(doc, sort_keys=True).encode() + b"\n", 0o644)
+    return doc
+
+
+def set_checks(path: str, passed: bool, why: str = "") -> None:
+    """Record the checks' verdict on the install at `path`: passed (the failure mark removed), or
+    failed (marked: FAILED_MARK says why)."""
+    write_info(path, checks="passed" if passed else "failed: " + why)
+    if passed:
+        dir_fd = safefs.open_dir(path)
+        try:
+            os.unlink(FAILED_MARK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dir_fd)
+    else:
+        safefs.write_in(path, FAILED_MARK, why.encode("utf-8") + b"\n", 0o644)
+
+
+def _keep_failed(path: str, dest: str) -> str:
+    """Move the install at `path` (its checks failed) to `failed_path(dest)`, replacing the one
+    kept there before. Returns where it is."""
+    target = failed_path(dest)
+    if os.path.abspath(path) == target:
+        return target                    # exchanged with the failed one: already there
+    if os.path.lexists(target):
+        remove(target)
+    os.rename(path, target)
+    _sync_parent(os.path.dirname(target))
+    return target
+
+
+def _size(path: str) -> int:
+    total = 0
+    for _rel, st in manifest.walk(path, ordered=False):
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
+
+
+def list_installs(dest: str) -> List[dict]:
+    """What `--list-backups` shows: each backup of `dest` (oldest first), the failed install kept
+    apart, and the one in place, each with `path`, `number` (None: not a backup), `kind`
+    (backup, failed, in place), its record (read_info), `failed` (failed_mark) and `size`."""
+    rows = [(n, p, "backup") for n, p in backup_dirs(dest)]
+    if _is_real_dir(failed_path(dest)):
+        rows.append((None, failed_path(dest), "failed"))
+    if _is_real_dir(dest):
+        rows.append((None, os.path.abspath(dest), "in place"))
+    out = []
+    for number, path, kind in rows:
+        info = read_info(path)
+        out.append({"number": number, "path": path, "kind": kind, "info": info,
+                    "failed": failed_mark(path), "size": _size(path)})
+    return out
+
+
 # -- the journal of a swap that is more than one rename ---------------------------------------
 
 
@@ -181,7 +264,7 @@ def _read_journal(dest: str) -> Optional[dict]:
     finally:
         os.close(fd)
     base = re.escape(os.path.basename(os.path.abspath(dest)))
-    names = re.compile(rf"^(?:{base}\.rb-backup\.[0-9]+|\.{base}\.rb-(?:old|restore))$")
+    names = re.compile(rf"^(?:{base}\.rb-backup\.[0-9]+|{base}\.rb-failed|\.{base}\.rb-(?:old|restore))$")
     try:
         doc = json.loads(raw)
         ok = (doc.get("v") == 1 and doc.get("op") in ("swap", "restore")
@@ -307,10 +390,12 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
         return _after_swap(result, dest, keep_backups)
     if policy == "refuse":
         raise FileExistsError(f"{dest} exists and on_existing is refuse")
-    old_at = _next_backup(dest) if policy == "backup" else os.path.join(
-        parent, "." + os.path.basename(os.path.abspath(dest)) + ".rb-old")
-    if policy != "backup" and os.path.lexists(old_at):
-        remove(old_at)                        # debris of an earlier replace (its journal is gone)
+    # an install whose checks failed (on_failed_checks: keep) is kept apart, never as a backup
+    was_failed = policy == "backup" and failed_mark(dest) is not None
+    old_at = (failed_path(dest) if was_failed else _next_backup(dest)) if policy == "backup" \
+        else os.path.join(parent, "." + os.path.basename(os.path.abspath(dest)) + ".rb-old")
+    if (policy != "backup" or was_failed) and os.path.lexists(old_at):
+        remove(old_at)       # debris of an earlier replace (its journal is gone), an older failure
     journal = {"v": 1, "op": "swap", "policy": policy, "old": os.path.basename(old_at),
                "staging": os.path.basename(os.path.abspath(staging)), "ino": _ino(dest)}
     # the journal before the exchange too: its previous install sits at the staging's name until
@@ -334,6 +419,7 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
     result["atomic"] = exchanged
     if policy == "backup":
         result["previous"] = old_at
+        result["previous_failed"] = was_failed
     else:
         shutil.rmtree(old_at)
         result["previous"] = "removed"
@@ -358,18 +444,18 @@ def remove(path: str) -> None:
 
 
 def prune_backups(dest: str, keep: int) -> List[str]:
-    """Remove all but `keep` backups of `dest` (transfer.keep_backups, at least 1: the newest is
-    what a rollback puts back). Backups whose install passed are kept before those marked as
-    failed its checks, newest first; a link named like a backup is neither counted nor removed.
-    Returns the paths removed."""
+    """Remove all but the `keep` newest good backups of `dest` (transfer.keep_backups, at least 1:
+    the newest is what a rollback puts back). A backup marked as failed its checks (left by an
+    interrupted rollback, or an older kit) is neither counted nor removed, so it never evicts a
+    good one; nor is a link named like a backup. Returns the paths removed. The engine calls it
+    only once the new install passed its checks."""
     if keep < 1:
         raise ValueError("keep_backups must be at least 1: the newest backup is what a rollback "
                          "puts back")
     recover_swap(dest)
-    found = backup_dirs(dest)
-    ranked = sorted(found, key=lambda nb: (failed_mark(nb[1]) is None, nb[0]))
+    good = [(n, p) for n, p in backup_dirs(dest) if failed_mark(p) is None]
     removed = []
-    for _n, path in sorted(ranked[:-keep]):
+    for _n, path in good[:-keep]:
         shutil.rmtree(path)
         removed.append(path)
     return removed
@@ -447,7 +533,7 @@ def describe_install(path: str) -> dict:
     """What an install is, for a restore's report: where, the source it was made from, whether
     it was rolled back for failed checks, and a stat check of it against its own manifest (a file
     changed since it was installed, e.g. written in place, is named)."""
-    out: dict = {"path": path, "failed": failed_mark(path)}
+    out: dict = {"path": path, "failed": failed_mark(path), "info": read_info(path)}
     got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
     if got is None:
         out.update(source_fingerprint=None,
@@ -466,42 +552,57 @@ def describe_install(path: str) -> dict:
 
 
 def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
-            failed: Optional[str] = None, swap_atomic: str = "allow") -> dict:
-    """Put backup N (default: the newest whose checks did not fail) back at `dest`; the current
-    one becomes a backup under that number.
+            failed: Optional[str] = None, swap_atomic: str = "allow",
+            from_failed: bool = False) -> dict:
+    """Put backup N (default: the newest whose checks did not fail) back at `dest`.
 
-    An interrupted swap is finished or undone first; when that already put the previous install
-    back, nothing more moves. With `failed` (a rollback: the checks of the current install
-    failed), the install moved aside is marked, so that a later restore without a number does
-    not bring it back unchecked. With `env_file`, the restored install's own env file
-    (`DEST/.rb-env.sh`, see exports.write) is put back there. The result says what is at `dest`
-    now (`installed`: its source, a stat check, whether it failed its checks) for the runbook to
-    check again."""
+    What was in place goes apart as `DEST.rb-failed` when its checks failed (`failed` given: a
+    rollback, which marks it; or marked by an earlier probe), else it becomes the newest backup
+    (a new number, never the name of the one restored). An interrupted swap is finished or undone
+    first; when that already put the previous install back, nothing more moves. With `env_file`,
+    the restored install's own env file (`DEST/.rb-env.sh`, see exports.write) is put back there.
+    The result says which backup was chosen and why (`why`, `skipped`), where the replaced install
+    is (`kept_current_as`), and what is at `dest` now (`installed`: its record, a stat check).
+    `from_failed` (a rollback whose swap moved an install that had failed its checks apart): that
+    install, at `DEST.rb-failed`, is what goes back; the one replacing it there is `failed`."""
     if swap_atomic not in SWAP_ATOMIC:
         raise ValueError(f"swap_atomic must be one of {SWAP_ATOMIC}, not {swap_atomic!r}")
     recovered = recover_swap(dest)
     _refuse_link(dest, "destination")
     result: dict = {"recovered": recovered, "atomic": True}
     if recovered and recovered["action"] == "undone":
-        result.update(restored=None, kept_current_as=None)
+        result.update(restored=None, kept_current_as=None, why=recovered["detail"], skipped=[])
     else:
-        result.update(_restore_backup(dest, number, failed, swap_atomic))
+        result.update(_restore_backup(dest, number, failed, swap_atomic, from_failed))
     result["env_file"] = exports.restore_env(dest, env_file) if env_file else None
     result["installed"] = describe_install(dest)
     return result
 
 
 def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
-                    swap_atomic: str) -> dict:
+                    swap_atomic: str, from_failed: bool = False) -> dict:
     found = dict(backup_dirs(dest))
     foreign = foreign_backups(dest)
+    if from_failed:
+        if not _is_real_dir(failed_path(dest)):
+            raise FileNotFoundError(f"{failed_path(dest)} is not there to put back")
+        return _exchange(dest, failed_path(dest), failed, swap_atomic, {
+            "restored": failed_path(dest), "skipped": [], "ignored": foreign,
+            "why": "the install this run replaced (its checks had failed before)"})
     if number is not None and number not in found:
         why = _not_ours(f"{dest}.rb-backup.{number}")
         if why:
             raise PermissionError(f"refusing to restore backup {number}: {why}")
+    apart = failed_path(dest)
+    apart_note = (f"; the install whose checks failed is kept apart at {apart} and is never "
+                  "restored by --restore: move it back by hand if you mean to"
+                  if _is_real_dir(apart) else "")
     if not found:
-        raise FileNotFoundError(f"no {dest}.rb-backup.N to restore"
+        raise FileNotFoundError(f"no backup of {dest} to restore (no {dest}.rb-backup.N)"
+                                + apart_note
                                 + (f" ({'; '.join(foreign)})" if foreign else ""))
+    skipped = [f"{found[n]} ({failed_mark(found[n])})" for n in sorted(found)
+               if failed_mark(found[n]) is not None and n != number]
     if number is None:
         usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
         if not usable:
@@ -509,12 +610,30 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
                 f"every backup of {dest} failed its checks ({', '.join(found[n] for n in sorted(found))});"
                 " name one to put it back anyway: --restore N")
         number = usable[-1]
+        checks = read_info(found[number]).get("checks")
+        why = ("the newest backup whose checks passed" if checks == "passed" else
+               "the newest backup not marked as failed its checks (its checks: %s)"
+               % (checks or "not recorded"))
+    elif number in found:
+        why = "named on the command line (--restore %d)" % number
+        if failed_mark(found[number]) is not None:
+            why += "; its checks had failed: %s" % failed_mark(found[number])
     if number not in found:
-        raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist")
-    source = found[number]
+        raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist (backups: "
+                                f"{', '.join(str(n) for n in sorted(found))})")
+    return _exchange(dest, found[number], failed, swap_atomic,
+                     {"restored": found[number], "why": why, "skipped": skipped,
+                      "ignored": foreign})
+
+
+def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str,
+              done: dict) -> dict:
+    """The install at `source` (a backup, or the failed one) to `dest`; what was there to a new
+    backup number, or apart as DEST.rb-failed when its checks failed."""
     if not os.path.lexists(dest):
         os.rename(source, dest)
-        return {"restored": source, "kept_current_as": None, "ignored": foreign}
+        return dict(done, kept_current_as=None)
+    current_failed = failed or failed_mark(dest)
     atomic = _renameat2(source, dest, RENAME_EXCHANGE)
     if not atomic:
         if swap_atomic == "require":
@@ -533,7 +652,15 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
         os.rename(aside, source)
         _sync_parent(parent)
         _drop_journal(dest)
-    if failed:
-        safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
-    # what was installed is now kept under the backup's number
-    return {"restored": source, "kept_current_as": source, "atomic": atomic, "ignored": foreign}
+    else:
+        _sync_parent(os.path.dirname(os.path.abspath(dest)))
+    # what was in place: apart when its checks failed, else the newest backup (a new number)
+    if current_failed:
+        if failed:
+            safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
+        kept = _keep_failed(source, dest)
+    else:
+        kept = _next_backup(dest)
+        os.rename(source, kept)
+        _sync_parent(os.path.dirname(kept))
+    return dict(done, kept_current_as=kept, kept_failed=bool(current_failed), atomic=atomic)

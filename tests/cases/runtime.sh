@@ -1347,6 +1347,44 @@ rb::engine_stop() {
 }
 
 #######################################
+# --list-backups: each backup of the destination, the failed install kept apart and the one in
+# place (when, from which runbook and spec, the source's fingerprint, its checks, its size), read
+# by the destination's engine under its lock.
+#######################################
+rb::list_backups() {
+  RB_STEP=backups
+  rb::kit_ship "${RB_DST_HOST}"
+  rb::engine_start
+  rb::engine backups
+  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::log "to put one back: bash ${RB_SELF} --restore N (without N: the newest backup whose" \
+    "checks passed); the checks run on what it puts back"
+  rb::engine_stop
+  RB_FINISHED=1
+}
+
+#######################################
+# After --restore: the spec's checks on the install put back, as the probe step runs them; its
+# report is fetched into the run directory. A failure fails the restore, naming what to do.
+#######################################
+rb::restore_checks() {
+  local report="${RB_RUN_DIR}/probe-${RB_DST_HOST}.json"
+  if [[ -z "${RB_PROBE_CONFIG:-}" ]]; then
+    rb::log "the spec has no checks: nothing was run on the restored install"
+    return 0
+  fi
+  rb::engine_call probe
+  if [[ -n "${RB_J[report]:-}" ]] && rb::on_host "${RB_DST_HOST}" test -f "${RB_J[report]}"; then
+    rb::on_host "${RB_DST_HOST}" cat "${RB_J[report]}" >"${report}"
+  fi
+  if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
+    rb::fail "the restored install failed its checks on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL}" \
+      "(table above; report ${report}); see what else there is: bash ${RB_SELF} --list-backups"
+  fi
+  rb::log "checks on the restored install: ${RB_ENGINE_DETAIL} on ${RB_DST_HOST} (report ${report})"
+}
+
+#######################################
 # End the destination's engine (its last events go into the log), write the JSON report and
 # print the summary. Argument: the outcome this shell saw; the report's is the worse of it and
 # what the steps' events say.
@@ -1388,6 +1426,9 @@ rb::finish() {
   if [[ "${outcome}" == interrupted ]]; then
     rb::log "interrupted: re-run with --from ${from:-${RB_STEPS[0]}} to go on (relocate, prove" \
       "and swap install only a staging this run verified: they go on from verify)"
+  elif ((RB_ROLLED_BACK)); then
+    # --from probe would check the install put back, not this spec's
+    rb::log "${outcome}: rolled back (above); after fixing it, run every step again: bash ${RB_SELF}"
   elif [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${from:-${RB_STEPS[0]}}" \
       "after fixing it (relocate, prove and swap install only a staging this run verified: they" \
@@ -1400,7 +1441,7 @@ rb::finish() {
 #######################################
 rb::usage() {
   cat <<USAGE
-Usage: bash ${0##*/} [options]
+Usage: bash ${RB_SELF} [options]
 Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
 
   --list          list the steps with one-line descriptions
@@ -1408,7 +1449,9 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --only STEP     run one step (with the preflight it needs)
   --from STEP     run from STEP to the end (with the preflight it needs)
   --report PATH   write the JSON report to PATH (default: runs/${RB_NAME}/report.json)
-  --restore [N]   put backup N (default: the newest) of the destination back in place
+  --restore [N]   put backup N (default: the newest whose checks passed) of the destination
+                  back in place, then run the checks on it
+  --list-backups  the destination's backups: when, from which spec and source, checks, size
   --force         move a source whose static checks failed (kernels without code for the
                   target, references that leave the venv); the log and the report say so
   --allow-edited  run this runbook although it was edited, or its spec changed, since compile

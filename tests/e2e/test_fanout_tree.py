@@ -227,7 +227,7 @@ def test_a_node_whose_checks_fail_is_rolled_back_the_others_keep_the_new_install
     assert set(fan["odd"]) == {"node05"} and not fan["missing"]
     assert set(fan["rolled_back"]) == {"node05"}
     kept = fan["rolled_back"]["node05"]["kept_current_as"]
-    assert kept == f"{DEST}.rb-backup.1"
+    assert kept == f"{DEST}.rb-failed"          # apart, never a backup (issue 34)
     assert on_node(cluster, "node05", f"{DEST}/rb_version.txt") == "1"     # the old one again
     assert on_node(cluster, "node05", f"{kept}/rb_version.txt") == "2"     # the failed one, kept
     for n in cluster.names:

@@ -128,8 +128,9 @@ def test_a_failing_check_after_the_swap_rolls_back_to_the_backup(clean_lab, payl
     assert "in step probe on host dst" in r.stderr
     assert "rolled back" in r.stderr
     assert (dst / "old-install").read_text() == "the previous venv\n"
-    kept = tmp_path / "d" / "venv.rb-backup.1"
+    kept = tmp_path / "d" / "venv.rb-failed"             # apart, never a backup (issue 34)
     assert (kept / "bin" / "payload-hello").exists(), "the install that failed is kept for a look"
+    assert not (tmp_path / "d" / "venv.rb-backup.1").exists()
 
 
 def test_keep_policy_leaves_the_new_install(clean_lab, payload_small, tmp_path):

@@ -279,7 +279,8 @@ def test_a_failed_step_fails_the_run_once_and_puts_back_what_was_there(payload_s
     # a failure past the swap puts back what was there; the failed install is kept beside it
     assert (dst / "old-install").read_text() == "the working install\n"
     assert "rolled back" in r.stderr
-    assert (tmp_path / "d" / "venv.rb-backup.1" / "bin" / "payload-hello").exists()
+    assert (tmp_path / "d" / "venv.rb-failed" / "bin" / "payload-hello").exists()
+    assert "rolled back: step exports failed; failed install kept at" in r.stderr
 
 
 def test_only_swap_after_a_failed_verify_is_refused(payload_small, tmp_path):

@@ -171,6 +171,8 @@ RB_LOCAL_KIT=''
 RB_RUN_LOCK=''
 # the runbook's directory: what later runs go on from (rb::run_dirs)
 RB_STATE_DIR=''
+# the probe rolled the install back: a re-run runs every step (rb::finish says so)
+RB_ROLLED_BACK=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -813,7 +815,7 @@ step_swap() {
   # was there when the proof fails
   rb::engine swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
-    rb::log "to put the previous destination back: bash ${0##*/} --restore"
+    rb::log "to put the previous destination back: bash ${RB_SELF} --restore"
   fi
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
@@ -887,8 +889,9 @@ rb::cleanup() {
 }
 
 #######################################
-# --restore [N]: put backup N (default: the newest) back at the destination; the current install
-# becomes a backup in its place.
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
 #######################################
 rb::restore() {
   local number=$1
@@ -902,6 +905,7 @@ rb::restore() {
   rb::engine_start
   rb::engine restore "${args[@]}"
   rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
   rb::engine_stop
   RB_FINISHED=1
 }
@@ -910,7 +914,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore=
+  local only='' from='' id run=0 restore='' list_backups=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -928,6 +932,7 @@ main() {
           shift
         fi
         ;;
+      --list-backups) list_backups=1 ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -950,6 +955,10 @@ main() {
   trap 'rb::on_signal HUP' HUP
   trap rb::cleanup EXIT
   rb::init
+  if ((list_backups)); then
+    rb::list_backups
+    return 0
+  fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
