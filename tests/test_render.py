@@ -107,7 +107,8 @@ def test_the_relays_pipe_between_its_two_ssh_clients_is_widened(tmp_path):
 
     runtime = tmp_path / "runtime.sh"
     runtime.write_text(kit.runtime_text())
-    head = f"source {runtime}; RB_LOCAL_PY={sys.executable}; "
+    # what the runbook's state sets before the runtime runs (rbrules.launch's flags)
+    head = f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_PY_FLAGS=(-I -S -B); "
     size = subprocess.run(
         ["bash", "-c", head + f"rb::wide_pipe | {sys.executable} -c "
          "'import fcntl; print(fcntl.fcntl(0, 1032))'"],      # F_GETPIPE_SZ
