@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 9ec636f4cae3be0fda9a984779ba2e003139c57f93cc3d5b9703a22881d5e96e
+# sha256 of this file with these 64 digits zeroed: dc6bd732eb1bf84c0e3a58d5041cdc540c13516e6042edabc7b9748b86e85545
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d
+readonly RB_KIT_FILE=.kit/22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 151d8100a16fc996c58ef00696b7b932b02468c4b8e48fedacaec887ef5245da
+# sha256 of this file with these 64 digits zeroed: 5a41356a39380dd720340b6592bd37d5cfc952915a995834aa4de0b67bfc221b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d
+readonly RB_KIT_FILE=.kit/22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

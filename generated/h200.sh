@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 784dce3c887fdf59c7aaef90616b0294c61c92ff672df4749580cad8a7e938dc
+# sha256 of this file with these 64 digits zeroed: e5aa33cbc1c1d9332ae228ac76b5889a6edd108187f06aabba65c19b8b50b739
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d
+readonly RB_KIT_FILE=.kit/22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -145,7 +145,8 @@ def table(doc: dict) -> str:
     for r in rows:
         out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
     c = doc["checks"]
-    out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
+    if doc.get("probes") or any(c.values()):     # no line for checks that never ran
+        out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
     gpu = doc.get("gpu")
     if gpu and not gpu["proven"]:
         out.append("GPU NOT PROVEN: the spec declares gpu:, but "

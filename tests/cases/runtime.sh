@@ -100,7 +100,8 @@ rb::log() {
 }
 
 #######################################
-# Fail the current step with a message (the ERR trap reports it).
+# Fail the current step with a message, said here once (the ERR trap then adds only the hint,
+# the event and the report's row).
 #######################################
 rb::fail() {
   RB_LAST_CMD="$*"
@@ -108,7 +109,7 @@ rb::fail() {
     # the third line marks a failure in words: the failure block shows it as the cause
     printf '%s\n%s\nfail\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   fi
-  rb::log "ERROR: $*"
+  rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: $*"
   return 1
 }
 
@@ -830,9 +831,8 @@ rb::on_err() {
   fi
   what=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
   if [[ "${said:-}" == fail ]]; then
-    RB_CAUSE=${what}   # rb::fail said it in words (logged above as ERROR)
+    RB_CAUSE=${RB_LAST_CMD}   # rb::fail said it in words, logged above as FAILED
     RB_HINT=''
-    rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
   else
     rb::cause "${rc}"
     rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
@@ -944,7 +944,8 @@ rb::port_of() {
 
 #######################################
 # Read one answer of the engine from stdin, lines of `set KEY VALUE` (into RB_J), `event JSON`
-# (into the event log, under the current step), `ping` (ignored) and last `done STATUS DETAIL`
+# (into the event log, under the current step), `log TEXT` (a traceback: into run.log only, never
+# the terminal), `ping` (ignored) and last `done STATUS DETAIL`
 # (into RB_ENGINE_STATUS and RB_ENGINE_DETAIL). $1: at most this many seconds between two lines
 # (the engine pings every 5 s while it works). Returns 1 when the answer ends before `done`.
 #######################################
@@ -961,6 +962,11 @@ rb::engine_read() {
     case "${kind}" in
       set) RB_J[${a}]=${b} ;;
       event) rb::event engine "${RB_STEP:-main}" "${a}" ;;
+      log)
+        if [[ -n "${RB_RUN_DIR:-}" && -f "${RB_RUN_DIR}/run.log" ]]; then
+          printf '%s\n' "${a}${b:+ ${b}}" >>"${RB_RUN_DIR}/run.log"
+        fi
+        ;;
       done)
         RB_ENGINE_STATUS=${a}
         RB_ENGINE_DETAIL=${b}
