@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 5a41356a39380dd720340b6592bd37d5cfc952915a995834aa4de0b67bfc221b
+# sha256 of this file with these 64 digits zeroed: d1a0f28aa412eb30b6ab97e3f9a567a83a6ca7e09d0a6bcd97e059f477ef982e
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d
-readonly RB_KIT_FILE=.kit/22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d.tar
+readonly RB_KIT_SHA256=d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75
+readonly RB_KIT_FILE=.kit/d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -192,6 +192,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 1c29cfef46df9bfff4e285b0468f3a9668abf39ea34e52e083f9661bddac15c5
+# sha256 of this file with these 64 digits zeroed: 3ee6f92b86fb3712b84cc45e83031da2a6f940e6e4b40bb7445a03b9317d04e6
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d
-readonly RB_KIT_FILE=.kit/22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d.tar
+readonly RB_KIT_SHA256=d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75
+readonly RB_KIT_FILE=.kit/d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -181,6 +181,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

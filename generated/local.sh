@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f9c51b9c69cd7a75af284af279dfc3e539ffe75ec672592371d99f8f99da28e5
+# sha256 of this file with these 64 digits zeroed: 93f22e24b249693dddf0d7b748fec728d5d54bc9d5ee84cd794fede0ec7e5f4c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d
-readonly RB_KIT_FILE=.kit/22b0d6b2b5b4b0a38fcd31b75683f61a0eab379da62d5afe59e88bbdf7d7ae1d.tar
+readonly RB_KIT_SHA256=d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75
+readonly RB_KIT_FILE=.kit/d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -189,6 +189,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

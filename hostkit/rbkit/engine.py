@@ -1125,8 +1125,11 @@ def verify(ctx: Context) -> Result:
     _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
                        "delta": bool(linked)})
     if result["streamed"]:
-        detail = "%d entries match, %d files by the stream's digests, %d hashed (%s)" % (
-            result["checked"], result["streamed"], result["hashed"], result["algo"])
+        # the files whose digests the stream's receiving end computed are not read again
+        detail = "%d entries match, %d files checked by the stream's %s" % (
+            result["checked"], result["streamed"], result["algo"])
+        if result["hashed"]:
+            detail += ", %d hashed again" % result["hashed"]
     else:
         detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
                                                               result["algo"])
@@ -1378,8 +1381,9 @@ def exports(ctx: Context) -> Result:
         raise StepError("library dirs do not exist in the venv: %s"
                         % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
     kitexports.write(ctx.env_out, text, venv=ctx.dest)
-    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out,
-                                                   ":".join(summary["library_dirs"]) or "-"))
+    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out, (
+        "the venv's %s first" % ":".join(summary["library_dirs"]) if summary["library_dirs"]
+        else "unchanged (the venv has no library directory to put first)")))
     return Result(ctx.env_out, {"file": ctx.env_out,
                                 "library_dirs": len(summary["library_dirs"])})
 
@@ -1435,8 +1439,12 @@ def probe(ctx: Context, report: str = "") -> Result:
     summary: dict = {}
     try:
         with open(report, encoding="utf-8") as f:
-            summary = json.load(f).get("summary", {})
-    except (OSError, ValueError):
+            doc = json.load(f)
+        summary = doc.get("summary", {})
+        # the checked packages' own warnings (rbprobes keeps them): the run's log only
+        for warned in doc.get("warnings") or []:
+            ctx.trace("a warning while the checks ran (from the checked packages): %s" % warned)
+    except (OSError, ValueError, AttributeError):
         pass
     facts = {"report": report, "pass": summary.get("pass", 0), "skip": summary.get("skip", 0),
              "fail": summary.get("fail", 0)}
