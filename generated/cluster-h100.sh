@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: e2da4810aa48c54c03b5597b1474c5257ae494b15dddaccb9a8fee00f92d4d83
+# sha256 of this file with these 64 digits zeroed: ca0b2afeb46992639f2c9b6e65d9e881552ad00e61fe59257c830f36f9292a08
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75
-readonly RB_KIT_FILE=.kit/d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75.tar
+readonly RB_KIT_SHA256=96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77
+readonly RB_KIT_FILE=.kit/96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

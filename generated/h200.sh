@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: f6b1f81c3a33b0f54afc47f768a0f015b5062c3bb7aca3c458c18a642ab15ac9
+# sha256 of this file with these 64 digits zeroed: f798f13b719014bdba2a1ba179d2f53921889fb2a9ca4f8f4fd34eb3c3e544f3
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75
-readonly RB_KIT_FILE=.kit/d4fba46c7581a5d14a8c8c256a338a87e87619c7a20c1a6eddf50a8e7e403a75.tar
+readonly RB_KIT_SHA256=96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77
+readonly RB_KIT_FILE=.kit/96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

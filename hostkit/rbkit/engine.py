@@ -268,11 +268,13 @@ _ERRNO_WHY = {
 }
 
 
-def os_error_words(exc: OSError, doing: str = "write") -> str:
+def os_error_words(exc: OSError, doing: str = "") -> str:
     """An OSError in words: who cannot do what where, why (the errno's meaning), e.g.
     `root cannot write /x/.venv.rb-lock: read-only file system (EROFS: the file system that
     holds it is mounted read-only)`; never the exception's own text."""
     who = user_name()
+    # what was tried, where the caller does not say: only these errnos tell it was a write
+    doing = doing or ("write" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "use")
     where = exc.filename if exc.filename is not None else "a file"
     if exc.filename2 is not None:
         where = "%s to %s" % (where, exc.filename2)
