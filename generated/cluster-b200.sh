@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: d4b4a0835ab14a73a843d5c39929cc806fd71380d1e51f799d9fbe843de3d109
+# sha256 of this file with these 64 digits zeroed: 40f6217c69b11f2d10f422f250d1864ed91b852b1969dc4b07983b4488b7239f
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77
-readonly RB_KIT_FILE=.kit/96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77.tar
+readonly RB_KIT_SHA256=deb3a0ceaa6696d67634091926c9b83e79588ef96633732ef6f36414fb63bb11
+readonly RB_KIT_FILE=.kit/deb3a0ceaa6696d67634091926c9b83e79588ef96633732ef6f36414fb63bb11.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: ca0b2afeb46992639f2c9b6e65d9e881552ad00e61fe59257c830f36f9292a08
+# sha256 of this file with these 64 digits zeroed: b9fbec3ee752fd7c32073704856b580d7b258df1188be418d98356c99a706149
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77
-readonly RB_KIT_FILE=.kit/96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77.tar
+readonly RB_KIT_SHA256=deb3a0ceaa6696d67634091926c9b83e79588ef96633732ef6f36414fb63bb11
+readonly RB_KIT_FILE=.kit/deb3a0ceaa6696d67634091926c9b83e79588ef96633732ef6f36414fb63bb11.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

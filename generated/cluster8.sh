@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 81af996e78f2c54c2d2b29ef2f966ac4fcf15730dd630344b7b642fc6c87b52a
+# sha256 of this file with these 64 digits zeroed: ccef40795fc51cd5437cbd861c80d16f56eedf35a09f1c4cc73fb64f9c544b95
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77
-readonly RB_KIT_FILE=.kit/96f4ee89c507c167414556a707f6bc237a02248377be3fab58f0cb7eef614d77.tar
+readonly RB_KIT_SHA256=deb3a0ceaa6696d67634091926c9b83e79588ef96633732ef6f36414fb63bb11
+readonly RB_KIT_FILE=.kit/deb3a0ceaa6696d67634091926c9b83e79588ef96633732ef6f36414fb63bb11.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -871,3 +871,10 @@ def test_a_system_error_in_a_step_is_said_in_words_and_its_traceback_goes_to_the
     assert "Errno" not in event["detail"] and "PermissionError" not in event["detail"]
     assert not logged and len(traced) == 1 and "Traceback (most recent call last)" in traced[0]
     assert "PermissionError: [Errno 1]" in traced[0]
+
+
+def test_an_oserror_the_kit_raised_with_its_own_words_keeps_them():
+    exc = PermissionError("refusing to restore backup 7: it is owned by nobody, not by root")
+    assert engine.os_error_words(exc) == str(exc)
+    exc = OSError(40, "the staging /x is a symlink to /y: refusing to follow it")
+    assert engine.os_error_words(exc) == exc.strerror

@@ -272,6 +272,10 @@ def os_error_words(exc: OSError, doing: str = "") -> str:
     """An OSError in words: who cannot do what where, why (the errno's meaning), e.g.
     `root cannot write /x/.venv.rb-lock: read-only file system (EROFS: the file system that
     holds it is mounted read-only)`; never the exception's own text."""
+    if exc.errno is None and exc.args:
+        return str(exc)          # raised by the kit with its own words (no errno): as it is
+    if exc.filename is None and exc.strerror:
+        return exc.strerror      # the kit's words with an errno (swapfs), or the system's alone
     who = user_name()
     # what was tried, where the caller does not say: only these errnos tell it was a write
     doing = doing or ("write" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "use")
