@@ -98,9 +98,22 @@ def _translate(source: Source, err: dict[str, Any]) -> Problem:
         return source.problem(loc, _quote_hint(source.written(loc) or str(given), given))
     if kind == "list_type" and isinstance(given, str):
         return source.problem(loc, _list_hint(loc, given))
+    if kind in ("int_parsing", "int_type", "int_from_float", "float_parsing", "float_type"):
+        whole = "a whole number" if kind.startswith("int") else "a number"
+        return source.problem(loc, f"must be {whole}; got {_as_written(source, loc, given)}")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = _clean(err["msg"]).replace("input should be ", "must be ", 1)
+        return source.problem(loc, f"{bound}; got {_as_written(source, loc, given)}")
     if kind in ("dict_type", "model_type", "model_attributes_type") and err.get("input") is None:
         return source.problem(loc, "must not be empty: give a mapping of keys to values")
     return source.problem(loc, _clean(err["msg"]))
+
+
+def _as_written(source: Source, loc: tuple, given: Any) -> str:
+    """The value quoted back as the spec wrote it (`'2222x'`, `70000`, `1.50`)."""
+    if isinstance(given, str):
+        return repr(given)
+    return source.written(loc) or str(given)
 
 
 def _quote_hint(written: str, given: Any) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 220ed643ad8cda6889cebe6662da6e132f3a0e49923df18d037e3b35a4718d84
+# sha256 of this file with these 64 digits zeroed: aad55c121d17674acd91f08611da925340b7c8fe595fc14a2ea4740ae2772c99
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53
-readonly RB_KIT_FILE=.kit/ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53.tar
+readonly RB_KIT_SHA256=d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8
+readonly RB_KIT_FILE=.kit/d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -197,6 +197,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 50758f7c28d418fa460492fa1cdd17649a95b0c08af129f9a26ecd318b3fa96c
+# sha256 of this file with these 64 digits zeroed: b2489eb7d0ec75938dd7a5425451035e249e31935832e5aa33fb2c35b942c35e
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53
-readonly RB_KIT_FILE=.kit/ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53.tar
+readonly RB_KIT_SHA256=d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8
+readonly RB_KIT_FILE=.kit/d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -198,6 +198,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

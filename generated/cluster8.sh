@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 1ead7fc0590aab670dff4f8ce55cf0cda8b714b9171dfe270c6126e658acf920
+# sha256 of this file with these 64 digits zeroed: aca3ee37d077316f3f7762a18d5e78a58326a105878a5dda9934e6e3ed0b5458
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53
-readonly RB_KIT_FILE=.kit/ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53.tar
+readonly RB_KIT_SHA256=d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8
+readonly RB_KIT_FILE=.kit/d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -187,6 +187,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

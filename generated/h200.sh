@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 48d5d4aada1c2668f479784177c465fc6c59326fbe7a6b015620468a77bfa264
+# sha256 of this file with these 64 digits zeroed: cb9d9a8650174779d4ccdcf4e5866ea9cd717acd9355035611b09aa35f44245b
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53
-readonly RB_KIT_FILE=.kit/ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53.tar
+readonly RB_KIT_SHA256=d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8
+readonly RB_KIT_FILE=.kit/d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -196,6 +196,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 1af170b2d3a6d30f87173a1e36009b515c65766e97568d92a0e556bb7d58a18a
+# sha256 of this file with these 64 digits zeroed: 6e932bb0e7475ce5ab72563b178cc444d3d8189e3afa76616c76fb2e79115932
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53
-readonly RB_KIT_FILE=.kit/ac2e5a1c1a295f22a3503694851a17f38e4f8821ea84ee54685ea225959c4e53.tar
+readonly RB_KIT_SHA256=d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8
+readonly RB_KIT_FILE=.kit/d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -195,6 +195,9 @@ declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
+# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
+declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
+RB_KH_FILE='' RB_KH_NAME=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

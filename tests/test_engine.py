@@ -437,7 +437,8 @@ def test_verify_takes_each_files_digest_from_the_stream_and_reads_none(tmp_path,
     event = engine.run(ctx, "verify", engine.verify)
     assert event["status"] == "ok", event
     assert event["facts"]["streamed"] == 5 and event["facts"]["hashed"] == 0
-    assert "5 files by the stream's digests, 0 hashed" in event["detail"]
+    assert "5 files checked by the stream's sha256" in event["detail"]
+    assert "hashed again" not in event["detail"]
 
 
 def test_a_byte_flipped_between_the_ends_fails_verify_by_the_streams_digest(tmp_path):
@@ -846,3 +847,34 @@ def test_the_post_swap_proof_follows_a_trampoline_to_the_interpreter_beside_it(t
     _script(real / "bin" / "tool", "#!/bin/sh\n'''exec' " + relocate.BESIDE.decode()
             + "python\" \"$0\" \"$@\"\n' '''\nimport sys\n")
     assert engine.prove_scripts(str(dest), ["bin/tool"]) == (["bin/tool"], [])
+
+
+def test_a_system_error_in_a_step_is_said_in_words_and_its_traceback_goes_to_the_log(tmp_path):
+    """Issue 36: no exception text is a step's detail: who cannot do what where, the errno's
+    name and meaning; the traceback goes to ctx.trace (the runbook's run.log only)."""
+    import errno as errno_
+
+    traced: list = []
+    logged: list = []
+    ctx = engine.Context(str(tmp_path / "venv"), log=logged.append, trace=traced.append)
+
+    def step(c):
+        raise PermissionError(errno_.EPERM, "Operation not permitted", str(tmp_path / "x"))
+
+    event = engine.run(ctx, "stage", step)
+    who = engine.user_name()
+    assert event["status"] == "failed"
+    assert event["detail"] == (
+        f"{who} cannot use {tmp_path / 'x'}: operation not permitted (EPERM: the system does not "
+        f"permit it to {who}: an immutable or append-only attribute (lsattr -d), or a capability "
+        f"{who} lacks)")
+    assert "Errno" not in event["detail"] and "PermissionError" not in event["detail"]
+    assert not logged and len(traced) == 1 and "Traceback (most recent call last)" in traced[0]
+    assert "PermissionError: [Errno 1]" in traced[0]
+
+
+def test_an_oserror_the_kit_raised_with_its_own_words_keeps_them():
+    exc = PermissionError("refusing to restore backup 7: it is owned by nobody, not by root")
+    assert engine.os_error_words(exc) == str(exc)
+    exc = OSError(40, "the staging /x is a symlink to /y: refusing to follow it")
+    assert engine.os_error_words(exc) == exc.strerror

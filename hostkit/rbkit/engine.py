@@ -27,9 +27,11 @@ stdlib only; Python >= 3.9.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -37,6 +39,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import launch, paths
@@ -106,6 +109,7 @@ class Context:
                  swap_atomic: str = "allow", shared_parent: str = "refuse", algo: str = "",
                  emit: Optional[Callable[[dict], None]] = None,
                  log: Optional[Callable[[str], None]] = None,
+                 trace: Optional[Callable[[str], None]] = None,
                  progress: Optional[Tuple[float, Callable[[int], None]]] = None,
                  part: Optional[Tuple[int, int]] = None) -> None:
         self.dest = os.path.abspath(dest)
@@ -127,6 +131,8 @@ class Context:
         self.algo = algo
         self.emit = emit or (lambda event: None)
         self.log = log or (lambda line: None)
+        # where a failure's traceback goes: the run's log file only, never the terminal
+        self.trace = trace or self.log
         # (every so many seconds, where to) the bytes of the stream receive's tar has read so far
         self.progress = progress
         # receive: which stream of how many this one is (rbkit send --part I/N), None: the one
@@ -201,7 +207,8 @@ def _load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dic
 
 def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: Any) -> dict:
     """Run one step, time it, emit its event (also kept in ctx.events); never raises for the
-    step's own failure."""
+    step's own failure. An exception's text is never the detail: it is said in words
+    (os_error_words), its traceback goes to ctx.trace (the run's log)."""
     start = time.monotonic()
     error: List[str] = []
     try:
@@ -210,10 +217,19 @@ def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: An
     except StepError as exc:
         status, detail, facts, error = "failed", str(exc), exc.facts, exc.lines
         facts = dict(facts, rc=exc.rc)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        status, detail, facts = "failed", "%s: %s" % (type(exc).__name__, exc), {"rc": 1}
+        if exc.__cause__ is not None:
+            _trace(ctx, step, exc)
+    except OSError as exc:
+        status, detail, facts = "failed", os_error_words(exc), {"rc": 1}
+        _trace(ctx, step, exc)
+    except (ValueError, subprocess.SubprocessError) as exc:
+        status, detail, facts = "failed", "%s on %s: %s" % (step, ctx.dest, exc), {"rc": 1}
+        _trace(ctx, step, exc)
     except Exception as exc:             # a bug of the kit: the step fails, the run reports it
-        status, detail, facts = "failed", "engine error %s: %s" % (type(exc).__name__, exc), {"rc": 1}
+        status, detail, facts = "failed", (
+            "the engine's %s step stopped on an error of its own (a bug of the kit: the "
+            "traceback is in the run's log)" % step), {"rc": 1}
+        _trace(ctx, step, exc)
     event = {"step": step, "status": status, "detail": detail, "facts": facts,
              "duration_s": round(time.monotonic() - start, 3)}
     if status == "failed":
@@ -221,6 +237,56 @@ def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: An
     ctx.events.append(event)
     ctx.emit(event)
     return event
+
+
+def _trace(ctx: Context, step: str, exc: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    ctx.trace("the engine's %s step failed on %s; traceback:\n%s" % (step, ctx.dest, text))
+
+
+def user_name() -> str:
+    """Who this process acts as: the effective user's name (uid N when it has none)."""
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "uid %d" % uid
+
+
+# what each errno means for who tried, where the system's own words say too little
+_ERRNO_WHY = {
+    errno.EROFS: "the file system that holds it is mounted read-only",
+    errno.EPERM: "the system does not permit it to %s: an immutable or append-only attribute "
+                 "(lsattr -d), or a capability %s lacks",
+    errno.EACCES: "the permissions of the directory (or of one above it) do not let %s write",
+    errno.ENOSPC: "the file system is full",
+    errno.EDQUOT: "%s's disk quota is used up",
+    errno.ENOENT: "it, or a directory above it, does not exist",
+    errno.ENOTDIR: "a path above it is not a directory",
+}
+
+
+def os_error_words(exc: OSError, doing: str = "") -> str:
+    """An OSError in words: who cannot do what where, why (the errno's meaning), e.g.
+    `root cannot write /x/.venv.rb-lock: read-only file system (EROFS: the file system that
+    holds it is mounted read-only)`; never the exception's own text."""
+    if exc.errno is None and exc.args:
+        return str(exc)          # raised by the kit with its own words (no errno): as it is
+    if exc.filename is None and exc.strerror:
+        return exc.strerror      # the kit's words with an errno (swapfs), or the system's alone
+    who = user_name()
+    # what was tried, where the caller does not say: only these errnos tell it was a write
+    doing = doing or ("write" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "use")
+    where = exc.filename if exc.filename is not None else "a file"
+    if exc.filename2 is not None:
+        where = "%s to %s" % (where, exc.filename2)
+    said = (exc.strerror or "").strip() or "error %s" % exc.errno
+    said = said[:1].lower() + said[1:]
+    name = errno.errorcode.get(exc.errno or -1, "")
+    why = _ERRNO_WHY.get(exc.errno or -1, "")
+    why = why.replace("%s", who)
+    paren = ": ".join(x for x in (name, why) if x)
+    return "%s cannot %s %s: %s%s" % (who, doing, where, said, " (%s)" % paren if paren else "")
 
 
 def skipped(ctx: Context, step: str, why: str) -> dict:
@@ -396,6 +462,13 @@ def take_lock(ctx: Context, lock: Any) -> Result:
         lock.acquire()
     except Taken as exc:
         raise StepError(str(exc)) from None
+    except OSError as exc:
+        parent, who = os.path.dirname(ctx.dest), user_name()
+        raise StepError(
+            "%s. The run keeps its lock and its staging beside the destination %s, in %s, so %s "
+            "must be able to create files there: make %s writable for %s, or set transfer.to to "
+            "a destination whose parent directory %s can write"
+            % (os_error_words(exc, "create"), ctx.dest, parent, who, parent, who, who)) from exc
     ctx.locked = True
     facts: dict = {"state": ctx.state, "lock": lock.path, "staging": ctx.staging,
                    "pid": os.getpid()}
@@ -1056,8 +1129,11 @@ def verify(ctx: Context) -> Result:
     _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
                        "delta": bool(linked)})
     if result["streamed"]:
-        detail = "%d entries match, %d files by the stream's digests, %d hashed (%s)" % (
-            result["checked"], result["streamed"], result["hashed"], result["algo"])
+        # the files whose digests the stream's receiving end computed are not read again
+        detail = "%d entries match, %d files checked by the stream's %s" % (
+            result["checked"], result["streamed"], result["algo"])
+        if result["hashed"]:
+            detail += ", %d hashed again" % result["hashed"]
     else:
         detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
                                                               result["algo"])
@@ -1336,8 +1412,9 @@ def exports(ctx: Context) -> Result:
         raise StepError("library dirs do not exist in the venv: %s"
                         % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
     kitexports.write(ctx.env_out, text, venv=ctx.dest)
-    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out,
-                                                   ":".join(summary["library_dirs"]) or "-"))
+    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out, (
+        "the venv's %s first" % ":".join(summary["library_dirs"]) if summary["library_dirs"]
+        else "unchanged (the venv has no library directory to put first)")))
     if not ctx.probe_config and ctx.swapped is not None:
         hostfs.write_info(ctx.dest, checks="none")
         prune_after_checks(ctx)
@@ -1408,6 +1485,9 @@ def probe(ctx: Context, report: str = "") -> Result:
         summary = doc.get("summary", {})
         names = [str((c.get("values") or {}).get("name") or c.get("id"))
                  for c in doc.get("checks", []) if c.get("status") == "fail"]
+        # the checked packages' own warnings (rbprobes keeps them): the run's log only
+        for warned in doc.get("warnings") or []:
+            ctx.trace("a warning while the checks ran (from the checked packages): %s" % warned)
     except (OSError, ValueError, AttributeError):
         pass
     facts = {"report": report, "pass": summary.get("pass", 0), "skip": summary.get("skip", 0),

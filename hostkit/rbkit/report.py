@@ -137,6 +137,13 @@ def _size(n) -> str:
     return str(n)
 
 
+def _rate(mb_s) -> str:
+    """A transfer's rate: `<1 MB/s` for a small or fast one whose figure rounds to 0."""
+    if not isinstance(mb_s, (int, float)):
+        return f"{mb_s} MB/s"
+    return f"{mb_s:g} MB/s" if mb_s >= 1 else "<1 MB/s"
+
+
 def table(doc: dict) -> str:
     rows = [("step", "host", "status", "time", "detail")]
     for s in doc["steps"]:
@@ -144,14 +151,15 @@ def table(doc: dict) -> str:
         detail = s["detail"]
         if "bytes" in f:
             detail = f"{_size(f['bytes'])} in {f.get('files', '?')} files" + (
-                f", {f['mb_s']} MB/s" if "mb_s" in f else "") + (f"; {detail}" if detail else "")
+                f", {_rate(f['mb_s'])}" if "mb_s" in f else "") + (f"; {detail}" if detail else "")
         rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = []
     for r in rows:
         out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
     c = doc["checks"]
-    out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
+    if doc.get("probes") or any(c.values()):     # no line for checks that never ran
+        out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
     gpu = doc.get("gpu")
     if gpu and not gpu["proven"]:
         out.append("GPU NOT PROVEN: the spec declares gpu:, but "

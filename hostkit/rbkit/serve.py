@@ -20,6 +20,8 @@ Every command but send and staging answers in lines a runbook reads without a pa
     event<TAB>{JSON}           the step's event (engine.py: step, status, detail, facts, duration_s)
     done<TAB>STATUS<TAB>DETAIL the end of the answer: ok, skipped or failed, and why
     ping                       (serve only) the engine is alive; ignored
+    log<TAB>TEXT               a line for the run's log file only, never the terminal (a failed
+                               step's traceback)
     progress<TAB>BYTES         (receive --progress S only) how much of the tar stream tar has read,
                                every S seconds and once at its end
 
@@ -81,6 +83,11 @@ class Answer:
                 self.line("set", key, "" if value is None else value)
         self.line("event", json.dumps(event, sort_keys=True, separators=(",", ":")))
         self.events.append(event)
+
+    def trace(self, text: str) -> None:
+        """Lines for the run's log file only (a failure's traceback): `log` lines."""
+        for part in text.splitlines():
+            self.line("log", part)
 
     def done(self) -> int:
         """End the answer to one request: failed when one of its events failed."""
@@ -186,7 +193,7 @@ def serve(a: argparse.Namespace) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     answer = Answer(out)
-    ctx = context(a, emit=answer.event, log=_log)
+    ctx = context(a, emit=answer.event, log=_log, trace=answer.trace)
     ctx.state = engine.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
     stop = {"asked": False}
@@ -245,7 +252,7 @@ def serve(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     """Steps in order, in this process, under the lock; stops at the first failure."""
     answer = Answer(sys.stdout)
-    ctx = context(a, emit=answer.event, log=_log)
+    ctx = context(a, emit=answer.event, log=_log, trace=answer.trace)
     ctx.state = engine.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
     try:
@@ -269,7 +276,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_receive(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
-                         emit=answer.event, special_modes=a.special_modes, algo=a.algo,
+                         emit=answer.event, trace=answer.trace,
+                         special_modes=a.special_modes, algo=a.algo,
                          jobs=a.jobs, progress=(a.progress, lambda n: answer.line("progress", n))
                          if a.progress > 0 else None, part=a.part)
     event = engine.run(ctx, "receive", engine.receive)
@@ -281,7 +289,7 @@ def cmd_receive(a: argparse.Namespace) -> int:
 
 def cmd_scan(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
-    ctx = engine.Context(a.root, emit=answer.event, log=_log)
+    ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
     def scan(c: engine.Context) -> engine.Result:
         try:
             detail, facts = stream.scan_source(a.root, a.exclude, a.names, a.special_modes,
@@ -301,7 +309,7 @@ def cmd_source(a: argparse.Namespace) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     answer = Answer(out)
-    ctx = engine.Context(a.root, emit=answer.event, log=_log)
+    ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
     facts: Dict[str, Any] = {}
     # with cores to spare, the static checks run beside the scan: from the start when no earlier
     # pass can let them be skipped (--checks-beside auto), else as soon as the runbook's line says
@@ -365,7 +373,8 @@ def cmd_hash(a: argparse.Namespace) -> int:
             "files": t["files"], "links": t["links"], "bytes": t["bytes"], "fingerprint": fp,
             "reused": m["reused"]})
 
-    engine.run(engine.Context(a.root, emit=answer.event, log=_log), "hash", build)
+    engine.run(engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace), "hash",
+               build)
     return answer.done()
 
 
@@ -379,7 +388,8 @@ def cmd_delta(a: argparse.Namespace) -> int:
         d["usable"] = int(d["usable"])
         return engine.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
 
-    engine.run(engine.Context(a.manifest, emit=answer.event, log=_log), "delta", delta)
+    engine.run(engine.Context(a.manifest, emit=answer.event, log=_log, trace=answer.trace),
+               "delta", delta)
     return answer.done()
 
 

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
 from rbrules import launch
@@ -154,8 +155,9 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
     else:
         lines = err.splitlines() if rc != 0 else []
     for line in lines:
-        sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+        # a long fact (outside: N reference(s) leave ...) wrapped, each line the engine's prefix
+        ctx.log(textwrap.fill(line, width=96, subsequent_indent="  ", break_long_words=False,
+                              break_on_hyphens=False) if len(line) > 96 else line)
     if rc == 0 or (rc == 1 and not failed):
         said = "passed"
     elif rc == 1:

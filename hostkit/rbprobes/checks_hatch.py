@@ -102,6 +102,29 @@ def resolve_names(names: List[str], env: Dict[str, str], venv_bin: str
     return out
 
 
+def _cannot_exec(item: Dict[str, Any]) -> str:
+    """Why the venv's file `item` (resolve_names) cannot be executed: the interpreter its #!
+    line names is missing or not executable here; "" when it can (or is not a script)."""
+    path = item.get("realpath") or item.get("path") or ""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return ""
+    if not first.startswith(b"#!"):
+        return ""
+    words = first[2:].decode("utf-8", "replace").split()
+    if not words:
+        return "%s cannot be executed: its #! line names no interpreter" % item["path"]
+    interp = words[0]
+    if os.path.isfile(interp) and os.access(interp, os.X_OK):
+        return ""
+    return ("the venv's %s cannot be executed: its #! line names the interpreter %s, which %s "
+            "here (re-run the relocate step, or reinstall the package that made it)" % (
+                item["path"], interp, "is not executable" if os.path.exists(interp)
+                else "does not exist"))
+
+
 def command_check(params: Dict[str, Any], ctx: Context):
     """Run params.run with /bin/sh -c, the venv's bin/ first in PATH; pass when it exits with
     params.expect_exit (0). Reports the file each command name resolved to, and fails when a
@@ -134,6 +157,12 @@ def command_check(params: Dict[str, Any], ctx: Context):
     if elsewhere:
         return failed("%s: %s resolved outside the venv's bin/; %s" % (
             label, "; ".join(elsewhere), outcome.reason), outcome.values)
+    # a venv script whose interpreter is missing: /bin/sh (dash) goes on down PATH when the exec
+    # fails, and runs a program of the same name elsewhere, which the outcome would be taken for
+    broken = [why for why in (_cannot_exec(r) for r in resolved if r.get("from_venv")) if why]
+    if broken:
+        return failed("%s: %s; the shell ran what it found further down PATH, or nothing (%s)" % (
+            label, "; ".join(broken), outcome.reason), outcome.values)
     if outcome.status == "pass" and values.get("executed"):
         return passed("%s (ran %s)" % (outcome.reason, values["executed"]), outcome.values)
     return outcome

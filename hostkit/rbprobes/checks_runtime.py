@@ -233,8 +233,9 @@ def imports_check(params: Dict[str, Any], ctx: Context):
     values = {"modules": results}
     if missing:
         return failed("cannot import %s" % short_list(missing), values)
-    return passed(", ".join("%s %s" % (r["module"], r["version"] or "?") for r in results),
-                  values)
+    return passed(", ".join("%s %s" % (r["module"], r["version"]) if r["version"] else
+                            "%s (no version: neither __version__ nor package metadata)"
+                            % r["module"] for r in results), values)
 
 
 def _expected_dirs(params: Dict[str, Any], ctx: Context, venv: str) -> List[str]:

@@ -204,12 +204,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     proc.apply_safe_env()
     args = build_parser().parse_args(argv)
     if args.command == "run":
+        warned = _keep_warnings()
         try:
             config = _load_config(args.config_json)
             doc, _stopped = runner.run_config(config)
         except runner.ConfigError as exc:
             sys.stderr.write("error: %s\n" % exc)
             return EXIT_USAGE
+        if warned:
+            doc["warnings"] = warned
         report.write(args.report, doc)
         sys.stderr.write(report.table(doc["checks"]) + "\n" + report.summary_line(doc) + "\n")
         code = EXIT_FAIL if doc["summary"].get("fail") else EXIT_OK
@@ -226,6 +229,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     if entry["values"].get("timed_out"):
         _hard_exit(code)
     return code
+
+
+def _keep_warnings() -> List[str]:
+    """Python warnings the checked packages raise while they are imported and used (torch's
+    `Failed to initialize NumPy`) are kept for the report (and the runbook's log), not printed
+    among the checks' lines: they are the package's, not a verdict."""
+    import warnings
+
+    kept: List[str] = []
+
+    def keep(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+             line: Optional[str] = None) -> None:
+        kept.append(warnings.formatwarning(message, category, filename, lineno, line).strip())
+
+    warnings.showwarning = keep
+    return kept
 
 
 def _preflight(args: argparse.Namespace) -> int:

@@ -100,7 +100,8 @@ rb::log() {
 }
 
 #######################################
-# Fail the current step with a message (the ERR trap reports it).
+# Fail the current step with a message, said here once (the ERR trap then adds only the hint,
+# the event and the report's row).
 #######################################
 rb::fail() {
   RB_LAST_CMD="$*"
@@ -108,7 +109,7 @@ rb::fail() {
     # the third line marks a failure in words: the failure block shows it as the cause
     printf '%s\n%s\nfail\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   fi
-  rb::log "ERROR: $*"
+  rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: $*"
   return 1
 }
 
@@ -231,6 +232,31 @@ rb::kit() {
 }
 
 #######################################
+# The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
+# itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
+# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias).
+#######################################
+rb::known_hosts_of() {
+  local key value name='' port=22 alias='' conf
+  RB_KH_FILE=${HOME}/.ssh/known_hosts
+  "rb::host_$1"
+  conf=$(ssh "${RB_HOST_SSH[@]}" -G -- "${RB_HOST_TARGET}" 2>/dev/null) || true
+  while read -r key value; do
+    case "${key}" in
+      hostname) name=${value} ;;
+      port) port=${value} ;;
+      hostkeyalias) alias=${value} ;;
+      userknownhostsfile) RB_KH_FILE=${value%% *} ;;
+    esac
+  done <<<"${conf}"
+  RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
+  RB_KH_NAME=${alias:-${name:-${RB_HOST_TARGET#*@}}}
+  if [[ -z "${alias}" && "${port}" != 22 ]]; then
+    RB_KH_NAME="[${RB_KH_NAME}]:${port}"
+  fi
+}
+
+#######################################
 # Before HOST is reached over ssh: each known_hosts file its options name (UserKnownHostsFile,
 # GlobalKnownHostsFile; compile refused /dev, /proc, /sys and a user file /dev/null however
 # spelled) is a regular file here. With host_keys: accept-new the first user file may be missing
@@ -301,6 +327,51 @@ rb::known_hosts_ready() {
 }
 
 #######################################
+# Before the first connection: the hosts of HOSTS... with host_keys: accept-new whose key their
+# known_hosts file does not hold yet (RB_KH_NEW); rb::known_hosts_after logs what ssh took.
+#######################################
+rb::known_hosts_before() {
+  local host
+  RB_KH_NEW=()
+  for host in "$@"; do
+    "rb::host_${host}"
+    if [[ -n "${RB_HOST_TARGET}" && " ${RB_HOST_SSH[*]} " == *" StrictHostKeyChecking=accept-new "* ]]; then
+      rb::known_hosts_of "${host}"
+      if ! ssh-keygen -F "${RB_KH_NAME}" -f "${RB_KH_FILE}" >/dev/null 2>&1; then
+        RB_KH_NEW+=("${host}")
+      fi
+    fi
+  done
+}
+
+rb::known_hosts_after() {
+  local host fp
+  for host in "${RB_KH_NEW[@]}"; do
+    rb::known_hosts_of "${host}"
+    fp=$(ssh-keygen -lF "${RB_KH_NAME}" -f "${RB_KH_FILE}" 2>/dev/null | grep -v '^#' | head -n 1) || true
+    if [[ -n "${fp}" ]]; then
+      rb::log "${host}: its host key was accepted on first contact (hosts.${host}.host_keys:" \
+        "accept-new) and recorded in ${RB_KH_FILE}: ${fp}"
+    fi
+  done
+  RB_KH_NEW=()
+}
+
+#######################################
+# Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of).
+#######################################
+rb::host_key_hint() {
+  local port
+  "rb::host_$1"
+  port=$(rb::port_of -p) || true
+  rb::known_hosts_of "$1"
+  RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
+  RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then add it to"
+  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ${RB_KH_FILE}),"
+  RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
+}
+
+#######################################
 # Prepare HOSTS... for the run, all at once (one background job each), one command and one reply
 # per host: tar and python3 >= 3.9 are there, which compressors it has (RB_HOST_COMP), and the
 # kit: this machine uses the run directory's copy; an ssh host gets a private directory made for
@@ -316,12 +387,15 @@ rb::hosts_prepare() {
   for host in "$@"; do
     rb::known_hosts_ready "${host}"
   done
+  RB_PREPARE_HOSTS=("$@")
+  rb::known_hosts_before "$@"
   for host in "$@"; do
     if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
       continue
     fi
-    # RB_WORK empty: a job does not record itself as the command that ran last (the jobs race)
-    RB_WORK='' rb::host_prepare "${host}" "${tar}" >"${out}-${host}" &
+    # RB_WORK empty: a job does not record itself as the command that ran last (the jobs race);
+    # what ssh says goes to a file, shown once below with the host's name before it
+    RB_WORK='' rb::host_prepare "${host}" "${tar}" >"${out}-${host}" 2>"${out}-${host}.err" &
     pids[${host}]=$!
     RB_BG_PIDS+=("$!")
   done
@@ -335,7 +409,9 @@ rb::hosts_prepare() {
       IFS=$'\t' read -r RB_PY["${host}"] RB_KIT_DIR["${host}"] RB_HOST_COMP["${host}"] \
         RB_HOST_BOOT["${host}"] <"${out}-${host}" || true
     fi
+    rb::said_on "${host}" "${out}-${host}.err" "${rcs[${host}]:-0}"
   done
+  rb::known_hosts_after
   for host in "$@"; do
     if [[ -z "${rcs[${host}]:-}" ]]; then
       continue
@@ -834,9 +910,8 @@ rb::on_err() {
   fi
   what=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
   if [[ "${said:-}" == fail ]]; then
-    RB_CAUSE=${what}   # rb::fail said it in words (logged above as ERROR)
+    RB_CAUSE=${RB_LAST_CMD}   # rb::fail said it in words, logged above as FAILED
     RB_HINT=''
-    rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
   else
     rb::cause "${rc}"
     rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
@@ -1017,12 +1092,31 @@ rb::short() {
 }
 
 #######################################
+# Log $2 (what HOST $1's preparation printed: ssh's words) once, each line after the host's
+# name; the file is kept for rb::cause when it failed ($3 not 0).
+#######################################
+rb::said_on() {
+  local line
+  [[ -f "$2" ]] || return 0
+  while IFS= read -r line || [[ -n "${line}" ]]; do
+    line=${line%$'\r'}
+    if [[ -n "${line}" ]]; then
+      rb::log "$1: ${line}"
+    fi
+  done <"$2"
+  if (($3 == 0)); then
+    rm -f -- "$2"
+  fi
+}
+
+#######################################
 # Set RB_CAUSE (what failed, in words) and RB_HINT (what to do, or empty) for exit status $1 of
-# the last host command. ssh's own failures (status 255) are asked again in a few seconds, to
-# say why: refused, unreachable, unknown name, or a host key this machine does not trust.
+# the last host command. ssh's own failures (status 255): its words from preflight's preparation
+# (shown above, once), else asked again in a few seconds, say why: refused, unreachable, a name
+# that does not resolve, or a host key this machine does not trust (every such host named).
 #######################################
 rb::cause() {
-  local rc=$1 why port host=${RB_HOST:-}
+  local rc=$1 why port host=${RB_HOST:-} name said h words=''
   RB_HINT=''
   RB_CAUSE="exit status ${rc}"
   if ((rc == 127)); then
@@ -1035,27 +1129,50 @@ rb::cause() {
     return 0
   fi
   "rb::host_${host}"
-  why=$(timeout 20 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -o ControlPath=none \
-    -o ConnectTimeout=8 -- "${RB_HOST_TARGET}" true 2>&1 >/dev/null | tr -d '\r' | grep -v '^Warning' |
-    tail -n 1) || true
+  said=${RB_WORK}/prepare-${host}.err
+  if [[ -s "${said}" ]]; then
+    why=$(tr -d '\r' <"${said}" | grep -v '^Warning' | tail -n 1) || true
+  else
+    why=$(timeout 20 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -o ControlPath=none \
+      -o ConnectTimeout=8 -- "${RB_HOST_TARGET}" true 2>&1 >/dev/null | tr -d '\r' | grep -v '^Warning' |
+      tail -n 1) || true
+    said=''
+  fi
   port=$(rb::port_of) || true
-  RB_CAUSE="cannot reach ${host} (${RB_HOST_TARGET}${port}): ${why:-ssh exited 255}"
+  name=${RB_HOST_TARGET#*@}
   case "${why}" in
     *"Host key verification failed"* | *"No "*"host key is known"* | *"HOST IDENTIFICATION HAS CHANGED"*)
-      port=$(rb::port_of -p) || true
-      RB_HINT="this machine does not trust ${host}'s host key. Check its fingerprint with the host's"
-      RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then"
-      RB_HINT+=" add it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ~/.ssh/known_hosts), or"
-      RB_HINT+=" set hosts.${host}.host_keys: accept-new in the spec for a first contact"
+      words="this machine does not trust its host key"
+      rb::host_key_hint "${host}"
+      for h in "${RB_PREPARE_HOSTS[@]}"; do
+        if [[ "${h}" != "${host}" ]] && grep -qE 'verification failed|host key is known|HAS CHANGED' \
+          "${RB_WORK}/prepare-${h}.err" 2>/dev/null; then
+          words+="; nor ${h}'s"
+          RB_HINT+=". The same for ${h}: "
+          rb::host_key_hint "${h}"
+        fi
+      done
+      ;;
+    *"Could not resolve"* | *"Name or service"* | *"name resolution"*)
+      words="the name ${name} does not resolve on this machine (no DNS or /etc/hosts entry)"
+      RB_HINT="check the host name in hosts.${host}.ssh in the spec (a typo?), or make ${name} resolve here"
       ;;
     *"Permission denied"*)
+      words="it did not accept this runbook's key for ${RB_HOST_TARGET%@*}"
       RB_HINT="the key this runbook uses is not accepted there: check hosts.${host}.ssh (user)"
       RB_HINT+=" and identity_file"
       ;;
-    *"Connection refused"* | *"timed out"* | *"No route"* | *"Could not resolve"* | *"Name or service"*)
-      RB_HINT="check that ${RB_HOST_TARGET#*@} is up and its sshd listens there (hosts.${host} in the spec)"
+    *"Connection refused"* | *"timed out"* | *"No route"*)
+      words="no ssh server answered there (${why##*: })"
+      words=${words,,}
+      RB_HINT="check that ${name} is up and its sshd listens there (hosts.${host}.ssh and port in the spec)"
       ;;
   esac
+  # ssh's own words: shown above once with the host's name, else here
+  RB_CAUSE="cannot reach ${host} (${RB_HOST_TARGET}${port}): ${words:-${why:-ssh exited 255}}"
+  if [[ -n "${words}" && -z "${said}" && -n "${why}" ]]; then
+    RB_CAUSE+=" (${why})"
+  fi
 }
 
 #######################################
@@ -1077,7 +1194,8 @@ rb::port_of() {
 
 #######################################
 # Read one answer of the engine from stdin, lines of `set KEY VALUE` (into RB_J), `event JSON`
-# (into the event log, under the current step), `ping` (ignored) and last `done STATUS DETAIL`
+# (into the event log, under the current step), `log TEXT` (a traceback: into run.log only, never
+# the terminal), `ping` (ignored) and last `done STATUS DETAIL`
 # (into RB_ENGINE_STATUS and RB_ENGINE_DETAIL). $1: at most this many seconds between two lines
 # (the engine pings every 5 s while it works). Returns 1 when the answer ends before `done`.
 #######################################
@@ -1094,6 +1212,11 @@ rb::engine_read() {
     case "${kind}" in
       set) RB_J[${a}]=${b} ;;
       event) rb::event engine "${RB_STEP:-main}" "${a}" ;;
+      log)
+        if [[ -n "${RB_RUN_DIR:-}" && -f "${RB_RUN_DIR}/run.log" ]]; then
+          printf '%s\n' "${a}${b:+ ${b}}" >>"${RB_RUN_DIR}/run.log"
+        fi
+        ;;
       done)
         RB_ENGINE_STATUS=${a}
         RB_ENGINE_DETAIL=${b}
@@ -1204,7 +1327,7 @@ rb::source_finish() {
 # there: they are said, not refused.
 #######################################
 rb::preflight_audit() {
-  local rc=${RB_J[audit_rc]:-2} failed=${RB_J[audit_failed]:-} what=${RB_J[audit_what]:-}
+  local rc=${RB_J[audit_rc]:-2} failed=${RB_J[audit_failed]:-}
   if [[ "${RB_J[audit_skipped]:-0}" == 1 ]]; then
     rb::log "static checks on the source: skipped, it is the tree the destination's install" \
       "recorded (same stat fingerprint: path, type, mode, size, link, mtime of every entry)"
@@ -1213,7 +1336,7 @@ rb::preflight_audit() {
   if ((rc == 0)) || { ((rc == 1)) && [[ -z "${failed}" ]]; }; then
     printf '%s %s\n' "${RB_SRC_STAT}" "${RB_AUDIT_KEY}" >"${RB_STATE_DIR}/audit-passed"
     if ((rc == 0)); then
-      rb::log "static checks on the source: passed (${what}${RB_AUDIT_ARCH:+, kernels for ${RB_AUDIT_ARCH}})"
+      rb::log "static checks on the source: passed (${RB_AUDIT_ARCH:+every kernel has code for ${RB_AUDIT_ARCH}, and }nothing in it names a path outside the venv)"
     else
       rb::log "static checks on the source: passed; its links that leave the tree are kept" \
         "(transfer.outside_links: keep)"

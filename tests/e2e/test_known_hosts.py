@@ -46,7 +46,7 @@ def test_a_known_hosts_file_ssh_cannot_use_is_refused_before_ssh_runs(
     script = build(tmp_path, with_known_hosts(lab, payload_small.venv, dst, str(kh), host_keys))
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0, r.stderr[-3000:]
-    line = next((x for x in r.stderr.splitlines() if "UserKnownHostsFile" in x and "ERROR" in x), "")
+    line = next((x for x in r.stderr.splitlines() if "UserKnownHostsFile" in x and "FAILED" in x), "")
     said = said.replace("TMP", str(tmp_path))
     assert f"hosts.dst: UserKnownHostsFile {kh} " in line and said in line, r.stderr[-3000:]
     assert "FAILED in step preflight on host dst: hosts.dst: UserKnownHostsFile" in r.stderr

@@ -45,6 +45,23 @@ def test_exit_codes(args, code):
                                "duration_s"}
 
 
+def test_a_checked_packages_warning_goes_to_the_report_not_the_table(tmp_path):
+    """torch's `UserWarning: Failed to initialize NumPy` on import: the package's word, kept in
+    the report (the runbook logs it to run.log only), never among the checks' lines."""
+    (tmp_path / "warns_on_import_qq.py").write_text(
+        "import warnings\nwarnings.warn('Failed to initialize NumPy (planted)', UserWarning)\n")
+    config = dict(CONFIG, checks=[{"id": "mods", "type": "imports",
+                                   "params": {"modules": ["warns_on_import_qq"]},
+                                   "allow_skip": False}])
+    report = tmp_path / "r.json"
+    done = run_cli("run", "--config-json", json.dumps(config), "--report", str(report),
+                   env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert "Failed to initialize NumPy" not in done.stderr + done.stdout
+    (warned,) = json.loads(report.read_text())["warnings"]
+    assert "UserWarning: Failed to initialize NumPy (planted)" in warned
+
+
 def test_run_writes_the_report_and_the_table(tmp_path):
     path = tmp_path / "out" / "report.json"
     done = run_cli("run", "--config-json", json.dumps(CONFIG), "--report", str(path))

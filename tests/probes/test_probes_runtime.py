@@ -35,6 +35,16 @@ def test_imports_report_version_and_file():
     assert versions["torch"] == torch.__version__ and versions["pytest"]
 
 
+def test_a_module_without_a_version_is_said_so_not_a_question_mark(tmp_path, monkeypatch):
+    (tmp_path / "rb_no_version_xyz.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = check("imports", {"modules": ["json", "rb_no_version_xyz"]})
+    assert result["status"] == "pass", result["reason"]
+    assert result["reason"].endswith(
+        "rb_no_version_xyz (no version: neither __version__ nor package metadata)"), result["reason"]
+    assert "?" not in result["reason"]
+
+
 def test_module_raising_anything_is_a_failure_not_a_crash(tmp_path, monkeypatch):
     (tmp_path / "exits_on_import.py").write_text("raise SystemExit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))

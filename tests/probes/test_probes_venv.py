@@ -168,6 +168,27 @@ def test_command_fails_when_a_venv_name_resolves_elsewhere(venv):
     assert "resolved outside the venv's bin/" in result["reason"] and "uname" in result["reason"]
 
 
+@pytest.mark.skipif(not os.path.realpath("/bin/sh").endswith("dash"),
+                    reason="needs dash as /bin/sh (it goes on down PATH when an exec fails)")
+def test_command_fails_when_the_venvs_script_names_a_missing_interpreter(venv, tmp_path,
+                                                                           monkeypatch):
+    """bin/tool's #! names an interpreter that is not there; dash then runs the tool of the same
+    name further down PATH, which exits 0: the check must not pass saying it ran the venv's."""
+    (venv / "bin" / "tool").write_text("#!%s/gone/bin/python\nprint('venv tool')\n" % tmp_path)
+    (venv / "bin" / "tool").chmod(0o755)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "tool").write_text("#!/bin/sh\necho other tool\n")
+    (other / "tool").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (other, os.environ["PATH"]))
+    result = run_check({"type": "command", "params": {"run": "tool --help"}},
+                       Context(venv=str(venv)))
+    assert result["status"] == "fail", result["reason"]
+    assert ("the venv's %s cannot be executed: its #! line names the interpreter %s/gone/bin/python,"
+            " which does not exist here" % (venv / "bin" / "tool", tmp_path)) in result["reason"]
+    assert "ran %s" % (venv / "bin" / "tool") not in result["reason"]
+
+
 # outside
 
 def site(venv):
