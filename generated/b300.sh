@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 9ec636f4cae3be0fda9a984779ba2e003139c57f93cc3d5b9703a22881d5e96e
+# sha256 of this file with these 64 digits zeroed: 3098bbb2e60e788738d6651f01431e659515db485c5f77c7328803681896328a
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a
+readonly RB_KIT_FILE=.kit/c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -666,6 +666,7 @@ rb::send_names() {
 step_transfer() {
   local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
+  RB_RELAY_CODES=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
@@ -712,16 +713,18 @@ step_transfer() {
       -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
-      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
-        "${PIPESTATUS[@]}"
+    # through this machine: one pair of ssh clients a stream, side by side (rb::relay_streams);
+    # a stream that failed is named by the answer, read below
+    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" || true
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+  fi
+  if ((${#RB_RELAY_CODES[@]} > 0)); then
+    rb::pipe_failed "stream" "relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here" \
+      "${RB_RELAY_CODES[@]}"
   fi
   streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then

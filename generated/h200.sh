@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 784dce3c887fdf59c7aaef90616b0294c61c92ff672df4749580cad8a7e938dc
+# sha256 of this file with these 64 digits zeroed: ae30854d01963568b2074c7f3d7cf1e215fa41fbe05efc9418a29288fe9bbb65
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a
+readonly RB_KIT_FILE=.kit/c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -655,6 +655,7 @@ rb::send_names() {
 step_transfer() {
   local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
+  RB_RELAY_CODES=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
@@ -701,16 +702,18 @@ step_transfer() {
       -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
-      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
-        "${PIPESTATUS[@]}"
+    # through this machine: one pair of ssh clients a stream, side by side (rb::relay_streams);
+    # a stream that failed is named by the answer, read below
+    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" || true
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+  fi
+  if ((${#RB_RELAY_CODES[@]} > 0)); then
+    rb::pipe_failed "stream" "relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here" \
+      "${RB_RELAY_CODES[@]}"
   fi
   streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then

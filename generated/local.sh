@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: eb84bd7eacf16966d5fe58139f3e6063dddf1740679613e109c7dfb0c54e6069
+# sha256 of this file with these 64 digits zeroed: fef53f35551a7a31ef23b41ecdcddc289c73c36a961b65e822bee4d7902b69b7
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab
-readonly RB_KIT_FILE=.kit/5a7add144d7c3ad43f9aa86d5b6463fcbdfe2c09e7a8e78eec0245847db164ab.tar
+readonly RB_KIT_SHA256=c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a
+readonly RB_KIT_FILE=.kit/c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -654,6 +654,7 @@ rb::send_names() {
 step_transfer() {
   local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
+  RB_RELAY_CODES=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
@@ -700,16 +701,18 @@ step_transfer() {
       -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
-      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
-        "${PIPESTATUS[@]}"
+    # through this machine: one pair of ssh clients a stream, side by side (rb::relay_streams);
+    # a stream that failed is named by the answer, read below
+    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" || true
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+  fi
+  if ((${#RB_RELAY_CODES[@]} > 0)); then
+    rb::pipe_failed "stream" "relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here" \
+      "${RB_RELAY_CODES[@]}"
   fi
   streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
