@@ -47,6 +47,11 @@ def fresh_ssh(words: List[str]) -> List[str]:
     return words[:1] + FRESH + words[1:] if words else []
 
 
+def shq(word: str) -> str:
+    """A word quoted for the far side's shell as rb::shq quotes it: always in single quotes."""
+    return "'%s'" % word.replace("'", "'\\''")
+
+
 def read_line(fd: int, limit: int = 256) -> str:
     """One line from fd, a byte at a time: nothing past it is taken (the stream follows)."""
     got = b""
@@ -81,7 +86,7 @@ class End:
         words = self.words + extra
         if not self.ssh:
             return words, self.kit
-        line = "cd %s && %s" % (shlex.quote(self.kit), " ".join(shlex.quote(w) for w in words))
+        line = "cd %s && %s" % (shq(self.kit), " ".join(shq(w) for w in words))
         return (fresh_ssh(self.ssh) if fresh else self.ssh) + [line], "/"
 
 
