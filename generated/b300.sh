@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 3098bbb2e60e788738d6651f01431e659515db485c5f77c7328803681896328a
+# sha256 of this file with these 64 digits zeroed: fa988ff1d3f54ea00871d9af31bbe0fb0d2a09cdafc5bb0207582fc53632514a
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a
-readonly RB_KIT_FILE=.kit/c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a.tar
+readonly RB_KIT_SHA256=704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb
+readonly RB_KIT_FILE=.kit/704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -117,7 +117,7 @@ on b300: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip t
 on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b300: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
-  | through this machine (relay) |
+  | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8 of the three machines, each stream its own ssh clients here) |
 on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'

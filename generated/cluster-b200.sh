@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 40c5758cdeec038814b4853cdbfa6b2c16b56512fe5d278bd6ceb1b4c32b8a04
+# sha256 of this file with these 64 digits zeroed: 25de2dcbe6647e5b97f8739e82ca4072f3f6126b50add9d2409f1431fefddd1b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a
-readonly RB_KIT_FILE=.kit/c5d52d6745b7e3cecd5a392149d05ccf0ee9cc363d8f01199512d62bab1ef81a.tar
+readonly RB_KIT_SHA256=704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb
+readonly RB_KIT_FILE=.kit/704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -118,7 +118,7 @@ on b200: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip t
 on b200: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
   [transfer]='on b200: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
-  | through this machine (relay) |
+  | through this machine (relay; streams side by side from 256 MB: one per two of the 16 jobs, at most 8 of the three machines, each stream its own ssh clients here) |
 on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on b200: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
   [relocate]='on b200: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'

@@ -95,6 +95,7 @@ class Pair:
 
     def __init__(self, relay: "Relay", k: int, fresh: bool) -> None:
         self.k, self.relay, self.fresh = k, relay, fresh
+        relay.pairs.append(self)
         self.index = -1
         self.src_jobs: Optional[int] = None
         self.dst_jobs: Optional[int] = None
@@ -245,16 +246,49 @@ class Relay:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
         self.prefix, self.jobs, self.compression, self.most = prefix, jobs, compression, most
         self.merged: Any = None
+        self.pairs: List[Pair] = []
 
     def say(self, text: str) -> None:
         sys.stderr.write("    relay: %s\n" % text)
         sys.stderr.flush()
 
     def run(self) -> int:
+        """The relay; its streams end with it: on SIGTERM/SIGHUP, or once the runbook that
+        started it is gone (its parent changed), every pair is killed (the streams that do not
+        use the run's connections would outlive them otherwise)."""
+        import signal
+        self.pairs = []
+        parent = os.getppid()
+
+        def end(signum: int = signal.SIGTERM, _frame: Any = None) -> None:
+            for p in list(self.pairs):
+                p.kill()
+            os._exit(128 + signum)
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                threading.Event().wait(1.0)
+            end()
+
+        signal.signal(signal.SIGTERM, end)
+        signal.signal(signal.SIGHUP, end)
+        threading.Thread(target=watch, daemon=True).start()
+        return self._run()
+
+    def _run(self) -> int:
         first = Pair(self, 0, False)
         if not first.ready(READY_S):
+            first.kill()
             first.stop()
-            sys.stderr.write("rbkit engine relay: stream 1 did not start (%s)\n" % first.why())
+            why = "the stream did not start: %s on %s (%s)" % (
+                "no answer from the kit" if first.timed_out else "it ended",
+                " and ".join(first.refused), first.why())
+            sys.stderr.write("rbkit engine relay: %s\n" % why)
+            event = {"step": "receive", "status": "failed", "detail": why, "duration_s": 0,
+                     "facts": {}}
+            sys.stdout.write("event\t%s\ndone\tfailed\t%s\n" % (
+                json.dumps(event, sort_keys=True, separators=(",", ":")), why))
+            sys.stdout.flush()
             return 255
         jobs = min(self.jobs, first.src_jobs or 1, first.dst_jobs or 1)
         want = min(self.most, stream.stream_count(jobs))

@@ -143,3 +143,59 @@ def test_a_destination_that_refuses_new_connections_gets_one_stream_and_the_run_
     assert steps["verify"]["status"] == "ok", steps["verify"]
     assert (dst / "lib" / "big" / "part2.bin").read_bytes() == bytes([3]) * (100 << 20)
     assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+
+
+@pytest.mark.e2e
+def test_a_relay_in_two_streams_cut_at_half_is_resumed(clean_lab, payload_small, ext4_dir,
+                                                       tmp_path):
+    """Issue 34 with streams: a 700 MB relay in two streams, both receiving ends killed (-9) when
+    half the tree is staged: the run fails in transfer, the destination untouched, the staging
+    kept. The re-run resumes (sends only what the staging lacks), verify passes, and the install
+    is the source's tree with its hard link one inode."""
+    lab = clean_lab
+    src = ext4_dir / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    big = src / "lib" / "big"
+    big.mkdir()
+    for i in range(14):
+        (big / f"part{i:02d}.bin").write_bytes(bytes([i + 1]) * (50 << 20))
+    os.link(big / "part00.bin", big / "part00-again.bin")
+    tree = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    dst = ext4_dir / "opt" / "venv"
+    dst.parent.mkdir()
+    script = build(tmp_path, streams_spec(lab, src, dst))
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    staging = ext4_dir / "opt" / ".venv.rb-staging"
+    deadline = time.monotonic() + 240
+    cut = 0
+    while time.monotonic() < deadline and proc.poll() is None and not cut:
+        ends = _gated_ends(lab, "dst", b"receive")
+        if len(ends) == 2 and staging.is_dir() and _staged_bytes(staging) >= 0.5 * tree:
+            for pid in ends:
+                os.kill(pid, 9)
+            cut = _staged_bytes(staging)
+        time.sleep(0.02)
+    _out, err = proc.communicate(timeout=300)
+    assert cut, "the stream ended before it could be cut: " + err[-2000:]
+    assert "relay: 2 streams side by side" in err, err[-3000:]
+    assert proc.returncode == 1, err[-3000:]
+    assert "FAILED in step transfer on host dst" in err, err[-3000:]
+    assert not dst.exists() and staging.is_dir()
+
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-5000:]
+    line = next(ln for ln in r.stderr.splitlines() if "resuming: " in ln)
+    assert "already staged" in line, line
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    assert "resumed" in steps["transfer"]["detail"], steps["transfer"]
+    receive = next(e for e in steps["transfer"]["engine"] if e["step"] == "receive")
+    assert receive["facts"]["stream_bytes"] <= 0.6 * tree, (receive["facts"], tree)
+    assert steps["verify"]["status"] == "ok", steps["verify"]
+    moved = {k: v for k, v in snapshot(src / "lib").items()
+             if "__pycache__" not in k and not k.endswith(".pyc")}
+    assert snapshot(dst / "lib") == moved
+    assert os.path.samefile(dst / "lib" / "big" / "part00.bin",
+                            dst / "lib" / "big" / "part00-again.bin")
+    assert not staging.exists()
