@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d084d577fd89693f62d5b90d4968b3abe1d402144003189a2dde9e065900460e
+# sha256 of this file with these 64 digits zeroed: abd8c5cadc91446292e85447333d771a7e717a2430962af9d23ad0004bfbf564
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb
-readonly RB_KIT_FILE=.kit/704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb.tar
+readonly RB_KIT_SHA256=66234b1d1a94f042c455df7a793159f38c4a98a5972c4f7ecaf9252c77d88769
+readonly RB_KIT_FILE=.kit/66234b1d1a94f042c455df7a793159f38c4a98a5972c4f7ecaf9252c77d88769.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: ea6dbc934f3b01fb7c0cc297fbec597ee6638a3e774754a1a8e9b0acdfa3c2d0
+# sha256 of this file with these 64 digits zeroed: 46d54c2a82563ef5e395fe34470ef1e2fee07e54dfa169d08af411c3f21bb4eb
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb
-readonly RB_KIT_FILE=.kit/704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb.tar
+readonly RB_KIT_SHA256=66234b1d1a94f042c455df7a793159f38c4a98a5972c4f7ecaf9252c77d88769
+readonly RB_KIT_FILE=.kit/66234b1d1a94f042c455df7a793159f38c4a98a5972c4f7ecaf9252c77d88769.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3cbd312ab989ff19e04a9ee385e60b0515b63b7d8690314ee2ed837f7bf01fa1
+# sha256 of this file with these 64 digits zeroed: 9ba07ea8cc02365ce69312e3d108ff4c0276d1862e86ef3d8702923d84b9fa03
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb
-readonly RB_KIT_FILE=.kit/704e99961cb8764bb0c84b7af73505058f8fcb4c6fd111082881fff749e718bb.tar
+readonly RB_KIT_SHA256=66234b1d1a94f042c455df7a793159f38c4a98a5972c4f7ecaf9252c77d88769
+readonly RB_KIT_FILE=.kit/66234b1d1a94f042c455df7a793159f38c4a98a5972c4f7ecaf9252c77d88769.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

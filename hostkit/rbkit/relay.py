@@ -379,10 +379,11 @@ class Through:
 
     def read_file(self, i: int, f: Any) -> None:
         for raw in f:
-            if raw.startswith(b"done\t"):
+            line = raw.decode("utf-8", "replace")
+            if line.startswith("done\t"):
                 self.heard = True
-                self.done[0] = raw.decode("utf-8", "replace").rstrip("\n").split("\t")[1:]
-            sys.stdout.buffer.write(raw)
+                self.done[0] = line.rstrip("\n").split("\t")[1:]
+            sys.stdout.write(line)
             sys.stdout.flush()
 
     def answer(self, first: Optional[int] = None) -> None:
