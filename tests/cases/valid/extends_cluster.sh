@@ -118,7 +118,7 @@ on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the instal
 on dst: engine stage: if it differs, link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
 on src: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
-  | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, the jobs the fewest of the three machines'"'"'; each stream its own ssh clients here) |
+  | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on dst: <decompress> | tar -C /opt/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /opt/.venv.rb-staging --old /opt/venv --new /opt/venv'

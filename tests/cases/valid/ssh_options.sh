@@ -111,7 +111,7 @@ on dst: engine current: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip 
 on dst: engine stage: if it differs, link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /scratch/envs/.torch.rb-staging && mkdir /scratch/envs/.torch.rb-staging
 on src: tar -C /opt/envs/torch -b 256 --null --no-recursion -T <names to send> -cf - | <compress: gzip (preflight fails if an end lacks it)> (rbkit engine send)
-  | through this machine (relay; streams side by side from 256 MB: one per two of the 16 jobs, at most 8, the jobs the fewest of the three machines'"'"'; each stream its own ssh clients here) |
+  | through this machine (relay; streams side by side from 256 MB: one per two of the 16 jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on dst: engine verify /scratch/envs/.torch.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
