@@ -33,6 +33,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-min", type=float, default=None,
                     help="stop starting rounds past this many minutes (default 20; --quick: 3)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install rsync, b3sum, xxhash")
+    ap.add_argument("--tag", default="", help="store the run as results/TAG.json (default: "
+                    "partial, quick or full, and the shape)")
     ap.add_argument("--no-doc", action="store_true", help="print only; write no results or doc")
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
     ap.add_argument("--doc-only", action="store_true",
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.render_result(result))
     if not a.no_doc:
         RESULTS.mkdir(exist_ok=True)
-        tag = ("partial" if a.only else "quick" if a.quick else "full") + (
+        tag = a.tag or ("partial" if a.only else "quick" if a.quick else "full") + (
             f"-{a.shape.replace(',', '-')}" if a.shape else "")
         out = RESULTS / f"{tag}.json"
         out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

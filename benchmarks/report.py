@@ -352,6 +352,43 @@ def findings(result: dict) -> list[str]:
         out.append(f"Compiling specs/b300.yaml: {_t(cold)} s with shellcheck running"
                    + (f" (shellcheck alone {_t(sc2)} s, {100 * sc2 / cold:.0f}% of it)" if sc2 else "")
                    + (f"; {_t(warm)} s when the lint cache already holds the result." if warm else "."))
+    out += _streams_findings(recs, result)
+    return out
+
+
+def _streams_findings(recs: dict, result: dict) -> list[str]:
+    """The relay in streams side by side (issue 37), where its rows ran."""
+    ones = [(n, _med(recs, rid, "transfer"), _med(recs, rid))
+            for n, rid in ((1, "runbook.relay.none"), (2, "runbook.relay.streams2"),
+                           (4, "runbook.relay.streams4"))]
+    ones = [(n, t, w) for n, t, w in ones if t and w]
+    nulls = [(n, _med(recs, rid)) for n, rid in ((1, "limit.relay.aes"), (2, "limit.relay.streams2"),
+                                                   (4, "limit.relay.streams4"))]
+    nulls = [(n, t) for n, t in nulls if t]
+    if len(ones) < 2 or ones[0][0] != 1:
+        return []
+    base_t, base_w = ones[0][1], ones[0][2]
+    out = ["The relay in streams side by side (issue 37), transfer step (whole run): "
+           + ", ".join(f"{n} stream{'s' if n > 1 else ''} {_t(t)} s ({_t(w)} s), "
+                       f"{base_t / t:.2f}× one stream's speed" for n, t, w in ones) + "."]
+    if len(nulls) > 1 and nulls[0][0] == 1:
+        out.append("The null relay in as many pairs of fresh connections: "
+                   + ", ".join(f"{n} pair{'s' if n > 1 else ''} {_t(t)} s "
+                               f"({nulls[0][1] / t:.2f}×)" for n, t in nulls) + ".")
+    seed = _med(recs, "peer.seed.aes")
+    if seed:
+        best = min(ones, key=lambda x: x[2])
+        out.append(f"The hand pipeline (seed, aes128-gcm) {_t(seed)} s: the runbook's whole run in "
+                   f"{best[0]} stream{'s' if best[0] > 1 else ''} {_t(best[2])} s "
+                   f"({seed / best[2]:.2f}× the hand pipeline's speed, with verify and relocation).")
+    cores = result.get("machine", {}).get("nproc")
+    out.append(f"This machine has {cores} cores for both sshds, every ssh client, tar and the "
+               "hashing: streams cannot add ciphers here, the figures are one round each and noisy. "
+               "Where the relay's machine has cores to spare (the H100 host's 16), each stream adds "
+               "two ssh ciphers: measuring it there needs the lab on that host (root, openssh-server, "
+               "network namespaces: tests.lab.Lab, as `python -m benchmarks` builds it) and the "
+               "7.2 GB venv as the payload, with `--only 'limit.relay.*,runbook.relay.none,"
+               "runbook.relay.streams*,peer.seed.aes'`; not run.")
     return out
 
 

@@ -126,13 +126,22 @@ class NullRelay(Row):
     size = "stream"
 
     def __init__(self, rid: str, label: str, cipher: str | None, *, payload: str = "torch",
-                 plumbing: bool = False, quick: bool = False, group: str = "limit") -> None:
+                 plumbing: bool = False, quick: bool = False, group: str = "limit",
+                 streams: int = 1, default: bool = True) -> None:
         self.id, self.label, self.cipher, self.payload = rid, label, cipher, payload
         self.plumbing, self.quick, self.group = plumbing, quick, group
+        self.streams, self.default = streams, default
 
     def run(self, env: Env) -> list[Sample]:
         n = env.payloads[self.payload].stream_bytes
         ssh = env.ssh(self.cipher, mux=self.plumbing)
+        if self.streams > 1:
+            # N pairs side by side, each its own two fresh connections and 1 MiB pipe, each
+            # moving its share of the N bytes (the relay's streams: rbkit engine relay)
+            part = -(-n // self.streams)
+            pairs = " & ".join(f"{{ {{ {WIDE_PIPE}; {ssh} src 'head -c {part} /dev/zero'; }} | "
+                               f"{ssh} dst 'cat >/dev/null'; }}" for _ in range(self.streams))
+            return [timed(env, f"{pairs} & wait", self.timeout)]
         if self.plumbing:   # the masters are up before the clock starts, as in the runbook
             for h in ("src", "dst"):
                 env.sh(f"{ssh} {h} true", timeout=30)
@@ -186,12 +195,13 @@ class RunbookRow(Row):
                  state: str = "fresh", dest_key: str | None = None, quick: bool = False,
                  warmup: bool = False, group: str = "runbook", default: bool = True,
                  extra: dict[str, str] | None = None,
-                 repeat: int | None = None, drop: bool = False) -> None:
+                 repeat: int | None = None, drop: bool = False, jobs: int = 2) -> None:
         self.id, self.label, self.payload, self.quick = rid, label, payload, quick
         self.compression, self.verify, self.route, self.excludes = compression, verify, route, excludes
         self.state, self.dest_key, self.warmup, self.group = state, dest_key or rid, warmup, group
         self.default, self.extra, self.repeat = default, extra or {}, repeat
         self.drop = drop           # a re-run row that removes the install it re-ran after its round
+        self.jobs = jobs           # 2: one stream; 4: two relay streams; 8: four (stream_count)
         self.script: Path | None = None
         self.runs = 0
 
@@ -219,7 +229,7 @@ class RunbookRow(Row):
         return (f"name: bench\ndescription: benchmark row {self.id}\nhosts:\n{hosts}transfer:\n"
                 f"  from: src:{self.src(env)}\n  to: dst:{self.dest(env)}\n  route: {self.route}\n"
                 f"  compression: {self.compression}\n  verify: {self.verify}\n  on_existing: replace\n"
-                f"  exclude: {excl}\n  jobs: 2\n{extra}{direct}")
+                f"  exclude: {excl}\n  jobs: {self.jobs}\n{extra}{direct}")
 
     def compile(self, env: Env) -> Path:
         from compiler import cli
@@ -652,6 +662,16 @@ def catalogue() -> list[Row]:
         RunbookRow("runbook.relay.blake2b", "runbook relay, none, verify blake2b", verify="blake2b"),
         RunbookRow("runbook.relay.noverify", "runbook relay, none, verify none", verify="none"),
         RunbookRow("runbook.direct.none", "runbook direct src->dst, none, sha256", route="direct"),
+        # the relay in streams side by side (issue 37): jobs 4 and 8 give 2 and 4 streams, each
+        # its own ssh clients here; beside them the null relay in as many fresh pairs
+        NullRelay("limit.relay.streams2", "null relay, aes128-gcm, 2 pairs side by side (fresh "
+                  "connections, 1 MiB pipes)", AES, streams=2, default=False),
+        NullRelay("limit.relay.streams4", "null relay, aes128-gcm, 4 pairs side by side (fresh "
+                  "connections, 1 MiB pipes)", AES, streams=4, default=False),
+        RunbookRow("runbook.relay.streams2", "runbook relay, none, sha256, jobs 4: 2 streams",
+                   jobs=4, default=False),
+        RunbookRow("runbook.relay.streams4", "runbook relay, none, sha256, jobs 8: 4 streams",
+                   jobs=8, default=False),
         RunbookRow("runbook.relay.excludes", "runbook relay, none, sha256, excludes __pycache__ *.pyc",
                    excludes=SPEC_EXCLUDES, default=False),
         Seed("peer.seed", "seed: ssh src 'tar c' | ssh dst 'tar x' (default cipher)", quick=True,

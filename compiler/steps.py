@@ -139,9 +139,11 @@ def preview(step: str, spec: Any, incremental: bool) -> list[str]:
             out.append(f"  | ssh from {src_host} to {dst_host} (direct; {streams}) |")
         elif spec.transfer.route == "auto":
             out.append(f"  | ssh from {src_host} to {dst_host} where it reaches it (direct; "
-                       f"{streams}), else through this machine (relay) |")
+                       f"{streams}), else through this machine (relay; {streams}, jobs: the "
+                       "fewest of the three machines; each stream its own ssh clients here) |")
         else:
-            out.append(f"  | through this machine ({spec.transfer.route}) |")
+            out.append(f"  | through this machine ({spec.transfer.route}; {streams}, jobs: the "
+                       "fewest of the three machines; each stream its own ssh clients here) |")
         out.append(f"on {dst_host}: <decompress> | tar -C {stg} -b 256 -xf - --no-same-owner "
                    "(rbkit engine receive; how much tar has read, every 5 s)")
     elif step == "verify":

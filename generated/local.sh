@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 6e932bb0e7475ce5ab72563b178cc444d3d8189e3afa76616c76fb2e79115932
+# sha256 of this file with these 64 digits zeroed: 6b375504ae792111aba0d864cc37d35f8e537d755edc6821d46c3cbd12d63bfe
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8
-readonly RB_KIT_FILE=.kit/d8c3e1d4d8ea09c1d94540aa412ba34815ee0819ef2da4d008ce490d27d135d8.tar
+readonly RB_KIT_SHA256=41dcf246e66107d3c8af021a6d4fb8cc064d6cbe9663562575ddeff328393b00
+readonly RB_KIT_FILE=.kit/41dcf246e66107d3c8af021a6d4fb8cc064d6cbe9663562575ddeff328393b00.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -663,6 +663,7 @@ rb::send_names() {
 step_transfer() {
   local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
+  RB_RELAY_CODES=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
@@ -709,16 +710,18 @@ step_transfer() {
       -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
-      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
-        "${PIPESTATUS[@]}"
+    # through this machine: one pair of ssh clients a stream, side by side (rb::relay_streams);
+    # a stream that failed is named by the answer, read below
+    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" || true
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+  fi
+  if ((${#RB_RELAY_CODES[@]} > 0)); then
+    rb::pipe_failed "stream" "relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here" \
+      "${RB_RELAY_CODES[@]}"
   fi
   streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then

@@ -12,6 +12,8 @@
     engine delta MANIFEST BASE --names-out F                   what a host installed from BASE needs
     engine send ROOT NAMES --compression C [--jobs N] [--remote SSH... | --local RECEIVE...]
                                                                the sending end of the stream(s)
+    engine relay --src-name H --src-ssh W --src-kit D --src-words W (and --dst-...) --send W
+        --receive W --parts PREFIX [--jobs N]                  (here) the relay in streams side by side
     engine staging DEST                                        the staging path (the one rule)
 
 Every command but send and staging answers in lines a runbook reads without a parser:
@@ -44,13 +46,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import engine, source, stream
+from . import engine, relay, source, stream
 from . import manifest as kitmanifest
 from .lock import Lock
 
@@ -274,6 +277,11 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_receive(a: argparse.Namespace) -> int:
+    if a.gate:
+        part = relay.gate_receive(engine.jobs(a.jobs))
+        if part is False:
+            return 3            # stopped before anything came: nothing received
+        a.part = part
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
                          emit=answer.event, trace=answer.trace,
@@ -394,8 +402,17 @@ def cmd_delta(a: argparse.Namespace) -> int:
 
 
 def cmd_send(a: argparse.Namespace) -> int:
+    if a.gate:
+        return relay.gate_send(a.root, a.names, a.compression, a.gate, engine.jobs(a.jobs))
     return stream.send(a.root, a.names, a.compression, a.remote or None, a.local or None,
                        engine.jobs(a.jobs))
+
+
+def cmd_relay(a: argparse.Namespace) -> int:
+    src = relay.End(a.src_name, a.src_ssh, a.src_kit, a.src_words)
+    dst = relay.End(a.dst_name, a.dst_ssh, a.dst_kit, a.dst_words)
+    return relay.Relay(src, dst, shlex.split(a.send), shlex.split(a.receive), a.parts,
+                       engine.jobs(a.jobs), a.compression, a.most).run()
 
 
 def _part(text: str) -> tuple:
@@ -473,6 +490,8 @@ def parser() -> argparse.ArgumentParser:
                     help="a `progress BYTES` line every S seconds (0: none)")
     rc.add_argument("--part", type=_part, default=None, metavar="I/N",
                     help="this is stream I of N (rbkit send's streams side by side)")
+    rc.add_argument("--gate", action="store_true",
+                    help="say `gate ready JOBS`, then wait for `go I N` on stdin (rbkit relay)")
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)
@@ -514,7 +533,23 @@ def parser() -> argparse.ArgumentParser:
                     help="the words after it: an ssh command line the stream is piped into")
     se.add_argument("--local", action="store_true",
                     help="the words after it: the receiving end's command, started here")
+    se.add_argument("--gate", metavar="PREFIX", default="",
+                    help="say ready, then split into PREFIX.N/ and send as told (rbkit relay)")
     se.set_defaults(fn=cmd_send)
+    rl = sub.add_parser("relay")
+    for end in ("src", "dst"):
+        rl.add_argument("--%s-name" % end, required=True)
+        rl.add_argument("--%s-ssh" % end, default="",
+                        help="the host's ssh words, quoted for a shell (empty: this machine)")
+        rl.add_argument("--%s-kit" % end, required=True, help="the kit's directory there")
+        rl.add_argument("--%s-words" % end, required=True, help="the kit's words there, quoted")
+    rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
+    rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
+    rl.add_argument("--parts", required=True, help="where the source end splits its list")
+    rl.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
+    rl.add_argument("--most", type=int, default=stream.MAX_STREAMS)
+    rl.set_defaults(fn=cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")
     st.set_defaults(fn=cmd_staging)

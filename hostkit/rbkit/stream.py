@@ -496,27 +496,31 @@ class Merged:
 
     def read(self, i: int, fd: int) -> None:
         with open(fd, "rb", closefd=True) as f:
-            for raw in f:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                kind, _, rest = line.partition("\t")
-                if kind == "progress":
-                    try:
-                        value = int(rest)
-                    except ValueError:
-                        continue
-                    with self.mutex:
-                        self.progress[i] = value
-                        total = sum(self.progress)
-                    self._write("progress\t%d\n" % total)
-                elif kind == "event":
-                    try:
-                        event = json.loads(rest)
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict):
-                        self.events[i].append(event)
-                elif kind == "done":
-                    self.done[i] = rest.split("\t", 1)
+            self.read_file(i, f)
+
+    def read_file(self, i: int, f: Any) -> None:
+        """Stream i's answer, lines from the binary file f."""
+        for raw in f:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            kind, _, rest = line.partition("\t")
+            if kind == "progress":
+                try:
+                    value = int(rest)
+                except ValueError:
+                    continue
+                with self.mutex:
+                    self.progress[i] = value
+                    total = sum(self.progress)
+                self._write("progress\t%d\n" % total)
+            elif kind == "event":
+                try:
+                    event = json.loads(rest)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    self.events[i].append(event)
+            elif kind == "done":
+                self.done[i] = rest.split("\t", 1)
 
     def answer(self, first: Optional[int] = None) -> None:
         """The one answer (after every stream ended); `first`: the stream that failed first

@@ -676,6 +676,55 @@ rb::measured_compression() {
 }
 
 #######################################
+# The relay's stream(s) through this machine (issue 37): `rbkit engine relay` here (the local
+# kit) starts each stream as `ssh SRC send` piped into `ssh DST receive`, stream 0 over the run's
+# connections, the others over their own (an ssh client is one cipher process); how many (the
+# other routes' rule, also bounded by this machine's jobs), the split (on the source, as the
+# other routes split) and the fall back to fewer when a host refuses a connection are its own.
+# Its one answer (stream.Merged) goes through rb::progress into RB_WORK/receive.out.
+# $1: the stream's size, $2: its start (ms), $3: the names on the source, then the sending end's
+# words (the kit's on the source, `engine send ...`), `--` and the receiving end's (on the
+# destination). Returns 1 with RB_RELAY_CODES (PIPESTATUS) when a stage failed.
+#######################################
+rb::relay_streams() {
+  local total=$1 start=$2 list=$3 end host src_kit dst_kit send_words recv_words
+  local -A ssh_of=() words_of=() skip=()
+  local -a send=() recv=() relay
+  shift 3
+  while (($# > 0)) && [[ "$1" != -- ]]; do
+    send+=("$1")
+    shift
+  done
+  recv=("${@:2}")
+  for end in src dst; do
+    host=${RB_SRC_HOST}
+    [[ "${end}" == src ]] || host=${RB_DST_HOST}
+    "rb::host_${host}"
+    ssh_of[${end}]=''
+    if [[ -n "${RB_HOST_TARGET}" ]]; then
+      ssh_of[${end}]=$(rb::shq ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}")
+    fi
+    rb::kit_argv "${host}"
+    words_of[${end}]=$(rb::shq "${RB_KIT_ARGV[@]}")
+    skip[${end}]=${#RB_KIT_ARGV[@]}      # the kit's words before `engine send` / `engine receive`
+  done
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  dst_kit=$(rb::kit_dir "${RB_DST_HOST}")
+  send_words=$(rb::shq "${send[@]:${skip[src]}}" --jobs "${RB_JOBS}")
+  recv_words=$(rb::shq "${recv[@]:${skip[dst]}}")
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  relay=("${RB_KIT_ARGV[@]}" engine relay --jobs "${RB_JOBS}" --compression "${RB_COMPRESSION_USED}"
+    --src-name "${RB_SRC_HOST}" --src-ssh="${ssh_of[src]}" --src-kit "${src_kit}"
+    --src-words="${words_of[src]}" --dst-name "${RB_DST_HOST}" --dst-ssh="${ssh_of[dst]}"
+    --dst-kit "${dst_kit}" --dst-words="${words_of[dst]}" --send="${send_words}"
+    --receive="${recv_words}" --parts "${list}.parts")
+  RB_RELAY_CODES=()
+  "${relay[@]}" </dev/null | rb::progress "${total}" "${start}" >"${RB_WORK}/receive.out" ||
+    RB_RELAY_CODES=("${PIPESTATUS[@]}")
+  ((${#RB_RELAY_CODES[@]} == 0))
+}
+
+#######################################
 # Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
 # private (rbrules.private: this user's, not writable by others, nor any directory above it by
 # anyone but this user or root), or the run stops here (exit 2) before anything is written there.

@@ -111,7 +111,7 @@ on dst: engine current: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip 
 on dst: engine stage: if it differs, link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /scratch/envs/.torch.rb-staging && mkdir /scratch/envs/.torch.rb-staging
 on src: tar -C /opt/envs/torch -b 256 --null --no-recursion -T <names to send> -cf - | <compress: gzip (preflight fails if an end lacks it)> (rbkit engine send)
-  | through this machine (relay) |
+  | through this machine (relay; streams side by side from 256 MB: one per two of the 16 jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on dst: engine verify /scratch/envs/.torch.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
@@ -665,6 +665,7 @@ rb::send_names() {
 step_transfer() {
   local src_kit start_ms ms bytes hash_pid='' names remote total streams
   local -a send recv
+  RB_RELAY_CODES=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
@@ -711,16 +712,18 @@ step_transfer() {
       -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
       >"${RB_WORK}/receive.out"
   else
-    { rb::wide_pipe; rb::on_host "${RB_SRC_HOST}" "${send[@]}"; } |
-      rb::pipe_on_host "${RB_DST_HOST}" "${recv[@]}" |
-      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "pack on ${RB_SRC_HOST}" "unpack on ${RB_DST_HOST}" "progress here" \
-        "${PIPESTATUS[@]}"
+    # through this machine: one pair of ssh clients a stream, side by side (rb::relay_streams);
+    # a stream that failed is named by the answer, read below
+    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" || true
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
     rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+  fi
+  if ((${#RB_RELAY_CODES[@]} > 0)); then
+    rb::pipe_failed "stream" "relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here" \
+      "${RB_RELAY_CODES[@]}"
   fi
   streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
