@@ -57,6 +57,18 @@ def snapshot(root: Path) -> dict:
             for p in sorted(root.rglob("*"))}
 
 
+def cut_source(venv: Path, src: Path) -> int:
+    """A copy of `venv` at `src` with 14 files of 50 MB in lib/big (700 MB: time to cut a relay
+    at about half) and a hard link between two of them; returns the tree's bytes."""
+    subprocess.run(["cp", "-a", str(venv), str(src)], check=True)
+    big = src / "lib" / "big"
+    big.mkdir()
+    for i in range(14):
+        (big / f"part{i:02d}.bin").write_bytes(bytes([i + 1]) * (50 << 20))
+    os.link(big / "part00.bin", big / "part00-again.bin")
+    return sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def remove_left_kits(err: str) -> dict[str, Path]:
     """The kit directories a run says it left on hosts that stopped answering, by host, each
     removed (the lab's hosts share this machine's /tmp, and a lab leaves nothing behind)."""
@@ -409,13 +421,7 @@ def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, 
     passes, and the install is the source's tree; the mark is gone."""
     lab = clean_lab
     src = ext4_dir / "src"
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    big = src / "lib" / "big"
-    big.mkdir()
-    for i in range(14):                  # 700 MB in files of 50 MB: time to cut it at half
-        (big / f"part{i:02d}.bin").write_bytes(bytes([i + 1]) * (50 << 20))
-    os.link(big / "part00.bin", big / "part00-again.bin")
-    tree = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    tree = cut_source(payload_small.venv, src)
     dst = ext4_dir / "opt" / "venv"
     dst.parent.mkdir()
     script = build(tmp_path, spec_text(lab, src, dst))

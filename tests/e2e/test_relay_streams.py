@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_local_runbook import big_source
-from tests.e2e.test_relay import _staged_bytes, build, report, run, snapshot, spec_text
+from tests.e2e.test_relay import _staged_bytes, build, cut_source, report, run, snapshot, spec_text
 
 
 def accepted(lab, name: str) -> int:
@@ -157,13 +157,7 @@ def test_a_relay_in_two_streams_cut_at_half_is_resumed(clean_lab, payload_small,
     is the source's tree with its hard link one inode."""
     lab = clean_lab
     src = ext4_dir / "src"
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    big = src / "lib" / "big"
-    big.mkdir()
-    for i in range(14):
-        (big / f"part{i:02d}.bin").write_bytes(bytes([i + 1]) * (50 << 20))
-    os.link(big / "part00.bin", big / "part00-again.bin")
-    tree = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    tree = cut_source(payload_small.venv, src)
     dst = ext4_dir / "opt" / "venv"
     dst.parent.mkdir()
     script = build(tmp_path, streams_spec(lab, src, dst))
