@@ -454,7 +454,7 @@ def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, 
     assert report(tmp_path)["outcome"] == "failed"
     # the cut left a file written part way (the right name, too few bytes)
     partial = [p.name for p in (staging / "lib" / "big").iterdir()
-               if p.stat().st_size < (big / p.name).stat().st_size]
+               if p.stat().st_size < (src / "lib" / "big" / p.name).stat().st_size]
     assert partial, sorted((p.name, p.stat().st_size) for p in (staging / "lib" / "big").iterdir())
 
     r = run(tmp_path, script)
