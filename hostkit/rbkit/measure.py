@@ -73,7 +73,8 @@ def sample(root: str, excludes: List[str], want: int = SAMPLE) -> bytes:
             continue
         mark = at + step
         try:
-            with open(path, "rb", buffering=0) as f:
+            # the file the walk saw, never a link put in its place since (read as root)
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
                 data = f.read(min(PER_FILE, want - have))
         except OSError:
             continue

@@ -755,8 +755,7 @@ rb::run_dirs() {
     RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
   fi
   RB_STATE_DIR=${RB_RUN_DIR:-${PWD}/runs/${RB_NAME}}
-  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR:-${RB_STATE_DIR}/-}/report.json}
-  if [[ "${RB_REPORT}" != /* ]]; then
+  if [[ -n "${RB_REPORT}" && "${RB_REPORT}" != /* ]]; then
     RB_REPORT=${PWD}/${RB_REPORT}
   fi
   rb::private_dir "${RB_STATE_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
@@ -769,7 +768,6 @@ rb::run_dirs() {
     mkdir -m 700 -- "${RB_RUN_DIR}"
     ln -s -- "${RB_RUN_DIR##*/}" "${RB_STATE_DIR}/.latest.$$"
     mv -Tf -- "${RB_STATE_DIR}/.latest.$$" "${RB_STATE_DIR}/latest"
-    RB_REPORT=${RB_REPORT/%\/-\/report.json//${RB_RUN_DIR##*/}/report.json}
     # the oldest runs' directories past RB_KEEP_RUNS (the names sort by their UTC time)
     shopt -s nullglob
     runs=("${RB_STATE_DIR}"/[0-9]*T[0-9]*Z-[0-9]*)
@@ -781,6 +779,7 @@ rb::run_dirs() {
       done
     fi
   fi
+  RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
   rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
     "directory only ${me} can write"
 }
