@@ -17,15 +17,16 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
+from rbrules import private
 from rbrules.private import MAX_LINKS, first_not_private, owner, user_name  # noqa: F401
 
 SPEC_KEY = "transfer.shared_parent"
 
 
 def why_not_private(path: str, uid: int) -> Optional[str]:
-    """Why `path` is not private to the user `uid` (rbrules.private's walk: the rule), or None."""
-    found = first_not_private(path, uid)
-    return found[1] if found else None
+    """Why `path`, where entries are made, is not private to the user `uid`, or None: the rule
+    (rbrules.private, for a directory entries are made in)."""
+    return private.why_not_private(path, uid, parent=True)
 
 
 def refusal(dest: str, where: str, why: str, uid: int) -> str:
