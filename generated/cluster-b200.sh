@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 7d407e54b1043fb85af79d1e0d25eb14b8efeda203e48d848daecdcb39f422da
+# sha256 of this file with these 64 digits zeroed: 5fcb5e9c619d9e507a39ee9a9f17092ada4202cb3838717b913b1d6ba75f4007
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080
-readonly RB_KIT_FILE=.kit/ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080.tar
+readonly RB_KIT_SHA256=0bfc61b9e30fab3e387d366fefa8f4fb09e7fe872674383409f0ab40d92f5ef4
+readonly RB_KIT_FILE=.kit/0bfc61b9e30fab3e387d366fefa8f4fb09e7fe872674383409f0ab40d92f5ef4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -150,6 +150,9 @@ RB_HOST=''
 RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
+# runs kept, seconds a second run waits (rb::run_dirs checks them)
+RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
+RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}
 RB_LOCAL_PY=python3
 # how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
 # path of the kit's entry file in a private directory, from a private working directory

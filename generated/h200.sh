@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 92e1e7e7bdd93b2a8443cbd3acf926bfc8ce15f8758559603c3bdddbb2437976
+# sha256 of this file with these 64 digits zeroed: ddc7a7a3fcc50677c92f8b3ed69e116d73971ddcddf4f23ae8cc5e09fa98c4c3
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080
-readonly RB_KIT_FILE=.kit/ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080.tar
+readonly RB_KIT_SHA256=0bfc61b9e30fab3e387d366fefa8f4fb09e7fe872674383409f0ab40d92f5ef4
+readonly RB_KIT_FILE=.kit/0bfc61b9e30fab3e387d366fefa8f4fb09e7fe872674383409f0ab40d92f5ef4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -148,6 +148,9 @@ RB_HOST=''
 RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
+# runs kept, seconds a second run waits (rb::run_dirs checks them)
+RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
+RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}
 RB_LOCAL_PY=python3
 # how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
 # path of the kit's entry file in a private directory, from a private working directory

@@ -750,6 +750,8 @@ rb::private_dir() {
 rb::run_dirs() {
   local me stamp old keep
   local -a runs=()
+  rb::env_number RB_KEEP_RUNS 1
+  rb::env_number RB_LOCK_WAIT 0
   me=$(id -un)
   if [[ -n "${RB_RUN_DIR}" && "${RB_RUN_DIR}" != /* ]]; then
     RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
@@ -761,7 +763,7 @@ rb::run_dirs() {
   rb::private_dir "${RB_STATE_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
     "${me} can write (its parents too), or fix the one named"
   RB_STATE_DIR=$(cd "${RB_STATE_DIR}" && pwd -P)
-  rb::run_lock "${RB_LOCK_WAIT:-30}"
+  rb::run_lock "${RB_LOCK_WAIT}"
   if [[ -z "${RB_RUN_DIR}" ]]; then
     stamp=$(TZ=UTC0 printf '%(%Y%m%dT%H%M%SZ)T' -1)
     RB_RUN_DIR=${RB_STATE_DIR}/${stamp}-$$
@@ -772,7 +774,7 @@ rb::run_dirs() {
     shopt -s nullglob
     runs=("${RB_STATE_DIR}"/[0-9]*T[0-9]*Z-[0-9]*)
     shopt -u nullglob
-    keep=${RB_KEEP_RUNS:-20}
+    keep=${RB_KEEP_RUNS}
     if ((${#runs[@]} > keep)); then
       for old in "${runs[@]:0:${#runs[@]}-keep}"; do
         rm -rf -- "${old}"
@@ -782,6 +784,19 @@ rb::run_dirs() {
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
   rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
     "directory only ${me} can write"
+}
+
+#######################################
+# The variable named $1 (from the environment) as a whole number of at least $2; anything else is
+# refused (exit 2) before anything is written.
+#######################################
+rb::env_number() {
+  local -n value=$1
+  if ! [[ "${value}" =~ ^[0-9]{1,9}$ ]] || ((10#${value} < $2)); then
+    echo "refusing to run: $1=${value@Q} is not a whole number of at least $2" >&2
+    exit 2
+  fi
+  value=$((10#${value}))
 }
 
 #######################################

@@ -98,3 +98,19 @@ def test_only_the_newest_runs_are_kept(payload_small, tmp_path):
         time.sleep(1.1)                                   # a new second: a new name
     kept = sorted(p.name for p in state.iterdir() if p.name[0].isdigit())
     assert kept == sorted(seen[1:]), (kept, seen)
+
+
+@pytest.mark.parametrize("name,value,least", [("RB_KEEP_RUNS", "0", 1), ("RB_KEEP_RUNS", "two", 1),
+                                              ("RB_LOCK_WAIT", "-1", 0), ("RB_LOCK_WAIT", "1s", 0)])
+def test_a_count_that_is_not_one_is_refused_before_anything_is_written(
+        payload_small, tmp_path, name, value, least):
+    """RB_KEEP_RUNS=0 would remove the run's own directory, `two` made bash compare a name: each is
+    refused, exit 2, naming the variable, and nothing is written (no runs/ directory)."""
+    script = compile_(tmp_path, payload_small.venv, tmp_path / "d" / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("RB_RUN_DIR", name)}
+    r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=dict(env, **{name: value}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"refusing to run: {name}='{value}' is not a whole number of at least {least}" in r.stderr
+    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "d").exists()

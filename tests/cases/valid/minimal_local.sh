@@ -138,6 +138,9 @@ RB_HOST=''
 RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
+# runs kept, seconds a second run waits (rb::run_dirs checks them)
+RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
+RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}
 RB_LOCAL_PY=python3
 # how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
 # path of the kit's entry file in a private directory, from a private working directory
