@@ -37,7 +37,36 @@ def _no_kit_left_on_a_lab_host(request):
     before = set(glob.glob("/tmp/rbkit.*"))
     yield
     left = sorted(set(glob.glob("/tmp/rbkit.*")) - before)
+    if left and _other_test_runs():
+        # another pytest on this machine makes and removes kit directories in the same /tmp:
+        # whose these are cannot be told, so they are named, not failed (CI runs one pytest)
+        print(f"kit directories appeared during this test while another test run was going "
+              f"(not checked): {left}", file=sys.stderr)
+        return
     assert not left, f"kit directories left behind on a lab host: {left}"
+
+
+def _other_test_runs() -> list[int]:
+    """The pids of pytest processes on this machine other than this one and its parents."""
+    mine = set()
+    pid = os.getpid()
+    while pid > 1:
+        mine.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    others = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"pytest") or a == b"pytest" for a in argv[:3]):
+            others.append(int(entry.name))
+    return others
 
 
 def pytest_addoption(parser):
