@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 5fcb5e9c619d9e507a39ee9a9f17092ada4202cb3838717b913b1d6ba75f4007
+# sha256 of this file with these 64 digits zeroed: 71b291d340ffb2cc81c505da3e6b22455ddd46b0a6bb67e25b575dddecab6cb6
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0bfc61b9e30fab3e387d366fefa8f4fb09e7fe872674383409f0ab40d92f5ef4
-readonly RB_KIT_FILE=.kit/0bfc61b9e30fab3e387d366fefa8f4fb09e7fe872674383409f0ab40d92f5ef4.tar
+readonly RB_KIT_SHA256=ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0
+readonly RB_KIT_FILE=.kit/ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -116,3 +116,30 @@ def test_the_relays_pipe_between_its_two_ssh_clients_is_widened(tmp_path):
     assert int(size) == 1 << 20
     subprocess.run(["bash", "-c", head + f"rb::wide_pipe >{tmp_path / 'file'}"], check=True)
     assert (tmp_path / "file").read_bytes() == b""
+
+
+def test_a_stage_ended_by_a_signal_is_handled_as_the_signal(tmp_path):
+    """A pipeline stage or command that ended by SIGINT/SIGTERM/SIGHUP (130/143/129) while this
+    shell's own trap has not run yet (the signal landed as the pipeline started) ends the run as
+    that signal would: `interrupted ... (SIGINT)`, exit 130, not `FAILED`/exit 1. Any other
+    status is a failure as before."""
+    import sys
+
+    from compiler import kit
+
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(kit.runtime_text())
+    head = (f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_STEP=transfer; "
+            "rb::finish() { echo \"finish $1\" >&2; }; ")
+    cases = [("rb::pipe_failed stream send receive 0 130", 130, "(SIGINT)"),
+             ("rb::pipe_failed stream send receive 143 0", 130, "(SIGTERM)"),
+             ("(exit 129) || rb::on_err 7", 130, "(SIGHUP)"),
+             ("rb::pipe_failed stream send receive 0 2", 1, "FAILED in step transfer")]
+    for command, rc, said in cases:
+        r = subprocess.run(["bash", "-c", head + command], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == rc, (command, r.stderr)
+        assert said in r.stderr, (command, r.stderr)
+        if rc == 130:
+            assert "interrupted in step transfer" in r.stderr and "finish interrupted" in r.stderr
+            assert "FAILED" not in r.stderr, r.stderr

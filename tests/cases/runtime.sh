@@ -553,6 +553,7 @@ rb::pipe_failed() {
   n=$(($# / 2))
   local -a names=("${@:1:n}") codes=("${@:n+1}")
   for ((i = 0; i < n; i++)); do
+    rb::signal_status "${codes[i]}"
     if ((codes[i] != 0)); then
       msg+=" ${names[i]} exited ${codes[i]};"
     fi
@@ -966,6 +967,7 @@ rb::on_err() {
   if ((RB_SIGNALLED)); then
     return 0     # a signal is being handled (rb::on_signal): it reports and exits
   fi
+  rb::signal_status "${rc}"
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
   if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
@@ -1025,6 +1027,20 @@ rb::on_signal() {
   RB_FAILED_STEP=${RB_STEP}
   rb::finish interrupted
   exit 130
+}
+
+#######################################
+# A command that ended by SIGHUP, SIGINT or SIGTERM (status $1: 129, 130, 143) means the run was
+# signalled: handled as the signal itself (rb::on_signal), also when this shell's own trap has not
+# run yet (a signal landing as a pipeline starts). Other statuses: nothing.
+#######################################
+rb::signal_status() {
+  case "$1" in
+    129) rb::on_signal HUP ;;
+    130) rb::on_signal INT ;;
+    143) rb::on_signal TERM ;;
+    *) ;;
+  esac
 }
 
 #######################################
