@@ -20,7 +20,7 @@ ALLOWED_ABSOLUTE = {"torch", "zstandard", "compression", "rbrules"}
 
 
 def test_there_are_files():
-    assert {"__init__.py", "__main__.py", "fatbin.py", "elf.py", "arch.py"} <= {
+    assert {"__init__.py", "__main__.py", "fatbin.py", "decompress.py", "elf.py", "arch.py"} <= {
         f.name for f in FILES}
 
 
