@@ -6,7 +6,7 @@ leave the tree, device nodes) and refuses it unless the spec allows it; `strip_s
 those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
 the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
 replace a link with a directory, journal a swap that cannot be one rename, keep each backup
-independent of the live install, and bring back an install's own env file.
+independent of the live install (rbkit.installs), and bring back an install's own env file.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from rbrules import links
 from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
+from .installs import (backup_dirs, backups, describe_install, failed_mark,  # noqa: F401
+                       failed_path, list_installs, read_info, remove, set_checks, unshare_backup,
+                       write_info)
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     backup_dirs, backups, describe_install, failed_mark, failed_path,
-                     journal_path, list_installs, prune_backups, read_info, recover_swap, remove,
-                     restore, set_checks, swap, unshare_backup, write_info)
+                     journal_path, prune_backups, recover_swap, restore, swap)
 
 __all__ = [
     "scan", "link_escapes", "strip_special", "free_bytes", "stage",
