@@ -57,11 +57,11 @@ def digest(path: str, algo: str, buf: Optional[bytearray] = None,
 def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
     """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
     their order. Where this process has no threads, by `jobs` forked workers taking the biggest
-    files first (_digests_forked): on the H100 host 8 threads of one Python hashed
-    /opt/torch/.venv (7.2 GB) in 3.8-7 s, one thread's pace, 8 processes in 1.2 s. Else by `jobs`
-    threads that take the next path from one shared iterator (no task object nor wake-up per
-    file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files here, as much as half
-    the hashing). The first error (in the order of `rels`) is raised once every worker stopped."""
+    files first (_digests_forked): threads of one Python hash at one thread's pace, processes at
+    one each. Else by `jobs` threads that take the next path from one shared iterator (no task
+    object nor wake-up per file, which a thread pool's per-file futures cost). The figures:
+    docs/benchmarks.md, "Figures behind choices in the code". The first error (in the order of
+    `rels`) is raised once every worker stopped."""
     n = max(1, min(jobs, len(rels)))
     if n > 1 and workers.forkable():
         return _digests_forked(root, rels, algo, n, sizes)

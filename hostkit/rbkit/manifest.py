@@ -167,8 +167,8 @@ _FILE_KEYS = frozenset(("h", "m", "mt", "p", "s", "t"))
 
 def entry_line(entry: dict) -> str:
     """An entry as a manifest's line holds it (without the newline): json.dumps with sorted keys,
-    put together here for a hashed file's usual values (str and int: 3x faster on a big tree;
-    every install writes two manifests of every entry)."""
+    put together here for a hashed file's usual values (str and int: faster than the encoder on a
+    big tree, and every install writes two manifests of every entry)."""
     if entry.keys() == _FILE_KEYS:
         h, m, mt, p, s = entry["h"], entry["m"], entry["mt"], entry["p"], entry["s"]
         if (type(h) is str and type(p) is str and type(m) is int and type(mt) is int
@@ -181,7 +181,7 @@ def entry_line(entry: dict) -> str:
 def stat_line(entry: dict) -> bytes:
     """JSON of the entry's STAT_KEYS values as a list, and a newline: the bytes the json module
     writes (stat fingerprints compare with those of earlier installs), put together here for the
-    usual values (str, int, None: 2x faster on a big tree)."""
+    usual values (str, int, None: faster than the encoder on a big tree)."""
     parts = []
     for k in STAT_KEYS:
         v = entry.get(k)
@@ -388,8 +388,8 @@ def load_fingerprinted(path: str) -> Tuple[dict, str]:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     rows = [line for line in text.split("\n") if line.strip()]
-    # one parse of all the lines (a call per line costs twice as much); a line that holds more
-    # or less than one value is refused as before
+    # one parse of all the lines (cheaper than a call per line); a line that holds more or less
+    # than one value is refused: the count of values differs from the count of lines
     lines = json.loads("[" + ",".join(rows) + "]") if rows else []
     if (len(lines) != len(rows) or not lines or not isinstance(lines[0], dict)
             or not isinstance(lines[-1], dict) or lines[0].get("kind") != "rb-manifest"

@@ -17,10 +17,9 @@ from .workers import over_workers
 
 _SUFFIXES = (".so", ".cubin", ".fatbin")
 # Libraries whose vendor dispatches per arch by design: a unit without the target's code is
-# a note there, not a failure (NVIDIA's math libraries: libcublasLt.so.13 has no sm_103 code
-# in 1534 of its 2782 units and launches only the kernels it has for the device).
+# a note there, not a failure (NVIDIA's math libraries: libcublasLt has no sm_103 code in many
+# of its units and launches only the kernels it has for the device; docs/probes.md counts them).
 DEFAULT_PARTIAL_OK = ["nvidia/*"]
-DECODE_BUDGET = decompress.FILE_INPUT_BUDGET  # the old name; the decoding limits: decompress.py
 UNITS_LISTED = 20  # units without a path listed per file
 
 

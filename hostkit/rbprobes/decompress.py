@@ -10,12 +10,11 @@ import time
 from typing import List, Optional, Tuple
 
 # Decoding payloads: only for units without a path to the target (are there kernels in them,
-# and which?). The limits, all here (issue 33 N8: ten 1 MB LZ4 entries that expanded to 256 MB
-# each took 9.7 s and 552 MB in the source preflight):
-#  - ENTRY_CAP: one entry's decoded size. The largest real entries seen: 70.9 MB (PTX of
-#    compute_75 in libcusparseLt.so.0, cusparselt-cu13 0.8.1), 48.8 MB (libcudnn_engines_
-#    precompiled.so.9), 42.3 MB (libtorch_cuda.so, torch 2.14.1); an entry that declares more
-#    is not decoded.
+# and which?). The limits, all here, so that a few small entries that declare huge outputs cannot
+# cost the source's preflight seconds and hundreds of MB (what they cost unbounded, and the
+# largest real entries seen: docs/benchmarks.md, "Figures behind choices in the code"):
+#  - ENTRY_CAP: one entry's decoded size, above the largest real entries seen; an entry that
+#    declares more is not decoded.
 #  - AUDIT_OUTPUT_BUDGET: decoded bytes for a whole audit run (every file, every worker).
 #  - AUDIT_DEADLINE_S: seconds after the audit's start after which nothing more is decoded.
 #  - FILE_INPUT_BUDGET: compressed bytes decoded per file (checks_static).
@@ -27,7 +26,6 @@ AUDIT_OUTPUT_BUDGET = 2 << 30
 AUDIT_DEADLINE_S = 60.0
 FILE_INPUT_BUDGET = 64 << 20
 DECODE_CHUNK = 4 << 20
-DECODE_CAP = ENTRY_CAP  # the old name
 _TOKEN = 1 << 20  # the run's output budget is shared as tokens of this many bytes
 
 

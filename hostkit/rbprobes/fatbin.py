@@ -9,7 +9,7 @@ Where GPU code lives in a shared object:
   which containers form one module: nvcc 13's `-shared` (and any device link) writes a version-2
   wrapper for the device-linked container and version-1 wrappers for each translation unit's own
   container; the runtime may fall back from the linked cubin to those units' PTX, so together
-  they are one module (see `Scan.modules`).
+  they are one module (see `Scan.units`).
 
 A section holds one or more *containers*, back to back (8-byte aligned):
 
@@ -70,8 +70,8 @@ RUNTIME_SECTION = ".nv_fatbin"
 RELOCATABLE_SECTION = "__nv_relfatbin"
 WRAPPER_SECTION = ".nvFatBinSegment"
 # Data sections where a library may keep fatbins it loads itself (cuModuleLoadData,
-# cuLibraryLoadData): libcufft.so.12 keeps ~24,000 containers in .ldata and a single sm_75 one in
-# .nv_fatbin. Searched only in files that have one of the sections above.
+# cuLibraryLoadData; libcufft keeps most of its containers in .ldata, see docs/probes.md).
+# Searched only in files that have one of the sections above.
 EMBEDDED_PREFIXES = (".rodata", ".lrodata", ".data", ".ldata")
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -154,11 +154,6 @@ class Scan(NamedTuple):
                if c.section == RELOCATABLE_SECTION and c.wrapper == 1 and c not in rt]
         units = [[c] + rdc if c.wrapper == 2 and rdc else [c] for c in rt]
         return units + ([embedded] if embedded else [])
-
-    @property
-    def modules(self) -> List[List[Container]]:
-        """The old name of `units`."""
-        return self.units
 
     @property
     def entries(self) -> List[Entry]:

@@ -235,7 +235,7 @@ def test_lz4_block_decoder_bounds():
     with pytest.raises(decompress.Unreadable, match="truncated"):
         decompress.lz4_block_decompress(bytes([0x14]) + b"a" + b"\x01", 10)
     with pytest.raises(decompress.Unreadable, match="cap"):
-        decompress.lz4_block_decompress(b"", decompress.DECODE_CAP + 1)
+        decompress.lz4_block_decompress(b"", decompress.ENTRY_CAP + 1)
 
 
 @pytest.mark.skipif(decompress.zstd_decoder() is None, reason="no zstd decoder on this host "
