@@ -81,6 +81,33 @@ rewritten from all stored runs.
 """
 
 
+# Measured figures behind choices in the code: the code says what it does and why; the figures it
+# rests on are kept here, with where and when they were measured, since they go stale.
+FIGURES = """
+## Figures behind choices in the code
+
+Each choice below is made in the code; the figure that backs it was measured once, where named,
+and is not re-measured by the runs above. Lab: this machine's test lab (2 cores, torch CPU venv of
+about 900 MB). H100, H200: the lent GPU hosts (16 cores, `/opt/torch/.venv`: 7.2 GB), see
+docs/h200.md. -: the comment that carried it did not say where.
+
+| choice (where) | figure | measured on |
+|---|---|---|
+| tar record `-b 256` (128 KiB) on both ends instead of the default 20 blocks (`rbkit.stream.TAR_RECORD`) | the torch venv through a pipe: tar -c 0.60 -> 0.40 s of CPU, tar -x 1.03 -> 0.68 s (ten times fewer reads and writes on each side of each pipe) | lab |
+| streams side by side, one per two cores, at most 8 (`rbkit.stream.MAX_STREAMS`, `stream_count`) | one tar pair 1.4 GB/s; eight pairs 5-6x that (`/opt/torch/.venv` to tmpfs 6.3-8.6 s -> 1.1-1.6 s) | H100 |
+| a receiver of two cores hashes in the parser's thread, no hashing threads (`rbkit.tarstream`, engine.receive) | 0.9 s of CPU for the torch venv, against 1.05 s with a parser thread and one hasher | lab |
+| files up to 64 KiB hashed in the parser's thread (`rbkit.tarstream.INLINE`) | the 64 KiB - 1 MiB files of the venv, 0.5 GB in 3,060 files, taken off that thread | H200 |
+| digests of a tree by forked processes where the process has no threads (`rbkit.filehash.digests`, `rbprobes.workers`) | 8 threads of one Python hashed `/opt/torch/.venv` in 3.8-7 s (one thread's pace), 8 processes in 1.2 s | H100 |
+| threads take paths from one shared iterator, no pool (`rbkit.filehash.digests`) | a thread pool's per-file futures cost 0.5 s of CPU on 21k files, as much as half the hashing | lab |
+| manifest lines put together by hand for the usual values (`rbkit.manifest.entry_line`, `stat_line`) | 3x (entry lines) and 2x (stat lines) faster than the json module on a big tree | - |
+| a manifest's lines parsed in one `json.loads` (`rbkit.manifest.load_fingerprinted`) | a call per line costs twice as much | - |
+| decoding limits: an entry cap, a run's output budget and deadline (`rbprobes.decompress`) | issue 33 N8: ten 1 MB LZ4 entries that expanded to 256 MB each took 9.7 s and 552 MB in the source preflight | - |
+| `ENTRY_CAP` 128 MiB (`rbprobes.decompress`) | the largest real entries seen: 70.9 MB (PTX of compute_75 in libcusparseLt.so.0, cusparselt-cu13 0.8.1), 48.8 MB (libcudnn_engines_precompiled.so.9), 42.3 MB (libtorch_cuda.so, torch 2.14.1) | real wheels |
+| the probe leaves without the interpreter's teardown (`rbprobes.cli`, `_hard_exit`) | with torch loaded the teardown takes 0.3-1 s of the probe step | - |
+| the catalog's entries kept in the cache as JSON (`compiler.catalog._entries`) | the pure-Python YAML reader takes about 6 ms for the catalog, the JSON about 0.1 ms | - |
+| shellcheck's clean results remembered (`compiler.lint`) | shellcheck takes about 2 s on a runbook | - |
+"""
+
 def _detail(recs: dict, rid: str, step: str) -> str:
     r = recs.get(rid)
     for smp in (r or {}).get("samples", []):
@@ -266,4 +293,4 @@ def write(results_dir: Path, path: Path) -> None:
         closing = _analysis(r, shaped if r is not shaped else None)
         if closing:
             break
-    report.write_doc(results_dir, path, HEAD, closing)
+    report.write_doc(results_dir, path, HEAD, closing + FIGURES)

@@ -80,9 +80,9 @@ def _read() -> list[GpuModel]:
 
 
 def _entries(text: str) -> list[dict]:
-    """The `gpus:` entries of the catalog's text. The pure-Python YAML reader takes ~6 ms for it in
-    every compile, so what it read is kept in the cache as JSON (~0.1 ms to read), named by the
-    sha256 of the text: an edited catalog is read afresh."""
+    """The `gpus:` entries of the catalog's text. The pure-Python YAML reader is slow next to the
+    json module, so what it read is kept in the cache as JSON, named by the sha256 of the text: an
+    edited catalog is read afresh."""
     cache = cache_dir("catalog")
     kept = cache / f"{hashlib.sha256(text.encode()).hexdigest()}.json" if cache else None
     if kept is not None:

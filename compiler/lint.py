@@ -82,7 +82,7 @@ def shellcheck(text: str) -> list[str]:
     """shellcheck findings as 'line:col: SCxxxx (level): message' lines; empty when clean.
 
     A clean result is remembered by the sha256 of (shellcheck binary, options, script text), so
-    `compile --check` and re-compiles of unchanged specs do not pay shellcheck's ~2 s again.
+    `compile --check` and re-compiles of unchanged specs do not pay for shellcheck again.
     RB_LINT_CACHE=0 turns the cache off.
     """
     return shellcheck_all([text])[0]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: b41e0f63bcd00c4de31543c750fbcbf19e0fb7a65d6b8b8e7f5745ce7b641d15
+# sha256 of this file with these 64 digits zeroed: dd616b625327dcb2c9b6778be8ca4f96c448ae291d66d3cda479bf151ba8bc48
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0
-readonly RB_KIT_FILE=.kit/ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0.tar
+readonly RB_KIT_SHA256=f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0
+readonly RB_KIT_FILE=.kit/f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

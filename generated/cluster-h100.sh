@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: fff252585c7c2c7791843f580783b9d370e4d59148bd2c9405a51bf2616477c5
+# sha256 of this file with these 64 digits zeroed: d63c1705b8febc943b881824267e35d89e1dce888132ab2714638164409e88e5
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0
-readonly RB_KIT_FILE=.kit/ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0.tar
+readonly RB_KIT_SHA256=f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0
+readonly RB_KIT_FILE=.kit/f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: cdf9fdc6a2fb8a26217eab9f04a4a8bee87387ad9acc58f72411636dbcf072c0
+# sha256 of this file with these 64 digits zeroed: 5f3560cc6f572adce3edc3ca932b3c1e63f9099e2a72c5e6f0a775b2eae552ba
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0
-readonly RB_KIT_FILE=.kit/ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0.tar
+readonly RB_KIT_SHA256=f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0
+readonly RB_KIT_FILE=.kit/f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f1dd88713203154e9cc372347eb234a2a709ad9abd281d8169a7952a10c890fb
+# sha256 of this file with these 64 digits zeroed: f0efb3993287f4087baa7133ca7b1bc6dc65512542fac8e7703e87f0ce28091f
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0
-readonly RB_KIT_FILE=.kit/ada61cfa8605c22fad2fe596632b1a6f5f59f02d778d6ec98c03f609068d89e0.tar
+readonly RB_KIT_SHA256=f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0
+readonly RB_KIT_FILE=.kit/f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -6,7 +6,7 @@ leave the tree, device nodes) and refuses it unless the spec allows it; `strip_s
 those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
 the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
 replace a link with a directory, journal a swap that cannot be one rename, keep each backup
-independent of the live install, and bring back an install's own env file.
+independent of the live install (rbkit.installs), and bring back an install's own env file.
 """
 
 from __future__ import annotations
@@ -14,18 +14,20 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import shutil
 import stat
 from typing import List, Optional
 
+from rbrules import links
+
 from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
+from .installs import (backup_dirs, backups, describe_install, failed_mark,  # noqa: F401
+                       failed_path, list_installs, read_info, remove, set_checks, unshare_backup,
+                       write_info)
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     backup_dirs, backups, describe_install, failed_mark, failed_path,
-                     journal_path, list_installs, prune_backups, read_info, recover_swap, remove,
-                     restore, set_checks, swap, unshare_backup, write_info)
+                     journal_path, prune_backups, recover_swap, restore, swap)
 
 __all__ = [
     "scan", "link_escapes", "strip_special", "free_bytes", "stage",
@@ -38,50 +40,30 @@ __all__ = [
 
 SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
 OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
-# the venv's own interpreter links (bin/python -> /usr/bin/python3.12): outside the tree by design
-INTERPRETER_LINK = re.compile(r"^bin/(?:python|pypy)[0-9.]*$")
 
 
 def _octal(mode: int) -> str:
     return "%04o" % mode
 
 
-def link_escapes(root: str, rel: str, target: str, max_hops: int = 40) -> bool:
-    """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it. An
-    absolute target always does (at the destination it names the source's path or the host's
-    files); a relative one is resolved component by component against the tree, following the
-    links it meets as the kernel would (`dot -> .` then `x -> dot/..` is the tree's parent, which
-    a lexical normpath calls inside). A target that does not exist (yet) leads nowhere: False."""
-    if target.startswith("/"):
-        return True
-    stack = [p for p in rel.split("/")[:-1] if p]
-    todo = target.split("/")
-    hops = 0
-    while todo:
-        part = todo.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not stack:
-                return True
-            stack.pop()
-            continue
-        here = os.path.join(root, *stack, part)
+def link_escapes(root: str, rel: str, target: str, max_hops: int = links.MAX_HOPS) -> bool:
+    """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it
+    (rbrules.links.leaves, the tree read here). An absolute target always does: at the
+    destination it names the source's path or the host's files."""
+    return links.leaves(rel, target, _lookup(root), max_hops=max_hops)
+
+
+def _lookup(root: str) -> links.Lookup:
+    """rbrules.links' view of the tree `root`: a link's text, "" for another entry, None for
+    nothing there."""
+    def lookup(rel: str) -> Optional[str]:
+        here = os.path.join(root, rel)
         try:
             st = os.lstat(here)
         except OSError:
-            return False                      # dangling (or through a file): resolves nowhere
-        if stat.S_ISLNK(st.st_mode):
-            hops += 1
-            if hops > max_hops:
-                return False                  # a loop: the kernel gives ELOOP, nothing is reached
-            inner = os.readlink(here)
-            if inner.startswith("/"):
-                return True
-            todo = inner.split("/") + todo
-            continue
-        stack.append(part)
-    return False
+            return None
+        return os.readlink(here) if stat.S_ISLNK(st.st_mode) else ""
+    return lookup
 
 
 def scan(root: str, patterns, names_path: Optional[str] = None, *,
@@ -122,75 +104,102 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             if key.strip() in ("version", "version_info", "home"):
                 out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
-        files = dirs = links = 0
-        apparent = disk = need = 0
-        names: List[bytes] = []
-        multi: List[bytes] = []
-        inodes: set = set()            # (st_dev, st_ino) of the files of more than one link
-        special: List[dict] = []
-        outside: List[dict] = []
-        devices: List[str] = []
-        sparse: List[str] = []
-        not_utf8: List[str] = []
-        lines: List[bytes] = []
-        strip = special_modes == "strip"
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        tally = _Tally(root, special_modes == "strip", bool(names_path))
         for rel, st in manifest.walk(root, patterns):
-            values = manifest.stat_values(root, rel, st, strip)
-            try:
-                lines.append(manifest.values_line(values))
-            except UnicodeEncodeError:
-                # a name (or link target) of bytes that are not UTF-8: no manifest records it
-                not_utf8.append(_shown(rel))
-            if names_path:
-                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
-            blocks = st.st_blocks * 512
-            disk += blocks
-            mode = stat.S_IMODE(st.st_mode)
-            if values[1] == "l":
-                links += 1
-                need += blocks
-                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, values[4]):
-                    outside.append({"p": rel, "l": values[4]})
-                continue
-            if mode & manifest.SPECIAL_BITS:
-                special.append({"p": rel, "m": _octal(mode)})
-            if stat.S_ISREG(st.st_mode):
-                files += 1
-                if st.st_nlink > 1:
-                    if names_path:
-                        multi.append(b"[%d, %d, %d]\n" % (len(names) - 1, st.st_dev, st.st_ino))
-                    if (st.st_dev, st.st_ino) in inodes:
-                        disk -= blocks         # its data is counted (and sent, and stored) once
-                        continue
-                    inodes.add((st.st_dev, st.st_ino))
-                apparent += st.st_size
-                need += max(blocks, -(-st.st_size // 4096) * 4096)
-                if blocks + 4096 <= st.st_size:
-                    sparse.append(rel)
-            elif stat.S_ISDIR(st.st_mode):
-                dirs += 1
-                need += max(blocks, 4096)
-            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                devices.append(rel)
+            tally.add(rel, st)
         if names_path:
-            # this run's private files: no fsync
-            safefs.write_file(names_path, b"".join(names), 0o600, sync=False)
-            safefs.write_file(names_path + manifest.SCAN_SUFFIX,
-                              manifest.scan_header(root, patterns, strip) + b"".join(lines), 0o600,
-                              sync=False)
-            safefs.write_file(names_path + manifest.LINKS_SUFFIX, b"".join(multi), 0o600,
-                              sync=False)
-        out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
-                   need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),
-                   special_modes=special[:limit], special_modes_count=len(special),
-                   special_modes_action=special_modes, outside_links=outside[:limit],
-                   outside_links_count=len(outside), devices=devices[:limit],
-                   sparse_files=sparse[:limit], sparse_count=len(sparse))
-        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices,
-                                  not_utf8)
+            tally.write(names_path, patterns)
+        out.update(tally.values(limit, special_modes))
+        out["refusal"] = _refusal(tally.special, special_modes, tally.outside, outside_links,
+                                  tally.devices, tally.not_utf8)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
+
+
+class _Tally:
+    """What `scan` gathers over one walk of `root`: the counts and sizes it reports, what it
+    refuses on (special modes, outside links, devices, names that are not UTF-8), and, when
+    `names` is set, the records it writes for `tar -T` and the manifest build."""
+
+    def __init__(self, root: str, strip: bool, names: bool):
+        self.root, self.strip, self.keep_names = root, strip, names
+        self.lookup = _lookup(root)
+        self.files = self.dirs = self.links = 0
+        self.apparent = self.disk = self.need = 0
+        self.names: List[bytes] = []
+        self.multi: List[bytes] = []   # [index in names, st_dev, st_ino] of multi-link files
+        self.inodes: set = set()       # (st_dev, st_ino) of the files of more than one link
+        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        self.lines: List[bytes] = []
+        self.special: List[dict] = []
+        self.outside: List[dict] = []
+        self.devices: List[str] = []
+        self.sparse: List[str] = []
+        self.not_utf8: List[str] = []
+
+    def add(self, rel: str, st: os.stat_result) -> None:
+        values = manifest.stat_values(self.root, rel, st, self.strip)
+        try:
+            self.lines.append(manifest.values_line(values))
+        except UnicodeEncodeError:
+            # a name (or link target) of bytes that are not UTF-8: no manifest records it
+            self.not_utf8.append(_shown(rel))
+        if self.keep_names:
+            self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
+        blocks = st.st_blocks * 512
+        self.disk += blocks
+        mode = stat.S_IMODE(st.st_mode)
+        if values[1] == "l":
+            self.links += 1
+            self.need += blocks
+            if not links.interpreter_link(rel) and links.leaves(rel, values[4], self.lookup):
+                self.outside.append({"p": rel, "l": values[4]})
+            return
+        if mode & manifest.SPECIAL_BITS:
+            self.special.append({"p": rel, "m": _octal(mode)})
+        if stat.S_ISREG(st.st_mode):
+            self._file(rel, st, blocks)
+        elif stat.S_ISDIR(st.st_mode):
+            self.dirs += 1
+            self.need += max(blocks, 4096)
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            self.devices.append(rel)
+
+    def _file(self, rel: str, st: os.stat_result, blocks: int) -> None:
+        self.files += 1
+        if st.st_nlink > 1:
+            if self.keep_names:
+                self.multi.append(b"[%d, %d, %d]\n" % (len(self.names) - 1, st.st_dev,
+                                                        st.st_ino))
+            if (st.st_dev, st.st_ino) in self.inodes:
+                self.disk -= blocks            # its data is counted (and sent, and stored) once
+                return
+            self.inodes.add((st.st_dev, st.st_ino))
+        self.apparent += st.st_size
+        self.need += max(blocks, -(-st.st_size // 4096) * 4096)
+        if blocks + 4096 <= st.st_size:
+            self.sparse.append(rel)
+
+    def write(self, names_path: str, patterns: List[str]) -> None:
+        """The names for `tar -T`, the scan record (NAMES.stat) and the multi-link files
+        (NAMES.links): this run's private files, no fsync."""
+        safefs.write_file(names_path, b"".join(self.names), 0o600, sync=False)
+        safefs.write_file(names_path + manifest.SCAN_SUFFIX,
+                          manifest.scan_header(self.root, patterns, self.strip)
+                          + b"".join(self.lines), 0o600, sync=False)
+        safefs.write_file(names_path + manifest.LINKS_SUFFIX, b"".join(self.multi), 0o600,
+                          sync=False)
+
+    def values(self, limit: int, special_modes: str) -> dict:
+        """scan's answer: the counts, and the first `limit` of each list."""
+        return dict(files=self.files, dirs=self.dirs, links=self.links, bytes=self.apparent,
+                    disk_bytes=self.disk, need_bytes=self.need,
+                    stat_fingerprint=hashlib.sha256(b"".join(self.lines)).hexdigest(),
+                    special_modes=self.special[:limit], special_modes_count=len(self.special),
+                    special_modes_action=special_modes,
+                    outside_links=self.outside[:limit], outside_links_count=len(self.outside),
+                    devices=self.devices[:limit], sparse_files=self.sparse[:limit],
+                    sparse_count=len(self.sparse))
 
 
 def _count(items: list, one: str, many: str) -> str:

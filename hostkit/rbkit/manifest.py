@@ -20,18 +20,15 @@ import json
 import os
 import re
 import stat
-import sys
-import threading
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
-
-from rbprobes import workers
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from . import safefs
+# public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
+from .filehash import CHUNK, Changed, digest, digests, hasher  # noqa: F401
 
 SCHEMA = 1
-CHUNK = 1 << 20
 # written into an install by the install itself (its manifest, its versioned env file, the mark
-# of a build whose checks failed, its record (swapfs.INFO)): never compared, never sent
+# of a build whose checks failed, its record (installs.INFO)): never compared, never sent
 SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed", ".rb-install.json")
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
@@ -136,111 +133,6 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
         stack.extend(reversed(subdirs))
 
 
-def hasher(algo: str) -> Callable[[], Any]:
-    """A function making a new hash of `algo` (blake2b: 32 bytes; hashlib's named constructors
-    are faster than hashlib.new)."""
-    if algo == "blake2b":
-        return functools.partial(hashlib.blake2b, digest_size=32)
-    return getattr(hashlib, algo, None) or functools.partial(hashlib.new, algo)
-
-
-class Changed(ValueError):
-    """A file read for its digest did not have the size the walk (or the scan) saw: the source
-    changed while it was being moved."""
-
-
-def digest(path: str, algo: str, buf: Optional[bytearray] = None,
-           size: Optional[int] = None) -> str:
-    """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
-    path to another file. `buf`: a buffer of CHUNK bytes to read into (one per thread: no new
-    1 MiB object, and no fresh pages, each read). `size`: what the walk saw; other than the bytes
-    read, Changed is raised (the digest would not be of the entry's file)."""
-    h = hasher(algo)()
-    if buf is None:
-        buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    total = 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
-    with open(fd, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            total += n
-            h.update(view[:n])
-    if size is not None and total != size:
-        raise Changed("%s: %d bytes read, %d when the tree was walked: it changed while being "
-                      "moved (stop what writes to the source, then run again)" % (path, total, size))
-    return h.hexdigest()
-
-
-def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
-    """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
-    their order. Where this process has no threads, by `jobs` forked workers taking the biggest
-    files first (_digests_forked): on the H100 host 8 threads of one Python hashed
-    /opt/torch/.venv (7.2 GB) in 3.8-7 s, one thread's pace, 8 processes in 1.2 s. Else by `jobs`
-    threads that take the next path from one shared iterator (no task object nor wake-up per
-    file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files here, as much as half
-    the hashing). The first error (in the order of `rels`) is raised once every worker stopped."""
-    n = max(1, min(jobs, len(rels)))
-    if n > 1 and workers.forkable():
-        return _digests_forked(root, rels, algo, n, sizes)
-    out: list = [None] * len(rels)
-    todo = iter(enumerate(rels))
-    errors: list = []
-
-    def work() -> None:
-        buf = bytearray(CHUNK)
-        # errors looked at before a path is taken, never after: a path taken is hashed, so every
-        # path before the first one that failed is (its error, if any, is the one raised)
-        while not errors:
-            try:
-                i, rel = next(todo)         # a list iterator's next() is one step under the GIL
-            except StopIteration:
-                return
-            try:
-                out[i] = digest(os.path.join(root, rel), algo, buf,
-                                None if sizes is None else sizes[i])
-            except BaseException as exc:     # re-raised below, in the caller
-                errors.append((i, exc))
-                return
-
-    if n == 1:
-        work()
-    else:
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise min(errors, key=lambda e: e[0])[1]
-    return out
-
-
-def _digests_forked(root: str, rels: list, algo: str, jobs: int,
-                    sizes: Optional[list]) -> list:
-    """digests() by forked workers (rbprobes.workers.over_workers), the biggest files first: a file
-    a worker could not hash (or that no worker answered for) is hashed here again, in order, so
-    that the first error is raised here as the threads' is."""
-    buf = bytearray(CHUNK)
-
-    def fn(i: int) -> Optional[str]:
-        try:
-            return digest(os.path.join(root, rels[i]), algo, buf,
-                          None if sizes is None else sizes[i])
-        except Exception:
-            return None
-
-    got, _workers = workers.over_workers(fn, list(sizes) if sizes is not None
-                                         else [0] * len(rels), jobs)
-    for i, h in enumerate(got):
-        if h is None:
-            got[i] = digest(os.path.join(root, rels[i]), algo, buf,
-                            None if sizes is None else sizes[i])
-    return got
-
-
 def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
     return entry_from(stat_values(root, rel, st))
 
@@ -275,8 +167,8 @@ _FILE_KEYS = frozenset(("h", "m", "mt", "p", "s", "t"))
 
 def entry_line(entry: dict) -> str:
     """An entry as a manifest's line holds it (without the newline): json.dumps with sorted keys,
-    put together here for a hashed file's usual values (str and int: 3x faster on a big tree;
-    every install writes two manifests of every entry)."""
+    put together here for a hashed file's usual values (str and int: faster than the encoder on a
+    big tree, and every install writes two manifests of every entry)."""
     if entry.keys() == _FILE_KEYS:
         h, m, mt, p, s = entry["h"], entry["m"], entry["mt"], entry["p"], entry["s"]
         if (type(h) is str and type(p) is str and type(m) is int and type(mt) is int
@@ -289,7 +181,7 @@ def entry_line(entry: dict) -> str:
 def stat_line(entry: dict) -> bytes:
     """JSON of the entry's STAT_KEYS values as a list, and a newline: the bytes the json module
     writes (stat fingerprints compare with those of earlier installs), put together here for the
-    usual values (str, int, None: 2x faster on a big tree)."""
+    usual values (str, int, None: faster than the encoder on a big tree)."""
     parts = []
     for k in STAT_KEYS:
         v = entry.get(k)
@@ -496,8 +388,8 @@ def load_fingerprinted(path: str) -> Tuple[dict, str]:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     rows = [line for line in text.split("\n") if line.strip()]
-    # one parse of all the lines (a call per line costs twice as much); a line that holds more
-    # or less than one value is refused as before
+    # one parse of all the lines (cheaper than a call per line); a line that holds more or less
+    # than one value is refused: the count of values differs from the count of lines
     lines = json.loads("[" + ",".join(rows) + "]") if rows else []
     if (len(lines) != len(rows) or not lines or not isinstance(lines[0], dict)
             or not isinstance(lines[-1], dict) or lines[0].get("kind") != "rb-manifest"

@@ -31,10 +31,10 @@ COMPRESSION: Dict[str, Dict[str, Any]] = {
 }
 
 
-# tar's record on both ends of the stream: 256 blocks (128 KiB) instead of its default 20 (10 KiB):
-# the torch venv's 900 MB through a pipe took tar -c 0.60 -> 0.40 s of CPU and tar -x 1.03 ->
-# 0.68 s on the lab's cores (ten times fewer reads and writes, on both sides of each pipe). Either
-# end reads the other's records whatever their size (GNU tar reblocks a pipe's short reads).
+# tar's record on both ends of the stream: 256 blocks (128 KiB) instead of its default 20 (10 KiB),
+# ten times fewer reads and writes on both sides of each pipe (the CPU it saves: docs/benchmarks.md,
+# "Figures behind choices in the code"). Either end reads the other's records whatever their size
+# (GNU tar reblocks a pipe's short reads).
 TAR_RECORD = ["-b", "256"]
 
 
@@ -296,9 +296,9 @@ def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
 
 
 # Several streams side by side, where the sending end starts the receiving ends (one host, or
-# the direct route): one tar pair moves 1.4 GB/s on a 16-core host, eight pairs 5-6x that (an
-# H100 host, /opt/torch/.venv to tmpfs: 6.3-8.6 s -> 1.1-1.6 s). One stream per two of the
-# cores the run may use (its jobs), at most MAX_STREAMS, none below STREAMS_MIN_BYTES.
+# the direct route): one tar pair is bound by one core's tar, so pairs side by side scale with the
+# cores (figures: docs/benchmarks.md, "Figures behind choices in the code"). One stream per two of
+# the cores the run may use (its jobs), at most MAX_STREAMS, none below STREAMS_MIN_BYTES.
 MAX_STREAMS = 8
 STREAMS_MIN_BYTES = 256 << 20
 

@@ -1,4 +1,6 @@
-"""Putting a staging in place, and an earlier install back: swap, restore, backups, the journal.
+"""Putting a staging in place, and an earlier install back: swap, restore, pruning the backups,
+the journal. What the installs beside a destination are (backups, the failed one, their records)
+is rbkit.installs.
 
 Public through rbkit.hostfs (hostfs.swap, hostfs.restore, ...). One rename where the file system
 can exchange two names (renameat2 RENAME_EXCHANGE); elsewhere (NFS) two renames, journaled beside
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
@@ -19,15 +20,15 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import exports, manifest, privacy, safefs
+from . import exports, safefs
+from .installs import (FAILED_MARK, backup_dirs, describe_install, failed_mark, failed_path,
+                       foreign_backups, is_real_dir, next_backup, not_ours, read_info, remove,
+                       unshare_backup)
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-FICLONE = 0x40049409
 SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
-FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
-INFO = ".rb-install.json"                      # what an install is: when, from what, its checks
 
 
 def _renameat2(src: str, dst: str, flags: int) -> bool:
@@ -46,125 +47,11 @@ def _renameat2(src: str, dst: str, flags: int) -> bool:
     raise OSError(err, os.strerror(err), dst)
 
 
-def backups(dest: str) -> list[tuple[int, str]]:
-    """(number, path) of every name `DEST.rb-backup.N` beside `dest`, oldest first (whatever they
-    are: `backup_dirs` keeps the real directories)."""
-    parent, base = os.path.split(dest)
-    pat = re.compile(re.escape(base) + r"\.rb-backup\.([0-9]+)$")
-    found = []
-    for name in os.listdir(parent or "."):
-        m = pat.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(parent, name)))
-    return sorted(found)
-
-
-def backup_dirs(dest: str) -> list[tuple[int, str]]:
-    """The backups that are real directories of ours (a link named like one, or a directory
-    another user made there, is not ours to use: `foreign_backups` says why)."""
-    return [(n, p) for n, p in backups(dest) if _is_real_dir(p) and _not_ours(p) is None]
-
-
-def _not_ours(path: str) -> Optional[str]:
-    """Why the directory `path`, named like a backup, may have been planted by another user (None:
-    it cannot have been). In a private parent (rbkit.privacy) only this user and root make
-    entries, so every one is ours, whoever owns it (a previous install of another user, moved
-    aside by a swap). In a parent others can write (transfer.shared_parent: allow), one owned by
-    another user than this one or root, or writable by every user, is not ours: only root can
-    give a directory another owner, so one planted there keeps its planter's. Group write is not
-    judged: extraction keeps the source root's (umask 002)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if privacy.why_not_private(os.path.dirname(os.path.abspath(path)), os.geteuid()) is None:
-        return None
-    if st.st_uid not in (os.geteuid(), 0):
-        return (f"{path} is owned by {privacy.owner(st)}, not by "
-                f"{privacy.user_name(os.geteuid())}: not a "
-                "backup this kit made (another user can make a directory of that name beside "
-                "the destination); it is never restored, counted or removed: look at it and "
-                "remove it")
-    if stat.S_IMODE(st.st_mode) & 0o002:
-        return (f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): not a "
-                "backup this kit made; it is never restored, counted or removed: look at it and "
-                "remove it")
-    return None
-
-
-def foreign_backups(dest: str) -> list[str]:
-    """Why each directory named like a backup of `dest` is not one of ours (`_not_ours`)."""
-    return [why for _n, p in backups(dest) if _is_real_dir(p)
-            for why in [_not_ours(p)] if why is not None]
-
-
-def _is_real_dir(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _next_backup(dest: str) -> str:
-    found = backups(dest)
-    return f"{dest}.rb-backup.{(found[-1][0] + 1) if found else 1}"
-
-
 def _refuse_link(path: str, what: str) -> None:
     if os.path.islink(path):
         raise OSError(errno.ELOOP, f"the {what} {path} is a symlink to {os.readlink(path)}: refusing "
                       "to replace a link with a directory (its target would be left behind, and the "
                       f"next steps would act on the link); name {os.path.realpath(path)} itself")
-
-
-def failed_mark(path: str) -> Optional[str]:
-    """Why the install at `path` was rolled back (its checks failed), or None."""
-    got = safefs.read_in(path, FAILED_MARK, limit=64 << 10)
-    return got[0].decode("utf-8", "replace").strip() if got is not None else None
-
-
-def failed_path(dest: str) -> str:
-    """Where the one install whose checks failed is kept apart: `DEST.rb-failed` (never a backup:
-    never counted toward keep_backups, never restored without being named, replaced by the next
-    failure)."""
-    return os.path.abspath(dest) + ".rb-failed"
-
-
-def read_info(path: str) -> dict:
-    """The install's own record (INFO, written by the engine: `installed` (UTC, ISO 8601),
-    `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
-    failed: ...), `put_back_after`); {} when it has none or it is not one."""
-    got = safefs.read_in(path, INFO, limit=64 << 10)
-    try:
-        doc = json.loads(got[0]) if got is not None else {}
-    except ValueError:
-        doc = {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def write_info(path: str, **fields: object) -> dict:
-    """Merge `fields` into the install's record (a None value removes the key)."""
-    doc = read_info(path)
-    doc.update(fields)
-    doc = {k: v for k, v in doc.items() if v is not None}
-    safefs.write_in(path, INFO, json.dumps(doc, sort_keys=True).encode() + b"\n", 0o644)
-    return doc
-
-
-def set_checks(path: str, passed: bool, why: str = "") -> None:
-    """Record the checks' verdict on the install at `path`: passed (the failure mark removed), or
-    failed (marked: FAILED_MARK says why)."""
-    write_info(path, checks="passed" if passed else "failed: " + why)
-    if passed:
-        dir_fd = safefs.open_dir(path)
-        try:
-            os.unlink(FAILED_MARK, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(dir_fd)
-    else:
-        safefs.write_in(path, FAILED_MARK, why.encode("utf-8") + b"\n", 0o644)
 
 
 def _keep_failed(path: str, dest: str) -> str:
@@ -178,31 +65,6 @@ def _keep_failed(path: str, dest: str) -> str:
     os.rename(path, target)
     _sync_parent(os.path.dirname(target))
     return target
-
-
-def _size(path: str) -> int:
-    total = 0
-    for _rel, st in manifest.walk(path, ordered=False):
-        if stat.S_ISREG(st.st_mode):
-            total += st.st_size
-    return total
-
-
-def list_installs(dest: str) -> List[dict]:
-    """What `--list-backups` shows: each backup of `dest` (oldest first), the failed install kept
-    apart, and the one in place, each with `path`, `number` (None: not a backup), `kind`
-    (backup, failed, in place), its record (read_info), `failed` (failed_mark) and `size`."""
-    rows = [(n, p, "backup") for n, p in backup_dirs(dest)]
-    if _is_real_dir(failed_path(dest)):
-        rows.append((None, failed_path(dest), "failed"))
-    if _is_real_dir(dest):
-        rows.append((None, os.path.abspath(dest), "in place"))
-    out = []
-    for number, path, kind in rows:
-        info = read_info(path)
-        out.append({"number": number, "path": path, "kind": kind, "info": info,
-                    "failed": failed_mark(path), "size": _size(path)})
-    return out
 
 
 # -- the journal of a swap that is more than one rename ---------------------------------------
@@ -314,7 +176,7 @@ def recover_swap(dest: str) -> Optional[dict]:
         action, detail = "nothing", "the swap had not started; the previous install is in place"
     elif staging and _ino(staging) == ino:
         if doc["policy"] == "backup":
-            target = old_at if not os.path.lexists(old_at) else _next_backup(dest)
+            target = old_at if not os.path.lexists(old_at) else next_backup(dest)
             os.rename(staging, target)
             action, detail = "finished", f"the previous install moved to {target}"
         else:
@@ -345,7 +207,7 @@ def _recover_restore(dest: str, doc: dict, parent: str, old_at: str) -> dict:
         os.rename(old_at, dest)
         action, detail = "undone", f"the install that was current is back at {dest}"
     elif _ino(old_at) == ino:
-        os.rename(old_at, backup if not os.path.lexists(backup) else _next_backup(dest))
+        os.rename(old_at, backup if not os.path.lexists(backup) else next_backup(dest))
         action, detail = "finished", "the restored install is in place"
     else:
         action, detail = "nothing", "the restore had not started, or had finished"
@@ -373,9 +235,9 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
     recovered = recover_swap(dest)
     _refuse_link(dest, "destination")
     _refuse_link(staging, "staging directory")
-    if os.path.lexists(dest) and not _is_real_dir(dest):
+    if os.path.lexists(dest) and not is_real_dir(dest):
         raise FileExistsError(f"the destination {dest} exists and is not a directory")
-    if not _is_real_dir(staging):
+    if not is_real_dir(staging):
         raise FileNotFoundError(f"staging directory {staging} is missing")
     parent = os.path.dirname(os.path.abspath(dest))
     if os.path.dirname(os.path.abspath(staging)) != parent:
@@ -392,7 +254,7 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
         raise FileExistsError(f"{dest} exists and on_existing is refuse")
     # an install whose checks failed (on_failed_checks: keep) is kept apart, never as a backup
     was_failed = policy == "backup" and failed_mark(dest) is not None
-    old_at = (failed_path(dest) if was_failed else _next_backup(dest)) if policy == "backup" \
+    old_at = (failed_path(dest) if was_failed else next_backup(dest)) if policy == "backup" \
         else os.path.join(parent, "." + os.path.basename(os.path.abspath(dest)) + ".rb-old")
     if (policy != "backup" or was_failed) and os.path.lexists(old_at):
         remove(old_at)       # debris of an earlier replace (its journal is gone), an older failure
@@ -435,14 +297,6 @@ def _after_swap(result: dict, dest: str, keep_backups: Optional[int]) -> dict:
     return result
 
 
-def remove(path: str) -> None:
-    """Remove a directory tree, or a link or file (never what a link points to)."""
-    if _is_real_dir(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
 def prune_backups(dest: str, keep: int) -> List[str]:
     """Remove all but the `keep` newest good backups of `dest` (transfer.keep_backups, at least 1:
     the newest is what a rollback puts back). A backup marked as failed its checks (left by an
@@ -459,96 +313,6 @@ def prune_backups(dest: str, keep: int) -> List[str]:
         shutil.rmtree(path)
         removed.append(path)
     return removed
-
-
-def _copy_over(root: str, rel: str, st: os.stat_result) -> bool:
-    """Replace `rel` in `root` with a copy of itself (a new inode, same content, mode, owner and
-    times): a reflink where the file system has them (free), else an in-kernel copy. True when
-    it was a reflink."""
-    head, name = os.path.split(rel)
-    dir_fd = safefs.open_dir(root, head)
-    try:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        try:
-            if (os.fstat(src).st_ino, os.fstat(src).st_dev) != (st.st_ino, st.st_dev):
-                raise OSError(errno.ESTALE, "changed while the tree was walked", rel)
-            fd, tmp = safefs.make_temp(dir_fd, name, 0o600)
-            try:
-                try:
-                    fcntl.ioctl(fd, FICLONE, src)
-                    cloned = True
-                except OSError:
-                    cloned = False
-                    offset = 0
-                    while offset < st.st_size:
-                        n = os.sendfile(fd, src, offset, min(1 << 30, st.st_size - offset))
-                        if n == 0:
-                            break
-                        offset += n
-                os.fchown(fd, st.st_uid, st.st_gid)
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))          # after chown, which clears setuid
-                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except (OSError, UnboundLocalError):
-                pass
-            raise
-        finally:
-            os.close(src)
-    finally:
-        os.close(dir_fd)
-    return cloned
-
-
-def unshare_backup(backup: str, dest: str) -> dict:
-    """Make `backup` independent of the live install at `dest`: each file of it that is the same
-    inode as the same path in `dest` (an incremental install hard-links the unchanged files of
-    the previous install into its staging) is replaced in the backup by a copy with the same
-    content, mode, owner and times. Then a later in-place write to the live install (a tool that
-    rewrites a file instead of replacing it) cannot change the backup a rollback would put back.
-    The live install keeps its inodes. A reflink where the file system has them costs nothing;
-    elsewhere it is a local copy of the unchanged bytes, made after the swap, so the new install
-    is in place no later. Returns {"files", "bytes", "reflinked"}."""
-    files = nbytes = reflinked = 0
-    for rel, st in manifest.walk(backup):
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
-            continue
-        try:
-            live = os.lstat(os.path.join(dest, rel))
-        except OSError:
-            continue
-        if (live.st_dev, live.st_ino) != (st.st_dev, st.st_ino):
-            continue
-        reflinked += _copy_over(backup, rel, st)
-        files += 1
-        nbytes += st.st_size
-    return {"files": files, "bytes": nbytes, "reflinked": reflinked}
-
-
-def describe_install(path: str) -> dict:
-    """What an install is, for a restore's report: where, the source it was made from, whether
-    it was rolled back for failed checks, and a stat check of it against its own manifest (a file
-    changed since it was installed, e.g. written in place, is named)."""
-    out: dict = {"path": path, "failed": failed_mark(path), "info": read_info(path)}
-    got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
-    if got is None:
-        out.update(source_fingerprint=None,
-                   tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
-        return out
-    try:
-        lines = [json.loads(line) for line in got[0].decode("utf-8").splitlines() if line.strip()]
-        m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
-    except (ValueError, KeyError, IndexError):
-        out.update(source_fingerprint=None,
-                   tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"})
-        return out
-    out["source_fingerprint"] = m["header"].get("source_fingerprint")
-    out["tree_check"] = manifest.check_tree(path, m)
-    return out
 
 
 def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
@@ -584,19 +348,19 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
     found = dict(backup_dirs(dest))
     foreign = foreign_backups(dest)
     if from_failed:
-        if not _is_real_dir(failed_path(dest)):
+        if not is_real_dir(failed_path(dest)):
             raise FileNotFoundError(f"{failed_path(dest)} is not there to put back")
         return _exchange(dest, failed_path(dest), failed, swap_atomic, {
             "restored": failed_path(dest), "skipped": [], "ignored": foreign,
             "why": "the install this run replaced (its checks had failed before)"})
     if number is not None and number not in found:
-        why = _not_ours(f"{dest}.rb-backup.{number}")
+        why = not_ours(f"{dest}.rb-backup.{number}")
         if why:
             raise PermissionError(f"refusing to restore backup {number}: {why}")
     apart = failed_path(dest)
     apart_note = (f"; the install whose checks failed is kept apart at {apart} and is never "
                   "restored by --restore: move it back by hand if you mean to"
-                  if _is_real_dir(apart) else "")
+                  if is_real_dir(apart) else "")
     if not found:
         raise FileNotFoundError(f"no backup of {dest} to restore (no {dest}.rb-backup.N)"
                                 + apart_note
@@ -660,7 +424,7 @@ def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str,
             safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
         kept = _keep_failed(source, dest)
     else:
-        kept = _next_backup(dest)
+        kept = next_backup(dest)
         os.rename(source, kept)
         _sync_parent(os.path.dirname(kept))
     return dict(done, kept_current_as=kept, kept_failed=bool(current_failed), atomic=atomic)

@@ -21,11 +21,11 @@ goes to the same thread, in order): one file's digest is sequential work (sha256
 1 GB/s a core), so on a host with cores to spare big files are hashed side by side. The parser
 hands a big file's pieces to its thread and goes on to the next member without waiting for them
 to be hashed, up to a byte budget for all threads together (`budget`: bounded memory; an eighth
-of the memory available, 64 MiB to 1 GiB). With a small per-thread limit instead, the parser
-waited on each big file in turn and the stream ran at one core's hashing rate. Each hand-over
-costs wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
-everything in the one thread (engine.receive: no workers): on the lab's two cores that took
-0.9 s of CPU for the torch venv's 900 MB, against 1.05 s with a parser thread and one hasher.
+of the memory available, 64 MiB to 1 GiB): with a small per-thread limit the parser would wait on
+each big file in turn and the stream run at one core's hashing rate. Each hand-over costs
+wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
+everything in the one thread (engine.receive: no workers), which costs less CPU there than a
+parser thread and one hasher (docs/benchmarks.md, "Figures behind choices in the code").
 
 stdlib only; Python >= 3.9.
 """
@@ -42,8 +42,8 @@ from . import manifest
 BLOCK = 512
 CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
 PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
-INLINE = 64 << 10          # files up to this size are hashed by the parser's thread (the H200's venv:
-                           # 0.5 GB in 3,060 files between 64 KiB and 1 MiB taken off it)
+INLINE = 64 << 10          # files up to this size are hashed by the parser's thread, bigger ones
+                           # by the hashing threads (docs/benchmarks.md: what it takes off it)
 BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30   # bytes handed to hashing threads, not yet hashed
 F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
 REGULAR = (b"0", b"\0", b"7")

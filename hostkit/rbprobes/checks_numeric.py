@@ -25,15 +25,14 @@ from .result import Context, Unavailable, failed, passed, short_list
 #          (the size of one product term, so sqrt(K) * s is the size of an element of C): the
 #          first term for partial sums kept in the dtype (split-K reductions in reduced
 #          precision), the second for float32 accumulation over K terms (its rounding errors
-#          grow with K, not sqrt(K): on the H200 a float32 8192^3 product is off by 4.2e-6 of
-#          max|C|, as that predicts).
+#          grow with K, not sqrt(K); docs/probes.md has what a float32 8192^3 product on the
+#          H200 was off by, as that predicts).
 # float32 runs with TF32 off (restored afterwards), so its tolerance is float32's own.
 EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 EPS_ACC = 2.0 ** -23
 ATOL_DTYPE = 2.0
 ATOL_ACC = 8.0
 WORST_LISTED = 5
-TOLERANCE = EPS  # the dtypes this check knows (kept for callers of the old name)
 FULL_ROWS = 1024  # the device's float64 reference is compared with the CPU's on this many
 FULL_COLS = 8192  # sampled rows (and every column up to FULL_COLS, else FULL_ROWS of them)
 REF_AGREE = 1e-9  # largest relative difference between the two float64 references

@@ -11,16 +11,15 @@ import fnmatch
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from . import arch, cudalibs, driver, fatbin, venvfs
+from . import arch, cudalibs, decompress, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
 from .workers import over_workers
 
 _SUFFIXES = (".so", ".cubin", ".fatbin")
 # Libraries whose vendor dispatches per arch by design: a unit without the target's code is
-# a note there, not a failure (NVIDIA's math libraries: libcublasLt.so.13 has no sm_103 code
-# in 1534 of its 2782 units and launches only the kernels it has for the device).
+# a note there, not a failure (NVIDIA's math libraries: libcublasLt has no sm_103 code in many
+# of its units and launches only the kernels it has for the device; docs/probes.md counts them).
 DEFAULT_PARTIAL_OK = ["nvidia/*"]
-DECODE_BUDGET = fatbin.FILE_INPUT_BUDGET  # the old name; the decoding limits: fatbin.py
 UNITS_LISTED = 20  # units without a path listed per file
 
 
@@ -138,13 +137,13 @@ def _arch_specific(unit: List[fatbin.Container]) -> bool:
 
 def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
              ptx_max: Optional[Tuple[int, int]], waived: bool,
-             strict: bool = False, run: Optional[fatbin.DecodeBudget] = None) -> Dict[str, Any]:
+             strict: bool = False, run: Optional[decompress.DecodeBudget] = None) -> Dict[str, Any]:
     """Per-file facts: units with and without a path, the kernels of the latter, problems.
     Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
     unless `strict`. `run`: the audit run's decoding budget and deadline (a fresh one when not
     given); a unit a limit left undecoded is `unproven`, a problem: it may hold kernels."""
     if run is None:
-        run = fatbin.DecodeBudget()
+        run = decompress.DecodeBudget()
         try:
             return _examine(scan, buf, target, ptx_max, waived, strict, run)
         finally:
@@ -170,7 +169,7 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             lacking.append((unit, what))
     # A waived file with some unit that runs needs no decoding: it is a note either way.
     decode = not (waived and (with_path["sass"] or with_path["ptx"]))
-    budget = [fatbin.FILE_INPUT_BUDGET]
+    budget = [decompress.FILE_INPUT_BUDGET]
     for unit, what in lacking:
         label = (unit[0].label if len(unit) == 1
                  else "%s (%d embedded containers)" % (unit[0].section, len(unit)))
@@ -279,7 +278,7 @@ def audit_jobs(sizes: List[int]) -> int:
 
 def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
                 driver_ptx_max: Optional[Tuple[int, int]], globs: List[str],
-                strict: bool, run: Optional[fatbin.DecodeBudget] = None
+                strict: bool, run: Optional[decompress.DecodeBudget] = None
                 ) -> Optional[Dict[str, Any]]:
     """One candidate file's part of `audit`: None (not ELF), {"skipped": path} (not a regular
     file), else {"errors": [...], "seen": [entry facts], "file": its row when it has GPU code}.
@@ -367,7 +366,7 @@ def audit(
                 todo.append((path, path == r))
                 sizes.append(size)
     n = audit_jobs(sizes) if jobs is None else jobs
-    run = fatbin.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
+    run = decompress.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
     try:
         records, workers = over_workers(
             lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
@@ -409,8 +408,8 @@ def audit(
         "arch_specific": having(lambda f: f.get("units_arch_specific")),
         "unreadable": having(lambda f: f["verdict"] == "unreadable" or f.get("unreadable")),
         "unproven": having(lambda f: f.get("unproven")),
-        "decode_limits": {"entry_cap": fatbin.ENTRY_CAP, "output": run.output,
-                          "seconds": run.seconds, "file_input": fatbin.FILE_INPUT_BUDGET},
+        "decode_limits": {"entry_cap": decompress.ENTRY_CAP, "output": run.output,
+                          "seconds": run.seconds, "file_input": decompress.FILE_INPUT_BUDGET},
         "unknown_kinds": having(lambda f: f.get("unknown_kinds")),
         "partial_ok": globs,
         "strict": strict,
@@ -419,7 +418,7 @@ def audit(
         "lto": overall["lto"],
         "ptx_versions": overall["ptx_versions"],
         "compressed_entries": overall["compressed"],
-        "zstd_decoder": fatbin.zstd_decoder(),
+        "zstd_decoder": decompress.zstd_decoder(),
         "missing_paths": missing_paths,
         "skipped_not_regular": skipped,
         "errors": errors,

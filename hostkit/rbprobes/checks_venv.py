@@ -15,6 +15,9 @@ import shlex
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
+from rbrules import links
+from rbrules.links import PYTHON_NAME
+
 from . import proc, venvfs
 from .result import Context, failed, passed, short_list
 
@@ -23,7 +26,6 @@ TRAMPOLINE = re.compile(rb"^'''exec' (.*)$")  # pip/distlib/uv's form for long s
 # the form that names no path: the interpreter beside the script (what relocation writes for a
 # venv path that is too long for a shebang or is not plain path characters)
 BESIDE = re.compile(rb'''^'\'\'exec' "\$\(dirname -- "\$\(realpath -- "\$0"\)"\)/([A-Za-z0-9._+-]+)" "\$0" "\$@"$''')
-PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*$")
 PYTHON_START_S = 60
 SCAN_LIMIT = 256 << 20  # bytes of one bin/ file searched for the old prefix
 
@@ -390,6 +392,7 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
                         refs.append(_ref("editable", os.path.join(rel, "direct_url.json"),
                                          target, " ".join(stem.split("-", 1))))
     interp_dirs = [d for d in (home,) if d]
+    lookup = venvfs.link_lookup(venv)
     for top, entry in venvfs.walk(venv):
         if not entry.is_symlink():
             continue
@@ -398,10 +401,12 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
             text = os.readlink(entry.path)
         except OSError:
             continue
-        target = os.path.normpath(os.path.join(top, text))
-        if not outside(target):
+        if not links.leaves(rel, text, lookup, roots):
             continue
-        if (os.path.dirname(rel) == "bin" and PYTHON_NAME.match(entry.name)
+        target = os.path.normpath(os.path.join(top, text))
+        if not outside(target):  # through a link (`x -> dot/..`): the lexical path lies
+            target = os.path.realpath(entry.path)
+        if (links.interpreter_link(rel)
                 and (any(venvfs.inside(os.path.realpath(target), [os.path.realpath(d)])
                          or venvfs.inside(target, [d]) for d in interp_dirs)
                      or not interp_dirs)):

@@ -217,8 +217,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(report.table(doc["checks"]) + "\n" + report.summary_line(doc) + "\n")
         code = EXIT_FAIL if doc["summary"].get("fail") else EXIT_OK
         # The report is written. Leave without the interpreter's teardown: a stuck check's
-        # thread (_stopped) would be waited for, and with torch loaded the teardown alone takes
-        # 0.3-1 s of the probe step for nothing.
+        # thread (_stopped) would be waited for, and with torch loaded the teardown alone is a
+        # noticeable part of the probe step, for nothing.
         _hard_exit(code)
     if args.command == "preflight":
         return _preflight(args)

@@ -1,8 +1,8 @@
 """Work spread over forked worker processes: the kernel audit's files (checks_static), and the
 install engine's digests of the source (rbkit.manifest imports it from here: rbprobes imports
 nothing outside itself, rbkit may import rbprobes, both ship in every kit). One process each,
-where threads of one Python do not scale (sha256 in 8 threads of one process hashed 7.2 GB at
-one thread's pace on the H100 host; 8 processes, at eight).
+where threads of one Python do not scale (sha256 in threads of one process runs at one thread's
+pace; figures: docs/benchmarks.md, "Figures behind choices in the code").
 
 stdlib only; Python >= 3.9.
 """

@@ -5,5 +5,7 @@ the one host-side package the compiler imports (for the rules it renders into a 
 
     launch    how every Python the runbook starts on a host is started: isolated, by the path of
               the kit's own entry file, from a private working directory
+    links     whether a symbolic link leads outside the venv (the transfer's scan, the `outside`
+              check)
     private   whether a path root executes from or writes to is private, and the refusal if not
 """

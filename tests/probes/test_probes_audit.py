@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rbprobes import arch, driver, fatbin, run_check
+from rbprobes import arch, decompress, driver, fatbin, run_check
 from rbprobes.checks_static import audit
 from rbprobes.result import Context
 from probes_helpers import (ROOT, fatbin_container, fatbin_entry, lz4_literals, tiny_cubin,
@@ -223,22 +223,22 @@ def test_lz4_bomb_fails_fast_as_unreadable(tmp_path):
 
 def test_lz4_block_decoder_bounds():
     block = bytes([0x44]) + b"abcd" + struct.pack("<H", 4) + bytes([0x10]) + b"!"
-    assert fatbin.lz4_block_decompress(block, 13) == b"abcdabcdabcd!"
+    assert decompress.lz4_block_decompress(block, 13) == b"abcdabcdabcd!"
     long_run = bytes([0x1F]) + b"z" + struct.pack("<H", 1) + bytes([200])
-    assert fatbin.lz4_block_decompress(long_run, 1 + 15 + 4 + 200) == b"z" * 220
-    with pytest.raises(fatbin.Unreadable, match="exceeds the declared"):
-        fatbin.lz4_block_decompress(block, 12)
-    with pytest.raises(fatbin.Unreadable, match="offset"):
-        fatbin.lz4_block_decompress(bytes([0x10]) + b"a" + struct.pack("<H", 9), 10)
-    with pytest.raises(fatbin.Unreadable, match="truncated"):
-        fatbin.lz4_block_decompress(bytes([0x50]) + b"ab", 10)
-    with pytest.raises(fatbin.Unreadable, match="truncated"):
-        fatbin.lz4_block_decompress(bytes([0x14]) + b"a" + b"\x01", 10)
-    with pytest.raises(fatbin.Unreadable, match="cap"):
-        fatbin.lz4_block_decompress(b"", fatbin.DECODE_CAP + 1)
+    assert decompress.lz4_block_decompress(long_run, 1 + 15 + 4 + 200) == b"z" * 220
+    with pytest.raises(decompress.Unreadable, match="exceeds the declared"):
+        decompress.lz4_block_decompress(block, 12)
+    with pytest.raises(decompress.Unreadable, match="offset"):
+        decompress.lz4_block_decompress(bytes([0x10]) + b"a" + struct.pack("<H", 9), 10)
+    with pytest.raises(decompress.Unreadable, match="truncated"):
+        decompress.lz4_block_decompress(bytes([0x50]) + b"ab", 10)
+    with pytest.raises(decompress.Unreadable, match="truncated"):
+        decompress.lz4_block_decompress(bytes([0x14]) + b"a" + b"\x01", 10)
+    with pytest.raises(decompress.Unreadable, match="cap"):
+        decompress.lz4_block_decompress(b"", decompress.ENTRY_CAP + 1)
 
 
-@pytest.mark.skipif(fatbin.zstd_decoder() is None, reason="no zstd decoder on this host "
+@pytest.mark.skipif(decompress.zstd_decoder() is None, reason="no zstd decoder on this host "
                     "(compression.zstd, zstandard or libzstd.so.1)")
 def test_zstd_units_are_decoded_within_their_declared_size(tmp_path):
     cubin = tiny_cubin(["zstd_kernel"], 80)

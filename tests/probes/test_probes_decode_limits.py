@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import IN_CI
 
-from rbprobes import fatbin
+from rbprobes import decompress, fatbin
 from probes_helpers import ROOT, fatbin_container, fatbin_entry, lz4_literals, tiny_cubin, tiny_so
 
 LZ4 = 0x2011
@@ -48,14 +48,14 @@ def bomb_so(path, entries: int, out_size: int, extra: bytes = b"") -> None:
         for _ in range(entries)) + extra))
 
 
-# The audit in a fresh process, with the limits it is given (an attribute of fatbin each), its
+# The audit in a fresh process, with the limits it is given (an attribute of decompress each), its
 # wall time and the peak of what Python allocated (tracemalloc: the decoders' buffers).
 CHILD = """
 import json, sys, time, tracemalloc
-from rbprobes import checks_static, fatbin
+from rbprobes import checks_static, decompress
 limits = json.loads(sys.argv[2])
 for name, value in limits.items():
-    setattr(fatbin, name, value)
+    setattr(decompress, name, value)
 tracemalloc.start()
 t = time.monotonic()
 values = checks_static.audit(sys.argv[1], (9, 0), jobs=int(sys.argv[3]))
@@ -103,7 +103,7 @@ def test_the_runs_output_budget_stops_decoding_across_files_and_workers(tmp_path
     assert all("the audit's budget of 96 MiB of decoded output is spent" in f["unproven"][0]
                for f in unproven)
     if jobs == 1:   # each worker's own memory is not traced here
-        assert got["peak"] < 1.5 * 32 * MIB + fatbin.DECODE_CHUNK, got["peak"]
+        assert got["peak"] < 1.5 * 32 * MIB + decompress.DECODE_CHUNK, got["peak"]
 
 
 def test_a_kernel_free_unit_past_the_deadline_fails_instead_of_passing(tmp_path):
@@ -126,18 +126,18 @@ def test_the_lz4_decoder_stops_at_the_deadline_inside_its_loops():
     past = time.monotonic() - 1
     size = 64 * MIB
     t = time.monotonic()
-    with pytest.raises(fatbin.NotDecoded, match="deadline") as info:
-        fatbin.lz4_block_decompress(lz4_bomb(size), size, past)
-    assert info.value.produced <= fatbin.DECODE_CHUNK + 64 and time.monotonic() - t < 3
+    with pytest.raises(decompress.NotDecoded, match="deadline") as info:
+        decompress.lz4_block_decompress(lz4_bomb(size), size, past)
+    assert info.value.produced <= decompress.DECODE_CHUNK + 64 and time.monotonic() - t < 3
     many = lz4_many_sequences(5000)
-    with pytest.raises(fatbin.NotDecoded, match="deadline") as info:
-        fatbin.lz4_block_decompress(many, 5000 * 5 + 1, past)
+    with pytest.raises(decompress.NotDecoded, match="deadline") as info:
+        decompress.lz4_block_decompress(many, 5000 * 5 + 1, past)
     assert info.value.produced <= 1024 * 5
     # without a deadline both decode whole, long matches included
-    assert fatbin.lz4_block_decompress(many, 5000 * 5 + 1) == b"xxxxx" * 5000 + b"!"
-    out = fatbin.lz4_block_decompress(lz4_bomb(3 * fatbin.DECODE_CHUNK + 7),
-                                      3 * fatbin.DECODE_CHUNK + 7)
-    assert out == b"a" * (3 * fatbin.DECODE_CHUNK + 7)
+    assert decompress.lz4_block_decompress(many, 5000 * 5 + 1) == b"xxxxx" * 5000 + b"!"
+    out = decompress.lz4_block_decompress(lz4_bomb(3 * decompress.DECODE_CHUNK + 7),
+                                      3 * decompress.DECODE_CHUNK + 7)
+    assert out == b"a" * (3 * decompress.DECODE_CHUNK + 7)
 
 
 def test_the_budget_is_taken_before_decoding_and_what_is_not_decoded_given_back():
@@ -146,21 +146,21 @@ def test_the_budget_is_taken_before_decoding_and_what_is_not_decoded_given_back(
     bomb = lz4_bomb(6 * MIB)
     entry = fatbin.Entry("sass", 80, "", (1, 8), LZ4, "lz4", 0, len(bomb), 6 * MIB)
     small = entry._replace(size=2 * MIB, stored_size=len(lz4_bomb(2 * MIB)))
-    run = fatbin.DecodeBudget(output=8 * MIB, seconds=60)
+    run = decompress.DecodeBudget(output=8 * MIB, seconds=60)
     try:
-        with pytest.raises(fatbin.Unreadable, match="truncated"):   # corrupt: nothing out
+        with pytest.raises(decompress.Unreadable, match="truncated"):   # corrupt: nothing out
             fatbin.payload(b"\xf0", entry._replace(size=7 * MIB, stored_size=1), run)
         assert len(fatbin.payload(bomb, entry, run)) == 6 * MIB
-        with pytest.raises(fatbin.NotDecoded, match="budget of 8 MiB .* spent"):
+        with pytest.raises(decompress.NotDecoded, match="budget of 8 MiB .* spent"):
             fatbin.payload(bomb, entry, run)                 # 2 MiB left
         assert len(fatbin.payload(lz4_bomb(2 * MIB), small, run)) == 2 * MIB
-        with pytest.raises(fatbin.NotDecoded, match="spent"):
+        with pytest.raises(decompress.NotDecoded, match="spent"):
             fatbin.payload(lz4_bomb(2 * MIB), small, run)
     finally:
         run.close()
-    run = fatbin.DecodeBudget(output=64 * MIB, seconds=0)
+    run = decompress.DecodeBudget(output=64 * MIB, seconds=0)
     try:
-        with pytest.raises(fatbin.NotDecoded, match="deadline"):
+        with pytest.raises(decompress.NotDecoded, match="deadline"):
             fatbin.payload(bomb, entry, run)
     finally:
         run.close()
@@ -184,22 +184,22 @@ def _zstd_frame(data: bytes) -> bytes:
     return dst.raw[:n]
 
 
-@pytest.mark.skipif(fatbin.zstd_decoder() is None and not IN_CI,
+@pytest.mark.skipif(decompress.zstd_decoder() is None and not IN_CI,
                     reason="no zstd decoder on this host")
 def test_the_zstd_decoder_stops_at_the_deadline_and_its_limit():
     size = 64 * MIB
     frame = _zstd_frame(b"\0" * size)
     assert len(frame) < 64 << 10
-    assert len(fatbin.zstd_decompress(frame, size)) == size
+    assert len(decompress.zstd_decompress(frame, size)) == size
     past = time.monotonic() - 1
-    with pytest.raises(fatbin.NotDecoded, match="deadline") as info:
-        fatbin.zstd_decompress(frame, size, past)
-    assert info.value.produced <= fatbin.DECODE_CHUNK
-    with pytest.raises(fatbin.Unreadable, match="declares"):
-        fatbin.zstd_decompress(frame, size - 1)
+    with pytest.raises(decompress.NotDecoded, match="deadline") as info:
+        decompress.zstd_decompress(frame, size, past)
+    assert info.value.produced <= decompress.DECODE_CHUNK
+    with pytest.raises(decompress.Unreadable, match="declares"):
+        decompress.zstd_decompress(frame, size - 1)
 
 
-@pytest.mark.skipif(fatbin.zstd_decoder() is None and not IN_CI,
+@pytest.mark.skipif(decompress.zstd_decoder() is None and not IN_CI,
                     reason="no zstd decoder on this host")
 def test_zstd_bombs_are_bounded_in_an_audit_too(tmp_path):
     """Twelve 64 KiB zstd frames of 96 MiB each against the real limits, in one file: decoded
@@ -212,5 +212,5 @@ def test_zstd_bombs_are_bounded_in_an_audit_too(tmp_path):
     got = audit_child(tmp_path, {"AUDIT_OUTPUT_BUDGET": 480 * MIB})
     (f,) = got["files"]
     assert f["fails"] and len(f["unproven"]) == 7, f["problems"]
-    assert got["peak"] < 1.5 * size + fatbin.DECODE_CHUNK, got["peak"]
+    assert got["peak"] < 1.5 * size + decompress.DECODE_CHUNK, got["peak"]
     assert got["seconds"] < 3, got["seconds"]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rbprobes import checks_static, elf, fatbin
+from rbprobes import checks_static, decompress, elf, fatbin
 from rbprobes.checks_static import audit, file_verdict
 from rbprobes.result import Context
 from rbprobes import run_check
@@ -306,9 +306,9 @@ def test_not_elf_and_empty_files(tmp_path):
 def test_lz4_block_decoder():
     # literal "abcd", then a match of 8 bytes at offset 4 (overlapping copy), then literal "!"
     block = bytes([0x44]) + b"abcd" + struct.pack("<H", 4) + bytes([0x10]) + b"!"
-    assert fatbin.lz4_block_decompress(block, 13) == b"abcdabcdabcd!"
+    assert decompress.lz4_block_decompress(block, 13) == b"abcdabcdabcd!"
     with pytest.raises(ValueError):
-        fatbin.lz4_block_decompress(bytes([0x10]) + b"a" + struct.pack("<H", 9), 10)
+        decompress.lz4_block_decompress(bytes([0x10]) + b"a" + struct.pack("<H", 9), 10)
 
 
 def test_null_venv_means_the_running_interpreter(monkeypatch, tmp_path):
@@ -353,7 +353,7 @@ def test_kernel_detection_by_decoding(fatbins):
 def test_no_size_rule_for_undecodable_zstd(monkeypatch, fatbins):
     """Without any zstd decoder a small zstd cubin is not taken for kernel-free (the old size
     rule skipped every compressed cubin up to 2560 bytes): the unit counts, and says why."""
-    monkeypatch.setattr(fatbin, "zstd_decompress", lambda raw, limit, deadline=None: None)
+    monkeypatch.setattr(decompress, "zstd_decompress", lambda raw, limit, deadline=None: None)
     scan = fatbin.scan_file(str(fatbins["nokernel_zstd"]))
     data = fatbins["nokernel_zstd"].read_bytes()
     (unit,) = [u for u in scan.units if u[0].entries[0].compression == "zstd"][:1]

@@ -14,13 +14,15 @@ import pytest
 from probes_helpers import PACKAGE_DIR, fatbin_container, fatbin_entry, need
 
 FILES = sorted(PACKAGE_DIR.glob("*.py"))
-# rbrules: the shared rules at the bottom of the kit (how a child Python is started), which
+RULES = sorted((PACKAGE_DIR.parent / "rbrules").glob("*.py"))
+# rbrules: the shared rules at the bottom of the kit (how a child Python is started, when a link
+# leaves the venv), which
 # imports nothing outside itself
 ALLOWED_ABSOLUTE = {"torch", "zstandard", "compression", "rbrules"}
 
 
 def test_there_are_files():
-    assert {"__init__.py", "__main__.py", "fatbin.py", "elf.py", "arch.py"} <= {
+    assert {"__init__.py", "__main__.py", "fatbin.py", "decompress.py", "elf.py", "arch.py"} <= {
         f.name for f in FILES}
 
 
@@ -47,11 +49,12 @@ def py39():
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
-    """The package copied as a host gets it: $KIT/rbprobes/*.py."""
+    """The package copied as a host gets it: $KIT/rbprobes/*.py, beside $KIT/rbrules/*.py."""
     kit = tmp_path_factory.mktemp("kit")
-    (kit / "rbprobes").mkdir()
-    for f in FILES:
-        shutil.copy(f, kit / "rbprobes" / f.name)
+    for package, files in (("rbprobes", FILES), ("rbrules", RULES)):
+        (kit / package).mkdir()
+        for f in files:
+            shutil.copy(f, kit / package / f.name)
     return kit
 
 

@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=driver_version --format=csv,noheader
 cat /proc/driver/nvidia/version 2>/dev/null | head -1
 "${py}" -c 'import sys; print(sys.version)'
 ls -l /lib/x86_64-linux-gnu/libzstd.so.1 /usr/lib/x86_64-linux-gnu/libzstd.so.1 2>&1 | head -2
-"${py}" -c 'from rbprobes import fatbin, driver; print("zstd decoder:", fatbin.zstd_decoder()); print(driver.host_driver())'
+"${py}" -c 'from rbprobes import decompress, driver; print("zstd decoder:", decompress.zstd_decoder()); print(driver.host_driver())'
 
 phase truth
 timeout 100 "${py}" launch_all.py fixtures --out "${out}/truth.json"
