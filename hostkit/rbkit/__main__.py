@@ -81,7 +81,8 @@ def cmd_elsewhere(a) -> int:
 
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
-    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
+    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu,
+                       where=a.where)
     # a new file of its own name beside the report (O_EXCL, never a name another user could have
     # pointed elsewhere), renamed over it
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or ".")
@@ -164,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--events", required=True)
     rp.add_argument("--probe", action="append", default=[])
     rp.add_argument("--outcome", required=True)
+    rp.add_argument("--where", default="", help="where a run that did not pass stopped")
     rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
     rp.add_argument("--out", required=True)
     rp.add_argument("--pictures", default="", help="also draw the run's pictures into this directory")

@@ -453,7 +453,8 @@ def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
 
     svg = Svg()
     outcome = str(report.get("outcome", "?"))
-    title = "runbook %s: %s, %s" % (report.get("runbook", "?"), outcome, _secs(total))
+    where = (" (%s)" % report["where"]) if report.get("where") else ""
+    title = "runbook %s: %s%s, %s" % (report.get("runbook", "?"), outcome, where, _secs(total))
     svg.text(16, 26, _fit(title, width - 32, 17), 17, weight="bold",
              fill=_colour("failed")[0] if outcome not in ("ok", "?") else "#212121")
     c = report.get("checks") or {}
@@ -691,6 +692,10 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
                _h(report.get("outcome", "?"))),
            "<p>spec <code>%s</code> (sha256 <code>%s</code>); <a href=\"report.json\">report.json"
            "</a></p>" % (_h(report.get("spec", "?")), _h(str(report.get("spec_sha256", ""))[:12]))]
+    if report.get("where"):
+        # where a run that did not pass stopped, under the heading
+        out.insert(5, "<p class=%s>%s %s</p>" % (_a(report.get("outcome")),
+                                                _h(report.get("outcome")), _h(report["where"])))
     for p in pictures:
         out.append('<p><a href="%s"><img src="%s" alt="%s"></a></p>' % (
             _h(p), _h(p), _h(p.rsplit(".", 1)[0])))
