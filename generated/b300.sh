@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 0db09c81d862ad2010ec6727f961c5829401de91d560fd380ec748b1b322dc4c
+# sha256 of this file with these 64 digits zeroed: 520f689cfad4ec31237a0a615823bf53f8ab074c269b30489d9654ee56e98203
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cd17f949eec47c025864c0fdc704d34b5dd657ba8a6755ac371787061b8aaeff
-readonly RB_KIT_FILE=.kit/cd17f949eec47c025864c0fdc704d34b5dd657ba8a6755ac371787061b8aaeff.tar
+readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
+readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -390,9 +390,10 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
-# pinned by RB_KIT_SHA256 and read from RB_KIT_FILE beside this runbook (compile writes it;
-# `compile --standalone` embeds the kit instead). A file whose hash differs is refused.
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
+# (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
+# RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
+# instead). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -402,15 +403,17 @@ rb::kit_write() {
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
   fi
-  cp -- "${file}" "${RB_WORK}/kit.tar"
-  got=$(rb::sha256 "${RB_WORK}/kit.tar")
+  cp -- "${file}" "${RB_WORK}/kit-pinned.tar"
+  got=$(rb::sha256 "${RB_WORK}/kit-pinned.tar")
   if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
     rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
       "recompile (compile writes the kit this runbook was reviewed with)"
   fi
-  RB_KIT_TAR_SHA256=${got}
   mkdir -p "${dir}"
-  tar -C "${dir}" -xf "${RB_WORK}/kit.tar" --no-same-owner --no-same-permissions
+  tar -C "${dir}" -xf "${RB_WORK}/kit-pinned.tar" --no-same-owner --no-same-permissions
+  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
+  tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
+  RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
 }
 
 #######################################

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: ff186ebb7cd3b98ed8faa691a10b4258797b5aaa4180c385a0fd7833b4520ac2
+# sha256 of this file with these 64 digits zeroed: 45111d693ae743ab066784b27eaf5371b8ecf6bb04a8a6bc9eda132ecf756ed8
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cd17f949eec47c025864c0fdc704d34b5dd657ba8a6755ac371787061b8aaeff
-readonly RB_KIT_FILE=.kit/cd17f949eec47c025864c0fdc704d34b5dd657ba8a6755ac371787061b8aaeff.tar
+readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
+readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -378,9 +378,10 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
-# pinned by RB_KIT_SHA256 and read from RB_KIT_FILE beside this runbook (compile writes it;
-# `compile --standalone` embeds the kit instead). A file whose hash differs is refused.
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
+# (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
+# RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
+# instead). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -390,15 +391,17 @@ rb::kit_write() {
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
   fi
-  cp -- "${file}" "${RB_WORK}/kit.tar"
-  got=$(rb::sha256 "${RB_WORK}/kit.tar")
+  cp -- "${file}" "${RB_WORK}/kit-pinned.tar"
+  got=$(rb::sha256 "${RB_WORK}/kit-pinned.tar")
   if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
     rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
       "recompile (compile writes the kit this runbook was reviewed with)"
   fi
-  RB_KIT_TAR_SHA256=${got}
   mkdir -p "${dir}"
-  tar -C "${dir}" -xf "${RB_WORK}/kit.tar" --no-same-owner --no-same-permissions
+  tar -C "${dir}" -xf "${RB_WORK}/kit-pinned.tar" --no-same-owner --no-same-permissions
+  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
+  tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
+  RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
 }
 
 #######################################

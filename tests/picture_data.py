@@ -4,7 +4,7 @@
 and a failed check; two-host-ok/ the same passing, two-host-interrupted/ stopped in its transfer)
 and OUT/fanout/ (an 8-node fan-out, gpu05 odd, gpu07 missing): report.json,
 events.tsv and, for the fan-out, fanout/fanout.json with node-*.json, as a runbook leaves them. Then
-`python -m rbkit.pictures --report OUT/fanout/report.json --events OUT/fanout/events.tsv --out DIR
+`python -m rbview --report OUT/fanout/report.json --events OUT/fanout/events.tsv --out DIR
 --fanout OUT/fanout/fanout/fanout.json` draws them.
 """
 

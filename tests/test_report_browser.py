@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import pictures
+from rbview import draw as pictures
 from tests import browser, picture_data
 
 

@@ -99,8 +99,9 @@ def cmd_report(a) -> int:
         # in the same process (one Python start less at the end of every run); a drawing that
         # fails is said on stderr and by no `drawn` line, never the report's outcome
         try:
-            from . import pictures
-            for path in pictures.draw(doc, a.events, a.pictures, a.fanout):
+            # the controller-only package beside rbkit in this machine's kit (never on a host)
+            from rbview import draw
+            for path in draw.draw(doc, a.events, a.pictures, a.fanout):
                 print("drawn %s" % path)
         except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
             print("rbkit report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
