@@ -10,8 +10,8 @@ installed by `make system-packages`), screenshotted, and its rendered DOM read b
   transparent, inside the page), the heading's, and whether each picture loaded. The report itself
   carries no script.
 
-`assert_seen(run_dir)` then holds the page to its report.json: the outcome in the heading, every
-step's row, every failed check's row (host, id, reason), every picture loaded, the screenshot not
+`assert_seen(run_dir)` then holds the page to its report.json: the outcome in the heading, where
+the run stopped (when the report says), every step's row, every failed check's row (host, id, reason), every picture loaded, the screenshot not
 one colour and showing the outcome's colour.
 
 Without chromium the tests that need it skip, except in CI (`CI=true`), where they fail.
@@ -51,9 +51,12 @@ window.addEventListener("load", function () {
     }
     return true;
   }
-  var out = {h1: [], rows: [], images: []};
+  var out = {h1: [], p: [], rows: [], images: []};
   document.querySelectorAll("h1").forEach(function (h) {
     out.h1.push({text: h.innerText, seen: seen(h)});
+  });
+  document.querySelectorAll("p").forEach(function (p) {
+    out.p.push({text: p.innerText, seen: seen(p)});
   });
   document.querySelectorAll("tr").forEach(function (tr) {
     var cells = [];
@@ -157,6 +160,7 @@ def colours(data: bytes) -> dict[tuple[int, int, int], int]:
 @dataclass
 class Seen:
     h1: list[dict]
+    p: list[dict]
     rows: list[dict]
     images: list[dict]
     colours: dict = field(repr=False)
@@ -191,7 +195,7 @@ def look(run_dir: Path, out: Path | None = None) -> Seen:
     assert start >= 0, "the probe did not run: " + r.stdout[-2000:]
     text = r.stdout[start:].split(">", 1)[1].split("</pre>", 1)[0]
     doc = json.loads(html.unescape(text))
-    return Seen(doc["h1"], doc["rows"], doc["images"], colours(shot.read_bytes()), shot)
+    return Seen(doc["h1"], doc["p"], doc["rows"], doc["images"], colours(shot.read_bytes()), shot)
 
 
 def failed_checks(report: dict) -> list[tuple[str, dict]]:
@@ -210,6 +214,10 @@ def assert_seen(run_dir: Path, fanout: dict | None = None) -> Seen:
     outcome = report["outcome"]
     # the outcome, in the heading, seen
     assert [h for h in seen.h1 if h["seen"] and outcome in h["text"]], (outcome, seen.h1)
+    # where a run that did not pass stopped
+    if report.get("where"):
+        said = "%s %s" % (outcome, report["where"])
+        assert [p for p in seen.p if p["seen"] and p["text"].strip() == said], (said, seen.p)
     # every step's row
     for s in report["steps"]:
         row = seen.row(s["id"], s.get("host") or "-", s["status"])

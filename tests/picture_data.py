@@ -122,7 +122,8 @@ def fanout_run() -> tuple[str, dict, dict]:
     return events(lines), result, reports
 
 
-def _run_dir(d: Path, name: str, text: str, probes: dict, outcome: str = "failed") -> None:
+def _run_dir(d: Path, name: str, text: str, probes: dict, outcome: str = "failed",
+             where: str = "") -> None:
     """events.tsv, the probe reports and report.json (built by rbkit.report) in D."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "events.tsv").write_text(text, encoding="utf-8")
@@ -131,7 +132,7 @@ def _run_dir(d: Path, name: str, text: str, probes: dict, outcome: str = "failed
         paths[host] = str(d / ("probe-%s.json" % host))
         Path(paths[host]).write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
     doc = report.build(name, "specs/%s.yaml" % name, "0" * 64, str(d / "events.tsv"), paths,
-                       outcome)
+                       outcome, where=where)
     (d / "report.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
 
@@ -141,7 +142,7 @@ def write(out: Path) -> None:
     _run_dir(out / "two-host", "b300", *two_host())
     _run_dir(out / "two-host-ok", "b300", *two_host("ok"), outcome="ok")
     _run_dir(out / "two-host-interrupted", "b300", *two_host("interrupted"),
-             outcome="interrupted")
+             outcome="interrupted", where="in step transfer")
     text, result, reports = fanout_run()
     _run_dir(out / "fanout", "cluster8", text, {n: r["probe"] for n, r in reports.items()})
     fan = out / "fanout" / "fanout"
