@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 60d1eb711c7ec25c8a961b4ec21cfc15c7a24cfae10ab3bc9d6128342c28bd09
+# sha256 of this file with these 64 digits zeroed: 82255ffeedffe9cef7e8142bd8e190dc690690a192a603ef593acfedbac31755
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
-readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
+readonly RB_KIT_SHA256=f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56
+readonly RB_KIT_FILE=.kit/f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: fa24894c7bb0b921349c70853728a64a5f61436fc41b9b84e189aada9b7b6c27
+# sha256 of this file with these 64 digits zeroed: 7e3f1083580e0bcfe227277ff3c8c90b3fb977dcaac9ebd0d9e9fba4bbcae1b5
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
-readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
+readonly RB_KIT_SHA256=f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56
+readonly RB_KIT_FILE=.kit/f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

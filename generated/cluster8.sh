@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 2534644f64370a489d8962f187782795e6f6fcaeb56810187d2df8b8520f7507
+# sha256 of this file with these 64 digits zeroed: f634012591ea33a518241bef518463949fc56d89e626359e8ad24895d2afb1e7
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
-readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
+readonly RB_KIT_SHA256=f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56
+readonly RB_KIT_FILE=.kit/f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

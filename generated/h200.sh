@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 1261bbf98d15f1c88f22569630309edf754576f179b0a8fe9a63b574d9c0a2bd
+# sha256 of this file with these 64 digits zeroed: 61a4872f2831b45edd15a79dea8afe196e164122aaf66fab2abab23f14dc9ff9
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
-readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
+readonly RB_KIT_SHA256=f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56
+readonly RB_KIT_FILE=.kit/f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

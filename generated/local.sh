@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 45111d693ae743ab066784b27eaf5371b8ecf6bb04a8a6bc9eda132ecf756ed8
+# sha256 of this file with these 64 digits zeroed: cb23036affba830a606a27343b119275a102354a5b735c59dd302b9b8ac98c95
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962
-readonly RB_KIT_FILE=.kit/1906328b76378b5d746c0df07c620885b853ce1c0244335e8a1413b28175a962.tar
+readonly RB_KIT_SHA256=f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56
+readonly RB_KIT_FILE=.kit/f75d78bb44e37c5d1ce23a7c2ad98d271884fc8e0b3a231ebf88f71468c91c56.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -86,8 +86,7 @@ def secs(s: Optional[float]) -> str:
     return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
 
 
-# TODO: rbrules' `human` byte formatter (another helper adds it; stream.human and report._size are
-# the same rule) once it is on main
+# TODO: rbrules' `human` byte formatter (stream.human, report._size: the same rule) once on main
 def human(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "-"
