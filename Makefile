@@ -20,11 +20,12 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Tools the runbooks and the end-to-end tests use: sshd for the test hosts, zstd, lz4, iproute2,
-# ClusterShell, Slurm (slurmctld, slurmd, client) and munge for the fan-out tests' mini-cluster.
+# ClusterShell, Slurm (slurmctld, slurmd, client) and munge for the fan-out tests' mini-cluster,
+# chromium for the tests that open report.html in a browser.
 system-packages:
 	@missing=(); \
 	for pair in sshd:openssh-server ssh:openssh-client zstd:zstd ip:iproute2 mkfs.ext4:e2fsprogs lz4:lz4 clush:clustershell \
-	    slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge; do \
+	    slurmctld:slurmctld slurmd:slurmd srun:slurm-client munged:munge chromium:chromium; do \
 	  command -v "$${pair%%:*}" >/dev/null || [[ -x /usr/sbin/$${pair%%:*} ]] || missing+=("$${pair#*:}"); \
 	done; \
 	if (( $${#missing[@]} )); then \

@@ -1,5 +1,8 @@
-"""The kit: the host-side packages a runbook ships (hostkit/rbkit, hostkit/rbprobes), read as files,
-and the runbooks' bash runtime (templates/runtime/, the same in every runbook) as runtime.sh.
+"""The kit: the host-side packages a runbook ships (hostkit/rbkit, hostkit/rbprobes,
+hostkit/rbrules), the controller-only one it extracts on the machine that runs it (hostkit/rbview,
+the pictures), read as files, and the runbooks' bash runtime (templates/runtime/, the same in every
+runbook) as runtime.sh. The pinned tar holds them all; the tar sent to the hosts is made from the
+extracted kit's HOST_PACKAGES only (partials/kit_*.sh.j2, the view's `Kit.host_dirs`).
 
 The compiler never imports them: it reads their source through the import system's locations
 (`importlib.util.find_spec`, which finds a package without running it), so a checkout, an editable
@@ -14,7 +17,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-PACKAGES = ("rbkit", "rbprobes", "rbrules")
+HOST_PACKAGES = ("rbkit", "rbprobes", "rbrules")   # shipped to every host the runbook touches
+CONTROLLER_PACKAGES = ("rbview",)                  # only extracted here: the run's pictures
+PACKAGES = HOST_PACKAGES + CONTROLLER_PACKAGES
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ def build(spec: Spec, source: Source, script_name: str, *, standalone: bool = Fa
         partial="partials/kit_embedded.sh.j2" if standalone else "partials/kit_pinned.sh.j2",
         runtime_partial=kitfiles.RUNTIME_INLINE if standalone else kitfiles.RUNTIME_PINNED,
         dirs=tuple(sorted({f.path.rsplit("/", 1)[0] for f in files})),
+        host_dirs=kitfiles.HOST_PACKAGES,
         files=tuple(KitFile(path=f.path, delimiter=kitfiles.delimiter(f.text, f.path),
                             text=Safe(f.text.rstrip("\n"))) for f in files),
     )

@@ -146,6 +146,7 @@ class Kit:
     partial: str  # the template that writes it into the run directory
     runtime_partial: str  # the runtime: read from the pinned kit, or written in place
     dirs: tuple[str, ...]  # embedded: its directories
+    host_dirs: tuple[str, ...]  # the packages the tar sent to hosts holds (not the controller's)
     files: tuple[KitFile, ...]  # embedded: its files
 
 

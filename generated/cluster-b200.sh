@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 0329b9c74985e15b1dda69967836afa4c0f94b24416b3c2c9fb4c84a11bd6d99
+# sha256 of this file with these 64 digits zeroed: 9b87630adbb64415a11a060fe283090f78561d4fad1fd242b402501e0a624e88
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0
-readonly RB_KIT_FILE=.kit/f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0.tar
+readonly RB_KIT_SHA256=bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a
+readonly RB_KIT_FILE=.kit/bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -394,9 +394,10 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
-# pinned by RB_KIT_SHA256 and read from RB_KIT_FILE beside this runbook (compile writes it;
-# `compile --standalone` embeds the kit instead). A file whose hash differs is refused.
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
+# (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
+# RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
+# instead). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -406,15 +407,17 @@ rb::kit_write() {
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
   fi
-  cp -- "${file}" "${RB_WORK}/kit.tar"
-  got=$(rb::sha256 "${RB_WORK}/kit.tar")
+  cp -- "${file}" "${RB_WORK}/kit-pinned.tar"
+  got=$(rb::sha256 "${RB_WORK}/kit-pinned.tar")
   if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
     rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
       "recompile (compile writes the kit this runbook was reviewed with)"
   fi
-  RB_KIT_TAR_SHA256=${got}
   mkdir -p "${dir}"
-  tar -C "${dir}" -xf "${RB_WORK}/kit.tar" --no-same-owner --no-same-permissions
+  tar -C "${dir}" -xf "${RB_WORK}/kit-pinned.tar" --no-same-owner --no-same-permissions
+  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
+  tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
+  RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
 }
 
 #######################################

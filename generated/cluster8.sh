@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 5be3313cd9fabebd99bd63b6657a37bb1ea7d3878f8c81b12ec6f83e793ead48
+# sha256 of this file with these 64 digits zeroed: c6e471d96cb7bfcf2d015daf26de9584004f62480b668e01c4857e6684a0c2d0
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0
-readonly RB_KIT_FILE=.kit/f1cfa2badb4bfb0e6579e6916718de48eee67b7c575647cf950b79b2f77d90c0.tar
+readonly RB_KIT_SHA256=bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a
+readonly RB_KIT_FILE=.kit/bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -612,9 +612,10 @@ rb::fan_full_done() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
-# pinned by RB_KIT_SHA256 and read from RB_KIT_FILE beside this runbook (compile writes it;
-# `compile --standalone` embeds the kit instead). A file whose hash differs is refused.
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
+# (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
+# RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
+# instead). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -624,15 +625,17 @@ rb::kit_write() {
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
   fi
-  cp -- "${file}" "${RB_WORK}/kit.tar"
-  got=$(rb::sha256 "${RB_WORK}/kit.tar")
+  cp -- "${file}" "${RB_WORK}/kit-pinned.tar"
+  got=$(rb::sha256 "${RB_WORK}/kit-pinned.tar")
   if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
     rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
       "recompile (compile writes the kit this runbook was reviewed with)"
   fi
-  RB_KIT_TAR_SHA256=${got}
   mkdir -p "${dir}"
-  tar -C "${dir}" -xf "${RB_WORK}/kit.tar" --no-same-owner --no-same-permissions
+  tar -C "${dir}" -xf "${RB_WORK}/kit-pinned.tar" --no-same-owner --no-same-permissions
+  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
+  tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
+  RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
 }
 
 #######################################

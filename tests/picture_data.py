@@ -1,9 +1,10 @@
 """Synthetic runs for the pictures' tests and the README's example of a fan-out.
 
 `python -m tests.picture_data OUT` writes OUT/two-host/ (a ct200 -> b300 move with progress samples
-and a failed check) and OUT/fanout/ (an 8-node fan-out, gpu05 odd, gpu07 missing): report.json,
+and a failed check; two-host-ok/ the same passing, two-host-interrupted/ stopped in its transfer)
+and OUT/fanout/ (an 8-node fan-out, gpu05 odd, gpu07 missing): report.json,
 events.tsv and, for the fan-out, fanout/fanout.json with node-*.json, as a runbook leaves them. Then
-`python -m rbkit.pictures --report OUT/fanout/report.json --events OUT/fanout/events.tsv --out DIR
+`python -m rbview --report OUT/fanout/report.json --events OUT/fanout/events.tsv --out DIR
 --fanout OUT/fanout/fanout/fanout.json` draws them.
 """
 
@@ -27,9 +28,10 @@ def check(cid: str, level: str, status: str, seconds: float, reason: str, **valu
             "reason": reason, "values": values}
 
 
-def two_host() -> tuple[str, dict]:
+def two_host(end: str = "failed") -> tuple[str, dict]:
     """(events.tsv text, {host: probe report}): preflight to probe, the transfer sampled every
-    half second, the matmul check failing on b300."""
+    half second, the matmul check failing on b300. END "ok": every check passes; "interrupted":
+    the run stops (SIGINT) in the transfer, 4 s in."""
     t, lines = T0, []
     plan = [("preflight", "ct200->b300", 1400, "route relay, compression zstd"),
             ("manifest", "ct200", 5200, "16997 files hashed (sha256)"),
@@ -40,6 +42,11 @@ def two_host() -> tuple[str, dict]:
             ("exports", "b300", 150, "/opt/sglang/.venv.env.sh"),
             ("probe", "b300", 6400, "")]
     for sid, host, ms, detail in plan:
+        if end == "interrupted" and sid == "transfer":
+            lines.append(("progress", sid, host, t, 0))
+            lines.append(("progress", sid, host, t + 4000, 1_300_000_000))
+            lines.append(("step", sid, "interrupted", t, t + 4000, host, "SIGINT"))
+            return events(lines), {}
         if sid == "transfer":
             lines += [("fact", sid, "bytes", 3_200_000_000), ("fact", sid, "files", 16997),
                       ("fact", sid, "mb_s", 333)]
@@ -48,8 +55,8 @@ def two_host() -> tuple[str, dict]:
                 rate = 150 + 250 * min(1.0, k / 2500) - (180 if 5000 <= k < 6500 else 0)
                 lines.append(("progress", sid, host, t + k, int(sent)))
                 sent += rate * 1000 * 500
-        status = "failed" if sid == "probe" else "ok"
-        if sid == "probe":
+        status = "failed" if sid == "probe" and end == "failed" else "ok"
+        if status == "failed":
             detail = "rc=1: 1 check failed on b300: matmul"
         lines.append(("step", sid, status, t, t + ms, host, detail))
         t += ms + 3
@@ -60,6 +67,9 @@ def two_host() -> tuple[str, dict]:
                         check("matmul", "L2", "fail", 1.3, "sm_103 kernel image not found "
                               "(torch built for sm_90): no kernel image is available"),
                         check("imports", "L1", "pass", 0.2, "sglang 0.5.2, flashinfer 0.3.1")]}
+    if end == "ok":
+        probe["checks"][2] = check("matmul", "L2", "pass", 1.3, "bf16 4096^3 matches on 8 devices")
+        probe["summary"] = {"pass": 4, "fail": 0, "skip": 0}
     return events(lines), {"b300": probe}
 
 
@@ -112,7 +122,8 @@ def fanout_run() -> tuple[str, dict, dict]:
     return events(lines), result, reports
 
 
-def _run_dir(d: Path, name: str, text: str, probes: dict) -> None:
+def _run_dir(d: Path, name: str, text: str, probes: dict, outcome: str = "failed",
+             where: str = "") -> None:
     """events.tsv, the probe reports and report.json (built by rbkit.report) in D."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "events.tsv").write_text(text, encoding="utf-8")
@@ -121,14 +132,17 @@ def _run_dir(d: Path, name: str, text: str, probes: dict) -> None:
         paths[host] = str(d / ("probe-%s.json" % host))
         Path(paths[host]).write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
     doc = report.build(name, "specs/%s.yaml" % name, "0" * 64, str(d / "events.tsv"), paths,
-                       "failed")
+                       outcome, where=where)
     (d / "report.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
 
 
 def write(out: Path) -> None:
-    """The two runs' files under OUT (see the module's docstring)."""
+    """The runs' files under OUT (see the module's docstring)."""
     _run_dir(out / "two-host", "b300", *two_host())
+    _run_dir(out / "two-host-ok", "b300", *two_host("ok"), outcome="ok")
+    _run_dir(out / "two-host-interrupted", "b300", *two_host("interrupted"),
+             outcome="interrupted", where="in step transfer")
     text, result, reports = fanout_run()
     _run_dir(out / "fanout", "cluster8", text, {n: r["probe"] for n, r in reports.items()})
     fan = out / "fanout" / "fanout"

@@ -640,3 +640,39 @@ def test_a_loaded_manifests_fingerprint_is_that_of_its_entries(tree, tmp_path):
     path.write_text("\n".join(lines) + "\n")
     again, fp2 = manifest.load_fingerprinted(str(path))
     assert again["entries"] == loaded["entries"] and fp2 != fp
+
+
+@pytest.mark.parametrize("standalone", [False, True], ids=["pinned", "standalone"])
+def test_the_tar_sent_to_hosts_has_no_pictures(tmp_path, standalone):
+    """rbview (the pictures, drawn only on the machine that runs the runbook) is in this machine's
+    kit and not in the tar the runbook sends to its hosts (issue 35)."""
+    import subprocess
+    import tarfile
+
+    from compiler import cli, kit
+
+    out = tmp_path / "out"
+    root = Path(__file__).resolve().parents[1]
+    assert cli.main([str(root / "specs" / "local.yaml"), "-o", str(out)]
+                    + ["--standalone"] * standalone) == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["bash", "-c", 'source "$1" && RB_WORK=$2 && rb::kit_write "$2/kit"', "_",
+                    str(out / "local.sh"), str(work)], check=True, timeout=60)
+    with tarfile.open(work / "kit.tar") as tar:
+        names = tar.getnames()
+    sent = {n.split("/", 1)[0] for n in names}
+    assert sent == set(kit.HOST_PACKAGES), sent
+    assert not [n for n in names if "pictures" in n or "rbview" in n], names
+    assert sorted(p.name for p in (work / "kit").iterdir() if p.is_dir()) == sorted(kit.PACKAGES)
+    assert (work / "kit" / "rbview" / "draw.py").is_file()
+
+
+def test_no_host_package_imports_the_controller_only_one():
+    """A host has no rbview: no module of the shipped packages names it, but rbkit's report
+    command, which runs only here (it draws the pictures of the run it reports)."""
+    from compiler import kit
+
+    for f in kit.files():
+        if f.path.split("/", 1)[0] in kit.HOST_PACKAGES and "rbview" in f.text:
+            assert f.path == "rbkit/__main__.py", f.path

@@ -1,4 +1,4 @@
-"""The pictures of a run (rbkit.pictures): well-formed SVG and HTML, every step, host and node
+"""The pictures of a run (rbview): well-formed SVG and HTML, every step, host and node
 named, failures drawn as failures, hostile text escaped, the same bytes for the same run."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import pictures
+from rbview import draw as pictures, timeline
+from rbview.svg import COLOURS
 from tests import picture_data
 
 SVG = "{http://www.w3.org/2000/svg}"
-RED = pictures.COLOURS["failed"][0]
+RED = COLOURS["failed"][0]
 HOSTILE = "<script>alert(\"x\")</script> & 'q' ]]> \x01"
 
 
@@ -125,9 +126,9 @@ def test_fanout_heatmap_names_odd_and_missing_nodes(runs, tmp_path):
     for col in ("receive", "verify", "prove", "swap", "torch", "libraries", "imports"):
         assert col in words
     cells = {tip.split(":")[0]: (a["fill"], tip) for a, tip in titled(root, "rect")}
-    assert cells["gpu05 libraries"][0] == pictures.COLOURS["fail"][0]
+    assert cells["gpu05 libraries"][0] == COLOURS["fail"][0]
     assert cells["gpu05 libraries"][1] == "gpu05 libraries: FAIL, 0.1 s"
-    assert cells["gpu01 libraries"][0] == pictures.COLOURS["pass"][0]
+    assert cells["gpu01 libraries"][0] == COLOURS["pass"][0]
     assert cells["gpu01 receive"][1] == "gpu01 receive: pass, 6.3 s"    # seconds from node-*.json
     assert cells["gpu07"][0] == "url(#nohatch)" and "closed by remote host" in cells["gpu07"][1]
     assert not any(k.startswith("gpu07 ") for k in cells)
@@ -207,7 +208,7 @@ def test_no_event_log_lays_steps_end_to_end_and_bad_lines_are_skipped(runs, tmp_
     log = tmp_path / "events.tsv"
     log.write_text("step\tverify\tok\tnot-a-time\t5\th\t\nprogress\tx\n"
                    "step\tswap\tinterrupted\t1000\t1500\th\t\n")
-    steps, samples = pictures.read_log(str(log))
+    steps, samples = timeline.read_log(str(log))
     assert [s["id"] for s in steps] == ["swap"] and samples == {}
     pictures.write_all({"runbook": "r", "outcome": "interrupted"}, str(log), str(tmp_path))
     words = texts(svg(tmp_path / "timeline.svg"))
@@ -223,7 +224,6 @@ def test_the_readme_fanout_example_is_what_the_code_draws(runs, tmp_path, golden
 def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
     """The probe runs independent checks at once and reports when each ran (`schedule`): the
     timeline places each check there, not one after the other."""
-    from rbkit import pictures
 
     steps = [{"id": "probe", "host": "dst", "start": 1000.0, "end": 9000.0}]
     report = {"probes": {"dst": {"started": 1.5, "checks": [
@@ -233,12 +233,12 @@ def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
         "schedule": [{"id": "libraries", "lane": "serial", "start_s": 0.0, "end_s": 5.0},
                      {"id": "nccl", "lane": "parallel", "start_s": 0.0, "end_s": 4.0},
                      {"id": "matmul", "lane": "serial", "start_s": 5.0, "end_s": 6.0}]}}}
-    rows = {r["id"]: (r["start"], r["end"]) for r in pictures._check_rows(report, "dst", steps)}
+    rows = {r["id"]: (r["start"], r["end"]) for r in timeline._check_rows(report, "dst", steps)}
     assert rows == {"libraries": (1500.0, 6500.0), "nccl": (1500.0, 5500.0),
                     "matmul": (6500.0, 7500.0)}
     # without a schedule (an older probe): one after the other, as before
     del report["probes"]["dst"]["schedule"]
-    rows = {r["id"]: (r["start"], r["end"]) for r in pictures._check_rows(report, "dst", steps)}
+    rows = {r["id"]: (r["start"], r["end"]) for r in timeline._check_rows(report, "dst", steps)}
     assert rows["nccl"] == (6500.0, 10500.0)
 
 

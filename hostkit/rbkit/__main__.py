@@ -81,7 +81,8 @@ def cmd_elsewhere(a) -> int:
 
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
-    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
+    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu,
+                       where=a.where)
     # a new file of its own name beside the report (O_EXCL, never a name another user could have
     # pointed elsewhere), renamed over it
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or ".")
@@ -98,8 +99,9 @@ def cmd_report(a) -> int:
         # in the same process (one Python start less at the end of every run); a drawing that
         # fails is said on stderr and by no `drawn` line, never the report's outcome
         try:
-            from . import pictures
-            for path in pictures.draw(doc, a.events, a.pictures, a.fanout):
+            # the controller-only package beside rbkit in this machine's kit (never on a host)
+            from rbview import draw
+            for path in draw.draw(doc, a.events, a.pictures, a.fanout):
                 print("drawn %s" % path)
         except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
             print("rbkit report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
@@ -164,6 +166,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--events", required=True)
     rp.add_argument("--probe", action="append", default=[])
     rp.add_argument("--outcome", required=True)
+    rp.add_argument("--where", default="", help="where a run that did not pass stopped")
     rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
     rp.add_argument("--out", required=True)
     rp.add_argument("--pictures", default="", help="also draw the run's pictures into this directory")

@@ -86,7 +86,9 @@ def gpu_verdict(probe_docs: dict) -> dict:
 
 
 def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str,
-          gpu: bool = False) -> dict:
+          gpu: bool = False, where: str = "") -> dict:
+    """The report; WHERE: where a run that did not pass stopped (`in step transfer`), kept unless
+    its outcome is ok."""
     steps, facts, engine = read_events(events)
     # a swap undone later in the run (a check or step failed): its row says so, not "installed"
     undone = [e for events_of in engine.values() for e in events_of
@@ -110,13 +112,15 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
     for doc in probe_docs.values():
         for key in checks:
             checks[key] += int(doc.get("summary", {}).get(key, 0))
+    outcome = outcome_of(outcome, steps)
     return {
         "schema": SCHEMA,
         "kind": "rb-run-report",
         "runbook": name,
         "spec": spec,
         "spec_sha256": sha,
-        "outcome": outcome_of(outcome, steps),
+        "outcome": outcome,
+        **({"where": where} if where and outcome != "ok" else {}),
         "steps": steps,
         "checks": checks,
         "probes": probe_docs,
@@ -165,5 +169,5 @@ def table(doc: dict) -> str:
         out.append("GPU NOT PROVEN: the spec declares gpu:, but "
                    + ("; ".join(gpu["unproven"]) or "no GPU check passed")
                    + " (a skip the spec allowed is not a pass)")
-    out.append(f"outcome: {doc['outcome']}")
+    out.append(f"outcome: {doc['outcome']}" + (f" ({doc['where']})" if doc.get("where") else ""))
     return "\n".join(out)

@@ -1587,13 +1587,13 @@ rb::restore_checks() {
 }
 
 #######################################
-# End the destination's engine (its last events go into the log), write the JSON report and
-# print the summary. Argument: the outcome this shell saw; the report's is the worse of it and
-# what the steps' events say.
+# End the destination's engine (its last events go into the log), write the report and print the
+# summary. Argument: the outcome this shell saw; the report's is the worse of it and what the
+# steps' events say, with where the run stopped. A signal while finishing (INT, TERM, HUP) makes
+# it an interrupted run (exit 130) whose report replaces the one just written.
 #######################################
 rb::finish() {
-  local outcome=$1 probe drawn='' from
-  local -a probe_args=() fan=()
+  local outcome=$1 late='' where from n
   # nothing is written before the run directory is known private and this run holds it
   if ((RB_FINISHED)) || [[ -z "${RB_WORK}" || -z "${RB_RUN_LOCK}" ]] || ((RB_DRY_RUN)); then
     return 0
@@ -1602,30 +1602,28 @@ rb::finish() {
   if [[ "${outcome}" == interrupted ]]; then
     rb::engine_stop now
   else
+    trap 'late=INT && trap "" INT TERM HUP' INT
+    trap 'late=TERM && trap "" INT TERM HUP' TERM
+    trap 'late=HUP && trap "" INT TERM HUP' HUP
     rb::engine_stop
   fi
-  for probe in "${RB_PROBE_REPORTS[@]}"; do
-    probe_args+=(--probe "${probe}")
-  done
-  if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
-    fan=(--fanout "${RB_STATE_DIR}/fanout/fanout.json")
-  fi
-  # the report, then its pictures beside it (timeline.svg, nodes.svg, report.html), one process
-  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
-  if drawn=$("${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" \
-    --outcome "${outcome}" --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} \
-    --pictures "$(dirname "${RB_REPORT}")" "${fan[@]}"); then
-    if [[ -n "${drawn}" ]]; then
-      rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
-    else
-      rb::log "could not draw the pictures of this run (above); the report is complete"
-    fi
-  else
-    rb::log "could not write the report"
-  fi
-  rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   from=$(rb::resume_step "${RB_FAILED_STEP}")
-  if [[ "${outcome}" == interrupted ]]; then
+  where=${RB_FAILED_STEP:+in step ${RB_FAILED_STEP}}
+  where=${where:-after step ${RB_STEP_DONE:-(none)}${from:+, before ${from}}}
+  # once; again when a signal came while it was being written
+  for n in 1 2; do
+    if [[ -n "${late}" && "${outcome}" != interrupted ]]; then
+      outcome=interrupted where="while finishing (SIG${late}), ${where}"
+      rb::log "interrupted ${where}; the report says so"
+    elif ((n == 2)); then
+      break
+    fi
+    rb::report "${outcome}" "${where}"
+  done
+  rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
+  if [[ -n "${late}" && -z "${from}" ]]; then
+    rb::log "every step had finished before the signal: nothing to go on with"
+  elif [[ "${outcome}" == interrupted ]]; then
     rb::log "interrupted: re-run with --from ${from:-${RB_STEPS[0]}} to go on (relocate, prove" \
       "and swap install only a staging this run verified: they go on from verify)"
   elif ((RB_ROLLED_BACK)); then
@@ -1635,6 +1633,37 @@ rb::finish() {
     rb::log "${outcome}: see the step named above; re-run with --from ${from:-${RB_STEPS[0]}}" \
       "after fixing it (relocate, prove and swap install only a staging this run verified: they" \
       "go on from verify)"
+  fi
+  if [[ -n "${late}" ]]; then
+    exit 130
+  fi
+}
+
+#######################################
+# The report ($1 the outcome, $2 where the run stopped), then its pictures beside it (timeline.svg,
+# nodes.svg, report.html): one process, which ignores the run's signals.
+#######################################
+rb::report() {
+  local drawn='' probe fan=''
+  local -a args=()
+  for probe in "${RB_PROBE_REPORTS[@]}"; do
+    args+=(--probe "${probe}")
+  done
+  if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
+    args+=(--fanout "${RB_STATE_DIR}/fanout/fanout.json") fan=', nodes.svg'
+  fi
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  if drawn=$(trap '' INT TERM HUP && exec "${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" \
+    --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "$1" \
+    --where "$2" --out "${RB_REPORT}" ${RB_GPU_DECLARED:+--gpu} --pictures "${RB_REPORT%/*}" \
+    "${args[@]}"); then
+    if [[ -n "${drawn}" ]]; then
+      rb::log "pictures: ${RB_REPORT%/*}/report.html (timeline.svg${fan})"
+    else
+      rb::log "could not draw the pictures of this run (above); the report is complete"
+    fi
+  else
+    rb::log "could not write the report"
   fi
 }
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import browser
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab import fanout
 
@@ -87,6 +88,9 @@ def test_clush_fanout_installs_and_probes_every_node(cluster, payload_small, tmp
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert doc["outcome"] == "ok" and set(doc["probes"]) == set(cluster.names)
     print(f"\nclush fan-out to 8 nodes: {took:.1f} s")
+    # its report.html, seen in a browser (issue 36): the nodes picture loads beside the timeline
+    seen = browser.assert_seen(tmp_path / "run", fanout=fan)
+    assert {i["src"] for i in seen.images} == {"timeline.svg", "nodes.svg"}
 
 
 @pytest.mark.e2e

@@ -29,6 +29,9 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 POINTS = {"mid-transfer": "] streaming ", "boundary": "step preflight: ok"}
 SETTLE = {"mid-transfer": 0.5, "boundary": 0.0}
 PROMPT_S = 5.0
+# the pictures of an earlier run (ok) in the same run directory: the interrupted run's replace them
+EARLIER = "an earlier run"
+EARLIER_PICTURES = ("report.html", "timeline.svg")
 
 
 def interrupt(tmp_path: Path, script: Path, sig: signal.Signals, after: str,
@@ -39,6 +42,8 @@ def interrupt(tmp_path: Path, script: Path, sig: signal.Signals, after: str,
     run.mkdir(exist_ok=True)
     # the report of an earlier run: the interrupted one must replace it
     (run / "report.json").write_text('{"outcome": "ok", "earlier": true}\n')
+    for name in EARLIER_PICTURES:
+        (run / name).write_text(f"<p>runbook e2e: ok ({EARLIER})</p>\n")
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
         p = subprocess.Popen(["bash", str(script)], cwd=tmp_path, stdin=subprocess.DEVNULL,
@@ -101,6 +106,10 @@ def check(tmp_path: Path, sig: signal.Signals, point: str, route: str, rc: int, 
         assert "interrupted in step transfer" in lines[0], lines
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
     assert doc["outcome"] == "interrupted" and "earlier" not in doc, doc
+    # its pictures too, saying where it stopped (issue 36)
+    for name in EARLIER_PICTURES:
+        text = (tmp_path / "run" / name).read_text()
+        assert EARLIER not in text and "interrupted" in text, (name, text[:400], err[-3000:])
     # the summary, and the step to go on from, named
     assert "outcome: interrupted" in err, err[-3000:]
     stopped = [s["id"] for s in doc["steps"] if s["status"] == "interrupted"]
@@ -161,3 +170,29 @@ def test_relay_run_interrupted(clean_lab, payload_small, tmp_path, sig, point):
     finally:
         subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", "eth0", "root"], check=False)
     check(tmp_path, sig, point, "relay", rc, seconds, err, before, dst)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_run_interrupted_while_finishing_reports_so(payload_small, tmp_path, sig):
+    """A signal once every step has finished, while the run stops its engine and writes its report
+    (issue 36): the run reported `ok` and left the earlier run's report.html in place, exit 130.
+    Now its report and pictures say interrupted, and where."""
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "d" / "venv"
+    old_install(dst)
+    script = compile_(tmp_path, src, dst, policy="replace")
+    rc, seconds, err = interrupt(tmp_path, script, sig, "step probe: ok")
+    assert rc == 130, err[-3000:]
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert doc["outcome"] == "interrupted", (doc["outcome"], err[-3000:])
+    assert doc["where"].startswith(f"while finishing ({sig.name}), after step probe"), doc["where"]
+    lines = [x for x in err.splitlines() if "] interrupted " in x]
+    assert len(lines) == 1 and f"({sig.name})" in lines[0], err[-3000:]
+    assert "nothing to go on with" in err and "re-run with --from" not in err, err[-2000:]
+    for name in EARLIER_PICTURES:
+        text = (tmp_path / "run" / name).read_text()
+        assert EARLIER not in text and f"while finishing ({sig.name})" in text, (name, text[:600])
+    assert not left_running(str(tmp_path))
+    assert seconds < PROMPT_S

@@ -393,9 +393,10 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
-# pinned by RB_KIT_SHA256 and read from RB_KIT_FILE beside this runbook (compile writes it;
-# `compile --standalone` embeds the kit instead). A file whose hash differs is refused.
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
+# (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
+# RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
+# instead). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
@@ -405,15 +406,17 @@ rb::kit_write() {
     rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
       "the runbook, or compile --standalone for a runbook that carries its kit"
   fi
-  cp -- "${file}" "${RB_WORK}/kit.tar"
-  got=$(rb::sha256 "${RB_WORK}/kit.tar")
+  cp -- "${file}" "${RB_WORK}/kit-pinned.tar"
+  got=$(rb::sha256 "${RB_WORK}/kit-pinned.tar")
   if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
     rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
       "recompile (compile writes the kit this runbook was reviewed with)"
   fi
-  RB_KIT_TAR_SHA256=${got}
   mkdir -p "${dir}"
-  tar -C "${dir}" -xf "${RB_WORK}/kit.tar" --no-same-owner --no-same-permissions
+  tar -C "${dir}" -xf "${RB_WORK}/kit-pinned.tar" --no-same-owner --no-same-permissions
+  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
+  tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
+  RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
 }
 
 #######################################

@@ -1,0 +1,5 @@
+import sys
+
+from .draw import main
+
+sys.exit(main())
