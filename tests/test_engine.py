@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from compiler import steps as compiler_steps
-from rbkit import engine, hostfs, manifest, relocate, serve, stream
+from rbkit import engine, hostfs, manifest, proof, relocate, serve, stream
 from rbkit.lock import Lock, Taken, lock_path
 from tests.test_fanout_delta import PKG, bundle, change_one_file, node
 from tests.test_kit import make_tree
@@ -830,8 +830,8 @@ def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path
         _script(dest / "bin" / name, f"#!{dest}/bin/python\nimport sys\n")
     _script(dest / "bin" / "d", f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n")
     started = []
-    real = engine.run_quiet
-    monkeypatch.setattr(engine, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a))
+    real = proof.run_quiet
+    monkeypatch.setattr(proof, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a))
     proven, failed = engine.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
     assert (proven, failed) == (["bin/a", "bin/b", "bin/c", "bin/d"], [])
     assert sorted(started) == [f"{dest}/bin/a", f"{dest}/bin/d"]
