@@ -21,7 +21,7 @@ def restore(ctx: Context, number: Optional[int] = None) -> Result:
     ctx.critical += 1
     try:
         result = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
-                                swap_atomic=ctx.swap_atomic)
+                                swap_atomic=ctx.choices.swap_atomic)
         if os.path.isdir(ctx.dest):
             # chosen by hand: the checks that follow are this install's, not a stale spec's
             hostfs.write_info(ctx.dest, put_back_after=None, failed_install=None)
@@ -82,7 +82,7 @@ def list_backups(ctx: Context) -> Result:
     its checks, its size."""
     rows = hostfs.list_installs(ctx.dest)
     ctx.log("installs of %s (keep_backups: %s counts the backups whose checks passed):"
-            % (ctx.dest, ctx.keep_backups or "-"))
+            % (ctx.dest, ctx.choices.keep_backups or "-"))
     table = []
     for row in rows:
         info = row["info"]

@@ -40,7 +40,7 @@ import stat
 import subprocess
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from rbrules import launch
 
@@ -60,11 +60,11 @@ from .runner import (INSTALLED, STEPS, Context, Result, StepError, _load_keyed, 
 from .staging import resumable, stage
 from .stream import COMPRESSION, child_env, human, run_quiet, tail
 
-__all__ = ["Context", "Result", "StepError", "INSTALLED", "STEPS", "after_failure",
-           "begin_early_check", "current", "exports", "finish", "install", "jobs",
+__all__ = ["Context", "Result", "StepError", "INSTALLED", "SKIPPED_WHEN_CURRENT", "STEPS",
+           "after_failure", "begin_early_check", "current", "exports", "finish", "install", "jobs",
            "list_backups", "make_state", "os_error_words", "own_env_copy", "preflight", "probe",
            "prove", "prove_scripts", "read_stamp", "receive", "relocate", "remove_tree",
-           "restore", "resumable", "rollback", "run", "skipped", "stage", "staging_path",
+           "restore", "resumable", "rollback", "run", "skipped", "stage", "staging_path", "step",
            "stop_background", "swap", "take_lock", "user_name", "verify", "write_file"]
 
 
@@ -73,12 +73,31 @@ def after_failure(ctx: Context, step: str) -> Optional[dict]:
     swap proof, the env file; failed checks only with on_failed_checks: rollback)."""
     if ctx.swapped is None:
         return None
-    if step in ("swap", "exports") or (step == "probe" and ctx.on_failed_checks == "rollback"):
+    if step in ("swap", "exports") or (step == "probe"
+                                       and ctx.choices.on_failed_checks == "rollback"):
         return run(ctx, "rollback", rollback, step)
     if step == "probe":
         ctx.log("checks failed; the new install stays in place (on_failed_checks: %s)"
-                % ctx.on_failed_checks)
+                % ctx.choices.on_failed_checks)
     return None
+
+
+# The steps that put the tree in place: each is skipped when `current` found that the destination
+# already holds the tree. The one rule: a runbook's requests (serve.py) and a node's install ask it
+# through `step`.
+SKIPPED_WHEN_CURRENT = ("stage", "receive", "verify", "relocate", "prove", "swap")
+
+
+def step(ctx: Context, name: str, fn: Callable[..., Result], **kw: Any) -> dict:
+    """One step as a run asks for it: skipped when the destination holds the tree already and
+    the step is one that puts it there (SKIPPED_WHEN_CURRENT); else run, a failure followed by
+    what `after_failure` does."""
+    if ctx.up_to_date and name in SKIPPED_WHEN_CURRENT:
+        return skipped(ctx, name, ctx.up_to_date)
+    event = run(ctx, name, fn, **kw)
+    if event["status"] == "failed":
+        after_failure(ctx, name)
+    return event
 
 
 def install(ctx: Context, producer: Optional[List[str]] = None,
@@ -86,24 +105,19 @@ def install(ctx: Context, producer: Optional[List[str]] = None,
     """A whole install in this process (a fan-out node): current, then stage .. swap unless the
     destination holds the tree already, exports, probe. Returns 0, 1 (a step failed) or 3 (the
     payload lacks files this host needs: it needs the whole bundle)."""
-    cur = run(ctx, "current", current, ctx.rerun, linking=carried is not None)
+    cur = run(ctx, "current", current, ctx.choices.rerun, linking=carried is not None)
     if cur["status"] == "failed":
         return 1
-    steps: List[tuple] = []
-    if ctx.up_to_date:
-        for sid in ("stage", "receive", "verify", "relocate", "prove", "swap"):
-            skipped(ctx, sid, ctx.up_to_date)
-    else:
-        steps += [("stage", stage, {"delta": carried is not None, "carried": carried}),
-                  ("receive", receive, {"producer": producer}), ("verify", verify, {}),
-                  ("relocate", relocate, {}), ("prove", prove, {}), ("swap", swap, {})]
-    steps.append(("exports", exports, {}))
+    steps: List[tuple] = [
+        ("stage", stage, {"delta": carried is not None, "carried": carried}),
+        ("receive", receive, {"producer": producer}), ("verify", verify, {}),
+        ("relocate", relocate, {}), ("prove", prove, {}), ("swap", swap, {}),
+        ("exports", exports, {})]
     if ctx.probe_config:
         steps.append(("probe", probe, {}))
     for sid, fn, kw in steps:
-        event = run(ctx, sid, fn, **kw)
+        event = step(ctx, sid, fn, **kw)
         if event["status"] == "failed":
-            after_failure(ctx, sid)
             return 3 if event["facts"].get("needs_full") else 1
     return 0
 
@@ -166,7 +180,7 @@ def check_parent(ctx: Context) -> str:
     if found is None:
         return ""
     where, why = found
-    if ctx.shared_parent != "allow":
+    if ctx.choices.shared_parent != "allow":
         raise StepError(privacy.refusal(ctx.dest, where, why, uid), {"shared_parent": where})
     ctx.log("warning: %s; going on because %s is allow: the checks source the install's own env "
             "file (not %s), and a backup of another user is never restored, but another user can "
@@ -185,7 +199,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
             raise StepError("refusing to install %s: %s" % (ctx.dest, why))
     exists = os.path.lexists(ctx.dest)
     installed = os.path.isfile(os.path.join(ctx.dest, INSTALLED))
-    if exists and ctx.policy == "refuse" and not installed:
+    if exists and ctx.choices.on_existing == "refuse" and not installed:
         raise StepError("destination %s exists and on_existing is refuse; move it away or set "
                         "on_existing: backup" % ctx.dest)
     free = hostfs.free_bytes(ctx.staging)
@@ -196,7 +210,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
             if c["tool"] is None or shutil.which(c["tool"])]
     what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
         else "does not exist yet"
-    ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.policy))
+    ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.choices.on_existing))
     ctx.log("free at %s: %s; the staging needs about %s" % (free["measured_at"],
                                                             human(free["free_bytes"]), human(need)))
     return Result("%s; %s free" % (what, human(free["free_bytes"])),
@@ -234,7 +248,8 @@ class EarlyCheck:
 
 def begin_early_check(ctx: Context) -> None:
     """Start EarlyCheck when a quick re-run check may follow (the lock is held)."""
-    if ctx.rerun == "quick" and ctx.locked and os.path.isfile(os.path.join(ctx.dest, INSTALLED)):
+    if (ctx.choices.rerun == "quick" and ctx.locked
+            and os.path.isfile(os.path.join(ctx.dest, INSTALLED))):
         ctx.early = EarlyCheck(ctx.dest)
 
 
@@ -267,7 +282,7 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
         if not same_source and not linking:
             return _not_current(ctx, "the destination holds an install of a different source "
                                 "tree", mode)
-        result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.jobs), limit=1 << 30)
+        result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.choices.jobs), limit=1 << 30)
         if not result["ok"]:
             ctx.unlinkable = set(result["missing"]) | {d["p"] for d in result["differ"]}
             for line in kitmanifest.describe(dict(result, missing=result["missing"][:20],
@@ -293,7 +308,7 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
 
 
 def _not_current(ctx: Context, why: str, mode: str) -> Result:
-    if mode == "digest" and ctx.policy == "refuse" and os.path.lexists(ctx.dest):
+    if mode == "digest" and ctx.choices.on_existing == "refuse" and os.path.lexists(ctx.dest):
         raise StepError("destination %s holds a different install and on_existing is refuse (%s)"
                         % (ctx.dest, why))
     return Result(why, {"up_to_date": 0, "why": why})
@@ -339,19 +354,22 @@ def swap(ctx: Context) -> Result:
     kept until the run ends (a backup with on_existing: backup, for good)."""
     _require_lock(ctx)
     doc = _require(ctx, ("proven",), "swap")
-    transient = ctx.policy == "replace" and os.path.lexists(ctx.dest)
+    transient = ctx.choices.on_existing == "replace" and os.path.lexists(ctx.dest)
     ctx.critical += 1
     try:
         if transient:
             # replace: what was there waits as a backup (not pruned, not unshared) until the run
             # ends, for a rollback
-            result = hostfs.swap(ctx.staging, ctx.dest, "backup", swap_atomic=ctx.swap_atomic,
+            result = hostfs.swap(ctx.staging, ctx.dest, "backup",
+                                 swap_atomic=ctx.choices.swap_atomic,
                                  unshare=False)
         else:
             # keep_backups is applied once the new install passed its checks (prune_after_checks)
-            result = hostfs.swap(ctx.staging, ctx.dest, ctx.policy, swap_atomic=ctx.swap_atomic)
+            result = hostfs.swap(ctx.staging, ctx.dest, ctx.choices.on_existing,
+                                 swap_atomic=ctx.choices.swap_atomic)
         previous = result.get("previous")
-        ctx.swapped = {"previous": previous, "transient": transient, "policy": ctx.policy}
+        ctx.swapped = {"previous": previous, "transient": transient,
+                       "policy": ctx.choices.on_existing}
         _write_stamp(ctx, None)
     finally:
         ctx.critical -= 1
@@ -392,7 +410,7 @@ def _record_install(ctx: Context) -> None:
     except (StepError, OSError, ValueError):
         fingerprint = ""
     hostfs.write_info(ctx.dest, installed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      origin=ctx.origin, source_fingerprint=fingerprint, checks="not run",
+                      origin=ctx.choices.origin, source_fingerprint=fingerprint, checks="not run",
                       put_back_after=None, failed_install=None)
 
 
@@ -401,18 +419,20 @@ def prune_after_checks(ctx: Context) -> None:
     the spec has none and its env file is written): an install that fails never evicts a good
     backup."""
     s = ctx.swapped
-    if s is None or s.get("transient") or s.get("policy") != "backup" or not ctx.keep_backups:
+    if (s is None or s.get("transient") or s.get("policy") != "backup"
+            or not ctx.choices.keep_backups):
         return
-    for gone in hostfs.prune_backups(ctx.dest, ctx.keep_backups):
+    for gone in hostfs.prune_backups(ctx.dest, ctx.choices.keep_backups):
         ctx.log("removed an older backup (keep_backups: %s): %s (the new install passed its "
-                "checks)" % (ctx.keep_backups, gone))
+                "checks)" % (ctx.choices.keep_backups, gone))
 
 
 def exports(ctx: Context) -> Result:
     """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
     _require_lock(ctx)
-    env = dict(item.split("=", 1) for item in ctx.env)
-    text, summary = kitexports.render(ctx.dest, ctx.cuda_home, ctx.first, env, ctx.origin)
+    c = ctx.choices
+    text, summary = kitexports.render(ctx.dest, c.cuda_home, list(c.library_path_first),
+                                      dict(c.env), c.origin)
     if summary["missing_dirs"]:
         raise StepError("library dirs do not exist in the venv: %s"
                         % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
@@ -475,12 +495,12 @@ def probe(ctx: Context, report: str = "") -> Result:
             + launch.argv(os.path.join(ctx.dest, "bin", "python"), "rbprobes", site=True)
             + ["run", "--config-json", ctx.probe_config, "--report", report])
     if ctx.capture:
-        rc, out, err = run_quiet(argv, ctx.timeout, env)
+        rc, out, err = run_quiet(argv, ctx.choices.timeout, env)
         ctx.log(err)
     else:
         # the checks' table goes to the runbook's log as it is printed
         rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=2, env=env, cwd="/",
-                            timeout=ctx.timeout, check=False).returncode
+                            timeout=ctx.choices.timeout, check=False).returncode
         out = err = ""
     summary: dict = {}
     names: List[str] = []
@@ -531,7 +551,8 @@ def rollback(ctx: Context, after: str = "") -> Result:
                           "its manifest (a re-run installs it again)" % ctx.dest)
         from_failed = previous == hostfs.failed_path(ctx.dest)
         number = None if from_failed else int(previous.rsplit(".", 1)[1])
-        got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.swap_atomic,
+        got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
+                             swap_atomic=ctx.choices.swap_atomic,
                              failed="%s failed after the swap (runbook rollback)" % what,
                              from_failed=from_failed)
         ctx.swapped = None

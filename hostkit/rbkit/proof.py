@@ -40,7 +40,7 @@ def verify(ctx: Context) -> Result:
     _scan_elsewhere(ctx)
     inodes = (ctx.linked_inodes[1] if linked and ctx.linked_inodes is not None
               and ctx.linked_inodes[0] == identity else None)
-    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked,
+    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.choices.jobs), linked_from=linked,
                                 received=received, linked_inodes=inodes)
     listed = kitmanifest.describe(result)
     for line in listed:

@@ -32,7 +32,8 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
         raise StepError("refusing to receive: %s is not the staging this run's stage step made"
                         % ctx.staging)
     _forget_received(ctx)
-    algo = ctx.algo or (ctx.new_manifest()["header"]["algo"] if ctx.manifest else "sha256")
+    # the spec's digest: the source's manifest is made with it, verify compares the two
+    algo = ctx.choices.verify
     table = COMPRESSION[ctx.compression]
     argvs: List[Any] = []
     names: List[str] = []
@@ -46,7 +47,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     if algo != "none":
         # hashing threads for big files: the cores tar and the decompressor leave; none on two
         # (tarstream: there each hand-over costs more than the thread gives)
-        n = jobs(ctx.jobs)
+        n = jobs(ctx.choices.jobs)
         if ctx.part is not None:
             n = max(1, n // ctx.part[1])     # several streams: the cores shared among them
         digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
@@ -54,12 +55,13 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
         names.append("digest reader")
     # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
     # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
-    keep = ctx.special_modes == "keep"
+    keep = ctx.choices.special_modes == "keep"
     argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
                  + ([] if keep else ["--no-same-permissions"]))
     names.append("tar")
     watch = Progress(*ctx.progress) if ctx.progress else None
-    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002,
+    codes, errs = pipeline(argvs, ctx.choices.timeout, capture=ctx.capture,
+                           umask=None if keep else 0o002,
                            started=watch.start if watch else None)
     if watch is not None:
         watch.stop(digester.off if digester is not None else None)
@@ -79,7 +81,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     facts: dict = {"staging": ctx.staging}
     if digester is not None:
         facts["stream_bytes"] = digester.off     # what this end read of the tar stream
-    if ctx.special_modes == "strip":
+    if ctx.choices.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)
         stripped = hostfs.strip_special(ctx.staging)

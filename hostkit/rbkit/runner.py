@@ -22,6 +22,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from rbrules import paths
 
 from . import hostfs, safefs
+from .choices import Choices
 from . import manifest as kitmanifest
 
 
@@ -67,49 +68,34 @@ class Result:
 
 
 class Context:
-    """What the steps of one run share: the destination and the spec's choices (given), and
-    what the run learned so far (the up-to-date verdict, what the swap did, files never to link).
+    """What the steps of one run share: the destination, the spec's choices (`choices`, read from
+    the runbook's document: choices.py) and the facts of this run (`old`: the source's path as it
+    was there; `manifest`: the source's manifest on this host; `compression`: what the stream
+    uses; `probe_config`: the checks' document; `state`: the private state directory), and what
+    the run learned so far (the up-to-date verdict, what the swap did, files never to link).
     `emit` receives every event; `log` every human line (the runbook's stderr, or a node's
     report); `capture`: children's output is collected (a node) instead of passed through."""
 
-    def __init__(self, dest: str, *, old: str = "", policy: str = "refuse", manifest: str = "",
-                 jobs: Any = "auto", compression: str = "none", env_out: str = "",
-                 cuda_home: str = "", first: Optional[List[str]] = None,
-                 env: Optional[List[str]] = None, origin: str = "a runbook",
-                 probe_config: str = "", on_failed_checks: str = "keep", rerun: str = "quick",
-                 timeout: Optional[float] = None, state: str = "", capture: bool = False,
-                 special_modes: str = "refuse", keep_backups: Optional[int] = None,
-                 swap_atomic: str = "allow", shared_parent: str = "refuse", algo: str = "",
+    def __init__(self, dest: str, choices: Optional[Choices] = None, *, old: str = "",
+                 manifest: str = "", compression: str = "none", probe_config: str = "",
+                 state: str = "", capture: bool = False,
                  emit: Optional[Callable[[dict], None]] = None,
                  log: Optional[Callable[[str], None]] = None,
-                 trace: Optional[Callable[[str], None]] = None,
-                 progress: Optional[Tuple[float, Callable[[int], None]]] = None,
-                 part: Optional[Tuple[int, int]] = None) -> None:
+                 trace: Optional[Callable[[str], None]] = None) -> None:
         self.dest = os.path.abspath(dest)
         self.staging = staging_path(self.dest)
-        self.old, self.policy, self.manifest = old, policy, manifest
-        self.jobs, self.compression = jobs, compression
-        self.env_out = paths.env_file(self.dest, env_out or "")
-        self.cuda_home, self.first, self.env = cuda_home, list(first or []), list(env or [])
-        self.origin, self.probe_config = origin, probe_config
-        self.on_failed_checks, self.rerun, self.timeout = on_failed_checks, rerun, timeout
-        self.state, self.capture = state, capture
-        # transfer.special_modes (receive), keep_backups and swap_atomic (swap, restore)
-        self.special_modes, self.keep_backups, self.swap_atomic = \
-            special_modes, keep_backups, swap_atomic
-        # transfer.shared_parent: a destination's parent other users can write is refused
-        # (check_parent), unless allow
-        self.shared_parent = shared_parent
-        # the digest the stream's receiving end computes (the manifest's, when it is here first)
-        self.algo = algo
+        self.choices = choices or Choices()
+        self.old, self.manifest, self.compression = old, manifest, compression
+        self.probe_config, self.state, self.capture = probe_config, state, capture
+        self.env_out = paths.env_file(self.dest, self.choices.env_file)
         self.emit = emit or (lambda event: None)
         self.log = log or (lambda line: None)
         # where a failure's traceback goes: the run's log file only, never the terminal
         self.trace = trace or self.log
-        # (every so many seconds, where to) the bytes of the stream receive's tar has read so far
-        self.progress = progress
-        # receive: which stream of how many this one is (rbkit send --part I/N), None: the one
-        self.part = part
+        # receive only: (every so many seconds, where to) the bytes of the stream its tar has
+        # read so far; which stream of how many this one is (rbkit send --part I/N), None: the one
+        self.progress: Optional[Tuple[float, Callable[[int], None]]] = None
+        self.part: Optional[Tuple[int, int]] = None
         self.locked = False
         self.events: List[dict] = []
         self.up_to_date: Optional[str] = None   # why the destination already holds the tree

@@ -205,7 +205,7 @@ def resume_stage(ctx: Context, source: str) -> Result:
     _chmod_dir(ctx.staging, 0o700)
     wanted = {e["p"]: e for e in m["entries"]}
     candidates, removed = _resume_walk(ctx.staging, wanted)
-    kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.jobs))
+    kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.choices.jobs))
     removed += len(candidates) - len(kept)
     send: List[str] = []
     kept_bytes = send_bytes = send_files = total = 0
@@ -339,7 +339,7 @@ def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
     m = ctx.new_manifest()
     kept = m["header"]
     if (kept.get("algo") != algo or list(kept.get("excludes", ())) != list(exclude)
-            or bool(kept.get("strip_special")) != (ctx.special_modes == "strip")):
+            or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")):
         return "the install's source manifest has other digests, excludes or modes", rebuilt
     if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
         return "the install's source manifest does not have its recorded stat", rebuilt
