@@ -100,13 +100,11 @@ def node(scratch: Path, dest: str, old: str, s: dict, comp: str) -> dict:
     """The runbook's node script on SCRATCH.tar (the bundle as the engine left it); returns the
     node's report."""
     script = s["RB_FAN_NODE_SCRIPT"]
-    args = ["--dest", dest, "--old", old, "--policy", "replace", "--compression", comp,
-            "--jobs", "auto", "--timeout", "900", "--cuda-home", s.get("RB_CUDA_HOME", ""),
-            "--probe-config", s.get("RB_PROBE_CONFIG", ""), "--origin", "benchmarks.node_rerun"]
-    for item in s.get("RB_LIB_FIRST", []):
-        args += ["--first", item]
-    for item in s.get("RB_ENV", []):
-        args += ["--env", item]
+    # the runbook's choices (CUDA, env), with this benchmark's policy, jobs, timeout and origin
+    choices = dict(json.loads(s.get("RB_ENGINE_CHOICES") or "{}"), on_existing="replace",
+                   jobs="auto", timeout=900, origin="benchmarks.node_rerun")
+    args = ["--dest", dest, "--old", old, "--compression", comp, "--choices", json.dumps(choices),
+            "--probe-config", s.get("RB_PROBE_CONFIG", "")]
     p = subprocess.run(["sh", "-c", script, "rb", str(scratch), *args], capture_output=True,
                        text=True, timeout=1200)
     reports = fanout.parse_reports(p.stdout.splitlines())

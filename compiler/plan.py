@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any, Optional
 
-from . import __version__, catalog, fanout, implied, kit as kitfiles, steps as stepdocs
+from . import __version__, catalog, engineconf, fanout, implied, kit as kitfiles, steps as stepdocs
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
@@ -258,16 +258,11 @@ def _settings(runbook: Identity, kit: Kit, transfer: Transfer, destination: Dest
         *([] if t.route is None else [Setting("RB_ROUTE", t.route)]),
         Setting("RB_COMPRESSION", t.compression),
         Setting("RB_VERIFY", t.verify),
-        Setting("RB_ON_EXISTING", d.on_existing),
         Setting("RB_RERUN", t.rerun),
         Setting("RB_SPECIAL_MODES", d.special_modes,
-                "the threat model's choices (docs/design.md): setuid/setgid/world-write entries, "
-                "links that leave the tree, backups kept, a swap that cannot be one rename, a "
-                "destination parent other users can write"),
+                "the threat model's choices the source's scan reads (docs/design.md): "
+                "setuid/setgid/world-write entries, links that leave the tree"),
         Setting("RB_OUTSIDE_LINKS", d.outside_links),
-        Setting("RB_KEEP_BACKUPS", str(d.keep_backups)),
-        Setting("RB_SWAP_ATOMIC", d.swap_atomic),
-        Setting("RB_SHARED_PARENT", d.shared_parent),
         Setting("RB_GPU_DECLARED", "1" if c.gpu_declared else "",
                 "gpu: declared: the report says whether the checks proved it (a skip is not a "
                 "pass)"),
@@ -279,14 +274,13 @@ def _settings(runbook: Identity, kit: Kit, transfer: Transfer, destination: Dest
                 "a re-run that finds changes sends only them (see docs/design.md)"),
         Setting("RB_JOBS", t.jobs, "hashing threads on each host (auto: one per CPU); one stream "
                 "per two where the sending end starts the receiving ends (one host, direct)"),
-        Setting("RB_CUDA_HOME", d.cuda_home, "cuda"),
-        Setting("RB_ENV_FILE", d.env_file),
+        Setting("RB_ENGINE_CHOICES", engineconf.document(runbook, t, d, c, fan),
+                "The install engine's choices, as one JSON document for the engine on the target "
+                "(rbkit/choices.py)."),
     ]
     if fan is not None:
         rows += fanout.settings(fan)
     if c.run:
-        rows.append(Setting("RB_ON_FAILED_CHECKS", c.on_failed_checks,
-                            "on_failed_checks: what a failed check after the swap does"))
         rows.append(Setting("RB_PROBE_CONFIG", c.config,
                             "The checks, as one JSON document for the probe on the target."))
     return tuple(rows)
@@ -306,9 +300,6 @@ def _arrays(runbook: Identity, transfer: Transfer, destination: Destination, che
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
         Array("RB_AUTO_COMPRESSION", transfer.auto_compression,
               "compression auto: the first of these every end of the stream has, else none"),
-        Array("RB_LIB_FIRST", destination.library_path_first,
-              "cuda.library_path_first, relative to the venv's site-packages"),
-        Array("RB_ENV", destination.env, "env"),
     ]
     if fan is not None:
         rows += fanout.arrays(fan)

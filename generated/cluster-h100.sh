@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 74698acaf4db05baa06c4a72fe4b6448fef0cf64339b9c892faf09a1332db224
+# sha256 of this file with these 64 digits zeroed: dc276b2b293bea87f96a6c2e821f57aa3881d2ffa5317610a0eafe4faa392118
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a
-readonly RB_KIT_FILE=.kit/bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a.tar
+readonly RB_KIT_SHA256=91482151ad7b8ea9114724e9f38d4816b0c0c53d4bb9787de65152c4d895e1fc
+readonly RB_KIT_FILE=.kit/91482151ad7b8ea9114724e9f38d4816b0c0c53d4bb9787de65152c4d895e1fc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -53,14 +53,10 @@ readonly RB_DST_PATH=/opt/sglang/.venv
 readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=backup
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -69,11 +65,8 @@ readonly RB_AUDIT_ARCH=sm_90
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# cuda
-readonly RB_CUDA_HOME=/usr/local/cuda
-readonly RB_ENV_FILE=''
-# on_failed_checks: what a failed check after the swap does
-readonly RB_ON_FAILED_CHECKS=rollback
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"/usr/local/cuda","env":{},"env_file":"","jobs":"auto","keep_backups":2,"library_path_first":["nvidia/cu13/lib"],"on_existing":"backup","on_failed_checks":"rollback","origin":"runbook cluster-h100 (specs/cluster-h100.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":null,"verify":"sha256"}'
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"},{"allow_skip":false,"id":"imports","params":{"modules":["sglang","flashinfer","sgl_kernel"]},"type":"imports"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H100","names":["H100","H100-SXM","H100-SXM5","H100-PCIE","H100-NVL"]},"host":"h100","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
@@ -87,10 +80,6 @@ readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exp
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
-# env
-readonly -a RB_ENV=()
 # route direct/auto: ssh arguments the source uses to reach the destination
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
@@ -710,8 +699,7 @@ step_transfer() {
   # receive hashes each file as the stream carries it (verify compares those digests) and says
   # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
+    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: c6e471d96cb7bfcf2d015daf26de9584004f62480b668e01c4857e6684a0c2d0
+# sha256 of this file with these 64 digits zeroed: ba1a6a972ba5e46053ec857e28bed7d0e07cfb5d50e4ac24f133b30871272c43
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a
-readonly RB_KIT_FILE=.kit/bd39c4aedacd453ec2d8af03869c9b2a9081c147e59b5967ae689af6d1a8693a.tar
+readonly RB_KIT_SHA256=91482151ad7b8ea9114724e9f38d4816b0c0c53d4bb9787de65152c4d895e1fc
+readonly RB_KIT_FILE=.kit/91482151ad7b8ea9114724e9f38d4816b0c0c53d4bb9787de65152c4d895e1fc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -51,14 +51,10 @@ readonly RB_DST_HOST=login
 readonly RB_DST_PATH=/opt/sglang/.venv
 readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=backup
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -67,9 +63,8 @@ readonly RB_AUDIT_ARCH=sm_90
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# cuda
-readonly RB_CUDA_HOME=/usr/local/cuda-13.0
-readonly RB_ENV_FILE=''
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"/usr/local/cuda-13.0","env":{},"env_file":"","jobs":"auto","keep_backups":2,"library_path_first":["nvidia/cu13/lib"],"on_existing":"backup","on_failed_checks":"rollback","origin":"runbook cluster8 (specs/cluster8.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":900,"verify":"sha256"}'
 # fanout: the cluster's engine
 readonly RB_FAN_ENGINE=slurm
 # 8 nodes
@@ -81,8 +76,6 @@ readonly RB_FAN_TIMEOUT=900
 readonly RB_FAN_CONNECT_TIMEOUT=30
 # on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random hex digits made by each run's copy> (private: mkdir -m 700, never reused)
 readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-cluster8
-# on_failed_checks: what a failed check after the swap does
-readonly RB_ON_FAILED_CHECKS=rollback
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":8},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","sglang"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},"host":"login","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
@@ -96,10 +89,6 @@ readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
-# env
-readonly -a RB_ENV=()
 # fanout.nodes, expanded
 readonly -a RB_FAN_NODE_LIST=(gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 gpu07 gpu08)
 # sbcast options
@@ -735,19 +724,9 @@ step_fan_copy() {
 # On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
 #######################################
 step_fan_install() {
-  local item
-  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
-    --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
-    --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --rerun "${RB_RERUN}" --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}")
-  for item in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${item}")
-  done
-  for item in "${RB_ENV[@]}"; do
-    args+=(--env "${item}")
-  done
+  # the spec's choices are one document (RB_ENGINE_CHOICES); the rest are this run's facts
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --choices "${RB_ENGINE_CHOICES}"
+    --compression "${RB_COMPRESSION_USED}" --probe-config "${RB_PROBE_CONFIG:-}")
   # a whole-bundle round's output is this step's alone (a --from run may find an earlier one)
   rm -f "${RB_STATE_DIR}/fanout/"{copy,install}-full.{out,err}
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \

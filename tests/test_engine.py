@@ -6,9 +6,12 @@ verify being swapped in (H2), a venv whose interpreter cannot run here being ins
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -17,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from compiler import steps as compiler_steps
-from rbkit import engine, filehash, hostfs, manifest, relocate, serve, stream
+from rbkit import engine, filehash, hostfs, manifest, proof, relocate, serve, stream
+from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
 from tests.test_fanout_delta import PKG, bundle, change_one_file, node
 from tests.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[1] / "hostkit"
+ROOT = KIT.parent
 
 
 def test_one_staging_rule_for_the_compiler_and_the_engine():
@@ -100,8 +105,9 @@ def first_install(tmp_path):
 def node_digest(d: Path, dest: Path) -> tuple[int, dict]:
     env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d),
-                        "--dest", str(dest), "--old", "/old/venv", "--policy", "replace",
-                        "--jobs", "2", "--timeout", "60", "--rerun", "digest"], env=env,
+                        "--dest", str(dest), "--old", "/old/venv", "--choices",
+                        Choices(on_existing="replace", jobs=2, timeout=60,
+                                rerun="digest").to_json()], env=env,
                        capture_output=True, text=True, timeout=120)
     from rbkit import fanout
     reports = fanout.parse_reports(p.stdout.splitlines())
@@ -139,7 +145,8 @@ def engine_run(dest: Path, *steps: str, manifest_path: Path, holder="test", wait
                extra=()) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
     return subprocess.run([sys.executable, "-m", "rbkit", "engine", "run", *steps, "--dest",
-                           str(dest), "--manifest", str(manifest_path), "--policy", "replace",
+                           str(dest), "--manifest", str(manifest_path), "--choices",
+                           Choices(on_existing="replace").to_json(),
                            "--old", "/old/venv", "--holder", holder, "--lock-wait", str(wait),
                            *extra], env=env, capture_output=True, text=True, timeout=120)
 
@@ -177,7 +184,8 @@ def test_a_staging_replaced_after_verify_is_refused(tmp_path):
     make_tree(src, python=True)
     mf = manifest.build(str(src), [], "sha256")
     dest = tmp_path / "d" / "venv"
-    ctx = engine.Context(str(dest), old=str(src), policy="replace", manifest=str(tmp_path / "m"),
+    ctx = engine.Context(str(dest), Choices(on_existing="replace"), old=str(src),
+                         manifest=str(tmp_path / "m"),
                          state=engine.make_state(str(tmp_path)))
     with open(ctx.manifest, "w", encoding="utf-8") as f:
         manifest.dump(mf, f)
@@ -299,8 +307,9 @@ def test_a_nodes_report_carries_its_checks(first_install):
     env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
     (d / "kit" / "rbprobes").symlink_to(KIT / "rbprobes")
     p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d), "--dest",
-                        str(tmp_path / "n2" / "venv"), "--old", "/old/venv", "--policy",
-                        "replace", "--jobs", "2", "--timeout", "60", "--probe-config",
+                        str(tmp_path / "n2" / "venv"), "--old", "/old/venv", "--choices",
+                        Choices(on_existing="replace", jobs=2, timeout=60).to_json(),
+                        "--probe-config",
                         json.dumps(config)], env=env, capture_output=True, text=True, timeout=120)
     from rbkit import fanout
     doc = next(iter(fanout.parse_reports(p.stdout.splitlines()).values()))
@@ -341,7 +350,7 @@ def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(t
     dest = tmp_path / "d" / "venv"
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, "serve", "--dest", str(dest),
-                          "--holder", "test"], env=env, stdin=subprocess.PIPE,
+                          "--choices", "{}", "--holder", "test"], env=env, stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = p.stdout.readline().decode()
     while not first.startswith("done"):
@@ -379,7 +388,7 @@ def received_staging(tmp_path: Path, cut=None, flip=None):
         if change is not None:
             data = change(data)
     (tmp_path / "stream").write_bytes(data)
-    ctx = engine.Context(str(tmp_path / "d" / "venv"), manifest=str(mpath), jobs=2,
+    ctx = engine.Context(str(tmp_path / "d" / "venv"), Choices(jobs=2), manifest=str(mpath),
                          state=engine.make_state(str(tmp_path)))
     ctx.locked = True
     assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
@@ -400,7 +409,7 @@ def test_receive_says_how_much_of_the_stream_its_tar_has_read(tmp_path, algo):
     _src, ctx, _event = received_staging(tmp_path)
     data = (tmp_path / "stream").read_bytes()
     said = []
-    ctx.algo = algo
+    ctx.choices = dataclasses.replace(ctx.choices, verify=algo)
     ctx.progress = (0.05, said.append)
     assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
     event = engine.run(ctx, "receive", engine.receive,
@@ -580,7 +589,8 @@ def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_instal
     ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
     engine.begin_early_check(ctx)                       # not locked
     assert ctx.early is None
-    ctx = engine.Context(str(dest), rerun="digest", state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(str(dest), Choices(rerun="digest"),
+                         state=engine.make_state(str(tmp_path)))
     ctx.locked = True
     engine.begin_early_check(ctx)
     assert ctx.early is None
@@ -636,8 +646,8 @@ def test_the_swap_reports_what_relocates_scan_found(tmp_path):
 
 
 def rerun_ctx(tmp_path: Path, dest: Path, mpath: Path) -> engine.Context:
-    ctx = engine.Context(str(dest), old="/old/venv", policy="replace", manifest=str(mpath),
-                         jobs=2, state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(str(dest), Choices(on_existing="replace", jobs=2), old="/old/venv",
+                         manifest=str(mpath), state=engine.make_state(str(tmp_path)))
     ctx.locked = True
     return ctx
 
@@ -831,8 +841,8 @@ def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path
         _script(dest / "bin" / name, f"#!{dest}/bin/python\nimport sys\n")
     _script(dest / "bin" / "d", f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n")
     started = []
-    real = engine.run_quiet
-    monkeypatch.setattr(engine, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a))
+    real = proof.run_quiet
+    monkeypatch.setattr(proof, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a))
     proven, failed = engine.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
     assert (proven, failed) == (["bin/a", "bin/b", "bin/c", "bin/d"], [])
     assert sorted(started) == [f"{dest}/bin/a", f"{dest}/bin/d"]
@@ -879,3 +889,81 @@ def test_an_oserror_the_kit_raised_with_its_own_words_keeps_them():
     assert engine.os_error_words(exc) == str(exc)
     exc = OSError(40, "the staging /x is a symlink to /y: refusing to follow it")
     assert engine.os_error_words(exc) == exc.strerror
+
+
+# -- the engine's choices: one document, read once (issue 35) ------------------------------------
+
+
+def _choices_of(runbook: Path) -> str:
+    for line in runbook.read_text().splitlines():
+        if line.startswith("readonly RB_ENGINE_CHOICES="):
+            (value,) = shlex.split(line.split("=", 1)[1])
+            return value
+    raise AssertionError(f"{runbook}: no RB_ENGINE_CHOICES")
+
+
+@pytest.mark.parametrize("runbook", sorted((ROOT / "generated").glob("*.sh"))
+                         + sorted((ROOT / "tests" / "cases" / "valid").glob("*.sh")),
+                         ids=lambda p: p.name)
+def test_every_runbook_holds_one_choices_document_the_engine_reads_whole(runbook):
+    """What the compiler writes (compiler/engineconf.py) is what the kit reads (Choices), key for
+    key; no choice of the engine travels as an argument of its own."""
+    text = _choices_of(runbook)
+    assert Choices.from_json(text).to_json() == text
+    words = runbook.read_text() + (ROOT / "tests" / "cases" / "runtime.sh").read_text()
+    # the engine's argument lists: serve's (the runtime), receive's (transfer), a node's
+    blocks = re.findall(r'(?:args|recv)=\((?:"\$\{RB_KIT_ARGV\[@\]\}" engine receive )?'
+                        r'--dest .*?\)\n', words, re.S)
+    assert len(blocks) == 2, blocks
+    for block in blocks:
+        assert '--choices "${RB_ENGINE_CHOICES}"' in block
+        assert set(re.findall(r"--[a-z-]+", block)) <= {
+            "--dest", "--old", "--choices", "--manifest", "--compression", "--probe-config",
+            "--holder", "--state", "--progress"}, block
+
+
+@pytest.mark.parametrize("doc, said", [
+    ({"on_existing": "overwrite"}, "on_existing is 'overwrite', not one of refuse, backup, replace"),
+    ({"special_modes": "drop"}, "special_modes is 'drop', not one of refuse, strip, keep"),
+    ({"keep_backup": 2}, "keys this kit does not know: keep_backup"),
+    ({"keep_backups": 0}, "keep_backups is 0, not a whole number above 0"),
+    ({"jobs": "8"}, "jobs is '8', not a whole number above 0"),
+    ({"env": {"A": 1}}, "env is {'A': 1}, not an object of strings"),
+    ({"schema": 2}, "schema 2; this kit reads schema 1"),
+    ({"timeout": True}, "timeout is True, not a number of seconds"),
+])
+def test_a_choices_document_the_kit_cannot_read_is_refused_naming_the_key(doc, said):
+    with pytest.raises(ChoicesError, match=re.escape(said)):
+        Choices.from_json(json.dumps(doc))
+    with pytest.raises(ChoicesError, match="not a JSON object"):
+        Choices.from_json("[]")
+
+
+def test_the_engine_refuses_a_bad_document_before_it_writes_anything(tmp_path):
+    dest = tmp_path / "d" / "venv"
+    dest.parent.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
+    for argv in (["engine", "serve", "--dest", str(dest), "--holder", "t"],
+                 ["engine", "receive", "--dest", str(dest), "--state", str(tmp_path)],
+                 ["rbkit.fanout", "node", "--dir", str(tmp_path), "--dest", str(dest)]):
+        head = ["-m", "rbkit"] + argv if argv[0] == "engine" else ["-m"] + argv
+        p = subprocess.run([sys.executable, *head, "--choices", '{"on_existing": "overwrite"}'],
+                           env=env, capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+        assert p.returncode == 2, p.stderr
+        assert "argument --choices: the engine's choice on_existing is 'overwrite'" in p.stderr
+    assert list(dest.parent.iterdir()) == []           # no lock, no staging
+
+
+def test_a_rerun_skips_the_same_steps_whoever_asks(tmp_path):
+    """The skip rule is the engine's (engine.step): serve's requests and a node's install skip
+    the same steps when the destination already holds the tree."""
+    ctx = engine.Context(str(tmp_path / "venv"), state=engine.make_state(str(tmp_path)))
+    ctx.locked, ctx.up_to_date = True, "up to date (quick check)"
+    for name in ("stage", "verify", "relocate", "prove", "swap"):
+        serve.handle(ctx, [name])
+    assert [(e["step"], e["status"]) for e in ctx.events] == [
+        (n, "skipped") for n in ("stage", "verify", "relocate", "prove", "swap")]
+    assert set(engine.SKIPPED_WHEN_CURRENT) == {"stage", "receive", "verify", "relocate",
+                                                "prove", "swap"}
+    assert not hasattr(serve, "INSTALL")

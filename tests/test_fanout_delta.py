@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rbkit import fanout, hostfs, manifest
+from rbkit.choices import Choices
 from tests.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[1] / "hostkit" / "rbkit"
@@ -44,8 +45,9 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
 def node(d: Path, dest: Path) -> tuple[int, dict]:
     env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d),
-                        "--dest", str(dest), "--old", "/old/venv", "--policy", "replace",
-                        "--jobs", "2", "--timeout", "60"], env=env, capture_output=True,
+                        "--dest", str(dest), "--old", "/old/venv", "--choices",
+                        Choices(on_existing="replace", jobs=2, timeout=60).to_json()],
+                       env=env, capture_output=True,
                        text=True, timeout=120)
     reports = fanout.parse_reports(p.stdout.splitlines())
     assert len(reports) == 1, p.stdout + p.stderr

@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import IN_CI
 
 from rbkit import engine, exports, hostfs, privacy
+from rbkit.choices import Choices
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = os.geteuid()
@@ -128,11 +129,12 @@ def test_the_refusal_names_the_directory_owner_mode_why_and_the_fixes(tmp_path):
 # -- the engine: refused before the lock, or a warning with allow ------------------------------
 
 
-def engine_run(dest: Path, *steps: str, extra=()) -> subprocess.CompletedProcess:
+def engine_run(dest: Path, *steps: str, shared_parent="refuse") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
     return subprocess.run([sys.executable, "-m", "rbkit", "engine", "run", *steps, "--dest",
-                           str(dest), "--manifest", "/nonexistent", "--policy", "backup",
-                           "--lock-wait", "0", *extra], env=env, capture_output=True, text=True,
+                           str(dest), "--manifest", "/nonexistent", "--choices",
+                           Choices(on_existing="backup", shared_parent=shared_parent).to_json(),
+                           "--lock-wait", "0"], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -145,7 +147,7 @@ def test_the_engine_refuses_a_parent_of_another_user_before_it_writes_there(open
     assert ("refusing to install %s/venv as root: directory %s is owned by nobody (uid %d), "
             "mode 0755" % (shared, shared, NOBODY)) in r.stdout, r.stdout
     assert os.listdir(shared) == [], "nothing written there: not even the lock"
-    r = engine_run(shared / "venv", "preflight", extra=("--shared-parent", "allow"))
+    r = engine_run(shared / "venv", "preflight", shared_parent="allow")
     assert r.returncode == 0, r.stdout + r.stderr
     assert ("warning: directory %s is owned by nobody (uid %d), mode 0755" % (shared, NOBODY)) \
         in r.stderr and "transfer.shared_parent is allow" in r.stderr

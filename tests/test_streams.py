@@ -16,6 +16,7 @@ import pytest
 
 from compiler import steps as compiler_steps
 from rbkit import engine, hostfs, manifest, serve, stream
+from rbkit.choices import Choices
 from tests.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[1] / "hostkit"
@@ -145,7 +146,7 @@ def staged(tmp_path: Path, src: Path) -> engine.Context:
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
     manifest.save(m, str(mpath))
-    ctx = engine.Context(str(tmp_path / "d" / "venv"), manifest=str(mpath), jobs=4,
+    ctx = engine.Context(str(tmp_path / "d" / "venv"), Choices(jobs=4), manifest=str(mpath),
                          state=engine.make_state(str(tmp_path)))
     ctx.locked = True
     # a record of an earlier try at this destination: the stage forgets it with the rest
@@ -157,7 +158,7 @@ def staged(tmp_path: Path, src: Path) -> engine.Context:
 
 def receiver(ctx: engine.Context) -> list:
     return [sys.executable, "-m", "rbkit", "engine", "receive", "--dest", ctx.dest,
-            "--state", ctx.state, "--algo", "sha256", "--jobs", "4", "--progress", "0.05"]
+            "--state", ctx.state, "--choices", ctx.choices.to_json(), "--progress", "0.05"]
 
 
 def test_two_streams_land_whole_and_verify_takes_both_streams_digests(tmp_path, monkeypatch,

@@ -1,6 +1,6 @@
 """Fan-out: the install on one node, and the comparison of every node's report.
 
-`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
+`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
 `manifest.jsonl`, and `payload` (the tar stream, compressed as the run chose) unless the node
 script left it inside DIR.tar (it does: the payload is then streamed from there into staging,
@@ -41,7 +41,8 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
-from . import engine, hostfs, stream
+from . import engine, hostfs
+from .choices import add_run_options
 from .lock import Lock
 
 MARK = "RBFAN "
@@ -93,16 +94,12 @@ def node(a: argparse.Namespace) -> int:
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False, "probe": None}
     logs: List[str] = []
-    ctx = engine.Context(
-        dest, old=a.old, policy=a.policy, manifest=os.path.join(a.dir, "manifest.jsonl"),
-        jobs=a.jobs, compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home,
-        first=a.first, env=a.env, origin=a.origin, probe_config=a.probe_config,
-        on_failed_checks=a.on_failed_checks, rerun=a.rerun, timeout=float(a.timeout),
-        special_modes=a.special_modes, keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
-        shared_parent=a.shared_parent,
-        capture=True, log=logs.append)
+    ctx = engine.Context(dest, a.choices, old=a.old, compression=a.compression,
+                         manifest=os.path.join(a.dir, "manifest.jsonl"),
+                         probe_config=a.probe_config, capture=True, log=logs.append)
     ctx.state = engine.make_state()
-    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.origin), LOCK_WAIT_S, logs.append)
+    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.choices.origin), LOCK_WAIT_S,
+                logs.append)
     try:
         # never into the source (before the lock: nothing is written beside a refused one)
         pre = engine.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
@@ -503,25 +500,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     n = sub.add_parser("node")
     n.add_argument("--dir", required=True)
-    n.add_argument("--dest", required=True)
-    n.add_argument("--old", required=True)
-    n.add_argument("--policy", choices=("refuse", "backup", "replace"), required=True)
-    n.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
-    n.add_argument("--jobs", default="auto")
-    n.add_argument("--timeout", type=float, default=600)
-    n.add_argument("--probe-config", default="")
-    n.add_argument("--env-out", default="")
-    n.add_argument("--cuda-home", default="")
-    n.add_argument("--first", action="append", default=[])
-    n.add_argument("--env", action="append", default=[])
-    n.add_argument("--origin", default="a fan-out runbook")
-    n.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
-    n.add_argument("--rerun", choices=("quick", "digest"), default="quick",
-                   help="how a node decides it already holds this tree")
-    n.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    n.add_argument("--keep-backups", type=int, default=None)
-    n.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
-    n.add_argument("--shared-parent", choices=("refuse", "allow"), default="refuse")
+    add_run_options(n)          # --dest, --old, --compression, --probe-config, --choices
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)

@@ -1,9 +1,10 @@
 """`python -m rbkit engine ...`: the install engine's command line (engine.py has the steps).
 
-    engine serve --dest D --holder TEXT [the run's choices]    the destination's engine for a run
-    engine receive --dest D --state S --compression C [--algo A] [--progress S] [--part I/N]
+    engine serve --dest D --choices JSON [the run's facts] --holder TEXT
+                                                               the destination's engine for a run
+    engine receive --dest D --state S --compression C --choices JSON [--progress S] [--part I/N]
                                                                the far end of the stream (stdin)
-    engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
+    engine run STEP... --dest D --choices JSON [the run's facts]   steps in one process (tests)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
     engine source ROOT [scan's options] [--installed-stat FP|-] --audit RBPROBES-ARGV...
                                                                scan and static checks, one process
@@ -26,6 +27,11 @@ Every command but send and staging answers in lines a runbook reads without a pa
                                step's traceback)
     progress<TAB>BYTES         (receive --progress S only) how much of the tar stream tar has read,
                                every S seconds and once at its end
+
+`--choices` is the spec's choices for the engine, one JSON document (choices.py: read by
+Choices.from_json, which refuses a document it cannot read before anything is done); the other
+options are the facts of this run: the source's path (--old), the source's manifest here
+(--manifest), the compression the run uses, the checks' document (--probe-config).
 
 `serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
 names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
@@ -53,7 +59,8 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import engine, relay, source, stream
+from . import engine, hostfs, relay, source, stream
+from .choices import VERIFY, add_choices_option, add_run_options
 from . import manifest as kitmanifest
 from .lock import Lock
 
@@ -114,13 +121,8 @@ def _log(line: str) -> None:
 
 
 def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
-    return engine.Context(
-        a.dest, old=a.old, policy=a.policy, manifest=a.manifest, jobs=a.jobs,
-        compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home, first=a.first,
-        env=a.env, origin=a.origin, probe_config=a.probe_config,
-        on_failed_checks=a.on_failed_checks, rerun=a.rerun, special_modes=a.special_modes,
-        keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
-        shared_parent=a.shared_parent, **kw)
+    return engine.Context(a.dest, a.choices, old=a.old, manifest=a.manifest,
+                          compression=a.compression, probe_config=a.probe_config, **kw)
 
 
 # what a request may ask: the step's function and how its key=value words are read
@@ -139,12 +141,11 @@ REQUESTS: Dict[str, tuple] = {
     "restore": (engine.restore, {"number": int}),
     "backups": (engine.list_backups, {}),
 }
-INSTALL = ("stage", "verify", "relocate", "prove", "swap")
 
 
 def handle(ctx: engine.Context, words: List[str]) -> None:
-    """One request: its step (skipped when the destination already holds the tree), and the
-    rollback a failure past the swap asks for."""
+    """One request: its step, as engine.step runs it (skipped when the destination already holds
+    the tree, a failure past the swap rolled back)."""
     name, params = words[0], {}
     fn, types = REQUESTS.get(name, (None, {}))
     for word in words[1:]:
@@ -159,12 +160,7 @@ def handle(ctx: engine.Context, words: List[str]) -> None:
     if fn is None:
         engine.run(ctx, name, _refuse, " ".join(words))
         return
-    if name in INSTALL and ctx.up_to_date:
-        engine.skipped(ctx, name, ctx.up_to_date)
-        return
-    event = engine.run(ctx, name, fn, **params)
-    if event["status"] == "failed":
-        engine.after_failure(ctx, name)
+    engine.step(ctx, name, fn, **params)
 
 
 def _refuse(ctx: engine.Context, what: str) -> engine.Result:
@@ -263,7 +259,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         if answer.done():
             return 1
         for step in a.steps:
-            words = [step] + (["mode=" + ctx.rerun] if step == "current" else [])
+            words = [step] + (["mode=" + ctx.choices.rerun] if step == "current" else [])
             handle(ctx, words)
             if answer.done():
                 return 1
@@ -278,16 +274,16 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_receive(a: argparse.Namespace) -> int:
     if a.gate:
-        part = relay.gate_receive(engine.jobs(a.jobs))
+        part = relay.gate_receive(engine.jobs(a.choices.jobs))
         if part is False:
             return 3            # stopped before anything came: nothing received
         a.part = part
     answer = Answer(sys.stdout)
-    ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
-                         emit=answer.event, trace=answer.trace,
-                         special_modes=a.special_modes, algo=a.algo,
-                         jobs=a.jobs, progress=(a.progress, lambda n: answer.line("progress", n))
-                         if a.progress > 0 else None, part=a.part)
+    ctx = engine.Context(a.dest, a.choices, compression=a.compression, state=a.state, log=_log,
+                         emit=answer.event, trace=answer.trace)
+    if a.progress > 0:
+        ctx.progress = (a.progress, lambda n: answer.line("progress", n))
+    ctx.part = a.part
     event = engine.run(ctx, "receive", engine.receive)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
@@ -432,26 +428,9 @@ def cmd_staging(a: argparse.Namespace) -> int:
 
 
 def _choices(p: argparse.ArgumentParser) -> None:
-    """The run's choices (from the spec), for serve and run."""
-    p.add_argument("--dest", required=True)
-    p.add_argument("--old", default="")
-    p.add_argument("--policy", choices=("refuse", "backup", "replace"), default="refuse")
+    """serve's and run's options: the run's facts, the lock's holder and wait."""
+    add_run_options(p)
     p.add_argument("--manifest", default="", help="the source's manifest on this host")
-    p.add_argument("--jobs", default="auto")
-    p.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
-    p.add_argument("--env-out", default="")
-    p.add_argument("--cuda-home", default="")
-    p.add_argument("--first", action="append", default=[])
-    p.add_argument("--env", action="append", default=[])
-    p.add_argument("--origin", default="a runbook")
-    p.add_argument("--probe-config", default="")
-    p.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
-    p.add_argument("--rerun", choices=("quick", "digest"), default="quick")
-    p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    p.add_argument("--keep-backups", type=int, default=None)
-    p.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
-    p.add_argument("--shared-parent", choices=("refuse", "allow"), default="refuse",
-                   help="a destination whose parent other users can write: refused, or a warning")
     p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
     p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S,
                    help="seconds to wait for a lock another run holds")
@@ -462,8 +441,8 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("root")
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--names")
-    p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    p.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
+    p.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse")
+    p.add_argument("--outside-links", choices=hostfs.OUTSIDE_LINKS, default="refuse")
     return p
 
 
@@ -482,10 +461,7 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
     rc.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
-    rc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    rc.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256",
-                    help="the digest taken of each file as the stream carries it (verify's)")
-    rc.add_argument("--jobs", default="auto")
+    add_choices_option(rc)
     rc.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="a `progress BYTES` line every S seconds (0: none)")
     rc.add_argument("--part", type=_part, default=None, metavar="I/N",
@@ -508,14 +484,14 @@ def parser() -> argparse.ArgumentParser:
     h = sub.add_parser("hash")
     h.add_argument("root")
     h.add_argument("--exclude", action="append", default=[])
-    h.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
+    h.add_argument("--algo", choices=VERIFY, default="sha256")
     h.add_argument("--jobs", default="auto")
     h.add_argument("--out", required=True)
     h.add_argument("--names")
     h.add_argument("--reuse")
     h.add_argument("--scanned", help="the scan record this run's `engine source` wrote (NAMES.stat):"
                    " its entries, not a new walk")
-    h.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse",
+    h.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse",
                    help="strip: modes recorded without setuid/setgid/sticky/world-write")
     h.set_defaults(fn=cmd_hash)
     d = sub.add_parser("delta")

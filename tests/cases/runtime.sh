@@ -1445,25 +1445,16 @@ rb::preflight_audit() {
 # go to the log as they come.
 #######################################
 rb::engine_start() {
-  local host=${RB_DST_HOST} item kit fifo="${RB_WORK}/engine"
+  local host=${RB_DST_HOST} kit fifo="${RB_WORK}/engine"
   kit=$(rb::kit_dir "${host}")
-  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
-    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"
-    --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
-    --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}"
+  # the spec's choices are one document (RB_ENGINE_CHOICES); the rest are this run's facts
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --choices "${RB_ENGINE_CHOICES}"
+    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --compression "${RB_COMPRESSION_USED}"
+    --probe-config "${RB_PROBE_CONFIG:-}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
   fi
-  for item in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${item}")
-  done
-  for item in "${RB_ENV[@]}"; do
-    args+=(--env "${item}")
-  done
   if [[ -n "${RB_LOCK_WAIT:-}" ]]; then
     args+=(--lock-wait "${RB_LOCK_WAIT}")
   fi

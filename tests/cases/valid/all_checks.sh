@@ -51,14 +51,10 @@ readonly RB_DST_PATH=/opt/venv2
 readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=refuse
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -67,11 +63,8 @@ readonly RB_AUDIT_ARCH=sm_100
 readonly RB_INCREMENTAL=0
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# cuda
-readonly RB_CUDA_HOME=/usr/local/cuda-12.9
-readonly RB_ENV_FILE=/etc/profile.d/venv2.sh
-# on_failed_checks: what a failed check after the swap does
-readonly RB_ON_FAILED_CHECKS=keep
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"/usr/local/cuda-12.9","env":{"HF_HOME":"/data/hf cache","NCCL_NVLS_ENABLE":"0"},"env_file":"/etc/profile.d/venv2.sh","jobs":"auto","keep_backups":2,"library_path_first":["nvidia/cu12/lib","nvidia/cublas/lib"],"on_existing":"refuse","on_failed_checks":"keep","origin":"runbook all-checks (tests/cases/valid/all_checks.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":null,"verify":"sha256"}'
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{"strict":false},"type":"kernel_audit"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":["/usr/lib/x86_64-linux-gnu"]},"type":"libraries"},{"allow_skip":false,"id":"torch","params":{"cuda":"12.9","version":"2.9"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":4,"names":["NVIDIA GB200"]},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["numpy","torch.distributed"]},"type":"imports"},{"allow_skip":false,"id":"matmul","params":{"dtype":"float16","every_device":false,"size":2048},"type":"matmul"},{"allow_skip":false,"id":"nccl","params":{},"type":"nccl"},{"allow_skip":false,"id":"python","params":{"code":"import torch; assert torch.backends.cuda.matmul.allow_tf32 in (True, False)","name":"tf32 on"},"type":"python"},{"allow_skip":false,"id":"command_8","params":{"expect_exit":0,"name":"nvidia-smi","run":"nvidia-smi -L | grep -c GPU","timeout_s":30},"type":"command"},{"allow_skip":false,"id":"command_9","params":{"expect_exit":0,"run":"echo '"'"'second command'"'"'","timeout_s":300},"type":"command"}],"cuda":{"home":"/usr/local/cuda-12.9","library_dirs":[],"library_path_first":["nvidia/cu12/lib","nvidia/cublas/lib"],"version":"12.9"},"gpu":{"arch":"sm_100","capability":"10.0","count":4,"model":"GB200","names":["GB200","GB200-NVL72","GB200-NVL4"]},"host":"b","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
@@ -85,10 +78,6 @@ readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exp
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc' --exclude 'tests/*' --exclude 'it'"'"'s a "quoted" $(name)')
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=(nvidia/cu12/lib nvidia/cublas/lib)
-# env
-readonly -a RB_ENV=('HF_HOME=/data/hf cache' NCCL_NVLS_ENABLE=0)
 # route direct/auto: ssh arguments the source uses to reach the destination
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
@@ -707,8 +696,7 @@ step_transfer() {
   # receive hashes each file as the stream carries it (verify compares those digests) and says
   # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
+    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file

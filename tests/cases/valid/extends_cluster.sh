@@ -53,14 +53,10 @@ readonly RB_DST_PATH=/opt/venv
 readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=1
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -69,11 +65,8 @@ readonly RB_AUDIT_ARCH=sm_103
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# cuda
-readonly RB_CUDA_HOME=/usr/local/cuda
-readonly RB_ENV_FILE=''
-# on_failed_checks: what a failed check after the swap does
-readonly RB_ON_FAILED_CHECKS=keep
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"/usr/local/cuda","env":{},"env_file":"","jobs":"auto","keep_backups":2,"library_path_first":["nvidia/cu13/lib"],"on_existing":"replace","on_failed_checks":"keep","origin":"runbook extends-cluster (tests/cases/valid/extends_cluster.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":null,"verify":"sha256"}'
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"cuda":"13.0","version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{},"type":"devices"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":1024},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_103","capability":"10.3","count":8,"model":"B300","names":["B300","HGX-B300","DGX-B300"]},"host":"dst","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
@@ -87,10 +80,6 @@ readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exp
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc' --exclude '*.a')
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=(nvidia/cu13/lib)
-# env
-readonly -a RB_ENV=()
 # route direct/auto: ssh arguments the source uses to reach the destination
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
@@ -710,8 +699,7 @@ step_transfer() {
   # receive hashes each file as the stream carries it (verify compares those digests) and says
   # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
+    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file

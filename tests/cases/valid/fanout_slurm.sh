@@ -50,14 +50,10 @@ readonly RB_DST_HOST=here
 readonly RB_DST_PATH=/opt/venv
 readonly RB_COMPRESSION=zstd
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=refuse
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=''
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -66,9 +62,8 @@ readonly RB_AUDIT_ARCH=''
 readonly RB_INCREMENTAL=0
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# cuda
-readonly RB_CUDA_HOME=''
-readonly RB_ENV_FILE=''
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"","env":{},"env_file":"","jobs":"auto","keep_backups":2,"library_path_first":[],"on_existing":"refuse","on_failed_checks":"keep","origin":"runbook fanout-slurm (tests/cases/valid/fanout_slurm.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":600,"verify":"sha256"}'
 # fanout: the cluster's engine
 readonly RB_FAN_ENGINE=slurm
 # 6 nodes (fanout.nodes: node[01-04],big[1-2])
@@ -80,8 +75,6 @@ readonly RB_FAN_TIMEOUT=600
 readonly RB_FAN_CONNECT_TIMEOUT=10
 # on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random hex digits made by each run's copy> (private: mkdir -m 700, never reused)
 readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-fanout-slurm
-# on_failed_checks: what a failed check after the swap does
-readonly RB_ON_FAILED_CHECKS=keep
 # The checks, as one JSON document for the probe on the target.
 readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/build/venv"},"type":"relocation"},{"allow_skip":false,"id":"imports","params":{"modules":["json"]},"type":"imports"}],"cuda":null,"gpu":null,"host":"here","schema":1,"venv":null}'
 # the kernel audit's options from the spec's kernel_audit check
@@ -95,10 +88,6 @@ readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
 readonly -a RB_EXCLUDE_ARGS=()
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=()
-# env
-readonly -a RB_ENV=()
 # fanout.nodes, expanded
 readonly -a RB_FAN_NODE_LIST=(big1 big2 node01 node02 node03 node04)
 # sbcast options
@@ -722,19 +711,9 @@ step_fan_copy() {
 # On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
 #######################################
 step_fan_install() {
-  local item
-  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
-    --compression "${RB_COMPRESSION_USED}" --jobs "${RB_JOBS}" --timeout "${RB_FAN_TIMEOUT}"
-    --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}" --probe-config "${RB_PROBE_CONFIG:-}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --rerun "${RB_RERUN}" --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}")
-  for item in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${item}")
-  done
-  for item in "${RB_ENV[@]}"; do
-    args+=(--env "${item}")
-  done
+  # the spec's choices are one document (RB_ENGINE_CHOICES); the rest are this run's facts
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --choices "${RB_ENGINE_CHOICES}"
+    --compression "${RB_COMPRESSION_USED}" --probe-config "${RB_PROBE_CONFIG:-}")
   # a whole-bundle round's output is this step's alone (a --from run may find an earlier one)
   rm -f "${RB_STATE_DIR}/fanout/"{copy,install}-full.{out,err}
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \

@@ -51,14 +51,10 @@ readonly RB_DST_PATH=/scratch/envs/torch
 readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=gzip
 readonly RB_VERIFY=blake2b
-readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=refuse
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=''
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -67,9 +63,8 @@ readonly RB_AUDIT_ARCH=''
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=16
-# cuda
-readonly RB_CUDA_HOME=''
-readonly RB_ENV_FILE=''
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"","env":{},"env_file":"","jobs":16,"keep_backups":2,"library_path_first":[],"on_existing":"replace","on_failed_checks":"keep","origin":"runbook ssh-options (tests/cases/valid/ssh_options.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":null,"verify":"blake2b"}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
@@ -81,10 +76,6 @@ readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exp
 readonly -a RB_EXCLUDE_ARGS=()
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=()
-# env
-readonly -a RB_ENV=()
 # route direct/auto: ssh arguments the source uses to reach the destination
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
@@ -699,8 +690,7 @@ step_transfer() {
   # receive hashes each file as the stream carries it (verify compares those digests) and says
   # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
+    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file

@@ -1,0 +1,51 @@
+"""The install engine's choices for a runbook, as one JSON document (RB_ENGINE_CHOICES).
+
+The plan writes the spec's choices for the engine once, as it writes the checks' document
+(RB_PROBE_CONFIG): keys sorted, no spaces, one setting. The runbook passes it whole as
+`--choices` to `rbkit engine serve` and `engine receive` on the destination and to
+`rbkit.fanout node` on each node, where `rbkit.choices.Choices.from_json` reads it (and refuses a
+key or a word it does not know). What the run itself finds out (the paths as resolved on the hosts,
+the compression it measured) stays in the engine's other arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from .view import Checks, Destination, Fanout, Identity, Transfer
+
+SCHEMA = 1  # rbkit.choices.SCHEMA: the kit refuses another
+
+
+def choices(runbook: Identity, transfer: Transfer, destination: Destination, checks: Checks,
+            fan: Optional[Fanout]) -> dict[str, Any]:
+    """The document as a dict, from the plan's groups."""
+    d = destination
+    return {
+        "schema": SCHEMA,
+        "on_existing": d.on_existing,
+        "rerun": transfer.rerun,
+        "verify": transfer.verify,
+        "special_modes": d.special_modes,
+        "keep_backups": d.keep_backups,
+        "swap_atomic": d.swap_atomic,
+        "shared_parent": d.shared_parent,
+        # without checks nothing fails after the swap: the engine's default
+        "on_failed_checks": checks.on_failed_checks if checks.run else "keep",
+        "jobs": int(transfer.jobs) if transfer.jobs.isdigit() else "auto",
+        "cuda_home": d.cuda_home,
+        "env_file": d.env_file,
+        "library_path_first": list(d.library_path_first),
+        "env": dict(item.split("=", 1) for item in d.env),
+        "origin": f"runbook {runbook.name} ({runbook.spec_path})",
+        # a fan-out node's children (the stream, the checks) each get fanout.timeout_s
+        "timeout": fan.timeout_s if fan is not None else None,
+    }
+
+
+def document(runbook: Identity, transfer: Transfer, destination: Destination, checks: Checks,
+             fan: Optional[Fanout]) -> str:
+    """The document as the runbook holds it (RB_ENGINE_CHOICES)."""
+    return json.dumps(choices(runbook, transfer, destination, checks, fan), sort_keys=True,
+                      separators=(",", ":"))
