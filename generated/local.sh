@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 39a14744a8cbcbaefee3f267bcae00f20b2d90f5b594bd05973726269b7e46bb
+# sha256 of this file with these 64 digits zeroed: edb1fabc843e0a78da7838761433bee3b4f3d0ffb442b5c5bfa24419792b4b22
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080
-readonly RB_KIT_FILE=.kit/ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080.tar
+readonly RB_KIT_SHA256=3dd73ea82998eab5c9f81b4c22de40a6229ee92c1a5eec88a9d02be7864f576a
+readonly RB_KIT_FILE=.kit/3dd73ea82998eab5c9f81b4c22de40a6229ee92c1a5eec88a9d02be7864f576a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

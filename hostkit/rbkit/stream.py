@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from rbrules.common import human  # noqa: F401 (engine.py imports it from here)
+
 from . import hostfs
 from . import manifest as kitmanifest
 
@@ -235,17 +237,6 @@ class Progress:
 
 def tail(text: str, lines: int = 8) -> List[str]:
     return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
-
-
-def human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return str(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
 
 
 

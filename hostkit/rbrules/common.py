@@ -1,0 +1,21 @@
+"""The rules that the compiler (which renders them into a runbook's settings and prose) and the
+kit (which acts on them) both state, each written once here: stdlib only, no I/O.
+
+    human      a byte count in words (`786.4 MB`), the one formatter of the kit and the compiler
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human(n: Any) -> str:
+    """`n` bytes in decimal units (`512 B`, `1.5 KB`, `786.4 MB`, up to TB); `-` for what is not a
+    number (a size not measured)."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return "%.1f TB" % n
