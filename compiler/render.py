@@ -173,7 +173,7 @@ def seal(text: str) -> str:
 
 
 def render(view: Plan, template: str = "runbook.sh.j2") -> str:
-    """`view`: the plan (plan.build); each of its fields is a name the templates read."""
+    """`view`: the plan (resolve.resolve); each of its fields is a name the templates read."""
     names = {f.name: getattr(view, f.name) for f in dataclasses.fields(view)}
     try:
         return seal(tidy(environment().get_template(template).render(names)))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: edb1fabc843e0a78da7838761433bee3b4f3d0ffb442b5c5bfa24419792b4b22
+# sha256 of this file with these 64 digits zeroed: 8196b0afbf6f52e6b990bd41db5085083007c3f4252bd94f8c69db498ba3a0ba
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3dd73ea82998eab5c9f81b4c22de40a6229ee92c1a5eec88a9d02be7864f576a
-readonly RB_KIT_FILE=.kit/3dd73ea82998eab5c9f81b4c22de40a6229ee92c1a5eec88a9d02be7864f576a.tar
+readonly RB_KIT_SHA256=ba53ff6cdb4b7707caa094a51aba516d9d182174b3602f90aa995c09fbf54b50
+readonly RB_KIT_FILE=.kit/ba53ff6cdb4b7707caa094a51aba516d9d182174b3602f90aa995c09fbf54b50.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

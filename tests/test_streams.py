@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from compiler import steps as compiler_steps
 from rbkit import engine, hostfs, manifest, serve, stream
 from tests.test_kit import make_tree
 
@@ -111,10 +110,8 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     assert os.listdir(into) == []
 
 
-def test_stream_count_is_one_per_two_jobs_at_most_eight_as_the_compiler_says():
+def test_stream_count_is_one_per_two_jobs_at_most_eight():
     assert [stream.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
-    assert compiler_steps.MAX_STREAMS == stream.MAX_STREAMS
-    assert compiler_steps.STREAMS_MIN_MB << 20 == stream.STREAMS_MIN_BYTES
 
 
 def test_each_receiving_end_is_told_its_part():

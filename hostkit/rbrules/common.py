@@ -1,12 +1,69 @@
-"""The rules that the compiler (which renders them into a runbook's settings and prose) and the
-kit (which acts on them) both state, each written once here: stdlib only, no I/O.
+"""The rules that the compiler (which renders them into a runbook's settings, bash and prose) and
+the kit (which acts on them) both state, each written once here: stdlib only, no I/O.
 
-    human      a byte count in words (`786.4 MB`), the one formatter of the kit and the compiler
+    COMPRESSION     the compression table: each one's tool, how it packs, how it unpacks
+    compressors     which compressions a host has, by the tools found on its PATH
+    TAR_RECORD      tar's record size on both ends of a stream
+    MAX_STREAMS,    several streams side by side: at most this many, none below this size,
+    STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
+    ENGINE_STEPS    the install engine's steps, in order
+    PROVE_TIMEOUT   seconds for the staged (and the installed) interpreter to answer
+    SPECIAL_MODES, OUTSIDE_LINKS, ON_EXISTING, SHARED_PARENT, ALGOS   the choices of the spec
+                    fields the engine takes
+    human           a byte count in words (`786.4 MB`)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Dict, List, Optional
+
+# The compression table, the only one: the stream's sending end packs with `pack`, its receiving
+# end unpacks with `unpack`; `tool` is what a host must have (None: nothing).
+COMPRESSION: Dict[str, Dict[str, Any]] = {
+    "none": {"tool": None, "pack": None, "unpack": None},
+    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
+    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
+    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
+}
+# the tools a host is asked for, sorted (the runbook's bash asks `command -v` for each)
+COMPRESSOR_TOOLS = tuple(sorted(c["tool"] for c in COMPRESSION.values() if c["tool"]))
+
+
+def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
+    """The compressions a host has, sorted: none, and each whose tool `found` finds (on the host:
+    shutil.which; the runbook's bash asks `command -v` for COMPRESSOR_TOOLS)."""
+    return [name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])]
+
+
+# tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
+# default 20 (docs/benchmarks.md). Either end reads the other's records whatever their size (GNU
+# tar reblocks a pipe's short reads).
+TAR_BLOCKS = 256
+TAR_RECORD = ["-b", str(TAR_BLOCKS)]
+
+# Several streams side by side, where the sending end starts the receiving ends (one host, or the
+# direct route; docs/benchmarks.md): one per two of the cores the run may use (its jobs), at most
+# MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
+MAX_STREAMS = 8
+STREAMS_MIN_BYTES = 256 << 20
+
+
+def stream_count(jobs: int) -> int:
+    return max(1, min(MAX_STREAMS, jobs // 2))
+
+
+# the install engine's steps, in order: a single-host runbook runs them one by one on the
+# destination, a fan-out node all in one process
+ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
+
+PROVE_TIMEOUT = 120  # seconds for the staged (and the installed) interpreter to answer
+
+# the choices of the spec's fields that the engine takes (transfer.*, and the manifest's digest)
+SPECIAL_MODES = ("refuse", "strip", "keep")     # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")              # transfer.outside_links
+ON_EXISTING = ("refuse", "backup", "replace")   # transfer.on_existing
+SHARED_PARENT = ("refuse", "allow")             # transfer.shared_parent
+ALGOS = ("sha256", "blake2b", "none")           # transfer.verify
 
 
 def human(n: Any) -> str:
