@@ -108,8 +108,9 @@ class SingleHost:
             return "none (both ends are this machine: no link to save)"
         if compression == "auto":
             return ("decided at run time: on the relay, measured: the link's rate (zeros through "
-                    "this machine for 0.6 s) against each compressor both ends have, packing a "
-                    "32 MiB sample of the source on the source: the fastest way through; where "
+                    f"this machine for {common.LINK_SECONDS} s) against each compressor both ends "
+                    f"have, packing a {common.MEASURE_SAMPLE >> 20} MiB sample of the source on "
+                    "the source: the fastest way through; where "
                     "that cannot run, and on the direct route, none if every machine the stream "
                     "passes through runs one kernel (the same boot id: no link to save), else "
                     + ", else ".join(f"{tool} -1 if both ends have {tool}"

@@ -19,6 +19,8 @@ import shutil
 import stat
 from typing import List, Optional
 
+from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
+
 from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
@@ -36,8 +38,6 @@ __all__ = [
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 
-SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
-OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
 # the venv's own interpreter links (bin/python -> /usr/bin/python3.12): outside the tree by design
 INTERPRETER_LINK = re.compile(r"^bin/(?:python|pypy)[0-9.]*$")
 

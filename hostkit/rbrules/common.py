@@ -3,6 +3,7 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
 
     COMPRESSION     the compression table: each one's tool, how it packs, how it unpacks
     compressors     which compressions a host has, by the tools found on its PATH
+    LINK_SECONDS, MEASURE_SAMPLE   compression auto's measurement: the link's, and the sample's
     TAR_RECORD      tar's record size on both ends of a stream
     MAX_STREAMS,    several streams side by side: at most this many, none below this size,
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
@@ -35,14 +36,19 @@ def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
     return [name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])]
 
 
+# compression auto on the relay measures the link (zeros through this machine for LINK_SECONDS,
+# a word for `timeout`) against each compressor packing MEASURE_SAMPLE bytes of the source
+LINK_SECONDS = "0.6"
+MEASURE_SAMPLE = 32 << 20
+
 # tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
-# default 20 (docs/benchmarks.md). Either end reads the other's records whatever their size (GNU
+# default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU
 # tar reblocks a pipe's short reads).
 TAR_BLOCKS = 256
 TAR_RECORD = ["-b", str(TAR_BLOCKS)]
 
 # Several streams side by side, where the sending end starts the receiving ends (one host, or the
-# direct route; docs/benchmarks.md): one per two of the cores the run may use (its jobs), at most
+# direct route; measured: docs/h200.md): one per two of the cores the run may use (its jobs), at most
 # MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
 MAX_STREAMS = 8
 STREAMS_MIN_BYTES = 256 << 20
