@@ -183,7 +183,8 @@ class FanOut:
     def step_ids(self, checks_run: bool) -> tuple[str, ...]:
         return FANOUT
 
-    def compression_note(self, compression: str, one_machine: bool) -> str:
+    def compression_note(self, plan: Plan) -> str:
+        compression = plan.transfer.compression
         if compression == "auto":
             return "decided at run time: " + ", else ".join(
                 f"{tool} -1 if both ends have {tool}" for tool in self.auto_compression) + ", else none"

@@ -55,8 +55,6 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
         route_written=spec.transfer.route,
         compression=spec.transfer.compression,
         auto_compression=install.auto_compression,
-        compression_note=install.compression_note(
-            spec.transfer.compression, src_host == dst_host and hosts[0].local),
         verify=spec.transfer.verify,
         rerun=spec.transfer.rerun,
         jobs=str(spec.transfer.jobs or "auto"),
@@ -124,7 +122,7 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
             loc = ("transfer",)
         step_views.append(StepView(
             id=sid, index=i, total=len(ids), where=_where(source, loc),
-            doc=steps.DOCS[sid], host=steps.host(sid, src_host, dst_host),
+            doc=steps.DOCS[sid], host=steps.host(sid, transfer),
             preview="\n".join(install.preview(sid, decided)),
             template=f"steps/{sid}.sh.j2",
         ))
@@ -203,17 +201,9 @@ def _gpu(spec: Spec) -> Optional[Gpu]:
     """The declared GPU with its capability, derived once: the spec's, else the catalog's."""
     if not spec.gpu:
         return None
-    known = catalog.lookup(spec.gpu.model)
-    capability = spec.gpu.capability or (known.capability if known else None) or ""
-    entry = catalog.resolve(spec.gpu.model, capability or None)
-    return Gpu(
-        model=spec.gpu.model,
-        count=spec.gpu.count,
-        capability=capability,
-        arch=catalog.arch_of(capability) if capability else "",
-        arch_name=entry.arch_name if entry and capability else "",
-        names=tuple(catalog.model_names(spec.gpu.model)),
-    )
+    capability, arch, arch_name, names = catalog.declared(spec.gpu.model, spec.gpu.capability)
+    return Gpu(model=spec.gpu.model, count=spec.gpu.count, capability=capability, arch=arch,
+               arch_name=arch_name, names=tuple(names))
 
 
 def _checks(spec: Spec, dst_host: str) -> Checks:

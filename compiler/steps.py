@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from rbrules import common, launch
 
 if TYPE_CHECKING:
-    from .view import Array, Plan, Setting
+    from .view import Array, Plan, Setting, Transfer
 
 ENGINE_DOCS = {
     "stage": "make a fresh staging beside the destination (on a re-run: unchanged files "
@@ -68,8 +68,9 @@ WHERE = {
 }
 
 
-def host(step: str, src_host: str, dst_host: str) -> str:
+def host(step: str, transfer: Transfer) -> str:
     """The host a step is mostly about (named in its log lines and the report)."""
+    src_host, dst_host = transfer.src_host, transfer.dst_host
     if step == "manifest":
         return src_host
     if step in ("preflight", "transfer"):
@@ -101,10 +102,11 @@ class SingleHost:
     def arrays(self) -> list[Array]:
         return []
 
-    def compression_note(self, compression: str, one_machine: bool) -> str:
-        """The stream's compression as the run decides it (rb::preflight_compression's rule);
-        `one_machine`: both ends are this machine."""
-        if compression == "auto" and one_machine:
+    def compression_note(self, plan: Plan) -> str:
+        """The stream's compression as the run decides it (rb::preflight_compression's rule)."""
+        t = plan.transfer
+        compression = t.compression
+        if compression == "auto" and t.src_host == t.dst_host and plan.hosts[0].local:
             return "none (both ends are this machine: no link to save)"
         if compression == "auto":
             return ("decided at run time: on the relay, measured: the link's rate (zeros through "
@@ -148,7 +150,7 @@ class SingleHost:
                        f"{d.lock} for the run (a second run is refused, naming this one)")
             out.append(f"{on_dst} preflight: on_existing {d.on_existing}; free space for {stg}")
             out.append(audit_line(plan))
-            out.append(f"compression: {t.compression_note}")
+            out.append(f"compression: {self.compression_note(plan)}")
         elif step == "manifest":
             out.append(f"on {src_host}: rbkit engine hash {src} {excl} --algo {t.verify}"
                        f" --jobs {t.jobs} --scanned <preflight's scan of it>".replace("  ", " "))
@@ -161,7 +163,7 @@ class SingleHost:
         elif step == "transfer":
             out.append(f"{on_dst} stage: rm -rf {stg} && mkdir {stg}")
             out.append(f"on {src_host}: tar -C {src} {tar_b} --null --no-recursion -T <names to "
-                       f"send> -cf - | <compress: {t.compression_note}> (rbkit engine send)")
+                       f"send> -cf - | <compress: {self.compression_note(plan)}> (rbkit engine send)")
             streams = (f"streams side by side from {common.STREAMS_MIN_BYTES >> 20} MB: one per "
                        f"two of the {t.jobs} jobs, at most {common.MAX_STREAMS}")
             if src_host == dst_host:

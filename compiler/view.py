@@ -73,7 +73,6 @@ class Transfer:
     route_written: str  # transfer.route as the spec has it (compile --plan shows it)
     compression: str
     auto_compression: tuple[str, ...]  # what `auto` takes: the first every end has, else none
-    compression_note: str  # the compression as the run decides it, in words
     verify: str
     rerun: str
     jobs: str  # hashing threads on each host, or "auto"
@@ -237,7 +236,7 @@ class Install(Protocol):
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]: ...
 
-    def compression_note(self, compression: str, one_machine: bool) -> str: ...
+    def compression_note(self, plan: Plan) -> str: ...  # as the run decides it, in words
 
     def preview(self, step: str, plan: Plan) -> list[str]: ...  # a step's --dry-run lines
 
