@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 4823ff1dc472cce23b140d020f795ee8fec623ec999bbae9c46fc11a81e3eb3f
+# sha256 of this file with these 64 digits zeroed: 620bf58446e19e1d650415649d4218925db9e0fac3e6f7f81901e996ce94a32b
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1
-readonly RB_KIT_FILE=.kit/4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1.tar
+readonly RB_KIT_SHA256=250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b
+readonly RB_KIT_FILE=.kit/250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

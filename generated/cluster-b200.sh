@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: c97df5a5ea6d0303f34791bac59006dc235ab4763d6064fc2b2ac7aa3ada77d3
+# sha256 of this file with these 64 digits zeroed: 04cd42c7545a98bcd79f9c843009b6a197aa8972b791923e273e088e57ad53df
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1
-readonly RB_KIT_FILE=.kit/4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1.tar
+readonly RB_KIT_SHA256=250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b
+readonly RB_KIT_FILE=.kit/250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: fcb8bd62b33cea434f53bcd57d91bc34f0cba8d78c5a1f62dcd79154fb28c065
+# sha256 of this file with these 64 digits zeroed: b6b30ae8ceaa2e40da08d6bce98ddd090d1fce0c9d7fbdedaf56271e0cb68255
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1
-readonly RB_KIT_FILE=.kit/4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1.tar
+readonly RB_KIT_SHA256=250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b
+readonly RB_KIT_FILE=.kit/250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

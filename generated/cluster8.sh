@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 5f7a4b3ec6caa4c5ad65e65ae49a822c81512fccb80ce173ed675e78b0b76951
+# sha256 of this file with these 64 digits zeroed: 88bb9a728836843a39bc32797051b3cca23e57e9e40f0a96e642c54b79915b38
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1
-readonly RB_KIT_FILE=.kit/4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1.tar
+readonly RB_KIT_SHA256=250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b
+readonly RB_KIT_FILE=.kit/250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: cdfd54786eadbffe1025788bdc411e4e55610c9b0a0c70849ac4db973a83db42
+# sha256 of this file with these 64 digits zeroed: 69e3eef26e8112831b48c8e1cc840264c6baff0320c8a5c19e08c4a1e4a871d5
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1
-readonly RB_KIT_FILE=.kit/4e7662692ed4ae768b92d43c3b8f9db27abcda7312d8cc6b9c9cbf06ba347ab1.tar
+readonly RB_KIT_SHA256=250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b
+readonly RB_KIT_FILE=.kit/250188a1fb489fb8b0b2fe0167c8f0b255a8ba15d9311d546b24e71481a93a6b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -19,13 +19,14 @@ import shutil
 import stat
 from typing import List, Optional
 
+from rbrules.common import SWAP_ATOMIC
+
 from . import exports, manifest, privacy, safefs
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 FICLONE = 0x40049409
-SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
 FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
 INFO = ".rb-install.json"                      # what an install is: when, from what, its checks
 

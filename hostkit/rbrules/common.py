@@ -9,8 +9,8 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
     ENGINE_STEPS    the install engine's steps, in order
     PROVE_TIMEOUT   seconds for the staged (and the installed) interpreter to answer
-    SPECIAL_MODES, OUTSIDE_LINKS, ON_EXISTING, SHARED_PARENT, ALGOS   the choices of the spec
-                    fields the engine takes
+    SPECIAL_MODES, OUTSIDE_LINKS, ON_EXISTING, SHARED_PARENT, SWAP_ATOMIC, RERUN, ALGOS,
+    ON_FAILED_CHECKS   the choices of the spec fields the engine takes
     human           a byte count in words (`786.4 MB`)
 """
 
@@ -69,7 +69,10 @@ SPECIAL_MODES = ("refuse", "strip", "keep")     # transfer.special_modes
 OUTSIDE_LINKS = ("refuse", "keep")              # transfer.outside_links
 ON_EXISTING = ("refuse", "backup", "replace")   # transfer.on_existing
 SHARED_PARENT = ("refuse", "allow")             # transfer.shared_parent
+SWAP_ATOMIC = ("require", "allow")              # transfer.swap_atomic
+RERUN = ("quick", "digest")                     # transfer.rerun
 ALGOS = ("sha256", "blake2b", "none")           # transfer.verify
+ON_FAILED_CHECKS = ("rollback", "keep")         # on_failed_checks
 
 
 def human(n: Any) -> str:
