@@ -24,9 +24,9 @@ from tests.lab import Ext4Mount, Lab, build_payload, ensure_packages
 from .tree import source_manifest
 
 AES = "aes128-gcm@openssh.com"
-# the runbook's own cipher list (compiler/plan.py SSH_CIPHERS); imported when it is there
+# the runbook's own cipher list (compiler/resolve.py SSH_CIPHERS); imported when it is there
 try:
-    from compiler.plan import SSH_CIPHERS as RUNBOOK_CIPHERS
+    from compiler.resolve import SSH_CIPHERS as RUNBOOK_CIPHERS
 except ImportError:  # pragma: no cover - the compiler is always in this repo
     RUNBOOK_CIPHERS = f"{AES},aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 

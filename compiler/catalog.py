@@ -140,6 +140,17 @@ def lookup(model: str) -> Optional[GpuModel]:
     return index.get(_key(model)) or _cores().get(_core(model))
 
 
+def declared(model: str, capability: Optional[str]) -> tuple[str, str, str, list[str]]:
+    """What a spec's `gpu:` comes to, derived once: (its compute capability: the spec's, else the
+    catalog's, "" when neither says; its arch `sm_NN`, "" without a capability; the name of its
+    architecture, "" when the catalog does not know it; the names a device's name must name)."""
+    known = lookup(model)
+    capability = capability or (known.capability if known else "")
+    entry = resolve(model, capability or None)
+    return (capability, arch_of(capability) if capability else "",
+            entry.arch_name if entry and capability else "", model_names(model))
+
+
 def model_names(model: str) -> list[str]:
     """What a device's name must name to be `model` (the probes' devices check): its catalog
     name and aliases, or the model as written for one the catalog lacks."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn, Optional
 
-from . import __version__, kit, lint, loader, plan, render, validate
+from . import __version__, kit, lint, loader, plan, render, resolve, validate
 from .errors import CompilerError, DriftError, Problem, SpecError, UsageError
 
 KIT_LINE = re.compile(r"^readonly RB_KIT_FILE=(.*)$", re.M)
@@ -64,11 +64,11 @@ def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
     script = out_dir / f"{spec_path.stem}.sh"
     shown = source.path
     source, from_runbook = runbook_names(source, out_dir)
-    view = plan.build(spec, source, script_name=script.name, standalone=standalone,
-                      from_runbook=from_runbook)
-    text = render.render(view)
+    decided = resolve.resolve(spec, source, script_name=script.name, standalone=standalone,
+                              from_runbook=from_runbook)
+    text = render.render(decided)
     # the runbook as written and, for the default form, with the runtime in place (what runs)
-    lint.lint([text] if standalone else [text, render.render(plan.lint_view(view))], kit.files())
+    lint.lint([text] if standalone else [text, render.render(plan.lint_view(decided))], kit.files())
     pinned = None
     if not standalone:
         sha, data = kit.pinned()
@@ -285,7 +285,9 @@ def _plan(spec_path: Path, out_dir: Path) -> int:
     for warning in warnings:
         print(validate.warning_line(warning), file=sys.stderr)
     from . import planmd
-    print(planmd.markdown(spec, source, out_dir / f"{spec_path.stem}.sh", warnings), end="")
+    script = out_dir / f"{spec_path.stem}.sh"
+    decided = resolve.resolve(spec, source, script_name=script.name)
+    print(planmd.markdown(decided, script, warnings), end="")
     return EXIT_OK
 
 

@@ -1,7 +1,7 @@
 """`compile --plan SPEC`: what the runbook will do, on which host, in plain words, as markdown to
-paste into a PR. Built from the validated spec and the runbook's own step texts (steps.py: `DOCS`,
-`preview`), so it says what the runbook does, not a second opinion. Long lists are cut, so the text
-stays well under a PR comment's 65,536 characters whatever the spec holds."""
+paste into a PR. Built from the runbook's own Plan (resolve.py) alone: its groups, and its steps'
+summaries and `--dry-run` text, so it says what the runbook does, not a second opinion. Long lists
+are cut, so the text stays well under a PR comment's 65,536 characters whatever the spec holds."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rbrules import paths
-
-from . import catalog, fanout, plan, steps as stepdocs
 from .errors import Problem
-from .loader import Source
-from .spec import Host, Spec, failed_checks_policy
+from .view import HostView, Plan
 
 LIMIT = 60_000  # characters; GitHub refuses comments over 65,536
 MAX_ITEMS = 40  # entries shown of any one list
@@ -37,18 +33,16 @@ FAILED_CHECKS = {
 }
 
 
-def markdown(spec: Spec, source: Source, script: Path, warnings: list[Problem]) -> str:
-    src_host, src = spec.transfer.source
-    dst_host, dst = spec.transfer.target
+def markdown(plan: Plan, script: Path, warnings: list[Problem]) -> str:
     parts = [
-        _header(spec, source, script),
-        _hosts(spec, src_host, dst_host),
-        _route(spec, src_host, src, dst_host, dst),
-        _excludes(spec),
-        _size(src_host, dst_host),
-        _changes(spec, dst_host, src, dst),
-        _checks(spec, dst_host),
-        _steps(spec, source, script),
+        _header(plan, script),
+        _hosts(plan),
+        _route(plan),
+        _excludes(plan),
+        _size(plan.transfer.src_host, plan.transfer.dst_host),
+        _changes(plan),
+        _checks(plan),
+        _steps(plan, script),
         _warnings(warnings),
     ]
     text = "\n".join(p for p in parts if p)
@@ -57,14 +51,15 @@ def markdown(spec: Spec, source: Source, script: Path, warnings: list[Problem]) 
     return text
 
 
-def _header(spec: Spec, source: Source, script: Path) -> str:
-    chain = " (extends " + ", which extends ".join(_code(p) for p in source.chain[1:]) + ")" \
-        if len(source.chain) > 1 else ""
-    lines = [f"## Runbook plan: {_code(spec.name)}", ""]
-    if spec.description:
-        lines += [f"> {_cut(spec.description)}", ""]
+def _header(plan: Plan, script: Path) -> str:
+    r = plan.runbook
+    chain = " (extends " + ", which extends ".join(_code(p) for p in r.spec_chain) + ")" \
+        if r.spec_chain else ""
+    lines = [f"## Runbook plan: {_code(r.name)}", ""]
+    for description in r.description_lines:
+        lines += [f"> {_cut(description)}", ""]
     lines += [
-        f"- spec: {_code(source.path)}{chain}, sha256 {_code(source.sha256[:16])}",
+        f"- spec: {_code(r.spec_path)}{chain}, sha256 {_code(r.spec_sha256[:16])}",
         f"- runbook: {_code(script.as_posix())}; preview it with "
         f"`bash {script.as_posix()} --dry-run`",
         "",
@@ -72,20 +67,21 @@ def _header(spec: Spec, source: Source, script: Path) -> str:
     return "\n".join(lines)
 
 
-def _hosts(spec: Spec, src_host: str, dst_host: str) -> str:
+def _hosts(plan: Plan) -> str:
+    src_host, dst_host = plan.transfer.src_host, plan.transfer.dst_host
     lines = ["### Hosts", "", "| host | role | reached |", "|---|---|---|"]
-    for hid in dict.fromkeys([src_host, dst_host]):
+    for host in plan.hosts:
         role = " and ".join(r for r, h in (("source", src_host), ("destination", dst_host))
-                            if h == hid)
-        lines.append(f"| {_code(hid)} | {role} | {_reach(spec.hosts[hid])} |")
+                            if h == host.id)
+        lines.append(f"| {_code(host.id)} | {role} | {_reach(host)} |")
     lines += ["", "Every command is started from the machine that runs the runbook.", ""]
     return "\n".join(lines)
 
 
-def _reach(host: Host) -> str:
+def _reach(host: HostView) -> str:
     if host.local:
         return "this machine (no ssh)"
-    out = [f"ssh {_code(host.ssh, table=True)}"]
+    out = [f"ssh {_code(host.target, table=True)}"]
     if host.port:
         out.append(f"port {host.port}")
     if host.identity_file:
@@ -93,15 +89,16 @@ def _reach(host: Host) -> str:
     if host.jump:
         out.append(f"through {_code(host.jump, table=True)}")
     out.append(f"host keys {host.host_keys}")
-    for key in sorted(host.options)[:MAX_ITEMS]:
-        out.append(_code(f"{key}={host.options[key]}", table=True))
+    for key, value in host.options[:MAX_ITEMS]:
+        out.append(_code(f"{key}={value}", table=True))
     return ", ".join(out)
 
 
-def _route(spec: Spec, src_host: str, src: str, dst_host: str, dst: str) -> str:
-    t = spec.transfer
+def _route(plan: Plan) -> str:
+    t = plan.transfer
+    src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
     comp = {"auto": ", else ".join(f"{tool} where both ends have it" for tool in
-                                   stepdocs.auto_compression(spec)) + ", else none",
+                                   t.auto_compression) + ", else none",
             "none": "none"}.get(t.compression, t.compression)
     verify = ("none: files are not hashed (sizes and names are still checked)" if t.verify == "none"
               else f"every file's {t.verify} is taken on {src_host} and checked on {dst_host} "
@@ -109,25 +106,23 @@ def _route(spec: Spec, src_host: str, src: str, dst_host: str, dst: str) -> str:
     lines = [
         "### What moves, and how", "",
         f"- copy {_code(f'{src_host}:{src}')} to {_code(f'{dst_host}:{dst}')}",
-        f"- route **{t.route}**: " + ROUTES[t.route].format(src=_code(src_host), dst=_code(dst_host)),
+        f"- route **{t.route_written}**: "
+        + ROUTES[t.route_written].format(src=_code(src_host), dst=_code(dst_host)),
         f"- compression: {comp}; hashing: "
-        + (f"{t.jobs} threads per host" if t.jobs else "one thread per CPU on each host"),
+        + (f"{t.jobs} threads per host" if t.jobs != "auto" else "one thread per CPU on each host"),
         f"- verification: {verify}",
-        f"- already at the destination (**{t.on_existing}**): "
-        + ON_EXISTING[t.on_existing].format(dst=dst),
+        f"- already at the destination (**{plan.destination.on_existing}**): "
+        + ON_EXISTING[plan.destination.on_existing].format(dst=dst),
     ]
-    fan = getattr(spec, "fanout", None)
-    if fan is not None:
-        lines.append(f"- fan-out: installed on every node of {_code(fan.nodes)} through "
-                     f"{_code(fan.engine)} (see the steps below), not only on {_code(dst_host)}")
-    if spec.checks:
-        policy = failed_checks_policy(spec)
+    lines += plan.install.route_lines(plan, _code)
+    if plan.checks.run:
+        policy = plan.checks.on_failed_checks
         lines.append(f"- failed checks (**{policy}**): {FAILED_CHECKS[policy]}")
     return "\n".join(lines) + "\n"
 
 
-def _excludes(spec: Spec) -> str:
-    items = spec.transfer.exclude
+def _excludes(plan: Plan) -> str:
+    items = plan.transfer.exclude
     if not items:
         return "### Excluded from the copy\n\nNothing: every file of the source is copied.\n"
     return "### Excluded from the copy\n\n" + _list([_code(p) for p in items]) + "\n"
@@ -139,67 +134,60 @@ def _size(src_host: str, dst_host: str) -> str:
             "has room before anything is sent; the run's `report.json` records the bytes moved.\n")
 
 
-def _changes(spec: Spec, dst_host: str, src: str, dst: str) -> str:
-    env_file = paths.env_file(dst, spec.cuda.env_file if spec.cuda and spec.cuda.env_file else "")
-    fan = getattr(spec, "fanout", None)
-    where = f"every node of {_code(fan.nodes)}" if fan is not None else _code(dst_host)
+def _changes(plan: Plan) -> str:
+    t, d = plan.transfer, plan.destination
+    src, dst = t.src_path, t.dst_path
     lines = [
-        f"### What changes on {where}", "",
+        f"### What changes on {plan.install.installs_on(plan, _code)}", "",
         f"- {_code(dst)}: the verified copy is put in place with one rename (staged first in "
-        f"{_code(stepdocs.staging(dst))})",
+        f"{_code(d.staging)})",
     ]
     if src != dst:
         lines.append(f"- files in the venv that name {_code(src)} (script shebangs, activate "
                      f"scripts) are rewritten to name {_code(dst)}")
-    lines.append(f"- env file {_code(env_file)} (to `source`): VIRTUAL_ENV, PATH with the venv's "
-                 "`bin` first" + (", CUDA_HOME" if spec.cuda else ""))
-    if spec.cuda:
-        first = [_code(d) for d in spec.cuda.library_path_first]
-        lines.append(f"  - CUDA {spec.cuda.version}: CUDA_HOME={_code(spec.cuda.home)}; "
+    lines.append(f"- env file {_code(d.env_path)} (to `source`): VIRTUAL_ENV, PATH with the venv's "
+                 "`bin` first" + (", CUDA_HOME" if d.cuda_home else ""))
+    if d.cuda_home:
+        first = [_code(p) for p in d.library_path_first]
+        lines.append(f"  - CUDA {d.cuda_version}: CUDA_HOME={_code(d.cuda_home)}; "
                      "LD_LIBRARY_PATH: " + (", ".join(first[:MAX_ITEMS]) + " (in the venv's "
                                             "site-packages), then " if first else "")
                      + _code("$CUDA_HOME/lib64"))
-    if spec.env:
-        pairs = [_code(f"{k}={v}") for k, v in sorted(spec.env.items())]
-        lines.append("  - also exported: " + _inline(pairs))
-    if not spec.hosts[dst_host].local:
+    if d.env:
+        lines.append("  - also exported: " + _inline([_code(pair) for pair in d.env]))
+    if not plan.hosts[-1].local:
         lines.append("- the runbook's helper kit is copied to a private directory made for the run "
                      "(`mktemp -d`) on each ssh host, checked there by its sha256")
     return "\n".join(lines) + "\n"
 
 
-def _checks(spec: Spec, dst_host: str) -> str:
-    fan = getattr(spec, "fanout", None)
-    where = (f"every node ({len(fanout.expand(fan.nodes))})" if fan is not None
-             else _code(dst_host))
-    lines = [f"### Checks on {where}, with the moved interpreter", ""]
-    if spec.gpu:
-        known = catalog.resolve(spec.gpu.model, spec.gpu.capability)
-        cap = spec.gpu.capability or (known.capability if known else None)
-        detail = f", compute capability {cap} ({catalog.arch_of(cap)}" if cap else ""
-        detail += f", {known.arch_name})" if known and cap else (")" if cap else "")
-        lines += [f"GPU expected: {spec.gpu.count} x {_code(spec.gpu.model)}{detail}.", ""]
+def _checks(plan: Plan) -> str:
+    c = plan.checks
+    lines = [f"### Checks on {plan.install.checks_on(plan, _code)}, with the moved interpreter", ""]
+    if c.gpu is not None:
+        g = c.gpu
+        detail = f", compute capability {g.capability} ({g.arch}" if g.capability else ""
+        detail += f", {g.arch_name})" if g.arch_name else (")" if g.capability else "")
+        lines += [f"GPU expected: {g.count} x {_code(g.model)}{detail}.", ""]
     else:
         lines += ["No GPU expected (no `gpu:`).", ""]
-    if not spec.checks:
+    if not c.listed:
         return "\n".join(lines + ["No checks: the run ends after the env file is written.", ""])
     lines += ["| # | check | with | if it cannot run |", "|---|---|---|---|"]
-    for i, check in enumerate(spec.checks[:MAX_ITEMS], 1):
-        params = ", ".join(f"{k}={_short(v)}" for k, v in check.params.items()) or "defaults"
+    for i, check in enumerate(c.listed[:MAX_ITEMS], 1):
+        params = ", ".join(f"{k}={_code(v, table=True)}" for k, v in check.params) or "defaults"
         lines.append(f"| {i} | {check.kind} | {_cell(params)} | "
                      f"{'skipped (allow_skip)' if check.allow_skip else 'fails'} |")
-    if len(spec.checks) > MAX_ITEMS:
-        lines.append(f"\n... and {len(spec.checks) - MAX_ITEMS} more checks")
+    if len(c.listed) > MAX_ITEMS:
+        lines.append(f"\n... and {len(c.listed) - MAX_ITEMS} more checks")
     return "\n".join(lines) + "\n"
 
 
-def _steps(spec: Spec, source: Source, script: Path) -> str:
-    """The runbook's own step list, host, summary and --dry-run text (steps.DOCS and
-    steps.preview, through the view model plan.build makes for the runbook)."""
-    view = plan.build(spec, source, script_name=script.name)
-    lines = ["### Steps", "", "<details><summary>" + " → ".join(s.id for s in view.steps)
+def _steps(plan: Plan, script: Path) -> str:
+    """The runbook's own step list, host, summary and --dry-run text."""
+    lines = ["### Steps", "", "<details><summary>" + " → ".join(s.id for s in plan.steps)
              + f" (what <code>bash {script.as_posix()} --dry-run</code> prints)</summary>", ""]
-    for i, step in enumerate(view.steps, 1):
+    for i, step in enumerate(plan.steps, 1):
         body = [_cut(line, 240, one_line=False) for line in step.preview.splitlines()[:MAX_ITEMS]]
         fence = "`" * max(3, 1 + max((len(run) for line in body for run in re.findall("`+", line)),
                                      default=0))
@@ -234,16 +222,6 @@ def _code(text: Any, *, table: bool = False) -> str:
     fence = "``" if "`" in text else "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, list):
-        shown = ", ".join(str(v) for v in value[:8]) + (", ..." if len(value) > 8 else "")
-        return _code(f"[{shown}]", table=True)
-    if isinstance(value, bool):
-        return _code("true" if value else "false", table=True)
-    text = value.splitlines()[0] if isinstance(value, str) and value else value
-    return _code(text, table=True)
 
 
 def _cell(text: str) -> str:

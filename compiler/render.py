@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import jinja2
-from rbrules import launch
+from rbrules import common, launch
 
 if TYPE_CHECKING:
     from .view import Plan
@@ -131,10 +131,13 @@ def environment() -> jinja2.Environment:
         comment_end_string="#%>",
     )
     env.filters.update(sh=sh, shwords=shwords, ident=ident, num=num, comment=comment, body=body)
-    # the rules the runbook's bash shares with the kit (rbrules: the one host-side module the
+    # the rules the runbook's bash shares with the kit (rbrules: the one host-side package the
     # compiler imports): how every Python on a host is started
     env.globals["py"] = {"flags": launch.FLAGS, "site_flags": launch.SITE_FLAGS,
                          "start": launch.START}
+    # and which compressors a host has, and how long compression auto measures the link
+    env.globals["rules"] = {"compressor_tools": common.COMPRESSOR_TOOLS,
+                            "link_seconds": common.LINK_SECONDS}
     return env
 
 
@@ -173,7 +176,7 @@ def seal(text: str) -> str:
 
 
 def render(view: Plan, template: str = "runbook.sh.j2") -> str:
-    """`view`: the plan (plan.build); each of its fields is a name the templates read."""
+    """`view`: the plan (resolve.resolve); each of its fields is a name the templates read."""
     names = {f.name: getattr(view, f.name) for f in dataclasses.fields(view)}
     try:
         return seal(tidy(environment().get_template(template).render(names)))

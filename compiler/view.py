@@ -1,11 +1,11 @@
-"""The view model's types: what plan.build decides, grouped the way the runbook reads, as frozen
+"""The view model's types: what resolve decides, grouped the way the runbook reads, as frozen
 dataclasses the templates read by attribute.
 
 A runbook reads top to bottom as its identity (the header), its settings (`readonly` values,
 arrays and maps, made from the groups below: the spec and the kit, the transfer, the destination,
 the checks, the fan-out), the hosts it reaches, how it installs, the kit, and its steps. `Plan`
 holds each group once; `Plan.settings`, `arrays` and `maps` are the rows the settings block prints,
-in the runbook's order, made from the groups by plan.build (the one place that names an RB_*
+in the runbook's order, made from the groups by plan.rows (the one place that names an RB_*
 value). Every string here reaches bash through a quoting filter (render.py); a word that must
 expand at run time is a `render.Safe`, a str, so it fits every `str` field and stays Safe.
 """
@@ -13,7 +13,7 @@ expand at run time is a `render.Safe`, a str, so it fits every `str` field and s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Protocol
 
 Words = tuple[str, ...]  # shell words, each quoted by |shwords (a Safe one stays as it is)
 
@@ -70,12 +70,14 @@ class Transfer:
     dst_host: str
     dst_path: str
     route: Optional[str]  # None with fan-out: the cluster's engine carries the bundle
+    route_written: str  # transfer.route as the spec has it (compile --plan shows it)
     compression: str
     auto_compression: tuple[str, ...]  # what `auto` takes: the first every end has, else none
     verify: str
     rerun: str
     jobs: str  # hashing threads on each host, or "auto"
     incremental: bool  # a re-run sends only what changed
+    exclude: Words  # transfer.exclude, the patterns
     exclude_args: Words
     direct_ssh: Optional[Words]  # the source's ssh to the destination; None with fan-out
     ssh_ciphers: str
@@ -93,8 +95,33 @@ class Destination:
     shared_parent: str  # transfer.shared_parent: refuse or allow
     cuda_home: str  # "" without `cuda:`
     env_file: str  # "" for the default, DEST.env.sh
+    env_path: str  # the env file the run writes (rbrules.paths.env_file)
+    staging: str  # beside the destination (rbrules.paths.staging)
+    lock: str  # beside the destination (rbrules.paths.lock)
+    cuda_version: str  # "" without `cuda:`
     library_path_first: Words
     env: Words  # KEY=VALUE, sorted by key
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The GPU the spec declares, with what the catalog knows of it (derived once)."""
+
+    model: str
+    count: int
+    capability: str  # "" when neither the spec nor the catalog says
+    arch: str  # sm_NN; "" without a capability
+    arch_name: str  # the catalog's name of the architecture; "" when it does not know it
+    names: Words  # what a device's name must name to be this model
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check the spec lists, as `compile --plan` shows it."""
+
+    kind: str
+    params: tuple[tuple[str, str], ...]  # (name, value in one short line)
+    allow_skip: bool
 
 
 @dataclass(frozen=True)
@@ -102,11 +129,14 @@ class Checks:
     """What proves the move: the audit on the source before, the checks on the target after."""
 
     gpu_declared: bool
+    gpu: Optional[Gpu]
+    listed: tuple[Check, ...]  # the spec's checks
+    kinds: Words  # the types the probe runs: the implied ones first, then the listed
     audit_arch: str  # "" for no kernel audit
     audit_args: Words
     run: bool  # whether the checks run on the target (the probe step, or each fan-out node)
     on_failed_checks: str
-    config: str  # the checks as one JSON document (plan.probe_config)
+    config: str  # the checks as one JSON document for `rbprobes run` (resolve)
 
 
 @dataclass(frozen=True)
@@ -167,6 +197,12 @@ class HostView:
     summary: str
     ssh_words: Words  # empty for this machine
     target: str  # user@host for ssh, "" for this machine
+    local: bool
+    port: int  # 0: ssh's default
+    identity_file: str
+    jump: str
+    host_keys: str
+    options: tuple[tuple[str, str], ...]  # the ssh options, sorted by name
 
 
 @dataclass(frozen=True)
@@ -187,6 +223,36 @@ class StepView:
         return (self.doc,)
 
 
+class Install(Protocol):
+    """How a runbook installs, chosen once by resolve: on one destination (steps.SingleHost) or on
+    every node of a fan-out (fanout.FanOut). Each mode has its own steps, their `--dry-run` text,
+    its settings rows and partials; nothing else asks which mode a runbook is in."""
+
+    auto_compression: tuple[str, ...]  # what `compression: auto` takes, in order
+    streams: bool  # the runbook streams the source to the destination (a route, its ssh hop)
+    fanout: Optional[Fanout]  # the nodes and the engine's options; None on one destination
+
+    @property
+    def partials(self) -> tuple[str, ...]: ...  # the templates of its state and helpers
+
+    def step_ids(self, checks_run: bool) -> tuple[str, ...]: ...
+
+    def compression_note(self, plan: Plan) -> str: ...  # as the run decides it, in words
+
+    def preview(self, step: str, plan: Plan) -> list[str]: ...  # a step's --dry-run lines
+
+    def settings(self) -> list[Setting]: ...  # its own rows of the settings block
+
+    def arrays(self) -> list[Array]: ...
+
+    # compile --plan's words for where it installs and checks (`code` marks inline code)
+    def installs_on(self, plan: Plan, code: Callable[[str], str]) -> str: ...
+
+    def checks_on(self, plan: Plan, code: Callable[[str], str]) -> str: ...
+
+    def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]: ...
+
+
 @dataclass(frozen=True)
 class Plan:
     """The view model of one runbook: every decision, for the templates to paste."""
@@ -197,6 +263,7 @@ class Plan:
     destination: Destination
     checks: Checks
     fanout: Optional[Fanout]
+    install: Install  # how it installs, chosen once: on one destination, or on the nodes
     hosts: tuple[HostView, ...]
     partials: tuple[str, ...]  # the templates of how it installs: on one destination, or the nodes
     steps: tuple[StepView, ...]

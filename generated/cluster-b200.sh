@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 74b69c23b9b988e3c589df793156088b6116c5e2f2312269f8437cc92c5efea0
+# sha256 of this file with these 64 digits zeroed: 9c3f01e42c99a04e47963b96e325db4b6347f0bd59b7f604a36af80e9ff7f866
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=91482151ad7b8ea9114724e9f38d4816b0c0c53d4bb9787de65152c4d895e1fc
-readonly RB_KIT_FILE=.kit/91482151ad7b8ea9114724e9f38d4816b0c0c53d4bb9787de65152c4d895e1fc.tar
+readonly RB_KIT_SHA256=34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572
+readonly RB_KIT_FILE=.kit/34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -74,7 +74,7 @@ def test_the_runtime_in_the_kit_is_its_golden(golden):
 
 
 def _view(spec: str) -> dict:
-    from compiler import loader, plan, validate
+    from compiler import loader, resolve, validate
 
     source = loader.load(spec)
-    return plan.build(validate.validate_with_warnings(source)[0], source, "x.sh")
+    return resolve.resolve(validate.validate_with_warnings(source)[0], source, "x.sh")

@@ -4,6 +4,7 @@ spec may set (issue #15 M1). The error texts themselves are golden cases in test
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -182,10 +183,10 @@ def test_a_printed_gpu_name_compiles_with_the_catalog_capability(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(f"name: s\n{HOSTS}gpu: {{model: NVIDIA H100 80GB HBM3}}\n"
                     "cuda: {version: '12.4', home: /usr/cuda}\n")
-    from compiler import plan
+    from compiler import resolve
 
     source = loader.load(str(spec))
-    config = plan.probe_config(validate.validate(source), "dst")
+    config = json.loads(resolve.resolve(validate.validate(source), source, "s.sh").checks.config)
     assert config["gpu"] == {"model": "NVIDIA H100 80GB HBM3", "count": 1, "capability": "9.0",
                              "arch": "sm_90",
                              "names": ["H100", "H100-SXM", "H100-SXM5", "H100-PCIE", "H100-NVL"]}

@@ -63,3 +63,13 @@ def test_no_template_is_over_about_a_hundred_lines():
     for path in sorted((ROOT / "templates").rglob("*.j2")):
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines <= 120, f"{path.relative_to(ROOT)} has {lines} lines: split it"
+
+
+def test_only_resolve_reads_the_spec():
+    """Two phases (issue 35): resolve(spec) -> Plan makes every decision; the modules that make
+    the runbook's texts from the Plan (the settings block, --list, --dry-run, compile --plan)
+    import neither the spec's model nor the loaded spec."""
+    graph = module_imports(ROOT / "compiler", "compiler")
+    for text_maker in ("plan", "planmd", "steps", "render", "view"):
+        assert not graph[text_maker] & {"spec", "loader", "validate"}, text_maker
+    assert {"spec", "loader"} <= graph["resolve"]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from compiler import steps as compiler_steps
+from compiler import kit
 from rbkit import engine, hostfs, manifest, serve, stream
 from rbkit.choices import Choices
+from rbrules import common
 from tests.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[1] / "hostkit"
@@ -112,10 +113,8 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     assert os.listdir(into) == []
 
 
-def test_stream_count_is_one_per_two_jobs_at_most_eight_as_the_compiler_says():
+def test_stream_count_is_one_per_two_jobs_at_most_eight():
     assert [stream.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
-    assert compiler_steps.MAX_STREAMS == stream.MAX_STREAMS
-    assert compiler_steps.STREAMS_MIN_MB << 20 == stream.STREAMS_MIN_BYTES
 
 
 def test_each_receiving_end_is_told_its_part():
@@ -234,3 +233,21 @@ def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp
     r = json.loads(done.stdout)
     assert r["same"] and r["n"] == 12
     assert r["errors"] == [r["third"], r["third"]]      # the first in the list's order, both ways
+
+
+def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
+    """rbrules.common.human, which the stream, the report and the compiler use: decimal units,
+    and `-` for a size that was not measured (stream.human said `None`)."""
+    assert [common.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
+        "0 B", "999 B", "1.0 KB", "786.4 MB", "2.5 TB", "7000.0 TB"]
+    assert stream.human(None) == common.human("?") == common.human(True) == "-"
+
+
+def test_which_compressions_a_host_has_is_one_rule():
+    """The kit's (rbrules.common.compressors) and the runbook's bash (`command -v` of each of
+    COMPRESSOR_TOOLS, rendered from the same table) ask for the same tools."""
+    assert common.compressors(lambda tool: None) == ["none"]
+    assert common.compressors(lambda tool: tool == "lz4" or None) == ["lz4", "none"]
+    assert set(common.COMPRESSOR_TOOLS) == {c["tool"] for c in common.COMPRESSION.values()} - {None}
+    tools = " ".join(common.COMPRESSOR_TOOLS)
+    assert f'for t in {tools}; do if command -v "$t"' in kit.runtime_text()

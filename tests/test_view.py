@@ -1,4 +1,4 @@
-"""The view model is typed (issue #14): plan.build returns a frozen view.Plan for every spec, with no
+"""The view model is typed (issue #14): resolve returns a frozen view.Plan for every spec, with no
 untyped dict or list left in it, templates read it by attribute and fail on a name it lacks, and a
 Safe word stays Safe on its way to the template."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from compiler import cli, fanout, loader, plan, render, validate, view
+from compiler import cli, fanout, loader, render, resolve, steps, validate, view
 from compiler.render import Safe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,8 @@ SPECS = [p for p in sorted((ROOT / "specs").glob("*.yaml"))
 
 def build(path: Path, *, standalone: bool = False) -> view.Plan:
     source = loader.load(cli.shown_path(path))
-    return plan.build(validate.validate(source), source, f"{path.stem}.sh", standalone=standalone)
+    return resolve.resolve(validate.validate(source), source, f"{path.stem}.sh",
+                           standalone=standalone)
 
 
 def walk(value: object, where: str):
@@ -83,7 +84,7 @@ def test_every_field_of_the_view_model_is_typed_without_any_or_dict():
             todo.extend(h for h in parts if dataclasses.is_dataclass(h))
     assert {c.__name__ for c in seen} >= {"Plan", "Identity", "Kit", "KitFile", "Transfer",
                                           "Destination", "Checks", "Fanout", "HostView",
-                                          "StepView", "Setting", "Array", "Map"}
+                                          "StepView", "Setting", "Array", "Map", "Gpu", "Check"}
 
 
 def test_the_settings_rows_come_from_the_groups():
@@ -136,6 +137,8 @@ def test_fanout_group_only_for_fanout_specs():
         p = build(spec)
         validated = validate.validate(loader.load(cli.shown_path(spec)))
         if validated.fanout:
-            assert p.fanout == fanout.view(validated)
+            assert p.fanout is not None and p.install == fanout.FanOut(p.fanout)
+            assert p.fanout.node_list == tuple(fanout.expand(validated.fanout.nodes))
         else:
             assert p.fanout is None and p.transfer.route is not None
+            assert p.install == steps.SingleHost()

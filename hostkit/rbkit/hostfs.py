@@ -19,6 +19,7 @@ import stat
 from typing import List, Optional
 
 from rbrules import links
+from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
 
 from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
@@ -38,8 +39,6 @@ __all__ = [
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 
-SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
-OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
 
 
 def _octal(mode: int) -> str:

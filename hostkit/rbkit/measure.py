@@ -4,7 +4,7 @@
 
 reads a sample of the tree's files (spread over the whole tree by size: every file's chance is its
 bytes, at most 1 MiB of each, N bytes in all, 32 MiB by default) into memory, packs it with each
-tool exactly as the stream packs (stream.COMPRESSION's `pack` words: `zstd -1 -T0` uses every core,
+tool exactly as the stream packs (rbrules.common.COMPRESSION's `pack` words: `zstd -1 -T0` uses every core,
 as the stream's does), and prints one JSON line: the sample's size, and per tool the rate it read
 the sample at (bytes a second) and the ratio (sample bytes / packed bytes). A tool that is missing
 or fails is said with its reason, never measured. Bounded: the walk stops after 200,000 entries,
@@ -22,11 +22,10 @@ import subprocess
 import time
 from typing import Any, Dict, List, Tuple
 
-from .stream import COMPRESSION
+from rbrules.common import COMPRESSION, MEASURE_SAMPLE
 
 MAX_ENTRIES = 200_000
 PER_FILE = 1 << 20
-SAMPLE = 32 << 20
 
 
 def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
@@ -56,7 +55,7 @@ def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
     return out
 
 
-def sample(root: str, excludes: List[str], want: int = SAMPLE) -> bytes:
+def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE) -> bytes:
     """About `want` bytes of the tree: files picked at even steps of the tree's cumulative size
     (a big file is picked as often as its bytes say), at most PER_FILE of each."""
     files = _files(root, excludes)
@@ -143,7 +142,7 @@ def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False) ->
     return best, why
 
 
-def measure(root: str, tools: List[str], excludes: List[str], want: int = SAMPLE,
+def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
             seconds: float = 5.0) -> Dict[str, Any]:
     start = time.monotonic()
     data = sample(root, excludes, want)

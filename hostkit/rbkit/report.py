@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 
+from rbrules.common import human
+
 SCHEMA = 1
 
 
@@ -131,16 +133,6 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
     }
 
 
-def _size(n) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1000.0
-    return str(n)
-
-
 def _rate(mb_s) -> str:
     """A transfer's rate: `<1 MB/s` for a small or fast one whose figure rounds to 0."""
     if not isinstance(mb_s, (int, float)):
@@ -154,7 +146,7 @@ def table(doc: dict) -> str:
         f = s.get("facts", {})
         detail = s["detail"]
         if "bytes" in f:
-            detail = f"{_size(f['bytes'])} in {f.get('files', '?')} files" + (
+            detail = f"{human(f['bytes'])} in {f.get('files', '?')} files" + (
                 f", {_rate(f['mb_s'])}" if "mb_s" in f else "") + (f"; {detail}" if detail else "")
         rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]

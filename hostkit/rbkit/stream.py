@@ -18,25 +18,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+# the stream's rules are rbrules.common's (the compiler states them too); engine.py, serve.py,
+# fanout.py, relay.py and measure.py still name them from here
+from rbrules.common import (COMPRESSION, MAX_STREAMS, STREAMS_MIN_BYTES,  # noqa: F401
+                            TAR_RECORD, compressors, human, stream_count)
+
 from . import hostfs
 from . import manifest as kitmanifest
-
-# The compression table, the only one: the stream's sending end (`send`) packs with `pack`, its
-# receiving end (`receive`) unpacks with `unpack`; `tool` is what a host must have.
-COMPRESSION: Dict[str, Dict[str, Any]] = {
-    "none": {"tool": None, "pack": None, "unpack": None},
-    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
-    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
-    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
-}
-
-
-# tar's record on both ends of the stream: 256 blocks (128 KiB) instead of its default 20 (10 KiB),
-# ten times fewer reads and writes on both sides of each pipe (the CPU it saves: docs/benchmarks.md,
-# "Figures behind choices in the code"). Either end reads the other's records whatever their size
-# (GNU tar reblocks a pipe's short reads).
-TAR_RECORD = ["-b", "256"]
-
 
 class SourceRefused(Exception):
     """The source must not be sent: the message says why."""
@@ -237,17 +225,6 @@ def tail(text: str, lines: int = 8) -> List[str]:
     return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
 
 
-def human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return str(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
-
-
 
 def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
                 special_modes: str = "refuse", outside_links: str = "refuse") -> tuple:
@@ -282,8 +259,7 @@ def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
                                      "need_bytes", "stat_fingerprint")}
     # what the destination compares itself with (never the source, nor inside it)
     facts["identity"] = json.dumps(hostfs.identity(root), sort_keys=True, separators=(",", ":"))
-    facts["compressors"] = ",".join(n for n, c in sorted(COMPRESSION.items())
-                                    if c["tool"] is None or shutil.which(c["tool"]))
+    facts["compressors"] = ",".join(compressors(shutil.which))
     return "%d files, %s" % (out["files"], human(out["bytes"])), facts
 
 
@@ -293,18 +269,6 @@ def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
     if COMPRESSION[compression]["pack"]:
         argvs.append(COMPRESSION[compression]["pack"])
     return argvs
-
-
-# Several streams side by side, where the sending end starts the receiving ends (one host, or
-# the direct route): one tar pair is bound by one core's tar, so pairs side by side scale with the
-# cores (figures: docs/benchmarks.md, "Figures behind choices in the code"). One stream per two of
-# the cores the run may use (its jobs), at most MAX_STREAMS, none below STREAMS_MIN_BYTES.
-MAX_STREAMS = 8
-STREAMS_MIN_BYTES = 256 << 20
-
-
-def stream_count(jobs: int) -> int:
-    return max(1, min(MAX_STREAMS, jobs // 2))
 
 
 def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[List[str]]:

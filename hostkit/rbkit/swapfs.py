@@ -20,6 +20,8 @@ import shutil
 import stat
 from typing import List, Optional
 
+from rbrules.common import SWAP_ATOMIC
+
 from . import exports, safefs
 from .installs import (FAILED_MARK, backup_dirs, describe_install, failed_mark, failed_path,
                        foreign_backups, is_real_dir, next_backup, not_ours, read_info, remove,
@@ -28,7 +30,6 @@ from .installs import (FAILED_MARK, backup_dirs, describe_install, failed_mark, 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
 
 
 def _renameat2(src: str, dst: str, flags: int) -> bool:

@@ -5,7 +5,9 @@ the one host-side package the compiler imports (for the rules it renders into a 
 
     launch    how every Python the runbook starts on a host is started: isolated, by the path of
               the kit's own entry file, from a private working directory
+    common    the rules both sides state, each once: a byte count in words (`human`)
     links     whether a symbolic link leads outside the venv (the transfer's scan, the `outside`
               check)
+    paths     the names a run keeps beside a destination: staging, lock, env file
     private   whether a path root executes from or writes to is private, and the refusal if not
 """

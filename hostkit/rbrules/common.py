@@ -1,0 +1,87 @@
+"""The rules that the compiler (which renders them into a runbook's settings, bash and prose) and
+the kit (which acts on them) both state, each written once here: stdlib only, no I/O.
+
+    COMPRESSION     the compression table: each one's tool, how it packs, how it unpacks
+    compressors     which compressions a host has, by the tools found on its PATH
+    LINK_SECONDS, MEASURE_SAMPLE   compression auto's measurement: the link's, and the sample's
+    TAR_RECORD      tar's record size on both ends of a stream
+    MAX_STREAMS,    several streams side by side: at most this many, none below this size,
+    STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
+    ENGINE_STEPS    the install engine's steps, in order
+    PROVE_TIMEOUT   seconds for the staged (and the installed) interpreter to answer
+    SPECIAL_MODES, OUTSIDE_LINKS, ON_EXISTING, SHARED_PARENT, SWAP_ATOMIC, RERUN, ALGOS,
+    ON_FAILED_CHECKS   the choices of the spec fields the engine takes
+    human           a byte count in words (`786.4 MB`)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+# The compression table, the only one: the stream's sending end packs with `pack`, its receiving
+# end unpacks with `unpack`; `tool` is what a host must have (None: nothing).
+COMPRESSION: Dict[str, Dict[str, Any]] = {
+    "none": {"tool": None, "pack": None, "unpack": None},
+    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
+    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
+    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
+}
+# the tools a host is asked for, sorted (the runbook's bash asks `command -v` for each)
+COMPRESSOR_TOOLS = tuple(sorted(c["tool"] for c in COMPRESSION.values() if c["tool"]))
+
+
+def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
+    """The compressions a host has, sorted: none, and each whose tool `found` finds (on the host:
+    shutil.which; the runbook's bash asks `command -v` for COMPRESSOR_TOOLS)."""
+    return [name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])]
+
+
+# compression auto on the relay measures the link (zeros through this machine for LINK_SECONDS,
+# a word for `timeout`) against each compressor packing MEASURE_SAMPLE bytes of the source
+LINK_SECONDS = "0.6"
+MEASURE_SAMPLE = 32 << 20
+
+# tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
+# default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU
+# tar reblocks a pipe's short reads).
+TAR_BLOCKS = 256
+TAR_RECORD = ["-b", str(TAR_BLOCKS)]
+
+# Several streams side by side, where the sending end starts the receiving ends (one host, or the
+# direct route; measured: docs/h200.md): one per two of the cores the run may use (its jobs), at most
+# MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
+MAX_STREAMS = 8
+STREAMS_MIN_BYTES = 256 << 20
+
+
+def stream_count(jobs: int) -> int:
+    return max(1, min(MAX_STREAMS, jobs // 2))
+
+
+# the install engine's steps, in order: a single-host runbook runs them one by one on the
+# destination, a fan-out node all in one process
+ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
+
+PROVE_TIMEOUT = 120  # seconds for the staged (and the installed) interpreter to answer
+
+# the choices of the spec's fields that the engine takes (transfer.*, and the manifest's digest)
+SPECIAL_MODES = ("refuse", "strip", "keep")     # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")              # transfer.outside_links
+ON_EXISTING = ("refuse", "backup", "replace")   # transfer.on_existing
+SHARED_PARENT = ("refuse", "allow")             # transfer.shared_parent
+SWAP_ATOMIC = ("require", "allow")              # transfer.swap_atomic
+RERUN = ("quick", "digest")                     # transfer.rerun
+ALGOS = ("sha256", "blake2b", "none")           # transfer.verify
+ON_FAILED_CHECKS = ("rollback", "keep")         # on_failed_checks
+
+
+def human(n: Any) -> str:
+    """`n` bytes in decimal units (`512 B`, `1.5 KB`, `786.4 MB`, up to TB); `-` for what is not a
+    number (a size not measured)."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return "%.1f TB" % n
