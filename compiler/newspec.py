@@ -23,7 +23,7 @@ from ruamel.yaml.tokens import CommentToken
 
 from . import extends, loader, schema, validate
 from .errors import Problem, SpecError, UsageError
-from .spec import NAME
+from .fields import NAME
 
 MARKER = extends.MARKER
 # (path in the spec, with "<dst>" for the destination host's id): the values a new cluster changes.

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ValidationError
 from . import fanout, gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
-from .spec import CHECK_TYPES, At, Spec, parse_endpoint
+from .fields import At, parse_endpoint
+from .spec import CHECK_TYPES, Spec
 
 
 def validate(source: Source) -> Spec:
