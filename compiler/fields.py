@@ -17,6 +17,9 @@ VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,3}([a-z0-9.+-]*)$")
 CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# what `compile --new` writes where a spec needs a value of its own (`<source host: CHANGE ME>`):
+# no address, path or version looks like it, and compile refuses a spec that still holds one
+PLACEHOLDER = re.compile(r"<[^<>\n]*CHANGE ME>")
 
 class At(ValueError):
     """A validator's error that belongs to an entry below the value it checks: `at` is the path

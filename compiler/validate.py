@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from . import fanout, gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
-from .fields import At, parse_endpoint
+from .fields import PLACEHOLDER, At, parse_endpoint
 from .spec import CHECK_TYPES, Spec
 
 
@@ -30,6 +30,7 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     """The spec, and what is legal but doubtful (a torch that cannot serve the GPU), as problems
     the CLI prints as warnings. Raises SpecError listing every error."""
     data = plain(source.data)
+    left = placeholders(source)
     problems: list[Problem] = list(source.markers)
     spec: Optional[Spec] = None
     try:
@@ -38,10 +39,39 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
         for err in exc.errors(include_url=False):
             problems.extend(_located(source, err))
     problems.extend(_relations(source, data))
+    # a placeholder is the one problem of its entry: what else is said of it follows from it
+    problems = left + [p for p in problems if not any(_within(p.field, q.field) for q in left)]
     if problems:
         raise SpecError(_unique(problems))
     assert spec is not None
     return spec, gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
+
+
+def placeholders(source: Source) -> list[Problem]:
+    """Every value that still holds a placeholder of `compile --new` (`<source host: CHANGE ME>`),
+    in any file of the spec, each at its entry."""
+    out = []
+
+    def walk(node: Any, loc: tuple) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, loc + (key,))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, loc + (i,))
+        elif isinstance(node, str):
+            found = PLACEHOLDER.search(node)
+            if found:
+                out.append(source.problem(loc, f"still the placeholder {found.group(0)!r} of "
+                                               "compile --new: write this spec's value there"))
+
+    walk(plain(source.data), ())
+    return out
+
+
+def _within(field: str, outer: str) -> bool:
+    """Whether the entry `field` (dotted) is `outer` or below it."""
+    return field == outer or field.startswith((outer + ".", outer + "["))
 
 
 def warning_line(warning: Problem) -> str:
