@@ -44,7 +44,8 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     if problems:
         raise SpecError(_unique(problems))
     assert spec is not None
-    return spec, gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
+    return spec, (gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
+                  + _unproved_gpu(source, spec))
 
 
 def placeholders(source: Source) -> list[Problem]:
@@ -72,6 +73,26 @@ def placeholders(source: Source) -> list[Problem]:
 def _within(field: str, outer: str) -> bool:
     """Whether the entry `field` (dotted) is `outer` or below it."""
     return field == outer or field.startswith((outer + ".", outer + "["))
+
+
+# the checks that run on the GPU (torch fails where torch.cuda.is_available() is false), or may:
+# a snippet of the spec's own is taken to know what it does
+ON_THE_GPU = ("torch", "devices", "matmul", "nccl", "python", "command")
+
+
+def _unproved_gpu(source: Source, spec: Spec) -> list[Problem]:
+    """`gpu:` declared and no check that runs on it: a green run would say nothing of the GPU (the
+    implied checks read files only)."""
+    if spec.gpu is None or any(c.kind in ON_THE_GPU for c in spec.checks):
+        return []
+    listed = ", ".join(sorted({c.kind for c in spec.checks}))
+    what = f"checks lists only {listed}" if listed else "checks is empty"
+    where = ("checks",) if "checks" in source.data else ("gpu",)
+    return [source.problem(where, (
+        f"gpu: {spec.gpu.model} is declared but {what}: nothing will prove the GPU (the relocation "
+        "and kernel audit the runbook adds read files only), so a green run says nothing of it; "
+        "add `- devices: {}` (finds and counts the GPUs) or `- matmul: {}` (computes on each)"),
+        key=True)]
 
 
 def warning_line(warning: Problem) -> str:

@@ -232,3 +232,24 @@ def test_a_placeholder_left_in_a_base_is_named_in_the_base(tmp_path):
         "compile --new: write this spec's value there",
         "specs/child.yaml:5:7: transfer.to: still the placeholder '<dir: CHANGE ME>' of "
         "compile --new: write this spec's value there"]
+
+
+@pytest.mark.parametrize("checks, said", [
+    ("checks: []\n", "checks is empty"),
+    ("checks:\n  - imports: [json]\n", "checks lists only imports"),
+    ("", "checks is empty"),
+])
+def test_a_gpu_that_no_check_runs_on_is_a_warning(project, checks, said):
+    """Issue 36: `checks: []` with `gpu:` compiled silently; now a warning on stderr at the input,
+    and the runbook is written (exit 0)."""
+    spec = project / "specs/one.yaml"
+    spec.write_text(GOOD.format(name="one") + "gpu: {model: H100}\n" + checks)
+    r = compile_("specs/one.yaml", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert (project / "generated/one.sh").is_file()
+    line = 8 if checks else 7
+    where = f"specs/one.yaml:{line}:1: warning: {'checks' if checks else 'gpu'}: "
+    assert r.stderr.startswith(where + f"gpu: H100 is declared but {said}: nothing will prove "
+                               "the GPU"), r.stderr
+    spec.write_text(GOOD.format(name="one") + "gpu: {model: H100}\nchecks:\n  - devices: {}\n")
+    assert compile_("specs/one.yaml", cwd=project).stderr == ""
