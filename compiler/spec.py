@@ -46,7 +46,7 @@ from .fields import (
     parse_endpoint,
 )
 from .nodeset import Fanout
-from .sshaddr import Jump, SshTarget, _ssh_option_key, parse_ssh_uri
+from .sshaddr import Jump, SshConfigPath, SshTarget, _ssh_option_key, parse_ssh_uri
 
 
 class Host(Model):
@@ -57,6 +57,11 @@ class Host(Model):
     port: Optional[Port] = None
     identity_file: Optional[IdentityPath] = None
     jump: Optional[Jump] = None
+    # an ssh config file of this machine, given to ssh as -F for every connection to this host
+    # (the host may be an alias it defines): its bastions, users, keys and ports work as they do
+    # with plain `ssh -F FILE HOST`; the options the runbook sets (BatchMode, host key checking,
+    # connection sharing, ConnectTimeout, and the spec's own) come first and win
+    ssh_config: Optional[SshConfigPath] = None
     host_keys: Literal["strict", "accept-new"] = "strict"
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     # only the ssh options a relay needs (compiler/sshopts.py: an allowlist, values checked)
@@ -104,8 +109,10 @@ class Host(Model):
             raise ValueError("a host is either `local: true` or reached by `ssh:`, not both")
         if not self.local and not self.ssh:
             raise ValueError("say how to reach the host: `ssh: user@host`, or `local: true`")
-        if self.local and (self.port or self.identity_file or self.jump or self.options):
-            raise ValueError("ssh settings (port, identity_file, jump, options) need `ssh:`")
+        if self.local and (self.port or self.identity_file or self.jump or self.options
+                           or self.ssh_config):
+            raise ValueError("ssh settings (port, identity_file, jump, options, ssh_config) need "
+                             "`ssh:`")
         return self
 
 class Transfer(Model):

@@ -87,3 +87,16 @@ def _ssh_option_key(value: str) -> str:
 
 SshTarget = Annotated[str, AfterValidator(_ssh_target)]
 Jump = Annotated[str, AfterValidator(_jump)]
+
+
+def _ssh_config(value: str) -> str:
+    from . import sshopts  # the path rules of ssh's own files, with the options' allowlist
+
+    _nonempty(value)
+    refused = sshopts.config_problem(value)
+    if refused:
+        raise ValueError(refused)
+    return sshopts.known_hosts_path(value)  # named as the kernel reads it, as known_hosts files
+
+
+SshConfigPath = Annotated[str, AfterValidator(_ssh_config)]

@@ -297,6 +297,18 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
         if isinstance(direct, dict) and direct.get("local"):
             problems.append(source.problem(
                 ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
+        if isinstance(direct, dict) and direct.get("ssh_config"):
+            problems.append(source.problem(
+                ("transfer", "direct", "ssh_config"), "the direct hop is the source host's own ssh, "
+                "which reads that host's ~/.ssh/config; ssh_config names a file of this machine"))
+        dst_entry = hosts.get(h2)
+        if route == "direct" and not isinstance(direct, dict) and isinstance(dst_entry, dict) \
+                and dst_entry.get("ssh_config"):
+            problems.append(source.problem(
+                ("transfer", "route"), f"direct: {h1} reaches {h2} with its own ssh, which does "
+                f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} reaches "
+                f"it (transfer.direct: {{ssh: ..., port: ...}}), or use relay (or auto, which "
+                "falls back to relay when the direct hop fails)"))
     problems.extend(gpu_rules.problems(source, data))
     problems.extend(_checks(source, data))
     return problems

@@ -263,7 +263,7 @@ rb::known_hosts_of() {
 # when ssh can make it: its folder exists, is this user's, and no one else can write it. A file
 # ssh can neither read nor write knows no key, and accept-new then takes any key on every
 # connection, a changed one too, without a word (issue 33 N5). Fails (rb::fail) naming the file,
-# the host and the fix.
+# the host and the fix. The spec's ssh config file first (rb::ssh_config_ready).
 #######################################
 rb::known_hosts_ready() {
   local host=$1 word key file dir mode fix accept_new=0 first=1
@@ -272,6 +272,7 @@ rb::known_hosts_ready() {
   if [[ -z "${RB_HOST_TARGET}" ]]; then
     return 0
   fi
+  rb::ssh_config_ready "${host}"
   for word in "${RB_HOST_SSH[@]}"; do
     if [[ "${word}" == StrictHostKeyChecking=accept-new ]]; then
       accept_new=1
@@ -369,6 +370,32 @@ rb::host_key_hint() {
   RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then add it to"
   RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ${RB_KH_FILE}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
+}
+
+#######################################
+# Before HOST is reached over ssh: the ssh config file its spec names (hosts.HOST.ssh_config, in
+# RB_HOST_SSH after -F; compile refused /dev, /proc, /sys, `..` and relative paths) is a regular
+# file here that only this user or root can change, nor any directory above it (rbrules.private
+# --file): ssh runs the commands it names (ProxyCommand, Match exec, LocalCommand) on this machine
+# as this user, even `ssh -G`. Fails (rb::fail) naming the file, the host and the fix.
+#######################################
+rb::ssh_config_ready() {
+  local host=$1 i why me
+  "rb::host_${host}"
+  for ((i = 0; i + 1 < ${#RB_HOST_SSH[@]}; i++)); do
+    if [[ "${RB_HOST_SSH[i]}" != -F ]]; then
+      continue
+    fi
+    me=$(id -un)
+    rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
+    if ! why=$("${RB_KIT_ARGV[@]}" --file --what "hosts.${host}.ssh_config" \
+      --fix "make it ${me}'s and not writable by others, in folders no one else can write" \
+      -- "${RB_HOST_SSH[i + 1]}" 2>&1); then
+      RB_HOST=${host}
+      rb::fail "${why:-refusing hosts.${host}.ssh_config ${RB_HOST_SSH[i + 1]} (the check failed)}"
+      return 1
+    fi
+  done
 }
 
 #######################################
