@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: ef65a4a4fe2938c04706bb593f0f7798c3b95451443ccfe68f674ae0c0ca350c
+# sha256 of this file with these 64 digits zeroed: d7b6cf2a1a4eb1d7e7f89dff38d440366400b3866d166fede912608a34c929b3
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e
-readonly RB_KIT_FILE=.kit/c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e.tar
+readonly RB_KIT_SHA256=f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653
+readonly RB_KIT_FILE=.kit/f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

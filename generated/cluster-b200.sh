@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 4b61e0438aafd270e3d0e9b699bde5e94f601d261282fb3f199c8d2d0fccb30d
+# sha256 of this file with these 64 digits zeroed: 8199a362633ede342137d60d7c6ee2a0c5ddace39b9f833a45c69a2cfddcdd74
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e
-readonly RB_KIT_FILE=.kit/c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e.tar
+readonly RB_KIT_SHA256=f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653
+readonly RB_KIT_FILE=.kit/f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 4f0ae4e694da296246a715a85df3167736910087dcf57db43509c54222053fb3
+# sha256 of this file with these 64 digits zeroed: 862fd7b0a3e6cc08f8d1a9e85272343d9cb08f327d331c24abfdbfafb8cd8951
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e
-readonly RB_KIT_FILE=.kit/c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e.tar
+readonly RB_KIT_SHA256=f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653
+readonly RB_KIT_FILE=.kit/f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

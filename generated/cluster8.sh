@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: b68c4752cd0a631d8efa04adb8f3960342515826cf7937d04a3b0dddd6f1c77d
+# sha256 of this file with these 64 digits zeroed: 79283e79865337dba27d7cd137498e3fa1bb3be13088699681b3effa1153c202
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e
-readonly RB_KIT_FILE=.kit/c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e.tar
+readonly RB_KIT_SHA256=f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653
+readonly RB_KIT_FILE=.kit/f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3f07ada5a0fa955ba7e1cd907f0b7f26dcb6c53c37e38479e489c9b234885364
+# sha256 of this file with these 64 digits zeroed: d345829c633f7ccafe02663eade391dd6127791ccfdb146a581ca90a8ce810c0
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e
-readonly RB_KIT_FILE=.kit/c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e.tar
+readonly RB_KIT_SHA256=f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653
+readonly RB_KIT_FILE=.kit/f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 8de8affce05c4423e26dd92d173c2f11c1ea7c68b1cbc58a6cf839f6848a7ecb
+# sha256 of this file with these 64 digits zeroed: 4f4608d8f13427fe75b5a728d75af714d14bb56db8a951a232bbcd300f3630e9
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e
-readonly RB_KIT_FILE=.kit/c6660a92d398dc19deaa8d46ea4ac11a39157fb8e07b4b7f1315a6f754561d2e.tar
+readonly RB_KIT_SHA256=f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653
+readonly RB_KIT_FILE=.kit/f668a59e9c32c400b902b72cba99eebcc99d27bcdfc652af1595b3ea9e428653.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -234,7 +234,8 @@ rb::kit() {
 #######################################
 # The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
 # itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
-# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias).
+# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
+# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
 #######################################
 rb::known_hosts_of() {
   local key value name='' port=22 alias='' conf
@@ -250,7 +251,8 @@ rb::known_hosts_of() {
     esac
   done <<<"${conf}"
   RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
-  RB_KH_NAME=${alias:-${name:-${RB_HOST_TARGET#*@}}}
+  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}}
   if [[ -z "${alias}" && "${port}" != 22 ]]; then
     RB_KH_NAME="[${RB_KH_NAME}]:${port}"
   fi
@@ -362,13 +364,14 @@ rb::known_hosts_after() {
 # Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of).
 #######################################
 rb::host_key_hint() {
-  local port
-  "rb::host_$1"
-  port=$(rb::port_of -p) || true
+  local port=''
   rb::known_hosts_of "$1"
+  if [[ "${RB_KH_PORT}" != 22 ]]; then
+    port=" -p ${RB_KH_PORT}"
+  fi
   RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
-  RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then add it to"
-  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ${RB_KH_FILE}),"
+  RB_HINT+=" owner (ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -), then add it to"
+  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST} >> ${RB_KH_FILE}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
 }
 
@@ -1251,17 +1254,13 @@ rb::cause() {
 }
 
 #######################################
-# ", port N" (or "-p N" with an argument) when the host's ssh words name a port.
+# ", port N" when the host's ssh words name a port.
 #######################################
 rb::port_of() {
   local i
   for ((i = 0; i < ${#RB_HOST_SSH[@]}; i++)); do
     if [[ "${RB_HOST_SSH[i]}" == -p ]]; then
-      if (($# > 0)); then
-        printf ' -p %s' "${RB_HOST_SSH[i + 1]}"
-      else
-        printf ', port %s' "${RB_HOST_SSH[i + 1]}"
-      fi
+      printf ', port %s' "${RB_HOST_SSH[i + 1]}"
       return 0
     fi
   done

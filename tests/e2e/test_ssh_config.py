@@ -80,3 +80,20 @@ def test_an_ssh_config_another_user_could_change_is_refused_before_ssh_reads_it(
     line = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
     assert "refusing hosts.dst.ssh_config" in line and said in line, r.stderr[-3000:]
     assert not (tmp_path / "dst").exists()  # nothing reached dst
+
+
+@pytest.mark.e2e
+def test_an_unknown_host_key_behind_an_alias_gets_a_hint_with_the_address_and_file_ssh_used(
+        clean_lab, payload_small, tmp_path):
+    """The host-key hint resolves the alias as ssh does (ssh -F FILE -G): ssh-keyscan of the
+    address the file names, added to the known_hosts file the file names."""
+    lab = clean_lab
+    config = team_config(lab, tmp_path / "team" / "ssh_config")
+    empty = tmp_path / "team" / "known_hosts"
+    empty.write_text("")
+    config.write_text(config.read_text().replace(str(lab.known_hosts), str(empty)))
+    script = build(tmp_path, aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", config))
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert f"ssh-keyscan {lab.host('dst').addr} >> {empty}" in r.stderr, r.stderr[-3000:]
+    assert "ssh-keyscan team-dst" not in r.stderr
