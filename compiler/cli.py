@@ -255,8 +255,9 @@ def run(argv: list[str]) -> int:
     if args.new:
         from . import newspec
         written, todo = newspec.create(args.new, Path(args.from_spec) if args.from_spec else None)
-        print(f"wrote {written}; edit these values and delete their {newspec.MARKER} markers "
-              f"(compile {written} refuses it until then):")
+        print(f"wrote {written}; write this spec's values in place of the <...: CHANGE ME> "
+              f"placeholders and delete the {newspec.MARKER} markers (compile {written} refuses "
+              "it until then):")
         for p in todo:
             print(f"  {p.path}:{p.line}:{p.column}: {p.field or '(comment)'}")
         return EXIT_OK

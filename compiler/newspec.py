@@ -4,10 +4,14 @@ The new file is SPEC's own text (comments kept, `extends:` kept) with `name: NAM
 SPEC; without --from, the example that ships in the package (compiler/data/example.yaml), written
 to specs/NAME.yaml. A spec without a `yaml-language-server` modeline gets one naming the JSON
 Schema, which is written beside it (runbook-spec.schema.json) where it is not there yet: editors
-find it with no checkout of this repository around. The values that differ from cluster to cluster (description, the destination host's address
-and key, the destination path, the GPU model, the CUDA version and home) carry a
-`# TODO(change me)` comment. A spec with such a marker left does not compile: `compile` lists each
-one with its line, so the first compile is the checklist. Nothing existing is ever overwritten.
+find it with no checkout of this repository around. In a copy of a spec, the values that differ
+from cluster to cluster (description, the destination host's address and key, the destination
+path, the GPU model, the CUDA version and home) carry a `# TODO(change me)` comment. In a spec
+made from the example, whose hosts and paths are no one's, each such value is a placeholder
+instead (`ssh: <source host: CHANGE ME>`), which no real value can be mistaken for, and the
+description carries the comment. A spec with a marker or a placeholder left does not compile:
+`compile` lists each one with its line and column, so the first compile is the checklist. Nothing
+existing is ever overwritten.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ruamel.yaml.tokens import CommentToken
 
 from . import extends, loader, schema, validate
 from .errors import Problem, SpecError, UsageError
-from .spec import NAME
+from .fields import NAME
 
 MARKER = extends.MARKER
 # (path in the spec, with "<dst>" for the destination host's id): the values a new cluster changes.
@@ -37,7 +41,18 @@ MARKED = (
     ("cuda", "version"),
     ("cuda", "home"),
 )
-
+# In a spec made from the example: (path, with "<src>"/"<dst>" for the hosts' ids) -> the
+# placeholder that stands for the value; HOST:PATH entries keep their host.
+PLACEHOLDERS = (
+    (("hosts", "<src>", "ssh"), "<source host, e.g. root@gpu-old.example.org: CHANGE ME>"),
+    (("hosts", "<dst>", "ssh"), "<destination host, e.g. root@gpu-new.example.org: CHANGE ME>"),
+    (("transfer", "from"), "<path of the venv on the source host: CHANGE ME>"),
+    (("transfer", "to"), "<path to install the venv at on the destination: CHANGE ME>"),
+    (("cuda", "version"), "<CUDA version on the destination, e.g. 13.0: CHANGE ME>"),
+    (("cuda", "home"), "<CUDA directory on the destination, e.g. /usr/local/cuda-13.0: CHANGE ME>"),
+    (("gpu", "model"), "<GPU model on the destination, e.g. H100: CHANGE ME>"),
+)
+EXAMPLE_MARKED = (("description",),)
 
 EXAMPLE = ("data", "example.yaml")
 SCHEMA_FILE = "runbook-spec.schema.json"
@@ -71,7 +86,7 @@ def _from_example(name: str) -> tuple[Path, list[Problem]]:
     text = resources.files("compiler").joinpath(*EXAMPLE).read_text(encoding="utf-8")
     target = Path("specs") / f"{name}.yaml"
     target.parent.mkdir(parents=True, exist_ok=True)
-    return _write(target, render(text, name, "new", "the packaged example"))
+    return _write(target, render(text, name, "new", "the packaged example", placeholders=True))
 
 
 def _write(target: Path, text: str) -> tuple[Path, list[Problem]]:
@@ -88,11 +103,14 @@ def _write(target: Path, text: str) -> tuple[Path, list[Problem]]:
     schema_path = target.parent / SCHEMA_FILE
     if modeline and not schema_path.exists():
         schema_path.write_text(schema.text(), encoding="utf-8")
-    return target, extends.markers(loader.parse(str(target)))
+    written = loader.parse(str(target))
+    todo = extends.markers(written) + validate.placeholders(written)
+    return target, sorted(todo, key=lambda p: (p.line, p.column))
 
 
-def render(text: str, name: str, dst_host: str, origin: str) -> str:
-    """The new spec's text: `text` with the new name and the markers."""
+def render(text: str, name: str, dst_host: str, origin: str, *, placeholders: bool = False) -> str:
+    """The new spec's text: `text` with the new name and the markers; with `placeholders` (the
+    example), a placeholder in place of each value that is the example's own."""
     yaml = loader.yaml_rt()
     yaml.indent(mapping=2, sequence=4, offset=2)
     yaml.width = 4096
@@ -103,7 +121,12 @@ def render(text: str, name: str, dst_host: str, origin: str) -> str:
     else:
         data.insert(1 if extends.EXTENDS in data else 0, "name", name)
     marked = 0
-    for path in MARKED:
+    if placeholders:
+        src_host = str(data["transfer"]["from"]).partition(":")[0]
+        for path, text in PLACEHOLDERS:
+            ids = {"<src>": src_host, "<dst>": dst_host}
+            marked += _replace(data, tuple(ids.get(part, part) for part in path), text)
+    for path in EXAMPLE_MARKED if placeholders else MARKED:
         path = tuple(dst_host if part == "<dst>" else part for part in path)
         marked += _mark(data, path)
     if not marked:  # a copy that changes nothing would move to the old cluster: say so
@@ -112,6 +135,10 @@ def render(text: str, name: str, dst_host: str, origin: str) -> str:
     yaml.dump(data, out)
     head = (f"# Made by `compile --new {name} --from {origin}`. Edit each value marked with the TODO\n"
             "# comment and delete the marker: compile refuses this spec while one is left.\n")
+    if placeholders:
+        head = (f"# Made by `compile --new {name}` from {origin}. Write this spec's value in place\n"
+                "# of each <...: CHANGE ME> placeholder, edit the value marked with the TODO comment\n"
+                "# and delete the marker: compile refuses this spec while one is left.\n")
     return head + out.getvalue()
 
 
@@ -136,6 +163,25 @@ def _mark(data: Any, path: tuple, note: str = "") -> int:
         old.value = f"# {comment} -- {first.lstrip('#').strip()}{newline}{rest}"
     else:
         owner.yaml_add_eol_comment(comment, key)
+    return 1
+
+
+def _replace(data: Any, path: tuple, text: str) -> int:
+    """Put the placeholder `text` in place of the value at `path` if this file has it (a HOST:PATH
+    entry keeps its host); its mapping is written in block style, one key a line."""
+    parents = [data]
+    for part in path[:-1]:
+        node = parents[-1].get(part) if isinstance(parents[-1], CommentedMap) else None
+        if not isinstance(node, CommentedMap):
+            return 0
+        parents.append(node)
+    owner, key = parents[-1], path[-1]
+    if not isinstance(owner.get(key), str):
+        return 0
+    for node in parents[1:]:
+        node.fa.set_block_style()
+    host, sep, _path = owner[key].partition(":")
+    owner[key] = f"{host}:{text}" if path[0] == "transfer" and sep else text
     return 1
 
 

@@ -165,6 +165,8 @@ def ssh_words(host: Host, *, here: bool = True) -> list[str]:
         words += ["-o", "IdentitiesOnly=yes", "-i", identity]
     if host.jump:
         words += ["-J", host.jump]
+    if host.ssh_config:
+        words += ["-F", identity_word(host.ssh_config) if here else host.ssh_config]
     for key in sorted(host.options):
         words += ["-o", f"{key}={host.options[key]}"]
     return words

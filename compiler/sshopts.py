@@ -94,6 +94,25 @@ def _paths(v: str, *, may_be_off: bool) -> Optional[str]:
     return None
 
 
+def config_problem(v: str) -> Optional[str]:
+    """Why `v` is refused as a host's `ssh_config:` (the file given to ssh as -F), or None. ssh
+    reads it as a path on this machine, from wherever the runbook runs; the runbook checks it again
+    before ssh reads it (runtime/ssh_config.sh.j2): a regular file that only this user or root can
+    change, nor any directory above it, since ssh runs the commands it names (ProxyCommand, Match
+    exec) here."""
+    if "%" in v:
+        return (f"{v}: ssh's % tokens are not taken here (the runbook checks the file before ssh "
+                "reads it): write ~/ for your home")
+    if not PATH.match(v) or ".." in v.split("/") or v.endswith("/"):
+        return (f"{v} must be an absolute path or a ~/ path to a file (the runbook may run from "
+                "any directory), without `..`, e.g. ~/.ssh/config or /etc/rb/ssh_config")
+    top = known_hosts_path(v).split("/")[1] if v.startswith("/") else ""
+    if top in SYSTEM:
+        return (f"{v} is in /{top}, {SYSTEM[top]}, not an ssh config file: name the file that "
+                "defines the host (Host blocks, as ssh -F reads them)")
+    return None
+
+
 ALLOWED: dict[str, Check] = {
     "AddressFamily": _choice("any", "inet", "inet6"),
     "BindAddress": _match(HOST, "an address of this machine"),

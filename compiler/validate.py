@@ -18,7 +18,8 @@ from pydantic import BaseModel, ValidationError
 from . import fanout, gpu_rules
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
-from .spec import CHECK_TYPES, At, Spec, parse_endpoint
+from .fields import PLACEHOLDER, At, parse_endpoint
+from .spec import CHECK_TYPES, Spec
 
 
 def validate(source: Source) -> Spec:
@@ -29,6 +30,7 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     """The spec, and what is legal but doubtful (a torch that cannot serve the GPU), as problems
     the CLI prints as warnings. Raises SpecError listing every error."""
     data = plain(source.data)
+    left = placeholders(source)
     problems: list[Problem] = list(source.markers)
     spec: Optional[Spec] = None
     try:
@@ -37,10 +39,60 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
         for err in exc.errors(include_url=False):
             problems.extend(_located(source, err))
     problems.extend(_relations(source, data))
+    # a placeholder is the one problem of its entry: what else is said of it follows from it
+    problems = left + [p for p in problems if not any(_within(p.field, q.field) for q in left)]
     if problems:
         raise SpecError(_unique(problems))
     assert spec is not None
-    return spec, gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
+    return spec, (gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
+                  + _unproved_gpu(source, spec))
+
+
+def placeholders(source: Source) -> list[Problem]:
+    """Every value that still holds a placeholder of `compile --new` (`<source host: CHANGE ME>`),
+    in any file of the spec, each at its entry."""
+    out = []
+
+    def walk(node: Any, loc: tuple) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, loc + (key,))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, loc + (i,))
+        elif isinstance(node, str):
+            found = PLACEHOLDER.search(node)
+            if found:
+                out.append(source.problem(loc, f"still the placeholder {found.group(0)!r} of "
+                                               "compile --new: write this spec's value there"))
+
+    walk(plain(source.data), ())
+    return out
+
+
+def _within(field: str, outer: str) -> bool:
+    """Whether the entry `field` (dotted) is `outer` or below it."""
+    return field == outer or field.startswith((outer + ".", outer + "["))
+
+
+# the checks that run on the GPU (torch fails where torch.cuda.is_available() is false), or may:
+# a snippet of the spec's own is taken to know what it does
+ON_THE_GPU = ("torch", "devices", "matmul", "nccl", "python", "command")
+
+
+def _unproved_gpu(source: Source, spec: Spec) -> list[Problem]:
+    """`gpu:` declared and no check that runs on it: a green run would say nothing of the GPU (the
+    implied checks read files only)."""
+    if spec.gpu is None or any(c.kind in ON_THE_GPU for c in spec.checks):
+        return []
+    listed = ", ".join(sorted({c.kind for c in spec.checks}))
+    what = f"checks lists only {listed}" if listed else "checks is empty"
+    where = ("checks",) if "checks" in source.data else ("gpu",)
+    return [source.problem(where, (
+        f"gpu: {spec.gpu.model} is declared but {what}: nothing will prove the GPU (the relocation "
+        "and kernel audit the runbook adds read files only), so a green run says nothing of it; "
+        "add `- devices: {}` (finds and counts the GPUs) or `- matmul: {}` (computes on each)"),
+        key=True)]
 
 
 def warning_line(warning: Problem) -> str:
@@ -245,6 +297,18 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
         if isinstance(direct, dict) and direct.get("local"):
             problems.append(source.problem(
                 ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
+        if isinstance(direct, dict) and direct.get("ssh_config"):
+            problems.append(source.problem(
+                ("transfer", "direct", "ssh_config"), "the direct hop is the source host's own ssh, "
+                "which reads that host's ~/.ssh/config; ssh_config names a file of this machine"))
+        dst_entry = hosts.get(h2)
+        if route == "direct" and not isinstance(direct, dict) and isinstance(dst_entry, dict) \
+                and dst_entry.get("ssh_config"):
+            problems.append(source.problem(
+                ("transfer", "route"), f"direct: {h1} reaches {h2} with its own ssh, which does "
+                f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} reaches "
+                f"it (transfer.direct: {{ssh: ..., port: ...}}), or use relay (or auto, which "
+                "falls back to relay when the direct hop fails)"))
     problems.extend(gpu_rules.problems(source, data))
     problems.extend(_checks(source, data))
     return problems

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 6b236ea03a5a7dd843babb82f2e864b9f645be0a3841f69005980ead05b0d44f
+# sha256 of this file with these 64 digits zeroed: ee8bc95c7baf4e0058d5cc565e1bd100b5faf1dbf8246b098625f9d8d98ace4c
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572
-readonly RB_KIT_FILE=.kit/34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572.tar
+readonly RB_KIT_SHA256=977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360
+readonly RB_KIT_FILE=.kit/977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

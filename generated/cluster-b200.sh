@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 9c3f01e42c99a04e47963b96e325db4b6347f0bd59b7f604a36af80e9ff7f866
+# sha256 of this file with these 64 digits zeroed: 7bdde1faa9daee02d26bb662c565aa9d8af3fb8ab3e8587c25e52bf1bbbd5380
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572
-readonly RB_KIT_FILE=.kit/34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572.tar
+readonly RB_KIT_SHA256=977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360
+readonly RB_KIT_FILE=.kit/977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: ca677ad38184e7f26acf96a46eba01432497e4b5bbea0942a0d16f850a2c3176
+# sha256 of this file with these 64 digits zeroed: d5851ae2a2d56b9b0031410b89c3707f836f3ec912339bfdd8b0f42571286cd6
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572
-readonly RB_KIT_FILE=.kit/34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572.tar
+readonly RB_KIT_SHA256=977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360
+readonly RB_KIT_FILE=.kit/977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

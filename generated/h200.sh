@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 6710e85a8a79fcd202edabb432aabc5edee7c2d61eaf8c7577123983aa95c318
+# sha256 of this file with these 64 digits zeroed: 307844b7adbfe6696b4189fd299920f07f6175e37ab6ce33701dbbaf7b616a9d
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572
-readonly RB_KIT_FILE=.kit/34e341decc6f291168001a94987cb83ccbd7644d3acfc85eb80aa27ea0fba572.tar
+readonly RB_KIT_SHA256=977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360
+readonly RB_KIT_FILE=.kit/977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

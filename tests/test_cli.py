@@ -192,3 +192,64 @@ def test_check_reports_the_mistakes_of_every_spec_at_once(project):
     r = compile_("--check", cwd=project)
     assert r.returncode == 2
     assert "specs/one.yaml" in r.stderr and "specs/two.yaml" in r.stderr
+
+
+def test_new_from_the_example_holds_placeholders_that_compile_names_all_at_once(tmp_path):
+    """Issue 36: `compile --new mine` leaves no real-looking host or path; each value that is the
+    example's own is a placeholder, and compile refuses the spec naming every one of them."""
+    r = compile_("--new", "mine", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "specs/mine.yaml").read_text()
+    assert "old-gpu.example" not in text and "/opt/venv" not in text
+    listed = [line.split(": ")[-1] for line in r.stdout.splitlines()[1:]]
+    assert listed == ["description", "hosts.old.ssh", "hosts.new.ssh", "transfer.from",
+                      "transfer.to", "cuda.version", "cuda.home", "gpu.model"]
+    r = compile_("specs/mine.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and not (tmp_path / "generated").exists()
+    lines = r.stderr.splitlines()
+    assert lines[-1] == "8 problems; nothing was written"
+    assert lines[1] == ("specs/mine.yaml:11:10: hosts.old.ssh: still the placeholder "
+                        "'<source host, e.g. root@gpu-old.example.org: CHANGE ME>' of compile "
+                        "--new: write this spec's value there")
+    assert lines[3].startswith("specs/mine.yaml:15:9: transfer.from: still the placeholder "
+                               "'<path of the venv on the source host: CHANGE ME>'")
+    assert sum("still the placeholder" in line for line in lines) == 7
+    # the placeholder is the only problem of its entry, not also "not a valid host name"
+    assert "valid" not in r.stderr and "absolute" not in r.stderr
+
+
+def test_a_placeholder_left_in_a_base_is_named_in_the_base(tmp_path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs/base.yaml").write_text(
+        "abstract: true\nhosts:\n  here: {local: true}\n  far: {ssh: '<host: CHANGE ME>'}\n")
+    (tmp_path / "specs/child.yaml").write_text(
+        "extends: base.yaml\nname: child\ntransfer:\n  from: here:.venv\n"
+        "  to: 'far:/opt/<dir: CHANGE ME>/venv'\n")
+    r = compile_("specs/child.yaml", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[:2] == [
+        "specs/base.yaml:4:14: hosts.far.ssh: still the placeholder '<host: CHANGE ME>' of "
+        "compile --new: write this spec's value there",
+        "specs/child.yaml:5:7: transfer.to: still the placeholder '<dir: CHANGE ME>' of "
+        "compile --new: write this spec's value there"]
+
+
+@pytest.mark.parametrize("checks, said", [
+    ("checks: []\n", "checks is empty"),
+    ("checks:\n  - imports: [json]\n", "checks lists only imports"),
+    ("", "checks is empty"),
+])
+def test_a_gpu_that_no_check_runs_on_is_a_warning(project, checks, said):
+    """Issue 36: `checks: []` with `gpu:` compiled silently; now a warning on stderr at the input,
+    and the runbook is written (exit 0)."""
+    spec = project / "specs/one.yaml"
+    spec.write_text(GOOD.format(name="one") + "gpu: {model: H100}\n" + checks)
+    r = compile_("specs/one.yaml", cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert (project / "generated/one.sh").is_file()
+    line = 8 if checks else 7
+    where = f"specs/one.yaml:{line}:1: warning: {'checks' if checks else 'gpu'}: "
+    assert r.stderr.startswith(where + f"gpu: H100 is declared but {said}: nothing will prove "
+                               "the GPU"), r.stderr
+    spec.write_text(GOOD.format(name="one") + "gpu: {model: H100}\nchecks:\n  - devices: {}\n")
+    assert compile_("specs/one.yaml", cwd=project).stderr == ""

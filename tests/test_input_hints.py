@@ -410,3 +410,56 @@ def test_the_readme_lists_every_allowed_ssh_option():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert [name for name in sshopts.ALLOWED if name not in readme] == []
+
+
+# -- ssh_config: (issue 36) -----------------------------------------------------------------------
+
+
+def host_config(value: str, extra: str = "") -> str:
+    return f"name: o\n{HOSTS}{extra}".replace("{ssh: root@dst.example}",
+                                              f"{{ssh: team-dst, ssh_config: {value}}}")
+
+
+@pytest.mark.parametrize("value, why", [
+    ("ssh_config", "must be an absolute path or a ~/ path to a file (the runbook may run from"),
+    ("../team/ssh_config", "must be an absolute path or a ~/ path"),
+    ("/etc/rb/../ssh_config", "without `..`"),
+    ("/dev/stdin", "/dev/stdin is in /dev, a device, not an ssh config file"),
+    ("//proc/self/fd/0", "is in /proc"),
+    ('"~/.ssh/%h.conf"', "ssh's % tokens are not taken here"),
+    ('"-oProxyCommand=x"', "must be an absolute path"),
+])
+def test_an_ssh_config_path_is_refused_where_it_could_not_be_a_file_of_this_machine(
+        tmp_path, value, why):
+    lines = problems(tmp_path, host_config(value))
+    assert len(lines) == 1 and "hosts.dst.ssh_config: " in lines[0] and why in lines[0], lines
+
+
+def test_an_ssh_config_goes_to_every_ssh_of_its_host_as_dash_f(tmp_path):
+    from compiler import resolve
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(host_config('"~/.ssh//team.conf"'))
+    host = validate.validate(loader.load(str(spec))).hosts["dst"]
+    assert host.ssh_config == "~/.ssh/team.conf"
+    words = resolve.ssh_words(host)
+    assert words[words.index("-F") + 1] == '"${HOME}"/.ssh/team.conf'
+
+
+@pytest.mark.parametrize("extra, where, why", [
+    ("  route: direct\n", "transfer.route: direct: src reaches dst with its own ssh, which does not "
+     "read hosts.dst.ssh_config", ""),
+    ("  route: auto\n  direct: {ssh: root@dst.example, ssh_config: /etc/rb/ssh_config}\n",
+     "transfer.direct.ssh_config: the direct hop is the source host's own ssh", ""),
+])
+def test_the_direct_hop_does_not_read_this_machines_ssh_config(tmp_path, extra, where, why):
+    lines = problems(tmp_path, host_config("/etc/rb/ssh_config", extra))
+    assert len(lines) == 1 and where in lines[0], lines
+
+
+def test_a_local_host_takes_no_ssh_config(tmp_path):
+    text = f"name: o\n{HOSTS}".replace("{ssh: root@dst.example}",
+                                       "{local: true, ssh_config: /etc/rb/ssh_config}")
+    lines = problems(tmp_path, text)
+    assert len(lines) == 1 and "(port, identity_file, jump, options, ssh_config) need `ssh:`" in \
+        lines[0], lines

@@ -8,8 +8,9 @@ be changed only by U or root: a directory another user may write is refused, exc
 
     python -I -S -B KIT/rbrules/start.py rbrules.private [--make] [--what TEXT] [--fix TEXT] DIR
 
-checks DIR (with --make: creates what is missing first, the last directory 0700) and exits 2 with
-the refusal, naming the directory, its owner and mode, and the fix, when it is not private.
+checks DIR (with --make: creates what is missing first, the last directory 0700; with --file: DIR
+is a file whose content is obeyed, see why_not_private_file) and exits 2 with the refusal, naming
+the directory (or file), its owner and mode, and the fix, when it is not private.
 """
 
 from __future__ import annotations
@@ -131,6 +132,33 @@ def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = Fals
     return None
 
 
+def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
+    """None when `path` is a regular file that only `uid` (default: this process's effective user)
+    or root can change, nor any directory along it (first_not_private), else why not: for a file
+    whose content a program run by `uid` obeys (an ssh config: ProxyCommand, Match exec)."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        st = os.stat(path)
+        found = first_not_private(path, uid)
+        # the walk judges each directory, and each link, along the way; the file is judged below
+        if found is not None and stat.S_ISREG(os.lstat(found[0]).st_mode):
+            found = None
+    except OSError as exc:
+        return "%s: %s" % (exc.filename or path, exc.strerror)
+    if not stat.S_ISREG(st.st_mode):
+        return "%s is not a regular file" % path
+    if found is not None:
+        return found[1]
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (uid, 0):
+        return "the file %s is owned by %s, mode %04o: that user can change what it says" % (
+            path, owner(st), mode)
+    if mode & 0o022:   # a file's sticky bit protects nothing
+        return "the file %s is writable by %s (mode %04o)" % (
+            path, "others" if mode & 0o002 else "its group", mode)
+    return None
+
+
 def make_private(path: str) -> Optional[str]:
     """Create the directory `path` where it is missing (the directories above it 0755, itself
     0700, none through a link another user made: each is checked before the next is made), then
@@ -161,8 +189,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--make", action="store_true", help="create what is missing, the last 0700")
     p.add_argument("--what", default="the directory", help="what DIR is, for the refusal")
     p.add_argument("--fix", default="", help="what to do instead, for the refusal")
+    p.add_argument("--file", action="store_true",
+                   help="DIR is a file whose content is obeyed (why_not_private_file)")
     a = p.parse_args(argv)
-    why = make_private(a.dir) if a.make else why_not_private(a.dir)
+    why = why_not_private_file(a.dir) if a.file else make_private(a.dir) if a.make \
+        else why_not_private(a.dir)
     if why is None:
         return 0
     fix = (": " + a.fix) if a.fix else ""

@@ -234,7 +234,8 @@ rb::kit() {
 #######################################
 # The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
 # itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
-# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias).
+# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
+# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
 #######################################
 rb::known_hosts_of() {
   local key value name='' port=22 alias='' conf
@@ -250,7 +251,8 @@ rb::known_hosts_of() {
     esac
   done <<<"${conf}"
   RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
-  RB_KH_NAME=${alias:-${name:-${RB_HOST_TARGET#*@}}}
+  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}}
   if [[ -z "${alias}" && "${port}" != 22 ]]; then
     RB_KH_NAME="[${RB_KH_NAME}]:${port}"
   fi
@@ -263,7 +265,7 @@ rb::known_hosts_of() {
 # when ssh can make it: its folder exists, is this user's, and no one else can write it. A file
 # ssh can neither read nor write knows no key, and accept-new then takes any key on every
 # connection, a changed one too, without a word (issue 33 N5). Fails (rb::fail) naming the file,
-# the host and the fix.
+# the host and the fix. The spec's ssh config file first (rb::ssh_config_ready).
 #######################################
 rb::known_hosts_ready() {
   local host=$1 word key file dir mode fix accept_new=0 first=1
@@ -272,6 +274,7 @@ rb::known_hosts_ready() {
   if [[ -z "${RB_HOST_TARGET}" ]]; then
     return 0
   fi
+  rb::ssh_config_ready "${host}"
   for word in "${RB_HOST_SSH[@]}"; do
     if [[ "${word}" == StrictHostKeyChecking=accept-new ]]; then
       accept_new=1
@@ -361,14 +364,41 @@ rb::known_hosts_after() {
 # Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of).
 #######################################
 rb::host_key_hint() {
-  local port
-  "rb::host_$1"
-  port=$(rb::port_of -p) || true
+  local port=''
   rb::known_hosts_of "$1"
+  if [[ "${RB_KH_PORT}" != 22 ]]; then
+    port=" -p ${RB_KH_PORT}"
+  fi
   RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
-  RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then add it to"
-  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ${RB_KH_FILE}),"
+  RB_HINT+=" owner (ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -), then add it to"
+  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST} >> ${RB_KH_FILE}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
+}
+
+#######################################
+# Before HOST is reached over ssh: the ssh config file its spec names (hosts.HOST.ssh_config, in
+# RB_HOST_SSH after -F; compile refused /dev, /proc, /sys, `..` and relative paths) is a regular
+# file here that only this user or root can change, nor any directory above it (rbrules.private
+# --file): ssh runs the commands it names (ProxyCommand, Match exec, LocalCommand) on this machine
+# as this user, even `ssh -G`. Fails (rb::fail) naming the file, the host and the fix.
+#######################################
+rb::ssh_config_ready() {
+  local host=$1 i why me
+  "rb::host_${host}"
+  for ((i = 0; i + 1 < ${#RB_HOST_SSH[@]}; i++)); do
+    if [[ "${RB_HOST_SSH[i]}" != -F ]]; then
+      continue
+    fi
+    me=$(id -un)
+    rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
+    if ! why=$("${RB_KIT_ARGV[@]}" --file --what "hosts.${host}.ssh_config" \
+      --fix "make it ${me}'s and not writable by others, in folders no one else can write" \
+      -- "${RB_HOST_SSH[i + 1]}" 2>&1); then
+      RB_HOST=${host}
+      rb::fail "${why:-refusing hosts.${host}.ssh_config ${RB_HOST_SSH[i + 1]} (the check failed)}"
+      return 1
+    fi
+  done
 }
 
 #######################################
@@ -1255,17 +1285,13 @@ rb::cause() {
 }
 
 #######################################
-# ", port N" (or "-p N" with an argument) when the host's ssh words name a port.
+# ", port N" when the host's ssh words name a port.
 #######################################
 rb::port_of() {
   local i
   for ((i = 0; i < ${#RB_HOST_SSH[@]}; i++)); do
     if [[ "${RB_HOST_SSH[i]}" == -p ]]; then
-      if (($# > 0)); then
-        printf ' -p %s' "${RB_HOST_SSH[i + 1]}"
-      else
-        printf ', port %s' "${RB_HOST_SSH[i + 1]}"
-      fi
+      printf ', port %s' "${RB_HOST_SSH[i + 1]}"
       return 0
     fi
   done

@@ -1,0 +1,99 @@
+"""Issue 36 (Authoring): `ssh_config:` for any host, a file given to ssh as -F for every connection
+the runbook makes to it (control master, relay streams, the measurement, the failure diagnosis).
+Real sshd hosts (the lab): dst is reached only through an alias that the file defines (HostName,
+Port, User, IdentityFile, known_hosts: none of them in the spec), and the file is checked before
+ssh reads it (ssh runs what it says on this machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_relay import build, report, run, spec_text
+
+
+def team_config(lab, path: Path, *, extra: str = "") -> Path:
+    """A team's ssh config: dst as the alias `team-dst`, with its own connection sharing."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.write_text(
+        "Host team-dst\n"
+        f"  HostName {lab.host('dst').addr}\n"
+        "  Port 22\n"
+        "  User root\n"
+        f"  IdentityFile {lab.identity}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {lab.known_hosts}\n"
+        "  GlobalKnownHostsFile /dev/null\n"
+        # what a team's file often holds: the runbook's own sharing (given first) wins over it
+        "  ControlMaster auto\n"
+        f"  ControlPath {path.parent}/cm-%C\n"
+        "  ControlPersist 60\n" + extra)
+    path.chmod(0o600)
+    return path
+
+
+def aliased(lab, src: Path, dst: Path, config: Path) -> str:
+    """The relay spec with dst given as `ssh: team-dst` and the file, nothing else of ssh."""
+    text = spec_text(lab, src, dst)
+    dst_block = text[text.index("  dst:\n"):text.index("transfer:\n")]
+    return text.replace(dst_block, f"  dst:\n    ssh: team-dst\n    ssh_config: {config}\n")
+
+
+@pytest.mark.e2e
+def test_a_host_reached_only_through_an_alias_of_its_ssh_config_gets_a_whole_run(
+        clean_lab, payload_small, tmp_path):
+    lab = clean_lab
+    config = team_config(lab, tmp_path / "team" / "ssh_config")
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, aliased(lab, payload_small.venv, dst, config))
+    text = script.read_text()
+    assert f"-F {config}" in text and "team-dst" in text and lab.host("dst").addr not in text
+    r = run(tmp_path, script, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert report(tmp_path)["outcome"] == "ok"
+    assert (dst / "bin" / "python").exists() and (dst / "pyvenv.cfg").is_file()
+    # the runbook's connection sharing won over the file's: no master of the file's left behind
+    assert not list(config.parent.glob("cm-*"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("fault, said", [
+    ("missing", "No such file or directory"),
+    ("writable by its group", "is writable by its group (mode 0660); another user could"),
+    ("a folder others can write", "mode 0777: writable by group and others without the sticky bit"),
+])
+def test_an_ssh_config_another_user_could_change_is_refused_before_ssh_reads_it(
+        clean_lab, payload_small, tmp_path, fault, said):
+    lab = clean_lab
+    config = tmp_path / "team" / "ssh_config"
+    if fault != "missing":
+        team_config(lab, config)
+    if fault == "writable by its group":
+        config.chmod(0o660)
+    elif fault == "a folder others can write":
+        config.parent.chmod(0o777)
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, aliased(lab, payload_small.venv, dst, config))
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode != 0, r.stderr[-3000:]
+    line = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
+    assert "refusing hosts.dst.ssh_config" in line and said in line, r.stderr[-3000:]
+    assert not (tmp_path / "dst").exists()  # nothing reached dst
+
+
+@pytest.mark.e2e
+def test_an_unknown_host_key_behind_an_alias_gets_a_hint_with_the_address_and_file_ssh_used(
+        clean_lab, payload_small, tmp_path):
+    """The host-key hint resolves the alias as ssh does (ssh -F FILE -G): ssh-keyscan of the
+    address the file names, added to the known_hosts file the file names."""
+    lab = clean_lab
+    config = team_config(lab, tmp_path / "team" / "ssh_config")
+    empty = tmp_path / "team" / "known_hosts"
+    empty.write_text("")
+    config.write_text(config.read_text().replace(str(lab.known_hosts), str(empty)))
+    script = build(tmp_path, aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", config))
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert f"ssh-keyscan {lab.host('dst').addr} >> {empty}" in r.stderr, r.stderr[-3000:]
+    assert "ssh-keyscan team-dst" not in r.stderr
