@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 22fc1900b4919974238c21ace4eb62512f38d420407e525bd2141bd9646cd4bd
+# sha256 of this file with these 64 digits zeroed: 37577887f37f6f08859ce69b2cd6283f419e0abff8a32a6c1085dc02e5961009
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501
-readonly RB_KIT_FILE=.kit/9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501.tar
+readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
+readonly RB_KIT_FILE=.kit/f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 5f69134af338c17f398a9b39c550507316199f40494364cf2ead4448583e3e56
+# sha256 of this file with these 64 digits zeroed: fd709a1d968859585ab80b94a32eaead76c576762af6df28126ea0eea07f5c84
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501
-readonly RB_KIT_FILE=.kit/9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501.tar
+readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
+readonly RB_KIT_FILE=.kit/f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: cba40756f230612a92087e7aba5563d2bf75bb9a53fd2f22d3642280cc8e5a10
+# sha256 of this file with these 64 digits zeroed: d6409f9f24ec96a0ab23d7bcb64d031cae5cb2ff31bfcdaeb87c251f2f9d0fc8
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501
-readonly RB_KIT_FILE=.kit/9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501.tar
+readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
+readonly RB_KIT_FILE=.kit/f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: ca39d65fb1dfe2e0b788b783006f4e19522fd38d02a1b182348adcfac90670e0
+# sha256 of this file with these 64 digits zeroed: eeb7ebbfd4222159041e71572451e6cfc084d392642d02d2b9ef6b7cd79f9f1e
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501
-readonly RB_KIT_FILE=.kit/9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501.tar
+readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
+readonly RB_KIT_FILE=.kit/f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 29afb6131fd9f6526efa84fcc3fa64efadbc08b7f86fb6a2d4078a283620ef29
+# sha256 of this file with these 64 digits zeroed: 0ff9f1cd0caf16aa6ad473471769745b1d8bf3c5af6d04847d3dfeec94970aa0
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501
-readonly RB_KIT_FILE=.kit/9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501.tar
+readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
+readonly RB_KIT_FILE=.kit/f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from device/relay.yaml (sha256 fa827b236b81e8df00e47795077852cd2215ca1d2e225b844bc7cf3d9179f930) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile device/relay.yaml
-# sha256 of this file with these 64 digits zeroed: 16e4abe48b8535ce543e81e9d43c2d428787288915e8a458829f85483834231b
+# sha256 of this file with these 64 digits zeroed: c6e267af90b2712998cc32231575f6512c79367c0a63b31edbbb78c778eb8dfe
 # Relay the device's torch venv between two sshd on it, through itself (no checks).
 #
 # Usage: bash relay.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -37,7 +37,7 @@ readonly RB_SPEC=device/relay.yaml
 readonly RB_SPEC_SHA256=fa827b236b81e8df00e47795077852cd2215ca1d2e225b844bc7cf3d9179f930
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): embedded below (compile --standalone).
-readonly RB_KIT_SHA256=9ee8c4e8382dc047a5bf695176ce60663e925e74ad6b9360170f1a6854ca5501
+readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
 readonly RB_KIT_FILE=''
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
@@ -833,24 +833,26 @@ rb::sha256() {
 # is not the link); $3: a scratch path. Prints the rate; returns 1 when it could not be measured.
 #######################################
 rb::measure_link() {
-  local from=$1 to=$2 out=$3 bytes='' first='' last='' fd pid rc=0 i
-  rm -f "${out}.fifo"
-  mkfifo -m 600 "${out}.fifo"
+  local from=$1 to=$2 out=$3 bytes='' first='' last='' ready='' fd rfd pid rc=0
+  rm -f "${out}.in" "${out}.out"
+  mkfifo -m 600 "${out}.in" "${out}.out"
   # shellcheck disable=SC2016 # $(...) is the far side's
   rb::pipe_on_host "${to}" sh -c 'echo ready; dd bs=1 count=1 of=/dev/null 2>/dev/null
-a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' <"${out}.fifo" >"${out}" 2>&1 &
+a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' \
+    <"${out}.in" >"${out}.out" 2>/dev/null &
   pid=$!
-  exec {fd}>"${out}.fifo"
-  for ((i = 0; i < 500; i++)); do
-    [[ -s "${out}" ]] && break
-    sleep 0.01
-  done
-  rb::wide_pipe >&"${fd}"
-  # shellcheck disable=SC2016 # $? is the far side's
-  rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb 0.6 >&"${fd}" || rc=1
+  exec {fd}>"${out}.in" {rfd}<"${out}.out"
+  read -r -t 10 -u "${rfd}" ready || true
+  if [[ "${ready}" == ready ]]; then
+    rb::wide_pipe >&"${fd}"
+    # shellcheck disable=SC2016 # $? is the far side's
+    rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb 0.6 >&"${fd}" ||
+      rc=1
+  fi
   exec {fd}>&-
+  read -r -t 10 -u "${rfd}" bytes first last || true
+  exec {rfd}<&-
   wait "${pid}" || rc=1
-  { read -r _ && read -r bytes first last; } <"${out}" || true
   if ((rc)) || [[ ! "${bytes}${first}${last}" =~ ^[0-9]+$ ]] || ((last - first < 50000000)); then
     return 1
   fi

@@ -613,24 +613,26 @@ rb::sha256() {
 # is not the link); $3: a scratch path. Prints the rate; returns 1 when it could not be measured.
 #######################################
 rb::measure_link() {
-  local from=$1 to=$2 out=$3 bytes='' first='' last='' fd pid rc=0 i
-  rm -f "${out}.fifo"
-  mkfifo -m 600 "${out}.fifo"
+  local from=$1 to=$2 out=$3 bytes='' first='' last='' ready='' fd rfd pid rc=0
+  rm -f "${out}.in" "${out}.out"
+  mkfifo -m 600 "${out}.in" "${out}.out"
   # shellcheck disable=SC2016 # $(...) is the far side's
   rb::pipe_on_host "${to}" sh -c 'echo ready; dd bs=1 count=1 of=/dev/null 2>/dev/null
-a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' <"${out}.fifo" >"${out}" 2>&1 &
+a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' \
+    <"${out}.in" >"${out}.out" 2>/dev/null &
   pid=$!
-  exec {fd}>"${out}.fifo"
-  for ((i = 0; i < 500; i++)); do
-    [[ -s "${out}" ]] && break
-    sleep 0.01
-  done
-  rb::wide_pipe >&"${fd}"
-  # shellcheck disable=SC2016 # $? is the far side's
-  rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb 0.6 >&"${fd}" || rc=1
+  exec {fd}>"${out}.in" {rfd}<"${out}.out"
+  read -r -t 10 -u "${rfd}" ready || true
+  if [[ "${ready}" == ready ]]; then
+    rb::wide_pipe >&"${fd}"
+    # shellcheck disable=SC2016 # $? is the far side's
+    rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb 0.6 >&"${fd}" ||
+      rc=1
+  fi
   exec {fd}>&-
+  read -r -t 10 -u "${rfd}" bytes first last || true
+  exec {rfd}<&-
   wait "${pid}" || rc=1
-  { read -r _ && read -r bytes first last; } <"${out}" || true
   if ((rc)) || [[ ! "${bytes}${first}${last}" =~ ^[0-9]+$ ]] || ((last - first < 50000000)); then
     return 1
   fi
