@@ -85,7 +85,9 @@ ssh -V 2>/dev/null || { log "ssh does not start: $(ssh -V 2>&1 | tail -n 1)"; ex
 log "ssh: $(ssh -V 2>&1); lz4: $(command -v lz4 || echo none); zstd: $(command -v zstd || echo none)"
 
 # ---------------------------------------------------------------- two sshd and the keys
-id sshd >/dev/null 2>&1 || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd
+# sshd's privilege separation user (useradd, else a line of our own in /etc/passwd)
+id sshd >/dev/null 2>&1 || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd ||
+  echo 'sshd:x:64999:65534::/run/sshd:/usr/sbin/nologin' >>/etc/passwd
 mkdir -p /run/sshd
 chmod 755 /run/sshd
 ssh-keygen -q -t ed25519 -N '' -f "${top}/id"
