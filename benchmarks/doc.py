@@ -297,11 +297,12 @@ under load); the measurement still runs after the scan ends (0.6 s of zeros, the
 on the source, a walk and 16 MiB packed and unpacked by each tool, one after the other); (2) the
 receiving end's sha256 of every byte in a Python stage the whole tar stream passes through, on
 the same 2 cores as both sshd, the ssh clients, both tars and the compressors; the hand pipeline
-spends none of that; (3) verify, relocate, swap and exports: 0.5 s. After these runs (commit
-b36367b measured), the compressors are measured on the source while the link is (their rates are
-CPU seconds, which the link's zeros do not disturb) and the choice is taken here (`rbkit measure
---figures`): not timed yet. What is left: time these rows on an idle machine (2-3 rounds, load <
-1.5), and the receiving end's hashing stage.
+spends none of that; (3) verify, relocate, swap and exports: 0.5 s. Tried and left out:
+measuring the compressors on the source while the link is measured (their rates are CPU seconds,
+which the zeros do not disturb) saves their time, but on one kernel they take the CPUs the link's
+ssh ciphers need: the 200 Mbit/s link (25 MB/s) then measured 9 MB/s (10-30 MB/s measured one
+after the other, tests/e2e/test_compression_measured.py). What is left: time these rows on an
+idle machine (2-3 rounds, load < 1.5), and the receiving end's hashing stage.
 
 ### Device: the relay (benchmarks/device_relay.sh)
 
