@@ -199,16 +199,31 @@ TARGETS = (
     ("re-run after one small file changed ÷ rsync's incremental two hops", "rerun.runbook.one",
      "rerun.rsync.one", 1.0, "max"),
 )
+# The targets of issue 37 (the relay at the speed of the link), by the run's link shaping: the
+# whole verified move against the hand pipelines over the same link, and auto against none.
+RELAY_TARGETS = {
+    "1gbit": (("whole runbook (auto) ÷ the seed's one-liner: 1.5x faster", "runbook.relay.auto",
+               "peer.seed", 0.667, "max"),
+              ("whole runbook (auto) ÷ hand aes128-gcm + lz4 -1", "runbook.relay.auto",
+               "peer.seed.aes.lz4", 1.15, "max")),
+    "200mbit": (("whole runbook (auto) ÷ whole runbook (none): the choice beats none",
+                 "runbook.relay.auto", "runbook.relay.none", 1.0, "max"),),
+    "": (("whole runbook (auto) ÷ whole runbook (none): not 5% slower", "runbook.relay.auto",
+          "runbook.relay.none", 1.05, "max"),),
+}
 COMPILE_TARGETS = (("compile one spec (specs/b300.yaml, lint cache warm), s", "compile.b300.warm", 0.3),
                    ("compile all specs (specs/, lint cache warm), s", "compile.all.warm", 1.0))
 
 
 def targets_table(result: dict) -> str:
-    """Each target of issue #17 with this run's ratio (medians) and whether it is met."""
+    """Each target of issue #17, and of issue 37 for the run's link shaping, with this run's
+    ratio (medians) and whether it is met."""
     recs = index(result)
-    out = ["| target (issue #17) | ours s | against s | ratio | target | met? |",
+    out = ["| target | ours s | against s | ratio | target | met? |",
            "|---|---:|---:|---:|---:|---|"]
-    for what, mine, theirs, goal, how in TARGETS:
+    relay = RELAY_TARGETS.get((result.get("shape") or "").split(",")[0], ())
+    for what, mine, theirs, goal, how in (*((f"(issue #17) {t[0]}",) + t[1:] for t in TARGETS),
+                                          *((f"(issue 37) {t[0]}",) + t[1:] for t in relay)):
         a, b = _med(recs, mine), _med(recs, theirs)
         if a is None or b is None or b <= 0:
             continue
@@ -423,7 +438,7 @@ def render_result(result: dict) -> str:
                      f"stream.")
     targets = targets_table(result)
     if targets:
-        lines += ["", "#### The targets (issue #17), ratios of this run's medians", "", targets]
+        lines += ["", "#### The targets (issues #17 and 37), ratios of this run's medians", "", targets]
     lines += ["", main_table(result), "#### Our runbook, step by step (from its report.json)", "",
               steps_table(result), "#### What this run shows", ""]
     lines += [f"- {s}" for s in findings(result)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 307844b7adbfe6696b4189fd299920f07f6175e37ab6ce33701dbbaf7b616a9d
+# sha256 of this file with these 64 digits zeroed: 16fe1cecb28b17c6f257887b582370e1b5ae4971930844bc6afe801aee256cec
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360
-readonly RB_KIT_FILE=.kit/977665927cc80327400bbfac684ef368efb85b4270807b170f68d79d2532f360.tar
+readonly RB_KIT_SHA256=6715e1e691ed9def33e22bfeee742a630bf5fe0846e948685078f32718003dcc
+readonly RB_KIT_FILE=.kit/6715e1e691ed9def33e22bfeee742a630bf5fe0846e948685078f32718003dcc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -415,6 +415,8 @@ step_preflight() {
   # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
+  # compression: auto on the relay: measured meanwhile, beside the scan (unless a re-run)
+  rb::measure_start "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
@@ -431,26 +433,39 @@ step_preflight() {
   rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}
   RB_STAGING=${RB_J[staging]}
+  if ((RB_MEASURING)) && ! rb::measure_finish; then
+    rb::compression_fallback
+  fi
   RB_STEP_DETAIL="route ${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
 }
 
 #######################################
 # Decide the stream's compression: with auto, on the relay by measurement (the link's rate
-# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
-# the direct route, none when every machine the stream passes through runs one kernel (the same
-# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
-# the spec and what both ends have (rb::choose_compression).
+# against each compressor on the tree), started later beside the scan (rb::measure_start) and
+# taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
 #######################################
 rb::preflight_compression() {
-  local boot through=''
+  RB_MEASURING=0
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
     return 0
   fi
-  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]]; then
+    RB_MEASURING=1
     return 0
   fi
+  rb::compression_fallback
+}
+
+#######################################
+# Where the measurement cannot run, and on the direct route: with auto, none when every machine
+# the stream passes through runs one kernel (the same boot id: one host's namespaces or
+# containers: no link to save, only CPU to spend); else from the spec and what both ends have
+# (rb::choose_compression).
+#######################################
+rb::compression_fallback() {
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then

@@ -137,3 +137,46 @@ def test_a_failed_stream_is_named_and_the_others_are_stopped_or_done(ends, capsy
 def test_the_relays_stream_count_is_the_other_routes_rule():
     assert relay.stream.stream_count is stream.stream_count
     assert [stream.stream_count(j) for j in (1, 3, 4, 16, 64)] == [1, 1, 2, 8, 8]
+
+
+# ------------------------------------------------------------ the compression choice (measure.py)
+# figures as `rbkit measure` reported them on the lab's torch venv (2 cores, one kernel):
+# bytes per CPU second packing and unpacking, and the ratio
+LAB = {"lz4": {"rate": 390_000_000, "cpu_rate": 390_000_000, "unpack_cpu_rate": 820_000_000,
+               "ratio": 2.23},
+       "zstd": {"rate": 280_000_000, "cpu_rate": 280_000_000, "unpack_cpu_rate": 670_000_000,
+                "ratio": 3.0}}
+
+
+@pytest.mark.parametrize("link,want", [(350_000_000, "none"),     # the lab's unlimited link
+                                       (112_000_000, "lz4"),      # 1 Gbit/s
+                                       (24_000_000, "zstd")])     # 200 Mbit/s
+def test_one_kernel_choice_counts_the_unpacking_and_the_cpu_the_tools_take(link, want):
+    """On one kernel the stages take turns on the CPUs: the link's time for the packed bytes plus
+    the CPU time packing and unpacking them. At 1 Gbit/s lz4 (the packing and unpacking cheaper)
+    beats zstd's better ratio; the serial model without the unpacking took zstd (8.32 s, against
+    the hand lz4 pipeline's 4.38 s)."""
+    from rbkit import measure
+    choice, why = measure.choose(link, LAB, shared=True)
+    assert choice == want, why
+    assert why.startswith("link %d MB/s (one kernel" % round(link / 1e6)), why
+    assert "lz4 390 MB/s on this tree (ratio 2.2, unpacked at 820 MB/s)" in why, why
+    assert why.endswith(": " + want) or why.endswith(
+        ": none, the link is as fast as any compressor"), why
+
+
+def test_machines_of_their_own_take_the_slowest_stage_and_count_the_streams():
+    """Separate machines: the slowest of link x ratio, the packers (one a stream) and the
+    unpackers; a fast link with one lz4 of 390 MB/s is none, with four streams (four packers) lz4."""
+    from rbkit import measure
+    one = {"lz4": dict(LAB["lz4"])}
+    assert measure.choose(1_000_000_000, one, streams=1)[0] == "none"
+    assert measure.choose(1_000_000_000, one, streams=4)[0] == "lz4"
+    assert measure.through(100_000_000, one["lz4"], False, 4) == pytest.approx(223_000_000)
+
+
+def test_a_tool_that_failed_is_said_and_not_chosen():
+    from rbkit import measure
+    choice, why = measure.choose(24_000_000, {"zstd": {"error": "zstd is not installed here"},
+                                              "lz4": LAB["lz4"]}, shared=True)
+    assert choice == "lz4" and "zstd: zstd is not installed here" in why, why

@@ -20,6 +20,8 @@ import os
 import sys
 import tempfile
 
+from rbrules import common
+
 from . import report
 
 
@@ -115,7 +117,8 @@ def cmd_measure(a) -> int:
     if a.link is None:
         _print(doc)
     else:
-        print("\n".join(measure.main_lines(doc, a.link, a.shared_cpu)))
+        jobs = (os.cpu_count() or 1) if a.jobs == "auto" else int(a.jobs)
+        print("\n".join(measure.main_lines(doc, a.link, a.shared_cpu, jobs)))
     return 0
 
 
@@ -153,11 +156,12 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("root")
     ms.add_argument("--tool", action="append", default=[])
     ms.add_argument("--exclude", action="append", default=[])
-    ms.add_argument("--bytes", type=int, default=32 << 20)
+    ms.add_argument("--bytes", type=int, default=common.MEASURE_SAMPLE)
     ms.add_argument("--seconds", type=float, default=5.0)
     ms.add_argument("--link", type=int, help="the link's rate (bytes/s): print the choice")
     ms.add_argument("--shared-cpu", action="store_true",
                     help="the compressor and the link share CPUs (one kernel)")
+    ms.add_argument("--jobs", default="1", help="the run's jobs (auto: the cores): its streams")
     ms.set_defaults(fn=cmd_measure)
     rp = sub.add_parser("report")
     rp.add_argument("--name", required=True)

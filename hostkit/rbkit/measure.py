@@ -1,15 +1,17 @@
 """How fast each compressor packs this tree, on the host that will pack it (`compression: auto`).
 
     rbkit measure ROOT --tool lz4 --tool zstd [--exclude PAT]... [--bytes N] [--seconds S]
+                       [--link RATE [--shared-cpu] [--jobs J]]
 
 reads a sample of the tree's files (spread over the whole tree by size: every file's chance is its
-bytes, at most 1 MiB of each, N bytes in all, 32 MiB by default) into memory, packs it with each
-tool exactly as the stream packs (rbrules.common.COMPRESSION's `pack` words: `zstd -1 -T0` uses every core,
-as the stream's does), and prints one JSON line: the sample's size, and per tool the rate it read
-the sample at (bytes a second) and the ratio (sample bytes / packed bytes). A tool that is missing
-or fails is said with its reason, never measured. Bounded: the walk stops after 200,000 entries,
-each tool after S seconds (default 5). The runbook compares these with the link's own rate
-(rb::measure_link) and takes the fastest way through (rb::measured_compression).
+bytes, at most 1 MiB of each, N bytes in all, rbrules.common.MEASURE_SAMPLE by default) into
+memory, packs it with each tool exactly as the stream packs (rbrules.common.COMPRESSION's `pack`
+words: `zstd -1 -T0` uses every core, as the stream's does) and unpacks what it packed, and prints one JSON line: the sample's size, and
+per tool the rate it read the sample at (bytes a second, wall), the bytes per CPU second packing
+and unpacking (the child's rusage: what the tool takes from CPUs it shares) and the ratio (sample
+bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
+Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
+--link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Tuple
 
-from rbrules.common import COMPRESSION, MEASURE_SAMPLE
+from rbrules.common import COMPRESSION, MEASURE_SAMPLE, stream_count
 
 MAX_ENTRIES = 200_000
 PER_FILE = 1 << 20
@@ -84,30 +86,44 @@ def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE) -> bytes:
     return b"".join(parts)
 
 
-def _pack(words: List[str], data: bytes, seconds: float) -> Tuple[float, Any]:
+def _run(words: List[str], data: bytes, seconds: float) -> Tuple[float, float, Any]:
+    """(wall seconds, CPU seconds of the child, the run) of `words` reading `data`."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     done = subprocess.run(words, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           timeout=seconds, check=False, cwd="/")
-    return time.monotonic() - start, done
+    took = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return took, cpu, done
 
 
 def rate(tool: str, data: bytes, seconds: float) -> Dict[str, Any]:
-    """{"rate": bytes/s read, "ratio": in/out} of `tool` packing `data`, or {"error": why}. The
-    tool's own start (timed on one byte first) is not counted: the stream starts it once."""
+    """{"rate": bytes/s read (wall), "cpu_rate": bytes per CPU second packing, "unpack_cpu_rate":
+    bytes (unpacked) per CPU second unpacking, "ratio": in/out} of `tool` on `data`, or
+    {"error": why}. The tool's own start (timed on one byte first) is not counted: the stream
+    starts it once."""
     words = COMPRESSION[tool]["pack"]
     if shutil.which(words[0]) is None:
         return {"error": "%s is not installed here" % words[0]}
     try:
-        start_s, _ = _pack(words, b"\0", seconds)
-        took, done = _pack(words, data, seconds)
+        start_s, start_cpu, _ = _run(words, b"\0", seconds)
+        took, cpu, done = _run(words, data, seconds)
+        if done.returncode == 0 and done.stdout:
+            _s, un_cpu, undone = _run(COMPRESSION[tool]["unpack"], done.stdout, seconds)
     except subprocess.TimeoutExpired:
         return {"error": "%s took more than %ss for %d bytes" % (words[0], seconds, len(data))}
     took = max(took - start_s, 1e-3)
     if done.returncode != 0 or not done.stdout:
         return {"error": "%s exited %d: %s" % (words[0], done.returncode,
                                                done.stderr.decode("utf-8", "replace")[-200:])}
-    return {"rate": int(len(data) / took), "ratio": round(len(data) / len(done.stdout), 3),
-            "seconds": round(took, 4)}
+    cpu = max(cpu - start_cpu, 1e-3)
+    out = {"rate": int(len(data) / took), "cpu_rate": int(len(data) / cpu),
+           "ratio": round(len(data) / len(done.stdout), 3), "seconds": round(took, 4)}
+    if undone.returncode == 0 and len(undone.stdout) == len(data):
+        out["unpack_cpu_rate"] = int(len(data) / max(un_cpu - start_cpu, 1e-3))
+    return out
 
 
 MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
@@ -118,27 +134,44 @@ def mb(rate: float) -> str:
     return "%d MB/s" % round(rate / 1e6)
 
 
-def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False) -> Tuple[str, str]:
+def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1) -> float:
+    """Bytes of the tree a second that `m` (a tool's figures) moves over a link of `link` bytes a
+    second. Machines of their own (the stages side by side): the slowest of the link (its bytes
+    are the tree's over the ratio), the packing on the source (one packer a stream) and the
+    unpacking on the destination. One kernel (every machine of the stream on the same CPUs: the
+    link's rate was measured with the ssh ciphers taking those CPUs): the stages take turns, the
+    link's time for the packed bytes plus the CPU time packing and unpacking them."""
+    moved = link * float(m["ratio"])
+    pack = float(m.get("cpu_rate") or m["rate"])
+    unpack = float(m.get("unpack_cpu_rate") or 0)
+    if shared:
+        return 1.0 / (1.0 / moved + 1.0 / pack + (1.0 / unpack if unpack else 0.0))
+    rates = [moved, float(m["rate"]) * max(1, streams)] + ([unpack * streams] if unpack else [])
+    return min(rates)
+
+
+def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
+           streams: int = 1) -> Tuple[str, str]:
     """(the compression to use, the reason in words) for a link of `link` bytes a second and the
-    measured tools: each moves min(its own rate, link x its ratio) of the tree's bytes a second
-    where the compressor and the link's ends have CPUs of their own (the stages run side by side);
-    with `shared` (every machine of the stream runs one kernel: they take turns on the same CPUs)
-    1 / (1/its rate + 1/(link x ratio)). The fastest, when it beats none by MARGIN, else none."""
+    measured tools (rbkit measure's figures; `through` says how fast each moves the tree), in
+    `streams` streams side by side. The fastest, when it beats none by MARGIN, else none."""
     best, best_rate, said = "none", float(link), []
     for tool, m in tools.items():
         if "rate" not in m:
             said.append("%s: %s" % (tool, m.get("error", "not measured")))
             continue
-        rate_, moved = float(m["rate"]), link * float(m["ratio"])
-        through = 1.0 / (1.0 / rate_ + 1.0 / moved) if shared else min(rate_, moved)
-        said.append("%s %s on this tree (ratio %.1f): %s through" % (
-            tool, mb(m["rate"]), m["ratio"], mb(through)))
-        if through > best_rate * (MARGIN if best == "none" else 1.0):
-            best, best_rate = tool, through
-    why = "link %s%s; %s" % (mb(link), " (one kernel: the compressor shares its CPUs)" if shared
-                              else "", "; ".join(said) if said else "no compressor to try")
+        rate_ = through(link, m, shared, streams)
+        said.append("%s %s on this tree (ratio %.1f%s): %s through" % (
+            tool, mb(m.get("cpu_rate") or m["rate"]), m["ratio"],
+            ", unpacked at %s" % mb(m["unpack_cpu_rate"]) if m.get("unpack_cpu_rate") else "",
+            mb(rate_)))
+        if rate_ > best_rate * (MARGIN if best == "none" else 1.0):
+            best, best_rate = tool, rate_
+    why = "link %s%s; %s: %s" % (
+        mb(link), " (one kernel: the compressor shares its CPUs)" if shared else "",
+        "; ".join(said) if said else "no compressor to try", best)
     if best == "none":
-        why += ": none, the link is as fast as any compressor"
+        why += ", the link is as fast as any compressor"
     return best, why
 
 
@@ -159,7 +192,7 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
     return doc
 
 
-def main_lines(doc: Dict[str, Any], link: int, shared: bool = False) -> List[str]:
+def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1) -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
     figures as one `json` line (tab-separated)."""
     import json
@@ -169,6 +202,6 @@ def main_lines(doc: Dict[str, Any], link: int, shared: bool = False) -> List[str
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
     else:
-        choice, why = choose(link, doc["tools"], shared)
+        choice, why = choose(link, doc["tools"], shared, stream_count(jobs))
     doc = dict(doc, link_rate=link, choice=choice)
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]

@@ -39,7 +39,7 @@ def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
 # compression auto on the relay measures the link (zeros through this machine for LINK_SECONDS,
 # a word for `timeout`) against each compressor packing MEASURE_SAMPLE bytes of the source
 LINK_SECONDS = "0.6"
-MEASURE_SAMPLE = 32 << 20
+MEASURE_SAMPLE = 16 << 20
 
 # tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
 # default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU

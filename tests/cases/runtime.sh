@@ -638,57 +638,105 @@ rb::sha256() {
 
 #######################################
 # The relay's own rate, bytes a second: zeros streamed for 0.6 s from $1
-# through this machine to $2 over the run's ssh connections (the ones the stream will use, with
-# its cipher), counted on $2. Prints the rate; returns 1 when it could not be measured.
+# through this machine (a 1 MiB pipe, as the stream's) to $2 over the run's ssh connections (the
+# ones the stream will use, with its cipher), counted and timed on $2 from the first byte to the last. The receiving
+# end is started first and says `ready` before the sending end starts (a session that starts late
+# is not the link); $3: a scratch path. Prints the rate; returns 1 when it could not be measured.
 #######################################
 rb::measure_link() {
-  local from=$1 to=$2 start bytes=0 took
-  local -a codes=(0 0)
-  rb::now
-  start=${RB_NOW}
-  # shellcheck disable=SC2016 # $? is the far side's
-  rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb \
-    0.6 | rb::pipe_on_host "${to}" wc -c >"${RB_WORK}/link-bytes" 2>&1 ||
-    codes=("${PIPESTATUS[@]}")
-  rb::now
-  took=$((RB_NOW - start))
-  read -r bytes <"${RB_WORK}/link-bytes" || bytes=0
-  if [[ "${codes[*]}" != "0 0" || ! "${bytes}" =~ ^[0-9]+$ ]] || ((bytes == 0 || took <= 0)); then
+  local from=$1 to=$2 out=$3 bytes='' first='' last='' ready='' fd rfd pid rc=0
+  rm -f "${out}.in" "${out}.out"
+  mkfifo -m 600 "${out}.in" "${out}.out"
+  # shellcheck disable=SC2016 # $(...) is the far side's
+  rb::pipe_on_host "${to}" sh -c 'echo ready; dd bs=1 count=1 of=/dev/null 2>/dev/null
+a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' \
+    <"${out}.in" >"${out}.out" 2>/dev/null &
+  pid=$!
+  exec {fd}>"${out}.in" {rfd}<"${out}.out"
+  read -r -t 10 -u "${rfd}" ready || true
+  if [[ "${ready}" == ready ]]; then
+    rb::wide_pipe >&"${fd}"
+    # shellcheck disable=SC2016 # $? is the far side's
+    rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb \
+      0.6 >&"${fd}" || rc=1
+  fi
+  exec {fd}>&-
+  read -r -t 10 -u "${rfd}" bytes first last || true
+  exec {rfd}<&-
+  wait "${pid}" || rc=1
+  if ((rc)) || [[ ! "${bytes}${first}${last}" =~ ^[0-9]+$ ]] || ((last - first < 50000000)); then
     return 1
   fi
-  printf '%s\n' "$((bytes * 1000 / took))"
+  printf '%s\n' "$((bytes * 1000 / ((last - first) / 1000000)))"
 }
 
 #######################################
-# compression: auto on the relay: the link's rate (rb::measure_link) against each compressor
-# both ends have, packing a sample of the source tree on the source (rbkit measure): the fastest
-# way through, logged with the figures. Returns 1 (the caller falls back to the fixed order)
-# when either could not be measured, saying why.
+# compression: auto on the relay, measured beside the source's scan: started (in the background)
+# once the destination's engine answered, unless that destination holds an install ($1, its
+# source stat fingerprint: a re-run sends what changed, if anything; the fixed order then). The
+# link's rate (rb::measure_link), then each compressor both ends have packing a sample of the
+# source tree on the source (rbkit measure, which also takes the choice) into RB_WORK/measure.out.
 #######################################
-rb::measured_compression() {
-  local link tool out key value choice='' why=''
-  local -a tools=() args=()
+rb::measure_start() {
+  local tool
+  RB_MEASURE_ARGS=()
+  RB_MEASURE_PID=''
+  RB_MEASURE_SKIP=''
+  if [[ "${RB_MEASURING:-0}" != 1 ]]; then
+    return 0
+  fi
   for tool in "${RB_AUTO_COMPRESSION[@]}"; do
     if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${tool},"* &&
       ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${tool},"* ]]; then
-      tools+=("${tool}")
-      args+=(--tool "${tool}")
+      RB_MEASURE_ARGS+=(--tool "${tool}")
     fi
   done
-  if ((${#tools[@]} == 0)); then
+  if [[ -n "$1" ]]; then
+    RB_MEASURE_SKIP="not measured: ${RB_DST_HOST} holds an install (a re-run sends what changed)"
+    return 0
+  fi
+  if ((${#RB_MEASURE_ARGS[@]} == 0)); then
+    return 0
+  fi
+  if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
+    RB_MEASURE_ARGS+=(--shared-cpu)
+  fi
+  rb::measure_run >"${RB_WORK}/measure.out" 2>"${RB_WORK}/measure.err" &
+  RB_MEASURE_PID=$!
+  RB_BG_PIDS+=("${RB_MEASURE_PID}")
+}
+
+#######################################
+# The background job of rb::measure_start (RB_WORK empty: it records no command of its own).
+#######################################
+rb::measure_run() {
+  local link out=${RB_WORK}/measure.link
+  RB_WORK=''
+  if ! link=$(rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}"); then
+    printf 'error\t%s\n' "the link's rate could not be measured (timeout, dd or wc missing on an end?)"
+    return 0
+  fi
+  rb::kit "${RB_SRC_HOST}" measure "${RB_SRC_ABS}" "${RB_MEASURE_ARGS[@]}" \
+    "${RB_EXCLUDE_ARGS[@]}" --link "${link}" --jobs "${RB_JOBS}" || true
+}
+
+#######################################
+# The measurement's answer (rb::measure_start's job, waited for): RB_COMPRESSION_USED and its
+# figures logged. Returns 1 (the caller falls back to the fixed order) when it did not run or
+# could not measure, saying why.
+#######################################
+rb::measure_finish() {
+  local key value choice='' why=''
+  if [[ -n "${RB_MEASURE_SKIP}" ]]; then
+    rb::log "compression: ${RB_MEASURE_SKIP}"
+    return 1
+  fi
+  if [[ -z "${RB_MEASURE_PID}" ]]; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (no compressor of ${RB_AUTO_COMPRESSION[*]} on both ends)"
     return 0
   fi
-  if ! link=$(rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}"); then
-    rb::log "compression: the link's rate could not be measured (timeout or wc missing on an end?)"
-    return 1
-  fi
-  if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
-    args+=(--shared-cpu)
-  fi
-  out=$(rb::kit "${RB_SRC_HOST}" measure "${RB_SRC_ABS}" "${args[@]}" "${RB_EXCLUDE_ARGS[@]}" \
-    --link "${link}") || true
+  wait "${RB_MEASURE_PID}" || true
   while IFS=$'\t' read -r key value; do
     case "${key}" in
       choice) choice=${value} ;;
@@ -697,9 +745,9 @@ rb::measured_compression() {
       error) why=${value} ;;
       *) ;;
     esac
-  done <<<"${out}"
+  done <"${RB_WORK}/measure.out"
   if [[ -z "${choice}" ]]; then
-    rb::log "compression: the compressors could not be measured on ${RB_SRC_HOST} (${why:-no answer})"
+    rb::log "compression: not measured on ${RB_SRC_HOST} (${why:-no answer})"
     return 1
   fi
   RB_COMPRESSION_USED=${choice}

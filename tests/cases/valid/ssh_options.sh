@@ -418,6 +418,8 @@ step_preflight() {
   # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
+  # compression: auto on the relay: measured meanwhile, beside the scan (unless a re-run)
+  rb::measure_start "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
@@ -434,26 +436,39 @@ step_preflight() {
   rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}
   RB_STAGING=${RB_J[staging]}
+  if ((RB_MEASURING)) && ! rb::measure_finish; then
+    rb::compression_fallback
+  fi
   RB_STEP_DETAIL="route ${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
 }
 
 #######################################
 # Decide the stream's compression: with auto, on the relay by measurement (the link's rate
-# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
-# the direct route, none when every machine the stream passes through runs one kernel (the same
-# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
-# the spec and what both ends have (rb::choose_compression).
+# against each compressor on the tree), started later beside the scan (rb::measure_start) and
+# taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
 #######################################
 rb::preflight_compression() {
-  local boot through=''
+  RB_MEASURING=0
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
     return 0
   fi
-  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]]; then
+    RB_MEASURING=1
     return 0
   fi
+  rb::compression_fallback
+}
+
+#######################################
+# Where the measurement cannot run, and on the direct route: with auto, none when every machine
+# the stream passes through runs one kernel (the same boot id: one host's namespaces or
+# containers: no link to save, only CPU to spend); else from the spec and what both ends have
+# (rb::choose_compression).
+#######################################
+rb::compression_fallback() {
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then

@@ -96,13 +96,13 @@ on src: rbkit engine scan /opt/venv (refused unless pyvenv.cfg, bin/python and f
 on dst: rbkit engine serve --dest /opt/venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
 on dst: engine preflight: on_existing backup; free space for /opt/.venv.rb-staging
 on src: rbprobes outside /opt/venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
+compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 16 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on src: rbkit engine hash /opt/venv --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/safety/manifest.jsonl; send it to dst
 on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the install
 on dst: engine stage: if it differs, link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest'
   [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
-on src: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on src: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 16 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on dst: <decompress> | tar -C /opt/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -419,6 +419,8 @@ step_preflight() {
   # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
+  # compression: auto on the relay: measured meanwhile, beside the scan (unless a re-run)
+  rb::measure_start "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
@@ -435,26 +437,39 @@ step_preflight() {
   rb::engine preflight "need=${need}" "source_identity=${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}
   RB_STAGING=${RB_J[staging]}
+  if ((RB_MEASURING)) && ! rb::measure_finish; then
+    rb::compression_fallback
+  fi
   RB_STEP_DETAIL="route ${RB_ROUTE_USED}, compression ${RB_COMPRESSION_USED}"
 }
 
 #######################################
 # Decide the stream's compression: with auto, on the relay by measurement (the link's rate
-# against each compressor on the tree: rb::measured_compression); where that cannot run, and on
-# the direct route, none when every machine the stream passes through runs one kernel (the same
-# boot id: one host's namespaces or containers: no link to save, only CPU to spend); else from
-# the spec and what both ends have (rb::choose_compression).
+# against each compressor on the tree), started later beside the scan (rb::measure_start) and
+# taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
 #######################################
 rb::preflight_compression() {
-  local boot through=''
+  RB_MEASURING=0
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
     rb::log "compression: none (both ends are this machine: no link to save)"
     return 0
   fi
-  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]] && rb::measured_compression; then
+  if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]]; then
+    RB_MEASURING=1
     return 0
   fi
+  rb::compression_fallback
+}
+
+#######################################
+# Where the measurement cannot run, and on the direct route: with auto, none when every machine
+# the stream passes through runs one kernel (the same boot id: one host's namespaces or
+# containers: no link to save, only CPU to spend); else from the spec and what both ends have
+# (rb::choose_compression).
+#######################################
+rb::compression_fallback() {
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The relay on the device host (issue 37), all rows in one call, from the repository root:
+#   bash benchmarks/device_relay.sh [RUNBOOK]        (default benchmarks/device/relay.sh)
+# with benchmarks/device/debs/ carried (openssh, lz4, zstd, pv and their libraries, downloaded
+# here with apt-get download: see docs/benchmarks.md "Device: the relay"). The device has no
+# ssh, sshd, lz4, zstd or pv: each .deb is unpacked into one prefix (dpkg-deb -x), each tool
+# missing from PATH gets a wrapper there (its libraries from the prefix, only for it), and two
+# sshd listen on 127.0.0.2:2222 (host a, the source) and 127.0.0.3:2222 (host b, the
+# destination), each with its own config, host key and log; the runbook runs on the device itself,
+# the relay's "this machine". Rows, ROUNDS rounds (3) alternating, medians: the null relay in one
+# stream (aes128-gcm) and in N (8) streams, the seed's one-liner, the hand aes128-gcm + lz4 -1
+# pipeline, the runbook cold (destination removed) and its re-run. A table on stdout, JSON and
+# the runbook's logs and report.json in $OUT (or ./device-relay-out).
+# Environment: SRC (/opt/torch/.venv) and DST (/opt/rb-relay/.venv) as compiled into RUNBOOK;
+# TMPFS=0 leaves DST's parent as it is (else a tmpfs is mounted there); FORCE_PREFIX=1 uses the
+# prefix's tools even where the machine has its own (to test the device's path elsewhere);
+# DEADLINE (s, 450): no row starts after it. Everything lives under /tmp/rb-device; the sshd
+# are stopped at exit.
+set -Eeuo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+runbook=$(realpath "${1:-${here}/device/relay.sh}")
+src=${SRC:-/opt/torch/.venv}
+dst=${DST:-/opt/rb-relay/.venv}
+rounds=${ROUNDS:-3}
+streams=${STREAMS:-8}
+deadline=${DEADLINE:-450}
+out=${OUT:-${PWD}/device-relay-out}
+top=/tmp/rb-device
+prefix=${top}/prefix
+bin=${top}/bin
+AES=aes128-gcm@openssh.com
+mkdir -p "${out}"
+log() { printf '%(%H:%M:%S)T %s\n' -1 "$*" >&2; }
+t0=${SECONDS}
+
+stop_sshd() {
+  local h pid
+  for h in a b; do
+    if [[ -s "${top}/${h}/sshd.pid" ]]; then
+      read -r pid <"${top}/${h}/sshd.pid" || true
+      [[ -n "${pid}" ]] && kill "${pid}" 2>/dev/null || true
+      rm -f "${top}/${h}/sshd.pid"
+    fi
+  done
+}
+finish() {
+  local rc=$?
+  stop_sshd
+  for h in a b; do cp -f "${top}/${h}/sshd.log" "${out}/sshd-${h}.log" 2>/dev/null || true; done
+  exit "${rc}"
+}
+trap finish EXIT
+
+# ---------------------------------------------------------------- the tools: system or prefix
+rm -rf "${top}"
+mkdir -p "${prefix}" "${bin}" "${top}/a" "${top}/b"
+chmod 755 "${top}"
+if compgen -G "${here}/device/debs/*.deb" >/dev/null; then
+  for deb in "${here}"/device/debs/*.deb; do dpkg-deb -x "${deb}" "${prefix}"; done
+fi
+libs=${prefix}/lib/x86_64-linux-gnu:${prefix}/usr/lib/x86_64-linux-gnu
+# tool name, its path in the prefix
+for pair in ssh:usr/bin/ssh ssh-keygen:usr/bin/ssh-keygen sshd:usr/sbin/sshd lz4:usr/bin/lz4 \
+  zstd:usr/bin/zstd pv:usr/bin/pv; do
+  tool=${pair%%:*}
+  have=$(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v "${tool}" || true)
+  if [[ -n "${have}" && "${FORCE_PREFIX:-0}" != 1 ]]; then
+    ln -s "${have}" "${bin}/${tool}"
+  elif [[ -x "${prefix}/${pair#*:}" ]]; then
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "${libs}" "${prefix}/${pair#*:}" \
+      >"${bin}/${tool}"
+    chmod 755 "${bin}/${tool}"
+    log "${tool}: from the prefix (${prefix}/${pair#*:})"
+  else
+    log "${tool}: neither on this machine nor in ${here}/device/debs"
+  fi
+done
+# the hosts' python3 (>= 3.9): the system's, else the venv's own interpreter
+if ! PATH=/usr/local/bin:/usr/bin:/bin python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+  ln -s "$(readlink -f "${src}/bin/python")" "${bin}/python3"
+  log "python3: $(readlink -f "${src}/bin/python")"
+fi
+export PATH=${bin}:${PATH}
+ssh -V 2>/dev/null || { log "ssh does not start: $(ssh -V 2>&1 | tail -n 1)"; exit 1; }
+log "ssh: $(ssh -V 2>&1); lz4: $(command -v lz4 || echo none); zstd: $(command -v zstd || echo none)"
+
+# ---------------------------------------------------------------- two sshd and the keys
+# sshd's privilege separation user (useradd, else a line of our own in /etc/passwd)
+id sshd >/dev/null 2>&1 || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd ||
+  echo 'sshd:x:64999:65534::/run/sshd:/usr/sbin/nologin' >>/etc/passwd
+mkdir -p /run/sshd
+chmod 755 /run/sshd
+ssh-keygen -q -t ed25519 -N '' -f "${top}/id"
+cp "${top}/id.pub" "${top}/authorized_keys"
+: >"${top}/known_hosts"
+if [[ -L "${bin}/sshd" ]]; then
+  sshd_run=("$(readlink -f "${bin}/sshd")")
+else     # sshd re-execs itself by its absolute path: the prefix's, with the prefix's libraries
+  sshd_run=(env "LD_LIBRARY_PATH=${libs}" "${prefix}/usr/sbin/sshd")
+fi
+for h in a b; do
+  addr=127.0.0.2
+  [[ "${h}" == a ]] || addr=127.0.0.3
+  ssh-keygen -q -t ed25519 -N '' -f "${top}/${h}/host_key"
+  printf '[%s]:2222 %s\n' "${addr}" "$(cut -d' ' -f1,2 "${top}/${h}/host_key.pub")" >>"${top}/known_hosts"
+  cat >"${top}/${h}/sshd_config" <<EOF
+ListenAddress ${addr}
+Port 2222
+HostKey ${top}/${h}/host_key
+PidFile ${top}/${h}/sshd.pid
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+AuthorizedKeysFile ${top}/authorized_keys
+StrictModes no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 100
+SetEnv PATH=${bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+EOF
+  "${sshd_run[@]}" -f "${top}/${h}/sshd_config" -E "${top}/${h}/sshd.log"
+done
+sshopt=(-i "${top}/id" -p 2222 -o BatchMode=yes -o UserKnownHostsFile="${top}/known_hosts"
+  -o GlobalKnownHostsFile=/dev/null -o ControlPath=none -o ControlMaster=no)
+for addr in 127.0.0.2 127.0.0.3; do
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    ssh "${sshopt[@]}" "root@${addr}" true 2>"${top}/probe.err" && break
+    sleep 0.3
+  done
+  ssh "${sshopt[@]}" "root@${addr}" 'command -v lz4 tar python3' >&2 || {
+    log "ssh root@${addr}:2222 fails: $(tail -n 3 "${top}/probe.err")"; cat "${top}"/*/sshd.log >&2; exit 1; }
+done
+
+# ---------------------------------------------------------------- the payload and the rows
+dst_root=$(dirname "${dst}")
+if [[ "${TMPFS:-1}" == 1 ]] && ! mountpoint -q "${dst_root}"; then
+  mkdir -p "${dst_root}"
+  mount -t tmpfs -o size=48g tmpfs "${dst_root}" || log "no tmpfs at ${dst_root}: on its disk"
+fi
+mkdir -p "${dst_root}"
+hand=${dst_root}/hand
+t=${SECONDS}
+bytes=$(tar -C "${src}" --exclude=__pycache__ --exclude='*.pyc' -cf - . | wc -c)   # warms the cache
+log "payload: ${src}, tar stream ${bytes} bytes (read in $((SECONDS - t)) s); nproc $(nproc)"
+# on HOST CIPHER COMMAND: a fresh connection (no master), CIPHER '' for ssh's default
+on() {
+  local host=$1 cipher=$2
+  shift 2
+  ssh "${sshopt[@]}" ${cipher:+-c "${cipher}"} "root@${host}" "$@"
+}
+wide() { python3 -S -c 'import fcntl; fcntl.fcntl(1, 1031, 1 << 20)' 2>/dev/null || true; }
+
+row_null1() { { wide; on 127.0.0.2 "${AES}" "head -c ${bytes} /dev/zero"; } | on 127.0.0.3 "${AES}" 'cat >/dev/null'; }
+row_nullN() {
+  local part=$(((bytes + streams - 1) / streams)) i
+  for ((i = 0; i < streams; i++)); do
+    { { wide; on 127.0.0.2 "${AES}" "head -c ${part} /dev/zero"; } | on 127.0.0.3 "${AES}" 'cat >/dev/null'; } &
+  done
+  wait
+}
+row_seed() { on 127.0.0.2 '' "tar cf - -C '${src}' ." | on 127.0.0.3 '' "tar xf - -C '${hand}'"; }
+row_lz4() {
+  on 127.0.0.2 "${AES}" "tar cf - -C '${src}' . | lz4 -q -1 -c" |
+    on 127.0.0.3 "${AES}" "lz4 -q -d -c | tar xf - -C '${hand}'"
+}
+row_cold() { rm -rf "${dst}" "${top}/run"; sync; RB_RUN_DIR=${top}/run bash "${runbook}" 2>"${out}/runbook-cold.log" >&2; }
+row_rerun() { RB_RUN_DIR=${top}/rerun bash "${runbook}" 2>"${out}/runbook-rerun.log" >&2; }
+prep() { rm -rf "${hand}"; mkdir -p "${hand}"; sync; }
+
+declare -A secs=() steps=() fails=()
+names=(null1 nullN seed lz4 cold rerun)
+declare -A label=([null1]="null relay, 1 stream, aes128-gcm, 1 MiB pipe"
+  [nullN]="null relay, ${streams} streams side by side, aes128-gcm, each its own ssh pair"
+  [seed]="seed one-liner: ssh a 'tar c', piped into ssh b 'tar x' (default cipher)"
+  [lz4]="hand aes128-gcm + lz4 -1" [cold]="runbook relay (auto, sha256, no checks), cold"
+  [rerun]="runbook re-run (nothing changed)")
+for ((r = 1; r <= rounds; r++)); do
+  order=("${names[@]}")
+  ((r % 2 == 0)) && order=(seed lz4 nullN null1 cold rerun)   # the runbook's pair stays in order
+  for n in "${order[@]}"; do
+    if ((SECONDS - t0 > deadline)); then log "round ${r} ${n}: skipped (past ${deadline} s)"; continue; fi
+    [[ "${n}" == seed || "${n}" == lz4 ]] && prep
+    s=$(date +%s.%N)
+    if "row_${n}"; then rc=0; else rc=$?; fi
+    e=$(date +%s.%N)
+    took=$(python3 -c 'import sys; print("%.2f" % (float(sys.argv[2]) - float(sys.argv[1])))' "${s}" "${e}")
+    if ((rc != 0)); then fails[${n}]+="round ${r} rc ${rc}; "; log "round ${r} ${n}: FAILED rc ${rc}"; continue; fi
+    secs[${n}]+="${took} "
+    detail=''
+    if [[ "${n}" == cold || "${n}" == rerun ]]; then
+      d=${top}/run
+      [[ "${n}" == cold ]] || d=${top}/rerun
+      detail=$(python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print(" ".join("%s=%.2f" % (s["id"], s["duration_s"]) for s in d["steps"]))' "${d}/report.json" 2>/dev/null || true)
+      steps[${n}]+="${detail};"
+      cp -f "${d}/report.json" "${out}/report-${n}-round${r}.json" 2>/dev/null || true
+    fi
+    log "round ${r} ${n}: ${took} s ${detail}"
+  done
+done
+rm -rf "${hand}"
+grep -h "compression:\|relay:\|transfer" "${out}/runbook-cold.log" >&2 || true
+
+for n in "${names[@]}"; do
+  export "S_${n}=${secs[${n}]:-}" "L_${n}=${label[${n}]}" "T_${n}=${steps[${n}]:-}" "F_${n}=${fails[${n}]:-}"
+done
+python3 - "${out}/device_relay.json" "${bytes}" "${streams}" "$(nproc)" "${names[@]}" <<'PY'
+import json, os, statistics, sys
+path, nbytes, streams, cores, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+env = os.environ
+rows = {}
+for n in names:
+    s = [float(x) for x in env.get("S_" + n, "").split()]
+    rows[n] = {"label": env.get("L_" + n, n), "seconds": s,
+               "median": round(statistics.median(s), 2) if s else None,
+               "steps": [x for x in env.get("T_" + n, "").split(";") if x],
+               "failed": env.get("F_" + n, "")}
+doc = {"tar_stream_bytes": nbytes, "streams": int(streams), "nproc": int(cores), "rows": rows}
+m = {n: r["median"] for n, r in rows.items()}
+def ratio(a, b):
+    return round(m[a] / m[b], 2) if m.get(a) and m.get(b) else None
+doc["ratios"] = {"null1 / runbook (>= 2 wanted)": ratio("null1", "cold"),
+                 "nullN / runbook (>= 0.8 wanted)": ratio("nullN", "cold"),
+                 "seed / runbook": ratio("seed", "cold"), "lz4 / runbook": ratio("lz4", "cold")}
+json.dump(doc, open(path, "w"), indent=1)
+print("| row | median s | rounds | MB/s | runbook x faster |")
+print("| --- | --- | --- | --- | --- |")
+for n, r in rows.items():
+    med = r["median"]
+    print("| %s | %s | %s | %s | %s |" % (
+        r["label"], "%.2f" % med if med else "FAILED " + r["failed"],
+        " ".join("%.2f" % x for x in r["seconds"]), int(nbytes / med / 1e6) if med else "",
+        "%.2f" % (med / m["cold"]) if med and m.get("cold") and n != "cold" else ""))
+for k, v in doc["ratios"].items():
+    print("%s: %s" % (k, v))
+PY
