@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths
 
-from . import hostfs, swapfs
+from . import hostfs, safefs, swapfs
 from . import manifest as kitmanifest
 
 INSTALLED = ".rb-manifest.jsonl"      # engine.INSTALLED: the install's own manifest
@@ -195,6 +195,11 @@ def _load_installed(path: str) -> Optional[dict]:
         return None
 
 
+def _write(path: str, text: str) -> None:
+    """A file of this run's private directory: a new file and one rename, never through a link."""
+    safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
+
+
 def compose(a: argparse.Namespace) -> int:
     d = a.dir
     src_stat, src = read_scan(os.path.join(d, "source.scan"))
@@ -203,8 +208,7 @@ def compose(a: argparse.Namespace) -> int:
     if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
         installed = None
     ch = changes(src, dest, installed)
-    with open(os.path.join(d, "changes.txt"), "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in ch["items"]))
+    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
     up_to_date = (installed is not None and facts.get("installed_source_stat") == src_stat
                   and ch["changed"] == ch["added"] == ch["removed"] == 0)
     delta = installed is not None and a.incremental
@@ -253,14 +257,11 @@ def compose(a: argparse.Namespace) -> int:
         "policy": a.policy, "backups": facts["backups"], "evicts": facts["evicts"],
         "static": audit, "checks": [c.get("id") for c in checks], "blockers": blockers,
     }
-    with open(os.path.join(d, "plan.json"), "w", encoding="utf-8") as f:
-        json.dump(plan, f, indent=1, sort_keys=True)
-        f.write("\n")
+    _write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
     lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
     print("\n".join(lines))
     if a.markdown:
-        with open(os.path.join(d, "plan.md"), "w", encoding="utf-8") as f:
-            f.write(markdown(plan, ch["items"], lines))
+        _write(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
     return 1 if blockers else 0
 
 
