@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 92e1e7e7bdd93b2a8443cbd3acf926bfc8ce15f8758559603c3bdddbb2437976
+# sha256 of this file with these 64 digits zeroed: 487d7d44c935bcc9ffa8e2122edc2a9e50b0a83e6acfaf8381c1ca1d8f4f5d89
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
-# Usage: bash h200.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
 #   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080
-readonly RB_KIT_FILE=.kit/ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080.tar
+readonly RB_KIT_SHA256=0bb8c6c535fe245291605fb1eaf379e477a0c589f0220e3fc2650eb849cc8fe5
+readonly RB_KIT_FILE=.kit/0bb8c6c535fe245291605fb1eaf379e477a0c589f0220e3fc2650eb849cc8fe5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -948,7 +948,8 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  RB_APPLY_PLAN=''
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -967,6 +968,9 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --plan) plan=1 ;;
+      --markdown) markdown=1 ;;
+      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -982,6 +986,17 @@ main() {
     rb::dry_run
     return 0
   fi
+  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
+    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
+        "with --only or --from); --dry-run shows the steps" >&2
+      return 2
+    fi
+    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
+      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
+    fi
+  fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap 'rb::on_signal INT' INT
@@ -996,6 +1011,11 @@ main() {
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
+  fi
+  if ((plan)); then
+    rb::live_plan "${markdown}"
+  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
+    rb::apply_read "${RB_APPLY_PLAN}"
   fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 39a14744a8cbcbaefee3f267bcae00f20b2d90f5b594bd05973726269b7e46bb
+# sha256 of this file with these 64 digits zeroed: dcf04c08d794faba4964a81578157195b0626f7d74118a5f7bcb7e4f9ff74070
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
-# Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
 #   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080
-readonly RB_KIT_FILE=.kit/ffbe86cae177e5f20747bf010aa18b92063b6bba45304c841fd91172d1db4080.tar
+readonly RB_KIT_SHA256=0bb8c6c535fe245291605fb1eaf379e477a0c589f0220e3fc2650eb849cc8fe5
+readonly RB_KIT_FILE=.kit/0bb8c6c535fe245291605fb1eaf379e477a0c589f0220e3fc2650eb849cc8fe5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -947,7 +947,8 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  RB_APPLY_PLAN=''
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -966,6 +967,9 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --plan) plan=1 ;;
+      --markdown) markdown=1 ;;
+      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -981,6 +985,17 @@ main() {
     rb::dry_run
     return 0
   fi
+  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
+    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
+        "with --only or --from); --dry-run shows the steps" >&2
+      return 2
+    fi
+    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
+      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
+    fi
+  fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap 'rb::on_signal INT' INT
@@ -995,6 +1010,11 @@ main() {
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
+  fi
+  if ((plan)); then
+    rb::live_plan "${markdown}"
+  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
+    rb::apply_read "${RB_APPLY_PLAN}"
   fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do
