@@ -136,19 +136,17 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict]) -> dic
     source entry is added, changed (against the source as the install recorded it, or a file
     changed at the destination since) or unchanged; what the destination holds that the source
     lacks is removed."""
-    keys = ("t", "m", "s", "l", "mt")
     now = {r[0]: r for r in dest}
     base: Dict[str, list] = {}
     moved_there: set = set()
     if installed is not None:
-        src_then = kitmanifest.source_of(installed)
-        for e in (src_then or installed)["entries"]:
-            base[e["p"]] = [e["p"]] + [e.get(k) for k in keys]
-        for e in installed["entries"]:
-            row = now.get(e["p"])
-            if row is None or row[1:] != [e.get(k) for k in keys]:
-                moved_there.add(e["p"])
-        moved_there |= set(now) - {e["p"] for e in installed["entries"]}
+        rows = [[e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+                for e in installed["entries"]]
+        base = {r[0]: r for r in rows}
+        moved_there = {r[0] for r in rows if now.get(r[0]) != r} | (set(now) - set(base))
+        for e in installed["header"].get("source_entries") or ():
+            # the source's own entries of what relocation rewrote (manifest.source_of)
+            base[e["p"]] = [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
     else:
         base = dict(now)
     items: List[str] = []
@@ -187,12 +185,18 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict]) -> dic
 
 
 def _load_installed(path: str) -> Optional[dict]:
-    if not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
-        return None
+    """The install's manifest (header, entries) as fetched, in one parse (no fingerprint: the
+    plan only compares stats); None when there is none or it is not one."""
     try:
-        return kitmanifest.load(path)
+        with open(path, "rb") as f:
+            rows = [ln for ln in f.read().split(b"\n") if ln.strip()]
+        docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
     except (OSError, ValueError):
         return None
+    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
+        return None
+    entries = [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
+    return {"header": docs[0], "entries": entries}
 
 
 def _write(path: str, text: str) -> None:
@@ -268,6 +272,9 @@ def compose(a: argparse.Namespace) -> int:
 def static_verdict(a: argparse.Namespace) -> str:
     what = "kernel audit for %s, references leaving the venv" % a.arch if a.arch \
         else "references leaving the venv"
+    if a.audit_skipped == "1":
+        return ("skipped: the source is the tree the destination's install recorded, and they "
+                "passed for it here (%s)" % what)
     if a.audit_rc == "0" or (a.audit_rc == "1" and not a.audit_failed):
         return "passed (%s)" % what
     if a.audit_rc == "1":
@@ -321,7 +328,7 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
     names = []
     for c in checks:
         implied = " (implied)" if c.get("type") == "relocation" else ""
-        skip = ", may skip" if c.get("allow_skip") else ""
+        skip = " (may skip)" if c.get("allow_skip") else ""
         names.append("%s%s%s" % (c.get("id"), implied, skip))
     out.append("  checks:      %s" % (", ".join(names) or "none"))
     for b in plan["blockers"]:
@@ -380,7 +387,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
                 "route", "route-why", "compression", "compression-why", "hosts", "policy",
                 "keep-backups", "source-files", "source-bytes", "need-bytes", "audit-rc",
-                "audit-failed", "arch", "checks"):
+                "audit-failed", "audit-skipped", "arch", "checks"):
         c.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force", "same-host"):
         c.add_argument("--" + flag, action="store_true")

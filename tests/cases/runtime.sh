@@ -991,7 +991,7 @@ rb::on_err() {
 #######################################
 rb::live_plan() {
   local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' line key
-  local route_why compression_why also=''
+  local route_why compression_why also='' installed=''
   local -a flags=()
   RB_STEP=plan
   rb::hosts_prepare "${RB_HOSTS[@]}" || true
@@ -1018,14 +1018,18 @@ rb::live_plan() {
   if [[ "${line}" == *'"installed": true'* ]]; then
     rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${dir}/installed.jsonl"
   fi
-  rb::source_finish ''
+  if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" ]]; then
+    installed=${BASH_REMATCH[1]}
+  fi
+  # the static checks are skipped, as preflight skips them, for the tree they passed with here
+  rb::source_finish "${installed}"
   local -A src=()
-  for key in files bytes need_bytes stat_fingerprint audit_rc audit_failed; do
+  for key in files bytes need_bytes stat_fingerprint audit_rc audit_failed audit_skipped; do
     src[${key}]=${RB_J[${key}]:-}
   done
   # the compression matters only when something is sent: not measured for a source that is the
   # tree the destination's install recorded (its stat fingerprint)
-  if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" && "${BASH_REMATCH[1]}" == "${src[stat_fingerprint]}" ]]; then
+  if [[ -n "${installed}" && "${installed}" == "${src[stat_fingerprint]}" ]]; then
     rb::log "compression: not measured (the source is the tree the destination's install recorded)" \
       2>>"${RB_WORK}/plan-how"
   else
@@ -1052,7 +1056,7 @@ rb::live_plan() {
     --policy "${RB_ON_EXISTING}" --keep-backups "${RB_KEEP_BACKUPS:-}" \
     --source-files "${src[files]:-0}" --source-bytes "${src[bytes]:-0}" \
     --need-bytes "${src[need_bytes]:-0}" --audit-rc "${src[audit_rc]:-2}" \
-    --audit-failed "${src[audit_failed]}" --arch "${RB_AUDIT_ARCH}" \
+    --audit-failed "${src[audit_failed]}" --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
     --checks "${RB_PROBE_CONFIG:-}" "${flags[@]}" || rc=$?
   printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' "${dir}" "${also}" \
     "${RB_SELF}" "${dir}"
