@@ -67,12 +67,20 @@ def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_l
     assert "the plan holds" in r.stderr
     assert (dst / "bin" / "payload-hello").exists()
 
-    # a re-run: nothing to send, under a second on this small tree
+    # a re-run: nothing to send; a plan holds no lock, so it waits for no run that holds one
+    lock = tmp_path / "runs" / "relay" / ".run-lock"
+    lock.mkdir()
+    (lock / "holder").write_text(f"{os.getpid()} here\n")
     start = time.monotonic()
     r = run(tmp_path, script, "--plan")
     took = time.monotonic() - start
     assert r.returncode == 0, r.stderr[-3000:]
     assert "nothing to send: the destination already holds this exact tree" in r.stdout
+    assert "waiting" not in r.stderr and "compression: not measured" in r.stdout
+    assert "static:      skipped: the source is the tree" in r.stdout
+    assert (lock / "holder").exists()
+    (lock / "holder").unlink()
+    lock.rmdir()
     print(f"re-run plan, nothing to send: {took:.2f} s")
 
     # one file changed at the source: the plan shows exactly it
