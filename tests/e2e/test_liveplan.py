@@ -91,8 +91,15 @@ def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_l
     rel = str(module(src).relative_to(src))
     assert (plan_dir(r) / "changes.txt").read_text().splitlines() == [f">f.st...... {rel}"]
     assert "0 added (0 B), 1 changed (" in r.stdout and "only the changes" in r.stdout
-    r = run(tmp_path, script, "--apply", str(plan_dir(r) / "plan.json"))
+    # the stream takes the plan's compression, whatever preflight measures now
+    saved = plan_dir(r) / "plan.json"
+    doc = json.loads(saved.read_text())
+    doc["compression"] = "gzip"
+    saved.write_text(json.dumps(doc))
+    r = run(tmp_path, script, "--apply", str(saved))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "compression: gzip, as the plan chose" in r.stderr
+    assert "relay, compression gzip, incremental" in r.stderr
     assert module(dst).read_text().endswith("# changed\n")
 
 
