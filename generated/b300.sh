@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 352e26047ee12ac7d9eaed3e8e465da32c02958f2ee0306031de61407e1d7616
+# sha256 of this file with these 64 digits zeroed: de0fe75aa78dd0ba4648a80508ce3d0bb4607239825ba7ee71b4dd8f8beb6fdc
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe
-readonly RB_KIT_FILE=.kit/f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe.tar
+readonly RB_KIT_SHA256=51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926
+readonly RB_KIT_FILE=.kit/51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -961,6 +961,7 @@ rb::restore() {
 main() {
   local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
   RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -979,7 +980,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
-      --plan) plan=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 5c22247f426ceefa9c46397127653e0b90f66087194fc88f11d495036acba441
+# sha256 of this file with these 64 digits zeroed: c6648949cde5ed15f92c9dc03a0a01ddc52b6e5797e10bec22698b564b8bb08d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe
-readonly RB_KIT_FILE=.kit/f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe.tar
+readonly RB_KIT_SHA256=51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926
+readonly RB_KIT_FILE=.kit/51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -962,6 +962,7 @@ rb::restore() {
 main() {
   local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
   RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -980,7 +981,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
-      --plan) plan=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;

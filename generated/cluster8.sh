@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: edf280f8b4a466e8329613e75505295aff7936ccde41358670688637afce16fc
+# sha256 of this file with these 64 digits zeroed: 63e4431cdb941eb0b823e1b6cf62915b7714127583d48e3be760425529e5443a
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe
-readonly RB_KIT_FILE=.kit/f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe.tar
+readonly RB_KIT_SHA256=51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926
+readonly RB_KIT_FILE=.kit/51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -875,6 +875,7 @@ rb::restore() {
 main() {
   local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
   RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -893,7 +894,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
-      --plan) plan=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;

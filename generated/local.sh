@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 0d6ba2d0f6202e0d705ab6ca4cc8bb11cf5a1ee07bf21ce66c5a7214da5400f5
+# sha256 of this file with these 64 digits zeroed: f11b07bb4d40f19a39892901b10b4a063037996f1fddbf7ee164e37de5d4c002
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe
-readonly RB_KIT_FILE=.kit/f64c8139bf0a3ae931911895dedfc02d8f88d62bbc67636e2ee5f098e1468fbe.tar
+readonly RB_KIT_SHA256=51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926
+readonly RB_KIT_FILE=.kit/51b032227973d0fba878c6ef7fdc327b2285cd6957964c15f067963885081926.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -949,6 +949,7 @@ rb::restore() {
 main() {
   local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
   RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -967,7 +968,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
-      --plan) plan=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;

@@ -761,7 +761,10 @@ rb::run_dirs() {
   rb::private_dir "${RB_STATE_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
     "${me} can write (its parents too), or fix the one named"
   RB_STATE_DIR=$(cd "${RB_STATE_DIR}" && pwd -P)
-  rb::run_lock "${RB_LOCK_WAIT:-30}"
+  # a --plan writes only in a new directory of its own: it waits for no run and holds nothing
+  if ((${RB_PLANNING:-0} == 0)); then
+    rb::run_lock "${RB_LOCK_WAIT:-30}"
+  fi
   if [[ -z "${RB_RUN_DIR}" ]]; then
     stamp=$(TZ=UTC0 printf '%(%Y%m%dT%H%M%SZ)T' -1)
     RB_RUN_DIR=${RB_STATE_DIR}/${stamp}-$$
@@ -1111,6 +1114,26 @@ rb::apply_check() {
       "was written at the destination; make a new plan: bash ${RB_SELF} --plan"
   fi
   rb::log "the plan holds: the source and the destination are as the plan saw them"
+  rb::apply_compression "${RB_PLAN[compression]:-}"
+}
+
+#######################################
+# --apply: the stream's compression is the plan's ($1) where both ends still have it (a measured
+# choice follows the link's rate of the moment: preflight's may differ); said when it differs.
+#######################################
+rb::apply_compression() {
+  local want=$1
+  if [[ -z "${want}" || "${want}" == "${RB_COMPRESSION_USED}" ]]; then
+    return 0
+  fi
+  if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${want},"* &&
+    ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${want},"* ]]; then
+    rb::log "compression: ${want}, as the plan chose (preflight chose ${RB_COMPRESSION_USED} now)"
+    RB_COMPRESSION_USED=${want}
+    RB_STEP_DETAIL=${RB_STEP_DETAIL/%compression */compression ${want}}
+  else
+    rb::log "compression: ${RB_COMPRESSION_USED}, not the plan's ${want}: an end no longer has it"
+  fi
 }
 
 #######################################

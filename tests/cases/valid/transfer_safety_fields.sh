@@ -923,6 +923,7 @@ rb::restore() {
 main() {
   local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
   RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -941,7 +942,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
-      --plan) plan=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
