@@ -108,3 +108,32 @@ def test_a_plan_of_another_runbook_or_a_blocked_one_is_refused(tmp_path, capsys,
     rc = liveplan.main(["read", str(tmp_path / "plan.json"), "--name", "t", "--spec-sha", "s",
                         "--kit-sha", "k"])
     assert rc == 1 and said in capsys.readouterr().err
+
+
+def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_checks(tmp_path,
+                                                                                  capsys):
+    src = tree(tmp_path / "src", {"pyvenv.cfg": "home = /usr/bin", "bin/python": "x"})
+    d = tmp_path / "run"
+    d.mkdir()
+    names = tmp_path / "names"
+    from rbkit import hostfs
+    hostfs.scan(str(src), [], str(names))
+    (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
+    facts, lines = liveplan.dest_state(str(tmp_path / "dst" / "venv"), "replace", 0)
+    facts["free_bytes"] = 10
+    (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
+    checks = {"checks": [{"id": "relocation", "type": "relocation"},
+                         {"id": "kernel_audit", "type": "kernel_audit"},
+                         {"id": "torch", "type": "torch", "allow_skip": True}]}
+    rc = liveplan.main(["compose", "--dir", str(d), "--name", "t", "--policy", "replace",
+                        "--source-bytes", "17", "--need-bytes", "8192", "--audit-rc", "0",
+                        "--checks", json.dumps(checks), "--markdown"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "checks:      relocation (implied), kernel_audit (implied), torch (may skip)" in out
+    assert "NOT ENOUGH ROOM" in out and "BLOCKED:     not enough room at" in out
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["blockers"] and plan["disk"]["need"] == 8192 + 819 and plan["send_bytes"] == 17
+    assert (d / "changes.txt").read_text().splitlines() == [
+        "cd+++++++++ bin", ">f+++++++++ pyvenv.cfg", ">f+++++++++ bin/python"]
+    assert "# Live plan: t" in (d / "plan.md").read_text()

@@ -326,8 +326,11 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
         out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
     out.append("  static:      %s" % plan["static"])
     names = []
+    head = True
     for c in checks:
-        implied = " (implied)" if c.get("type") == "relocation" else ""
+        # the implied checks come first (compiler.implied: relocation, and kernel_audit for a gpu)
+        head = head and c.get("type") in ("relocation", "kernel_audit")
+        implied = " (implied)" if head else ""
         skip = " (may skip)" if c.get("allow_skip") else ""
         names.append("%s%s%s" % (c.get("id"), implied, skip))
     out.append("  checks:      %s" % (", ".join(names) or "none"))
