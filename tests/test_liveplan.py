@@ -137,3 +137,14 @@ def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_check
     assert (d / "changes.txt").read_text().splitlines() == [
         "cd+++++++++ bin", ">f+++++++++ pyvenv.cfg", ">f+++++++++ bin/python"]
     assert "# Live plan: t" in (d / "plan.md").read_text()
+
+
+@pytest.mark.parametrize("runbook, args", [("cluster8", ["--plan"]),
+                                           ("local", ["--apply", "x.json", "--only", "probe"])])
+def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["bash", str(root / "generated" / f"{runbook}.sh"), *args], cwd=root,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--plan and --apply are for every step of a single-host move (not a fan-out" in r.stderr
