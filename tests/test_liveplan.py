@@ -148,3 +148,13 @@ def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "--plan and --apply are for every step of a single-host move (not a fan-out" in r.stderr
+
+
+def test_a_destination_parent_other_users_can_write_is_said_by_the_state(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    facts, _lines = liveplan.dest_state(str(shared / "venv"), "replace", 0)
+    assert "shared_parent" in facts and str(shared) in facts["shared_parent"]
+    shared.chmod(0o755)
+    assert "shared_parent" not in liveplan.dest_state(str(shared / "venv"), "replace", 0)[0]

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths
 
-from . import hostfs, safefs, swapfs
+from . import hostfs, privacy, safefs, swapfs
 from . import manifest as kitmanifest
 
 INSTALLED = ".rb-manifest.jsonl"      # engine.INSTALLED: the install's own manifest
@@ -58,6 +58,10 @@ def dest_state(dest: str, policy: str, keep_backups: int) -> Tuple[dict, List[by
     facts: dict = {"dest": dest, "exists": os.path.lexists(dest), "is_dir": os.path.isdir(dest),
                    "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
                    "staging_left": os.path.lexists(staging)}
+    found = privacy.check_parent(dest, os.geteuid())
+    if found is not None:
+        # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
+        facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
     free = hostfs.free_bytes(staging)
     facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
     lines: List[bytes] = []
@@ -240,6 +244,8 @@ def compose(a: argparse.Namespace) -> int:
                            human(facts["free_bytes"])))
     if facts["exists"] and not facts["installed"] and a.policy == "refuse":
         blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
+    if facts.get("shared_parent") and a.shared_parent != "allow":
+        blockers.append(facts["shared_parent"])
     audit = static_verdict(a)
     if audit.startswith("failed") and not a.force and not a.same_host:
         blockers.append("the static checks on the source failed (%s): fix the venv or --force"
@@ -390,7 +396,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
                 "route", "route-why", "compression", "compression-why", "hosts", "policy",
                 "keep-backups", "source-files", "source-bytes", "need-bytes", "audit-rc",
-                "audit-failed", "audit-skipped", "arch", "checks"):
+                "audit-failed", "audit-skipped", "arch", "checks", "shared-parent"):
         c.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force", "same-host"):
         c.add_argument("--" + flag, action="store_true")
