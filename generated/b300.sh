@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: a358a1aee221d3442153c97d79049e821ecf8f3e1f8a3a47373c9e1e77690866
+# sha256 of this file with these 64 digits zeroed: 1d2d68acb2733556c629f67960b7a2794e277fc2fe19f0a521322578c643ea2c
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8
-readonly RB_KIT_FILE=.kit/1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8.tar
+readonly RB_KIT_SHA256=f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634
+readonly RB_KIT_FILE=.kit/f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: b1830fe4af59d85327491a76edad54c5d052f26229d302232b7cbcb581156786
+# sha256 of this file with these 64 digits zeroed: f575be31d63be58bb151a7dee873834ca29355781552313403077f92aaa0b672
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8
-readonly RB_KIT_FILE=.kit/1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8.tar
+readonly RB_KIT_SHA256=f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634
+readonly RB_KIT_FILE=.kit/f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

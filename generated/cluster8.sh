@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 0731cc9e794a373332075b5262a8593824473b7dd328af0c30e3206082933b54
+# sha256 of this file with these 64 digits zeroed: 21bd53ff13fc74308068370ee7c1ceb175a2a7a767f74091a76a81eedb3a43cb
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8
-readonly RB_KIT_FILE=.kit/1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8.tar
+readonly RB_KIT_SHA256=f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634
+readonly RB_KIT_FILE=.kit/f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

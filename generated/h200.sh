@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: f4acd5ab8424fcc803501175a46351c8d77971ae07cd8833c32978e2e18a9cc3
+# sha256 of this file with these 64 digits zeroed: 95574793693f6148b1caa6666b7c64c7392dcbbb1afcc88ce0195fd6a66fcdb3
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8
-readonly RB_KIT_FILE=.kit/1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8.tar
+readonly RB_KIT_SHA256=f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634
+readonly RB_KIT_FILE=.kit/f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

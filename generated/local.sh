@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: a29a84eb26ba636c2be1e695dc274923ea972d883d2e55c11bde69d2e34b3c09
+# sha256 of this file with these 64 digits zeroed: 377cbd72fb174bd4b2321c1bca03a9eafb20834af304692f970f16c261561159
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8
-readonly RB_KIT_FILE=.kit/1a340b3d6f5176cd4be7ee0ae6489228ef3e57fbbcd703f8728d32a4df9facf8.tar
+readonly RB_KIT_SHA256=f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634
+readonly RB_KIT_FILE=.kit/f728db71614ee39679582ac954bb9cf92f7eee086e45deecd5aa82d91520e634.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

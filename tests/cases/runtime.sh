@@ -1056,7 +1056,7 @@ rb::live_plan() {
     --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" --route "${RB_ROUTE_USED:-}" \
     --route-why "${route_why}" --compression "${RB_COMPRESSION_USED}" \
     --compression-why "${compression_why}" --hosts "${up}: reachable (kit in a private directory, removed after)" \
-    --policy "${RB_ON_EXISTING}" --keep-backups "${RB_KEEP_BACKUPS:-}" \
+    --policy "${RB_ON_EXISTING}" --keep-backups "${RB_KEEP_BACKUPS:-}" --shared-parent "${RB_SHARED_PARENT}" \
     --source-files "${src[files]:-0}" --source-bytes "${src[bytes]:-0}" \
     --need-bytes "${src[need_bytes]:-0}" --audit-rc "${src[audit_rc]:-2}" \
     --audit-failed "${src[audit_failed]}" --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
