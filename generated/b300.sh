@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: e167e4c65a7398213bac01a24bdbb3c5ace82a01d63a60587aaebad8d3c54c06
+# sha256 of this file with these 64 digits zeroed: da54d16699990ad8a56a8b8467b052edd7672d33d44e13541e835816f1d61e5f
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
-# Usage: bash b300.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
 #   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6715e1e691ed9def33e22bfeee742a630bf5fe0846e948685078f32718003dcc
-readonly RB_KIT_FILE=.kit/6715e1e691ed9def33e22bfeee742a630bf5fe0846e948685078f32718003dcc.tar
+readonly RB_KIT_SHA256=91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507
+readonly RB_KIT_FILE=.kit/91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -968,7 +968,9 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -987,6 +989,9 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
+      --markdown) markdown=1 ;;
+      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -1002,6 +1007,17 @@ main() {
     rb::dry_run
     return 0
   fi
+  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
+    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
+        "with --only or --from); --dry-run shows the steps" >&2
+      return 2
+    fi
+    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
+      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
+    fi
+  fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap 'rb::on_signal INT' INT
@@ -1016,6 +1032,11 @@ main() {
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
+  fi
+  if ((plan)); then
+    rb::live_plan "${markdown}"
+  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
+    rb::apply_read "${RB_APPLY_PLAN}"
   fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do

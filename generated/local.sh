@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: c331aad1601ebb2fe568145e29d207e942b493506f856ef21370db1c8cba844b
+# sha256 of this file with these 64 digits zeroed: c9c3f3167b5bf0d4eea81ab76f95490186733c83a393a95c7571b67df27401fb
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
-# Usage: bash local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
 #   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6715e1e691ed9def33e22bfeee742a630bf5fe0846e948685078f32718003dcc
-readonly RB_KIT_FILE=.kit/6715e1e691ed9def33e22bfeee742a630bf5fe0846e948685078f32718003dcc.tar
+readonly RB_KIT_SHA256=91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507
+readonly RB_KIT_FILE=.kit/91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -956,7 +956,9 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -975,6 +977,9 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
+      --markdown) markdown=1 ;;
+      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -990,6 +995,17 @@ main() {
     rb::dry_run
     return 0
   fi
+  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
+    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
+        "with --only or --from); --dry-run shows the steps" >&2
+      return 2
+    fi
+    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
+      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
+    fi
+  fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap 'rb::on_signal INT' INT
@@ -1004,6 +1020,11 @@ main() {
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
+  fi
+  if ((plan)); then
+    rb::live_plan "${markdown}"
+  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
+    rb::apply_read "${RB_APPLY_PLAN}"
   fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do

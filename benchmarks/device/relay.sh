@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # @generated from device/relay.yaml (sha256 fa827b236b81e8df00e47795077852cd2215ca1d2e225b844bc7cf3d9179f930) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile device/relay.yaml
-# sha256 of this file with these 64 digits zeroed: c6e267af90b2712998cc32231575f6512c79367c0a63b31edbbb78c778eb8dfe
+# sha256 of this file with these 64 digits zeroed: 73d29e017eb6c9a1cc8c44d8c21126ce199a9b798d16fea14e0b85f1c775a436
 # Relay the device's torch venv between two sshd on it, through itself (no checks).
 #
-# Usage: bash relay.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash relay.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
 #   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
@@ -37,7 +37,7 @@ readonly RB_SPEC=device/relay.yaml
 readonly RB_SPEC_SHA256=fa827b236b81e8df00e47795077852cd2215ca1d2e225b844bc7cf3d9179f930
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): embedded below (compile --standalone).
-readonly RB_KIT_SHA256=f61e578185866a33ade991e7bf2e4cbf14668d8f6718835d80631124803a8d85
+readonly RB_KIT_SHA256=91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507
 readonly RB_KIT_FILE=''
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
@@ -49,14 +49,10 @@ readonly RB_DST_PATH=/opt/rb-relay/.venv
 readonly RB_ROUTE=relay
 readonly RB_COMPRESSION=auto
 readonly RB_VERIFY=sha256
-readonly RB_ON_EXISTING=replace
 readonly RB_RERUN=quick
-# the threat model's choices (docs/design.md): setuid/setgid/world-write entries, links that leave the tree, backups kept, a swap that cannot be one rename, a destination parent other users can write
+# the threat model's choices the source's scan reads (docs/design.md): setuid/setgid/world-write entries, links that leave the tree
 readonly RB_SPECIAL_MODES=strip
 readonly RB_OUTSIDE_LINKS=refuse
-readonly RB_KEEP_BACKUPS=2
-readonly RB_SWAP_ATOMIC=allow
-readonly RB_SHARED_PARENT=refuse
 # gpu: declared: the report says whether the checks proved it (a skip is not a pass)
 readonly RB_GPU_DECLARED=''
 # the static checks on the source before anything moves: the kernel audit for this arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave the venv
@@ -65,9 +61,8 @@ readonly RB_AUDIT_ARCH=''
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# cuda
-readonly RB_CUDA_HOME=''
-readonly RB_ENV_FILE=''
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
+readonly RB_ENGINE_CHOICES='{"cuda_home":"","env":{},"env_file":"","jobs":"auto","keep_backups":2,"library_path_first":[],"on_existing":"replace","on_failed_checks":"keep","origin":"runbook relay (device/relay.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"strip","swap_atomic":"allow","timeout":null,"verify":"sha256"}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
@@ -79,10 +74,6 @@ readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exp
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
-# cuda.library_path_first, relative to the venv's site-packages
-readonly -a RB_LIB_FIRST=()
-# env
-readonly -a RB_ENV=()
 # route direct/auto: ssh arguments the source uses to reach the destination
 readonly -a RB_DIRECT_SSH=()
 declare -rA RB_STEP_DOC=(
@@ -102,13 +93,13 @@ on a: rbkit engine scan /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.
 on b: rbkit engine serve --dest /opt/rb-relay/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/rb-relay/..venv.rb-lock for the run (a second run is refused, naming this one)
 on b: engine preflight: on_existing replace; free space for /opt/rb-relay/..venv.rb-staging
 on a: rbprobes outside /opt/torch/.venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
-compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
+compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 16 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on a: rbkit engine hash /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/relay/manifest.jsonl; send it to b
 on b: engine current: if /opt/rb-relay/.venv/.rb-manifest.jsonl matches, skip the install
 on b: engine stage: if it differs, link unchanged files from /opt/rb-relay/.venv into /opt/rb-relay/..venv.rb-staging, send only the rest'
   [transfer]='on b: engine stage: rm -rf /opt/rb-relay/..venv.rb-staging && mkdir /opt/rb-relay/..venv.rb-staging
-on a: tar -C /opt/torch/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 32 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
+on a: tar -C /opt/torch/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 16 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on b: <decompress> | tar -C /opt/rb-relay/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
   [verify]='on b: engine verify /opt/rb-relay/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
@@ -137,6 +128,9 @@ RB_HOST=''
 RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
+# runs kept, seconds a second run waits (rb::run_dirs checks them)
+RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
+RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}
 RB_LOCAL_PY=python3
 # how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
 # path of the kit's entry file in a private directory, from a private working directory
@@ -454,7 +448,8 @@ rb::kit() {
 #######################################
 # The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
 # itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
-# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias).
+# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
+# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
 #######################################
 rb::known_hosts_of() {
   local key value name='' port=22 alias='' conf
@@ -470,7 +465,8 @@ rb::known_hosts_of() {
     esac
   done <<<"${conf}"
   RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
-  RB_KH_NAME=${alias:-${name:-${RB_HOST_TARGET#*@}}}
+  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}}
   if [[ -z "${alias}" && "${port}" != 22 ]]; then
     RB_KH_NAME="[${RB_KH_NAME}]:${port}"
   fi
@@ -483,7 +479,7 @@ rb::known_hosts_of() {
 # when ssh can make it: its folder exists, is this user's, and no one else can write it. A file
 # ssh can neither read nor write knows no key, and accept-new then takes any key on every
 # connection, a changed one too, without a word (issue 33 N5). Fails (rb::fail) naming the file,
-# the host and the fix.
+# the host and the fix. The spec's ssh config file first (rb::ssh_config_ready).
 #######################################
 rb::known_hosts_ready() {
   local host=$1 word key file dir mode fix accept_new=0 first=1
@@ -492,6 +488,7 @@ rb::known_hosts_ready() {
   if [[ -z "${RB_HOST_TARGET}" ]]; then
     return 0
   fi
+  rb::ssh_config_ready "${host}"
   for word in "${RB_HOST_SSH[@]}"; do
     if [[ "${word}" == StrictHostKeyChecking=accept-new ]]; then
       accept_new=1
@@ -581,14 +578,41 @@ rb::known_hosts_after() {
 # Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of).
 #######################################
 rb::host_key_hint() {
-  local port
-  "rb::host_$1"
-  port=$(rb::port_of -p) || true
+  local port=''
   rb::known_hosts_of "$1"
+  if [[ "${RB_KH_PORT}" != 22 ]]; then
+    port=" -p ${RB_KH_PORT}"
+  fi
   RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
-  RB_HINT+=" owner (ssh-keyscan${port} ${RB_HOST_TARGET#*@} | ssh-keygen -lf -), then add it to"
-  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_HOST_TARGET#*@} >> ${RB_KH_FILE}),"
+  RB_HINT+=" owner (ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -), then add it to"
+  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST} >> ${RB_KH_FILE}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
+}
+
+#######################################
+# Before HOST is reached over ssh: the ssh config file its spec names (hosts.HOST.ssh_config, in
+# RB_HOST_SSH after -F; compile refused /dev, /proc, /sys, `..` and relative paths) is a regular
+# file here that only this user or root can change, nor any directory above it (rbrules.private
+# --file): ssh runs the commands it names (ProxyCommand, Match exec, LocalCommand) on this machine
+# as this user, even `ssh -G`. Fails (rb::fail) naming the file, the host and the fix.
+#######################################
+rb::ssh_config_ready() {
+  local host=$1 i why me
+  "rb::host_${host}"
+  for ((i = 0; i + 1 < ${#RB_HOST_SSH[@]}; i++)); do
+    if [[ "${RB_HOST_SSH[i]}" != -F ]]; then
+      continue
+    fi
+    me=$(id -un)
+    rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
+    if ! why=$("${RB_KIT_ARGV[@]}" --file --what "hosts.${host}.ssh_config" \
+      --fix "make it ${me}'s and not writable by others, in folders no one else can write" \
+      -- "${RB_HOST_SSH[i + 1]}" 2>&1); then
+      RB_HOST=${host}
+      rb::fail "${why:-refusing hosts.${host}.ssh_config ${RB_HOST_SSH[i + 1]} (the check failed)}"
+      return 1
+    fi
+  done
 }
 
 #######################################
@@ -773,6 +797,7 @@ rb::pipe_failed() {
   n=$(($# / 2))
   local -a names=("${@:1:n}") codes=("${@:n+1}")
   for ((i = 0; i < n; i++)); do
+    rb::signal_status "${codes[i]}"
     if ((codes[i] != 0)); then
       msg+=" ${names[i]} exited ${codes[i]};"
     fi
@@ -826,9 +851,22 @@ rb::sha256() {
 }
 
 #######################################
-# The relay's own rate, bytes a second: zeros streamed for 0.6 s from $1 through this machine
-# (a 1 MiB pipe, as the stream's) to $2 over the run's ssh connections (the ones the stream will
-# use, with its cipher), counted and timed on $2 from the first byte to the last. The receiving
+# The variable named $1 (from the environment) as a whole number of at least $2; anything else is
+# refused (exit 2) before anything is written.
+#######################################
+rb::env_number() {
+  local -n value=$1
+  if ! [[ "${value}" =~ ^[0-9]{1,9}$ ]] || ((10#${value} < $2)); then
+    echo "refusing to run: $1=${value@Q} is not a whole number of at least $2" >&2
+    exit 2
+  fi
+  value=$((10#${value}))
+}
+
+#######################################
+# The relay's own rate, bytes a second: zeros streamed for 0.6 s from $1
+# through this machine (a 1 MiB pipe, as the stream's) to $2 over the run's ssh connections (the
+# ones the stream will use, with its cipher), counted and timed on $2 from the first byte to the last. The receiving
 # end is started first and says `ready` before the sending end starts (a session that starts late
 # is not the link); $3: a scratch path. Prints the rate; returns 1 when it could not be measured.
 #######################################
@@ -846,8 +884,8 @@ a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' \
   if [[ "${ready}" == ready ]]; then
     rb::wide_pipe >&"${fd}"
     # shellcheck disable=SC2016 # $? is the far side's
-    rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb 0.6 >&"${fd}" ||
-      rc=1
+    rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb \
+      0.6 >&"${fd}" || rc=1
   fi
   exec {fd}>&-
   read -r -t 10 -u "${rfd}" bytes first last || true
@@ -1018,6 +1056,8 @@ rb::private_dir() {
 rb::run_dirs() {
   local me stamp old keep
   local -a runs=()
+  rb::env_number RB_KEEP_RUNS 1
+  rb::env_number RB_LOCK_WAIT 0
   me=$(id -un)
   if [[ -n "${RB_RUN_DIR}" && "${RB_RUN_DIR}" != /* ]]; then
     RB_RUN_DIR=${PWD}/${RB_RUN_DIR}
@@ -1029,7 +1069,10 @@ rb::run_dirs() {
   rb::private_dir "${RB_STATE_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
     "${me} can write (its parents too), or fix the one named"
   RB_STATE_DIR=$(cd "${RB_STATE_DIR}" && pwd -P)
-  rb::run_lock "${RB_LOCK_WAIT:-30}"
+  # a --plan writes only in a new directory of its own: it waits for no run and holds nothing
+  if ((${RB_PLANNING:-0} == 0)); then
+    rb::run_lock "${RB_LOCK_WAIT}"
+  fi
   if [[ -z "${RB_RUN_DIR}" ]]; then
     stamp=$(TZ=UTC0 printf '%(%Y%m%dT%H%M%SZ)T' -1)
     RB_RUN_DIR=${RB_STATE_DIR}/${stamp}-$$
@@ -1040,7 +1083,7 @@ rb::run_dirs() {
     shopt -s nullglob
     runs=("${RB_STATE_DIR}"/[0-9]*T[0-9]*Z-[0-9]*)
     shopt -u nullglob
-    keep=${RB_KEEP_RUNS:-20}
+    keep=${RB_KEEP_RUNS}
     if ((${#runs[@]} > keep)); then
       for old in "${runs[@]:0:${#runs[@]}-keep}"; do
         rm -rf -- "${old}"
@@ -1197,6 +1240,9 @@ rb::run_step() {
   RB_STEP_START=${RB_NOW}
   rb::manifest_sent
   "step_${id}"
+  if [[ -n "${RB_APPLY_PLAN:-}" && "${id}" == preflight ]]; then
+    rb::apply_check     # --apply: refused when the source or destination moved since the plan
+  fi
   detail=${RB_STEP_DETAIL}
   rb::now
   rb::event step "${id}" ok "${RB_STEP_START}" "${RB_NOW}" "${RB_STEP_HOST[${id}]}" "${detail}"
@@ -1219,6 +1265,7 @@ rb::on_err() {
   if ((RB_SIGNALLED)); then
     return 0     # a signal is being handled (rb::on_signal): it reports and exits
   fi
+  rb::signal_status "${rc}"
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
   if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
@@ -1244,6 +1291,158 @@ rb::on_err() {
   rb::finish failed
   # the documented statuses: 1 a step or a check failed (the tool's own status is in the log)
   exit 1
+}
+
+#######################################
+# --plan: every host reached read-only (the kit in a private directory made for this run there,
+# removed after), the route and compression chosen as a run chooses them, the source scanned and
+# its static checks run, the destination's state read by `rbkit liveplan state` (no lock taken,
+# nothing written beside it), then the plan composed here: the screen on stdout; plan.json,
+# changes.txt (one line a path, rsync -i like) and, with $1 = 1, plan.md in this run's
+# directory. Exits 1 naming every host it cannot reach, or when something blocks the run.
+#######################################
+rb::live_plan() {
+  local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' line key
+  local route_why compression_why also='' installed=''
+  local -a flags=()
+  RB_STEP=plan
+  rb::hosts_prepare "${RB_HOSTS[@]}" || true
+  for host in "${RB_HOSTS[@]}"; do
+    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+      up+="${up:+, }${host}"
+    else
+      down+="${down:+, }${host}"
+    fi
+  done
+  if [[ -n "${down}" ]]; then
+    RB_HOST=${down}
+    rb::fail "cannot reach ${down} (each said why above); nothing was planned"
+  fi
+  rb::preflight_route 2>"${RB_WORK}/plan-how"
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination, read-only: its entries, free space, backups; its install's record
+  RB_HOST=${RB_DST_HOST}
+  rb::kit "${RB_DST_HOST}" liveplan state "${RB_DST_ABS}" \
+    --choices "${RB_ENGINE_CHOICES}" >"${dir}/dest.state"
+  : >"${dir}/installed.jsonl"
+  IFS= read -r line <"${dir}/dest.state" || line=''
+  if [[ "${line}" == *'"installed": true'* ]]; then
+    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${dir}/installed.jsonl"
+  fi
+  if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" ]]; then
+    installed=${BASH_REMATCH[1]}
+  fi
+  # the static checks are skipped, as preflight skips them, for the tree they passed with here
+  rb::source_finish "${installed}"
+  local -A src=()
+  for key in files bytes need_bytes stat_fingerprint audit_rc audit_failed audit_skipped; do
+    src[${key}]=${RB_J[${key}]:-}
+  done
+  # the compression matters only when something is sent: not measured for a source that is the
+  # tree the destination's install recorded (its stat fingerprint)
+  if [[ -n "${installed}" && "${installed}" == "${src[stat_fingerprint]}" ]]; then
+    rb::log "compression: not measured (the source is the tree the destination's install recorded)" \
+      2>>"${RB_WORK}/plan-how"
+  else
+    rb::preflight_compression 2>>"${RB_WORK}/plan-how"
+  fi
+  cat "${RB_WORK}/plan-how" >>"${dir}/run.log"
+  route_why=$(sed -n 's/^.*\] route: //p' "${RB_WORK}/plan-how")
+  compression_why=$(sed -n 's/^.*\] compression: //p' "${RB_WORK}/plan-how")
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
+  ((RB_INCREMENTAL)) && flags+=(--incremental)
+  if ((markdown)); then
+    flags+=(--markdown)
+    also=', plan.md'
+  fi
+  ((RB_FORCE)) && flags+=(--force)
+  [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && flags+=(--same-host)
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  "${RB_KIT_ARGV[@]}" liveplan compose --dir "${dir}" --name "${RB_NAME}" \
+    --spec-sha "${RB_SPEC_SHA256}" --kit-sha "${RB_KIT_SHA256}" \
+    --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)" --src-host "${RB_SRC_HOST}" \
+    --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" --route "${RB_ROUTE_USED:-}" \
+    --route-why "${route_why}" --compression "${RB_COMPRESSION_USED}" \
+    --compression-why "${compression_why}" --hosts "${up}: reachable (kit in a private directory, removed after)" \
+    --choices "${RB_ENGINE_CHOICES}" \
+    --source-files "${src[files]:-0}" --source-bytes "${src[bytes]:-0}" \
+    --need-bytes "${src[need_bytes]:-0}" --audit-rc "${src[audit_rc]:-2}" \
+    --audit-failed "${src[audit_failed]}" --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
+    --checks "${RB_PROBE_CONFIG:-}" "${flags[@]}" || rc=$?
+  printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' "${dir}" "${also}" \
+    "${RB_SELF}" "${dir}"
+  RB_FINISHED=1
+  exit "${rc}"
+}
+
+# the plan --apply runs (rb::apply_read): its digests of the source and the destination
+declare -A RB_PLAN=()
+
+#######################################
+# --apply PLAN, before anything runs: the plan is this runbook's (same spec and kit) and nothing
+# blocked it; its digests into RB_PLAN. Refused otherwise (exit 1).
+#######################################
+rb::apply_read() {
+  local key value out
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  if ! out=$("${RB_KIT_ARGV[@]}" liveplan read "$1" --name "${RB_NAME}" --spec-sha "${RB_SPEC_SHA256}" \
+    --kit-sha "${RB_KIT_SHA256}"); then
+    exit 1
+  fi
+  while IFS=$'\t' read -r key value; do
+    RB_PLAN[${key}]=${value}
+  done <<<"${out}"
+  rb::log "applying the plan ${1} (made against source scan ${RB_PLAN[source_stat]:0:12}," \
+    "destination state ${RB_PLAN[dest_digest]:0:12})"
+}
+
+#######################################
+# --apply, once preflight holds the destination's lock: the source's scan and the destination's
+# state against the plan's. What moved since is named (which side, how many paths, the first
+# few) and the run ends here (exit 1), before anything is written at the destination.
+#######################################
+rb::apply_check() {
+  local src_kit out moved=''
+  local -a drift
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  drift=("${RB_KIT_ARGV[@]}" liveplan drift --plan "${RB_APPLY_PLAN}")
+  if [[ "${RB_SRC_STAT}" != "${RB_PLAN[source_stat]}" ]]; then
+    rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${RB_RUN_DIR}/apply-source.scan"
+    out=$("${drift[@]}" --side source --now "${RB_RUN_DIR}/apply-source.scan") || true
+    moved+="the source ${RB_SRC_HOST}:${RB_SRC_ABS}: ${out%%$'\t'*} paths (${out#*$'\t'}); "
+  fi
+  rb::kit "${RB_DST_HOST}" liveplan state "${RB_DST_ABS}" \
+    --choices "${RB_ENGINE_CHOICES}" >"${RB_RUN_DIR}/apply-dest.state"
+  if ! out=$("${drift[@]}" --side dest --now "${RB_RUN_DIR}/apply-dest.state"); then
+    moved+="the destination ${RB_DST_HOST}:${RB_DST_ABS}: ${out%%$'\t'*} paths (${out#*$'\t'}); "
+  fi
+  if [[ -n "${moved}" ]]; then
+    rb::fail "refusing to apply ${RB_APPLY_PLAN}: changed since the plan was made: ${moved}nothing" \
+      "was written at the destination; make a new plan: bash ${RB_SELF} --plan"
+  fi
+  rb::log "the plan holds: the source and the destination are as the plan saw them"
+  rb::apply_compression "${RB_PLAN[compression]:-}"
+}
+
+#######################################
+# --apply: the stream's compression is the plan's ($1) where both ends still have it (a measured
+# choice follows the link's rate of the moment: preflight's may differ); said when it differs.
+#######################################
+rb::apply_compression() {
+  local want=$1
+  if [[ -z "${want}" || "${want}" == "${RB_COMPRESSION_USED}" ]]; then
+    return 0
+  fi
+  if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${want},"* &&
+    ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${want},"* ]]; then
+    rb::log "compression: ${want}, as the plan chose (preflight chose ${RB_COMPRESSION_USED} now)"
+    RB_COMPRESSION_USED=${want}
+    RB_STEP_DETAIL=${RB_STEP_DETAIL/%compression */compression ${want}}
+  else
+    rb::log "compression: ${RB_COMPRESSION_USED}, not the plan's ${want}: an end no longer has it"
+  fi
 }
 
 #######################################
@@ -1278,6 +1477,20 @@ rb::on_signal() {
   RB_FAILED_STEP=${RB_STEP}
   rb::finish interrupted
   exit 130
+}
+
+#######################################
+# A command that ended by SIGHUP, SIGINT or SIGTERM (status $1: 129, 130, 143) means the run was
+# signalled: handled as the signal itself (rb::on_signal), also when this shell's own trap has not
+# run yet (a signal landing as a pipeline starts). Other statuses: nothing.
+#######################################
+rb::signal_status() {
+  case "$1" in
+    129) rb::on_signal HUP ;;
+    130) rb::on_signal INT ;;
+    143) rb::on_signal TERM ;;
+    *) ;;
+  esac
 }
 
 #######################################
@@ -1492,17 +1705,13 @@ rb::cause() {
 }
 
 #######################################
-# ", port N" (or "-p N" with an argument) when the host's ssh words name a port.
+# ", port N" when the host's ssh words name a port.
 #######################################
 rb::port_of() {
   local i
   for ((i = 0; i < ${#RB_HOST_SSH[@]}; i++)); do
     if [[ "${RB_HOST_SSH[i]}" == -p ]]; then
-      if (($# > 0)); then
-        printf ' -p %s' "${RB_HOST_SSH[i + 1]}"
-      else
-        printf ', port %s' "${RB_HOST_SSH[i + 1]}"
-      fi
+      printf ', port %s' "${RB_HOST_SSH[i + 1]}"
       return 0
     fi
   done
@@ -1682,25 +1891,16 @@ rb::preflight_audit() {
 # go to the log as they come.
 #######################################
 rb::engine_start() {
-  local host=${RB_DST_HOST} item kit fifo="${RB_WORK}/engine"
+  local host=${RB_DST_HOST} kit fifo="${RB_WORK}/engine"
   kit=$(rb::kit_dir "${host}")
-  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --policy "${RB_ON_EXISTING}"
-    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --jobs "${RB_JOBS}"
-    --compression "${RB_COMPRESSION_USED}" --env-out "${RB_ENV_FILE}" --cuda-home "${RB_CUDA_HOME}"
-    --origin "runbook ${RB_NAME} (${RB_SPEC})" --rerun "${RB_RERUN}"
-    --probe-config "${RB_PROBE_CONFIG:-}" --on-failed-checks "${RB_ON_FAILED_CHECKS:-keep}"
-    --special-modes "${RB_SPECIAL_MODES}" --keep-backups "${RB_KEEP_BACKUPS}"
-    --swap-atomic "${RB_SWAP_ATOMIC}" --shared-parent "${RB_SHARED_PARENT}"
+  # the spec's choices are one document (RB_ENGINE_CHOICES); the rest are this run's facts
+  local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --choices "${RB_ENGINE_CHOICES}"
+    --manifest "${kit}/${RB_NAME}.manifest.jsonl" --compression "${RB_COMPRESSION_USED}"
+    --probe-config "${RB_PROBE_CONFIG:-}"
     --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
   fi
-  for item in "${RB_LIB_FIRST[@]}"; do
-    args+=(--first "${item}")
-  done
-  for item in "${RB_ENV[@]}"; do
-    args+=(--env "${item}")
-  done
   if [[ -n "${RB_LOCK_WAIT:-}" ]]; then
     args+=(--lock-wait "${RB_LOCK_WAIT}")
   fi
@@ -1824,13 +2024,13 @@ rb::restore_checks() {
 }
 
 #######################################
-# End the destination's engine (its last events go into the log), write the JSON report and
-# print the summary. Argument: the outcome this shell saw; the report's is the worse of it and
-# what the steps' events say.
+# End the destination's engine (its last events go into the log), write the report and print the
+# summary. Argument: the outcome this shell saw; the report's is the worse of it and what the
+# steps' events say, with where the run stopped. A signal while finishing (INT, TERM, HUP) makes
+# it an interrupted run (exit 130) whose report replaces the one just written.
 #######################################
 rb::finish() {
-  local outcome=$1 probe drawn='' from
-  local -a probe_args=() fan=()
+  local outcome=$1 late='' where from n
   # nothing is written before the run directory is known private and this run holds it
   if ((RB_FINISHED)) || [[ -z "${RB_WORK}" || -z "${RB_RUN_LOCK}" ]] || ((RB_DRY_RUN)); then
     return 0
@@ -1839,30 +2039,28 @@ rb::finish() {
   if [[ "${outcome}" == interrupted ]]; then
     rb::engine_stop now
   else
+    trap 'late=INT && trap "" INT TERM HUP' INT
+    trap 'late=TERM && trap "" INT TERM HUP' TERM
+    trap 'late=HUP && trap "" INT TERM HUP' HUP
     rb::engine_stop
   fi
-  for probe in "${RB_PROBE_REPORTS[@]}"; do
-    probe_args+=(--probe "${probe}")
-  done
-  if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
-    fan=(--fanout "${RB_STATE_DIR}/fanout/fanout.json")
-  fi
-  # the report, then its pictures beside it (timeline.svg, nodes.svg, report.html), one process
-  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
-  if drawn=$("${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" \
-    --outcome "${outcome}" --out "${RB_REPORT}" "${probe_args[@]}" ${RB_GPU_DECLARED:+--gpu} \
-    --pictures "$(dirname "${RB_REPORT}")" "${fan[@]}"); then
-    if [[ -n "${drawn}" ]]; then
-      rb::log "pictures: $(dirname "${RB_REPORT}")/report.html (timeline.svg${fan[*]:+, nodes.svg})"
-    else
-      rb::log "could not draw the pictures of this run (above); the report is complete"
-    fi
-  else
-    rb::log "could not write the report"
-  fi
-  rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
   from=$(rb::resume_step "${RB_FAILED_STEP}")
-  if [[ "${outcome}" == interrupted ]]; then
+  where=${RB_FAILED_STEP:+in step ${RB_FAILED_STEP}}
+  where=${where:-after step ${RB_STEP_DONE:-(none)}${from:+, before ${from}}}
+  # once; again when a signal came while it was being written
+  for n in 1 2; do
+    if [[ -n "${late}" && "${outcome}" != interrupted ]]; then
+      outcome=interrupted where="while finishing (SIG${late}), ${where}"
+      rb::log "interrupted ${where}; the report says so"
+    elif ((n == 2)); then
+      break
+    fi
+    rb::report "${outcome}" "${where}"
+  done
+  rb::log "report: ${RB_REPORT}; log: ${RB_RUN_DIR}/run.log"
+  if [[ -n "${late}" && -z "${from}" ]]; then
+    rb::log "every step had finished before the signal: nothing to go on with"
+  elif [[ "${outcome}" == interrupted ]]; then
     rb::log "interrupted: re-run with --from ${from:-${RB_STEPS[0]}} to go on (relocate, prove" \
       "and swap install only a staging this run verified: they go on from verify)"
   elif ((RB_ROLLED_BACK)); then
@@ -1872,6 +2070,37 @@ rb::finish() {
     rb::log "${outcome}: see the step named above; re-run with --from ${from:-${RB_STEPS[0]}}" \
       "after fixing it (relocate, prove and swap install only a staging this run verified: they" \
       "go on from verify)"
+  fi
+  if [[ -n "${late}" ]]; then
+    exit 130
+  fi
+}
+
+#######################################
+# The report ($1 the outcome, $2 where the run stopped), then its pictures beside it (timeline.svg,
+# nodes.svg, report.html): one process, which ignores the run's signals.
+#######################################
+rb::report() {
+  local drawn='' probe fan=''
+  local -a args=()
+  for probe in "${RB_PROBE_REPORTS[@]}"; do
+    args+=(--probe "${probe}")
+  done
+  if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
+    args+=(--fanout "${RB_STATE_DIR}/fanout/fanout.json") fan=', nodes.svg'
+  fi
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  if drawn=$(trap '' INT TERM HUP && exec "${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" \
+    --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "$1" \
+    --where "$2" --out "${RB_REPORT}" ${RB_GPU_DECLARED:+--gpu} --pictures "${RB_REPORT%/*}" \
+    "${args[@]}"); then
+    if [[ -n "${drawn}" ]]; then
+      rb::log "pictures: ${RB_REPORT%/*}/report.html (timeline.svg${fan})"
+    else
+      rb::log "could not draw the pictures of this run (above); the report is complete"
+    fi
+  else
+    rb::log "could not write the report"
   fi
 }
 
@@ -1891,6 +2120,9 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --restore [N]   put backup N (default: the newest whose checks passed) of the destination
                   back in place, then run the checks on it
   --list-backups  the destination's backups: when, from which spec and source, checks, size
+  --plan          reach every host read-only and say what a run would change and need
+                  (--markdown: also plan.md); writes runs/${RB_NAME}/<run>/plan.json
+  --apply PLAN    run exactly that plan; refused (exit 1) when either end changed since
   --force         move a source whose static checks failed (kernels without code for the
                   target, references that leave the venv); the log and the report say so
   --allow-edited  run this runbook although it was edited, or its spec changed, since compile
@@ -1979,12 +2211,13 @@ rb::install_paths() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit and hostkit/rbprobes),
-# embedded (compile --standalone). Arguments: the directory to write them into.
+# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
+# (hostkit/rbview, the pictures: never sent to a host), embedded (compile --standalone).
+# Arguments: the directory to write them into.
 #######################################
 rb::kit_write() {
   local dir=$1
-  mkdir -p "${dir}"/rbkit "${dir}"/rbprobes "${dir}"/rbrules
+  mkdir -p "${dir}"/rbkit "${dir}"/rbprobes "${dir}"/rbrules "${dir}"/rbview
   cat >"${dir}"/rbkit/__init__.py <<'RB_PY_D8709D74'
 """rbkit: the file-system tools a runbook ships to every host (stdlib only, Python >= 3.9).
 
@@ -2001,6 +2234,7 @@ RB_PY_D8709D74
     report --events E --out R [...]        the run's report from its event log (on the head)
     measure ROOT --tool T...               how fast each compressor packs a sample of the tree
     engine ...                             the install engine (serve.py): every step of a move
+    liveplan ...                           the live plan (--plan, --apply): liveplan.py
 
 The steps of a move (scan, stage, receive, verify, relocate, prove, swap, exports, probe,
 restore) are the engine's only: `python -m rbkit engine run STEP... --dest DEST` runs them by hand.
@@ -2013,6 +2247,8 @@ import json
 import os
 import sys
 import tempfile
+
+from rbrules import common
 
 from . import report
 
@@ -2075,7 +2311,8 @@ def cmd_elsewhere(a) -> int:
 
 def cmd_report(a) -> int:
     probes = dict(item.split("=", 1) for item in a.probe)
-    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu)
+    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu,
+                       where=a.where)
     # a new file of its own name beside the report (O_EXCL, never a name another user could have
     # pointed elsewhere), renamed over it
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or ".")
@@ -2092,8 +2329,9 @@ def cmd_report(a) -> int:
         # in the same process (one Python start less at the end of every run); a drawing that
         # fails is said on stderr and by no `drawn` line, never the report's outcome
         try:
-            from . import pictures
-            for path in pictures.draw(doc, a.events, a.pictures, a.fanout):
+            # the controller-only package beside rbkit in this machine's kit (never on a host)
+            from rbview import draw
+            for path in draw.draw(doc, a.events, a.pictures, a.fanout):
                 print("drawn %s" % path)
         except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
             print("rbkit report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
@@ -2146,7 +2384,7 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("root")
     ms.add_argument("--tool", action="append", default=[])
     ms.add_argument("--exclude", action="append", default=[])
-    ms.add_argument("--bytes", type=int, default=16 << 20)
+    ms.add_argument("--bytes", type=int, default=common.MEASURE_SAMPLE)
     ms.add_argument("--seconds", type=float, default=5.0)
     ms.add_argument("--link", type=int, help="the link's rate (bytes/s): print the choice")
     ms.add_argument("--shared-cpu", action="store_true",
@@ -2160,6 +2398,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--events", required=True)
     rp.add_argument("--probe", action="append", default=[])
     rp.add_argument("--outcome", required=True)
+    rp.add_argument("--where", default="", help="where a run that did not pass stopped")
     rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
     rp.add_argument("--out", required=True)
     rp.add_argument("--pictures", default="", help="also draw the run's pictures into this directory")
@@ -2174,6 +2413,10 @@ def main(argv=None) -> int:
         from . import serve          # the install engine's own command line (serve.py)
 
         return serve.main(argv[1:])
+    if argv[:1] == ["liveplan"]:
+        from . import liveplan       # the live plan's own command line (--plan, --apply)
+
+        return liveplan.main(argv[1:])
     a = parser().parse_args(argv)
     try:
         return a.fn(a)
@@ -2185,6 +2428,284 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 RB_PY_4A0F4903
+  cat >"${dir}"/rbkit/backups.py <<'RB_PY_6A05FA69'
+"""The installs kept beside the destination, asked for by hand: `restore` (a backup back in
+place) and `list_backups`.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from . import hostfs
+from .runner import Result, Context, _require_lock
+
+
+def restore(ctx: Context, number: Optional[int] = None) -> Result:
+    """`--restore [N]`: backup N (default: the newest whose checks passed) back at the
+    destination; says which and why, and what is in place now. The runbook runs the checks on it
+    next (probe)."""
+    _require_lock(ctx)
+    ctx.critical += 1
+    try:
+        result = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
+                                swap_atomic=ctx.choices.swap_atomic)
+        if os.path.isdir(ctx.dest):
+            # chosen by hand: the checks that follow are this install's, not a stale spec's
+            hostfs.write_info(ctx.dest, put_back_after=None, failed_install=None)
+    finally:
+        ctx.critical -= 1
+    for why in result.get("ignored") or []:
+        ctx.log("ignored: " + why)
+    now = result.get("installed") or {}
+    if now:
+        ctx.log("in place now: %s" % _describe(now))
+    if result["restored"] is None:
+        return Result("nothing restored: %s" % result["why"], {"restored": "", "kept_current_as": ""})
+    if result["kept_current_as"] is None:
+        then = "nothing was in place"
+    elif result.get("kept_failed"):
+        then = ("the install that was in place failed its checks: kept apart at %s"
+                % result["kept_current_as"])
+    else:
+        then = "the install that was in place is now %s" % result["kept_current_as"]
+    skipped = "; ".join(result.get("skipped") or []) or "none"
+    return Result("restored %s: %s (skipped: %s); %s"
+                  % (result["restored"], result["why"], skipped, then),
+                  {"restored": result["restored"], "kept_current_as": result["kept_current_as"] or ""})
+
+
+def _describe(doc: dict) -> str:
+    """An install's record and stat check in words (describe_install's dict)."""
+    info = doc.get("info") or {}
+    parts = ["%s made %s by %s" % (doc.get("path"), info.get("installed", "at an unknown time"),
+                                   info.get("origin", "an unknown run"))]
+    fp = info.get("source_fingerprint") or doc.get("source_fingerprint")
+    parts.append("source %s" % (fp[:16] if fp else "unknown"))
+    parts.append("checks %s" % ("failed: " + doc["failed"] if doc.get("failed")
+                                else info.get("checks", "not recorded")))
+    check = doc.get("tree_check") or {}
+    if check.get("ok") is True:
+        parts.append("its files are as installed (stat check against its manifest)")
+    elif check.get("ok") is False:
+        changed = check.get("changed") or check.get("missing") or []
+        parts.append("changed since installed: %s" % (", ".join(changed[:8]) if changed
+                                                       else check.get("why", "see its manifest")))
+    else:
+        parts.append(check.get("why", "no stat check"))
+    return "; ".join(parts)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return "%d B" % n
+
+
+def list_backups(ctx: Context) -> Result:
+    """`--list-backups`: each backup of the destination, the failed install kept apart and the
+    one in place: when it was installed, by which runbook and spec, the source's fingerprint,
+    its checks, its size."""
+    rows = hostfs.list_installs(ctx.dest)
+    ctx.log("installs of %s (keep_backups: %s counts the backups whose checks passed):"
+            % (ctx.dest, ctx.choices.keep_backups or "-"))
+    table = []
+    for row in rows:
+        info = row["info"]
+        checks = "failed" if row["failed"] else info.get("checks", "unknown").split(":")[0]
+        label = ("backup %d" % row["number"]) if row["kind"] == "backup" else row["kind"]
+        fp = info.get("source_fingerprint") or ""
+        table.append((label, info.get("installed", "-"), checks, _size(row["size"]),
+                      "source " + (fp[:12] or "-"), info.get("origin", "-"), row["path"]))
+    widths = [max(len(r[i]) for r in table) for i in range(6)] if table else []
+    for r, row in zip(table, rows):
+        ctx.log("  " + "  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
+        if row["failed"]:
+            ctx.log("      why: %s" % row["failed"])
+        if row["info"].get("put_back_after"):
+            ctx.log("      put back after %s failed (the failed install: %s)"
+                    % (row["info"]["put_back_after"], row["info"].get("failed_install", "-")))
+    if not rows:
+        ctx.log("  nothing there yet")
+    n = sum(1 for r in rows if r["kind"] == "backup")
+    good = sum(1 for r in rows if r["kind"] == "backup" and not r["failed"])
+    return Result("%d backups (%d whose checks did not fail)%s" % (
+        n, good, "; a failed install kept apart" if any(r["kind"] == "failed" for r in rows)
+        else ""), {"backups": n, "good": good})
+RB_PY_6A05FA69
+  cat >"${dir}"/rbkit/choices.py <<'RB_PY_E7C304B6'
+"""The engine's choices for a run: one JSON document, read once.
+
+The compiler writes the spec's choices for the install engine as one JSON document (the runbook's
+RB_ENGINE_CHOICES setting, compiler/engineconf.py), the way it writes the checks' document
+(RB_PROBE_CONFIG, read by rbprobes); a runbook passes it whole, as one argument (`--choices`), to
+`rbkit engine serve|run|receive` and to `rbkit.fanout node`, beside the facts of the run itself
+(the destination and source paths as resolved on the hosts, the manifest's path there, the
+compression this run measured). `Choices.from_json` reads it into a frozen Choices, refusing a
+document that is not one (an unknown key, a value that is not one of a choice's words, another
+schema), so a mistake is named before anything is done:
+
+    {"schema": 1, "on_existing": "backup", "rerun": "quick", "verify": "sha256",
+     "special_modes": "refuse", "keep_backups": 2, "swap_atomic": "allow",
+     "shared_parent": "refuse", "on_failed_checks": "rollback", "jobs": "auto",
+     "cuda_home": "/usr/local/cuda", "env_file": "", "library_path_first": ["nvidia/cu13/lib"],
+     "env": {"NCCL_DEBUG": "WARN"}, "origin": "runbook b300 (specs/b300.yaml)", "timeout": null}
+
+A key left out takes its default below (the safe word of each choice).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, Optional, Tuple, Union
+
+from .hostfs import SPECIAL_MODES, SWAP_ATOMIC
+from .stream import COMPRESSION
+
+SCHEMA = 1
+# the spec's words for each choice (compiler/spec.py holds the same lists as its field types)
+ON_EXISTING = ("refuse", "backup", "replace")     # transfer.on_existing
+RERUN = ("quick", "digest")                       # transfer.rerun
+VERIFY = ("sha256", "blake2b", "none")            # transfer.verify: the digest of each file
+ON_FAILED_CHECKS = ("rollback", "keep")           # on_failed_checks
+SHARED_PARENT = ("refuse", "allow")               # transfer.shared_parent
+
+
+class ChoicesError(ValueError):
+    """The document is not the engine's choices: the message names the key and what it holds."""
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What the spec chose for the install engine (none of it depends on the run)."""
+
+    on_existing: str = "refuse"         # what is at the destination: refused, backed up, replaced
+    rerun: str = "quick"                # how a re-run decides the destination holds the tree
+    verify: str = "sha256"              # the digest receive takes of each file (verify's)
+    special_modes: str = "refuse"       # setuid/setgid/sticky/world-write entries
+    keep_backups: Optional[int] = None  # backups kept whose checks passed (None: all)
+    swap_atomic: str = "allow"          # a swap that cannot be one rename: refused, or two
+    shared_parent: str = "refuse"       # a destination's parent other users can write
+    on_failed_checks: str = "keep"      # after the swap: failed checks roll back, or stay
+    jobs: Union[str, int] = "auto"      # hashing threads on each host (auto: one per CPU)
+    cuda_home: str = ""                 # the env file's CUDA_HOME ("" without cuda:)
+    env_file: str = ""                  # cuda.env_file ("": DEST.env.sh)
+    library_path_first: Tuple[str, ...] = ()   # LD_LIBRARY_PATH's first dirs, in site-packages
+    env: Tuple[Tuple[str, str], ...] = field(default=())   # the spec's env:, sorted by name
+    origin: str = "a runbook"           # who installs: written in the install's record
+    timeout: Optional[float] = None     # seconds for each child (a fan-out node's fanout.timeout_s)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Choices":
+        """The document `text` as Choices; ChoicesError naming what is wrong."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ChoicesError("the engine's choices are not JSON: %s" % exc) from None
+        if not isinstance(doc, dict):
+            raise ChoicesError("the engine's choices are not a JSON object")
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: Dict[str, Any]) -> "Choices":
+        doc = dict(doc)
+        schema = doc.pop("schema", SCHEMA)
+        if schema != SCHEMA:
+            raise ChoicesError("the engine's choices are of schema %r; this kit reads schema %d"
+                               % (schema, SCHEMA))
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise ChoicesError("the engine's choices hold keys this kit does not know: %s"
+                               % ", ".join(unknown))
+        for key, words in _WORDS.items():
+            if key in doc and doc[key] not in words:
+                raise ChoicesError("the engine's choice %s is %r, not one of %s"
+                                   % (key, doc[key], ", ".join(words)))
+        for key in ("cuda_home", "env_file", "origin"):
+            if key in doc and not isinstance(doc[key], str):
+                raise ChoicesError("the engine's choice %s is %r, not a string" % (key, doc[key]))
+        if "keep_backups" in doc:
+            doc["keep_backups"] = _whole(doc, "keep_backups", allow_none=True)
+        if "jobs" in doc and doc["jobs"] != "auto":
+            doc["jobs"] = _whole(doc, "jobs")
+        if doc.get("timeout") is not None:
+            value = doc["timeout"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ChoicesError("the engine's choice timeout is %r, not a number of seconds"
+                                   % (value,))
+        if "library_path_first" in doc:
+            first = doc["library_path_first"]
+            if not isinstance(first, list) or not all(isinstance(x, str) for x in first):
+                raise ChoicesError("the engine's choice library_path_first is %r, not a list of "
+                                   "strings" % (first,))
+            doc["library_path_first"] = tuple(first)
+        if "env" in doc:
+            env = doc["env"]
+            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in env.items()):
+                raise ChoicesError("the engine's choice env is %r, not an object of strings"
+                                   % (env,))
+            doc["env"] = tuple(sorted(env.items()))
+        return cls(**doc)
+
+    def to_json(self) -> str:
+        """The document (as the compiler writes it: keys sorted, no spaces)."""
+        doc = asdict(self)
+        doc["library_path_first"] = list(self.library_path_first)
+        doc["env"] = dict(self.env)
+        doc["schema"] = SCHEMA
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+_WORDS = {"on_existing": ON_EXISTING, "rerun": RERUN, "verify": VERIFY,
+          "special_modes": SPECIAL_MODES, "swap_atomic": SWAP_ATOMIC,
+          "shared_parent": SHARED_PARENT, "on_failed_checks": ON_FAILED_CHECKS}
+
+
+def _whole(doc: Dict[str, Any], key: str, allow_none: bool = False) -> Optional[int]:
+    value = doc[key]
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ChoicesError("the engine's choice %s is %r, not a whole number above 0"
+                           % (key, value))
+    return value
+
+
+def _read(text: str) -> Choices:
+    """--choices: the document, read once (argparse names the option when it is refused)."""
+    try:
+        return Choices.from_json(text)
+    except ChoicesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_choices_option(p: argparse.ArgumentParser) -> None:
+    """--choices JSON: the spec's choices, read into a Choices (`engine receive`, and below)."""
+    p.add_argument("--choices", type=_read, required=True, metavar="JSON",
+                   help="the spec's choices for the engine: one JSON document (rbkit/choices.py)")
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """--choices, and the facts of a run that the install's steps take beside it (`engine serve`,
+    `engine run`, `rbkit.fanout node`)."""
+    p.add_argument("--dest", required=True)
+    p.add_argument("--old", default="", help="the source's path (what relocation rewrites)")
+    p.add_argument("--compression", choices=sorted(COMPRESSION), default="none",
+                   help="the compression this run's stream uses")
+    p.add_argument("--probe-config", default="", help="the checks' document (rbprobes)")
+    add_choices_option(p)
+RB_PY_E7C304B6
   cat >"${dir}"/rbkit/engine.py <<'RB_PY_B47E6041'
 """The install engine: every destination-side step of a move, written once.
 
@@ -2210,275 +2731,50 @@ place the tree controls): the manifest's fingerprint and the staging's identity 
 relocate and swap refuse without it, so a staging that failed verification, or one another run
 replaced, is never installed.
 
+The engine is split at its seams: runner.py (Context, Result, StepError, `run`, the private state
+and its stamp), staging.py (stage and resume), receive.py (the stream's receiving end), proof.py
+(verify, prove, the post-swap proof) and backups.py (restore, list_backups); this module holds the
+other steps, the order they run in (`install`) and what a failure past the swap does, and names
+every step for its callers (serve.py, fanout.py).
+
 stdlib only; Python >= 3.9.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
-import pwd
-import re
 import shutil
 import stat
 import subprocess
-import tempfile
 import threading
 import time
-import traceback
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional
 
-from rbrules import launch, paths
+from rbrules import launch
 
 from . import exports as kitexports
 from . import hostfs, privacy, safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
-from . import tarstream
-from .stream import (COMPRESSION, TAR_RECORD, Progress, child_env, human, pipeline, run_quiet,
-                     tail)
+# the runner and the steps of the other modules, named here for the engine's callers (serve.py,
+# fanout.py, source.py): `engine.run(ctx, "verify", engine.verify)`
+from .backups import list_backups, restore
+from .proof import (_cancel_elsewhere, _report_elsewhere, interpreter_prefix, prove, prove_scripts,
+                    stop_background, verify)
+from .receive import receive
+from .runner import (INSTALLED, STEPS, Context, Result, StepError, _load_keyed, _require,
+                     _require_lock, _sha256, _write_stamp, jobs, make_state, os_error_words,
+                     read_stamp, remove_tree, run, skipped, staging_path, user_name, write_file)
+from .staging import resumable, stage
+from .stream import COMPRESSION, child_env, human, run_quiet, tail
 
-# The install's steps, in order: what a fan-out node's report and the runbook's events name.
-STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
-PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
-STAMP = "stamp.json"
-RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
-                             # (received.I.json: stream I's, when several streams ran)
-BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
-INSTALLED = ".rb-manifest.jsonl"
-INCOMPLETE = ".incomplete"   # beside the staging (STAGING.incomplete): what arrived of a stream
-                             # that did not end in a verified staging, and the source it was for
-KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, for verify
-
-
-def staging_path(dest: str) -> str:
-    """`.<name>.rb-staging` beside the destination: rbrules.paths.staging, the one rule."""
-    return paths.staging(dest)
-
-
-def jobs(value: Any) -> int:
-    """--jobs N, or auto: one per CPU of this host (at most 32)."""
-    if value in (None, "", "auto"):
-        return max(1, min(32, os.cpu_count() or 1))
-    return max(1, int(value))
-
-
-class StepError(Exception):
-    """A step failed: the message is the event's detail; `lines` what it listed (missing files)."""
-
-    def __init__(self, message: str, facts: Optional[dict] = None,
-                 lines: Optional[List[str]] = None, rc: int = 1) -> None:
-        super().__init__(message)
-        self.facts = facts or {}
-        self.lines = lines or []
-        self.rc = rc
-
-
-class Result:
-    def __init__(self, detail: str = "", facts: Optional[dict] = None, status: str = "ok") -> None:
-        self.detail, self.facts, self.status = detail, facts or {}, status
-
-
-class Context:
-    """What the steps of one run share: the destination and the spec's choices (given), and
-    what the run learned so far (the up-to-date verdict, what the swap did, files never to link).
-    `emit` receives every event; `log` every human line (the runbook's stderr, or a node's
-    report); `capture`: children's output is collected (a node) instead of passed through."""
-
-    def __init__(self, dest: str, *, old: str = "", policy: str = "refuse", manifest: str = "",
-                 jobs: Any = "auto", compression: str = "none", env_out: str = "",
-                 cuda_home: str = "", first: Optional[List[str]] = None,
-                 env: Optional[List[str]] = None, origin: str = "a runbook",
-                 probe_config: str = "", on_failed_checks: str = "keep", rerun: str = "quick",
-                 timeout: Optional[float] = None, state: str = "", capture: bool = False,
-                 special_modes: str = "refuse", keep_backups: Optional[int] = None,
-                 swap_atomic: str = "allow", shared_parent: str = "refuse", algo: str = "",
-                 emit: Optional[Callable[[dict], None]] = None,
-                 log: Optional[Callable[[str], None]] = None,
-                 trace: Optional[Callable[[str], None]] = None,
-                 progress: Optional[Tuple[float, Callable[[int], None]]] = None,
-                 part: Optional[Tuple[int, int]] = None) -> None:
-        self.dest = os.path.abspath(dest)
-        self.staging = staging_path(self.dest)
-        self.old, self.policy, self.manifest = old, policy, manifest
-        self.jobs, self.compression = jobs, compression
-        self.env_out = paths.env_file(self.dest, env_out or "")
-        self.cuda_home, self.first, self.env = cuda_home, list(first or []), list(env or [])
-        self.origin, self.probe_config = origin, probe_config
-        self.on_failed_checks, self.rerun, self.timeout = on_failed_checks, rerun, timeout
-        self.state, self.capture = state, capture
-        # transfer.special_modes (receive), keep_backups and swap_atomic (swap, restore)
-        self.special_modes, self.keep_backups, self.swap_atomic = \
-            special_modes, keep_backups, swap_atomic
-        # transfer.shared_parent: a destination's parent other users can write is refused
-        # (check_parent), unless allow
-        self.shared_parent = shared_parent
-        # the digest the stream's receiving end computes (the manifest's, when it is here first)
-        self.algo = algo
-        self.emit = emit or (lambda event: None)
-        self.log = log or (lambda line: None)
-        # where a failure's traceback goes: the run's log file only, never the terminal
-        self.trace = trace or self.log
-        # (every so many seconds, where to) the bytes of the stream receive's tar has read so far
-        self.progress = progress
-        # receive: which stream of how many this one is (rbkit send --part I/N), None: the one
-        self.part = part
-        self.locked = False
-        self.events: List[dict] = []
-        self.up_to_date: Optional[str] = None   # why the destination already holds the tree
-        self.unlinkable: set = set()             # failed the digest check: sent, never linked
-        self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
-        self.failed_checks = ""                  # the checks that failed, named (probe)
-        self.critical = 0                        # inside a rename sequence: signals wait
-        self.elsewhere: Any = None               # (the scan of data files, its prefixes)
-        self.early: Any = None                   # the quick check's walk, begun at the lock
-        self._manifest_cache: Optional[tuple] = None
-        self._installed_cache: Optional[tuple] = None   # (stat key, the install's manifest)
-        self.linked_inodes: Optional[tuple] = None     # (staging identity, what stage linked)
-
-    def new_manifest(self) -> dict:
-        """The source's manifest for this run (loaded once per version of the file)."""
-        if not self.manifest:
-            raise StepError("no source manifest was given to the engine")
-        try:
-            st = os.stat(self.manifest)
-        except OSError as exc:
-            raise StepError("the source's manifest %s is not here (%s): run the manifest step "
-                            "first" % (self.manifest, exc.strerror)) from None
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if self._manifest_cache is None or self._manifest_cache[0] != key:
-            m, fp = kitmanifest.load_fingerprinted(self.manifest)
-            self._manifest_cache = (key, m, fp)
-        return self._manifest_cache[1]
-
-    def fingerprint(self) -> str:
-        self.new_manifest()
-        return self._manifest_cache[2]
-
-    def wrote_manifest(self, m: dict, fp: str) -> None:
-        """`m` (fingerprint `fp`) was just written to self.manifest: kept without reading it."""
-        st = os.stat(self.manifest)
-        self._manifest_cache = ((st.st_mtime_ns, st.st_size, st.st_ino), m, fp)
-
-    def installed(self) -> dict:
-        """The current install's manifest (raises OSError, ValueError), read once per version of
-        the file: the quick check's read (EarlyCheck) serves the stage that follows it."""
-        key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
-        self.keep_installed(key, m)
-        return m
-
-    def keep_installed(self, key: Optional[tuple], m: Optional[dict]) -> None:
-        """Keep `m`, read from the install's manifest while it had stat `key` (_file_key), for
-        `installed`; nothing is kept without both."""
-        self._installed_cache = (key, m) if key is not None and m is not None else None
-
-
-def _file_key(path: str) -> tuple:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
-    """(stat key, manifest at `path`): `cache`'s manifest when the file has its key still; the
-    key is None when the file changed while it was read (nothing to keep)."""
-    key = _file_key(path)
-    if cache is not None and cache[0] == key:
-        return key, cache[1]
-    m = kitmanifest.load(path)
-    return (key if _file_key(path) == key else None), m
-
-
-# -- the runner ----------------------------------------------------------------------------------
-
-
-def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: Any) -> dict:
-    """Run one step, time it, emit its event (also kept in ctx.events); never raises for the
-    step's own failure. An exception's text is never the detail: it is said in words
-    (os_error_words), its traceback goes to ctx.trace (the run's log)."""
-    start = time.monotonic()
-    error: List[str] = []
-    try:
-        res = fn(ctx, *args, **kw)
-        status, detail, facts = res.status, res.detail, res.facts
-    except StepError as exc:
-        status, detail, facts, error = "failed", str(exc), exc.facts, exc.lines
-        facts = dict(facts, rc=exc.rc)
-        if exc.__cause__ is not None:
-            _trace(ctx, step, exc)
-    except OSError as exc:
-        status, detail, facts = "failed", os_error_words(exc), {"rc": 1}
-        _trace(ctx, step, exc)
-    except (ValueError, subprocess.SubprocessError) as exc:
-        status, detail, facts = "failed", "%s on %s: %s" % (step, ctx.dest, exc), {"rc": 1}
-        _trace(ctx, step, exc)
-    except Exception as exc:             # a bug of the kit: the step fails, the run reports it
-        status, detail, facts = "failed", (
-            "the engine's %s step stopped on an error of its own (a bug of the kit: the "
-            "traceback is in the run's log)" % step), {"rc": 1}
-        _trace(ctx, step, exc)
-    event = {"step": step, "status": status, "detail": detail, "facts": facts,
-             "duration_s": round(time.monotonic() - start, 3)}
-    if status == "failed":
-        event["error"] = ([detail] + error)[:20]
-    ctx.events.append(event)
-    ctx.emit(event)
-    return event
-
-
-def _trace(ctx: Context, step: str, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    ctx.trace("the engine's %s step failed on %s; traceback:\n%s" % (step, ctx.dest, text))
-
-
-def user_name() -> str:
-    """Who this process acts as: the effective user's name (uid N when it has none)."""
-    uid = os.geteuid()
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid
-
-
-# what each errno means for who tried, where the system's own words say too little
-_ERRNO_WHY = {
-    errno.EROFS: "the file system that holds it is mounted read-only",
-    errno.EPERM: "the system does not permit it to %s: an immutable or append-only attribute "
-                 "(lsattr -d), or a capability %s lacks",
-    errno.EACCES: "the permissions of the directory (or of one above it) do not let %s write",
-    errno.ENOSPC: "the file system is full",
-    errno.EDQUOT: "%s's disk quota is used up",
-    errno.ENOENT: "it, or a directory above it, does not exist",
-    errno.ENOTDIR: "a path above it is not a directory",
-}
-
-
-def os_error_words(exc: OSError, doing: str = "") -> str:
-    """An OSError in words: who cannot do what where, why (the errno's meaning), e.g.
-    `root cannot write /x/.venv.rb-lock: read-only file system (EROFS: the file system that
-    holds it is mounted read-only)`; never the exception's own text."""
-    if exc.errno is None and exc.args:
-        return str(exc)          # raised by the kit with its own words (no errno): as it is
-    if exc.filename is None and exc.strerror:
-        return exc.strerror      # the kit's words with an errno (swapfs), or the system's alone
-    who = user_name()
-    # what was tried, where the caller does not say: only these errnos tell it was a write
-    doing = doing or ("write" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "use")
-    where = exc.filename if exc.filename is not None else "a file"
-    if exc.filename2 is not None:
-        where = "%s to %s" % (where, exc.filename2)
-    said = (exc.strerror or "").strip() or "error %s" % exc.errno
-    said = said[:1].lower() + said[1:]
-    name = errno.errorcode.get(exc.errno or -1, "")
-    why = _ERRNO_WHY.get(exc.errno or -1, "")
-    why = why.replace("%s", who)
-    paren = ": ".join(x for x in (name, why) if x)
-    return "%s cannot %s %s: %s%s" % (who, doing, where, said, " (%s)" % paren if paren else "")
-
-
-def skipped(ctx: Context, step: str, why: str) -> dict:
-    return run(ctx, step, lambda c: Result("skipped: " + why, status="skipped"))
+__all__ = ["Context", "Result", "StepError", "INSTALLED", "SKIPPED_WHEN_CURRENT", "STEPS",
+           "after_failure", "begin_early_check", "current", "exports", "finish", "install", "jobs",
+           "list_backups", "make_state", "os_error_words", "own_env_copy", "preflight", "probe",
+           "prove", "prove_scripts", "read_stamp", "receive", "relocate", "remove_tree",
+           "restore", "resumable", "rollback", "run", "skipped", "stage", "staging_path", "step",
+           "stop_background", "swap", "take_lock", "user_name", "verify", "write_file"]
 
 
 def after_failure(ctx: Context, step: str) -> Optional[dict]:
@@ -2486,12 +2782,31 @@ def after_failure(ctx: Context, step: str) -> Optional[dict]:
     swap proof, the env file; failed checks only with on_failed_checks: rollback)."""
     if ctx.swapped is None:
         return None
-    if step in ("swap", "exports") or (step == "probe" and ctx.on_failed_checks == "rollback"):
+    if step in ("swap", "exports") or (step == "probe"
+                                       and ctx.choices.on_failed_checks == "rollback"):
         return run(ctx, "rollback", rollback, step)
     if step == "probe":
         ctx.log("checks failed; the new install stays in place (on_failed_checks: %s)"
-                % ctx.on_failed_checks)
+                % ctx.choices.on_failed_checks)
     return None
+
+
+# The steps that put the tree in place: each is skipped when `current` found that the destination
+# already holds the tree. The one rule: a runbook's requests (serve.py) and a node's install ask it
+# through `step`.
+SKIPPED_WHEN_CURRENT = ("stage", "receive", "verify", "relocate", "prove", "swap")
+
+
+def step(ctx: Context, name: str, fn: Callable[..., Result], **kw: Any) -> dict:
+    """One step as a run asks for it: skipped when the destination holds the tree already and
+    the step is one that puts it there (SKIPPED_WHEN_CURRENT); else run, a failure followed by
+    what `after_failure` does."""
+    if ctx.up_to_date and name in SKIPPED_WHEN_CURRENT:
+        return skipped(ctx, name, ctx.up_to_date)
+    event = run(ctx, name, fn, **kw)
+    if event["status"] == "failed":
+        after_failure(ctx, name)
+    return event
 
 
 def install(ctx: Context, producer: Optional[List[str]] = None,
@@ -2499,24 +2814,19 @@ def install(ctx: Context, producer: Optional[List[str]] = None,
     """A whole install in this process (a fan-out node): current, then stage .. swap unless the
     destination holds the tree already, exports, probe. Returns 0, 1 (a step failed) or 3 (the
     payload lacks files this host needs: it needs the whole bundle)."""
-    cur = run(ctx, "current", current, ctx.rerun, linking=carried is not None)
+    cur = run(ctx, "current", current, ctx.choices.rerun, linking=carried is not None)
     if cur["status"] == "failed":
         return 1
-    steps: List[tuple] = []
-    if ctx.up_to_date:
-        for sid in ("stage", "receive", "verify", "relocate", "prove", "swap"):
-            skipped(ctx, sid, ctx.up_to_date)
-    else:
-        steps += [("stage", stage, {"delta": carried is not None, "carried": carried}),
-                  ("receive", receive, {"producer": producer}), ("verify", verify, {}),
-                  ("relocate", relocate, {}), ("prove", prove, {}), ("swap", swap, {})]
-    steps.append(("exports", exports, {}))
+    steps: List[tuple] = [
+        ("stage", stage, {"delta": carried is not None, "carried": carried}),
+        ("receive", receive, {"producer": producer}), ("verify", verify, {}),
+        ("relocate", relocate, {}), ("prove", prove, {}), ("swap", swap, {}),
+        ("exports", exports, {})]
     if ctx.probe_config:
         steps.append(("probe", probe, {}))
     for sid, fn, kw in steps:
-        event = run(ctx, sid, fn, **kw)
+        event = step(ctx, sid, fn, **kw)
         if event["status"] == "failed":
-            after_failure(ctx, sid)
             return 3 if event["facts"].get("needs_full") else 1
     return 0
 
@@ -2534,106 +2844,6 @@ def _drop_replaced(ctx: Context) -> Result:
     ctx.swapped = None
     remove_tree(old)
     return Result("removed the install it replaced (%s; on_existing: replace)" % old)
-
-
-# -- the private state and the stamp -------------------------------------------------------------
-
-
-def make_state(parent: Optional[str] = None) -> str:
-    """This run's private state directory (mkdtemp: 0700, ours)."""
-    return tempfile.mkdtemp(prefix="rbengine.", dir=parent)
-
-
-def _stamp_path(ctx: Context) -> str:
-    if not ctx.state:
-        raise StepError("the engine has no private state directory")
-    return os.path.join(ctx.state, STAMP)
-
-
-def read_stamp(ctx: Context) -> Optional[dict]:
-    try:
-        with open(_stamp_path(ctx), encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
-
-def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
-    path = _stamp_path(ctx)
-    if doc is None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        return
-    write_file(path, json.dumps(doc, sort_keys=True).encode(), 0o600)
-
-
-def _identity(path: str) -> List[int]:
-    """(st_dev, st_ino) of a staging directory; a symlink or a file there is refused."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise StepError("the staging %s does not exist" % path) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise StepError("the staging %s is not a directory (a symlink or a file is never "
-                        "followed)" % path)
-    return [st.st_dev, st.st_ino]
-
-
-def _require(ctx: Context, want: tuple, step: str) -> dict:
-    """The stamp, when it says the staging went through `want` in this run and is still the same
-    directory with the same manifest; else the step is refused."""
-    doc = read_stamp(ctx)
-    if doc is None or doc.get("stage") not in ("verified", "relocated", "proven"):
-        raise StepError(
-            "refusing to %s: the staging %s was not verified in this run (a verify that failed, "
-            "or one in an earlier run, leaves nothing to install); run again --from verify, or "
-            "the whole runbook" % (step, ctx.staging))
-    if doc.get("stage") not in want:
-        raise StepError("refusing to %s: %s must pass first, in this run (the staging is %s)"
-                        % (step, BEFORE[step], doc.get("stage")))
-    if _identity(ctx.staging) != doc.get("identity"):
-        raise StepError("refusing to %s: %s is not the staging directory this run verified "
-                        "(it was replaced since: another run?)" % (step, ctx.staging))
-    if doc.get("fingerprint") != ctx.fingerprint():
-        raise StepError("refusing to %s: the staging was verified against another manifest"
-                        % step)
-    for rel, digest in sorted(doc.get("relocated", {}).items()):
-        if _sha256(os.path.join(ctx.staging, rel)) != digest:
-            raise StepError("refusing to %s: %s changed in the staging after relocation"
-                            % (step, rel))
-    return doc
-
-
-def _require_lock(ctx: Context) -> None:
-    if not ctx.locked:
-        raise StepError("the engine does not hold the destination's lock (a bug)")
-
-
-def _sha256(path: str) -> Optional[str]:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    h = hashlib.sha256()
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write `path` whole: a new temp file beside it (O_EXCL, O_NOFOLLOW), then one rename
-    (safefs.write_file: a link at `path` is replaced, never written through)."""
-    safefs.write_file(path, data, mode)
-
-
-def remove_tree(path: str) -> None:
-    """Remove a tree we made or replaced, if it is there (hostfs.remove: a link is removed, never
-    followed)."""
-    if os.path.lexists(path):
-        hostfs.remove(path)
 
 
 # -- the steps -----------------------------------------------------------------------------------
@@ -2679,7 +2889,7 @@ def check_parent(ctx: Context) -> str:
     if found is None:
         return ""
     where, why = found
-    if ctx.shared_parent != "allow":
+    if ctx.choices.shared_parent != "allow":
         raise StepError(privacy.refusal(ctx.dest, where, why, uid), {"shared_parent": where})
     ctx.log("warning: %s; going on because %s is allow: the checks source the install's own env "
             "file (not %s), and a backup of another user is never restored, but another user can "
@@ -2698,7 +2908,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
             raise StepError("refusing to install %s: %s" % (ctx.dest, why))
     exists = os.path.lexists(ctx.dest)
     installed = os.path.isfile(os.path.join(ctx.dest, INSTALLED))
-    if exists and ctx.policy == "refuse" and not installed:
+    if exists and ctx.choices.on_existing == "refuse" and not installed:
         raise StepError("destination %s exists and on_existing is refuse; move it away or set "
                         "on_existing: backup" % ctx.dest)
     free = hostfs.free_bytes(ctx.staging)
@@ -2709,7 +2919,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
             if c["tool"] is None or shutil.which(c["tool"])]
     what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
         else "does not exist yet"
-    ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.policy))
+    ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.choices.on_existing))
     ctx.log("free at %s: %s; the staging needs about %s" % (free["measured_at"],
                                                             human(free["free_bytes"]), human(need)))
     return Result("%s; %s free" % (what, human(free["free_bytes"])),
@@ -2747,7 +2957,8 @@ class EarlyCheck:
 
 def begin_early_check(ctx: Context) -> None:
     """Start EarlyCheck when a quick re-run check may follow (the lock is held)."""
-    if ctx.rerun == "quick" and ctx.locked and os.path.isfile(os.path.join(ctx.dest, INSTALLED)):
+    if (ctx.choices.rerun == "quick" and ctx.locked
+            and os.path.isfile(os.path.join(ctx.dest, INSTALLED))):
         ctx.early = EarlyCheck(ctx.dest)
 
 
@@ -2780,7 +2991,7 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
         if not same_source and not linking:
             return _not_current(ctx, "the destination holds an install of a different source "
                                 "tree", mode)
-        result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.jobs), limit=1 << 30)
+        result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.choices.jobs), limit=1 << 30)
         if not result["ok"]:
             ctx.unlinkable = set(result["missing"]) | {d["p"] for d in result["differ"]}
             for line in kitmanifest.describe(dict(result, missing=result["missing"][:20],
@@ -2806,528 +3017,10 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
 
 
 def _not_current(ctx: Context, why: str, mode: str) -> Result:
-    if mode == "digest" and ctx.policy == "refuse" and os.path.lexists(ctx.dest):
+    if mode == "digest" and ctx.choices.on_existing == "refuse" and os.path.lexists(ctx.dest):
         raise StepError("destination %s holds a different install and on_existing is refuse (%s)"
                         % (ctx.dest, why))
     return Result(why, {"up_to_date": 0, "why": why})
-
-
-def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
-          source_stat: str = "", algo: str = "", exclude: Optional[List[str]] = None,
-          source: str = "", resume: bool = False) -> Result:
-    """A fresh staging beside the destination. With `delta`, every unchanged file (same digest,
-    mode, size and mtime as the install recorded, and still so at the destination) is hard-linked
-    from the current install, and `send.names` in the state directory lists what the stream must
-    still carry. `carried`: the names a payload holds (a fan-out re-run's bundle); a staging that
-    needs more than that is removed and the step fails with needs_full.
-
-    With `source_stat` (a re-run, before anything is hashed at the source): the source manifest
-    this host holds for the run (ctx.manifest, the one the runbook's machine kept from its last
-    run) is used only when it is the source's manifest as of the install (`kept_source`), so
-    that nothing at the source needs hashing: `kept=1`. Otherwise nothing is staged (skipped,
-    `kept=0` and why): the source is hashed and stage is asked again without it.
-
-    `source` (a fresh staging): what the staging is for (`STAT-FINGERPRINT HOST:PATH`), written
-    in its mark (INCOMPLETE, beside it) until verify passes: a stream cut short leaves a staging
-    that is private (0700), marked, and never installed, which a later run for the same source
-    may continue (`resume`: only the files missing or different are sent, see `resume_stage`).
-    Any other staging left here is removed, saying why."""
-    _require_lock(ctx)
-    _write_stamp(ctx, None)
-    _forget_received(ctx, every=True)
-    ctx.linked_inodes = None
-    if resume:
-        return resume_stage(ctx, source)     # refused unless resumable (the manifest step asks)
-    if os.path.lexists(ctx.staging):
-        why = resumable_why(ctx, source) if source else "not a fresh move's staging"
-        ctx.log("an earlier run's staging %s is removed (%s)" % (ctx.staging, why or
-                                                                 "this run starts afresh"))
-        remove_tree(ctx.staging)
-    _drop_mark(ctx)
-    facts: dict = {"delta": int(bool(delta))}
-    installed = None
-    if delta:
-        try:
-            installed = ctx.installed()
-        except (OSError, ValueError):
-            why = "no earlier install at %s (or its manifest is unreadable)" % ctx.dest
-            if carried is None:
-                raise StepError("nothing to link from: " + why) from None
-            raise StepError("needs the whole bundle: " + why, {"needs_full": 1}, rc=3) from None
-    if source_stat:
-        if installed is None:
-            raise StepError("a kept source manifest is only for an incremental stage (delta=1)")
-        why, rebuilt = kept_source(ctx, installed, source_stat, algo, exclude or [])
-        if why:
-            return Result("the source is hashed: " + why, {"kept": 0, "why": why},
-                          status="skipped")
-        m = ctx.new_manifest()
-        facts.update(kept=1, rebuilt=int(rebuilt), fingerprint=ctx.fingerprint(),
-                     files=m["totals"]["files"], manifest=ctx.manifest)
-    if delta:
-        if ctx.unlinkable:
-            # what failed the digest check is not linked: it is sent (or the bundle is whole)
-            installed = dict(installed, entries=[e for e in installed["entries"]
-                                                 if e["p"] not in ctx.unlinkable])
-        names = os.path.join(ctx.state, "send.names")
-        got = hostfs.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
-        facts.update({k: got.get(k) for k in ("linked", "linked_bytes", "send_files",
-                                              "send_bytes", "removed")})
-        facts["names"] = names
-        if carried is not None:
-            have = set(kitmanifest.read_names(carried))
-            lacking = [n for n in kitmanifest.read_names(names) if n not in have]
-            if lacking:
-                remove_tree(ctx.staging)
-                raise StepError(
-                    "needs the whole bundle: %d files here differ from what the last fan-out "
-                    "installed (changed here, or installed from another source), e.g. %s"
-                    % (len(lacking), lacking[0]), dict(facts, needs_full=1), rc=3)
-        detail = ("%d unchanged files linked from the current install, %d files to send"
-                  % (got["linked"], got["send_files"]))
-        if source_stat:
-            detail += "; the source is unchanged: its manifest as of the install stands for it"
-    else:
-        parent = os.path.dirname(ctx.staging)
-        os.makedirs(parent, exist_ok=True)
-        if source:
-            # private and marked until verify passes: what a cut stream leaves is kept for a
-            # re-run to continue, and is never taken for a whole staging
-            os.mkdir(ctx.staging, 0o700)
-            write_file(_mark_path(ctx), json.dumps(
-                {"source": source, "dest": ctx.dest,
-                 "identity": _identity(ctx.staging)}).encode(), 0o600)
-        else:
-            os.mkdir(ctx.staging, 0o755)
-        detail = "fresh staging %s" % ctx.staging
-    identity = _identity(ctx.staging)
-    if delta:
-        # verify, in this engine, knows each linked file by the inode linked (not by a look at
-        # the install's file of that name)
-        ctx.linked_inodes = (identity, got["inodes"])
-    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
-    return Result(detail, facts)
-
-
-def _mark_path(ctx: Context) -> str:
-    return ctx.staging + INCOMPLETE
-
-
-def _drop_mark(ctx: Context) -> None:
-    try:
-        os.unlink(_mark_path(ctx))
-    except FileNotFoundError:
-        pass
-
-
-def _read_mark(ctx: Context) -> Optional[dict]:
-    """The staging's mark, when it is a regular file of ours (this user's, one link, no bits for
-    others: made by `stage` under the lock), else None."""
-    try:
-        fd = os.open(_mark_path(ctx), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1
-                or st.st_mode & 0o077):
-            return None
-        try:
-            doc = json.loads(f.read(1 << 16))
-        except ValueError:
-            return None
-    return doc if isinstance(doc, dict) else None
-
-
-def resumable_why(ctx: Context, source: str) -> str:
-    """"" when the staging beside the destination is what a cut stream of this very source left
-    (a private directory of ours, marked by `stage` for `source`: STAT-FINGERPRINT HOST:PATH),
-    else why not, in words."""
-    try:
-        st = os.lstat(ctx.staging)
-    except FileNotFoundError:
-        return "no staging at %s" % ctx.staging
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        return "%s is not a directory of ours" % ctx.staging
-    mark = _read_mark(ctx)
-    if mark is None:
-        return ("it is not marked as what a cut stream left (%s: a staging that passed verify, "
-                "or an older kit's)" % _mark_path(ctx))
-    if mark.get("dest") != ctx.dest or mark.get("identity") != [st.st_dev, st.st_ino]:
-        return "its mark %s is of another directory" % _mark_path(ctx)
-    was, now = str(mark.get("source", "")), source
-    if was.partition(" ")[2] != now.partition(" ")[2]:
-        return "it was for another source (%s)" % was.partition(" ")[2]
-    if was != now:
-        return "the source changed since (its stat fingerprint differs)"
-    return ""
-
-
-def resumable(ctx: Context, source: str = "") -> Result:
-    """Whether a cut stream of this source left a staging here that `stage resume=1` continues
-    (resumable_why). Nothing is written."""
-    _require_lock(ctx)
-    why = resumable_why(ctx, source)
-    if why:
-        if os.path.lexists(ctx.staging):
-            return Result("an earlier staging is not continued: %s" % why,
-                          {"resumable": 0, "why": why})
-        return Result(why, {"resumable": 0, "why": why})
-    return Result("%s holds what a cut stream of this source left" % ctx.staging,
-                  {"resumable": 1})
-
-
-def resume_stage(ctx: Context, source: str) -> Result:
-    """Continue a cut stream's staging (resumable_why must hold, and the source's manifest be
-    here): every entry there that the manifest does not list as it is (a file of another size,
-    mode or mtime: one cut mid-write; a link, a directory where a file belongs) is removed; each
-    remaining file is read and kept only when its digest is the manifest's (the others are
-    removed). The names the stream must still carry (every directory and symlink, and each file
-    not kept) go to `send.names` in the state directory; the kept files' digests, with the
-    inode, ctime and size they were read with, to KEPT (verify takes them as it takes the
-    stream's). The staging stays marked until verify passes."""
-    why = resumable_why(ctx, source)
-    m = ctx.new_manifest()
-    algo = m["header"].get("algo")
-    if not why and algo in (None, "", "none"):
-        why = "the manifest has no digests (verify: none) to compare what arrived with"
-    if why:
-        raise StepError("cannot continue the staging %s: %s" % (ctx.staging, why))
-    _chmod_dir(ctx.staging, 0o700)
-    wanted = {e["p"]: e for e in m["entries"]}
-    candidates, removed = _resume_walk(ctx.staging, wanted)
-    kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.jobs))
-    removed += len(candidates) - len(kept)
-    send: List[str] = []
-    kept_bytes = send_bytes = send_files = total = 0
-    for e in m["entries"]:
-        if e["t"] == "f":
-            total += e["s"]
-            if e["p"] in kept:
-                kept_bytes += e["s"]
-                continue
-            send_files += 1
-            send_bytes += e["s"]
-        send.append(e["p"])
-    names = os.path.join(ctx.state, "send.names")
-    write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
-    identity = _identity(ctx.staging)
-    doc = {"algo": algo, "identity": identity, "files": kept}
-    write_file(os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(),
-               0o600)
-    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
-    detail = ("resuming: %s of %s already staged (%d files, read and matched); %s to send "
-              "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes),
-                              send_files))
-    return Result(detail, {"resumed": 1, "kept": len(kept), "kept_bytes": kept_bytes,
-                           "send_files": send_files, "send_bytes": send_bytes,
-                           "total_bytes": total, "removed": removed, "names": names,
-                           "delta": 0})
-
-
-def _chmod_dir(path: str, mode: int) -> None:
-    """chmod the directory at `path` itself (a link there is refused, never followed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
-    """What a cut stream left in `root`, against the manifest's entries: (the files whose type,
-    size, mode and mtime are the manifest's, to be read: (rel, entry, stat)), how many entries
-    were removed. Nothing is followed: a link (at any name) is removed as a link, a directory the
-    manifest does not list is removed whole."""
-    candidates: List[tuple] = []
-    removed = 0
-    for here, dirs, files in os.walk(root, topdown=True, followlinks=False):
-        rel_here = os.path.relpath(here, root)
-        rel_here = "" if rel_here == "." else rel_here
-        for name in list(dirs) + files:
-            rel = rel_here + "/" + name if rel_here else name
-            path = os.path.join(here, name)
-            st = os.lstat(path)
-            e = wanted.get(rel)
-            if stat.S_ISDIR(st.st_mode) and e is not None and e["t"] == "d":
-                continue
-            if (stat.S_ISREG(st.st_mode) and e is not None and e["t"] == "f"
-                    and st.st_size == e["s"] and stat.S_IMODE(st.st_mode) == e.get("m")
-                    and int(st.st_mtime) == e.get("mt")):
-                candidates.append((rel, e, st))
-                continue
-            remove_tree(path)
-            removed += 1
-            if name in dirs:
-                dirs.remove(name)
-    return candidates, removed
-
-
-def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
-    """{rel: [digest, ino, ctime_ns, size]} of the candidates whose digest is the manifest's and
-    that did not change while read; each other one is removed."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(item: tuple) -> Optional[list]:
-        rel, e, st = item
-        path = os.path.join(root, rel)
-        try:
-            got = kitmanifest.digest(path, algo, size=e["s"])
-            after = os.lstat(path)
-        except (OSError, kitmanifest.Changed):
-            got, after = None, None
-        if (got == e.get("h") and after is not None and after.st_ino == st.st_ino
-                and after.st_ctime_ns == st.st_ctime_ns and after.st_size == st.st_size):
-            return [got, st.st_ino, st.st_ctime_ns, st.st_size]
-        remove_tree(path)
-        return None
-
-    kept = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(8, n))) as pool:
-        for item, got in zip(candidates, pool.map(one, candidates)):
-            if got is not None:
-                kept[item[0]] = got
-    return kept
-
-
-def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
-                exclude: List[str]) -> Tuple[str, bool]:
-    """(why not, rebuilt): whether the source's manifest as of the install can stand for the
-    source's now, and where it came from. It can when the install recorded `source_stat` as its
-    source's stat fingerprint and that is the stat fingerprint of the manifest's entries (the
-    source is unchanged since, by the quick check's trust: path, type, mode, size, link and mtime
-    of every entry), the manifest is, by its fingerprint, the one the install recorded for its
-    source, and it was made with this run's digest, excludes and special-modes rule. The manifest
-    is the one this host was given for the run (ctx.manifest: the runbook's machine kept it from
-    its last run) when that is it; else the one `manifest.source_of` rebuilds from the install's
-    own manifest, written to ctx.manifest (rebuilt: True)."""
-    header = installed["header"]
-    if header.get("source_stat_fingerprint") != source_stat:
-        return "the source changed since the install", False
-    rebuilt, stat_fp = False, ""
-    try:
-        ok = ctx.fingerprint() == header.get("source_fingerprint")
-    except (StepError, OSError, ValueError):
-        ok = False
-    if not ok:
-        m = kitmanifest.source_of(installed)
-        if m is None:
-            return ("the install did not record its source's manifest (an older kit), and none "
-                    "kept here is it"), False
-        if not ctx.manifest:
-            raise StepError("no source manifest path was given to the engine")
-        # the stat fingerprint its entries have (checked below), in its header as build puts
-        # it there: relocate's record of the source takes it from there
-        stat_fp = kitmanifest.stat_fingerprint(m["entries"])
-        if stat_fp == source_stat:
-            m["header"]["stat_fingerprint"] = stat_fp
-        fp = kitmanifest.save(m, ctx.manifest, 0o600, sync=False)
-        if fp != header.get("source_fingerprint"):
-            os.unlink(ctx.manifest)
-            return "the install's record of its source's manifest does not add up", False
-        ctx.wrote_manifest(m, fp)
-        rebuilt = True
-    m = ctx.new_manifest()
-    kept = m["header"]
-    if (kept.get("algo") != algo or list(kept.get("excludes", ())) != list(exclude)
-            or bool(kept.get("strip_special")) != (ctx.special_modes == "strip")):
-        return "the install's source manifest has other digests, excludes or modes", rebuilt
-    if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
-        return "the install's source manifest does not have its recorded stat", rebuilt
-    return "", rebuilt
-
-
-def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
-    """Unpack a tar stream into this run's staging: from stdin (the far end of the runbook's
-    pipeline), or from `producer`'s output (a fan-out node reading its bundle). A reader between
-    the decompressor and tar (tarstream.Digester) hashes each file as the stream carries it; when
-    tar is done, the digests and each file's inode and ctime as tar left it go into the state
-    directory (RECEIVED), for verify. A stream that is not a whole tar archive (truncated, a bad
-    header) fails here, whatever tar says."""
-    doc = read_stamp(ctx)
-    if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
-        raise StepError("refusing to receive: %s is not the staging this run's stage step made"
-                        % ctx.staging)
-    _forget_received(ctx)
-    algo = ctx.algo or (ctx.new_manifest()["header"]["algo"] if ctx.manifest else "sha256")
-    table = COMPRESSION[ctx.compression]
-    argvs: List[Any] = []
-    names: List[str] = []
-    if producer:
-        argvs.append(producer)
-        names.append("read")
-    if table["unpack"]:
-        argvs.append(table["unpack"])
-        names.append(table["tool"])
-    digester = None
-    if algo != "none":
-        # hashing threads for big files: the cores tar and the decompressor leave; none on two
-        # (tarstream: there each hand-over costs more than the thread gives)
-        n = jobs(ctx.jobs)
-        if ctx.part is not None:
-            n = max(1, n // ctx.part[1])     # several streams: the cores shared among them
-        digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
-        argvs.append(digester.stage)
-        names.append("digest reader")
-    # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
-    # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
-    keep = ctx.special_modes == "keep"
-    argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
-                 + ([] if keep else ["--no-same-permissions"]))
-    names.append("tar")
-    watch = Progress(*ctx.progress) if ctx.progress else None
-    codes, errs = pipeline(argvs, ctx.timeout, capture=ctx.capture, umask=None if keep else 0o002,
-                           started=watch.start if watch else None)
-    if watch is not None:
-        watch.stop(digester.off if digester is not None else None)
-    bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
-    broken = ""
-    if digester is not None:
-        digester.close()
-        if digester.corrupt:
-            broken = "the stream is not a good tar archive: %s" % digester.corrupt
-        elif digester.truncated:
-            broken = ("the stream ended at byte %d, before the end of the tar archive (cut short "
-                      "on the way?)" % digester.off)
-    if bad or broken:
-        raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(
-            bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
-            rc=next((c for c in codes if c != 0), 1))
-    facts: dict = {"staging": ctx.staging}
-    if digester is not None:
-        facts["stream_bytes"] = digester.off     # what this end read of the tar stream
-    if ctx.special_modes == "strip":
-        # several streams: each strips the whole staging once its own tar is done (what another
-        # stream's tar still writes, that stream strips)
-        stripped = hostfs.strip_special(ctx.staging)
-        facts["stripped"] = len(stripped)
-        for item in stripped[:20]:
-            ctx.log("stripped %s: mode %s -> %s" % (item["p"], item["was"], item["now"]))
-    detail = "unpacked into %s (compression %s)" % (ctx.staging, ctx.compression)
-    if digester is not None:
-        digests = digester.result()
-        if digester.lost:
-            ctx.log("no digests from the stream (verify reads every file): %s" % digester.lost)
-        facts["streamed"] = _save_received(ctx, algo, digests)
-        detail += ", %d files hashed from the stream (%s)" % (facts["streamed"], algo)
-    return Result(detail, facts)
-
-
-def _received_path(ctx: Context) -> str:
-    if not ctx.state:
-        raise StepError("the engine has no private state directory")
-    if ctx.part is not None:
-        return os.path.join(ctx.state, "received.%d.json" % ctx.part[0])
-    return os.path.join(ctx.state, RECEIVED)
-
-
-def _received_paths(ctx: Context) -> List[str]:
-    """Every stream's RECEIVED in the state directory (one, or one per stream)."""
-    if not ctx.state:
-        raise StepError("the engine has no private state directory")
-    try:
-        names = os.listdir(ctx.state)
-    except OSError:
-        return []
-    return [os.path.join(ctx.state, n) for n in sorted(names)
-            if n in (RECEIVED, KEPT) or _PART_RECEIVED.match(n)]
-
-
-_PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
-
-
-def _forget_received(ctx: Context, every: bool = False) -> None:
-    for path in _received_paths(ctx) if every else [_received_path(ctx)]:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
-def _save_received(ctx: Context, algo: str, digests: dict) -> int:
-    """RECEIVED: for each regular file of the staging that the stream carried, its digest and
-    the inode, ctime and size tar left it with (an lstat each, no reading: a path through a
-    link is never one verify's walk takes, so what it names is never looked up). Verify trusts
-    a digest only for a file that still has them; returns how many files it lists."""
-    files = {}
-    for rel, digest in digests.items():
-        try:
-            st = os.lstat(os.path.join(ctx.staging, rel))
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            files[rel] = [digest, st.st_ino, st.st_ctime_ns, st.st_size]
-    doc = {"algo": algo, "identity": _identity(ctx.staging), "files": files}
-    write_file(_received_path(ctx), json.dumps(doc, separators=(",", ":")).encode(), 0o600)
-    return len(files)
-
-
-def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
-    """The files receive hashed from the stream, or from each of the streams, into this staging
-    (None: no record; a record of another staging or algorithm counts as none: those files are
-    read)."""
-    files: Optional[dict] = None
-    for path in _received_paths(ctx):
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if (not isinstance(doc, dict) or doc.get("identity") != identity
-                or doc.get("algo") != algo):
-            continue
-        got = doc.get("files") or {}
-        if files is None:
-            files = got
-        else:
-            files.update(got)
-    return files
-
-
-def verify(ctx: Context) -> Result:
-    """Every entry of the staging against the source's manifest, by a stat walk (type, mode, size,
-    link target; every entry there, nothing extra). A file's content: by the digest receive took
-    from the stream, when the file still has the inode and ctime tar left it with (RECEIVED);
-    by stat when this run's stage linked it from the current install; else it is read and hashed.
-    Leaves the stamp relocate and swap require."""
-    _require_lock(ctx)
-    doc = read_stamp(ctx) or {}
-    _write_stamp(ctx, None)
-    identity = _identity(ctx.staging)
-    linked = ctx.dest if doc.get("delta") and doc.get("identity") == identity else None
-    new = ctx.new_manifest()
-    received = _load_received(ctx, identity, new["header"]["algo"])
-    _scan_elsewhere(ctx)
-    inodes = (ctx.linked_inodes[1] if linked and ctx.linked_inodes is not None
-              and ctx.linked_inodes[0] == identity else None)
-    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.jobs), linked_from=linked,
-                                received=received, linked_inodes=inodes)
-    listed = kitmanifest.describe(result)
-    for line in listed:
-        ctx.log(line)
-    facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
-    if not result["ok"]:
-        _cancel_elsewhere(ctx)
-        raise StepError("the copy in %s differs from the source manifest (listed above); the "
-                        "destination was not touched" % ctx.staging, facts, listed)
-    if _read_mark(ctx) is not None:
-        # whole and verified: no longer what a cut stream left; the install's mode
-        _chmod_dir(ctx.staging, 0o755)
-        _drop_mark(ctx)
-    _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
-                       "delta": bool(linked)})
-    if result["streamed"]:
-        # the files whose digests the stream's receiving end computed are not read again
-        detail = "%d entries match, %d files checked by the stream's %s" % (
-            result["checked"], result["streamed"], result["algo"])
-        if result["hashed"]:
-            detail += ", %d hashed again" % result["hashed"]
-    else:
-        detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
-                                                              result["algo"])
-    if linked:
-        detail += ", %d linked unchanged" % result["linked"]
-    return Result(detail, facts)
 
 
 def relocate(ctx: Context) -> Result:
@@ -3364,177 +3057,28 @@ def relocate(ctx: Context) -> Result:
                   {"rewritten": len(result["rewritten"])})
 
 
-def _scan_elsewhere(ctx: Context) -> None:
-    """Data files outside bin/ that name the old path are only reported (swap, _report_elsewhere);
-    that scan reads every .py, .txt, .json... of the staging, so it starts with verify, in a child
-    Python beside verify's walk, on the prefixes relocate will replace (relocate starts it again
-    in a thread if those differ)."""
-    _cancel_elsewhere(ctx)
-    olds = kitrelocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
-    if olds:
-        ctx.elsewhere = (kitrelocate.ElsewhereChild(ctx.staging, olds), olds)
-
-
-def stop_background(ctx: Context) -> None:
-    """The run's engine ends: what it started beside its steps is stopped (the scan of data
-    files, when no swap took its result)."""
-    _cancel_elsewhere(ctx)
-
-
-def _cancel_elsewhere(ctx: Context) -> None:
-    scan, ctx.elsewhere = ctx.elsewhere, None
-    if scan is not None and hasattr(scan[0], "cancel"):
-        scan[0].cancel()
-
-
-def _report_elsewhere(ctx: Context, facts: dict) -> None:
-    """What the scan begun at verify (or relocate) found: logged, counted in `facts`."""
-    scan, ctx.elsewhere = ctx.elsewhere, None
-    if scan is None:
-        return
-    found, why = scan[0].result()
-    if why:
-        ctx.log("the scan for data files that name %s did not finish: %s" % (ctx.old, why))
-        return
-    facts["elsewhere"] = len(found)
-    if found:
-        ctx.log("still naming %s outside bin/ (data, left as is): %s" % (ctx.old, ", ".join(found)))
-
-
-def prove(ctx: Context) -> Result:
-    """The staged interpreter runs here and knows where it is: bin/python -c 'sys.prefix' from
-    the staging, within PROVE_TIMEOUT. A venv whose base interpreter this host lacks stops here,
-    before anything is installed."""
-    _require_lock(ctx)
-    doc = _require(ctx, ("relocated",), "prove")
-    python = os.path.join(ctx.staging, "bin", "python")
-    try:
-        prefix, version = interpreter_prefix(python, ctx.staging)
-    except StepError as exc:
-        raise StepError("%s; refused before the swap: nothing was installed" % exc,
-                        lines=exc.lines) from None
-    if os.path.realpath(prefix) != os.path.realpath(ctx.staging):
-        raise StepError("the staged interpreter reports sys.prefix %s, not the staging %s"
-                        % (prefix, ctx.staging))
-    made = _cfg(ctx.staging, "version") or _cfg(ctx.staging, "version_info")
-    if made and made.split(".")[:2] != version.split(".")[:2]:
-        raise StepError("bin/python here is Python %s, the venv was made with %s (pyvenv.cfg): its "
-                        "packages under lib/python%s are not seen; install Python %s here"
-                        % (version, made, ".".join(made.split(".")[:2]),
-                           ".".join(made.split(".")[:2])))
-    _write_stamp(ctx, dict(doc, stage="proven"))
-    return Result("bin/python %s runs from the staging" % version, {"python": version})
-
-
-# the post-swap proof's hook: a console script's interpreter imports sitecustomize from
-# PYTHONPATH at start-up (site), before the script; this one says where the interpreter runs
-# from and ends it there, so no script's own code runs
-EXEC_PROOF = "rb-exec-proof"
-_PROOF_HOOK = (b"import os, sys\n"
-               b"os.write(1, b'" + EXEC_PROOF.encode() + b" ' + os.fsencode(sys.prefix) + b'\\0'"
-               b" + os.fsencode(sys.executable) + b'\\n')\n"
-               b"os._exit(0)\n")
-
-
-def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]:
-    """(rel, header) for each executable regular file under bin/ that relocation rewrote, and
-    bin/pip always: what the post-swap proof execs. `header`: the lines the kernel and the
-    trampoline read to find the interpreter (the first two) when that is the venv's own python,
-    else b"" (a script whose code would run if started)."""
-    rels = sorted({r for r in rewritten if r.startswith("bin/") and r.count("/") == 1}
-                  | {"bin/pip"})
-    out = []
-    for rel in rels:
-        got = safefs.read_in(dest, rel, limit=1 << 24)
-        if got is None or not got[1].st_mode & 0o111:
-            continue
-        head = got[0][:4096]
-        own = kitrelocate.python_script(head, dest)
-        out.append((rel, b"\n".join(head.split(b"\n", 2)[:2]) if own else b""))
-    return out
-
-
-def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOUT
-                  ) -> Tuple[List[str], List[str]]:
-    """Exec the console scripts of `dest` through the kernel (their shebangs), at once: each
-    whose interpreter is the venv's own python must report, through the hook above, sys.prefix
-    == dest, and no code of the script runs. Scripts whose interpreter lines are the same bytes
-    (every script in bin/, the same directory) start the same way: one of each such group is
-    started for all (bin/pip always for itself). A bin/pip started otherwise (a wrapper) runs
-    `--version`, which must name dest; other such scripts are not started. Returns (the scripts
-    proven, the failures)."""
-    groups: dict = {}
-    for rel, head in _console_scripts(dest, rewritten):
-        if head or rel == "bin/pip":
-            groups.setdefault(head if rel != "bin/pip" else b"pip", []).append(rel)
-    if not groups:
-        return [], []
-    runs = list(groups.values())
-    results: List[Any] = [None] * len(runs)
-    hook = tempfile.mkdtemp(prefix="rbkit-exec-proof.")     # 0700, this user's
-    try:
-        fd = os.open(os.path.join(hook, "sitecustomize.py"),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_PROOF_HOOK)
-        env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
-
-        def one(i: int) -> None:
-            results[i] = run_quiet([os.path.join(dest, runs[i][0]), "--version"], timeout, env)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
-        width = max(1, min(16, os.cpu_count() or 1))
-        for k in range(0, len(threads), width):
-            for t in threads[k:k + width]:
-                t.start()
-            for t in threads[k:k + width]:
-                t.join()
-    finally:
-        shutil.rmtree(hook, ignore_errors=True)
-    real = os.path.realpath(dest)
-    proven, failed = [], []
-    for rels, (rc, out, err) in zip(runs, results):
-        line = out.split("\n", 1)[0]
-        if line.startswith(EXEC_PROOF + " "):
-            prefix, _, exe = line[len(EXEC_PROOF) + 1:].partition("\0")
-            # the interpreter in the venv's bin/, however reached (a trampoline beside
-            # it runs it by its real path when dest is a link)
-            ok = (rc == 0 and os.path.realpath(prefix) == real
-                  and os.path.realpath(os.path.dirname(exe)) == os.path.join(real, "bin"))
-            said = "sys.prefix %s, %s" % (prefix, exe)
-        else:
-            # no hook ran (not the venv's python, or one that skips site): what it printed
-            ok = rc == 0 and dest + "/" in out
-            said = out.strip() or err.strip() or "exit %s" % rc
-        if ok:
-            proven.extend(rels)
-        else:
-            same = " (and %d more with its interpreter lines: %s)" % (
-                len(rels) - 1, ", ".join(rels[1:])) if len(rels) > 1 else ""
-            failed.append("console script %s runs from the wrong place: %s%s"
-                          % (rels[0], said, same))
-    return sorted(proven), failed
-
-
 def swap(ctx: Context) -> Result:
     """Put the proven staging at the destination in one rename, then prove it there: sys.prefix
     is the destination, and the console scripts start from it (prove_scripts). What was there is
     kept until the run ends (a backup with on_existing: backup, for good)."""
     _require_lock(ctx)
     doc = _require(ctx, ("proven",), "swap")
-    transient = ctx.policy == "replace" and os.path.lexists(ctx.dest)
+    transient = ctx.choices.on_existing == "replace" and os.path.lexists(ctx.dest)
     ctx.critical += 1
     try:
         if transient:
             # replace: what was there waits as a backup (not pruned, not unshared) until the run
             # ends, for a rollback
-            result = hostfs.swap(ctx.staging, ctx.dest, "backup", swap_atomic=ctx.swap_atomic,
+            result = hostfs.swap(ctx.staging, ctx.dest, "backup",
+                                 swap_atomic=ctx.choices.swap_atomic,
                                  unshare=False)
         else:
             # keep_backups is applied once the new install passed its checks (prune_after_checks)
-            result = hostfs.swap(ctx.staging, ctx.dest, ctx.policy, swap_atomic=ctx.swap_atomic)
+            result = hostfs.swap(ctx.staging, ctx.dest, ctx.choices.on_existing,
+                                 swap_atomic=ctx.choices.swap_atomic)
         previous = result.get("previous")
-        ctx.swapped = {"previous": previous, "transient": transient, "policy": ctx.policy}
+        ctx.swapped = {"previous": previous, "transient": transient,
+                       "policy": ctx.choices.on_existing}
         _write_stamp(ctx, None)
     finally:
         ctx.critical -= 1
@@ -3575,7 +3119,7 @@ def _record_install(ctx: Context) -> None:
     except (StepError, OSError, ValueError):
         fingerprint = ""
     hostfs.write_info(ctx.dest, installed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      origin=ctx.origin, source_fingerprint=fingerprint, checks="not run",
+                      origin=ctx.choices.origin, source_fingerprint=fingerprint, checks="not run",
                       put_back_after=None, failed_install=None)
 
 
@@ -3584,18 +3128,20 @@ def prune_after_checks(ctx: Context) -> None:
     the spec has none and its env file is written): an install that fails never evicts a good
     backup."""
     s = ctx.swapped
-    if s is None or s.get("transient") or s.get("policy") != "backup" or not ctx.keep_backups:
+    if (s is None or s.get("transient") or s.get("policy") != "backup"
+            or not ctx.choices.keep_backups):
         return
-    for gone in hostfs.prune_backups(ctx.dest, ctx.keep_backups):
+    for gone in hostfs.prune_backups(ctx.dest, ctx.choices.keep_backups):
         ctx.log("removed an older backup (keep_backups: %s): %s (the new install passed its "
-                "checks)" % (ctx.keep_backups, gone))
+                "checks)" % (ctx.choices.keep_backups, gone))
 
 
 def exports(ctx: Context) -> Result:
     """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
     _require_lock(ctx)
-    env = dict(item.split("=", 1) for item in ctx.env)
-    text, summary = kitexports.render(ctx.dest, ctx.cuda_home, ctx.first, env, ctx.origin)
+    c = ctx.choices
+    text, summary = kitexports.render(ctx.dest, c.cuda_home, list(c.library_path_first),
+                                      dict(c.env), c.origin)
     if summary["missing_dirs"]:
         raise StepError("library dirs do not exist in the venv: %s"
                         % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
@@ -3658,12 +3204,12 @@ def probe(ctx: Context, report: str = "") -> Result:
             + launch.argv(os.path.join(ctx.dest, "bin", "python"), "rbprobes", site=True)
             + ["run", "--config-json", ctx.probe_config, "--report", report])
     if ctx.capture:
-        rc, out, err = run_quiet(argv, ctx.timeout, env)
+        rc, out, err = run_quiet(argv, ctx.choices.timeout, env)
         ctx.log(err)
     else:
         # the checks' table goes to the runbook's log as it is printed
         rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=2, env=env, cwd="/",
-                            timeout=ctx.timeout, check=False).returncode
+                            timeout=ctx.choices.timeout, check=False).returncode
         out = err = ""
     summary: dict = {}
     names: List[str] = []
@@ -3714,7 +3260,8 @@ def rollback(ctx: Context, after: str = "") -> Result:
                           "its manifest (a re-run installs it again)" % ctx.dest)
         from_failed = previous == hostfs.failed_path(ctx.dest)
         number = None if from_failed else int(previous.rsplit(".", 1)[1])
-        got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.swap_atomic,
+        got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
+                             swap_atomic=ctx.choices.swap_atomic,
                              failed="%s failed after the swap (runbook rollback)" % what,
                              from_failed=from_failed)
         ctx.swapped = None
@@ -3730,140 +3277,6 @@ def rollback(ctx: Context, after: str = "") -> Result:
             % (what, ctx.dest, where))
     return Result("rolled back: %s failed; failed install %s" % (what, where),
                   {"restored": previous, "kept_current_as": kept, "rolled_back": 1})
-
-
-def restore(ctx: Context, number: Optional[int] = None) -> Result:
-    """`--restore [N]`: backup N (default: the newest whose checks passed) back at the
-    destination; says which and why, and what is in place now. The runbook runs the checks on it
-    next (probe)."""
-    _require_lock(ctx)
-    ctx.critical += 1
-    try:
-        result = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
-                                swap_atomic=ctx.swap_atomic)
-        if os.path.isdir(ctx.dest):
-            # chosen by hand: the checks that follow are this install's, not a stale spec's
-            hostfs.write_info(ctx.dest, put_back_after=None, failed_install=None)
-    finally:
-        ctx.critical -= 1
-    for why in result.get("ignored") or []:
-        ctx.log("ignored: " + why)
-    now = result.get("installed") or {}
-    if now:
-        ctx.log("in place now: %s" % _describe(now))
-    if result["restored"] is None:
-        return Result("nothing restored: %s" % result["why"], {"restored": "", "kept_current_as": ""})
-    if result["kept_current_as"] is None:
-        then = "nothing was in place"
-    elif result.get("kept_failed"):
-        then = ("the install that was in place failed its checks: kept apart at %s"
-                % result["kept_current_as"])
-    else:
-        then = "the install that was in place is now %s" % result["kept_current_as"]
-    skipped = "; ".join(result.get("skipped") or []) or "none"
-    return Result("restored %s: %s (skipped: %s); %s"
-                  % (result["restored"], result["why"], skipped, then),
-                  {"restored": result["restored"], "kept_current_as": result["kept_current_as"] or ""})
-
-
-def _describe(doc: dict) -> str:
-    """An install's record and stat check in words (describe_install's dict)."""
-    info = doc.get("info") or {}
-    parts = ["%s made %s by %s" % (doc.get("path"), info.get("installed", "at an unknown time"),
-                                   info.get("origin", "an unknown run"))]
-    fp = info.get("source_fingerprint") or doc.get("source_fingerprint")
-    parts.append("source %s" % (fp[:16] if fp else "unknown"))
-    parts.append("checks %s" % ("failed: " + doc["failed"] if doc.get("failed")
-                                else info.get("checks", "not recorded")))
-    check = doc.get("tree_check") or {}
-    if check.get("ok") is True:
-        parts.append("its files are as installed (stat check against its manifest)")
-    elif check.get("ok") is False:
-        changed = check.get("changed") or check.get("missing") or []
-        parts.append("changed since installed: %s" % (", ".join(changed[:8]) if changed
-                                                       else check.get("why", "see its manifest")))
-    else:
-        parts.append(check.get("why", "no stat check"))
-    return "; ".join(parts)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-    return "%d B" % n
-
-
-def list_backups(ctx: Context) -> Result:
-    """`--list-backups`: each backup of the destination, the failed install kept apart and the
-    one in place: when it was installed, by which runbook and spec, the source's fingerprint,
-    its checks, its size."""
-    rows = hostfs.list_installs(ctx.dest)
-    ctx.log("installs of %s (keep_backups: %s counts the backups whose checks passed):"
-            % (ctx.dest, ctx.keep_backups or "-"))
-    table = []
-    for row in rows:
-        info = row["info"]
-        checks = "failed" if row["failed"] else info.get("checks", "unknown").split(":")[0]
-        label = ("backup %d" % row["number"]) if row["kind"] == "backup" else row["kind"]
-        fp = info.get("source_fingerprint") or ""
-        table.append((label, info.get("installed", "-"), checks, _size(row["size"]),
-                      "source " + (fp[:12] or "-"), info.get("origin", "-"), row["path"]))
-    widths = [max(len(r[i]) for r in table) for i in range(6)] if table else []
-    for r, row in zip(table, rows):
-        ctx.log("  " + "  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
-        if row["failed"]:
-            ctx.log("      why: %s" % row["failed"])
-        if row["info"].get("put_back_after"):
-            ctx.log("      put back after %s failed (the failed install: %s)"
-                    % (row["info"]["put_back_after"], row["info"].get("failed_install", "-")))
-    if not rows:
-        ctx.log("  nothing there yet")
-    n = sum(1 for r in rows if r["kind"] == "backup")
-    good = sum(1 for r in rows if r["kind"] == "backup" and not r["failed"])
-    return Result("%d backups (%d whose checks did not fail)%s" % (
-        n, good, "; a failed install kept apart" if any(r["kind"] == "failed" for r in rows)
-        else ""), {"backups": n, "good": good})
-
-
-# -- children ------------------------------------------------------------------------------------
-
-
-def interpreter_prefix(python: str, root: str) -> tuple:
-    """(sys.prefix, version) that `python` reports; fails naming what is missing."""
-    if not os.path.lexists(python):
-        raise StepError("%s has no bin/python: not a venv" % root)
-    if not os.path.exists(python):
-        target = os.readlink(python) if os.path.islink(python) else python
-        raise StepError("bin/python -> %s: that interpreter does not exist on this host (the "
-                        "venv's base interpreter%s must be installed here)" % (target, _home(root)))
-    rc, out, err = run_quiet([python, "-I", "-B", "-c",
-                              "import sys; print(sys.prefix); print(sys.version.split()[0])"],
-                             PROVE_TIMEOUT)
-    lines = out.splitlines()
-    if rc != 0 or len(lines) < 2:
-        raise StepError("%s does not run here (exit %s): %s" % (python, rc, " | ".join(
-            tail(err or out, 3)) or "no output"), lines=tail(err or out))
-    return lines[0], lines[1]
-
-
-def _home(root: str) -> str:
-    home = _cfg(root, "home")
-    return ", pyvenv.cfg home = %s" % home if home else ""
-
-
-def _cfg(root: str, key: str) -> str:
-    """A value of the venv's pyvenv.cfg ('' when not there; a link there is not followed)."""
-    try:
-        got = safefs.read_in(root, "pyvenv.cfg", limit=1 << 20)
-    except OSError:
-        return ""
-    for line in (got[0] if got else b"").decode("utf-8", "replace").splitlines():
-        k, _, value = line.partition("=")
-        if k.strip() == key:
-            return value.strip()
-    return ""
 RB_PY_B47E6041
   cat >"${dir}"/rbkit/exports.py <<'RB_PY_EAEBB3AA'
 """The env file a moved venv is used through: CUDA_HOME, PATH, LD_LIBRARY_PATH (venv dirs first).
@@ -3946,7 +3359,7 @@ RB_PY_EAEBB3AA
   cat >"${dir}"/rbkit/fanout.py <<'RB_PY_1F141AB8'
 """Fan-out: the install on one node, and the comparison of every node's report.
 
-`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD ...` runs on each node (started by the
+`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node (started by the
 cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
 `manifest.jsonl`, and `payload` (the tar stream, compressed as the run chose) unless the node
 script left it inside DIR.tar (it does: the payload is then streamed from there into staging,
@@ -3987,7 +3400,8 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
-from . import engine, hostfs, stream
+from . import engine, hostfs
+from .choices import add_run_options
 from .lock import Lock
 
 MARK = "RBFAN "
@@ -4039,16 +3453,12 @@ def node(a: argparse.Namespace) -> int:
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False, "probe": None}
     logs: List[str] = []
-    ctx = engine.Context(
-        dest, old=a.old, policy=a.policy, manifest=os.path.join(a.dir, "manifest.jsonl"),
-        jobs=a.jobs, compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home,
-        first=a.first, env=a.env, origin=a.origin, probe_config=a.probe_config,
-        on_failed_checks=a.on_failed_checks, rerun=a.rerun, timeout=float(a.timeout),
-        special_modes=a.special_modes, keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
-        shared_parent=a.shared_parent,
-        capture=True, log=logs.append)
+    ctx = engine.Context(dest, a.choices, old=a.old, compression=a.compression,
+                         manifest=os.path.join(a.dir, "manifest.jsonl"),
+                         probe_config=a.probe_config, capture=True, log=logs.append)
     ctx.state = engine.make_state()
-    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.origin), LOCK_WAIT_S, logs.append)
+    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.choices.origin), LOCK_WAIT_S,
+                logs.append)
     try:
         # never into the source (before the lock: nothing is written beside a refused one)
         pre = engine.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
@@ -4449,25 +3859,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     n = sub.add_parser("node")
     n.add_argument("--dir", required=True)
-    n.add_argument("--dest", required=True)
-    n.add_argument("--old", required=True)
-    n.add_argument("--policy", choices=("refuse", "backup", "replace"), required=True)
-    n.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
-    n.add_argument("--jobs", default="auto")
-    n.add_argument("--timeout", type=float, default=600)
-    n.add_argument("--probe-config", default="")
-    n.add_argument("--env-out", default="")
-    n.add_argument("--cuda-home", default="")
-    n.add_argument("--first", action="append", default=[])
-    n.add_argument("--env", action="append", default=[])
-    n.add_argument("--origin", default="a fan-out runbook")
-    n.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
-    n.add_argument("--rerun", choices=("quick", "digest"), default="quick",
-                   help="how a node decides it already holds this tree")
-    n.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    n.add_argument("--keep-backups", type=int, default=None)
-    n.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
-    n.add_argument("--shared-parent", choices=("refuse", "allow"), default="refuse")
+    add_run_options(n)          # --dest, --old, --compression, --probe-config, --choices
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)
@@ -4501,6 +3893,129 @@ def main(argv: Optional[List[str]] = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 RB_PY_1F141AB8
+  cat >"${dir}"/rbkit/filehash.py <<'RB_PY_84902F71'
+"""Files' digests, as a manifest records them: one file's (`digest`, through a link never), and
+many files' in parallel (`digests`: forked workers where this process has no threads, else
+threads). Public through rbkit.manifest (manifest.digest, manifest.digests, ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import threading
+from typing import Any, Callable, Optional
+
+from rbprobes import workers
+
+CHUNK = 1 << 20
+
+
+def hasher(algo: str) -> Callable[[], Any]:
+    """A function making a new hash of `algo` (blake2b: 32 bytes; hashlib's named constructors
+    are faster than hashlib.new)."""
+    if algo == "blake2b":
+        return functools.partial(hashlib.blake2b, digest_size=32)
+    return getattr(hashlib, algo, None) or functools.partial(hashlib.new, algo)
+
+
+class Changed(ValueError):
+    """A file read for its digest did not have the size the walk (or the scan) saw: the source
+    changed while it was being moved."""
+
+
+def digest(path: str, algo: str, buf: Optional[bytearray] = None,
+           size: Optional[int] = None) -> str:
+    """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
+    path to another file. `buf`: a buffer of CHUNK bytes to read into (one per thread: no new
+    1 MiB object, and no fresh pages, each read). `size`: what the walk saw; other than the bytes
+    read, Changed is raised (the digest would not be of the entry's file)."""
+    h = hasher(algo)()
+    if buf is None:
+        buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    total = 0
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    with open(fd, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            total += n
+            h.update(view[:n])
+    if size is not None and total != size:
+        raise Changed("%s: %d bytes read, %d when the tree was walked: it changed while being "
+                      "moved (stop what writes to the source, then run again)" % (path, total, size))
+    return h.hexdigest()
+
+
+def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
+    """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
+    their order. Where this process has no threads, by `jobs` forked workers taking the biggest
+    files first (_digests_forked): threads of one Python hash at one thread's pace, processes at
+    one each. Else by `jobs` threads that take the next path from one shared iterator (no task
+    object nor wake-up per file, which a thread pool's per-file futures cost). The figures:
+    docs/benchmarks.md, "Figures behind choices in the code". The first error (in the order of
+    `rels`) is raised once every worker stopped."""
+    n = max(1, min(jobs, len(rels)))
+    if n > 1 and workers.forkable():
+        return _digests_forked(root, rels, algo, n, sizes)
+    out: list = [None] * len(rels)
+    todo = iter(enumerate(rels))
+    errors: list = []
+
+    def work() -> None:
+        buf = bytearray(CHUNK)
+        # errors looked at before a path is taken, never after: a path taken is hashed, so every
+        # path before the first one that failed is (its error, if any, is the one raised)
+        while not errors:
+            try:
+                i, rel = next(todo)         # a list iterator's next() is one step under the GIL
+            except StopIteration:
+                return
+            try:
+                out[i] = digest(os.path.join(root, rel), algo, buf,
+                                None if sizes is None else sizes[i])
+            except BaseException as exc:     # re-raised below, in the caller
+                errors.append((i, exc))
+                return
+
+    if n == 1:
+        work()
+    else:
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise min(errors, key=lambda e: e[0])[1]
+    return out
+
+
+def _digests_forked(root: str, rels: list, algo: str, jobs: int,
+                    sizes: Optional[list]) -> list:
+    """digests() by forked workers (rbprobes.workers.over_workers), the biggest files first: a file
+    a worker could not hash (or that no worker answered for) is hashed here again, in order, so
+    that the first error is raised here as the threads' is."""
+    buf = bytearray(CHUNK)
+
+    def fn(i: int) -> Optional[str]:
+        try:
+            return digest(os.path.join(root, rels[i]), algo, buf,
+                          None if sizes is None else sizes[i])
+        except Exception:
+            return None
+
+    got, _workers = workers.over_workers(fn, list(sizes) if sizes is not None
+                                         else [0] * len(rels), jobs)
+    for i, h in enumerate(got):
+        if h is None:
+            got[i] = digest(os.path.join(root, rels[i]), algo, buf,
+                            None if sizes is None else sizes[i])
+    return got
+RB_PY_84902F71
   cat >"${dir}"/rbkit/hostfs.py <<'RB_PY_5F73DE2D'
 """Small facts about paths on a host: what is there, how big, how much room, and the atomic swap.
 
@@ -4510,7 +4025,7 @@ leave the tree, device nodes) and refuses it unless the spec allows it; `strip_s
 those mode bits from an extracted tree; `identity`/`same_or_nested` (rbkit.pathid) tell whether
 the destination is the source under another name; `swap` and `restore` (rbkit.swapfs) never
 replace a link with a directory, journal a swap that cannot be one rename, keep each backup
-independent of the live install, and bring back an install's own env file.
+independent of the live install (rbkit.installs), and bring back an install's own env file.
 """
 
 from __future__ import annotations
@@ -4518,18 +4033,21 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import shutil
 import stat
 from typing import List, Optional
 
+from rbrules import links
+from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
+
 from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
+from .installs import (backup_dirs, backups, describe_install, failed_mark,  # noqa: F401
+                       failed_path, list_installs, read_info, remove, set_checks, unshare_backup,
+                       write_info)
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     backup_dirs, backups, describe_install, failed_mark, failed_path,
-                     journal_path, list_installs, prune_backups, read_info, recover_swap, remove,
-                     restore, set_checks, swap, unshare_backup, write_info)
+                     journal_path, prune_backups, recover_swap, restore, swap)
 
 __all__ = [
     "scan", "link_escapes", "strip_special", "free_bytes", "stage",
@@ -4540,52 +4058,30 @@ __all__ = [
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 
-SPECIAL_MODES = ("refuse", "strip", "keep")    # transfer.special_modes
-OUTSIDE_LINKS = ("refuse", "keep")             # transfer.outside_links
-# the venv's own interpreter links (bin/python -> /usr/bin/python3.12): outside the tree by design
-INTERPRETER_LINK = re.compile(r"^bin/(?:python|pypy)[0-9.]*$")
 
 
 def _octal(mode: int) -> str:
     return "%04o" % mode
 
 
-def link_escapes(root: str, rel: str, target: str, max_hops: int = 40) -> bool:
-    """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it. An
-    absolute target always does (at the destination it names the source's path or the host's
-    files); a relative one is resolved component by component against the tree, following the
-    links it meets as the kernel would (`dot -> .` then `x -> dot/..` is the tree's parent, which
-    a lexical normpath calls inside). A target that does not exist (yet) leads nowhere: False."""
-    if target.startswith("/"):
-        return True
-    stack = [p for p in rel.split("/")[:-1] if p]
-    todo = target.split("/")
-    hops = 0
-    while todo:
-        part = todo.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not stack:
-                return True
-            stack.pop()
-            continue
-        here = os.path.join(root, *stack, part)
+def link_escapes(root: str, rel: str, target: str, max_hops: int = links.MAX_HOPS) -> bool:
+    """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it
+    (rbrules.links.leaves, the tree read here). An absolute target always does: at the
+    destination it names the source's path or the host's files."""
+    return links.leaves(rel, target, _lookup(root), max_hops=max_hops)
+
+
+def _lookup(root: str) -> links.Lookup:
+    """rbrules.links' view of the tree `root`: a link's text, "" for another entry, None for
+    nothing there."""
+    def lookup(rel: str) -> Optional[str]:
+        here = os.path.join(root, rel)
         try:
             st = os.lstat(here)
         except OSError:
-            return False                      # dangling (or through a file): resolves nowhere
-        if stat.S_ISLNK(st.st_mode):
-            hops += 1
-            if hops > max_hops:
-                return False                  # a loop: the kernel gives ELOOP, nothing is reached
-            inner = os.readlink(here)
-            if inner.startswith("/"):
-                return True
-            todo = inner.split("/") + todo
-            continue
-        stack.append(part)
-    return False
+            return None
+        return os.readlink(here) if stat.S_ISLNK(st.st_mode) else ""
+    return lookup
 
 
 def scan(root: str, patterns, names_path: Optional[str] = None, *,
@@ -4626,75 +4122,102 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             if key.strip() in ("version", "version_info", "home"):
                 out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
-        files = dirs = links = 0
-        apparent = disk = need = 0
-        names: List[bytes] = []
-        multi: List[bytes] = []
-        inodes: set = set()            # (st_dev, st_ino) of the files of more than one link
-        special: List[dict] = []
-        outside: List[dict] = []
-        devices: List[str] = []
-        sparse: List[str] = []
-        not_utf8: List[str] = []
-        lines: List[bytes] = []
-        strip = special_modes == "strip"
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        tally = _Tally(root, special_modes == "strip", bool(names_path))
         for rel, st in manifest.walk(root, patterns):
-            values = manifest.stat_values(root, rel, st, strip)
-            try:
-                lines.append(manifest.values_line(values))
-            except UnicodeEncodeError:
-                # a name (or link target) of bytes that are not UTF-8: no manifest records it
-                not_utf8.append(_shown(rel))
-            if names_path:
-                names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
-            blocks = st.st_blocks * 512
-            disk += blocks
-            mode = stat.S_IMODE(st.st_mode)
-            if values[1] == "l":
-                links += 1
-                need += blocks
-                if not INTERPRETER_LINK.match(rel) and link_escapes(root, rel, values[4]):
-                    outside.append({"p": rel, "l": values[4]})
-                continue
-            if mode & manifest.SPECIAL_BITS:
-                special.append({"p": rel, "m": _octal(mode)})
-            if stat.S_ISREG(st.st_mode):
-                files += 1
-                if st.st_nlink > 1:
-                    if names_path:
-                        multi.append(b"[%d, %d, %d]\n" % (len(names) - 1, st.st_dev, st.st_ino))
-                    if (st.st_dev, st.st_ino) in inodes:
-                        disk -= blocks         # its data is counted (and sent, and stored) once
-                        continue
-                    inodes.add((st.st_dev, st.st_ino))
-                apparent += st.st_size
-                need += max(blocks, -(-st.st_size // 4096) * 4096)
-                if blocks + 4096 <= st.st_size:
-                    sparse.append(rel)
-            elif stat.S_ISDIR(st.st_mode):
-                dirs += 1
-                need += max(blocks, 4096)
-            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                devices.append(rel)
+            tally.add(rel, st)
         if names_path:
-            # this run's private files: no fsync
-            safefs.write_file(names_path, b"".join(names), 0o600, sync=False)
-            safefs.write_file(names_path + manifest.SCAN_SUFFIX,
-                              manifest.scan_header(root, patterns, strip) + b"".join(lines), 0o600,
-                              sync=False)
-            safefs.write_file(names_path + manifest.LINKS_SUFFIX, b"".join(multi), 0o600,
-                              sync=False)
-        out.update(files=files, dirs=dirs, links=links, bytes=apparent, disk_bytes=disk,
-                   need_bytes=need, stat_fingerprint=hashlib.sha256(b"".join(lines)).hexdigest(),
-                   special_modes=special[:limit], special_modes_count=len(special),
-                   special_modes_action=special_modes, outside_links=outside[:limit],
-                   outside_links_count=len(outside), devices=devices[:limit],
-                   sparse_files=sparse[:limit], sparse_count=len(sparse))
-        out["refusal"] = _refusal(special, special_modes, outside, outside_links, devices,
-                                  not_utf8)
+            tally.write(names_path, patterns)
+        out.update(tally.values(limit, special_modes))
+        out["refusal"] = _refusal(tally.special, special_modes, tally.outside, outside_links,
+                                  tally.devices, tally.not_utf8)
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
+
+
+class _Tally:
+    """What `scan` gathers over one walk of `root`: the counts and sizes it reports, what it
+    refuses on (special modes, outside links, devices, names that are not UTF-8), and, when
+    `names` is set, the records it writes for `tar -T` and the manifest build."""
+
+    def __init__(self, root: str, strip: bool, names: bool):
+        self.root, self.strip, self.keep_names = root, strip, names
+        self.lookup = _lookup(root)
+        self.files = self.dirs = self.links = 0
+        self.apparent = self.disk = self.need = 0
+        self.names: List[bytes] = []
+        self.multi: List[bytes] = []   # [index in names, st_dev, st_ino] of multi-link files
+        self.inodes: set = set()       # (st_dev, st_ino) of the files of more than one link
+        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        self.lines: List[bytes] = []
+        self.special: List[dict] = []
+        self.outside: List[dict] = []
+        self.devices: List[str] = []
+        self.sparse: List[str] = []
+        self.not_utf8: List[str] = []
+
+    def add(self, rel: str, st: os.stat_result) -> None:
+        values = manifest.stat_values(self.root, rel, st, self.strip)
+        try:
+            self.lines.append(manifest.values_line(values))
+        except UnicodeEncodeError:
+            # a name (or link target) of bytes that are not UTF-8: no manifest records it
+            self.not_utf8.append(_shown(rel))
+        if self.keep_names:
+            self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
+        blocks = st.st_blocks * 512
+        self.disk += blocks
+        mode = stat.S_IMODE(st.st_mode)
+        if values[1] == "l":
+            self.links += 1
+            self.need += blocks
+            if not links.interpreter_link(rel) and links.leaves(rel, values[4], self.lookup):
+                self.outside.append({"p": rel, "l": values[4]})
+            return
+        if mode & manifest.SPECIAL_BITS:
+            self.special.append({"p": rel, "m": _octal(mode)})
+        if stat.S_ISREG(st.st_mode):
+            self._file(rel, st, blocks)
+        elif stat.S_ISDIR(st.st_mode):
+            self.dirs += 1
+            self.need += max(blocks, 4096)
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            self.devices.append(rel)
+
+    def _file(self, rel: str, st: os.stat_result, blocks: int) -> None:
+        self.files += 1
+        if st.st_nlink > 1:
+            if self.keep_names:
+                self.multi.append(b"[%d, %d, %d]\n" % (len(self.names) - 1, st.st_dev,
+                                                        st.st_ino))
+            if (st.st_dev, st.st_ino) in self.inodes:
+                self.disk -= blocks            # its data is counted (and sent, and stored) once
+                return
+            self.inodes.add((st.st_dev, st.st_ino))
+        self.apparent += st.st_size
+        self.need += max(blocks, -(-st.st_size // 4096) * 4096)
+        if blocks + 4096 <= st.st_size:
+            self.sparse.append(rel)
+
+    def write(self, names_path: str, patterns: List[str]) -> None:
+        """The names for `tar -T`, the scan record (NAMES.stat) and the multi-link files
+        (NAMES.links): this run's private files, no fsync."""
+        safefs.write_file(names_path, b"".join(self.names), 0o600, sync=False)
+        safefs.write_file(names_path + manifest.SCAN_SUFFIX,
+                          manifest.scan_header(self.root, patterns, self.strip)
+                          + b"".join(self.lines), 0o600, sync=False)
+        safefs.write_file(names_path + manifest.LINKS_SUFFIX, b"".join(self.multi), 0o600,
+                          sync=False)
+
+    def values(self, limit: int, special_modes: str) -> dict:
+        """scan's answer: the counts, and the first `limit` of each list."""
+        return dict(files=self.files, dirs=self.dirs, links=self.links, bytes=self.apparent,
+                    disk_bytes=self.disk, need_bytes=self.need,
+                    stat_fingerprint=hashlib.sha256(b"".join(self.lines)).hexdigest(),
+                    special_modes=self.special[:limit], special_modes_count=len(self.special),
+                    special_modes_action=special_modes,
+                    outside_links=self.outside[:limit], outside_links_count=len(self.outside),
+                    devices=self.devices[:limit], sparse_files=self.sparse[:limit],
+                    sparse_count=len(self.sparse))
 
 
 def _count(items: list, one: str, many: str) -> str:
@@ -4908,6 +4431,738 @@ def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict, inodes: di
     os.unlink(name, dir_fd=dst_dir)
     return False
 RB_PY_5F73DE2D
+  cat >"${dir}"/rbkit/installs.py <<'RB_PY_B549C8EF'
+"""The installs kept beside a destination, and what each one is: its backups (`DEST.rb-backup.N`),
+the install whose checks failed kept apart (`DEST.rb-failed`), the record each install holds
+(INFO) and its failure mark (FAILED_MARK); listed, described, made independent of the live install
+(`unshare_backup`), removed. Nothing here moves an install into place: rbkit.swapfs does (swap,
+restore, prune_backups, the journal). Public through rbkit.hostfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import stat
+from typing import List, Optional
+
+from . import manifest, privacy, safefs
+
+FICLONE = 0x40049409
+FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
+INFO = ".rb-install.json"                      # what an install is: when, from what, its checks
+
+
+def backups(dest: str) -> list[tuple[int, str]]:
+    """(number, path) of every name `DEST.rb-backup.N` beside `dest`, oldest first (whatever they
+    are: `backup_dirs` keeps the real directories)."""
+    parent, base = os.path.split(dest)
+    pat = re.compile(re.escape(base) + r"\.rb-backup\.([0-9]+)$")
+    found = []
+    for name in os.listdir(parent or "."):
+        m = pat.match(name)
+        if m:
+            found.append((int(m.group(1)), os.path.join(parent, name)))
+    return sorted(found)
+
+
+def backup_dirs(dest: str) -> list[tuple[int, str]]:
+    """The backups that are real directories of ours (a link named like one, or a directory
+    another user made there, is not ours to use: `foreign_backups` says why)."""
+    return [(n, p) for n, p in backups(dest) if is_real_dir(p) and not_ours(p) is None]
+
+
+def not_ours(path: str) -> Optional[str]:
+    """Why the directory `path`, named like a backup, may have been planted by another user (None:
+    it cannot have been). In a private parent (rbkit.privacy) only this user and root make
+    entries, so every one is ours, whoever owns it (a previous install of another user, moved
+    aside by a swap). In a parent others can write (transfer.shared_parent: allow), one owned by
+    another user than this one or root, or writable by every user, is not ours: only root can
+    give a directory another owner, so one planted there keeps its planter's. Group write is not
+    judged: extraction keeps the source root's (umask 002)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if privacy.why_not_private(os.path.dirname(os.path.abspath(path)), os.geteuid()) is None:
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return (f"{path} is owned by {privacy.owner(st)}, not by "
+                f"{privacy.user_name(os.geteuid())}: not a "
+                "backup this kit made (another user can make a directory of that name beside "
+                "the destination); it is never restored, counted or removed: look at it and "
+                "remove it")
+    if stat.S_IMODE(st.st_mode) & 0o002:
+        return (f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): not a "
+                "backup this kit made; it is never restored, counted or removed: look at it and "
+                "remove it")
+    return None
+
+
+def foreign_backups(dest: str) -> list[str]:
+    """Why each directory named like a backup of `dest` is not one of ours (`not_ours`)."""
+    return [why for _n, p in backups(dest) if is_real_dir(p)
+            for why in [not_ours(p)] if why is not None]
+
+
+def is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def next_backup(dest: str) -> str:
+    found = backups(dest)
+    return f"{dest}.rb-backup.{(found[-1][0] + 1) if found else 1}"
+
+
+def failed_mark(path: str) -> Optional[str]:
+    """Why the install at `path` was rolled back (its checks failed), or None."""
+    got = safefs.read_in(path, FAILED_MARK, limit=64 << 10)
+    return got[0].decode("utf-8", "replace").strip() if got is not None else None
+
+
+def failed_path(dest: str) -> str:
+    """Where the one install whose checks failed is kept apart: `DEST.rb-failed` (never a backup:
+    never counted toward keep_backups, never restored without being named, replaced by the next
+    failure)."""
+    return os.path.abspath(dest) + ".rb-failed"
+
+
+def read_info(path: str) -> dict:
+    """The install's own record (INFO, written by the engine: `installed` (UTC, ISO 8601),
+    `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
+    failed: ...), `put_back_after`); {} when it has none or it is not one."""
+    got = safefs.read_in(path, INFO, limit=64 << 10)
+    try:
+        doc = json.loads(got[0]) if got is not None else {}
+    except ValueError:
+        doc = {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_info(path: str, **fields: object) -> dict:
+    """Merge `fields` into the install's record (a None value removes the key)."""
+    doc = read_info(path)
+    doc.update(fields)
+    doc = {k: v for k, v in doc.items() if v is not None}
+    safefs.write_in(path, INFO, json.dumps(doc, sort_keys=True).encode() + b"\n", 0o644)
+    return doc
+
+
+def set_checks(path: str, passed: bool, why: str = "") -> None:
+    """Record the checks' verdict on the install at `path`: passed (the failure mark removed), or
+    failed (marked: FAILED_MARK says why)."""
+    write_info(path, checks="passed" if passed else "failed: " + why)
+    if passed:
+        dir_fd = safefs.open_dir(path)
+        try:
+            os.unlink(FAILED_MARK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dir_fd)
+    else:
+        safefs.write_in(path, FAILED_MARK, why.encode("utf-8") + b"\n", 0o644)
+
+
+def _size(path: str) -> int:
+    total = 0
+    for _rel, st in manifest.walk(path, ordered=False):
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
+
+
+def list_installs(dest: str) -> List[dict]:
+    """What `--list-backups` shows: each backup of `dest` (oldest first), the failed install kept
+    apart, and the one in place, each with `path`, `number` (None: not a backup), `kind`
+    (backup, failed, in place), its record (read_info), `failed` (failed_mark) and `size`."""
+    rows = [(n, p, "backup") for n, p in backup_dirs(dest)]
+    if is_real_dir(failed_path(dest)):
+        rows.append((None, failed_path(dest), "failed"))
+    if is_real_dir(dest):
+        rows.append((None, os.path.abspath(dest), "in place"))
+    out = []
+    for number, path, kind in rows:
+        info = read_info(path)
+        out.append({"number": number, "path": path, "kind": kind, "info": info,
+                    "failed": failed_mark(path), "size": _size(path)})
+    return out
+
+
+def remove(path: str) -> None:
+    """Remove a directory tree, or a link or file (never what a link points to)."""
+    if is_real_dir(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _copy_over(root: str, rel: str, st: os.stat_result) -> bool:
+    """Replace `rel` in `root` with a copy of itself (a new inode, same content, mode, owner and
+    times): a reflink where the file system has them (free), else an in-kernel copy. True when
+    it was a reflink."""
+    head, name = os.path.split(rel)
+    dir_fd = safefs.open_dir(root, head)
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            if (os.fstat(src).st_ino, os.fstat(src).st_dev) != (st.st_ino, st.st_dev):
+                raise OSError(errno.ESTALE, "changed while the tree was walked", rel)
+            fd, tmp = safefs.make_temp(dir_fd, name, 0o600)
+            try:
+                try:
+                    fcntl.ioctl(fd, FICLONE, src)
+                    cloned = True
+                except OSError:
+                    cloned = False
+                    offset = 0
+                    while offset < st.st_size:
+                        n = os.sendfile(fd, src, offset, min(1 << 30, st.st_size - offset))
+                        if n == 0:
+                            break
+                        offset += n
+                os.fchown(fd, st.st_uid, st.st_gid)
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))          # after chown, which clears setuid
+                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except (OSError, UnboundLocalError):
+                pass
+            raise
+        finally:
+            os.close(src)
+    finally:
+        os.close(dir_fd)
+    return cloned
+
+
+def unshare_backup(backup: str, dest: str) -> dict:
+    """Make `backup` independent of the live install at `dest`: each file of it that is the same
+    inode as the same path in `dest` (an incremental install hard-links the unchanged files of
+    the previous install into its staging) is replaced in the backup by a copy with the same
+    content, mode, owner and times. Then a later in-place write to the live install (a tool that
+    rewrites a file instead of replacing it) cannot change the backup a rollback would put back.
+    The live install keeps its inodes. A reflink where the file system has them costs nothing;
+    elsewhere it is a local copy of the unchanged bytes, made after the swap, so the new install
+    is in place no later. Returns {"files", "bytes", "reflinked"}."""
+    files = nbytes = reflinked = 0
+    for rel, st in manifest.walk(backup):
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+            continue
+        try:
+            live = os.lstat(os.path.join(dest, rel))
+        except OSError:
+            continue
+        if (live.st_dev, live.st_ino) != (st.st_dev, st.st_ino):
+            continue
+        reflinked += _copy_over(backup, rel, st)
+        files += 1
+        nbytes += st.st_size
+    return {"files": files, "bytes": nbytes, "reflinked": reflinked}
+
+
+def describe_install(path: str) -> dict:
+    """What an install is, for a restore's report: where, the source it was made from, whether
+    it was rolled back for failed checks, and a stat check of it against its own manifest (a file
+    changed since it was installed, e.g. written in place, is named)."""
+    out: dict = {"path": path, "failed": failed_mark(path), "info": read_info(path)}
+    got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
+    if got is None:
+        out.update(source_fingerprint=None,
+                   tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
+        return out
+    try:
+        lines = [json.loads(line) for line in got[0].decode("utf-8").splitlines() if line.strip()]
+        m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
+    except (ValueError, KeyError, IndexError):
+        out.update(source_fingerprint=None,
+                   tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"})
+        return out
+    out["source_fingerprint"] = m["header"].get("source_fingerprint")
+    out["tree_check"] = manifest.check_tree(path, m)
+    return out
+RB_PY_B549C8EF
+  cat >"${dir}"/rbkit/liveplan.py <<'RB_PY_30510C7C'
+"""The live plan (`bash RUNBOOK --plan`, `--apply PLAN`): what a run will change, read from the
+real hosts without writing anything there, and the check that a saved plan still holds.
+
+    liveplan state DEST [--policy P] [--keep-backups N]   on the destination, read-only: a JSON
+        line of facts (exists, installed, free space, backups), then the stat line of every
+        entry of DEST (manifest.values_line's, the walk's order): its state, digested
+    liveplan compose --dir DIR ...                         here: the plan from what the runbook
+        fetched into DIR (source.scan, dest.state, installed.jsonl): plan.json, changes.txt,
+        plan.md (--markdown), and the screen on stdout; exit 1 when something blocks the run
+    liveplan drift --plan PLAN --side source|dest --now FILE   here: what moved since the plan
+        (exit 1, naming the side, how many paths and the first few), exit 0 when nothing did
+    liveplan read PLAN --name N --spec-sha S --kit-sha K   here: the plan's digests as
+        `KEY<TAB>VALUE` lines, or why it is not this runbook's (exit 1)
+
+The source's side is the scan preflight makes (hostfs.scan's record, NAMES.stat): its stat
+fingerprint is the source's digest. The changes are judged as the engine judges a re-run (the
+quick check: path, type, mode, size, link and mtime; rbkit.manifest.quick_check), against the
+source as the install recorded it (manifest.source_of) and the destination as it is now.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
+from rbrules import paths
+
+from . import hostfs, privacy, safefs, swapfs
+from .choices import Choices
+from . import manifest as kitmanifest
+
+INSTALLED = ".rb-manifest.jsonl"      # engine.INSTALLED: the install's own manifest
+SHOWN = 8                             # itemized lines shown on the screen (all in changes.txt)
+MARGIN = 10                           # percent over the staging's bytes, as preflight asks
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return str(n)
+
+
+# -- the destination, read-only ----------------------------------------------------------------
+
+
+def dest_state(dest: str, policy: str, keep_backups: int) -> Tuple[dict, List[bytes]]:
+    """(facts, stat lines) of the destination; nothing is written, no lock is taken."""
+    dest = os.path.abspath(dest)
+    parent = os.path.dirname(dest)
+    staging = paths.staging(dest)
+    facts: dict = {"dest": dest, "exists": os.path.lexists(dest), "is_dir": os.path.isdir(dest),
+                   "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
+                   "staging_left": os.path.lexists(staging)}
+    found = privacy.check_parent(dest, os.geteuid())
+    if found is not None:
+        # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
+        facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
+    free = hostfs.free_bytes(staging)
+    facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
+    lines: List[bytes] = []
+    size = 0
+    patterns: List[str] = []
+    if facts["installed"]:
+        try:
+            with open(os.path.join(dest, INSTALLED), encoding="utf-8") as f:
+                head = json.loads(f.readline())
+            patterns = list(head.get("excludes") or ())
+            facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
+            st = os.stat(os.path.join(dest, INSTALLED))
+            facts["installed_record"] = [st.st_size, st.st_mtime_ns]
+        except (OSError, ValueError) as exc:
+            facts["installed_error"] = str(exc)
+    if facts["is_dir"] and not os.path.islink(dest):
+        for rel, st in kitmanifest.walk(dest, patterns):
+            v = kitmanifest.stat_values(dest, rel, st)
+            try:
+                lines.append(kitmanifest.values_line(v))
+            except UnicodeEncodeError:
+                continue
+            if v[1] == "f":
+                size += st.st_size
+    facts["bytes"] = size
+    facts["digest"] = hashlib.sha256(json.dumps(
+        [facts["exists"], facts.get("installed_record")]).encode() + b"".join(lines)).hexdigest()
+    good: List[str] = []
+    if os.path.isdir(parent):
+        good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]
+    facts["backups"] = good
+    # a swap under `backup` makes the install in place the newest backup; past keep_backups the
+    # oldest go once the new install passed its checks (swapfs.prune_backups)
+    after = good + ([dest] if policy == "backup" and facts["exists"] else [])
+    facts["evicts"] = after[:-keep_backups] if keep_backups and len(after) > keep_backups else []
+    return facts, lines
+
+
+# -- here: the plan --------------------------------------------------------------------------------
+
+
+def _rows(lines: List[bytes]) -> List[list]:
+    body = b",".join(ln.rstrip(b"\n") for ln in lines if ln.strip())
+    return json.loads(b"[" + body + b"]") if body else []
+
+
+def read_scan(path: str) -> Tuple[str, List[list]]:
+    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    _head, _, body = data.partition(b"\n")
+    return hashlib.sha256(body).hexdigest(), _rows(body.split(b"\n"))
+
+
+def read_state(path: str) -> Tuple[dict, List[list]]:
+    with open(path, "rb") as f:
+        data = f.read().split(b"\n")
+    return json.loads(data[0]), _rows(data[1:])
+
+
+def _flags(old: Optional[list], new: list) -> str:
+    """An rsync -i like code of 11 characters for `new` against `old` (None: new there)."""
+    kind = {"f": "f", "d": "d", "l": "L"}.get(new[1], "?")
+    head = (">" if new[1] == "f" else "c") + kind
+    if old is None:
+        return head + "+++++++++"
+    if old[1] != new[1]:
+        return head + "T" * 9
+    return head + "." + ("s" if old[3] != new[3] else ".") + ("t" if old[5] != new[5] else ".") \
+        + ("p" if old[2] != new[2] else ".") + ("L" if old[4] != new[4] else ".") + "...."
+
+
+def changes(src: List[list], dest: List[list], installed: Optional[dict]) -> dict:
+    """What a run would change at the destination: `src` the source's scan rows, `dest` the
+    destination's, `installed` its install's manifest (None: not an install of this tool). Each
+    source entry is added, changed (against the source as the install recorded it, or a file
+    changed at the destination since) or unchanged; what the destination holds that the source
+    lacks is removed."""
+    now = {r[0]: r for r in dest}
+    base: Dict[str, list] = {}
+    moved_there: set = set()
+    if installed is not None:
+        rows = [[e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+                for e in installed["entries"]]
+        base = {r[0]: r for r in rows}
+        moved_there = {r[0] for r in rows if now.get(r[0]) != r} | (set(now) - set(base))
+        for e in installed["header"].get("source_entries") or ():
+            # the source's own entries of what relocation rewrote (manifest.source_of)
+            base[e["p"]] = [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+    else:
+        base = dict(now)
+    items: List[str] = []
+    out = {"added": 0, "added_bytes": 0, "changed": 0, "changed_bytes": 0, "removed": 0,
+           "removed_bytes": 0, "unchanged": 0, "changed_there": 0}
+    have = set()
+    for row in src:
+        p = row[0]
+        have.add(p)
+        old = base.get(p)
+        size = row[3] if row[1] == "f" else 0
+        if old is None:
+            out["added"] += 1
+            out["added_bytes"] += size
+            items.append("%s %s" % (_flags(None, row), p))
+        elif old[1:] != row[1:] or p in moved_there:
+            code, why = _flags(old, row), ""
+            if old[1:] == row[1:]:
+                code, why = code[:2] + "?" * 9, " (changed at the destination since the install)"
+                out["changed_there"] += 1
+            out["changed"] += 1
+            out["changed_bytes"] += size
+            items.append("%s %s%s" % (code, p, why))
+        else:
+            out["unchanged"] += 1
+    gone = sorted(set(base) | set(now)) if installed is not None else sorted(now)
+    for p in gone:
+        if p in have or p == INSTALLED:
+            continue
+        row = now.get(p) or base.get(p)
+        out["removed"] += 1
+        out["removed_bytes"] += row[3] if row and row[1] == "f" else 0
+        items.append("*deleting   %s" % p)
+    out["items"] = items
+    return out
+
+
+def _load_installed(path: str) -> Optional[dict]:
+    """The install's manifest (header, entries) as fetched, in one parse (no fingerprint: the
+    plan only compares stats); None when there is none or it is not one."""
+    try:
+        with open(path, "rb") as f:
+            rows = [ln for ln in f.read().split(b"\n") if ln.strip()]
+        docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
+    except (OSError, ValueError):
+        return None
+    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
+        return None
+    entries = [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
+    return {"header": docs[0], "entries": entries}
+
+
+def _write(path: str, text: str) -> None:
+    """A file of this run's private directory: a new file and one rename, never through a link."""
+    safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
+
+
+def compose(a: argparse.Namespace) -> int:
+    d = a.dir
+    src_stat, src = read_scan(os.path.join(d, "source.scan"))
+    facts, dest = read_state(os.path.join(d, "dest.state"))
+    installed = _load_installed(os.path.join(d, "installed.jsonl"))
+    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
+        installed = None
+    ch = changes(src, dest, installed)
+    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
+    up_to_date = (installed is not None and facts.get("installed_source_stat") == src_stat
+                  and ch["changed"] == ch["added"] == ch["removed"] == 0)
+    delta = installed is not None and a.incremental
+    src_bytes = int(a.source_bytes or 0)
+    # an incremental run also sends again what relocation rewrites (bin/*, pyvenv.cfg: their
+    # installed copies are not the source's, never linked)
+    rewritten = sum(r[3] for r in src if r[1] == "f" and kitmanifest.relocatable(r[0]))
+    ch["rewritten_bytes"] = rewritten
+    send = 0 if up_to_date else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta
+                                 else src_bytes)
+    staging = 0 if up_to_date else (send if delta else int(a.need_bytes or src_bytes))
+    staging += staging * MARGIN // 100
+    # with backup, the install in place stays as a backup; an incremental staging links its
+    # unchanged files from it, and the swap gives the backup copies of its own (unshare_backup:
+    # free where the file system has reflinks)
+    backup = 0
+    if a.policy == "backup" and facts["exists"] and delta and not up_to_date:
+        backup = max(0, facts.get("bytes", 0) - ch["changed_bytes"])
+    need = staging + backup
+    blockers: List[str] = []
+    if need > facts["free_bytes"]:
+        blockers.append("not enough room at %s: %s needed (staging %s%s), %s free"
+                        % (facts["measured_at"], human(need), human(staging),
+                           ", kept backup " + human(backup) if backup else "",
+                           human(facts["free_bytes"])))
+    if facts["exists"] and not facts["installed"] and a.policy == "refuse":
+        blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
+    if facts.get("shared_parent") and a.shared_parent != "allow":
+        blockers.append(facts["shared_parent"])
+    audit = static_verdict(a)
+    if audit.startswith("failed") and not a.force and not a.same_host:
+        blockers.append("the static checks on the source failed (%s): fix the venv or --force"
+                        % audit)
+    checks = json.loads(a.checks or "{}").get("checks") or []
+    plan = {
+        "kind": "rb-plan", "schema": 1, "runbook": a.name, "spec_sha256": a.spec_sha,
+        "kit_sha256": a.kit_sha, "made": a.made,
+        "source": {"host": a.src_host, "path": a.src_path, "stat_fingerprint": src_stat,
+                   "files": int(a.source_files or 0), "bytes": src_bytes},
+        "destination": {"host": a.dst_host, "path": facts["dest"], "digest": facts["digest"],
+                        "exists": facts["exists"], "installed": facts["installed"],
+                        "free_bytes": facts["free_bytes"], "measured_at": facts["measured_at"]},
+        "route": a.route, "compression": a.compression,
+        "changes": {k: v for k, v in ch.items() if k != "items"}, "up_to_date": up_to_date,
+        "incremental": delta, "send_bytes": send,
+        "disk": {"staging": staging, "backup": backup, "need": need,
+                 "free": facts["free_bytes"]},
+        "policy": a.policy, "backups": facts["backups"], "evicts": facts["evicts"],
+        "static": audit, "checks": [c.get("id") for c in checks], "blockers": blockers,
+    }
+    _write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
+    print("\n".join(lines))
+    if a.markdown:
+        _write(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
+    return 1 if blockers else 0
+
+
+def static_verdict(a: argparse.Namespace) -> str:
+    what = "kernel audit for %s, references leaving the venv" % a.arch if a.arch \
+        else "references leaving the venv"
+    if a.audit_skipped == "1":
+        return ("skipped: the source is the tree the destination's install recorded, and they "
+                "passed for it here (%s)" % what)
+    if a.audit_rc == "0" or (a.audit_rc == "1" and not a.audit_failed):
+        return "passed (%s)" % what
+    if a.audit_rc == "1":
+        said = " (both ends are this machine: said, not refused)" if a.same_host \
+            and a.audit_failed == "outside" else ""
+        return "failed: %s%s" % (a.audit_failed, said)
+    return "could not run (exit %s)" % a.audit_rc
+
+
+def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict],
+           listing: str) -> List[str]:
+    ch, disk = plan["changes"], plan["disk"]
+    src, dst = plan["source"], plan["destination"]
+    out = ["plan for %s: %s:%s -> %s:%s" % (plan["runbook"], src["host"], src["path"],
+                                           dst["host"], dst["path"])]
+    out.append("  hosts:       %s" % a.hosts)
+    out.append("  route:       %s" % a.route_why)
+    out.append("  compression: %s" % a.compression_why)
+    out.append("  source:      %d files, %s (scan %s)" % (src["files"], human(src["bytes"]),
+                                                          src["stat_fingerprint"][:12]))
+    state = ("holds an install of this tool" if dst["installed"] else
+             "exists (not installed by this tool)" if dst["exists"] else "does not exist yet")
+    out.append("  destination: %s; on_existing %s" % (state, plan["policy"]))
+    if plan["up_to_date"]:
+        out.append("  changes:     nothing to send: the destination already holds this exact tree")
+    else:
+        out.append("  changes:     %d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
+                   % (ch["added"], human(ch["added_bytes"]), ch["changed"],
+                      human(ch["changed_bytes"]), ch["removed"], human(ch["removed_bytes"]),
+                      ch["unchanged"]))
+        for line in items[:SHOWN]:
+            out.append("               " + line)
+        if len(items) > SHOWN:
+            out.append("               ... %d more" % (len(items) - SHOWN))
+        out.append("               every line: %s" % listing)
+        how = ("only the changes, and %s of bin/ and pyvenv.cfg that relocation rewrites "
+               "(incremental)" % human(ch["rewritten_bytes"])) if plan["incremental"] \
+            else "the whole tree"
+        out.append("  to send:     %s, %s" % (human(plan["send_bytes"]), how))
+    room = "enough room" if disk["need"] <= disk["free"] else "NOT ENOUGH ROOM"
+    out.append("  disk:        %s needed (staging %s%s) of %s free at %s: %s"
+               % (human(disk["need"]), human(disk["staging"]),
+                  ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
+                  human(disk["free"]), dst["measured_at"], room))
+    if plan["policy"] == "backup":
+        kept = "%d backups kept" % len(plan["backups"])
+        evict = ("; evicts %s once the new install passes its checks"
+                 % ", ".join(plan["evicts"])) if plan["evicts"] else "; evicts none"
+        out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
+    out.append("  static:      %s" % plan["static"])
+    names = []
+    head = True
+    for c in checks:
+        # the implied checks come first (compiler.implied: relocation, and kernel_audit for a gpu)
+        head = head and c.get("type") in ("relocation", "kernel_audit")
+        implied = " (implied)" if head else ""
+        skip = " (may skip)" if c.get("allow_skip") else ""
+        names.append("%s%s%s" % (c.get("id"), implied, skip))
+    out.append("  checks:      %s" % (", ".join(names) or "none"))
+    for b in plan["blockers"]:
+        out.append("  BLOCKED:     %s" % b)
+    return out
+
+
+def markdown(plan: dict, items: List[str], lines: List[str]) -> str:
+    text = ["# Live plan: %s" % plan["runbook"], "",
+            "Made %s against the real hosts (spec sha256 %s)." % (plan["made"],
+                                                                plan["spec_sha256"][:12]), "",
+            "```", *lines[1:], "```", ""]
+    if items:
+        text += ["<details><summary>%d itemized changes</summary>" % len(items), "", "```",
+                 *items, "```", "</details>", ""]
+    return "\n".join(text)
+
+
+# -- here: the plan against what is there now -----------------------------------------------------
+
+
+def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
+    """(number of paths, the first few) that differ between the plan's record of `side` and now."""
+    d = os.path.dirname(os.path.abspath(plan_path))
+    record = ""
+    if side == "source":
+        _fp, then = read_scan(os.path.join(d, "source.scan"))
+        _fp, now = read_scan(now_path)
+    else:
+        was, then = read_state(os.path.join(d, "dest.state"))
+        facts, now = read_state(now_path)
+        if (was.get("exists"), was.get("installed_record")) != \
+                (facts.get("exists"), facts.get("installed_record")):
+            record = INSTALLED + " (the install's record)" if facts.get("exists") \
+                else facts["dest"] + " (gone)"
+    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    shown = []
+    for p in moved[:5]:
+        shown.append(p + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)"))
+    if record:
+        moved.append(record)
+        shown.insert(0, record)
+    return len(moved), ", ".join(shown[:5])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rbkit liveplan")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("state")
+    s.add_argument("dest")
+    s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
+    c = sub.add_parser("compose")
+    c.add_argument("--dir", required=True)
+    for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
+                "route", "route-why", "compression", "compression-why", "hosts", "choices",
+                "source-files", "source-bytes", "need-bytes", "audit-rc",
+                "audit-failed", "audit-skipped", "arch", "checks"):
+        c.add_argument("--" + key, default="")
+    for flag in ("incremental", "markdown", "force", "same-host"):
+        c.add_argument("--" + flag, action="store_true")
+    dr = sub.add_parser("drift")
+    dr.add_argument("--plan", required=True)
+    dr.add_argument("--side", choices=("source", "dest"), required=True)
+    dr.add_argument("--now", required=True)
+    r = sub.add_parser("read")
+    r.add_argument("plan")
+    r.add_argument("--name", required=True)
+    r.add_argument("--spec-sha", required=True)
+    r.add_argument("--kit-sha", required=True)
+    a = p.parse_args(argv)
+    try:
+        if a.cmd in ("state", "compose"):
+            # the spec's choices for the destination, from the engine's one document
+            ch = Choices.from_json(a.choices)
+            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
+            a.keep_backups = ch.keep_backups or 0 if a.cmd == "state" else (
+                "" if ch.keep_backups is None else str(ch.keep_backups))
+        if a.cmd == "state":
+            facts, lines = dest_state(a.dest, a.policy, a.keep_backups)
+            out = sys.stdout.buffer
+            out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
+            out.write(b"".join(lines))
+            return 0
+        if a.cmd == "compose":
+            return compose(a)
+        if a.cmd == "drift":
+            n, first = drift(a.plan, a.side, a.now)
+            if n:
+                print("%d\t%s" % (n, first))
+                return 1
+            return 0
+        return read_plan(a)
+    except (OSError, ValueError, KeyError) as exc:
+        print("rbkit liveplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        return 2
+
+
+def read_plan(a: argparse.Namespace) -> int:
+    try:
+        with open(a.plan, encoding="utf-8") as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as exc:
+        print("the plan %s cannot be read (%s): make one with --plan" % (a.plan, exc),
+              file=sys.stderr)
+        return 1
+    why = ""
+    if plan.get("kind") != "rb-plan" or plan.get("runbook") != a.name:
+        why = "it is not a plan of runbook %s" % a.name
+    elif plan.get("spec_sha256") != a.spec_sha or plan.get("kit_sha256") != a.kit_sha:
+        why = "this runbook was compiled again since (another spec or kit)"
+    elif plan.get("blockers"):
+        why = "the plan is blocked: " + "; ".join(plan["blockers"])
+    if why:
+        print("refusing to apply %s: %s; make a new one with --plan" % (a.plan, why),
+              file=sys.stderr)
+        return 1
+    for key, value in (("source_stat", plan["source"]["stat_fingerprint"]),
+                       ("dest_digest", plan["destination"]["digest"]),
+                       ("route", plan.get("route", "")),
+                       ("compression", plan.get("compression", ""))):
+        print("%s\t%s" % (key, value))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+RB_PY_30510C7C
   cat >"${dir}"/rbkit/lock.py <<'RB_PY_65124211'
 """One lock per destination, held for a whole run: flock on `.<name>.rb-lock` beside it.
 
@@ -5074,18 +5329,15 @@ import json
 import os
 import re
 import stat
-import sys
-import threading
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
-
-from rbprobes import workers
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from . import safefs
+# public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
+from .filehash import CHUNK, Changed, digest, digests, hasher  # noqa: F401
 
 SCHEMA = 1
-CHUNK = 1 << 20
 # written into an install by the install itself (its manifest, its versioned env file, the mark
-# of a build whose checks failed, its record (swapfs.INFO)): never compared, never sent
+# of a build whose checks failed, its record (installs.INFO)): never compared, never sent
 SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed", ".rb-install.json")
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
@@ -5190,111 +5442,6 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
         stack.extend(reversed(subdirs))
 
 
-def hasher(algo: str) -> Callable[[], Any]:
-    """A function making a new hash of `algo` (blake2b: 32 bytes; hashlib's named constructors
-    are faster than hashlib.new)."""
-    if algo == "blake2b":
-        return functools.partial(hashlib.blake2b, digest_size=32)
-    return getattr(hashlib, algo, None) or functools.partial(hashlib.new, algo)
-
-
-class Changed(ValueError):
-    """A file read for its digest did not have the size the walk (or the scan) saw: the source
-    changed while it was being moved."""
-
-
-def digest(path: str, algo: str, buf: Optional[bytearray] = None,
-           size: Optional[int] = None) -> str:
-    """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
-    path to another file. `buf`: a buffer of CHUNK bytes to read into (one per thread: no new
-    1 MiB object, and no fresh pages, each read). `size`: what the walk saw; other than the bytes
-    read, Changed is raised (the digest would not be of the entry's file)."""
-    h = hasher(algo)()
-    if buf is None:
-        buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    total = 0
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
-    with open(fd, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            total += n
-            h.update(view[:n])
-    if size is not None and total != size:
-        raise Changed("%s: %d bytes read, %d when the tree was walked: it changed while being "
-                      "moved (stop what writes to the source, then run again)" % (path, total, size))
-    return h.hexdigest()
-
-
-def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
-    """digest() of each of `rels` (paths under `root`; `sizes`: each one's size as walked), in
-    their order. Where this process has no threads, by `jobs` forked workers taking the biggest
-    files first (_digests_forked): on the H100 host 8 threads of one Python hashed
-    /opt/torch/.venv (7.2 GB) in 3.8-7 s, one thread's pace, 8 processes in 1.2 s. Else by `jobs`
-    threads that take the next path from one shared iterator (no task object nor wake-up per
-    file: a thread pool's per-file futures cost 0.5 s of CPU on 21k files here, as much as half
-    the hashing). The first error (in the order of `rels`) is raised once every worker stopped."""
-    n = max(1, min(jobs, len(rels)))
-    if n > 1 and workers.forkable():
-        return _digests_forked(root, rels, algo, n, sizes)
-    out: list = [None] * len(rels)
-    todo = iter(enumerate(rels))
-    errors: list = []
-
-    def work() -> None:
-        buf = bytearray(CHUNK)
-        # errors looked at before a path is taken, never after: a path taken is hashed, so every
-        # path before the first one that failed is (its error, if any, is the one raised)
-        while not errors:
-            try:
-                i, rel = next(todo)         # a list iterator's next() is one step under the GIL
-            except StopIteration:
-                return
-            try:
-                out[i] = digest(os.path.join(root, rel), algo, buf,
-                                None if sizes is None else sizes[i])
-            except BaseException as exc:     # re-raised below, in the caller
-                errors.append((i, exc))
-                return
-
-    if n == 1:
-        work()
-    else:
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise min(errors, key=lambda e: e[0])[1]
-    return out
-
-
-def _digests_forked(root: str, rels: list, algo: str, jobs: int,
-                    sizes: Optional[list]) -> list:
-    """digests() by forked workers (rbprobes.workers.over_workers), the biggest files first: a file
-    a worker could not hash (or that no worker answered for) is hashed here again, in order, so
-    that the first error is raised here as the threads' is."""
-    buf = bytearray(CHUNK)
-
-    def fn(i: int) -> Optional[str]:
-        try:
-            return digest(os.path.join(root, rels[i]), algo, buf,
-                          None if sizes is None else sizes[i])
-        except Exception:
-            return None
-
-    got, _workers = workers.over_workers(fn, list(sizes) if sizes is not None
-                                         else [0] * len(rels), jobs)
-    for i, h in enumerate(got):
-        if h is None:
-            got[i] = digest(os.path.join(root, rels[i]), algo, buf,
-                            None if sizes is None else sizes[i])
-    return got
-
-
 def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
     return entry_from(stat_values(root, rel, st))
 
@@ -5329,8 +5476,8 @@ _FILE_KEYS = frozenset(("h", "m", "mt", "p", "s", "t"))
 
 def entry_line(entry: dict) -> str:
     """An entry as a manifest's line holds it (without the newline): json.dumps with sorted keys,
-    put together here for a hashed file's usual values (str and int: 3x faster on a big tree;
-    every install writes two manifests of every entry)."""
+    put together here for a hashed file's usual values (str and int: faster than the encoder on a
+    big tree, and every install writes two manifests of every entry)."""
     if entry.keys() == _FILE_KEYS:
         h, m, mt, p, s = entry["h"], entry["m"], entry["mt"], entry["p"], entry["s"]
         if (type(h) is str and type(p) is str and type(m) is int and type(mt) is int
@@ -5343,7 +5490,7 @@ def entry_line(entry: dict) -> str:
 def stat_line(entry: dict) -> bytes:
     """JSON of the entry's STAT_KEYS values as a list, and a newline: the bytes the json module
     writes (stat fingerprints compare with those of earlier installs), put together here for the
-    usual values (str, int, None: 2x faster on a big tree)."""
+    usual values (str, int, None: faster than the encoder on a big tree)."""
     parts = []
     for k in STAT_KEYS:
         v = entry.get(k)
@@ -5550,8 +5697,8 @@ def load_fingerprinted(path: str) -> Tuple[dict, str]:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     rows = [line for line in text.split("\n") if line.strip()]
-    # one parse of all the lines (a call per line costs twice as much); a line that holds more
-    # or less than one value is refused as before
+    # one parse of all the lines (cheaper than a call per line); a line that holds more or less
+    # than one value is refused: the count of values differs from the count of lines
     lines = json.loads("[" + ",".join(rows) + "]") if rows else []
     if (len(lines) != len(rows) or not lines or not isinstance(lines[0], dict)
             or not isinstance(lines[-1], dict) or lines[0].get("kind") != "rb-manifest"
@@ -5718,9 +5865,9 @@ RB_PY_E618E5FC
                        [--link RATE [--shared-cpu] [--jobs J]]
 
 reads a sample of the tree's files (spread over the whole tree by size: every file's chance is its
-bytes, at most 1 MiB of each, N bytes in all, 16 MiB by default) into memory, packs it with each
-tool exactly as the stream packs (stream.COMPRESSION's `pack` words: `zstd -1 -T0` uses every core,
-as the stream's does) and unpacks what it packed, and prints one JSON line: the sample's size, and
+bytes, at most 1 MiB of each, N bytes in all, rbrules.common.MEASURE_SAMPLE by default) into
+memory, packs it with each tool exactly as the stream packs (rbrules.common.COMPRESSION's `pack`
+words: `zstd -1 -T0` uses every core, as the stream's does) and unpacks what it packed, and prints one JSON line: the sample's size, and
 per tool the rate it read the sample at (bytes a second, wall), the bytes per CPU second packing
 and unpacking (the child's rusage: what the tool takes from CPUs it shares) and the ratio (sample
 bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
@@ -5738,11 +5885,10 @@ import subprocess
 import time
 from typing import Any, Dict, List, Tuple
 
-from .stream import COMPRESSION, stream_count
+from rbrules.common import COMPRESSION, MEASURE_SAMPLE, stream_count
 
 MAX_ENTRIES = 200_000
 PER_FILE = 1 << 20
-SAMPLE = 16 << 20
 
 
 def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
@@ -5772,7 +5918,7 @@ def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
     return out
 
 
-def sample(root: str, excludes: List[str], want: int = SAMPLE) -> bytes:
+def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE) -> bytes:
     """About `want` bytes of the tree: files picked at even steps of the tree's cumulative size
     (a big file is picked as often as its bytes say), at most PER_FILE of each."""
     files = _files(root, excludes)
@@ -5890,7 +6036,7 @@ def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
     return best, why
 
 
-def measure(root: str, tools: List[str], excludes: List[str], want: int = SAMPLE,
+def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
             seconds: float = 5.0) -> Dict[str, Any]:
     start = time.monotonic()
     data = sample(root, excludes, want)
@@ -6094,877 +6240,6 @@ def same_or_nested(src: Dict[str, Any], dst: Dict[str, Any]) -> Optional[str]:
                 return f"the source {rs} is inside the destination {rd} {where}"
     return None
 RB_PY_22621B07
-  cat >"${dir}"/rbkit/pictures.py <<'RB_PY_7B15AEDA'
-"""Pictures of a run: timeline.svg, nodes.svg (fan-out) and report.html beside report.json.
-
-`write_all(report, events_path, out_dir, fanout=None)` draws
-- timeline.svg: one row per step, grouped in one band per host, on a time axis in seconds (from the
-  step lines of the event log), each host's checks under its band, and the transfer rate over time
-  (from `progress` lines when the log has them, else the transfer's average rate);
-- nodes.svg, for a fan-out: nodes x steps and checks, a cell per status with its seconds, odd and
-  missing nodes named;
-- report.html: the pictures, the steps, each host's checks, the fan-out comparison.
-
-Event log lines read here (tab-separated; `report.read_events` reads the first two):
-    step STEP STATUS START_MS END_MS HOST DETAIL
-    fact STEP KEY VALUE
-    progress STEP HOST T_MS BYTES        (optional: BYTES of the stream STEP moved so far, at T_MS,
-                                          same clock; the transfer's: what the destination's tar read)
-
-The SVG is written by hand: no plotting library, as the kit runs on hosts where nothing can be
-installed. The output depends only on its inputs (no clock, stable order), so the same run gives
-the same bytes; every text from the run (hosts, details, reasons) is escaped.
-
-`python -m rbkit.pictures --report R --events E --out DIR [--fanout F]` writes them from files (F:
-the fan-out's fanout.json; the node-*.json beside it give the seconds per cell).
-
-stdlib only; Python >= 3.9.
-"""
-
-from __future__ import annotations
-
-import argparse
-import html
-import json
-import math
-import os
-import re
-import sys
-import tempfile
-import time
-from typing import Any, Dict, List, Optional, Tuple
-
-
-FONT = "DejaVu Sans, Verdana, Helvetica, Arial, sans-serif"
-CHAR = 0.6            # a character's width, in font sizes (a generous average for sans fonts)
-COLOURS = {           # status -> (fill, text on it)
-    "ok": ("#2e7d32", "#ffffff"), "pass": ("#2e7d32", "#ffffff"),
-    "failed": ("#c62828", "#ffffff"), "fail": ("#c62828", "#ffffff"),
-    "interrupted": ("#ef6c00", "#ffffff"),
-    "skip": ("#90a4ae", "#000000"),
-    "-": ("#eceff1", "#607d8b"),
-    "missing": ("#ffffff", "#6d4c41"),
-}
-OTHER = ("#7e57c2", "#ffffff")
-RATE = "#1565c0"
-Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]    # (step, host) -> [(t_ms, bytes)]
-_BAD_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-# -- reading ---------------------------------------------------------------------------------------
-
-def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
-    """Steps with their start and end (ms) and the progress samples per (step, host), in file
-    order; lines that do not parse are skipped (a log cut short by a crash still draws)."""
-    steps: List[Dict[str, Any]] = []
-    samples: Samples = {}
-    if not path or not os.path.exists(path):
-        return steps, samples
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            try:
-                if parts[0] == "step" and len(parts) >= 7:
-                    steps.append({"id": parts[1], "status": parts[2], "start": int(parts[3]),
-                                  "end": max(int(parts[3]), int(parts[4])),
-                                  "host": parts[5], "detail": parts[6]})
-                elif parts[0] == "progress" and len(parts) >= 5:
-                    samples.setdefault((parts[1], parts[2]), []).append(
-                        (int(parts[3]), int(parts[4])))
-            except ValueError:
-                continue
-    return steps, samples
-
-
-def _from_report(report: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """No event log: the report's steps one after the other, by their durations."""
-    steps, t = [], 0
-    for s in report.get("steps", []):
-        ms = int(round(float(s.get("duration_s") or 0) * 1000))
-        steps.append({"id": s.get("id", "?"), "status": s.get("status", "?"), "start": t,
-                      "end": t + ms, "host": s.get("host") or "", "detail": s.get("detail", "")})
-        t += ms
-    return steps
-
-
-# -- text and numbers ------------------------------------------------------------------------------
-
-def _clean(value: Any) -> str:
-    """Any value as text XML can hold (control characters and lone surrogates replaced)."""
-    return _BAD_XML.sub("\ufffd", str(value))
-
-
-def _escape(text: str) -> str:
-    """&, < and > as entities (xml.sax.saxutils.escape's bytes: importing it costs a report
-    ~30 ms, through urllib and ssl)."""
-    return text.replace("&", "&amp;").replace(">", "&gt;").replace("<", "&lt;")
-
-
-def _quoteattr(text: str) -> str:
-    """An attribute value with its quotes (xml.sax.saxutils.quoteattr's bytes)."""
-    text = _escape(text).replace("\n", "&#10;").replace("\r", "&#13;").replace("\t", "&#9;")
-    if '"' not in text:
-        return '"%s"' % text
-    if "'" not in text:
-        return "'%s'" % text
-    return '"%s"' % text.replace('"', "&quot;")
-
-
-def fold(names: List[str]) -> str:
-    """fanout.fold, imported only for a fan-out's pictures (the engine behind it is not needed
-    to draw a single host's run)."""
-    from .fanout import fold as fold_names
-    return fold_names(names)
-
-
-def _t(value: Any) -> str:
-    return _escape(_clean(value))
-
-
-def _a(value: Any) -> str:
-    return _quoteattr(_clean(value))
-
-
-def _num(v: float) -> str:
-    text = "%.1f" % v
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _fit(text: str, width: float, size: float) -> str:
-    """TEXT cut to what fits in WIDTH pixels at font SIZE (an estimate), with an ellipsis."""
-    text = _clean(text)
-    room = int(width / (size * CHAR))
-    if len(text) <= room:
-        return text
-    return text[:max(0, room - 1)] + "\u2026" if room > 0 else ""
-
-
-def _wrap(text: str, width: float, size: float, most: int) -> List[str]:
-    """TEXT in lines that fit WIDTH at font SIZE, cut at spaces where it can, MOST lines at most
-    (the last one ends with an ellipsis when text is left)."""
-    room = max(8, int(width / (size * CHAR)))
-    lines, rest = [], _clean(text)
-    while rest and len(lines) < most:
-        if len(rest) <= room:
-            lines.append(rest)
-            rest = ""
-            break
-        cut = rest.rfind(" ", room // 2, room)
-        cut = cut if cut > 0 else room
-        lines.append(rest[:cut])
-        rest = rest[cut:].lstrip(" ")
-    if rest:
-        lines[-1] = _fit(lines[-1] + " " + rest, width, size)
-    return lines
-
-
-def _secs(s: Optional[float]) -> str:
-    if s is None:
-        return ""
-    if s < 0.1:
-        return "%d ms" % round(s * 1000)
-    if s < 10:
-        return "%.1f s" % s
-    if s < 600:
-        return "%d s" % round(s)
-    return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
-
-
-def _bytes(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
-
-def _nice(span: float, ticks: int = 8) -> float:
-    """A tick step of 1, 2 or 5 times a power of ten giving at most about TICKS ticks."""
-    raw = max(span, 1e-9) / ticks
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if raw <= m * mag:
-            return m * mag
-    return 10 * mag
-
-
-def _colour(status: str) -> Tuple[str, str]:
-    return COLOURS.get(status, OTHER)
-
-
-def _status_word(status: str) -> str:
-    return {"ok": "ok", "pass": "pass", "failed": "FAILED", "fail": "FAIL",
-            "interrupted": "INTERRUPTED", "skip": "skip", "-": "not run"}.get(status, status)
-
-
-# -- SVG -------------------------------------------------------------------------------------------
-
-class Svg:
-    """Elements as text, in the order drawn."""
-
-    def __init__(self) -> None:
-        self.parts: List[str] = []
-
-    def add(self, tag: str, attrs: Dict[str, Any], text: Optional[str] = None,
-            title: Optional[str] = None) -> None:
-        a = "".join(" %s=%s" % (k.rstrip("_").replace("_", "-"),
-                                _a(_num(v) if isinstance(v, float) else v))
-                    for k, v in attrs.items() if v is not None)
-        inner = ("<title>%s</title>" % _t(title) if title else "") + (_t(text) if text else "")
-        self.parts.append("<%s%s>%s</%s>" % (tag, a, inner, tag) if inner else "<%s%s/>" % (tag, a))
-
-    def rect(self, x: float, y: float, w: float, h: float, fill: str, title: Optional[str] = None,
-             **kw: Any) -> None:
-        self.add("rect", dict(x=float(x), y=float(y), width=float(max(w, 0)),
-                              height=float(max(h, 0)), fill=fill, **kw), title=title)
-
-    def text(self, x: float, y: float, text: str, size: float = 12, anchor: str = "start",
-             fill: str = "#212121", weight: Optional[str] = None, title: Optional[str] = None,
-             **kw: Any) -> None:
-        self.add("text", dict(x=float(x), y=float(y), font_size=_num(size),
-                              text_anchor=anchor if anchor != "start" else None, fill=fill,
-                              font_weight=weight, **kw), text, title)
-
-    def line(self, x1: float, y1: float, x2: float, y2: float, stroke: str = "#b0bec5",
-             **kw: Any) -> None:
-        self.add("line", dict(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2),
-                              stroke=stroke, **kw))
-
-    def render(self, width: float, height: float, title: str, desc: str) -> str:
-        head = ('<?xml version="1.0" encoding="UTF-8"?>\n'
-                '<svg xmlns="http://www.w3.org/2000/svg" width="%s" height="%s" '
-                'viewBox="0 0 %s %s" font-family=%s role="img">\n<title>%s</title>\n'
-                '<desc>%s</desc>\n<rect width="100%%" height="100%%" fill="#ffffff"/>\n'
-                % (_num(width), _num(height), _num(width), _num(height), _a(FONT), _t(title),
-                   _t(desc)))
-        return head + "\n".join(self.parts) + "\n</svg>\n"
-
-
-def _legend(svg: Svg, x: float, y: float, items: List[Tuple[str, str, str]]) -> float:
-    """Swatches with labels from X on the line Y: (fill, stroke, label). Returns the end x."""
-    for fill, stroke, label in items:
-        svg.rect(x, y - 10, 14, 12, fill, stroke=stroke, stroke_width=1.0)
-        svg.text(x + 19, y, label, 12)
-        x += 19 + len(label) * 12 * CHAR + 18
-    return x
-
-
-def _host_label(host: str) -> str:
-    if not host:
-        return "this machine"
-    if "->" in host:
-        return "hosts " + " \u2192 ".join(host.split("->"))
-    return "host " + host
-
-
-# -- the timeline ----------------------------------------------------------------------------------
-
-def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
-                ) -> List[Dict[str, Any]]:
-    """HOST's checks as rows with a start and end (ms) where they can be placed: one after the
-    other from the probe's start, which is its own clock's; when that falls outside the step that
-    ran the probe on HOST (clocks differ), from that step's start."""
-    doc = (report.get("probes") or {}).get(host)
-    if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
-        return []
-    probe = [s for s in steps if s["host"] == host and "probe" in s["id"]]
-    started = doc.get("started")
-    t: Optional[float] = None
-    if isinstance(started, (int, float)):
-        t = float(started) * 1000
-    if probe and (t is None or not probe[-1]["start"] <= t <= probe[-1]["end"]):
-        t = float(probe[-1]["start"])
-    # where the probe says when each check ran (its `schedule`: checks overlap), each row is
-    # placed there; else one after the other
-    schedule = {}
-    for item in doc.get("schedule") or []:
-        if isinstance(item, dict) and all(isinstance(item.get(k), (int, float))
-                                          for k in ("start_s", "end_s")):
-            schedule[str(item.get("id"))] = (float(item["start_s"]), float(item["end_s"]))
-    t0 = t
-    rows = []
-    for c in doc["checks"]:
-        if not isinstance(c, dict):
-            continue
-        d = c.get("duration_s")
-        d = float(d) if isinstance(d, (int, float)) else None
-        row = {"id": str(c.get("id", "?")), "status": str(c.get("status", "?")), "check": True,
-               "detail": str(c.get("reason") or ""), "level": c.get("level"), "seconds": d,
-               "start": None, "end": None}
-        at = schedule.get(row["id"])
-        if t0 is not None and at is not None:
-            row["start"], row["end"] = t0 + at[0] * 1000, t0 + at[1] * 1000
-        elif t is not None and d is not None:
-            row["start"], row["end"] = t, t + d * 1000
-            t += d * 1000
-        rows.append(row)
-    return rows
-
-
-def _rates(steps: List[Dict[str, Any]], report: Dict[str, Any],
-           samples: Samples) -> List[Dict[str, Any]]:
-    """Rate series per transfer: from progress samples (MB/s between successive samples) when
-    there are at least two, else the step's average (fact mb_s) over the step."""
-    facts = {}
-    for s in report.get("steps", []):
-        if isinstance(s, dict) and s.get("facts"):
-            facts.setdefault(s.get("id"), s["facts"])
-    out = []
-    for s in steps:
-        got = sorted(set(samples.get((s["id"], s["host"]), [])))
-        f = facts.get(s["id"], {})
-        if len(got) >= 2:
-            pts = []
-            for (t1, b1), (t2, b2) in zip(got, got[1:]):
-                if t2 > t1:
-                    pts.append((t1, t2, max(0.0, (b2 - b1) / (t2 - t1) / 1000.0)))
-            if pts:
-                total = (got[-1][1] - got[0][1]) / max(1, got[-1][0] - got[0][0]) / 1000.0
-                out.append({"step": s, "points": pts, "average": total, "sampled": True,
-                            "bytes": f.get("bytes", got[-1][1])})
-                continue
-        if isinstance(f.get("mb_s"), (int, float)) and s["end"] > s["start"]:
-            out.append({"step": s, "points": [(s["start"], s["end"], float(f["mb_s"]))],
-                        "average": float(f["mb_s"]), "sampled": False, "bytes": f.get("bytes")})
-    return out
-
-
-class Axis:
-    """Time (ms) to x, and the ticks of the time axis: 1, 2 or 5 times a power of ten seconds."""
-
-    def __init__(self, t0: float, span: float, x0: float, x1: float) -> None:
-        self.t0, self.x0, self.x1 = t0, x0, x1
-        self.scale = (x1 - x0) / span
-        step = _nice(span / 1000.0) * 1000
-        self.ticks = [n * step for n in range(int(span / step + 1e-9) + 1)]
-
-    def x(self, t: float) -> float:
-        return self.x0 + (t - self.t0) * self.scale
-
-    def draw(self, svg: Svg, y: float) -> None:
-        svg.line(self.x0, y, self.x1, y, stroke="#546e7a", stroke_width=1.0)
-        for t in self.ticks:
-            gx = self.x0 + t * self.scale
-            svg.line(gx, y, gx, y + 5, stroke="#546e7a", stroke_width=1.0)
-            svg.text(gx, y + 18, "%s s" % _num(t / 1000.0), 11, anchor="middle", fill="#37474f")
-
-    def grid(self, svg: Svg, top: float, bottom: float, colour: str) -> None:
-        for t in self.ticks:
-            gx = self.x0 + t * self.scale
-            svg.line(gx, top, gx, bottom, stroke=colour, stroke_width=1.0)
-
-
-def _bar(svg: Svg, axis: Axis, r: Dict[str, Any], host: str, mid: float) -> None:
-    """One step's or check's bar at height MID, its time (and, when it did not pass, its status
-    and detail) beside it, on the side with more room."""
-    fill = _colour(r["status"])[0]
-    bx, bw = axis.x(r["start"]), max(3.0, (r["end"] - r["start"]) * axis.scale)
-    h = 14.0 if not r["check"] else 10.0
-    secs = (r["end"] - r["start"]) / 1000.0
-    tip = "%s %s on %s: %s, %s%s" % ("check" if r["check"] else "step", r["id"],
-                                     host or "this machine", _status_word(r["status"]),
-                                     _secs(secs), (": " + r["detail"]) if r["detail"] else "")
-    svg.rect(bx, mid - h / 2, bw, h, fill, title=tip, rx=2.0)
-    note = _secs(secs)
-    if r["status"] not in ("ok", "pass"):
-        note = "%s %s%s" % (_status_word(r["status"]), note,
-                            (": " + r["detail"]) if r["detail"] else "")
-    weight = "bold" if r["status"] in ("failed", "fail", "interrupted") else None
-    colour = {"ok": "#37474f", "pass": "#37474f", "skip": "#546e7a"}.get(r["status"], fill)
-    after, before = axis.x1 - (bx + bw) - 6, bx - axis.x0 - 6
-    if after >= before or after >= 200:
-        svg.text(bx + bw + 6, mid + 4, _fit(note, after, 11), 11, fill=colour, weight=weight,
-                 title=tip)
-    else:
-        svg.text(bx - 6, mid + 4, _fit(note, before, 11), 11, anchor="end", fill=colour,
-                 weight=weight, title=tip)
-
-
-def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> float:
-    """The transfer rate (MB/s) on the timeline's time axis, from Y; returns the y below it.
-    Sampled rates are a solid step curve, an average alone a dashed line over its step."""
-    panel_h = 90.0
-    top = max(p[2] for r in rates for p in r["points"]) or 1.0
-    ystep = _nice(top, 3)
-    ymax = ystep * math.ceil(top * 1.25 / ystep)
-    svg.text(16, y + 4, "transfer rate", 13, weight="bold", fill="#263238")
-    y += 14
-
-    def Y(v: float) -> float:
-        return y + panel_h - v / ymax * panel_h
-
-    for k in range(int(ymax / ystep + 1e-9) + 1):
-        svg.line(axis.x0, Y(k * ystep), axis.x1, Y(k * ystep), stroke="#eceff1",
-                 stroke_width=1.0)
-        svg.text(axis.x0 - 8, Y(k * ystep) + 4, "%s MB/s" % _num(k * ystep), 11, anchor="end",
-                 fill="#37474f")
-    axis.grid(svg, y, y + panel_h, "#eceff1")
-
-    def xy(t: float, v: float) -> str:
-        return "%s,%s" % (_num(axis.x(t)), _num(Y(v)))
-
-    for r in rates:
-        s, points = r["step"], r["points"]
-        line = [xy(t, v) for a, b, v in points for t in (a, b)]
-        first, last = points[0][0], points[-1][1]
-        svg.add("polygon", {"points": " ".join([xy(first, 0)] + line + [xy(last, 0)]),
-                            "fill": RATE, "fill-opacity": "0.15"})
-        svg.add("polyline", {"points": " ".join(line), "fill": "none", "stroke": RATE,
-                             "stroke-width": "2",
-                             "stroke-dasharray": None if r["sampled"] else "6 3"},
-                title="%s on %s: %s" % (s["id"], s["host"] or "this machine",
-                                        "sampled" if r["sampled"] else "average only"))
-        what = "%s%s: %s MB/s average%s" % (
-            s["id"], (" " + _bytes(r["bytes"])) if r["bytes"] is not None else "",
-            _num(r["average"]), "" if r["sampled"] else " (no progress samples: average only)")
-        lx, ly = axis.x(first), Y(max(p[2] for p in points)) - 6
-        if lx + len(what) * 11 * CHAR > axis.x1:
-            svg.text(min(axis.x1, axis.x(last)), ly, what, 11, anchor="end", fill=RATE)
-        else:
-            svg.text(lx, ly, what, 11, fill=RATE)
-    axis.draw(svg, y + panel_h)
-    return y + panel_h + 30
-
-
-def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
-             samples: Samples, timed: bool = True) -> str:
-    """The timeline picture (see the module's docstring). TIMED: the steps have real start
-    times (else they were laid one after the other from their durations)."""
-    hosts: List[str] = []
-    for s in steps:
-        if s["host"] not in hosts:
-            hosts.append(s["host"])
-    bands = [(h, [dict(s, check=False) for s in steps if s["host"] == h] +
-              _check_rows(report, h, steps)) for h in hosts]
-    times = [r[k] for _, rows in bands for r in rows for k in ("start", "end")
-             if r[k] is not None]
-    t0 = min(times) if times else 0
-    total = (max(times) - t0) / 1000.0 if times else 0.0
-    rates = _rates(steps, report, samples)
-    width = 1000.0
-    labels = [("\u00b7 " + r["id"]) if r["check"] else r["id"] for _, rows in bands for r in rows]
-    left = min(240.0, max(110.0, 40 + max([len(x) for x in labels] or [8]) * 12 * CHAR))
-    axis = Axis(t0, max(1000.0, total * 1000), left, width - 24)
-
-    svg = Svg()
-    outcome = str(report.get("outcome", "?"))
-    title = "runbook %s: %s, %s" % (report.get("runbook", "?"), outcome, _secs(total))
-    svg.text(16, 26, _fit(title, width - 32, 17), 17, weight="bold",
-             fill=_colour("failed")[0] if outcome not in ("ok", "?") else "#212121")
-    c = report.get("checks") or {}
-    sub = "spec %s; %d step%s on %d host%s" % (
-        report.get("spec", "?"), len(steps), "" if len(steps) == 1 else "s", len(hosts),
-        "" if len(hosts) == 1 else "s")
-    if report.get("probes") or any(c.get(k) for k in ("pass", "fail", "skip")):
-        sub += "; checks %s passed, %s failed, %s skipped" % (
-            c.get("pass", 0), c.get("fail", 0), c.get("skip", 0))
-    if times and timed and t0 > 1e11:
-        sub += "; started %s UTC" % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0 / 1000.0))
-    if not timed:
-        sub += "; no event log: steps laid end to end by duration"
-    svg.text(16, 46, _fit(sub, width - 32, 12), 12, fill="#455a64")
-    statuses = ["ok", "failed"] + sorted({r["status"] for _, rows in bands for r in rows} -
-                                         {"ok", "failed", "pass", "fail"})
-    items = [(_colour(s)[0], _colour(s)[0], {"ok": "ok / pass"}.get(s, s)) for s in statuses]
-    _legend(svg, 16, 70, items + [(RATE, RATE, "transfer rate")] * bool(rates))
-
-    # host bands (behind), the grid, then the rows: a label and a bar each
-    y = top = 88.0
-    failed: List[Dict[str, Any]] = []
-    body = Svg()
-    for i, (host, rows) in enumerate(bands):
-        svg.rect(8, y, width - 16, 30 + 22 * len(rows), "#f5f7f8" if i % 2 == 0 else "#eef2f4")
-        body.text(16, y + 17, _host_label(host), 13, weight="bold", fill="#263238")
-        y += 24
-        for r in rows:
-            mid = y + 11
-            label = ("\u00b7 " + r["id"]) if r["check"] else r["id"]
-            body.text(left - 10, mid + 4, _fit(label, left - 26, 12), 12 if not r["check"] else 11,
-                      anchor="end", fill="#37474f" if r["check"] else "#212121",
-                      weight="bold" if r["status"] in ("failed", "fail") else None)
-            if r["start"] is None:
-                body.text(left + 4, mid + 4, "%s (no time)" % _status_word(r["status"]), 11,
-                          fill="#607d8b")
-            else:
-                _bar(body, axis, r, host, mid)
-                if r["status"] in ("failed", "interrupted", "fail"):
-                    failed.append(dict(r, host=host))
-            y += 22
-        y += 6
-    axis.grid(svg, top, y + 4, "#cfd8dc")
-    svg.parts += body.parts
-    axis.draw(svg, y + 4)
-    svg.text(left - 22, y + 22, "time", 11, anchor="end", fill="#37474f")
-    y += 34
-    if rates:
-        y = _rate_panel(svg, axis, rates, y + 10)
-
-    # what failed, in words, under the picture
-    for r in failed:
-        y += 6
-        line = "%s: %s %s on host %s after %s%s" % (
-            _status_word(r["status"]), "check" if r["check"] else "step", r["id"],
-            r["host"] or "(this machine)",
-            _secs((r["end"] - r["start"]) / 1000.0), (": " + r["detail"]) if r["detail"] else "")
-        for part in _wrap(line, width - 32, 12, 4):
-            svg.text(16, y + 10, part, 12, weight="bold", fill=_colour(r["status"])[0],
-                     title=line)
-            y += 16
-    desc = "; ".join("%s on %s: %s %s" % (r["id"], h or "this machine", r["status"],
-                                          _secs((r["end"] - r["start"]) / 1000.0))
-                     for h, rows in bands for r in rows if not r["check"])
-    return svg.render(width, y + 12, title, desc)
-
-
-# -- the nodes x steps heatmap ---------------------------------------------------------------------
-
-def _node_seconds(doc: Optional[Dict[str, Any]]) -> Dict[str, float]:
-    """Column -> seconds, from one node's report (its steps, its checks)."""
-    out: Dict[str, float] = {}
-    if not isinstance(doc, dict):
-        return out
-    for s in doc.get("steps") or []:
-        if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)):
-            out[str(s.get("id"))] = float(s["seconds"])
-    for c in (doc.get("probe") or {}).get("checks") or []:
-        if isinstance(c, dict) and isinstance(c.get("duration_s"), (int, float)):
-            out["check:" + str(c.get("id"))] = float(c["duration_s"])
-    return out
-
-
-def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
-    """Nodes x columns of the comparison: a cell per status with its seconds (when the node
-    reports are in `fanout["reports"]`), odd and missing nodes named beside their row."""
-    nodes = [str(n) for n in fanout.get("nodes") or []]
-    cols = [str(c) for c in fanout.get("columns") or []]
-    rows = fanout.get("rows") or {}
-    odd = fanout.get("odd") or {}
-    missing = fanout.get("missing") or {}
-    reports = fanout.get("reports") or {}
-    secs = {n: _node_seconds(reports.get(n)) for n in nodes}
-
-    label_w = min(200.0, max(90.0, 30 + max([len(n) for n in nodes] or [6]) * 12 * CHAR))
-    heads = [c[6:] if c.startswith("check:") else c for c in cols]
-    need = max([len(h) for h in heads] or [4]) * 11 * CHAR + 10
-    cell_w, cell_h, slant = max(58.0, min(96.0, need)), 20.0, need > 96
-    head_h = 36 + (need * 0.6 if slant else 0)
-    note_w = 420.0
-    x0 = 16 + label_w
-    width = max(760.0, x0 + cell_w * len(cols) + 16 + note_w)
-    svg = Svg()
-    ok = len(fanout.get("ok_nodes") or [])
-    title = "fan-out%s: %d/%d nodes passed; %d odd, %d missing; success policy %s: %s" % (
-        (" " + name) if name else "", ok, len(nodes), len(odd), len(missing),
-        fanout.get("success", "?"), "met" if fanout.get("passed") else "NOT met")
-    svg.text(16, 26, _fit(title, width - 32, 16), 16, weight="bold",
-             fill="#212121" if fanout.get("passed") else _colour("failed")[0])
-    groups = fanout.get("groups") or []
-    sub = "%d group%s of identical rows: %s" % (
-        len(groups), "" if len(groups) == 1 else "s",
-        "; ".join("%s (%d)" % (fold([str(n) for n in g]), len(g)) for g in groups) or "none")
-    svg.text(16, 46, _fit(sub, width - 32, 12), 12, fill="#455a64")
-    _legend(svg, 16, 70, [(_colour("pass")[0], _colour("pass")[0], "pass"),
-                          (_colour("fail")[0], _colour("fail")[0], "fail"),
-                          (_colour("skip")[0], _colour("skip")[0], "skip"),
-                          (_colour("-")[0], "#b0bec5", "not run"),
-                          ("url(#nohatch)", "#8d6e63", "no report"),
-                          ("#ffffff", "#ef6c00", "odd node (differs from the majority)")])
-    svg.parts.insert(0, '<defs><pattern id="nohatch" width="6" height="6" '
-                        'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-                        '<rect width="6" height="6" fill="#fbe9e7"/>'
-                        '<line x1="0" y1="0" x2="0" y2="6" stroke="#bcaaa4" stroke-width="2"/>'
-                        '</pattern></defs>')
-    y = 84 + head_h
-    # column heads, slanted; steps and checks apart
-    for j, h in enumerate(heads):
-        cx = x0 + j * cell_w + cell_w / 2
-        if slant:
-            svg.add("text", {"x": _num(cx), "y": _num(y - 6), "font-size": "11", "fill": "#212121",
-                             "transform": "rotate(-35 %s %s)" % (_num(cx), _num(y - 6))},
-                    h, cols[j])
-        else:
-            svg.text(cx, y - 6, h, 11, anchor="middle", title=cols[j])
-    first_check = next((j for j, c in enumerate(cols) if c.startswith("check:")), None)
-    for lo, hi, what in ((0, first_check if first_check is not None else len(cols), "steps"),
-                         (first_check, len(cols), "checks")):
-        if lo is None or hi <= lo:
-            continue
-        svg.text(x0 + (lo + hi) * cell_w / 2, 84 + 14, what, 12, anchor="middle",
-                 weight="bold", fill="#455a64")
-        svg.line(x0 + lo * cell_w + 4, 84 + 19, x0 + hi * cell_w - 4, 84 + 19,
-                 stroke="#90a4ae", stroke_width=1.0)
-    for i, n in enumerate(nodes):
-        ry = y + i * cell_h
-        if i % 2 == 0:
-            svg.rect(8, ry, width - 16, cell_h, "#f5f7f8")
-        is_odd, is_missing = n in odd, n in missing
-        svg.text(x0 - 10, ry + 14, _fit(n, label_w - 10, 12), 12, anchor="end",
-                 weight="bold" if is_odd or is_missing else None,
-                 fill="#ef6c00" if is_odd else "#6d4c41" if is_missing else "#212121")
-        if is_missing:
-            why = " | ".join(str(w) for w in missing[n]) or "no report"
-            svg.rect(x0, ry + 1, cell_w * len(cols), cell_h - 2, "url(#nohatch)",
-                     title="%s: no report: %s" % (n, why), stroke="#8d6e63", stroke_width=1.0)
-            svg.text(x0 + 8, ry + 14, "no report", 11, fill="#4e342e", weight="bold")
-            note = "no report: " + why
-            svg.text(x0 + cell_w * len(cols) + 12, ry + 14,
-                     _fit(note, width - (x0 + cell_w * len(cols) + 20), 11), 11, fill="#6d4c41",
-                     title=note)
-            continue
-        row = rows.get(n) or {}
-        for j, c in enumerate(cols):
-            st = str(row.get(c, "-"))
-            fill, ink = _colour(st)
-            s = secs[n].get(c)
-            word = _secs(s).replace(" ", "") if s is not None and st != "-" else (
-                "" if st == "-" else _status_word(st))
-            if st == "fail":
-                word = "\u2717 " + word if s is not None else "\u2717 fail"
-            tip = "%s %s: %s%s" % (n, heads[j], _status_word(st),
-                                   (", " + _secs(s)) if s is not None else "")
-            svg.rect(x0 + j * cell_w + 1, ry + 1, cell_w - 2, cell_h - 2, fill, title=tip,
-                     stroke="#b0bec5" if st == "-" else None)
-            if word:
-                svg.text(x0 + j * cell_w + cell_w / 2, ry + 14, word, 10.5, anchor="middle",
-                         fill=ink, weight="bold" if st == "fail" else None)
-        if is_odd:
-            svg.rect(x0 - 0.5, ry + 0.5, cell_w * len(cols) + 1, cell_h - 1, "none",
-                     stroke="#ef6c00", stroke_width=2.0)
-            diffs = [str(d) for d in odd[n]] or ["differs"]
-            note = "odd: " + "; ".join(diffs)
-            svg.text(x0 + cell_w * len(cols) + 12, ry + 14,
-                     _fit(note, width - (x0 + cell_w * len(cols) + 20), 11), 11, fill="#e65100",
-                     title=note)
-    y += cell_h * len(nodes)
-    if first_check:
-        sx = x0 + first_check * cell_w
-        svg.line(sx, 84 + 22, sx, y, stroke="#546e7a", stroke_width=1.0,
-                 stroke_dasharray="3 3")
-    y += 18
-    if reports:
-        svg.text(16, y, "Cells give each node's seconds per step and check.", 11,
-                 fill="#607d8b")
-        y += 14
-    for n in nodes:
-        if n in odd:
-            line = "odd node %s: %s" % (n, "; ".join(str(d) for d in odd[n]) or "differs")
-            svg.text(16, y + 4, _fit(line, width - 32, 11), 11, fill="#e65100", title=line)
-            y += 16
-    for n in nodes:
-        if n in missing:
-            line = "no report from %s: %s" % (n, " | ".join(str(w) for w in missing[n]))
-            svg.text(16, y + 4, _fit(line, width - 32, 11), 11, fill="#6d4c41", title=line)
-            y += 16
-    desc = "; ".join("%s: %s" % (n, "no report" if n in missing else ", ".join(
-        "%s %s" % (h, (rows.get(n) or {}).get(c, "-")) for h, c in zip(heads, cols)))
-        for n in nodes)
-    return svg.render(width, y + 12, title, desc)
-
-
-# -- the page --------------------------------------------------------------------------------------
-
-CSS = """body{font-family:%s;margin:24px;color:#212121;max-width:1100px}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px}img{max-width:100%%;border:1px solid #cfd8dc}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}
-td,th{border:1px solid #cfd8dc;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#eceff1}td.num{text-align:right}.ok,.pass{color:#2e7d32;font-weight:bold}
-.failed,.fail{color:#c62828;font-weight:bold}.skip{color:#607d8b}.interrupted{color:#ef6c00}
-code{font-size:12px}""" % FONT
-
-
-def _h(value: Any) -> str:
-    return html.escape(_clean(value), quote=True)
-
-
-def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str, Any]]) -> str:
-    name = str(report.get("runbook", "?"))
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           "<title>runbook %s: %s</title>" % (_h(name), _h(report.get("outcome", "?"))),
-           "<style>%s</style></head><body>" % CSS,
-           "<h1>runbook %s: <span class=%s>%s</span></h1>" % (
-               _h(name), _a(report.get("outcome", "?")),
-               _h(report.get("outcome", "?"))),
-           "<p>spec <code>%s</code> (sha256 <code>%s</code>); <a href=\"report.json\">report.json"
-           "</a></p>" % (_h(report.get("spec", "?")), _h(str(report.get("spec_sha256", ""))[:12]))]
-    for p in pictures:
-        out.append('<p><a href="%s"><img src="%s" alt="%s"></a></p>' % (
-            _h(p), _h(p), _h(p.rsplit(".", 1)[0])))
-    out.append("<h2>Steps</h2><table><tr><th>step</th><th>host</th><th>status</th>"
-               "<th>seconds</th><th>detail</th></tr>")
-    for s in report.get("steps") or []:
-        f = s.get("facts") or {}
-        said = []
-        if "bytes" in f:
-            said.append(_bytes(f["bytes"]) + (" in %s files" % f["files"] if "files" in f else ""))
-        if "mb_s" in f:
-            said.append("%s MB/s" % f["mb_s"])
-        detail = "; ".join([", ".join(said)] * bool(said) + [str(s.get("detail") or "")] *
-                           bool(s.get("detail")))
-        d = s.get("duration_s")
-        out.append("<tr><td>%s</td><td>%s</td><td class=%s>%s</td><td class=num>%s</td>"
-                   "<td>%s</td></tr>" % (
-                       _h(s.get("id")), _h(s.get("host") or "-"), _a(s.get("status", "")),
-                       _h(s.get("status")), "%.1f" % d if isinstance(d, (int, float)) else "-",
-                       _h(detail)))
-    out.append("</table>")
-    if fanout:
-        out.append(_fanout_html(fanout))
-    c = report.get("checks") or {}
-    out.append("<h2>Checks</h2><p>%s passed, %s failed, %s skipped</p>" % (
-        _h(c.get("pass", 0)), _h(c.get("fail", 0)), _h(c.get("skip", 0))))
-    probes = report.get("probes") or {}
-    if fanout:
-        # one table per group of identical rows (a node of each): a table per node does not
-        # scale to a cluster, and the nodes of a group passed and failed the same checks
-        reports = fanout.get("reports") or {}
-        for g in fanout.get("groups") or []:
-            g = [str(n) for n in g]
-            doc = probes.get(g[0]) or (reports.get(g[0]) or {}).get("probe")
-            out.append("<h3>node %s</h3>" % _h(g[0]) if len(g) == 1 else
-                       "<h3>nodes %s (%d; seconds of %s)</h3>" % (_h(fold(g)), len(g), _h(g[0])))
-            out.append(_checks_table(doc))
-    else:
-        for host in sorted(probes):
-            out.append("<h3>host %s</h3>" % _h(host))
-            out.append(_checks_table(probes[host]))
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
-
-
-def _checks_table(doc: Any) -> str:
-    """One host's checks: id, level, status, seconds, reason."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
-        why = doc.get("error") if isinstance(doc, dict) and doc.get("error") else "no checks ran"
-        return "<p>%s</p>" % _h(why)
-    out = ["<table><tr><th>check</th><th>level</th><th>status</th><th>seconds</th>"
-           "<th>reason</th></tr>"]
-    for chk in doc["checks"]:
-        if not isinstance(chk, dict):
-            continue
-        d = chk.get("duration_s")
-        out.append("<tr><td>%s</td><td>%s</td><td class=%s>%s</td><td class=num>%s</td>"
-                   "<td>%s</td></tr>" % (
-                       _h(chk.get("id")), _h(chk.get("level", "")), _a(chk.get("status", "")),
-                       _h(chk.get("status")), "%.2f" % d if isinstance(d, (int, float)) else "-",
-                       _h(chk.get("reason") or "")))
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def _fanout_html(fanout: Dict[str, Any]) -> str:
-    cols = [str(c) for c in fanout.get("columns") or []]
-    rows = fanout.get("rows") or {}
-    out = ["<h2>Fan-out comparison</h2><p>%d/%d nodes passed; success policy %s needs %s: %s</p>"
-           % (len(fanout.get("ok_nodes") or []), len(fanout.get("nodes") or []),
-              _h(fanout.get("success", "?")), _h(fanout.get("needed", "?")),
-              "met" if fanout.get("passed") else "<b class=failed>NOT met</b>")]
-    out.append("<table><tr><th>nodes</th><th>count</th>%s</tr>" % "".join(
-        "<th>%s</th>" % _h(c[6:] if c.startswith("check:") else c) for c in cols))
-    for g in fanout.get("groups") or []:
-        r = rows.get(g[0]) or {}
-        out.append("<tr><td>%s</td><td class=num>%d</td>%s</tr>" % (
-            _h(fold([str(n) for n in g])), len(g), "".join(
-                "<td class=%s>%s</td>" % (_a(r.get(c, "-")), _h(r.get(c, "-"))) for c in cols)))
-    out.append("</table>")
-    odd = fanout.get("odd") or {}
-    if odd:
-        out.append("<h3>Odd nodes</h3><ul>")
-        for n in fanout.get("nodes") or []:
-            if n in odd:
-                out.append("<li><b>%s</b>: %s</li>" % (_h(n), _h("; ".join(
-                    str(d) for d in odd[n]) or "differs")))
-        out.append("</ul>")
-    missing = fanout.get("missing") or {}
-    if missing:
-        out.append("<h3>Missing nodes</h3><ul>")
-        for n in fanout.get("nodes") or []:
-            if n in missing:
-                out.append("<li><b>%s</b>: %s</li>" % (_h(n), _h(" | ".join(
-                    str(w) for w in missing[n]))))
-        out.append("</ul>")
-    return "\n".join(out)
-
-
-# -- writing ---------------------------------------------------------------------------------------
-
-def _write(out_dir: str, name: str, text: str) -> str:
-    path = os.path.join(out_dir, name)
-    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(text.encode("utf-8"))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
-
-
-def write_all(report: dict, events_path: str, out_dir: str,
-              fanout: Optional[dict] = None) -> list[str]:
-    """Write timeline.svg, nodes.svg (when FANOUT is given) and report.html into OUT_DIR; return
-    their paths. FANOUT is `fanout.compare()`'s result, with the node reports under "reports"
-    (node -> report) when the cells should carry seconds."""
-    steps, samples = read_log(events_path)
-    timed = bool(steps)
-    if not steps:
-        steps = _from_report(report)
-    written = [_write(out_dir, "timeline.svg", timeline(report, steps, samples, timed))]
-    names = ["timeline.svg"]
-    if fanout:
-        written.append(_write(out_dir, "nodes.svg",
-                              nodes_picture(fanout, str(report.get("runbook", "")))))
-        names.append("nodes.svg")
-    written.append(_write(out_dir, "report.html", page(report, names, fanout)))
-    return written
-
-
-def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
-    """Every picture of a run into `out`, from its report (a dict), events.tsv and fanout.json
-    (node-*.json beside it are read too); returns the paths written."""
-    fan = None
-    if fanout:
-        with open(fanout, encoding="utf-8") as f:
-            fan = json.load(f)
-        where = os.path.dirname(os.path.abspath(fanout))
-        reports = {}
-        for n in fan.get("nodes") or []:
-            path = os.path.join(where, "node-%s.json" % n)
-            if os.path.isfile(path):
-                try:
-                    with open(path, encoding="utf-8") as f:
-                        reports[n] = json.load(f)
-                except (OSError, ValueError):
-                    pass
-        fan = dict(fan, reports=reports)
-    os.makedirs(out, exist_ok=True)
-    return write_all(report, events, out, fan)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbkit.pictures", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--report", required=True, help="the run's report.json")
-    p.add_argument("--events", default="", help="the run's events.tsv")
-    p.add_argument("--out", required=True, help="directory to write the pictures into")
-    p.add_argument("--fanout", default="", help="fanout.json; node-*.json beside it are read too")
-    a = p.parse_args(argv)
-    with open(a.report, encoding="utf-8") as f:
-        report = json.load(f)
-    for path in draw(report, a.events, a.out, a.fanout):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-RB_PY_7B15AEDA
   cat >"${dir}"/rbkit/privacy.py <<'RB_PY_74A03C2D'
 """The destination's parent, private to the user the kit runs as, or refused (issue 33, N4).
 
@@ -7014,6 +6289,440 @@ def check_parent(dest: str, uid: int) -> Optional[Tuple[str, str]]:
     """(the component, why) when the parent of `dest` is not private to `uid`; else None."""
     return first_not_private(os.path.dirname(os.path.abspath(dest)) or "/", uid)
 RB_PY_74A03C2D
+  cat >"${dir}"/rbkit/proof.py <<'RB_PY_018A9177'
+"""The proofs: `verify` (every entry of the staging against the source's manifest, taking the
+digests the stream's receiving end computed), `prove` (the staged interpreter runs), the post-swap
+proof of the console scripts (`prove_scripts`), the interpreter's own answer, and the scan of data
+files that still name the old path (begun with verify, reported by swap).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any, List, Tuple
+
+from . import safefs
+from . import manifest as kitmanifest
+from . import relocate as kitrelocate
+from .stream import child_env, run_quiet, tail
+from .runner import (PROVE_TIMEOUT, jobs, StepError, Result, Context, read_stamp, _write_stamp,
+                     _identity, _require, _require_lock)
+from .receive import _load_received
+from .staging import _chmod_dir, _drop_mark, _read_mark
+
+
+def verify(ctx: Context) -> Result:
+    """Every entry of the staging against the source's manifest, by a stat walk (type, mode, size,
+    link target; every entry there, nothing extra). A file's content: by the digest receive took
+    from the stream, when the file still has the inode and ctime tar left it with (RECEIVED);
+    by stat when this run's stage linked it from the current install; else it is read and hashed.
+    Leaves the stamp relocate and swap require."""
+    _require_lock(ctx)
+    doc = read_stamp(ctx) or {}
+    _write_stamp(ctx, None)
+    identity = _identity(ctx.staging)
+    linked = ctx.dest if doc.get("delta") and doc.get("identity") == identity else None
+    new = ctx.new_manifest()
+    received = _load_received(ctx, identity, new["header"]["algo"])
+    _scan_elsewhere(ctx)
+    inodes = (ctx.linked_inodes[1] if linked and ctx.linked_inodes is not None
+              and ctx.linked_inodes[0] == identity else None)
+    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.choices.jobs), linked_from=linked,
+                                received=received, linked_inodes=inodes)
+    listed = kitmanifest.describe(result)
+    for line in listed:
+        ctx.log(line)
+    facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
+    if not result["ok"]:
+        _cancel_elsewhere(ctx)
+        raise StepError("the copy in %s differs from the source manifest (listed above); the "
+                        "destination was not touched" % ctx.staging, facts, listed)
+    if _read_mark(ctx) is not None:
+        # whole and verified: no longer what a cut stream left; the install's mode
+        _chmod_dir(ctx.staging, 0o755)
+        _drop_mark(ctx)
+    _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
+                       "delta": bool(linked)})
+    if result["streamed"]:
+        # the files whose digests the stream's receiving end computed are not read again
+        detail = "%d entries match, %d files checked by the stream's %s" % (
+            result["checked"], result["streamed"], result["algo"])
+        if result["hashed"]:
+            detail += ", %d hashed again" % result["hashed"]
+    else:
+        detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
+                                                              result["algo"])
+    if linked:
+        detail += ", %d linked unchanged" % result["linked"]
+    return Result(detail, facts)
+
+
+def _scan_elsewhere(ctx: Context) -> None:
+    """Data files outside bin/ that name the old path are only reported (swap, _report_elsewhere);
+    that scan reads every .py, .txt, .json... of the staging, so it starts with verify, in a child
+    Python beside verify's walk, on the prefixes relocate will replace (relocate starts it again
+    in a thread if those differ)."""
+    _cancel_elsewhere(ctx)
+    olds = kitrelocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
+    if olds:
+        ctx.elsewhere = (kitrelocate.ElsewhereChild(ctx.staging, olds), olds)
+
+
+def stop_background(ctx: Context) -> None:
+    """The run's engine ends: what it started beside its steps is stopped (the scan of data
+    files, when no swap took its result)."""
+    _cancel_elsewhere(ctx)
+
+
+def _cancel_elsewhere(ctx: Context) -> None:
+    scan, ctx.elsewhere = ctx.elsewhere, None
+    if scan is not None and hasattr(scan[0], "cancel"):
+        scan[0].cancel()
+
+
+def _report_elsewhere(ctx: Context, facts: dict) -> None:
+    """What the scan begun at verify (or relocate) found: logged, counted in `facts`."""
+    scan, ctx.elsewhere = ctx.elsewhere, None
+    if scan is None:
+        return
+    found, why = scan[0].result()
+    if why:
+        ctx.log("the scan for data files that name %s did not finish: %s" % (ctx.old, why))
+        return
+    facts["elsewhere"] = len(found)
+    if found:
+        ctx.log("still naming %s outside bin/ (data, left as is): %s" % (ctx.old, ", ".join(found)))
+
+
+def prove(ctx: Context) -> Result:
+    """The staged interpreter runs here and knows where it is: bin/python -c 'sys.prefix' from
+    the staging, within PROVE_TIMEOUT. A venv whose base interpreter this host lacks stops here,
+    before anything is installed."""
+    _require_lock(ctx)
+    doc = _require(ctx, ("relocated",), "prove")
+    python = os.path.join(ctx.staging, "bin", "python")
+    try:
+        prefix, version = interpreter_prefix(python, ctx.staging)
+    except StepError as exc:
+        raise StepError("%s; refused before the swap: nothing was installed" % exc,
+                        lines=exc.lines) from None
+    if os.path.realpath(prefix) != os.path.realpath(ctx.staging):
+        raise StepError("the staged interpreter reports sys.prefix %s, not the staging %s"
+                        % (prefix, ctx.staging))
+    made = _cfg(ctx.staging, "version") or _cfg(ctx.staging, "version_info")
+    if made and made.split(".")[:2] != version.split(".")[:2]:
+        raise StepError("bin/python here is Python %s, the venv was made with %s (pyvenv.cfg): its "
+                        "packages under lib/python%s are not seen; install Python %s here"
+                        % (version, made, ".".join(made.split(".")[:2]),
+                           ".".join(made.split(".")[:2])))
+    _write_stamp(ctx, dict(doc, stage="proven"))
+    return Result("bin/python %s runs from the staging" % version, {"python": version})
+
+
+# the post-swap proof's hook: a console script's interpreter imports sitecustomize from
+# PYTHONPATH at start-up (site), before the script; this one says where the interpreter runs
+# from and ends it there, so no script's own code runs
+EXEC_PROOF = "rb-exec-proof"
+_PROOF_HOOK = (b"import os, sys\n"
+               b"os.write(1, b'" + EXEC_PROOF.encode() + b" ' + os.fsencode(sys.prefix) + b'\\0'"
+               b" + os.fsencode(sys.executable) + b'\\n')\n"
+               b"os._exit(0)\n")
+
+
+def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]:
+    """(rel, header) for each executable regular file under bin/ that relocation rewrote, and
+    bin/pip always: what the post-swap proof execs. `header`: the lines the kernel and the
+    trampoline read to find the interpreter (the first two) when that is the venv's own python,
+    else b"" (a script whose code would run if started)."""
+    rels = sorted({r for r in rewritten if r.startswith("bin/") and r.count("/") == 1}
+                  | {"bin/pip"})
+    out = []
+    for rel in rels:
+        got = safefs.read_in(dest, rel, limit=1 << 24)
+        if got is None or not got[1].st_mode & 0o111:
+            continue
+        head = got[0][:4096]
+        own = kitrelocate.python_script(head, dest)
+        out.append((rel, b"\n".join(head.split(b"\n", 2)[:2]) if own else b""))
+    return out
+
+
+def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOUT
+                  ) -> Tuple[List[str], List[str]]:
+    """Exec the console scripts of `dest` through the kernel (their shebangs), at once: each
+    whose interpreter is the venv's own python must report, through the hook above, sys.prefix
+    == dest, and no code of the script runs. Scripts whose interpreter lines are the same bytes
+    (every script in bin/, the same directory) start the same way: one of each such group is
+    started for all (bin/pip always for itself). A bin/pip started otherwise (a wrapper) runs
+    `--version`, which must name dest; other such scripts are not started. Returns (the scripts
+    proven, the failures)."""
+    groups: dict = {}
+    for rel, head in _console_scripts(dest, rewritten):
+        if head or rel == "bin/pip":
+            groups.setdefault(head if rel != "bin/pip" else b"pip", []).append(rel)
+    if not groups:
+        return [], []
+    runs = list(groups.values())
+    results: List[Any] = [None] * len(runs)
+    hook = tempfile.mkdtemp(prefix="rbkit-exec-proof.")     # 0700, this user's
+    try:
+        fd = os.open(os.path.join(hook, "sitecustomize.py"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_PROOF_HOOK)
+        env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
+
+        def one(i: int) -> None:
+            results[i] = run_quiet([os.path.join(dest, runs[i][0]), "--version"], timeout, env)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
+        width = max(1, min(16, os.cpu_count() or 1))
+        for k in range(0, len(threads), width):
+            for t in threads[k:k + width]:
+                t.start()
+            for t in threads[k:k + width]:
+                t.join()
+    finally:
+        shutil.rmtree(hook, ignore_errors=True)
+    real = os.path.realpath(dest)
+    proven, failed = [], []
+    for rels, (rc, out, err) in zip(runs, results):
+        line = out.split("\n", 1)[0]
+        if line.startswith(EXEC_PROOF + " "):
+            prefix, _, exe = line[len(EXEC_PROOF) + 1:].partition("\0")
+            # the interpreter in the venv's bin/, however reached (a trampoline beside
+            # it runs it by its real path when dest is a link)
+            ok = (rc == 0 and os.path.realpath(prefix) == real
+                  and os.path.realpath(os.path.dirname(exe)) == os.path.join(real, "bin"))
+            said = "sys.prefix %s, %s" % (prefix, exe)
+        else:
+            # no hook ran (not the venv's python, or one that skips site): what it printed
+            ok = rc == 0 and dest + "/" in out
+            said = out.strip() or err.strip() or "exit %s" % rc
+        if ok:
+            proven.extend(rels)
+        else:
+            same = " (and %d more with its interpreter lines: %s)" % (
+                len(rels) - 1, ", ".join(rels[1:])) if len(rels) > 1 else ""
+            failed.append("console script %s runs from the wrong place: %s%s"
+                          % (rels[0], said, same))
+    return sorted(proven), failed
+
+
+# -- children ------------------------------------------------------------------------------------
+
+
+def interpreter_prefix(python: str, root: str) -> tuple:
+    """(sys.prefix, version) that `python` reports; fails naming what is missing."""
+    if not os.path.lexists(python):
+        raise StepError("%s has no bin/python: not a venv" % root)
+    if not os.path.exists(python):
+        target = os.readlink(python) if os.path.islink(python) else python
+        raise StepError("bin/python -> %s: that interpreter does not exist on this host (the "
+                        "venv's base interpreter%s must be installed here)" % (target, _home(root)))
+    rc, out, err = run_quiet([python, "-I", "-B", "-c",
+                              "import sys; print(sys.prefix); print(sys.version.split()[0])"],
+                             PROVE_TIMEOUT)
+    lines = out.splitlines()
+    if rc != 0 or len(lines) < 2:
+        raise StepError("%s does not run here (exit %s): %s" % (python, rc, " | ".join(
+            tail(err or out, 3)) or "no output"), lines=tail(err or out))
+    return lines[0], lines[1]
+
+
+def _home(root: str) -> str:
+    home = _cfg(root, "home")
+    return ", pyvenv.cfg home = %s" % home if home else ""
+
+
+def _cfg(root: str, key: str) -> str:
+    """A value of the venv's pyvenv.cfg ('' when not there; a link there is not followed)."""
+    try:
+        got = safefs.read_in(root, "pyvenv.cfg", limit=1 << 20)
+    except OSError:
+        return ""
+    for line in (got[0] if got else b"").decode("utf-8", "replace").splitlines():
+        k, _, value = line.partition("=")
+        if k.strip() == key:
+            return value.strip()
+    return ""
+RB_PY_018A9177
+  cat >"${dir}"/rbkit/receive.py <<'RB_PY_990E7C16'
+"""The stream's receiving end: `receive` unpacks the tar stream into this run's staging, hashing
+each file as the stream carries it, and keeps those digests (RECEIVED, in the state directory) for
+verify (proof.py).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from typing import Any, List, Optional
+
+from . import hostfs
+from . import tarstream
+from .stream import COMPRESSION, TAR_RECORD, Progress, pipeline, tail
+from .runner import (RECEIVED, KEPT, jobs, StepError, Result, Context, read_stamp, _identity,
+                     write_file)
+
+
+def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
+    """Unpack a tar stream into this run's staging: from stdin (the far end of the runbook's
+    pipeline), or from `producer`'s output (a fan-out node reading its bundle). A reader between
+    the decompressor and tar (tarstream.Digester) hashes each file as the stream carries it; when
+    tar is done, the digests and each file's inode and ctime as tar left it go into the state
+    directory (RECEIVED), for verify. A stream that is not a whole tar archive (truncated, a bad
+    header) fails here, whatever tar says."""
+    doc = read_stamp(ctx)
+    if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
+        raise StepError("refusing to receive: %s is not the staging this run's stage step made"
+                        % ctx.staging)
+    _forget_received(ctx)
+    # the spec's digest: the source's manifest is made with it, verify compares the two
+    algo = ctx.choices.verify
+    table = COMPRESSION[ctx.compression]
+    argvs: List[Any] = []
+    names: List[str] = []
+    if producer:
+        argvs.append(producer)
+        names.append("read")
+    if table["unpack"]:
+        argvs.append(table["unpack"])
+        names.append(table["tool"])
+    digester = None
+    if algo != "none":
+        # hashing threads for big files: the cores tar and the decompressor leave; none on two
+        # (tarstream: there each hand-over costs more than the thread gives)
+        n = jobs(ctx.choices.jobs)
+        if ctx.part is not None:
+            n = max(1, n // ctx.part[1])     # several streams: the cores shared among them
+        digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
+        argvs.append(digester.stage)
+        names.append("digest reader")
+    # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
+    # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
+    keep = ctx.choices.special_modes == "keep"
+    argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
+                 + ([] if keep else ["--no-same-permissions"]))
+    names.append("tar")
+    watch = Progress(*ctx.progress) if ctx.progress else None
+    codes, errs = pipeline(argvs, ctx.choices.timeout, capture=ctx.capture,
+                           umask=None if keep else 0o002,
+                           started=watch.start if watch else None)
+    if watch is not None:
+        watch.stop(digester.off if digester is not None else None)
+    bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
+    broken = ""
+    if digester is not None:
+        digester.close()
+        if digester.corrupt:
+            broken = "the stream is not a good tar archive: %s" % digester.corrupt
+        elif digester.truncated:
+            broken = ("the stream ended at byte %d, before the end of the tar archive (cut short "
+                      "on the way?)" % digester.off)
+    if bad or broken:
+        raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(
+            bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
+            rc=next((c for c in codes if c != 0), 1))
+    facts: dict = {"staging": ctx.staging}
+    if digester is not None:
+        facts["stream_bytes"] = digester.off     # what this end read of the tar stream
+    if ctx.choices.special_modes == "strip":
+        # several streams: each strips the whole staging once its own tar is done (what another
+        # stream's tar still writes, that stream strips)
+        stripped = hostfs.strip_special(ctx.staging)
+        facts["stripped"] = len(stripped)
+        for item in stripped[:20]:
+            ctx.log("stripped %s: mode %s -> %s" % (item["p"], item["was"], item["now"]))
+    detail = "unpacked into %s (compression %s)" % (ctx.staging, ctx.compression)
+    if digester is not None:
+        digests = digester.result()
+        if digester.lost:
+            ctx.log("no digests from the stream (verify reads every file): %s" % digester.lost)
+        facts["streamed"] = _save_received(ctx, algo, digests)
+        detail += ", %d files hashed from the stream (%s)" % (facts["streamed"], algo)
+    return Result(detail, facts)
+
+
+def _received_path(ctx: Context) -> str:
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
+    if ctx.part is not None:
+        return os.path.join(ctx.state, "received.%d.json" % ctx.part[0])
+    return os.path.join(ctx.state, RECEIVED)
+
+
+def _received_paths(ctx: Context) -> List[str]:
+    """Every stream's RECEIVED in the state directory (one, or one per stream)."""
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
+    try:
+        names = os.listdir(ctx.state)
+    except OSError:
+        return []
+    return [os.path.join(ctx.state, n) for n in sorted(names)
+            if n in (RECEIVED, KEPT) or _PART_RECEIVED.match(n)]
+
+
+_PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
+
+
+def _forget_received(ctx: Context, every: bool = False) -> None:
+    for path in _received_paths(ctx) if every else [_received_path(ctx)]:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _save_received(ctx: Context, algo: str, digests: dict) -> int:
+    """RECEIVED: for each regular file of the staging that the stream carried, its digest and
+    the inode, ctime and size tar left it with (an lstat each, no reading: a path through a
+    link is never one verify's walk takes, so what it names is never looked up). Verify trusts
+    a digest only for a file that still has them; returns how many files it lists."""
+    files = {}
+    for rel, digest in digests.items():
+        try:
+            st = os.lstat(os.path.join(ctx.staging, rel))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files[rel] = [digest, st.st_ino, st.st_ctime_ns, st.st_size]
+    doc = {"algo": algo, "identity": _identity(ctx.staging), "files": files}
+    write_file(_received_path(ctx), json.dumps(doc, separators=(",", ":")).encode(), 0o600)
+    return len(files)
+
+
+def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
+    """The files receive hashed from the stream, or from each of the streams, into this staging
+    (None: no record; a record of another staging or algorithm counts as none: those files are
+    read)."""
+    files: Optional[dict] = None
+    for path in _received_paths(ctx):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if (not isinstance(doc, dict) or doc.get("identity") != identity
+                or doc.get("algo") != algo):
+            continue
+        got = doc.get("files") or {}
+        if files is None:
+            files = got
+        else:
+            files.update(got)
+    return files
+RB_PY_990E7C16
   cat >"${dir}"/rbkit/relay.py <<'RB_PY_490D178E'
 """The relay in streams side by side (issue 37): `rbkit engine relay`, run on THIS machine (the
 runbook's local kit) when the source cannot reach the destination. Each stream is a pair of ssh
@@ -7837,6 +7546,8 @@ from __future__ import annotations
 import json
 import os
 
+from rbrules.common import human
+
 SCHEMA = 1
 
 
@@ -7912,7 +7623,9 @@ def gpu_verdict(probe_docs: dict) -> dict:
 
 
 def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str,
-          gpu: bool = False) -> dict:
+          gpu: bool = False, where: str = "") -> dict:
+    """The report; WHERE: where a run that did not pass stopped (`in step transfer`), kept unless
+    its outcome is ok."""
     steps, facts, engine = read_events(events)
     # a swap undone later in the run (a check or step failed): its row says so, not "installed"
     undone = [e for events_of in engine.values() for e in events_of
@@ -7936,13 +7649,15 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
     for doc in probe_docs.values():
         for key in checks:
             checks[key] += int(doc.get("summary", {}).get(key, 0))
+    outcome = outcome_of(outcome, steps)
     return {
         "schema": SCHEMA,
         "kind": "rb-run-report",
         "runbook": name,
         "spec": spec,
         "spec_sha256": sha,
-        "outcome": outcome_of(outcome, steps),
+        "outcome": outcome,
+        **({"where": where} if where and outcome != "ok" else {}),
         "steps": steps,
         "checks": checks,
         "probes": probe_docs,
@@ -7951,16 +7666,6 @@ def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: st
         "engine": [e for events in engine.values() for e in events],
         **({"gpu": gpu_verdict(probe_docs)} if gpu else {}),
     }
-
-
-def _size(n) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1000.0
-    return str(n)
 
 
 def _rate(mb_s) -> str:
@@ -7976,7 +7681,7 @@ def table(doc: dict) -> str:
         f = s.get("facts", {})
         detail = s["detail"]
         if "bytes" in f:
-            detail = f"{_size(f['bytes'])} in {f.get('files', '?')} files" + (
+            detail = f"{human(f['bytes'])} in {f.get('files', '?')} files" + (
                 f", {_rate(f['mb_s'])}" if "mb_s" in f else "") + (f"; {detail}" if detail else "")
         rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
@@ -7991,9 +7696,363 @@ def table(doc: dict) -> str:
         out.append("GPU NOT PROVEN: the spec declares gpu:, but "
                    + ("; ".join(gpu["unproven"]) or "no GPU check passed")
                    + " (a skip the spec allowed is not a pass)")
-    out.append(f"outcome: {doc['outcome']}")
+    out.append(f"outcome: {doc['outcome']}" + (f" ({doc['where']})" if doc.get("where") else ""))
     return "\n".join(out)
 RB_PY_A002A646
+  cat >"${dir}"/rbkit/runner.py <<'RB_PY_3915A8A7'
+"""The engine's runner: the steps' Context (what the steps of one run share), Result and StepError,
+`run` (times one step and emits its event), the errno words, and the run's private state with its
+stamp (see engine.py for the steps and the event).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pwd
+import stat
+import subprocess
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, List, Optional, Tuple
+
+from rbrules import paths
+
+from . import hostfs, safefs
+from .choices import Choices
+from . import manifest as kitmanifest
+
+
+# The install's steps, in order: what a fan-out node's report and the runbook's events name.
+STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
+PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
+STAMP = "stamp.json"
+RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
+                             # (received.I.json: stream I's, when several streams ran)
+BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
+INSTALLED = ".rb-manifest.jsonl"
+INCOMPLETE = ".incomplete"   # beside the staging (STAGING.incomplete): what arrived of a stream
+                             # that did not end in a verified staging, and the source it was for
+KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, for verify
+
+
+def staging_path(dest: str) -> str:
+    """`.<name>.rb-staging` beside the destination: rbrules.paths.staging, the one rule."""
+    return paths.staging(dest)
+
+
+def jobs(value: Any) -> int:
+    """--jobs N, or auto: one per CPU of this host (at most 32)."""
+    if value in (None, "", "auto"):
+        return max(1, min(32, os.cpu_count() or 1))
+    return max(1, int(value))
+
+
+class StepError(Exception):
+    """A step failed: the message is the event's detail; `lines` what it listed (missing files)."""
+
+    def __init__(self, message: str, facts: Optional[dict] = None,
+                 lines: Optional[List[str]] = None, rc: int = 1) -> None:
+        super().__init__(message)
+        self.facts = facts or {}
+        self.lines = lines or []
+        self.rc = rc
+
+
+class Result:
+    def __init__(self, detail: str = "", facts: Optional[dict] = None, status: str = "ok") -> None:
+        self.detail, self.facts, self.status = detail, facts or {}, status
+
+
+class Context:
+    """What the steps of one run share: the destination, the spec's choices (`choices`, read from
+    the runbook's document: choices.py) and the facts of this run (`old`: the source's path as it
+    was there; `manifest`: the source's manifest on this host; `compression`: what the stream
+    uses; `probe_config`: the checks' document; `state`: the private state directory), and what
+    the run learned so far (the up-to-date verdict, what the swap did, files never to link).
+    `emit` receives every event; `log` every human line (the runbook's stderr, or a node's
+    report); `capture`: children's output is collected (a node) instead of passed through."""
+
+    def __init__(self, dest: str, choices: Optional[Choices] = None, *, old: str = "",
+                 manifest: str = "", compression: str = "none", probe_config: str = "",
+                 state: str = "", capture: bool = False,
+                 emit: Optional[Callable[[dict], None]] = None,
+                 log: Optional[Callable[[str], None]] = None,
+                 trace: Optional[Callable[[str], None]] = None) -> None:
+        self.dest = os.path.abspath(dest)
+        self.staging = staging_path(self.dest)
+        self.choices = choices or Choices()
+        self.old, self.manifest, self.compression = old, manifest, compression
+        self.probe_config, self.state, self.capture = probe_config, state, capture
+        self.env_out = paths.env_file(self.dest, self.choices.env_file)
+        self.emit = emit or (lambda event: None)
+        self.log = log or (lambda line: None)
+        # where a failure's traceback goes: the run's log file only, never the terminal
+        self.trace = trace or self.log
+        # receive only: (every so many seconds, where to) the bytes of the stream its tar has
+        # read so far; which stream of how many this one is (rbkit send --part I/N), None: the one
+        self.progress: Optional[Tuple[float, Callable[[int], None]]] = None
+        self.part: Optional[Tuple[int, int]] = None
+        self.locked = False
+        self.events: List[dict] = []
+        self.up_to_date: Optional[str] = None   # why the destination already holds the tree
+        self.unlinkable: set = set()             # failed the digest check: sent, never linked
+        self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
+        self.failed_checks = ""                  # the checks that failed, named (probe)
+        self.critical = 0                        # inside a rename sequence: signals wait
+        self.elsewhere: Any = None               # (the scan of data files, its prefixes)
+        self.early: Any = None                   # the quick check's walk, begun at the lock
+        self._manifest_cache: Optional[tuple] = None
+        self._installed_cache: Optional[tuple] = None   # (stat key, the install's manifest)
+        self.linked_inodes: Optional[tuple] = None     # (staging identity, what stage linked)
+
+    def new_manifest(self) -> dict:
+        """The source's manifest for this run (loaded once per version of the file)."""
+        if not self.manifest:
+            raise StepError("no source manifest was given to the engine")
+        try:
+            st = os.stat(self.manifest)
+        except OSError as exc:
+            raise StepError("the source's manifest %s is not here (%s): run the manifest step "
+                            "first" % (self.manifest, exc.strerror)) from None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._manifest_cache is None or self._manifest_cache[0] != key:
+            m, fp = kitmanifest.load_fingerprinted(self.manifest)
+            self._manifest_cache = (key, m, fp)
+        return self._manifest_cache[1]
+
+    def fingerprint(self) -> str:
+        self.new_manifest()
+        return self._manifest_cache[2]
+
+    def wrote_manifest(self, m: dict, fp: str) -> None:
+        """`m` (fingerprint `fp`) was just written to self.manifest: kept without reading it."""
+        st = os.stat(self.manifest)
+        self._manifest_cache = ((st.st_mtime_ns, st.st_size, st.st_ino), m, fp)
+
+    def installed(self) -> dict:
+        """The current install's manifest (raises OSError, ValueError), read once per version of
+        the file: the quick check's read (EarlyCheck) serves the stage that follows it."""
+        key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
+        self.keep_installed(key, m)
+        return m
+
+    def keep_installed(self, key: Optional[tuple], m: Optional[dict]) -> None:
+        """Keep `m`, read from the install's manifest while it had stat `key` (_file_key), for
+        `installed`; nothing is kept without both."""
+        self._installed_cache = (key, m) if key is not None and m is not None else None
+
+
+def _file_key(path: str) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
+    """(stat key, manifest at `path`): `cache`'s manifest when the file has its key still; the
+    key is None when the file changed while it was read (nothing to keep)."""
+    key = _file_key(path)
+    if cache is not None and cache[0] == key:
+        return key, cache[1]
+    m = kitmanifest.load(path)
+    return (key if _file_key(path) == key else None), m
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+
+def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: Any) -> dict:
+    """Run one step, time it, emit its event (also kept in ctx.events); never raises for the
+    step's own failure. An exception's text is never the detail: it is said in words
+    (os_error_words), its traceback goes to ctx.trace (the run's log)."""
+    start = time.monotonic()
+    error: List[str] = []
+    try:
+        res = fn(ctx, *args, **kw)
+        status, detail, facts = res.status, res.detail, res.facts
+    except StepError as exc:
+        status, detail, facts, error = "failed", str(exc), exc.facts, exc.lines
+        facts = dict(facts, rc=exc.rc)
+        if exc.__cause__ is not None:
+            _trace(ctx, step, exc)
+    except OSError as exc:
+        status, detail, facts = "failed", os_error_words(exc), {"rc": 1}
+        _trace(ctx, step, exc)
+    except (ValueError, subprocess.SubprocessError) as exc:
+        status, detail, facts = "failed", "%s on %s: %s" % (step, ctx.dest, exc), {"rc": 1}
+        _trace(ctx, step, exc)
+    except Exception as exc:             # a bug of the kit: the step fails, the run reports it
+        status, detail, facts = "failed", (
+            "the engine's %s step stopped on an error of its own (a bug of the kit: the "
+            "traceback is in the run's log)" % step), {"rc": 1}
+        _trace(ctx, step, exc)
+    event = {"step": step, "status": status, "detail": detail, "facts": facts,
+             "duration_s": round(time.monotonic() - start, 3)}
+    if status == "failed":
+        event["error"] = ([detail] + error)[:20]
+    ctx.events.append(event)
+    ctx.emit(event)
+    return event
+
+
+def _trace(ctx: Context, step: str, exc: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    ctx.trace("the engine's %s step failed on %s; traceback:\n%s" % (step, ctx.dest, text))
+
+
+def user_name() -> str:
+    """Who this process acts as: the effective user's name (uid N when it has none)."""
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "uid %d" % uid
+
+
+# what each errno means for who tried, where the system's own words say too little
+_ERRNO_WHY = {
+    errno.EROFS: "the file system that holds it is mounted read-only",
+    errno.EPERM: "the system does not permit it to %s: an immutable or append-only attribute "
+                 "(lsattr -d), or a capability %s lacks",
+    errno.EACCES: "the permissions of the directory (or of one above it) do not let %s write",
+    errno.ENOSPC: "the file system is full",
+    errno.EDQUOT: "%s's disk quota is used up",
+    errno.ENOENT: "it, or a directory above it, does not exist",
+    errno.ENOTDIR: "a path above it is not a directory",
+}
+
+
+def os_error_words(exc: OSError, doing: str = "") -> str:
+    """An OSError in words: who cannot do what where, why (the errno's meaning), e.g.
+    `root cannot write /x/.venv.rb-lock: read-only file system (EROFS: the file system that
+    holds it is mounted read-only)`; never the exception's own text."""
+    if exc.errno is None and exc.args:
+        return str(exc)          # raised by the kit with its own words (no errno): as it is
+    if exc.filename is None and exc.strerror:
+        return exc.strerror      # the kit's words with an errno (swapfs), or the system's alone
+    who = user_name()
+    # what was tried, where the caller does not say: only these errnos tell it was a write
+    doing = doing or ("write" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "use")
+    where = exc.filename if exc.filename is not None else "a file"
+    if exc.filename2 is not None:
+        where = "%s to %s" % (where, exc.filename2)
+    said = (exc.strerror or "").strip() or "error %s" % exc.errno
+    said = said[:1].lower() + said[1:]
+    name = errno.errorcode.get(exc.errno or -1, "")
+    why = _ERRNO_WHY.get(exc.errno or -1, "")
+    why = why.replace("%s", who)
+    paren = ": ".join(x for x in (name, why) if x)
+    return "%s cannot %s %s: %s%s" % (who, doing, where, said, " (%s)" % paren if paren else "")
+
+
+def skipped(ctx: Context, step: str, why: str) -> dict:
+    return run(ctx, step, lambda c: Result("skipped: " + why, status="skipped"))
+
+
+# -- the private state and the stamp -------------------------------------------------------------
+
+
+def make_state(parent: Optional[str] = None) -> str:
+    """This run's private state directory (mkdtemp: 0700, ours)."""
+    return tempfile.mkdtemp(prefix="rbengine.", dir=parent)
+
+
+def _stamp_path(ctx: Context) -> str:
+    if not ctx.state:
+        raise StepError("the engine has no private state directory")
+    return os.path.join(ctx.state, STAMP)
+
+
+def read_stamp(ctx: Context) -> Optional[dict]:
+    try:
+        with open(_stamp_path(ctx), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
+    path = _stamp_path(ctx)
+    if doc is None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    write_file(path, json.dumps(doc, sort_keys=True).encode(), 0o600)
+
+
+def _identity(path: str) -> List[int]:
+    """(st_dev, st_ino) of a staging directory; a symlink or a file there is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise StepError("the staging %s does not exist" % path) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StepError("the staging %s is not a directory (a symlink or a file is never "
+                        "followed)" % path)
+    return [st.st_dev, st.st_ino]
+
+
+def _require(ctx: Context, want: tuple, step: str) -> dict:
+    """The stamp, when it says the staging went through `want` in this run and is still the same
+    directory with the same manifest; else the step is refused."""
+    doc = read_stamp(ctx)
+    if doc is None or doc.get("stage") not in ("verified", "relocated", "proven"):
+        raise StepError(
+            "refusing to %s: the staging %s was not verified in this run (a verify that failed, "
+            "or one in an earlier run, leaves nothing to install); run again --from verify, or "
+            "the whole runbook" % (step, ctx.staging))
+    if doc.get("stage") not in want:
+        raise StepError("refusing to %s: %s must pass first, in this run (the staging is %s)"
+                        % (step, BEFORE[step], doc.get("stage")))
+    if _identity(ctx.staging) != doc.get("identity"):
+        raise StepError("refusing to %s: %s is not the staging directory this run verified "
+                        "(it was replaced since: another run?)" % (step, ctx.staging))
+    if doc.get("fingerprint") != ctx.fingerprint():
+        raise StepError("refusing to %s: the staging was verified against another manifest"
+                        % step)
+    for rel, digest in sorted(doc.get("relocated", {}).items()):
+        if _sha256(os.path.join(ctx.staging, rel)) != digest:
+            raise StepError("refusing to %s: %s changed in the staging after relocation"
+                            % (step, rel))
+    return doc
+
+
+def _require_lock(ctx: Context) -> None:
+    if not ctx.locked:
+        raise StepError("the engine does not hold the destination's lock (a bug)")
+
+
+def _sha256(path: str) -> Optional[str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `path` whole: a new temp file beside it (O_EXCL, O_NOFOLLOW), then one rename
+    (safefs.write_file: a link at `path` is replaced, never written through)."""
+    safefs.write_file(path, data, mode)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a tree we made or replaced, if it is there (hostfs.remove: a link is removed, never
+    followed)."""
+    if os.path.lexists(path):
+        hostfs.remove(path)
+RB_PY_3915A8A7
   cat >"${dir}"/rbkit/safefs.py <<'RB_PY_A8AA38CB'
 """Writes and reads inside trees we did not make: never through a link, never a guessable name.
 
@@ -8188,10 +8247,11 @@ RB_PY_A8AA38CB
   cat >"${dir}"/rbkit/serve.py <<'RB_PY_AA931AC3'
 """`python -m rbkit engine ...`: the install engine's command line (engine.py has the steps).
 
-    engine serve --dest D --holder TEXT [the run's choices]    the destination's engine for a run
-    engine receive --dest D --state S --compression C [--algo A] [--progress S] [--part I/N]
+    engine serve --dest D --choices JSON [the run's facts] --holder TEXT
+                                                               the destination's engine for a run
+    engine receive --dest D --state S --compression C --choices JSON [--progress S] [--part I/N]
                                                                the far end of the stream (stdin)
-    engine run STEP... --dest D [the run's choices]            steps in one process (tests, by hand)
+    engine run STEP... --dest D --choices JSON [the run's facts]   steps in one process (tests)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
     engine source ROOT [scan's options] [--installed-stat FP|-] --audit RBPROBES-ARGV...
                                                                scan and static checks, one process
@@ -8214,6 +8274,11 @@ Every command but send and staging answers in lines a runbook reads without a pa
                                step's traceback)
     progress<TAB>BYTES         (receive --progress S only) how much of the tar stream tar has read,
                                every S seconds and once at its end
+
+`--choices` is the spec's choices for the engine, one JSON document (choices.py: read by
+Choices.from_json, which refuses a document it cannot read before anything is done); the other
+options are the facts of this run: the source's path (--old), the source's manifest here
+(--manifest), the compression the run uses, the checks' document (--probe-config).
 
 `serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
 names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
@@ -8241,7 +8306,8 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import engine, relay, source, stream
+from . import engine, hostfs, relay, source, stream
+from .choices import VERIFY, add_choices_option, add_run_options
 from . import manifest as kitmanifest
 from .lock import Lock
 
@@ -8302,13 +8368,8 @@ def _log(line: str) -> None:
 
 
 def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
-    return engine.Context(
-        a.dest, old=a.old, policy=a.policy, manifest=a.manifest, jobs=a.jobs,
-        compression=a.compression, env_out=a.env_out, cuda_home=a.cuda_home, first=a.first,
-        env=a.env, origin=a.origin, probe_config=a.probe_config,
-        on_failed_checks=a.on_failed_checks, rerun=a.rerun, special_modes=a.special_modes,
-        keep_backups=a.keep_backups, swap_atomic=a.swap_atomic,
-        shared_parent=a.shared_parent, **kw)
+    return engine.Context(a.dest, a.choices, old=a.old, manifest=a.manifest,
+                          compression=a.compression, probe_config=a.probe_config, **kw)
 
 
 # what a request may ask: the step's function and how its key=value words are read
@@ -8327,12 +8388,11 @@ REQUESTS: Dict[str, tuple] = {
     "restore": (engine.restore, {"number": int}),
     "backups": (engine.list_backups, {}),
 }
-INSTALL = ("stage", "verify", "relocate", "prove", "swap")
 
 
 def handle(ctx: engine.Context, words: List[str]) -> None:
-    """One request: its step (skipped when the destination already holds the tree), and the
-    rollback a failure past the swap asks for."""
+    """One request: its step, as engine.step runs it (skipped when the destination already holds
+    the tree, a failure past the swap rolled back)."""
     name, params = words[0], {}
     fn, types = REQUESTS.get(name, (None, {}))
     for word in words[1:]:
@@ -8347,12 +8407,7 @@ def handle(ctx: engine.Context, words: List[str]) -> None:
     if fn is None:
         engine.run(ctx, name, _refuse, " ".join(words))
         return
-    if name in INSTALL and ctx.up_to_date:
-        engine.skipped(ctx, name, ctx.up_to_date)
-        return
-    event = engine.run(ctx, name, fn, **params)
-    if event["status"] == "failed":
-        engine.after_failure(ctx, name)
+    engine.step(ctx, name, fn, **params)
 
 
 def _refuse(ctx: engine.Context, what: str) -> engine.Result:
@@ -8451,7 +8506,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         if answer.done():
             return 1
         for step in a.steps:
-            words = [step] + (["mode=" + ctx.rerun] if step == "current" else [])
+            words = [step] + (["mode=" + ctx.choices.rerun] if step == "current" else [])
             handle(ctx, words)
             if answer.done():
                 return 1
@@ -8466,16 +8521,16 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_receive(a: argparse.Namespace) -> int:
     if a.gate:
-        part = relay.gate_receive(engine.jobs(a.jobs))
+        part = relay.gate_receive(engine.jobs(a.choices.jobs))
         if part is False:
             return 3            # stopped before anything came: nothing received
         a.part = part
     answer = Answer(sys.stdout)
-    ctx = engine.Context(a.dest, compression=a.compression, state=a.state, log=_log,
-                         emit=answer.event, trace=answer.trace,
-                         special_modes=a.special_modes, algo=a.algo,
-                         jobs=a.jobs, progress=(a.progress, lambda n: answer.line("progress", n))
-                         if a.progress > 0 else None, part=a.part)
+    ctx = engine.Context(a.dest, a.choices, compression=a.compression, state=a.state, log=_log,
+                         emit=answer.event, trace=answer.trace)
+    if a.progress > 0:
+        ctx.progress = (a.progress, lambda n: answer.line("progress", n))
+    ctx.part = a.part
     event = engine.run(ctx, "receive", engine.receive)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
@@ -8620,26 +8675,9 @@ def cmd_staging(a: argparse.Namespace) -> int:
 
 
 def _choices(p: argparse.ArgumentParser) -> None:
-    """The run's choices (from the spec), for serve and run."""
-    p.add_argument("--dest", required=True)
-    p.add_argument("--old", default="")
-    p.add_argument("--policy", choices=("refuse", "backup", "replace"), default="refuse")
+    """serve's and run's options: the run's facts, the lock's holder and wait."""
+    add_run_options(p)
     p.add_argument("--manifest", default="", help="the source's manifest on this host")
-    p.add_argument("--jobs", default="auto")
-    p.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
-    p.add_argument("--env-out", default="")
-    p.add_argument("--cuda-home", default="")
-    p.add_argument("--first", action="append", default=[])
-    p.add_argument("--env", action="append", default=[])
-    p.add_argument("--origin", default="a runbook")
-    p.add_argument("--probe-config", default="")
-    p.add_argument("--on-failed-checks", choices=("rollback", "keep"), default="keep")
-    p.add_argument("--rerun", choices=("quick", "digest"), default="quick")
-    p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    p.add_argument("--keep-backups", type=int, default=None)
-    p.add_argument("--swap-atomic", choices=("require", "allow"), default="allow")
-    p.add_argument("--shared-parent", choices=("refuse", "allow"), default="refuse",
-                   help="a destination whose parent other users can write: refused, or a warning")
     p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
     p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S,
                    help="seconds to wait for a lock another run holds")
@@ -8650,8 +8688,8 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("root")
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--names")
-    p.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    p.add_argument("--outside-links", choices=("refuse", "keep"), default="refuse")
+    p.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse")
+    p.add_argument("--outside-links", choices=hostfs.OUTSIDE_LINKS, default="refuse")
     return p
 
 
@@ -8670,10 +8708,7 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
     rc.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
-    rc.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse")
-    rc.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256",
-                    help="the digest taken of each file as the stream carries it (verify's)")
-    rc.add_argument("--jobs", default="auto")
+    add_choices_option(rc)
     rc.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="a `progress BYTES` line every S seconds (0: none)")
     rc.add_argument("--part", type=_part, default=None, metavar="I/N",
@@ -8696,14 +8731,14 @@ def parser() -> argparse.ArgumentParser:
     h = sub.add_parser("hash")
     h.add_argument("root")
     h.add_argument("--exclude", action="append", default=[])
-    h.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
+    h.add_argument("--algo", choices=VERIFY, default="sha256")
     h.add_argument("--jobs", default="auto")
     h.add_argument("--out", required=True)
     h.add_argument("--names")
     h.add_argument("--reuse")
     h.add_argument("--scanned", help="the scan record this run's `engine source` wrote (NAMES.stat):"
                    " its entries, not a new walk")
-    h.add_argument("--special-modes", choices=("refuse", "strip", "keep"), default="refuse",
+    h.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse",
                    help="strip: modes recorded without setuid/setgid/sticky/world-write")
     h.set_defaults(fn=cmd_hash)
     d = sub.add_parser("delta")
@@ -8933,6 +8968,354 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
                          {"audit_rc": rc, "audit_skipped": 0, "audit_failed": " ".join(failed),
                           "audit_what": what})
 RB_PY_8E7DD95A
+  cat >"${dir}"/rbkit/staging.py <<'RB_PY_CD377B36'
+"""The staging beside the destination: `stage` (a fresh one, or one whose unchanged files are
+hard-linked from the current install), its mark while a stream has not been verified into it,
+the resume of what a cut stream left (`resumable`, `resume_stage`), and the source manifest a
+re-run may keep (`kept_source`).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import List, Optional, Tuple
+
+from . import hostfs
+from . import manifest as kitmanifest
+from .stream import human
+from .runner import (INCOMPLETE, KEPT, jobs, StepError, Result, Context, _write_stamp, _identity,
+                     _require_lock, write_file, remove_tree)
+from .receive import _forget_received
+
+
+def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
+          source_stat: str = "", algo: str = "", exclude: Optional[List[str]] = None,
+          source: str = "", resume: bool = False) -> Result:
+    """A fresh staging beside the destination. With `delta`, every unchanged file (same digest,
+    mode, size and mtime as the install recorded, and still so at the destination) is hard-linked
+    from the current install, and `send.names` in the state directory lists what the stream must
+    still carry. `carried`: the names a payload holds (a fan-out re-run's bundle); a staging that
+    needs more than that is removed and the step fails with needs_full.
+
+    With `source_stat` (a re-run, before anything is hashed at the source): the source manifest
+    this host holds for the run (ctx.manifest, the one the runbook's machine kept from its last
+    run) is used only when it is the source's manifest as of the install (`kept_source`), so
+    that nothing at the source needs hashing: `kept=1`. Otherwise nothing is staged (skipped,
+    `kept=0` and why): the source is hashed and stage is asked again without it.
+
+    `source` (a fresh staging): what the staging is for (`STAT-FINGERPRINT HOST:PATH`), written
+    in its mark (INCOMPLETE, beside it) until verify passes: a stream cut short leaves a staging
+    that is private (0700), marked, and never installed, which a later run for the same source
+    may continue (`resume`: only the files missing or different are sent, see `resume_stage`).
+    Any other staging left here is removed, saying why."""
+    _require_lock(ctx)
+    _write_stamp(ctx, None)
+    _forget_received(ctx, every=True)
+    ctx.linked_inodes = None
+    if resume:
+        return resume_stage(ctx, source)     # refused unless resumable (the manifest step asks)
+    if os.path.lexists(ctx.staging):
+        why = resumable_why(ctx, source) if source else "not a fresh move's staging"
+        ctx.log("an earlier run's staging %s is removed (%s)" % (ctx.staging, why or
+                                                                 "this run starts afresh"))
+        remove_tree(ctx.staging)
+    _drop_mark(ctx)
+    facts: dict = {"delta": int(bool(delta))}
+    installed = None
+    if delta:
+        try:
+            installed = ctx.installed()
+        except (OSError, ValueError):
+            why = "no earlier install at %s (or its manifest is unreadable)" % ctx.dest
+            if carried is None:
+                raise StepError("nothing to link from: " + why) from None
+            raise StepError("needs the whole bundle: " + why, {"needs_full": 1}, rc=3) from None
+    if source_stat:
+        if installed is None:
+            raise StepError("a kept source manifest is only for an incremental stage (delta=1)")
+        why, rebuilt = kept_source(ctx, installed, source_stat, algo, exclude or [])
+        if why:
+            return Result("the source is hashed: " + why, {"kept": 0, "why": why},
+                          status="skipped")
+        m = ctx.new_manifest()
+        facts.update(kept=1, rebuilt=int(rebuilt), fingerprint=ctx.fingerprint(),
+                     files=m["totals"]["files"], manifest=ctx.manifest)
+    if delta:
+        if ctx.unlinkable:
+            # what failed the digest check is not linked: it is sent (or the bundle is whole)
+            installed = dict(installed, entries=[e for e in installed["entries"]
+                                                 if e["p"] not in ctx.unlinkable])
+        names = os.path.join(ctx.state, "send.names")
+        got = hostfs.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
+        facts.update({k: got.get(k) for k in ("linked", "linked_bytes", "send_files",
+                                              "send_bytes", "removed")})
+        facts["names"] = names
+        if carried is not None:
+            have = set(kitmanifest.read_names(carried))
+            lacking = [n for n in kitmanifest.read_names(names) if n not in have]
+            if lacking:
+                remove_tree(ctx.staging)
+                raise StepError(
+                    "needs the whole bundle: %d files here differ from what the last fan-out "
+                    "installed (changed here, or installed from another source), e.g. %s"
+                    % (len(lacking), lacking[0]), dict(facts, needs_full=1), rc=3)
+        detail = ("%d unchanged files linked from the current install, %d files to send"
+                  % (got["linked"], got["send_files"]))
+        if source_stat:
+            detail += "; the source is unchanged: its manifest as of the install stands for it"
+    else:
+        parent = os.path.dirname(ctx.staging)
+        os.makedirs(parent, exist_ok=True)
+        if source:
+            # private and marked until verify passes: what a cut stream leaves is kept for a
+            # re-run to continue, and is never taken for a whole staging
+            os.mkdir(ctx.staging, 0o700)
+            write_file(_mark_path(ctx), json.dumps(
+                {"source": source, "dest": ctx.dest,
+                 "identity": _identity(ctx.staging)}).encode(), 0o600)
+        else:
+            os.mkdir(ctx.staging, 0o755)
+        detail = "fresh staging %s" % ctx.staging
+    identity = _identity(ctx.staging)
+    if delta:
+        # verify, in this engine, knows each linked file by the inode linked (not by a look at
+        # the install's file of that name)
+        ctx.linked_inodes = (identity, got["inodes"])
+    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
+    return Result(detail, facts)
+
+
+def _mark_path(ctx: Context) -> str:
+    return ctx.staging + INCOMPLETE
+
+
+def _drop_mark(ctx: Context) -> None:
+    try:
+        os.unlink(_mark_path(ctx))
+    except FileNotFoundError:
+        pass
+
+
+def _read_mark(ctx: Context) -> Optional[dict]:
+    """The staging's mark, when it is a regular file of ours (this user's, one link, no bits for
+    others: made by `stage` under the lock), else None."""
+    try:
+        fd = os.open(_mark_path(ctx), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1
+                or st.st_mode & 0o077):
+            return None
+        try:
+            doc = json.loads(f.read(1 << 16))
+        except ValueError:
+            return None
+    return doc if isinstance(doc, dict) else None
+
+
+def resumable_why(ctx: Context, source: str) -> str:
+    """"" when the staging beside the destination is what a cut stream of this very source left
+    (a private directory of ours, marked by `stage` for `source`: STAT-FINGERPRINT HOST:PATH),
+    else why not, in words."""
+    try:
+        st = os.lstat(ctx.staging)
+    except FileNotFoundError:
+        return "no staging at %s" % ctx.staging
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return "%s is not a directory of ours" % ctx.staging
+    mark = _read_mark(ctx)
+    if mark is None:
+        return ("it is not marked as what a cut stream left (%s: a staging that passed verify, "
+                "or an older kit's)" % _mark_path(ctx))
+    if mark.get("dest") != ctx.dest or mark.get("identity") != [st.st_dev, st.st_ino]:
+        return "its mark %s is of another directory" % _mark_path(ctx)
+    was, now = str(mark.get("source", "")), source
+    if was.partition(" ")[2] != now.partition(" ")[2]:
+        return "it was for another source (%s)" % was.partition(" ")[2]
+    if was != now:
+        return "the source changed since (its stat fingerprint differs)"
+    return ""
+
+
+def resumable(ctx: Context, source: str = "") -> Result:
+    """Whether a cut stream of this source left a staging here that `stage resume=1` continues
+    (resumable_why). Nothing is written."""
+    _require_lock(ctx)
+    why = resumable_why(ctx, source)
+    if why:
+        if os.path.lexists(ctx.staging):
+            return Result("an earlier staging is not continued: %s" % why,
+                          {"resumable": 0, "why": why})
+        return Result(why, {"resumable": 0, "why": why})
+    return Result("%s holds what a cut stream of this source left" % ctx.staging,
+                  {"resumable": 1})
+
+
+def resume_stage(ctx: Context, source: str) -> Result:
+    """Continue a cut stream's staging (resumable_why must hold, and the source's manifest be
+    here): every entry there that the manifest does not list as it is (a file of another size,
+    mode or mtime: one cut mid-write; a link, a directory where a file belongs) is removed; each
+    remaining file is read and kept only when its digest is the manifest's (the others are
+    removed). The names the stream must still carry (every directory and symlink, and each file
+    not kept) go to `send.names` in the state directory; the kept files' digests, with the
+    inode, ctime and size they were read with, to KEPT (verify takes them as it takes the
+    stream's). The staging stays marked until verify passes."""
+    why = resumable_why(ctx, source)
+    m = ctx.new_manifest()
+    algo = m["header"].get("algo")
+    if not why and algo in (None, "", "none"):
+        why = "the manifest has no digests (verify: none) to compare what arrived with"
+    if why:
+        raise StepError("cannot continue the staging %s: %s" % (ctx.staging, why))
+    _chmod_dir(ctx.staging, 0o700)
+    wanted = {e["p"]: e for e in m["entries"]}
+    candidates, removed = _resume_walk(ctx.staging, wanted)
+    kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.choices.jobs))
+    removed += len(candidates) - len(kept)
+    send: List[str] = []
+    kept_bytes = send_bytes = send_files = total = 0
+    for e in m["entries"]:
+        if e["t"] == "f":
+            total += e["s"]
+            if e["p"] in kept:
+                kept_bytes += e["s"]
+                continue
+            send_files += 1
+            send_bytes += e["s"]
+        send.append(e["p"])
+    names = os.path.join(ctx.state, "send.names")
+    write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
+    identity = _identity(ctx.staging)
+    doc = {"algo": algo, "identity": identity, "files": kept}
+    write_file(os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(),
+               0o600)
+    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
+    detail = ("resuming: %s of %s already staged (%d files, read and matched); %s to send "
+              "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes),
+                              send_files))
+    return Result(detail, {"resumed": 1, "kept": len(kept), "kept_bytes": kept_bytes,
+                           "send_files": send_files, "send_bytes": send_bytes,
+                           "total_bytes": total, "removed": removed, "names": names,
+                           "delta": 0})
+
+
+def _chmod_dir(path: str, mode: int) -> None:
+    """chmod the directory at `path` itself (a link there is refused, never followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
+    """What a cut stream left in `root`, against the manifest's entries: (the files whose type,
+    size, mode and mtime are the manifest's, to be read: (rel, entry, stat)), how many entries
+    were removed. Nothing is followed: a link (at any name) is removed as a link, a directory the
+    manifest does not list is removed whole."""
+    candidates: List[tuple] = []
+    removed = 0
+    for here, dirs, files in os.walk(root, topdown=True, followlinks=False):
+        rel_here = os.path.relpath(here, root)
+        rel_here = "" if rel_here == "." else rel_here
+        for name in list(dirs) + files:
+            rel = rel_here + "/" + name if rel_here else name
+            path = os.path.join(here, name)
+            st = os.lstat(path)
+            e = wanted.get(rel)
+            if stat.S_ISDIR(st.st_mode) and e is not None and e["t"] == "d":
+                continue
+            if (stat.S_ISREG(st.st_mode) and e is not None and e["t"] == "f"
+                    and st.st_size == e["s"] and stat.S_IMODE(st.st_mode) == e.get("m")
+                    and int(st.st_mtime) == e.get("mt")):
+                candidates.append((rel, e, st))
+                continue
+            remove_tree(path)
+            removed += 1
+            if name in dirs:
+                dirs.remove(name)
+    return candidates, removed
+
+
+def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
+    """{rel: [digest, ino, ctime_ns, size]} of the candidates whose digest is the manifest's and
+    that did not change while read; each other one is removed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple) -> Optional[list]:
+        rel, e, st = item
+        path = os.path.join(root, rel)
+        try:
+            got = kitmanifest.digest(path, algo, size=e["s"])
+            after = os.lstat(path)
+        except (OSError, kitmanifest.Changed):
+            got, after = None, None
+        if (got == e.get("h") and after is not None and after.st_ino == st.st_ino
+                and after.st_ctime_ns == st.st_ctime_ns and after.st_size == st.st_size):
+            return [got, st.st_ino, st.st_ctime_ns, st.st_size]
+        remove_tree(path)
+        return None
+
+    kept = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(8, n))) as pool:
+        for item, got in zip(candidates, pool.map(one, candidates)):
+            if got is not None:
+                kept[item[0]] = got
+    return kept
+
+
+def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
+                exclude: List[str]) -> Tuple[str, bool]:
+    """(why not, rebuilt): whether the source's manifest as of the install can stand for the
+    source's now, and where it came from. It can when the install recorded `source_stat` as its
+    source's stat fingerprint and that is the stat fingerprint of the manifest's entries (the
+    source is unchanged since, by the quick check's trust: path, type, mode, size, link and mtime
+    of every entry), the manifest is, by its fingerprint, the one the install recorded for its
+    source, and it was made with this run's digest, excludes and special-modes rule. The manifest
+    is the one this host was given for the run (ctx.manifest: the runbook's machine kept it from
+    its last run) when that is it; else the one `manifest.source_of` rebuilds from the install's
+    own manifest, written to ctx.manifest (rebuilt: True)."""
+    header = installed["header"]
+    if header.get("source_stat_fingerprint") != source_stat:
+        return "the source changed since the install", False
+    rebuilt, stat_fp = False, ""
+    try:
+        ok = ctx.fingerprint() == header.get("source_fingerprint")
+    except (StepError, OSError, ValueError):
+        ok = False
+    if not ok:
+        m = kitmanifest.source_of(installed)
+        if m is None:
+            return ("the install did not record its source's manifest (an older kit), and none "
+                    "kept here is it"), False
+        if not ctx.manifest:
+            raise StepError("no source manifest path was given to the engine")
+        # the stat fingerprint its entries have (checked below), in its header as build puts
+        # it there: relocate's record of the source takes it from there
+        stat_fp = kitmanifest.stat_fingerprint(m["entries"])
+        if stat_fp == source_stat:
+            m["header"]["stat_fingerprint"] = stat_fp
+        fp = kitmanifest.save(m, ctx.manifest, 0o600, sync=False)
+        if fp != header.get("source_fingerprint"):
+            os.unlink(ctx.manifest)
+            return "the install's record of its source's manifest does not add up", False
+        ctx.wrote_manifest(m, fp)
+        rebuilt = True
+    m = ctx.new_manifest()
+    kept = m["header"]
+    if (kept.get("algo") != algo or list(kept.get("excludes", ())) != list(exclude)
+            or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")):
+        return "the install's source manifest has other digests, excludes or modes", rebuilt
+    if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
+        return "the install's source manifest does not have its recorded stat", rebuilt
+    return "", rebuilt
+RB_PY_CD377B36
   cat >"${dir}"/rbkit/stream.py <<'RB_PY_5F5B99FE'
 """The stream between hosts and what runs beside it: the one compression table, the sending end
 (`send`: tar of the names a manifest lists, compressed; on to ssh for the direct route), the
@@ -8954,25 +9337,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+# the stream's rules are rbrules.common's (the compiler states them too); engine.py, serve.py,
+# fanout.py, relay.py and measure.py still name them from here
+from rbrules.common import (COMPRESSION, MAX_STREAMS, STREAMS_MIN_BYTES,  # noqa: F401
+                            TAR_RECORD, compressors, human, stream_count)
+
 from . import hostfs
 from . import manifest as kitmanifest
-
-# The compression table, the only one: the stream's sending end (`send`) packs with `pack`, its
-# receiving end (`receive`) unpacks with `unpack`; `tool` is what a host must have.
-COMPRESSION: Dict[str, Dict[str, Any]] = {
-    "none": {"tool": None, "pack": None, "unpack": None},
-    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
-    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
-    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
-}
-
-
-# tar's record on both ends of the stream: 256 blocks (128 KiB) instead of its default 20 (10 KiB):
-# the torch venv's 900 MB through a pipe took tar -c 0.60 -> 0.40 s of CPU and tar -x 1.03 ->
-# 0.68 s on the lab's cores (ten times fewer reads and writes, on both sides of each pipe). Either
-# end reads the other's records whatever their size (GNU tar reblocks a pipe's short reads).
-TAR_RECORD = ["-b", "256"]
-
 
 class SourceRefused(Exception):
     """The source must not be sent: the message says why."""
@@ -9173,17 +9544,6 @@ def tail(text: str, lines: int = 8) -> List[str]:
     return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
 
 
-def human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return str(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
-
-
 
 def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
                 special_modes: str = "refuse", outside_links: str = "refuse") -> tuple:
@@ -9218,8 +9578,7 @@ def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
                                      "need_bytes", "stat_fingerprint")}
     # what the destination compares itself with (never the source, nor inside it)
     facts["identity"] = json.dumps(hostfs.identity(root), sort_keys=True, separators=(",", ":"))
-    facts["compressors"] = ",".join(n for n, c in sorted(COMPRESSION.items())
-                                    if c["tool"] is None or shutil.which(c["tool"]))
+    facts["compressors"] = ",".join(compressors(shutil.which))
     return "%d files, %s" % (out["files"], human(out["bytes"])), facts
 
 
@@ -9229,18 +9588,6 @@ def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
     if COMPRESSION[compression]["pack"]:
         argvs.append(COMPRESSION[compression]["pack"])
     return argvs
-
-
-# Several streams side by side, where the sending end starts the receiving ends (one host, or
-# the direct route): one tar pair moves 1.4 GB/s on a 16-core host, eight pairs 5-6x that (an
-# H100 host, /opt/torch/.venv to tmpfs: 6.3-8.6 s -> 1.1-1.6 s). One stream per two of the
-# cores the run may use (its jobs), at most MAX_STREAMS, none below STREAMS_MIN_BYTES.
-MAX_STREAMS = 8
-STREAMS_MIN_BYTES = 256 << 20
-
-
-def stream_count(jobs: int) -> int:
-    return max(1, min(MAX_STREAMS, jobs // 2))
 
 
 def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[List[str]]:
@@ -9498,7 +9845,9 @@ class Merged:
         self._write("".join(line + "\n" for line in lines))
 RB_PY_5F5B99FE
   cat >"${dir}"/rbkit/swapfs.py <<'RB_PY_D6AAE1CF'
-"""Putting a staging in place, and an earlier install back: swap, restore, backups, the journal.
+"""Putting a staging in place, and an earlier install back: swap, restore, pruning the backups,
+the journal. What the installs beside a destination are (backups, the failed one, their records)
+is rbkit.installs.
 
 Public through rbkit.hostfs (hostfs.swap, hostfs.restore, ...). One rename where the file system
 can exchange two names (renameat2 RENAME_EXCHANGE); elsewhere (NFS) two renames, journaled beside
@@ -9511,7 +9860,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
@@ -9519,15 +9867,16 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import exports, manifest, privacy, safefs
+from rbrules.common import SWAP_ATOMIC
+
+from . import exports, safefs
+from .installs import (FAILED_MARK, backup_dirs, describe_install, failed_mark, failed_path,
+                       foreign_backups, is_real_dir, next_backup, not_ours, read_info, remove,
+                       unshare_backup)
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-FICLONE = 0x40049409
-SWAP_ATOMIC = ("require", "allow")             # transfer.swap_atomic
-FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
-INFO = ".rb-install.json"                      # what an install is: when, from what, its checks
 
 
 def _renameat2(src: str, dst: str, flags: int) -> bool:
@@ -9546,125 +9895,11 @@ def _renameat2(src: str, dst: str, flags: int) -> bool:
     raise OSError(err, os.strerror(err), dst)
 
 
-def backups(dest: str) -> list[tuple[int, str]]:
-    """(number, path) of every name `DEST.rb-backup.N` beside `dest`, oldest first (whatever they
-    are: `backup_dirs` keeps the real directories)."""
-    parent, base = os.path.split(dest)
-    pat = re.compile(re.escape(base) + r"\.rb-backup\.([0-9]+)$")
-    found = []
-    for name in os.listdir(parent or "."):
-        m = pat.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(parent, name)))
-    return sorted(found)
-
-
-def backup_dirs(dest: str) -> list[tuple[int, str]]:
-    """The backups that are real directories of ours (a link named like one, or a directory
-    another user made there, is not ours to use: `foreign_backups` says why)."""
-    return [(n, p) for n, p in backups(dest) if _is_real_dir(p) and _not_ours(p) is None]
-
-
-def _not_ours(path: str) -> Optional[str]:
-    """Why the directory `path`, named like a backup, may have been planted by another user (None:
-    it cannot have been). In a private parent (rbkit.privacy) only this user and root make
-    entries, so every one is ours, whoever owns it (a previous install of another user, moved
-    aside by a swap). In a parent others can write (transfer.shared_parent: allow), one owned by
-    another user than this one or root, or writable by every user, is not ours: only root can
-    give a directory another owner, so one planted there keeps its planter's. Group write is not
-    judged: extraction keeps the source root's (umask 002)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if privacy.why_not_private(os.path.dirname(os.path.abspath(path)), os.geteuid()) is None:
-        return None
-    if st.st_uid not in (os.geteuid(), 0):
-        return (f"{path} is owned by {privacy.owner(st)}, not by "
-                f"{privacy.user_name(os.geteuid())}: not a "
-                "backup this kit made (another user can make a directory of that name beside "
-                "the destination); it is never restored, counted or removed: look at it and "
-                "remove it")
-    if stat.S_IMODE(st.st_mode) & 0o002:
-        return (f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): not a "
-                "backup this kit made; it is never restored, counted or removed: look at it and "
-                "remove it")
-    return None
-
-
-def foreign_backups(dest: str) -> list[str]:
-    """Why each directory named like a backup of `dest` is not one of ours (`_not_ours`)."""
-    return [why for _n, p in backups(dest) if _is_real_dir(p)
-            for why in [_not_ours(p)] if why is not None]
-
-
-def _is_real_dir(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _next_backup(dest: str) -> str:
-    found = backups(dest)
-    return f"{dest}.rb-backup.{(found[-1][0] + 1) if found else 1}"
-
-
 def _refuse_link(path: str, what: str) -> None:
     if os.path.islink(path):
         raise OSError(errno.ELOOP, f"the {what} {path} is a symlink to {os.readlink(path)}: refusing "
                       "to replace a link with a directory (its target would be left behind, and the "
                       f"next steps would act on the link); name {os.path.realpath(path)} itself")
-
-
-def failed_mark(path: str) -> Optional[str]:
-    """Why the install at `path` was rolled back (its checks failed), or None."""
-    got = safefs.read_in(path, FAILED_MARK, limit=64 << 10)
-    return got[0].decode("utf-8", "replace").strip() if got is not None else None
-
-
-def failed_path(dest: str) -> str:
-    """Where the one install whose checks failed is kept apart: `DEST.rb-failed` (never a backup:
-    never counted toward keep_backups, never restored without being named, replaced by the next
-    failure)."""
-    return os.path.abspath(dest) + ".rb-failed"
-
-
-def read_info(path: str) -> dict:
-    """The install's own record (INFO, written by the engine: `installed` (UTC, ISO 8601),
-    `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
-    failed: ...), `put_back_after`); {} when it has none or it is not one."""
-    got = safefs.read_in(path, INFO, limit=64 << 10)
-    try:
-        doc = json.loads(got[0]) if got is not None else {}
-    except ValueError:
-        doc = {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def write_info(path: str, **fields: object) -> dict:
-    """Merge `fields` into the install's record (a None value removes the key)."""
-    doc = read_info(path)
-    doc.update(fields)
-    doc = {k: v for k, v in doc.items() if v is not None}
-    safefs.write_in(path, INFO, json.dumps(doc, sort_keys=True).encode() + b"\n", 0o644)
-    return doc
-
-
-def set_checks(path: str, passed: bool, why: str = "") -> None:
-    """Record the checks' verdict on the install at `path`: passed (the failure mark removed), or
-    failed (marked: FAILED_MARK says why)."""
-    write_info(path, checks="passed" if passed else "failed: " + why)
-    if passed:
-        dir_fd = safefs.open_dir(path)
-        try:
-            os.unlink(FAILED_MARK, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(dir_fd)
-    else:
-        safefs.write_in(path, FAILED_MARK, why.encode("utf-8") + b"\n", 0o644)
 
 
 def _keep_failed(path: str, dest: str) -> str:
@@ -9678,31 +9913,6 @@ def _keep_failed(path: str, dest: str) -> str:
     os.rename(path, target)
     _sync_parent(os.path.dirname(target))
     return target
-
-
-def _size(path: str) -> int:
-    total = 0
-    for _rel, st in manifest.walk(path, ordered=False):
-        if stat.S_ISREG(st.st_mode):
-            total += st.st_size
-    return total
-
-
-def list_installs(dest: str) -> List[dict]:
-    """What `--list-backups` shows: each backup of `dest` (oldest first), the failed install kept
-    apart, and the one in place, each with `path`, `number` (None: not a backup), `kind`
-    (backup, failed, in place), its record (read_info), `failed` (failed_mark) and `size`."""
-    rows = [(n, p, "backup") for n, p in backup_dirs(dest)]
-    if _is_real_dir(failed_path(dest)):
-        rows.append((None, failed_path(dest), "failed"))
-    if _is_real_dir(dest):
-        rows.append((None, os.path.abspath(dest), "in place"))
-    out = []
-    for number, path, kind in rows:
-        info = read_info(path)
-        out.append({"number": number, "path": path, "kind": kind, "info": info,
-                    "failed": failed_mark(path), "size": _size(path)})
-    return out
 
 
 # -- the journal of a swap that is more than one rename ---------------------------------------
@@ -9814,7 +10024,7 @@ def recover_swap(dest: str) -> Optional[dict]:
         action, detail = "nothing", "the swap had not started; the previous install is in place"
     elif staging and _ino(staging) == ino:
         if doc["policy"] == "backup":
-            target = old_at if not os.path.lexists(old_at) else _next_backup(dest)
+            target = old_at if not os.path.lexists(old_at) else next_backup(dest)
             os.rename(staging, target)
             action, detail = "finished", f"the previous install moved to {target}"
         else:
@@ -9845,7 +10055,7 @@ def _recover_restore(dest: str, doc: dict, parent: str, old_at: str) -> dict:
         os.rename(old_at, dest)
         action, detail = "undone", f"the install that was current is back at {dest}"
     elif _ino(old_at) == ino:
-        os.rename(old_at, backup if not os.path.lexists(backup) else _next_backup(dest))
+        os.rename(old_at, backup if not os.path.lexists(backup) else next_backup(dest))
         action, detail = "finished", "the restored install is in place"
     else:
         action, detail = "nothing", "the restore had not started, or had finished"
@@ -9873,9 +10083,9 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
     recovered = recover_swap(dest)
     _refuse_link(dest, "destination")
     _refuse_link(staging, "staging directory")
-    if os.path.lexists(dest) and not _is_real_dir(dest):
+    if os.path.lexists(dest) and not is_real_dir(dest):
         raise FileExistsError(f"the destination {dest} exists and is not a directory")
-    if not _is_real_dir(staging):
+    if not is_real_dir(staging):
         raise FileNotFoundError(f"staging directory {staging} is missing")
     parent = os.path.dirname(os.path.abspath(dest))
     if os.path.dirname(os.path.abspath(staging)) != parent:
@@ -9892,7 +10102,7 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
         raise FileExistsError(f"{dest} exists and on_existing is refuse")
     # an install whose checks failed (on_failed_checks: keep) is kept apart, never as a backup
     was_failed = policy == "backup" and failed_mark(dest) is not None
-    old_at = (failed_path(dest) if was_failed else _next_backup(dest)) if policy == "backup" \
+    old_at = (failed_path(dest) if was_failed else next_backup(dest)) if policy == "backup" \
         else os.path.join(parent, "." + os.path.basename(os.path.abspath(dest)) + ".rb-old")
     if (policy != "backup" or was_failed) and os.path.lexists(old_at):
         remove(old_at)       # debris of an earlier replace (its journal is gone), an older failure
@@ -9935,14 +10145,6 @@ def _after_swap(result: dict, dest: str, keep_backups: Optional[int]) -> dict:
     return result
 
 
-def remove(path: str) -> None:
-    """Remove a directory tree, or a link or file (never what a link points to)."""
-    if _is_real_dir(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
 def prune_backups(dest: str, keep: int) -> List[str]:
     """Remove all but the `keep` newest good backups of `dest` (transfer.keep_backups, at least 1:
     the newest is what a rollback puts back). A backup marked as failed its checks (left by an
@@ -9959,96 +10161,6 @@ def prune_backups(dest: str, keep: int) -> List[str]:
         shutil.rmtree(path)
         removed.append(path)
     return removed
-
-
-def _copy_over(root: str, rel: str, st: os.stat_result) -> bool:
-    """Replace `rel` in `root` with a copy of itself (a new inode, same content, mode, owner and
-    times): a reflink where the file system has them (free), else an in-kernel copy. True when
-    it was a reflink."""
-    head, name = os.path.split(rel)
-    dir_fd = safefs.open_dir(root, head)
-    try:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        try:
-            if (os.fstat(src).st_ino, os.fstat(src).st_dev) != (st.st_ino, st.st_dev):
-                raise OSError(errno.ESTALE, "changed while the tree was walked", rel)
-            fd, tmp = safefs.make_temp(dir_fd, name, 0o600)
-            try:
-                try:
-                    fcntl.ioctl(fd, FICLONE, src)
-                    cloned = True
-                except OSError:
-                    cloned = False
-                    offset = 0
-                    while offset < st.st_size:
-                        n = os.sendfile(fd, src, offset, min(1 << 30, st.st_size - offset))
-                        if n == 0:
-                            break
-                        offset += n
-                os.fchown(fd, st.st_uid, st.st_gid)
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))          # after chown, which clears setuid
-                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except (OSError, UnboundLocalError):
-                pass
-            raise
-        finally:
-            os.close(src)
-    finally:
-        os.close(dir_fd)
-    return cloned
-
-
-def unshare_backup(backup: str, dest: str) -> dict:
-    """Make `backup` independent of the live install at `dest`: each file of it that is the same
-    inode as the same path in `dest` (an incremental install hard-links the unchanged files of
-    the previous install into its staging) is replaced in the backup by a copy with the same
-    content, mode, owner and times. Then a later in-place write to the live install (a tool that
-    rewrites a file instead of replacing it) cannot change the backup a rollback would put back.
-    The live install keeps its inodes. A reflink where the file system has them costs nothing;
-    elsewhere it is a local copy of the unchanged bytes, made after the swap, so the new install
-    is in place no later. Returns {"files", "bytes", "reflinked"}."""
-    files = nbytes = reflinked = 0
-    for rel, st in manifest.walk(backup):
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
-            continue
-        try:
-            live = os.lstat(os.path.join(dest, rel))
-        except OSError:
-            continue
-        if (live.st_dev, live.st_ino) != (st.st_dev, st.st_ino):
-            continue
-        reflinked += _copy_over(backup, rel, st)
-        files += 1
-        nbytes += st.st_size
-    return {"files": files, "bytes": nbytes, "reflinked": reflinked}
-
-
-def describe_install(path: str) -> dict:
-    """What an install is, for a restore's report: where, the source it was made from, whether
-    it was rolled back for failed checks, and a stat check of it against its own manifest (a file
-    changed since it was installed, e.g. written in place, is named)."""
-    out: dict = {"path": path, "failed": failed_mark(path), "info": read_info(path)}
-    got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
-    if got is None:
-        out.update(source_fingerprint=None,
-                   tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
-        return out
-    try:
-        lines = [json.loads(line) for line in got[0].decode("utf-8").splitlines() if line.strip()]
-        m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
-    except (ValueError, KeyError, IndexError):
-        out.update(source_fingerprint=None,
-                   tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"})
-        return out
-    out["source_fingerprint"] = m["header"].get("source_fingerprint")
-    out["tree_check"] = manifest.check_tree(path, m)
-    return out
 
 
 def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
@@ -10084,19 +10196,19 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
     found = dict(backup_dirs(dest))
     foreign = foreign_backups(dest)
     if from_failed:
-        if not _is_real_dir(failed_path(dest)):
+        if not is_real_dir(failed_path(dest)):
             raise FileNotFoundError(f"{failed_path(dest)} is not there to put back")
         return _exchange(dest, failed_path(dest), failed, swap_atomic, {
             "restored": failed_path(dest), "skipped": [], "ignored": foreign,
             "why": "the install this run replaced (its checks had failed before)"})
     if number is not None and number not in found:
-        why = _not_ours(f"{dest}.rb-backup.{number}")
+        why = not_ours(f"{dest}.rb-backup.{number}")
         if why:
             raise PermissionError(f"refusing to restore backup {number}: {why}")
     apart = failed_path(dest)
     apart_note = (f"; the install whose checks failed is kept apart at {apart} and is never "
                   "restored by --restore: move it back by hand if you mean to"
-                  if _is_real_dir(apart) else "")
+                  if is_real_dir(apart) else "")
     if not found:
         raise FileNotFoundError(f"no backup of {dest} to restore (no {dest}.rb-backup.N)"
                                 + apart_note
@@ -10160,7 +10272,7 @@ def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str,
             safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
         kept = _keep_failed(source, dest)
     else:
-        kept = _next_backup(dest)
+        kept = next_backup(dest)
         os.rename(source, kept)
         _sync_parent(os.path.dirname(kept))
     return dict(done, kept_current_as=kept, kept_failed=bool(current_failed), atomic=atomic)
@@ -10189,11 +10301,11 @@ goes to the same thread, in order): one file's digest is sequential work (sha256
 1 GB/s a core), so on a host with cores to spare big files are hashed side by side. The parser
 hands a big file's pieces to its thread and goes on to the next member without waiting for them
 to be hashed, up to a byte budget for all threads together (`budget`: bounded memory; an eighth
-of the memory available, 64 MiB to 1 GiB). With a small per-thread limit instead, the parser
-waited on each big file in turn and the stream ran at one core's hashing rate. Each hand-over
-costs wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
-everything in the one thread (engine.receive: no workers): on the lab's two cores that took
-0.9 s of CPU for the torch venv's 900 MB, against 1.05 s with a parser thread and one hasher.
+of the memory available, 64 MiB to 1 GiB): with a small per-thread limit the parser would wait on
+each big file in turn and the stream run at one core's hashing rate. Each hand-over costs
+wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
+everything in the one thread (engine.receive: no workers), which costs less CPU there than a
+parser thread and one hasher (docs/benchmarks.md, "Figures behind choices in the code").
 
 stdlib only; Python >= 3.9.
 """
@@ -10210,8 +10322,8 @@ from . import manifest
 BLOCK = 512
 CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
 PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
-INLINE = 64 << 10          # files up to this size are hashed by the parser's thread (the H200's venv:
-                           # 0.5 GB in 3,060 files between 64 KiB and 1 MiB taken off it)
+INLINE = 64 << 10          # files up to this size are hashed by the parser's thread, bigger ones
+                           # by the hashing threads (docs/benchmarks.md: what it takes off it)
 BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30   # bytes handed to hashing threads, not yet hashed
 F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
 REGULAR = (b"0", b"\0", b"7")
@@ -11036,15 +11148,14 @@ from .result import Context, Unavailable, failed, passed, short_list
 #          (the size of one product term, so sqrt(K) * s is the size of an element of C): the
 #          first term for partial sums kept in the dtype (split-K reductions in reduced
 #          precision), the second for float32 accumulation over K terms (its rounding errors
-#          grow with K, not sqrt(K): on the H200 a float32 8192^3 product is off by 4.2e-6 of
-#          max|C|, as that predicts).
+#          grow with K, not sqrt(K); docs/probes.md has what a float32 8192^3 product on the
+#          H200 was off by, as that predicts).
 # float32 runs with TF32 off (restored afterwards), so its tolerance is float32's own.
 EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 EPS_ACC = 2.0 ** -23
 ATOL_DTYPE = 2.0
 ATOL_ACC = 8.0
 WORST_LISTED = 5
-TOLERANCE = EPS  # the dtypes this check knows (kept for callers of the old name)
 FULL_ROWS = 1024  # the device's float64 reference is compared with the CPU's on this many
 FULL_COLS = 8192  # sampled rows (and every column up to FULL_COLS, else FULL_ROWS of them)
 REF_AGREE = 1e-9  # largest relative difference between the two float64 references
@@ -11744,16 +11855,15 @@ import fnmatch
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from . import arch, cudalibs, driver, fatbin, venvfs
+from . import arch, cudalibs, decompress, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
 from .workers import over_workers
 
 _SUFFIXES = (".so", ".cubin", ".fatbin")
 # Libraries whose vendor dispatches per arch by design: a unit without the target's code is
-# a note there, not a failure (NVIDIA's math libraries: libcublasLt.so.13 has no sm_103 code
-# in 1534 of its 2782 units and launches only the kernels it has for the device).
+# a note there, not a failure (NVIDIA's math libraries: libcublasLt has no sm_103 code in many
+# of its units and launches only the kernels it has for the device; docs/probes.md counts them).
 DEFAULT_PARTIAL_OK = ["nvidia/*"]
-DECODE_BUDGET = fatbin.FILE_INPUT_BUDGET  # the old name; the decoding limits: fatbin.py
 UNITS_LISTED = 20  # units without a path listed per file
 
 
@@ -11871,13 +11981,13 @@ def _arch_specific(unit: List[fatbin.Container]) -> bool:
 
 def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
              ptx_max: Optional[Tuple[int, int]], waived: bool,
-             strict: bool = False, run: Optional[fatbin.DecodeBudget] = None) -> Dict[str, Any]:
+             strict: bool = False, run: Optional[decompress.DecodeBudget] = None) -> Dict[str, Any]:
     """Per-file facts: units with and without a path, the kernels of the latter, problems.
     Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
     unless `strict`. `run`: the audit run's decoding budget and deadline (a fresh one when not
     given); a unit a limit left undecoded is `unproven`, a problem: it may hold kernels."""
     if run is None:
-        run = fatbin.DecodeBudget()
+        run = decompress.DecodeBudget()
         try:
             return _examine(scan, buf, target, ptx_max, waived, strict, run)
         finally:
@@ -11903,7 +12013,7 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             lacking.append((unit, what))
     # A waived file with some unit that runs needs no decoding: it is a note either way.
     decode = not (waived and (with_path["sass"] or with_path["ptx"]))
-    budget = [fatbin.FILE_INPUT_BUDGET]
+    budget = [decompress.FILE_INPUT_BUDGET]
     for unit, what in lacking:
         label = (unit[0].label if len(unit) == 1
                  else "%s (%d embedded containers)" % (unit[0].section, len(unit)))
@@ -12012,7 +12122,7 @@ def audit_jobs(sizes: List[int]) -> int:
 
 def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
                 driver_ptx_max: Optional[Tuple[int, int]], globs: List[str],
-                strict: bool, run: Optional[fatbin.DecodeBudget] = None
+                strict: bool, run: Optional[decompress.DecodeBudget] = None
                 ) -> Optional[Dict[str, Any]]:
     """One candidate file's part of `audit`: None (not ELF), {"skipped": path} (not a regular
     file), else {"errors": [...], "seen": [entry facts], "file": its row when it has GPU code}.
@@ -12100,7 +12210,7 @@ def audit(
                 todo.append((path, path == r))
                 sizes.append(size)
     n = audit_jobs(sizes) if jobs is None else jobs
-    run = fatbin.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
+    run = decompress.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
     try:
         records, workers = over_workers(
             lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
@@ -12142,8 +12252,8 @@ def audit(
         "arch_specific": having(lambda f: f.get("units_arch_specific")),
         "unreadable": having(lambda f: f["verdict"] == "unreadable" or f.get("unreadable")),
         "unproven": having(lambda f: f.get("unproven")),
-        "decode_limits": {"entry_cap": fatbin.ENTRY_CAP, "output": run.output,
-                          "seconds": run.seconds, "file_input": fatbin.FILE_INPUT_BUDGET},
+        "decode_limits": {"entry_cap": decompress.ENTRY_CAP, "output": run.output,
+                          "seconds": run.seconds, "file_input": decompress.FILE_INPUT_BUDGET},
         "unknown_kinds": having(lambda f: f.get("unknown_kinds")),
         "partial_ok": globs,
         "strict": strict,
@@ -12152,7 +12262,7 @@ def audit(
         "lto": overall["lto"],
         "ptx_versions": overall["ptx_versions"],
         "compressed_entries": overall["compressed"],
-        "zstd_decoder": fatbin.zstd_decoder(),
+        "zstd_decoder": decompress.zstd_decoder(),
         "missing_paths": missing_paths,
         "skipped_not_regular": skipped,
         "errors": errors,
@@ -12295,6 +12405,9 @@ import shlex
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
+from rbrules import links
+from rbrules.links import PYTHON_NAME
+
 from . import proc, venvfs
 from .result import Context, failed, passed, short_list
 
@@ -12303,7 +12416,6 @@ TRAMPOLINE = re.compile(rb"^'''exec' (.*)$")  # pip/distlib/uv's form for long s
 # the form that names no path: the interpreter beside the script (what relocation writes for a
 # venv path that is too long for a shebang or is not plain path characters)
 BESIDE = re.compile(rb'''^'\'\'exec' "\$\(dirname -- "\$\(realpath -- "\$0"\)"\)/([A-Za-z0-9._+-]+)" "\$0" "\$@"$''')
-PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*$")
 PYTHON_START_S = 60
 SCAN_LIMIT = 256 << 20  # bytes of one bin/ file searched for the old prefix
 
@@ -12670,6 +12782,7 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
                         refs.append(_ref("editable", os.path.join(rel, "direct_url.json"),
                                          target, " ".join(stem.split("-", 1))))
     interp_dirs = [d for d in (home,) if d]
+    lookup = venvfs.link_lookup(venv)
     for top, entry in venvfs.walk(venv):
         if not entry.is_symlink():
             continue
@@ -12678,10 +12791,12 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
             text = os.readlink(entry.path)
         except OSError:
             continue
-        target = os.path.normpath(os.path.join(top, text))
-        if not outside(target):
+        if not links.leaves(rel, text, lookup, roots):
             continue
-        if (os.path.dirname(rel) == "bin" and PYTHON_NAME.match(entry.name)
+        target = os.path.normpath(os.path.join(top, text))
+        if not outside(target):  # through a link (`x -> dot/..`): the lexical path lies
+            target = os.path.realpath(entry.path)
+        if (links.interpreter_link(rel)
                 and (any(venvfs.inside(os.path.realpath(target), [os.path.realpath(d)])
                          or venvfs.inside(target, [d]) for d in interp_dirs)
                      or not interp_dirs)):
@@ -12939,8 +13054,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(report.table(doc["checks"]) + "\n" + report.summary_line(doc) + "\n")
         code = EXIT_FAIL if doc["summary"].get("fail") else EXIT_OK
         # The report is written. Leave without the interpreter's teardown: a stuck check's
-        # thread (_stopped) would be waited for, and with torch loaded the teardown alone takes
-        # 0.3-1 s of the probe step for nothing.
+        # thread (_stopped) would be waited for, and with torch loaded the teardown alone is a
+        # noticeable part of the probe step, for nothing.
         _hard_exit(code)
     if args.command == "preflight":
         return _preflight(args)
@@ -13178,6 +13293,374 @@ def loaded_libraries(maps_text: str) -> List[Tuple[str, str]]:
             out.append((fam, path))
     return out
 RB_PY_8EEA011D
+  cat >"${dir}"/rbprobes/decompress.py <<'RB_PY_2B375D53'
+"""Decoding fatbin payloads: the LZ4 block and Zstandard decoders and the limits they work within
+(rbprobes.fatbin reads the format and calls these on an entry's stored bytes). Stdlib only:
+zstd through Python 3.14's compression.zstd, the zstandard module, or libzstd.so.1 by ctypes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import List, Optional, Tuple
+
+# Decoding payloads: only for units without a path to the target (are there kernels in them,
+# and which?). The limits, all here, so that a few small entries that declare huge outputs cannot
+# cost the source's preflight seconds and hundreds of MB (what they cost unbounded, and the
+# largest real entries seen: docs/benchmarks.md, "Figures behind choices in the code"):
+#  - ENTRY_CAP: one entry's decoded size, above the largest real entries seen; an entry that
+#    declares more is not decoded.
+#  - AUDIT_OUTPUT_BUDGET: decoded bytes for a whole audit run (every file, every worker).
+#  - AUDIT_DEADLINE_S: seconds after the audit's start after which nothing more is decoded.
+#  - FILE_INPUT_BUDGET: compressed bytes decoded per file (checks_static).
+# Every decoder stops at the entry's declared size (more output is Unreadable: corrupt) and
+# checks the deadline as it goes (every DECODE_CHUNK of output at most); an entry the budget,
+# the deadline or the cap leaves undecoded is NotDecoded: its unit is not proven, never passed.
+ENTRY_CAP = 128 << 20
+AUDIT_OUTPUT_BUDGET = 2 << 30
+AUDIT_DEADLINE_S = 60.0
+FILE_INPUT_BUDGET = 64 << 20
+DECODE_CHUNK = 4 << 20
+_TOKEN = 1 << 20  # the run's output budget is shared as tokens of this many bytes
+
+
+class Unreadable(ValueError):
+    """A payload that cannot be decoded: corrupt, truncated, or larger than it says."""
+
+
+class NotDecoded(Unreadable):
+    """A payload left undecoded by a limit (ENTRY_CAP, the run's output budget or deadline):
+    nothing is known of it, so what depends on it is not proven."""
+
+
+def mib(n: int) -> str:
+    return "%d MiB" % (n >> 20) if n >= 1 << 20 else "%d bytes" % n
+
+
+class DecodeBudget:
+    """What one audit run may decode: `output` bytes of decoded output in all, and nothing once
+    `seconds` have passed since it was made. Shared by the run's forked workers: the bytes are
+    tokens of _TOKEN bytes in a pipe (a read takes, a write gives back, both atomic), taken
+    before an entry is decoded (its declared size) and the unused part given back after. A
+    process keeps less than one token between entries. `close()` when the run is done."""
+
+    def __init__(self, output: Optional[int] = None, seconds: Optional[float] = None):
+        self.output = AUDIT_OUTPUT_BUDGET if output is None else output
+        self.seconds = AUDIT_DEADLINE_S if seconds is None else seconds
+        self.deadline = time.monotonic() + self.seconds
+        output = self.output
+        self._held = 0  # bytes this process took from the pipe and did not use yet
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        tokens = output // _TOKEN
+        while tokens > 0:  # more than the pipe holds: only the first pipeful (64 GiB on Linux)
+            try:
+                tokens -= os.write(self._w, b"\0" * min(tokens, 1 << 16))
+            except BlockingIOError:
+                break
+        os.set_blocking(self._w, False)
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._r = self._w = -1
+
+    def expired(self) -> Optional[str]:
+        if time.monotonic() > self.deadline:
+            return "the audit's decoding deadline (%g s) passed" % self.seconds
+        return None
+
+    def take(self, size: int) -> None:
+        """Room for `size` decoded bytes, or NotDecoded (the deadline passed, the budget spent)."""
+        why = self.expired()
+        if why:
+            raise NotDecoded("not decoded: %s" % why)
+        need = -(-(size - self._held) // _TOKEN)
+        got = 0
+        while got < need:
+            try:
+                chunk = os.read(self._r, need - got)
+            except (BlockingIOError, OSError):
+                chunk = b""
+            if not chunk:
+                break
+            got += len(chunk)
+        if got < need:
+            self._give(got)
+            raise NotDecoded("not decoded: the audit's budget of %s of decoded output is spent "
+                             "(this entry declares %s)" % (mib(self.output), mib(size)))
+        self._held += got * _TOKEN
+
+    def used(self, n: int) -> None:
+        """`n` of the bytes taken were decoded; whole tokens not used go back to the pipe."""
+        self._held = max(0, self._held - n)
+        back = self._held // _TOKEN
+        if back:
+            self._held -= back * _TOKEN
+            self._give(back)
+
+    def _give(self, tokens: int) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._w, b"\0" * tokens)
+
+
+def _past(deadline: Optional[float], produced: int):
+    """Raise NotDecoded when the deadline passed (`produced` bytes were decoded by then)."""
+    if deadline is not None and time.monotonic() > deadline:
+        exc = NotDecoded("not decoded: the audit's decoding deadline passed")
+        exc.produced = produced  # type: ignore[attr-defined]
+        raise exc
+
+
+def zstd_decompress(raw: bytes, limit: int, deadline: Optional[float] = None):
+    """At most `limit` bytes out of one zstd frame, DECODE_CHUNK at a time (stopped at
+    `deadline`, a time.monotonic() value); None when no decoder is available."""
+    try:
+        from compression import zstd  # type: ignore  # Python 3.14+
+    except ImportError:
+        zstd = None
+    if zstd is not None:
+        d = zstd.ZstdDecompressor()
+        out = bytearray()
+        data = raw
+        try:
+            while not d.eof:
+                _past(deadline, len(out))
+                out += d.decompress(data, max_length=min(DECODE_CHUNK, limit + 1 - len(out)))
+                data = b""
+                if len(out) > limit:
+                    raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
+                if d.needs_input and not d.eof:
+                    raise Unreadable("truncated zstd frame")
+        except zstd.ZstdError as exc:
+            raise Unreadable("zstd: %s" % exc) from None
+        return out
+    try:
+        import zstandard  # type: ignore
+    except ImportError:
+        zstandard = None
+    if zstandard is not None:
+        out = bytearray()
+        try:
+            declared = zstandard.frame_content_size(raw)
+            if declared > limit:
+                raise Unreadable("zstd frame declares %d bytes, the entry %d" % (declared, limit))
+            with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+                while True:
+                    _past(deadline, len(out))
+                    chunk = reader.read(min(DECODE_CHUNK, limit + 1 - len(out)))
+                    if not chunk:
+                        break
+                    out += chunk
+                    if len(out) > limit:
+                        raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
+        except zstandard.ZstdError as exc:
+            raise Unreadable("zstd: %s" % exc) from None
+        if 0 <= declared != len(out):  # the reader ends quietly where the input does
+            raise Unreadable("truncated zstd frame")
+        return out
+    lib = _libzstd()
+    if lib is None:
+        return None
+    return _libzstd_stream(lib, raw, limit, deadline)
+
+
+def _libzstd_stream(lib, raw: bytes, limit: int, deadline: Optional[float]) -> bytearray:
+    """One zstd frame through libzstd's streaming API, straight into the bytearray it returns
+    (as large as the frame declares, plus one byte to see more; grown a chunk at a time when it
+    does not say), DECODE_CHUNK of output per call."""
+    import ctypes
+
+    declared = lib.ZSTD_getFrameContentSize(raw, len(raw))
+    known = declared < (1 << 64) - 2  # not UNKNOWN (-1) nor ERROR (-2)
+    if known and declared > limit:
+        raise Unreadable("zstd frame declares %d bytes, the entry %d" % (declared, limit))
+    most = declared if known else limit
+    out = bytearray((declared if known else min(DECODE_CHUNK, limit)) + 1)
+    pos = 0
+    src = ctypes.c_char_p(raw)  # raw's own bytes, not a copy
+    inb = _ZstdIn(ctypes.cast(src, ctypes.c_void_p), len(raw), 0)
+    ds = lib.ZSTD_createDStream()
+    if not ds:
+        raise MemoryError("ZSTD_createDStream")
+    try:
+        lib.ZSTD_initDStream(ds)
+        while True:
+            _past(deadline, pos)
+            if pos == len(out):  # a frame that does not say its size: room for a chunk more
+                out.extend(bytes(min(DECODE_CHUNK, most + 1 - pos)))
+            view = (ctypes.c_char * (len(out) - pos)).from_buffer(out, pos)
+            outb = _ZstdOut(ctypes.addressof(view), min(DECODE_CHUNK, len(out) - pos), 0)
+            ret = lib.ZSTD_decompressStream(ds, ctypes.byref(outb), ctypes.byref(inb))
+            del view
+            if lib.ZSTD_isError(ret):
+                raise Unreadable("zstd: %s" % lib.ZSTD_getErrorName(ret).decode("ascii",
+                                                                                "replace"))
+            pos += outb.pos
+            if pos > most:
+                raise Unreadable("zstd output exceeds the declared %d bytes" % most)
+            if ret == 0:
+                break
+            if inb.pos == inb.size and outb.pos < outb.size:
+                raise Unreadable("truncated zstd frame")
+    finally:
+        lib.ZSTD_freeDStream(ds)
+    del out[pos:]
+    return out
+
+
+_LIBZSTD: List[object] = []
+
+
+def _zstd_types():
+    import ctypes
+
+    class _In(ctypes.Structure):
+        _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t),
+                    ("pos", ctypes.c_size_t)]
+
+    class _Out(ctypes.Structure):
+        _fields_ = [("dst", ctypes.c_void_p), ("size", ctypes.c_size_t),
+                    ("pos", ctypes.c_size_t)]
+
+    return _In, _Out
+
+
+def _libzstd():
+    """libzstd.so.1 through ctypes (present on most Linux hosts), or None."""
+    global _ZstdIn, _ZstdOut
+    if not _LIBZSTD:
+        lib = None
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libzstd.so.1")
+            size_t, vp = ctypes.c_size_t, ctypes.c_void_p
+            lib.ZSTD_isError.restype = ctypes.c_uint
+            lib.ZSTD_isError.argtypes = [size_t]
+            lib.ZSTD_getErrorName.restype = ctypes.c_char_p
+            lib.ZSTD_getErrorName.argtypes = [size_t]
+            lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
+            lib.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, size_t]
+            lib.ZSTD_createDStream.restype = vp
+            lib.ZSTD_createDStream.argtypes = []
+            lib.ZSTD_initDStream.restype = size_t
+            lib.ZSTD_initDStream.argtypes = [vp]
+            lib.ZSTD_freeDStream.restype = size_t
+            lib.ZSTD_freeDStream.argtypes = [vp]
+            _ZstdIn, _ZstdOut = _zstd_types()
+            lib.ZSTD_decompressStream.restype = size_t
+            lib.ZSTD_decompressStream.argtypes = [vp, ctypes.POINTER(_ZstdOut),
+                                                  ctypes.POINTER(_ZstdIn)]
+        except (OSError, AttributeError):
+            lib = None
+        _LIBZSTD.append(lib)
+    return _LIBZSTD[0]
+
+
+_ZstdIn = _ZstdOut = None
+
+
+def zstd_decoder() -> Optional[str]:
+    """Which zstd decoder this host has ("compression.zstd", "zstandard", "libzstd"), or None."""
+    try:
+        from compression import zstd  # type: ignore  # noqa: F401
+
+        return "compression.zstd"
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore  # noqa: F401
+
+        return "zstandard"
+    except ImportError:
+        pass
+    return "libzstd" if _libzstd() is not None else None
+
+
+def _lz4_length(src: bytes, i: int, length: int, room: int) -> Tuple[int, int]:
+    """A 4-bit length of 15 continues in bytes of 255 until one is smaller. `room`: the output
+    left; a longer length is refused as soon as it is seen."""
+    if length != 15:
+        return length, i
+    n = len(src)
+    while True:
+        if i >= n:
+            raise Unreadable("truncated LZ4 block: a length runs past the input")
+        extra = src[i]
+        i += 1
+        length += extra
+        if length > room:
+            raise Unreadable("LZ4 output exceeds the declared size")
+        if extra != 255:
+            return length, i
+
+
+def lz4_block_decompress(src: bytes, size: int, deadline: Optional[float] = None) -> bytearray:
+    """Decode one LZ4 block (the format of flag 0x2000) into at most `size` bytes (the entry's
+    declared uncompressed size). Raises Unreadable for output past `size`, a match before the
+    start of the output, or input that ends in the middle of a sequence; NotDecoded once
+    `deadline` (a time.monotonic() value) has passed, checked every 1024 sequences and every
+    DECODE_CHUNK of a long match."""
+    if size > ENTRY_CAP:
+        raise NotDecoded("not decoded: declared size %d exceeds the %d-byte cap for one entry"
+                         % (size, ENTRY_CAP))
+    dst = bytearray()
+    try:
+        _lz4_into(dst, src, size, deadline)
+    except Unreadable as exc:
+        exc.produced = len(dst)  # type: ignore[attr-defined]
+        raise
+    return dst
+
+
+def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) -> None:
+    i, n = 0, len(src)
+    steps = 0
+    while i < n:
+        steps += 1
+        if deadline is not None and not steps & 1023:
+            _past(deadline, len(dst))
+        token = src[i]
+        i += 1
+        length, i = _lz4_length(src, i, token >> 4, size - len(dst))
+        if i + length > n:
+            raise Unreadable("truncated LZ4 block: %d literal bytes past the input" % (
+                i + length - n))
+        if len(dst) + length > size:
+            raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
+        dst += src[i:i + length]
+        i += length
+        if i >= n or len(dst) == size:
+            break  # the last sequence has literals only
+        if i + 2 > n:
+            raise Unreadable("truncated LZ4 block: no room for a match offset")
+        offset = src[i] | (src[i + 1] << 8)
+        i += 2
+        if offset == 0 or offset > len(dst):
+            raise Unreadable("corrupt LZ4 block: match offset %d at output %d"
+                             % (offset, len(dst)))
+        length, i = _lz4_length(src, i, token & 15, size - len(dst))
+        length += 4
+        if len(dst) + length > size:
+            raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
+        start = len(dst) - offset
+        if offset >= length:
+            dst += dst[start:start + length]
+            continue
+        # overlapping: the last `offset` bytes repeat. Appended a block of whole periods at a
+        # time (at most about DECODE_CHUNK), so a long match costs no more memory than that
+        # and the deadline is looked at between blocks.
+        period = bytes(dst[start:])
+        block = period * (min(length, DECODE_CHUNK) // offset + 1)
+        while length > len(block):
+            _past(deadline, len(dst))
+            dst += block
+            length -= len(block)
+        dst += block[:length]
+RB_PY_2B375D53
   cat >"${dir}"/rbprobes/driver.py <<'RB_PY_FD5DB10E'
 """The NVIDIA driver on this host: its version, the CUDA version it supports, and from that the
 newest PTX ISA its JIT compiler accepts.
@@ -13534,7 +14017,7 @@ Where GPU code lives in a shared object:
   which containers form one module: nvcc 13's `-shared` (and any device link) writes a version-2
   wrapper for the device-linked container and version-1 wrappers for each translation unit's own
   container; the runtime may fall back from the linked cubin to those units' PTX, so together
-  they are one module (see `Scan.modules`).
+  they are one module (see `Scan.units`).
 
 A section holds one or more *containers*, back to back (8-byte aligned):
 
@@ -13571,10 +14054,10 @@ import os
 import re
 import stat
 import struct
-import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from . import arch, elf
+from . import arch, decompress, elf
+from .decompress import DecodeBudget, NotDecoded, Unreadable
 
 FATBIN_MAGIC = 0xBA55ED50
 WRAPPER_MAGIC = 0x466243B1
@@ -13595,8 +14078,8 @@ RUNTIME_SECTION = ".nv_fatbin"
 RELOCATABLE_SECTION = "__nv_relfatbin"
 WRAPPER_SECTION = ".nvFatBinSegment"
 # Data sections where a library may keep fatbins it loads itself (cuModuleLoadData,
-# cuLibraryLoadData): libcufft.so.12 keeps ~24,000 containers in .ldata and a single sm_75 one in
-# .nv_fatbin. Searched only in files that have one of the sections above.
+# cuLibraryLoadData; libcufft keeps most of its containers in .ldata, see docs/probes.md).
+# Searched only in files that have one of the sections above.
 EMBEDDED_PREFIXES = (".rodata", ".lrodata", ".data", ".ldata")
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -13679,11 +14162,6 @@ class Scan(NamedTuple):
                if c.section == RELOCATABLE_SECTION and c.wrapper == 1 and c not in rt]
         units = [[c] + rdc if c.wrapper == 2 and rdc else [c] for c in rt]
         return units + ([embedded] if embedded else [])
-
-    @property
-    def modules(self) -> List[List[Container]]:
-        """The old name of `units`."""
-        return self.units
 
     @property
     def entries(self) -> List[Entry]:
@@ -13883,116 +14361,13 @@ def mapped(path: str, embedded: bool = True, follow: bool = False):
         os.close(fd)
 
 
-# Decoding payloads: only for units without a path to the target (are there kernels in them,
-# and which?). The limits, all here (issue 33 N8: ten 1 MB LZ4 entries that expanded to 256 MB
-# each took 9.7 s and 552 MB in the source preflight):
-#  - ENTRY_CAP: one entry's decoded size. The largest real entries seen: 70.9 MB (PTX of
-#    compute_75 in libcusparseLt.so.0, cusparselt-cu13 0.8.1), 48.8 MB (libcudnn_engines_
-#    precompiled.so.9), 42.3 MB (libtorch_cuda.so, torch 2.14.1); an entry that declares more
-#    is not decoded.
-#  - AUDIT_OUTPUT_BUDGET: decoded bytes for a whole audit run (every file, every worker).
-#  - AUDIT_DEADLINE_S: seconds after the audit's start after which nothing more is decoded.
-#  - FILE_INPUT_BUDGET: compressed bytes decoded per file (checks_static).
-# Every decoder stops at the entry's declared size (more output is Unreadable: corrupt) and
-# checks the deadline as it goes (every DECODE_CHUNK of output at most); an entry the budget,
-# the deadline or the cap leaves undecoded is NotDecoded: its unit is not proven, never passed.
-ENTRY_CAP = 128 << 20
-AUDIT_OUTPUT_BUDGET = 2 << 30
-AUDIT_DEADLINE_S = 60.0
-FILE_INPUT_BUDGET = 64 << 20
-DECODE_CHUNK = 4 << 20
-DECODE_CAP = ENTRY_CAP  # the old name
-_TOKEN = 1 << 20  # the run's output budget is shared as tokens of this many bytes
-
-
-class Unreadable(ValueError):
-    """A payload that cannot be decoded: corrupt, truncated, or larger than it says."""
-
-
-class NotDecoded(Unreadable):
-    """A payload left undecoded by a limit (ENTRY_CAP, the run's output budget or deadline):
-    nothing is known of it, so what depends on it is not proven."""
-
-
-def _mib(n: int) -> str:
-    return "%d MiB" % (n >> 20) if n >= 1 << 20 else "%d bytes" % n
-
-
-class DecodeBudget:
-    """What one audit run may decode: `output` bytes of decoded output in all, and nothing once
-    `seconds` have passed since it was made. Shared by the run's forked workers: the bytes are
-    tokens of _TOKEN bytes in a pipe (a read takes, a write gives back, both atomic), taken
-    before an entry is decoded (its declared size) and the unused part given back after. A
-    process keeps less than one token between entries. `close()` when the run is done."""
-
-    def __init__(self, output: Optional[int] = None, seconds: Optional[float] = None):
-        self.output = AUDIT_OUTPUT_BUDGET if output is None else output
-        self.seconds = AUDIT_DEADLINE_S if seconds is None else seconds
-        self.deadline = time.monotonic() + self.seconds
-        output = self.output
-        self._held = 0  # bytes this process took from the pipe and did not use yet
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        tokens = output // _TOKEN
-        while tokens > 0:  # more than the pipe holds: only the first pipeful (64 GiB on Linux)
-            try:
-                tokens -= os.write(self._w, b"\0" * min(tokens, 1 << 16))
-            except BlockingIOError:
-                break
-        os.set_blocking(self._w, False)
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._r = self._w = -1
-
-    def expired(self) -> Optional[str]:
-        if time.monotonic() > self.deadline:
-            return "the audit's decoding deadline (%g s) passed" % self.seconds
-        return None
-
-    def take(self, size: int) -> None:
-        """Room for `size` decoded bytes, or NotDecoded (the deadline passed, the budget spent)."""
-        why = self.expired()
-        if why:
-            raise NotDecoded("not decoded: %s" % why)
-        need = -(-(size - self._held) // _TOKEN)
-        got = 0
-        while got < need:
-            try:
-                chunk = os.read(self._r, need - got)
-            except (BlockingIOError, OSError):
-                chunk = b""
-            if not chunk:
-                break
-            got += len(chunk)
-        if got < need:
-            self._give(got)
-            raise NotDecoded("not decoded: the audit's budget of %s of decoded output is spent "
-                             "(this entry declares %s)" % (_mib(self.output), _mib(size)))
-        self._held += got * _TOKEN
-
-    def used(self, n: int) -> None:
-        """`n` of the bytes taken were decoded; whole tokens not used go back to the pipe."""
-        self._held = max(0, self._held - n)
-        back = self._held // _TOKEN
-        if back:
-            self._held -= back * _TOKEN
-            self._give(back)
-
-    def _give(self, tokens: int) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._w, b"\0" * tokens)
-
-
 def _limit(entry: Entry) -> int:
     if entry.compression and entry.size <= 0:
         raise Unreadable("%s entry declares no uncompressed size" % entry.compression)
-    if entry.size > ENTRY_CAP:
+    if entry.size > decompress.ENTRY_CAP:
         raise NotDecoded("not decoded: declares %d decoded bytes, more than the cap for one "
                          "entry (%s; the largest real entry seen has 71 MB)"
-                         % (entry.size, _mib(ENTRY_CAP)))
+                         % (entry.size, decompress.mib(decompress.ENTRY_CAP)))
     return entry.size
 
 
@@ -14017,13 +14392,13 @@ def payload(buf, entry: Entry, budget: Optional[DecodeBudget] = None):
     produced = limit
     try:
         if entry.compression == "lz4":
-            out = lz4_block_decompress(raw, limit, deadline)
+            out = decompress.lz4_block_decompress(raw, limit, deadline)
         elif not raw.startswith(_ZSTD_MAGIC):
             raise Unreadable("entry is flagged zstd but its payload has no zstd frame magic")
         elif deadline is None:
-            out = zstd_decompress(raw, limit)
+            out = decompress.zstd_decompress(raw, limit)
         else:
-            out = zstd_decompress(raw, limit, deadline)
+            out = decompress.zstd_decompress(raw, limit, deadline)
         produced = len(out) if out is not None else 0
         return out
     except Unreadable as exc:
@@ -14032,262 +14407,6 @@ def payload(buf, entry: Entry, budget: Optional[DecodeBudget] = None):
     finally:
         if budget is not None:
             budget.used(produced)
-
-
-def _past(deadline: Optional[float], produced: int):
-    """Raise NotDecoded when the deadline passed (`produced` bytes were decoded by then)."""
-    if deadline is not None and time.monotonic() > deadline:
-        exc = NotDecoded("not decoded: the audit's decoding deadline passed")
-        exc.produced = produced  # type: ignore[attr-defined]
-        raise exc
-
-
-def zstd_decompress(raw: bytes, limit: int, deadline: Optional[float] = None):
-    """At most `limit` bytes out of one zstd frame, DECODE_CHUNK at a time (stopped at
-    `deadline`, a time.monotonic() value); None when no decoder is available."""
-    try:
-        from compression import zstd  # type: ignore  # Python 3.14+
-    except ImportError:
-        zstd = None
-    if zstd is not None:
-        d = zstd.ZstdDecompressor()
-        out = bytearray()
-        data = raw
-        try:
-            while not d.eof:
-                _past(deadline, len(out))
-                out += d.decompress(data, max_length=min(DECODE_CHUNK, limit + 1 - len(out)))
-                data = b""
-                if len(out) > limit:
-                    raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
-                if d.needs_input and not d.eof:
-                    raise Unreadable("truncated zstd frame")
-        except zstd.ZstdError as exc:
-            raise Unreadable("zstd: %s" % exc) from None
-        return out
-    try:
-        import zstandard  # type: ignore
-    except ImportError:
-        zstandard = None
-    if zstandard is not None:
-        out = bytearray()
-        try:
-            declared = zstandard.frame_content_size(raw)
-            if declared > limit:
-                raise Unreadable("zstd frame declares %d bytes, the entry %d" % (declared, limit))
-            with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
-                while True:
-                    _past(deadline, len(out))
-                    chunk = reader.read(min(DECODE_CHUNK, limit + 1 - len(out)))
-                    if not chunk:
-                        break
-                    out += chunk
-                    if len(out) > limit:
-                        raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
-        except zstandard.ZstdError as exc:
-            raise Unreadable("zstd: %s" % exc) from None
-        if 0 <= declared != len(out):  # the reader ends quietly where the input does
-            raise Unreadable("truncated zstd frame")
-        return out
-    lib = _libzstd()
-    if lib is None:
-        return None
-    return _libzstd_stream(lib, raw, limit, deadline)
-
-
-def _libzstd_stream(lib, raw: bytes, limit: int, deadline: Optional[float]) -> bytearray:
-    """One zstd frame through libzstd's streaming API, straight into the bytearray it returns
-    (as large as the frame declares, plus one byte to see more; grown a chunk at a time when it
-    does not say), DECODE_CHUNK of output per call."""
-    import ctypes
-
-    declared = lib.ZSTD_getFrameContentSize(raw, len(raw))
-    known = declared < (1 << 64) - 2  # not UNKNOWN (-1) nor ERROR (-2)
-    if known and declared > limit:
-        raise Unreadable("zstd frame declares %d bytes, the entry %d" % (declared, limit))
-    most = declared if known else limit
-    out = bytearray((declared if known else min(DECODE_CHUNK, limit)) + 1)
-    pos = 0
-    src = ctypes.c_char_p(raw)  # raw's own bytes, not a copy
-    inb = _ZstdIn(ctypes.cast(src, ctypes.c_void_p), len(raw), 0)
-    ds = lib.ZSTD_createDStream()
-    if not ds:
-        raise MemoryError("ZSTD_createDStream")
-    try:
-        lib.ZSTD_initDStream(ds)
-        while True:
-            _past(deadline, pos)
-            if pos == len(out):  # a frame that does not say its size: room for a chunk more
-                out.extend(bytes(min(DECODE_CHUNK, most + 1 - pos)))
-            view = (ctypes.c_char * (len(out) - pos)).from_buffer(out, pos)
-            outb = _ZstdOut(ctypes.addressof(view), min(DECODE_CHUNK, len(out) - pos), 0)
-            ret = lib.ZSTD_decompressStream(ds, ctypes.byref(outb), ctypes.byref(inb))
-            del view
-            if lib.ZSTD_isError(ret):
-                raise Unreadable("zstd: %s" % lib.ZSTD_getErrorName(ret).decode("ascii",
-                                                                                "replace"))
-            pos += outb.pos
-            if pos > most:
-                raise Unreadable("zstd output exceeds the declared %d bytes" % most)
-            if ret == 0:
-                break
-            if inb.pos == inb.size and outb.pos < outb.size:
-                raise Unreadable("truncated zstd frame")
-    finally:
-        lib.ZSTD_freeDStream(ds)
-    del out[pos:]
-    return out
-
-
-_LIBZSTD: List[object] = []
-
-
-def _zstd_types():
-    import ctypes
-
-    class _In(ctypes.Structure):
-        _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t),
-                    ("pos", ctypes.c_size_t)]
-
-    class _Out(ctypes.Structure):
-        _fields_ = [("dst", ctypes.c_void_p), ("size", ctypes.c_size_t),
-                    ("pos", ctypes.c_size_t)]
-
-    return _In, _Out
-
-
-def _libzstd():
-    """libzstd.so.1 through ctypes (present on most Linux hosts), or None."""
-    global _ZstdIn, _ZstdOut
-    if not _LIBZSTD:
-        lib = None
-        try:
-            import ctypes
-
-            lib = ctypes.CDLL("libzstd.so.1")
-            size_t, vp = ctypes.c_size_t, ctypes.c_void_p
-            lib.ZSTD_isError.restype = ctypes.c_uint
-            lib.ZSTD_isError.argtypes = [size_t]
-            lib.ZSTD_getErrorName.restype = ctypes.c_char_p
-            lib.ZSTD_getErrorName.argtypes = [size_t]
-            lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
-            lib.ZSTD_getFrameContentSize.argtypes = [ctypes.c_char_p, size_t]
-            lib.ZSTD_createDStream.restype = vp
-            lib.ZSTD_createDStream.argtypes = []
-            lib.ZSTD_initDStream.restype = size_t
-            lib.ZSTD_initDStream.argtypes = [vp]
-            lib.ZSTD_freeDStream.restype = size_t
-            lib.ZSTD_freeDStream.argtypes = [vp]
-            _ZstdIn, _ZstdOut = _zstd_types()
-            lib.ZSTD_decompressStream.restype = size_t
-            lib.ZSTD_decompressStream.argtypes = [vp, ctypes.POINTER(_ZstdOut),
-                                                  ctypes.POINTER(_ZstdIn)]
-        except (OSError, AttributeError):
-            lib = None
-        _LIBZSTD.append(lib)
-    return _LIBZSTD[0]
-
-
-_ZstdIn = _ZstdOut = None
-
-
-def zstd_decoder() -> Optional[str]:
-    """Which zstd decoder this host has ("compression.zstd", "zstandard", "libzstd"), or None."""
-    try:
-        from compression import zstd  # type: ignore  # noqa: F401
-
-        return "compression.zstd"
-    except ImportError:
-        pass
-    try:
-        import zstandard  # type: ignore  # noqa: F401
-
-        return "zstandard"
-    except ImportError:
-        pass
-    return "libzstd" if _libzstd() is not None else None
-
-
-def _lz4_length(src: bytes, i: int, length: int, room: int) -> Tuple[int, int]:
-    """A 4-bit length of 15 continues in bytes of 255 until one is smaller. `room`: the output
-    left; a longer length is refused as soon as it is seen."""
-    if length != 15:
-        return length, i
-    n = len(src)
-    while True:
-        if i >= n:
-            raise Unreadable("truncated LZ4 block: a length runs past the input")
-        extra = src[i]
-        i += 1
-        length += extra
-        if length > room:
-            raise Unreadable("LZ4 output exceeds the declared size")
-        if extra != 255:
-            return length, i
-
-
-def lz4_block_decompress(src: bytes, size: int, deadline: Optional[float] = None) -> bytearray:
-    """Decode one LZ4 block (the format of flag 0x2000) into at most `size` bytes (the entry's
-    declared uncompressed size). Raises Unreadable for output past `size`, a match before the
-    start of the output, or input that ends in the middle of a sequence; NotDecoded once
-    `deadline` (a time.monotonic() value) has passed, checked every 1024 sequences and every
-    DECODE_CHUNK of a long match."""
-    if size > ENTRY_CAP:
-        raise NotDecoded("not decoded: declared size %d exceeds the %d-byte cap for one entry"
-                         % (size, ENTRY_CAP))
-    dst = bytearray()
-    try:
-        _lz4_into(dst, src, size, deadline)
-    except Unreadable as exc:
-        exc.produced = len(dst)  # type: ignore[attr-defined]
-        raise
-    return dst
-
-
-def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) -> None:
-    i, n = 0, len(src)
-    steps = 0
-    while i < n:
-        steps += 1
-        if deadline is not None and not steps & 1023:
-            _past(deadline, len(dst))
-        token = src[i]
-        i += 1
-        length, i = _lz4_length(src, i, token >> 4, size - len(dst))
-        if i + length > n:
-            raise Unreadable("truncated LZ4 block: %d literal bytes past the input" % (
-                i + length - n))
-        if len(dst) + length > size:
-            raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
-        dst += src[i:i + length]
-        i += length
-        if i >= n or len(dst) == size:
-            break  # the last sequence has literals only
-        if i + 2 > n:
-            raise Unreadable("truncated LZ4 block: no room for a match offset")
-        offset = src[i] | (src[i + 1] << 8)
-        i += 2
-        if offset == 0 or offset > len(dst):
-            raise Unreadable("corrupt LZ4 block: match offset %d at output %d"
-                             % (offset, len(dst)))
-        length, i = _lz4_length(src, i, token & 15, size - len(dst))
-        length += 4
-        if len(dst) + length > size:
-            raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
-        start = len(dst) - offset
-        if offset >= length:
-            dst += dst[start:start + length]
-            continue
-        # overlapping: the last `offset` bytes repeat. Appended a block of whole periods at a
-        # time (at most about DECODE_CHUNK), so a long match costs no more memory than that
-        # and the deadline is looked at between blocks.
-        period = bytes(dst[start:])
-        block = period * (min(length, DECODE_CHUNK) // offset + 1)
-        while length > len(block):
-            _past(deadline, len(dst))
-            dst += block
-            length -= len(block)
-        dst += block[:length]
 
 
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
@@ -14351,7 +14470,7 @@ def unit_kernels(buf, unit: List[Container], budget: Optional[List[int]] = None,
         for e in code:
             if budget is not None and budget[0] < e.stored_size:
                 why = ("%s %s: not decoded: the file's budget of %s of compressed input is "
-                       "spent" % (c.label, e.name, _mib(FILE_INPUT_BUDGET)))
+                       "spent" % (c.label, e.name, decompress.mib(decompress.FILE_INPUT_BUDGET)))
                 capped = True
                 break
             try:
@@ -15095,7 +15214,7 @@ import glob
 import io
 import os
 import stat
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 
 def walk(root: str, skip_dirs=("__pycache__",)) -> Iterator[Tuple[str, "os.DirEntry"]]:
@@ -15225,6 +15344,21 @@ def owner(path: str) -> Optional[str]:
     return _OWNERS[site].get(os.path.normpath(os.path.abspath(path)))
 
 
+def link_lookup(root: str) -> Callable[[str], Optional[str]]:
+    """rbrules.links' view of the tree `root`: the text of the link at a path of the tree, ""
+    for another entry, None for nothing there."""
+    def lookup(rel: str) -> Optional[str]:
+        path = os.path.join(root, rel)
+        kind = lstat_kind(path)
+        if kind == "missing":
+            return None
+        try:
+            return os.readlink(path) if kind == "link" else ""
+        except OSError:
+            return None
+    return lookup
+
+
 def inside(path: str, roots: List[str]) -> bool:
     """Whether `path` (absolute, normalised) lies in one of `roots` (or is one)."""
     for r in roots:
@@ -15237,8 +15371,8 @@ RB_PY_8F1E5D47
 """Work spread over forked worker processes: the kernel audit's files (checks_static), and the
 install engine's digests of the source (rbkit.manifest imports it from here: rbprobes imports
 nothing outside itself, rbkit may import rbprobes, both ship in every kit). One process each,
-where threads of one Python do not scale (sha256 in 8 threads of one process hashed 7.2 GB at
-one thread's pace on the H100 host; 8 processes, at eight).
+where threads of one Python do not scale (sha256 in threads of one process runs at one thread's
+pace; figures: docs/benchmarks.md, "Figures behind choices in the code").
 
 stdlib only; Python >= 3.9.
 """
@@ -15339,9 +15473,102 @@ the one host-side package the compiler imports (for the rules it renders into a 
 
     launch    how every Python the runbook starts on a host is started: isolated, by the path of
               the kit's own entry file, from a private working directory
+    common    the rules both sides state, each once: a byte count in words (`human`)
+    links     whether a symbolic link leads outside the venv (the transfer's scan, the `outside`
+              check)
+    paths     the names a run keeps beside a destination: staging, lock, env file
     private   whether a path root executes from or writes to is private, and the refusal if not
 """
 RB_PY_0ECD12E6
+  cat >"${dir}"/rbrules/common.py <<'RB_PY_3E02FF0A'
+"""The rules that the compiler (which renders them into a runbook's settings, bash and prose) and
+the kit (which acts on them) both state, each written once here: stdlib only, no I/O.
+
+    COMPRESSION     the compression table: each one's tool, how it packs, how it unpacks
+    compressors     which compressions a host has, by the tools found on its PATH
+    LINK_SECONDS, MEASURE_SAMPLE   compression auto's measurement: the link's, and the sample's
+    TAR_RECORD      tar's record size on both ends of a stream
+    MAX_STREAMS,    several streams side by side: at most this many, none below this size,
+    STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
+    ENGINE_STEPS    the install engine's steps, in order
+    PROVE_TIMEOUT   seconds for the staged (and the installed) interpreter to answer
+    SPECIAL_MODES, OUTSIDE_LINKS, ON_EXISTING, SHARED_PARENT, SWAP_ATOMIC, RERUN, ALGOS,
+    ON_FAILED_CHECKS   the choices of the spec fields the engine takes
+    human           a byte count in words (`786.4 MB`)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+# The compression table, the only one: the stream's sending end packs with `pack`, its receiving
+# end unpacks with `unpack`; `tool` is what a host must have (None: nothing).
+COMPRESSION: Dict[str, Dict[str, Any]] = {
+    "none": {"tool": None, "pack": None, "unpack": None},
+    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
+    "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
+    "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
+}
+# the tools a host is asked for, sorted (the runbook's bash asks `command -v` for each)
+COMPRESSOR_TOOLS = tuple(sorted(c["tool"] for c in COMPRESSION.values() if c["tool"]))
+
+
+def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
+    """The compressions a host has, sorted: none, and each whose tool `found` finds (on the host:
+    shutil.which; the runbook's bash asks `command -v` for COMPRESSOR_TOOLS)."""
+    return [name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])]
+
+
+# compression auto on the relay measures the link (zeros through this machine for LINK_SECONDS,
+# a word for `timeout`) against each compressor packing MEASURE_SAMPLE bytes of the source
+LINK_SECONDS = "0.6"
+MEASURE_SAMPLE = 16 << 20
+
+# tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
+# default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU
+# tar reblocks a pipe's short reads).
+TAR_BLOCKS = 256
+TAR_RECORD = ["-b", str(TAR_BLOCKS)]
+
+# Several streams side by side, where the sending end starts the receiving ends (one host, or the
+# direct route; measured: docs/h200.md): one per two of the cores the run may use (its jobs), at most
+# MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
+MAX_STREAMS = 8
+STREAMS_MIN_BYTES = 256 << 20
+
+
+def stream_count(jobs: int) -> int:
+    return max(1, min(MAX_STREAMS, jobs // 2))
+
+
+# the install engine's steps, in order: a single-host runbook runs them one by one on the
+# destination, a fan-out node all in one process
+ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
+
+PROVE_TIMEOUT = 120  # seconds for the staged (and the installed) interpreter to answer
+
+# the choices of the spec's fields that the engine takes (transfer.*, and the manifest's digest)
+SPECIAL_MODES = ("refuse", "strip", "keep")     # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")              # transfer.outside_links
+ON_EXISTING = ("refuse", "backup", "replace")   # transfer.on_existing
+SHARED_PARENT = ("refuse", "allow")             # transfer.shared_parent
+SWAP_ATOMIC = ("require", "allow")              # transfer.swap_atomic
+RERUN = ("quick", "digest")                     # transfer.rerun
+ALGOS = ("sha256", "blake2b", "none")           # transfer.verify
+ON_FAILED_CHECKS = ("rollback", "keep")         # on_failed_checks
+
+
+def human(n: Any) -> str:
+    """`n` bytes in decimal units (`512 B`, `1.5 KB`, `786.4 MB`, up to TB); `-` for what is not a
+    number (a size not measured)."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return "%.1f TB" % n
+RB_PY_3E02FF0A
   cat >"${dir}"/rbrules/launch.py <<'RB_PY_F06911C4'
 """How the runbook and the kit start a Python on a host (docs/design.md, "Threat model": other
 users of the same hosts).
@@ -15378,6 +15605,101 @@ def argv(python: str, module: str, *, site: bool = False, kit: str = "") -> List
     kit = kit or kit_dir()
     return [python, *(SITE_FLAGS if site else FLAGS), os.path.join(kit, START), module]
 RB_PY_F06911C4
+  cat >"${dir}"/rbrules/links.py <<'RB_PY_31286AD4'
+"""Whether a symbolic link in a venv leads outside it: one rule for the transfer's scan
+(rbkit.hostfs, on the source: such a link is refused unless transfer.outside_links is keep) and
+for the `outside` check (rbprobes.checks_venv, on the destination). Stdlib only, no I/O: the
+caller reads the tree through `lookup`.
+
+    interpreter_link(rel)     the venv's own interpreter links (bin/python3 -> /usr/bin/python3.12):
+                              outside the tree by design; the scan lets them through, the probe
+                              leaves them to `relocation`
+    leaves(rel, target, lookup, names)
+                              the link `rel` (text `target`) resolved in the tree as the kernel
+                              would: does it get out?
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, List, Optional
+
+PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*$")
+MAX_HOPS = 40  # links followed while resolving one (the kernel's own limit)
+
+# lookup("lib/x"): the text of the link at that path of the tree, "" for an entry that is not a
+# link, None for nothing there (or a path through a file).
+Lookup = Callable[[str], Optional[str]]
+
+
+def interpreter_link(rel: str) -> bool:
+    """`bin/python`, `bin/python3.12`, `bin/pypy3`: a venv's interpreter names."""
+    head, _, name = rel.rpartition("/")
+    return head == "bin" and bool(PYTHON_NAME.match(name))
+
+
+def _parts(path: str) -> List[str]:
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _under(target: str, names: Iterable[str]) -> Optional[List[str]]:
+    """The components of the absolute `target` below one of the tree's own absolute `names`,
+    None when it names none of them (compared component by component, never normalised: `..`
+    after a link is not lexical)."""
+    parts = _parts(target)
+    for name in names:
+        root = _parts(name)
+        if parts[:len(root)] == root:
+            return parts[len(root):]
+    return None
+
+
+def leaves(rel: str, target: str, lookup: Lookup, names: Iterable[str] = (),
+           max_hops: int = MAX_HOPS) -> bool:
+    """Whether the link `rel` (relative to the tree, text `target`) leads outside the tree.
+    It is resolved component by component against the tree, following the links it meets as the
+    kernel would (`dot -> .` then `x -> dot/..` is the tree's parent, which a lexical normpath
+    calls inside); a `..` above the top leaves. An absolute target leaves unless it lies under one
+    of `names`, the tree's own absolute paths: the scan on the source passes none (at the
+    destination such a link names the source's path), the probe on the destination passes the
+    venv's path and its real path. A target that does not exist (yet) leads nowhere: False, and
+    so does a loop (the kernel gives ELOOP)."""
+    names = list(names)
+    stack = _parts(rel)[:-1]
+    todo = target.split("/")
+    if target.startswith("/"):
+        below = _under(target, names)
+        if below is None:
+            return True
+        stack, todo = [], below
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                return True
+            stack.pop()
+            continue
+        text = lookup("/".join(stack + [part]))
+        if text is None:
+            return False                      # dangling (or through a file): resolves nowhere
+        if text:
+            hops += 1
+            if hops > max_hops:
+                return False
+            if text.startswith("/"):
+                below = _under(text, names)
+                if below is None:
+                    return True
+                stack, todo = [], below + todo
+            else:
+                todo = text.split("/") + todo
+            continue
+        stack.append(part)
+    return False
+RB_PY_31286AD4
   cat >"${dir}"/rbrules/paths.py <<'RB_PY_C8E78B80'
 """The names a run keeps beside a destination, one rule each, read by the kit (which makes them)
 and by the compiler (which shows them in --dry-run, --plan and the settings): the staging
@@ -15419,8 +15741,9 @@ be changed only by U or root: a directory another user may write is refused, exc
 
     python -I -S -B KIT/rbrules/start.py rbrules.private [--make] [--what TEXT] [--fix TEXT] DIR
 
-checks DIR (with --make: creates what is missing first, the last directory 0700) and exits 2 with
-the refusal, naming the directory, its owner and mode, and the fix, when it is not private.
+checks DIR (with --make: creates what is missing first, the last directory 0700; with --file: DIR
+is a file whose content is obeyed, see why_not_private_file) and exits 2 with the refusal, naming
+the directory (or file), its owner and mode, and the fix, when it is not private.
 """
 
 from __future__ import annotations
@@ -15542,6 +15865,33 @@ def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = Fals
     return None
 
 
+def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
+    """None when `path` is a regular file that only `uid` (default: this process's effective user)
+    or root can change, nor any directory along it (first_not_private), else why not: for a file
+    whose content a program run by `uid` obeys (an ssh config: ProxyCommand, Match exec)."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        st = os.stat(path)
+        found = first_not_private(path, uid)
+        # the walk judges each directory, and each link, along the way; the file is judged below
+        if found is not None and stat.S_ISREG(os.lstat(found[0]).st_mode):
+            found = None
+    except OSError as exc:
+        return "%s: %s" % (exc.filename or path, exc.strerror)
+    if not stat.S_ISREG(st.st_mode):
+        return "%s is not a regular file" % path
+    if found is not None:
+        return found[1]
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (uid, 0):
+        return "the file %s is owned by %s, mode %04o: that user can change what it says" % (
+            path, owner(st), mode)
+    if mode & 0o022:   # a file's sticky bit protects nothing
+        return "the file %s is writable by %s (mode %04o)" % (
+            path, "others" if mode & 0o002 else "its group", mode)
+    return None
+
+
 def make_private(path: str) -> Optional[str]:
     """Create the directory `path` where it is missing (the directories above it 0755, itself
     0700, none through a link another user made: each is checked before the next is made), then
@@ -15572,8 +15922,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--make", action="store_true", help="create what is missing, the last 0700")
     p.add_argument("--what", default="the directory", help="what DIR is, for the refusal")
     p.add_argument("--fix", default="", help="what to do instead, for the refusal")
+    p.add_argument("--file", action="store_true",
+                   help="DIR is a file whose content is obeyed (why_not_private_file)")
     a = p.parse_args(argv)
-    why = make_private(a.dir) if a.make else why_not_private(a.dir)
+    why = why_not_private_file(a.dir) if a.file else make_private(a.dir) if a.make \
+        else why_not_private(a.dir)
     if why is None:
         return 0
     fix = (": " + a.fix) if a.fix else ""
@@ -15607,6 +15960,917 @@ if __name__ == "__main__":
     module = sys.argv.pop(1)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 RB_PY_ED3E91CD
+  cat >"${dir}"/rbview/__init__.py <<'RB_PY_FBA331C4'
+"""rbview: the pictures of a run, drawn on the machine that runs the runbook only (never shipped to
+a host): timeline.svg, nodes.svg (fan-out) and report.html beside report.json.
+
+`draw.write_all(report, events_path, out_dir, fanout=None)` draws
+- timeline.svg (`timeline`): one row per step, grouped in one band per host, on a time axis in
+  seconds (from the step lines of the event log), each host's checks under its band, and the
+  transfer rate over time (from `progress` lines when the log has them, else the transfer's
+  average rate);
+- nodes.svg (`nodes`), for a fan-out: nodes x steps and checks, a cell per status with its
+  seconds, odd and missing nodes named;
+- report.html (`page`): the pictures, the steps, each host's checks, the fan-out comparison.
+`svg` holds what they share: colours, the one escaper, text fitted to a width, the Svg writer.
+
+Event log lines read here (tab-separated; `rbkit.report.read_events` reads the first two):
+    step STEP STATUS START_MS END_MS HOST DETAIL
+    fact STEP KEY VALUE
+    progress STEP HOST T_MS BYTES        (optional: BYTES of the stream STEP moved so far, at T_MS,
+                                          same clock; the transfer's: what the destination's tar
+                                          read)
+
+The SVG is written by hand: no plotting library. The output depends only on its inputs (no clock,
+stable order), so the same run gives the same bytes; every text from the run (hosts, details,
+reasons) is escaped.
+
+`python -m rbview --report R --events E --out DIR [--fanout F]` writes them from files (F: the
+fan-out's fanout.json; the node-*.json beside it give the seconds per cell). `rbkit report
+--pictures DIR` draws them in its own process at the end of every run.
+
+It is part of the pinned kit, which the runbook extracts here, and left out of the tar sent to the
+hosts (compiler.kit.CONTROLLER_PACKAGES). stdlib only (and rbkit.fanout.fold); Python >= 3.9.
+"""
+RB_PY_FBA331C4
+  cat >"${dir}"/rbview/__main__.py <<'RB_PY_C31436F4'
+import sys
+
+from .draw import main
+
+sys.exit(main())
+RB_PY_C31436F4
+  cat >"${dir}"/rbview/draw.py <<'RB_PY_C4F391BD'
+"""Every picture of a run written beside its report (atomically), from files or a report dict; and
+`python -m rbview`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from typing import List, Optional
+
+from . import __doc__ as DOC
+from .nodes import nodes_picture
+from .page import page
+from .timeline import from_report, read_log, timeline
+
+
+def _write(out_dir: str, name: str, text: str) -> str:
+    path = os.path.join(out_dir, name)
+    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text.encode("utf-8"))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def write_all(report: dict, events_path: str, out_dir: str,
+              fanout: Optional[dict] = None) -> list[str]:
+    """Write timeline.svg, nodes.svg (when FANOUT is given) and report.html into OUT_DIR; return
+    their paths. FANOUT is `fanout.compare()`'s result, with the node reports under "reports"
+    (node -> report) when the cells should carry seconds."""
+    steps, samples = read_log(events_path)
+    timed = bool(steps)
+    if not steps:
+        steps = from_report(report)
+    written = [_write(out_dir, "timeline.svg", timeline(report, steps, samples, timed))]
+    names = ["timeline.svg"]
+    if fanout:
+        written.append(_write(out_dir, "nodes.svg",
+                              nodes_picture(fanout, str(report.get("runbook", "")))))
+        names.append("nodes.svg")
+    written.append(_write(out_dir, "report.html", page(report, names, fanout)))
+    return written
+
+
+def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
+    """Every picture of a run into `out`, from its report (a dict), events.tsv and fanout.json
+    (node-*.json beside it are read too); returns the paths written."""
+    fan = None
+    if fanout:
+        with open(fanout, encoding="utf-8") as f:
+            fan = json.load(f)
+        where = os.path.dirname(os.path.abspath(fanout))
+        reports = {}
+        for n in fan.get("nodes") or []:
+            path = os.path.join(where, "node-%s.json" % n)
+            if os.path.isfile(path):
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        reports[n] = json.load(f)
+                except (OSError, ValueError):
+                    pass
+        fan = dict(fan, reports=reports)
+    os.makedirs(out, exist_ok=True)
+    return write_all(report, events, out, fan)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rbview", description=DOC,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--report", required=True, help="the run's report.json")
+    p.add_argument("--events", default="", help="the run's events.tsv")
+    p.add_argument("--out", required=True, help="directory to write the pictures into")
+    p.add_argument("--fanout", default="", help="fanout.json; node-*.json beside it are read too")
+    a = p.parse_args(argv)
+    with open(a.report, encoding="utf-8") as f:
+        report = json.load(f)
+    for path in draw(report, a.events, a.out, a.fanout):
+        print(path)
+    return 0
+RB_PY_C4F391BD
+  cat >"${dir}"/rbview/nodes.py <<'RB_PY_46F06310'
+"""nodes.svg, for a fan-out: nodes x steps and checks, a cell per status with its seconds, odd and
+missing nodes named."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from .svg import CHAR, Svg, colour, fit, legend, num, secs, status_word
+
+
+def fold(names: List[str]) -> str:
+    """rbkit.fanout.fold, imported only for a fan-out's pictures (the engine behind it is not
+    needed to draw a single host's run)."""
+    from rbkit.fanout import fold as fold_names
+    return fold_names(names)
+
+
+def _node_seconds(doc: Optional[Dict[str, Any]]) -> Dict[str, float]:
+    """Column -> seconds, from one node's report (its steps, its checks)."""
+    out: Dict[str, float] = {}
+    if not isinstance(doc, dict):
+        return out
+    for s in doc.get("steps") or []:
+        if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)):
+            out[str(s.get("id"))] = float(s["seconds"])
+    for c in (doc.get("probe") or {}).get("checks") or []:
+        if isinstance(c, dict) and isinstance(c.get("duration_s"), (int, float)):
+            out["check:" + str(c.get("id"))] = float(c["duration_s"])
+    return out
+
+
+def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
+    """Nodes x columns of the comparison: a cell per status with its seconds (when the node
+    reports are in `fanout["reports"]`), odd and missing nodes named beside their row."""
+    nodes = [str(n) for n in fanout.get("nodes") or []]
+    cols = [str(c) for c in fanout.get("columns") or []]
+    rows = fanout.get("rows") or {}
+    odd = fanout.get("odd") or {}
+    missing = fanout.get("missing") or {}
+    reports = fanout.get("reports") or {}
+    seconds = {n: _node_seconds(reports.get(n)) for n in nodes}
+
+    label_w = min(200.0, max(90.0, 30 + max([len(n) for n in nodes] or [6]) * 12 * CHAR))
+    heads = [c[6:] if c.startswith("check:") else c for c in cols]
+    need = max([len(h) for h in heads] or [4]) * 11 * CHAR + 10
+    cell_w, cell_h, slant = max(58.0, min(96.0, need)), 20.0, need > 96
+    head_h = 36 + (need * 0.6 if slant else 0)
+    note_w = 420.0
+    x0 = 16 + label_w
+    width = max(760.0, x0 + cell_w * len(cols) + 16 + note_w)
+    svg = Svg()
+    ok = len(fanout.get("ok_nodes") or [])
+    title = "fan-out%s: %d/%d nodes passed; %d odd, %d missing; success policy %s: %s" % (
+        (" " + name) if name else "", ok, len(nodes), len(odd), len(missing),
+        fanout.get("success", "?"), "met" if fanout.get("passed") else "NOT met")
+    svg.text(16, 26, fit(title, width - 32, 16), 16, weight="bold",
+             fill="#212121" if fanout.get("passed") else colour("failed")[0])
+    groups = fanout.get("groups") or []
+    sub = "%d group%s of identical rows: %s" % (
+        len(groups), "" if len(groups) == 1 else "s",
+        "; ".join("%s (%d)" % (fold([str(n) for n in g]), len(g)) for g in groups) or "none")
+    svg.text(16, 46, fit(sub, width - 32, 12), 12, fill="#455a64")
+    legend(svg, 16, 70, [(colour("pass")[0], colour("pass")[0], "pass"),
+                          (colour("fail")[0], colour("fail")[0], "fail"),
+                          (colour("skip")[0], colour("skip")[0], "skip"),
+                          (colour("-")[0], "#b0bec5", "not run"),
+                          ("url(#nohatch)", "#8d6e63", "no report"),
+                          ("#ffffff", "#ef6c00", "odd node (differs from the majority)")])
+    svg.parts.insert(0, '<defs><pattern id="nohatch" width="6" height="6" '
+                        'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+                        '<rect width="6" height="6" fill="#fbe9e7"/>'
+                        '<line x1="0" y1="0" x2="0" y2="6" stroke="#bcaaa4" stroke-width="2"/>'
+                        '</pattern></defs>')
+    y = 84 + head_h
+    # column heads, slanted; steps and checks apart
+    for j, h in enumerate(heads):
+        cx = x0 + j * cell_w + cell_w / 2
+        if slant:
+            svg.add("text", {"x": num(cx), "y": num(y - 6), "font-size": "11", "fill": "#212121",
+                             "transform": "rotate(-35 %s %s)" % (num(cx), num(y - 6))},
+                    h, cols[j])
+        else:
+            svg.text(cx, y - 6, h, 11, anchor="middle", title=cols[j])
+    first_check = next((j for j, c in enumerate(cols) if c.startswith("check:")), None)
+    for lo, hi, what in ((0, first_check if first_check is not None else len(cols), "steps"),
+                         (first_check, len(cols), "checks")):
+        if lo is None or hi <= lo:
+            continue
+        svg.text(x0 + (lo + hi) * cell_w / 2, 84 + 14, what, 12, anchor="middle",
+                 weight="bold", fill="#455a64")
+        svg.line(x0 + lo * cell_w + 4, 84 + 19, x0 + hi * cell_w - 4, 84 + 19,
+                 stroke="#90a4ae", stroke_width=1.0)
+    for i, n in enumerate(nodes):
+        ry = y + i * cell_h
+        if i % 2 == 0:
+            svg.rect(8, ry, width - 16, cell_h, "#f5f7f8")
+        is_odd, is_missing = n in odd, n in missing
+        svg.text(x0 - 10, ry + 14, fit(n, label_w - 10, 12), 12, anchor="end",
+                 weight="bold" if is_odd or is_missing else None,
+                 fill="#ef6c00" if is_odd else "#6d4c41" if is_missing else "#212121")
+        if is_missing:
+            why = " | ".join(str(w) for w in missing[n]) or "no report"
+            svg.rect(x0, ry + 1, cell_w * len(cols), cell_h - 2, "url(#nohatch)",
+                     title="%s: no report: %s" % (n, why), stroke="#8d6e63", stroke_width=1.0)
+            svg.text(x0 + 8, ry + 14, "no report", 11, fill="#4e342e", weight="bold")
+            note = "no report: " + why
+            svg.text(x0 + cell_w * len(cols) + 12, ry + 14,
+                     fit(note, width - (x0 + cell_w * len(cols) + 20), 11), 11, fill="#6d4c41",
+                     title=note)
+            continue
+        row = rows.get(n) or {}
+        for j, c in enumerate(cols):
+            st = str(row.get(c, "-"))
+            fill, ink = colour(st)
+            s = seconds[n].get(c)
+            word = secs(s).replace(" ", "") if s is not None and st != "-" else (
+                "" if st == "-" else status_word(st))
+            if st == "fail":
+                word = "\u2717 " + word if s is not None else "\u2717 fail"
+            tip = "%s %s: %s%s" % (n, heads[j], status_word(st),
+                                   (", " + secs(s)) if s is not None else "")
+            svg.rect(x0 + j * cell_w + 1, ry + 1, cell_w - 2, cell_h - 2, fill, title=tip,
+                     stroke="#b0bec5" if st == "-" else None)
+            if word:
+                svg.text(x0 + j * cell_w + cell_w / 2, ry + 14, word, 10.5, anchor="middle",
+                         fill=ink, weight="bold" if st == "fail" else None)
+        if is_odd:
+            svg.rect(x0 - 0.5, ry + 0.5, cell_w * len(cols) + 1, cell_h - 1, "none",
+                     stroke="#ef6c00", stroke_width=2.0)
+            diffs = [str(d) for d in odd[n]] or ["differs"]
+            note = "odd: " + "; ".join(diffs)
+            svg.text(x0 + cell_w * len(cols) + 12, ry + 14,
+                     fit(note, width - (x0 + cell_w * len(cols) + 20), 11), 11, fill="#e65100",
+                     title=note)
+    y += cell_h * len(nodes)
+    if first_check:
+        sx = x0 + first_check * cell_w
+        svg.line(sx, 84 + 22, sx, y, stroke="#546e7a", stroke_width=1.0,
+                 stroke_dasharray="3 3")
+    y += 18
+    if reports:
+        svg.text(16, y, "Cells give each node's seconds per step and check.", 11,
+                 fill="#607d8b")
+        y += 14
+    for n in nodes:
+        if n in odd:
+            line = "odd node %s: %s" % (n, "; ".join(str(d) for d in odd[n]) or "differs")
+            svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#e65100", title=line)
+            y += 16
+    for n in nodes:
+        if n in missing:
+            line = "no report from %s: %s" % (n, " | ".join(str(w) for w in missing[n]))
+            svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#6d4c41", title=line)
+            y += 16
+    desc = "; ".join("%s: %s" % (n, "no report" if n in missing else ", ".join(
+        "%s %s" % (h, (rows.get(n) or {}).get(c, "-")) for h, c in zip(heads, cols)))
+        for n in nodes)
+    return svg.render(width, y + 12, title, desc)
+RB_PY_46F06310
+  cat >"${dir}"/rbview/page.py <<'RB_PY_DD350837'
+"""report.html: the pictures, where a run that did not pass stopped, the steps, each host's checks
+(each group of identical nodes' for a fan-out) and the fan-out comparison."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from .nodes import fold
+from .svg import FONT, esc, human
+
+
+CSS = """body{font-family:%s;margin:24px;color:#212121;max-width:1100px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px}img{max-width:100%%;border:1px solid #cfd8dc}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+td,th{border:1px solid #cfd8dc;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#eceff1}td.num{text-align:right}.ok,.pass{color:#2e7d32;font-weight:bold}
+.failed,.fail{color:#c62828;font-weight:bold}.skip{color:#607d8b}.interrupted{color:#ef6c00}
+code{font-size:12px}""" % FONT
+
+
+def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str, Any]]) -> str:
+    name = str(report.get("runbook", "?"))
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           "<title>runbook %s: %s</title>" % (esc(name), esc(report.get("outcome", "?"))),
+           "<style>%s</style></head><body>" % CSS,
+           "<h1>runbook %s: <span class=\"%s\">%s</span></h1>" % (
+               esc(name), esc(report.get("outcome", "?")),
+               esc(report.get("outcome", "?"))),
+           "<p>spec <code>%s</code> (sha256 <code>%s</code>); <a href=\"report.json\">report.json"
+           "</a></p>" % (esc(report.get("spec", "?")),
+                         esc(str(report.get("spec_sha256", ""))[:12]))]
+    if report.get("where"):
+        # where a run that did not pass stopped, under the heading
+        out.insert(5, "<p class=\"%s\">%s %s</p>" % (esc(report.get("outcome")),
+                                                esc(report.get("outcome")), esc(report["where"])))
+    for p in pictures:
+        out.append('<p><a href="%s"><img src="%s" alt="%s"></a></p>' % (
+            esc(p), esc(p), esc(p.rsplit(".", 1)[0])))
+    out.append("<h2>Steps</h2><table><tr><th>step</th><th>host</th><th>status</th>"
+               "<th>seconds</th><th>detail</th></tr>")
+    for s in report.get("steps") or []:
+        f = s.get("facts") or {}
+        said = []
+        if "bytes" in f:
+            said.append(human(f["bytes"]) + (" in %s files" % f["files"] if "files" in f else ""))
+        if "mb_s" in f:
+            said.append("%s MB/s" % f["mb_s"])
+        detail = "; ".join([", ".join(said)] * bool(said) + [str(s.get("detail") or "")] *
+                           bool(s.get("detail")))
+        d = s.get("duration_s")
+        out.append("<tr><td>%s</td><td>%s</td><td class=\"%s\">%s</td><td class=num>%s</td>"
+                   "<td>%s</td></tr>" % (
+                       esc(s.get("id")), esc(s.get("host") or "-"), esc(s.get("status", "")),
+                       esc(s.get("status")), "%.1f" % d if isinstance(d, (int, float)) else "-",
+                       esc(detail)))
+    out.append("</table>")
+    if fanout:
+        out.append(_fanout_html(fanout))
+    c = report.get("checks") or {}
+    out.append("<h2>Checks</h2><p>%s passed, %s failed, %s skipped</p>" % (
+        esc(c.get("pass", 0)), esc(c.get("fail", 0)), esc(c.get("skip", 0))))
+    probes = report.get("probes") or {}
+    if fanout:
+        # one table per group of identical rows (a node of each): a table per node does not
+        # scale to a cluster, and the nodes of a group passed and failed the same checks
+        reports = fanout.get("reports") or {}
+        for g in fanout.get("groups") or []:
+            g = [str(n) for n in g]
+            doc = probes.get(g[0]) or (reports.get(g[0]) or {}).get("probe")
+            out.append("<h3>node %s</h3>" % esc(g[0]) if len(g) == 1 else
+                       "<h3>nodes %s (%d; seconds of %s)</h3>" % (esc(fold(g)), len(g), esc(g[0])))
+            out.append(_checks_table(doc))
+    else:
+        for host in sorted(probes):
+            out.append("<h3>host %s</h3>" % esc(host))
+            out.append(_checks_table(probes[host]))
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _checks_table(doc: Any) -> str:
+    """One host's checks: id, level, status, seconds, reason."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
+        why = doc.get("error") if isinstance(doc, dict) and doc.get("error") else "no checks ran"
+        return "<p>%s</p>" % esc(why)
+    out = ["<table><tr><th>check</th><th>level</th><th>status</th><th>seconds</th>"
+           "<th>reason</th></tr>"]
+    for chk in doc["checks"]:
+        if not isinstance(chk, dict):
+            continue
+        d = chk.get("duration_s")
+        out.append("<tr><td>%s</td><td>%s</td><td class=\"%s\">%s</td><td class=num>%s</td>"
+                   "<td>%s</td></tr>" % (
+                       esc(chk.get("id")), esc(chk.get("level", "")), esc(chk.get("status", "")),
+                       esc(chk.get("status")), "%.2f" % d if isinstance(d, (int, float)) else "-",
+                       esc(chk.get("reason") or "")))
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _fanout_html(fanout: Dict[str, Any]) -> str:
+    cols = [str(c) for c in fanout.get("columns") or []]
+    rows = fanout.get("rows") or {}
+    out = ["<h2>Fan-out comparison</h2><p>%d/%d nodes passed; success policy %s needs %s: %s</p>"
+           % (len(fanout.get("ok_nodes") or []), len(fanout.get("nodes") or []),
+              esc(fanout.get("success", "?")), esc(fanout.get("needed", "?")),
+              "met" if fanout.get("passed") else "<b class=failed>NOT met</b>")]
+    out.append("<table><tr><th>nodes</th><th>count</th>%s</tr>" % "".join(
+        "<th>%s</th>" % esc(c[6:] if c.startswith("check:") else c) for c in cols))
+    for g in fanout.get("groups") or []:
+        r = rows.get(g[0]) or {}
+        out.append("<tr><td>%s</td><td class=num>%d</td>%s</tr>" % (
+            esc(fold([str(n) for n in g])), len(g), "".join(
+                "<td class=\"%s\">%s</td>" % (esc(r.get(c, "-")), esc(r.get(c, "-")))
+                for c in cols)))
+    out.append("</table>")
+    odd = fanout.get("odd") or {}
+    if odd:
+        out.append("<h3>Odd nodes</h3><ul>")
+        for n in fanout.get("nodes") or []:
+            if n in odd:
+                out.append("<li><b>%s</b>: %s</li>" % (esc(n), esc("; ".join(
+                    str(d) for d in odd[n]) or "differs")))
+        out.append("</ul>")
+    missing = fanout.get("missing") or {}
+    if missing:
+        out.append("<h3>Missing nodes</h3><ul>")
+        for n in fanout.get("nodes") or []:
+            if n in missing:
+                out.append("<li><b>%s</b>: %s</li>" % (esc(n), esc(" | ".join(
+                    str(w) for w in missing[n]))))
+        out.append("</ul>")
+    return "\n".join(out)
+RB_PY_DD350837
+  cat >"${dir}"/rbview/svg.py <<'RB_PY_9BE74B61'
+"""The pictures' drawing: colours, the one escaper, numbers and text fitted to a width, and `Svg`,
+elements written by hand (no plotting library: the controller has nothing more than the stdlib
+either). Every text from the run goes through `esc`."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+FONT = "DejaVu Sans, Verdana, Helvetica, Arial, sans-serif"
+CHAR = 0.6            # a character's width, in font sizes (a generous average for sans fonts)
+COLOURS = {           # status -> (fill, text on it)
+    "ok": ("#2e7d32", "#ffffff"), "pass": ("#2e7d32", "#ffffff"),
+    "failed": ("#c62828", "#ffffff"), "fail": ("#c62828", "#ffffff"),
+    "interrupted": ("#ef6c00", "#ffffff"),
+    "skip": ("#90a4ae", "#000000"),
+    "-": ("#eceff1", "#607d8b"),
+    "missing": ("#ffffff", "#6d4c41"),
+}
+OTHER = ("#7e57c2", "#ffffff")
+RATE = "#1565c0"
+_BAD_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# every attribute is written in double quotes, so ' needs no reference
+_REFS = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"), ("\n", "&#10;"),
+         ("\r", "&#13;"), ("\t", "&#9;"))
+
+
+def clean(value: Any) -> str:
+    """Any value as text XML can hold (control characters and lone surrogates replaced)."""
+    return _BAD_XML.sub("\ufffd", str(value))
+
+
+def esc(value: Any) -> str:
+    """The one escaper: any value as text for SVG or HTML, inside an element or a double-quoted
+    attribute (clean's characters, then & < > " and the whitespace an attribute would fold, as
+    references). xml.sax.saxutils is not used: importing it costs a report ~30 ms (urllib, ssl)."""
+    text = clean(value)
+    for old, new in _REFS:
+        text = text.replace(old, new)
+    return text
+
+
+def num(v: float) -> str:
+    text = "%.1f" % v
+    return text[:-2] if text.endswith(".0") else text
+
+
+def fit(text: str, width: float, size: float) -> str:
+    """TEXT cut to what fits in WIDTH pixels at font SIZE (an estimate), with an ellipsis."""
+    text = clean(text)
+    room = int(width / (size * CHAR))
+    if len(text) <= room:
+        return text
+    return text[:max(0, room - 1)] + "\u2026" if room > 0 else ""
+
+
+def wrap(text: str, width: float, size: float, most: int) -> List[str]:
+    """TEXT in lines that fit WIDTH at font SIZE, cut at spaces where it can, MOST lines at most
+    (the last one ends with an ellipsis when text is left)."""
+    room = max(8, int(width / (size * CHAR)))
+    lines, rest = [], clean(text)
+    while rest and len(lines) < most:
+        if len(rest) <= room:
+            lines.append(rest)
+            rest = ""
+            break
+        cut = rest.rfind(" ", room // 2, room)
+        cut = cut if cut > 0 else room
+        lines.append(rest[:cut])
+        rest = rest[cut:].lstrip(" ")
+    if rest:
+        lines[-1] = fit(lines[-1] + " " + rest, width, size)
+    return lines
+
+
+def secs(s: Optional[float]) -> str:
+    if s is None:
+        return ""
+    if s < 0.1:
+        return "%d ms" % round(s * 1000)
+    if s < 10:
+        return "%.1f s" % s
+    if s < 600:
+        return "%d s" % round(s)
+    return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
+
+
+# TODO: rbrules' `human` byte formatter (stream.human, report._size: the same rule) once on main
+def human(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return str(n)
+
+
+def nice(span: float, ticks: int = 8) -> float:
+    """A tick step of 1, 2 or 5 times a power of ten giving at most about TICKS ticks."""
+    raw = max(span, 1e-9) / ticks
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if raw <= m * mag:
+            return m * mag
+    return 10 * mag
+
+
+def colour(status: str) -> Tuple[str, str]:
+    return COLOURS.get(status, OTHER)
+
+
+def status_word(status: str) -> str:
+    return {"ok": "ok", "pass": "pass", "failed": "FAILED", "fail": "FAIL",
+            "interrupted": "INTERRUPTED", "skip": "skip", "-": "not run"}.get(status, status)
+
+
+class Svg:
+    """Elements as text, in the order drawn."""
+
+    def __init__(self) -> None:
+        self.parts: List[str] = []
+
+    def add(self, tag: str, attrs: Dict[str, Any], text: Optional[str] = None,
+            title: Optional[str] = None) -> None:
+        a = "".join(' %s="%s"' % (k.rstrip("_").replace("_", "-"),
+                                esc(num(v) if isinstance(v, float) else v))
+                    for k, v in attrs.items() if v is not None)
+        inner = ("<title>%s</title>" % esc(title) if title else "") + (esc(text) if text else "")
+        self.parts.append("<%s%s>%s</%s>" % (tag, a, inner, tag) if inner else "<%s%s/>" % (tag, a))
+
+    def rect(self, x: float, y: float, w: float, h: float, fill: str, title: Optional[str] = None,
+             **kw: Any) -> None:
+        self.add("rect", dict(x=float(x), y=float(y), width=float(max(w, 0)),
+                              height=float(max(h, 0)), fill=fill, **kw), title=title)
+
+    def text(self, x: float, y: float, text: str, size: float = 12, anchor: str = "start",
+             fill: str = "#212121", weight: Optional[str] = None, title: Optional[str] = None,
+             **kw: Any) -> None:
+        self.add("text", dict(x=float(x), y=float(y), font_size=num(size),
+                              text_anchor=anchor if anchor != "start" else None, fill=fill,
+                              font_weight=weight, **kw), text, title)
+
+    def line(self, x1: float, y1: float, x2: float, y2: float, stroke: str = "#b0bec5",
+             **kw: Any) -> None:
+        self.add("line", dict(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2),
+                              stroke=stroke, **kw))
+
+    def render(self, width: float, height: float, title: str, desc: str) -> str:
+        head = ('<?xml version="1.0" encoding="UTF-8"?>\n'
+                '<svg xmlns="http://www.w3.org/2000/svg" width="%s" height="%s" '
+                'viewBox="0 0 %s %s" font-family="%s" role="img">\n<title>%s</title>\n'
+                '<desc>%s</desc>\n<rect width="100%%" height="100%%" fill="#ffffff"/>\n'
+                % (num(width), num(height), num(width), num(height), esc(FONT), esc(title),
+                   esc(desc)))
+        return head + "\n".join(self.parts) + "\n</svg>\n"
+
+
+def legend(svg: Svg, x: float, y: float, items: List[Tuple[str, str, str]]) -> float:
+    """Swatches with labels from X on the line Y: (fill, stroke, label). Returns the end x."""
+    for fill, stroke, label in items:
+        svg.rect(x, y - 10, 14, 12, fill, stroke=stroke, stroke_width=1.0)
+        svg.text(x + 19, y, label, 12)
+        x += 19 + len(label) * 12 * CHAR + 18
+    return x
+
+
+def host_label(host: str) -> str:
+    if not host:
+        return "this machine"
+    if "->" in host:
+        return "hosts " + " \u2192 ".join(host.split("->"))
+    return "host " + host
+RB_PY_9BE74B61
+  cat >"${dir}"/rbview/timeline.py <<'RB_PY_39D39694'
+"""timeline.svg: one row per step, grouped in one band per host, on a time axis in seconds (from
+the step lines of the event log), each host's checks under its band, and the transfer rate over
+time (from `progress` lines when the log has them, else the transfer's average rate)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from .svg import (CHAR, RATE, Svg, colour, fit, human, legend, host_label, nice, num, secs,
+                  status_word, wrap)
+
+Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]    # (step, host) -> [(t_ms, bytes)]
+
+
+def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
+    """Steps with their start and end (ms) and the progress samples per (step, host), in file
+    order; lines that do not parse are skipped (a log cut short by a crash still draws)."""
+    steps: List[Dict[str, Any]] = []
+    samples: Samples = {}
+    if not path or not os.path.exists(path):
+        return steps, samples
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            try:
+                if parts[0] == "step" and len(parts) >= 7:
+                    steps.append({"id": parts[1], "status": parts[2], "start": int(parts[3]),
+                                  "end": max(int(parts[3]), int(parts[4])),
+                                  "host": parts[5], "detail": parts[6]})
+                elif parts[0] == "progress" and len(parts) >= 5:
+                    samples.setdefault((parts[1], parts[2]), []).append(
+                        (int(parts[3]), int(parts[4])))
+            except ValueError:
+                continue
+    return steps, samples
+
+
+def from_report(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """No event log: the report's steps one after the other, by their durations."""
+    steps, t = [], 0
+    for s in report.get("steps", []):
+        ms = int(round(float(s.get("duration_s") or 0) * 1000))
+        steps.append({"id": s.get("id", "?"), "status": s.get("status", "?"), "start": t,
+                      "end": t + ms, "host": s.get("host") or "", "detail": s.get("detail", "")})
+        t += ms
+    return steps
+
+
+def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
+                ) -> List[Dict[str, Any]]:
+    """HOST's checks as rows with a start and end (ms) where they can be placed: one after the
+    other from the probe's start, which is its own clock's; when that falls outside the step that
+    ran the probe on HOST (clocks differ), from that step's start."""
+    doc = (report.get("probes") or {}).get(host)
+    if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
+        return []
+    probe = [s for s in steps if s["host"] == host and "probe" in s["id"]]
+    started = doc.get("started")
+    t: Optional[float] = None
+    if isinstance(started, (int, float)):
+        t = float(started) * 1000
+    if probe and (t is None or not probe[-1]["start"] <= t <= probe[-1]["end"]):
+        t = float(probe[-1]["start"])
+    # where the probe says when each check ran (its `schedule`: checks overlap), each row is
+    # placed there; else one after the other
+    schedule = {}
+    for item in doc.get("schedule") or []:
+        if isinstance(item, dict) and all(isinstance(item.get(k), (int, float))
+                                          for k in ("start_s", "end_s")):
+            schedule[str(item.get("id"))] = (float(item["start_s"]), float(item["end_s"]))
+    t0 = t
+    rows = []
+    for c in doc["checks"]:
+        if not isinstance(c, dict):
+            continue
+        d = c.get("duration_s")
+        d = float(d) if isinstance(d, (int, float)) else None
+        row = {"id": str(c.get("id", "?")), "status": str(c.get("status", "?")), "check": True,
+               "detail": str(c.get("reason") or ""), "level": c.get("level"), "seconds": d,
+               "start": None, "end": None}
+        at = schedule.get(row["id"])
+        if t0 is not None and at is not None:
+            row["start"], row["end"] = t0 + at[0] * 1000, t0 + at[1] * 1000
+        elif t is not None and d is not None:
+            row["start"], row["end"] = t, t + d * 1000
+            t += d * 1000
+        rows.append(row)
+    return rows
+
+
+def _rates(steps: List[Dict[str, Any]], report: Dict[str, Any],
+           samples: Samples) -> List[Dict[str, Any]]:
+    """Rate series per transfer: from progress samples (MB/s between successive samples) when
+    there are at least two, else the step's average (fact mb_s) over the step."""
+    facts = {}
+    for s in report.get("steps", []):
+        if isinstance(s, dict) and s.get("facts"):
+            facts.setdefault(s.get("id"), s["facts"])
+    out = []
+    for s in steps:
+        got = sorted(set(samples.get((s["id"], s["host"]), [])))
+        f = facts.get(s["id"], {})
+        if len(got) >= 2:
+            pts = []
+            for (t1, b1), (t2, b2) in zip(got, got[1:]):
+                if t2 > t1:
+                    pts.append((t1, t2, max(0.0, (b2 - b1) / (t2 - t1) / 1000.0)))
+            if pts:
+                total = (got[-1][1] - got[0][1]) / max(1, got[-1][0] - got[0][0]) / 1000.0
+                out.append({"step": s, "points": pts, "average": total, "sampled": True,
+                            "bytes": f.get("bytes", got[-1][1])})
+                continue
+        if isinstance(f.get("mb_s"), (int, float)) and s["end"] > s["start"]:
+            out.append({"step": s, "points": [(s["start"], s["end"], float(f["mb_s"]))],
+                        "average": float(f["mb_s"]), "sampled": False, "bytes": f.get("bytes")})
+    return out
+
+
+class Axis:
+    """Time (ms) to x, and the ticks of the time axis: 1, 2 or 5 times a power of ten seconds."""
+
+    def __init__(self, t0: float, span: float, x0: float, x1: float) -> None:
+        self.t0, self.x0, self.x1 = t0, x0, x1
+        self.scale = (x1 - x0) / span
+        step = nice(span / 1000.0) * 1000
+        self.ticks = [n * step for n in range(int(span / step + 1e-9) + 1)]
+
+    def x(self, t: float) -> float:
+        return self.x0 + (t - self.t0) * self.scale
+
+    def draw(self, svg: Svg, y: float) -> None:
+        svg.line(self.x0, y, self.x1, y, stroke="#546e7a", stroke_width=1.0)
+        for t in self.ticks:
+            gx = self.x0 + t * self.scale
+            svg.line(gx, y, gx, y + 5, stroke="#546e7a", stroke_width=1.0)
+            svg.text(gx, y + 18, "%s s" % num(t / 1000.0), 11, anchor="middle", fill="#37474f")
+
+    def grid(self, svg: Svg, top: float, bottom: float, colour: str) -> None:
+        for t in self.ticks:
+            gx = self.x0 + t * self.scale
+            svg.line(gx, top, gx, bottom, stroke=colour, stroke_width=1.0)
+
+
+def _bar(svg: Svg, axis: Axis, r: Dict[str, Any], host: str, mid: float) -> None:
+    """One step's or check's bar at height MID, its time (and, when it did not pass, its status
+    and detail) beside it, on the side with more room."""
+    fill = colour(r["status"])[0]
+    bx, bw = axis.x(r["start"]), max(3.0, (r["end"] - r["start"]) * axis.scale)
+    h = 14.0 if not r["check"] else 10.0
+    took = (r["end"] - r["start"]) / 1000.0
+    tip = "%s %s on %s: %s, %s%s" % ("check" if r["check"] else "step", r["id"],
+                                     host or "this machine", status_word(r["status"]),
+                                     secs(took), (": " + r["detail"]) if r["detail"] else "")
+    svg.rect(bx, mid - h / 2, bw, h, fill, title=tip, rx=2.0)
+    note = secs(took)
+    if r["status"] not in ("ok", "pass"):
+        note = "%s %s%s" % (status_word(r["status"]), note,
+                            (": " + r["detail"]) if r["detail"] else "")
+    weight = "bold" if r["status"] in ("failed", "fail", "interrupted") else None
+    ink = {"ok": "#37474f", "pass": "#37474f", "skip": "#546e7a"}.get(r["status"], fill)
+    after, before = axis.x1 - (bx + bw) - 6, bx - axis.x0 - 6
+    if after >= before or after >= 200:
+        svg.text(bx + bw + 6, mid + 4, fit(note, after, 11), 11, fill=ink, weight=weight,
+                 title=tip)
+    else:
+        svg.text(bx - 6, mid + 4, fit(note, before, 11), 11, anchor="end", fill=ink,
+                 weight=weight, title=tip)
+
+
+def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> float:
+    """The transfer rate (MB/s) on the timeline's time axis, from Y; returns the y below it.
+    Sampled rates are a solid step curve, an average alone a dashed line over its step."""
+    panel_h = 90.0
+    top = max(p[2] for r in rates for p in r["points"]) or 1.0
+    ystep = nice(top, 3)
+    ymax = ystep * math.ceil(top * 1.25 / ystep)
+    svg.text(16, y + 4, "transfer rate", 13, weight="bold", fill="#263238")
+    y += 14
+
+    def Y(v: float) -> float:
+        return y + panel_h - v / ymax * panel_h
+
+    for k in range(int(ymax / ystep + 1e-9) + 1):
+        svg.line(axis.x0, Y(k * ystep), axis.x1, Y(k * ystep), stroke="#eceff1",
+                 stroke_width=1.0)
+        svg.text(axis.x0 - 8, Y(k * ystep) + 4, "%s MB/s" % num(k * ystep), 11, anchor="end",
+                 fill="#37474f")
+    axis.grid(svg, y, y + panel_h, "#eceff1")
+
+    def xy(t: float, v: float) -> str:
+        return "%s,%s" % (num(axis.x(t)), num(Y(v)))
+
+    for r in rates:
+        s, points = r["step"], r["points"]
+        line = [xy(t, v) for a, b, v in points for t in (a, b)]
+        first, last = points[0][0], points[-1][1]
+        svg.add("polygon", {"points": " ".join([xy(first, 0)] + line + [xy(last, 0)]),
+                            "fill": RATE, "fill-opacity": "0.15"})
+        svg.add("polyline", {"points": " ".join(line), "fill": "none", "stroke": RATE,
+                             "stroke-width": "2",
+                             "stroke-dasharray": None if r["sampled"] else "6 3"},
+                title="%s on %s: %s" % (s["id"], s["host"] or "this machine",
+                                        "sampled" if r["sampled"] else "average only"))
+        what = "%s%s: %s MB/s average%s" % (
+            s["id"], (" " + human(r["bytes"])) if r["bytes"] is not None else "",
+            num(r["average"]), "" if r["sampled"] else " (no progress samples: average only)")
+        lx, ly = axis.x(first), Y(max(p[2] for p in points)) - 6
+        if lx + len(what) * 11 * CHAR > axis.x1:
+            svg.text(min(axis.x1, axis.x(last)), ly, what, 11, anchor="end", fill=RATE)
+        else:
+            svg.text(lx, ly, what, 11, fill=RATE)
+    axis.draw(svg, y + panel_h)
+    return y + panel_h + 30
+
+
+def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
+             samples: Samples, timed: bool = True) -> str:
+    """The timeline picture (see the module's docstring). TIMED: the steps have real start
+    times (else they were laid one after the other from their durations)."""
+    hosts: List[str] = []
+    for s in steps:
+        if s["host"] not in hosts:
+            hosts.append(s["host"])
+    bands = [(h, [dict(s, check=False) for s in steps if s["host"] == h] +
+              _check_rows(report, h, steps)) for h in hosts]
+    times = [r[k] for _, rows in bands for r in rows for k in ("start", "end")
+             if r[k] is not None]
+    t0 = min(times) if times else 0
+    total = (max(times) - t0) / 1000.0 if times else 0.0
+    rates = _rates(steps, report, samples)
+    width = 1000.0
+    labels = [("\u00b7 " + r["id"]) if r["check"] else r["id"] for _, rows in bands for r in rows]
+    left = min(240.0, max(110.0, 40 + max([len(x) for x in labels] or [8]) * 12 * CHAR))
+    axis = Axis(t0, max(1000.0, total * 1000), left, width - 24)
+
+    svg = Svg()
+    outcome = str(report.get("outcome", "?"))
+    where = (" (%s)" % report["where"]) if report.get("where") else ""
+    title = "runbook %s: %s%s, %s" % (report.get("runbook", "?"), outcome, where, secs(total))
+    svg.text(16, 26, fit(title, width - 32, 17), 17, weight="bold",
+             fill=colour("failed")[0] if outcome not in ("ok", "?") else "#212121")
+    c = report.get("checks") or {}
+    sub = "spec %s; %d step%s on %d host%s" % (
+        report.get("spec", "?"), len(steps), "" if len(steps) == 1 else "s", len(hosts),
+        "" if len(hosts) == 1 else "s")
+    if report.get("probes") or any(c.get(k) for k in ("pass", "fail", "skip")):
+        sub += "; checks %s passed, %s failed, %s skipped" % (
+            c.get("pass", 0), c.get("fail", 0), c.get("skip", 0))
+    if times and timed and t0 > 1e11:
+        sub += "; started %s UTC" % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0 / 1000.0))
+    if not timed:
+        sub += "; no event log: steps laid end to end by duration"
+    svg.text(16, 46, fit(sub, width - 32, 12), 12, fill="#455a64")
+    statuses = ["ok", "failed"] + sorted({r["status"] for _, rows in bands for r in rows} -
+                                         {"ok", "failed", "pass", "fail"})
+    items = [(colour(s)[0], colour(s)[0], {"ok": "ok / pass"}.get(s, s)) for s in statuses]
+    legend(svg, 16, 70, items + [(RATE, RATE, "transfer rate")] * bool(rates))
+
+    # host bands (behind), the grid, then the rows: a label and a bar each
+    y = top = 88.0
+    failed: List[Dict[str, Any]] = []
+    body = Svg()
+    for i, (host, rows) in enumerate(bands):
+        svg.rect(8, y, width - 16, 30 + 22 * len(rows), "#f5f7f8" if i % 2 == 0 else "#eef2f4")
+        body.text(16, y + 17, host_label(host), 13, weight="bold", fill="#263238")
+        y += 24
+        for r in rows:
+            mid = y + 11
+            label = ("\u00b7 " + r["id"]) if r["check"] else r["id"]
+            body.text(left - 10, mid + 4, fit(label, left - 26, 12), 12 if not r["check"] else 11,
+                      anchor="end", fill="#37474f" if r["check"] else "#212121",
+                      weight="bold" if r["status"] in ("failed", "fail") else None)
+            if r["start"] is None:
+                body.text(left + 4, mid + 4, "%s (no time)" % status_word(r["status"]), 11,
+                          fill="#607d8b")
+            else:
+                _bar(body, axis, r, host, mid)
+                if r["status"] in ("failed", "interrupted", "fail"):
+                    failed.append(dict(r, host=host))
+            y += 22
+        y += 6
+    axis.grid(svg, top, y + 4, "#cfd8dc")
+    svg.parts += body.parts
+    axis.draw(svg, y + 4)
+    svg.text(left - 22, y + 22, "time", 11, anchor="end", fill="#37474f")
+    y += 34
+    if rates:
+        y = _rate_panel(svg, axis, rates, y + 10)
+
+    # what failed, in words, under the picture
+    for r in failed:
+        y += 6
+        line = "%s: %s %s on host %s after %s%s" % (
+            status_word(r["status"]), "check" if r["check"] else "step", r["id"],
+            r["host"] or "(this machine)",
+            secs((r["end"] - r["start"]) / 1000.0), (": " + r["detail"]) if r["detail"] else "")
+        for part in wrap(line, width - 32, 12, 4):
+            svg.text(16, y + 10, part, 12, weight="bold", fill=colour(r["status"])[0],
+                     title=line)
+            y += 16
+    desc = "; ".join("%s on %s: %s %s" % (r["id"], h or "this machine", r["status"],
+                                          secs((r["end"] - r["start"]) / 1000.0))
+                     for h, rows in bands for r in rows if not r["check"])
+    return svg.render(width, y + 12, title, desc)
+RB_PY_39D39694
+  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
   tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
   RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
 }
@@ -15916,8 +17180,7 @@ step_transfer() {
   # receive hashes each file as the stream carries it (verify compares those digests) and says
   # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --special-modes "${RB_SPECIAL_MODES}"
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --progress 5)
+    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5)
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
@@ -16143,7 +17406,9 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -16162,6 +17427,9 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
+      --markdown) markdown=1 ;;
+      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -16177,6 +17445,17 @@ main() {
     rb::dry_run
     return 0
   fi
+  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
+    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
+        "with --only or --from); --dry-run shows the steps" >&2
+      return 2
+    fi
+    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
+      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
+    fi
+  fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap 'rb::on_signal INT' INT
@@ -16191,6 +17470,11 @@ main() {
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
+  fi
+  if ((plan)); then
+    rb::live_plan "${markdown}"
+  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
+    rb::apply_read "${RB_APPLY_PLAN}"
   fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do

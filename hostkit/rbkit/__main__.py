@@ -7,6 +7,7 @@
     report --events E --out R [...]        the run's report from its event log (on the head)
     measure ROOT --tool T...               how fast each compressor packs a sample of the tree
     engine ...                             the install engine (serve.py): every step of a move
+    liveplan ...                           the live plan (--plan, --apply): liveplan.py
 
 The steps of a move (scan, stage, receive, verify, relocate, prove, swap, exports, probe,
 restore) are the engine's only: `python -m rbkit engine run STEP... --dest DEST` runs them by hand.
@@ -185,6 +186,10 @@ def main(argv=None) -> int:
         from . import serve          # the install engine's own command line (serve.py)
 
         return serve.main(argv[1:])
+    if argv[:1] == ["liveplan"]:
+        from . import liveplan       # the live plan's own command line (--plan, --apply)
+
+        return liveplan.main(argv[1:])
     a = parser().parse_args(argv)
     try:
         return a.fn(a)

@@ -637,6 +637,19 @@ rb::sha256() {
 }
 
 #######################################
+# The variable named $1 (from the environment) as a whole number of at least $2; anything else is
+# refused (exit 2) before anything is written.
+#######################################
+rb::env_number() {
+  local -n value=$1
+  if ! [[ "${value}" =~ ^[0-9]{1,9}$ ]] || ((10#${value} < $2)); then
+    echo "refusing to run: $1=${value@Q} is not a whole number of at least $2" >&2
+    exit 2
+  fi
+  value=$((10#${value}))
+}
+
+#######################################
 # The relay's own rate, bytes a second: zeros streamed for 0.6 s from $1
 # through this machine (a 1 MiB pipe, as the stream's) to $2 over the run's ssh connections (the
 # ones the stream will use, with its cipher), counted and timed on $2 from the first byte to the last. The receiving
@@ -842,7 +855,10 @@ rb::run_dirs() {
   rb::private_dir "${RB_STATE_DIR}" "the run directory" "set RB_RUN_DIR to a directory only" \
     "${me} can write (its parents too), or fix the one named"
   RB_STATE_DIR=$(cd "${RB_STATE_DIR}" && pwd -P)
-  rb::run_lock "${RB_LOCK_WAIT}"
+  # a --plan writes only in a new directory of its own: it waits for no run and holds nothing
+  if ((${RB_PLANNING:-0} == 0)); then
+    rb::run_lock "${RB_LOCK_WAIT}"
+  fi
   if [[ -z "${RB_RUN_DIR}" ]]; then
     stamp=$(TZ=UTC0 printf '%(%Y%m%dT%H%M%SZ)T' -1)
     RB_RUN_DIR=${RB_STATE_DIR}/${stamp}-$$
@@ -863,19 +879,6 @@ rb::run_dirs() {
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
   rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
     "directory only ${me} can write"
-}
-
-#######################################
-# The variable named $1 (from the environment) as a whole number of at least $2; anything else is
-# refused (exit 2) before anything is written.
-#######################################
-rb::env_number() {
-  local -n value=$1
-  if ! [[ "${value}" =~ ^[0-9]{1,9}$ ]] || ((10#${value} < $2)); then
-    echo "refusing to run: $1=${value@Q} is not a whole number of at least $2" >&2
-    exit 2
-  fi
-  value=$((10#${value}))
 }
 
 #######################################
@@ -1023,6 +1026,9 @@ rb::run_step() {
   RB_STEP_START=${RB_NOW}
   rb::manifest_sent
   "step_${id}"
+  if [[ -n "${RB_APPLY_PLAN:-}" && "${id}" == preflight ]]; then
+    rb::apply_check     # --apply: refused when the source or destination moved since the plan
+  fi
   detail=${RB_STEP_DETAIL}
   rb::now
   rb::event step "${id}" ok "${RB_STEP_START}" "${RB_NOW}" "${RB_STEP_HOST[${id}]}" "${detail}"
@@ -1071,6 +1077,158 @@ rb::on_err() {
   rb::finish failed
   # the documented statuses: 1 a step or a check failed (the tool's own status is in the log)
   exit 1
+}
+
+#######################################
+# --plan: every host reached read-only (the kit in a private directory made for this run there,
+# removed after), the route and compression chosen as a run chooses them, the source scanned and
+# its static checks run, the destination's state read by `rbkit liveplan state` (no lock taken,
+# nothing written beside it), then the plan composed here: the screen on stdout; plan.json,
+# changes.txt (one line a path, rsync -i like) and, with $1 = 1, plan.md in this run's
+# directory. Exits 1 naming every host it cannot reach, or when something blocks the run.
+#######################################
+rb::live_plan() {
+  local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' line key
+  local route_why compression_why also='' installed=''
+  local -a flags=()
+  RB_STEP=plan
+  rb::hosts_prepare "${RB_HOSTS[@]}" || true
+  for host in "${RB_HOSTS[@]}"; do
+    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+      up+="${up:+, }${host}"
+    else
+      down+="${down:+, }${host}"
+    fi
+  done
+  if [[ -n "${down}" ]]; then
+    RB_HOST=${down}
+    rb::fail "cannot reach ${down} (each said why above); nothing was planned"
+  fi
+  rb::preflight_route 2>"${RB_WORK}/plan-how"
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile the destination, read-only: its entries, free space, backups; its install's record
+  RB_HOST=${RB_DST_HOST}
+  rb::kit "${RB_DST_HOST}" liveplan state "${RB_DST_ABS}" \
+    --choices "${RB_ENGINE_CHOICES}" >"${dir}/dest.state"
+  : >"${dir}/installed.jsonl"
+  IFS= read -r line <"${dir}/dest.state" || line=''
+  if [[ "${line}" == *'"installed": true'* ]]; then
+    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${dir}/installed.jsonl"
+  fi
+  if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" ]]; then
+    installed=${BASH_REMATCH[1]}
+  fi
+  # the static checks are skipped, as preflight skips them, for the tree they passed with here
+  rb::source_finish "${installed}"
+  local -A src=()
+  for key in files bytes need_bytes stat_fingerprint audit_rc audit_failed audit_skipped; do
+    src[${key}]=${RB_J[${key}]:-}
+  done
+  # the compression matters only when something is sent: not measured for a source that is the
+  # tree the destination's install recorded (its stat fingerprint)
+  if [[ -n "${installed}" && "${installed}" == "${src[stat_fingerprint]}" ]]; then
+    rb::log "compression: not measured (the source is the tree the destination's install recorded)" \
+      2>>"${RB_WORK}/plan-how"
+  else
+    rb::preflight_compression 2>>"${RB_WORK}/plan-how"
+  fi
+  cat "${RB_WORK}/plan-how" >>"${dir}/run.log"
+  route_why=$(sed -n 's/^.*\] route: //p' "${RB_WORK}/plan-how")
+  compression_why=$(sed -n 's/^.*\] compression: //p' "${RB_WORK}/plan-how")
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
+  ((RB_INCREMENTAL)) && flags+=(--incremental)
+  if ((markdown)); then
+    flags+=(--markdown)
+    also=', plan.md'
+  fi
+  ((RB_FORCE)) && flags+=(--force)
+  [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && flags+=(--same-host)
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  "${RB_KIT_ARGV[@]}" liveplan compose --dir "${dir}" --name "${RB_NAME}" \
+    --spec-sha "${RB_SPEC_SHA256}" --kit-sha "${RB_KIT_SHA256}" \
+    --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)" --src-host "${RB_SRC_HOST}" \
+    --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" --route "${RB_ROUTE_USED:-}" \
+    --route-why "${route_why}" --compression "${RB_COMPRESSION_USED}" \
+    --compression-why "${compression_why}" --hosts "${up}: reachable (kit in a private directory, removed after)" \
+    --choices "${RB_ENGINE_CHOICES}" \
+    --source-files "${src[files]:-0}" --source-bytes "${src[bytes]:-0}" \
+    --need-bytes "${src[need_bytes]:-0}" --audit-rc "${src[audit_rc]:-2}" \
+    --audit-failed "${src[audit_failed]}" --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
+    --checks "${RB_PROBE_CONFIG:-}" "${flags[@]}" || rc=$?
+  printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' "${dir}" "${also}" \
+    "${RB_SELF}" "${dir}"
+  RB_FINISHED=1
+  exit "${rc}"
+}
+
+# the plan --apply runs (rb::apply_read): its digests of the source and the destination
+declare -A RB_PLAN=()
+
+#######################################
+# --apply PLAN, before anything runs: the plan is this runbook's (same spec and kit) and nothing
+# blocked it; its digests into RB_PLAN. Refused otherwise (exit 1).
+#######################################
+rb::apply_read() {
+  local key value out
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  if ! out=$("${RB_KIT_ARGV[@]}" liveplan read "$1" --name "${RB_NAME}" --spec-sha "${RB_SPEC_SHA256}" \
+    --kit-sha "${RB_KIT_SHA256}"); then
+    exit 1
+  fi
+  while IFS=$'\t' read -r key value; do
+    RB_PLAN[${key}]=${value}
+  done <<<"${out}"
+  rb::log "applying the plan ${1} (made against source scan ${RB_PLAN[source_stat]:0:12}," \
+    "destination state ${RB_PLAN[dest_digest]:0:12})"
+}
+
+#######################################
+# --apply, once preflight holds the destination's lock: the source's scan and the destination's
+# state against the plan's. What moved since is named (which side, how many paths, the first
+# few) and the run ends here (exit 1), before anything is written at the destination.
+#######################################
+rb::apply_check() {
+  local src_kit out moved=''
+  local -a drift
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  drift=("${RB_KIT_ARGV[@]}" liveplan drift --plan "${RB_APPLY_PLAN}")
+  if [[ "${RB_SRC_STAT}" != "${RB_PLAN[source_stat]}" ]]; then
+    rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${RB_RUN_DIR}/apply-source.scan"
+    out=$("${drift[@]}" --side source --now "${RB_RUN_DIR}/apply-source.scan") || true
+    moved+="the source ${RB_SRC_HOST}:${RB_SRC_ABS}: ${out%%$'\t'*} paths (${out#*$'\t'}); "
+  fi
+  rb::kit "${RB_DST_HOST}" liveplan state "${RB_DST_ABS}" \
+    --choices "${RB_ENGINE_CHOICES}" >"${RB_RUN_DIR}/apply-dest.state"
+  if ! out=$("${drift[@]}" --side dest --now "${RB_RUN_DIR}/apply-dest.state"); then
+    moved+="the destination ${RB_DST_HOST}:${RB_DST_ABS}: ${out%%$'\t'*} paths (${out#*$'\t'}); "
+  fi
+  if [[ -n "${moved}" ]]; then
+    rb::fail "refusing to apply ${RB_APPLY_PLAN}: changed since the plan was made: ${moved}nothing" \
+      "was written at the destination; make a new plan: bash ${RB_SELF} --plan"
+  fi
+  rb::log "the plan holds: the source and the destination are as the plan saw them"
+  rb::apply_compression "${RB_PLAN[compression]:-}"
+}
+
+#######################################
+# --apply: the stream's compression is the plan's ($1) where both ends still have it (a measured
+# choice follows the link's rate of the moment: preflight's may differ); said when it differs.
+#######################################
+rb::apply_compression() {
+  local want=$1
+  if [[ -z "${want}" || "${want}" == "${RB_COMPRESSION_USED}" ]]; then
+    return 0
+  fi
+  if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${want},"* &&
+    ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${want},"* ]]; then
+    rb::log "compression: ${want}, as the plan chose (preflight chose ${RB_COMPRESSION_USED} now)"
+    RB_COMPRESSION_USED=${want}
+    RB_STEP_DETAIL=${RB_STEP_DETAIL/%compression */compression ${want}}
+  else
+    rb::log "compression: ${RB_COMPRESSION_USED}, not the plan's ${want}: an end no longer has it"
+  fi
 }
 
 #######################################
@@ -1748,6 +1906,9 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --restore [N]   put backup N (default: the newest whose checks passed) of the destination
                   back in place, then run the checks on it
   --list-backups  the destination's backups: when, from which spec and source, checks, size
+  --plan          reach every host read-only and say what a run would change and need
+                  (--markdown: also plan.md); writes runs/${RB_NAME}/<run>/plan.json
+  --apply PLAN    run exactly that plan; refused (exit 1) when either end changed since
   --force         move a source whose static checks failed (kernels without code for the
                   target, references that leave the venv); the log and the report say so
   --allow-edited  run this runbook although it was edited, or its spec changed, since compile

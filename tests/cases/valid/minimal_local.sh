@@ -4,7 +4,7 @@
 # sha256 of this file with these 64 digits zeroed: <kit hash>
 # Both ends on this machine, no checks.
 #
-# Usage: bash minimal_local.sh [--list | --dry-run | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash minimal_local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
 #   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
@@ -920,7 +920,9 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  RB_APPLY_PLAN=''
+  RB_PLANNING=0
   while (($# > 0)); do
     case "$1" in
       --list) rb::list; return 0 ;;
@@ -939,6 +941,9 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --plan) plan=1; RB_PLANNING=1 ;;
+      --markdown) markdown=1 ;;
+      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
       -h | --help) rb::usage; return 0 ;;
       *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
     esac
@@ -954,6 +959,17 @@ main() {
     rb::dry_run
     return 0
   fi
+  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
+    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
+        "with --only or --from); --dry-run shows the steps" >&2
+      return 2
+    fi
+    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
+      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
+    fi
+  fi
   rb::check_sealed || return 2
   trap 'rb::on_err "${LINENO}"' ERR
   trap 'rb::on_signal INT' INT
@@ -968,6 +984,11 @@ main() {
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
     return 0
+  fi
+  if ((plan)); then
+    rb::live_plan "${markdown}"
+  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
+    rb::apply_read "${RB_APPLY_PLAN}"
   fi
   [[ -z "${from}" ]] && run=1
   for id in "${RB_STEPS[@]}"; do

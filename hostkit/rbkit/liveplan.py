@@ -1,0 +1,468 @@
+"""The live plan (`bash RUNBOOK --plan`, `--apply PLAN`): what a run will change, read from the
+real hosts without writing anything there, and the check that a saved plan still holds.
+
+    liveplan state DEST [--policy P] [--keep-backups N]   on the destination, read-only: a JSON
+        line of facts (exists, installed, free space, backups), then the stat line of every
+        entry of DEST (manifest.values_line's, the walk's order): its state, digested
+    liveplan compose --dir DIR ...                         here: the plan from what the runbook
+        fetched into DIR (source.scan, dest.state, installed.jsonl): plan.json, changes.txt,
+        plan.md (--markdown), and the screen on stdout; exit 1 when something blocks the run
+    liveplan drift --plan PLAN --side source|dest --now FILE   here: what moved since the plan
+        (exit 1, naming the side, how many paths and the first few), exit 0 when nothing did
+    liveplan read PLAN --name N --spec-sha S --kit-sha K   here: the plan's digests as
+        `KEY<TAB>VALUE` lines, or why it is not this runbook's (exit 1)
+
+The source's side is the scan preflight makes (hostfs.scan's record, NAMES.stat): its stat
+fingerprint is the source's digest. The changes are judged as the engine judges a re-run (the
+quick check: path, type, mode, size, link and mtime; rbkit.manifest.quick_check), against the
+source as the install recorded it (manifest.source_of) and the destination as it is now.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
+from rbrules import paths
+
+from . import hostfs, privacy, safefs, swapfs
+from .choices import Choices
+from . import manifest as kitmanifest
+
+INSTALLED = ".rb-manifest.jsonl"      # engine.INSTALLED: the install's own manifest
+SHOWN = 8                             # itemized lines shown on the screen (all in changes.txt)
+MARGIN = 10                           # percent over the staging's bytes, as preflight asks
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
+        n /= 1000.0
+    return str(n)
+
+
+# -- the destination, read-only ----------------------------------------------------------------
+
+
+def dest_state(dest: str, policy: str, keep_backups: int) -> Tuple[dict, List[bytes]]:
+    """(facts, stat lines) of the destination; nothing is written, no lock is taken."""
+    dest = os.path.abspath(dest)
+    parent = os.path.dirname(dest)
+    staging = paths.staging(dest)
+    facts: dict = {"dest": dest, "exists": os.path.lexists(dest), "is_dir": os.path.isdir(dest),
+                   "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
+                   "staging_left": os.path.lexists(staging)}
+    found = privacy.check_parent(dest, os.geteuid())
+    if found is not None:
+        # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
+        facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
+    free = hostfs.free_bytes(staging)
+    facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
+    lines: List[bytes] = []
+    size = 0
+    patterns: List[str] = []
+    if facts["installed"]:
+        try:
+            with open(os.path.join(dest, INSTALLED), encoding="utf-8") as f:
+                head = json.loads(f.readline())
+            patterns = list(head.get("excludes") or ())
+            facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
+            st = os.stat(os.path.join(dest, INSTALLED))
+            facts["installed_record"] = [st.st_size, st.st_mtime_ns]
+        except (OSError, ValueError) as exc:
+            facts["installed_error"] = str(exc)
+    if facts["is_dir"] and not os.path.islink(dest):
+        for rel, st in kitmanifest.walk(dest, patterns):
+            v = kitmanifest.stat_values(dest, rel, st)
+            try:
+                lines.append(kitmanifest.values_line(v))
+            except UnicodeEncodeError:
+                continue
+            if v[1] == "f":
+                size += st.st_size
+    facts["bytes"] = size
+    facts["digest"] = hashlib.sha256(json.dumps(
+        [facts["exists"], facts.get("installed_record")]).encode() + b"".join(lines)).hexdigest()
+    good: List[str] = []
+    if os.path.isdir(parent):
+        good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]
+    facts["backups"] = good
+    # a swap under `backup` makes the install in place the newest backup; past keep_backups the
+    # oldest go once the new install passed its checks (swapfs.prune_backups)
+    after = good + ([dest] if policy == "backup" and facts["exists"] else [])
+    facts["evicts"] = after[:-keep_backups] if keep_backups and len(after) > keep_backups else []
+    return facts, lines
+
+
+# -- here: the plan --------------------------------------------------------------------------------
+
+
+def _rows(lines: List[bytes]) -> List[list]:
+    body = b",".join(ln.rstrip(b"\n") for ln in lines if ln.strip())
+    return json.loads(b"[" + body + b"]") if body else []
+
+
+def read_scan(path: str) -> Tuple[str, List[list]]:
+    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    _head, _, body = data.partition(b"\n")
+    return hashlib.sha256(body).hexdigest(), _rows(body.split(b"\n"))
+
+
+def read_state(path: str) -> Tuple[dict, List[list]]:
+    with open(path, "rb") as f:
+        data = f.read().split(b"\n")
+    return json.loads(data[0]), _rows(data[1:])
+
+
+def _flags(old: Optional[list], new: list) -> str:
+    """An rsync -i like code of 11 characters for `new` against `old` (None: new there)."""
+    kind = {"f": "f", "d": "d", "l": "L"}.get(new[1], "?")
+    head = (">" if new[1] == "f" else "c") + kind
+    if old is None:
+        return head + "+++++++++"
+    if old[1] != new[1]:
+        return head + "T" * 9
+    return head + "." + ("s" if old[3] != new[3] else ".") + ("t" if old[5] != new[5] else ".") \
+        + ("p" if old[2] != new[2] else ".") + ("L" if old[4] != new[4] else ".") + "...."
+
+
+def changes(src: List[list], dest: List[list], installed: Optional[dict]) -> dict:
+    """What a run would change at the destination: `src` the source's scan rows, `dest` the
+    destination's, `installed` its install's manifest (None: not an install of this tool). Each
+    source entry is added, changed (against the source as the install recorded it, or a file
+    changed at the destination since) or unchanged; what the destination holds that the source
+    lacks is removed."""
+    now = {r[0]: r for r in dest}
+    base: Dict[str, list] = {}
+    moved_there: set = set()
+    if installed is not None:
+        rows = [[e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+                for e in installed["entries"]]
+        base = {r[0]: r for r in rows}
+        moved_there = {r[0] for r in rows if now.get(r[0]) != r} | (set(now) - set(base))
+        for e in installed["header"].get("source_entries") or ():
+            # the source's own entries of what relocation rewrote (manifest.source_of)
+            base[e["p"]] = [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+    else:
+        base = dict(now)
+    items: List[str] = []
+    out = {"added": 0, "added_bytes": 0, "changed": 0, "changed_bytes": 0, "removed": 0,
+           "removed_bytes": 0, "unchanged": 0, "changed_there": 0}
+    have = set()
+    for row in src:
+        p = row[0]
+        have.add(p)
+        old = base.get(p)
+        size = row[3] if row[1] == "f" else 0
+        if old is None:
+            out["added"] += 1
+            out["added_bytes"] += size
+            items.append("%s %s" % (_flags(None, row), p))
+        elif old[1:] != row[1:] or p in moved_there:
+            code, why = _flags(old, row), ""
+            if old[1:] == row[1:]:
+                code, why = code[:2] + "?" * 9, " (changed at the destination since the install)"
+                out["changed_there"] += 1
+            out["changed"] += 1
+            out["changed_bytes"] += size
+            items.append("%s %s%s" % (code, p, why))
+        else:
+            out["unchanged"] += 1
+    gone = sorted(set(base) | set(now)) if installed is not None else sorted(now)
+    for p in gone:
+        if p in have or p == INSTALLED:
+            continue
+        row = now.get(p) or base.get(p)
+        out["removed"] += 1
+        out["removed_bytes"] += row[3] if row and row[1] == "f" else 0
+        items.append("*deleting   %s" % p)
+    out["items"] = items
+    return out
+
+
+def _load_installed(path: str) -> Optional[dict]:
+    """The install's manifest (header, entries) as fetched, in one parse (no fingerprint: the
+    plan only compares stats); None when there is none or it is not one."""
+    try:
+        with open(path, "rb") as f:
+            rows = [ln for ln in f.read().split(b"\n") if ln.strip()]
+        docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
+    except (OSError, ValueError):
+        return None
+    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
+        return None
+    entries = [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
+    return {"header": docs[0], "entries": entries}
+
+
+def _write(path: str, text: str) -> None:
+    """A file of this run's private directory: a new file and one rename, never through a link."""
+    safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
+
+
+def compose(a: argparse.Namespace) -> int:
+    d = a.dir
+    src_stat, src = read_scan(os.path.join(d, "source.scan"))
+    facts, dest = read_state(os.path.join(d, "dest.state"))
+    installed = _load_installed(os.path.join(d, "installed.jsonl"))
+    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
+        installed = None
+    ch = changes(src, dest, installed)
+    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
+    up_to_date = (installed is not None and facts.get("installed_source_stat") == src_stat
+                  and ch["changed"] == ch["added"] == ch["removed"] == 0)
+    delta = installed is not None and a.incremental
+    src_bytes = int(a.source_bytes or 0)
+    # an incremental run also sends again what relocation rewrites (bin/*, pyvenv.cfg: their
+    # installed copies are not the source's, never linked)
+    rewritten = sum(r[3] for r in src if r[1] == "f" and kitmanifest.relocatable(r[0]))
+    ch["rewritten_bytes"] = rewritten
+    send = 0 if up_to_date else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta
+                                 else src_bytes)
+    staging = 0 if up_to_date else (send if delta else int(a.need_bytes or src_bytes))
+    staging += staging * MARGIN // 100
+    # with backup, the install in place stays as a backup; an incremental staging links its
+    # unchanged files from it, and the swap gives the backup copies of its own (unshare_backup:
+    # free where the file system has reflinks)
+    backup = 0
+    if a.policy == "backup" and facts["exists"] and delta and not up_to_date:
+        backup = max(0, facts.get("bytes", 0) - ch["changed_bytes"])
+    need = staging + backup
+    blockers: List[str] = []
+    if need > facts["free_bytes"]:
+        blockers.append("not enough room at %s: %s needed (staging %s%s), %s free"
+                        % (facts["measured_at"], human(need), human(staging),
+                           ", kept backup " + human(backup) if backup else "",
+                           human(facts["free_bytes"])))
+    if facts["exists"] and not facts["installed"] and a.policy == "refuse":
+        blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
+    if facts.get("shared_parent") and a.shared_parent != "allow":
+        blockers.append(facts["shared_parent"])
+    audit = static_verdict(a)
+    if audit.startswith("failed") and not a.force and not a.same_host:
+        blockers.append("the static checks on the source failed (%s): fix the venv or --force"
+                        % audit)
+    checks = json.loads(a.checks or "{}").get("checks") or []
+    plan = {
+        "kind": "rb-plan", "schema": 1, "runbook": a.name, "spec_sha256": a.spec_sha,
+        "kit_sha256": a.kit_sha, "made": a.made,
+        "source": {"host": a.src_host, "path": a.src_path, "stat_fingerprint": src_stat,
+                   "files": int(a.source_files or 0), "bytes": src_bytes},
+        "destination": {"host": a.dst_host, "path": facts["dest"], "digest": facts["digest"],
+                        "exists": facts["exists"], "installed": facts["installed"],
+                        "free_bytes": facts["free_bytes"], "measured_at": facts["measured_at"]},
+        "route": a.route, "compression": a.compression,
+        "changes": {k: v for k, v in ch.items() if k != "items"}, "up_to_date": up_to_date,
+        "incremental": delta, "send_bytes": send,
+        "disk": {"staging": staging, "backup": backup, "need": need,
+                 "free": facts["free_bytes"]},
+        "policy": a.policy, "backups": facts["backups"], "evicts": facts["evicts"],
+        "static": audit, "checks": [c.get("id") for c in checks], "blockers": blockers,
+    }
+    _write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
+    print("\n".join(lines))
+    if a.markdown:
+        _write(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
+    return 1 if blockers else 0
+
+
+def static_verdict(a: argparse.Namespace) -> str:
+    what = "kernel audit for %s, references leaving the venv" % a.arch if a.arch \
+        else "references leaving the venv"
+    if a.audit_skipped == "1":
+        return ("skipped: the source is the tree the destination's install recorded, and they "
+                "passed for it here (%s)" % what)
+    if a.audit_rc == "0" or (a.audit_rc == "1" and not a.audit_failed):
+        return "passed (%s)" % what
+    if a.audit_rc == "1":
+        said = " (both ends are this machine: said, not refused)" if a.same_host \
+            and a.audit_failed == "outside" else ""
+        return "failed: %s%s" % (a.audit_failed, said)
+    return "could not run (exit %s)" % a.audit_rc
+
+
+def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict],
+           listing: str) -> List[str]:
+    ch, disk = plan["changes"], plan["disk"]
+    src, dst = plan["source"], plan["destination"]
+    out = ["plan for %s: %s:%s -> %s:%s" % (plan["runbook"], src["host"], src["path"],
+                                           dst["host"], dst["path"])]
+    out.append("  hosts:       %s" % a.hosts)
+    out.append("  route:       %s" % a.route_why)
+    out.append("  compression: %s" % a.compression_why)
+    out.append("  source:      %d files, %s (scan %s)" % (src["files"], human(src["bytes"]),
+                                                          src["stat_fingerprint"][:12]))
+    state = ("holds an install of this tool" if dst["installed"] else
+             "exists (not installed by this tool)" if dst["exists"] else "does not exist yet")
+    out.append("  destination: %s; on_existing %s" % (state, plan["policy"]))
+    if plan["up_to_date"]:
+        out.append("  changes:     nothing to send: the destination already holds this exact tree")
+    else:
+        out.append("  changes:     %d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
+                   % (ch["added"], human(ch["added_bytes"]), ch["changed"],
+                      human(ch["changed_bytes"]), ch["removed"], human(ch["removed_bytes"]),
+                      ch["unchanged"]))
+        for line in items[:SHOWN]:
+            out.append("               " + line)
+        if len(items) > SHOWN:
+            out.append("               ... %d more" % (len(items) - SHOWN))
+        out.append("               every line: %s" % listing)
+        how = ("only the changes, and %s of bin/ and pyvenv.cfg that relocation rewrites "
+               "(incremental)" % human(ch["rewritten_bytes"])) if plan["incremental"] \
+            else "the whole tree"
+        out.append("  to send:     %s, %s" % (human(plan["send_bytes"]), how))
+    room = "enough room" if disk["need"] <= disk["free"] else "NOT ENOUGH ROOM"
+    out.append("  disk:        %s needed (staging %s%s) of %s free at %s: %s"
+               % (human(disk["need"]), human(disk["staging"]),
+                  ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
+                  human(disk["free"]), dst["measured_at"], room))
+    if plan["policy"] == "backup":
+        kept = "%d backups kept" % len(plan["backups"])
+        evict = ("; evicts %s once the new install passes its checks"
+                 % ", ".join(plan["evicts"])) if plan["evicts"] else "; evicts none"
+        out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
+    out.append("  static:      %s" % plan["static"])
+    names = []
+    head = True
+    for c in checks:
+        # the implied checks come first (compiler.implied: relocation, and kernel_audit for a gpu)
+        head = head and c.get("type") in ("relocation", "kernel_audit")
+        implied = " (implied)" if head else ""
+        skip = " (may skip)" if c.get("allow_skip") else ""
+        names.append("%s%s%s" % (c.get("id"), implied, skip))
+    out.append("  checks:      %s" % (", ".join(names) or "none"))
+    for b in plan["blockers"]:
+        out.append("  BLOCKED:     %s" % b)
+    return out
+
+
+def markdown(plan: dict, items: List[str], lines: List[str]) -> str:
+    text = ["# Live plan: %s" % plan["runbook"], "",
+            "Made %s against the real hosts (spec sha256 %s)." % (plan["made"],
+                                                                plan["spec_sha256"][:12]), "",
+            "```", *lines[1:], "```", ""]
+    if items:
+        text += ["<details><summary>%d itemized changes</summary>" % len(items), "", "```",
+                 *items, "```", "</details>", ""]
+    return "\n".join(text)
+
+
+# -- here: the plan against what is there now -----------------------------------------------------
+
+
+def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
+    """(number of paths, the first few) that differ between the plan's record of `side` and now."""
+    d = os.path.dirname(os.path.abspath(plan_path))
+    record = ""
+    if side == "source":
+        _fp, then = read_scan(os.path.join(d, "source.scan"))
+        _fp, now = read_scan(now_path)
+    else:
+        was, then = read_state(os.path.join(d, "dest.state"))
+        facts, now = read_state(now_path)
+        if (was.get("exists"), was.get("installed_record")) != \
+                (facts.get("exists"), facts.get("installed_record")):
+            record = INSTALLED + " (the install's record)" if facts.get("exists") \
+                else facts["dest"] + " (gone)"
+    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    shown = []
+    for p in moved[:5]:
+        shown.append(p + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)"))
+    if record:
+        moved.append(record)
+        shown.insert(0, record)
+    return len(moved), ", ".join(shown[:5])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rbkit liveplan")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("state")
+    s.add_argument("dest")
+    s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
+    c = sub.add_parser("compose")
+    c.add_argument("--dir", required=True)
+    for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
+                "route", "route-why", "compression", "compression-why", "hosts", "choices",
+                "source-files", "source-bytes", "need-bytes", "audit-rc",
+                "audit-failed", "audit-skipped", "arch", "checks"):
+        c.add_argument("--" + key, default="")
+    for flag in ("incremental", "markdown", "force", "same-host"):
+        c.add_argument("--" + flag, action="store_true")
+    dr = sub.add_parser("drift")
+    dr.add_argument("--plan", required=True)
+    dr.add_argument("--side", choices=("source", "dest"), required=True)
+    dr.add_argument("--now", required=True)
+    r = sub.add_parser("read")
+    r.add_argument("plan")
+    r.add_argument("--name", required=True)
+    r.add_argument("--spec-sha", required=True)
+    r.add_argument("--kit-sha", required=True)
+    a = p.parse_args(argv)
+    try:
+        if a.cmd in ("state", "compose"):
+            # the spec's choices for the destination, from the engine's one document
+            ch = Choices.from_json(a.choices)
+            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
+            a.keep_backups = ch.keep_backups or 0 if a.cmd == "state" else (
+                "" if ch.keep_backups is None else str(ch.keep_backups))
+        if a.cmd == "state":
+            facts, lines = dest_state(a.dest, a.policy, a.keep_backups)
+            out = sys.stdout.buffer
+            out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
+            out.write(b"".join(lines))
+            return 0
+        if a.cmd == "compose":
+            return compose(a)
+        if a.cmd == "drift":
+            n, first = drift(a.plan, a.side, a.now)
+            if n:
+                print("%d\t%s" % (n, first))
+                return 1
+            return 0
+        return read_plan(a)
+    except (OSError, ValueError, KeyError) as exc:
+        print("rbkit liveplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        return 2
+
+
+def read_plan(a: argparse.Namespace) -> int:
+    try:
+        with open(a.plan, encoding="utf-8") as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as exc:
+        print("the plan %s cannot be read (%s): make one with --plan" % (a.plan, exc),
+              file=sys.stderr)
+        return 1
+    why = ""
+    if plan.get("kind") != "rb-plan" or plan.get("runbook") != a.name:
+        why = "it is not a plan of runbook %s" % a.name
+    elif plan.get("spec_sha256") != a.spec_sha or plan.get("kit_sha256") != a.kit_sha:
+        why = "this runbook was compiled again since (another spec or kit)"
+    elif plan.get("blockers"):
+        why = "the plan is blocked: " + "; ".join(plan["blockers"])
+    if why:
+        print("refusing to apply %s: %s; make a new one with --plan" % (a.plan, why),
+              file=sys.stderr)
+        return 1
+    for key, value in (("source_stat", plan["source"]["stat_fingerprint"]),
+                       ("dest_digest", plan["destination"]["digest"]),
+                       ("route", plan.get("route", "")),
+                       ("compression", plan.get("compression", ""))):
+        print("%s\t%s" % (key, value))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

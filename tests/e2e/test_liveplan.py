@@ -1,0 +1,166 @@
+"""The live plan on the lab's hosts (issue 36): `--plan` reaches src and dst read-only and says what
+a run would change; `--apply PLAN` runs it, and refuses when either end moved since the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_relay import build, snapshot, spec_text
+
+
+def run(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
+    """A run in a directory of its own (runs/NAME/<UTC>-<pid>, as a user's)."""
+    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+
+
+def plan_dir(r: subprocess.CompletedProcess) -> Path:
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("plan: ")][-1]
+    return Path(line.split()[1].rstrip(";,")).parent
+
+
+def own_source(payload, tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload.venv), str(src)], check=True)
+    return src
+
+
+def module(src: Path) -> Path:
+    return next(src.glob("lib/python3*/site-packages/rb_payload/__init__.py"))
+
+
+@pytest.mark.e2e
+def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_lab, payload_small,
+                                                                         tmp_path):
+    src = own_source(payload_small, tmp_path)
+    parent = tmp_path / "dst"
+    parent.mkdir()
+    dst = parent / "venv"
+    script = build(tmp_path, spec_text(clean_lab, src, dst, policy="replace",
+                                       checks="checks:\n  - imports: [rb_payload]\n"))
+
+    r = run(tmp_path, script, "--plan", "--markdown")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    out = r.stdout
+    assert "hosts:       src, dst: reachable" in out
+    assert "route:       relay through this machine" in out
+    assert "compression: " in out and "destination: does not exist yet" in out
+    assert "to send:" in out and "the whole tree" in out and "enough room" in out
+    assert "static:      passed" in out and "checks:      relocation (implied), imports" in out
+    # read-only: nothing beside the destination (no lock, no staging), no kit left (conftest)
+    assert list(parent.iterdir()) == []
+    d = plan_dir(r)
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["changes"]["added"] > 10 and plan["changes"]["removed"] == 0
+    assert plan["destination"]["exists"] is False and plan["blockers"] == []
+    assert (d / "plan.md").read_text().startswith("# Live plan: relay")
+    assert any(ln.endswith(" bin/python") for ln in (d / "changes.txt").read_text().splitlines())
+
+    r = run(tmp_path, script, "--apply", str(d / "plan.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the plan holds" in r.stderr
+    assert (dst / "bin" / "payload-hello").exists()
+
+    # a re-run: nothing to send; a plan holds no lock, so it waits for no run that holds one
+    lock = tmp_path / "runs" / "relay" / ".run-lock"
+    lock.mkdir()
+    (lock / "holder").write_text(f"{os.getpid()} here\n")
+    start = time.monotonic()
+    r = run(tmp_path, script, "--plan")
+    took = time.monotonic() - start
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "nothing to send: the destination already holds this exact tree" in r.stdout
+    assert "waiting" not in r.stderr and "compression: not measured" in r.stdout
+    assert "static:      skipped: the source is the tree" in r.stdout
+    assert (lock / "holder").exists()
+    (lock / "holder").unlink()
+    lock.rmdir()
+    print(f"re-run plan, nothing to send: {took:.2f} s")
+
+    # one file changed at the source: the plan shows exactly it
+    with module(src).open("a") as f:
+        f.write("# changed\n")
+    r = run(tmp_path, script, "--plan")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rel = str(module(src).relative_to(src))
+    assert (plan_dir(r) / "changes.txt").read_text().splitlines() == [f">f.st...... {rel}"]
+    assert "0 added (0 B), 1 changed (" in r.stdout and "only the changes" in r.stdout
+    # the stream takes the plan's compression, whatever preflight measures now
+    saved = plan_dir(r) / "plan.json"
+    doc = json.loads(saved.read_text())
+    doc["compression"] = "gzip"
+    saved.write_text(json.dumps(doc))
+    r = run(tmp_path, script, "--apply", str(saved))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "compression: gzip, as the plan chose" in r.stderr
+    assert "relay, compression gzip, incremental" in r.stderr
+    assert module(dst).read_text().endswith("# changed\n")
+
+
+@pytest.mark.e2e
+def test_apply_refuses_when_the_source_changed_since_the_plan(clean_lab, payload_small, tmp_path):
+    src = own_source(payload_small, tmp_path)
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(clean_lab, src, dst, policy="replace"))
+    assert run(tmp_path, script).returncode == 0
+    r = run(tmp_path, script, "--plan")
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = snapshot(dst.parent)
+    (src / "lib" / "added-after-the-plan.txt").write_text("new\n")
+    r = run(tmp_path, script, "--apply", str(plan_dir(r) / "plan.json"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert (f"changed since the plan was made: the source src:{src}: 1 paths "
+            "(lib/added-after-the-plan.txt (new))") in r.stderr
+    assert "nothing was written at the destination" in r.stderr
+    assert snapshot(dst.parent) == before
+
+
+@pytest.mark.e2e
+def test_apply_refuses_when_the_destination_changed_since_the_plan(clean_lab, payload_small,
+                                                                   tmp_path):
+    src = own_source(payload_small, tmp_path)
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(clean_lab, src, dst, policy="replace"))
+    assert run(tmp_path, script).returncode == 0
+    r = run(tmp_path, script, "--plan")
+    assert "nothing to send" in r.stdout
+    (dst / "bin" / "payload-hello").unlink()
+    r = run(tmp_path, script, "--apply", str(plan_dir(r) / "plan.json"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert f"the destination dst:{dst}: 1 paths (bin/payload-hello (gone))" in r.stderr
+    assert not (dst / "bin" / "payload-hello").exists()
+
+
+@pytest.mark.e2e
+def test_plan_says_the_destination_has_no_room(clean_lab, payload_small, tmpfs_factory, tmp_path):
+    disk = tmpfs_factory(64)     # 64 KiB: less than the tree takes (a 4 KiB block a file)
+    src = own_source(payload_small, tmp_path)
+    dst = Path(disk.path) / "venv"
+    script = build(tmp_path, spec_text(clean_lab, src, dst))
+    r = run(tmp_path, script, "--plan")
+    assert r.returncode == 1, r.stdout + r.stderr[-3000:]
+    assert "NOT ENOUGH ROOM" in r.stdout
+    assert f"BLOCKED:     not enough room at {disk.path}:" in r.stdout
+    assert os.listdir(disk.path) in ([], ["lost+found"])
+    plan = json.loads((plan_dir(r) / "plan.json").read_text())
+    assert plan["disk"]["need"] > plan["disk"]["free"]
+    # a blocked plan is not applied
+    r = run(tmp_path, script, "--apply", str(plan_dir(r) / "plan.json"))
+    assert r.returncode == 1 and "the plan is blocked: not enough room" in r.stderr
+
+
+@pytest.mark.e2e
+def test_plan_names_every_host_it_cannot_reach_at_once(clean_lab, payload_small, tmp_path):
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(clean_lab, payload_small.venv, dst))
+    clean_lab.stop_sshd("src")
+    clean_lab.stop_sshd("dst")
+    r = run(tmp_path, script, "--plan")
+    assert r.returncode == 1
+    assert "cannot reach src, dst (each said why above); nothing was planned" in r.stderr

@@ -1,0 +1,161 @@
+"""rbkit.liveplan without hosts: the destination's state read without writing, the itemized
+changes (rsync -i like) against the source as the install recorded it, the plan's drift check."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rbkit import liveplan
+from rbkit import manifest as kitmanifest
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        os.utime(p, (1_700_000_000, 1_700_000_000))
+    return root
+
+
+def scan_rows(root: Path) -> list[list]:
+    return [list(kitmanifest.stat_values(str(root), rel, st))
+            for rel, st in kitmanifest.walk(str(root))]
+
+
+def installed_of(root: Path) -> dict:
+    m = kitmanifest.build(str(root), algo="sha256", jobs=1)
+    return kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m))
+
+
+def test_a_first_move_adds_every_entry(tmp_path):
+    src = tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "bb"})
+    ch = liveplan.changes(scan_rows(src), [], None)
+    assert ch["added"] == 3 and ch["added_bytes"] == 3 and ch["changed"] == ch["removed"] == 0
+    assert ch["items"] == [">f+++++++++ a.py", "cd+++++++++ pkg", ">f+++++++++ pkg/b.py"]
+
+
+def test_a_rerun_names_exactly_the_file_that_changed_and_what_is_gone(tmp_path):
+    src = tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "bb", "old.py": "o"})
+    dst = tree(tmp_path / "dst", {"a.py": "a", "pkg/b.py": "bb", "old.py": "o"})
+    installed = installed_of(dst)
+    (src / "old.py").unlink()
+    (src / "pkg" / "b.py").write_text("bbb")
+    ch = liveplan.changes(scan_rows(src), scan_rows(dst), installed)
+    assert [i for i in ch["items"] if not i.startswith("cd")] == [">f.st...... pkg/b.py",
+                                                                 "*deleting   old.py"]
+    assert (ch["changed"], ch["changed_bytes"], ch["removed"], ch["removed_bytes"]) == (1, 3, 1, 1)
+
+
+def test_a_file_changed_at_the_destination_since_the_install_is_sent_again(tmp_path):
+    src = tree(tmp_path / "src", {"a.py": "a"})
+    dst = tree(tmp_path / "dst", {"a.py": "a"})
+    installed = installed_of(dst)
+    (dst / "a.py").write_text("edited there")
+    ch = liveplan.changes(scan_rows(src), scan_rows(dst), installed)
+    assert ch["items"] == [">f????????? a.py (changed at the destination since the install)"]
+    assert ch["changed_there"] == 1
+
+
+def test_the_destination_state_is_read_without_writing_and_names_the_backup_to_evict(tmp_path):
+    dest = tree(tmp_path / "venv", {"a.py": "a"})
+    for n in (1, 2):
+        tree(tmp_path / f"venv.rb-backup.{n}", {"a.py": "a"})
+    before = sorted(os.listdir(tmp_path))
+    facts, lines = liveplan.dest_state(str(dest), "backup", 2)
+    assert sorted(os.listdir(tmp_path)) == before
+    assert facts["exists"] and not facts["installed"] and facts["bytes"] == 1
+    assert facts["evicts"] == [str(tmp_path / "venv.rb-backup.1")]
+    assert liveplan.dest_state(str(dest), "replace", 2)[0]["evicts"] == []
+    assert len(lines) == 1 and facts["digest"] == liveplan.dest_state(str(dest), "backup", 2)[0][
+        "digest"]
+    (dest / "a.py").write_text("b")
+    assert liveplan.dest_state(str(dest), "backup", 2)[0]["digest"] != facts["digest"]
+
+
+def write_state(path: Path, dest: Path) -> None:
+    facts, lines = liveplan.dest_state(str(dest), "replace", 0)
+    path.write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
+
+
+def test_drift_names_the_side_count_and_first_paths(tmp_path):
+    dest = tree(tmp_path / "venv", {"a.py": "a", "b.py": "b"})
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    write_state(plan / "dest.state", dest)
+    write_state(tmp_path / "now.state", dest)
+    assert liveplan.drift(str(plan / "plan.json"), "dest", str(tmp_path / "now.state"))[0] == 0
+    (dest / "b.py").unlink()
+    (dest / "c.py").write_text("c")
+    write_state(tmp_path / "now.state", dest)
+    assert liveplan.drift(str(plan / "plan.json"), "dest", str(tmp_path / "now.state")) == \
+        (2, "b.py (gone), c.py (new)")
+
+
+@pytest.mark.parametrize("doc, said", [
+    ({"kind": "rb-plan", "runbook": "other"}, "it is not a plan of runbook t"),
+    ({"kind": "rb-plan", "runbook": "t", "spec_sha256": "x", "kit_sha256": "k"},
+     "this runbook was compiled again since"),
+    ({"kind": "rb-plan", "runbook": "t", "spec_sha256": "s", "kit_sha256": "k",
+      "blockers": ["not enough room at /x"]}, "the plan is blocked: not enough room at /x"),
+])
+def test_a_plan_of_another_runbook_or_a_blocked_one_is_refused(tmp_path, capsys, doc, said):
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    rc = liveplan.main(["read", str(tmp_path / "plan.json"), "--name", "t", "--spec-sha", "s",
+                        "--kit-sha", "k"])
+    assert rc == 1 and said in capsys.readouterr().err
+
+
+def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_checks(tmp_path,
+                                                                                  capsys):
+    src = tree(tmp_path / "src", {"pyvenv.cfg": "home = /usr/bin", "bin/python": "x"})
+    d = tmp_path / "run"
+    d.mkdir()
+    names = tmp_path / "names"
+    from rbkit import hostfs
+    hostfs.scan(str(src), [], str(names))
+    (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
+    facts, lines = liveplan.dest_state(str(tmp_path / "dst" / "venv"), "replace", 0)
+    facts["free_bytes"] = 10
+    (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
+    checks = {"checks": [{"id": "relocation", "type": "relocation"},
+                         {"id": "kernel_audit", "type": "kernel_audit"},
+                         {"id": "torch", "type": "torch", "allow_skip": True}]}
+    rc = liveplan.main(["compose", "--dir", str(d), "--name", "t",
+                        "--choices", '{"schema": 1, "on_existing": "replace"}',
+                        "--source-bytes", "17", "--need-bytes", "8192", "--audit-rc", "0",
+                        "--checks", json.dumps(checks), "--markdown"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "checks:      relocation (implied), kernel_audit (implied), torch (may skip)" in out
+    assert "NOT ENOUGH ROOM" in out and "BLOCKED:     not enough room at" in out
+    plan = json.loads((d / "plan.json").read_text())
+    assert plan["blockers"] and plan["disk"]["need"] == 8192 + 819 and plan["send_bytes"] == 17
+    assert (d / "changes.txt").read_text().splitlines() == [
+        "cd+++++++++ bin", ">f+++++++++ pyvenv.cfg", ">f+++++++++ bin/python"]
+    assert "# Live plan: t" in (d / "plan.md").read_text()
+
+
+@pytest.mark.parametrize("runbook, args", [("cluster8", ["--plan"]),
+                                           ("local", ["--apply", "x.json", "--only", "probe"])])
+def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["bash", str(root / "generated" / f"{runbook}.sh"), *args], cwd=root,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--plan and --apply are for every step of a single-host move (not a fan-out" in r.stderr
+
+
+def test_a_destination_parent_other_users_can_write_is_said_by_the_state(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    facts, _lines = liveplan.dest_state(str(shared / "venv"), "replace", 0)
+    assert "shared_parent" in facts and str(shared) in facts["shared_parent"]
+    shared.chmod(0o755)
+    assert "shared_parent" not in liveplan.dest_state(str(shared / "venv"), "replace", 0)[0]
