@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: da54d16699990ad8a56a8b8467b052edd7672d33d44e13541e835816f1d61e5f
+# sha256 of this file with these 64 digits zeroed: f15e6f972ea2810354b969d7f74cb6d9ed7a5d458720593f58b002f5507e4d09
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507
-readonly RB_KIT_FILE=.kit/91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507.tar
+readonly RB_KIT_SHA256=c69b19383bbf7aa3338f889d6ed94f3fadf6bf6a64ce121631d64eae35432d69
+readonly RB_KIT_FILE=.kit/c69b19383bbf7aa3338f889d6ed94f3fadf6bf6a64ce121631d64eae35432d69.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: c9c3f3167b5bf0d4eea81ab76f95490186733c83a393a95c7571b67df27401fb
+# sha256 of this file with these 64 digits zeroed: d601ea8451e7005deeeb799655386cbba2dc10eeac7c886b9824485ca37f72f7
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507
-readonly RB_KIT_FILE=.kit/91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507.tar
+readonly RB_KIT_SHA256=c69b19383bbf7aa3338f889d6ed94f3fadf6bf6a64ce121631d64eae35432d69
+readonly RB_KIT_FILE=.kit/c69b19383bbf7aa3338f889d6ed94f3fadf6bf6a64ce121631d64eae35432d69.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -21,7 +21,6 @@ import pytest
 
 from rbkit import engine, filehash, hostfs, manifest, proof, relocate, serve, stream
 from rbkit.choices import Choices, ChoicesError
-from rbrules import common
 from rbkit.lock import Lock, Taken, lock_path
 from tests.test_fanout_delta import PKG, bundle, change_one_file, node
 from tests.test_kit import make_tree
@@ -33,8 +32,6 @@ ROOT = KIT.parent
 def test_the_staging_is_beside_the_destination():
     assert engine.staging_path("/opt/x/venv") == "/opt/x/.venv.rb-staging"
     assert engine.staging_path("/a/b/venv/") == "/a/b/.venv.rb-staging"
-    # engine.STEPS restates rbrules.common.ENGINE_STEPS until engine.py imports it (issue 35)
-    assert common.ENGINE_STEPS == engine.STEPS
 
 
 # -- fan-out nodes: the same steps, the post-swap proof, the digest re-run ----------------------
@@ -333,7 +330,6 @@ def test_prove_refuses_an_interpreter_of_another_python_version(first_install):
 
 SLOW_SERVER = r'''
 import sys, time
-from rbrules import common
 from rbkit import engine, serve
 serve.PING_S = 0.1
 def slow(ctx):

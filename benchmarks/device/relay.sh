@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from device/relay.yaml (sha256 fa827b236b81e8df00e47795077852cd2215ca1d2e225b844bc7cf3d9179f930) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile device/relay.yaml
-# sha256 of this file with these 64 digits zeroed: 73d29e017eb6c9a1cc8c44d8c21126ce199a9b798d16fea14e0b85f1c775a436
+# sha256 of this file with these 64 digits zeroed: d3677d28945d1444aa33b4a6fa2b9bccd0439599f436fb1309c5c81c81bd9de5
 # Relay the device's torch venv between two sshd on it, through itself (no checks).
 #
 # Usage: bash relay.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -37,7 +37,7 @@ readonly RB_SPEC=device/relay.yaml
 readonly RB_SPEC_SHA256=fa827b236b81e8df00e47795077852cd2215ca1d2e225b844bc7cf3d9179f930
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): embedded below (compile --standalone).
-readonly RB_KIT_SHA256=91d642bc3c3b0d508664de584f4771873990123cc47dca85061293fae3800507
+readonly RB_KIT_SHA256=c69b19383bbf7aa3338f889d6ed94f3fadf6bf6a64ce121631d64eae35432d69
 readonly RB_KIT_FILE=''
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
@@ -2752,6 +2752,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from rbrules import launch
+from rbrules.common import compressors, human
 
 from . import exports as kitexports
 from . import hostfs, privacy, safefs
@@ -2767,7 +2768,7 @@ from .runner import (INSTALLED, STEPS, Context, Result, StepError, _load_keyed, 
                      _require_lock, _sha256, _write_stamp, jobs, make_state, os_error_words,
                      read_stamp, remove_tree, run, skipped, staging_path, user_name, write_file)
 from .staging import resumable, stage
-from .stream import COMPRESSION, child_env, human, run_quiet, tail
+from .stream import child_env, run_quiet, tail
 
 __all__ = ["Context", "Result", "StepError", "INSTALLED", "SKIPPED_WHEN_CURRENT", "STEPS",
            "after_failure", "begin_early_check", "current", "exports", "finish", "install", "jobs",
@@ -2915,8 +2916,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
     if need and free["free_bytes"] < need:
         raise StepError("not enough space for the staging at %s: %s free, %s needed"
                         % (free["measured_at"], human(free["free_bytes"]), human(need)))
-    have = [name for name, c in sorted(COMPRESSION.items())
-            if c["tool"] is None or shutil.which(c["tool"])]
+    have = compressors(shutil.which)
     what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
         else "does not exist yet"
     ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.choices.on_existing))
@@ -6740,9 +6740,9 @@ known_hosts otherwise). Each end starts gated (`send --gate`, `receive --gate`):
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
 byte moves; it is stopped (its ends exit 3, nothing received) and the tree goes in fewer
-streams, said on stderr. How many: stream.stream_count of the fewest jobs of the three machines
-(each stream costs two ssh cipher processes here), at most stream.MAX_STREAMS, none below
-stream.STREAMS_MIN_BYTES (the split says so). The receiving ends' answers are one answer on
+streams, said on stderr. How many: common.stream_count of the fewest jobs of the three machines
+(each stream costs two ssh cipher processes here), at most common.MAX_STREAMS, none below
+common.STREAMS_MIN_BYTES (the split says so). The receiving ends' answers are one answer on
 stdout (stream.Merged): their progress summed, one receive event with `streams: N`, or the
 stream that failed first, named; the others are stopped.
 
@@ -6759,6 +6759,8 @@ import subprocess
 import sys
 import threading
 from typing import Any, List, Optional
+
+from rbrules import common
 
 from . import stream
 
@@ -6968,7 +6970,7 @@ class Pair:
 
 class Relay:
     def __init__(self, src: End, dst: End, send: List[str], receive: List[str], prefix: str,
-                 jobs: int, compression: str, most: int = stream.MAX_STREAMS) -> None:
+                 jobs: int, compression: str, most: int = common.MAX_STREAMS) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
         self.prefix, self.jobs, self.compression, self.most = prefix, jobs, compression, most
         self.merged: Any = None
@@ -7017,10 +7019,10 @@ class Relay:
             sys.stdout.flush()
             return 255
         jobs = min(self.jobs, first.src_jobs or 1, first.dst_jobs or 1)
-        want = min(self.most, stream.stream_count(jobs))
+        want = min(self.most, common.stream_count(jobs))
         pairs = [first]
         n = first.split(want) if want > 1 else 1
-        why = ("below %d MB or no scan record to split" % (stream.STREAMS_MIN_BYTES >> 20)
+        why = ("below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
                if want > 1 else "the fewest jobs of the three machines is %d" % jobs)
         if n > 1:
             extra = [Pair(self, k, True) for k in range(1, n)]
@@ -7135,7 +7137,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             into = "%s.%d" % (prefix, n)
             shutil.rmtree(into, ignore_errors=True)
             os.mkdir(into, 0o700)
-            parts = stream.split_names(names, n, into, stream.STREAMS_MIN_BYTES) if n > 1 else None
+            parts = stream.split_names(names, n, into, common.STREAMS_MIN_BYTES) if n > 1 else None
             sys.stderr.write("%s parts %d\n" % (GATE, len(parts) if parts else 1))
             sys.stderr.flush()
             continue
@@ -7722,15 +7724,13 @@ import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import paths
+from rbrules.common import ENGINE_STEPS as STEPS, PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import hostfs, safefs
 from .choices import Choices
 from . import manifest as kitmanifest
 
 
-# The install's steps, in order: what a fan-out node's report and the runbook's events name.
-STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
-PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
 STAMP = "stamp.json"
 RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
                              # (received.I.json: stream I's, when several streams ran)
@@ -8306,6 +8306,8 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
+from rbrules import common
+
 from . import engine, hostfs, relay, source, stream
 from .choices import VERIFY, add_choices_option, add_run_options
 from . import manifest as kitmanifest
@@ -8707,7 +8709,7 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("receive")
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    rc.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
     add_choices_option(rc)
     rc.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="a `progress BYTES` line every S seconds (0: none)")
@@ -8749,7 +8751,7 @@ def parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send")
     se.add_argument("root")
     se.add_argument("names")
-    se.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    se.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
     se.add_argument("--jobs", default="1",
                     help="the cores the run may use here: one stream per two (rbkit stream)")
     se.add_argument("--remote", action="store_true",
@@ -8769,9 +8771,9 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
     rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
     rl.add_argument("--parts", required=True, help="where the source end splits its list")
-    rl.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    rl.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
     rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
-    rl.add_argument("--most", type=int, default=stream.MAX_STREAMS)
+    rl.add_argument("--most", type=int, default=common.MAX_STREAMS)
     rl.set_defaults(fn=cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")
@@ -16259,7 +16261,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from .nodes import fold
-from .svg import FONT, esc, human
+from rbrules.common import human
+
+from .svg import FONT, esc
 
 
 CSS = """body{font-family:%s;margin:24px;color:#212121;max-width:1100px}
@@ -16474,15 +16478,6 @@ def secs(s: Optional[float]) -> str:
     return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
 
 
-# TODO: rbrules' `human` byte formatter (stream.human, report._size: the same rule) once on main
-def human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
 
 
 def nice(span: float, ticks: int = 8) -> float:
@@ -16573,8 +16568,10 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .svg import (CHAR, RATE, Svg, colour, fit, human, legend, host_label, nice, num, secs,
-                  status_word, wrap)
+from rbrules.common import human
+
+from .svg import (CHAR, RATE, Svg, colour, fit, legend, host_label, nice, num, secs, status_word,
+                  wrap)
 
 Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]    # (step, host) -> [(t_ms, bytes)]
 

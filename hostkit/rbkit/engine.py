@@ -43,6 +43,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from rbrules import launch
+from rbrules.common import compressors, human
 
 from . import exports as kitexports
 from . import hostfs, privacy, safefs
@@ -58,7 +59,7 @@ from .runner import (INSTALLED, STEPS, Context, Result, StepError, _load_keyed, 
                      _require_lock, _sha256, _write_stamp, jobs, make_state, os_error_words,
                      read_stamp, remove_tree, run, skipped, staging_path, user_name, write_file)
 from .staging import resumable, stage
-from .stream import COMPRESSION, child_env, human, run_quiet, tail
+from .stream import child_env, run_quiet, tail
 
 __all__ = ["Context", "Result", "StepError", "INSTALLED", "SKIPPED_WHEN_CURRENT", "STEPS",
            "after_failure", "begin_early_check", "current", "exports", "finish", "install", "jobs",
@@ -206,8 +207,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
     if need and free["free_bytes"] < need:
         raise StepError("not enough space for the staging at %s: %s free, %s needed"
                         % (free["measured_at"], human(free["free_bytes"]), human(need)))
-    have = [name for name, c in sorted(COMPRESSION.items())
-            if c["tool"] is None or shutil.which(c["tool"])]
+    have = compressors(shutil.which)
     what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
         else "does not exist yet"
     ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.choices.on_existing))

@@ -14,9 +14,9 @@ known_hosts otherwise). Each end starts gated (`send --gate`, `receive --gate`):
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
 byte moves; it is stopped (its ends exit 3, nothing received) and the tree goes in fewer
-streams, said on stderr. How many: stream.stream_count of the fewest jobs of the three machines
-(each stream costs two ssh cipher processes here), at most stream.MAX_STREAMS, none below
-stream.STREAMS_MIN_BYTES (the split says so). The receiving ends' answers are one answer on
+streams, said on stderr. How many: common.stream_count of the fewest jobs of the three machines
+(each stream costs two ssh cipher processes here), at most common.MAX_STREAMS, none below
+common.STREAMS_MIN_BYTES (the split says so). The receiving ends' answers are one answer on
 stdout (stream.Merged): their progress summed, one receive event with `streams: N`, or the
 stream that failed first, named; the others are stopped.
 
@@ -33,6 +33,8 @@ import subprocess
 import sys
 import threading
 from typing import Any, List, Optional
+
+from rbrules import common
 
 from . import stream
 
@@ -242,7 +244,7 @@ class Pair:
 
 class Relay:
     def __init__(self, src: End, dst: End, send: List[str], receive: List[str], prefix: str,
-                 jobs: int, compression: str, most: int = stream.MAX_STREAMS) -> None:
+                 jobs: int, compression: str, most: int = common.MAX_STREAMS) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
         self.prefix, self.jobs, self.compression, self.most = prefix, jobs, compression, most
         self.merged: Any = None
@@ -291,10 +293,10 @@ class Relay:
             sys.stdout.flush()
             return 255
         jobs = min(self.jobs, first.src_jobs or 1, first.dst_jobs or 1)
-        want = min(self.most, stream.stream_count(jobs))
+        want = min(self.most, common.stream_count(jobs))
         pairs = [first]
         n = first.split(want) if want > 1 else 1
-        why = ("below %d MB or no scan record to split" % (stream.STREAMS_MIN_BYTES >> 20)
+        why = ("below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
                if want > 1 else "the fewest jobs of the three machines is %d" % jobs)
         if n > 1:
             extra = [Pair(self, k, True) for k in range(1, n)]
@@ -409,7 +411,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             into = "%s.%d" % (prefix, n)
             shutil.rmtree(into, ignore_errors=True)
             os.mkdir(into, 0o700)
-            parts = stream.split_names(names, n, into, stream.STREAMS_MIN_BYTES) if n > 1 else None
+            parts = stream.split_names(names, n, into, common.STREAMS_MIN_BYTES) if n > 1 else None
             sys.stderr.write("%s parts %d\n" % (GATE, len(parts) if parts else 1))
             sys.stderr.flush()
             continue

@@ -20,15 +20,13 @@ import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import paths
+from rbrules.common import ENGINE_STEPS as STEPS, PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import hostfs, safefs
 from .choices import Choices
 from . import manifest as kitmanifest
 
 
-# The install's steps, in order: what a fan-out node's report and the runbook's events name.
-STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
-PROVE_TIMEOUT = 120.0      # seconds for the staged (and the installed) interpreter to answer
 STAMP = "stamp.json"
 RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
                              # (received.I.json: stream I's, when several streams ran)

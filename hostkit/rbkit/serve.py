@@ -59,6 +59,8 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
+from rbrules import common
+
 from . import engine, hostfs, relay, source, stream
 from .choices import VERIFY, add_choices_option, add_run_options
 from . import manifest as kitmanifest
@@ -460,7 +462,7 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("receive")
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    rc.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
     add_choices_option(rc)
     rc.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="a `progress BYTES` line every S seconds (0: none)")
@@ -502,7 +504,7 @@ def parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send")
     se.add_argument("root")
     se.add_argument("names")
-    se.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    se.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
     se.add_argument("--jobs", default="1",
                     help="the cores the run may use here: one stream per two (rbkit stream)")
     se.add_argument("--remote", action="store_true",
@@ -522,9 +524,9 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
     rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
     rl.add_argument("--parts", required=True, help="where the source end splits its list")
-    rl.add_argument("--compression", choices=sorted(stream.COMPRESSION), default="none")
+    rl.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
     rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
-    rl.add_argument("--most", type=int, default=stream.MAX_STREAMS)
+    rl.add_argument("--most", type=int, default=common.MAX_STREAMS)
     rl.set_defaults(fn=cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")

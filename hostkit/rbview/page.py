@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from .nodes import fold
-from .svg import FONT, esc, human
+from rbrules.common import human
+
+from .svg import FONT, esc
 
 
 CSS = """body{font-family:%s;margin:24px;color:#212121;max-width:1100px}

@@ -86,15 +86,6 @@ def secs(s: Optional[float]) -> str:
     return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
 
 
-# TODO: rbrules' `human` byte formatter (stream.human, report._size: the same rule) once on main
-def human(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
 
 
 def nice(span: float, ticks: int = 8) -> float:

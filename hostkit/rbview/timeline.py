@@ -9,8 +9,10 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .svg import (CHAR, RATE, Svg, colour, fit, human, legend, host_label, nice, num, secs,
-                  status_word, wrap)
+from rbrules.common import human
+
+from .svg import (CHAR, RATE, Svg, colour, fit, legend, host_label, nice, num, secs, status_word,
+                  wrap)
 
 Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]    # (step, host) -> [(t_ms, bytes)]
 
