@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from rbrules import common
 
 from .fields import (
     AbsPath,
@@ -121,10 +122,10 @@ class Transfer(Model):
     route: Literal["relay", "direct", "auto"] = "relay"
     compression: Literal["auto", "zstd", "lz4", "gzip", "none"] = "auto"
     exclude: list[Exclude] = Field(default_factory=_empty_list)
-    verify: Literal["sha256", "blake2b", "none"] = "sha256"
-    on_existing: Literal["refuse", "backup", "replace"] = "refuse"
+    verify: Literal[common.ALGOS] = "sha256"
+    on_existing: Literal[common.ON_EXISTING] = "refuse"
     # re-run check: quick compares path/size/mode/mtime on both ends (like rsync); digest re-hashes
-    rerun: Literal["quick", "digest"] = "quick"
+    rerun: Literal[common.RERUN] = "quick"
     # the cores the kit may use on each host (None: one per CPU): hashing threads, and where the
     # sending end starts the receiving ends (both on one host, route direct) one stream per two
     jobs: Optional[Annotated[int, Field(strict=True, ge=1, le=256)]] = None
@@ -134,18 +135,18 @@ class Transfer(Model):
     # Hostile source and host (docs/design.md, "Threat model"); the kit's side is rbkit.hostfs.
     # Entries with setuid, setgid, sticky or world-write bits: refused in preflight (moved by root,
     # a setuid file of another user would arrive setuid-root), installed without them, or kept.
-    special_modes: Literal["refuse", "strip", "keep"] = "refuse"
+    special_modes: Literal[common.SPECIAL_MODES] = "refuse"
     # Symlinks that leave the tree (the venv's bin/python* excepted): refused, or moved as they are.
-    outside_links: Literal["refuse", "keep"] = "refuse"
+    outside_links: Literal[common.OUTSIDE_LINKS] = "refuse"
     # Backups (on_existing: backup) kept after a successful swap; older ones are removed.
     keep_backups: Annotated[int, Field(strict=True, ge=1, le=100)] = 2
     # A file system that cannot swap in one rename (no RENAME_EXCHANGE, e.g. NFS): refuse, or swap
     # with two renames journaled beside the destination (finished or undone by the next run).
-    swap_atomic: Literal["require", "allow"] = "allow"
+    swap_atomic: Literal[common.SWAP_ATOMIC] = "allow"
     # A destination whose parent (or a directory above it) another user can write: the lock, the
     # staging, the backups and the env file live there, so it is refused in preflight; allow: a
     # warning naming it, and the run goes on (the checks still source the install's own env file).
-    shared_parent: Literal["refuse", "allow"] = "refuse"
+    shared_parent: Literal[common.SHARED_PARENT] = "refuse"
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True,
                               defer_build=True)
@@ -330,7 +331,7 @@ class Spec(Model):
     checks: list[Check] = Field(default_factory=_empty_list)
     # when a check fails after the swap: put the previous install back (needs on_existing: backup),
     # or keep the new one. Default: rollback where a backup exists, else keep.
-    on_failed_checks: Optional[Literal["rollback", "keep"]] = None
+    on_failed_checks: Optional[Literal[common.ON_FAILED_CHECKS]] = None
 
     @field_validator("on_failed_checks")
     @classmethod
