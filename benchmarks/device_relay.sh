@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The relay on the device host (issue 37), all rows in one call, from the repository root:
-#   bash benchmarks/device_relay.sh [RUNBOOK]        (default benchmarks/device/relay.sh)
+#   bash benchmarks/device_relay.sh [RUNBOOK]        (default benchmarks/device/relay.sh, compiled
+#   here just before: python -m compiler benchmarks/device/relay.yaml -o benchmarks/device --standalone)
 # with benchmarks/device/debs/ carried (openssh, lz4, zstd, pv and their libraries, downloaded
 # here with apt-get download: see docs/benchmarks.md "Device: the relay"). The device has no
 # ssh, sshd, lz4, zstd or pv: each .deb is unpacked into one prefix (dpkg-deb -x), each tool

@@ -339,11 +339,11 @@ openssh-sftp-server libnsl2 libtirpc3 libtirpc-common lz4 zstd pv` and the libra
 (libaudit1 libcap-ng0 libcap2 libcom-err2 libcrypt1 libgcrypt20 libgpg-error0 libgssapi-krb5-2
 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0 liblz4-1 liblzma5 libpam0g libpcre2-8-0
 libselinux1 libssl3 libsystemd0 libwrap0 libzstd1 zlib1g: 31 debs, 7.3 MB, git-ignored). There:
-`bash benchmarks/device_relay.sh` with `benchmarks/device/debs` carried: every deb unpacked into
+`bash benchmarks/device_relay.sh` with `benchmarks/device/debs` and the runbook carried: every deb unpacked into
 one prefix, a wrapper (the prefix's libraries for that tool alone) for each tool the machine
 lacks, two sshd on 127.0.0.2:2222 and 127.0.0.3:2222 (own configs, host keys, logs, MaxStartups
-100, SetEnv PATH to the wrappers), the runbook `benchmarks/device/relay.sh` (compiled here,
-`--standalone`, from `benchmarks/device/relay.yaml`: a:/opt/torch/.venv to b:/opt/rb-relay/.venv on
+100, SetEnv PATH to the wrappers), the runbook `benchmarks/device/relay.sh` (compiled here just
+before the call, `--standalone`, git-ignored, from `benchmarks/device/relay.yaml`: a:/opt/torch/.venv to b:/opt/rb-relay/.venv on
 a tmpfs, relay through the device itself, sha256, no checks), and the rows, three rounds
 alternating: null relay in 1 and 8 streams, the seed's one-liner, hand aes128-gcm + lz4 -1, the
 runbook cold and re-run. Tested on this machine with every tool taken from the debs
