@@ -3,6 +3,9 @@
 A row's `prepare` (untimed) sets up its destination, `run` is timed and returns samples, `check`
 (untimed) says whether the destination equals the source, `cleanup` frees the disk. Commands are
 bash lines with pipefail, so every stage of a pipeline counts.
+
+Over 600 lines on purpose: one row per way users move a venv, side by side so that each row's
+command can be compared with its neighbours'; the rows share the payload and check helpers.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 single-host runbook's destination and a fan-out node both run. What used to go wrong is tested
 against the engine's own entry points: a node that installed a tree whose post-swap proof fails
 (it kept it), a digest re-run that linked a corrupted file (M7), a staging that never passed
-verify being swapped in (H2), a venv whose interpreter cannot run here being installed (M3)."""
+verify being swapped in (H2), a venv whose interpreter cannot run here being installed (M3).
+
+Over 600 lines on purpose: one file for the one engine that both install modes run, its sections
+(steps, fan-out nodes, the choices document, locks) sharing the trees and the bundle they build."""
 
 from __future__ import annotations
 

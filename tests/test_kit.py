@@ -1,4 +1,7 @@
-"""The kit's file-system tools, on real trees: manifest, relocation, swap, exports."""
+"""The kit's file-system tools, on real trees: manifest, relocation, swap, exports.
+
+Over 600 lines on purpose: the four tools act on the same trees (make_tree, used by other test
+files too), one section each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Hostile source trees and hostile hosts, against the kit's own functions (issue #15).
+"""Hostile source trees and hostile hosts, against the kit's own functions (issue #15). Over 600
+lines on purpose: one planted fault a test, all against the same hostile trees.
 
 The kit runs as root on machines shared with other users, over trees we did not write. Each test
 plants what such a user could plant (a setuid file, a link where the kit writes a temp file, a link

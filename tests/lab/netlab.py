@@ -1,4 +1,6 @@
 """Real test hosts on this machine: one network namespace per host, each running Debian's sshd.
+(Over 600 lines on purpose: the namespaces, bridges, sshd, link shaping and teardown share one
+Lab's state, and splitting them would spread one lifecycle over several files.)
 
     with Lab(("src", "dst")) as lab:
         lab.ssh("src", "hostname -I")            # -> CompletedProcess, stdout "10.213.S.2 \n"
