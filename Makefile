@@ -48,7 +48,7 @@ check: setup
 regen: setup
 	$(PY) -m compiler --schema > docs/spec.schema.json
 	$(PY) -m compiler specs/
-	$(PY) -m pytest -q tests/test_golden.py --update-golden
+	$(PY) -m pytest -q tests/compiler/test_golden.py --update-golden
 
 clean:
 	rm -rf runs/ .pytest_cache

@@ -1,7 +1,7 @@
 """Regenerate docs/reliability.md from the hostile-input and fault tests' own results.
 
     .venv/bin/python -m tests.reliability        (or: make reliability)
-    .venv/bin/python -m tests.reliability --only tests/test_safety.py tests/e2e/test_safety.py
+    .venv/bin/python -m tests.reliability --only tests/hostkit/test_safety.py tests/e2e/test_safety.py
 
 Runs the tests below with a JUnit XML report, then writes one table row per hostile class or fault:
 how many cases ran, how many passed, what the runbook did, and whether anything was lost (each of
@@ -25,11 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reliability.md"
-FILES = ["tests/test_hostile.py", "tests/test_golden.py", "tests/e2e/test_faults.py",
-         "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/test_render.py",
+FILES = ["tests/compiler/test_hostile.py", "tests/compiler/test_golden.py", "tests/e2e/test_faults.py",
+         "tests/e2e/test_relay.py", "tests/e2e/test_local_runbook.py", "tests/compiler/test_render.py",
          "tests/e2e/test_fanout.py", "tests/e2e/test_fanout_slurm.py", "tests/e2e/test_fanout_tree.py",
-         "tests/test_fanout_delta.py", "tests/test_safety.py", "tests/e2e/test_safety.py",
-         "tests/test_engine.py"]
+         "tests/hostkit/test_fanout_delta.py", "tests/hostkit/test_safety.py", "tests/e2e/test_safety.py",
+         "tests/hostkit/test_engine.py"]
 
 # (test-name prefix, row, what happens, what "nothing lost" means there)
 ROWS = [
@@ -128,7 +128,7 @@ ROWS = [
 ]
 
 
-# Hostile host and hostile source (issue #15): tests/test_safety.py (the kit's functions, on real
+# Hostile host and hostile source (issue #15): tests/hostkit/test_safety.py (the kit's functions, on real
 # trees) and tests/e2e/test_safety.py (real runs and real sshd hosts). A prefix may be a tuple.
 HOSTILE_ROWS = [
     ("test_scan_lists_setuid_setgid", "a setuid, setgid or world-writable entry in the source "
@@ -262,7 +262,7 @@ def write(counts: dict, before: dict = None, last: str = "", only: list = None) 
         "The kit runs as root on machines shared with other users, over trees it did not write",
         "(docs/design.md, \"Threat model\"). Each case plants what such a user could: in the source",
         "tree, beside the destination, or as a second name for the source. Most run against the",
-        "kit's own functions on real trees (tests/test_safety.py); the ssh rows are real runs",
+        "kit's own functions on real trees (tests/hostkit/test_safety.py); the ssh rows are real runs",
         "(tests/e2e/test_safety.py). \"Refused\" means the kit's answer says so, named; the",
         "preflight that acts on it is wired by the install engine.",
         "",

@@ -205,7 +205,7 @@ def test_a_node_whose_destination_is_the_source_is_refused_and_the_source_untouc
     copy in and (on_existing: replace) removed the original: the source's inode changes, an
     .rb-manifest.jsonl appears in it, and node03 passes."""
     from tests.lab.payload import build_payload
-    from tests.test_fanout_source import state
+    from tests.hostkit.test_fanout_source import state
 
     src = build_payload("small", dest=cluster.dir / "srcsame" / "venv").venv
     link = cluster.node_tmp("node03") / "rbdest-fansame"

@@ -77,7 +77,7 @@ def ends(tmp_path, monkeypatch):
     refuse.mkdir()
     monkeypatch.setenv("REFUSE_DIR", str(refuse))
     monkeypatch.setenv("LOG", str(tmp_path / "log"))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1] / "hostkit"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2] / "hostkit"))
     words = relay.shq(sys.executable) + " " + relay.shq(str(kit))
 
     def make(jobs: int = 8, most: int = 8) -> relay.Relay:

@@ -25,10 +25,10 @@ import pytest
 from rbkit import engine, filehash, hostfs, manifest, proof, relocate, serve, stream
 from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
-from tests.test_fanout_delta import PKG, bundle, change_one_file, node
-from tests.test_kit import make_tree
+from tests.hostkit.test_fanout_delta import PKG, bundle, change_one_file, node
+from tests.hostkit.test_kit import make_tree
 
-KIT = Path(__file__).resolve().parents[1] / "hostkit"
+KIT = Path(__file__).resolve().parents[2] / "hostkit"
 ROOT = KIT.parent
 
 

@@ -16,7 +16,7 @@ from ruamel.yaml import YAML
 from compiler import catalog, cli, loader, schema, validate
 from compiler.errors import SpecError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 BASE = """abstract: true

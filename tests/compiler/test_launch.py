@@ -23,7 +23,7 @@ from compiler import kit, plan
 from compiler.cli import main as compile_main
 from rbrules import launch, private
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = " ".join(launch.FLAGS)
 
 # a word that runs a Python, in the runbooks' bash, followed by its first argument

@@ -15,7 +15,7 @@ import pytest
 from compiler import cli, fanout, loader, render, resolve, steps, validate, view
 from compiler.render import Safe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = [p for p in sorted((ROOT / "specs").glob("*.yaml"))
          if not loader.load(os.path.relpath(p), allow_abstract=True).abstract]
 

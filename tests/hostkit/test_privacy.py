@@ -28,7 +28,7 @@ NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = os.geteuid()
 # CI runs as root: there a missing root fails the tests rather than skip them unseen
 pytestmark = pytest.mark.skipif(ME != 0 and not IN_CI, reason="chown to another user needs root")
-KIT = Path(__file__).resolve().parents[1] / "hostkit"
+KIT = Path(__file__).resolve().parents[2] / "hostkit"
 
 
 def as_nobody(*argv: str) -> None:

@@ -18,9 +18,9 @@ from compiler import kit
 from rbkit import engine, hostfs, manifest, serve, stream
 from rbkit.choices import Choices
 from rbrules import common
-from tests.test_kit import make_tree
+from tests.hostkit.test_kit import make_tree
 
-KIT = Path(__file__).resolve().parents[1] / "hostkit"
+KIT = Path(__file__).resolve().parents[2] / "hostkit"
 
 
 def big_tree(root: Path) -> None:

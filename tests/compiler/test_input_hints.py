@@ -278,7 +278,7 @@ def test_a_node_set_with_a_group_compiles_to_the_groups_nodes(tmp_path, monkeypa
 def test_the_plan_of_a_fanout_spec_heads_its_checks_on_every_node(capsys):
     from compiler import cli
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert cli.main(["--plan", str(root / "specs/cluster8.yaml")]) == 0
     text = capsys.readouterr().out
     assert "### Checks on every node (8), with the moved interpreter" in text
@@ -408,7 +408,7 @@ def test_every_bad_option_is_reported_at_once(tmp_path):
 def test_the_readme_lists_every_allowed_ssh_option():
     from compiler import sshopts
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert [name for name in sshopts.ALLOWED if name not in readme] == []
 
 

@@ -144,7 +144,7 @@ def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_check
                                            ("local", ["--apply", "x.json", "--only", "probe"])])
 def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
     import subprocess
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run(["bash", str(root / "generated" / f"{runbook}.sh"), *args], cwd=root,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rbkit import serve
-from tests.test_kit import make_tree
+from tests.hostkit.test_kit import make_tree
 
-KIT = Path(__file__).resolve().parents[1] / "hostkit"
+KIT = Path(__file__).resolve().parents[2] / "hostkit"
 
 
 @pytest.fixture(autouse=True, params=["0", "1"], ids=["checks-after-scan", "checks-beside-scan"])

@@ -15,7 +15,7 @@ import pytest
 
 from compiler import catalog, lint, loader, render, validate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from rbkit import hostfs
 from rbprobes.checks_venv import outside_refs
 from rbrules import links
-from tests.test_kit import make_tree
+from tests.hostkit.test_kit import make_tree
 
 
 def tree(entries: dict):

@@ -13,7 +13,7 @@ from compiler import cli
 from compiler.fanout import expand
 from rbkit import fanout as kit_fanout
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def compile_(*args: str) -> tuple[int, str]:

@@ -17,9 +17,9 @@ import pytest
 
 from rbkit import fanout, hostfs, manifest
 from rbkit.choices import Choices
-from tests.test_kit import make_tree
+from tests.hostkit.test_kit import make_tree
 
-KIT = Path(__file__).resolve().parents[1] / "hostkit" / "rbkit"
+KIT = Path(__file__).resolve().parents[2] / "hostkit" / "rbkit"
 PKG = "lib/python3.11/site-packages/pkg"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from compiler import cli
 
-CASES = Path(__file__).parent / "cases"
+CASES = Path(__file__).resolve().parents[1] / "cases"
 VALID = sorted((CASES / "valid").glob("*.yaml"))
 INVALID = sorted((CASES / "invalid").glob("*.yaml"))
 KIT_FILE = re.compile(r"(<<'(RB_PY_\w+)'\n).*?\n(\2\n)", re.S)

@@ -89,7 +89,7 @@ def test_verify_names_every_kind_of_difference(tree, tmp_path):
 
 def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
     out = tmp_path / "m.jsonl"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "hostkit"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "hostkit"))
     run = lambda *a: subprocess.run([sys.executable, "-m", "rbkit", *a], env=env,  # noqa: E731
                                     capture_output=True, text=True)
     r = run("manifest", "build", str(tree), "--out", str(out), "--exclude", "*.pyc")
@@ -208,7 +208,7 @@ def test_kit_files_compile_under_python_3_9():
     py39 = Path("/root/.pyenv/versions/3.9.18/bin/python3")
     if not py39.exists():
         pytest.skip("python 3.9 is not installed here")
-    kit = Path(__file__).resolve().parent.parent / "hostkit" / "rbkit"
+    kit = Path(__file__).resolve().parents[2] / "hostkit" / "rbkit"
     for f in sorted(kit.glob("*.py")):
         r = subprocess.run([str(py39), "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(f)],
                            capture_output=True, text=True)
@@ -655,7 +655,7 @@ def test_the_tar_sent_to_hosts_has_no_pictures(tmp_path, standalone):
     from compiler import cli, kit
 
     out = tmp_path / "out"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     assert cli.main([str(root / "specs" / "local.yaml"), "-o", str(out)]
                     + ["--standalone"] * standalone) == 0
     work = tmp_path / "work"

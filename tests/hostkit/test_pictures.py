@@ -217,7 +217,7 @@ def test_no_event_log_lays_steps_end_to_end_and_bad_lines_are_skipped(runs, tmp_
 
 def test_the_readme_fanout_example_is_what_the_code_draws(runs, tmp_path, golden):
     draw(runs / "fanout", tmp_path / "o", fanout=True)
-    golden(Path(__file__).resolve().parent.parent / "docs" / "img" / "nodes.svg",
+    golden(Path(__file__).resolve().parents[2] / "docs" / "img" / "nodes.svg",
            (tmp_path / "o" / "nodes.svg").read_text(encoding="utf-8"))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rbkit import engine, fanout, hostfs
-from tests.test_fanout_delta import bundle, node
+from tests.hostkit.test_fanout_delta import bundle, node
 
 
 def state(root: Path) -> dict:
@@ -41,7 +41,7 @@ def state(root: Path) -> dict:
 @pytest.fixture
 def source(tmp_path):
     """A source venv at tmp_path/src/venv, and a bundle of it (with the source's identity)."""
-    from tests.test_kit import make_tree
+    from tests.hostkit.test_kit import make_tree
     from rbkit import manifest
 
     src = tmp_path / "src" / "venv"
