@@ -142,19 +142,34 @@ def render(text: str, name: str, dst_host: str, origin: str, *, placeholders: bo
     return head + out.getvalue()
 
 
-def _mark(data: Any, path: tuple, note: str = "") -> int:
-    """Put the marker on the entry at `path` if this file has it (block style, one key a line)."""
+def _parents(data: Any, path: tuple) -> Optional[list]:
+    """The mappings from the top down to the one that holds the entry at `path`; None when this
+    file does not have them."""
     parents = [data]
     for part in path[:-1]:
         node = parents[-1].get(part) if isinstance(parents[-1], CommentedMap) else None
         if not isinstance(node, CommentedMap):
-            return 0
+            return None
         parents.append(node)
+    return parents
+
+
+def _block_style(parents: list) -> None:
+    """One key a line in every mapping on the way to an entry changed (a flow mapping would hide
+    the marker)."""
+    for node in parents[1:]:
+        node.fa.set_block_style()
+
+
+def _mark(data: Any, path: tuple, note: str = "") -> int:
+    """Put the marker on the entry at `path` if this file has it (block style, one key a line)."""
+    parents = _parents(data, path)
+    if parents is None:
+        return 0
     owner, key = parents[-1], path[-1]
     if key not in owner or isinstance(owner[key], CommentedMap):
         return 0
-    for node in parents[1:]:
-        node.fa.set_block_style()
+    _block_style(parents)
     comment = f"{MARKER}" + (f": {note}" if note else "")
     entry = owner.ca.items.get(key)
     old = entry[2] if entry and len(entry) > 2 and isinstance(entry[2], CommentToken) else None
@@ -169,17 +184,13 @@ def _mark(data: Any, path: tuple, note: str = "") -> int:
 def _replace(data: Any, path: tuple, text: str) -> int:
     """Put the placeholder `text` in place of the value at `path` if this file has it (a HOST:PATH
     entry keeps its host); its mapping is written in block style, one key a line."""
-    parents = [data]
-    for part in path[:-1]:
-        node = parents[-1].get(part) if isinstance(parents[-1], CommentedMap) else None
-        if not isinstance(node, CommentedMap):
-            return 0
-        parents.append(node)
+    parents = _parents(data, path)
+    if parents is None:
+        return 0
     owner, key = parents[-1], path[-1]
     if not isinstance(owner.get(key), str):
         return 0
-    for node in parents[1:]:
-        node.fa.set_block_style()
+    _block_style(parents)
     host, sep, _path = owner[key].partition(":")
     owner[key] = f"{host}:{text}" if path[0] == "transfer" and sep else text
     return 1

@@ -25,7 +25,8 @@ import pytest
 from rbkit import engine, filehash, hostfs, manifest, proof, relocate, serve, stream
 from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
-from tests.hostkit.test_fanout_delta import PKG, bundle, change_one_file, node
+from tests.hostkit.test_fanout_delta import (PKG, bundle, change_one_file, first,  # noqa: F401
+                                              node)
 from tests.hostkit.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[2] / "hostkit"
@@ -91,15 +92,9 @@ def test_a_venv_whose_interpreter_is_missing_here_is_refused_before_the_swap(fir
 
 
 @pytest.fixture
-def first_install(tmp_path):
-    src = tmp_path / "src" / "venv"
-    make_tree(src, python=True)
-    m1 = manifest.build(str(src), [], "sha256", jobs=2)
-    dest = tmp_path / "node1" / "venv"
-    dest.parent.mkdir()
-    rc, doc = node(bundle(tmp_path / "b1", src, m1), dest)
-    assert rc == 0 and doc["ok"], doc
-    return src, m1, dest, tmp_path
+def first_install(first, tmp_path):
+    """test_fanout_delta's first node install, and the test's folder."""
+    return (*first, tmp_path)
 
 
 def node_digest(d: Path, dest: Path) -> tuple[int, dict]:
