@@ -188,7 +188,8 @@ class SingleHost:
             out.append(f"on {dst_host}: {stg}/bin/python -I -B -c 'import sys; print(sys.prefix)' "
                        f"(within {common.PROVE_TIMEOUT} s)")
         elif step == "swap":
-            out.append(f"{on_dst} swap {stg} {dst} --policy {d.on_existing}")
+            out.append(f"{on_dst} swap: {stg} into {dst} (on_existing: {d.on_existing}, from the "
+                       "engine's choices)")
             out.append(f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
                        f"each console script (one per interpreter line) started to its sys.prefix; "
                        f"on failure put back what was there")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: f15e6f972ea2810354b969d7f74cb6d9ed7a5d458720593f58b002f5507e4d09
+# sha256 of this file with these 64 digits zeroed: c8f17169ac4886a006a3a0498b44e93c53938705c4629c4b7e7de6d855c2f399
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -111,7 +111,7 @@ on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-s
   [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b300: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b300: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
+  [swap]='on b300: engine swap: /opt/sglang/..venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
 on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b300: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'

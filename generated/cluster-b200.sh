@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: d135bc77bcfedf4bc6066f0749be08e9ae516ae5b17107a988758a8996093949
+# sha256 of this file with these 64 digits zeroed: cf64ef5e5c984a65eb130a751e56b2136a61a6ecdcba65d04f8b315feea62ec2
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -112,7 +112,7 @@ on b200: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-s
   [verify]='on b200: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
   [relocate]='on b200: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b200: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b200: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
+  [swap]='on b200: engine swap: /opt/sglang/..venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
 on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b200: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'

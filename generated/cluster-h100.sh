@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d1618a872be2bbdbecc62269653116cfa84c1aca91cff849a1e567341813d507
+# sha256 of this file with these 64 digits zeroed: 1cd2baeab592ab03839a314ab3eb0f0a78f5b6a9ccd18d1db02342a792972d4d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -112,7 +112,7 @@ on h100: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-s
   [verify]='on h100: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on h100: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on h100: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on h100: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
+  [swap]='on h100: engine swap: /opt/sglang/..venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
 on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on h100: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 9333be6cd7070c46ca08845e9f3c55d4764ed83b47f48ed05ca9f7ae10d695dd
+# sha256 of this file with these 64 digits zeroed: f8884e8fca54a6dc075dde6c75a4f160b29a9e70eb8f06c8f345ec270db36885
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -110,7 +110,7 @@ on here: <decompress> | tar -C /opt/torch-moved/..venv.rb-staging -b 256 -xf - -
   [verify]='on here: engine verify /opt/torch-moved/..venv.rb-staging against the manifest (--jobs 8); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate /opt/torch-moved/..venv.rb-staging --old /opt/torch/.venv --new /opt/torch-moved/.venv'
   [prove]='on here: /opt/torch-moved/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap /opt/torch-moved/..venv.rb-staging /opt/torch-moved/.venv --policy replace
+  [swap]='on here: engine swap: /opt/torch-moved/..venv.rb-staging into /opt/torch-moved/.venv (on_existing: replace, from the engine'"'"'s choices)
 on here: /opt/torch-moved/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write /opt/torch-moved/.venv.env.sh
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'

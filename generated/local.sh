@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: d601ea8451e7005deeeb799655386cbba2dc10eeac7c886b9824485ca37f72f7
+# sha256 of this file with these 64 digits zeroed: 8e41690d9bb87bdbe097f36a1670bde5e56a33391cecf01a4027d3fdf7df558c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -110,7 +110,7 @@ on here: <decompress> | tar -C runs/local/.venv.rb-staging -b 256 -xf - --no-sam
   [verify]='on here: engine verify runs/local/.venv.rb-staging against the manifest (--jobs 2); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
   [prove]='on here: runs/local/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap runs/local/.venv.rb-staging runs/local/venv --policy replace
+  [swap]='on here: engine swap: runs/local/.venv.rb-staging into runs/local/venv (on_existing: replace, from the engine'"'"'s choices)
 on here: runs/local/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write runs/local/venv.env.sh'
   [probe]='on here: engine probe: source the env file; runs/local/venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, torch, imports, libraries, matmul, devices

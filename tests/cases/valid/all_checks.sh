@@ -109,7 +109,7 @@ on b: <decompress> | tar -C /opt/.venv2.rb-staging -b 256 -xf - --no-same-owner 
   [verify]='on b: engine verify /opt/.venv2.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on b: engine relocate /opt/.venv2.rb-staging --old /opt/venv --new /opt/venv2'
   [prove]='on b: /opt/.venv2.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b: engine swap /opt/.venv2.rb-staging /opt/venv2 --policy refuse
+  [swap]='on b: engine swap: /opt/.venv2.rb-staging into /opt/venv2 (on_existing: refuse, from the engine'"'"'s choices)
 on b: /opt/venv2/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b: engine exports: write /etc/profile.d/venv2.sh
   CUDA_HOME=/usr/local/cuda-12.9; LD_LIBRARY_PATH: nvidia/cu12/lib, nvidia/cublas/lib (in site-packages), then $CUDA_HOME/lib64'

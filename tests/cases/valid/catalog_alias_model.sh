@@ -109,7 +109,7 @@ on dst: <decompress> | tar -C /opt/.venv.rb-staging -b 256 -xf - --no-same-owner
   [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /opt/.venv.rb-staging --old /opt/venv --new /opt/venv'
   [prove]='on dst: /opt/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on dst: engine swap /opt/.venv.rb-staging /opt/venv --policy refuse
+  [swap]='on dst: engine swap: /opt/.venv.rb-staging into /opt/venv (on_existing: refuse, from the engine'"'"'s choices)
 on dst: /opt/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on dst: engine exports: write /opt/venv.env.sh
   CUDA_HOME=/usr/local/cuda-12.8; LD_LIBRARY_PATH: - (in site-packages), then $CUDA_HOME/lib64'

@@ -108,7 +108,7 @@ on here: <decompress> | tar -C runs/.venv.rb-staging -b 256 -xf - --no-same-owne
   [verify]='on here: engine verify runs/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/.venv.rb-staging --old build/venv --new runs/venv'
   [prove]='on here: runs/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap runs/.venv.rb-staging runs/venv --policy refuse
+  [swap]='on here: engine swap: runs/.venv.rb-staging into runs/venv (on_existing: refuse, from the engine'"'"'s choices)
 on here: runs/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write runs/venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: - (in site-packages), then $CUDA_HOME/lib64'

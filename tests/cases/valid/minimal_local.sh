@@ -106,7 +106,7 @@ on here: <decompress> | tar -C runs/copy/.venv.rb-staging -b 256 -xf - --no-same
   [verify]='on here: engine verify runs/copy/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on here: engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
   [prove]='on here: runs/copy/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap runs/copy/.venv.rb-staging runs/copy/venv --policy refuse
+  [swap]='on here: engine swap: runs/copy/.venv.rb-staging into runs/copy/venv (on_existing: refuse, from the engine'"'"'s choices)
 on here: runs/copy/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on here: engine exports: write runs/copy/venv.env.sh'
 )

@@ -111,7 +111,7 @@ on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-s
   [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
   [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b300: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b300: engine swap /opt/sglang/..venv.rb-staging /opt/sglang/.venv --policy backup
+  [swap]='on b300: engine swap: /opt/sglang/..venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
 on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b300: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'

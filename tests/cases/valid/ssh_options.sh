@@ -107,7 +107,7 @@ on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -b 256 -xf - --no-
   [verify]='on dst: engine verify /scratch/envs/.torch.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
   [relocate]='on dst: engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
   [prove]='on dst: /scratch/envs/.torch.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on dst: engine swap /scratch/envs/.torch.rb-staging /scratch/envs/torch --policy replace
+  [swap]='on dst: engine swap: /scratch/envs/.torch.rb-staging into /scratch/envs/torch (on_existing: replace, from the engine'"'"'s choices)
 on dst: /scratch/envs/torch/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on dst: engine exports: write /scratch/envs/torch.env.sh'
 )
