@@ -391,6 +391,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     s = sub.add_parser("state")
     s.add_argument("dest")
     s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
+    i = sub.add_parser("installed", help="the install's manifest, never through a link")
+    i.add_argument("dest")
     c = sub.add_parser("compose")
     c.add_argument("--dir", required=True)
     for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
@@ -422,6 +424,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             out = sys.stdout.buffer
             out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
             out.write(b"".join(lines))
+            return 0
+        if a.cmd == "installed":
+            got = safefs.read_in(a.dest, ".rb-manifest.jsonl")
+            if got is None:
+                print("rbkit liveplan installed: %s/.rb-manifest.jsonl is not a regular file of "
+                      "the install" % a.dest, file=sys.stderr)
+                return 2
+            sys.stdout.buffer.write(got[0])
             return 0
         if a.cmd == "compose":
             return compose(a)

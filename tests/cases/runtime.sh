@@ -1114,7 +1114,7 @@ rb::live_plan() {
   : >"${dir}/installed.jsonl"
   IFS= read -r line <"${dir}/dest.state" || line=''
   if [[ "${line}" == *'"installed": true'* ]]; then
-    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${dir}/installed.jsonl"
+    rb::kit "${RB_DST_HOST}" liveplan installed "${RB_DST_ABS}" >"${dir}/installed.jsonl"
   fi
   if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" ]]; then
     installed=${BASH_REMATCH[1]}

@@ -159,3 +159,21 @@ def test_a_destination_parent_other_users_can_write_is_said_by_the_state(tmp_pat
     assert "shared_parent" in facts and str(shared) in facts["shared_parent"]
     shared.chmod(0o755)
     assert "shared_parent" not in liveplan.dest_state(str(shared / "venv"), "replace", 0)[0]
+
+
+def test_the_installs_manifest_is_never_read_through_a_link(tmp_path, capsys):
+    """--plan copies the install's manifest as root: a .rb-manifest.jsonl that is a link (to a
+    root-only file) is refused, exit 2, and nothing of the file it names is printed (`cat`
+    followed it)."""
+    dest = tmp_path / "venv"
+    dest.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    (dest / ".rb-manifest.jsonl").symlink_to(secret)
+    assert liveplan.main(["installed", str(dest)]) == 2
+    out = capsys.readouterr()
+    assert "root only" not in out.out and "not a regular file" in out.err
+    (dest / ".rb-manifest.jsonl").unlink()
+    (dest / ".rb-manifest.jsonl").write_text('{"path": "x"}\n')
+    assert liveplan.main(["installed", str(dest)]) == 0
+    assert capsys.readouterr().out == '{"path": "x"}\n'
