@@ -1687,9 +1687,7 @@ rb::engine_start() {
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
   fi
-  if [[ -n "${RB_LOCK_WAIT:-}" ]]; then
-    args+=(--lock-wait "${RB_LOCK_WAIT}")
-  fi
+  args+=(--lock-wait "${RB_LOCK_WAIT}")   # set once in state, checked by rb::run_dirs
   rb::kit_argv "${host}"
   mkfifo -m 600 "${fifo}.in" "${fifo}.out"
   # a background job: its failure ends it quietly (rb::on_err), this shell sees it as EOF; with
