@@ -10,7 +10,8 @@
 # destination), each with its own config, host key and log; the runbook runs on the device itself,
 # the relay's "this machine". Rows, ROUNDS rounds (3) alternating, medians: the null relay in one
 # stream (aes128-gcm) and in N (8) streams, the seed's one-liner, the hand aes128-gcm + lz4 -1
-# pipeline, the runbook cold (destination removed) and its re-run. A table on stdout, JSON and
+# pipeline, the runbook cold (destination removed) and its re-run, and the live plan (--plan)
+# before the cold run and after the re-run. A table on stdout, JSON and
 # the runbook's logs and report.json in $OUT (or ./device-relay-out).
 # Environment: SRC (/opt/torch/.venv) and DST (/opt/rb-relay/.venv) as compiled into RUNBOOK;
 # TMPFS=0 leaves DST's parent as it is (else a tmpfs is mounted there); FORCE_PREFIX=1 uses the
@@ -168,18 +169,22 @@ row_lz4() {
 }
 row_cold() { rm -rf "${dst}" "${top}/run"; sync; RB_RUN_DIR=${top}/run bash "${runbook}" 2>"${out}/runbook-cold.log" >&2; }
 row_rerun() { RB_RUN_DIR=${top}/rerun bash "${runbook}" 2>"${out}/runbook-rerun.log" >&2; }
+# the live plan (issue 36): before a first move (destination removed) and on a re-run's state
+row_plancold() { rm -rf "${dst}"; sync; RB_RUN_DIR=${top}/plancold bash "${runbook}" --plan >"${out}/plan-cold.txt" 2>"${out}/plan-cold.log"; }
+row_planre() { RB_RUN_DIR=${top}/planre bash "${runbook}" --plan >"${out}/plan-rerun.txt" 2>"${out}/plan-rerun.log"; }
 prep() { rm -rf "${hand}"; mkdir -p "${hand}"; sync; }
 
 declare -A secs=() steps=() fails=()
-names=(null1 nullN seed lz4 cold rerun)
+names=(null1 nullN seed lz4 plancold cold rerun planre)
 declare -A label=([null1]="null relay, 1 stream, aes128-gcm, 1 MiB pipe"
   [nullN]="null relay, ${streams} streams side by side, aes128-gcm, each its own ssh pair"
   [seed]="seed one-liner: ssh a 'tar c', piped into ssh b 'tar x' (default cipher)"
   [lz4]="hand aes128-gcm + lz4 -1" [cold]="runbook relay (auto, sha256, no checks), cold"
-  [rerun]="runbook re-run (nothing changed)")
+  [rerun]="runbook re-run (nothing changed)"
+  [plancold]="runbook --plan, no destination (first move)" [planre]="runbook --plan after the run (nothing to send)")
 for ((r = 1; r <= rounds; r++)); do
   order=("${names[@]}")
-  ((r % 2 == 0)) && order=(seed lz4 nullN null1 cold rerun)   # the runbook's pair stays in order
+  ((r % 2 == 0)) && order=(seed lz4 nullN null1 plancold cold rerun planre)   # the runbook's pair stays in order
   for n in "${order[@]}"; do
     if ((SECONDS - t0 > deadline)); then log "round ${r} ${n}: skipped (past ${deadline} s)"; continue; fi
     [[ "${n}" == seed || "${n}" == lz4 ]] && prep
