@@ -16,7 +16,8 @@
 # Environment: SRC (/opt/torch/.venv) and DST (/opt/rb-relay/.venv) as compiled into RUNBOOK;
 # TMPFS=0 leaves DST's parent as it is (else a tmpfs is mounted there); FORCE_PREFIX=1 uses the
 # prefix's tools even where the machine has its own (to test the device's path elsewhere);
-# DEADLINE (s, 450): no row starts after it. Everything lives under /tmp/rb-device; the sshd
+# DEADLINE (s, 450): no row starts after it; ROWS: the rows to run, in order (default all);
+# PROFILE=1: CPU time by process kind during each cold run, in $OUT/cpu-cold-ROUND.txt. Everything lives under /tmp/rb-device; the sshd
 # are stopped at exit.
 set -Eeuo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -167,7 +168,14 @@ row_lz4() {
   on 127.0.0.2 "${AES}" "tar cf - -C '${src}' . | lz4 -q -1 -c" |
     on 127.0.0.3 "${AES}" "lz4 -q -d -c | tar xf - -C '${hand}'"
 }
-row_cold() { rm -rf "${dst}" "${top}/run"; sync; RB_RUN_DIR=${top}/run bash "${runbook}" 2>"${out}/runbook-cold.log" >&2; }
+row_cold() {
+  rm -rf "${dst}" "${top}/run"
+  sync
+  local -a prof=()
+  # PROFILE=1: CPU seconds by process kind during the cold run (benchmarks/cpu_sample.py)
+  [[ "${PROFILE:-0}" == 1 ]] && prof=(python3 "${here}/cpu_sample.py" "${out}/cpu-cold-${r}.txt" --)
+  RB_RUN_DIR=${top}/run "${prof[@]}" bash "${runbook}" 2>"${out}/runbook-cold.log" >&2
+}
 row_rerun() { RB_RUN_DIR=${top}/rerun bash "${runbook}" 2>"${out}/runbook-rerun.log" >&2; }
 # the live plan (issue 36): before a first move (destination removed) and on a re-run's state
 row_plancold() { rm -rf "${dst}"; sync; RB_RUN_DIR=${top}/plancold bash "${runbook}" --plan >"${out}/plan-cold.txt" 2>"${out}/plan-cold.log"; }
@@ -176,6 +184,7 @@ prep() { rm -rf "${hand}"; mkdir -p "${hand}"; sync; }
 
 declare -A secs=() steps=() fails=()
 names=(null1 nullN seed lz4 plancold cold rerun planre)
+if [[ -n "${ROWS:-}" ]]; then read -r -a names <<<"${ROWS}"; fi   # e.g. ROWS="cold rerun"
 declare -A label=([null1]="null relay, 1 stream, aes128-gcm, 1 MiB pipe"
   [nullN]="null relay, ${streams} streams side by side, aes128-gcm, each its own ssh pair"
   [seed]="seed one-liner: ssh a 'tar c', piped into ssh b 'tar x' (default cipher)"
@@ -184,7 +193,7 @@ declare -A label=([null1]="null relay, 1 stream, aes128-gcm, 1 MiB pipe"
   [plancold]="runbook --plan, no destination (first move)" [planre]="runbook --plan after the run (nothing to send)")
 for ((r = 1; r <= rounds; r++)); do
   order=("${names[@]}")
-  ((r % 2 == 0)) && order=(seed lz4 nullN null1 plancold cold rerun planre)   # the runbook's pair stays in order
+  ((r % 2 == 0)) && [[ -z "${ROWS:-}" ]] && order=(seed lz4 nullN null1 plancold cold rerun planre)   # the runbook's pair stays in order
   for n in "${order[@]}"; do
     if ((SECONDS - t0 > deadline)); then log "round ${r} ${n}: skipped (past ${deadline} s)"; continue; fi
     [[ "${n}" == seed || "${n}" == lz4 ]] && prep
