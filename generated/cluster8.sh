@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 5528556f1c008252579823b500eacc994c367d6e108147ec965c942e864abc76
+# sha256 of this file with these 64 digits zeroed: ed1e1106dee205d8117f12aeab9854dfa9942c644c57dbedffdc2b577aa4ff78
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2c9c9ffe854bdfe9877c0d686f5928e83eea00fc120fdc4665d2ee75ebe3758c
-readonly RB_KIT_FILE=.kit/2c9c9ffe854bdfe9877c0d686f5928e83eea00fc120fdc4665d2ee75ebe3758c.tar
+readonly RB_KIT_SHA256=0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970
+readonly RB_KIT_FILE=.kit/0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -628,6 +628,7 @@ rb::fan_state() {
     "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" --state --dest "${RB_DST_ABS}" \
     --choices "${RB_ENGINE_CHOICES}"
   RB_FAN_SCRATCH=${keep}
+  rm -rf "${dir}" "${dir}.tar"
 }
 
 #######################################

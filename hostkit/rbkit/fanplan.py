@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -114,7 +115,7 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
     for n in nodes:
         if os.path.exists(os.path.join(d, n + ".state")):
             continue
-        said = [ln.strip() for ln in err if n in ln.split(":", 1)[0] or (" %s " % n) in ln]
+        said = [ln.strip() for ln in err if re.search(r"(^|[\s:])%s\b" % re.escape(n), ln)]
         said = [ln[len(n) + 2:] if ln.startswith(n + ": ") else ln for ln in said]
         out[n] = bad.get(n) or " | ".join(said[-2:]) or "no answer (node down or unreachable)"
     return out

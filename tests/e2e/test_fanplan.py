@@ -13,6 +13,7 @@ import pytest
 from tests.e2e.test_liveplan import plan_dir
 from tests.lab import fanout
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
+from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 DEST = "/tmp/rbdest-fanplan/venv"
 
@@ -20,7 +21,7 @@ DEST = "/tmp/rbdest-fanplan/venv"
 @pytest.fixture(scope="module")
 def cluster():
     fanout.require(cluster_unavailable_reason(), "fan-out cluster")
-    with Cluster(4) as c:
+    with Cluster(4, subnet="10.213.249") as c:     # no other test module's cluster
         yield c
 
 
@@ -88,6 +89,9 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
     listing = Path(older["listing"]).read_text()
     assert f"{rel}/rb_payload/__init__.py" in listing, listing
     assert older["changes"]["changed"] == 1 and older["changes"]["added"] == 0
+    # a node with a file changed there takes the whole bundle in a re-run: the whole tree
+    assert "1 changed there since the install: these nodes take the whole tree" in r.stdout
+    assert older["send_bytes"] == plan["source"]["bytes"]
     assert leftovers(cluster) == []
 
     # node03 moved after that plan: --apply refuses, names it and the path, sends nothing
@@ -110,3 +114,30 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     assert "nodes:       3 answered, 1 unreachable" in r.stdout, r.stdout
     assert "unreachable: node04: " in r.stdout and "BLOCKED:     unreachable: node04" in r.stdout
+
+
+@pytest.mark.e2e
+def test_slurm_fanout_plan_asks_the_nodes_through_srun(payload_small, tmp_path):
+    fanout.require(slurm_unavailable_reason(), "slurm mini-cluster")
+    with SlurmCluster(2, subnet="10.213.248") as c:
+        script = fanout.build(tmp_path, fanout.spec("fanplansl", payload_small.venv, DEST,
+                                                    engine="slurm", nodes=c.nodeset,
+                                                    connect_timeout=10), "fanplansl")
+
+        def plan() -> subprocess.CompletedProcess:
+            return subprocess.run(c.salloc(["bash", str(script), "--plan"]), cwd=tmp_path,
+                                  env=c.env, capture_output=True, text=True, timeout=300)
+
+        r = plan()
+        assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+        assert "group 1:     node[01-02] (2 nodes): needs everything" in r.stdout, r.stdout
+        assert "srun -N 2 -n 2" in r.stderr
+        assert not [p for n in c.names for p in c.node_tmp(n).glob("rbfan-*")]
+        d = plan_dir(r)
+        r = subprocess.run(c.salloc(["bash", str(script), "--apply", str(d / "plan.json")]),
+                           cwd=tmp_path, env=c.env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:]
+        r = plan()
+        assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+        assert "node[01-02] (2 nodes): holds exactly this source's install: nothing to send" \
+            in r.stdout, r.stdout

@@ -603,6 +603,7 @@ rb::fan_state() {
     "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" --state --dest "${RB_DST_ABS}" \
     --choices "${RB_ENGINE_CHOICES}"
   RB_FAN_SCRATCH=${keep}
+  rm -rf "${dir}" "${dir}.tar"
 }
 
 #######################################
