@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 765654c9798416bea582987a1ab9c1189d6626b54d0d972e31495907a4d36435
+# sha256 of this file with these 64 digits zeroed: 304a0d31dec59e60ae377327ae623f6bf17fa320312ff3b5a7ad3e96e41c4091
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970
-readonly RB_KIT_FILE=.kit/0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

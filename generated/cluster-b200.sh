@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 15f0795d998699d7094b4be0c477f06041755d9951e2a3a68a366c3f2cbbbc03
+# sha256 of this file with these 64 digits zeroed: fd51c92593ebdb54c580fd2074e45961f5a0d1b415e65741b65a962ae6e020f3
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970
-readonly RB_KIT_FILE=.kit/0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 7a5ac93e230e6e063cf1f63718282277f9ba085bc4f4148c13dfbd7aadeaa52c
+# sha256 of this file with these 64 digits zeroed: 7dd0debe819b69f384e1eb1e2b5cb5f635c902ef3b551d258e69a74250b352f4
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970
-readonly RB_KIT_FILE=.kit/0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: ed1e1106dee205d8117f12aeab9854dfa9942c644c57dbedffdc2b577aa4ff78
+# sha256 of this file with these 64 digits zeroed: 259224b975655f94c3697208e9e4f351a0ea2de17ffae86522b5c6b775c93850
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970
-readonly RB_KIT_FILE=.kit/0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -632,10 +632,11 @@ rb::fan_state() {
 }
 
 #######################################
-# --plan on a fan-out (rb::plan, main's; a single-host runbook's is in install.sh.j2): the hosts prepared and the source scanned as fan_preflight does, every
-# node's state read (rb::fan_state), the plan composed here (rbkit.fanplan compose): the screen
-# on stdout; plan.json, changes-G.txt per group and, with $1 = 1, plan.md in this run's
-# directory. Exits 1 naming every host or node it cannot reach, or when something blocks the run.
+# --plan on a fan-out (main's rb::plan; a single-host runbook's is in install.sh.j2): the hosts
+# prepared and the source scanned as fan_preflight does, every node's state read (rb::fan_state),
+# the plan composed here (rbkit.fanplan compose): the screen on stdout; plan.json, changes-G.txt
+# per group and, with $1 = 1, plan.md in this run's directory. Exits 1 naming every host or node
+# it cannot reach, or when something blocks the run.
 #######################################
 rb::plan() {
   local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' also='' key why out

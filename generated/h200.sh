@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: a0fed3a2dc1c9194025230602b3809e40472d86760167260a3458fa7a96530a9
+# sha256 of this file with these 64 digits zeroed: eaca92862b446aff7de92d7fb45c2abab6d1474e875763efaaf285951479b933
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970
-readonly RB_KIT_FILE=.kit/0d501401a5b72f0b02c0218b8dd729ec8a18a3bee407c3b42e1d7ce58d8a5970.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -80,7 +80,7 @@ def node_state(a: argparse.Namespace) -> int:
     return 0 if doc["ok"] else 1
 
 
-# -- here: the nodes' reports ------------------------------------------------------------------------
+# -- here: the nodes' reports -------------------------------------------------------------------
 
 
 def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:

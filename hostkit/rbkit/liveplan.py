@@ -256,8 +256,8 @@ def compose(a: argparse.Namespace) -> int:
     ch = changes(src, dest, installed)
     _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
     got = assess(a, facts, src, src_stat, ch, installed)
-    up_to_date, delta, send, blockers = got["up_to_date"], got["delta"], got["send"], got["blockers"]
-    staging, backup, need = got["staging"], got["backup"], got["need"]
+    up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
+    staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]
     src_bytes = int(a.source_bytes or 0)
     audit = static_verdict(a)
     if audit.startswith("failed") and not a.force and not a.same_host:

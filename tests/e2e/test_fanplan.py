@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,9 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
     rel = next(Path(p).relative_to(src) for p in src.glob("lib/python3*/site-packages"))
 
     # a first plan: every node needs everything, one group; nothing left on a node
+    t0 = time.monotonic()
     r = run(tmp_path, script, "--plan", "--markdown")
+    took = {"first plan": time.monotonic() - t0}
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert "group 1:     node[01-04] (4 nodes): needs everything" in r.stdout, r.stdout
     assert "nodes:       4 answered, 0 unreachable" in r.stdout
@@ -69,7 +72,9 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
     assert (d / "plan.md").read_text().startswith("# Live plan: fanplan")
 
     # applied as planned: every node installs
+    t0 = time.monotonic()
     r = run(tmp_path, script, "--apply", str(d / "plan.json"))
+    took["apply"] = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-4000:]
     assert "the plan holds" in r.stderr
 
@@ -78,7 +83,9 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
     changed = cluster.node_tmp("node02") / "rbdest-fanplan" / "venv" / rel / "rb_payload" / \
         "__init__.py"
     changed.write_text(changed.read_text() + "# edited on node02\n")
+    t0 = time.monotonic()
     r = run(tmp_path, script, "--plan")
+    took["re-plan"] = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert "node[01,03-04] (3 nodes): holds exactly this source's install: nothing to send" \
         in r.stdout, r.stdout
@@ -114,6 +121,7 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     assert "nodes:       3 answered, 1 unreachable" in r.stdout, r.stdout
     assert "unreachable: node04: " in r.stdout and "BLOCKED:     unreachable: node04" in r.stdout
+    print("\nclush fan-out plan, 4 nodes: " + ", ".join("%s %.1f s" % kv for kv in took.items()))
 
 
 @pytest.mark.e2e

@@ -117,11 +117,18 @@ def test_drift_names_the_node_that_moved_and_the_one_unreachable_now(nodes, tmp_
     with open(now, "w") as out:
         for n in ("n1", "n2", "n3"):                        # n4 does not answer now
             report(tmp_path, n, nodes["dests"][n], out, monkeypatch)
-    rc = fanplan.main(["drift", "--plan", str(nodes["run"] / "plan.json"), "--dir",
-                       str(tmp_path / "apply"), "--nodes", "n1,n2,n3,n4,n5", "--engine-out",
-                       str(now), "--source-now", str(nodes["run"] / "source.scan")])
+    drift = ["drift", "--plan", str(nodes["run"] / "plan.json"), "--dir", str(tmp_path / "apply"),
+             "--nodes", "n1,n2,n3,n4,n5", "--engine-out", str(now)]
+    rc = fanplan.main(drift + ["--source-now", str(nodes["run"] / "source.scan")])
     said = capsys.readouterr().out.splitlines()
     assert rc == 1
     assert "moved\tnode n2: 1 paths (lib/new.py (new))" in said, said
     assert "moved\tunreachable now: n4, n5" in said
     assert not any("n3" in s or "the source" in s for s in said)
+    assert "compression\t" in said
+    # the source moved too: named with its paths
+    tree(tmp_path / "src", {"lib/later.py": "later"})
+    hostfs.scan(str(tmp_path / "src"), [], str(tmp_path / "names-now"))
+    assert fanplan.main(drift + ["--source-now", str(tmp_path / "names-now.stat")]) == 1
+    said = capsys.readouterr().out.splitlines()
+    assert any(s.startswith("moved\tthe source ") and "lib/later.py (new)" in s for s in said), said

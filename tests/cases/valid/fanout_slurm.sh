@@ -619,10 +619,11 @@ rb::fan_state() {
 }
 
 #######################################
-# --plan on a fan-out (rb::plan, main's; a single-host runbook's is in install.sh.j2): the hosts prepared and the source scanned as fan_preflight does, every
-# node's state read (rb::fan_state), the plan composed here (rbkit.fanplan compose): the screen
-# on stdout; plan.json, changes-G.txt per group and, with $1 = 1, plan.md in this run's
-# directory. Exits 1 naming every host or node it cannot reach, or when something blocks the run.
+# --plan on a fan-out (main's rb::plan; a single-host runbook's is in install.sh.j2): the hosts
+# prepared and the source scanned as fan_preflight does, every node's state read (rb::fan_state),
+# the plan composed here (rbkit.fanplan compose): the screen on stdout; plan.json, changes-G.txt
+# per group and, with $1 = 1, plan.md in this run's directory. Exits 1 naming every host or node
+# it cannot reach, or when something blocks the run.
 #######################################
 rb::plan() {
   local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' also='' key why out
