@@ -178,7 +178,7 @@ class FanOut:
     def partials(self) -> tuple[str, ...]:
         """The state and helpers of the install on the nodes, and of the spec's engine."""
         return ("partials/fanout_node.sh.j2", "partials/fanout.sh.j2",
-                f"partials/fanout_{self.fanout.engine}.sh.j2")
+                f"partials/fanout_{self.fanout.engine}.sh.j2", "partials/fanplan.sh.j2")
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]:
         return FANOUT

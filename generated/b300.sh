@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: d2409ee0edc8886e6ca9350f88de6b7abc17d5aeb0b981d98a2cb3c0054efa3c
+# sha256 of this file with these 64 digits zeroed: 304a0d31dec59e60ae377327ae623f6bf17fa320312ff3b5a7ad3e96e41c4091
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c
-readonly RB_KIT_FILE=.kit/92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -379,6 +379,13 @@ RB_ENGINE_STATE=''
 #######################################
 rb::install_paths() {
   :
+}
+
+#######################################
+# --plan: the live plan of the one destination (runtime/liveplan.sh.j2); $1 = 1: plan.md too.
+#######################################
+rb::plan() {
+  rb::live_plan "$1"
 }
 
 #######################################
@@ -1008,10 +1015,10 @@ main() {
     return 0
   fi
   if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
-    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
-    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
-      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
-        "with --only or --from); --dry-run shows the steps" >&2
+    # the live plan (rb::plan: the install's partial, install.sh.j2 or fanplan.sh.j2): every step
+    if [[ -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a run (not with --only or --from);" \
+        "--dry-run shows the steps" >&2
       return 2
     fi
     if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
@@ -1034,7 +1041,7 @@ main() {
     return 0
   fi
   if ((plan)); then
-    rb::live_plan "${markdown}"
+    rb::plan "${markdown}"
   elif [[ -n "${RB_APPLY_PLAN}" ]]; then
     rb::apply_read "${RB_APPLY_PLAN}"
   fi

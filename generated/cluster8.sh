@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 68afb0163c0947cd955c5be3b188fa8ea331fd5f2054591ef15d997a6fc37465
+# sha256 of this file with these 64 digits zeroed: 259224b975655f94c3697208e9e4f351a0ea2de17ffae86522b5c6b775c93850
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c
-readonly RB_KIT_FILE=.kit/92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -457,7 +457,7 @@ rb::fan_bundle_make() {
   printf '%s\n' "${RB_SRC_IDENTITY}" >"${dir}/source-identity.json"
   rb::kit "${RB_SRC_HOST}" engine send "${RB_SRC_ABS}" "${list}" \
     --compression "${RB_COMPRESSION_USED}" >"${dir}/payload"
-  cp -R "${RB_LOCAL_KIT}/rbkit" "${RB_LOCAL_KIT}/rbprobes" "${RB_LOCAL_KIT}/rbrules" "${dir}/kit/"
+  rb::fan_kit_copy "${dir}/kit"
   tar -C "${dir}" -cf "${dir}.tar" .
 }
 
@@ -601,6 +601,126 @@ rb::fan_full_done() {
 }
 
 #######################################
+# The live plan of a fan-out (--plan, --apply PLAN; docs/liveplan.md): every node asked through
+# the engine, read-only, for its destination's state; rbkit.fanplan groups them. Here first:
+# copy the kit's host packages (compiler.kit.HOST_PACKAGES) into $1, a bundle's kit/.
+#######################################
+rb::fan_kit_copy() {
+  cp -R "${RB_LOCAL_KIT}/"rbkit "${RB_LOCAL_KIT}/"rbprobes "${RB_LOCAL_KIT}/"rbrules "$1/"
+}
+
+#######################################
+# Every node's destination, read-only, through the engine as a run reaches the nodes: a bundle
+# of the kit alone copied to a scratch name of its own, then `rbkit.fanout node --state` on every
+# node (no lock, nothing beside the destination; the node removes the kit after). $1: the
+# round's name (plan, apply); its output is fanout/$1-state.out. The run's scratch name is kept.
+#######################################
+rb::fan_state() {
+  local name=$1 dir="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}-$1" keep=${RB_FAN_SCRATCH} hex
+  rm -rf "${dir}" "${dir}.tar"
+  mkdir -p "${dir}/kit"
+  rb::fan_kit_copy "${dir}/kit"
+  tar -C "${dir}" -cf "${dir}.tar" .
+  hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
+  RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
+  rb::fan_copy "${name}-copy" "${dir}.tar" "${RB_FAN_NODES}"
+  rb::fan_install "${name}-state" "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \
+    "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" --state --dest "${RB_DST_ABS}" \
+    --choices "${RB_ENGINE_CHOICES}"
+  RB_FAN_SCRATCH=${keep}
+  rm -rf "${dir}" "${dir}.tar"
+}
+
+#######################################
+# --plan on a fan-out (main's rb::plan; a single-host runbook's is in install.sh.j2): the hosts
+# prepared and the source scanned as fan_preflight does, every node's state read (rb::fan_state),
+# the plan composed here (rbkit.fanplan compose): the screen on stdout; plan.json, changes-G.txt
+# per group and, with $1 = 1, plan.md in this run's directory. Exits 1 naming every host or node
+# it cannot reach, or when something blocks the run.
+#######################################
+rb::plan() {
+  local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' also='' key why out
+  local -a flags=()
+  RB_STEP=plan
+  mkdir -p "${RB_STATE_DIR}/fanout"
+  rb::fan_need timeout tar
+  rb::fan_ready
+  rb::hosts_prepare "${RB_HOSTS[@]}" || true
+  for host in "${RB_HOSTS[@]}"; do
+    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+      up+="${up:+, }${host}"
+    else
+      down+="${down:+, }${host}"
+    fi
+  done
+  if [[ -n "${down}" ]]; then
+    RB_HOST=${down}
+    rb::fail "cannot reach ${down} (each said why above); nothing was planned"
+  fi
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::source_start "${src_kit}/${RB_NAME}.names"
+  # meanwhile every node's destination, through the engine
+  rb::fan_state plan
+  rb::source_finish ''
+  local -A src=()
+  for key in files bytes need_bytes audit_rc audit_failed audit_skipped; do
+    src[${key}]=${RB_J[${key}]:-}
+  done
+  rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}" 2>"${RB_WORK}/plan-how"
+  cat "${RB_WORK}/plan-how" >>"${dir}/run.log"
+  why=$(sed -n 's/^.*\] compression: //p' "${RB_WORK}/plan-how")
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
+  ((RB_INCREMENTAL)) && flags+=(--incremental)
+  ((RB_FORCE)) && flags+=(--force)
+  ((markdown)) && flags+=(--markdown) && also=', plan.md'
+  out="${RB_STATE_DIR}/fanout/plan-state"
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit.fanplan
+  "${RB_KIT_ARGV[@]}" compose --dir "${dir}" --name "${RB_NAME}" --spec-sha "${RB_SPEC_SHA256}" \
+    --kit-sha "${RB_KIT_SHA256}" --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)" \
+    --src-host "${RB_SRC_HOST}" --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" \
+    --dest "${RB_DST_ABS}" --engine "${RB_FAN_ENGINE}" --compression "${RB_COMPRESSION_USED}" \
+    --compression-why "${why##*$'\n'}" --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+    --engine-out "${out}.out" --engine-err "${out}.err" --engine-err "${RB_STATE_DIR}/fanout/plan-copy.err" \
+    --hosts "${up}: reachable (kit in a private directory, removed after)" \
+    --choices "${RB_ENGINE_CHOICES}" --source-files "${src[files]:-0}" \
+    --source-bytes "${src[bytes]:-0}" --need-bytes "${src[need_bytes]:-0}" \
+    --audit-rc "${src[audit_rc]:-2}" --audit-failed "${src[audit_failed]}" \
+    --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
+    --checks "${RB_PROBE_CONFIG:-}" "${flags[@]}" || rc=$?
+  printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' "${dir}" "${also}" \
+    "${RB_SELF}" "${dir}"
+  RB_FINISHED=1
+  exit "${rc}"
+}
+
+#######################################
+# --apply on a fan-out, in fan_preflight once the source is scanned and the compression chosen:
+# the source's scan and every node's state against the plan's (rbkit.fanplan drift). What moved
+# is named (the source's paths, each node that moved and its first paths, the nodes unreachable
+# now) and the run ends here (exit 1), before anything is packed or sent.
+#######################################
+rb::fan_apply_check() {
+  local src_kit out rc=0 now="${RB_RUN_DIR}/apply-source.scan"
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${now}"
+  rb::fan_state apply
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit.fanplan
+  out=$("${RB_KIT_ARGV[@]}" drift --plan "${RB_APPLY_PLAN}" --dir "${RB_RUN_DIR}/apply" \
+    --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" --source-now "${now}" \
+    --engine-out "${RB_STATE_DIR}/fanout/apply-state.out") || rc=$?
+  if ((rc == 1)); then
+    out=$(sed -n 's/^moved\t//p' <<<"${out}")
+    rb::fail "refusing to apply ${RB_APPLY_PLAN}: changed since the plan was made: ${out//$'\n'/; };" \
+      "nothing was sent to a node; make a new plan: bash ${RB_SELF} --plan"
+  elif ((rc != 0)); then
+    rb::fail "cannot compare the nodes with the plan ${RB_APPLY_PLAN} (above); nothing was sent"
+  fi
+  rb::log "the plan holds: the source and every node are as the plan saw them"
+  out=$(sed -n 's/^compression\t//p' <<<"${out}")
+  rb::apply_compression "${out}"
+}
+
+#######################################
 # The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
 # (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
 # RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
@@ -632,6 +752,7 @@ rb::kit_write() {
 # Reach the source, check the engine and its tools here, list the nodes.
 #######################################
 step_fan_preflight() {
+  local record='' stat
   rb::fan_need timeout tar
   rb::fan_scratch
   rb::fan_ready
@@ -639,14 +760,24 @@ step_fan_preflight() {
   rb::hosts_prepare "${RB_HOSTS[@]}"
   # refused unless what the excludes leave is a venv with files (pyvenv.cfg and bin/python
   # sent); then the static checks, in the same engine process
-  rb::source_start ''
+  if [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # --apply: the scan's record, to name what moved since the plan
+    record=$(rb::kit_dir "${RB_SRC_HOST}")
+    record+="/${RB_NAME}.names"
+  fi
+  rb::source_start "${record}"
   rb::source_finish ''
   # each node compares its destination with it (rbkit.fanout node, in the bundle)
   RB_SRC_IDENTITY=${RB_J[identity]}
+  stat=${RB_J[stat_fingerprint]}
   rb::preflight_audit
   # packed on the source, unpacked on the nodes (tar -I: a node without the tool fails its
   # extract and is named); this machine, the head, stands in for them here
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"
+  if [[ -n "${RB_APPLY_PLAN}" ]]; then
+    # every node's state and the source against the plan's: what moved ends the run here
+    rb::fan_apply_check "${stat}"
+  fi
   rb::log "source: ${RB_ENGINE_DETAIL}; ${#RB_FAN_NODE_LIST[@]} nodes ${RB_FAN_NODES} through" \
     "${RB_FAN_ENGINE}; compression ${RB_COMPRESSION_USED}"
   rb::fact nodes "${#RB_FAN_NODE_LIST[@]}"
@@ -898,10 +1029,10 @@ main() {
     return 0
   fi
   if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
-    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
-    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
-      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
-        "with --only or --from); --dry-run shows the steps" >&2
+    # the live plan (rb::plan: the install's partial, install.sh.j2 or fanplan.sh.j2): every step
+    if [[ -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a run (not with --only or --from);" \
+        "--dry-run shows the steps" >&2
       return 2
     fi
     if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
@@ -924,7 +1055,7 @@ main() {
     return 0
   fi
   if ((plan)); then
-    rb::live_plan "${markdown}"
+    rb::plan "${markdown}"
   elif [[ -n "${RB_APPLY_PLAN}" ]]; then
     rb::apply_read "${RB_APPLY_PLAN}"
   fi

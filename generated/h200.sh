@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 10c7c2aa354bf5355b6f12eb20cb8e287030ec7ec5f778d2b0244e0badb0d0ee
+# sha256 of this file with these 64 digits zeroed: eaca92862b446aff7de92d7fb45c2abab6d1474e875763efaaf285951479b933
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c
-readonly RB_KIT_FILE=.kit/92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -368,6 +368,13 @@ RB_ENGINE_STATE=''
 #######################################
 rb::install_paths() {
   :
+}
+
+#######################################
+# --plan: the live plan of the one destination (runtime/liveplan.sh.j2); $1 = 1: plan.md too.
+#######################################
+rb::plan() {
+  rb::live_plan "$1"
 }
 
 #######################################
@@ -997,10 +1004,10 @@ main() {
     return 0
   fi
   if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
-    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
-    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
-      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
-        "with --only or --from); --dry-run shows the steps" >&2
+    # the live plan (rb::plan: the install's partial, install.sh.j2 or fanplan.sh.j2): every step
+    if [[ -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a run (not with --only or --from);" \
+        "--dry-run shows the steps" >&2
       return 2
     fi
     if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
@@ -1023,7 +1030,7 @@ main() {
     return 0
   fi
   if ((plan)); then
-    rb::live_plan "${markdown}"
+    rb::plan "${markdown}"
   elif [[ -n "${RB_APPLY_PLAN}" ]]; then
     rb::apply_read "${RB_APPLY_PLAN}"
   fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b6cbfe4d45260e925e0902824636d8a271158363c28821d761ae32687fde9872
+# sha256 of this file with these 64 digits zeroed: ac3f42842d4e2d2d11c6b08dc5648514d0f7e521ed4d5b4d17144501b09aaaf5
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c
-readonly RB_KIT_FILE=.kit/92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c.tar
+readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
+readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -367,6 +367,13 @@ RB_ENGINE_STATE=''
 #######################################
 rb::install_paths() {
   :
+}
+
+#######################################
+# --plan: the live plan of the one destination (runtime/liveplan.sh.j2); $1 = 1: plan.md too.
+#######################################
+rb::plan() {
+  rb::live_plan "$1"
 }
 
 #######################################
@@ -996,10 +1003,10 @@ main() {
     return 0
   fi
   if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
-    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
-    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
-      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
-        "with --only or --from); --dry-run shows the steps" >&2
+    # the live plan (rb::plan: the install's partial, install.sh.j2 or fanplan.sh.j2): every step
+    if [[ -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a run (not with --only or --from);" \
+        "--dry-run shows the steps" >&2
       return 2
     fi
     if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
@@ -1022,7 +1029,7 @@ main() {
     return 0
   fi
   if ((plan)); then
-    rb::live_plan "${markdown}"
+    rb::plan "${markdown}"
   elif [[ -n "${RB_APPLY_PLAN}" ]]; then
     rb::apply_read "${RB_APPLY_PLAN}"
   fi

@@ -81,7 +81,11 @@ def check_source(ctx: engine.Context, path: str) -> engine.Result:
 def node(a: argparse.Namespace) -> int:
     """Install and probe on this node through the engine's steps (engine.install: the same
     functions a single-host runbook's destination runs); print the node's report. Exit 0 when
-    every step passed, 3 when this node needs the whole bundle, else 1."""
+    every step passed, 3 when this node needs the whole bundle, else 1. With --state, the live
+    plan's read-only look at the destination instead (rbkit.fanplan)."""
+    if a.state:
+        from . import fanplan
+        return fanplan.node_state(a)
     dest = a.dest.rstrip("/")
     bundle = a.dir.rstrip("/") + ".tar"
     payload = os.path.join(a.dir, PAYLOAD)
@@ -501,6 +505,8 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("node")
     n.add_argument("--dir", required=True)
     add_run_options(n)          # --dest, --old, --compression, --probe-config, --choices
+    n.add_argument("--state", action="store_true",
+                   help="the live plan: this node's destination, read-only (rbkit.fanplan)")
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)

@@ -209,15 +209,10 @@ def _write(path: str, text: str) -> None:
     safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
 
 
-def compose(a: argparse.Namespace) -> int:
-    d = a.dir
-    src_stat, src = read_scan(os.path.join(d, "source.scan"))
-    facts, dest = read_state(os.path.join(d, "dest.state"))
-    installed = _load_installed(os.path.join(d, "installed.jsonl"))
-    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
-        installed = None
-    ch = changes(src, dest, installed)
-    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
+def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, ch: dict,
+           installed: Optional[dict]) -> dict:
+    """One destination's side of the plan (the fan-out's per node too: rbkit.fanplan): up to
+    date or not, bytes to send, the disk it needs, and what blocks it there."""
     up_to_date = (installed is not None and facts.get("installed_source_stat") == src_stat
                   and ch["changed"] == ch["added"] == ch["removed"] == 0)
     delta = installed is not None and a.incremental
@@ -247,6 +242,23 @@ def compose(a: argparse.Namespace) -> int:
         blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
     if facts.get("shared_parent") and a.shared_parent != "allow":
         blockers.append(facts["shared_parent"])
+    return {"up_to_date": up_to_date, "delta": delta, "send": send, "staging": staging,
+            "backup": backup, "need": need, "blockers": blockers}
+
+
+def compose(a: argparse.Namespace) -> int:
+    d = a.dir
+    src_stat, src = read_scan(os.path.join(d, "source.scan"))
+    facts, dest = read_state(os.path.join(d, "dest.state"))
+    installed = _load_installed(os.path.join(d, "installed.jsonl"))
+    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
+        installed = None
+    ch = changes(src, dest, installed)
+    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
+    got = assess(a, facts, src, src_stat, ch, installed)
+    up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
+    staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]
+    src_bytes = int(a.source_bytes or 0)
     audit = static_verdict(a)
     if audit.startswith("failed") and not a.force and not a.same_host:
         blockers.append("the static checks on the source failed (%s): fix the venv or --force"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from compiler import kit
 from tests.e2e.test_local_runbook import compile_, report
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +32,7 @@ PLANTED = ("import os\n"
            ".close()\n")
 MODULES = ("hashlib", "json", "runpy", "argparse", "tempfile", "subprocess", "shlex", "sitecustomize",
            "usercustomize", "threading", "typing", "stat", "re")
-PACKAGES = ("rbkit", "rbprobes", "rbrules")
+PACKAGES = kit.HOST_PACKAGES      # the kit shipped to hosts: one list, compiler/kit.py
 
 
 def as_nobody(*argv: str, **kw) -> subprocess.CompletedProcess:

@@ -140,7 +140,7 @@ def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_check
     assert "# Live plan: t" in (d / "plan.md").read_text()
 
 
-@pytest.mark.parametrize("runbook, args", [("cluster8", ["--plan"]),
+@pytest.mark.parametrize("runbook, args", [("cluster8", ["--plan", "--from", "fan_pack"]),
                                            ("local", ["--apply", "x.json", "--only", "probe"])])
 def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
     import subprocess
@@ -148,7 +148,7 @@ def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
     r = subprocess.run(["bash", str(root / "generated" / f"{runbook}.sh"), *args], cwd=root,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert "--plan and --apply are for every step of a single-host move (not a fan-out" in r.stderr
+    assert "--plan and --apply are for every step of a run (not with --only or --from)" in r.stderr
 
 
 def test_a_destination_parent_other_users_can_write_is_said_by_the_state(tmp_path):

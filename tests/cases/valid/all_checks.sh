@@ -380,6 +380,13 @@ rb::install_paths() {
 }
 
 #######################################
+# --plan: the live plan of the one destination (runtime/liveplan.sh.j2); $1 = 1: plan.md too.
+#######################################
+rb::plan() {
+  rb::live_plan "$1"
+}
+
+#######################################
 # The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
 # (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
 # RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
@@ -1006,10 +1013,10 @@ main() {
     return 0
   fi
   if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
-    # the live plan (runtime/liveplan.sh.j2): a single-host move, every step
-    if [[ "${RB_STEPS[0]}" != preflight || -n "${only}${from}" ]]; then
-      echo "--plan and --apply are for every step of a single-host move (not a fan-out, not" \
-        "with --only or --from); --dry-run shows the steps" >&2
+    # the live plan (rb::plan: the install's partial, install.sh.j2 or fanplan.sh.j2): every step
+    if [[ -n "${only}${from}" ]]; then
+      echo "--plan and --apply are for every step of a run (not with --only or --from);" \
+        "--dry-run shows the steps" >&2
       return 2
     fi
     if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
@@ -1032,7 +1039,7 @@ main() {
     return 0
   fi
   if ((plan)); then
-    rb::live_plan "${markdown}"
+    rb::plan "${markdown}"
   elif [[ -n "${RB_APPLY_PLAN}" ]]; then
     rb::apply_read "${RB_APPLY_PLAN}"
   fi

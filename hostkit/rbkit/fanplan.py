@@ -1,0 +1,382 @@
+"""The live plan of a fan-out runbook (`--plan`, `--apply PLAN` with a `fanout:` block): every node
+asked, through the cluster's own engine, read-only, for its destination's state; the nodes
+grouped by what a run would do there.
+
+    rbkit.fanout node --state --dir DIR --dest DEST --choices JSON    on each node (the node
+        script of a fan-out run, started by clush / srun): liveplan.dest_state of DEST and its
+        install's manifest, printed as the node's report (`RBFAN NODE I/N CHUNK` lines, zlib and
+        base64 inside); no lock, nothing written beside DEST; DIR and DIR.tar are removed after
+    rbkit.fanplan compose --dir DIR --nodes N1,N2 --engine-out OUT ...    here: the plan from the
+        source's scan (DIR/source.scan) and the nodes' reports: each node's state kept in
+        DIR/nodes/, the nodes grouped, plan.json, changes-G.txt per group, plan.md (--markdown),
+        the screen on stdout; exit 1 when a node is unreachable or something blocks the run
+    rbkit.fanplan drift --plan PLAN --nodes ... --engine-out OUT [--source-now FILE]    here:
+        what moved on the source or on any node since the plan (exit 1, `moved<TAB>WHAT` lines)
+
+Each node is judged by the single-host plan's own functions (liveplan.changes, liveplan.assess);
+nodes fall in one group when what a run would do there is the same: holding exactly this source's
+install (nothing to send), holding an older one (the same itemized changes), needing everything
+(no install of this tool: nothing there, or not a venv), or unreachable (no report).
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import zlib
+from typing import Any, Dict, List, Optional
+
+from . import fanout, liveplan, safefs
+from .choices import Choices
+
+UP_TO_DATE = "holds exactly this source's install: nothing to send"
+OLDER = "holds an older install"
+EVERYTHING = "needs everything"
+
+
+def _pack(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def _unpack(text: str) -> bytes:
+    return zlib.decompress(base64.b64decode(text.encode("ascii")))
+
+
+# -- on each node ----------------------------------------------------------------------------------
+
+
+def node_state(a: argparse.Namespace) -> int:
+    """This node's destination, read-only, as its report; the plan's kit leaves the node."""
+    dest = a.dest.rstrip("/")
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True,
+                           "steps": []}
+    try:
+        facts, lines = liveplan.dest_state(dest, a.choices.on_existing,
+                                           a.choices.keep_backups or 0)
+        doc["facts"] = facts
+        doc["state"] = _pack(b"".join(lines))
+        if facts["installed"]:
+            got = safefs.read_in(dest, liveplan.INSTALLED)
+            if got is not None:
+                doc["installed"] = _pack(got[0])
+    except (OSError, ValueError) as exc:
+        doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
+    fanout.emit(doc)
+    shutil.rmtree(a.dir, ignore_errors=True)
+    try:
+        os.unlink(a.dir.rstrip("/") + ".tar")
+    except OSError:
+        pass
+    return 0 if doc["ok"] else 1
+
+
+# -- here: the nodes' reports -------------------------------------------------------------------
+
+
+def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
+    """Each reporting node's state into D/NODE.state (liveplan.read_state's form) and its
+    install's manifest into D/NODE.installed.jsonl; {node: why} for the nodes without one."""
+    reports = fanout.read_reports(nodes, engine_out)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    bad: Dict[str, str] = {}
+    for n in nodes:
+        doc = reports.get(n)
+        if doc is None or not doc.get("plan_state"):
+            continue
+        if not doc.get("ok"):
+            bad[n] = doc.get("error") or "no state"
+            continue
+        state = json.dumps(doc["facts"], sort_keys=True).encode() + b"\n" + _unpack(doc["state"])
+        safefs.write_file(os.path.join(d, n + ".state"), state, 0o600, sync=False)
+        installed = _unpack(doc["installed"]) if doc.get("installed") else b""
+        safefs.write_file(os.path.join(d, n + ".installed.jsonl"), installed, 0o600, sync=False)
+    return bad
+
+
+def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
+            ) -> Dict[str, str]:
+    """{node: why} for every node without a state: what the engine said of it, or its error."""
+    err: List[str] = []
+    for path in engine_err:
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                err += f.read().splitlines()
+    out: Dict[str, str] = {}
+    for n in nodes:
+        if os.path.exists(os.path.join(d, n + ".state")):
+            continue
+        said = [ln.strip() for ln in err if re.search(r"(^|[\s:])%s\b" % re.escape(n), ln)]
+        said = [ln[len(n) + 2:] if ln.startswith(n + ": ") else ln for ln in said]
+        out[n] = bad.get(n) or " | ".join(said[-2:]) or "no answer (node down or unreachable)"
+    return out
+
+
+def judge(a: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
+    """One node, as the single-host plan judges a destination: its changes and its side."""
+    facts, rows = liveplan.read_state(os.path.join(d, node + ".state"))
+    installed = liveplan._load_installed(os.path.join(d, node + ".installed.jsonl"))
+    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
+        installed = None
+    ch = liveplan.changes(src, rows, installed)
+    # a node with a file changed there since its install takes the whole bundle (rbkit.fanout:
+    # needs_full), not the changes alone
+    whole = argparse.Namespace(**dict(vars(a), incremental=False)) if ch["changed_there"] else a
+    got = liveplan.assess(whole, facts, src, src_stat, ch, installed)
+    kind = UP_TO_DATE if got["up_to_date"] else OLDER if installed is not None else EVERYTHING
+    return {"facts": facts, "changes": ch, "assess": got, "kind": kind}
+
+
+def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
+    """Nodes where a run does the same: the same kind, itemized changes, bytes and backups.
+    Free space differs per node: each group names its least and the nodes short of room."""
+    groups: Dict[str, dict] = {}
+    for n in nodes:
+        if n not in judged:
+            continue
+        j = judged[n]
+        items = "\n".join(j["changes"]["items"])
+        facts, got = j["facts"], j["assess"]
+        key = json.dumps([j["kind"], items, got["send"], got["need"], facts["evicts"],
+                          facts["exists"], facts["installed"]], sort_keys=True)
+        g = groups.setdefault(key, {"kind": j["kind"], "nodes": [], "items": j["changes"]["items"],
+                                    "digest": hashlib.sha256(key.encode()).hexdigest(),
+                                    "changes": {k: v for k, v in j["changes"].items()
+                                                if k != "items"},
+                                    "send_bytes": got["send"], "incremental": got["delta"],
+                                    "disk": {"staging": got["staging"], "backup": got["backup"],
+                                             "need": got["need"]},
+                                    "exists": facts["exists"], "backups": facts["backups"],
+                                    "evicts": facts["evicts"], "blockers": [], "short": []})
+        g["nodes"].append(n)
+        free = facts["free_bytes"]
+        if "free_min" not in g or free < g["free_min"]:
+            g.update(free_min=free, free_min_node=n, measured_at=facts["measured_at"])
+        if got["need"] > free:
+            g["short"].append(n)
+        for b in got["blockers"]:
+            if not b.startswith("not enough room") and b not in g["blockers"]:
+                g["blockers"].append(b)
+    out = sorted(groups.values(), key=lambda g: nodes.index(g["nodes"][0]))
+    for g in out:
+        g["folded"] = fanout.fold(g["nodes"])
+    return out
+
+
+def compose(a: argparse.Namespace) -> int:
+    d = a.dir
+    nodes = [n for n in a.nodes.split(",") if n]
+    sd = os.path.join(d, "nodes")
+    src_stat, src = liveplan.read_scan(os.path.join(d, "source.scan"))
+    bad = save_states(sd, nodes, a.engine_out)
+    down = missing(nodes, sd, a.engine_err, bad)
+    judged = {n: judge(a, sd, n, src, src_stat) for n in nodes if n not in down}
+    groups = group(judged, nodes)
+    blockers: List[str] = []
+    if down:
+        blockers.append("unreachable: %s (each named above, with what the engine said)"
+                        % fanout.fold(sorted(down)))
+    for i, g in enumerate(groups, 1):
+        g["id"] = i
+        g["listing"] = os.path.join(d, "changes-%d.txt" % i)
+        liveplan._write(g["listing"], "".join(line + "\n" for line in g["items"]))
+        if g["short"]:
+            blockers.append("not enough room on %s: %s needed at %s, least free %s (%s)"
+                            % (fanout.fold(g["short"]), liveplan.human(g["disk"]["need"]),
+                               g["measured_at"], liveplan.human(g["free_min"]),
+                               g["free_min_node"]))
+        blockers += ["%s: %s" % (g["folded"], b) for b in g["blockers"]]
+    audit = liveplan.static_verdict(a)
+    if audit.startswith("failed") and not a.force:
+        blockers.append("the static checks on the source failed (%s): fix the venv or --force"
+                        % audit)
+    checks = json.loads(a.checks or "{}").get("checks") or []
+    digests = {n: judged[n]["facts"]["digest"] for n in nodes if n in judged}
+    plan = {
+        "kind": "rb-plan", "schema": 1, "runbook": a.name, "spec_sha256": a.spec_sha,
+        "kit_sha256": a.kit_sha, "made": a.made,
+        "fanout": {"engine": a.engine, "nodes": fanout.fold(nodes), "count": len(nodes)},
+        "source": {"host": a.src_host, "path": a.src_path, "stat_fingerprint": src_stat,
+                   "files": int(a.source_files or 0), "bytes": int(a.source_bytes or 0)},
+        # one digest over every node's state (what liveplan read answers), and each node's
+        "destination": {"host": a.dst_host, "path": a.dest,
+                        "digest": hashlib.sha256(json.dumps(digests, sort_keys=True)
+                                                 .encode()).hexdigest(),
+                        "nodes": digests},
+        "route": "", "compression": a.compression, "policy": a.policy,
+        "groups": [{k: v for k, v in g.items() if k not in ("items",)} for g in groups],
+        "unreachable": down, "static": audit, "checks": [c.get("id") for c in checks],
+        "blockers": blockers,
+    }
+    liveplan._write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True)
+                    + "\n")
+    lines = screen(plan, groups, a, checks)
+    print("\n".join(lines))
+    if a.markdown:
+        items: List[str] = []
+        for g in groups:
+            items += ["# group %d: %s" % (g["id"], g["folded"])] + g["items"]
+        liveplan._write(os.path.join(d, "plan.md"), liveplan.markdown(plan, items, lines))
+    return 1 if blockers else 0
+
+
+def screen(plan: dict, groups: List[dict], a: argparse.Namespace,
+           checks: List[dict]) -> List[str]:
+    src, fan = plan["source"], plan["fanout"]
+    h = liveplan.human
+    out = ["plan for %s: %s:%s -> %d nodes %s:%s through %s"
+           % (plan["runbook"], src["host"], src["path"], fan["count"], fan["nodes"], a.dest,
+              fan["engine"])]
+    out.append("  hosts:       %s" % a.hosts)
+    out.append("  compression: %s" % a.compression_why)
+    out.append("  source:      %d files, %s (scan %s)" % (src["files"], h(src["bytes"]),
+                                                          src["stat_fingerprint"][:12]))
+    out.append("  static:      %s" % plan["static"])
+    names, head = [], True
+    for c in checks:
+        # the implied checks come first (compiler.implied), as the single-host plan says them
+        head = head and c.get("type") in ("relocation", "kernel_audit")
+        names.append("%s%s%s" % (c.get("id"), " (implied)" if head else "",
+                                 " (may skip)" if c.get("allow_skip") else ""))
+    out.append("  checks:      %s" % (", ".join(names) or "none"))
+    answered = fan["count"] - len(plan["unreachable"])
+    out.append("  nodes:       %d answered, %d unreachable; on_existing %s"
+               % (answered, len(plan["unreachable"]), plan["policy"]))
+    pad = " " * 15
+    for g in groups:
+        n = len(g["nodes"])
+        out.append("  group %d:     %s (%d node%s): %s" % (g["id"], g["folded"], n,
+                                                          "" if n == 1 else "s", g["kind"]))
+        ch = g["changes"]
+        if g["kind"] == OLDER:
+            out.append(pad + "%d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
+                       % (ch["added"], h(ch["added_bytes"]), ch["changed"], h(ch["changed_bytes"]),
+                          ch["removed"], h(ch["removed_bytes"]), ch["unchanged"]))
+            for line in g["items"][:liveplan.SHOWN]:
+                out.append(pad + "  " + line)
+            if len(g["items"]) > liveplan.SHOWN:
+                out.append(pad + "  ... %d more" % (len(g["items"]) - liveplan.SHOWN))
+            out.append(pad + "every line: %s" % g["listing"])
+        elif g["kind"] == EVERYTHING:
+            out.append(pad + ("exists, not an install of this tool" if g["exists"]
+                              else "no install there") + ": the whole tree")
+        if g["kind"] == OLDER and ch["changed_there"]:
+            out.append(pad + "%d changed there since the install: these nodes take the whole "
+                       "tree" % ch["changed_there"])
+        elif g["kind"] == OLDER:
+            out.append(pad + ("only the changes, and %s of bin/ and pyvenv.cfg that relocation "
+                              "rewrites (incremental)" % h(ch.get("rewritten_bytes", 0))
+                              if g["incremental"] else "the whole tree"))
+        if g["kind"] != UP_TO_DATE:
+            room = "NOT ENOUGH ROOM on " + fanout.fold(g["short"]) if g["short"] else "enough room"
+            out.append(pad + "to send %s; disk %s needed, least free %s (%s at %s): %s"
+                       % (h(g["send_bytes"]), h(g["disk"]["need"]), h(g["free_min"]),
+                          g["free_min_node"], g["measured_at"], room))
+        if plan["policy"] == "backup":
+            out.append(pad + "backups: %d kept (keep_backups %s); evicts %s"
+                       % (len(g["backups"]), a.keep_backups,
+                          ", ".join(g["evicts"]) if g["evicts"] else "none"))
+    for n, why in sorted(plan["unreachable"].items()):
+        out.append("  unreachable: %s: %s" % (n, why))
+    for b in plan["blockers"]:
+        out.append("  BLOCKED:     %s" % b)
+    return out
+
+
+# -- here: the plan against the nodes now ----------------------------------------------------------
+
+
+def _moved(then_path: str, now_path: str) -> str:
+    _f, then = liveplan.read_state(then_path)
+    facts, now = liveplan.read_state(now_path)
+    was, _r = liveplan.read_state(then_path)
+    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    shown = [p + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+             for p in moved[:3]]
+    if (was.get("exists"), was.get("installed_record")) != \
+            (facts.get("exists"), facts.get("installed_record")):
+        shown.insert(0, liveplan.INSTALLED + " (the install's record)" if facts.get("exists")
+                     else facts["dest"] + " (gone)")
+    return "%d paths (%s)" % (len(moved), ", ".join(shown[:3]) or "its facts")
+
+
+def drift(a: argparse.Namespace) -> int:
+    with open(a.plan, encoding="utf-8") as f:
+        plan = json.load(f)
+    d = os.path.dirname(os.path.abspath(a.plan))
+    nodes = [n for n in a.nodes.split(",") if n]
+    out: List[str] = []
+    now_stat = liveplan.read_scan(a.source_now)[0] if a.source_now else ""
+    if now_stat and now_stat != plan["source"]["stat_fingerprint"]:
+        n, first = liveplan.drift(a.plan, "source", a.source_now)
+        out.append("the source %s:%s: %d paths (%s)" % (plan["source"]["host"],
+                                                       plan["source"]["path"], n, first))
+    now_dir = os.path.join(a.dir, "nodes")
+    bad = save_states(now_dir, nodes, a.engine_out)
+    then = plan["destination"].get("nodes") or {}
+    gone = []
+    for n in nodes:
+        now_state = os.path.join(now_dir, n + ".state")
+        if not os.path.exists(now_state):
+            gone.append(n + (" (%s)" % bad[n] if n in bad else ""))
+            continue
+        facts, _r = liveplan.read_state(now_state)
+        if facts["digest"] != then.get(n):
+            was = os.path.join(d, "nodes", n + ".state")
+            out.append("node %s: %s" % (n, _moved(was, now_state) if n in then and
+                                        os.path.exists(was) else "unreachable when planned"))
+    if gone:
+        out.append("unreachable now: %s" % ", ".join(gone))
+    for line in out:
+        print("moved\t%s" % line)
+    print("compression\t%s" % plan.get("compression", ""))
+    return 1 if out else 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rbkit.fanplan")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compose")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--nodes", required=True)
+    c.add_argument("--engine-out", action="append", required=True)
+    c.add_argument("--engine-err", action="append", default=[])
+    for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host", "dest",
+                "engine", "compression", "compression-why", "hosts", "choices", "source-files",
+                "source-bytes", "need-bytes", "audit-rc", "audit-failed", "audit-skipped", "arch",
+                "checks"):
+        c.add_argument("--" + key, default="")
+    for flag in ("incremental", "markdown", "force"):
+        c.add_argument("--" + flag, action="store_true")
+    dr = sub.add_parser("drift")
+    dr.add_argument("--plan", required=True)
+    dr.add_argument("--dir", required=True, help="where this run keeps the nodes' states now")
+    dr.add_argument("--nodes", required=True)
+    dr.add_argument("--engine-out", action="append", required=True)
+    dr.add_argument("--source-now", default="")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "compose":
+            ch = Choices.from_json(a.choices)
+            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
+            a.keep_backups = "" if ch.keep_backups is None else str(ch.keep_backups)
+            a.same_host = False
+            return compose(a)
+        return drift(a)
+    except (OSError, ValueError, KeyError) as exc:
+        print("rbkit.fanplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
