@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 68afb0163c0947cd955c5be3b188fa8ea331fd5f2054591ef15d997a6fc37465
+# sha256 of this file with these 64 digits zeroed: 7fa493944f9bb2c794bc49f62492300123931486a1bc846c92b3d452ae764671
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c
-readonly RB_KIT_FILE=.kit/92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c.tar
+readonly RB_KIT_SHA256=38914d591c9ac879ac9b375aa832e0458733a0f734d90f890dd47134ab7e94cf
+readonly RB_KIT_FILE=.kit/38914d591c9ac879ac9b375aa832e0458733a0f734d90f890dd47134ab7e94cf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -165,6 +165,8 @@ RB_RUN_LOCK=''
 RB_STATE_DIR=''
 # the probe rolled the install back: a re-run runs every step (rb::finish says so)
 RB_ROLLED_BACK=0
+# 1 once --apply's plan no longer holds (rb::apply_check): the next thing is a new plan, not --from
+RB_APPLY_REFUSED=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -175,6 +177,9 @@ RB_STEP_DONE=''
 RB_SIGNALLED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# why the route and the compression are what they are (rb::route_said, rb::compression_said)
+RB_ROUTE_WHY=''
+RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b6cbfe4d45260e925e0902824636d8a271158363c28821d761ae32687fde9872
+# sha256 of this file with these 64 digits zeroed: 5c54df0d9adb9b8ad328385589da708da687b20f7b3fb317fb87870c319ce6db
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c
-readonly RB_KIT_FILE=.kit/92699a0e2b95e59920ab6fdf46601b583323c6ac09dda85d7868b621f4a26f7c.tar
+readonly RB_KIT_SHA256=38914d591c9ac879ac9b375aa832e0458733a0f734d90f890dd47134ab7e94cf
+readonly RB_KIT_FILE=.kit/38914d591c9ac879ac9b375aa832e0458733a0f734d90f890dd47134ab7e94cf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -173,6 +173,8 @@ RB_RUN_LOCK=''
 RB_STATE_DIR=''
 # the probe rolled the install back: a re-run runs every step (rb::finish says so)
 RB_ROLLED_BACK=0
+# 1 once --apply's plan no longer holds (rb::apply_check): the next thing is a new plan, not --from
+RB_APPLY_REFUSED=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -183,6 +185,9 @@ RB_STEP_DONE=''
 RB_SIGNALLED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# why the route and the compression are what they are (rb::route_said, rb::compression_said)
+RB_ROUTE_WHY=''
+RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
@@ -447,7 +452,7 @@ rb::preflight_compression() {
   RB_MEASURING=0
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
-    rb::log "compression: none (both ends are this machine: no link to save)"
+    rb::compression_said "none (both ends are this machine: no link to save)"
     return 0
   fi
   if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]]; then
@@ -470,7 +475,7 @@ rb::compression_fallback() {
     if [[ "${RB_ROUTE_USED}" == relay ]]; then
       through=' and this machine'
     fi
-    rb::log "compression: none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
+    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
       "${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
@@ -486,25 +491,34 @@ rb::preflight_route() {
   RB_ROUTE_USED=relay
   if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
     RB_ROUTE_USED=one-host
-    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    rb::route_said "one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
     return 0
   fi
   if [[ "${RB_ROUTE}" == relay ]]; then
-    rb::log "route: relay through this machine"
+    rb::route_said "relay through this machine"
     return 0
   fi
   if rb::on_host "${RB_SRC_HOST}" ssh -o BatchMode=yes "${RB_DIRECT_SSH[@]}" true \
     2>"${RB_WORK}/direct.err"; then
     RB_ROUTE_USED=direct
-    rb::log "route: direct (${RB_SRC_HOST} reaches ${RB_DST_HOST} over ssh itself)"
+    rb::route_said "direct (${RB_SRC_HOST} reaches ${RB_DST_HOST} over ssh itself)"
     return 0
   fi
   why=$(tail -n 1 "${RB_WORK}/direct.err")
   if [[ "${RB_ROUTE}" == direct ]]; then
     rb::fail "route direct: ${RB_SRC_HOST} cannot reach ${RB_DST_HOST} over ssh: ${why}"
   fi
-  rb::log "route: relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
+  rb::route_said "relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
     "(${why:-ssh failed})"
+}
+
+#######################################
+# Say the route and why (the words, joined as rb::log joins them): logged as `route: WHY`, and
+# kept in RB_ROUTE_WHY (the live plan's reason).
+#######################################
+rb::route_said() {
+  RB_ROUTE_WHY="$*"
+  rb::log "route: ${RB_ROUTE_WHY}"
 }
 
 #######################################
