@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 7fa493944f9bb2c794bc49f62492300123931486a1bc846c92b3d452ae764671
+# sha256 of this file with these 64 digits zeroed: f06c2b5076111eee8831beef6c18e0dde4104e08fd9c992db8bdf031701d8e26
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=38914d591c9ac879ac9b375aa832e0458733a0f734d90f890dd47134ab7e94cf
-readonly RB_KIT_FILE=.kit/38914d591c9ac879ac9b375aa832e0458733a0f734d90f890dd47134ab7e94cf.tar
+readonly RB_KIT_SHA256=248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1
+readonly RB_KIT_FILE=.kit/248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -826,9 +826,18 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
-  # the background jobs and what they started (an ssh client, a kit's Python, its tar)
-  if ((${#RB_BG_PIDS[@]} > 0)); then
-    rb::kill_tree "${RB_BG_PIDS[@]}"
+  local running pid
+  local -a live=()
+  # the background jobs still running and what they started (an ssh client, a kit's Python, its
+  # tar); one that ended has nothing left to stop (what it started went to init)
+  running=$(jobs -pr)
+  for pid in "${RB_BG_PIDS[@]}"; do
+    if [[ $'\n'"${running}"$'\n' == *$'\n'"${pid}"$'\n'* ]]; then
+      live+=("${pid}")
+    fi
+  done
+  if ((${#live[@]} > 0)); then
+    rb::kill_tree "${live[@]}"
   fi
   rb::close_hosts
   rm -rf "${RB_WORK}"

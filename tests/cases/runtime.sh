@@ -889,9 +889,12 @@ rb::run_dirs() {
       done
     fi
   fi
+  # the default report is in this run's directory, made above (0700, in a private one)
+  if [[ -n "${RB_REPORT}" ]]; then
+    rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
+      "directory only ${me} can write"
+  fi
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
-  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
-    "directory only ${me} can write"
 }
 
 #######################################

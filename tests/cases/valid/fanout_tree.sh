@@ -801,9 +801,18 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
-  # the background jobs and what they started (an ssh client, a kit's Python, its tar)
-  if ((${#RB_BG_PIDS[@]} > 0)); then
-    rb::kill_tree "${RB_BG_PIDS[@]}"
+  local running pid
+  local -a live=()
+  # the background jobs still running and what they started (an ssh client, a kit's Python, its
+  # tar); one that ended has nothing left to stop (what it started went to init)
+  running=$(jobs -pr)
+  for pid in "${RB_BG_PIDS[@]}"; do
+    if [[ $'\n'"${running}"$'\n' == *$'\n'"${pid}"$'\n'* ]]; then
+      live+=("${pid}")
+    fi
+  done
+  if ((${#live[@]} > 0)); then
+    rb::kill_tree "${live[@]}"
   fi
   rb::close_hosts
   rm -rf "${RB_WORK}"
