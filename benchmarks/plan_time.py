@@ -1,5 +1,5 @@
-"""`python -m benchmarks.plan_time [--payload small|torch|many] [--repeat 5]`: where the live plan's
-seconds go (issue 36, "Cost"). Needs root (the lab).
+"""`python -m benchmarks.plan_time [--payload small|torch|many] [--repeat 5] [--baseline DIR]`:
+where the live plan's seconds go (issue 36, "Cost"). Needs root (the lab).
 
 On the lab's two hosts (src cannot reach dst: the relay), a runbook of the payload is compiled and
 run once (untimed: the destination then holds the install), then timed, N times each:
@@ -101,11 +101,27 @@ def phases(trace: Path) -> dict[str, float]:
     return out
 
 
+def compile_in(work: Path, checkout: Path | None) -> Path:
+    """The runbook of work/plancost.yaml, compiled by this checkout's compiler or another's."""
+    spec_path = work / "plancost.yaml"
+    if checkout is None:
+        assert cli.main([str(spec_path), "-o", str(work)]) == 0
+    else:
+        env = dict(os.environ, PYTHONPATH=f"{checkout}:{checkout}/hostkit")
+        subprocess.run([sys.executable, "-m", "compiler", str(spec_path), "-o", str(work)],
+                       cwd=checkout, env=env, check=True, capture_output=True, timeout=300)
+    return work / "plancost.sh"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.plan_time", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--payload", default="small", choices=("small", "torch", "many"))
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="also time the runbook another checkout compiles (e.g. `git archive "
+                         "COMMIT | tar -x -C DIR`), run by run alternating with this one's, so "
+                         "the machine's load hits both alike")
     ap.add_argument("--json", help="write every sample here")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install anything")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (the traces)")
@@ -114,33 +130,40 @@ def main() -> int:
         ensure_packages()
     payload = build_payload(a.payload)
     work = Path(tempfile.mkdtemp(prefix="rbplancost."))
-    samples: dict[str, list] = {"plan-rerun": [], "plan-changed": [], "preflight": []}
+    names = ["this"] + (["baseline"] if a.baseline else [])
+    samples: dict[str, dict[str, list]] = {
+        n: {"plan-rerun": [], "preflight": [], "plan-changed": []} for n in names}
     traces: dict[str, dict] = {}
     try:
         with Lab(("src", "dst"), prefix="rbplan") as lab:
             src = work / "src"
             subprocess.run(["cp", "-a", str(payload.venv), str(src)], check=True)
-            dst = work / "dst" / "venv"
-            dst.parent.mkdir()
-            (work / "plancost.yaml").write_text(spec(lab, src, dst))
-            assert cli.main([str(work / "plancost.yaml"), "-o", str(work)]) == 0
-            script = work / "plancost.sh"
-            runbook(work, script)                                  # the install, untimed
-            runbook(work, script, "--plan")                        # warm-up
+            scripts = {}
+            for n in names:
+                (work / n / "dst").mkdir(parents=True)
+                (work / n / "plancost.yaml").write_text(spec(lab, src, work / n / "dst" / "venv"))
+                scripts[n] = compile_in(work / n, a.baseline if n == "baseline" else None)
+                runbook(work / n, scripts[n])                    # the install, untimed
+                runbook(work / n, scripts[n], "--plan")          # warm-up
             for _ in range(a.repeat):
-                samples["plan-rerun"].append(runbook(work, script, "--plan"))
-                samples["preflight"].append(runbook(work, script, "--only", "preflight"))
-            trace = work / "rerun.trace"
-            runbook(work, script, "--plan", trace=trace)
-            traces["plan-rerun"] = phases(trace)
+                for n in names:
+                    samples[n]["plan-rerun"].append(runbook(work / n, scripts[n], "--plan"))
+                    samples[n]["preflight"].append(runbook(work / n, scripts[n], "--only",
+                                                           "preflight"))
+            for n in names:
+                trace = work / n / "rerun.trace"
+                runbook(work / n, scripts[n], "--plan", trace=trace)
+                traces[f"{n} plan-rerun"] = phases(trace)
             mod = next(src.glob("lib/python3*/site-packages/rb_payload/__init__.py"))
             with mod.open("a") as f:
                 f.write("# changed for benchmarks.plan_time\n")
             for _ in range(a.repeat):
-                samples["plan-changed"].append(runbook(work, script, "--plan"))
-            trace = work / "changed.trace"
-            runbook(work, script, "--plan", trace=trace)
-            traces["plan-changed"] = phases(trace)
+                for n in names:
+                    samples[n]["plan-changed"].append(runbook(work / n, scripts[n], "--plan"))
+            for n in names:
+                trace = work / n / "changed.trace"
+                runbook(work / n, scripts[n], "--plan", trace=trace)
+                traces[f"{n} plan-changed"] = phases(trace)
     finally:
         if a.keep:
             print(f"kept {work}")
@@ -148,12 +171,15 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"payload {a.payload}, {a.repeat} runs each, load {load:.1f} at the end")
-    for name, got in samples.items():
-        print(f"{name:14} {statistics.median(got):6.2f} s  ({min(got):.2f}-{max(got):.2f})")
+    for n in names:
+        for kind, got in samples[n].items():
+            print(f"{n:8} {kind:13} {statistics.median(got):6.2f} s  "
+                  f"({min(got):.2f}-{max(got):.2f})")
     for name, ph in traces.items():
         print(f"{name} (traced): " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"payload": a.payload, "load": load,
+                                            "baseline": str(a.baseline or ""),
                                             "samples": samples, "phases": traces,
                                             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                   time.gmtime())}, indent=1))

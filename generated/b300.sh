@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 69b5aaf8de57165ade3a718ec3e8259c85ae37568c3281c23e6f6bd465dda862
+# sha256 of this file with these 64 digits zeroed: 4c711c36ab5adaf601ee2d21b007e68e2cdd532335dd5f9b1a147b63f9361ab7
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1
-readonly RB_KIT_FILE=.kit/248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1.tar
+readonly RB_KIT_SHA256=f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107
+readonly RB_KIT_FILE=.kit/f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: ddd503f4a287cab9006e410a7604a3b9950afd7f5b30062e9d8e093675afbbd0
+# sha256 of this file with these 64 digits zeroed: ba31f36220a04a84519493acb6f97d318ee9a20819d3b39e2e881adb899d069c
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1
-readonly RB_KIT_FILE=.kit/248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1.tar
+readonly RB_KIT_SHA256=f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107
+readonly RB_KIT_FILE=.kit/f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

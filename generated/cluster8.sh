@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: f06c2b5076111eee8831beef6c18e0dde4104e08fd9c992db8bdf031701d8e26
+# sha256 of this file with these 64 digits zeroed: a5d188efebea7508dc92a0b2701d4811e26818d07a630b1a25867e44c85f74da
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1
-readonly RB_KIT_FILE=.kit/248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1.tar
+readonly RB_KIT_SHA256=f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107
+readonly RB_KIT_FILE=.kit/f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

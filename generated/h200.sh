@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: c1104f93724451f1c322ed52e9c90ccf6633a7458e184ee982d6f47e2d92d7b4
+# sha256 of this file with these 64 digits zeroed: c5ed16ca07c41e37fb15b105f449f0e87c213d7d2cc163a5cd094a0ce734ac69
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1
-readonly RB_KIT_FILE=.kit/248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1.tar
+readonly RB_KIT_SHA256=f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107
+readonly RB_KIT_FILE=.kit/f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

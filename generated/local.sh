@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b42a069ff6d0873092926f6d31fe9e0fedca92af83b43000e4c4c21714b87ceb
+# sha256 of this file with these 64 digits zeroed: 888966e4dc169e5f0284ad91eb9661557bf90ca74f22fecea40543c7fde3e499
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1
-readonly RB_KIT_FILE=.kit/248d1b71fdbbaf7359d07651000f9d1a96f1d9aef591d20983292cf32c682aa1.tar
+readonly RB_KIT_SHA256=f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107
+readonly RB_KIT_FILE=.kit/f0c821615a0b16e43476308e3c2a0de32d4a86fd42639c966614c0768009e107.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -147,18 +147,30 @@ def _rows(lines: List[bytes]) -> List[list]:
     return json.loads(b"[" + body + b"]") if body else []
 
 
-def read_scan(path: str) -> Tuple[str, List[list]]:
-    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
+def scan_body(path: str) -> Tuple[str, bytes]:
+    """(stat fingerprint, stat lines) of a source scan record (hostfs.scan), not parsed."""
     with open(path, "rb") as f:
         data = f.read()
     _head, _, body = data.partition(b"\n")
-    return hashlib.sha256(body).hexdigest(), _rows(body.split(b"\n"))
+    return hashlib.sha256(body).hexdigest(), body
+
+
+def read_scan(path: str) -> Tuple[str, List[list]]:
+    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
+    fp, body = scan_body(path)
+    return fp, _rows(body.split(b"\n"))
+
+
+def state_body(path: str) -> Tuple[dict, bytes]:
+    """(facts, stat lines not parsed) of a destination's state (liveplan state)."""
+    with open(path, "rb") as f:
+        head, _, body = f.read().partition(b"\n")
+    return json.loads(head), body
 
 
 def read_state(path: str) -> Tuple[dict, List[list]]:
-    with open(path, "rb") as f:
-        data = f.read().split(b"\n")
-    return json.loads(data[0]), _rows(data[1:])
+    facts, body = state_body(path)
+    return facts, _rows(body.split(b"\n"))
 
 
 def _flags(old: Optional[list], new: list) -> str:
@@ -241,11 +253,18 @@ def _write(path: str, text: str) -> None:
 
 def compose(a: argparse.Namespace) -> int:
     d = a.dir
-    src_stat, src = read_scan(os.path.join(d, "source.scan"))
-    facts, dest = read_state(os.path.join(d, "dest.state"))
+    src_stat, body = scan_body(os.path.join(d, "source.scan"))
+    facts, dest_body = state_body(os.path.join(d, "dest.state"))
     installed = facts.get("install")
     same = installed is not None and facts.get("installed_source_stat") == src_stat
-    ch = changes(src, dest, installed, same)
+    src: List[list] = []
+    if same and not installed["moved"]:
+        # the tree the install recorded, unmoved there: no row is parsed nor compared
+        ch = changes(src, [], installed, same)
+        ch["unchanged"] = body.count(b"\n")
+    else:
+        src = _rows(body.split(b"\n"))
+        ch = changes(src, _rows(dest_body.split(b"\n")), installed, same)
     _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
     up_to_date = same and ch["changed"] == ch["added"] == ch["removed"] == 0
     delta = installed is not None and a.incremental
