@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: fd51c92593ebdb54c580fd2074e45961f5a0d1b415e65741b65a962ae6e020f3
+# sha256 of this file with these 64 digits zeroed: 4508f318f01f01198c2e99647537e94ff9f5403c657faa9ac1f7a5d5576c0bdf
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
-readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
+readonly RB_KIT_SHA256=dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711
+readonly RB_KIT_FILE=.kit/dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -176,6 +176,8 @@ RB_RUN_LOCK=''
 RB_STATE_DIR=''
 # the probe rolled the install back: a re-run runs every step (rb::finish says so)
 RB_ROLLED_BACK=0
+# 1 once --apply's plan no longer holds (rb::apply_check): the next thing is a new plan, not --from
+RB_APPLY_REFUSED=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -186,6 +188,9 @@ RB_STEP_DONE=''
 RB_SIGNALLED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# why the route and the compression are what they are (rb::route_said, rb::compression_said)
+RB_ROUTE_WHY=''
+RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
@@ -467,7 +472,7 @@ rb::preflight_compression() {
   RB_MEASURING=0
   if [[ "${RB_COMPRESSION}" == auto && "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && rb::is_local "${RB_SRC_HOST}"; then
     RB_COMPRESSION_USED=none
-    rb::log "compression: none (both ends are this machine: no link to save)"
+    rb::compression_said "none (both ends are this machine: no link to save)"
     return 0
   fi
   if [[ "${RB_COMPRESSION}" == auto && "${RB_ROUTE_USED}" == relay ]]; then
@@ -490,7 +495,7 @@ rb::compression_fallback() {
     if [[ "${RB_ROUTE_USED}" == relay ]]; then
       through=' and this machine'
     fi
-    rb::log "compression: none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
+    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
       "${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
@@ -506,25 +511,34 @@ rb::preflight_route() {
   RB_ROUTE_USED=relay
   if [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]]; then
     RB_ROUTE_USED=one-host
-    rb::log "route: one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
+    rb::route_said "one host (both ends on ${RB_SRC_HOST}: the stream stays there)"
     return 0
   fi
   if [[ "${RB_ROUTE}" == relay ]]; then
-    rb::log "route: relay through this machine"
+    rb::route_said "relay through this machine"
     return 0
   fi
   if rb::on_host "${RB_SRC_HOST}" ssh -o BatchMode=yes "${RB_DIRECT_SSH[@]}" true \
     2>"${RB_WORK}/direct.err"; then
     RB_ROUTE_USED=direct
-    rb::log "route: direct (${RB_SRC_HOST} reaches ${RB_DST_HOST} over ssh itself)"
+    rb::route_said "direct (${RB_SRC_HOST} reaches ${RB_DST_HOST} over ssh itself)"
     return 0
   fi
   why=$(tail -n 1 "${RB_WORK}/direct.err")
   if [[ "${RB_ROUTE}" == direct ]]; then
     rb::fail "route direct: ${RB_SRC_HOST} cannot reach ${RB_DST_HOST} over ssh: ${why}"
   fi
-  rb::log "route: relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
+  rb::route_said "relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
     "(${why:-ssh failed})"
+}
+
+#######################################
+# Say the route and why (the words, joined as rb::log joins them): logged as `route: WHY`, and
+# kept in RB_ROUTE_WHY (the live plan's reason).
+#######################################
+rb::route_said() {
+  RB_ROUTE_WHY="$*"
+  rb::log "route: ${RB_ROUTE_WHY}"
 }
 
 #######################################
@@ -939,9 +953,18 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
-  # the background jobs and what they started (an ssh client, a kit's Python, its tar)
-  if ((${#RB_BG_PIDS[@]} > 0)); then
-    rb::kill_tree "${RB_BG_PIDS[@]}"
+  local running pid
+  local -a live=()
+  # the background jobs still running and what they started (an ssh client, a kit's Python, its
+  # tar); one that ended has nothing left to stop (what it started went to init)
+  running=$(jobs -pr)
+  for pid in "${RB_BG_PIDS[@]}"; do
+    if [[ $'\n'"${running}"$'\n' == *$'\n'"${pid}"$'\n'* ]]; then
+      live+=("${pid}")
+    fi
+  done
+  if ((${#live[@]} > 0)); then
+    rb::kill_tree "${live[@]}"
   fi
   rb::close_hosts
   rm -rf "${RB_WORK}"

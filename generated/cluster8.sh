@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 259224b975655f94c3697208e9e4f351a0ea2de17ffae86522b5c6b775c93850
+# sha256 of this file with these 64 digits zeroed: 14ab7d858fe84e0d3d15566f636ea5b2112b1c8a87bdf93ba2d88c87ccd47c18
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6
-readonly RB_KIT_FILE=.kit/e4209247c3ba9062ee945eee9d0ed73c600c386e3955a81e6a20f7fe5fdc2fd6.tar
+readonly RB_KIT_SHA256=dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711
+readonly RB_KIT_FILE=.kit/dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -165,6 +165,8 @@ RB_RUN_LOCK=''
 RB_STATE_DIR=''
 # the probe rolled the install back: a re-run runs every step (rb::finish says so)
 RB_ROLLED_BACK=0
+# 1 once --apply's plan no longer holds (rb::apply_check): the next thing is a new plan, not --from
+RB_APPLY_REFUSED=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -175,6 +177,9 @@ RB_STEP_DONE=''
 RB_SIGNALLED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# why the route and the compression are what they are (rb::route_said, rb::compression_said)
+RB_ROUTE_WHY=''
+RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
@@ -952,9 +957,18 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
-  # the background jobs and what they started (an ssh client, a kit's Python, its tar)
-  if ((${#RB_BG_PIDS[@]} > 0)); then
-    rb::kill_tree "${RB_BG_PIDS[@]}"
+  local running pid
+  local -a live=()
+  # the background jobs still running and what they started (an ssh client, a kit's Python, its
+  # tar); one that ended has nothing left to stop (what it started went to init)
+  running=$(jobs -pr)
+  for pid in "${RB_BG_PIDS[@]}"; do
+    if [[ $'\n'"${running}"$'\n' == *$'\n'"${pid}"$'\n'* ]]; then
+      live+=("${pid}")
+    fi
+  done
+  if ((${#live[@]} > 0)); then
+    rb::kill_tree "${live[@]}"
   fi
   rb::close_hosts
   rm -rf "${RB_WORK}"

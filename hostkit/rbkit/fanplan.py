@@ -61,14 +61,12 @@ def node_state(a: argparse.Namespace) -> int:
     doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True,
                            "steps": []}
     try:
+        # compared with the install's manifest here (liveplan.against_install): only what
+        # differs from it comes back
         facts, lines = liveplan.dest_state(dest, a.choices.on_existing,
-                                           a.choices.keep_backups or 0)
+                                           a.choices.keep_backups or 0, against=True)
         doc["facts"] = facts
         doc["state"] = _pack(b"".join(lines))
-        if facts["installed"]:
-            got = safefs.read_in(dest, liveplan.INSTALLED)
-            if got is not None:
-                doc["installed"] = _pack(got[0])
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
     fanout.emit(doc)
@@ -84,8 +82,8 @@ def node_state(a: argparse.Namespace) -> int:
 
 
 def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
-    """Each reporting node's state into D/NODE.state (liveplan.read_state's form) and its
-    install's manifest into D/NODE.installed.jsonl; {node: why} for the nodes without one."""
+    """Each reporting node's state into D/NODE.state (liveplan.read_state's form: its facts
+    hold what differs from its install's manifest); {node: why} for the nodes without one."""
     reports = fanout.read_reports(nodes, engine_out)
     os.makedirs(d, mode=0o700, exist_ok=True)
     bad: Dict[str, str] = {}
@@ -98,8 +96,6 @@ def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, st
             continue
         state = json.dumps(doc["facts"], sort_keys=True).encode() + b"\n" + _unpack(doc["state"])
         safefs.write_file(os.path.join(d, n + ".state"), state, 0o600, sync=False)
-        installed = _unpack(doc["installed"]) if doc.get("installed") else b""
-        safefs.write_file(os.path.join(d, n + ".installed.jsonl"), installed, 0o600, sync=False)
     return bad
 
 
@@ -124,10 +120,9 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
 def judge(a: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
     """One node, as the single-host plan judges a destination: its changes and its side."""
     facts, rows = liveplan.read_state(os.path.join(d, node + ".state"))
-    installed = liveplan._load_installed(os.path.join(d, node + ".installed.jsonl"))
-    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
-        installed = None
-    ch = liveplan.changes(src, rows, installed)
+    installed = facts.get("install")
+    same = installed is not None and facts.get("installed_source_stat") == src_stat
+    ch = liveplan.changes(src, rows, installed, same)
     # a node with a file changed there since its install takes the whole bundle (rbkit.fanout:
     # needs_full), not the changes alone
     whole = argparse.Namespace(**dict(vars(a), incremental=False)) if ch["changed_there"] else a

@@ -1,12 +1,13 @@
 """The live plan (`bash RUNBOOK --plan`, `--apply PLAN`): what a run will change, read from the
 real hosts without writing anything there, and the check that a saved plan still holds.
 
-    liveplan state DEST [--policy P] [--keep-backups N]   on the destination, read-only: a JSON
-        line of facts (exists, installed, free space, backups), then the stat line of every
+    liveplan state DEST --choices C [--against-install]    on the destination, read-only: a JSON
+        line of facts (exists, installed, free space, backups; with --against-install, what
+        differs from the install's manifest, compared there), then the stat line of every
         entry of DEST (manifest.values_line's, the walk's order): its state, digested
     liveplan compose --dir DIR ...                         here: the plan from what the runbook
-        fetched into DIR (source.scan, dest.state, installed.jsonl): plan.json, changes.txt,
-        plan.md (--markdown), and the screen on stdout; exit 1 when something blocks the run
+        fetched into DIR (source.scan, dest.state): plan.json, changes.txt, plan.md
+        (--markdown), and the screen on stdout; exit 1 when something blocks the run
     liveplan drift --plan PLAN --side source|dest --now FILE   here: what moved since the plan
         (exit 1, naming the side, how many paths and the first few), exit 0 when nothing did
     liveplan read PLAN --name N --spec-sha S --kit-sha K   here: the plan's digests as
@@ -51,8 +52,40 @@ def human(n: float) -> str:
 # -- the destination, read-only ----------------------------------------------------------------
 
 
-def dest_state(dest: str, policy: str, keep_backups: int) -> Tuple[dict, List[bytes]]:
-    """(facts, stat lines) of the destination; nothing is written, no lock is taken."""
+def _row(e: dict) -> list:
+    return [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+
+
+def read_install(dest: str) -> Tuple[Optional[dict], List[dict], Optional[os.stat_result]]:
+    """(header, entries, stat) of the install's manifest, read by safefs (never through a link,
+    a FIFO or a device); (None, [], None) when there is none, or it is not one of this tool."""
+    got = safefs.read_in(dest, INSTALLED)
+    if got is None:
+        return None, [], None
+    rows = [ln for ln in got[0].split(b"\n") if ln.strip()]
+    docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
+    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
+        return None, [], got[1]
+    return docs[0], [d for d in docs[1:] if isinstance(d, dict) and "p" in d], got[1]
+
+
+def against_install(head: dict, entries: List[dict], now: Dict[str, list]) -> dict:
+    """What the plan needs of the install's manifest, compared with the destination's entries
+    (`now`, path -> stat row) where both are: `moved`, each path whose entry differs from the
+    manifest's or is not in it (-> the manifest's row, or None), and the source's own rows of
+    what relocation rewrote (`source_entries`, manifest.source_of). The manifest itself stays
+    there: an unchanged destination sends back nothing of it."""
+    rows = {e["p"]: _row(e) for e in entries}
+    moved: Dict[str, Optional[list]] = {p: r for p, r in rows.items() if now.get(p) != r}
+    moved.update((p, None) for p in now if p not in rows and p != INSTALLED)
+    return {"moved": moved,
+            "source_entries": [_row(e) for e in head.get("source_entries") or ()]}
+
+
+def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
+               ) -> Tuple[dict, List[bytes]]:
+    """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
+    `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
     staging = paths.staging(dest)
@@ -66,27 +99,32 @@ def dest_state(dest: str, policy: str, keep_backups: int) -> Tuple[dict, List[by
     free = hostfs.free_bytes(staging)
     facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
     lines: List[bytes] = []
+    now: Dict[str, list] = {}
     size = 0
-    patterns: List[str] = []
-    if facts["installed"]:
+    head: Optional[dict] = None
+    entries: List[dict] = []
+    if facts["installed"] and not os.path.islink(dest):
         try:
-            with open(os.path.join(dest, INSTALLED), encoding="utf-8") as f:
-                head = json.loads(f.readline())
-            patterns = list(head.get("excludes") or ())
-            facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
-            st = os.stat(os.path.join(dest, INSTALLED))
-            facts["installed_record"] = [st.st_size, st.st_mtime_ns]
+            head, entries, st = read_install(dest)
+            if st is not None:
+                facts["installed_record"] = [st.st_size, st.st_mtime_ns]
+            if head is not None:
+                facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
         except (OSError, ValueError) as exc:
             facts["installed_error"] = str(exc)
     if facts["is_dir"] and not os.path.islink(dest):
-        for rel, st in kitmanifest.walk(dest, patterns):
+        for rel, st in kitmanifest.walk(dest, list((head or {}).get("excludes") or ())):
             v = kitmanifest.stat_values(dest, rel, st)
             try:
                 lines.append(kitmanifest.values_line(v))
             except UnicodeEncodeError:
                 continue
+            if against:
+                now[rel] = list(v)
             if v[1] == "f":
                 size += st.st_size
+    if against and head is not None and head.get("source_stat_fingerprint") is not None:
+        facts["install"] = against_install(head, entries, now)
     facts["bytes"] = size
     facts["digest"] = hashlib.sha256(json.dumps(
         [facts["exists"], facts.get("installed_record")]).encode() + b"".join(lines)).hexdigest()
@@ -109,18 +147,30 @@ def _rows(lines: List[bytes]) -> List[list]:
     return json.loads(b"[" + body + b"]") if body else []
 
 
-def read_scan(path: str) -> Tuple[str, List[list]]:
-    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
+def scan_body(path: str) -> Tuple[str, bytes]:
+    """(stat fingerprint, stat lines) of a source scan record (hostfs.scan), not parsed."""
     with open(path, "rb") as f:
         data = f.read()
     _head, _, body = data.partition(b"\n")
-    return hashlib.sha256(body).hexdigest(), _rows(body.split(b"\n"))
+    return hashlib.sha256(body).hexdigest(), body
+
+
+def read_scan(path: str) -> Tuple[str, List[list]]:
+    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
+    fp, body = scan_body(path)
+    return fp, _rows(body.split(b"\n"))
+
+
+def state_body(path: str) -> Tuple[dict, bytes]:
+    """(facts, stat lines not parsed) of a destination's state (liveplan state)."""
+    with open(path, "rb") as f:
+        head, _, body = f.read().partition(b"\n")
+    return json.loads(head), body
 
 
 def read_state(path: str) -> Tuple[dict, List[list]]:
-    with open(path, "rb") as f:
-        data = f.read().split(b"\n")
-    return json.loads(data[0]), _rows(data[1:])
+    facts, body = state_body(path)
+    return facts, _rows(body.split(b"\n"))
 
 
 def _flags(old: Optional[list], new: list) -> str:
@@ -135,28 +185,35 @@ def _flags(old: Optional[list], new: list) -> str:
         + ("p" if old[2] != new[2] else ".") + ("L" if old[4] != new[4] else ".") + "...."
 
 
-def changes(src: List[list], dest: List[list], installed: Optional[dict]) -> dict:
+def changes(src: List[list], dest: List[list], installed: Optional[dict],
+            same_source: bool = False) -> dict:
     """What a run would change at the destination: `src` the source's scan rows, `dest` the
-    destination's, `installed` its install's manifest (None: not an install of this tool). Each
-    source entry is added, changed (against the source as the install recorded it, or a file
-    changed at the destination since) or unchanged; what the destination holds that the source
-    lacks is removed."""
-    now = {r[0]: r for r in dest}
-    base: Dict[str, list] = {}
-    moved_there: set = set()
-    if installed is not None:
-        rows = [[e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
-                for e in installed["entries"]]
-        base = {r[0]: r for r in rows}
-        moved_there = {r[0] for r in rows if now.get(r[0]) != r} | (set(now) - set(base))
-        for e in installed["header"].get("source_entries") or ():
-            # the source's own entries of what relocation rewrote (manifest.source_of)
-            base[e["p"]] = [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
-    else:
-        base = dict(now)
-    items: List[str] = []
+    destination's, `installed` what differs from its install's manifest (against_install; None:
+    not an install of this tool). Each source entry is added, changed (against the source as the
+    install recorded it, or a file changed at the destination since) or unchanged; what the
+    destination holds that the source lacks is removed. `same_source`: the source's stat
+    fingerprint is the one the install recorded, so with nothing moved at the destination every
+    entry is unchanged, and none is compared."""
     out = {"added": 0, "added_bytes": 0, "changed": 0, "changed_bytes": 0, "removed": 0,
            "removed_bytes": 0, "unchanged": 0, "changed_there": 0}
+    if installed is not None and same_source and not installed["moved"]:
+        out.update(unchanged=len(src), items=[])
+        return out
+    now = {r[0]: r for r in dest}
+    base: Dict[str, list] = dict(now)
+    moved_there: set = set()
+    if installed is not None:
+        # the manifest's rows: the destination's where they are equal, else the one sent back
+        moved_there = set(installed["moved"])
+        for p, row in installed["moved"].items():
+            if row is None:
+                base.pop(p, None)
+            else:
+                base[p] = row
+        for row in installed["source_entries"]:
+            # the source's own entries of what relocation rewrote (manifest.source_of)
+            base[row[0]] = row
+    items: List[str] = []
     have = set()
     for row in src:
         p = row[0]
@@ -189,24 +246,24 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict]) -> dic
     return out
 
 
-def _load_installed(path: str) -> Optional[dict]:
-    """The install's manifest (header, entries) as fetched, in one parse (no fingerprint: the
-    plan only compares stats); None when there is none or it is not one."""
-    try:
-        with open(path, "rb") as f:
-            rows = [ln for ln in f.read().split(b"\n") if ln.strip()]
-        docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
-    except (OSError, ValueError):
-        return None
-    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
-        return None
-    entries = [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
-    return {"header": docs[0], "entries": entries}
-
-
 def _write(path: str, text: str) -> None:
     """A file of this run's private directory: a new file and one rename, never through a link."""
     safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
+
+
+def judged(src_stat: str, body: bytes, facts: dict, dest_body: bytes
+           ) -> Tuple[List[list], dict, Optional[dict]]:
+    """(source rows, changes, install) of one destination (the fan-out's per node too:
+    rbkit.fanplan). The tree the install recorded, unmoved there: no row is parsed nor
+    compared (the source's rows come back empty, its count in changes' `unchanged`)."""
+    installed = facts.get("install")
+    same = installed is not None and facts.get("installed_source_stat") == src_stat
+    if same and not installed["moved"]:
+        ch = changes([], [], installed, same)
+        ch["unchanged"] = body.count(b"\n")
+        return [], ch, installed
+    src = _rows(body.split(b"\n"))
+    return src, changes(src, _rows(dest_body.split(b"\n")), installed, same), installed
 
 
 def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, ch: dict,
@@ -248,12 +305,9 @@ def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, c
 
 def compose(a: argparse.Namespace) -> int:
     d = a.dir
-    src_stat, src = read_scan(os.path.join(d, "source.scan"))
-    facts, dest = read_state(os.path.join(d, "dest.state"))
-    installed = _load_installed(os.path.join(d, "installed.jsonl"))
-    if installed is not None and installed["header"].get("source_stat_fingerprint") is None:
-        installed = None
-    ch = changes(src, dest, installed)
+    src_stat, body = scan_body(os.path.join(d, "source.scan"))
+    facts, dest_body = state_body(os.path.join(d, "dest.state"))
+    src, ch, installed = judged(src_stat, body, facts, dest_body)
     _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
     got = assess(a, facts, src, src_stat, ch, installed)
     up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
@@ -403,8 +457,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     s = sub.add_parser("state")
     s.add_argument("dest")
     s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
-    i = sub.add_parser("installed", help="the install's manifest, never through a link")
-    i.add_argument("dest")
+    s.add_argument("--against-install", action="store_true",
+                   help="compare the entries with the install's manifest here (the plan's)")
     c = sub.add_parser("compose")
     c.add_argument("--dir", required=True)
     for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
@@ -432,18 +486,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             a.keep_backups = ch.keep_backups or 0 if a.cmd == "state" else (
                 "" if ch.keep_backups is None else str(ch.keep_backups))
         if a.cmd == "state":
-            facts, lines = dest_state(a.dest, a.policy, a.keep_backups)
+            facts, lines = dest_state(a.dest, a.policy, a.keep_backups, a.against_install)
             out = sys.stdout.buffer
             out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
             out.write(b"".join(lines))
-            return 0
-        if a.cmd == "installed":
-            got = safefs.read_in(a.dest, ".rb-manifest.jsonl")
-            if got is None:
-                print("rbkit liveplan installed: %s/.rb-manifest.jsonl is not a regular file of "
-                      "the install" % a.dest, file=sys.stderr)
-                return 2
-            sys.stdout.buffer.write(got[0])
             return 0
         if a.cmd == "compose":
             return compose(a)

@@ -4,9 +4,10 @@
 # every end has, else none; a named tool one end lacks fails.
 #######################################
 rb::choose_compression() {
-  local tool host
+  local tool host missing=''
   local -a tools=("${RB_COMPRESSION}")
   RB_COMPRESSION_USED=none
+  RB_COMPRESSION_WHY="none (the spec says none)"
   case "${RB_COMPRESSION}" in
     none) return 0 ;;
     auto) tools=("${RB_AUTO_COMPRESSION[@]}") ;;
@@ -18,14 +19,26 @@ rb::choose_compression() {
           rb::fail "compression ${RB_COMPRESSION} was asked for, but ${host} has no ${tool}"
         fi
         rb::log "compression: ${tool} missing on ${host}"
+        missing+="; ${tool} missing on ${host}"
         continue 2
       fi
     done
     RB_COMPRESSION_USED=${tool}
-    rb::log "compression: ${tool} (every end has it)"
+    rb::compression_said "${tool} (every end has it)"
+    RB_COMPRESSION_WHY+=${missing}
     return 0
   done
-  rb::log "compression: none (no end-to-end compressor of ${tools[*]})"
+  rb::compression_said "none (no end-to-end compressor of ${tools[*]})"
+  RB_COMPRESSION_WHY+=${missing}
+}
+
+#######################################
+# Say the stream's compression and why (the words, joined as rb::log joins them): logged as
+# `compression: WHY`, and kept in RB_COMPRESSION_WHY (the live plan's reason).
+#######################################
+rb::compression_said() {
+  RB_COMPRESSION_WHY="$*"
+  rb::log "compression: ${RB_COMPRESSION_WHY}"
 }
 
 #######################################
@@ -741,12 +754,12 @@ rb::measure_run() {
 rb::measure_finish() {
   local key value choice='' why=''
   if [[ -n "${RB_MEASURE_SKIP}" ]]; then
-    rb::log "compression: ${RB_MEASURE_SKIP}"
+    rb::compression_said "${RB_MEASURE_SKIP}"
     return 1
   fi
   if [[ -z "${RB_MEASURE_PID}" ]]; then
     RB_COMPRESSION_USED=none
-    rb::log "compression: none (no compressor of ${RB_AUTO_COMPRESSION[*]} on both ends)"
+    rb::compression_said "none (no compressor of ${RB_AUTO_COMPRESSION[*]} on both ends)"
     return 0
   fi
   wait "${RB_MEASURE_PID}" || true
@@ -760,11 +773,11 @@ rb::measure_finish() {
     esac
   done <"${RB_WORK}/measure.out"
   if [[ -z "${choice}" ]]; then
-    rb::log "compression: not measured on ${RB_SRC_HOST} (${why:-no answer})"
+    rb::compression_said "not measured on ${RB_SRC_HOST} (${why:-no answer})"
     return 1
   fi
   RB_COMPRESSION_USED=${choice}
-  rb::log "compression: ${choice} (auto, measured: ${why})"
+  rb::compression_said "${choice} (auto, measured: ${why})"
 }
 
 #######################################
@@ -876,9 +889,12 @@ rb::run_dirs() {
       done
     fi
   fi
+  # the default report is in this run's directory, made above (0700, in a private one)
+  if [[ -n "${RB_REPORT}" ]]; then
+    rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
+      "directory only ${me} can write"
+  fi
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
-  rb::private_dir "${RB_REPORT%/*}" "the directory of --report" "give --report a path in a" \
-    "directory only ${me} can write"
 }
 
 #######################################
@@ -1083,13 +1099,14 @@ rb::on_err() {
 # --plan: every host reached read-only (the kit in a private directory made for this run there,
 # removed after), the route and compression chosen as a run chooses them, the source scanned and
 # its static checks run, the destination's state read by `rbkit liveplan state` (no lock taken,
-# nothing written beside it), then the plan composed here: the screen on stdout; plan.json,
+# nothing written beside it; compared there with its install's manifest, which stays there)
+# meanwhile, then the plan composed here: the screen on stdout; plan.json,
 # changes.txt (one line a path, rsync -i like) and, with $1 = 1, plan.md in this run's
 # directory. Exits 1 naming every host it cannot reach, or when something blocks the run.
 #######################################
 rb::live_plan() {
-  local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' line key
-  local route_why compression_why also='' installed=''
+  local markdown=$1 dir=${RB_RUN_DIR} how=${RB_WORK}/plan-how src_kit host rc=0 down='' up=''
+  local line key also='' installed='' skipped
   local -a flags=()
   RB_STEP=plan
   rb::hosts_prepare "${RB_HOSTS[@]}" || true
@@ -1104,38 +1121,35 @@ rb::live_plan() {
     RB_HOST=${down}
     rb::fail "cannot reach ${down} (each said why above); nothing was planned"
   fi
-  rb::preflight_route 2>"${RB_WORK}/plan-how"
+  # the route and the compression as preflight chooses them, said in the log (RB_*_WHY: the screen)
+  rb::preflight_route 2>"${how}"
+  rb::preflight_compression 2>>"${how}"
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::source_start "${src_kit}/${RB_NAME}.names"
-  # meanwhile the destination, read-only: its entries, free space, backups; its install's record
+  # meanwhile the destination, read-only, in one kit call: its entries, free space, backups, and
+  # what differs from its install's manifest (read there by safefs, never through a link)
   RB_HOST=${RB_DST_HOST}
-  rb::kit "${RB_DST_HOST}" liveplan state "${RB_DST_ABS}" \
-    --choices "${RB_ENGINE_CHOICES}" >"${dir}/dest.state"
-  : >"${dir}/installed.jsonl"
+  rb::kit "${RB_DST_HOST}" liveplan state "${RB_DST_ABS}" --choices "${RB_ENGINE_CHOICES}" \
+    --against-install >"${dir}/dest.state"
   IFS= read -r line <"${dir}/dest.state" || line=''
-  if [[ "${line}" == *'"installed": true'* ]]; then
-    rb::kit "${RB_DST_HOST}" liveplan installed "${RB_DST_ABS}" >"${dir}/installed.jsonl"
-  fi
   if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" ]]; then
     installed=${BASH_REMATCH[1]}
   fi
+  # compression: auto on the relay is measured beside the scan, unless the destination holds an
+  # install (a re-run sends what changed, if anything), as preflight does
+  rb::measure_start "${installed}"
   # the static checks are skipped, as preflight skips them, for the tree they passed with here
   rb::source_finish "${installed}"
   local -A src=()
   for key in files bytes need_bytes stat_fingerprint audit_rc audit_failed audit_skipped; do
     src[${key}]=${RB_J[${key}]:-}
   done
-  # the compression matters only when something is sent: not measured for a source that is the
-  # tree the destination's install recorded (its stat fingerprint)
-  if [[ -n "${installed}" && "${installed}" == "${src[stat_fingerprint]}" ]]; then
-    rb::log "compression: not measured (the source is the tree the destination's install recorded)" \
-      2>>"${RB_WORK}/plan-how"
-  else
-    rb::preflight_compression 2>>"${RB_WORK}/plan-how"
+  if ((RB_MEASURING)) && ! rb::measure_finish 2>>"${how}"; then
+    skipped=${RB_COMPRESSION_WHY}
+    rb::compression_fallback 2>>"${how}"
+    RB_COMPRESSION_WHY="${skipped}; ${RB_COMPRESSION_WHY}"
   fi
-  cat "${RB_WORK}/plan-how" >>"${dir}/run.log"
-  route_why=$(sed -n 's/^.*\] route: //p' "${RB_WORK}/plan-how")
-  compression_why=$(sed -n 's/^.*\] compression: //p' "${RB_WORK}/plan-how")
+  cat "${how}" >>"${dir}/run.log"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
   ((RB_INCREMENTAL)) && flags+=(--incremental)
   if ((markdown)); then
@@ -1149,8 +1163,8 @@ rb::live_plan() {
     --spec-sha "${RB_SPEC_SHA256}" --kit-sha "${RB_KIT_SHA256}" \
     --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)" --src-host "${RB_SRC_HOST}" \
     --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" --route "${RB_ROUTE_USED:-}" \
-    --route-why "${route_why}" --compression "${RB_COMPRESSION_USED}" \
-    --compression-why "${compression_why}" --hosts "${up}: reachable (kit in a private directory, removed after)" \
+    --route-why "${RB_ROUTE_WHY}" --compression "${RB_COMPRESSION_USED}" \
+    --compression-why "${RB_COMPRESSION_WHY}" --hosts "${up}: reachable (kit in a private directory, removed after)" \
     --choices "${RB_ENGINE_CHOICES}" \
     --source-files "${src[files]:-0}" --source-bytes "${src[bytes]:-0}" \
     --need-bytes "${src[need_bytes]:-0}" --audit-rc "${src[audit_rc]:-2}" \
@@ -1205,6 +1219,7 @@ rb::apply_check() {
     moved+="the destination ${RB_DST_HOST}:${RB_DST_ABS}: ${out%%$'\t'*} paths (${out#*$'\t'}); "
   fi
   if [[ -n "${moved}" ]]; then
+    RB_APPLY_REFUSED=1
     rb::fail "refusing to apply ${RB_APPLY_PLAN}: changed since the plan was made: ${moved}nothing" \
       "was written at the destination; make a new plan: bash ${RB_SELF} --plan"
   fi
@@ -1847,6 +1862,10 @@ rb::finish() {
   elif [[ "${outcome}" == interrupted ]]; then
     rb::log "interrupted: re-run with --from ${from:-${RB_STEPS[0]}} to go on (relocate, prove" \
       "and swap install only a staging this run verified: they go on from verify)"
+  elif ((RB_APPLY_REFUSED)); then
+    # nothing was written: going on --from a step would run what no plan showed
+    rb::log "${outcome}: the plan no longer holds (above): make a new one, read it, and apply" \
+      "that: bash ${RB_SELF} --plan"
   elif ((RB_ROLLED_BACK)); then
     # --from probe would check the install put back, not this spec's
     rb::log "${outcome}: rolled back (above); after fixing it, run every step again: bash ${RB_SELF}"

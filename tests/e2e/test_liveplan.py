@@ -50,7 +50,10 @@ def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_l
     out = r.stdout
     assert "hosts:       src, dst: reachable" in out
     assert "route:       relay through this machine" in out
-    assert "compression: " in out and "destination: does not exist yet" in out
+    # compression: auto on the relay is measured, as preflight measures it (the plan said
+    # `compression: ` with no choice nor reason, and planned none)
+    assert "compression: " in out and "(auto, measured: link " in out
+    assert "destination: does not exist yet" in out
     assert "to send:" in out and "the whole tree" in out and "enough room" in out
     assert "static:      passed" in out and "checks:      relocation (implied), imports" in out
     # read-only: nothing beside the destination (no lock, no staging), no kit left (conftest)
@@ -76,7 +79,9 @@ def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_l
     took = time.monotonic() - start
     assert r.returncode == 0, r.stderr[-3000:]
     assert "nothing to send: the destination already holds this exact tree" in r.stdout
-    assert "waiting" not in r.stderr and "compression: not measured" in r.stdout
+    assert "waiting" not in r.stderr
+    assert ("compression: not measured: dst holds an install (a re-run sends what changed); "
+            in r.stdout)
     assert "static:      skipped: the source is the tree" in r.stdout
     assert (lock / "holder").exists()
     (lock / "holder").unlink()
@@ -118,6 +123,9 @@ def test_apply_refuses_when_the_source_changed_since_the_plan(clean_lab, payload
     assert (f"changed since the plan was made: the source src:{src}: 1 paths "
             "(lib/added-after-the-plan.txt (new))") in r.stderr
     assert "nothing was written at the destination" in r.stderr
+    # what to do next is a new plan: going on --from a step would run what no plan showed
+    assert "the plan no longer holds (above): make a new one, read it, and apply that" in r.stderr
+    assert "--from" not in r.stderr
     assert snapshot(dst.parent) == before
 
 

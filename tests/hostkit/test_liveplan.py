@@ -32,6 +32,12 @@ def installed_of(root: Path) -> dict:
     return kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m))
 
 
+def against(installed: dict, root: Path) -> dict:
+    """What the destination's `liveplan state --against-install` sends back of the manifest."""
+    return liveplan.against_install(installed["header"], installed["entries"],
+                                    {r[0]: r for r in scan_rows(root)})
+
+
 def test_a_first_move_adds_every_entry(tmp_path):
     src = tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "bb"})
     ch = liveplan.changes(scan_rows(src), [], None)
@@ -45,7 +51,7 @@ def test_a_rerun_names_exactly_the_file_that_changed_and_what_is_gone(tmp_path):
     installed = installed_of(dst)
     (src / "old.py").unlink()
     (src / "pkg" / "b.py").write_text("bbb")
-    ch = liveplan.changes(scan_rows(src), scan_rows(dst), installed)
+    ch = liveplan.changes(scan_rows(src), scan_rows(dst), against(installed, dst))
     assert [i for i in ch["items"] if not i.startswith("cd")] == [">f.st...... pkg/b.py",
                                                                  "*deleting   old.py"]
     assert (ch["changed"], ch["changed_bytes"], ch["removed"], ch["removed_bytes"]) == (1, 3, 1, 1)
@@ -56,7 +62,7 @@ def test_a_file_changed_at_the_destination_since_the_install_is_sent_again(tmp_p
     dst = tree(tmp_path / "dst", {"a.py": "a"})
     installed = installed_of(dst)
     (dst / "a.py").write_text("edited there")
-    ch = liveplan.changes(scan_rows(src), scan_rows(dst), installed)
+    ch = liveplan.changes(scan_rows(src), scan_rows(dst), against(installed, dst))
     assert ch["items"] == [">f????????? a.py (changed at the destination since the install)"]
     assert ch["changed_there"] == 1
 
@@ -162,18 +168,41 @@ def test_a_destination_parent_other_users_can_write_is_said_by_the_state(tmp_pat
 
 
 def test_the_installs_manifest_is_never_read_through_a_link(tmp_path, capsys):
-    """--plan copies the install's manifest as root: a .rb-manifest.jsonl that is a link (to a
-    root-only file) is refused, exit 2, and nothing of the file it names is printed (`cat`
-    followed it)."""
+    """--plan reads the install's manifest as root: a .rb-manifest.jsonl that is a link (to a
+    root-only file, here one that looks like a manifest) is not read, and nothing of the file it
+    names is printed or taken as the install's."""
     dest = tmp_path / "venv"
     dest.mkdir()
     secret = tmp_path / "secret"
-    secret.write_text("root only\n")
+    secret.write_text('{"kind": "rb-manifest", "source_stat_fingerprint": "root only"}\n')
     (dest / ".rb-manifest.jsonl").symlink_to(secret)
-    assert liveplan.main(["installed", str(dest)]) == 2
-    out = capsys.readouterr()
-    assert "root only" not in out.out and "not a regular file" in out.err
-    (dest / ".rb-manifest.jsonl").unlink()
-    (dest / ".rb-manifest.jsonl").write_text('{"path": "x"}\n')
-    assert liveplan.main(["installed", str(dest)]) == 0
-    assert capsys.readouterr().out == '{"path": "x"}\n'
+    choices = '{"schema": 1, "on_existing": "replace"}'
+    assert liveplan.main(["state", str(dest), "--choices", choices, "--against-install"]) == 0
+    out = capsys.readouterr().out
+    facts = json.loads(out.splitlines()[0])
+    assert "root only" not in out and "install" not in facts and "installed_record" not in facts
+
+
+def test_the_destination_compares_its_entries_with_the_install_and_sends_back_only_what_differs(
+        tmp_path):
+    """`state --against-install`: the manifest stays at the destination; an unchanged install
+    sends back nothing of it, an edited file its manifest row, a new file None."""
+    dest = tree(tmp_path / "venv", {"pyvenv.cfg": "home = /usr/bin", "lib/a.py": "a"})
+    m = installed_of(dest)
+    m["header"]["source_stat_fingerprint"] = "f" * 64
+    kitmanifest.save(m, str(dest / ".rb-manifest.jsonl"), sync=False)
+    facts, _lines = liveplan.dest_state(str(dest), "replace", 0, True)
+    assert facts["installed_source_stat"] == "f" * 64 and facts["install"]["moved"] == {}
+    src = [r for r in scan_rows(dest) if r[0] != ".rb-manifest.jsonl"]
+    ch = liveplan.changes(src, [], facts["install"], same_source=True)
+    assert ch["unchanged"] == len(src) and ch["items"] == []
+    (dest / "lib" / "a.py").write_text("edited there")
+    (dest / "lib" / "new.py").write_text("n")
+    facts, lines = liveplan.dest_state(str(dest), "replace", 0, True)
+    moved = facts["install"]["moved"]
+    assert sorted(moved) == ["lib/a.py", "lib/new.py"] and moved["lib/new.py"] is None
+    assert moved["lib/a.py"][3] == 1
+    rows = [json.loads(ln) for ln in lines]
+    ch = liveplan.changes(src, rows, facts["install"], same_source=True)
+    assert ch["items"] == [">f????????? lib/a.py (changed at the destination since the install)",
+                           "*deleting   lib/new.py"]

@@ -162,6 +162,8 @@ RB_RUN_LOCK=''
 RB_STATE_DIR=''
 # the probe rolled the install back: a re-run runs every step (rb::finish says so)
 RB_ROLLED_BACK=0
+# 1 once --apply's plan no longer holds (rb::apply_check): the next thing is a new plan, not --from
+RB_APPLY_REFUSED=0
 RB_EVENTS=''
 RB_STEP_START=0
 RB_FINISHED=0
@@ -172,6 +174,9 @@ RB_STEP_DONE=''
 RB_SIGNALLED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# why the route and the compression are what they are (rb::route_said, rb::compression_said)
+RB_ROUTE_WHY=''
+RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
@@ -939,9 +944,18 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
-  # the background jobs and what they started (an ssh client, a kit's Python, its tar)
-  if ((${#RB_BG_PIDS[@]} > 0)); then
-    rb::kill_tree "${RB_BG_PIDS[@]}"
+  local running pid
+  local -a live=()
+  # the background jobs still running and what they started (an ssh client, a kit's Python, its
+  # tar); one that ended has nothing left to stop (what it started went to init)
+  running=$(jobs -pr)
+  for pid in "${RB_BG_PIDS[@]}"; do
+    if [[ $'\n'"${running}"$'\n' == *$'\n'"${pid}"$'\n'* ]]; then
+      live+=("${pid}")
+    fi
+  done
+  if ((${#live[@]} > 0)); then
+    rb::kill_tree "${live[@]}"
   fi
   rb::close_hosts
   rm -rf "${RB_WORK}"
