@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 7b741fbc66476415dbed7d1befab222e8f60a31163e07e5256742624b13029ba
+# sha256 of this file with these 64 digits zeroed: 2f72f3a56b6ff64e82c49b7e2030cac87273f43fa7baafdcfa8e74252cfb1f64
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711
-readonly RB_KIT_FILE=.kit/dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711.tar
+readonly RB_KIT_SHA256=6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216
+readonly RB_KIT_FILE=.kit/6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -615,7 +615,8 @@ rb::delta_plan() {
       "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
   else
     rb::log "${RB_ENGINE_DETAIL}"
-    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_STATE_DIR}/installed.jsonl"
+    # read by the kit (safefs: never through a link, a FIFO or a device), not `cat` as root
+    rb::kit "${RB_DST_HOST}" liveplan installed "${RB_DST_ABS}" >"${RB_STATE_DIR}/installed.jsonl"
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
       <"${RB_STATE_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"

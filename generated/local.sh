@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b95fa56ef8f26d82309dcd44ed3fa642373e87c98206a81991ddc1a6c27902a9
+# sha256 of this file with these 64 digits zeroed: 88d8154cbd04c823e6ac8e2b6d23ac79735eaf00c2d66a08957f5a15dc497c3c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711
-readonly RB_KIT_FILE=.kit/dd39139d20a9b95b658809c8363a3b7e83b9a1d55899658a2c81f3720c32e711.tar
+readonly RB_KIT_SHA256=6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216
+readonly RB_KIT_FILE=.kit/6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -602,7 +602,8 @@ rb::delta_plan() {
       "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
   else
     rb::log "${RB_ENGINE_DETAIL}"
-    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_STATE_DIR}/installed.jsonl"
+    # read by the kit (safefs: never through a link, a FIFO or a device), not `cat` as root
+    rb::kit "${RB_DST_HOST}" liveplan installed "${RB_DST_ABS}" >"${RB_STATE_DIR}/installed.jsonl"
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
       <"${RB_STATE_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"

@@ -10,6 +10,9 @@ real hosts without writing anything there, and the check that a saved plan still
         (--markdown), and the screen on stdout; exit 1 when something blocks the run
     liveplan drift --plan PLAN --side source|dest --now FILE   here: what moved since the plan
         (exit 1, naming the side, how many paths and the first few), exit 0 when nothing did
+    liveplan installed DEST                                on the destination: its install's
+        manifest on stdout, read by safefs (exit 2 for a link, a FIFO, a device, or none); the
+        manifest step of a re-run copies it with this, as root
     liveplan read PLAN --name N --spec-sha S --kit-sha K   here: the plan's digests as
         `KEY<TAB>VALUE` lines, or why it is not this runbook's (exit 1)
 
@@ -472,6 +475,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     dr.add_argument("--plan", required=True)
     dr.add_argument("--side", choices=("source", "dest"), required=True)
     dr.add_argument("--now", required=True)
+    i = sub.add_parser("installed", help="the install's manifest, never through a link (the "
+                       "manifest step's re-run copies it as root)")
+    i.add_argument("dest")
     r = sub.add_parser("read")
     r.add_argument("plan")
     r.add_argument("--name", required=True)
@@ -493,6 +499,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if a.cmd == "compose":
             return compose(a)
+        if a.cmd == "installed":
+            got = safefs.read_in(a.dest, INSTALLED)
+            if got is None:
+                print("rbkit liveplan installed: %s/%s is not a regular file of the install"
+                      % (a.dest, INSTALLED), file=sys.stderr)
+                return 2
+            sys.stdout.buffer.write(got[0])
+            return 0
         if a.cmd == "drift":
             n, first = drift(a.plan, a.side, a.now)
             if n:

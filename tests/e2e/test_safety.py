@@ -167,3 +167,37 @@ def test_with_shared_parent_allow_a_swapped_env_file_is_never_sourced_as_root(
     r = run(tmp_path, script, "--restore", "1")
     assert r.returncode != 0 and "refusing to restore backup 1" in r.stderr, r.stderr[-3000:]
     assert not (dst / "tag").exists()
+
+
+def test_a_planted_link_for_the_installs_manifest_is_never_followed_on_a_rerun(
+        clean_lab, payload_small, tmp_path):
+    """A re-run after a source change copies the install's manifest from the destination to the
+    source (the manifest step's delta). With .rb-manifest.jsonl replaced by a link to a root-only
+    file, the copy (once `cat` as root) never reads through it: the run fails in that step, names
+    install's record, and nothing of the linked file reaches this machine's run directory. (The
+    engine's quick check refuses the link first; `liveplan installed` closes the window between
+    that check and the copy.)"""
+    import subprocess
+    lab = clean_lab
+    src = tmp_path / "src" / "venv"
+    src.parent.mkdir()
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(lab, src, dst, policy="replace", compression="none"))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = dst / ".rb-manifest.jsonl"
+    secret = tmp_path / "secret"
+    secret.write_text(manifest.read_text() + '{"p": "ROOT-ONLY-SECRET"}\n')
+    secret.chmod(0o600)
+    manifest.unlink()
+    manifest.symlink_to(secret)
+    next(src.rglob("greeting.txt")).write_text("changed at the source\n")
+    r = run(tmp_path, script)
+    leaked = [p for p in (tmp_path / "run").rglob("*")
+              if p.is_file() and "ROOT-ONLY-SECRET" in p.read_text(errors="replace")]
+    assert not leaked, leaked
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "manifest is unreadable" in r.stderr or "not a regular file" in r.stderr, r.stderr[-3000:]
+    steps = {s["id"]: s for s in report(tmp_path)["steps"]}
+    assert steps["manifest"]["status"] == "failed", steps["manifest"]

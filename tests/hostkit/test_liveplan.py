@@ -206,3 +206,29 @@ def test_the_destination_compares_its_entries_with_the_install_and_sends_back_on
     ch = liveplan.changes(src, rows, facts["install"], same_source=True)
     assert ch["items"] == [">f????????? lib/a.py (changed at the destination since the install)",
                            "*deleting   lib/new.py"]
+
+
+def test_the_manifest_step_reads_the_installs_manifest_never_through_a_link(tmp_path, capsys):
+    """A re-run's manifest step copies the install's manifest as root (`liveplan installed`): a
+    .rb-manifest.jsonl that is a link to a root-only file is refused, exit 2, and nothing of the
+    file it names is printed (`cat` followed it)."""
+    dest = tmp_path / "venv"
+    dest.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    (dest / ".rb-manifest.jsonl").symlink_to(secret)
+    assert liveplan.main(["installed", str(dest)]) == 2
+    out = capsys.readouterr()
+    assert "root only" not in out.out and "not a regular file" in out.err
+    (dest / ".rb-manifest.jsonl").unlink()
+    (dest / ".rb-manifest.jsonl").write_text('{"path": "x"}\n')
+    assert liveplan.main(["installed", str(dest)]) == 0
+    assert capsys.readouterr().out == '{"path": "x"}\n'
+
+
+def test_the_manifest_step_copies_the_installs_manifest_through_the_kit():
+    """templates/steps/manifest.sh.j2: the copy goes through `liveplan installed`, no `cat` of
+    the destination's manifest (a planted link was followed as root)."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "templates/steps/manifest.sh.j2").read_text()
+    assert "liveplan installed" in text and 'cat "${RB_DST_ABS}/.rb-manifest.jsonl"' not in text

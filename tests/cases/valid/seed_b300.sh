@@ -614,7 +614,8 @@ rb::delta_plan() {
       "${RB_FINGERPRINT:0:16}) stands for it; nothing is hashed there"
   else
     rb::log "${RB_ENGINE_DETAIL}"
-    rb::on_host "${RB_DST_HOST}" cat "${RB_DST_ABS}/.rb-manifest.jsonl" >"${RB_STATE_DIR}/installed.jsonl"
+    # read by the kit (safefs: never through a link, a FIFO or a device), not `cat` as root
+    rb::kit "${RB_DST_HOST}" liveplan installed "${RB_DST_ABS}" >"${RB_STATE_DIR}/installed.jsonl"
     rb::pipe_on_host "${RB_SRC_HOST}" sh -c 'cat >"$1"' rb "${src_kit}/${RB_NAME}.installed.jsonl" \
       <"${RB_STATE_DIR}/installed.jsonl"
     rb::manifest_build --reuse "${src_kit}/${RB_NAME}.installed.jsonl"
