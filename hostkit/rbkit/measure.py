@@ -11,7 +11,16 @@ per tool the rate it read the sample at (bytes a second, wall), the bytes per CP
 and unpacking (the child's rusage: what the tool takes from CPUs it shares) and the ratio (sample
 bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
 Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
---link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`).
+--link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`);
+`--link -` reads that rate from stdin (`RATE SECONDS`, or `error WHY`): the walk and the sample's
+reading go on while the link is measured, and the tools too unless --shared-cpu (then they wait
+for that line: they would take the CPUs the ssh ciphers are measured on).
+
+    rbkit measure-link
+
+is the link measurement's receiving end (`receive_link`): it says `ready`, times the zeros that
+come on stdin and prints `RATE SECONDS` as soon as the rate is stable (rbrules.common.link_stable),
+at most LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE).
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ import shutil
 import stat
 import subprocess
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rbrules.common import COMPRESSION, MEASURE_SAMPLE, stream_count
+from rbrules.common import (COMPRESSION, LINK_SECONDS, LINK_WINDOW, MEASURE_SAMPLE, link_stable,
+                            link_tail, stream_count)
 
 MAX_ENTRIES = 200_000
 PER_FILE = 1 << 20
@@ -126,6 +136,52 @@ def rate(tool: str, data: bytes, seconds: float) -> Dict[str, Any]:
     return out
 
 
+def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
+                 clock: Callable[[], float] = time.monotonic) -> Dict[str, Any]:
+    """The link's rate where the zeros arrive: `ready` on stdout, then read fd, timed from the end
+    of the first read, in LINK_WINDOW windows, until the rate is stable (link_stable), `cap`
+    seconds went by or the stream ended. {"rate": bytes a second over link_tail's windows,
+    "seconds", "bytes", "stable"}, or {"error": why} when it saw less than one window."""
+    os.write(1, b"ready\n")
+    if not os.read(fd, 1 << 20):
+        return {"error": "no byte came"}
+    start = now = clock()
+    total = 0
+    ends: List[Tuple[float, int]] = [(start, 0)]      # (time, bytes so far) at each window's end
+    windows: List[float] = []
+    stable = False
+    while now - start < cap:
+        chunk = os.read(fd, 1 << 20)
+        now = clock()
+        if not chunk:
+            break
+        total += len(chunk)
+        if now - ends[-1][0] >= LINK_WINDOW:
+            windows.append((total - ends[-1][1]) / (now - ends[-1][0]))
+            ends.append((now, total))
+            if link_stable(windows, now - start):
+                stable = True
+                break
+    seconds = now - start
+    if not windows:
+        return {"error": "only %d bytes in %.3f s" % (total, seconds)}
+    (t0, b0), (t1, b1) = ends[len(windows) - len(link_tail(windows))], ends[-1]
+    return {"rate": int((b1 - b0) / (t1 - t0)), "seconds": round(seconds, 3), "bytes": total,
+            "stable": stable}
+
+
+def read_link(line: str) -> Tuple[int, float, str]:
+    """(rate, seconds, "") from rb::measure_link's line on stdin (`RATE SECONDS`), or
+    (0, 0.0, why) from `error WHY` or anything else."""
+    words = line.split()
+    if len(words) == 2 and words[0].isdigit():
+        try:
+            return int(words[0]), float(words[1]), ""
+        except ValueError:
+            pass
+    return 0, 0.0, " ".join(words[1:]) if words[:1] == ["error"] else "no link rate"
+
+
 MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
 SMALL = 1 << 20   # a tree whose sample is smaller moves in a moment whatever its compression
 
@@ -176,11 +232,16 @@ def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
 
 
 def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
-            seconds: float = 5.0) -> Dict[str, Any]:
+            seconds: float = 5.0, before: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """The sample's figures and each tool's (rate); `before`, when given, is called once the
+    sample is in memory and before any tool runs (the link's rate read meanwhile, where the
+    tools would take the CPUs the link measurement uses)."""
     start = time.monotonic()
     data = sample(root, excludes, want)
     doc: Dict[str, Any] = {"sample_bytes": len(data),
                            "read_seconds": round(time.monotonic() - start, 4), "tools": {}}
+    if before is not None:
+        before()
     if not data:
         doc["error"] = "no file to sample under %s" % root
         return doc
@@ -192,12 +253,13 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
     return doc
 
 
-def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1) -> List[str]:
+def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1,
+               no_link: str = "no link rate") -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
-    figures as one `json` line (tab-separated)."""
+    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0)."""
     import json
     if doc.get("error") or link <= 0:
-        return ["error\t%s" % (doc.get("error") or "no link rate")]
+        return ["error\t%s" % (doc.get("error") or no_link)]
     if doc["sample_bytes"] < SMALL:
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
