@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 03a8fdd67f805c697255b5ceada40e9b61e035c5d6a6583816d7a392265ff9a2
+# sha256 of this file with these 64 digits zeroed: d5e3737b43a26830498d2a361578f4078a02537f357c1fa39993e4b9760d1505
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5f094fddef0eae955922f0799f31dcfe3b977c7fef090b33a9ca638620ddc349
-readonly RB_KIT_FILE=.kit/5f094fddef0eae955922f0799f31dcfe3b977c7fef090b33a9ca638620ddc349.tar
+readonly RB_KIT_SHA256=eaf93340d26f261799b620f5c03fc82b1e391481e337b477fed9e5e702f04193
+readonly RB_KIT_FILE=.kit/eaf93340d26f261799b620f5c03fc82b1e391481e337b477fed9e5e702f04193.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -411,12 +411,12 @@ step_preflight() {
   # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
   # and bin/python sent), then its static checks: one engine process there, in the background
   rb::source_start "${src_kit}/${RB_NAME}.names"
+  rb::measure_start      # compression: auto on the relay: measured beside the scan (rb::measure_go)
   # meanwhile the destination's engine for the run: from here on it holds the destination's
   # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  # compression: auto on the relay: measured meanwhile, beside the scan (unless a re-run)
-  rb::measure_start "${RB_J[installed_stat]}"
+  rb::measure_go "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
@@ -441,8 +441,8 @@ step_preflight() {
 
 #######################################
 # Decide the stream's compression: with auto, on the relay by measurement (the link's rate
-# against each compressor on the tree), started later beside the scan (rb::measure_start) and
-# taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
+# against each compressor on the tree), started beside the scan (rb::measure_start, rb::measure_go)
+# and taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
 #######################################
 rb::preflight_compression() {
   RB_MEASURING=0
@@ -506,6 +506,20 @@ rb::preflight_route() {
   fi
   rb::log "route: relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
     "(${why:-ssh failed})"
+}
+
+# rb::measure_start's job goes, unless the destination holds an install ($1: a re-run sends what changed).
+rb::measure_go() {
+  local go=go
+  if [[ -n "$1" && "${RB_MEASURING:-0}" == 1 ]]; then
+    RB_MEASURE_SKIP="not measured: ${RB_DST_HOST} holds an install (a re-run sends what changed)"
+    go=stop
+  fi
+  if [[ -n "${RB_MEASURE_PID}" ]]; then
+    # shellcheck disable=SC2154 # opened by rb::measure_start
+    printf '%s\n' "${go}" >&"${RB_MEASURE_GO}"
+    exec {RB_MEASURE_GO}>&-
+  fi
 }
 
 #######################################

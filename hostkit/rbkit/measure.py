@@ -12,9 +12,9 @@ and unpacking (the child's rusage: what the tool takes from CPUs it shares) and 
 bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
 Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
 --link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`);
-`--link -` reads that rate from stdin (`RATE SECONDS`, or `error WHY`): the walk and the sample's
-reading go on while the link is measured, and the tools too unless --shared-cpu (then they wait
-for that line: they would take the CPUs the ssh ciphers are measured on).
+`--link -` reads that rate from stdin (`RATE SECONDS`, or `error WHY`): the sample is walked, read
+and packed while the link is measured, unless --shared-cpu (then all that waits for the line: it
+would take the CPUs the ssh ciphers are measured on).
 
     rbkit measure-link
 
@@ -233,15 +233,15 @@ def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
 
 def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
             seconds: float = 5.0, before: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-    """The sample's figures and each tool's (rate); `before`, when given, is called once the
-    sample is in memory and before any tool runs (the link's rate read meanwhile, where the
-    tools would take the CPUs the link measurement uses)."""
+    """The sample's figures and each tool's (rate); `before`, when given, is called first (the
+    link's rate read, where the walk and the tools would take the CPUs its ssh ciphers are
+    measured on)."""
+    if before is not None:
+        before()
     start = time.monotonic()
     data = sample(root, excludes, want)
     doc: Dict[str, Any] = {"sample_bytes": len(data),
                            "read_seconds": round(time.monotonic() - start, 4), "tools": {}}
-    if before is not None:
-        before()
     if not data:
         doc["error"] = "no file to sample under %s" % root
         return doc

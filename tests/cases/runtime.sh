@@ -654,18 +654,21 @@ rb::env_number() {
 # over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
 # measure-link`: it says `ready` before the sending end starts (a late session is not the link),
 # stops once the rate is stable (rbrules.common.link_stable), at most 0.6 s after the first
-# byte, and the sending end ends on the broken pipe. $3: a scratch path. Prints `RATE SECONDS`
+# byte, and the sending end ends on the broken pipe. $3: a scratch path. The receiving end starts
+# at once, the zeros once the gate $4 says `go` (then `go` is printed first). Prints `RATE SECONDS`
 # or `error WHY`.
 #######################################
 rb::measure_link() {
-  local from=$1 to=$2 out=$3 ready='' line='' fd rfd pid
+  local from=$1 to=$2 out=$3 ready='' line='' go='' fd rfd pid
   rm -f "${out}.in" "${out}.out" && mkfifo -m 600 "${out}.in" "${out}.out"
   rb::kit_argv "${to}"
   rb::pipe_on_host "${to}" "${RB_KIT_ARGV[@]}" measure-link <"${out}.in" >"${out}.out" 2>/dev/null &
   pid=$!
   exec {fd}>"${out}.in" {rfd}<"${out}.out"
   read -r -t 10 -u "${rfd}" ready || true
-  if [[ "${ready}" == ready ]]; then
+  read -r -t 600 go <"$4" || true
+  [[ "${go}" != go ]] || printf 'go\n'
+  if [[ "${ready}${go}" == readygo ]]; then
     rb::wide_pipe >&"${fd}"
     rb::on_host "${from}" timeout 2 cat /dev/zero 1>&"${fd}" 2>/dev/null || true
   fi
@@ -673,6 +676,7 @@ rb::measure_link() {
   read -r -t 10 -u "${rfd}" line || true
   exec {rfd}<&-
   wait "${pid}" || true
+  [[ "${go}" == go ]] || return 0
   line=${line:-error no answer from ${to}}
   if [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+$ ]]; then
     line="error the link's rate could not be measured (${line#error })"
@@ -681,11 +685,10 @@ rb::measure_link() {
 }
 
 #######################################
-# compression: auto on the relay, measured beside the source's scan (in the background) once the
-# destination's engine answered, unless it holds an install ($1, its source stat fingerprint: a
-# re-run sends what changed; the fixed order then): the link's rate (rb::measure_link) and each
-# compressor both ends have packing a sample of the source (rbkit measure, which also takes the
-# choice) into RB_WORK/measure.out, side by side (the tools wait for the link on one kernel).
+# compression: auto on the relay, measured beside the source's scan (in the background), started
+# as the hosts are ready and told to go by rb::measure_go: the link's rate (rb::measure_link) and
+# each compressor both ends have packing a sample of the source (rbkit measure, which also takes
+# the choice) into RB_WORK/measure.out, side by side (on one kernel the sample waits for the link).
 #######################################
 rb::measure_start() {
   local tool
@@ -701,16 +704,15 @@ rb::measure_start() {
       RB_MEASURE_ARGS+=(--tool "${tool}")
     fi
   done
-  if [[ -n "$1" ]]; then
-    RB_MEASURE_SKIP="not measured: ${RB_DST_HOST} holds an install (a re-run sends what changed)"
-    return 0
-  fi
   if ((${#RB_MEASURE_ARGS[@]} == 0)); then
     return 0
   fi
   if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
     RB_MEASURE_ARGS+=(--shared-cpu)
   fi
+  mkfifo -m 600 "${RB_WORK}/measure.go"
+  # shellcheck disable=SC2034 # rb::measure_go (preflight) writes to it
+  exec {RB_MEASURE_GO}<>"${RB_WORK}/measure.go"
   rb::measure_run >"${RB_WORK}/measure.out" 2>"${RB_WORK}/measure.err" &
   RB_MEASURE_PID=$!
   RB_BG_PIDS+=("${RB_MEASURE_PID}")
@@ -718,13 +720,15 @@ rb::measure_start() {
 
 # The background job of rb::measure_start (RB_WORK empty: it records no command of its own).
 rb::measure_run() {
-  local out=${RB_WORK}/measure.link
+  local out=${RB_WORK}/measure.link go=''
   RB_WORK=''
   rb::kit_argv "${RB_SRC_HOST}"
-  # the kit's start and its sample beside the link's measurement (the tools too, unless one kernel)
-  rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}" |
-    rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" measure "${RB_SRC_ABS}" \
-      "${RB_MEASURE_ARGS[@]}" "${RB_EXCLUDE_ARGS[@]}" --link - --jobs "${RB_JOBS}" || true
+  # the kit's start beside the link's measurement (its sample and tools too, unless one kernel)
+  rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}" "${out%link}go" | {
+    read -r go && [[ "${go}" == go ]] &&
+      rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" measure "${RB_SRC_ABS}" \
+        "${RB_MEASURE_ARGS[@]}" "${RB_EXCLUDE_ARGS[@]}" --link - --jobs "${RB_JOBS}"
+  } || true
 }
 
 #######################################

@@ -249,11 +249,13 @@ def test_the_link_rule_and_its_line(monkeypatch):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_the_tools_wait_for_the_links_line_on_one_kernel_only(shared, monkeypatch, tmp_path, capsys):
-    """`rbkit measure --link -`: the walk and the sample go on while the link is measured; with
-    --shared-cpu the tools wait for the link's line (they would take the CPUs the ssh ciphers are
-    measured on), else they run meanwhile and the line is read after them."""
+    """`rbkit measure --link -`: the sample is walked, read and packed while the link is measured,
+    but with --shared-cpu all that waits for the link's line (it would take the CPUs the ssh
+    ciphers are measured on); the line is read after the tools otherwise."""
     from rbkit import __main__ as cli, measure
     order = []
+    real_sample = measure.sample
+    monkeypatch.setattr(measure, "sample", lambda *a: order.append("sample") or real_sample(*a))
     monkeypatch.setattr(measure, "rate", lambda tool, data, s: order.append("tool") or dict(
         LAB["lz4"]))
     monkeypatch.setattr(sys, "stdin", type("In", (), {"readline": lambda self: order.append(
@@ -261,6 +263,6 @@ def test_the_tools_wait_for_the_links_line_on_one_kernel_only(shared, monkeypatc
     (tmp_path / "f").write_bytes(b"x" * (2 << 20))
     args = [str(tmp_path), "--tool", "lz4", "--link", "-"] + (["--shared-cpu"] if shared else [])
     assert cli.main(["measure"] + args) == 0
-    assert order == (["link", "tool"] if shared else ["tool", "link"])
+    assert order == (["link", "sample", "tool"] if shared else ["sample", "tool", "link"])
     out = capsys.readouterr().out
     assert out.startswith("choice\tlz4\n") and '"link_seconds": 0.3' in out, out
