@@ -234,12 +234,22 @@ def test_a_link_that_never_settles_is_measured_for_link_seconds(monkeypatch):
     assert got["rate"] == pytest.approx(100_000_000, rel=0.01), got
 
 
+def test_a_steady_trickle_is_not_taken_for_a_stable_link(monkeypatch):
+    """4 MB/s in every window (a stall under load looks as steady): the windows after 0.25 s carry
+    less than LINK_MIN_BYTES, so it reads until LINK_SECONDS. Before LINK_MIN_BYTES it stopped at
+    0.3 s and the lab's unlimited link went with zstd at a measured 4 MB/s."""
+    reads = [(0.0501 * k, 200_400) for k in range(1, 20)]
+    got, taken = _link_from(monkeypatch, reads)
+    assert not got["stable"] and got["seconds"] == 0.601 and taken == 12, got
+
+
 def test_the_link_rule_and_its_line(monkeypatch):
     from rbkit import measure
     from rbrules import common
-    assert not common.link_stable([100.0, 100.0, 100.0, 100.0], 0.2)       # too soon
-    assert common.link_stable([10.0, 10.0, 100.0, 100.0, 100.0], 0.25)
-    assert not common.link_stable([100.0, 100.0, 100.0, 100.0, 90.0], 0.3)  # the last one 8% off
+    assert not common.link_stable([1e8, 1e8, 1e8, 1e8], 0.2)       # too soon
+    assert common.link_stable([1e7, 1e7, 1e8, 1e8, 1e8], 0.25)
+    assert not common.link_stable([1e8, 1e8, 1e8, 1e8, 9e7], 0.3)  # the last one 8% off
+    assert not common.link_stable([4e6] * 8, 0.4)                  # 4.8 MB in the later half
     assert common.link_tail([1.0, 2.0, 3.0, 4.0, 5.0]) == [3.0, 4.0, 5.0]
     assert measure.read_link("115507864 0.483\n") == (115507864, 0.483, "")
     assert measure.read_link("error the link's rate could not be measured (no answer)\n") == (
