@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: b8531d705e563a530abb65f2bc2c37950e893da05650df8a3d8c02b05f5307cf
+# sha256 of this file with these 64 digits zeroed: e88bf566803939945f45701df276d40e12cb855c6d1ea66c021bf33bac835b2d
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a
-readonly RB_KIT_FILE=.kit/5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a.tar
+readonly RB_KIT_SHA256=6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e
+readonly RB_KIT_FILE=.kit/6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

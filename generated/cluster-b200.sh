@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: fa037644c010968fbd102fc014b600996600d331e91d834cfe41752cb75504ca
+# sha256 of this file with these 64 digits zeroed: ed2757c73774c4c903a39218a9b0d5e733024edae9b9aed9d9e73f2ad898acfe
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a
-readonly RB_KIT_FILE=.kit/5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a.tar
+readonly RB_KIT_SHA256=6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e
+readonly RB_KIT_FILE=.kit/6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

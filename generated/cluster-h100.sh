@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: c88a100e4b7732d10f88b1b8fcdb08842db6071b5835fe0ef507e734758c6b5e
+# sha256 of this file with these 64 digits zeroed: ff63c6c3755067e7713d5dffefe0a0746bbcf6cfa04142b3e5511c25cae70e2e
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a
-readonly RB_KIT_FILE=.kit/5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a.tar
+readonly RB_KIT_SHA256=6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e
+readonly RB_KIT_FILE=.kit/6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

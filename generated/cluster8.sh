@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 00aa5dae97fe0fe1e99eac1963ccf311fc05edc4154601172f7ec25ba64f3d28
+# sha256 of this file with these 64 digits zeroed: 146f529ac6e795ce581e3d1956a166efd9cec734e345067965dc1f335f7b33d8
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a
-readonly RB_KIT_FILE=.kit/5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a.tar
+readonly RB_KIT_SHA256=6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e
+readonly RB_KIT_FILE=.kit/6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: bf0cf6088a06393d83438e5784393c225ba55a273ead6cc9bcd895ea4e754d01
+# sha256 of this file with these 64 digits zeroed: f33b7bfe370355ed9328dcbaaf770871b5d3ef810bca650fd7ce3a6b8f6b4282
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a
-readonly RB_KIT_FILE=.kit/5544285fabd549b9a54be6697677098cabe270be8526526cb50c64bb74ead55a.tar
+readonly RB_KIT_SHA256=6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e
+readonly RB_KIT_FILE=.kit/6c2c1574324ee780cfe012ac546121ef2cb2a91b6571ae176b9d1f437d24749e.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

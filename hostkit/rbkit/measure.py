@@ -190,33 +190,40 @@ def mb(rate: float) -> str:
     return "%d MB/s" % round(rate / 1e6)
 
 
-def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1) -> float:
+def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1, cpus: int = 1) -> float:
     """Bytes of the tree a second that `m` (a tool's figures) moves over a link of `link` bytes a
     second. Machines of their own (the stages side by side): the slowest of the link (its bytes
     are the tree's over the ratio), the packing on the source (one packer a stream) and the
     unpacking on the destination. One kernel (every machine of the stream on the same CPUs: the
-    link's rate was measured with the ssh ciphers taking those CPUs): the stages take turns, the
-    link's time for the packed bytes plus the CPU time packing and unpacking them."""
+    link's rate was measured with the ssh ciphers taking those CPUs): the link's time for the
+    packed bytes plus the CPU time packing and unpacking them, spread over `cpus` (the run's
+    jobs: the stages are processes side by side), and never faster than its slowest stage alone.
+    With one CPU that is the stages taking turns: the lab's 1 Gbit/s link (2 cores), measured at
+    118-125 MB/s once the measurement left out its slow start, then gave none (lz4 135 MB/s
+    through, short of the margin): transfers of 8.1-8.4 s against 5.4-5.8 s with lz4."""
     moved = link * float(m["ratio"])
     pack = float(m.get("cpu_rate") or m["rate"])
     unpack = float(m.get("unpack_cpu_rate") or 0)
     if shared:
-        return 1.0 / (1.0 / moved + 1.0 / pack + (1.0 / unpack if unpack else 0.0))
+        turns = 1.0 / moved + 1.0 / pack + (1.0 / unpack if unpack else 0.0)
+        alone = max(1.0 / moved, 1.0 / pack, 1.0 / unpack if unpack else 0.0)
+        return 1.0 / max(alone, turns / max(1, cpus))
     rates = [moved, float(m["rate"]) * max(1, streams)] + ([unpack * streams] if unpack else [])
     return min(rates)
 
 
 def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
-           streams: int = 1) -> Tuple[str, str]:
+           streams: int = 1, cpus: int = 1) -> Tuple[str, str]:
     """(the compression to use, the reason in words) for a link of `link` bytes a second and the
     measured tools (rbkit measure's figures; `through` says how fast each moves the tree), in
-    `streams` streams side by side. The fastest, when it beats none by MARGIN, else none."""
+    `streams` streams side by side, on `cpus` (the run's jobs). The fastest, when it beats none
+    by MARGIN, else none."""
     best, best_rate, said = "none", float(link), []
     for tool, m in tools.items():
         if "rate" not in m:
             said.append("%s: %s" % (tool, m.get("error", "not measured")))
             continue
-        rate_ = through(link, m, shared, streams)
+        rate_ = through(link, m, shared, streams, cpus)
         said.append("%s %s on this tree (ratio %.1f%s): %s through" % (
             tool, mb(m.get("cpu_rate") or m["rate"]), m["ratio"],
             ", unpacked at %s" % mb(m["unpack_cpu_rate"]) if m.get("unpack_cpu_rate") else "",
@@ -264,6 +271,6 @@ def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int =
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
     else:
-        choice, why = choose(link, doc["tools"], shared, stream_count(jobs))
-    doc = dict(doc, link_rate=link, choice=choice)
+        choice, why = choose(link, doc["tools"], shared, stream_count(jobs), jobs)
+    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs)
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]

@@ -165,6 +165,19 @@ def test_one_kernel_choice_counts_the_unpacking_and_the_cpu_the_tools_take(link,
         ": none, the link is as fast as any compressor"), why
 
 
+@pytest.mark.parametrize("link,want", [(124_000_000, "lz4"),      # 1 Gbit/s, measured now
+                                       (200_000_000, "lz4"),      # the unlimited link, loaded
+                                       (400_000_000, "none"),
+                                       (24_000_000, "zstd")])
+def test_one_kernel_of_two_cores_runs_the_stages_side_by_side(link, want):
+    """The run's 2 jobs: the stages' time spread over 2 CPUs, no faster than the slowest alone.
+    At 124 MB/s (the 1 Gbit/s link as the measurement now sees it) the turns model (one CPU) said
+    none: transfers of 8.1-8.4 s against 5.4-5.8 s with lz4 (lab, loaded)."""
+    from rbkit import measure
+    assert measure.choose(link, LAB, shared=True, cpus=2)[0] == want
+    assert measure.through(124_000_000, LAB["lz4"], True, 1, 2) == pytest.approx(270e6, rel=0.01)
+
+
 def test_machines_of_their_own_take_the_slowest_stage_and_count_the_streams():
     """Separate machines: the slowest of link x ratio, the packers (one a stream) and the
     unpackers; a fast link with one lz4 of 390 MB/s is none, with four streams (four packers) lz4."""
