@@ -137,7 +137,8 @@ def environment() -> jinja2.Environment:
                          "start": launch.START}
     # and which compressors a host has, and how long compression auto measures the link
     env.globals["rules"] = {"compressor_tools": common.COMPRESSOR_TOOLS,
-                            "link_seconds": common.LINK_SECONDS}
+                            "link_seconds": common.LINK_SECONDS,
+                            "link_send_seconds": common.LINK_SEND_SECONDS}
     return env
 
 

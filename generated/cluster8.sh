@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 76413cbb8b65425535da74ecb9451025983629b59e8a7399a9f04a6fc7dd6eb3
+# sha256 of this file with these 64 digits zeroed: 12e2fa3e259cbe110650e99dbbb938c4cdfe8a0adf2bc8505a03745d62a2dc16
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216
-readonly RB_KIT_FILE=.kit/6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216.tar
+readonly RB_KIT_SHA256=6af72575d86e33df66530b158e56520c61e418e305803aa1e1b63831b662f73c
+readonly RB_KIT_FILE=.kit/6af72575d86e33df66530b158e56520c61e418e305803aa1e1b63831b662f73c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

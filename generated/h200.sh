@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3fae0372ee802dc4b6dcd31bd5f6f40622798cf4dbcbbb08209c034a2447cf89
+# sha256 of this file with these 64 digits zeroed: 89b9ad01a2dc2eb8146302ef5c91a002bd4f6025ab5f1a38cb891eb39d8fe628
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216
-readonly RB_KIT_FILE=.kit/6b50effec4151246940c76ef97feb87314998a89a8d049504524d1aec8c43216.tar
+readonly RB_KIT_SHA256=6af72575d86e33df66530b158e56520c61e418e305803aa1e1b63831b662f73c
+readonly RB_KIT_FILE=.kit/6af72575d86e33df66530b158e56520c61e418e305803aa1e1b63831b662f73c.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -423,12 +423,12 @@ step_preflight() {
   # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
   # and bin/python sent), then its static checks: one engine process there, in the background
   rb::source_start "${src_kit}/${RB_NAME}.names"
+  rb::measure_start      # compression: auto on the relay: measured beside the scan (rb::measure_go)
   # meanwhile the destination's engine for the run: from here on it holds the destination's
   # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  # compression: auto on the relay: measured meanwhile, beside the scan (unless a re-run)
-  rb::measure_start "${RB_J[installed_stat]}"
+  rb::measure_go "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
@@ -453,8 +453,8 @@ step_preflight() {
 
 #######################################
 # Decide the stream's compression: with auto, on the relay by measurement (the link's rate
-# against each compressor on the tree), started later beside the scan (rb::measure_start) and
-# taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
+# against each compressor on the tree), started beside the scan (rb::measure_start, rb::measure_go)
+# and taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
 #######################################
 rb::preflight_compression() {
   RB_MEASURING=0
@@ -520,13 +520,18 @@ rb::preflight_route() {
     "(${why:-ssh failed})"
 }
 
-#######################################
-# Say the route and why (the words, joined as rb::log joins them): logged as `route: WHY`, and
-# kept in RB_ROUTE_WHY (the live plan's reason).
-#######################################
-rb::route_said() {
-  RB_ROUTE_WHY="$*"
-  rb::log "route: ${RB_ROUTE_WHY}"
+# rb::measure_start's job goes, unless the destination holds an install ($1: a re-run sends what changed).
+rb::measure_go() {
+  local go=go
+  if [[ -n "$1" && "${RB_MEASURING:-0}" == 1 ]]; then
+    RB_MEASURE_SKIP="not measured: ${RB_DST_HOST} holds an install (a re-run sends what changed)"
+    go=stop
+  fi
+  if [[ -n "${RB_MEASURE_PID}" ]]; then
+    # shellcheck disable=SC2154 # opened by rb::measure_start
+    printf '%s\n' "${go}" >&"${RB_MEASURE_GO}"
+    exec {RB_MEASURE_GO}>&-
+  fi
 }
 
 #######################################

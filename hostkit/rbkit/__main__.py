@@ -6,6 +6,7 @@
     elsewhere --fd N --old OLD...          text files outside bin/ naming OLD (relocate's report)
     report --events E --out R [...]        the run's report from its event log (on the head)
     measure ROOT --tool T...               how fast each compressor packs a sample of the tree
+    measure-link                           the link's rate: times the zeros coming on stdin
     engine ...                             the install engine (serve.py): every step of a move
     liveplan ...                           the live plan (--plan, --apply): liveplan.py
 
@@ -114,12 +115,34 @@ def cmd_report(a) -> int:
 
 def cmd_measure(a) -> int:
     from . import measure
-    doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds)
+    got: list = []
+
+    def read() -> None:
+        if a.link == "-" and not got:
+            got.extend(measure.read_link(sys.stdin.readline()))
+
+    doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds,
+                          read if a.shared_cpu else None)
     if a.link is None:
         _print(doc)
+        return 0
+    read()
+    if a.link == "-":
+        link, doc["link_seconds"], why = got
     else:
-        jobs = (os.cpu_count() or 1) if a.jobs == "auto" else int(a.jobs)
-        print("\n".join(measure.main_lines(doc, a.link, a.shared_cpu, jobs)))
+        link, why = int(a.link), ""
+    jobs = (os.cpu_count() or 1) if a.jobs == "auto" else int(a.jobs)
+    print("\n".join(measure.main_lines(doc, link, a.shared_cpu, jobs, why or "no link rate")))
+    return 0
+
+
+def cmd_measure_link(a) -> int:
+    from . import measure
+    got = measure.receive_link()
+    if "error" in got:
+        print("error %s" % got["error"])
+        return 1
+    print("%d %s" % (got["rate"], got["seconds"]))
     return 0
 
 
@@ -159,11 +182,14 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("--exclude", action="append", default=[])
     ms.add_argument("--bytes", type=int, default=common.MEASURE_SAMPLE)
     ms.add_argument("--seconds", type=float, default=5.0)
-    ms.add_argument("--link", type=int, help="the link's rate (bytes/s): print the choice")
+    ms.add_argument("--link", help="the link's rate (bytes/s; -: a line on stdin once the tools "
+                    "are measured): print the choice")
     ms.add_argument("--shared-cpu", action="store_true",
                     help="the compressor and the link share CPUs (one kernel)")
     ms.add_argument("--jobs", default="1", help="the run's jobs (auto: the cores): its streams")
     ms.set_defaults(fn=cmd_measure)
+    ml = sub.add_parser("measure-link", help="the link's rate: times the zeros coming on stdin")
+    ml.set_defaults(fn=cmd_measure_link)
     rp = sub.add_parser("report")
     rp.add_argument("--name", required=True)
     rp.add_argument("--spec", required=True)

@@ -11,7 +11,16 @@ per tool the rate it read the sample at (bytes a second, wall), the bytes per CP
 and unpacking (the child's rusage: what the tool takes from CPUs it shares) and the ratio (sample
 bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
 Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
---link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`).
+--link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`);
+`--link -` reads that rate from stdin (`RATE SECONDS`, or `error WHY`): the sample is walked, read
+and packed while the link is measured, unless --shared-cpu (then all that waits for the line: it
+would take the CPUs the ssh ciphers are measured on).
+
+    rbkit measure-link
+
+is the link measurement's receiving end (`receive_link`): it says `ready`, times the zeros that
+come on stdin and prints `RATE SECONDS` as soon as the rate is stable (rbrules.common.link_stable),
+at most LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE).
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ import shutil
 import stat
 import subprocess
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rbrules.common import COMPRESSION, MEASURE_SAMPLE, stream_count
+from rbrules.common import (COMPRESSION, LINK_SECONDS, LINK_WINDOW, MEASURE_SAMPLE, link_stable,
+                            link_tail, stream_count)
 
 MAX_ENTRIES = 200_000
 PER_FILE = 1 << 20
@@ -126,6 +136,52 @@ def rate(tool: str, data: bytes, seconds: float) -> Dict[str, Any]:
     return out
 
 
+def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
+                 clock: Callable[[], float] = time.monotonic) -> Dict[str, Any]:
+    """The link's rate where the zeros arrive: `ready` on stdout, then read fd, timed from the end
+    of the first read, in LINK_WINDOW windows, until the rate is stable (link_stable), `cap`
+    seconds went by or the stream ended. {"rate": bytes a second over link_tail's windows,
+    "seconds", "bytes", "stable"}, or {"error": why} when it saw less than one window."""
+    os.write(1, b"ready\n")
+    if not os.read(fd, 1 << 20):
+        return {"error": "no byte came"}
+    start = now = clock()
+    total = 0
+    ends: List[Tuple[float, int]] = [(start, 0)]      # (time, bytes so far) at each window's end
+    windows: List[float] = []
+    stable = False
+    while now - start < cap:
+        chunk = os.read(fd, 1 << 20)
+        now = clock()
+        if not chunk:
+            break
+        total += len(chunk)
+        if now - ends[-1][0] >= LINK_WINDOW:
+            windows.append((total - ends[-1][1]) / (now - ends[-1][0]))
+            ends.append((now, total))
+            if link_stable(windows, now - start):
+                stable = True
+                break
+    seconds = now - start
+    if not windows:
+        return {"error": "only %d bytes in %.3f s" % (total, seconds)}
+    (t0, b0), (t1, b1) = ends[len(windows) - len(link_tail(windows))], ends[-1]
+    return {"rate": int((b1 - b0) / (t1 - t0)), "seconds": round(seconds, 3), "bytes": total,
+            "stable": stable}
+
+
+def read_link(line: str) -> Tuple[int, float, str]:
+    """(rate, seconds, "") from rb::measure_link's line on stdin (`RATE SECONDS`), or
+    (0, 0.0, why) from `error WHY` or anything else."""
+    words = line.split()
+    if len(words) == 2 and words[0].isdigit():
+        try:
+            return int(words[0]), float(words[1]), ""
+        except ValueError:
+            pass
+    return 0, 0.0, " ".join(words[1:]) if words[:1] == ["error"] else "no link rate"
+
+
 MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
 SMALL = 1 << 20   # a tree whose sample is smaller moves in a moment whatever its compression
 
@@ -134,33 +190,40 @@ def mb(rate: float) -> str:
     return "%d MB/s" % round(rate / 1e6)
 
 
-def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1) -> float:
+def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1, cpus: int = 1) -> float:
     """Bytes of the tree a second that `m` (a tool's figures) moves over a link of `link` bytes a
     second. Machines of their own (the stages side by side): the slowest of the link (its bytes
     are the tree's over the ratio), the packing on the source (one packer a stream) and the
     unpacking on the destination. One kernel (every machine of the stream on the same CPUs: the
-    link's rate was measured with the ssh ciphers taking those CPUs): the stages take turns, the
-    link's time for the packed bytes plus the CPU time packing and unpacking them."""
+    link's rate was measured with the ssh ciphers taking those CPUs): the link's time for the
+    packed bytes plus the CPU time packing and unpacking them, spread over `cpus` (the run's
+    jobs: the stages are processes side by side), and never faster than its slowest stage alone.
+    With one CPU that is the stages taking turns: the lab's 1 Gbit/s link (2 cores), measured at
+    118-125 MB/s once the measurement left out its slow start, then gave none (lz4 135 MB/s
+    through, short of the margin): transfers of 8.1-8.4 s against 5.4-5.8 s with lz4."""
     moved = link * float(m["ratio"])
     pack = float(m.get("cpu_rate") or m["rate"])
     unpack = float(m.get("unpack_cpu_rate") or 0)
     if shared:
-        return 1.0 / (1.0 / moved + 1.0 / pack + (1.0 / unpack if unpack else 0.0))
+        turns = 1.0 / moved + 1.0 / pack + (1.0 / unpack if unpack else 0.0)
+        alone = max(1.0 / moved, 1.0 / pack, 1.0 / unpack if unpack else 0.0)
+        return 1.0 / max(alone, turns / max(1, cpus))
     rates = [moved, float(m["rate"]) * max(1, streams)] + ([unpack * streams] if unpack else [])
     return min(rates)
 
 
 def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
-           streams: int = 1) -> Tuple[str, str]:
+           streams: int = 1, cpus: int = 1) -> Tuple[str, str]:
     """(the compression to use, the reason in words) for a link of `link` bytes a second and the
     measured tools (rbkit measure's figures; `through` says how fast each moves the tree), in
-    `streams` streams side by side. The fastest, when it beats none by MARGIN, else none."""
+    `streams` streams side by side, on `cpus` (the run's jobs). The fastest, when it beats none
+    by MARGIN, else none."""
     best, best_rate, said = "none", float(link), []
     for tool, m in tools.items():
         if "rate" not in m:
             said.append("%s: %s" % (tool, m.get("error", "not measured")))
             continue
-        rate_ = through(link, m, shared, streams)
+        rate_ = through(link, m, shared, streams, cpus)
         said.append("%s %s on this tree (ratio %.1f%s): %s through" % (
             tool, mb(m.get("cpu_rate") or m["rate"]), m["ratio"],
             ", unpacked at %s" % mb(m["unpack_cpu_rate"]) if m.get("unpack_cpu_rate") else "",
@@ -176,7 +239,12 @@ def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
 
 
 def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
-            seconds: float = 5.0) -> Dict[str, Any]:
+            seconds: float = 5.0, before: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """The sample's figures and each tool's (rate); `before`, when given, is called first (the
+    link's rate read, where the walk and the tools would take the CPUs its ssh ciphers are
+    measured on)."""
+    if before is not None:
+        before()
     start = time.monotonic()
     data = sample(root, excludes, want)
     doc: Dict[str, Any] = {"sample_bytes": len(data),
@@ -192,16 +260,17 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
     return doc
 
 
-def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1) -> List[str]:
+def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1,
+               no_link: str = "no link rate") -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
-    figures as one `json` line (tab-separated)."""
+    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0)."""
     import json
     if doc.get("error") or link <= 0:
-        return ["error\t%s" % (doc.get("error") or "no link rate")]
+        return ["error\t%s" % (doc.get("error") or no_link)]
     if doc["sample_bytes"] < SMALL:
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
     else:
-        choice, why = choose(link, doc["tools"], shared, stream_count(jobs))
-    doc = dict(doc, link_rate=link, choice=choice)
+        choice, why = choose(link, doc["tools"], shared, stream_count(jobs), jobs)
+    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs)
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]

@@ -3,7 +3,9 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
 
     COMPRESSION     the compression table: each one's tool, how it packs, how it unpacks
     compressors     which compressions a host has, by the tools found on its PATH
-    LINK_SECONDS, MEASURE_SAMPLE   compression auto's measurement: the link's, and the sample's
+    LINK_SECONDS, LINK_SEND_SECONDS, LINK_MIN_SECONDS, LINK_WINDOW, LINK_STABLE, LINK_MIN_BYTES,
+    link_tail, link_stable, MEASURE_SAMPLE   compression auto's measurement: the link's (how long, which
+                    windows give its rate, when it stops), and the sample's
     TAR_RECORD      tar's record size on both ends of a stream
     MAX_STREAMS,    several streams side by side: at most this many, none below this size,
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
@@ -36,9 +38,40 @@ def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
     return [name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])]
 
 
-# compression auto on the relay measures the link (zeros through this machine for LINK_SECONDS,
-# a word for `timeout`) against each compressor packing MEASURE_SAMPLE bytes of the source
+# compression auto on the relay measures the link (zeros through this machine, timed on the
+# receiving end in LINK_WINDOW windows; its rate is the later half of them, link_tail: the first
+# ones are the connections' start and the pipes filling): it stops once LINK_MIN_SECONDS went by,
+# the last two windows are each within LINK_STABLE of that rate and those windows carried at
+# least LINK_MIN_BYTES (link_stable), else at LINK_SECONDS (a word for `timeout`); against each
+# compressor packing MEASURE_SAMPLE bytes of the source
 LINK_SECONDS = "0.6"
+LINK_SEND_SECONDS = "2"        # the sending end's own bound (the receiving end ends it sooner)
+LINK_MIN_SECONDS = 0.25
+LINK_WINDOW = 0.05
+LINK_STABLE = 0.05
+# a stall under load (the lab's 2 cores at load 6-8: 4-6 MB/s in two runs of 16, steady enough to
+# look stable) is not taken for the link: a slower link is measured for LINK_SECONDS, as before
+LINK_MIN_BYTES = 8 << 20
+
+
+def link_tail(windows: List[float]) -> List[float]:
+    """The windows the link's rate is taken from (rates in bytes a second, oldest first): the
+    later half, at least the last one."""
+    return windows[len(windows) // 2:] if len(windows) > 1 else windows
+
+
+def link_stable(windows: List[float], seconds: float) -> bool:
+    """Whether the link's measurement may stop: `seconds` (since its first byte) past
+    LINK_MIN_SECONDS, each of the last two windows' rates within LINK_STABLE of the rate over
+    link_tail, and link_tail's windows about LINK_MIN_BYTES or more."""
+    if seconds < LINK_MIN_SECONDS or len(windows) < 4:
+        return False
+    tail = link_tail(windows)
+    rate = sum(tail) / len(tail)
+    return (rate * len(tail) * LINK_WINDOW >= LINK_MIN_BYTES
+            and all(abs(w - rate) <= LINK_STABLE * rate for w in windows[-2:]))
+
+
 MEASURE_SAMPLE = 16 << 20
 
 # tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's

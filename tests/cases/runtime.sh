@@ -663,45 +663,45 @@ rb::env_number() {
 }
 
 #######################################
-# The relay's own rate, bytes a second: zeros streamed for 0.6 s from $1
-# through this machine (a 1 MiB pipe, as the stream's) to $2 over the run's ssh connections (the
-# ones the stream will use, with its cipher), counted and timed on $2 from the first byte to the last. The receiving
-# end is started first and says `ready` before the sending end starts (a session that starts late
-# is not the link); $3: a scratch path. Prints the rate; returns 1 when it could not be measured.
+# The relay's own rate: zeros from $1 through this machine (a 1 MiB pipe, as the stream's) to $2
+# over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
+# measure-link`: it says `ready` before the sending end starts (a late session is not the link),
+# stops once the rate is stable (rbrules.common.link_stable), at most 0.6 s after the first
+# byte, and the sending end ends on the broken pipe. $3: a scratch path. The receiving end starts
+# at once, the zeros once the gate $4 says `go` (then `go` is printed first). Prints `RATE SECONDS`
+# or `error WHY`.
 #######################################
 rb::measure_link() {
-  local from=$1 to=$2 out=$3 bytes='' first='' last='' ready='' fd rfd pid rc=0
-  rm -f "${out}.in" "${out}.out"
-  mkfifo -m 600 "${out}.in" "${out}.out"
-  # shellcheck disable=SC2016 # $(...) is the far side's
-  rb::pipe_on_host "${to}" sh -c 'echo ready; dd bs=1 count=1 of=/dev/null 2>/dev/null
-a=$(date +%s%N); n=$(wc -c); b=$(date +%s%N); echo "$((n + 1)) $a $b"' \
-    <"${out}.in" >"${out}.out" 2>/dev/null &
+  local from=$1 to=$2 out=$3 ready='' line='' go='' fd rfd pid
+  rm -f "${out}.in" "${out}.out" && mkfifo -m 600 "${out}.in" "${out}.out"
+  rb::kit_argv "${to}"
+  rb::pipe_on_host "${to}" "${RB_KIT_ARGV[@]}" measure-link <"${out}.in" >"${out}.out" 2>/dev/null &
   pid=$!
   exec {fd}>"${out}.in" {rfd}<"${out}.out"
   read -r -t 10 -u "${rfd}" ready || true
-  if [[ "${ready}" == ready ]]; then
+  read -r -t 600 go <"$4" || true
+  [[ "${go}" != go ]] || printf 'go\n'
+  if [[ "${ready}${go}" == readygo ]]; then
     rb::wide_pipe >&"${fd}"
-    # shellcheck disable=SC2016 # $? is the far side's
-    rb::on_host "${from}" sh -c 'timeout "$1" cat /dev/zero; [ "$?" -eq 124 ]' rb \
-      0.6 >&"${fd}" || rc=1
+    rb::on_host "${from}" timeout 2 cat /dev/zero 1>&"${fd}" 2>/dev/null || true
   fi
   exec {fd}>&-
-  read -r -t 10 -u "${rfd}" bytes first last || true
+  read -r -t 10 -u "${rfd}" line || true
   exec {rfd}<&-
-  wait "${pid}" || rc=1
-  if ((rc)) || [[ ! "${bytes}${first}${last}" =~ ^[0-9]+$ ]] || ((last - first < 50000000)); then
-    return 1
+  wait "${pid}" || true
+  [[ "${go}" == go ]] || return 0
+  line=${line:-error no answer from ${to}}
+  if [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+$ ]]; then
+    line="error the link's rate could not be measured (${line#error })"
   fi
-  printf '%s\n' "$((bytes * 1000 / ((last - first) / 1000000)))"
+  printf '%s\n' "${line}"
 }
 
 #######################################
-# compression: auto on the relay, measured beside the source's scan: started (in the background)
-# once the destination's engine answered, unless that destination holds an install ($1, its
-# source stat fingerprint: a re-run sends what changed, if anything; the fixed order then). The
-# link's rate (rb::measure_link), then each compressor both ends have packing a sample of the
-# source tree on the source (rbkit measure, which also takes the choice) into RB_WORK/measure.out.
+# compression: auto on the relay, measured beside the source's scan (in the background), started
+# as the hosts are ready and told to go by rb::measure_go: the link's rate (rb::measure_link) and
+# each compressor both ends have packing a sample of the source (rbkit measure, which also takes
+# the choice) into RB_WORK/measure.out, side by side (on one kernel the sample waits for the link).
 #######################################
 rb::measure_start() {
   local tool
@@ -717,33 +717,31 @@ rb::measure_start() {
       RB_MEASURE_ARGS+=(--tool "${tool}")
     fi
   done
-  if [[ -n "$1" ]]; then
-    RB_MEASURE_SKIP="not measured: ${RB_DST_HOST} holds an install (a re-run sends what changed)"
-    return 0
-  fi
   if ((${#RB_MEASURE_ARGS[@]} == 0)); then
     return 0
   fi
   if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
     RB_MEASURE_ARGS+=(--shared-cpu)
   fi
+  mkfifo -m 600 "${RB_WORK}/measure.go"
+  # shellcheck disable=SC2034 # rb::measure_go (preflight) writes to it
+  exec {RB_MEASURE_GO}<>"${RB_WORK}/measure.go"
   rb::measure_run >"${RB_WORK}/measure.out" 2>"${RB_WORK}/measure.err" &
   RB_MEASURE_PID=$!
   RB_BG_PIDS+=("${RB_MEASURE_PID}")
 }
 
-#######################################
 # The background job of rb::measure_start (RB_WORK empty: it records no command of its own).
-#######################################
 rb::measure_run() {
-  local link out=${RB_WORK}/measure.link
+  local out=${RB_WORK}/measure.link go=''
   RB_WORK=''
-  if ! link=$(rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}"); then
-    printf 'error\t%s\n' "the link's rate could not be measured (timeout, dd or wc missing on an end?)"
-    return 0
-  fi
-  rb::kit "${RB_SRC_HOST}" measure "${RB_SRC_ABS}" "${RB_MEASURE_ARGS[@]}" \
-    "${RB_EXCLUDE_ARGS[@]}" --link "${link}" --jobs "${RB_JOBS}" || true
+  rb::kit_argv "${RB_SRC_HOST}"
+  # the kit's start beside the link's measurement (its sample and tools too, unless one kernel)
+  rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}" "${out%link}go" | {
+    read -r go && [[ "${go}" == go ]] &&
+      rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" measure "${RB_SRC_ABS}" \
+        "${RB_MEASURE_ARGS[@]}" "${RB_EXCLUDE_ARGS[@]}" --link - --jobs "${RB_JOBS}"
+  } || true
 }
 
 #######################################

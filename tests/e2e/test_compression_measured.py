@@ -57,7 +57,7 @@ def test_the_unlimited_lab_link_is_measured_and_the_choice_follows_the_figures(
              if "\tcompression_measured\t" in line]
     doc = json.loads(facts[0][-1])
     assert doc["choice"] == choice and doc["sample_bytes"] >= 8 << 20 and "lz4" in doc["tools"]
-    again, said = measure.choose(doc["link_rate"], doc["tools"], shared=True)
+    again, said = measure.choose(doc["link_rate"], doc["tools"], shared=True, cpus=doc["jobs"])
     assert again == choice and said.endswith(why)
     assert f"compression {choice}" in r.stderr
     assert report(tmp_path)["outcome"] == "ok"

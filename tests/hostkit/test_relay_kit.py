@@ -165,6 +165,19 @@ def test_one_kernel_choice_counts_the_unpacking_and_the_cpu_the_tools_take(link,
         ": none, the link is as fast as any compressor"), why
 
 
+@pytest.mark.parametrize("link,want", [(124_000_000, "lz4"),      # 1 Gbit/s, measured now
+                                       (200_000_000, "lz4"),      # the unlimited link, loaded
+                                       (400_000_000, "none"),
+                                       (24_000_000, "zstd")])
+def test_one_kernel_of_two_cores_runs_the_stages_side_by_side(link, want):
+    """The run's 2 jobs: the stages' time spread over 2 CPUs, no faster than the slowest alone.
+    At 124 MB/s (the 1 Gbit/s link as the measurement now sees it) the turns model (one CPU) said
+    none: transfers of 8.1-8.4 s against 5.4-5.8 s with lz4 (lab, loaded)."""
+    from rbkit import measure
+    assert measure.choose(link, LAB, shared=True, cpus=2)[0] == want
+    assert measure.through(124_000_000, LAB["lz4"], True, 1, 2) == pytest.approx(270e6, rel=0.01)
+
+
 def test_machines_of_their_own_take_the_slowest_stage_and_count_the_streams():
     """Separate machines: the slowest of link x ratio, the packers (one a stream) and the
     unpackers; a fast link with one lz4 of 390 MB/s is none, with four streams (four packers) lz4."""
@@ -180,3 +193,99 @@ def test_a_tool_that_failed_is_said_and_not_chosen():
     choice, why = measure.choose(24_000_000, {"zstd": {"error": "zstd is not installed here"},
                                               "lz4": LAB["lz4"]}, shared=True)
     assert choice == "lz4" and "zstd: zstd is not installed here" in why, why
+
+
+# ------------------------------------------------------------ the link's measurement (measure.py)
+def _link_from(monkeypatch, reads):
+    """receive_link on a pipe of (seconds after the first byte, bytes) reads, its clock those
+    times: what it printed and returned, and how many reads it took."""
+    import os
+    from rbkit import measure
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    os.write(w, b"\0")                    # the first byte: the clock starts when it is read
+    times = iter([0.0] + [t for t, _n in reads])
+    taken = []
+    real_read = os.read
+
+    def read(fd, n):
+        if fd != r:
+            return real_read(fd, n)
+        if len(taken) == 0:
+            taken.append(0)
+            return real_read(fd, n)
+        if len(taken) > len(reads):
+            return b""
+        taken.append(1)
+        return b"\0" * reads[len(taken) - 2][1]
+
+    monkeypatch.setattr(os, "read", read)
+    monkeypatch.setattr(os, "write", lambda fd, b: len(b) if fd == 1 else os.write(fd, b))
+    got = measure.receive_link(r, cap=0.6, clock=lambda: next(times))
+    for fd in (r, w, out_r, out_w):
+        os.close(fd)
+    return got, len(taken) - 1
+
+
+def test_the_link_measurement_stops_once_its_rate_is_stable(monkeypatch):
+    """A steady 100 MB/s after a slow start (the connections' and the pipes'): it stops at the
+    first window past 0.25 s whose last two windows agree with the later half's rate (0.3 s), and that
+    rate is the link's, not the slow start's. On 0f29d88 the link was always measured for 0.6 s
+    (`timeout 0.6 cat /dev/zero`), from its first byte (the slow start counted in)."""
+    reads = [(0.0501 * k, 500_000 if k <= 3 else 5_010_000) for k in range(1, 13)]
+    got, taken = _link_from(monkeypatch, reads)
+    assert got["stable"] and got["seconds"] == 0.301 and taken == 6, (got, taken)
+    assert got["rate"] == pytest.approx(100_000_000, rel=0.01), got
+
+
+def test_a_link_that_never_settles_is_measured_for_link_seconds(monkeypatch):
+    """Windows alternating 60 and 140 MB/s: never stable, so it reads until LINK_SECONDS (0.6 s)
+    and the rate is the later half's average."""
+    reads = [(0.0501 * k, 3_006_000 if k % 2 else 7_014_000) for k in range(1, 20)]
+    got, taken = _link_from(monkeypatch, reads)
+    assert not got["stable"] and got["seconds"] == 0.601 and taken == 12, got
+    assert got["rate"] == pytest.approx(100_000_000, rel=0.01), got
+
+
+def test_a_steady_trickle_is_not_taken_for_a_stable_link(monkeypatch):
+    """4 MB/s in every window (a stall under load looks as steady): the windows after 0.25 s carry
+    less than LINK_MIN_BYTES, so it reads until LINK_SECONDS. Before LINK_MIN_BYTES it stopped at
+    0.3 s and the lab's unlimited link went with zstd at a measured 4 MB/s."""
+    reads = [(0.0501 * k, 200_400) for k in range(1, 20)]
+    got, taken = _link_from(monkeypatch, reads)
+    assert not got["stable"] and got["seconds"] == 0.601 and taken == 12, got
+
+
+def test_the_link_rule_and_its_line(monkeypatch):
+    from rbkit import measure
+    from rbrules import common
+    assert not common.link_stable([1e8, 1e8, 1e8, 1e8], 0.2)       # too soon
+    assert common.link_stable([1e7, 1e7, 1e8, 1e8, 1e8], 0.25)
+    assert not common.link_stable([1e8, 1e8, 1e8, 1e8, 9e7], 0.3)  # the last one 8% off
+    assert not common.link_stable([4e6] * 8, 0.4)                  # 4.8 MB in the later half
+    assert common.link_tail([1.0, 2.0, 3.0, 4.0, 5.0]) == [3.0, 4.0, 5.0]
+    assert measure.read_link("115507864 0.483\n") == (115507864, 0.483, "")
+    assert measure.read_link("error the link's rate could not be measured (no answer)\n") == (
+        0, 0.0, "the link's rate could not be measured (no answer)")
+    assert measure.read_link("")[0] == 0
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_tools_wait_for_the_links_line_on_one_kernel_only(shared, monkeypatch, tmp_path, capsys):
+    """`rbkit measure --link -`: the sample is walked, read and packed while the link is measured,
+    but with --shared-cpu all that waits for the link's line (it would take the CPUs the ssh
+    ciphers are measured on); the line is read after the tools otherwise."""
+    from rbkit import __main__ as cli, measure
+    order = []
+    real_sample = measure.sample
+    monkeypatch.setattr(measure, "sample", lambda *a: order.append("sample") or real_sample(*a))
+    monkeypatch.setattr(measure, "rate", lambda tool, data, s: order.append("tool") or dict(
+        LAB["lz4"]))
+    monkeypatch.setattr(sys, "stdin", type("In", (), {"readline": lambda self: order.append(
+        "link") or "24000000 0.3\n"})())
+    (tmp_path / "f").write_bytes(b"x" * (2 << 20))
+    args = [str(tmp_path), "--tool", "lz4", "--link", "-"] + (["--shared-cpu"] if shared else [])
+    assert cli.main(["measure"] + args) == 0
+    assert order == (["link", "sample", "tool"] if shared else ["sample", "tool", "link"])
+    out = capsys.readouterr().out
+    assert out.startswith("choice\tlz4\n") and '"link_seconds": 0.3' in out, out

@@ -426,12 +426,12 @@ step_preflight() {
   # the source's scan (refused unless what the excludes leave is a venv with files, pyvenv.cfg
   # and bin/python sent), then its static checks: one engine process there, in the background
   rb::source_start "${src_kit}/${RB_NAME}.names"
+  rb::measure_start      # compression: auto on the relay: measured beside the scan (rb::measure_go)
   # meanwhile the destination's engine for the run: from here on it holds the destination's
   # lock; it says what the install there recorded of its source (the same tree: no audit)
   rb::engine_start
   RB_ENGINE_STATE=${RB_J[state]}
-  # compression: auto on the relay: measured meanwhile, beside the scan (unless a re-run)
-  rb::measure_start "${RB_J[installed_stat]}"
+  rb::measure_go "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
   RB_SRC_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
@@ -456,8 +456,8 @@ step_preflight() {
 
 #######################################
 # Decide the stream's compression: with auto, on the relay by measurement (the link's rate
-# against each compressor on the tree), started later beside the scan (rb::measure_start) and
-# taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
+# against each compressor on the tree), started beside the scan (rb::measure_start, rb::measure_go)
+# and taken at preflight's end (rb::measure_finish); else rb::compression_fallback.
 #######################################
 rb::preflight_compression() {
   RB_MEASURING=0
@@ -521,6 +521,20 @@ rb::preflight_route() {
   fi
   rb::route_said "relay through this machine, because ${RB_SRC_HOST} cannot reach ${RB_DST_HOST}" \
     "(${why:-ssh failed})"
+}
+
+# rb::measure_start's job goes, unless the destination holds an install ($1: a re-run sends what changed).
+rb::measure_go() {
+  local go=go
+  if [[ -n "$1" && "${RB_MEASURING:-0}" == 1 ]]; then
+    RB_MEASURE_SKIP="not measured: ${RB_DST_HOST} holds an install (a re-run sends what changed)"
+    go=stop
+  fi
+  if [[ -n "${RB_MEASURE_PID}" ]]; then
+    # shellcheck disable=SC2154 # opened by rb::measure_start
+    printf '%s\n' "${go}" >&"${RB_MEASURE_GO}"
+    exec {RB_MEASURE_GO}>&-
+  fi
 }
 
 #######################################
