@@ -663,6 +663,15 @@ rb::env_number() {
 }
 
 #######################################
+# Say the route and why (the words, joined as rb::log joins them): logged as `route: WHY`, and
+# kept in RB_ROUTE_WHY (the live plan's reason).
+#######################################
+rb::route_said() {
+  RB_ROUTE_WHY="$*"
+  rb::log "route: ${RB_ROUTE_WHY}"
+}
+
+#######################################
 # The relay's own rate: zeros from $1 through this machine (a 1 MiB pipe, as the stream's) to $2
 # over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
 # measure-link`: it says `ready` before the sending end starts (a late session is not the link),
@@ -1124,6 +1133,7 @@ rb::live_plan() {
   rb::preflight_compression 2>>"${how}"
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::source_start "${src_kit}/${RB_NAME}.names"
+  rb::measure_start      # compression: auto on the relay: measured beside the scan (rb::measure_go)
   # meanwhile the destination, read-only, in one kit call: its entries, free space, backups, and
   # what differs from its install's manifest (read there by safefs, never through a link)
   RB_HOST=${RB_DST_HOST}
@@ -1133,9 +1143,9 @@ rb::live_plan() {
   if [[ "${line}" =~ \"installed_source_stat\":\ \"([0-9a-f]+)\" ]]; then
     installed=${BASH_REMATCH[1]}
   fi
-  # compression: auto on the relay is measured beside the scan, unless the destination holds an
-  # install (a re-run sends what changed, if anything), as preflight does
-  rb::measure_start "${installed}"
+  # the measurement goes on unless the destination holds an install (a re-run sends what changed,
+  # if anything), as in preflight
+  rb::measure_go "${installed}"
   # the static checks are skipped, as preflight skips them, for the tree they passed with here
   rb::source_finish "${installed}"
   local -A src=()

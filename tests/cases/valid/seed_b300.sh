@@ -546,15 +546,6 @@ rb::measure_go() {
 }
 
 #######################################
-# Say the route and why (the words, joined as rb::log joins them): logged as `route: WHY`, and
-# kept in RB_ROUTE_WHY (the live plan's reason).
-#######################################
-rb::route_said() {
-  RB_ROUTE_WHY="$*"
-  rb::log "route: ${RB_ROUTE_WHY}"
-}
-
-#######################################
 # Step 2/9: manifest (tests/cases/valid/seed_b300.yaml:13)
 # Hash every file of the source (in parallel) into a manifest; detect a re-run and what an incremental one must send.
 #######################################
