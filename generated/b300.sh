@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 658a9d5d3595374bd53abbfcb66e6410e45494c324da4af28a5dfb1a467e3458
+# sha256 of this file with these 64 digits zeroed: c679c28648c52b1a2864bf340ceae6f0bd2659ce30967c8ee7f388b5b92b3de3
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d
-readonly RB_KIT_FILE=.kit/5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d.tar
+readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
+readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -183,6 +183,7 @@ RB_FAILED_STEP=''
 # the last step that finished ok; the signal that interrupted this run (rb::on_signal)
 RB_STEP_DONE=''
 RB_SIGNALLED=0
+RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
@@ -910,6 +911,7 @@ rb::init() {
   # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
+  rb::witness_start
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
@@ -931,6 +933,11 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
+  # the run has ended and its report is written: a signal now is said, and cleaning up goes on
+  trap 'rb::cleanup_signal INT' INT
+  trap 'rb::cleanup_signal TERM' TERM
+  trap 'rb::cleanup_signal HUP' HUP
+  rb::witness_stop
   # the background jobs and what they started (an ssh client, a kit's Python, its tar)
   if ((${#RB_BG_PIDS[@]} > 0)); then
     rb::kill_tree "${RB_BG_PIDS[@]}"
@@ -940,6 +947,16 @@ rb::cleanup() {
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"
   fi
+}
+
+#######################################
+# A signal while cleaning up: the run's outcome and exit status stand (an ok run's install is done,
+# verified and reported); what the cut cleanup could not remove is named by rb::close_hosts.
+#######################################
+rb::cleanup_signal() {
+  trap '' INT TERM HUP
+  RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
+    "stand; cleaning up goes on"
 }
 
 #######################################

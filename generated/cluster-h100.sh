@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: f29048d6ca85c63b1392ec6fd27ec5269444331c43c1af7ba6792a43b1649507
+# sha256 of this file with these 64 digits zeroed: 6b0326036073b0250b4816c53f603ed7570a8b0992a06c3fadb7fec408fe5197
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d
-readonly RB_KIT_FILE=.kit/5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d.tar
+readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
+readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -184,6 +184,7 @@ RB_FAILED_STEP=''
 # the last step that finished ok; the signal that interrupted this run (rb::on_signal)
 RB_STEP_DONE=''
 RB_SIGNALLED=0
+RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
@@ -911,6 +912,7 @@ rb::init() {
   # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
+  rb::witness_start
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
@@ -932,6 +934,11 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
+  # the run has ended and its report is written: a signal now is said, and cleaning up goes on
+  trap 'rb::cleanup_signal INT' INT
+  trap 'rb::cleanup_signal TERM' TERM
+  trap 'rb::cleanup_signal HUP' HUP
+  rb::witness_stop
   # the background jobs and what they started (an ssh client, a kit's Python, its tar)
   if ((${#RB_BG_PIDS[@]} > 0)); then
     rb::kill_tree "${RB_BG_PIDS[@]}"
@@ -941,6 +948,16 @@ rb::cleanup() {
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"
   fi
+}
+
+#######################################
+# A signal while cleaning up: the run's outcome and exit status stand (an ok run's install is done,
+# verified and reported); what the cut cleanup could not remove is named by rb::close_hosts.
+#######################################
+rb::cleanup_signal() {
+  trap '' INT TERM HUP
+  RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
+    "stand; cleaning up goes on"
 }
 
 #######################################

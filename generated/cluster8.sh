@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 70a70239ada9639e9f8a9c8842309024c664162a52604a7d1144af68656db2b0
+# sha256 of this file with these 64 digits zeroed: 8d595d704f18c0353cb15b0a7b510c55222102476ee68d12b7236b4df791b422
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d
-readonly RB_KIT_FILE=.kit/5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d.tar
+readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
+readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -173,6 +173,7 @@ RB_FAILED_STEP=''
 # the last step that finished ok; the signal that interrupted this run (rb::on_signal)
 RB_STEP_DONE=''
 RB_SIGNALLED=0
+RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
@@ -800,6 +801,7 @@ rb::init() {
   # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
+  rb::witness_start
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
@@ -821,6 +823,11 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
+  # the run has ended and its report is written: a signal now is said, and cleaning up goes on
+  trap 'rb::cleanup_signal INT' INT
+  trap 'rb::cleanup_signal TERM' TERM
+  trap 'rb::cleanup_signal HUP' HUP
+  rb::witness_stop
   # the background jobs and what they started (an ssh client, a kit's Python, its tar)
   if ((${#RB_BG_PIDS[@]} > 0)); then
     rb::kill_tree "${RB_BG_PIDS[@]}"
@@ -830,6 +837,16 @@ rb::cleanup() {
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"
   fi
+}
+
+#######################################
+# A signal while cleaning up: the run's outcome and exit status stand (an ok run's install is done,
+# verified and reported); what the cut cleanup could not remove is named by rb::close_hosts.
+#######################################
+rb::cleanup_signal() {
+  trap '' INT TERM HUP
+  RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
+    "stand; cleaning up goes on"
 }
 
 #######################################

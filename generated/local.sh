@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: cf6ffbe78ea702ef2f6dd03ff0e534a88bcfbdcc19337996248cc1852e38a2dc
+# sha256 of this file with these 64 digits zeroed: e3c6252a0913a184c8f5fc962e58de9dcc1bee4bf38ef6b2e693fa3093561d0c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d
-readonly RB_KIT_FILE=.kit/5e1fbcc685270ea679606d24a3353bbca4ca5325e271de7e31766710b253b87d.tar
+readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
+readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -181,6 +181,7 @@ RB_FAILED_STEP=''
 # the last step that finished ok; the signal that interrupted this run (rb::on_signal)
 RB_STEP_DONE=''
 RB_SIGNALLED=0
+RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 declare -a RB_BG_PIDS=()
@@ -898,6 +899,7 @@ rb::init() {
   # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
+  rb::witness_start
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
@@ -919,6 +921,11 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
+  # the run has ended and its report is written: a signal now is said, and cleaning up goes on
+  trap 'rb::cleanup_signal INT' INT
+  trap 'rb::cleanup_signal TERM' TERM
+  trap 'rb::cleanup_signal HUP' HUP
+  rb::witness_stop
   # the background jobs and what they started (an ssh client, a kit's Python, its tar)
   if ((${#RB_BG_PIDS[@]} > 0)); then
     rb::kill_tree "${RB_BG_PIDS[@]}"
@@ -928,6 +935,16 @@ rb::cleanup() {
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"
   fi
+}
+
+#######################################
+# A signal while cleaning up: the run's outcome and exit status stand (an ok run's install is done,
+# verified and reported); what the cut cleanup could not remove is named by rb::close_hosts.
+#######################################
+rb::cleanup_signal() {
+  trap '' INT TERM HUP
+  RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
+    "stand; cleaning up goes on"
 }
 
 #######################################

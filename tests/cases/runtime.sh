@@ -1051,6 +1051,9 @@ rb::on_err() {
   if ((RB_SIGNALLED)); then
     return 0     # a signal is being handled (rb::on_signal): it reports and exits
   fi
+  if [[ -n "${RB_WORK}" && -s "${RB_WORK}/signal" ]]; then
+    rb::on_signal INT     # the witness saw the SIGINT this shell lost: this failure is its doing
+  fi
   rb::signal_status "${rc}"
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
@@ -1245,6 +1248,7 @@ rb::on_signal() {
   if ((BASHPID != $$)); then
     exit 130
   fi
+  rb::witness_stop
   if ((RB_SIGNALLED)); then
     return 0
   fi
@@ -1263,6 +1267,52 @@ rb::on_signal() {
   RB_FAILED_STEP=${RB_STEP}
   rb::finish interrupted
   exit 130
+}
+
+#######################################
+# The witness of SIGINT, a background job of this shell's (rb::init starts it, rb::on_signal and
+# rb::cleanup stop it). Bash can lose a SIGINT sent to the run's process group: one that lands as
+# a foreground child (a command substitution's too) is being reaped, after wait_for checked for it
+# and before it put the trap's handler back (bash 5.2, jobs.c; seen under load: 2 in 40 in a loop
+# of `x=$(f)`; TERM and HUP are not lost there). The run then went on with its ssh clients dead of
+# the signal. The witness waits in `read` (a builtin: its trap runs at once), records the signal in
+# RB_WORK/signal (rb::on_err: a failure after it is the interruption) and sends it again to this
+# shell and what it runs, every 0.5 s until this shell acts on it (a second Ctrl-C, as it were).
+#######################################
+rb::witness_start() {
+  local fifo="${RB_WORK}/witness"
+  mkfifo -m 600 "${fifo}"
+  rb::witness "${fifo}" &
+  RB_WITNESS_PID=$!
+}
+
+rb::witness() {
+  trap - ERR
+  exec {RB_WITNESS_FD}<>"$1"
+  trap rb::witnessed INT
+  while :; do
+    read -r -u "${RB_WITNESS_FD}" _ || true
+  done
+}
+
+rb::witnessed() {
+  trap '' INT
+  printf 'INT\n' >"${RB_WORK}/signal"
+  while kill -0 "$$" 2>/dev/null; do
+    RB_TREE=()
+    rb::tree_pids "$$"
+    kill -s INT "${RB_TREE[@]}" 2>/dev/null || true
+    read -r -t 0.5 -u "${RB_WITNESS_FD}" _ || true
+  done
+  exit 0
+}
+
+# (not waited for: in an EXIT trap after a TERM, bash 5.2 can wait for it forever, reaped unseen)
+rb::witness_stop() {
+  if [[ -n "${RB_WITNESS_PID}" ]]; then
+    kill -KILL "${RB_WITNESS_PID}" 2>/dev/null || true
+    RB_WITNESS_PID=''
+  fi
 }
 
 #######################################
