@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: c679c28648c52b1a2864bf340ceae6f0bd2659ce30967c8ee7f388b5b92b3de3
+# sha256 of this file with these 64 digits zeroed: 2c53375e66f0f3d81b4dc4f9f7d41ff2afc2d610f8da99513962d0a356215984
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
-readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
+readonly RB_KIT_SHA256=568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b
+readonly RB_KIT_FILE=.kit/568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -527,7 +527,10 @@ rb::preflight_route() {
 step_manifest() {
   RB_SKIP_INSTALL=0
   if ((RB_DST_INSTALLED == 0)); then
-    if rb::resume_plan; then
+    # a plain statement (inside `if`, bash would run it without set -e: an engine gone there went
+    # on into an unset RB_J key, exit 1 with no report)
+    rb::resume_plan
+    if ((RB_RESUME)); then
       return 0
     fi
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
@@ -640,7 +643,7 @@ rb::manifest_facts() {
 #######################################
 # A cut stream of this source left a staging at the destination (private, marked, never
 # installed): hash the source now, keep each file there whose digest is the manifest's, send the
-# rest (engine.resume_stage). Returns 1 (nothing done) when there is none to continue.
+# rest (engine.resume_stage): RB_RESUME=1. Nothing done (RB_RESUME stays 0) when there is none.
 #######################################
 rb::resume_plan() {
   rb::engine resumable "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
@@ -648,7 +651,7 @@ rb::resume_plan() {
     if [[ "${RB_ENGINE_DETAIL}" == "an earlier staging"* ]]; then
       rb::log "${RB_ENGINE_DETAIL}: it is removed, and the whole tree sent"
     fi
-    return 1
+    return 0
   fi
   rb::log "${RB_ENGINE_DETAIL}: the source is hashed first, to know what arrived whole"
   rb::manifest_build

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 7f1b9bc104680417fdf55c236e3f545ab586f60f6462dc0071ec34805eedc716
+# sha256 of this file with these 64 digits zeroed: 4ff29e88e74e26ff8c692823af5468de9b271f0dd8f8bb68ce21652bd1cbeec6
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
-readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
+readonly RB_KIT_SHA256=568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b
+readonly RB_KIT_FILE=.kit/568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -528,7 +528,10 @@ rb::preflight_route() {
 step_manifest() {
   RB_SKIP_INSTALL=0
   if ((RB_DST_INSTALLED == 0)); then
-    if rb::resume_plan; then
+    # a plain statement (inside `if`, bash would run it without set -e: an engine gone there went
+    # on into an unset RB_J key, exit 1 with no report)
+    rb::resume_plan
+    if ((RB_RESUME)); then
       return 0
     fi
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
@@ -641,7 +644,7 @@ rb::manifest_facts() {
 #######################################
 # A cut stream of this source left a staging at the destination (private, marked, never
 # installed): hash the source now, keep each file there whose digest is the manifest's, send the
-# rest (engine.resume_stage). Returns 1 (nothing done) when there is none to continue.
+# rest (engine.resume_stage): RB_RESUME=1. Nothing done (RB_RESUME stays 0) when there is none.
 #######################################
 rb::resume_plan() {
   rb::engine resumable "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
@@ -649,7 +652,7 @@ rb::resume_plan() {
     if [[ "${RB_ENGINE_DETAIL}" == "an earlier staging"* ]]; then
       rb::log "${RB_ENGINE_DETAIL}: it is removed, and the whole tree sent"
     fi
-    return 1
+    return 0
   fi
   rb::log "${RB_ENGINE_DETAIL}: the source is hashed first, to know what arrived whole"
   rb::manifest_build

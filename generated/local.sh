@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: e3c6252a0913a184c8f5fc962e58de9dcc1bee4bf38ef6b2e693fa3093561d0c
+# sha256 of this file with these 64 digits zeroed: 25fd7d07910cab2115c46ea7c52e9eaf78454a01814b0b5cafd2fef7543b0d3c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc
-readonly RB_KIT_FILE=.kit/1e496fbed6bf46d634aa6fe0859921a50fa11635fef1394f84d50fddd9df8bdc.tar
+readonly RB_KIT_SHA256=568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b
+readonly RB_KIT_FILE=.kit/568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -515,7 +515,10 @@ rb::preflight_route() {
 step_manifest() {
   RB_SKIP_INSTALL=0
   if ((RB_DST_INSTALLED == 0)); then
-    if rb::resume_plan; then
+    # a plain statement (inside `if`, bash would run it without set -e: an engine gone there went
+    # on into an unset RB_J key, exit 1 with no report)
+    rb::resume_plan
+    if ((RB_RESUME)); then
       return 0
     fi
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
@@ -628,7 +631,7 @@ rb::manifest_facts() {
 #######################################
 # A cut stream of this source left a staging at the destination (private, marked, never
 # installed): hash the source now, keep each file there whose digest is the manifest's, send the
-# rest (engine.resume_stage). Returns 1 (nothing done) when there is none to continue.
+# rest (engine.resume_stage): RB_RESUME=1. Nothing done (RB_RESUME stays 0) when there is none.
 #######################################
 rb::resume_plan() {
   rb::engine resumable "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
@@ -636,7 +639,7 @@ rb::resume_plan() {
     if [[ "${RB_ENGINE_DETAIL}" == "an earlier staging"* ]]; then
       rb::log "${RB_ENGINE_DETAIL}: it is removed, and the whole tree sent"
     fi
-    return 1
+    return 0
   fi
   rb::log "${RB_ENGINE_DETAIL}: the source is hashed first, to know what arrived whole"
   rb::manifest_build

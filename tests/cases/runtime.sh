@@ -1051,7 +1051,7 @@ rb::on_err() {
   if ((RB_SIGNALLED)); then
     return 0     # a signal is being handled (rb::on_signal): it reports and exits
   fi
-  if [[ -n "${RB_WORK}" && -s "${RB_WORK}/signal" ]]; then
+  if rb::witness_saw; then
     rb::on_signal INT     # the witness saw the SIGINT this shell lost: this failure is its doing
   fi
   rb::signal_status "${rc}"
@@ -1080,6 +1080,36 @@ rb::on_err() {
   rb::finish failed
   # the documented statuses: 1 a step or a check failed (the tool's own status is in the log)
   exit 1
+}
+
+#######################################
+# Whether the witness (rb::witness) saw a SIGINT: it said so in RB_WORK/signal, or the signal is
+# still pending there, or it is awake (not asleep in its read): then it says so within 1 s. A
+# failure that a lost SIGINT caused (the ssh clients died of it) comes before a witness that
+# another job's load kept off the CPU has written its word.
+#######################################
+rb::witness_saw() {
+  local i line state='' pending=0
+  for ((i = 0; i < 10; i++)); do
+    if [[ -n "${RB_WORK}" && -s "${RB_WORK}/signal" ]]; then
+      return 0
+    fi
+    if [[ -z "${RB_WITNESS_PID}" || ! -r "/proc/${RB_WITNESS_PID}/status" ]]; then
+      return 1
+    fi
+    while read -r line; do
+      case "${line}" in
+        State:*) state=${line#State:} ;;
+        SigPnd:* | ShdPnd:*) ((16#${line: -1} & 2)) && pending=1 ;;
+        *) ;;
+      esac
+    done <"/proc/${RB_WITNESS_PID}/status" || true
+    if ((!pending)) && [[ "${state}" == *S* ]]; then
+      return 1
+    fi
+    sleep 0.1
+  done
+  return 1
 }
 
 #######################################

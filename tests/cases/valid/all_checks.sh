@@ -525,7 +525,10 @@ rb::preflight_route() {
 step_manifest() {
   RB_SKIP_INSTALL=0
   if ((RB_DST_INSTALLED == 0)); then
-    if rb::resume_plan; then
+    # a plain statement (inside `if`, bash would run it without set -e: an engine gone there went
+    # on into an unset RB_J key, exit 1 with no report)
+    rb::resume_plan
+    if ((RB_RESUME)); then
       return 0
     fi
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
@@ -638,7 +641,7 @@ rb::manifest_facts() {
 #######################################
 # A cut stream of this source left a staging at the destination (private, marked, never
 # installed): hash the source now, keep each file there whose digest is the manifest's, send the
-# rest (engine.resume_stage). Returns 1 (nothing done) when there is none to continue.
+# rest (engine.resume_stage): RB_RESUME=1. Nothing done (RB_RESUME stays 0) when there is none.
 #######################################
 rb::resume_plan() {
   rb::engine resumable "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
@@ -646,7 +649,7 @@ rb::resume_plan() {
     if [[ "${RB_ENGINE_DETAIL}" == "an earlier staging"* ]]; then
       rb::log "${RB_ENGINE_DETAIL}: it is removed, and the whole tree sent"
     fi
-    return 1
+    return 0
   fi
   rb::log "${RB_ENGINE_DETAIL}: the source is hashed first, to know what arrived whole"
   rb::manifest_build
