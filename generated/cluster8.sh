@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: b3b263f181d071aa120a0ba5f93449efd7579cfd6faae723d5e41e9a6ebee07e
+# sha256 of this file with these 64 digits zeroed: d031901e365b8deaf9c65e1b371d6f99c82a1b07b169841b5aafbc06084c5782
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b
-readonly RB_KIT_FILE=.kit/568166a1301c432a929d2336eed76f150fae02a5b8f58da9d9f8db64d67aad9b.tar
+readonly RB_KIT_SHA256=a562a13c83e9c74b7cda84cb280b4a9d3e4701a5fbe143ac4ef549899fa6a514
+readonly RB_KIT_FILE=.kit/a562a13c83e9c74b7cda84cb280b4a9d3e4701a5fbe143ac4ef549899fa6a514.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -182,7 +182,7 @@ declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
 # the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
 declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
-RB_KH_FILE='' RB_KH_NAME=''
+RB_KH_FILE='' RB_KH_NAME='' RB_KH_ALIAS=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''

@@ -252,7 +252,7 @@ rb::known_hosts_of() {
   done <<<"${conf}"
   RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
   RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
-  RB_KH_NAME=${alias:-${RB_KH_HOST}}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}} RB_KH_ALIAS=${alias}
   if [[ -z "${alias}" && "${port}" != 22 ]]; then
     RB_KH_NAME="[${RB_KH_NAME}]:${port}"
   fi
@@ -361,7 +361,8 @@ rb::known_hosts_after() {
 }
 
 #######################################
-# Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of).
+# Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of)
+# under the name ssh looks up (its HostKeyAlias, if any).
 #######################################
 rb::host_key_hint() {
   local port=''
@@ -371,7 +372,8 @@ rb::host_key_hint() {
   fi
   RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
   RB_HINT+=" owner (ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -), then add it to"
-  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST} >> ${RB_KH_FILE}),"
+  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST}"
+  RB_HINT+="${RB_KH_ALIAS:+ | sed 's/^[^ ]*/${RB_KH_ALIAS}/'} >> ${RB_KH_FILE}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
 }
 
