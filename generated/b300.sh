@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: f7ef050fb1ec72b77cb354999bedbaa691d063a69fb1ca1503701b28e344b7e5
+# sha256 of this file with these 64 digits zeroed: 9844cf56f9ce35e56c64e8b5c74e7b188225c26ef672c9bb9c6300264e8dd32a
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=a562a13c83e9c74b7cda84cb280b4a9d3e4701a5fbe143ac4ef549899fa6a514
-readonly RB_KIT_FILE=.kit/a562a13c83e9c74b7cda84cb280b4a9d3e4701a5fbe143ac4ef549899fa6a514.tar
+readonly RB_KIT_SHA256=7ce3a97dcd2264498be56c322f6c7fdeb631e1698b0007291f97dfae079392c6
+readonly RB_KIT_FILE=.kit/7ce3a97dcd2264498be56c322f6c7fdeb631e1698b0007291f97dfae079392c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -410,10 +410,10 @@ rb::ssh_config_ready() {
 # this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar is sent and checked
 # against its sha256 there before it is unpacked. Nothing is reused from an earlier run, so
 # nothing another user of the host planted is ever run. rb::cleanup removes it. A host that fails
-# is named (the first in the order given) once every host's job has ended.
+# is named once every host's job has ended: every one in one line, the first's cause (FAILED).
 #######################################
 rb::hosts_prepare() {
-  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare
+  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare failed='' n=0
   local -A pids=() rcs=()
   # before ssh reads them: the known_hosts files the spec names (rb::known_hosts_ready)
   for host in "$@"; do
@@ -442,8 +442,12 @@ rb::hosts_prepare() {
         RB_HOST_BOOT["${host}"] <"${out}-${host}" || true
     fi
     rb::said_on "${host}" "${out}-${host}.err" "${rcs[${host}]:-0}"
+    [[ "${rcs[${host}]:-0}" == 0 ]] || failed+="${failed:+, }${host} (exit ${rcs[${host}]})" n=$((n + 1))
   done
   rb::known_hosts_after
+  if ((n > 1)); then
+    rb::log "${n} hosts could not be prepared: ${failed}; each said why above"
+  fi
   for host in "$@"; do
     if [[ -z "${rcs[${host}]:-}" ]]; then
       continue
