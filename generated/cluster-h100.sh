@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 079aa4c01206f9bce12e24d76abf124c403a60f929f89d77e454f6ace012dcf2
+# sha256 of this file with these 64 digits zeroed: 76fb4bb15d9fb634844913adede9cc9220a62e7e02d750209d227bebd0812bbd
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7ce3a97dcd2264498be56c322f6c7fdeb631e1698b0007291f97dfae079392c6
-readonly RB_KIT_FILE=.kit/7ce3a97dcd2264498be56c322f6c7fdeb631e1698b0007291f97dfae079392c6.tar
+readonly RB_KIT_SHA256=caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0
+readonly RB_KIT_FILE=.kit/caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1959,7 +1959,7 @@ rb::report() {
   if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
     args+=(--fanout "${RB_STATE_DIR}/fanout/fanout.json") fan=', nodes.svg'
   fi
-  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbview
   if drawn=$(trap '' INT TERM HUP && exec "${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" \
     --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "$1" \
     --where "$2" --out "${RB_REPORT}" ${RB_GPU_DECLARED:+--gpu} --pictures "${RB_REPORT%/*}" \
