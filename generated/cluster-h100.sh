@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 76fb4bb15d9fb634844913adede9cc9220a62e7e02d750209d227bebd0812bbd
+# sha256 of this file with these 64 digits zeroed: f1cbae8bcd49cf9e613dda41ae840c6532232ed62b60fce2b99043314ddb40db
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0
-readonly RB_KIT_FILE=.kit/caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0.tar
+readonly RB_KIT_SHA256=a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf
+readonly RB_KIT_FILE=.kit/a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 253d7f5797bc735bd387adfdca9dbdcf0ad54564b5d29bff3f7543c390f98051
+# sha256 of this file with these 64 digits zeroed: 7429cac2e85d99e6fb2465b989840e1a83d7b9927f7ca7e472d20e87a6bb61b7
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0
-readonly RB_KIT_FILE=.kit/caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0.tar
+readonly RB_KIT_SHA256=a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf
+readonly RB_KIT_FILE=.kit/a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

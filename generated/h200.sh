@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 8a6427f5bb7c743a5c33a97257aaea6dd8b4b6d05d8cd9d7a32deadec1289d90
+# sha256 of this file with these 64 digits zeroed: 8ea9ffa7f6bf477d1570d981389b2ab1475b18ec1e4f5741cc4e37bc347aea05
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0
-readonly RB_KIT_FILE=.kit/caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0.tar
+readonly RB_KIT_SHA256=a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf
+readonly RB_KIT_FILE=.kit/a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 46b7238e0ee3390bcadb6b031cd117b3d419e116834a6a484ed6a66a7f598672
+# sha256 of this file with these 64 digits zeroed: fb864bcbefcf624f98ba0b55f6092f1297d8d78ce2eb6360f311d471f0f1d71a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0
-readonly RB_KIT_FILE=.kit/caefcdf62a6bf09557965556cfad0a26d9281e8e09652a846d6f0e116dde4bb0.tar
+readonly RB_KIT_SHA256=a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf
+readonly RB_KIT_FILE=.kit/a73d6526311a81bd84436d85341092bbe8acec80b4905c303677feb023beafbf.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
