@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: c232c129ef1906d8d5121f4a7c1e61c222de2cda04bc94b0d01ca619cb9726f5
+# sha256 of this file with these 64 digits zeroed: eeb766c5ee6f0e1211d8822a1951fd14bca3a4303a50347cb00ae0cea3edb270
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=6af72575d86e33df66530b158e56520c61e418e305803aa1e1b63831b662f73c
-readonly RB_KIT_FILE=.kit/6af72575d86e33df66530b158e56520c61e418e305803aa1e1b63831b662f73c.tar
+readonly RB_KIT_SHA256=b68d0670117a89d63b88ef89efa27257856fb8d5dcc8048f3d3ada272ad2ba99
+readonly RB_KIT_FILE=.kit/b68d0670117a89d63b88ef89efa27257856fb8d5dcc8048f3d3ada272ad2ba99.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -186,6 +186,7 @@ RB_FAILED_STEP=''
 # the last step that finished ok; the signal that interrupted this run (rb::on_signal)
 RB_STEP_DONE=''
 RB_SIGNALLED=0
+RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
@@ -197,7 +198,7 @@ declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
 # the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
 declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
-RB_KH_FILE='' RB_KH_NAME=''
+RB_KH_FILE='' RB_KH_NAME='' RB_KH_ALIAS=''
 declare -a RB_PROBE_REPORTS=()
 declare -A RB_KIT_DIR=()
 RB_KIT_TAR_SHA256=''
@@ -553,7 +554,10 @@ rb::measure_go() {
 step_manifest() {
   RB_SKIP_INSTALL=0
   if ((RB_DST_INSTALLED == 0)); then
-    if rb::resume_plan; then
+    # a plain statement (inside `if`, bash would run it without set -e: an engine gone there went
+    # on into an unset RB_J key, exit 1 with no report)
+    rb::resume_plan
+    if ((RB_RESUME)); then
       return 0
     fi
     # nothing to compare with: hash while the stream runs (each file is read once from disk)
@@ -667,7 +671,7 @@ rb::manifest_facts() {
 #######################################
 # A cut stream of this source left a staging at the destination (private, marked, never
 # installed): hash the source now, keep each file there whose digest is the manifest's, send the
-# rest (engine.resume_stage). Returns 1 (nothing done) when there is none to continue.
+# rest (engine.resume_stage): RB_RESUME=1. Nothing done (RB_RESUME stays 0) when there is none.
 #######################################
 rb::resume_plan() {
   rb::engine resumable "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
@@ -675,7 +679,7 @@ rb::resume_plan() {
     if [[ "${RB_ENGINE_DETAIL}" == "an earlier staging"* ]]; then
       rb::log "${RB_ENGINE_DETAIL}: it is removed, and the whole tree sent"
     fi
-    return 1
+    return 0
   fi
   rb::log "${RB_ENGINE_DETAIL}: the source is hashed first, to know what arrived whole"
   rb::manifest_build
@@ -938,6 +942,7 @@ rb::init() {
   # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
+  rb::witness_start
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
@@ -959,6 +964,11 @@ rb::cleanup() {
   if [[ -z "${RB_WORK}" ]]; then
     return 0
   fi
+  # the run has ended and its report is written: a signal now is said, and cleaning up goes on
+  trap 'rb::cleanup_signal INT' INT
+  trap 'rb::cleanup_signal TERM' TERM
+  trap 'rb::cleanup_signal HUP' HUP
+  rb::witness_stop
   local running pid
   local -a live=()
   # the background jobs still running and what they started (an ssh client, a kit's Python, its
@@ -977,6 +987,16 @@ rb::cleanup() {
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"
   fi
+}
+
+#######################################
+# A signal while cleaning up: the run's outcome and exit status stand (an ok run's install is done,
+# verified and reported); what the cut cleanup could not remove is named by rb::close_hosts.
+#######################################
+rb::cleanup_signal() {
+  trap '' INT TERM HUP
+  RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
+    "stand; cleaning up goes on"
 }
 
 #######################################

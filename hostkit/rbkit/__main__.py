@@ -4,7 +4,6 @@
     manifest verify ROOT MANIFEST [...]    a tree against a manifest (differences on stderr)
     relocate ROOT --old OLD --new NEW      rewrite what names OLD in a venv's bin/ (by hand)
     elsewhere --fd N --old OLD...          text files outside bin/ naming OLD (relocate's report)
-    report --events E --out R [...]        the run's report from its event log (on the head)
     measure ROOT --tool T...               how fast each compressor packs a sample of the tree
     measure-link                           the link's rate: times the zeros coming on stdin
     engine ...                             the install engine (serve.py): every step of a move
@@ -12,6 +11,8 @@
 
 The steps of a move (scan, stage, receive, verify, relocate, prove, swap, exports, probe,
 restore) are the engine's only: `python -m rbkit engine run STEP... --dest DEST` runs them by hand.
+The run's report is written on the machine that runs the runbook, by the entry of the pictures'
+package (controller-only: never on a host, and named nowhere in the host packages).
 """
 
 from __future__ import annotations
@@ -20,11 +21,8 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 from rbrules import common
-
-from . import report
 
 
 def jobs(value: str) -> int:
@@ -80,36 +78,6 @@ def cmd_elsewhere(a) -> int:
     finally:
         os.close(a.fd)
     _print(found)
-    return 0
-
-
-def cmd_report(a) -> int:
-    probes = dict(item.split("=", 1) for item in a.probe)
-    doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu,
-                       where=a.where)
-    # a new file of its own name beside the report (O_EXCL, never a name another user could have
-    # pointed elsewhere), renamed over it
-    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, a.out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    print(report.table(doc), file=sys.stderr)
-    if a.pictures:
-        # in the same process (one Python start less at the end of every run); a drawing that
-        # fails is said on stderr and by no `drawn` line, never the report's outcome
-        try:
-            # the controller-only package beside rbkit in this machine's kit (never on a host)
-            from rbview import draw
-            for path in draw.draw(doc, a.events, a.pictures, a.fanout):
-                print("drawn %s" % path)
-        except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
-            print("rbkit report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
-                  file=sys.stderr)
     return 0
 
 
@@ -190,19 +158,6 @@ def parser() -> argparse.ArgumentParser:
     ms.set_defaults(fn=cmd_measure)
     ml = sub.add_parser("measure-link", help="the link's rate: times the zeros coming on stdin")
     ml.set_defaults(fn=cmd_measure_link)
-    rp = sub.add_parser("report")
-    rp.add_argument("--name", required=True)
-    rp.add_argument("--spec", required=True)
-    rp.add_argument("--sha", required=True)
-    rp.add_argument("--events", required=True)
-    rp.add_argument("--probe", action="append", default=[])
-    rp.add_argument("--outcome", required=True)
-    rp.add_argument("--where", default="", help="where a run that did not pass stopped")
-    rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
-    rp.add_argument("--out", required=True)
-    rp.add_argument("--pictures", default="", help="also draw the run's pictures into this directory")
-    rp.add_argument("--fanout", default="", help="with --pictures: the fan-out's fanout.json")
-    rp.set_defaults(fn=cmd_report)
     return p
 
 

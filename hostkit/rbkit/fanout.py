@@ -41,6 +41,8 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
+from rbrules import common
+
 from . import engine, hostfs
 from .choices import add_run_options
 from .lock import Lock
@@ -50,7 +52,7 @@ CHUNK = 800
 LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
 STEPS = engine.STEPS
 PAYLOAD = "payload"      # the tar stream in the bundle, compressed as the run chose
-LOCK_WAIT_S = 10.0
+LOCK_WAIT_S = float(common.LOCK_WAIT_S)   # one rule: rbrules.common
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
 SOURCE_IDENTITY = "source-identity.json"   # in the bundle: the source's hostfs.identity
 PRE = ("preflight",)     # a node's steps before the install's, in its report only when they fail

@@ -49,20 +49,7 @@ def link_escapes(root: str, rel: str, target: str, max_hops: int = links.MAX_HOP
     """Whether the symlink `rel` (target `target`) in the tree `root` leads outside it
     (rbrules.links.leaves, the tree read here). An absolute target always does: at the
     destination it names the source's path or the host's files."""
-    return links.leaves(rel, target, _lookup(root), max_hops=max_hops)
-
-
-def _lookup(root: str) -> links.Lookup:
-    """rbrules.links' view of the tree `root`: a link's text, "" for another entry, None for
-    nothing there."""
-    def lookup(rel: str) -> Optional[str]:
-        here = os.path.join(root, rel)
-        try:
-            st = os.lstat(here)
-        except OSError:
-            return None
-        return os.readlink(here) if stat.S_ISLNK(st.st_mode) else ""
-    return lookup
+    return links.leaves(rel, target, links.tree_lookup(root), max_hops=max_hops)
 
 
 def scan(root: str, patterns, names_path: Optional[str] = None, *,
@@ -122,7 +109,7 @@ class _Tally:
 
     def __init__(self, root: str, strip: bool, names: bool):
         self.root, self.strip, self.keep_names = root, strip, names
-        self.lookup = _lookup(root)
+        self.lookup = links.tree_lookup(root)
         self.files = self.dirs = self.links = 0
         self.apparent = self.disk = self.need = 0
         self.names: List[bytes] = []

@@ -67,7 +67,7 @@ from . import manifest as kitmanifest
 from .lock import Lock
 
 PING_S = 5.0
-LOCK_WAIT_S = 30.0
+LOCK_WAIT_S = float(common.LOCK_WAIT_S)
 
 
 class Stop(BaseException):

@@ -8,7 +8,9 @@ import glob
 import io
 import os
 import stat
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from rbrules import links
 
 
 def walk(root: str, skip_dirs=("__pycache__",)) -> Iterator[Tuple[str, "os.DirEntry"]]:
@@ -138,19 +140,8 @@ def owner(path: str) -> Optional[str]:
     return _OWNERS[site].get(os.path.normpath(os.path.abspath(path)))
 
 
-def link_lookup(root: str) -> Callable[[str], Optional[str]]:
-    """rbrules.links' view of the tree `root`: the text of the link at a path of the tree, ""
-    for another entry, None for nothing there."""
-    def lookup(rel: str) -> Optional[str]:
-        path = os.path.join(root, rel)
-        kind = lstat_kind(path)
-        if kind == "missing":
-            return None
-        try:
-            return os.readlink(path) if kind == "link" else ""
-        except OSError:
-            return None
-    return lookup
+# rbrules.links' view of the tree `root` (one function for the scan and the checks)
+link_lookup = links.tree_lookup
 
 
 def inside(path: str, roots: List[str]) -> bool:

@@ -11,6 +11,7 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
     ENGINE_STEPS    the install engine's steps, in order
     PROVE_TIMEOUT   seconds for the staged (and the installed) interpreter to answer
+    LOCK_WAIT_S     seconds a second run waits for the destination's lock (RB_LOCK_WAIT's default)
     SPECIAL_MODES, OUTSIDE_LINKS, ON_EXISTING, SHARED_PARENT, SWAP_ATOMIC, RERUN, ALGOS,
     ON_FAILED_CHECKS   the choices of the spec fields the engine takes
     human           a byte count in words (`786.4 MB`)
@@ -96,6 +97,11 @@ def stream_count(jobs: int) -> int:
 ENGINE_STEPS = ("stage", "receive", "verify", "relocate", "prove", "swap", "exports", "probe")
 
 PROVE_TIMEOUT = 120  # seconds for the staged (and the installed) interpreter to answer
+
+# seconds a second run waits for the lock a first run holds on a destination, whoever takes it: the
+# single-host engine (serve/run, and the runbook's RB_LOCK_WAIT default) and a fan-out node alike.
+# A wait is for a run that is ending, which takes as long whatever route took the lock.
+LOCK_WAIT_S = 30
 
 # the choices of the spec's fields that the engine takes (transfer.*, and the manifest's digest)
 SPECIAL_MODES = ("refuse", "strip", "keep")     # transfer.special_modes

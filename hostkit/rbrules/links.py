@@ -1,7 +1,7 @@
 """Whether a symbolic link in a venv leads outside it: one rule for the transfer's scan
 (rbkit.hostfs, on the source: such a link is refused unless transfer.outside_links is keep) and
-for the `outside` check (rbprobes.checks_venv, on the destination). Stdlib only, no I/O: the
-caller reads the tree through `lookup`.
+for the `outside` check (rbprobes.checks_venv, on the destination). Stdlib only; no I/O but
+`tree_lookup`, the one view of a tree on disk both callers read it through.
 
     interpreter_link(rel)     the venv's own interpreter links (bin/python3 -> /usr/bin/python3.12):
                               outside the tree by design; the scan lets them through, the probe
@@ -9,11 +9,14 @@ caller reads the tree through `lookup`.
     leaves(rel, target, lookup, names)
                               the link `rel` (text `target`) resolved in the tree as the kernel
                               would: does it get out?
+    tree_lookup(root)         the `lookup` of a tree on disk (lstat, readlink; never followed)
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from typing import Callable, Iterable, List, Optional
 
 PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*$")
@@ -22,6 +25,20 @@ MAX_HOPS = 40  # links followed while resolving one (the kernel's own limit)
 # lookup("lib/x"): the text of the link at that path of the tree, "" for an entry that is not a
 # link, None for nothing there (or a path through a file).
 Lookup = Callable[[str], Optional[str]]
+
+
+def tree_lookup(root: str) -> Lookup:
+    """The Lookup of the tree `root` on disk: a link's text, "" for another entry, None for
+    nothing there (a link gone between lstat and readlink too)."""
+    def lookup(rel: str) -> Optional[str]:
+        path = os.path.join(root, rel)
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return ""
+            return os.readlink(path)
+        except OSError:
+            return None
+    return lookup
 
 
 def interpreter_link(rel: str) -> bool:

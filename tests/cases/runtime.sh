@@ -265,7 +265,7 @@ rb::known_hosts_of() {
   done <<<"${conf}"
   RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
   RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
-  RB_KH_NAME=${alias:-${RB_KH_HOST}}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}} RB_KH_ALIAS=${alias}
   if [[ -z "${alias}" && "${port}" != 22 ]]; then
     RB_KH_NAME="[${RB_KH_NAME}]:${port}"
   fi
@@ -374,7 +374,8 @@ rb::known_hosts_after() {
 }
 
 #######################################
-# Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of).
+# Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of)
+# under the name ssh looks up (its HostKeyAlias, if any).
 #######################################
 rb::host_key_hint() {
   local port=''
@@ -384,7 +385,8 @@ rb::host_key_hint() {
   fi
   RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
   RB_HINT+=" owner (ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -), then add it to"
-  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST} >> ${RB_KH_FILE}),"
+  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST}"
+  RB_HINT+="${RB_KH_ALIAS:+ | sed 's/^[^ ]*/${RB_KH_ALIAS}/'} >> ${RB_KH_FILE}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
 }
 
@@ -421,10 +423,10 @@ rb::ssh_config_ready() {
 # this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar is sent and checked
 # against its sha256 there before it is unpacked. Nothing is reused from an earlier run, so
 # nothing another user of the host planted is ever run. rb::cleanup removes it. A host that fails
-# is named (the first in the order given) once every host's job has ended.
+# is named once every host's job has ended: every one in one line, the first's cause (FAILED).
 #######################################
 rb::hosts_prepare() {
-  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare
+  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare failed='' n=0
   local -A pids=() rcs=()
   # before ssh reads them: the known_hosts files the spec names (rb::known_hosts_ready)
   for host in "$@"; do
@@ -453,8 +455,12 @@ rb::hosts_prepare() {
         RB_HOST_BOOT["${host}"] <"${out}-${host}" || true
     fi
     rb::said_on "${host}" "${out}-${host}.err" "${rcs[${host}]:-0}"
+    [[ "${rcs[${host}]:-0}" == 0 ]] || failed+="${failed:+, }${host} (exit ${rcs[${host}]})" n=$((n + 1))
   done
   rb::known_hosts_after
+  if ((n > 1)); then
+    rb::log "${n} hosts could not be prepared: ${failed}; each said why above"
+  fi
   for host in "$@"; do
     if [[ -z "${rcs[${host}]:-}" ]]; then
       continue
@@ -1074,6 +1080,9 @@ rb::on_err() {
   if ((RB_SIGNALLED)); then
     return 0     # a signal is being handled (rb::on_signal): it reports and exits
   fi
+  if rb::witness_saw; then
+    rb::on_signal INT     # the witness saw the SIGINT this shell lost: this failure is its doing
+  fi
   rb::signal_status "${rc}"
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
@@ -1100,6 +1109,36 @@ rb::on_err() {
   rb::finish failed
   # the documented statuses: 1 a step or a check failed (the tool's own status is in the log)
   exit 1
+}
+
+#######################################
+# Whether the witness (rb::witness) saw a SIGINT: it said so in RB_WORK/signal, or the signal is
+# still pending there, or it is awake (not asleep in its read): then it says so within 1 s. A
+# failure that a lost SIGINT caused (the ssh clients died of it) comes before a witness that
+# another job's load kept off the CPU has written its word.
+#######################################
+rb::witness_saw() {
+  local i line state='' pending=0
+  for ((i = 0; i < 10; i++)); do
+    if [[ -n "${RB_WORK}" && -s "${RB_WORK}/signal" ]]; then
+      return 0
+    fi
+    if [[ -z "${RB_WITNESS_PID}" || ! -r "/proc/${RB_WITNESS_PID}/status" ]]; then
+      return 1
+    fi
+    while read -r line; do
+      case "${line}" in
+        State:*) state=${line#State:} ;;
+        SigPnd:* | ShdPnd:*) ((16#${line: -1} & 2)) && pending=1 ;;
+        *) ;;
+      esac
+    done <"/proc/${RB_WITNESS_PID}/status" || true
+    if ((!pending)) && [[ "${state}" == *S* ]]; then
+      return 1
+    fi
+    sleep 0.1
+  done
+  return 1
 }
 
 #######################################
@@ -1268,6 +1307,7 @@ rb::on_signal() {
   if ((BASHPID != $$)); then
     exit 130
   fi
+  rb::witness_stop
   if ((RB_SIGNALLED)); then
     return 0
   fi
@@ -1286,6 +1326,52 @@ rb::on_signal() {
   RB_FAILED_STEP=${RB_STEP}
   rb::finish interrupted
   exit 130
+}
+
+#######################################
+# The witness of SIGINT, a background job of this shell's (rb::init starts it, rb::on_signal and
+# rb::cleanup stop it). Bash can lose a SIGINT sent to the run's process group: one that lands as
+# a foreground child (a command substitution's too) is being reaped, after wait_for checked for it
+# and before it put the trap's handler back (bash 5.2, jobs.c; seen under load: 2 in 40 in a loop
+# of `x=$(f)`; TERM and HUP are not lost there). The run then went on with its ssh clients dead of
+# the signal. The witness waits in `read` (a builtin: its trap runs at once), records the signal in
+# RB_WORK/signal (rb::on_err: a failure after it is the interruption) and sends it again to this
+# shell and what it runs, every 0.5 s until this shell acts on it (a second Ctrl-C, as it were).
+#######################################
+rb::witness_start() {
+  local fifo="${RB_WORK}/witness"
+  mkfifo -m 600 "${fifo}"
+  rb::witness "${fifo}" &
+  RB_WITNESS_PID=$!
+}
+
+rb::witness() {
+  trap - ERR
+  exec {RB_WITNESS_FD}<>"$1"
+  trap rb::witnessed INT
+  while :; do
+    read -r -u "${RB_WITNESS_FD}" _ || true
+  done
+}
+
+rb::witnessed() {
+  trap '' INT
+  printf 'INT\n' >"${RB_WORK}/signal"
+  while kill -0 "$$" 2>/dev/null; do
+    RB_TREE=()
+    rb::tree_pids "$$"
+    kill -s INT "${RB_TREE[@]}" 2>/dev/null || true
+    read -r -t 0.5 -u "${RB_WITNESS_FD}" _ || true
+  done
+  exit 0
+}
+
+# (not waited for: in an EXIT trap after a TERM, bash 5.2 can wait for it forever, reaped unseen)
+rb::witness_stop() {
+  if [[ -n "${RB_WITNESS_PID}" ]]; then
+    kill -KILL "${RB_WITNESS_PID}" 2>/dev/null || true
+    RB_WITNESS_PID=''
+  fi
 }
 
 #######################################
@@ -1900,7 +1986,7 @@ rb::report() {
   if [[ -f "${RB_STATE_DIR}/fanout/fanout.json" ]]; then
     args+=(--fanout "${RB_STATE_DIR}/fanout/fanout.json") fan=', nodes.svg'
   fi
-  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbview
   if drawn=$(trap '' INT TERM HUP && exec "${RB_KIT_ARGV[@]}" report --name "${RB_NAME}" \
     --spec "${RB_SPEC}" --sha "${RB_SPEC_SHA256}" --events "${RB_EVENTS}" --outcome "$1" \
     --where "$2" --out "${RB_REPORT}" ${RB_GPU_DECLARED:+--gpu} --pictures "${RB_REPORT%/*}" \

@@ -150,3 +150,22 @@ def test_a_long_fact_is_wrapped_and_prefixed(payload_small, tmp_path):
     at = next(i for i, x in enumerate(lines) if "reference(s) leave" in x)
     assert lines[at].startswith("    outside: "), lines[at]
     assert len(lines[at]) <= 100 and lines[at + 1].startswith("      "), lines[at:at + 3]
+
+
+def test_every_host_that_could_not_be_prepared_is_named_in_one_line(payload_small, tmp_path):
+    """Two hosts that fail in preflight's preparation (names that do not resolve): one line names
+    both (before, only the first host's failure was named; the second was said only by its ssh
+    lines); the FAILED line gives the first host's cause, once."""
+    spec = tmp_path / "two.yaml"
+    spec.write_text("name: two\nhosts:\n  src: {ssh: root@old-gpu.invalid}\n"
+                    "  dst: {ssh: root@new-gpu.invalid}\n"
+                    "transfer:\n  from: src:/opt/rbmsg/venv\n  to: dst:/opt/rbmsg/venv\n")
+    assert cli.main([str(spec), "-o", str(tmp_path)]) == 0
+    r = subprocess.run(["bash", str(tmp_path / "two.sh"), "--only", "preflight"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, RB_RUN_DIR=str(tmp_path / "run")))
+    assert r.returncode == 1, r.stderr[-3000:]
+    named = [x for x in r.stderr.splitlines() if "hosts could not be prepared" in x]
+    assert len(named) == 1, r.stderr[-3000:]
+    assert "2 hosts could not be prepared: src (exit 255), dst (exit 255)" in named[0], named
+    assert r.stderr.count("FAILED in step preflight on host src") == 1, r.stderr[-3000:]

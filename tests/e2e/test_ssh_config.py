@@ -6,6 +6,7 @@ ssh reads it (ssh runs what it says on this machine)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,25 @@ def test_an_unknown_host_key_behind_an_alias_gets_a_hint_with_the_address_and_fi
     assert r.returncode != 0, r.stderr[-3000:]
     assert f"ssh-keyscan {lab.host('dst').addr} >> {empty}" in r.stderr, r.stderr[-3000:]
     assert "ssh-keyscan team-dst" not in r.stderr
+
+
+@pytest.mark.e2e
+def test_an_unknown_host_key_behind_a_host_key_alias_is_recorded_under_the_alias(
+        clean_lab, payload_small, tmp_path):
+    """With HostKeyAlias, ssh looks the host's key up under the alias: the hint's keyscan line
+    records it so (before, it recorded the address, which ssh never looks up, and the next run
+    failed the same way). The hint's command, run as given, makes the next preflight pass."""
+    lab = clean_lab
+    config = team_config(lab, tmp_path / "team" / "ssh_config", extra="  HostKeyAlias team-dst-key\n")
+    empty = tmp_path / "team" / "known_hosts"
+    empty.write_text("")
+    config.write_text(config.read_text().replace(str(lab.known_hosts), str(empty)))
+    script = build(tmp_path, aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", config))
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode != 0, r.stderr[-3000:]
+    addr = lab.host("dst").addr
+    record = f"ssh-keyscan {addr} | sed 's/^[^ ]*/team-dst-key/' >> {empty}"
+    assert record in r.stderr, r.stderr[-3000:]
+    subprocess.run(["sh", "-c", record], check=True, capture_output=True)
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

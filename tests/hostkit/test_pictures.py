@@ -244,12 +244,12 @@ def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
 
 def test_the_report_draws_the_pictures_in_its_own_process_and_a_drawing_never_fails_it(
         runs, tmp_path, monkeypatch, capsys):
-    """`rbkit report --pictures DIR`: what a runbook's end runs (one Python start, not two)."""
-    from rbkit import __main__ as kit_cli
+    """`rbview report --pictures DIR`: what a runbook's end runs (one Python start, not two)."""
+    from rbview import runreport as kit_cli
 
     run = runs / "two-host"
     out = tmp_path / "run"
-    argv = ["report", "--name", "bench", "--spec", "s.yaml", "--sha", "0" * 64,
+    argv = ["--name", "bench", "--spec", "s.yaml", "--sha", "0" * 64,
             "--events", str(run / "events.tsv"), "--outcome", "ok",
             "--out", str(out / "report.json"), "--pictures", str(out)]
     out.mkdir()
