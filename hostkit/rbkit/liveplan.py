@@ -72,17 +72,40 @@ def read_install(dest: str) -> Tuple[Optional[dict], List[dict], Optional[os.sta
     return docs[0], [d for d in docs[1:] if isinstance(d, dict) and "p" in d], got[1]
 
 
+class Against:
+    """The destination's entries compared with its install's manifest as the walk yields them
+    (`see`, one entry's stat values), the manifest's rows never built for an entry that matches:
+    `result` is what the plan needs of it. `moved`: each path whose entry differs from the
+    manifest's or is not in it (-> the manifest's row, or None); `source_entries`: the source's
+    own rows of what relocation rewrote (manifest.source_of). The manifest itself stays there:
+    an unchanged destination sends back nothing of it."""
+
+    def __init__(self, head: dict, entries: List[dict]) -> None:
+        self._head = head
+        self._want = {e["p"]: e for e in entries}
+        self._moved: Dict[str, Optional[list]] = {}
+
+    def see(self, v: tuple) -> None:
+        w = self._want.pop(v[0], None)
+        if w is None:
+            if v[0] != INSTALLED:
+                self._moved[v[0]] = None
+        elif v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
+            self._moved[v[0]] = _row(w)
+
+    def result(self) -> dict:
+        moved = dict(self._moved)
+        moved.update((p, _row(e)) for p, e in self._want.items())   # not at the destination
+        return {"moved": moved,
+                "source_entries": [_row(e) for e in self._head.get("source_entries") or ()]}
+
+
 def against_install(head: dict, entries: List[dict], now: Dict[str, list]) -> dict:
-    """What the plan needs of the install's manifest, compared with the destination's entries
-    (`now`, path -> stat row) where both are: `moved`, each path whose entry differs from the
-    manifest's or is not in it (-> the manifest's row, or None), and the source's own rows of
-    what relocation rewrote (`source_entries`, manifest.source_of). The manifest itself stays
-    there: an unchanged destination sends back nothing of it."""
-    rows = {e["p"]: _row(e) for e in entries}
-    moved: Dict[str, Optional[list]] = {p: r for p, r in rows.items() if now.get(p) != r}
-    moved.update((p, None) for p in now if p not in rows and p != INSTALLED)
-    return {"moved": moved,
-            "source_entries": [_row(e) for e in head.get("source_entries") or ()]}
+    """Against's answer for the destination's entries `now` (path -> stat row) at once."""
+    got = Against(head, entries)
+    for row in now.values():
+        got.see(tuple(row))
+    return got.result()
 
 
 def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
@@ -102,7 +125,6 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
     free = hostfs.free_bytes(staging)
     facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
     lines: List[bytes] = []
-    now: Dict[str, list] = {}
     size = 0
     head: Optional[dict] = None
     entries: List[dict] = []
@@ -115,6 +137,9 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
                 facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
         except (OSError, ValueError) as exc:
             facts["installed_error"] = str(exc)
+    compare = None
+    if against and head is not None and head.get("source_stat_fingerprint") is not None:
+        compare = Against(head, entries)
     if facts["is_dir"] and not os.path.islink(dest):
         for rel, st in kitmanifest.walk(dest, list((head or {}).get("excludes") or ())):
             v = kitmanifest.stat_values(dest, rel, st)
@@ -122,12 +147,12 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
                 lines.append(kitmanifest.values_line(v))
             except UnicodeEncodeError:
                 continue
-            if against:
-                now[rel] = list(v)
+            if compare is not None:
+                compare.see(v)
             if v[1] == "f":
                 size += st.st_size
-    if against and head is not None and head.get("source_stat_fingerprint") is not None:
-        facts["install"] = against_install(head, entries, now)
+    if compare is not None:
+        facts["install"] = compare.result()
     facts["bytes"] = size
     facts["digest"] = hashlib.sha256(json.dumps(
         [facts["exists"], facts.get("installed_record")]).encode() + b"".join(lines)).hexdigest()
