@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 6ac84608a6be232f0d4425b3efe4073b85871a2b604431f77fb114dbbbcb1974
+# sha256 of this file with these 64 digits zeroed: f920568c3f13fe058cb81444df1f1f7ceed3bdbf7bfbeea850e7312e46ef62df
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b68d0670117a89d63b88ef89efa27257856fb8d5dcc8048f3d3ada272ad2ba99
-readonly RB_KIT_FILE=.kit/b68d0670117a89d63b88ef89efa27257856fb8d5dcc8048f3d3ada272ad2ba99.tar
+readonly RB_KIT_SHA256=2e47914be9241f1f259e09d1091233e6f090f3fa43ef6944be706049bb1599e3
+readonly RB_KIT_FILE=.kit/2e47914be9241f1f259e09d1091233e6f090f3fa43ef6944be706049bb1599e3.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

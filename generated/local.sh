@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 551b05859a953276ae55ff07e77877297a338b7aca0506199bcaa9bf6144bbb3
+# sha256 of this file with these 64 digits zeroed: dc85af68c2697187ee84968161878b52266fb1736ae9ce488a30417094de7e20
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b68d0670117a89d63b88ef89efa27257856fb8d5dcc8048f3d3ada272ad2ba99
-readonly RB_KIT_FILE=.kit/b68d0670117a89d63b88ef89efa27257856fb8d5dcc8048f3d3ada272ad2ba99.tar
+readonly RB_KIT_SHA256=2e47914be9241f1f259e09d1091233e6f090f3fa43ef6944be706049bb1599e3
+readonly RB_KIT_FILE=.kit/2e47914be9241f1f259e09d1091233e6f090f3fa43ef6944be706049bb1599e3.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
