@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: a67492158c81f100ca791d01b74d4a5d3ef0537d548718fe161a237bbc470bed
+# sha256 of this file with these 64 digits zeroed: ec4f2880602a21e89d9eff3a05fe8c32901e9fdb8d38e6e0cbc19a1d7ef938d8
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2e47914be9241f1f259e09d1091233e6f090f3fa43ef6944be706049bb1599e3
-readonly RB_KIT_FILE=.kit/2e47914be9241f1f259e09d1091233e6f090f3fa43ef6944be706049bb1599e3.tar
+readonly RB_KIT_SHA256=0030e9dbb1698e61de9257d1757f98a4553c4a1cb761fb52a0b21c0ee8fc6ae8
+readonly RB_KIT_FILE=.kit/0030e9dbb1698e61de9257d1757f98a4553c4a1cb761fb52a0b21c0ee8fc6ae8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

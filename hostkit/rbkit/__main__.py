@@ -95,12 +95,14 @@ def cmd_measure(a) -> int:
         _print(doc)
         return 0
     read()
+    idle = None
     if a.link == "-":
-        link, doc["link_seconds"], why = got
+        link, doc["link_seconds"], why, idle = got
     else:
         link, why = int(a.link), ""
     jobs = (os.cpu_count() or 1) if a.jobs == "auto" else int(a.jobs)
-    print("\n".join(measure.main_lines(doc, link, a.shared_cpu, jobs, why or "no link rate")))
+    print("\n".join(measure.main_lines(doc, link, a.shared_cpu, jobs, why or "no link rate",
+                                       idle)))
     return 0
 
 
@@ -110,7 +112,8 @@ def cmd_measure_link(a) -> int:
     if "error" in got:
         print("error %s" % got["error"])
         return 1
-    print("%d %s" % (got["rate"], got["seconds"]))
+    idle = got.get("idle_cpus")
+    print("%d %s %s" % (got["rate"], got["seconds"], "-" if idle is None else idle))
     return 0
 
 

@@ -12,15 +12,16 @@ and unpacking (the child's rusage: what the tool takes from CPUs it shares) and 
 bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
 Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
 --link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`);
-`--link -` reads that rate from stdin (`RATE SECONDS`, or `error WHY`): the sample is walked, read
-and packed while the link is measured, unless --shared-cpu (then all that waits for the line: it
-would take the CPUs the ssh ciphers are measured on).
+`--link -` reads that rate from stdin (`RATE SECONDS IDLE`, or `error WHY`): the sample is walked,
+read and packed while the link is measured, unless --shared-cpu (then all that waits for the
+line: it would take the CPUs the ssh ciphers are measured on).
 
     rbkit measure-link
 
 is the link measurement's receiving end (`receive_link`): it says `ready`, times the zeros that
-come on stdin and prints `RATE SECONDS` as soon as the rate is stable (rbrules.common.link_stable),
-at most LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE).
+come on stdin and prints `RATE SECONDS IDLE` (IDLE: how many CPUs of this kernel were idle
+meanwhile, or -) as soon as the rate is stable (rbrules.common.link_stable), at most
+LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE).
 """
 
 from __future__ import annotations
@@ -136,6 +137,27 @@ def rate(tool: str, data: bytes, seconds: float) -> Dict[str, Any]:
     return out
 
 
+def cpu_times() -> Optional[Tuple[int, int]]:
+    """(idle, total) jiffies of every CPU of this kernel (/proc/stat's `cpu` line: idle and
+    iowait count as idle), or None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            words = f.readline().split()
+    except OSError:
+        return None
+    if words[:1] != [b"cpu"] or len(words) < 6:
+        return None
+    ticks = [int(w) for w in words[1:9]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def idle_cpus(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]) -> Optional[float]:
+    """How many of this kernel's CPUs were idle, on average, between two cpu_times."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 2)
+
+
 def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
                  clock: Callable[[], float] = time.monotonic) -> Dict[str, Any]:
     """The link's rate where the zeros arrive: `ready` on stdout, then read fd, timed from the end
@@ -146,6 +168,7 @@ def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
     if not os.read(fd, 1 << 20):
         return {"error": "no byte came"}
     start = now = clock()
+    cpu_start = cpu_times()
     total = 0
     ends: List[Tuple[float, int]] = [(start, 0)]      # (time, bytes so far) at each window's end
     windows: List[float] = []
@@ -166,20 +189,23 @@ def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
     if not windows:
         return {"error": "only %d bytes in %.3f s" % (total, seconds)}
     (t0, b0), (t1, b1) = ends[len(windows) - len(link_tail(windows))], ends[-1]
+    # the CPUs the link left idle (one kernel: the ciphers of both legs and this reader are on
+    # them): what compressing on the same machine can use beside the link (through)
     return {"rate": int((b1 - b0) / (t1 - t0)), "seconds": round(seconds, 3), "bytes": total,
-            "stable": stable}
+            "stable": stable, "idle_cpus": idle_cpus(cpu_start, cpu_times())}
 
 
-def read_link(line: str) -> Tuple[int, float, str]:
-    """(rate, seconds, "") from rb::measure_link's line on stdin (`RATE SECONDS`), or
-    (0, 0.0, why) from `error WHY` or anything else."""
+def read_link(line: str) -> Tuple[int, float, str, Optional[float]]:
+    """(rate, seconds, "", idle CPUs or None) from rb::measure_link's line on stdin (`RATE
+    SECONDS [IDLE|-]`), or (0, 0.0, why, None) from `error WHY` or anything else."""
     words = line.split()
-    if len(words) == 2 and words[0].isdigit():
+    if len(words) in (2, 3) and words[0].isdigit():
         try:
-            return int(words[0]), float(words[1]), ""
+            idle = float(words[2]) if len(words) == 3 and words[2] != "-" else None
+            return int(words[0]), float(words[1]), "", idle
         except ValueError:
             pass
-    return 0, 0.0, " ".join(words[1:]) if words[:1] == ["error"] else "no link rate"
+    return 0, 0.0, " ".join(words[1:]) if words[:1] == ["error"] else "no link rate", None
 
 
 MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
@@ -190,7 +216,8 @@ def mb(rate: float) -> str:
     return "%d MB/s" % round(rate / 1e6)
 
 
-def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1, cpus: int = 1) -> float:
+def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1, cpus: float = 1
+            ) -> float:
     """Bytes of the tree a second that `m` (a tool's figures) moves over a link of `link` bytes a
     second. Machines of their own (the stages side by side): the slowest of the link (its bytes
     are the tree's over the ratio), the packing on the source (one packer a stream) and the
@@ -213,7 +240,7 @@ def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1, cpus: 
 
 
 def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
-           streams: int = 1, cpus: int = 1) -> Tuple[str, str]:
+           streams: int = 1, cpus: float = 1) -> Tuple[str, str]:
     """(the compression to use, the reason in words) for a link of `link` bytes a second and the
     measured tools (rbkit measure's figures; `through` says how fast each moves the tree), in
     `streams` streams side by side, on `cpus` (the run's jobs). The fastest, when it beats none
@@ -261,9 +288,12 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
 
 
 def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1,
-               no_link: str = "no link rate") -> List[str]:
+               no_link: str = "no link rate", idle: Optional[float] = None) -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
-    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0)."""
+    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0). On one
+    kernel the stages spread over the run's jobs, but no further than the CPU the link left
+    idle while it was measured (`idle`, CPUs: a link that took every CPU for its ciphers leaves
+    none to compress beside it, and the stages take turns)."""
     import json
     if doc.get("error") or link <= 0:
         return ["error\t%s" % (doc.get("error") or no_link)]
@@ -271,6 +301,12 @@ def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int =
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
     else:
-        choice, why = choose(link, doc["tools"], shared, stream_count(jobs), jobs)
-    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs)
+        cpus: float = jobs
+        if shared and idle is not None:
+            cpus = max(1.0, min(float(jobs), 1.0 + idle))
+        choice, why = choose(link, doc["tools"], shared, stream_count(jobs), cpus)
+        if shared and idle is not None:
+            why += " (%.1f CPUs idle while the link was measured: the stages spread over %.1f)" % (
+                idle, cpus)
+    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs, link_idle_cpus=idle)
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]

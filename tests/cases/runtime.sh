@@ -683,8 +683,8 @@ rb::route_said() {
 # measure-link`: it says `ready` before the sending end starts (a late session is not the link),
 # stops once the rate is stable (rbrules.common.link_stable), at most 0.6 s after the first
 # byte, and the sending end ends on the broken pipe. $3: a scratch path. The receiving end starts
-# at once, the zeros once the gate $4 says `go` (then `go` is printed first). Prints `RATE SECONDS`
-# or `error WHY`.
+# at once, the zeros once the gate $4 says `go` (then `go` is printed first). Prints `RATE SECONDS
+# IDLE` (IDLE: the CPUs $2's kernel left idle meanwhile, or -) or `error WHY`.
 #######################################
 rb::measure_link() {
   local from=$1 to=$2 out=$3 ready='' line='' go='' fd rfd pid
@@ -706,7 +706,7 @@ rb::measure_link() {
   wait "${pid}" || true
   [[ "${go}" == go ]] || return 0
   line=${line:-error no answer from ${to}}
-  if [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+$ ]]; then
+  if [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)$ ]]; then
     line="error the link's rate could not be measured (${line#error })"
   fi
   printf '%s\n' "${line}"

@@ -264,9 +264,10 @@ def test_the_link_rule_and_its_line(monkeypatch):
     assert not common.link_stable([1e8, 1e8, 1e8, 1e8, 9e7], 0.3)  # the last one 8% off
     assert not common.link_stable([4e6] * 8, 0.4)                  # 4.8 MB in the later half
     assert common.link_tail([1.0, 2.0, 3.0, 4.0, 5.0]) == [3.0, 4.0, 5.0]
-    assert measure.read_link("115507864 0.483\n") == (115507864, 0.483, "")
+    assert measure.read_link("115507864 0.483 1.2\n") == (115507864, 0.483, "", 1.2)
+    assert measure.read_link("115507864 0.483 -\n") == (115507864, 0.483, "", None)
     assert measure.read_link("error the link's rate could not be measured (no answer)\n") == (
-        0, 0.0, "the link's rate could not be measured (no answer)")
+        0, 0.0, "the link's rate could not be measured (no answer)", None)
     assert measure.read_link("")[0] == 0
 
 
@@ -289,3 +290,27 @@ def test_the_tools_wait_for_the_links_line_on_one_kernel_only(shared, monkeypatc
     assert order == (["link", "sample", "tool"] if shared else ["sample", "tool", "link"])
     out = capsys.readouterr().out
     assert out.startswith("choice\tlz4\n") and '"link_seconds": 0.3' in out, out
+
+
+@pytest.mark.parametrize("idle,want", [(0.1, "none"), (1.0, "lz4"), (None, "lz4")])
+def test_on_one_kernel_the_stages_spread_only_over_the_cpu_the_link_left_idle(idle, want):
+    """The lab's unlimited link as measured on a quiet machine (300 MB/s, its ciphers taking
+    nearly both cores): the run's 2 jobs gave lz4 (a transfer of 4.63 s against none's 4.17 s),
+    because the stages were spread over 2 CPUs the link had already taken. With the CPUs the
+    link left idle counted (0.1 of 2) the stages take turns and none is chosen; a capped link
+    that leaves a core idle still spreads them (lz4)."""
+    from rbkit import measure
+    doc = {"sample_bytes": 16 << 20, "tools": {"lz4": dict(LAB["lz4"])}}
+    lines = dict(ln.split("\t", 1) for ln in measure.main_lines(doc, 300_000_000, True, 2,
+                                                                 idle=idle))
+    assert lines["choice"] == want, lines["why"]
+    if idle is not None:
+        assert "CPUs idle while the link was measured" in lines["why"], lines["why"]
+
+
+def test_the_cpu_left_idle_is_read_from_proc_stat():
+    from rbkit import measure
+    before = measure.cpu_times()
+    assert before is not None and before[1] > 0
+    assert measure.idle_cpus((0, 100), (50, 200)) == round(0.5 * (__import__("os").cpu_count() or 1), 2)
+    assert measure.idle_cpus(None, before) is None and measure.idle_cpus(before, before) is None
