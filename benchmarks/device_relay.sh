@@ -18,7 +18,7 @@
 # prefix's tools even where the machine has its own (to test the device's path elsewhere);
 # DEADLINE (s, 450): no row starts after it; ROWS: the rows to run, in order (default all);
 # PROFILE=1: CPU time by process kind during each cold run, in $OUT/cpu-cold-ROUND.txt;
-# XTRACE=1: the re-run's plan traced with a clock on every line ($OUT/plan-rerun.log). Everything lives under /tmp/rb-device; the sshd
+# XTRACE=1: the plans traced with a clock on every line ($OUT/plan-cold.log, plan-rerun.log). Everything lives under /tmp/rb-device; the sshd
 # are stopped at exit.
 set -Eeuo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -179,18 +179,19 @@ row_cold() {
 }
 row_rerun() { RB_RUN_DIR=${top}/rerun bash "${runbook}" 2>"${out}/runbook-rerun.log" >&2; }
 # the live plan (issue 36): before a first move (destination removed) and on a re-run's state
-row_plancold() { rm -rf "${dst}"; sync; RB_RUN_DIR=${top}/plancold bash "${runbook}" --plan >"${out}/plan-cold.txt" 2>"${out}/plan-cold.log"; }
-row_planre() {
+row_plancold() { rm -rf "${dst}"; sync; plan_run plancold plan-cold; }
+row_planre() { plan_run planre plan-rerun; }
+# the live plan into run directory $1, its screen and log as $2.txt, $2.log; XTRACE=1: traced, each
+# trace line stamped as it arrives (bash takes no PS4 from the environment as root)
+plan_run() {
   if [[ "${XTRACE:-0}" != 1 ]]; then
-    RB_RUN_DIR=${top}/planre bash "${runbook}" --plan >"${out}/plan-rerun.txt" 2>"${out}/plan-rerun.log"
+    RB_RUN_DIR=${top}/$1 bash "${runbook}" --plan >"${out}/$2.txt" 2>"${out}/$2.log"
     return
   fi
-  # XTRACE=1: the plan traced, each line stamped as it arrives (bash takes no PS4 from the
-  # environment as root)
-  RB_RUN_DIR=${top}/planre bash -x "${runbook}" --plan >"${out}/plan-rerun.txt" 2> >(python3 -u -c '
+  RB_RUN_DIR=${top}/$1 bash -x "${runbook}" --plan >"${out}/$2.txt" 2> >(python3 -u -c '
 import sys, time
 for line in sys.stdin:
-    sys.stdout.write("%.4f %s" % (time.time(), line))' >"${out}/plan-rerun.log")
+    sys.stdout.write("%.4f %s" % (time.time(), line))' >"${out}/$2.log")
 }
 prep() { rm -rf "${hand}"; mkdir -p "${hand}"; sync; }
 
