@@ -48,10 +48,11 @@ def interrupt(tmp_path: Path, script: Path, sig: signal.Signals, after: str,
         (run / name).write_text(f"<p>runbook e2e: ok ({EARLIER})</p>\n")
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
-        # SIGINT and SIGQUIT at their defaults: a pytest started as a background job of a
-        # non-interactive shell has them ignored, and bash can then trap neither (the run never
-        # hears the test's SIGINT: not the runbook's doing)
-        p = subprocess.Popen(["env", "--default-signal=INT,QUIT", "bash", str(script)], cwd=tmp_path, stdin=subprocess.DEVNULL,
+        # the signals the tests send at their defaults: a pytest started as a background job of
+        # a non-interactive shell has SIGINT and SIGQUIT ignored, one under nohup SIGHUP, and bash
+        # then traps none of them (the run never hears the test's signal: not the runbook's doing)
+        p = subprocess.Popen(["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script)],
+                             cwd=tmp_path, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                              env=dict(os.environ, RB_RUN_DIR=str(run), **(env or {})))
     try:
