@@ -134,10 +134,9 @@ def check(tmp_path: Path, sig: signal.Signals, point: str, route: str, rc: int, 
     assert seconds < PROMPT_S, f"{seconds:.2f} s from the signal to the prompt"
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("point", list(POINTS))
-@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
-def test_one_host_run_interrupted(payload_small, tmp_path, sig, point):
+def one_host_slowed(payload_small, tmp_path):
+    """(script, destination, its old install, env): a one-host move over an old install whose
+    stream's sending end (tar -c of the names the scan listed) sleeps 30 s first."""
     src = tmp_path / "src"
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
     dst = tmp_path / "d" / "venv"
@@ -145,13 +144,19 @@ def test_one_host_run_interrupted(payload_small, tmp_path, sig, point):
     slow = tmp_path / "slow-bin"
     slow.mkdir()
     tar = shutil.which("tar")
-    # the stream's sending end (tar -c of the names the scan listed), slowed
     (slow / "tar").write_text('#!/bin/sh\ncase " $* " in *" --null "*) sleep 30 ;; esac\n'
                               f'exec {tar} "$@"\n')
     (slow / "tar").chmod(0o755)
     script = compile_(tmp_path, src, dst, policy="replace")
-    rc, seconds, err = interrupt(tmp_path, script, sig, POINTS[point],
-                                 env={"PATH": f"{slow}:{os.environ['PATH']}"},
+    return script, dst, before, {"PATH": f"{slow}:{os.environ['PATH']}"}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("point", list(POINTS))
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_one_host_run_interrupted(payload_small, tmp_path, sig, point):
+    script, dst, before, env = one_host_slowed(payload_small, tmp_path)
+    rc, seconds, err = interrupt(tmp_path, script, sig, POINTS[point], env=env,
                                  settle=SETTLE[point])
     check(tmp_path, sig, point, "one-host", rc, seconds, err, before, dst)
 
@@ -225,18 +230,7 @@ def test_a_sigint_bash_lost_is_acted_on(payload_small, tmp_path, point):
     SIGINT, its ssh clients died of it, and the run went on to fail in the next step (exit 1, no
     `interrupted` line). Made certain here: the signal reaches every process of the group but the
     shell. The witness (rb::witness) hears it and sends it again; exit 130, `interrupted`, once."""
-    src = tmp_path / "src"
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    dst = tmp_path / "d" / "venv"
-    before = old_install(dst)
-    slow = tmp_path / "slow-bin"
-    slow.mkdir()
-    tar = shutil.which("tar")
-    (slow / "tar").write_text('#!/bin/sh\ncase " $* " in *" --null "*) sleep 30 ;; esac\n'
-                              f'exec {tar} "$@"\n')
-    (slow / "tar").chmod(0o755)
-    script = compile_(tmp_path, src, dst, policy="replace")
-    rc, seconds, err = interrupt(tmp_path, script, signal.SIGINT, POINTS[point],
-                                 env={"PATH": f"{slow}:{os.environ['PATH']}"},
+    script, dst, before, env = one_host_slowed(payload_small, tmp_path)
+    rc, seconds, err = interrupt(tmp_path, script, signal.SIGINT, POINTS[point], env=env,
                                  settle=SETTLE[point], send=all_but_the_shell)
     check(tmp_path, signal.SIGINT, point, "one-host", rc, seconds, err, before, dst)

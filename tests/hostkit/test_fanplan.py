@@ -16,17 +16,11 @@ import pytest
 from rbkit import fanplan, hostfs
 from rbkit import manifest as kitmanifest
 from rbkit.choices import Choices
+from tests.hostkit.test_liveplan import tree
 
 CHOICES = '{"schema": 1, "on_existing": "replace"}'
 
 
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-        os.utime(p, (1_700_000_000, 1_700_000_000))
-    return root
 
 
 def install(src: Path, dst: Path) -> None:
