@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rbkit import stream
+from rbrules import common
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -62,7 +63,11 @@ def test_a_standalone_runbook_is_as_long_as_the_readme_says(tmp_path):
 def test_the_run_directories_defaults():
     keep = said(r"the newest ([0-9]+) are kept, `RB_KEEP_RUNS`").group(1)
     assert keep == in_templates(r"\$\{RB_KEEP_RUNS:-([0-9]+)\}")
-    wait = in_templates(r"\$\{RB_LOCK_WAIT:-([0-9]+)\}")
+    # the one lock wait (rbrules.common.LOCK_WAIT_S): RB_LOCK_WAIT's default and the usage text
+    assert in_templates(r"\$\{RB_LOCK_WAIT:-\{\{ (rules\.lock_wait)\|num \}\}\}") == "rules.lock_wait"
+    wait = str(common.LOCK_WAIT_S)
+    assert in_templates(r"RB_LOCK_WAIT \(seconds, default \{\{ (rules\.lock_wait)\|num \}\}\)") \
+        == "rules.lock_wait"
     assert said(r"`RB_LOCK_WAIT` seconds \(default ([0-9]+)\)").group(1) == wait
     assert said(r"saying `waiting up to ([0-9]+) s for another").group(1) == wait
     assert said(r"still holds runs/NAME after ([0-9]+) s;").group(1) == wait
