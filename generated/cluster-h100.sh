@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 07957390244f442a4871e2fa2f8d4fbc63f6159dd6a331e45007e758f187d12f
+# sha256 of this file with these 64 digits zeroed: d9ffce16eb10c17d2a556c53638e265d0e6f9bf0c6849021a9508b9575c1c986
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0030e9dbb1698e61de9257d1757f98a4553c4a1cb761fb52a0b21c0ee8fc6ae8
-readonly RB_KIT_FILE=.kit/0030e9dbb1698e61de9257d1757f98a4553c4a1cb761fb52a0b21c0ee8fc6ae8.tar
+readonly RB_KIT_SHA256=7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9
+readonly RB_KIT_FILE=.kit/7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

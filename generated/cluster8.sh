@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 3401a228fd8ef1bc835ded0b929432a3214f7be9fa4257c351eb47ddc0634f54
+# sha256 of this file with these 64 digits zeroed: 2851b973c48a5911456a3f0269f9975ac133f18c4131be38313893df3d20d371
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0030e9dbb1698e61de9257d1757f98a4553c4a1cb761fb52a0b21c0ee8fc6ae8
-readonly RB_KIT_FILE=.kit/0030e9dbb1698e61de9257d1757f98a4553c4a1cb761fb52a0b21c0ee8fc6ae8.tar
+readonly RB_KIT_SHA256=7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9
+readonly RB_KIT_FILE=.kit/7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
