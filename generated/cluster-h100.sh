@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d9ffce16eb10c17d2a556c53638e265d0e6f9bf0c6849021a9508b9575c1c986
+# sha256 of this file with these 64 digits zeroed: 5f054c9223788a475b9bc0af4f604d03494c4157f46561cb88b0406ff0fa4eef
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9
-readonly RB_KIT_FILE=.kit/7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9.tar
+readonly RB_KIT_SHA256=97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5
+readonly RB_KIT_FILE=.kit/97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -189,6 +189,9 @@ RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
+RB_PLAN_UP=''
+declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 62abe9df083afdb0a9f6b45091a838e2a06e53c2f2b4ed30c0a267b9f3063d14
+# sha256 of this file with these 64 digits zeroed: 4698fbc197740aa8986be343fd7e0f1908b31a1520338181c4562093678391f7
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9
-readonly RB_KIT_FILE=.kit/7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9.tar
+readonly RB_KIT_SHA256=97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5
+readonly RB_KIT_FILE=.kit/97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -187,6 +187,9 @@ RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
+RB_PLAN_UP=''
+declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: eb3e2f04f5ea31d0b9a65eddec31218c1200d03d1c5839fc55e4dcb52c5594cf
+# sha256 of this file with these 64 digits zeroed: bb80bdc9d5d260233b4de27f47688589176aefc72bcc739e9afea21143547ece
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9
-readonly RB_KIT_FILE=.kit/7f3f811bcf6ff713184c126da103b1c0905db5f58bcfe0387d732072fec14ad9.tar
+readonly RB_KIT_SHA256=97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5
+readonly RB_KIT_FILE=.kit/97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -186,6 +186,9 @@ RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
+RB_PLAN_UP=''
+declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''

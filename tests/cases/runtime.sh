@@ -1151,22 +1151,11 @@ rb::witness_saw() {
 # directory. Exits 1 naming every host it cannot reach, or when something blocks the run.
 #######################################
 rb::live_plan() {
-  local markdown=$1 dir=${RB_RUN_DIR} how=${RB_WORK}/plan-how src_kit host rc=0 down='' up=''
-  local line key also='' installed='' skipped
+  local markdown=$1 dir=${RB_RUN_DIR} how=${RB_WORK}/plan-how src_kit rc=0 line installed=''
+  local skipped
   local -a flags=()
   RB_STEP=plan
-  rb::hosts_prepare "${RB_HOSTS[@]}" || true
-  for host in "${RB_HOSTS[@]}"; do
-    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
-      up+="${up:+, }${host}"
-    else
-      down+="${down:+, }${host}"
-    fi
-  done
-  if [[ -n "${down}" ]]; then
-    RB_HOST=${down}
-    rb::fail "cannot reach ${down} (each said why above); nothing was planned"
-  fi
+  rb::plan_hosts
   # the route and the compression as preflight chooses them, said in the log (RB_*_WHY: the screen)
   rb::preflight_route 2>"${how}"
   rb::preflight_compression 2>>"${how}"
@@ -1187,10 +1176,7 @@ rb::live_plan() {
   rb::measure_go "${installed}"
   # the static checks are skipped, as preflight skips them, for the tree they passed with here
   rb::source_finish "${installed}"
-  local -A src=()
-  for key in files bytes need_bytes stat_fingerprint audit_rc audit_failed audit_skipped; do
-    src[${key}]=${RB_J[${key}]:-}
-  done
+  rb::plan_source
   if ((RB_MEASURING)) && ! rb::measure_finish 2>>"${how}"; then
     skipped=${RB_COMPRESSION_WHY}
     rb::compression_fallback 2>>"${how}"
@@ -1198,29 +1184,65 @@ rb::live_plan() {
   fi
   cat "${how}" >>"${dir}/run.log"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
-  ((RB_INCREMENTAL)) && flags+=(--incremental)
-  if ((markdown)); then
-    flags+=(--markdown)
-    also=', plan.md'
-  fi
-  ((RB_FORCE)) && flags+=(--force)
   [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && flags+=(--same-host)
+  rb::plan_args "${markdown}"
   rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
-  "${RB_KIT_ARGV[@]}" liveplan compose --dir "${dir}" --name "${RB_NAME}" \
-    --spec-sha "${RB_SPEC_SHA256}" --kit-sha "${RB_KIT_SHA256}" \
-    --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)" --src-host "${RB_SRC_HOST}" \
-    --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" --route "${RB_ROUTE_USED:-}" \
-    --route-why "${RB_ROUTE_WHY}" --compression "${RB_COMPRESSION_USED}" \
-    --compression-why "${RB_COMPRESSION_WHY}" --hosts "${up}: reachable (kit in a private directory, removed after)" \
-    --choices "${RB_ENGINE_CHOICES}" \
-    --source-files "${src[files]:-0}" --source-bytes "${src[bytes]:-0}" \
-    --need-bytes "${src[need_bytes]:-0}" --audit-rc "${src[audit_rc]:-2}" \
-    --audit-failed "${src[audit_failed]}" --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
-    --checks "${RB_PROBE_CONFIG:-}" "${flags[@]}" || rc=$?
-  printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' "${dir}" "${also}" \
-    "${RB_SELF}" "${dir}"
+  "${RB_KIT_ARGV[@]}" liveplan compose "${RB_PLAN_ARGS[@]}" --route "${RB_ROUTE_USED:-}" \
+    --route-why "${RB_ROUTE_WHY}" "${flags[@]}" || rc=$?
+  rb::plan_end "${rc}" "${markdown}"
+}
+
+#######################################
+# The hosts a plan reaches first (single-host and fan-out): each prepared as a run prepares it,
+# every one that cannot be reached named at once (rb::fail, nothing planned); RB_PLAN_UP: the
+# others, for the screen.
+#######################################
+rb::plan_hosts() {
+  local host down=''
+  RB_PLAN_UP=''
+  rb::hosts_prepare "${RB_HOSTS[@]}" || true
+  for host in "${RB_HOSTS[@]}"; do
+    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+      RB_PLAN_UP+="${RB_PLAN_UP:+, }${host}"
+    else
+      down+="${down:+, }${host}"
+    fi
+  done
+  if [[ -n "${down}" ]]; then
+    RB_HOST=${down}
+    rb::fail "cannot reach ${down} (each said why above); nothing was planned"
+  fi
+}
+
+# The source's figures as rb::source_finish left them in RB_J: the start of RB_PLAN_ARGS.
+rb::plan_source() {
+  RB_PLAN_ARGS=(--source-files "${RB_J[files]:-0}" --source-bytes "${RB_J[bytes]:-0}"
+    --need-bytes "${RB_J[need_bytes]:-0}" --audit-rc "${RB_J[audit_rc]:-2}"
+    --audit-failed "${RB_J[audit_failed]:-}" --audit-skipped "${RB_J[audit_skipped]:-}")
+}
+
+# The rest of what both composes take (rbkit liveplan, rbkit.fanplan); $1 = 1: --markdown.
+rb::plan_args() {
+  RB_PLAN_ARGS+=(--dir "${RB_RUN_DIR}" --name "${RB_NAME}" --spec-sha "${RB_SPEC_SHA256}"
+    --kit-sha "${RB_KIT_SHA256}" --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)"
+    --src-host "${RB_SRC_HOST}" --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}"
+    --compression "${RB_COMPRESSION_USED}" --compression-why "${RB_COMPRESSION_WHY}"
+    --hosts "${RB_PLAN_UP}: reachable (kit in a private directory, removed after)"
+    --choices "${RB_ENGINE_CHOICES}" --arch "${RB_AUDIT_ARCH}" --checks "${RB_PROBE_CONFIG:-}")
+  ((RB_INCREMENTAL)) && RB_PLAN_ARGS+=(--incremental)
+  ((RB_FORCE)) && RB_PLAN_ARGS+=(--force)
+  (($1)) && RB_PLAN_ARGS+=(--markdown)
+  return 0
+}
+
+# The plan's last line (where it is, how to apply it), and the end: exit $1 (compose's status).
+rb::plan_end() {
+  local also=''
+  (($2)) && also=', plan.md'
+  printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' \
+    "${RB_RUN_DIR}" "${also}" "${RB_SELF}" "${RB_RUN_DIR}"
   RB_FINISHED=1
-  exit "${rc}"
+  exit "$1"
 }
 
 # the plan --apply runs (rb::apply_read): its digests of the source and the destination

@@ -186,6 +186,9 @@ RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
+RB_PLAN_UP=''
+declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''

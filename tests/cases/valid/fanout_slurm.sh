@@ -175,6 +175,9 @@ RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
+RB_PLAN_UP=''
+declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
@@ -632,65 +635,31 @@ rb::fan_state() {
 # it cannot reach, or when something blocks the run.
 #######################################
 rb::plan() {
-  local markdown=$1 dir=${RB_RUN_DIR} src_kit host rc=0 down='' up='' also='' key why out
-  local -a flags=()
+  local markdown=$1 src_kit rc=0 out
   RB_STEP=plan
   mkdir -p "${RB_STATE_DIR}/fanout"
   rb::fan_need timeout tar
   rb::fan_ready
-  rb::hosts_prepare "${RB_HOSTS[@]}" || true
-  for host in "${RB_HOSTS[@]}"; do
-    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
-      up+="${up:+, }${host}"
-    else
-      down+="${down:+, }${host}"
-    fi
-  done
-  if [[ -n "${down}" ]]; then
-    RB_HOST=${down}
-    rb::fail "cannot reach ${down} (each said why above); nothing was planned"
-  fi
+  rb::plan_hosts
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   rb::source_start "${src_kit}/${RB_NAME}.names"
   # meanwhile every node's destination, through the engine
   rb::fan_state plan
   rb::source_finish ''
-  local -A src=()
-  for key in files bytes need_bytes audit_rc audit_failed audit_skipped; do
-    src[${key}]=${RB_J[${key}]:-}
-  done
+  rb::plan_source
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}" 2>"${RB_WORK}/plan-how"
-  cat "${RB_WORK}/plan-how" >>"${dir}/run.log"
-  why=$(sed -n 's/^.*\] compression: //p' "${RB_WORK}/plan-how")
-  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
-  ((RB_INCREMENTAL)) && flags+=(--incremental)
-  ((RB_FORCE)) && flags+=(--force)
-  ((markdown)) && flags+=(--markdown) && also=', plan.md'
+  cat "${RB_WORK}/plan-how" >>"${RB_RUN_DIR}/run.log"
+  rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${RB_RUN_DIR}/source.scan"
+  rb::plan_args "${markdown}"
   out="${RB_STATE_DIR}/fanout/plan-state"
   rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit.fanplan
-  "${RB_KIT_ARGV[@]}" compose --dir "${dir}" --name "${RB_NAME}" --spec-sha "${RB_SPEC_SHA256}" \
-    --kit-sha "${RB_KIT_SHA256}" --made "$(TZ=UTC0 printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1)" \
-    --src-host "${RB_SRC_HOST}" --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}" \
-    --dest "${RB_DST_ABS}" --engine "${RB_FAN_ENGINE}" --compression "${RB_COMPRESSION_USED}" \
-    --compression-why "${why##*$'\n'}" --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
-    --engine-out "${out}.out" --engine-err "${out}.err" --engine-err "${RB_STATE_DIR}/fanout/plan-copy.err" \
-    --hosts "${up}: reachable (kit in a private directory, removed after)" \
-    --choices "${RB_ENGINE_CHOICES}" --source-files "${src[files]:-0}" \
-    --source-bytes "${src[bytes]:-0}" --need-bytes "${src[need_bytes]:-0}" \
-    --audit-rc "${src[audit_rc]:-2}" --audit-failed "${src[audit_failed]}" \
-    --audit-skipped "${src[audit_skipped]}" --arch "${RB_AUDIT_ARCH}" \
-    --checks "${RB_PROBE_CONFIG:-}" "${flags[@]}" || rc=$?
-  printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' "${dir}" "${also}" \
-    "${RB_SELF}" "${dir}"
-  RB_FINISHED=1
-  exit "${rc}"
+  "${RB_KIT_ARGV[@]}" compose "${RB_PLAN_ARGS[@]}" --dest "${RB_DST_ABS}" \
+    --engine "${RB_FAN_ENGINE}" --nodes "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" \
+    --engine-out "${out}.out" --engine-err "${out}.err" \
+    --engine-err "${RB_STATE_DIR}/fanout/plan-copy.err" || rc=$?
+  rb::plan_end "${rc}" "${markdown}"
 }
 
-#######################################
-# --apply on a fan-out, in fan_preflight once the source is scanned and the compression chosen:
-# the source's scan and every node's state against the plan's (rbkit.fanplan drift). What moved
-# is named (the source's paths, each node that moved and its first paths, the nodes unreachable
-# now) and the run ends here (exit 1), before anything is packed or sent.
 #######################################
 rb::fan_apply_check() {
   local src_kit out rc=0 now="${RB_RUN_DIR}/apply-source.scan"
