@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import posixpath
 import shlex
 from typing import Any, Optional
 
@@ -43,7 +45,7 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
     dst_host, dst_path = spec.transfer.target
     # the one place that asks whether this is a fan-out
     install: Install = fanout.FanOut(_fanout(spec)) if spec.fanout else steps.SingleHost()
-    hosts = tuple(_host(spec.hosts[hid], hid, source)
+    hosts = tuple(_host(spec.hosts[hid], hid, source, from_runbook or {})
                   for hid in dict.fromkeys([src_host, dst_host]))
     transfer = Transfer(
         where=_where(source, ("transfer",)),
@@ -133,7 +135,11 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
 # -- hosts -----------------------------------------------------------------------------------------
 
 
-def _host(host: Host, hid: str, source: Source) -> HostView:
+def _host(host: Host, hid: str, source: Source, from_runbook: dict[str, str]) -> HostView:
+    if host.ssh_config:
+        found = ssh_config_path(host.ssh_config, source.origin(("hosts", hid, "ssh_config")),
+                                from_runbook)
+        host = host.model_copy(update={"ssh_config": found})
     return HostView(
         id=hid,
         where=_where(source, ("hosts", hid)),
@@ -166,7 +172,7 @@ def ssh_words(host: Host, *, here: bool = True) -> list[str]:
     if host.jump:
         words += ["-J", host.jump]
     if host.ssh_config:
-        words += ["-F", identity_word(host.ssh_config) if here else host.ssh_config]
+        words += ["-F", ssh_config_word(host.ssh_config) if here else host.ssh_config]
     for key in sorted(host.options):
         words += ["-o", f"{key}={host.options[key]}"]
     return words
@@ -187,8 +193,38 @@ def direct_words(spec: Spec) -> list[str]:
 def identity_word(path: str) -> str:
     """An identity file's path; `~/...` as a Safe word that bash expands to this machine's $HOME."""
     if path.startswith("~/"):
-        return Safe('"${HOME}"/' + shlex.quote(path[2:]))
+        return Safe('"${HOME}"/' + _array_word(path[2:]))
     return path
+
+
+def _array_word(text: str) -> str:
+    """`text` quoted for the tail of a word in an array body: a comma single-quoted even where
+    bash reads it bare, as render.shwords does (ShellCheck takes it for a separator, SC2054)."""
+    word = shlex.quote(text)
+    return f"'{word}'" if "," in word and not word.startswith("'") else word
+
+
+def ssh_config_path(value: str, spec_file: str, from_runbook: dict[str, str]) -> str:
+    """A host's ssh_config as the runbook finds it: an absolute or ~/ path as written; a relative
+    one, written from the folder of `spec_file` (the file of the chain that holds it), rewritten
+    from the runbook's folder (`ssh/config` in specs/x.yaml: ../specs/ssh/config from generated/),
+    so a committed runbook never carries the checkout's place. `from_runbook`: each spec file's
+    path from the runbook's folder (cli.runbook_names; a file absent: from its absolute folder,
+    for a plan with no runbook). Both paths are made of real folders (realpath) and the value's
+    `..` only lead (sshopts), so joining them as text names what the kernel reaches."""
+    if value.startswith(("/", "~/")):
+        return value
+    folder = posixpath.dirname(from_runbook[spec_file] if spec_file in from_runbook
+                               else os.path.realpath(spec_file))
+    return posixpath.normpath(posixpath.join(folder, value))
+
+
+def ssh_config_word(path: str) -> str:
+    """The -F word of `path` (ssh_config_path): `~/` expands to this machine's $HOME; a relative
+    path is found from the runbook's own folder (RB_SELF_ABS, absolute), wherever it runs from."""
+    if path.startswith(("/", "~/")):
+        return identity_word(path)
+    return Safe('"${RB_SELF_ABS%/*}"/' + _array_word(path))
 
 
 def _where(source: Source, loc: tuple[str, ...]) -> str:

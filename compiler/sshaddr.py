@@ -96,6 +96,8 @@ def _ssh_config(value: str) -> str:
     refused = sshopts.config_problem(value)
     if refused:
         raise ValueError(refused)
+    if not value.startswith(("/", "~/")):  # from the spec's folder (resolve.ssh_config_word)
+        return "/".join(p for p in value.split("/") if p not in ("", "."))
     return sshopts.known_hosts_path(value)  # named as the kernel reads it, as known_hosts files
 
 

@@ -95,22 +95,58 @@ def _paths(v: str, *, may_be_off: bool) -> Optional[str]:
 
 
 def config_problem(v: str) -> Optional[str]:
-    """Why `v` is refused as a host's `ssh_config:` (the file given to ssh as -F), or None. ssh
-    reads it as a path on this machine, from wherever the runbook runs; the runbook checks it again
+    """Why `v` is refused as a host's `ssh_config:` (the file given to ssh as -F), or None. An
+    absolute or ~/ path is read as written; a relative one is taken from the folder of the spec
+    file that writes it (config_from) and reached from the runbook's own folder when it runs
+    (compile writes the way there: resolve.ssh_config_word). The runbook checks the file again
     before ssh reads it (runtime/ssh_config.sh.j2): a regular file that only this user or root can
     change, nor any directory above it, since ssh runs the commands it names (ProxyCommand, Match
-    exec) here."""
+    exec) here.
+
+    `..` climbs out of the spec's folder, so a relative path may start with it (`../ssh/config`
+    beside specs/); anywhere else it is refused: after a name it only undoes that name, or, when
+    the name is a link, goes somewhere the path does not show; in an absolute or ~/ path the
+    folder it means can be written directly."""
     if "%" in v:
         return (f"{v}: ssh's % tokens are not taken here (the runbook checks the file before ssh "
                 "reads it): write ~/ for your home")
-    if not PATH.match(v) or ".." in v.split("/") or v.endswith("/"):
-        return (f"{v} must be an absolute path or a ~/ path to a file (the runbook may run from "
-                "any directory), without `..`, e.g. ~/.ssh/config or /etc/rb/ssh_config")
-    top = known_hosts_path(v).split("/")[1] if v.startswith("/") else ""
-    if top in SYSTEM:
-        return (f"{v} is in /{top}, {SYSTEM[top]}, not an ssh config file: name the file that "
-                "defines the host (Host blocks, as ssh -F reads them)")
+    parts = v.split("/")
+    if v.startswith(("/", "~/")):
+        if not PATH.match(v) or ".." in parts or v.endswith("/"):
+            return (f"{v} must name a file without `..` (write the folder it means), e.g. "
+                    f"~/.ssh/config or /etc/rb/ssh_config; {RELATIVE}")
+        top = known_hosts_path(v).split("/")[1] if v.startswith("/") else ""
+        if top in SYSTEM:
+            return (f"{v} is in /{top}, {SYSTEM[top]}, not an ssh config file: name the file "
+                    "that defines the host (Host blocks, as ssh -F reads them)")
+        return None
+    names = [p for p in parts if p not in ("", ".")]
+    climb = next((i for i, p in enumerate(names) if p != ".."), len(names))
+    if not RELATIVE_PATH.match(v) or v.endswith("/") or climb == len(names):
+        return (f"{v} must be a path to a file: absolute, ~/ or relative, e.g. ~/.ssh/config, "
+                f"/etc/rb/ssh_config or ssh/config; {RELATIVE}")
+    if ".." in names[climb:]:
+        return (f"{v}: `..` only at the start of a relative path, where it climbs out of the "
+                "spec's folder; after a name it undoes that name (or, through a link, goes "
+                f"elsewhere): write the path without it. {RELATIVE}")
     return None
+
+
+# what a relative ssh_config is taken from, for the errors that refuse one
+RELATIVE = ("a relative path is taken from the folder of the spec file that writes it (ssh/config "
+            "in specs/x.yaml is specs/ssh/config) and found from the runbook's folder when it runs")
+RELATIVE_PATH = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._/@+=,:-]*$")
+
+
+def config_from(folder: str, v: str) -> Optional[str]:
+    """The absolute path the relative ssh_config `v` names from `folder` (an absolute path, the
+    spec file's folder with its links resolved), or None when its `..` climb above `/`."""
+    names = [p for p in v.split("/") if p not in ("", ".")]
+    climb = next((i for i, p in enumerate(names) if p != ".."), len(names))
+    above = [p for p in folder.split("/") if p]
+    if climb > len(above):
+        return None
+    return "/" + "/".join(above[:len(above) - climb] + names[climb:])
 
 
 ALLOWED: dict[str, Check] = {

@@ -8,6 +8,7 @@ reads the raw data defensively so that it can report next to the first pass's pr
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import typing
@@ -15,7 +16,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from . import fanout, gpu_rules
+from . import fanout, gpu_rules, sshopts
 from .errors import Problem, SpecError
 from .loader import Source, dotted, plain
 from .fields import PLACEHOLDER, At, parse_endpoint
@@ -309,9 +310,34 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
                 f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} reaches "
                 f"it (transfer.direct: {{ssh: ..., port: ...}}), or use relay (or auto, which "
                 "falls back to relay when the direct hop fails)"))
+    problems.extend(_relative_ssh_configs(source, hosts))
     problems.extend(gpu_rules.problems(source, data))
     problems.extend(_checks(source, data))
     return problems
+
+
+def _relative_ssh_configs(source: Source, hosts: dict) -> list[Problem]:
+    """A relative `ssh_config:` names a file from the folder of the spec file that writes it (its
+    links resolved): one whose `..` climb above `/`, or that lands in /dev, /proc or /sys, is
+    refused as an absolute path there would be (the path's own form: sshopts.config_problem)."""
+    out = []
+    for hid, entry in hosts.items():
+        value = entry.get("ssh_config") if isinstance(entry, dict) else None
+        if not isinstance(value, str) or value.startswith(("/", "~/")) or "%" in value \
+                or sshopts.config_problem(value):
+            continue
+        loc = ("hosts", hid, "ssh_config")
+        spec_file = source.origin(loc)
+        folder = posixpath.dirname(os.path.realpath(spec_file))
+        target = sshopts.config_from(folder, value)
+        if target is None:
+            out.append(source.problem(loc, f"{value} climbs above / from {folder} (the folder of "
+                                           f"{spec_file}): {sshopts.RELATIVE}"))
+            continue
+        why = sshopts.config_problem(target)
+        if why:
+            out.append(source.problem(loc, f"{value} is {target} from {folder}: {why}"))
+    return out
 
 
 def _is_local(hosts: dict, name: str) -> bool:

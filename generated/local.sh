@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: bb80bdc9d5d260233b4de27f47688589176aefc72bcc739e9afea21143547ece
+# sha256 of this file with these 64 digits zeroed: 0d89d97c295b96887e898f7cff3bc21e8454df8ee368b511aff59889b2552e87
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5
-readonly RB_KIT_FILE=.kit/97adc6857d188580358ea06d50d9b2c11b513b15583d76cbd59f2f22d47143d5.tar
+readonly RB_KIT_SHA256=d93698ff98b908aa8154a1f3b8d13810a89966e377d64785e0aba14da4003c06
+readonly RB_KIT_FILE=.kit/d93698ff98b908aa8154a1f3b8d13810a89966e377d64785e0aba14da4003c06.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

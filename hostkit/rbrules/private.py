@@ -61,8 +61,12 @@ def _judge(path: str, st: os.stat_result, uid: int) -> Optional[str]:
 
 def first_not_private(path: str, uid: int) -> Optional[Tuple[str, str]]:
     """(the component, why) of the first component of `path` that is not private to `uid`, from
-    `/` down, links followed as the kernel would; None when there is none."""
-    todo: List[str] = [p for p in os.path.abspath(path).split("/") if p]
+    `/` down, links followed as the kernel would; None when there is none. A `..` is taken where
+    the walk is, as the kernel takes it: after a link, in the folder the link led to (never the
+    text's own parent: os.path.abspath would undo `link/..` as text and judge another path)."""
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    todo: List[str] = [p for p in path.split("/") if p]
     todo.reverse()                      # a stack: the next component is last
     cur = "/"
     why = _judge(cur, os.lstat(cur), uid)
@@ -145,6 +149,7 @@ def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
             found = None
     except OSError as exc:
         return "%s: %s" % (exc.filename or path, exc.strerror)
+    path = os.path.realpath(path)   # named where the kernel found it (`..`, links resolved)
     if not stat.S_ISREG(st.st_mode):
         return "%s is not a regular file" % path
     if found is not None:
@@ -197,8 +202,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if why is None:
         return 0
     fix = (": " + a.fix) if a.fix else ""
+    # a file is named where the kernel finds it (a `..` after a link is not the text's parent)
+    shown = os.path.realpath(a.dir) if a.file else os.path.abspath(a.dir)
     sys.stderr.write("refusing %s %s: %s; another user could replace what is run or written "
-                     "there%s\n" % (a.what, os.path.abspath(a.dir), why, fix))
+                     "there%s\n" % (a.what, shown, why, fix))
     return 2
 
 

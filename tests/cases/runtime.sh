@@ -392,10 +392,12 @@ rb::host_key_hint() {
 
 #######################################
 # Before HOST is reached over ssh: the ssh config file its spec names (hosts.HOST.ssh_config, in
-# RB_HOST_SSH after -F; compile refused /dev, /proc, /sys, `..` and relative paths) is a regular
-# file here that only this user or root can change, nor any directory above it (rbrules.private
-# --file): ssh runs the commands it names (ProxyCommand, Match exec, LocalCommand) on this machine
-# as this user, even `ssh -G`. Fails (rb::fail) naming the file, the host and the fix.
+# RB_HOST_SSH after -F; compile refused /dev, /proc, /sys and `..` past a name; a relative path
+# is written from this file's folder, RB_SELF_ABS) is a regular file here that only this user or
+# root can change, nor any directory above it, each `..` taken where the kernel takes it
+# (rbrules.private --file): ssh runs the commands it names (ProxyCommand, Match exec,
+# LocalCommand) on this machine as this user, even `ssh -G`. Fails (rb::fail) naming the file,
+# the host and the fix.
 #######################################
 rb::ssh_config_ready() {
   local host=$1 i why me

@@ -420,19 +420,95 @@ def host_config(value: str, extra: str = "") -> str:
                                               f"{{ssh: team-dst, ssh_config: {value}}}")
 
 
+TAKEN_FROM = "a relative path is taken from the folder of the spec file that writes it"
+
+
 @pytest.mark.parametrize("value, why", [
-    ("ssh_config", "must be an absolute path or a ~/ path to a file (the runbook may run from"),
-    ("../team/ssh_config", "must be an absolute path or a ~/ path"),
-    ("/etc/rb/../ssh_config", "without `..`"),
+    ("/etc/rb/../ssh_config", "without `..` (write the folder it means)"),
+    ("~/.ssh/../x", "without `..`"),
+    ("ssh/../config", "`..` only at the start of a relative path, where it climbs out of the "
+     "spec's folder"),
+    ("../../ssh/./../config", "`..` only at the start"),
+    ("./", "must be a path to a file: absolute, ~/ or relative"),
+    ("../..", "must be a path to a file"),
+    ("'ssh config'", "must be a path to a file"),
     ("/dev/stdin", "/dev/stdin is in /dev, a device, not an ssh config file"),
     ("//proc/self/fd/0", "is in /proc"),
     ('"~/.ssh/%h.conf"', "ssh's % tokens are not taken here"),
-    ('"-oProxyCommand=x"', "must be an absolute path"),
+    ('"-oProxyCommand=x"', "must be a path to a file"),
+    ('"~root/.ssh/config"', "must be a path to a file"),
+    ("/".join([".."] * 40) + "/etc/ssh_config", "climbs above / from /"),
+    ("/".join([".."] * 40) + "/../dev/stdin", "climbs above / from /"),
 ])
 def test_an_ssh_config_path_is_refused_where_it_could_not_be_a_file_of_this_machine(
         tmp_path, value, why):
     lines = problems(tmp_path, host_config(value))
     assert len(lines) == 1 and "hosts.dst.ssh_config: " in lines[0] and why in lines[0], lines
+    if "/dev/" not in why and "/proc" not in why and "%" not in why:
+        assert TAKEN_FROM in lines[0], lines   # what a relative path would have meant, said
+
+
+def test_a_relative_ssh_config_that_lands_in_dev_is_refused_as_the_path_it_names(tmp_path):
+    up = "/".join([".."] * len(tmp_path.resolve().parts[1:]))
+    lines = problems(tmp_path, host_config(f"{up}/dev/stdin"))
+    assert len(lines) == 1 and f"is /dev/stdin from {tmp_path.resolve()}: /dev/stdin is in " \
+        "/dev, a device" in lines[0], lines
+
+
+def compiled_hosts(spec: Path, out: Path) -> str:
+    """The RB_HOST_SSH lines of `spec` compiled into `out`."""
+    from compiler import cli
+
+    assert cli.main([str(spec), "-o", str(out)]) == 0
+    text = (out / f"{spec.stem}.sh").read_text()
+    return "\n".join(line.replace(")", " )") for line in text.splitlines()
+                     if "RB_HOST_SSH=(" in line)
+
+
+@pytest.mark.parametrize("value, seen", [
+    ("ssh/config", "../specs/ssh/config"),
+    ("./ssh//config", "../specs/ssh/config"),
+    ("../ssh/config", "../ssh/config"),          # beside specs/: the project's ssh/config
+    ("team@b300,v=2:+a", "'../specs/team@b300,v=2:+a'"),   # a comma quoted (SC2054)
+])
+def test_a_relative_ssh_config_is_taken_from_the_specs_folder_and_found_from_the_runbooks(
+        tmp_path, monkeypatch, value, seen):
+    """Issue 36: `ssh_config: ssh/config` in specs/x.yaml is specs/ssh/config, and the runbook in
+    generated/ finds it from its own folder (RB_SELF_ABS) wherever it runs from: the committed
+    runbook holds no absolute path of the checkout."""
+    proj = tmp_path / "proj"
+    (proj / "specs").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)        # compile runs from anywhere: the way is the runbook's
+    spec = proj / "specs" / "x.yaml"
+    spec.write_text(host_config(json.dumps(value)).replace("name: o", "name: x"))
+    lines = compiled_hosts(spec, proj / "generated")
+    assert f' -F "${{RB_SELF_ABS%/*}}"/{seen} ' in lines, lines
+    assert str(tmp_path) not in lines
+
+
+def test_a_relative_ssh_config_of_a_base_spec_is_taken_from_the_bases_folder(tmp_path):
+    proj = tmp_path / "proj"
+    for d in ("specs", "bases/team"):
+        (proj / d).mkdir(parents=True)
+    (proj / "bases" / "team" / "hosts.yaml").write_text(
+        "abstract: true\n" + HOSTS.split("transfer:")[0].replace(
+            "{ssh: root@dst.example}", "{ssh: team-dst, ssh_config: ../ssh/config}"))
+    spec = proj / "specs" / "x.yaml"
+    spec.write_text("name: x\nextends: ../bases/team/hosts.yaml\ntransfer:\n  from: src:/opt/v\n"
+                    "  to: dst:/opt/v\n")
+    lines = compiled_hosts(spec, proj / "generated")
+    assert ' -F "${RB_SELF_ABS%/*}"/../bases/ssh/config ' in lines, lines
+
+
+@pytest.mark.parametrize("value, seen", [
+    ("/etc/rb//ssh_config", "/etc/rb/ssh_config"),
+    ("/etc/rb/a,b", "'/etc/rb/a,b'"),
+    ("~/.ssh/a,b", "\"${HOME}\"/'.ssh/a,b'"),    # compiled to a lint failure before
+])
+def test_an_absolute_or_home_ssh_config_stays_as_written(tmp_path, value, seen):
+    spec = tmp_path / "x.yaml"
+    spec.write_text(host_config(json.dumps(value)).replace("name: o", "name: x"))
+    assert f" -F {seen} " in compiled_hosts(spec, tmp_path / "generated")
 
 
 def test_an_ssh_config_goes_to_every_ssh_of_its_host_as_dash_f(tmp_path):

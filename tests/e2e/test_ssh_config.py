@@ -6,11 +6,13 @@ ssh reads it (ssh runs what it says on this machine)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from compiler import cli
 from tests.e2e.test_relay import build, report, run, spec_text
 
 
@@ -34,7 +36,7 @@ def team_config(lab, path: Path, *, extra: str = "") -> Path:
     return path
 
 
-def aliased(lab, src: Path, dst: Path, config: Path) -> str:
+def aliased(lab, src: Path, dst: Path, config: Path | str) -> str:
     """The relay spec with dst given as `ssh: team-dst` and the file, nothing else of ssh."""
     text = spec_text(lab, src, dst)
     dst_block = text[text.index("  dst:\n"):text.index("transfer:\n")]
@@ -56,6 +58,43 @@ def test_a_host_reached_only_through_an_alias_of_its_ssh_config_gets_a_whole_run
     assert (dst / "bin" / "python").exists() and (dst / "pyvenv.cfg").is_file()
     # the runbook's connection sharing won over the file's: no master of the file's left behind
     assert not list(config.parent.glob("cm-*"))
+
+
+@pytest.mark.e2e
+def test_a_relative_ssh_config_is_found_from_the_runbooks_folder_wherever_it_runs_from(
+        clean_lab, payload_small, tmp_path):
+    """Issue 36: `ssh_config: ssh/config` in proj/specs/relay.yaml is proj/specs/ssh/config; the
+    runbook compiled into proj/generated/ holds no absolute path of the checkout and finds the
+    file from its own folder, run by a relative path from elsewhere; the owner/mode check
+    judges that file (a group-writable one is refused by its real name), then the run passes."""
+    lab = clean_lab
+    proj = tmp_path / "proj"
+    (proj / "specs").mkdir(parents=True)
+    config = team_config(lab, proj / "specs" / "ssh" / "config")
+    (proj / "specs" / "ssh").chmod(0o700)
+    spec = proj / "specs" / "relay.yaml"
+    spec.write_text(aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", "ssh/config"))
+    assert cli.main([str(spec), "-o", str(proj / "generated")]) == 0
+    script = proj / "generated" / "relay.sh"
+    assert str(tmp_path) not in "".join(x for x in script.read_text().splitlines()
+                                        if "RB_HOST_SSH=(" in x)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+
+    def preflight() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "../proj/generated/relay.sh", "--only", "preflight"],
+                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+
+    config.chmod(0o660)
+    r = preflight()
+    assert r.returncode != 0, r.stderr[-3000:]
+    line = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
+    assert f"refusing hosts.dst.ssh_config {config}: the file {config} is writable by its group" \
+        in line, r.stderr[-3000:]
+    config.chmod(0o600)
+    r = preflight()
+    assert r.returncode == 0, r.stderr[-3000:]     # dst is reached only through the file's alias
 
 
 @pytest.mark.e2e

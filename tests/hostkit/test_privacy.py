@@ -111,6 +111,29 @@ def test_a_symlink_along_the_path_is_judged_itself_and_by_its_target(tmp_path):
     assert "more than 40 symlinks" in privacy.why_not_private(str(loop / "venv"), ME)
 
 
+def test_a_dotdot_after_a_link_is_judged_where_the_kernel_takes_it(tmp_path, monkeypatch):
+    """A relative ssh_config is found from the runbook's folder (generated/../specs/ssh/config,
+    issue 36): the file check walks `..` as the kernel does. Here `gen` is a link into a folder
+    others can write, so gen/../config is that folder's config, not tmp_path/config (which
+    os.path.abspath made of it before, and found private)."""
+    from rbrules import private as rules
+
+    shared = tmp_path / "shared"
+    (shared / "gen").mkdir(parents=True)
+    shared.chmod(0o777)
+    (shared / "config").write_text("Host x\n")
+    (shared / "config").chmod(0o600)
+    (tmp_path / "config").write_text("Host x\n")      # what the text `gen/..` seems to name
+    (tmp_path / "config").chmod(0o600)
+    (tmp_path / "gen").symlink_to(shared / "gen")
+    why = rules.why_not_private_file(str(tmp_path / "gen" / ".." / "config"), ME)
+    assert why is not None and f"directory {shared} is owned by" in why and "writable by group " \
+        "and others" in why, why
+    monkeypatch.chdir(tmp_path)                          # relative, from the working directory
+    assert rules.why_not_private_file("gen/../config", ME) == why
+    assert rules.why_not_private_file(str(tmp_path / "config"), ME) is None
+
+
 def test_the_refusal_names_the_directory_owner_mode_why_and_the_fixes(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
