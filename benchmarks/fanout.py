@@ -26,6 +26,7 @@ from pathlib import Path
 
 from compiler import cli
 from tests.lab.fanout import change_one_file, payload_with_blob, tx_bytes
+from tests.lab import subnets
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 # not results/: docs/benchmarks.md is written from every JSON there (the transfer benchmark)
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rbfan-bench-", dir="/var/tmp") as tmp:
         work = Path(tmp)
         venv = payload_with_blob(work / "src" / "venv", a.blob_mib)
-        with SlurmCluster(n, subnet="10.213.254") as c:
+        with SlurmCluster(n, subnet=subnets.subnet("bench_fanout")) as c:
             log(f"{n} nodes up in {c.start_seconds:.1f} s")
             b = Bench(c, work)
             rows: dict[str, dict] = {}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import browser
+from tests.lab import subnets
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab import fanout
 
@@ -32,7 +33,7 @@ def require_cluster() -> None:
 @pytest.fixture(scope="module")
 def cluster():
     require_cluster()
-    with Cluster(8) as c:
+    with Cluster(8, subnet=subnets.subnet("fanout")) as c:
         yield c
 
 

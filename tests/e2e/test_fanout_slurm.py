@@ -16,6 +16,7 @@ import pytest
 
 from compiler.fanout import SBCAST_FANOUT
 from tests.lab import fanout
+from tests.lab import subnets
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 def dest(name: str) -> str:
@@ -27,7 +28,7 @@ def dest(name: str) -> str:
 @pytest.fixture(scope="module")
 def slurm():
     fanout.require(slurm_unavailable_reason(), "slurm mini-cluster")
-    with SlurmCluster(8, subnet="10.213.252") as c:
+    with SlurmCluster(8, subnet=subnets.subnet("fanout_slurm")) as c:
         yield c
 
 

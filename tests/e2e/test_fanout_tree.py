@@ -1,5 +1,5 @@
-"""ClusterShell tree mode and per-node rollback on a real mini-cluster (tests/lab/cluster.py, its
-own subnet 10.213.251 so it can run beside the other fan-out tests).
+"""ClusterShell tree mode and per-node rollback on a real mini-cluster (tests/lab/cluster.py, on
+its own /24 from tests/lab/subnets.py, so it can run beside the other fan-out tests).
 
 Tree: this machine is the topology's root (ClusterShell calls it by its short hostname), node01
 and node05 are gateways for node[02-04] and node[06-08]. A wrapper around clush (first on the
@@ -22,6 +22,7 @@ import pytest
 
 from tests.e2e.test_fanout import require_cluster
 from tests.lab import fanout
+from tests.lab import subnets
 from tests.lab.cluster import Cluster
 from tests.lab.payload import build_payload
 
@@ -33,7 +34,7 @@ HEAD = socket.gethostname().split(".")[0]   # what ClusterShell calls this machi
 @pytest.fixture(scope="module")
 def cluster():
     require_cluster()
-    with Cluster(8, subnet="10.213.251") as c:
+    with Cluster(8, subnet=subnets.subnet("fanout_tree")) as c:
         yield c
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.e2e.test_liveplan import plan_dir
 from tests.lab import fanout
+from tests.lab import subnets
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
@@ -22,7 +23,7 @@ DEST = "/tmp/rbdest-fanplan/venv"
 @pytest.fixture(scope="module")
 def cluster():
     fanout.require(cluster_unavailable_reason(), "fan-out cluster")
-    with Cluster(4, subnet="10.213.249") as c:     # no other test module's cluster
+    with Cluster(4, subnet=subnets.subnet("fanplan")) as c:
         yield c
 
 
@@ -127,7 +128,7 @@ def test_fanout_plan_groups_the_nodes_and_apply_refuses_a_node_that_moved(cluste
 @pytest.mark.e2e
 def test_slurm_fanout_plan_asks_the_nodes_through_srun(payload_small, tmp_path):
     fanout.require(slurm_unavailable_reason(), "slurm mini-cluster")
-    with SlurmCluster(2, subnet="10.213.248") as c:
+    with SlurmCluster(2, subnet=subnets.subnet("fanplan_slurm")) as c:
         script = fanout.build(tmp_path, fanout.spec("fanplansl", payload_small.venv, DEST,
                                                     engine="slurm", nodes=c.nodeset,
                                                     connect_timeout=10), "fanplansl")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -247,3 +248,51 @@ def test_a_failed_start_leaves_nothing(monkeypatch):
     assert not [n for n in list_netns() if n.startswith("rblfail-")]
     assert failing.dir is not None and not failing.dir.exists()
     assert not failing.lock_file.exists()
+
+
+def test_every_cluster_takes_its_subnet_from_the_one_table():
+    """tests/lab/subnets.py hands out the clusters' /24s: no test or benchmark writes one of its
+    own (test_fanout.py's cluster shared the default 10.213.250 with any other default one), no
+    two users share one, and a Lab's slots stay below them."""
+    from tests.lab import subnets
+    from tests.lab.cluster import SUBNET, Cluster
+
+    root = Path(__file__).resolve().parents[2]
+    # a /24 written out, or a cluster started with the default one
+    literal = re.compile(r"[\"']10\.213\.\d+|(?<![\w.])(Slurm)?Cluster\(\s*\d+\s*\)")
+    found = [f"{p.relative_to(root)}:{i}: {line.strip()}"
+             for p in [*root.glob("tests/**/*.py"), *root.glob("benchmarks/**/*.py")]
+             if p.name != "subnets.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert found == []
+    assert len(set(subnets.FIXED.values())) == len(subnets.FIXED)
+    assert SUBNET == subnets.subnet("cluster") and SUBNET not in {
+        subnets.subnet(u) for u in subnets.FIXED if u != "cluster"}
+    with pytest.raises(ValueError, match="a subnet of tests/lab/subnets.py"):
+        Cluster(1, subnet=f"{subnets.NET_PREFIX}.{subnets.FIRST_FIXED - 1}")
+
+
+def test_a_lab_never_takes_a_clusters_subnet(monkeypatch):
+    from tests.lab import netlab, subnets
+
+    used = "".join(f"9: lo inet 10.213.{s}.1/30 scope global\n" for s in range(1, subnets.FIRST_FIXED))
+    monkeypatch.setattr(netlab, "_run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, used, ""))
+    with pytest.raises(LabError, match="no free /24"):
+        Lab(("a",))._free_slot()
+
+
+def test_two_slurm_clusters_run_at_once():
+    """Each slurmctld listens on a port of its own, free on this machine (tests/lab/slurm.py): a
+    fixed one made the second cluster's slurmctld fail to bind, and its readiness wait could take
+    the first one's socket for its own."""
+    from tests.lab import fanout, subnets
+    from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
+
+    fanout.require(slurm_unavailable_reason(), "slurm mini-cluster")
+    with SlurmCluster(1, subnet=subnets.subnet("lab_pair_first")) as first, \
+            SlurmCluster(1, subnet=subnets.subnet("lab_pair")) as second:
+        assert first.ctld_port != second.ctld_port
+        for c in (first, second):
+            r = subprocess.run(["sinfo", "-h", "-o", "%N %T"], env=c.env, capture_output=True,
+                               text=True, timeout=30)
+            assert r.returncode == 0 and r.stdout.split() == ["node01", "idle"], (r.stdout, r.stderr)

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import IN_CI
 
-from tests.lab import LabError
+from tests.lab import LabError, subnets
 from tests.lab.cluster import cluster_unavailable_reason
 from tests.lab.fanout import require
 from tests.lab.fixtures import require_lab
@@ -28,7 +28,7 @@ from tests.lab.rundirs import LAB_LOCKS, RUN_DIRS, SSHD_PRIVSEP, empty_run_argv,
 from tests.lab.slurm import slurm_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBNET = "10.213.247"     # no other test's cluster (250-254)
+SUBNET = subnets.subnet("lab_fresh")
 
 # Runs in the empty /run: says what was there, starts the lab, reaches each node over ssh, stops it.
 _SCRIPT = textwrap.dedent("""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab import Lab, LabError, fanout, list_netns
+from tests.lab import Lab, LabError, fanout, list_netns, subnets
 from tests.lab import cluster as cluster_mod
 from tests.lab.cluster import Cluster, cluster_unavailable_reason, run_pids
 from tests.lab.fixtures import require_lab
@@ -26,7 +26,7 @@ from tests.lab.stale import cleanup_all_stale
 
 pytestmark = pytest.mark.e2e
 
-SUBNET = "10.213.253"       # none of the fan-out test modules' clusters (250-252) nor benchmarks' (254)
+SUBNET = subnets.subnet("lab_teardown")
 
 
 def _links() -> str:

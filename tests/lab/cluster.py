@@ -2,7 +2,8 @@
 bridge with its own hostname, its own mount namespace (a private /tmp) and its own sshd, so that
 `clush -w node[01-08]` reaches real, separate machines and writes on node02 stay on node02.
 
-Addresses: the bridge (this machine) 10.213.250.1/24, node i 10.213.250.(10+i). The lab's
+Addresses: the bridge (this machine) 10.213.X.1/24, node i 10.213.X.(10+i), X the /24 of the
+cluster's user (tests/lab/subnets.py: each test module or benchmark has its own). The lab's
 `unreachable 10.213.0.0/16` guard route is installed first, so nothing in the range leaves this
 machine. Nodes have no default route. Every command here has a timeout; every wait is bounded,
 and the readiness waits stretch with the machine's load (tests/lab/ready.py).
@@ -11,7 +12,7 @@ A run holds an flock on /run/rblab/rbfan-RUNID.lock and names its pid in /var/tm
 while it lives; `cleanup_stale()` (at every start, and once per test session) removes what runs
 that died left: namespaces, processes naming their dir (slurmctld, munged), bridges, dirs.
 
-    with Cluster(8) as c:
+    with Cluster(8, subnet=subnets.subnet("fanout")) as c:
         c.ssh_config            # Host node01 ... blocks, for clush -o "-F PATH" and ssh -F
         c.node_tmp("node03")    # that node's private /tmp, seen from here
         c.restart_node("node03", binds=[(wrapper_dir, "/usr/local/sbin")])   # plant a fault
@@ -35,13 +36,14 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from . import subnets
 from .errors import LabError
 from .netlab import (LOCK_DIR, _attempt, _flock_free, _kill_netns_processes, _reap,
                      ensure_guard_route, list_netns, netns_pids)
 from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
 from .rundirs import ensure_run_dirs
 
-SUBNET = "10.213.250"
+SUBNET = subnets.subnet("cluster")   # a cluster whose user has no /24 of its own (by hand)
 PREFIX = "rbfan"
 RUN_ROOT = Path("/var/tmp")       # a run's files: RUN_ROOT/rbfan-RUNID (named in daemons' argv)
 _T = 20  # seconds for any one setup command
@@ -210,8 +212,12 @@ class Cluster:
                  subnet: str = SUBNET) -> None:
         if not 1 <= n <= 64:
             raise ValueError("1..64 nodes")
-        if not subnet.startswith("10.213.") or subnet.count(".") != 2:
-            raise ValueError("a 10.213.X subnet: the lab's guard route covers 10.213.0.0/16")
+        if subnet.rpartition(".")[0] != subnets.NET_PREFIX or \
+                not subnet.rpartition(".")[2].isdigit() or \
+                int(subnet.rpartition(".")[2]) < subnets.FIRST_FIXED:
+            raise ValueError(f"{subnet}: a subnet of tests/lab/subnets.py (subnets.subnet(USER)): "
+                             "the lab's guard route covers 10.213.0.0/16, and Labs take the "
+                             f"/24s below {subnets.NET_PREFIX}.{subnets.FIRST_FIXED}")
         self.n = n
         self.subnet = subnet
         # shell commands run in each node's namespaces before its sshd starts ({name} and {addr}

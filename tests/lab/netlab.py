@@ -42,10 +42,11 @@ from pathlib import Path
 
 from .errors import LabError
 from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
+from . import subnets
 from .rundirs import LAB_LOCKS, ensure_run_dirs
 
 SSHD = "/usr/sbin/sshd"
-NET_PREFIX = "10.213"          # the only range the lab assigns or contacts
+NET_PREFIX = subnets.NET_PREFIX  # the only range the lab assigns or contacts
 LOCK_DIR = Path(LAB_LOCKS.path)  # per-run lock files (a held flock = a live run), the allocation lock
 MAX_HOSTS = 32                 # host links use 10.213.S.0-127 in /30s
 MAX_DIRECT = 32                # direct links use 10.213.S.128-255 in /30s
@@ -383,7 +384,7 @@ class Lab:
         """Lowest /24 of NET_PREFIX with no address on this machine (called under the alloc lock)."""
         out = _run(["ip", "-4", "-o", "addr", "show"]).stdout
         used = {int(m.group(1)) for m in re.finditer(rf"inet {re.escape(NET_PREFIX)}\.(\d+)\.", out)}
-        for slot in range(1, 250):     # 250 and up: the fan-out clusters (tests/lab/cluster.py)
+        for slot in range(1, subnets.FIRST_FIXED):     # above: the clusters' (tests/lab/subnets.py)
             if slot not in used:
                 return slot
         raise LabError(f"no free /24 left in {NET_PREFIX}.0.0/16")

@@ -2,7 +2,7 @@
 slurmd inside its own network, mount and UTS namespaces (so a task on node02 writes node02's /tmp),
 slurmctld and a private munged in this machine's namespaces. Debian's slurm-wlm 22.05 and munge.
 
-    with SlurmCluster(8) as c:
+    with SlurmCluster(8, subnet=subnets.subnet("fanout_slurm")) as c:   # tests/lab/subnets.py
         c.env                       # SLURM_CONF for salloc/srun/sbcast/scontrol
         c.salloc(["bash", "x.sh"])  # argv to run a command inside an allocation of every node
         c.kill_node("node07")       # slurmd, sshd and tasks of the node, at once
@@ -43,12 +43,20 @@ from .errors import LabError
 from .netlab import _attempt, _reap
 from .ready import LOG, backoff, budget, listening, load_note, log_tail, sleep_until
 
-CTLD_PORT = 16817      # not Slurm's 6817: a real slurmctld on this machine stays untouched
-SLURMD_PORT = 6818     # inside each node's own network namespace
+SLURMD_PORT = 6818     # inside each node's own network namespace: no other cluster's there
 _CTLD_READY_S = 30     # slurmctld listening (idle machine; budget() stretches it)
 _START_SETTLE_S = 60   # every node idle after the start (likewise)
 _SETTLE_S = 90         # settle()'s default (likewise)
 _CLIENT_T = 20         # scontrol, sinfo, squeue, scancel
+
+
+def free_port() -> int:
+    """A TCP port no socket of this machine's namespace holds now (the kernel's pick for port 0):
+    each cluster's slurmctld gets its own, so two clusters (or a real slurmctld on 6817) never
+    share one, and the readiness wait never takes another slurmctld's socket for this one's."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
 
 
 def slurm_unavailable_reason() -> Optional[str]:
@@ -71,6 +79,9 @@ class SlurmCluster(Cluster):
         self.tree_width = tree_width
         self.slurmd_timeout = slurmd_timeout
         self.ctld: Optional[subprocess.Popen] = None
+        # slurmctld listens in this machine's namespace, beside other clusters' and a real one:
+        # a port free here, picked when the configuration is written (free_port)
+        self.ctld_port = 0
 
     # -- layout
     @property
@@ -126,13 +137,14 @@ class SlurmCluster(Cluster):
         d = self.dir / "slurm"
         (d / "state").mkdir(parents=True)
         host = socket.gethostname()
+        self.ctld_port = free_port()
         nodes = "\n".join(
             f"NodeName={n} NodeAddr={self.addr(n)} CPUs=1 RealMemory=256 State=UNKNOWN"
             for n in self.names)
         self.conf.write_text(f"""# written by tests/lab/slurm.py
 ClusterName=rbfan
 SlurmctldHost={host}({self.head_addr})
-SlurmctldPort={CTLD_PORT}
+SlurmctldPort={self.ctld_port}
 SlurmdPort={SLURMD_PORT}
 AuthType=auth/munge
 CredType=cred/munge
@@ -174,18 +186,18 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
 
     def _wait_ctld(self) -> None:
-        """Until slurmctld listens on CTLD_PORT (bounded by budget(_CTLD_READY_S)); at once when
-        it exited."""
+        """Until slurmctld listens on self.ctld_port (bounded by budget(_CTLD_READY_S)); at once
+        when it exited."""
         t0 = time.monotonic()
         deadline = t0 + budget(_CTLD_READY_S)
         pause = backoff(0.05, 0.5)
-        while self.ctld is not None and not listening(self.ctld.pid, CTLD_PORT):
+        while self.ctld is not None and not listening(self.ctld.pid, self.ctld_port):
             if self.ctld.poll() is not None:
                 out = log_tail(self.dir / "slurm" / "slurmctld.out", 600)
                 raise LabError(f"slurmctld exited rc={self.ctld.returncode}: "
                                f"{self._tail('slurmctld.log')} {out}")
             if time.monotonic() >= deadline:
-                raise LabError(f"slurmctld not listening on {CTLD_PORT} after "
+                raise LabError(f"slurmctld not listening on {self.ctld_port} after "
                                f"{time.monotonic() - t0:.1f} s ({load_note()}): "
                                + self._tail("slurmctld.log"))
             sleep_until(deadline, next(pause))
