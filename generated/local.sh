@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 0d89d97c295b96887e898f7cff3bc21e8454df8ee368b511aff59889b2552e87
+# sha256 of this file with these 64 digits zeroed: 709b089ac52ac7dcaf8ebe6a23bbc60c58dde7ea69b95b9a0b531892bb32c57a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=d93698ff98b908aa8154a1f3b8d13810a89966e377d64785e0aba14da4003c06
-readonly RB_KIT_FILE=.kit/d93698ff98b908aa8154a1f3b8d13810a89966e377d64785e0aba14da4003c06.tar
+readonly RB_KIT_SHA256=15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7
+readonly RB_KIT_FILE=.kit/15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -136,6 +136,7 @@ RB_HOST=''
 RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
+RB_HOLDER=''
 # runs kept, seconds a second run waits (rb::run_dirs checks them)
 RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
 RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}

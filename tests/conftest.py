@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import glob
 import os
 import sys
 from pathlib import Path
@@ -27,46 +26,32 @@ def pytest_sessionstart(session):
 
 
 @pytest.fixture(autouse=True)
-def _no_kit_left_on_a_lab_host(request):
+def _no_kit_left_on_a_lab_host(request, tmp_path_factory):
     """A run against the lab's hosts removes the kit directory it made on each of them (they share
-    this machine's /tmp): a test after which one is left fails, naming it. (A run that cannot reach
-    a host says what it left there; such a test removes it itself.)"""
+    this machine's /tmp): a test after which one of this session's runs left one fails, naming it.
+    (A run that cannot reach a host says what it left there; such a test removes it itself.) Whose
+    run made a kit, its `owner` file says (tests/lab/kits.py): other processes' kits (benchmarks,
+    another pytest) are named, not blamed; one without an owner (a runbook compiled before the
+    owner file) is blamed unless another pytest or another lab's sshd runs on this machine."""
     if request.node.get_closest_marker("e2e") is None and "lab" not in request.fixturenames:
         yield
         return
-    before = set(glob.glob("/tmp/rbkit.*"))
+    from tests.lab import kits
+
+    before = kits.kit_dirs()
     yield
-    left = sorted(set(glob.glob("/tmp/rbkit.*")) - before)
-    if left and _other_test_runs():
-        # another pytest on this machine makes and removes kit directories in the same /tmp:
-        # whose these are cannot be told, so they are named, not failed (CI runs one pytest)
-        print(f"kit directories appeared during this test while another test run was going "
-              f"(not checked): {left}", file=sys.stderr)
-        return
-    assert not left, f"kit directories left behind on a lab host: {left}"
-
-
-def _other_test_runs() -> list[int]:
-    """The pids of pytest processes on this machine other than this one and its parents."""
-    mine = set()
-    pid = os.getpid()
-    while pid > 1:
-        mine.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    others = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in mine:
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"pytest") or a == b"pytest" for a in argv[:3]):
-            others.append(int(entry.name))
-    return others
+    left = kits.kit_dirs() - before
+    roots = (tmp_path_factory.getbasetemp(), ROOT)
+    ours, theirs, unknown = kits.sort_kits(left, roots)
+    if theirs:
+        print(f"kit directories of other processes' runs appeared during this test (not "
+              f"checked): {theirs}", file=sys.stderr)
+    if unknown and kits.other_kit_makers():
+        # another pytest or lab on this machine makes and removes kits in the same /tmp
+        print(f"kit directories without an owner appeared during this test while another test "
+              f"run or lab was going (not checked): {unknown}", file=sys.stderr)
+        unknown = []
+    assert not ours + unknown, f"kit directories left behind on a lab host: {ours + unknown}"
 
 
 def pytest_addoption(parser):

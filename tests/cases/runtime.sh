@@ -503,7 +503,7 @@ rb::kit_ship() {
 # One host's preparation (rb::hosts_prepare): $1 the host, $2 the kit's tar here. Prints
 # `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS<TAB>BOOT_ID` (KIT_DIR `-` for this machine, which uses the
 # run directory's copy; BOOT_ID the running kernel's, `-` where there is none to read). A kit
-# that arrives with another sha256 is removed unread.
+# that arrives with another sha256 is removed unread; a kit directory's `owner` names its run.
 #######################################
 rb::host_prepare() {
   local host=$1 tar=$2 mode=ship
@@ -519,6 +519,7 @@ rb::host_prepare() {
     if [ "$1" = ship ]; then
       dir=$(umask 077 && mktemp -d /tmp/rbkit.XXXXXXXXXX) || exit 1
       trap "rm -rf -- \"${dir}\"" EXIT
+      printf "%s\n" "$3" >"${dir}/owner" || exit 1
       cat >"${dir}/kit.tar" || exit 1
     fi
     py=$(python3 -I -S -B -c "import hashlib, sys
@@ -533,7 +534,7 @@ print(sys.executable)" "${dir}" "$2") || exit 1
       trap - EXIT
     fi
     boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null) || boot=-
-    printf "%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" <"${tar}"
+    printf "%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
 }
 
 #######################################
@@ -910,6 +911,8 @@ rb::run_dirs() {
       "directory only ${me} can write"
   fi
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
+  # this run, as what it leaves on a host names it (the destination's lock, a kit's owner file)
+  RB_HOLDER="runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})"
 }
 
 #######################################
@@ -1816,7 +1819,7 @@ rb::engine_start() {
   local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --choices "${RB_ENGINE_CHOICES}"
     --manifest "${kit}/${RB_NAME}.manifest.jsonl" --compression "${RB_COMPRESSION_USED}"
     --probe-config "${RB_PROBE_CONFIG:-}"
-    --holder "runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})")
+    --holder "${RB_HOLDER}")
   if [[ -n "${RB_ENGINE_PID}" ]]; then
     return 0
   fi

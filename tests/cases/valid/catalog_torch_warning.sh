@@ -136,6 +136,7 @@ RB_HOST=''
 RB_LAST_CMD=''
 RB_RUN_DIR=${RB_RUN_DIR:-}
 RB_REPORT=${RB_REPORT:-}
+RB_HOLDER=''
 # runs kept, seconds a second run waits (rb::run_dirs checks them)
 RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
 RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}
