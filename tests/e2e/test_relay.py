@@ -69,6 +69,19 @@ def cut_source(venv: Path, src: Path) -> int:
     return sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def moved_once(lab, payload, tmp_path: Path, *, compression: str) -> tuple[Path, Path, Path]:
+    """A copy of `payload`'s venv as the source, moved once to dst (on_existing replace), for a
+    re-run after a change: (source, destination, runbook)."""
+    src = tmp_path / "src" / "venv"
+    src.parent.mkdir()
+    subprocess.run(["cp", "-a", str(payload.venv), str(src)], check=True)
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(lab, src, dst, policy="replace", compression=compression))
+    r = run(tmp_path, script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return src, dst, script
+
+
 def remove_left_kits(err: str) -> dict[str, Path]:
     """The kit directories a run says it left on hosts that stopped answering, by host, each
     removed (the lab's hosts share this machine's /tmp, and a lab leaves nothing behind)."""
@@ -303,13 +316,7 @@ def test_progress_lines_come_from_the_receiving_end(clean_lab, payload_small, tm
 def test_a_rerun_after_a_source_change_streams_only_the_changed_files(clean_lab, payload_small,
                                                                       tmp_path):
     lab = clean_lab
-    src = tmp_path / "src" / "venv"
-    src.parent.mkdir()
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    dst = tmp_path / "dst" / "venv"
-    script = build(tmp_path, spec_text(lab, src, dst, policy="replace", compression="zstd"))
-    r = run(tmp_path, script)
-    assert r.returncode == 0, r.stderr[-3000:]
+    src, dst, script = moved_once(lab, payload_small, tmp_path, compression="zstd")
     greeting = next(src.rglob("greeting.txt"))
     greeting.write_text("changed at the source, sent alone\n")
     r = run(tmp_path, script)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rbkit import hostfs
-from tests.e2e.test_relay import build, report, run, spec_text
+from tests.e2e.test_relay import build, moved_once, report, run, spec_text
 from tests.lab.payload import build_payload
 
 pytestmark = pytest.mark.e2e
@@ -177,15 +177,7 @@ def test_a_planted_link_for_the_installs_manifest_is_never_followed_on_a_rerun(
     install's record, and nothing of the linked file reaches this machine's run directory. (The
     engine's quick check refuses the link first; `liveplan installed` closes the window between
     that check and the copy.)"""
-    import subprocess
-    lab = clean_lab
-    src = tmp_path / "src" / "venv"
-    src.parent.mkdir()
-    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    dst = tmp_path / "dst" / "venv"
-    script = build(tmp_path, spec_text(lab, src, dst, policy="replace", compression="none"))
-    r = run(tmp_path, script)
-    assert r.returncode == 0, r.stderr[-3000:]
+    src, dst, script = moved_once(clean_lab, payload_small, tmp_path, compression="none")
     manifest = dst / ".rb-manifest.jsonl"
     secret = tmp_path / "secret"
     secret.write_text(manifest.read_text() + '{"p": "ROOT-ONLY-SECRET"}\n')

@@ -122,19 +122,27 @@ def test_an_ssh_config_another_user_could_change_is_refused_before_ssh_reads_it(
     assert not (tmp_path / "dst").exists()  # nothing reached dst
 
 
+def unknown_key_preflight(lab, payload, tmp_path: Path, *, extra: str = ""
+                          ) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """dst's alias in a team's file whose known_hosts file is empty: the preflight, failed on
+    dst's unknown key, the empty file and the runbook."""
+    config = team_config(lab, tmp_path / "team" / "ssh_config", extra=extra)
+    empty = tmp_path / "team" / "known_hosts"
+    empty.write_text("")
+    config.write_text(config.read_text().replace(str(lab.known_hosts), str(empty)))
+    script = build(tmp_path, aliased(lab, payload.venv, tmp_path / "dst" / "venv", config))
+    r = run(tmp_path, script, "--only", "preflight", timeout=300)
+    assert r.returncode != 0, r.stderr[-3000:]
+    return r, empty, script
+
+
 @pytest.mark.e2e
 def test_an_unknown_host_key_behind_an_alias_gets_a_hint_with_the_address_and_file_ssh_used(
         clean_lab, payload_small, tmp_path):
     """The host-key hint resolves the alias as ssh does (ssh -F FILE -G): ssh-keyscan of the
     address the file names, added to the known_hosts file the file names."""
     lab = clean_lab
-    config = team_config(lab, tmp_path / "team" / "ssh_config")
-    empty = tmp_path / "team" / "known_hosts"
-    empty.write_text("")
-    config.write_text(config.read_text().replace(str(lab.known_hosts), str(empty)))
-    script = build(tmp_path, aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", config))
-    r = run(tmp_path, script, "--only", "preflight", timeout=300)
-    assert r.returncode != 0, r.stderr[-3000:]
+    r, empty, _script = unknown_key_preflight(lab, payload_small, tmp_path)
     assert f"ssh-keyscan {lab.host('dst').addr} >> {empty}" in r.stderr, r.stderr[-3000:]
     assert "ssh-keyscan team-dst" not in r.stderr
 
@@ -146,13 +154,8 @@ def test_an_unknown_host_key_behind_a_host_key_alias_is_recorded_under_the_alias
     records it so (before, it recorded the address, which ssh never looks up, and the next run
     failed the same way). The hint's command, run as given, makes the next preflight pass."""
     lab = clean_lab
-    config = team_config(lab, tmp_path / "team" / "ssh_config", extra="  HostKeyAlias team-dst-key\n")
-    empty = tmp_path / "team" / "known_hosts"
-    empty.write_text("")
-    config.write_text(config.read_text().replace(str(lab.known_hosts), str(empty)))
-    script = build(tmp_path, aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", config))
-    r = run(tmp_path, script, "--only", "preflight", timeout=300)
-    assert r.returncode != 0, r.stderr[-3000:]
+    r, empty, script = unknown_key_preflight(lab, payload_small, tmp_path,
+                                             extra="  HostKeyAlias team-dst-key\n")
     addr = lab.host("dst").addr
     record = f"ssh-keyscan {addr} | sed 's/^[^ ]*/team-dst-key/' >> {empty}"
     assert record in r.stderr, r.stderr[-3000:]
