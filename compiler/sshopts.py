@@ -128,7 +128,7 @@ def config_problem(v: str) -> Optional[str]:
     if ".." in names[climb:]:
         return (f"{v}: `..` only at the start of a relative path, where it climbs out of the "
                 "spec's folder; after a name it undoes that name (or, through a link, goes "
-                f"elsewhere): write the path without it. {RELATIVE}")
+                f"elsewhere): write the path without it; {RELATIVE}")
     return None
 
 
