@@ -115,11 +115,7 @@ def config_problem(v: str) -> Optional[str]:
         if not PATH.match(v) or ".." in parts or v.endswith("/"):
             return (f"{v} must name a file without `..` (write the folder it means), e.g. "
                     f"~/.ssh/config or /etc/rb/ssh_config; {RELATIVE}")
-        top = known_hosts_path(v).split("/")[1] if v.startswith("/") else ""
-        if top in SYSTEM:
-            return (f"{v} is in /{top}, {SYSTEM[top]}, not an ssh config file: name the file "
-                    "that defines the host (Host blocks, as ssh -F reads them)")
-        return None
+        return config_in_system(v) if v.startswith("/") else None
     names = [p for p in parts if p not in ("", ".")]
     climb = next((i for i, p in enumerate(names) if p != ".."), len(names))
     if not RELATIVE_PATH.match(v) or v.endswith("/") or climb == len(names):
@@ -136,6 +132,15 @@ def config_problem(v: str) -> Optional[str]:
 RELATIVE = ("a relative path is taken from the folder of the spec file that writes it (ssh/config "
             "in specs/x.yaml is specs/ssh/config) and found from the runbook's folder when it runs")
 RELATIVE_PATH = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._/@+=,:-]*$")
+
+
+def config_in_system(path: str) -> Optional[str]:
+    """Why the absolute `path` cannot be an ssh config file (in /dev, /proc or /sys), or None."""
+    top = known_hosts_path(path).split("/")[1]
+    if top in SYSTEM:
+        return (f"{path} is in /{top}, {SYSTEM[top]}, not an ssh config file: name the file that "
+                "defines the host (Host blocks, as ssh -F reads them)")
+    return None
 
 
 def config_from(folder: str, v: str) -> Optional[str]:

@@ -334,7 +334,7 @@ def _relative_ssh_configs(source: Source, hosts: dict) -> list[Problem]:
             out.append(source.problem(loc, f"{value} climbs above / from {folder} (the folder of "
                                            f"{spec_file}): {sshopts.RELATIVE}"))
             continue
-        why = sshopts.config_problem(target)
+        why = sshopts.config_in_system(target)   # the folder's own name may hold any character
         if why:
             out.append(source.problem(loc, f"{value} is {target} from {folder}: {why}"))
     return out

@@ -455,6 +455,16 @@ def test_a_relative_ssh_config_that_lands_in_dev_is_refused_as_the_path_it_names
         "/dev, a device" in lines[0], lines
 
 
+def test_a_relative_ssh_config_in_a_folder_with_a_space_is_taken(tmp_path):
+    """Only the value's own characters are checked: the spec's folder may hold any."""
+    folder = tmp_path / "My Project" / "specs"
+    folder.mkdir(parents=True)
+    spec = folder / "x.yaml"
+    spec.write_text(host_config("ssh/config").replace("name: o", "name: x"))
+    assert ' -F "${RB_SELF_ABS%/*}"/../specs/ssh/config ' in compiled_hosts(
+        spec, folder.parent / "generated")
+
+
 def compiled_hosts(spec: Path, out: Path) -> str:
     """The RB_HOST_SSH lines of `spec` compiled into `out`."""
     from compiler import cli
