@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 25a9e029358eac48b4a8803d16aae173fe3109daf6d416ed7a6173dcad307709
+# sha256 of this file with these 64 digits zeroed: 1880cca15077da21b290758d339c69c3c87cf2edc774fa4c37880885b4be76e8
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7
-readonly RB_KIT_FILE=.kit/15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7.tar
+readonly RB_KIT_SHA256=c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154
+readonly RB_KIT_FILE=.kit/c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

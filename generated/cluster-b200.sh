@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 539a64bd0cc6b0d5491f1be38688a1f2edcbd623f8640b9745203e9b69152da7
+# sha256 of this file with these 64 digits zeroed: fb9aa23a9735cbb7d8e316edcb093dca1e5247011cb21946b1abe820857dea4b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7
-readonly RB_KIT_FILE=.kit/15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7.tar
+readonly RB_KIT_SHA256=c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154
+readonly RB_KIT_FILE=.kit/c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: eff54c970ca0def13b7860a08aac46bddc105ff8720f7da824b7ed9f13594e95
+# sha256 of this file with these 64 digits zeroed: 337ecee620b79f81501e239ac01a00df5329e8917d1b1fe2d97da030606dd61b
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7
-readonly RB_KIT_FILE=.kit/15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7.tar
+readonly RB_KIT_SHA256=c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154
+readonly RB_KIT_FILE=.kit/c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

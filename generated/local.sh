@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 709b089ac52ac7dcaf8ebe6a23bbc60c58dde7ea69b95b9a0b531892bb32c57a
+# sha256 of this file with these 64 digits zeroed: 6e328c3968dedef308b10e55e637c860dc076a3d1722d01cfdbc440344b02679
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7
-readonly RB_KIT_FILE=.kit/15deb76d2126fa3616aedfff83e82ed77f7e3fe0bffecfd4e823ed8fbc6bf7a7.tar
+readonly RB_KIT_SHA256=c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154
+readonly RB_KIT_FILE=.kit/c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -167,8 +167,13 @@ def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
 def make_private(path: str) -> Optional[str]:
     """Create the directory `path` where it is missing (the directories above it 0755, itself
     0700, none through a link another user made: each is checked before the next is made), then
-    check it; None when it is private, else why not."""
-    path = os.path.abspath(path)
+    check it; None when it is private, else why not. A `..` in it is refused: the directories
+    are made by name, and after a link `..` is not the text's parent (first_not_private)."""
+    if ".." in path.split("/"):
+        return "%s has a `..` in it; name the directory without one" % path
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    path = os.path.normpath(path)       # `.` and doubled slashes only: no `..` is left to undo
     missing: List[str] = []
     probe = path
     while not os.path.lexists(probe):
@@ -203,7 +208,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     fix = (": " + a.fix) if a.fix else ""
     # a file is named where the kernel finds it (a `..` after a link is not the text's parent)
-    shown = os.path.realpath(a.dir) if a.file else os.path.abspath(a.dir)
+    shown = os.path.realpath(a.dir) if a.file else a.dir
     sys.stderr.write("refusing %s %s: %s; another user could replace what is run or written "
                      "there%s\n" % (a.what, shown, why, fix))
     return 2

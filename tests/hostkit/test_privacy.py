@@ -260,3 +260,20 @@ def test_in_a_private_parent_a_backup_of_another_owner_is_ours_to_restore(tmp_pa
     os.chown(theirs, NOBODY, -1)
     result = hostfs.restore(str(dest))
     assert (dest / "tag").read_text() == "alice's" and result["ignored"] == []
+
+
+def test_a_directory_to_make_with_a_dotdot_is_refused_not_made_elsewhere(tmp_path):
+    """make_private made os.path.abspath's reading of `gen/../runs` (tmp_path/runs) and judged it,
+    while bash then went where the kernel takes `..` after the link (shared/runs, in a folder
+    others can write). Now a `..` is refused and nothing is made."""
+    from rbrules import private as rules
+
+    shared = tmp_path / "shared"
+    (shared / "gen").mkdir(parents=True)
+    shared.chmod(0o777)
+    (tmp_path / "gen").symlink_to(shared / "gen")
+    why = rules.make_private(str(tmp_path / "gen" / ".." / "runs"))
+    assert why is not None and "`..`" in why, why
+    assert not (tmp_path / "runs").exists() and not (shared / "runs").exists()
+    assert rules.make_private(str(tmp_path / "runs") + "/./") is None
+    assert (tmp_path / "runs").is_dir()
