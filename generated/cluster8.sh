@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 91c447b6198225b842bdd1ad9a05cb8d8457c756f59b8c4d0b1bc051d5a700ac
+# sha256 of this file with these 64 digits zeroed: 85662269b83b354715c1514fd009ad2f614e48c33f1d71e208cab702cd271535
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=631df7d6908ea73147fbfa480d195cbe9f516e729612e3f938204db3188f323b
-readonly RB_KIT_FILE=.kit/631df7d6908ea73147fbfa480d195cbe9f516e729612e3f938204db3188f323b.tar
+readonly RB_KIT_SHA256=0cd4a6946da4306d06bec20e3d037f955aa8ad3ef64012466e75d310cbe5db25
+readonly RB_KIT_FILE=.kit/0cd4a6946da4306d06bec20e3d037f955aa8ad3ef64012466e75d310cbe5db25.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

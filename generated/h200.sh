@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 2aad3a6fc9aa52f5a5b1415731271147781cd0420858c322cd176c88b16b00d2
+# sha256 of this file with these 64 digits zeroed: 89d5963e48cb98d6332146583e459292e8e27bac745f9f5418316dbc247cfc99
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=631df7d6908ea73147fbfa480d195cbe9f516e729612e3f938204db3188f323b
-readonly RB_KIT_FILE=.kit/631df7d6908ea73147fbfa480d195cbe9f516e729612e3f938204db3188f323b.tar
+readonly RB_KIT_SHA256=0cd4a6946da4306d06bec20e3d037f955aa8ad3ef64012466e75d310cbe5db25
+readonly RB_KIT_FILE=.kit/0cd4a6946da4306d06bec20e3d037f955aa8ad3ef64012466e75d310cbe5db25.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 975f9e75eacd4e7b0052067a55ec1c318989d6bc4debd8f794f6bf6036e0a646
+# sha256 of this file with these 64 digits zeroed: 957ade508ce97eb0f79028822f4750a1910ec7a2922d7bf464309cb93acfb754
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=631df7d6908ea73147fbfa480d195cbe9f516e729612e3f938204db3188f323b
-readonly RB_KIT_FILE=.kit/631df7d6908ea73147fbfa480d195cbe9f516e729612e3f938204db3188f323b.tar
+readonly RB_KIT_SHA256=0cd4a6946da4306d06bec20e3d037f955aa8ad3ef64012466e75d310cbe5db25
+readonly RB_KIT_FILE=.kit/0cd4a6946da4306d06bec20e3d037f955aa8ad3ef64012466e75d310cbe5db25.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
