@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 6e328c3968dedef308b10e55e637c860dc076a3d1722d01cfdbc440344b02679
+# sha256 of this file with these 64 digits zeroed: 4e20e9591aceba5f139d9c1f78ef469a41a84383589e4905149d5603ad254416
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154
-readonly RB_KIT_FILE=.kit/c97656e231aa082a8a4c62dacf906b922c08fcad68bb5fe5d28e0bda6c472154.tar
+readonly RB_KIT_SHA256=dcb30ca94451170d64981a9ed79181e7fed808b5eb93156ab13e84d5e7d44bbd
+readonly RB_KIT_FILE=.kit/dcb30ca94451170d64981a9ed79181e7fed808b5eb93156ab13e84d5e7d44bbd.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -534,7 +534,6 @@ rb::measure_go() {
   if [[ -n "${RB_MEASURE_PID}" ]]; then
     # shellcheck disable=SC2154 # opened by rb::measure_start
     printf '%s\n' "${go}" >&"${RB_MEASURE_GO}"
-    exec {RB_MEASURE_GO}>&-
   fi
 }
 

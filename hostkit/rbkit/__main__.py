@@ -83,37 +83,40 @@ def cmd_elsewhere(a) -> int:
 
 def cmd_measure(a) -> int:
     from . import measure
-    got: list = []
-
-    def read() -> None:
-        if a.link == "-" and not got:
-            got.extend(measure.read_link(sys.stdin.readline()))
-
-    doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds,
-                          read if a.shared_cpu else None)
+    seen: dict = {}
+    link, why, seconds = 0, "", None
+    if a.link == "-" and a.shared_cpu:
+        # one kernel: the link was measured first, alone on the CPUs
+        link, seconds, why, seen = measure.read_link(sys.stdin.readline())
+    if link > 0 and measure.spare_cpu(link, seen) is False:
+        doc: dict = {"tools": {}}          # no CPU to spare: no compressor is tried
+    else:
+        doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds, a.scanned)
     if a.link is None:
         _print(doc)
         return 0
-    read()
-    idle = None
-    if a.link == "-":
-        link, doc["link_seconds"], why, idle = got
-    else:
-        link, why = int(a.link), ""
+    if a.link == "-" and not a.shared_cpu:
+        link, seconds, why, seen = measure.read_link(sys.stdin.readline())
+    elif a.link != "-":
+        link = int(a.link)
+    if seconds is not None:
+        doc["link_seconds"] = seconds
     jobs = (os.cpu_count() or 1) if a.jobs == "auto" else int(a.jobs)
     print("\n".join(measure.main_lines(doc, link, a.shared_cpu, jobs, why or "no link rate",
-                                       idle)))
+                                       seen)))
     return 0
 
 
 def cmd_measure_link(a) -> int:
     from . import measure
-    got = measure.receive_link()
+    got = measure.receive_link(watch=measure.watched(a.watch))
     if "error" in got:
         print("error %s" % got["error"])
         return 1
     idle = got.get("idle_cpus")
-    print("%d %s %s" % (got["rate"], got["seconds"], "-" if idle is None else idle))
+    cpu = " %d %d %d %d" % got["cpu"] if "cpu" in got else ""
+    print("%d %s %s %d%s" % (got["rate"], got["seconds"], "-" if idle is None else idle,
+                             got["bytes"], cpu))
     return 0
 
 
@@ -156,10 +159,14 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("--link", help="the link's rate (bytes/s; -: a line on stdin once the tools "
                     "are measured): print the choice")
     ms.add_argument("--shared-cpu", action="store_true",
-                    help="the compressor and the link share CPUs (one kernel)")
+                    help="the compressor and the link share CPUs (one kernel): the link's line "
+                    "first, the tools only where it left CPU to spare")
+    ms.add_argument("--scanned", help="this run's scan record (NAMES.stat): the sample's files")
     ms.add_argument("--jobs", default="1", help="the run's jobs (auto: the cores): its streams")
     ms.set_defaults(fn=cmd_measure)
     ml = sub.add_parser("measure-link", help="the link's rate: times the zeros coming on stdin")
+    ml.add_argument("--watch", action="append", default=[], metavar="PID:START",
+                    help="the link's processes on this kernel (ssh masters): their CPU is read")
     ml.set_defaults(fn=cmd_measure_link)
     return p
 

@@ -1,7 +1,7 @@
 """How fast each compressor packs this tree, on the host that will pack it (`compression: auto`).
 
     rbkit measure ROOT --tool lz4 --tool zstd [--exclude PAT]... [--bytes N] [--seconds S]
-                       [--link RATE [--shared-cpu] [--jobs J]]
+                       [--link RATE [--shared-cpu [--scanned NAMES.stat]] [--jobs J]]
 
 reads a sample of the tree's files (spread over the whole tree by size: every file's chance is its
 bytes, at most 1 MiB of each, N bytes in all, rbrules.common.MEASURE_SAMPLE by default) into
@@ -12,16 +12,20 @@ and unpacking (the child's rusage: what the tool takes from CPUs it shares) and 
 bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
 Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
 --link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`);
-`--link -` reads that rate from stdin (`RATE SECONDS IDLE`, or `error WHY`): the sample is walked,
-read and packed while the link is measured, unless --shared-cpu (then all that waits for the
-line: it would take the CPUs the ssh ciphers are measured on).
+`--link -` reads that rate from stdin (rb::measure_link's line, or `error WHY`) once the tools
+ran; with --shared-cpu (one kernel: the link was measured alone on the CPUs, after the source's
+scan) it reads the line first, and runs no tool when the link had no CPU to spare (spare_cpu);
+--scanned NAMES.stat: the scan's record, the sample's files without a second walk.
 
-    rbkit measure-link
+    rbkit measure-link [--watch PID:START]...
 
 is the link measurement's receiving end (`receive_link`): it says `ready`, times the zeros that
-come on stdin and prints `RATE SECONDS IDLE` (IDLE: how many CPUs of this kernel were idle
+come on stdin and prints `RATE SECONDS IDLE BYTES` (IDLE: how many CPUs of this kernel were idle
 meanwhile, or -) as soon as the rate is stable (rbrules.common.link_stable), at most
-LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE).
+LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE). With
+--watch (the link's processes on this kernel: this machine's ssh masters) it adds their
+`CPU WAIT WALL COUNT` (ns) over its later windows, and stops early when they show no CPU to
+spare (rbrules.common.link_cpu_bound, after LINK_CPU_SECONDS).
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from rbrules.common import (COMPRESSION, LINK_SECONDS, LINK_WINDOW, MEASURE_SAMPLE, link_stable,
-                            link_tail, stream_count)
+from rbrules.common import (COMPRESSION, LINK_CPU_SECONDS, LINK_SECONDS, LINK_WINDOW,
+                            MEASURE_SAMPLE, link_cpu_bound, link_stable, link_tail, stream_count)
 
 MAX_ENTRIES = 200_000
 PER_FILE = 1 << 20
@@ -68,10 +72,34 @@ def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
     return out
 
 
-def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE) -> bytes:
+def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple[str, int]]]:
+    """(path, size) of the regular files in this run's scan record (NAMES.stat: the source's scan
+    wrote it, manifest.scan_header and a values_line an entry), in its walk's order; None when
+    there is none or it is of another root or excludes (then the tree is walked)."""
+    import json
+    try:
+        fd = os.open(record, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        head, _, body = f.read().partition(b"\n")
+    try:
+        said = json.loads(head)
+        if (said.get("kind"), said.get("root"), said.get("excludes")) != ("rb-scan", root,
+                                                                         list(excludes)):
+            return None
+        rows = json.loads(b"[" + b",".join(body.splitlines()) + b"]")
+    except ValueError:
+        return None
+    return [(os.path.join(root, r[0]), r[3]) for r in rows if r[1] == "f" and r[3]]
+
+
+def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE,
+           scanned: Optional[str] = None) -> bytes:
     """About `want` bytes of the tree: files picked at even steps of the tree's cumulative size
-    (a big file is picked as often as its bytes say), at most PER_FILE of each."""
-    files = _files(root, excludes)
+    (a big file is picked as often as its bytes say), at most PER_FILE of each; the files from
+    the scan's record `scanned` where it is this tree's, else from a walk."""
+    files = (_scanned(scanned, root, excludes) if scanned else None) or _files(root, excludes)
     total = sum(size for _p, size in files)
     if not files or total == 0:
         return b""
@@ -158,21 +186,57 @@ def idle_cpus(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]
     return round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 2)
 
 
+def watched(pairs: List[str]) -> List[int]:
+    """The pids of `PID:START` words (this machine's ssh masters, on one kernel) that name the
+    same process here (its start time, /proc/PID/stat's 22nd field, the same): none where one is
+    gone or another (another pid namespace)."""
+    pids = []
+    for word in pairs:
+        pid, _, start = word.partition(":")
+        try:
+            with open("/proc/%d/stat" % int(pid), "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[19] != start.encode():
+                    return []
+        except (OSError, ValueError, IndexError):
+            return []
+        pids.append(int(pid))
+    return pids
+
+
+def proc_times(pids: List[int]) -> Optional[Tuple[int, int]]:
+    """(ns on a CPU, ns waiting for one) of `pids` so far, summed (/proc/PID/schedstat), or None."""
+    cpu = waited = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/schedstat" % pid, "rb") as f:
+                words = f.read().split()
+            cpu, waited = cpu + int(words[0]), waited + int(words[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return cpu, waited
+
+
 def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
-                 clock: Callable[[], float] = time.monotonic) -> Dict[str, Any]:
+                 clock: Callable[[], float] = time.monotonic,
+                 watch: Optional[List[int]] = None) -> Dict[str, Any]:
     """The link's rate where the zeros arrive: `ready` on stdout, then read fd, timed from the end
     of the first read, in LINK_WINDOW windows, until the rate is stable (link_stable), `cap`
-    seconds went by or the stream ended. {"rate": bytes a second over link_tail's windows,
-    "seconds", "bytes", "stable"}, or {"error": why} when it saw less than one window."""
+    seconds went by or the stream ended; with `watch` (the link's processes, on one kernel), also
+    once they had no CPU to spare over link_tail's windows (link_cpu_bound) past
+    LINK_CPU_SECONDS. {"rate": bytes a second over link_tail's windows, "seconds", "bytes",
+    "stable", "idle_cpus", and with `watch` "cpu" (ns on a CPU, ns waiting, ns, processes over
+    those windows) and "cpu_bound"}, or {"error": why} when it saw less than one window."""
     os.write(1, b"ready\n")
     if not os.read(fd, 1 << 20):
         return {"error": "no byte came"}
+    watch = watch or []
     start = now = clock()
     cpu_start = cpu_times()
     total = 0
     ends: List[Tuple[float, int]] = [(start, 0)]      # (time, bytes so far) at each window's end
+    used: List[Optional[Tuple[int, int]]] = [proc_times(watch) if watch else None]
     windows: List[float] = []
-    stable = False
+    stable = bound = False
     while now - start < cap:
         chunk = os.read(fd, 1 << 20)
         now = clock()
@@ -182,30 +246,81 @@ def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
         if now - ends[-1][0] >= LINK_WINDOW:
             windows.append((total - ends[-1][1]) / (now - ends[-1][0]))
             ends.append((now, total))
+            used.append(proc_times(watch) if watch else None)
             if link_stable(windows, now - start):
                 stable = True
+                break
+            took = _tail_cpu(windows, ends, used, len(watch))
+            moved = ends[-1][1] - ends[len(windows) - len(link_tail(windows))][1]
+            if took and now - start >= LINK_CPU_SECONDS and len(windows) >= 4 and \
+                    link_cpu_bound(took[0] / 1e9, took[1] / 1e9, took[2] / 1e9, took[3], moved):
+                bound = True
                 break
     seconds = now - start
     if not windows:
         return {"error": "only %d bytes in %.3f s" % (total, seconds)}
     (t0, b0), (t1, b1) = ends[len(windows) - len(link_tail(windows))], ends[-1]
     # the CPUs the link left idle (one kernel: the ciphers of both legs and this reader are on
-    # them): what compressing on the same machine can use beside the link (through)
-    return {"rate": int((b1 - b0) / (t1 - t0)), "seconds": round(seconds, 3), "bytes": total,
-            "stable": stable, "idle_cpus": idle_cpus(cpu_start, cpu_times())}
+    # them): recorded, not used
+    got = {"rate": int((b1 - b0) / (t1 - t0)), "seconds": round(seconds, 3), "bytes": total,
+           "stable": stable, "idle_cpus": idle_cpus(cpu_start, cpu_times())}
+    took = _tail_cpu(windows, ends, used, len(watch))
+    if took:
+        got.update(cpu=took, cpu_bound=bound)
+    return got
 
 
-def read_link(line: str) -> Tuple[int, float, str, Optional[float]]:
-    """(rate, seconds, "", idle CPUs or None) from rb::measure_link's line on stdin (`RATE
-    SECONDS [IDLE|-]`), or (0, 0.0, why, None) from `error WHY` or anything else."""
+def _tail_cpu(windows: List[float], ends: List[Tuple[float, int]],
+              used: List[Optional[Tuple[int, int]]], procs: int
+              ) -> Optional[Tuple[int, int, int, int]]:
+    """(ns on a CPU, ns waiting for one, ns, processes) of the watched processes over
+    link_tail's windows, or None."""
+    first = len(windows) - len(link_tail(windows))
+    a, b = used[first], used[-1]
+    if not procs or a is None or b is None or not windows:
+        return None
+    return b[0] - a[0], b[1] - a[1], int((ends[-1][0] - ends[first][0]) * 1e9), procs
+
+
+def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:
+    """(rate, seconds, "", what was seen beside the rate) from rb::measure_link's line on stdin
+    (`RATE SECONDS IDLE BYTES` and this machine's ssh masters' `CPU_NS WAIT_NS WALL_NS COUNT` or
+    `-`; IDLE `-` when unknown), or (0, 0.0, why, {}) from `error WHY` or anything else. Seen:
+    idle_cpus, bytes, and here_cpu_s, here_wait_s, here_wall_s, here_procs when read."""
     words = line.split()
-    if len(words) in (2, 3) and words[0].isdigit():
+    if len(words) >= 2 and words[0].isdigit():
         try:
-            idle = float(words[2]) if len(words) == 3 and words[2] != "-" else None
-            return int(words[0]), float(words[1]), "", idle
+            seen: Dict[str, Any] = {"idle_cpus": None}
+            if len(words) >= 3 and words[2] != "-":
+                seen["idle_cpus"] = float(words[2])
+            if len(words) >= 4:
+                seen["bytes"] = int(words[3])
+            if len(words) == 8:
+                cpu, waited, wall, procs = (int(w) for w in words[4:8])
+                seen.update(here_cpu_s=cpu / 1e9, here_wait_s=waited / 1e9,
+                            here_wall_s=wall / 1e9, here_procs=procs)
+            return int(words[0]), float(words[1]), "", seen
         except ValueError:
             pass
-    return 0, 0.0, " ".join(words[1:]) if words[:1] == ["error"] else "no link rate", None
+    return 0, 0.0, " ".join(words[1:]) if words[:1] == ["error"] else "no link rate", {}
+
+
+def spare_cpu(link: int, seen: Dict[str, Any]) -> Optional[bool]:
+    """Whether the link (`link` bytes a second) had CPU to spare (rbrules.common.link_cpu_bound
+    on this machine's ssh masters' figures in `seen`, read_link's), or None where they were not
+    read."""
+    if "here_cpu_s" not in seen:
+        return None
+    return not link_cpu_bound(seen["here_cpu_s"], seen["here_wait_s"], seen["here_wall_s"],
+                              seen["here_procs"], link * seen["here_wall_s"])
+
+
+def said_cpu(seen: Dict[str, Any]) -> str:
+    """The ssh masters' figures in words."""
+    cpu, waited = seen["here_cpu_s"], seen["here_wait_s"]
+    return "its ssh here busy %d%% of %.2f s, waiting for a CPU %.1fx their time on one" % (
+        round(100 * (cpu + waited) / (seen["here_wall_s"] * seen["here_procs"])),
+        seen["here_wall_s"], waited / cpu if cpu > 0 else 0.0)
 
 
 MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
@@ -266,14 +381,10 @@ def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
 
 
 def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
-            seconds: float = 5.0, before: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-    """The sample's figures and each tool's (rate); `before`, when given, is called first (the
-    link's rate read, where the walk and the tools would take the CPUs its ssh ciphers are
-    measured on)."""
-    if before is not None:
-        before()
+            seconds: float = 5.0, scanned: Optional[str] = None) -> Dict[str, Any]:
+    """The sample's figures and each tool's (rate)."""
     start = time.monotonic()
-    data = sample(root, excludes, want)
+    data = sample(root, excludes, want, scanned)
     doc: Dict[str, Any] = {"sample_bytes": len(data),
                            "read_seconds": round(time.monotonic() - start, 4), "tools": {}}
     if not data:
@@ -288,20 +399,25 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
 
 
 def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1,
-               no_link: str = "no link rate", idle: Optional[float] = None) -> List[str]:
+               no_link: str = "no link rate", seen: Optional[Dict[str, Any]] = None) -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
-    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0); `idle`:
-    the CPUs the link left idle while it was measured (one kernel), kept in the figures."""
+    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0); `seen`:
+    what was seen beside the link's rate (read_link's), kept in the figures. On one kernel
+    (`shared`) a link without CPU to spare (spare_cpu) is none, whatever the tools (not run)."""
     import json
-    if doc.get("error") or link <= 0:
+    seen = seen or {}
+    if link > 0 and shared and spare_cpu(link, seen) is False:
+        choice, why = "none", "link %s (one kernel, no CPU to spare: %s): none, no compressor " \
+            "tried" % (mb(link), said_cpu(seen))
+    elif doc.get("error") or link <= 0:
         return ["error\t%s" % (doc.get("error") or no_link)]
-    if doc["sample_bytes"] < SMALL:
+    elif doc["sample_bytes"] < SMALL:
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
     else:
         choice, why = choose(link, doc["tools"], shared, stream_count(jobs), jobs)
-    # recorded, not yet used: counting only the CPUs the link left idle took none on the capped
-    # 1 Gbit/s lab link in one run of two (the source's scan runs beside the measurement and
-    # takes CPU the transfer has to itself later: transfer 11.1 s against 7.2 s with lz4)
-    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs, link_idle_cpus=idle)
+    # the CPUs the link left idle: recorded, not used (counting only those took none on the
+    # capped 1 Gbit/s lab link in one run of two, the source's scan running beside the link then)
+    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs, link_idle_cpus=seen.get("idle_cpus"),
+               link_seen=seen)
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]

@@ -6,6 +6,8 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
     LINK_SECONDS, LINK_SEND_SECONDS, LINK_MIN_SECONDS, LINK_WINDOW, LINK_STABLE, LINK_MIN_BYTES,
     link_tail, link_stable, MEASURE_SAMPLE   compression auto's measurement: the link's (how long, which
                     windows give its rate, when it stops), and the sample's
+    LINK_BUSY, LINK_WAITED, LINK_CPU_SECONDS, link_cpu_bound   on one kernel: whether the link had
+                    CPU to spare, and when that stops its measurement
     TAR_RECORD      tar's record size on both ends of a stream
     MAX_STREAMS,    several streams side by side: at most this many, none below this size,
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
@@ -73,7 +75,34 @@ def link_stable(windows: List[float], seconds: float) -> bool:
             and all(abs(w - rate) <= LINK_STABLE * rate for w in windows[-2:]))
 
 
-MEASURE_SAMPLE = 16 << 20
+# the compressors' sample: 8 MiB (16 before): the lab's torch venv packs 2.57x with lz4 -1 over
+# its whole tar stream; its 8 MiB sample said 2.50, the 16 MiB one 2.3, and the tools' part of the
+# measurement is about half as long (lz4 and zstd packing and unpacking it: 0.03-0.11 s each)
+MEASURE_SAMPLE = 8 << 20
+
+# On one kernel (every machine of the relay on the same CPUs: rb::one_kernel) the link is
+# measured alone on them, once the source's scan is done, and this machine's ssh masters (one
+# cipher process a leg) say whether it had CPU to spare: their time on a CPU and waiting for one
+# (/proc/PID/schedstat) while it was measured. Busy (either) LINK_BUSY of the time or more, and
+# waiting LINK_WAITED of their time on a CPU or more, while the link carried LINK_MIN_BYTES or
+# more (a stall, e.g. the stream's first windows on a loaded machine, says nothing of the link):
+# the CPUs, not the wire, set the link's rate, and a compressor would take its CPU from the
+# ciphers: none (the tools are not even run).
+LINK_BUSY = 0.5
+LINK_WAITED = 0.8
+# where the receiving end sees those processes too (one kernel, one pid namespace), a link they
+# show without CPU to spare over link_tail's windows stops this many seconds after its first byte
+LINK_CPU_SECONDS = 0.2
+
+
+def link_cpu_bound(cpu_s: float, wait_s: float, wall_s: float, procs: int, moved: float
+                   ) -> bool:
+    """Whether the link's processes (`procs` of them: `cpu_s` seconds on a CPU, `wait_s` waiting
+    for one, over `wall_s`, while the link carried `moved` bytes) had no CPU to spare
+    (LINK_BUSY, LINK_WAITED, LINK_MIN_BYTES)."""
+    if cpu_s <= 0 or wall_s <= 0 or procs <= 0 or moved < LINK_MIN_BYTES:
+        return False
+    return (cpu_s + wait_s) / (wall_s * procs) >= LINK_BUSY and wait_s >= LINK_WAITED * cpu_s
 
 # tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
 # default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU

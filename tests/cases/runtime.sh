@@ -681,48 +681,14 @@ rb::route_said() {
 }
 
 #######################################
-# The relay's own rate: zeros from $1 through this machine (a 1 MiB pipe, as the stream's) to $2
-# over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
-# measure-link`: it says `ready` before the sending end starts (a late session is not the link),
-# stops once the rate is stable (rbrules.common.link_stable), at most 0.6 s after the first
-# byte, and the sending end ends on the broken pipe. $3: a scratch path. The receiving end starts
-# at once, the zeros once the gate $4 says `go` (then `go` is printed first). Prints `RATE SECONDS
-# IDLE` (IDLE: the CPUs $2's kernel left idle meanwhile, or -) or `error WHY`.
-#######################################
-rb::measure_link() {
-  local from=$1 to=$2 out=$3 ready='' line='' go='' fd rfd pid
-  rm -f "${out}.in" "${out}.out" && mkfifo -m 600 "${out}.in" "${out}.out"
-  rb::kit_argv "${to}"
-  rb::pipe_on_host "${to}" "${RB_KIT_ARGV[@]}" measure-link <"${out}.in" >"${out}.out" 2>/dev/null &
-  pid=$!
-  exec {fd}>"${out}.in" {rfd}<"${out}.out"
-  read -r -t 10 -u "${rfd}" ready || true
-  read -r -t 600 go <"$4" || true
-  [[ "${go}" != go ]] || printf 'go\n'
-  if [[ "${ready}${go}" == readygo ]]; then
-    rb::wide_pipe >&"${fd}"
-    rb::on_host "${from}" timeout 2 cat /dev/zero 1>&"${fd}" 2>/dev/null || true
-  fi
-  exec {fd}>&-
-  read -r -t 10 -u "${rfd}" line || true
-  exec {rfd}<&-
-  wait "${pid}" || true
-  [[ "${go}" == go ]] || return 0
-  line=${line:-error no answer from ${to}}
-  if [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)$ ]]; then
-    line="error the link's rate could not be measured (${line#error })"
-  fi
-  printf '%s\n' "${line}"
-}
-
-#######################################
 # compression: auto on the relay, measured beside the source's scan (in the background), started
 # as the hosts are ready and told to go by rb::measure_go: the link's rate (rb::measure_link) and
 # each compressor both ends have packing a sample of the source (rbkit measure, which also takes
-# the choice) into RB_WORK/measure.out, side by side (on one kernel the sample waits for the link).
+# the choice) into RB_WORK/measure.out, side by side; on one kernel the link waits for the scan
+# (rb::measure_scanned), alone on the CPUs, and the tools for the link (rb::measure_run).
 #######################################
 rb::measure_start() {
-  local tool
+  local tool src_kit
   RB_MEASURE_ARGS=()
   RB_MEASURE_PID=''
   RB_MEASURE_SKIP=''
@@ -739,23 +705,31 @@ rb::measure_start() {
     return 0
   fi
   if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
-    RB_MEASURE_ARGS+=(--shared-cpu)
+    src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+    RB_MEASURE_ARGS+=(--shared-cpu --scanned "${src_kit}/${RB_NAME}.names.stat")
   fi
   mkfifo -m 600 "${RB_WORK}/measure.go"
-  # shellcheck disable=SC2034 # rb::measure_go (preflight) writes to it
+  # shellcheck disable=SC2034 # rb::measure_go (preflight) and rb::measure_scanned write to it
   exec {RB_MEASURE_GO}<>"${RB_WORK}/measure.go"
   rb::measure_run >"${RB_WORK}/measure.out" 2>"${RB_WORK}/measure.err" &
   RB_MEASURE_PID=$!
   RB_BG_PIDS+=("${RB_MEASURE_PID}")
 }
 
-# The background job of rb::measure_start (RB_WORK empty: it records no command of its own).
+#######################################
+# The background job of rb::measure_start (RB_WORK empty: it records no command of its own): the
+# link measured here (rb::measure_link), `rbkit measure` on the source told to go by its first
+# line: its tools beside the link, or, on one kernel, after it and only if the link left CPU to
+# spare (the sample then from the scan's record).
+#######################################
 rb::measure_run() {
-  local out=${RB_WORK}/measure.link go=''
+  local out=${RB_WORK}/measure.link go='' shared=''
   RB_WORK=''
+  if [[ " ${RB_MEASURE_ARGS[*]} " == *" --shared-cpu "* ]]; then
+    shared=shared
+  fi
   rb::kit_argv "${RB_SRC_HOST}"
-  # the kit's start beside the link's measurement (its sample and tools too, unless one kernel)
-  rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}" "${out%link}go" | {
+  rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}" "${out%link}go" "${shared}" | {
     read -r go && [[ "${go}" == go ]] &&
       rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" measure "${RB_SRC_ABS}" \
         "${RB_MEASURE_ARGS[@]}" "${RB_EXCLUDE_ARGS[@]}" --link - --jobs "${RB_JOBS}"
@@ -794,6 +768,126 @@ rb::measure_finish() {
   fi
   RB_COMPRESSION_USED=${choice}
   rb::compression_said "${choice} (auto, measured: ${why})"
+}
+
+# The source's scan is done (rb::source_finish): on one kernel the link's measurement may start.
+rb::measure_scanned() {
+  if [[ -n "${RB_MEASURE_PID:-}" && -n "${RB_MEASURE_GO:-}" ]]; then
+    printf 'scanned\n' >&"${RB_MEASURE_GO}" || true
+    exec {RB_MEASURE_GO}>&-
+    RB_MEASURE_GO=''
+  fi
+}
+
+#######################################
+# The relay's own rate: zeros from $1 through this machine (a 1 MiB pipe, as the stream's) to $2
+# over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
+# measure-link`: it says `ready` before the sending end starts (a late session is not the link),
+# stops once the rate is stable (rbrules.common.link_stable), at most 0.6 s after the first
+# byte, and the sending end ends on the broken pipe. $3: a scratch path. The receiving end starts
+# at once, the zeros once the gate $4 says `go` (then `go` is printed first); with $5 `shared`
+# (one kernel) only once the gate also said `scanned` (the link alone on the CPUs), and the
+# receiving end watches this machine's ssh masters (rb::link_pids: it stops early when they had
+# no CPU to spare). Prints `RATE SECONDS IDLE BYTES` (IDLE: the CPUs $2's kernel left idle
+# meanwhile, or -) and the masters' `CPU WAIT WALL COUNT` (ns: as the receiving end saw them over
+# its later windows, else here over the whole measurement, rb::link_cpu_since, or -), or `error WHY`.
+#######################################
+rb::measure_link() {
+  local from=$1 to=$2 out=$3 ready='' line='' go='' fd rfd pid was=- since
+  local -a watch=()
+  rm -f "${out}.in" "${out}.out" && mkfifo -m 600 "${out}.in" "${out}.out"
+  rb::link_pids "${from}" "${to}"
+  if [[ "${5:-}" == shared ]]; then
+    watch=("${RB_LINK_WATCH[@]}")
+  fi
+  rb::kit_argv "${to}"
+  rb::pipe_on_host "${to}" "${RB_KIT_ARGV[@]}" measure-link "${watch[@]}" <"${out}.in" \
+    >"${out}.out" 2>/dev/null &
+  pid=$!
+  exec {fd}>"${out}.in" {rfd}<"${out}.out"
+  read -r -t 10 -u "${rfd}" ready || true
+  read -r -t 600 go <"$4" || true
+  [[ "${go}" != go ]] || printf 'go\n'
+  if [[ "${5:-}" == shared && "${go}" == go ]]; then
+    read -r -t 600 line <"$4" || true
+    line=''
+  fi
+  if [[ "${ready}${go}" == readygo ]]; then
+    rb::wide_pipe >&"${fd}"
+    rb::link_cpu
+    was=${RB_LINK_CPU}
+    rb::on_host "${from}" timeout 2 cat /dev/zero 1>&"${fd}" 2>/dev/null || true
+  fi
+  since=$(rb::link_cpu_since "${was}")
+  exec {fd}>&-
+  read -r -t 10 -u "${rfd}" line || true
+  exec {rfd}<&-
+  wait "${pid}" || true
+  [[ "${go}" == go ]] || return 0
+  line=${line:-error no answer from ${to}}
+  if [[ "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)\ [0-9]+$ ]]; then
+    line+=" ${since}"     # the receiving end did not read the masters' figures: these
+  elif [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)(\ [0-9]+){5}$ ]]; then
+    line="error the link's rate could not be measured (${line#error })"
+  fi
+  printf '%s\n' "${line}"
+}
+
+#######################################
+# This machine's ssh masters to the hosts $@ (the relay's connections: one cipher process a
+# leg here, as many on the hosts), their pids into RB_LINK_PIDS and as `--watch PID:START` (the
+# start time names the process: /proc/PID/stat's 22nd field) into RB_LINK_WATCH; a host reached
+# without ssh, or whose master does not answer, is left out.
+#######################################
+rb::link_pids() {
+  local host out stat
+  local -a statf
+  RB_LINK_PIDS=()
+  RB_LINK_WATCH=()
+  for host in "$@"; do
+    "rb::host_${host}"
+    [[ -n "${RB_HOST_TARGET}" ]] || continue
+    out=$(ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O check -- "${RB_HOST_TARGET}" 2>&1) ||
+      continue
+    [[ "${out}" =~ pid=([0-9]+) ]] || continue
+    { stat=$(<"/proc/${BASH_REMATCH[1]}/stat"); } 2>/dev/null || continue
+    read -r -a statf <<<"${stat##*) }"
+    RB_LINK_PIDS+=("${BASH_REMATCH[1]}")
+    RB_LINK_WATCH+=(--watch "${BASH_REMATCH[1]}:${statf[19]}")
+  done
+}
+
+#######################################
+# The CPU time and the run-queue wait (ns, /proc/PID/schedstat) of the processes RB_LINK_PIDS so
+# far, and the clock (ns), into RB_LINK_CPU as `CPU WAIT NOW COUNT`; `-` when one cannot be read.
+#######################################
+rb::link_cpu() {
+  local pid cpu wait_ns sum=0 waited=0 now=${EPOCHREALTIME/./}
+  RB_LINK_CPU=-
+  ((${#RB_LINK_PIDS[@]} > 0)) || return 0
+  for pid in "${RB_LINK_PIDS[@]}"; do
+    { read -r cpu wait_ns _ </proc/"${pid}"/schedstat; } 2>/dev/null || return 0
+    sum=$((sum + cpu))
+    waited=$((waited + wait_ns))
+  done
+  RB_LINK_CPU="${sum} ${waited} ${now}000 ${#RB_LINK_PIDS[@]}"
+}
+
+#######################################
+# What RB_LINK_PIDS used between rb::link_cpu's reading $1 (`CPU WAIT NOW COUNT`) and now:
+# `CPU_NS WAIT_NS WALL_NS COUNT`, or `-` when either reading is missing.
+#######################################
+rb::link_cpu_since() {
+  local -a was now_
+  rb::link_cpu
+  if [[ "$1" == - || "${RB_LINK_CPU}" == - ]]; then
+    printf -- '-\n'
+    return 0
+  fi
+  read -r -a was <<<"$1"
+  read -r -a now_ <<<"${RB_LINK_CPU}"
+  printf '%s %s %s %s\n' "$((now_[0] - was[0]))" "$((now_[1] - was[1]))" "$((now_[2] - was[2]))" \
+    "${now_[3]}"
 }
 
 #######################################
@@ -1762,6 +1856,7 @@ rb::source_finish() {
   RB_LAST_CMD="on ${RB_SRC_HOST}: rbkit engine source ${RB_SRC_ABS}"
   printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
   wait "${RB_SOURCE_PID}" || rc=$?
+  rb::measure_scanned
   if ! rb::engine_read <"${RB_WORK}/source.out" || ((rc != 0)); then
     rb::fail "${RB_ENGINE_DETAIL:-rbkit engine source on ${RB_SRC_HOST} exited ${rc} (above)}"
   fi

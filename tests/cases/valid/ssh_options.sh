@@ -538,7 +538,6 @@ rb::measure_go() {
   if [[ -n "${RB_MEASURE_PID}" ]]; then
     # shellcheck disable=SC2154 # opened by rb::measure_start
     printf '%s\n' "${go}" >&"${RB_MEASURE_GO}"
-    exec {RB_MEASURE_GO}>&-
   fi
 }
 
