@@ -65,11 +65,23 @@ def read_install(dest: str) -> Tuple[Optional[dict], List[dict], Optional[os.sta
     got = safefs.read_in(dest, INSTALLED)
     if got is None:
         return None, [], None
-    rows = [ln for ln in got[0].split(b"\n") if ln.strip()]
+    head = _header(got[0])
+    return (head, _entries(got[0]) if head is not None else [], got[1])
+
+
+def _header(data: bytes) -> Optional[dict]:
+    """The header of a manifest's bytes (its first line), None when it is not one of this tool."""
+    try:
+        head = json.loads(data.partition(b"\n")[0])
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
+
+
+def _entries(data: bytes) -> List[dict]:
+    rows = [ln for ln in data.split(b"\n") if ln.strip()]
     docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
-    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
-        return None, [], got[1]
-    return docs[0], [d for d in docs[1:] if isinstance(d, dict) and "p" in d], got[1]
+    return [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
 
 
 class Against:
@@ -127,35 +139,41 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
     lines: List[bytes] = []
     size = 0
     head: Optional[dict] = None
-    entries: List[dict] = []
+    data = b""
     if facts["installed"] and not os.path.islink(dest):
         try:
-            head, entries, st = read_install(dest)
-            if st is not None:
-                facts["installed_record"] = [st.st_size, st.st_mtime_ns]
+            got = safefs.read_in(dest, INSTALLED)
+            if got is not None:
+                data = got[0]
+                facts["installed_record"] = [got[1].st_size, got[1].st_mtime_ns]
+                head = _header(data)
             if head is not None:
                 facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
         except (OSError, ValueError) as exc:
             facts["installed_error"] = str(exc)
-    compare = None
-    if against and head is not None and head.get("source_stat_fingerprint") is not None:
-        compare = Against(head, entries)
     if facts["is_dir"] and not os.path.islink(dest):
-        for rel, st in kitmanifest.walk(dest, list((head or {}).get("excludes") or ())):
-            v = kitmanifest.stat_values(dest, rel, st)
+        lines, size = kitmanifest.tree_stat(dest, list((head or {}).get("excludes") or ()))
+    body = b"".join(lines)
+    if against and head is not None and head.get("source_stat_fingerprint") is not None:
+        if head.get(kitmanifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
+            # the walk's lines are the ones the install recorded (their sha256, in its
+            # header): every entry is as installed, none compared, no entry of it parsed
+            facts["install"] = {"moved": {}, "source_entries": [
+                _row(e) for e in head.get("source_entries") or ()]}
+        else:
             try:
-                lines.append(kitmanifest.values_line(v))
-            except UnicodeEncodeError:
-                continue
-            if compare is not None:
-                compare.see(v)
-            if v[1] == "f":
-                size += st.st_size
-    if compare is not None:
-        facts["install"] = compare.result()
+                compare = Against(head, _entries(data))
+            except ValueError as exc:
+                facts["installed_error"] = str(exc)
+                facts.pop("installed_source_stat", None)
+            else:
+                for row in _rows(lines):
+                    compare.see(tuple(row))
+                facts["install"] = compare.result()
+    del data
     facts["bytes"] = size
     facts["digest"] = hashlib.sha256(json.dumps(
-        [facts["exists"], facts.get("installed_record")]).encode() + b"".join(lines)).hexdigest()
+        [facts["exists"], facts.get("installed_record")]).encode() + body).hexdigest()
     good: List[str] = []
     if os.path.isdir(parent):
         good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]

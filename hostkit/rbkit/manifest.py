@@ -20,7 +20,7 @@ import json
 import os
 import re
 import stat
-from typing import Callable, Iterable, Iterator, Optional, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 from . import safefs
 # public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
@@ -131,6 +131,43 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
             if stat.S_ISDIR(st.st_mode):
                 subdirs.append(rel)
         stack.extend(reversed(subdirs))
+
+
+def tree_stat(root: str, patterns: Iterable[str] = ()) -> Tuple[List[bytes], int]:
+    """The stat line (values_line) of every entry below `root`, in the walk's order, and the
+    bytes of its files: what an install's INSTALLED_STAT is the sha256 of, while the tree is as
+    the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
+    records one."""
+    lines: List[bytes] = []
+    size = 0
+    for rel, st in walk(root, patterns):
+        v = stat_values(root, rel, st)
+        try:
+            lines.append(values_line(v))
+        except UnicodeEncodeError:
+            continue
+        if v[1] == "f":
+            size += st.st_size
+    return lines, size
+
+
+def read_header(path: str) -> Optional[dict]:
+    """The header of the manifest at `path` (its first line; the rest is not read), None when it
+    is not a manifest's. Opened without following a link, never a FIFO or a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        line = f.readline()
+    try:
+        head = json.loads(line)
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
 
 
 def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
@@ -517,13 +554,17 @@ def read_names(path: str) -> list[str]:
 
 
 # what `relocated` adds to a source manifest's header; `source_of` takes them out again
-SOURCE_KEYS = ("source_fingerprint", "source_stat_fingerprint", "source_entries")
+INSTALLED_STAT = "installed_stat_fingerprint"
+SOURCE_KEYS = ("source_fingerprint", "source_stat_fingerprint", "source_entries", INSTALLED_STAT)
 
 
 def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:
     """The manifest of the installed tree: `manifest` with relocation's rewritten entries, and in
     its header what the source was (for re-runs): its fingerprints, and the source's own entries
-    of the rewritten files, so that `source_of` can give back `manifest` itself."""
+    of the rewritten files, so that `source_of` can give back `manifest` itself; and the stat
+    fingerprint of these entries (INSTALLED_STAT): the sha256 of `tree_stat`'s lines of the
+    installed tree while it is as installed (relocation keeps each file's mtime), so that one
+    walk proves an install unchanged without reading its entries (liveplan, EarlyCheck)."""
     entries = [dict(e, **changes.get(e["p"], {})) for e in manifest["entries"]]
     header = {k: v for k, v in manifest["header"].items() if k != "stat_fingerprint"}
     # the stat fingerprint `build` took of these entries, where it is there (it is theirs by
@@ -531,6 +572,7 @@ def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Opti
     stat_fp = manifest["header"].get("stat_fingerprint") or stat_fingerprint(manifest["entries"])
     header.update(source_fingerprint=source_fingerprint, source_stat_fingerprint=stat_fp,
                   source_entries=[e for e in manifest["entries"] if e["p"] in changes])
+    header[INSTALLED_STAT] = stat_fingerprint(entries)
     return {"header": header, "entries": entries, "totals": manifest["totals"]}
 
 

@@ -579,6 +579,35 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first
     assert event["facts"]["up_to_date"] == 0 and "source changed" in event["facts"]["why"]
 
 
+def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifest(
+        first_install, monkeypatch):
+    """The install recorded its tree's stat fingerprint (manifest.INSTALLED_STAT): the early
+    walk's lines matching it, the manifest's entries are never read; a link planted there since
+    makes it read them and compare (the link named)."""
+    _src, _m1, dest, tmp_path = first_install
+    head = manifest.read_header(str(dest / engine.INSTALLED))
+    assert head[manifest.INSTALLED_STAT]
+
+    def unread(*args, **kw):
+        raise AssertionError("the install's manifest was read")
+
+    def checked(locked=True):
+        ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+        ctx.locked = locked
+        engine.begin_early_check(ctx)
+        return engine.run(ctx, "current", engine.current, mode="quick",
+                          source_stat=head["source_stat_fingerprint"])
+
+    monkeypatch.setattr(manifest, "load", unread)
+    event = checked()
+    assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
+    monkeypatch.undo()
+    os.symlink("/etc", dest / "lib" / "planted")
+    event = checked()
+    assert event["facts"]["up_to_date"] == 0, event
+    assert "1 entries changed at the destination" in event["facts"]["why"], event
+
+
 def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_install):
     _src, _m1, dest, tmp_path = first_install
     ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))

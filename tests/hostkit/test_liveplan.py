@@ -83,6 +83,50 @@ def test_the_destination_state_is_read_without_writing_and_names_the_backup_to_e
     assert liveplan.dest_state(str(dest), "backup", 2)[0]["digest"] != facts["digest"]
 
 
+def installed_at(dest: Path) -> dict:
+    """An install of this tool at `dest`: its manifest where the engine's relocate puts it."""
+    installed = installed_of(dest)
+    kitmanifest.save(installed, str(dest / liveplan.INSTALLED))
+    return installed
+
+
+def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(tmp_path,
+                                                                              monkeypatch):
+    dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb", "bin/tool": "t"})
+    os.symlink("a.py", dest / "link")
+    installed = installed_at(dest)
+    lines, _size = kitmanifest.tree_stat(str(dest))
+    assert installed["header"][kitmanifest.INSTALLED_STAT] == \
+        kitmanifest.stat_fingerprint(installed["entries"]) == \
+        __import__("hashlib").sha256(b"".join(lines)).hexdigest()
+    full = liveplan.dest_state(str(dest), "replace", 0, against=True)
+
+    def unread(_data):
+        raise AssertionError("the manifest's entries were parsed")
+    monkeypatch.setattr(liveplan, "_entries", unread)
+    facts, fast_lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    assert facts["install"] == {"moved": {}, "source_entries": []}
+    assert (facts, fast_lines) == full
+    assert facts["installed_source_stat"] == installed["header"]["source_stat_fingerprint"]
+
+
+@pytest.mark.parametrize("change, moved", [
+    (lambda d: (d / "pkg" / "b.py").write_text("edited"), ["pkg/b.py"]),
+    (lambda d: os.symlink("/etc/passwd", d / "pkg" / "planted"), ["pkg/planted"]),
+    (lambda d: (d / "a.py").unlink(), ["a.py"]),
+    (lambda d: os.chmod(d / "a.py", 0o755), ["a.py"]),
+])
+def test_an_install_changed_since_falls_back_to_the_full_comparison(tmp_path, change, moved):
+    dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb"})
+    installed_at(dest)
+    change(dest)
+    facts, lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    assert sorted(facts["install"]["moved"]) == moved
+    src = tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "bb"})
+    ch = liveplan.changes(scan_rows(src), liveplan._rows(lines), facts["install"])
+    assert ch["changed"] + ch["removed"] + ch["added"] >= 1
+
+
 def write_state(path: Path, dest: Path) -> None:
     facts, lines = liveplan.dest_state(str(dest), "replace", 0)
     path.write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
