@@ -19,8 +19,13 @@ import io
 import json
 import os
 import re
+import select
 import stat
+import struct
+import threading
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+
+from rbrules.common import walk_workers
 
 from . import safefs
 # public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
@@ -108,13 +113,14 @@ def _exclusion(patterns: tuple) -> Callable[..., bool]:
     return test
 
 
-def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
+def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str = ""
          ) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of every entry below root, sorted (unless not `ordered`: the order
-    the directories give), excludes pruned."""
+    """(relative path, lstat) of every entry below root (below its directory `top`, given
+    relative to root: that subtree's part of the whole walk, in the same order), sorted (unless
+    not `ordered`: the order the directories give), excludes pruned."""
     patterns = tuple(patterns)
     test = _exclusion(patterns) if patterns else None      # looked up once, not per entry
-    stack = [""]
+    stack = [top]
     while stack:
         rel_dir = stack.pop()
         full = os.path.join(root, rel_dir) if rel_dir else root
@@ -133,14 +139,37 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
         stack.extend(reversed(subdirs))
 
 
-def tree_stat(root: str, patterns: Iterable[str] = ()) -> Tuple[List[bytes], int]:
+def tree_stat(root: str, patterns: Iterable[str] = (), workers: Optional[int] = None
+              ) -> Tuple[List[bytes], int]:
     """The stat line (values_line) of every entry below `root`, in the walk's order, and the
     bytes of its files: what an install's INSTALLED_STAT is the sha256 of, while the tree is as
     the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
-    records one."""
+    records one. With `workers` > 1 (default: rbrules' walk_workers of this process's CPUs, in
+    a process of one thread only) the subtrees are walked by that many forked processes
+    (_forked); the answer is the same bytes."""
+    patterns = tuple(patterns)
+    if workers is None:
+        workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
+    if workers > 1:
+        got = _forked(root, patterns, workers)
+        if got is not None:
+            return [b"".join(got[0])], got[1]
     lines: List[bytes] = []
+    size = _stat_lines(root, patterns, "", lines)
+    return lines, size
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int:
+    """tree_stat's lines of the entries below `top` appended to `lines`; their files' bytes."""
     size = 0
-    for rel, st in walk(root, patterns):
+    for rel, st in walk(root, patterns, top=top):
         v = stat_values(root, rel, st)
         try:
             lines.append(values_line(v))
@@ -148,7 +177,140 @@ def tree_stat(root: str, patterns: Iterable[str] = ()) -> Tuple[List[bytes], int
             continue
         if v[1] == "f":
             size += st.st_size
-    return lines, size
+    return size
+
+
+_UNIT = struct.Struct("<IQQ")      # a worker's answer for one subtree: its index, bytes, size
+
+
+def _forked(root: str, patterns: tuple, workers: int) -> Optional[Tuple[List[bytes], int]]:
+    """tree_stat by `workers` forked processes: the directories near the root are listed here,
+    breadth first, until there are 4 subtrees a worker (or none is left: a small tree is walked
+    here alone); each worker then takes the next subtree's index from one pipe and sends back its
+    lines through its own; they are put together in the walk's order. None when a worker failed
+    (the caller walks again in this process, and meets the error itself)."""
+    test = _exclusion(patterns) if patterns else None
+    own: dict = {}                 # a directory listed here -> (its entries' lines, bytes)
+    subs: dict = {}                # a directory listed here -> its subdirectories, in order
+    frontier = [""]
+    while frontier and len(frontier) < 4 * workers:
+        deeper = []
+        for d in frontier:
+            lines: List[bytes] = []
+            dirs: List[str] = []
+            size = 0
+            full = os.path.join(root, d) if d else root
+            with os.scandir(full) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            for entry in entries:
+                rel = f"{d}/{entry.name}" if d else entry.name
+                if rel in SKIP_NAMES or (test is not None and test(rel, entry.name)):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                v = stat_values(root, rel, st)
+                if stat.S_ISDIR(st.st_mode):
+                    dirs.append(rel)
+                try:
+                    lines.append(values_line(v))
+                except UnicodeEncodeError:
+                    continue
+                if v[1] == "f":
+                    size += st.st_size
+            own[d] = (b"".join(lines), size)
+            subs[d] = dirs
+            deeper.extend(dirs)
+        frontier = deeper
+    units = frontier
+    done: List[Optional[Tuple[bytes, int]]] = [None] * len(units)
+    if units and not _run_units(root, patterns, units, workers, done):
+        return None
+    at = {u: i for i, u in enumerate(units)}
+    out: List[bytes] = []
+    total = 0
+    stack = [""]
+    while stack:                   # the walk's order: a directory's entries, then each subtree
+        d = stack.pop()
+        if d in at:
+            got = done[at[d]]
+            assert got is not None
+            out.append(got[0])
+            total += got[1]
+            continue
+        out.append(own[d][0])
+        total += own[d][1]
+        stack.extend(reversed(subs[d]))
+    return out, total
+
+
+def _run_units(root: str, patterns: tuple, units: List[str], workers: int,
+               done: List[Optional[Tuple[bytes, int]]]) -> bool:
+    """Walk each of `units` in a forked worker (at most `workers`), its (lines, bytes) into
+    `done` at its index; False when a worker failed."""
+    workers = min(workers, len(units))
+    task_r, task_w = os.pipe()
+    queue = b"".join(struct.pack("<I", i) for i in range(len(units)))
+    pids: dict = {}
+    reads: dict = {}
+    try:
+        if len(queue) > 60000:     # the pipe takes every index at once: never a blocked write
+            return False
+        os.write(task_w, queue)
+        os.close(task_w)
+        task_w = -1
+        for _ in range(workers):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:           # the worker: never returns into the caller's code
+                code = 1
+                try:
+                    os.close(r)
+                    while True:
+                        b = os.read(task_r, 4)
+                        if len(b) < 4:
+                            break
+                        i = struct.unpack("<I", b)[0]
+                        lines: List[bytes] = []
+                        size = _stat_lines(root, patterns, units[i], lines)
+                        data = b"".join(lines)
+                        view = memoryview(_UNIT.pack(i, len(data), size) + data)
+                        while view:
+                            view = view[os.write(w, view):]
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            pids[pid] = None
+            reads[r] = []
+        answers = []
+        while reads:
+            for r in select.select(list(reads), [], [])[0]:
+                chunk = os.read(r, 1 << 20)
+                if chunk:
+                    reads[r].append(chunk)
+                else:
+                    answers.append(b"".join(reads.pop(r)))
+                    os.close(r)
+        ok = True
+        for pid in pids:
+            ok = os.waitpid(pid, 0)[1] == 0 and ok
+        pids.clear()
+        for data in answers if ok else ():
+            at = 0
+            while at + _UNIT.size <= len(data):
+                i, n, size = _UNIT.unpack_from(data, at)
+                at += _UNIT.size
+                if i < len(done):
+                    done[i] = (data[at:at + n], size)
+                at += n
+        return ok and all(d is not None for d in done)
+    finally:
+        for r in reads:
+            os.close(r)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        os.close(task_r)
+        if task_w >= 0:
+            os.close(task_w)
 
 
 def read_header(path: str) -> Optional[dict]:

@@ -127,6 +127,43 @@ def test_an_install_changed_since_falls_back_to_the_full_comparison(tmp_path, ch
     assert ch["changed"] + ch["removed"] + ch["added"] >= 1
 
 
+def wide_tree(root: Path) -> Path:
+    """Directories several levels deep, excluded caches, links, a name that is not UTF-8."""
+    for a in range(3):
+        for b in range(12):
+            d = root / "lib" / f"p{a}" / f"m{b:02d}"
+            tree(d, {f"f{c}.py": "x" * c for c in range(3)})
+            (d / "__pycache__").mkdir()
+            (d / "__pycache__" / "f0.pyc").write_text("c")
+            os.symlink("f1.py", d / "ln")
+    tree(root, {"pyvenv.cfg": "home = /usr/bin\n", "bin/python": ""})
+    os.mkdir(os.path.join(os.fsencode(root / "lib"), b"bad\xff"))
+    return root
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8, 200])
+def test_the_forked_walk_gives_the_walks_own_lines(tmp_path, workers):
+    root = wide_tree(tmp_path / "venv")
+    pats = ("__pycache__", "*.pyc")
+    alone = kitmanifest.tree_stat(str(root), pats, workers=1)
+    assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16   # bad\xff: none
+    forked = kitmanifest.tree_stat(str(root), pats, workers=workers)
+    assert b"".join(forked[0]) == b"".join(alone[0]) and forked[1] == alone[1]
+
+
+def test_a_failed_worker_leaves_the_walk_to_this_process(tmp_path, monkeypatch):
+    root = wide_tree(tmp_path / "venv")
+    alone = kitmanifest.tree_stat(str(root), workers=1)
+    real = kitmanifest._stat_lines
+
+    def dies(root_, patterns, top, lines):
+        if top:                      # in a worker: a subtree
+            os._exit(3)
+        return real(root_, patterns, top, lines)
+    monkeypatch.setattr(kitmanifest, "_stat_lines", dies)
+    assert kitmanifest.tree_stat(str(root), workers=4) == alone
+
+
 def write_state(path: Path, dest: Path) -> None:
     facts, lines = liveplan.dest_state(str(dest), "replace", 0)
     path.write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
