@@ -189,8 +189,17 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
 
 
 def _rows(lines: List[bytes]) -> List[list]:
-    body = b",".join(ln.rstrip(b"\n") for ln in lines if ln.strip())
-    return json.loads(b"[" + body + b"]") if body else []
+    """The rows of stat lines (each ended by its newline)."""
+    return _body_rows(b"".join(lines))
+
+
+def _body_rows(body: bytes) -> List[list]:
+    """The rows of a body of stat lines, parsed at once (a name's newline is escaped in its
+    JSON: each line is one row; blank lines are none)."""
+    body = body.strip(b"\n")
+    if b"\n\n" in body or b"\r" in body:
+        body = b"\n".join(ln for ln in body.split(b"\n") if ln.strip())
+    return json.loads(b"[" + body.replace(b"\n", b",") + b"]") if body.strip() else []
 
 
 def scan_body(path: str) -> Tuple[str, bytes]:
@@ -204,7 +213,7 @@ def scan_body(path: str) -> Tuple[str, bytes]:
 def read_scan(path: str) -> Tuple[str, List[list]]:
     """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
     fp, body = scan_body(path)
-    return fp, _rows(body.split(b"\n"))
+    return fp, _body_rows(body)
 
 
 def state_body(path: str) -> Tuple[dict, bytes]:
@@ -216,7 +225,7 @@ def state_body(path: str) -> Tuple[dict, bytes]:
 
 def read_state(path: str) -> Tuple[dict, List[list]]:
     facts, body = state_body(path)
-    return facts, _rows(body.split(b"\n"))
+    return facts, _body_rows(body)
 
 
 def _flags(old: Optional[list], new: list) -> str:
@@ -229,6 +238,9 @@ def _flags(old: Optional[list], new: list) -> str:
         return head + "T" * 9
     return head + "." + ("s" if old[3] != new[3] else ".") + ("t" if old[5] != new[5] else ".") \
         + ("p" if old[2] != new[2] else ".") + ("L" if old[4] != new[4] else ".") + "...."
+
+
+_ADDED = {"f": ">f+++++++++ ", "d": "cd+++++++++ ", "l": "cL+++++++++ "}    # _flags(None, row)
 
 
 def changes(src: List[list], dest: List[list], installed: Optional[dict],
@@ -244,6 +256,11 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
            "removed_bytes": 0, "unchanged": 0, "changed_there": 0}
     if installed is not None and same_source and not installed["moved"]:
         out.update(unchanged=len(src), items=[])
+        return out
+    if installed is None and not dest:
+        # nothing there (a first move): every entry is added, one line each, nothing compared
+        out.update(added=len(src), added_bytes=sum(r[3] for r in src if r[1] == "f"),
+                   items=[_ADDED.get(r[1], "c?+++++++++ ") + r[0] for r in src])
         return out
     now = {r[0]: r for r in dest}
     base: Dict[str, list] = dict(now)
@@ -308,8 +325,8 @@ def judged(src_stat: str, body: bytes, facts: dict, dest_body: bytes
         ch = changes([], [], installed, same)
         ch["unchanged"] = body.count(b"\n")
         return [], ch, installed
-    src = _rows(body.split(b"\n"))
-    return src, changes(src, _rows(dest_body.split(b"\n")), installed, same), installed
+    src = _body_rows(body)
+    return src, changes(src, _body_rows(dest_body), installed, same), installed
 
 
 def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, ch: dict,
@@ -354,7 +371,7 @@ def compose(a: argparse.Namespace) -> int:
     src_stat, body = scan_body(os.path.join(d, "source.scan"))
     facts, dest_body = state_body(os.path.join(d, "dest.state"))
     src, ch, installed = judged(src_stat, body, facts, dest_body)
-    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
+    _write(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
     got = assess(a, facts, src, src_stat, ch, installed)
     up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
     staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]

@@ -43,6 +43,13 @@ def test_a_first_move_adds_every_entry(tmp_path):
     ch = liveplan.changes(scan_rows(src), [], None)
     assert ch["added"] == 3 and ch["added_bytes"] == 3 and ch["changed"] == ch["removed"] == 0
     assert ch["items"] == [">f+++++++++ a.py", "cd+++++++++ pkg", ">f+++++++++ pkg/b.py"]
+    os.symlink("a.py", src / "ln")
+    rows = scan_rows(src) + [["dev", "?", 0o600, None, None, None]]
+    # nothing there: each line written without a comparison, as the comparison writes it
+    ch = liveplan.changes(rows, [], None)
+    assert ch["items"] == ["%s %s" % (liveplan._flags(None, r), r[0]) for r in rows]
+    assert "cL+++++++++ ln" in ch["items"] and ch["items"][-1] == "c?+++++++++ dev"
+    assert ch["added"] == 5
 
 
 def test_a_rerun_names_exactly_the_file_that_changed_and_what_is_gone(tmp_path):
