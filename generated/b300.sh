@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 16251f744d8f7c849749631aa25c2be4846b540f50c8b866991ab44995021a73
+# sha256 of this file with these 64 digits zeroed: 5b4c0b601843aff3104174cfec2390b830412dca97bedd60a60c0c01ef6d2b70
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2620a7c4a9edf637de4d4c3bde3112a2152c10e0750ab065dbaf5ea8d3074e2a
-readonly RB_KIT_FILE=.kit/2620a7c4a9edf637de4d4c3bde3112a2152c10e0750ab065dbaf5ea8d3074e2a.tar
+readonly RB_KIT_SHA256=80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4
+readonly RB_KIT_FILE=.kit/80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

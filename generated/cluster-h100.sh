@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 174a3b14d9bb2aed336fc1cacef21ffb8fea97fb32479c4917024eb70369ad5e
+# sha256 of this file with these 64 digits zeroed: e85aa977f976115414e793204a37e225f8749b00d1694816036f6f36c90c31ef
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2620a7c4a9edf637de4d4c3bde3112a2152c10e0750ab065dbaf5ea8d3074e2a
-readonly RB_KIT_FILE=.kit/2620a7c4a9edf637de4d4c3bde3112a2152c10e0750ab065dbaf5ea8d3074e2a.tar
+readonly RB_KIT_SHA256=80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4
+readonly RB_KIT_FILE=.kit/80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 05af5c8da5fc87a449ea3a388ae4d930a34280458b72cdcee9dc184682b28e91
+# sha256 of this file with these 64 digits zeroed: 1901623438afca542377eea5bef7ff153e57e0116bfeb3410f4c25902e8f5b78
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=2620a7c4a9edf637de4d4c3bde3112a2152c10e0750ab065dbaf5ea8d3074e2a
-readonly RB_KIT_FILE=.kit/2620a7c4a9edf637de4d4c3bde3112a2152c10e0750ab065dbaf5ea8d3074e2a.tar
+readonly RB_KIT_SHA256=80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4
+readonly RB_KIT_FILE=.kit/80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import io
 import json
+import operator
 import os
 import re
 import select
@@ -167,16 +168,43 @@ def _cpus() -> int:
 
 
 def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int:
-    """tree_stat's lines of the entries below `top` appended to `lines`; their files' bytes."""
+    """tree_stat's lines of the entries below `top` appended to `lines`; their files' bytes.
+    walk, stat_values and values_line written out in one loop (the same order and bytes: a
+    test holds them equal): this is the live plan's and the re-run's walk of every entry."""
+    test = _exclusion(patterns) if patterns else None
     size = 0
-    for rel, st in walk(root, patterns, top=top):
-        v = stat_values(root, rel, st)
-        try:
-            lines.append(values_line(v))
-        except UnicodeEncodeError:
-            continue
-        if v[1] == "f":
-            size += st.st_size
+    add = lines.append
+    name_of = operator.attrgetter("name")
+    isreg, isdir, islnk = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
+    stack = [top]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
+            entries = sorted(it, key=name_of)
+        subdirs = []
+        for entry in entries:
+            name = entry.name
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if rel in SKIP_NAMES or (test is not None and test(rel, name)):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            m = st.st_mode
+            try:
+                if isreg(m):
+                    add(('[%s, "f", %d, %d, null, %d]\n' % (
+                        _STR(rel), m & 0o7777, st.st_size, int(st.st_mtime))).encode())
+                    size += st.st_size
+                elif isdir(m):
+                    subdirs.append(rel)
+                    add(('[%s, "d", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
+                elif islnk(m):
+                    add(('[%s, "l", null, null, %s, null]\n' % (
+                        _STR(rel), _STR(os.readlink(os.path.join(root, rel))))).encode())
+                else:
+                    add(('[%s, "?", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
+            except UnicodeEncodeError:
+                continue
+        stack.extend(reversed(subdirs))
     return size
 
 

@@ -154,6 +154,13 @@ def test_the_forked_walk_gives_the_walks_own_lines(tmp_path, workers):
     pats = ("__pycache__", "*.pyc")
     alone = kitmanifest.tree_stat(str(root), pats, workers=1)
     assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16   # bad\xff: none
+    walked = []
+    for rel, st in kitmanifest.walk(str(root), pats):
+        try:
+            walked.append(kitmanifest.values_line(kitmanifest.stat_values(str(root), rel, st)))
+        except UnicodeEncodeError:
+            pass
+    assert alone[0] == walked                  # the walk's own lines, in its order
     forked = kitmanifest.tree_stat(str(root), pats, workers=workers)
     assert b"".join(forked[0]) == b"".join(alone[0]) and forked[1] == alone[1]
 
