@@ -11,10 +11,11 @@ each:
 - `plan-changed`: `--plan` after one file of the source changed (a re-run's plan with one change);
 - `preflight`: `--only preflight` (what the issue compares the plan with), on the re-run.
 
-Each `--plan` also runs once more traced (bash xtrace, `$EPOCHREALTIME` in PS4, into a file; the
-trace costs a little, so the phases are read from the traced run and the totals from the untraced
-ones): the seconds from the runbook's start to the live plan, preparing the hosts (kit shipping),
-the route, the source scan with the destination's state meanwhile, and the composition here.
+Each kind of `--plan` also runs once more (--traced N: N times, alternating) traced (bash
+xtrace, `$EPOCHREALTIME` in PS4, into a file; the trace costs a little, so the phases are read
+from the traced runs, medians, and the totals from the untraced ones): the seconds from the
+runbook's start to the live plan, preparing the hosts (kit shipping), the route, the source scan
+with the destination's state meanwhile, and the composition here.
 Prints a table of medians (min-max); --json PATH writes every sample.
 """
 
@@ -104,6 +105,20 @@ def phases(trace: Path) -> dict[str, float]:
     return out
 
 
+def traced(work: Path, scripts: dict, names: list, kind: str, times: int, out: dict) -> None:
+    """`--plan` traced `times` times, the runbooks alternating: each phase's median into out."""
+    got: dict[str, list[dict]] = {n: [] for n in names}
+    for i in range(times):
+        for n in names:
+            trace = work / n / f"{kind}-{i}.trace"
+            runbook(work / n, scripts[n], "--plan", trace=trace)
+            got[n].append(phases(trace))
+    for n in names:
+        keys = [k for k, _ in MARKS if all(k in ph for ph in got[n])]
+        out[f"{n} {kind}"] = {k: round(statistics.median(ph[k] for ph in got[n]), 3)
+                              for k in keys}
+
+
 def compile_in(work: Path, checkout: Path | None) -> Path:
     """The runbook of work/plancost.yaml, compiled by this checkout's compiler or another's."""
     spec_path = work / "plancost.yaml"
@@ -126,6 +141,8 @@ def main() -> int:
                     help="also time the runbook another checkout compiles (e.g. `git archive "
                          "COMMIT | tar -x -C DIR`), run by run alternating with this one's, so "
                          "the machine's load hits both alike")
+    ap.add_argument("--traced", type=int, default=1, metavar="N",
+                    help="trace each kind of plan N times (the phases: medians)")
     ap.add_argument("--json", help="write every sample here")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install anything")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (the traces)")
@@ -152,10 +169,8 @@ def main() -> int:
             for _ in range(a.repeat):
                 for n in names:
                     samples[n]["plan-first"].append(runbook(work / n, scripts[n], "--plan"))
+            traced(work, scripts, names, "plan-first", a.traced, traces)
             for n in names:
-                trace = work / n / "first.trace"
-                runbook(work / n, scripts[n], "--plan", trace=trace)
-                traces[f"{n} plan-first"] = phases(trace)
                 runbook(work / n, scripts[n], "--report", str(work / n / "cold.json"))  # the install
                 steps = json.loads((work / n / "cold.json").read_text())["steps"]
                 samples[n]["cold preflight+manifest"].append(round(sum(
@@ -166,20 +181,14 @@ def main() -> int:
                     samples[n]["plan-rerun"].append(runbook(work / n, scripts[n], "--plan"))
                     samples[n]["preflight"].append(runbook(work / n, scripts[n], "--only",
                                                            "preflight"))
-            for n in names:
-                trace = work / n / "rerun.trace"
-                runbook(work / n, scripts[n], "--plan", trace=trace)
-                traces[f"{n} plan-rerun"] = phases(trace)
+            traced(work, scripts, names, "plan-rerun", a.traced, traces)
             mod = next(src.glob("lib/python3*/site-packages/rb_payload/__init__.py"))
             with mod.open("a") as f:
                 f.write("# changed for benchmarks.plan_time\n")
             for _ in range(a.repeat):
                 for n in names:
                     samples[n]["plan-changed"].append(runbook(work / n, scripts[n], "--plan"))
-            for n in names:
-                trace = work / n / "changed.trace"
-                runbook(work / n, scripts[n], "--plan", trace=trace)
-                traces[f"{n} plan-changed"] = phases(trace)
+            traced(work, scripts, names, "plan-changed", a.traced, traces)
     finally:
         if a.keep:
             print(f"kept {work}")
@@ -193,7 +202,7 @@ def main() -> int:
             print(f"{n:8} {kind:13} {statistics.median(got):6.2f} s  "
                   f"({min(got):.2f}-{max(got):.2f})")
     for name, ph in traces.items():
-        print(f"{name} (traced): " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
+        print(f"{name} (traced, median of {a.traced}): " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"payload": str(a.src or a.payload), "load": load,
                                             "baseline": str(a.baseline or ""),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 353d634ca1489b1cad8226a5d69356af13521ea74a6a01298e02ee424488e4d4
+# sha256 of this file with these 64 digits zeroed: 55ab220796be5e96f64b17cbd20db3accd865d316d0bc710b1b27b5604339e92
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4
-readonly RB_KIT_FILE=.kit/80cb40b690f17d90c466bb4ca650737f22b82436fef5f24ea829ed1124c02ed4.tar
+readonly RB_KIT_SHA256=ce77d57f7ec5c1d34ad7852c99235bb316c61f63abf135dc938a85f79bb1e9ac
+readonly RB_KIT_FILE=.kit/ce77d57f7ec5c1d34ad7852c99235bb316c61f63abf135dc938a85f79bb1e9ac.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -3,8 +3,9 @@ real hosts without writing anything there, and the check that a saved plan still
 
     liveplan state DEST --choices C [--against-install]    on the destination, read-only: a JSON
         line of facts (exists, installed, free space, backups; with --against-install, what
-        differs from the install's manifest, compared there), then the stat line of every
-        entry of DEST (manifest.values_line's, the walk's order): its state, digested
+        differs from the install's manifest, compared there: nothing is compared when the
+        walk's lines have the stat fingerprint the install recorded), then the stat line of
+        every entry of DEST (manifest.tree_stat's, the walk's order): its state, digested
     liveplan compose --dir DIR ...                         here: the plan from what the runbook
         fetched into DIR (source.scan, dest.state): plan.json, changes.txt, plan.md
         (--markdown), and the screen on stdout; exit 1 when something blocks the run
@@ -59,20 +60,11 @@ def _row(e: dict) -> list:
     return [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
 
 
-def read_install(dest: str) -> Tuple[Optional[dict], List[dict], Optional[os.stat_result]]:
-    """(header, entries, stat) of the install's manifest, read by safefs (never through a link,
-    a FIFO or a device); (None, [], None) when there is none, or it is not one of this tool."""
-    got = safefs.read_in(dest, INSTALLED)
-    if got is None:
-        return None, [], None
-    head = _header(got[0])
-    return (head, _entries(got[0]) if head is not None else [], got[1])
-
-
 def _header(data: bytes) -> Optional[dict]:
     """The header of a manifest's bytes (its first line), None when it is not one of this tool."""
+    end = data.find(b"\n")
     try:
-        head = json.loads(data.partition(b"\n")[0])
+        head = json.loads(data[:end] if end >= 0 else data)
     except ValueError:
         return None
     return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
