@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths
 
-from . import hostfs, privacy, safefs, swapfs
+from . import safefs
 from .choices import Choices
 from . import manifest as kitmanifest
 
@@ -116,6 +116,8 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
                ) -> Tuple[dict, List[bytes]]:
     """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
     `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
+    # the destination's modules, loaded where the destination is read (compose needs none)
+    from . import hostfs, privacy, swapfs
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
     staging = paths.staging(dest)
