@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 7419c80d39a726b6fcaa24c465901e053f9fd68efd7880caa14330f640e0fbd2
+# sha256 of this file with these 64 digits zeroed: 5259ce3b8e2d4d8a57f6e29def7d41d46d888c14b5c797066ecc139e1a431d06
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2
-readonly RB_KIT_FILE=.kit/81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2.tar
+readonly RB_KIT_SHA256=8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6
+readonly RB_KIT_FILE=.kit/8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 92ee51a5ba36dcb9bafa5409585b22ba665f2447870a9e752bf2f31805f02dca
+# sha256 of this file with these 64 digits zeroed: 8d563b9cb5914e4f8a9bda7a3019c4f5ba88a836fe73cc87a0f5f0e43509738c
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2
-readonly RB_KIT_FILE=.kit/81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2.tar
+readonly RB_KIT_SHA256=8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6
+readonly RB_KIT_FILE=.kit/8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

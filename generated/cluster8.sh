@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 0772555a9abef56d6b2801375b3ff27efa2b5267a329ec3b0fa5963152a50217
+# sha256 of this file with these 64 digits zeroed: 78079dc15744490187e2f417ca6272b3855e6fe753deb705495428b648b03bd3
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2
-readonly RB_KIT_FILE=.kit/81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2.tar
+readonly RB_KIT_SHA256=8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6
+readonly RB_KIT_FILE=.kit/8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

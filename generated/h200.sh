@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: b876b04af340c58bcbe7edaba680282da2bbeeb7483c2e06df08b709e7573176
+# sha256 of this file with these 64 digits zeroed: 382b0d998e9891eeccf3d67a3a354d3e295b0dfc072bab99650057303478c6fd
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2
-readonly RB_KIT_FILE=.kit/81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2.tar
+readonly RB_KIT_SHA256=8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6
+readonly RB_KIT_FILE=.kit/8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: b4a02448579c288f8213eb169ab29a1e72aaa7c6c11e9290e9b6c8d530d835ed
+# sha256 of this file with these 64 digits zeroed: 6e12432c3edd334b8a803ceea9b04d8dd38b86d61daa1c47419609a81cf6d7a9
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2
-readonly RB_KIT_FILE=.kit/81ddd55d1d8d893b54eac2a70d42233f82e6ac450161f0f7e9f138ca8ba609b2.tar
+readonly RB_KIT_SHA256=8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6
+readonly RB_KIT_FILE=.kit/8cc5db2ea4203acfbe8d9448c345d1928c55e353921df2689714e7ba60bf40c6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -235,16 +235,23 @@ class EarlyCheck:
         self.installed: Optional[dict] = None
         self.key: Optional[tuple] = None
         self.tree: Optional[dict] = None
+        head = kitmanifest.read_header(os.path.join(dest, INSTALLED))
+        self._walk: Optional[kitmanifest.StatWalk] = None
+        if head is not None and head.get("source_stat_fingerprint") is not None \
+                and head.get(kitmanifest.INSTALLED_STAT):
+            # begun here, before this check's thread: where the host has the cores, its
+            # workers are forked while this process has one thread (serve: the lock's request)
+            self._walk = kitmanifest.StatWalk(dest, head.get("excludes") or ())
+        self._head = head
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         path = os.path.join(self.dest, INSTALLED)
-        head = kitmanifest.read_header(path)
-        if head is not None and head.get("source_stat_fingerprint") is not None \
-                and head.get(kitmanifest.INSTALLED_STAT):
+        head = self._head
+        if self._walk is not None and head is not None:
             try:
-                lines, _size = kitmanifest.tree_stat(self.dest, head.get("excludes") or ())
+                lines: Optional[List[bytes]] = self._walk.result()[0]
             except OSError:
                 lines = None
             if lines is not None and hashlib.sha256(b"".join(lines)).hexdigest() == \

@@ -147,17 +147,36 @@ def tree_stat(root: str, patterns: Iterable[str] = (), workers: Optional[int] = 
     the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
     records one. With `workers` > 1 (default: rbrules' walk_workers of this process's CPUs, in
     a process of one thread only) the subtrees are walked by that many forked processes
-    (_forked); the answer is the same bytes."""
-    patterns = tuple(patterns)
-    if workers is None:
-        workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
-    if workers > 1:
-        got = _forked(root, patterns, workers)
+    (StatWalk); the answer is the same bytes."""
+    return StatWalk(root, patterns, workers).result()
+
+
+class StatWalk:
+    """tree_stat in two halves: begun by the constructor, on the calling thread (with workers,
+    the directories near the root listed and the workers forked: a process forks only while it
+    has one thread, so the engine's early check begins it before its own thread starts), and
+    its answer taken by `result`, from any thread, once."""
+
+    def __init__(self, root: str, patterns: Iterable[str] = (),
+                 workers: Optional[int] = None) -> None:
+        self.root, self.patterns = root, tuple(patterns)
+        if workers is None:
+            workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
+        self._started: Optional[dict] = None
+        if workers > 1:
+            try:
+                self._started = _start(root, self.patterns, workers)
+            except OSError:
+                self._started = None          # result() walks here, and meets the error itself
+
+    def result(self) -> Tuple[List[bytes], int]:
+        started, self._started = self._started, None
+        got = _finish(started) if started is not None else None
         if got is not None:
             return [b"".join(got[0])], got[1]
-    lines: List[bytes] = []
-    size = _stat_lines(root, patterns, "", lines)
-    return lines, size
+        lines: List[bytes] = []
+        size = _stat_lines(self.root, self.patterns, "", lines)
+        return lines, size
 
 
 def _cpus() -> int:
@@ -211,12 +230,11 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
 _UNIT = struct.Struct("<IQQ")      # a worker's answer for one subtree: its index, bytes, size
 
 
-def _forked(root: str, patterns: tuple, workers: int) -> Optional[Tuple[List[bytes], int]]:
-    """tree_stat by `workers` forked processes: the directories near the root are listed here,
-    breadth first, until there are 4 subtrees a worker (or none is left: a small tree is walked
-    here alone); each worker then takes the next subtree's index from one pipe and sends back its
-    lines through its own; they are put together in the walk's order. None when a worker failed
-    (the caller walks again in this process, and meets the error itself)."""
+def _start(root: str, patterns: tuple, workers: int) -> dict:
+    """StatWalk's first half: the directories near the root are listed here, breadth first,
+    until there are 4 subtrees a worker (or none is left: a small tree is walked here alone);
+    then at most `workers` processes are forked, each taking the next subtree's index from one
+    pipe and sending back its lines through its own (_finish puts them in the walk's order)."""
     test = _exclusion(patterns) if patterns else None
     own: dict = {}                 # a directory listed here -> (its entries' lines, bytes)
     subs: dict = {}                # a directory listed here -> its subdirectories, in order
@@ -229,7 +247,7 @@ def _forked(root: str, patterns: tuple, workers: int) -> Optional[Tuple[List[byt
             size = 0
             full = os.path.join(root, d) if d else root
             with os.scandir(full) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(it, key=operator.attrgetter("name"))
             for entry in entries:
                 rel = f"{d}/{entry.name}" if d else entry.name
                 if rel in SKIP_NAMES or (test is not None and test(rel, entry.name)):
@@ -248,67 +266,72 @@ def _forked(root: str, patterns: tuple, workers: int) -> Optional[Tuple[List[byt
             subs[d] = dirs
             deeper.extend(dirs)
         frontier = deeper
-    units = frontier
-    done: List[Optional[Tuple[bytes, int]]] = [None] * len(units)
-    if units and not _run_units(root, patterns, units, workers, done):
-        return None
-    at = {u: i for i, u in enumerate(units)}
-    out: List[bytes] = []
-    total = 0
-    stack = [""]
-    while stack:                   # the walk's order: a directory's entries, then each subtree
-        d = stack.pop()
-        if d in at:
-            got = done[at[d]]
-            assert got is not None
-            out.append(got[0])
-            total += got[1]
-            continue
-        out.append(own[d][0])
-        total += own[d][1]
-        stack.extend(reversed(subs[d]))
-    return out, total
+    started = {"own": own, "subs": subs, "units": frontier, "pids": [], "reads": {},
+               "task": -1}
+    if frontier:
+        try:
+            _fork(root, patterns, frontier, min(workers, len(frontier)), started)
+        except OSError:
+            _reap(started)
+            raise
+    return started
 
 
-def _run_units(root: str, patterns: tuple, units: List[str], workers: int,
-               done: List[Optional[Tuple[bytes, int]]]) -> bool:
-    """Walk each of `units` in a forked worker (at most `workers`), its (lines, bytes) into
-    `done` at its index; False when a worker failed."""
-    workers = min(workers, len(units))
-    task_r, task_w = os.pipe()
+def _reap(started: dict) -> None:
+    """What _start opened and forked: closed, every worker waited for."""
+    for r in started["reads"]:
+        os.close(r)
+    started["reads"].clear()
+    while started["pids"]:
+        os.waitpid(started["pids"].pop(), 0)
+    if started["task"] >= 0:
+        os.close(started["task"])
+        started["task"] = -1
+
+
+def _fork(root: str, patterns: tuple, units: List[str], workers: int, started: dict) -> None:
+    """The workers of `started` (_start), forked here; every index queued before the first."""
     queue = b"".join(struct.pack("<I", i) for i in range(len(units)))
-    pids: dict = {}
-    reads: dict = {}
+    if len(queue) > 60000:         # the pipe takes every index at once: never a blocked write
+        raise OSError("too many subtrees for one pipe")
+    task_r, task_w = os.pipe()
+    started["task"] = task_r
     try:
-        if len(queue) > 60000:     # the pipe takes every index at once: never a blocked write
-            return False
         os.write(task_w, queue)
+    finally:
         os.close(task_w)
-        task_w = -1
-        for _ in range(workers):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:           # the worker: never returns into the caller's code
-                code = 1
-                try:
-                    os.close(r)
-                    while True:
-                        b = os.read(task_r, 4)
-                        if len(b) < 4:
-                            break
-                        i = struct.unpack("<I", b)[0]
-                        lines: List[bytes] = []
-                        size = _stat_lines(root, patterns, units[i], lines)
-                        data = b"".join(lines)
-                        view = memoryview(_UNIT.pack(i, len(data), size) + data)
-                        while view:
-                            view = view[os.write(w, view):]
-                    code = 0
-                finally:
-                    os._exit(code)
-            os.close(w)
-            pids[pid] = None
-            reads[r] = []
+    for _ in range(workers):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:               # the worker: never returns into the caller's code
+            code = 1
+            try:
+                os.close(r)
+                while True:
+                    b = os.read(task_r, 4)
+                    if len(b) < 4:
+                        break
+                    i = struct.unpack("<I", b)[0]
+                    lines: List[bytes] = []
+                    size = _stat_lines(root, patterns, units[i], lines)
+                    data = b"".join(lines)
+                    view = memoryview(_UNIT.pack(i, len(data), size) + data)
+                    while view:
+                        view = view[os.write(w, view):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        started["pids"].append(pid)
+        started["reads"][r] = []
+
+
+def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
+    """StatWalk's second half: the workers' answers read and put together in the walk's order;
+    None when a worker failed (the caller walks again itself)."""
+    units, reads, pids = started["units"], started["reads"], started["pids"]
+    done: List[Optional[Tuple[bytes, int]]] = [None] * len(units)
+    try:
         answers = []
         while reads:
             for r in select.select(list(reads), [], [])[0]:
@@ -319,9 +342,8 @@ def _run_units(root: str, patterns: tuple, units: List[str], workers: int,
                     answers.append(b"".join(reads.pop(r)))
                     os.close(r)
         ok = True
-        for pid in pids:
-            ok = os.waitpid(pid, 0)[1] == 0 and ok
-        pids.clear()
+        while pids:
+            ok = os.waitpid(pids.pop(), 0)[1] == 0 and ok
         for data in answers if ok else ():
             at = 0
             while at + _UNIT.size <= len(data):
@@ -330,15 +352,27 @@ def _run_units(root: str, patterns: tuple, units: List[str], workers: int,
                 if i < len(done):
                     done[i] = (data[at:at + n], size)
                 at += n
-        return ok and all(d is not None for d in done)
+        if not ok or not all(d is not None for d in done):
+            return None
     finally:
-        for r in reads:
-            os.close(r)
-        for pid in pids:
-            os.waitpid(pid, 0)
-        os.close(task_r)
-        if task_w >= 0:
-            os.close(task_w)
+        _reap(started)
+    at_unit = {u: i for i, u in enumerate(units)}
+    own, subs = started["own"], started["subs"]
+    out: List[bytes] = []
+    total = 0
+    stack = [""]
+    while stack:                   # the walk's order: a directory's entries, then each subtree
+        d = stack.pop()
+        if d in at_unit:
+            got = done[at_unit[d]]
+            assert got is not None
+            out.append(got[0])
+            total += got[1]
+            continue
+        out.append(own[d][0])
+        total += own[d][1]
+        stack.extend(reversed(subs[d]))
+    return out, total
 
 
 def read_header(path: str) -> Optional[dict]:
