@@ -1,17 +1,21 @@
-"""`python -m benchmarks.plan_time [--payload small|torch|many] [--repeat 5] [--baseline DIR]`:
+"""`python -m benchmarks.plan_time [--payload small|torch|many] [--src TREE] [--repeat 5] [--baseline DIR]`:
 where the live plan's seconds go (issue 36, "Cost"). Needs root (the lab).
 
-On the lab's two hosts (src cannot reach dst: the relay), a runbook of the payload is compiled and
-run once (untimed: the destination then holds the install), then timed, N times each:
+On the lab's two hosts (src cannot reach dst: the relay), a runbook of the payload (or of a copy
+of --src TREE, e.g. a bigger stand-in venv on a tmpfs) is compiled; `plan-first`: `--plan` with no
+destination yet (a first move), timed N times; then the runbook runs once (the install: its
+preflight and manifest steps' seconds are the `cold preflight+manifest` row), then timed, N times
+each:
 
 - `plan-rerun`: `--plan` with nothing to send (the source is the tree the install recorded);
 - `plan-changed`: `--plan` after one file of the source changed (a re-run's plan with one change);
 - `preflight`: `--only preflight` (what the issue compares the plan with), on the re-run.
 
-Each `--plan` also runs once more traced (bash xtrace, `$EPOCHREALTIME` in PS4, into a file; the
-trace costs a little, so the phases are read from the traced run and the totals from the untraced
-ones): the seconds from the runbook's start to the live plan, preparing the hosts (kit shipping),
-the route, the source scan with the destination's state meanwhile, and the composition here.
+Each kind of `--plan` also runs once more (--traced N: N times, alternating) traced (bash
+xtrace, `$EPOCHREALTIME` in PS4, into a file; the trace costs a little, so the phases are read
+from the traced runs, medians, and the totals from the untraced ones): the seconds from the
+runbook's start to the live plan, preparing the hosts (kit shipping), the route, the source scan
+with the destination's state meanwhile, and the composition here.
 Prints a table of medians (min-max); --json PATH writes every sample.
 """
 
@@ -101,6 +105,20 @@ def phases(trace: Path) -> dict[str, float]:
     return out
 
 
+def traced(work: Path, scripts: dict, names: list, kind: str, times: int, out: dict) -> None:
+    """`--plan` traced `times` times, the runbooks alternating: each phase's median into out."""
+    got: dict[str, list[dict]] = {n: [] for n in names}
+    for i in range(times):
+        for n in names:
+            trace = work / n / f"{kind}-{i}.trace"
+            runbook(work / n, scripts[n], "--plan", trace=trace)
+            got[n].append(phases(trace))
+    for n in names:
+        keys = [k for k, _ in MARKS if all(k in ph for ph in got[n])]
+        out[f"{n} {kind}"] = {k: round(statistics.median(ph[k] for ph in got[n]), 3)
+                              for k in keys}
+
+
 def compile_in(work: Path, checkout: Path | None) -> Path:
     """The runbook of work/plancost.yaml, compiled by this checkout's compiler or another's."""
     spec_path = work / "plancost.yaml"
@@ -117,68 +135,76 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.plan_time", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--payload", default="small", choices=("small", "torch", "many"))
+    ap.add_argument("--src", type=Path, help="copy this venv as the source (not the payload)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="also time the runbook another checkout compiles (e.g. `git archive "
                          "COMMIT | tar -x -C DIR`), run by run alternating with this one's, so "
                          "the machine's load hits both alike")
+    ap.add_argument("--traced", type=int, default=1, metavar="N",
+                    help="trace each kind of plan N times (the phases: medians)")
     ap.add_argument("--json", help="write every sample here")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install anything")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (the traces)")
     a = ap.parse_args()
     if not a.no_install:
         ensure_packages()
-    payload = build_payload(a.payload)
+    payload = None if a.src else build_payload(a.payload)
     work = Path(tempfile.mkdtemp(prefix="rbplancost."))
     names = ["this"] + (["baseline"] if a.baseline else [])
     samples: dict[str, dict[str, list]] = {
-        n: {"plan-rerun": [], "preflight": [], "plan-changed": []} for n in names}
+        n: {"plan-first": [], "cold preflight+manifest": [], "plan-rerun": [], "preflight": [],
+            "plan-changed": []} for n in names}
     traces: dict[str, dict] = {}
     try:
         with Lab(("src", "dst"), prefix="rbplan") as lab:
             src = work / "src"
-            subprocess.run(["cp", "-a", str(payload.venv), str(src)], check=True)
+            subprocess.run(["cp", "-a", str(a.src or payload.venv), str(src)], check=True)
             scripts = {}
             for n in names:
                 (work / n / "dst").mkdir(parents=True)
                 (work / n / "plancost.yaml").write_text(spec(lab, src, work / n / "dst" / "venv"))
                 scripts[n] = compile_in(work / n, a.baseline if n == "baseline" else None)
-                runbook(work / n, scripts[n])                    # the install, untimed
+                runbook(work / n, scripts[n], "--plan")          # warm-up
+            for _ in range(a.repeat):
+                for n in names:
+                    samples[n]["plan-first"].append(runbook(work / n, scripts[n], "--plan"))
+            traced(work, scripts, names, "plan-first", a.traced, traces)
+            for n in names:
+                runbook(work / n, scripts[n], "--report", str(work / n / "cold.json"))  # the install
+                steps = json.loads((work / n / "cold.json").read_text())["steps"]
+                samples[n]["cold preflight+manifest"].append(round(sum(
+                    s["duration_s"] for s in steps if s["id"] in ("preflight", "manifest")), 3))
                 runbook(work / n, scripts[n], "--plan")          # warm-up
             for _ in range(a.repeat):
                 for n in names:
                     samples[n]["plan-rerun"].append(runbook(work / n, scripts[n], "--plan"))
                     samples[n]["preflight"].append(runbook(work / n, scripts[n], "--only",
                                                            "preflight"))
-            for n in names:
-                trace = work / n / "rerun.trace"
-                runbook(work / n, scripts[n], "--plan", trace=trace)
-                traces[f"{n} plan-rerun"] = phases(trace)
+            traced(work, scripts, names, "plan-rerun", a.traced, traces)
             mod = next(src.glob("lib/python3*/site-packages/rb_payload/__init__.py"))
             with mod.open("a") as f:
                 f.write("# changed for benchmarks.plan_time\n")
             for _ in range(a.repeat):
                 for n in names:
                     samples[n]["plan-changed"].append(runbook(work / n, scripts[n], "--plan"))
-            for n in names:
-                trace = work / n / "changed.trace"
-                runbook(work / n, scripts[n], "--plan", trace=trace)
-                traces[f"{n} plan-changed"] = phases(trace)
+            traced(work, scripts, names, "plan-changed", a.traced, traces)
     finally:
         if a.keep:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
-    print(f"payload {a.payload}, {a.repeat} runs each, load {load:.1f} at the end")
+    what = f"source {a.src}" if a.src else f"payload {a.payload}"
+    print(f"{what}, {a.repeat} runs each, load {load:.1f} at the end")
     for n in names:
         for kind, got in samples[n].items():
             print(f"{n:8} {kind:13} {statistics.median(got):6.2f} s  "
                   f"({min(got):.2f}-{max(got):.2f})")
     for name, ph in traces.items():
-        print(f"{name} (traced): " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
+        print(f"{name} (traced, median of {a.traced}): " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
     if a.json:
-        Path(a.json).write_text(json.dumps({"payload": a.payload, "load": load,
+        Path(a.json).write_text(json.dumps({"payload": str(a.src or a.payload), "load": load,
                                             "baseline": str(a.baseline or ""),
                                             "samples": samples, "phases": traces,
                                             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",

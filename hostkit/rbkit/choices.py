@@ -27,8 +27,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple, Union
 
-from .hostfs import SPECIAL_MODES, SWAP_ATOMIC
-from .stream import COMPRESSION
+# the rules themselves (not through hostfs and stream: a compose here loads neither)
+from rbrules.common import COMPRESSION, SPECIAL_MODES, SWAP_ATOMIC
 
 SCHEMA = 1
 # the spec's words for each choice (compiler/spec.py holds the same lists as its field types)

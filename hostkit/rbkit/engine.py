@@ -33,6 +33,7 @@ stdlib only; Python >= 3.9.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -219,22 +220,48 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
 
 
 class EarlyCheck:
-    """The quick check's half that needs no source: the install's manifest, and the stat walk of
-    the destination against it (`kitmanifest.check_tree`), in a thread begun as soon as this run
-    holds the destination's lock, while the runbook is still scanning the source. `current`
-    (mode quick) takes it; nothing this run does writes to the destination before that."""
+    """The quick check's half that needs no source: the stat walk of the destination against its
+    install, in a thread begun as soon as this run holds the destination's lock, while the
+    runbook is still scanning the source. `current` (mode quick) takes it; nothing this run does
+    writes to the destination before that. The walk is the live plan's (kitmanifest.tree_stat):
+    when its lines' sha256 is the one the install recorded in its manifest's header
+    (INSTALLED_STAT), the tree is as installed and only that header is read (`installed` holds
+    only it, and nothing is kept for the steps: ctx.installed() reads the whole manifest if a
+    step needs it); else the manifest is read and every entry compared
+    (`kitmanifest.check_tree`)."""
 
     def __init__(self, dest: str) -> None:
         self.dest = dest
         self.installed: Optional[dict] = None
         self.key: Optional[tuple] = None
         self.tree: Optional[dict] = None
+        head = kitmanifest.read_header(os.path.join(dest, INSTALLED))
+        self._walk: Optional[kitmanifest.StatWalk] = None
+        if head is not None and head.get("source_stat_fingerprint") is not None \
+                and head.get(kitmanifest.INSTALLED_STAT):
+            # begun here, before this check's thread: where the host has the cores, its
+            # workers are forked while this process has one thread (serve: the lock's request)
+            self._walk = kitmanifest.StatWalk(dest, head.get("excludes") or ())
+        self._head = head
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        path = os.path.join(self.dest, INSTALLED)
+        head = self._head
+        if self._walk is not None and head is not None:
+            try:
+                lines: Optional[List[bytes]] = self._walk.result()[0]
+            except OSError:
+                lines = None
+            if lines is not None and hashlib.sha256(b"".join(lines)).hexdigest() == \
+                    head[kitmanifest.INSTALLED_STAT]:
+                self.installed = {"header": head}
+                self.tree = {"ok": True, "why": "unchanged since the install (stat check: the "
+                             "walk's stat fingerprint is the one the install recorded)"}
+                return
         try:
-            self.key, self.installed = _load_keyed(os.path.join(self.dest, INSTALLED), None)
+            self.key, self.installed = _load_keyed(path, None)
         except (OSError, ValueError):
             return
         if self.installed["header"].get("source_stat_fingerprint") is not None:

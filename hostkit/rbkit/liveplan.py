@@ -3,8 +3,9 @@ real hosts without writing anything there, and the check that a saved plan still
 
     liveplan state DEST --choices C [--against-install]    on the destination, read-only: a JSON
         line of facts (exists, installed, free space, backups; with --against-install, what
-        differs from the install's manifest, compared there), then the stat line of every
-        entry of DEST (manifest.values_line's, the walk's order): its state, digested
+        differs from the install's manifest, compared there: nothing is compared when the
+        walk's lines have the stat fingerprint the install recorded), then the stat line of
+        every entry of DEST (manifest.tree_stat's, the walk's order): its state, digested
     liveplan compose --dir DIR ...                         here: the plan from what the runbook
         fetched into DIR (source.scan, dest.state): plan.json, changes.txt, plan.md
         (--markdown), and the screen on stdout; exit 1 when something blocks the run
@@ -35,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths
 
-from . import hostfs, privacy, safefs, swapfs
+from . import safefs
 from .choices import Choices
 from . import manifest as kitmanifest
 
@@ -59,17 +60,20 @@ def _row(e: dict) -> list:
     return [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
 
 
-def read_install(dest: str) -> Tuple[Optional[dict], List[dict], Optional[os.stat_result]]:
-    """(header, entries, stat) of the install's manifest, read by safefs (never through a link,
-    a FIFO or a device); (None, [], None) when there is none, or it is not one of this tool."""
-    got = safefs.read_in(dest, INSTALLED)
-    if got is None:
-        return None, [], None
-    rows = [ln for ln in got[0].split(b"\n") if ln.strip()]
+def _header(data: bytes) -> Optional[dict]:
+    """The header of a manifest's bytes (its first line), None when it is not one of this tool."""
+    end = data.find(b"\n")
+    try:
+        head = json.loads(data[:end] if end >= 0 else data)
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
+
+
+def _entries(data: bytes) -> List[dict]:
+    rows = [ln for ln in data.split(b"\n") if ln.strip()]
     docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
-    if not docs or not isinstance(docs[0], dict) or docs[0].get("kind") != "rb-manifest":
-        return None, [], got[1]
-    return docs[0], [d for d in docs[1:] if isinstance(d, dict) and "p" in d], got[1]
+    return [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
 
 
 class Against:
@@ -112,6 +116,8 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
                ) -> Tuple[dict, List[bytes]]:
     """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
     `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
+    # the destination's modules, loaded where the destination is read (compose needs none)
+    from . import hostfs, privacy, swapfs
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
     staging = paths.staging(dest)
@@ -127,35 +133,41 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
     lines: List[bytes] = []
     size = 0
     head: Optional[dict] = None
-    entries: List[dict] = []
+    data = b""
     if facts["installed"] and not os.path.islink(dest):
         try:
-            head, entries, st = read_install(dest)
-            if st is not None:
-                facts["installed_record"] = [st.st_size, st.st_mtime_ns]
+            got = safefs.read_in(dest, INSTALLED)
+            if got is not None:
+                data = got[0]
+                facts["installed_record"] = [got[1].st_size, got[1].st_mtime_ns]
+                head = _header(data)
             if head is not None:
                 facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
         except (OSError, ValueError) as exc:
             facts["installed_error"] = str(exc)
-    compare = None
-    if against and head is not None and head.get("source_stat_fingerprint") is not None:
-        compare = Against(head, entries)
     if facts["is_dir"] and not os.path.islink(dest):
-        for rel, st in kitmanifest.walk(dest, list((head or {}).get("excludes") or ())):
-            v = kitmanifest.stat_values(dest, rel, st)
+        lines, size = kitmanifest.tree_stat(dest, list((head or {}).get("excludes") or ()))
+    body = b"".join(lines)
+    if against and head is not None and head.get("source_stat_fingerprint") is not None:
+        if head.get(kitmanifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
+            # the walk's lines are the ones the install recorded (their sha256, in its
+            # header): every entry is as installed, none compared, no entry of it parsed
+            facts["install"] = {"moved": {}, "source_entries": [
+                _row(e) for e in head.get("source_entries") or ()]}
+        else:
             try:
-                lines.append(kitmanifest.values_line(v))
-            except UnicodeEncodeError:
-                continue
-            if compare is not None:
-                compare.see(v)
-            if v[1] == "f":
-                size += st.st_size
-    if compare is not None:
-        facts["install"] = compare.result()
+                compare = Against(head, _entries(data))
+            except ValueError as exc:
+                facts["installed_error"] = str(exc)
+                facts.pop("installed_source_stat", None)
+            else:
+                for row in _rows(lines):
+                    compare.see(tuple(row))
+                facts["install"] = compare.result()
+    del data
     facts["bytes"] = size
     facts["digest"] = hashlib.sha256(json.dumps(
-        [facts["exists"], facts.get("installed_record")]).encode() + b"".join(lines)).hexdigest()
+        [facts["exists"], facts.get("installed_record")]).encode() + body).hexdigest()
     good: List[str] = []
     if os.path.isdir(parent):
         good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]
@@ -171,8 +183,17 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
 
 
 def _rows(lines: List[bytes]) -> List[list]:
-    body = b",".join(ln.rstrip(b"\n") for ln in lines if ln.strip())
-    return json.loads(b"[" + body + b"]") if body else []
+    """The rows of stat lines (each ended by its newline)."""
+    return _body_rows(b"".join(lines))
+
+
+def _body_rows(body: bytes) -> List[list]:
+    """The rows of a body of stat lines, parsed at once (a name's newline is escaped in its
+    JSON: each line is one row; blank lines are none)."""
+    body = body.strip(b"\n")
+    if b"\n\n" in body or b"\r" in body:
+        body = b"\n".join(ln for ln in body.split(b"\n") if ln.strip())
+    return json.loads(b"[" + body.replace(b"\n", b",") + b"]") if body.strip() else []
 
 
 def scan_body(path: str) -> Tuple[str, bytes]:
@@ -186,7 +207,7 @@ def scan_body(path: str) -> Tuple[str, bytes]:
 def read_scan(path: str) -> Tuple[str, List[list]]:
     """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
     fp, body = scan_body(path)
-    return fp, _rows(body.split(b"\n"))
+    return fp, _body_rows(body)
 
 
 def state_body(path: str) -> Tuple[dict, bytes]:
@@ -198,7 +219,7 @@ def state_body(path: str) -> Tuple[dict, bytes]:
 
 def read_state(path: str) -> Tuple[dict, List[list]]:
     facts, body = state_body(path)
-    return facts, _rows(body.split(b"\n"))
+    return facts, _body_rows(body)
 
 
 def _flags(old: Optional[list], new: list) -> str:
@@ -211,6 +232,9 @@ def _flags(old: Optional[list], new: list) -> str:
         return head + "T" * 9
     return head + "." + ("s" if old[3] != new[3] else ".") + ("t" if old[5] != new[5] else ".") \
         + ("p" if old[2] != new[2] else ".") + ("L" if old[4] != new[4] else ".") + "...."
+
+
+_ADDED = {"f": ">f+++++++++ ", "d": "cd+++++++++ ", "l": "cL+++++++++ "}    # _flags(None, row)
 
 
 def changes(src: List[list], dest: List[list], installed: Optional[dict],
@@ -226,6 +250,11 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
            "removed_bytes": 0, "unchanged": 0, "changed_there": 0}
     if installed is not None and same_source and not installed["moved"]:
         out.update(unchanged=len(src), items=[])
+        return out
+    if installed is None and not dest:
+        # nothing there (a first move): every entry is added, one line each, nothing compared
+        out.update(added=len(src), added_bytes=sum(r[3] for r in src if r[1] == "f"),
+                   items=[_ADDED.get(r[1], "c?+++++++++ ") + r[0] for r in src])
         return out
     now = {r[0]: r for r in dest}
     base: Dict[str, list] = dict(now)
@@ -290,8 +319,8 @@ def judged(src_stat: str, body: bytes, facts: dict, dest_body: bytes
         ch = changes([], [], installed, same)
         ch["unchanged"] = body.count(b"\n")
         return [], ch, installed
-    src = _rows(body.split(b"\n"))
-    return src, changes(src, _rows(dest_body.split(b"\n")), installed, same), installed
+    src = _body_rows(body)
+    return src, changes(src, _body_rows(dest_body), installed, same), installed
 
 
 def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, ch: dict,
@@ -336,7 +365,7 @@ def compose(a: argparse.Namespace) -> int:
     src_stat, body = scan_body(os.path.join(d, "source.scan"))
     facts, dest_body = state_body(os.path.join(d, "dest.state"))
     src, ch, installed = judged(src_stat, body, facts, dest_body)
-    _write(os.path.join(d, "changes.txt"), "".join(line + "\n" for line in ch["items"]))
+    _write(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
     got = assess(a, facts, src, src_stat, ch, installed)
     up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
     staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]

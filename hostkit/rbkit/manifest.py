@@ -17,10 +17,16 @@ import functools
 import hashlib
 import io
 import json
+import operator
 import os
 import re
+import select
 import stat
-from typing import Callable, Iterable, Iterator, Optional, Tuple
+import struct
+import threading
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+
+from rbrules.common import walk_workers
 
 from . import safefs
 # public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
@@ -108,13 +114,14 @@ def _exclusion(patterns: tuple) -> Callable[..., bool]:
     return test
 
 
-def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
+def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str = ""
          ) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of every entry below root, sorted (unless not `ordered`: the order
-    the directories give), excludes pruned."""
+    """(relative path, lstat) of every entry below root (below its directory `top`, given
+    relative to root: that subtree's part of the whole walk, in the same order), sorted (unless
+    not `ordered`: the order the directories give), excludes pruned."""
     patterns = tuple(patterns)
     test = _exclusion(patterns) if patterns else None      # looked up once, not per entry
-    stack = [""]
+    stack = [top]
     while stack:
         rel_dir = stack.pop()
         full = os.path.join(root, rel_dir) if rel_dir else root
@@ -131,6 +138,260 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True
             if stat.S_ISDIR(st.st_mode):
                 subdirs.append(rel)
         stack.extend(reversed(subdirs))
+
+
+def tree_stat(root: str, patterns: Iterable[str] = (), workers: Optional[int] = None
+              ) -> Tuple[List[bytes], int]:
+    """The stat line (values_line) of every entry below `root`, in the walk's order, and the
+    bytes of its files: what an install's INSTALLED_STAT is the sha256 of, while the tree is as
+    the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
+    records one. With `workers` > 1 (default: rbrules' walk_workers of this process's CPUs, in
+    a process of one thread only) the subtrees are walked by that many forked processes
+    (StatWalk); the answer is the same bytes."""
+    return StatWalk(root, patterns, workers).result()
+
+
+class StatWalk:
+    """tree_stat in two halves: begun by the constructor, on the calling thread (with workers,
+    the directories near the root listed and the workers forked: a process forks only while it
+    has one thread, so the engine's early check begins it before its own thread starts), and
+    its answer taken by `result`, from any thread, once."""
+
+    def __init__(self, root: str, patterns: Iterable[str] = (),
+                 workers: Optional[int] = None) -> None:
+        self.root, self.patterns = root, tuple(patterns)
+        if workers is None:
+            workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
+        self._started: Optional[dict] = None
+        if workers > 1:
+            try:
+                self._started = _start(root, self.patterns, workers)
+            except OSError:
+                self._started = None          # result() walks here, and meets the error itself
+
+    def result(self) -> Tuple[List[bytes], int]:
+        started, self._started = self._started, None
+        got = _finish(started) if started is not None else None
+        if got is not None:
+            return [b"".join(got[0])], got[1]
+        lines: List[bytes] = []
+        size = _stat_lines(self.root, self.patterns, "", lines)
+        return lines, size
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int:
+    """tree_stat's lines of the entries below `top` appended to `lines`; their files' bytes.
+    walk, stat_values and values_line written out in one loop (the same order and bytes: a
+    test holds them equal): this is the live plan's and the re-run's walk of every entry."""
+    test = _exclusion(patterns) if patterns else None
+    size = 0
+    add = lines.append
+    name_of = operator.attrgetter("name")
+    isreg, isdir, islnk = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
+    stack = [top]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
+            entries = sorted(it, key=name_of)
+        subdirs = []
+        for entry in entries:
+            name = entry.name
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if rel in SKIP_NAMES or (test is not None and test(rel, name)):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            m = st.st_mode
+            try:
+                if isreg(m):
+                    add(('[%s, "f", %d, %d, null, %d]\n' % (
+                        _STR(rel), m & 0o7777, st.st_size, int(st.st_mtime))).encode())
+                    size += st.st_size
+                elif isdir(m):
+                    subdirs.append(rel)
+                    add(('[%s, "d", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
+                elif islnk(m):
+                    add(('[%s, "l", null, null, %s, null]\n' % (
+                        _STR(rel), _STR(os.readlink(os.path.join(root, rel))))).encode())
+                else:
+                    add(('[%s, "?", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
+            except UnicodeEncodeError:
+                continue
+        stack.extend(reversed(subdirs))
+    return size
+
+
+_UNIT = struct.Struct("<IQQ")      # a worker's answer for one subtree: its index, bytes, size
+
+
+def _start(root: str, patterns: tuple, workers: int) -> dict:
+    """StatWalk's first half: the directories near the root are listed here, breadth first,
+    until there are 4 subtrees a worker (or none is left: a small tree is walked here alone);
+    then at most `workers` processes are forked, each taking the next subtree's index from one
+    pipe and sending back its lines through its own (_finish puts them in the walk's order)."""
+    test = _exclusion(patterns) if patterns else None
+    own: dict = {}                 # a directory listed here -> (its entries' lines, bytes)
+    subs: dict = {}                # a directory listed here -> its subdirectories, in order
+    frontier = [""]
+    while frontier and len(frontier) < 4 * workers:
+        deeper = []
+        for d in frontier:
+            lines: List[bytes] = []
+            dirs: List[str] = []
+            size = 0
+            full = os.path.join(root, d) if d else root
+            with os.scandir(full) as it:
+                entries = sorted(it, key=operator.attrgetter("name"))
+            for entry in entries:
+                rel = f"{d}/{entry.name}" if d else entry.name
+                if rel in SKIP_NAMES or (test is not None and test(rel, entry.name)):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                v = stat_values(root, rel, st)
+                if stat.S_ISDIR(st.st_mode):
+                    dirs.append(rel)
+                try:
+                    lines.append(values_line(v))
+                except UnicodeEncodeError:
+                    continue
+                if v[1] == "f":
+                    size += st.st_size
+            own[d] = (b"".join(lines), size)
+            subs[d] = dirs
+            deeper.extend(dirs)
+        frontier = deeper
+    started = {"own": own, "subs": subs, "units": frontier, "pids": [], "reads": {},
+               "task": -1}
+    if frontier:
+        try:
+            _fork(root, patterns, frontier, min(workers, len(frontier)), started)
+        except OSError:
+            _reap(started)
+            raise
+    return started
+
+
+def _reap(started: dict) -> None:
+    """What _start opened and forked: closed, every worker waited for."""
+    for r in started["reads"]:
+        os.close(r)
+    started["reads"].clear()
+    while started["pids"]:
+        os.waitpid(started["pids"].pop(), 0)
+    if started["task"] >= 0:
+        os.close(started["task"])
+        started["task"] = -1
+
+
+def _fork(root: str, patterns: tuple, units: List[str], workers: int, started: dict) -> None:
+    """The workers of `started` (_start), forked here; every index queued before the first."""
+    queue = b"".join(struct.pack("<I", i) for i in range(len(units)))
+    if len(queue) > 60000:         # the pipe takes every index at once: never a blocked write
+        raise OSError("too many subtrees for one pipe")
+    task_r, task_w = os.pipe()
+    started["task"] = task_r
+    try:
+        os.write(task_w, queue)
+    finally:
+        os.close(task_w)
+    for _ in range(workers):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:               # the worker: never returns into the caller's code
+            code = 1
+            try:
+                os.close(r)
+                while True:
+                    b = os.read(task_r, 4)
+                    if len(b) < 4:
+                        break
+                    i = struct.unpack("<I", b)[0]
+                    lines: List[bytes] = []
+                    size = _stat_lines(root, patterns, units[i], lines)
+                    data = b"".join(lines)
+                    view = memoryview(_UNIT.pack(i, len(data), size) + data)
+                    while view:
+                        view = view[os.write(w, view):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        started["pids"].append(pid)
+        started["reads"][r] = []
+
+
+def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
+    """StatWalk's second half: the workers' answers read and put together in the walk's order;
+    None when a worker failed (the caller walks again itself)."""
+    units, reads, pids = started["units"], started["reads"], started["pids"]
+    done: List[Optional[Tuple[bytes, int]]] = [None] * len(units)
+    try:
+        answers = []
+        while reads:
+            for r in select.select(list(reads), [], [])[0]:
+                chunk = os.read(r, 1 << 20)
+                if chunk:
+                    reads[r].append(chunk)
+                else:
+                    answers.append(b"".join(reads.pop(r)))
+                    os.close(r)
+        ok = True
+        while pids:
+            ok = os.waitpid(pids.pop(), 0)[1] == 0 and ok
+        for data in answers if ok else ():
+            at = 0
+            while at + _UNIT.size <= len(data):
+                i, n, size = _UNIT.unpack_from(data, at)
+                at += _UNIT.size
+                if i < len(done):
+                    done[i] = (data[at:at + n], size)
+                at += n
+        if not ok or not all(d is not None for d in done):
+            return None
+    finally:
+        _reap(started)
+    at_unit = {u: i for i, u in enumerate(units)}
+    own, subs = started["own"], started["subs"]
+    out: List[bytes] = []
+    total = 0
+    stack = [""]
+    while stack:                   # the walk's order: a directory's entries, then each subtree
+        d = stack.pop()
+        if d in at_unit:
+            got = done[at_unit[d]]
+            assert got is not None
+            out.append(got[0])
+            total += got[1]
+            continue
+        out.append(own[d][0])
+        total += own[d][1]
+        stack.extend(reversed(subs[d]))
+    return out, total
+
+
+def read_header(path: str) -> Optional[dict]:
+    """The header of the manifest at `path` (its first line; the rest is not read), None when it
+    is not a manifest's. Opened without following a link, never a FIFO or a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        line = f.readline()
+    try:
+        head = json.loads(line)
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
 
 
 def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
@@ -517,13 +778,17 @@ def read_names(path: str) -> list[str]:
 
 
 # what `relocated` adds to a source manifest's header; `source_of` takes them out again
-SOURCE_KEYS = ("source_fingerprint", "source_stat_fingerprint", "source_entries")
+INSTALLED_STAT = "installed_stat_fingerprint"
+SOURCE_KEYS = ("source_fingerprint", "source_stat_fingerprint", "source_entries", INSTALLED_STAT)
 
 
 def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Optional[str]) -> dict:
     """The manifest of the installed tree: `manifest` with relocation's rewritten entries, and in
     its header what the source was (for re-runs): its fingerprints, and the source's own entries
-    of the rewritten files, so that `source_of` can give back `manifest` itself."""
+    of the rewritten files, so that `source_of` can give back `manifest` itself; and the stat
+    fingerprint of these entries (INSTALLED_STAT): the sha256 of `tree_stat`'s lines of the
+    installed tree while it is as installed (relocation keeps each file's mtime), so that one
+    walk proves an install unchanged without reading its entries (liveplan, EarlyCheck)."""
     entries = [dict(e, **changes.get(e["p"], {})) for e in manifest["entries"]]
     header = {k: v for k, v in manifest["header"].items() if k != "stat_fingerprint"}
     # the stat fingerprint `build` took of these entries, where it is there (it is theirs by
@@ -531,6 +796,7 @@ def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Opti
     stat_fp = manifest["header"].get("stat_fingerprint") or stat_fingerprint(manifest["entries"])
     header.update(source_fingerprint=source_fingerprint, source_stat_fingerprint=stat_fp,
                   source_entries=[e for e in manifest["entries"] if e["p"] in changes])
+    header[INSTALLED_STAT] = stat_fingerprint(entries)
     return {"header": header, "entries": entries, "totals": manifest["totals"]}
 
 

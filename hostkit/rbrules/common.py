@@ -9,6 +9,7 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
     LINK_BUSY, LINK_WAITED, LINK_CPU_SECONDS, link_cpu_bound   on one kernel: whether the link had
                     CPU to spare, and when that stops its measurement
     TAR_RECORD      tar's record size on both ends of a stream
+    WALK_WORKERS, walk_workers   how many processes a tree's stat walk forks
     MAX_STREAMS,    several streams side by side: at most this many, none below this size,
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
     ENGINE_STEPS    the install engine's steps, in order
@@ -119,6 +120,17 @@ STREAMS_MIN_BYTES = 256 << 20
 
 def stream_count(jobs: int) -> int:
     return max(1, min(MAX_STREAMS, jobs // 2))
+
+
+# A tree's stat walk where only its stat lines are wanted (manifest.tree_stat: the live plan's
+# destination state) forks workers over its subtrees where the host has the cores: one per two
+# CPUs this process may use (the other host's scan may share the machine), at most WALK_WORKERS;
+# on two CPUs or fewer none (the walk runs in the process itself).
+WALK_WORKERS = 8
+
+
+def walk_workers(cpus: int) -> int:
+    return min(WALK_WORKERS, cpus // 2) if cpus > 2 else 1
 
 
 # the install engine's steps, in order: a single-host runbook runs them one by one on the

@@ -579,6 +579,67 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first
     assert event["facts"]["up_to_date"] == 0 and "source changed" in event["facts"]["why"]
 
 
+def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifest(
+        first_install, monkeypatch):
+    """The install recorded its tree's stat fingerprint (manifest.INSTALLED_STAT): the early
+    walk's lines matching it, the manifest's entries are never read; a link planted there since
+    makes it read them and compare (the link named)."""
+    _src, _m1, dest, tmp_path = first_install
+    head = manifest.read_header(str(dest / engine.INSTALLED))
+    assert head[manifest.INSTALLED_STAT]
+
+    def unread(*args, **kw):
+        raise AssertionError("the install's manifest was read")
+
+    def checked(locked=True):
+        ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+        ctx.locked = locked
+        engine.begin_early_check(ctx)
+        return engine.run(ctx, "current", engine.current, mode="quick",
+                          source_stat=head["source_stat_fingerprint"])
+
+    real_load = manifest.load
+    monkeypatch.setattr(manifest, "load", unread)
+    event = checked()
+    assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
+    monkeypatch.setattr(manifest, "load", real_load)
+    os.symlink("/etc", dest / "lib" / "planted")
+    event = checked()
+    assert event["facts"]["up_to_date"] == 0, event
+    assert "1 entries changed at the destination" in event["facts"]["why"], event
+
+
+def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypatch):
+    """Where the host has the cores, the walk's workers are forked by the thread that begins
+    the check (the process has one thread then); a file edited there is still found."""
+    dest = tmp_path / "venv"
+    for a in range(3):
+        for b in range(8):
+            d = dest / "lib" / f"p{a}" / f"m{b}"
+            d.mkdir(parents=True)
+            (d / "f.py").write_text("x" * b)
+    m = manifest.build(str(dest), [], "sha256", jobs=1)
+    manifest.save(manifest.relocated(m, {}, manifest.fingerprint(m)), str(dest / engine.INSTALLED))
+    head = manifest.read_header(str(dest / engine.INSTALLED))
+    forked = []
+    real_fork = manifest._fork
+    monkeypatch.setattr(manifest, "walk_workers", lambda cpus: 3)
+    monkeypatch.setattr(manifest, "_fork", lambda *a: forked.append(len(a[2])) or real_fork(*a))
+
+    def checked():
+        ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+        ctx.locked = True
+        engine.begin_early_check(ctx)
+        assert forked, "no worker forked as the check began"
+        return engine.run(ctx, "current", engine.current, mode="quick",
+                          source_stat=head["source_stat_fingerprint"])
+
+    assert checked()["facts"]["up_to_date"] == 1
+    (dest / "lib" / "p2" / "m7" / "f.py").write_text("edited")
+    event = checked()
+    assert event["facts"]["up_to_date"] == 0 and "1 entries changed" in event["facts"]["why"]
+
+
 def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_install):
     _src, _m1, dest, tmp_path = first_install
     ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))

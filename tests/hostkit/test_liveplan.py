@@ -43,6 +43,13 @@ def test_a_first_move_adds_every_entry(tmp_path):
     ch = liveplan.changes(scan_rows(src), [], None)
     assert ch["added"] == 3 and ch["added_bytes"] == 3 and ch["changed"] == ch["removed"] == 0
     assert ch["items"] == [">f+++++++++ a.py", "cd+++++++++ pkg", ">f+++++++++ pkg/b.py"]
+    os.symlink("a.py", src / "ln")
+    rows = scan_rows(src) + [["dev", "?", 0o600, None, None, None]]
+    # nothing there: each line written without a comparison, as the comparison writes it
+    ch = liveplan.changes(rows, [], None)
+    assert ch["items"] == ["%s %s" % (liveplan._flags(None, r), r[0]) for r in rows]
+    assert "cL+++++++++ ln" in ch["items"] and ch["items"][-1] == "c?+++++++++ dev"
+    assert ch["added"] == 5
 
 
 def test_a_rerun_names_exactly_the_file_that_changed_and_what_is_gone(tmp_path):
@@ -81,6 +88,94 @@ def test_the_destination_state_is_read_without_writing_and_names_the_backup_to_e
         "digest"]
     (dest / "a.py").write_text("b")
     assert liveplan.dest_state(str(dest), "backup", 2)[0]["digest"] != facts["digest"]
+
+
+def installed_at(dest: Path) -> dict:
+    """An install of this tool at `dest`: its manifest where the engine's relocate puts it."""
+    installed = installed_of(dest)
+    kitmanifest.save(installed, str(dest / liveplan.INSTALLED))
+    return installed
+
+
+def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(tmp_path,
+                                                                              monkeypatch):
+    dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb", "bin/tool": "t"})
+    os.symlink("a.py", dest / "link")
+    installed = installed_at(dest)
+    lines, _size = kitmanifest.tree_stat(str(dest))
+    assert installed["header"][kitmanifest.INSTALLED_STAT] == \
+        kitmanifest.stat_fingerprint(installed["entries"]) == \
+        __import__("hashlib").sha256(b"".join(lines)).hexdigest()
+    full = liveplan.dest_state(str(dest), "replace", 0, against=True)
+
+    def unread(_data):
+        raise AssertionError("the manifest's entries were parsed")
+    monkeypatch.setattr(liveplan, "_entries", unread)
+    facts, fast_lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    assert facts["install"] == {"moved": {}, "source_entries": []}
+    assert (facts, fast_lines) == full
+    assert facts["installed_source_stat"] == installed["header"]["source_stat_fingerprint"]
+
+
+@pytest.mark.parametrize("change, moved", [
+    (lambda d: (d / "pkg" / "b.py").write_text("edited"), ["pkg/b.py"]),
+    (lambda d: os.symlink("/etc/passwd", d / "pkg" / "planted"), ["pkg/planted"]),
+    (lambda d: (d / "a.py").unlink(), ["a.py"]),
+    (lambda d: os.chmod(d / "a.py", 0o755), ["a.py"]),
+])
+def test_an_install_changed_since_falls_back_to_the_full_comparison(tmp_path, change, moved):
+    dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb"})
+    installed_at(dest)
+    change(dest)
+    facts, lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    assert sorted(facts["install"]["moved"]) == moved
+    src = tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "bb"})
+    ch = liveplan.changes(scan_rows(src), liveplan._rows(lines), facts["install"])
+    assert ch["changed"] + ch["removed"] + ch["added"] >= 1
+
+
+def wide_tree(root: Path) -> Path:
+    """Directories several levels deep, excluded caches, links, a name that is not UTF-8."""
+    for a in range(3):
+        for b in range(12):
+            d = root / "lib" / f"p{a}" / f"m{b:02d}"
+            tree(d, {f"f{c}.py": "x" * c for c in range(3)})
+            (d / "__pycache__").mkdir()
+            (d / "__pycache__" / "f0.pyc").write_text("c")
+            os.symlink("f1.py", d / "ln")
+    tree(root, {"pyvenv.cfg": "home = /usr/bin\n", "bin/python": ""})
+    os.mkdir(os.path.join(os.fsencode(root / "lib"), b"bad\xff"))
+    return root
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8, 200])
+def test_the_forked_walk_gives_the_walks_own_lines(tmp_path, workers):
+    root = wide_tree(tmp_path / "venv")
+    pats = ("__pycache__", "*.pyc")
+    alone = kitmanifest.tree_stat(str(root), pats, workers=1)
+    assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16   # bad\xff: none
+    walked = []
+    for rel, st in kitmanifest.walk(str(root), pats):
+        try:
+            walked.append(kitmanifest.values_line(kitmanifest.stat_values(str(root), rel, st)))
+        except UnicodeEncodeError:
+            pass
+    assert alone[0] == walked                  # the walk's own lines, in its order
+    forked = kitmanifest.tree_stat(str(root), pats, workers=workers)
+    assert b"".join(forked[0]) == b"".join(alone[0]) and forked[1] == alone[1]
+
+
+def test_a_failed_worker_leaves_the_walk_to_this_process(tmp_path, monkeypatch):
+    root = wide_tree(tmp_path / "venv")
+    alone = kitmanifest.tree_stat(str(root), workers=1)
+    real = kitmanifest._stat_lines
+
+    def dies(root_, patterns, top, lines):
+        if top:                      # in a worker: a subtree
+            os._exit(3)
+        return real(root_, patterns, top, lines)
+    monkeypatch.setattr(kitmanifest, "_stat_lines", dies)
+    assert kitmanifest.tree_stat(str(root), workers=4) == alone
 
 
 def write_state(path: Path, dest: Path) -> None:
