@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 53d23c52ab6fd2ed4153f7a02e7aee55f9f19bf02ecf5ed3260edbc3981a71f8
+# sha256 of this file with these 64 digits zeroed: b5cf92b59e9aa2936b2a4a9a7405c2a47626ac4c9d4be17670146f0d43af2eb6
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d
-readonly RB_KIT_FILE=.kit/b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d.tar
+readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
+readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: d5ef2ff768e9386886586fa3f254113f14bd3840a9fedaf4812f97ddd8e23689
+# sha256 of this file with these 64 digits zeroed: 9579ef7eaae1ef4e39e0a696418cc2ffb504f74f801314bf3bf61ca9349506ee
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d
-readonly RB_KIT_FILE=.kit/b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d.tar
+readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
+readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

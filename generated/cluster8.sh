@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 46b0e190eaddf437530f5320edc005bb34e0f6b6b8a4ef9002aa33ec993b9663
+# sha256 of this file with these 64 digits zeroed: 20dee42eb374b6344eab695f5ad6277d4aedbeadb7f1068f3e649a90dc40bff0
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d
-readonly RB_KIT_FILE=.kit/b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d.tar
+readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
+readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 1542cdcac288ce07ecb371feaaf5eb5d6fc10c226130b72c8b108894d0ff7143
+# sha256 of this file with these 64 digits zeroed: 3d1a3f311034d167ec88a130cae3a5ed944505919691d4bac691862336c5aa1c
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d
-readonly RB_KIT_FILE=.kit/b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d.tar
+readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
+readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: d8b50ec0c0f3b4c9a6da6e2996d8459b0b507a7b206c39c9247a62dc0479de0f
+# sha256 of this file with these 64 digits zeroed: f5d84c8da8ddad39b66ced262e0cb37059437611e42cf0ea34d228005b14266b
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d
-readonly RB_KIT_FILE=.kit/b7c26ef017bf745ad54e7874a7052c25787ee752471815f65172d855a50f0b8d.tar
+readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
+readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -450,7 +450,8 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
                   ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
                   human(disk["free"]), dst["measured_at"], room))
     if plan["policy"] == "backup":
-        kept = "%d backups kept" % len(plan["backups"])
+        n = len(plan["backups"])
+        kept = "%d backup%s kept" % (n, "" if n == 1 else "s")
         evict = ("; evicts %s once the new install passes its checks"
                  % ", ".join(plan["evicts"])) if plan["evicts"] else "; evicts none"
         out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))

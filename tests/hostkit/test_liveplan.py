@@ -327,3 +327,23 @@ def test_the_manifest_step_copies_the_installs_manifest_through_the_kit():
     from pathlib import Path
     text = (Path(__file__).resolve().parents[2] / "templates/steps/manifest.sh.j2").read_text()
     assert "liveplan installed" in text and 'cat "${RB_DST_ABS}/.rb-manifest.jsonl"' not in text
+
+
+@pytest.mark.parametrize("kept, said", [(1, "1 backup kept"), (2, "2 backups kept")])
+def test_the_plan_counts_the_kept_backups_in_words(tmp_path, capsys, kept, said):
+    src = tree(tmp_path / "src", {"a.py": "a"})
+    dest = tree(tmp_path / "dst" / "venv", {"a.py": "a"})
+    for n in range(1, kept + 1):
+        tree(tmp_path / "dst" / f"venv.rb-backup.{n}", {"a.py": "a"})
+    d = tmp_path / "run"
+    d.mkdir()
+    from rbkit import hostfs
+    hostfs.scan(str(src), [], str(tmp_path / "names"))
+    (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
+    facts, lines = liveplan.dest_state(str(dest), "backup", kept)
+    (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
+    liveplan.main(["compose", "--dir", str(d), "--name", "t", "--choices",
+                   '{"schema": 1, "on_existing": "backup", "keep_backups": %d}' % kept,
+                   "--source-bytes", "1", "--need-bytes", "1", "--audit-rc", "0",
+                   "--checks", '{"checks": []}'])
+    assert "backups:     %s (keep_backups %d)" % (said, kept) in capsys.readouterr().out
