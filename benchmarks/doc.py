@@ -336,6 +336,34 @@ compressors beside the scan, as preflight does (before, it did not measure, and 
 
 RELAY37 = """## The relay at the speed of the link (issue 37): where it stands
 
+### Where it stands now (runs `s19-1gbit`, `s19-1gbit-b`, `s19-unlimited`, `s19-200mbit`)
+
+Quiet machine (load under 1 at each start, nothing else running), the code after the change
+"on one kernel the link measured alone after the scan, none where its ssh had no CPU to spare"
+(`rbrules.common.link_cpu_bound`: this machine's two ssh masters' time on a CPU and waiting for
+one, from /proc/PID/schedstat, while the link carried 8 MB or more) and the compressors' sample
+of 8 MiB taken from the scan's record. Medians:
+
+| link | row | s | choice | target | met? |
+|---|---|---:|---|---|---|
+| unlimited, 3 rounds | auto / none | 5.79 / 5.57 = **1.04** | none 3 of 3 | <= 1.05 | yes (was 1.22: auto took lz4) |
+| 200 Mbit/s, 2 rounds | auto / none | 14.0 / 39.8 = **0.35** | zstd 2 of 2 | auto beats none | yes |
+| 1 Gbit/s, 2 + 3 rounds | seed / auto | 8.12 / 7.30 = **1.11** | lz4 5 of 5 | >= 1.5 | no |
+| 1 Gbit/s | auto / hand aes128-gcm + lz4 -1 | 7.30 / 4.59 = **1.59** | | <= 1.15 | no |
+
+At 1 Gbit/s the runbook of 19e2761 (before the change), run on the same machine minutes apart,
+took none in 3 rounds of 3 (10.0 s); the new rule took lz4 in all 5 here. Under load (other
+work on both cores, load 3 to 6.5) it took none in 2 runs of 9 (the link's ssh really was
+starved then: 62-77 MB/s). What the 1 Gbit/s targets lack: the runbook's transfer step alone
+(4.73-5.42 s: tar, lz4, two aes128-gcm legs, sha256 at both ends and the receiving end's Python
+stage, all on the same 2 cores) is as long as the hand pipeline's whole run (4.20-4.59 s), and
+preflight (1.13-1.32 s, of it about 0.5 s for the measurement) and verify, relocate, swap and
+exports (0.5 s) come on top. Within 1.15x of the hand pipeline would leave 0.7 s for all of that
+and the verification; on three machines (the real relay) the two ends' hashing runs on their own
+cores and this machine only relays.
+
+### Before (issue 37's earlier sessions)
+
 Runs `relay37-1gbit`, `relay37-unlimited` and `relay37-200mbit` (sections above; commands there)
 measure the code of branch `relay` after these changes: the measurement of `compression: auto`
 runs beside the source's scan (started once the destination's engine answered, taken at
