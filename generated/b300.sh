@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: b5cf92b59e9aa2936b2a4a9a7405c2a47626ac4c9d4be17670146f0d43af2eb6
+# sha256 of this file with these 64 digits zeroed: 7e16628c2c1921ed5a5896344b84719de423e8623efd48e2307d674e2b7a3965
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
-readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
+readonly RB_KIT_SHA256=1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262
+readonly RB_KIT_FILE=.kit/1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -196,6 +196,9 @@ declare -a RB_PLAN_ARGS=()
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
+# a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
+# (rb::close_wait, rb::cleanup)
+RB_CLOSING=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
@@ -984,7 +987,11 @@ rb::cleanup() {
   if ((${#live[@]} > 0)); then
     rb::kill_tree "${live[@]}"
   fi
-  rb::close_hosts
+  if [[ -n "${RB_CLOSING}" ]]; then
+    rb::close_wait
+  else
+    rb::close_hosts
+  fi
   rm -rf "${RB_WORK}"
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"

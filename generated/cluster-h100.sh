@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 9579ef7eaae1ef4e39e0a696418cc2ffb504f74f801314bf3bf61ca9349506ee
+# sha256 of this file with these 64 digits zeroed: cef9f5fbf42ebf01d556faabe0d0212bccebcf6503cd6e85e5c66d5bdb87e356
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
-readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
+readonly RB_KIT_SHA256=1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262
+readonly RB_KIT_FILE=.kit/1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -197,6 +197,9 @@ declare -a RB_PLAN_ARGS=()
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
+# a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
+# (rb::close_wait, rb::cleanup)
+RB_CLOSING=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
@@ -985,7 +988,11 @@ rb::cleanup() {
   if ((${#live[@]} > 0)); then
     rb::kill_tree "${live[@]}"
   fi
-  rb::close_hosts
+  if [[ -n "${RB_CLOSING}" ]]; then
+    rb::close_wait
+  else
+    rb::close_hosts
+  fi
   rm -rf "${RB_WORK}"
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"

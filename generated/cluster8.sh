@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 20dee42eb374b6344eab695f5ad6277d4aedbeadb7f1068f3e649a90dc40bff0
+# sha256 of this file with these 64 digits zeroed: 0bb74a719f83dab16f9b94430ff3906e9ebbbb4fb604060cc42deb97a5fc7270
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
-readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
+readonly RB_KIT_SHA256=1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262
+readonly RB_KIT_FILE=.kit/1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -186,6 +186,9 @@ declare -a RB_PLAN_ARGS=()
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
+# a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
+# (rb::close_wait, rb::cleanup)
+RB_CLOSING=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
@@ -947,7 +950,11 @@ rb::cleanup() {
   if ((${#live[@]} > 0)); then
     rb::kill_tree "${live[@]}"
   fi
-  rb::close_hosts
+  if [[ -n "${RB_CLOSING}" ]]; then
+    rb::close_wait
+  else
+    rb::close_hosts
+  fi
   rm -rf "${RB_WORK}"
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3d1a3f311034d167ec88a130cae3a5ed944505919691d4bac691862336c5aa1c
+# sha256 of this file with these 64 digits zeroed: 073c32e63a21d2b3daece67ff2a1d5475bcb73d32909aa7ed88dce5d62b9c7a4
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
-readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
+readonly RB_KIT_SHA256=1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262
+readonly RB_KIT_FILE=.kit/1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -195,6 +195,9 @@ declare -a RB_PLAN_ARGS=()
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
+# a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
+# (rb::close_wait, rb::cleanup)
+RB_CLOSING=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
@@ -973,7 +976,11 @@ rb::cleanup() {
   if ((${#live[@]} > 0)); then
     rb::kill_tree "${live[@]}"
   fi
-  rb::close_hosts
+  if [[ -n "${RB_CLOSING}" ]]; then
+    rb::close_wait
+  else
+    rb::close_hosts
+  fi
   rm -rf "${RB_WORK}"
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f5d84c8da8ddad39b66ced262e0cb37059437611e42cf0ea34d228005b14266b
+# sha256 of this file with these 64 digits zeroed: b3674e4344a2034db88d8266a9d918b03b7a6e515015478593a3256e61447b5a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2
-readonly RB_KIT_FILE=.kit/cce12d8cde2e9bcf0f4746238e3a78f290954a3ae6a2d0fa9a11a6f37886cef2.tar
+readonly RB_KIT_SHA256=1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262
+readonly RB_KIT_FILE=.kit/1bf477ef55a2e940e6a8f4294d70818c0077fb19c81b39df145373e5bc9eb262.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -194,6 +194,9 @@ declare -a RB_PLAN_ARGS=()
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
 declare -a RB_BG_PIDS=()
+# a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
+# (rb::close_wait, rb::cleanup)
+RB_CLOSING=''
 RB_STEP_DETAIL=''
 declare -a RB_HOST_SSH=()
 RB_HOST_TARGET=''
@@ -972,7 +975,11 @@ rb::cleanup() {
   if ((${#live[@]} > 0)); then
     rb::kill_tree "${live[@]}"
   fi
-  rb::close_hosts
+  if [[ -n "${RB_CLOSING}" ]]; then
+    rb::close_wait
+  else
+    rb::close_hosts
+  fi
   rm -rf "${RB_WORK}"
   if [[ -n "${RB_RUN_LOCK}" ]]; then
     rm -rf -- "${RB_RUN_LOCK}"

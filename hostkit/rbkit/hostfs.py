@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import marshal
 import os
 import shutil
 import stat
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from rbrules import links
 from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
@@ -53,7 +54,8 @@ def link_escapes(root: str, rel: str, target: str, max_hops: int = links.MAX_HOP
 
 
 def scan(root: str, patterns, names_path: Optional[str] = None, *,
-         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50) -> dict:
+         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50,
+         workers: Optional[int] = None, begun: Optional["ScanWalk"] = None) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
     and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
@@ -68,10 +70,26 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     `need_bytes` is the room the copy takes: each file at the larger of its apparent size and its
     blocks (tar writes a sparse file's holes out). `bytes` counts the data of an inode the tree
     names twice (a hard link) once, as `du --apparent-size` does and as the stream carries it
-    (tar sends the second name as a link): the transfer's progress runs to 100% on it."""
+    (tar sends the second name as a link): the transfer's progress runs to 100% on it.
+
+    The walk is split as the live plan's (ScanWalk, manifest.ForkedWalk: `workers` processes over the
+    subtrees, by default rbrules' walk_workers of this process's CPUs, in a process of one
+    thread); every answer and record is the same bytes as one process's walk, which is also
+    what a failed worker leaves. `begun`: a ScanWalk of this scan begun earlier (before the
+    caller started a thread); one of other arguments is closed and a walk made here."""
+    try:
+        return _scan(root, list(patterns), names_path, special_modes, outside_links, limit,
+                     workers, begun)
+    finally:
+        if begun is not None:
+            begun.close()                      # taken, or not this scan's: its workers ended
+
+
+def _scan(root: str, patterns: List[str], names_path: Optional[str], special_modes: str,
+          outside_links: str, limit: int, workers: Optional[int], begun: Optional["ScanWalk"]
+          ) -> dict:
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
-    patterns = list(patterns)
     if outside_links not in OUTSIDE_LINKS:
         raise ValueError(f"outside_links must be one of {OUTSIDE_LINKS}, not {outside_links!r}")
     out: dict = {"path": root, "exists": os.path.lexists(root), "refusal": ""}
@@ -90,9 +108,15 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
             if key.strip() in ("version", "version_info", "home"):
                 out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
-        tally = _Tally(root, special_modes == "strip", bool(names_path))
-        for rel, st in manifest.walk(root, patterns):
-            tally.add(rel, st)
+        strip = special_modes == "strip"
+        walk = begun if begun is not None and begun.key == (root, tuple(patterns), strip,
+                                                               bool(names_path)) else None
+        if walk is None:
+            walk = ScanWalk(root, patterns, strip, bool(names_path), workers)
+        try:
+            tally = walk.tally()
+        finally:
+            walk.close()
         if names_path:
             tally.write(names_path, patterns)
         out.update(tally.values(limit, special_modes))
@@ -102,25 +126,24 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     return out
 
 
-class _Tally:
-    """What `scan` gathers over one walk of `root`: the counts and sizes it reports, what it
-    refuses on (special modes, outside links, devices, names that are not UTF-8), and, when
-    `names` is set, the records it writes for `tar -T` and the manifest build."""
+class _Part:
+    """What one piece of `scan`'s walk gathers (a directory listed near the root, or a worker's
+    subtree; the whole tree in one process): its entries' records, in the walk's order. A file
+    of more than one link is only noted (`multi`): whether its data is counted is the whole
+    walk's question (its first name in the walk's order), answered by _Tally.merge."""
 
-    def __init__(self, root: str, strip: bool, names: bool):
-        self.root, self.strip, self.keep_names = root, strip, names
-        self.lookup = links.tree_lookup(root)
-        self.files = self.dirs = self.links = 0
+    def __init__(self, root: str, strip: bool, names: bool, lookup: links.Lookup):
+        self.root, self.strip, self.keep_names, self.lookup = root, strip, names, lookup
+        self.count = self.files = self.dirs = self.links = 0
         self.apparent = self.disk = self.need = 0
         self.names: List[bytes] = []
-        self.multi: List[bytes] = []   # [index in names, st_dev, st_ino] of multi-link files
-        self.inodes: set = set()       # (st_dev, st_ino) of the files of more than one link
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
         self.lines: List[bytes] = []
+        # (index in the piece, st_dev, st_ino, size, blocks, rel when sparse else "")
+        self.multi: List[tuple] = []
         self.special: List[dict] = []
         self.outside: List[dict] = []
         self.devices: List[str] = []
-        self.sparse: List[str] = []
+        self.sparse: List[tuple] = []    # (index in the piece, rel)
         self.not_utf8: List[str] = []
 
     def add(self, rel: str, st: os.stat_result) -> None:
@@ -132,6 +155,8 @@ class _Tally:
             self.not_utf8.append(_shown(rel))
         if self.keep_names:
             self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
+        index = self.count
+        self.count += 1
         blocks = st.st_blocks * 512
         self.disk += blocks
         mode = stat.S_IMODE(st.st_mode)
@@ -144,27 +169,132 @@ class _Tally:
         if mode & manifest.SPECIAL_BITS:
             self.special.append({"p": rel, "m": _octal(mode)})
         if stat.S_ISREG(st.st_mode):
-            self._file(rel, st, blocks)
+            self.files += 1
+            sparse = blocks + 4096 <= st.st_size
+            if st.st_nlink > 1:
+                self.multi.append((index, st.st_dev, st.st_ino, st.st_size, blocks,
+                                   rel if sparse else ""))
+                return
+            self.apparent += st.st_size
+            self.need += max(blocks, -(-st.st_size // 4096) * 4096)
+            if sparse:
+                self.sparse.append((index, rel))
         elif stat.S_ISDIR(st.st_mode):
             self.dirs += 1
             self.need += max(blocks, 4096)
         elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             self.devices.append(rel)
 
-    def _file(self, rel: str, st: os.stat_result, blocks: int) -> None:
-        self.files += 1
-        if st.st_nlink > 1:
+    def dump(self) -> tuple:
+        return (self.count, self.files, self.dirs, self.links, self.apparent, self.disk,
+                self.need, b"".join(self.names), b"".join(self.lines), self.multi,
+                self.special, self.outside, self.devices, self.sparse, self.not_utf8)
+
+
+def _walked(root: str, patterns: tuple, top: str, strip: bool, names: bool) -> bytes:
+    """A worker's piece of `scan`'s walk: the subtree `top`'s _Part, marshalled."""
+    part = _Part(root, strip, names, links.tree_lookup(root))
+    for rel, st in manifest.walk(root, patterns, top=top):
+        part.add(rel, st)
+    return marshal.dumps(part.dump())
+
+
+class ScanWalk:
+    """`scan`'s walk of `root`, begun (manifest.ForkedWalk: the directories near the root listed
+    and the workers forked, by the calling thread) before `scan` takes it: `engine source`
+    begins it before its thread that reads the runbook's line starts. `tally` walks in this
+    process what was not forked, or what a failed worker left."""
+
+    def __init__(self, root: str, patterns, strip: bool, names: bool,
+                 workers: Optional[int] = None) -> None:
+        self.key = (root, tuple(patterns), strip, names)
+        self.lookup = links.tree_lookup(root)
+        self._forked = manifest.ForkedWalk(root, patterns, workers, self._own, self._unit)
+
+    def _part(self) -> "_Part":
+        root, _patterns, strip, names = self.key
+        return _Part(root, strip, names, self.lookup)
+
+    def _own(self, kept: List[tuple]) -> Tuple[bytes, int]:
+        part = self._part()
+        for rel, st in kept:
+            part.add(rel, st)
+        return marshal.dumps(part.dump()), 0
+
+    def _unit(self, top: str) -> Tuple[bytes, int]:
+        root, patterns, strip, names = self.key
+        return _walked(root, patterns, top, strip, names), 0
+
+    def tally(self) -> "_Tally":
+        root, patterns, strip, names = self.key
+        tally = _Tally(root, strip, names)
+        pieces = self._forked.pieces()
+        if pieces is not None:
+            for piece in pieces:
+                tally.merge(marshal.loads(piece))
+            return tally
+        part = self._part()
+        for rel, st in manifest.walk(root, patterns):
+            part.add(rel, st)
+        tally.merge(part.dump())
+        return tally
+
+    def close(self) -> None:
+        self._forked.close()
+
+
+class _Tally:
+    """What `scan` gathers over one walk of `root` (its _Parts merged in the walk's order): the
+    counts and sizes it reports, what it refuses on (special modes, outside links, devices,
+    names that are not UTF-8), and, when `names` is set, the records it writes for `tar -T` and
+    the manifest build."""
+
+    def __init__(self, root: str, strip: bool, names: bool):
+        self.root, self.strip, self.keep_names = root, strip, names
+        self.count = self.files = self.dirs = self.links = 0
+        self.apparent = self.disk = self.need = 0
+        self.names: List[bytes] = []
+        self.multi: List[bytes] = []   # [index in names, st_dev, st_ino] of multi-link files
+        self.inodes: set = set()       # (st_dev, st_ino) of the files of more than one link
+        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        self.lines: List[bytes] = []
+        self.special: List[dict] = []
+        self.outside: List[dict] = []
+        self.devices: List[str] = []
+        self.sparse: List[tuple] = []  # (index in the walk, rel)
+        self.not_utf8: List[str] = []
+
+    def merge(self, piece: tuple) -> None:
+        """The next piece of the walk (a _Part's dump) added: its records after those before it,
+        and each file of more than one link counted at its first name in the walk's order."""
+        (count, files, dirs, nlinks, apparent, disk, need, names, lines, multi, special,
+         outside, devices, sparse, not_utf8) = piece
+        base = self.count
+        self.count += count
+        self.files += files
+        self.dirs += dirs
+        self.links += nlinks
+        self.apparent += apparent
+        self.disk += disk
+        self.need += need
+        self.names.append(names)
+        self.lines.append(lines)
+        for index, dev, ino, size, blocks, sparse_rel in multi:
             if self.keep_names:
-                self.multi.append(b"[%d, %d, %d]\n" % (len(self.names) - 1, st.st_dev,
-                                                        st.st_ino))
-            if (st.st_dev, st.st_ino) in self.inodes:
+                self.multi.append(b"[%d, %d, %d]\n" % (base + index, dev, ino))
+            if (dev, ino) in self.inodes:
                 self.disk -= blocks            # its data is counted (and sent, and stored) once
-                return
-            self.inodes.add((st.st_dev, st.st_ino))
-        self.apparent += st.st_size
-        self.need += max(blocks, -(-st.st_size // 4096) * 4096)
-        if blocks + 4096 <= st.st_size:
-            self.sparse.append(rel)
+                continue
+            self.inodes.add((dev, ino))
+            self.apparent += size
+            self.need += max(blocks, -(-size // 4096) * 4096)
+            if sparse_rel:
+                self.sparse.append((base + index, sparse_rel))
+        self.sparse.extend((base + index, rel) for index, rel in sparse)
+        self.special.extend(special)
+        self.outside.extend(outside)
+        self.devices.extend(devices)
+        self.not_utf8.extend(not_utf8)
 
     def write(self, names_path: str, patterns: List[str]) -> None:
         """The names for `tar -T`, the scan record (NAMES.stat) and the multi-link files
@@ -178,14 +308,15 @@ class _Tally:
 
     def values(self, limit: int, special_modes: str) -> dict:
         """scan's answer: the counts, and the first `limit` of each list."""
+        sparse = [rel for _index, rel in sorted(self.sparse)]
         return dict(files=self.files, dirs=self.dirs, links=self.links, bytes=self.apparent,
                     disk_bytes=self.disk, need_bytes=self.need,
                     stat_fingerprint=hashlib.sha256(b"".join(self.lines)).hexdigest(),
                     special_modes=self.special[:limit], special_modes_count=len(self.special),
                     special_modes_action=special_modes,
                     outside_links=self.outside[:limit], outside_links_count=len(self.outside),
-                    devices=self.devices[:limit], sparse_files=self.sparse[:limit],
-                    sparse_count=len(self.sparse))
+                    devices=self.devices[:limit], sparse_files=sparse[:limit],
+                    sparse_count=len(sparse))
 
 
 def _count(items: list, one: str, many: str) -> str:

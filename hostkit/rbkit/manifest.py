@@ -230,21 +230,26 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
 _UNIT = struct.Struct("<IQQ")      # a worker's answer for one subtree: its index, bytes, size
 
 
-def _start(root: str, patterns: tuple, workers: int) -> dict:
+def _start(root: str, patterns: tuple, workers: int, own: Optional[Callable] = None,
+           unit: Optional[Callable] = None) -> dict:
     """StatWalk's first half: the directories near the root are listed here, breadth first,
     until there are 4 subtrees a worker (or none is left: a small tree is walked here alone);
     then at most `workers` processes are forked, each taking the next subtree's index from one
-    pipe and sending back its lines through its own (_finish puts them in the walk's order)."""
+    pipe and sending back its lines through its own (_finish puts them in the walk's order).
+    `own(entries)` makes a listed directory's piece of the answer from its (rel, lstat) entries
+    and `unit(top)` a worker's from its subtree, each (bytes, size): by default their stat
+    lines (ForkedWalk gives other walks, the source's scan, the same split)."""
+    own = own or functools.partial(_own_lines, root)
+    unit = unit or functools.partial(_unit_lines, root, patterns)
     test = _exclusion(patterns) if patterns else None
-    own: dict = {}                 # a directory listed here -> (its entries' lines, bytes)
+    listed: dict = {}              # a directory listed here -> its piece (bytes, size)
     subs: dict = {}                # a directory listed here -> its subdirectories, in order
     frontier = [""]
     while frontier and len(frontier) < 4 * workers:
         deeper = []
         for d in frontier:
-            lines: List[bytes] = []
+            kept: List[tuple] = []
             dirs: List[str] = []
-            size = 0
             full = os.path.join(root, d) if d else root
             with os.scandir(full) as it:
                 entries = sorted(it, key=operator.attrgetter("name"))
@@ -253,28 +258,78 @@ def _start(root: str, patterns: tuple, workers: int) -> dict:
                 if rel in SKIP_NAMES or (test is not None and test(rel, entry.name)):
                     continue
                 st = entry.stat(follow_symlinks=False)
-                v = stat_values(root, rel, st)
+                kept.append((rel, st))
                 if stat.S_ISDIR(st.st_mode):
                     dirs.append(rel)
-                try:
-                    lines.append(values_line(v))
-                except UnicodeEncodeError:
-                    continue
-                if v[1] == "f":
-                    size += st.st_size
-            own[d] = (b"".join(lines), size)
+            listed[d] = own(kept)
             subs[d] = dirs
             deeper.extend(dirs)
         frontier = deeper
-    started = {"own": own, "subs": subs, "units": frontier, "pids": [], "reads": {},
+    started = {"own": listed, "subs": subs, "units": frontier, "pids": [], "reads": {},
                "task": -1}
     if frontier:
         try:
-            _fork(root, patterns, frontier, min(workers, len(frontier)), started)
+            _fork(unit, frontier, min(workers, len(frontier)), started)
         except OSError:
             _reap(started)
             raise
     return started
+
+
+def _own_lines(root: str, kept: List[tuple]) -> Tuple[bytes, int]:
+    """A listed directory's stat lines (of its entries `kept`) and its files' bytes."""
+    lines: List[bytes] = []
+    size = 0
+    for rel, st in kept:
+        v = stat_values(root, rel, st)
+        try:
+            lines.append(values_line(v))
+        except UnicodeEncodeError:
+            continue
+        if v[1] == "f":
+            size += st.st_size
+    return b"".join(lines), size
+
+
+def _unit_lines(root: str, patterns: tuple, top: str) -> Tuple[bytes, int]:
+    """A worker's subtree: its stat lines (_stat_lines) and its files' bytes."""
+    lines: List[bytes] = []
+    size = _stat_lines(root, patterns, top, lines)
+    return b"".join(lines), size
+
+
+class ForkedWalk:
+    """The walk of `root` split as tree_stat's is (StatWalk), for another walk's answer, in two
+    halves: begun by the constructor, on the calling thread (a process forks only while it has
+    one thread), and its pieces taken by `pieces`, once. `own(entries)` gives the piece of each
+    directory listed near the root (its (rel, lstat) entries, excludes pruned, sorted) and
+    `unit(top)` that of each subtree below, in a forked worker, each (bytes, size)."""
+
+    def __init__(self, root: str, patterns: Iterable[str], workers: Optional[int],
+                 own: Callable[[List[tuple]], Tuple[bytes, int]],
+                 unit: Callable[[str], Tuple[bytes, int]]) -> None:
+        if workers is None:
+            workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
+        self._started: Optional[dict] = None
+        if workers > 1:
+            try:
+                self._started = _start(root, tuple(patterns), workers, own, unit)
+            except OSError:
+                self._started = None          # the caller walks, and meets the error itself
+
+    def pieces(self) -> Optional[List[bytes]]:
+        """The pieces in the walk's order; None where nothing was forked (`workers` of 1, the
+        default rule's walk_workers saying 1, a thread besides the one that began it) or a
+        worker failed: the caller walks in this process."""
+        started, self._started = self._started, None
+        got = _finish(started) if started is not None else None
+        return got[0] if got is not None else None
+
+    def close(self) -> None:
+        """Whatever was forked and not taken: its workers ended and waited for."""
+        started, self._started = self._started, None
+        if started is not None:
+            _reap(started)
 
 
 def _reap(started: dict) -> None:
@@ -289,7 +344,8 @@ def _reap(started: dict) -> None:
         started["task"] = -1
 
 
-def _fork(root: str, patterns: tuple, units: List[str], workers: int, started: dict) -> None:
+def _fork(unit: Callable[[str], Tuple[bytes, int]], units: List[str], workers: int,
+          started: dict) -> None:
     """The workers of `started` (_start), forked here; every index queued before the first."""
     queue = b"".join(struct.pack("<I", i) for i in range(len(units)))
     if len(queue) > 60000:         # the pipe takes every index at once: never a blocked write
@@ -312,9 +368,7 @@ def _fork(root: str, patterns: tuple, units: List[str], workers: int, started: d
                     if len(b) < 4:
                         break
                     i = struct.unpack("<I", b)[0]
-                    lines: List[bytes] = []
-                    size = _stat_lines(root, patterns, units[i], lines)
-                    data = b"".join(lines)
+                    data, size = unit(units[i])
                     view = memoryview(_UNIT.pack(i, len(data), size) + data)
                     while view:
                         view = view[os.write(w, view):]

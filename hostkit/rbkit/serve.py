@@ -324,6 +324,9 @@ def cmd_source(a: argparse.Namespace) -> int:
     early: List[Any] = [source.EarlyAudit(a.audit)] if beside and a.checks_beside == "auto" else []
     line: List[str] = [a.installed_stat]
     reader = None
+    # the scan's walk forks its workers (where the host has the cores) before the reader thread
+    # starts: a process forks only while it has one thread
+    begun = hostfs.ScanWalk(a.root, a.exclude, a.special_modes == "strip", bool(a.names))
     if a.installed_stat == "-":
         # the runbook learns it from the destination's engine while this scan runs
 
@@ -334,8 +337,11 @@ def cmd_source(a: argparse.Namespace) -> int:
 
         reader = threading.Thread(target=read_line, daemon=True)
         reader.start()
-    event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names, a.special_modes,
-                       a.outside_links, facts)
+    try:
+        event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names,
+                           a.special_modes, a.outside_links, facts, begun)
+    finally:
+        begun.close()
     if reader is not None:
         reader.join()
     started = early[0] if early else None

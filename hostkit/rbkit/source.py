@@ -37,9 +37,10 @@ TABLE_ROW = re.compile(r"^check |^[a-z_]* *L0 ")
 
 
 def scan(ctx: engine.Context, root: str, excludes: List[str], names: Any, special_modes: str,
-         outside_links: str, into: Dict[str, Any]) -> engine.Result:
+         outside_links: str, into: Dict[str, Any], begun: Any = None) -> engine.Result:
     try:
-        detail, facts = stream.scan_source(root, excludes, names, special_modes, outside_links)
+        detail, facts = stream.scan_source(root, excludes, names, special_modes, outside_links,
+                                           begun)
     except stream.SourceRefused as exc:
         raise engine.StepError(str(exc)) from None
     into.update(facts)

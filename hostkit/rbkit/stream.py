@@ -227,13 +227,14 @@ def tail(text: str, lines: int = 8) -> List[str]:
 
 
 def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
-                special_modes: str = "refuse", outside_links: str = "refuse") -> tuple:
+                special_modes: str = "refuse", outside_links: str = "refuse",
+                begun: Optional[hostfs.ScanWalk] = None) -> tuple:
     """The source before anything is sent: it exists, and what the excludes leave of it is a venv
     (pyvenv.cfg and bin/python are sent) with files in it. A tree the excludes empty, or one
     that is not a venv, is refused here (SourceRefused): `replace` would otherwise swap a working
-    install for it. Returns (detail, facts)."""
+    install for it. `begun`: its walk begun earlier (hostfs.scan). Returns (detail, facts)."""
     out = hostfs.scan(root, excludes, names, special_modes=special_modes,
-                      outside_links=outside_links)
+                      outside_links=outside_links, begun=begun)
     if not out["exists"]:
         raise SourceRefused("source %s does not exist" % root)
     if not out.get("is_dir"):

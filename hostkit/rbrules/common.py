@@ -122,10 +122,10 @@ def stream_count(jobs: int) -> int:
     return max(1, min(MAX_STREAMS, jobs // 2))
 
 
-# A tree's stat walk where only its stat lines are wanted (manifest.tree_stat: the live plan's
-# destination state) forks workers over its subtrees where the host has the cores: one per two
-# CPUs this process may use (the other host's scan may share the machine), at most WALK_WORKERS;
-# on two CPUs or fewer none (the walk runs in the process itself).
+# A tree's stat walk (manifest.tree_stat: the live plan's destination state; hostfs.scan: the
+# source's scan, the plan's and the run's preflight) forks workers over its subtrees where the
+# host has the cores: one per two CPUs this process may use (the other host's walk may share the
+# machine), at most WALK_WORKERS; on two CPUs or fewer none (the walk runs in the process itself).
 WALK_WORKERS = 8
 
 

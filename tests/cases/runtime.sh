@@ -1283,6 +1283,8 @@ rb::live_plan() {
   fi
   cat "${how}" >>"${dir}/run.log"
   rb::on_host "${RB_SRC_HOST}" cat "${src_kit}/${RB_NAME}.names.stat" >"${dir}/source.scan"
+  # both hosts' records are here: their kits are removed while the plan is composed
+  rb::close_start
   [[ "${RB_SRC_HOST}" == "${RB_DST_HOST}" ]] && flags+=(--same-host)
   rb::plan_args "${markdown}"
   rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
@@ -1338,6 +1340,7 @@ rb::plan_args() {
 rb::plan_end() {
   local also=''
   (($2)) && also=', plan.md'
+  rb::close_wait
   printf '\nplan: %s/plan.json%s; to run exactly it: bash %s --apply %s/plan.json\n' \
     "${RB_RUN_DIR}" "${also}" "${RB_SELF}" "${RB_RUN_DIR}"
   RB_FINISHED=1
@@ -1612,6 +1615,31 @@ rb::close_hosts() {
     fi
     rb::close_master "${host}"
   done
+}
+
+#######################################
+# A plan lets its hosts go once it has fetched their records: rb::close_hosts in the background
+# (RB_CLOSING: its pid), its log kept aside (RB_WORK/closing.log). rb::close_wait (rb::plan_end
+# after the compose, or rb::cleanup) waits for it and says that log; one a signal ended before
+# it was through is done again here.
+#######################################
+rb::close_start() {
+  local log=${RB_WORK}/closing.log
+  # RB_WORK empty: it does not record itself as the command that ran last
+  RB_WORK='' rb::close_hosts 2>"${log}" &
+  RB_CLOSING=$!
+}
+
+rb::close_wait() {
+  local rc=0
+  if [[ -n "${RB_CLOSING}" && "${RB_CLOSING}" != waited ]]; then
+    wait "${RB_CLOSING}" || rc=$?
+    cat "${RB_WORK}/closing.log" >&2
+    RB_CLOSING=waited
+    if ((rc > 128)); then
+      rb::close_hosts
+    fi
+  fi
 }
 
 rb::close_master() {

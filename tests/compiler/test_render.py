@@ -143,3 +143,38 @@ def test_a_stage_ended_by_a_signal_is_handled_as_the_signal(tmp_path):
         if rc == 130:
             assert "interrupted in step transfer" in r.stderr and "finish interrupted" in r.stderr
             assert "FAILED" not in r.stderr, r.stderr
+
+
+def test_a_plans_hosts_are_let_go_while_it_composes(tmp_path):
+    """rb::close_start (once a plan has its hosts' records): the kits' removal and the ssh
+    masters' exit run in the background while the plan is composed; rb::close_wait (rb::plan_end)
+    waits for them and then says what they left, after the compose's own output."""
+    import sys
+
+    from compiler import kit
+
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(kit.runtime_text())
+    work = tmp_path / "work"
+    work.mkdir()
+    head = (f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_WORK={work}; RB_CLOSING=''; "
+            "RB_BG_PIDS=(); RB_NAME=t; "
+            "rb::close_hosts() { sleep 1; RB_STEP=cleanup rb::log 'left on h1: K'; "
+            "[[ -z \"${RB_WORK}\" ]] && echo 'work unset' >&2; }; ")
+    command = ("t0=${EPOCHREALTIME}; rb::close_start; sleep 1; echo composed >&2; "
+               "rb::close_wait; echo \"closing ${RB_CLOSING} waited; ${t0} ${EPOCHREALTIME}\" >&2")
+    r = subprocess.run(["bash", "-c", head + command], capture_output=True, text=True,
+                       timeout=30, check=True)
+    said = r.stderr.splitlines()
+    assert said[0] == "composed", r.stderr
+    assert said[1].endswith("[cleanup] left on h1: K") and said[2] == "work unset", r.stderr
+    assert said[3].startswith("closing waited waited; ")
+    t0, t1 = (float(x) for x in said[3].split("; ")[1].split())
+    assert t1 - t0 < 1.7                               # 1 s beside 1 s, not after it
+    # one a signal ended before it was through is done again by the wait (or by rb::cleanup)
+    head = (f"source {runtime}; RB_WORK={work}; RB_CLOSING=''; RB_NAME=t; "
+            "rb::close_hosts() { if [[ -n \"${RB_WORK}\" ]]; then echo again >&2; "
+            "else kill -TERM \"${BASHPID}\"; fi; }; ")
+    r = subprocess.run(["bash", "-c", head + "rb::close_start; rb::close_wait; echo end >&2"],
+                       capture_output=True, text=True, timeout=30, check=True)
+    assert r.stderr.splitlines() == ["again", "end"], r.stderr
