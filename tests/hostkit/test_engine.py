@@ -624,7 +624,7 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
     forked = []
     real_fork = manifest._fork
     monkeypatch.setattr(manifest, "walk_workers", lambda cpus: 3)
-    monkeypatch.setattr(manifest, "_fork", lambda *a: forked.append(len(a[2])) or real_fork(*a))
+    monkeypatch.setattr(manifest, "_fork", lambda *a: forked.append(len(a[1])) or real_fork(*a))
 
     def checked():
         ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
