@@ -126,25 +126,35 @@ def _scan(root: str, patterns: List[str], names_path: Optional[str], special_mod
     return out
 
 
-class _Part:
+class _Records:
+    """The counts, sizes and records a walk of `scan` gathers, a piece's (_Part) or the whole's
+    (_Tally): one set of fields for both."""
+
+    def __init__(self, root: str, strip: bool, names: bool):
+        self.root, self.strip, self.keep_names = root, strip, names
+        self.count = self.files = self.dirs = self.links = 0
+        self.apparent = self.disk = self.need = 0
+        self.names: List[bytes] = []
+        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        self.lines: List[bytes] = []
+        self.special: List[dict] = []
+        self.outside: List[dict] = []
+        self.devices: List[str] = []
+        self.sparse: List[tuple] = []    # (index in the piece or the walk, rel)
+        self.not_utf8: List[str] = []
+
+
+class _Part(_Records):
     """What one piece of `scan`'s walk gathers (a directory listed near the root, or a worker's
     subtree; the whole tree in one process): its entries' records, in the walk's order. A file
     of more than one link is only noted (`multi`): whether its data is counted is the whole
     walk's question (its first name in the walk's order), answered by _Tally.merge."""
 
     def __init__(self, root: str, strip: bool, names: bool, lookup: links.Lookup):
-        self.root, self.strip, self.keep_names, self.lookup = root, strip, names, lookup
-        self.count = self.files = self.dirs = self.links = 0
-        self.apparent = self.disk = self.need = 0
-        self.names: List[bytes] = []
-        self.lines: List[bytes] = []
+        super().__init__(root, strip, names)
+        self.lookup = lookup
         # (index in the piece, st_dev, st_ino, size, blocks, rel when sparse else "")
         self.multi: List[tuple] = []
-        self.special: List[dict] = []
-        self.outside: List[dict] = []
-        self.devices: List[str] = []
-        self.sparse: List[tuple] = []    # (index in the piece, rel)
-        self.not_utf8: List[str] = []
 
     def add(self, rel: str, st: os.stat_result) -> None:
         values = manifest.stat_values(self.root, rel, st, self.strip)
@@ -243,26 +253,16 @@ class ScanWalk:
         self._forked.close()
 
 
-class _Tally:
+class _Tally(_Records):
     """What `scan` gathers over one walk of `root` (its _Parts merged in the walk's order): the
     counts and sizes it reports, what it refuses on (special modes, outside links, devices,
     names that are not UTF-8), and, when `names` is set, the records it writes for `tar -T` and
     the manifest build."""
 
     def __init__(self, root: str, strip: bool, names: bool):
-        self.root, self.strip, self.keep_names = root, strip, names
-        self.count = self.files = self.dirs = self.links = 0
-        self.apparent = self.disk = self.need = 0
-        self.names: List[bytes] = []
+        super().__init__(root, strip, names)
         self.multi: List[bytes] = []   # [index in names, st_dev, st_ino] of multi-link files
         self.inodes: set = set()       # (st_dev, st_ino) of the files of more than one link
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
-        self.lines: List[bytes] = []
-        self.special: List[dict] = []
-        self.outside: List[dict] = []
-        self.devices: List[str] = []
-        self.sparse: List[tuple] = []  # (index in the walk, rel)
-        self.not_utf8: List[str] = []
 
     def merge(self, piece: tuple) -> None:
         """The next piece of the walk (a _Part's dump) added: its records after those before it,
