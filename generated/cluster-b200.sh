@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: a814be65cdd4556a4d319726e0aaf4aadef8f148557523c1ffbae05bda343dac
+# sha256 of this file with these 64 digits zeroed: 54e3dabdee93bec83477a40fa84d044abb18548546ec99f1f76f4cdea0063aab
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -27,8 +27,12 @@ fi
 # Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
 RB_SELF_ABS=${RB_SELF}
-if [[ "${RB_SELF_ABS}" != /* ]]; then
-  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+if [[ "${RB_SELF}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF}
+fi
+# its folder as the kernel reaches it (`../x/` and links resolved), so paths read as they are
+if RB_SELF_DIR=$(cd -P -- "${RB_SELF_ABS%/*}/" 2>/dev/null && pwd -P); then
+  RB_SELF_ABS=${RB_SELF_DIR%/}/${RB_SELF##*/}
 fi
 readonly RB_SELF_ABS
 

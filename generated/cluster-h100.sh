@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 9db4bb3bc93c220a7cec41277f741e478265cd10f64eded69bd9691ce0c4f125
+# sha256 of this file with these 64 digits zeroed: cdf53c3a427daedd849bcd5d8ffabc20f96be80f7726dd11f9a6a75069eab79e
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -27,8 +27,12 @@ fi
 # Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
 RB_SELF_ABS=${RB_SELF}
-if [[ "${RB_SELF_ABS}" != /* ]]; then
-  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+if [[ "${RB_SELF}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF}
+fi
+# its folder as the kernel reaches it (`../x/` and links resolved), so paths read as they are
+if RB_SELF_DIR=$(cd -P -- "${RB_SELF_ABS%/*}/" 2>/dev/null && pwd -P); then
+  RB_SELF_ABS=${RB_SELF_DIR%/}/${RB_SELF##*/}
 fi
 readonly RB_SELF_ABS
 

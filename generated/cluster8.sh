@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 6a5f6216cbf19e7e589f40f229baf6e822ab83e8585daee1521109a7493e6053
+# sha256 of this file with these 64 digits zeroed: 2b801bf072354bc6e015eb7e16e97385d2e0a7ba60b8c63f614ca2a25f88a8a2
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -26,8 +26,12 @@ fi
 # Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
 RB_SELF_ABS=${RB_SELF}
-if [[ "${RB_SELF_ABS}" != /* ]]; then
-  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+if [[ "${RB_SELF}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF}
+fi
+# its folder as the kernel reaches it (`../x/` and links resolved), so paths read as they are
+if RB_SELF_DIR=$(cd -P -- "${RB_SELF_ABS%/*}/" 2>/dev/null && pwd -P); then
+  RB_SELF_ABS=${RB_SELF_DIR%/}/${RB_SELF##*/}
 fi
 readonly RB_SELF_ABS
 

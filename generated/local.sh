@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f81887d6ab9967b4a3df3faf69c6716c2c5048979bb1de8de5627d412ef6af70
+# sha256 of this file with these 64 digits zeroed: 31469f80ee1f28df348313b6a6817044cbee4178e989820744ebbd3719203955
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -26,8 +26,12 @@ fi
 # Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
 RB_SELF_ABS=${RB_SELF}
-if [[ "${RB_SELF_ABS}" != /* ]]; then
-  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+if [[ "${RB_SELF}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF}
+fi
+# its folder as the kernel reaches it (`../x/` and links resolved), so paths read as they are
+if RB_SELF_DIR=$(cd -P -- "${RB_SELF_ABS%/*}/" 2>/dev/null && pwd -P); then
+  RB_SELF_ABS=${RB_SELF_DIR%/}/${RB_SELF##*/}
 fi
 readonly RB_SELF_ABS
 

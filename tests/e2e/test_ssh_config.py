@@ -92,7 +92,15 @@ def test_a_relative_ssh_config_is_found_from_the_runbooks_folder_wherever_it_run
     line = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
     assert f"refusing hosts.dst.ssh_config {config}: the file {config} is writable by its group" \
         in line, r.stderr[-3000:]
-    config.chmod(0o600)
+    # ssh's own complaint names the file by the path it was given: from the runbook's folder as
+    # the kernel reaches it, not `elsewhere/../proj/generated/...`
+    team_config(lab, config, extra="  NoSuchOption yes\n")
+    r = preflight()
+    assert r.returncode != 0, r.stderr[-3000:]
+    given = proj / "generated" / ".." / "specs" / "ssh" / "config"
+    assert f"dst: {given}: line 12: Bad configuration option" in r.stderr, r.stderr[-3000:]
+    assert "elsewhere/.." not in r.stderr, r.stderr[-3000:]
+    team_config(lab, config)
     r = preflight()
     assert r.returncode == 0, r.stderr[-3000:]     # dst is reached only through the file's alias
 

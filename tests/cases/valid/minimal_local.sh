@@ -26,8 +26,12 @@ fi
 # Pythons that read them start from `/`).
 readonly RB_SELF=${BASH_SOURCE[0]}
 RB_SELF_ABS=${RB_SELF}
-if [[ "${RB_SELF_ABS}" != /* ]]; then
-  RB_SELF_ABS=${PWD}/${RB_SELF_ABS}
+if [[ "${RB_SELF}" != /* ]]; then
+  RB_SELF_ABS=${PWD}/${RB_SELF}
+fi
+# its folder as the kernel reaches it (`../x/` and links resolved), so paths read as they are
+if RB_SELF_DIR=$(cd -P -- "${RB_SELF_ABS%/*}/" 2>/dev/null && pwd -P); then
+  RB_SELF_ABS=${RB_SELF_DIR%/}/${RB_SELF##*/}
 fi
 readonly RB_SELF_ABS
 
