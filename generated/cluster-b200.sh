@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: a814be65cdd4556a4d319726e0aaf4aadef8f148557523c1ffbae05bda343dac
+# sha256 of this file with these 64 digits zeroed: fc4615e04eccca0dd039817df32919f674b3c26389d8b84307b6cd21f3222add
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187
-readonly RB_KIT_FILE=.kit/234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187.tar
+readonly RB_KIT_SHA256=7b23489d1bbbbbdb1f2201fbe9fdc3860bbb3151001f758afa1fdbf2bff4a910
+readonly RB_KIT_FILE=.kit/7b23489d1bbbbbdb1f2201fbe9fdc3860bbb3151001f758afa1fdbf2bff4a910.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
