@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -212,3 +213,36 @@ def test_plan_connects_while_the_run_directory_is_checked_and_closes_on_refusal(
     assert r.returncode == 0, r.stderr[-3000:]
     assert "hosts:       src, dst: reachable" in r.stdout
     assert "ControlSocket" not in r.stderr
+
+
+@pytest.mark.e2e
+def test_a_plan_interrupted_while_it_connects_leaves_nothing_running(clean_lab, payload_small,
+                                                                     tmp_path):
+    """Ctrl-C (SIGINT to the process group) while the plan's early connections are being made
+    (ssh slowed by a wrapper): exit 130 within 5 s, no ssh of the run left running, nothing left
+    on a host (the lab's leftover check)."""
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(clean_lab, payload_small.venv, dst))
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    (wrap / "ssh").write_text('#!/bin/bash\nsleep 3\nexec /usr/bin/ssh "$@"\n')
+    (wrap / "ssh").chmod(0o755)
+    env = dict(os.environ, PATH=f"{wrap}:{os.environ['PATH']}")
+    p = subprocess.Popen(["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script),
+                          "--plan"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env=env)
+    time.sleep(1.0)
+    assert p.poll() is None
+    os.killpg(p.pid, signal.SIGINT)
+    start = time.monotonic()
+    try:
+        _out, err = p.communicate(timeout=30)
+    finally:
+        left = subprocess.run(["pgrep", "-f", f"ssh.*{clean_lab.host('src').addr}"],
+                              capture_output=True, text=True).stdout.split()
+    assert time.monotonic() - start < 5, err[-2000:]
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)],
+                                      capture_output=True, text=True).stdout
