@@ -173,6 +173,10 @@ def test_plan_names_every_host_it_cannot_reach_at_once(clean_lab, payload_small,
     r = run(tmp_path, script, "--plan")
     assert r.returncode == 1
     assert "cannot reach src, dst (each said why above); nothing was planned" in r.stderr
+    # ssh's own words once for each host, with its name (the early connection's, rb::connected)
+    for host in ("src", "dst"):
+        said = [ln for ln in r.stderr.splitlines() if "Connection refused" in ln]
+        assert len([ln for ln in said if f"] {host}: ssh: connect to host" in ln]) == 1, r.stderr
 
 
 @pytest.mark.e2e
