@@ -119,14 +119,16 @@ def traced(work: Path, scripts: dict, names: list, kind: str, times: int, out: d
                               for k in keys}
 
 
-def compile_in(work: Path, checkout: Path | None) -> Path:
-    """The runbook of work/plancost.yaml, compiled by this checkout's compiler or another's."""
+def compile_in(work: Path, checkout: Path | None, standalone: bool = False) -> Path:
+    """The runbook of work/plancost.yaml, compiled by this checkout's compiler or another's
+    (standalone: compile --standalone, the kit embedded, as the device's runbook is)."""
     spec_path = work / "plancost.yaml"
+    extra = ["--standalone"] if standalone else []
     if checkout is None:
-        assert cli.main([str(spec_path), "-o", str(work)]) == 0
+        assert cli.main([str(spec_path), "-o", str(work)] + extra) == 0
     else:
         env = dict(os.environ, PYTHONPATH=f"{checkout}:{checkout}/hostkit")
-        subprocess.run([sys.executable, "-m", "compiler", str(spec_path), "-o", str(work)],
+        subprocess.run([sys.executable, "-m", "compiler", str(spec_path), "-o", str(work)] + extra,
                        cwd=checkout, env=env, check=True, capture_output=True, timeout=300)
     return work / "plancost.sh"
 
@@ -143,6 +145,8 @@ def main() -> int:
                          "the machine's load hits both alike")
     ap.add_argument("--traced", type=int, default=1, metavar="N",
                     help="trace each kind of plan N times (the phases: medians)")
+    ap.add_argument("--standalone", action="store_true",
+                    help="compile the runbooks --standalone (the kit embedded, as on the device)")
     ap.add_argument("--json", help="write every sample here")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install anything")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (the traces)")
@@ -164,7 +168,8 @@ def main() -> int:
             for n in names:
                 (work / n / "dst").mkdir(parents=True)
                 (work / n / "plancost.yaml").write_text(spec(lab, src, work / n / "dst" / "venv"))
-                scripts[n] = compile_in(work / n, a.baseline if n == "baseline" else None)
+                scripts[n] = compile_in(work / n, a.baseline if n == "baseline" else None,
+                                        a.standalone)
                 runbook(work / n, scripts[n], "--plan")          # warm-up
             for _ in range(a.repeat):
                 for n in names:
@@ -196,6 +201,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
     what = f"source {a.src}" if a.src else f"payload {a.payload}"
+    what += ", standalone" if a.standalone else ""
     print(f"{what}, {a.repeat} runs each, load {load:.1f} at the end")
     for n in names:
         for kind, got in samples[n].items():
@@ -205,6 +211,7 @@ def main() -> int:
         print(f"{name} (traced, median of {a.traced}): " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"payload": str(a.src or a.payload), "load": load,
+                                            "standalone": a.standalone,
                                             "baseline": str(a.baseline or ""),
                                             "samples": samples, "phases": traces,
                                             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",

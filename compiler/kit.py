@@ -73,27 +73,48 @@ def delimiter(text: str, seed: str) -> str:
     return word
 
 
-def tar_bytes() -> bytes:
+def separator(texts: list[str]) -> str:
+    """The word that starts the line naming each file of an embedded kit (compile --standalone):
+    one that no line of any file starts with, so that the files split apart where it stands."""
+    lines = [line for text in texts for line in text.split("\n")]
+    word, n = "RB_KIT_FILE", 0
+    while any(line.startswith(word + " ") or line == word for line in lines):
+        n += 1
+        word = f"RB_KIT_FILE_{n}"
+    return word
+
+
+def embedded(text: str) -> tuple[str, bool]:
+    """(the text as an embedded kit shows it, ended by one newline; whether that newline is not
+    the file's own): a file without a final newline is shown with one, which the runbook drops."""
+    return (text, False) if text.endswith("\n") else (text + "\n", True)
+
+
+def tar_bytes(packages: tuple[str, ...] = PACKAGES, runtime: bool = True) -> bytes:
     """The kit as a plain tar, byte for byte the same for the same files (sorted, mtime 0, owner
-    root, modes 0644/0755, no compression: a compressor's output may differ between versions)."""
+    root, modes 0644/0755, no compression: a compressor's output may differ between versions).
+    `packages`, `runtime`: what it holds (the tar a standalone runbook sends its hosts is
+    tar_bytes(HOST_PACKAGES, runtime=False), byte for byte: tests/hostkit/test_kit.py)."""
     import io
     import tarfile
 
     buf = io.BytesIO()
+    chosen = [f for f in files() if f.path.split("/", 1)[0] in packages]
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for d in sorted({f.path.split("/", 1)[0] for f in files()}):
+        for d in sorted({f.path.split("/", 1)[0] for f in chosen}):
             info = tarfile.TarInfo(d)
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
-        for f in files():
+        for f in chosen:
             data = f.text.encode("utf-8")
             info = tarfile.TarInfo(f.path)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
-        data = runtime_text().encode("utf-8")
-        info = tarfile.TarInfo("runtime.sh")
-        info.size, info.mode = len(data), 0o644
-        tar.addfile(info, io.BytesIO(data))
+        if runtime:
+            data = runtime_text().encode("utf-8")
+            info = tarfile.TarInfo("runtime.sh")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 

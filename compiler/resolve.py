@@ -87,6 +87,7 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
     checks = _checks(spec, dst_host)
     kit_sha = kitfiles.pinned()[0]
     files = kitfiles.files() if standalone else []
+    separator = kitfiles.separator([f.text for f in files])
     runbook = Identity(
         name=spec.name,
         script_name=script_name,
@@ -105,10 +106,10 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
         standalone=standalone,
         partial="partials/kit_embedded.sh.j2" if standalone else "partials/kit_pinned.sh.j2",
         runtime_partial=kitfiles.RUNTIME_INLINE if standalone else kitfiles.RUNTIME_PINNED,
-        dirs=tuple(sorted({f.path.rsplit("/", 1)[0] for f in files})),
+        separator=separator,
+        delimiter=kitfiles.delimiter("\n".join(f.text for f in files) + "\n" + separator, "kit"),
         host_dirs=kitfiles.HOST_PACKAGES,
-        files=tuple(KitFile(path=f.path, delimiter=kitfiles.delimiter(f.text, f.path),
-                            text=Safe(f.text.rstrip("\n"))) for f in files),
+        files=tuple(_kit_file(f, separator) for f in files),
     )
     exclusions = plan.EXCLUSIONS if standalone else plan.PINNED_EXCLUSIONS
     decided = Plan(
@@ -133,6 +134,13 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
 
 
 # -- hosts -----------------------------------------------------------------------------------------
+
+
+def _kit_file(f: kitfiles.KitFile, separator: str) -> KitFile:
+    """One file of an embedded kit: the line naming it, then its text (kit.embedded)."""
+    text, cut = kitfiles.embedded(f.text)
+    return KitFile(path=f.path, head=Safe(f"{separator} {f.path}" + (" -n" if cut else "")),
+                   text=Safe(text))
 
 
 def _host(host: Host, hid: str, source: Source, from_runbook: dict[str, str]) -> HostView:

@@ -159,11 +159,12 @@ class Fanout:
 
 @dataclass(frozen=True)
 class KitFile:
-    """One file of the kit, embedded in a quoted heredoc (compile --standalone)."""
+    """One file of the kit, embedded (compile --standalone): the line that names it, then its text,
+    in the one quoted heredoc that holds the whole kit."""
 
     path: str
-    delimiter: str
-    text: str  # a render.Safe: the file as this repository has it
+    head: str  # a render.Safe: `SEPARATOR PATH`, ` -n` after it when the file has no final newline
+    text: str  # a render.Safe: the file as this repository has it, ended by one newline
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ class Kit:
     standalone: bool
     partial: str  # the template that writes it into the run directory
     runtime_partial: str  # the runtime: read from the pinned kit, or written in place
-    dirs: tuple[str, ...]  # embedded: its directories
+    separator: str  # embedded: the word that starts each file's line (no line of a file does)
+    delimiter: str  # embedded: the heredoc's end (no line of the kit equals it)
     host_dirs: tuple[str, ...]  # the packages the tar sent to hosts holds (not the controller's)
     files: tuple[KitFile, ...]  # embedded: its files
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 54e3dabdee93bec83477a40fa84d044abb18548546ec99f1f76f4cdea0063aab
+# sha256 of this file with these 64 digits zeroed: c63eb3d526405590cb61e1e782bf95f45ef6d1d2d49bdf7b8d171b27079f61c4
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187
-readonly RB_KIT_FILE=.kit/234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187.tar
+readonly RB_KIT_SHA256=c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31
+readonly RB_KIT_FILE=.kit/c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -211,7 +211,7 @@ RB_HOST_TARGET=''
 declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
 RB_KH_FILE='' RB_KH_NAME='' RB_KH_ALIAS=''
 declare -a RB_PROBE_REPORTS=()
-declare -A RB_KIT_DIR=()
+declare -A RB_KIT_DIR=() RB_EARLY=()
 RB_KIT_TAR_SHA256=''
 RB_ALLOW_EDITED=0
 RB_FORCE=0
@@ -937,6 +937,13 @@ rb::init() {
   # sockets, and the working directory of every command this runbook starts from here on
   RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
   RB_LOCAL_KIT=${RB_WORK}/kit
+  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
+    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
+    -c "${RB_SSH_CIPHERS}")
+  # a plan's ssh connections are made while the kit is written and the run directory checked
+  if ((${RB_PLANNING:-0})); then
+    rb::connect_early "${RB_HOSTS[@]}"
+  fi
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
@@ -953,9 +960,6 @@ rb::init() {
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
   rb::witness_start
-  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
-    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
-    -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
   rb::install_paths

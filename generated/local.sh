@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 31469f80ee1f28df348313b6a6817044cbee4178e989820744ebbd3719203955
+# sha256 of this file with these 64 digits zeroed: 998146679dc593276d8a17154475c92dafffc50a4ed64c903e79583f0495ed16
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187
-readonly RB_KIT_FILE=.kit/234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187.tar
+readonly RB_KIT_SHA256=c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31
+readonly RB_KIT_FILE=.kit/c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -208,7 +208,7 @@ RB_HOST_TARGET=''
 declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
 RB_KH_FILE='' RB_KH_NAME='' RB_KH_ALIAS=''
 declare -a RB_PROBE_REPORTS=()
-declare -A RB_KIT_DIR=()
+declare -A RB_KIT_DIR=() RB_EARLY=()
 RB_KIT_TAR_SHA256=''
 RB_ALLOW_EDITED=0
 RB_FORCE=0
@@ -924,6 +924,13 @@ rb::init() {
   # sockets, and the working directory of every command this runbook starts from here on
   RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
   RB_LOCAL_KIT=${RB_WORK}/kit
+  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
+    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
+    -c "${RB_SSH_CIPHERS}")
+  # a plan's ssh connections are made while the kit is written and the run directory checked
+  if ((${RB_PLANNING:-0})); then
+    rb::connect_early "${RB_HOSTS[@]}"
+  fi
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
@@ -940,9 +947,6 @@ rb::init() {
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
   rb::witness_start
-  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
-    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
-    -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
   rb::install_paths

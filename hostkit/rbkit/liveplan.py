@@ -38,7 +38,6 @@ from rbrules import paths
 
 from . import safefs
 from .choices import Choices
-from . import manifest as kitmanifest
 
 INSTALLED = ".rb-manifest.jsonl"      # engine.INSTALLED: the install's own manifest
 SHOWN = 8                             # itemized lines shown on the screen (all in changes.txt)
@@ -118,6 +117,7 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
     `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
     # the destination's modules, loaded where the destination is read (compose needs none)
     from . import hostfs, privacy, swapfs
+    from . import manifest as kitmanifest
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
     staging = paths.staging(dest)
@@ -333,7 +333,11 @@ def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, c
     src_bytes = int(a.source_bytes or 0)
     # an incremental run also sends again what relocation rewrites (bin/*, pyvenv.cfg: their
     # installed copies are not the source's, never linked)
-    rewritten = sum(r[3] for r in src if r[1] == "f" and kitmanifest.relocatable(r[0]))
+    rewritten = 0
+    if src:
+        # (loaded only where there are rows: an unchanged re-run's compose reads no manifest)
+        from .manifest import relocatable
+        rewritten = sum(r[3] for r in src if r[1] == "f" and relocatable(r[0]))
     ch["rewritten_bytes"] = rewritten
     send = 0 if up_to_date else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta
                                  else src_bytes)

@@ -437,7 +437,9 @@ rb::hosts_prepare() {
   RB_PREPARE_HOSTS=("$@")
   rb::known_hosts_before "$@"
   for host in "$@"; do
-    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+    [[ -z "${RB_KIT_DIR[${host}]:-}" ]] || continue
+    if ! rb::connected "${host}" "${out}-${host}.err"; then
+      rcs[${host}]=255        # ssh could not connect (rb::connect_early): said below
       continue
     fi
     # RB_WORK empty: a job does not record itself as the command that ran last (the jobs race);
@@ -492,9 +494,7 @@ rb::hosts_prepare() {
   fi
 }
 
-#######################################
 # Give HOST the kit (and check its tools): rb::hosts_prepare of one host.
-#######################################
 rb::kit_ship() {
   rb::hosts_prepare "$1"
 }
@@ -535,6 +535,49 @@ print(sys.executable)" "${dir}" "$2") || exit 1
     fi
     boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null) || boot=-
     printf "%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
+}
+
+#######################################
+# --plan: the connection of each ssh host of HOSTS... (the ControlMaster the run keeps) opened in
+# the background as the run starts, so that ssh's handshake is made while this machine writes
+# its kit and checks the run directory; rb::hosts_prepare waits for it (rb::connected) and then
+# prepares the host through it as before. Only a host that rb::known_hosts_ready passes as it
+# is (nothing to check or make first: no ssh_config file, no accept-new) is connected early; it
+# runs nothing there but `true`, and what ssh says is said by rb::hosts_prepare, as before.
+#######################################
+rb::connect_early() {
+  local host
+  for host in "$@"; do
+    "rb::host_${host}"
+    if [[ -z "${RB_HOST_TARGET}" || " ${RB_HOST_SSH[*]} " == *" -F "* ||
+      " ${RB_HOST_SSH[*]} " == *" StrictHostKeyChecking=accept-new "* ]] ||
+      ! (RB_WORK='' rb::known_hosts_ready "${host}") >/dev/null 2>&1; then
+      continue
+    fi
+    # RB_WORK empty: it does not record itself as the command that ran last
+    RB_WORK='' rb::on_host "${host}" true >/dev/null 2>"${RB_WORK}/early-${host}.err" &
+    RB_EARLY[${host}]=$!
+    RB_BG_PIDS+=("$!")
+  done
+}
+
+#######################################
+# Before rb::hosts_prepare reaches HOST ($1): its early connection, if any, waited for. Returns 1
+# when ssh could not connect (status 255), its words moved to $2, where the preparation's own
+# would be: the host is not tried twice (nor its timeout waited twice).
+#######################################
+rb::connected() {
+  local pid=${RB_EARLY[$1]:-} rc=0
+  if [[ -z "${pid}" ]]; then
+    return 0
+  fi
+  unset 'RB_EARLY[$1]'
+  wait "${pid}" || rc=$?
+  if ((rc == 255)); then
+    mv -f -- "${RB_WORK}/early-$1.err" "$2"
+    return 1
+  fi
+  rm -f -- "${RB_WORK}/early-$1.err"
 }
 
 #######################################

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -172,3 +173,80 @@ def test_plan_names_every_host_it_cannot_reach_at_once(clean_lab, payload_small,
     r = run(tmp_path, script, "--plan")
     assert r.returncode == 1
     assert "cannot reach src, dst (each said why above); nothing was planned" in r.stderr
+    # ssh's own words once for each host, with its name (the early connection's, rb::connected)
+    for host in ("src", "dst"):
+        said = [ln for ln in r.stderr.splitlines() if "Connection refused" in ln]
+        assert len([ln for ln in said if f"] {host}: ssh: connect to host" in ln]) == 1, r.stderr
+
+
+@pytest.mark.e2e
+def test_plan_connects_while_the_run_directory_is_checked_and_closes_on_refusal(
+        clean_lab, payload_small, tmp_path):
+    """A plan opens each host's ssh connection as it starts (rb::connect_early), beside the kit
+    written here and the run directory's check, and prepares the host through it; when that
+    check refuses, nothing was run on a host but `true`, and every connection is closed."""
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(clean_lab, payload_small.venv, dst))
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    log = tmp_path / "ssh.log"
+    (wrap / "ssh").write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >>{log}\nexec /usr/bin/ssh "$@"\n')
+    (wrap / "ssh").chmod(0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = dict(os.environ, PATH=f"{wrap}:{os.environ['PATH']}", RB_RUN_DIR=str(shared / "run"))
+    r = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "refusing the run directory" in r.stderr, r.stderr[-2000:]
+    calls = log.read_text().splitlines()
+    for host in ("src", "dst"):
+        addr = clean_lab.host(host).addr
+        mine = [c for c in calls if f"root@{addr}" in c]
+        # connected before the refusal, ran `true` only, then its connection closed
+        assert mine and mine[0].endswith(f"-- root@{addr} 'cd' '/' && 'true'"), mine
+        assert all("-O exit" in c or c.endswith("'true'") for c in mine), mine
+        assert "-O exit" in mine[-1], mine
+    assert not list(shared.iterdir())
+
+    # reachable and the run directory private: the plan goes through the early connections
+    log.write_text("")
+    env.pop("RB_RUN_DIR")
+    r = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "hosts:       src, dst: reachable" in r.stdout
+    assert "ControlSocket" not in r.stderr
+
+
+@pytest.mark.e2e
+def test_a_plan_interrupted_while_it_connects_leaves_nothing_running(clean_lab, payload_small,
+                                                                     tmp_path):
+    """Ctrl-C (SIGINT to the process group) while the plan's early connections are being made
+    (ssh slowed by a wrapper): exit 130 within 5 s, no ssh of the run left running, nothing left
+    on a host (the lab's leftover check)."""
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(clean_lab, payload_small.venv, dst))
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    (wrap / "ssh").write_text('#!/bin/bash\nsleep 3\nexec /usr/bin/ssh "$@"\n')
+    (wrap / "ssh").chmod(0o755)
+    env = dict(os.environ, PATH=f"{wrap}:{os.environ['PATH']}")
+    p = subprocess.Popen(["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script),
+                          "--plan"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env=env)
+    time.sleep(1.0)
+    assert p.poll() is None
+    os.killpg(p.pid, signal.SIGINT)
+    start = time.monotonic()
+    try:
+        _out, err = p.communicate(timeout=30)
+    finally:
+        left = subprocess.run(["pgrep", "-f", f"ssh.*{clean_lab.host('src').addr}"],
+                              capture_output=True, text=True).stdout.split()
+    assert time.monotonic() - start < 5, err[-2000:]
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)],
+                                      capture_output=True, text=True).stdout

@@ -671,6 +671,52 @@ def test_the_tar_sent_to_hosts_has_no_pictures(tmp_path, standalone):
     assert (work / "kit" / "rbview" / "draw.py").is_file()
 
 
+ODD_FILES = {
+    "rbkit/zz_no_final_newline.py": "x = 1",
+    "rbkit/zz_empty.py": "",
+    "rbkit/zz_blank_lines_at_the_end.py": "x = 1\n\n\n",
+    "rbkit/zz_odd_bytes.py": "a = '\x01\x7f\u00e9\u2028'\r\nb = 2 \t\x0c\n\\\n'$(x)' '`y`' '${z}'\n",
+    # lines that start as the files' separator and as heredoc delimiters do: another is chosen
+    "rbview/zz_separator.py": "RB_KIT_FILE rbkit/x.py\nRB_KIT_FILE\nRB_PY_0\nPY\n",
+}
+
+
+def test_the_embedded_kit_is_written_byte_for_byte_by_one_process(tmp_path, monkeypatch):
+    """compile --standalone: every file of the kit in one heredoc, written by one Python start
+    (not a `cat` each), each file the bytes hostkit has: one without a final newline, an empty
+    one, one ending in blank lines, odd bytes, a line that looks like the separator; the tar sent
+    to hosts is compile's own deterministic tar of the host packages, byte for byte."""
+    import hashlib
+    import subprocess
+
+    from compiler import kit, render, resolve
+
+    real = kit.files()
+    odd = [kit.KitFile(p, t) for p, t in ODD_FILES.items()]
+    monkeypatch.setattr(kit, "_all_files", lambda: tuple(real + odd))
+    root = Path(__file__).resolve().parents[2]
+    from compiler import cli, loader, validate
+    source = loader.load(cli.shown_path(root / "specs" / "local.yaml"))
+    decided = resolve.resolve(validate.validate(source), source, "local.sh", standalone=True)
+    assert decided.kit.separator == "RB_KIT_FILE_1"
+    text = render.render(decided)
+    start = text.index("rb::kit_write() {")
+    assert "cat " not in text[start:text.index("<<'PY'", start)]
+    assert "\nRB_KIT_FILE_1 rbkit/zz_no_final_newline.py -n\nx = 1\nRB_KIT_FILE_1 " in text
+    script = tmp_path / "local.sh"
+    script.write_text(text)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run(["bash", "-c", 'source "$1" && RB_WORK=$2 && rb::kit_write "$2/kit" && '
+                          'echo "${RB_KIT_TAR_SHA256}"', "_", str(script), str(work)],
+                         check=True, timeout=60, capture_output=True, text=True).stdout
+    for f in real + odd:
+        assert (work / "kit" / f.path).read_bytes() == f.text.encode("utf-8"), f.path
+    tar = (work / "kit.tar").read_bytes()
+    assert tar == kit.tar_bytes(kit.HOST_PACKAGES, runtime=False)
+    assert out.strip() == hashlib.sha256(tar).hexdigest()
+
+
 def test_no_host_package_imports_the_controller_only_one():
     """A host has no rbview: no module of the shipped packages names it. The run's report, which
     draws the pictures, has its own controller-only entry (`python -m rbview report`); before,

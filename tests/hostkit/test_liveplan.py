@@ -347,3 +347,17 @@ def test_the_plan_counts_the_kept_backups_in_words(tmp_path, capsys, kept, said)
                    "--source-bytes", "1", "--need-bytes", "1", "--audit-rc", "0",
                    "--checks", '{"checks": []}'])
     assert "backups:     %s (keep_backups %d)" % (said, kept) in capsys.readouterr().out
+
+
+def test_compose_loads_no_walk_of_the_destination():
+    """The plan's compose runs here on every --plan: loading rbkit.liveplan loads neither the
+    manifest's walk nor the destination's modules (the state call loads them, on its host)."""
+    import subprocess
+    import sys
+
+    hostkit = Path(liveplan.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                          "import rbkit.liveplan; print(sorted(m for m in sys.modules if m in "
+                          "('rbkit.manifest', 'rbkit.hostfs', 'rbkit.swapfs', 'rbkit.privacy')))",
+                          str(hostkit)], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -210,7 +210,7 @@ RB_HOST_TARGET=''
 declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
 RB_KH_FILE='' RB_KH_NAME='' RB_KH_ALIAS=''
 declare -a RB_PROBE_REPORTS=()
-declare -A RB_KIT_DIR=()
+declare -A RB_KIT_DIR=() RB_EARLY=()
 RB_KIT_TAR_SHA256=''
 RB_ALLOW_EDITED=0
 RB_FORCE=0
@@ -936,6 +936,13 @@ rb::init() {
   # sockets, and the working directory of every command this runbook starts from here on
   RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
   RB_LOCAL_KIT=${RB_WORK}/kit
+  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
+    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
+    -c "${RB_SSH_CIPHERS}")
+  # a plan's ssh connections are made while the kit is written and the run directory checked
+  if ((${RB_PLANNING:-0})); then
+    rb::connect_early "${RB_HOSTS[@]}"
+  fi
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
@@ -952,9 +959,6 @@ rb::init() {
   # shellcheck disable=SC2312
   exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
   rb::witness_start
-  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
-    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
-    -c "${RB_SSH_CIPHERS}")
   RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
   RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
   rb::install_paths
