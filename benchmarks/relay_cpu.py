@@ -201,6 +201,44 @@ def run_one(env, groups: Groups, argv: list[str], envv: dict[str, str], cwd: Pat
     return res
 
 
+TRACE = ('exec 7>"$2"; BASH_XTRACEFD=7; PS4=\'+ ${EPOCHREALTIME} ${FUNCNAME[0]:-main} \'; '
+         'source "$1"; set -x; main')
+
+
+def phases(path: Path) -> list[tuple[str, float]]:
+    """(command, seconds) of each command step_preflight ran itself, from the xtrace file: the
+    time from its line to the next line of step_preflight (the last: to step_manifest's first)."""
+    marks: list[tuple[float, str, str]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        words = line.split(" ", 3)
+        if len(words) < 4 or not words[0].startswith("+"):
+            continue
+        try:
+            t = float(words[1])
+        except ValueError:
+            continue
+        if words[0] == "+" and words[2] in ("step_preflight", "step_manifest"):
+            marks.append((t, words[2], words[3][:70]))
+    out = []
+    for (t, fn, cmd), nxt in zip(marks, marks[1:]):
+        if fn == "step_preflight":
+            out.append((cmd, nxt[0] - t))
+    return out
+
+
+def compile_in(checkout: str, row, env) -> Path:
+    """The row's runbook compiled by the compiler of another checkout (its templates, its kit)."""
+    if row.script is None:
+        d = env.work / row.id
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "bench.yaml").write_text(row.spec(env))
+        subprocess.run([sys.executable, "-m", "compiler", str(d / "bench.yaml"), "-o", str(d)],
+                       cwd=checkout, check=True, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, PYTHONPATH=checkout))
+        row.script = d / "bench.sh"
+    return row.script
+
+
 def table(runs: list[dict], part: str) -> list[str]:
     kinds: dict[str, list[float]] = {}
     for r in runs:
@@ -222,6 +260,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", default="runbook,hand")
     ap.add_argument("--out", default="")
+    ap.add_argument("--compression", default="auto",
+                    help="the runbook rows' compression (lz4: the same stream every round, "
+                         "whatever the load makes auto measure)")
+    ap.add_argument("--base", default="",
+                    help="a checkout of other code: the row `base` is the runbook it compiles")
+    ap.add_argument("--trace", default="", help="DIR: run the runbook under xtrace (PS4 with "
+                    "EPOCHREALTIME and the function), a trace file a round there, and print "
+                    "the wall time of each command of step_preflight")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks.env import Env, log
@@ -234,20 +280,30 @@ def main() -> int:
         if args.shape != "none":
             env.shape(args.shape)
         groups = Groups(env.lab)
-        rb = RunbookRow("runbook.relay.auto", "runbook relay auto", compression="auto")
+        rb = RunbookRow("runbook.relay.auto", "runbook relay auto", compression=args.compression)
+        base = RunbookRow("base.relay.auto", "base runbook relay", compression=args.compression)
+        if args.base:
+            base.compile = lambda env, row=base: compile_in(args.base, row, env)
+            base.setup(env)
         hand = Seed("peer.seed.aes.lz4", "hand aes128-gcm + lz4 -1", cipher=AES, comp="lz4")
         rb.setup(env)
         want = args.rows.split(",")
         for rnd in range(args.rounds + 1):            # round 0: the warm-up, not kept
             for name in want:
-                row = rb if name == "runbook" else hand
+                row = {"runbook": rb, "base": base}.get(name, hand)
                 row.prepare(env)
-                if name == "runbook":
-                    script = rb.compile(env)
-                    run_dir = env.work / "runs" / rb.dest_key
+                if name in ("runbook", "base"):
+                    script = row.compile(env)
+                    run_dir = env.work / "runs" / row.dest_key
                     (run_dir / "report.json").unlink(missing_ok=True)
                     envv = dict(os.environ, RB_RUN_DIR=str(run_dir))
-                    res = run_one(env, groups, ["bash", str(script)], envv, script.parent)
+                    argv = ["bash", str(script)]
+                    if args.trace:
+                        tf = Path(args.trace) / f"trace.{rnd}"
+                        argv = ["bash", "-c", TRACE, "trace", str(script), str(tf)]
+                    res = run_one(env, groups, argv, envv, script.parent)
+                    if args.trace:
+                        res["phases"] = phases(tf)
                     rep = run_dir / "report.json"
                     if rep.exists():
                         doc = json.loads(rep.read_text())
@@ -287,6 +343,12 @@ def main() -> int:
             print("\n".join(table(runs, "before")))
             print(" after the transfer:")
             print("\n".join(table(runs, "after")))
+        if runs and runs[0].get("phases"):
+            print(" preflight, command by command (wall s, median of the rounds):")
+            for i, (cmd, _) in enumerate(runs[0]["phases"]):
+                v = [r["phases"][i][1] for r in runs if len(r.get("phases", [])) > i]
+                if statistics.median(v) >= 0.005:
+                    print(f"  {statistics.median(v):6.3f} ({min(v):.3f}-{max(v):.3f})  {cmd}")
         if runs and "steps" in runs[0]:
             for s in runs[0]["steps"]:
                 v = [r["steps"].get(s, 0) for r in runs]

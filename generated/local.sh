@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f81887d6ab9967b4a3df3faf69c6716c2c5048979bb1de8de5627d412ef6af70
+# sha256 of this file with these 64 digits zeroed: 115fdc9d15d60b3012a8ae3af2ce99d25dccc340c956ead9bd7e2d95a0acc0c9
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187
-readonly RB_KIT_FILE=.kit/234d11044771cd669f5e4a8c4a29a7a415c3a24235b3efd979722b409a69f187.tar
+readonly RB_KIT_SHA256=1bd7ca67a8f2f6b8368bfedbee39fee0eb1672dace7d1605aef20310483d4aa1
+readonly RB_KIT_FILE=.kit/1bd7ca67a8f2f6b8368bfedbee39fee0eb1672dace7d1605aef20310483d4aa1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -819,7 +819,8 @@ rb::hash_during_stream() {
   rm -f "${out}"
   rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" >"${out}.part"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" \
+    --beside-stream >"${out}.part"
   mv -f -- "${out}.part" "${out}"
   rb::manifest_share -
 }
