@@ -198,6 +198,8 @@ def run_one(env, groups: Groups, argv: list[str], envv: dict[str, str], cwd: Pat
         res["transfer"] = sampler.sums(lo, hi)
         res["before"] = sampler.sums(0, lo)
         res["after"] = sampler.sums(hi + 1e-6)
+        res["timeline"] = {k: [round(a - t0, 2), round(b - t0, 2)] for k, (a, b) in
+                           sampler.seen.items()}
     return res
 
 
@@ -343,6 +345,10 @@ def main() -> int:
             print("\n".join(table(runs, "before")))
             print(" after the transfer:")
             print("\n".join(table(runs, "after")))
+        if runs and runs[0].get("timeline"):
+            print(" when each kind was seen (s from the row's start; first round):")
+            for k, (a, b) in sorted(runs[0]["timeline"].items(), key=lambda kv: kv[1]):
+                print(f"  {a:6.2f} - {b:6.2f}  {k}")
         if runs and runs[0].get("phases"):
             print(" preflight, command by command (wall s, median of the rounds):")
             for i, (cmd, _) in enumerate(runs[0]["phases"]):
