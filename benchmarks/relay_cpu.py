@@ -266,7 +266,8 @@ def main() -> int:
                     help="the runbook rows' compression (lz4: the same stream every round, "
                          "whatever the load makes auto measure)")
     ap.add_argument("--base", default="",
-                    help="a checkout of other code: the row `base` is the runbook it compiles")
+                    help="[NAME=]DIR,...: checkouts of other code; the row NAME (default base) "
+                         "is the runbook that checkout compiles")
     ap.add_argument("--trace", default="", help="DIR: run the runbook under xtrace (PS4 with "
                     "EPOCHREALTIME and the function), a trace file a round there, and print "
                     "the wall time of each command of step_preflight")
@@ -283,18 +284,23 @@ def main() -> int:
             env.shape(args.shape)
         groups = Groups(env.lab)
         rb = RunbookRow("runbook.relay.auto", "runbook relay auto", compression=args.compression)
-        base = RunbookRow("base.relay.auto", "base runbook relay", compression=args.compression)
-        if args.base:
-            base.compile = lambda env, row=base: compile_in(args.base, row, env)
-            base.setup(env)
+        others = {}
+        for item in filter(None, args.base.split(",")):
+            name, _, path = item.rpartition("=")
+            name = name or "base"
+            row = RunbookRow(f"{name}.relay.auto", f"{name} runbook relay",
+                             compression=args.compression)
+            row.compile = lambda env, row=row, path=path: compile_in(path, row, env)
+            row.setup(env)
+            others[name] = row
         hand = Seed("peer.seed.aes.lz4", "hand aes128-gcm + lz4 -1", cipher=AES, comp="lz4")
         rb.setup(env)
         want = args.rows.split(",")
         for rnd in range(args.rounds + 1):            # round 0: the warm-up, not kept
             for name in want:
-                row = {"runbook": rb, "base": base}.get(name, hand)
+                row = rb if name == "runbook" else others.get(name, hand)
                 row.prepare(env)
-                if name in ("runbook", "base"):
+                if name != "hand":
                     script = row.compile(env)
                     run_dir = env.work / "runs" / row.dest_key
                     (run_dir / "report.json").unlink(missing_ok=True)
