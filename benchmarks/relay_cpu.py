@@ -229,14 +229,16 @@ def phases(path: Path) -> list[tuple[str, float]]:
 
 
 def compile_in(checkout: str, row, env) -> Path:
-    """The row's runbook compiled by the compiler of another checkout (its templates, its kit)."""
+    """The row's runbook compiled by the compiler of another checkout (its templates, its kit:
+    the kit's packages are found on sys.path, where this checkout's editable install puts its
+    own hostkit/ unless the other's comes first)."""
     if row.script is None:
         d = env.work / row.id
         d.mkdir(parents=True, exist_ok=True)
         (d / "bench.yaml").write_text(row.spec(env))
         subprocess.run([sys.executable, "-m", "compiler", str(d / "bench.yaml"), "-o", str(d)],
                        cwd=checkout, check=True, stdout=subprocess.DEVNULL,
-                       env=dict(os.environ, PYTHONPATH=checkout))
+                       env=dict(os.environ, PYTHONPATH=f"{checkout}:{checkout}/hostkit"))
         row.script = d / "bench.sh"
     return row.script
 
