@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 51c3239cfba1841c241343aaf6a2178a0df0a277b9dc7aa666bb34294d2c5f9d
+# sha256 of this file with these 64 digits zeroed: 9e55e06cb2f76579738685da9416dab0ee320726686c347ca9145e111dd9e36d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=71bc80f2a5b8cdf16c3a6e741a29e514cc940e23552331ccc2b0c794133e958a
-readonly RB_KIT_FILE=.kit/71bc80f2a5b8cdf16c3a6e741a29e514cc940e23552331ccc2b0c794133e958a.tar
+readonly RB_KIT_SHA256=1bd7ca67a8f2f6b8368bfedbee39fee0eb1672dace7d1605aef20310483d4aa1
+readonly RB_KIT_FILE=.kit/1bd7ca67a8f2f6b8368bfedbee39fee0eb1672dace7d1605aef20310483d4aa1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 9efae5864dd7614dfb3bfd14a0c2b3cd971f993629ef678e399f48d09ba72ec6
+# sha256 of this file with these 64 digits zeroed: bc5c23571518a704980b817c19e06d8620041fb003888e8bd43a3d33d91d1d95
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=71bc80f2a5b8cdf16c3a6e741a29e514cc940e23552331ccc2b0c794133e958a
-readonly RB_KIT_FILE=.kit/71bc80f2a5b8cdf16c3a6e741a29e514cc940e23552331ccc2b0c794133e958a.tar
+readonly RB_KIT_SHA256=1bd7ca67a8f2f6b8368bfedbee39fee0eb1672dace7d1605aef20310483d4aa1
+readonly RB_KIT_FILE=.kit/1bd7ca67a8f2f6b8368bfedbee39fee0eb1672dace7d1605aef20310483d4aa1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

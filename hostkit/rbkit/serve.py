@@ -378,22 +378,10 @@ def hash_jobs(value: str, beside_stream: bool) -> int:
     return jobs
 
 
-def beside_stream() -> None:
-    """Beside the stream, the stream first: this process (and its workers) at nice 10, so that
-    tar, the compressor and sshd's cipher on this host are not slowed by the hash, which takes
-    the CPU they leave (docs/benchmarks.md, "The relay's CPU")."""
-    try:
-        os.nice(10)
-    except OSError:
-        pass
-
-
 def cmd_hash(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
 
     def build(ctx: engine.Context) -> engine.Result:
-        if a.beside_stream:
-            beside_stream()
         reuse = kitmanifest.load(a.reuse) if a.reuse else None
         m = kitmanifest.build(a.root, a.exclude, a.algo, hash_jobs(a.jobs, a.beside_stream), reuse,
                               strip_special=a.special_modes == "strip", scanned=a.scanned)

@@ -1038,20 +1038,3 @@ def test_the_source_hash_beside_the_stream_takes_the_cores_the_stream_leaves(mon
     assert serve.hash_jobs("8", True) == 8 and serve.hash_jobs("auto", True) == 14
     a = serve.parser().parse_args(["hash", "/r", "--out", "/o", "--beside-stream"])
     assert a.beside_stream and a.fn is serve.cmd_hash
-
-
-def test_the_source_hash_beside_the_stream_yields_the_cpu_to_it(tmp_path, monkeypatch, capsys):
-    """Beside the stream the hash runs at nice 10 (the stream's tar, compressor and sshd first:
-    it takes the CPU they leave); on its own (the manifest step) it does not."""
-    from rbkit import serve
-
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "f").write_bytes(b"x" * 100)
-    niced = []
-    monkeypatch.setattr(serve.os, "nice", lambda n: niced.append(n) or n)
-    assert serve.main(["hash", str(tmp_path / "t"), "--out", str(tmp_path / "m1")]) == 0
-    assert niced == []
-    assert serve.main(["hash", str(tmp_path / "t"), "--out", str(tmp_path / "m2"),
-                       "--beside-stream"]) == 0
-    assert niced == [10]
-    assert (tmp_path / "m1").read_bytes() == (tmp_path / "m2").read_bytes()
