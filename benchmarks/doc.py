@@ -393,6 +393,14 @@ Medians of 3 rounds, one run (12:49 UTC), `base` = 36fdeb5, `now` = this code:
 | after it (verify 0.54 in the destination's engine, relocate's report 0.17) | | 0.66 | 0.62 | verify, relocate |
 | **total, exact (cgroups)** | **8.04** | **11.53** | **11.09** | +3.05 now, of it 1.08 the two hashes |
 
+A second run of the same rows (13:04 UTC, load 3.0-3.6, the code with filehash's change below):
+exact totals 12.35 (11.15-12.40) for 36fdeb5, 10.41 (10.19-12.16) now, 7.89 (7.84-9.00) by hand;
+`engine receive` 1.34 -> 1.08, `engine hash` 1.22 -> 1.05 CPU-s; the kinds this work did not
+change moved by up to 0.15 CPU-s between the two rows (the noise of a loaded machine), so the
+totals' difference is mostly noise past the 0.45 CPU-s of those two. Wall (loaded, for what it
+is worth): the transfer step 6.60 -> 5.46 s, the whole run 8.36 (6.99-8.75) -> 7.24
+(6.79-7.64) s, the hand pipeline 6.26 (5.31-7.54) s.
+
 What changed (each measured alone before it was kept):
 - The receiving stage gives tar each piece by tee(2) (no copy through Python; the stage reads
   the piece once, to parse and hash it) instead of reading and writing it: the stage alone on
