@@ -19,6 +19,24 @@ import pytest
 from rbkit import tarstream
 
 
+@pytest.fixture(autouse=True)
+def _no_hashing_threads_left(monkeypatch):
+    """Every Digester a test made is closed after it: a test that only feeds one leaves its
+    hashing threads waiting, and a process with threads does not fork (the early check's walk
+    in test_engine, run after this file in one process, then failed: no worker forked)."""
+    made = []
+    real_init = tarstream.Digester.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(tarstream.Digester, "__init__", init)
+    yield
+    for d in made:
+        d.close()
+
+
 def odd_tree(root: Path, big: int = (3 << 20) + 17) -> None:
     """Names past 100 bytes (GNU long names, pax path, a ustar prefix), a symlink target past 100
     bytes, a hard link to a big file (a `1` member: no data), an empty file, a name that is not
