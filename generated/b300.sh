@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 64420d7eb067f38db1c88d36ba4b342ead6632b6daca4f8b7f1ccffdcab9c552
+# sha256 of this file with these 64 digits zeroed: 0394aa9ef7d38f5018d2f153b63c95de8f7e4464295a555a2f742a0c8cdccee0
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b
-readonly RB_KIT_FILE=.kit/8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b.tar
+readonly RB_KIT_SHA256=54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb
+readonly RB_KIT_FILE=.kit/54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 65790d2e3d245fad683bcdb514c3753101be4db940d02e3d3c9d7c11d9ef09af
+# sha256 of this file with these 64 digits zeroed: 634bfda5c395a2419b1e54877bf96fac1819822704cd77451895c18b7723f718
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b
-readonly RB_KIT_FILE=.kit/8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b.tar
+readonly RB_KIT_SHA256=54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb
+readonly RB_KIT_FILE=.kit/54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

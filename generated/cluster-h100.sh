@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 2ef34dec770cbcbbaa9ff4496b9fb3b0326d2e5cb242afb2c82a50e3d3c1bb4e
+# sha256 of this file with these 64 digits zeroed: 6583b3e9d826fda4d3949187848a9d34f5ec7c4d28667c4d4cdeb2a06487412c
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -41,8 +41,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b
-readonly RB_KIT_FILE=.kit/8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b.tar
+readonly RB_KIT_SHA256=54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb
+readonly RB_KIT_FILE=.kit/54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 18947df02081d880e3cd138053b4dc8f584ae6c39022718132364639f77481ad
+# sha256 of this file with these 64 digits zeroed: 1be0e5deabc02202b92670b6d0719c83f0f201384d7a0c918da9e9db6635947f
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b
-readonly RB_KIT_FILE=.kit/8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b.tar
+readonly RB_KIT_SHA256=54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb
+readonly RB_KIT_FILE=.kit/54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: a01055f72905768d3704276bd6a905395068a1c9737f2a04fa5d8bcd8e40bed0
+# sha256 of this file with these 64 digits zeroed: 3ca70f5c9ad170d8194352d7e4ceb9f4785e60727ad7ff873d4b3181ff6879c2
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -40,8 +40,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b
-readonly RB_KIT_FILE=.kit/8f45326d9cf7ce8f1a2132e9df83fd7e04a316233c852fac4b77934258c6330b.tar
+readonly RB_KIT_SHA256=54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb
+readonly RB_KIT_FILE=.kit/54ea4aed30f568e0e11f326d4bcaa4b5ed1b8da533581784e41875b2f60beceb.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
