@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 7d8b0bf858787255408ea66806c4c08b3b37029cf8821e8565c43ef1c8e9aa1d
+# sha256 of this file with these 64 digits zeroed: 8e1fb2b474bdf3a07aa4578e72fcb79f5422dbc1abc3262cf576be35ae9030b8
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31
-readonly RB_KIT_FILE=.kit/c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31.tar
+readonly RB_KIT_SHA256=9130ebbb822c91128ffa61c7857f71a7a958bdaa88ebaaa0288ae4da2ebfd47a
+readonly RB_KIT_FILE=.kit/9130ebbb822c91128ffa61c7857f71a7a958bdaa88ebaaa0288ae4da2ebfd47a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -824,7 +824,8 @@ rb::hash_during_stream() {
   rm -f "${out}"
   rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" >"${out}.part"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" \
+    --beside-stream >"${out}.part"
   mv -f -- "${out}.part" "${out}"
   rb::manifest_share -
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 998146679dc593276d8a17154475c92dafffc50a4ed64c903e79583f0495ed16
+# sha256 of this file with these 64 digits zeroed: 1fc3e22e0a2e79909f4efd08f2ab19879b79c37e8b3220af30bff0998f67355c
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31
-readonly RB_KIT_FILE=.kit/c152a810c92f9cf648a06055ecf02676ecd1815bf43a34614a708851e818ac31.tar
+readonly RB_KIT_SHA256=9130ebbb822c91128ffa61c7857f71a7a958bdaa88ebaaa0288ae4da2ebfd47a
+readonly RB_KIT_FILE=.kit/9130ebbb822c91128ffa61c7857f71a7a958bdaa88ebaaa0288ae4da2ebfd47a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -823,7 +823,8 @@ rb::hash_during_stream() {
   rm -f "${out}"
   rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" >"${out}.part"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" \
+    --beside-stream >"${out}.part"
   mv -f -- "${out}.part" "${out}"
   rb::manifest_share -
 }

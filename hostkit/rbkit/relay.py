@@ -267,15 +267,23 @@ class Relay:
                 p.kill()
             os._exit(128 + signum)
 
+        done = threading.Event()
+
         def watch() -> None:
             while os.getppid() == parent:
-                threading.Event().wait(1.0)
+                if done.wait(1.0):
+                    return              # the relay is over: no thread of it is left behind
             end()
 
         signal.signal(signal.SIGTERM, end)
         signal.signal(signal.SIGHUP, end)
-        threading.Thread(target=watch, daemon=True).start()
-        return self._run()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            return self._run()
+        finally:
+            done.set()
+            watcher.join()
 
     def _run(self) -> int:
         first = Pair(self, 0, False)

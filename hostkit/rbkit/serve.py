@@ -367,12 +367,23 @@ def installed_stat(dest: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def hash_jobs(value: str, beside_stream: bool) -> int:
+    """The source's hashing workers: --jobs; beside the stream, the cores its processes here
+    (tar, the compressor, sshd's cipher: two) leave, one at least. On a host of two CPUs that is
+    one process, not two forked workers: 0.18 CPU-s less for the lab's torch venv, taken from
+    the stream's own processes there (docs/benchmarks.md, "The relay's CPU")."""
+    jobs = engine.jobs(value)
+    if beside_stream:
+        jobs = min(jobs, max(1, (os.cpu_count() or 1) - 2))
+    return jobs
+
+
 def cmd_hash(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
 
     def build(ctx: engine.Context) -> engine.Result:
         reuse = kitmanifest.load(a.reuse) if a.reuse else None
-        m = kitmanifest.build(a.root, a.exclude, a.algo, engine.jobs(a.jobs), reuse,
+        m = kitmanifest.build(a.root, a.exclude, a.algo, hash_jobs(a.jobs, a.beside_stream), reuse,
                               strip_special=a.special_modes == "strip", scanned=a.scanned)
         kitmanifest.save(m, a.out, 0o600)
         if a.names:
@@ -501,6 +512,8 @@ def parser() -> argparse.ArgumentParser:
                    " its entries, not a new walk")
     h.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse",
                    help="strip: modes recorded without setuid/setgid/sticky/world-write")
+    h.add_argument("--beside-stream", action="store_true",
+                   help="the stream runs on this host meanwhile: workers only where it leaves cores")
     h.set_defaults(fn=cmd_hash)
     d = sub.add_parser("delta")
     d.add_argument("manifest")

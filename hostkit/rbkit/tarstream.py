@@ -14,8 +14,10 @@ digests, never the stream: the files from there on get no digest and verify read
 The stream must end as a tar archive ends (a zero block); one that stops before it, or in the
 middle of a member, is truncated (`Digester.truncated`), whatever tar says about it.
 
-One thread copies and parses: it reads a piece, writes it to tar, then parses it (a file's data is
-a slice of the piece, no copy). Small files are hashed there. Big ones, with `workers`, by
+One thread hands on and parses: it gives tar a piece, then parses it (a file's data is a slice of
+the piece, no copy). Between two pipes (the receiving end: the decompressor's output, tar's input)
+tar is given the piece by tee(2) and the thread reads it once to parse it; elsewhere it reads the
+piece and writes it to tar. Small files are hashed there. Big ones, with `workers`, by
 hashing threads (hashlib releases the GIL on buffers of 2 KiB and more; every piece of one file
 goes to the same thread, in order): one file's digest is sequential work (sha256 runs at about
 1 GB/s a core), so on a host with cores to spare big files are hashed side by side. The parser
@@ -32,8 +34,10 @@ stdlib only; Python >= 3.9.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
@@ -49,6 +53,26 @@ F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 on
 REGULAR = (b"0", b"\0", b"7")
 NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # tarfile's rule: these never carry data
 ZERO = bytes(BLOCK)
+
+
+def _tee() -> Optional[Callable[[int, int, int, int], int]]:
+    """libc's tee(2) (Linux: the bytes of one pipe put into another too, no copy made), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.tee
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+    fn.restype = ctypes.c_ssize_t
+    return fn
+
+
+def _errno() -> int:
+    import ctypes
+    return ctypes.get_errno()
 
 
 def hash_budget() -> int:
@@ -377,42 +401,89 @@ class Digester:
     # -- the pipeline stage ------------------------------------------------------------------
 
     def stage(self, in_fd: int, out_fd: int) -> int:
-        """Copy in_fd to out_fd unchanged and parse each piece right after tar was given it, in
+        """Hand in_fd on to out_fd unchanged and parse each piece right after tar was given it, in
         this one thread (small files are hashed here, big files' pieces go to the hashing
-        threads). Ends at the end of in_fd, or when out_fd's reader is gone (tar stopped: its
-        own exit code says why); returns 0."""
+        threads). Between two pipes (the receiving end's) tar is given each piece by tee(2),
+        which copies no byte, and this thread reads the same piece once, to parse it; else each
+        piece is read and written (a copy more). Ends at the end of in_fd, or when out_fd's
+        reader is gone (tar stopped: its own exit code says why); returns 0."""
         for fd in (in_fd, out_fd):
             try:
                 import fcntl
                 fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
             except (OSError, ImportError):
                 pass                               # not a pipe, or over the host's limit
-        writing = True
         try:
-            while True:
-                data = os.read(in_fd, CHUNK)
-                if not data:
-                    break
-                if not writing:
-                    continue                       # past the archive's end, tar gone: read only
-                view = memoryview(data)
-                try:
-                    while view.nbytes:
-                        view = view[os.write(out_fd, view):]
-                except BrokenPipeError:
-                    # tar is gone. Whether it had the whole archive is the parser's to say, on
-                    # every byte written before the pipe broke: past the end, the rest of in_fd
-                    # is read unparsed (the sender's writes must not fail); inside it, the
-                    # stage stops
-                    writing = False
-                    self._parse(data[:len(data) - view.nbytes])
-                    if not self.ended:
-                        break
-                    continue
-                self._parse(data)
+            if not self._tee_stage(in_fd, out_fd):
+                self._copy_stage(in_fd, out_fd)
         finally:
             self.close()
         return 0
+
+    def _tee_stage(self, in_fd: int, out_fd: int) -> bool:
+        """The stage by tee(2) (docs/benchmarks.md, "The relay's CPU"): False, nothing read,
+        where there is none (not Linux, no ctypes) or the fds are not two pipes."""
+        tee = _tee()
+        if tee is None:
+            return False
+        # one buffer read into again and again, where no hashing thread keeps a piece of it
+        buf = bytearray(CHUNK) if not self._nworkers else None
+        view = memoryview(buf) if buf is not None else None
+        first = True
+        while True:
+            n = tee(in_fd, out_fd, CHUNK, 0)
+            if n < 0:
+                err = _errno()
+                if err == errno.EINTR:
+                    continue
+                if first and err in (errno.EINVAL, errno.ENOSYS):
+                    return False                   # not two pipes: the copy does it
+                if err != errno.EPIPE:
+                    raise OSError(err, os.strerror(err))
+                # tar is gone: everything tee'd before was parsed; past the archive's end the
+                # rest of in_fd is read unparsed (the sender's writes must not fail), inside it
+                # the stage stops
+                if self.ended:
+                    while os.read(in_fd, CHUNK):
+                        pass
+                return True
+            first = False
+            if not n:
+                return True                        # the end of in_fd
+            if view is None:
+                data = os.read(in_fd, n)           # the pipe holds n bytes at least: all of them
+                while len(data) < n:
+                    data += os.read(in_fd, n - len(data))
+                self._parse(data)
+                continue
+            got = 0
+            while got < n:
+                got += os.readv(in_fd, [view[got:n]])
+            self._parse(view[:n])
+
+    def _copy_stage(self, in_fd: int, out_fd: int) -> None:
+        writing = True
+        while True:
+            data = os.read(in_fd, CHUNK)
+            if not data:
+                break
+            if not writing:
+                continue                           # past the archive's end, tar gone: read only
+            view = memoryview(data)
+            try:
+                while view.nbytes:
+                    view = view[os.write(out_fd, view):]
+            except BrokenPipeError:
+                # tar is gone. Whether it had the whole archive is the parser's to say, on
+                # every byte written before the pipe broke: past the end, the rest of in_fd
+                # is read unparsed (the sender's writes must not fail); inside it, the
+                # stage stops
+                writing = False
+                self._parse(data[:len(data) - view.nbytes])
+                if not self.ended:
+                    break
+                continue
+            self._parse(data)
 
     def _parse(self, data: bytes) -> None:
         try:

@@ -1023,3 +1023,18 @@ def test_a_rerun_skips_the_same_steps_whoever_asks(tmp_path):
     assert set(engine.SKIPPED_WHEN_CURRENT) == {"stage", "receive", "verify", "relocate",
                                                 "prove", "swap"}
     assert not hasattr(serve, "INSTALL")
+
+
+def test_the_source_hash_beside_the_stream_takes_the_cores_the_stream_leaves(monkeypatch):
+    """Beside the stream (`engine hash --beside-stream`) the source is hashed by the cores tar,
+    the compressor and sshd leave: one process on two CPUs (no forked workers: CPU the stream's
+    processes need there), --jobs where the host has cores to spare."""
+    from rbkit import serve
+
+    monkeypatch.setattr(serve.os, "cpu_count", lambda: 2)
+    assert serve.hash_jobs("2", True) == 1 and serve.hash_jobs("2", False) == 2
+    assert serve.hash_jobs("auto", True) == 1
+    monkeypatch.setattr(serve.os, "cpu_count", lambda: 16)
+    assert serve.hash_jobs("8", True) == 8 and serve.hash_jobs("auto", True) == 14
+    a = serve.parser().parse_args(["hash", "/r", "--out", "/o", "--beside-stream"])
+    assert a.beside_stream and a.fn is serve.cmd_hash

@@ -125,6 +125,25 @@ def test_one_stream_when_the_fewest_jobs_is_below_four_and_its_answer_is_passed_
     assert out.splitlines()[-1] == "done\tok\td" and "streams" not in out, out
 
 
+def test_the_relay_leaves_no_thread_behind(ends, capsys):
+    """Once the relay is over, none of its threads is left (its watch on the runbook polled on
+    in the process, which then could not fork: test_engine's early-check walk, run after it)."""
+    import signal
+    import threading
+
+    # run() sets its own handlers: put back after
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    make, _refuse, _log = ends
+    before = set(threading.enumerate())
+    try:
+        rc, _out, err = run(make(jobs=3), capsys)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert rc == 0, err
+    assert set(threading.enumerate()) <= before
+
+
 def test_a_failed_stream_is_named_and_the_others_are_stopped_or_done(ends, capsys, monkeypatch):
     make, _refuse, _log = ends
     monkeypatch.setenv("FAIL_PART", "1")

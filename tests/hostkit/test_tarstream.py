@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import subprocess
+import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -16,6 +17,24 @@ from pathlib import Path
 import pytest
 
 from rbkit import tarstream
+
+
+@pytest.fixture(autouse=True)
+def _no_hashing_threads_left(monkeypatch):
+    """Every Digester a test made is closed after it: a test that only feeds one leaves its
+    hashing threads waiting, and a process with threads does not fork (the early check's walk
+    in test_engine, run after this file in one process, then failed: no worker forked)."""
+    made = []
+    real_init = tarstream.Digester.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(tarstream.Digester, "__init__", init)
+    yield
+    for d in made:
+        d.close()
 
 
 def odd_tree(root: Path, big: int = (3 << 20) + 17) -> None:
@@ -313,3 +332,27 @@ def test_the_budget_holds_the_parser_back(tmp_path, monkeypatch):
         d.feed(data[at:at + (64 << 10)])
     assert d.result() == digests_on_disk(root) and d.lost is None
     assert (256 - 64) << 10 < max(held) <= 256 << 10 and len(held) >= 32
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tee(2) is Linux's")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_between_two_pipes_the_stage_writes_nothing_itself(tmp_path, monkeypatch, workers):
+    """Between two pipes tar is given the stream by tee(2) (no copy through this process: a CPU
+    second less on the lab's relay, docs/benchmarks.md); the bytes and digests are the same."""
+    odd_tree(tmp_path / "t")
+    data = tar_of(tmp_path / "t") + b"\0" * (3 << 20)
+    written = []
+    real_write = os.write
+
+    def write(fd, b):
+        written.append(len(b))
+        return real_write(fd, b)
+
+    monkeypatch.setattr(tarstream.os, "write", write)
+    d = tarstream.Digester("sha256", workers=workers)
+    rc, got, crc = through_pipes(d, data, ["cat"])
+    monkeypatch.undo()
+    assert rc == 0 and crc == 0 and got == data
+    assert d.result() == digests_on_disk(tmp_path / "t")
+    assert not written                  # the feeder thread writes through a file object
+    assert d.ended and not d.truncated

@@ -822,7 +822,8 @@ rb::hash_during_stream() {
   rm -f "${out}"
   rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
     --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" >"${out}.part"
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" \
+    --beside-stream >"${out}.part"
   mv -f -- "${out}.part" "${out}"
   rb::manifest_share -
 }
