@@ -362,6 +362,14 @@ exports (0.5 s) come on top. Within 1.15x of the hand pipeline would leave 0.7 s
 and the verification; on three machines (the real relay) the two ends' hashing runs on their own
 cores and this machine only relays.
 
+After the twentieth session's CPU work below (run `s20-1gbit`, 3 rounds, load 0.7 at its start,
+the benchmark's own 1.9 at most during it; code 855348c): the runbook (auto: lz4 3 of 3) 7.51 s
+(6.60-8.38; preflight 1.39, transfer 5.33), the seed's one-liner 8.18 s, the hand lz4 pipeline
+4.78 s: **1.09x** faster than the seed, **1.57x** the hand pipeline's time. No change past the
+rounds' spread: the 0.4-0.5 CPU-s the two stages below saved come off both cores, not the critical
+path, and the 1 Gbit/s targets stay short for the reason the CPU table gives: the work a verified
+move cannot drop needs 4.6 s of both cores before preflight and verify.
+
 ### The relay's CPU, item by item (`benchmarks/relay_cpu.py`, issue 37)
 
 `python -m benchmarks.relay_cpu --compression lz4 --rounds 3 --rows base,runbook,hand --base
