@@ -99,9 +99,12 @@ def test_a_kit_directory_names_the_run_that_made_it(clean_lab, payload_small, tm
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     owners: dict[str, str] = {}
     while proc.poll() is None:
-        for kit in kits.kit_dirs() - before - owners.keys():
-            owners[kit] = (Path(kit) / "owner").read_text() if (Path(kit) / "owner").exists() \
-                else ""
+        # a kit seen before its owner file is written (or while it is) is read again next time
+        for kit in kits.kit_dirs() - before - {k for k, o in owners.items() if o.endswith("\n")}:
+            try:
+                owners[kit] = (Path(kit) / "owner").read_text()
+            except OSError:
+                owners.setdefault(kit, "")
         time.sleep(0.02)
     err = proc.stderr.read()
     assert proc.returncode == 0, err[-3000:]
