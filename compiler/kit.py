@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from rbrules.kittar import tar_bytes as kit_tar
+
 HOST_PACKAGES = ("rbkit", "rbprobes", "rbrules")   # shipped to every host the runbook touches
 CONTROLLER_PACKAGES = ("rbview",)                  # only extracted here: the run's pictures
 PACKAGES = HOST_PACKAGES + CONTROLLER_PACKAGES
@@ -94,28 +96,12 @@ def tar_bytes(packages: tuple[str, ...] = PACKAGES, runtime: bool = True) -> byt
     """The kit as a plain tar, byte for byte the same for the same files (sorted, mtime 0, owner
     root, modes 0644/0755, no compression: a compressor's output may differ between versions).
     `packages`, `runtime`: what it holds (the tar a standalone runbook sends its hosts is
-    tar_bytes(HOST_PACKAGES, runtime=False), byte for byte: tests/hostkit/test_kit.py)."""
-    import io
-    import tarfile
-
-    buf = io.BytesIO()
-    chosen = [f for f in files() if f.path.split("/", 1)[0] in packages]
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for d in sorted({f.path.split("/", 1)[0] for f in chosen}):
-            info = tarfile.TarInfo(d)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        for f in chosen:
-            data = f.text.encode("utf-8")
-            info = tarfile.TarInfo(f.path)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-        if runtime:
-            data = runtime_text().encode("utf-8")
-            info = tarfile.TarInfo("runtime.sh")
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    tar_bytes(HOST_PACKAGES, runtime=False), byte for byte: both made by rbrules.kittar)."""
+    chosen = [(f.path, f.text.encode("utf-8")) for f in files()
+              if f.path.split("/", 1)[0] in packages]
+    if runtime:
+        chosen.append(("runtime.sh", runtime_text().encode("utf-8")))
+    return kit_tar(chosen)
 
 
 @lru_cache(maxsize=None)
