@@ -225,6 +225,9 @@ def parser() -> argparse.ArgumentParser:
                       help="print what SPEC's runbook will do, as markdown for a PR; write nothing")
     mode.add_argument("--schema", action="store_true",
                       help="print the JSON Schema of specs (docs/spec.schema.json)")
+    mode.add_argument("--kit-diff", nargs=2, metavar=("OLD", "NEW"),
+                      help="print which kit files changed between two kits (sha256, a prefix, "
+                      "a tar's path, or `current`) and their diff")
     mode.add_argument("--new", metavar="NAME",
                       help="write a new spec NAME.yaml beside the --from spec, to edit")
     p.add_argument("--from", dest="from_spec", metavar="SPEC",
@@ -244,8 +247,14 @@ def run(argv: list[str]) -> int:
     if args.from_spec is not None and args.new is None:
         raise UsageError("--from SPEC goes with --new NAME, e.g. "
                          "compile --new h100-b --from specs/b300.yaml")
-    if (args.plan or args.schema or args.new) and args.specs:
-        raise UsageError(f"--plan, --schema and --new take no other spec arguments: {args.specs}")
+    if (args.plan or args.schema or args.new or args.kit_diff) and args.specs:
+        raise UsageError("--plan, --schema, --new and --kit-diff take no other spec arguments: "
+                         f"{args.specs}")
+    if args.kit_diff:
+        from . import kitdiff
+        old, new = (kitdiff.load(ref, out_dir) for ref in args.kit_diff)
+        print(kitdiff.diff(old, new), end="")
+        return EXIT_OK
     if args.schema:
         from . import schema  # the modes below import what only they use: compile starts faster
         print(schema.text(), end="")
@@ -288,7 +297,9 @@ def _plan(spec_path: Path, out_dir: Path) -> int:
     from . import planmd
     script = out_dir / f"{spec_path.stem}.sh"
     decided = resolve.resolve(spec, source, script_name=script.name)
-    print(planmd.markdown(decided, script, warnings), end="")
+    from . import kitdiff
+    print(planmd.markdown(decided, script, warnings) + kitdiff.plan_section(script, out_dir),
+          end="")
     return EXIT_OK
 
 
