@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 2bead5abc81d1a2b087fa9ef45cc58753db1d683a59c74324400d95bce7a9fb5
+# sha256 of this file with these 64 digits zeroed: 8c8122b8cfe1827e2bbf29a2eefcb531ca65cb14bdeed4e9455403911412ea58
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3051e0a26a829d62c61746d6f1b5b304520c9c892a870db662ff270930d3e2a7
-readonly RB_KIT_FILE=.kit/3051e0a26a829d62c61746d6f1b5b304520c9c892a870db662ff270930d3e2a7.tar
+readonly RB_KIT_SHA256=72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7
+readonly RB_KIT_FILE=.kit/72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -497,23 +497,18 @@ rb::preflight_compression() {
 
 #######################################
 # Where the measurement cannot run, and on the direct route: with auto, none when the machines
-# the stream passes through share CPUs (one kernel, CPU sets that overlap: one host's namespaces
-# or containers: no link to save, only CPU to spend, rb::shared_cpus); else from the spec and
-# what both ends have (rb::choose_compression).
+# the stream passes through share CPUs (rb::shared_cpus: one host's namespaces or containers: no
+# link to save, only CPU to spend); else from the spec and what both ends have.
 #######################################
 rb::compression_fallback() {
-  local boot through='' cpus
+  local boot through=''
   if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::shared_cpus "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then
       through=' and this machine'
     fi
-    cpus=''
-    if [[ "${boot#* }" != - ]]; then
-      cpus=", ${boot#* } CPUs shared"
-    fi
-    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel${cpus}," \
-      "boot id ${boot:0:8}: no link between them to save, only CPU to spend)"
+    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel on shared" \
+      "CPUs, boot id ${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"

@@ -484,9 +484,8 @@ rb::kit_ship() {
 
 #######################################
 # One host's preparation (rb::hosts_prepare): $1 the host, $2 the kit's tar here. Prints
-# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS<TAB>BOOT_ID<TAB>CPUS` (KIT_DIR `-` for this machine, which
-# uses the run directory's copy; BOOT_ID the running kernel's, CPUS the ones its commands may run
-# on (Cpus_allowed_list), each `-` where there is none to read). A kit
+# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS<TAB>BOOT_ID<TAB>CPUS` (KIT_DIR `-` for this machine: the run
+# directory's copy; BOOT_ID the kernel's, CPUS its Cpus_allowed_list, `-` where unknown). A kit
 # that arrives with another sha256 is removed unread; a kit directory's `owner` names its run.
 #######################################
 rb::host_prepare() {
@@ -518,8 +517,7 @@ print(sys.executable)" "${dir}" "$2") || exit 1
       trap - EXIT
     fi
     boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null) || boot=-
-    cpus=$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status 2>/dev/null) || cpus=-
-    printf "%s\t%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}" "${cpus:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
+    printf "%s\t%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}" "$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status 2>/dev/null)"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
 }
 
 #######################################
