@@ -3,10 +3,9 @@
 #   bash benchmarks/device_relay.sh [RUNBOOK]        (default benchmarks/device/relay.sh, compiled
 #   here just before: python -m compiler benchmarks/device/relay.yaml -o benchmarks/device --standalone)
 # with benchmarks/device/debs/ carried (openssh, lz4, zstd, pv and their libraries, downloaded
-# here with apt-get download: see docs/benchmarks.md "Device: the relay"). The device has no
-# ssh, sshd, lz4, zstd or pv: each .deb is unpacked into one prefix (dpkg-deb -x), each tool
-# missing from PATH gets a wrapper there (its libraries from the prefix, only for it), and two
-# sshd listen on 127.0.0.2:2222 (host a, the source) and 127.0.0.3:2222 (host b, the
+# here by benchmarks/device/fetch_debs.sh). The device has no ssh, sshd, lz4, zstd or pv:
+# benchmarks/device/common.sh unpacks the debs into one prefix, wraps each tool the machine lacks,
+# and starts two sshd on 127.0.0.2:2222 (host a, the source) and 127.0.0.3:2222 (host b, the
 # destination), each with its own config, host key and log; the runbook runs on the device itself,
 # the relay's "this machine". Rows, ROUNDS rounds (3) alternating, medians: the null relay in one
 # stream (aes128-gcm) and in N (8) streams, the seed's one-liner, the hand aes128-gcm + lz4 -1
@@ -30,145 +29,27 @@ streams=${STREAMS:-8}
 deadline=${DEADLINE:-450}
 out=${OUT:-${PWD}/device-relay-out}
 top=/tmp/rb-device
-prefix=${top}/prefix
-bin=${top}/bin
-AES=aes128-gcm@openssh.com
 mkdir -p "${out}"
 log() { printf '%(%H:%M:%S)T %s\n' -1 "$*" >&2; }
 t0=${SECONDS}
 
-stop_sshd() {
-  local h pid
-  for h in a b; do
-    if [[ -s "${top}/${h}/sshd.pid" ]]; then
-      read -r pid <"${top}/${h}/sshd.pid" || true
-      [[ -n "${pid}" ]] && kill "${pid}" 2>/dev/null || true
-      rm -f "${top}/${h}/sshd.pid"
-    fi
-  done
-}
+# the tools (the system's or the prefix's) and the two sshd (benchmarks/device/common.sh)
+DEV_TOP=${top} DEV_HERE=${here} DEV_SRC=${src}
+# shellcheck source=benchmarks/device/common.sh
+source "${here}/device/common.sh"
 finish() {
   local rc=$?
-  stop_sshd
-  for h in a b; do cp -f "${top}/${h}/sshd.log" "${out}/sshd-${h}.log" 2>/dev/null || true; done
+  dev_stop "${out}"
   exit "${rc}"
 }
 trap finish EXIT
-
-# ---------------------------------------------------------------- the tools: system or prefix
-rm -rf "${top}"
-mkdir -p "${prefix}" "${bin}" "${top}/a" "${top}/b"
-chmod 755 "${top}"
-if compgen -G "${here}/device/debs/*.deb" >/dev/null; then
-  for deb in "${here}"/device/debs/*.deb; do dpkg-deb -x "${deb}" "${prefix}"; done
-fi
-libs=${prefix}/lib/x86_64-linux-gnu:${prefix}/usr/lib/x86_64-linux-gnu
-# tool name, its path in the prefix
-for pair in ssh:usr/bin/ssh ssh-keygen:usr/bin/ssh-keygen sshd:usr/sbin/sshd lz4:usr/bin/lz4 \
-  zstd:usr/bin/zstd pv:usr/bin/pv; do
-  tool=${pair%%:*}
-  have=$(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v "${tool}" || true)
-  if [[ -n "${have}" && "${FORCE_PREFIX:-0}" != 1 ]]; then
-    ln -s "${have}" "${bin}/${tool}"
-  elif [[ -x "${prefix}/${pair#*:}" ]]; then
-    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "${libs}" "${prefix}/${pair#*:}" \
-      >"${bin}/${tool}"
-    chmod 755 "${bin}/${tool}"
-    log "${tool}: from the prefix (${prefix}/${pair#*:})"
-  else
-    log "${tool}: neither on this machine nor in ${here}/device/debs"
-  fi
-done
-# the hosts' python3 (>= 3.9): the system's, else the venv's own interpreter
-if ! PATH=/usr/local/bin:/usr/bin:/bin python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
-  ln -s "$(readlink -f "${src}/bin/python")" "${bin}/python3"
-  log "python3: $(readlink -f "${src}/bin/python")"
-fi
-export PATH=${bin}:${PATH}
-ssh -V 2>/dev/null || { log "ssh does not start: $(ssh -V 2>&1 | tail -n 1)"; exit 1; }
-log "ssh: $(ssh -V 2>&1); lz4: $(command -v lz4 || echo none); zstd: $(command -v zstd || echo none)"
-
-# ---------------------------------------------------------------- two sshd and the keys
-# sshd's privilege separation user (useradd, else a line of our own in /etc/passwd)
-id sshd >/dev/null 2>&1 || useradd -r -M -d /run/sshd -s /usr/sbin/nologin sshd ||
-  echo 'sshd:x:64999:65534::/run/sshd:/usr/sbin/nologin' >>/etc/passwd
-mkdir -p /run/sshd
-chmod 755 /run/sshd
-ssh-keygen -q -t ed25519 -N '' -f "${top}/id"
-cp "${top}/id.pub" "${top}/authorized_keys"
-: >"${top}/known_hosts"
-if [[ -L "${bin}/sshd" ]]; then
-  sshd_run=("$(readlink -f "${bin}/sshd")")
-else     # sshd re-execs itself by its absolute path: the prefix's, with the prefix's libraries
-  sshd_run=(env "LD_LIBRARY_PATH=${libs}" "${prefix}/usr/sbin/sshd")
-fi
-for h in a b; do
-  addr=127.0.0.2
-  [[ "${h}" == a ]] || addr=127.0.0.3
-  ssh-keygen -q -t ed25519 -N '' -f "${top}/${h}/host_key"
-  printf '[%s]:2222 %s\n' "${addr}" "$(cut -d' ' -f1,2 "${top}/${h}/host_key.pub")" >>"${top}/known_hosts"
-  cat >"${top}/${h}/sshd_config" <<EOF
-ListenAddress ${addr}
-Port 2222
-HostKey ${top}/${h}/host_key
-PidFile ${top}/${h}/sshd.pid
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-AuthorizedKeysFile ${top}/authorized_keys
-StrictModes no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-UseDNS no
-MaxStartups 100:30:200
-MaxSessions 100
-SetEnv PATH=${bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-EOF
-  "${sshd_run[@]}" -f "${top}/${h}/sshd_config" -E "${top}/${h}/sshd.log"
-done
-sshopt=(-i "${top}/id" -p 2222 -o BatchMode=yes -o UserKnownHostsFile="${top}/known_hosts"
-  -o GlobalKnownHostsFile=/dev/null -o ControlPath=none -o ControlMaster=no)
-for addr in 127.0.0.2 127.0.0.3; do
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    ssh "${sshopt[@]}" "root@${addr}" true 2>"${top}/probe.err" && break
-    sleep 0.3
-  done
-  ssh "${sshopt[@]}" "root@${addr}" 'command -v lz4 tar python3' >&2 || {
-    log "ssh root@${addr}:2222 fails: $(tail -n 3 "${top}/probe.err")"; cat "${top}"/*/sshd.log >&2; exit 1; }
-done
+dev_tools
+dev_keys
+dev_sshd a 127.0.0.2
+dev_sshd b 127.0.0.3
 
 # ---------------------------------------------------------------- the payload and the rows
-dst_root=$(dirname "${dst}")
-if [[ "${TMPFS:-1}" == 1 ]] && ! mountpoint -q "${dst_root}"; then
-  mkdir -p "${dst_root}"
-  mount -t tmpfs -o size=48g tmpfs "${dst_root}" || log "no tmpfs at ${dst_root}: on its disk"
-fi
-mkdir -p "${dst_root}"
-hand=${dst_root}/hand
-t=${SECONDS}
-bytes=$(tar -C "${src}" --exclude=__pycache__ --exclude='*.pyc' -cf - . | wc -c)   # warms the cache
-log "payload: ${src}, tar stream ${bytes} bytes (read in $((SECONDS - t)) s); nproc $(nproc)"
-# on HOST CIPHER COMMAND: a fresh connection (no master), CIPHER '' for ssh's default
-on() {
-  local host=$1 cipher=$2
-  shift 2
-  ssh "${sshopt[@]}" ${cipher:+-c "${cipher}"} "root@${host}" "$@"
-}
-wide() { python3 -S -c 'import fcntl; fcntl.fcntl(1, 1031, 1 << 20)' 2>/dev/null || true; }
-
-row_null1() { { wide; on 127.0.0.2 "${AES}" "head -c ${bytes} /dev/zero"; } | on 127.0.0.3 "${AES}" 'cat >/dev/null'; }
-row_nullN() {
-  local part=$(((bytes + streams - 1) / streams)) i
-  for ((i = 0; i < streams; i++)); do
-    { { wide; on 127.0.0.2 "${AES}" "head -c ${part} /dev/zero"; } | on 127.0.0.3 "${AES}" 'cat >/dev/null'; } &
-  done
-  wait
-}
-row_seed() { on 127.0.0.2 '' "tar cf - -C '${src}' ." | on 127.0.0.3 '' "tar xf - -C '${hand}'"; }
-row_lz4() {
-  on 127.0.0.2 "${AES}" "tar cf - -C '${src}' . | lz4 -q -1 -c" |
-    on 127.0.0.3 "${AES}" "lz4 -q -d -c | tar xf - -C '${hand}'"
-}
+DEV_EXCLUDE=1 dev_payload "${dst}"     # `hand`, `bytes`; the rows: benchmarks/device/common.sh
 row_cold() {
   local -a prof=()
   # PROFILE=1: CPU seconds by process kind during the cold run (benchmarks/cpu_sample.py)
@@ -191,8 +72,6 @@ import sys, time
 for line in sys.stdin:
     sys.stdout.write("%.4f %s" % (time.time(), line))' >"${out}/$2.log")
 }
-prep() { rm -rf "${hand}"; mkdir -p "${hand}"; sync; }
-
 declare -A secs=() steps=() fails=()
 names=(null1 nullN seed lz4 plancold cold rerun planre)
 if [[ -n "${ROWS:-}" ]]; then read -r -a names <<<"${ROWS}"; fi   # e.g. ROWS="cold rerun"

@@ -94,7 +94,7 @@ docs/h200.md. -: the comment that carried it did not say where.
 | choice (where) | figure | measured on |
 |---|---|---|
 | tar record `-b 256` (128 KiB) on both ends instead of the default 20 blocks (`rbkit.stream.TAR_RECORD`) | the torch venv through a pipe: tar -c 0.60 -> 0.40 s of CPU, tar -x 1.03 -> 0.68 s (ten times fewer reads and writes on each side of each pipe) | lab |
-| streams side by side, one per two cores, at most 8 (`rbkit.stream.MAX_STREAMS`, `stream_count`) | one tar pair 1.4 GB/s; eight pairs 5-6x that (`/opt/torch/.venv` to tmpfs 6.3-8.6 s -> 1.1-1.6 s) | H100 |
+| streams side by side, one per two cores, at most 8 (`rbkit.stream.MAX_STREAMS`, `stream_count`; the relay's also no more than the fewest usable CPUs of its machines, `relay_streams`) | one tar pair 1.4 GB/s; eight pairs 5-6x that (`/opt/torch/.venv` to tmpfs 6.3-8.6 s -> 1.1-1.6 s) | H100 |
 | compression auto's link measurement: 50 ms windows, its rate the later half of them, stopped once 0.25 s went by and the last two windows are within 5% of that rate, at most 0.6 s (`rbrules.common.link_stable`, `link_tail`; `rbkit measure-link`) | the 1 Gbit/s link: the first 0.2-0.3 s of windows at 4-10 MB/s (the connections starting), then 105-135 MB/s; the old rate (0.6 s from the first byte, beside the scan) said 39-103 MB/s in 5 runs, the later half 118-124 MB/s, stopped after 0.42-0.58 s (load 6-8 on 2 cores); a stall that looked steady (4-6 MB/s, 2 runs of 16) is why a stop needs 8 MiB in the later half (`LINK_MIN_BYTES`) | lab |
 | a receiver of two cores hashes in the parser's thread, no hashing threads (`rbkit.tarstream`, engine.receive) | 0.9 s of CPU for the torch venv, against 1.05 s with a parser thread and one hasher | lab |
 | files up to 64 KiB hashed in the parser's thread (`rbkit.tarstream.INLINE`) | the 64 KiB - 1 MiB files of the venv, 0.5 GB in 3,060 files, taken off that thread | H200 |
@@ -514,21 +514,129 @@ idle machine (2-3 rounds, load < 1.5), and the receiving end's hashing stage.
 
 ### Device: the relay (benchmarks/device_relay.sh)
 
-The device host (16 cores, the 7.2 GB venv at /opt/torch/.venv) has no ssh, sshd, lz4, zstd or
-pv. Here: `cd benchmarks/device/debs && apt-get download openssh-client openssh-server
-openssh-sftp-server libnsl2 libtirpc3 libtirpc-common lz4 zstd pv` and the libraries those link
-(libaudit1 libcap-ng0 libcap2 libcom-err2 libcrypt1 libgcrypt20 libgpg-error0 libgssapi-krb5-2
-libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0 liblz4-1 liblzma5 libpam0g libpcre2-8-0
-libselinux1 libssl3 libsystemd0 libwrap0 libzstd1 zlib1g: 31 debs, 7.3 MB, git-ignored). There:
-`bash benchmarks/device_relay.sh` with `benchmarks/device/debs` and the runbook carried: every deb unpacked into
-one prefix, a wrapper (the prefix's libraries for that tool alone) for each tool the machine
-lacks, two sshd on 127.0.0.2:2222 and 127.0.0.3:2222 (own configs, host keys, logs, MaxStartups
-100, SetEnv PATH to the wrappers), the runbook `benchmarks/device/relay.sh` (compiled here just
-before the call, `--standalone`, git-ignored, from `benchmarks/device/relay.yaml`: a:/opt/torch/.venv to b:/opt/rb-relay/.venv on
-a tmpfs, relay through the device itself, sha256, no checks), and the rows, three rounds
+The device host (16 cores, the 7.2 GB venv at /opt/torch/.venv) has no ssh, sshd, lz4, zstd,
+pv, ip or tc. Here: `bash benchmarks/device/fetch_debs.sh` downloads (apt-get download) openssh,
+lz4, zstd, pv, iproute2, util-linux and the libraries they link into `benchmarks/device/debs`
+(44 debs, 11 MB, git-ignored) and compiles the runbook `benchmarks/device/relay.sh`
+(`--standalone`, git-ignored, from `benchmarks/device/relay.yaml`: a:/opt/torch/.venv to
+b:/opt/rb-relay/.venv on a tmpfs, relay through the device itself, sha256, no checks). There:
+`bash benchmarks/device_relay.sh` with both carried: `benchmarks/device/common.sh` unpacks every
+deb into one prefix, writes a wrapper (the prefix's libraries for that tool alone) for each tool
+the machine lacks, starts two sshd on 127.0.0.2:2222 and 127.0.0.3:2222 (own configs, host
+keys, logs, MaxStartups 100, SetEnv PATH to the wrappers), and the rows run three rounds
 alternating: null relay in 1 and 8 streams, the seed's one-liner, hand aes128-gcm + lz4 -1, the
 runbook cold and re-run. Tested on this machine with every tool taken from the debs
 (`FORCE_PREFIX=1`) against the lab's torch venv.
+"""
+
+RELAY47 = """## Three machines: compression and streams for the cores each end has (issue 47)
+
+The seed's move is three machines (`ct200 -> laptop -> b300`, a link of about 1 Gbit/s). Issue
+47 measured it on the device as three machines of 4 CPUs each and found the choice made from
+figures that do not describe the move: one compressor process against another while the relay
+ran 8 streams, and 16 CPUs counted at each end where each could use 4.
+
+### The CPUs a process may use (`rbrules.cpus`)
+
+One function (`usable`) for every place of the kit that sizes jobs, workers or streams (`--jobs
+auto`, the walk's workers, the hash beside the stream, the proof's width, the early audit, the
+static checks' workers, the relay's streams): the affinity (`os.sched_getaffinity`: taskset,
+cpusets, a Slurm binding) and the tightest CPU quota on the process's cgroup and those above it
+(v2 `cpu.max`, v1 `cpu.cfs_quota_us` over `cpu.cfs_period_us`, found through
+/proc/self/mountinfo); a quota of 2.5 CPUs sizes 3 jobs and counts 2.5 CPU seconds a second in
+the model. Before, most places took `os.cpu_count()` (the machine's CPUs) and two the affinity;
+a test holds that no module of the kit counts another way. Each host says its CPU list when it
+is prepared, each gated end of the relay its usable CPUs (`ready JOBS CPUS`), and the relay's
+streams are `common.relay_streams`: one per two of the fewest jobs of the three machines, never
+more than the fewest CPUs any of them may use, said in one line (`relay: 1 stream (no more
+streams than the fewest CPUs a machine may use, 1; CPUs usable: here 2 of 2, src 2 of 2, dst 1
+of 2 (affinity 0))`, tests/e2e/test_relay_affinity.py: dst's sshd pinned to one CPU).
+
+"One kernel" is now "the machines share CPUs": the same boot id and CPU sets that overlap
+(`rb::shared_cpus`). Three sshd pinned apart on one kernel are three machines (the device
+harness below); the lab's namespaces, on the same two CPUs, still share them.
+
+### The model of the move (`rbkit.model`, a pure function)
+
+`rbkit measure` on the source measures each tool on one core (lz4 -1; zstd -1 and -3, each with
+-T1: the packing and unpacking bytes per CPU second, from the children's rusage, and the ratio)
+on a sample of 8 MiB that represents the tree by its bytes: 64 pieces of 128 KiB spread evenly
+over the files' contents laid end to end in the stream's order, a piece crossing as many small
+files as it takes (before: files picked at even steps, but up to 1 MiB of each, so the first 8
+files of 1 MiB or more made the whole sample). The model then takes, for N streams (the relay's
+own rule, one below 256 MB) over the source's, the destination's and this machine's usable CPUs,
+each option's throughput in bytes of the tree a second as the smallest of:
+
+| stage | bytes of the tree a second |
+|---|---|
+| the link | the link's rate x the ratio; for N streams the one measured stream's x N where its cipher was its limit (this machine's ssh masters busy 60% of a CPU or more while it was measured: an unmeasured threshold), else the one stream's (the wire) |
+| the packers | the per-core packing rate x min(N x threads, the source's CPUs) |
+| the source | its CPUs over what a byte costs there: packing, and the ssh cipher for the packed bytes (the cipher's cost measured on this machine's masters while the link was measured) |
+| the unpackers | the per-core unpacking rate x min(N, the destination's CPUs) |
+| the destination | its CPUs over unpacking and the cipher |
+| this machine | its CPUs over its two ciphers a packed byte |
+
+The options: none, lz4 -1, zstd -1 and -3 with 1 to (the source's CPUs / N) threads a stream (the
+stream's word `zstd-3-T2`: `zstd -q -3 -T2`); a tool is taken where it beats none by 10%, a
+costlier option (more threads, the higher level) a cheaper one by 3%. Where the machines share
+CPUs, the stages take turns on one pool as before (issue 37's lab model). The log says the
+deciding figures in one line (`model.said`, the text ops45's printing calls); with issue 47's
+figures of the device (per core: lz4 700 MB/s, zstd -1 330, zstd -3 160; ratios 2.4, 4.2, 4.6)
+at 1 Gbit/s:
+
+```
+compression: zstd-3-T2 (auto, measured: link 118 MB/s a stream (the wire: its ssh here 12% of a CPU); 2 streams, CPUs src 4, dst 4, here 4; MB/s through: zstd -3 -T2 543 (ratio 4.6, packs 160, unpacks 1100 a CPU; the link), zstd -1 -T1 496 (ratio 4.2, packs 330, unpacks 1200 a CPU; the link), lz4 283 (ratio 2.4, packs 700, unpacks 2500 a CPU; the link), none 118 (the link): zstd -3 -T2)
+```
+
+and unshaped (one stream at 2 GB/s, its cipher not the limit) none: lz4's two packers give 1.4
+GB/s, zstd's are held by the source's 4 CPUs. Unit tests (tests/hostkit/test_measure.py) give
+the model figures and check the choice: 4 usable CPUs of 16, the same move counted with 16, a
+source of one CPU (a quota), the link faster than every option, a cipher-bound stream, this
+machine's CPUs bounding the ciphers; test_measure_cpus.py reads fake cgroup v1 and v2 files.
+
+### The three-machine harness (`benchmarks/device_three.sh`)
+
+The source's sshd (host a, 127.0.0.2:2222) pinned with taskset to CPUs 0-3, the destination's
+(host b, 127.0.0.3:2222) to 4-7, the relay (the script and all it starts: the runbook, the hand
+pipelines' ssh clients) to 8-11; each sshd's sessions inherit its CPUs. Both relay legs are
+shaped with tc htb on lo: a class of RATE for what leaves 127.0.0.2:2222 (the source's leg) and
+one for what goes to 127.0.0.3:2222 (the destination's); unclassified packets pass htb
+unqueued. It runs in a network namespace of its own (`unshare -n`, its own lo). Rows, two
+rounds, at RATE (1gbit) and unshaped (the second round the other way round): the seed's
+one-liner (`ssh a "tar cf - -C SRC ." | ssh b "tar xf - -C DIR"`, default cipher, no
+compression), hand aes128-gcm + lz4 -1, hand aes128-gcm + `zstd -1 -T4`, the runbook (auto)
+with its destination removed, its re-run; unshaped also the 8-stream null relay. Each row's wall
+time and the CPU seconds each CPU set spent (/proc/stat per CPU: the unshaped target's reason, in
+CPU seconds) are printed as they come, the runbook's compression and relay lines and its steps'
+times after each run; at the end the table side by side, the issue's targets and
+`$OUT/device_three.json`. A deadline (540 s after the start) skips a row that would end past
+it by its last time (before its first, by the bytes the link must carry); a row past 240 s is
+killed with its process group.
+
+Here (the lead), then one device call:
+
+```bash
+bash benchmarks/device/fetch_debs.sh      # benchmarks/device/debs (44 debs, 11 MB) and benchmarks/device/relay.sh
+```
+
+```
+run(command="bash benchmarks/device_three.sh 2>&1", timeout_s=600,
+    carry=["benchmarks/device/debs", "benchmarks/device/relay.sh"])
+```
+
+Smoke-tested on this 2-core machine (src on CPU 0, dst on 1, here 0-1, so the sets overlap and
+the runbook takes the shared-CPU model; a 69 MB venv, 200mbit): every row ran, the htb classes
+held 64 MB of zeros at 17 MB/s through both legs (200 Mbit/s is 25), the deadline skipped what
+would not fit, and device_relay.sh's rows ran after its set-up moved to
+`benchmarks/device/common.sh`. No figure of that run measures anything: the device rows go here.
+
+The lab's guard rows after this change (`python -m benchmarks --only 'limit.relay.aes,
+runbook.relay.auto,peer.seed.aes.lz4,rerun.runbook.same' --repeat 3 --no-doc`, medians of 3,
+load 6.5-7.8 from other work on the same 2 cores, so every time is stretched; no result file
+kept): the runbook (auto) 17.6 s (17.2-19.8) against the hand aes128-gcm + lz4 pipeline's 12.5 s
+(9.76-14.7): 1.41x (the guard: at most 1.75x); its re-run 3.12 s against the null relay's 7.10
+s: 0.44x (at most 0.75x). The lab's machines share their CPUs, so its choice takes the model it
+took before.
 """
 
 
@@ -542,4 +650,5 @@ def write(results_dir: Path, path: Path) -> None:
         closing = _analysis(r, shaped if r is not shaped else None)
         if closing:
             break
-    report.write_doc(results_dir, path, HEAD, RELAY37 + "\n" + LIVEPLAN + "\n" + closing + FIGURES)
+    report.write_doc(results_dir, path, HEAD, RELAY37 + "\n" + RELAY47 + "\n" + LIVEPLAN + "\n" +
+                     closing + FIGURES)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: a5c95cdde4b0dd7e4384e72e833da4530c7315480bad291d45cfc16bc3cd5890
+# sha256 of this file with these 64 digits zeroed: 480e524c185cadff5f5e42fffcd0d6df80c8dab48c7f240cbffd237d58a9d558
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e
-readonly RB_KIT_FILE=.kit/82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e.tar
+readonly RB_KIT_SHA256=72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7
+readonly RB_KIT_FILE=.kit/72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
@@ -222,6 +222,7 @@ RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
+declare -A RB_HOST_CPUS=()
 RB_SOURCE_PID=''
 RB_MANIFEST_PID=''
 # the steps this run runs, in order (main)
@@ -494,20 +495,19 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Where the measurement cannot run, and on the direct route: with auto, none when every machine
-# the stream passes through runs one kernel (the same boot id: one host's namespaces or
-# containers: no link to save, only CPU to spend); else from the spec and what both ends have
-# (rb::choose_compression).
+# Where the measurement cannot run, and on the direct route: with auto, none when the machines
+# the stream passes through share CPUs (rb::shared_cpus: one host's namespaces or containers: no
+# link to save, only CPU to spend); else from the spec and what both ends have.
 #######################################
 rb::compression_fallback() {
   local boot through=''
-  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
+  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::shared_cpus "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then
       through=' and this machine'
     fi
-    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
-      "${boot:0:8}: no link between them to save, only CPU to spend)"
+    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel on shared" \
+      "CPUs, boot id ${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"

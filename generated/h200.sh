@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 3162a6dc83af55621b68f40d7b3a1cea84748ecd3b1dae2ae9fa0c546d3a983e
+# sha256 of this file with these 64 digits zeroed: 18ad6935b9def783ac5c132c5f0a914eed0722fd7f398c8f3ceb73beb9c49332
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e
-readonly RB_KIT_FILE=.kit/82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e.tar
+readonly RB_KIT_SHA256=72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7
+readonly RB_KIT_FILE=.kit/72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -221,6 +221,7 @@ RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
+declare -A RB_HOST_CPUS=()
 RB_SOURCE_PID=''
 RB_MANIFEST_PID=''
 # the steps this run runs, in order (main)
@@ -483,20 +484,19 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Where the measurement cannot run, and on the direct route: with auto, none when every machine
-# the stream passes through runs one kernel (the same boot id: one host's namespaces or
-# containers: no link to save, only CPU to spend); else from the spec and what both ends have
-# (rb::choose_compression).
+# Where the measurement cannot run, and on the direct route: with auto, none when the machines
+# the stream passes through share CPUs (rb::shared_cpus: one host's namespaces or containers: no
+# link to save, only CPU to spend); else from the spec and what both ends have.
 #######################################
 rb::compression_fallback() {
   local boot through=''
-  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
+  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::shared_cpus "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then
       through=' and this machine'
     fi
-    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
-      "${boot:0:8}: no link between them to save, only CPU to spend)"
+    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel on shared" \
+      "CPUs, boot id ${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"

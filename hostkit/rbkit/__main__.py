@@ -22,14 +22,8 @@ import json
 import os
 import sys
 
-from rbrules import common
-
-
-def jobs(value: str) -> int:
-    """--jobs N, or auto: one per CPU of this host (at most 32)."""
-    if value == "auto":
-        return max(1, min(32, os.cpu_count() or 1))
-    return max(1, int(value))
+from rbrules import common, cpus
+from rbrules.cpus import jobs     # --jobs N, or auto: the CPUs this process may use
 
 
 def _print(doc) -> None:
@@ -101,9 +95,9 @@ def cmd_measure(a) -> int:
         link = int(a.link)
     if seconds is not None:
         doc["link_seconds"] = seconds
-    jobs = (os.cpu_count() or 1) if a.jobs == "auto" else int(a.jobs)
-    print("\n".join(measure.main_lines(doc, link, a.shared_cpu, jobs, why or "no link rate",
-                                       seen)))
+    ends = measure.ends_of(a.here_cpus, seen.get("dst_cpus", ""))
+    print("\n".join(measure.main_lines(doc, link, a.shared_cpu, a.jobs, why or "no link rate",
+                                       seen, ends)))
     return 0
 
 
@@ -115,8 +109,15 @@ def cmd_measure_link(a) -> int:
         return 1
     idle = got.get("idle_cpus")
     cpu = " %d %d %d %d" % got["cpu"] if "cpu" in got else ""
-    print("%d %s %s %d%s" % (got["rate"], got["seconds"], "-" if idle is None else idle,
-                             got["bytes"], cpu))
+    print("%d %s %s %d %s%s" % (got["rate"], got["seconds"], "-" if idle is None else idle,
+                                got["bytes"], cpus.token(cpus.usable()), cpu))
+    return 0
+
+
+def cmd_cpus(a) -> int:
+    """The CPUs this process may use, as one word (rbrules.cpus.token), and why in words."""
+    u = cpus.usable()
+    print(cpus.token(u) if a.token else u.why)
     return 0
 
 
@@ -162,12 +163,18 @@ def parser() -> argparse.ArgumentParser:
                     help="the compressor and the link share CPUs (one kernel): the link's line "
                     "first, the tools only where it left CPU to spare")
     ms.add_argument("--scanned", help="this run's scan record (NAMES.stat): the sample's files")
-    ms.add_argument("--jobs", default="1", help="the run's jobs (auto: the cores): its streams")
+    ms.add_argument("--jobs", default="1", help="the run's jobs word (auto: the CPUs each "
+                    "machine may use): the relay's streams")
+    ms.add_argument("--here-cpus", default="", metavar="TOKEN",
+                    help="the CPUs this machine of the relay may use (`rbkit cpus --token` there)")
     ms.set_defaults(fn=cmd_measure)
     ml = sub.add_parser("measure-link", help="the link's rate: times the zeros coming on stdin")
     ml.add_argument("--watch", action="append", default=[], metavar="PID:START",
                     help="the link's processes on this kernel (ssh masters): their CPU is read")
     ml.set_defaults(fn=cmd_measure_link)
+    cp = sub.add_parser("cpus", help="the CPUs this process may use (affinity, cgroup quota)")
+    cp.add_argument("--token", action="store_true", help="as one word: COUNT:SHARE:LIST:ONLINE")
+    cp.set_defaults(fn=cmd_cpus)
     return p
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple, Union
 
 # the rules themselves (not through hostfs and stream: a compose here loads neither)
-from rbrules.common import COMPRESSION, SPECIAL_MODES, SWAP_ATOMIC
+from rbrules.common import SPECIAL_MODES, SWAP_ATOMIC, compression_word
 
 SCHEMA = 1
 # the spec's words for each choice (compiler/spec.py holds the same lists as its field types)
@@ -160,7 +160,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     `engine run`, `rbkit.fanout node`)."""
     p.add_argument("--dest", required=True)
     p.add_argument("--old", default="", help="the source's path (what relocation rewrites)")
-    p.add_argument("--compression", choices=sorted(COMPRESSION), default="none",
+    p.add_argument("--compression", type=compression_word, default="none",
                    help="the compression this run's stream uses")
     p.add_argument("--probe-config", default="", help="the checks' document (rbprobes)")
     add_choices_option(p)

@@ -26,6 +26,7 @@ import struct
 import threading
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
+from rbrules import cpus
 from rbrules.common import walk_workers
 
 from . import safefs
@@ -180,10 +181,7 @@ class StatWalk:
 
 
 def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return cpus.count()
 
 
 def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int:

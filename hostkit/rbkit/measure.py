@@ -1,35 +1,41 @@
 """How fast each compressor packs this tree, on the host that will pack it (`compression: auto`).
 
     rbkit measure ROOT --tool lz4 --tool zstd [--exclude PAT]... [--bytes N] [--seconds S]
-                       [--link RATE [--shared-cpu [--scanned NAMES.stat]] [--jobs J]]
+                       [--link RATE [--shared-cpu [--scanned NAMES.stat]] [--jobs J]
+                        [--here-cpus TOKEN]]
 
-reads a sample of the tree's files (spread over the whole tree by size: every file's chance is its
-bytes, at most 1 MiB of each, N bytes in all, rbrules.common.MEASURE_SAMPLE by default) into
-memory, packs it with each tool exactly as the stream packs (rbrules.common.COMPRESSION's `pack`
-words: `zstd -1 -T0` uses every core, as the stream's does) and unpacks what it packed, and prints one JSON line: the sample's size, and
-per tool the rate it read the sample at (bytes a second, wall), the bytes per CPU second packing
-and unpacking (the child's rusage: what the tool takes from CPUs it shares) and the ratio (sample
-bytes / packed bytes). A tool that is missing or fails is said with its reason, never measured.
+reads a sample of the tree (sample_of: N bytes, rbrules.common.MEASURE_SAMPLE by default, in
+pieces spread evenly over the bytes of all its files, so each kind of file counts as much as it
+weighs) into memory, packs it with each tool on one core (rbrules.common.measured_words: lz4 -1,
+zstd -1 and -3 with -T1) and unpacks what it packed, and prints one JSON line: the sample's
+size, the tree's, and per tool and level the rate it read the sample at (bytes a second, wall),
+the bytes per CPU second packing and unpacking (the child's rusage) and the ratio (sample bytes /
+packed bytes). A tool that is missing or fails is said with its reason, never measured.
 Bounded: the walk stops after 200,000 entries, each tool after S seconds (default 5). With
---link (the relay's rate, rb::measure_link) it prints the choice instead (`through`, `choose`);
-`--link -` reads that rate from stdin (rb::measure_link's line, or `error WHY`) once the tools
-ran; with --shared-cpu (one kernel: the link was measured alone on the CPUs, after the source's
-scan) it reads the line first, and runs no tool when the link had no CPU to spare (spare_cpu);
---scanned NAMES.stat: the scan's record, the sample's files without a second walk.
+--link (the relay's rate, rb::measure_link) it prints the choice instead: the move's model
+(rbkit.model) of those figures, the link's, the relay's streams (the run's --jobs word) and the
+CPUs each of the three machines may use (this host's, rbrules.cpus; the destination's from the
+link's line; this machine's, --here-cpus); `--link -` reads that rate from stdin
+(rb::measure_link's line, or `error WHY`) once the tools ran; with --shared-cpu (the machines'
+CPU sets overlap: the link was measured alone on the CPUs, after the source's scan) it reads the
+line first, and runs no tool when the link had no CPU to spare (spare_cpu); --scanned NAMES.stat:
+the scan's record, the sample's files without a second walk.
 
     rbkit measure-link [--watch PID:START]...
 
 is the link measurement's receiving end (`receive_link`): it says `ready`, times the zeros that
-come on stdin and prints `RATE SECONDS IDLE BYTES` (IDLE: how many CPUs of this kernel were idle
-meanwhile, or -) as soon as the rate is stable (rbrules.common.link_stable), at most
-LINK_SECONDS after the first byte; closing stdin then ends the sending end (SIGPIPE). With
---watch (the link's processes on this kernel: this machine's ssh masters) it adds their
-`CPU WAIT WALL COUNT` (ns) over its later windows, and stops early when they show no CPU to
-spare (rbrules.common.link_cpu_bound, after LINK_CPU_SECONDS).
+come on stdin and prints `RATE SECONDS IDLE BYTES CPUS` (IDLE: how many CPUs of this kernel were
+idle meanwhile, or -; CPUS: the ones this end may use, rbrules.cpus.token) as soon as the rate
+is stable (rbrules.common.link_stable), at most LINK_SECONDS after the first byte; closing stdin
+then ends the sending end (SIGPIPE). With --watch (the link's processes on these CPUs: this
+machine's ssh masters) it adds their `CPU WAIT WALL COUNT` (ns) over its later windows, and
+stops early when they show no CPU to spare (rbrules.common.link_cpu_bound, after
+LINK_CPU_SECONDS).
 """
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import os
 import shutil
@@ -38,11 +44,16 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from rbrules import cpus
 from rbrules.common import (COMPRESSION, LINK_CPU_SECONDS, LINK_SECONDS, LINK_WINDOW,
-                            MEASURE_SAMPLE, link_cpu_bound, link_stable, link_tail, stream_count)
+                            MEASURE_SAMPLE, STREAMS_MIN_BYTES, link_cpu_bound, link_stable,
+                            link_tail, measured_words, relay_streams)
+
+from . import model
 
 MAX_ENTRIES = 200_000
-PER_FILE = 1 << 20
+PICK = 128 << 10          # the sample's pieces: MEASURE_SAMPLE / PICK of them, spread over the tree
+PICK_FILES = 256          # a piece crosses at most this many (small) files
 
 
 def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
@@ -96,33 +107,67 @@ def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple
 
 def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE,
            scanned: Optional[str] = None) -> bytes:
-    """About `want` bytes of the tree: files picked at even steps of the tree's cumulative size
-    (a big file is picked as often as its bytes say), at most PER_FILE of each; the files from
-    the scan's record `scanned` where it is this tree's, else from a walk."""
-    files = (_scanned(scanned, root, excludes) if scanned else None) or _files(root, excludes)
+    """About `want` bytes of the tree, as its stream carries them (sample_of), from the scan's
+    record `scanned` where it is this tree's, else from a walk."""
+    return sample_of(listing(root, excludes, scanned), want)
+
+
+def listing(root: str, excludes: List[str], scanned: Optional[str] = None
+            ) -> List[Tuple[str, int]]:
+    """(path, size) of the tree's regular files in the stream's order: the scan's record where it
+    is this tree's, else a walk."""
+    return (_scanned(scanned, root, excludes) if scanned else None) or _files(root, excludes)
+
+
+def sample_of(files: List[Tuple[str, int]], want: int = MEASURE_SAMPLE) -> bytes:
+    """About `want` bytes that represent the tree by its bytes: the files' contents, one after the
+    other in the stream's order (as tar sends them), cut into PICKS pieces spread evenly over
+    that whole length, each piece read where it falls (in a big file at its offset, across as
+    many small files as it takes, at most PICK_FILES). So each kind of file is in the sample as
+    much as it is in the tree's bytes, wherever in the walk it lies (issue 47: the sample was the
+    first 8 files of 1 MiB or more, the first part of the tree)."""
     total = sum(size for _p, size in files)
     if not files or total == 0:
         return b""
-    picks = max(1, want // (128 << 10))
-    step = max(1, total // picks)
-    parts: List[bytes] = []
-    have, at, mark = 0, 0, 0
-    for path, size in files:
+    if total <= want:
+        return b"".join(_read_at(path, 0, size) for path, size in files)
+    picks = max(1, want // PICK)
+    piece = want // picks
+    starts, at = [], 0
+    for _p, size in files:
+        starts.append(at)
         at += size
-        if at < mark:
-            continue
-        mark = at + step
-        try:
-            # the file the walk saw, never a link put in its place since (read as root)
-            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
-                data = f.read(min(PER_FILE, want - have))
-        except OSError:
-            continue
-        parts.append(data)
-        have += len(data)
-        if have >= want:
-            break
+    parts: List[bytes] = []
+    for i in range(picks):
+        pos = min(max(0, (2 * i + 1) * total // (2 * picks) - piece // 2), total - piece)
+        k = bisect.bisect_right(starts, pos) - 1
+        need, opened = piece, 0
+        while need > 0 and k < len(files) and opened < PICK_FILES:
+            path, size = files[k]
+            off = pos - starts[k] if opened == 0 else 0
+            data = _read_at(path, off, min(need, size - off))
+            parts.append(data)
+            need -= len(data)
+            k += 1
+            opened += 1
     return b"".join(parts)
+
+
+def _read_at(path: str, offset: int, n: int) -> bytes:
+    """n bytes of the file the walk saw at `offset` (never a link put in its place since: read as
+    root), fewer where it is shorter now, none where it cannot be read."""
+    if n <= 0:
+        return b""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, n, offset)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _run(words: List[str], data: bytes, seconds: float) -> Tuple[float, float, Any]:
@@ -138,12 +183,13 @@ def _run(words: List[str], data: bytes, seconds: float) -> Tuple[float, float, A
     return took, cpu, done
 
 
-def rate(tool: str, data: bytes, seconds: float) -> Dict[str, Any]:
+def rate(tool: str, data: bytes, seconds: float,
+         words: Optional[List[str]] = None) -> Dict[str, Any]:
     """{"rate": bytes/s read (wall), "cpu_rate": bytes per CPU second packing, "unpack_cpu_rate":
-    bytes (unpacked) per CPU second unpacking, "ratio": in/out} of `tool` on `data`, or
-    {"error": why}. The tool's own start (timed on one byte first) is not counted: the stream
-    starts it once."""
-    words = COMPRESSION[tool]["pack"]
+    bytes (unpacked) per CPU second unpacking, "ratio": in/out} of `tool` packing `data` with
+    `words` (default its COMPRESSION words), or {"error": why}. The tool's own start (timed on one
+    byte first) is not counted: the stream starts it once."""
+    words = words or COMPRESSION[tool]["pack"]
     if shutil.which(words[0]) is None:
         return {"error": "%s is not installed here" % words[0]}
     try:
@@ -284,13 +330,17 @@ def _tail_cpu(windows: List[float], ends: List[Tuple[float, int]],
 
 def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:
     """(rate, seconds, "", what was seen beside the rate) from rb::measure_link's line on stdin
-    (`RATE SECONDS IDLE BYTES` and this machine's ssh masters' `CPU_NS WAIT_NS WALL_NS COUNT` or
-    `-`; IDLE `-` when unknown), or (0, 0.0, why, {}) from `error WHY` or anything else. Seen:
-    idle_cpus, bytes, and here_cpu_s, here_wait_s, here_wall_s, here_procs when read."""
+    (`RATE SECONDS IDLE BYTES CPUS` and this machine's ssh masters' `CPU_NS WAIT_NS WALL_NS COUNT`
+    or `-`; IDLE `-` when unknown; CPUS the destination's, rbrules.cpus.token), or (0, 0.0, why,
+    {}) from `error WHY` or anything else. Seen: idle_cpus, bytes, dst_cpus, and here_cpu_s,
+    here_wait_s, here_wall_s, here_procs when read."""
     words = line.split()
+    token = words.pop(4) if len(words) >= 5 and cpus.read_token(words[4]) else ""
     if len(words) >= 2 and words[0].isdigit():
         try:
             seen: Dict[str, Any] = {"idle_cpus": None}
+            if token:
+                seen["dst_cpus"] = token
             if len(words) >= 3 and words[2] != "-":
                 seen["idle_cpus"] = float(words[2])
             if len(words) >= 4:
@@ -323,69 +373,17 @@ def said_cpu(seen: Dict[str, Any]) -> str:
         seen["here_wall_s"], waited / cpu if cpu > 0 else 0.0)
 
 
-MARGIN = 1.1      # a compressor is taken when it is this much faster through than none
 SMALL = 1 << 20   # a tree whose sample is smaller moves in a moment whatever its compression
-
-
-def mb(rate: float) -> str:
-    return "%d MB/s" % round(rate / 1e6)
-
-
-def through(link: int, m: Dict[str, Any], shared: bool, streams: int = 1, cpus: float = 1
-            ) -> float:
-    """Bytes of the tree a second that `m` (a tool's figures) moves over a link of `link` bytes a
-    second. Machines of their own (the stages side by side): the slowest of the link (its bytes
-    are the tree's over the ratio), the packing on the source (one packer a stream) and the
-    unpacking on the destination. One kernel (every machine of the stream on the same CPUs: the
-    link's rate was measured with the ssh ciphers taking those CPUs): the link's time for the
-    packed bytes plus the CPU time packing and unpacking them, spread over `cpus` (the run's
-    jobs: the stages are processes side by side), and never faster than its slowest stage alone.
-    With one CPU that is the stages taking turns: the lab's 1 Gbit/s link (2 cores), measured at
-    118-125 MB/s once the measurement left out its slow start, then gave none (lz4 135 MB/s
-    through, short of the margin): transfers of 8.1-8.4 s against 5.4-5.8 s with lz4."""
-    moved = link * float(m["ratio"])
-    pack = float(m.get("cpu_rate") or m["rate"])
-    unpack = float(m.get("unpack_cpu_rate") or 0)
-    if shared:
-        turns = 1.0 / moved + 1.0 / pack + (1.0 / unpack if unpack else 0.0)
-        alone = max(1.0 / moved, 1.0 / pack, 1.0 / unpack if unpack else 0.0)
-        return 1.0 / max(alone, turns / max(1, cpus))
-    rates = [moved, float(m["rate"]) * max(1, streams)] + ([unpack * streams] if unpack else [])
-    return min(rates)
-
-
-def choose(link: int, tools: Dict[str, Dict[str, Any]], shared: bool = False,
-           streams: int = 1, cpus: float = 1) -> Tuple[str, str]:
-    """(the compression to use, the reason in words) for a link of `link` bytes a second and the
-    measured tools (rbkit measure's figures; `through` says how fast each moves the tree), in
-    `streams` streams side by side, on `cpus` (the run's jobs). The fastest, when it beats none
-    by MARGIN, else none."""
-    best, best_rate, said = "none", float(link), []
-    for tool, m in tools.items():
-        if "rate" not in m:
-            said.append("%s: %s" % (tool, m.get("error", "not measured")))
-            continue
-        rate_ = through(link, m, shared, streams, cpus)
-        said.append("%s %s on this tree (ratio %.1f%s): %s through" % (
-            tool, mb(m.get("cpu_rate") or m["rate"]), m["ratio"],
-            ", unpacked at %s" % mb(m["unpack_cpu_rate"]) if m.get("unpack_cpu_rate") else "",
-            mb(rate_)))
-        if rate_ > best_rate * (MARGIN if best == "none" else 1.0):
-            best, best_rate = tool, rate_
-    why = "link %s%s; %s: %s" % (
-        mb(link), " (one kernel: the compressor shares its CPUs)" if shared else "",
-        "; ".join(said) if said else "no compressor to try", best)
-    if best == "none":
-        why += ", the link is as fast as any compressor"
-    return best, why
 
 
 def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
             seconds: float = 5.0, scanned: Optional[str] = None) -> Dict[str, Any]:
-    """The sample's figures and each tool's (rate)."""
+    """The sample's figures and each tool's (rate), on one core: lz4, zstd at each level
+    (rbrules.common.measured_words); the tree's bytes."""
     start = time.monotonic()
-    data = sample(root, excludes, want, scanned)
-    doc: Dict[str, Any] = {"sample_bytes": len(data),
+    files = listing(root, excludes, scanned)
+    data = sample_of(files, want)
+    doc: Dict[str, Any] = {"sample_bytes": len(data), "tree_bytes": sum(s for _p, s in files),
                            "read_seconds": round(time.monotonic() - start, 4), "tools": {}}
     if not data:
         doc["error"] = "no file to sample under %s" % root
@@ -394,30 +392,74 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
         if tool not in COMPRESSION or tool == "none":
             doc["tools"][tool] = {"error": "not a compressor the stream knows"}
             continue
-        doc["tools"][tool] = rate(tool, data, seconds)
+        for name, words, threads in measured_words(tool):
+            got = rate(tool, data, seconds, words)
+            if "error" in got:
+                doc["tools"][tool] = got         # said once a tool, not once a level
+                break
+            doc["tools"][name] = dict(got, threads=threads)
     return doc
 
 
-def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: int = 1,
-               no_link: str = "no link rate", seen: Optional[Dict[str, Any]] = None) -> List[str]:
-    """What `rbkit measure --link RATE` prints for the runbook: `choice TOOL`, `why TEXT` and the
-    figures as one `json` line (tab-separated); `no_link`: why there is no rate (link 0); `seen`:
-    what was seen beside the link's rate (read_link's), kept in the figures. On one kernel
-    (`shared`) a link without CPU to spare (spare_cpu) is none, whatever the tools (not run)."""
+def ends_of(here: str = "", dst: str = "") -> Dict[str, str]:
+    """The three machines' CPUs as rbrules.cpus tokens: the source's (this process's), and the
+    destination's and this machine's as they said them (`` where they did not: the source's)."""
+    src = cpus.token(cpus.usable())
+    return {"src": src, "dst": dst or src, "here": here or src}
+
+
+def move_of(doc: Dict[str, Any], link: int, shared: bool, jobs: str, seen: Dict[str, Any],
+            ends: Dict[str, str]) -> model.Move:
+    """The model's Move from the measured figures (`doc`'s tools), the link's rate and what was
+    seen beside it, the run's jobs word and the three machines' CPUs (ends_of's tokens). Its
+    streams are the relay's rule (rbrules.common.relay_streams), one below STREAMS_MIN_BYTES."""
+    use = {k: cpus.read_token(v) or cpus.read_token(ends["src"]) for k, v in ends.items()}
+    fewest = min(cpus.jobs(jobs, u) for u in use.values())
+    n = relay_streams(fewest, min(u.count for u in use.values()))
+    if doc.get("tree_bytes", STREAMS_MIN_BYTES) < STREAMS_MIN_BYTES:
+        n = 1
+    tools = tuple(model.Tool(name, float(m.get("cpu_rate") or m["rate"]),
+                             float(m.get("unpack_cpu_rate") or 0) or float("inf"), float(m["ratio"]),
+                             bool(m.get("threads")))
+                  for name, m in sorted(doc["tools"].items()) if "ratio" in m)
+    return model.Move(model.link_of(link, seen), model.End(use["src"].share),
+                      model.End(use["dst"].share), model.End(use["here"].share), n, tools, shared)
+
+
+def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: str = "auto",
+               no_link: str = "no link rate", seen: Optional[Dict[str, Any]] = None,
+               ends: Optional[Dict[str, str]] = None) -> List[str]:
+    """What `rbkit measure --link RATE` prints for the runbook: `choice WORD`, `why TEXT` (one
+    line: model.said) and the figures as one `json` line (tab-separated), from which the same
+    choice is made again (the json holds the link, `seen`, the jobs and the three machines'
+    CPUs, `ends`); `no_link`: why there is no rate (link 0). Where the machines share CPUs
+    (`shared`), a link without CPU to spare (spare_cpu) is none, whatever the tools (not run)."""
     import json
     seen = seen or {}
+    ends = ends or ends_of()
+    decision = None
     if link > 0 and shared and spare_cpu(link, seen) is False:
-        choice, why = "none", "link %s (one kernel, no CPU to spare: %s): none, no compressor " \
-            "tried" % (mb(link), said_cpu(seen))
+        choice, why = "none", "link %s (CPUs shared by both ends and this machine, no CPU to " \
+            "spare: %s): none, no compressor tried" % (mb(link), said_cpu(seen))
     elif doc.get("error") or link <= 0:
         return ["error\t%s" % (doc.get("error") or no_link)]
     elif doc["sample_bytes"] < SMALL:
         choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
             mb(link), doc["sample_bytes"] // 1024)
     else:
-        choice, why = choose(link, doc["tools"], shared, stream_count(jobs), jobs)
+        decision = model.decide(move_of(doc, link, shared, jobs, seen, ends))
+        choice = decision.choice
+        why = model.said(decision, {k: m.get("error", "not measured") for k, m in
+                                    doc["tools"].items() if "ratio" not in m})
     # the CPUs the link left idle: recorded, not used (counting only those took none on the
     # capped 1 Gbit/s lab link in one run of two, the source's scan running beside the link then)
     doc = dict(doc, link_rate=link, choice=choice, jobs=jobs, link_idle_cpus=seen.get("idle_cpus"),
-               link_seen=seen)
+               link_seen=seen, ends=ends, shared=shared)
+    if decision is not None:
+        doc.update(streams=decision.move.streams, options=[
+            {"word": o.word, "rate": int(o.rate), "bound": o.bound} for o in decision.options])
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]
+
+
+def mb(rate: float) -> str:
+    return "%d MB/s" % round(rate / 1e6)

@@ -14,6 +14,8 @@ import tempfile
 import threading
 from typing import Any, List, Tuple
 
+from rbrules import cpus
+
 from . import safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
@@ -189,7 +191,7 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
             results[i] = run_quiet([os.path.join(dest, runs[i][0]), "--version"], timeout, env)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
-        width = max(1, min(16, os.cpu_count() or 1))
+        width = max(1, min(16, cpus.count()))
         for k in range(0, len(threads), width):
             for t in threads[k:k + width]:
                 t.start()

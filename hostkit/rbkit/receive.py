@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 
 from . import hostfs
 from . import tarstream
-from .stream import COMPRESSION, TAR_RECORD, Progress, pipeline, tail
+from .stream import TAR_RECORD, compression, Progress, pipeline, tail
 from .runner import (RECEIVED, KEPT, jobs, StepError, Result, Context, read_stamp, _identity,
                      write_file)
 
@@ -34,7 +34,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     _forget_received(ctx)
     # the spec's digest: the source's manifest is made with it, verify compares the two
     algo = ctx.choices.verify
-    table = COMPRESSION[ctx.compression]
+    table = compression(ctx.compression)
     argvs: List[Any] = []
     names: List[str] = []
     if producer:

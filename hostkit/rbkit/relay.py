@@ -6,7 +6,8 @@ ssh client is one cipher process, so N pairs use N times the cores of one.
 Stream 0 goes over the run's multiplexed connections (its ControlMaster); every other stream
 opens its own connections (-o ControlPath=none -o ControlMaster=no, the host's own options and
 known_hosts otherwise). Each end starts gated (`send --gate`, `receive --gate`): it says
-`ready JOBS` (the cores it may use) and waits for one line on stdin before anything moves:
+`ready JOBS CPUS` (its jobs, and the CPUs it may use: rbrules.cpus.token) and waits for one line
+on stdin before anything moves:
 
     split N     (the source end of stream 0 only) split the scan's list into N parts by bytes
                 (stream.split_names, the other routes' split); it says `parts M` (M = 1: not split)
@@ -14,11 +15,12 @@ known_hosts otherwise). Each end starts gated (`send --gate`, `receive --gate`):
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
 byte moves; it is stopped (its ends exit 3, nothing received) and the tree goes in fewer
-streams, said on stderr. How many: common.stream_count of the fewest jobs of the three machines
-(each stream costs two ssh cipher processes here), at most common.MAX_STREAMS, none below
-common.STREAMS_MIN_BYTES (the split says so). The receiving ends' answers are one answer on
-stdout (stream.Merged): their progress summed, one receive event with `streams: N`, or the
-stream that failed first, named; the others are stopped.
+streams, said on stderr. How many: common.relay_streams: stream_count of the fewest jobs of the
+three machines (each stream costs two ssh cipher processes here), never more than the fewest CPUs
+any of them may use (rbrules.cpus; each end says its own on its gate line), at most
+common.MAX_STREAMS, none below common.STREAMS_MIN_BYTES (the split says so). The receiving ends'
+answers are one answer on stdout (stream.Merged): their progress summed, one receive event with
+`streams: N`, or the stream that failed first, named; the others are stopped.
 
 stdlib only; Python >= 3.9.
 """
@@ -34,7 +36,7 @@ import sys
 import threading
 from typing import Any, List, Optional
 
-from rbrules import common
+from rbrules import common, cpus
 
 from . import stream
 
@@ -101,6 +103,8 @@ class Pair:
         self.index = -1
         self.src_jobs: Optional[int] = None
         self.dst_jobs: Optional[int] = None
+        self.src_cpus: Optional[cpus.Usable] = None      # as the ends said them (gate lines)
+        self.dst_cpus: Optional[cpus.Usable] = None
         self.said: "queue.Queue[str]" = queue.Queue()
         self.live = threading.Event()      # told to go: its stderr passes through from now on
         self.over = threading.Event()      # go or stop decided
@@ -139,8 +143,9 @@ class Pair:
         with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as f:
             for line in f:
                 words = line.split()
-                if words[:1] == [GATE] and len(words) == 3 and words[2].isdigit():
+                if words[:1] == [GATE] and len(words) in (3, 4) and words[2].isdigit():
                     if words[1] == "ready":
+                        self.src_cpus = cpus.read_token(words[3]) if len(words) == 4 else None
                         self.src_jobs = int(words[2])
                     self.said.put("%s %s" % (words[1], words[2]))
                     continue
@@ -155,7 +160,8 @@ class Pair:
     def _dst_out(self) -> None:
         f = self.dst.stdout
         first = f.readline().decode("utf-8", "replace").rstrip("\n").split("\t")
-        if first[:2] == ["gate", "ready"] and len(first) == 3 and first[2].isdigit():
+        if first[:2] == ["gate", "ready"] and len(first) in (3, 4) and first[2].isdigit():
+            self.dst_cpus = cpus.read_token(first[3]) if len(first) == 4 else None
             self.dst_jobs = int(first[2])
         self.said.put("dst")
         self.over.wait()
@@ -244,9 +250,11 @@ class Pair:
 
 class Relay:
     def __init__(self, src: End, dst: End, send: List[str], receive: List[str], prefix: str,
-                 jobs: int, compression: str, most: int = common.MAX_STREAMS) -> None:
+                 jobs: int, compression: str, most: int = common.MAX_STREAMS,
+                 here: Optional[cpus.Usable] = None) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
         self.prefix, self.jobs, self.compression, self.most = prefix, jobs, compression, most
+        self.here = here or cpus.usable()      # the CPUs this machine may use
         self.merged: Any = None
         self.pairs: List[Pair] = []
 
@@ -301,11 +309,20 @@ class Relay:
             sys.stdout.flush()
             return 255
         jobs = min(self.jobs, first.src_jobs or 1, first.dst_jobs or 1)
-        want = min(self.most, common.stream_count(jobs))
+        usable = [(name, u) for name, u in (("here", self.here), (self.src.name, first.src_cpus),
+                                            (self.dst.name, first.dst_cpus)) if u is not None]
+        fewest = min(u.count for _n, u in usable)
+        want = min(self.most, common.relay_streams(jobs, fewest))
+        cpus_said = "CPUs usable: %s" % ", ".join("%s %s" % (n, u.why) for n, u in usable)
         pairs = [first]
         n = first.split(want) if want > 1 else 1
-        why = ("below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
-               if want > 1 else "the fewest jobs of the three machines is %d" % jobs)
+        if want > 1:
+            why = "below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
+        elif common.stream_count(jobs) > 1:
+            why = "no more streams than the fewest CPUs a machine may use, %d; %s" % (
+                fewest, cpus_said)
+        else:
+            why = "the fewest jobs of the three machines is %d; %s" % (jobs, cpus_said)
         if n > 1:
             extra = [Pair(self, k, True) for k in range(1, n)]
             for p in extra:
@@ -328,9 +345,9 @@ class Relay:
                 why = ""
         if n > 1:
             self.say("%d streams side by side (the fewest jobs of here %d, %s %d, %s %d: one "
-                     "stream per two), stream 1 over the run's ssh connections, the others "
+                     "stream per two; %s), stream 1 over the run's ssh connections, the others "
                      "over their own%s" % (n, self.jobs, self.src.name, first.src_jobs or 0,
-                                           self.dst.name, first.dst_jobs or 0,
+                                           self.dst.name, first.dst_jobs or 0, cpus_said,
                                            "; " + why if why else ""))
         else:
             self.say("1 stream (%s)" % why if "instead" not in why else why)
@@ -410,7 +427,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
     """`engine send --gate PREFIX`: say ready, then split (`split N`: the parts in PREFIX.N/)
     as asked, and send what `go I N` names. 3: told nothing (stopped)."""
     import shutil
-    sys.stderr.write("%s ready %d\n" % (GATE, jobs))
+    sys.stderr.write("%s ready %d %s\n" % (GATE, jobs, cpus.token(cpus.usable())))
     sys.stderr.flush()
     while True:
         words = read_line(0).split()
@@ -434,7 +451,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
 def gate_receive(jobs: int) -> Optional[tuple]:
     """`engine receive --gate`: say ready on stdout, then the part `go I N` names: (I, N), None
     for the one stream; False when told nothing (stopped)."""
-    sys.stdout.write("gate\tready\t%d\n" % jobs)
+    sys.stdout.write("gate\tready\t%d\t%s\n" % (jobs, cpus.token(cpus.usable())))
     sys.stdout.flush()
     words = read_line(0).split()
     if words[:1] == ["go"] and len(words) == 3 and all(w.isdigit() for w in words[1:]):

@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
-from rbrules import paths
+from rbrules import cpus, paths
 from rbrules.common import ENGINE_STEPS as STEPS, PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import hostfs, safefs
@@ -43,10 +43,9 @@ def staging_path(dest: str) -> str:
 
 
 def jobs(value: Any) -> int:
-    """--jobs N, or auto: one per CPU of this host (at most 32)."""
-    if value in (None, "", "auto"):
-        return max(1, min(32, os.cpu_count() or 1))
-    return max(1, int(value))
+    """--jobs N, or auto: one per CPU this process may use (rbrules.cpus: its affinity and its
+    cgroup's quota), at most 32."""
+    return cpus.jobs(value)
 
 
 class StepError(Exception):

@@ -59,7 +59,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from rbrules import common
+from rbrules import common, cpus
 
 from . import engine, hostfs, relay, source, stream
 from .choices import VERIFY, add_choices_option, add_run_options
@@ -374,7 +374,7 @@ def hash_jobs(value: str, beside_stream: bool) -> int:
     the stream's own processes there (docs/benchmarks.md, "The relay's CPU")."""
     jobs = engine.jobs(value)
     if beside_stream:
-        jobs = min(jobs, max(1, (os.cpu_count() or 1) - 2))
+        jobs = min(jobs, max(1, cpus.count() - 2))
     return jobs
 
 
@@ -479,14 +479,14 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("receive")
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
+    rc.add_argument("--compression", type=common.compression_word, default="none")
     add_choices_option(rc)
     rc.add_argument("--progress", type=float, default=0.0, metavar="S",
                     help="a `progress BYTES` line every S seconds (0: none)")
     rc.add_argument("--part", type=_part, default=None, metavar="I/N",
                     help="this is stream I of N (rbkit send's streams side by side)")
     rc.add_argument("--gate", action="store_true",
-                    help="say `gate ready JOBS`, then wait for `go I N` on stdin (rbkit relay)")
+                    help="say `gate ready JOBS CPUS`, then wait for `go I N` on stdin (rbkit relay)")
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)
@@ -523,7 +523,7 @@ def parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send")
     se.add_argument("root")
     se.add_argument("names")
-    se.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
+    se.add_argument("--compression", type=common.compression_word, default="none")
     se.add_argument("--jobs", default="1",
                     help="the cores the run may use here: one stream per two (rbkit stream)")
     se.add_argument("--remote", action="store_true",
@@ -543,7 +543,7 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
     rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
     rl.add_argument("--parts", required=True, help="where the source end splits its list")
-    rl.add_argument("--compression", choices=sorted(common.COMPRESSION), default="none")
+    rl.add_argument("--compression", type=common.compression_word, default="none")
     rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
     rl.add_argument("--most", type=int, default=common.MAX_STREAMS)
     rl.set_defaults(fn=cmd_relay)

@@ -26,7 +26,7 @@ import tempfile
 import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
-from rbrules import launch
+from rbrules import cpus, launch
 
 from . import engine, stream
 
@@ -66,11 +66,7 @@ def spare_cores() -> bool:
     forced = os.environ.get("RBKIT_AUDIT_BESIDE", "")
     if forced in ("0", "1"):
         return forced == "1"
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return n >= 4
+    return cpus.count() >= 4
 
 
 class EarlyAudit:

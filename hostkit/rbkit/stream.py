@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 # the stream's rules are rbrules.common's (the compiler states them too); engine.py, serve.py,
 # fanout.py, relay.py and measure.py still name them from here
 from rbrules.common import (COMPRESSION, MAX_STREAMS, STREAMS_MIN_BYTES,  # noqa: F401
-                            TAR_RECORD, compressors, human, stream_count)
+                            TAR_RECORD, compression, compressors, human, stream_count)
 
 from . import hostfs
 from . import manifest as kitmanifest
@@ -264,11 +264,12 @@ def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
     return "%d files, %s" % (out["files"], human(out["bytes"])), facts
 
 
-def send_argvs(root: str, names: str, compression: str) -> List[List[str]]:
+def send_argvs(root: str, names: str, how: str) -> List[List[str]]:
     """The sending end of the stream: tar of the listed names (NUL-separated), compressed."""
     argvs = [["tar", "-C", root, *TAR_RECORD, "--null", "--no-recursion", "-T", names, "-cf", "-"]]
-    if COMPRESSION[compression]["pack"]:
-        argvs.append(COMPRESSION[compression]["pack"])
+    pack = compression(how)["pack"]
+    if pack:
+        argvs.append(pack)
     return argvs
 
 

@@ -11,6 +11,8 @@ import fnmatch
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from rbrules import cpus
+
 from . import arch, cudalibs, decompress, driver, fatbin, venvfs
 from .result import Context, failed, passed, short_list
 from .workers import over_workers
@@ -269,10 +271,7 @@ def audit_jobs(sizes: List[int]) -> int:
         return max(1, min(int(forced), len(sizes)))
     if sum(sizes) < AUDIT_PARALLEL_BYTES:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    cores = cpus.count()
     return max(1, min(cores - 1, AUDIT_JOBS_MAX, len(sizes)))
 
 

@@ -12,6 +12,9 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
     WALK_WORKERS, walk_workers   how many processes a tree's stat walk forks
     MAX_STREAMS,    several streams side by side: at most this many, none below this size,
     STREAMS_MIN_BYTES, stream_count   one per two of the run's jobs
+    relay_streams   the relay's: also no more than the fewest CPUs of its three machines
+    ZSTD_LEVELS, measured_words, compression, compression_word   what compression auto
+                    measures, and the words its model may choose (`zstd-3-T2`)
     ENGINE_STEPS    the install engine's steps, in order
     PROVE_TIMEOUT   seconds for the staged (and the installed) interpreter to answer
     LOCK_WAIT_S     seconds a second run waits for the destination's lock (RB_LOCK_WAIT's default)
@@ -34,6 +37,46 @@ COMPRESSION: Dict[str, Dict[str, Any]] = {
 }
 # the tools a host is asked for, sorted (the runbook's bash asks `command -v` for each)
 COMPRESSOR_TOOLS = tuple(sorted(c["tool"] for c in COMPRESSION.values() if c["tool"]))
+
+# compression auto measures each tool on one core (the stream's words with one thread): lz4 -1,
+# zstd at each of ZSTD_LEVELS with -T1; its model (rbkit.model) may then choose zstd at a level
+# with -T threads a stream: the word `zstd-LEVEL-TTHREADS` (`zstd-3-T2`), read by `compression`
+ZSTD_LEVELS = (1, 3)
+ZSTD_MOST_THREADS = 64
+
+
+def zstd_pack(level: int, threads: int) -> List[str]:
+    return ["zstd", "-q", "-%d" % level, "-T%d" % threads]
+
+
+def measured_words(tool: str) -> List[tuple]:
+    """(the measurement's name, the packing words on one core, whether -T applies) of each way
+    compression auto measures `tool`."""
+    if tool == "zstd":
+        return [("zstd-%d" % lv, zstd_pack(lv, 1), True) for lv in ZSTD_LEVELS]
+    return [(tool, COMPRESSION[tool]["pack"], False)]
+
+
+def compression(word: str) -> Optional[Dict[str, Any]]:
+    """The table's entry of a compression word: a name of COMPRESSION, or `zstd-LEVEL-TN`
+    (level 1-19, 1-ZSTD_MOST_THREADS threads); None for anything else."""
+    if word in COMPRESSION:
+        return COMPRESSION[word]
+    parts = word.split("-")
+    if len(parts) == 3 and parts[0] == "zstd" and parts[1].isdigit() and parts[2][:1] == "T" \
+            and parts[2][1:].isdigit():
+        level, threads = int(parts[1]), int(parts[2][1:])
+        if 1 <= level <= 19 and 1 <= threads <= ZSTD_MOST_THREADS and \
+                word == "zstd-%d-T%d" % (level, threads):
+            return dict(COMPRESSION["zstd"], pack=zstd_pack(level, threads))
+    return None
+
+
+def compression_word(word: str) -> str:
+    """An argparse type: the word where `compression` knows it, else ValueError."""
+    if compression(word) is None:
+        raise ValueError("not a compression: %r" % word)
+    return word
 
 
 def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
@@ -81,7 +124,7 @@ def link_stable(windows: List[float], seconds: float) -> bool:
 # measurement is about half as long (lz4 and zstd packing and unpacking it: 0.03-0.11 s each)
 MEASURE_SAMPLE = 8 << 20
 
-# On one kernel (every machine of the relay on the same CPUs: rb::one_kernel) the link is
+# On one kernel (every machine of the relay on the same CPUs: rb::shared_cpus) the link is
 # measured alone on them, once the source's scan is done, and this machine's ssh masters (one
 # cipher process a leg) say whether it had CPU to spare: their time on a CPU and waiting for one
 # (/proc/PID/schedstat) while it was measured. Busy (either) LINK_BUSY of the time or more, and
@@ -120,6 +163,13 @@ STREAMS_MIN_BYTES = 256 << 20
 
 def stream_count(jobs: int) -> int:
     return max(1, min(MAX_STREAMS, jobs // 2))
+
+
+def relay_streams(jobs: int, cpus: int) -> int:
+    """The relay's streams (rbkit.relay, and compression auto's model of it): stream_count of the
+    fewest jobs of the three machines, and never more than the fewest CPUs any of them may use
+    (rbrules.cpus: a stream's stages take a CPU at each end, its two ciphers one here)."""
+    return max(1, min(stream_count(jobs), cpus))
 
 
 # A tree's stat walk (manifest.tree_stat: the live plan's destination state; hostfs.scan: the

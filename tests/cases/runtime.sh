@@ -42,23 +42,6 @@ rb::compression_said() {
 }
 
 #######################################
-# Whether every machine a stream from host $1 to host $2 passes through runs one kernel (the same
-# boot id, RB_HOST_BOOT from rb::hosts_prepare): both hosts, and this machine when it relays ($3
-# `relay`). Prints that boot id; returns 1 when they differ or one is not known.
-#######################################
-rb::one_kernel() {
-  local boot=${RB_HOST_BOOT[$1]:--} here=''
-  if [[ "${boot}" == - || "${RB_HOST_BOOT[$2]:--}" != "${boot}" ]]; then
-    return 1
-  fi
-  if [[ "$3" == relay ]]; then
-    IFS= read -r here 2>/dev/null </proc/sys/kernel/random/boot_id || return 1
-    [[ "${here}" == "${boot}" ]] || return 1
-  fi
-  printf '%s\n' "${boot}"
-}
-
-#######################################
 # Widen the pipe on stdout to 1 MiB (Linux's F_SETPIPE_SZ; pipe-max-size is 1 MiB for any user),
 # where there is one; else leave it. Between the two ssh clients of the relay, a 64 KiB pipe makes
 # them take turns: a null relay of 900 MB through the lab's multiplexed masters took 2.18 s, 1.90
@@ -456,7 +439,7 @@ rb::hosts_prepare() {
     fi
     if [[ "${rcs[${host}]:-}" == 0 ]]; then
       IFS=$'\t' read -r RB_PY["${host}"] RB_KIT_DIR["${host}"] RB_HOST_COMP["${host}"] \
-        RB_HOST_BOOT["${host}"] <"${out}-${host}" || true
+        RB_HOST_BOOT["${host}"] RB_HOST_CPUS["${host}"] <"${out}-${host}" || true
     fi
     rb::said_on "${host}" "${out}-${host}.err" "${rcs[${host}]:-0}"
     [[ "${rcs[${host}]:-0}" == 0 ]] || failed+="${failed:+, }${host} (exit ${rcs[${host}]})" n=$((n + 1))
@@ -501,8 +484,8 @@ rb::kit_ship() {
 
 #######################################
 # One host's preparation (rb::hosts_prepare): $1 the host, $2 the kit's tar here. Prints
-# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS<TAB>BOOT_ID` (KIT_DIR `-` for this machine, which uses the
-# run directory's copy; BOOT_ID the running kernel's, `-` where there is none to read). A kit
+# `PYTHON<TAB>KIT_DIR<TAB>COMPRESSORS<TAB>BOOT_ID<TAB>CPUS` (KIT_DIR `-` for this machine: the run
+# directory's copy; BOOT_ID the kernel's, CPUS its Cpus_allowed_list, `-` where unknown). A kit
 # that arrives with another sha256 is removed unread; a kit directory's `owner` names its run.
 #######################################
 rb::host_prepare() {
@@ -534,7 +517,7 @@ print(sys.executable)" "${dir}" "$2") || exit 1
       trap - EXIT
     fi
     boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null) || boot=-
-    printf "%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
+    printf "%s\t%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}" "$(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status 2>/dev/null)"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
 }
 
 #######################################
@@ -727,8 +710,9 @@ rb::route_said() {
 # compression: auto on the relay, measured beside the source's scan (in the background), started
 # as the hosts are ready and told to go by rb::measure_go: the link's rate (rb::measure_link) and
 # each compressor both ends have packing a sample of the source (rbkit measure, which also takes
-# the choice) into RB_WORK/measure.out, side by side; on one kernel the link waits for the scan
-# (rb::measure_scanned), alone on the CPUs, and the tools for the link (rb::measure_run).
+# the choice) into RB_WORK/measure.out, side by side; where the machines share CPUs
+# (rb::shared_cpus) the link waits for the scan (rb::measure_scanned), alone on the CPUs, and the
+# tools for the link (rb::measure_run).
 #######################################
 rb::measure_start() {
   local tool src_kit
@@ -747,7 +731,7 @@ rb::measure_start() {
   if ((${#RB_MEASURE_ARGS[@]} == 0)); then
     return 0
   fi
-  if rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
+  if rb::shared_cpus "${RB_SRC_HOST}" "${RB_DST_HOST}" relay >/dev/null; then
     src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
     RB_MEASURE_ARGS+=(--shared-cpu --scanned "${src_kit}/${RB_NAME}.names.stat")
   fi
@@ -762,20 +746,24 @@ rb::measure_start() {
 #######################################
 # The background job of rb::measure_start (RB_WORK empty: it records no command of its own): the
 # link measured here (rb::measure_link), `rbkit measure` on the source told to go by its first
-# line: its tools beside the link, or, on one kernel, after it and only if the link left CPU to
-# spare (the sample then from the scan's record).
+# line: its tools beside the link, or, where the machines share CPUs, after it and only if the
+# link left CPU to spare (the sample then from the scan's record). The CPUs this machine may use
+# (`rbkit cpus --token` here) go with it: the model counts the relay's streams and ciphers here.
 #######################################
 rb::measure_run() {
-  local out=${RB_WORK}/measure.link go='' shared=''
+  local out=${RB_WORK}/measure.link go='' shared='' here
   RB_WORK=''
   if [[ " ${RB_MEASURE_ARGS[*]} " == *" --shared-cpu "* ]]; then
     shared=shared
   fi
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
+  here=$("${RB_KIT_ARGV[@]}" cpus --token 2>/dev/null) || here=''
   rb::kit_argv "${RB_SRC_HOST}"
   rb::measure_link "${RB_SRC_HOST}" "${RB_DST_HOST}" "${out}" "${out%link}go" "${shared}" | {
     read -r go && [[ "${go}" == go ]] &&
       rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" measure "${RB_SRC_ABS}" \
-        "${RB_MEASURE_ARGS[@]}" "${RB_EXCLUDE_ARGS[@]}" --link - --jobs "${RB_JOBS}"
+        "${RB_MEASURE_ARGS[@]}" "${RB_EXCLUDE_ARGS[@]}" --link - --jobs "${RB_JOBS}" \
+        --here-cpus "${here}"
   } || true
 }
 
@@ -823,6 +811,84 @@ rb::measure_scanned() {
 }
 
 #######################################
+# Whether the machines a stream from host $1 to host $2 passes through share CPUs: they run one
+# kernel (the same boot id, RB_HOST_BOOT from rb::hosts_prepare: both hosts, and this machine
+# when it relays, $3 `relay`) and the CPUs their commands may run on (RB_HOST_CPUS; this
+# machine's own) overlap: there the stream's stages take turns on the same CPUs. Three sshd
+# pinned to CPU sets of their own (taskset) on one kernel are three machines. Prints `BOOT_ID
+# N` (how many CPUs two of them share, `-` where a set is not known: then one kernel is enough);
+# returns 1 when they run apart.
+#######################################
+rb::shared_cpus() {
+  local boot=${RB_HOST_BOOT[$1]:--} here='' line i j got c unknown=''
+  local -a sets=("${RB_HOST_CPUS[$1]:--}" "${RB_HOST_CPUS[$2]:--}")
+  local -A shared=()
+  if [[ "${boot}" == - || "${RB_HOST_BOOT[$2]:--}" != "${boot}" ]]; then
+    return 1
+  fi
+  if [[ "$3" == relay ]]; then
+    IFS= read -r here 2>/dev/null </proc/sys/kernel/random/boot_id || return 1
+    [[ "${here}" == "${boot}" ]] || return 1
+    here=-
+    while IFS= read -r line; do
+      [[ "${line}" != Cpus_allowed_list:* ]] || read -r _ here <<<"${line}"
+    done 2>/dev/null </proc/self/status
+    sets+=("${here}")
+  fi
+  for ((i = 0; i < ${#sets[@]}; i++)); do
+    for ((j = i + 1; j < ${#sets[@]}; j++)); do
+      got=$(rb::cpus_common "${sets[i]}" "${sets[j]}") || continue
+      if [[ "${got}" == - ]]; then
+        unknown=-
+        continue
+      fi
+      for c in ${got//,/ }; do
+        shared[${c}]=1
+      done
+    done
+  done
+  if [[ -n "${unknown}" ]]; then
+    printf '%s -\n' "${boot}"
+  elif ((${#shared[@]} > 0)); then
+    printf '%s %s\n' "${boot}" "${#shared[@]}"
+  else
+    return 1
+  fi
+}
+
+#######################################
+# The CPUs two lists as the kernel writes them (`0-3,8-11`) have in common, listed one by one
+# (`2,3`), or `-` when either is `-` (not known); returns 1 when they have none.
+#######################################
+rb::cpus_common() {
+  local part lo hi c got=''
+  local -a parts
+  local -A in_a=()
+  if [[ "$1" == - || "$2" == - ]]; then
+    printf -- '-\n'
+    return 0
+  fi
+  IFS=, read -r -a parts <<<"$1"
+  for part in "${parts[@]}"; do
+    lo=${part%-*} hi=${part#*-}
+    [[ "${lo}" =~ ^[0-9]+$ && "${hi}" =~ ^[0-9]+$ ]] || { printf -- '-\n'; return 0; }
+    for ((c = lo; c <= hi; c++)); do
+      in_a[${c}]=1
+    done
+  done
+  IFS=, read -r -a parts <<<"$2"
+  for part in "${parts[@]}"; do
+    lo=${part%-*} hi=${part#*-}
+    [[ "${lo}" =~ ^[0-9]+$ && "${hi}" =~ ^[0-9]+$ ]] || { printf -- '-\n'; return 0; }
+    for ((c = lo; c <= hi; c++)); do
+      [[ -z "${in_a[${c}]:-}" ]] || got+="${got:+,}${c}"
+    done
+  done
+  [[ -n "${got}" ]] || return 1
+  printf '%s\n' "${got}"
+}
+
+#######################################
 # The relay's own rate: zeros from $1 through this machine (a 1 MiB pipe, as the stream's) to $2
 # over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
 # measure-link`: it says `ready` before the sending end starts (a late session is not the link),
@@ -831,9 +897,10 @@ rb::measure_scanned() {
 # at once, the zeros once the gate $4 says `go` (then `go` is printed first); with $5 `shared`
 # (one kernel) only once the gate also said `scanned` (the link alone on the CPUs), and the
 # receiving end watches this machine's ssh masters (rb::link_pids: it stops early when they had
-# no CPU to spare). Prints `RATE SECONDS IDLE BYTES` (IDLE: the CPUs $2's kernel left idle
-# meanwhile, or -) and the masters' `CPU WAIT WALL COUNT` (ns: as the receiving end saw them over
-# its later windows, else here over the whole measurement, rb::link_cpu_since, or -), or `error WHY`.
+# no CPU to spare). Prints `RATE SECONDS IDLE BYTES CPUS` (IDLE: the CPUs $2's kernel left idle
+# meanwhile, or -; CPUS: those $2 may use, rbrules.cpus.token) and the masters' `CPU WAIT WALL
+# COUNT` (ns: as the receiving end saw them over its later windows, else here over the whole
+# measurement, rb::link_cpu_since, or -), or `error WHY`.
 #######################################
 rb::measure_link() {
   local from=$1 to=$2 out=$3 ready='' line='' go='' fd rfd pid was=- since
@@ -868,9 +935,9 @@ rb::measure_link() {
   wait "${pid}" || true
   [[ "${go}" == go ]] || return 0
   line=${line:-error no answer from ${to}}
-  if [[ "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)\ [0-9]+$ ]]; then
+  if [[ "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)\ [0-9]+\ [0-9]+:[0-9.]+:[-0-9,]+:[0-9]+$ ]]; then
     line+=" ${since}"     # the receiving end did not read the masters' figures: these
-  elif [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)(\ [0-9]+){5}$ ]]; then
+  elif [[ ! "${line}" =~ ^[0-9]+\ [0-9.]+\ ([0-9.]+|-)\ [0-9]+\ [0-9]+:[0-9.]+:[-0-9,]+:[0-9]+(\ [0-9]+){4}$ ]]; then
     line="error the link's rate could not be measured (${line#error })"
   fi
   printf '%s\n' "${line}"
@@ -1450,8 +1517,9 @@ rb::apply_compression() {
   if [[ -z "${want}" || "${want}" == "${RB_COMPRESSION_USED}" ]]; then
     return 0
   fi
-  if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${want},"* &&
-    ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${want},"* ]]; then
+  # the tool of a measured word (zstd-3-T2: zstd)
+  if [[ ",${RB_HOST_COMP[${RB_SRC_HOST}]:-}," == *",${want%%-*},"* &&
+    ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${want%%-*},"* ]]; then
     rb::log "compression: ${want}, as the plan chose (preflight chose ${RB_COMPRESSION_USED} now)"
     RB_COMPRESSION_USED=${want}
     RB_STEP_DETAIL=${RB_STEP_DETAIL/%compression */compression ${want}}

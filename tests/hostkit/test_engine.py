@@ -1031,10 +1031,11 @@ def test_the_source_hash_beside_the_stream_takes_the_cores_the_stream_leaves(mon
     processes need there), --jobs where the host has cores to spare."""
     from rbkit import serve
 
-    monkeypatch.setattr(serve.os, "cpu_count", lambda: 2)
+    # the CPUs this process may use (rbrules.cpus), not the machine's
+    monkeypatch.setattr(serve.cpus, "count", lambda root="/": 2)
     assert serve.hash_jobs("2", True) == 1 and serve.hash_jobs("2", False) == 2
     assert serve.hash_jobs("auto", True) == 1
-    monkeypatch.setattr(serve.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(serve.cpus, "count", lambda root="/": 16)
     assert serve.hash_jobs("8", True) == 8 and serve.hash_jobs("auto", True) == 14
     a = serve.parser().parse_args(["hash", "/r", "--out", "/o", "--beside-stream"])
     assert a.beside_stream and a.fn is serve.cmd_hash

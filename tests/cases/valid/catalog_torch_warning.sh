@@ -220,6 +220,7 @@ RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
+declare -A RB_HOST_CPUS=()
 RB_SOURCE_PID=''
 RB_MANIFEST_PID=''
 # the steps this run runs, in order (main)
@@ -492,20 +493,19 @@ rb::preflight_compression() {
 }
 
 #######################################
-# Where the measurement cannot run, and on the direct route: with auto, none when every machine
-# the stream passes through runs one kernel (the same boot id: one host's namespaces or
-# containers: no link to save, only CPU to spend); else from the spec and what both ends have
-# (rb::choose_compression).
+# Where the measurement cannot run, and on the direct route: with auto, none when the machines
+# the stream passes through share CPUs (rb::shared_cpus: one host's namespaces or containers: no
+# link to save, only CPU to spend); else from the spec and what both ends have.
 #######################################
 rb::compression_fallback() {
   local boot through=''
-  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::one_kernel "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
+  if [[ "${RB_COMPRESSION}" == auto ]] && boot=$(rb::shared_cpus "${RB_SRC_HOST}" "${RB_DST_HOST}" "${RB_ROUTE_USED}"); then
     RB_COMPRESSION_USED=none
     if [[ "${RB_ROUTE_USED}" == relay ]]; then
       through=' and this machine'
     fi
-    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel, boot id" \
-      "${boot:0:8}: no link between them to save, only CPU to spend)"
+    rb::compression_said "none (auto: ${RB_SRC_HOST} ${RB_DST_HOST}${through} run one kernel on shared" \
+      "CPUs, boot id ${boot:0:8}: no link between them to save, only CPU to spend)"
     return 0
   fi
   rb::choose_compression "${RB_SRC_HOST}" "${RB_DST_HOST}"

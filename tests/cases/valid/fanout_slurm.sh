@@ -209,6 +209,7 @@ RB_HINT=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
+declare -A RB_HOST_CPUS=()
 RB_SOURCE_PID=''
 RB_MANIFEST_PID=''
 # the steps this run runs, in order (main)
