@@ -70,11 +70,7 @@ def node_state(a: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
     fanout.emit(doc)
-    shutil.rmtree(a.dir, ignore_errors=True)
-    try:
-        os.unlink(a.dir.rstrip("/") + ".tar")
-    except OSError:
-        pass
+    shutil.rmtree(a.dir, ignore_errors=True)      # the kit and the bundle (fanout.BUNDLE)
     return 0 if doc["ok"] else 1
 
 
