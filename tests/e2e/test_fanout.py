@@ -246,26 +246,6 @@ def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(cluster,
     script = build(tmp_path, spec(cluster, payload_small.venv, name="fanbundle"), "fanbundle")
     rc, err = finish(start(tmp_path, script))
     assert rc == 0, err[-6000:]
-    names = fanout.scratch_names(err, "fanbundle")
-    saved = tmp_path / "run" / "fanout" / "scratch-name"
-    if saved.exists():                                   # 44a2c10 kept it for a --from run
-        names.add(Path(saved.read_text().strip()).name)
-    assert names, err[-3000:]
-    for name in cluster.names:
-        fanout.plant_bundles_as_nobody(cluster.node_tmp(name), names)
-    try:
-        rc, err = finish(start(tmp_path, script, "--from", "fan_install"))
-    finally:
-        seen = {name: fanout.planted_bundles(cluster.node_tmp(name), names)
-                for name in cluster.names}
-    ran = {name: s[0] for name, s in seen.items() if s[0]}
-    assert not ran, f"nobody's bundle ran on the nodes: {ran}"
-    # nobody's files were never moved nor opened: a new name, a new copy
-    assert all(s[1] == sorted(f"{n}.tar" for n in names) for s in seen.values()), seen
-    assert rc == 0, err[-6000:]
-    assert "a new copy of the bundle for this run" in err
-    assert not names & fanout.scratch_names(err, "fanbundle")
-    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
-    assert sorted(fan["ok_nodes"]) == cluster.names and not fan["odd"] and not fan["missing"]
-    for name in cluster.names:                         # installed: no bundle left in scratch
-        assert not list(cluster.node_tmp(name).glob("rbfan-fanbundle*")), name
+    fanout.assert_planted_bundles_never_run(
+        cluster.node_tmp, cluster.names, "fanbundle", tmp_path / "run", err,
+        lambda: finish(start(tmp_path, script, "--from", "fan_install")))

@@ -264,26 +264,7 @@ def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(slurm, p
     script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmbundle"), "slurmbundle")
     rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
     assert rc == 0, err[-6000:]
-    names = fanout.scratch_names(err, "slurmbundle")
-    saved = tmp_path / "run" / "fanout" / "scratch-name"
-    if saved.exists():                                   # 44a2c10 kept it for a --from run
-        names.add(Path(saved.read_text().strip()).name)
-    assert names, err[-3000:]
-    for name in slurm.names:
-        fanout.plant_bundles_as_nobody(slurm.node_tmp(name), names)
-    try:
-        rc, err = finish(start(slurm, tmp_path, slurm.salloc(
-            ["bash", str(script), "--from", "fan_install"])))
-    finally:
-        seen = {name: fanout.planted_bundles(slurm.node_tmp(name), names)
-                for name in slurm.names}
-    ran = {name: s[0] for name, s in seen.items() if s[0]}
-    assert not ran, f"nobody's bundle ran on the nodes: {ran}"
-    assert all(s[1] == sorted(f"{n}.tar" for n in names) for s in seen.values()), seen
-    assert rc == 0, err[-6000:]
-    assert "a new copy of the bundle for this run" in err
-    assert not names & fanout.scratch_names(err, "slurmbundle")
-    fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
-    assert sorted(fan["ok_nodes"]) == slurm.names and not fan["odd"] and not fan["missing"]
-    for name in slurm.names:                           # installed: no bundle left in scratch
-        assert not list(slurm.node_tmp(name).glob("rbfan-slurmbundle*")), name
+    fanout.assert_planted_bundles_never_run(
+        slurm.node_tmp, slurm.names, "slurmbundle", tmp_path / "run", err,
+        lambda: finish(start(slurm, tmp_path, slurm.salloc(
+            ["bash", str(script), "--from", "fan_install"]))))

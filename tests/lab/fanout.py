@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -172,3 +172,33 @@ def planted_bundles(tmp: Path, names: set[str]) -> tuple[list[str], list[str]]:
             kept.append(p.name)
         p.unlink(missing_ok=True)
     return ran, sorted(kept)
+
+
+def assert_planted_bundles_never_run(node_tmp: Callable[[str], Path], nodes: list[str], name: str,
+                                     run_dir: Path, first: str,
+                                     again: Callable[[], tuple[int, str]]) -> None:
+    """After a run of runbook NAME (`first`: what it said), nobody plants a bundle of its own at
+    every scratch name the run showed (and the one 44a2c10 kept in the run directory) on every
+    node; `again()` runs `--from fan_install`. Nothing of nobody's may run, nobody's files are
+    never moved nor opened, and every node installs from a new copy under a new name."""
+    names = scratch_names(first, name)
+    saved = run_dir / "fanout" / "scratch-name"
+    if saved.exists():                                   # 44a2c10 kept it for a --from run
+        names.add(Path(saved.read_text().strip()).name)
+    assert names, first[-3000:]
+    for node in nodes:
+        plant_bundles_as_nobody(node_tmp(node), names)
+    try:
+        rc, err = again()
+    finally:
+        seen = {node: planted_bundles(node_tmp(node), names) for node in nodes}
+    ran = {node: s[0] for node, s in seen.items() if s[0]}
+    assert not ran, f"nobody's bundle ran on the nodes: {ran}"
+    assert all(s[1] == sorted(f"{n}.tar" for n in names) for s in seen.values()), seen
+    assert rc == 0, err[-6000:]
+    assert "a new copy of the bundle for this run" in err
+    assert not names & scratch_names(err, name)
+    fan = json.loads((run_dir / "fanout" / "fanout.json").read_text())
+    assert sorted(fan["ok_nodes"]) == nodes and not fan["odd"] and not fan["missing"]
+    for node in nodes:                                   # installed: no bundle left in scratch
+        assert not list(node_tmp(node).glob(f"rbfan-{name}*")), node
