@@ -44,6 +44,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from rbrules import common
+from rbrules.shown import printable
 
 from . import engine, hostfs
 from .choices import add_run_options
@@ -374,7 +375,8 @@ def table(result: Dict[str, Any]) -> str:
     lines.append("%d/%d nodes passed; success policy %s needs %d: %s" % (
         len(result["ok_nodes"]), len(result["nodes"]), result["success"], result["needed"],
         "met" if result["passed"] else "NOT met"))
-    return "\n".join(lines)
+    # what the nodes said may name their files: never raw to a terminal (rbrules.shown)
+    return "\n".join(printable(line) for line in lines)
 
 
 def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]]:
