@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 1c06dcf005280a846fe10a0c35ff1b34dd94b404dda76ec2a6933ce536621b85
+# sha256 of this file with these 64 digits zeroed: e245da7954f73a597c22f807d2518323a4674534235f87ebd8700068487a1009
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278
-readonly RB_KIT_FILE=.kit/dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278.tar
+readonly RB_KIT_SHA256=38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255
+readonly RB_KIT_FILE=.kit/38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

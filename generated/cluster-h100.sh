@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 8041b39e31d6b15613a775333016d98f485da270ce125c34e43efde89cfda343
+# sha256 of this file with these 64 digits zeroed: ffa20b69620e19f8d59e83d8b386670876fe01e830473be69c79f513d2735693
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278
-readonly RB_KIT_FILE=.kit/dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278.tar
+readonly RB_KIT_SHA256=38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255
+readonly RB_KIT_FILE=.kit/38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: ec5bb0c8ccedf8e042145c56fd6c416a838830fa1dcdc3cc28a0152012b93b5d
+# sha256 of this file with these 64 digits zeroed: 5cf7ee62d5396bc18a6148a2c7dcebcd321359a954164a18c572319071ab658e
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278
-readonly RB_KIT_FILE=.kit/dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278.tar
+readonly RB_KIT_SHA256=38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255
+readonly RB_KIT_FILE=.kit/38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 14803eeac3d06e50fc4d31f7f47f498fa1863f9d4e1dfa929c458ed77279d2b0
+# sha256 of this file with these 64 digits zeroed: d5581d29f80c946e1682bf40f8dcaadf85e27f7569d4f056ab63464729700e4c
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278
-readonly RB_KIT_FILE=.kit/dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278.tar
+readonly RB_KIT_SHA256=38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255
+readonly RB_KIT_FILE=.kit/38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

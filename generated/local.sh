@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f037758b14cc55e0ddc7ce11ef2fd00921b29ce729e3667caf974407b45fa110
+# sha256 of this file with these 64 digits zeroed: 9255e3661a8403c66ca6a7a1c4e48d96f9f3c6d681c5337c3792877583065edd
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278
-readonly RB_KIT_FILE=.kit/dcfe49b056dd05f4be35729b82f61cefce6a717a7a589c47402b33c436183278.tar
+readonly RB_KIT_SHA256=38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255
+readonly RB_KIT_FILE=.kit/38b213a62089974e0ef8deaf365591baae15c00e7f6458efcf1886b2d922c255.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
