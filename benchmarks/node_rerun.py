@@ -75,10 +75,9 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
     if d.exists():
         shutil.rmtree(d)
     (d / "kit").mkdir(parents=True)
-    shutil.copytree(ROOT / "hostkit" / "rbkit", d / "kit" / "rbkit",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "hostkit" / "rbprobes", d / "kit" / "rbprobes",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("rbrules", "rbkit", "rbprobes"):
+        shutil.copytree(ROOT / "hostkit" / package, d / "kit" / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
         manifest.dump(m, f)
     (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
@@ -97,15 +96,17 @@ def make_bundle(d: Path, src: Path, m: dict, names: list[str], comp: str,
 
 
 def node(scratch: Path, dest: str, old: str, s: dict, comp: str) -> dict:
-    """The runbook's node script on SCRATCH.tar (the bundle as the engine left it); returns the
-    node's report."""
+    """The runbook's node script on SCRATCH.tar (the bundle as the engine left it, its sha256
+    pinned as a run pins it); returns the node's report."""
     script = s["RB_FAN_NODE_SCRIPT"]
     # the runbook's choices (CUDA, env), with this benchmark's policy, jobs, timeout and origin
     choices = dict(json.loads(s.get("RB_ENGINE_CHOICES") or "{}"), on_existing="replace",
                    jobs="auto", timeout=900, origin="benchmarks.node_rerun")
     args = ["--dest", dest, "--old", old, "--compression", comp, "--choices", json.dumps(choices),
             "--probe-config", s.get("RB_PROBE_CONFIG", "")]
-    p = subprocess.run(["sh", "-c", script, "rb", str(scratch), *args], capture_output=True,
+    pin = subprocess.run(["sha256sum", f"{scratch}.tar"], capture_output=True, text=True,
+                         check=True).stdout.split()[0]
+    p = subprocess.run(["sh", "-c", script, "rb", f"{scratch}.tar", pin, *args], capture_output=True,
                        text=True, timeout=1200)
     reports = fanout.parse_reports(p.stdout.splitlines())
     if len(reports) != 1:

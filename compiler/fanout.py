@@ -214,8 +214,8 @@ class FanOut:
                     "seconds for each engine call (copy, install)"),
             Setting("RB_FAN_CONNECT_TIMEOUT", str(f.connect_timeout)),
             Setting("RB_FAN_SCRATCH_BASE", f.scratch_base,
-                    "on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random "
-                    "hex digits made by each run's copy> (private: mkdir -m 700, never reused)"),
+                    "on each node: the bundle, as BASE-<16 random hex digits, new for each copy>"
+                    ".tar, moved into a new private directory (mktemp -d) and checked there"),
         ]
         if f.topology is not None:
             rows.append(Setting("RB_FAN_TOPOLOGY", f.topology,
@@ -245,9 +245,13 @@ class FanOut:
         opts = "".join(f" {shlex.quote(o)}" for o in f.engine_opts or ())
         copy = "".join(f" {shlex.quote(o)}" for o in f.copy_opts or ())
         flags = " ".join(launch.FLAGS)
-        node_cmd = (f"sh -c 'mkdir -m 700 {d} && tar -xf {d}.tar -C {d} --exclude=./payload && "
-                    f"cd {d} && python3 {flags} {d}/kit/{launch.START} rbkit.fanout "
-                    f"node --dir {d} --dest {dst} --old {src} ...'")
+        # the node script (RB_FAN_NODE_SCRIPT) in short: the bundle moved into a new private
+        # directory, checked (owner, mode, links, sha256 against the pin), then unpacked and run
+        node_cmd = (f"sh -c 'D=$(mktemp -d {d}.XXXXXX) && mv {d}.tar $D/bundle.tar && <check "
+                    f"it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf "
+                    f"$D/bundle.tar -C $D --exclude=./payload && cd $D && python3 {flags} "
+                    f"$D/kit/{launch.START} rbkit.fanout node --dir $D --dest {dst} --old {src} "
+                    "...'")
         timeout = f.timeout_s
         clush = "".join(f"{shlex.quote(w)} " for w in f.clush or ())
         count = len(f.node_list)
@@ -267,7 +271,7 @@ class FanOut:
             return lines
         if step == "fan_copy":
             if f.engine == "slurm":
-                return [f"timeout {timeout} sbcast -f -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
+                return [f"timeout {timeout} sbcast -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
             return [f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
                     f"{opts} --copy {bundle} --dest {d}.tar"]
         if step == "fan_install":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 480e524c185cadff5f5e42fffcd0d6df80c8dab48c7f240cbffd237d58a9d558
+# sha256 of this file with these 64 digits zeroed: e8ca916734a02b869b0b83084e280fef91a804c0bb8e111c1030b1d2bd7681be
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7
-readonly RB_KIT_FILE=.kit/72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7.tar
+readonly RB_KIT_SHA256=0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b
+readonly RB_KIT_FILE=.kit/0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

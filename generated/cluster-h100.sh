@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 8c8122b8cfe1827e2bbf29a2eefcb531ca65cb14bdeed4e9455403911412ea58
+# sha256 of this file with these 64 digits zeroed: 793e5d38b34352dd8f7dbeedfdd51392cab8e7aadb7802329a8797f7ec8a5534
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7
-readonly RB_KIT_FILE=.kit/72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7.tar
+readonly RB_KIT_SHA256=0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b
+readonly RB_KIT_FILE=.kit/0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

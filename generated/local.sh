@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: bada56f624cfd1adb8d4a508e61c837f715b1eb4e6350574698cc7fadc148de3
+# sha256 of this file with these 64 digits zeroed: 5c4757857652e8bf8698f6dd4cd25b0f38c88f9bc98f34ead250ffa29550b3d6
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7
-readonly RB_KIT_FILE=.kit/72ddaaf1bfabb6690647927c636fad1218d18ac9767f6c1fb92736036ab255f7.tar
+readonly RB_KIT_SHA256=0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b
+readonly RB_KIT_FILE=.kit/0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -1,16 +1,18 @@
 """Fan-out: the install on one node, and the comparison of every node's report.
 
 `python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node (started by the
-cluster engine: `srun` or `clush`). DIR holds the unpacked bundle: `kit/` (this package),
-`manifest.jsonl`, and `payload` (the tar stream, compressed as the run chose) unless the node
-script left it inside DIR.tar (it does: the payload is then streamed from there into staging,
-written once on the node). It installs through the install engine's steps (engine.install, the
-functions a single-host runbook's destination runs too: stage, receive, verify, relocate, prove,
-swap with its post-swap proof, exports, probe; a failure past the swap rolls back), holding the
-destination's lock, and prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact
-JSON cut into chunks of at most CHUNK characters, so every line is shorter than the 1 KiB messages
-in which slurmstepd forwards task output (a longer line from one node could be cut and
-interleaved with another node's output by srun; clush keeps nodes apart anyway).
+cluster engine: `srun` or `clush`). DIR is the private directory the node script made for the
+bundle (RB_FAN_NODE_SCRIPT: the bundle moved there as BUNDLE, its owner, mode and sha256 checked):
+it holds the unpacked bundle, `kit/` (this package), `manifest.jsonl`, and `payload` (the tar
+stream, compressed as the run chose) unless the node script left it inside BUNDLE (it does: the
+payload is then streamed from there into staging, written once on the node). It installs
+through the install engine's steps (engine.install, the functions a single-host runbook's
+destination runs too: stage, receive, verify, relocate, prove, swap with its post-swap proof,
+exports, probe; a failure past the swap rolls back), holding the destination's lock, and
+prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut into chunks of
+at most CHUNK characters, so every line is shorter than the 1 KiB messages in which slurmstepd
+forwards task output (a longer line from one node could be cut and interleaved with another
+node's output by srun; clush keeps nodes apart anyway).
 
 A re-run's bundle carries only what changed since the last fan-out (`delta.names` lists it): the
 node links its unchanged files from its install into staging and extracts the rest over them; a
@@ -42,6 +44,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from rbrules import common
+from rbrules.shown import printable
 
 from . import engine, hostfs
 from .choices import add_run_options
@@ -52,6 +55,7 @@ CHUNK = 800
 LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
 STEPS = engine.STEPS
 PAYLOAD = "payload"      # the tar stream in the bundle, compressed as the run chose
+BUNDLE = "bundle.tar"    # the bundle itself, in DIR (moved there by the node script)
 LOCK_WAIT_S = float(common.LOCK_WAIT_S)   # one rule: rbrules.common
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
 SOURCE_IDENTITY = "source-identity.json"   # in the bundle: the source's hostfs.identity
@@ -89,7 +93,7 @@ def node(a: argparse.Namespace) -> int:
         from . import fanplan
         return fanplan.node_state(a)
     dest = a.dest.rstrip("/")
-    bundle = a.dir.rstrip("/") + ".tar"
+    bundle = os.path.join(a.dir, BUNDLE)
     payload = os.path.join(a.dir, PAYLOAD)
     # the payload is read from inside the bundle file (the node script unpacked the rest), so a
     # node writes it once, into staging; a bundle unpacked whole has it as a file
@@ -123,10 +127,13 @@ def node(a: argparse.Namespace) -> int:
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF)]
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
     emit(doc)
-    if rc == 0:
-        # installed: the bundle and its unpacked kit leave the node's scratch (a failed node
-        # keeps them, for `--from fan_install`)
+    if rc in (0, 3):
+        # installed, or the whole bundle comes next (under a new name): the bundle and its
+        # unpacked kit leave the node's scratch
         shutil.rmtree(a.dir, ignore_errors=True)
+    else:
+        # failed: the kit stays, for a restore by hand (docs/fanout.md); the bundle goes (a
+        # re-run, --from fan_install too, sends a new one)
         try:
             os.unlink(bundle)
         except OSError:
@@ -368,7 +375,8 @@ def table(result: Dict[str, Any]) -> str:
     lines.append("%d/%d nodes passed; success policy %s needs %d: %s" % (
         len(result["ok_nodes"]), len(result["nodes"]), result["success"], result["needed"],
         "met" if result["passed"] else "NOT met"))
-    return "\n".join(lines)
+    # what the nodes said may name their files: never raw to a terminal (rbrules.shown)
+    return "\n".join(printable(line) for line in lines)
 
 
 def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]]:

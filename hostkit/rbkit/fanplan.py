@@ -35,6 +35,8 @@ import sys
 import zlib
 from typing import Any, Dict, List, Optional
 
+from rbrules.shown import printable, shown
+
 from . import fanout, liveplan, safefs
 from .choices import Choices
 
@@ -70,11 +72,7 @@ def node_state(a: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
     fanout.emit(doc)
-    shutil.rmtree(a.dir, ignore_errors=True)
-    try:
-        os.unlink(a.dir.rstrip("/") + ".tar")
-    except OSError:
-        pass
+    shutil.rmtree(a.dir, ignore_errors=True)      # the kit and the bundle (fanout.BUNDLE)
     return 0 if doc["ok"] else 1
 
 
@@ -284,7 +282,7 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace,
         out.append("  unreachable: %s: %s" % (n, why))
     for b in plan["blockers"]:
         out.append("  BLOCKED:     %s" % b)
-    return out
+    return [printable(line) for line in out]
 
 
 # -- here: the plan against the nodes now ----------------------------------------------------------
@@ -296,13 +294,13 @@ def _moved(then_path: str, now_path: str) -> str:
     was, _r = liveplan.read_state(then_path)
     a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
     moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
-    shown = [p + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
-             for p in moved[:3]]
+    said = [shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+            for p in moved[:3]]
     if (was.get("exists"), was.get("installed_record")) != \
             (facts.get("exists"), facts.get("installed_record")):
-        shown.insert(0, liveplan.INSTALLED + " (the install's record)" if facts.get("exists")
-                     else facts["dest"] + " (gone)")
-    return "%d paths (%s)" % (len(moved), ", ".join(shown[:3]) or "its facts")
+        said.insert(0, liveplan.INSTALLED + " (the install's record)" if facts.get("exists")
+                    else shown(facts["dest"]) + " (gone)")
+    return "%d paths (%s)" % (len(moved), ", ".join(said[:3]) or "its facts")
 
 
 def drift(a: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from typing import List, Optional, Tuple
 
 from rbrules import links
 from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
+from rbrules.shown import shown as shown_name
 
 from . import manifest, safefs
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
@@ -162,7 +163,7 @@ class _Part(_Records):
             self.lines.append(manifest.values_line(values))
         except UnicodeEncodeError:
             # a name (or link target) of bytes that are not UTF-8: no manifest records it
-            self.not_utf8.append(_shown(rel))
+            self.not_utf8.append(shown_name(rel))
         if self.keep_names:
             self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
         index = self.count
@@ -323,11 +324,6 @@ def _count(items: list, one: str, many: str) -> str:
     return f"{len(items)} {one if len(items) == 1 else many}"
 
 
-def _shown(rel: str) -> str:
-    """A path whose bytes are not all UTF-8, as text: those bytes as \\xNN."""
-    return repr(os.fsencode(rel))[2:-1]
-
-
 def _refusal(special: list, special_action: str, outside: list, outside_action: str,
              devices: list, not_utf8: List[str], shown: int = 10) -> str:
     why = []
@@ -340,16 +336,16 @@ def _refusal(special: list, special_action: str, outside: list, outside_action: 
         why.append(f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
                    "world-write bits (moved by root, a setuid file of another user arrives as a "
                    "setuid-root file): "
-                   + some([f"{e['p']} ({e['m']})" for e in special])
+                   + some([f"{shown_name(e['p'])} ({e['m']})" for e in special])
                    + "; set transfer.special_modes: strip to install them without those bits, "
                    "or keep to move them as they are")
     if outside and outside_action == "refuse":
         why.append(f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
-                   + some([f"{e['p']} -> {e['l']}" for e in outside])
+                   + some([f"{shown_name(e['p'])} -> {shown_name(e['l'])}" for e in outside])
                    + "; set transfer.outside_links: keep to move them as they are")
     if devices:
         why.append(f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
-                   + some(devices))
+                   + some([shown_name(d) for d in devices]))
     if not_utf8:
         why.append(f"{_count(not_utf8, 'entry', 'entries')} whose name or link target is "
                    "not UTF-8 (a manifest records paths as UTF-8 text, so it could not be "

@@ -21,6 +21,8 @@ The source's side is the scan preflight makes (hostfs.scan's record, NAMES.stat)
 fingerprint is the source's digest. The changes are judged as the engine judges a re-run (the
 quick check: path, type, mode, size, link and mtime; rbkit.manifest.quick_check), against the
 source as the install recorded it (manifest.source_of) and the destination as it is now.
+Every name shown (the screen, changes.txt, plan.md, a refusal) is escaped (rbrules.shown: a file
+name's ESC, BEL or newline never reaches a terminal raw); plan.json and the records keep them exact.
 
 stdlib only; Python >= 3.9.
 """
@@ -35,6 +37,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths
+from rbrules.shown import printable, shown
 
 from . import safefs
 from .choices import Choices
@@ -254,7 +257,7 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
     if installed is None and not dest:
         # nothing there (a first move): every entry is added, one line each, nothing compared
         out.update(added=len(src), added_bytes=sum(r[3] for r in src if r[1] == "f"),
-                   items=[_ADDED.get(r[1], "c?+++++++++ ") + r[0] for r in src])
+                   items=[_ADDED.get(r[1], "c?+++++++++ ") + shown(r[0]) for r in src])
         return out
     now = {r[0]: r for r in dest}
     base: Dict[str, list] = dict(now)
@@ -280,7 +283,7 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
         if old is None:
             out["added"] += 1
             out["added_bytes"] += size
-            items.append("%s %s" % (_flags(None, row), p))
+            items.append("%s %s" % (_flags(None, row), shown(p)))
         elif old[1:] != row[1:] or p in moved_there:
             code, why = _flags(old, row), ""
             if old[1:] == row[1:]:
@@ -288,7 +291,7 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
                 out["changed_there"] += 1
             out["changed"] += 1
             out["changed_bytes"] += size
-            items.append("%s %s%s" % (code, p, why))
+            items.append("%s %s%s" % (code, shown(p), why))
         else:
             out["unchanged"] += 1
     gone = sorted(set(base) | set(now)) if installed is not None else sorted(now)
@@ -298,7 +301,7 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
         row = now.get(p) or base.get(p)
         out["removed"] += 1
         out["removed_bytes"] += row[3] if row and row[1] == "f" else 0
-        items.append("*deleting   %s" % p)
+        items.append("*deleting   %s" % shown(p))
     out["items"] = items
     return out
 
@@ -471,7 +474,7 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
     out.append("  checks:      %s" % (", ".join(names) or "none"))
     for b in plan["blockers"]:
         out.append("  BLOCKED:     %s" % b)
-    return out
+    return [printable(line) for line in out]
 
 
 def markdown(plan: dict, items: List[str], lines: List[str]) -> str:
@@ -504,13 +507,14 @@ def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
                 else facts["dest"] + " (gone)"
     a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
     moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
-    shown = []
+    said = []
     for p in moved[:5]:
-        shown.append(p + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)"))
+        said.append(shown(p) + (" (new)" if p not in a else " (gone)" if p not in b
+                                else " (changed)"))
     if record:
         moved.append(record)
-        shown.insert(0, record)
-    return len(moved), ", ".join(shown[:5])
+        said.insert(0, shown(record))
+    return len(moved), ", ".join(said[:5])
 
 
 def main(argv: Optional[List[str]] = None) -> int:

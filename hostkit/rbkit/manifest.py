@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 from rbrules import cpus
 from rbrules.common import walk_workers
+from rbrules.shown import shown
 
 from . import safefs
 # public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
@@ -797,18 +798,21 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
 
 
 def describe(result: dict) -> list[str]:
+    """The differences of a check, a line each, for a person: names (and link targets) shown
+    escaped (rbrules.shown)."""
     lines = []
     for rel in result["missing"]:
-        lines.append(f"missing: {rel}")
+        lines.append(f"missing: {shown(rel)}")
     for rel in result["extra"]:
-        lines.append(f"extra:   {rel}")
+        lines.append(f"extra:   {shown(rel)}")
     for d in result["differ"]:
-        lines.append(f"differs: {d['p']} ({d['what']}: expected {d['want']}, found {d['have']})")
+        lines.append(f"differs: {shown(d['p'])} ({d['what']}: expected {shown(str(d['want']))}, "
+                     f"found {shown(str(d['have']))})")
     c = result["counts"]
-    shown = len(lines)
+    listed = len(lines)
     total = c["missing"] + c["extra"] + c["differ"]
-    if total > shown:
-        lines.append(f"... and {total - shown} more")
+    if total > listed:
+        lines.append(f"... and {total - listed} more")
     return lines
 
 

@@ -12,6 +12,7 @@ import json
 import os
 
 from rbrules.common import human
+from rbrules.shown import printable
 
 SCHEMA = 1
 
@@ -162,4 +163,5 @@ def table(doc: dict) -> str:
                    + ("; ".join(gpu["unproven"]) or "no GPU check passed")
                    + " (a skip the spec allowed is not a pass)")
     out.append(f"outcome: {doc['outcome']}" + (f" ({doc['where']})" if doc.get("where") else ""))
-    return "\n".join(out)
+    # a detail may name a file: never raw to a terminal (rbrules.shown)
+    return "\n".join(printable(line) for line in out)

@@ -60,6 +60,7 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from rbrules import common, cpus
+from rbrules.shown import printable
 
 from . import engine, hostfs, relay, source, stream
 from .choices import VERIFY, add_choices_option, add_run_options
@@ -112,13 +113,16 @@ class Answer:
 
 
 def _one_line(value: Any) -> str:
-    return str(value).replace("\t", " ").replace("\n", " ")
+    """A field of the answer: one line, no tab, nothing a terminal would obey (rbrules.shown:
+    a detail may name a file, and the runbook logs it)."""
+    return printable(str(value).replace("\t", " ").replace("\n", " "))
 
 
 def _log(line: str) -> None:
-    """A human line of the engine: to stderr (the runbook's log), indented under its step's."""
+    """A human line of the engine: to stderr (the runbook's log), indented under its step's;
+    nothing a terminal would obey (rbrules.shown)."""
     for part in (line or "").splitlines():
-        sys.stderr.write("    " + part + "\n")
+        sys.stderr.write("    " + printable(part) + "\n")
     sys.stderr.flush()
 
 

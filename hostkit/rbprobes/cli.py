@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from rbrules.shown import printable, shown
+
 from . import proc, report, runner
 from .result import FAIL, Context
 
@@ -260,9 +262,10 @@ def _preflight(args: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     sys.stderr.write(report.table(doc["checks"]) + "\n")
     for p in doc["problems"]:
-        sys.stderr.write("%s: %s%s: %s\n    fix: %s\n" % (
-            p["check"], p["file"], " [%s]" % p["package"] if p.get("package") else "",
-            p["what"], p["fix"]))
+        # (the file is the source's: its name shown escaped, rbrules.shown)
+        sys.stderr.write(printable("%s: %s%s: %s" % (
+            p["check"], shown(p["file"]), " [%s]" % p["package"] if p.get("package") else "",
+            p["what"])) + "\n    fix: %s\n" % printable(p["fix"]))
     return EXIT_OK if doc["ok"] else EXIT_FAIL
 
 

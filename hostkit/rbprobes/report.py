@@ -8,6 +8,8 @@ import platform
 import socket
 from typing import Any, Dict, List, Optional
 
+from rbrules.shown import printable
+
 SCHEMA = 1
 LEVELS = ("L0", "L1", "L2")
 
@@ -63,7 +65,9 @@ def write(path: str, doc: Dict[str, Any]) -> None:
 
 
 def _one_line(text: str, width: int) -> str:
-    text = " ".join(str(text).split())
+    """One line of at most `width`, nothing a terminal would obey (a reason may name a file:
+    rbrules.shown)."""
+    text = printable(" ".join(str(text).split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

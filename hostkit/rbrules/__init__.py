@@ -10,4 +10,5 @@ the one host-side package the compiler imports (for the rules it renders into a 
               check)
     paths     the names a run keeps beside a destination: staging, lock, env file
     private   whether a path root executes from or writes to is private, and the refusal if not
+    shown     how a name is shown to a person: escaped as `ls -b` / repr would, never raw
 """

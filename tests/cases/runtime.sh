@@ -89,10 +89,47 @@ rb::progress() {
 }
 
 #######################################
-# Log a line to stderr: time, runbook, step, message.
+# Log a line to stderr: time, runbook, step, message. A control character in the message (a file
+# name's ESC, BEL or newline, issue 44 R8) is written as an escape (rb::printable), never raw.
 #######################################
 rb::log() {
-  printf '%(%H:%M:%S)T %s [%s] %s\n' -1 "${RB_NAME}" "${RB_STEP:-main}" "$*" >&2
+  local text="$*"
+  rb::printable text
+  printf '%(%H:%M:%S)T %s [%s] %s\n' -1 "${RB_NAME}" "${RB_STEP:-main}" "${text}" >&2
+}
+
+#######################################
+# The variable named $1, each control character in it escaped as rbrules.shown.printable writes
+# it (\n, \t, \r, \xNN; a backslash kept): text for a terminal or a file a person reads.
+#######################################
+rb::printable() {
+  local -n _rb_text=$1
+  local out='' c i
+  [[ "${_rb_text}" == *[[:cntrl:]]* ]] || return 0
+  for ((i = 0; i < ${#_rb_text}; i++)); do
+    c=${_rb_text:i:1}
+    if [[ "${c}" == [[:cntrl:]] ]]; then
+      case "${c}" in
+        $'\n') c='\n' ;;
+        $'\t') c='\t' ;;
+        $'\r') c='\r' ;;
+        *) printf -v c '\\x%02x' "'${c}" ;;
+      esac
+    fi
+    out+=${c}
+  done
+  _rb_text=${out}
+}
+
+#######################################
+# Each line of stdin to stdout after $1, escaped as rb::log escapes a message (rb::printable).
+#######################################
+rb::printable_lines() {
+  local line
+  while IFS= read -r line || [[ -n "${line}" ]]; do
+    rb::printable line
+    printf '%s%s\n' "$1" "${line}"
+  done
 }
 
 #######################################

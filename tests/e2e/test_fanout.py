@@ -231,3 +231,21 @@ def test_a_node_whose_destination_is_the_source_is_refused_and_the_source_untouc
     node = json.loads((tmp_path / "run" / "fanout" / "node-node03.json").read_text())
     assert [s["id"] for s in node["steps"]] == ["preflight"]     # no lock, nothing staged
     assert (cluster.node_tmp("node01") / "rbdest-fansame" / "venv" / "pyvenv.cfg").exists()
+
+
+@pytest.mark.e2e
+def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(cluster, payload_small,
+                                                                       tmp_path):
+    """Issue 44 R3 (ClusterShell): after a run, nobody writes a tar of its own at every scratch
+    name the run showed (`rbfan-NAME-<random>.tar`, in each node's /tmp), its kit's start.py and
+    rules leaving a mark as whoever runs them; then `--from fan_install`, which docs/fanout.md
+    advises after a node failure. Nothing of nobody's may run, and every node installs from a
+    bundle of this run. On 44a2c10 the --from run reused the saved name without a new copy, and
+    every node unpacked nobody's tar and ran its start.py as root (the node script tested only
+    -f and -L: no owner, no sha256)."""
+    script = build(tmp_path, spec(cluster, payload_small.venv, name="fanbundle"), "fanbundle")
+    rc, err = finish(start(tmp_path, script))
+    assert rc == 0, err[-6000:]
+    fanout.assert_planted_bundles_never_run(
+        cluster.node_tmp, cluster.names, "fanbundle", tmp_path / "run", err,
+        lambda: finish(start(tmp_path, script, "--from", "fan_install")))

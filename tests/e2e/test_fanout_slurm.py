@@ -62,7 +62,8 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
         p.kill()
         _out, err = p.communicate(timeout=30)
         pytest.fail(f"runbook still running after {timeout} s: {err[-4000:]}")
-    Path(p.args[-1]).with_suffix(".err").write_text(err)      # beside the runbook, to read later
+    script = next(a for a in reversed(p.args) if a.endswith(".sh"))
+    Path(script).with_suffix(".err").write_text(err)          # beside the runbook, to read later
     return p.returncode, err
 
 
@@ -76,7 +77,8 @@ def test_slurm_fanout_installs_and_probes_every_node(slurm, payload_small, tmp_p
     fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
     assert sorted(fan["ok_nodes"]) == slurm.names and not fan["odd"] and not fan["missing"]
     assert len(fan["groups"]) == 1
-    assert "sbcast -f" in err and "srun -N 8 -n 8" in err
+    # sbcast never -f: a file already at the new name is never written through (issue 44 R3)
+    assert "$ sbcast -t" in err and "sbcast -f" not in err and "srun -N 8 -n 8" in err
     for name in slurm.names:                              # each node has its own working copy
         out = slurm.ssh(name, f"{dest('slurm8')}/bin/payload-hello", check=True).stdout
         assert json.loads(out)["prefix"] == dest("slurm8")
@@ -249,3 +251,20 @@ def test_modules_planted_in_a_nodes_tmp_never_run(slurm, payload_small, tmp_path
     assert sorted(fan["ok_nodes"]) == slurm.names and not fan["odd"] and not fan["missing"]
     for name in slurm.names:
         assert (slurm.node_tmp(name) / "rbdest-slurmplant" / "venv" / "pyvenv.cfg").exists()
+
+
+@pytest.mark.e2e
+def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(slurm, payload_small,
+                                                                       tmp_path):
+    """Issue 44 R3 (Slurm, the same node script as clush): after a run, nobody writes a tar of its
+    own at every scratch name the run showed, in every node's /tmp; then `--from fan_install`
+    inside a new allocation. Nothing of nobody's may run; every node installs from a bundle of
+    this run. On 44a2c10 the --from run reused the saved name without a new copy and each srun
+    task unpacked nobody's tar and ran its start.py as root."""
+    script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmbundle"), "slurmbundle")
+    rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
+    assert rc == 0, err[-6000:]
+    fanout.assert_planted_bundles_never_run(
+        slurm.node_tmp, slurm.names, "slurmbundle", tmp_path / "run", err,
+        lambda: finish(start(slurm, tmp_path, slurm.salloc(
+            ["bash", str(script), "--from", "fan_install"]))))

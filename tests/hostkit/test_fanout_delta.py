@@ -121,7 +121,8 @@ def test_a_file_changed_on_the_node_that_the_bundle_lacks_means_the_whole_bundle
     rc, doc = node(bundle(tmp_path / "b2", src, m2, base=m1), dest)
     assert rc == 3 and "1 files here differ" in doc["needs_full"] and "data.bin" in doc["needs_full"]
     assert local.read_bytes() == b"changed on this node"          # the install is left alone
-    assert (tmp_path / "b2" / "manifest.jsonl").exists()          # a failed node keeps its bundle
+    # the whole bundle comes under a new name (issue 44 R3): this one's directory goes
+    assert not (tmp_path / "b2").exists()
     assert (dest / PKG / "__init__.py").read_text() == "x = 1\n"
     assert not (dest.parent / ".venv.rb-staging").exists()
     # and the whole bundle then installs it

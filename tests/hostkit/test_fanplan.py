@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rbkit import fanplan, hostfs
+from rbkit import fanout, fanplan, hostfs
 from rbkit import manifest as kitmanifest
 from rbkit.choices import Choices
 from tests.hostkit.test_liveplan import tree
@@ -38,13 +38,13 @@ def report(tmp_path: Path, node: str, dest: Path, out, monkeypatch) -> None:
     """`rbkit.fanout node --state` on NODE, its report appended to the engine's output."""
     kit = tmp_path / ("kit-" + node)
     kit.mkdir()
-    (tmp_path / ("kit-" + node + ".tar")).write_bytes(b"")
+    (kit / fanout.BUNDLE).write_bytes(b"")        # where the node script moved the bundle
     monkeypatch.setenv("SLURMD_NODENAME", node)
     a = argparse.Namespace(dir=str(kit), dest=str(dest), choices=Choices.from_json(CHOICES))
     monkeypatch.setattr("sys.stdout", out)
     assert fanplan.node_state(a) == 0
     monkeypatch.undo()
-    assert not kit.exists() and not (tmp_path / ("kit-" + node + ".tar")).exists()
+    assert not kit.exists()
 
 
 @pytest.fixture

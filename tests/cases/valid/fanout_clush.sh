@@ -78,7 +78,7 @@ readonly RB_FAN_SUCCESS=15
 # seconds for each engine call (copy, install)
 readonly RB_FAN_TIMEOUT=300
 readonly RB_FAN_CONNECT_TIMEOUT=10
-# on each node: the bundle (.tar) and where it is unpacked, as BASE-<16 random hex digits made by each run's copy> (private: mkdir -m 700, never reused)
+# on each node: the bundle, as BASE-<16 random hex digits, new for each copy>.tar, moved into a new private directory (mktemp -d) and checked there
 readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-fanout-clush
 # clush tree mode (fanout.topology); empty: this machine sends to every node
 readonly RB_FAN_TOPOLOGY=''
@@ -115,7 +115,7 @@ here: clush, nodeset present; nodes gpu[01-16] (16)'
 on build: tar -C /opt/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-clush/fanout/rbfan-fanout-clush.tar (with the manifest and the kit)
 re-run (runs/fanout-clush/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
   [fan_copy]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 --copy runs/fanout-clush/fanout/rbfan-fanout-clush.tar --dest /tmp/rbfan-fanout-clush-<random>.tar'
-  [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'mkdir -m 700 /tmp/rbfan-fanout-clush-<random> && tar -xf /tmp/rbfan-fanout-clush-<random>.tar -C /tmp/rbfan-fanout-clush-<random> --exclude=./payload && cd /tmp/rbfan-fanout-clush-<random> && python3 -I -S -B /tmp/rbfan-fanout-clush-<random>/kit/rbrules/start.py rbkit.fanout node --dir /tmp/rbfan-fanout-clush-<random> --dest /opt/venv --old /opt/venv ...'"'"'
+  [fan_install]='timeout 300 clush -w gpu[01-16] -S -t 10 -u 300 -o '"'"'-F /etc/rb/ssh_config'"'"' -f 32 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-fanout-clush-<random>.XXXXXX) && mv /tmp/rbfan-fanout-clush-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/venv --old /opt/venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
   [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
 success: at least 15 nodes must pass'
@@ -365,43 +365,62 @@ rb::host_head() {
 #######################################
 # What every fan-out node runs, and where: the scratch directory on each node.
 #######################################
-# What every node runs: unpack the bundle the engine brought (all but the payload, which the
-# install streams from the bundle into staging), then install and probe with the kit.
-# $1: the node's scratch directory (the bundle is $1.tar); the rest go to `rbkit.fanout node`.
-# The directory is made here with mkdir -m 700 (never -p, never a path that exists and is not
-# this user's own directory from an earlier round of the same run): nothing another user
-# of the node made first is unpacked into or run.
-readonly RB_FAN_NODE_SCRIPT='d=$1
-shift
-if [ -e "$d" ] || [ -L "$d" ]; then
-  if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(stat -c %u -- "$d")" != "$(id -u)" ]; then
-    echo "refusing $d: not a private directory of this user" >&2
-    exit 1
-  fi
-  rm -rf -- "$d"
-fi
-if [ -L "$d.tar" ] || [ ! -f "$d.tar" ]; then echo "no bundle at $d.tar" >&2; exit 1; fi
-mkdir -m 700 -- "$d" && tar -xf "$d.tar" -C "$d" --exclude=./payload || exit 1
+# What every node runs (issue 44 R3: a bundle is ours when proven, never because of its name).
+# $1: the bundle the engine just copied (SCRATCH/rbfan-NAME-<random>.tar, a name never used
+# before), $2: its sha256, which this run holds (rb::fan_send); the rest go to `rbkit.fanout
+# node`. The bundle is moved at once into a directory made for it (mktemp -d: new, 0700), so its
+# name is never read again; opened there, it must be a regular file of this user or root, one
+# link, not writable by group or others (so nothing can change it after), and hash to $2. Only
+# then is the rule of rbrules.private, read from the proven bundle, run on its directory (every
+# directory above it changeable only by this user or root, or sticky with ours next), the rest
+# unpacked (all but the payload, which the install streams from the bundle into staging) and the
+# kit run. A refusal names why; nothing of a refused bundle is unpacked or run.
+readonly RB_FAN_NODE_SCRIPT='b=$1 pin=$2 d=
+shift 2
+no() {
+  echo "refusing the bundle $b: $1; nothing of it was unpacked or run" >&2
+  if [ -n "$d" ]; then rm -rf -- "$d"; fi
+  exit 1
+}
+if [ -L "$b" ] || [ ! -f "$b" ]; then no "no regular file there (missing, a link or another type)"; fi
+d=$(umask 077 && mktemp -d "${b%.tar}.XXXXXX") || no "no directory for it"
+mv -- "$b" "$d/bundle.tar" && exec 3<"$d/bundle.tar" || no "it cannot be moved into $d"
+st=$(stat -L -c "%f %u %a %h %d:%i" /dev/fd/3) || no "no stat"
+set -f
+set -- $st "$@"
+set +f
+if [ $((0x$1 & 0170000)) -ne $((0100000)) ]; then no "not a regular file"; fi
+if [ "$2" != 0 ] && [ "$2" != "$(id -u)" ]; then no "owned by uid $2, not by this user or root"; fi
+if [ $((0$3 & 022)) -ne 0 ]; then no "mode $3: group or others may write it"; fi
+if [ "$4" != 1 ]; then no "$4 links to it"; fi
+inode=$5
+shift 5
+sum=$(sha256sum </dev/fd/3) || no "it cannot be read"
+if [ "${sum%% *}" != "$pin" ]; then no "sha256 ${sum%% *}, not the pinned $pin"; fi
+rule=$(tar -xOf /dev/fd/3 ./kit/rbrules/private.py) || no "no rule in it"
+python3 -I -S -B -c "$rule" --file --what "the bundle" "$d/bundle.tar" || no "(above)"
+if [ "$(stat -c %d:%i -- "$d/bundle.tar")" != "$inode" ]; then no "replaced while checked"; fi
+tar -xf /dev/fd/3 -C "$d" --exclude=./payload --no-same-owner || exit 1
+exec 3<&-
 cd "$d" || exit 1
 exec python3 -I -S -B "$d/kit/rbrules/start.py" rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
-# this run's scratch name on the nodes (rb::fan_scratch)
+# this run's scratch name on the nodes, new for each copy, and its bundle's sha256 (rb::fan_send)
 RB_FAN_SCRATCH=''
+RB_FAN_PIN=''
 
 #######################################
-# The nodes' scratch name: a new random one for a copy ($1 = new), else the one the last copy
-# made (kept in the run directory, for a --from run after it).
+# Send the bundle $2 to the nodes $3 ($1: the output's name) under a new scratch name, never one
+# used before (another user of a node can see the name, and make a file there once the node has
+# moved the bundle away): RB_FAN_SCRATCH, and RB_FAN_PIN, the bundle's sha256, which each node
+# checks before it unpacks anything (RB_FAN_NODE_SCRIPT).
 #######################################
-rb::fan_scratch() {
-  local saved="${RB_STATE_DIR}/fanout/scratch-name" hex
-  if [[ "${1:-}" == new || ! -s "${saved}" ]]; then
-    hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
-    RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
-    mkdir -p "${RB_STATE_DIR}/fanout"
-    printf '%s\n' "${RB_FAN_SCRATCH}" >"${saved}"
-  else
-    RB_FAN_SCRATCH=$(<"${saved}")
-  fi
+rb::fan_send() {
+  local hex
+  hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
+  RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
+  RB_FAN_PIN=$(rb::sha256 "$2") || rb::fail "cannot hash the bundle $2"
+  rb::fan_copy "$1" "$2" "$3"
 }
 RB_FAN_FULL=''
 # the source's hostfs.identity (fan_preflight's scan), for every node's bundle
@@ -426,7 +445,7 @@ rb::fan_run() {
     2>"${RB_STATE_DIR}/fanout/${name}.err" || RB_FAN_RC=$?
   if ((RB_FAN_RC != 0)) && [[ -s "${RB_STATE_DIR}/fanout/${name}.err" ]]; then
     rb::log "${1} exited ${RB_FAN_RC}; what it said:"
-    tail -n 20 "${RB_STATE_DIR}/fanout/${name}.err" | sed 's/^/    /' >&2 || true
+    tail -n 20 "${RB_STATE_DIR}/fanout/${name}.err" | rb::printable_lines '    ' >&2 || true
   elif ((RB_FAN_RC != 0)); then
     rb::log "${1} exited ${RB_FAN_RC} (nothing on stderr; the nodes' reports say why)"
   fi
@@ -514,7 +533,7 @@ rb::fan_full_round() {
   rb::fan_bundle_make "${dir}" "${src_kit}/${RB_NAME}.names"
   size=$(stat -c %s "${dir}.tar")
   rb::fact full_bundle_bytes "${size}"
-  rb::fan_copy copy-full "${dir}.tar" "${RB_FAN_FULL}"
+  rb::fan_send copy-full "${dir}.tar" "${RB_FAN_FULL}"
   rb::fan_install install-full "${RB_FAN_FULL}" "${#need[@]}" "${RB_FAN_FULL}" "$@"
   rc=${RB_FAN_RC}
   rb::fan_full_done
@@ -574,14 +593,14 @@ rb::fan_copy() {
 }
 
 #######################################
-# On each node: unpack the bundle, install and probe. $1 the output's name, $2 the nodes, $3 how
-# many (unused: clush counts them itself), $4 the nodes comma-separated (the progress); the rest go
-# to `rbkit.fanout node`.
+# On each node: check the bundle rb::fan_send copied (its sha256 pinned), unpack it, install and
+# probe. $1 the output's name, $2 the nodes, $3 how many (unused: clush counts them itself), $4 the
+# nodes comma-separated (the progress); the rest go to `rbkit.fanout node`.
 #######################################
 rb::fan_install() {
   local name=$1 nodes=$2 listed=$4 command
   shift 4
-  command=$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}" "$@")
+  command=$(rb::shq sh -c "${RB_FAN_NODE_SCRIPT}" rb "${RB_FAN_SCRATCH}.tar" "${RB_FAN_PIN}" "$@")
   rb::fan_run_watched "${name}" "${listed}" "${RB_FAN_CLUSH[@]}" -w "${nodes}" -S -t "${RB_FAN_CONNECT_TIMEOUT}" \
     -u "${RB_FAN_TIMEOUT}" "${RB_FAN_ENGINE_OPTS[@]}" "${command}"
 }
@@ -606,21 +625,21 @@ rb::fan_kit_copy() {
 # Every node's destination, read-only, through the engine as a run reaches the nodes: a bundle
 # of the kit alone copied to a scratch name of its own, then `rbkit.fanout node --state` on every
 # node (no lock, nothing beside the destination; the node removes the kit after). $1: the
-# round's name (plan, apply); its output is fanout/$1-state.out. The run's scratch name is kept.
+# round's name (plan, apply); its output is fanout/$1-state.out. The run's scratch name and pin
+# are kept.
 #######################################
 rb::fan_state() {
-  local name=$1 dir="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}-$1" keep=${RB_FAN_SCRATCH} hex
+  local name=$1 dir="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}-$1" keep=${RB_FAN_SCRATCH}
+  local pin=${RB_FAN_PIN}
   rm -rf "${dir}" "${dir}.tar"
   mkdir -p "${dir}/kit"
   rb::fan_kit_copy "${dir}/kit"
   tar -C "${dir}" -cf "${dir}.tar" .
-  hex=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n') || rb::fail "no random bytes for the scratch name"
-  RB_FAN_SCRATCH="${RB_FAN_SCRATCH_BASE}-${hex}"
-  rb::fan_copy "${name}-copy" "${dir}.tar" "${RB_FAN_NODES}"
+  rb::fan_send "${name}-copy" "${dir}.tar" "${RB_FAN_NODES}"
   rb::fan_install "${name}-state" "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \
     "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" --state --dest "${RB_DST_ABS}" \
     --choices "${RB_ENGINE_CHOICES}"
-  RB_FAN_SCRATCH=${keep}
+  RB_FAN_SCRATCH=${keep} RB_FAN_PIN=${pin}
   rm -rf "${dir}" "${dir}.tar"
 }
 
@@ -713,7 +732,6 @@ rb::kit_write() {
 step_fan_preflight() {
   local record='' stat
   rb::fan_need timeout tar
-  rb::fan_scratch
   rb::fan_ready
   # every host at once: tools, python3, compressors, the kit (one command and reply each)
   rb::hosts_prepare "${RB_HOSTS[@]}"
@@ -800,8 +818,7 @@ step_fan_pack() {
 # Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
-  rb::fan_scratch new
-  rb::fan_copy copy "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
+  rb::fan_send copy "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
   if ((RB_FAN_RC != 0)); then
     rb::log "the copy did not reach every node (exit ${RB_FAN_RC}); the install goes on, and the" \
       "comparison names the nodes without a report"
@@ -817,8 +834,16 @@ step_fan_install() {
   # the spec's choices are one document (RB_ENGINE_CHOICES); the rest are this run's facts
   local -a args=(--dest "${RB_DST_ABS}" --old "${RB_SRC_ABS}" --choices "${RB_ENGINE_CHOICES}"
     --compression "${RB_COMPRESSION_USED}" --probe-config "${RB_PROBE_CONFIG:-}")
+  local bundle="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}.tar"
   # a whole-bundle round's output is this step's alone (a --from run may find an earlier one)
   rm -f "${RB_STATE_DIR}/fanout/"{copy,install}-full.{out,err}
+  if [[ -z "${RB_FAN_PIN}" ]]; then
+    # this run copied nothing yet (--from fan_install): the bundle goes again, under a new name;
+    # a name an earlier run used is never looked at (another user may have put a file there)
+    [[ -f "${bundle}" ]] || rb::fail "no bundle at ${bundle}: run the runbook from fan_pack"
+    rb::log "a new copy of the bundle for this run (a name used before is never trusted)"
+    rb::fan_send copy "${bundle}" "${RB_FAN_NODES}"
+  fi
   rb::fan_install install "${RB_FAN_NODES}" "${#RB_FAN_NODE_LIST[@]}" \
     "$(IFS=,; printf '%s' "${RB_FAN_NODE_LIST[*]}")" "${args[@]}"
   RB_STEP_DETAIL="${RB_FAN_ENGINE} exit ${RB_FAN_RC}"
