@@ -21,7 +21,6 @@ import argparse
 import os
 import posixpath
 import stat
-import subprocess
 import sys
 from typing import Dict, List, Optional
 
@@ -82,6 +81,8 @@ def spec_named(words: List[str]) -> Dict[str, List[str]]:
 def ssh_g(words: List[str], target: str) -> Dict[str, str]:
     """What ssh will use for `target` with these words (`ssh WORDS -G -- TARGET`: connects nowhere),
     each key's first line. Raises SshSaid with ssh's words when it cannot read its options."""
+    import subprocess  # here only: compile imports this module for the names' rule alone
+
     try:
         got = subprocess.run(["ssh", *words, "-G", "--", target], stdin=subprocess.DEVNULL,
                              capture_output=True, text=True, timeout=G_SECONDS)

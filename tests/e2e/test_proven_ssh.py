@@ -21,14 +21,18 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_local_runbook import compile_
-from tests.e2e.test_other_users import NOBODY, SETPRIV, as_nobody, shared, world_writable
+from tests.e2e.test_other_users import NOBODY, SETPRIV, shared, world_writable
 from tests.e2e.test_relay import build, run, spec_text
-from tests.e2e.test_run_dirs import slow_tar
+from tests.e2e.test_run_dirs import start_slow_run
 from tests.e2e.test_ssh_config import aliased, team_config
 
 __all__ = ["shared"]                   # the fixture, used by name
 
 pytestmark = pytest.mark.e2e
+
+
+def failed_line(r: subprocess.CompletedProcess, start: str) -> str:
+    return next((x for x in r.stderr.splitlines() if start in x), "")
 
 
 def planted_config(lab, shared: Path, fault: str, extra: str) -> Path:
@@ -61,7 +65,7 @@ def test_a_plan_stops_at_a_refused_ssh_config_and_runs_nothing_it_names(
     assert sorted(os.listdir(marker)) == [], r.stderr[-3000:]
     assert r.returncode != 0, r.stdout + r.stderr[-3000:]
     assert "reachable" not in r.stdout
-    failed = next((x for x in r.stderr.splitlines() if "FAILED in step plan on host dst" in x), "")
+    failed = failed_line(r, "FAILED in step plan on host dst")
     assert f"refusing hosts.dst.ssh_config {config}:" in failed, r.stderr[-3000:]
 
 
@@ -138,7 +142,7 @@ def test_known_hosts_from_the_ssh_config_that_turn_checking_off_are_refused(
     script = build(tmp_path, text)
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0, r.stderr[-3000:]
-    failed = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
+    failed = failed_line(r, "FAILED in step preflight on host dst")
     assert "UserKnownHostsFile /dev/null" in failed and "turns host key checking off" in failed, \
         r.stderr[-3000:]
     assert not (tmp_path / "dst").exists()
@@ -167,7 +171,7 @@ def test_a_known_hosts_file_another_user_can_change_is_refused(
     script = build(tmp_path, text)
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0, r.stderr[-3000:]
-    failed = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
+    failed = failed_line(r, "FAILED in step preflight on host dst")
     assert f"refusing UserKnownHostsFile {kh} of hosts.dst: {said}" in failed, r.stderr[-3000:]
     assert not (tmp_path / "dst").exists()
 
@@ -221,16 +225,8 @@ def test_a_plan_leaves_the_directories_of_running_runs_alone(payload_small, tmp_
     is still going."""
     script = compile_(tmp_path, payload_small.venv, tmp_path / "d" / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("RB_RUN_DIR", "RB_KEEP_RUNS")}
-    slow = slow_tar(tmp_path, 6)
-    a = subprocess.Popen(["bash", str(script)], cwd=tmp_path,
-                         env=dict(env, PATH=f"{slow}:{env['PATH']}"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    state = tmp_path / "runs" / "e2e"
+    a, a_dir = start_slow_run(tmp_path, script, env, 6)
     try:
-        deadline = time.monotonic() + 60
-        while not (state / "latest").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        a_dir = (state / "latest").resolve()
         time.sleep(1.1)                                   # a new second: a new name
         p = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path,
                            env=dict(env, RB_KEEP_RUNS="1"), capture_output=True, text=True,
