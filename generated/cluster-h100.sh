@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 10fc9db70a8059e492fe2f8f1d95609e3c7f586c4037fc183ae54f471eca0409
+# sha256 of this file with these 64 digits zeroed: 8392d626b025f0565a1b8636aa78ac7e1cb7cb44265191bb92544e3a759d021f
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=bbb8fa2ef94b5662b3056e0b61349988a62d32ceb27a55b8b89134ef74d67fb2
-readonly RB_KIT_FILE=.kit/bbb8fa2ef94b5662b3056e0b61349988a62d32ceb27a55b8b89134ef74d67fb2.tar
+readonly RB_KIT_SHA256=a86ee60f3a612bb30a88ea13b519baf837c5a4c9390697847ec19521a7591fd0
+readonly RB_KIT_FILE=.kit/a86ee60f3a612bb30a88ea13b519baf837c5a4c9390697847ec19521a7591fd0.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -934,12 +934,10 @@ step_probe() {
 # run holds it.
 #######################################
 rb::init() {
-  # this run's scratch directory (mktemp -d: a new name, 0700) in a private parent
-  # (rb::scratch_parent): this machine's kit, the ssh sockets, the working directory of every
-  # command this runbook starts from here on, and their TMPDIR
-  rb::scratch_parent
-  RB_WORK=$(umask 077 && mktemp -d "${RB_SCRATCH}/rb.XXXXXX")
-  export TMPDIR=${RB_WORK}
+  # this run's scratch directory in a private parent (rb::scratch_dir): this machine's kit, the
+  # ssh sockets, the working directory of every command this runbook starts from here on, and
+  # their TMPDIR
+  rb::scratch_dir
   RB_LOCAL_KIT=${RB_WORK}/kit
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
@@ -970,48 +968,11 @@ rb::init() {
   rb::install_paths
   cd "${RB_WORK}"
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
-  if [[ -n "${RB_SCRATCH_NOTE}" ]]; then
-    rb::log "${RB_SCRATCH_NOTE}"
-  fi
+  rb::scratch_said
   if ((RB_ALLOW_EDITED)); then
     rb::event fact main allow_edited "${RB_EDITED:-no}"
     rb::log "--allow-edited: ${RB_EDITED:-nothing was edited}"
   fi
-}
-
-#######################################
-# Where this run's scratch directory is made: TMPDIR (default /tmp) when it is private
-# (rb::private_path: neither it nor a directory above it can be changed by another user than root
-# or this one, a sticky one aside), else /tmp, saying so (RB_SCRATCH_NOTE, logged once the log
-# is open); when neither is, the run stops here (exit 2) before anything is made. The kit that
-# holds rbrules.private is written into that directory, so the rule is taken in sh here. Sets
-# RB_SCRATCH (its physical path).
-#######################################
-rb::scratch_parent() {
-  local want=${TMPDIR:-/tmp} got rc=0 why me
-  RB_SCRATCH_NOTE=''
-  got=$(rb::private_path "${want}") || rc=$?
-  if ((rc == 0)); then
-    RB_SCRATCH=${got}
-    return 0
-  fi
-  why=${got}
-  if [[ "${want}" != /tmp ]]; then
-    rc=0
-    got=$(rb::private_path /tmp) || rc=$?
-    if ((rc == 0)); then
-      RB_SCRATCH=${got}
-      RB_SCRATCH_NOTE="TMPDIR ${want} is not private: ${why}; this run's scratch directory is in"
-      RB_SCRATCH_NOTE+=" /tmp instead"
-      return 0
-    fi
-    why+="; nor /tmp: ${got}"
-  fi
-  me=$(id -un)
-  echo "refusing to run: no private place for this run's scratch directory (TMPDIR ${want}: ${why});" \
-    "another user could replace this run's kit there: set TMPDIR to a directory only" \
-    "${me} can write (its parents too)" >&2
-  exit 2
 }
 
 #######################################

@@ -253,36 +253,6 @@ rb::kit() {
 }
 
 #######################################
-# The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
-# itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
-# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
-# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
-#######################################
-rb::known_hosts_of() {
-  local key value name='' port=22 alias='' conf
-  RB_KH_FILE=${HOME}/.ssh/known_hosts
-  "rb::host_$1"
-  conf=''
-  if [[ -n "${RB_SSH_READY[$1]:-}" ]]; then
-    conf=$(ssh "${RB_HOST_SSH[@]}" -G -- "${RB_HOST_TARGET}" 2>/dev/null) || true
-  fi
-  while read -r key value; do
-    case "${key}" in
-      hostname) name=${value} ;;
-      port) port=${value} ;;
-      hostkeyalias) alias=${value} ;;
-      userknownhostsfile) RB_KH_FILE=${value%% *} ;;
-    esac
-  done <<<"${conf}"
-  RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
-  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
-  RB_KH_NAME=${alias:-${RB_KH_HOST}} RB_KH_ALIAS=${alias}
-  if [[ -z "${alias}" && "${port}" != 22 ]]; then
-    RB_KH_NAME="[${RB_KH_NAME}]:${port}"
-  fi
-}
-
-#######################################
 # Before the first connection: the hosts of HOSTS... with host_keys: accept-new whose key their
 # known_hosts file does not hold yet (RB_KH_NEW); rb::known_hosts_after logs what ssh took.
 #######################################
@@ -414,45 +384,33 @@ rb::ssh_files_ready() {
 }
 
 #######################################
-# `rb_private DIR`, a POSIX sh function: DIR's physical path (links resolved, cd -P) on stdout
-# when it and every directory above it is root's or this user's and not writable by group or
-# others unless sticky (what rbrules.private judges along a path: in sh, since it runs where no
-# kit is yet: the parent of this machine's scratch directory, and /tmp on a host before its
-# kit's directory is made there); else why not on stdout, status 1. A sticky directory protects
-# the names in it: the one made there (mktemp -d, 0700) is then this user's, which no one else
-# can rename or replace.
+# The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
+# itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
+# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
+# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
 #######################################
-RB_PRIVATE_SH='rb_private() {
-  real=$(cd -P -- "$1" 2>/dev/null && pwd -P) || { echo "$1 is not a directory here"; return 1; }
-  me=$(id -u) at=$real
-  while :; do
-    st=$(stat -c "%u %a %U" -- "$at") || { echo "cannot stat $at"; return 1; }
-    set -- $st
-    mode=$(printf %04o $((0$2)))
-    if [ "$1" != 0 ] && [ "$1" != "$me" ]; then
-      echo "directory $at is owned by $3 (uid $1), mode $mode: that user can rename or replace what is in it"
-      return 1
-    fi
-    wbits=$((0$2 & 18))
-    if [ "$wbits" != 0 ] && [ $((0$2 & 512)) = 0 ]; then
-      who=others
-      [ "$wbits" = 16 ] && who=group
-      [ "$wbits" = 18 ] && who="group and others"
-      echo "directory $at is owned by $3 (uid $1), mode $mode: writable by $who without the sticky bit, so another user can rename or replace what is in it"
-      return 1
-    fi
-    [ "$at" = / ] && break
-    at=${at%/*}
-    at=${at:-/}
-  done
-  printf "%s\n" "$real"
-}
-'
-
-# RB_PRIVATE_SH's rule here: the physical path of the directory $1, or why it is not private
-# (status 1)
-rb::private_path() {
-  sh -c "${RB_PRIVATE_SH}"$'\nrb_private "$1"' rb "$1"
+rb::known_hosts_of() {
+  local key value name='' port=22 alias='' conf
+  RB_KH_FILE=${HOME}/.ssh/known_hosts
+  "rb::host_$1"
+  conf=''
+  if [[ -n "${RB_SSH_READY[$1]:-}" ]]; then
+    conf=$(ssh "${RB_HOST_SSH[@]}" -G -- "${RB_HOST_TARGET}" 2>/dev/null) || true
+  fi
+  while read -r key value; do
+    case "${key}" in
+      hostname) name=${value} ;;
+      port) port=${value} ;;
+      hostkeyalias) alias=${value} ;;
+      userknownhostsfile) RB_KH_FILE=${value%% *} ;;
+    esac
+  done <<<"${conf}"
+  RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
+  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}} RB_KH_ALIAS=${alias}
+  if [[ -z "${alias}" && "${port}" != 22 ]]; then
+    RB_KH_NAME="[${RB_KH_NAME}]:${port}"
+  fi
 }
 
 #######################################
@@ -586,6 +544,103 @@ print(sys.executable)" "${dir}" "$2") || exit 1
     fi
     boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null) || boot=-
     printf "%s\t%s\t%s\t%s\n" "${py}" "${dir}" "${comp}" "${boot:--}"' rb "${mode}" "${RB_KIT_TAR_SHA256}" "${RB_HOLDER}" <"${tar}"
+}
+
+#######################################
+# `rb_private DIR`, a POSIX sh function: DIR's physical path (links resolved, cd -P) on stdout
+# when it and every directory above it is root's or this user's and not writable by group or
+# others unless sticky (what rbrules.private judges along a path: in sh, since it runs where no
+# kit is yet: the parent of this machine's scratch directory, and /tmp on a host before its
+# kit's directory is made there); else why not on stdout, status 1. A sticky directory protects
+# the names in it: the one made there (mktemp -d, 0700) is then this user's, which no one else
+# can rename or replace.
+#######################################
+RB_PRIVATE_SH='rb_private() {
+  real=$(cd -P -- "$1" 2>/dev/null && pwd -P) || { echo "$1 is not a directory here"; return 1; }
+  me=$(id -u) at=$real
+  while :; do
+    st=$(stat -c "%u %a %U" -- "$at") || { echo "cannot stat $at"; return 1; }
+    set -- $st
+    mode=$(printf %04o $((0$2)))
+    if [ "$1" != 0 ] && [ "$1" != "$me" ]; then
+      echo "directory $at is owned by $3 (uid $1), mode $mode: that user can rename or replace what is in it"
+      return 1
+    fi
+    wbits=$((0$2 & 18))
+    if [ "$wbits" != 0 ] && [ $((0$2 & 512)) = 0 ]; then
+      who=others
+      [ "$wbits" = 16 ] && who=group
+      [ "$wbits" = 18 ] && who="group and others"
+      echo "directory $at is owned by $3 (uid $1), mode $mode: writable by $who without the sticky bit, so another user can rename or replace what is in it"
+      return 1
+    fi
+    [ "$at" = / ] && break
+    at=${at%/*}
+    at=${at:-/}
+  done
+  printf "%s\n" "$real"
+}
+'
+
+# RB_PRIVATE_SH's rule here: the physical path of the directory $1, or why it is not private
+# (status 1)
+rb::private_path() {
+  sh -c "${RB_PRIVATE_SH}"$'\nrb_private "$1"' rb "$1"
+}
+
+#######################################
+# This run's scratch directory, RB_WORK (mktemp -d: a new name, 0700), made in TMPDIR (default
+# /tmp) when it is private (rb::private_path: neither it nor a directory above it can be changed
+# by another user than root or this one, a sticky one aside), else in /tmp, saying so
+# (rb::scratch_said, once the log is open); when neither is, the run stops here (exit 2) before
+# anything is made. The kit that holds rbrules.private is written into it, so the rule is taken
+# in sh here. TMPDIR is then RB_WORK, for all this run starts here.
+#######################################
+rb::scratch_dir() {
+  local want=${TMPDIR:-/tmp} got rc=0 why me
+  RB_SCRATCH_NOTE=''
+  got=$(rb::private_path "${want}") || rc=$?
+  if ((rc != 0)); then
+    why=${got}
+    if [[ "${want}" != /tmp ]]; then
+      rc=0
+      got=$(rb::private_path /tmp) || rc=$?
+      RB_SCRATCH_NOTE="TMPDIR ${want} is not private: ${why}; this run's scratch directory is in"
+      RB_SCRATCH_NOTE+=" /tmp instead"
+      why+="; nor /tmp: ${got}"
+    fi
+  fi
+  if ((rc != 0)); then
+    me=$(id -un)
+    echo "refusing to run: no private place for this run's scratch directory (TMPDIR ${want}:" \
+      "${why}); another user could replace this run's kit there: set TMPDIR to a directory" \
+      "only ${me} can write (its parents too)" >&2
+    exit 2
+  fi
+  RB_WORK=$(umask 077 && mktemp -d "${got}/rb.XXXXXX")
+  export TMPDIR=${RB_WORK}
+}
+
+# What rb::scratch_dir had to say (a TMPDIR that is not private), in the log.
+rb::scratch_said() {
+  if [[ -n "${RB_SCRATCH_NOTE}" ]]; then
+    rb::log "${RB_SCRATCH_NOTE}"
+  fi
+}
+
+#######################################
+# Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
+# private (rbrules.private: this user's, not writable by others, nor any directory above it by
+# anyone but this user or root), or the run stops here (exit 2) before anything is written there.
+#######################################
+rb::private_dir() {
+  local dir=$1 what=$2 why
+  shift 2
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
+  if ! why=$("${RB_KIT_ARGV[@]}" --make --what "${what}" --fix "$*" -- "${dir}" 2>&1); then
+    printf '%s\n' "${why:-refusing ${what} ${dir} (the check failed)}" >&2
+    exit 2
+  fi
 }
 
 #######################################
@@ -1050,21 +1105,6 @@ rb::relay_streams() {
   "${relay[@]}" </dev/null | rb::progress "${total}" "${start}" >"${RB_WORK}/receive.out" ||
     RB_RELAY_CODES=("${PIPESTATUS[@]}")
   ((${#RB_RELAY_CODES[@]} == 0))
-}
-
-#######################################
-# Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
-# private (rbrules.private: this user's, not writable by others, nor any directory above it by
-# anyone but this user or root), or the run stops here (exit 2) before anything is written there.
-#######################################
-rb::private_dir() {
-  local dir=$1 what=$2 why
-  shift 2
-  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
-  if ! why=$("${RB_KIT_ARGV[@]}" --make --what "${what}" --fix "$*" -- "${dir}" 2>&1); then
-    printf '%s\n' "${why:-refusing ${what} ${dir} (the check failed)}" >&2
-    exit 2
-  fi
 }
 
 #######################################

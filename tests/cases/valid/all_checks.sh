@@ -931,12 +931,10 @@ step_probe() {
 # run holds it.
 #######################################
 rb::init() {
-  # this run's scratch directory (mktemp -d: a new name, 0700) in a private parent
-  # (rb::scratch_parent): this machine's kit, the ssh sockets, the working directory of every
-  # command this runbook starts from here on, and their TMPDIR
-  rb::scratch_parent
-  RB_WORK=$(umask 077 && mktemp -d "${RB_SCRATCH}/rb.XXXXXX")
-  export TMPDIR=${RB_WORK}
+  # this run's scratch directory in a private parent (rb::scratch_dir): this machine's kit, the
+  # ssh sockets, the working directory of every command this runbook starts from here on, and
+  # their TMPDIR
+  rb::scratch_dir
   RB_LOCAL_KIT=${RB_WORK}/kit
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
@@ -967,48 +965,11 @@ rb::init() {
   rb::install_paths
   cd "${RB_WORK}"
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
-  if [[ -n "${RB_SCRATCH_NOTE}" ]]; then
-    rb::log "${RB_SCRATCH_NOTE}"
-  fi
+  rb::scratch_said
   if ((RB_ALLOW_EDITED)); then
     rb::event fact main allow_edited "${RB_EDITED:-no}"
     rb::log "--allow-edited: ${RB_EDITED:-nothing was edited}"
   fi
-}
-
-#######################################
-# Where this run's scratch directory is made: TMPDIR (default /tmp) when it is private
-# (rb::private_path: neither it nor a directory above it can be changed by another user than root
-# or this one, a sticky one aside), else /tmp, saying so (RB_SCRATCH_NOTE, logged once the log
-# is open); when neither is, the run stops here (exit 2) before anything is made. The kit that
-# holds rbrules.private is written into that directory, so the rule is taken in sh here. Sets
-# RB_SCRATCH (its physical path).
-#######################################
-rb::scratch_parent() {
-  local want=${TMPDIR:-/tmp} got rc=0 why me
-  RB_SCRATCH_NOTE=''
-  got=$(rb::private_path "${want}") || rc=$?
-  if ((rc == 0)); then
-    RB_SCRATCH=${got}
-    return 0
-  fi
-  why=${got}
-  if [[ "${want}" != /tmp ]]; then
-    rc=0
-    got=$(rb::private_path /tmp) || rc=$?
-    if ((rc == 0)); then
-      RB_SCRATCH=${got}
-      RB_SCRATCH_NOTE="TMPDIR ${want} is not private: ${why}; this run's scratch directory is in"
-      RB_SCRATCH_NOTE+=" /tmp instead"
-      return 0
-    fi
-    why+="; nor /tmp: ${got}"
-  fi
-  me=$(id -un)
-  echo "refusing to run: no private place for this run's scratch directory (TMPDIR ${want}: ${why});" \
-    "another user could replace this run's kit there: set TMPDIR to a directory only" \
-    "${me} can write (its parents too)" >&2
-  exit 2
 }
 
 #######################################
