@@ -15,15 +15,17 @@ known: strict checking fails every connection, accept-new takes any key, a chang
 GlobalKnownHostsFile may (this machine's /etc/ssh/ssh_known_hosts is then not read, which only
 knows fewer keys). No file in /dev, /proc or /sys, no ssh % tokens; and the runbook checks, before
 it connects, that each file is a regular file, or with accept-new that the first user file can be
-made in a private folder (runtime/known_hosts.sh.j2): ssh takes a key it cannot record without a
-word.
+made in a private folder, and that no other user can change it, judging what `ssh -G` says ssh
+reads for the host (rbrules.sshfiles, which holds the names' rule both sides use): ssh takes a key
+it cannot record without a word.
 """
 
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Callable, Optional
+
+from rbrules.sshfiles import KNOWN_HOSTS, OFF, in_system, known_hosts_path  # noqa: F401
 
 YES_NO = ("yes", "no")
 ALGORITHMS = re.compile(r"^[+^-]?[A-Za-z0-9@._-]+(,[A-Za-z0-9@._-]+)*$")
@@ -33,11 +35,6 @@ WORD = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
 IPQOS = re.compile(r"^[a-z0-9]{1,12}( [a-z0-9]{1,12})?$")
 REKEY = re.compile(r"^(default|[0-9]{1,12}[KMG]?)( (none|[0-9]{1,9}[smhdw]?))?$")
 PATH = re.compile(r"^(/|~/)[A-Za-z0-9._/%@+=,:-]*$")
-OFF = ("/dev/null", "none")
-KNOWN_HOSTS = ("userknownhostsfile", "globalknownhostsfile")  # by their lower-case names
-# where a known_hosts file cannot be: what is there is not a file that keeps keys
-SYSTEM = {"dev": "a device", "proc": "the kernel's view of processes",
-          "sys": "the kernel's view of devices"}
 
 Check = Callable[[str], Optional[str]]  # the value -> why it is refused, or None
 
@@ -48,14 +45,6 @@ def _choice(*allowed: str) -> Check:
 
 def _match(pattern: re.Pattern, what: str) -> Check:
     return lambda v: None if pattern.match(v) else f"must be {what}"
-
-
-def known_hosts_path(f: str) -> str:
-    """A known_hosts file's name as the kernel reads it, lexically: `/dev/./null`, `//dev/null`
-    and `/dev//null` are all /dev/null (posixpath.normpath keeps a leading `//`; Linux does not)."""
-    if f.startswith("~/"):
-        return "~/" + posixpath.normpath(f[2:]).lstrip("/")
-    return "/" + posixpath.normpath(f).lstrip("/")
 
 
 def known_hosts_files(v: str) -> str:
@@ -86,9 +75,10 @@ def _paths(v: str, *, may_be_off: bool) -> Optional[str]:
     for f, n in zip(files, normal):
         if n in OFF:
             continue  # GlobalKnownHostsFile /dev/null: this machine's global file is not read
-        top = n.split("/")[1] if n.startswith("/") else ""
-        if top in SYSTEM:
-            return (f"{f} is in /{top}, {SYSTEM[top]}, not a known_hosts file: name a regular file "
+        what = in_system(n) if n.startswith("/") else None
+        if what:
+            top = n.split("/")[1]
+            return (f"{f} is in /{top}, {what}, not a known_hosts file: name a regular file "
                     "that holds the host's key (e.g. /etc/ssh/ssh_known_hosts or "
                     "~/.ssh/known_hosts), or leave the option out")
     return None
@@ -136,9 +126,10 @@ RELATIVE_PATH = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._/@+=,:-]*$")
 
 def config_in_system(path: str) -> Optional[str]:
     """Why the absolute `path` cannot be an ssh config file (in /dev, /proc or /sys), or None."""
-    top = known_hosts_path(path).split("/")[1]
-    if top in SYSTEM:
-        return (f"{path} is in /{top}, {SYSTEM[top]}, not an ssh config file: name the file that "
+    what = in_system(path)
+    if what:
+        top = known_hosts_path(path).split("/")[1]
+        return (f"{path} is in /{top}, {what}, not an ssh config file: name the file that "
                 "defines the host (Host blocks, as ssh -F reads them)")
     return None
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 793e5d38b34352dd8f7dbeedfdd51392cab8e7aadb7802329a8797f7ec8a5534
+# sha256 of this file with these 64 digits zeroed: e1223a4d5f0daff2a78973428c984f6351063637e0141004caafa69ee48ddd17
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b
-readonly RB_KIT_FILE=.kit/0cb1aa70fd84a2e705a9880ef4b320448a77c3a16eeaf597d2285abfd19cb51b.tar
+readonly RB_KIT_SHA256=3ea417366022ed2e41de74ee7bb113ceeffb7698462697004d6a882b3252b17d
+readonly RB_KIT_FILE=.kit/3ea417366022ed2e41de74ee7bb113ceeffb7698462697004d6a882b3252b17d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -934,23 +934,25 @@ step_probe() {
 # run holds it.
 #######################################
 rb::init() {
-  # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
-  # sockets, and the working directory of every command this runbook starts from here on
-  RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
+  # this run's scratch directory in a private parent (rb::scratch_dir): this machine's kit, the
+  # ssh sockets, the working directory of every command this runbook starts from here on, and
+  # their TMPDIR
+  rb::scratch_dir
   RB_LOCAL_KIT=${RB_WORK}/kit
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
-  # a plan's ssh connections are made while the kit is written and the run directory checked
-  if ((${RB_PLANNING:-0})); then
-    rb::connect_early "${RB_HOSTS[@]}"
-  fi
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
   fi
   rb::kit_write "${RB_LOCAL_KIT}"
+  # a plan's ssh connections are made while the run directory is checked (each judged first,
+  # with the kit just written: rb::connect_early)
+  if ((${RB_PLANNING:-0})); then
+    rb::connect_early "${RB_HOSTS[@]}"
+  fi
   rb::run_dirs
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
@@ -966,6 +968,7 @@ rb::init() {
   rb::install_paths
   cd "${RB_WORK}"
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
+  rb::scratch_said
   if ((RB_ALLOW_EDITED)); then
     rb::event fact main allow_edited "${RB_EDITED:-no}"
     rb::log "--allow-edited: ${RB_EDITED:-nothing was edited}"

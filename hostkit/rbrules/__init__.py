@@ -5,10 +5,16 @@ the one host-side package the compiler imports (for the rules it renders into a 
 
     launch    how every Python the runbook starts on a host is started: isolated, by the path of
               the kit's own entry file, from a private working directory
+    cpus      how many CPUs this process may use (affinity, the cgroup's quota): one count for
+              every place that sizes jobs or streams
     common    the rules both sides state, each once: a byte count in words (`human`)
     links     whether a symbolic link leads outside the venv (the transfer's scan, the `outside`
               check)
     paths     the names a run keeps beside a destination: staging, lock, env file
     private   whether a path root executes from or writes to is private, and the refusal if not
+    records   a record a run wrote earlier (a saved plan, its scan and state), read back only
+              once it is proven this user's (owner, mode, type, links, size, a private folder)
+    sshfiles  the files ssh reads for a host (its -F config, the known_hosts files ssh -G names),
+              judged before ssh uses them
     shown     how a name is shown to a person: escaped as `ls -b` / repr would, never raw
 """

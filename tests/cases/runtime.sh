@@ -221,10 +221,18 @@ rb::_on_host() {
   fi
   if [[ -z "${RB_HOST_TARGET}" ]]; then
     "$@"
+  elif [[ -z "${RB_SSH_READY[${host}]:-}" ]]; then
+    # what ssh would read for the host was refused, or never judged (rb::ssh_files_ready)
+    rb::fail "not reaching ${host}: the files ssh reads for it were not accepted"
+    return 1
   else
     # the spec's options first: for ssh the first value of an option wins; the command starts in
-    # this run's private kit directory there (`/` before it is made), never the login's directory
+    # this run's private kit directory there (`/` before it is made), never the login's
+    # directory, with TMPDIR there too (what the kit makes in a temporary directory is in it)
     words=$(rb::shq cd "${RB_KIT_DIR[${host}]:-/}")
+    if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
+      words+=" && TMPDIR=$(rb::shq "${RB_KIT_DIR[${host}]}") && export TMPDIR"
+    fi
     words+=" && $(rb::shq "$@")"
     ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -- "${RB_HOST_TARGET}" "${words}"
   fi
@@ -265,104 +273,6 @@ rb::kit() {
 }
 
 #######################################
-# The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
-# itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
-# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
-# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
-#######################################
-rb::known_hosts_of() {
-  local key value name='' port=22 alias='' conf
-  RB_KH_FILE=${HOME}/.ssh/known_hosts
-  "rb::host_$1"
-  conf=$(ssh "${RB_HOST_SSH[@]}" -G -- "${RB_HOST_TARGET}" 2>/dev/null) || true
-  while read -r key value; do
-    case "${key}" in
-      hostname) name=${value} ;;
-      port) port=${value} ;;
-      hostkeyalias) alias=${value} ;;
-      userknownhostsfile) RB_KH_FILE=${value%% *} ;;
-    esac
-  done <<<"${conf}"
-  RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
-  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
-  RB_KH_NAME=${alias:-${RB_KH_HOST}} RB_KH_ALIAS=${alias}
-  if [[ -z "${alias}" && "${port}" != 22 ]]; then
-    RB_KH_NAME="[${RB_KH_NAME}]:${port}"
-  fi
-}
-
-#######################################
-# Before HOST is reached over ssh: each known_hosts file its options name (UserKnownHostsFile,
-# GlobalKnownHostsFile; compile refused /dev, /proc, /sys and a user file /dev/null however
-# spelled) is a regular file here. With host_keys: accept-new the first user file may be missing
-# when ssh can make it: its folder exists, is this user's, and no one else can write it. A file
-# ssh can neither read nor write knows no key, and accept-new then takes any key on every
-# connection, a changed one too, without a word (issue 33 N5). Fails (rb::fail) naming the file,
-# the host and the fix. The spec's ssh config file first (rb::ssh_config_ready).
-#######################################
-rb::known_hosts_ready() {
-  local host=$1 word key file dir mode fix accept_new=0 first=1
-  local -a files
-  "rb::host_${host}"
-  if [[ -z "${RB_HOST_TARGET}" ]]; then
-    return 0
-  fi
-  rb::ssh_config_ready "${host}"
-  for word in "${RB_HOST_SSH[@]}"; do
-    if [[ "${word}" == StrictHostKeyChecking=accept-new ]]; then
-      accept_new=1
-    fi
-  done
-  for word in "${RB_HOST_SSH[@]}"; do
-    key=${word%%=*}
-    case "${key,,}" in
-      userknownhostsfile | globalknownhostsfile) ;;
-      *) continue ;;
-    esac
-    read -r -a files <<<"${word#*=}"
-    for file in "${files[@]}"; do
-      # ssh's ~/ is this user's home
-      if [[ "${file}" == \~/* ]]; then
-        file=${HOME}/${file#\~/}
-      fi
-      if [[ "${key,,}" == globalknownhostsfile && "${file}" == /dev/null ]] || [[ -f "${file}" ]]; then
-        [[ "${key,,}" == userknownhostsfile ]] && first=0
-        continue
-      fi
-      RB_HOST=${host}
-      if [[ -e "${file}" ]]; then
-        rb::fail "hosts.${host}: ${key} ${file} is not a regular file here (ssh reads and records" \
-          "${host}'s host key in it): name a known_hosts file"
-        return 1
-      fi
-      dir=${file%/*}
-      dir=${dir:-/}
-      if [[ "${key,,}" == userknownhostsfile ]] && ((accept_new && first)); then
-        mode=$(stat -L -c %a -- "${dir}" 2>/dev/null) || mode=''
-        if [[ -d "${dir}" && -O "${dir}" && -n "${mode}" ]] && ((!(8#${mode} & 8#022))); then
-          first=0
-          continue
-        fi
-        fix="mkdir -m 700 ${dir}"
-        if [[ -d "${dir}" ]]; then
-          fix="chown ${EUID} ${dir}; chmod go-w ${dir}"
-        fi
-        rb::fail "hosts.${host}: ${key} ${file} does not exist and ssh cannot make it there" \
-          "(${dir} must be a folder of this user that no one else can write): with host_keys:" \
-          "accept-new ssh would take any key of ${host}, a changed one too, on every connection." \
-          "Make it one (${fix}), or name a known_hosts file that exists"
-        return 1
-      fi
-      rb::fail "hosts.${host}: ${key} ${file} does not exist here: ssh would know no host key" \
-        "of ${host} from it. Create it with ${host}'s key (ssh-keyscan, checked against the" \
-        "host's own), or set hosts.${host}.host_keys: accept-new for a first contact, or name" \
-        "the file that holds the key"
-      return 1
-    done
-  done
-}
-
-#######################################
 # Before the first connection: the hosts of HOSTS... with host_keys: accept-new whose key their
 # known_hosts file does not hold yet (RB_KH_NEW); rb::known_hosts_after logs what ssh took.
 #######################################
@@ -394,48 +304,133 @@ rb::known_hosts_after() {
 }
 
 #######################################
-# Add to RB_HINT how to trust HOST's key: check it, add it to the file ssh reads (rb::known_hosts_of)
-# under the name ssh looks up (its HostKeyAlias, if any).
+# The cause and the fix when ssh refused the host key of HOST ($1), and of every other host whose
+# preparation failed the same way: RB_KEY_WORDS (what is wrong, each other host named) and
+# RB_HINT (what to do, for each). RB_HOST_SSH and RB_HOST_TARGET are HOST's again after: the
+# cause names HOST's own address.
+#######################################
+rb::host_keys_cause() {
+  local host=$1 h
+  RB_HINT=''
+  rb::host_key_hint "${host}"
+  RB_KEY_WORDS=${RB_KH_WORDS}
+  for h in "${RB_PREPARE_HOSTS[@]}"; do
+    if [[ "${h}" != "${host}" ]] && grep -qE 'verification failed|host key is known|HAS CHANGED' \
+      "${RB_WORK}/prepare-${h}.err" 2>/dev/null; then
+      RB_HINT+=". For ${h}: "
+      rb::host_key_hint "${h}"
+      if ((RB_KH_CHANGED)); then
+        RB_KEY_WORDS+="; ${h}'s host key changed"
+      else
+        RB_KEY_WORDS+="; nor ${h}'s"
+      fi
+    fi
+  done
+  "rb::host_${host}"
+}
+
+#######################################
+# Add to RB_HINT what to do about HOST's ($1) host key, which ssh refused; RB_KH_WORDS what is
+# wrong with it, RB_KH_CHANGED 1 when it changed. A key ssh knows another key for (its
+# preparation's words say it changed, or the file ssh records keys in holds one for the name ssh
+# looks up) changed: that is what an attack looks like, so the new key is checked with the host's
+# owner before the old line is replaced (accept-new takes only keys no file knows: it cannot
+# help). A key no file knows: check it and add it to the file ssh reads (rb::known_hosts_of),
+# under the name ssh looks up (its HostKeyAlias, if any), or accept-new for a first contact.
 #######################################
 rb::host_key_hint() {
-  local port=''
+  local port='' check add
   rb::known_hosts_of "$1"
   if [[ "${RB_KH_PORT}" != 22 ]]; then
     port=" -p ${RB_KH_PORT}"
   fi
+  check="ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -"
+  add="ssh-keyscan${port} ${RB_KH_HOST}${RB_KH_ALIAS:+ | sed 's/^[^ ]*/${RB_KH_ALIAS}/'} >> ${RB_KH_FILE}"
+  RB_KH_CHANGED=0
+  if grep -qE 'IDENTIFICATION HAS CHANGED|Host key for .* has changed' "${RB_WORK}/prepare-$1.err" \
+    2>/dev/null || ssh-keygen -F "${RB_KH_NAME}" -f "${RB_KH_FILE}" >/dev/null 2>&1; then
+    RB_KH_CHANGED=1
+    RB_KH_WORDS="its host key changed: it is not the key this machine knows for it"
+    RB_HINT+="$1's host key is not the one ${RB_KH_FILE} holds for ${RB_KH_NAME}: it changed,"
+    RB_HINT+=" which is what an attack looks like. Ask the host's owner whether it was"
+    RB_HINT+=" re-keyed and check the new key's fingerprint with them (${check}); only then"
+    RB_HINT+=" remove the old key (ssh-keygen -R ${RB_KH_NAME} -f ${RB_KH_FILE}) and add the"
+    RB_HINT+=" new one (${add})"
+    return 0
+  fi
+  RB_KH_WORDS="this machine does not trust its host key"
   RB_HINT+="this machine does not trust $1's host key. Check its fingerprint with the host's"
-  RB_HINT+=" owner (ssh-keyscan${port} ${RB_KH_HOST} | ssh-keygen -lf -), then add it to"
-  RB_HINT+=" the known_hosts file ssh reads for it (ssh-keyscan${port} ${RB_KH_HOST}"
-  RB_HINT+="${RB_KH_ALIAS:+ | sed 's/^[^ ]*/${RB_KH_ALIAS}/'} >> ${RB_KH_FILE}),"
+  RB_HINT+=" owner (${check}), then add it to the known_hosts file ssh reads for it (${add}),"
   RB_HINT+=" or set hosts.$1.host_keys: accept-new in the spec for a first contact"
 }
 
+# the ssh hosts whose files rb::ssh_files_ready passed: the only ones ssh is ever run for
+declare -A RB_SSH_READY=()
+
 #######################################
-# Before HOST is reached over ssh: the ssh config file its spec names (hosts.HOST.ssh_config, in
-# RB_HOST_SSH after -F; compile refused /dev, /proc, /sys and `..` past a name; a relative path
-# is written from this file's folder, RB_SELF_ABS) is a regular file here that only this user or
-# root can change, nor any directory above it, each `..` taken where the kernel takes it
-# (rbrules.private --file): ssh runs the commands it names (ProxyCommand, Match exec,
-# LocalCommand) on this machine as this user, even `ssh -G`. Fails (rb::fail) naming the file,
-# the host and the fix.
+# Before HOST ($1) is reached over ssh, what ssh will read for it is judged here
+# (rbrules.sshfiles, once for the host): the ssh config file its spec names (`-F`: ssh runs the
+# commands it names, ProxyCommand, Match exec, LocalCommand, on this machine, even `ssh -G`) is
+# a regular file that only this user or root can change, nor any directory above it; then, as
+# `ssh -G` says after -F, the alias and Match, host keys are checked and every known_hosts file
+# is one no other user can change (with accept-new, the first user file may be missing where ssh
+# can make it in a folder of this user). Sets RB_SSH_READY[HOST]; otherwise fails (rb::fail)
+# naming the file, the host and the fix, and ssh is never run for the host: not to connect, not
+# to close (rb::close_master), not `-G`. Every failure returns 1 (also where errexit is off).
 #######################################
-rb::ssh_config_ready() {
-  local host=$1 i why me
+rb::ssh_files_ready() {
+  local host=$1 why rc=0 line
   "rb::host_${host}"
-  for ((i = 0; i + 1 < ${#RB_HOST_SSH[@]}; i++)); do
-    if [[ "${RB_HOST_SSH[i]}" != -F ]]; then
-      continue
-    fi
-    me=$(id -un)
-    rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
-    if ! why=$("${RB_KIT_ARGV[@]}" --file --what "hosts.${host}.ssh_config" \
-      --fix "make it ${me}'s and not writable by others, in folders no one else can write" \
-      -- "${RB_HOST_SSH[i + 1]}" 2>&1); then
-      RB_HOST=${host}
-      rb::fail "${why:-refusing hosts.${host}.ssh_config ${RB_HOST_SSH[i + 1]} (the check failed)}"
-      return 1
-    fi
-  done
+  if [[ -z "${RB_HOST_TARGET}" || -n "${RB_SSH_READY[${host}]:-}" ]]; then
+    return 0
+  fi
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.sshfiles
+  why=$("${RB_KIT_ARGV[@]}" --host "${host}" --target "${RB_HOST_TARGET}" -- "${RB_HOST_SSH[@]}" \
+    2>&1) || rc=$?
+  RB_HOST=${host}
+  if ((rc == 3)); then
+    # ssh cannot read its options for the host (a bad config file): its words, with the host's name
+    while IFS= read -r line; do
+      [[ -z "${line}" ]] || rb::log "${host}: ${line}"
+    done <<<"${why}"
+    rb::fail "ssh cannot read its options for ${host} (it said why above): fix" \
+      "hosts.${host}.ssh_config or the spec's options"
+    return 1
+  elif ((rc != 0)); then
+    rb::fail "${why:-the files ssh reads for ${host} could not be checked (rbrules.sshfiles exited ${rc})}"
+    return 1
+  fi
+  RB_SSH_READY[${host}]=1
+}
+
+#######################################
+# The known_hosts file ssh records HOST's key in, and the name it records it under, as ssh
+# itself reads the spec's options and this user's ssh config (ssh -G, which connects nowhere):
+# into RB_KH_FILE and RB_KH_NAME ([name]:port off port 22, or the HostKeyAlias); where ssh
+# connects (an alias of the spec's ssh_config resolved) into RB_KH_HOST and RB_KH_PORT.
+#######################################
+rb::known_hosts_of() {
+  local key value name='' port=22 alias='' conf
+  RB_KH_FILE=${HOME}/.ssh/known_hosts
+  "rb::host_$1"
+  conf=''
+  if [[ -n "${RB_SSH_READY[$1]:-}" ]]; then
+    conf=$(ssh "${RB_HOST_SSH[@]}" -G -- "${RB_HOST_TARGET}" 2>/dev/null) || true
+  fi
+  while read -r key value; do
+    case "${key}" in
+      hostname) name=${value} ;;
+      port) port=${value} ;;
+      hostkeyalias) alias=${value} ;;
+      userknownhostsfile) RB_KH_FILE=${value%% *} ;;
+    esac
+  done <<<"${conf}"
+  RB_KH_FILE=${RB_KH_FILE/#\~\//${HOME}/}
+  RB_KH_HOST=${name:-${RB_HOST_TARGET#*@}} RB_KH_PORT=${port}
+  RB_KH_NAME=${alias:-${RB_KH_HOST}} RB_KH_ALIAS=${alias}
+  if [[ -z "${alias}" && "${port}" != 22 ]]; then
+    RB_KH_NAME="[${RB_KH_NAME}]:${port}"
+  fi
 }
 
 #######################################
@@ -445,21 +440,32 @@ rb::ssh_config_ready() {
 # this run (mktemp -d: 0700, owned by the ssh user), into which the kit's tar is sent and checked
 # against its sha256 there before it is unpacked. Nothing is reused from an earlier run, so
 # nothing another user of the host planted is ever run. rb::cleanup removes it. A host that fails
-# is named once every host's job has ended: every one in one line, the first's cause (FAILED).
+# is named once every host's job has ended: every one in one line, the first's cause (FAILED);
+# with --all first (a plan), none is a failure here: each failed host is left without a kit
+# (RB_KIT_DIR), for the caller to name. Before ssh runs for a host, what it reads for it is
+# judged (rb::ssh_files_ready): a refusal ends the run (or the plan) there, in every mode.
 #######################################
 rb::hosts_prepare() {
-  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare failed='' n=0
-  local -A pids=() rcs=()
-  # before ssh reads them: the known_hosts files the spec names (rb::known_hosts_ready)
+  local host tar=${RB_WORK}/kit.tar out=${RB_WORK}/prepare failed='' n=0 all=0
+  local -A pids=() rcs=() down=()
+  if [[ "$1" == --all ]]; then
+    all=1
+    shift
+  fi
+  # before ssh reads them: the files ssh reads for each host (an early connection's job judged
+  # them already)
   for host in "$@"; do
-    rb::known_hosts_ready "${host}"
+    if [[ -z "${RB_KIT_DIR[${host}]:-}" ]] && ! rb::connected "${host}" "${out}-${host}.err"; then
+      down[${host}]=1         # ssh could not connect (rb::connect_early): said below
+    fi
+    rb::ssh_files_ready "${host}"
   done
   RB_PREPARE_HOSTS=("$@")
   rb::known_hosts_before "$@"
   for host in "$@"; do
     [[ -z "${RB_KIT_DIR[${host}]:-}" ]] || continue
-    if ! rb::connected "${host}" "${out}-${host}.err"; then
-      rcs[${host}]=255        # ssh could not connect (rb::connect_early): said below
+    if [[ -n "${down[${host}]:-}" ]]; then
+      rcs[${host}]=255
       continue
     fi
     # RB_WORK empty: a job does not record itself as the command that ran last (the jobs race);
@@ -492,7 +498,9 @@ rb::hosts_prepare() {
     RB_HOST=${host}
     RB_LAST_CMD="on ${host}: check tar and python3 >= 3.9, receive the kit (sha256 ${RB_KIT_TAR_SHA256:0:12})"
     printf '%s\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
-    if ((rcs[${host}] != 0)); then
+    if ((rcs[${host}] != 0 && all)); then
+      continue
+    elif ((rcs[${host}] != 0)); then
       # this host's failure: the ERR trap names it and the cause (ssh's, asked again)
       return "${rcs[${host}]}"
     fi
@@ -531,13 +539,14 @@ rb::host_prepare() {
     mode=here
     tar=/dev/null
   fi
-  rb::pipe_on_host "${host}" sh -c 'for t in tar python3; do command -v "$t" >/dev/null ||
+  rb::pipe_on_host "${host}" sh -c "${RB_PRIVATE_SH}"'for t in tar python3; do command -v "$t" >/dev/null ||
       { echo "missing tool on this host: $t" >&2; exit 1; }; done
     comp=none
     for t in gzip lz4 zstd; do if command -v "$t" >/dev/null; then comp="${comp},$t"; fi; done
     dir=-
     if [ "$1" = ship ]; then
-      dir=$(umask 077 && mktemp -d /tmp/rbkit.XXXXXXXXXX) || exit 1
+      tmp=$(rb_private /tmp) || { echo "refusing /tmp on this host for the kit of this run: $tmp (chown root /tmp; chmod 1777 /tmp)" >&2; exit 1; }
+      dir=$(umask 077 && mktemp -d "${tmp}/rbkit.XXXXXXXXXX") || exit 1
       trap "rm -rf -- \"${dir}\"" EXIT
       printf "%s\n" "$3" >"${dir}/owner" || exit 1
       cat >"${dir}/kit.tar" || exit 1
@@ -558,11 +567,109 @@ print(sys.executable)" "${dir}" "$2") || exit 1
 }
 
 #######################################
+# `rb_private DIR`, a POSIX sh function: DIR's physical path (links resolved, cd -P) on stdout
+# when it and every directory above it is root's or this user's and not writable by group or
+# others unless sticky (what rbrules.private judges along a path: in sh, since it runs where no
+# kit is yet: the parent of this machine's scratch directory, and /tmp on a host before its
+# kit's directory is made there); else why not on stdout, status 1. A sticky directory protects
+# the names in it: the one made there (mktemp -d, 0700) is then this user's, which no one else
+# can rename or replace.
+#######################################
+RB_PRIVATE_SH='rb_private() {
+  real=$(cd -P -- "$1" 2>/dev/null && pwd -P) || { echo "$1 is not a directory here"; return 1; }
+  me=$(id -u) at=$real
+  while :; do
+    st=$(stat -c "%u %a %U" -- "$at") || { echo "cannot stat $at"; return 1; }
+    set -- $st
+    mode=$(printf %04o $((0$2)))
+    if [ "$1" != 0 ] && [ "$1" != "$me" ]; then
+      echo "directory $at is owned by $3 (uid $1), mode $mode: that user can rename or replace what is in it"
+      return 1
+    fi
+    wbits=$((0$2 & 18))
+    if [ "$wbits" != 0 ] && [ $((0$2 & 512)) = 0 ]; then
+      who=others
+      [ "$wbits" = 16 ] && who=group
+      [ "$wbits" = 18 ] && who="group and others"
+      echo "directory $at is owned by $3 (uid $1), mode $mode: writable by $who without the sticky bit, so another user can rename or replace what is in it"
+      return 1
+    fi
+    [ "$at" = / ] && break
+    at=${at%/*}
+    at=${at:-/}
+  done
+  printf "%s\n" "$real"
+}
+'
+
+# RB_PRIVATE_SH's rule here: the physical path of the directory $1, or why it is not private
+# (status 1)
+rb::private_path() {
+  sh -c "${RB_PRIVATE_SH}"$'\nrb_private "$1"' rb "$1"
+}
+
+#######################################
+# This run's scratch directory, RB_WORK (mktemp -d: a new name, 0700), made in TMPDIR (default
+# /tmp) when it is private (rb::private_path: neither it nor a directory above it can be changed
+# by another user than root or this one, a sticky one aside), else in /tmp, saying so
+# (rb::scratch_said, once the log is open); when neither is, the run stops here (exit 2) before
+# anything is made. The kit that holds rbrules.private is written into it, so the rule is taken
+# in sh here. TMPDIR is then RB_WORK, for all this run starts here.
+#######################################
+rb::scratch_dir() {
+  local want=${TMPDIR:-/tmp} got rc=0 why me
+  RB_SCRATCH_NOTE=''
+  got=$(rb::private_path "${want}") || rc=$?
+  if ((rc != 0)); then
+    why=${got}
+    if [[ "${want}" != /tmp ]]; then
+      rc=0
+      got=$(rb::private_path /tmp) || rc=$?
+      RB_SCRATCH_NOTE="TMPDIR ${want} is not private: ${why}; this run's scratch directory is in"
+      RB_SCRATCH_NOTE+=" /tmp instead"
+      why+="; nor /tmp: ${got}"
+    fi
+  fi
+  if ((rc != 0)); then
+    me=$(id -un)
+    echo "refusing to run: no private place for this run's scratch directory (TMPDIR ${want}:" \
+      "${why}); another user could replace this run's kit there: set TMPDIR to a directory" \
+      "only ${me} can write (its parents too)" >&2
+    exit 2
+  fi
+  RB_WORK=$(umask 077 && mktemp -d "${got}/rb.XXXXXX")
+  export TMPDIR=${RB_WORK}
+}
+
+# What rb::scratch_dir had to say (a TMPDIR that is not private), in the log.
+rb::scratch_said() {
+  if [[ -n "${RB_SCRATCH_NOTE}" ]]; then
+    rb::log "${RB_SCRATCH_NOTE}"
+  fi
+}
+
+#######################################
+# Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
+# private (rbrules.private: this user's, not writable by others, nor any directory above it by
+# anyone but this user or root), or the run stops here (exit 2) before anything is written there.
+#######################################
+rb::private_dir() {
+  local dir=$1 what=$2 why
+  shift 2
+  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
+  if ! why=$("${RB_KIT_ARGV[@]}" --make --what "${what}" --fix "$*" -- "${dir}" 2>&1); then
+    printf '%s\n' "${why:-refusing ${what} ${dir} (the check failed)}" >&2
+    exit 2
+  fi
+}
+
+#######################################
 # --plan: the connection of each ssh host of HOSTS... (the ControlMaster the run keeps) opened in
-# the background as the run starts, so that ssh's handshake is made while this machine writes
-# its kit and checks the run directory; rb::hosts_prepare waits for it (rb::connected) and then
-# prepares the host through it as before. Only a host that rb::known_hosts_ready passes as it
-# is (nothing to check or make first: no ssh_config file, no accept-new) is connected early; it
+# the background as soon as this machine's kit is written, so that ssh's handshake is made while
+# this machine checks the run directory; rb::hosts_prepare waits for it (rb::connected) and then
+# prepares the host through it as before. Only a host without an ssh_config file or accept-new
+# is connected early, and only once the job has judged what ssh reads for it
+# (rb::ssh_files_ready; a host it refuses is not connected: rb::hosts_prepare says why). It
 # runs nothing there but `true`, and what ssh says is said by rb::hosts_prepare, as before.
 #######################################
 rb::connect_early() {
@@ -570,21 +677,36 @@ rb::connect_early() {
   for host in "$@"; do
     "rb::host_${host}"
     if [[ -z "${RB_HOST_TARGET}" || " ${RB_HOST_SSH[*]} " == *" -F "* ||
-      " ${RB_HOST_SSH[*]} " == *" StrictHostKeyChecking=accept-new "* ]] ||
-      ! (RB_WORK='' rb::known_hosts_ready "${host}") >/dev/null 2>&1; then
+      " ${RB_HOST_SSH[*]} " == *" StrictHostKeyChecking=accept-new "* ]]; then
       continue
     fi
-    # RB_WORK empty: it does not record itself as the command that ran last
-    RB_WORK='' rb::on_host "${host}" true >/dev/null 2>"${RB_WORK}/early-${host}.err" &
+    rb::connect_one "${host}" >/dev/null 2>"${RB_WORK}/early-${host}.err" &
     RB_EARLY[${host}]=$!
     RB_BG_PIDS+=("$!")
   done
 }
 
 #######################################
-# Before rb::hosts_prepare reaches HOST ($1): its early connection, if any, waited for. Returns 1
-# when ssh could not connect (status 255), its words moved to $2, where the preparation's own
-# would be: the host is not tried twice (nor its timeout waited twice).
+# The early connection of HOST ($1), a background job: exit 3 when what ssh reads for it was
+# refused (nothing ran), else ssh's status.
+#######################################
+rb::connect_one() {
+  # from the private directory; RB_WORK empty: it does not record itself as the command that
+  # ran last
+  cd "${RB_WORK}"
+  RB_WORK=''
+  if ! rb::ssh_files_ready "$1" 2>/dev/null; then
+    exit 3
+  fi
+  rb::on_host "$1" true
+}
+
+#######################################
+# Before rb::hosts_prepare reaches HOST ($1): its early connection, if any, waited for; what ssh
+# reads for it passed there (RB_SSH_READY) when ssh ran (0 or 255); otherwise (refused: 3)
+# rb::hosts_prepare judges it again and says why. Returns 1 when ssh could not connect (status 255), its words
+# moved to $2, where the preparation's own would be: the host is not tried twice (nor its
+# timeout waited twice).
 #######################################
 rb::connected() {
   local pid=${RB_EARLY[$1]:-} rc=0
@@ -593,6 +715,9 @@ rb::connected() {
   fi
   unset 'RB_EARLY[$1]'
   wait "${pid}" || rc=$?
+  if ((rc == 0 || rc == 255)); then
+    RB_SSH_READY[$1]=1
+  fi
   if ((rc == 255)); then
     mv -f -- "${RB_WORK}/early-$1.err" "$2"
     return 1
@@ -1087,31 +1212,15 @@ rb::relay_streams() {
 }
 
 #######################################
-# Make (or check) the directory $1, $2 what it is, the rest what to do instead: it must be
-# private (rbrules.private: this user's, not writable by others, nor any directory above it by
-# anyone but this user or root), or the run stops here (exit 2) before anything is written there.
-#######################################
-rb::private_dir() {
-  local dir=$1 what=$2 why
-  shift 2
-  rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbrules.private
-  if ! why=$("${RB_KIT_ARGV[@]}" --make --what "${what}" --fix "$*" -- "${dir}" 2>&1); then
-    printf '%s\n' "${why:-refusing ${what} ${dir} (the check failed)}" >&2
-    exit 2
-  fi
-}
-
-#######################################
 # The runbook's directory (RB_STATE_DIR, default runs/NAME: what later runs go on from, the kept
 # manifest, the audit's pass, the fan-out's bundle) and this run's own (RB_RUN_DIR: its log,
 # events, report, probe reports): by default runs/NAME/<UTC time>-<pid>, with runs/NAME/latest
-# naming the newest and the oldest past RB_KEEP_RUNS (default 20) removed; an RB_RUN_DIR set by
-# hand is both. Each made private or refused (exit 2); the runbook's directory held (rb::run_lock)
+# naming the newest and the oldest past RB_KEEP_RUNS (default 20) removed (rb::prune_runs); an
+# RB_RUN_DIR set by hand is both. Each made private or refused (exit 2); the runbook's directory held (rb::run_lock)
 # before anything is written in either.
 #######################################
 rb::run_dirs() {
-  local me stamp old keep
-  local -a runs=()
+  local me stamp
   rb::env_number RB_KEEP_RUNS 1
   rb::env_number RB_LOCK_WAIT 0
   me=$(id -un)
@@ -1135,16 +1244,7 @@ rb::run_dirs() {
     mkdir -m 700 -- "${RB_RUN_DIR}"
     ln -s -- "${RB_RUN_DIR##*/}" "${RB_STATE_DIR}/.latest.$$"
     mv -Tf -- "${RB_STATE_DIR}/.latest.$$" "${RB_STATE_DIR}/latest"
-    # the oldest runs' directories past RB_KEEP_RUNS (the names sort by their UTC time)
-    shopt -s nullglob
-    runs=("${RB_STATE_DIR}"/[0-9]*T[0-9]*Z-[0-9]*)
-    shopt -u nullglob
-    keep=${RB_KEEP_RUNS}
-    if ((${#runs[@]} > keep)); then
-      for old in "${runs[@]:0:${#runs[@]}-keep}"; do
-        rm -rf -- "${old}"
-      done
-    fi
+    rb::prune_runs
   fi
   # the default report is in this run's directory, made above (0700, in a private one)
   if [[ -n "${RB_REPORT}" ]]; then
@@ -1154,6 +1254,32 @@ rb::run_dirs() {
   RB_REPORT=${RB_REPORT:-${RB_RUN_DIR}/report.json}
   # this run, as what it leaves on a host names it (the destination's lock, a kit's owner file)
   RB_HOLDER="runbook ${RB_NAME} run from ${HOSTNAME%%.*} (pid $$, run dir ${RB_RUN_DIR})"
+}
+
+#######################################
+# The oldest runs' directories past RB_KEEP_RUNS (the names sort by their UTC time), removed by a
+# run that holds the runbook's directory (rb::run_lock); a plan holds nothing and removes none.
+# Never one whose run or plan is still going (its name ends in its pid: a plan runs beside a
+# run), nor the one of the plan this run applies.
+#######################################
+rb::prune_runs() {
+  local old
+  local -a runs=()
+  if [[ -z "${RB_RUN_LOCK}" ]]; then
+    return 0
+  fi
+  shopt -s nullglob
+  runs=("${RB_STATE_DIR}"/[0-9]*T[0-9]*Z-[0-9]*)
+  shopt -u nullglob
+  if ((${#runs[@]} <= RB_KEEP_RUNS)); then
+    return 0
+  fi
+  for old in "${runs[@]:0:${#runs[@]}-RB_KEEP_RUNS}"; do
+    if [[ -d "/proc/${old##*-}" || "${RB_APPLY_PLAN}" == "${old}"/* ]]; then
+      continue
+    fi
+    rm -rf -- "${old}"
+  done
 }
 
 #######################################
@@ -1443,12 +1569,13 @@ rb::live_plan() {
 #######################################
 # The hosts a plan reaches first (single-host and fan-out): each prepared as a run prepares it,
 # every one that cannot be reached named at once (rb::fail, nothing planned); RB_PLAN_UP: the
-# others, for the screen.
+# others, for the screen. A host whose ssh files are refused ends the plan there, as it ends a
+# run (rb::ssh_files_ready): nothing is planned, and ssh is never run for it.
 #######################################
 rb::plan_hosts() {
   local host down=''
   RB_PLAN_UP=''
-  rb::hosts_prepare "${RB_HOSTS[@]}" || true
+  rb::hosts_prepare --all "${RB_HOSTS[@]}"
   for host in "${RB_HOSTS[@]}"; do
     if [[ -n "${RB_KIT_DIR[${host}]:-}" ]]; then
       RB_PLAN_UP+="${RB_PLAN_UP:+, }${host}"
@@ -1792,7 +1919,11 @@ rb::close_wait() {
 
 rb::close_master() {
   "rb::host_$1"
-  if [[ -n "${RB_HOST_TARGET}" ]]; then
+  # a config file not accepted (refused, or never judged) is never given to ssh, even to close:
+  # ssh reads it for -O exit too (Match exec); a host without one may have an early connection
+  # open before it was judged (rb::connect_early)
+  if [[ -n "${RB_HOST_TARGET}" ]] && { [[ -n "${RB_SSH_READY[$1]:-}" ]] ||
+    [[ " ${RB_HOST_SSH[*]} " != *" -F "* ]]; }; then
     timeout 2 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" -O exit -- "${RB_HOST_TARGET}" \
       2>/dev/null || true
   fi
@@ -1837,7 +1968,7 @@ rb::said_on() {
 # that does not resolve, or a host key this machine does not trust (every such host named).
 #######################################
 rb::cause() {
-  local rc=$1 why port host=${RB_HOST:-} name said h words=''
+  local rc=$1 why port host=${RB_HOST:-} name said words=''
   RB_HINT=''
   RB_CAUSE="exit status ${rc}"
   if ((rc == 127)); then
@@ -1863,16 +1994,8 @@ rb::cause() {
   name=${RB_HOST_TARGET#*@}
   case "${why}" in
     *"Host key verification failed"* | *"No "*"host key is known"* | *"HOST IDENTIFICATION HAS CHANGED"*)
-      words="this machine does not trust its host key"
-      rb::host_key_hint "${host}"
-      for h in "${RB_PREPARE_HOSTS[@]}"; do
-        if [[ "${h}" != "${host}" ]] && grep -qE 'verification failed|host key is known|HAS CHANGED' \
-          "${RB_WORK}/prepare-${h}.err" 2>/dev/null; then
-          words+="; nor ${h}'s"
-          RB_HINT+=". The same for ${h}: "
-          rb::host_key_hint "${h}"
-        fi
-      done
+      rb::host_keys_cause "${host}"
+      words=${RB_KEY_WORDS}
       ;;
     *"Could not resolve"* | *"Name or service"* | *"name resolution"*)
       words="the name ${name} does not resolve on this machine (no DNS or /etc/hosts entry)"

@@ -108,8 +108,13 @@ def test_every_start_has_a_private_working_directory(runbooks):
                 assert "cd / &&" in line, f"{name}.sh:{n}: {line}"
         init = text[text.index("rb::init() {"):]
         init = init[:init.index("\n}\n")]
-        assert 'RB_WORK=$(umask 077 && mktemp -d' in init and 'cd "${RB_WORK}"' in init
-        assert init.index("mktemp -d") < init.index("rb::kit_write") < init.index('cd "${RB_WORK}"')
+        # the scratch directory made first, in a private parent (rb::scratch_dir, issue 44 R4)
+        scratch = text[text.index("rb::scratch_dir() {"):]
+        scratch = scratch[:scratch.index("\n}\n")]
+        assert 'RB_WORK=$(umask 077 && mktemp -d' in scratch and "rb::private_path" in scratch
+        assert 'cd "${RB_WORK}"' in init
+        assert init.index("rb::scratch_dir") < init.index("rb::kit_write") < \
+            init.index('cd "${RB_WORK}"')
         assert 'words=$(rb::shq cd "${RB_KIT_DIR[${host}]:-/}")' in lines
         assert "--chdir=/tmp" not in text and "--chdir=\"${RB_FAN_SCRATCH" not in text
         if "RB_FAN_NODE_SCRIPT=" in text:

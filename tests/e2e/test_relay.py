@@ -293,8 +293,11 @@ def test_a_changed_host_key_is_refused_before_anything_moves(clean_lab, payload_
     # issue #18: exit 1 (not ssh's 255), the cause in words, how to fix it, the step once
     assert r.returncode == 1
     assert f"cannot reach dst (root@{lab.host('dst').addr})" in r.stderr
-    assert "what to do: this machine does not trust dst's host key" in r.stderr
-    assert "ssh-keyscan" in r.stderr and "host_keys: accept-new" in r.stderr
+    # issue 45: a changed key gets its own advice: check the new key, then replace the old one;
+    # never accept-new, which takes only keys no file knows
+    assert "what to do: dst's host key is not the one" in r.stderr
+    assert "ssh-keyscan" in r.stderr and "ssh-keygen -R" in r.stderr
+    assert "accept-new" not in r.stderr
     assert r.stderr.count("FAILED in step") == 1
     assert [s["id"] for s in report(tmp_path)["steps"]] == ["preflight"]
 

@@ -32,6 +32,21 @@ def slow_tar(tmp_path: Path, seconds: int) -> Path:
     return slow
 
 
+def start_slow_run(tmp_path: Path, script: Path, env: dict, seconds: int
+                   ) -> tuple[subprocess.Popen, Path]:
+    """A run of `script` whose transfer starts `seconds` late (slow_tar), and its own directory
+    once runs/e2e/latest names it."""
+    slow = slow_tar(tmp_path, seconds)
+    run = subprocess.Popen(["bash", str(script)], cwd=tmp_path,
+                           env=dict(env, PATH=f"{slow}:{env['PATH']}"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    state = tmp_path / "runs" / "e2e"
+    deadline = time.monotonic() + 60
+    while not (state / "latest").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return run, (state / "latest").resolve()
+
+
 def steps(report: dict) -> list[str]:
     return [s["id"] for s in report["steps"]]
 
@@ -42,16 +57,9 @@ def test_two_runs_at_once_each_keep_their_own_records(payload_small, tmp_path):
     are A's whole run; then C, after A, runs in a directory of its own and `latest` names it."""
     script = compile_(tmp_path, payload_small.venv, tmp_path / "d" / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("RB_RUN_DIR", "RB_LOCK_WAIT")}
-    slow = slow_tar(tmp_path, 8)
-    a = subprocess.Popen(["bash", str(script)], cwd=tmp_path,
-                         env=dict(env, PATH=f"{slow}:{env['PATH']}"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    a, a_dir = start_slow_run(tmp_path, script, env, 8)
     state = tmp_path / "runs" / "e2e"
     try:
-        deadline = time.monotonic() + 60
-        while not (state / "latest").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        a_dir = (state / "latest").resolve()
         assert a_dir.name.endswith(f"-{a.pid}"), a_dir
         time.sleep(1)
         b = subprocess.run(["bash", str(script)], cwd=tmp_path, env=dict(env, RB_LOCK_WAIT="1"),

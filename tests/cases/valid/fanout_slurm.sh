@@ -909,23 +909,25 @@ step_fan_compare() {
 # run holds it.
 #######################################
 rb::init() {
-  # this run's scratch directory (mktemp -d: a new name, 0700): this machine's kit, the ssh
-  # sockets, and the working directory of every command this runbook starts from here on
-  RB_WORK=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/rb.XXXXXX")
+  # this run's scratch directory in a private parent (rb::scratch_dir): this machine's kit, the
+  # ssh sockets, the working directory of every command this runbook starts from here on, and
+  # their TMPDIR
+  rb::scratch_dir
   RB_LOCAL_KIT=${RB_WORK}/kit
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
-  # a plan's ssh connections are made while the kit is written and the run directory checked
-  if ((${RB_PLANNING:-0})); then
-    rb::connect_early "${RB_HOSTS[@]}"
-  fi
   # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
   fi
   rb::kit_write "${RB_LOCAL_KIT}"
+  # a plan's ssh connections are made while the run directory is checked (each judged first,
+  # with the kit just written: rb::connect_early)
+  if ((${RB_PLANNING:-0})); then
+    rb::connect_early "${RB_HOSTS[@]}"
+  fi
   rb::run_dirs
   RB_EVENTS="${RB_RUN_DIR}/events.tsv"
   rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
@@ -941,6 +943,7 @@ rb::init() {
   rb::install_paths
   cd "${RB_WORK}"
   rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
+  rb::scratch_said
   if ((RB_ALLOW_EDITED)); then
     rb::event fact main allow_edited "${RB_EDITED:-no}"
     rb::log "--allow-edited: ${RB_EDITED:-nothing was edited}"
