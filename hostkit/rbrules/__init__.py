@@ -10,4 +10,6 @@ the one host-side package the compiler imports (for the rules it renders into a 
               check)
     paths     the names a run keeps beside a destination: staging, lock, env file
     private   whether a path root executes from or writes to is private, and the refusal if not
+    proven    ours means proven, never placed: whether a file or directory found beside or inside
+              a destination is ours (owner, who may write it, one link), a directory made so
 """
