@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 46ecd43821c1845a8a880e929d7609990ffddf2c4257dea6a7c5d7e47cbe926f
+# sha256 of this file with these 64 digits zeroed: 2a390250394256139437c2cd5f16f2df92c932fa06c7f786e415dc82cce3abbb
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e
-readonly RB_KIT_FILE=.kit/82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e.tar
+readonly RB_KIT_SHA256=8fc2717fcee2bf6044b4d8132768a649cd560abf6230440f5f727f55b83fa18a
+readonly RB_KIT_FILE=.kit/8fc2717fcee2bf6044b4d8132768a649cd560abf6230440f5f727f55b83fa18a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

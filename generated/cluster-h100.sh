@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 1e3e3637abf6ca8244a394e4058835255411dfcccfa80f7d76e1213fb4991a99
+# sha256 of this file with these 64 digits zeroed: 69fd4c57c074fd0ab81e8035013d623659900d38d9b907ebdee3acbac4765aaf
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e
-readonly RB_KIT_FILE=.kit/82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e.tar
+readonly RB_KIT_SHA256=8fc2717fcee2bf6044b4d8132768a649cd560abf6230440f5f727f55b83fa18a
+readonly RB_KIT_FILE=.kit/8fc2717fcee2bf6044b4d8132768a649cd560abf6230440f5f727f55b83fa18a.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
