@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 2a390250394256139437c2cd5f16f2df92c932fa06c7f786e415dc82cce3abbb
+# sha256 of this file with these 64 digits zeroed: ab260e06c562a9ccd1d2b685ba7e45c98c84c22dde522e84b5b4fc01ea5c4815
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=8fc2717fcee2bf6044b4d8132768a649cd560abf6230440f5f727f55b83fa18a
-readonly RB_KIT_FILE=.kit/8fc2717fcee2bf6044b4d8132768a649cd560abf6230440f5f727f55b83fa18a.tar
+readonly RB_KIT_SHA256=ba2a36a0e7ed13e8d230cfc755a9b3442e1c2f3fb92e11c85e40b699de8855e2
+readonly RB_KIT_FILE=.kit/ba2a36a0e7ed13e8d230cfc755a9b3442e1c2f3fb92e11c85e40b699de8855e2.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

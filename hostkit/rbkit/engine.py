@@ -48,7 +48,7 @@ from rbrules.proven import NotOurs, not_ours_in_tree
 from rbrules.common import compressors, human
 
 from . import exports as kitexports
-from . import hostfs, privacy, safefs
+from . import hostfs, privacy
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
 # the runner and the steps of the other modules, named here for the engine's callers (serve.py,

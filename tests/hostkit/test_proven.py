@@ -256,7 +256,8 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     staging = tmp_path / ".venv.rb-staging"
     got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
     assert not (staging / PKG / "data.txt").exists()
-    assert (staging / PKG / "__init__.py").stat().st_ino == (dest / PKG / "__init__.py").stat().st_ino
+    linked = (staging / PKG / "__init__.py").stat()
+    assert linked.st_ino == (dest / PKG / "__init__.py").stat().st_ino
     names = (tmp_path / "names").read_bytes().split(b"\0")
     assert f"{PKG}/data.txt".encode() in names and got["linked"] == 1
 
