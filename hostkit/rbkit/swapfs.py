@@ -355,9 +355,9 @@ def _proven_tree(path: str, known: Optional[list]) -> None:
         return
     found = proven.not_ours_in_tree(path, limit=4)
     if found:
-        raise PermissionError(f"refusing to restore {path}: {'; '.join(found)}: root never "
-                              "installs a tree another user owns or can write; look at it, and "
-                              "move it back by hand if you mean to")
+        raise PermissionError(f"refusing to restore {path}: {'; '.join(found)}: a tree another "
+                              "user owns or can write is never installed; look at it, and move it "
+                              "back by hand if you mean to")
 
 
 def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
