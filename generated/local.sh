@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: a690697b897678fad08d4c3489b98e7bea44ff055c8a6b4c9882d9913780bfaf
+# sha256 of this file with these 64 digits zeroed: eba91dd6d705778306faeda6cf5c31169bc63abb2ff717b5bbc6f4bb18a6db3b
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e5ac843d39f2164497182f98fdbf3cff65af87b6403f8edda9832f1bd505586d
-readonly RB_KIT_FILE=.kit/e5ac843d39f2164497182f98fdbf3cff65af87b6403f8edda9832f1bd505586d.tar
+readonly RB_KIT_SHA256=e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531
+readonly RB_KIT_FILE=.kit/e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -59,9 +59,9 @@ def not_ours(path: str) -> Optional[str]:
     why = proven.why_not_ours(path, st)
     if why is None:
         return None
-    return (f"{why}: not a backup this kit can prove it made (another user can make, or "
-            "change, a directory of that name); it is never restored, counted or removed: look "
-            "at it and remove it, or move it back by hand if you mean to")
+    return (f"{why}: not a backup this kit made (another user can make, or change, a "
+            "directory of that name); it is never restored, counted or removed: look at it and "
+            "remove it, or move it back by hand if you mean to")
 
 
 def why_not_ours_install(path: str) -> Optional[str]:

@@ -158,15 +158,20 @@ def read_ours(name: str, dir_fd: Optional[int] = None, limit: int = 1 << 20,
     try:
         if st.st_size > limit:
             raise NotOurs("%s is larger than %d bytes" % (shown or name, limit))
-        chunks = []
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            chunks.append(block)
-        return b"".join(chunks), st
+        return read_all(fd), st
     finally:
         os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    """What is left to read of the open file `fd` (rbkit.safefs reads its files so too)."""
+    chunks = []
+    while True:
+        block = os.read(fd, 1 << 20)
+        if not block:
+            break
+        chunks.append(block)
+    return b"".join(chunks)
 
 
 def why_shared(directory: str, uid: Optional[int] = None) -> Optional[str]:
