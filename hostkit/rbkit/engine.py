@@ -175,9 +175,9 @@ def take_lock(ctx: Context, lock: Any) -> Result:
 
 def check_parent(ctx: Context) -> str:
     """The destination's parent, and every directory above it, before anything is written there
-    (the lock is first): a directory another user can write (privacy.why_not_private) is refused,
-    naming it, its owner and mode, and the fixes; with shared_parent: allow it is a warning, and
-    returned."""
+    (the lock is first): one another user can write, or the parent itself when others can add
+    entries to it, sticky or not (privacy.check_parent), is refused, naming it, its owner and
+    mode, and the fixes; with shared_parent: allow it is a warning, and returned."""
     uid = os.geteuid()
     found = privacy.check_parent(ctx.dest, uid)
     if found is None:

@@ -260,6 +260,13 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     assert linked.st_ino == (dest / PKG / "__init__.py").stat().st_ino
     names = (tmp_path / "names").read_bytes().split(b"\0")
     assert f"{PKG}/data.txt".encode() in names and got["linked"] == 1
+    # nor one a group of other users can write (its recorded mode and stat unchanged)
+    module = dest / PKG / "__init__.py"
+    module.chmod(0o664)
+    os.chown(module, 0, NOGROUP)
+    m = kitmanifest.build(str(dest), [], "sha256", jobs=1)
+    got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
+    assert got["linked"] == 0 and not (staging / PKG / "__init__.py").exists()
 
 
 def test_an_install_another_user_owns_is_not_taken_for_one_of_this_tool(tmp_path):
