@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 5c741b427e013a642a0e7d2e478d998422dd37672caa0a1afdf32b63932e6ddf
+# sha256 of this file with these 64 digits zeroed: ffae97eb27ff21f7fc125c769d030ed65e00041bb8d65998365712551401e3de
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531
-readonly RB_KIT_FILE=.kit/e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531.tar
+readonly RB_KIT_SHA256=013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1
+readonly RB_KIT_FILE=.kit/013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 408176b53ca139f4a03e15b2a72fb29460aa648e8f379a4a0f5558fd47834dc5
+# sha256 of this file with these 64 digits zeroed: 836e51ad3cc441de979217c7dfc43d8fa20fd67b188724b0f1f36c80931192cb
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531
-readonly RB_KIT_FILE=.kit/e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531.tar
+readonly RB_KIT_SHA256=013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1
+readonly RB_KIT_FILE=.kit/013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

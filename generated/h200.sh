@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: a4a32998107f776867692ed9c863d75d6fb7fc9948220684b40368b35870c4d4
+# sha256 of this file with these 64 digits zeroed: 8486771bbf63ffddec0f0cab46668c3f95a4477b6649e27845ce50c44629d0ab
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531
-readonly RB_KIT_FILE=.kit/e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531.tar
+readonly RB_KIT_SHA256=013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1
+readonly RB_KIT_FILE=.kit/013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: eba91dd6d705778306faeda6cf5c31169bc63abb2ff717b5bbc6f4bb18a6db3b
+# sha256 of this file with these 64 digits zeroed: 1503d856440cfa54fe5f5b5187853fb91d62f7e280ae9be8457d9a9c6ba6ec7e
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531
-readonly RB_KIT_FILE=.kit/e1c6f31217ba00120c57d0438cfd38552c947272dedbb75f880c9747ecc10531.tar
+readonly RB_KIT_SHA256=013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1
+readonly RB_KIT_FILE=.kit/013658af9bdf6e4e75bf595d3607c448a23c0131f988eb77cd0b7d38f6717ba1.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
