@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 211b52a4bb40ede010a30a6908c669a6bbd18b6269f12121d770ec62f04d73fe
+# sha256 of this file with these 64 digits zeroed: c068a45daad1da77d966bbd7b99e42faafa0aa5676325c8f91e98c2fe49bdba7
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3ea417366022ed2e41de74ee7bb113ceeffb7698462697004d6a882b3252b17d
-readonly RB_KIT_FILE=.kit/3ea417366022ed2e41de74ee7bb113ceeffb7698462697004d6a882b3252b17d.tar
+readonly RB_KIT_SHA256=9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d
+readonly RB_KIT_FILE=.kit/9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f50a099fbcccb568ba1be895aadfa3e28cdc8bace2f590aec58fb3804e364b86
+# sha256 of this file with these 64 digits zeroed: 2e0149edda832f5125c96f749e6522b86219d166714e658b3da0c70e1685b2bd
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3ea417366022ed2e41de74ee7bb113ceeffb7698462697004d6a882b3252b17d
-readonly RB_KIT_FILE=.kit/3ea417366022ed2e41de74ee7bb113ceeffb7698462697004d6a882b3252b17d.tar
+readonly RB_KIT_SHA256=9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d
+readonly RB_KIT_FILE=.kit/9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

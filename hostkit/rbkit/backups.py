@@ -29,6 +29,9 @@ def restore(ctx: Context, number: Optional[int] = None) -> Result:
         ctx.critical -= 1
     for why in result.get("ignored") or []:
         ctx.log("ignored: " + why)
+    env = result.get("env_file") or {}
+    if env and not env.get("restored"):
+        ctx.log("env file: " + env["why"])
     now = result.get("installed") or {}
     if now:
         ctx.log("in place now: %s" % _describe(now))

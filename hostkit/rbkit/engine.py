@@ -44,10 +44,11 @@ import time
 from typing import Any, Callable, List, Optional
 
 from rbrules import launch
+from rbrules.proven import NotOurs, not_ours_in_tree
 from rbrules.common import compressors, human
 
 from . import exports as kitexports
-from . import hostfs, privacy, safefs
+from . import hostfs, privacy
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
 # the runner and the steps of the other modules, named here for the engine's callers (serve.py,
@@ -174,9 +175,9 @@ def take_lock(ctx: Context, lock: Any) -> Result:
 
 def check_parent(ctx: Context) -> str:
     """The destination's parent, and every directory above it, before anything is written there
-    (the lock is first): a directory another user can write (privacy.why_not_private) is refused,
-    naming it, its owner and mode, and the fixes; with shared_parent: allow it is a warning, and
-    returned."""
+    (the lock is first): one another user can write, or the parent itself when others can add
+    entries to it, sticky or not (privacy.check_parent), is refused, naming it, its owner and
+    mode, and the fixes; with shared_parent: allow it is a warning, and returned."""
     uid = os.geteuid()
     found = privacy.check_parent(ctx.dest, uid)
     if found is None:
@@ -184,10 +185,11 @@ def check_parent(ctx: Context) -> str:
     where, why = found
     if ctx.choices.shared_parent != "allow":
         raise StepError(privacy.refusal(ctx.dest, where, why, uid), {"shared_parent": where})
-    ctx.log("warning: %s; going on because %s is allow: the checks source the install's own env "
-            "file (not %s), and a backup of another user is never restored, but another user can "
-            "still swap what this run puts in %s"
-            % (why, privacy.SPEC_KEY, ctx.env_out, os.path.dirname(ctx.dest)))
+    ctx.log("warning: %s; going on because %s is allow: every entry found there is used only "
+            "when it is proven %s's (a backup, the failed install, the lock, the install's files "
+            "and its own env file, never the public %s), but another user can still swap what "
+            "this run puts in %s between two steps"
+            % (why, privacy.SPEC_KEY, user_name(), ctx.env_out, os.path.dirname(ctx.dest)))
     return where
 
 
@@ -201,6 +203,13 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
             raise StepError("refusing to install %s: %s" % (ctx.dest, why))
     exists = os.path.lexists(ctx.dest)
     installed = os.path.isfile(os.path.join(ctx.dest, INSTALLED))
+    if installed:
+        why = hostfs.why_not_ours_install(ctx.dest)
+        if why:
+            # never compared with, linked from or taken for this tool's install: sent whole
+            ctx.log("the destination %s is not proven an install of this tool: %s" % (ctx.dest,
+                                                                                   why))
+            installed = False
     if exists and ctx.choices.on_existing == "refuse" and not installed:
         raise StepError("destination %s exists and on_existing is refuse; move it away or set "
                         "on_existing: backup" % ctx.dest)
@@ -293,6 +302,12 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
     ctx.unlinkable = set()
     early, ctx.early = ctx.early, None
     tree = None
+    not_ours = hostfs.why_not_ours_install(ctx.dest) if os.path.lexists(ctx.dest) else None
+    if not_ours:
+        if early is not None:
+            early.take()
+        return _not_current(ctx, "the install there is not proven ours (%s): it is sent whole, "
+                            "nothing is linked from it" % not_ours, mode)
     if early is not None and mode == "quick":
         installed, tree = early.take()
         ctx.keep_installed(early.key, installed)
@@ -319,6 +334,14 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
             return _not_current(ctx, "the destination has changed since it was installed (%d "
                                 "entries, listed above; they are sent again, never linked)"
                                 % sum(result["counts"].values()), mode)
+        theirs = not_ours_in_tree(ctx.dest)
+        if theirs:
+            # the bytes are right now; another user can change them the moment after
+            for line in theirs:
+                ctx.log("not proven ours at the destination (sent again, never linked): %s"
+                        % line)
+            return _not_current(ctx, "the destination holds entries another user owns or can "
+                                "write (listed above; they are sent again, never linked)", mode)
         if not same_source:
             return _not_current(ctx, "the source changed since the install", mode)
         why = "up to date (every file re-hashed)"
@@ -326,6 +349,8 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
         stat_fp = source_stat or kitmanifest.stat_fingerprint(ctx.new_manifest()["entries"])
         quick = kitmanifest.quick_check(ctx.dest, installed, stat_fp, tree=tree)
         if not quick["ok"]:
+            for why in quick.get("not_ours", []):
+                ctx.log("not proven ours at the destination (sent again, never linked): %s" % why)
             for rel in quick.get("changed", []):
                 ctx.log("changed at the destination: %s" % rel)
             return _not_current(ctx, quick["why"], mode)
@@ -396,7 +421,7 @@ def swap(ctx: Context) -> Result:
                                  swap_atomic=ctx.choices.swap_atomic)
         previous = result.get("previous")
         ctx.swapped = {"previous": previous, "transient": transient,
-                       "policy": ctx.choices.on_existing}
+                       "policy": ctx.choices.on_existing, "previous_id": _identity_of(previous)}
         _write_stamp(ctx, None)
     finally:
         ctx.critical -= 1
@@ -427,6 +452,18 @@ def swap(ctx: Context) -> Result:
         ctx.log("the previous destination is kept at %s" % kept)
     what = "kept until the run ends (replace)" if transient else previous
     return Result("installed at %s; previous: %s" % (ctx.dest, what), facts)
+
+
+def _identity_of(path: Optional[str]) -> Optional[list]:
+    """[st_dev, st_ino] of the directory at `path` (what a swap moved aside: a rollback puts that
+    very install back, proven by its identity), None when there is none."""
+    if not path or path in ("none", "removed"):
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino] if stat.S_ISDIR(st.st_mode) else None
 
 
 def _record_install(ctx: Context) -> None:
@@ -479,23 +516,22 @@ ENV_COPY = "env.sh"     # in the state directory: what the checks source
 
 def own_env_copy(ctx: Context) -> str:
     """The env file the checks source, as root: the install's own copy (DEST/.rb-env.sh, which
-    exports wrote beside the public one), opened without following a link, a regular file of this
-    user not writable by others, copied into this run's private state directory. Never the public
+    exports wrote beside the public one), proven ours when it is read (exports.own_copy: opened
+    without following a link, a regular file of one link, this user's or root's, writable by no
+    other), copied into this run's private state directory. Never the public
     env file by its name: that is in the destination's parent, where another user may swap it."""
     if not ctx.state:
         raise StepError("the engine has no private state directory")
-    got = safefs.read_in(ctx.dest, kitexports.IN_INSTALL, limit=1 << 20)
-    if got is None:
-        raise StepError("the install at %s holds no env file of its own (%s: missing, or not a "
-                        "regular file): run the exports step again (--from exports)"
-                        % (ctx.dest, kitexports.IN_INSTALL))
-    data, st = got
-    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
-        raise StepError("refusing to source %s as %s: it is owned by %s, mode %04o (not written "
-                        "by this kit); look at it, remove it and run the exports step again"
-                        % (os.path.join(ctx.dest, kitexports.IN_INSTALL),
-                           privacy.user_name(os.geteuid()), privacy.owner(st),
-                           stat.S_IMODE(st.st_mode)))
+    shown = os.path.join(ctx.dest, kitexports.IN_INSTALL)
+    try:
+        data = kitexports.own_copy(ctx.dest)
+    except NotOurs as exc:
+        raise StepError("refusing to source %s as %s: %s (not written by this kit); look at it, "
+                        "remove it and run the exports step again (--from exports)"
+                        % (shown, user_name(), exc.why)) from None
+    if data is None:
+        raise StepError("the install at %s holds no env file of its own (%s: missing): run the "
+                        "exports step again (--from exports)" % (ctx.dest, kitexports.IN_INSTALL))
     path = os.path.join(ctx.state, ENV_COPY)
     write_file(path, data, 0o600)
     return path
@@ -581,7 +617,7 @@ def rollback(ctx: Context, after: str = "") -> Result:
         got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
                              swap_atomic=ctx.choices.swap_atomic,
                              failed="%s failed after the swap (runbook rollback)" % what,
-                             from_failed=from_failed)
+                             from_failed=from_failed, known=s.get("previous_id"))
         ctx.swapped = None
         kept: Optional[str] = got["kept_current_as"]
         if s["transient"]:

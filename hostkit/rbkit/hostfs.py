@@ -19,7 +19,7 @@ import shutil
 import stat
 from typing import List, Optional, Tuple
 
-from rbrules import links
+from rbrules import links, proven
 from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
 from rbrules.shown import shown as shown_name
 
@@ -28,7 +28,7 @@ from . import manifest, safefs
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
 from .installs import (backup_dirs, backups, describe_install, failed_mark,  # noqa: F401
                        failed_path, list_installs, read_info, remove, set_checks, unshare_backup,
-                       write_info)
+                       why_not_ours_install, write_info)
 from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
                      journal_path, prune_backups, recover_swap, restore, swap)
 
@@ -38,6 +38,7 @@ __all__ = [
     "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
     "recover_swap", "journal_path", "describe_install", "failed_mark", "remove",
     "failed_path", "list_installs", "read_info", "write_info", "set_checks",
+    "why_not_ours_install",
     "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
 ]
 
@@ -414,7 +415,8 @@ def free_bytes(path: str) -> dict:
 def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
     """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
     unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
-    mtime in both manifests, and the inode linked still has the recorded stat); writes the
+    mtime in both manifests, and the inode linked still has the recorded stat and is proven ours:
+    _link_unchanged); writes the
     NUL-separated names tar must still send (changed and new files, relocatable files, every
     directory and symlink: tar restores their modes and targets). `dest` is never written.
     A staging path that is a link is removed as a link (its target is not touched).
@@ -512,15 +514,19 @@ class _DirPair:
 def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict, inodes: dict,
                     rel: str) -> bool:
     """Hard-link `name` from the install's directory into the staging's when the inode linked is
-    a regular file with the recorded mode, size and mtime (its (st_dev, st_ino) go in `inodes`
-    under `rel`); else nothing is left at `name`."""
+    a regular file with the recorded mode, size and mtime, proven ours (owned by this user or
+    root, writable by no other: rbrules.proven) (its (st_dev, st_ino) go in `inodes` under
+    `rel`); else nothing is left at `name`."""
     try:
         os.link(name, name, src_dir_fd=src_dir, dst_dir_fd=dst_dir, follow_symlinks=False)
     except OSError:
         return False                               # gone, another file system, not allowed: send
     st = os.stat(name, dir_fd=dst_dir, follow_symlinks=False)
+    # the very inode linked: the install's manifest says what it was, not whose it is now (a
+    # file another user owns or can write is never taken into root's new install)
     if (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == old.get("m")
-            and st.st_size == old.get("s") and int(st.st_mtime) == old.get("mt")):
+            and st.st_size == old.get("s") and int(st.st_mtime) == old.get("mt")
+            and proven.why_not_ours(rel, st) is None):
         inodes[rel] = (st.st_dev, st.st_ino)
         return True
     os.unlink(name, dir_fd=dst_dir)

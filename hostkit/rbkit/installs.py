@@ -16,7 +16,9 @@ import shutil
 import stat
 from typing import List, Optional
 
-from . import manifest, privacy, safefs
+from rbrules import proven
+
+from . import manifest, safefs
 
 FICLONE = 0x40049409
 FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
@@ -43,30 +45,66 @@ def backup_dirs(dest: str) -> list[tuple[int, str]]:
 
 
 def not_ours(path: str) -> Optional[str]:
-    """Why the directory `path`, named like a backup, may have been planted by another user (None:
-    it cannot have been). In a private parent (rbkit.privacy) only this user and root make
-    entries, so every one is ours, whoever owns it (a previous install of another user, moved
-    aside by a swap). In a parent others can write (transfer.shared_parent: allow), one owned by
-    another user than this one or root, or writable by every user, is not ours: only root can
-    give a directory another owner, so one planted there keeps its planter's. Group write is not
-    judged: extraction keeps the source root's (umask 002)."""
+    """Why the directory `path`, named like a backup, is not proven ours (None: it is): owned by
+    another user than this one or root, or writable by another (rbrules.proven.why_not_ours).
+    Where it lies proves nothing: in a parent others can add entries to (transfer.shared_parent:
+    allow), anyone can make one of that name; in a private one, an install another user owns is
+    theirs to change (a previous install of theirs, kept by a swap as it was), and root never
+    restores it. Only root can give a directory another owner, so one planted keeps its
+    planter's. What lies inside is judged before a restore (rbkit.swapfs: every entry)."""
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    if privacy.why_not_private(os.path.dirname(os.path.abspath(path)), os.geteuid()) is None:
+    why = proven.why_not_ours(path, st)
+    if why is None:
         return None
-    if st.st_uid not in (os.geteuid(), 0):
-        return (f"{path} is owned by {privacy.owner(st)}, not by "
-                f"{privacy.user_name(os.geteuid())}: not a "
-                "backup this kit made (another user can make a directory of that name beside "
-                "the destination); it is never restored, counted or removed: look at it and "
-                "remove it")
-    if stat.S_IMODE(st.st_mode) & 0o002:
-        return (f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): not a "
-                "backup this kit made; it is never restored, counted or removed: look at it and "
-                "remove it")
+    return (f"{why}: not a backup this kit made (another user can make, or change, a "
+            "directory of that name); it is never restored, counted or removed: look at it and "
+            "remove it, or move it back by hand if you mean to")
+
+
+def why_not_ours_install(path: str) -> Optional[str]:
+    """Why the install at `path` is not proven ours (None: it is): the directory itself
+    (rbrules.proven, an install's entry) and each record it keeps beside its files (its
+    manifest, env file, failure mark, INFO: each a file read on its own). Its files are judged
+    where they are used (the quick check, the links of an incremental staging, a restore)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    why = proven.why_not_ours(path, st)
+    if why:
+        return why
+    dir_fd = safefs.open_dir(path)
+    try:
+        for name in manifest.SKIP_NAMES:
+            try:
+                fd, _st = proven.open_ours(name, dir_fd, shown=os.path.join(path, name))
+            except FileNotFoundError:
+                continue
+            except proven.NotOurs as exc:
+                return exc.why
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
     return None
+
+
+def _read_record(path: str, name: str, limit: int) -> Optional[bytes]:
+    """The record `name` of the install at `path`: None when it is not there; NotOurs when it is
+    and is not proven ours."""
+    try:
+        dir_fd = safefs.open_dir(path)
+    except OSError:
+        return None
+    try:
+        got = proven.read_ours(name, dir_fd, limit, shown=os.path.join(path, name))
+    finally:
+        os.close(dir_fd)
+    return got[0] if got is not None else None
 
 
 def foreign_backups(dest: str) -> list[str]:
@@ -88,9 +126,13 @@ def next_backup(dest: str) -> str:
 
 
 def failed_mark(path: str) -> Optional[str]:
-    """Why the install at `path` was rolled back (its checks failed), or None."""
-    got = safefs.read_in(path, FAILED_MARK, limit=64 << 10)
-    return got[0].decode("utf-8", "replace").strip() if got is not None else None
+    """Why the install at `path` was rolled back (its checks failed), or None. A mark that is
+    not proven ours counts as failed (never restored without being named, never counted)."""
+    try:
+        got = _read_record(path, FAILED_MARK, 64 << 10)
+    except proven.NotOurs as exc:
+        return f"its failure mark is not ours ({exc.why})"
+    return got.decode("utf-8", "replace").strip() if got is not None else None
 
 
 def failed_path(dest: str) -> str:
@@ -104,10 +146,10 @@ def read_info(path: str) -> dict:
     """The install's own record (INFO, written by the engine: `installed` (UTC, ISO 8601),
     `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
     failed: ...), `put_back_after`); {} when it has none or it is not one."""
-    got = safefs.read_in(path, INFO, limit=64 << 10)
     try:
-        doc = json.loads(got[0]) if got is not None else {}
-    except ValueError:
+        got = _read_record(path, INFO, 64 << 10)
+        doc = json.loads(got) if got is not None else {}
+    except (ValueError, proven.NotOurs):
         doc = {}
     return doc if isinstance(doc, dict) else {}
 
@@ -243,13 +285,17 @@ def describe_install(path: str) -> dict:
     it was rolled back for failed checks, and a stat check of it against its own manifest (a file
     changed since it was installed, e.g. written in place, is named)."""
     out: dict = {"path": path, "failed": failed_mark(path), "info": read_info(path)}
-    got = safefs.read_in(path, ".rb-manifest.jsonl", limit=1 << 30)
+    try:
+        got = _read_record(path, ".rb-manifest.jsonl", 1 << 30)
+    except proven.NotOurs as exc:
+        out.update(source_fingerprint=None, tree_check={"ok": False, "why": exc.why})
+        return out
     if got is None:
         out.update(source_fingerprint=None,
                    tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
         return out
     try:
-        lines = [json.loads(line) for line in got[0].decode("utf-8").splitlines() if line.strip()]
+        lines = [json.loads(line) for line in got.decode("utf-8").splitlines() if line.strip()]
         m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
     except (ValueError, KeyError, IndexError):
         out.update(source_fingerprint=None,

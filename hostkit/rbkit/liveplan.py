@@ -127,6 +127,11 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
     facts: dict = {"dest": dest, "exists": os.path.lexists(dest), "is_dir": os.path.isdir(dest),
                    "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
                    "staging_left": os.path.lexists(staging)}
+    if facts["installed"]:
+        # an install another user owns or can change is not this tool's (preflight's rule)
+        why = hostfs.why_not_ours_install(dest)
+        if why:
+            facts.update(installed=False, not_ours=why)
     found = privacy.check_parent(dest, os.geteuid())
     if found is not None:
         # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
@@ -563,6 +568,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.cmd == "compose":
             return compose(a)
         if a.cmd == "installed":
+            from .installs import why_not_ours_install
+            why = why_not_ours_install(a.dest)
+            if why:
+                print("rbkit liveplan installed: the install at %s is not proven ours: %s"
+                      % (a.dest, why), file=sys.stderr)
+                return 2
             got = safefs.read_in(a.dest, INSTALLED)
             if got is None:
                 print("rbkit liveplan installed: %s/%s is not a regular file of the install"

@@ -1,7 +1,8 @@
 """One lock per destination, held for a whole run: flock on `.<name>.rb-lock` beside it.
 
-The file is opened with O_NOFOLLOW and must be a regular file of ours with one link (a symlink
-or a hard link planted there is refused, never written through); the holder (host, pid, what
+The file is opened with O_NOFOLLOW and must be a regular file of ours with one link, writable by
+no other user (rbrules.proven: a symlink or a hard link planted there is refused, never written
+through); the holder (host, pid, what
 runs, since when) is written into it, so a run that finds it taken names who holds it. The lock
 is the kernel's: it goes with the holder's process, however that ends. The holder removes the
 file when it lets go (a file whose lock is free is taken over by the next run; one replaced
@@ -21,7 +22,7 @@ import stat
 import time
 from typing import Callable, List, Optional
 
-from rbrules import paths
+from rbrules import paths, proven
 
 
 def lock_path(dest: str) -> str:
@@ -118,11 +119,15 @@ class Lock:
                             "you put it there)" % self.path) from None
             raise
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        # proven ours through the descriptor (rbrules.proven: a file read on its own), and this
+        # user's: a lock another user made, or can write, is never taken for ours
+        why = proven.why_not_ours(self.path, st, alone=True)
+        if why or st.st_uid != os.geteuid():
             os.close(fd)
             raise Taken("the lock path %s is not a lock file of this user (type %o, %d links, "
-                        "owner uid %d): refusing to use it" % (self.path, stat.S_IFMT(st.st_mode),
-                                                                st.st_nlink, st.st_uid))
+                        "owner uid %d, mode %04o): refusing to use it%s"
+                        % (self.path, stat.S_IFMT(st.st_mode), st.st_nlink, st.st_uid,
+                           stat.S_IMODE(st.st_mode), " (%s)" % why if why else ""))
         return fd
 
 

@@ -26,7 +26,7 @@ import struct
 import threading
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from rbrules import cpus
+from rbrules import cpus, proven
 from rbrules.common import walk_workers
 from rbrules.shown import shown
 
@@ -192,6 +192,8 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
     test = _exclusion(patterns) if patterns else None
     size = 0
     add = lines.append
+    uid = os.geteuid()
+    groups = proven.trusted_groups(uid)
     name_of = operator.attrgetter("name")
     isreg, isdir, islnk = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
     stack = [top]
@@ -222,8 +224,20 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
                     add(('[%s, "?", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
             except UnicodeEncodeError:
                 continue
+            if (st.st_uid != uid and st.st_uid != 0) or (
+                    not islnk(m) and (m & 0o002 or (m & 0o020 and st.st_gid not in groups))):
+                lines[-1] = _not_ours_line(lines[-1], rel, st)
         stack.extend(reversed(subdirs))
     return size
+
+
+def _not_ours_line(line: bytes, rel: str, st: os.stat_result) -> bytes:
+    """A destination entry's stat line with why it is not proven ours (rbrules.proven: another
+    user owns it or can write it) as a seventh value: never a line an install recorded, so the
+    walk's lines do not add up to its INSTALLED_STAT and the entry is compared, and found
+    changed (check_tree); never trusted as unchanged, never linked."""
+    why = proven.why_not_ours(rel, st) or "not proven ours"
+    return line[:-2] + (", %s]\n" % _STR(why)).encode()
 
 
 _UNIT = struct.Struct("<IQQ")      # a worker's answer for one subtree: its index, bytes, size
@@ -285,6 +299,8 @@ def _own_lines(root: str, kept: List[tuple]) -> Tuple[bytes, int]:
             lines.append(values_line(v))
         except UnicodeEncodeError:
             continue
+        if proven.why_not_ours(rel, st) is not None:
+            lines[-1] = _not_ours_line(lines[-1], rel, st)
         if v[1] == "f":
             size += st.st_size
     return b"".join(lines), size
@@ -556,21 +572,32 @@ def quick_check(root: str, installed: dict, source_stat: str, tree: Optional[dic
 
 def check_tree(root: str, installed: dict) -> dict:
     """Whether every entry at `root` still has the path, type, mode, size, link target and mtime
-    that `installed` (the manifest the install recorded) says; no reading of contents."""
+    that `installed` (the manifest the install recorded) says, and is proven ours (owned by this
+    user or root, writable by no other: rbrules.proven; `not_ours` says why not); no reading of
+    contents."""
     patterns = installed["header"].get("excludes", ())
     want = {e["p"]: e for e in installed["entries"]}
     changed = []
+    not_ours = []
+    uid = os.geteuid()
     # in the order the directories give; what is compared is keyed by path
     for rel, st in walk(root, patterns, ordered=False):
         w = want.pop(rel, None)
         v = stat_values(root, rel, st)
-        if w is None or v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
+        why = proven.why_not_ours(rel, st, uid)
+        if why is not None:
+            # another user owns it or can write it: whatever its stat says, not the install's
+            not_ours.append(why)
+            changed.append(rel)
+        elif w is None or v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
             changed.append(rel)
     changed.extend(want)
     changed.sort()
     if changed:
-        return {"ok": False, "why": f"{len(changed)} entries changed at the destination",
-                "changed": changed[:20]}
+        why = f"{len(changed)} entries changed at the destination"
+        if not_ours:
+            why += f" ({len(not_ours)} of them owned or writable by another user)"
+        return {"ok": False, "why": why, "changed": changed[:20], "not_ours": sorted(not_ours)[:20]}
     return {"ok": True, "why": "unchanged since the install (stat check)"}
 
 

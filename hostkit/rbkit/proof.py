@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 from typing import Any, List, Tuple
 
 from rbrules import cpus
+from rbrules.proven import fresh_dir
 
 from . import safefs
 from . import manifest as kitmanifest
@@ -179,7 +179,7 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
         return [], []
     runs = list(groups.values())
     results: List[Any] = [None] * len(runs)
-    hook = tempfile.mkdtemp(prefix="rbkit-exec-proof.")     # 0700, this user's
+    hook = fresh_dir("rbkit-exec-proof.")     # 0700, this user's, not renamable
     try:
         fd = os.open(os.path.join(hook, "sitecustomize.py"),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)

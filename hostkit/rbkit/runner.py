@@ -14,12 +14,11 @@ import os
 import pwd
 import stat
 import subprocess
-import tempfile
 import time
 import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
-from rbrules import cpus, paths
+from rbrules import cpus, paths, proven
 from rbrules.common import ENGINE_STEPS as STEPS, PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import hostfs, safefs
@@ -132,7 +131,11 @@ class Context:
 
     def installed(self) -> dict:
         """The current install's manifest (raises OSError, ValueError), read once per version of
-        the file: the quick check's read (EarlyCheck) serves the stage that follows it."""
+        the file: the quick check's read (EarlyCheck) serves the stage that follows it. An
+        install not proven ours (installs.why_not_ours_install) has none to trust: ValueError."""
+        why = hostfs.why_not_ours_install(self.dest)
+        if why:
+            raise ValueError("the install at %s is not proven ours: %s" % (self.dest, why))
         key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
         self.keep_installed(key, m)
         return m
@@ -253,8 +256,9 @@ def skipped(ctx: Context, step: str, why: str) -> dict:
 
 
 def make_state(parent: Optional[str] = None) -> str:
-    """This run's private state directory (mkdtemp: 0700, ours)."""
-    return tempfile.mkdtemp(prefix="rbengine.", dir=parent)
+    """This run's private state directory (mkdtemp: 0700, ours, where no other user can rename
+    it: rbrules.proven.fresh_dir)."""
+    return proven.fresh_dir("rbengine.", parent)
 
 
 def _stamp_path(ctx: Context) -> str:

@@ -23,6 +23,8 @@ import secrets
 import stat
 from typing import Optional, Tuple
 
+from rbrules.proven import read_all
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _MAX_NAME = 200   # of the target's name inside a temp name (NAME_MAX is 255)
@@ -162,13 +164,7 @@ def read_at(dir_fd: int, name: str, limit: Optional[int] = None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
             return None
-        chunks = []
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            chunks.append(block)
-        return b"".join(chunks), st
+        return read_all(fd), st
     finally:
         os.close(fd)
 

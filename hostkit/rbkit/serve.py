@@ -359,13 +359,12 @@ def cmd_source(a: argparse.Namespace) -> int:
 
 def installed_stat(dest: str) -> str:
     """The source stat fingerprint the install at dest recorded (its manifest's first line), or
-    empty: read to let the source skip the static checks of a tree it already passed."""
-    try:
-        with open(os.path.join(dest, engine.INSTALLED), "rb") as f:
-            header = json.loads(f.readline(1 << 20))
-    except (OSError, ValueError):
+    empty: read to let the source skip the static checks of a tree it already passed. An
+    install not proven ours has none (hostfs.why_not_ours_install)."""
+    if not os.path.isdir(dest) or hostfs.why_not_ours_install(dest):
         return ""
-    if not isinstance(header, dict) or header.get("kind") != "rb-manifest":
+    header = kitmanifest.read_header(os.path.join(dest, engine.INSTALLED))
+    if header is None:
         return ""
     value = header.get("source_stat_fingerprint")
     return value if isinstance(value, str) else ""

@@ -13,6 +13,8 @@ import os
 import stat
 from typing import List, Optional, Tuple
 
+from rbrules import proven
+
 from . import hostfs
 from . import manifest as kitmanifest
 from .stream import human
@@ -133,18 +135,15 @@ def _read_mark(ctx: Context) -> Optional[dict]:
     """The staging's mark, when it is a regular file of ours (this user's, one link, no bits for
     others: made by `stage` under the lock), else None."""
     try:
-        fd = os.open(_mark_path(ctx), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        got = proven.read_ours(_mark_path(ctx), limit=1 << 16)
+    except OSError:                  # proven.NotOurs among them: not ours, never obeyed
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1
-                or st.st_mode & 0o077):
-            return None
-        try:
-            doc = json.loads(f.read(1 << 16))
-        except ValueError:
-            return None
+    if got is None or got[1].st_uid != os.geteuid() or got[1].st_mode & 0o077:
+        return None
+    try:
+        doc = json.loads(got[0])
+    except ValueError:
+        return None
     return doc if isinstance(doc, dict) else None
 
 
@@ -156,7 +155,8 @@ def resumable_why(ctx: Context, source: str) -> str:
         st = os.lstat(ctx.staging)
     except FileNotFoundError:
         return "no staging at %s" % ctx.staging
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+            or proven.why_not_ours(ctx.staging, st) is not None):
         return "%s is not a directory of ours" % ctx.staging
     mark = _read_mark(ctx)
     if mark is None:
@@ -247,7 +247,8 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
     """What a cut stream left in `root`, against the manifest's entries: (the files whose type,
     size, mode and mtime are the manifest's, to be read: (rel, entry, stat)), how many entries
     were removed. Nothing is followed: a link (at any name) is removed as a link, a directory the
-    manifest does not list is removed whole."""
+    manifest does not list is removed whole, and so is any entry not proven ours (rbrules.proven).
+    """
     candidates: List[tuple] = []
     removed = 0
     for here, dirs, files in os.walk(root, topdown=True, followlinks=False):
@@ -258,11 +259,12 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
             path = os.path.join(here, name)
             st = os.lstat(path)
             e = wanted.get(rel)
-            if stat.S_ISDIR(st.st_mode) and e is not None and e["t"] == "d":
+            if (stat.S_ISDIR(st.st_mode) and e is not None and e["t"] == "d"
+                    and proven.why_not_ours(path, st) is None):
                 continue
             if (stat.S_ISREG(st.st_mode) and e is not None and e["t"] == "f"
                     and st.st_size == e["s"] and stat.S_IMODE(st.st_mode) == e.get("m")
-                    and int(st.st_mtime) == e.get("mt")):
+                    and int(st.st_mtime) == e.get("mt") and proven.why_not_ours(path, st) is None):
                 candidates.append((rel, e, st))
                 continue
             remove_tree(path)

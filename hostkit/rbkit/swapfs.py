@@ -20,6 +20,7 @@ import shutil
 import stat
 from typing import List, Optional
 
+from rbrules import proven
 from rbrules.common import SWAP_ATOMIC
 
 from . import exports, safefs
@@ -114,18 +115,16 @@ def _read_journal(dest: str) -> Optional[dict]:
     staging beside it. Anything else is an error to look at, never a list of renames to obey."""
     path = journal_path(dest)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+        got = proven.read_ours(path, limit=1 << 16)
+    except proven.NotOurs as exc:
+        raise ValueError(f"swap journal {path} was not written by this kit ({exc.why}); look at "
+                         "it and remove it by hand") from None
+    if got is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
-                or stat.S_IMODE(st.st_mode) & 0o022 or st.st_size > 1 << 16):
-            raise ValueError(f"swap journal {path} was not written by this kit (owner, mode or "
-                             "size); look at it and remove it by hand")
-        raw = os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
+    raw, st = got
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"swap journal {path} was not written by this kit (owner uid "
+                         f"{st.st_uid}); look at it and remove it by hand")
     base = re.escape(os.path.basename(os.path.abspath(dest)))
     names = re.compile(rf"^(?:{base}\.rb-backup\.[0-9]+|{base}\.rb-failed|\.{base}\.rb-(?:old|restore))$")
     try:
@@ -318,7 +317,7 @@ def prune_backups(dest: str, keep: int) -> List[str]:
 
 def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
             failed: Optional[str] = None, swap_atomic: str = "allow",
-            from_failed: bool = False) -> dict:
+            from_failed: bool = False, known: Optional[list] = None) -> dict:
     """Put backup N (default: the newest whose checks did not fail) back at `dest`.
 
     What was in place goes apart as `DEST.rb-failed` when its checks failed (`failed` given: a
@@ -329,7 +328,12 @@ def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] 
     The result says which backup was chosen and why (`why`, `skipped`), where the replaced install
     is (`kept_current_as`), and what is at `dest` now (`installed`: its record, a stat check).
     `from_failed` (a rollback whose swap moved an install that had failed its checks apart): that
-    install, at `DEST.rb-failed`, is what goes back; the one replacing it there is `failed`."""
+    install, at `DEST.rb-failed`, is what goes back; the one replacing it there is `failed`.
+
+    Nothing is put back that is not proven ours: every entry of the install chosen, itself
+    included, is owned by this user or root and writable by no other (rbrules.proven), or the
+    restore is refused naming the first that is not; `known` (a rollback): the identity
+    [st_dev, st_ino] of the install this run's swap moved aside, which goes back as it was."""
     if swap_atomic not in SWAP_ATOMIC:
         raise ValueError(f"swap_atomic must be one of {SWAP_ATOMIC}, not {swap_atomic!r}")
     recovered = recover_swap(dest)
@@ -338,25 +342,45 @@ def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] 
     if recovered and recovered["action"] == "undone":
         result.update(restored=None, kept_current_as=None, why=recovered["detail"], skipped=[])
     else:
-        result.update(_restore_backup(dest, number, failed, swap_atomic, from_failed))
+        result.update(_restore_backup(dest, number, failed, swap_atomic, from_failed, known))
     result["env_file"] = exports.restore_env(dest, env_file) if env_file else None
     result["installed"] = describe_install(dest)
     return result
 
 
+def _proven_tree(path: str, known: Optional[list]) -> None:
+    """Refuse to put `path` in place unless it is the install this run moved aside (`known`, its
+    identity) or every entry of it is proven ours (rbrules.proven.not_ours_in_tree)."""
+    if known is not None and _ino(path) == list(known):
+        return
+    found = proven.not_ours_in_tree(path, limit=4)
+    if found:
+        raise PermissionError(f"refusing to restore {path}: {'; '.join(found)}: a tree another "
+                              "user owns or can write is never installed; look at it, and move it "
+                              "back by hand if you mean to")
+
+
 def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
-                    swap_atomic: str, from_failed: bool = False) -> dict:
+                    swap_atomic: str, from_failed: bool = False,
+                    known: Optional[list] = None) -> dict:
     found = dict(backup_dirs(dest))
     foreign = foreign_backups(dest)
     if from_failed:
         if not is_real_dir(failed_path(dest)):
             raise FileNotFoundError(f"{failed_path(dest)} is not there to put back")
+        why = not_ours(failed_path(dest))
+        if why and (known is None or _ino(failed_path(dest)) != list(known)):
+            raise PermissionError(f"refusing to put back {failed_path(dest)}: {why}")
+        _proven_tree(failed_path(dest), known)
         return _exchange(dest, failed_path(dest), failed, swap_atomic, {
             "restored": failed_path(dest), "skipped": [], "ignored": foreign,
             "why": "the install this run replaced (its checks had failed before)"})
     if number is not None and number not in found:
-        why = not_ours(f"{dest}.rb-backup.{number}")
-        if why:
+        named = f"{dest}.rb-backup.{number}"
+        why = not_ours(named)
+        if why and known is not None and _ino(named) == list(known):
+            found[number] = named          # the install this run moved aside: it goes back
+        elif why:
             raise PermissionError(f"refusing to restore backup {number}: {why}")
     apart = failed_path(dest)
     apart_note = (f"; the install whose checks failed is kept apart at {apart} and is never "
@@ -386,6 +410,7 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
     if number not in found:
         raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist (backups: "
                                 f"{', '.join(str(n) for n in sorted(found))})")
+    _proven_tree(found[number], known)
     return _exchange(dest, found[number], failed, swap_atomic,
                      {"restored": found[number], "why": why, "skipped": skipped,
                       "ignored": foreign})

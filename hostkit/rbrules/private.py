@@ -139,7 +139,9 @@ def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = Fals
 def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
     """None when `path` is a regular file that only `uid` (default: this process's effective user)
     or root can change, nor any directory along it (first_not_private), else why not: for a file
-    whose content a program run by `uid` obeys (an ssh config: ProxyCommand, Match exec)."""
+    whose content a program run by `uid` obeys (an ssh config: ProxyCommand, Match exec). The
+    file itself is judged by rbrules.proven's rule for a file read on its own (owner, no write
+    for group or others, one link)."""
     uid = os.geteuid() if uid is None else uid
     try:
         st = os.stat(path)
@@ -154,14 +156,8 @@ def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
         return "%s is not a regular file" % path
     if found is not None:
         return found[1]
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid not in (uid, 0):
-        return "the file %s is owned by %s, mode %04o: that user can change what it says" % (
-            path, owner(st), mode)
-    if mode & 0o022:   # a file's sticky bit protects nothing
-        return "the file %s is writable by %s (mode %04o)" % (
-            path, "others" if mode & 0o002 else "its group", mode)
-    return None
+    from .proven import why_not_ours   # the rule for a file read on its own (proven imports us)
+    return why_not_ours("the file " + path, st, uid, alone=True)
 
 
 def make_private(path: str) -> Optional[str]:

@@ -210,8 +210,9 @@ def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, 
     ctx = probe_ctx(tmp_path, dest)
     with pytest.raises(engine.StepError) as got:
         engine.own_env_copy(ctx)
-    want = "owned by nobody (uid %d)" % NOBODY if plant == "theirs" else \
-        "holds no env file of its own"
+    want = {"theirs": "owned by nobody (uid %d)" % NOBODY,
+            "link": "refusing to source %s as root: %s is not a regular file (a symlink)" % (own, own),
+            "missing": "holds no env file of its own"}[plant]
     assert want in str(got.value)
     assert not (Path(ctx.state) / engine.ENV_COPY).exists()
 
@@ -248,9 +249,10 @@ def test_restore_ignores_a_backup_another_user_planted_beside_a_shared_parent(op
     assert (shared / "venv.rb-backup.7" / "tag").read_text() == "planted\n"
 
 
-def test_in_a_private_parent_a_backup_of_another_owner_is_ours_to_restore(tmp_path):
-    """A previous install of another user, moved aside by a swap as root, is kept as it was
-    (its owner too): in a parent only root can write, it can only be ours."""
+def test_in_a_private_parent_a_backup_of_another_owner_is_not_restored(tmp_path):
+    """A previous install of another user, moved aside by a swap as root, is kept as it was (its
+    owner too), and stays theirs to change: where it lies proves nothing (issue 44, R1), so root
+    never puts it back (it was restored at 44a2c10: "in a private parent every entry is ours")."""
     dest = tmp_path / "venv"
     dest.mkdir()
     (dest / "tag").write_text("current")
@@ -258,8 +260,12 @@ def test_in_a_private_parent_a_backup_of_another_owner_is_ours_to_restore(tmp_pa
     theirs.mkdir()
     (theirs / "tag").write_text("alice's")
     os.chown(theirs, NOBODY, -1)
-    result = hostfs.restore(str(dest))
-    assert (dest / "tag").read_text() == "alice's" and result["ignored"] == []
+    with pytest.raises(FileNotFoundError, match="venv.rb-backup.1 is owned by nobody"):
+        hostfs.restore(str(dest))
+    with pytest.raises(PermissionError, match="refusing to restore backup 1: .* is owned by "
+                       "nobody"):
+        hostfs.restore(str(dest), 1)
+    assert (dest / "tag").read_text() == "current"
 
 
 def test_a_directory_to_make_with_a_dotdot_is_refused_not_made_elsewhere(tmp_path):
