@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: a823c71afbbfd45e3e576e154fd2c40168e2cb29358677a537d80e005abbb77d
+# sha256 of this file with these 64 digits zeroed: 526197f886528e749fe8948cdef800b99fb540c69c84d452f0b7dada0c964658
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d
-readonly RB_KIT_FILE=.kit/9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d.tar
+readonly RB_KIT_SHA256=9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d
+readonly RB_KIT_FILE=.kit/9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 2ab6f54558a71e5410ef0f05de832bd2cfca1f3bd10b77d7c631d0c3efceec73
+# sha256 of this file with these 64 digits zeroed: d89857b73e88f3dc0729e6f934102768af5c0e18cac4cbe96b3681fbb5ee5a71
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d
-readonly RB_KIT_FILE=.kit/9d2758e068125dc5add108bea8a0e9166dc4812c3570fff5b249d0c81334454d.tar
+readonly RB_KIT_SHA256=9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d
+readonly RB_KIT_FILE=.kit/9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -35,7 +35,7 @@ import sys
 import zlib
 from typing import Any, Dict, List, Optional
 
-from rbrules import records
+from rbrules import proven
 from rbrules.shown import printable, shown
 
 from . import fanout, liveplan, safefs
@@ -305,7 +305,7 @@ def _moved(then_path: str, now_path: str) -> str:
 
 
 def drift(a: argparse.Namespace) -> int:
-    plan = json.loads(records.read_own(a.plan).decode("utf-8"))   # proven this user's
+    plan = json.loads(proven.read_record(a.plan).decode("utf-8"))   # proven this user's
     d = os.path.dirname(os.path.abspath(a.plan))
     nodes = [n for n in a.nodes.split(",") if n]
     out: List[str] = []

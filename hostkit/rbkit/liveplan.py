@@ -36,7 +36,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from rbrules import paths, records
+from rbrules import paths, proven
 from rbrules.shown import printable, shown
 
 from . import safefs
@@ -206,8 +206,8 @@ def _body_rows(body: bytes) -> List[list]:
 
 def scan_body(path: str) -> Tuple[str, bytes]:
     """(stat fingerprint, stat lines) of a source scan record (hostfs.scan), not parsed; read
-    only once it is proven this user's (records.read_own)."""
-    data = records.read_own(path)
+    only once it is proven this user's (proven.read_record)."""
+    data = proven.read_record(path)
     _head, _, body = data.partition(b"\n")
     return hashlib.sha256(body).hexdigest(), body
 
@@ -220,8 +220,8 @@ def read_scan(path: str) -> Tuple[str, List[list]]:
 
 def state_body(path: str) -> Tuple[dict, bytes]:
     """(facts, stat lines not parsed) of a destination's state (liveplan state), read only once
-    it is proven this user's (records.read_own)."""
-    head, _, body = records.read_own(path).partition(b"\n")
+    it is proven this user's (proven.read_record)."""
+    head, _, body = proven.read_record(path).partition(b"\n")
     return json.loads(head), body
 
 
@@ -595,8 +595,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def read_plan(a: argparse.Namespace) -> int:
     try:
-        plan = json.loads(records.read_own(a.plan).decode("utf-8"))
-    except records.NotOurs as exc:
+        plan = json.loads(proven.read_record(a.plan).decode("utf-8"))
+    except proven.NotOurs as exc:
         # refused before it is read: a plan another user could have written or swapped
         print("refusing to apply %s: %s; another user could have written what it says: make a "
               "new plan with --plan" % (a.plan, exc), file=sys.stderr)

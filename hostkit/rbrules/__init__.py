@@ -13,9 +13,8 @@ the one host-side package the compiler imports (for the rules it renders into a 
     paths     the names a run keeps beside a destination: staging, lock, env file
     private   whether a path root executes from or writes to is private, and the refusal if not
     proven    ours means proven, never placed: whether a file or directory found beside or inside
-              a destination is ours (owner, who may write it, one link), a directory made so
-    records   a record a run wrote earlier (a saved plan, its scan and state), read back only
-              once it is proven this user's (owner, mode, type, links, size, a private folder)
+              a destination is ours (owner, who may write it, one link), a directory made so, a
+              record a run wrote earlier (a saved plan, its scan and state) read back so
     sshfiles  the files ssh reads for a host (its -F config, the known_hosts files ssh -G names),
               judged before ssh uses them
     shown     how a name is shown to a person: escaped as `ls -b` / repr would, never raw

@@ -79,16 +79,18 @@ def _group(gid: int) -> str:
         return "gid %d" % gid
 
 
-def writers(st: os.stat_result, uid: int, alone: bool = True) -> str:
+def writers(st: os.stat_result, uid: int, alone: bool = True, reach: int = 0o7777) -> str:
     """Who besides the owner may write the entry whose stat is `st`: "" (no one), "others",
     or its group ("its group", or with `alone=False` "its group NAME (gid N)", and not at all
-    when that group is one of trusted_groups')."""
+    when that group is one of trusted_groups'). `reach`: the mode of the directory it lies in,
+    where that directory is private: a group or others that may not enter it cannot reach the
+    entry to write it (a umask's group bit on a file in a 0700 run directory)."""
     if stat.S_ISLNK(st.st_mode):
         return ""                       # a link's mode means nothing
     mode = st.st_mode
-    if mode & 0o002:
+    if mode & 0o002 and reach & 0o001:
         return "others"
-    if mode & 0o020 and alone:
+    if mode & 0o020 and alone and reach & 0o010:
         return "its group"
     if mode & 0o020 and st.st_gid not in trusted_groups(uid):
         return "its group " + _group(st.st_gid)
@@ -96,7 +98,7 @@ def writers(st: os.stat_result, uid: int, alone: bool = True) -> str:
 
 
 def why_not_ours(path: str, st: os.stat_result, uid: Optional[int] = None, *,
-                 alone: bool = False) -> Optional[str]:
+                 alone: bool = False, reach: int = 0o7777) -> Optional[str]:
     """Why the entry at `path`, whose stat (lstat, or fstat of the descriptor it is used through)
     is `st`, is not proven ours; None when it is: owned by root or `uid` (default: this process's
     effective user) and writable by no one else (`writers`). `alone`: a file read or obeyed on
@@ -111,7 +113,7 @@ def why_not_ours(path: str, st: os.stat_result, uid: Optional[int] = None, *,
             path, owner(st), "root" if uid == 0 else user_name(uid) + " or root")
     if alone and not stat.S_ISREG(st.st_mode):
         return "%s is not a regular file" % path
-    who = writers(st, uid, alone)
+    who = writers(st, uid, alone, reach)
     if who:
         return "%s is writable by %s (mode %04o)" % (path, who, mode)
     if alone and st.st_nlink != 1:
@@ -159,6 +161,51 @@ def read_ours(name: str, dir_fd: Optional[int] = None, limit: int = 1 << 20,
         if st.st_size > limit:
             raise NotOurs("%s is larger than %d bytes" % (shown or name, limit))
         return read_all(fd), st
+    finally:
+        os.close(fd)
+
+
+RECORD_MAX_BYTES = 256 << 20    # a saved plan's records: about a million source entries at most
+
+
+def read_record(path: str, cap: int = RECORD_MAX_BYTES, uid: Optional[int] = None) -> bytes:
+    """The bytes of a record a run wrote earlier and reads back (a saved plan, the source's scan
+    and the destination's state beside it, which `--apply PLAN` trusts), read only once proven
+    this user's, else NotOurs. A plan copied into another user's directory and edited there
+    installed what the reviewed plan never listed; `/dev/zero` filled memory; a FIFO hung a run.
+    Its directory is private (why_not_private), and the file, as opened (open_ours: no link, no
+    FIFO blocking), is a regular file of this user or root with one link, writable by no group
+    or others that can enter that directory, of at most `cap` bytes."""
+    uid = os.geteuid() if uid is None else uid
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    why = why_not_private(folder, uid)
+    if why:
+        raise NotOurs(why)
+    reach = stat.S_IMODE(os.stat(folder).st_mode)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotOurs("%s is a symbolic link" % path) from None
+        raise NotOurs("%s: %s" % (path, exc.strerror)) from None
+    try:
+        st = os.fstat(fd)
+        why = why_not_ours(path, st, uid, alone=True, reach=reach)
+        if why:
+            raise NotOurs(why)
+        if st.st_size > cap:
+            raise NotOurs("%s is larger than a record can be (%d bytes at most)" % (path, cap))
+        data = os.read(fd, cap + 1)
+        while data and len(data) <= cap:
+            more = os.read(fd, cap + 1 - len(data))
+            if not more:
+                break
+            data += more
+        if len(data) > cap:
+            raise NotOurs("%s is larger than a record can be (%d bytes at most)" % (path, cap))
+        return data
     finally:
         os.close(fd)
 

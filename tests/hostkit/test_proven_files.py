@@ -1,5 +1,5 @@
 """The rules that judge what root reads back or hands to ssh (issue 44, round three), against the
-kit's functions: rbrules.records (a saved plan and the records beside it) and rbrules.sshfiles
+kit's functions: rbrules.proven.read_record (a saved plan and the records beside it) and rbrules.sshfiles
 (the files ssh reads for a host, as ssh -G names them). The runbook's own use of them is
 tests/e2e/test_proven_ssh.py."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import IN_CI
 
-from rbrules import records, sshfiles
+from rbrules import proven, sshfiles
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = os.geteuid()
@@ -34,7 +34,7 @@ def test_a_record_of_this_user_in_a_private_folder_is_read(private_dir):
     plan = private_dir / "plan.json"
     plan.write_text("{}")
     plan.chmod(0o664)                 # a umask's group bit: no one else reaches a 0700 folder
-    assert records.read_own(str(plan)) == b"{}"
+    assert proven.read_record(str(plan)) == b"{}"
 
 
 @pytest.mark.parametrize("fault, said", [
@@ -65,8 +65,8 @@ def test_a_record_not_proven_this_users_is_refused_before_it_is_read(private_dir
         plan.chmod(0o666)
     elif fault == "a folder nobody owns":
         os.chown(private_dir, NOBODY, NOBODY)
-    with pytest.raises(records.NotOurs, match=said.replace("(", r"\(").replace(")", r"\)")):
-        records.read_own(str(plan), cap=4 if fault == "too big" else records.RECORD_MAX_BYTES)
+    with pytest.raises(proven.NotOurs, match=said.replace("(", r"\(").replace(")", r"\)")):
+        proven.read_record(str(plan), cap=4 if fault == "too big" else proven.RECORD_MAX_BYTES)
     os.chown(private_dir, ME, ME)
 
 
