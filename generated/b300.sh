@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 89e0986033202fd4161ef9eaddea458ab56c6cd864dbe23b48025d47bda8df63
+# sha256 of this file with these 64 digits zeroed: e420170dd30dd02dba3ba6101c4abcfc674dce8a5aa7169f1762e0974bc1f819
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d
-readonly RB_KIT_FILE=.kit/9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d.tar
+readonly RB_KIT_SHA256=001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776
+readonly RB_KIT_FILE=.kit/001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

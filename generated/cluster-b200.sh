@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: b0b70157673a5ae294bafa2928746b85f7c3e98651da5311e9c01998cc19ef56
+# sha256 of this file with these 64 digits zeroed: e0b49480182e8be21f2169eca06eb8284666f486f97f85debf59f057ba4196c9
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d
-readonly RB_KIT_FILE=.kit/9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d.tar
+readonly RB_KIT_SHA256=001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776
+readonly RB_KIT_FILE=.kit/001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

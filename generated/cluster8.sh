@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: d89857b73e88f3dc0729e6f934102768af5c0e18cac4cbe96b3681fbb5ee5a71
+# sha256 of this file with these 64 digits zeroed: ebdcb6bb924a8bf536d38a9c4351b8ddb6136a2172a44ea8d57f55798c263276
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d
-readonly RB_KIT_FILE=.kit/9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d.tar
+readonly RB_KIT_SHA256=001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776
+readonly RB_KIT_FILE=.kit/001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -367,7 +367,7 @@ rb::host_login() {
 # node`. The bundle is moved at once into a directory made for it (mktemp -d: new, 0700), so its
 # name is never read again; opened there, it must be a regular file of this user or root, one
 # link, not writable by group or others (so nothing can change it after), and hash to $2. Only
-# then is the rule of rbrules.private, read from the proven bundle, run on its directory (every
+# then is the rule of rbrules.private, unpacked from the proven bundle, run on its directory (every
 # directory above it changeable only by this user or root, or sticky with ours next), the rest
 # unpacked (all but the payload, which the install streams from the bundle into staging) and the
 # kit run. A refusal names why; nothing of a refused bundle is unpacked or run.
@@ -393,12 +393,12 @@ inode=$5
 shift 5
 sum=$(sha256sum </dev/fd/3) || no "it cannot be read"
 if [ "${sum%% *}" != "$pin" ]; then no "sha256 ${sum%% *}, not the pinned $pin"; fi
-rule=$(tar -xOf /dev/fd/3 ./kit/rbrules/private.py) || no "no rule in it"
-python3 -I -S -B -c "$rule" --file --what "the bundle" "$d/bundle.tar" || no "(above)"
+tar -xf /dev/fd/3 -C "$d" --no-same-owner ./kit/rbrules || no "no rules in it"
+cd "$d" || no "cannot enter $d"
+python3 -I -S -B "$d/kit/rbrules/start.py" rbrules.private --file --what "the bundle" "$d/bundle.tar" || no "(above)"
 if [ "$(stat -c %d:%i -- "$d/bundle.tar")" != "$inode" ]; then no "replaced while checked"; fi
 tar -xf /dev/fd/3 -C "$d" --exclude=./payload --no-same-owner || exit 1
 exec 3<&-
-cd "$d" || exit 1
 exec python3 -I -S -B "$d/kit/rbrules/start.py" rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
 # this run's scratch name on the nodes, new for each copy, and its bundle's sha256 (rb::fan_send)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 4af0889b7971490386503aca469a4cdb816519ae75f695f41499d6f40d3f11ca
+# sha256 of this file with these 64 digits zeroed: c07a59e77084608b4170593f609ae914c4562a6b51b839f48f1f5a87f5f6b006
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d
-readonly RB_KIT_FILE=.kit/9a3038090de812ce2bea5e5de239b4b73b64887c6089360243bc79a33189288d.tar
+readonly RB_KIT_SHA256=001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776
+readonly RB_KIT_FILE=.kit/001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

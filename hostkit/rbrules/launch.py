@@ -5,9 +5,7 @@ Every start is isolated (`-I`: no PYTHON* variable is read, no user site-package
 working directory nor the started file's directory goes on sys.path), writes no bytecode (`-B`),
 and names its code by absolute path inside this run's private kit directory: START, which puts
 that directory, and nothing else, first on sys.path and runs the module named after it. Never
-`-m`, never `-c` or `-` with code that imports from where it was started (the one `-c`: a fan-out
-node runs rbrules.private's own code, read from its bundle once the sha256 is proven, before the
-kit is unpacked; it imports the stdlib alone). The kit's own tools
+`-m`, never `-c` or `-` with code that imports from where it was started. The kit's own tools
 also skip site (`-S`: the kit is stdlib only); the venv's interpreter keeps it (the checks import
 the venv's packages). The runbook's bash gets these words from here (the compiler renders them),
 and every start's working directory is private: the run's 0700 directory on the runbook's

@@ -120,8 +120,12 @@ def test_every_start_has_a_private_working_directory(runbooks):
         if "RB_FAN_NODE_SCRIPT=" in text:
             node = text[text.index("RB_FAN_NODE_SCRIPT="):]
             node = node[:node.index("'\n") + 1]
-            assert f'cd "$d" || exit 1\nexec python3 {FLAGS} "$d/kit/{launch.START}" rbkit.fanout' \
-                in node, node
+            # the rule's check and the kit, each started by the kit's entry file from "$d"
+            assert 'cd "$d" || no "cannot enter $d"\n' \
+                f'python3 {FLAGS} "$d/kit/{launch.START}" rbrules.private --file' in node, node
+            assert f'exec python3 {FLAGS} "$d/kit/{launch.START}" rbkit.fanout' in node, node
+            assert node.index('cd "$d"') < node.index("rbrules.private") < node.index("rbkit.fanout")
+            assert f"python3 {FLAGS} -c" not in node
 
 
 CALLS = {"Popen", "run", "call", "check_call", "check_output", "run_bounded", "run_quiet",

@@ -27,8 +27,14 @@ NOBODY = 65534
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files of another user (root)")
 
-# the kit's start.py in these bundles: it records that it ran, as whom, with what and where
-START = """import json, os, sys
+# the kit's start.py in these bundles: the rule (rbrules.private) is run as the real entry file
+# runs it; any other start records that it ran, as whom, with what and where
+START = """import json, os, runpy, sys
+if sys.argv[1:2] == ["rbrules.private"]:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.argv = sys.argv[1:]
+    runpy.run_module("rbrules.private", run_name="__main__", alter_sys=True)
+    sys.exit(0)
 with open(os.path.join({marks!r}, "ran-%d" % os.getpid()), "w") as f:
     json.dump({{"euid": os.geteuid(), "argv": sys.argv[1:], "cwd": os.getcwd()}}, f)
 """
@@ -46,7 +52,9 @@ def make_bundle(path: Path, marks: Path) -> str:
             info.size, info.mode, info.uid, info.gid = len(data), 0o644, NOBODY, NOBODY
             t.addfile(info, io.BytesIO(data))
         add("kit/rbrules/start.py", START.format(marks=str(marks)).encode())
-        add("kit/rbrules/private.py", (ROOT / "hostkit" / "rbrules" / "private.py").read_bytes())
+        for rule in sorted((ROOT / "hostkit" / "rbrules").glob("*.py")):
+            if rule.name != "start.py":                 # the real rules, the fake entry file
+                add(f"kit/rbrules/{rule.name}", rule.read_bytes())
         add("manifest.jsonl", b"{}\n")
         add("payload", b"payload bytes")
     path.chmod(0o644)

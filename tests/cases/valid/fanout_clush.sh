@@ -371,7 +371,7 @@ rb::host_head() {
 # node`. The bundle is moved at once into a directory made for it (mktemp -d: new, 0700), so its
 # name is never read again; opened there, it must be a regular file of this user or root, one
 # link, not writable by group or others (so nothing can change it after), and hash to $2. Only
-# then is the rule of rbrules.private, read from the proven bundle, run on its directory (every
+# then is the rule of rbrules.private, unpacked from the proven bundle, run on its directory (every
 # directory above it changeable only by this user or root, or sticky with ours next), the rest
 # unpacked (all but the payload, which the install streams from the bundle into staging) and the
 # kit run. A refusal names why; nothing of a refused bundle is unpacked or run.
@@ -397,12 +397,12 @@ inode=$5
 shift 5
 sum=$(sha256sum </dev/fd/3) || no "it cannot be read"
 if [ "${sum%% *}" != "$pin" ]; then no "sha256 ${sum%% *}, not the pinned $pin"; fi
-rule=$(tar -xOf /dev/fd/3 ./kit/rbrules/private.py) || no "no rule in it"
-python3 -I -S -B -c "$rule" --file --what "the bundle" "$d/bundle.tar" || no "(above)"
+tar -xf /dev/fd/3 -C "$d" --no-same-owner ./kit/rbrules || no "no rules in it"
+cd "$d" || no "cannot enter $d"
+python3 -I -S -B "$d/kit/rbrules/start.py" rbrules.private --file --what "the bundle" "$d/bundle.tar" || no "(above)"
 if [ "$(stat -c %d:%i -- "$d/bundle.tar")" != "$inode" ]; then no "replaced while checked"; fi
 tar -xf /dev/fd/3 -C "$d" --exclude=./payload --no-same-owner || exit 1
 exec 3<&-
-cd "$d" || exit 1
 exec python3 -I -S -B "$d/kit/rbrules/start.py" rbkit.fanout node --dir "$d" "$@"'
 RB_FAN_RC=0
 # this run's scratch name on the nodes, new for each copy, and its bundle's sha256 (rb::fan_send)
