@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 7d1953dfb22dee477e952953f047a512a9f2aa00696fc49bf5345a4a3d3bcef0
+# sha256 of this file with these 64 digits zeroed: 3efe3b3b75cf4ba7040e8df8e2db3def91299b609f8406e99bfd2e5fa4df238a
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e
-readonly RB_KIT_FILE=.kit/82d4cd5e8e3cf98c26e18fd95a0ada2ffab23ea79896726d87ac4461122d129e.tar
+readonly RB_KIT_SHA256=eba3cdbb21f733268bc5f0e960d6f2c7691945b9c60e5d6dd97545ef690ed007
+readonly RB_KIT_FILE=.kit/eba3cdbb21f733268bc5f0e960d6f2c7691945b9c60e5d6dd97545ef690ed007.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -1510,6 +1510,9 @@ rb::witness_start() {
   mkfifo -m 600 "${fifo}"
   rb::witness "${fifo}" &
   RB_WITNESS_PID=$!
+  # not a job of this shell's: its end (rb::witness_stop's SIGKILL) is no `Killed` line on the
+  # terminal, which reads like a crash (issue 45)
+  disown "${RB_WITNESS_PID}"
 }
 
 rb::witness() {
