@@ -84,7 +84,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     if ctx.choices.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)
-        stripped = hostfs.strip_special(ctx.staging)
+        stripped = hostfs.strip_special(ctx.staging, racing=ctx.part is not None)
         facts["stripped"] = len(stripped)
         for item in stripped[:20]:
             ctx.log("stripped %s: mode %s -> %s" % (item["p"], item["was"], item["now"]))

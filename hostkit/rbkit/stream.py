@@ -374,9 +374,33 @@ def send(root: str, names: str, compression: str, remote: Optional[List[str]] = 
     codes, _errs = pipeline(argvs, None, stdin=subprocess.DEVNULL)
     bad = [(label, c) for label, c in zip(labels, codes) if c != 0]
     if bad:
-        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
-        return bad[0][1]
+        sys.stderr.write("rbkit engine send: %s\n" % "; ".join(
+            "%s %s" % (label, exit_words(c)) for label, c in bad))
+        return status_of([c for _, c in bad])
     return 0
+
+
+def exit_words(code: int) -> str:
+    """How a child ended, in words: `exited 2`, or `died of signal 9 (SIGKILL)` (subprocess's
+    negative code, which as an exit status of ours would read 247)."""
+    if code >= 0:
+        return "exited %d" % code
+    import signal
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "?"
+    return "died of signal %d (%s)" % (-code, name)
+
+
+def status_of(codes: List[int]) -> int:
+    """The exit status that stands for a failed stage's codes: its first own status, else the
+    shell's 128+N for the first signal it died of; never a negative code (sys.exit(-9) is 247)."""
+    own = [c for c in codes if c > 0]
+    if own:
+        return own[0]
+    dead = [c for c in codes if c < 0]
+    return 128 - dead[0] if dead else 1
 
 
 def part_argv(receiver: List[str], remote: bool, part: int, n: int) -> List[str]:
@@ -395,6 +419,7 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
     procs: List[List[Any]] = [[] for _ in range(n)]
     codes: List[Optional[List[int]]] = [None] * n
     first: List[int] = []
+    stopped: set = set()                 # streams killed here because another one failed
     mutex = threading.Lock()
 
     def one(i: int) -> None:
@@ -417,9 +442,10 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
             if len(first) > 1:
                 return
             # one stream failed: the run fails; the others are stopped, not waited for
-            for others in procs:
+            for j, others in enumerate(procs):
                 for p in others:
                     if p.poll() is None:
+                        stopped.add(j)
                         p.kill()
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
@@ -429,15 +455,23 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
         t.join()
     labels = ["tar", compression][:len(send_argvs(root, parts[0], compression))]
     labels.append("ssh" if remote else "receive")
-    bad = []
+    said, rc = [], 0
     for i, got in enumerate(codes):
-        for label, c in zip(labels, got or [1]):
-            if c != 0:
-                bad.append(("stream %d/%d: %s" % (i + 1, n, label), c))
+        bad = [(label, c) for label, c in zip(labels, got or [1]) if c != 0]
+        if not bad:
+            continue
+        if i in stopped and i != first[0]:
+            # killed here (SIGKILL: -9, 247 as a status) because another stream failed: never
+            # the cause (issue 45: `send and receive on here exited 247`)
+            said.append("stream %d/%d: stopped (another stream failed)" % (i + 1, n))
+            continue
+        said.extend("stream %d/%d: %s %s" % (i + 1, n, label, exit_words(c)) for label, c in bad)
+        if i == first[0]:
+            rc = status_of([c for _, c in bad])
     merged.answer(first[0] if first else None)
-    if bad:
-        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
-        return bad[0][1]
+    if said:
+        sys.stderr.write("rbkit engine send: %s\n" % "; ".join(said))
+        return rc or 1
     return 0
 
 
