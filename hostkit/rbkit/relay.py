@@ -363,16 +363,28 @@ class Relay:
         for t in threads:
             t.join()
         said = []
+        lost: List[str] = []
         for i in range(n):
-            why = "; ".join("%s exited %d" % (label, c) for label, c in zip(
+            why = "; ".join("%s %s" % (label, stream.exit_words(c)) for label, c in zip(
                 ("pack on %s" % self.src.name, "unpack on %s" % self.dst.name), codes[i]) if c)
             if why and pairs[i].stopped and i != (failed or [-1])[0]:
                 why = "stopped here (another stream failed)"
+            elif why:
+                # ssh's own 255: the connection to that host closed (a killed sshd, a cut
+                # link); the other end's failure follows from it
+                gone = [end.name for end, c in zip((self.src, self.dst), codes[i])
+                        if c == 255 and end.ssh]
+                if gone and not self.merged.done[i]:
+                    lost += [g for g in gone if g not in lost]
+                    words = "the connection to %s closed (ssh exited 255)" % " and ".join(gone)
+                    said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
+                    self.merged.done[i] = ["failed", words]
+                    continue
             if why:
                 said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
                 if not self.merged.done[i]:          # its receiving end said nothing of it
                     self.merged.done[i] = ["failed", why]
-        self.merged.answer(failed[0] if failed else None)
+        self.merged.answer(failed[0] if failed else None, {"lost": " ".join(lost)} if lost else None)
         if said:
             sys.stderr.write("rbkit engine relay: %s\n" % "; ".join(said))
             return 1
@@ -396,13 +408,14 @@ class Through:
             sys.stdout.write(line)
             sys.stdout.flush()
 
-    def answer(self, first: Optional[int] = None) -> None:
+    def answer(self, first: Optional[int] = None, facts: Optional[dict] = None) -> None:
         got = self.done[0]
         if got and got[0] == "failed" and not self.heard:
             event = {"step": "receive", "status": "failed", "detail": got[1], "duration_s": 0,
-                     "facts": {}}
-            sys.stdout.write("event\t%s\ndone\tfailed\t%s\n" % (
-                json.dumps(event, sort_keys=True, separators=(",", ":")), got[1]))
+                     "facts": facts or {}}
+            sets = "".join("set\t%s\t%s\n" % kv for kv in sorted((facts or {}).items()))
+            sys.stdout.write("%sevent\t%s\ndone\tfailed\t%s\n" % (
+                sets, json.dumps(event, sort_keys=True, separators=(",", ":")), got[1]))
             sys.stdout.flush()
 
 

@@ -520,10 +520,13 @@ class Merged:
                     self.events[i].append(event)
             elif kind == "done":
                 self.done[i] = rest.split("\t", 1)
+            elif kind == "log":
+                self._write(line + "\n")        # for the run's log only: passed on as it came
 
-    def answer(self, first: Optional[int] = None) -> None:
+    def answer(self, first: Optional[int] = None, more: Optional[dict] = None) -> None:
         """The one answer (after every stream ended); `first`: the stream that failed first
-        (the others may have failed because they were stopped)."""
+        (the others may have failed because they were stopped); `more`: facts of a failure the
+        relay saw itself (`lost`: the hosts whose connection closed)."""
         failed = [i for i in range(self.n)
                   if not self.done[i] or self.done[i][0] != "ok"
                   or not any(e.get("step") == "receive" for e in self.events[i])]
@@ -533,10 +536,18 @@ class Merged:
             why = (self.done[i][1] if self.done[i] and len(self.done[i]) > 1
                    else "no answer from its receiving end")
             detail = "stream %d of %d: %s" % (i + 1, self.n, why)
+            # what the failed stream's end said of it (a full disk: where, what is free)
+            said = next((dict(e.get("facts") or {}) for e in self.events[i]
+                         if e.get("step") == "receive" and e.get("status") == "failed"), {})
+            said.update(more or {})
+            facts = dict(said, streams=self.n, failed_stream=i + 1)
             event = {"step": "receive", "status": "failed", "detail": detail,
                      "duration_s": max((e.get("duration_s", 0) for es in self.events
                                         for e in es), default=0),
-                     "facts": {"streams": self.n, "failed_stream": i + 1}}
+                     "facts": facts}
+            for k, v in sorted(said.items()):
+                if isinstance(v, (str, int, float)) and k not in ("streams", "failed_stream"):
+                    lines.append("set\t%s\t%s" % (k, str(v).replace("\t", " ").replace("\n", " ")))
             lines.append("set\tstreams\t%d" % self.n)
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))
             lines.append("done\tfailed\t" + detail.replace("\t", " ").replace("\n", " "))
