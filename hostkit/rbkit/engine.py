@@ -82,14 +82,6 @@ def after_failure(ctx: Context, step: str) -> Optional[dict]:
     if step == "probe":
         ctx.log("checks failed; the new install stays in place (on_failed_checks: %s)"
                 % ctx.choices.on_failed_checks)
-        # said with the failure's answer: the runbook's last lines name what stays, how to go back
-        return run(ctx, "kept", lambda c: Result(
-            "the new install stays at %s (on_failed_checks: %s)"
-            % (c.dest, c.choices.on_failed_checks),
-            {"install_stays": c.dest, "stays_why": "on_failed_checks: %s"
-             % c.choices.on_failed_checks,
-             "previous": "transient" if c.swapped.get("transient")
-             else c.swapped.get("previous") or "none"}))
     return None
 
 

@@ -117,9 +117,10 @@ def _one_line(value: Any) -> str:
 
 
 def _log(line: str) -> None:
-    """A human line of the engine: to stderr (the runbook's log), indented under its step's."""
+    """A human line of the engine: to stderr (the runbook's log), indented under its step's; a
+    tab (in a name it shows) said as \\t, never a literal one (issue 45)."""
     for part in (line or "").splitlines():
-        sys.stderr.write("    " + part + "\n")
+        sys.stderr.write("    " + part.replace("\t", "\\t") + "\n")
     sys.stderr.flush()
 
 

@@ -43,6 +43,11 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
                                                 esc(report.get("outcome")), esc(report["where"])))
     if unproven:
         out.insert(5, "<p class=\"failed\">%s</p>" % esc(unproven))
+    # what hosts that stopped answering keep of this run (the runbook's notes: left_on_HOST)
+    notes = report.get("notes") or {}
+    for key in sorted(k for k in notes if str(k).startswith("left_on_")):
+        out.append("<p>left on %s: <code>%s</code>: remove it there</p>"
+                   % (esc(key[len("left_on_"):]), esc(notes[key])))
     for p in pictures:
         out.append('<p><a href="%s"><img src="%s" alt="%s"></a></p>' % (
             esc(p), esc(p), esc(p.rsplit(".", 1)[0])))

@@ -5,16 +5,18 @@ command that goes on, on the terminal and in report.json alike."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_local_runbook import big_source, compile_, compile_and_run
+from tests.e2e.test_local_runbook import big_source, compile_, compile_and_run, old_install
 from tests.e2e.test_local_runbook import report as local_report
-from tests.e2e.test_relay import build, report, run, spec_text
+from tests.e2e.test_relay import build, remove_left_kits, report, run, spec_text
 
 pytestmark = pytest.mark.e2e
 
@@ -259,15 +261,147 @@ def test_library_dirs_the_source_lacks_are_refused_before_anything_moves(payload
     assert not dst.exists()
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["first-install", "on_failed_checks-keep"])
 def test_an_install_that_stays_after_a_failed_step_is_said_last_with_the_way_back(
-        payload_small, tmp_path):
-    """Issue 45: a first install whose check fails stays (nothing was there to put back), and
-    only report.json said so. The terminal's last lines say it stays, and how to go back."""
+        payload_small, tmp_path, keep):
+    """Issue 45: an install whose check fails stays (a first one: nothing was there to put back;
+    or `on_failed_checks: keep`), and only report.json said so. The terminal's last lines say
+    it stays, and how to go back."""
     dst = tmp_path / "d" / "venv"
+    if keep:
+        old_install(dst)
     r = compile_and_run(tmp_path, payload_small.venv, dst, policy="backup",
-                        checks="  - command: {name: fails, run: 'false'}\n")
+                        checks="  - command: {name: fails, run: 'false'}\n",
+                        extra="on_failed_checks: keep\n" if keep else "")
     assert r.returncode == 1, r.stderr[-3000:]
     assert (dst / "bin" / "python").exists()
     last = r.stderr.splitlines()[-2:]
     assert f"the new install stays at {dst}, unproven" in last[0], last
-    assert f"rm -rf -- {dst}" in last[1] or f"rm -rf -- '{dst}'" in last[1], last
+    if keep:
+        assert f"bash {tmp_path / 'e2e.sh'} --restore" in last[1], last
+    else:
+        assert f"rm -rf -- {dst}" in last[1] or f"rm -rf -- '{dst}'" in last[1], last
+
+
+def test_a_killed_sshd_is_named_in_words_and_what_it_keeps_before_the_report_lines(
+        clean_lab, payload_small, tmp_path):
+    """Issue 45: the source's sshd killed mid-relay said `pack on src exited 243; unpack on dst
+    exited 255`, and the kit left on src was named after the report lines. The cause is the
+    closed connection, in words; what is left on the host is named before the report lines,
+    and in report.json's notes."""
+    lab = clean_lab
+    src = tmp_path / "src" / "venv"
+    src.parent.mkdir()
+    tree = big_tree(payload_small.venv, src, 30, 10)       # about 315 MB
+    dst = tmp_path / "dst" / "venv"
+    script = build(tmp_path, spec_text(lab, src, dst, compression="none"))
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    staging = dst.parent / ".venv.rb-staging"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if staging.is_dir() and staged_bytes(staging) > tree // 4:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before the stream could be cut"
+    lab.kill_sshd("src")
+    try:
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        lab.start_sshd("src")
+    left = remove_left_kits(err)
+    assert list(left) == ["src"], err[-3000:]
+    assert proc.returncode == 1, err[-3000:]
+    cause = next(ln for ln in err.splitlines() if "FAILED in step transfer" in ln)
+    assert cause.endswith("on host src: the connection to src closed (ssh exited 255) during "
+                          "the transfer"), cause
+    lines = err.splitlines()
+    at = next(i for i, ln in enumerate(lines) if "] left on src: " in ln)
+    report_line = next(i for i, ln in enumerate(lines) if "] report: " in ln)
+    assert at < report_line, err[-3000:]
+    assert report(tmp_path)["notes"]["left_on_src"] == str(left["src"])
+    row = next(s for s in report(tmp_path)["steps"] if s["id"] == "transfer")
+    assert row["detail"].startswith("the connection to src closed"), row
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["job-control", "sigint-ignored"])
+def test_ctrl_c_into_a_relay_of_streams_says_only_what_is_true(clean_lab, payload_small,
+                                                               tmp_path, ignored):
+    """Issue 45: a SIGINT to the run's group in a relay of streams. As a terminal sends it (job
+    control): exit 130 and `interrupted`, but a Python traceback of the relay on the terminal.
+    Launched with SIGINT ignored (nohup, cron, a script's background job): bash cannot trap it,
+    the multiplexed ssh clients died of it, and the run blamed the receiving end (`no answer`).
+    Now: no traceback; the ignored case ends interrupted, saying why the runbook could not trap
+    the signal."""
+    lab = clean_lab
+    src = big_source(payload_small.venv, tmp_path / "src")
+    dst = tmp_path / "d" / "venv"
+    script = build(tmp_path, spec_text(lab, src, dst, compression="none")
+                   .replace("  jobs: 2\n", "  jobs: 4\n"))
+    ns = lab.host("src").netns
+    subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+                    "200mbit", "burst", "256kb", "latency", "400ms"], check=True)
+    err_path = tmp_path / "stderr.txt"
+    try:
+        with open(err_path, "w") as err:
+            start = ["env", "--ignore-signal=INT"] if ignored else \
+                ["env", "--default-signal=HUP,INT,QUIT,TERM"]
+            p = subprocess.Popen([*start, "bash", str(script)], cwd=tmp_path,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True,
+                                 env=dict(os.environ, RB_RUN_DIR=str(tmp_path / "run")))
+        deadline = time.monotonic() + 120
+        while "streams side by side" not in err_path.read_text() and p.poll() is None:
+            assert time.monotonic() < deadline, err_path.read_text()[-3000:]
+            time.sleep(0.02)
+        time.sleep(1.0)
+        assert p.poll() is None, err_path.read_text()[-3000:]
+        os.killpg(p.pid, signal.SIGINT)
+        rc = p.wait(timeout=120)
+    finally:
+        subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", "eth0", "root"], check=False)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    err = err_path.read_text()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
+    assert rc == 130, err[-3000:]
+    assert "interrupted in step transfer (SIGINT)" in err, err[-3000:]
+    assert "no answer" not in err, err[-3000:]
+    if ignored:
+        assert "bash cannot trap a signal ignored on entry" in err, err[-3000:]
+    assert report(tmp_path)["outcome"] == "interrupted"
+    assert not dst.exists()
+
+
+def test_a_failed_restore_has_its_own_time_and_a_way_on(gpu_run):
+    """Issue 45: the `--restore` row's time read `1796600526.5s` (from the epoch), and its last
+    line said `re-run with --from restore`, which is no step."""
+    tmp_path, _ = gpu_run
+    script = tmp_path / "e2e.sh"
+    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "restore-run"))
+    r = subprocess.run(["bash", str(script), "--restore", "9"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-3000:]
+    doc = json.loads((tmp_path / "restore-run" / "report.json").read_text())
+    row = next(s for s in doc["steps"] if s["id"] == "restore")
+    assert 0 <= row["duration_s"] < 600, row
+    assert "--from restore" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1].endswith(f"bash {script} --list-backups"), r.stderr[-1000:]
+
+
+def test_no_message_holds_a_literal_tab(payload_small, tmp_path):
+    """Issue 45: messages with literal tabs. A console script whose name holds a tab is named by
+    the relocate step's line: as `\\t`, never a tab on the terminal or in run.log."""
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
+    odd = src / "bin" / "odd\tname"
+    odd.write_text(f"#!{src}/bin/python\nprint('hi')\n")
+    odd.chmod(0o755)
+    r = compile_and_run(tmp_path, src, tmp_path / "d" / "venv", policy="replace",
+                        checks="  - imports: [rb_payload]\n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "bin/odd\\tname" in r.stderr, r.stderr[-3000:]
+    assert "\t" not in r.stderr, [ln for ln in r.stderr.splitlines() if "\t" in ln]
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "\t" not in log, [ln for ln in log.splitlines() if "\t" in ln]
