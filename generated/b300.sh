@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 1fdadd89d356bb01788d0f195adfbd1e3cc3cb63b81176e81c16219312ab533a
+# sha256 of this file with these 64 digits zeroed: b11c4b71e88099faec8450647c2705b34129e0f6b82f0252d42824ad9c76d3e0
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168
-readonly RB_KIT_FILE=.kit/90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168.tar
+readonly RB_KIT_SHA256=1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640
+readonly RB_KIT_FILE=.kit/1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 6aaebdce6378c9dce7c571f2da63dc6e9be3d03488ff0b0ad1bb9b7319e638ca
+# sha256 of this file with these 64 digits zeroed: 6599d213d1460d76dd00fcfb730224ae53cfebadc0f8ee8d2a6542e203673d0c
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168
-readonly RB_KIT_FILE=.kit/90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168.tar
+readonly RB_KIT_SHA256=1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640
+readonly RB_KIT_FILE=.kit/1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 34d20a761560016098b6f7616653f392ecaef8b2623ab5b28661ccb91c73e28d
+# sha256 of this file with these 64 digits zeroed: 33ba8508375e6107042d74ac284e7ca5911b97daf3edb40fc6052c092a08257d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168
-readonly RB_KIT_FILE=.kit/90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168.tar
+readonly RB_KIT_SHA256=1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640
+readonly RB_KIT_FILE=.kit/1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 0c1d2d0e2a01d0ceb124a64a343a995b0eb72ecd2403bf5d1b4d326c1ef41d35
+# sha256 of this file with these 64 digits zeroed: 81b69ccda03a15d25dcf49054bdc3b7f73bd5ebba5236de9b55ef3b1652a849c
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168
-readonly RB_KIT_FILE=.kit/90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168.tar
+readonly RB_KIT_SHA256=1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640
+readonly RB_KIT_FILE=.kit/1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

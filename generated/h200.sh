@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 787a82823af3fe0d9231055f96b3f3b931a9e0196efc083909512bb40dda1727
+# sha256 of this file with these 64 digits zeroed: 6e312f434a22cb20fbaca14e3e8d1f7df941fec6ef9fde4658a39664820e860c
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168
-readonly RB_KIT_FILE=.kit/90016346c97935b1cd209ec8b845241c80475f5d068a183711653617afda0168.tar
+readonly RB_KIT_SHA256=1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640
+readonly RB_KIT_FILE=.kit/1c886eee35abf49dcdea74012c56b43ce67d44758cab5f7081f4e85c16758640.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

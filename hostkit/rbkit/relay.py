@@ -381,18 +381,11 @@ class Relay:
             if why and pairs[i].stopped and i != (failed or [-1])[0]:
                 why = "stopped here (another stream failed)"
             elif why:
-                # ssh's own 255: the connection to that host closed (a killed sshd, a cut
-                # link); the other end's failure follows from it
-                gone = [end.name for end, c in zip((self.src, self.dst), codes[i])
-                        if c == 255 and end.ssh]
-                if gone:
-                    # (also when the receiving end answered: its `stream ended early` is the
-                    # cut's doing, not the cause)
-                    lost += [g for g in gone if g not in lost]
-                    words = "the connection to %s closed (ssh exited 255)" % " and ".join(gone)
-                    said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
-                    self.merged.done[i] = ["failed", words]
-                    continue
+                # ssh's 255: the connection to that host closed (a killed sshd, a cut link), or
+                # the far command died of a signal: the runbook tells them apart (is the
+                # host's connection still up?) and says which (`lost`: the hosts)
+                lost += [end.name for end, c in zip((self.src, self.dst), codes[i])
+                         if c == 255 and end.ssh and end.name not in lost]
             if why:
                 said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
                 if not self.merged.done[i]:          # its receiving end said nothing of it
@@ -429,14 +422,14 @@ class Through:
 
     def answer(self, first: Optional[int] = None, facts: Optional[dict] = None) -> None:
         got = self.done[0]
-        if self.heard and not facts:
-            sys.stdout.write("".join(self.held))
+        sets = "".join("set\t%s\t%s\n" % kv for kv in sorted((facts or {}).items()))
+        if self.heard:
+            sys.stdout.write(sets + "".join(self.held))
             sys.stdout.flush()
             return
         if got and got[0] == "failed":
             event = {"step": "receive", "status": "failed", "detail": got[1], "duration_s": 0,
                      "facts": facts or {}}
-            sets = "".join("set\t%s\t%s\n" % kv for kv in sorted((facts or {}).items()))
             sys.stdout.write("%sevent\t%s\ndone\tfailed\t%s\n" % (
                 sets, json.dumps(event, sort_keys=True, separators=(",", ":")), got[1]))
             sys.stdout.flush()

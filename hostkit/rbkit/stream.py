@@ -422,6 +422,16 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
     stopped: set = set()                 # streams killed here because another one failed
     mutex = threading.Lock()
 
+    def started(i: int, running: List[Any]) -> None:
+        with mutex:
+            procs[i].extend(running)
+            if first:
+                # another stream failed before this one's stages had all started: stopped now
+                stopped.add(i)
+                for p in running:
+                    if p.poll() is None:
+                        p.kill()
+
     def one(i: int) -> None:
         argvs: List[Any] = send_argvs(root, parts[i], compression)
         argvs.append(part_argv(receiver, bool(remote), i, n))
@@ -430,7 +440,7 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
         reader.start()
         try:
             got, _ = pipeline(argvs, None, stdin=subprocess.DEVNULL, stdout=wfd,
-                              started=procs[i].extend)
+                              started=lambda running: started(i, running))
         finally:
             os.close(wfd)
             reader.join()

@@ -2517,6 +2517,7 @@ rb::hash_during_stream() {
 #######################################
 rb::stream_failed() {
   local go="bash ${RB_SELF}" more staged where lost
+  local -a hosts=()
   RB_HOST=${RB_DST_HOST}
   if [[ "${RB_J[no_space]:-0}" == 1 ]]; then
     rb::human more "${RB_J[need_more]:-0}"
@@ -2531,15 +2532,34 @@ rb::stream_failed() {
     fi
     rb::fail "no space left on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL}"
   fi
-  if [[ -n "${RB_J[lost]:-}" ]]; then
-    RB_HOST=${RB_J[lost]%% *}
-    lost=${RB_J[lost]// / and }
+  read -r -a hosts <<<"${RB_J[lost]:-}"
+  lost=$(rb::connections_lost "${hosts[@]}") || lost=''
+  if [[ -n "${lost}" ]]; then
+    RB_HOST=${lost%% *}
+    lost=${lost// / and }
     RB_FAIL_HINT="check that ${lost} is up and its sshd runs, then re-run: ${go} (it resumes"
     RB_FAIL_HINT+=" what the staging holds)"
     RB_GO_ON=${go}
     rb::fail "the connection to ${lost} closed (ssh exited 255) during the transfer"
   fi
   rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+}
+
+#######################################
+# Of the hosts whose ssh exited 255 in the stream (the relay's `lost`), those whose connection
+# closed (a killed sshd, a cut link): this run's shared connection to it is gone. A far command
+# that died of a signal leaves the connection up: not lost (its end is named as it failed).
+#######################################
+rb::connections_lost() {
+  local host out=''
+  for host in "$@"; do
+    "rb::host_${host}"
+    if [[ -n "${RB_HOST_TARGET}" ]] && ! timeout 5 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" \
+      -O check -- "${RB_HOST_TARGET}" 2>/dev/null; then
+      out+="${out:+ }${host}"
+    fi
+  done
+  printf '%s\n' "${out}"
 }
 
 #######################################

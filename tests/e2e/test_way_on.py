@@ -159,14 +159,11 @@ def test_from_transfer_resumes_what_a_cut_stream_staged_and_the_plan_says_so(pay
     the whole tree (a plain re-run resumed). `--plan` says what is staged; `--from transfer`
     resumes: it keeps what arrived whole and sends the rest."""
     script, dst, tree = cut_local_move(tmp_path, payload_small)
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    plan = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    plan = run(tmp_path, script, "--plan")
     assert plan.returncode == 0, plan.stdout + plan.stderr[-2000:]
     line = next((ln for ln in plan.stdout.splitlines() if "resumable:" in ln), "")
     assert " staged (" in line and " to send" in line, plan.stdout
-    r = subprocess.run(["bash", str(script), "--from", "transfer"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = run(tmp_path, script, "--from", "transfer")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "resuming: " in r.stderr, r.stderr[-4000:]
     sent = next(s for s in local_report(tmp_path)["steps"] if s["id"] == "transfer")
@@ -183,7 +180,8 @@ def gpu_run(payload_small, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("gpu_run")
     r = compile_and_run(tmp_path, payload_small.venv, tmp_path / "d" / ".venv", policy="replace",
                         checks="  - imports: [rb_payload]\n  - devices: {allow_skip: true}\n",
-                        extra="gpu: {model: H100}\n")
+                        extra="gpu: {model: H100}\ncuda: {version: \"13.0\", "
+                        "home: /usr/local/cuda-13.0, library_path_first: []}\n")
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp_path, r
 
@@ -198,6 +196,29 @@ def test_the_staging_of_a_hidden_venv_has_one_dot(gpu_run):
     _, r = gpu_run
     assert "/d/.venv.rb-staging" in r.stderr, r.stderr[-3000:]
     assert "..venv" not in r.stderr
+
+
+def test_ld_library_path_names_a_cuda_dir_as_cuda_homes_not_the_venvs(gpu_run):
+    """Issue 45: `LD_LIBRARY_PATH: the venv's /usr/local/cuda-13.0/lib64 first`."""
+    _, r = gpu_run
+    line = next(ln for ln in r.stderr.splitlines() if "LD_LIBRARY_PATH:" in ln)
+    assert "CUDA_HOME's /usr/local/cuda-13.0/lib64 first" in line, line
+    assert "the venv's /usr" not in line, line
+
+
+def test_discard_staging_drops_what_a_cut_stream_kept(payload_small, tmp_path):
+    """The one command the disk-full hint names: what a cut stream kept beside the destination
+    is removed (its mark too), the destination untouched; a second time there is nothing."""
+    script, dst, _tree = cut_local_move(tmp_path, payload_small)
+    staging = dst.parent / ".venv.rb-staging"
+    assert staging.is_dir()
+    r = run(tmp_path, script, "--discard-staging")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"discarded the staging {staging}: " in r.stderr, r.stderr[-3000:]
+    assert not staging.exists() and not (dst.parent / ".venv.rb-staging.incomplete").exists()
+    assert not dst.exists()
+    again = run(tmp_path, script, "--discard-staging")
+    assert again.returncode == 0 and "nothing to discard" in again.stderr, again.stderr[-2000:]
 
 
 def test_report_html_headline_says_gpu_not_proven_as_the_terminal_does(gpu_run):
@@ -216,17 +237,14 @@ def test_a_from_that_cannot_apply_says_what_to_run_instead(gpu_run, args, step):
     `re-run with --from verify`: a loop. It names what to run instead, and that runs."""
     tmp_path, _ = gpu_run
     script = tmp_path / "e2e.sh"
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    r = subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = run(tmp_path, script, *args)
     assert r.returncode == 1, r.stderr[-3000:]
     assert f"FAILED in step {step} on host here: nothing to {step}" in r.stderr, r.stderr[-3000:]
     hint = next(ln for ln in r.stderr.splitlines() if "what to do:" in ln)
     assert f"bash {script} checks it" in hint and f"bash {script} --only probe" in hint, hint
     assert "--from verify" not in r.stderr.splitlines()[-1], r.stderr[-1000:]
     assert r.stderr.splitlines()[-1].endswith(f"go on with: bash {script}"), r.stderr[-1000:]
-    again = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=600)
+    again = run(tmp_path, script)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing will be sent" in again.stderr, again.stderr[-3000:]
 
@@ -246,14 +264,11 @@ def test_library_dirs_the_source_lacks_are_refused_before_anything_moves(payload
     nothing is installed."""
     dst = tmp_path / "d" / "venv"
     script = compile_(tmp_path, payload_small.venv, dst, policy="backup", extra=LIBS_SPEC)
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    plan = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    plan = run(tmp_path, script, "--plan")
     assert plan.returncode == 1, plan.stdout + plan.stderr[-2000:]
     blocked = next((ln for ln in plan.stdout.splitlines() if "BLOCKED" in ln), "")
     assert "nvidia/cu13/lib" in blocked and "library_path_first" in blocked, plan.stdout
-    r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = run(tmp_path, script)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step preflight on host here: the exports step would refuse this source: " \
         "it has no nvidia/cu13/lib" in r.stderr, r.stderr[-3000:]
