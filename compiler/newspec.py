@@ -51,6 +51,10 @@ PLACEHOLDERS = (
     (("cuda", "version"), "<CUDA version on the destination, e.g. 13.0: CHANGE ME>"),
     (("cuda", "home"), "<CUDA directory on the destination, e.g. /usr/local/cuda-13.0: CHANGE ME>"),
     (("gpu", "model"), "<GPU model on the destination, e.g. H100: CHANGE ME>"),
+    # the venv's own dirs, which no example can know: a default that cannot pass (the exports
+    # step refused `nvidia/cu13/lib` after the swap, issue 45) is a placeholder too
+    (("cuda", "library_path_first"), "<dirs of site-packages whose libraries go first, e.g. "
+     "nvidia/cu13/lib, or none: []: CHANGE ME>"),
 )
 EXAMPLE_MARKED = (("description",),)
 
@@ -188,6 +192,10 @@ def _replace(data: Any, path: tuple, text: str) -> int:
     if parents is None:
         return 0
     owner, key = parents[-1], path[-1]
+    if isinstance(owner.get(key), list):
+        _block_style(parents)
+        owner[key] = [text]              # a list: the placeholder is its one item
+        return 1
     if not isinstance(owner.get(key), str):
         return 0
     _block_style(parents)

@@ -107,6 +107,9 @@ def _arrays(plan: Plan) -> tuple[Array, ...]:
         Array("RB_HOSTS", tuple(h.id for h in plan.hosts), "Hosts this runbook touches."),
         Array("RB_STEPS", tuple(s.id for s in plan.steps)),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
+        Array("RB_LIBRARY_DIRS", plan.destination.library_path_first,
+              "cuda.library_path_first: the exports step puts these dirs of site-packages "
+              "first; preflight and --plan check that the source has them"),
         Array("RB_AUTO_COMPRESSION", transfer.auto_compression,
               "compression auto: the first of these every end of the stream has, else none"),
     ]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: ebdcb6bb924a8bf536d38a9c4351b8ddb6136a2172a44ea8d57f55798c263276
+# sha256 of this file with these 64 digits zeroed: 235bd65a7a2d4e1e732e0753bc154c4c9a6e1fe872459e51ff8b53162dd4be97
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776
-readonly RB_KIT_FILE=.kit/001ccc37d8b5ced0e5e65b7335cf64e60bf4c2b2c859a7a0994289d600088776.tar
+readonly RB_KIT_SHA256=7f01d80e25e40b95bd9cf15f77e97dc248d4b6b34d91d4692c4c8efc5a8deb9f
+readonly RB_KIT_FILE=.kit/7f01d80e25e40b95bd9cf15f77e97dc248d4b6b34d91d4692c4c8efc5a8deb9f.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -91,6 +91,8 @@ readonly -a RB_HOSTS=(build login)
 readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# cuda.library_path_first: the exports step puts these dirs of site-packages first; preflight and --plan check that the source has them
+readonly -a RB_LIBRARY_DIRS=(nvidia/cu13/lib)
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
 # fanout.nodes, expanded
@@ -181,6 +183,8 @@ RB_FAILED_STEP=''
 RB_STEP_DONE=''
 RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
+# started with SIGINT ignored: a process that dies of it (rb::witness_start), and 1 once it did
+RB_INT_SENTINEL='' RB_INT_UNTRAPPED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 # the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
@@ -189,6 +193,8 @@ declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
+# why compression auto was not measured, said with the choice taken instead (one line)
+RB_COMPRESSION_NOTE=''
 declare -a RB_BG_PIDS=()
 # a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
 # (rb::close_wait, rb::cleanup)
@@ -209,6 +215,14 @@ RB_SEAL_DONE=0
 RB_SEAL_OUT=''
 RB_CAUSE=''
 RB_HINT=''
+# what to do about the failure rb::fail says next (set just before it; it clears it), and the
+# one command that goes on after it, when the step knows better than --from (rb::finish)
+RB_FAIL_HINT=''
+RB_GO_ON=''
+# the install a failed step left in place (the engine's install_stays), why, what it replaced
+RB_STAYS='' RB_STAYS_WHY='' RB_STAYS_PREVIOUS=''
+# what this run's swap did with the install it replaced: backup, transient (replace), none
+RB_SWAPPED=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
@@ -1018,6 +1032,8 @@ rb::restore() {
   local number=$1
   local -a args=()
   RB_STEP=restore
+  rb::now
+  RB_STEP_START=${RB_NOW}     # its row's time (issue 45: 1796600526.5s, from the epoch)
   if [[ "${number}" != latest ]]; then
     args=("number=${number}")
   fi
@@ -1035,7 +1051,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0 discard=0
   RB_APPLY_PLAN=''
   RB_PLANNING=0
   while (($# > 0)); do
@@ -1056,6 +1072,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --discard-staging) discard=1 ;;
       --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
@@ -1098,6 +1115,10 @@ main() {
   fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
+    return 0
+  fi
+  if ((discard)); then
+    rb::discard_staging
     return 0
   fi
   if ((plan)); then

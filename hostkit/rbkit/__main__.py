@@ -179,6 +179,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # the run's Ctrl-C: the runbook says where it stopped; no traceback on its terminal
+        return 130
+
+
+def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["engine"]:
         from . import serve          # the install engine's own command line (serve.py)

@@ -60,14 +60,15 @@ from .receive import receive
 from .runner import (INSTALLED, STEPS, Context, Result, StepError, _load_keyed, _require,
                      _require_lock, _sha256, _write_stamp, jobs, make_state, os_error_words,
                      read_stamp, remove_tree, run, skipped, staging_path, user_name, write_file)
-from .staging import resumable, stage
+from . import staging
+from .staging import discard_staging, resumable, stage
 from .stream import child_env, run_quiet, tail
 
 __all__ = ["Context", "Result", "StepError", "INSTALLED", "SKIPPED_WHEN_CURRENT", "STEPS",
            "after_failure", "begin_early_check", "current", "exports", "finish", "install", "jobs",
            "list_backups", "make_state", "os_error_words", "own_env_copy", "preflight", "probe",
            "prove", "prove_scripts", "read_stamp", "receive", "relocate", "remove_tree",
-           "restore", "resumable", "rollback", "run", "skipped", "stage", "staging_path", "step",
+           "restore", "resumable", "rollback", "discard_staging", "run", "skipped", "stage", "staging_path", "step",
            "stop_background", "swap", "take_lock", "user_name", "verify", "write_file"]
 
 
@@ -193,10 +194,15 @@ def check_parent(ctx: Context) -> str:
     return where
 
 
-def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
+def preflight(ctx: Context, need: int = 0, source_identity: str = "", source: str = "") -> Result:
     """The destination before anything is sent: that it is not the source (nor inside it, nor
     the reverse, whatever the names: `source_identity`, the source's hostfs.identity), what is
-    there, the policy for it, room for the staging, and which compressors this host has."""
+    there, the policy for it, room for the staging, and which compressors this host has.
+
+    A staging already there counts (issue 45: after a disk filled, its ~480 MB refused every
+    retry): one a cut stream of this very `source` left (STAT-FINGERPRINT HOST:PATH) is resumed,
+    so only the rest of `need` is needed; any other is removed before the stream, so its room
+    counts as free. Refused when even so there is too little: `short_bytes` says how much."""
     if source_identity:
         why = hostfs.same_or_nested(json.loads(source_identity), hostfs.identity(ctx.dest))
         if why:
@@ -214,15 +220,27 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "") -> Result:
         raise StepError("destination %s exists and on_existing is refuse; move it away or set "
                         "on_existing: backup" % ctx.dest)
     free = hostfs.free_bytes(ctx.staging)
-    if need and free["free_bytes"] < need:
-        raise StepError("not enough space for the staging at %s: %s free, %s needed"
-                        % (free["measured_at"], human(free["free_bytes"]), human(need)))
+    kept = staging.kept_room(ctx, source, need)
+    for line in kept["lines"]:
+        ctx.log(line)
+    room = free["free_bytes"] + kept["freed"]
+    if need and room < kept["need"]:
+        facts = {"short_bytes": kept["need"] - room, "free_bytes": free["free_bytes"],
+                 "staged_bytes": kept["bytes"], "resumable": int(kept["resumable"])}
+        said = "%s free" % human(free["free_bytes"])
+        if kept["bytes"]:
+            said += (", %s already staged there (%s)" % (
+                human(kept["bytes"]), "resumed: only the rest is needed" if kept["resumable"]
+                else "removed first: its room counts"))
+        raise StepError("not enough space for the staging at %s: %s; %s needed"
+                        % (free["measured_at"], said, human(kept["need"])), facts)
     have = compressors(shutil.which)
     what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
         else "does not exist yet"
     ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.choices.on_existing))
     ctx.log("free at %s: %s; the staging needs about %s" % (free["measured_at"],
-                                                            human(free["free_bytes"]), human(need)))
+                                                            human(free["free_bytes"]),
+                                                            human(kept["need"])))
     return Result("%s; %s free" % (what, human(free["free_bytes"])),
                   {"exists": int(exists), "installed": int(installed), "staging": ctx.staging,
                    "free_bytes": free["free_bytes"], "compressors": ",".join(have)})
@@ -501,14 +519,28 @@ def exports(ctx: Context) -> Result:
         raise StepError("library dirs do not exist in the venv: %s"
                         % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
     kitexports.write(ctx.env_out, text, venv=ctx.dest)
-    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out, (
-        "the venv's %s first" % ":".join(summary["library_dirs"]) if summary["library_dirs"]
-        else "unchanged (the venv has no library directory to put first)")))
+    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out, library_words(
+        ctx.dest, summary["library_dirs"])))
     if not ctx.probe_config and ctx.swapped is not None:
         hostfs.write_info(ctx.dest, checks="none")
         prune_after_checks(ctx)
     return Result(ctx.env_out, {"file": ctx.env_out,
                                 "library_dirs": len(summary["library_dirs"])})
+
+
+def library_words(venv: str, dirs: List[str]) -> str:
+    """What the env file puts first on LD_LIBRARY_PATH, each dir said as what it is: the venv's
+    (relative to it) and CUDA_HOME's (issue 45: `the venv's /usr/local/cuda-13.0/lib64 first`)."""
+    if not dirs:
+        return "unchanged (the venv has no library directory to put first)"
+    inside = [os.path.relpath(d, venv) for d in dirs if d.startswith(venv.rstrip("/") + "/")]
+    outside = [d for d in dirs if not d.startswith(venv.rstrip("/") + "/")]
+    words = []
+    if inside:
+        words.append("the venv's %s" % ", ".join(inside))
+    if outside:
+        words.append("CUDA_HOME's %s" % ", ".join(outside))
+    return "%s first" % ", then ".join(words)
 
 
 ENV_COPY = "env.sh"     # in the state directory: what the checks source
@@ -611,7 +643,9 @@ def rollback(ctx: Context, after: str = "") -> Result:
             except FileNotFoundError:
                 pass
             return Result("nothing was at %s before this run: the new install stays, without "
-                          "its manifest (a re-run installs it again)" % ctx.dest)
+                          "its manifest (a re-run installs it again)" % ctx.dest,
+                          {"install_stays": ctx.dest, "previous": "none",
+                           "stays_why": "nothing was there before this run to put back"})
         from_failed = previous == hostfs.failed_path(ctx.dest)
         number = None if from_failed else int(previous.rsplit(".", 1)[1])
         got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,

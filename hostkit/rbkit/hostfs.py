@@ -383,19 +383,29 @@ def _chmod_nofollow(root: str, rel: str, st: os.stat_result, mode: int) -> None:
         os.close(dir_fd)
 
 
-def strip_special(root: str) -> List[dict]:
+def strip_special(root: str, racing: bool = False) -> List[dict]:
     """Remove the setuid, setgid, sticky and world-write bits (manifest.SPECIAL_BITS) from every
     entry of the tree `root` (an extracted staging), links never followed. Returns what it
     changed, [{"p", "was", "now"}]: empty when the extraction created none (the recommended tar
-    flags), so the caller can say what it stripped, or fail when it expected nothing."""
+    flags), so the caller can say what it stripped, or fail when it expected nothing.
+    `racing`: other streams' tars may still write the tree (each stream strips it once its own
+    tar ended): an entry gone or replaced while walked is theirs to strip (the stream whose tar
+    ends last walks the finished tree), not a failure. Issue 45: tar makes a placeholder file for
+    each symlink it delays and swaps it for the link at its end; a walk beside that failed with
+    ENOENT, which failed the stream (one-host, 4 streams: `exited 247`)."""
     changed = []
-    for rel, st in manifest.walk(root):
+    for rel, st in manifest.walk(root, gone_ok=racing):
         if stat.S_ISLNK(st.st_mode):
             continue
         mode = stat.S_IMODE(st.st_mode)
         if mode & manifest.SPECIAL_BITS:
             now = mode & ~manifest.SPECIAL_BITS
-            _chmod_nofollow(root, rel, st, now)
+            try:
+                _chmod_nofollow(root, rel, st, now)
+            except OSError as exc:
+                if not racing or exc.errno not in (errno.ENOENT, errno.ESTALE):
+                    raise
+                continue
             changed.append({"p": rel, "was": _octal(mode), "now": _octal(now)})
     return changed
 

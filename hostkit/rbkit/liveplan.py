@@ -138,6 +138,8 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
         facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
     free = hostfs.free_bytes(staging)
     facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
+    if os.path.isdir(staging) and not os.path.islink(staging):
+        facts["staged"] = staged_here(dest, staging)
     lines: List[bytes] = []
     size = 0
     head: Optional[dict] = None
@@ -185,6 +187,23 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
     after = good + ([dest] if policy == "backup" and facts["exists"] else [])
     facts["evicts"] = after[:-keep_backups] if keep_backups and len(after) > keep_backups else []
     return facts, lines
+
+
+def staged_here(dest: str, staging: str) -> dict:
+    """What a staging beside the destination holds (files, bytes, bytes on disk) and, when it is
+    what a cut stream left (marked, private, of this destination: staging.resumable_why), the
+    source it was for (`source`: STAT-FINGERPRINT HOST:PATH): a run from that source resumes it,
+    any other removes it first (compose: `resumable`, or its room counted as free)."""
+    import types
+    from .receive import staged_bytes
+    from .staging import _read_mark, resumable_why
+    files, size, disk = staged_bytes(staging)
+    where = types.SimpleNamespace(staging=staging, dest=dest)
+    mark = _read_mark(where) or {}
+    source = str(mark.get("source", ""))
+    if source and resumable_why(where, source):
+        source = ""
+    return {"files": files, "bytes": size, "disk": disk, "source": source}
 
 
 # -- here: the plan --------------------------------------------------------------------------------
@@ -350,6 +369,17 @@ def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, c
     send = 0 if up_to_date else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta
                                  else src_bytes)
     staging = 0 if up_to_date else (send if delta else int(a.need_bytes or src_bytes))
+    # a staging already there (issue 45): what a cut stream of this very source left is resumed
+    # (only the rest is sent and needs room), any other is removed first (its room is free)
+    kept = facts.get("staged") or {}
+    this = "%s %s:%s" % (src_stat, getattr(a, "src_host", ""), getattr(a, "src_path", ""))
+    resumable = bool(kept) and not delta and not up_to_date and kept.get("source") == this
+    freed = 0
+    if resumable:
+        send = max(0, send - kept["bytes"])
+        staging = max(0, staging - kept["bytes"])
+    elif kept and not up_to_date:
+        freed = kept.get("disk", 0)
     staging += staging * MARGIN // 100
     # with backup, the install in place stays as a backup; an incremental staging links its
     # unchanged files from it, and the swap gives the backup copies of its own (unshare_backup:
@@ -359,17 +389,25 @@ def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, c
         backup = max(0, facts.get("bytes", 0) - ch["changed_bytes"])
     need = staging + backup
     blockers: List[str] = []
-    if need > facts["free_bytes"]:
-        blockers.append("not enough room at %s: %s needed (staging %s%s), %s free"
-                        % (facts["measured_at"], human(need), human(staging),
-                           ", kept backup " + human(backup) if backup else "",
-                           human(facts["free_bytes"])))
+    if need > facts["free_bytes"] + freed:
+        words = ("not enough room at %s: %s needed (staging %s%s), %s free"
+                 % (facts["measured_at"], human(need), human(staging),
+                    ", kept backup " + human(backup) if backup else "",
+                    human(facts["free_bytes"])))
+        if kept:
+            words += ("; the %s staged there are counted (%s); to give the move up and that room "
+                      "back: bash %s --discard-staging" % (
+                          human(kept["bytes"]), "a run resumes them" if resumable
+                          else "a run removes them first", getattr(a, "runbook", "") or "RUNBOOK"))
+        blockers.append(words)
     if facts["exists"] and not facts["installed"] and a.policy == "refuse":
         blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
     if facts.get("shared_parent") and a.shared_parent != "allow":
         blockers.append(facts["shared_parent"])
     return {"up_to_date": up_to_date, "delta": delta, "send": send, "staging": staging,
-            "backup": backup, "need": need, "blockers": blockers}
+            "backup": backup, "need": need, "blockers": blockers, "freed": freed,
+            "resumable": {"staged": kept["bytes"], "files": kept["files"], "of": src_bytes}
+            if resumable else None}
 
 
 def compose(a: argparse.Namespace) -> int:
@@ -386,6 +424,11 @@ def compose(a: argparse.Namespace) -> int:
     if audit.startswith("failed") and not a.force and not a.same_host:
         blockers.append("the static checks on the source failed (%s): fix the venv or --force"
                         % audit)
+    if getattr(a, "library_missing", ""):
+        # what the exports step refuses after the swap, refused before anything moves
+        blockers.append("the source has no %s under its site-packages: the exports step would "
+                        "refuse it; fix cuda.library_path_first in the spec"
+                        % a.library_missing.replace(",", ", "))
     checks = json.loads(a.checks or "{}").get("checks") or []
     plan = {
         "kind": "rb-plan", "schema": 1, "runbook": a.name, "spec_sha256": a.spec_sha,
@@ -397,9 +440,9 @@ def compose(a: argparse.Namespace) -> int:
                         "free_bytes": facts["free_bytes"], "measured_at": facts["measured_at"]},
         "route": a.route, "compression": a.compression,
         "changes": {k: v for k, v in ch.items() if k != "items"}, "up_to_date": up_to_date,
-        "incremental": delta, "send_bytes": send,
+        "incremental": delta, "send_bytes": send, "resumable": got["resumable"],
         "disk": {"staging": staging, "backup": backup, "need": need,
-                 "free": facts["free_bytes"]},
+                 "free": facts["free_bytes"], "freed": got["freed"]},
         "policy": a.policy, "backups": facts["backups"], "evicts": facts["evicts"],
         "static": audit, "checks": [c.get("id") for c in checks], "blockers": blockers,
     }
@@ -452,15 +495,28 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
         if len(items) > SHOWN:
             out.append("               ... %d more" % (len(items) - SHOWN))
         out.append("               every line: %s" % listing)
-        how = ("only the changes, and %s of bin/ and pyvenv.cfg that relocation rewrites "
-               "(incremental)" % human(ch["rewritten_bytes"])) if plan["incremental"] \
-            else "the whole tree"
+        resumed = plan.get("resumable")
+        if resumed:
+            out.append("  resumable:   %s of %s staged (%d files a cut stream of this source "
+                       "left); %s to send" % (human(resumed["staged"]), human(resumed["of"]),
+                                              resumed["files"], human(plan["send_bytes"])))
+        if plan["incremental"]:
+            # one sum, its two parts named as parts (issue 45: `14.9 KB, only the changes, and
+            # 14.9 KB of bin/...` read as 29.8 KB)
+            how = ("in all: %s of changes and %s of bin/ and pyvenv.cfg, which relocation "
+                   "rewrites (incremental)" % (human(ch["added_bytes"] + ch["changed_bytes"]),
+                                               human(ch["rewritten_bytes"])))
+        else:
+            how = "the rest of the tree (resumed)" if resumed else "the whole tree"
         out.append("  to send:     %s, %s" % (human(plan["send_bytes"]), how))
-    room = "enough room" if disk["need"] <= disk["free"] else "NOT ENOUGH ROOM"
-    out.append("  disk:        %s needed (staging %s%s) of %s free at %s: %s"
+    free = disk["free"] + disk.get("freed", 0)
+    room = "enough room" if disk["need"] <= free else "NOT ENOUGH ROOM"
+    freed = (" (and %s of an earlier staging, removed first)" % human(disk["freed"])
+             if disk.get("freed") else "")
+    out.append("  disk:        %s needed (staging %s%s) of %s free%s at %s: %s"
                % (human(disk["need"]), human(disk["staging"]),
                   ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
-                  human(disk["free"]), dst["measured_at"], room))
+                  human(disk["free"]), freed, dst["measured_at"], room))
     if plan["policy"] == "backup":
         n = len(plan["backups"])
         kept = "%d backup%s kept" % (n, "" if n == 1 else "s")
@@ -535,7 +591,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
                 "route", "route-why", "compression", "compression-why", "hosts", "choices",
                 "source-files", "source-bytes", "need-bytes", "audit-rc",
-                "audit-failed", "audit-skipped", "arch", "checks"):
+                "audit-failed", "audit-skipped", "arch", "checks", "runbook",
+                "library-missing"):
         c.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force", "same-host"):
         c.add_argument("--" + flag, action="store_true")

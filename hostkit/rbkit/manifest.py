@@ -116,26 +116,39 @@ def _exclusion(patterns: tuple) -> Callable[..., bool]:
     return test
 
 
-def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str = ""
-         ) -> Iterator[tuple[str, os.stat_result]]:
+def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str = "",
+         gone_ok: bool = False) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every entry below root (below its directory `top`, given
     relative to root: that subtree's part of the whole walk, in the same order), sorted (unless
-    not `ordered`: the order the directories give), excludes pruned."""
+    not `ordered`: the order the directories give), excludes pruned. `gone_ok`: an entry (or a
+    directory below the top) that is gone by the time it is looked at is left out, for a tree
+    another process still writes (the staging beside another stream's tar, which replaces the
+    placeholder file of each symlink it delays by the link itself when it ends)."""
     patterns = tuple(patterns)
     test = _exclusion(patterns) if patterns else None      # looked up once, not per entry
     stack = [top]
     while stack:
         rel_dir = stack.pop()
         full = os.path.join(root, rel_dir) if rel_dir else root
-        with os.scandir(full) as it:
-            entries = sorted(it, key=lambda e: e.name) if ordered else list(it)
+        try:
+            with os.scandir(full) as it:
+                entries = sorted(it, key=lambda e: e.name) if ordered else list(it)
+        except FileNotFoundError:
+            if not gone_ok or rel_dir == top:
+                raise
+            continue
         subdirs = []
         for entry in entries:
             name = entry.name
             rel = f"{rel_dir}/{name}" if rel_dir else name
             if rel in SKIP_NAMES or (test is not None and test(rel, name)):
                 continue
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                if not gone_ok:
+                    raise
+                continue
             yield rel, st
             if stat.S_ISDIR(st.st_mode):
                 subdirs.append(rel)

@@ -7,6 +7,7 @@ stdlib only; Python >= 3.9.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -15,18 +16,23 @@ from typing import Any, List, Optional
 
 from . import hostfs
 from . import tarstream
-from .stream import TAR_RECORD, compression, Progress, pipeline, tail
+from .stream import TAR_RECORD, compression, Progress, exit_words, human, pipeline, tail
 from .runner import (RECEIVED, KEPT, jobs, StepError, Result, Context, read_stamp, _identity,
                      write_file)
 
 
-def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
+def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -> Result:
     """Unpack a tar stream into this run's staging: from stdin (the far end of the runbook's
     pipeline), or from `producer`'s output (a fan-out node reading its bundle). A reader between
     the decompressor and tar (tarstream.Digester) hashes each file as the stream carries it; when
     tar is done, the digests and each file's inode and ctime as tar left it go into the state
     directory (RECEIVED), for verify. A stream that is not a whole tar archive (truncated, a bad
-    header) fails here, whatever tar says."""
+    header) fails here, whatever tar says.
+
+    What the tools say on stderr is shown capped (said_capped: the first lines, then how many
+    more are in the run's log). A file system that filled is said as such (no_space: where, what
+    is free, what is still to come of `need`, the bytes the whole staging holds once every stream
+    arrived), not as tar's exit status (issue 45)."""
     doc = read_stamp(ctx)
     if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
         raise StepError("refusing to receive: %s is not the staging this run's stage step made"
@@ -60,12 +66,17 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
                  + ([] if keep else ["--no-same-permissions"]))
     names.append("tar")
     watch = Progress(*ctx.progress) if ctx.progress else None
-    codes, errs = pipeline(argvs, ctx.choices.timeout, capture=ctx.capture,
+    codes, errs = pipeline(argvs, ctx.choices.timeout, capture=True,
                            umask=None if keep else 0o002,
                            started=watch.start if watch else None)
     if watch is not None:
         watch.stop(digester.off if digester is not None else None)
-    bad = ["%s exited %s" % (n, c) for n, c in zip(names, codes) if c != 0]
+    if len(errs) == len(names):          # one text a stage (an inline stage's is empty)
+        for n, text in zip(names, errs):
+            said_capped(ctx, n, text or "")
+    else:                                # a stage that could not start: said first
+        said_capped(ctx, "the receiving end", "\n".join(e for e in errs if e))
+    bad = ["%s %s" % (n, exit_words(c)) for n, c in zip(names, codes) if c != 0]
     broken = ""
     if digester is not None:
         digester.close()
@@ -75,6 +86,11 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
             broken = ("the stream ended at byte %d, before the end of the tar archive (cut short "
                       "on the way?)" % digester.off)
     if bad or broken:
+        full = no_space(ctx.staging, "\n".join(e for e in errs if e), need)
+        if full is not None:
+            raise StepError(full.pop("words"), dict(full, no_space=1),
+                            lines=tail("\n".join(e for e in errs if e), 3),
+                            rc=next((c for c in codes if c > 0), 1))
         raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(
             bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
             rc=next((c for c in codes if c != 0), 1))
@@ -84,7 +100,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
     if ctx.choices.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)
-        stripped = hostfs.strip_special(ctx.staging)
+        stripped = hostfs.strip_special(ctx.staging, racing=ctx.part is not None)
         facts["stripped"] = len(stripped)
         for item in stripped[:20]:
             ctx.log("stripped %s: mode %s -> %s" % (item["p"], item["was"], item["now"]))
@@ -96,6 +112,97 @@ def receive(ctx: Context, producer: Optional[List[str]] = None) -> Result:
         facts["streamed"] = _save_received(ctx, algo, digests)
         detail += ", %d files hashed from the stream (%s)" % (facts["streamed"], algo)
     return Result(detail, facts)
+
+
+SHOWN_LINES = 3      # a tool's stderr lines on the terminal; every line goes to the run's log
+
+
+def said_capped(ctx: Context, tool: str, text: str) -> None:
+    """What `tool` said on stderr: its first SHOWN_LINES lines on the terminal (the engine's
+    log, indented under its step), then how many more there are; every line into the run's log
+    only (`log` lines). A disk that fills makes tar say one line a file (1,001 of a 1,032-line
+    terminal, issue 45)."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return
+    for line in lines[:SHOWN_LINES]:
+        ctx.log(line)
+    if len(lines) > SHOWN_LINES:
+        ctx.log("(%d more lines of %s's in the run's log, run.log)"
+                % (len(lines) - SHOWN_LINES, tool))
+        ctx.trace("%s said (every line):\n%s" % (tool, "\n".join(lines)))
+
+
+def filesystem_of(path: str) -> tuple:
+    """(mount point, file system type) of the file system that holds `path`: the longest mount
+    point of /proc/self/mountinfo above it; (the nearest existing directory, "?") where that
+    cannot be read."""
+    probe = os.path.realpath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    best = (probe, "?")
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return best
+    length = -1
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or not rest:
+            continue
+        mount = fields[4].replace("\\040", " ").replace("\\011", "\t")
+        inside = probe == mount or probe.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= length:
+            best, length = (mount, rest[0]), len(mount)
+    return best
+
+
+def staged_bytes(root: str) -> tuple:
+    """(files, bytes, bytes on disk) of the regular files below `root` (a staging), links never
+    followed; an entry gone while walked (another stream's) is left out."""
+    from . import manifest as kitmanifest
+    files = size = disk = 0
+    try:
+        for _rel, st in kitmanifest.walk(root, ordered=False, gone_ok=True):
+            if stat.S_ISREG(st.st_mode):
+                files += 1
+                size += st.st_size
+                disk += st.st_blocks * 512
+    except OSError:
+        pass
+    return files, size, disk
+
+
+def no_space(staging: str, said: str, need: int) -> Optional[dict]:
+    """When the file system of `staging` filled (the tools said ENOSPC or EDQUOT, or it has no
+    block or no inode left for this user): where it is, what is free, and what is still to come
+    of `need`, in words (`words`) and as facts; else None."""
+    try:
+        st = os.statvfs(staging)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    quota = os.strerror(errno.EDQUOT) in said
+    full = (os.strerror(errno.ENOSPC) in said or quota or st.f_favail == 0
+            or free < 2 * st.f_frsize)
+    if not full:
+        return None
+    mount, kind = filesystem_of(staging)
+    files, size, _disk = staged_bytes(staging)
+    words = "the file system of the staging, %s (%s), is %s: %s free of %s" % (
+        mount, kind, "at its quota for this user" if quota else "full", human(free),
+        human(st.f_blocks * st.f_frsize))
+    if st.f_favail == 0:
+        words += ", and no inode left of %d" % st.f_files
+    more = max(0, need - size) if need else 0
+    if need:
+        words += "; %s more needed to finish (%s of %s staged, %d files)" % (
+            human(more), human(size), human(need), files)
+    return {"words": words, "fs_mount": mount, "fs_type": kind, "free_bytes": free,
+            "need_more": more, "staged_bytes": size, "staged_files": files,
+            "quota": int(quota), "no_inodes": int(st.f_favail == 0)}
 
 
 def _received_path(ctx: Context) -> str:

@@ -218,11 +218,17 @@ class Pair:
             sys.stderr.write(line)
         self.held = []
         line = b"go %d %d\n" % (i, n)
-        os.write(self.p_w, line)        # the destination's gate line first, then the tar
-        os.close(self.p_w)
-        self.over.set()
-        os.write(self.g_w, line)
-        os.close(self.g_w)
+        # the destination's gate line first, then the tar; an end gone by now (its ssh died: a
+        # signal, a closed connection) shows in its exit status, which the relay reports
+        for fd in (self.p_w, self.g_w):
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            if fd == self.p_w:
+                self.over.set()
 
     def stop(self) -> None:
         """No go: both ends exit without sending or receiving anything."""
@@ -285,6 +291,11 @@ class Relay:
 
         signal.signal(signal.SIGTERM, end)
         signal.signal(signal.SIGHUP, end)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # the terminal's Ctrl-C reaches the run's whole group: the relay ends its streams and
+            # exits 130, the runbook says where it stopped (issue 45: a Python traceback of 32
+            # lines on the terminal); where SIGINT was ignored on entry it stays ignored
+            signal.signal(signal.SIGINT, end)
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
@@ -380,16 +391,23 @@ class Relay:
         for t in threads:
             t.join()
         said = []
+        lost: List[str] = []
         for i in range(n):
-            why = "; ".join("%s exited %d" % (label, c) for label, c in zip(
+            why = "; ".join("%s %s" % (label, stream.exit_words(c)) for label, c in zip(
                 ("pack on %s" % self.src.name, "unpack on %s" % self.dst.name), codes[i]) if c)
             if why and pairs[i].stopped and i != (failed or [-1])[0]:
                 why = "stopped here (another stream failed)"
+            elif why:
+                # ssh's 255: the connection to that host closed (a killed sshd, a cut link), or
+                # the far command died of a signal: the runbook tells them apart (is the
+                # host's connection still up?) and says which (`lost`: the hosts)
+                lost += [end.name for end, c in zip((self.src, self.dst), codes[i])
+                         if c == 255 and end.ssh and end.name not in lost]
             if why:
                 said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
                 if not self.merged.done[i]:          # its receiving end said nothing of it
                     self.merged.done[i] = ["failed", why]
-        self.merged.answer(failed[0] if failed else None)
+        self.merged.answer(failed[0] if failed else None, {"lost": " ".join(lost)} if lost else None)
         if said:
             sys.stderr.write("rbkit engine relay: %s\n" % "; ".join(said))
             return 1
@@ -397,12 +415,15 @@ class Relay:
 
 
 class Through:
-    """The one stream's answer, passed on as its receiving end wrote it (Merged's face); a failed
-    answer of its own at the end when that end said none."""
+    """The one stream's answer, passed on as its receiving end wrote it (Merged's face): its
+    progress as it comes, its event and `done` at the end, unless the relay saw the cause itself
+    (a connection that closed: `facts` with `lost`); a failed answer of its own when that end
+    said none."""
 
     def __init__(self) -> None:
         self.done: List[Optional[List[str]]] = [None]
         self.heard = False
+        self.held: List[str] = []
 
     def read_file(self, i: int, f: Any) -> None:
         for raw in f:
@@ -410,16 +431,27 @@ class Through:
             if line.startswith("done\t"):
                 self.heard = True
                 self.done[0] = line.rstrip("\n").split("\t")[1:]
+            if line.startswith(("done\t", "event\t", "set\t")) or self.heard:
+                self.held.append(line)         # the end of its answer: said in `answer`
+                continue
             sys.stdout.write(line)
             sys.stdout.flush()
 
-    def answer(self, first: Optional[int] = None) -> None:
+    def answer(self, first: Optional[int] = None, facts: Optional[dict] = None) -> None:
         got = self.done[0]
-        if got and got[0] == "failed" and not self.heard:
+        sets = "".join("set\t%s\t%s\n" % kv for kv in sorted((facts or {}).items()))
+        if self.heard:
+            sys.stdout.write(sets + "".join(self.held))
+            sys.stdout.flush()
+            return
+        if got and got[0] == "failed":
             event = {"step": "receive", "status": "failed", "detail": got[1], "duration_s": 0,
-                     "facts": {}}
-            sys.stdout.write("event\t%s\ndone\tfailed\t%s\n" % (
-                json.dumps(event, sort_keys=True, separators=(",", ":")), got[1]))
+                     "facts": facts or {}}
+            sys.stdout.write("%sevent\t%s\ndone\tfailed\t%s\n" % (
+                sets, json.dumps(event, sort_keys=True, separators=(",", ":")), got[1]))
+            sys.stdout.flush()
+        elif self.held:
+            sys.stdout.write("".join(self.held))
             sys.stdout.flush()
 
 

@@ -88,6 +88,17 @@ def gpu_verdict(probe_docs: dict) -> dict:
     return {"declared": True, "proven": proven and not unproven, "unproven": unproven}
 
 
+def gpu_words(doc: dict) -> str:
+    """`GPU NOT PROVEN: ...` for a report whose spec declares gpu: and whose checks did not
+    prove one; "" otherwise. The terminal's summary and report.html's headline say it alike."""
+    gpu = doc.get("gpu")
+    if not gpu or gpu.get("proven"):
+        return ""
+    return ("GPU NOT PROVEN: the spec declares gpu:, but "
+            + ("; ".join(gpu.get("unproven") or []) or "no GPU check passed")
+            + " (a skip the spec allowed is not a pass)")
+
+
 def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str,
           gpu: bool = False, where: str = "") -> dict:
     """The report; WHERE: where a run that did not pass stopped (`in step transfer`), kept unless
@@ -157,11 +168,8 @@ def table(doc: dict) -> str:
     c = doc["checks"]
     if doc.get("probes") or any(c.values()):     # no line for checks that never ran
         out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
-    gpu = doc.get("gpu")
-    if gpu and not gpu["proven"]:
-        out.append("GPU NOT PROVEN: the spec declares gpu:, but "
-                   + ("; ".join(gpu["unproven"]) or "no GPU check passed")
-                   + " (a skip the spec allowed is not a pass)")
+    if gpu_words(doc):
+        out.append(gpu_words(doc))
     out.append(f"outcome: {doc['outcome']}" + (f" ({doc['where']})" if doc.get("where") else ""))
     # a detail may name a file: never raw to a terminal (rbrules.shown)
     return "\n".join(printable(line) for line in out)

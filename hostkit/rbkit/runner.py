@@ -291,7 +291,8 @@ def _identity(path: str) -> List[int]:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise StepError("the staging %s does not exist" % path) from None
+        # (no_staging: the runbook says what to run instead of a --from that cannot apply)
+        raise StepError("the staging %s does not exist" % path, {"no_staging": 1}) from None
     if not stat.S_ISDIR(st.st_mode):
         raise StepError("the staging %s is not a directory (a symlink or a file is never "
                         "followed)" % path)
@@ -302,6 +303,9 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
     """The stamp, when it says the staging went through `want` in this run and is still the same
     directory with the same manifest; else the step is refused."""
     doc = read_stamp(ctx)
+    if doc is None and not os.path.lexists(ctx.staging):
+        raise StepError("refusing to %s: there is no staging at %s" % (step, ctx.staging),
+                        {"no_staging": 1})
     if doc is None or doc.get("stage") not in ("verified", "relocated", "proven"):
         raise StepError(
             "refusing to %s: the staging %s was not verified in this run (a verify that failed, "

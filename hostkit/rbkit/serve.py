@@ -3,6 +3,7 @@
     engine serve --dest D --choices JSON [the run's facts] --holder TEXT
                                                                the destination's engine for a run
     engine receive --dest D --state S --compression C --choices JSON [--progress S] [--part I/N]
+        [--need BYTES]
                                                                the far end of the stream (stdin)
     engine run STEP... --dest D --choices JSON [the run's facts]   steps in one process (tests)
     engine scan ROOT [--exclude P]... [--names F]              the source before anything is sent
@@ -133,7 +134,8 @@ def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
 
 # what a request may ask: the step's function and how its key=value words are read
 REQUESTS: Dict[str, tuple] = {
-    "preflight": (engine.preflight, {"need": int, "source_identity": str}),
+    "preflight": (engine.preflight, {"need": int, "source_identity": str, "source": str}),
+    "discard": (engine.discard_staging, {}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
     "stage": (engine.stage, {"delta": lambda v: v == "1", "source_stat": str, "algo": str,
                              "exclude": list, "source": str, "resume": lambda v: v == "1"}),
@@ -290,7 +292,7 @@ def cmd_receive(a: argparse.Namespace) -> int:
     if a.progress > 0:
         ctx.progress = (a.progress, lambda n: answer.line("progress", n))
     ctx.part = a.part
-    event = engine.run(ctx, "receive", engine.receive)
+    event = engine.run(ctx, "receive", engine.receive, need=a.need)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
         _log("receive: %s" % event["detail"])
@@ -349,6 +351,8 @@ def cmd_source(a: argparse.Namespace) -> int:
     if reader is not None:
         reader.join()
     started = early[0] if early else None
+    if event["status"] != "failed" and a.library_dir:
+        engine.run(ctx, "libraries", source.library_dirs, a.root, a.exclude, a.library_dir)
     if event["status"] != "failed":
         engine.run(ctx, "audit", source.audit, a.audit, facts.get("stat_fingerprint") or "",
                    line[0], a.outside_links, started)
@@ -488,12 +492,18 @@ def parser() -> argparse.ArgumentParser:
                     help="a `progress BYTES` line every S seconds (0: none)")
     rc.add_argument("--part", type=_part, default=None, metavar="I/N",
                     help="this is stream I of N (rbkit send's streams side by side)")
+    rc.add_argument("--need", type=int, default=0, metavar="BYTES",
+                    help="the bytes the whole staging holds once every stream arrived (a file "
+                    "system that fills says how many are still to come)")
     rc.add_argument("--gate", action="store_true",
                     help="say `gate ready JOBS CPUS`, then wait for `go I N` on stdin (rbkit relay)")
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)
     so = _scan_options(sub.add_parser("source"))
+    so.add_argument("--library-dir", action="append", default=[],
+                    help="a dir of site-packages the exports step puts first "
+                    "(cuda.library_path_first): said when the source lacks it")
     so.add_argument("--installed-stat", default="",
                     help="the destination install's source stat fingerprint (equal: no checks); "
                          "`-`: read it from stdin after the scan")

@@ -47,6 +47,36 @@ def scan(ctx: engine.Context, root: str, excludes: List[str], names: Any, specia
     return engine.Result(detail, facts)
 
 
+def library_dirs(ctx: engine.Context, root: str, excludes: List[str], wanted: List[str]
+                 ) -> engine.Result:
+    """The library dirs the exports step will put first (cuda.library_path_first, relative to
+    the venv's site-packages): which the source does not have, after the excludes
+    (`library_missing`, comma-separated; empty: all there). Said before anything moves, in
+    preflight and the plan: the exports step refuses them after the swap (issue 45)."""
+    from . import exports
+    from . import manifest as kitmanifest
+    try:
+        site = exports.site_packages(root)
+    except FileNotFoundError:
+        site = ""
+    missing = []
+    for d in wanted:
+        rel = os.path.relpath(os.path.join(site, d), root) if site else d
+        parts = rel.split("/")
+        left_out = any(kitmanifest.excluded("/".join(parts[:i + 1]), excludes)
+                       for i in range(len(parts)))
+        if not site or left_out or not os.path.isdir(os.path.join(root, rel)) \
+                or os.path.islink(os.path.join(root, rel)):
+            missing.append(d)
+    where = os.path.relpath(site, root) if site else "lib/python3*/site-packages"
+    if missing:
+        return engine.Result("the source has no %s under %s (after the excludes)"
+                             % (", ".join(missing), where),
+                             {"library_missing": ",".join(missing), "site_packages": where})
+    return engine.Result("the library dirs are in the source: %s" % ", ".join(wanted),
+                         {"library_missing": ""})
+
+
 def failed_checks(doc: Dict[str, Any], keep_links: bool) -> List[str]:
     """The check types that failed in an rbprobes document; links that leave the tree are the
     spec's to allow (transfer.outside_links: keep)."""

@@ -20,7 +20,7 @@ from . import manifest as kitmanifest
 from .stream import human
 from .runner import (INCOMPLETE, KEPT, jobs, StepError, Result, Context, _write_stamp, _identity,
                      _require_lock, write_file, remove_tree)
-from .receive import _forget_received
+from .receive import _forget_received, staged_bytes
 
 
 def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
@@ -184,6 +184,64 @@ def resumable(ctx: Context, source: str = "") -> Result:
         return Result(why, {"resumable": 0, "why": why})
     return Result("%s holds what a cut stream of this source left" % ctx.staging,
                   {"resumable": 1})
+
+
+def kept_room(ctx: Context, source: str, need: int) -> dict:
+    """What a staging already beside the destination means for the room a run needs (`need`,
+    for the whole tree): one that a cut stream of this `source` left is resumed (`resumable`:
+    its files count as staged, `need` shrinks by them; the resume keeps those whose digest is
+    the manifest's), any other is removed before the stream (`freed`: its blocks). `lines` say
+    so, for the log and the plan: `resumable: 480.0 MB staged; 390.0 MB to send; needs 429.0
+    MB` (the need with the run's margin)."""
+    out = {"need": need, "freed": 0, "bytes": 0, "files": 0, "resumable": False, "lines": []}
+    if not os.path.isdir(ctx.staging) or os.path.islink(ctx.staging):
+        return out
+    files, size, disk = staged_bytes(ctx.staging)
+    out.update(bytes=size, files=files)
+    why = resumable_why(ctx, source) if source else "no source given"
+    if why:
+        out["freed"] = disk
+        out["lines"].append("an earlier staging %s (%s, %d files) is removed before the stream "
+                            "(%s): its room counts as free" % (ctx.staging, human(size), files,
+                                                                why))
+        return out
+    out["resumable"] = True
+    # need carries the run's margin over the tree's bytes: what is staged comes off with it
+    left = max(0, need - size - size // 10)
+    out["need"] = left
+    out["lines"].append("resumable: %s staged (%d files, what a cut stream of this source left "
+                        "at %s); %s to send; needs %s" % (
+                            human(size), files, ctx.staging,
+                            human(max(0, need * 10 // 11 - size)), human(left)))
+    return out
+
+
+def discard_staging(ctx: Context) -> Result:
+    """`--discard-staging`: remove the staging beside the destination (what a cut or failed
+    stream kept there for a re-run to resume) and its mark, giving its room back; the
+    destination itself is never touched. A staging that is not a directory of this user's is
+    refused (never removed on another's behalf)."""
+    _require_lock(ctx)
+    mark = _read_mark(ctx)
+    try:
+        st = os.lstat(ctx.staging)
+    except FileNotFoundError:
+        _drop_mark(ctx)
+        return Result("no staging at %s: nothing to discard" % ctx.staging,
+                      {"discarded": 0, "discarded_bytes": 0})
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise StepError("refusing to discard %s: it is not a directory of this user's (uid %d, "
+                        "mode %o): look at it and remove it by hand" % (ctx.staging, st.st_uid,
+                                                                       st.st_mode))
+    files, size, _disk = staged_bytes(ctx.staging)
+    remove_tree(ctx.staging)
+    _drop_mark(ctx)
+    _forget_received(ctx, every=True)
+    of = (" (what a stream from %s left)" % str(mark.get("source", "")).partition(" ")[2]
+          if mark else "")
+    return Result("discarded the staging %s: %s in %d files%s; the destination %s is as it was"
+                  % (ctx.staging, human(size), files, of, ctx.dest),
+                  {"discarded": 1, "discarded_bytes": size})
 
 
 def resume_stage(ctx: Context, source: str) -> Result:

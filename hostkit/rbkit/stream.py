@@ -375,9 +375,33 @@ def send(root: str, names: str, compression: str, remote: Optional[List[str]] = 
     codes, _errs = pipeline(argvs, None, stdin=subprocess.DEVNULL)
     bad = [(label, c) for label, c in zip(labels, codes) if c != 0]
     if bad:
-        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
-        return bad[0][1]
+        sys.stderr.write("rbkit engine send: %s\n" % "; ".join(
+            "%s %s" % (label, exit_words(c)) for label, c in bad))
+        return status_of([c for _, c in bad])
     return 0
+
+
+def exit_words(code: int) -> str:
+    """How a child ended, in words: `exited 2`, or `died of signal 9 (SIGKILL)` (subprocess's
+    negative code, which as an exit status of ours would read 247)."""
+    if code >= 0:
+        return "exited %d" % code
+    import signal
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "?"
+    return "died of signal %d (%s)" % (-code, name)
+
+
+def status_of(codes: List[int]) -> int:
+    """The exit status that stands for a failed stage's codes: its first own status, else the
+    shell's 128+N for the first signal it died of; never a negative code (sys.exit(-9) is 247)."""
+    own = [c for c in codes if c > 0]
+    if own:
+        return own[0]
+    dead = [c for c in codes if c < 0]
+    return 128 - dead[0] if dead else 1
 
 
 def part_argv(receiver: List[str], remote: bool, part: int, n: int) -> List[str]:
@@ -396,7 +420,18 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
     procs: List[List[Any]] = [[] for _ in range(n)]
     codes: List[Optional[List[int]]] = [None] * n
     first: List[int] = []
+    stopped: set = set()                 # streams killed here because another one failed
     mutex = threading.Lock()
+
+    def started(i: int, running: List[Any]) -> None:
+        with mutex:
+            procs[i].extend(running)
+            if first:
+                # another stream failed before this one's stages had all started: stopped now
+                stopped.add(i)
+                for p in running:
+                    if p.poll() is None:
+                        p.kill()
 
     def one(i: int) -> None:
         argvs: List[Any] = send_argvs(root, parts[i], compression)
@@ -406,7 +441,7 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
         reader.start()
         try:
             got, _ = pipeline(argvs, None, stdin=subprocess.DEVNULL, stdout=wfd,
-                              started=procs[i].extend)
+                              started=lambda running: started(i, running))
         finally:
             os.close(wfd)
             reader.join()
@@ -418,9 +453,10 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
             if len(first) > 1:
                 return
             # one stream failed: the run fails; the others are stopped, not waited for
-            for others in procs:
+            for j, others in enumerate(procs):
                 for p in others:
                     if p.poll() is None:
+                        stopped.add(j)
                         p.kill()
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
@@ -430,15 +466,23 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
         t.join()
     labels = ["tar", compression][:len(send_argvs(root, parts[0], compression))]
     labels.append("ssh" if remote else "receive")
-    bad = []
+    said, rc = [], 0
     for i, got in enumerate(codes):
-        for label, c in zip(labels, got or [1]):
-            if c != 0:
-                bad.append(("stream %d/%d: %s" % (i + 1, n, label), c))
+        bad = [(label, c) for label, c in zip(labels, got or [1]) if c != 0]
+        if not bad:
+            continue
+        if i in stopped and i != first[0]:
+            # killed here (SIGKILL: -9, 247 as a status) because another stream failed: never
+            # the cause (issue 45: `send and receive on here exited 247`)
+            said.append("stream %d/%d: stopped (another stream failed)" % (i + 1, n))
+            continue
+        said.extend("stream %d/%d: %s %s" % (i + 1, n, label, exit_words(c)) for label, c in bad)
+        if i == first[0]:
+            rc = status_of([c for _, c in bad])
     merged.answer(first[0] if first else None)
-    if bad:
-        sys.stderr.write("rbkit engine send: %s\n" % "; ".join("%s exited %s" % b for b in bad))
-        return bad[0][1]
+    if said:
+        sys.stderr.write("rbkit engine send: %s\n" % "; ".join(said))
+        return rc or 1
     return 0
 
 
@@ -487,10 +531,13 @@ class Merged:
                     self.events[i].append(event)
             elif kind == "done":
                 self.done[i] = rest.split("\t", 1)
+            elif kind == "log":
+                self._write(line + "\n")        # for the run's log only: passed on as it came
 
-    def answer(self, first: Optional[int] = None) -> None:
+    def answer(self, first: Optional[int] = None, more: Optional[dict] = None) -> None:
         """The one answer (after every stream ended); `first`: the stream that failed first
-        (the others may have failed because they were stopped)."""
+        (the others may have failed because they were stopped); `more`: facts of a failure the
+        relay saw itself (`lost`: the hosts whose connection closed)."""
         failed = [i for i in range(self.n)
                   if not self.done[i] or self.done[i][0] != "ok"
                   or not any(e.get("step") == "receive" for e in self.events[i])]
@@ -500,10 +547,18 @@ class Merged:
             why = (self.done[i][1] if self.done[i] and len(self.done[i]) > 1
                    else "no answer from its receiving end")
             detail = "stream %d of %d: %s" % (i + 1, self.n, why)
+            # what the failed stream's end said of it (a full disk: where, what is free)
+            said = next((dict(e.get("facts") or {}) for e in self.events[i]
+                         if e.get("step") == "receive" and e.get("status") == "failed"), {})
+            said.update(more or {})
+            facts = dict(said, streams=self.n, failed_stream=i + 1)
             event = {"step": "receive", "status": "failed", "detail": detail,
                      "duration_s": max((e.get("duration_s", 0) for es in self.events
                                         for e in es), default=0),
-                     "facts": {"streams": self.n, "failed_stream": i + 1}}
+                     "facts": facts}
+            for k, v in sorted(said.items()):
+                if isinstance(v, (str, int, float)) and k not in ("streams", "failed_stream"):
+                    lines.append("set\t%s\t%s" % (k, str(v).replace("\t", " ").replace("\n", " ")))
             lines.append("set\tstreams\t%d" % self.n)
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))
             lines.append("done\tfailed\t" + detail.replace("\t", " ").replace("\n", " "))

@@ -74,6 +74,16 @@ def torch_check(params: Dict[str, Any], ctx: Context):
     if want_cuda and not version_matches(want_cuda, torch.version.cuda):
         problems.append("torch is built for CUDA %s, expected %s"
                         % (torch.version.cuda or "none (CPU-only build)", want_cuda))
+    spec_cuda = ctx.cuda_value("version")
+    if not want_cuda and spec_cuda:
+        # the spec declares cuda: a torch without a CUDA expectation of its own is held to it:
+        # a CPU build cannot use it, nor a wheel of another CUDA major (a minor apart runs)
+        if not torch.version.cuda:
+            problems.append("torch is a CPU-only build (CUDA none), but the spec declares "
+                            "cuda: %s" % spec_cuda)
+        elif not version_matches(str(spec_cuda).split(".")[0], torch.version.cuda):
+            problems.append("torch is built for CUDA %s, but the spec declares cuda: %s "
+                            "(another major)" % (torch.version.cuda, spec_cuda))
     if torch.version.cuda and host.cuda:
         wheel = arch.parse_version(torch.version.cuda)
         have = arch.parse_version(host.cuda)

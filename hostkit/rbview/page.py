@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from .nodes import fold
+from rbkit.report import gpu_words
 from rbrules.common import human
 
 from .svg import FONT, esc
@@ -22,12 +23,17 @@ code{font-size:12px}""" % FONT
 
 def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str, Any]]) -> str:
     name = str(report.get("runbook", "?"))
+    outcome = str(report.get("outcome", "?"))
+    # a spec that declares gpu: whose checks proved none: the headline says so, as the terminal's
+    # summary does (an `ok` beside skipped GPU checks alone would be untrue)
+    unproven = gpu_words(report)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           "<title>runbook %s: %s</title>" % (esc(name), esc(report.get("outcome", "?"))),
+           "<title>runbook %s: %s%s</title>" % (esc(name), esc(outcome),
+                                               ", GPU NOT PROVEN" if unproven else ""),
            "<style>%s</style></head><body>" % CSS,
-           "<h1>runbook %s: <span class=\"%s\">%s</span></h1>" % (
-               esc(name), esc(report.get("outcome", "?")),
-               esc(report.get("outcome", "?"))),
+           "<h1>runbook %s: <span class=\"%s\">%s</span>%s</h1>" % (
+               esc(name), esc(outcome), esc(outcome),
+               ", <span class=\"failed\">GPU NOT PROVEN</span>" if unproven else ""),
            "<p>spec <code>%s</code> (sha256 <code>%s</code>); <a href=\"report.json\">report.json"
            "</a></p>" % (esc(report.get("spec", "?")),
                          esc(str(report.get("spec_sha256", ""))[:12]))]
@@ -35,6 +41,13 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
         # where a run that did not pass stopped, under the heading
         out.insert(5, "<p class=\"%s\">%s %s</p>" % (esc(report.get("outcome")),
                                                 esc(report.get("outcome")), esc(report["where"])))
+    if unproven:
+        out.insert(5, "<p class=\"failed\">%s</p>" % esc(unproven))
+    # what hosts that stopped answering keep of this run (the runbook's notes: left_on_HOST)
+    notes = report.get("notes") or {}
+    for key in sorted(k for k in notes if str(k).startswith("left_on_")):
+        out.append("<p>left on %s: <code>%s</code>: remove it there</p>"
+                   % (esc(key[len("left_on_"):]), esc(notes[key])))
     for p in pictures:
         out.append('<p><a href="%s"><img src="%s" alt="%s"></a></p>' % (
             esc(p), esc(p), esc(p.rsplit(".", 1)[0])))

@@ -18,27 +18,27 @@ rb::choose_compression() {
         if [[ "${RB_COMPRESSION}" != auto ]]; then
           rb::fail "compression ${RB_COMPRESSION} was asked for, but ${host} has no ${tool}"
         fi
-        rb::log "compression: ${tool} missing on ${host}"
         missing+="; ${tool} missing on ${host}"
         continue 2
       fi
     done
     RB_COMPRESSION_USED=${tool}
-    rb::compression_said "${tool} (every end has it)"
-    RB_COMPRESSION_WHY+=${missing}
+    rb::compression_said "${tool} (every end has it)${missing}"
     return 0
   done
-  rb::compression_said "none (no end-to-end compressor of ${tools[*]})"
-  RB_COMPRESSION_WHY+=${missing}
+  rb::compression_said "none (no end-to-end compressor of ${tools[*]})${missing}"
 }
 
 #######################################
-# Say the stream's compression and why (the words, joined as rb::log joins them): logged as
-# `compression: WHY`, and kept in RB_COMPRESSION_WHY (the live plan's reason).
+# Say the stream's compression and why (the words, joined as rb::log joins them): one line a run,
+# `compression: WHY`, with why it was not measured when it was not (RB_COMPRESSION_NOTE, said by
+# rb::measure_finish, which logs nothing itself: issue 45, the line came twice); kept in
+# RB_COMPRESSION_WHY (the live plan's reason).
 #######################################
 rb::compression_said() {
   RB_COMPRESSION_WHY="$*"
-  rb::log "compression: ${RB_COMPRESSION_WHY}"
+  rb::log "compression: ${RB_COMPRESSION_WHY}${RB_COMPRESSION_NOTE:+; ${RB_COMPRESSION_NOTE}}"
+  RB_COMPRESSION_NOTE=''
 }
 
 #######################################
@@ -133,15 +133,28 @@ rb::printable_lines() {
 }
 
 #######################################
+# A line for the run's log only (run.log), never the terminal: figures behind a line said there.
+#######################################
+rb::log_only() {
+  if [[ -n "${RB_RUN_DIR:-}" && -f "${RB_RUN_DIR}/run.log" ]]; then
+    printf '%(%H:%M:%S)T %s [%s] %s\n' -1 "${RB_NAME}" "${RB_STEP:-main}" "$*" \
+      >>"${RB_RUN_DIR}/run.log"
+  fi
+}
+
+#######################################
 # Fail the current step with a message, said here once (the ERR trap then adds only the hint,
-# the event and the report's row).
+# RB_FAIL_HINT when the caller set one, the event and the report's row).
 #######################################
 rb::fail() {
   RB_LAST_CMD="$*"
   if [[ -n "${RB_WORK}" ]]; then
-    # the third line marks a failure in words: the failure block shows it as the cause
-    printf '%s\n%s\nfail\n' "${RB_HOST}" "${RB_LAST_CMD}" >"${RB_WORK}/last-command"
+    # the third line marks a failure in words: the failure block shows it as the cause; the
+    # fourth is what to do (RB_FAIL_HINT, set just before; empty: none)
+    printf '%s\n%s\nfail\n%s\n' "${RB_HOST}" "${RB_LAST_CMD}" "${RB_FAIL_HINT//$'\n'/ }" \
+      >"${RB_WORK}/last-command"
   fi
+  RB_FAIL_HINT=''
   rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: $*"
   return 1
 }
@@ -795,6 +808,7 @@ rb::pipe_failed() {
   for ((i = 0; i < n; i++)); do
     rb::signal_status "${codes[i]}"
     if ((codes[i] != 0)); then
+      rb::int_came
       msg+=" ${names[i]} exited ${codes[i]};"
     fi
   done
@@ -805,13 +819,15 @@ rb::pipe_failed() {
 # Bytes as a short human figure into the variable named $1: 1234567 -> 1.2 MB.
 #######################################
 rb::human() {
-  local n=$2 units=(B KB MB GB TB PB) i=0
+  local n=$2 units=(B KB MB GB TB PB) i=0 tenths
   while ((n >= 1000000 && i < 4)); do
     n=$((n / 1000))
     i=$((i + 1))
   done
   if ((n >= 1000)); then
-    printf -v "$1" '%d.%d %s' $((n / 1000)) $((n % 1000 / 100)) "${units[i + 1]}"
+    # rounded to the tenth, as the kit's human() rounds (the report's figures are its)
+    tenths=$(((n + 50) / 100))
+    printf -v "$1" '%d.%d %s' $((tenths / 10)) $((tenths % 10)) "${units[i + 1]}"
   else
     printf -v "$1" '%d %s' "${n}" "${units[i]}"
   fi
@@ -935,9 +951,10 @@ rb::measure_run() {
 # could not measure, saying why.
 #######################################
 rb::measure_finish() {
-  local key value choice='' why=''
+  local key value choice='' why='' first clause short
+  # why it was not measured is said with the fallback's choice, in one line (rb::compression_said)
   if [[ -n "${RB_MEASURE_SKIP}" ]]; then
-    rb::compression_said "${RB_MEASURE_SKIP}"
+    RB_COMPRESSION_WHY=${RB_MEASURE_SKIP} RB_COMPRESSION_NOTE=${RB_MEASURE_SKIP}
     return 1
   fi
   if [[ -z "${RB_MEASURE_PID}" ]]; then
@@ -956,11 +973,26 @@ rb::measure_finish() {
     esac
   done <"${RB_WORK}/measure.out"
   if [[ -z "${choice}" ]]; then
-    rb::compression_said "not measured on ${RB_SRC_HOST} (${why:-no answer})"
+    RB_COMPRESSION_NOTE="not measured on ${RB_SRC_HOST} (${why:-no answer})"
+    RB_COMPRESSION_WHY=${RB_COMPRESSION_NOTE}
     return 1
   fi
   RB_COMPRESSION_USED=${choice}
-  rb::compression_said "${choice} (auto, measured: ${why})"
+  RB_COMPRESSION_WHY="${choice} (auto, measured: ${why})"
+  # the terminal: the choice and its deciding figures (the link's, and the chosen tool's); every
+  # figure in run.log (issue 45: one line, hard to parse)
+  first=${why%%; *}
+  short=${first}
+  while IFS= read -r clause; do
+    if [[ "${clause}" == "${choice} "* ]]; then
+      short+="; ${clause}"
+    fi
+  done <<<"${why//; /$'\n'}"
+  if [[ "${short}" != "${why}" ]]; then
+    short+="; every figure in run.log"
+    rb::log_only "compression: ${RB_COMPRESSION_WHY}"
+  fi
+  rb::log "compression: ${choice} (auto, measured: ${short})"
 }
 
 # The source's scan is done (rb::source_finish): on one kernel the link's measurement may start.
@@ -1444,7 +1476,7 @@ rb::run_step() {
 # it sees the failure and reports it, once.
 #######################################
 rb::on_err() {
-  local rc=$? line=$1 what said=
+  local rc=$? line=$1 what said='' hint=''
   trap - ERR
   if ((BASHPID != $$)); then
     exit "${rc}"
@@ -1459,12 +1491,13 @@ rb::on_err() {
   set +e
   # the command that ran last, also when it ran in a subshell (whose variables are gone)
   if [[ -n "${RB_WORK}" && -f "${RB_WORK}/last-command" ]]; then
-    { read -r RB_HOST; read -r RB_LAST_CMD; read -r said || true; } <"${RB_WORK}/last-command"
+    { read -r RB_HOST; read -r RB_LAST_CMD; read -r said; read -r hint; } <"${RB_WORK}/last-command" ||
+      true
   fi
   what=$(rb::short "${RB_LAST_CMD:-${BASH_COMMAND}}") || true
   if [[ "${said:-}" == fail ]]; then
     RB_CAUSE=${RB_LAST_CMD}   # rb::fail said it in words, logged above as FAILED
-    RB_HINT=''
+    RB_HINT=${hint}           # and what to do, when it knew (RB_FAIL_HINT)
   else
     rb::cause "${rc}"
     rb::log "FAILED in step ${RB_STEP:-main} on host ${RB_HOST:-this machine}: ${RB_CAUSE}"
@@ -1476,6 +1509,9 @@ rb::on_err() {
   RB_FAILED_STEP=${RB_STEP}
   if [[ -n "${RB_STEP}" ]]; then
     rb::now
+    if ((RB_STEP_START == 0)); then
+      RB_STEP_START=${RB_NOW}   # a part of the run that is no step (--restore) and set no start
+    fi
     rb::event step "${RB_STEP}" failed "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" "${RB_CAUSE}"
   fi
   rb::finish failed
@@ -1491,6 +1527,10 @@ rb::on_err() {
 #######################################
 rb::witness_saw() {
   local i line state='' pending=0
+  if rb::int_sentinel_gone; then
+    RB_INT_UNTRAPPED=1     # a SIGINT this shell could not trap (started with it ignored)
+    return 0
+  fi
   for ((i = 0; i < 10; i++)); do
     if [[ -n "${RB_WORK}" && -s "${RB_WORK}/signal" ]]; then
       return 0
@@ -1593,7 +1633,8 @@ rb::plan_hosts() {
 rb::plan_source() {
   RB_PLAN_ARGS=(--source-files "${RB_J[files]:-0}" --source-bytes "${RB_J[bytes]:-0}"
     --need-bytes "${RB_J[need_bytes]:-0}" --audit-rc "${RB_J[audit_rc]:-2}"
-    --audit-failed "${RB_J[audit_failed]:-}" --audit-skipped "${RB_J[audit_skipped]:-}")
+    --audit-failed "${RB_J[audit_failed]:-}" --audit-skipped "${RB_J[audit_skipped]:-}"
+    --library-missing "${RB_J[library_missing]:-}")
 }
 
 # The rest of what both composes take (rbkit liveplan, rbkit.fanplan); $1 = 1: --markdown.
@@ -1603,7 +1644,8 @@ rb::plan_args() {
     --src-host "${RB_SRC_HOST}" --src-path "${RB_SRC_ABS}" --dst-host "${RB_DST_HOST}"
     --compression "${RB_COMPRESSION_USED}" --compression-why "${RB_COMPRESSION_WHY}"
     --hosts "${RB_PLAN_UP}: reachable (kit in a private directory, removed after)"
-    --choices "${RB_ENGINE_CHOICES}" --arch "${RB_AUDIT_ARCH}" --checks "${RB_PROBE_CONFIG:-}")
+    --choices "${RB_ENGINE_CHOICES}" --arch "${RB_AUDIT_ARCH}" --checks "${RB_PROBE_CONFIG:-}"
+    --runbook "${RB_SELF}")
   ((RB_INCREMENTAL)) && RB_PLAN_ARGS+=(--incremental)
   ((RB_FORCE)) && RB_PLAN_ARGS+=(--force)
   (($1)) && RB_PLAN_ARGS+=(--markdown)
@@ -1716,61 +1758,24 @@ rb::on_signal() {
   if [[ -z "${RB_STEP}" && -n "${RB_STEP_DONE}" ]]; then
     where="after step ${RB_STEP_DONE}, before the next"
   fi
+  if ((RB_INT_UNTRAPPED)); then
+    rb::log "a SIGINT reached this run's processes but not this shell: it was started with SIGINT" \
+      "ignored (nohup, cron, a script's background job, some CI runners), and bash cannot trap a" \
+      "signal ignored on entry; the stream's ssh clients died of it (not the receiving end's" \
+      "doing). To stop a run started so, send SIGTERM to its group (kill -TERM -- -PGID)"
+  fi
   rb::log "interrupted ${where} (SIG$1); the destination was not replaced unless the swap step" \
     "had finished"
   if [[ -n "${RB_STEP}" ]]; then
     rb::now
+    if ((RB_STEP_START == 0)); then
+      RB_STEP_START=${RB_NOW}
+    fi
     rb::event step "${RB_STEP}" interrupted "${RB_STEP_START}" "${RB_NOW}" "${RB_HOST}" "SIG$1"
   fi
   RB_FAILED_STEP=${RB_STEP}
   rb::finish interrupted
   exit 130
-}
-
-#######################################
-# The witness of SIGINT, a background job of this shell's (rb::init starts it, rb::on_signal and
-# rb::cleanup stop it). Bash can lose a SIGINT sent to the run's process group: one that lands as
-# a foreground child (a command substitution's too) is being reaped, after wait_for checked for it
-# and before it put the trap's handler back (bash 5.2, jobs.c; seen under load: 2 in 40 in a loop
-# of `x=$(f)`; TERM and HUP are not lost there). The run then went on with its ssh clients dead of
-# the signal. The witness waits in `read` (a builtin: its trap runs at once), records the signal in
-# RB_WORK/signal (rb::on_err: a failure after it is the interruption) and sends it again to this
-# shell and what it runs, every 0.5 s until this shell acts on it (a second Ctrl-C, as it were).
-#######################################
-rb::witness_start() {
-  local fifo="${RB_WORK}/witness"
-  mkfifo -m 600 "${fifo}"
-  rb::witness "${fifo}" &
-  RB_WITNESS_PID=$!
-}
-
-rb::witness() {
-  trap - ERR
-  exec {RB_WITNESS_FD}<>"$1"
-  trap rb::witnessed INT
-  while :; do
-    read -r -u "${RB_WITNESS_FD}" _ || true
-  done
-}
-
-rb::witnessed() {
-  trap '' INT
-  printf 'INT\n' >"${RB_WORK}/signal"
-  while kill -0 "$$" 2>/dev/null; do
-    RB_TREE=()
-    rb::tree_pids "$$"
-    kill -s INT "${RB_TREE[@]}" 2>/dev/null || true
-    read -r -t 0.5 -u "${RB_WITNESS_FD}" _ || true
-  done
-  exit 0
-}
-
-# (not waited for: in an EXIT trap after a TERM, bash 5.2 can wait for it forever, reaped unseen)
-rb::witness_stop() {
-  if [[ -n "${RB_WITNESS_PID}" ]]; then
-    kill -KILL "${RB_WITNESS_PID}" 2>/dev/null || true
-    RB_WITNESS_PID=''
-  fi
 }
 
 #######################################
@@ -1807,6 +1812,107 @@ rb::resume_step() {
     *) ;;
   esac
   printf '%s' "${id}"
+}
+
+#######################################
+# The witness of SIGINT, a background job of this shell's (rb::init starts it, rb::on_signal and
+# rb::cleanup stop it). Bash can lose a SIGINT sent to the run's process group: one that lands as
+# a foreground child (a command substitution's too) is being reaped, after wait_for checked for it
+# and before it put the trap's handler back (bash 5.2, jobs.c; seen under load: 2 in 40 in a loop
+# of `x=$(f)`; TERM and HUP are not lost there). The run then went on with its ssh clients dead of
+# the signal. The witness waits in `read` (a builtin: its trap runs at once), records the signal in
+# RB_WORK/signal (rb::on_err: a failure after it is the interruption) and sends it again to this
+# shell and what it runs, every 0.5 s until this shell acts on it (a second Ctrl-C, as it were).
+#######################################
+rb::witness_start() {
+  local fifo="${RB_WORK}/witness"
+  mkfifo -m 600 "${fifo}"
+  rb::witness "${fifo}" &
+  RB_WITNESS_PID=$!
+  # not a job of this shell's: its end (rb::witness_stop's SIGKILL) is no `Killed` line on the
+  # terminal, which reads like a crash (issue 45)
+  disown "${RB_WITNESS_PID}"
+  if rb::int_ignored; then
+    # started with SIGINT ignored (nohup, cron, a script's background job): neither this shell
+    # nor the witness can trap it, but a multiplexed ssh client still dies of it. A process of
+    # the run's group with SIGINT at its default dies of it too: its death says a SIGINT came
+    # (rb::witness_saw). It ignores TERM and HUP, which this shell traps.
+    "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" -c 'import signal
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+while True:
+    signal.pause()' </dev/null >/dev/null 2>&1 &
+    RB_INT_SENTINEL=$!
+    disown "${RB_INT_SENTINEL}"
+  fi
+}
+
+# A SIGINT this shell could not trap came (its sentinel died): handled as the signal itself.
+rb::int_came() {
+  if rb::int_sentinel_gone; then
+    RB_INT_UNTRAPPED=1
+    rb::on_signal INT
+  fi
+}
+
+# Whether this shell was started with SIGINT ignored (its SigIgn mask, bit 2).
+rb::int_ignored() {
+  local key value=0
+  while read -r key value; do
+    if [[ "${key}" == SigIgn: ]]; then
+      ((16#${value: -1} & 2)) && return 0
+      return 1
+    fi
+  done </proc/$$/status 2>/dev/null || true
+  return 1
+}
+
+# Whether the SIGINT sentinel (rb::witness_start) died: a SIGINT came this shell cannot trap.
+rb::int_sentinel_gone() {
+  local line
+  [[ -n "${RB_INT_SENTINEL}" ]] || return 1
+  [[ -r "/proc/${RB_INT_SENTINEL}/status" ]] || return 0
+  while read -r line; do
+    if [[ "${line}" == State:* ]]; then
+      [[ "${line}" == *Z* ]] && return 0
+      return 1
+    fi
+  done <"/proc/${RB_INT_SENTINEL}/status" || true
+  return 1
+}
+
+rb::witness() {
+  trap - ERR
+  exec {RB_WITNESS_FD}<>"$1"
+  trap rb::witnessed INT
+  while :; do
+    read -r -u "${RB_WITNESS_FD}" _ || true
+  done
+}
+
+rb::witnessed() {
+  trap '' INT
+  printf 'INT\n' >"${RB_WORK}/signal"
+  while kill -0 "$$" 2>/dev/null; do
+    RB_TREE=()
+    rb::tree_pids "$$"
+    kill -s INT "${RB_TREE[@]}" 2>/dev/null || true
+    read -r -t 0.5 -u "${RB_WITNESS_FD}" _ || true
+  done
+  exit 0
+}
+
+# (not waited for: in an EXIT trap after a TERM, bash 5.2 can wait for it forever, reaped unseen)
+rb::witness_stop() {
+  if [[ -n "${RB_WITNESS_PID}" ]]; then
+    kill -KILL "${RB_WITNESS_PID}" 2>/dev/null || true
+    RB_WITNESS_PID=''
+  fi
+  if [[ -n "${RB_INT_SENTINEL}" ]]; then
+    kill -KILL "${RB_INT_SENTINEL}" 2>/dev/null || true
+    RB_INT_SENTINEL=''
+  fi
 }
 
 #######################################
@@ -2098,6 +2204,7 @@ rb::source_start() {
   if [[ -n "$1" ]]; then
     names=(--names "$1")
   fi
+  rb::library_args      # the exports step's dirs: said when the source lacks one (RB_LIB_ARGS)
   if [[ -n "${RB_AUDIT_ARCH}" ]]; then
     audit=(preflight --venv "${RB_SRC_ABS}" --arch "${RB_AUDIT_ARCH}" "${RB_AUDIT_ARGS[@]}")
   fi
@@ -2116,7 +2223,7 @@ rb::source_start() {
   RB_WORK='' rb::pipe_on_host "${RB_SRC_HOST}" "${RB_KIT_ARGV[@]}" engine source "${RB_SRC_ABS}" \
     "${RB_EXCLUDE_ARGS[@]}" "${names[@]}" --special-modes "${RB_SPECIAL_MODES}" \
     --outside-links "${RB_OUTSIDE_LINKS}" --installed-stat - --checks-beside "${beside}" \
-    --audit "${audit[@]}" \
+    "${RB_LIB_ARGS[@]}" --audit "${audit[@]}" \
     <"${fifo}.in" >"${fifo}.out" &
   RB_SOURCE_PID=$!
   RB_BG_PIDS+=("${RB_SOURCE_PID}")
@@ -2255,6 +2362,7 @@ rb::engine() {
 
 rb::engine_call() {
   local rc=0
+  RB_J=()
   RB_HOST=${RB_DST_HOST}
   RB_LAST_CMD="on ${RB_DST_HOST}: rbkit engine $*"
   if [[ -z "${RB_ENGINE_PID}" ]]; then
@@ -2267,6 +2375,13 @@ rb::engine_call() {
   trap - PIPE
   if ((rc != 0)) || ! rb::engine_read 90 <&"${RB_ENGINE_R}"; then
     rb::fail "the engine on ${RB_DST_HOST} ended (or went silent) before it answered $1 (above)"
+  fi
+  if [[ -n "${RB_J[install_stays]:-}" ]]; then
+    # a step failed past the swap and its install stays (nothing to put back, or
+    # on_failed_checks: keep): rb::finish's last lines say so, and how to go back
+    RB_STAYS=${RB_J[install_stays]}
+    RB_STAYS_WHY=${RB_J[stays_why]:-}
+    RB_STAYS_PREVIOUS=${RB_J[previous]:-none}
   fi
 }
 
@@ -2358,6 +2473,7 @@ rb::finish() {
     trap 'late=HUP && trap "" INT TERM HUP' HUP
     rb::engine_stop
   fi
+  rb::hosts_let_go
   from=$(rb::resume_step "${RB_FAILED_STEP}")
   where=${RB_FAILED_STEP:+in step ${RB_FAILED_STEP}}
   where=${where:-after step ${RB_STEP_DONE:-(none)}${from:+, before ${from}}}
@@ -2384,10 +2500,24 @@ rb::finish() {
   elif ((RB_ROLLED_BACK)); then
     # --from probe would check the install put back, not this spec's
     rb::log "${outcome}: rolled back (above); after fixing it, run every step again: bash ${RB_SELF}"
+  elif [[ "${RB_FAILED_STEP}" == restore && "${outcome}" != ok ]]; then
+    # not a step of a run: no --from goes on from it
+    rb::log "${outcome}: see above; what there is to put back: bash ${RB_SELF} --list-backups"
+  elif [[ -n "${RB_GO_ON}" && "${outcome}" != ok ]]; then
+    # the failed step named the one command that goes on (a full disk: a plain run resumes)
+    rb::log "${outcome}: see the step named above; after fixing it, go on with: ${RB_GO_ON}"
   elif [[ "${outcome}" != ok ]]; then
     rb::log "${outcome}: see the step named above; re-run with --from ${from:-${RB_STEPS[0]}}" \
       "after fixing it (relocate, prove and swap install only a staging this run verified: they" \
       "go on from verify)"
+  fi
+  if [[ -z "${RB_STAYS}" && -n "${RB_SWAPPED}" && "${RB_FAILED_STEP}" == probe && \
+    "${RB_ENGINE_CHOICES}" == *'"on_failed_checks":"keep"'* ]]; then
+    RB_STAYS=${RB_DST_ABS} RB_STAYS_WHY="its checks failed; on_failed_checks: keep"
+    RB_STAYS_PREVIOUS=${RB_SWAPPED}
+  fi
+  if [[ -n "${RB_STAYS}" && "${outcome}" != ok ]]; then
+    rb::stays_said
   fi
   if [[ -n "${late}" ]]; then
     exit 130
@@ -2423,6 +2553,242 @@ rb::report() {
 }
 
 #######################################
+# Let the hosts go before the summary (their kits removed, their connections closed:
+# rb::close_hosts, which rb::cleanup then need not run), so that what a host that stopped
+# answering keeps is named with the run's end, not after its report lines (issue 45), and
+# recorded for report.json (notes: left_on_HOST): this run's kit there and, on the destination,
+# the engine's private state (removed by the engine unless it was cut off too).
+#######################################
+rb::hosts_let_go() {
+  local log=${RB_WORK}/closing.log line host path n=0
+  if [[ -n "${RB_CLOSING}" ]]; then
+    return 0                   # a plan's, let go already
+  fi
+  RB_CLOSING=waited
+  rb::close_hosts 2>"${log}" || true
+  while IFS= read -r line || [[ -n "${line}" ]]; do
+    printf '%s\n' "${line}" >&2
+    if [[ "${line}" =~ \]\ left\ on\ ([^:]+):\ (/[^ ]+)\  ]]; then
+      host=${BASH_REMATCH[1]} path=${BASH_REMATCH[2]}
+      n=$((n + 1))
+      if [[ "${host}" == "${RB_DST_HOST}" && -n "${RB_ENGINE_STATE:-}" ]]; then
+        rb::log "left on ${host}: ${RB_ENGINE_STATE} (the engine's private state, unless its" \
+          "engine removed it as it stopped): remove it there"
+        path+=" ${RB_ENGINE_STATE}"
+      fi
+      rb::event fact main "left_on_${host}" "${path}"
+    fi
+  done <"${log}"
+  return 0
+}
+
+#######################################
+# The last lines of a run whose failed step left its new install in place (RB_STAYS): that it
+# stays, unproven, and how to go back (issue 45: only report.json said so).
+#######################################
+rb::stays_said() {
+  rb::log "the new install stays at ${RB_STAYS}, unproven (${RB_STAYS_WHY})"
+  if [[ "${RB_STAYS_PREVIOUS}" == none || "${RB_STAYS_PREVIOUS}" == removed ]]; then
+    rb::log "to go back to nothing there: rm -rf -- ${RB_STAYS@Q} (and its env file); a run" \
+      "installs it again: bash ${RB_SELF}"
+  elif [[ "${RB_STAYS_PREVIOUS}" == transient ]]; then
+    rb::log "the install it replaced is removed (on_existing: replace): nothing to go back to"
+  else
+    rb::log "to put the install it replaced back: bash ${RB_SELF} --restore (--list-backups" \
+      "shows what there is)"
+  fi
+}
+
+#######################################
+# The destination's side of preflight (rbkit engine preflight: never into the source, its state,
+# room for the staging; what a staging there holds already is counted): $1 the room the tree
+# needs, $2 the source's identity. Too little room: rb::no_room_hint says what to do, and names
+# the one command that drops a kept staging where there is one (it gives its room back, though a
+# run that resumes it needs less).
+#######################################
+rb::engine_preflight() {
+  # (source: what a staging kept from a cut stream must be for, to be counted as staged)
+  rb::engine_call preflight "need=$1" "source_identity=$2" \
+    "source=${RB_SRC_STAT} ${RB_SRC_HOST}:${RB_SRC_ABS}"
+  if [[ "${RB_ENGINE_STATUS}" == failed ]]; then
+    if [[ -n "${RB_J[short_bytes]:-}" ]]; then
+      rb::no_room_hint
+    fi
+    rb::fail "${RB_ENGINE_DETAIL}"
+  fi
+}
+
+rb::no_room_hint() {
+  local short staged
+  rb::human short "${RB_J[short_bytes]}"
+  RB_FAIL_HINT="free at least ${short} there, then run again: bash ${RB_SELF}"
+  if ((${RB_J[staged_bytes]:-0} > 0)); then
+    rb::human staged "${RB_J[staged_bytes]}"
+    RB_FAIL_HINT+="; the ${staged} staged there are counted"
+    if [[ "${RB_J[resumable]:-0}" == 1 ]]; then
+      RB_FAIL_HINT+=" (a run resumes them: only the rest is sent)"
+    fi
+    RB_FAIL_HINT+=". To give the move up and that room back: bash ${RB_SELF} --discard-staging"
+  fi
+}
+
+#######################################
+# The library dirs the exports step puts first (cuda.library_path_first): a source without one
+# (after the excludes) is refused here, before anything moves, not by the exports step after the
+# swap (issue 45). RB_J: the source's answer (rb::source_finish).
+#######################################
+rb::library_args() {
+  local lib
+  RB_LIB_ARGS=()
+  for lib in "${RB_LIBRARY_DIRS[@]}"; do
+    RB_LIB_ARGS+=(--library-dir "${lib}")
+  done
+}
+
+rb::library_dirs_check() {
+  if [[ -z "${RB_J[library_missing]:-}" ]]; then
+    return 0
+  fi
+  RB_HOST=${RB_SRC_HOST}
+  RB_FAIL_HINT="fix cuda.library_path_first in the spec (dirs under ${RB_J[site_packages]:-site-packages}"
+  RB_FAIL_HINT+=" of the venv; [] for none), compile again, then run"
+  rb::fail "the exports step would refuse this source: it has no ${RB_J[library_missing]//,/, }" \
+    "under ${RB_J[site_packages]:-its site-packages} (cuda.library_path_first); nothing was moved"
+}
+
+#######################################
+# A step of the staging's (verify, relocate, prove, swap: $1) through the engine. With no staging
+# there (a --from or --only on a finished install, or before anything was staged), the way on is
+# named instead of the same --from again (issue 45: `--from verify` answered `re-run with --from
+# verify`).
+#######################################
+rb::staged_step() {
+  local go="bash ${RB_SELF}"
+  rb::engine_call "$1"
+  if [[ "${RB_ENGINE_STATUS}" != failed ]]; then
+    if [[ "$1" == swap ]]; then
+      # what the swap replaced, and where it went: what a later failure that keeps the new
+      # install (on_failed_checks: keep) goes back to (rb::stays_said)
+      RB_SWAPPED="${RB_J[backup]:+backup}"
+      if [[ -z "${RB_SWAPPED}" ]]; then
+        case "${RB_J[previous]:-none}" in
+          none | removed) RB_SWAPPED=none ;;
+          *) RB_SWAPPED=transient ;;
+        esac
+      fi
+    fi
+    return 0
+  fi
+  if [[ "${RB_J[no_staging]:-0}" == 1 ]]; then
+    RB_GO_ON=${go}
+    if ((${RB_DST_INSTALLED:-0})); then
+      RB_FAIL_HINT="nothing is staged and the destination holds an install: ${go} checks it"
+      RB_FAIL_HINT+=" against the source and sends only what changed (nothing, when it is"
+      RB_FAIL_HINT+=" current); ${go} --only probe runs the checks on it"
+    else
+      RB_FAIL_HINT="nothing is staged: run every step, ${go}"
+    fi
+    rb::fail "nothing to $1 (--from and --only go on from a staging a run made): ${RB_ENGINE_DETAIL}"
+  fi
+  rb::fail "${RB_ENGINE_DETAIL}"
+}
+
+#######################################
+# --discard-staging: remove what a cut or failed stream kept beside the destination for a re-run
+# to resume (the staging and its mark), under the destination's lock, giving its room back; the
+# destination is never touched. The way to give a move up when its disk cannot take the rest.
+#######################################
+rb::discard_staging() {
+  RB_STEP=discard
+  rb::now
+  RB_STEP_START=${RB_NOW}
+  if [[ -n "${RB_FAN_ENGINE:-}" ]]; then
+    rb::log "--discard-staging is for one destination; a fan-out's nodes remove their stagings" \
+      "on the next run"
+    RB_FINISHED=1
+    exit 2
+  fi
+  rb::kit_ship "${RB_DST_HOST}"
+  rb::engine_start
+  rb::engine discard
+  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST})"
+  rb::engine_stop
+  RB_FINISHED=1
+}
+
+#######################################
+# The transfer's background job (no ERR-trap record of its own: RB_WORK is the main shell's):
+# hash the source into its manifest (`rbkit engine hash` of the entries preflight's scan listed
+# for tar; its answer into $1, written only once it succeeded), then copy that manifest here and
+# on to the destination.
+#######################################
+rb::hash_during_stream() {
+  local out=$1 src_kit
+  RB_WORK=''
+  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
+  rm -f "${out}"
+  rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
+    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
+    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" \
+    --beside-stream >"${out}.part"
+  mv -f -- "${out}.part" "${out}"
+  rb::manifest_share -
+}
+
+#######################################
+# The stream failed and its receiving end's answer says so (RB_J, RB_ENGINE_DETAIL), or it said
+# nothing: the cause in words and the way on. A file system that filled at the destination
+# (no_space: where, what is free, what is still to come) and a connection that closed (lost: the
+# ssh to a host exited 255) are named as such, not by a tool's exit status (issue 45).
+#######################################
+rb::stream_failed() {
+  local go="bash ${RB_SELF}" more staged where lost
+  local -a hosts=()
+  RB_HOST=${RB_DST_HOST}
+  if [[ "${RB_J[no_space]:-0}" == 1 ]]; then
+    rb::human more "${RB_J[need_more]:-0}"
+    rb::human staged "${RB_J[staged_bytes]:-0}"
+    where=${RB_J[fs_mount]:-${RB_STAGING}}
+    RB_FAIL_HINT="free at least ${more} on ${RB_DST_HOST} at ${where}, then re-run: ${go} (it"
+    RB_FAIL_HINT+=" resumes: the ${staged} staged are kept and checked, only the rest is sent);"
+    RB_FAIL_HINT+=" to give the move up and that room back instead: ${go} --discard-staging"
+    RB_GO_ON=${go}
+    if [[ "${RB_J[quota]:-0}" == 1 ]]; then
+      rb::fail "the disk quota is used up on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL}"
+    fi
+    rb::fail "no space left on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL}"
+  fi
+  read -r -a hosts <<<"${RB_J[lost]:-}"
+  lost=$(rb::connections_lost "${hosts[@]}") || lost=''
+  if [[ -n "${lost}" ]]; then
+    RB_HOST=${lost%% *}
+    lost=${lost// / and }
+    RB_FAIL_HINT="check that ${lost} is up and its sshd runs, then re-run: ${go} (it resumes"
+    RB_FAIL_HINT+=" what the staging holds)"
+    RB_GO_ON=${go}
+    rb::fail "the connection to ${lost} closed (ssh exited 255) during the transfer"
+  fi
+  rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+}
+
+#######################################
+# Of the hosts whose ssh exited 255 in the stream (the relay's `lost`), those whose connection
+# closed (a killed sshd, a cut link): this run's shared connection to it is gone. A far command
+# that died of a signal leaves the connection up: not lost (its end is named as it failed).
+#######################################
+rb::connections_lost() {
+  local host out=''
+  for host in "$@"; do
+    "rb::host_${host}"
+    if [[ -n "${RB_HOST_TARGET}" ]] && ! timeout 5 ssh "${RB_HOST_SSH[@]}" "${RB_SSH_COMMON[@]}" \
+      -O check -- "${RB_HOST_TARGET}" 2>/dev/null; then
+      out+="${out:+ }${host}"
+    fi
+  done
+  printf '%s\n' "${out}"
+}
+
+#######################################
 # Print the usage.
 #######################################
 rb::usage() {
@@ -2438,6 +2804,8 @@ Runbook ${RB_NAME}, compiled from ${RB_SPEC}.
   --restore [N]   put backup N (default: the newest whose checks passed) of the destination
                   back in place, then run the checks on it
   --list-backups  the destination's backups: when, from which spec and source, checks, size
+  --discard-staging  remove what a cut or failed stream kept beside the destination (a run
+                  resumes it otherwise), giving its room back; the destination is untouched
   --plan          reach every host read-only and say what a run would change and need
                   (--markdown: also plan.md); writes runs/${RB_NAME}/<run>/plan.json
   --apply PLAN    run exactly that plan; refused (exit 1) when either end changed since

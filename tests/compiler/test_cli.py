@@ -201,19 +201,23 @@ def test_new_from_the_example_holds_placeholders_that_compile_names_all_at_once(
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "specs/mine.yaml").read_text()
     assert "old-gpu.example" not in text and "/opt/venv" not in text
+    # issue 45: the example's library dirs are no venv's: `[nvidia/cu13/lib]` passed --plan and
+    # failed the exports step after the swap; it is a placeholder too
+    assert "library_path_first: [nvidia/cu13/lib]" not in text
     listed = [line.split(": ")[-1] for line in r.stdout.splitlines()[1:]]
     assert listed == ["description", "hosts.old.ssh", "hosts.new.ssh", "transfer.from",
-                      "transfer.to", "cuda.version", "cuda.home", "gpu.model"]
+                      "transfer.to", "cuda.version", "cuda.home", "cuda.library_path_first[0]",
+                      "gpu.model"]
     r = compile_("specs/mine.yaml", cwd=tmp_path)
     assert r.returncode == 2 and not (tmp_path / "generated").exists()
     lines = r.stderr.splitlines()
-    assert lines[-1] == "8 problems; nothing was written"
+    assert lines[-1] == "9 problems; nothing was written"
     assert lines[1] == ("specs/mine.yaml:11:10: hosts.old.ssh: still the placeholder "
                         "'<source host, e.g. root@gpu-old.example.org: CHANGE ME>' of compile "
                         "--new: write this spec's value there")
     assert lines[3].startswith("specs/mine.yaml:15:9: transfer.from: still the placeholder "
                                "'<path of the venv on the source host: CHANGE ME>'")
-    assert sum("still the placeholder" in line for line in lines) == 7
+    assert sum("still the placeholder" in line for line in lines) == 8
     # the placeholder is the only problem of its entry, not also "not a valid host name"
     assert "valid" not in r.stderr and "absolute" not in r.stderr
 

@@ -261,21 +261,23 @@ def old_install(dst: Path) -> dict:
 
 
 def test_a_failed_step_fails_the_run_once_and_puts_back_what_was_there(payload_small, tmp_path):
-    """H1: exports fails (a library dir the venv lacks): the run used to exit 0 with `outcome: ok`
-    and the step listed twice (the kit's status was lost in `parse "$(kit ...)"`)."""
+    """H1: exports fails (its env file's folder does not exist; a library dir the venv lacks is
+    refused in preflight since issue 45): the run used to exit 0 with `outcome: ok` and the step
+    listed twice (the kit's status was lost in `parse "$(kit ...)"`)."""
     dst = tmp_path / "d" / "venv"
     old_install(dst)
-    cuda = "cuda:\n  version: \"12.4\"\n  home: /usr/local/cuda\n  library_path_first: [nvidia/absent/lib]\n"
+    env_file = tmp_path / "no-such-dir" / "venv.env.sh"
+    cuda = (f"cuda:\n  version: \"12.4\"\n  home: /usr/local/cuda\n  env_file: {env_file}\n")
     r = compile_and_run(tmp_path, payload_small.venv, dst, policy="backup", extra=cuda)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step exports on host here" in r.stderr
-    assert "library dirs do not exist in the venv" in r.stderr and "nvidia/absent/lib" in r.stderr
+    assert f"{env_file.parent}: no such file or directory" in r.stderr, r.stderr[-3000:]
     doc = report(tmp_path)
     assert doc["outcome"] == "failed"
     ids = [s["id"] for s in doc["steps"]]
     assert ids.count("exports") == 1 and ids[-1] == "exports", ids
     assert doc["steps"][-1]["status"] == "failed"
-    assert not Path(f"{dst}.env.sh").exists()
+    assert not env_file.exists() and not Path(f"{dst}.env.sh").exists()
     # a failure past the swap puts back what was there; the failed install is kept beside it
     assert (dst / "old-install").read_text() == "the working install\n"
     assert "rolled back" in r.stderr

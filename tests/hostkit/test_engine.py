@@ -975,7 +975,7 @@ def test_every_runbook_holds_one_choices_document_the_engine_reads_whole(runbook
         assert '--choices "${RB_ENGINE_CHOICES}"' in block
         assert set(re.findall(r"--[a-z-]+", block)) <= {
             "--dest", "--old", "--choices", "--manifest", "--compression", "--probe-config",
-            "--holder", "--state", "--progress"}, block
+            "--holder", "--state", "--progress", "--need"}, block
 
 
 @pytest.mark.parametrize("doc, said", [

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,57 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
     assert last.startswith("done\tfailed\tstream 2 of 2: "), captured.out
     assert "stream 2/2: receive exited 3" in captured.err
     assert engine.run(ctx, "verify", engine.verify)["status"] == "failed"
+
+
+def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monkeypatch, capsys):
+    """Issue 45: the one-host move in 4 streams failed `exited 247`: a stream killed here because
+    another had failed (SIGKILL: -9, 247 as an exit status) was taken for the cause, being first
+    in the list. The status is the failed stream's; the stopped one is said so."""
+    src, names = scanned(tmp_path)
+    ctx = staged(tmp_path, src)
+    monkeypatch.setenv("PYTHONPATH", str(KIT))
+    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    # the first receiving end waits (it is stopped), the second fails at once
+    wrapper = ["sh", "-c", 'case "$*" in *"--part 1/2"*) echo broken >&2; exit 3;; '
+               '*"--part 0/2"*) exec sleep 30;; esac; exec "$@"', "sh", *receiver(ctx)]
+    rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
+    assert rc == 3, rc
+    err = capsys.readouterr().err
+    assert "stream 2/2: receive exited 3" in err, err
+    assert "stream 1/2: stopped (another stream failed)" in err, err
+    assert "-9" not in err and "signal 9" not in err, err
+
+
+def test_stripping_beside_a_tar_that_swaps_its_placeholders_for_links_never_fails(tmp_path):
+    """Issue 45: each stream strips the whole staging once its own tar ends, while another's tar
+    may still run; tar makes a placeholder file for each symlink it delays (a target with `..`
+    or absolute) and swaps it for the link at its end. The walk beside that found names gone
+    (ENOENT) and failed the stream. Entries gone while walked are the other stream's to strip."""
+    src = tmp_path / "src"
+    for d in range(4):
+        (src / f"d{d}").mkdir(parents=True)
+        for k in range(800):
+            (src / f"d{d}" / f"l{k:04d}").symlink_to(f"../x{k}")
+    archive = tmp_path / "a.tar"
+    subprocess.run(["tar", "-C", str(src), "-cf", str(archive), "."], check=True)
+    walks = 0
+    # in memory where there is /dev/shm: tar swaps its placeholders in a burst there
+    scratch = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else tmp_path))
+    try:
+        for _ in range(10):
+            dst = scratch / "dst"
+            subprocess.run(["rm", "-rf", str(dst)], check=True)
+            dst.mkdir()
+            tar = subprocess.Popen(["tar", "-C", str(dst), "-xf", str(archive)])
+            try:
+                while tar.poll() is None:
+                    hostfs.strip_special(str(dst), racing=True)
+                    walks += 1
+            finally:
+                tar.wait()
+    finally:
+        subprocess.run(["rm", "-rf", str(scratch)], check=True)
+    assert walks
 
 
 FORKED = """

@@ -97,6 +97,30 @@ def test_cpu_torch_with_a_cuda_expectation_fails():
 
 
 @no_gpu
+def test_torch_without_a_cuda_of_its_own_is_held_to_the_specs_cuda():
+    """Issue 45: `torch: {}` on a spec that declares `cuda:` passed a CPU build (`CUDA none`);
+    the spec's cuda.version (the probe config's `cuda`) is what it is held to."""
+    result = check("torch", ctx=Context(cuda={"version": "13.0"}))
+    assert result["status"] == "fail", result["reason"]
+    assert "CPU-only" in result["reason"] and "cuda: 13.0" in result["reason"], result["reason"]
+    # no cuda: declared: a CPU build is what it is, and passes
+    assert check("torch")["status"] == "pass"
+
+
+@pytest.mark.parametrize("wheel, spec_cuda, status", [
+    ("13.0", "13.0", "pass"), ("13.0", "13", "pass"), ("12.8", "12.9", "pass"),
+    ("12.8", "13.0", "fail"),
+])
+def test_torch_cuda_major_is_held_to_the_specs_cuda(monkeypatch, wheel, spec_cuda, status):
+    from rbprobes import driver
+
+    monkeypatch.setattr(torch.version, "cuda", wheel)
+    monkeypatch.setattr(driver, "host_driver", lambda: driver.HostDriver(None, None, None, None))
+    result = check("torch", ctx=Context(cuda={"version": spec_cuda}))
+    assert result["status"] == status, result["reason"]
+
+
+@no_gpu
 @pytest.mark.parametrize("check_type", ["devices", "matmul", "nccl"])
 def test_gpu_checks_without_a_gpu_fail_or_skip(check_type):
     failed = check(check_type)

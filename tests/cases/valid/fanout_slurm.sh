@@ -90,6 +90,8 @@ readonly -a RB_HOSTS=(here)
 readonly -a RB_STEPS=(fan_preflight fan_pack fan_copy fan_install fan_compare)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=()
+# cuda.library_path_first: the exports step puts these dirs of site-packages first; preflight and --plan check that the source has them
+readonly -a RB_LIBRARY_DIRS=()
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
 # fanout.nodes, expanded
@@ -178,6 +180,8 @@ RB_FAILED_STEP=''
 RB_STEP_DONE=''
 RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
+# started with SIGINT ignored: a process that dies of it (rb::witness_start), and 1 once it did
+RB_INT_SENTINEL='' RB_INT_UNTRAPPED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 # the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
@@ -186,6 +190,8 @@ declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
+# why compression auto was not measured, said with the choice taken instead (one line)
+RB_COMPRESSION_NOTE=''
 declare -a RB_BG_PIDS=()
 # a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
 # (rb::close_wait, rb::cleanup)
@@ -206,6 +212,14 @@ RB_SEAL_DONE=0
 RB_SEAL_OUT=''
 RB_CAUSE=''
 RB_HINT=''
+# what to do about the failure rb::fail says next (set just before it; it clears it), and the
+# one command that goes on after it, when the step knows better than --from (rb::finish)
+RB_FAIL_HINT=''
+RB_GO_ON=''
+# the install a failed step left in place (the engine's install_stays), why, what it replaced
+RB_STAYS='' RB_STAYS_WHY='' RB_STAYS_PREVIOUS=''
+# what this run's swap did with the install it replaced: backup, transient (replace), none
+RB_SWAPPED=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
@@ -1005,6 +1019,8 @@ rb::restore() {
   local number=$1
   local -a args=()
   RB_STEP=restore
+  rb::now
+  RB_STEP_START=${RB_NOW}     # its row's time (issue 45: 1796600526.5s, from the epoch)
   if [[ "${number}" != latest ]]; then
     args=("number=${number}")
   fi
@@ -1022,7 +1038,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0 discard=0
   RB_APPLY_PLAN=''
   RB_PLANNING=0
   while (($# > 0)); do
@@ -1043,6 +1059,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --discard-staging) discard=1 ;;
       --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
@@ -1085,6 +1102,10 @@ main() {
   fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
+    return 0
+  fi
+  if ((discard)); then
+    rb::discard_staging
     return 0
   fi
   if ((plan)); then

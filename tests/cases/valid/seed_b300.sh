@@ -81,6 +81,8 @@ readonly -a RB_HOSTS=(ct200 b300)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
 # transfer.exclude
 readonly -a RB_EXCLUDE_ARGS=(--exclude __pycache__ --exclude '*.pyc')
+# cuda.library_path_first: the exports step puts these dirs of site-packages first; preflight and --plan check that the source has them
+readonly -a RB_LIBRARY_DIRS=(nvidia/cu13/lib)
 # compression auto: the first of these every end of the stream has, else none
 readonly -a RB_AUTO_COMPRESSION=(lz4 zstd)
 # route direct/auto: ssh arguments the source uses to reach the destination
@@ -100,22 +102,22 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b300: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b300: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/..venv.rb-lock for the run (a second run is refused, naming this one)
-on b300: engine preflight: on_existing backup; free space for /opt/sglang/..venv.rb-staging
+on b300: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one)
+on b300: engine preflight: on_existing backup; free space for /opt/sglang/.venv.rb-staging
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/b300/manifest.jsonl; send it to b300
 on b300: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
-on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/..venv.rb-staging, send only the rest'
-  [transfer]='on b300: engine stage: rm -rf /opt/sglang/..venv.rb-staging && mkdir /opt/sglang/..venv.rb-staging
+on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest'
+  [transfer]='on b300: engine stage: rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
-on b300: <decompress> | tar -C /opt/sglang/..venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on b300: engine verify /opt/sglang/..venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
-  [relocate]='on b300: engine relocate /opt/sglang/..venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
-  [prove]='on b300: /opt/sglang/..venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b300: engine swap: /opt/sglang/..venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
+on b300: <decompress> | tar -C /opt/sglang/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
+  [verify]='on b300: engine verify /opt/sglang/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
+  [relocate]='on b300: engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
+  [prove]='on b300: /opt/sglang/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
+  [swap]='on b300: engine swap: /opt/sglang/.venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
 on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
   [exports]='on b300: engine exports: write /opt/sglang/.venv.env.sh
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
@@ -191,6 +193,8 @@ RB_FAILED_STEP=''
 RB_STEP_DONE=''
 RB_SIGNALLED=0
 RB_WITNESS_PID='' RB_WITNESS_FD=''
+# started with SIGINT ignored: a process that dies of it (rb::witness_start), and 1 once it did
+RB_INT_SENTINEL='' RB_INT_UNTRAPPED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
 # the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
@@ -199,6 +203,8 @@ declare -a RB_PLAN_ARGS=()
 # why the route and the compression are what they are (rb::route_said, rb::compression_said)
 RB_ROUTE_WHY=''
 RB_COMPRESSION_WHY=''
+# why compression auto was not measured, said with the choice taken instead (one line)
+RB_COMPRESSION_NOTE=''
 declare -a RB_BG_PIDS=()
 # a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
 # (rb::close_wait, rb::cleanup)
@@ -219,6 +225,14 @@ RB_SEAL_DONE=0
 RB_SEAL_OUT=''
 RB_CAUSE=''
 RB_HINT=''
+# what to do about the failure rb::fail says next (set just before it; it clears it), and the
+# one command that goes on after it, when the step knows better than --from (rb::finish)
+RB_FAIL_HINT=''
+RB_GO_ON=''
+# the install a failed step left in place (the engine's install_stays), why, what it replaced
+RB_STAYS='' RB_STAYS_WHY='' RB_STAYS_PREVIOUS=''
+# what this run's swap did with the install it replaced: backup, transient (replace), none
+RB_SWAPPED=''
 declare -A RB_PY=()
 declare -A RB_HOST_COMP=()
 declare -A RB_HOST_BOOT=()
@@ -376,6 +390,8 @@ RB_SKIP_INSTALL=0
 RB_SRC_BYTES=0
 RB_SRC_FILES=0
 RB_SRC_DISK=0
+# the whole tree's bytes (preflight): what the staging holds once the stream arrived
+RB_TREE_BYTES=0
 RB_ROUTE_USED=relay
 # the transfer hashes the source unless the manifest step already did in this run
 RB_HASH_DURING_STREAM=1
@@ -454,7 +470,8 @@ step_preflight() {
   RB_ENGINE_STATE=${RB_J[state]}
   rb::measure_go "${RB_J[installed_stat]}"
   rb::source_finish "${RB_J[installed_stat]}"
-  RB_SRC_BYTES=${RB_J[bytes]}
+  rb::library_dirs_check
+  RB_SRC_BYTES=${RB_J[bytes]} RB_TREE_BYTES=${RB_J[bytes]}
   RB_SRC_DISK=${RB_J[disk_bytes]}
   RB_SRC_FILES=${RB_J[files]}
   RB_SRC_STAT=${RB_J[stat_fingerprint]}
@@ -466,7 +483,7 @@ step_preflight() {
   rb::fact bytes "${RB_SRC_BYTES}"
   rb::fact disk_bytes "${RB_SRC_DISK}"
   # never into the source, nor inside it, nor the reverse, whatever the names
-  rb::engine preflight "need=${need}" "source_identity=${identity}"
+  rb::engine_preflight "${need}" "${identity}"
   RB_DST_INSTALLED=${RB_J[installed]}
   RB_STAGING=${RB_J[staging]}
   if ((RB_MEASURING)) && ! rb::measure_finish; then
@@ -724,12 +741,18 @@ rb::send_names() {
 # Stream the source into a staging directory beside the destination.
 #######################################
 step_transfer() {
-  local src_kit start_ms ms bytes hash_pid='' names remote total streams
-  local -a send recv
+  local src_kit start_ms ms bytes hash_pid='' names remote total streams code
+  local -a send recv codes=() labels=()
   RB_RELAY_CODES=()
   if ((RB_SKIP_INSTALL)); then
     RB_STEP_DETAIL='skipped: destination already matches the source manifest'
     return 0
+  fi
+  if [[ " ${RB_RUN_STEPS[*]} " != *" manifest "* ]] && ((RB_DST_INSTALLED == 0)); then
+    # --from transfer, --only transfer: the manifest step did not run; what a cut stream left
+    # in the staging is resumed as a whole run resumes it (issue 45: the Ctrl-C hint's
+    # --from transfer re-sent every byte)
+    rb::resume_plan
   fi
   src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
   names="${src_kit}/${RB_NAME}.names"
@@ -753,37 +776,50 @@ step_transfer() {
   rb::kit_argv "${RB_DST_HOST}"
   # receive hashes each file as the stream carries it (verify compares those digests) and says
   # every 5 s how much of the tar stream it unpacked (rb::progress logs it)
+  # (--need: the bytes the whole staging holds once it all arrived: a disk that fills says what
+  # is still to come)
   recv=("${RB_KIT_ARGV[@]}" engine receive --dest "${RB_DST_ABS}" --state "${RB_ENGINE_STATE}"
-    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5)
+    --compression "${RB_COMPRESSION_USED}" --choices "${RB_ENGINE_CHOICES}" --progress 5
+    --need "${RB_TREE_BYTES:-0}")
   rb::log "streaming ${RB_SRC_HOST}:${RB_SRC_ABS} -> ${RB_DST_HOST}:${RB_STAGING} (${RB_ROUTE_USED}," \
     "compression ${RB_COMPRESSION_USED})"
   total=$((${RB_SRC_BYTES:-0} + 768 * ${RB_SRC_FILES:-0}))   # tar: a header and padding a file
   rb::now
   start_ms=${RB_NOW}
+  # each route's stages' statuses are kept (codes), the receiving end's answer read first: it
+  # says why in words (a full disk, a closed connection), where a status would not
   if [[ "${RB_ROUTE_USED}" == one-host ]]; then
     # both ends on one host: the sending end starts the receiving ends there, no ssh between
     # them; several streams side by side where the run may use the cores (rbkit send --jobs)
+    labels=("send and receive on ${RB_SRC_HOST}" "progress here")
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --local "${recv[@]}" |
-      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" ||
-      rb::pipe_failed "stream" "send and receive on ${RB_SRC_HOST}" "progress here" "${PIPESTATUS[@]}"
+      rb::progress "${total}" "${start_ms}" >"${RB_WORK}/receive.out" || codes=("${PIPESTATUS[@]}")
   elif [[ "${RB_ROUTE_USED}" == direct ]]; then
+    labels=("send on ${RB_SRC_HOST} (ssh to ${RB_DST_HOST})" "progress here")
     remote=$(rb::shq "${recv[@]}")
     rb::on_host "${RB_SRC_HOST}" "${send[@]}" --jobs "${RB_JOBS}" --remote ssh -o BatchMode=yes \
       -c "${RB_SSH_CIPHERS}" "${RB_DIRECT_SSH[@]}" "${remote}" | rb::progress "${total}" "${start_ms}" \
-      >"${RB_WORK}/receive.out"
+      >"${RB_WORK}/receive.out" || codes=("${PIPESTATUS[@]}")
   else
     # through this machine: one pair of ssh clients a stream, side by side (rb::relay_streams);
     # a stream that failed is named by the answer, read below
-    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" || true
+    labels=("relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here")
+    rb::relay_streams "${total}" "${start_ms}" "${names}" "${send[@]}" -- "${recv[@]}" ||
+      codes=("${RB_RELAY_CODES[@]}")
+  fi
+  for code in "${codes[@]}"; do
+    rb::signal_status "${code}"     # a stage that died of the run's signal: the interruption
+  done
+  if ((${#codes[@]} > 0)); then
+    rb::int_came                    # or of a SIGINT this shell could not trap (ignored on entry)
   fi
   rb::now
   ms=$((RB_NOW - start_ms))
   if ! rb::engine_read <"${RB_WORK}/receive.out" || [[ "${RB_ENGINE_STATUS}" != ok ]]; then
-    rb::fail "the receiving end on ${RB_DST_HOST}: ${RB_ENGINE_DETAIL:-no answer (above)}"
+    rb::stream_failed
   fi
-  if ((${#RB_RELAY_CODES[@]} > 0)); then
-    rb::pipe_failed "stream" "relay here (ssh to ${RB_SRC_HOST} and ${RB_DST_HOST})" "progress here" \
-      "${RB_RELAY_CODES[@]}"
+  if ((${#codes[@]} > 0)); then
+    rb::pipe_failed "stream" "${labels[@]}" "${codes[@]}"
   fi
   streams=${RB_J[streams]:-1}
   if [[ -n "${hash_pid}" ]]; then
@@ -823,32 +859,13 @@ step_transfer() {
 }
 
 #######################################
-# The transfer's background job (no ERR-trap record of its own: RB_WORK is the main shell's):
-# hash the source into its manifest (`rbkit engine hash` of the entries preflight's scan listed
-# for tar; its answer into $1, written only once it succeeded), then copy that manifest here and
-# on to the destination.
-#######################################
-rb::hash_during_stream() {
-  local out=$1 src_kit
-  RB_WORK=''
-  src_kit=$(rb::kit_dir "${RB_SRC_HOST}")
-  rm -f "${out}"
-  rb::kit "${RB_SRC_HOST}" engine hash "${RB_SRC_ABS}" "${RB_EXCLUDE_ARGS[@]}" \
-    --algo "${RB_VERIFY}" --jobs "${RB_JOBS}" --out "${src_kit}/${RB_NAME}.manifest.jsonl" \
-    --special-modes "${RB_SPECIAL_MODES}" --scanned "${src_kit}/${RB_NAME}.names.stat" \
-    --beside-stream >"${out}.part"
-  mv -f -- "${out}.part" "${out}"
-  rb::manifest_share -
-}
-
-#######################################
 # Step 4/9: verify (tests/cases/valid/seed_b300.yaml:13)
 # Check the staging against the manifest: every file, mode, link and digest.
 #######################################
 step_verify() {
   # every entry of this run's staging; files linked unchanged from the current install by stat.
   # The engine leaves its stamp: relocate, prove and swap install only what this run verified.
-  rb::engine verify
+  rb::staged_step verify
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
 
@@ -857,7 +874,7 @@ step_verify() {
 # Rewrite what names the old path (shebangs, activate scripts) for the new one.
 #######################################
 step_relocate() {
-  rb::engine relocate
+  rb::staged_step relocate
   rb::fact rewritten "${RB_J[rewritten]:-0}"
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
@@ -869,7 +886,7 @@ step_relocate() {
 step_prove() {
   # the staged interpreter must run here before anything is installed (a venv whose base
   # interpreter this host lacks stops here)
-  rb::engine prove
+  rb::staged_step prove
   RB_STEP_DETAIL=${RB_ENGINE_DETAIL}
 }
 
@@ -880,7 +897,7 @@ step_prove() {
 step_swap() {
   # one rename, then the post-swap proof there (sys.prefix, the console scripts); the engine puts back what
   # was there when the proof fails
-  rb::engine swap
+  rb::staged_step swap
   if [[ -n "${RB_J[backup]:-}" ]]; then
     rb::log "to put the previous destination back: bash ${RB_SELF} --restore"
   fi
@@ -1029,6 +1046,8 @@ rb::restore() {
   local number=$1
   local -a args=()
   RB_STEP=restore
+  rb::now
+  RB_STEP_START=${RB_NOW}     # its row's time (issue 45: 1796600526.5s, from the epoch)
   if [[ "${number}" != latest ]]; then
     args=("number=${number}")
   fi
@@ -1046,7 +1065,7 @@ rb::restore() {
 # Parse the command line, then run the chosen steps in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0
+  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0 discard=0
   RB_APPLY_PLAN=''
   RB_PLANNING=0
   while (($# > 0)); do
@@ -1067,6 +1086,7 @@ main() {
         fi
         ;;
       --list-backups) list_backups=1 ;;
+      --discard-staging) discard=1 ;;
       --plan) plan=1; RB_PLANNING=1 ;;
       --markdown) markdown=1 ;;
       --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
@@ -1109,6 +1129,10 @@ main() {
   fi
   if [[ -n "${restore}" ]]; then
     rb::restore "${restore}"
+    return 0
+  fi
+  if ((discard)); then
+    rb::discard_staging
     return 0
   fi
   if ((plan)); then
