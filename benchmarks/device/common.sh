@@ -129,7 +129,8 @@ dev_payload() {
   dst_root=$(dirname "$1")
   if [[ "${TMPFS:-1}" == 1 ]] && ! mountpoint -q "${dst_root}"; then
     mkdir -p "${dst_root}"
-    mount -t tmpfs -o size=48g tmpfs "${dst_root}" || log "no tmpfs at ${dst_root}: on its disk"
+    # mode 0755: a tmpfs's root is 1777 by default, a parent the runbook refuses (issue 44 R1)
+    mount -t tmpfs -o size=48g,mode=0755 tmpfs "${dst_root}" || log "no tmpfs at ${dst_root}: on its disk"
   fi
   mkdir -p "${dst_root}"
   hand=${dst_root}/hand
