@@ -30,7 +30,7 @@ def kind(pid: str) -> str:
         rest = [a for a in argv[1:] if not a.startswith("-")]
         if "-m" in argv:
             i = argv.index("-m")
-            rest = argv[i + 1:i + 3]
+            rest = argv[i + 1 : i + 3]
         return "python " + " ".join(os.path.basename(a)[:24] for a in rest[:4])
     if name.startswith("sshd"):
         return argv[0][:40]
@@ -55,7 +55,7 @@ def main() -> int:
     seen: dict[str, tuple[str, int]] = {}
     total: dict[str, int] = {}
     me = str(os.getpid())
-    for pid in os.listdir("/proc"):   # what ran before the command: only its ticks from now
+    for pid in os.listdir("/proc"):  # what ran before the command: only its ticks from now
         if pid.isdigit():
             seen[pid] = ("-", max(ticks(pid), 0))
     t0 = time.monotonic()
@@ -80,8 +80,10 @@ def main() -> int:
     wall = time.monotonic() - t0
     c = os.times()
     with open(out, "w") as f:
-        f.write(f"wall {wall:.2f} s; children's cpu (os.times) {c.children_user + c.children_system:.2f} s;"
-                f" sampled {sum(total.values()) / TICK:.2f} s (all processes; those running before the command marked)\n")
+        f.write(
+            f"wall {wall:.2f} s; children's cpu (os.times) {c.children_user + c.children_system:.2f} s;"
+            f" sampled {sum(total.values()) / TICK:.2f} s (all processes; those running before the command marked)\n"
+        )
         for k, v in sorted(total.items(), key=lambda kv: -kv[1])[:40]:
             if v:
                 f.write(f"{v / TICK:8.2f} s  {k}\n")

@@ -109,6 +109,7 @@ docs/h200.md. -: the comment that carried it did not say where.
 | shellcheck's clean results remembered (`compiler.lint`) | shellcheck takes about 2 s on a runbook | - |
 """
 
+
 def _detail(recs: dict, rid: str, step: str) -> str:
     r = recs.get(rid)
     for smp in (r or {}).get("samples", []):
@@ -123,13 +124,18 @@ def _many_note(recs: dict) -> str:
     total, seed = m(recs, "many.runbook.relay.none"), m(recs, "many.peer.seed")
     if not (total and seed):
         return ""
-    parts = {k: m(recs, "many.runbook.relay.none", k) for k in ("preflight", "transfer", "verify", "rest")}
+    parts = {
+        k: m(recs, "many.runbook.relay.none", k)
+        for k in ("preflight", "transfer", "verify", "rest")
+    }
     if any(v is None for v in parts.values()):
         return ""
-    return (f" They dominate small moves: the many-files payload took {t(total)} s through the runbook "
-            f"against {t(seed)} s for the seed pipeline (preflight {t(parts['preflight'])} s, transfer "
-            f"{t(parts['transfer'])} s, verify {t(parts['verify'])} s, relocate+swap+exports "
-            f"{t(parts['rest'])} s).")
+    return (
+        f" They dominate small moves: the many-files payload took {t(total)} s through the runbook "
+        f"against {t(seed)} s for the seed pipeline (preflight {t(parts['preflight'])} s, transfer "
+        f"{t(parts['transfer'])} s, verify {t(parts['verify'])} s, relocate+swap+exports "
+        f"{t(parts['rest'])} s)."
+    )
 
 
 def _analysis(result: dict, shaped: dict | None = None) -> str:
@@ -166,93 +172,132 @@ def _analysis(result: dict, shaped: dict | None = None) -> str:
     ]
     n = 1
     if deferred:
-        text = (f"{n}. **Hashing.** This runbook hashes the source while the stream runs (its manifest "
-                f"step took {t(st['manifest'])} s: deferred to the transfer), so one read pass is already "
-                f"gone. What is left serial is **verify**, which reads and hashes the whole staging copy "
-                f"after the last byte ({t(st['verify'])} s, {100 * st['verify'] / total:.0f}% of the run). "
-                f"Hashing on the destination as files land (an extractor in the kit that hashes while it "
-                f"writes, or the tar stream tee'd into a hasher) would overlap that too.")
+        text = (
+            f"{n}. **Hashing.** This runbook hashes the source while the stream runs (its manifest "
+            f"step took {t(st['manifest'])} s: deferred to the transfer), so one read pass is already "
+            f"gone. What is left serial is **verify**, which reads and hashes the whole staging copy "
+            f"after the last byte ({t(st['verify'])} s, {100 * st['verify'] / total:.0f}% of the run). "
+            f"Hashing on the destination as files land (an extractor in the kit that hashes while it "
+            f"writes, or the tar stream tee'd into a hasher) would overlap that too."
+        )
         if tr_nv:
-            text += (f" The price on 2 cores: hashing competes with ssh for the CPUs. The transfer step with "
-                     f"`verify: none` (no hashing at all) took {t(tr_nv)} s against {t(st['transfer'])} s "
-                     f"with the source hashed alongside, so hashing in parallel cost the stream "
-                     f"{t(st['transfer'] - tr_nv)} s here; on hosts with spare cores it costs nothing.")
+            text += (
+                f" The price on 2 cores: hashing competes with ssh for the CPUs. The transfer step with "
+                f"`verify: none` (no hashing at all) took {t(tr_nv)} s against {t(st['transfer'])} s "
+                f"with the source hashed alongside, so hashing in parallel cost the stream "
+                f"{t(st['transfer'] - tr_nv)} s here; on hosts with spare cores it costs nothing."
+            )
     else:
-        text = (f"{n}. **Hashing.** The manifest pass reads and hashes every source file before the "
-                f"first byte is sent ({t(st['manifest'])} s) and verify reads and hashes every file again "
-                f"after the last ({t(st['verify'])} s): {t(st['manifest'] + st['verify'])} s serial with "
-                f"the stream. Hashing while packing on the source and while unpacking on the destination "
-                f"would overlap both with the stream (at the price of CPU the stream also wants on 2 cores).")
+        text = (
+            f"{n}. **Hashing.** The manifest pass reads and hashes every source file before the "
+            f"first byte is sent ({t(st['manifest'])} s) and verify reads and hashes every file again "
+            f"after the last ({t(st['verify'])} s): {t(st['manifest'] + st['verify'])} s serial with "
+            f"the stream. Hashing while packing on the source and while unpacking on the destination "
+            f"would overlap both with the stream (at the price of CPU the stream also wants on 2 cores)."
+        )
     out.append(text)
     n += 1
     if mb["sha256"] and mb["none"]:
-        text = (f"{n}. **The digest.** A manifest build took {t(mb['sha256'])} s with sha256"
-                + (f", {t(mb['blake2b'])} s with blake2b" if mb["blake2b"] else "")
-                + f", {t(mb['none'])} s with no digests (walk + lstat).")
+        text = (
+            f"{n}. **The digest.** A manifest build took {t(mb['sha256'])} s with sha256"
+            + (f", {t(mb['blake2b'])} s with blake2b" if mb["blake2b"] else "")
+            + f", {t(mb['none'])} s with no digests (walk + lstat)."
+        )
         if hl["sha256"] and hl["blake2b"]:
             fast = "sha256" if hl["sha256"] < hl["blake2b"] else "blake2b"
-            text += (f" One thread of hashlib: sha256 {t(hl['sha256'])} s, blake2b {t(hl['blake2b'])} s, "
-                     f"so {fast} is the cheaper stdlib digest on this CPU"
-                     + (" (it has SHA-NI)" if "sha_ni" in result["machine"].get("cpu_flags", "") else "")
-                     + ".")
+            text += (
+                f" One thread of hashlib: sha256 {t(hl['sha256'])} s, blake2b {t(hl['blake2b'])} s, "
+                f"so {fast} is the cheaper stdlib digest on this CPU"
+                + (" (it has SHA-NI)" if "sha_ni" in result["machine"].get("cpu_flags", "") else "")
+                + "."
+            )
         b3, xx = med(recs, "hash.b3sum"), med(recs, "hash.xxh128sum")
         if b3 or xx:
-            text += (" Outside the stdlib: " + ", ".join(x for x in (f"b3sum {t(b3)} s" if b3 else "",
-                                                                     f"xxh128sum {t(xx)} s" if xx else "") if x)
-                     + "; the kit is stdlib-only, so those would be an optional fast path where installed.")
+            text += (
+                " Outside the stdlib: "
+                + ", ".join(
+                    x
+                    for x in (
+                        f"b3sum {t(b3)} s" if b3 else "",
+                        f"xxh128sum {t(xx)} s" if xx else "",
+                    )
+                    if x
+                )
+                + "; the kit is stdlib-only, so those would be an optional fast path where installed."
+            )
         out.append(text)
         n += 1
     if plumbing or seed:
         text = f"{n}. **The stream's plumbing.** "
         if seed:
-            text += (f"Even the hand-typed seed pipeline ({t(seed)} s, default cipher, no hashing) is at "
-                     f"{lim / seed:.2f}× the limit: tar on both ends takes CPU the null relay does not spend. ")
+            text += (
+                f"Even the hand-typed seed pipeline ({t(seed)} s, default cipher, no hashing) is at "
+                f"{lim / seed:.2f}× the limit: tar on both ends takes CPU the null relay does not spend. "
+            )
         if plumbing:
-            text += (f"The runbook's stream goes through multiplexed ssh masters opened in preflight "
-                     f"with a 1 MiB pipe between the two clients (its progress is read on the unpacking "
-                     f"side, no pv); a null relay with that "
-                     f"plumbing took {t(plumbing)} s against {t(lim)} s "
-                     f"for fresh connections, so against that pre-opened relay the transfer step is at "
-                     f"{plumbing / st['transfer']:.2f}× (not {lim / st['transfer']:.2f}×). ")
+            text += (
+                f"The runbook's stream goes through multiplexed ssh masters opened in preflight "
+                f"with a 1 MiB pipe between the two clients (its progress is read on the unpacking "
+                f"side, no pv); a null relay with that "
+                f"plumbing took {t(plumbing)} s against {t(lim)} s "
+                f"for fresh connections, so against that pre-opened relay the transfer step is at "
+                f"{plumbing / st['transfer']:.2f}× (not {lim / st['transfer']:.2f}×). "
+            )
             if plumbing > lim * 1.05:
-                text += ("The extra copy through the master process costs more than opening "
-                         "connections: dedicated non-multiplexed connections for the stream "
-                         "(`-o ControlPath=none`) would remove it.")
+                text += (
+                    "The extra copy through the master process costs more than opening "
+                    "connections: dedicated non-multiplexed connections for the stream "
+                    "(`-o ControlPath=none`) would remove it."
+                )
             else:
-                text += ("The plumbing costs less than opening two connections inside the clock (the "
-                         "fresh relay pays that), so it is not where the gap is: the gap is tar's and the "
-                         "hasher's CPU on the same two cores, and what follows.")
+                text += (
+                    "The plumbing costs less than opening two connections inside the clock (the "
+                    "fresh relay pays that), so it is not where the gap is: the gap is tar's and the "
+                    "hasher's CPU on the same two cores, and what follows."
+                )
         out.append(text)
         n += 1
     if lz4 or zstd:
-        tr_note = (f"{n}. **Compression** (transfer step: none {t(st['transfer'])} s"
-                   + (f", lz4 {t(lz4)} s" if lz4 else "") + (f", zstd {t(zstd)} s" if zstd else "") + "). ")
+        tr_note = (
+            f"{n}. **Compression** (transfer step: none {t(st['transfer'])} s"
+            + (f", lz4 {t(lz4)} s" if lz4 else "")
+            + (f", zstd {t(zstd)} s" if zstd else "")
+            + "). "
+        )
         if result.get("shape"):
             tr_note += f"With links shaped to {result['shape']}, this is the WAN case."
         elif shaped is not None:
             srecs = report.index(shaped)
             sv = {c: med(srecs, f"runbook.relay.{c}", "transfer") for c in ("none", "lz4", "zstd")}
             slim = med(srecs, "limit.relay.aes")
-            tr_note += ("On these unshaped veth links the CPU is the bottleneck, so compression mostly "
-                        "moves work onto the same cores. ")
+            tr_note += (
+                "On these unshaped veth links the CPU is the bottleneck, so compression mostly "
+                "moves work onto the same cores. "
+            )
             if all(sv.values()) and slim:
-                tr_note += (f"With the links shaped to {shaped['shape']} (run `{shaped['command']}`), "
-                            f"where the link alone moves the bytes in {t(slim)} s, the transfer step took "
-                            f"none {t(sv['none'])} s, lz4 {t(sv['lz4'])} s, zstd {t(sv['zstd'])} s. ")
+                tr_note += (
+                    f"With the links shaped to {shaped['shape']} (run `{shaped['command']}`), "
+                    f"where the link alone moves the bytes in {t(slim)} s, the transfer step took "
+                    f"none {t(sv['none'])} s, lz4 {t(sv['lz4'])} s, zstd {t(sv['zstd'])} s. "
+                )
                 best = min(sv, key=lambda c: sv[c])
                 if best != "zstd":
-                    tr_note += (f"`compression: auto` picks zstd whenever both ends have it, but on these "
-                                f"2 cores {best} is faster on that link: picking by measured link speed "
-                                f"and core count (a short null relay in preflight, `nproc` on both ends) "
-                                f"would choose none on a fast LAN and lz4 on a WAN with few cores.")
+                    tr_note += (
+                        f"`compression: auto` picks zstd whenever both ends have it, but on these "
+                        f"2 cores {best} is faster on that link: picking by measured link speed "
+                        f"and core count (a short null relay in preflight, `nproc` on both ends) "
+                        f"would choose none on a fast LAN and lz4 on a WAN with few cores."
+                    )
                 else:
                     tr_note += "`compression: auto` (zstd) is the right pick on that link."
         else:
-            tr_note += ("On these unshaped veth links the CPU is the bottleneck, so compression moves work "
-                        "onto the same cores; on a link slower than the relay's CPU limit it wins (a "
-                        "`--shape` run shows it). `compression: auto` picks zstd whenever both ends have "
-                        "it; choosing by a measured link speed (a short null relay in preflight) would pick "
-                        "none on a fast LAN and lz4/zstd on a WAN.")
+            tr_note += (
+                "On these unshaped veth links the CPU is the bottleneck, so compression moves work "
+                "onto the same cores; on a link slower than the relay's CPU limit it wins (a "
+                "`--shape` run shows it). `compression: auto` picks zstd whenever both ends have "
+                "it; choosing by a measured link speed (a short null relay in preflight) would pick "
+                "none on a fast LAN and lz4/zstd on a WAN."
+            )
         out.append(tr_note)
         n += 1
     out.append(
@@ -261,25 +306,32 @@ def _analysis(result: dict, shaped: dict | None = None) -> str:
         f"Python start on the host through ssh; swap also runs a console script to prove the install). "
         f"They do not grow with the payload, but on a {t(total)} s move they are "
         f"{100 * (st['preflight'] + st['rest']) / total:.0f}%; one `rbkit` call doing relocate, swap and "
-        f"exports together would save two Python starts over ssh."
-        + _many_note(recs))
+        f"exports together would save two Python starts over ssh." + _many_note(recs)
+    )
     n += 1
     if same:
-        text = (f"{n}. **Re-runs.** An unchanged destination cost {t(same)} s"
-                + (f", of which preflight {t(same_pre)} s" if same_pre else "") + ".")
+        text = (
+            f"{n}. **Re-runs.** An unchanged destination cost {t(same)} s"
+            + (f", of which preflight {t(same_pre)} s" if same_pre else "")
+            + "."
+        )
         if digest:
             text += f" With `rerun: digest` (re-hash both ends) {t(digest)} s."
         rs1 = med(recs, "rerun.rsync.one")
         one, one_m = med(recs, "rerun.runbook.one"), med(recs, "rerun.runbook.one", "manifest")
         if rs1 and one:
-            steps = {k: med(recs, "rerun.runbook.one", k) for k in ("preflight", "manifest", "verify")}
-            text += (f" One small file changed: rsync moves that file ({t(rs1)} s); the runbook's "
-                     f"incremental re-run sends that file with bin/ and pyvenv.cfg and hard-links the "
-                     f"rest of the current install into the staging ({t(one)} s: "
-                     + ", ".join(f"{k} {t(v)} s" for k, v in steps.items() if v)
-                     + "). What remains is fixed cost: one Python start per kit call on each host, "
-                     "the stat walk of both trees, and the relocation and swap checks that start the "
-                     "moved interpreter and pip.")
+            steps = {
+                k: med(recs, "rerun.runbook.one", k) for k in ("preflight", "manifest", "verify")
+            }
+            text += (
+                f" One small file changed: rsync moves that file ({t(rs1)} s); the runbook's "
+                f"incremental re-run sends that file with bin/ and pyvenv.cfg and hard-links the "
+                f"rest of the current install into the staging ({t(one)} s: "
+                + ", ".join(f"{k} {t(v)} s" for k, v in steps.items() if v)
+                + "). What remains is fixed cost: one Python start per kit call on each host, "
+                "the stat walk of both trees, and the relocation and swap checks that start the "
+                "moved interpreter and pip."
+            )
         out.append(text)
     return "\n".join(out) + "\n"
 
@@ -641,8 +693,10 @@ took before.
 
 
 def write(results_dir: Path, path: Path) -> None:
-    ranked = sorted(results_dir.glob("*.json"),
-                    key=lambda p: (not p.stem.startswith("full"), "-" in p.stem, p.stem))
+    ranked = sorted(
+        results_dir.glob("*.json"),
+        key=lambda p: (not p.stem.startswith("full"), "-" in p.stem, p.stem),
+    )
     results = [json.loads(p.read_text()) for p in ranked]
     shaped = next((r for r in results if r.get("shape")), None)
     closing = ""
@@ -650,5 +704,9 @@ def write(results_dir: Path, path: Path) -> None:
         closing = _analysis(r, shaped if r is not shaped else None)
         if closing:
             break
-    report.write_doc(results_dir, path, HEAD, RELAY37 + "\n" + RELAY47 + "\n" + LIVEPLAN + "\n" +
-                     closing + FIGURES)
+    report.write_doc(
+        results_dir,
+        path,
+        HEAD,
+        RELAY37 + "\n" + RELAY47 + "\n" + LIVEPLAN + "\n" + closing + FIGURES,
+    )

@@ -41,9 +41,9 @@ def log(msg: str) -> None:
 @dataclass
 class PayloadInfo:
     kind: str
-    root: Path            # the venv
-    stream_bytes: int     # bytes of `tar cf - -C root .`
-    file_bytes: int       # sum of regular file sizes
+    root: Path  # the venv
+    stream_bytes: int  # bytes of `tar cf - -C root .`
+    file_bytes: int  # sum of regular file sizes
     files: int
     entries: int
     links: int
@@ -57,22 +57,50 @@ def ensure_tools(tools: list[str], install: bool) -> dict[str, str]:
         return {}
     pkgs = sorted({PACKAGES[t] for t in missing})
     if not install:
-        return {t: f"{t} is not installed (apt-get install {PACKAGES[t]}; --no-install given)"
-                for t in missing}
+        return {
+            t: f"{t} is not installed (apt-get install {PACKAGES[t]}; --no-install given)"
+            for t in missing
+        }
     log(f"installing {' '.join(pkgs)} with apt-get for the rows that use {', '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    argv = ["apt-get", "-q", "-y", "-o", "Dpkg::Use-Pty=0", "install", "--no-install-recommends", *pkgs]
+    argv = [
+        "apt-get",
+        "-q",
+        "-y",
+        "-o",
+        "Dpkg::Use-Pty=0",
+        "install",
+        "--no-install-recommends",
+        *pkgs,
+    ]
     out = ""
     for attempt in range(2):
-        r = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=600, check=False)
+        r = subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         out = (r.stdout + r.stderr)[-400:]
         if r.returncode == 0 or attempt:
             break
-        subprocess.run(["apt-get", "-q", "update"], env=env, stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=600, check=False)
-    return {t: f"{t} is missing and apt-get install {PACKAGES[t]} failed: {out.strip()}"
-            for t in missing if shutil.which(t) is None}
+        subprocess.run(
+            ["apt-get", "-q", "update"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    return {
+        t: f"{t} is missing and apt-get install {PACKAGES[t]} failed: {out.strip()}"
+        for t in missing
+        if shutil.which(t) is None
+    }
 
 
 class Env:
@@ -100,14 +128,18 @@ class Env:
             built = "" if p.build_seconds is None else f" (built in {p.build_seconds:.0f} s)"
             self.payloads[kind] = self._describe(kind, p.venv)
             info = self.payloads[kind]
-            log(f"payload {kind}: {p.venv}{built}; {info.files} files, {info.links} symlinks, "
-                f"{info.stream_bytes / 1e6:.0f} MB tar stream ({time.monotonic() - t0:.1f} s)")
+            log(
+                f"payload {kind}: {p.venv}{built}; {info.files} files, {info.links} symlinks, "
+                f"{info.stream_bytes / 1e6:.0f} MB tar stream ({time.monotonic() - t0:.1f} s)"
+            )
         self.disk = Ext4Mount(self.scratch_mib)
         self.disk.mount()
         self.lab = Lab(("src", "dst"), prefix="rbbench")
         self.lab.start()
-        log(f"lab up: src {self.lab.host('src').addr}, dst {self.lab.host('dst').addr}; "
-            f"scratch ext4 at {self.disk.path}")
+        log(
+            f"lab up: src {self.lab.host('src').addr}, dst {self.lab.host('dst').addr}; "
+            f"scratch ext4 at {self.disk.path}"
+        )
         return self
 
     def stop(self) -> None:
@@ -121,8 +153,9 @@ class Env:
         r = self.sh(f"tar cf - -C {q(root)} . | wc -c", timeout=300)
         m = source_manifest(root)
         t = m["totals"]
-        return PayloadInfo(kind, root, int(r.stdout.split()[0]), t["bytes"], t["files"], t["entries"],
-                           t["links"])
+        return PayloadInfo(
+            kind, root, int(r.stdout.split()[0]), t["bytes"], t["files"], t["entries"], t["links"]
+        )
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -137,8 +170,14 @@ class Env:
         if cipher:
             words += ["-c", cipher]
         if mux:
-            words += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.work}/mux-%C",
-                      "-o", "ControlPersist=600"]
+            words += [
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                f"ControlPath={self.work}/mux-%C",
+                "-o",
+                "ControlPersist=600",
+            ]
         return shlex.join(words)
 
     def sh(self, cmd: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -180,31 +219,96 @@ class Env:
         for (a, _b), k in self.lab.links.items():
             targets.append((a, f"rbd{k}"))
         for ns_host, dev in targets:
-            prefix = [] if ns_host is None else ["ip", "netns", "exec", self.lab.host(ns_host).netns]
-            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True,
-                           check=False)
+            prefix = (
+                [] if ns_host is None else ["ip", "netns", "exec", self.lab.host(ns_host).netns]
+            )
+            subprocess.run(
+                [*prefix, "tc", "qdisc", "del", "dev", dev, "root"],
+                capture_output=True,
+                check=False,
+            )
             if delay:
-                cmds = [["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
-                         delay, "limit", "100000"],
-                        ["tc", "qdisc", "add", "dev", dev, "parent", "1:", "handle", "10:", "tbf",
-                         "rate", rate, "burst", "1mb", "latency", "100ms"]]
+                cmds = [
+                    [
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "handle",
+                        "1:",
+                        "netem",
+                        "delay",
+                        delay,
+                        "limit",
+                        "100000",
+                    ],
+                    [
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        "1:",
+                        "handle",
+                        "10:",
+                        "tbf",
+                        "rate",
+                        rate,
+                        "burst",
+                        "1mb",
+                        "latency",
+                        "100ms",
+                    ],
+                ]
             else:
-                cmds = [["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mb",
-                         "latency", "100ms"]]
+                cmds = [
+                    [
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "tbf",
+                        "rate",
+                        rate,
+                        "burst",
+                        "1mb",
+                        "latency",
+                        "100ms",
+                    ]
+                ]
             for c in cmds:
                 r = subprocess.run([*prefix, *c], capture_output=True, text=True, check=False)
                 if r.returncode != 0:
-                    hint = (" (this kernel has no netem: shape with a RATE alone)"
-                            if "netem" in c and "unknown" in r.stderr else "")
-                    raise SystemExit(f"--shape: {shlex.join(c)} failed on {dev}: {r.stderr.strip()}{hint}")
+                    hint = (
+                        " (this kernel has no netem: shape with a RATE alone)"
+                        if "netem" in c and "unknown" in r.stderr
+                        else ""
+                    )
+                    raise SystemExit(
+                        f"--shape: {shlex.join(c)} failed on {dev}: {r.stderr.strip()}{hint}"
+                    )
 
 
-def run_bounded(argv: list[str], *, timeout: float, cwd: Path | None = None,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_bounded(
+    argv: list[str], *, timeout: float, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run argv in its own process group; past `timeout`, end that group (the pipeline's ssh and tar
     too, not only the shell) and return exit 124 with the reason."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from compiler import cli
-from tests.lab.fanout import change_one_file, payload_with_blob, tx_bytes
 from tests.lab import subnets
+from tests.lab.fanout import change_one_file, payload_with_blob, tx_bytes
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
 # not results/: docs/benchmarks.md is written from every JSON there (the transfer benchmark)
@@ -118,16 +118,22 @@ class Bench:
         if "bundle_bytes" in pack:
             row["bundle_bytes"] = int(pack["bundle_bytes"])
         nodes = [json.loads(f.read_text()) for f in (d / "run" / "fanout").glob("node-*.json")]
-        if nodes:      # each node's own step times: their sum is the work the shared cores did
+        if nodes:  # each node's own step times: their sum is the work the shared cores did
             per = [sum(s["seconds"] for s in n["steps"]) for n in nodes]
-            row["node_work_s"] = {"sum": round(sum(per), 2), "max": round(max(per), 2),
-                                  "cpu": round(sum(n.get("cpu_s", 0.0) for n in nodes), 2)}
+            row["node_work_s"] = {
+                "sum": round(sum(per), 2),
+                "max": round(max(per), 2),
+                "cpu": round(sum(n.get("cpu_s", 0.0) for n in nodes), 2),
+            }
         return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.fanout", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.fanout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--blob-mib", type=int, default=32)
     ap.add_argument("--no-write", action="store_true", help="print only")
@@ -144,19 +150,35 @@ def main(argv: list[str] | None = None) -> int:
             b = Bench(c, work)
             rows: dict[str, dict] = {}
             one = c.names[0]
-            plan = [("slurm-1", lambda: b.run("slurm1", fan_spec("slurm1", venv, "slurm", one, c),
-                                              salloc=one)),
-                    (f"slurm-{n}", lambda: b.run("slurmn", fan_spec("slurmn", venv, "slurm",
-                                                                    c.nodeset, c),
-                                                 salloc=c.nodeset)),
-                    ("clush-1", lambda: b.run("clush1", fan_spec("clush1", venv, "clush", one, c))),
-                    (f"clush-{n}", lambda: b.run("clushn", fan_spec("clushn", venv, "clush",
-                                                                    c.nodeset, c)))]
+            plan = [
+                (
+                    "slurm-1",
+                    lambda: b.run("slurm1", fan_spec("slurm1", venv, "slurm", one, c), salloc=one),
+                ),
+                (
+                    f"slurm-{n}",
+                    lambda: b.run(
+                        "slurmn", fan_spec("slurmn", venv, "slurm", c.nodeset, c), salloc=c.nodeset
+                    ),
+                ),
+                ("clush-1", lambda: b.run("clush1", fan_spec("clush1", venv, "clush", one, c))),
+                (
+                    f"clush-{n}",
+                    lambda: b.run("clushn", fan_spec("clushn", venv, "clush", c.nodeset, c)),
+                ),
+            ]
             # a re-run after one small file changed on the source: the changes-only bundle
-            plan.insert(2, (f"slurm-{n} re-run, 1 file changed",
-                            lambda: b.rerun("slurmn", venv, salloc=c.nodeset)))
-            plan.insert(3, (f"slurm-{n} again, nothing changed",
-                            lambda: b.again("slurmn", salloc=c.nodeset)))
+            plan.insert(
+                2,
+                (
+                    f"slurm-{n} re-run, 1 file changed",
+                    lambda: b.rerun("slurmn", venv, salloc=c.nodeset),
+                ),
+            )
+            plan.insert(
+                3,
+                (f"slurm-{n} again, nothing changed", lambda: b.again("slurmn", salloc=c.nodeset)),
+            )
             plan.append((f"clush-{n} re-run, 1 file changed", lambda: b.rerun("clushn", venv)))
             for key, fn in plan:
                 log(f"{key} ...")
@@ -170,10 +192,16 @@ def main(argv: list[str] | None = None) -> int:
             rows[f"ssh-{n}-sequential"] = {
                 "wall_s": round(sum(r["wall_s"] for r in seq), 2),
                 "sent_bytes": sum(r["sent_bytes"] for r in seq),
-                "steps": {"each_s": [r["wall_s"] for r in seq]}}
-    result = {"nodes": n, "blob_mib": a.blob_mib, "bundle_bytes": rows[f"slurm-{n}"]["bundle_bytes"],
-              "cores": os.cpu_count(), "rows": rows,
-              "when": time.strftime("%Y-%m-%d")}
+                "steps": {"each_s": [r["wall_s"] for r in seq]},
+            }
+    result = {
+        "nodes": n,
+        "blob_mib": a.blob_mib,
+        "bundle_bytes": rows[f"slurm-{n}"]["bundle_bytes"],
+        "cores": os.cpu_count(),
+        "rows": rows,
+        "when": time.strftime("%Y-%m-%d"),
+    }
     print(table(result))
     if not a.no_write:
         RESULTS.mkdir(exist_ok=True)
@@ -185,27 +213,41 @@ def main(argv: list[str] | None = None) -> int:
 def table(result: dict) -> str:
     rows, n = result["rows"], result["nodes"]
     bundle = result["bundle_bytes"]
-    base = {"slurm": rows["slurm-1"]["wall_s"], "clush": rows["clush-1"]["wall_s"],
-            "ssh": rows["ssh-1"]["wall_s"]}
-    out = [f"bundle {bundle / 1e6:.1f} MB ({result['blob_mib']} MiB random + the small venv + the "
-           f"kit), {n} nodes on {result['cores']} shared cores",
-           "",
-           "| run | wall s | x one node | bundle | sent by this machine | in whole bundles | "
-           "nodes' CPU s | longest node s | slowest steps |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    base = {
+        "slurm": rows["slurm-1"]["wall_s"],
+        "clush": rows["clush-1"]["wall_s"],
+        "ssh": rows["ssh-1"]["wall_s"],
+    }
+    out = [
+        f"bundle {bundle / 1e6:.1f} MB ({result['blob_mib']} MiB random + the small venv + the "
+        f"kit), {n} nodes on {result['cores']} shared cores",
+        "",
+        "| run | wall s | x one node | bundle | sent by this machine | in whole bundles | "
+        "nodes' CPU s | longest node s | slowest steps |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for key, r in rows.items():
-        engine = key.split("-")[0]     # "x one node": against that engine's first, whole run
+        engine = key.split("-")[0]  # "x one node": against that engine's first, whole run
         steps = r["steps"]
-        top = ", ".join(f"{k} {v}" for k, v in sorted(
-            ((k, v) for k, v in steps.items() if isinstance(v, (int, float))),
-            key=lambda kv: -kv[1])[:3]) if "each_s" not in steps else \
-            "each " + " ".join(f"{x:.1f}" for x in steps["each_s"])
+        top = (
+            ", ".join(
+                f"{k} {v}"
+                for k, v in sorted(
+                    ((k, v) for k, v in steps.items() if isinstance(v, (int, float))),
+                    key=lambda kv: -kv[1],
+                )[:3]
+            )
+            if "each_s" not in steps
+            else "each " + " ".join(f"{x:.1f}" for x in steps["each_s"])
+        )
         w = r.get("node_work_s")
         work = f"{w.get('cpu', 0):.1f} | {w['max']:.1f}" if w else "- | -"
         size = f"{r['bundle_bytes'] / 1e6:.2f} MB" if "bundle_bytes" in r else "-"
-        out.append(f"| {key} | {r['wall_s']:.1f} | {r['wall_s'] / base[engine]:.2f} | {size} | "
-                   f"{r['sent_bytes'] / 1e6:.1f} MB | {r['sent_bytes'] / bundle:.2f} | "
-                   f"{work} | {top} |")
+        out.append(
+            f"| {key} | {r['wall_s']:.1f} | {r['wall_s'] / base[engine]:.2f} | {size} | "
+            f"{r['sent_bytes'] / 1e6:.1f} MB | {r['sent_bytes'] / bundle:.2f} | "
+            f"{work} | {top} |"
+        )
     return "\n".join(out)
 
 

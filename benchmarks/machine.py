@@ -32,14 +32,35 @@ def _git() -> str:
     """The commit measured, and whether the working tree had uncommitted changes (read-only git)."""
     head = _first_line(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"])
     try:
-        r = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no",
-                            "--", "compiler", "templates"], capture_output=True, text=True, timeout=20,
-                           check=False)
-        dirty = sorted({ln[3:].split("/")[0] + "/" + (ln[3:].split("/")[1] if "/" in ln[3:] else "")
-                        for ln in r.stdout.splitlines() if ln.strip()})
+        r = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                "compiler",
+                "templates",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        dirty = sorted(
+            {
+                ln[3:].split("/")[0] + "/" + (ln[3:].split("/")[1] if "/" in ln[3:] else "")
+                for ln in r.stdout.splitlines()
+                if ln.strip()
+            }
+        )
     except (OSError, subprocess.TimeoutExpired):
         dirty = []
-    return head + (f" + uncommitted changes in {len(dirty)} compiler/template paths" if dirty else "")
+    return head + (
+        f" + uncommitted changes in {len(dirty)} compiler/template paths" if dirty else ""
+    )
 
 
 def _cpu_model() -> str:
@@ -79,15 +100,26 @@ def describe() -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "nproc": os.cpu_count(),
         "cpu": _cpu_model(),
-        "cpu_flags": " ".join(f for f in ("aes", "sha_ni", "avx2", "avx512f", "vaes")
-                              if f" {f} " in flags or f" {f}\n" in flags),
+        "cpu_flags": " ".join(
+            f
+            for f in ("aes", "sha_ni", "avx2", "avx512f", "vaes")
+            if f" {f} " in flags or f" {f}\n" in flags
+        ),
         "mem_gib": round(_mem_gib(), 1),
         "kernel": platform.release(),
         "ssh": _first_line(["ssh", "-V"]),
-        "tools": ", ".join(_version(a) for a in (["tar", "--version"], ["rsync", "--version"],
-                                                   ["zstd", "--version"], ["lz4", "--version"],
-                                                   ["pv", "--version"], ["b3sum", "--version"],
-                                                   ["xxh128sum", "--version"])),
+        "tools": ", ".join(
+            _version(a)
+            for a in (
+                ["tar", "--version"],
+                ["rsync", "--version"],
+                ["zstd", "--version"],
+                ["lz4", "--version"],
+                ["pv", "--version"],
+                ["b3sum", "--version"],
+                ["xxh128sum", "--version"],
+            )
+        ),
         "git": _git(),
         "python": platform.python_version(),
         "root_fs": _root_fs(),

@@ -102,17 +102,27 @@ def with_env_file(argv: List[str], env_file: Optional[str]) -> List[str]:
     return ["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", env_file] + argv
 
 
-def one_round(python: str, config: Dict[str, Any], timeout_s: float,
-              hostkit: str = HOSTKIT, env_file: Optional[str] = None) -> Dict[str, Any]:
+def one_round(
+    python: str,
+    config: Dict[str, Any],
+    timeout_s: float,
+    hostkit: str = HOSTKIT,
+    env_file: Optional[str] = None,
+) -> Dict[str, Any]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = hostkit + (os.pathsep + env["PYTHONPATH"]
-                                   if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = hostkit + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     tmp = tempfile.mkdtemp(prefix="probe-time-")
     path = os.path.join(tmp, "report.json")
     start = time.monotonic()
     argv = [python, "-m", "rbprobes", "run", "--config-json", "-", "--report", path]
-    done = subprocess.run(with_env_file(argv, env_file), input=json.dumps(config), text=True,
-                          capture_output=True, env=env, timeout=timeout_s)
+    done = subprocess.run(
+        with_env_file(argv, env_file),
+        input=json.dumps(config),
+        text=True,
+        capture_output=True,
+        env=env,
+        timeout=timeout_s,
+    )
     wall = time.monotonic() - start
     try:
         with open(path, encoding="utf-8") as fh:
@@ -135,18 +145,33 @@ def one_round(python: str, config: Dict[str, Any], timeout_s: float,
         else:  # a runner without a schedule ran them one after the other
             begin, end = t, t + c["duration_s"]
             t = end
-        rows.append({"id": c["id"], "type": c["type"], "status": c["status"],
-                     "lane": (s or {}).get("lane", "-"), "start_s": begin, "end_s": end,
-                     "duration_s": c["duration_s"], "reason": c["reason"]})
-    return {"exit": done.returncode, "wall_s": round(wall, 3),
-            "runner_s": doc.get("duration_s"), "checks": rows}
+        rows.append(
+            {
+                "id": c["id"],
+                "type": c["type"],
+                "status": c["status"],
+                "lane": (s or {}).get("lane", "-"),
+                "start_s": begin,
+                "end_s": end,
+                "duration_s": c["duration_s"],
+                "reason": c["reason"],
+            }
+        )
+    return {
+        "exit": done.returncode,
+        "wall_s": round(wall, 3),
+        "runner_s": doc.get("duration_s"),
+        "checks": rows,
+    }
 
 
-def phases(python: str, variant: str, modules: List[str], timeout_s: float,
-           env_file: Optional[str] = None) -> Dict[str, Any]:
+def phases(
+    python: str, variant: str, modules: List[str], timeout_s: float, env_file: Optional[str] = None
+) -> Dict[str, Any]:
     argv = [python, "-c", PHASES, repr(time.time()), variant] + modules
-    done = subprocess.run(with_env_file(argv, env_file),
-                          capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+        with_env_file(argv, env_file), capture_output=True, text=True, timeout=timeout_s
+    )
     lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"error": (done.stderr or done.stdout)[-500:]}
@@ -164,61 +189,96 @@ def lane_spans(r: Dict[str, Any]) -> Dict[str, float]:
 
 def print_round(n: int, r: Dict[str, Any]) -> None:
     spans = ", ".join("%s lane ends at %.2f s" % kv for kv in sorted(lane_spans(r).items()))
-    print("round %d: exit %d, wall %.2f s (runner %.2f s; %s)" % (
-        n, r["exit"], r["wall_s"], r["runner_s"] or 0, spans))
+    print(
+        "round %d: exit %d, wall %.2f s (runner %.2f s; %s)"
+        % (n, r["exit"], r["wall_s"], r["runner_s"] or 0, spans)
+    )
     width = max(len(c["id"]) for c in r["checks"]) if r["checks"] else 5
-    print("  %-*s  %-6s  %-12s %7s %7s %7s  %s" % (width, "check", "status", "lane", "start",
-                                                  "end", "secs", "detail"))
+    print(
+        "  %-*s  %-6s  %-12s %7s %7s %7s  %s"
+        % (width, "check", "status", "lane", "start", "end", "secs", "detail")
+    )
     for c in r["checks"]:
-        print("  %-*s  %-6s  %-12s %7s %7s %7.2f  %s" % (
-            width, c["id"], c["status"], c["lane"][:12],
-            "%.2f" % c["start_s"] if c["start_s"] is not None else "-",
-            "%.2f" % c["end_s"] if c["end_s"] is not None else "-",
-            c["duration_s"], " ".join(c["reason"].split())[:70]))
+        print(
+            "  %-*s  %-6s  %-12s %7s %7s %7.2f  %s"
+            % (
+                width,
+                c["id"],
+                c["status"],
+                c["lane"][:12],
+                "%.2f" % c["start_s"] if c["start_s"] is not None else "-",
+                "%.2f" % c["end_s"] if c["end_s"] is not None else "-",
+                c["duration_s"],
+                " ".join(c["reason"].split())[:70],
+            )
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--python", default=sys.executable,
-                    help="the interpreter to probe with (the venv's bin/python)")
-    ap.add_argument("--config", required=True,
-                    help="a JSON file, a JSON string, or a runbook (its RB_PROBE_CONFIG)")
+    ap.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter to probe with (the venv's bin/python)",
+    )
+    ap.add_argument(
+        "--config",
+        required=True,
+        help="a JSON file, a JSON string, or a runbook (its RB_PROBE_CONFIG)",
+    )
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--hostkit", default=HOSTKIT,
-                    help="the folder holding rbprobes/ (default: ../hostkit beside this "
-                    "script); another kit, e.g. an older commit's, to compare")
-    ap.add_argument("--phases", action="store_true",
-                    help="also time import torch, CUDA init, cuBLAS, cuDNN in one process")
-    ap.add_argument("--env-file", metavar="PATH",
-                    help="source this first, as the runbook does (its exports step writes "
-                    "DEST.env.sh, e.g. /opt/torch-moved/.venv.env.sh)")
+    ap.add_argument(
+        "--hostkit",
+        default=HOSTKIT,
+        help="the folder holding rbprobes/ (default: ../hostkit beside this "
+        "script); another kit, e.g. an older commit's, to compare",
+    )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time import torch, CUDA init, cuBLAS, cuDNN in one process",
+    )
+    ap.add_argument(
+        "--env-file",
+        metavar="PATH",
+        help="source this first, as the runbook does (its exports step writes "
+        "DEST.env.sh, e.g. /opt/torch-moved/.venv.env.sh)",
+    )
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--json", metavar="PATH", help="write what was measured here")
     a = ap.parse_args(argv)
     config = read_config(a.config)
-    result: Dict[str, Any] = {"python": a.python, "hostkit": os.path.abspath(a.hostkit),
-                              "checks": [c.get("id") for c in
-                                                            config.get("checks", [])],
-                              "rounds": []}
+    result: Dict[str, Any] = {
+        "python": a.python,
+        "hostkit": os.path.abspath(a.hostkit),
+        "checks": [c.get("id") for c in config.get("checks", [])],
+        "rounds": [],
+    }
     for n in range(1, a.rounds + 1):
         r = one_round(a.python, config, a.timeout_s, os.path.abspath(a.hostkit), a.env_file)
         print_round(n, r)
         result["rounds"].append(r)
     walls = sorted(r["wall_s"] for r in result["rounds"])
     result["wall_median_s"] = walls[len(walls) // 2]
-    print("probe wall time: median %.2f s of %d round(s) (%s)" % (
-        result["wall_median_s"], len(walls), ", ".join("%.2f" % w for w in walls)))
+    print(
+        "probe wall time: median %.2f s of %d round(s) (%s)"
+        % (result["wall_median_s"], len(walls), ", ".join("%.2f" % w for w in walls))
+    )
     if a.phases:
         mods = []
         for c in config.get("checks", []):
             if c.get("type") == "imports":
-                mods += [m for m in (c.get("params") or {}).get("modules") or []
-                         if m != "torch" and m not in mods]
-        result["phases"] = [phases(a.python, v, mods, a.timeout_s, a.env_file)
-                            for v in ("plain", "prewarm", "plain", "prewarm")]
+                mods += [
+                    m
+                    for m in (c.get("params") or {}).get("modules") or []
+                    if m != "torch" and m not in mods
+                ]
+        result["phases"] = [
+            phases(a.python, v, mods, a.timeout_s, a.env_file)
+            for v in ("plain", "prewarm", "plain", "prewarm")
+        ]
         for ph in result["phases"]:
-            print("phases (one process): " + ", ".join(
-                "%s %s" % (k, v) for k, v in ph.items()))
+            print("phases (one process): " + ", ".join("%s %s" % (k, v) for k, v in ph.items()))
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)

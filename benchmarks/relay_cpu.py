@@ -80,13 +80,13 @@ class Sampler:
 
     def __init__(self, groups: "Groups", every: float = 0.1) -> None:
         self.groups, self.every = groups, every
-        self.ours: dict[str, tuple[str, int]] = {}   # pid -> (kind, ticks so far)
+        self.ours: dict[str, tuple[str, int]] = {}  # pid -> (kind, ticks so far)
         self.events: list[tuple[float, str, int]] = []
-        self.seen: dict[str, list[float]] = {}       # kind -> [first, last] time seen
+        self.seen: dict[str, list[float]] = {}  # kind -> [first, last] time seen
         self._stop = threading.Event()
 
     def start(self) -> None:
-        for machine, pid in self.groups.procs():     # what runs before: only its ticks from now
+        for machine, pid in self.groups.procs():  # what runs before: only its ticks from now
             s = _stat(pid)
             if s is not None:
                 self.ours[pid] = (f"{machine} {kind(_argv(pid))}", s[1])
@@ -102,7 +102,7 @@ class Sampler:
             t = s[1]
             k, last = self.ours.get(pid, ("", 0))
             if not k or " py" in k or k.endswith((" bash", " sh", " ")):
-                k = f"{machine} {kind(_argv(pid))}"     # after an exec: its new kind
+                k = f"{machine} {kind(_argv(pid))}"  # after an exec: its new kind
             if t > last:
                 self.events.append((now, k, t - last))
             self.ours[pid] = (k, t)
@@ -137,6 +137,7 @@ class Groups:
             self.dirs[name] = d
         for name in ("src", "dst"):
             from tests.lab import netns_pids
+
             for pid in netns_pids(lab.host(name).netns):
                 self._move(pid, self.dirs[name])
 
@@ -179,17 +180,30 @@ def run_one(env, groups: Groups, argv: list[str], envv: dict[str, str], cwd: Pat
             f.write(str(os.getpid()))
 
     t0 = time.time()
-    p = subprocess.Popen(argv, env=envv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, preexec_fn=enter)
+    p = subprocess.Popen(
+        argv,
+        env=envv,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=enter,
+    )
     sampler.start()
     out, err = p.communicate(timeout=600)
     wall = time.time() - t0
     sampler.stop()
-    time.sleep(0.3)                     # the far ends' sessions end after the clients
+    time.sleep(0.3)  # the far ends' sessions end after the clients
     after = groups.usage()
     exact = {k: after[k] - before[k] for k in after}
-    res = {"rc": p.returncode, "wall": wall, "load": load, "exact": exact,
-           "all": sampler.sums(), "err": err.decode(errors="replace")[-2000:]}
+    res = {
+        "rc": p.returncode,
+        "wall": wall,
+        "load": load,
+        "exact": exact,
+        "all": sampler.sums(),
+        "err": err.decode(errors="replace")[-2000:],
+    }
     starts = [sampler.seen[k][0] for k in STREAM_KINDS[:1] if k in sampler.seen]
     ends = [sampler.seen[k][1] for k in STREAM_KINDS if k in sampler.seen]
     if starts and ends:
@@ -198,13 +212,16 @@ def run_one(env, groups: Groups, argv: list[str], envv: dict[str, str], cwd: Pat
         res["transfer"] = sampler.sums(lo, hi)
         res["before"] = sampler.sums(0, lo)
         res["after"] = sampler.sums(hi + 1e-6)
-        res["timeline"] = {k: [round(a - t0, 2), round(b - t0, 2)] for k, (a, b) in
-                           sampler.seen.items()}
+        res["timeline"] = {
+            k: [round(a - t0, 2), round(b - t0, 2)] for k, (a, b) in sampler.seen.items()
+        }
     return res
 
 
-TRACE = ('exec 7>"$2"; BASH_XTRACEFD=7; PS4=\'+ ${EPOCHREALTIME} ${FUNCNAME[0]:-main} \'; '
-         'source "$1"; set -x; main')
+TRACE = (
+    "exec 7>\"$2\"; BASH_XTRACEFD=7; PS4='+ ${EPOCHREALTIME} ${FUNCNAME[0]:-main} '; "
+    'source "$1"; set -x; main'
+)
 
 
 def phases(path: Path) -> list[tuple[str, float]]:
@@ -236,9 +253,13 @@ def compile_in(checkout: str, row, env) -> Path:
         d = env.work / row.id
         d.mkdir(parents=True, exist_ok=True)
         (d / "bench.yaml").write_text(row.spec(env))
-        subprocess.run([sys.executable, "-m", "compiler", str(d / "bench.yaml"), "-o", str(d)],
-                       cwd=checkout, check=True, stdout=subprocess.DEVNULL,
-                       env=dict(os.environ, PYTHONPATH=f"{checkout}:{checkout}/hostkit"))
+        subprocess.run(
+            [sys.executable, "-m", "compiler", str(d / "bench.yaml"), "-o", str(d)],
+            cwd=checkout,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONPATH=f"{checkout}:{checkout}/hostkit"),
+        )
         row.script = d / "bench.sh"
     return row.script
 
@@ -251,10 +272,15 @@ def table(runs: list[dict], part: str) -> list[str]:
     for k in kinds:
         kinds[k] = [r.get(part, {}).get(k, 0.0) for r in runs]
     rows = sorted(kinds.items(), key=lambda kv: -statistics.median(kv[1]))
-    lines = [f"  {statistics.median(v):6.2f}  ({min(v):.2f}-{max(v):.2f})  {k}" for k, v in rows
-             if max(v) >= 0.01]
+    lines = [
+        f"  {statistics.median(v):6.2f}  ({min(v):.2f}-{max(v):.2f})  {k}"
+        for k, v in rows
+        if max(v) >= 0.01
+    ]
     tot = [sum(r.get(part, {}).values()) for r in runs]
-    lines.append(f"  {statistics.median(tot):6.2f}  ({min(tot):.2f}-{max(tot):.2f})  = sampled total")
+    lines.append(
+        f"  {statistics.median(tot):6.2f}  ({min(tot):.2f}-{max(tot):.2f})  = sampled total"
+    )
     return lines
 
 
@@ -264,19 +290,29 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", default="runbook,hand")
     ap.add_argument("--out", default="")
-    ap.add_argument("--compression", default="auto",
-                    help="the runbook rows' compression (lz4: the same stream every round, "
-                         "whatever the load makes auto measure)")
-    ap.add_argument("--base", default="",
-                    help="[NAME=]DIR,...: checkouts of other code; the row NAME (default base) "
-                         "is the runbook that checkout compiles")
-    ap.add_argument("--trace", default="", help="DIR: run the runbook under xtrace (PS4 with "
-                    "EPOCHREALTIME and the function), a trace file a round there, and print "
-                    "the wall time of each command of step_preflight")
+    ap.add_argument(
+        "--compression",
+        default="auto",
+        help="the runbook rows' compression (lz4: the same stream every round, "
+        "whatever the load makes auto measure)",
+    )
+    ap.add_argument(
+        "--base",
+        default="",
+        help="[NAME=]DIR,...: checkouts of other code; the row NAME (default base) "
+        "is the runbook that checkout compiles",
+    )
+    ap.add_argument(
+        "--trace",
+        default="",
+        help="DIR: run the runbook under xtrace (PS4 with "
+        "EPOCHREALTIME and the function), a trace file a round there, and print "
+        "the wall time of each command of step_preflight",
+    )
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks.env import Env, log
-    from benchmarks.rows import RunbookRow, Seed, AES
+    from benchmarks.rows import AES, RunbookRow, Seed
 
     env = Env(kinds=("torch",)).start(install=False)
     groups = None
@@ -290,15 +326,16 @@ def main() -> int:
         for item in filter(None, args.base.split(",")):
             name, _, path = item.rpartition("=")
             name = name or "base"
-            row = RunbookRow(f"{name}.relay.auto", f"{name} runbook relay",
-                             compression=args.compression)
+            row = RunbookRow(
+                f"{name}.relay.auto", f"{name} runbook relay", compression=args.compression
+            )
             row.compile = lambda env, row=row, path=path: compile_in(path, row, env)
             row.setup(env)
             others[name] = row
         hand = Seed("peer.seed.aes.lz4", "hand aes128-gcm + lz4 -1", cipher=AES, comp="lz4")
         rb.setup(env)
         want = args.rows.split(",")
-        for rnd in range(args.rounds + 1):            # round 0: the warm-up, not kept
+        for rnd in range(args.rounds + 1):  # round 0: the warm-up, not kept
             for name in want:
                 row = rb if name == "runbook" else others.get(name, hand)
                 row.prepare(env)
@@ -318,15 +355,23 @@ def main() -> int:
                     if rep.exists():
                         doc = json.loads(rep.read_text())
                         res["steps"] = {s["id"]: s["duration_s"] for s in doc.get("steps", [])}
-                        res["detail"] = {s["id"]: str(s.get("detail", ""))[:120]
-                                         for s in doc.get("steps", [])}
+                        res["detail"] = {
+                            s["id"]: str(s.get("detail", ""))[:120] for s in doc.get("steps", [])
+                        }
                 else:
-                    res = run_one(env, groups, ["bash", "-o", "pipefail", "-c", hand.command(env)],
-                                  dict(os.environ), None)
+                    res = run_one(
+                        env,
+                        groups,
+                        ["bash", "-o", "pipefail", "-c", hand.command(env)],
+                        dict(os.environ),
+                        None,
+                    )
                 row.cleanup(env)
-                log(f"round {rnd} {name}: rc {res['rc']} wall {res['wall']:.2f} s load "
+                log(
+                    f"round {rnd} {name}: rc {res['rc']} wall {res['wall']:.2f} s load "
                     f"{res['load']:.2f} exact {json.dumps({k: round(v, 2) for k, v in res['exact'].items()})}"
-                    f" {res.get('steps', '')}")
+                    f" {res.get('steps', '')}"
+                )
                 if res["rc"] != 0:
                     log(res["err"])
                 if rnd:
@@ -336,8 +381,12 @@ def main() -> int:
             groups.close()
         env.stop()
     for name, runs in results.items():
-        print(f"== {name}: {len(runs)} runs, wall " + ", ".join(f"{r['wall']:.2f}" for r in runs)
-              + "; load " + ", ".join(f"{r['load']:.2f}" for r in runs))
+        print(
+            f"== {name}: {len(runs)} runs, wall "
+            + ", ".join(f"{r['wall']:.2f}" for r in runs)
+            + "; load "
+            + ", ".join(f"{r['load']:.2f}" for r in runs)
+        )
         for m in ("here", "src", "dst"):
             v = [r["exact"][m] for r in runs]
             print(f"  exact cpu {m}: {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})")
@@ -366,8 +415,10 @@ def main() -> int:
         if runs and "steps" in runs[0]:
             for s in runs[0]["steps"]:
                 v = [r["steps"].get(s, 0) for r in runs]
-                print(f"  step {s}: {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) "
-                      f"{runs[0]['detail'].get(s, '')[:90]}")
+                print(
+                    f"  step {s}: {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) "
+                    f"{runs[0]['detail'].get(s, '')[:90]}"
+                )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

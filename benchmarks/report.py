@@ -120,8 +120,12 @@ def main_table(result: dict) -> str:
         rows = [r for r in result["records"] if r["group"] == group]
         if not rows:
             continue
-        out += [f"#### {title}", "", "| row | n | median s | min–max s | MB/s | × limit | correct? |",
-                "|---|---:|---:|---:|---:|---:|---|"]
+        out += [
+            f"#### {title}",
+            "",
+            "| row | n | median s | min–max s | MB/s | × limit | correct? |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
         for r in rows:
             st = stats(r)
             if "median" not in st:
@@ -129,21 +133,31 @@ def main_table(result: dict) -> str:
                 continue
             sp = speed(r) if group not in ("rerun",) else None
             ra = ratio(r, recs) if group not in ("rerun",) else None
-            out.append(f"| {label(r)} | {st['n']} | {_t(st['median'])} | {_range(st)} | "
-                       f"{'' if sp is None else f'{sp:.0f}'} | {'' if ra is None else f'{ra:.2f}'} | "
-                       f"{correct(r)} |")
+            out.append(
+                f"| {label(r)} | {st['n']} | {_t(st['median'])} | {_range(st)} | "
+                f"{'' if sp is None else f'{sp:.0f}'} | {'' if ra is None else f'{ra:.2f}'} | "
+                f"{correct(r)} |"
+            )
         out.append("")
     return "\n".join(out)
 
 
 def steps_table(result: dict) -> str:
     recs = index(result)
-    rows = [r for r in result["records"] if r["id"].split(".")[0] in ("runbook", "rerun", "many")
-            and ".runbook." in f".{r['id']}." and stats(r)["n"]]
+    rows = [
+        r
+        for r in result["records"]
+        if r["id"].split(".")[0] in ("runbook", "rerun", "many")
+        and ".runbook." in f".{r['id']}."
+        and stats(r)["n"]
+    ]
     if not rows:
         return ""
-    out = ["| runbook row | total s | preflight | manifest | transfer | verify | relocate+swap+exports "
-           "| transfer MB/s | transfer × limit (pre-opened) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| runbook row | total s | preflight | manifest | transfer | verify | relocate+swap+exports "
+        "| transfer MB/s | transfer × limit (pre-opened) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         cells = []
         for step in ("total", *STEP_COLS, "rest"):
@@ -153,7 +167,7 @@ def steps_table(result: dict) -> str:
         skipped = any(s["steps"].get("transfer_skipped") for s in r["samples"] if s["ok"])
         lim = recs.get(plumbing_limit(r, recs) or "")
         if r["id"].startswith("rerun.") and not skipped:
-            cells += ["(only changed files)", ""]     # the payload's size is not what was sent
+            cells += ["(only changed files)", ""]  # the payload's size is not what was sent
         elif tr and tr["median"] > 0.05 and not skipped:
             mbs = r["bytes"] / tr["median"] / 1e6
             lsp = speed(lim) if lim else None
@@ -166,14 +180,19 @@ def steps_table(result: dict) -> str:
         "\n\nCells: median (min–max) seconds of the step as report.json times it. The transfer step "
         "streams through ssh connections the runbook opened earlier (multiplexed), so its ratio "
         "is against the null relay with that same plumbing, connections opened before the clock "
-        "(`limit.relay.plumbing`; its `many.` twin), where the run has it.\n")
+        "(`limit.relay.plumbing`; its `many.` twin), where the run has it.\n"
+    )
 
 
 def plumbing_limit(rec: dict, recs: dict) -> str | None:
     """The limit for a runbook's transfer step: the pre-opened, multiplexed null relay of the same
     payload when this run has it, else the row's own limit."""
     pid = ("many." if rec.get("payload") == "many" else "") + "limit.relay.plumbing"
-    return pid if stats(recs.get(pid, {"samples": [], "warmup": []})).get("median") else rec.get("limit")
+    return (
+        pid
+        if stats(recs.get(pid, {"samples": [], "warmup": []})).get("median")
+        else rec.get("limit")
+    )
 
 
 def _med(recs: dict, rid: str, step: str | None = None) -> float | None:
@@ -189,52 +208,109 @@ def _med(recs: dict, rid: str, step: str | None = None) -> float | None:
 # The targets of issue #17 measured in the lab, each as a ratio of two rows of the same run:
 # (what, our row, the row it is measured against, the target, "max" (ratio at most) or "min").
 TARGETS = (
-    ("whole runbook (verify sha256, no checks, compression auto) ÷ best hand pipeline "
-     "(seed, aes128-gcm + lz4)", "runbook.relay.auto", "peer.seed.aes.lz4", 1.25, "max"),
-    ("whole runbook (verify sha256, no checks, compression none) ÷ best hand pipeline",
-     "runbook.relay.none", "peer.seed.aes.lz4", 1.25, "max"),
-    ("null relay ÷ whole runbook (compression auto): the runbook's speed as a fraction of the limit",
-     "limit.relay.aes", "runbook.relay.auto", 0.6, "min"),
+    (
+        "whole runbook (verify sha256, no checks, compression auto) ÷ best hand pipeline "
+        "(seed, aes128-gcm + lz4)",
+        "runbook.relay.auto",
+        "peer.seed.aes.lz4",
+        1.25,
+        "max",
+    ),
+    (
+        "whole runbook (verify sha256, no checks, compression none) ÷ best hand pipeline",
+        "runbook.relay.none",
+        "peer.seed.aes.lz4",
+        1.25,
+        "max",
+    ),
+    (
+        "null relay ÷ whole runbook (compression auto): the runbook's speed as a fraction of the limit",
+        "limit.relay.aes",
+        "runbook.relay.auto",
+        0.6,
+        "min",
+    ),
     ("re-run, nothing changed ÷ null relay", "rerun.runbook.same", "limit.relay.aes", 0.3, "max"),
-    ("re-run after one small file changed ÷ rsync's incremental two hops", "rerun.runbook.one",
-     "rerun.rsync.one", 1.0, "max"),
+    (
+        "re-run after one small file changed ÷ rsync's incremental two hops",
+        "rerun.runbook.one",
+        "rerun.rsync.one",
+        1.0,
+        "max",
+    ),
 )
 # The targets of issue 37 (the relay at the speed of the link), by the run's link shaping: the
 # whole verified move against the hand pipelines over the same link, and auto against none.
 RELAY_TARGETS = {
-    "1gbit": (("whole runbook (auto) ÷ the seed's one-liner: 1.5x faster", "runbook.relay.auto",
-               "peer.seed", 0.667, "max"),
-              ("whole runbook (auto) ÷ hand aes128-gcm + lz4 -1", "runbook.relay.auto",
-               "peer.seed.aes.lz4", 1.15, "max")),
-    "200mbit": (("whole runbook (auto) ÷ whole runbook (none): the choice beats none",
-                 "runbook.relay.auto", "runbook.relay.none", 1.0, "max"),),
-    "": (("whole runbook (auto) ÷ whole runbook (none): not 5% slower", "runbook.relay.auto",
-          "runbook.relay.none", 1.05, "max"),),
+    "1gbit": (
+        (
+            "whole runbook (auto) ÷ the seed's one-liner: 1.5x faster",
+            "runbook.relay.auto",
+            "peer.seed",
+            0.667,
+            "max",
+        ),
+        (
+            "whole runbook (auto) ÷ hand aes128-gcm + lz4 -1",
+            "runbook.relay.auto",
+            "peer.seed.aes.lz4",
+            1.15,
+            "max",
+        ),
+    ),
+    "200mbit": (
+        (
+            "whole runbook (auto) ÷ whole runbook (none): the choice beats none",
+            "runbook.relay.auto",
+            "runbook.relay.none",
+            1.0,
+            "max",
+        ),
+    ),
+    "": (
+        (
+            "whole runbook (auto) ÷ whole runbook (none): not 5% slower",
+            "runbook.relay.auto",
+            "runbook.relay.none",
+            1.05,
+            "max",
+        ),
+    ),
 }
-COMPILE_TARGETS = (("compile one spec (specs/b300.yaml, lint cache warm), s", "compile.b300.warm", 0.3),
-                   ("compile all specs (specs/, lint cache warm), s", "compile.all.warm", 1.0))
+COMPILE_TARGETS = (
+    ("compile one spec (specs/b300.yaml, lint cache warm), s", "compile.b300.warm", 0.3),
+    ("compile all specs (specs/, lint cache warm), s", "compile.all.warm", 1.0),
+)
 
 
 def targets_table(result: dict) -> str:
     """Each target of issue #17, and of issue 37 for the run's link shaping, with this run's
     ratio (medians) and whether it is met."""
     recs = index(result)
-    out = ["| target | ours s | against s | ratio | target | met? |",
-           "|---|---:|---:|---:|---:|---|"]
+    out = [
+        "| target | ours s | against s | ratio | target | met? |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     relay = RELAY_TARGETS.get((result.get("shape") or "").split(",")[0], ())
-    for what, mine, theirs, goal, how in (*((f"(issue #17) {t[0]}",) + t[1:] for t in TARGETS),
-                                          *((f"(issue 37) {t[0]}",) + t[1:] for t in relay)):
+    for what, mine, theirs, goal, how in (
+        *((f"(issue #17) {t[0]}",) + t[1:] for t in TARGETS),
+        *((f"(issue 37) {t[0]}",) + t[1:] for t in relay),
+    ):
         a, b = _med(recs, mine), _med(recs, theirs)
         if a is None or b is None or b <= 0:
             continue
         r = a / b
         ok = r <= goal if how == "max" else r >= goal
-        out.append(f"| {_cell(what)} | {_t(a)} | {_t(b)} | {r:.2f} | "
-                   f"{'≤' if how == 'max' else '≥'} {goal:g} | {'yes' if ok else '**no**'} |")
+        out.append(
+            f"| {_cell(what)} | {_t(a)} | {_t(b)} | {r:.2f} | "
+            f"{'≤' if how == 'max' else '≥'} {goal:g} | {'yes' if ok else '**no**'} |"
+        )
     for what, rid, goal in COMPILE_TARGETS:
         a = _med(recs, rid)
         if a is not None:
-            out.append(f"| {_cell(what)} | {_t(a)} | | | ≤ {goal:g} s | {'yes' if a <= goal else '**no**'} |")
+            out.append(
+                f"| {_cell(what)} | {_t(a)} | | | ≤ {goal:g} s | {'yes' if a <= goal else '**no**'} |"
+            )
     return "\n".join(out) + "\n" if len(out) > 2 else ""
 
 
@@ -255,12 +331,16 @@ def findings(result: dict) -> list[str]:
         out.append(s + ".")
         p = recs.get("limit.relay.plumbing")
         if p and speed(p):
-            out.append(f"The same relay through multiplexed ssh masters and a 1 MiB pipe (how the runbook's stream "
-                       f"travels): {speed(p):.0f} MB/s, {speed(p) / lim_sp:.2f}× the limit.")
+            out.append(
+                f"The same relay through multiplexed ssh masters and a 1 MiB pipe (how the runbook's stream "
+                f"travels): {speed(p):.0f} MB/s, {speed(p) / lim_sp:.2f}× the limit."
+            )
         lt = recs.get("limit.local-tar")
         if lt and speed(lt):
-            out.append(f"tar c | tar x on this machine with no ssh at all: {speed(lt):.0f} MB/s "
-                       f"({speed(lt) / lim_sp:.2f}× the limit): packing and unpacking share the same 2 cores.")
+            out.append(
+                f"tar c | tar x on this machine with no ssh at all: {speed(lt):.0f} MB/s "
+                f"({speed(lt) / lim_sp:.2f}× the limit): packing and unpacking share the same 2 cores."
+            )
     rb_total = _med(recs, "runbook.relay.none")
     rb_tr = _med(recs, "runbook.relay.none", "transfer")
     if rb_total and rb_tr and lim_s:
@@ -269,141 +349,219 @@ def findings(result: dict) -> list[str]:
         pre = _med(recs, "runbook.relay.none", "preflight") or 0
         rest = _med(recs, "runbook.relay.none", "rest") or 0
         pl = _med(recs, "limit.relay.plumbing")
-        deferred = any("deferred" in s.get("details", {}).get("manifest", "")
-                       for s in recs["runbook.relay.none"]["samples"])
-        out.append(f"Our runbook (relay, no compression, sha256): the transfer step took {_t(rb_tr)} s = "
-                   f"{lim_s / rb_tr:.2f}× the limit's speed"
-                   + (f" ({pl / rb_tr:.2f}× the pre-opened relay's)" if pl else "")
-                   + f"; the whole run {_t(rb_total)} s = {lim_s / rb_total:.2f}×. Around the stream: "
-                   f"preflight {_t(pre)} s, manifest {_t(m)} s "
-                   + ("(deferred: the source is hashed while the stream runs)" if deferred else
-                      "(before the first byte moves)")
-                   + f", verify {_t(v)} s, relocate+swap+exports {_t(rest)} s.")
-        best = min((r for r in result["records"] if r["group"] == "runbook" and stats(r).get("median")),
-                   key=lambda r: step_stats(r, "transfer")["median"] if step_stats(r, "transfer") else 1e9,
-                   default=None)
+        deferred = any(
+            "deferred" in s.get("details", {}).get("manifest", "")
+            for s in recs["runbook.relay.none"]["samples"]
+        )
+        out.append(
+            f"Our runbook (relay, no compression, sha256): the transfer step took {_t(rb_tr)} s = "
+            f"{lim_s / rb_tr:.2f}× the limit's speed"
+            + (f" ({pl / rb_tr:.2f}× the pre-opened relay's)" if pl else "")
+            + f"; the whole run {_t(rb_total)} s = {lim_s / rb_total:.2f}×. Around the stream: "
+            f"preflight {_t(pre)} s, manifest {_t(m)} s "
+            + (
+                "(deferred: the source is hashed while the stream runs)"
+                if deferred
+                else "(before the first byte moves)"
+            )
+            + f", verify {_t(v)} s, relocate+swap+exports {_t(rest)} s."
+        )
+        best = min(
+            (r for r in result["records"] if r["group"] == "runbook" and stats(r).get("median")),
+            key=lambda r: step_stats(r, "transfer")["median"] if step_stats(r, "transfer") else 1e9,
+            default=None,
+        )
         if best is not None and step_stats(best, "transfer"):
-            out.append(f"Fastest transfer step: {label(best)} "
-                       f"({_t(step_stats(best, 'transfer')['median'])} s).")
+            out.append(
+                f"Fastest transfer step: {label(best)} "
+                f"({_t(step_stats(best, 'transfer')['median'])} s)."
+            )
     comp = [(c, _med(recs, f"runbook.relay.{c}", "transfer")) for c in ("none", "lz4", "zstd")]
     comp = [(c, x) for c, x in comp if x]
     if len(comp) > 1:
-        out.append("Compression, the runbook's transfer step: "
-                   + ", ".join(f"{c} {_t(x)} s" for c, x in comp) + "."
-                   + (f" The limit moves the uncompressed bytes in {_t(lim_s)} s." if lim_s else ""))
+        out.append(
+            "Compression, the runbook's transfer step: "
+            + ", ".join(f"{c} {_t(x)} s" for c, x in comp)
+            + "."
+            + (f" The limit moves the uncompressed bytes in {_t(lim_s)} s." if lim_s else "")
+        )
     direct = _med(recs, "runbook.direct.none", "transfer")
     if direct and rb_tr:
-        out.append(f"Direct route (src streams to dst itself): transfer step {_t(direct)} s against "
-                   f"{_t(rb_tr)} s relayed. In this lab every host shares this machine's CPUs, so this "
-                   f"mostly shows what this machine's two ssh clients cost the relay.")
+        out.append(
+            f"Direct route (src streams to dst itself): transfer step {_t(direct)} s against "
+            f"{_t(rb_tr)} s relayed. In this lab every host shares this machine's CPUs, so this "
+            f"mostly shows what this machine's two ssh clients cost the relay."
+        )
     seed = _med(recs, "peer.seed")
     if seed and rb_total:
-        s = (f"The hand-typed seed pipeline took {_t(seed)} s"
-             + (f" ({lim_s / seed:.2f}× the limit)" if lim_s else "")
-             + f"; our whole runbook takes {rb_total / seed:.2f}× as long")
+        s = (
+            f"The hand-typed seed pipeline took {_t(seed)} s"
+            + (f" ({lim_s / seed:.2f}× the limit)" if lim_s else "")
+            + f"; our whole runbook takes {rb_total / seed:.2f}× as long"
+        )
         if rb_tr:
             s += f", its transfer step alone {rb_tr / seed:.2f}×"
         out.append(s + " (the runbook also hashes, verifies, relocates and swaps atomically).")
-        for rid, what in (("peer.seed.aes", "with -c aes128-gcm"), ("peer.seed.aes.lz4", "with aes128-gcm and lz4")):
+        for rid, what in (
+            ("peer.seed.aes", "with -c aes128-gcm"),
+            ("peer.seed.aes.lz4", "with aes128-gcm and lz4"),
+        ):
             x = _med(recs, rid)
             if x:
-                out.append(f"Seed {what}: {_t(x)} s" + (f" ({lim_s / x:.2f}× the limit)." if lim_s else "."))
+                out.append(
+                    f"Seed {what}: {_t(x)} s"
+                    + (f" ({lim_s / x:.2f}× the limit)." if lim_s else ".")
+                )
     rs = _med(recs, "peer.rsync")
     if rs and rb_total:
-        out.append(f"rsync in two hops: {_t(rs)} s = {rs / rb_total:.2f}× our whole runbook's time"
-                   + (f", {rs / seed:.2f}× the seed pipeline." if seed else "."))
+        out.append(
+            f"rsync in two hops: {_t(rs)} s = {rs / rb_total:.2f}× our whole runbook's time"
+            + (f", {rs / seed:.2f}× the seed pipeline." if seed else ".")
+        )
     sc = recs.get("peer.scp")
     if sc and rb_total:
         st = stats(sc)
         if st.get("median"):
-            out.append(f"scp -3 -r: {_t(st['median'])} s = {st['median'] / rb_total:.1f}× our whole runbook; "
-                       f"copy right? {correct(sc)}.")
+            out.append(
+                f"scp -3 -r: {_t(st['median'])} s = {st['median'] / rb_total:.1f}× our whole runbook; "
+                f"copy right? {correct(sc)}."
+            )
         elif st["failed"]:
             out.append(f"scp -3 -r did not finish: {st['failed'][0][:200]}")
     same = _med(recs, "rerun.runbook.same")
     if same:
-        how = next((s["details"].get("manifest", "") for s in recs["rerun.runbook.same"]["samples"]
-                    if s["ok"] and s.get("details")), "")
-        s = (f"Re-run on an unchanged destination: our runbook {_t(same)} s, sending nothing"
-             + (f" (manifest step: {how})" if how else ""))
+        how = next(
+            (
+                s["details"].get("manifest", "")
+                for s in recs["rerun.runbook.same"]["samples"]
+                if s["ok"] and s.get("details")
+            ),
+            "",
+        )
+        s = f"Re-run on an unchanged destination: our runbook {_t(same)} s, sending nothing" + (
+            f" (manifest step: {how})" if how else ""
+        )
         dg = _med(recs, "rerun.runbook.digest")
         if dg:
             s += f"; with `rerun: digest` {_t(dg)} s"
-        for rid, what in (("rerun.rsync.one", "rsync two hops with one small file changed"),
-                          ("rerun.seed.one", "the tar relay, which re-sends everything"),
-                          ("rerun.runbook.one", "our runbook with one small file changed (sends the changed file, bin/ and pyvenv.cfg; links the rest)")):
+        for rid, what in (
+            ("rerun.rsync.one", "rsync two hops with one small file changed"),
+            ("rerun.seed.one", "the tar relay, which re-sends everything"),
+            (
+                "rerun.runbook.one",
+                "our runbook with one small file changed (sends the changed file, bin/ and pyvenv.cfg; links the rest)",
+            ),
+        ):
             x = _med(recs, rid)
             if x:
                 s += f"; {what}: {_t(x)} s"
         out.append(s + ".")
     mh = {a: _med(recs, f"verify.manifest.{a}") for a in ("sha256", "blake2b", "none")}
     if mh["sha256"] and lim_s:
-        s = (f"Manifest build on the source (kit CLI, 2 jobs): sha256 {_t(mh['sha256'])} s"
-             + (f", blake2b {_t(mh['blake2b'])} s" if mh["blake2b"] else "")
-             + (f", no digests {_t(mh['none'])} s" if mh["none"] else "")
-             + f"; the stream itself (limit) {_t(lim_s)} s.")
+        s = (
+            f"Manifest build on the source (kit CLI, 2 jobs): sha256 {_t(mh['sha256'])} s"
+            + (f", blake2b {_t(mh['blake2b'])} s" if mh["blake2b"] else "")
+            + (f", no digests {_t(mh['none'])} s" if mh["none"] else "")
+            + f"; the stream itself (limit) {_t(lim_s)} s."
+        )
         vv = _med(recs, "verify.verify.sha256")
         if vv:
             s += f" Verify of a copy: {_t(vv)} s."
         out.append(s)
     hs = []
-    for rid, name in (("hash.hashlib.sha256", "hashlib sha256"), ("hash.hashlib.blake2b", "hashlib blake2b"),
-                      ("hash.sha256sum", "sha256sum"), ("hash.b3sum", "b3sum"),
-                      ("hash.xxh128sum", "xxh128sum")):
+    for rid, name in (
+        ("hash.hashlib.sha256", "hashlib sha256"),
+        ("hash.hashlib.blake2b", "hashlib blake2b"),
+        ("hash.sha256sum", "sha256sum"),
+        ("hash.b3sum", "b3sum"),
+        ("hash.xxh128sum", "xxh128sum"),
+    ):
         r = recs.get(rid)
         if r and speed(r):
             hs.append(f"{name} {_t(stats(r)['median'])} s ({speed(r):.0f} MB/s)")
     if hs:
         out.append("Hashing every file once: " + ", ".join(hs) + ".")
-    mrb, mseed, mrs = (_med(recs, k) for k in ("many.runbook.relay.none", "many.peer.seed", "many.peer.rsync"))
+    mrb, mseed, mrs = (
+        _med(recs, k) for k in ("many.runbook.relay.none", "many.peer.seed", "many.peer.rsync")
+    )
     mlim = _med(recs, "many.limit.relay.aes")
     if mrb and mseed:
-        out.append(f"Many small files: our runbook {_t(mrb)} s, the seed pipeline {_t(mseed)} s"
-                   + (f", rsync two hops {_t(mrs)} s" if mrs else "")
-                   + (f"; a null relay of the same bytes {_t(mlim)} s." if mlim else "."))
+        out.append(
+            f"Many small files: our runbook {_t(mrb)} s, the seed pipeline {_t(mseed)} s"
+            + (f", rsync two hops {_t(mrs)} s" if mrs else "")
+            + (f"; a null relay of the same bytes {_t(mlim)} s." if mlim else ".")
+        )
     cold, warm = _med(recs, "compile.b300.cold"), _med(recs, "compile.b300.warm")
     sc2 = _med(recs, "compile.shellcheck")
     if cold:
-        out.append(f"Compiling specs/b300.yaml: {_t(cold)} s with shellcheck running"
-                   + (f" (shellcheck alone {_t(sc2)} s, {100 * sc2 / cold:.0f}% of it)" if sc2 else "")
-                   + (f"; {_t(warm)} s when the lint cache already holds the result." if warm else "."))
+        out.append(
+            f"Compiling specs/b300.yaml: {_t(cold)} s with shellcheck running"
+            + (f" (shellcheck alone {_t(sc2)} s, {100 * sc2 / cold:.0f}% of it)" if sc2 else "")
+            + (f"; {_t(warm)} s when the lint cache already holds the result." if warm else ".")
+        )
     out += _streams_findings(recs, result)
     return out
 
 
 def _streams_findings(recs: dict, result: dict) -> list[str]:
     """The relay in streams side by side (issue 37), where its rows ran."""
-    ones = [(n, _med(recs, rid, "transfer"), _med(recs, rid))
-            for n, rid in ((1, "runbook.relay.none"), (2, "runbook.relay.streams2"),
-                           (4, "runbook.relay.streams4"))]
+    ones = [
+        (n, _med(recs, rid, "transfer"), _med(recs, rid))
+        for n, rid in (
+            (1, "runbook.relay.none"),
+            (2, "runbook.relay.streams2"),
+            (4, "runbook.relay.streams4"),
+        )
+    ]
     ones = [(n, t, w) for n, t, w in ones if t and w]
-    nulls = [(n, _med(recs, rid)) for n, rid in ((1, "limit.relay.aes"), (2, "limit.relay.streams2"),
-                                                   (4, "limit.relay.streams4"))]
+    nulls = [
+        (n, _med(recs, rid))
+        for n, rid in (
+            (1, "limit.relay.aes"),
+            (2, "limit.relay.streams2"),
+            (4, "limit.relay.streams4"),
+        )
+    ]
     nulls = [(n, t) for n, t in nulls if t]
     if len(ones) < 2 or ones[0][0] != 1:
         return []
     base_t, base_w = ones[0][1], ones[0][2]
-    out = ["The relay in streams side by side (issue 37), transfer step (whole run): "
-           + ", ".join(f"{n} stream{'s' if n > 1 else ''} {_t(t)} s ({_t(w)} s), "
-                       f"{base_t / t:.2f}× one stream's speed" for n, t, w in ones) + "."]
+    out = [
+        "The relay in streams side by side (issue 37), transfer step (whole run): "
+        + ", ".join(
+            f"{n} stream{'s' if n > 1 else ''} {_t(t)} s ({_t(w)} s), "
+            f"{base_t / t:.2f}× one stream's speed"
+            for n, t, w in ones
+        )
+        + "."
+    ]
     if len(nulls) > 1 and nulls[0][0] == 1:
-        out.append("The null relay in as many pairs of fresh connections: "
-                   + ", ".join(f"{n} pair{'s' if n > 1 else ''} {_t(t)} s "
-                               f"({nulls[0][1] / t:.2f}×)" for n, t in nulls) + ".")
+        out.append(
+            "The null relay in as many pairs of fresh connections: "
+            + ", ".join(
+                f"{n} pair{'s' if n > 1 else ''} {_t(t)} s ({nulls[0][1] / t:.2f}×)"
+                for n, t in nulls
+            )
+            + "."
+        )
     seed = _med(recs, "peer.seed.aes")
     if seed:
         best = min(ones, key=lambda x: x[2])
-        out.append(f"The hand pipeline (seed, aes128-gcm) {_t(seed)} s: the runbook's whole run in "
-                   f"{best[0]} stream{'s' if best[0] > 1 else ''} {_t(best[2])} s "
-                   f"({seed / best[2]:.2f}× the hand pipeline's speed, with verify and relocation).")
+        out.append(
+            f"The hand pipeline (seed, aes128-gcm) {_t(seed)} s: the runbook's whole run in "
+            f"{best[0]} stream{'s' if best[0] > 1 else ''} {_t(best[2])} s "
+            f"({seed / best[2]:.2f}× the hand pipeline's speed, with verify and relocation)."
+        )
     cores = result.get("machine", {}).get("nproc")
-    out.append(f"This machine has {cores} cores for both sshds, every ssh client, tar and the "
-               "hashing: streams cannot add ciphers here, the figures are one round each and noisy. "
-               "Where the relay's machine has cores to spare (the H100 host's 16), each stream adds "
-               "two ssh ciphers: measuring it there needs the lab on that host (root, openssh-server, "
-               "network namespaces: tests.lab.Lab, as `python -m benchmarks` builds it) and the "
-               "7.2 GB venv as the payload, with `--only 'limit.relay.*,runbook.relay.none,"
-               "runbook.relay.streams*,peer.seed.aes'`; not run.")
+    out.append(
+        f"This machine has {cores} cores for both sshds, every ssh client, tar and the "
+        "hashing: streams cannot add ciphers here, the figures are one round each and noisy. "
+        "Where the relay's machine has cores to spare (the H100 host's 16), each stream adds "
+        "two ssh ciphers: measuring it there needs the lab on that host (root, openssh-server, "
+        "network namespaces: tests.lab.Lab, as `python -m benchmarks` builds it) and the "
+        "7.2 GB venv as the payload, with `--only 'limit.relay.*,runbook.relay.none,"
+        "runbook.relay.streams*,peer.seed.aes'`; not run."
+    )
     return out
 
 
@@ -414,10 +572,12 @@ def render_result(result: dict) -> str:
     lines = [
         f"Run `{result['command']}` on {m['date']}; took {result['run']['seconds'] / 60:.1f} min"
         f" ({sum(1 for r in result['run']['rounds'] if r['round'] > 0)} of {result['repeat']} timed "
-        f"round(s) after a warm-up" + (f"; {result['run']['stopped']}" if result["run"]["stopped"] else "")
+        f"round(s) after a warm-up"
+        + (f"; {result['run']['stopped']}" if result["run"]["stopped"] else "")
         + ").",
         "",
-        "| machine | |", "|---|---|",
+        "| machine | |",
+        "|---|---|",
         f"| CPU | {m['nproc']} × {m['cpu']} (flags: {m['cpu_flags']}) |",
         f"| memory | {m['mem_gib']} GiB |",
         f"| kernel | {m['kernel']} |",
@@ -433,22 +593,38 @@ def render_result(result: dict) -> str:
         "",
     ]
     for p in result["payloads"].values():
-        lines.append(f"Payload `{p['kind']}`: {p['files']:,} files, {p['links']} symlinks, "
-                     f"{p['file_bytes'] / 1e6:.0f} MB in files, {p['stream_bytes'] / 1e6:.0f} MB as a tar "
-                     f"stream.")
+        lines.append(
+            f"Payload `{p['kind']}`: {p['files']:,} files, {p['links']} symlinks, "
+            f"{p['file_bytes'] / 1e6:.0f} MB in files, {p['stream_bytes'] / 1e6:.0f} MB as a tar "
+            f"stream."
+        )
     targets = targets_table(result)
     if targets:
-        lines += ["", "#### The targets (issues #17 and 37), ratios of this run's medians", "", targets]
-    lines += ["", main_table(result), "#### Our runbook, step by step (from its report.json)", "",
-              steps_table(result), "#### What this run shows", ""]
+        lines += [
+            "",
+            "#### The targets (issues #17 and 37), ratios of this run's medians",
+            "",
+            targets,
+        ]
+    lines += [
+        "",
+        main_table(result),
+        "#### Our runbook, step by step (from its report.json)",
+        "",
+        steps_table(result),
+        "#### What this run shows",
+        "",
+    ]
     lines += [f"- {s}" for s in findings(result)]
     return "\n".join(lines) + "\n"
 
 
 def write_doc(results_dir: Path, doc: Path, head: str, closing: str) -> None:
     """docs/benchmarks.md: the method, then every stored run (full first), then the analysis."""
-    order = sorted(results_dir.glob("*.json"),
-                   key=lambda p: (not p.stem.startswith("full"), "-" in p.stem, p.stem))
+    order = sorted(
+        results_dir.glob("*.json"),
+        key=lambda p: (not p.stem.startswith("full"), "-" in p.stem, p.stem),
+    )
     parts = [head]
     for p in order:
         result = json.loads(p.read_text())

@@ -22,7 +22,7 @@ from .env import AES, Env, q, run_bounded
 from .tree import Verdict, compare, source_manifest
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC_EXCLUDES = ("__pycache__", "*.pyc")     # as specs/b300.yaml
+SPEC_EXCLUDES = ("__pycache__", "*.pyc")  # as specs/b300.yaml
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Sample:
     error: str = ""
     steps: dict[str, float] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
-    note: str = ""             # said in the table (e.g. a tool's non-zero exit that still copied)
+    note: str = ""  # said in the table (e.g. a tool's non-zero exit that still copied)
 
 
 def _tail(text: str, n: int = 300) -> str:
@@ -56,15 +56,15 @@ class Row:
     group = ""
     label = ""
     payload: str | None = "torch"
-    size = "stream"            # bytes for MB/s: "stream" (tar stream), "files" (file bytes), "" none
-    limit: str | None = None   # the row whose speed is "the limit" for this one
+    size = "stream"  # bytes for MB/s: "stream" (tar stream), "files" (file bytes), "" none
+    limit: str | None = None  # the row whose speed is "the limit" for this one
     quick = False
     warmup = True
     repeat: int | None = None  # at most this many timed runs (None: every round)
     timeout = 300.0
     needs: tuple[str, ...] = ()
     excludes: tuple[str, ...] = ()
-    default = True             # False: runs only when --only names it
+    default = True  # False: runs only when --only names it
 
     def setup(self, env: Env) -> None:
         """Once, before the warm-up (e.g. compile the runbook, so every round runs the same code)."""
@@ -111,8 +111,12 @@ class CopyRow(Row):
         env.flush()
 
     def check(self, env: Env) -> Verdict:
-        return compare(self.src(env), self.dest(env), excludes=self.excludes,
-                       relocated_to=str(self.dest(env)) if self.relocates else None)
+        return compare(
+            self.src(env),
+            self.dest(env),
+            excludes=self.excludes,
+            relocated_to=str(self.dest(env)) if self.relocates else None,
+        )
 
     def cleanup(self, env: Env) -> None:
         shutil.rmtree(self.dest(env).parent, ignore_errors=True)
@@ -120,17 +124,28 @@ class CopyRow(Row):
 
 # ---------------------------------------------------------------------------------------- the limit
 # the runbook's rb::wide_pipe: the pipe on stdout widened to 1 MiB (F_SETPIPE_SZ)
-WIDE_PIPE = (f"{q(sys.executable)} -S -c 'import fcntl; fcntl.fcntl(1, 1031, 1 << 20)' "
-             "2>/dev/null || true")
+WIDE_PIPE = (
+    f"{q(sys.executable)} -S -c 'import fcntl; fcntl.fcntl(1, 1031, 1 << 20)' 2>/dev/null || true"
+)
 
 
 class NullRelay(Row):
     group = "limit"
     size = "stream"
 
-    def __init__(self, rid: str, label: str, cipher: str | None, *, payload: str = "torch",
-                 plumbing: bool = False, quick: bool = False, group: str = "limit",
-                 streams: int = 1, default: bool = True) -> None:
+    def __init__(
+        self,
+        rid: str,
+        label: str,
+        cipher: str | None,
+        *,
+        payload: str = "torch",
+        plumbing: bool = False,
+        quick: bool = False,
+        group: str = "limit",
+        streams: int = 1,
+        default: bool = True,
+    ) -> None:
         self.id, self.label, self.cipher, self.payload = rid, label, cipher, payload
         self.plumbing, self.quick, self.group = plumbing, quick, group
         self.streams, self.default = streams, default
@@ -142,17 +157,29 @@ class NullRelay(Row):
             # N pairs side by side, each its own two fresh connections and 1 MiB pipe, each
             # moving its share of the N bytes (the relay's streams: rbkit engine relay)
             part = -(-n // self.streams)
-            pairs = " & ".join(f"{{ {{ {WIDE_PIPE}; {ssh} src 'head -c {part} /dev/zero'; }} | "
-                               f"{ssh} dst 'cat >/dev/null'; }}" for _ in range(self.streams))
+            pairs = " & ".join(
+                f"{{ {{ {WIDE_PIPE}; {ssh} src 'head -c {part} /dev/zero'; }} | "
+                f"{ssh} dst 'cat >/dev/null'; }}"
+                for _ in range(self.streams)
+            )
             return [timed(env, f"{pairs} & wait", self.timeout)]
-        if self.plumbing:   # the masters are up before the clock starts, as in the runbook
+        if self.plumbing:  # the masters are up before the clock starts, as in the runbook
             for h in ("src", "dst"):
                 env.sh(f"{ssh} {h} true", timeout=30)
             # and the pipe between the two clients widened to 1 MiB, as rb::wide_pipe does
-            return [timed(env, f"{{ {WIDE_PIPE}; {ssh} src 'head -c {n} /dev/zero'; }} | "
-                               f"{ssh} dst 'cat >/dev/null'", self.timeout)]
-        return [timed(env, f"{ssh} src 'head -c {n} /dev/zero' | {ssh} dst 'cat >/dev/null'",
-                      self.timeout)]
+            return [
+                timed(
+                    env,
+                    f"{{ {WIDE_PIPE}; {ssh} src 'head -c {n} /dev/zero'; }} | "
+                    f"{ssh} dst 'cat >/dev/null'",
+                    self.timeout,
+                )
+            ]
+        return [
+            timed(
+                env, f"{ssh} src 'head -c {n} /dev/zero' | {ssh} dst 'cat >/dev/null'", self.timeout
+            )
+        ]
 
 
 class OneLink(Row):
@@ -163,8 +190,13 @@ class OneLink(Row):
 
     def run(self, env: Env) -> list[Sample]:
         n = env.payloads["torch"].stream_bytes
-        return [timed(env, f"head -c {n} /dev/zero | {env.ssh(self.cipher)} dst 'cat >/dev/null'",
-                      self.timeout)]
+        return [
+            timed(
+                env,
+                f"head -c {n} /dev/zero | {env.ssh(self.cipher)} dst 'cat >/dev/null'",
+                self.timeout,
+            )
+        ]
 
 
 class LocalTar(CopyRow):
@@ -173,8 +205,13 @@ class LocalTar(CopyRow):
     label = "tar c | tar x on this machine, no ssh (reads + writes alone)"
 
     def run(self, env: Env) -> list[Sample]:
-        return [timed(env, f"tar cf - -C {q(self.src(env))} . | tar xf - -C {q(self.dest(env))}",
-                      self.timeout)]
+        return [
+            timed(
+                env,
+                f"tar cf - -C {q(self.src(env))} . | tar xf - -C {q(self.dest(env))}",
+                self.timeout,
+            )
+        ]
 
 
 # ------------------------------------------------------------------------------------ the runbook
@@ -193,18 +230,38 @@ class RunbookRow(Row):
     group = "runbook"
     size = "stream"
 
-    def __init__(self, rid: str, label: str, *, compression: str = "none", verify: str = "sha256",
-                 route: str = "relay", excludes: tuple[str, ...] = (), payload: str = "torch",
-                 state: str = "fresh", dest_key: str | None = None, quick: bool = False,
-                 warmup: bool = False, group: str = "runbook", default: bool = True,
-                 extra: dict[str, str] | None = None,
-                 repeat: int | None = None, drop: bool = False, jobs: int = 2) -> None:
+    def __init__(
+        self,
+        rid: str,
+        label: str,
+        *,
+        compression: str = "none",
+        verify: str = "sha256",
+        route: str = "relay",
+        excludes: tuple[str, ...] = (),
+        payload: str = "torch",
+        state: str = "fresh",
+        dest_key: str | None = None,
+        quick: bool = False,
+        warmup: bool = False,
+        group: str = "runbook",
+        default: bool = True,
+        extra: dict[str, str] | None = None,
+        repeat: int | None = None,
+        drop: bool = False,
+        jobs: int = 2,
+    ) -> None:
         self.id, self.label, self.payload, self.quick = rid, label, payload, quick
-        self.compression, self.verify, self.route, self.excludes = compression, verify, route, excludes
+        self.compression, self.verify, self.route, self.excludes = (
+            compression,
+            verify,
+            route,
+            excludes,
+        )
         self.state, self.dest_key, self.warmup, self.group = state, dest_key or rid, warmup, group
         self.default, self.extra, self.repeat = default, extra or {}, repeat
-        self.drop = drop           # a re-run row that removes the install it re-ran after its round
-        self.jobs = jobs           # 2: one stream; 4: two relay streams; 8: four (stream_count)
+        self.drop = drop  # a re-run row that removes the install it re-ran after its round
+        self.jobs = jobs  # 2: one stream; 4: two relay streams; 8: four (stream_count)
         self.script: Path | None = None
         self.runs = 0
 
@@ -214,14 +271,20 @@ class RunbookRow(Row):
     def spec(self, env: Env) -> str:
         lab = env.lab
         assert lab is not None
-        hosts = "".join(HOST.format(name=n, addr=lab.host(n).addr, identity=lab.identity,
-                                    known_hosts=lab.known_hosts) for n in ("src", "dst"))
+        hosts = "".join(
+            HOST.format(
+                name=n, addr=lab.host(n).addr, identity=lab.identity, known_hosts=lab.known_hosts
+            )
+            for n in ("src", "dst")
+        )
         direct = ""
         if self.route == "direct":
             addr = lab.allow("src", "dst")
             env.apply_shape()
-            direct = (f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
-                      f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n")
+            direct = (
+                f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
+                f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n"
+            )
         excl = json.dumps(list(self.excludes))
         from compiler.spec import Transfer
 
@@ -229,10 +292,12 @@ class RunbookRow(Row):
             if key not in Transfer.model_fields:
                 raise RuntimeError(f"this compiler's transfer: has no {key!r} key")
         extra = "".join(f"  {k}: {v}\n" for k, v in self.extra.items())
-        return (f"name: bench\ndescription: benchmark row {self.id}\nhosts:\n{hosts}transfer:\n"
-                f"  from: src:{self.src(env)}\n  to: dst:{self.dest(env)}\n  route: {self.route}\n"
-                f"  compression: {self.compression}\n  verify: {self.verify}\n  on_existing: replace\n"
-                f"  exclude: {excl}\n  jobs: {self.jobs}\n{extra}{direct}")
+        return (
+            f"name: bench\ndescription: benchmark row {self.id}\nhosts:\n{hosts}transfer:\n"
+            f"  from: src:{self.src(env)}\n  to: dst:{self.dest(env)}\n  route: {self.route}\n"
+            f"  compression: {self.compression}\n  verify: {self.verify}\n  on_existing: replace\n"
+            f"  exclude: {excl}\n  jobs: {self.jobs}\n{extra}{direct}"
+        )
 
     def compile(self, env: Env) -> Path:
         from compiler import cli
@@ -278,9 +343,12 @@ class RunbookRow(Row):
             if doc.get("outcome") != "ok" and rc == 0:
                 rc = 1
         if rc != 0:
-            lines = [ln for ln in err.splitlines() if "FAILED" in ln or "ERROR" in ln] or err.splitlines()
-            return Sample(dt, False, f"runbook exit {rc}: {_tail(' | '.join(lines[-3:]))}", steps,
-                          details)
+            lines = [
+                ln for ln in err.splitlines() if "FAILED" in ln or "ERROR" in ln
+            ] or err.splitlines()
+            return Sample(
+                dt, False, f"runbook exit {rc}: {_tail(' | '.join(lines[-3:]))}", steps, details
+            )
         return Sample(dt, True, "", steps, details)
 
     def setup(self, env: Env) -> None:
@@ -298,7 +366,9 @@ class RunbookRow(Row):
                 env.fresh(self.dest(env).parent)
                 s = self._run_once(env)
                 if not s.ok:
-                    raise RuntimeError(f"{self.id}: the untimed install before the re-run failed: {s.error}")
+                    raise RuntimeError(
+                        f"{self.id}: the untimed install before the re-run failed: {s.error}"
+                    )
             if self.state == "one":
                 change_one_file(env, self.payload or "torch", self.dest(env))
         env.flush()
@@ -307,8 +377,9 @@ class RunbookRow(Row):
         return [self._run_once(env)]
 
     def check(self, env: Env) -> Verdict:
-        return compare(self.src(env), self.dest(env), excludes=self.excludes,
-                       relocated_to=str(self.dest(env)))
+        return compare(
+            self.src(env), self.dest(env), excludes=self.excludes, relocated_to=str(self.dest(env))
+        )
 
     def cleanup(self, env: Env) -> None:
         if self.state == "fresh" or self.drop:
@@ -337,12 +408,24 @@ class ResumeRow(RunbookRow):
         run_dir = env.work / "runs" / self.dest_key
         envv = dict(os.environ, RB_RUN_DIR=str(run_dir))
         t0 = time.monotonic()
-        proc = subprocess.Popen(["bash", str(script)], cwd=script.parent, env=envv,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=script.parent,
+            env=envv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         cut = 0
         while proc.poll() is None and time.monotonic() - t0 < self.timeout:
-            got = sum(p.lstat().st_size for p in staging.rglob("*")
-                      if p.is_file() and not p.is_symlink()) if staging.is_dir() else 0
+            got = (
+                sum(
+                    p.lstat().st_size
+                    for p in staging.rglob("*")
+                    if p.is_file() and not p.is_symlink()
+                )
+                if staging.is_dir()
+                else 0
+            )
             if got >= self.at * total:
                 for pid in netns_pids(env.lab.host("dst").netns):
                     try:
@@ -366,8 +449,11 @@ class ResumeRow(RunbookRow):
         s.note = self.cut_note
         manifest = s.details.get("manifest", "")
         if s.ok and "resumed" not in manifest:
-            return [Sample(s.seconds, False, f"the re-run did not resume: {manifest}", s.steps,
-                           s.details)]
+            return [
+                Sample(
+                    s.seconds, False, f"the re-run did not resume: {manifest}", s.steps, s.details
+                )
+            ]
         return [s]
 
     def cleanup(self, env: Env) -> None:
@@ -379,8 +465,13 @@ def small_file(env: Env, payload: str) -> str:
     entries = source_manifest(env.payloads[payload].root)["entries"]
     for rel in sorted(entries):
         e = entries[rel]
-        if (e["t"] == "f" and "/site-packages/" in rel and 200 <= e["s"] <= 4096
-                and rel.endswith(".py") and "__pycache__" not in rel):
+        if (
+            e["t"] == "f"
+            and "/site-packages/" in rel
+            and 200 <= e["s"] <= 4096
+            and rel.endswith(".py")
+            and "__pycache__" not in rel
+        ):
             return rel
     raise RuntimeError("no small .py file in the payload")
 
@@ -420,9 +511,20 @@ class Seed(PeerRow):
 
     group = "peers"
 
-    def __init__(self, rid: str, label: str, *, cipher: str | None = None, comp: str = "",
-                 payload: str = "torch", state: str = "fresh", quick: bool = False,
-                 group: str = "peers", warmup: bool = False, repeat: int | None = None) -> None:
+    def __init__(
+        self,
+        rid: str,
+        label: str,
+        *,
+        cipher: str | None = None,
+        comp: str = "",
+        payload: str = "torch",
+        state: str = "fresh",
+        quick: bool = False,
+        group: str = "peers",
+        warmup: bool = False,
+        repeat: int | None = None,
+    ) -> None:
         self.id, self.label, self.cipher, self.comp = rid, label, cipher, comp
         self.payload, self.state, self.quick, self.group = payload, state, quick, group
         self.warmup, self.repeat = warmup, repeat
@@ -431,20 +533,21 @@ class Seed(PeerRow):
         ssh = env.ssh(self.cipher)
         src, dst = q(self.src(env)), q(self.dest(env))
         if self.comp == "lz4":
-            return (f"{ssh} src {q(f'tar cf - -C {src} . | lz4 -q -1 -c')} | "
-                    f"{ssh} dst {q(f'lz4 -q -d -c | tar xf - -C {dst}')}")
+            return (
+                f"{ssh} src {q(f'tar cf - -C {src} . | lz4 -q -1 -c')} | "
+                f"{ssh} dst {q(f'lz4 -q -d -c | tar xf - -C {dst}')}"
+            )
         return f"{ssh} src {q(f'tar cf - -C {src} .')} | {ssh} dst {q(f'tar xf - -C {dst}')}"
 
     def prepare(self, env: Env) -> None:
         if self.state == "fresh":
             super().prepare(env)
             return
-        if not self.dest(env).is_dir():       # the first time: an untimed full copy
+        if not self.dest(env).is_dir():  # the first time: an untimed full copy
             super().prepare(env)
             self.first_copy(env)
         change_one_file(env, self.payload or "torch", self.dest(env))
         env.flush()
-
 
 
 class Rsync2Hop(PeerRow):
@@ -453,8 +556,16 @@ class Rsync2Hop(PeerRow):
     group = "peers"
     needs = ("rsync",)
 
-    def __init__(self, rid: str, label: str, *, payload: str = "torch", state: str = "fresh",
-                 quick: bool = False, group: str = "peers") -> None:
+    def __init__(
+        self,
+        rid: str,
+        label: str,
+        *,
+        payload: str = "torch",
+        state: str = "fresh",
+        quick: bool = False,
+        group: str = "peers",
+    ) -> None:
         self.id, self.label, self.payload, self.state = rid, label, payload, state
         self.quick, self.group, self.warmup = quick, group, False
 
@@ -464,8 +575,10 @@ class Rsync2Hop(PeerRow):
     def command(self, env: Env) -> str:
         e = q(env.ssh(None))
         src, hop, dst = self.src(env), self.hop(env), self.dest(env)
-        return (f"rsync -a -e {e} src:{q(f'{src}/')} {q(f'{hop}/')} && "
-                f"rsync -a -e {e} {q(f'{hop}/')} dst:{q(f'{dst}/')}")
+        return (
+            f"rsync -a -e {e} src:{q(f'{src}/')} {q(f'{hop}/')} && "
+            f"rsync -a -e {e} {q(f'{hop}/')} dst:{q(f'{dst}/')}"
+        )
 
     def prepare(self, env: Env) -> None:
         if self.state == "fresh" or not self.dest(env).is_dir():
@@ -477,7 +590,6 @@ class Rsync2Hop(PeerRow):
             change_one_file(env, self.payload or "torch", self.hop(env))
             change_one_file(env, self.payload or "torch", self.dest(env))
         env.flush()
-
 
 
 class Scp3(CopyRow):
@@ -493,13 +605,17 @@ class Scp3(CopyRow):
         """Timed to its end; a non-zero exit that still left a copy is a note (the check judges the
         copy), not a failed run: users see the time and the broken tree."""
         assert env.lab is not None
-        cmd = (f"scp -3 -r -q -F {q(env.lab.ssh_config)} src:{q(self.src(env))} "
-               f"dst:{q(self.dest(env))}")
+        cmd = (
+            f"scp -3 -r -q -F {q(env.lab.ssh_config)} src:{q(self.src(env))} "
+            f"dst:{q(self.dest(env))}"
+        )
         s = timed(env, cmd, self.timeout)
         if not s.ok and self.dest(env).is_dir() and not s.error.startswith("rc=124"):
             first = s.error.split(":", 1)[1].strip().replace(str(self.src(env)), "SRC")
             first = first.split(" scp: ")[0][:140]
-            return [Sample(s.seconds, True, note=f"scp exit {s.error.split(':', 1)[0][3:]}: {first}")]
+            return [
+                Sample(s.seconds, True, note=f"scp exit {s.error.split(':', 1)[0][3:]}: {first}")
+            ]
         return [s]
 
 
@@ -510,7 +626,9 @@ class KitManifest(Row):
     group = "verify"
     size = "files"
 
-    def __init__(self, rid: str, label: str, algo: str, mode: str = "build", quick: bool = False) -> None:
+    def __init__(
+        self, rid: str, label: str, algo: str, mode: str = "build", quick: bool = False
+    ) -> None:
         self.id, self.label, self.algo, self.mode, self.quick = rid, label, algo, mode, quick
         self.out: Path | None = None
 
@@ -526,14 +644,22 @@ class KitManifest(Row):
                 env.sh(self._build_cmd(env), timeout=300)
 
     def _build_cmd(self, env: Env) -> str:
-        return (f"cd {q(REPO)} && {q(sys.executable)} -m rbkit manifest build "
-                f"{q(self.src(env))} --algo {self.algo} --jobs 2 --out {q(self.out)}")
+        return (
+            f"cd {q(REPO)} && {q(sys.executable)} -m rbkit manifest build "
+            f"{q(self.src(env))} --algo {self.algo} --jobs 2 --out {q(self.out)}"
+        )
 
     def run(self, env: Env) -> list[Sample]:
         if self.mode == "verify":
             copy = env.scratch / "verify-copy" / "venv"
-            return [timed(env, f"cd {q(REPO)} && {q(sys.executable)} -m rbkit manifest verify "
-                               f"{q(copy)} {q(self.out)} --jobs 2 >/dev/null", self.timeout)]
+            return [
+                timed(
+                    env,
+                    f"cd {q(REPO)} && {q(sys.executable)} -m rbkit manifest verify "
+                    f"{q(copy)} {q(self.out)} --jobs 2 >/dev/null",
+                    self.timeout,
+                )
+            ]
         return [timed(env, self._build_cmd(env), self.timeout)]
 
 
@@ -577,8 +703,13 @@ class HashTool(Row):
     def run(self, env: Env) -> list[Sample]:
         self.out = env.work / f"{self.id}.txt"
         root = self.src(env)
-        return [timed(env, f"cd {q(root)} && find . -type f -print0 | xargs -0 {self.tool} >{q(self.out)}",
-                      self.timeout)]
+        return [
+            timed(
+                env,
+                f"cd {q(root)} && find . -type f -print0 | xargs -0 {self.tool} >{q(self.out)}",
+                self.timeout,
+            )
+        ]
 
     def check(self, env: Env) -> Verdict | None:
         if self.tool != "sha256sum" or self.out is None:
@@ -595,8 +726,11 @@ def _same_digests(env: Env, got: dict[str, str]) -> Verdict:
     want = {rel: e["h"] for rel, e in entries.items() if e["t"] == "f"}
     bad = [rel for rel in want if got.get(rel) != want[rel]]
     if bad or len(got) != len(want):
-        return Verdict(False, f"no: {len(bad)} digests differ from the manifest's, {len(got)} of "
-                              f"{len(want)} files hashed")
+        return Verdict(
+            False,
+            f"no: {len(bad)} digests differ from the manifest's, {len(got)} of "
+            f"{len(want)} files hashed",
+        )
     return Verdict(True, "yes (digests = manifest's)")
 
 
@@ -619,13 +753,13 @@ class Compile(Row):
         # in this shell would make every run compile the compiler's modules again, ~30 ms)
         py = f"env -u PYTHONDONTWRITEBYTECODE {q(sys.executable)}"
         compile_cmd = f"cd {q(REPO)} && {py} -m compiler specs/b300.yaml -o {q(out)} >/dev/null"
-        if self.what == "all":       # every spec of the repository, as `compile specs/` (cache warm)
+        if self.what == "all":  # every spec of the repository, as `compile specs/` (cache warm)
             env.sh(f"cd {q(REPO)} && {py} -m compiler specs/ -o {q(out)} >/dev/null", timeout=120)
             cmd = f"cd {q(REPO)} && {py} -m compiler specs/ -o {q(out)} >/dev/null"
             return [timed(env, cmd, 120) for _ in range(self.inner)]
-        if self.what == "cold":      # the lint cache (if this compiler has one) off: shellcheck runs
+        if self.what == "cold":  # the lint cache (if this compiler has one) off: shellcheck runs
             cmd = f"export RB_LINT_CACHE=0 XDG_CACHE_HOME={q(env.work / 'xdg')}; {compile_cmd}"
-        elif self.what == "warm":    # the default: a re-compile of an unchanged spec
+        elif self.what == "warm":  # the default: a re-compile of an unchanged spec
             cmd = compile_cmd
         else:
             from compiler import lint
@@ -634,8 +768,12 @@ class Compile(Row):
             if not script.exists():
                 env.sh(compile_cmd, timeout=120)
             flags = getattr(lint, "FLAGS", None) or (
-                "--shell=bash", "--severity=style", "--enable=all",
-                "--exclude=" + ",".join(lint.DISABLED), "--format=json1")
+                "--shell=bash",
+                "--severity=style",
+                "--enable=all",
+                "--exclude=" + ",".join(lint.DISABLED),
+                "--format=json1",
+            )
             cmd = f"{q(lint.shellcheck_binary())} {' '.join(q(f) for f in flags)} {q(script)} >/dev/null"
         return [timed(env, cmd, 120) for _ in range(self.inner)]
 
@@ -644,85 +782,215 @@ class Compile(Row):
 def catalogue() -> list[Row]:
     """Every row, in the order they run within a round."""
     rows: list[Row] = [
-        NullRelay("limit.relay.aes", "null relay, aes128-gcm (the runbook's cipher) = THE LIMIT", AES,
-                  quick=True),
-        NullRelay("limit.relay.default", "null relay, OpenSSH default cipher (chacha20-poly1305)", None,
-                  quick=True),
-        NullRelay("limit.relay.plumbing", "null relay, aes128-gcm, multiplexed, 1 MiB relay pipe (runbook plumbing)",
-                  AES, plumbing=True),
-        OneLink("limit.link.aes", "one link alone: head -c N /dev/zero | ssh dst cat, aes128-gcm", AES,
-                quick=True),
+        NullRelay(
+            "limit.relay.aes",
+            "null relay, aes128-gcm (the runbook's cipher) = THE LIMIT",
+            AES,
+            quick=True,
+        ),
+        NullRelay(
+            "limit.relay.default",
+            "null relay, OpenSSH default cipher (chacha20-poly1305)",
+            None,
+            quick=True,
+        ),
+        NullRelay(
+            "limit.relay.plumbing",
+            "null relay, aes128-gcm, multiplexed, 1 MiB relay pipe (runbook plumbing)",
+            AES,
+            plumbing=True,
+        ),
+        OneLink(
+            "limit.link.aes",
+            "one link alone: head -c N /dev/zero | ssh dst cat, aes128-gcm",
+            AES,
+            quick=True,
+        ),
         LocalTar(),
         # no row leaves a tree it just wrote beside the next row's run: the row timed right after
         # one that did (its install kept for the re-run rows) ran 0.6-1.2 s slower here, in any
         # order (2026-12-05: the same runbook, auto choosing none, 7.15 s after it against 5.98 s)
-        RunbookRow("runbook.relay.none", "runbook relay, compression none, verify sha256", quick=True,
-                   warmup=True),
-        RunbookRow("runbook.relay.auto", "runbook relay, compression auto (the default), sha256",
-                   compression="auto", quick=True),
+        RunbookRow(
+            "runbook.relay.none",
+            "runbook relay, compression none, verify sha256",
+            quick=True,
+            warmup=True,
+        ),
+        RunbookRow(
+            "runbook.relay.auto",
+            "runbook relay, compression auto (the default), sha256",
+            compression="auto",
+            quick=True,
+        ),
         RunbookRow("runbook.relay.lz4", "runbook relay, lz4, sha256", compression="lz4"),
         RunbookRow("runbook.relay.zstd", "runbook relay, zstd, sha256", compression="zstd"),
-        RunbookRow("runbook.relay.blake2b", "runbook relay, none, verify blake2b", verify="blake2b"),
+        RunbookRow(
+            "runbook.relay.blake2b", "runbook relay, none, verify blake2b", verify="blake2b"
+        ),
         RunbookRow("runbook.relay.noverify", "runbook relay, none, verify none", verify="none"),
         RunbookRow("runbook.direct.none", "runbook direct src->dst, none, sha256", route="direct"),
         # the relay in streams side by side (issue 37): jobs 4 and 8 give 2 and 4 streams, each
         # its own ssh clients here; beside them the null relay in as many fresh pairs
-        NullRelay("limit.relay.streams2", "null relay, aes128-gcm, 2 pairs side by side (fresh "
-                  "connections, 1 MiB pipes)", AES, streams=2, default=False),
-        NullRelay("limit.relay.streams4", "null relay, aes128-gcm, 4 pairs side by side (fresh "
-                  "connections, 1 MiB pipes)", AES, streams=4, default=False),
-        RunbookRow("runbook.relay.streams2", "runbook relay, none, sha256, jobs 4: 2 streams",
-                   jobs=4, default=False),
-        RunbookRow("runbook.relay.streams4", "runbook relay, none, sha256, jobs 8: 4 streams",
-                   jobs=8, default=False),
-        RunbookRow("runbook.relay.excludes", "runbook relay, none, sha256, excludes __pycache__ *.pyc",
-                   excludes=SPEC_EXCLUDES, default=False),
-        Seed("peer.seed", "seed: ssh src 'tar c' | ssh dst 'tar x' (default cipher)", quick=True,
-             warmup=True),
+        NullRelay(
+            "limit.relay.streams2",
+            "null relay, aes128-gcm, 2 pairs side by side (fresh connections, 1 MiB pipes)",
+            AES,
+            streams=2,
+            default=False,
+        ),
+        NullRelay(
+            "limit.relay.streams4",
+            "null relay, aes128-gcm, 4 pairs side by side (fresh connections, 1 MiB pipes)",
+            AES,
+            streams=4,
+            default=False,
+        ),
+        RunbookRow(
+            "runbook.relay.streams2",
+            "runbook relay, none, sha256, jobs 4: 2 streams",
+            jobs=4,
+            default=False,
+        ),
+        RunbookRow(
+            "runbook.relay.streams4",
+            "runbook relay, none, sha256, jobs 8: 4 streams",
+            jobs=8,
+            default=False,
+        ),
+        RunbookRow(
+            "runbook.relay.excludes",
+            "runbook relay, none, sha256, excludes __pycache__ *.pyc",
+            excludes=SPEC_EXCLUDES,
+            default=False,
+        ),
+        Seed(
+            "peer.seed",
+            "seed: ssh src 'tar c' | ssh dst 'tar x' (default cipher)",
+            quick=True,
+            warmup=True,
+        ),
         Seed("peer.seed.aes", "seed with -c aes128-gcm", cipher=AES),
-        Seed("peer.seed.aes.lz4", "seed with -c aes128-gcm and lz4 -1", cipher=AES, comp="lz4",
-             quick=True),             # the best hand pipeline: the target's measure (issue #17)
+        Seed(
+            "peer.seed.aes.lz4",
+            "seed with -c aes128-gcm and lz4 -1",
+            cipher=AES,
+            comp="lz4",
+            quick=True,
+        ),  # the best hand pipeline: the target's measure (issue #17)
         Rsync2Hop("peer.rsync", "rsync -a, two hops through this machine (default cipher)"),
         Scp3(),
-        RunbookRow("rerun.runbook.same", "runbook re-run, destination unchanged (rerun: default)",
-                   state="same", dest_key="rerun.install", group="rerun", quick=True),
-        RunbookRow("rerun.runbook.digest", "runbook re-run, unchanged, rerun: digest (re-hashes both ends)",
-                   state="same", dest_key="rerun.install", group="rerun", extra={"rerun": "digest"}),
-        RunbookRow("rerun.runbook.one", "runbook re-run, one small file changed on the destination",
-                   state="one", dest_key="rerun.install", group="rerun", repeat=2, drop=True),
-        ResumeRow("rerun.runbook.resume50", "runbook re-run after a relay cut at 50% (resumes; "
-                  "compare runbook.relay.none, the whole move)", dest_key="rerun.resume",
-                  group="rerun", repeat=1),
-        Rsync2Hop("rerun.rsync.one", "rsync -a two hops, one small file changed", state="one",
-                  group="rerun"),
-        Seed("rerun.seed.one", "seed tar relay, one small file changed (re-sends everything)", state="one",
-             group="rerun", repeat=2),
+        RunbookRow(
+            "rerun.runbook.same",
+            "runbook re-run, destination unchanged (rerun: default)",
+            state="same",
+            dest_key="rerun.install",
+            group="rerun",
+            quick=True,
+        ),
+        RunbookRow(
+            "rerun.runbook.digest",
+            "runbook re-run, unchanged, rerun: digest (re-hashes both ends)",
+            state="same",
+            dest_key="rerun.install",
+            group="rerun",
+            extra={"rerun": "digest"},
+        ),
+        RunbookRow(
+            "rerun.runbook.one",
+            "runbook re-run, one small file changed on the destination",
+            state="one",
+            dest_key="rerun.install",
+            group="rerun",
+            repeat=2,
+            drop=True,
+        ),
+        ResumeRow(
+            "rerun.runbook.resume50",
+            "runbook re-run after a relay cut at 50% (resumes; "
+            "compare runbook.relay.none, the whole move)",
+            dest_key="rerun.resume",
+            group="rerun",
+            repeat=1,
+        ),
+        Rsync2Hop(
+            "rerun.rsync.one",
+            "rsync -a two hops, one small file changed",
+            state="one",
+            group="rerun",
+        ),
+        Seed(
+            "rerun.seed.one",
+            "seed tar relay, one small file changed (re-sends everything)",
+            state="one",
+            group="rerun",
+            repeat=2,
+        ),
         KitManifest("verify.manifest.sha256", "manifest build, sha256, 2 jobs (kit CLI)", "sha256"),
-        KitManifest("verify.manifest.blake2b", "manifest build, blake2b, 2 jobs (kit CLI)", "blake2b"),
-        KitManifest("verify.manifest.none", "manifest build, no digests: walk + lstat (kit CLI)", "none"),
-        KitManifest("verify.verify.sha256", "manifest verify of a copy, sha256, 2 jobs (kit CLI)", "sha256",
-                    mode="verify"),
+        KitManifest(
+            "verify.manifest.blake2b", "manifest build, blake2b, 2 jobs (kit CLI)", "blake2b"
+        ),
+        KitManifest(
+            "verify.manifest.none", "manifest build, no digests: walk + lstat (kit CLI)", "none"
+        ),
+        KitManifest(
+            "verify.verify.sha256",
+            "manifest verify of a copy, sha256, 2 jobs (kit CLI)",
+            "sha256",
+            mode="verify",
+        ),
         HashLib("sha256", quick=True),
         HashLib("blake2b"),
         HashTool("sha256sum", quick=True),
         HashTool("b3sum"),
         HashTool("xxh128sum"),
-        NullRelay("many.limit.relay.aes", "null relay, aes128-gcm, many-files byte count (limit)", AES,
-                  payload="many", group="many"),
-        NullRelay("many.limit.relay.plumbing", "null relay, many-files byte count, multiplexed, 1 MiB relay pipe", AES,
-                  payload="many", group="many", plumbing=True),
-        RunbookRow("many.runbook.relay.none", "runbook relay, none, sha256", payload="many",
-                   group="many", warmup=True),
-        Seed("many.peer.seed", "seed tar relay (default cipher)", payload="many", group="many",
-             warmup=True),
+        NullRelay(
+            "many.limit.relay.aes",
+            "null relay, aes128-gcm, many-files byte count (limit)",
+            AES,
+            payload="many",
+            group="many",
+        ),
+        NullRelay(
+            "many.limit.relay.plumbing",
+            "null relay, many-files byte count, multiplexed, 1 MiB relay pipe",
+            AES,
+            payload="many",
+            group="many",
+            plumbing=True,
+        ),
+        RunbookRow(
+            "many.runbook.relay.none",
+            "runbook relay, none, sha256",
+            payload="many",
+            group="many",
+            warmup=True,
+        ),
+        Seed(
+            "many.peer.seed",
+            "seed tar relay (default cipher)",
+            payload="many",
+            group="many",
+            warmup=True,
+        ),
         Rsync2Hop("many.peer.rsync", "rsync -a, two hops", payload="many", group="many"),
-        Compile("compile.b300.cold", "compile specs/b300.yaml, lint cache off (RB_LINT_CACHE=0)", "cold",
-                inner=2),
-        Compile("compile.b300.warm", "compile specs/b300.yaml again, lint cache on (the default)", "warm",
-                inner=2),
-        Compile("compile.all.warm", "compile specs/ (every spec) again, lint cache on", "all",
-                inner=2),
-        Compile("compile.shellcheck", "shellcheck alone on b300.sh (the lint's options)", "shellcheck"),
+        Compile(
+            "compile.b300.cold",
+            "compile specs/b300.yaml, lint cache off (RB_LINT_CACHE=0)",
+            "cold",
+            inner=2,
+        ),
+        Compile(
+            "compile.b300.warm",
+            "compile specs/b300.yaml again, lint cache on (the default)",
+            "warm",
+            inner=2,
+        ),
+        Compile(
+            "compile.all.warm", "compile specs/ (every spec) again, lint cache on", "all", inner=2
+        ),
+        Compile(
+            "compile.shellcheck", "shellcheck alone on b300.sh (the lint's options)", "shellcheck"
+        ),
     ]
     for r in rows:
         if r.group != "compile" and r.limit is None and r.payload:

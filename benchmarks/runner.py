@@ -18,9 +18,19 @@ def loadavg() -> list[float]:
 
 
 def _new_record(row: Row, env: Env) -> dict:
-    return {"id": row.id, "group": row.group, "label": row.label, "payload": row.payload,
-            "bytes": row.nbytes(env), "limit": row.limit, "samples": [], "warmup": [],
-            "verdicts": [], "notes": [], "skipped": ""}
+    return {
+        "id": row.id,
+        "group": row.group,
+        "label": row.label,
+        "payload": row.payload,
+        "bytes": row.nbytes(env),
+        "limit": row.limit,
+        "samples": [],
+        "warmup": [],
+        "verdicts": [],
+        "notes": [],
+        "skipped": "",
+    }
 
 
 def _one(env: Env, row: Row, rec: dict, warm: bool) -> str:
@@ -51,12 +61,18 @@ def _one(env: Env, row: Row, rec: dict, warm: bool) -> str:
             if n not in rec["notes"]:
                 rec["notes"].append(n)
     t = "+".join(f"{s.seconds:.2f}" for s in samples)
-    status = "ok" if all(s.ok for s in samples) else "FAILED " + next(s.error for s in samples if not s.ok)
+    status = (
+        "ok"
+        if all(s.ok for s in samples)
+        else "FAILED " + next(s.error for s in samples if not s.ok)
+    )
     correct = f"; correct: {verdict.text}" if verdict is not None else ""
     return f"{t} s {status}{correct}"
 
 
-def run(env: Env, rows: list[Row], *, repeat: int, budget_s: float, light_warmup: bool = False) -> dict:
+def run(
+    env: Env, rows: list[Row], *, repeat: int, budget_s: float, light_warmup: bool = False
+) -> dict:
     """Returns {"records": [...], "rounds": [...], "stopped": reason or ""}. light_warmup: warm up
     only the limit rows (ssh and the page cache; --quick)."""
     t0 = time.monotonic()
@@ -79,8 +95,10 @@ def run(env: Env, rows: list[Row], *, repeat: int, budget_s: float, light_warmup
     for rnd in range(0, repeat + 1):
         elapsed = time.monotonic() - t0
         if rnd > 1 and elapsed + last_round_s > budget_s:
-            stopped = (f"stopped after {rnd - 1} timed round(s): another would end at about "
-                       f"{(elapsed + last_round_s) / 60:.1f} min, past the {budget_s / 60:.0f} min budget")
+            stopped = (
+                f"stopped after {rnd - 1} timed round(s): another would end at about "
+                f"{(elapsed + last_round_s) / 60:.1f} min, past the {budget_s / 60:.0f} min budget"
+            )
             log(stopped)
             break
         r0 = time.monotonic()
@@ -109,5 +127,10 @@ def run(env: Env, rows: list[Row], *, repeat: int, budget_s: float, light_warmup
             last_round_s = time.monotonic() - r0
         if stopped.startswith("round"):
             break
-    return {"records": list(records.values()), "rounds": rounds, "stopped": stopped,
-            "seconds": round(time.monotonic() - t0, 1), "pid": os.getpid()}
+    return {
+        "records": list(records.values()),
+        "rounds": rounds,
+        "stopped": stopped,
+        "seconds": round(time.monotonic() - t0, 1),
+        "pid": os.getpid(),
+    }

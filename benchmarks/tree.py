@@ -29,8 +29,9 @@ def scan(root: Path, excludes: tuple[str, ...] = (), jobs: int = 2) -> dict[str,
         out[rel] = e
     files = [e for e in out.values() if e["t"] == "f"]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for e, h in zip(files, pool.map(lambda e: manifest.digest(os.path.join(root, e["p"]), "sha256"),
-                                        files)):
+        for e, h in zip(
+            files, pool.map(lambda e: manifest.digest(os.path.join(root, e["p"]), "sha256"), files)
+        ):
             e["h"] = h
     return out
 
@@ -41,23 +42,31 @@ def source_manifest(root: Path, excludes: tuple[str, ...] = ()) -> dict:
     if key not in _SOURCES:
         entries = scan(root, excludes)
         files = [e for e in entries.values() if e["t"] == "f"]
-        _SOURCES[key] = {"entries": entries, "totals": {
-            "entries": len(entries), "files": len(files), "bytes": sum(e["s"] for e in files),
-            "links": sum(1 for e in entries.values() if e["t"] == "l")}}
+        _SOURCES[key] = {
+            "entries": entries,
+            "totals": {
+                "entries": len(entries),
+                "files": len(files),
+                "bytes": sum(e["s"] for e in files),
+                "links": sum(1 for e in entries.values() if e["t"] == "l"),
+            },
+        }
     return _SOURCES[key]
 
 
 @dataclass
 class Verdict:
     ok: bool
-    text: str                       # "yes" / "no: ..." for the table
+    text: str  # "yes" / "no: ..." for the table
     notes: list[str] = field(default_factory=list)
 
 
 def _relocated_expectations(src: Path, old: str, new: str) -> dict[str, dict]:
     """Files relocation rewrites -> their expected size and sha256 (computed from the source)."""
     want: dict[str, dict] = {}
-    candidates = [f"bin/{n}" for n in sorted(os.listdir(src / "bin"))] if (src / "bin").is_dir() else []
+    candidates = (
+        [f"bin/{n}" for n in sorted(os.listdir(src / "bin"))] if (src / "bin").is_dir() else []
+    )
     candidates.append("pyvenv.cfg")
     for rel in candidates:
         full = src / rel
@@ -69,8 +78,14 @@ def _relocated_expectations(src: Path, old: str, new: str) -> dict[str, dict]:
     return want
 
 
-def compare(src: Path, dst: Path, *, excludes: tuple[str, ...] = (), relocated_to: str | None = None,
-            limit: int = 3) -> Verdict:
+def compare(
+    src: Path,
+    dst: Path,
+    *,
+    excludes: tuple[str, ...] = (),
+    relocated_to: str | None = None,
+    limit: int = 3,
+) -> Verdict:
     """Does dst hold src (minus excludes)? relocated_to: the runbook's install path (relocation
     expected). Lists up to `limit` examples of each kind of difference."""
     if not dst.is_dir():
@@ -117,4 +132,3 @@ def compare(src: Path, dst: Path, *, excludes: tuple[str, ...] = (), relocated_t
         shown = ", ".join(rels[:limit]) + (", ..." if len(rels) > limit else "")
         parts.append(f"{len(rels)} {kind} ({shown})")
     return Verdict(False, "no: " + "; ".join(parts), notes)
-

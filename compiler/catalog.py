@@ -52,7 +52,8 @@ def _key(name: str) -> str:
 # nothing about the compute capability: the vendor, the memory, the form factor, the board.
 NOISE = re.compile(
     r"^(?:nvidia|tesla|[0-9]+g(?:b)?|hbm[0-9]*e?|gddr[0-9]+x?|sxm[0-9]*|pcie|nvl[0-9]*|ac|lc"
-    r"|hgx|dgx|server|workstation|edition|max|q)$")
+    r"|hgx|dgx|server|workstation|edition|max|q)$"
+)
 
 
 def _core(name: str) -> str:
@@ -69,13 +70,18 @@ def _read() -> list[GpuModel]:
         missing = [k for k in FIELDS if k not in entry]
         if missing:
             raise ValueError(f"{'/'.join(DATA)}: {entry.get('model')}: missing {missing}")
-        out.append(GpuModel(
-            name=entry["model"], capability=str(entry["capability"]),
-            arch_name=entry["arch_name"], min_cuda=str(entry["min_cuda"]),
-            family=entry["family"], per_node=int(entry["per_node"]),
-            max_cuda=str(entry["max_cuda"]) if entry.get("max_cuda") else None,
-            aliases=tuple(entry.get("aliases") or ()),
-        ))
+        out.append(
+            GpuModel(
+                name=entry["model"],
+                capability=str(entry["capability"]),
+                arch_name=entry["arch_name"],
+                min_cuda=str(entry["min_cuda"]),
+                family=entry["family"],
+                per_node=int(entry["per_node"]),
+                max_cuda=str(entry["max_cuda"]) if entry.get("max_cuda") else None,
+                aliases=tuple(entry.get("aliases") or ()),
+            )
+        )
     return out
 
 
@@ -147,8 +153,12 @@ def declared(model: str, capability: Optional[str]) -> tuple[str, str, str, list
     known = lookup(model)
     capability = capability or (known.capability if known else "")
     entry = resolve(model, capability or None)
-    return (capability, arch_of(capability) if capability else "",
-            entry.arch_name if entry and capability else "", model_names(model))
+    return (
+        capability,
+        arch_of(capability) if capability else "",
+        entry.arch_name if entry and capability else "",
+        model_names(model),
+    )
 
 
 def model_names(model: str) -> list[str]:
@@ -228,6 +238,6 @@ def cuda_gap(cuda: str, gpu: GpuModel) -> Optional[str]:
 
 
 def cuda_problem(cuda: str, gpu: GpuModel) -> Optional[str]:
-    """"CUDA 12.4 cannot target sm_103 (B300); needs 12.9 or later", or None when it can."""
+    """ "CUDA 12.4 cannot target sm_103 (B300); needs 12.9 or later", or None when it can."""
     gap = cuda_gap(cuda, gpu)
     return f"CUDA {cuda} cannot target {gpu.arch} ({gpu.name}); {gap}" if gap else None

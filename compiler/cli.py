@@ -54,8 +54,9 @@ def runbook_names(source: loader.Source, out_dir: Path) -> tuple[loader.Source, 
     return source.renamed(names), from_runbook
 
 
-def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
-                 standalone: bool = False) -> Optional[Output]:
+def compile_spec(
+    spec_path: Path, out_dir: Path, *, explicit: bool = True, standalone: bool = False
+) -> Optional[Output]:
     """The runbook of one spec; None for a base (`abstract: true`) found in a directory."""
     source = loader.load(shown_path(spec_path), allow_abstract=not explicit)
     if source.abstract:
@@ -64,8 +65,9 @@ def compile_spec(spec_path: Path, out_dir: Path, *, explicit: bool = True,
     script = out_dir / f"{spec_path.stem}.sh"
     shown = source.path
     source, from_runbook = runbook_names(source, out_dir)
-    decided = resolve.resolve(spec, source, script_name=script.name, standalone=standalone,
-                              from_runbook=from_runbook)
+    decided = resolve.resolve(
+        spec, source, script_name=script.name, standalone=standalone, from_runbook=from_runbook
+    )
     text = render.render(decided)
     # the runbook as written and, for the default form, with the runtime in place (what runs)
     lint.lint([text] if standalone else [text, render.render(plan.lint_view(decided))], kit.files())
@@ -152,8 +154,12 @@ def collect(paths: list[str]) -> list[tuple[Path, bool]]:
     return specs
 
 
-def compile_all(specs: list[tuple[Path, bool]], out_dir: Path, *,
-                standalone: Callable[[Path], bool] = lambda _script: False) -> list[Output]:
+def compile_all(
+    specs: list[tuple[Path, bool]],
+    out_dir: Path,
+    *,
+    standalone: Callable[[Path], bool] = lambda _script: False,
+) -> list[Output]:
     """Every spec's runbook; warnings go to stderr; SpecError with every problem of every spec (a
     mistake in a shared base is reported once). `standalone(script)`: embed the kit in it."""
     outputs: list[Output] = []
@@ -161,8 +167,9 @@ def compile_all(specs: list[tuple[Path, bool]], out_dir: Path, *,
     other: list[CompilerError] = []
     for spec, explicit in specs:
         try:
-            out = compile_spec(spec, out_dir, explicit=explicit,
-                               standalone=standalone(out_dir / f"{spec.stem}.sh"))
+            out = compile_spec(
+                spec, out_dir, explicit=explicit, standalone=standalone(out_dir / f"{spec.stem}.sh")
+            )
         except SpecError as exc:
             problems.extend(p for p in exc.problems if p not in problems)
             continue
@@ -198,7 +205,9 @@ def check(specs: list[tuple[Path, bool]], out_dir: Path) -> tuple[list[str], int
             drift.append(f"{o.path}: differs from {o.spec} (compile {o.spec})")
     if out_dir.is_dir():
         for stray in sorted([*out_dir.glob("*.sh"), *(out_dir / plan.KIT_DIR).glob("*.tar")]):
-            if stray.name not in expected and stray.name not in {o.kit[0].name for o in outputs if o.kit}:
+            if stray.name not in expected and stray.name not in {
+                o.kit[0].name for o in outputs if o.kit
+            }:
                 drift.append(f"{stray}: no spec in specs/ compiles to it (delete it)")
     return drift, len(outputs)
 
@@ -216,26 +225,49 @@ def parser() -> argparse.ArgumentParser:
         "64 usage, 70 internal error. Templating (extends, --new, --schema, --plan): "
         "docs/templating.md.",
     )
-    p.add_argument("specs", nargs="*", help="spec files or directories (default with --check: specs/)")
+    p.add_argument(
+        "specs", nargs="*", help="spec files or directories (default with --check: specs/)"
+    )
     p.add_argument("-o", "--output-dir", default="generated", help="where runbooks go (generated/)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true",
-                      help="write nothing; exit 4 naming every runbook that no longer matches its spec")
-    mode.add_argument("--plan", metavar="SPEC",
-                      help="print what SPEC's runbook will do, as markdown for a PR; write nothing")
-    mode.add_argument("--schema", action="store_true",
-                      help="print the JSON Schema of specs (docs/spec.schema.json)")
-    mode.add_argument("--kit-diff", nargs=2, metavar=("OLD", "NEW"),
-                      help="print which kit files changed between two kits (sha256, a prefix, "
-                      "a tar's path, or `current`) and their diff")
-    mode.add_argument("--new", metavar="NAME",
-                      help="write a new spec NAME.yaml beside the --from spec, to edit")
-    p.add_argument("--from", dest="from_spec", metavar="SPEC",
-                   help="with --new: the spec to start from (default: the packaged example, "
-                   "written to specs/NAME.yaml)")
-    p.add_argument("--standalone", action="store_true",
-                   help="embed the kit in the runbook (one self-contained file) instead of pinning "
-                   "generated/.kit/<sha256>.tar by its hash")
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 4 naming every runbook that no longer matches its spec",
+    )
+    mode.add_argument(
+        "--plan",
+        metavar="SPEC",
+        help="print what SPEC's runbook will do, as markdown for a PR; write nothing",
+    )
+    mode.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the JSON Schema of specs (docs/spec.schema.json)",
+    )
+    mode.add_argument(
+        "--kit-diff",
+        nargs=2,
+        metavar=("OLD", "NEW"),
+        help="print which kit files changed between two kits (sha256, a prefix, "
+        "a tar's path, or `current`) and their diff",
+    )
+    mode.add_argument(
+        "--new", metavar="NAME", help="write a new spec NAME.yaml beside the --from spec, to edit"
+    )
+    p.add_argument(
+        "--from",
+        dest="from_spec",
+        metavar="SPEC",
+        help="with --new: the spec to start from (default: the packaged example, "
+        "written to specs/NAME.yaml)",
+    )
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="embed the kit in the runbook (one self-contained file) instead of pinning "
+        "generated/.kit/<sha256>.tar by its hash",
+    )
     p.add_argument("--version", action="version", version=f"runbook-compiler {__version__}")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks of crashes")
     return p
@@ -245,28 +277,35 @@ def run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     out_dir = Path(args.output_dir)
     if args.from_spec is not None and args.new is None:
-        raise UsageError("--from SPEC goes with --new NAME, e.g. "
-                         "compile --new h100-b --from specs/b300.yaml")
+        raise UsageError(
+            "--from SPEC goes with --new NAME, e.g. compile --new h100-b --from specs/b300.yaml"
+        )
     if (args.plan or args.schema or args.new or args.kit_diff) and args.specs:
-        raise UsageError("--plan, --schema, --new and --kit-diff take no other spec arguments: "
-                         f"{args.specs}")
+        raise UsageError(
+            f"--plan, --schema, --new and --kit-diff take no other spec arguments: {args.specs}"
+        )
     if args.kit_diff:
         from . import kitdiff
+
         old, new = (kitdiff.load(ref, out_dir) for ref in args.kit_diff)
         print(kitdiff.diff(old, new), end="")
         return EXIT_OK
     if args.schema:
         from . import schema  # the modes below import what only they use: compile starts faster
+
         print(schema.text(), end="")
         return EXIT_OK
     if args.plan:
         return _plan(Path(args.plan), out_dir)
     if args.new:
         from . import newspec
+
         written, todo = newspec.create(args.new, Path(args.from_spec) if args.from_spec else None)
-        print(f"wrote {written}; write this spec's values in place of the <...: CHANGE ME> "
-              f"placeholders and delete the {newspec.MARKER} markers (compile {written} refuses "
-              "it until then):")
+        print(
+            f"wrote {written}; write this spec's values in place of the <...: CHANGE ME> "
+            f"placeholders and delete the {newspec.MARKER} markers (compile {written} refuses "
+            "it until then):"
+        )
         for p in todo:
             print(f"  {p.path}:{p.line}:{p.column}: {p.field or '(comment)'}")
         return EXIT_OK
@@ -277,8 +316,7 @@ def run(argv: list[str]) -> int:
             raise DriftError("generated/ does not match specs/:\n  " + "\n  ".join(drift))
         print(f"ok: {count} runbooks in {out_dir}/ match their specs")
         return EXIT_OK
-    outputs = compile_all(collect(args.specs), out_dir,
-                          standalone=lambda _script: args.standalone)
+    outputs = compile_all(collect(args.specs), out_dir, standalone=lambda _script: args.standalone)
     write_atomically(outputs + kit_outputs(outputs))
     for o in outputs:
         print(f"wrote {o.path} from {o.spec}" + (f" (kit {o.kit[0]})" if o.kit else ""))
@@ -295,11 +333,14 @@ def _plan(spec_path: Path, out_dir: Path) -> int:
     for warning in warnings:
         print(validate.warning_line(warning), file=sys.stderr)
     from . import planmd
+
     script = out_dir / f"{spec_path.stem}.sh"
     decided = resolve.resolve(spec, source, script_name=script.name)
     from . import kitdiff
-    print(planmd.markdown(decided, script, warnings) + kitdiff.plan_section(script, out_dir),
-          end="")
+
+    print(
+        planmd.markdown(decided, script, warnings) + kitdiff.plan_section(script, out_dir), end=""
+    )
     return EXIT_OK
 
 
@@ -323,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
         else:
-            print(f"internal error: {type(exc).__name__}: {exc} (re-run with --traceback)",
-                  file=sys.stderr)
+            print(
+                f"internal error: {type(exc).__name__}: {exc} (re-run with --traceback)",
+                file=sys.stderr,
+            )
         return EXIT_INTERNAL

@@ -18,8 +18,13 @@ from .view import Checks, Destination, Fanout, Identity, Transfer
 SCHEMA = 1  # rbkit.choices.SCHEMA: the kit refuses another
 
 
-def choices(runbook: Identity, transfer: Transfer, destination: Destination, checks: Checks,
-            fan: Optional[Fanout]) -> dict[str, Any]:
+def choices(
+    runbook: Identity,
+    transfer: Transfer,
+    destination: Destination,
+    checks: Checks,
+    fan: Optional[Fanout],
+) -> dict[str, Any]:
     """The document as a dict, from the plan's groups."""
     d = destination
     return {
@@ -44,8 +49,14 @@ def choices(runbook: Identity, transfer: Transfer, destination: Destination, che
     }
 
 
-def document(runbook: Identity, transfer: Transfer, destination: Destination, checks: Checks,
-             fan: Optional[Fanout]) -> str:
+def document(
+    runbook: Identity,
+    transfer: Transfer,
+    destination: Destination,
+    checks: Checks,
+    fan: Optional[Fanout],
+) -> str:
     """The document as the runbook holds it (RB_ENGINE_CHOICES)."""
-    return json.dumps(choices(runbook, transfer, destination, checks, fan), sort_keys=True,
-                      separators=(",", ":"))
+    return json.dumps(
+        choices(runbook, transfer, destination, checks, fan), sort_keys=True, separators=(",", ":")
+    )

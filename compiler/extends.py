@@ -39,9 +39,14 @@ def load(path: str, parse: Callable[[str], Source], *, allow_abstract: bool = Fa
     seen: list[str] = []
     current = parse(path)
     if current.data.get(ABSTRACT) is True and not allow_abstract:
-        problems.append(current.problem(
-            (ABSTRACT,), "this spec is a base (abstract: true): it becomes a runbook only through "
-            "the specs that extend it; compile one of those", key=True))
+        problems.append(
+            current.problem(
+                (ABSTRACT,),
+                "this spec is a base (abstract: true): it becomes a runbook only through "
+                "the specs that extend it; compile one of those",
+                key=True,
+            )
+        )
     while True:
         chain.append(current)
         seen.append(os.path.realpath(current.path))
@@ -77,13 +82,21 @@ def _meta(source: Source, problems: list[Problem]) -> str | None:
         return None
     value = data[EXTENDS]
     if not isinstance(value, str) or not value.strip():
-        problems.append(source.problem(
-            (EXTENDS,), "must be the path of the base spec, relative to this file, e.g. base.yaml"))
+        problems.append(
+            source.problem(
+                (EXTENDS,),
+                "must be the path of the base spec, relative to this file, e.g. base.yaml",
+            )
+        )
         return None
     if value.startswith(("/", "~")):
-        problems.append(source.problem(
-            (EXTENDS,), f"{value!r} must be relative to this file's folder (e.g. base.yaml), so the "
-            "spec compiles in every checkout"))
+        problems.append(
+            source.problem(
+                (EXTENDS,),
+                f"{value!r} must be relative to this file's folder (e.g. base.yaml), so the "
+                "spec compiles in every checkout",
+            )
+        )
         return None
     return posixpath.normpath(posixpath.join(posixpath.dirname(source.path), value))
 
@@ -112,8 +125,12 @@ def _tag_problems(source: Source) -> list[Problem]:
             kind = "a mapping" if isinstance(node, CommentedMap) else "a single value"
             out.append(source.problem(loc, f"{APPEND_TAG} goes on a list, not on {kind}"))
         else:
-            out.append(source.problem(
-                loc, f"unknown tag {tag}: the only tag a spec may use is {APPEND_TAG} (on a list)"))
+            out.append(
+                source.problem(
+                    loc,
+                    f"unknown tag {tag}: the only tag a spec may use is {APPEND_TAG} (on a list)",
+                )
+            )
     return out
 
 
@@ -151,22 +168,40 @@ def _combine(chain: list[Source], problems: list[Problem]) -> Source:
     if problems:
         raise SpecError(problems)
     digest = hashlib.sha256("\n".join(s.sha256 for s in chain).encode()).hexdigest()
-    return Source(path=top.path, text=top.text, data=data, sha256=digest,
-                  chain=tuple(s.path for s in chain), files=tuple(f for s in chain for f in s.files),
-                  origins=origins, abstract=top.abstract,
-                  markers=todo, texts={s.path: s.text for s in chain})
+    return Source(
+        path=top.path,
+        text=top.text,
+        data=data,
+        sha256=digest,
+        chain=tuple(s.path for s in chain),
+        files=tuple(f for s in chain for f in s.files),
+        origins=origins,
+        abstract=top.abstract,
+        markers=todo,
+        texts={s.path: s.text for s in chain},
+    )
 
 
-def _merge(base: Any, base_origins: dict, child_src: Source, child: Any, loc: Loc,
-           out: dict, problems: list[Problem]) -> Any:
+def _merge(
+    base: Any,
+    base_origins: dict,
+    child_src: Source,
+    child: Any,
+    loc: Loc,
+    out: dict,
+    problems: list[Problem],
+) -> Any:
     """The merged value at `loc`; fills `out` with the origin of every entry below `loc`."""
     if isinstance(base, CommentedMap) and isinstance(child, CommentedMap):
         merged = CommentedMap()
         for key in list(base) + [k for k in child if k not in base]:
             here = loc + (key,)
             if key in child:
-                merged[key] = _merge(base.get(key), base_origins, child_src, child[key], here,
-                                     out, problems) if key in base else child[key]
+                merged[key] = (
+                    _merge(base.get(key), base_origins, child_src, child[key], here, out, problems)
+                    if key in base
+                    else child[key]
+                )
                 merged.lc.add_kv_line_col(key, list(child.lc.data[key]))
                 out[here] = child_src.path
             else:
@@ -177,8 +212,11 @@ def _merge(base: Any, base_origins: dict, child_src: Source, child: Any, loc: Lo
     if _appends(child):
         if not isinstance(base, CommentedSeq):
             if base is not None:
-                problems.append(child_src.problem(
-                    loc, f"{APPEND_TAG} adds to a list, but the base's value here is not a list"))
+                problems.append(
+                    child_src.problem(
+                        loc, f"{APPEND_TAG} adds to a list, but the base's value here is not a list"
+                    )
+                )
             return child
         merged = CommentedSeq()
         for i, item in enumerate(base):
@@ -220,16 +258,26 @@ def markers(source: Source) -> list[Problem]:
             continue
         hits = sorted((not scalar, col, loc) for loc, at, col, scalar in entries if at == number)
         loc, col = (hits[0][2], hits[0][1] + 1) if hits else ((), line.index(MARKER) + 1)
-        out.append(Problem(source.path, number + 1, col, dotted(loc),
-                           f"marked {MARKER}: set the value for this spec, then delete the marker"))
+        out.append(
+            Problem(
+                source.path,
+                number + 1,
+                col,
+                dotted(loc),
+                f"marked {MARKER}: set the value for this spec, then delete the marker",
+            )
+        )
     return out
 
 
 def _entries(node: Any, loc: Loc):
     """(loc, line, value column, value is a scalar) of every mapping entry and list item."""
     if isinstance(node, CommentedMap) and node.lc.data:
-        items = [(key, value, node.lc.data[key][0], node.lc.data[key][3])
-                 for key, value in node.items() if key in node.lc.data]
+        items = [
+            (key, value, node.lc.data[key][0], node.lc.data[key][3])
+            for key, value in node.items()
+            if key in node.lc.data
+        ]
     elif isinstance(node, CommentedSeq) and node.lc.data:
         items = [(i, value, *node.lc.data[i][:2]) for i, value in enumerate(node)]
     else:

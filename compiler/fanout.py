@@ -34,7 +34,7 @@ MAX_NODES = 4096
 # nodes the compile warns (docs/fanout.md, "clush tree mode": at 8 nodes flat costs 8 bundles,
 # a tree with two gateways that are nodes too 4.7, so the tree starts to pay above 8)
 FLAT_COPY_WARN_NODES = 8
-GATEWAY_PYTHON = "/usr/bin/python3"   # where distribution packages put ClusterShell
+GATEWAY_PYTHON = "/usr/bin/python3"  # where distribution packages put ClusterShell
 SBCAST_FANOUT = 2
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 BRACKET = re.compile(r"\[([^\[\]]*)\]")
@@ -86,7 +86,8 @@ def expand(nodeset: str, resolver: Any = None) -> list[str]:
             f"ClusterShell group {groups.empty[0]} cannot be resolved at compile time: this "
             "machine's ClusterShell groups (groups.conf) name no nodes for it; `compile` expands "
             "the node set where it runs and writes the nodes into the runbook, so list the nodes "
-            "(e.g. gpu[01-08]) or compile where the group is defined")
+            "(e.g. gpu[01-08]) or compile where the group is defined"
+        )
     if len(nodes) > MAX_NODES:
         raise ValueError(f"more than {MAX_NODES} nodes ({len(nodes)})")
     names = [str(node) for node in nodes]
@@ -151,15 +152,16 @@ def warnings(source: Any, spec: Any) -> list[Problem]:
     n = len(nodes)
     if n <= FLAT_COPY_WARN_NODES:
         return []
-    return [source.problem(
-        ("fanout", "nodes"),
-        f"clush without a topology copies the bundle from this machine once per node ({n} "
-        f"copies); set fanout.topology to a topology.conf whose [routes] start at this machine's "
-        f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and "
-        f"`gw[1-2]: {fold(nodes)}`), so "
-        f"it is sent once per gateway (docs/fanout.md, clush tree mode)")]
-
-
+    return [
+        source.problem(
+            ("fanout", "nodes"),
+            f"clush without a topology copies the bundle from this machine once per node ({n} "
+            f"copies); set fanout.topology to a topology.conf whose [routes] start at this machine's "
+            f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and "
+            f"`gw[1-2]: {fold(nodes)}`), so "
+            f"it is sent once per gateway (docs/fanout.md, clush tree mode)",
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,12 @@ class FanOut:
     @property
     def partials(self) -> tuple[str, ...]:
         """The state and helpers of the install on the nodes, and of the spec's engine."""
-        return ("partials/fanout_node.sh.j2", "partials/fanout.sh.j2",
-                f"partials/fanout_{self.fanout.engine}.sh.j2", "partials/fanplan.sh.j2")
+        return (
+            "partials/fanout_node.sh.j2",
+            "partials/fanout.sh.j2",
+            f"partials/fanout_{self.fanout.engine}.sh.j2",
+            "partials/fanplan.sh.j2",
+        )
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]:
         return FANOUT
@@ -186,8 +192,13 @@ class FanOut:
     def compression_note(self, plan: Plan) -> str:
         compression = plan.transfer.compression
         if compression == "auto":
-            return "decided at run time: " + ", else ".join(
-                f"{tool} -1 if both ends have {tool}" for tool in self.auto_compression) + ", else none"
+            return (
+                "decided at run time: "
+                + ", else ".join(
+                    f"{tool} -1 if both ends have {tool}" for tool in self.auto_compression
+                )
+                + ", else none"
+            )
         return fixed_compression_note(compression)
 
     def installs_on(self, plan: Plan, code: Callable[[str], str]) -> str:
@@ -197,9 +208,11 @@ class FanOut:
         return f"every node ({len(self.fanout.node_list)})"
 
     def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]:
-        return [f"- fan-out: installed on every node of {code(self.fanout.nodes_given)} through "
-                f"{code(self.fanout.engine)} (see the steps below), not only on "
-                f"{code(plan.transfer.dst_host)}"]
+        return [
+            f"- fan-out: installed on every node of {code(self.fanout.nodes_given)} through "
+            f"{code(self.fanout.engine)} (see the steps below), not only on "
+            f"{code(plan.transfer.dst_host)}"
+        ]
 
     def settings(self) -> list[Setting]:
         f = self.fanout
@@ -210,17 +223,25 @@ class FanOut:
             Setting("RB_FAN_ENGINE", f.engine, "fanout: the cluster's engine"),
             Setting("RB_FAN_NODES", f.nodes, comment),
             Setting("RB_FAN_SUCCESS", f.success, "all, or how many nodes must pass"),
-            Setting("RB_FAN_TIMEOUT", str(f.timeout_s),
-                    "seconds for each engine call (copy, install)"),
+            Setting(
+                "RB_FAN_TIMEOUT", str(f.timeout_s), "seconds for each engine call (copy, install)"
+            ),
             Setting("RB_FAN_CONNECT_TIMEOUT", str(f.connect_timeout)),
-            Setting("RB_FAN_SCRATCH_BASE", f.scratch_base,
-                    "on each node: the bundle, as BASE-<16 random hex digits, new for each copy>"
-                    ".tar, moved into a new private directory (mktemp -d) and checked there"),
+            Setting(
+                "RB_FAN_SCRATCH_BASE",
+                f.scratch_base,
+                "on each node: the bundle, as BASE-<16 random hex digits, new for each copy>"
+                ".tar, moved into a new private directory (mktemp -d) and checked there",
+            ),
         ]
         if f.topology is not None:
-            rows.append(Setting("RB_FAN_TOPOLOGY", f.topology,
-                                "clush tree mode (fanout.topology); empty: this machine sends to "
-                                "every node"))
+            rows.append(
+                Setting(
+                    "RB_FAN_TOPOLOGY",
+                    f.topology,
+                    "clush tree mode (fanout.topology); empty: this machine sends to every node",
+                )
+            )
         return rows
 
     def arrays(self) -> list[Array]:
@@ -232,8 +253,13 @@ class FanOut:
         if f.engine_opts is not None:
             rows.append(Array("RB_FAN_ENGINE_OPTS", f.engine_opts, "clush options"))
         if f.clush is not None:
-            rows.append(Array("RB_FAN_CLUSH", f.clush,
-                              "how clush is started (tree mode: with the gateways' python)"))
+            rows.append(
+                Array(
+                    "RB_FAN_CLUSH",
+                    f.clush,
+                    "how clush is started (tree mode: with the gateways' python)",
+                )
+            )
         return rows
 
     def preview(self, step: str, plan: Plan) -> list[str]:
@@ -247,47 +273,69 @@ class FanOut:
         flags = " ".join(launch.FLAGS)
         # the node script (RB_FAN_NODE_SCRIPT) in short: the bundle moved into a new private
         # directory, checked (owner, mode, links, sha256 against the pin), then unpacked and run
-        node_cmd = (f"sh -c 'D=$(mktemp -d {d}.XXXXXX) && mv {d}.tar $D/bundle.tar && <check "
-                    f"it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf "
-                    f"$D/bundle.tar -C $D --exclude=./payload && cd $D && python3 {flags} "
-                    f"$D/kit/{launch.START} rbkit.fanout node --dir $D --dest {dst} --old {src} "
-                    "...'")
+        node_cmd = (
+            f"sh -c 'D=$(mktemp -d {d}.XXXXXX) && mv {d}.tar $D/bundle.tar && <check "
+            f"it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf "
+            f"$D/bundle.tar -C $D --exclude=./payload && cd $D && python3 {flags} "
+            f"$D/kit/{launch.START} rbkit.fanout node --dir $D --dest {dst} --old {src} "
+            "...'"
+        )
         timeout = f.timeout_s
         clush = "".join(f"{shlex.quote(w)} " for w in f.clush or ())
         count = len(f.node_list)
         tar_b = " ".join(common.TAR_RECORD)
         if step == "fan_preflight":
-            return [f"on {src_host}: connect; ship the kit; rbkit scan {src}",
-                    f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
-                    f" present; nodes {f.nodes} ({count})"]
+            return [
+                f"on {src_host}: connect; ship the kit; rbkit scan {src}",
+                f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
+                f" present; nodes {f.nodes} ({count})",
+            ]
         if step == "fan_pack":
-            lines = [f"on {src_host}: rbkit manifest build {src} --algo {t.verify}",
-                     f"on {src_host}: tar -C {src} {tar_b} -cf - <names> | <compress> > here: "
-                     f"{bundle} (with the manifest and the kit)"]
+            lines = [
+                f"on {src_host}: rbkit manifest build {src} --algo {t.verify}",
+                f"on {src_host}: tar -C {src} {tar_b} -cf - <names> | <compress> > here: "
+                f"{bundle} (with the manifest and the kit)",
+            ]
             if t.incremental:
-                lines.append(f"re-run (runs/{name}/fanout-base.jsonl, the last fan-out's "
-                             "manifest, exists): <names> are only what changed since "
-                             "(rbkit manifest delta)")
+                lines.append(
+                    f"re-run (runs/{name}/fanout-base.jsonl, the last fan-out's "
+                    "manifest, exists): <names> are only what changed since "
+                    "(rbkit manifest delta)"
+                )
             return lines
         if step == "fan_copy":
             if f.engine == "slurm":
                 return [f"timeout {timeout} sbcast -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
-            return [f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
-                    f"{opts} --copy {bundle} --dest {d}.tar"]
+            return [
+                f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
+                f"{opts} --copy {bundle} --dest {d}.tar"
+            ]
         if step == "fan_install":
-            again = ["re-run: nodes that lack what the changes-only bundle leaves out (no earlier "
-                     "install, a file changed there) get the whole bundle: copy and install again, "
-                     "on them only"] if t.incremental else []
+            again = (
+                [
+                    "re-run: nodes that lack what the changes-only bundle leaves out (no earlier "
+                    "install, a file changed there) get the whole bundle: copy and install again, "
+                    "on them only"
+                ]
+                if t.incremental
+                else []
+            )
             if f.engine == "slurm":
-                return [f"timeout {timeout} srun -N {count} -n {count} "
-                        f"--ntasks-per-node=1 -w {f.nodes} --chdir=/ "
-                        f"--immediate={f.connect_timeout} "
-                        f"--time={max(1, (timeout + 59) // 60)} -K0 {node_cmd}"] + again
-            return [f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
-                    f"{opts} {node_cmd}"] + again
+                return [
+                    f"timeout {timeout} srun -N {count} -n {count} "
+                    f"--ntasks-per-node=1 -w {f.nodes} --chdir=/ "
+                    f"--immediate={f.connect_timeout} "
+                    f"--time={max(1, (timeout + 59) // 60)} -K0 {node_cmd}"
+                ] + again
+            return [
+                f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
+                f"{opts} {node_cmd}"
+            ] + again
         if step == "fan_compare":
             policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
-            return [f"here: python3 {flags} <kit>/{launch.START} rbkit.fanout compare: nodes x "
-                    "checks, identical rows folded",
-                    f"success: {policy} must pass"]
+            return [
+                f"here: python3 {flags} <kit>/{launch.START} rbkit.fanout compare: nodes x "
+                "checks, identical rows folded",
+                f"success: {policy} must pass",
+            ]
         return []

@@ -21,6 +21,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # no address, path or version looks like it, and compile refuses a spec that still holds one
 PLACEHOLDER = re.compile(r"<[^<>\n]*CHANGE ME>")
 
+
 class At(ValueError):
     """A validator's error that belongs to an entry below the value it checks: `at` is the path
     from that value (`("success",)` from a check of the whole `fanout:`), so validate.py points the
@@ -63,7 +64,8 @@ def _no_secret(value: str) -> str:
     if SECRET.search(value):
         raise ValueError(
             "looks like a private key or password: specs are committed and runbooks are reviewed in "
-            "PRs, so keep secrets out (use identity_file: with a path, an ssh agent, or ssh config)")
+            "PRs, so keep secrets out (use identity_file: with a path, an ssh agent, or ssh config)"
+        )
     return value
 
 
@@ -150,13 +152,13 @@ def _module(value: str) -> str:
 
 def _version(value: str) -> str:
     if not VERSION.match(value):
-        raise ValueError(f"{value!r} is not a version like \"13.0\" or \"2.11.0\"")
+        raise ValueError(f'{value!r} is not a version like "13.0" or "2.11.0"')
     return value
 
 
 def _capability(value: str) -> str:
     if not CAPABILITY.match(value):
-        raise ValueError(f"{value!r} is not a compute capability like \"10.3\"")
+        raise ValueError(f'{value!r} is not a compute capability like "10.3"')
     return value
 
 
@@ -197,11 +199,10 @@ def _env_name(value: str) -> str:
     return value
 
 
-
 def _gpu_model(value: str) -> str:
     # as people write it or nvidia-smi prints it: "B300", "NVIDIA H100 80GB HBM3" (catalog.lookup)
     if not re.match(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]| (?! )){0,79}(?<! )$", value):
-        raise ValueError(f"{value!r} is not a GPU model name like B300 or \"NVIDIA H100 80GB HBM3\"")
+        raise ValueError(f'{value!r} is not a GPU model name like B300 or "NVIDIA H100 80GB HBM3"')
     return value
 
 

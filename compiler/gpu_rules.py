@@ -23,15 +23,24 @@ def problems(source: Source, data: dict[str, Any]) -> list[Problem]:
     if known is None and not gpu.get("capability"):
         near = catalog.closest(gpu["model"])
         either = " or ".join([", ".join(near[:-1]), near[-1]] if len(near) > 1 else near)
-        hint = (f"; did you mean {either}?" if near
-                else f" (known: {', '.join(g.name for g in catalog.models())}).")
-        out.append(source.problem(
-            ("gpu", "model"), f"unknown GPU model {gpu['model']!r}{hint} Or give `capability:` "
-            "yourself."))
+        hint = (
+            f"; did you mean {either}?"
+            if near
+            else f" (known: {', '.join(g.name for g in catalog.models())})."
+        )
+        out.append(
+            source.problem(
+                ("gpu", "model"),
+                f"unknown GPU model {gpu['model']!r}{hint} Or give `capability:` yourself.",
+            )
+        )
     if known is not None and capability and capability != known.capability:
-        out.append(source.problem(
-            ("gpu", "capability"),
-            f"{known.name} has compute capability {known.capability}, not {capability}"))
+        out.append(
+            source.problem(
+                ("gpu", "capability"),
+                f"{known.name} has compute capability {known.capability}, not {capability}",
+            )
+        )
     target = known or catalog.resolve(gpu["model"], capability)
     cuda = data.get("cuda")
     if target is not None and isinstance(cuda, dict) and isinstance(cuda.get("version"), str):
@@ -55,8 +64,11 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
             continue
         gap = catalog.cuda_gap(check.torch.cuda, target)
         if gap:
-            out.append(source.problem(
-                ("checks", i, "torch", "cuda"),
-                f"a torch built for CUDA {check.torch.cuda} has no code for {target.arch} "
-                f"({target.name}): {gap}; expect the checks to fail on {where}"))
+            out.append(
+                source.problem(
+                    ("checks", i, "torch", "cuda"),
+                    f"a torch built for CUDA {check.torch.cuda} has no code for {target.arch} "
+                    f"({target.name}): {gap}; expect the checks to fail on {where}",
+                )
+            )
     return out

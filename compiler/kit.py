@@ -19,8 +19,8 @@ from pathlib import Path
 
 from rbrules.kittar import tar_bytes as kit_tar
 
-HOST_PACKAGES = ("rbkit", "rbprobes", "rbrules")   # shipped to every host the runbook touches
-CONTROLLER_PACKAGES = ("rbview",)                  # only extracted here: the run's pictures
+HOST_PACKAGES = ("rbkit", "rbprobes", "rbrules")  # shipped to every host the runbook touches
+CONTROLLER_PACKAGES = ("rbview",)  # only extracted here: the run's pictures
 PACKAGES = HOST_PACKAGES + CONTROLLER_PACKAGES
 
 
@@ -97,8 +97,9 @@ def tar_bytes(packages: tuple[str, ...] = PACKAGES, runtime: bool = True) -> byt
     root, modes 0644/0755, no compression: a compressor's output may differ between versions).
     `packages`, `runtime`: what it holds (the tar a standalone runbook sends its hosts is
     tar_bytes(HOST_PACKAGES, runtime=False), byte for byte: both made by rbrules.kittar)."""
-    chosen = [(f.path, f.text.encode("utf-8")) for f in files()
-              if f.path.split("/", 1)[0] in packages]
+    chosen = [
+        (f.path, f.text.encode("utf-8")) for f in files() if f.path.split("/", 1)[0] in packages
+    ]
     if runtime:
         chosen.append(("runtime.sh", runtime_text().encode("utf-8")))
     return kit_tar(chosen)

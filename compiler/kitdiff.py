@@ -61,8 +61,7 @@ def _from_tar(data: bytes, name: str) -> Kit:
 
 def _git(args: list[str], cwd: Path) -> Optional[bytes]:
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=30,
-                              check=False)
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -78,8 +77,11 @@ def _from_history(sha: str, kit_dir: Path) -> Optional[bytes]:
     for rev in (revs or b"").decode().split()[:4]:
         for at in (rev, f"{rev}^"):
             listed = _git(["ls-tree", "--name-only", at, "--", f"{plan.KIT_DIR}/"], cwd)
-            found = [n for n in (listed or b"").decode().split()
-                     if Path(n).name.startswith(sha) and n.endswith(".tar")]
+            found = [
+                n
+                for n in (listed or b"").decode().split()
+                if Path(n).name.startswith(sha) and n.endswith(".tar")
+            ]
             if len(found) == 1:
                 return _git(["show", f"{at}:./{found[0]}"], cwd)
     return None
@@ -96,13 +98,15 @@ def load(ref: str, out_dir: Path) -> Kit:
             raise UsageError(f"{ref}: {path.stat().st_size} bytes: too large to be a kit tar")
         return _from_tar(path.read_bytes(), ref)
     if not HEX.match(ref):
-        raise UsageError(f"{ref}: neither a kit tar nor a kit's sha256 (6 to 64 hex digits), "
-                         f"nor `{CURRENT}`")
+        raise UsageError(
+            f"{ref}: neither a kit tar nor a kit's sha256 (6 to 64 hex digits), nor `{CURRENT}`"
+        )
     kit_dir = out_dir / plan.KIT_DIR
     here = sorted(kit_dir.glob(f"{ref}*.tar")) if kit_dir.is_dir() else []
     if len(here) > 1:
-        raise UsageError(f"{ref}: more than one kit in {kit_dir} starts so: "
-                         + ", ".join(p.name for p in here))
+        raise UsageError(
+            f"{ref}: more than one kit in {kit_dir} starts so: " + ", ".join(p.name for p in here)
+        )
     if here:
         return _from_tar(here[0].read_bytes(), ref[:12])
     if ref == kit.pinned()[0][: len(ref)]:
@@ -135,8 +139,10 @@ def changes(old: Kit, new: Kit) -> list[FileChange]:
 
 def summary(old: Kit, new: Kit) -> list[str]:
     """One line a changed file: `rbkit/engine.py: +12 -3`."""
-    return [f"{c.path}: +{c.added} -{c.removed}" + ("" if c.status == "changed" else f" ({c.status})")
-            for c in changes(old, new)]
+    return [
+        f"{c.path}: +{c.added} -{c.removed}" + ("" if c.status == "changed" else f" ({c.status})")
+        for c in changes(old, new)
+    ]
 
 
 def diff(old: Kit, new: Kit) -> str:
@@ -144,13 +150,17 @@ def diff(old: Kit, new: Kit) -> str:
     found = changes(old, new)
     if not found:
         return f"kits {old.name} and {new.name}: the same files\n"
-    lines = [f"kit {old.name} -> {new.name}: {len(found)} file(s) changed", *(
-        "  " + line for line in summary(old, new)), ""]
+    lines = [
+        f"kit {old.name} -> {new.name}: {len(found)} file(s) changed",
+        *("  " + line for line in summary(old, new)),
+        "",
+    ]
     for change in found:
         a = old.files.get(change.path, "").splitlines(keepends=True)
         b = new.files.get(change.path, "").splitlines(keepends=True)
-        lines.append("".join(difflib.unified_diff(a, b, f"a/{change.path}", f"b/{change.path}"))
-                     .rstrip("\n"))
+        lines.append(
+            "".join(difflib.unified_diff(a, b, f"a/{change.path}", f"b/{change.path}")).rstrip("\n")
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -169,14 +179,20 @@ def plan_section(script: Path, out_dir: Path) -> str:
     new_sha = kit.pinned()[0]
     if old_sha is None or old_sha == new_sha:
         return ""
-    head = (f"### Kit\n\nThe kit changes: {script.as_posix()} pins `{old_sha[:12]}`, this "
-            f"compile pins `{new_sha[:12]}` (`compile --kit-diff {old_sha[:12]} current` prints "
-            "the diff).\n")
+    head = (
+        f"### Kit\n\nThe kit changes: {script.as_posix()} pins `{old_sha[:12]}`, this "
+        f"compile pins `{new_sha[:12]}` (`compile --kit-diff {old_sha[:12]} current` prints "
+        "the diff).\n"
+    )
     try:
         old = load(old_sha, out_dir)
     except UsageError:
         return head + "\nThe old kit is not here to compare (neither in .kit/ nor in git).\n"
     lines = summary(old, load(CURRENT, out_dir))
     shown = lines[:40] + ([f"... and {len(lines) - 40} more"] if len(lines) > 40 else [])
-    return head + "\n" + "\n".join(f"- `{line.split(': ', 1)[0]}`: {line.split(': ', 1)[1]}"
-                                   for line in shown) + "\n"
+    return (
+        head
+        + "\n"
+        + "\n".join(f"- `{line.split(': ', 1)[0]}`: {line.split(': ', 1)[1]}" for line in shown)
+        + "\n"
+    )

@@ -22,8 +22,13 @@ from .errors import LintError
 DISABLED = ("SC2310", "SC2249")
 
 
-FLAGS = ("--shell=bash", "--severity=style", "--enable=all", "--exclude=" + ",".join(DISABLED),
-         "--format=json1")
+FLAGS = (
+    "--shell=bash",
+    "--severity=style",
+    "--enable=all",
+    "--exclude=" + ",".join(DISABLED),
+    "--format=json1",
+)
 
 
 def shellcheck_binary() -> str:
@@ -125,7 +130,8 @@ def _run_shellcheck(binary: str, texts: list[str]) -> list[list[str]]:
     out: list[list[str]] = [[] for _ in texts]
     for c in comments:
         out[paths.index(c["file"])].append(
-            f"{c['line']}:{c['column']}: SC{c['code']} ({c['level']}): {c['message']}")
+            f"{c['line']}:{c['column']}: SC{c['code']} ({c['level']}): {c['message']}"
+        )
     return out
 
 
@@ -155,5 +161,6 @@ def lint(texts: list[str], files) -> None:
     for n, findings in enumerate(shellcheck_all(texts)):
         problems += [f"shellcheck{'' if n == 0 else ' (runtime in place)'}: {e}" for e in findings]
     if problems:
-        raise LintError("the generated runbook failed its lint (a compiler bug):\n  "
-                        + "\n  ".join(problems))
+        raise LintError(
+            "the generated runbook failed its lint (a compiler bug):\n  " + "\n  ".join(problems)
+        )

@@ -21,6 +21,7 @@ from .source import APPEND_TAG, Loc, Source, dotted
 
 __all__ = ["APPEND_TAG", "Loc", "Source", "dotted", "load", "parse", "plain", "yaml_rt"]
 
+
 class _Constructor(RoundTripConstructor):
     """ruamel's round-trip constructor, plus `!append` (see extends.py) keeping positions."""
 
@@ -88,8 +89,15 @@ def parse(path: str | Path) -> Source:
     if not isinstance(data, CommentedMap):
         raise SpecError([Problem(shown, 1, 1, "", "the spec must be a mapping of keys to values")])
     digest = hashlib.sha256(raw).hexdigest()
-    return Source(path=shown, text=text, data=data, sha256=digest, chain=(shown,),
-                  files=((shown, digest),), texts={shown: text})
+    return Source(
+        path=shown,
+        text=text,
+        data=data,
+        sha256=digest,
+        chain=(shown,),
+        files=((shown, digest),),
+        texts={shown: text},
+    )
 
 
 def _tab_at(text: str, line: int, col: int) -> bool:
@@ -97,8 +105,11 @@ def _tab_at(text: str, line: int, col: int) -> bool:
     and between tokens, and ruamel's message ("found character '\\t' that cannot start any token")
     does not say what to do."""
     lines = text.split("\n")
-    return 0 < line <= len(lines) and 0 < col <= len(lines[line - 1]) \
+    return (
+        0 < line <= len(lines)
+        and 0 < col <= len(lines[line - 1])
         and lines[line - 1][col - 1] == "\t"
+    )
 
 
 def _duplicate_key(exc: DuplicateKeyError) -> str:

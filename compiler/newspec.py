@@ -53,8 +53,11 @@ PLACEHOLDERS = (
     (("gpu", "model"), "<GPU model on the destination, e.g. H100: CHANGE ME>"),
     # the venv's own dirs, which no example can know: a default that cannot pass (the exports
     # step refused `nvidia/cu13/lib` after the swap, issue 45) is a placeholder too
-    (("cuda", "library_path_first"), "<dirs of site-packages whose libraries go first, e.g. "
-     "nvidia/cu13/lib, or none: []: CHANGE ME>"),
+    (
+        ("cuda", "library_path_first"),
+        "<dirs of site-packages whose libraries go first, e.g. "
+        "nvidia/cu13/lib, or none: []: CHANGE ME>",
+    ),
 )
 EXAMPLE_MARKED = (("description",),)
 
@@ -66,8 +69,10 @@ MODELINE = "# yaml-language-server: $schema="
 def create(name: str, from_path: Optional[Path]) -> tuple[Path, list[Problem]]:
     """Write the new spec; its path and the markers in it (the to-do list)."""
     if name.endswith((".yaml", ".yml")) or "/" in name or not NAME.match(name):
-        raise UsageError(f"--new {name!r}: give a spec name (lower-case letters, digits, '.', '_', "
-                         "'-'), e.g. --new h100-b; the file is NAME.yaml beside the --from spec")
+        raise UsageError(
+            f"--new {name!r}: give a spec name (lower-case letters, digits, '.', '_', "
+            "'-'), e.g. --new h100-b; the file is NAME.yaml beside the --from spec"
+        )
     if from_path is None:
         return _from_example(name)
     if not from_path.is_file():
@@ -77,12 +82,15 @@ def create(name: str, from_path: Optional[Path]) -> tuple[Path, list[Problem]]:
     if source.abstract:
         children = _extending(from_path)
         hint = f", e.g. --from {children[0]}" if children else ""
-        raise UsageError(f"--from {from_path}: a base (abstract: true) is not a cluster; start from a "
-                         f"spec that extends it{hint}")
+        raise UsageError(
+            f"--from {from_path}: a base (abstract: true) is not a cluster; start from a "
+            f"spec that extends it{hint}"
+        )
     spec = validate.validate(source)  # the copy starts from a spec that compiles
     target = from_path.parent / f"{name}.yaml"
-    text = render(from_path.read_text(encoding="utf-8"), name, spec.transfer.target[0],
-                  str(from_path))
+    text = render(
+        from_path.read_text(encoding="utf-8"), name, spec.transfer.target[0], str(from_path)
+    )
     return _write(target, text)
 
 
@@ -100,8 +108,10 @@ def _write(target: Path, text: str) -> tuple[Path, list[Problem]]:
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise UsageError(f"{target} exists; refusing to overwrite it (choose another name, or "
-                         "delete the file first)") from None
+        raise UsageError(
+            f"{target} exists; refusing to overwrite it (choose another name, or "
+            "delete the file first)"
+        ) from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     schema_path = target.parent / SCHEMA_FILE
@@ -137,12 +147,16 @@ def render(text: str, name: str, dst_host: str, origin: str, *, placeholders: bo
         _mark(data, ("name",), note="a copy of " + origin + ": change what differs")
     out = io.StringIO()
     yaml.dump(data, out)
-    head = (f"# Made by `compile --new {name} --from {origin}`. Edit each value marked with the TODO\n"
-            "# comment and delete the marker: compile refuses this spec while one is left.\n")
+    head = (
+        f"# Made by `compile --new {name} --from {origin}`. Edit each value marked with the TODO\n"
+        "# comment and delete the marker: compile refuses this spec while one is left.\n"
+    )
     if placeholders:
-        head = (f"# Made by `compile --new {name}` from {origin}. Write this spec's value in place\n"
-                "# of each <...: CHANGE ME> placeholder, edit the value marked with the TODO comment\n"
-                "# and delete the marker: compile refuses this spec while one is left.\n")
+        head = (
+            f"# Made by `compile --new {name}` from {origin}. Write this spec's value in place\n"
+            "# of each <...: CHANGE ME> placeholder, edit the value marked with the TODO comment\n"
+            "# and delete the marker: compile refuses this spec while one is left.\n"
+        )
     return head + out.getvalue()
 
 
@@ -194,7 +208,7 @@ def _replace(data: Any, path: tuple, text: str) -> int:
     owner, key = parents[-1], path[-1]
     if isinstance(owner.get(key), list):
         _block_style(parents)
-        owner[key] = [text]              # a list: the placeholder is its one item
+        owner[key] = [text]  # a list: the placeholder is its one item
         return 1
     if not isinstance(owner.get(key), str):
         return 0

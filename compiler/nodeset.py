@@ -29,8 +29,8 @@ class Fanout(Model):
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     scratch: AbsPath = "/tmp"
     width: Optional[Annotated[int, Field(strict=True, ge=1, le=4096)]] = None
-    ssh_config: Optional[AbsPath] = None   # clush: ssh -F for every node
-    topology: Optional[AbsPath] = None     # clush: tree mode through gateways
+    ssh_config: Optional[AbsPath] = None  # clush: ssh -F for every node
+    topology: Optional[AbsPath] = None  # clush: tree mode through gateways
     # clush tree mode: the python every gateway runs ClusterShell's gateway with
     # (CLUSTERSHELL_GW_PYTHON_EXECUTABLE); it must import ClusterShell. Default /usr/bin/python3.
     gateway_python: Optional[AbsPath] = None
@@ -41,10 +41,14 @@ class Fanout(Model):
         """One message for both halves of the union (pydantic would give one per member)."""
         if value == "all" or (type(value) is int and 1 <= value <= 4096):
             return value
-        quoted = " (a number: write it without quotes)" if isinstance(value, str) \
-            and value.isdigit() else ""
-        raise ValueError(f'must be "all" or how many nodes must pass (1 to 4096); got '
-                         f'{value!r}{quoted}')
+        quoted = (
+            " (a number: write it without quotes)"
+            if isinstance(value, str) and value.isdigit()
+            else ""
+        )
+        raise ValueError(
+            f'must be "all" or how many nodes must pass (1 to 4096); got {value!r}{quoted}'
+        )
 
     @field_validator("width")
     @classmethod
@@ -69,4 +73,3 @@ class Fanout(Model):
         if self.gateway_python and not self.topology:
             raise ValueError("gateway_python is for clush tree mode (topology): set topology too")
         return self
-

@@ -9,42 +9,61 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import engineconf, kit as kitfiles
+from . import engineconf
+from . import kit as kitfiles
 from .view import Array, Exclusion, Map, Plan, Setting
 
 KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 # ShellCheck checks a runbook turns off for the whole file, each with its reason (printed above the
 # directive): a reviewer's plain `shellcheck generated/*.sh` agrees with compile's lint.
 EXCLUSIONS = (
-    Exclusion("SC2016", (
-        "scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so",
-        "that `$1` in them expands there; their arguments travel quoted by rb::shq.")),
-    Exclusion("SC1003", (
-        "spec values are single-quoted by the compiler (Python's shlex.quote), right by",
-        "construction; a value may hold a backslash, which this check takes for a mistyped",
-        "escape.")),
+    Exclusion(
+        "SC2016",
+        (
+            "scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so",
+            "that `$1` in them expands there; their arguments travel quoted by rb::shq.",
+        ),
+    ),
+    Exclusion(
+        "SC1003",
+        (
+            "spec values are single-quoted by the compiler (Python's shlex.quote), right by",
+            "construction; a value may hold a backslash, which this check takes for a mistyped",
+            "escape.",
+        ),
+    ),
 )
 # The default form reads its runtime from the pinned kit, so settings and state variables only
 # the runtime reads look unused here. compile lints the runbook with the runtime in place
 # (`lint_view`), where this check runs.
 PINNED_EXCLUSIONS = EXCLUSIONS + (
-    Exclusion("SC2034", (
-        "settings and state variables that only the runtime reads (runtime.sh of the pinned",
-        "kit) look unused in this file; compile lints the runbook with the runtime in place,",
-        "where this check runs.")),
+    Exclusion(
+        "SC2034",
+        (
+            "settings and state variables that only the runtime reads (runtime.sh of the pinned",
+            "kit) look unused in this file; compile lints the runbook with the runtime in place,",
+            "where this check runs.",
+        ),
+    ),
 )
+
+
 def lint_view(view: Plan) -> Plan:
     """The runbook as compile lints it: the runtime in place (as --standalone has it), with none
     of the exclusions that only the pinned form needs."""
     return dataclasses.replace(
-        view, kit=dataclasses.replace(view.kit, runtime_partial=kitfiles.RUNTIME_INLINE),
-        exclusions=EXCLUSIONS, exclusion_codes=",".join(x.code for x in EXCLUSIONS))
+        view,
+        kit=dataclasses.replace(view.kit, runtime_partial=kitfiles.RUNTIME_INLINE),
+        exclusions=EXCLUSIONS,
+        exclusion_codes=",".join(x.code for x in EXCLUSIONS),
+    )
 
 
 def rows(plan: Plan) -> Plan:
     """The Plan with its settings block: values, arrays and the steps' maps."""
-    return dataclasses.replace(plan, settings=_settings(plan), arrays=_arrays(plan),
-                               maps=_maps(plan))
+    return dataclasses.replace(
+        plan, settings=_settings(plan), arrays=_arrays(plan), maps=_maps(plan)
+    )
 
 
 def _settings(plan: Plan) -> tuple[Setting, ...]:
@@ -56,9 +75,16 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         Setting("RB_SPEC", runbook.spec_path),
         Setting("RB_SPEC_SHA256", runbook.spec_sha256),
         Setting("RB_COMPILER_VERSION", runbook.compiler_version),
-        Setting("RB_KIT_SHA256", kit.sha256, "The kit (hostkit/): " + (
-            "embedded below (compile --standalone)." if kit.standalone else
-            f"{KIT_DIR}/<sha256>.tar beside this runbook, checked against this hash.")),
+        Setting(
+            "RB_KIT_SHA256",
+            kit.sha256,
+            "The kit (hostkit/): "
+            + (
+                "embedded below (compile --standalone)."
+                if kit.standalone
+                else f"{KIT_DIR}/<sha256>.tar beside this runbook, checked against this hash."
+            ),
+        ),
         Setting("RB_KIT_FILE", kit.file),
         Setting("RB_SSH_CIPHERS", t.ssh_ciphers, "AES-GCM first: the relay is CPU-bound."),
         Setting("RB_SRC_HOST", t.src_host, f"transfer ({t.where})"),
@@ -69,29 +95,52 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         Setting("RB_COMPRESSION", t.compression),
         Setting("RB_VERIFY", t.verify),
         Setting("RB_RERUN", t.rerun),
-        Setting("RB_SPECIAL_MODES", d.special_modes,
-                "the threat model's choices the source's scan reads (docs/design.md): "
-                "setuid/setgid/world-write entries, links that leave the tree"),
+        Setting(
+            "RB_SPECIAL_MODES",
+            d.special_modes,
+            "the threat model's choices the source's scan reads (docs/design.md): "
+            "setuid/setgid/world-write entries, links that leave the tree",
+        ),
         Setting("RB_OUTSIDE_LINKS", d.outside_links),
-        Setting("RB_GPU_DECLARED", "1" if c.gpu_declared else "",
-                "gpu: declared: the report says whether the checks proved it (a skip is not a "
-                "pass)"),
-        Setting("RB_AUDIT_ARCH", c.audit_arch,
-                "the static checks on the source before anything moves: the kernel audit for this "
-                "arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave "
-                "the venv"),
-        Setting("RB_INCREMENTAL", "1" if t.incremental else "0",
-                "a re-run that finds changes sends only them (see docs/design.md)"),
-        Setting("RB_JOBS", t.jobs, "hashing threads on each host (auto: one per CPU); one stream "
-                "per two where the sending end starts the receiving ends (one host, direct)"),
-        Setting("RB_ENGINE_CHOICES", engineconf.document(runbook, t, d, c, plan.fanout),
-                "The install engine's choices, as one JSON document for the engine on the target "
-                "(rbkit/choices.py)."),
+        Setting(
+            "RB_GPU_DECLARED",
+            "1" if c.gpu_declared else "",
+            "gpu: declared: the report says whether the checks proved it (a skip is not a pass)",
+        ),
+        Setting(
+            "RB_AUDIT_ARCH",
+            c.audit_arch,
+            "the static checks on the source before anything moves: the kernel audit for this "
+            "arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave "
+            "the venv",
+        ),
+        Setting(
+            "RB_INCREMENTAL",
+            "1" if t.incremental else "0",
+            "a re-run that finds changes sends only them (see docs/design.md)",
+        ),
+        Setting(
+            "RB_JOBS",
+            t.jobs,
+            "hashing threads on each host (auto: one per CPU); one stream "
+            "per two where the sending end starts the receiving ends (one host, direct)",
+        ),
+        Setting(
+            "RB_ENGINE_CHOICES",
+            engineconf.document(runbook, t, d, c, plan.fanout),
+            "The install engine's choices, as one JSON document for the engine on the target "
+            "(rbkit/choices.py).",
+        ),
     ]
     rows += plan.install.settings()
     if c.run:
-        rows.append(Setting("RB_PROBE_CONFIG", c.config,
-                            "The checks, as one JSON document for the probe on the target."))
+        rows.append(
+            Setting(
+                "RB_PROBE_CONFIG",
+                c.config,
+                "The checks, as one JSON document for the probe on the target.",
+            )
+        )
     return tuple(rows)
 
 
@@ -99,25 +148,41 @@ def _arrays(plan: Plan) -> tuple[Array, ...]:
     """The runbook's `readonly -a` arrays, in its order."""
     runbook, transfer, checks = plan.runbook, plan.transfer, plan.checks
     rows = [
-        Array("RB_AUDIT_ARGS", checks.audit_args,
-              "the kernel audit's options from the spec's kernel_audit check"),
-        Array("RB_SPEC_FILES", tuple(word for file in runbook.spec_files for word in file),
-              "Each file of the spec, three words each: its name, its path from this runbook's "
-              "folder, its sha256: a run refuses to start when one changed."),
+        Array(
+            "RB_AUDIT_ARGS",
+            checks.audit_args,
+            "the kernel audit's options from the spec's kernel_audit check",
+        ),
+        Array(
+            "RB_SPEC_FILES",
+            tuple(word for file in runbook.spec_files for word in file),
+            "Each file of the spec, three words each: its name, its path from this runbook's "
+            "folder, its sha256: a run refuses to start when one changed.",
+        ),
         Array("RB_HOSTS", tuple(h.id for h in plan.hosts), "Hosts this runbook touches."),
         Array("RB_STEPS", tuple(s.id for s in plan.steps)),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
-        Array("RB_LIBRARY_DIRS", plan.destination.library_path_first,
-              "cuda.library_path_first: the exports step puts these dirs of site-packages "
-              "first; preflight and --plan check that the source has them"),
-        Array("RB_AUTO_COMPRESSION", transfer.auto_compression,
-              "compression auto: the first of these every end of the stream has, else none"),
+        Array(
+            "RB_LIBRARY_DIRS",
+            plan.destination.library_path_first,
+            "cuda.library_path_first: the exports step puts these dirs of site-packages "
+            "first; preflight and --plan check that the source has them",
+        ),
+        Array(
+            "RB_AUTO_COMPRESSION",
+            transfer.auto_compression,
+            "compression auto: the first of these every end of the stream has, else none",
+        ),
     ]
     rows += plan.install.arrays()
     if transfer.direct_ssh is not None:
-        rows.append(Array("RB_DIRECT_SSH", transfer.direct_ssh,
-                          "route direct/auto: ssh arguments the source uses to reach the "
-                          "destination"))
+        rows.append(
+            Array(
+                "RB_DIRECT_SSH",
+                transfer.direct_ssh,
+                "route direct/auto: ssh arguments the source uses to reach the destination",
+            )
+        )
     return tuple(rows)
 
 

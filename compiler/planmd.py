@@ -18,7 +18,7 @@ MAX_TEXT = 160  # characters shown of any one value
 
 ROUTES = {
     "relay": "the data streams through the machine running the runbook; {src} and {dst} need not "
-             "reach each other",
+    "reach each other",
     "direct": "{src} sends straight to {dst} over its own ssh; this machine only steers",
     "auto": "{src} sends straight to {dst} when it can reach it, else through this machine",
 }
@@ -53,8 +53,11 @@ def markdown(plan: Plan, script: Path, warnings: list[Problem]) -> str:
 
 def _header(plan: Plan, script: Path) -> str:
     r = plan.runbook
-    chain = " (extends " + ", which extends ".join(_code(p) for p in r.spec_chain) + ")" \
-        if r.spec_chain else ""
+    chain = (
+        " (extends " + ", which extends ".join(_code(p) for p in r.spec_chain) + ")"
+        if r.spec_chain
+        else ""
+    )
     lines = [f"## Runbook plan: {_code(r.name)}", ""]
     for description in r.description_lines:
         lines += [f"> {_cut(description)}", ""]
@@ -71,8 +74,9 @@ def _hosts(plan: Plan) -> str:
     src_host, dst_host = plan.transfer.src_host, plan.transfer.dst_host
     lines = ["### Hosts", "", "| host | role | reached |", "|---|---|---|"]
     for host in plan.hosts:
-        role = " and ".join(r for r, h in (("source", src_host), ("destination", dst_host))
-                            if h == host.id)
+        role = " and ".join(
+            r for r, h in (("source", src_host), ("destination", dst_host)) if h == host.id
+        )
         lines.append(f"| {_code(host.id)} | {role} | {_reach(host)} |")
     lines += ["", "Every command is started from the machine that runs the runbook.", ""]
     return "\n".join(lines)
@@ -97,14 +101,20 @@ def _reach(host: HostView) -> str:
 def _route(plan: Plan) -> str:
     t = plan.transfer
     src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
-    comp = {"auto": ", else ".join(f"{tool} where both ends have it" for tool in
-                                   t.auto_compression) + ", else none",
-            "none": "none"}.get(t.compression, t.compression)
-    verify = ("none: files are not hashed (sizes and names are still checked)" if t.verify == "none"
-              else f"every file's {t.verify} is taken on {src_host} and checked on {dst_host} "
-              "before anything is put in place")
+    comp = {
+        "auto": ", else ".join(f"{tool} where both ends have it" for tool in t.auto_compression)
+        + ", else none",
+        "none": "none",
+    }.get(t.compression, t.compression)
+    verify = (
+        "none: files are not hashed (sizes and names are still checked)"
+        if t.verify == "none"
+        else f"every file's {t.verify} is taken on {src_host} and checked on {dst_host} "
+        "before anything is put in place"
+    )
     lines = [
-        "### What moves, and how", "",
+        "### What moves, and how",
+        "",
         f"- copy {_code(f'{src_host}:{src}')} to {_code(f'{dst_host}:{dst}')}",
         f"- route **{t.route_written}**: "
         + ROUTES[t.route_written].format(src=_code(src_host), dst=_code(dst_host)),
@@ -129,35 +139,50 @@ def _excludes(plan: Plan) -> str:
 
 
 def _size(src_host: str, dst_host: str) -> str:
-    return ("### Size\n\nNot known at compile time. The `preflight` step measures the source on "
-            f"{_code(src_host)} (apparent size and size on disk) and checks that {_code(dst_host)} "
-            "has room before anything is sent; the run's `report.json` records the bytes moved.\n")
+    return (
+        "### Size\n\nNot known at compile time. The `preflight` step measures the source on "
+        f"{_code(src_host)} (apparent size and size on disk) and checks that {_code(dst_host)} "
+        "has room before anything is sent; the run's `report.json` records the bytes moved.\n"
+    )
 
 
 def _changes(plan: Plan) -> str:
     t, d = plan.transfer, plan.destination
     src, dst = t.src_path, t.dst_path
     lines = [
-        f"### What changes on {plan.install.installs_on(plan, _code)}", "",
+        f"### What changes on {plan.install.installs_on(plan, _code)}",
+        "",
         f"- {_code(dst)}: the verified copy is put in place with one rename (staged first in "
         f"{_code(d.staging)})",
     ]
     if src != dst:
-        lines.append(f"- files in the venv that name {_code(src)} (script shebangs, activate "
-                     f"scripts) are rewritten to name {_code(dst)}")
-    lines.append(f"- env file {_code(d.env_path)} (to `source`): VIRTUAL_ENV, PATH with the venv's "
-                 "`bin` first" + (", CUDA_HOME" if d.cuda_home else ""))
+        lines.append(
+            f"- files in the venv that name {_code(src)} (script shebangs, activate "
+            f"scripts) are rewritten to name {_code(dst)}"
+        )
+    lines.append(
+        f"- env file {_code(d.env_path)} (to `source`): VIRTUAL_ENV, PATH with the venv's "
+        "`bin` first" + (", CUDA_HOME" if d.cuda_home else "")
+    )
     if d.cuda_home:
         first = [_code(p) for p in d.library_path_first]
-        lines.append(f"  - CUDA {d.cuda_version}: CUDA_HOME={_code(d.cuda_home)}; "
-                     "LD_LIBRARY_PATH: " + (", ".join(first[:MAX_ITEMS]) + " (in the venv's "
-                                            "site-packages), then " if first else "")
-                     + _code("$CUDA_HOME/lib64"))
+        lines.append(
+            f"  - CUDA {d.cuda_version}: CUDA_HOME={_code(d.cuda_home)}; "
+            "LD_LIBRARY_PATH: "
+            + (
+                ", ".join(first[:MAX_ITEMS]) + " (in the venv's site-packages), then "
+                if first
+                else ""
+            )
+            + _code("$CUDA_HOME/lib64")
+        )
     if d.env:
         lines.append("  - also exported: " + _inline([_code(pair) for pair in d.env]))
     if not plan.hosts[-1].local:
-        lines.append("- the runbook's helper kit is copied to a private directory made for the run "
-                     "(`mktemp -d`) on each ssh host, checked there by its sha256")
+        lines.append(
+            "- the runbook's helper kit is copied to a private directory made for the run "
+            "(`mktemp -d`) on each ssh host, checked there by its sha256"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +201,10 @@ def _checks(plan: Plan) -> str:
     lines += ["| # | check | with | if it cannot run |", "|---|---|---|---|"]
     for i, check in enumerate(c.listed[:MAX_ITEMS], 1):
         params = ", ".join(f"{k}={_code(v, table=True)}" for k, v in check.params) or "defaults"
-        lines.append(f"| {i} | {check.kind} | {_cell(params)} | "
-                     f"{'skipped (allow_skip)' if check.allow_skip else 'fails'} |")
+        lines.append(
+            f"| {i} | {check.kind} | {_cell(params)} | "
+            f"{'skipped (allow_skip)' if check.allow_skip else 'fails'} |"
+        )
     if len(c.listed) > MAX_ITEMS:
         lines.append(f"\n... and {len(c.listed) - MAX_ITEMS} more checks")
     return "\n".join(lines) + "\n"
@@ -185,14 +212,24 @@ def _checks(plan: Plan) -> str:
 
 def _steps(plan: Plan, script: Path) -> str:
     """The runbook's own step list, host, summary and --dry-run text."""
-    lines = ["### Steps", "", "<details><summary>" + " → ".join(s.id for s in plan.steps)
-             + f" (what <code>bash {script.as_posix()} --dry-run</code> prints)</summary>", ""]
+    lines = [
+        "### Steps",
+        "",
+        "<details><summary>"
+        + " → ".join(s.id for s in plan.steps)
+        + f" (what <code>bash {script.as_posix()} --dry-run</code> prints)</summary>",
+        "",
+    ]
     for i, step in enumerate(plan.steps, 1):
         body = [_cut(line, 240, one_line=False) for line in step.preview.splitlines()[:MAX_ITEMS]]
-        fence = "`" * max(3, 1 + max((len(run) for line in body for run in re.findall("`+", line)),
-                                     default=0))
-        lines.append(f"{i}. **{step.id}**" + (f" on {_code(step.host)}" if step.host else "")
-                     + f": {step.doc}")
+        fence = "`" * max(
+            3, 1 + max((len(run) for line in body for run in re.findall("`+", line)), default=0)
+        )
+        lines.append(
+            f"{i}. **{step.id}**"
+            + (f" on {_code(step.host)}" if step.host else "")
+            + f": {step.doc}"
+        )
         lines += [f"   {fence}", *(f"   {line}" for line in body), f"   {fence}"]
     lines += ["", "</details>", ""]
     return "\n".join(lines)
@@ -201,8 +238,10 @@ def _steps(plan: Plan, script: Path) -> str:
 def _warnings(warnings: list[Problem]) -> str:
     if not warnings:
         return ""
-    items = [f"{_code(f'{w.path}:{w.line}:{w.column}')} {w.field}: {_cut(w.message, 400)}"
-             for w in warnings]
+    items = [
+        f"{_code(f'{w.path}:{w.line}:{w.column}')} {w.field}: {_cut(w.message, 400)}"
+        for w in warnings
+    ]
     return "### Warnings\n\n" + _list(items) + "\n"
 
 

@@ -133,14 +133,19 @@ def environment() -> jinja2.Environment:
     env.filters.update(sh=sh, shwords=shwords, ident=ident, num=num, comment=comment, body=body)
     # the rules the runbook's bash shares with the kit (rbrules: the one host-side package the
     # compiler imports): how every Python on a host is started
-    env.globals["py"] = {"flags": launch.FLAGS, "site_flags": launch.SITE_FLAGS,
-                         "start": launch.START}
+    env.globals["py"] = {
+        "flags": launch.FLAGS,
+        "site_flags": launch.SITE_FLAGS,
+        "start": launch.START,
+    }
     # and which compressors a host has, how long compression auto measures the link, how long a
     # second run waits for the lock
-    env.globals["rules"] = {"compressor_tools": common.COMPRESSOR_TOOLS,
-                            "link_seconds": common.LINK_SECONDS,
-                             "link_send_seconds": common.LINK_SEND_SECONDS,
-                            "lock_wait": common.LOCK_WAIT_S}
+    env.globals["rules"] = {
+        "compressor_tools": common.COMPRESSOR_TOOLS,
+        "link_seconds": common.LINK_SECONDS,
+        "link_send_seconds": common.LINK_SEND_SECONDS,
+        "lock_wait": common.LOCK_WAIT_S,
+    }
     return env
 
 

@@ -24,19 +24,39 @@ from typing import Any, Optional
 
 from rbrules import paths
 
-from . import __version__, catalog, fanout, kit as kitfiles, plan, steps
+from . import __version__, catalog, fanout, plan, steps
+from . import kit as kitfiles
 from .loader import Source
 from .render import Safe
 from .spec import Host, Spec, failed_checks_policy
-from .view import (Check, Checks, Destination, Fanout, Gpu, HostView, Identity, Install, Kit,
-                   KitFile, Plan, StepView, Transfer)
+from .view import (
+    Check,
+    Checks,
+    Destination,
+    Fanout,
+    Gpu,
+    HostView,
+    Identity,
+    Install,
+    Kit,
+    KitFile,
+    Plan,
+    StepView,
+    Transfer,
+)
 
 # AES-GCM first: the relay is CPU-bound
 SSH_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 
 
-def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = False,
-            from_runbook: Optional[dict[str, str]] = None) -> Plan:
+def resolve(
+    spec: Spec,
+    source: Source,
+    script_name: str,
+    *,
+    standalone: bool = False,
+    from_runbook: Optional[dict[str, str]] = None,
+) -> Plan:
     """The Plan of the runbook for `spec`. `standalone`: the kit is embedded in the runbook; by
     default the runbook pins the kit by its sha256 and reads it from `.kit/<sha256>.tar` beside
     itself (compiler.kit.pinned; the CLI writes that file). `from_runbook`: each spec file's path
@@ -45,8 +65,10 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
     dst_host, dst_path = spec.transfer.target
     # the one place that asks whether this is a fan-out
     install: Install = fanout.FanOut(_fanout(spec)) if spec.fanout else steps.SingleHost()
-    hosts = tuple(_host(spec.hosts[hid], hid, source, from_runbook or {})
-                  for hid in dict.fromkeys([src_host, dst_host]))
+    hosts = tuple(
+        _host(spec.hosts[hid], hid, source, from_runbook or {})
+        for hid in dict.fromkeys([src_host, dst_host])
+    )
     transfer = Transfer(
         where=_where(source, ("transfer",)),
         src_host=src_host,
@@ -94,8 +116,9 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
         spec_path=source.path,
         spec_sha256=source.sha256,
         spec_chain=tuple(source.chain[1:]),
-        spec_files=tuple((path, (from_runbook or {}).get(path, path), sha)
-                         for path, sha in source.files),
+        spec_files=tuple(
+            (path, (from_runbook or {}).get(path, path), sha) for path, sha in source.files
+        ),
         description_lines=(spec.description,) if spec.description else (),
         compiler_version=__version__,
         seal_placeholder="0" * 64,
@@ -113,9 +136,20 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
     )
     exclusions = plan.EXCLUSIONS if standalone else plan.PINNED_EXCLUSIONS
     decided = Plan(
-        runbook=runbook, kit=kit, transfer=transfer, destination=destination, checks=checks,
-        fanout=install.fanout, install=install, hosts=hosts, partials=install.partials, steps=(),
-        settings=(), arrays=(), maps=(), exclusions=exclusions,
+        runbook=runbook,
+        kit=kit,
+        transfer=transfer,
+        destination=destination,
+        checks=checks,
+        fanout=install.fanout,
+        install=install,
+        hosts=hosts,
+        partials=install.partials,
+        steps=(),
+        settings=(),
+        arrays=(),
+        maps=(),
+        exclusions=exclusions,
         exclusion_codes=",".join(x.code for x in exclusions),
     )
     ids = install.step_ids(checks.run)
@@ -124,12 +158,18 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
         loc = steps.WHERE[sid]
         if loc[0] not in source.data:
             loc = ("transfer",)
-        step_views.append(StepView(
-            id=sid, index=i, total=len(ids), where=_where(source, loc),
-            doc=steps.DOCS[sid], host=steps.host(sid, transfer),
-            preview="\n".join(install.preview(sid, decided)),
-            template=f"steps/{sid}.sh.j2",
-        ))
+        step_views.append(
+            StepView(
+                id=sid,
+                index=i,
+                total=len(ids),
+                where=_where(source, loc),
+                doc=steps.DOCS[sid],
+                host=steps.host(sid, transfer),
+                preview="\n".join(install.preview(sid, decided)),
+                template=f"steps/{sid}.sh.j2",
+            )
+        )
     return plan.rows(dataclasses.replace(decided, steps=tuple(step_views)))
 
 
@@ -139,14 +179,16 @@ def resolve(spec: Spec, source: Source, script_name: str, *, standalone: bool = 
 def _kit_file(f: kitfiles.KitFile, separator: str) -> KitFile:
     """One file of an embedded kit: the line naming it, then its text (kit.embedded)."""
     text, cut = kitfiles.embedded(f.text)
-    return KitFile(path=f.path, head=Safe(f"{separator} {f.path}" + (" -n" if cut else "")),
-                   text=Safe(text))
+    return KitFile(
+        path=f.path, head=Safe(f"{separator} {f.path}" + (" -n" if cut else "")), text=Safe(text)
+    )
 
 
 def _host(host: Host, hid: str, source: Source, from_runbook: dict[str, str]) -> HostView:
     if host.ssh_config:
-        found = ssh_config_path(host.ssh_config, source.origin(("hosts", hid, "ssh_config")),
-                                from_runbook)
+        found = ssh_config_path(
+            host.ssh_config, source.origin(("hosts", hid, "ssh_config")), from_runbook
+        )
         host = host.model_copy(update={"ssh_config": found})
     return HostView(
         id=hid,
@@ -169,8 +211,10 @@ def ssh_words(host: Host, *, here: bool = True) -> list[str]:
     if host.local:
         return []
     words: list[str] = [
-        "-o", f"ConnectTimeout={host.connect_timeout}",
-        "-o", f"StrictHostKeyChecking={'yes' if host.host_keys == 'strict' else 'accept-new'}",
+        "-o",
+        f"ConnectTimeout={host.connect_timeout}",
+        "-o",
+        f"StrictHostKeyChecking={'yes' if host.host_keys == 'strict' else 'accept-new'}",
     ]
     if host.port:
         words += ["-p", str(host.port)]
@@ -192,8 +236,9 @@ def direct_words(spec: Spec) -> list[str]:
     if spec.transfer.route == "relay":
         return []
     dst = spec.hosts[spec.transfer.target[0]]
-    hop = spec.transfer.direct or Host(ssh=dst.ssh, port=dst.port, host_keys=dst.host_keys,
-                                       connect_timeout=dst.connect_timeout)
+    hop = spec.transfer.direct or Host(
+        ssh=dst.ssh, port=dst.port, host_keys=dst.host_keys, connect_timeout=dst.connect_timeout
+    )
     assert hop.ssh is not None  # validate.py: direct and auto need both ends reached over ssh
     return ssh_words(hop, here=False) + ["--", hop.ssh]
 
@@ -222,8 +267,9 @@ def ssh_config_path(value: str, spec_file: str, from_runbook: dict[str, str]) ->
     `..` only lead (sshopts), so joining them as text names what the kernel reaches."""
     if value.startswith(("/", "~/")):
         return value
-    folder = posixpath.dirname(from_runbook[spec_file] if spec_file in from_runbook
-                               else os.path.realpath(spec_file))
+    folder = posixpath.dirname(
+        from_runbook[spec_file] if spec_file in from_runbook else os.path.realpath(spec_file)
+    )
     return posixpath.normpath(posixpath.join(folder, value))
 
 
@@ -249,8 +295,14 @@ def _gpu(spec: Spec) -> Optional[Gpu]:
     if not spec.gpu:
         return None
     capability, arch, arch_name, names = catalog.declared(spec.gpu.model, spec.gpu.capability)
-    return Gpu(model=spec.gpu.model, count=spec.gpu.count, capability=capability, arch=arch,
-               arch_name=arch_name, names=tuple(names))
+    return Gpu(
+        model=spec.gpu.model,
+        count=spec.gpu.count,
+        capability=capability,
+        arch=arch,
+        arch_name=arch_name,
+        names=tuple(names),
+    )
 
 
 def _checks(spec: Spec, dst_host: str) -> Checks:
@@ -265,22 +317,50 @@ def _checks(spec: Spec, dst_host: str) -> Checks:
     for i, check in enumerate(spec.checks):
         kind = check.kind
         ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{i}"
-        listed.append({"id": ident, "type": kind, "params": check.params,
-                       "allow_skip": check.allow_skip})
+        listed.append(
+            {"id": ident, "type": kind, "params": check.params, "allow_skip": check.allow_skip}
+        )
     implied = implied_checks(spec.transfer.source[1], audit, {c["type"] for c in listed})
-    gpu_doc = None if gpu is None else {
-        "model": gpu.model, "count": gpu.count, "capability": gpu.capability or None,
-        "arch": gpu.arch or None, "names": list(gpu.names)}
-    cuda_doc = None if not spec.cuda else {
-        "version": spec.cuda.version, "home": spec.cuda.home, "library_dirs": [],
-        "library_path_first": list(spec.cuda.library_path_first)}
-    config = {"schema": 1, "host": dst_host, "venv": None, "gpu": gpu_doc, "cuda": cuda_doc,
-              "checks": implied + listed}
+    gpu_doc = (
+        None
+        if gpu is None
+        else {
+            "model": gpu.model,
+            "count": gpu.count,
+            "capability": gpu.capability or None,
+            "arch": gpu.arch or None,
+            "names": list(gpu.names),
+        }
+    )
+    cuda_doc = (
+        None
+        if not spec.cuda
+        else {
+            "version": spec.cuda.version,
+            "home": spec.cuda.home,
+            "library_dirs": [],
+            "library_path_first": list(spec.cuda.library_path_first),
+        }
+    )
+    config = {
+        "schema": 1,
+        "host": dst_host,
+        "venv": None,
+        "gpu": gpu_doc,
+        "cuda": cuda_doc,
+        "checks": implied + listed,
+    }
     return Checks(
         gpu_declared=gpu is not None,
         gpu=gpu,
-        listed=tuple(Check(kind=c.kind, params=tuple((k, _shown(v)) for k, v in c.params.items()),
-                           allow_skip=c.allow_skip) for c in spec.checks),
+        listed=tuple(
+            Check(
+                kind=c.kind,
+                params=tuple((k, _shown(v)) for k, v in c.params.items()),
+                allow_skip=c.allow_skip,
+            )
+            for c in spec.checks
+        ),
         kinds=tuple(c["type"] for c in implied + listed),
         audit_arch=arch,
         audit_args=tuple(audit_args(params)) if listed_audit else (),
@@ -297,9 +377,13 @@ def implied_checks(src: str, audit: bool, kinds: set[str]) -> list[dict[str, Any
     out: list[dict[str, Any]] = []
     if "relocation" not in kinds:
         params = {"old": src} if src.startswith("/") else {}
-        out.append({"id": "relocation", "type": "relocation", "params": params, "allow_skip": False})
+        out.append(
+            {"id": "relocation", "type": "relocation", "params": params, "allow_skip": False}
+        )
     if audit and "kernel_audit" not in kinds:
-        out.append({"id": "kernel_audit", "type": "kernel_audit", "params": {}, "allow_skip": False})
+        out.append(
+            {"id": "kernel_audit", "type": "kernel_audit", "params": {}, "allow_skip": False}
+        )
     return out
 
 
@@ -321,7 +405,9 @@ def audit_args(params: dict[str, Any]) -> list[str]:
 def _shown(value: Any) -> str:
     """A check's parameter in one short line (compile --plan's table)."""
     if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
+        return (
+            "[" + ", ".join(str(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
+        )
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value.splitlines()[0] if isinstance(value, str) and value else value)
@@ -346,8 +432,15 @@ def _fanout(spec: Spec) -> Fanout:
     # how clush is started: in tree mode with the python the gateways run ClusterShell's gateway
     # with (clush passes CLUSTERSHELL_GW_PYTHON_EXECUTABLE on to them; without it each gateway
     # runs whatever `python3` its PATH finds)
-    starts = ["env", "CLUSTERSHELL_GW_PYTHON_EXECUTABLE="
-              f"{f.gateway_python or fanout.GATEWAY_PYTHON}", "clush"] if f.topology else ["clush"]
+    starts = (
+        [
+            "env",
+            f"CLUSTERSHELL_GW_PYTHON_EXECUTABLE={f.gateway_python or fanout.GATEWAY_PYTHON}",
+            "clush",
+        ]
+        if f.topology
+        else ["clush"]
+    )
     return Fanout(
         engine=f.engine,
         nodes=fanout.fold(nodes),

@@ -13,7 +13,9 @@ from .errors import Problem
 
 Loc = tuple  # a pydantic-style location: ("transfer", "exclude", 2)
 APPEND_TAG = "!append"  # on a list in a spec that extends another: add to the base's list
-PLAIN_SCALAR = re.compile(r"[^\s,\[\]{}#'\"]+")  # a number or word as written, up to a flow separator
+PLAIN_SCALAR = re.compile(
+    r"[^\s,\[\]{}#'\"]+"
+)  # a number or word as written, up to a flow separator
 
 
 @dataclass
@@ -39,13 +41,18 @@ class Source:
     def renamed(self, names: dict[str, str]) -> "Source":
         """The same spec with its files named by `names` (old name -> new; absent: unchanged), for
         the runbook, whose names must not depend on the directory compile ran in."""
+
         def new(path: str) -> str:
             return names.get(path, path)
 
-        return replace(self, path=new(self.path), chain=tuple(new(p) for p in self.chain),
-                       files=tuple((new(p), sha) for p, sha in self.files),
-                       origins={loc: new(p) for loc, p in self.origins.items()},
-                       texts={new(p): text for p, text in self.texts.items()})
+        return replace(
+            self,
+            path=new(self.path),
+            chain=tuple(new(p) for p in self.chain),
+            files=tuple((new(p), sha) for p, sha in self.files),
+            origins={loc: new(p) for loc, p in self.origins.items()},
+            texts={new(p): text for p, text in self.texts.items()},
+        )
 
     def locate(self, loc: Loc, *, key: bool = False) -> tuple[str, int, int]:
         """File, line and column (1-based) of the node at `loc`, or of its nearest existing parent.
@@ -81,8 +88,12 @@ class Source:
             last = depth == len(loc)
             if isinstance(node, CommentedMap) and part in node and node.lc.data:
                 line, col = node.lc.key(part) if (key and last) else node.lc.value(part)
-            elif (isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node)
-                  and node.lc.data):
+            elif (
+                isinstance(node, CommentedSeq)
+                and isinstance(part, int)
+                and 0 <= part < len(node)
+                and node.lc.data
+            ):
                 line, col = node.lc.item(part)
             else:
                 return

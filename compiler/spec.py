@@ -30,8 +30,8 @@ from .fields import (
     Exclude,
     Ident,
     IdentityPath,
-    ModuleName,
     Model,
+    ModuleName,
     Name,
     NonEmpty,
     Port,
@@ -67,7 +67,8 @@ class Host(Model):
     connect_timeout: Annotated[int, Field(strict=True, ge=1, le=300)] = 10
     # only the ssh options a relay needs (compiler/sshopts.py: an allowlist, values checked)
     options: dict[Annotated[str, AfterValidator(_ssh_option_key)], NonEmpty] = Field(
-        default_factory=_empty_dict)
+        default_factory=_empty_dict
+    )
 
     @field_validator("options")
     @classmethod
@@ -86,15 +87,20 @@ class Host(Model):
         if errors:
             raise At.many(errors)
         # known_hosts files as the kernel reads them: what ssh gets and the runbook checks
-        return {key: sshopts.known_hosts_files(value) if key.lower() in sshopts.KNOWN_HOSTS
-                else value for key, value in options.items()}
+        return {
+            key: sshopts.known_hosts_files(value) if key.lower() in sshopts.KNOWN_HOSTS else value
+            for key, value in options.items()
+        }
 
     @model_validator(mode="before")
     @classmethod
     def _ssh_uri(cls, data: Any) -> Any:
         """`ssh: ssh://user@host:2222` is read as `ssh: user@host` with `port: 2222`."""
-        if not isinstance(data, dict) or not isinstance(data.get("ssh"), str) \
-                or not data["ssh"].startswith("ssh://"):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("ssh"), str)
+            or not data["ssh"].startswith("ssh://")
+        ):
             return data
         try:
             target, port = parse_ssh_uri(data["ssh"])
@@ -110,11 +116,14 @@ class Host(Model):
             raise ValueError("a host is either `local: true` or reached by `ssh:`, not both")
         if not self.local and not self.ssh:
             raise ValueError("say how to reach the host: `ssh: user@host`, or `local: true`")
-        if self.local and (self.port or self.identity_file or self.jump or self.options
-                           or self.ssh_config):
-            raise ValueError("ssh settings (port, identity_file, jump, options, ssh_config) need "
-                             "`ssh:`")
+        if self.local and (
+            self.port or self.identity_file or self.jump or self.options or self.ssh_config
+        ):
+            raise ValueError(
+                "ssh settings (port, identity_file, jump, options, ssh_config) need `ssh:`"
+            )
         return self
+
 
 class Transfer(Model):
     from_: EndpointText = Field(alias="from")
@@ -148,8 +157,9 @@ class Transfer(Model):
     # warning naming it, and the run goes on (the checks still source the install's own env file).
     shared_parent: Literal[common.SHARED_PARENT] = "refuse"
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True,
-                              defer_build=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, populate_by_name=True, defer_build=True
+    )
 
     @property
     def source(self) -> tuple[str, str]:
@@ -219,6 +229,7 @@ class KernelAuditCheck(CheckBase):
 
 class RelocationCheck(CheckBase):
     """Always run (the plan adds it): bin/ interpreters inside the venv, no old prefix left."""
+
     old: Optional[AbsPath] = None
     timeout_s: Annotated[int, Field(strict=True, ge=1, le=3600)] = 60
 
@@ -290,7 +301,8 @@ class Check(Model):
         given = [k for k in CHECK_TYPES if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                "each check is a mapping with exactly one of: " + ", ".join(CHECK_TYPES)
+                "each check is a mapping with exactly one of: "
+                + ", ".join(CHECK_TYPES)
                 + (f" (got {', '.join(given)})" if given else "")
             )
         return self
@@ -338,24 +350,31 @@ class Spec(Model):
     def _rollback_needs_backup(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
         transfer = info.data.get("transfer")
         if value == "rollback" and transfer is not None and transfer.on_existing != "backup":
-            raise ValueError("rollback needs a previous install to go back to: set "
-                             "transfer.on_existing: backup")
+            raise ValueError(
+                "rollback needs a previous install to go back to: set transfer.on_existing: backup"
+            )
         return value
-    env: dict[Annotated[str, AfterValidator(_env_name)], Annotated[str, AfterValidator(_nonempty)]] = (
-        Field(default_factory=_empty_dict))
+
+    env: dict[
+        Annotated[str, AfterValidator(_env_name)], Annotated[str, AfterValidator(_nonempty)]
+    ] = Field(default_factory=_empty_dict)
     # install on many nodes through the cluster's engine; transfer.to's host is where the engine
     # runs (this machine), its path the destination on every node
     fanout: Optional[Fanout] = None
 
     @field_validator("fanout")
     @classmethod
-    def _fanout_head_is_here(cls, value: Optional[Fanout], info: ValidationInfo) -> Optional[Fanout]:
+    def _fanout_head_is_here(
+        cls, value: Optional[Fanout], info: ValidationInfo
+    ) -> Optional[Fanout]:
         transfer, hosts = info.data.get("transfer"), info.data.get("hosts") or {}
         if value is not None and transfer is not None:
             head = hosts.get(transfer.target[0])
             if head is not None and not head.local:
-                raise ValueError("with fanout, transfer.to names `local: true` host (where the "
-                                 "engine runs) and the path on every node")
+                raise ValueError(
+                    "with fanout, transfer.to names `local: true` host (where the "
+                    "engine runs) and the path on every node"
+                )
         return value
 
 

@@ -15,20 +15,23 @@ HOSTNAME = re.compile(
 )
 IPV6 = re.compile(r"^\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9]+)?\]?$")
 HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:\[\]]+):([0-9]+)$")  # host:2222, [::1]:2222
-SSH_URI = re.compile(r"^ssh://(?:(?P<user>[^@/\[\]]+)@)?(?P<host>\[[^\]/]+\]|[^:/@\[\]]+)"
-                     r"(?::(?P<port>[^/]*))?/?$")
+SSH_URI = re.compile(
+    r"^ssh://(?:(?P<user>[^@/\[\]]+)@)?(?P<host>\[[^\]/]+\]|[^:/@\[\]]+)"
+    r"(?::(?P<port>[^/]*))?/?$"
+)
 SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]{1,40}$")
 
 
 def parse_ssh_target(value: str) -> tuple[Optional[str], str]:
-    """"user@host" or "host" -> (user, host), each validated; raises ValueError."""
+    """ "user@host" or "host" -> (user, host), each validated; raises ValueError."""
     _nonempty(value)
     user, _, host = value.rpartition("@")
     with_port = HOST_PORT.match(host)
     if with_port:
         raise ValueError(
             f"{value!r}: ssh takes no port in the address: use `port: {with_port.group(2)}` "
-            f"(and `ssh: {user + '@' if user else ''}{with_port.group(1).strip('[]')}`)")
+            f"(and `ssh: {user + '@' if user else ''}{with_port.group(1).strip('[]')}`)"
+        )
     if value.startswith("ssh://"):
         raise ValueError(f"{value!r} is not an ssh address like ssh://user@host:2222")
     if user and not USER.match(user):
@@ -44,7 +47,7 @@ def _ssh_target(value: str) -> str:
 
 
 def parse_ssh_uri(value: str) -> tuple[str, Optional[int]]:
-    """"ssh://user@host:2222" -> ("user@host", 2222), checked; raises ValueError."""
+    """ "ssh://user@host:2222" -> ("user@host", 2222), checked; raises ValueError."""
     found = SSH_URI.match(value)
     if not found:
         raise ValueError(f"{value!r} is not an ssh address like ssh://user@host:2222 (no path)")
@@ -70,7 +73,7 @@ def _jump(value: str) -> str:
         hops.append(hop)
         with_port = HOST_PORT.match(hop.rpartition("@")[2])
         if with_port:
-            target, port = hop[:-len(with_port.group(2)) - 1], with_port.group(2)
+            target, port = hop[: -len(with_port.group(2)) - 1], with_port.group(2)
         else:
             target, _, port = hop.rpartition(":") if hop.count(":") == 1 else (hop, "", "")
         parse_ssh_target(target)

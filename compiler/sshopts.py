@@ -59,28 +59,40 @@ def _paths(v: str, *, may_be_off: bool) -> Optional[str]:
         if f in OFF:
             continue
         if "%" in f:
-            return (f"{f}: ssh's % tokens are not taken here (the runbook checks the file before "
-                    "ssh reads it): write ~/ for your home, and name one file for every host")
+            return (
+                f"{f}: ssh's % tokens are not taken here (the runbook checks the file before "
+                "ssh reads it): write ~/ for your home, and name one file for every host"
+            )
         if not PATH.match(f) or ".." in f.split("/"):
-            where = " (ssh would read it from wherever the runbook runs)" if PATH.match(
-                "/" + f) and ".." not in f.split("/") else ""
-            return (f"{f} must be an absolute path or a ~/ path{where}, e.g. ~/.ssh/known_hosts; "
-                    "several files are separated by single spaces, without `..`")
+            where = (
+                " (ssh would read it from wherever the runbook runs)"
+                if PATH.match("/" + f) and ".." not in f.split("/")
+                else ""
+            )
+            return (
+                f"{f} must be an absolute path or a ~/ path{where}, e.g. ~/.ssh/known_hosts; "
+                "several files are separated by single spaces, without `..`"
+            )
     normal = [f if f in OFF else known_hosts_path(f) for f in files]
     if not may_be_off and any(f in OFF for f in normal):
-        shown = next(f if f == n else f"{f} is /dev/null: it" for f, n in zip(files, normal)
-                     if n in OFF)
-        return (f"{shown} turns host key checking off (no host key is ever known: with accept-new "
-                "any key is taken): name a known_hosts file, or leave the option out")
+        shown = next(
+            f if f == n else f"{f} is /dev/null: it" for f, n in zip(files, normal) if n in OFF
+        )
+        return (
+            f"{shown} turns host key checking off (no host key is ever known: with accept-new "
+            "any key is taken): name a known_hosts file, or leave the option out"
+        )
     for f, n in zip(files, normal):
         if n in OFF:
             continue  # GlobalKnownHostsFile /dev/null: this machine's global file is not read
         what = in_system(n) if n.startswith("/") else None
         if what:
             top = n.split("/")[1]
-            return (f"{f} is in /{top}, {what}, not a known_hosts file: name a regular file "
-                    "that holds the host's key (e.g. /etc/ssh/ssh_known_hosts or "
-                    "~/.ssh/known_hosts), or leave the option out")
+            return (
+                f"{f} is in /{top}, {what}, not a known_hosts file: name a regular file "
+                "that holds the host's key (e.g. /etc/ssh/ssh_known_hosts or "
+                "~/.ssh/known_hosts), or leave the option out"
+            )
     return None
 
 
@@ -98,29 +110,39 @@ def config_problem(v: str) -> Optional[str]:
     the name is a link, goes somewhere the path does not show; in an absolute or ~/ path the
     folder it means can be written directly."""
     if "%" in v:
-        return (f"{v}: ssh's % tokens are not taken here (the runbook checks the file before ssh "
-                "reads it): write ~/ for your home")
+        return (
+            f"{v}: ssh's % tokens are not taken here (the runbook checks the file before ssh "
+            "reads it): write ~/ for your home"
+        )
     parts = v.split("/")
     if v.startswith(("/", "~/")):
         if not PATH.match(v) or ".." in parts or v.endswith("/"):
-            return (f"{v} must name a file without `..` (write the folder it means), e.g. "
-                    f"~/.ssh/config or /etc/rb/ssh_config; {RELATIVE}")
+            return (
+                f"{v} must name a file without `..` (write the folder it means), e.g. "
+                f"~/.ssh/config or /etc/rb/ssh_config; {RELATIVE}"
+            )
         return config_in_system(v) if v.startswith("/") else None
     names = [p for p in parts if p not in ("", ".")]
     climb = next((i for i, p in enumerate(names) if p != ".."), len(names))
     if not RELATIVE_PATH.match(v) or v.endswith("/") or climb == len(names):
-        return (f"{v} must be a path to a file: absolute, ~/ or relative, e.g. ~/.ssh/config, "
-                f"/etc/rb/ssh_config or ssh/config; {RELATIVE}")
+        return (
+            f"{v} must be a path to a file: absolute, ~/ or relative, e.g. ~/.ssh/config, "
+            f"/etc/rb/ssh_config or ssh/config; {RELATIVE}"
+        )
     if ".." in names[climb:]:
-        return (f"{v}: `..` only at the start of a relative path, where it climbs out of the "
-                "spec's folder; after a name it undoes that name (or, through a link, goes "
-                f"elsewhere): write the path without it; {RELATIVE}")
+        return (
+            f"{v}: `..` only at the start of a relative path, where it climbs out of the "
+            "spec's folder; after a name it undoes that name (or, through a link, goes "
+            f"elsewhere): write the path without it; {RELATIVE}"
+        )
     return None
 
 
 # what a relative ssh_config is taken from, for the errors that refuse one
-RELATIVE = ("a relative path is taken from the folder of the spec file that writes it (ssh/config "
-            "in specs/x.yaml is specs/ssh/config) and found from the runbook's folder when it runs")
+RELATIVE = (
+    "a relative path is taken from the folder of the spec file that writes it (ssh/config "
+    "in specs/x.yaml is specs/ssh/config) and found from the runbook's folder when it runs"
+)
 RELATIVE_PATH = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._/@+=,:-]*$")
 
 
@@ -129,8 +151,10 @@ def config_in_system(path: str) -> Optional[str]:
     what = in_system(path)
     if what:
         top = known_hosts_path(path).split("/")[1]
-        return (f"{path} is in /{top}, {what}, not an ssh config file: name the file that "
-                "defines the host (Host blocks, as ssh -F reads them)")
+        return (
+            f"{path} is in /{top}, {what}, not an ssh config file: name the file that "
+            "defines the host (Host blocks, as ssh -F reads them)"
+        )
     return None
 
 
@@ -142,7 +166,7 @@ def config_from(folder: str, v: str) -> Optional[str]:
     above = [p for p in folder.split("/") if p]
     if climb > len(above):
         return None
-    return "/" + "/".join(above[:len(above) - climb] + names[climb:])
+    return "/" + "/".join(above[: len(above) - climb] + names[climb:])
 
 
 ALLOWED: dict[str, Check] = {
@@ -150,8 +174,11 @@ ALLOWED: dict[str, Check] = {
     "BindAddress": _match(HOST, "an address of this machine"),
     "BindInterface": _match(WORD, "a network interface name"),
     "CASignatureAlgorithms": _match(ALGORITHMS, "a comma-separated list of algorithms"),
-    "CertificateFile": lambda v: None if PATH.match(v) and ".." not in v.split("/")
-    else "must be an absolute path or start with ~/",
+    "CertificateFile": lambda v: (
+        None
+        if PATH.match(v) and ".." not in v.split("/")
+        else "must be an absolute path or start with ~/"
+    ),
     "CheckHostIP": _choice(*YES_NO),
     "Compression": _choice(*YES_NO),
     "ConnectionAttempts": _match(COUNT, "a number"),
@@ -163,8 +190,9 @@ ALLOWED: dict[str, Check] = {
     "IdentitiesOnly": _choice(*YES_NO),
     "IPQoS": _match(IPQOS, "one or two DSCP classes, e.g. throughput or af21 cs1"),
     "KexAlgorithms": _match(ALGORITHMS, "a comma-separated list of algorithms"),
-    "LogLevel": _choice("QUIET", "FATAL", "ERROR", "INFO", "VERBOSE", "DEBUG", "DEBUG1", "DEBUG2",
-                        "DEBUG3"),
+    "LogLevel": _choice(
+        "QUIET", "FATAL", "ERROR", "INFO", "VERBOSE", "DEBUG", "DEBUG1", "DEBUG2", "DEBUG3"
+    ),
     "MACs": _match(ALGORITHMS, "a comma-separated list of algorithms"),
     "PreferredAuthentications": _match(ALGORITHMS, "a comma-separated list of methods"),
     "PubkeyAcceptedAlgorithms": _match(ALGORITHMS, "a comma-separated list of algorithms"),
@@ -184,7 +212,7 @@ REFUSED: dict[str, str] = {
     # the runbook sets these, or the spec has its own key for them
     "batchmode": "the runbook always runs ssh with BatchMode=yes",
     "stricthostkeychecking": "use `host_keys: strict` (yes) or `host_keys: accept-new`; checking is "
-                             "never turned off",
+    "never turned off",
     "connecttimeout": "use `connect_timeout:`",
     "port": "use `port:`",
     "identityfile": "use `identity_file:`",
@@ -207,14 +235,14 @@ REFUSED: dict[str, str] = {
     "securitykeyprovider": _LOADS_HERE,
     "xauthlocation": f"names a program ssh runs on this machine (xauth): it {_RUNS_HERE}",
     "include": "a config file directive, which ssh refuses on its command line (the file it "
-               "names would be read unchecked)",
+    "names would be read unchecked)",
     "match": "a config file directive, which ssh refuses on its command line (`Match exec` runs a "
-             "command on this machine)",
+    "command on this machine)",
     "host": "a config file directive, which ssh refuses on its command line; options here apply "
-            "to this host already",
+    "to this host already",
     # what this machine hands to the remote
     "forwardagent": "hands this machine's ssh agent to the remote host: anyone root there can "
-                    "log in elsewhere with your keys",
+    "log in elsewhere with your keys",
     "forwardx11": "opens this machine's X display to the remote host",
     "forwardx11trusted": "opens this machine's X display to the remote host",
     "gssapidelegatecredentials": "hands your Kerberos credentials to the remote host",
@@ -245,8 +273,7 @@ def key_problem(key: str) -> Optional[str]:
 
     near = difflib.get_close_matches(key.lower(), list(_BY_LOWER), n=1, cutoff=0.75)
     hint = f"; did you mean {_BY_LOWER[near[0]]!r}?" if near else ""
-    return (f"{key} is not among the ssh options a spec may set{hint} (allowed: "
-            f"{allowed_list()})")
+    return f"{key} is not among the ssh options a spec may set{hint} (allowed: {allowed_list()})"
 
 
 def value_problem(key: str, value: str) -> Optional[str]:

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from . import fanout, gpu_rules, sshopts
 from .errors import Problem, SpecError
-from .loader import Source, dotted, plain
 from .fields import PLACEHOLDER, At, parse_endpoint
+from .loader import Source, dotted, plain
 from .spec import CHECK_TYPES, Spec
 
 
@@ -45,8 +45,11 @@ def validate_with_warnings(source: Source) -> tuple[Spec, list[Problem]]:
     if problems:
         raise SpecError(_unique(problems))
     assert spec is not None
-    return spec, (gpu_rules.warnings(source, spec) + fanout.warnings(source, spec)
-                  + _unproved_gpu(source, spec))
+    return spec, (
+        gpu_rules.warnings(source, spec)
+        + fanout.warnings(source, spec)
+        + _unproved_gpu(source, spec)
+    )
 
 
 def placeholders(source: Source) -> list[Problem]:
@@ -64,8 +67,13 @@ def placeholders(source: Source) -> list[Problem]:
         elif isinstance(node, str):
             found = PLACEHOLDER.search(node)
             if found:
-                out.append(source.problem(loc, f"still the placeholder {found.group(0)!r} of "
-                                               "compile --new: write this spec's value there"))
+                out.append(
+                    source.problem(
+                        loc,
+                        f"still the placeholder {found.group(0)!r} of "
+                        "compile --new: write this spec's value there",
+                    )
+                )
 
     walk(plain(source.data), ())
     return out
@@ -89,11 +97,17 @@ def _unproved_gpu(source: Source, spec: Spec) -> list[Problem]:
     listed = ", ".join(sorted({c.kind for c in spec.checks}))
     what = f"checks lists only {listed}" if listed else "checks is empty"
     where = ("checks",) if "checks" in source.data else ("gpu",)
-    return [source.problem(where, (
-        f"gpu: {spec.gpu.model} is declared but {what}: nothing will prove the GPU (the relocation "
-        "and kernel audit the runbook adds read files only), so a green run says nothing of it; "
-        "add `- devices: {}` (finds and counts the GPUs) or `- matmul: {}` (computes on each)"),
-        key=True)]
+    return [
+        source.problem(
+            where,
+            (
+                f"gpu: {spec.gpu.model} is declared but {what}: nothing will prove the GPU (the relocation "
+                "and kernel audit the runbook adds read files only), so a green run says nothing of it; "
+                "add `- devices: {}` (finds and counts the GPUs) or `- matmul: {}` (computes on each)"
+            ),
+            key=True,
+        )
+    ]
 
 
 def warning_line(warning: Problem) -> str:
@@ -120,8 +134,10 @@ def _located(source: Source, err: dict[str, Any]) -> list[Problem]:
     error = (err.get("ctx") or {}).get("error")
     if not isinstance(error, At):
         return [_translate(source, err)]
-    return [source.problem(tuple(err["loc"]) + at, _clean(message), key=key)
-            for at, message, key in error.errors]
+    return [
+        source.problem(tuple(err["loc"]) + at, _clean(message), key=key)
+        for at, message, key in error.errors
+    ]
 
 
 def _translate(source: Source, err: dict[str, Any]) -> Problem:
@@ -173,11 +189,14 @@ def _quote_hint(written: str, given: Any) -> str:
     """A number where a string belongs: quote it as the user wrote it (`12.10`, not the float's
     `12.1`), and say what YAML made of it when that differs."""
     if isinstance(given, float):
-        why = (f" (YAML reads {written} as the number {given})" if written != str(given)
-               else " (YAML reads 13.10 as the number 13.1)")
+        why = (
+            f" (YAML reads {written} as the number {given})"
+            if written != str(given)
+            else " (YAML reads 13.10 as the number 13.1)"
+        )
     else:
         why = ""
-    return f"must be a string: write it in quotes, e.g. \"{written}\"{why}"
+    return f'must be a string: write it in quotes, e.g. "{written}"{why}'
 
 
 def _list_hint(loc: tuple, given: str) -> str:
@@ -192,7 +211,7 @@ def _list_hint(loc: tuple, given: str) -> str:
 def _clean(msg: str) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+            msg = msg[len(prefix) :]
     if re.match(r"^[A-Z][a-z]+ (should|required|must)", msg):  # pydantic's own sentences
         msg = msg[:1].lower() + msg[1:]
     return msg
@@ -272,44 +291,70 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
         ends[key] = (host, path)
         if host not in hosts:
             hint = _did_you_mean(host, list(hosts))
-            problems.append(source.problem(
-                ("transfer", key), f"host {host!r} is not defined under hosts{hint}"))
+            problems.append(
+                source.problem(("transfer", key), f"host {host!r} is not defined under hosts{hint}")
+            )
             continue
         entry = hosts.get(host)
         is_local = isinstance(entry, dict) and entry.get("local") is True
         if path and not path.startswith("/") and not is_local:
-            problems.append(source.problem(
-                ("transfer", key),
-                f"{path!r} must be an absolute path on {host} (relative paths are only for "
-                "`local: true` hosts, where they are taken from the directory the runbook runs in)"))
+            problems.append(
+                source.problem(
+                    ("transfer", key),
+                    f"{path!r} must be an absolute path on {host} (relative paths are only for "
+                    "`local: true` hosts, where they are taken from the directory the runbook runs in)",
+                )
+            )
     if len(ends) == 2:
         (h1, p1), (h2, p2) = ends["from"], ends["to"]
         n1, n2 = _norm(p1), _norm(p2)
         if h1 == h2 and n1 == n2:
             problems.append(source.problem(("transfer", "to"), "is the same as transfer.from"))
         elif h1 == h2 and (n2.startswith(n1 + "/") or n1.startswith(n2 + "/")):
-            problems.append(source.problem(
-                ("transfer", "to"), "source and destination on one host must not contain each other"))
+            problems.append(
+                source.problem(
+                    ("transfer", "to"),
+                    "source and destination on one host must not contain each other",
+                )
+            )
         route = transfer.get("route", "relay")
         if route in ("direct", "auto") and (_is_local(hosts, h1) or _is_local(hosts, h2)):
-            problems.append(source.problem(
-                ("transfer", "route"), f"{route} needs both ends reached over ssh; use relay"))
+            problems.append(
+                source.problem(
+                    ("transfer", "route"), f"{route} needs both ends reached over ssh; use relay"
+                )
+            )
         direct = transfer.get("direct")
         if isinstance(direct, dict) and direct.get("local"):
-            problems.append(source.problem(
-                ("transfer", "direct", "local"), "the direct hop is ssh from the source host"))
+            problems.append(
+                source.problem(
+                    ("transfer", "direct", "local"), "the direct hop is ssh from the source host"
+                )
+            )
         if isinstance(direct, dict) and direct.get("ssh_config"):
-            problems.append(source.problem(
-                ("transfer", "direct", "ssh_config"), "the direct hop is the source host's own ssh, "
-                "which reads that host's ~/.ssh/config; ssh_config names a file of this machine"))
+            problems.append(
+                source.problem(
+                    ("transfer", "direct", "ssh_config"),
+                    "the direct hop is the source host's own ssh, "
+                    "which reads that host's ~/.ssh/config; ssh_config names a file of this machine",
+                )
+            )
         dst_entry = hosts.get(h2)
-        if route == "direct" and not isinstance(direct, dict) and isinstance(dst_entry, dict) \
-                and dst_entry.get("ssh_config"):
-            problems.append(source.problem(
-                ("transfer", "route"), f"direct: {h1} reaches {h2} with its own ssh, which does "
-                f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} reaches "
-                f"it (transfer.direct: {{ssh: ..., port: ...}}), or use relay (or auto, which "
-                "falls back to relay when the direct hop fails)"))
+        if (
+            route == "direct"
+            and not isinstance(direct, dict)
+            and isinstance(dst_entry, dict)
+            and dst_entry.get("ssh_config")
+        ):
+            problems.append(
+                source.problem(
+                    ("transfer", "route"),
+                    f"direct: {h1} reaches {h2} with its own ssh, which does "
+                    f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} reaches "
+                    f"it (transfer.direct: {{ssh: ..., port: ...}}), or use relay (or auto, which "
+                    "falls back to relay when the direct hop fails)",
+                )
+            )
     problems.extend(_relative_ssh_configs(source, hosts))
     problems.extend(gpu_rules.problems(source, data))
     problems.extend(_checks(source, data))
@@ -323,18 +368,27 @@ def _relative_ssh_configs(source: Source, hosts: dict) -> list[Problem]:
     out = []
     for hid, entry in hosts.items():
         value = entry.get("ssh_config") if isinstance(entry, dict) else None
-        if not isinstance(value, str) or value.startswith(("/", "~/")) or "%" in value \
-                or sshopts.config_problem(value):
+        if (
+            not isinstance(value, str)
+            or value.startswith(("/", "~/"))
+            or "%" in value
+            or sshopts.config_problem(value)
+        ):
             continue
         loc = ("hosts", hid, "ssh_config")
         spec_file = source.origin(loc)
         folder = posixpath.dirname(os.path.realpath(spec_file))
         target = sshopts.config_from(folder, value)
         if target is None:
-            out.append(source.problem(loc, f"{value} climbs above / from {folder} (the folder of "
-                                           f"{spec_file}): {sshopts.RELATIVE}"))
+            out.append(
+                source.problem(
+                    loc,
+                    f"{value} climbs above / from {folder} (the folder of "
+                    f"{spec_file}): {sshopts.RELATIVE}",
+                )
+            )
             continue
-        why = sshopts.config_in_system(target)   # the folder's own name may hold any character
+        why = sshopts.config_in_system(target)  # the folder's own name may hold any character
         if why:
             out.append(source.problem(loc, f"{value} is {target} from {folder}: {why}"))
     return out
@@ -357,15 +411,22 @@ def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
     seen: dict[str, int] = {}
     for i, item in enumerate(checks):
         if not isinstance(item, dict):
-            out.append(source.problem(
-                ("checks", i), "each check is a mapping like `- matmul: {dtype: bfloat16}`"))
+            out.append(
+                source.problem(
+                    ("checks", i), "each check is a mapping like `- matmul: {dtype: bfloat16}`"
+                )
+            )
             continue
         for key in item:
             if key not in CHECK_TYPES:
                 continue
             if key in seen and key not in ("python", "command", "matmul"):
-                out.append(source.problem(
-                    ("checks", i, key), f"check {key!r} is already listed at checks[{seen[key]}]",
-                    key=True))
+                out.append(
+                    source.problem(
+                        ("checks", i, key),
+                        f"check {key!r} is already listed at checks[{seen[key]}]",
+                        key=True,
+                    )
+                )
             seen.setdefault(key, i)
     return out

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 6877519356739106d54823c38fd8c8edd2eda7e683c16b144101fe5cdadbd5a3
+# sha256 of this file with these 64 digits zeroed: 437b398cd6b4728ba352437627b732fc7e21edff87f1320b6770124acbe3ee9a
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7f01d80e25e40b95bd9cf15f77e97dc248d4b6b34d91d4692c4c8efc5a8deb9f
-readonly RB_KIT_FILE=.kit/7f01d80e25e40b95bd9cf15f77e97dc248d4b6b34d91d4692c4c8efc5a8deb9f.tar
+readonly RB_KIT_SHA256=751c5537d716caf6e0264ae9eb3ca63cfa75e61eb112f62754e56f2fe61f66e7
+readonly RB_KIT_FILE=.kit/751c5537d716caf6e0264ae9eb3ca63cfa75e61eb112f62754e56f2fe61f66e7.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -32,14 +32,18 @@ from pathlib import Path
 
 import pytest
 
-SECONDS = 60                # each chromium start, at most (about 3 s here)
+SECONDS = 60  # each chromium start, at most (about 3 s here)
 WINDOW = (1000, 1000)
 # the page's colours for an outcome (pictures' COLOURS): drawn in the heading and the timeline
-OUTCOME_RGB = {"ok": (0x2E, 0x7D, 0x32), "failed": (0xC6, 0x28, 0x28),
-               "interrupted": (0xEF, 0x6C, 0x00)}
+OUTCOME_RGB = {
+    "ok": (0x2E, 0x7D, 0x32),
+    "failed": (0xC6, 0x28, 0x28),
+    "interrupted": (0xEF, 0x6C, 0x00),
+}
 PROBE_ID = "rb-browser-probe"
 # run in the page once it has loaded; its answer goes into the dumped DOM as JSON
-PROBE = """<script>
+PROBE = (
+    """<script>
 window.addEventListener("load", function () {
   function seen(el) {
     var r = el.getBoundingClientRect();
@@ -72,7 +76,9 @@ window.addEventListener("load", function () {
   pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
 });
-</script>""" % PROBE_ID
+</script>"""
+    % PROBE_ID
+)
 
 
 def chromium() -> str:
@@ -90,15 +96,30 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
     home = tempfile.mkdtemp(prefix="rb-chromium-")
     try:
         return subprocess.run(
-            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             "--no-first-run", "--disable-extensions", "--user-data-dir=" + home,
-             "--window-size=%d,%d" % WINDOW, "--virtual-time-budget=5000", *args],
-            capture_output=True, text=True, timeout=SECONDS, env=dict(os.environ, HOME=home))
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                "--disable-extensions",
+                "--user-data-dir=" + home,
+                "--window-size=%d,%d" % WINDOW,
+                "--virtual-time-budget=5000",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=SECONDS,
+            env=dict(os.environ, HOME=home),
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
 # -- PNG, read with the stdlib -----------------------------------------------------------------
+
 
 def png_pixels(data: bytes) -> tuple[int, int, int, bytes]:
     """(width, height, bytes per pixel, the unfiltered pixel rows concatenated) of an 8-bit RGB
@@ -106,8 +127,8 @@ def png_pixels(data: bytes) -> tuple[int, int, int, bytes]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, head = 8, [], None
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             head = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -126,7 +147,7 @@ def png_pixels(data: bytes) -> tuple[int, int, int, bytes]:
     prev = bytearray(stride + bpp)
     for y in range(height):
         kind = raw[y * (stride + 1)]
-        row = bytearray(bpp) + raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)]
+        row = bytearray(bpp) + raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]
         if kind == 1:
             for i in range(bpp, stride + bpp):
                 row[i] = (row[i] + row[i - bpp]) & 0xFF
@@ -157,6 +178,7 @@ def colours(data: bytes) -> dict[tuple[int, int, int], int]:
 
 # -- the page ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Seen:
     h1: list[dict]
@@ -169,7 +191,7 @@ class Seen:
     def row(self, *cells: str) -> dict | None:
         """The first row whose cells begin with CELLS."""
         for r in self.rows:
-            if [c.strip() for c in r["cells"][:len(cells)]] == list(cells):
+            if [c.strip() for c in r["cells"][: len(cells)]] == list(cells):
                 return r
         return None
 
@@ -224,15 +246,20 @@ def assert_seen(run_dir: Path, fanout: dict | None = None) -> Seen:
         assert row and row["seen"], (s, seen.rows)
     # every failed check's row, with its reason, under its host's (or its node group's) heading
     for host, c in failed_checks(report):
-        rows = [r for r in seen.rows if [x.strip() for x in r["cells"][:3]] ==
-                [c["id"], c.get("level", ""), "fail"] and r["seen"]]
+        rows = [
+            r
+            for r in seen.rows
+            if [x.strip() for x in r["cells"][:3]] == [c["id"], c.get("level", ""), "fail"]
+            and r["seen"]
+        ]
         if fanout is None:
             rows = [r for r in rows if r["under"].strip() == "host " + host]
         else:
             # one table per group of identical rows, its heading naming the group's first node
             first = next(str(g[0]) for g in fanout["groups"] if host in g)
-            rows = [r for r in rows if r["under"].strip().startswith("node")
-                    and first in r["under"]]
+            rows = [
+                r for r in rows if r["under"].strip().startswith("node") and first in r["under"]
+            ]
         assert rows, (host, c, seen.rows)
         assert any((c.get("reason") or "") in r["cells"][4] for r in rows), (c, rows)
     # every picture loaded
@@ -245,5 +272,6 @@ def assert_seen(run_dir: Path, fanout: dict | None = None) -> Seen:
     assert background < 0.99 * sum(seen.colours.values()), "the screenshot is (nearly) one colour"
     if outcome in OUTCOME_RGB:
         assert seen.colours.get(OUTCOME_RGB[outcome], 0) > 20, (
-            f"no pixel of the {outcome} colour in {seen.screenshot}")
+            f"no pixel of the {outcome} colour in {seen.screenshot}"
+        )
     return seen

@@ -44,19 +44,28 @@ def _no_kit_left_on_a_lab_host(request, tmp_path_factory):
     roots = (tmp_path_factory.getbasetemp(), ROOT)
     ours, theirs, unknown = kits.sort_kits(left, roots)
     if theirs:
-        print(f"kit directories of other processes' runs appeared during this test (not "
-              f"checked): {theirs}", file=sys.stderr)
+        print(
+            f"kit directories of other processes' runs appeared during this test (not "
+            f"checked): {theirs}",
+            file=sys.stderr,
+        )
     if unknown and kits.other_kit_makers():
         # another pytest or lab on this machine makes and removes kits in the same /tmp
-        print(f"kit directories without an owner appeared during this test while another test "
-              f"run or lab was going (not checked): {unknown}", file=sys.stderr)
+        print(
+            f"kit directories without an owner appeared during this test while another test "
+            f"run or lab was going (not checked): {unknown}",
+            file=sys.stderr,
+        )
         unknown = []
     assert not ours + unknown, f"kit directories left behind on a lab host: {ours + unknown}"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--update-golden", action="store_true",
-                     help="rewrite golden files from the current output instead of comparing")
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite golden files from the current output instead of comparing",
+    )
 
 
 @pytest.fixture
@@ -72,10 +81,15 @@ def golden(request):
             return
         want = path.read_text(encoding="utf-8")
         if want != text:
-            diff = "".join(difflib.unified_diff(
-                want.splitlines(True), text.splitlines(True), str(path), "actual", n=2))
-            pytest.fail(f"{path} differs from the output (if the change is intended, run "
-                        f"`make regen`, i.e. pytest {request.node.nodeid.split('::')[0]} "
-                        f"--update-golden):\n{diff[:6000]}")
+            diff = "".join(
+                difflib.unified_diff(
+                    want.splitlines(True), text.splitlines(True), str(path), "actual", n=2
+                )
+            )
+            pytest.fail(
+                f"{path} differs from the output (if the change is intended, run "
+                f"`make regen`, i.e. pytest {request.node.nodeid.split('::')[0]} "
+                f"--update-golden):\n{diff[:6000]}"
+            )
 
     return check

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rbkit import stream
 from rbrules import common
 
@@ -30,8 +29,11 @@ def said(pattern: str) -> re.Match:
 
 def in_templates(pattern: str) -> str:
     """The one value `pattern`'s group takes in the templates, wherever they set it."""
-    found = {m.group(1) for path in sorted(TEMPLATES.rglob("*.j2"))
-             for m in re.finditer(pattern, path.read_text(encoding="utf-8"))}
+    found = {
+        m.group(1)
+        for path in sorted(TEMPLATES.rglob("*.j2"))
+        for m in re.finditer(pattern, path.read_text(encoding="utf-8"))
+    }
     assert len(found) == 1, f"templates: {pattern!r} gives {sorted(found) or 'nothing'}"
     return found.pop()
 
@@ -52,9 +54,13 @@ def test_a_runbook_is_about_a_thousand_lines():
 
 def test_a_standalone_runbook_is_as_long_as_the_readme_says(tmp_path):
     stated = int(said(r"\(one file, about ([0-9,]+) lines\)").group(1).replace(",", ""))
-    done = subprocess.run([sys.executable, "-m", "compiler", "--standalone", "specs/b300.yaml",
-                           "-o", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "compiler", "--standalone", "specs/b300.yaml", "-o", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     lines = len((tmp_path / "b300.sh").read_text(encoding="utf-8").splitlines())
     assert about(lines, stated), f"--standalone b300.sh: {lines} lines, the README says {stated}"
@@ -64,10 +70,14 @@ def test_the_run_directories_defaults():
     keep = said(r"the newest ([0-9]+) are kept, `RB_KEEP_RUNS`").group(1)
     assert keep == in_templates(r"\$\{RB_KEEP_RUNS:-([0-9]+)\}")
     # the one lock wait (rbrules.common.LOCK_WAIT_S): RB_LOCK_WAIT's default and the usage text
-    assert in_templates(r"\$\{RB_LOCK_WAIT:-\{\{ (rules\.lock_wait)\|num \}\}\}") == "rules.lock_wait"
+    assert (
+        in_templates(r"\$\{RB_LOCK_WAIT:-\{\{ (rules\.lock_wait)\|num \}\}\}") == "rules.lock_wait"
+    )
     wait = str(common.LOCK_WAIT_S)
-    assert in_templates(r"RB_LOCK_WAIT \(seconds, default \{\{ (rules\.lock_wait)\|num \}\}\)") \
+    assert (
+        in_templates(r"RB_LOCK_WAIT \(seconds, default \{\{ (rules\.lock_wait)\|num \}\}\)")
         == "rules.lock_wait"
+    )
     assert said(r"`RB_LOCK_WAIT` seconds \(default ([0-9]+)\)").group(1) == wait
     assert said(r"saying `waiting up to ([0-9]+) s for another").group(1) == wait
     assert said(r"still holds runs/NAME after ([0-9]+) s;").group(1) == wait
@@ -75,30 +85,45 @@ def test_the_run_directories_defaults():
 
 def test_an_interrupted_run():
     assert said(r"cleanup waits ([0-9]+) s for all").group(1) == in_templates(
-        r'rb::wait_bounded ([0-9]+) "\$\{ends\[@\]\}"')
-    prompt = re.search(r"^PROMPT_S = ([0-9.]+)$", (ROOT / "tests/e2e/test_interrupt.py")
-                       .read_text(encoding="utf-8"), re.M).group(1)
-    stated = said(r"test_interrupt\.py holds the time from the signal to the prompt under "
-                  r"([0-9.]+) s").group(1)
+        r'rb::wait_bounded ([0-9]+) "\$\{ends\[@\]\}"'
+    )
+    prompt = re.search(
+        r"^PROMPT_S = ([0-9.]+)$",
+        (ROOT / "tests/e2e/test_interrupt.py").read_text(encoding="utf-8"),
+        re.M,
+    ).group(1)
+    stated = said(
+        r"test_interrupt\.py holds the time from the signal to the prompt under "
+        r"([0-9.]+) s"
+    ).group(1)
     assert float(stated) == float(prompt)
-    assert said(r"([0-9]+) interrupted\.").group(1) == in_templates(
-        r"\bexit (1[0-9]{2})\b")
+    assert said(r"([0-9]+) interrupted\.").group(1) == in_templates(r"\bexit (1[0-9]{2})\b")
 
 
 def test_streams_side_by_side():
-    assert int(said(r"a tree of ([0-9]+) MB or more goes in streams").group(1)) << 20 \
+    assert (
+        int(said(r"a tree of ([0-9]+) MB or more goes in streams").group(1)) << 20
         == stream.STREAMS_MIN_BYTES
+    )
     said(r"one per two of `transfer\.jobs`")
     stated = int(said(r"at most ([0-9]+):").group(1))
     assert stated == stream.MAX_STREAMS
-    assert [stream.stream_count(j) for j in (1, 2, 4, 6, 2 * stated, 4 * stated)] == \
-        [1, 1, 2, 3, stated, stated]
+    assert [stream.stream_count(j) for j in (1, 2, 4, 6, 2 * stated, 4 * stated)] == [
+        1,
+        1,
+        2,
+        3,
+        stated,
+        stated,
+    ]
     assert said(r"a progress line every ([0-9]+) s").group(1) == in_templates(
-        r"--progress ([0-9]+)\b")
+        r"--progress ([0-9]+)\b"
+    )
 
 
-@pytest.mark.parametrize("code, error", [(2, "SpecError"), (3, "LintError"), (4, "DriftError"),
-                                         (64, "UsageError")])
+@pytest.mark.parametrize(
+    "code, error", [(2, "SpecError"), (3, "LintError"), (4, "DriftError"), (64, "UsageError")]
+)
 def test_the_compilers_exit_codes(code, error):
     from compiler import errors
 

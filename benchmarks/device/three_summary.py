@@ -48,8 +48,11 @@ def read(path: str) -> dict:
     for r in rows.values():
         s = r["seconds"]
         r["median"] = round(statistics.median(s), 2) if s else None
-        r["cpu_median"] = [round(statistics.median(c[i] for c in r["cpu"]), 2) for i in range(3)] \
-            if r["cpu"] else None
+        r["cpu_median"] = (
+            [round(statistics.median(c[i] for c in r["cpu"]), 2) for i in range(3)]
+            if r["cpu"]
+            else None
+        )
     return rows
 
 
@@ -69,24 +72,44 @@ def main(argv: list) -> int:
             return ""
         if r["median"] is None:
             return "FAILED " + "; ".join(r["failed"])
-        return "%.2f (%s)%s" % (r["median"], " / ".join("%.2f" % x for x in r["seconds"]),
-                                " %d MB/s" % (nbytes / r["median"] / 1e6) if n != "rerun" else "")
+        return "%.2f (%s)%s" % (
+            r["median"],
+            " / ".join("%.2f" % x for x in r["seconds"]),
+            " %d MB/s" % (nbytes / r["median"] / 1e6) if n != "rerun" else "",
+        )
 
     print("| row | %s: s (rounds) | unshaped: s (rounds) |" % rate)
     print("| --- | --- | --- |")
     for n in names:
         if (n, "shaped") in rows or (n, "unshaped") in rows:
-            print("| %s | %s | %s |" % (LABELS[n].format(streams=streams, zstd_t=zstd_t),
-                                       cell(n, "shaped"), cell(n, "unshaped")))
+            print(
+                "| %s | %s | %s |"
+                % (
+                    LABELS[n].format(streams=streams, zstd_t=zstd_t),
+                    cell(n, "shaped"),
+                    cell(n, "unshaped"),
+                )
+            )
     print()
-    print("CPU seconds (median) of the machines' CPU sets, src %s (%d) / dst %s (%d) / here %s "
-          "(%d):" % (src, cores["src"], dst, cores["dst"], here, cores["here"]))
+    print(
+        "CPU seconds (median) of the machines' CPU sets, src %s (%d) / dst %s (%d) / here %s "
+        "(%d):" % (src, cores["src"], dst, cores["dst"], here, cores["here"])
+    )
     for (n, shape), r in sorted(rows.items()):
         if r["cpu_median"] and r["median"]:
-            busy = [c / (r["median"] * cores[k]) for c, k in zip(r["cpu_median"],
-                                                                 ("src", "dst", "here"))]
-            print("  %s %s: %s (busy %s)" % (shape, n, " / ".join("%.2f" % c for c in r["cpu_median"]),
-                                            " / ".join("%d%%" % round(100 * b) for b in busy)))
+            busy = [
+                c / (r["median"] * cores[k])
+                for c, k in zip(r["cpu_median"], ("src", "dst", "here"))
+            ]
+            print(
+                "  %s %s: %s (busy %s)"
+                % (
+                    shape,
+                    n,
+                    " / ".join("%.2f" % c for c in r["cpu_median"]),
+                    " / ".join("%d%%" % round(100 * b) for b in busy),
+                )
+            )
     for (n, shape), r in sorted(rows.items()):
         for i, lines in enumerate(r["notes"]):
             for line in lines:
@@ -98,20 +121,30 @@ def main(argv: list) -> int:
     best_hand = min([x for x in (med("lz4", "shaped"), med("zstd", "shaped")) if x] or [0]) or None
     targets = {
         "%s: runbook / seed (<= 0.45)" % rate: ratio(med("cold", "shaped"), med("seed", "shaped")),
-        "%s: runbook / the better hand pipeline (<= 0.9)" % rate: ratio(med("cold", "shaped"),
-                                                                        best_hand),
-        "unshaped: the runbook's rate / the %s-stream null relay's (>= 0.8)" % streams:
-            ratio(med("nullN", "unshaped"), med("cold", "unshaped")),
+        "%s: runbook / the better hand pipeline (<= 0.9)" % rate: ratio(
+            med("cold", "shaped"), best_hand
+        ),
+        "unshaped: the runbook's rate / the %s-stream null relay's (>= 0.8)" % streams: ratio(
+            med("nullN", "unshaped"), med("cold", "unshaped")
+        ),
         "unshaped: runbook / seed": ratio(med("cold", "unshaped"), med("seed", "unshaped")),
         "re-run / unshaped null relay": ratio(med("rerun", "unshaped"), med("nullN", "unshaped")),
     }
     print()
     for k, v in targets.items():
         print("%s: %s" % (k, v))
-    doc = {"tar_stream_bytes": nbytes, "rate": rate, "cpus": {"src": src, "dst": dst, "here": here},
-           "streams": int(streams), "zstd_threads": int(zstd_t), "targets": targets,
-           "rows": {"%s/%s" % k: dict(v, label=LABELS[k[0]].format(streams=streams, zstd_t=zstd_t))
-                    for k, v in sorted(rows.items())}}
+    doc = {
+        "tar_stream_bytes": nbytes,
+        "rate": rate,
+        "cpus": {"src": src, "dst": dst, "here": here},
+        "streams": int(streams),
+        "zstd_threads": int(zstd_t),
+        "targets": targets,
+        "rows": {
+            "%s/%s" % k: dict(v, label=LABELS[k[0]].format(streams=streams, zstd_t=zstd_t))
+            for k, v in sorted(rows.items())
+        },
+    }
     with open(out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
     return 0

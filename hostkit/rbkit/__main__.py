@@ -23,7 +23,7 @@ import os
 import sys
 
 from rbrules import common, cpus
-from rbrules.cpus import jobs     # --jobs N, or auto: the CPUs this process may use
+from rbrules.cpus import jobs  # --jobs N, or auto: the CPUs this process may use
 
 
 def _print(doc) -> None:
@@ -32,8 +32,10 @@ def _print(doc) -> None:
 
 def cmd_manifest_build(a) -> int:
     from . import manifest
-    m = manifest.build(a.root, a.exclude, a.algo, a.jobs,
-                       manifest.load(a.reuse) if a.reuse else None)
+
+    m = manifest.build(
+        a.root, a.exclude, a.algo, a.jobs, manifest.load(a.reuse) if a.reuse else None
+    )
     manifest.save(m, a.out)
     if a.names:
         with open(a.names, "wb") as f:
@@ -44,8 +46,8 @@ def cmd_manifest_build(a) -> int:
 
 def cmd_manifest_verify(a) -> int:
     from . import manifest
-    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs,
-                             linked_from=a.linked_from)
+
+    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs, linked_from=a.linked_from)
     for line in manifest.describe(result):
         print(line, file=sys.stderr)
     _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "linked", "counts")})
@@ -54,12 +56,19 @@ def cmd_manifest_verify(a) -> int:
 
 def cmd_relocate(a) -> int:
     from . import relocate
+
     result = relocate.relocate(a.root, a.old, a.new)
     for rel in result["remaining"]:
         print(f"still names {a.old}: {rel}", file=sys.stderr)
-    _print({"rewritten": sorted(result["rewritten"]), "count": len(result["rewritten"]),
-            "remaining": result["remaining"], "elsewhere": result["elsewhere"],
-            "same_path": result["same_path"]})
+    _print(
+        {
+            "rewritten": sorted(result["rewritten"]),
+            "count": len(result["rewritten"]),
+            "remaining": result["remaining"],
+            "elsewhere": result["elsewhere"],
+            "same_path": result["same_path"],
+        }
+    )
     return 1 if result["remaining"] else 0
 
 
@@ -67,6 +76,7 @@ def cmd_elsewhere(a) -> int:
     """The tree open at descriptor --fd (inherited): its text files outside bin/ that name any
     --old prefix, as a JSON list (relocate.ElsewhereChild)."""
     from . import relocate
+
     try:
         found = relocate.elsewhere_at(a.fd, a.old)
     finally:
@@ -77,13 +87,14 @@ def cmd_elsewhere(a) -> int:
 
 def cmd_measure(a) -> int:
     from . import measure
+
     seen: dict = {}
     link, why, seconds = 0, "", None
     if a.link == "-" and a.shared_cpu:
         # one kernel: the link was measured first, alone on the CPUs
         link, seconds, why, seen = measure.read_link(sys.stdin.readline())
     if link > 0 and measure.spare_cpu(link, seen) is False:
-        doc: dict = {"tools": {}}          # no CPU to spare: no compressor is tried
+        doc: dict = {"tools": {}}  # no CPU to spare: no compressor is tried
     else:
         doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds, a.scanned)
     if a.link is None:
@@ -96,21 +107,34 @@ def cmd_measure(a) -> int:
     if seconds is not None:
         doc["link_seconds"] = seconds
     ends = measure.ends_of(a.here_cpus, seen.get("dst_cpus", ""))
-    print("\n".join(measure.main_lines(doc, link, a.shared_cpu, a.jobs, why or "no link rate",
-                                       seen, ends)))
+    print(
+        "\n".join(
+            measure.main_lines(doc, link, a.shared_cpu, a.jobs, why or "no link rate", seen, ends)
+        )
+    )
     return 0
 
 
 def cmd_measure_link(a) -> int:
     from . import measure
+
     got = measure.receive_link(watch=measure.watched(a.watch))
     if "error" in got:
         print("error %s" % got["error"])
         return 1
     idle = got.get("idle_cpus")
     cpu = " %d %d %d %d" % got["cpu"] if "cpu" in got else ""
-    print("%d %s %s %d %s%s" % (got["rate"], got["seconds"], "-" if idle is None else idle,
-                                got["bytes"], cpus.token(cpus.usable()), cpu))
+    print(
+        "%d %s %s %d %s%s"
+        % (
+            got["rate"],
+            got["seconds"],
+            "-" if idle is None else idle,
+            got["bytes"],
+            cpus.token(cpus.usable()),
+            cpu,
+        )
+    )
     return 0
 
 
@@ -122,8 +146,9 @@ def cmd_cpus(a) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rbkit", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rbkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manifest").add_subparsers(dest="mcmd", required=True)
     b = m.add_parser("build")
@@ -157,20 +182,38 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("--exclude", action="append", default=[])
     ms.add_argument("--bytes", type=int, default=common.MEASURE_SAMPLE)
     ms.add_argument("--seconds", type=float, default=5.0)
-    ms.add_argument("--link", help="the link's rate (bytes/s; -: a line on stdin once the tools "
-                    "are measured): print the choice")
-    ms.add_argument("--shared-cpu", action="store_true",
-                    help="the compressor and the link share CPUs (one kernel): the link's line "
-                    "first, the tools only where it left CPU to spare")
+    ms.add_argument(
+        "--link",
+        help="the link's rate (bytes/s; -: a line on stdin once the tools "
+        "are measured): print the choice",
+    )
+    ms.add_argument(
+        "--shared-cpu",
+        action="store_true",
+        help="the compressor and the link share CPUs (one kernel): the link's line "
+        "first, the tools only where it left CPU to spare",
+    )
     ms.add_argument("--scanned", help="this run's scan record (NAMES.stat): the sample's files")
-    ms.add_argument("--jobs", default="1", help="the run's jobs word (auto: the CPUs each "
-                    "machine may use): the relay's streams")
-    ms.add_argument("--here-cpus", default="", metavar="TOKEN",
-                    help="the CPUs this machine of the relay may use (`rbkit cpus --token` there)")
+    ms.add_argument(
+        "--jobs",
+        default="1",
+        help="the run's jobs word (auto: the CPUs each machine may use): the relay's streams",
+    )
+    ms.add_argument(
+        "--here-cpus",
+        default="",
+        metavar="TOKEN",
+        help="the CPUs this machine of the relay may use (`rbkit cpus --token` there)",
+    )
     ms.set_defaults(fn=cmd_measure)
     ml = sub.add_parser("measure-link", help="the link's rate: times the zeros coming on stdin")
-    ml.add_argument("--watch", action="append", default=[], metavar="PID:START",
-                    help="the link's processes on this kernel (ssh masters): their CPU is read")
+    ml.add_argument(
+        "--watch",
+        action="append",
+        default=[],
+        metavar="PID:START",
+        help="the link's processes on this kernel (ssh masters): their CPU is read",
+    )
     ml.set_defaults(fn=cmd_measure_link)
     cp = sub.add_parser("cpus", help="the CPUs this process may use (affinity, cgroup quota)")
     cp.add_argument("--token", action="store_true", help="as one word: COUNT:SHARE:LIST:ONLINE")
@@ -189,11 +232,11 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["engine"]:
-        from . import serve          # the install engine's own command line (serve.py)
+        from . import serve  # the install engine's own command line (serve.py)
 
         return serve.main(argv[1:])
     if argv[:1] == ["liveplan"]:
-        from . import liveplan       # the live plan's own command line (--plan, --apply)
+        from . import liveplan  # the live plan's own command line (--plan, --apply)
 
         return liveplan.main(argv[1:])
     a = parser().parse_args(argv)

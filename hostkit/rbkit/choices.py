@@ -32,11 +32,11 @@ from rbrules.common import SPECIAL_MODES, SWAP_ATOMIC, compression_word
 
 SCHEMA = 1
 # the spec's words for each choice (compiler/spec.py holds the same lists as its field types)
-ON_EXISTING = ("refuse", "backup", "replace")     # transfer.on_existing
-RERUN = ("quick", "digest")                       # transfer.rerun
-VERIFY = ("sha256", "blake2b", "none")            # transfer.verify: the digest of each file
-ON_FAILED_CHECKS = ("rollback", "keep")           # on_failed_checks
-SHARED_PARENT = ("refuse", "allow")               # transfer.shared_parent
+ON_EXISTING = ("refuse", "backup", "replace")  # transfer.on_existing
+RERUN = ("quick", "digest")  # transfer.rerun
+VERIFY = ("sha256", "blake2b", "none")  # transfer.verify: the digest of each file
+ON_FAILED_CHECKS = ("rollback", "keep")  # on_failed_checks
+SHARED_PARENT = ("refuse", "allow")  # transfer.shared_parent
 
 
 class ChoicesError(ValueError):
@@ -47,21 +47,21 @@ class ChoicesError(ValueError):
 class Choices:
     """What the spec chose for the install engine (none of it depends on the run)."""
 
-    on_existing: str = "refuse"         # what is at the destination: refused, backed up, replaced
-    rerun: str = "quick"                # how a re-run decides the destination holds the tree
-    verify: str = "sha256"              # the digest receive takes of each file (verify's)
-    special_modes: str = "refuse"       # setuid/setgid/sticky/world-write entries
+    on_existing: str = "refuse"  # what is at the destination: refused, backed up, replaced
+    rerun: str = "quick"  # how a re-run decides the destination holds the tree
+    verify: str = "sha256"  # the digest receive takes of each file (verify's)
+    special_modes: str = "refuse"  # setuid/setgid/sticky/world-write entries
     keep_backups: Optional[int] = None  # backups kept whose checks passed (None: all)
-    swap_atomic: str = "allow"          # a swap that cannot be one rename: refused, or two
-    shared_parent: str = "refuse"       # a destination's parent other users can write
-    on_failed_checks: str = "keep"      # after the swap: failed checks roll back, or stay
-    jobs: Union[str, int] = "auto"      # hashing threads on each host (auto: one per CPU)
-    cuda_home: str = ""                 # the env file's CUDA_HOME ("" without cuda:)
-    env_file: str = ""                  # cuda.env_file ("": DEST.env.sh)
-    library_path_first: Tuple[str, ...] = ()   # LD_LIBRARY_PATH's first dirs, in site-packages
-    env: Tuple[Tuple[str, str], ...] = field(default=())   # the spec's env:, sorted by name
-    origin: str = "a runbook"           # who installs: written in the install's record
-    timeout: Optional[float] = None     # seconds for each child (a fan-out node's fanout.timeout_s)
+    swap_atomic: str = "allow"  # a swap that cannot be one rename: refused, or two
+    shared_parent: str = "refuse"  # a destination's parent other users can write
+    on_failed_checks: str = "keep"  # after the swap: failed checks roll back, or stay
+    jobs: Union[str, int] = "auto"  # hashing threads on each host (auto: one per CPU)
+    cuda_home: str = ""  # the env file's CUDA_HOME ("" without cuda:)
+    env_file: str = ""  # cuda.env_file ("": DEST.env.sh)
+    library_path_first: Tuple[str, ...] = ()  # LD_LIBRARY_PATH's first dirs, in site-packages
+    env: Tuple[Tuple[str, str], ...] = field(default=())  # the spec's env:, sorted by name
+    origin: str = "a runbook"  # who installs: written in the install's record
+    timeout: Optional[float] = None  # seconds for each child (a fan-out node's fanout.timeout_s)
 
     @classmethod
     def from_json(cls, text: str) -> "Choices":
@@ -79,17 +79,21 @@ class Choices:
         doc = dict(doc)
         schema = doc.pop("schema", SCHEMA)
         if schema != SCHEMA:
-            raise ChoicesError("the engine's choices are of schema %r; this kit reads schema %d"
-                               % (schema, SCHEMA))
+            raise ChoicesError(
+                "the engine's choices are of schema %r; this kit reads schema %d" % (schema, SCHEMA)
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(doc) - known)
         if unknown:
-            raise ChoicesError("the engine's choices hold keys this kit does not know: %s"
-                               % ", ".join(unknown))
+            raise ChoicesError(
+                "the engine's choices hold keys this kit does not know: %s" % ", ".join(unknown)
+            )
         for key, words in _WORDS.items():
             if key in doc and doc[key] not in words:
-                raise ChoicesError("the engine's choice %s is %r, not one of %s"
-                                   % (key, doc[key], ", ".join(words)))
+                raise ChoicesError(
+                    "the engine's choice %s is %r, not one of %s"
+                    % (key, doc[key], ", ".join(words))
+                )
         for key in ("cuda_home", "env_file", "origin"):
             if key in doc and not isinstance(doc[key], str):
                 raise ChoicesError("the engine's choice %s is %r, not a string" % (key, doc[key]))
@@ -100,20 +104,24 @@ class Choices:
         if doc.get("timeout") is not None:
             value = doc["timeout"]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ChoicesError("the engine's choice timeout is %r, not a number of seconds"
-                                   % (value,))
+                raise ChoicesError(
+                    "the engine's choice timeout is %r, not a number of seconds" % (value,)
+                )
         if "library_path_first" in doc:
             first = doc["library_path_first"]
             if not isinstance(first, list) or not all(isinstance(x, str) for x in first):
-                raise ChoicesError("the engine's choice library_path_first is %r, not a list of "
-                                   "strings" % (first,))
+                raise ChoicesError(
+                    "the engine's choice library_path_first is %r, not a list of strings" % (first,)
+                )
             doc["library_path_first"] = tuple(first)
         if "env" in doc:
             env = doc["env"]
-            if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                    for k, v in env.items()):
-                raise ChoicesError("the engine's choice env is %r, not an object of strings"
-                                   % (env,))
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise ChoicesError(
+                    "the engine's choice env is %r, not an object of strings" % (env,)
+                )
             doc["env"] = tuple(sorted(env.items()))
         return cls(**doc)
 
@@ -126,9 +134,15 @@ class Choices:
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
-_WORDS = {"on_existing": ON_EXISTING, "rerun": RERUN, "verify": VERIFY,
-          "special_modes": SPECIAL_MODES, "swap_atomic": SWAP_ATOMIC,
-          "shared_parent": SHARED_PARENT, "on_failed_checks": ON_FAILED_CHECKS}
+_WORDS = {
+    "on_existing": ON_EXISTING,
+    "rerun": RERUN,
+    "verify": VERIFY,
+    "special_modes": SPECIAL_MODES,
+    "swap_atomic": SWAP_ATOMIC,
+    "shared_parent": SHARED_PARENT,
+    "on_failed_checks": ON_FAILED_CHECKS,
+}
 
 
 def _whole(doc: Dict[str, Any], key: str, allow_none: bool = False) -> Optional[int]:
@@ -136,8 +150,9 @@ def _whole(doc: Dict[str, Any], key: str, allow_none: bool = False) -> Optional[
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ChoicesError("the engine's choice %s is %r, not a whole number above 0"
-                           % (key, value))
+        raise ChoicesError(
+            "the engine's choice %s is %r, not a whole number above 0" % (key, value)
+        )
     return value
 
 
@@ -151,8 +166,13 @@ def _read(text: str) -> Choices:
 
 def add_choices_option(p: argparse.ArgumentParser) -> None:
     """--choices JSON: the spec's choices, read into a Choices (`engine receive`, and below)."""
-    p.add_argument("--choices", type=_read, required=True, metavar="JSON",
-                   help="the spec's choices for the engine: one JSON document (rbkit/choices.py)")
+    p.add_argument(
+        "--choices",
+        type=_read,
+        required=True,
+        metavar="JSON",
+        help="the spec's choices for the engine: one JSON document (rbkit/choices.py)",
+    )
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -160,7 +180,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     `engine run`, `rbkit.fanout node`)."""
     p.add_argument("--dest", required=True)
     p.add_argument("--old", default="", help="the source's path (what relocation rewrites)")
-    p.add_argument("--compression", type=compression_word, default="none",
-                   help="the compression this run's stream uses")
+    p.add_argument(
+        "--compression",
+        type=compression_word,
+        default="none",
+        help="the compression this run's stream uses",
+    )
     p.add_argument("--probe-config", default="", help="the checks' document (rbprobes)")
     add_choices_option(p)

@@ -44,32 +44,94 @@ import time
 from typing import Any, Callable, List, Optional
 
 from rbrules import launch
-from rbrules.proven import NotOurs, not_ours_in_tree
 from rbrules.common import compressors, human
+from rbrules.proven import NotOurs, not_ours_in_tree
 
 from . import exports as kitexports
-from . import hostfs, privacy
+from . import hostfs, privacy, staging
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
+
 # the runner and the steps of the other modules, named here for the engine's callers (serve.py,
 # fanout.py, source.py): `engine.run(ctx, "verify", engine.verify)`
 from .backups import list_backups, restore
-from .proof import (_cancel_elsewhere, _report_elsewhere, interpreter_prefix, prove, prove_scripts,
-                    stop_background, verify)
+from .proof import (
+    _cancel_elsewhere,
+    _report_elsewhere,
+    interpreter_prefix,
+    prove,
+    prove_scripts,
+    stop_background,
+    verify,
+)
 from .receive import receive
-from .runner import (INSTALLED, STEPS, Context, Result, StepError, _load_keyed, _require,
-                     _require_lock, _sha256, _write_stamp, jobs, make_state, os_error_words,
-                     read_stamp, remove_tree, run, skipped, staging_path, user_name, write_file)
-from . import staging
+from .runner import (
+    INSTALLED,
+    STEPS,
+    Context,
+    Result,
+    StepError,
+    _load_keyed,
+    _require,
+    _require_lock,
+    _sha256,
+    _write_stamp,
+    jobs,
+    make_state,
+    os_error_words,
+    read_stamp,
+    remove_tree,
+    run,
+    skipped,
+    staging_path,
+    user_name,
+    write_file,
+)
 from .staging import discard_staging, resumable, stage
 from .stream import child_env, run_quiet, tail
 
-__all__ = ["Context", "Result", "StepError", "INSTALLED", "SKIPPED_WHEN_CURRENT", "STEPS",
-           "after_failure", "begin_early_check", "current", "exports", "finish", "install", "jobs",
-           "list_backups", "make_state", "os_error_words", "own_env_copy", "preflight", "probe",
-           "prove", "prove_scripts", "read_stamp", "receive", "relocate", "remove_tree",
-           "restore", "resumable", "rollback", "discard_staging", "run", "skipped", "stage", "staging_path", "step",
-           "stop_background", "swap", "take_lock", "user_name", "verify", "write_file"]
+__all__ = [
+    "Context",
+    "Result",
+    "StepError",
+    "INSTALLED",
+    "SKIPPED_WHEN_CURRENT",
+    "STEPS",
+    "after_failure",
+    "begin_early_check",
+    "current",
+    "exports",
+    "finish",
+    "install",
+    "jobs",
+    "list_backups",
+    "make_state",
+    "os_error_words",
+    "own_env_copy",
+    "preflight",
+    "probe",
+    "prove",
+    "prove_scripts",
+    "read_stamp",
+    "receive",
+    "relocate",
+    "remove_tree",
+    "restore",
+    "resumable",
+    "rollback",
+    "discard_staging",
+    "run",
+    "skipped",
+    "stage",
+    "staging_path",
+    "step",
+    "stop_background",
+    "swap",
+    "take_lock",
+    "user_name",
+    "verify",
+    "write_file",
+]
 
 
 def after_failure(ctx: Context, step: str) -> Optional[dict]:
@@ -77,12 +139,15 @@ def after_failure(ctx: Context, step: str) -> Optional[dict]:
     swap proof, the env file; failed checks only with on_failed_checks: rollback)."""
     if ctx.swapped is None:
         return None
-    if step in ("swap", "exports") or (step == "probe"
-                                       and ctx.choices.on_failed_checks == "rollback"):
+    if step in ("swap", "exports") or (
+        step == "probe" and ctx.choices.on_failed_checks == "rollback"
+    ):
         return run(ctx, "rollback", rollback, step)
     if step == "probe":
-        ctx.log("checks failed; the new install stays in place (on_failed_checks: %s)"
-                % ctx.choices.on_failed_checks)
+        ctx.log(
+            "checks failed; the new install stays in place (on_failed_checks: %s)"
+            % ctx.choices.on_failed_checks
+        )
     return None
 
 
@@ -104,8 +169,9 @@ def step(ctx: Context, name: str, fn: Callable[..., Result], **kw: Any) -> dict:
     return event
 
 
-def install(ctx: Context, producer: Optional[List[str]] = None,
-            carried: Optional[str] = None) -> int:
+def install(
+    ctx: Context, producer: Optional[List[str]] = None, carried: Optional[str] = None
+) -> int:
     """A whole install in this process (a fan-out node): current, then stage .. swap unless the
     destination holds the tree already, exports, probe. Returns 0, 1 (a step failed) or 3 (the
     payload lacks files this host needs: it needs the whole bundle)."""
@@ -114,9 +180,13 @@ def install(ctx: Context, producer: Optional[List[str]] = None,
         return 1
     steps: List[tuple] = [
         ("stage", stage, {"delta": carried is not None, "carried": carried}),
-        ("receive", receive, {"producer": producer}), ("verify", verify, {}),
-        ("relocate", relocate, {}), ("prove", prove, {}), ("swap", swap, {}),
-        ("exports", exports, {})]
+        ("receive", receive, {"producer": producer}),
+        ("verify", verify, {}),
+        ("relocate", relocate, {}),
+        ("prove", prove, {}),
+        ("swap", swap, {}),
+        ("exports", exports, {}),
+    ]
     if ctx.probe_config:
         steps.append(("probe", probe, {}))
     for sid, fn, kw in steps:
@@ -161,10 +231,15 @@ def take_lock(ctx: Context, lock: Any) -> Result:
             "%s. The run keeps its lock and its staging beside the destination %s, in %s, so %s "
             "must be able to create files there: make %s writable for %s, or set transfer.to to "
             "a destination whose parent directory %s can write"
-            % (os_error_words(exc, "create"), ctx.dest, parent, who, parent, who, who)) from exc
+            % (os_error_words(exc, "create"), ctx.dest, parent, who, parent, who, who)
+        ) from exc
     ctx.locked = True
-    facts: dict = {"state": ctx.state, "lock": lock.path, "staging": ctx.staging,
-                   "pid": os.getpid()}
+    facts: dict = {
+        "state": ctx.state,
+        "lock": lock.path,
+        "staging": ctx.staging,
+        "pid": os.getpid(),
+    }
     if shared:
         facts["shared_parent"] = shared
     recovered = hostfs.recover_swap(ctx.dest)
@@ -186,11 +261,13 @@ def check_parent(ctx: Context) -> str:
     where, why = found
     if ctx.choices.shared_parent != "allow":
         raise StepError(privacy.refusal(ctx.dest, where, why, uid), {"shared_parent": where})
-    ctx.log("warning: %s; going on because %s is allow: every entry found there is used only "
-            "when it is proven %s's (a backup, the failed install, the lock, the install's files "
-            "and its own env file, never the public %s), but another user can still swap what "
-            "this run puts in %s between two steps"
-            % (why, privacy.SPEC_KEY, user_name(), ctx.env_out, os.path.dirname(ctx.dest)))
+    ctx.log(
+        "warning: %s; going on because %s is allow: every entry found there is used only "
+        "when it is proven %s's (a backup, the failed install, the lock, the install's files "
+        "and its own env file, never the public %s), but another user can still swap what "
+        "this run puts in %s between two steps"
+        % (why, privacy.SPEC_KEY, user_name(), ctx.env_out, os.path.dirname(ctx.dest))
+    )
     return where
 
 
@@ -213,37 +290,61 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "", source: st
         why = hostfs.why_not_ours_install(ctx.dest)
         if why:
             # never compared with, linked from or taken for this tool's install: sent whole
-            ctx.log("the destination %s is not proven an install of this tool: %s" % (ctx.dest,
-                                                                                   why))
+            ctx.log(
+                "the destination %s is not proven an install of this tool: %s" % (ctx.dest, why)
+            )
             installed = False
     if exists and ctx.choices.on_existing == "refuse" and not installed:
-        raise StepError("destination %s exists and on_existing is refuse; move it away or set "
-                        "on_existing: backup" % ctx.dest)
+        raise StepError(
+            "destination %s exists and on_existing is refuse; move it away or set "
+            "on_existing: backup" % ctx.dest
+        )
     free = hostfs.free_bytes(ctx.staging)
     kept = staging.kept_room(ctx, source, need)
     for line in kept["lines"]:
         ctx.log(line)
     room = free["free_bytes"] + kept["freed"]
     if need and room < kept["need"]:
-        facts = {"short_bytes": kept["need"] - room, "free_bytes": free["free_bytes"],
-                 "staged_bytes": kept["bytes"], "resumable": int(kept["resumable"])}
+        facts = {
+            "short_bytes": kept["need"] - room,
+            "free_bytes": free["free_bytes"],
+            "staged_bytes": kept["bytes"],
+            "resumable": int(kept["resumable"]),
+        }
         said = "%s free" % human(free["free_bytes"])
         if kept["bytes"]:
-            said += (", %s already staged there (%s)" % (
-                human(kept["bytes"]), "resumed: only the rest is needed" if kept["resumable"]
-                else "removed first: its room counts"))
-        raise StepError("not enough space for the staging at %s: %s; %s needed"
-                        % (free["measured_at"], said, human(kept["need"])), facts)
+            said += ", %s already staged there (%s)" % (
+                human(kept["bytes"]),
+                "resumed: only the rest is needed"
+                if kept["resumable"]
+                else "removed first: its room counts",
+            )
+        raise StepError(
+            "not enough space for the staging at %s: %s; %s needed"
+            % (free["measured_at"], said, human(kept["need"])),
+            facts,
+        )
     have = compressors(shutil.which)
-    what = ("exists (an earlier install: %s)" % INSTALLED if installed else "exists") if exists \
+    what = (
+        ("exists (an earlier install: %s)" % INSTALLED if installed else "exists")
+        if exists
         else "does not exist yet"
+    )
     ctx.log("destination %s %s; on_existing is %s" % (ctx.dest, what, ctx.choices.on_existing))
-    ctx.log("free at %s: %s; the staging needs about %s" % (free["measured_at"],
-                                                            human(free["free_bytes"]),
-                                                            human(kept["need"])))
-    return Result("%s; %s free" % (what, human(free["free_bytes"])),
-                  {"exists": int(exists), "installed": int(installed), "staging": ctx.staging,
-                   "free_bytes": free["free_bytes"], "compressors": ",".join(have)})
+    ctx.log(
+        "free at %s: %s; the staging needs about %s"
+        % (free["measured_at"], human(free["free_bytes"]), human(kept["need"]))
+    )
+    return Result(
+        "%s; %s free" % (what, human(free["free_bytes"])),
+        {
+            "exists": int(exists),
+            "installed": int(installed),
+            "staging": ctx.staging,
+            "free_bytes": free["free_bytes"],
+            "compressors": ",".join(have),
+        },
+    )
 
 
 class EarlyCheck:
@@ -264,8 +365,11 @@ class EarlyCheck:
         self.tree: Optional[dict] = None
         head = kitmanifest.read_header(os.path.join(dest, INSTALLED))
         self._walk: Optional[kitmanifest.StatWalk] = None
-        if head is not None and head.get("source_stat_fingerprint") is not None \
-                and head.get(kitmanifest.INSTALLED_STAT):
+        if (
+            head is not None
+            and head.get("source_stat_fingerprint") is not None
+            and head.get(kitmanifest.INSTALLED_STAT)
+        ):
             # begun here, before this check's thread: where the host has the cores, its
             # workers are forked while this process has one thread (serve: the lock's request)
             self._walk = kitmanifest.StatWalk(dest, head.get("excludes") or ())
@@ -281,11 +385,16 @@ class EarlyCheck:
                 lines: Optional[List[bytes]] = self._walk.result()[0]
             except OSError:
                 lines = None
-            if lines is not None and hashlib.sha256(b"".join(lines)).hexdigest() == \
-                    head[kitmanifest.INSTALLED_STAT]:
+            if (
+                lines is not None
+                and hashlib.sha256(b"".join(lines)).hexdigest() == head[kitmanifest.INSTALLED_STAT]
+            ):
                 self.installed = {"header": head}
-                self.tree = {"ok": True, "why": "unchanged since the install (stat check: the "
-                             "walk's stat fingerprint is the one the install recorded)"}
+                self.tree = {
+                    "ok": True,
+                    "why": "unchanged since the install (stat check: the "
+                    "walk's stat fingerprint is the one the install recorded)",
+                }
                 return
         try:
             self.key, self.installed = _load_keyed(path, None)
@@ -302,13 +411,17 @@ class EarlyCheck:
 
 def begin_early_check(ctx: Context) -> None:
     """Start EarlyCheck when a quick re-run check may follow (the lock is held)."""
-    if (ctx.choices.rerun == "quick" and ctx.locked
-            and os.path.isfile(os.path.join(ctx.dest, INSTALLED))):
+    if (
+        ctx.choices.rerun == "quick"
+        and ctx.locked
+        and os.path.isfile(os.path.join(ctx.dest, INSTALLED))
+    ):
         ctx.early = EarlyCheck(ctx.dest)
 
 
-def current(ctx: Context, mode: str = "quick", source_stat: str = "",
-            linking: bool = False) -> Result:
+def current(
+    ctx: Context, mode: str = "quick", source_stat: str = "", linking: bool = False
+) -> Result:
     """Does the destination already hold this tree? `quick`: the source's stat fingerprint
     (`source_stat`, else the manifest's) against the one the install recorded, and every entry
     there against the install's manifest (no reading); `digest`: the install came from a source
@@ -324,8 +437,12 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
     if not_ours:
         if early is not None:
             early.take()
-        return _not_current(ctx, "the install there is not proven ours (%s): it is sent whole, "
-                            "nothing is linked from it" % not_ours, mode)
+        return _not_current(
+            ctx,
+            "the install there is not proven ours (%s): it is sent whole, "
+            "nothing is linked from it" % not_ours,
+            mode,
+        )
     if early is not None and mode == "quick":
         installed, tree = early.take()
         ctx.keep_installed(early.key, installed)
@@ -335,31 +452,45 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
         except (OSError, ValueError):
             installed = None
     if installed is None or installed["header"].get("source_stat_fingerprint") is None:
-        return _not_current(ctx, "no earlier install at %s (or its manifest is unreadable)"
-                            % ctx.dest, mode)
+        return _not_current(
+            ctx, "no earlier install at %s (or its manifest is unreadable)" % ctx.dest, mode
+        )
     if mode == "digest":
         same_source = installed["header"].get("source_fingerprint") == ctx.fingerprint()
         if not same_source and not linking:
-            return _not_current(ctx, "the destination holds an install of a different source "
-                                "tree", mode)
+            return _not_current(
+                ctx, "the destination holds an install of a different source tree", mode
+            )
         result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.choices.jobs), limit=1 << 30)
         if not result["ok"]:
             ctx.unlinkable = set(result["missing"]) | {d["p"] for d in result["differ"]}
-            for line in kitmanifest.describe(dict(result, missing=result["missing"][:20],
-                                                  extra=result["extra"][:20],
-                                                  differ=result["differ"][:20])):
+            for line in kitmanifest.describe(
+                dict(
+                    result,
+                    missing=result["missing"][:20],
+                    extra=result["extra"][:20],
+                    differ=result["differ"][:20],
+                )
+            ):
                 ctx.log(line)
-            return _not_current(ctx, "the destination has changed since it was installed (%d "
-                                "entries, listed above; they are sent again, never linked)"
-                                % sum(result["counts"].values()), mode)
+            return _not_current(
+                ctx,
+                "the destination has changed since it was installed (%d "
+                "entries, listed above; they are sent again, never linked)"
+                % sum(result["counts"].values()),
+                mode,
+            )
         theirs = not_ours_in_tree(ctx.dest)
         if theirs:
             # the bytes are right now; another user can change them the moment after
             for line in theirs:
-                ctx.log("not proven ours at the destination (sent again, never linked): %s"
-                        % line)
-            return _not_current(ctx, "the destination holds entries another user owns or can "
-                                "write (listed above; they are sent again, never linked)", mode)
+                ctx.log("not proven ours at the destination (sent again, never linked): %s" % line)
+            return _not_current(
+                ctx,
+                "the destination holds entries another user owns or can "
+                "write (listed above; they are sent again, never linked)",
+                mode,
+            )
         if not same_source:
             return _not_current(ctx, "the source changed since the install", mode)
         why = "up to date (every file re-hashed)"
@@ -379,8 +510,10 @@ def current(ctx: Context, mode: str = "quick", source_stat: str = "",
 
 def _not_current(ctx: Context, why: str, mode: str) -> Result:
     if mode == "digest" and ctx.choices.on_existing == "refuse" and os.path.lexists(ctx.dest):
-        raise StepError("destination %s holds a different install and on_existing is refuse (%s)"
-                        % (ctx.dest, why))
+        raise StepError(
+            "destination %s holds a different install and on_existing is refuse (%s)"
+            % (ctx.dest, why)
+        )
     return Result(why, {"up_to_date": 0, "why": why})
 
 
@@ -394,8 +527,10 @@ def relocate(ctx: Context) -> Result:
     result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest, scan_elsewhere=False)
     if ctx.elsewhere is None or ctx.elsewhere[1] != result["old_prefixes"]:
         _cancel_elsewhere(ctx)
-        ctx.elsewhere = (kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"]),
-                         result["old_prefixes"])
+        ctx.elsewhere = (
+            kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"]),
+            result["old_prefixes"],
+        )
     m = ctx.new_manifest()
     algo = m["header"]["algo"]
     changes, digests = {}, {}
@@ -410,12 +545,16 @@ def relocate(ctx: Context) -> Result:
     kitmanifest.save(installed, path)
     digests[INSTALLED] = _sha256(path)
     if result["remaining"]:
-        raise StepError("still naming %s under bin/ after relocation: %s"
-                        % (ctx.old, ", ".join(result["remaining"])), lines=result["remaining"])
+        raise StepError(
+            "still naming %s under bin/ after relocation: %s"
+            % (ctx.old, ", ".join(result["remaining"])),
+            lines=result["remaining"],
+        )
     ctx.log("rewritten: %s" % (", ".join(sorted(result["rewritten"])) or "nothing"))
     _write_stamp(ctx, dict(doc, stage="relocated", relocated=digests))
-    return Result("%d files rewritten" % len(result["rewritten"]),
-                  {"rewritten": len(result["rewritten"])})
+    return Result(
+        "%d files rewritten" % len(result["rewritten"]), {"rewritten": len(result["rewritten"])}
+    )
 
 
 def swap(ctx: Context) -> Result:
@@ -430,41 +569,50 @@ def swap(ctx: Context) -> Result:
         if transient:
             # replace: what was there waits as a backup (not pruned, not unshared) until the run
             # ends, for a rollback
-            result = hostfs.swap(ctx.staging, ctx.dest, "backup",
-                                 swap_atomic=ctx.choices.swap_atomic,
-                                 unshare=False)
+            result = hostfs.swap(
+                ctx.staging, ctx.dest, "backup", swap_atomic=ctx.choices.swap_atomic, unshare=False
+            )
         else:
             # keep_backups is applied once the new install passed its checks (prune_after_checks)
-            result = hostfs.swap(ctx.staging, ctx.dest, ctx.choices.on_existing,
-                                 swap_atomic=ctx.choices.swap_atomic)
+            result = hostfs.swap(
+                ctx.staging, ctx.dest, ctx.choices.on_existing, swap_atomic=ctx.choices.swap_atomic
+            )
         previous = result.get("previous")
-        ctx.swapped = {"previous": previous, "transient": transient,
-                       "policy": ctx.choices.on_existing, "previous_id": _identity_of(previous)}
+        ctx.swapped = {
+            "previous": previous,
+            "transient": transient,
+            "policy": ctx.choices.on_existing,
+            "previous_id": _identity_of(previous),
+        }
         _write_stamp(ctx, None)
     finally:
         ctx.critical -= 1
     _record_install(ctx)
     kept = previous if previous not in (None, "none", "removed") and not transient else ""
     if result.get("previous_failed"):
-        ctx.log("the previous destination had failed its checks: kept apart at %s (not a backup; "
-                "replaced by the next failure)" % kept)
+        ctx.log(
+            "the previous destination had failed its checks: kept apart at %s (not a backup; "
+            "replaced by the next failure)" % kept
+        )
         kept = ""
     facts = {"previous": previous, "backup": kept, "atomic": int(bool(result.get("atomic", True)))}
     if result.get("note"):
         ctx.log(result["note"])
     prefix, version = interpreter_prefix(os.path.join(ctx.dest, "bin", "python"), ctx.dest)
     if os.path.realpath(prefix) != os.path.realpath(ctx.dest):
-        raise StepError("the moved interpreter reports sys.prefix %s, expected %s"
-                        % (prefix, ctx.dest), facts)
+        raise StepError(
+            "the moved interpreter reports sys.prefix %s, expected %s" % (prefix, ctx.dest), facts
+        )
     facts["prefix"] = prefix
     proven, failed = prove_scripts(ctx.dest, list(doc.get("relocated") or {}))
     facts["scripts"] = len(proven)
     if failed:
         raise StepError(failed[0], facts, lines=failed)
     if proven:
-        ctx.log("%d console scripts started from %s by their shebangs (sys.prefix there): %s%s"
-                % (len(proven), ctx.dest, ", ".join(proven[:8]),
-                   ", ..." if len(proven) > 8 else ""))
+        ctx.log(
+            "%d console scripts started from %s by their shebangs (sys.prefix there): %s%s"
+            % (len(proven), ctx.dest, ", ".join(proven[:8]), ", ..." if len(proven) > 8 else "")
+        )
     _report_elsewhere(ctx, facts)
     if kept:
         ctx.log("the previous destination is kept at %s" % kept)
@@ -491,9 +639,15 @@ def _record_install(ctx: Context) -> None:
         fingerprint = ctx.fingerprint()
     except (StepError, OSError, ValueError):
         fingerprint = ""
-    hostfs.write_info(ctx.dest, installed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      origin=ctx.choices.origin, source_fingerprint=fingerprint, checks="not run",
-                      put_back_after=None, failed_install=None)
+    hostfs.write_info(
+        ctx.dest,
+        installed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        origin=ctx.choices.origin,
+        source_fingerprint=fingerprint,
+        checks="not run",
+        put_back_after=None,
+        failed_install=None,
+    )
 
 
 def prune_after_checks(ctx: Context) -> None:
@@ -501,31 +655,41 @@ def prune_after_checks(ctx: Context) -> None:
     the spec has none and its env file is written): an install that fails never evicts a good
     backup."""
     s = ctx.swapped
-    if (s is None or s.get("transient") or s.get("policy") != "backup"
-            or not ctx.choices.keep_backups):
+    if (
+        s is None
+        or s.get("transient")
+        or s.get("policy") != "backup"
+        or not ctx.choices.keep_backups
+    ):
         return
     for gone in hostfs.prune_backups(ctx.dest, ctx.choices.keep_backups):
-        ctx.log("removed an older backup (keep_backups: %s): %s (the new install passed its "
-                "checks)" % (ctx.choices.keep_backups, gone))
+        ctx.log(
+            "removed an older backup (keep_backups: %s): %s (the new install passed its "
+            "checks)" % (ctx.choices.keep_backups, gone)
+        )
 
 
 def exports(ctx: Context) -> Result:
     """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
     _require_lock(ctx)
     c = ctx.choices
-    text, summary = kitexports.render(ctx.dest, c.cuda_home, list(c.library_path_first),
-                                      dict(c.env), c.origin)
+    text, summary = kitexports.render(
+        ctx.dest, c.cuda_home, list(c.library_path_first), dict(c.env), c.origin
+    )
     if summary["missing_dirs"]:
-        raise StepError("library dirs do not exist in the venv: %s"
-                        % ", ".join(summary["missing_dirs"]), lines=summary["missing_dirs"])
+        raise StepError(
+            "library dirs do not exist in the venv: %s" % ", ".join(summary["missing_dirs"]),
+            lines=summary["missing_dirs"],
+        )
     kitexports.write(ctx.env_out, text, venv=ctx.dest)
-    ctx.log("env file %s; LD_LIBRARY_PATH: %s" % (ctx.env_out, library_words(
-        ctx.dest, summary["library_dirs"])))
+    ctx.log(
+        "env file %s; LD_LIBRARY_PATH: %s"
+        % (ctx.env_out, library_words(ctx.dest, summary["library_dirs"]))
+    )
     if not ctx.probe_config and ctx.swapped is not None:
         hostfs.write_info(ctx.dest, checks="none")
         prune_after_checks(ctx)
-    return Result(ctx.env_out, {"file": ctx.env_out,
-                                "library_dirs": len(summary["library_dirs"])})
+    return Result(ctx.env_out, {"file": ctx.env_out, "library_dirs": len(summary["library_dirs"])})
 
 
 def library_words(venv: str, dirs: List[str]) -> str:
@@ -543,7 +707,7 @@ def library_words(venv: str, dirs: List[str]) -> str:
     return "%s first" % ", then ".join(words)
 
 
-ENV_COPY = "env.sh"     # in the state directory: what the checks source
+ENV_COPY = "env.sh"  # in the state directory: what the checks source
 
 
 def own_env_copy(ctx: Context) -> str:
@@ -558,12 +722,16 @@ def own_env_copy(ctx: Context) -> str:
     try:
         data = kitexports.own_copy(ctx.dest)
     except NotOurs as exc:
-        raise StepError("refusing to source %s as %s: %s (not written by this kit); look at it, "
-                        "remove it and run the exports step again (--from exports)"
-                        % (shown, user_name(), exc.why)) from None
+        raise StepError(
+            "refusing to source %s as %s: %s (not written by this kit); look at it, "
+            "remove it and run the exports step again (--from exports)"
+            % (shown, user_name(), exc.why)
+        ) from None
     if data is None:
-        raise StepError("the install at %s holds no env file of its own (%s: missing): run the "
-                        "exports step again (--from exports)" % (ctx.dest, kitexports.IN_INSTALL))
+        raise StepError(
+            "the install at %s holds no env file of its own (%s: missing): run the "
+            "exports step again (--from exports)" % (ctx.dest, kitexports.IN_INSTALL)
+        )
     path = os.path.join(ctx.state, ENV_COPY)
     write_file(path, data, 0o600)
     return path
@@ -576,26 +744,37 @@ def probe(ctx: Context, report: str = "") -> Result:
     report = report or os.path.join(ctx.state, "probe-report.json")
     info = hostfs.read_info(ctx.dest)
     if ctx.swapped is None and ctx.up_to_date is None and info.get("put_back_after"):
-        raise StepError("the install at %s is the previous one, put back after %s failed (the "
-                        "failed install is kept at %s): checking it would not check what this spec "
-                        "installs; run every step again" % (
-                            ctx.dest, info["put_back_after"], info.get("failed_install", "-")),
-                        {"put_back_after": info["put_back_after"]})
+        raise StepError(
+            "the install at %s is the previous one, put back after %s failed (the "
+            "failed install is kept at %s): checking it would not check what this spec "
+            "installs; run every step again"
+            % (ctx.dest, info["put_back_after"], info.get("failed_install", "-")),
+            {"put_back_after": info["put_back_after"]},
+        )
     own_env = own_env_copy(ctx)
     env = child_env()
     # the moved interpreter, isolated (rbrules.launch: the checks see the venv's own
     # site-packages and the env file's variables, never a PYTHON* variable or the working
     # directory), from /
-    argv = (["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", own_env]
-            + launch.argv(os.path.join(ctx.dest, "bin", "python"), "rbprobes", site=True)
-            + ["run", "--config-json", ctx.probe_config, "--report", report])
+    argv = (
+        ["bash", "-c", 'source "$1" && shift && exec "$@"', "rb", own_env]
+        + launch.argv(os.path.join(ctx.dest, "bin", "python"), "rbprobes", site=True)
+        + ["run", "--config-json", ctx.probe_config, "--report", report]
+    )
     if ctx.capture:
         rc, out, err = run_quiet(argv, ctx.choices.timeout, env)
         ctx.log(err)
     else:
         # the checks' table goes to the runbook's log as it is printed
-        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=2, env=env, cwd="/",
-                            timeout=ctx.choices.timeout, check=False).returncode
+        rc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=2,
+            env=env,
+            cwd="/",
+            timeout=ctx.choices.timeout,
+            check=False,
+        ).returncode
         out = err = ""
     summary: dict = {}
     names: List[str] = []
@@ -603,21 +782,32 @@ def probe(ctx: Context, report: str = "") -> Result:
         with open(report, encoding="utf-8") as f:
             doc = json.load(f)
         summary = doc.get("summary", {})
-        names = [str((c.get("values") or {}).get("name") or c.get("id"))
-                 for c in doc.get("checks", []) if c.get("status") == "fail"]
+        names = [
+            str((c.get("values") or {}).get("name") or c.get("id"))
+            for c in doc.get("checks", [])
+            if c.get("status") == "fail"
+        ]
         # the checked packages' own warnings (rbprobes keeps them): the run's log only
         for warned in doc.get("warnings") or []:
             ctx.trace("a warning while the checks ran (from the checked packages): %s" % warned)
     except (OSError, ValueError, AttributeError):
         pass
-    facts = {"report": report, "pass": summary.get("pass", 0), "skip": summary.get("skip", 0),
-             "fail": summary.get("fail", 0)}
+    facts = {
+        "report": report,
+        "pass": summary.get("pass", 0),
+        "skip": summary.get("skip", 0),
+        "fail": summary.get("fail", 0),
+    }
     detail = "%s passed, %s skipped, %s failed" % (facts["pass"], facts["skip"], facts["fail"])
     if rc != 0:
         ctx.failed_checks = ", ".join(names) or "the checks"
         hostfs.set_checks(ctx.dest, False, "checks failed: " + ctx.failed_checks)
-        raise StepError("checks failed: " + detail if summary else
-                        "the checks did not run (exit %s)" % rc, facts, tail(err or out), rc=rc)
+        raise StepError(
+            "checks failed: " + detail if summary else "the checks did not run (exit %s)" % rc,
+            facts,
+            tail(err or out),
+            rc=rc,
+        )
     hostfs.set_checks(ctx.dest, True)
     prune_after_checks(ctx)
     return Result(detail, facts)
@@ -632,8 +822,11 @@ def rollback(ctx: Context, after: str = "") -> Result:
     if s is None:
         return Result("nothing to roll back: no swap in this run", status="skipped")
     previous = s["previous"]
-    what = ctx.failed_checks if after == "probe" and ctx.failed_checks else \
-        "step %s" % (after or "a step")
+    what = (
+        ctx.failed_checks
+        if after == "probe" and ctx.failed_checks
+        else "step %s" % (after or "a step")
+    )
     ctx.critical += 1
     try:
         if previous in (None, "none", "removed"):
@@ -642,16 +835,26 @@ def rollback(ctx: Context, after: str = "") -> Result:
                 os.unlink(os.path.join(ctx.dest, INSTALLED))
             except FileNotFoundError:
                 pass
-            return Result("nothing was at %s before this run: the new install stays, without "
-                          "its manifest (a re-run installs it again)" % ctx.dest,
-                          {"install_stays": ctx.dest, "previous": "none",
-                           "stays_why": "nothing was there before this run to put back"})
+            return Result(
+                "nothing was at %s before this run: the new install stays, without "
+                "its manifest (a re-run installs it again)" % ctx.dest,
+                {
+                    "install_stays": ctx.dest,
+                    "previous": "none",
+                    "stays_why": "nothing was there before this run to put back",
+                },
+            )
         from_failed = previous == hostfs.failed_path(ctx.dest)
         number = None if from_failed else int(previous.rsplit(".", 1)[1])
-        got = hostfs.restore(ctx.dest, number, env_file=ctx.env_out,
-                             swap_atomic=ctx.choices.swap_atomic,
-                             failed="%s failed after the swap (runbook rollback)" % what,
-                             from_failed=from_failed, known=s.get("previous_id"))
+        got = hostfs.restore(
+            ctx.dest,
+            number,
+            env_file=ctx.env_out,
+            swap_atomic=ctx.choices.swap_atomic,
+            failed="%s failed after the swap (runbook rollback)" % what,
+            from_failed=from_failed,
+            known=s.get("previous_id"),
+        )
         ctx.swapped = None
         kept: Optional[str] = got["kept_current_as"]
         if s["transient"]:
@@ -661,7 +864,11 @@ def rollback(ctx: Context, after: str = "") -> Result:
     finally:
         ctx.critical -= 1
     where = "kept at %s" % kept if kept else "removed (on_existing: replace)"
-    ctx.log("rolled back: %s failed; the previous install is at %s again; the failed one is %s"
-            % (what, ctx.dest, where))
-    return Result("rolled back: %s failed; failed install %s" % (what, where),
-                  {"restored": previous, "kept_current_as": kept, "rolled_back": 1})
+    ctx.log(
+        "rolled back: %s failed; the previous install is at %s again; the failed one is %s"
+        % (what, ctx.dest, where)
+    )
+    return Result(
+        "rolled back: %s failed; failed install %s" % (what, where),
+        {"restored": previous, "kept_current_as": kept, "rolled_back": 1},
+    )

@@ -17,7 +17,7 @@ from rbrules import proven
 
 from . import safefs
 
-IN_INSTALL = ".rb-env.sh"   # the install's own copy of its env file (manifest.SKIP_NAMES)
+IN_INSTALL = ".rb-env.sh"  # the install's own copy of its env file (manifest.SKIP_NAMES)
 
 
 def site_packages(venv: str) -> str:
@@ -51,8 +51,12 @@ def render(venv: str, cuda_home: str, first: list, env: dict, origin: str) -> tu
         )
     for key in sorted(env):
         lines.append(f"export {key}={q(env[key])}")
-    summary = {"site_packages": site, "library_dirs": lib_dirs, "missing_dirs": missing,
-               "cuda_home": cuda_home or None}
+    summary = {
+        "site_packages": site,
+        "library_dirs": lib_dirs,
+        "missing_dirs": missing,
+        "cuda_home": cuda_home or None,
+    }
     return "\n".join(lines) + "\n", summary
 
 
@@ -86,12 +90,18 @@ def restore_env(venv: str, path: str) -> dict:
     try:
         got = own_copy(venv)
     except proven.NotOurs as exc:
-        return {"path": path, "restored": False,
-                "why": f"refusing to copy {os.path.join(venv, IN_INSTALL)}: {exc.why}; {path} "
-                       "still belongs to the install it replaced: run the exports step again"}
+        return {
+            "path": path,
+            "restored": False,
+            "why": f"refusing to copy {os.path.join(venv, IN_INSTALL)}: {exc.why}; {path} "
+            "still belongs to the install it replaced: run the exports step again",
+        }
     if got is None:
-        return {"path": path, "restored": False,
-                "why": f"{venv} holds no {IN_INSTALL}; {path} still belongs to the install it "
-                       "replaced: run the exports step again"}
+        return {
+            "path": path,
+            "restored": False,
+            "why": f"{venv} holds no {IN_INSTALL}; {path} still belongs to the install it "
+            "replaced: run the exports step again",
+        }
     safefs.write_file(path, got, 0o644)
     return {"path": path, "restored": True, "from": os.path.join(venv, IN_INSTALL)}

@@ -54,12 +54,12 @@ MARK = "RBFAN "
 CHUNK = 800
 LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
 STEPS = engine.STEPS
-PAYLOAD = "payload"      # the tar stream in the bundle, compressed as the run chose
-BUNDLE = "bundle.tar"    # the bundle itself, in DIR (moved there by the node script)
-LOCK_WAIT_S = float(common.LOCK_WAIT_S)   # one rule: rbrules.common
+PAYLOAD = "payload"  # the tar stream in the bundle, compressed as the run chose
+BUNDLE = "bundle.tar"  # the bundle itself, in DIR (moved there by the node script)
+LOCK_WAIT_S = float(common.LOCK_WAIT_S)  # one rule: rbrules.common
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
-SOURCE_IDENTITY = "source-identity.json"   # in the bundle: the source's hostfs.identity
-PRE = ("preflight",)     # a node's steps before the install's, in its report only when they fail
+SOURCE_IDENTITY = "source-identity.json"  # in the bundle: the source's hostfs.identity
+PRE = ("preflight",)  # a node's steps before the install's, in its report only when they fail
 
 
 def check_source(ctx: engine.Context, path: str) -> engine.Result:
@@ -72,12 +72,16 @@ def check_source(ctx: engine.Context, path: str) -> engine.Result:
         with open(path, encoding="utf-8") as f:
             source = json.load(f)
     except (OSError, ValueError) as exc:
-        raise engine.StepError("refusing to install %s: the bundle holds no source identity to "
-                               "compare it with (%s: %s); pack the bundle again: run the runbook "
-                               "from fan_pack" % (ctx.dest, path, exc)) from None
+        raise engine.StepError(
+            "refusing to install %s: the bundle holds no source identity to "
+            "compare it with (%s: %s); pack the bundle again: run the runbook "
+            "from fan_pack" % (ctx.dest, path, exc)
+        ) from None
     if not isinstance(source, dict) or not source.get("realpath"):
-        raise engine.StepError("refusing to install %s: %s is not a source identity; pack the "
-                               "bundle again: run the runbook from fan_pack" % (ctx.dest, path))
+        raise engine.StepError(
+            "refusing to install %s: %s is not a source identity; pack the "
+            "bundle again: run the runbook from fan_pack" % (ctx.dest, path)
+        )
     why = hostfs.same_or_nested(source, hostfs.identity(ctx.dest))
     if why:
         raise engine.StepError("refusing to install %s: %s" % (ctx.dest, why))
@@ -91,34 +95,47 @@ def node(a: argparse.Namespace) -> int:
     plan's read-only look at the destination instead (rbkit.fanplan)."""
     if a.state:
         from . import fanplan
+
         return fanplan.node_state(a)
     dest = a.dest.rstrip("/")
     bundle = os.path.join(a.dir, BUNDLE)
     payload = os.path.join(a.dir, PAYLOAD)
     # the payload is read from inside the bundle file (the node script unpacked the rest), so a
     # node writes it once, into staging; a bundle unpacked whole has it as a file
-    producer = ["cat", "--", payload] if os.path.exists(payload) else \
-        ["tar", "-xOf", bundle, "./" + PAYLOAD]
+    producer = (
+        ["cat", "--", payload]
+        if os.path.exists(payload)
+        else ["tar", "-xOf", bundle, "./" + PAYLOAD]
+    )
     delta = os.path.join(a.dir, "delta.names")
     # the engine's name for this node: Slurm's (it may differ from the hostname), else the hostname
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False, "probe": None}
     logs: List[str] = []
-    ctx = engine.Context(dest, a.choices, old=a.old, compression=a.compression,
-                         manifest=os.path.join(a.dir, "manifest.jsonl"),
-                         probe_config=a.probe_config, capture=True, log=logs.append)
+    ctx = engine.Context(
+        dest,
+        a.choices,
+        old=a.old,
+        compression=a.compression,
+        manifest=os.path.join(a.dir, "manifest.jsonl"),
+        probe_config=a.probe_config,
+        capture=True,
+        log=logs.append,
+    )
     ctx.state = engine.make_state()
-    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.choices.origin), LOCK_WAIT_S,
-                logs.append)
+    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.choices.origin), LOCK_WAIT_S, logs.append)
     try:
         # never into the source (before the lock: nothing is written beside a refused one)
         pre = engine.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
         if pre["status"] != "failed":
             engine.run(ctx, "lock", engine.take_lock, lock)
-        rc = engine.install(ctx, producer, delta if os.path.exists(delta) else None) \
-            if ctx.locked else 1
+        rc = (
+            engine.install(ctx, producer, delta if os.path.exists(delta) else None)
+            if ctx.locked
+            else 1
+        )
         engine.finish(ctx)
-        _report(doc, ctx.events, rc)        # before the state goes: the checks' report is there
+        _report(doc, ctx.events, rc)  # before the state goes: the checks' report is there
     finally:
         engine.stop_background(ctx)
         lock.release()
@@ -150,18 +167,22 @@ def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
             if facts.get("up_to_date"):
                 doc["up_to_date"] = e["detail"]
             if e["status"] != "failed":
-                continue                  # named in the report only when it failed
-        entry: Dict[str, Any] = {"id": e["step"], "ok": e["status"] != "failed",
-                                 "rc": facts.get("rc", 0) if e["status"] == "failed" else 0,
-                                 "seconds": e["duration_s"]}
+                continue  # named in the report only when it failed
+        entry: Dict[str, Any] = {
+            "id": e["step"],
+            "ok": e["status"] != "failed",
+            "rc": facts.get("rc", 0) if e["status"] == "failed" else 0,
+            "seconds": e["duration_s"],
+        }
         if e["status"] == "failed":
             entry["error"] = e.get("error") or [e["detail"]]
         if e["status"] == "skipped":
             entry["skipped"] = e["detail"].replace("skipped: ", "", 1)
         doc["steps"].append(entry)
         if e["step"] == "stage" and facts.get("delta"):
-            doc["delta"] = {k: facts.get(k) for k in ("linked", "linked_bytes", "send_files",
-                                                      "send_bytes")}
+            doc["delta"] = {
+                k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")
+            }
         if e["step"] == "stage" and facts.get("needs_full"):
             doc["needs_full"] = e["detail"].replace("needs the whole bundle: ", "", 1)
         if e["step"] == "verify":
@@ -188,7 +209,7 @@ def emit(doc: Dict[str, Any], out=None) -> None:
     """Print a node's report as `RBFAN NODE I/N CHUNK` lines (see the module's docstring)."""
     out = out or sys.stdout
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    parts = [text[i:i + CHUNK] for i in range(0, len(text), CHUNK)]
+    parts = [text[i : i + CHUNK] for i in range(0, len(text), CHUNK)]
     for i, part in enumerate(parts, 1):
         out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], i, len(parts), part))
         out.flush()
@@ -249,14 +270,18 @@ def cells(doc: Optional[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     for s in doc.get("steps", []):
         if s["id"] == "probe":
             continue
-        row[s["id"]] = {"status": "pass" if s["ok"] else "fail",
-                        "detail": None if s["ok"] else "; ".join(s.get("error", []))[:300]}
+        row[s["id"]] = {
+            "status": "pass" if s["ok"] else "fail",
+            "detail": None if s["ok"] else "; ".join(s.get("error", []))[:300],
+        }
     probe = doc.get("probe") or {}
     for c in probe.get("checks", []):
         detail = c.get("reason") or ""
-        row["check:" + str(c.get("id"))] = {"status": c.get("status", "?"),
-                                            "detail": detail[:300],
-                                            "values": _stable(c.get("values") or {})}
+        row["check:" + str(c.get("id"))] = {
+            "status": c.get("status", "?"),
+            "detail": detail[:300],
+            "values": _stable(c.get("values") or {}),
+        }
     return row
 
 
@@ -265,8 +290,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: List[str],
-            success: str) -> Dict[str, Any]:
+def compare(
+    nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: List[str], success: str
+) -> Dict[str, Any]:
     rows = {n: cells(reports.get(n)) for n in nodes}
     # a step before the install's is in a report only when it failed: every other node that
     # reported passed it
@@ -275,21 +301,27 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
         for s in pre:
             if n in reports:
                 rows[n].setdefault(s, {"status": "pass", "detail": None})
-    columns: List[str] = pre + [s for s in STEPS
-                                if s != "probe" and any(s in r for r in rows.values())]
+    columns: List[str] = pre + [
+        s for s in STEPS if s != "probe" and any(s in r for r in rows.values())
+    ]
     for r in rows.values():
         for col in r:
             if col.startswith("check:") and col not in columns:
                 columns.append(col)
     if any("rollback" in r for r in rows.values()):
-        columns.append("rollback")     # last: what happened after the checks
+        columns.append("rollback")  # last: what happened after the checks
     # fold identical rows (status and compared values per column)
     groups: Dict[str, List[str]] = {}
     for n in nodes:
         if n not in reports:
             continue
-        key = json.dumps({c: [rows[n].get(c, {}).get("status", "-"),
-                              rows[n].get(c, {}).get("values")] for c in columns}, sort_keys=True)
+        key = json.dumps(
+            {
+                c: [rows[n].get(c, {}).get("status", "-"), rows[n].get(c, {}).get("values")]
+                for c in columns
+            },
+            sort_keys=True,
+        )
         groups.setdefault(key, []).append(n)
     ordered = sorted(groups.values(), key=lambda g: (-len(g), nodes.index(g[0])))
     majority = ordered[0][0] if ordered else None
@@ -304,8 +336,11 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
             if c not in rows[n] and c in rows[majority]:
                 not_run.append(c)
             elif mine.get("status", "-") != ref.get("status", "-"):
-                what = "%s: %s (others: %s)" % (c, mine.get("status", "not run"),
-                                                 ref.get("status", "not run"))
+                what = "%s: %s (others: %s)" % (
+                    c,
+                    mine.get("status", "not run"),
+                    ref.get("status", "not run"),
+                )
                 if mine.get("detail"):
                     what += ": " + mine["detail"]
                 diffs.append(what)
@@ -313,8 +348,9 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
                 mv, rv = mine.get("values") or {}, ref.get("values") or {}
                 for k in sorted(set(mv) | set(rv)):
                     if mv.get(k) != rv.get(k):
-                        diffs.append("%s.%s: %s (others: %s)" % (c, k, _short(mv.get(k)),
-                                                                 _short(rv.get(k))))
+                        diffs.append(
+                            "%s.%s: %s (others: %s)" % (c, k, _short(mv.get(k)), _short(rv.get(k)))
+                        )
         if not_run:
             diffs.append("not run after that: " + ", ".join(not_run))
         odd[n] = diffs
@@ -325,20 +361,39 @@ def compare(nodes: List[str], reports: Dict[str, Dict[str, Any]], engine_err: Li
             missing[n] = said[-3:] or ["no report came back (node unreachable or killed)"]
     good = [n for n in nodes if reports.get(n, {}).get("ok")]
     need = len(nodes) if success == "all" else int(success)
-    return {"nodes": nodes, "columns": columns, "groups": ordered, "odd": odd, "missing": missing,
-            "ok_nodes": good, "failed_nodes": [n for n in nodes if n in reports and n not in good],
-            "success": success, "needed": need, "passed": len(good) >= need,
-            "rolled_back": {n: reports[n]["rolled_back"] for n in nodes
-                            if n in reports and reports[n].get("rolled_back")},
-            "rows": {n: {c: rows[n].get(c, {}).get("status", "-") for c in columns}
-                     for n in nodes if n in reports}}
+    return {
+        "nodes": nodes,
+        "columns": columns,
+        "groups": ordered,
+        "odd": odd,
+        "missing": missing,
+        "ok_nodes": good,
+        "failed_nodes": [n for n in nodes if n in reports and n not in good],
+        "success": success,
+        "needed": need,
+        "passed": len(good) >= need,
+        "rolled_back": {
+            n: reports[n]["rolled_back"]
+            for n in nodes
+            if n in reports and reports[n].get("rolled_back")
+        },
+        "rows": {
+            n: {c: rows[n].get(c, {}).get("status", "-") for c in columns}
+            for n in nodes
+            if n in reports
+        },
+    }
 
 
 def fold(names: List[str]) -> str:
     """node01,node02,node03,node05 -> node[01-03,05] (a common prefix and numeric suffix only)."""
     parsed = [re.match(r"^(.*?)(\d+)$", n) for n in names]
-    if len(names) < 2 or not all(parsed) or len({m.group(1) for m in parsed}) != 1 or \
-            len({len(m.group(2)) for m in parsed}) != 1:
+    if (
+        len(names) < 2
+        or not all(parsed)
+        or len({m.group(1) for m in parsed}) != 1
+        or len({len(m.group(2)) for m in parsed}) != 1
+    ):
         return ",".join(names)
     prefix, width = parsed[0].group(1), len(parsed[0].group(2))
     nums = sorted(int(m.group(2)) for m in parsed)
@@ -347,8 +402,11 @@ def fold(names: List[str]) -> str:
         if x is not None and x == prev + 1:
             prev = x
             continue
-        parts.append(("%0*d" % (width, start)) if start == prev else
-                     "%0*d-%0*d" % (width, start, width, prev))
+        parts.append(
+            ("%0*d" % (width, start))
+            if start == prev
+            else "%0*d-%0*d" % (width, start, width, prev)
+        )
         if x is not None:
             start = prev = x
     return "%s[%s]" % (prefix, ",".join(parts))
@@ -370,11 +428,20 @@ def table(result: Dict[str, Any]) -> str:
     for n, why in result["missing"].items():
         lines.append("no report from %s: %s" % (n, " | ".join(why)))
     for n, back in sorted(result.get("rolled_back", {}).items()):
-        lines.append("rolled back %s: its checks failed, the previous install is in place again; "
-                     "the one that failed is kept at %s" % (n, back.get("kept_current_as")))
-    lines.append("%d/%d nodes passed; success policy %s needs %d: %s" % (
-        len(result["ok_nodes"]), len(result["nodes"]), result["success"], result["needed"],
-        "met" if result["passed"] else "NOT met"))
+        lines.append(
+            "rolled back %s: its checks failed, the previous install is in place again; "
+            "the one that failed is kept at %s" % (n, back.get("kept_current_as"))
+        )
+    lines.append(
+        "%d/%d nodes passed; success policy %s needs %d: %s"
+        % (
+            len(result["ok_nodes"]),
+            len(result["nodes"]),
+            result["success"],
+            result["needed"],
+            "met" if result["passed"] else "NOT met",
+        )
+    )
     # what the nodes said may name their files: never raw to a terminal (rbrules.shown)
     return "\n".join(printable(line) for line in lines)
 
@@ -420,14 +487,20 @@ def cmd_compare(a: argparse.Namespace) -> int:
         json.dump(result, f, indent=2, sort_keys=True)
     print(table(result), file=sys.stderr)
     # for the runbook: `set KEY VALUE` lines, as the engine answers (serve.py)
-    facts = {"passed": int(result["passed"]), "ok": len(result["ok_nodes"]), "nodes": len(nodes),
-             "odd": fold(sorted(result["odd"])) if result["odd"] else "",
-             "missing": fold(sorted(result["missing"])) if result["missing"] else "",
-             "rolled_back": fold(sorted(result["rolled_back"])) if result["rolled_back"] else ""}
+    facts = {
+        "passed": int(result["passed"]),
+        "ok": len(result["ok_nodes"]),
+        "nodes": len(nodes),
+        "odd": fold(sorted(result["odd"])) if result["odd"] else "",
+        "missing": fold(sorted(result["missing"])) if result["missing"] else "",
+        "rolled_back": fold(sorted(result["rolled_back"])) if result["rolled_back"] else "",
+    }
     for key, value in sorted(facts.items()):
         print("set\t%s\t%s" % (key, value))
-    print("done\t%s\t%d/%d nodes passed" % ("ok" if result["passed"] else "failed",
-                                              len(result["ok_nodes"]), len(nodes)))
+    print(
+        "done\t%s\t%d/%d nodes passed"
+        % ("ok" if result["passed"] else "failed", len(result["ok_nodes"]), len(nodes))
+    )
     return 0 if result["passed"] else 1
 
 
@@ -438,15 +511,26 @@ def _verdict(doc: Dict[str, Any]) -> str:
     if doc.get("ok"):
         return "up to date" if doc.get("up_to_date") else "ok"
     failed = [s["id"] for s in doc.get("steps") or [] if not s.get("ok")]
-    checks = [str(c.get("id")) for c in (doc.get("probe") or {}).get("checks") or []
-              if isinstance(c, dict) and c.get("status") == "fail"]
+    checks = [
+        str(c.get("id"))
+        for c in (doc.get("probe") or {}).get("checks") or []
+        if isinstance(c, dict) and c.get("status") == "fail"
+    ]
     if failed and failed[0] != "probe" or not checks:
         return "failed in %s" % failed[0] if failed else "failed"
     return "failed check%s %s" % ("s" if len(checks) > 1 else "", ", ".join(checks[:3]))
 
 
-def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
-          out=None, clock=None, sleep=None) -> int:
+def watch(
+    nodes: List[str],
+    path: str,
+    stop: str,
+    every: float,
+    limit: float,
+    out=None,
+    clock=None,
+    sleep=None,
+) -> int:
     """Progress of one engine round, as its nodes finish: read the engine's output as it grows
     (whole lines only), and print a line when a node's report is complete (`node03 ok: 3/8 nodes
     done (1 failed), 5 running`) and, between those, every `every` seconds. Ends when the file
@@ -457,7 +541,7 @@ def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
     out = out or sys.stdout
     clock = clock or time.monotonic
     sleep = sleep or time.sleep
-    parent = os.getppid()                   # the runbook's job: gone (killed, ^C) ends the watch
+    parent = os.getppid()  # the runbook's job: gone (killed, ^C) ends the watch
     start = last = clock()
     seen: Dict[str, str] = {}
     lines: List[str] = []
@@ -470,12 +554,15 @@ def watch(nodes: List[str], path: str, stop: str, every: float, limit: float,
     def count() -> str:
         bad = sum(1 for v in seen.values() if v != "ok" and v != "up to date")
         running = len(nodes) - len(seen)
-        return "%d/%d nodes done%s%s" % (len(seen), len(nodes),
-                                          " (%d not ok)" % bad if bad else "",
-                                          ", %d running" % running if running else "")
+        return "%d/%d nodes done%s%s" % (
+            len(seen),
+            len(nodes),
+            " (%d not ok)" % bad if bad else "",
+            ", %d running" % running if running else "",
+        )
 
     while True:
-        stopped = os.path.exists(stop)      # before the read: what came before the stop is read
+        stopped = os.path.exists(stop)  # before the read: what came before the stop is read
         try:
             with open(path, "rb") as f:
                 f.seek(offset)
@@ -514,20 +601,28 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     n = sub.add_parser("node")
     n.add_argument("--dir", required=True)
-    add_run_options(n)          # --dest, --old, --compression, --probe-config, --choices
-    n.add_argument("--state", action="store_true",
-                   help="the live plan: this node's destination, read-only (rbkit.fanplan)")
+    add_run_options(n)  # --dest, --old, --compression, --probe-config, --choices
+    n.add_argument(
+        "--state",
+        action="store_true",
+        help="the live plan: this node's destination, read-only (rbkit.fanplan)",
+    )
     n.set_defaults(fn=node)
     c = sub.add_parser("compare")
     c.add_argument("--nodes", required=True)
-    c.add_argument("--engine-out", action="append", required=True,
-                   help="engine output; repeated: a later file's reports replace earlier ones")
+    c.add_argument(
+        "--engine-out",
+        action="append",
+        required=True,
+        help="engine output; repeated: a later file's reports replace earlier ones",
+    )
     c.add_argument("--engine-err", action="append", default=[])
     c.add_argument("--success", default="all")
     c.add_argument("--out-dir", required=True)
     c.set_defaults(fn=cmd_compare)
-    nd = sub.add_parser("nodes", help="nodes of one engine output that need the whole bundle, "
-                        "or that passed")
+    nd = sub.add_parser(
+        "nodes", help="nodes of one engine output that need the whole bundle, or that passed"
+    )
     nd.add_argument("--which", choices=("needs-full", "passed"), required=True)
     nd.add_argument("--nodes", required=True)
     nd.add_argument("--engine-out", required=True)

@@ -61,19 +61,19 @@ def node_state(a: argparse.Namespace) -> int:
     """This node's destination, read-only, as its report; the plan's kit leaves the node."""
     dest = a.dest.rstrip("/")
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True,
-                           "steps": []}
+    doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True, "steps": []}
     try:
         # compared with the install's manifest here (liveplan.against_install): only what
         # differs from it comes back
-        facts, lines = liveplan.dest_state(dest, a.choices.on_existing,
-                                           a.choices.keep_backups or 0, against=True)
+        facts, lines = liveplan.dest_state(
+            dest, a.choices.on_existing, a.choices.keep_backups or 0, against=True
+        )
         doc["facts"] = facts
         doc["state"] = _pack(b"".join(lines))
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
     fanout.emit(doc)
-    shutil.rmtree(a.dir, ignore_errors=True)      # the kit and the bundle (fanout.BUNDLE)
+    shutil.rmtree(a.dir, ignore_errors=True)  # the kit and the bundle (fanout.BUNDLE)
     return 0 if doc["ok"] else 1
 
 
@@ -98,8 +98,7 @@ def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, st
     return bad
 
 
-def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
-            ) -> Dict[str, str]:
+def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]) -> Dict[str, str]:
     """{node: why} for every node without a state: what the engine said of it, or its error."""
     err: List[str] = []
     for path in engine_err:
@@ -111,7 +110,7 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
         if os.path.exists(os.path.join(d, n + ".state")):
             continue
         said = [ln.strip() for ln in err if re.search(r"(^|[\s:])%s\b" % re.escape(n), ln)]
-        said = [ln[len(n) + 2:] if ln.startswith(n + ": ") else ln for ln in said]
+        said = [ln[len(n) + 2 :] if ln.startswith(n + ": ") else ln for ln in said]
         out[n] = bad.get(n) or " | ".join(said[-2:]) or "no answer (node down or unreachable)"
     return out
 
@@ -140,17 +139,36 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
         j = judged[n]
         items = "\n".join(j["changes"]["items"])
         facts, got = j["facts"], j["assess"]
-        key = json.dumps([j["kind"], items, got["send"], got["need"], facts["evicts"],
-                          facts["exists"], facts["installed"]], sort_keys=True)
-        g = groups.setdefault(key, {"kind": j["kind"], "nodes": [], "items": j["changes"]["items"],
-                                    "digest": hashlib.sha256(key.encode()).hexdigest(),
-                                    "changes": {k: v for k, v in j["changes"].items()
-                                                if k != "items"},
-                                    "send_bytes": got["send"], "incremental": got["delta"],
-                                    "disk": {"staging": got["staging"], "backup": got["backup"],
-                                             "need": got["need"]},
-                                    "exists": facts["exists"], "backups": facts["backups"],
-                                    "evicts": facts["evicts"], "blockers": [], "short": []})
+        key = json.dumps(
+            [
+                j["kind"],
+                items,
+                got["send"],
+                got["need"],
+                facts["evicts"],
+                facts["exists"],
+                facts["installed"],
+            ],
+            sort_keys=True,
+        )
+        g = groups.setdefault(
+            key,
+            {
+                "kind": j["kind"],
+                "nodes": [],
+                "items": j["changes"]["items"],
+                "digest": hashlib.sha256(key.encode()).hexdigest(),
+                "changes": {k: v for k, v in j["changes"].items() if k != "items"},
+                "send_bytes": got["send"],
+                "incremental": got["delta"],
+                "disk": {"staging": got["staging"], "backup": got["backup"], "need": got["need"]},
+                "exists": facts["exists"],
+                "backups": facts["backups"],
+                "evicts": facts["evicts"],
+                "blockers": [],
+                "short": [],
+            },
+        )
         g["nodes"].append(n)
         free = facts["free_bytes"]
         if "free_min" not in g or free < g["free_min"]:
@@ -177,42 +195,62 @@ def compose(a: argparse.Namespace) -> int:
     groups = group(judged, nodes)
     blockers: List[str] = []
     if down:
-        blockers.append("unreachable: %s (each named above, with what the engine said)"
-                        % fanout.fold(sorted(down)))
+        blockers.append(
+            "unreachable: %s (each named above, with what the engine said)"
+            % fanout.fold(sorted(down))
+        )
     for i, g in enumerate(groups, 1):
         g["id"] = i
         g["listing"] = os.path.join(d, "changes-%d.txt" % i)
         liveplan._write(g["listing"], "".join(line + "\n" for line in g["items"]))
         if g["short"]:
-            blockers.append("not enough room on %s: %s needed at %s, least free %s (%s)"
-                            % (fanout.fold(g["short"]), liveplan.human(g["disk"]["need"]),
-                               g["measured_at"], liveplan.human(g["free_min"]),
-                               g["free_min_node"]))
+            blockers.append(
+                "not enough room on %s: %s needed at %s, least free %s (%s)"
+                % (
+                    fanout.fold(g["short"]),
+                    liveplan.human(g["disk"]["need"]),
+                    g["measured_at"],
+                    liveplan.human(g["free_min"]),
+                    g["free_min_node"],
+                )
+            )
         blockers += ["%s: %s" % (g["folded"], b) for b in g["blockers"]]
     audit = liveplan.static_verdict(a)
-    if audit.startswith("failed") and not a.force:
-        blockers.append("the static checks on the source failed (%s): fix the venv or --force"
-                        % audit)
+    blockers += liveplan.source_blockers(a, audit)
     checks = json.loads(a.checks or "{}").get("checks") or []
     digests = {n: judged[n]["facts"]["digest"] for n in nodes if n in judged}
     plan = {
-        "kind": "rb-plan", "schema": 1, "runbook": a.name, "spec_sha256": a.spec_sha,
-        "kit_sha256": a.kit_sha, "made": a.made,
+        "kind": "rb-plan",
+        "schema": 1,
+        "runbook": a.name,
+        "spec_sha256": a.spec_sha,
+        "kit_sha256": a.kit_sha,
+        "made": a.made,
         "fanout": {"engine": a.engine, "nodes": fanout.fold(nodes), "count": len(nodes)},
-        "source": {"host": a.src_host, "path": a.src_path, "stat_fingerprint": src_stat,
-                   "files": int(a.source_files or 0), "bytes": int(a.source_bytes or 0)},
+        "source": {
+            "host": a.src_host,
+            "path": a.src_path,
+            "stat_fingerprint": src_stat,
+            "files": int(a.source_files or 0),
+            "bytes": int(a.source_bytes or 0),
+        },
         # one digest over every node's state (what liveplan read answers), and each node's
-        "destination": {"host": a.dst_host, "path": a.dest,
-                        "digest": hashlib.sha256(json.dumps(digests, sort_keys=True)
-                                                 .encode()).hexdigest(),
-                        "nodes": digests},
-        "route": "", "compression": a.compression, "policy": a.policy,
+        "destination": {
+            "host": a.dst_host,
+            "path": a.dest,
+            "digest": hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest(),
+            "nodes": digests,
+        },
+        "route": "",
+        "compression": a.compression,
+        "policy": a.policy,
         "groups": [{k: v for k, v in g.items() if k not in ("items",)} for g in groups],
-        "unreachable": down, "static": audit, "checks": [c.get("id") for c in checks],
+        "unreachable": down,
+        "static": audit,
+        "checks": [c.get("id") for c in checks],
         "blockers": blockers,
     }
-    liveplan._write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True)
-                    + "\n")
+    liveplan._write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
     lines = screen(plan, groups, a, checks)
     print("\n".join(lines))
     if a.markdown:
@@ -223,62 +261,118 @@ def compose(a: argparse.Namespace) -> int:
     return 1 if blockers else 0
 
 
-def screen(plan: dict, groups: List[dict], a: argparse.Namespace,
-           checks: List[dict]) -> List[str]:
+def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[dict]) -> List[str]:
     src, fan = plan["source"], plan["fanout"]
     h = liveplan.human
-    out = ["plan for %s: %s:%s -> %d nodes %s:%s through %s"
-           % (plan["runbook"], src["host"], src["path"], fan["count"], fan["nodes"], a.dest,
-              fan["engine"])]
+    out = [
+        "plan for %s: %s:%s -> %d nodes %s:%s through %s"
+        % (
+            plan["runbook"],
+            src["host"],
+            src["path"],
+            fan["count"],
+            fan["nodes"],
+            a.dest,
+            fan["engine"],
+        )
+    ]
     out.append("  hosts:       %s" % a.hosts)
     out.append("  compression: %s" % a.compression_why)
-    out.append("  source:      %d files, %s (scan %s)" % (src["files"], h(src["bytes"]),
-                                                          src["stat_fingerprint"][:12]))
+    out.append(
+        "  source:      %d files, %s (scan %s)"
+        % (src["files"], h(src["bytes"]), src["stat_fingerprint"][:12])
+    )
     out.append("  static:      %s" % plan["static"])
     names, head = [], True
     for c in checks:
         # the implied checks come first (compiler.implied), as the single-host plan says them
         head = head and c.get("type") in ("relocation", "kernel_audit")
-        names.append("%s%s%s" % (c.get("id"), " (implied)" if head else "",
-                                 " (may skip)" if c.get("allow_skip") else ""))
+        names.append(
+            "%s%s%s"
+            % (
+                c.get("id"),
+                " (implied)" if head else "",
+                " (may skip)" if c.get("allow_skip") else "",
+            )
+        )
     out.append("  checks:      %s" % (", ".join(names) or "none"))
     answered = fan["count"] - len(plan["unreachable"])
-    out.append("  nodes:       %d answered, %d unreachable; on_existing %s"
-               % (answered, len(plan["unreachable"]), plan["policy"]))
+    out.append(
+        "  nodes:       %d answered, %d unreachable; on_existing %s"
+        % (answered, len(plan["unreachable"]), plan["policy"])
+    )
     pad = " " * 15
     for g in groups:
         n = len(g["nodes"])
-        out.append("  group %d:     %s (%d node%s): %s" % (g["id"], g["folded"], n,
-                                                          "" if n == 1 else "s", g["kind"]))
+        out.append(
+            "  group %d:     %s (%d node%s): %s"
+            % (g["id"], g["folded"], n, "" if n == 1 else "s", g["kind"])
+        )
         ch = g["changes"]
         if g["kind"] == OLDER:
-            out.append(pad + "%d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
-                       % (ch["added"], h(ch["added_bytes"]), ch["changed"], h(ch["changed_bytes"]),
-                          ch["removed"], h(ch["removed_bytes"]), ch["unchanged"]))
-            for line in g["items"][:liveplan.SHOWN]:
+            out.append(
+                pad
+                + "%d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
+                % (
+                    ch["added"],
+                    h(ch["added_bytes"]),
+                    ch["changed"],
+                    h(ch["changed_bytes"]),
+                    ch["removed"],
+                    h(ch["removed_bytes"]),
+                    ch["unchanged"],
+                )
+            )
+            for line in g["items"][: liveplan.SHOWN]:
                 out.append(pad + "  " + line)
             if len(g["items"]) > liveplan.SHOWN:
                 out.append(pad + "  ... %d more" % (len(g["items"]) - liveplan.SHOWN))
             out.append(pad + "every line: %s" % g["listing"])
         elif g["kind"] == EVERYTHING:
-            out.append(pad + ("exists, not an install of this tool" if g["exists"]
-                              else "no install there") + ": the whole tree")
+            out.append(
+                pad
+                + ("exists, not an install of this tool" if g["exists"] else "no install there")
+                + ": the whole tree"
+            )
         if g["kind"] == OLDER and ch["changed_there"]:
-            out.append(pad + "%d changed there since the install: these nodes take the whole "
-                       "tree" % ch["changed_there"])
+            out.append(
+                pad + "%d changed there since the install: these nodes take the whole "
+                "tree" % ch["changed_there"]
+            )
         elif g["kind"] == OLDER:
-            out.append(pad + ("only the changes, and %s of bin/ and pyvenv.cfg that relocation "
-                              "rewrites (incremental)" % h(ch.get("rewritten_bytes", 0))
-                              if g["incremental"] else "the whole tree"))
+            out.append(
+                pad
+                + (
+                    "only the changes, and %s of bin/ and pyvenv.cfg that relocation "
+                    "rewrites (incremental)" % h(ch.get("rewritten_bytes", 0))
+                    if g["incremental"]
+                    else "the whole tree"
+                )
+            )
         if g["kind"] != UP_TO_DATE:
             room = "NOT ENOUGH ROOM on " + fanout.fold(g["short"]) if g["short"] else "enough room"
-            out.append(pad + "to send %s; disk %s needed, least free %s (%s at %s): %s"
-                       % (h(g["send_bytes"]), h(g["disk"]["need"]), h(g["free_min"]),
-                          g["free_min_node"], g["measured_at"], room))
+            out.append(
+                pad
+                + "to send %s; disk %s needed, least free %s (%s at %s): %s"
+                % (
+                    h(g["send_bytes"]),
+                    h(g["disk"]["need"]),
+                    h(g["free_min"]),
+                    g["free_min_node"],
+                    g["measured_at"],
+                    room,
+                )
+            )
         if plan["policy"] == "backup":
-            out.append(pad + "backups: %d kept (keep_backups %s); evicts %s"
-                       % (len(g["backups"]), a.keep_backups,
-                          ", ".join(g["evicts"]) if g["evicts"] else "none"))
+            out.append(
+                pad
+                + "backups: %d kept (keep_backups %s); evicts %s"
+                % (
+                    len(g["backups"]),
+                    a.keep_backups,
+                    ", ".join(g["evicts"]) if g["evicts"] else "none",
+                )
+            )
     for n, why in sorted(plan["unreachable"].items()):
         out.append("  unreachable: %s: %s" % (n, why))
     for b in plan["blockers"]:
@@ -295,25 +389,35 @@ def _moved(then_path: str, now_path: str) -> str:
     was, _r = liveplan.read_state(then_path)
     a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
     moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
-    said = [shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
-            for p in moved[:3]]
-    if (was.get("exists"), was.get("installed_record")) != \
-            (facts.get("exists"), facts.get("installed_record")):
-        said.insert(0, liveplan.INSTALLED + " (the install's record)" if facts.get("exists")
-                    else shown(facts["dest"]) + " (gone)")
+    said = [
+        shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+        for p in moved[:3]
+    ]
+    if (was.get("exists"), was.get("installed_record")) != (
+        facts.get("exists"),
+        facts.get("installed_record"),
+    ):
+        said.insert(
+            0,
+            liveplan.INSTALLED + " (the install's record)"
+            if facts.get("exists")
+            else shown(facts["dest"]) + " (gone)",
+        )
     return "%d paths (%s)" % (len(moved), ", ".join(said[:3]) or "its facts")
 
 
 def drift(a: argparse.Namespace) -> int:
-    plan = json.loads(proven.read_record(a.plan).decode("utf-8"))   # proven this user's
+    plan = json.loads(proven.read_record(a.plan).decode("utf-8"))  # proven this user's
     d = os.path.dirname(os.path.abspath(a.plan))
     nodes = [n for n in a.nodes.split(",") if n]
     out: List[str] = []
     now_stat = liveplan.read_scan(a.source_now)[0] if a.source_now else ""
     if now_stat and now_stat != plan["source"]["stat_fingerprint"]:
         n, first = liveplan.drift(a.plan, "source", a.source_now)
-        out.append("the source %s:%s: %d paths (%s)" % (plan["source"]["host"],
-                                                       plan["source"]["path"], n, first))
+        out.append(
+            "the source %s:%s: %d paths (%s)"
+            % (plan["source"]["host"], plan["source"]["path"], n, first)
+        )
     now_dir = os.path.join(a.dir, "nodes")
     bad = save_states(now_dir, nodes, a.engine_out)
     then = plan["destination"].get("nodes") or {}
@@ -326,8 +430,15 @@ def drift(a: argparse.Namespace) -> int:
         facts, _r = liveplan.read_state(now_state)
         if facts["digest"] != then.get(n):
             was = os.path.join(d, "nodes", n + ".state")
-            out.append("node %s: %s" % (n, _moved(was, now_state) if n in then and
-                                        os.path.exists(was) else "unreachable when planned"))
+            out.append(
+                "node %s: %s"
+                % (
+                    n,
+                    _moved(was, now_state)
+                    if n in then and os.path.exists(was)
+                    else "unreachable when planned",
+                )
+            )
     if gone:
         out.append("unreachable now: %s" % ", ".join(gone))
     for line in out:
@@ -344,10 +455,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--nodes", required=True)
     c.add_argument("--engine-out", action="append", required=True)
     c.add_argument("--engine-err", action="append", default=[])
-    for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host", "dest",
-                "engine", "compression", "compression-why", "hosts", "choices", "source-files",
-                "source-bytes", "need-bytes", "audit-rc", "audit-failed", "audit-skipped", "arch",
-                "checks"):
+    for key in liveplan.COMPOSE_FIELDS + ("dest", "engine"):
         c.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force"):
         c.add_argument("--" + flag, action="store_true")

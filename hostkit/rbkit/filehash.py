@@ -29,8 +29,9 @@ class Changed(ValueError):
     changed while it was being moved."""
 
 
-def digest(path: str, algo: str, buf: Optional[bytearray] = None,
-           size: Optional[int] = None) -> str:
+def digest(
+    path: str, algo: str, buf: Optional[bytearray] = None, size: Optional[int] = None
+) -> str:
     """The file's digest; a link at `path` (made after the walk saw a file) is an error, not a
     path to another file. `buf`: a buffer of CHUNK bytes to read into (one per thread: no new
     1 MiB object, and no fresh pages, each read). `size`: what the walk saw; other than the bytes
@@ -53,8 +54,10 @@ def digest(path: str, algo: str, buf: Optional[bytearray] = None,
     finally:
         os.close(fd)
     if size is not None and total != size:
-        raise Changed("%s: %d bytes read, %d when the tree was walked: it changed while being "
-                      "moved (stop what writes to the source, then run again)" % (path, total, size))
+        raise Changed(
+            "%s: %d bytes read, %d when the tree was walked: it changed while being "
+            "moved (stop what writes to the source, then run again)" % (path, total, size)
+        )
     return h.hexdigest()
 
 
@@ -79,13 +82,14 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
         # path before the first one that failed is (its error, if any, is the one raised)
         while not errors:
             try:
-                i, rel = next(todo)         # a list iterator's next() is one step under the GIL
+                i, rel = next(todo)  # a list iterator's next() is one step under the GIL
             except StopIteration:
                 return
             try:
-                out[i] = digest(os.path.join(root, rel), algo, buf,
-                                None if sizes is None else sizes[i])
-            except BaseException as exc:     # re-raised below, in the caller
+                out[i] = digest(
+                    os.path.join(root, rel), algo, buf, None if sizes is None else sizes[i]
+                )
+            except BaseException as exc:  # re-raised below, in the caller
                 errors.append((i, exc))
                 return
 
@@ -102,8 +106,7 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
     return out
 
 
-def _digests_forked(root: str, rels: list, algo: str, jobs: int,
-                    sizes: Optional[list]) -> list:
+def _digests_forked(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list]) -> list:
     """digests() by forked workers (rbprobes.workers.over_workers), the biggest files first: a file
     a worker could not hash (or that no worker answered for) is hashed here again, in order, so
     that the first error is raised here as the threads' is."""
@@ -111,15 +114,18 @@ def _digests_forked(root: str, rels: list, algo: str, jobs: int,
 
     def fn(i: int) -> Optional[str]:
         try:
-            return digest(os.path.join(root, rels[i]), algo, buf,
-                          None if sizes is None else sizes[i])
+            return digest(
+                os.path.join(root, rels[i]), algo, buf, None if sizes is None else sizes[i]
+            )
         except Exception:
             return None
 
-    got, _workers = workers.over_workers(fn, list(sizes) if sizes is not None
-                                         else [0] * len(rels), jobs)
+    got, _workers = workers.over_workers(
+        fn, list(sizes) if sizes is not None else [0] * len(rels), jobs
+    )
     for i, h in enumerate(got):
         if h is None:
-            got[i] = digest(os.path.join(root, rels[i]), algo, buf,
-                            None if sizes is None else sizes[i])
+            got[i] = digest(
+                os.path.join(root, rels[i]), algo, buf, None if sizes is None else sizes[i]
+            )
     return got

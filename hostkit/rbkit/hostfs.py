@@ -24,24 +24,67 @@ from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec'
 from rbrules.shown import shown as shown_name
 
 from . import manifest, safefs
+from .installs import (
+    backup_dirs,
+    backups,
+    describe_install,
+    failed_mark,  # noqa: F401
+    failed_path,
+    list_installs,
+    read_info,
+    remove,
+    set_checks,
+    unshare_backup,
+    why_not_ours_install,
+    write_info,
+)
+
 # public here (what callers use as hostfs.NAME): which path is which, and the swap's side
 from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
-from .installs import (backup_dirs, backups, describe_install, failed_mark,  # noqa: F401
-                       failed_path, list_installs, read_info, remove, set_checks, unshare_backup,
-                       why_not_ours_install, write_info)
-from .swapfs import (RENAME_EXCHANGE, RENAME_NOREPLACE, SWAP_ATOMIC,  # noqa: F401
-                     journal_path, prune_backups, recover_swap, restore, swap)
+from .swapfs import (
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    SWAP_ATOMIC,  # noqa: F401
+    journal_path,
+    prune_backups,
+    recover_swap,
+    restore,
+    swap,
+)
 
 __all__ = [
-    "scan", "link_escapes", "strip_special", "free_bytes", "stage",
-    "identity", "mount_of", "same_machine", "same_or_nested",
-    "swap", "restore", "backups", "backup_dirs", "prune_backups", "unshare_backup",
-    "recover_swap", "journal_path", "describe_install", "failed_mark", "remove",
-    "failed_path", "list_installs", "read_info", "write_info", "set_checks",
+    "scan",
+    "link_escapes",
+    "strip_special",
+    "free_bytes",
+    "stage",
+    "identity",
+    "mount_of",
+    "same_machine",
+    "same_or_nested",
+    "swap",
+    "restore",
+    "backups",
+    "backup_dirs",
+    "prune_backups",
+    "unshare_backup",
+    "recover_swap",
+    "journal_path",
+    "describe_install",
+    "failed_mark",
+    "remove",
+    "failed_path",
+    "list_installs",
+    "read_info",
+    "write_info",
+    "set_checks",
     "why_not_ours_install",
-    "RENAME_EXCHANGE", "RENAME_NOREPLACE", "SWAP_ATOMIC", "SPECIAL_MODES", "OUTSIDE_LINKS",
+    "RENAME_EXCHANGE",
+    "RENAME_NOREPLACE",
+    "SWAP_ATOMIC",
+    "SPECIAL_MODES",
+    "OUTSIDE_LINKS",
 ]
-
 
 
 def _octal(mode: int) -> str:
@@ -55,9 +98,17 @@ def link_escapes(root: str, rel: str, target: str, max_hops: int = links.MAX_HOP
     return links.leaves(rel, target, links.tree_lookup(root), max_hops=max_hops)
 
 
-def scan(root: str, patterns, names_path: Optional[str] = None, *,
-         special_modes: str = "refuse", outside_links: str = "refuse", limit: int = 50,
-         workers: Optional[int] = None, begun: Optional["ScanWalk"] = None) -> dict:
+def scan(
+    root: str,
+    patterns,
+    names_path: Optional[str] = None,
+    *,
+    special_modes: str = "refuse",
+    outside_links: str = "refuse",
+    limit: int = 50,
+    workers: Optional[int] = None,
+    begun: Optional["ScanWalk"] = None,
+) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
     and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
@@ -80,16 +131,24 @@ def scan(root: str, patterns, names_path: Optional[str] = None, *,
     what a failed worker leaves. `begun`: a ScanWalk of this scan begun earlier (before the
     caller started a thread); one of other arguments is closed and a walk made here."""
     try:
-        return _scan(root, list(patterns), names_path, special_modes, outside_links, limit,
-                     workers, begun)
+        return _scan(
+            root, list(patterns), names_path, special_modes, outside_links, limit, workers, begun
+        )
     finally:
         if begun is not None:
-            begun.close()                      # taken, or not this scan's: its workers ended
+            begun.close()  # taken, or not this scan's: its workers ended
 
 
-def _scan(root: str, patterns: List[str], names_path: Optional[str], special_modes: str,
-          outside_links: str, limit: int, workers: Optional[int], begun: Optional["ScanWalk"]
-          ) -> dict:
+def _scan(
+    root: str,
+    patterns: List[str],
+    names_path: Optional[str],
+    special_modes: str,
+    outside_links: str,
+    limit: int,
+    workers: Optional[int],
+    begun: Optional["ScanWalk"],
+) -> dict:
     if special_modes not in SPECIAL_MODES:
         raise ValueError(f"special_modes must be one of {SPECIAL_MODES}, not {special_modes!r}")
     if outside_links not in OUTSIDE_LINKS:
@@ -111,8 +170,11 @@ def _scan(root: str, patterns: List[str], names_path: Optional[str], special_mod
                 out[f"pyvenv_{key.strip()}"] = value.strip()
     if out["is_dir"]:
         strip = special_modes == "strip"
-        walk = begun if begun is not None and begun.key == (root, tuple(patterns), strip,
-                                                               bool(names_path)) else None
+        walk = (
+            begun
+            if begun is not None and begun.key == (root, tuple(patterns), strip, bool(names_path))
+            else None
+        )
         if walk is None:
             walk = ScanWalk(root, patterns, strip, bool(names_path), workers)
         try:
@@ -122,8 +184,14 @@ def _scan(root: str, patterns: List[str], names_path: Optional[str], special_mod
         if names_path:
             tally.write(names_path, patterns)
         out.update(tally.values(limit, special_modes))
-        out["refusal"] = _refusal(tally.special, special_modes, tally.outside, outside_links,
-                                  tally.devices, tally.not_utf8)
+        out["refusal"] = _refusal(
+            tally.special,
+            special_modes,
+            tally.outside,
+            outside_links,
+            tally.devices,
+            tally.not_utf8,
+        )
     out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
     return out
 
@@ -142,7 +210,7 @@ class _Records:
         self.special: List[dict] = []
         self.outside: List[dict] = []
         self.devices: List[str] = []
-        self.sparse: List[tuple] = []    # (index in the piece or the walk, rel)
+        self.sparse: List[tuple] = []  # (index in the piece or the walk, rel)
         self.not_utf8: List[str] = []
 
 
@@ -184,8 +252,9 @@ class _Part(_Records):
             self.files += 1
             sparse = blocks + 4096 <= st.st_size
             if st.st_nlink > 1:
-                self.multi.append((index, st.st_dev, st.st_ino, st.st_size, blocks,
-                                   rel if sparse else ""))
+                self.multi.append(
+                    (index, st.st_dev, st.st_ino, st.st_size, blocks, rel if sparse else "")
+                )
                 return
             self.apparent += st.st_size
             self.need += max(blocks, -(-st.st_size // 4096) * 4096)
@@ -198,9 +267,23 @@ class _Part(_Records):
             self.devices.append(rel)
 
     def dump(self) -> tuple:
-        return (self.count, self.files, self.dirs, self.links, self.apparent, self.disk,
-                self.need, b"".join(self.names), b"".join(self.lines), self.multi,
-                self.special, self.outside, self.devices, self.sparse, self.not_utf8)
+        return (
+            self.count,
+            self.files,
+            self.dirs,
+            self.links,
+            self.apparent,
+            self.disk,
+            self.need,
+            b"".join(self.names),
+            b"".join(self.lines),
+            self.multi,
+            self.special,
+            self.outside,
+            self.devices,
+            self.sparse,
+            self.not_utf8,
+        )
 
 
 def _walked(root: str, patterns: tuple, top: str, strip: bool, names: bool) -> bytes:
@@ -217,8 +300,9 @@ class ScanWalk:
     begins it before its thread that reads the runbook's line starts. `tally` walks in this
     process what was not forked, or what a failed worker left."""
 
-    def __init__(self, root: str, patterns, strip: bool, names: bool,
-                 workers: Optional[int] = None) -> None:
+    def __init__(
+        self, root: str, patterns, strip: bool, names: bool, workers: Optional[int] = None
+    ) -> None:
         self.key = (root, tuple(patterns), strip, names)
         self.lookup = links.tree_lookup(root)
         self._forked = manifest.ForkedWalk(root, patterns, workers, self._own, self._unit)
@@ -263,14 +347,29 @@ class _Tally(_Records):
 
     def __init__(self, root: str, strip: bool, names: bool):
         super().__init__(root, strip, names)
-        self.multi: List[bytes] = []   # [index in names, st_dev, st_ino] of multi-link files
-        self.inodes: set = set()       # (st_dev, st_ino) of the files of more than one link
+        self.multi: List[bytes] = []  # [index in names, st_dev, st_ino] of multi-link files
+        self.inodes: set = set()  # (st_dev, st_ino) of the files of more than one link
 
     def merge(self, piece: tuple) -> None:
         """The next piece of the walk (a _Part's dump) added: its records after those before it,
         and each file of more than one link counted at its first name in the walk's order."""
-        (count, files, dirs, nlinks, apparent, disk, need, names, lines, multi, special,
-         outside, devices, sparse, not_utf8) = piece
+        (
+            count,
+            files,
+            dirs,
+            nlinks,
+            apparent,
+            disk,
+            need,
+            names,
+            lines,
+            multi,
+            special,
+            outside,
+            devices,
+            sparse,
+            not_utf8,
+        ) = piece
         base = self.count
         self.count += count
         self.files += files
@@ -285,7 +384,7 @@ class _Tally(_Records):
             if self.keep_names:
                 self.multi.append(b"[%d, %d, %d]\n" % (base + index, dev, ino))
             if (dev, ino) in self.inodes:
-                self.disk -= blocks            # its data is counted (and sent, and stored) once
+                self.disk -= blocks  # its data is counted (and sent, and stored) once
                 continue
             self.inodes.add((dev, ino))
             self.apparent += size
@@ -302,31 +401,51 @@ class _Tally(_Records):
         """The names for `tar -T`, the scan record (NAMES.stat) and the multi-link files
         (NAMES.links): this run's private files, no fsync."""
         safefs.write_file(names_path, b"".join(self.names), 0o600, sync=False)
-        safefs.write_file(names_path + manifest.SCAN_SUFFIX,
-                          manifest.scan_header(self.root, patterns, self.strip)
-                          + b"".join(self.lines), 0o600, sync=False)
-        safefs.write_file(names_path + manifest.LINKS_SUFFIX, b"".join(self.multi), 0o600,
-                          sync=False)
+        safefs.write_file(
+            names_path + manifest.SCAN_SUFFIX,
+            manifest.scan_header(self.root, patterns, self.strip) + b"".join(self.lines),
+            0o600,
+            sync=False,
+        )
+        safefs.write_file(
+            names_path + manifest.LINKS_SUFFIX, b"".join(self.multi), 0o600, sync=False
+        )
 
     def values(self, limit: int, special_modes: str) -> dict:
         """scan's answer: the counts, and the first `limit` of each list."""
         sparse = [rel for _index, rel in sorted(self.sparse)]
-        return dict(files=self.files, dirs=self.dirs, links=self.links, bytes=self.apparent,
-                    disk_bytes=self.disk, need_bytes=self.need,
-                    stat_fingerprint=hashlib.sha256(b"".join(self.lines)).hexdigest(),
-                    special_modes=self.special[:limit], special_modes_count=len(self.special),
-                    special_modes_action=special_modes,
-                    outside_links=self.outside[:limit], outside_links_count=len(self.outside),
-                    devices=self.devices[:limit], sparse_files=sparse[:limit],
-                    sparse_count=len(sparse))
+        return dict(
+            files=self.files,
+            dirs=self.dirs,
+            links=self.links,
+            bytes=self.apparent,
+            disk_bytes=self.disk,
+            need_bytes=self.need,
+            stat_fingerprint=hashlib.sha256(b"".join(self.lines)).hexdigest(),
+            special_modes=self.special[:limit],
+            special_modes_count=len(self.special),
+            special_modes_action=special_modes,
+            outside_links=self.outside[:limit],
+            outside_links_count=len(self.outside),
+            devices=self.devices[:limit],
+            sparse_files=sparse[:limit],
+            sparse_count=len(sparse),
+        )
 
 
 def _count(items: list, one: str, many: str) -> str:
     return f"{len(items)} {one if len(items) == 1 else many}"
 
 
-def _refusal(special: list, special_action: str, outside: list, outside_action: str,
-             devices: list, not_utf8: List[str], shown: int = 10) -> str:
+def _refusal(
+    special: list,
+    special_action: str,
+    outside: list,
+    outside_action: str,
+    devices: list,
+    not_utf8: List[str],
+    shown: int = 10,
+) -> str:
     why = []
 
     def some(items: list) -> str:
@@ -334,24 +453,32 @@ def _refusal(special: list, special_action: str, outside: list, outside_action: 
         return ", ".join(items[:shown]) + more
 
     if special and special_action == "refuse":
-        why.append(f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
-                   "world-write bits (moved by root, a setuid file of another user arrives as a "
-                   "setuid-root file): "
-                   + some([f"{shown_name(e['p'])} ({e['m']})" for e in special])
-                   + "; set transfer.special_modes: strip to install them without those bits, "
-                   "or keep to move them as they are")
+        why.append(
+            f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
+            "world-write bits (moved by root, a setuid file of another user arrives as a "
+            "setuid-root file): "
+            + some([f"{shown_name(e['p'])} ({e['m']})" for e in special])
+            + "; set transfer.special_modes: strip to install them without those bits, "
+            "or keep to move them as they are"
+        )
     if outside and outside_action == "refuse":
-        why.append(f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
-                   + some([f"{shown_name(e['p'])} -> {shown_name(e['l'])}" for e in outside])
-                   + "; set transfer.outside_links: keep to move them as they are")
+        why.append(
+            f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
+            + some([f"{shown_name(e['p'])} -> {shown_name(e['l'])}" for e in outside])
+            + "; set transfer.outside_links: keep to move them as they are"
+        )
     if devices:
-        why.append(f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
-                   + some([shown_name(d) for d in devices]))
+        why.append(
+            f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
+            + some([shown_name(d) for d in devices])
+        )
     if not_utf8:
-        why.append(f"{_count(not_utf8, 'entry', 'entries')} whose name or link target is "
-                   "not UTF-8 (a manifest records paths as UTF-8 text, so it could not be "
-                   "verified): " + some(not_utf8) + "; rename them, or leave them out "
-                   "with transfer.exclude")
+        why.append(
+            f"{_count(not_utf8, 'entry', 'entries')} whose name or link target is "
+            "not UTF-8 (a manifest records paths as UTF-8 text, so it could not be "
+            "verified): " + some(not_utf8) + "; rename them, or leave them out "
+            "with transfer.exclude"
+        )
     return "; ".join(why)
 
 
@@ -363,8 +490,9 @@ def _chmod_nofollow(root: str, rel: str, st: os.stat_result, mode: int) -> None:
     try:
         if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(name, flags | (os.O_DIRECTORY if stat.S_ISDIR(st.st_mode) else 0),
-                         dir_fd=dir_fd)
+            fd = os.open(
+                name, flags | (os.O_DIRECTORY if stat.S_ISDIR(st.st_mode) else 0), dir_fd=dir_fd
+            )
             path_fd = False
         else:
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -419,7 +547,12 @@ def free_bytes(path: str) -> dict:
             break
         probe = parent
     usage = shutil.disk_usage(probe)
-    return {"path": path, "measured_at": probe, "free_bytes": usage.free, "total_bytes": usage.total}
+    return {
+        "path": path,
+        "measured_at": probe,
+        "free_bytes": usage.free,
+        "total_bytes": usage.total,
+    }
 
 
 def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
@@ -437,7 +570,10 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
     the stat check is made on the staging's new name after the link, so it is of the very inode
     linked. One directory's descriptors are open at a time (a manifest lists a directory's
     entries together, parents first)."""
-    if new["header"].get("algo") != installed["header"].get("algo") or new["header"]["algo"] == "none":
+    if (
+        new["header"].get("algo") != installed["header"].get("algo")
+        or new["header"]["algo"] == "none"
+    ):
         raise ValueError("an incremental install needs digests of one algorithm in both manifests")
     before = {e["p"]: e for e in installed["entries"]}
     if os.path.lexists(staging):
@@ -448,7 +584,7 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
     linked = linked_bytes = send_bytes = send_files = 0
     here = _DirPair(dest, staging)
     try:
-        for e in new["entries"]:                   # parents come before their children
+        for e in new["entries"]:  # parents come before their children
             rel = e["p"]
             head, _, name = rel.rpartition("/")
             here.enter(head)
@@ -457,8 +593,11 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
                 send.append(rel)
                 continue
             old = before.get(rel)
-            if here.src is not None and manifest.linkable(old, e) and _link_unchanged(
-                    here.src, here.dst, name, old, inodes, rel):
+            if (
+                here.src is not None
+                and manifest.linkable(old, e)
+                and _link_unchanged(here.src, here.dst, name, old, inodes, rel)
+            ):
                 linked += 1
                 linked_bytes += e["s"]
                 continue
@@ -472,9 +611,15 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
     for rel in send:
         buf += rel.encode("utf-8", "surrogateescape") + b"\0"
     safefs.write_file(names_path, bytes(buf), 0o600)
-    return {"linked": linked, "linked_bytes": linked_bytes, "send_files": send_files,
-            "send_bytes": send_bytes, "send_entries": len(send), "inodes": inodes,
-            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
+    return {
+        "linked": linked,
+        "linked_bytes": linked_bytes,
+        "send_files": send_files,
+        "send_bytes": send_bytes,
+        "send_entries": len(send),
+        "inodes": inodes,
+        "removed": len(set(before) - {e["p"] for e in new["entries"]}),
+    }
 
 
 class _DirPair:
@@ -491,16 +636,17 @@ class _DirPair:
     def enter(self, rel: str) -> None:
         if rel == self.stack[-1][0]:
             return
-        while len(self.stack) > 1 and not (rel == self.stack[-1][0]
-                                           or rel.startswith(self.stack[-1][0] + "/")):
+        while len(self.stack) > 1 and not (
+            rel == self.stack[-1][0] or rel.startswith(self.stack[-1][0] + "/")
+        ):
             self._pop()
         at, src, dst = self.stack[-1]
-        for part in [p for p in rel[len(at):].split("/") if p]:
+        for part in [p for p in rel[len(at) :].split("/") if p]:
             at = at + "/" + part if at else part
             try:
                 src = safefs.open_dir_at(src, part) if src is not None else None
             except OSError:
-                src = None                         # gone, or a link now: nothing is linked here
+                src = None  # gone, or a link now: nothing is linked here
             try:
                 dst = safefs.open_dir_at(dst, part)
             except BaseException:
@@ -521,8 +667,9 @@ class _DirPair:
             self._pop()
 
 
-def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict, inodes: dict,
-                    rel: str) -> bool:
+def _link_unchanged(
+    src_dir: int, dst_dir: int, name: str, old: dict, inodes: dict, rel: str
+) -> bool:
     """Hard-link `name` from the install's directory into the staging's when the inode linked is
     a regular file with the recorded mode, size and mtime, proven ours (owned by this user or
     root, writable by no other: rbrules.proven) (its (st_dev, st_ino) go in `inodes` under
@@ -530,13 +677,17 @@ def _link_unchanged(src_dir: int, dst_dir: int, name: str, old: dict, inodes: di
     try:
         os.link(name, name, src_dir_fd=src_dir, dst_dir_fd=dst_dir, follow_symlinks=False)
     except OSError:
-        return False                               # gone, another file system, not allowed: send
+        return False  # gone, another file system, not allowed: send
     st = os.stat(name, dir_fd=dst_dir, follow_symlinks=False)
     # the very inode linked: the install's manifest says what it was, not whose it is now (a
     # file another user owns or can write is never taken into root's new install)
-    if (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == old.get("m")
-            and st.st_size == old.get("s") and int(st.st_mtime) == old.get("mt")
-            and proven.why_not_ours(rel, st) is None):
+    if (
+        stat.S_ISREG(st.st_mode)
+        and stat.S_IMODE(st.st_mode) == old.get("m")
+        and st.st_size == old.get("s")
+        and int(st.st_mtime) == old.get("mt")
+        and proven.why_not_ours(rel, st) is None
+    ):
         inodes[rel] = (st.st_dev, st.st_ino)
         return True
     os.unlink(name, dir_fd=dst_dir)

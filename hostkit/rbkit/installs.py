@@ -21,8 +21,8 @@ from rbrules import proven
 from . import manifest, safefs
 
 FICLONE = 0x40049409
-FAILED_MARK = ".rb-failed"                     # in an install whose checks failed (manifest skips it)
-INFO = ".rb-install.json"                      # what an install is: when, from what, its checks
+FAILED_MARK = ".rb-failed"  # in an install whose checks failed (manifest skips it)
+INFO = ".rb-install.json"  # what an install is: when, from what, its checks
 
 
 def backups(dest: str) -> list[tuple[int, str]]:
@@ -59,9 +59,11 @@ def not_ours(path: str) -> Optional[str]:
     why = proven.why_not_ours(path, st)
     if why is None:
         return None
-    return (f"{why}: not a backup this kit made (another user can make, or change, a "
-            "directory of that name); it is never restored, counted or removed: look at it and "
-            "remove it, or move it back by hand if you mean to")
+    return (
+        f"{why}: not a backup this kit made (another user can make, or change, a "
+        "directory of that name); it is never restored, counted or removed: look at it and "
+        "remove it, or move it back by hand if you mean to"
+    )
 
 
 def why_not_ours_install(path: str) -> Optional[str]:
@@ -109,8 +111,9 @@ def _read_record(path: str, name: str, limit: int) -> Optional[bytes]:
 
 def foreign_backups(dest: str) -> list[str]:
     """Why each directory named like a backup of `dest` is not one of ours (`not_ours`)."""
-    return [why for _n, p in backups(dest) if is_real_dir(p)
-            for why in [not_ours(p)] if why is not None]
+    return [
+        why for _n, p in backups(dest) if is_real_dir(p) for why in [not_ours(p)] if why is not None
+    ]
 
 
 def is_real_dir(path: str) -> bool:
@@ -199,8 +202,16 @@ def list_installs(dest: str) -> List[dict]:
     out = []
     for number, path, kind in rows:
         info = read_info(path)
-        out.append({"number": number, "path": path, "kind": kind, "info": info,
-                    "failed": failed_mark(path), "size": _size(path)})
+        out.append(
+            {
+                "number": number,
+                "path": path,
+                "kind": kind,
+                "info": info,
+                "failed": failed_mark(path),
+                "size": _size(path),
+            }
+        )
     return out
 
 
@@ -237,7 +248,7 @@ def _copy_over(root: str, rel: str, st: os.stat_result) -> bool:
                             break
                         offset += n
                 os.fchown(fd, st.st_uid, st.st_gid)
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))          # after chown, which clears setuid
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))  # after chown, which clears setuid
                 os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
             finally:
                 os.close(fd)
@@ -291,15 +302,19 @@ def describe_install(path: str) -> dict:
         out.update(source_fingerprint=None, tree_check={"ok": False, "why": exc.why})
         return out
     if got is None:
-        out.update(source_fingerprint=None,
-                   tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"})
+        out.update(
+            source_fingerprint=None,
+            tree_check={"ok": None, "why": "no .rb-manifest.jsonl in this install"},
+        )
         return out
     try:
         lines = [json.loads(line) for line in got.decode("utf-8").splitlines() if line.strip()]
         m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
     except (ValueError, KeyError, IndexError):
-        out.update(source_fingerprint=None,
-                   tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"})
+        out.update(
+            source_fingerprint=None,
+            tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"},
+        )
         return out
     out["source_fingerprint"] = m["header"].get("source_fingerprint")
     out["tree_check"] = manifest.check_tree(path, m)

@@ -42,9 +42,9 @@ from rbrules.shown import printable, shown
 from . import safefs
 from .choices import Choices
 
-INSTALLED = ".rb-manifest.jsonl"      # engine.INSTALLED: the install's own manifest
-SHOWN = 8                             # itemized lines shown on the screen (all in changes.txt)
-MARGIN = 10                           # percent over the staging's bytes, as preflight asks
+INSTALLED = ".rb-manifest.jsonl"  # engine.INSTALLED: the install's own manifest
+SHOWN = 8  # itemized lines shown on the screen (all in changes.txt)
+MARGIN = 10  # percent over the staging's bytes, as preflight asks
 
 
 def human(n: float) -> str:
@@ -101,9 +101,11 @@ class Against:
 
     def result(self) -> dict:
         moved = dict(self._moved)
-        moved.update((p, _row(e)) for p, e in self._want.items())   # not at the destination
-        return {"moved": moved,
-                "source_entries": [_row(e) for e in self._head.get("source_entries") or ()]}
+        moved.update((p, _row(e)) for p, e in self._want.items())  # not at the destination
+        return {
+            "moved": moved,
+            "source_entries": [_row(e) for e in self._head.get("source_entries") or ()],
+        }
 
 
 def against_install(head: dict, entries: List[dict], now: Dict[str, list]) -> dict:
@@ -114,19 +116,25 @@ def against_install(head: dict, entries: List[dict], now: Dict[str, list]) -> di
     return got.result()
 
 
-def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
-               ) -> Tuple[dict, List[bytes]]:
+def dest_state(
+    dest: str, policy: str, keep_backups: int, against: bool = False
+) -> Tuple[dict, List[bytes]]:
     """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
     `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
     # the destination's modules, loaded where the destination is read (compose needs none)
     from . import hostfs, privacy, swapfs
     from . import manifest as kitmanifest
+
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
     staging = paths.staging(dest)
-    facts: dict = {"dest": dest, "exists": os.path.lexists(dest), "is_dir": os.path.isdir(dest),
-                   "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
-                   "staging_left": os.path.lexists(staging)}
+    facts: dict = {
+        "dest": dest,
+        "exists": os.path.lexists(dest),
+        "is_dir": os.path.isdir(dest),
+        "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
+        "staging_left": os.path.lexists(staging),
+    }
     if facts["installed"]:
         # an install another user owns or can change is not this tool's (preflight's rule)
         why = hostfs.why_not_ours_install(dest)
@@ -162,8 +170,10 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
         if head.get(kitmanifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
             # the walk's lines are the ones the install recorded (their sha256, in its
             # header): every entry is as installed, none compared, no entry of it parsed
-            facts["install"] = {"moved": {}, "source_entries": [
-                _row(e) for e in head.get("source_entries") or ()]}
+            facts["install"] = {
+                "moved": {},
+                "source_entries": [_row(e) for e in head.get("source_entries") or ()],
+            }
         else:
             try:
                 compare = Against(head, _entries(data))
@@ -176,8 +186,9 @@ def dest_state(dest: str, policy: str, keep_backups: int, against: bool = False
                 facts["install"] = compare.result()
     del data
     facts["bytes"] = size
-    facts["digest"] = hashlib.sha256(json.dumps(
-        [facts["exists"], facts.get("installed_record")]).encode() + body).hexdigest()
+    facts["digest"] = hashlib.sha256(
+        json.dumps([facts["exists"], facts.get("installed_record")]).encode() + body
+    ).hexdigest()
     good: List[str] = []
     if os.path.isdir(parent):
         good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]
@@ -195,8 +206,10 @@ def staged_here(dest: str, staging: str) -> dict:
     source it was for (`source`: STAT-FINGERPRINT HOST:PATH): a run from that source resumes it,
     any other removes it first (compose: `resumable`, or its room counted as free)."""
     import types
+
     from .receive import staged_bytes
     from .staging import _read_mark, resumable_why
+
     files, size, disk = staged_bytes(staging)
     where = types.SimpleNamespace(staging=staging, dest=dest)
     mark = _read_mark(where) or {}
@@ -257,15 +270,23 @@ def _flags(old: Optional[list], new: list) -> str:
         return head + "+++++++++"
     if old[1] != new[1]:
         return head + "T" * 9
-    return head + "." + ("s" if old[3] != new[3] else ".") + ("t" if old[5] != new[5] else ".") \
-        + ("p" if old[2] != new[2] else ".") + ("L" if old[4] != new[4] else ".") + "...."
+    return (
+        head
+        + "."
+        + ("s" if old[3] != new[3] else ".")
+        + ("t" if old[5] != new[5] else ".")
+        + ("p" if old[2] != new[2] else ".")
+        + ("L" if old[4] != new[4] else ".")
+        + "...."
+    )
 
 
-_ADDED = {"f": ">f+++++++++ ", "d": "cd+++++++++ ", "l": "cL+++++++++ "}    # _flags(None, row)
+_ADDED = {"f": ">f+++++++++ ", "d": "cd+++++++++ ", "l": "cL+++++++++ "}  # _flags(None, row)
 
 
-def changes(src: List[list], dest: List[list], installed: Optional[dict],
-            same_source: bool = False) -> dict:
+def changes(
+    src: List[list], dest: List[list], installed: Optional[dict], same_source: bool = False
+) -> dict:
     """What a run would change at the destination: `src` the source's scan rows, `dest` the
     destination's, `installed` what differs from its install's manifest (against_install; None:
     not an install of this tool). Each source entry is added, changed (against the source as the
@@ -273,15 +294,26 @@ def changes(src: List[list], dest: List[list], installed: Optional[dict],
     destination holds that the source lacks is removed. `same_source`: the source's stat
     fingerprint is the one the install recorded, so with nothing moved at the destination every
     entry is unchanged, and none is compared."""
-    out = {"added": 0, "added_bytes": 0, "changed": 0, "changed_bytes": 0, "removed": 0,
-           "removed_bytes": 0, "unchanged": 0, "changed_there": 0}
+    out = {
+        "added": 0,
+        "added_bytes": 0,
+        "changed": 0,
+        "changed_bytes": 0,
+        "removed": 0,
+        "removed_bytes": 0,
+        "unchanged": 0,
+        "changed_there": 0,
+    }
     if installed is not None and same_source and not installed["moved"]:
         out.update(unchanged=len(src), items=[])
         return out
     if installed is None and not dest:
         # nothing there (a first move): every entry is added, one line each, nothing compared
-        out.update(added=len(src), added_bytes=sum(r[3] for r in src if r[1] == "f"),
-                   items=[_ADDED.get(r[1], "c?+++++++++ ") + shown(r[0]) for r in src])
+        out.update(
+            added=len(src),
+            added_bytes=sum(r[3] for r in src if r[1] == "f"),
+            items=[_ADDED.get(r[1], "c?+++++++++ ") + shown(r[0]) for r in src],
+        )
         return out
     now = {r[0]: r for r in dest}
     base: Dict[str, list] = dict(now)
@@ -335,8 +367,9 @@ def _write(path: str, text: str) -> None:
     safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
 
 
-def judged(src_stat: str, body: bytes, facts: dict, dest_body: bytes
-           ) -> Tuple[List[list], dict, Optional[dict]]:
+def judged(
+    src_stat: str, body: bytes, facts: dict, dest_body: bytes
+) -> Tuple[List[list], dict, Optional[dict]]:
     """(source rows, changes, install) of one destination (the fan-out's per node too:
     rbkit.fanplan). The tree the install recorded, unmoved there: no row is parsed nor
     compared (the source's rows come back empty, its count in changes' `unchanged`)."""
@@ -350,12 +383,21 @@ def judged(src_stat: str, body: bytes, facts: dict, dest_body: bytes
     return src, changes(src, _body_rows(dest_body), installed, same), installed
 
 
-def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, ch: dict,
-           installed: Optional[dict]) -> dict:
+def assess(
+    a: argparse.Namespace,
+    facts: dict,
+    src: List[list],
+    src_stat: str,
+    ch: dict,
+    installed: Optional[dict],
+) -> dict:
     """One destination's side of the plan (the fan-out's per node too: rbkit.fanplan): up to
     date or not, bytes to send, the disk it needs, and what blocks it there."""
-    up_to_date = (installed is not None and facts.get("installed_source_stat") == src_stat
-                  and ch["changed"] == ch["added"] == ch["removed"] == 0)
+    up_to_date = (
+        installed is not None
+        and facts.get("installed_source_stat") == src_stat
+        and ch["changed"] == ch["added"] == ch["removed"] == 0
+    )
     delta = installed is not None and a.incremental
     src_bytes = int(a.source_bytes or 0)
     # an incremental run also sends again what relocation rewrites (bin/*, pyvenv.cfg: their
@@ -364,10 +406,14 @@ def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, c
     if src:
         # (loaded only where there are rows: an unchanged re-run's compose reads no manifest)
         from .manifest import relocatable
+
         rewritten = sum(r[3] for r in src if r[1] == "f" and relocatable(r[0]))
     ch["rewritten_bytes"] = rewritten
-    send = 0 if up_to_date else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta
-                                 else src_bytes)
+    send = (
+        0
+        if up_to_date
+        else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta else src_bytes)
+    )
     staging = 0 if up_to_date else (send if delta else int(a.need_bytes or src_bytes))
     # a staging already there (issue 45): what a cut stream of this very source left is resumed
     # (only the rest is sent and needs room), any other is removed first (its room is free)
@@ -390,24 +436,41 @@ def assess(a: argparse.Namespace, facts: dict, src: List[list], src_stat: str, c
     need = staging + backup
     blockers: List[str] = []
     if need > facts["free_bytes"] + freed:
-        words = ("not enough room at %s: %s needed (staging %s%s), %s free"
-                 % (facts["measured_at"], human(need), human(staging),
-                    ", kept backup " + human(backup) if backup else "",
-                    human(facts["free_bytes"])))
+        words = "not enough room at %s: %s needed (staging %s%s), %s free" % (
+            facts["measured_at"],
+            human(need),
+            human(staging),
+            ", kept backup " + human(backup) if backup else "",
+            human(facts["free_bytes"]),
+        )
         if kept:
-            words += ("; the %s staged there are counted (%s); to give the move up and that room "
-                      "back: bash %s --discard-staging" % (
-                          human(kept["bytes"]), "a run resumes them" if resumable
-                          else "a run removes them first", getattr(a, "runbook", "") or "RUNBOOK"))
+            words += (
+                "; the %s staged there are counted (%s); to give the move up and that room "
+                "back: bash %s --discard-staging"
+                % (
+                    human(kept["bytes"]),
+                    "a run resumes them" if resumable else "a run removes them first",
+                    getattr(a, "runbook", "") or "RUNBOOK",
+                )
+            )
         blockers.append(words)
     if facts["exists"] and not facts["installed"] and a.policy == "refuse":
         blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
     if facts.get("shared_parent") and a.shared_parent != "allow":
         blockers.append(facts["shared_parent"])
-    return {"up_to_date": up_to_date, "delta": delta, "send": send, "staging": staging,
-            "backup": backup, "need": need, "blockers": blockers, "freed": freed,
-            "resumable": {"staged": kept["bytes"], "files": kept["files"], "of": src_bytes}
-            if resumable else None}
+    return {
+        "up_to_date": up_to_date,
+        "delta": delta,
+        "send": send,
+        "staging": staging,
+        "backup": backup,
+        "need": need,
+        "blockers": blockers,
+        "freed": freed,
+        "resumable": {"staged": kept["bytes"], "files": kept["files"], "of": src_bytes}
+        if resumable
+        else None,
+    }
 
 
 def compose(a: argparse.Namespace) -> int:
@@ -421,30 +484,51 @@ def compose(a: argparse.Namespace) -> int:
     staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]
     src_bytes = int(a.source_bytes or 0)
     audit = static_verdict(a)
-    if audit.startswith("failed") and not a.force and not a.same_host:
-        blockers.append("the static checks on the source failed (%s): fix the venv or --force"
-                        % audit)
-    if getattr(a, "library_missing", ""):
-        # what the exports step refuses after the swap, refused before anything moves
-        blockers.append("the source has no %s under its site-packages: the exports step would "
-                        "refuse it; fix cuda.library_path_first in the spec"
-                        % a.library_missing.replace(",", ", "))
+    blockers += source_blockers(a, audit)
     checks = json.loads(a.checks or "{}").get("checks") or []
     plan = {
-        "kind": "rb-plan", "schema": 1, "runbook": a.name, "spec_sha256": a.spec_sha,
-        "kit_sha256": a.kit_sha, "made": a.made,
-        "source": {"host": a.src_host, "path": a.src_path, "stat_fingerprint": src_stat,
-                   "files": int(a.source_files or 0), "bytes": src_bytes},
-        "destination": {"host": a.dst_host, "path": facts["dest"], "digest": facts["digest"],
-                        "exists": facts["exists"], "installed": facts["installed"],
-                        "free_bytes": facts["free_bytes"], "measured_at": facts["measured_at"]},
-        "route": a.route, "compression": a.compression,
-        "changes": {k: v for k, v in ch.items() if k != "items"}, "up_to_date": up_to_date,
-        "incremental": delta, "send_bytes": send, "resumable": got["resumable"],
-        "disk": {"staging": staging, "backup": backup, "need": need,
-                 "free": facts["free_bytes"], "freed": got["freed"]},
-        "policy": a.policy, "backups": facts["backups"], "evicts": facts["evicts"],
-        "static": audit, "checks": [c.get("id") for c in checks], "blockers": blockers,
+        "kind": "rb-plan",
+        "schema": 1,
+        "runbook": a.name,
+        "spec_sha256": a.spec_sha,
+        "kit_sha256": a.kit_sha,
+        "made": a.made,
+        "source": {
+            "host": a.src_host,
+            "path": a.src_path,
+            "stat_fingerprint": src_stat,
+            "files": int(a.source_files or 0),
+            "bytes": src_bytes,
+        },
+        "destination": {
+            "host": a.dst_host,
+            "path": facts["dest"],
+            "digest": facts["digest"],
+            "exists": facts["exists"],
+            "installed": facts["installed"],
+            "free_bytes": facts["free_bytes"],
+            "measured_at": facts["measured_at"],
+        },
+        "route": a.route,
+        "compression": a.compression,
+        "changes": {k: v for k, v in ch.items() if k != "items"},
+        "up_to_date": up_to_date,
+        "incremental": delta,
+        "send_bytes": send,
+        "resumable": got["resumable"],
+        "disk": {
+            "staging": staging,
+            "backup": backup,
+            "need": need,
+            "free": facts["free_bytes"],
+            "freed": got["freed"],
+        },
+        "policy": a.policy,
+        "backups": facts["backups"],
+        "evicts": facts["evicts"],
+        "static": audit,
+        "checks": [c.get("id") for c in checks],
+        "blockers": blockers,
     }
     _write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
     lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
@@ -454,42 +538,83 @@ def compose(a: argparse.Namespace) -> int:
     return 1 if blockers else 0
 
 
+def source_blockers(a: argparse.Namespace, audit: str) -> List[str]:
+    """What the source itself blocks, said the same by both composes (this one, rbkit.fanplan)."""
+    out = []
+    if audit.startswith("failed") and not a.force and not getattr(a, "same_host", False):
+        out.append("the static checks on the source failed (%s): fix the venv or --force" % audit)
+    if getattr(a, "library_missing", ""):
+        # what the exports step refuses after the swap, refused before anything moves
+        out.append(
+            "the source has no %s under its site-packages: the exports step would "
+            "refuse it; fix cuda.library_path_first in the spec"
+            % a.library_missing.replace(",", ", ")
+        )
+    return out
+
+
 def static_verdict(a: argparse.Namespace) -> str:
-    what = "kernel audit for %s, references leaving the venv" % a.arch if a.arch \
+    what = (
+        "kernel audit for %s, references leaving the venv" % a.arch
+        if a.arch
         else "references leaving the venv"
+    )
     if a.audit_skipped == "1":
-        return ("skipped: the source is the tree the destination's install recorded, and they "
-                "passed for it here (%s)" % what)
+        return (
+            "skipped: the source is the tree the destination's install recorded, and they "
+            "passed for it here (%s)" % what
+        )
     if a.audit_rc == "0" or (a.audit_rc == "1" and not a.audit_failed):
         return "passed (%s)" % what
     if a.audit_rc == "1":
-        said = " (both ends are this machine: said, not refused)" if a.same_host \
-            and a.audit_failed == "outside" else ""
+        said = (
+            " (both ends are this machine: said, not refused)"
+            if a.same_host and a.audit_failed == "outside"
+            else ""
+        )
         return "failed: %s%s" % (a.audit_failed, said)
     return "could not run (exit %s)" % a.audit_rc
 
 
-def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict],
-           listing: str) -> List[str]:
+def screen(
+    plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict], listing: str
+) -> List[str]:
     ch, disk = plan["changes"], plan["disk"]
     src, dst = plan["source"], plan["destination"]
-    out = ["plan for %s: %s:%s -> %s:%s" % (plan["runbook"], src["host"], src["path"],
-                                           dst["host"], dst["path"])]
+    out = [
+        "plan for %s: %s:%s -> %s:%s"
+        % (plan["runbook"], src["host"], src["path"], dst["host"], dst["path"])
+    ]
     out.append("  hosts:       %s" % a.hosts)
     out.append("  route:       %s" % a.route_why)
     out.append("  compression: %s" % a.compression_why)
-    out.append("  source:      %d files, %s (scan %s)" % (src["files"], human(src["bytes"]),
-                                                          src["stat_fingerprint"][:12]))
-    state = ("holds an install of this tool" if dst["installed"] else
-             "exists (not installed by this tool)" if dst["exists"] else "does not exist yet")
+    out.append(
+        "  source:      %d files, %s (scan %s)"
+        % (src["files"], human(src["bytes"]), src["stat_fingerprint"][:12])
+    )
+    state = (
+        "holds an install of this tool"
+        if dst["installed"]
+        else "exists (not installed by this tool)"
+        if dst["exists"]
+        else "does not exist yet"
+    )
     out.append("  destination: %s; on_existing %s" % (state, plan["policy"]))
     if plan["up_to_date"]:
         out.append("  changes:     nothing to send: the destination already holds this exact tree")
     else:
-        out.append("  changes:     %d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
-                   % (ch["added"], human(ch["added_bytes"]), ch["changed"],
-                      human(ch["changed_bytes"]), ch["removed"], human(ch["removed_bytes"]),
-                      ch["unchanged"]))
+        out.append(
+            "  changes:     %d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
+            % (
+                ch["added"],
+                human(ch["added_bytes"]),
+                ch["changed"],
+                human(ch["changed_bytes"]),
+                ch["removed"],
+                human(ch["removed_bytes"]),
+                ch["unchanged"],
+            )
+        )
         for line in items[:SHOWN]:
             out.append("               " + line)
         if len(items) > SHOWN:
@@ -497,31 +622,54 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
         out.append("               every line: %s" % listing)
         resumed = plan.get("resumable")
         if resumed:
-            out.append("  resumable:   %s of %s staged (%d files a cut stream of this source "
-                       "left); %s to send" % (human(resumed["staged"]), human(resumed["of"]),
-                                              resumed["files"], human(plan["send_bytes"])))
+            out.append(
+                "  resumable:   %s of %s staged (%d files a cut stream of this source "
+                "left); %s to send"
+                % (
+                    human(resumed["staged"]),
+                    human(resumed["of"]),
+                    resumed["files"],
+                    human(plan["send_bytes"]),
+                )
+            )
         if plan["incremental"]:
             # one sum, its two parts named as parts (issue 45: `14.9 KB, only the changes, and
             # 14.9 KB of bin/...` read as 29.8 KB)
-            how = ("in all: %s of changes and %s of bin/ and pyvenv.cfg, which relocation "
-                   "rewrites (incremental)" % (human(ch["added_bytes"] + ch["changed_bytes"]),
-                                               human(ch["rewritten_bytes"])))
+            how = (
+                "in all: %s of changes and %s of bin/ and pyvenv.cfg, which relocation "
+                "rewrites (incremental)"
+                % (human(ch["added_bytes"] + ch["changed_bytes"]), human(ch["rewritten_bytes"]))
+            )
         else:
             how = "the rest of the tree (resumed)" if resumed else "the whole tree"
         out.append("  to send:     %s, %s" % (human(plan["send_bytes"]), how))
     free = disk["free"] + disk.get("freed", 0)
     room = "enough room" if disk["need"] <= free else "NOT ENOUGH ROOM"
-    freed = (" (and %s of an earlier staging, removed first)" % human(disk["freed"])
-             if disk.get("freed") else "")
-    out.append("  disk:        %s needed (staging %s%s) of %s free%s at %s: %s"
-               % (human(disk["need"]), human(disk["staging"]),
-                  ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
-                  human(disk["free"]), freed, dst["measured_at"], room))
+    freed = (
+        " (and %s of an earlier staging, removed first)" % human(disk["freed"])
+        if disk.get("freed")
+        else ""
+    )
+    out.append(
+        "  disk:        %s needed (staging %s%s) of %s free%s at %s: %s"
+        % (
+            human(disk["need"]),
+            human(disk["staging"]),
+            ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
+            human(disk["free"]),
+            freed,
+            dst["measured_at"],
+            room,
+        )
+    )
     if plan["policy"] == "backup":
         n = len(plan["backups"])
         kept = "%d backup%s kept" % (n, "" if n == 1 else "s")
-        evict = ("; evicts %s once the new install passes its checks"
-                 % ", ".join(plan["evicts"])) if plan["evicts"] else "; evicts none"
+        evict = (
+            ("; evicts %s once the new install passes its checks" % ", ".join(plan["evicts"]))
+            if plan["evicts"]
+            else "; evicts none"
+        )
         out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
     out.append("  static:      %s" % plan["static"])
     names = []
@@ -539,13 +687,27 @@ def screen(plan: dict, items: List[str], a: argparse.Namespace, checks: List[dic
 
 
 def markdown(plan: dict, items: List[str], lines: List[str]) -> str:
-    text = ["# Live plan: %s" % plan["runbook"], "",
-            "Made %s against the real hosts (spec sha256 %s)." % (plan["made"],
-                                                                plan["spec_sha256"][:12]), "",
-            "```", *lines[1:], "```", ""]
+    text = [
+        "# Live plan: %s" % plan["runbook"],
+        "",
+        "Made %s against the real hosts (spec sha256 %s)."
+        % (plan["made"], plan["spec_sha256"][:12]),
+        "",
+        "```",
+        *lines[1:],
+        "```",
+        "",
+    ]
     if items:
-        text += ["<details><summary>%d itemized changes</summary>" % len(items), "", "```",
-                 *items, "```", "</details>", ""]
+        text += [
+            "<details><summary>%d itemized changes</summary>" % len(items),
+            "",
+            "```",
+            *items,
+            "```",
+            "</details>",
+            "",
+        ]
     return "\n".join(text)
 
 
@@ -562,20 +724,52 @@ def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
     else:
         was, then = read_state(os.path.join(d, "dest.state"))
         facts, now = read_state(now_path)
-        if (was.get("exists"), was.get("installed_record")) != \
-                (facts.get("exists"), facts.get("installed_record")):
-            record = INSTALLED + " (the install's record)" if facts.get("exists") \
+        if (was.get("exists"), was.get("installed_record")) != (
+            facts.get("exists"),
+            facts.get("installed_record"),
+        ):
+            record = (
+                INSTALLED + " (the install's record)"
+                if facts.get("exists")
                 else facts["dest"] + " (gone)"
+            )
     a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
     moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
     said = []
     for p in moved[:5]:
-        said.append(shown(p) + (" (new)" if p not in a else " (gone)" if p not in b
-                                else " (changed)"))
+        said.append(
+            shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+        )
     if record:
         moved.append(record)
         said.insert(0, shown(record))
     return len(moved), ", ".join(said[:5])
+
+
+# What both composes (this one, rbkit.fanplan's) take from rb::plan_source and rb::plan_args.
+COMPOSE_FIELDS = (
+    "name",
+    "spec-sha",
+    "kit-sha",
+    "made",
+    "src-host",
+    "src-path",
+    "dst-host",
+    "compression",
+    "compression-why",
+    "hosts",
+    "choices",
+    "source-files",
+    "source-bytes",
+    "need-bytes",
+    "audit-rc",
+    "audit-failed",
+    "audit-skipped",
+    "arch",
+    "checks",
+    "runbook",
+    "library-missing",
+)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -584,15 +778,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     s = sub.add_parser("state")
     s.add_argument("dest")
     s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
-    s.add_argument("--against-install", action="store_true",
-                   help="compare the entries with the install's manifest here (the plan's)")
+    s.add_argument(
+        "--against-install",
+        action="store_true",
+        help="compare the entries with the install's manifest here (the plan's)",
+    )
     c = sub.add_parser("compose")
     c.add_argument("--dir", required=True)
-    for key in ("name", "spec-sha", "kit-sha", "made", "src-host", "src-path", "dst-host",
-                "route", "route-why", "compression", "compression-why", "hosts", "choices",
-                "source-files", "source-bytes", "need-bytes", "audit-rc",
-                "audit-failed", "audit-skipped", "arch", "checks", "runbook",
-                "library-missing"):
+    for key in COMPOSE_FIELDS + ("route", "route-why"):
         c.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force", "same-host"):
         c.add_argument("--" + flag, action="store_true")
@@ -600,8 +793,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     dr.add_argument("--plan", required=True)
     dr.add_argument("--side", choices=("source", "dest"), required=True)
     dr.add_argument("--now", required=True)
-    i = sub.add_parser("installed", help="the install's manifest, never through a link (the "
-                       "manifest step's re-run copies it as root)")
+    i = sub.add_parser(
+        "installed",
+        help="the install's manifest, never through a link (the "
+        "manifest step's re-run copies it as root)",
+    )
     i.add_argument("dest")
     r = sub.add_parser("read")
     r.add_argument("plan")
@@ -614,8 +810,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             # the spec's choices for the destination, from the engine's one document
             ch = Choices.from_json(a.choices)
             a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
-            a.keep_backups = ch.keep_backups or 0 if a.cmd == "state" else (
-                "" if ch.keep_backups is None else str(ch.keep_backups))
+            a.keep_backups = (
+                ch.keep_backups or 0
+                if a.cmd == "state"
+                else ("" if ch.keep_backups is None else str(ch.keep_backups))
+            )
         if a.cmd == "state":
             facts, lines = dest_state(a.dest, a.policy, a.keep_backups, a.against_install)
             out = sys.stdout.buffer
@@ -626,15 +825,22 @@ def main(argv: Optional[List[str]] = None) -> int:
             return compose(a)
         if a.cmd == "installed":
             from .installs import why_not_ours_install
+
             why = why_not_ours_install(a.dest)
             if why:
-                print("rbkit liveplan installed: the install at %s is not proven ours: %s"
-                      % (a.dest, why), file=sys.stderr)
+                print(
+                    "rbkit liveplan installed: the install at %s is not proven ours: %s"
+                    % (a.dest, why),
+                    file=sys.stderr,
+                )
                 return 2
             got = safefs.read_in(a.dest, INSTALLED)
             if got is None:
-                print("rbkit liveplan installed: %s/%s is not a regular file of the install"
-                      % (a.dest, INSTALLED), file=sys.stderr)
+                print(
+                    "rbkit liveplan installed: %s/%s is not a regular file of the install"
+                    % (a.dest, INSTALLED),
+                    file=sys.stderr,
+                )
                 return 2
             sys.stdout.buffer.write(got[0])
             return 0
@@ -655,12 +861,16 @@ def read_plan(a: argparse.Namespace) -> int:
         plan = json.loads(proven.read_record(a.plan).decode("utf-8"))
     except proven.NotOurs as exc:
         # refused before it is read: a plan another user could have written or swapped
-        print("refusing to apply %s: %s; another user could have written what it says: make a "
-              "new plan with --plan" % (a.plan, exc), file=sys.stderr)
+        print(
+            "refusing to apply %s: %s; another user could have written what it says: make a "
+            "new plan with --plan" % (a.plan, exc),
+            file=sys.stderr,
+        )
         return 1
     except (OSError, ValueError) as exc:
-        print("the plan %s cannot be read (%s): make one with --plan" % (a.plan, exc),
-              file=sys.stderr)
+        print(
+            "the plan %s cannot be read (%s): make one with --plan" % (a.plan, exc), file=sys.stderr
+        )
         return 1
     why = ""
     if plan.get("kind") != "rb-plan" or plan.get("runbook") != a.name:
@@ -670,13 +880,16 @@ def read_plan(a: argparse.Namespace) -> int:
     elif plan.get("blockers"):
         why = "the plan is blocked: " + "; ".join(plan["blockers"])
     if why:
-        print("refusing to apply %s: %s; make a new one with --plan" % (a.plan, why),
-              file=sys.stderr)
+        print(
+            "refusing to apply %s: %s; make a new one with --plan" % (a.plan, why), file=sys.stderr
+        )
         return 1
-    for key, value in (("source_stat", plan["source"]["stat_fingerprint"]),
-                       ("dest_digest", plan["destination"]["digest"]),
-                       ("route", plan.get("route", "")),
-                       ("compression", plan.get("compression", ""))):
+    for key, value in (
+        ("source_stat", plan["source"]["stat_fingerprint"]),
+        ("dest_digest", plan["destination"]["digest"]),
+        ("route", plan.get("route", "")),
+        ("compression", plan.get("compression", "")),
+    ):
         print("%s\t%s" % (key, value))
     return 0
 

@@ -35,13 +35,14 @@ class Taken(Exception):
 
 
 class Lock:
-    def __init__(self, dest: str, holder: str, wait: float = 0.0,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self, dest: str, holder: str, wait: float = 0.0, log: Optional[Callable[[str], None]] = None
+    ) -> None:
         self.path = lock_path(dest)
         self.holder, self.wait = holder, wait
         self.log = log or (lambda line: None)
         self.fd: Optional[int] = None
-        self.made: List[str] = []      # parent directories this lock made (removed when empty)
+        self.made: List[str] = []  # parent directories this lock made (removed when empty)
 
     def acquire(self) -> None:
         self._parents()
@@ -58,13 +59,16 @@ class Lock:
                 who = _read(fd)
                 os.close(fd)
                 if time.monotonic() >= deadline:
-                    raise Taken("%s is locked by another run: %s. Two runs must not install "
-                                "into one destination at once; wait for it to end (the lock goes "
-                                "with its process)" % (os.path.dirname(self.path) or ".", who)) \
-                        from None
+                    raise Taken(
+                        "%s is locked by another run: %s. Two runs must not install "
+                        "into one destination at once; wait for it to end (the lock goes "
+                        "with its process)" % (os.path.dirname(self.path) or ".", who)
+                    ) from None
                 if not said:
-                    self.log("waiting up to %.0f s for the lock %s, held by %s"
-                             % (self.wait, self.path, who))
+                    self.log(
+                        "waiting up to %.0f s for the lock %s, held by %s"
+                        % (self.wait, self.path, who)
+                    )
                     said = True
                 time.sleep(0.5)
                 continue
@@ -77,8 +81,12 @@ class Lock:
                 os.close(fd)
                 continue
             self.fd = fd
-            doc = {"holder": self.holder, "host": socket.gethostname(), "pid": os.getpid(),
-                   "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+            doc = {
+                "holder": self.holder,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(doc, sort_keys=True) + "\n").encode(), 0)
             return
@@ -115,8 +123,10 @@ class Lock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise Taken("the lock path %s is a symlink: refusing to follow it (remove it if "
-                            "you put it there)" % self.path) from None
+                raise Taken(
+                    "the lock path %s is a symlink: refusing to follow it (remove it if "
+                    "you put it there)" % self.path
+                ) from None
             raise
         st = os.fstat(fd)
         # proven ours through the descriptor (rbrules.proven: a file read on its own), and this
@@ -124,10 +134,18 @@ class Lock:
         why = proven.why_not_ours(self.path, st, alone=True)
         if why or st.st_uid != os.geteuid():
             os.close(fd)
-            raise Taken("the lock path %s is not a lock file of this user (type %o, %d links, "
-                        "owner uid %d, mode %04o): refusing to use it%s"
-                        % (self.path, stat.S_IFMT(st.st_mode), st.st_nlink, st.st_uid,
-                           stat.S_IMODE(st.st_mode), " (%s)" % why if why else ""))
+            raise Taken(
+                "the lock path %s is not a lock file of this user (type %o, %d links, "
+                "owner uid %d, mode %04o): refusing to use it%s"
+                % (
+                    self.path,
+                    stat.S_IFMT(st.st_mode),
+                    st.st_nlink,
+                    st.st_uid,
+                    stat.S_IMODE(st.st_mode),
+                    " (%s)" % why if why else "",
+                )
+            )
         return fd
 
 
@@ -142,5 +160,9 @@ def _read(fd: int) -> str:
         doc = {}
     if not doc:
         return "a run that has not written its name yet"
-    return "%s (engine pid %s on %s, since %s)" % (doc.get("holder", "?"), doc.get("pid", "?"),
-                                                   doc.get("host", "?"), doc.get("since", "?"))
+    return "%s (engine pid %s on %s, since %s)" % (
+        doc.get("holder", "?"),
+        doc.get("pid", "?"),
+        doc.get("host", "?"),
+        doc.get("since", "?"),
+    )

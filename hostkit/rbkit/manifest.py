@@ -31,6 +31,7 @@ from rbrules.common import walk_workers
 from rbrules.shown import shown
 
 from . import safefs
+
 # public here (what callers use as manifest.NAME): a file's digest, many files' in parallel
 from .filehash import CHUNK, Changed, digest, digests, hasher  # noqa: F401
 
@@ -40,9 +41,9 @@ SCHEMA = 1
 SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed", ".rb-install.json")
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)
 SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH
-QUICK_KEYS = ("t", "m", "s", "mt")    # what a stat-level comparison of two file entries uses
-SCAN_SUFFIX = ".stat"                 # the scan record beside a names list (hostfs.scan)
-LINKS_SUFFIX = ".links"               # its files of more than one link: [index, st_dev, st_ino]
+QUICK_KEYS = ("t", "m", "s", "mt")  # what a stat-level comparison of two file entries uses
+SCAN_SUFFIX = ".stat"  # the scan record beside a names list (hostfs.scan)
+LINKS_SUFFIX = ".links"  # its files of more than one link: [index, st_dev, st_ino]
 
 
 def relocatable(rel: str) -> bool:
@@ -55,10 +56,17 @@ def linkable(old: Optional[dict], new: dict) -> bool:
     """Whether a file recorded as `old` (by an earlier install or an earlier source manifest) can
     stand for `new` unread: same digest, type, mode, size and mtime, and not relocatable."""
     # QUICK_KEYS written out: this runs once per file of a tree on every incremental re-run
-    return (old is not None and new["t"] == "f" and bool(new.get("h"))
-            and old.get("h") == new["h"] and old.get("t") == "f" and old.get("m") == new.get("m")
-            and old.get("s") == new.get("s") and old.get("mt") == new.get("mt")
-            and not relocatable(new["p"]))
+    return (
+        old is not None
+        and new["t"] == "f"
+        and bool(new.get("h"))
+        and old.get("h") == new["h"]
+        and old.get("t") == "f"
+        and old.get("m") == new.get("m")
+        and old.get("s") == new.get("s")
+        and old.get("mt") == new.get("mt")
+        and not relocatable(new["p"])
+    )
 
 
 def delta(new: dict, base: dict) -> dict:
@@ -66,17 +74,26 @@ def delta(new: dict, base: dict) -> dict:
     every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
     same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
     if new["header"].get("algo") != base["header"].get("algo") or new["header"]["algo"] == "none":
-        return {"usable": False, "send": [e["p"] for e in new["entries"]],
-                "why": "the last fan-out's manifest has digests of another algorithm (or none)"}
+        return {
+            "usable": False,
+            "send": [e["p"] for e in new["entries"]],
+            "why": "the last fan-out's manifest has digests of another algorithm (or none)",
+        }
     before = {e["p"]: e for e in base["entries"]}
     send, same = [], []
     for e in new["entries"]:
         (same if linkable(before.get(e["p"]), e) else send).append(e)
     files = [e for e in send if e["t"] == "f"]
-    return {"usable": True, "send": [e["p"] for e in send], "send_entries": len(send),
-            "send_files": len(files), "send_bytes": sum(e["s"] for e in files),
-            "unchanged_files": len(same), "unchanged_bytes": sum(e["s"] for e in same),
-            "removed": len(set(before) - {e["p"] for e in new["entries"]})}
+    return {
+        "usable": True,
+        "send": [e["p"] for e in send],
+        "send_entries": len(send),
+        "send_files": len(files),
+        "send_bytes": sum(e["s"] for e in files),
+        "unchanged_files": len(same),
+        "unchanged_bytes": sum(e["s"] for e in same),
+        "removed": len(set(before) - {e["p"] for e in new["entries"]}),
+    }
 
 
 def excluded(rel: str, patterns: Iterable[str]) -> bool:
@@ -105,19 +122,29 @@ def _exclusion(patterns: tuple) -> Callable[..., bool]:
         else:
             names.add(p)
     ends = tuple(suffixes)
-    regex = re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in rest)
-                       ).search if rest else None
+    regex = (
+        re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in rest)).search
+        if rest
+        else None
+    )
 
     def test(rel: str, name: Optional[str] = None) -> bool:
         if name is None:
-            name = rel[rel.rfind("/") + 1:]
-        return name in names or name.endswith(ends) or (regex is not None and
-                                                         regex(rel) is not None)
+            name = rel[rel.rfind("/") + 1 :]
+        return (
+            name in names or name.endswith(ends) or (regex is not None and regex(rel) is not None)
+        )
+
     return test
 
 
-def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str = "",
-         gone_ok: bool = False) -> Iterator[tuple[str, os.stat_result]]:
+def walk(
+    root: str,
+    patterns: Iterable[str] = (),
+    ordered: bool = True,
+    top: str = "",
+    gone_ok: bool = False,
+) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every entry below root (below its directory `top`, given
     relative to root: that subtree's part of the whole walk, in the same order), sorted (unless
     not `ordered`: the order the directories give), excludes pruned. `gone_ok`: an entry (or a
@@ -125,7 +152,7 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str
     another process still writes (the staging beside another stream's tar, which replaces the
     placeholder file of each symlink it delays by the link itself when it ends)."""
     patterns = tuple(patterns)
-    test = _exclusion(patterns) if patterns else None      # looked up once, not per entry
+    test = _exclusion(patterns) if patterns else None  # looked up once, not per entry
     stack = [top]
     while stack:
         rel_dir = stack.pop()
@@ -155,8 +182,9 @@ def walk(root: str, patterns: Iterable[str] = (), ordered: bool = True, top: str
         stack.extend(reversed(subdirs))
 
 
-def tree_stat(root: str, patterns: Iterable[str] = (), workers: Optional[int] = None
-              ) -> Tuple[List[bytes], int]:
+def tree_stat(
+    root: str, patterns: Iterable[str] = (), workers: Optional[int] = None
+) -> Tuple[List[bytes], int]:
     """The stat line (values_line) of every entry below `root`, in the walk's order, and the
     bytes of its files: what an install's INSTALLED_STAT is the sha256 of, while the tree is as
     the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
@@ -172,8 +200,9 @@ class StatWalk:
     has one thread, so the engine's early check begins it before its own thread starts), and
     its answer taken by `result`, from any thread, once."""
 
-    def __init__(self, root: str, patterns: Iterable[str] = (),
-                 workers: Optional[int] = None) -> None:
+    def __init__(
+        self, root: str, patterns: Iterable[str] = (), workers: Optional[int] = None
+    ) -> None:
         self.root, self.patterns = root, tuple(patterns)
         if workers is None:
             workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
@@ -182,7 +211,7 @@ class StatWalk:
             try:
                 self._started = _start(root, self.patterns, workers)
             except OSError:
-                self._started = None          # result() walks here, and meets the error itself
+                self._started = None  # result() walks here, and meets the error itself
 
     def result(self) -> Tuple[List[bytes], int]:
         started, self._started = self._started, None
@@ -224,21 +253,30 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
             m = st.st_mode
             try:
                 if isreg(m):
-                    add(('[%s, "f", %d, %d, null, %d]\n' % (
-                        _STR(rel), m & 0o7777, st.st_size, int(st.st_mtime))).encode())
+                    add(
+                        (
+                            '[%s, "f", %d, %d, null, %d]\n'
+                            % (_STR(rel), m & 0o7777, st.st_size, int(st.st_mtime))
+                        ).encode()
+                    )
                     size += st.st_size
                 elif isdir(m):
                     subdirs.append(rel)
                     add(('[%s, "d", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
                 elif islnk(m):
-                    add(('[%s, "l", null, null, %s, null]\n' % (
-                        _STR(rel), _STR(os.readlink(os.path.join(root, rel))))).encode())
+                    add(
+                        (
+                            '[%s, "l", null, null, %s, null]\n'
+                            % (_STR(rel), _STR(os.readlink(os.path.join(root, rel))))
+                        ).encode()
+                    )
                 else:
                     add(('[%s, "?", %d, null, null, null]\n' % (_STR(rel), m & 0o7777)).encode())
             except UnicodeEncodeError:
                 continue
             if (st.st_uid != uid and st.st_uid != 0) or (
-                    not islnk(m) and (m & 0o002 or (m & 0o020 and st.st_gid not in groups))):
+                not islnk(m) and (m & 0o002 or (m & 0o020 and st.st_gid not in groups))
+            ):
                 lines[-1] = _not_ours_line(lines[-1], rel, st)
         stack.extend(reversed(subdirs))
     return size
@@ -253,11 +291,16 @@ def _not_ours_line(line: bytes, rel: str, st: os.stat_result) -> bytes:
     return line[:-2] + (", %s]\n" % _STR(why)).encode()
 
 
-_UNIT = struct.Struct("<IQQ")      # a worker's answer for one subtree: its index, bytes, size
+_UNIT = struct.Struct("<IQQ")  # a worker's answer for one subtree: its index, bytes, size
 
 
-def _start(root: str, patterns: tuple, workers: int, own: Optional[Callable] = None,
-           unit: Optional[Callable] = None) -> dict:
+def _start(
+    root: str,
+    patterns: tuple,
+    workers: int,
+    own: Optional[Callable] = None,
+    unit: Optional[Callable] = None,
+) -> dict:
     """StatWalk's first half: the directories near the root are listed here, breadth first,
     until there are 4 subtrees a worker (or none is left: a small tree is walked here alone);
     then at most `workers` processes are forked, each taking the next subtree's index from one
@@ -268,8 +311,8 @@ def _start(root: str, patterns: tuple, workers: int, own: Optional[Callable] = N
     own = own or functools.partial(_own_lines, root)
     unit = unit or functools.partial(_unit_lines, root, patterns)
     test = _exclusion(patterns) if patterns else None
-    listed: dict = {}              # a directory listed here -> its piece (bytes, size)
-    subs: dict = {}                # a directory listed here -> its subdirectories, in order
+    listed: dict = {}  # a directory listed here -> its piece (bytes, size)
+    subs: dict = {}  # a directory listed here -> its subdirectories, in order
     frontier = [""]
     while frontier and len(frontier) < 4 * workers:
         deeper = []
@@ -291,8 +334,7 @@ def _start(root: str, patterns: tuple, workers: int, own: Optional[Callable] = N
             subs[d] = dirs
             deeper.extend(dirs)
         frontier = deeper
-    started = {"own": listed, "subs": subs, "units": frontier, "pids": [], "reads": {},
-               "task": -1}
+    started = {"own": listed, "subs": subs, "units": frontier, "pids": [], "reads": {}, "task": -1}
     if frontier:
         try:
             _fork(unit, frontier, min(workers, len(frontier)), started)
@@ -333,9 +375,14 @@ class ForkedWalk:
     directory listed near the root (its (rel, lstat) entries, excludes pruned, sorted) and
     `unit(top)` that of each subtree below, in a forked worker, each (bytes, size)."""
 
-    def __init__(self, root: str, patterns: Iterable[str], workers: Optional[int],
-                 own: Callable[[List[tuple]], Tuple[bytes, int]],
-                 unit: Callable[[str], Tuple[bytes, int]]) -> None:
+    def __init__(
+        self,
+        root: str,
+        patterns: Iterable[str],
+        workers: Optional[int],
+        own: Callable[[List[tuple]], Tuple[bytes, int]],
+        unit: Callable[[str], Tuple[bytes, int]],
+    ) -> None:
         if workers is None:
             workers = walk_workers(_cpus()) if threading.active_count() == 1 else 1
         self._started: Optional[dict] = None
@@ -343,7 +390,7 @@ class ForkedWalk:
             try:
                 self._started = _start(root, tuple(patterns), workers, own, unit)
             except OSError:
-                self._started = None          # the caller walks, and meets the error itself
+                self._started = None  # the caller walks, and meets the error itself
 
     def pieces(self) -> Optional[List[bytes]]:
         """The pieces in the walk's order; None where nothing was forked (`workers` of 1, the
@@ -372,11 +419,12 @@ def _reap(started: dict) -> None:
         started["task"] = -1
 
 
-def _fork(unit: Callable[[str], Tuple[bytes, int]], units: List[str], workers: int,
-          started: dict) -> None:
+def _fork(
+    unit: Callable[[str], Tuple[bytes, int]], units: List[str], workers: int, started: dict
+) -> None:
     """The workers of `started` (_start), forked here; every index queued before the first."""
     queue = b"".join(struct.pack("<I", i) for i in range(len(units)))
-    if len(queue) > 60000:         # the pipe takes every index at once: never a blocked write
+    if len(queue) > 60000:  # the pipe takes every index at once: never a blocked write
         raise OSError("too many subtrees for one pipe")
     task_r, task_w = os.pipe()
     started["task"] = task_r
@@ -387,7 +435,7 @@ def _fork(unit: Callable[[str], Tuple[bytes, int]], units: List[str], workers: i
     for _ in range(workers):
         r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:               # the worker: never returns into the caller's code
+        if pid == 0:  # the worker: never returns into the caller's code
             code = 1
             try:
                 os.close(r)
@@ -399,7 +447,7 @@ def _fork(unit: Callable[[str], Tuple[bytes, int]], units: List[str], workers: i
                     data, size = unit(units[i])
                     view = memoryview(_UNIT.pack(i, len(data), size) + data)
                     while view:
-                        view = view[os.write(w, view):]
+                        view = view[os.write(w, view) :]
                 code = 0
             finally:
                 os._exit(code)
@@ -432,7 +480,7 @@ def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
                 i, n, size = _UNIT.unpack_from(data, at)
                 at += _UNIT.size
                 if i < len(done):
-                    done[i] = (data[at:at + n], size)
+                    done[i] = (data[at : at + n], size)
                 at += n
         if not ok or not all(d is not None for d in done):
             return None
@@ -443,7 +491,7 @@ def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
     out: List[bytes] = []
     total = 0
     stack = [""]
-    while stack:                   # the walk's order: a directory's entries, then each subtree
+    while stack:  # the walk's order: a directory's entries, then each subtree
         d = stack.pop()
         if d in at_unit:
             got = done[at_unit[d]]
@@ -461,8 +509,9 @@ def read_header(path: str) -> Optional[dict]:
     """The header of the manifest at `path` (its first line; the rest is not read), None when it
     is not a manifest's. Opened without following a link, never a FIFO or a device."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
-                     | os.O_CLOEXEC)
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK | os.O_CLOEXEC
+        )
     except OSError:
         return None
     with open(fd, "rb") as f:
@@ -502,7 +551,7 @@ STAT_KEYS = ("p", "t", "m", "s", "l", "mt")
 # lines are encoded 22k at a time); their output is json.dumps's with the same options
 _ENTRY = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
 _STAT = json.JSONEncoder(ensure_ascii=False)
-_STR = json.encoder.encode_basestring          # what _STAT writes for a str (ensure_ascii off)
+_STR = json.encoder.encode_basestring  # what _STAT writes for a str (ensure_ascii off)
 
 
 _FILE_KEYS = frozenset(("h", "m", "mt", "p", "s", "t"))
@@ -514,10 +563,21 @@ def entry_line(entry: dict) -> str:
     big tree, and every install writes two manifests of every entry)."""
     if entry.keys() == _FILE_KEYS:
         h, m, mt, p, s = entry["h"], entry["m"], entry["mt"], entry["p"], entry["s"]
-        if (type(h) is str and type(p) is str and type(m) is int and type(mt) is int
-                and type(s) is int and entry["t"] == "f"):
+        if (
+            type(h) is str
+            and type(p) is str
+            and type(m) is int
+            and type(mt) is int
+            and type(s) is int
+            and entry["t"] == "f"
+        ):
             return '{"h": %s, "m": %s, "mt": %s, "p": %s, "s": %s, "t": "f"}' % (
-                _STR(h), int.__repr__(m), int.__repr__(mt), _STR(p), int.__repr__(s))
+                _STR(h),
+                int.__repr__(m),
+                int.__repr__(mt),
+                _STR(p),
+                int.__repr__(s),
+            )
     return _ENTRY.encode(entry)
 
 
@@ -616,12 +676,23 @@ def check_tree(root: str, installed: dict) -> dict:
 
 def scan_header(root: str, patterns: Iterable[str], strip_special: bool) -> bytes:
     """The first line of a scan record (hostfs.scan): what the walk was of, and how."""
-    return (json.dumps({"kind": "rb-scan", "root": root, "excludes": list(patterns),
-                        "strip_special": bool(strip_special)}, sort_keys=True) + "\n").encode()
+    return (
+        json.dumps(
+            {
+                "kind": "rb-scan",
+                "root": root,
+                "excludes": list(patterns),
+                "strip_special": bool(strip_special),
+            },
+            sort_keys=True,
+        )
+        + "\n"
+    ).encode()
 
 
-def read_scan(path: str, root: str, patterns: Iterable[str], strip_special: bool
-              ) -> Optional[bytes]:
+def read_scan(
+    path: str, root: str, patterns: Iterable[str], strip_special: bool
+) -> Optional[bytes]:
     """The stat lines (values_line's, in the walk's order) of a scan record hostfs.scan wrote
     for this very walk (same root, excludes and strip rule); None when there is none, or it is of
     another walk."""
@@ -637,9 +708,16 @@ def read_scan(path: str, root: str, patterns: Iterable[str], strip_special: bool
     return body
 
 
-def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: int = 4,
-          reuse: Optional[dict] = None, *, strip_special: bool = False,
-          scanned: Optional[str] = None) -> dict:
+def build(
+    root: str,
+    patterns: Iterable[str] = (),
+    algo: str = "sha256",
+    jobs: int = 4,
+    reuse: Optional[dict] = None,
+    *,
+    strip_special: bool = False,
+    scanned: Optional[str] = None,
+) -> dict:
     """Scan and hash `root`; returns {"header", "entries", "totals", "reused"}.
 
     With `reuse` (the manifest an earlier install recorded), a file whose type, mode, size and
@@ -653,7 +731,7 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
     patterns = list(patterns)
     body = read_scan(scanned, root, patterns, strip_special) if scanned else None
     if body is not None:
-        rows = body.split(b"\n")              # a name's newline is escaped in its JSON
+        rows = body.split(b"\n")  # a name's newline is escaped in its JSON
         if rows[-1] == b"":
             rows.pop()
         values = json.loads(b"[" + b",".join(rows) + b"]")
@@ -686,8 +764,9 @@ def build(root: str, patterns: Iterable[str] = (), algo: str = "sha256", jobs: i
                 reused += 1
             else:
                 todo.append(e)
-        for e, h in zip(todo, digests(root, [e["p"] for e in todo], algo, jobs,
-                                      [e["s"] for e in todo])):
+        for e, h in zip(
+            todo, digests(root, [e["p"] for e in todo], algo, jobs, [e["s"] for e in todo])
+        ):
             e["h"] = h
     totals = {
         "entries": len(entries),
@@ -745,9 +824,14 @@ def load_fingerprinted(path: str) -> Tuple[dict, str]:
     # one parse of all the lines (cheaper than a call per line); a line that holds more or less
     # than one value is refused: the count of values differs from the count of lines
     lines = json.loads("[" + ",".join(rows) + "]") if rows else []
-    if (len(lines) != len(rows) or not lines or not isinstance(lines[0], dict)
-            or not isinstance(lines[-1], dict) or lines[0].get("kind") != "rb-manifest"
-            or "totals" not in lines[-1]):
+    if (
+        len(lines) != len(rows)
+        or not lines
+        or not isinstance(lines[0], dict)
+        or not isinstance(lines[-1], dict)
+        or lines[0].get("kind") != "rb-manifest"
+        or "totals" not in lines[-1]
+    ):
         raise ValueError(f"{path}: not a complete manifest (header or totals line missing)")
     fp = hashlib.sha256("".join(row + "\n" for row in rows[1:-1]).encode()).hexdigest()
     return {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}, fp
@@ -768,9 +852,15 @@ def _is_inode(st: os.stat_result, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
-def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
-           linked_from: Optional[str] = None, received: Optional[dict] = None,
-           linked_inodes: Optional[dict] = None) -> dict:
+def verify(
+    root: str,
+    manifest: dict,
+    jobs: int = 4,
+    limit: int = 50,
+    linked_from: Optional[str] = None,
+    received: Optional[dict] = None,
+    linked_inodes: Optional[dict] = None,
+) -> dict:
     """Compare the tree at `root` with `manifest`; every difference is listed (up to `limit`).
     With `linked_from`, a file that is a hard link of the same path there (an incremental install's
     staging: unchanged files linked from the previous install) is checked by stat, not read;
@@ -799,21 +889,23 @@ def verify(root: str, manifest: dict, jobs: int = 4, limit: int = 50,
         kind = v[1]
         expected = (w.get("t"), w.get("m"), w.get("s"), w.get("l"))
         if expected != v[1:5]:
-            key, want_v, value = next(d for d in zip(("t", "m", "s", "l"), expected, v[1:5])
-                                      if d[1] != d[2])
+            key, want_v, value = next(
+                d for d in zip(("t", "m", "s", "l"), expected, v[1:5]) if d[1] != d[2]
+            )
             differ.append({"p": rel, "what": key, "want": want_v, "have": value})
         elif kind == "f" and algo != "none":
-            if linked_from and ((st.st_dev, st.st_ino) == linked_inodes.get(rel)
-                                if linked_inodes is not None
-                                else _is_inode(st, os.path.join(linked_from, rel))):
+            if linked_from and (
+                (st.st_dev, st.st_ino) == linked_inodes.get(rel)
+                if linked_inodes is not None
+                else _is_inode(st, os.path.join(linked_from, rel))
+            ):
                 linked += 1
                 continue
             got = received.get(rel)
             if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
                 streamed += 1
                 if w.get("h") != got[0]:
-                    differ.append({"p": rel, "what": "content", "want": w.get("h"),
-                                   "have": got[0]})
+                    differ.append({"p": rel, "what": "content", "want": w.get("h"), "have": got[0]})
                 continue
             to_hash.append(w)
     if to_hash:
@@ -846,8 +938,10 @@ def describe(result: dict) -> list[str]:
     for rel in result["extra"]:
         lines.append(f"extra:   {shown(rel)}")
     for d in result["differ"]:
-        lines.append(f"differs: {shown(d['p'])} ({d['what']}: expected {shown(str(d['want']))}, "
-                     f"found {shown(str(d['have']))})")
+        lines.append(
+            f"differs: {shown(d['p'])} ({d['what']}: expected {shown(str(d['want']))}, "
+            f"found {shown(str(d['have']))})"
+        )
     c = result["counts"]
     listed = len(lines)
     total = c["missing"] + c["extra"] + c["differ"]
@@ -890,8 +984,11 @@ def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Opti
     # the stat fingerprint `build` took of these entries, where it is there (it is theirs by
     # construction: the source's engine wrote both), else taken now
     stat_fp = manifest["header"].get("stat_fingerprint") or stat_fingerprint(manifest["entries"])
-    header.update(source_fingerprint=source_fingerprint, source_stat_fingerprint=stat_fp,
-                  source_entries=[e for e in manifest["entries"] if e["p"] in changes])
+    header.update(
+        source_fingerprint=source_fingerprint,
+        source_stat_fingerprint=stat_fp,
+        source_entries=[e for e in manifest["entries"] if e["p"] in changes],
+    )
     header[INSTALLED_STAT] = stat_fingerprint(entries)
     return {"header": header, "entries": entries, "totals": manifest["totals"]}
 
@@ -906,7 +1003,9 @@ def source_of(installed: dict) -> Optional[dict]:
     if not isinstance(kept, list) or not all(isinstance(e, dict) and "p" in e for e in kept):
         return None
     by_path = {e["p"]: e for e in kept}
-    m = {"header": {k: v for k, v in header.items() if k not in SOURCE_KEYS},
-         "entries": [by_path.get(e["p"], e) for e in installed["entries"]],
-         "totals": installed["totals"]}
+    m = {
+        "header": {k: v for k, v in header.items() if k not in SOURCE_KEYS},
+        "entries": [by_path.get(e["p"], e) for e in installed["entries"]],
+        "totals": installed["totals"],
+    }
     return m

@@ -45,15 +45,25 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rbrules import cpus
-from rbrules.common import (COMPRESSION, LINK_CPU_SECONDS, LINK_SECONDS, LINK_WINDOW,
-                            MEASURE_SAMPLE, STREAMS_MIN_BYTES, link_cpu_bound, link_stable,
-                            link_tail, measured_words, relay_streams)
+from rbrules.common import (
+    COMPRESSION,
+    LINK_CPU_SECONDS,
+    LINK_SECONDS,
+    LINK_WINDOW,
+    MEASURE_SAMPLE,
+    STREAMS_MIN_BYTES,
+    link_cpu_bound,
+    link_stable,
+    link_tail,
+    measured_words,
+    relay_streams,
+)
 
 from . import model
 
 MAX_ENTRIES = 200_000
-PICK = 128 << 10          # the sample's pieces: MEASURE_SAMPLE / PICK of them, spread over the tree
-PICK_FILES = 256          # a piece crosses at most this many (small) files
+PICK = 128 << 10  # the sample's pieces: MEASURE_SAMPLE / PICK of them, spread over the tree
+PICK_FILES = 256  # a piece crosses at most this many (small) files
 
 
 def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
@@ -88,6 +98,7 @@ def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple
     wrote it, manifest.scan_header and a values_line an entry), in its walk's order; None when
     there is none or it is of another root or excludes (then the tree is walked)."""
     import json
+
     try:
         fd = os.open(record, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except OSError:
@@ -96,8 +107,11 @@ def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple
         head, _, body = f.read().partition(b"\n")
     try:
         said = json.loads(head)
-        if (said.get("kind"), said.get("root"), said.get("excludes")) != ("rb-scan", root,
-                                                                         list(excludes)):
+        if (said.get("kind"), said.get("root"), said.get("excludes")) != (
+            "rb-scan",
+            root,
+            list(excludes),
+        ):
             return None
         rows = json.loads(b"[" + b",".join(body.splitlines()) + b"]")
     except ValueError:
@@ -105,15 +119,15 @@ def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple
     return [(os.path.join(root, r[0]), r[3]) for r in rows if r[1] == "f" and r[3]]
 
 
-def sample(root: str, excludes: List[str], want: int = MEASURE_SAMPLE,
-           scanned: Optional[str] = None) -> bytes:
+def sample(
+    root: str, excludes: List[str], want: int = MEASURE_SAMPLE, scanned: Optional[str] = None
+) -> bytes:
     """About `want` bytes of the tree, as its stream carries them (sample_of), from the scan's
     record `scanned` where it is this tree's, else from a walk."""
     return sample_of(listing(root, excludes, scanned), want)
 
 
-def listing(root: str, excludes: List[str], scanned: Optional[str] = None
-            ) -> List[Tuple[str, int]]:
+def listing(root: str, excludes: List[str], scanned: Optional[str] = None) -> List[Tuple[str, int]]:
     """(path, size) of the tree's regular files in the stream's order: the scan's record where it
     is this tree's, else a walk."""
     return (_scanned(scanned, root, excludes) if scanned else None) or _files(root, excludes)
@@ -173,18 +187,27 @@ def _read_at(path: str, offset: int, n: int) -> bytes:
 def _run(words: List[str], data: bytes, seconds: float) -> Tuple[float, float, Any]:
     """(wall seconds, CPU seconds of the child, the run) of `words` reading `data`."""
     import resource
+
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    done = subprocess.run(words, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=seconds, check=False, cwd="/")
+    done = subprocess.run(
+        words,
+        input=data,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=seconds,
+        check=False,
+        cwd="/",
+    )
     took = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return took, cpu, done
 
 
-def rate(tool: str, data: bytes, seconds: float,
-         words: Optional[List[str]] = None) -> Dict[str, Any]:
+def rate(
+    tool: str, data: bytes, seconds: float, words: Optional[List[str]] = None
+) -> Dict[str, Any]:
     """{"rate": bytes/s read (wall), "cpu_rate": bytes per CPU second packing, "unpack_cpu_rate":
     bytes (unpacked) per CPU second unpacking, "ratio": in/out} of `tool` packing `data` with
     `words` (default its COMPRESSION words), or {"error": why}. The tool's own start (timed on one
@@ -201,11 +224,17 @@ def rate(tool: str, data: bytes, seconds: float,
         return {"error": "%s took more than %ss for %d bytes" % (words[0], seconds, len(data))}
     took = max(took - start_s, 1e-3)
     if done.returncode != 0 or not done.stdout:
-        return {"error": "%s exited %d: %s" % (words[0], done.returncode,
-                                               done.stderr.decode("utf-8", "replace")[-200:])}
+        return {
+            "error": "%s exited %d: %s"
+            % (words[0], done.returncode, done.stderr.decode("utf-8", "replace")[-200:])
+        }
     cpu = max(cpu - start_cpu, 1e-3)
-    out = {"rate": int(len(data) / took), "cpu_rate": int(len(data) / cpu),
-           "ratio": round(len(data) / len(done.stdout), 3), "seconds": round(took, 4)}
+    out = {
+        "rate": int(len(data) / took),
+        "cpu_rate": int(len(data) / cpu),
+        "ratio": round(len(data) / len(done.stdout), 3),
+        "seconds": round(took, 4),
+    }
     if undone.returncode == 0 and len(undone.stdout) == len(data):
         out["unpack_cpu_rate"] = int(len(data) / max(un_cpu - start_cpu, 1e-3))
     return out
@@ -225,7 +254,9 @@ def cpu_times() -> Optional[Tuple[int, int]]:
     return ticks[3] + ticks[4], sum(ticks)
 
 
-def idle_cpus(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]) -> Optional[float]:
+def idle_cpus(
+    before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]
+) -> Optional[float]:
     """How many of this kernel's CPUs were idle, on average, between two cpu_times."""
     if before is None or after is None or after[1] <= before[1]:
         return None
@@ -262,9 +293,12 @@ def proc_times(pids: List[int]) -> Optional[Tuple[int, int]]:
     return cpu, waited
 
 
-def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
-                 clock: Callable[[], float] = time.monotonic,
-                 watch: Optional[List[int]] = None) -> Dict[str, Any]:
+def receive_link(
+    fd: int = 0,
+    cap: float = float(LINK_SECONDS),
+    clock: Callable[[], float] = time.monotonic,
+    watch: Optional[List[int]] = None,
+) -> Dict[str, Any]:
     """The link's rate where the zeros arrive: `ready` on stdout, then read fd, timed from the end
     of the first read, in LINK_WINDOW windows, until the rate is stable (link_stable), `cap`
     seconds went by or the stream ended; with `watch` (the link's processes, on one kernel), also
@@ -279,7 +313,7 @@ def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
     start = now = clock()
     cpu_start = cpu_times()
     total = 0
-    ends: List[Tuple[float, int]] = [(start, 0)]      # (time, bytes so far) at each window's end
+    ends: List[Tuple[float, int]] = [(start, 0)]  # (time, bytes so far) at each window's end
     used: List[Optional[Tuple[int, int]]] = [proc_times(watch) if watch else None]
     windows: List[float] = []
     stable = bound = False
@@ -298,8 +332,12 @@ def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
                 break
             took = _tail_cpu(windows, ends, used, len(watch))
             moved = ends[-1][1] - ends[len(windows) - len(link_tail(windows))][1]
-            if took and now - start >= LINK_CPU_SECONDS and len(windows) >= 4 and \
-                    link_cpu_bound(took[0] / 1e9, took[1] / 1e9, took[2] / 1e9, took[3], moved):
+            if (
+                took
+                and now - start >= LINK_CPU_SECONDS
+                and len(windows) >= 4
+                and link_cpu_bound(took[0] / 1e9, took[1] / 1e9, took[2] / 1e9, took[3], moved)
+            ):
                 bound = True
                 break
     seconds = now - start
@@ -308,17 +346,25 @@ def receive_link(fd: int = 0, cap: float = float(LINK_SECONDS),
     (t0, b0), (t1, b1) = ends[len(windows) - len(link_tail(windows))], ends[-1]
     # the CPUs the link left idle (one kernel: the ciphers of both legs and this reader are on
     # them): recorded, not used
-    got = {"rate": int((b1 - b0) / (t1 - t0)), "seconds": round(seconds, 3), "bytes": total,
-           "stable": stable, "idle_cpus": idle_cpus(cpu_start, cpu_times())}
+    got = {
+        "rate": int((b1 - b0) / (t1 - t0)),
+        "seconds": round(seconds, 3),
+        "bytes": total,
+        "stable": stable,
+        "idle_cpus": idle_cpus(cpu_start, cpu_times()),
+    }
     took = _tail_cpu(windows, ends, used, len(watch))
     if took:
         got.update(cpu=took, cpu_bound=bound)
     return got
 
 
-def _tail_cpu(windows: List[float], ends: List[Tuple[float, int]],
-              used: List[Optional[Tuple[int, int]]], procs: int
-              ) -> Optional[Tuple[int, int, int, int]]:
+def _tail_cpu(
+    windows: List[float],
+    ends: List[Tuple[float, int]],
+    used: List[Optional[Tuple[int, int]]],
+    procs: int,
+) -> Optional[Tuple[int, int, int, int]]:
     """(ns on a CPU, ns waiting for one, ns, processes) of the watched processes over
     link_tail's windows, or None."""
     first = len(windows) - len(link_tail(windows))
@@ -347,8 +393,12 @@ def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:
                 seen["bytes"] = int(words[3])
             if len(words) == 8:
                 cpu, waited, wall, procs = (int(w) for w in words[4:8])
-                seen.update(here_cpu_s=cpu / 1e9, here_wait_s=waited / 1e9,
-                            here_wall_s=wall / 1e9, here_procs=procs)
+                seen.update(
+                    here_cpu_s=cpu / 1e9,
+                    here_wait_s=waited / 1e9,
+                    here_wall_s=wall / 1e9,
+                    here_procs=procs,
+                )
             return int(words[0]), float(words[1]), "", seen
         except ValueError:
             pass
@@ -361,8 +411,13 @@ def spare_cpu(link: int, seen: Dict[str, Any]) -> Optional[bool]:
     read."""
     if "here_cpu_s" not in seen:
         return None
-    return not link_cpu_bound(seen["here_cpu_s"], seen["here_wait_s"], seen["here_wall_s"],
-                              seen["here_procs"], link * seen["here_wall_s"])
+    return not link_cpu_bound(
+        seen["here_cpu_s"],
+        seen["here_wait_s"],
+        seen["here_wall_s"],
+        seen["here_procs"],
+        link * seen["here_wall_s"],
+    )
 
 
 def said_cpu(seen: Dict[str, Any]) -> str:
@@ -370,21 +425,33 @@ def said_cpu(seen: Dict[str, Any]) -> str:
     cpu, waited = seen["here_cpu_s"], seen["here_wait_s"]
     return "its ssh here busy %d%% of %.2f s, waiting for a CPU %.1fx their time on one" % (
         round(100 * (cpu + waited) / (seen["here_wall_s"] * seen["here_procs"])),
-        seen["here_wall_s"], waited / cpu if cpu > 0 else 0.0)
+        seen["here_wall_s"],
+        waited / cpu if cpu > 0 else 0.0,
+    )
 
 
-SMALL = 1 << 20   # a tree whose sample is smaller moves in a moment whatever its compression
+SMALL = 1 << 20  # a tree whose sample is smaller moves in a moment whatever its compression
 
 
-def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASURE_SAMPLE,
-            seconds: float = 5.0, scanned: Optional[str] = None) -> Dict[str, Any]:
+def measure(
+    root: str,
+    tools: List[str],
+    excludes: List[str],
+    want: int = MEASURE_SAMPLE,
+    seconds: float = 5.0,
+    scanned: Optional[str] = None,
+) -> Dict[str, Any]:
     """The sample's figures and each tool's (rate), on one core: lz4, zstd at each level
     (rbrules.common.measured_words); the tree's bytes."""
     start = time.monotonic()
     files = listing(root, excludes, scanned)
     data = sample_of(files, want)
-    doc: Dict[str, Any] = {"sample_bytes": len(data), "tree_bytes": sum(s for _p, s in files),
-                           "read_seconds": round(time.monotonic() - start, 4), "tools": {}}
+    doc: Dict[str, Any] = {
+        "sample_bytes": len(data),
+        "tree_bytes": sum(s for _p, s in files),
+        "read_seconds": round(time.monotonic() - start, 4),
+        "tools": {},
+    }
     if not data:
         doc["error"] = "no file to sample under %s" % root
         return doc
@@ -395,7 +462,7 @@ def measure(root: str, tools: List[str], excludes: List[str], want: int = MEASUR
         for name, words, threads in measured_words(tool):
             got = rate(tool, data, seconds, words)
             if "error" in got:
-                doc["tools"][tool] = got         # said once a tool, not once a level
+                doc["tools"][tool] = got  # said once a tool, not once a level
                 break
             doc["tools"][name] = dict(got, threads=threads)
     return doc
@@ -408,8 +475,14 @@ def ends_of(here: str = "", dst: str = "") -> Dict[str, str]:
     return {"src": src, "dst": dst or src, "here": here or src}
 
 
-def move_of(doc: Dict[str, Any], link: int, shared: bool, jobs: str, seen: Dict[str, Any],
-            ends: Dict[str, str]) -> model.Move:
+def move_of(
+    doc: Dict[str, Any],
+    link: int,
+    shared: bool,
+    jobs: str,
+    seen: Dict[str, Any],
+    ends: Dict[str, str],
+) -> model.Move:
     """The model's Move from the measured figures (`doc`'s tools), the link's rate and what was
     seen beside it, the run's jobs word and the three machines' CPUs (ends_of's tokens). Its
     streams are the relay's rule (rbrules.common.relay_streams), one below STREAMS_MIN_BYTES."""
@@ -418,46 +491,91 @@ def move_of(doc: Dict[str, Any], link: int, shared: bool, jobs: str, seen: Dict[
     n = relay_streams(fewest, min(u.count for u in use.values()))
     if doc.get("tree_bytes", STREAMS_MIN_BYTES) < STREAMS_MIN_BYTES:
         n = 1
-    tools = tuple(model.Tool(name, float(m.get("cpu_rate") or m["rate"]),
-                             float(m.get("unpack_cpu_rate") or 0) or float("inf"), float(m["ratio"]),
-                             bool(m.get("threads")))
-                  for name, m in sorted(doc["tools"].items()) if "ratio" in m)
-    return model.Move(model.link_of(link, seen), model.End(use["src"].share),
-                      model.End(use["dst"].share), model.End(use["here"].share), n, tools, shared)
+    tools = tuple(
+        model.Tool(
+            name,
+            float(m.get("cpu_rate") or m["rate"]),
+            float(m.get("unpack_cpu_rate") or 0) or float("inf"),
+            float(m["ratio"]),
+            bool(m.get("threads")),
+        )
+        for name, m in sorted(doc["tools"].items())
+        if "ratio" in m
+    )
+    return model.Move(
+        model.link_of(link, seen),
+        model.End(use["src"].share),
+        model.End(use["dst"].share),
+        model.End(use["here"].share),
+        n,
+        tools,
+        shared,
+    )
 
 
-def main_lines(doc: Dict[str, Any], link: int, shared: bool = False, jobs: str = "auto",
-               no_link: str = "no link rate", seen: Optional[Dict[str, Any]] = None,
-               ends: Optional[Dict[str, str]] = None) -> List[str]:
+def main_lines(
+    doc: Dict[str, Any],
+    link: int,
+    shared: bool = False,
+    jobs: str = "auto",
+    no_link: str = "no link rate",
+    seen: Optional[Dict[str, Any]] = None,
+    ends: Optional[Dict[str, str]] = None,
+) -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice WORD`, `why TEXT` (one
     line: model.said) and the figures as one `json` line (tab-separated), from which the same
     choice is made again (the json holds the link, `seen`, the jobs and the three machines'
     CPUs, `ends`); `no_link`: why there is no rate (link 0). Where the machines share CPUs
     (`shared`), a link without CPU to spare (spare_cpu) is none, whatever the tools (not run)."""
     import json
+
     seen = seen or {}
     ends = ends or ends_of()
     decision = None
     if link > 0 and shared and spare_cpu(link, seen) is False:
-        choice, why = "none", "link %s (CPUs shared by both ends and this machine, no CPU to " \
-            "spare: %s): none, no compressor tried" % (mb(link), said_cpu(seen))
+        choice, why = (
+            "none",
+            "link %s (CPUs shared by both ends and this machine, no CPU to "
+            "spare: %s): none, no compressor tried" % (mb(link), said_cpu(seen)),
+        )
     elif doc.get("error") or link <= 0:
         return ["error\t%s" % (doc.get("error") or no_link)]
     elif doc["sample_bytes"] < SMALL:
-        choice, why = "none", "link %s; the tree is %d KB: nothing worth packing" % (
-            mb(link), doc["sample_bytes"] // 1024)
+        choice, why = (
+            "none",
+            "link %s; the tree is %d KB: nothing worth packing"
+            % (mb(link), doc["sample_bytes"] // 1024),
+        )
     else:
         decision = model.decide(move_of(doc, link, shared, jobs, seen, ends))
         choice = decision.choice
-        why = model.said(decision, {k: m.get("error", "not measured") for k, m in
-                                    doc["tools"].items() if "ratio" not in m})
+        why = model.said(
+            decision,
+            {
+                k: m.get("error", "not measured")
+                for k, m in doc["tools"].items()
+                if "ratio" not in m
+            },
+        )
     # the CPUs the link left idle: recorded, not used (counting only those took none on the
     # capped 1 Gbit/s lab link in one run of two, the source's scan running beside the link then)
-    doc = dict(doc, link_rate=link, choice=choice, jobs=jobs, link_idle_cpus=seen.get("idle_cpus"),
-               link_seen=seen, ends=ends, shared=shared)
+    doc = dict(
+        doc,
+        link_rate=link,
+        choice=choice,
+        jobs=jobs,
+        link_idle_cpus=seen.get("idle_cpus"),
+        link_seen=seen,
+        ends=ends,
+        shared=shared,
+    )
     if decision is not None:
-        doc.update(streams=decision.move.streams, options=[
-            {"word": o.word, "rate": int(o.rate), "bound": o.bound} for o in decision.options])
+        doc.update(
+            streams=decision.move.streams,
+            options=[
+                {"word": o.word, "rate": int(o.rate), "bound": o.bound} for o in decision.options
+            ],
+        )
     return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]
 
 

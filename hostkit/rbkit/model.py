@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-MARGIN = 1.1     # a compressor is taken when it moves the tree this much faster than none
-PAYS = 1.03      # a costlier option (more threads, a higher level) over a cheaper one
-STREAM_BUSY = 0.6   # this machine's ssh busy this much of a CPU: one stream's cipher was its limit
+MARGIN = 1.1  # a compressor is taken when it moves the tree this much faster than none
+PAYS = 1.03  # a costlier option (more threads, a higher level) over a cheaper one
+STREAM_BUSY = 0.6  # this machine's ssh busy this much of a CPU: one stream's cipher was its limit
 
 
 class End(NamedTuple):
@@ -72,19 +72,19 @@ class Move(NamedTuple):
     here: End
     streams: int
     tools: Tuple[Tool, ...]
-    shared: bool = False     # the machines' CPU sets overlap: one pool of `src.cpus` CPUs
+    shared: bool = False  # the machines' CPU sets overlap: one pool of `src.cpus` CPUs
 
 
 class Option(NamedTuple):
-    word: str            # the stream's compression: none, lz4, zstd-1-T2
-    rate: float          # bytes of the tree a second
-    bound: str           # the stage that sets it: link, packers, src, unpackers, dst, here, turns
+    word: str  # the stream's compression: none, lz4, zstd-1-T2
+    rate: float  # bytes of the tree a second
+    bound: str  # the stage that sets it: link, packers, src, unpackers, dst, here, turns
     tool: Optional[Tool]
 
 
 class Decision(NamedTuple):
     choice: str
-    options: Tuple[Option, ...]      # every option tried, the fastest first
+    options: Tuple[Option, ...]  # every option tried, the fastest first
     move: Move
 
 
@@ -102,8 +102,8 @@ def _apart(move: Move, tool: Optional[Tool], threads: int) -> Tuple[float, str]:
     """(bytes of the tree a second, the stage that sets it) on machines of their own."""
     n = max(1, move.streams)
     ratio = tool.ratio if tool else 1.0
-    packed = 1.0 / ratio                      # bytes on the wire a byte of the tree
-    cipher = 1.0 / move.link.cipher if move.link.cipher else 0.0   # CPU-s a wire byte, an end
+    packed = 1.0 / ratio  # bytes on the wire a byte of the tree
+    cipher = 1.0 / move.link.cipher if move.link.cipher else 0.0  # CPU-s a wire byte, an end
     limits = [(link_for(move.link, n) * ratio, "link")]
     if cipher:
         limits.append((move.here.cpus / (2 * cipher * packed), "here"))
@@ -166,9 +166,15 @@ def mb(rate: float) -> str:
     return "%d" % round(rate / 1e6)
 
 
-BOUND_WORDS = {"link": "the link", "here": "this machine's CPUs", "packers": "its packers",
-               "src": "the source's CPUs", "unpackers": "its unpackers",
-               "dst": "the destination's CPUs", "turns": "the shared CPUs"}
+BOUND_WORDS = {
+    "link": "the link",
+    "here": "this machine's CPUs",
+    "packers": "its packers",
+    "src": "the source's CPUs",
+    "unpackers": "its unpackers",
+    "dst": "the destination's CPUs",
+    "turns": "the shared CPUs",
+}
 
 
 def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
@@ -180,15 +186,21 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
     link = m.link
     if m.shared:
         head = "link %s MB/s (CPUs shared by both ends and this machine: %s of them)" % (
-            mb(link.rate), _cpus(m.src.cpus))
+            mb(link.rate),
+            _cpus(m.src.cpus),
+        )
     else:
         head = "link %s MB/s a stream (%s)" % (mb(link.rate), _limit(link))
         head += "; %d stream%s, CPUs src %s, dst %s, here %s" % (
-            m.streams, "s" if m.streams != 1 else "", _cpus(m.src.cpus), _cpus(m.dst.cpus),
-            _cpus(m.here.cpus))
+            m.streams,
+            "s" if m.streams != 1 else "",
+            _cpus(m.src.cpus),
+            _cpus(m.dst.cpus),
+            _cpus(m.here.cpus),
+        )
     shown: List[str] = []
     seen = set()
-    for o in d.options:         # the fastest first: one entry a tool and level
+    for o in d.options:  # the fastest first: one entry a tool and level
         key = o.word.rsplit("-T", 1)[0]
         if key in seen:
             continue
@@ -196,9 +208,17 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
         if o.tool is None:
             shown.append("none %s (%s)" % (mb(o.rate), BOUND_WORDS[o.bound]))
             continue
-        shown.append("%s %s (ratio %.1f, packs %s, unpacks %s a CPU; %s)" % (
-            _spaced(o.word), mb(o.rate), o.tool.ratio, mb(o.tool.pack),
-            mb(o.tool.unpack) if o.tool.unpack != float("inf") else "?", BOUND_WORDS[o.bound]))
+        shown.append(
+            "%s %s (ratio %.1f, packs %s, unpacks %s a CPU; %s)"
+            % (
+                _spaced(o.word),
+                mb(o.rate),
+                o.tool.ratio,
+                mb(o.tool.pack),
+                mb(o.tool.unpack) if o.tool.unpack != float("inf") else "?",
+                BOUND_WORDS[o.bound],
+            )
+        )
     for tool, why in sorted((failed or {}).items()):
         shown.append("%s: %s" % (tool, why))
     text = "%s; MB/s through: %s: %s" % (head, ", ".join(shown), _spaced(d.choice))
@@ -224,7 +244,8 @@ def _limit(link: Link) -> str:
     busy = link.rate / link.cipher
     return "%s: its ssh here %d%% of a CPU" % (
         "its cipher, N streams carry N times" if link.per_stream else "the wire",
-        round(100 * busy))
+        round(100 * busy),
+    )
 
 
 def link_of(rate: float, seen: Dict[str, Any]) -> Link:
@@ -233,5 +254,5 @@ def link_of(rate: float, seen: Dict[str, Any]) -> Link:
     cpu, wall, procs = seen.get("here_cpu_s"), seen.get("here_wall_s"), seen.get("here_procs")
     if not cpu or not wall or not procs or rate <= 0:
         return Link(float(rate))
-    cipher = rate * wall * procs / cpu        # each master carries every byte of its leg
+    cipher = rate * wall * procs / cpu  # each master carries every byte of its leg
     return Link(float(rate), cipher, cpu / (wall * procs) >= STREAM_BUSY)

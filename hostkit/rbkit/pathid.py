@@ -20,10 +20,29 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-NETWORK_FS = frozenset((
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
-    "fuse.glusterfs", "fuse.sshfs", "fuse.beegfs", "fuse.juicefs", "9p", "afs", "orangefs",
-    "wekafs", "virtiofs"))
+NETWORK_FS = frozenset(
+    (
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "fuse.sshfs",
+        "fuse.beegfs",
+        "fuse.juicefs",
+        "9p",
+        "afs",
+        "orangefs",
+        "wekafs",
+        "virtiofs",
+    )
+)
 
 
 def _read_id(path: str) -> Optional[str]:
@@ -42,7 +61,7 @@ def _unescape(field: str) -> str:
 def _under(child: str, parent: str) -> bool:
     """Whether `child` is strictly below `parent` (whole components)."""
     parent = parent.rstrip("/")
-    if not parent:                                   # under "/": everything but "/" itself
+    if not parent:  # under "/": everything but "/" itself
         return child.startswith("/") and child != "/"
     return child.startswith(parent + "/")
 
@@ -63,9 +82,13 @@ def mount_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[Dic
             continue
         point = _unescape(fields[4])
         if path == point or _under(path, point):
-            if best is None or len(point) >= len(best["point"]):   # later mounts win
-                best = {"point": point, "root": _unescape(fields[3]), "fstype": tail[0],
-                        "source": _unescape(tail[1])}
+            if best is None or len(point) >= len(best["point"]):  # later mounts win
+                best = {
+                    "point": point,
+                    "root": _unescape(fields[3]),
+                    "fstype": tail[0],
+                    "source": _unescape(tail[1]),
+                }
     return best
 
 
@@ -75,8 +98,13 @@ def identity(path: str) -> Dict[str, Any]:
     (`chain`, nearest first), the machine (boot id, machine id, mount namespace) and the mount
     that holds it. JSON-ready; made on each end and compared with `same_or_nested`."""
     real = os.path.realpath(path)
-    out: Dict[str, Any] = {"path": path, "abspath": os.path.abspath(path), "realpath": real,
-                           "exists": os.path.lexists(path), "is_link": os.path.islink(path)}
+    out: Dict[str, Any] = {
+        "path": path,
+        "abspath": os.path.abspath(path),
+        "realpath": real,
+        "exists": os.path.lexists(path),
+        "is_link": os.path.islink(path),
+    }
     if out["is_link"]:
         out["link_target"] = os.readlink(path)
     try:
@@ -117,9 +145,14 @@ def same_machine(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
 
 def _backup_or_staging_of(src: str, dest: str) -> bool:
     base = re.escape(os.path.basename(dest))
-    return (os.path.dirname(src) == os.path.dirname(dest)
-            and re.match(rf"^(?:{base}\.rb-backup\.[0-9]+|\.{base}\.rb-(?:staging|old|restore))$",
-                         os.path.basename(src)) is not None)
+    return (
+        os.path.dirname(src) == os.path.dirname(dest)
+        and re.match(
+            rf"^(?:{base}\.rb-backup\.[0-9]+|\.{base}\.rb-(?:staging|old|restore))$",
+            os.path.basename(src),
+        )
+        is not None
+    )
 
 
 def _in_export(ident: Dict[str, Any]) -> Optional[str]:
@@ -146,17 +179,25 @@ def same_or_nested(src: Dict[str, Any], dst: Dict[str, Any]) -> Optional[str]:
             return f"the source {rs} is inside the destination {rd}"
         ids, idd = src.get("dev_ino"), dst.get("dev_ino")
         if ids and ids == idd:
-            return (f"source and destination are the same directory under two names ({rs}, {rd}: "
-                    "one device and inode)")
+            return (
+                f"source and destination are the same directory under two names ({rs}, {rd}: "
+                "one device and inode)"
+            )
         if ids and ids in (dst.get("chain") or []):
-            return (f"the destination {rd} is inside the source {rs} (one of its parent directories "
-                    "is the source's: a bind mount or another name for it)")
+            return (
+                f"the destination {rd} is inside the source {rs} (one of its parent directories "
+                "is the source's: a bind mount or another name for it)"
+            )
         if idd and idd in (src.get("chain") or []):
-            return (f"the source {rs} is inside the destination {rd} (one of its parent directories "
-                    "is the destination's: a bind mount or another name for it)")
+            return (
+                f"the source {rs} is inside the destination {rd} (one of its parent directories "
+                "is the destination's: a bind mount or another name for it)"
+            )
         if text and _backup_or_staging_of(rs, rd):
-            return (f"the source {rs} is the destination's backup or staging: the install would move "
-                    "or remove it; copy it elsewhere first")
+            return (
+                f"the source {rs} is the destination's backup or staging: the install would move "
+                "or remove it; copy it elsewhere first"
+            )
     es, ed = _in_export(src), _in_export(dst)
     if es is not None and ed is not None:
         ms, md = src["mount"], dst["mount"]

@@ -42,19 +42,37 @@ def refusal(dest: str, where: str, why: str, uid: int) -> str:
         if os.stat(where).st_mode & stat.S_ISVTX:
             # /tmp: chmod is not the fix; a directory of the runner's in it is private
             inside = os.path.join(where, "rb")
-            example = (" (in a sticky directory like %s: mkdir -m 755 %s, then install into %s)"
-                       % (where, inside, os.path.join(inside, os.path.basename(dest))))
+            example = " (in a sticky directory like %s: mkdir -m 755 %s, then install into %s)" % (
+                where,
+                inside,
+                os.path.join(inside, os.path.basename(dest)),
+            )
     except OSError:
         pass
-    return ("refusing to install %s as %s: %s. The lock, the staging, the backups that --restore "
-            "puts back and the env file live beside the destination, in %s; whoever can write "
-            "there can swap them between two steps of this run, or put their own at those names "
-            "before it. Fix: make %s %s's and not writable by others (chown %s %s && chmod "
-            "go-w %s), or choose a destination under a parent only %s can write%s, or, to accept "
-            "it, set %s: allow in the spec (each entry found there is then used only when it is "
-            "proven %s's)"
-            % (dest, runner, why, parent, where, runner, runner, where, where, runner, example,
-               SPEC_KEY, runner))
+    return (
+        "refusing to install %s as %s: %s. The lock, the staging, the backups that --restore "
+        "puts back and the env file live beside the destination, in %s; whoever can write "
+        "there can swap them between two steps of this run, or put their own at those names "
+        "before it. Fix: make %s %s's and not writable by others (chown %s %s && chmod "
+        "go-w %s), or choose a destination under a parent only %s can write%s, or, to accept "
+        "it, set %s: allow in the spec (each entry found there is then used only when it is "
+        "proven %s's)"
+        % (
+            dest,
+            runner,
+            why,
+            parent,
+            where,
+            runner,
+            runner,
+            where,
+            where,
+            runner,
+            example,
+            SPEC_KEY,
+            runner,
+        )
+    )
 
 
 def check_parent(dest: str, uid: int) -> Optional[Tuple[str, str]]:

@@ -16,14 +16,24 @@ from typing import Any, List, Tuple
 from rbrules import cpus
 from rbrules.proven import fresh_dir
 
-from . import safefs
 from . import manifest as kitmanifest
 from . import relocate as kitrelocate
-from .stream import child_env, run_quiet, tail
-from .runner import (PROVE_TIMEOUT, jobs, StepError, Result, Context, read_stamp, _write_stamp,
-                     _identity, _require, _require_lock)
+from . import safefs
 from .receive import _load_received
+from .runner import (
+    PROVE_TIMEOUT,
+    Context,
+    Result,
+    StepError,
+    _identity,
+    _require,
+    _require_lock,
+    _write_stamp,
+    jobs,
+    read_stamp,
+)
 from .staging import _chmod_dir, _drop_mark, _read_mark
+from .stream import child_env, run_quiet, tail
 
 
 def verify(ctx: Context) -> Result:
@@ -40,33 +50,59 @@ def verify(ctx: Context) -> Result:
     new = ctx.new_manifest()
     received = _load_received(ctx, identity, new["header"]["algo"])
     _scan_elsewhere(ctx)
-    inodes = (ctx.linked_inodes[1] if linked and ctx.linked_inodes is not None
-              and ctx.linked_inodes[0] == identity else None)
-    result = kitmanifest.verify(ctx.staging, new, jobs(ctx.choices.jobs), linked_from=linked,
-                                received=received, linked_inodes=inodes)
+    inodes = (
+        ctx.linked_inodes[1]
+        if linked and ctx.linked_inodes is not None and ctx.linked_inodes[0] == identity
+        else None
+    )
+    result = kitmanifest.verify(
+        ctx.staging,
+        new,
+        jobs(ctx.choices.jobs),
+        linked_from=linked,
+        received=received,
+        linked_inodes=inodes,
+    )
     listed = kitmanifest.describe(result)
     for line in listed:
         ctx.log(line)
     facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
     if not result["ok"]:
         _cancel_elsewhere(ctx)
-        raise StepError("the copy in %s differs from the source manifest (listed above); the "
-                        "destination was not touched" % ctx.staging, facts, listed)
+        raise StepError(
+            "the copy in %s differs from the source manifest (listed above); the "
+            "destination was not touched" % ctx.staging,
+            facts,
+            listed,
+        )
     if _read_mark(ctx) is not None:
         # whole and verified: no longer what a cut stream left; the install's mode
         _chmod_dir(ctx.staging, 0o755)
         _drop_mark(ctx)
-    _write_stamp(ctx, {"stage": "verified", "identity": identity, "fingerprint": ctx.fingerprint(),
-                       "delta": bool(linked)})
+    _write_stamp(
+        ctx,
+        {
+            "stage": "verified",
+            "identity": identity,
+            "fingerprint": ctx.fingerprint(),
+            "delta": bool(linked),
+        },
+    )
     if result["streamed"]:
         # the files whose digests the stream's receiving end computed are not read again
         detail = "%d entries match, %d files checked by the stream's %s" % (
-            result["checked"], result["streamed"], result["algo"])
+            result["checked"],
+            result["streamed"],
+            result["algo"],
+        )
         if result["hashed"]:
             detail += ", %d hashed again" % result["hashed"]
     else:
-        detail = "%d entries match, %d files hashed (%s)" % (result["checked"], result["hashed"],
-                                                              result["algo"])
+        detail = "%d entries match, %d files hashed (%s)" % (
+            result["checked"],
+            result["hashed"],
+            result["algo"],
+        )
     if linked:
         detail += ", %d linked unchanged" % result["linked"]
     return Result(detail, facts)
@@ -119,17 +155,21 @@ def prove(ctx: Context) -> Result:
     try:
         prefix, version = interpreter_prefix(python, ctx.staging)
     except StepError as exc:
-        raise StepError("%s; refused before the swap: nothing was installed" % exc,
-                        lines=exc.lines) from None
+        raise StepError(
+            "%s; refused before the swap: nothing was installed" % exc, lines=exc.lines
+        ) from None
     if os.path.realpath(prefix) != os.path.realpath(ctx.staging):
-        raise StepError("the staged interpreter reports sys.prefix %s, not the staging %s"
-                        % (prefix, ctx.staging))
+        raise StepError(
+            "the staged interpreter reports sys.prefix %s, not the staging %s"
+            % (prefix, ctx.staging)
+        )
     made = _cfg(ctx.staging, "version") or _cfg(ctx.staging, "version_info")
     if made and made.split(".")[:2] != version.split(".")[:2]:
-        raise StepError("bin/python here is Python %s, the venv was made with %s (pyvenv.cfg): its "
-                        "packages under lib/python%s are not seen; install Python %s here"
-                        % (version, made, ".".join(made.split(".")[:2]),
-                           ".".join(made.split(".")[:2])))
+        raise StepError(
+            "bin/python here is Python %s, the venv was made with %s (pyvenv.cfg): its "
+            "packages under lib/python%s are not seen; install Python %s here"
+            % (version, made, ".".join(made.split(".")[:2]), ".".join(made.split(".")[:2]))
+        )
     _write_stamp(ctx, dict(doc, stage="proven"))
     return Result("bin/python %s runs from the staging" % version, {"python": version})
 
@@ -138,10 +178,12 @@ def prove(ctx: Context) -> Result:
 # PYTHONPATH at start-up (site), before the script; this one says where the interpreter runs
 # from and ends it there, so no script's own code runs
 EXEC_PROOF = "rb-exec-proof"
-_PROOF_HOOK = (b"import os, sys\n"
-               b"os.write(1, b'" + EXEC_PROOF.encode() + b" ' + os.fsencode(sys.prefix) + b'\\0'"
-               b" + os.fsencode(sys.executable) + b'\\n')\n"
-               b"os._exit(0)\n")
+_PROOF_HOOK = (
+    b"import os, sys\n"
+    b"os.write(1, b'" + EXEC_PROOF.encode() + b" ' + os.fsencode(sys.prefix) + b'\\0'"
+    b" + os.fsencode(sys.executable) + b'\\n')\n"
+    b"os._exit(0)\n"
+)
 
 
 def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]:
@@ -149,8 +191,9 @@ def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]
     bin/pip always: what the post-swap proof execs. `header`: the lines the kernel and the
     trampoline read to find the interpreter (the first two) when that is the venv's own python,
     else b"" (a script whose code would run if started)."""
-    rels = sorted({r for r in rewritten if r.startswith("bin/") and r.count("/") == 1}
-                  | {"bin/pip"})
+    rels = sorted(
+        {r for r in rewritten if r.startswith("bin/") and r.count("/") == 1} | {"bin/pip"}
+    )
     out = []
     for rel in rels:
         got = safefs.read_in(dest, rel, limit=1 << 24)
@@ -162,8 +205,9 @@ def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]
     return out
 
 
-def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOUT
-                  ) -> Tuple[List[str], List[str]]:
+def prove_scripts(
+    dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOUT
+) -> Tuple[List[str], List[str]]:
     """Exec the console scripts of `dest` through the kernel (their shebangs), at once: each
     whose interpreter is the venv's own python must report, through the hook above, sys.prefix
     == dest, and no code of the script runs. Scripts whose interpreter lines are the same bytes
@@ -179,10 +223,13 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
         return [], []
     runs = list(groups.values())
     results: List[Any] = [None] * len(runs)
-    hook = fresh_dir("rbkit-exec-proof.")     # 0700, this user's, not renamable
+    hook = fresh_dir("rbkit-exec-proof.")  # 0700, this user's, not renamable
     try:
-        fd = os.open(os.path.join(hook, "sitecustomize.py"),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(
+            os.path.join(hook, "sitecustomize.py"),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+            0o600,
+        )
         with os.fdopen(fd, "wb") as f:
             f.write(_PROOF_HOOK)
         env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
@@ -193,9 +240,9 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
         width = max(1, min(16, cpus.count()))
         for k in range(0, len(threads), width):
-            for t in threads[k:k + width]:
+            for t in threads[k : k + width]:
                 t.start()
-            for t in threads[k:k + width]:
+            for t in threads[k : k + width]:
                 t.join()
     finally:
         shutil.rmtree(hook, ignore_errors=True)
@@ -204,11 +251,14 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
     for rels, (rc, out, err) in zip(runs, results):
         line = out.split("\n", 1)[0]
         if line.startswith(EXEC_PROOF + " "):
-            prefix, _, exe = line[len(EXEC_PROOF) + 1:].partition("\0")
+            prefix, _, exe = line[len(EXEC_PROOF) + 1 :].partition("\0")
             # the interpreter in the venv's bin/, however reached (a trampoline beside
             # it runs it by its real path when dest is a link)
-            ok = (rc == 0 and os.path.realpath(prefix) == real
-                  and os.path.realpath(os.path.dirname(exe)) == os.path.join(real, "bin"))
+            ok = (
+                rc == 0
+                and os.path.realpath(prefix) == real
+                and os.path.realpath(os.path.dirname(exe)) == os.path.join(real, "bin")
+            )
             said = "sys.prefix %s, %s" % (prefix, exe)
         else:
             # no hook ran (not the venv's python, or one that skips site): what it printed
@@ -217,10 +267,15 @@ def prove_scripts(dest: str, rewritten: List[str], timeout: float = PROVE_TIMEOU
         if ok:
             proven.extend(rels)
         else:
-            same = " (and %d more with its interpreter lines: %s)" % (
-                len(rels) - 1, ", ".join(rels[1:])) if len(rels) > 1 else ""
-            failed.append("console script %s runs from the wrong place: %s%s"
-                          % (rels[0], said, same))
+            same = (
+                " (and %d more with its interpreter lines: %s)"
+                % (len(rels) - 1, ", ".join(rels[1:]))
+                if len(rels) > 1
+                else ""
+            )
+            failed.append(
+                "console script %s runs from the wrong place: %s%s" % (rels[0], said, same)
+            )
     return sorted(proven), failed
 
 
@@ -233,15 +288,21 @@ def interpreter_prefix(python: str, root: str) -> tuple:
         raise StepError("%s has no bin/python: not a venv" % root)
     if not os.path.exists(python):
         target = os.readlink(python) if os.path.islink(python) else python
-        raise StepError("bin/python -> %s: that interpreter does not exist on this host (the "
-                        "venv's base interpreter%s must be installed here)" % (target, _home(root)))
-    rc, out, err = run_quiet([python, "-I", "-B", "-c",
-                              "import sys; print(sys.prefix); print(sys.version.split()[0])"],
-                             PROVE_TIMEOUT)
+        raise StepError(
+            "bin/python -> %s: that interpreter does not exist on this host (the "
+            "venv's base interpreter%s must be installed here)" % (target, _home(root))
+        )
+    rc, out, err = run_quiet(
+        [python, "-I", "-B", "-c", "import sys; print(sys.prefix); print(sys.version.split()[0])"],
+        PROVE_TIMEOUT,
+    )
     lines = out.splitlines()
     if rc != 0 or len(lines) < 2:
-        raise StepError("%s does not run here (exit %s): %s" % (python, rc, " | ".join(
-            tail(err or out, 3)) or "no output"), lines=tail(err or out))
+        raise StepError(
+            "%s does not run here (exit %s): %s"
+            % (python, rc, " | ".join(tail(err or out, 3)) or "no output"),
+            lines=tail(err or out),
+        )
     return lines[0], lines[1]
 
 

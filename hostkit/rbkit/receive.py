@@ -14,11 +14,19 @@ import re
 import stat
 from typing import Any, List, Optional
 
-from . import hostfs
-from . import tarstream
-from .stream import TAR_RECORD, compression, Progress, exit_words, human, pipeline, tail
-from .runner import (RECEIVED, KEPT, jobs, StepError, Result, Context, read_stamp, _identity,
-                     write_file)
+from . import hostfs, tarstream
+from .runner import (
+    KEPT,
+    RECEIVED,
+    Context,
+    Result,
+    StepError,
+    _identity,
+    jobs,
+    read_stamp,
+    write_file,
+)
+from .stream import TAR_RECORD, Progress, compression, exit_words, human, pipeline, tail
 
 
 def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -> Result:
@@ -35,8 +43,9 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     arrived), not as tar's exit status (issue 45)."""
     doc = read_stamp(ctx)
     if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
-        raise StepError("refusing to receive: %s is not the staging this run's stage step made"
-                        % ctx.staging)
+        raise StepError(
+            "refusing to receive: %s is not the staging this run's stage step made" % ctx.staging
+        )
     _forget_received(ctx)
     # the spec's digest: the source's manifest is made with it, verify compares the two
     algo = ctx.choices.verify
@@ -55,26 +64,32 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
         # (tarstream: there each hand-over costs more than the thread gives)
         n = jobs(ctx.choices.jobs)
         if ctx.part is not None:
-            n = max(1, n // ctx.part[1])     # several streams: the cores shared among them
+            n = max(1, n // ctx.part[1])  # several streams: the cores shared among them
         digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
         argvs.append(digester.stage)
         names.append("digest reader")
     # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
     # them): umask 002 and --no-same-permissions, unless the spec keeps them (special_modes: keep)
     keep = ctx.choices.special_modes == "keep"
-    argvs.append(["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
-                 + ([] if keep else ["--no-same-permissions"]))
+    argvs.append(
+        ["tar", "-C", ctx.staging, *TAR_RECORD, "-xf", "-", "--no-same-owner"]
+        + ([] if keep else ["--no-same-permissions"])
+    )
     names.append("tar")
     watch = Progress(*ctx.progress) if ctx.progress else None
-    codes, errs = pipeline(argvs, ctx.choices.timeout, capture=True,
-                           umask=None if keep else 0o002,
-                           started=watch.start if watch else None)
+    codes, errs = pipeline(
+        argvs,
+        ctx.choices.timeout,
+        capture=True,
+        umask=None if keep else 0o002,
+        started=watch.start if watch else None,
+    )
     if watch is not None:
         watch.stop(digester.off if digester is not None else None)
-    if len(errs) == len(names):          # one text a stage (an inline stage's is empty)
+    if len(errs) == len(names):  # one text a stage (an inline stage's is empty)
         for n, text in zip(names, errs):
             said_capped(ctx, n, text or "")
-    else:                                # a stage that could not start: said first
+    else:  # a stage that could not start: said first
         said_capped(ctx, "the receiving end", "\n".join(e for e in errs if e))
     bad = ["%s %s" % (n, exit_words(c)) for n, c in zip(names, codes) if c != 0]
     broken = ""
@@ -83,20 +98,28 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
         if digester.corrupt:
             broken = "the stream is not a good tar archive: %s" % digester.corrupt
         elif digester.truncated:
-            broken = ("the stream ended at byte %d, before the end of the tar archive (cut short "
-                      "on the way?)" % digester.off)
+            broken = (
+                "the stream ended at byte %d, before the end of the tar archive (cut short "
+                "on the way?)" % digester.off
+            )
     if bad or broken:
         full = no_space(ctx.staging, "\n".join(e for e in errs if e), need)
         if full is not None:
-            raise StepError(full.pop("words"), dict(full, no_space=1),
-                            lines=tail("\n".join(e for e in errs if e), 3),
-                            rc=next((c for c in codes if c > 0), 1))
-        raise StepError("unpacking into %s failed: %s" % (ctx.staging, "; ".join(
-            bad + ([broken] if broken else []))), lines=tail("\n".join(e for e in errs if e)),
-            rc=next((c for c in codes if c != 0), 1))
+            raise StepError(
+                full.pop("words"),
+                dict(full, no_space=1),
+                lines=tail("\n".join(e for e in errs if e), 3),
+                rc=next((c for c in codes if c > 0), 1),
+            )
+        raise StepError(
+            "unpacking into %s failed: %s"
+            % (ctx.staging, "; ".join(bad + ([broken] if broken else []))),
+            lines=tail("\n".join(e for e in errs if e)),
+            rc=next((c for c in codes if c != 0), 1),
+        )
     facts: dict = {"staging": ctx.staging}
     if digester is not None:
-        facts["stream_bytes"] = digester.off     # what this end read of the tar stream
+        facts["stream_bytes"] = digester.off  # what this end read of the tar stream
     if ctx.choices.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)
@@ -114,7 +137,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     return Result(detail, facts)
 
 
-SHOWN_LINES = 3      # a tool's stderr lines on the terminal; every line goes to the run's log
+SHOWN_LINES = 3  # a tool's stderr lines on the terminal; every line goes to the run's log
 
 
 def said_capped(ctx: Context, tool: str, text: str) -> None:
@@ -128,8 +151,9 @@ def said_capped(ctx: Context, tool: str, text: str) -> None:
     for line in lines[:SHOWN_LINES]:
         ctx.log(line)
     if len(lines) > SHOWN_LINES:
-        ctx.log("(%d more lines of %s's in the run's log, run.log)"
-                % (len(lines) - SHOWN_LINES, tool))
+        ctx.log(
+            "(%d more lines of %s's in the run's log, run.log)" % (len(lines) - SHOWN_LINES, tool)
+        )
         ctx.trace("%s said (every line):\n%s" % (tool, "\n".join(lines)))
 
 
@@ -163,6 +187,7 @@ def staged_bytes(root: str) -> tuple:
     """(files, bytes, bytes on disk) of the regular files below `root` (a staging), links never
     followed; an entry gone while walked (another stream's) is left out."""
     from . import manifest as kitmanifest
+
     files = size = disk = 0
     try:
         for _rel, st in kitmanifest.walk(root, ordered=False, gone_ok=True):
@@ -185,24 +210,39 @@ def no_space(staging: str, said: str, need: int) -> Optional[dict]:
         return None
     free = st.f_bavail * st.f_frsize
     quota = os.strerror(errno.EDQUOT) in said
-    full = (os.strerror(errno.ENOSPC) in said or quota or st.f_favail == 0
-            or free < 2 * st.f_frsize)
+    full = os.strerror(errno.ENOSPC) in said or quota or st.f_favail == 0 or free < 2 * st.f_frsize
     if not full:
         return None
     mount, kind = filesystem_of(staging)
     files, size, _disk = staged_bytes(staging)
     words = "the file system of the staging, %s (%s), is %s: %s free of %s" % (
-        mount, kind, "at its quota for this user" if quota else "full", human(free),
-        human(st.f_blocks * st.f_frsize))
+        mount,
+        kind,
+        "at its quota for this user" if quota else "full",
+        human(free),
+        human(st.f_blocks * st.f_frsize),
+    )
     if st.f_favail == 0:
         words += ", and no inode left of %d" % st.f_files
     more = max(0, need - size) if need else 0
     if need:
         words += "; %s more needed to finish (%s of %s staged, %d files)" % (
-            human(more), human(size), human(need), files)
-    return {"words": words, "fs_mount": mount, "fs_type": kind, "free_bytes": free,
-            "need_more": more, "staged_bytes": size, "staged_files": files,
-            "quota": int(quota), "no_inodes": int(st.f_favail == 0)}
+            human(more),
+            human(size),
+            human(need),
+            files,
+        )
+    return {
+        "words": words,
+        "fs_mount": mount,
+        "fs_type": kind,
+        "free_bytes": free,
+        "need_more": more,
+        "staged_bytes": size,
+        "staged_files": files,
+        "quota": int(quota),
+        "no_inodes": int(st.f_favail == 0),
+    }
 
 
 def _received_path(ctx: Context) -> str:
@@ -221,8 +261,11 @@ def _received_paths(ctx: Context) -> List[str]:
         names = os.listdir(ctx.state)
     except OSError:
         return []
-    return [os.path.join(ctx.state, n) for n in sorted(names)
-            if n in (RECEIVED, KEPT) or _PART_RECEIVED.match(n)]
+    return [
+        os.path.join(ctx.state, n)
+        for n in sorted(names)
+        if n in (RECEIVED, KEPT) or _PART_RECEIVED.match(n)
+    ]
 
 
 _PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
@@ -265,8 +308,7 @@ def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dic
                 doc = json.load(f)
         except (OSError, ValueError):
             continue
-        if (not isinstance(doc, dict) or doc.get("identity") != identity
-                or doc.get("algo") != algo):
+        if not isinstance(doc, dict) or doc.get("identity") != identity or doc.get("algo") != algo:
             continue
         got = doc.get("files") or {}
         if files is None:

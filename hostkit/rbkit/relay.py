@@ -40,8 +40,8 @@ from rbrules import common, cpus
 
 from . import stream
 
-GATE = "rbkit-gate"          # the source end's gate lines on its stderr: `rbkit-gate ready 16`
-READY_S = 60.0               # a connection (and the kit's start) that says nothing by then: refused
+GATE = "rbkit-gate"  # the source end's gate lines on its stderr: `rbkit-gate ready 16`
+READY_S = 60.0  # a connection (and the kit's start) that says nothing by then: refused
 FRESH = ["-o", "ControlPath=none", "-o", "ControlMaster=no", "-o", "ConnectTimeout=15"]
 
 
@@ -72,6 +72,7 @@ def widen(fd: int) -> None:
     if sys.platform.startswith("linux"):
         try:
             import fcntl
+
             fcntl.fcntl(fd, 1031, 1 << 20)
         except OSError:
             pass
@@ -103,15 +104,15 @@ class Pair:
         self.index = -1
         self.src_jobs: Optional[int] = None
         self.dst_jobs: Optional[int] = None
-        self.src_cpus: Optional[cpus.Usable] = None      # as the ends said them (gate lines)
+        self.src_cpus: Optional[cpus.Usable] = None  # as the ends said them (gate lines)
         self.dst_cpus: Optional[cpus.Usable] = None
         self.said: "queue.Queue[str]" = queue.Queue()
-        self.live = threading.Event()      # told to go: its stderr passes through from now on
-        self.over = threading.Event()      # go or stop decided
-        self.held: List[str] = []          # its stderr until then (why a connection failed)
+        self.live = threading.Event()  # told to go: its stderr passes through from now on
+        self.over = threading.Event()  # go or stop decided
+        self.held: List[str] = []  # its stderr until then (why a connection failed)
         self.refused: List[str] = []
         self.timed_out = False
-        self.stopped = False               # killed here: another stream failed
+        self.stopped = False  # killed here: another stream failed
         p_r, self.p_w = os.pipe()
         widen(self.p_w)
         g_r, self.g_w = os.pipe()
@@ -121,14 +122,17 @@ class Pair:
         try:
             self.src = subprocess.Popen(argv, stdin=g_r, stdout=self.p_w, stderr=e_w, cwd=cwd)
             argv, cwd = relay.dst.argv(relay.receive + ["--gate"], fresh)
-            self.dst = subprocess.Popen(argv, stdin=p_r, stdout=subprocess.PIPE, stderr=f_w,
-                                        cwd=cwd)
+            self.dst = subprocess.Popen(
+                argv, stdin=p_r, stdout=subprocess.PIPE, stderr=f_w, cwd=cwd
+            )
         finally:
             for fd in (p_r, g_r, e_w, f_w):
                 os.close(fd)
-        self.threads = [threading.Thread(target=self._src_err, args=(e_r,), daemon=True),
-                        threading.Thread(target=self._dst_err, args=(f_r,), daemon=True),
-                        threading.Thread(target=self._dst_out, daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._src_err, args=(e_r,), daemon=True),
+            threading.Thread(target=self._dst_err, args=(f_r,), daemon=True),
+            threading.Thread(target=self._dst_out, daemon=True),
+        ]
         for t in self.threads:
             t.start()
 
@@ -174,14 +178,18 @@ class Pair:
         """Both ends said ready (their connections made, their kits started); else `refused`
         names the end that ended first, or both when neither answered in time."""
         import time
+
         deadline = time.monotonic() + timeout
         while self.src_jobs is None or self.dst_jobs is None:
             try:
                 got = self.said.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 self.timed_out = True
-                self.refused = [e.name for e, j in ((self.relay.src, self.src_jobs),
-                                                    (self.relay.dst, self.dst_jobs)) if j is None]
+                self.refused = [
+                    e.name
+                    for e, j in ((self.relay.src, self.src_jobs), (self.relay.dst, self.dst_jobs))
+                    if j is None
+                ]
                 return False
             if got == "end" and self.src_jobs is None:
                 self.refused = [self.relay.src.name]
@@ -255,12 +263,21 @@ class Pair:
 
 
 class Relay:
-    def __init__(self, src: End, dst: End, send: List[str], receive: List[str], prefix: str,
-                 jobs: int, compression: str, most: int = common.MAX_STREAMS,
-                 here: Optional[cpus.Usable] = None) -> None:
+    def __init__(
+        self,
+        src: End,
+        dst: End,
+        send: List[str],
+        receive: List[str],
+        prefix: str,
+        jobs: int,
+        compression: str,
+        most: int = common.MAX_STREAMS,
+        here: Optional[cpus.Usable] = None,
+    ) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
         self.prefix, self.jobs, self.compression, self.most = prefix, jobs, compression, most
-        self.here = here or cpus.usable()      # the CPUs this machine may use
+        self.here = here or cpus.usable()  # the CPUs this machine may use
         self.merged: Any = None
         self.pairs: List[Pair] = []
 
@@ -273,6 +290,7 @@ class Relay:
         started it is gone (its parent changed), every pair is killed (the streams that do not
         use the run's connections would outlive them otherwise)."""
         import signal
+
         self.pairs = []
         parent = os.getppid()
 
@@ -286,7 +304,7 @@ class Relay:
         def watch() -> None:
             while os.getppid() == parent:
                 if done.wait(1.0):
-                    return              # the relay is over: no thread of it is left behind
+                    return  # the relay is over: no thread of it is left behind
             end()
 
         signal.signal(signal.SIGTERM, end)
@@ -311,17 +329,33 @@ class Relay:
             first.stop()
             why = "the stream did not start: %s on %s (%s)" % (
                 "no answer from the kit" if first.timed_out else "it ended",
-                " and ".join(first.refused), first.why())
+                " and ".join(first.refused),
+                first.why(),
+            )
             sys.stderr.write("rbkit engine relay: %s\n" % why)
-            event = {"step": "receive", "status": "failed", "detail": why, "duration_s": 0,
-                     "facts": {}}
-            sys.stdout.write("event\t%s\ndone\tfailed\t%s\n" % (
-                json.dumps(event, sort_keys=True, separators=(",", ":")), why))
+            event = {
+                "step": "receive",
+                "status": "failed",
+                "detail": why,
+                "duration_s": 0,
+                "facts": {},
+            }
+            sys.stdout.write(
+                "event\t%s\ndone\tfailed\t%s\n"
+                % (json.dumps(event, sort_keys=True, separators=(",", ":")), why)
+            )
             sys.stdout.flush()
             return 255
         jobs = min(self.jobs, first.src_jobs or 1, first.dst_jobs or 1)
-        usable = [(name, u) for name, u in (("here", self.here), (self.src.name, first.src_cpus),
-                                            (self.dst.name, first.dst_cpus)) if u is not None]
+        usable = [
+            (name, u)
+            for name, u in (
+                ("here", self.here),
+                (self.src.name, first.src_cpus),
+                (self.dst.name, first.dst_cpus),
+            )
+            if u is not None
+        ]
         fewest = min(u.count for _n, u in usable)
         want = min(self.most, common.relay_streams(jobs, fewest))
         cpus_said = "CPUs usable: %s" % ", ".join("%s %s" % (n, u.why) for n, u in usable)
@@ -331,7 +365,9 @@ class Relay:
             why = "below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
         elif common.stream_count(jobs) > 1:
             why = "no more streams than the fewest CPUs a machine may use, %d; %s" % (
-                fewest, cpus_said)
+                fewest,
+                cpus_said,
+            )
         else:
             why = "the fewest jobs of the three machines is %d; %s" % (jobs, cpus_said)
         if n > 1:
@@ -342,24 +378,40 @@ class Relay:
                 else:
                     p.kill()
                     p.stop()
-                    self.say("stream %d: %s refused its own connection (%s)"
-                             % (p.k + 1, " and ".join(p.refused), p.why()))
+                    self.say(
+                        "stream %d: %s refused its own connection (%s)"
+                        % (p.k + 1, " and ".join(p.refused), p.why())
+                    )
             if len(pairs) < n:
                 got = first.split(len(pairs)) if len(pairs) > 1 else 1
                 for p in pairs[got:]:
                     p.stop()
                 why = "%d stream%s instead of %d: %d extra connection%s refused" % (
-                    got, "s" if got > 1 else "", n, n - len(pairs), "s" if n - len(pairs) > 1
-                    else "")
+                    got,
+                    "s" if got > 1 else "",
+                    n,
+                    n - len(pairs),
+                    "s" if n - len(pairs) > 1 else "",
+                )
                 pairs, n = pairs[:got], got
             else:
                 why = ""
         if n > 1:
-            self.say("%d streams side by side (the fewest jobs of here %d, %s %d, %s %d: one "
-                     "stream per two; %s), stream 1 over the run's ssh connections, the others "
-                     "over their own%s" % (n, self.jobs, self.src.name, first.src_jobs or 0,
-                                           self.dst.name, first.dst_jobs or 0, cpus_said,
-                                           "; " + why if why else ""))
+            self.say(
+                "%d streams side by side (the fewest jobs of here %d, %s %d, %s %d: one "
+                "stream per two; %s), stream 1 over the run's ssh connections, the others "
+                "over their own%s"
+                % (
+                    n,
+                    self.jobs,
+                    self.src.name,
+                    first.src_jobs or 0,
+                    self.dst.name,
+                    first.dst_jobs or 0,
+                    cpus_said,
+                    "; " + why if why else "",
+                )
+            )
         else:
             self.say("1 stream (%s)" % why if "instead" not in why else why)
         return self._go(pairs)
@@ -380,7 +432,7 @@ class Relay:
                 with mutex:
                     failed.append(i)
                     if len(failed) == 1:
-                        for q in pairs:        # one stream failed: the others are stopped
+                        for q in pairs:  # one stream failed: the others are stopped
                             q.kill()
 
         for i, p in enumerate(pairs):
@@ -393,21 +445,31 @@ class Relay:
         said = []
         lost: List[str] = []
         for i in range(n):
-            why = "; ".join("%s %s" % (label, stream.exit_words(c)) for label, c in zip(
-                ("pack on %s" % self.src.name, "unpack on %s" % self.dst.name), codes[i]) if c)
+            why = "; ".join(
+                "%s %s" % (label, stream.exit_words(c))
+                for label, c in zip(
+                    ("pack on %s" % self.src.name, "unpack on %s" % self.dst.name), codes[i]
+                )
+                if c
+            )
             if why and pairs[i].stopped and i != (failed or [-1])[0]:
                 why = "stopped here (another stream failed)"
             elif why:
                 # ssh's 255: the connection to that host closed (a killed sshd, a cut link), or
                 # the far command died of a signal: the runbook tells them apart (is the
                 # host's connection still up?) and says which (`lost`: the hosts)
-                lost += [end.name for end, c in zip((self.src, self.dst), codes[i])
-                         if c == 255 and end.ssh and end.name not in lost]
+                lost += [
+                    end.name
+                    for end, c in zip((self.src, self.dst), codes[i])
+                    if c == 255 and end.ssh and end.name not in lost
+                ]
             if why:
                 said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
-                if not self.merged.done[i]:          # its receiving end said nothing of it
+                if not self.merged.done[i]:  # its receiving end said nothing of it
                     self.merged.done[i] = ["failed", why]
-        self.merged.answer(failed[0] if failed else None, {"lost": " ".join(lost)} if lost else None)
+        self.merged.answer(
+            failed[0] if failed else None, {"lost": " ".join(lost)} if lost else None
+        )
         if said:
             sys.stderr.write("rbkit engine relay: %s\n" % "; ".join(said))
             return 1
@@ -432,7 +494,7 @@ class Through:
                 self.heard = True
                 self.done[0] = line.rstrip("\n").split("\t")[1:]
             if line.startswith(("done\t", "event\t", "set\t")) or self.heard:
-                self.held.append(line)         # the end of its answer: said in `answer`
+                self.held.append(line)  # the end of its answer: said in `answer`
                 continue
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -445,10 +507,17 @@ class Through:
             sys.stdout.flush()
             return
         if got and got[0] == "failed":
-            event = {"step": "receive", "status": "failed", "detail": got[1], "duration_s": 0,
-                     "facts": facts or {}}
-            sys.stdout.write("%sevent\t%s\ndone\tfailed\t%s\n" % (
-                sets, json.dumps(event, sort_keys=True, separators=(",", ":")), got[1]))
+            event = {
+                "step": "receive",
+                "status": "failed",
+                "detail": got[1],
+                "duration_s": 0,
+                "facts": facts or {},
+            }
+            sys.stdout.write(
+                "%sevent\t%s\ndone\tfailed\t%s\n"
+                % (sets, json.dumps(event, sort_keys=True, separators=(",", ":")), got[1])
+            )
             sys.stdout.flush()
         elif self.held:
             sys.stdout.write("".join(self.held))
@@ -459,6 +528,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
     """`engine send --gate PREFIX`: say ready, then split (`split N`: the parts in PREFIX.N/)
     as asked, and send what `go I N` names. 3: told nothing (stopped)."""
     import shutil
+
     sys.stderr.write("%s ready %d %s\n" % (GATE, jobs, cpus.token(cpus.usable())))
     sys.stderr.flush()
     while True:

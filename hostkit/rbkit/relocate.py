@@ -44,7 +44,7 @@ def _is_text(head: bytes) -> bool:
 
 
 def _trampoline(interpreter: bytes, rest: bytes) -> bytes:
-    return (b"#!/bin/sh\n'''exec' \"" + interpreter + b"\" \"$0\" \"$@\"\n' '''\n" + rest)
+    return b"#!/bin/sh\n'''exec' \"" + interpreter + b'" "$0" "$@"\n\' \'\'\'\n' + rest
 
 
 def _fix_long_shebang(data: bytes) -> bytes:
@@ -75,13 +75,13 @@ def _fix_venv_shebang(data: bytes, new: str) -> Optional[bytes]:
     first, _nl, rest = data.partition(b"\n")
     own = b"#!" + new.encode() + b"/bin/"
     tramp = b"'''exec' \"" + new.encode() + b"/bin/"
-    if first.startswith(own) and PROGRAM.match(first[len(own):]):
-        name = first[len(own):]
+    if first.startswith(own) and PROGRAM.match(first[len(own) :]):
+        name = first[len(own) :]
         if PLAIN_PATH.match(new.encode()):
             return None  # a plain path: as it is, or pip's trampoline naming it when too long
     elif first.strip() == b"#!/bin/sh" and rest.startswith(tramp):
         line, _nl2, after = rest.partition(b"\n")
-        name, sep, tail = line[len(tramp):].partition(b'"')
+        name, sep, tail = line[len(tramp) :].partition(b'"')
         if not sep or not PROGRAM.match(name) or (b'"' + tail) != TRAMPOLINE_TAIL:
             return None
         if PLAIN_PATH.match(new.encode()):
@@ -102,12 +102,12 @@ def python_script(data: bytes, root: str) -> bool:
     first, _nl, rest = data.partition(b"\n")
     own = root.encode() + b"/bin/"
     if first.startswith(b"#!" + own):
-        name = first[2 + len(own):]
+        name = first[2 + len(own) :]
     elif first.strip() == b"#!/bin/sh" and rest.startswith(b"'''exec' "):
-        line = rest.partition(b"\n")[0][len(b"'''exec' "):]
+        line = rest.partition(b"\n")[0][len(b"'''exec' ") :]
         for lead in (b'"' + own, BESIDE):
             if line.startswith(lead):
-                name, sep, tail = line[len(lead):].partition(b'"')
+                name, sep, tail = line[len(lead) :].partition(b'"')
                 if not sep or (b'"' + tail) != TRAMPOLINE_TAIL:
                     return False
                 break
@@ -141,8 +141,9 @@ def _open_bin(root_fd: int) -> Optional[int]:
     """The tree's bin/ as a descriptor, or None when it is missing or not a directory (a link
     out of the tree is not followed)."""
     try:
-        return os.open("bin", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       dir_fd=root_fd)
+        return os.open(
+            "bin", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd
+        )
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             return None
@@ -177,8 +178,9 @@ def _scan_bin(root: str, fn) -> None:
         os.close(root_fd)
 
 
-ACTIVATE_PREFIX = re.compile(rb"""^[ \t]*(?:export[ \t]+)?VIRTUAL_ENV=(['"]?)(/[^'"\n]*?)\1[ \t]*$""",
-                             re.MULTILINE)
+ACTIVATE_PREFIX = re.compile(
+    rb"""^[ \t]*(?:export[ \t]+)?VIRTUAL_ENV=(['"]?)(/[^'"\n]*?)\1[ \t]*$""", re.MULTILINE
+)
 
 
 def recorded_prefix(root: str) -> Optional[str]:
@@ -186,7 +188,9 @@ def recorded_prefix(root: str) -> Optional[str]:
     with `cp -a` or reached through a link names that path in its scripts, not the one a spec
     gives. None when bin/activate is missing, not a regular file, or names no absolute path."""
     try:
-        fd = os.open(os.path.join(root, "bin", "activate"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(
+            os.path.join(root, "bin", "activate"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+        )
     except OSError:
         return None
     try:
@@ -218,8 +222,13 @@ def relocate(root: str, old: str, new: str, *, scan_elsewhere: bool = True) -> d
     rewritten: dict[str, dict] = {}
     olds = old_prefixes(root, old, new)
     if not olds:
-        return {"same_path": True, "rewritten": {}, "elsewhere": [], "remaining": [],
-                "old_prefixes": []}
+        return {
+            "same_path": True,
+            "rewritten": {},
+            "elsewhere": [],
+            "remaining": [],
+            "old_prefixes": [],
+        }
 
     def rewrite(rel: str, dir_fd: int, name: str, data: bytes, st: os.stat_result) -> None:
         out = data
@@ -228,8 +237,9 @@ def relocate(root: str, old: str, new: str, *, scan_elsewhere: bool = True) -> d
         if out == data:
             return
         # the file's own mode and times (tar restored them; the manifest recorded them)
-        safefs.write_at(dir_fd, name, out, stat.S_IMODE(st.st_mode),
-                        times_ns=(st.st_atime_ns, st.st_mtime_ns))
+        safefs.write_at(
+            dir_fd, name, out, stat.S_IMODE(st.st_mode), times_ns=(st.st_atime_ns, st.st_mtime_ns)
+        )
         rewritten[rel] = {"s": len(out), "h_sha256": hashlib.sha256(out).hexdigest()}
 
     _scan_bin(root, rewrite)
@@ -239,7 +249,8 @@ def relocate(root: str, old: str, new: str, *, scan_elsewhere: bool = True) -> d
         "rewritten": rewritten,
         "remaining": sorted({rel for prefix in olds for rel in check(root, prefix)}),
         "elsewhere": sorted({rel for prefix in olds for rel in elsewhere(root, prefix)})
-        if scan_elsewhere else None,
+        if scan_elsewhere
+        else None,
     }
 
 
@@ -313,8 +324,15 @@ class ElsewhereChild:
             argv = launch.argv(sys.executable, "rbkit") + ["elsewhere", "--fd", str(fd)]
             for o in olds:
                 argv += ["--old", o]
-            self._p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out,
-                                       stderr=subprocess.STDOUT, cwd="/", env=env, pass_fds=(fd,))
+            self._p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._out,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+                env=env,
+                pass_fds=(fd,),
+            )
         except OSError as exc:
             self._error = "could not start the scan: %s" % exc.strerror
         finally:

@@ -32,9 +32,13 @@ def read_events(path: str) -> tuple[list[dict], dict, dict]:
             parts = line.rstrip("\n").split("\t")
             if parts[0] == "step" and len(parts) >= 7:
                 _, sid, status, start, end, host, detail = parts[:7]
-                entry = {"id": sid, "status": status, "host": host or None,
-                         "duration_s": round((int(end) - int(start)) / 1000.0, 3),
-                         "detail": detail}
+                entry = {
+                    "id": sid,
+                    "status": status,
+                    "host": host or None,
+                    "duration_s": round((int(end) - int(start)) / 1000.0, 3),
+                    "detail": detail,
+                }
                 # once per step: a second record (never written by a sound run) keeps the worse
                 if sid not in steps or RANK.get(status, 2) >= RANK.get(steps[sid]["status"], 2):
                     steps[sid] = entry
@@ -94,20 +98,35 @@ def gpu_words(doc: dict) -> str:
     gpu = doc.get("gpu")
     if not gpu or gpu.get("proven"):
         return ""
-    return ("GPU NOT PROVEN: the spec declares gpu:, but "
-            + ("; ".join(gpu.get("unproven") or []) or "no GPU check passed")
-            + " (a skip the spec allowed is not a pass)")
+    return (
+        "GPU NOT PROVEN: the spec declares gpu:, but "
+        + ("; ".join(gpu.get("unproven") or []) or "no GPU check passed")
+        + " (a skip the spec allowed is not a pass)"
+    )
 
 
-def build(name: str, spec: str, sha: str, events: str, probes: dict, outcome: str,
-          gpu: bool = False, where: str = "") -> dict:
+def build(
+    name: str,
+    spec: str,
+    sha: str,
+    events: str,
+    probes: dict,
+    outcome: str,
+    gpu: bool = False,
+    where: str = "",
+) -> dict:
     """The report; WHERE: where a run that did not pass stopped (`in step transfer`), kept unless
     its outcome is ok."""
     steps, facts, engine = read_events(events)
     # a swap undone later in the run (a check or step failed): its row says so, not "installed"
-    undone = [e for events_of in engine.values() for e in events_of
-              if e.get("step") == "rollback" and e.get("status") == "ok"
-              and str(e.get("detail", "")).startswith("rolled back:")]
+    undone = [
+        e
+        for events_of in engine.values()
+        for e in events_of
+        if e.get("step") == "rollback"
+        and e.get("status") == "ok"
+        and str(e.get("detail", "")).startswith("rolled back:")
+    ]
     for step in steps:
         if step["id"] == "swap" and undone:
             step["detail"] = undone[-1]["detail"]
@@ -158,15 +177,18 @@ def table(doc: dict) -> str:
         f = s.get("facts", {})
         detail = s["detail"]
         if "bytes" in f:
-            detail = f"{human(f['bytes'])} in {f.get('files', '?')} files" + (
-                f", {_rate(f['mb_s'])}" if "mb_s" in f else "") + (f"; {detail}" if detail else "")
+            detail = (
+                f"{human(f['bytes'])} in {f.get('files', '?')} files"
+                + (f", {_rate(f['mb_s'])}" if "mb_s" in f else "")
+                + (f"; {detail}" if detail else "")
+            )
         rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = []
     for r in rows:
         out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
     c = doc["checks"]
-    if doc.get("probes") or any(c.values()):     # no line for checks that never ran
+    if doc.get("probes") or any(c.values()):  # no line for checks that never ran
         out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
     if gpu_words(doc):
         out.append(gpu_words(doc))

@@ -19,20 +19,20 @@ import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import cpus, paths, proven
-from rbrules.common import ENGINE_STEPS as STEPS, PROVE_TIMEOUT  # noqa: F401 (the engine's names)
+from rbrules.common import ENGINE_STEPS as STEPS  # noqa: F401 (the engine's names)
+from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import hostfs, safefs
-from .choices import Choices
 from . import manifest as kitmanifest
-
+from .choices import Choices
 
 STAMP = "stamp.json"
-RECEIVED = "received.json"   # what receive saw in the stream: each file's digest, and its inode
-                             # (received.I.json: stream I's, when several streams ran)
-BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}   # what each stamp needs
+RECEIVED = "received.json"  # what receive saw in the stream: each file's digest, and its inode
+# (received.I.json: stream I's, when several streams ran)
+BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}  # what each stamp needs
 INSTALLED = ".rb-manifest.jsonl"
-INCOMPLETE = ".incomplete"   # beside the staging (STAGING.incomplete): what arrived of a stream
-                             # that did not end in a verified staging, and the source it was for
+INCOMPLETE = ".incomplete"  # beside the staging (STAGING.incomplete): what arrived of a stream
+# that did not end in a verified staging, and the source it was for
 KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, for verify
 
 
@@ -50,8 +50,13 @@ def jobs(value: Any) -> int:
 class StepError(Exception):
     """A step failed: the message is the event's detail; `lines` what it listed (missing files)."""
 
-    def __init__(self, message: str, facts: Optional[dict] = None,
-                 lines: Optional[List[str]] = None, rc: int = 1) -> None:
+    def __init__(
+        self,
+        message: str,
+        facts: Optional[dict] = None,
+        lines: Optional[List[str]] = None,
+        rc: int = 1,
+    ) -> None:
         super().__init__(message)
         self.facts = facts or {}
         self.lines = lines or []
@@ -72,12 +77,21 @@ class Context:
     `emit` receives every event; `log` every human line (the runbook's stderr, or a node's
     report); `capture`: children's output is collected (a node) instead of passed through."""
 
-    def __init__(self, dest: str, choices: Optional[Choices] = None, *, old: str = "",
-                 manifest: str = "", compression: str = "none", probe_config: str = "",
-                 state: str = "", capture: bool = False,
-                 emit: Optional[Callable[[dict], None]] = None,
-                 log: Optional[Callable[[str], None]] = None,
-                 trace: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self,
+        dest: str,
+        choices: Optional[Choices] = None,
+        *,
+        old: str = "",
+        manifest: str = "",
+        compression: str = "none",
+        probe_config: str = "",
+        state: str = "",
+        capture: bool = False,
+        emit: Optional[Callable[[dict], None]] = None,
+        log: Optional[Callable[[str], None]] = None,
+        trace: Optional[Callable[[str], None]] = None,
+    ) -> None:
         self.dest = os.path.abspath(dest)
         self.staging = staging_path(self.dest)
         self.choices = choices or Choices()
@@ -94,16 +108,16 @@ class Context:
         self.part: Optional[Tuple[int, int]] = None
         self.locked = False
         self.events: List[dict] = []
-        self.up_to_date: Optional[str] = None   # why the destination already holds the tree
-        self.unlinkable: set = set()             # failed the digest check: sent, never linked
-        self.swapped: Optional[dict] = None      # this run's swap, until rolled back or finished
-        self.failed_checks = ""                  # the checks that failed, named (probe)
-        self.critical = 0                        # inside a rename sequence: signals wait
-        self.elsewhere: Any = None               # (the scan of data files, its prefixes)
-        self.early: Any = None                   # the quick check's walk, begun at the lock
+        self.up_to_date: Optional[str] = None  # why the destination already holds the tree
+        self.unlinkable: set = set()  # failed the digest check: sent, never linked
+        self.swapped: Optional[dict] = None  # this run's swap, until rolled back or finished
+        self.failed_checks = ""  # the checks that failed, named (probe)
+        self.critical = 0  # inside a rename sequence: signals wait
+        self.elsewhere: Any = None  # (the scan of data files, its prefixes)
+        self.early: Any = None  # the quick check's walk, begun at the lock
         self._manifest_cache: Optional[tuple] = None
-        self._installed_cache: Optional[tuple] = None   # (stat key, the install's manifest)
-        self.linked_inodes: Optional[tuple] = None     # (staging identity, what stage linked)
+        self._installed_cache: Optional[tuple] = None  # (stat key, the install's manifest)
+        self.linked_inodes: Optional[tuple] = None  # (staging identity, what stage linked)
 
     def new_manifest(self) -> dict:
         """The source's manifest for this run (loaded once per version of the file)."""
@@ -112,8 +126,10 @@ class Context:
         try:
             st = os.stat(self.manifest)
         except OSError as exc:
-            raise StepError("the source's manifest %s is not here (%s): run the manifest step "
-                            "first" % (self.manifest, exc.strerror)) from None
+            raise StepError(
+                "the source's manifest %s is not here (%s): run the manifest step "
+                "first" % (self.manifest, exc.strerror)
+            ) from None
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._manifest_cache is None or self._manifest_cache[0] != key:
             m, fp = kitmanifest.load_fingerprinted(self.manifest)
@@ -184,13 +200,23 @@ def run(ctx: Context, step: str, fn: Callable[..., Result], *args: Any, **kw: An
     except (ValueError, subprocess.SubprocessError) as exc:
         status, detail, facts = "failed", "%s on %s: %s" % (step, ctx.dest, exc), {"rc": 1}
         _trace(ctx, step, exc)
-    except Exception as exc:             # a bug of the kit: the step fails, the run reports it
-        status, detail, facts = "failed", (
-            "the engine's %s step stopped on an error of its own (a bug of the kit: the "
-            "traceback is in the run's log)" % step), {"rc": 1}
+    except Exception as exc:  # a bug of the kit: the step fails, the run reports it
+        status, detail, facts = (
+            "failed",
+            (
+                "the engine's %s step stopped on an error of its own (a bug of the kit: the "
+                "traceback is in the run's log)" % step
+            ),
+            {"rc": 1},
+        )
         _trace(ctx, step, exc)
-    event = {"step": step, "status": status, "detail": detail, "facts": facts,
-             "duration_s": round(time.monotonic() - start, 3)}
+    event = {
+        "step": step,
+        "status": status,
+        "detail": detail,
+        "facts": facts,
+        "duration_s": round(time.monotonic() - start, 3),
+    }
     if status == "failed":
         event["error"] = ([detail] + error)[:20]
     ctx.events.append(event)
@@ -216,7 +242,7 @@ def user_name() -> str:
 _ERRNO_WHY = {
     errno.EROFS: "the file system that holds it is mounted read-only",
     errno.EPERM: "the system does not permit it to %s: an immutable or append-only attribute "
-                 "(lsattr -d), or a capability %s lacks",
+    "(lsattr -d), or a capability %s lacks",
     errno.EACCES: "the permissions of the directory (or of one above it) do not let %s write",
     errno.ENOSPC: "the file system is full",
     errno.EDQUOT: "%s's disk quota is used up",
@@ -230,9 +256,9 @@ def os_error_words(exc: OSError, doing: str = "") -> str:
     `root cannot write /x/.venv.rb-lock: read-only file system (EROFS: the file system that
     holds it is mounted read-only)`; never the exception's own text."""
     if exc.errno is None and exc.args:
-        return str(exc)          # raised by the kit with its own words (no errno): as it is
+        return str(exc)  # raised by the kit with its own words (no errno): as it is
     if exc.filename is None and exc.strerror:
-        return exc.strerror      # the kit's words with an errno (swapfs), or the system's alone
+        return exc.strerror  # the kit's words with an errno (swapfs), or the system's alone
     who = user_name()
     # what was tried, where the caller does not say: only these errnos tell it was a write
     doing = doing or ("write" if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else "use")
@@ -294,8 +320,9 @@ def _identity(path: str) -> List[int]:
         # (no_staging: the runbook says what to run instead of a --from that cannot apply)
         raise StepError("the staging %s does not exist" % path, {"no_staging": 1}) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise StepError("the staging %s is not a directory (a symlink or a file is never "
-                        "followed)" % path)
+        raise StepError(
+            "the staging %s is not a directory (a symlink or a file is never followed)" % path
+        )
     return [st.st_dev, st.st_ino]
 
 
@@ -304,26 +331,32 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
     directory with the same manifest; else the step is refused."""
     doc = read_stamp(ctx)
     if doc is None and not os.path.lexists(ctx.staging):
-        raise StepError("refusing to %s: there is no staging at %s" % (step, ctx.staging),
-                        {"no_staging": 1})
+        raise StepError(
+            "refusing to %s: there is no staging at %s" % (step, ctx.staging), {"no_staging": 1}
+        )
     if doc is None or doc.get("stage") not in ("verified", "relocated", "proven"):
         raise StepError(
             "refusing to %s: the staging %s was not verified in this run (a verify that failed, "
             "or one in an earlier run, leaves nothing to install); run again --from verify, or "
-            "the whole runbook" % (step, ctx.staging))
+            "the whole runbook" % (step, ctx.staging)
+        )
     if doc.get("stage") not in want:
-        raise StepError("refusing to %s: %s must pass first, in this run (the staging is %s)"
-                        % (step, BEFORE[step], doc.get("stage")))
+        raise StepError(
+            "refusing to %s: %s must pass first, in this run (the staging is %s)"
+            % (step, BEFORE[step], doc.get("stage"))
+        )
     if _identity(ctx.staging) != doc.get("identity"):
-        raise StepError("refusing to %s: %s is not the staging directory this run verified "
-                        "(it was replaced since: another run?)" % (step, ctx.staging))
+        raise StepError(
+            "refusing to %s: %s is not the staging directory this run verified "
+            "(it was replaced since: another run?)" % (step, ctx.staging)
+        )
     if doc.get("fingerprint") != ctx.fingerprint():
-        raise StepError("refusing to %s: the staging was verified against another manifest"
-                        % step)
+        raise StepError("refusing to %s: the staging was verified against another manifest" % step)
     for rel, digest in sorted(doc.get("relocated", {}).items()):
         if _sha256(os.path.join(ctx.staging, rel)) != digest:
-            raise StepError("refusing to %s: %s changed in the staging after relocation"
-                            % (step, rel))
+            raise StepError(
+                "refusing to %s: %s changed in the staging after relocation" % (step, rel)
+            )
     return doc
 
 

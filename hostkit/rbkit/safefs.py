@@ -27,7 +27,7 @@ from rbrules.proven import read_all
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_MAX_NAME = 200   # of the target's name inside a temp name (NAME_MAX is 255)
+_MAX_NAME = 200  # of the target's name inside a temp name (NAME_MAX is 255)
 
 
 def open_dir(root: str, rel: str = "") -> int:
@@ -61,7 +61,7 @@ def open_dir_at(dir_fd: int, name: str) -> int:
 def fsync_dir(dir_fd: int) -> None:
     try:
         os.fsync(dir_fd)
-    except OSError as exc:           # some file systems cannot fsync a directory
+    except OSError as exc:  # some file systems cannot fsync a directory
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
             raise
 
@@ -69,8 +69,9 @@ def fsync_dir(dir_fd: int) -> None:
 def create_excl(dir_fd: int, name: str, mode: int = 0o600) -> int:
     """Open a new file `name` in `dir_fd` for writing: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file
     or link of that name is an error, never opened), mode set with fchmod."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=dir_fd)
+    fd = os.open(
+        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+    )
     try:
         os.fchmod(fd, mode)
     except BaseException:
@@ -102,8 +103,15 @@ def make_temp(dir_fd: int, name: str, mode: int = 0o600) -> Tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no free temp name", name)
 
 
-def write_at(dir_fd: int, name: str, data: bytes, mode: int, *,
-             times_ns: Optional[Tuple[int, int]] = None, sync: bool = True) -> None:
+def write_at(
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    mode: int,
+    *,
+    times_ns: Optional[Tuple[int, int]] = None,
+    sync: bool = True,
+) -> None:
     """Replace `name` in the directory `dir_fd` with `data`, mode `mode` (and atime/mtime
     `times_ns`), through a temp file and one rename. A link named `name` is replaced, not
     followed."""
@@ -129,8 +137,15 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int, *,
         fsync_dir(dir_fd)
 
 
-def write_in(root: str, rel: str, data: bytes, mode: int, *,
-             times_ns: Optional[Tuple[int, int]] = None, sync: bool = True) -> None:
+def write_in(
+    root: str,
+    rel: str,
+    data: bytes,
+    mode: int,
+    *,
+    times_ns: Optional[Tuple[int, int]] = None,
+    sync: bool = True,
+) -> None:
     """`write_at` for the file `rel` inside the tree `root` (no link followed below `root`)."""
     head, name = os.path.split(rel)
     if not name or name in (".", ".."):
@@ -149,15 +164,23 @@ def write_file(path: str, data: bytes, mode: int = 0o644, *, sync: bool = True) 
     write_in(head or ".", name, data, mode, sync=sync)
 
 
-def read_at(dir_fd: int, name: str, limit: Optional[int] = None
-            ) -> Optional[Tuple[bytes, os.stat_result]]:
+def read_at(
+    dir_fd: int, name: str, limit: Optional[int] = None
+) -> Optional[Tuple[bytes, os.stat_result]]:
     """(content, stat) of `name` in `dir_fd` if it is a regular file (not a link, a FIFO, a
     device); None otherwise. With `limit`, a larger file is None too."""
     try:
         fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR,
-                         errno.EACCES, errno.EPERM):
+        if exc.errno in (
+            errno.ELOOP,
+            errno.ENOENT,
+            errno.ENOTDIR,
+            errno.ENXIO,
+            errno.EISDIR,
+            errno.EACCES,
+            errno.EPERM,
+        ):
             return None
         raise
     try:
@@ -169,8 +192,9 @@ def read_at(dir_fd: int, name: str, limit: Optional[int] = None
         os.close(fd)
 
 
-def read_in(root: str, rel: str, limit: Optional[int] = None
-            ) -> Optional[Tuple[bytes, os.stat_result]]:
+def read_in(
+    root: str, rel: str, limit: Optional[int] = None
+) -> Optional[Tuple[bytes, os.stat_result]]:
     """`read_at` for `rel` inside the tree `root`; None when a component is a link or missing."""
     head, name = os.path.split(rel)
     try:

@@ -64,8 +64,8 @@ from rbrules import common, cpus
 from rbrules.shown import printable
 
 from . import engine, hostfs, relay, source, stream
-from .choices import VERIFY, add_choices_option, add_run_options
 from . import manifest as kitmanifest
+from .choices import VERIFY, add_choices_option, add_run_options
 from .lock import Lock
 
 PING_S = 5.0
@@ -128,8 +128,15 @@ def _log(line: str) -> None:
 
 
 def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
-    return engine.Context(a.dest, a.choices, old=a.old, manifest=a.manifest,
-                          compression=a.compression, probe_config=a.probe_config, **kw)
+    return engine.Context(
+        a.dest,
+        a.choices,
+        old=a.old,
+        manifest=a.manifest,
+        compression=a.compression,
+        probe_config=a.probe_config,
+        **kw,
+    )
 
 
 # what a request may ask: the step's function and how its key=value words are read
@@ -137,8 +144,17 @@ REQUESTS: Dict[str, tuple] = {
     "preflight": (engine.preflight, {"need": int, "source_identity": str, "source": str}),
     "discard": (engine.discard_staging, {}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
-    "stage": (engine.stage, {"delta": lambda v: v == "1", "source_stat": str, "algo": str,
-                             "exclude": list, "source": str, "resume": lambda v: v == "1"}),
+    "stage": (
+        engine.stage,
+        {
+            "delta": lambda v: v == "1",
+            "source_stat": str,
+            "algo": str,
+            "exclude": list,
+            "source": str,
+            "resume": lambda v: v == "1",
+        },
+    ),
     "resumable": (engine.resumable, {"source": str}),
     "verify": (engine.verify, {}),
     "relocate": (engine.relocate, {}),
@@ -161,7 +177,7 @@ def handle(ctx: engine.Context, words: List[str]) -> None:
         if key not in types:
             fn = None
             break
-        if types[key] is list:                    # a key that may be given again: each a value
+        if types[key] is list:  # a key that may be given again: each a value
             params.setdefault(key, []).append(value)
         else:
             params[key] = types[key](value)
@@ -207,7 +223,7 @@ def serve(a: argparse.Namespace) -> int:
 
     def on_signal(signum: int, frame: Any) -> None:
         if stop["asked"]:
-            return                  # stopping already (the group's signal, then the runbook's)
+            return  # stopping already (the group's signal, then the runbook's)
         stop["asked"] = True
         if ctx.critical == 0:
             raise Stop()
@@ -219,10 +235,10 @@ def serve(a: argparse.Namespace) -> int:
             try:
                 answer.line("ping")
             except (OSError, ValueError):
-                os.kill(os.getpid(), signal.SIGTERM)       # the runbook is gone
+                os.kill(os.getpid(), signal.SIGTERM)  # the runbook is gone
                 return
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the runbook's Ctrl-C: it closes our stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runbook's Ctrl-C: it closes our stdin
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     rc = 0
@@ -284,11 +300,18 @@ def cmd_receive(a: argparse.Namespace) -> int:
     if a.gate:
         part = relay.gate_receive(engine.jobs(a.choices.jobs))
         if part is False:
-            return 3            # stopped before anything came: nothing received
+            return 3  # stopped before anything came: nothing received
         a.part = part
     answer = Answer(sys.stdout)
-    ctx = engine.Context(a.dest, a.choices, compression=a.compression, state=a.state, log=_log,
-                         emit=answer.event, trace=answer.trace)
+    ctx = engine.Context(
+        a.dest,
+        a.choices,
+        compression=a.compression,
+        state=a.state,
+        log=_log,
+        emit=answer.event,
+        trace=answer.trace,
+    )
     if a.progress > 0:
         ctx.progress = (a.progress, lambda n: answer.line("progress", n))
     ctx.part = a.part
@@ -302,10 +325,12 @@ def cmd_receive(a: argparse.Namespace) -> int:
 def cmd_scan(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
     ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
+
     def scan(c: engine.Context) -> engine.Result:
         try:
-            detail, facts = stream.scan_source(a.root, a.exclude, a.names, a.special_modes,
-                                               a.outside_links)
+            detail, facts = stream.scan_source(
+                a.root, a.exclude, a.names, a.special_modes, a.outside_links
+            )
         except stream.SourceRefused as exc:
             raise engine.StepError(str(exc)) from None
         return engine.Result(detail, facts)
@@ -344,8 +369,18 @@ def cmd_source(a: argparse.Namespace) -> int:
         reader = threading.Thread(target=read_line, daemon=True)
         reader.start()
     try:
-        event = engine.run(ctx, "scan", source.scan, a.root, a.exclude, a.names,
-                           a.special_modes, a.outside_links, facts, begun)
+        event = engine.run(
+            ctx,
+            "scan",
+            source.scan,
+            a.root,
+            a.exclude,
+            a.names,
+            a.special_modes,
+            a.outside_links,
+            facts,
+            begun,
+        )
     finally:
         begun.close()
     if reader is not None:
@@ -354,8 +389,16 @@ def cmd_source(a: argparse.Namespace) -> int:
     if event["status"] != "failed" and a.library_dir:
         engine.run(ctx, "libraries", source.library_dirs, a.root, a.exclude, a.library_dir)
     if event["status"] != "failed":
-        engine.run(ctx, "audit", source.audit, a.audit, facts.get("stat_fingerprint") or "",
-                   line[0], a.outside_links, started)
+        engine.run(
+            ctx,
+            "audit",
+            source.audit,
+            a.audit,
+            facts.get("stat_fingerprint") or "",
+            line[0],
+            a.outside_links,
+            started,
+        )
     elif started is not None:
         started.cancel()
     return answer.done()
@@ -390,21 +433,38 @@ def cmd_hash(a: argparse.Namespace) -> int:
 
     def build(ctx: engine.Context) -> engine.Result:
         reuse = kitmanifest.load(a.reuse) if a.reuse else None
-        m = kitmanifest.build(a.root, a.exclude, a.algo, hash_jobs(a.jobs, a.beside_stream), reuse,
-                              strip_special=a.special_modes == "strip", scanned=a.scanned)
+        m = kitmanifest.build(
+            a.root,
+            a.exclude,
+            a.algo,
+            hash_jobs(a.jobs, a.beside_stream),
+            reuse,
+            strip_special=a.special_modes == "strip",
+            scanned=a.scanned,
+        )
         kitmanifest.save(m, a.out, 0o600)
         if a.names:
-            engine.write_file(a.names, b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0"
-                                                for e in m["entries"]), 0o600)
+            engine.write_file(
+                a.names,
+                b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0" for e in m["entries"]),
+                0o600,
+            )
         t = m["totals"]
         fp = kitmanifest.fingerprint(m)
-        return engine.Result("%d files, %d symlinks, %s; fingerprint %s" % (
-            t["files"], t["links"], a.algo, fp[:16]), {
-            "files": t["files"], "links": t["links"], "bytes": t["bytes"], "fingerprint": fp,
-            "reused": m["reused"]})
+        return engine.Result(
+            "%d files, %d symlinks, %s; fingerprint %s" % (t["files"], t["links"], a.algo, fp[:16]),
+            {
+                "files": t["files"],
+                "links": t["links"],
+                "bytes": t["bytes"],
+                "fingerprint": fp,
+                "reused": m["reused"],
+            },
+        )
 
-    engine.run(engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace), "hash",
-               build)
+    engine.run(
+        engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace), "hash", build
+    )
     return answer.done()
 
 
@@ -413,28 +473,41 @@ def cmd_delta(a: argparse.Namespace) -> int:
 
     def delta(ctx: engine.Context) -> engine.Result:
         d = kitmanifest.delta(kitmanifest.load(a.manifest), kitmanifest.load(a.base))
-        engine.write_file(a.names_out, b"".join(n.encode("utf-8", "surrogateescape") + b"\0"
-                                                for n in d.pop("send")), 0o600)
+        engine.write_file(
+            a.names_out,
+            b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in d.pop("send")),
+            0o600,
+        )
         d["usable"] = int(d["usable"])
         return engine.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
 
-    engine.run(engine.Context(a.manifest, emit=answer.event, log=_log, trace=answer.trace),
-               "delta", delta)
+    engine.run(
+        engine.Context(a.manifest, emit=answer.event, log=_log, trace=answer.trace), "delta", delta
+    )
     return answer.done()
 
 
 def cmd_send(a: argparse.Namespace) -> int:
     if a.gate:
         return relay.gate_send(a.root, a.names, a.compression, a.gate, engine.jobs(a.jobs))
-    return stream.send(a.root, a.names, a.compression, a.remote or None, a.local or None,
-                       engine.jobs(a.jobs))
+    return stream.send(
+        a.root, a.names, a.compression, a.remote or None, a.local or None, engine.jobs(a.jobs)
+    )
 
 
 def cmd_relay(a: argparse.Namespace) -> int:
     src = relay.End(a.src_name, a.src_ssh, a.src_kit, a.src_words)
     dst = relay.End(a.dst_name, a.dst_ssh, a.dst_kit, a.dst_words)
-    return relay.Relay(src, dst, shlex.split(a.send), shlex.split(a.receive), a.parts,
-                       engine.jobs(a.jobs), a.compression, a.most).run()
+    return relay.Relay(
+        src,
+        dst,
+        shlex.split(a.send),
+        shlex.split(a.receive),
+        a.parts,
+        engine.jobs(a.jobs),
+        a.compression,
+        a.most,
+    ).run()
 
 
 def _part(text: str) -> tuple:
@@ -458,8 +531,12 @@ def _choices(p: argparse.ArgumentParser) -> None:
     add_run_options(p)
     p.add_argument("--manifest", default="", help="the source's manifest on this host")
     p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
-    p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S,
-                   help="seconds to wait for a lock another run holds")
+    p.add_argument(
+        "--lock-wait",
+        type=float,
+        default=LOCK_WAIT_S,
+        help="seconds to wait for a lock another run holds",
+    )
 
 
 def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -473,8 +550,11 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rbkit engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rbkit engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     _choices(s)
@@ -488,30 +568,62 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--state", required=True)
     rc.add_argument("--compression", type=common.compression_word, default="none")
     add_choices_option(rc)
-    rc.add_argument("--progress", type=float, default=0.0, metavar="S",
-                    help="a `progress BYTES` line every S seconds (0: none)")
-    rc.add_argument("--part", type=_part, default=None, metavar="I/N",
-                    help="this is stream I of N (rbkit send's streams side by side)")
-    rc.add_argument("--need", type=int, default=0, metavar="BYTES",
-                    help="the bytes the whole staging holds once every stream arrived (a file "
-                    "system that fills says how many are still to come)")
-    rc.add_argument("--gate", action="store_true",
-                    help="say `gate ready JOBS CPUS`, then wait for `go I N` on stdin (rbkit relay)")
+    rc.add_argument(
+        "--progress",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="a `progress BYTES` line every S seconds (0: none)",
+    )
+    rc.add_argument(
+        "--part",
+        type=_part,
+        default=None,
+        metavar="I/N",
+        help="this is stream I of N (rbkit send's streams side by side)",
+    )
+    rc.add_argument(
+        "--need",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="the bytes the whole staging holds once every stream arrived (a file "
+        "system that fills says how many are still to come)",
+    )
+    rc.add_argument(
+        "--gate",
+        action="store_true",
+        help="say `gate ready JOBS CPUS`, then wait for `go I N` on stdin (rbkit relay)",
+    )
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
     sc.set_defaults(fn=cmd_scan)
     so = _scan_options(sub.add_parser("source"))
-    so.add_argument("--library-dir", action="append", default=[],
-                    help="a dir of site-packages the exports step puts first "
-                    "(cuda.library_path_first): said when the source lacks it")
-    so.add_argument("--installed-stat", default="",
-                    help="the destination install's source stat fingerprint (equal: no checks); "
-                         "`-`: read it from stdin after the scan")
-    so.add_argument("--checks-beside", choices=("auto", "no"), default="auto",
-                    help="auto: the static checks start with the scan on a host with cores to "
-                         "spare; no: once the installed stat (`-`) says they cannot be skipped")
-    so.add_argument("--audit", action="store_true",
-                    help="the words after it: the rbprobes command line of the static checks")
+    so.add_argument(
+        "--library-dir",
+        action="append",
+        default=[],
+        help="a dir of site-packages the exports step puts first "
+        "(cuda.library_path_first): said when the source lacks it",
+    )
+    so.add_argument(
+        "--installed-stat",
+        default="",
+        help="the destination install's source stat fingerprint (equal: no checks); "
+        "`-`: read it from stdin after the scan",
+    )
+    so.add_argument(
+        "--checks-beside",
+        choices=("auto", "no"),
+        default="auto",
+        help="auto: the static checks start with the scan on a host with cores to "
+        "spare; no: once the installed stat (`-`) says they cannot be skipped",
+    )
+    so.add_argument(
+        "--audit",
+        action="store_true",
+        help="the words after it: the rbprobes command line of the static checks",
+    )
     so.set_defaults(fn=cmd_source)
     h = sub.add_parser("hash")
     h.add_argument("root")
@@ -521,12 +633,22 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--names")
     h.add_argument("--reuse")
-    h.add_argument("--scanned", help="the scan record this run's `engine source` wrote (NAMES.stat):"
-                   " its entries, not a new walk")
-    h.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse",
-                   help="strip: modes recorded without setuid/setgid/sticky/world-write")
-    h.add_argument("--beside-stream", action="store_true",
-                   help="the stream runs on this host meanwhile: workers only where it leaves cores")
+    h.add_argument(
+        "--scanned",
+        help="the scan record this run's `engine source` wrote (NAMES.stat):"
+        " its entries, not a new walk",
+    )
+    h.add_argument(
+        "--special-modes",
+        choices=hostfs.SPECIAL_MODES,
+        default="refuse",
+        help="strip: modes recorded without setuid/setgid/sticky/world-write",
+    )
+    h.add_argument(
+        "--beside-stream",
+        action="store_true",
+        help="the stream runs on this host meanwhile: workers only where it leaves cores",
+    )
     h.set_defaults(fn=cmd_hash)
     d = sub.add_parser("delta")
     d.add_argument("manifest")
@@ -537,20 +659,36 @@ def parser() -> argparse.ArgumentParser:
     se.add_argument("root")
     se.add_argument("names")
     se.add_argument("--compression", type=common.compression_word, default="none")
-    se.add_argument("--jobs", default="1",
-                    help="the cores the run may use here: one stream per two (rbkit stream)")
-    se.add_argument("--remote", action="store_true",
-                    help="the words after it: an ssh command line the stream is piped into")
-    se.add_argument("--local", action="store_true",
-                    help="the words after it: the receiving end's command, started here")
-    se.add_argument("--gate", metavar="PREFIX", default="",
-                    help="say ready, then split into PREFIX.N/ and send as told (rbkit relay)")
+    se.add_argument(
+        "--jobs",
+        default="1",
+        help="the cores the run may use here: one stream per two (rbkit stream)",
+    )
+    se.add_argument(
+        "--remote",
+        action="store_true",
+        help="the words after it: an ssh command line the stream is piped into",
+    )
+    se.add_argument(
+        "--local",
+        action="store_true",
+        help="the words after it: the receiving end's command, started here",
+    )
+    se.add_argument(
+        "--gate",
+        metavar="PREFIX",
+        default="",
+        help="say ready, then split into PREFIX.N/ and send as told (rbkit relay)",
+    )
     se.set_defaults(fn=cmd_send)
     rl = sub.add_parser("relay")
     for end in ("src", "dst"):
         rl.add_argument("--%s-name" % end, required=True)
-        rl.add_argument("--%s-ssh" % end, default="",
-                        help="the host's ssh words, quoted for a shell (empty: this machine)")
+        rl.add_argument(
+            "--%s-ssh" % end,
+            default="",
+            help="the host's ssh words, quoted for a shell (empty: this machine)",
+        )
         rl.add_argument("--%s-kit" % end, required=True, help="the kit's directory there")
         rl.add_argument("--%s-words" % end, required=True, help="the kit's words there, quoted")
     rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
@@ -576,7 +714,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # every word after --remote (--local, --audit) is the ssh (receive's, rbprobes')
         # command line, options included
         at = argv.index(tail)
-        argv, remote = argv[:at + 1], argv[at + 1:]
+        argv, remote = argv[: at + 1], argv[at + 1 :]
     a = parser().parse_args(argv)
     if a.fn is cmd_send:
         a.remote, a.local = (remote, []) if tail == "--remote" else ([], remote)

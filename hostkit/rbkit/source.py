@@ -36,25 +36,36 @@ AUDIT_TIMEOUT_S = 900
 TABLE_ROW = re.compile(r"^check |^[a-z_]* *L0 ")
 
 
-def scan(ctx: engine.Context, root: str, excludes: List[str], names: Any, special_modes: str,
-         outside_links: str, into: Dict[str, Any], begun: Any = None) -> engine.Result:
+def scan(
+    ctx: engine.Context,
+    root: str,
+    excludes: List[str],
+    names: Any,
+    special_modes: str,
+    outside_links: str,
+    into: Dict[str, Any],
+    begun: Any = None,
+) -> engine.Result:
     try:
-        detail, facts = stream.scan_source(root, excludes, names, special_modes, outside_links,
-                                           begun)
+        detail, facts = stream.scan_source(
+            root, excludes, names, special_modes, outside_links, begun
+        )
     except stream.SourceRefused as exc:
         raise engine.StepError(str(exc)) from None
     into.update(facts)
     return engine.Result(detail, facts)
 
 
-def library_dirs(ctx: engine.Context, root: str, excludes: List[str], wanted: List[str]
-                 ) -> engine.Result:
+def library_dirs(
+    ctx: engine.Context, root: str, excludes: List[str], wanted: List[str]
+) -> engine.Result:
     """The library dirs the exports step will put first (cuda.library_path_first, relative to
     the venv's site-packages): which the source does not have, after the excludes
     (`library_missing`, comma-separated; empty: all there). Said before anything moves, in
     preflight and the plan: the exports step refuses them after the swap (issue 45)."""
     from . import exports
     from . import manifest as kitmanifest
+
     try:
         site = exports.site_packages(root)
     except FileNotFoundError:
@@ -63,18 +74,25 @@ def library_dirs(ctx: engine.Context, root: str, excludes: List[str], wanted: Li
     for d in wanted:
         rel = os.path.relpath(os.path.join(site, d), root) if site else d
         parts = rel.split("/")
-        left_out = any(kitmanifest.excluded("/".join(parts[:i + 1]), excludes)
-                       for i in range(len(parts)))
-        if not site or left_out or not os.path.isdir(os.path.join(root, rel)) \
-                or os.path.islink(os.path.join(root, rel)):
+        left_out = any(
+            kitmanifest.excluded("/".join(parts[: i + 1]), excludes) for i in range(len(parts))
+        )
+        if (
+            not site
+            or left_out
+            or not os.path.isdir(os.path.join(root, rel))
+            or os.path.islink(os.path.join(root, rel))
+        ):
             missing.append(d)
     where = os.path.relpath(site, root) if site else "lib/python3*/site-packages"
     if missing:
-        return engine.Result("the source has no %s under %s (after the excludes)"
-                             % (", ".join(missing), where),
-                             {"library_missing": ",".join(missing), "site_packages": where})
-    return engine.Result("the library dirs are in the source: %s" % ", ".join(wanted),
-                         {"library_missing": ""})
+        return engine.Result(
+            "the source has no %s under %s (after the excludes)" % (", ".join(missing), where),
+            {"library_missing": ",".join(missing), "site_packages": where},
+        )
+    return engine.Result(
+        "the library dirs are in the source: %s" % ", ".join(wanted), {"library_missing": ""}
+    )
 
 
 def failed_checks(doc: Dict[str, Any], keep_links: bool) -> List[str]:
@@ -83,8 +101,12 @@ def failed_checks(doc: Dict[str, Any], keep_links: bool) -> List[str]:
     failed = set()
     for c in doc.get("checks") or [doc]:
         refs = (c.get("values") or {}).get("refs") or []
-        if c.get("status") != "fail" or (c.get("type") == "outside" and keep_links and refs and
-                                         all(r.get("kind") == "symlink" for r in refs)):
+        if c.get("status") != "fail" or (
+            c.get("type") == "outside"
+            and keep_links
+            and refs
+            and all(r.get("kind") == "symlink" for r in refs)
+        ):
             continue
         failed.add(c.get("type") or "?")
     return sorted(failed)
@@ -108,9 +130,14 @@ class EarlyAudit:
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         self._p: Optional[subprocess.Popen] = None
         try:
-            self._p = subprocess.Popen(launch.argv(sys.executable, "rbprobes") + list(argv),
-                                       stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
-                                       cwd="/", env=env)
+            self._p = subprocess.Popen(
+                launch.argv(sys.executable, "rbprobes") + list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=self._out,
+                stderr=self._err,
+                cwd="/",
+                env=env,
+            )
         except OSError as exc:
             self._err.write(("could not start the static checks: %s\n" % exc.strerror).encode())
 
@@ -143,15 +170,21 @@ def _in_process(argv: List[str]) -> Tuple[int, str, str]:
     sys.stdout, sys.stderr = out, err
     try:
         rc = cli.main(argv)
-    except SystemExit as exc:                       # argparse: a usage error
+    except SystemExit as exc:  # argparse: a usage error
         rc = exc.code if isinstance(exc.code, int) else 2
     finally:
         sys.stdout, sys.stderr = old
     return rc, out.getvalue(), err.getvalue()
 
 
-def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
-          outside_links: str, early: Optional[EarlyAudit] = None) -> engine.Result:
+def audit(
+    ctx: engine.Context,
+    argv: List[str],
+    stat: str,
+    installed_stat: str,
+    outside_links: str,
+    early: Optional[EarlyAudit] = None,
+) -> engine.Result:
     """rbprobes ARGV (in this process, or `early`'s result): facts audit_rc (0 passed, 1 failed,
     else it could not run), audit_failed (the failed check types, space-separated). Its human
     lines go to the log: all of them when it could not run, the problems when it failed."""
@@ -163,7 +196,8 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
             "skipped: the source is the tree the destination's install recorded (same stat "
             "fingerprint %s); the static checks are not repeated" % stat[:16],
             {"audit_rc": 0, "audit_skipped": 1, "audit_failed": "", "audit_what": what},
-            status="skipped")
+            status="skipped",
+        )
     rc, out, err = early.result() if early is not None else _in_process(argv)
     failed: List[str] = []
     if rc == 1:
@@ -176,22 +210,33 @@ def audit(ctx: engine.Context, argv: List[str], stat: str, installed_stat: str,
             err += "the static checks' report is not JSON: %s\n" % out[:200]
         # the problems, each with its fix (not the table of checks); a single check (outside)
         # prints none: its reason says them
-        lines = [ln for ln in err.splitlines() if not TABLE_ROW.match(ln)] or \
-            ["%s: %s" % (c.get("type"), c.get("reason")) for c in doc.get("checks") or [doc]
-             if c.get("status") == "fail"]
+        lines = [ln for ln in err.splitlines() if not TABLE_ROW.match(ln)] or [
+            "%s: %s" % (c.get("type"), c.get("reason"))
+            for c in doc.get("checks") or [doc]
+            if c.get("status") == "fail"
+        ]
     else:
         lines = err.splitlines() if rc != 0 else []
     for line in lines:
         # a long fact (outside: N reference(s) leave ...) wrapped, each line the engine's prefix
-        ctx.log(textwrap.fill(line, width=96, subsequent_indent="  ", break_long_words=False,
-                              break_on_hyphens=False) if len(line) > 96 else line)
+        ctx.log(
+            textwrap.fill(
+                line,
+                width=96,
+                subsequent_indent="  ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            if len(line) > 96
+            else line
+        )
     if rc == 0 or (rc == 1 and not failed):
         said = "passed"
     elif rc == 1:
         said = "failed: " + " ".join(failed)
     else:
         said = "could not run (exit %s)" % rc
-    return engine.Result("%s: %s" % (what, said),
-                         {"audit_rc": rc, "audit_skipped": 0, "audit_failed": " ".join(failed),
-                          "audit_what": what})
-
+    return engine.Result(
+        "%s: %s" % (what, said),
+        {"audit_rc": rc, "audit_skipped": 0, "audit_failed": " ".join(failed), "audit_what": what},
+    )

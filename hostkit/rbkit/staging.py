@@ -17,15 +17,33 @@ from rbrules import proven
 
 from . import hostfs
 from . import manifest as kitmanifest
-from .stream import human
-from .runner import (INCOMPLETE, KEPT, jobs, StepError, Result, Context, _write_stamp, _identity,
-                     _require_lock, write_file, remove_tree)
 from .receive import _forget_received, staged_bytes
+from .runner import (
+    INCOMPLETE,
+    KEPT,
+    Context,
+    Result,
+    StepError,
+    _identity,
+    _require_lock,
+    _write_stamp,
+    jobs,
+    remove_tree,
+    write_file,
+)
+from .stream import human
 
 
-def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
-          source_stat: str = "", algo: str = "", exclude: Optional[List[str]] = None,
-          source: str = "", resume: bool = False) -> Result:
+def stage(
+    ctx: Context,
+    delta: bool = False,
+    carried: Optional[str] = None,
+    source_stat: str = "",
+    algo: str = "",
+    exclude: Optional[List[str]] = None,
+    source: str = "",
+    resume: bool = False,
+) -> Result:
     """A fresh staging beside the destination. With `delta`, every unchanged file (same digest,
     mode, size and mtime as the install recorded, and still so at the destination) is hard-linked
     from the current install, and `send.names` in the state directory lists what the stream must
@@ -48,11 +66,13 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
     _forget_received(ctx, every=True)
     ctx.linked_inodes = None
     if resume:
-        return resume_stage(ctx, source)     # refused unless resumable (the manifest step asks)
+        return resume_stage(ctx, source)  # refused unless resumable (the manifest step asks)
     if os.path.lexists(ctx.staging):
         why = resumable_why(ctx, source) if source else "not a fresh move's staging"
-        ctx.log("an earlier run's staging %s is removed (%s)" % (ctx.staging, why or
-                                                                 "this run starts afresh"))
+        ctx.log(
+            "an earlier run's staging %s is removed (%s)"
+            % (ctx.staging, why or "this run starts afresh")
+        )
         remove_tree(ctx.staging)
     _drop_mark(ctx)
     facts: dict = {"delta": int(bool(delta))}
@@ -70,20 +90,29 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
             raise StepError("a kept source manifest is only for an incremental stage (delta=1)")
         why, rebuilt = kept_source(ctx, installed, source_stat, algo, exclude or [])
         if why:
-            return Result("the source is hashed: " + why, {"kept": 0, "why": why},
-                          status="skipped")
+            return Result("the source is hashed: " + why, {"kept": 0, "why": why}, status="skipped")
         m = ctx.new_manifest()
-        facts.update(kept=1, rebuilt=int(rebuilt), fingerprint=ctx.fingerprint(),
-                     files=m["totals"]["files"], manifest=ctx.manifest)
+        facts.update(
+            kept=1,
+            rebuilt=int(rebuilt),
+            fingerprint=ctx.fingerprint(),
+            files=m["totals"]["files"],
+            manifest=ctx.manifest,
+        )
     if delta:
         if ctx.unlinkable:
             # what failed the digest check is not linked: it is sent (or the bundle is whole)
-            installed = dict(installed, entries=[e for e in installed["entries"]
-                                                 if e["p"] not in ctx.unlinkable])
+            installed = dict(
+                installed, entries=[e for e in installed["entries"] if e["p"] not in ctx.unlinkable]
+            )
         names = os.path.join(ctx.state, "send.names")
         got = hostfs.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
-        facts.update({k: got.get(k) for k in ("linked", "linked_bytes", "send_files",
-                                              "send_bytes", "removed")})
+        facts.update(
+            {
+                k: got.get(k)
+                for k in ("linked", "linked_bytes", "send_files", "send_bytes", "removed")
+            }
+        )
         facts["names"] = names
         if carried is not None:
             have = set(kitmanifest.read_names(carried))
@@ -93,9 +122,14 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
                 raise StepError(
                     "needs the whole bundle: %d files here differ from what the last fan-out "
                     "installed (changed here, or installed from another source), e.g. %s"
-                    % (len(lacking), lacking[0]), dict(facts, needs_full=1), rc=3)
-        detail = ("%d unchanged files linked from the current install, %d files to send"
-                  % (got["linked"], got["send_files"]))
+                    % (len(lacking), lacking[0]),
+                    dict(facts, needs_full=1),
+                    rc=3,
+                )
+        detail = "%d unchanged files linked from the current install, %d files to send" % (
+            got["linked"],
+            got["send_files"],
+        )
         if source_stat:
             detail += "; the source is unchanged: its manifest as of the install stands for it"
     else:
@@ -105,9 +139,13 @@ def stage(ctx: Context, delta: bool = False, carried: Optional[str] = None,
             # private and marked until verify passes: what a cut stream leaves is kept for a
             # re-run to continue, and is never taken for a whole staging
             os.mkdir(ctx.staging, 0o700)
-            write_file(_mark_path(ctx), json.dumps(
-                {"source": source, "dest": ctx.dest,
-                 "identity": _identity(ctx.staging)}).encode(), 0o600)
+            write_file(
+                _mark_path(ctx),
+                json.dumps(
+                    {"source": source, "dest": ctx.dest, "identity": _identity(ctx.staging)}
+                ).encode(),
+                0o600,
+            )
         else:
             os.mkdir(ctx.staging, 0o755)
         detail = "fresh staging %s" % ctx.staging
@@ -136,7 +174,7 @@ def _read_mark(ctx: Context) -> Optional[dict]:
     others: made by `stage` under the lock), else None."""
     try:
         got = proven.read_ours(_mark_path(ctx), limit=1 << 16)
-    except OSError:                  # proven.NotOurs among them: not ours, never obeyed
+    except OSError:  # proven.NotOurs among them: not ours, never obeyed
         return None
     if got is None or got[1].st_uid != os.geteuid() or got[1].st_mode & 0o077:
         return None
@@ -148,20 +186,25 @@ def _read_mark(ctx: Context) -> Optional[dict]:
 
 
 def resumable_why(ctx: Context, source: str) -> str:
-    """"" when the staging beside the destination is what a cut stream of this very source left
+    """ "" when the staging beside the destination is what a cut stream of this very source left
     (a private directory of ours, marked by `stage` for `source`: STAT-FINGERPRINT HOST:PATH),
     else why not, in words."""
     try:
         st = os.lstat(ctx.staging)
     except FileNotFoundError:
         return "no staging at %s" % ctx.staging
-    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
-            or proven.why_not_ours(ctx.staging, st) is not None):
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or st.st_uid != os.geteuid()
+        or proven.why_not_ours(ctx.staging, st) is not None
+    ):
         return "%s is not a directory of ours" % ctx.staging
     mark = _read_mark(ctx)
     if mark is None:
-        return ("it is not marked as what a cut stream left (%s: a staging that passed verify, "
-                "or an older kit's)" % _mark_path(ctx))
+        return (
+            "it is not marked as what a cut stream left (%s: a staging that passed verify, "
+            "or an older kit's)" % _mark_path(ctx)
+        )
     if mark.get("dest") != ctx.dest or mark.get("identity") != [st.st_dev, st.st_ino]:
         return "its mark %s is of another directory" % _mark_path(ctx)
     was, now = str(mark.get("source", "")), source
@@ -179,11 +222,11 @@ def resumable(ctx: Context, source: str = "") -> Result:
     why = resumable_why(ctx, source)
     if why:
         if os.path.lexists(ctx.staging):
-            return Result("an earlier staging is not continued: %s" % why,
-                          {"resumable": 0, "why": why})
+            return Result(
+                "an earlier staging is not continued: %s" % why, {"resumable": 0, "why": why}
+            )
         return Result(why, {"resumable": 0, "why": why})
-    return Result("%s holds what a cut stream of this source left" % ctx.staging,
-                  {"resumable": 1})
+    return Result("%s holds what a cut stream of this source left" % ctx.staging, {"resumable": 1})
 
 
 def kept_room(ctx: Context, source: str, need: int) -> dict:
@@ -201,18 +244,20 @@ def kept_room(ctx: Context, source: str, need: int) -> dict:
     why = resumable_why(ctx, source) if source else "no source given"
     if why:
         out["freed"] = disk
-        out["lines"].append("an earlier staging %s (%s, %d files) is removed before the stream "
-                            "(%s): its room counts as free" % (ctx.staging, human(size), files,
-                                                                why))
+        out["lines"].append(
+            "an earlier staging %s (%s, %d files) is removed before the stream "
+            "(%s): its room counts as free" % (ctx.staging, human(size), files, why)
+        )
         return out
     out["resumable"] = True
     # need carries the run's margin over the tree's bytes: what is staged comes off with it
     left = max(0, need - size - size // 10)
     out["need"] = left
-    out["lines"].append("resumable: %s staged (%d files, what a cut stream of this source left "
-                        "at %s); %s to send; needs %s" % (
-                            human(size), files, ctx.staging,
-                            human(max(0, need * 10 // 11 - size)), human(left)))
+    out["lines"].append(
+        "resumable: %s staged (%d files, what a cut stream of this source left "
+        "at %s); %s to send; needs %s"
+        % (human(size), files, ctx.staging, human(max(0, need * 10 // 11 - size)), human(left))
+    )
     return out
 
 
@@ -227,21 +272,29 @@ def discard_staging(ctx: Context) -> Result:
         st = os.lstat(ctx.staging)
     except FileNotFoundError:
         _drop_mark(ctx)
-        return Result("no staging at %s: nothing to discard" % ctx.staging,
-                      {"discarded": 0, "discarded_bytes": 0})
+        return Result(
+            "no staging at %s: nothing to discard" % ctx.staging,
+            {"discarded": 0, "discarded_bytes": 0},
+        )
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise StepError("refusing to discard %s: it is not a directory of this user's (uid %d, "
-                        "mode %o): look at it and remove it by hand" % (ctx.staging, st.st_uid,
-                                                                       st.st_mode))
+        raise StepError(
+            "refusing to discard %s: it is not a directory of this user's (uid %d, "
+            "mode %o): look at it and remove it by hand" % (ctx.staging, st.st_uid, st.st_mode)
+        )
     files, size, _disk = staged_bytes(ctx.staging)
     remove_tree(ctx.staging)
     _drop_mark(ctx)
     _forget_received(ctx, every=True)
-    of = (" (what a stream from %s left)" % str(mark.get("source", "")).partition(" ")[2]
-          if mark else "")
-    return Result("discarded the staging %s: %s in %d files%s; the destination %s is as it was"
-                  % (ctx.staging, human(size), files, of, ctx.dest),
-                  {"discarded": 1, "discarded_bytes": size})
+    of = (
+        " (what a stream from %s left)" % str(mark.get("source", "")).partition(" ")[2]
+        if mark
+        else ""
+    )
+    return Result(
+        "discarded the staging %s: %s in %d files%s; the destination %s is as it was"
+        % (ctx.staging, human(size), files, of, ctx.dest),
+        {"discarded": 1, "discarded_bytes": size},
+    )
 
 
 def resume_stage(ctx: Context, source: str) -> Result:
@@ -280,16 +333,28 @@ def resume_stage(ctx: Context, source: str) -> Result:
     write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
     identity = _identity(ctx.staging)
     doc = {"algo": algo, "identity": identity, "files": kept}
-    write_file(os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(),
-               0o600)
+    write_file(
+        os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(), 0o600
+    )
     _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
-    detail = ("resuming: %s of %s already staged (%d files, read and matched); %s to send "
-              "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes),
-                              send_files))
-    return Result(detail, {"resumed": 1, "kept": len(kept), "kept_bytes": kept_bytes,
-                           "send_files": send_files, "send_bytes": send_bytes,
-                           "total_bytes": total, "removed": removed, "names": names,
-                           "delta": 0})
+    detail = (
+        "resuming: %s of %s already staged (%d files, read and matched); %s to send "
+        "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes), send_files)
+    )
+    return Result(
+        detail,
+        {
+            "resumed": 1,
+            "kept": len(kept),
+            "kept_bytes": kept_bytes,
+            "send_files": send_files,
+            "send_bytes": send_bytes,
+            "total_bytes": total,
+            "removed": removed,
+            "names": names,
+            "delta": 0,
+        },
+    )
 
 
 def _chmod_dir(path: str, mode: int) -> None:
@@ -317,12 +382,22 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
             path = os.path.join(here, name)
             st = os.lstat(path)
             e = wanted.get(rel)
-            if (stat.S_ISDIR(st.st_mode) and e is not None and e["t"] == "d"
-                    and proven.why_not_ours(path, st) is None):
+            if (
+                stat.S_ISDIR(st.st_mode)
+                and e is not None
+                and e["t"] == "d"
+                and proven.why_not_ours(path, st) is None
+            ):
                 continue
-            if (stat.S_ISREG(st.st_mode) and e is not None and e["t"] == "f"
-                    and st.st_size == e["s"] and stat.S_IMODE(st.st_mode) == e.get("m")
-                    and int(st.st_mtime) == e.get("mt") and proven.why_not_ours(path, st) is None):
+            if (
+                stat.S_ISREG(st.st_mode)
+                and e is not None
+                and e["t"] == "f"
+                and st.st_size == e["s"]
+                and stat.S_IMODE(st.st_mode) == e.get("m")
+                and int(st.st_mtime) == e.get("mt")
+                and proven.why_not_ours(path, st) is None
+            ):
                 candidates.append((rel, e, st))
                 continue
             remove_tree(path)
@@ -345,8 +420,13 @@ def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
             after = os.lstat(path)
         except (OSError, kitmanifest.Changed):
             got, after = None, None
-        if (got == e.get("h") and after is not None and after.st_ino == st.st_ino
-                and after.st_ctime_ns == st.st_ctime_ns and after.st_size == st.st_size):
+        if (
+            got == e.get("h")
+            and after is not None
+            and after.st_ino == st.st_ino
+            and after.st_ctime_ns == st.st_ctime_ns
+            and after.st_size == st.st_size
+        ):
             return [got, st.st_ino, st.st_ctime_ns, st.st_size]
         remove_tree(path)
         return None
@@ -359,8 +439,9 @@ def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
     return kept
 
 
-def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
-                exclude: List[str]) -> Tuple[str, bool]:
+def kept_source(
+    ctx: Context, installed: dict, source_stat: str, algo: str, exclude: List[str]
+) -> Tuple[str, bool]:
     """(why not, rebuilt): whether the source's manifest as of the install can stand for the
     source's now, and where it came from. It can when the install recorded `source_stat` as its
     source's stat fingerprint and that is the stat fingerprint of the manifest's entries (the
@@ -381,8 +462,10 @@ def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
     if not ok:
         m = kitmanifest.source_of(installed)
         if m is None:
-            return ("the install did not record its source's manifest (an older kit), and none "
-                    "kept here is it"), False
+            return (
+                "the install did not record its source's manifest (an older kit), and none "
+                "kept here is it"
+            ), False
         if not ctx.manifest:
             raise StepError("no source manifest path was given to the engine")
         # the stat fingerprint its entries have (checked below), in its header as build puts
@@ -398,8 +481,11 @@ def kept_source(ctx: Context, installed: dict, source_stat: str, algo: str,
         rebuilt = True
     m = ctx.new_manifest()
     kept = m["header"]
-    if (kept.get("algo") != algo or list(kept.get("excludes", ())) != list(exclude)
-            or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")):
+    if (
+        kept.get("algo") != algo
+        or list(kept.get("excludes", ())) != list(exclude)
+        or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")
+    ):
         return "the install's source manifest has other digests, excludes or modes", rebuilt
     if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
         return "the install's source manifest does not have its recorded stat", rebuilt

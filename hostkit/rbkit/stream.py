@@ -20,11 +20,20 @@ from typing import Any, Callable, Dict, List, Optional
 
 # the stream's rules are rbrules.common's (the compiler states them too); engine.py, serve.py,
 # fanout.py, relay.py and measure.py still name them from here
-from rbrules.common import (COMPRESSION, MAX_STREAMS, STREAMS_MIN_BYTES,  # noqa: F401
-                            TAR_RECORD, compression, compressors, human, stream_count)
+from rbrules.common import (
+    COMPRESSION,  # noqa: F401
+    MAX_STREAMS,  # noqa: F401
+    STREAMS_MIN_BYTES,  # noqa: F401
+    TAR_RECORD,
+    compression,
+    compressors,
+    human,
+    stream_count,
+)
 
 from . import hostfs
 from . import manifest as kitmanifest
+
 
 class SourceRefused(Exception):
     """The source must not be sent: the message says why."""
@@ -38,25 +47,38 @@ def child_env() -> Dict[str, str]:
     return env
 
 
-def run_quiet(argv: List[str], timeout: Optional[float],
-              env: Optional[Dict[str, str]] = None) -> tuple:
+def run_quiet(
+    argv: List[str], timeout: Optional[float], env: Optional[Dict[str, str]] = None
+) -> tuple:
     """(rc, stdout, stderr) of argv, output collected, from /; 124 when it timed out, 127 when
     it could not start."""
     try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, env=env or child_env(), cwd="/",
-                           timeout=timeout, check=False)
+        p = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env or child_env(),
+            cwd="/",
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return 124, "", "timed out after %ss: %s" % (timeout, argv[0])
     except OSError as exc:
         return 127, "", "%s: %s" % (argv[0], exc.strerror)
-    return (p.returncode, p.stdout.decode("utf-8", "replace"),
-            p.stderr.decode("utf-8", "replace"))
+    return (p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
 
 
-def pipeline(argvs: List[Any], timeout: Optional[float], capture: bool = False,
-             stdin: Any = None, stdout: Any = None, umask: Optional[int] = None,
-             started: Optional[Callable[[List[Any]], None]] = None) -> tuple:
+def pipeline(
+    argvs: List[Any],
+    timeout: Optional[float],
+    capture: bool = False,
+    stdin: Any = None,
+    stdout: Any = None,
+    umask: Optional[int] = None,
+    started: Optional[Callable[[List[Any]], None]] = None,
+) -> tuple:
     """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
     default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
     stage, stderr texts: only with `capture`, else they went to ours). A stage that cannot start
@@ -79,15 +101,21 @@ def pipeline(argvs: List[Any], timeout: Optional[float], capture: bool = False,
             continue
         err = tempfile.TemporaryFile() if capture else None
         try:
-            p = subprocess.Popen(argv, stdin=prev, stdout=stdout if last else subprocess.PIPE,
-                                 stderr=err, cwd="/", umask=-1 if umask is None else umask)
+            p = subprocess.Popen(
+                argv,
+                stdin=prev,
+                stdout=stdout if last else subprocess.PIPE,
+                stderr=err,
+                cwd="/",
+                umask=-1 if umask is None else umask,
+            )
         except OSError as exc:
             not_started = "%s: %s" % (argv[0], exc.strerror)
             if err is not None:
                 err.close()
             break
         if i > 0:
-            _close(prev)                 # the previous stage's output is the child's now
+            _close(prev)  # the previous stage's output is the child's now
         prev = p.stdout
         procs.append(p)
         errs.append(err)
@@ -137,6 +165,7 @@ class _Inline:
 
     def __init__(self, fn: Any, stdin: Any) -> None:
         import threading
+
         if stdin is None:
             self._in, self._own_in = 0, False
         elif isinstance(stdin, int):
@@ -153,7 +182,7 @@ class _Inline:
     def _run(self) -> None:
         try:
             self.returncode = int(self._fn(self._in, self._out) or 0)
-        except Exception as exc:          # the stage's own failure: named, counted as exit 1
+        except Exception as exc:  # the stage's own failure: named, counted as exit 1
             sys.stderr.write("rbkit: %s: %s\n" % (type(exc).__name__, exc))
             self.returncode = 1
         finally:
@@ -171,7 +200,7 @@ class _Inline:
         return None if self._thread.is_alive() else self.wait()
 
     def kill(self) -> None:
-        pass          # it ends when its input ends or its reader goes: both are killed
+        pass  # it ends when its input ends or its reader goes: both are killed
 
 
 class Progress:
@@ -225,16 +254,21 @@ def tail(text: str, lines: int = 8) -> List[str]:
     return [ln for ln in (text or "").splitlines() if ln.strip()][-lines:]
 
 
-
-def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
-                special_modes: str = "refuse", outside_links: str = "refuse",
-                begun: Optional[hostfs.ScanWalk] = None) -> tuple:
+def scan_source(
+    root: str,
+    excludes: List[str],
+    names: Optional[str] = None,
+    special_modes: str = "refuse",
+    outside_links: str = "refuse",
+    begun: Optional[hostfs.ScanWalk] = None,
+) -> tuple:
     """The source before anything is sent: it exists, and what the excludes leave of it is a venv
     (pyvenv.cfg and bin/python are sent) with files in it. A tree the excludes empty, or one
     that is not a venv, is refused here (SourceRefused): `replace` would otherwise swap a working
     install for it. `begun`: its walk begun earlier (hostfs.scan). Returns (detail, facts)."""
-    out = hostfs.scan(root, excludes, names, special_modes=special_modes,
-                      outside_links=outside_links, begun=begun)
+    out = hostfs.scan(
+        root, excludes, names, special_modes=special_modes, outside_links=outside_links, begun=begun
+    )
     if not out["exists"]:
         raise SourceRefused("source %s does not exist" % root)
     if not out.get("is_dir"):
@@ -242,22 +276,31 @@ def scan_source(root: str, excludes: List[str], names: Optional[str] = None,
     why = []
     for rel in ("pyvenv.cfg", "bin/python"):
         parts = rel.split("/")
-        left_out = [p for p in ("/".join(parts[:i + 1]) for i in range(len(parts)))
-                    if kitmanifest.excluded(p, excludes)]
+        left_out = [
+            p
+            for p in ("/".join(parts[: i + 1]) for i in range(len(parts)))
+            if kitmanifest.excluded(p, excludes)
+        ]
         if left_out:
             why.append("transfer.exclude leaves out %s" % left_out[0])
         elif not os.path.exists(os.path.join(root, rel)):
             why.append("no %s" % rel)
     if not out.get("files"):
-        why.append("no files to send after the excludes (%d entries)" % (
-            out.get("files", 0) + out.get("dirs", 0) + out.get("links", 0)))
+        why.append(
+            "no files to send after the excludes (%d entries)"
+            % (out.get("files", 0) + out.get("dirs", 0) + out.get("links", 0))
+        )
     if why:
-        raise SourceRefused("source %s is not a venv after the excludes: %s; nothing was sent (an "
-                        "install there would not run)" % (root, "; ".join(why)))
+        raise SourceRefused(
+            "source %s is not a venv after the excludes: %s; nothing was sent (an "
+            "install there would not run)" % (root, "; ".join(why))
+        )
     if out.get("refusal"):
         raise SourceRefused("source %s: %s" % (root, out["refusal"]))
-    facts = {k: out.get(k) for k in ("files", "dirs", "links", "bytes", "disk_bytes",
-                                     "need_bytes", "stat_fingerprint")}
+    facts = {
+        k: out.get(k)
+        for k in ("files", "dirs", "links", "bytes", "disk_bytes", "need_bytes", "stat_fingerprint")
+    }
     # what the destination compares itself with (never the source, nor inside it)
     facts["identity"] = json.dumps(hostfs.identity(root), sort_keys=True, separators=(",", ":"))
     facts["compressors"] = ",".join(compressors(shutil.which))
@@ -304,8 +347,9 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     except ValueError:
         return None
     if len(values) != len(listed) or any(
-            not isinstance(v, list) or len(v) != 6 or os.fsencode(v[0]) != name
-            for v, name in zip(values[:1] + values[-1:], listed[:1] + listed[-1:])):
+        not isinstance(v, list) or len(v) != 6 or os.fsencode(v[0]) != name
+        for v, name in zip(values[:1] + values[-1:], listed[:1] + listed[-1:])
+    ):
         return None
     group: Dict[int, tuple] = {}
     for item in inodes:
@@ -349,8 +393,14 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     return paths
 
 
-def send(root: str, names: str, compression: str, remote: Optional[List[str]] = None,
-         local: Optional[List[str]] = None, jobs: int = 1) -> int:
+def send(
+    root: str,
+    names: str,
+    compression: str,
+    remote: Optional[List[str]] = None,
+    local: Optional[List[str]] = None,
+    jobs: int = 1,
+) -> int:
     """Stream the tree to stdout; or with `remote` (an ssh argv) to the far end of that ssh, or
     with `local` (the receiving end's argv) into that command started here. With either, the
     tree goes in several streams (stream_count: --part I/N added to each receiving end's
@@ -368,15 +418,17 @@ def send(root: str, names: str, compression: str, remote: Optional[List[str]] = 
         finally:
             shutil.rmtree(work, ignore_errors=True)
     argvs = send_argvs(root, names, compression)
-    labels = ["tar", compression][:len(argvs)]
+    labels = ["tar", compression][: len(argvs)]
     if receiver:
         argvs.append(receiver)
         labels.append("ssh" if remote else "receive")
     codes, _errs = pipeline(argvs, None, stdin=subprocess.DEVNULL)
     bad = [(label, c) for label, c in zip(labels, codes) if c != 0]
     if bad:
-        sys.stderr.write("rbkit engine send: %s\n" % "; ".join(
-            "%s %s" % (label, exit_words(c)) for label, c in bad))
+        sys.stderr.write(
+            "rbkit engine send: %s\n"
+            % "; ".join("%s %s" % (label, exit_words(c)) for label, c in bad)
+        )
         return status_of([c for _, c in bad])
     return 0
 
@@ -387,6 +439,7 @@ def exit_words(code: int) -> str:
     if code >= 0:
         return "exited %d" % code
     import signal
+
     try:
         name = signal.Signals(-code).name
     except ValueError:
@@ -412,15 +465,20 @@ def part_argv(receiver: List[str], remote: bool, part: int, n: int) -> List[str]
     return receiver + ["--part", "%d/%d" % (part, n)]
 
 
-def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[List[str]],
-                local: Optional[List[str]]) -> int:
+def _send_parts(
+    root: str,
+    parts: List[str],
+    compression: str,
+    remote: Optional[List[str]],
+    local: Optional[List[str]],
+) -> int:
     n = len(parts)
     receiver = local or remote or []
     merged = Merged(n, sys.stdout, compression)
     procs: List[List[Any]] = [[] for _ in range(n)]
     codes: List[Optional[List[int]]] = [None] * n
     first: List[int] = []
-    stopped: set = set()                 # streams killed here because another one failed
+    stopped: set = set()  # streams killed here because another one failed
     mutex = threading.Lock()
 
     def started(i: int, running: List[Any]) -> None:
@@ -440,8 +498,13 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
         reader = threading.Thread(target=merged.read, args=(i, rfd), daemon=True)
         reader.start()
         try:
-            got, _ = pipeline(argvs, None, stdin=subprocess.DEVNULL, stdout=wfd,
-                              started=lambda running: started(i, running))
+            got, _ = pipeline(
+                argvs,
+                None,
+                stdin=subprocess.DEVNULL,
+                stdout=wfd,
+                started=lambda running: started(i, running),
+            )
         finally:
             os.close(wfd)
             reader.join()
@@ -464,7 +527,7 @@ def _send_parts(root: str, parts: List[str], compression: str, remote: Optional[
         t.start()
     for t in threads:
         t.join()
-    labels = ["tar", compression][:len(send_argvs(root, parts[0], compression))]
+    labels = ["tar", compression][: len(send_argvs(root, parts[0], compression))]
     labels.append("ssh" if remote else "receive")
     said, rc = [], 0
     for i, got in enumerate(codes):
@@ -532,30 +595,48 @@ class Merged:
             elif kind == "done":
                 self.done[i] = rest.split("\t", 1)
             elif kind == "log":
-                self._write(line + "\n")        # for the run's log only: passed on as it came
+                self._write(line + "\n")  # for the run's log only: passed on as it came
 
     def answer(self, first: Optional[int] = None, more: Optional[dict] = None) -> None:
         """The one answer (after every stream ended); `first`: the stream that failed first
         (the others may have failed because they were stopped); `more`: facts of a failure the
         relay saw itself (`lost`: the hosts whose connection closed)."""
-        failed = [i for i in range(self.n)
-                  if not self.done[i] or self.done[i][0] != "ok"
-                  or not any(e.get("step") == "receive" for e in self.events[i])]
+        failed = [
+            i
+            for i in range(self.n)
+            if not self.done[i]
+            or self.done[i][0] != "ok"
+            or not any(e.get("step") == "receive" for e in self.events[i])
+        ]
         lines: List[str] = []
         if failed:
             i = first if first is not None and first in failed else failed[0]
-            why = (self.done[i][1] if self.done[i] and len(self.done[i]) > 1
-                   else "no answer from its receiving end")
+            why = (
+                self.done[i][1]
+                if self.done[i] and len(self.done[i]) > 1
+                else "no answer from its receiving end"
+            )
             detail = "stream %d of %d: %s" % (i + 1, self.n, why)
             # what the failed stream's end said of it (a full disk: where, what is free)
-            said = next((dict(e.get("facts") or {}) for e in self.events[i]
-                         if e.get("step") == "receive" and e.get("status") == "failed"), {})
+            said = next(
+                (
+                    dict(e.get("facts") or {})
+                    for e in self.events[i]
+                    if e.get("step") == "receive" and e.get("status") == "failed"
+                ),
+                {},
+            )
             said.update(more or {})
             facts = dict(said, streams=self.n, failed_stream=i + 1)
-            event = {"step": "receive", "status": "failed", "detail": detail,
-                     "duration_s": max((e.get("duration_s", 0) for es in self.events
-                                        for e in es), default=0),
-                     "facts": facts}
+            event = {
+                "step": "receive",
+                "status": "failed",
+                "detail": detail,
+                "duration_s": max(
+                    (e.get("duration_s", 0) for es in self.events for e in es), default=0
+                ),
+                "facts": facts,
+            }
             for k, v in sorted(said.items()):
                 if isinstance(v, (str, int, float)) and k not in ("streams", "failed_stream"):
                     lines.append("set\t%s\t%s" % (k, str(v).replace("\t", " ").replace("\n", " ")))
@@ -571,11 +652,19 @@ class Merged:
                     facts[k] = sum((e.get("facts") or {}).get(k, 0) for e in got)
             facts["streams"] = self.n
             detail = "unpacked into %s in %d streams side by side (compression %s)" % (
-                facts.get("staging", "the staging"), self.n, self.compression)
+                facts.get("staging", "the staging"),
+                self.n,
+                self.compression,
+            )
             if "streamed" in facts:
                 detail += ", %d files hashed from the streams" % facts["streamed"]
-            event = {"step": "receive", "status": "ok", "detail": detail,
-                     "duration_s": max(e.get("duration_s", 0) for e in got), "facts": facts}
+            event = {
+                "step": "receive",
+                "status": "ok",
+                "detail": detail,
+                "duration_s": max(e.get("duration_s", 0) for e in got),
+                "facts": facts,
+            }
             for k, v in sorted(facts.items()):
                 lines.append("set\t%s\t%s" % (k, v))
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))

@@ -24,9 +24,20 @@ from rbrules import proven
 from rbrules.common import SWAP_ATOMIC
 
 from . import exports, safefs
-from .installs import (FAILED_MARK, backup_dirs, describe_install, failed_mark, failed_path,
-                       foreign_backups, is_real_dir, next_backup, not_ours, read_info, remove,
-                       unshare_backup)
+from .installs import (
+    FAILED_MARK,
+    backup_dirs,
+    describe_install,
+    failed_mark,
+    failed_path,
+    foreign_backups,
+    is_real_dir,
+    next_backup,
+    not_ours,
+    read_info,
+    remove,
+    unshare_backup,
+)
 
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
@@ -51,9 +62,12 @@ def _renameat2(src: str, dst: str, flags: int) -> bool:
 
 def _refuse_link(path: str, what: str) -> None:
     if os.path.islink(path):
-        raise OSError(errno.ELOOP, f"the {what} {path} is a symlink to {os.readlink(path)}: refusing "
-                      "to replace a link with a directory (its target would be left behind, and the "
-                      f"next steps would act on the link); name {os.path.realpath(path)} itself")
+        raise OSError(
+            errno.ELOOP,
+            f"the {what} {path} is a symlink to {os.readlink(path)}: refusing "
+            "to replace a link with a directory (its target would be left behind, and the "
+            f"next steps would act on the link); name {os.path.realpath(path)} itself",
+        )
 
 
 def _keep_failed(path: str, dest: str) -> str:
@@ -61,7 +75,7 @@ def _keep_failed(path: str, dest: str) -> str:
     kept there before. Returns where it is."""
     target = failed_path(dest)
     if os.path.abspath(path) == target:
-        return target                    # exchanged with the failed one: already there
+        return target  # exchanged with the failed one: already there
     if os.path.lexists(target):
         remove(target)
     os.rename(path, target)
@@ -117,29 +131,42 @@ def _read_journal(dest: str) -> Optional[dict]:
     try:
         got = proven.read_ours(path, limit=1 << 16)
     except proven.NotOurs as exc:
-        raise ValueError(f"swap journal {path} was not written by this kit ({exc.why}); look at "
-                         "it and remove it by hand") from None
+        raise ValueError(
+            f"swap journal {path} was not written by this kit ({exc.why}); look at "
+            "it and remove it by hand"
+        ) from None
     if got is None:
         return None
     raw, st = got
     if st.st_uid != os.geteuid():
-        raise ValueError(f"swap journal {path} was not written by this kit (owner uid "
-                         f"{st.st_uid}); look at it and remove it by hand")
+        raise ValueError(
+            f"swap journal {path} was not written by this kit (owner uid "
+            f"{st.st_uid}); look at it and remove it by hand"
+        )
     base = re.escape(os.path.basename(os.path.abspath(dest)))
-    names = re.compile(rf"^(?:{base}\.rb-backup\.[0-9]+|{base}\.rb-failed|\.{base}\.rb-(?:old|restore))$")
+    names = re.compile(
+        rf"^(?:{base}\.rb-backup\.[0-9]+|{base}\.rb-failed|\.{base}\.rb-(?:old|restore))$"
+    )
     try:
         doc = json.loads(raw)
-        ok = (doc.get("v") == 1 and doc.get("op") in ("swap", "restore")
-              and names.match(doc.get("old", "")) is not None
-              and isinstance(doc.get("ino"), list) and len(doc["ino"]) == 2
-              and (doc["op"] != "swap" or doc.get("policy") in ("backup", "replace"))
-              and (doc["op"] != "restore" or names.match(doc.get("backup", "")) is not None)
-              and "/" not in doc.get("staging", "") and doc.get("staging") not in (".", ".."))
+        ok = (
+            doc.get("v") == 1
+            and doc.get("op") in ("swap", "restore")
+            and names.match(doc.get("old", "")) is not None
+            and isinstance(doc.get("ino"), list)
+            and len(doc["ino"]) == 2
+            and (doc["op"] != "swap" or doc.get("policy") in ("backup", "replace"))
+            and (doc["op"] != "restore" or names.match(doc.get("backup", "")) is not None)
+            and "/" not in doc.get("staging", "")
+            and doc.get("staging") not in (".", "..")
+        )
     except (ValueError, AttributeError, TypeError):
         ok = False
     if not ok:
-        raise ValueError(f"swap journal {path} does not describe a swap of {dest}; look at it and "
-                         "remove it by hand")
+        raise ValueError(
+            f"swap journal {path} does not describe a swap of {dest}; look at it and "
+            "remove it by hand"
+        )
     return doc
 
 
@@ -219,8 +246,15 @@ def _recover_restore(dest: str, doc: dict, parent: str, old_at: str) -> dict:
 # -- swap, restore, backups ----------------------------------------------------------------------
 
 
-def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
-         keep_backups: Optional[int] = None, unshare: bool = True) -> dict:
+def swap(
+    staging: str,
+    dest: str,
+    policy: str,
+    *,
+    swap_atomic: str = "allow",
+    keep_backups: Optional[int] = None,
+    unshare: bool = True,
+) -> dict:
     """Put `staging` at `dest` in one step; what was at `dest` is refused, kept or removed.
 
     A swap interrupted earlier is finished or undone first (`recover_swap`). `dest` or `staging`
@@ -254,12 +288,21 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
         raise FileExistsError(f"{dest} exists and on_existing is refuse")
     # an install whose checks failed (on_failed_checks: keep) is kept apart, never as a backup
     was_failed = policy == "backup" and failed_mark(dest) is not None
-    old_at = (failed_path(dest) if was_failed else next_backup(dest)) if policy == "backup" \
+    old_at = (
+        (failed_path(dest) if was_failed else next_backup(dest))
+        if policy == "backup"
         else os.path.join(parent, "." + os.path.basename(os.path.abspath(dest)) + ".rb-old")
+    )
     if (policy != "backup" or was_failed) and os.path.lexists(old_at):
-        remove(old_at)       # debris of an earlier replace (its journal is gone), an older failure
-    journal = {"v": 1, "op": "swap", "policy": policy, "old": os.path.basename(old_at),
-               "staging": os.path.basename(os.path.abspath(staging)), "ino": _ino(dest)}
+        remove(old_at)  # debris of an earlier replace (its journal is gone), an older failure
+    journal = {
+        "v": 1,
+        "op": "swap",
+        "policy": policy,
+        "old": os.path.basename(old_at),
+        "staging": os.path.basename(os.path.abspath(staging)),
+        "ino": _ino(dest),
+    }
     # the journal before the exchange too: its previous install sits at the staging's name until
     # it is renamed to its backup name, and a re-run starts by removing the staging
     _write_journal(dest, journal)
@@ -270,13 +313,18 @@ def swap(staging: str, dest: str, policy: str, *, swap_atomic: str = "allow",
     else:
         if swap_atomic == "require":
             _drop_journal(dest)
-            raise OSError(errno.EOPNOTSUPP, f"this file system cannot swap {dest} in one rename "
-                          "(no RENAME_EXCHANGE, e.g. NFS) and transfer.swap_atomic is require")
+            raise OSError(
+                errno.EOPNOTSUPP,
+                f"this file system cannot swap {dest} in one rename "
+                "(no RENAME_EXCHANGE, e.g. NFS) and transfer.swap_atomic is require",
+            )
         os.rename(dest, old_at)
         _sync_parent(parent)
         os.rename(staging, dest)
-        result["note"] = ("no RENAME_EXCHANGE here (NFS?): swapped with two renames, journaled in "
-                          f"{journal_path(dest)} until done")
+        result["note"] = (
+            "no RENAME_EXCHANGE here (NFS?): swapped with two renames, journaled in "
+            f"{journal_path(dest)} until done"
+        )
     _sync_parent(parent)
     result["atomic"] = exchanged
     if policy == "backup":
@@ -304,8 +352,9 @@ def prune_backups(dest: str, keep: int) -> List[str]:
     good one; nor is a link named like a backup. Returns the paths removed. The engine calls it
     only once the new install passed its checks."""
     if keep < 1:
-        raise ValueError("keep_backups must be at least 1: the newest backup is what a rollback "
-                         "puts back")
+        raise ValueError(
+            "keep_backups must be at least 1: the newest backup is what a rollback puts back"
+        )
     recover_swap(dest)
     good = [(n, p) for n, p in backup_dirs(dest) if failed_mark(p) is None]
     removed = []
@@ -315,9 +364,16 @@ def prune_backups(dest: str, keep: int) -> List[str]:
     return removed
 
 
-def restore(dest: str, number: Optional[int] = None, *, env_file: Optional[str] = None,
-            failed: Optional[str] = None, swap_atomic: str = "allow",
-            from_failed: bool = False, known: Optional[list] = None) -> dict:
+def restore(
+    dest: str,
+    number: Optional[int] = None,
+    *,
+    env_file: Optional[str] = None,
+    failed: Optional[str] = None,
+    swap_atomic: str = "allow",
+    from_failed: bool = False,
+    known: Optional[list] = None,
+) -> dict:
     """Put backup N (default: the newest whose checks did not fail) back at `dest`.
 
     What was in place goes apart as `DEST.rb-failed` when its checks failed (`failed` given: a
@@ -355,14 +411,21 @@ def _proven_tree(path: str, known: Optional[list]) -> None:
         return
     found = proven.not_ours_in_tree(path, limit=4)
     if found:
-        raise PermissionError(f"refusing to restore {path}: {'; '.join(found)}: a tree another "
-                              "user owns or can write is never installed; look at it, and move it "
-                              "back by hand if you mean to")
+        raise PermissionError(
+            f"refusing to restore {path}: {'; '.join(found)}: a tree another "
+            "user owns or can write is never installed; look at it, and move it "
+            "back by hand if you mean to"
+        )
 
 
-def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
-                    swap_atomic: str, from_failed: bool = False,
-                    known: Optional[list] = None) -> dict:
+def _restore_backup(
+    dest: str,
+    number: Optional[int],
+    failed: Optional[str],
+    swap_atomic: str,
+    from_failed: bool = False,
+    known: Optional[list] = None,
+) -> dict:
     found = dict(backup_dirs(dest))
     foreign = foreign_backups(dest)
     if from_failed:
@@ -372,52 +435,78 @@ def _restore_backup(dest: str, number: Optional[int], failed: Optional[str],
         if why and (known is None or _ino(failed_path(dest)) != list(known)):
             raise PermissionError(f"refusing to put back {failed_path(dest)}: {why}")
         _proven_tree(failed_path(dest), known)
-        return _exchange(dest, failed_path(dest), failed, swap_atomic, {
-            "restored": failed_path(dest), "skipped": [], "ignored": foreign,
-            "why": "the install this run replaced (its checks had failed before)"})
+        return _exchange(
+            dest,
+            failed_path(dest),
+            failed,
+            swap_atomic,
+            {
+                "restored": failed_path(dest),
+                "skipped": [],
+                "ignored": foreign,
+                "why": "the install this run replaced (its checks had failed before)",
+            },
+        )
     if number is not None and number not in found:
         named = f"{dest}.rb-backup.{number}"
         why = not_ours(named)
         if why and known is not None and _ino(named) == list(known):
-            found[number] = named          # the install this run moved aside: it goes back
+            found[number] = named  # the install this run moved aside: it goes back
         elif why:
             raise PermissionError(f"refusing to restore backup {number}: {why}")
     apart = failed_path(dest)
-    apart_note = (f"; the install whose checks failed is kept apart at {apart} and is never "
-                  "restored by --restore: move it back by hand if you mean to"
-                  if is_real_dir(apart) else "")
+    apart_note = (
+        f"; the install whose checks failed is kept apart at {apart} and is never "
+        "restored by --restore: move it back by hand if you mean to"
+        if is_real_dir(apart)
+        else ""
+    )
     if not found:
-        raise FileNotFoundError(f"no backup of {dest} to restore (no {dest}.rb-backup.N)"
-                                + apart_note
-                                + (f" ({'; '.join(foreign)})" if foreign else ""))
-    skipped = [f"{found[n]} ({failed_mark(found[n])})" for n in sorted(found)
-               if failed_mark(found[n]) is not None and n != number]
+        raise FileNotFoundError(
+            f"no backup of {dest} to restore (no {dest}.rb-backup.N)"
+            + apart_note
+            + (f" ({'; '.join(foreign)})" if foreign else "")
+        )
+    skipped = [
+        f"{found[n]} ({failed_mark(found[n])})"
+        for n in sorted(found)
+        if failed_mark(found[n]) is not None and n != number
+    ]
     if number is None:
         usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
         if not usable:
             raise FileNotFoundError(
                 f"every backup of {dest} failed its checks ({', '.join(found[n] for n in sorted(found))});"
-                " name one to put it back anyway: --restore N")
+                " name one to put it back anyway: --restore N"
+            )
         number = usable[-1]
         checks = read_info(found[number]).get("checks")
-        why = ("the newest backup whose checks passed" if checks == "passed" else
-               "the newest backup not marked as failed its checks (its checks: %s)"
-               % (checks or "not recorded"))
+        why = (
+            "the newest backup whose checks passed"
+            if checks == "passed"
+            else "the newest backup not marked as failed its checks (its checks: %s)"
+            % (checks or "not recorded")
+        )
     elif number in found:
         why = "named on the command line (--restore %d)" % number
         if failed_mark(found[number]) is not None:
             why += "; its checks had failed: %s" % failed_mark(found[number])
     if number not in found:
-        raise FileNotFoundError(f"{dest}.rb-backup.{number} does not exist (backups: "
-                                f"{', '.join(str(n) for n in sorted(found))})")
+        raise FileNotFoundError(
+            f"{dest}.rb-backup.{number} does not exist (backups: "
+            f"{', '.join(str(n) for n in sorted(found))})"
+        )
     _proven_tree(found[number], known)
-    return _exchange(dest, found[number], failed, swap_atomic,
-                     {"restored": found[number], "why": why, "skipped": skipped,
-                      "ignored": foreign})
+    return _exchange(
+        dest,
+        found[number],
+        failed,
+        swap_atomic,
+        {"restored": found[number], "why": why, "skipped": skipped, "ignored": foreign},
+    )
 
 
-def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str,
-              done: dict) -> dict:
+def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str, done: dict) -> dict:
     """The install at `source` (a backup, or the failed one) to `dest`; what was there to a new
     backup number, or apart as DEST.rb-failed when its checks failed."""
     if not os.path.lexists(dest):
@@ -427,14 +516,25 @@ def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str,
     atomic = _renameat2(source, dest, RENAME_EXCHANGE)
     if not atomic:
         if swap_atomic == "require":
-            raise OSError(errno.EOPNOTSUPP, f"this file system cannot swap {dest} in one rename "
-                          "(no RENAME_EXCHANGE, e.g. NFS) and transfer.swap_atomic is require")
+            raise OSError(
+                errno.EOPNOTSUPP,
+                f"this file system cannot swap {dest} in one rename "
+                "(no RENAME_EXCHANGE, e.g. NFS) and transfer.swap_atomic is require",
+            )
         parent, base = os.path.split(os.path.abspath(dest))
         aside = os.path.join(parent, f".{base}.rb-restore")
         if os.path.lexists(aside):
             remove(aside)
-        _write_journal(dest, {"v": 1, "op": "restore", "old": os.path.basename(aside),
-                              "backup": os.path.basename(source), "ino": _ino(dest)})
+        _write_journal(
+            dest,
+            {
+                "v": 1,
+                "op": "restore",
+                "old": os.path.basename(aside),
+                "backup": os.path.basename(source),
+                "ino": _ino(dest),
+            },
+        )
         os.rename(dest, aside)
         _sync_parent(parent)
         os.rename(source, dest)

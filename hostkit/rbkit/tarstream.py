@@ -44,14 +44,14 @@ from typing import Any, Callable, Dict, List, Optional
 from . import manifest
 
 BLOCK = 512
-CHUNK = 1 << 20            # what one read asks for (a pipe gives at most its size)
-PIPE_SIZE = 1 << 20        # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
-INLINE = 64 << 10          # files up to this size are hashed by the parser's thread, bigger ones
-                           # by the hashing threads (docs/benchmarks.md: what it takes off it)
-BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30   # bytes handed to hashing threads, not yet hashed
-F_SETPIPE_SZ = 1031        # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
+CHUNK = 1 << 20  # what one read asks for (a pipe gives at most its size)
+PIPE_SIZE = 1 << 20  # asked for both pipes (F_SETPIPE_SZ; a refusal is ignored)
+INLINE = 64 << 10  # files up to this size are hashed by the parser's thread, bigger ones
+# by the hashing threads (docs/benchmarks.md: what it takes off it)
+BUDGET_MIN, BUDGET_MAX = 64 << 20, 1 << 30  # bytes handed to hashing threads, not yet hashed
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named there from Python 3.10 only)
 REGULAR = (b"0", b"\0", b"7")
-NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")     # tarfile's rule: these never carry data
+NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # tarfile's rule: these never carry data
 ZERO = bytes(BLOCK)
 
 
@@ -61,6 +61,7 @@ def _tee() -> Optional[Callable[[int, int, int, int], int]]:
         return None
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.tee
     except (ImportError, OSError, AttributeError):
@@ -72,6 +73,7 @@ def _tee() -> Optional[Callable[[int, int, int, int], int]]:
 
 def _errno() -> int:
     import ctypes
+
     return ctypes.get_errno()
 
 
@@ -156,12 +158,12 @@ def _pax(data: bytes) -> Dict[str, bytes]:
     """The records of a pax extended header: `LEN KEY=VALUE\\n`, each."""
     out: Dict[str, bytes] = {}
     at = 0
-    while at < len(data) and data[at:at + 1] not in (b"\0", b""):
+    while at < len(data) and data[at : at + 1] not in (b"\0", b""):
         space = data.index(b" ", at)
         length = int(data[at:space])
         if length <= 0:
             raise ValueError("a pax record of length %d" % length)
-        record = data[space + 1:at + length - 1]          # without the newline
+        record = data[space + 1 : at + length - 1]  # without the newline
         key, _, value = record.partition(b"=")
         out[key.decode("utf-8", "replace")] = value
         at += length
@@ -173,20 +175,21 @@ class Digester:
     digest by its path (`result`). `stage(in_fd, out_fd)` is the reader itself: a pipeline stage
     (stream.pipeline) that copies in_fd to out_fd and feeds a copy to the parser."""
 
-    def __init__(self, algo: str = "sha256", workers: int = 2,
-                 budget: Optional[int] = None) -> None:
+    def __init__(
+        self, algo: str = "sha256", workers: int = 2, budget: Optional[int] = None
+    ) -> None:
         self.algo = algo
         self._new = manifest.hasher(algo)
-        self.off = 0                    # stream offset of what feed sees next
-        self.ended = False              # saw the end of the archive (a zero block)
-        self.corrupt: Optional[str] = None   # the stream is not a good tar archive: why
-        self.lost: Optional[str] = None      # the parser stopped following the stream: why
+        self.off = 0  # stream offset of what feed sees next
+        self.ended = False  # saw the end of the archive (a zero block)
+        self.corrupt: Optional[str] = None  # the stream is not a good tar archive: why
+        self.lost: Optional[str] = None  # the parser stopped following the stream: why
         self._hdr = bytearray()
-        self._left = 0                  # data bytes of the current member still to come
-        self._pad = 0                   # padding after them
-        self._sink: Any = None          # where the data goes: a hash's update, or a bytearray
-        self._meta: Optional[tuple] = None   # (type, bytearray) of an L/K/x/g member
-        self._file: Optional[tuple] = None   # (slot, hash, worker or None) of a file
+        self._left = 0  # data bytes of the current member still to come
+        self._pad = 0  # padding after them
+        self._sink: Any = None  # where the data goes: a hash's update, or a bytearray
+        self._meta: Optional[tuple] = None  # (type, bytearray) of an L/K/x/g member
+        self._file: Optional[tuple] = None  # (slot, hash, worker or None) of a file
         self._pending: Dict[str, bytes] = {}
         self._global: Dict[str, bytes] = {}
         # what each member left: (path, slot) in stream order; slots hold digests, or
@@ -228,7 +231,7 @@ class Digester:
             else:
                 n = min(BLOCK - len(self._hdr), mv.nbytes)
                 self._hdr += mv[:n]
-                self.off += n - BLOCK          # the whole block is counted below
+                self.off += n - BLOCK  # the whole block is counted below
                 mv = mv[n:]
                 if len(self._hdr) < BLOCK:
                     self.off += BLOCK
@@ -247,7 +250,7 @@ class Digester:
         except ValueError as exc:
             self.corrupt = "the tar header at byte %d of the stream: %s" % (at, exc)
             return
-        unsigned = sum(h) - sum(h[148:156]) + 256      # the checksum field counts as spaces
+        unsigned = sum(h) - sum(h[148:156]) + 256  # the checksum field counts as spaces
         if want != unsigned and want != unsigned - 256 * sum(1 for b in h if b > 127):
             self.corrupt = "the tar header at byte %d of the stream fails its checksum" % at
             return
@@ -258,7 +261,7 @@ class Digester:
             self._expect(size)
             return
         name = _text(h[0:100])
-        if h[257:263] == b"ustar\0":              # POSIX ustar: a prefix before the name
+        if h[257:263] == b"ustar\0":  # POSIX ustar: a prefix before the name
             prefix = _text(h[345:500])
             if prefix:
                 name = prefix + b"/" + name
@@ -270,8 +273,10 @@ class Digester:
             link = meta.get("linkpath", link)
             size = int(meta["size"]) if "size" in meta else size
         if kind in (b"S", b"M") or (meta and any(k.startswith("GNU.sparse") for k in meta)):
-            self.lost = ("member %s of type %s (sparse or multi-volume) is not followed"
-                         % (name.decode("utf-8", "replace"), kind.decode("ascii", "replace")))
+            self.lost = "member %s of type %s (sparse or multi-volume) is not followed" % (
+                name.decode("utf-8", "replace"),
+                kind.decode("ascii", "replace"),
+            )
             return
         path = norm(name)
         if kind in REGULAR and not (kind == b"\0" and name.endswith(b"/")):
@@ -281,8 +286,11 @@ class Digester:
             hasher = self._new()
             worker = self._worker() if size > INLINE else None
             self._file = (slot, hasher, worker)
-            self._sink = hasher.update if worker is None else \
-                (lambda piece, w=worker, hs=hasher: self._hand(w, hs, piece))
+            self._sink = (
+                hasher.update
+                if worker is None
+                else (lambda piece, w=worker, hs=hasher: self._hand(w, hs, piece))
+            )
             self._expect(size)
             return
         if kind == b"1":
@@ -290,9 +298,9 @@ class Digester:
             self._slots.append(("link", norm(link)))
             self._order.append((path, slot))
         else:
-            self._order.append((path, None))    # a directory, a symlink, a device: no digest
+            self._order.append((path, None))  # a directory, a symlink, a device: no digest
         if kind not in NO_DATA:
-            self._sink = None                   # an unknown member: its data is skipped
+            self._sink = None  # an unknown member: its data is skipped
             self._expect(size)
 
     def _expect(self, size: int) -> None:
@@ -376,7 +384,8 @@ class Digester:
     def truncated(self) -> bool:
         """The stream stopped before the archive's end: in a member, or before its zero block."""
         return not (self.corrupt or self.lost) and (
-            not self.ended or bool(self._left) or bool(self._hdr))
+            not self.ended or bool(self._left) or bool(self._hdr)
+        )
 
     def result(self) -> Dict[str, Optional[str]]:
         """path -> digest of its content as the stream carried it (the last member of that path
@@ -390,7 +399,7 @@ class Digester:
             if path is None:
                 continue
             value = None if slot is None else self._slots[slot]
-            if isinstance(value, tuple):           # a hard link: the content of its target
+            if isinstance(value, tuple):  # a hard link: the content of its target
                 value = out.get(value[1]) if value[1] else None
             if value is None:
                 out.pop(path, None)
@@ -410,9 +419,10 @@ class Digester:
         for fd in (in_fd, out_fd):
             try:
                 import fcntl
+
                 fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
             except (OSError, ImportError):
-                pass                               # not a pipe, or over the host's limit
+                pass  # not a pipe, or over the host's limit
         try:
             if not self._tee_stage(in_fd, out_fd):
                 self._copy_stage(in_fd, out_fd)
@@ -437,7 +447,7 @@ class Digester:
                 if err == errno.EINTR:
                     continue
                 if first and err in (errno.EINVAL, errno.ENOSYS):
-                    return False                   # not two pipes: the copy does it
+                    return False  # not two pipes: the copy does it
                 if err != errno.EPIPE:
                     raise OSError(err, os.strerror(err))
                 # tar is gone: everything tee'd before was parsed; past the archive's end the
@@ -449,9 +459,9 @@ class Digester:
                 return True
             first = False
             if not n:
-                return True                        # the end of in_fd
+                return True  # the end of in_fd
             if view is None:
-                data = os.read(in_fd, n)           # the pipe holds n bytes at least: all of them
+                data = os.read(in_fd, n)  # the pipe holds n bytes at least: all of them
                 while len(data) < n:
                     data += os.read(in_fd, n - len(data))
                 self._parse(data)
@@ -468,18 +478,18 @@ class Digester:
             if not data:
                 break
             if not writing:
-                continue                           # past the archive's end, tar gone: read only
+                continue  # past the archive's end, tar gone: read only
             view = memoryview(data)
             try:
                 while view.nbytes:
-                    view = view[os.write(out_fd, view):]
+                    view = view[os.write(out_fd, view) :]
             except BrokenPipeError:
                 # tar is gone. Whether it had the whole archive is the parser's to say, on
                 # every byte written before the pipe broke: past the end, the rest of in_fd
                 # is read unparsed (the sender's writes must not fail); inside it, the
                 # stage stops
                 writing = False
-                self._parse(data[:len(data) - view.nbytes])
+                self._parse(data[: len(data) - view.nbytes])
                 if not self.ended:
                     break
                 continue
@@ -488,6 +498,9 @@ class Digester:
     def _parse(self, data: bytes) -> None:
         try:
             self.feed(data)
-        except Exception as exc:                # a parser bug: no digests, the copy goes on
+        except Exception as exc:  # a parser bug: no digests, the copy goes on
             self.lost = "the tar parser failed at byte %d: %s: %s" % (
-                self.off, type(exc).__name__, exc)
+                self.off,
+                type(exc).__name__,
+                exc,
+            )

@@ -15,8 +15,13 @@ import importlib
 __all__ = ["Context", "audit", "run_check", "run_config", "scan_file"]
 
 # imported when first asked for: `python -m rbprobes outside` needs none of the GPU code's modules
-_WHERE = {"Context": "result", "audit": "checks_static", "run_check": "runner",
-          "run_config": "runner", "scan_file": "fatbin"}
+_WHERE = {
+    "Context": "result",
+    "audit": "checks_static",
+    "run_check": "runner",
+    "run_config": "runner",
+    "scan_file": "fatbin",
+}
 
 
 def __getattr__(name: str):

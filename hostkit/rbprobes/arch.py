@@ -29,11 +29,26 @@ _CAP = re.compile(r"^([0-9]{1,2})\.([0-9])$")
 # PTX ISA version -> first CUDA release that accepts it (driver side, the JIT). Used only to
 # explain a PTX version in words; the comparison itself is on the PTX ISA version.
 PTX_ISA_TO_CUDA = {
-    (7, 0): "11.0", (7, 1): "11.1", (7, 2): "11.2", (7, 3): "11.3", (7, 4): "11.4",
-    (7, 5): "11.5", (7, 6): "11.6", (7, 7): "11.7", (7, 8): "11.8",
-    (8, 0): "12.0", (8, 1): "12.1", (8, 2): "12.2", (8, 3): "12.3", (8, 4): "12.4",
-    (8, 5): "12.5", (8, 6): "12.7", (8, 7): "12.8", (8, 8): "12.9",
-    (9, 0): "13.0", (9, 1): "13.1",
+    (7, 0): "11.0",
+    (7, 1): "11.1",
+    (7, 2): "11.2",
+    (7, 3): "11.3",
+    (7, 4): "11.4",
+    (7, 5): "11.5",
+    (7, 6): "11.6",
+    (7, 7): "11.7",
+    (7, 8): "11.8",
+    (8, 0): "12.0",
+    (8, 1): "12.1",
+    (8, 2): "12.2",
+    (8, 3): "12.3",
+    (8, 4): "12.4",
+    (8, 5): "12.5",
+    (8, 6): "12.7",
+    (8, 7): "12.8",
+    (8, 8): "12.9",
+    (9, 0): "13.0",
+    (9, 1): "13.1",
 }
 
 
@@ -47,7 +62,7 @@ def capability_to_arch(cap: Tuple[int, int]) -> str:
 
 
 def parse_capability(text: str) -> Tuple[int, int]:
-    """"10.3" -> (10, 3). Raises ValueError."""
+    """ "10.3" -> (10, 3). Raises ValueError."""
     m = _CAP.match(text.strip())
     if not m:
         raise ValueError("%r is not a compute capability like '10.3'" % (text,))
@@ -55,7 +70,7 @@ def parse_capability(text: str) -> Tuple[int, int]:
 
 
 def parse_arch(text: str) -> Tuple[str, int, int, str]:
-    """"sm_100a" -> ("sm", 10, 0, "a"); "compute_90" -> ("compute", 9, 0, "")."""
+    """ "sm_100a" -> ("sm", 10, 0, "a"); "compute_90" -> ("compute", 9, 0, "")."""
     m = _ARCH.match(text.strip().lower())
     if not m:
         raise ValueError("%r is not an architecture name like 'sm_103' or 'compute_90a'" % (text,))
@@ -112,7 +127,7 @@ def name_runs_on(name: str, device: Tuple[int, int]) -> bool:
 
 
 def parse_version(text: str) -> Tuple[int, int]:
-    """"9.0" -> (9, 0) (a PTX ISA or CUDA version)."""
+    """ "9.0" -> (9, 0) (a PTX ISA or CUDA version)."""
     parts = text.strip().split(".")
     try:
         return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0

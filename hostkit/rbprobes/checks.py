@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, NamedTuple, Union
 
-
 SERIAL = "serial"
 PARALLEL = "parallel"
 
@@ -38,31 +37,58 @@ class CheckType(NamedTuple):
 
 CHECKS: Dict[str, CheckType] = {
     "kernel_audit": CheckType(
-        "checks_static.kernel_audit", "L0",
-        {"arch": "str", "paths": "strs", "driver_ptx_max": "str", "strict": "bool",
-         "partial_ok": "strs"}, 1800),
+        "checks_static.kernel_audit",
+        "L0",
+        {
+            "arch": "str",
+            "paths": "strs",
+            "driver_ptx_max": "str",
+            "strict": "bool",
+            "partial_ok": "strs",
+        },
+        1800,
+    ),
     "relocation": CheckType(
-        "checks_venv.relocation_check", "L0", {"old": "str", "timeout_s": "int"}, 300),
+        "checks_venv.relocation_check", "L0", {"old": "str", "timeout_s": "int"}, 300
+    ),
     "outside": CheckType("checks_venv.outside_check", "L0", {}, 600),
     "libraries": CheckType(
-        "checks_runtime.libraries_check", "L1",
-        {"expect_dirs": "strs", "modules": "strs", "runtime": "bool"}, 600, SERIAL),
-    "torch": CheckType("checks_runtime.torch_check", "L1", {"version": "str", "cuda": "str"}, 300,
-                       SERIAL),
+        "checks_runtime.libraries_check",
+        "L1",
+        {"expect_dirs": "strs", "modules": "strs", "runtime": "bool"},
+        600,
+        SERIAL,
+    ),
+    "torch": CheckType(
+        "checks_runtime.torch_check", "L1", {"version": "str", "cuda": "str"}, 300, SERIAL
+    ),
     "devices": CheckType(
-        "checks_runtime.devices_check", "L1",
-        {"count": "int", "capability": "str", "names": "strs"}, 300, SERIAL),
+        "checks_runtime.devices_check",
+        "L1",
+        {"count": "int", "capability": "str", "names": "strs"},
+        300,
+        SERIAL,
+    ),
     "imports": CheckType("checks_runtime.imports_check", "L1", {"modules": "strs"}, 600, SERIAL),
     "matmul": CheckType(
-        "checks_numeric.matmul_check", "L2",
-        {"dtype": "str", "size": "int", "every_device": "bool"}, 900, SERIAL),
+        "checks_numeric.matmul_check",
+        "L2",
+        {"dtype": "str", "size": "int", "every_device": "bool"},
+        900,
+        SERIAL,
+    ),
     "nccl": CheckType(
-        "checks_numeric.nccl_check", "L2", {"timeout_s": "int", "elements": "int"}, 240),
+        "checks_numeric.nccl_check", "L2", {"timeout_s": "int", "elements": "int"}, 240
+    ),
     "python": CheckType(
-        "checks_hatch.python_check", "L1", {"code": "str", "name": "str", "timeout_s": "int"}, 300),
+        "checks_hatch.python_check", "L1", {"code": "str", "name": "str", "timeout_s": "int"}, 300
+    ),
     "command": CheckType(
-        "checks_hatch.command_check", "L1",
-        {"run": "str", "name": "str", "expect_exit": "int", "timeout_s": "int"}, 300),
+        "checks_hatch.command_check",
+        "L1",
+        {"run": "str", "name": "str", "expect_exit": "int", "timeout_s": "int"},
+        300,
+    ),
 }
 
 

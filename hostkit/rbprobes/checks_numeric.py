@@ -28,8 +28,8 @@ from .result import Context, Unavailable, failed, passed, short_list
 #          grow with K, not sqrt(K); docs/probes.md has what a float32 8192^3 product on the
 #          H200 was off by, as that predicts).
 # float32 runs with TF32 off (restored afterwards), so its tolerance is float32's own.
-EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
-EPS_ACC = 2.0 ** -23
+EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+EPS_ACC = 2.0**-23
 ATOL_DTYPE = 2.0
 ATOL_ACC = 8.0
 WORST_LISTED = 5
@@ -107,18 +107,34 @@ def compare(torch, got, ref, atol: float, rtol: float, rows=None, cols=None) -> 
     ncols = ratio.shape[1]
     for v, w in zip(values.tolist(), where.tolist()):
         i, j = divmod(int(w), ncols)
-        worst.append({"row": int(rows[i]) if rows is not None else i,
-                      "col": int(cols[j]) if cols is not None else j,
-                      "got": float(got[i, j]), "want": float(ref[i, j]),
-                      "ratio": float(v)})
-    return {"bad": bad, "elements": int(flat.numel()), "max_ratio": float(values[0]) if k else 0.0,
-            "worst": worst, "max_abs_err": float(err[finite].max()) if bool(finite.any())
-            else float("nan")}
+        worst.append(
+            {
+                "row": int(rows[i]) if rows is not None else i,
+                "col": int(cols[j]) if cols is not None else j,
+                "got": float(got[i, j]),
+                "want": float(ref[i, j]),
+                "ratio": float(v),
+            }
+        )
+    return {
+        "bad": bad,
+        "elements": int(flat.numel()),
+        "max_ratio": float(values[0]) if k else 0.0,
+        "worst": worst,
+        "max_abs_err": float(err[finite].max()) if bool(finite.any()) else float("nan"),
+    }
 
 
-def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
-                min_time_s: float = 0.2, op=None, crosscheck: Optional[bool] = None
-                ) -> Dict[str, Any]:
+def matmul_once(
+    torch,
+    device: str,
+    dtype_name: str,
+    size: int,
+    seed: int = 0,
+    min_time_s: float = 0.2,
+    op=None,
+    crosscheck: Optional[bool] = None,
+) -> Dict[str, Any]:
     """C = A @ B on `device` in `dtype`, every element checked against the same rounded inputs
     multiplied in float64 on the device, that reference itself checked against float64 on the
     CPU for a seeded sample of rows (and columns), then timed. `op` replaces torch.matmul
@@ -130,11 +146,14 @@ def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
     a = (torch.rand((size, size), device=device, generator=gen) * 2 - 1).to(dtype)
     b = (torch.rand((size, size), device=device, generator=gen) * 2 - 1).to(dtype)
     if device.startswith("cuda"):
+
         def sync():
             torch.cuda.synchronize(device)
     else:
+
         def sync():
             return None
+
     scale = float(a.float().pow(2).mean().sqrt()) * float(b.float().pow(2).mean().sqrt())
     tol = tolerance(dtype_name, size, scale)
     c = op(a, b)
@@ -154,8 +173,12 @@ def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
         sample = (sample if cols is None else sample[:, cols.to(device)]).cpu()
         cpu = a_ref @ b_ref
         diff = float((cpu - sample).abs().max()) / max(float(cpu.abs().max()), 1e-300)
-        result["reference_check"] = {"rows": int(cpu.shape[0]), "cols": int(cpu.shape[1]),
-                                     "max_rel_diff": diff, "ok": diff <= REF_AGREE}
+        result["reference_check"] = {
+            "rows": int(cpu.shape[0]),
+            "cols": int(cpu.shape[1]),
+            "max_rel_diff": diff,
+            "ok": diff <= REF_AGREE,
+        }
     del a64, b64, ref
     # timing: warm up, then repeat until min_time_s has passed (at most 100 runs)
     for _ in range(2):
@@ -172,21 +195,33 @@ def matmul_once(torch, device: str, dtype_name: str, size: int, seed: int = 0,
                 break
     sync()
     elapsed = time.perf_counter() - start
-    tflops = 2.0 * size ** 3 * runs / elapsed / 1e12
+    tflops = 2.0 * size**3 * runs / elapsed / 1e12
     checked = "every element of %dx%d" % (size, size)
     if "reference_check" in result:
         checked += "; float64 reference on %s agrees with the CPU's on %dx%d" % (
-            device, result["reference_check"]["rows"], result["reference_check"]["cols"])
-    result.update({
-        "atol": tol["atol"], "rtol": tol["rtol"], "scale": scale,
-        "max_rel_err": result["max_abs_err"] / ref_max if ref_max > 0 else float("inf"),
-        "tflops": float("%.4g" % tflops), "runs": runs, "checked": checked})
+            device,
+            result["reference_check"]["rows"],
+            result["reference_check"]["cols"],
+        )
+    result.update(
+        {
+            "atol": tol["atol"],
+            "rtol": tol["rtol"],
+            "scale": scale,
+            "max_rel_err": result["max_abs_err"] / ref_max if ref_max > 0 else float("inf"),
+            "tflops": float("%.4g" % tflops),
+            "runs": runs,
+            "checked": checked,
+        }
+    )
     return result
 
 
 def _describe_worst(r: Dict[str, Any]) -> str:
-    return ", ".join("C[%d,%d] = %.6g, want %.6g" % (w["row"], w["col"], w["got"], w["want"])
-                     for w in r["worst"][:3])
+    return ", ".join(
+        "C[%d,%d] = %.6g, want %.6g" % (w["row"], w["col"], w["got"], w["want"])
+        for w in r["worst"][:3]
+    )
 
 
 def matmul_check(params: Dict[str, Any], ctx: Context, device: Optional[str] = None, op=None):
@@ -210,30 +245,58 @@ def matmul_check(params: Dict[str, Any], ctx: Context, device: Optional[str] = N
     with _Tf32Off(torch) if dtype_name == "float32" else _Nothing():
         tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
         for dev in targets:
-            name = (torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda")
-                    else "cpu")
+            name = (
+                torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else "cpu"
+            )
             r = matmul_once(torch, dev, dtype_name, size, op=op)
-            r.update({"device": dev, "name": name,
-                      "ok": r["bad"] == 0 and r.get("reference_check", {}).get("ok", True)})
+            r.update(
+                {
+                    "device": dev,
+                    "name": name,
+                    "ok": r["bad"] == 0 and r.get("reference_check", {}).get("ok", True),
+                }
+            )
             results.append(r)
-    values: Dict[str, Any] = {"dtype": dtype_name, "size": size, "devices": results,
-                              "allow_tf32": tf32,
-                              "rule": "|C - ref| <= atol + rtol*|ref| per element"}
-    bad = ["%s: %d of %d elements off (worst %.3g x allowed: %s)" % (
-        r["device"], r["bad"], r["elements"], r["max_ratio"], _describe_worst(r))
-        for r in results if r["bad"]]
-    bad += ["%s: its float64 reference differs from the CPU's by %.3g (relative)" % (
-        r["device"], r["reference_check"]["max_rel_diff"])
-        for r in results if not r.get("reference_check", {}).get("ok", True)]
+    values: Dict[str, Any] = {
+        "dtype": dtype_name,
+        "size": size,
+        "devices": results,
+        "allow_tf32": tf32,
+        "rule": "|C - ref| <= atol + rtol*|ref| per element",
+    }
+    bad = [
+        "%s: %d of %d elements off (worst %.3g x allowed: %s)"
+        % (r["device"], r["bad"], r["elements"], r["max_ratio"], _describe_worst(r))
+        for r in results
+        if r["bad"]
+    ]
+    bad += [
+        "%s: its float64 reference differs from the CPU's by %.3g (relative)"
+        % (r["device"], r["reference_check"]["max_rel_diff"])
+        for r in results
+        if not r.get("reference_check", {}).get("ok", True)
+    ]
     if bad:
-        return failed("%s %dx%d matmul wrong on %s" % (dtype_name, size, size, short_list(bad)),
-                      values)
+        return failed(
+            "%s %dx%d matmul wrong on %s" % (dtype_name, size, size, short_list(bad)), values
+        )
     worst = max(r["max_ratio"] for r in results)
     speeds = ", ".join("%.3g" % r["tflops"] for r in results)
-    return passed("%s %d^3 on %d device(s): every element within atol %.2g + rtol %.2g "
-                  "(worst %.2f of allowed), TF32 %s, TFLOP/s %s" % (
-                      dtype_name, size, len(results), results[0]["atol"], results[0]["rtol"],
-                      worst, "on" if tf32 else "off", speeds), values)
+    return passed(
+        "%s %d^3 on %d device(s): every element within atol %.2g + rtol %.2g "
+        "(worst %.2f of allowed), TF32 %s, TFLOP/s %s"
+        % (
+            dtype_name,
+            size,
+            len(results),
+            results[0]["atol"],
+            results[0]["rtol"],
+            worst,
+            "on" if tf32 else "off",
+            speeds,
+        ),
+        values,
+    )
 
 
 class _Nothing:
@@ -255,36 +318,51 @@ def nccl_check(params: Dict[str, Any], ctx: Context):
     elements = int(params.get("elements", 1 << 22))
     world, how = driver.cuda_device_count()
     if not world:
-        why = how if world is None else "libcuda sees no CUDA device (CUDA_VISIBLE_DEVICES=%r)" \
+        why = (
+            how
+            if world is None
+            else "libcuda sees no CUDA device (CUDA_VISIBLE_DEVICES=%r)"
             % os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise Unavailable("no CUDA device visible: %s; the all-reduce needs one" % why,
-                          {"devices_from": how})
+        )
+        raise Unavailable(
+            "no CUDA device visible: %s; the all-reduce needs one" % why, {"devices_from": how}
+        )
     results = _run_workers(world, elements, timeout_s)
     seen = [r.get("device_count") for r in results if isinstance(r.get("device_count"), int)]
-    if seen and seen[0] != world and seen[0] > 0 and not any(r.get("unavailable")
-                                                              for r in results):
+    if seen and seen[0] != world and seen[0] > 0 and not any(r.get("unavailable") for r in results):
         # torch counts otherwise than libcuda did (should not happen): run again with its count
         world = seen[0]
         results = _run_workers(world, elements, timeout_s)
     expected = world * (world + 1) // 2
-    values = {"world_size": world, "expected": expected, "elements": elements,
-              "devices_from": how, "ranks": results,
-              "env": {k: os.environ.get(k, v) for k, v in proc.SAFE_ENV.items()}}
+    values = {
+        "world_size": world,
+        "expected": expected,
+        "elements": elements,
+        "devices_from": how,
+        "ranks": results,
+        "env": {k: os.environ.get(k, v) for k, v in proc.SAFE_ENV.items()},
+    }
     for r in results:
         if r.get("unavailable"):
             raise Unavailable(r["unavailable"], values)
     for r in results:
         if r.get("no_nccl"):
             return failed(r["no_nccl"], values)
-    bad = ["rank %d: %s" % (r["rank"], r.get("error") or "sum %s, expected %s" % (
-        r.get("min"), expected)) for r in results if not r.get("ok")]
+    bad = [
+        "rank %d: %s"
+        % (r["rank"], r.get("error") or "sum %s, expected %s" % (r.get("min"), expected))
+        for r in results
+        if not r.get("ok")
+    ]
     if bad:
-        return failed("all-reduce over %d GPU(s) failed: %s" % (world, short_list(bad, 3)),
-                      values)
+        return failed("all-reduce over %d GPU(s) failed: %s" % (world, short_list(bad, 3)), values)
     slowest = max(r.get("elapsed_s", 0.0) for r in results)
     note = " (world size 1: only one GPU, no inter-GPU traffic)" if world == 1 else ""
-    return passed("all-reduce over %d GPU(s) gave exactly %d on every element in %.3f s%s"
-                  % (world, expected, slowest, note), values)
+    return passed(
+        "all-reduce over %d GPU(s) gave exactly %d on every element in %.3f s%s"
+        % (world, expected, slowest, note),
+        values,
+    )
 
 
 def _run_workers(world: int, elements: int, timeout_s: int) -> List[Dict[str, Any]]:
@@ -302,8 +380,12 @@ def _run_workers(world: int, elements: int, timeout_s: int) -> List[Dict[str, An
                 log = open(os.path.join(tmp, "rank%d.log" % rank), "w+b")
                 child = proc.subprocess.Popen(
                     argv + [str(rank), str(world), store, str(elements), str(timeout_s)],
-                    stdout=log, stderr=proc.subprocess.STDOUT, stdin=proc.subprocess.DEVNULL,
-                    env=env, start_new_session=True)
+                    stdout=log,
+                    stderr=proc.subprocess.STDOUT,
+                    stdin=proc.subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
                 children.append((child, log))
         except BaseException:
             for other, log in children:
@@ -341,7 +423,13 @@ def _worker_result(rank: int, returncode: Optional[int], output: str) -> Dict[st
                 return data
             except ValueError:
                 break
-    what = "killed at the deadline" if returncode is None or returncode < 0 else \
-        "exit status %d" % returncode
-    return {"rank": rank, "ok": False,
-            "error": "%s; output: %s" % (what, proc.tail(output, 600).strip() or "(none)")}
+    what = (
+        "killed at the deadline"
+        if returncode is None or returncode < 0
+        else "exit status %d" % returncode
+    )
+    return {
+        "rank": rank,
+        "ok": False,
+        "error": "%s; output: %s" % (what, proc.tail(output, 600).strip() or "(none)"),
+    }

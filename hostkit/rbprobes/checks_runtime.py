@@ -10,7 +10,6 @@ import glob
 import importlib
 import os
 import re
-import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -33,8 +32,10 @@ def need_cuda():
     torch = need_torch()
     if not torch.cuda.is_available():
         build = "CUDA %s" % torch.version.cuda if torch.version.cuda else "a CPU-only build"
-        raise Unavailable("no CUDA device visible: torch %s (%s) reports "
-                          "torch.cuda.is_available() == False" % (torch.__version__, build))
+        raise Unavailable(
+            "no CUDA device visible: torch %s (%s) reports "
+            "torch.cuda.is_available() == False" % (torch.__version__, build)
+        )
     return torch
 
 
@@ -72,33 +73,47 @@ def torch_check(params: Dict[str, Any], ctx: Context):
         problems.append("torch is %s, expected %s" % (torch.__version__, want))
     want_cuda = params.get("cuda") or None
     if want_cuda and not version_matches(want_cuda, torch.version.cuda):
-        problems.append("torch is built for CUDA %s, expected %s"
-                        % (torch.version.cuda or "none (CPU-only build)", want_cuda))
+        problems.append(
+            "torch is built for CUDA %s, expected %s"
+            % (torch.version.cuda or "none (CPU-only build)", want_cuda)
+        )
     spec_cuda = ctx.cuda_value("version")
     if not want_cuda and spec_cuda:
         # the spec declares cuda: a torch without a CUDA expectation of its own is held to it:
         # a CPU build cannot use it, nor a wheel of another CUDA major (a minor apart runs)
         if not torch.version.cuda:
-            problems.append("torch is a CPU-only build (CUDA none), but the spec declares "
-                            "cuda: %s" % spec_cuda)
+            problems.append(
+                "torch is a CPU-only build (CUDA none), but the spec declares cuda: %s" % spec_cuda
+            )
         elif not version_matches(str(spec_cuda).split(".")[0], torch.version.cuda):
-            problems.append("torch is built for CUDA %s, but the spec declares cuda: %s "
-                            "(another major)" % (torch.version.cuda, spec_cuda))
+            problems.append(
+                "torch is built for CUDA %s, but the spec declares cuda: %s "
+                "(another major)" % (torch.version.cuda, spec_cuda)
+            )
     if torch.version.cuda and host.cuda:
         wheel = arch.parse_version(torch.version.cuda)
         have = arch.parse_version(host.cuda)
         need = [d for d, c in driver.DRIVER_TO_CUDA if arch.parse_version(c) >= wheel]
         least = need[-1] if need else "?"
         if have[0] < wheel[0]:
-            problems.append("torch %s is built for CUDA %s but the driver %s supports CUDA %s "
-                            "(CUDA %d needs a driver >= %s)" % (
-                                torch.__version__, torch.version.cuda, host.version or "?",
-                                host.cuda, wheel[0], least))
+            problems.append(
+                "torch %s is built for CUDA %s but the driver %s supports CUDA %s "
+                "(CUDA %d needs a driver >= %s)"
+                % (
+                    torch.__version__,
+                    torch.version.cuda,
+                    host.version or "?",
+                    host.cuda,
+                    wheel[0],
+                    least,
+                )
+            )
         elif have < wheel:
-            notes.append("driver CUDA %s is older than the wheel's %s: runs through CUDA "
-                         "minor-version compatibility (PTX from the newer toolkit cannot be "
-                         "JIT-compiled; kernel_audit checks that)" % (host.cuda,
-                                                                      torch.version.cuda))
+            notes.append(
+                "driver CUDA %s is older than the wheel's %s: runs through CUDA "
+                "minor-version compatibility (PTX from the newer toolkit cannot be "
+                "JIT-compiled; kernel_audit checks that)" % (host.cuda, torch.version.cuda)
+            )
     elif torch.version.cuda and not host.cuda:
         notes.append("no NVIDIA driver found")
     text = "torch %s, CUDA %s" % (torch.__version__, torch.version.cuda or "none")
@@ -132,29 +147,40 @@ def devices_check(params: Dict[str, Any], ctx: Context):
     devices = []
     for i in range(n):
         p = torch.cuda.get_device_properties(i)
-        devices.append({
-            "index": i,
-            "name": p.name,
-            "capability": "%d.%d" % (p.major, p.minor),
-            "memory_gib": round(p.total_memory / 2**30, 1),
-            "multiprocessors": p.multi_processor_count,
-        })
+        devices.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": "%d.%d" % (p.major, p.minor),
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "multiprocessors": p.multi_processor_count,
+            }
+        )
     arch_list = list(torch.cuda.get_arch_list())
-    values: Dict[str, Any] = {"count": n, "devices": devices, "arch_list": arch_list,
-                              "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    values: Dict[str, Any] = {
+        "count": n,
+        "devices": devices,
+        "arch_list": arch_list,
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
     problems = []
     if expected_count is not None and n != expected_count:
         problems.append("%d device(s) visible, expected %d" % (n, expected_count))
     if expected_cap:
-        wrong = ["%d: %s is %s" % (d["index"], d["name"], d["capability"])
-                 for d in devices if d["capability"] != expected_cap]
+        wrong = [
+            "%d: %s is %s" % (d["index"], d["name"], d["capability"])
+            for d in devices
+            if d["capability"] != expected_cap
+        ]
         if wrong:
-            problems.append("capability %s expected, but device %s" % (expected_cap,
-                                                                       short_list(wrong)))
+            problems.append(
+                "capability %s expected, but device %s" % (expected_cap, short_list(wrong))
+            )
     names = params.get("names")
     if names:
-        wrong = [d["name"] for d in devices
-                 if not any(w.lower() in d["name"].lower() for w in names)]
+        wrong = [
+            d["name"] for d in devices if not any(w.lower() in d["name"].lower() for w in names)
+        ]
         if wrong:
             problems.append("device names %s match none of %s" % (short_list(wrong), names))
     # the spec's gpu.model: a device of the same capability but another model (an H100 for an
@@ -162,11 +188,16 @@ def devices_check(params: Dict[str, Any], ctx: Context):
     model, model_names = ctx.gpu_value("model"), ctx.gpu_value("names")
     if model_names:
         values["model"] = model
-        wrong = ["%d: %s" % (d["index"], d["name"]) for d in devices
-                 if not names_model(d["name"], model_names)]
+        wrong = [
+            "%d: %s" % (d["index"], d["name"])
+            for d in devices
+            if not names_model(d["name"], model_names)
+        ]
         if wrong:
-            problems.append("the spec's gpu.model is %s, but device %s is not one (its names: %s)"
-                            % (model, short_list(wrong), ", ".join(model_names)))
+            problems.append(
+                "the spec's gpu.model is %s, but device %s is not one (its names: %s)"
+                % (model, short_list(wrong), ", ".join(model_names))
+            )
     # Does this torch build carry code (SASS, or PTX to JIT) for every device present?
     unserved = []
     for cap in sorted({d["capability"] for d in devices}):
@@ -176,15 +207,25 @@ def devices_check(params: Dict[str, Any], ctx: Context):
         if not usable:
             unserved.append(cap)
     if unserved:
-        problems.append("this torch build has no SASS or PTX for capability %s (arch list: %s)"
-                        % (", ".join(unserved), " ".join(arch_list)))
+        problems.append(
+            "this torch build has no SASS or PTX for capability %s (arch list: %s)"
+            % (", ".join(unserved), " ".join(arch_list))
+        )
     if problems:
         return failed("; ".join(problems), values)
     caps = sorted({d["capability"] for d in devices})
     names_seen = sorted({d["name"] for d in devices})
-    return passed("%d x %s (capability %s%s); torch carries %s" % (
-        n, "/".join(names_seen), "/".join(caps), ", gpu.model %s" % model if model_names else "",
-        ", ".join(a for c in caps for a in values["arch_paths"][c])), values)
+    return passed(
+        "%d x %s (capability %s%s); torch carries %s"
+        % (
+            n,
+            "/".join(names_seen),
+            "/".join(caps),
+            ", gpu.model %s" % model if model_names else "",
+            ", ".join(a for c in caps for a in values["arch_paths"][c]),
+        ),
+        values,
+    )
 
 
 def names_model(device: str, names: List[str]) -> bool:
@@ -194,8 +235,9 @@ def names_model(device: str, names: List[str]) -> bool:
     H200; "NVIDIA RTX PRO 6000 Blackwell Server Edition" names RTX-PRO-6000."""
     words = [w for w in re.split(r"[\s._-]+", device.lower()) if w]
     keys = {re.sub(r"[\s._-]+", "", n).lower() for n in names}
-    return any("".join(words[i:j]) in keys
-               for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+    return any(
+        "".join(words[i:j]) in keys for i in range(len(words)) for j in range(i + 1, len(words) + 1)
+    )
 
 
 def _arch_entry_runs(name: str, dev: Tuple[int, int]) -> bool:
@@ -238,14 +280,26 @@ def imports_check(params: Dict[str, Any], ctx: Context):
             results.append({"module": name, "ok": False, "error": text[:500]})
             missing.append("%s (%s)" % (name, text[:200]))
             continue
-        results.append({"module": name, "ok": True, "version": module_version(module, name),
-                        "file": getattr(module, "__file__", None)})
+        results.append(
+            {
+                "module": name,
+                "ok": True,
+                "version": module_version(module, name),
+                "file": getattr(module, "__file__", None),
+            }
+        )
     values = {"modules": results}
     if missing:
         return failed("cannot import %s" % short_list(missing), values)
-    return passed(", ".join("%s %s" % (r["module"], r["version"]) if r["version"] else
-                            "%s (no version: neither __version__ nor package metadata)"
-                            % r["module"] for r in results), values)
+    return passed(
+        ", ".join(
+            "%s %s" % (r["module"], r["version"])
+            if r["version"]
+            else "%s (no version: neither __version__ nor package metadata)" % r["module"]
+            for r in results
+        ),
+        values,
+    )
 
 
 def _expected_dirs(params: Dict[str, Any], ctx: Context, venv: str) -> List[str]:
@@ -274,8 +328,15 @@ def loaded_report(maps_text: str, expected: List[str]) -> Dict[str, Any]:
     loaded = []
     for fam, path in cudalibs.loaded_libraries(maps_text):
         major, how = cudalibs.cuda_major(path, fam)
-        loaded.append({"lib": fam, "path": path, "cuda_major": major, "source": how,
-                       "expected_dir": _inside(path, expected)})
+        loaded.append(
+            {
+                "lib": fam,
+                "path": path,
+                "cuda_major": major,
+                "source": how,
+                "expected_dir": _inside(path, expected),
+            }
+        )
     majors = sorted({l["cuda_major"] for l in loaded if l["cuda_major"] is not None})
     return {
         "loaded": loaded,
@@ -308,7 +369,9 @@ def _load_cuda_libraries(modules: List[str]) -> Dict[str, Any]:
         else:
             info["cuda_initialised"] = False
             info["why_not"] = "torch %s (CUDA %s) reports torch.cuda.is_available() == False" % (
-                torch.__version__, torch.version.cuda or "none: a CPU-only build")
+                torch.__version__,
+                torch.version.cuda or "none: a CPU-only build",
+            )
         return info
     count, how = driver.cuda_device_count()
     info["devices"] = count
@@ -333,11 +396,18 @@ def libraries_check(params: Dict[str, Any], ctx: Context):
     if os.path.isdir(venv):
         values["static"] = library_inventory(venv)
         if values["static"]["mixed"]:
-            notes.append("venv ships CUDA majors %s (%s)" % (
-                "+".join(map(str, values["static"]["cuda_majors"])),
-                ", ".join("%s: %s" % (k, "/".join(map(str, v)))
-                          for k, v in values["static"]["majors_by_lib"].items() if len(v) > 1)
-                or "different libraries"))
+            notes.append(
+                "venv ships CUDA majors %s (%s)"
+                % (
+                    "+".join(map(str, values["static"]["cuda_majors"])),
+                    ", ".join(
+                        "%s: %s" % (k, "/".join(map(str, v)))
+                        for k, v in values["static"]["majors_by_lib"].items()
+                        if len(v) > 1
+                    )
+                    or "different libraries",
+                )
+            )
     else:
         notes.append("venv %s not found: static part skipped" % venv)
     if params.get("runtime") is False:
@@ -354,27 +424,41 @@ def libraries_check(params: Dict[str, Any], ctx: Context):
     values.update(loaded_report(read_maps(), _expected_dirs(params, ctx, venv)))
     problems = []
     if values["foreign"]:
-        problems.append("loaded from outside the expected dirs: %s"
-                        % short_list(values["foreign"]))
+        problems.append("loaded from outside the expected dirs: %s" % short_list(values["foreign"]))
     if len(values["loaded_majors"]) > 1:
-        by_major = ["CUDA %s: %s" % (m, ", ".join(os.path.basename(l["path"])
-                                                 for l in values["loaded"]
-                                                 if l["cuda_major"] == m))
-                    for m in values["loaded_majors"]]
-        problems.append("CUDA majors %s loaded together (%s)"
-                        % ("+".join(map(str, values["loaded_majors"])), "; ".join(by_major)))
+        by_major = [
+            "CUDA %s: %s"
+            % (
+                m,
+                ", ".join(
+                    os.path.basename(l["path"]) for l in values["loaded"] if l["cuda_major"] == m
+                ),
+            )
+            for m in values["loaded_majors"]
+        ]
+        problems.append(
+            "CUDA majors %s loaded together (%s)"
+            % ("+".join(map(str, values["loaded_majors"])), "; ".join(by_major))
+        )
     if problems:
         return failed("; ".join(problems + notes), values)
     loaded = values["loaded"]
     # Nothing wrong was seen; but without CUDA in use, nothing was proven either.
     if not values["runtime"]["cuda_initialised"]:
-        raise Unavailable("no CUDA device to load the CUDA libraries with (%s); %d tracked "
-                          "CUDA libraries were loaded by importing %s, none from elsewhere" % (
-                              values["runtime"].get("why_not", "?"), len(loaded),
-                              ", ".join(modules) or "nothing"), values)
+        raise Unavailable(
+            "no CUDA device to load the CUDA libraries with (%s); %d tracked "
+            "CUDA libraries were loaded by importing %s, none from elsewhere"
+            % (values["runtime"].get("why_not", "?"), len(loaded), ", ".join(modules) or "nothing"),
+            values,
+        )
     if not loaded:
-        raise Unavailable("CUDA is initialised but no tracked CUDA library was loaded after "
-                          "importing %s" % (", ".join(modules) or "nothing"), values)
+        raise Unavailable(
+            "CUDA is initialised but no tracked CUDA library was loaded after "
+            "importing %s" % (", ".join(modules) or "nothing"),
+            values,
+        )
     text = "%d CUDA libraries loaded, all from expected dirs, CUDA %s" % (
-        len(loaded), "+".join(map(str, values["loaded_majors"])) or "?")
+        len(loaded),
+        "+".join(map(str, values["loaded_majors"])) or "?",
+    )
     return passed("; ".join([text] + notes), values)

@@ -80,16 +80,18 @@ def glob_match(path: str, globs: List[str]) -> Optional[str]:
     return None
 
 
-def unit_path(unit: List[fatbin.Container], target: Tuple[int, int],
-              ptx_max: Optional[Tuple[int, int]]) -> Tuple[Optional[str], str]:
+def unit_path(
+    unit: List[fatbin.Container], target: Tuple[int, int], ptx_max: Optional[Tuple[int, int]]
+) -> Tuple[Optional[str], str]:
     """("sass" | "ptx" | None, what it has): SASS that runs on the target, else PTX that the
     driver can JIT for it (its ISA version at most `ptx_max`, when known)."""
     entries = [e for c in unit for e in c.entries]
     for e in entries:
         if e.kind == "sass" and arch.runs_on("sass", e.number, e.suffix, target):
             return "sass", e.name
-    ptx_fit = [e for e in entries if e.kind == "ptx"
-               and arch.runs_on("ptx", e.number, e.suffix, target)]
+    ptx_fit = [
+        e for e in entries if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target)
+    ]
     for e in ptx_fit:
         if ptx_max is None or e.version <= ptx_max:
             return "ptx", e.name
@@ -97,18 +99,23 @@ def unit_path(unit: List[fatbin.Container], target: Tuple[int, int],
     code = [e for e in entries if e.kind in ("sass", "ptx")]
     if not code:
         if any(e.kind == "lto" for e in entries):
-            return None, ("only LTO-IR (%s): input for nvJitLink, never loaded as it is"
-                          % "+".join(names))
+            return None, (
+                "only LTO-IR (%s): input for nvJitLink, never loaded as it is" % "+".join(names)
+            )
         return None, "no SASS or PTX (%s)" % ("+".join(names) or "no entries")
     why = "has %s" % "+".join(names)
     if ptx_fit:
         why += "; its PTX is ISA %s, the driver JITs up to %d.%d" % (
-            "/".join(sorted({"%d.%d" % e.version for e in ptx_fit})), ptx_max[0], ptx_max[1])
+            "/".join(sorted({"%d.%d" % e.version for e in ptx_fit})),
+            ptx_max[0],
+            ptx_max[1],
+        )
     return None, why
 
 
-def judged_units(scan: fatbin.Scan, target: Tuple[int, int],
-                 ptx_max: Optional[Tuple[int, int]]) -> List[List[fatbin.Container]]:
+def judged_units(
+    scan: fatbin.Scan, target: Tuple[int, int], ptx_max: Optional[Tuple[int, int]]
+) -> List[List[fatbin.Container]]:
     """`Scan.units` as the runtime uses them on `target`: a device-linked (-rdc) container
     whose SASS runs there is one unit; one that does not is replaced by the relocatable units
     it was linked from, each on its own (on the H200 the runtime then loads each unit whose
@@ -126,8 +133,14 @@ def judged_units(scan: fatbin.Scan, target: Tuple[int, int],
 
 def jit_versions(unit: List[fatbin.Container], target: Tuple[int, int]) -> List[str]:
     """PTX ISA versions of the entries a PTX-only unit would be JIT-compiled from."""
-    return sorted({"%d.%d" % e.version for c in unit for e in c.entries
-                   if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target)})
+    return sorted(
+        {
+            "%d.%d" % e.version
+            for c in unit
+            for e in c.entries
+            if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target)
+        }
+    )
 
 
 def _arch_specific(unit: List[fatbin.Container]) -> bool:
@@ -137,9 +150,15 @@ def _arch_specific(unit: List[fatbin.Container]) -> bool:
     return bool(code) and all(e.suffix in ("a", "f") for e in code)
 
 
-def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
-             ptx_max: Optional[Tuple[int, int]], waived: bool,
-             strict: bool = False, run: Optional[decompress.DecodeBudget] = None) -> Dict[str, Any]:
+def _examine(
+    scan: fatbin.Scan,
+    buf,
+    target: Tuple[int, int],
+    ptx_max: Optional[Tuple[int, int]],
+    waived: bool,
+    strict: bool = False,
+    run: Optional[decompress.DecodeBudget] = None,
+) -> Dict[str, Any]:
     """Per-file facts: units with and without a path, the kernels of the latter, problems.
     Units without a path whose code is all arch-specific are listed apart (`arch_specific`)
     unless `strict`. `run`: the audit run's decoding budget and deadline (a fresh one when not
@@ -157,8 +176,9 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
     kernel_free = 0
     problems: List[str] = []
     unreadable: List[str] = ["%s: %s" % (c.label, c.error) for c in scan.containers if c.error]
-    unknown = sorted({e.name for e in scan.entries
-                      if e.kind not in ("sass", "ptx", "lto")}, key=fatbin._arch_key)
+    unknown = sorted(
+        {e.name for e in scan.entries if e.kind not in ("sass", "ptx", "lto")}, key=fatbin._arch_key
+    )
     lacking = []
     jit = set()
     for unit in units:
@@ -173,11 +193,16 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
     decode = not (waived and (with_path["sass"] or with_path["ptx"]))
     budget = [decompress.FILE_INPUT_BUDGET]
     for unit, what in lacking:
-        label = (unit[0].label if len(unit) == 1
-                 else "%s (%d embedded containers)" % (unit[0].section, len(unit)))
-        item: Dict[str, Any] = {"unit": label, "why": what,
-                                "archs": sorted({e.name for c in unit for e in c.entries},
-                                                key=fatbin._arch_key)}
+        label = (
+            unit[0].label
+            if len(unit) == 1
+            else "%s (%d embedded containers)" % (unit[0].section, len(unit))
+        )
+        item: Dict[str, Any] = {
+            "unit": label,
+            "why": what,
+            "archs": sorted({e.name for c in unit for e in c.entries}, key=fatbin._arch_key),
+        }
         has_code = any(e.kind in ("sass", "ptx") for c in unit for e in c.entries)
         if decode and has_code and buf is not None:
             k = fatbin.unit_kernels(buf, unit, budget, run)
@@ -196,8 +221,9 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
             item["kernels_note"] = "not decoded (partial_ok)" if not decode else "not decoded"
         (specific if not strict and _arch_specific(unit) else missing).append(item)
     if unknown:
-        problems.append("entries of a kind this reader does not know (%s): cannot judge"
-                        % ", ".join(unknown))
+        problems.append(
+            "entries of a kind this reader does not know (%s): cannot judge" % ", ".join(unknown)
+        )
     if unreadable:
         problems.append("unreadable: %s" % short_list(unreadable, 3))
     n_path = with_path["sass"] + with_path["ptx"]
@@ -207,24 +233,38 @@ def _examine(scan: fatbin.Scan, buf, target: Tuple[int, int],
     # not count): that was not shown, so it counts, and the file says why.
     unproven = [m["kernels_note"] for m in missing if m.get("unproven")]
     if unproven:
-        problems.append("not proven: %d units without a path not decoded, so not shown free of "
-                        "kernels (%s)" % (len(unproven), short_list(unproven, 2)))
+        problems.append(
+            "not proven: %d units without a path not decoded, so not shown free of "
+            "kernels (%s)" % (len(unproven), short_list(unproven, 2))
+        )
     if missing:
         verdict = "partial" if n_path else "none"
     elif n_path:
         verdict = "ptx" if with_path["ptx"] else "sass"
     else:
         verdict = "empty"
-    return {"units": len(units), "units_with_path": n_path, "units_ptx_only": with_path["ptx"],
-            "units_kernel_free": kernel_free, "units_without_path": len(missing),
-            "units_arch_specific": len(specific), "jit_ptx_versions": sorted(jit),
-            "missing": missing,
-            "arch_specific": specific, "verdict": verdict, "problems": problems,
-            "unreadable": unreadable, "unproven": unproven, "unknown_kinds": unknown}
+    return {
+        "units": len(units),
+        "units_with_path": n_path,
+        "units_ptx_only": with_path["ptx"],
+        "units_kernel_free": kernel_free,
+        "units_without_path": len(missing),
+        "units_arch_specific": len(specific),
+        "jit_ptx_versions": sorted(jit),
+        "missing": missing,
+        "arch_specific": specific,
+        "verdict": verdict,
+        "problems": problems,
+        "unreadable": unreadable,
+        "unproven": unproven,
+        "unknown_kinds": unknown,
+    }
 
 
 def file_verdict(
-    scan: fatbin.Scan, target: Tuple[int, int], driver_ptx_max: Optional[Tuple[int, int]],
+    scan: fatbin.Scan,
+    target: Tuple[int, int],
+    driver_ptx_max: Optional[Tuple[int, int]],
     buf=None,
 ) -> Tuple[str, int]:
     """("sass" | "ptx" | "partial" | "none" | "empty", units without a path) for one file.
@@ -256,6 +296,7 @@ AUDIT_PARALLEL_BYTES = 64 << 20  # less to read than this: one process reads it 
 
 class _Seen(NamedTuple):
     """What the audit's summary needs of a fatbin.Entry (a worker sends these back)."""
+
     kind: str
     name: str
     version: Tuple[int, int]
@@ -275,10 +316,16 @@ def audit_jobs(sizes: List[int]) -> int:
     return max(1, min(cores - 1, AUDIT_JOBS_MAX, len(sizes)))
 
 
-def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
-                driver_ptx_max: Optional[Tuple[int, int]], globs: List[str],
-                strict: bool, run: Optional[decompress.DecodeBudget] = None
-                ) -> Optional[Dict[str, Any]]:
+def _audit_file(
+    path: str,
+    follow: bool,
+    base: str,
+    target: Tuple[int, int],
+    driver_ptx_max: Optional[Tuple[int, int]],
+    globs: List[str],
+    strict: bool,
+    run: Optional[decompress.DecodeBudget] = None,
+) -> Optional[Dict[str, Any]]:
     """One candidate file's part of `audit`: None (not ELF), {"skipped": path} (not a regular
     file), else {"errors": [...], "seen": [entry facts], "file": its row when it has GPU code}.
     Plain data only (a worker process marshals it back). `run`: the audit's decoding limits."""
@@ -289,11 +336,16 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
             return {"skipped": path}
         rel = os.path.relpath(path, base)
         if scan.error:
-            return {"errors": ["%s: %s" % (rel, scan.error)],
-                    "file": {"path": rel, "verdict": "unreadable", "fails": True,
-                             "problems": ["unreadable: %s" % scan.error]}}
-        entries = [e for c in scan.runtime_containers + scan.embedded_containers
-                   for e in c.entries]
+            return {
+                "errors": ["%s: %s" % (rel, scan.error)],
+                "file": {
+                    "path": rel,
+                    "verdict": "unreadable",
+                    "fails": True,
+                    "problems": ["unreadable: %s" % scan.error],
+                },
+            }
+        entries = [e for c in scan.runtime_containers + scan.embedded_containers for e in c.entries]
         if not entries and not any(c.error for c in scan.containers):
             return {}
         waived_by = None if strict else glob_match(path, globs)
@@ -305,8 +357,8 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
         info["embedded_containers"] = len(scan.embedded_containers)
     if any(c.section == fatbin.RELOCATABLE_SECTION for c in scan.containers):
         info["relocatable"] = sum(
-            len(c.entries) for c in scan.containers
-            if c.section == fatbin.RELOCATABLE_SECTION)
+            len(c.entries) for c in scan.containers if c.section == fatbin.RELOCATABLE_SECTION
+        )
     missing = facts.pop("missing")
     specific = facts.pop("arch_specific")
     info.update(facts)
@@ -314,7 +366,8 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
     if specific:
         info["arch_specific"] = specific[:UNITS_LISTED]
         info["arch_specific_archs"] = sorted(
-            {a for u in specific for a in u["archs"]}, key=fatbin._arch_key)
+            {a for u in specific for a in u["archs"]}, key=fatbin._arch_key
+        )
     problems = list(facts["problems"])
     verdict = facts["verdict"]
     if verdict == "none":
@@ -323,16 +376,24 @@ def _audit_file(path: str, follow: bool, base: str, target: Tuple[int, int],
         if waived_by:
             info["waived_by"] = waived_by
         else:
-            problems.append("%d of %d units have no path to %s%s" % (
-                len(missing), facts["units"] - facts["units_kernel_free"],
-                arch.capability_to_arch(target), " (strict)" if strict else ""))
+            problems.append(
+                "%d of %d units have no path to %s%s"
+                % (
+                    len(missing),
+                    facts["units"] - facts["units_kernel_free"],
+                    arch.capability_to_arch(target),
+                    " (strict)" if strict else "",
+                )
+            )
     info["problems"] = problems
     info["fails"] = bool(problems)
     if problems:
         info["package"] = venvfs.owner(path)
-    return {"errors": ["%s: %s" % (rel, u) for u in facts["unreadable"]],
-            "seen": [(e.kind, e.name, e.version, e.compression) for e in entries],
-            "file": info}
+    return {
+        "errors": ["%s: %s" % (rel, u) for u in facts["unreadable"]],
+        "seen": [(e.kind, e.name, e.version, e.compression) for e in entries],
+        "file": info,
+    }
 
 
 def audit(
@@ -352,8 +413,9 @@ def audit(
     The files are read by `jobs` worker processes (default: audit_jobs), the result the same
     as one process's, file for file and in the same order."""
     globs = DEFAULT_PARTIAL_OK if partial_ok is None else list(partial_ok)
-    roots = [root] if not paths else [p if os.path.isabs(p) else os.path.join(root, p)
-                                      for p in paths]
+    roots = (
+        [root] if not paths else [p if os.path.isabs(p) else os.path.join(root, p) for p in paths]
+    )
     missing_paths = [p for p in roots if not os.path.lexists(p)]
     base = root if os.path.isdir(root) else os.path.dirname(root)
     skipped: List[str] = []
@@ -368,8 +430,12 @@ def audit(
     run = decompress.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
     try:
         records, workers = over_workers(
-            lambda i: _audit_file(todo[i][0], todo[i][1], base, target, driver_ptx_max, globs,
-                                  strict, run), sizes, n)
+            lambda i: _audit_file(
+                todo[i][0], todo[i][1], base, target, driver_ptx_max, globs, strict, run
+            ),
+            sizes,
+            n,
+        )
     finally:
         run.close()
     files: List[Dict[str, Any]] = []
@@ -407,8 +473,12 @@ def audit(
         "arch_specific": having(lambda f: f.get("units_arch_specific")),
         "unreadable": having(lambda f: f["verdict"] == "unreadable" or f.get("unreadable")),
         "unproven": having(lambda f: f.get("unproven")),
-        "decode_limits": {"entry_cap": decompress.ENTRY_CAP, "output": run.output,
-                          "seconds": run.seconds, "file_input": decompress.FILE_INPUT_BUDGET},
+        "decode_limits": {
+            "entry_cap": decompress.ENTRY_CAP,
+            "output": run.output,
+            "seconds": run.seconds,
+            "file_input": decompress.FILE_INPUT_BUDGET,
+        },
         "unknown_kinds": having(lambda f: f.get("unknown_kinds")),
         "partial_ok": globs,
         "strict": strict,
@@ -451,8 +521,14 @@ def kernel_audit(params: Dict[str, Any], ctx: Context):
     root = ctx.venv_or_prefix()
     if not os.path.exists(root):
         return failed("%s does not exist" % root)
-    values = audit(root, target, params.get("paths"), driver_max, params.get("partial_ok"),
-                   bool(params.get("strict")))
+    values = audit(
+        root,
+        target,
+        params.get("paths"),
+        driver_max,
+        params.get("partial_ok"),
+        bool(params.get("strict")),
+    )
     values["driver"] = driver_info
     values["driver_ptx_max"] = driver_info.get("ptx_max")
     return judge_audit(values)
@@ -477,42 +553,82 @@ def judge_audit(values: Dict[str, Any]):
                 if f["units_without_path"] > 1:
                     detail += " (+%d more units)" % (f["units_without_path"] - 1)
             described.append("%s (%s)" % (text, detail))
-        problems.append("%d of %d files with GPU code fail for %s: %s" % (
-            len(failing), values["gpu_files"], name, short_list(described, 3)))
+        problems.append(
+            "%d of %d files with GPU code fail for %s: %s"
+            % (len(failing), values["gpu_files"], name, short_list(described, 3))
+        )
     if problems:
         return failed("; ".join(problems), values)
     notes = []
     drv = values.get("driver") or {}
     if values["ptx_only"]:
-        jit = sorted({v for f in values["files"] for v in f.get("jit_ptx_versions", [])},
-                     key=lambda v: tuple(int(x) for x in v.split(".")))
+        jit = sorted(
+            {v for f in values["files"] for v in f.get("jit_ptx_versions", [])},
+            key=lambda v: tuple(int(x) for x in v.split(".")),
+        )
         if values.get("driver_ptx_max"):
-            notes.append("%d only through PTX JIT (slow first launch; ISA %s <= %s)" % (
-                len(values["ptx_only"]), "/".join(jit or ["?"]), values["driver_ptx_max"]))
+            notes.append(
+                "%d only through PTX JIT (slow first launch; ISA %s <= %s)"
+                % (len(values["ptx_only"]), "/".join(jit or ["?"]), values["driver_ptx_max"])
+            )
         else:
-            notes.append("%d only through PTX JIT (slow first launch; PTX ISA %s not checked: "
-                         "%s)" % (len(values["ptx_only"]), "/".join(jit or ["?"]),
-                                  drv.get("source", "no driver limit")))
+            notes.append(
+                "%d only through PTX JIT (slow first launch; PTX ISA %s not checked: "
+                "%s)"
+                % (
+                    len(values["ptx_only"]),
+                    "/".join(jit or ["?"]),
+                    drv.get("source", "no driver limit"),
+                )
+            )
     if values["partial_waived"]:
         waived = [f for f in values["files"] if f.get("waived_by")]
-        notes.append("%d with units lacking %s code, allowed by partial_ok (vendor dispatch): "
-                     "%s" % (len(waived), name, short_list(
-                         ["%s (%d of %d units)" % (os.path.basename(f["path"]),
-                                                   f["units_without_path"], f["units"])
-                          for f in waived], 3)))
+        notes.append(
+            "%d with units lacking %s code, allowed by partial_ok (vendor dispatch): "
+            "%s"
+            % (
+                len(waived),
+                name,
+                short_list(
+                    [
+                        "%s (%d of %d units)"
+                        % (os.path.basename(f["path"]), f["units_without_path"], f["units"])
+                        for f in waived
+                    ],
+                    3,
+                ),
+            )
+        )
     if values.get("arch_specific"):
         spec = [f for f in values["files"] if f.get("units_arch_specific")]
-        notes.append("%d with arch-specific units for other archs, called only there: %s" % (
-            len(spec), short_list(["%s (%d units: %s)" % (
-                os.path.basename(f["path"]), f["units_arch_specific"],
-                "+".join(f["arch_specific_archs"][:4])) for f in spec], 3)))
+        notes.append(
+            "%d with arch-specific units for other archs, called only there: %s"
+            % (
+                len(spec),
+                short_list(
+                    [
+                        "%s (%d units: %s)"
+                        % (
+                            os.path.basename(f["path"]),
+                            f["units_arch_specific"],
+                            "+".join(f["arch_specific_archs"][:4]),
+                        )
+                        for f in spec
+                    ],
+                    3,
+                ),
+            )
+        )
     if values["kernel_free"]:
         notes.append("%d without any kernel" % len(values["kernel_free"]))
     if values["skipped_not_regular"]:
         notes.append("%d not regular files, skipped" % len(values["skipped_not_regular"]))
     if values["gpu_files"]:
         summary = "%d files with GPU code (of %d scanned) all have a path to %s" % (
-            values["gpu_files"], values["files_scanned"], name)
+            values["gpu_files"],
+            values["files_scanned"],
+            name,
+        )
     else:
         summary = "no file with GPU code (%d shared objects scanned)" % values["files_scanned"]
     return passed(summary + ("; " + "; ".join(notes) if notes else ""), values)
@@ -523,8 +639,9 @@ def library_inventory(venv: str) -> Dict[str, Any]:
     libs = []
     for fam, path in cudalibs.find_in_tree(venv):
         major, how = cudalibs.cuda_major(path, fam)
-        libs.append({"lib": fam, "file": os.path.relpath(path, venv), "cuda_major": major,
-                     "source": how})
+        libs.append(
+            {"lib": fam, "file": os.path.relpath(path, venv), "cuda_major": major, "source": how}
+        )
     majors = sorted({l["cuda_major"] for l in libs if l["cuda_major"] is not None})
     by_lib: Dict[str, List[int]] = {}
     for l in libs:

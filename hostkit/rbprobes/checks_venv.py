@@ -25,7 +25,9 @@ ACTIVATE = ("activate", "activate.csh", "activate.fish", "activate.nu", "Activat
 TRAMPOLINE = re.compile(rb"^'''exec' (.*)$")  # pip/distlib/uv's form for long shebangs
 # the form that names no path: the interpreter beside the script (what relocation writes for a
 # venv path that is too long for a shebang or is not plain path characters)
-BESIDE = re.compile(rb'''^'\'\'exec' "\$\(dirname -- "\$\(realpath -- "\$0"\)"\)/([A-Za-z0-9._+-]+)" "\$0" "\$@"$''')
+BESIDE = re.compile(
+    rb"""^'\'\'exec' "\$\(dirname -- "\$\(realpath -- "\$0"\)"\)/([A-Za-z0-9._+-]+)" "\$0" "\$@"$"""
+)
 PYTHON_START_S = 60
 SCAN_LIMIT = 256 << 20  # bytes of one bin/ file searched for the old prefix
 
@@ -33,8 +35,7 @@ SCAN_LIMIT = 256 << 20  # bytes of one bin/ file searched for the old prefix
 def _old_pattern(old: str):
     """The old prefix as a whole path: followed by '/', a quote, whitespace, ':', NUL or the
     end (so /opt/venv does not match /opt/venv2)."""
-    return re.compile(re.escape(old.rstrip("/").encode()) + rb"(?=[/\"'\s:;\x00]|$)",
-                      re.MULTILINE)
+    return re.compile(re.escape(old.rstrip("/").encode()) + rb"(?=[/\"'\s:;\x00]|$)", re.MULTILINE)
 
 
 def _inside_venv(path: str, venv: str) -> bool:
@@ -85,8 +86,9 @@ def _env_command(args: List[str]) -> Optional[str]:
     return None
 
 
-def _judge_interpreter(script: str, head: bytes, venv: str, path_env: str
-                       ) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+def _judge_interpreter(
+    script: str, head: bytes, venv: str, path_env: str
+) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """(what the script runs, problem or None)."""
     parsed = parse_interpreter(head)
     if parsed is None:
@@ -98,8 +100,9 @@ def _judge_interpreter(script: str, head: bytes, venv: str, path_env: str
     runs = interp
     if interp.startswith("@beside/"):
         where = script if os.path.isabs(script) else os.path.join(venv, script)
-        runs = interp = os.path.join(os.path.dirname(os.path.realpath(where)),
-                                     interp[len("@beside/"):])
+        runs = interp = os.path.join(
+            os.path.dirname(os.path.realpath(where)), interp[len("@beside/") :]
+        )
         info["interpreter"] = interp
     if os.path.basename(interp) == "env" and form == "shebang":
         prog = _env_command(args)
@@ -114,7 +117,11 @@ def _judge_interpreter(script: str, head: bytes, venv: str, path_env: str
             info["via_env"] = prog
             if not found:
                 return info, "%s: `%s %s` finds no %s on PATH (venv bin/ first)" % (
-                    script, interp, prog, prog)
+                    script,
+                    interp,
+                    prog,
+                    prog,
+                )
             runs = found
     info["runs"] = runs
     if not os.path.isabs(runs):
@@ -130,18 +137,29 @@ def _judge_interpreter(script: str, head: bytes, venv: str, path_env: str
     return info, None
 
 
-def relocation(venv: str, old: Optional[str] = None,
-               timeout_s: float = PYTHON_START_S) -> Dict[str, Any]:
+def relocation(
+    venv: str, old: Optional[str] = None, timeout_s: float = PYTHON_START_S
+) -> Dict[str, Any]:
     """Facts about a (moved) venv: what each bin/ script runs, which files still name `old`,
     whether bin/python starts (and with which sys.prefix), whether pyvenv.cfg's home exists.
     `problems` lists what is wrong."""
     venv = os.path.abspath(venv)
     problems: List[Dict[str, str]] = []
-    values: Dict[str, Any] = {"venv": venv, "old": old, "scripts": [], "names_old": [],
-                              "activate": [], "system_interpreters": []}
+    values: Dict[str, Any] = {
+        "venv": venv,
+        "old": old,
+        "scripts": [],
+        "names_old": [],
+        "activate": [],
+        "system_interpreters": [],
+    }
     if old and os.path.normpath(old) in (os.path.normpath(venv), os.path.realpath(venv)):
-        problems.append({"file": "", "what": "the old prefix %s is the venv's own path: "
-                                             "nothing to compare" % old})
+        problems.append(
+            {
+                "file": "",
+                "what": "the old prefix %s is the venv's own path: nothing to compare" % old,
+            }
+        )
         old = None
     bindir = os.path.join(venv, "bin")
     pattern = _old_pattern(old) if old else None
@@ -157,11 +175,13 @@ def relocation(venv: str, old: Optional[str] = None,
                 target = os.readlink(entry.path)
                 if pattern and pattern.search(target.encode("utf-8", "surrogateescape")):
                     values["names_old"].append(rel)
-                    problems.append({"file": rel, "what": "links to %s, under the old prefix"
-                                     % target})
+                    problems.append(
+                        {"file": rel, "what": "links to %s, under the old prefix" % target}
+                    )
                 elif not os.path.exists(entry.path):
-                    problems.append({"file": rel, "what": "links to %s, which does not exist"
-                                     % target})
+                    problems.append(
+                        {"file": rel, "what": "links to %s, which does not exist" % target}
+                    )
                 continue
             if not venvfs.is_regular(entry):
                 continue
@@ -201,11 +221,16 @@ def relocation(venv: str, old: Optional[str] = None,
     return values
 
 
-def _start_python(venv: str, timeout_s: float, problems: List[Dict[str, str]]
-                  ) -> Dict[str, Any]:
+def _start_python(venv: str, timeout_s: float, problems: List[Dict[str, str]]) -> Dict[str, Any]:
     """Run bin/python -c (bounded): it must start, and its sys.prefix must be the venv."""
-    exe = next((os.path.join(venv, "bin", n) for n in ("python", "python3")
-                if os.path.lexists(os.path.join(venv, "bin", n))), None)
+    exe = next(
+        (
+            os.path.join(venv, "bin", n)
+            for n in ("python", "python3")
+            if os.path.lexists(os.path.join(venv, "bin", n))
+        ),
+        None,
+    )
     if exe is None:
         problems.append({"file": "bin/python", "what": "missing"})
         return {"path": None}
@@ -222,19 +247,29 @@ def _start_python(venv: str, timeout_s: float, problems: List[Dict[str, str]]
         return info
     info["seconds"] = round(done.duration_s, 3)
     if done.timed_out:
-        problems.append({"file": "bin/python", "what": "did not finish `-c` within %gs"
-                         % timeout_s})
+        problems.append(
+            {"file": "bin/python", "what": "did not finish `-c` within %gs" % timeout_s}
+        )
         return info
     if done.returncode != 0:
-        problems.append({"file": "bin/python", "what": "-c exited %d: %s" % (
-            done.returncode, done.output.strip()[-200:])})
+        problems.append(
+            {
+                "file": "bin/python",
+                "what": "-c exited %d: %s" % (done.returncode, done.output.strip()[-200:]),
+            }
+        )
         return info
     lines = done.stdout.strip().splitlines()
     info["prefix"] = lines[0] if lines else None
     info["version"] = lines[1] if len(lines) > 1 else None
     if info["prefix"] and not _same_dir(info["prefix"], venv):
-        problems.append({"file": "bin/python", "what": "starts with sys.prefix %s, not the venv "
-                         "%s (pyvenv.cfg missing or wrong?)" % (info["prefix"], venv)})
+        problems.append(
+            {
+                "file": "bin/python",
+                "what": "starts with sys.prefix %s, not the venv "
+                "%s (pyvenv.cfg missing or wrong?)" % (info["prefix"], venv),
+            }
+        )
     return info
 
 
@@ -249,15 +284,22 @@ def relocation_check(params: Dict[str, Any], ctx: Context):
         return failed("venv %s does not exist" % venv)
     values = relocation(venv, params.get("old"), params.get("timeout_s", PYTHON_START_S))
     if values["problems"]:
-        text = ["%s %s" % (p["file"], p["what"]) if p["file"] else p["what"]
-                for p in values["problems"]]
-        return failed("%d problem(s) in %s: %s" % (len(text), venv, short_list(text, 4)),
-                      values)
+        text = [
+            "%s %s" % (p["file"], p["what"]) if p["file"] else p["what"] for p in values["problems"]
+        ]
+        return failed("%d problem(s) in %s: %s" % (len(text), venv, short_list(text, 4)), values)
     interps = sorted({s["runs"] for s in values["scripts"] if s.get("runs")})
     py = values["python"]
-    text = "%d scripts in bin/ (interpreters: %s); bin/python -> %s starts (Python %s, " \
-           "sys.prefix is the venv)" % (len(values["scripts"]), short_list(interps, 3) or "none",
-                                        py.get("resolves_to"), py.get("version"))
+    text = (
+        "%d scripts in bin/ (interpreters: %s); bin/python -> %s starts (Python %s, "
+        "sys.prefix is the venv)"
+        % (
+            len(values["scripts"]),
+            short_list(interps, 3) or "none",
+            py.get("resolves_to"),
+            py.get("version"),
+        )
+    )
     if values["old"]:
         text += "; no file in bin/ names %s" % values["old"]
     else:
@@ -274,19 +316,30 @@ def relocation_check(params: Dict[str, Any], ctx: Context):
 
 FIXES = {
     "editable": "reinstall it without -e (pip install --no-deps --force-reinstall SRC), or "
-                "bring SRC to the same path on the destination",
+    "bring SRC to the same path on the destination",
     "pth": "install that directory as a package, or move it into the venv and drop the line",
     "symlink": "replace the link with a copy of what it points to (cp -L), or make that path "
-               "exist on the destination",
+    "exist on the destination",
     "system_site_packages": "recreate the venv without --system-site-packages, or install the "
-                            "same packages system-wide on the destination",
+    "same packages system-wide on the destination",
 }
 
 
-def _ref(kind: str, where: str, target: str, package: Optional[str] = None,
-         fix: Optional[str] = None, **extra) -> Dict[str, Any]:
-    out = {"kind": kind, "file": where, "target": target, "package": package,
-           "fix": fix or FIXES[kind.split(":")[0]]}
+def _ref(
+    kind: str,
+    where: str,
+    target: str,
+    package: Optional[str] = None,
+    fix: Optional[str] = None,
+    **extra,
+) -> Dict[str, Any]:
+    out = {
+        "kind": kind,
+        "file": where,
+        "target": target,
+        "package": package,
+        "fix": fix or FIXES[kind.split(":")[0]],
+    }
     out.update(extra)
     return out
 
@@ -314,8 +367,13 @@ def _finder_mapping(data: bytes) -> Dict[str, List[str]]:
             continue
         if isinstance(literal, dict):
             for k, v in literal.items():
-                paths = [v] if isinstance(v, str) else [p for p in v if isinstance(p, str)] \
-                    if isinstance(v, (list, tuple)) else []
+                paths = (
+                    [v]
+                    if isinstance(v, str)
+                    else [p for p in v if isinstance(p, str)]
+                    if isinstance(v, (list, tuple))
+                    else []
+                )
                 out.setdefault(str(k), []).extend(paths)
     return out
 
@@ -339,8 +397,9 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
     refs: List[Dict[str, Any]] = []
 
     def outside(path: str) -> bool:
-        return not venvfs.inside(os.path.normpath(path), roots) and \
-            not venvfs.inside(os.path.realpath(path), roots)
+        return not venvfs.inside(os.path.normpath(path), roots) and not venvfs.inside(
+            os.path.realpath(path), roots
+        )
 
     cfg = venvfs.pyvenv_cfg(venv) or {}
     home = cfg.get("home")
@@ -360,8 +419,7 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
                 for mod, paths in sorted(_finder_mapping(data).items()):
                     for p in paths:
                         if outside(p):
-                            refs.append(_ref("editable", rel, p, _editable_name(name),
-                                             module=mod))
+                            refs.append(_ref("editable", rel, p, _editable_name(name), module=mod))
             elif name.endswith(".pth"):
                 data = venvfs.read_small(full) or b""
                 editable = name.startswith("__editable__")
@@ -371,9 +429,14 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
                         continue
                     target = line if os.path.isabs(line) else os.path.join(site, line)
                     if outside(target):
-                        refs.append(_ref("editable" if editable else "pth", rel,
-                                         os.path.normpath(target),
-                                         _editable_name(name) if editable else None))
+                        refs.append(
+                            _ref(
+                                "editable" if editable else "pth",
+                                rel,
+                                os.path.normpath(target),
+                                _editable_name(name) if editable else None,
+                            )
+                        )
             elif name.endswith(".dist-info"):
                 data = venvfs.read_small(os.path.join(full, "direct_url.json"), 1 << 20)
                 if not data:
@@ -383,14 +446,23 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
                 except ValueError:
                     continue
                 url = doc.get("url", "") if isinstance(doc, dict) else ""
-                editable = isinstance(doc, dict) and isinstance(doc.get("dir_info"), dict) \
+                editable = (
+                    isinstance(doc, dict)
+                    and isinstance(doc.get("dir_info"), dict)
                     and doc["dir_info"].get("editable") is True
+                )
                 if editable and url.startswith("file://"):
                     target = unquote(urlparse(url).path)
                     if outside(target):
                         stem = name[: -len(".dist-info")]
-                        refs.append(_ref("editable", os.path.join(rel, "direct_url.json"),
-                                         target, " ".join(stem.split("-", 1))))
+                        refs.append(
+                            _ref(
+                                "editable",
+                                os.path.join(rel, "direct_url.json"),
+                                target,
+                                " ".join(stem.split("-", 1)),
+                            )
+                        )
     interp_dirs = [d for d in (home,) if d]
     lookup = venvfs.link_lookup(venv)
     for top, entry in venvfs.walk(venv):
@@ -406,13 +478,18 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
         target = os.path.normpath(os.path.join(top, text))
         if not outside(target):  # through a link (`x -> dot/..`): the lexical path lies
             target = os.path.realpath(entry.path)
-        if (links.interpreter_link(rel)
-                and (any(venvfs.inside(os.path.realpath(target), [os.path.realpath(d)])
-                         or venvfs.inside(target, [d]) for d in interp_dirs)
-                     or not interp_dirs)):
+        if links.interpreter_link(rel) and (
+            any(
+                venvfs.inside(os.path.realpath(target), [os.path.realpath(d)])
+                or venvfs.inside(target, [d])
+                for d in interp_dirs
+            )
+            or not interp_dirs
+        ):
             continue  # the venv's interpreter: relocation checks it
-        refs.append(_ref("symlink", rel, target, venvfs.owner(entry.path),
-                         exists=os.path.exists(target)))
+        refs.append(
+            _ref("symlink", rel, target, venvfs.owner(entry.path), exists=os.path.exists(target))
+        )
     # An editable seen through its finder, .pth and direct_url.json stays listed once per
     # file (each is a file to change); the same target twice in one file is listed once.
     seen = set()
@@ -431,15 +508,29 @@ def outside_check(params: Dict[str, Any], ctx: Context):
     if not os.path.isdir(venv):
         return failed("venv %s does not exist" % venv)
     refs = outside_refs(venv)
-    values = {"venv": venv, "refs": refs,
-              "targets": sorted({r["target"] for r in refs}),
-              "packages": sorted({r["package"] for r in refs if r.get("package")})}
+    values = {
+        "venv": venv,
+        "refs": refs,
+        "targets": sorted({r["target"] for r in refs}),
+        "packages": sorted({r["package"] for r in refs if r.get("package")}),
+    }
     if refs:
-        described = ["%s %s -> %s" % (r["kind"], r["package"] or r["file"], r["target"])
-                     for r in refs]
+        described = [
+            "%s %s -> %s" % (r["kind"], r["package"] or r["file"], r["target"]) for r in refs
+        ]
         kinds = sorted({r["kind"] for r in refs})
-        return failed("%d reference(s) leave %s: %s; fix: %s" % (
-            len(refs), venv, short_list(described, 4),
-            " | ".join("%s: %s" % (k, FIXES[k]) for k in kinds)), values)
-    return passed("nothing in %s points outside it (editable installs, .pth paths, "
-                  "symbolic links, system site-packages)" % venv, values)
+        return failed(
+            "%d reference(s) leave %s: %s; fix: %s"
+            % (
+                len(refs),
+                venv,
+                short_list(described, 4),
+                " | ".join("%s: %s" % (k, FIXES[k]) for k in kinds),
+            ),
+            values,
+        )
+    return passed(
+        "nothing in %s points outside it (editable installs, .pth paths, "
+        "symbolic links, system site-packages)" % venv,
+        values,
+    )

@@ -28,10 +28,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allow-skip", action="store_true",
-                   help="a missing precondition (no GPU, no torch) is a skip, not a failure")
-    p.add_argument("--deadline-s", type=float, default=None,
-                   help="stop waiting for the check after this many seconds")
+    p.add_argument(
+        "--allow-skip",
+        action="store_true",
+        help="a missing precondition (no GPU, no torch) is a skip, not a failure",
+    )
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="stop waiting for the check after this many seconds",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,47 +48,69 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("run", help="run the checks of a config document, write a report")
-    p.add_argument("--config-json", required=True,
-                   help="the config document as a JSON string ('-': read it from stdin)")
+    p.add_argument(
+        "--config-json",
+        required=True,
+        help="the config document as a JSON string ('-': read it from stdin)",
+    )
     p.add_argument("--report", required=True, help="where to write the report JSON")
 
     p = sub.add_parser("kernel_audit", help="L0: GPU code in a venv vs a target arch")
     p.add_argument("path", help="a venv (or any directory), or one .so/.cubin/.fatbin file")
     p.add_argument("--arch", required=True, help="target device, e.g. sm_103 or 10.3")
-    p.add_argument("--path", dest="paths", action="append",
-                   help="only this path (relative to PATH); repeatable")
-    p.add_argument("--driver-ptx-max",
-                   help="newest PTX ISA the driver accepts, e.g. 9.0 ('none': do not check; "
-                        "default: this host's driver)")
-    p.add_argument("--driver-cuda", help="the driver's CUDA version, e.g. 12.8 (instead of "
-                                         "--driver-ptx-max)")
-    p.add_argument("--partial-ok", dest="partial_ok", action="append",
-                   help="glob of files whose units may lack the target (vendor dispatch); "
-                        "repeatable; replaces the default nvidia/*")
-    p.add_argument("--no-partial-ok", action="store_true",
-                   help="no file may have units without a path (partial_ok: [])")
-    p.add_argument("--strict", action="store_true",
-                   help="every unit counts, partial_ok ignored")
+    p.add_argument(
+        "--path",
+        dest="paths",
+        action="append",
+        help="only this path (relative to PATH); repeatable",
+    )
+    p.add_argument(
+        "--driver-ptx-max",
+        help="newest PTX ISA the driver accepts, e.g. 9.0 ('none': do not check; "
+        "default: this host's driver)",
+    )
+    p.add_argument(
+        "--driver-cuda", help="the driver's CUDA version, e.g. 12.8 (instead of --driver-ptx-max)"
+    )
+    p.add_argument(
+        "--partial-ok",
+        dest="partial_ok",
+        action="append",
+        help="glob of files whose units may lack the target (vendor dispatch); "
+        "repeatable; replaces the default nvidia/*",
+    )
+    p.add_argument(
+        "--no-partial-ok",
+        action="store_true",
+        help="no file may have units without a path (partial_ok: [])",
+    )
+    p.add_argument("--strict", action="store_true", help="every unit counts, partial_ok ignored")
     _common(p)
 
     p = sub.add_parser("relocation", help="L0: a moved venv works where it lives")
     p.add_argument("venv")
     p.add_argument("--old", help="the prefix the venv was built at (searched for in bin/)")
-    p.add_argument("--timeout-s", type=int, default=60,
-                   help="bound on starting bin/python")
+    p.add_argument("--timeout-s", type=int, default=60, help="bound on starting bin/python")
     _common(p)
 
     p = sub.add_parser("outside", help="L0: references from the venv to paths outside it")
     p.add_argument("venv")
     _common(p)
 
-    p = sub.add_parser("preflight", help="source host, before a move: kernel_audit for the "
-                                         "destination arch + outside (+ relocation with --old)")
+    p = sub.add_parser(
+        "preflight",
+        help="source host, before a move: kernel_audit for the "
+        "destination arch + outside (+ relocation with --old)",
+    )
     p.add_argument("--venv", required=True)
     p.add_argument("--arch", required=True, help="the destination's arch, e.g. sm_103")
     p.add_argument("--old", help="also run the relocation check with this old prefix")
-    p.add_argument("--path", dest="paths", action="append",
-                   help="audit only this path (relative to the venv); repeatable")
+    p.add_argument(
+        "--path",
+        dest="paths",
+        action="append",
+        help="audit only this path (relative to the venv); repeatable",
+    )
     p.add_argument("--driver-ptx-max", help="the destination driver's PTX ISA limit")
     p.add_argument("--driver-cuda", help="the destination driver's CUDA version, e.g. 13.0")
     p.add_argument("--partial-ok", dest="partial_ok", action="append")
@@ -90,13 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("libraries", help="L0/L1: CUDA libraries shipped and loaded")
     p.add_argument("--venv", help="the venv (default: this interpreter's prefix)")
-    p.add_argument("--expect-dir", dest="expect_dirs", action="append", default=[],
-                   help="another directory libraries may come from; repeatable")
-    p.add_argument("--library-dir", dest="library_dirs", action="append", default=[],
-                   help="a cuda.library_dirs entry; repeatable")
+    p.add_argument(
+        "--expect-dir",
+        dest="expect_dirs",
+        action="append",
+        default=[],
+        help="another directory libraries may come from; repeatable",
+    )
+    p.add_argument(
+        "--library-dir",
+        dest="library_dirs",
+        action="append",
+        default=[],
+        help="a cuda.library_dirs entry; repeatable",
+    )
     p.add_argument("--cuda-home", help="cuda.home")
-    p.add_argument("--module", dest="modules", action="append",
-                   help="import this before reading the maps (default: torch); repeatable")
+    p.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        help="import this before reading the maps (default: torch); repeatable",
+    )
     p.add_argument("--static-only", action="store_true", help="only scan the venv's files")
     _common(p)
 
@@ -133,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("command", help="run a shell command with /bin/sh -c")
     p.add_argument("run")
-    p.add_argument("--venv", help="whose bin/ goes first in PATH (default: this "
-                                  "interpreter's prefix)")
+    p.add_argument(
+        "--venv", help="whose bin/ goes first in PATH (default: this interpreter's prefix)"
+    )
     p.add_argument("--name")
     p.add_argument("--expect-exit", type=int, default=0)
     p.add_argument("--timeout-s", type=int, default=300)
@@ -156,9 +200,13 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
 
             limit = driver.ptx_max_for_cuda(args.driver_cuda)
             ptx_max = "%d.%d" % limit if limit else "none"
-        params = {"arch": args.arch, "paths": args.paths, "driver_ptx_max": ptx_max,
-                  "strict": args.strict or None,
-                  "partial_ok": [] if args.no_partial_ok else args.partial_ok}
+        params = {
+            "arch": args.arch,
+            "paths": args.paths,
+            "driver_ptx_max": ptx_max,
+            "strict": args.strict or None,
+            "partial_ok": [] if args.no_partial_ok else args.partial_ok,
+        }
     elif c == "relocation":
         venv = os.path.abspath(args.venv)
         params = {"old": args.old, "timeout_s": args.timeout_s}
@@ -166,8 +214,11 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
         venv = os.path.abspath(args.venv)
     elif c == "libraries":
         venv = os.path.abspath(args.venv) if args.venv else None
-        params = {"expect_dirs": args.expect_dirs or None, "modules": args.modules,
-                  "runtime": False if args.static_only else None}
+        params = {
+            "expect_dirs": args.expect_dirs or None,
+            "modules": args.modules,
+            "runtime": False if args.static_only else None,
+        }
         cuda = {"library_dirs": args.library_dirs, "home": args.cuda_home}
     elif c == "torch":
         params = {"version": args.version, "cuda": args.cuda}
@@ -176,18 +227,29 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
     elif c == "imports":
         params = {"modules": args.modules}
     elif c == "matmul":
-        params = {"dtype": args.dtype, "size": args.size,
-                  "every_device": False if args.first_device else None}
+        params = {
+            "dtype": args.dtype,
+            "size": args.size,
+            "every_device": False if args.first_device else None,
+        }
     elif c == "nccl":
         params = {"timeout_s": args.timeout_s}
     elif c == "python":
         params = {"code": args.code, "name": args.name, "timeout_s": args.timeout_s}
     elif c == "command":
         venv = os.path.abspath(args.venv) if args.venv else None
-        params = {"run": args.run, "name": args.name, "expect_exit": args.expect_exit,
-                  "timeout_s": args.timeout_s}
-    check = {"id": c, "type": c, "allow_skip": args.allow_skip,
-             "params": {k: v for k, v in params.items() if v is not None}}
+        params = {
+            "run": args.run,
+            "name": args.name,
+            "expect_exit": args.expect_exit,
+            "timeout_s": args.timeout_s,
+        }
+    check = {
+        "id": c,
+        "type": c,
+        "allow_skip": args.allow_skip,
+        "params": {k: v for k, v in params.items() if v is not None},
+    }
     if args.deadline_s:
         check["timeout_s"] = args.deadline_s
     return {"check": check, "ctx": Context(venv=venv, cuda=cuda or None)}
@@ -241,8 +303,14 @@ def _keep_warnings() -> List[str]:
 
     kept: List[str] = []
 
-    def keep(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
-             line: Optional[str] = None) -> None:
+    def keep(
+        message: Any,
+        category: Any,
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: Optional[str] = None,
+    ) -> None:
         kept.append(warnings.formatwarning(message, category, filename, lineno, line).strip())
 
     warnings.showwarning = keep
@@ -253,9 +321,16 @@ def _preflight(args: argparse.Namespace) -> int:
     from . import preflight
 
     try:
-        doc = preflight.run(args.venv, args.arch, args.old, args.driver_ptx_max,
-                            args.driver_cuda, [] if args.no_partial_ok else args.partial_ok,
-                            args.strict, args.paths)
+        doc = preflight.run(
+            args.venv,
+            args.arch,
+            args.old,
+            args.driver_ptx_max,
+            args.driver_cuda,
+            [] if args.no_partial_ok else args.partial_ok,
+            args.strict,
+            args.paths,
+        )
     except ValueError as exc:
         sys.stderr.write("error: %s\n" % exc)
         return EXIT_USAGE
@@ -263,9 +338,18 @@ def _preflight(args: argparse.Namespace) -> int:
     sys.stderr.write(report.table(doc["checks"]) + "\n")
     for p in doc["problems"]:
         # (the file is the source's: its name shown escaped, rbrules.shown)
-        sys.stderr.write(printable("%s: %s%s: %s" % (
-            p["check"], shown(p["file"]), " [%s]" % p["package"] if p.get("package") else "",
-            p["what"])) + "\n    fix: %s\n" % printable(p["fix"]))
+        sys.stderr.write(
+            printable(
+                "%s: %s%s: %s"
+                % (
+                    p["check"],
+                    shown(p["file"]),
+                    " [%s]" % p["package"] if p.get("package") else "",
+                    p["what"],
+                )
+            )
+            + "\n    fix: %s\n" % printable(p["fix"])
+        )
     return EXIT_OK if doc["ok"] else EXIT_FAIL
 
 

@@ -73,7 +73,7 @@ def site_packages_of(path: str) -> Optional[str]:
     parts = path.split(os.sep)
     for i in range(len(parts) - 1, 0, -1):
         if parts[i] in ("site-packages", "dist-packages"):
-            return os.sep.join(parts[:i + 1])
+            return os.sep.join(parts[: i + 1])
     return None
 
 
@@ -121,7 +121,7 @@ def cuda_major(path: str, fam: Optional[str] = None) -> Tuple[Optional[int], str
                 return int(m.group(1)), "dist:%s-%s" % dist
     # A `cuNN` directory: below site-packages when the file is in one (so a venv that happens
     # to be called /opt/app-cu12 does not count), else anywhere in its directory.
-    where = os.path.dirname(real)[len(site):] if site else os.path.dirname(path)
+    where = os.path.dirname(real)[len(site) :] if site else os.path.dirname(path)
     m = _CU_COMPONENT.search(where)
     if m:
         return int(m.group(1)), "path"

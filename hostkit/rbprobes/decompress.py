@@ -93,8 +93,10 @@ class DecodeBudget:
             got += len(chunk)
         if got < need:
             self._give(got)
-            raise NotDecoded("not decoded: the audit's budget of %s of decoded output is spent "
-                             "(this entry declares %s)" % (mib(self.output), mib(size)))
+            raise NotDecoded(
+                "not decoded: the audit's budget of %s of decoded output is spent "
+                "(this entry declares %s)" % (mib(self.output), mib(size))
+            )
         self._held += got * _TOKEN
 
     def used(self, n: int) -> None:
@@ -200,8 +202,7 @@ def _libzstd_stream(lib, raw: bytes, limit: int, deadline: Optional[float]) -> b
             ret = lib.ZSTD_decompressStream(ds, ctypes.byref(outb), ctypes.byref(inb))
             del view
             if lib.ZSTD_isError(ret):
-                raise Unreadable("zstd: %s" % lib.ZSTD_getErrorName(ret).decode("ascii",
-                                                                                "replace"))
+                raise Unreadable("zstd: %s" % lib.ZSTD_getErrorName(ret).decode("ascii", "replace"))
             pos += outb.pos
             if pos > most:
                 raise Unreadable("zstd output exceeds the declared %d bytes" % most)
@@ -222,12 +223,10 @@ def _zstd_types():
     import ctypes
 
     class _In(ctypes.Structure):
-        _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t),
-                    ("pos", ctypes.c_size_t)]
+        _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
 
     class _Out(ctypes.Structure):
-        _fields_ = [("dst", ctypes.c_void_p), ("size", ctypes.c_size_t),
-                    ("pos", ctypes.c_size_t)]
+        _fields_ = [("dst", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
 
     return _In, _Out
 
@@ -256,8 +255,11 @@ def _libzstd():
             lib.ZSTD_freeDStream.argtypes = [vp]
             _ZstdIn, _ZstdOut = _zstd_types()
             lib.ZSTD_decompressStream.restype = size_t
-            lib.ZSTD_decompressStream.argtypes = [vp, ctypes.POINTER(_ZstdOut),
-                                                  ctypes.POINTER(_ZstdIn)]
+            lib.ZSTD_decompressStream.argtypes = [
+                vp,
+                ctypes.POINTER(_ZstdOut),
+                ctypes.POINTER(_ZstdIn),
+            ]
         except (OSError, AttributeError):
             lib = None
         _LIBZSTD.append(lib)
@@ -309,8 +311,10 @@ def lz4_block_decompress(src: bytes, size: int, deadline: Optional[float] = None
     `deadline` (a time.monotonic() value) has passed, checked every 1024 sequences and every
     DECODE_CHUNK of a long match."""
     if size > ENTRY_CAP:
-        raise NotDecoded("not decoded: declared size %d exceeds the %d-byte cap for one entry"
-                         % (size, ENTRY_CAP))
+        raise NotDecoded(
+            "not decoded: declared size %d exceeds the %d-byte cap for one entry"
+            % (size, ENTRY_CAP)
+        )
     dst = bytearray()
     try:
         _lz4_into(dst, src, size, deadline)
@@ -331,11 +335,12 @@ def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) 
         i += 1
         length, i = _lz4_length(src, i, token >> 4, size - len(dst))
         if i + length > n:
-            raise Unreadable("truncated LZ4 block: %d literal bytes past the input" % (
-                i + length - n))
+            raise Unreadable(
+                "truncated LZ4 block: %d literal bytes past the input" % (i + length - n)
+            )
         if len(dst) + length > size:
             raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
-        dst += src[i:i + length]
+        dst += src[i : i + length]
         i += length
         if i >= n or len(dst) == size:
             break  # the last sequence has literals only
@@ -344,15 +349,14 @@ def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) 
         offset = src[i] | (src[i + 1] << 8)
         i += 2
         if offset == 0 or offset > len(dst):
-            raise Unreadable("corrupt LZ4 block: match offset %d at output %d"
-                             % (offset, len(dst)))
+            raise Unreadable("corrupt LZ4 block: match offset %d at output %d" % (offset, len(dst)))
         length, i = _lz4_length(src, i, token & 15, size - len(dst))
         length += 4
         if len(dst) + length > size:
             raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
         start = len(dst) - offset
         if offset >= length:
-            dst += dst[start:start + length]
+            dst += dst[start : start + length]
             continue
         # overlapping: the last `offset` bytes repeat. Appended a block of whole periods at a
         # time (at most about DECODE_CHUNK), so a long match costs no more memory than that
@@ -364,5 +368,3 @@ def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) 
             dst += block
             length -= len(block)
         dst += block[:length]
-
-

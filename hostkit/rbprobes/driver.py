@@ -46,7 +46,7 @@ def _tuple(text: str) -> Tuple[int, ...]:
 
 
 def cuda_for_driver(version: str) -> Optional[str]:
-    """"580.159.04" -> "13.0"; None for a driver older than CUDA 11.0 or not a version."""
+    """ "580.159.04" -> "13.0"; None for a driver older than CUDA 11.0 or not a version."""
     try:
         have = _tuple(version)
     except ValueError:
@@ -87,7 +87,11 @@ def driver_version() -> Optional[str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=False)
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0].strip()
     except (OSError, subprocess.SubprocessError):
@@ -126,8 +130,12 @@ class HostDriver(NamedTuple):
         return text
 
     def as_dict(self) -> Dict[str, object]:
-        return {"version": self.version, "cuda": self.cuda, "cuda_source": self.cuda_source,
-                "ptx_max": "%d.%d" % self.ptx_max if self.ptx_max else None}
+        return {
+            "version": self.version,
+            "cuda": self.cuda,
+            "cuda_source": self.cuda_source,
+            "ptx_max": "%d.%d" % self.ptx_max if self.ptx_max else None,
+        }
 
 
 def host_driver() -> HostDriver:

@@ -77,19 +77,33 @@ def parse(buf) -> Optional[Elf]:
         if shentsize < struct.calcsize(fmt):
             raise ElfError("section header size %d is too small" % shentsize)
         if shoff + shentsize > len(buf):
-            raise ElfError("section table at offset %d lies outside the file (%d bytes): "
-                           "truncated?" % (shoff, len(buf)))
+            raise ElfError(
+                "section table at offset %d lies outside the file (%d bytes): "
+                "truncated?" % (shoff, len(buf))
+            )
         first = struct.unpack_from(fmt, buf, shoff)
         if shnum == 0:  # more than 0xff00 sections: the count is in section 0's sh_size
             shnum = first[5]
         if shstrndx == SHN_XINDEX:
             shstrndx = first[6]
         if shoff + shnum * shentsize > len(buf):
-            raise ElfError("section table (%d entries at offset %d) runs past the end of the "
-                           "file (%d bytes): truncated?" % (shnum, shoff, len(buf)))
+            raise ElfError(
+                "section table (%d entries at offset %d) runs past the end of the "
+                "file (%d bytes): truncated?" % (shnum, shoff, len(buf))
+            )
         for i in range(shnum):
-            (sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, _info, _align,
-             _entsize) = struct.unpack_from(fmt, buf, shoff + i * shentsize)
+            (
+                sh_name,
+                sh_type,
+                sh_flags,
+                sh_addr,
+                sh_offset,
+                sh_size,
+                sh_link,
+                _info,
+                _align,
+                _entsize,
+            ) = struct.unpack_from(fmt, buf, shoff + i * shentsize)
             raw.append((sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link))
     names = b""
     if raw:
@@ -98,11 +112,11 @@ def parse(buf) -> Optional[Elf]:
         _n, _t, _f, _a, off, size, _l = raw[shstrndx]
         if off + size > len(buf):
             raise ElfError("section name table lies outside the file: truncated?")
-        names = bytes(buf[off:off + size])
+        names = bytes(buf[off : off + size])
     sections = []
     for sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link in raw:
         end = names.find(b"\0", sh_name)
-        name = names[sh_name:end if end >= 0 else len(names)].decode("latin-1")
+        name = names[sh_name : end if end >= 0 else len(names)].decode("latin-1")
         sections.append(Section(name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link))
     bits = 64 if ei_class == 2 else 32
     return Elf(bits, e_type, machine, osabi, abiversion, flags, sections)
@@ -117,7 +131,7 @@ def section_bytes(buf, section: Section) -> bytes:
     """A copy of a (small) section's contents; empty for NOBITS or out-of-file sections."""
     if not in_file(buf, section):
         return b""
-    return bytes(buf[section.offset:section.offset + section.size])
+    return bytes(buf[section.offset : section.offset + section.size])
 
 
 def by_name(elf: Elf) -> Dict[str, Section]:
@@ -147,7 +161,7 @@ def soname(buf, elf: Elf) -> Optional[str]:
             if tag == DT_SONAME:
                 strs = section_bytes(buf, strtab)
                 end = strs.find(b"\0", val)
-                return strs[val:end if end >= 0 else len(strs)].decode("latin-1") or None
+                return strs[val : end if end >= 0 else len(strs)].decode("latin-1") or None
     return None
 
 
@@ -169,9 +183,9 @@ def kernels(buf, image: Elf) -> List[str]:
                 st_info, st_other = data[pos + 12], data[pos + 13]
             if st_info & 0xF == STT_FUNC and st_other & STO_CUDA_ENTRY:
                 end = strs.find(b"\0", st_name)
-                name = strs[st_name:end if end >= 0 else len(strs)].decode("latin-1")
+                name = strs[st_name : end if end >= 0 else len(strs)].decode("latin-1")
                 if name and name not in found:
                     found.append(name)
     if found:
         return found
-    return [sec.name[len(".text."):] for sec in image.sections if sec.name.startswith(".text.")]
+    return [sec.name[len(".text.") :] for sec in image.sections if sec.name.startswith(".text.")]

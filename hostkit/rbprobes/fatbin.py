@@ -150,8 +150,11 @@ class Scan(NamedTuple):
         relocatable containers (`linked_group`; checks_static.judged_units splits it)."""
         embedded = self.embedded_containers
         rt = self.runtime_containers
-        rdc = [c for c in self.containers
-               if c.section == RELOCATABLE_SECTION and c.wrapper == 1 and c not in rt]
+        rdc = [
+            c
+            for c in self.containers
+            if c.section == RELOCATABLE_SECTION and c.wrapper == 1 and c not in rt
+        ]
         units = [[c] + rdc if c.wrapper == 2 and rdc else [c] for c in rt]
         return units + ([embedded] if embedded else [])
 
@@ -162,8 +165,11 @@ class Scan(NamedTuple):
 
 def linked_group(unit: List[Container]) -> bool:
     """A device-linked container followed by the relocatable units it was linked from."""
-    return (len(unit) > 1 and unit[0].wrapper == 2
-            and all(c.section == RELOCATABLE_SECTION for c in unit[1:]))
+    return (
+        len(unit) > 1
+        and unit[0].wrapper == 2
+        and all(c.section == RELOCATABLE_SECTION for c in unit[1:])
+    )
 
 
 def _suffix(flags: int) -> str:
@@ -182,8 +188,9 @@ def _compression(flags: int) -> Optional[str]:
     return None
 
 
-def parse_entries(buf, start: int, end: int,
-                  strict: bool = False) -> Tuple[List[Entry], Optional[str]]:
+def parse_entries(
+    buf, start: int, end: int, strict: bool = False
+) -> Tuple[List[Entry], Optional[str]]:
     """Entries of one container whose entry area is buf[start:end]. `strict` (for containers
     found by searching data sections) rejects any entry that is not PTX, ELF or LTO-IR of
     version 0x0101, so random bytes that happen to hold the magic are not taken for code."""
@@ -200,22 +207,36 @@ def parse_entries(buf, start: int, end: int,
         (flags,) = struct.unpack_from("<Q", buf, pos + 40)
         (usize,) = struct.unpack_from("<Q", buf, pos + 56)
         kind = {KIND_PTX: "ptx", KIND_ELF: "sass", KIND_LTO: "lto"}.get(
-            kind_code, "kind%d" % kind_code)
+            kind_code, "kind%d" % kind_code
+        )
         comp = _compression(flags)
         if comp and compressed > size:
-            return entries, ("entry at offset %d: compressed size %d exceeds its payload of %d"
-                             % (pos, compressed, size))
-        entries.append(Entry(
-            kind, number, _suffix(flags), (major, minor), flags, comp, pos + hsize,
-            compressed if comp and compressed else size, usize if comp else size))
+            return entries, (
+                "entry at offset %d: compressed size %d exceeds its payload of %d"
+                % (pos, compressed, size)
+            )
+        entries.append(
+            Entry(
+                kind,
+                number,
+                _suffix(flags),
+                (major, minor),
+                flags,
+                comp,
+                pos + hsize,
+                compressed if comp and compressed else size,
+                usize if comp else size,
+            )
+        )
         pos += hsize + size
     if pos != end and end - pos >= 8 and any(bytes(buf[pos:end])):
         return entries, "%d stray bytes after the last entry at offset %d" % (end - pos, pos)
     return entries, None
 
 
-def parse_containers(buf, start: int, end: int, section: str,
-                     strict: bool = False) -> List[Container]:
+def parse_containers(
+    buf, start: int, end: int, section: str, strict: bool = False
+) -> List[Container]:
     """Every fatbin container found in buf[start:end] (`strict`: see parse_entries; a
     container that fails it is dropped, not reported)."""
     out = []
@@ -250,8 +271,9 @@ def _cubin_entry(buf, image: elf.Elf) -> Entry:
             m = _TKINFO_ARCH.search(elf.section_bytes(buf, sec))
             if m:
                 _k, major, minor, suffix = arch.parse_arch(m.group(1).decode())
-                return Entry("sass", major * 10 + minor, suffix, (0, 0), 0, None, 0, len(buf),
-                             len(buf))
+                return Entry(
+                    "sass", major * 10 + minor, suffix, (0, 0), 0, None, 0, len(buf), len(buf)
+                )
     number = (image.flags >> 8) & 0xFF if image.abiversion >= 8 else image.flags & 0xFF
     return Entry("sass", number, "", (0, 0), 0, None, 0, len(buf), len(buf))
 
@@ -284,9 +306,17 @@ def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
         if sec.name not in _FATBIN_SECTIONS or sec.type == elf.SHT_NOBITS:
             continue
         if not elf.in_file(buf, sec):
-            containers.append(Container(sec.name, sec.offset, [], (
-                "section %s (%d bytes at offset %d) lies outside the file (%d bytes): truncated?"
-                % (sec.name, sec.size, sec.offset, len(buf)))))
+            containers.append(
+                Container(
+                    sec.name,
+                    sec.offset,
+                    [],
+                    (
+                        "section %s (%d bytes at offset %d) lies outside the file (%d bytes): truncated?"
+                        % (sec.name, sec.size, sec.offset, len(buf))
+                    ),
+                )
+            )
         elif sec.name in (RUNTIME_SECTION, RELOCATABLE_SECTION):
             containers.extend(parse_containers(buf, sec.offset, sec.offset + sec.size, sec.name))
         else:
@@ -298,10 +328,14 @@ def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
     containers = [c._replace(wrapper=versions.get(c.offset)) for c in containers]
     if embedded and (containers or wrappers):
         for sec in image.sections:
-            if (sec.type == elf.SHT_PROGBITS and sec.name.startswith(EMBEDDED_PREFIXES)
-                    and elf.in_file(buf, sec)):
-                containers.extend(parse_containers(buf, sec.offset, sec.offset + sec.size,
-                                                   sec.name, strict=True))
+            if (
+                sec.type == elf.SHT_PROGBITS
+                and sec.name.startswith(EMBEDDED_PREFIXES)
+                and elf.in_file(buf, sec)
+            ):
+                containers.extend(
+                    parse_containers(buf, sec.offset, sec.offset + sec.size, sec.name, strict=True)
+                )
     return Scan(path, "elf", containers, wrappers, None)
 
 
@@ -357,9 +391,11 @@ def _limit(entry: Entry) -> int:
     if entry.compression and entry.size <= 0:
         raise Unreadable("%s entry declares no uncompressed size" % entry.compression)
     if entry.size > decompress.ENTRY_CAP:
-        raise NotDecoded("not decoded: declares %d decoded bytes, more than the cap for one "
-                         "entry (%s; the largest real entry seen has 71 MB)"
-                         % (entry.size, decompress.mib(decompress.ENTRY_CAP)))
+        raise NotDecoded(
+            "not decoded: declares %d decoded bytes, more than the cap for one "
+            "entry (%s; the largest real entry seen has 71 MB)"
+            % (entry.size, decompress.mib(decompress.ENTRY_CAP))
+        )
     return entry.size
 
 
@@ -373,9 +409,9 @@ def payload(buf, entry: Entry, budget: Optional[DecodeBudget] = None):
     if end > len(buf):
         raise Unreadable("payload runs past the end of the data")
     if entry.compression is None:
-        return bytes(buf[entry.payload_offset:end])
+        return bytes(buf[entry.payload_offset : end])
     limit = _limit(entry)
-    raw = bytes(buf[entry.payload_offset:end])
+    raw = bytes(buf[entry.payload_offset : end])
     deadline = None
     if budget is not None:
         budget.take(limit)
@@ -440,8 +476,12 @@ class UnitKernels(NamedTuple):
         return self.complete and not self.names and not self.error
 
 
-def unit_kernels(buf, unit: List[Container], budget: Optional[List[int]] = None,
-                 run: Optional[DecodeBudget] = None) -> UnitKernels:
+def unit_kernels(
+    buf,
+    unit: List[Container],
+    budget: Optional[List[int]] = None,
+    run: Optional[DecodeBudget] = None,
+) -> UnitKernels:
     """The kernels of a unit, read from the cheapest code entry of each container that decodes
     here (all entries of one container hold the same kernels, compiled for other archs).
     `budget`: [bytes] of compressed input still allowed to be decoded (shared across calls);
@@ -452,8 +492,10 @@ def unit_kernels(buf, unit: List[Container], budget: Optional[List[int]] = None,
     undecoded = ""
     limited = False
     for c in unit:
-        code = sorted((e for e in c.entries if e.kind in ("sass", "ptx")),
-                      key=lambda e: (order.get(e.compression, 3), e.stored_size))
+        code = sorted(
+            (e for e in c.entries if e.kind in ("sass", "ptx")),
+            key=lambda e: (order.get(e.compression, 3), e.stored_size),
+        )
         if not code:
             continue
         done = False
@@ -461,8 +503,11 @@ def unit_kernels(buf, unit: List[Container], budget: Optional[List[int]] = None,
         capped = False
         for e in code:
             if budget is not None and budget[0] < e.stored_size:
-                why = ("%s %s: not decoded: the file's budget of %s of compressed input is "
-                       "spent" % (c.label, e.name, decompress.mib(decompress.FILE_INPUT_BUDGET)))
+                why = "%s %s: not decoded: the file's budget of %s of compressed input is spent" % (
+                    c.label,
+                    e.name,
+                    decompress.mib(decompress.FILE_INPUT_BUDGET),
+                )
                 capped = True
                 break
             try:

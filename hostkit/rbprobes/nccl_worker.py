@@ -20,8 +20,13 @@ from .result import Unavailable
 
 
 def main(argv) -> int:
-    rank, world, store, elements, timeout_s = (int(argv[0]), int(argv[1]), argv[2],
-                                               int(argv[3]), int(argv[4]))
+    rank, world, store, elements, timeout_s = (
+        int(argv[0]),
+        int(argv[1]),
+        argv[2],
+        int(argv[3]),
+        int(argv[4]),
+    )
     apply_safe_env()
     out = {"rank": rank, "ok": False}
     try:
@@ -42,12 +47,19 @@ def main(argv) -> int:
         out["device_count"] = torch.cuda.device_count()
         if out["device_count"] != world:
             out["error"] = "torch sees %d device(s), the check started %d worker(s)" % (
-                out["device_count"], world)
+                out["device_count"],
+                world,
+            )
             print(json.dumps(out), flush=True)
             return 1
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method="file://" + store, rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "nccl",
+            init_method="file://" + store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         x = torch.full((elements,), float(rank + 1), dtype=torch.float32, device="cuda")
         dist.all_reduce(x)  # warm-up: builds the communicator
         torch.cuda.synchronize()
@@ -58,9 +70,16 @@ def main(argv) -> int:
         elapsed = time.perf_counter() - start
         expected = world * (world + 1) // 2
         lo, hi = float(x.min()), float(x.max())
-        out.update({"ok": lo == hi == expected, "min": lo, "max": hi, "elapsed_s": elapsed,
-                    "device": torch.cuda.get_device_name(rank),
-                    "nccl": _nccl_version(torch)})
+        out.update(
+            {
+                "ok": lo == hi == expected,
+                "min": lo,
+                "max": hi,
+                "elapsed_s": elapsed,
+                "device": torch.cuda.get_device_name(rank),
+                "nccl": _nccl_version(torch),
+            }
+        )
         dist.destroy_process_group()
     except Exception as exc:
         out["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:400])

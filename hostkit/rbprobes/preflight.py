@@ -24,15 +24,29 @@ SCHEMA = 1
 
 
 def _entry(check_type: str, outcome: Outcome, started: float) -> Dict[str, Any]:
-    return report.result(check_type, check_type, CHECKS[check_type].level, outcome.status,
-                         outcome.reason, outcome.values, time.monotonic() - started)
+    return report.result(
+        check_type,
+        check_type,
+        CHECKS[check_type].level,
+        outcome.status,
+        outcome.reason,
+        outcome.values,
+        time.monotonic() - started,
+    )
 
 
 def _audit_problems(values: Dict[str, Any]) -> List[Dict[str, Any]]:
     out = []
     for p in values.get("missing_paths", []):
-        out.append({"check": "kernel_audit", "file": p, "package": None,
-                    "what": "path to audit does not exist", "fix": "fix the spec's paths"})
+        out.append(
+            {
+                "check": "kernel_audit",
+                "file": p,
+                "package": None,
+                "what": "path to audit does not exist",
+                "fix": "fix the spec's paths",
+            }
+        )
     for f in values["files"]:
         if not f.get("fails"):
             continue
@@ -40,40 +54,65 @@ def _audit_problems(values: Dict[str, Any]) -> List[Dict[str, Any]]:
         missing = f.get("missing") or []
         kernels = sorted({k for m in missing for k in (m.get("kernels") or [])})
         num = values["target"].split("_", 1)[1]
-        fix = ("rebuild it with code for %s (-gencode arch=compute_%s,code=sm_%s, or PTX "
-               "the destination's driver can JIT), or install a build of the package that "
-               "has it" % (values["target"], num, num))
+        fix = (
+            "rebuild it with code for %s (-gencode arch=compute_%s,code=sm_%s, or PTX "
+            "the destination's driver can JIT), or install a build of the package that "
+            "has it" % (values["target"], num, num)
+        )
         if f.get("verdict") == "unreadable" or f.get("unreadable"):
             fix = "reinstall the package (the file is damaged or truncated)"
-        item = {"check": "kernel_audit", "file": f["path"], "package": f.get("package"),
-                "what": what, "fix": fix}
+        item = {
+            "check": "kernel_audit",
+            "file": f["path"],
+            "package": f.get("package"),
+            "what": what,
+            "fix": fix,
+        }
         if missing:
-            item["units"] = [{"unit": m["unit"], "archs": m["archs"], "why": m["why"],
-                              "kernels": m.get("kernels")} for m in missing]
+            item["units"] = [
+                {
+                    "unit": m["unit"],
+                    "archs": m["archs"],
+                    "why": m["why"],
+                    "kernels": m.get("kernels"),
+                }
+                for m in missing
+            ]
         if kernels:
             item["kernels"] = kernels[:50]
         out.append(item)
     return out
 
 
-def run(venv: str, target: str, old: Optional[str] = None,
-        driver_ptx_max: Optional[str] = None, driver_cuda: Optional[str] = None,
-        partial_ok: Optional[List[str]] = None, strict: bool = False,
-        paths: Optional[List[str]] = None) -> Dict[str, Any]:
+def run(
+    venv: str,
+    target: str,
+    old: Optional[str] = None,
+    driver_ptx_max: Optional[str] = None,
+    driver_cuda: Optional[str] = None,
+    partial_ok: Optional[List[str]] = None,
+    strict: bool = False,
+    paths: Optional[List[str]] = None,
+) -> Dict[str, Any]:
     """The preflight document for `venv` and a destination arch (raises ValueError for a bad
     arch or version)."""
     venv = os.path.abspath(venv)
     cap = arch.parse_target(target)
     limit = None
-    drv: Dict[str, Any] = {"source": "not checked: the destination's driver is unknown here "
-                                     "(give --driver-cuda or --driver-ptx-max)"}
+    drv: Dict[str, Any] = {
+        "source": "not checked: the destination's driver is unknown here "
+        "(give --driver-cuda or --driver-ptx-max)"
+    }
     if driver_ptx_max:
         limit = arch.parse_version(driver_ptx_max)
         drv = {"ptx_max": driver_ptx_max, "source": "--driver-ptx-max"}
     elif driver_cuda:
         limit = driver.ptx_max_for_cuda(driver_cuda)
-        drv = {"cuda": driver_cuda, "ptx_max": "%d.%d" % limit if limit else None,
-               "source": "--driver-cuda %s" % driver_cuda}
+        drv = {
+            "cuda": driver_cuda,
+            "ptx_max": "%d.%d" % limit if limit else None,
+            "source": "--driver-cuda %s" % driver_cuda,
+        }
     checks: List[Dict[str, Any]] = []
     problems: List[Dict[str, Any]] = []
 
@@ -85,35 +124,63 @@ def run(venv: str, target: str, old: Optional[str] = None,
     problems.extend(_audit_problems(values))
 
     started = time.monotonic()
-    outcome = checks_venv.outside_check({}, _ctx(venv)) if os.path.isdir(venv) else \
-        Outcome(FAIL, "venv %s does not exist" % venv, {})
+    outcome = (
+        checks_venv.outside_check({}, _ctx(venv))
+        if os.path.isdir(venv)
+        else Outcome(FAIL, "venv %s does not exist" % venv, {})
+    )
     checks.append(_entry("outside", outcome, started))
     for r in outcome.values.get("refs", []):
-        problems.append({"check": "outside", "file": r["file"], "package": r.get("package"),
-                         "what": "%s -> %s" % (r["kind"], r["target"]), "fix": r["fix"]})
+        problems.append(
+            {
+                "check": "outside",
+                "file": r["file"],
+                "package": r.get("package"),
+                "what": "%s -> %s" % (r["kind"], r["target"]),
+                "fix": r["fix"],
+            }
+        )
     if not os.path.isdir(venv):
-        problems.append({"check": "outside", "file": venv, "package": None,
-                         "what": "venv does not exist", "fix": "check --venv"})
+        problems.append(
+            {
+                "check": "outside",
+                "file": venv,
+                "package": None,
+                "what": "venv does not exist",
+                "fix": "check --venv",
+            }
+        )
 
     if old:
         started = time.monotonic()
         outcome = checks_venv.relocation_check({"old": old}, _ctx(venv))
         checks.append(_entry("relocation", outcome, started))
         for p in outcome.values.get("problems", []):
-            problems.append({"check": "relocation", "file": p["file"], "package": None,
-                             "what": p["what"],
-                             "fix": "python -m rbkit relocate %s --old %s --new %s"
-                                    % (venv, old, venv)})
+            problems.append(
+                {
+                    "check": "relocation",
+                    "file": p["file"],
+                    "package": None,
+                    "what": p["what"],
+                    "fix": "python -m rbkit relocate %s --old %s --new %s" % (venv, old, venv),
+                }
+            )
     summary = {"pass": 0, "fail": 0, "skip": 0}
     for c in checks:
         summary[c["status"]] += 1
-    return {"schema": SCHEMA, "kind": "preflight", "venv": venv,
-            "arch": arch.capability_to_arch(cap), "old": old,
-            "ok": all(c["status"] == PASS for c in checks),
-            "problems": problems,
-            "files": sorted({p["file"] for p in problems}),
-            "packages": sorted({p["package"] for p in problems if p.get("package")}),
-            "checks": checks, "summary": summary}
+    return {
+        "schema": SCHEMA,
+        "kind": "preflight",
+        "venv": venv,
+        "arch": arch.capability_to_arch(cap),
+        "old": old,
+        "ok": all(c["status"] == PASS for c in checks),
+        "problems": problems,
+        "files": sorted({p["file"] for p in problems}),
+        "packages": sorted({p["package"] for p in problems if p.get("package")}),
+        "checks": checks,
+        "summary": summary,
+    }
 
 
 def _ctx(venv: str):

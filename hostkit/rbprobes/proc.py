@@ -45,14 +45,21 @@ def tail(text: str, limit: int = TAIL_CHARS) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
-def run_bounded(argv: List[str], timeout_s: float, env: Optional[Dict[str, str]] = None,
-                cwd: str = "/") -> Finished:
+def run_bounded(
+    argv: List[str], timeout_s: float, env: Optional[Dict[str, str]] = None, cwd: str = "/"
+) -> Finished:
     """Run argv in its own process group, from `cwd` (default /: no other user can write there);
     at the deadline kill the whole group."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -62,8 +69,13 @@ def run_bounded(argv: List[str], timeout_s: float, env: Optional[Dict[str, str]]
         out, err = proc.communicate()
     stdout = out.decode("utf-8", "replace")
     both = stdout + err.decode("utf-8", "replace")
-    return Finished(None if timed_out else proc.returncode, tail(both), stdout, timed_out,
-                    time.monotonic() - start)
+    return Finished(
+        None if timed_out else proc.returncode,
+        tail(both),
+        stdout,
+        timed_out,
+        time.monotonic() - start,
+    )
 
 
 def kill_group(proc: "subprocess.Popen") -> None:

@@ -14,16 +14,34 @@ SCHEMA = 1
 LEVELS = ("L0", "L1", "L2")
 
 
-def result(check_id: str, check_type: str, level: str, status: str, reason: str,
-           values: Optional[Dict[str, Any]] = None, duration_s: float = 0.0) -> Dict[str, Any]:
+def result(
+    check_id: str,
+    check_type: str,
+    level: str,
+    status: str,
+    reason: str,
+    values: Optional[Dict[str, Any]] = None,
+    duration_s: float = 0.0,
+) -> Dict[str, Any]:
     """One entry of the report's `checks` list (also what a standalone check prints)."""
-    return {"id": check_id, "type": check_type, "level": level, "status": status,
-            "reason": reason, "values": values or {}, "duration_s": round(duration_s, 3)}
+    return {
+        "id": check_id,
+        "type": check_type,
+        "level": level,
+        "status": status,
+        "reason": reason,
+        "values": values or {},
+        "duration_s": round(duration_s, 3),
+    }
 
 
-def build(host: Optional[str], started: float, duration_s: float,
-          checks: List[Dict[str, Any]],
-          schedule: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+def build(
+    host: Optional[str],
+    started: float,
+    duration_s: float,
+    checks: List[Dict[str, Any]],
+    schedule: Optional[List[Dict[str, Any]]] = None,
+) -> Dict[str, Any]:
     """The report; `schedule` (run_config's) lists, in the checks' order, each check's lane and
     its start and end in seconds from `started` (null for a check that was not run)."""
     ran = {c["level"] for c in checks if not c["values"].get("not_run")}
@@ -75,13 +93,15 @@ def table(checks: List[Dict[str, Any]], width: int = 140) -> str:
     """Aligned columns: check, level, status, seconds, detail."""
     rows = [("check", "level", "status", "secs", "detail")]
     for c in checks:
-        rows.append((c["id"], c["level"], c["status"].upper(), "%.2f" % c["duration_s"],
-                     c["reason"]))
+        rows.append(
+            (c["id"], c["level"], c["status"].upper(), "%.2f" % c["duration_s"], c["reason"])
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = []
     for r in rows:
-        head = "  ".join(r[i].ljust(widths[i]) if i != 3 else r[i].rjust(widths[i])
-                         for i in range(4))
+        head = "  ".join(
+            r[i].ljust(widths[i]) if i != 3 else r[i].rjust(widths[i]) for i in range(4)
+        )
         lines.append(head + "  " + _one_line(r[4], max(20, width - len(head) - 2)))
     return "\n".join(lines)
 
@@ -89,5 +109,10 @@ def table(checks: List[Dict[str, Any]], width: int = 140) -> str:
 def summary_line(doc: Dict[str, Any]) -> str:
     s = doc["summary"]
     return "%s: %d passed, %d failed, %d skipped (levels %s) in %.1fs" % (
-        doc["host"], s.get("pass", 0), s.get("fail", 0), s.get("skip", 0),
-        "+".join(doc["levels_run"]) or "none", doc["duration_s"])
+        doc["host"],
+        s.get("pass", 0),
+        s.get("fail", 0),
+        s.get("skip", 0),
+        "+".join(doc["levels_run"]) or "none",
+        doc["duration_s"],
+    )

@@ -66,14 +66,16 @@ def check_params(check_type: str, params: Any, allowed: Dict[str, str]) -> Dict[
     if params is None:
         return {}
     if not isinstance(params, dict):
-        raise ParamError("params of a %s check must be a mapping, got %s"
-                         % (check_type, type(params).__name__))
+        raise ParamError(
+            "params of a %s check must be a mapping, got %s" % (check_type, type(params).__name__)
+        )
     for key, value in params.items():
         kind = allowed.get(key)
         if kind is None:
             known = ", ".join(sorted(allowed)) or "none"
-            raise ParamError("unknown parameter %r for a %s check (known: %s)"
-                             % (key, check_type, known))
+            raise ParamError(
+                "unknown parameter %r for a %s check (known: %s)" % (key, check_type, known)
+            )
         if value is None:
             continue
         ok = {
@@ -83,10 +85,15 @@ def check_params(check_type: str, params: Any, allowed: Dict[str, str]) -> Dict[
             "strs": isinstance(value, list) and all(isinstance(v, str) for v in value),
         }[kind]
         if not ok:
-            want = {"str": "a string", "int": "an integer", "bool": "true or false",
-                    "strs": "a list of strings"}[kind]
-            raise ParamError("parameter %r of a %s check must be %s, got %r"
-                             % (key, check_type, want, value))
+            want = {
+                "str": "a string",
+                "int": "an integer",
+                "bool": "true or false",
+                "strs": "a list of strings",
+            }[kind]
+            raise ParamError(
+                "parameter %r of a %s check must be %s, got %r" % (key, check_type, want, value)
+            )
     return {k: v for k, v in params.items() if v is not None}
 
 

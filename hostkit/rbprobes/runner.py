@@ -59,9 +59,13 @@ def run_check(check: Dict[str, Any], ctx: Context) -> Dict[str, Any]:
     check_id = str(check.get("id") or check_type)
     spec = CHECKS.get(check_type) if isinstance(check_type, str) else None
     if spec is None:
-        return report.result(check_id, str(check_type), "L?", FAIL,
-                             "unknown check type %r (known: %s)"
-                             % (check_type, ", ".join(sorted(CHECKS))))
+        return report.result(
+            check_id,
+            str(check_type),
+            "L?",
+            FAIL,
+            "unknown check type %r (known: %s)" % (check_type, ", ".join(sorted(CHECKS))),
+        )
     try:
         params = check_params(check_type, check.get("params"), spec.params)
     except ParamError as exc:
@@ -70,8 +74,15 @@ def run_check(check: Dict[str, Any], ctx: Context) -> Dict[str, Any]:
     kind, value = _call(spec.function(), params, ctx, float(deadline_s))
     elapsed = time.monotonic() - start
     if kind == "ok" and isinstance(value, Outcome):
-        return report.result(check_id, check_type, value.level or spec.level, value.status,
-                             value.reason, value.values, elapsed)
+        return report.result(
+            check_id,
+            check_type,
+            value.level or spec.level,
+            value.status,
+            value.reason,
+            value.values,
+            elapsed,
+        )
     if kind == "unavailable":
         allow = check.get("allow_skip") is True
         status = SKIP if allow else FAIL
@@ -80,20 +91,44 @@ def run_check(check: Dict[str, Any], ctx: Context) -> Dict[str, Any]:
         values["precondition"] = value.reason
         return report.result(check_id, check_type, spec.level, status, reason, values, elapsed)
     if kind == "timeout":
-        return report.result(check_id, check_type, spec.level, FAIL,
-                             "timed out: still running after %gs" % deadline_s,
-                             {"timed_out": True}, elapsed)
+        return report.result(
+            check_id,
+            check_type,
+            spec.level,
+            FAIL,
+            "timed out: still running after %gs" % deadline_s,
+            {"timed_out": True},
+            elapsed,
+        )
     if kind == "error":
         text, tb = value
-        return report.result(check_id, check_type, spec.level, FAIL,
-                             "unexpected error: %s" % text, {"traceback": tb}, elapsed)
-    return report.result(check_id, check_type, spec.level, FAIL,
-                         "check returned %r instead of an outcome" % (value,), {}, elapsed)
+        return report.result(
+            check_id,
+            check_type,
+            spec.level,
+            FAIL,
+            "unexpected error: %s" % text,
+            {"traceback": tb},
+            elapsed,
+        )
+    return report.result(
+        check_id,
+        check_type,
+        spec.level,
+        FAIL,
+        "check returned %r instead of an outcome" % (value,),
+        {},
+        elapsed,
+    )
 
 
 def context_of(config: Dict[str, Any]) -> Context:
-    return Context(host=config.get("host"), venv=config.get("venv"), gpu=config.get("gpu"),
-                   cuda=config.get("cuda"))
+    return Context(
+        host=config.get("host"),
+        venv=config.get("venv"),
+        gpu=config.get("gpu"),
+        cuda=config.get("cuda"),
+    )
 
 
 def validate_config(config: Any) -> List[Dict[str, Any]]:
@@ -101,8 +136,9 @@ def validate_config(config: Any) -> List[Dict[str, Any]]:
     if not isinstance(config, dict):
         raise ConfigError("the config must be a JSON object, got %s" % type(config).__name__)
     if config.get("schema") != 1:
-        raise ConfigError("unsupported config schema %r (this probe reads schema 1)"
-                          % (config.get("schema"),))
+        raise ConfigError(
+            "unsupported config schema %r (this probe reads schema 1)" % (config.get("schema"),)
+        )
     for key, kind in (("gpu", dict), ("cuda", dict)):
         if config.get(key) is not None and not isinstance(config[key], kind):
             raise ConfigError("config %r must be an object or null" % key)
@@ -131,10 +167,15 @@ PARALLEL_MAX = 8
 
 def _not_run(check: Dict[str, Any], stopped: str) -> Dict[str, Any]:
     spec = CHECKS.get(check["type"])
-    return report.result(check["id"], str(check["type"]), spec.level if spec else "L?", FAIL,
-                         "not run: check %s timed out in the probe's process, which the "
-                         "serial checks after it share" % stopped,
-                         {"not_run": True})
+    return report.result(
+        check["id"],
+        str(check["type"]),
+        spec.level if spec else "L?",
+        FAIL,
+        "not run: check %s timed out in the probe's process, which the "
+        "serial checks after it share" % stopped,
+        {"not_run": True},
+    )
 
 
 def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], bool]:
@@ -151,8 +192,10 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
     start = time.monotonic()
     lanes = [lane_for(c["type"], c.get("params")) for c in checks]
     results: List[Optional[Dict[str, Any]]] = [None] * len(checks)
-    schedule: List[Dict[str, Any]] = [{"id": c["id"], "lane": lane, "start_s": None,
-                                       "end_s": None} for c, lane in zip(checks, lanes)]
+    schedule: List[Dict[str, Any]] = [
+        {"id": c["id"], "lane": lane, "start_s": None, "end_s": None}
+        for c, lane in zip(checks, lanes)
+    ]
     finished: "queue.Queue[int]" = queue.Queue()
 
     def run_one(i: int) -> Dict[str, Any]:
@@ -160,8 +203,13 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
         try:
             entry = run_check(checks[i], ctx)
         except BaseException as exc:  # run_check catches what a check raises; this is a bug
-            entry = report.result(checks[i]["id"], str(checks[i]["type"]), "L?", FAIL,
-                                  "runner error: %s: %s" % (type(exc).__name__, exc))
+            entry = report.result(
+                checks[i]["id"],
+                str(checks[i]["type"]),
+                "L?",
+                FAIL,
+                "runner error: %s: %s" % (type(exc).__name__, exc),
+            )
         schedule[i]["end_s"] = round(time.monotonic() - start, 3)
         results[i] = entry
         finished.put(i)
@@ -193,12 +241,12 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
 
     # Daemon threads: each returns by its checks' deadlines (run_check does not wait for a
     # stuck check), so they are joined through `finished`, never left behind waiting.
-    threads = [threading.Thread(target=parallel_worker, name="rbprobes-parallel-%d" % n,
-                                daemon=True)
-               for n in range(min(PARALLEL_MAX, len(parallel)))]
+    threads = [
+        threading.Thread(target=parallel_worker, name="rbprobes-parallel-%d" % n, daemon=True)
+        for n in range(min(PARALLEL_MAX, len(parallel)))
+    ]
     if serial:
-        threads.insert(0, threading.Thread(target=serial_lane, name="rbprobes-serial",
-                                           daemon=True))
+        threads.insert(0, threading.Thread(target=serial_lane, name="rbprobes-serial", daemon=True))
     for t in threads:
         t.start()
     for _ in checks:

@@ -43,7 +43,7 @@ def is_regular(entry: "os.DirEntry") -> bool:
 
 
 def lstat_kind(path: str) -> str:
-    """"file", "dir", "link", "missing" or "special" (FIFO, socket, device)."""
+    """ "file", "dir", "link", "missing" or "special" (FIFO, socket, device)."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
@@ -99,8 +99,12 @@ def pyvenv_cfg(venv: str) -> Optional[Dict[str, str]]:
 def site_packages(venv: str) -> List[str]:
     """The venv's site-packages directories (lib/pythonX.Y/site-packages, lib64 too)."""
     found = []
-    for pattern in ("lib/python*/site-packages", "lib64/python*/site-packages",
-                    "lib/site-packages", "Lib/site-packages"):
+    for pattern in (
+        "lib/python*/site-packages",
+        "lib64/python*/site-packages",
+        "lib/site-packages",
+        "Lib/site-packages",
+    ):
         for d in sorted(glob.glob(os.path.join(venv, pattern))):
             real = os.path.realpath(d)
             if os.path.isdir(d) and real not in {os.path.realpath(f) for f in found}:
@@ -112,7 +116,7 @@ def site_packages_of(path: str) -> Optional[str]:
     parts = path.split(os.sep)
     for i in range(len(parts) - 1, 0, -1):
         if parts[i] in ("site-packages", "dist-packages"):
-            return os.sep.join(parts[:i + 1])
+            return os.sep.join(parts[: i + 1])
     return None
 
 
@@ -134,8 +138,7 @@ def owner(path: str) -> Optional[str]:
                 continue
             for row in csv.reader(io.StringIO(data.decode("utf-8", "replace"))):
                 if row and row[0]:
-                    index[os.path.normpath(os.path.join(site, row[0]))] = "%s %s" % (name,
-                                                                                    version)
+                    index[os.path.normpath(os.path.join(site, row[0]))] = "%s %s" % (name, version)
         _OWNERS[site] = index
     return _OWNERS[site].get(os.path.normpath(os.path.abspath(path)))
 

@@ -23,8 +23,7 @@ def forkable() -> bool:
     return hasattr(os, "fork") and not threaded
 
 
-def over_workers(fn: Callable[[int], Any], sizes: List[int],
-                 jobs: int) -> Tuple[List[Any], int]:
+def over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> Tuple[List[Any], int]:
     """([fn(0), fn(1), ...] for each of `sizes`' items, how many workers answered), computed by
     `jobs` forked workers that take the items largest first, each as soon as it is free; the
     results come back marshalled (plain data). An item no worker answered for (a worker that
@@ -59,7 +58,7 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int],
                 data = marshal.dumps(done)
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(out_w, view):]
+                    view = view[os.write(out_w, view) :]
             except BaseException:  # noqa: B902 (the parent computes what is not answered)
                 code = 1
             finally:
@@ -70,7 +69,7 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int],
     try:
         view = memoryview(todo)
         while view:
-            view = view[os.write(task_w, view):]
+            view = view[os.write(task_w, view) :]
     finally:
         os.close(task_w)
     results: List[Any] = [None] * n

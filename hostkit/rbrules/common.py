@@ -31,7 +31,11 @@ from typing import Any, Callable, Dict, List, Optional
 # end unpacks with `unpack`; `tool` is what a host must have (None: nothing).
 COMPRESSION: Dict[str, Dict[str, Any]] = {
     "none": {"tool": None, "pack": None, "unpack": None},
-    "zstd": {"tool": "zstd", "pack": ["zstd", "-q", "-1", "-T0"], "unpack": ["zstd", "-q", "-d", "-c"]},
+    "zstd": {
+        "tool": "zstd",
+        "pack": ["zstd", "-q", "-1", "-T0"],
+        "unpack": ["zstd", "-q", "-d", "-c"],
+    },
     "lz4": {"tool": "lz4", "pack": ["lz4", "-q", "-1", "-c"], "unpack": ["lz4", "-q", "-d", "-c"]},
     "gzip": {"tool": "gzip", "pack": ["gzip", "-1"], "unpack": ["gzip", "-d", "-c"]},
 }
@@ -63,11 +67,19 @@ def compression(word: str) -> Optional[Dict[str, Any]]:
     if word in COMPRESSION:
         return COMPRESSION[word]
     parts = word.split("-")
-    if len(parts) == 3 and parts[0] == "zstd" and parts[1].isdigit() and parts[2][:1] == "T" \
-            and parts[2][1:].isdigit():
+    if (
+        len(parts) == 3
+        and parts[0] == "zstd"
+        and parts[1].isdigit()
+        and parts[2][:1] == "T"
+        and parts[2][1:].isdigit()
+    ):
         level, threads = int(parts[1]), int(parts[2][1:])
-        if 1 <= level <= 19 and 1 <= threads <= ZSTD_MOST_THREADS and \
-                word == "zstd-%d-T%d" % (level, threads):
+        if (
+            1 <= level <= 19
+            and 1 <= threads <= ZSTD_MOST_THREADS
+            and word == "zstd-%d-T%d" % (level, threads)
+        ):
             return dict(COMPRESSION["zstd"], pack=zstd_pack(level, threads))
     return None
 
@@ -82,7 +94,9 @@ def compression_word(word: str) -> str:
 def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
     """The compressions a host has, sorted: none, and each whose tool `found` finds (on the host:
     shutil.which; the runbook's bash asks `command -v` for COMPRESSOR_TOOLS)."""
-    return [name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])]
+    return [
+        name for name, c in sorted(COMPRESSION.items()) if c["tool"] is None or found(c["tool"])
+    ]
 
 
 # compression auto on the relay measures the link (zeros through this machine, timed on the
@@ -92,7 +106,7 @@ def compressors(found: Callable[[str], Optional[str]]) -> List[str]:
 # least LINK_MIN_BYTES (link_stable), else at LINK_SECONDS (a word for `timeout`); against each
 # compressor packing MEASURE_SAMPLE bytes of the source
 LINK_SECONDS = "0.6"
-LINK_SEND_SECONDS = "2"        # the sending end's own bound (the receiving end ends it sooner)
+LINK_SEND_SECONDS = "2"  # the sending end's own bound (the receiving end ends it sooner)
 LINK_MIN_SECONDS = 0.25
 LINK_WINDOW = 0.05
 LINK_STABLE = 0.05
@@ -104,7 +118,7 @@ LINK_MIN_BYTES = 8 << 20
 def link_tail(windows: List[float]) -> List[float]:
     """The windows the link's rate is taken from (rates in bytes a second, oldest first): the
     later half, at least the last one."""
-    return windows[len(windows) // 2:] if len(windows) > 1 else windows
+    return windows[len(windows) // 2 :] if len(windows) > 1 else windows
 
 
 def link_stable(windows: List[float], seconds: float) -> bool:
@@ -115,8 +129,9 @@ def link_stable(windows: List[float], seconds: float) -> bool:
         return False
     tail = link_tail(windows)
     rate = sum(tail) / len(tail)
-    return (rate * len(tail) * LINK_WINDOW >= LINK_MIN_BYTES
-            and all(abs(w - rate) <= LINK_STABLE * rate for w in windows[-2:]))
+    return rate * len(tail) * LINK_WINDOW >= LINK_MIN_BYTES and all(
+        abs(w - rate) <= LINK_STABLE * rate for w in windows[-2:]
+    )
 
 
 # the compressors' sample: 8 MiB (16 before): the lab's torch venv packs 2.57x with lz4 -1 over
@@ -139,14 +154,14 @@ LINK_WAITED = 0.8
 LINK_CPU_SECONDS = 0.2
 
 
-def link_cpu_bound(cpu_s: float, wait_s: float, wall_s: float, procs: int, moved: float
-                   ) -> bool:
+def link_cpu_bound(cpu_s: float, wait_s: float, wall_s: float, procs: int, moved: float) -> bool:
     """Whether the link's processes (`procs` of them: `cpu_s` seconds on a CPU, `wait_s` waiting
     for one, over `wall_s`, while the link carried `moved` bytes) had no CPU to spare
     (LINK_BUSY, LINK_WAITED, LINK_MIN_BYTES)."""
     if cpu_s <= 0 or wall_s <= 0 or procs <= 0 or moved < LINK_MIN_BYTES:
         return False
     return (cpu_s + wait_s) / (wall_s * procs) >= LINK_BUSY and wait_s >= LINK_WAITED * cpu_s
+
 
 # tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
 # default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU
@@ -195,14 +210,14 @@ PROVE_TIMEOUT = 120  # seconds for the staged (and the installed) interpreter to
 LOCK_WAIT_S = 30
 
 # the choices of the spec's fields that the engine takes (transfer.*, and the manifest's digest)
-SPECIAL_MODES = ("refuse", "strip", "keep")     # transfer.special_modes
-OUTSIDE_LINKS = ("refuse", "keep")              # transfer.outside_links
-ON_EXISTING = ("refuse", "backup", "replace")   # transfer.on_existing
-SHARED_PARENT = ("refuse", "allow")             # transfer.shared_parent
-SWAP_ATOMIC = ("require", "allow")              # transfer.swap_atomic
-RERUN = ("quick", "digest")                     # transfer.rerun
-ALGOS = ("sha256", "blake2b", "none")           # transfer.verify
-ON_FAILED_CHECKS = ("rollback", "keep")         # on_failed_checks
+SPECIAL_MODES = ("refuse", "strip", "keep")  # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")  # transfer.outside_links
+ON_EXISTING = ("refuse", "backup", "replace")  # transfer.on_existing
+SHARED_PARENT = ("refuse", "allow")  # transfer.shared_parent
+SWAP_ATOMIC = ("require", "allow")  # transfer.swap_atomic
+RERUN = ("quick", "digest")  # transfer.rerun
+ALGOS = ("sha256", "blake2b", "none")  # transfer.verify
+ON_FAILED_CHECKS = ("rollback", "keep")  # on_failed_checks
 
 
 def human(n: Any) -> str:

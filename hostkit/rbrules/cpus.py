@@ -27,15 +27,15 @@ import math
 import os
 from typing import Iterable, List, NamedTuple, Optional, Set, Tuple
 
-MAX_JOBS = 32       # --jobs auto: never more workers than this, whatever the host
+MAX_JOBS = 32  # --jobs auto: never more workers than this, whatever the host
 
 
 class Usable(NamedTuple):
-    count: int          # CPUs to size jobs by: min(affinity, the quota rounded up), 1 at least
-    share: float        # CPU seconds a second: min(affinity, the quota)
-    cpus: Tuple[int, ...]   # the CPUs of the affinity, sorted (the quota names none)
-    online: int         # the machine's (os.cpu_count)
-    why: str            # `4 of 16 (affinity 0-3)`, `2.5 of 16 (cgroup cpu.max 250000 100000)`
+    count: int  # CPUs to size jobs by: min(affinity, the quota rounded up), 1 at least
+    share: float  # CPU seconds a second: min(affinity, the quota)
+    cpus: Tuple[int, ...]  # the CPUs of the affinity, sorted (the quota names none)
+    online: int  # the machine's (os.cpu_count)
+    why: str  # `4 of 16 (affinity 0-3)`, `2.5 of 16 (cgroup cpu.max 250000 100000)`
 
 
 def cpulist(cpus: Iterable[int]) -> str:
@@ -83,8 +83,8 @@ def _unescape(field: str) -> str:
         return field
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(field[i])
@@ -106,9 +106,11 @@ def _mounts(root: str) -> List[Tuple[str, str, str, Tuple[str, ...]]]:
             continue
         out.append((tail[0], _unescape(words[3]), _unescape(words[4]), tuple(tail[2].split(","))))
     if text is None:
-        out = [("cgroup2", "/", "/sys/fs/cgroup", ()),
-               ("cgroup", "/", "/sys/fs/cgroup/cpu,cpuacct", ("cpu",)),
-               ("cgroup", "/", "/sys/fs/cgroup/cpu", ("cpu",))]
+        out = [
+            ("cgroup2", "/", "/sys/fs/cgroup", ()),
+            ("cgroup", "/", "/sys/fs/cgroup/cpu,cpuacct", ("cpu",)),
+            ("cgroup", "/", "/sys/fs/cgroup/cpu", ("cpu",)),
+        ]
     return out
 
 
@@ -117,8 +119,8 @@ def _dirs(root: str, mount: Tuple[str, str, str, Tuple[str, ...]], path: str) ->
     cgroup above it inside `mount`, this one first."""
     _kind, mroot, point, _opts = mount
     if mroot != "/" and path != mroot and not path.startswith(mroot.rstrip("/") + "/"):
-        return []        # this mount shows another part of the hierarchy
-    rel = path[len(mroot.rstrip("/")):] if mroot != "/" else path
+        return []  # this mount shows another part of the hierarchy
+    rel = path[len(mroot.rstrip("/")) :] if mroot != "/" else path
     parts = [p for p in rel.split("/") if p and p not in (".", "..")]
     base = os.path.join(root, point.lstrip("/"))
     return [os.path.join(base, *parts[:k]) for k in range(len(parts), -1, -1)]
@@ -143,8 +145,13 @@ def quota(root: str = "/") -> Optional[Tuple[float, str]]:
         if kind == "cgroup2" and v2_path is not None:
             for d in _dirs(root, mount, v2_path):
                 words = (_read(os.path.join(d, "cpu.max")) or "").split()
-                if len(words) == 2 and words[0] != "max" and words[0].isdigit() and \
-                        words[1].isdigit() and int(words[1]) > 0:
+                if (
+                    len(words) == 2
+                    and words[0] != "max"
+                    and words[0].isdigit()
+                    and words[1].isdigit()
+                    and int(words[1]) > 0
+                ):
                     cpus = int(words[0]) / int(words[1])
                     if best is None or cpus < best[0]:
                         best = (cpus, "cgroup cpu.max %s %s" % (words[0], words[1]))
@@ -168,8 +175,9 @@ def affinity() -> Tuple[int, ...]:
         return tuple(range(os.cpu_count() or 1))
 
 
-def usable(root: str = "/", cpus: Optional[Iterable[int]] = None,
-           online: Optional[int] = None) -> Usable:
+def usable(
+    root: str = "/", cpus: Optional[Iterable[int]] = None, online: Optional[int] = None
+) -> Usable:
     """The CPUs this process may use (`cpus`, `online`: given by the tests, else this process's
     affinity and os.cpu_count)."""
     mine = tuple(sorted(set(cpus))) if cpus is not None else affinity()
@@ -185,8 +193,9 @@ def usable(root: str = "/", cpus: Optional[Iterable[int]] = None,
     # a quota of 2.5 CPUs runs 3 workers (each gets its part), never fewer than one
     count = max(1, min(len(mine) or 1, int(math.ceil(round(share, 2)))))
     said = ("%d" % share if share == int(share) else "%.2g" % share) + " of %d" % total
-    return Usable(count, round(share, 3), mine, total,
-                  said + (" (%s)" % "; ".join(whys) if whys else ""))
+    return Usable(
+        count, round(share, 3), mine, total, said + (" (%s)" % "; ".join(whys) if whys else "")
+    )
 
 
 def count(root: str = "/") -> int:

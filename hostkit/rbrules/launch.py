@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import List
 
-FLAGS = ("-I", "-S", "-B")          # the kit's tools: stdlib only
-SITE_FLAGS = ("-I", "-B")           # the venv's interpreter: its own site-packages, nothing else
-START = "rbrules/start.py"          # relative to the kit directory
+FLAGS = ("-I", "-S", "-B")  # the kit's tools: stdlib only
+SITE_FLAGS = ("-I", "-B")  # the venv's interpreter: its own site-packages, nothing else
+START = "rbrules/start.py"  # relative to the kit directory
 
 
 def kit_dir() -> str:

@@ -30,6 +30,7 @@ Lookup = Callable[[str], Optional[str]]
 def tree_lookup(root: str) -> Lookup:
     """The Lookup of the tree `root` on disk: a link's text, "" for another entry, None for
     nothing there (a link gone between lstat and readlink too)."""
+
     def lookup(rel: str) -> Optional[str]:
         path = os.path.join(root, rel)
         try:
@@ -38,6 +39,7 @@ def tree_lookup(root: str) -> Lookup:
             return os.readlink(path)
         except OSError:
             return None
+
     return lookup
 
 
@@ -58,13 +60,14 @@ def _under(target: str, names: Iterable[str]) -> Optional[List[str]]:
     parts = _parts(target)
     for name in names:
         root = _parts(name)
-        if parts[:len(root)] == root:
-            return parts[len(root):]
+        if parts[: len(root)] == root:
+            return parts[len(root) :]
     return None
 
 
-def leaves(rel: str, target: str, lookup: Lookup, names: Iterable[str] = (),
-           max_hops: int = MAX_HOPS) -> bool:
+def leaves(
+    rel: str, target: str, lookup: Lookup, names: Iterable[str] = (), max_hops: int = MAX_HOPS
+) -> bool:
     """Whether the link `rel` (relative to the tree, text `target`) leads outside the tree.
     It is resolved component by component against the tree, following the links it meets as the
     kernel would (`dot -> .` then `x -> dot/..` is the tree's parent, which a lexical normpath
@@ -93,7 +96,7 @@ def leaves(rel: str, target: str, lookup: Lookup, names: Iterable[str] = (),
             continue
         text = lookup("/".join(stack + [part]))
         if text is None:
-            return False                      # dangling (or through a file): resolves nowhere
+            return False  # dangling (or through a file): resolves nowhere
         if text:
             hops += 1
             if hops > max_hops:

@@ -23,7 +23,7 @@ import stat
 import sys
 from typing import List, Optional, Tuple
 
-MAX_LINKS = 40        # symlinks followed along one path (the kernel's own limit)
+MAX_LINKS = 40  # symlinks followed along one path (the kernel's own limit)
 
 
 def user_name(uid: int) -> str:
@@ -42,20 +42,32 @@ def owner(st: os.stat_result) -> str:
 def _judge(path: str, st: os.stat_result, uid: int) -> Optional[str]:
     """Why this one component is not private (None: it is)."""
     mode = stat.S_IMODE(st.st_mode)
-    kind = "the symlink" if stat.S_ISLNK(st.st_mode) else "directory" \
-        if stat.S_ISDIR(st.st_mode) else "the file"
+    kind = (
+        "the symlink"
+        if stat.S_ISLNK(st.st_mode)
+        else "directory"
+        if stat.S_ISDIR(st.st_mode)
+        else "the file"
+    )
     if st.st_uid not in (uid, 0):
-        return ("%s %s is owned by %s, mode %04o: that user can rename or replace what is in it%s"
-                % (kind, path, owner(st), mode,
-                   "" if not stat.S_ISLNK(st.st_mode) else " (and the link itself)"))
+        return (
+            "%s %s is owned by %s, mode %04o: that user can rename or replace what is in it%s"
+            % (
+                kind,
+                path,
+                owner(st),
+                mode,
+                "" if not stat.S_ISLNK(st.st_mode) else " (and the link itself)",
+            )
+        )
     if stat.S_ISLNK(st.st_mode):
-        return None        # a link's own mode means nothing; its directory and target are judged
+        return None  # a link's own mode means nothing; its directory and target are judged
     if mode & 0o022 and not mode & stat.S_ISVTX:
-        who = "group and others" if mode & 0o022 == 0o022 else \
-            "group" if mode & 0o020 else "others"
-        return ("%s %s is owned by %s, mode %04o: writable by %s without the sticky bit, so "
-                "another user can rename or replace what is in it"
-                % (kind, path, owner(st), mode, who))
+        who = "group and others" if mode & 0o022 == 0o022 else "group" if mode & 0o020 else "others"
+        return (
+            "%s %s is owned by %s, mode %04o: writable by %s without the sticky bit, so "
+            "another user can rename or replace what is in it" % (kind, path, owner(st), mode, who)
+        )
     return None
 
 
@@ -67,7 +79,7 @@ def first_not_private(path: str, uid: int) -> Optional[Tuple[str, str]]:
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
     todo: List[str] = [p for p in path.split("/") if p]
-    todo.reverse()                      # a stack: the next component is last
+    todo.reverse()  # a stack: the next component is last
     cur = "/"
     why = _judge(cur, os.lstat(cur), uid)
     if why:
@@ -85,7 +97,7 @@ def first_not_private(path: str, uid: int) -> Optional[Tuple[str, str]]:
             st = os.lstat(nxt)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                return None               # not there yet: the kit makes it
+                return None  # not there yet: the kit makes it
             raise
         why = _judge(nxt, st, uid)
         if why:
@@ -103,8 +115,7 @@ def first_not_private(path: str, uid: int) -> Optional[Tuple[str, str]]:
     return None
 
 
-def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = False
-                    ) -> Optional[str]:
+def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = False) -> Optional[str]:
     """None when the directory `path` is private to `uid` (default: this process's effective
     user), else why not: the first directory along it that another user can change, named with
     its owner and mode (first_not_private), or the directory itself when it is missing, not a
@@ -129,10 +140,17 @@ def why_not_private(path: str, uid: Optional[int] = None, *, parent: bool = Fals
         return "%s is not a directory" % path
     if st.st_uid != uid:
         return "directory %s is owned by %s, mode %04o, not by %s" % (
-            path, owner(st), mode, user_name(uid))
+            path,
+            owner(st),
+            mode,
+            user_name(uid),
+        )
     if mode & 0o022:
         return "directory %s is writable by %s (mode %04o)" % (
-            path, "others" if mode & 0o002 else "its group", mode)
+            path,
+            "others" if mode & 0o002 else "its group",
+            mode,
+        )
     return None
 
 
@@ -151,12 +169,13 @@ def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
             found = None
     except OSError as exc:
         return "%s: %s" % (exc.filename or path, exc.strerror)
-    path = os.path.realpath(path)   # named where the kernel found it (`..`, links resolved)
+    path = os.path.realpath(path)  # named where the kernel found it (`..`, links resolved)
     if not stat.S_ISREG(st.st_mode):
         return "%s is not a regular file" % path
     if found is not None:
         return found[1]
-    from .proven import why_not_ours   # the rule for a file read on its own (proven imports us)
+    from .proven import why_not_ours  # the rule for a file read on its own (proven imports us)
+
     return why_not_ours("the file " + path, st, uid, alone=True)
 
 
@@ -169,7 +188,7 @@ def make_private(path: str) -> Optional[str]:
         return "%s has a `..` in it; name the directory without one" % path
     if not path.startswith("/"):
         path = os.path.join(os.getcwd(), path)
-    path = os.path.normpath(path)       # `.` and doubled slashes only: no `..` is left to undo
+    path = os.path.normpath(path)  # `.` and doubled slashes only: no `..` is left to undo
     missing: List[str] = []
     probe = path
     while not os.path.lexists(probe):
@@ -189,24 +208,37 @@ def make_private(path: str) -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbrules.private", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rbrules.private",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dir")
     p.add_argument("--make", action="store_true", help="create what is missing, the last 0700")
     p.add_argument("--what", default="the directory", help="what DIR is, for the refusal")
     p.add_argument("--fix", default="", help="what to do instead, for the refusal")
-    p.add_argument("--file", action="store_true",
-                   help="DIR is a file whose content is obeyed (why_not_private_file)")
+    p.add_argument(
+        "--file",
+        action="store_true",
+        help="DIR is a file whose content is obeyed (why_not_private_file)",
+    )
     a = p.parse_args(argv)
-    why = why_not_private_file(a.dir) if a.file else make_private(a.dir) if a.make \
+    why = (
+        why_not_private_file(a.dir)
+        if a.file
+        else make_private(a.dir)
+        if a.make
         else why_not_private(a.dir)
+    )
     if why is None:
         return 0
     fix = (": " + a.fix) if a.fix else ""
     # a file is named where the kernel finds it (a `..` after a link is not the text's parent)
     shown = os.path.realpath(a.dir) if a.file else a.dir
-    sys.stderr.write("refusing %s %s: %s; another user could replace what is run or written "
-                     "there%s\n" % (a.what, shown, why, fix))
+    sys.stderr.write(
+        "refusing %s %s: %s; another user could replace what is run or written "
+        "there%s\n" % (a.what, shown, why, fix)
+    )
     return 2
 
 

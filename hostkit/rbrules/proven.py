@@ -86,7 +86,7 @@ def writers(st: os.stat_result, uid: int, alone: bool = True, reach: int = 0o777
     where that directory is private: a group or others that may not enter it cannot reach the
     entry to write it (a umask's group bit on a file in a 0700 run directory)."""
     if stat.S_ISLNK(st.st_mode):
-        return ""                       # a link's mode means nothing
+        return ""  # a link's mode means nothing
     mode = st.st_mode
     if mode & 0o002 and reach & 0o001:
         return "others"
@@ -97,8 +97,14 @@ def writers(st: os.stat_result, uid: int, alone: bool = True, reach: int = 0o777
     return ""
 
 
-def why_not_ours(path: str, st: os.stat_result, uid: Optional[int] = None, *,
-                 alone: bool = False, reach: int = 0o7777) -> Optional[str]:
+def why_not_ours(
+    path: str,
+    st: os.stat_result,
+    uid: Optional[int] = None,
+    *,
+    alone: bool = False,
+    reach: int = 0o7777,
+) -> Optional[str]:
     """Why the entry at `path`, whose stat (lstat, or fstat of the descriptor it is used through)
     is `st`, is not proven ours; None when it is: owned by root or `uid` (default: this process's
     effective user) and writable by no one else (`writers`). `alone`: a file read or obeyed on
@@ -108,22 +114,31 @@ def why_not_ours(path: str, st: os.stat_result, uid: Optional[int] = None, *,
     if st.st_uid not in (uid, 0):
         if alone:
             return "%s is owned by %s, mode %04o: that user can change what it says" % (
-                path, owner(st), mode)
+                path,
+                owner(st),
+                mode,
+            )
         return "%s is owned by %s, not by %s" % (
-            path, owner(st), "root" if uid == 0 else user_name(uid) + " or root")
+            path,
+            owner(st),
+            "root" if uid == 0 else user_name(uid) + " or root",
+        )
     if alone and not stat.S_ISREG(st.st_mode):
         return "%s is not a regular file" % path
     who = writers(st, uid, alone, reach)
     if who:
         return "%s is writable by %s (mode %04o)" % (path, who, mode)
     if alone and st.st_nlink != 1:
-        return ("%s has %d links: another name of it may lie where another user can reach it"
-                % (path, st.st_nlink))
+        return "%s has %d links: another name of it may lie where another user can reach it" % (
+            path,
+            st.st_nlink,
+        )
     return None
 
 
-def open_ours(name: str, dir_fd: Optional[int] = None, uid: Optional[int] = None,
-              shown: str = "") -> Tuple[int, os.stat_result]:
+def open_ours(
+    name: str, dir_fd: Optional[int] = None, uid: Optional[int] = None, shown: str = ""
+) -> Tuple[int, os.stat_result]:
     """(descriptor, its fstat) of the file `name` (in `dir_fd`), opened for reading without
     following a link, never blocking on a FIFO, and judged through that descriptor
     (why_not_ours, alone): NotOurs when it is not ours, FileNotFoundError when it is not there.
@@ -149,8 +164,13 @@ def open_ours(name: str, dir_fd: Optional[int] = None, uid: Optional[int] = None
     return fd, st
 
 
-def read_ours(name: str, dir_fd: Optional[int] = None, limit: int = 1 << 20,
-              uid: Optional[int] = None, shown: str = "") -> Optional[Tuple[bytes, os.stat_result]]:
+def read_ours(
+    name: str,
+    dir_fd: Optional[int] = None,
+    limit: int = 1 << 20,
+    uid: Optional[int] = None,
+    shown: str = "",
+) -> Optional[Tuple[bytes, os.stat_result]]:
     """(content, stat) of the file `name` (in `dir_fd`) when it is ours (open_ours), None when
     it is not there; NotOurs when it is there and not ours, or larger than `limit`."""
     try:
@@ -165,7 +185,7 @@ def read_ours(name: str, dir_fd: Optional[int] = None, limit: int = 1 << 20,
         os.close(fd)
 
 
-RECORD_MAX_BYTES = 256 << 20    # a saved plan's records: about a million source entries at most
+RECORD_MAX_BYTES = 256 << 20  # a saved plan's records: about a million source entries at most
 
 
 def read_record(path: str, cap: int = RECORD_MAX_BYTES, uid: Optional[int] = None) -> bytes:
@@ -230,20 +250,23 @@ def why_shared(directory: str, uid: Optional[int] = None) -> Optional[str]:
     try:
         st = os.stat(directory)
     except FileNotFoundError:
-        return None                     # not there yet: the kit makes it, 0755
+        return None  # not there yet: the kit makes it, 0755
     except OSError as exc:
         return "%s: %s" % (directory, exc.strerror)
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid not in (uid, 0):
-        return ("directory %s is owned by %s, mode %04o: that user can rename or replace what "
-                "is in it" % (directory, owner(st), mode))
+        return (
+            "directory %s is owned by %s, mode %04o: that user can rename or replace what "
+            "is in it" % (directory, owner(st), mode)
+        )
     if mode & 0o022:
-        who = "group and others" if mode & 0o022 == 0o022 else \
-            "group" if mode & 0o020 else "others"
-        return ("directory %s is owned by %s, mode %04o: writable by %s%s, so another user can "
-                "put their own entries at the names kept there (the sticky bit only stops them "
-                "renaming ours)" % (directory, owner(st), mode, who,
-                                    " (sticky)" if mode & stat.S_ISVTX else ""))
+        who = "group and others" if mode & 0o022 == 0o022 else "group" if mode & 0o020 else "others"
+        return (
+            "directory %s is owned by %s, mode %04o: writable by %s%s, so another user can "
+            "put their own entries at the names kept there (the sticky bit only stops them "
+            "renaming ours)"
+            % (directory, owner(st), mode, who, " (sticky)" if mode & stat.S_ISVTX else "")
+        )
     return None
 
 
@@ -293,10 +316,13 @@ def fresh_dir(prefix: str, parent: Optional[str] = None) -> str:
         why = why_not_private(where, parent=True)
         if why is None:
             if tried:
-                sys.stderr.write("refusing %s for this run's private directory (%s); made in %s "
-                                 "instead\n" % (first, tried[0], where))
+                sys.stderr.write(
+                    "refusing %s for this run's private directory (%s); made in %s "
+                    "instead\n" % (first, tried[0], where)
+                )
             return tempfile.mkdtemp(prefix=prefix, dir=where)
         tried.append(why)
-    raise PermissionError("refusing %s for this run's private directory: %s; set TMPDIR to a "
-                          "directory only %s can write" % (first, tried[0],
-                                                           user_name(os.geteuid())))
+    raise PermissionError(
+        "refusing %s for this run's private directory: %s; set TMPDIR to a "
+        "directory only %s can write" % (first, tried[0], user_name(os.geteuid()))
+    )

@@ -26,10 +26,10 @@ def _escape(text: str, backslash: bool) -> str:
             out.append("\\\\" if backslash else ch)
         elif ch.isprintable():
             out.append(ch)
-        elif "\udc80" <= ch <= "\udcff":          # a byte that is not UTF-8 (surrogateescape)
+        elif "\udc80" <= ch <= "\udcff":  # a byte that is not UTF-8 (surrogateescape)
             out.append("\\x%02x" % (ord(ch) - 0xDC00))
         else:
-            out.append(repr(ch)[1:-1])             # \n \t \r \x1b \x9b \u202e \U000e0001
+            out.append(repr(ch)[1:-1])  # \n \t \r \x1b \x9b \u202e \U000e0001
     return "".join(out)
 
 

@@ -26,14 +26,19 @@ from typing import Dict, List, Optional
 
 from rbrules import private
 
-OFF = ("/dev/null", "none")           # a known_hosts "file" that knows no key
+OFF = ("/dev/null", "none")  # a known_hosts "file" that knows no key
 KNOWN_HOSTS = ("userknownhostsfile", "globalknownhostsfile")  # by their lower-case names
-SPELLED = {"userknownhostsfile": "UserKnownHostsFile",
-           "globalknownhostsfile": "GlobalKnownHostsFile"}
+SPELLED = {
+    "userknownhostsfile": "UserKnownHostsFile",
+    "globalknownhostsfile": "GlobalKnownHostsFile",
+}
 # where a known_hosts file cannot be: what is there is not a file that keeps keys
-SYSTEM = {"dev": "a device", "proc": "the kernel's view of processes",
-          "sys": "the kernel's view of devices"}
-G_SECONDS = 30                        # ssh -G connects nowhere; a config's Match exec may take time
+SYSTEM = {
+    "dev": "a device",
+    "proc": "the kernel's view of processes",
+    "sys": "the kernel's view of devices",
+}
+G_SECONDS = 30  # ssh -G connects nowhere; a config's Match exec may take time
 
 
 class Refused(Exception):
@@ -84,8 +89,13 @@ def ssh_g(words: List[str], target: str) -> Dict[str, str]:
     import subprocess  # here only: compile imports this module for the names' rule alone
 
     try:
-        got = subprocess.run(["ssh", *words, "-G", "--", target], stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=G_SECONDS)
+        got = subprocess.run(
+            ["ssh", *words, "-G", "--", target],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=G_SECONDS,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise SshSaid("ssh -G: %s" % exc) from None
     if got.returncode != 0:
@@ -99,8 +109,12 @@ def ssh_g(words: List[str], target: str) -> Dict[str, str]:
 
 def _who(host: str, key: str, path: str, named: bool) -> str:
     """`hosts.H: Key PATH`, with where ssh took it from when the spec's options do not name it."""
-    return "hosts.%s: %s %s%s" % (host, SPELLED[key], path,
-                                  "" if named else " (what ssh -G says it reads for %s)" % host)
+    return "hosts.%s: %s %s%s" % (
+        host,
+        SPELLED[key],
+        path,
+        "" if named else " (what ssh -G says it reads for %s)" % host,
+    )
 
 
 def _could_be_made(path: str) -> Optional[str]:
@@ -112,8 +126,12 @@ def _could_be_made(path: str) -> Optional[str]:
     st = os.stat(d)
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o022:
-        return ("directory %s is owned by %s, mode %04o: another user can make %s there"
-                % (d, private.owner(st), mode, path[len(d):].lstrip("/").split("/")[0]))
+        return "directory %s is owned by %s, mode %04o: another user can make %s there" % (
+            d,
+            private.owner(st),
+            mode,
+            path[len(d) :].lstrip("/").split("/")[0],
+        )
     return None
 
 
@@ -122,38 +140,52 @@ def judge_file(host: str, key: str, path: str, *, named: bool, records: bool) ->
     name it; `records`: accept-new records a new key in it), refused by raising Refused."""
     who = _who(host, key, path, named)
     me = private.user_name(os.geteuid())
-    fix = "make it %s's (or root's) and not writable by others, in folders no one else can write" \
-        % me
+    fix = (
+        "make it %s's (or root's) and not writable by others, in folders no one else can write" % me
+    )
     if os.path.lexists(path):
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise Refused("%s is not a regular file here (ssh reads and records %s's host key in "
-                          "it): name a known_hosts file" % (who, host))
+            raise Refused(
+                "%s is not a regular file here (ssh reads and records %s's host key in "
+                "it): name a known_hosts file" % (who, host)
+            )
         why = private.why_not_private_file(path)
         if why:
-            raise Refused("refusing %s %s of hosts.%s: %s; another user could decide which host "
-                          "keys this machine trusts: %s" % (SPELLED[key], path, host, why, fix))
+            raise Refused(
+                "refusing %s %s of hosts.%s: %s; another user could decide which host "
+                "keys this machine trusts: %s" % (SPELLED[key], path, host, why, fix)
+            )
         return
     folder = os.path.dirname(path) or "/"
     if records:
         if private.why_not_private(folder) is None:
             return
-        fix = "chown %d %s; chmod go-w %s" % (os.geteuid(), folder, folder) \
-            if os.path.isdir(folder) else "mkdir -m 700 %s" % folder
-        raise Refused("%s does not exist and ssh cannot make it there (%s must be a folder of "
-                      "this user that no one else can write): with host_keys: accept-new ssh "
-                      "would take any key of %s, a changed one too, on every connection. Make it "
-                      "one (%s), or name a known_hosts file that exists" % (who, folder, host, fix))
+        fix = (
+            "chown %d %s; chmod go-w %s" % (os.geteuid(), folder, folder)
+            if os.path.isdir(folder)
+            else "mkdir -m 700 %s" % folder
+        )
+        raise Refused(
+            "%s does not exist and ssh cannot make it there (%s must be a folder of "
+            "this user that no one else can write): with host_keys: accept-new ssh "
+            "would take any key of %s, a changed one too, on every connection. Make it "
+            "one (%s), or name a known_hosts file that exists" % (who, folder, host, fix)
+        )
     if named:
-        raise Refused("%s does not exist here: ssh would know no host key of %s from it. Create it "
-                      "with %s's key (ssh-keyscan, checked against the host's own), or set "
-                      "hosts.%s.host_keys: accept-new for a first contact, or name the file that "
-                      "holds the key" % (who, host, host, host))
+        raise Refused(
+            "%s does not exist here: ssh would know no host key of %s from it. Create it "
+            "with %s's key (ssh-keyscan, checked against the host's own), or set "
+            "hosts.%s.host_keys: accept-new for a first contact, or name the file that "
+            "holds the key" % (who, host, host, host)
+        )
     found = private.first_not_private(path, os.geteuid())
     why = found[1] if found else _could_be_made(path)
     if why:
-        raise Refused("refusing %s %s of hosts.%s: it does not exist yet, and %s; another user "
-                      "could put host keys there that this machine would trust: %s"
-                      % (SPELLED[key], path, host, why, fix))
+        raise Refused(
+            "refusing %s %s of hosts.%s: it does not exist yet, and %s; another user "
+            "could put host keys there that this machine would trust: %s"
+            % (SPELLED[key], path, host, why, fix)
+        )
 
 
 def judge(host: str, target: str, words: List[str]) -> None:
@@ -164,42 +196,55 @@ def judge(host: str, target: str, words: List[str]) -> None:
     for conf in config_files(words):
         why = private.why_not_private_file(conf)
         if why:
-            raise Refused("refusing hosts.%s.ssh_config %s: %s; another user could replace what "
-                          "is run or written there: make it %s's and not writable by others, in "
-                          "folders no one else can write" % (host, os.path.realpath(conf), why, me))
+            raise Refused(
+                "refusing hosts.%s.ssh_config %s: %s; another user could replace what "
+                "is run or written there: make it %s's and not writable by others, in "
+                "folders no one else can write" % (host, os.path.realpath(conf), why, me)
+            )
     conf = ssh_g(words, target)
     checking = conf.get("stricthostkeychecking", "")
     if checking not in ("true", "yes", "accept-new"):
-        raise Refused("hosts.%s: ssh would check no host key of %s (StrictHostKeyChecking %s, "
-                      "what ssh -G says): set host_keys: strict or accept-new, and take any "
-                      "StrictHostKeyChecking out of its ssh_config" % (host, host, checking or "?"))
+        raise Refused(
+            "hosts.%s: ssh would check no host key of %s (StrictHostKeyChecking %s, "
+            "what ssh -G says): set host_keys: strict or accept-new, and take any "
+            "StrictHostKeyChecking out of its ssh_config" % (host, host, checking or "?")
+        )
     named = spec_named(words)
     for key in KNOWN_HOSTS:
         for rank, path in enumerate(as_read(f) for f in conf.get(key, "").split()):
             is_named = path in named[key]
             if path in OFF:
                 if key == "globalknownhostsfile":
-                    continue      # this machine's global file is not read: fewer keys known
-                raise Refused("%s turns host key checking off (no host key is ever known: with "
-                              "host_keys: accept-new ssh takes any key of %s, a changed one too): "
-                              "name a known_hosts file" % (_who(host, key, path, is_named), host))
+                    continue  # this machine's global file is not read: fewer keys known
+                raise Refused(
+                    "%s turns host key checking off (no host key is ever known: with "
+                    "host_keys: accept-new ssh takes any key of %s, a changed one too): "
+                    "name a known_hosts file" % (_who(host, key, path, is_named), host)
+                )
             what = in_system(path)
             if what:
-                raise Refused("%s is in /%s, %s, not a known_hosts file: name a regular file that "
-                              "holds the host's key" % (_who(host, key, path, is_named),
-                                                         path.split("/")[1], what))
+                raise Refused(
+                    "%s is in /%s, %s, not a known_hosts file: name a regular file that "
+                    "holds the host's key"
+                    % (_who(host, key, path, is_named), path.split("/")[1], what)
+                )
             # accept-new records a new key in the first user file
             records = key == "userknownhostsfile" and rank == 0 and checking == "accept-new"
             try:
                 judge_file(host, key, path, named=is_named, records=records)
             except OSError as exc:
-                raise Refused("%s cannot be checked here: %s" % (
-                    _who(host, key, path, is_named), exc.strerror or exc)) from None
+                raise Refused(
+                    "%s cannot be checked here: %s"
+                    % (_who(host, key, path, is_named), exc.strerror or exc)
+                ) from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbrules.sshfiles", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rbrules.sshfiles",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", required=True, help="the host's name in the spec")
     p.add_argument("--target", required=True, help="USER@HOST as ssh is given it")
     p.add_argument("words", nargs="*", help="the host's ssh options (after --)")

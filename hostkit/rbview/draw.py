@@ -32,8 +32,9 @@ def _write(out_dir: str, name: str, text: str) -> str:
     return path
 
 
-def write_all(report: dict, events_path: str, out_dir: str,
-              fanout: Optional[dict] = None) -> list[str]:
+def write_all(
+    report: dict, events_path: str, out_dir: str, fanout: Optional[dict] = None
+) -> list[str]:
     """Write timeline.svg, nodes.svg (when FANOUT is given) and report.html into OUT_DIR; return
     their paths. FANOUT is `fanout.compare()`'s result, with the node reports under "reports"
     (node -> report) when the cells should carry seconds."""
@@ -44,8 +45,9 @@ def write_all(report: dict, events_path: str, out_dir: str,
     written = [_write(out_dir, "timeline.svg", timeline(report, steps, samples, timed))]
     names = ["timeline.svg"]
     if fanout:
-        written.append(_write(out_dir, "nodes.svg",
-                              nodes_picture(fanout, str(report.get("runbook", "")))))
+        written.append(
+            _write(out_dir, "nodes.svg", nodes_picture(fanout, str(report.get("runbook", ""))))
+        )
         names.append("nodes.svg")
     written.append(_write(out_dir, "report.html", page(report, names, fanout)))
     return written
@@ -74,8 +76,9 @@ def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbview", description=DOC,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rbview", description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--report", required=True, help="the run's report.json")
     p.add_argument("--events", default="", help="the run's events.tsv")
     p.add_argument("--out", required=True, help="directory to write the pictures into")

@@ -12,6 +12,7 @@ def fold(names: List[str]) -> str:
     """rbkit.fanout.fold, imported only for a fan-out's pictures (the engine behind it is not
     needed to draw a single host's run)."""
     from rbkit.fanout import fold as fold_names
+
     return fold_names(names)
 
 
@@ -51,96 +52,194 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
     svg = Svg()
     ok = len(fanout.get("ok_nodes") or [])
     title = "fan-out%s: %d/%d nodes passed; %d odd, %d missing; success policy %s: %s" % (
-        (" " + name) if name else "", ok, len(nodes), len(odd), len(missing),
-        fanout.get("success", "?"), "met" if fanout.get("passed") else "NOT met")
-    svg.text(16, 26, fit(title, width - 32, 16), 16, weight="bold",
-             fill="#212121" if fanout.get("passed") else colour("failed")[0])
+        (" " + name) if name else "",
+        ok,
+        len(nodes),
+        len(odd),
+        len(missing),
+        fanout.get("success", "?"),
+        "met" if fanout.get("passed") else "NOT met",
+    )
+    svg.text(
+        16,
+        26,
+        fit(title, width - 32, 16),
+        16,
+        weight="bold",
+        fill="#212121" if fanout.get("passed") else colour("failed")[0],
+    )
     groups = fanout.get("groups") or []
     sub = "%d group%s of identical rows: %s" % (
-        len(groups), "" if len(groups) == 1 else "s",
-        "; ".join("%s (%d)" % (fold([str(n) for n in g]), len(g)) for g in groups) or "none")
+        len(groups),
+        "" if len(groups) == 1 else "s",
+        "; ".join("%s (%d)" % (fold([str(n) for n in g]), len(g)) for g in groups) or "none",
+    )
     svg.text(16, 46, fit(sub, width - 32, 12), 12, fill="#455a64")
-    legend(svg, 16, 70, [(colour("pass")[0], colour("pass")[0], "pass"),
-                          (colour("fail")[0], colour("fail")[0], "fail"),
-                          (colour("skip")[0], colour("skip")[0], "skip"),
-                          (colour("-")[0], "#b0bec5", "not run"),
-                          ("url(#nohatch)", "#8d6e63", "no report"),
-                          ("#ffffff", "#ef6c00", "odd node (differs from the majority)")])
-    svg.parts.insert(0, '<defs><pattern id="nohatch" width="6" height="6" '
-                        'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-                        '<rect width="6" height="6" fill="#fbe9e7"/>'
-                        '<line x1="0" y1="0" x2="0" y2="6" stroke="#bcaaa4" stroke-width="2"/>'
-                        '</pattern></defs>')
+    legend(
+        svg,
+        16,
+        70,
+        [
+            (colour("pass")[0], colour("pass")[0], "pass"),
+            (colour("fail")[0], colour("fail")[0], "fail"),
+            (colour("skip")[0], colour("skip")[0], "skip"),
+            (colour("-")[0], "#b0bec5", "not run"),
+            ("url(#nohatch)", "#8d6e63", "no report"),
+            ("#ffffff", "#ef6c00", "odd node (differs from the majority)"),
+        ],
+    )
+    svg.parts.insert(
+        0,
+        '<defs><pattern id="nohatch" width="6" height="6" '
+        'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+        '<rect width="6" height="6" fill="#fbe9e7"/>'
+        '<line x1="0" y1="0" x2="0" y2="6" stroke="#bcaaa4" stroke-width="2"/>'
+        "</pattern></defs>",
+    )
     y = 84 + head_h
     # column heads, slanted; steps and checks apart
     for j, h in enumerate(heads):
         cx = x0 + j * cell_w + cell_w / 2
         if slant:
-            svg.add("text", {"x": num(cx), "y": num(y - 6), "font-size": "11", "fill": "#212121",
-                             "transform": "rotate(-35 %s %s)" % (num(cx), num(y - 6))},
-                    h, cols[j])
+            svg.add(
+                "text",
+                {
+                    "x": num(cx),
+                    "y": num(y - 6),
+                    "font-size": "11",
+                    "fill": "#212121",
+                    "transform": "rotate(-35 %s %s)" % (num(cx), num(y - 6)),
+                },
+                h,
+                cols[j],
+            )
         else:
             svg.text(cx, y - 6, h, 11, anchor="middle", title=cols[j])
     first_check = next((j for j, c in enumerate(cols) if c.startswith("check:")), None)
-    for lo, hi, what in ((0, first_check if first_check is not None else len(cols), "steps"),
-                         (first_check, len(cols), "checks")):
+    for lo, hi, what in (
+        (0, first_check if first_check is not None else len(cols), "steps"),
+        (first_check, len(cols), "checks"),
+    ):
         if lo is None or hi <= lo:
             continue
-        svg.text(x0 + (lo + hi) * cell_w / 2, 84 + 14, what, 12, anchor="middle",
-                 weight="bold", fill="#455a64")
-        svg.line(x0 + lo * cell_w + 4, 84 + 19, x0 + hi * cell_w - 4, 84 + 19,
-                 stroke="#90a4ae", stroke_width=1.0)
+        svg.text(
+            x0 + (lo + hi) * cell_w / 2,
+            84 + 14,
+            what,
+            12,
+            anchor="middle",
+            weight="bold",
+            fill="#455a64",
+        )
+        svg.line(
+            x0 + lo * cell_w + 4,
+            84 + 19,
+            x0 + hi * cell_w - 4,
+            84 + 19,
+            stroke="#90a4ae",
+            stroke_width=1.0,
+        )
     for i, n in enumerate(nodes):
         ry = y + i * cell_h
         if i % 2 == 0:
             svg.rect(8, ry, width - 16, cell_h, "#f5f7f8")
         is_odd, is_missing = n in odd, n in missing
-        svg.text(x0 - 10, ry + 14, fit(n, label_w - 10, 12), 12, anchor="end",
-                 weight="bold" if is_odd or is_missing else None,
-                 fill="#ef6c00" if is_odd else "#6d4c41" if is_missing else "#212121")
+        svg.text(
+            x0 - 10,
+            ry + 14,
+            fit(n, label_w - 10, 12),
+            12,
+            anchor="end",
+            weight="bold" if is_odd or is_missing else None,
+            fill="#ef6c00" if is_odd else "#6d4c41" if is_missing else "#212121",
+        )
         if is_missing:
             why = " | ".join(str(w) for w in missing[n]) or "no report"
-            svg.rect(x0, ry + 1, cell_w * len(cols), cell_h - 2, "url(#nohatch)",
-                     title="%s: no report: %s" % (n, why), stroke="#8d6e63", stroke_width=1.0)
+            svg.rect(
+                x0,
+                ry + 1,
+                cell_w * len(cols),
+                cell_h - 2,
+                "url(#nohatch)",
+                title="%s: no report: %s" % (n, why),
+                stroke="#8d6e63",
+                stroke_width=1.0,
+            )
             svg.text(x0 + 8, ry + 14, "no report", 11, fill="#4e342e", weight="bold")
             note = "no report: " + why
-            svg.text(x0 + cell_w * len(cols) + 12, ry + 14,
-                     fit(note, width - (x0 + cell_w * len(cols) + 20), 11), 11, fill="#6d4c41",
-                     title=note)
+            svg.text(
+                x0 + cell_w * len(cols) + 12,
+                ry + 14,
+                fit(note, width - (x0 + cell_w * len(cols) + 20), 11),
+                11,
+                fill="#6d4c41",
+                title=note,
+            )
             continue
         row = rows.get(n) or {}
         for j, c in enumerate(cols):
             st = str(row.get(c, "-"))
             fill, ink = colour(st)
             s = seconds[n].get(c)
-            word = secs(s).replace(" ", "") if s is not None and st != "-" else (
-                "" if st == "-" else status_word(st))
+            word = (
+                secs(s).replace(" ", "")
+                if s is not None and st != "-"
+                else ("" if st == "-" else status_word(st))
+            )
             if st == "fail":
                 word = "\u2717 " + word if s is not None else "\u2717 fail"
-            tip = "%s %s: %s%s" % (n, heads[j], status_word(st),
-                                   (", " + secs(s)) if s is not None else "")
-            svg.rect(x0 + j * cell_w + 1, ry + 1, cell_w - 2, cell_h - 2, fill, title=tip,
-                     stroke="#b0bec5" if st == "-" else None)
+            tip = "%s %s: %s%s" % (
+                n,
+                heads[j],
+                status_word(st),
+                (", " + secs(s)) if s is not None else "",
+            )
+            svg.rect(
+                x0 + j * cell_w + 1,
+                ry + 1,
+                cell_w - 2,
+                cell_h - 2,
+                fill,
+                title=tip,
+                stroke="#b0bec5" if st == "-" else None,
+            )
             if word:
-                svg.text(x0 + j * cell_w + cell_w / 2, ry + 14, word, 10.5, anchor="middle",
-                         fill=ink, weight="bold" if st == "fail" else None)
+                svg.text(
+                    x0 + j * cell_w + cell_w / 2,
+                    ry + 14,
+                    word,
+                    10.5,
+                    anchor="middle",
+                    fill=ink,
+                    weight="bold" if st == "fail" else None,
+                )
         if is_odd:
-            svg.rect(x0 - 0.5, ry + 0.5, cell_w * len(cols) + 1, cell_h - 1, "none",
-                     stroke="#ef6c00", stroke_width=2.0)
+            svg.rect(
+                x0 - 0.5,
+                ry + 0.5,
+                cell_w * len(cols) + 1,
+                cell_h - 1,
+                "none",
+                stroke="#ef6c00",
+                stroke_width=2.0,
+            )
             diffs = [str(d) for d in odd[n]] or ["differs"]
             note = "odd: " + "; ".join(diffs)
-            svg.text(x0 + cell_w * len(cols) + 12, ry + 14,
-                     fit(note, width - (x0 + cell_w * len(cols) + 20), 11), 11, fill="#e65100",
-                     title=note)
+            svg.text(
+                x0 + cell_w * len(cols) + 12,
+                ry + 14,
+                fit(note, width - (x0 + cell_w * len(cols) + 20), 11),
+                11,
+                fill="#e65100",
+                title=note,
+            )
     y += cell_h * len(nodes)
     if first_check:
         sx = x0 + first_check * cell_w
-        svg.line(sx, 84 + 22, sx, y, stroke="#546e7a", stroke_width=1.0,
-                 stroke_dasharray="3 3")
+        svg.line(sx, 84 + 22, sx, y, stroke="#546e7a", stroke_width=1.0, stroke_dasharray="3 3")
     y += 18
     if reports:
-        svg.text(16, y, "Cells give each node's seconds per step and check.", 11,
-                 fill="#607d8b")
+        svg.text(16, y, "Cells give each node's seconds per step and check.", 11, fill="#607d8b")
         y += 14
     for n in nodes:
         if n in odd:
@@ -152,7 +251,16 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
             line = "no report from %s: %s" % (n, " | ".join(str(w) for w in missing[n]))
             svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#6d4c41", title=line)
             y += 16
-    desc = "; ".join("%s: %s" % (n, "no report" if n in missing else ", ".join(
-        "%s %s" % (h, (rows.get(n) or {}).get(c, "-")) for h, c in zip(heads, cols)))
-        for n in nodes)
+    desc = "; ".join(
+        "%s: %s"
+        % (
+            n,
+            "no report"
+            if n in missing
+            else ", ".join(
+                "%s %s" % (h, (rows.get(n) or {}).get(c, "-")) for h, c in zip(heads, cols)
+            ),
+        )
+        for n in nodes
+    )
     return svg.render(width, y + 12, title, desc)

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .nodes import fold
 from rbkit.report import gpu_words
 from rbrules.common import human
 
+from .nodes import fold
 from .svg import FONT, esc
 
-
-CSS = """body{font-family:%s;margin:24px;color:#212121;max-width:1100px}
+CSS = (
+    """body{font-family:%s;margin:24px;color:#212121;max-width:1100px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px}img{max-width:100%%;border:1px solid #cfd8dc}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{border:1px solid #cfd8dc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#eceff1}td.num{text-align:right}.ok,.pass{color:#2e7d32;font-weight:bold}
 .failed,.fail{color:#c62828;font-weight:bold}.skip{color:#607d8b}.interrupted{color:#ef6c00}
-code{font-size:12px}""" % FONT
+code{font-size:12px}"""
+    % FONT
+)
 
 
 def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str, Any]]) -> str:
@@ -27,32 +29,47 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
     # a spec that declares gpu: whose checks proved none: the headline says so, as the terminal's
     # summary does (an `ok` beside skipped GPU checks alone would be untrue)
     unproven = gpu_words(report)
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           "<title>runbook %s: %s%s</title>" % (esc(name), esc(outcome),
-                                               ", GPU NOT PROVEN" if unproven else ""),
-           "<style>%s</style></head><body>" % CSS,
-           "<h1>runbook %s: <span class=\"%s\">%s</span>%s</h1>" % (
-               esc(name), esc(outcome), esc(outcome),
-               ", <span class=\"failed\">GPU NOT PROVEN</span>" if unproven else ""),
-           "<p>spec <code>%s</code> (sha256 <code>%s</code>); <a href=\"report.json\">report.json"
-           "</a></p>" % (esc(report.get("spec", "?")),
-                         esc(str(report.get("spec_sha256", ""))[:12]))]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>runbook %s: %s%s</title>"
+        % (esc(name), esc(outcome), ", GPU NOT PROVEN" if unproven else ""),
+        "<style>%s</style></head><body>" % CSS,
+        '<h1>runbook %s: <span class="%s">%s</span>%s</h1>'
+        % (
+            esc(name),
+            esc(outcome),
+            esc(outcome),
+            ', <span class="failed">GPU NOT PROVEN</span>' if unproven else "",
+        ),
+        '<p>spec <code>%s</code> (sha256 <code>%s</code>); <a href="report.json">report.json'
+        "</a></p>" % (esc(report.get("spec", "?")), esc(str(report.get("spec_sha256", ""))[:12])),
+    ]
     if report.get("where"):
         # where a run that did not pass stopped, under the heading
-        out.insert(5, "<p class=\"%s\">%s %s</p>" % (esc(report.get("outcome")),
-                                                esc(report.get("outcome")), esc(report["where"])))
+        out.insert(
+            5,
+            '<p class="%s">%s %s</p>'
+            % (esc(report.get("outcome")), esc(report.get("outcome")), esc(report["where"])),
+        )
     if unproven:
-        out.insert(5, "<p class=\"failed\">%s</p>" % esc(unproven))
+        out.insert(5, '<p class="failed">%s</p>' % esc(unproven))
     # what hosts that stopped answering keep of this run (the runbook's notes: left_on_HOST)
     notes = report.get("notes") or {}
     for key in sorted(k for k in notes if str(k).startswith("left_on_")):
-        out.append("<p>left on %s: <code>%s</code>: remove it there</p>"
-                   % (esc(key[len("left_on_"):]), esc(notes[key])))
+        out.append(
+            "<p>left on %s: <code>%s</code>: remove it there</p>"
+            % (esc(key[len("left_on_") :]), esc(notes[key]))
+        )
     for p in pictures:
-        out.append('<p><a href="%s"><img src="%s" alt="%s"></a></p>' % (
-            esc(p), esc(p), esc(p.rsplit(".", 1)[0])))
-    out.append("<h2>Steps</h2><table><tr><th>step</th><th>host</th><th>status</th>"
-               "<th>seconds</th><th>detail</th></tr>")
+        out.append(
+            '<p><a href="%s"><img src="%s" alt="%s"></a></p>'
+            % (esc(p), esc(p), esc(p.rsplit(".", 1)[0]))
+        )
+    out.append(
+        "<h2>Steps</h2><table><tr><th>step</th><th>host</th><th>status</th>"
+        "<th>seconds</th><th>detail</th></tr>"
+    )
     for s in report.get("steps") or []:
         f = s.get("facts") or {}
         said = []
@@ -60,20 +77,30 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
             said.append(human(f["bytes"]) + (" in %s files" % f["files"] if "files" in f else ""))
         if "mb_s" in f:
             said.append("%s MB/s" % f["mb_s"])
-        detail = "; ".join([", ".join(said)] * bool(said) + [str(s.get("detail") or "")] *
-                           bool(s.get("detail")))
+        detail = "; ".join(
+            [", ".join(said)] * bool(said) + [str(s.get("detail") or "")] * bool(s.get("detail"))
+        )
         d = s.get("duration_s")
-        out.append("<tr><td>%s</td><td>%s</td><td class=\"%s\">%s</td><td class=num>%s</td>"
-                   "<td>%s</td></tr>" % (
-                       esc(s.get("id")), esc(s.get("host") or "-"), esc(s.get("status", "")),
-                       esc(s.get("status")), "%.1f" % d if isinstance(d, (int, float)) else "-",
-                       esc(detail)))
+        out.append(
+            '<tr><td>%s</td><td>%s</td><td class="%s">%s</td><td class=num>%s</td>'
+            "<td>%s</td></tr>"
+            % (
+                esc(s.get("id")),
+                esc(s.get("host") or "-"),
+                esc(s.get("status", "")),
+                esc(s.get("status")),
+                "%.1f" % d if isinstance(d, (int, float)) else "-",
+                esc(detail),
+            )
+        )
     out.append("</table>")
     if fanout:
         out.append(_fanout_html(fanout))
     c = report.get("checks") or {}
-    out.append("<h2>Checks</h2><p>%s passed, %s failed, %s skipped</p>" % (
-        esc(c.get("pass", 0)), esc(c.get("fail", 0)), esc(c.get("skip", 0))))
+    out.append(
+        "<h2>Checks</h2><p>%s passed, %s failed, %s skipped</p>"
+        % (esc(c.get("pass", 0)), esc(c.get("fail", 0)), esc(c.get("skip", 0)))
+    )
     probes = report.get("probes") or {}
     if fanout:
         # one table per group of identical rows (a node of each): a table per node does not
@@ -82,8 +109,11 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
         for g in fanout.get("groups") or []:
             g = [str(n) for n in g]
             doc = probes.get(g[0]) or (reports.get(g[0]) or {}).get("probe")
-            out.append("<h3>node %s</h3>" % esc(g[0]) if len(g) == 1 else
-                       "<h3>nodes %s (%d; seconds of %s)</h3>" % (esc(fold(g)), len(g), esc(g[0])))
+            out.append(
+                "<h3>node %s</h3>" % esc(g[0])
+                if len(g) == 1
+                else "<h3>nodes %s (%d; seconds of %s)</h3>" % (esc(fold(g)), len(g), esc(g[0]))
+            )
             out.append(_checks_table(doc))
     else:
         for host in sorted(probes):
@@ -98,17 +128,25 @@ def _checks_table(doc: Any) -> str:
     if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
         why = doc.get("error") if isinstance(doc, dict) and doc.get("error") else "no checks ran"
         return "<p>%s</p>" % esc(why)
-    out = ["<table><tr><th>check</th><th>level</th><th>status</th><th>seconds</th>"
-           "<th>reason</th></tr>"]
+    out = [
+        "<table><tr><th>check</th><th>level</th><th>status</th><th>seconds</th><th>reason</th></tr>"
+    ]
     for chk in doc["checks"]:
         if not isinstance(chk, dict):
             continue
         d = chk.get("duration_s")
-        out.append("<tr><td>%s</td><td>%s</td><td class=\"%s\">%s</td><td class=num>%s</td>"
-                   "<td>%s</td></tr>" % (
-                       esc(chk.get("id")), esc(chk.get("level", "")), esc(chk.get("status", "")),
-                       esc(chk.get("status")), "%.2f" % d if isinstance(d, (int, float)) else "-",
-                       esc(chk.get("reason") or "")))
+        out.append(
+            '<tr><td>%s</td><td>%s</td><td class="%s">%s</td><td class=num>%s</td>'
+            "<td>%s</td></tr>"
+            % (
+                esc(chk.get("id")),
+                esc(chk.get("level", "")),
+                esc(chk.get("status", "")),
+                esc(chk.get("status")),
+                "%.2f" % d if isinstance(d, (int, float)) else "-",
+                esc(chk.get("reason") or ""),
+            )
+        )
     out.append("</table>")
     return "\n".join(out)
 
@@ -116,33 +154,51 @@ def _checks_table(doc: Any) -> str:
 def _fanout_html(fanout: Dict[str, Any]) -> str:
     cols = [str(c) for c in fanout.get("columns") or []]
     rows = fanout.get("rows") or {}
-    out = ["<h2>Fan-out comparison</h2><p>%d/%d nodes passed; success policy %s needs %s: %s</p>"
-           % (len(fanout.get("ok_nodes") or []), len(fanout.get("nodes") or []),
-              esc(fanout.get("success", "?")), esc(fanout.get("needed", "?")),
-              "met" if fanout.get("passed") else "<b class=failed>NOT met</b>")]
-    out.append("<table><tr><th>nodes</th><th>count</th>%s</tr>" % "".join(
-        "<th>%s</th>" % esc(c[6:] if c.startswith("check:") else c) for c in cols))
+    out = [
+        "<h2>Fan-out comparison</h2><p>%d/%d nodes passed; success policy %s needs %s: %s</p>"
+        % (
+            len(fanout.get("ok_nodes") or []),
+            len(fanout.get("nodes") or []),
+            esc(fanout.get("success", "?")),
+            esc(fanout.get("needed", "?")),
+            "met" if fanout.get("passed") else "<b class=failed>NOT met</b>",
+        )
+    ]
+    out.append(
+        "<table><tr><th>nodes</th><th>count</th>%s</tr>"
+        % "".join("<th>%s</th>" % esc(c[6:] if c.startswith("check:") else c) for c in cols)
+    )
     for g in fanout.get("groups") or []:
         r = rows.get(g[0]) or {}
-        out.append("<tr><td>%s</td><td class=num>%d</td>%s</tr>" % (
-            esc(fold([str(n) for n in g])), len(g), "".join(
-                "<td class=\"%s\">%s</td>" % (esc(r.get(c, "-")), esc(r.get(c, "-")))
-                for c in cols)))
+        out.append(
+            "<tr><td>%s</td><td class=num>%d</td>%s</tr>"
+            % (
+                esc(fold([str(n) for n in g])),
+                len(g),
+                "".join(
+                    '<td class="%s">%s</td>' % (esc(r.get(c, "-")), esc(r.get(c, "-")))
+                    for c in cols
+                ),
+            )
+        )
     out.append("</table>")
     odd = fanout.get("odd") or {}
     if odd:
         out.append("<h3>Odd nodes</h3><ul>")
         for n in fanout.get("nodes") or []:
             if n in odd:
-                out.append("<li><b>%s</b>: %s</li>" % (esc(n), esc("; ".join(
-                    str(d) for d in odd[n]) or "differs")))
+                out.append(
+                    "<li><b>%s</b>: %s</li>"
+                    % (esc(n), esc("; ".join(str(d) for d in odd[n]) or "differs"))
+                )
         out.append("</ul>")
     missing = fanout.get("missing") or {}
     if missing:
         out.append("<h3>Missing nodes</h3><ul>")
         for n in fanout.get("nodes") or []:
             if n in missing:
-                out.append("<li><b>%s</b>: %s</li>" % (esc(n), esc(" | ".join(
-                    str(w) for w in missing[n]))))
+                out.append(
+                    "<li><b>%s</b>: %s</li>" % (esc(n), esc(" | ".join(str(w) for w in missing[n])))
+                )
         out.append("</ul>")
     return "\n".join(out)

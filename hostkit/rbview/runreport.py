@@ -23,8 +23,11 @@ from rbkit import report
 
 
 def parser() -> argparse.ArgumentParser:
-    rp = argparse.ArgumentParser(prog="rbview report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp = argparse.ArgumentParser(
+        prog="rbview report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rp.add_argument("--name", required=True)
     rp.add_argument("--spec", required=True)
     rp.add_argument("--sha", required=True)
@@ -32,9 +35,13 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--probe", action="append", default=[])
     rp.add_argument("--outcome", required=True)
     rp.add_argument("--where", default="", help="where a run that did not pass stopped")
-    rp.add_argument("--gpu", action="store_true", help="the spec declares gpu: say whether it was proven")
+    rp.add_argument(
+        "--gpu", action="store_true", help="the spec declares gpu: say whether it was proven"
+    )
     rp.add_argument("--out", required=True)
-    rp.add_argument("--pictures", default="", help="also draw the run's pictures into this directory")
+    rp.add_argument(
+        "--pictures", default="", help="also draw the run's pictures into this directory"
+    )
     rp.add_argument("--fanout", default="", help="with --pictures: the fan-out's fanout.json")
     return rp
 
@@ -43,12 +50,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = parser().parse_args(argv)
     try:
         probes = dict(item.split("=", 1) for item in a.probe)
-        doc = report.build(a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu,
-                           where=a.where)
+        doc = report.build(
+            a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu, where=a.where
+        )
         # a new file of its own name beside the report (O_EXCL, never a name another user could
         # have pointed elsewhere), renamed over it
-        fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp",
-                                   dir=os.path.dirname(a.out) or ".")
+        fd, tmp = tempfile.mkstemp(
+            prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or "."
+        )
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=2, sort_keys=True)
@@ -64,9 +73,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.pictures:
         try:
             from . import draw
+
             for path in draw.draw(doc, a.events, a.pictures, a.fanout):
                 print("drawn %s" % path)
         except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
-            print("rbview report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
-                  file=sys.stderr)
+            print(
+                "rbview report: could not draw the pictures: %s: %s" % (type(exc).__name__, exc),
+                file=sys.stderr,
+            )
     return 0

@@ -9,10 +9,12 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 FONT = "DejaVu Sans, Verdana, Helvetica, Arial, sans-serif"
-CHAR = 0.6            # a character's width, in font sizes (a generous average for sans fonts)
-COLOURS = {           # status -> (fill, text on it)
-    "ok": ("#2e7d32", "#ffffff"), "pass": ("#2e7d32", "#ffffff"),
-    "failed": ("#c62828", "#ffffff"), "fail": ("#c62828", "#ffffff"),
+CHAR = 0.6  # a character's width, in font sizes (a generous average for sans fonts)
+COLOURS = {  # status -> (fill, text on it)
+    "ok": ("#2e7d32", "#ffffff"),
+    "pass": ("#2e7d32", "#ffffff"),
+    "failed": ("#c62828", "#ffffff"),
+    "fail": ("#c62828", "#ffffff"),
     "interrupted": ("#ef6c00", "#ffffff"),
     "skip": ("#90a4ae", "#000000"),
     "-": ("#eceff1", "#607d8b"),
@@ -22,8 +24,15 @@ OTHER = ("#7e57c2", "#ffffff")
 RATE = "#1565c0"
 _BAD_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 # every attribute is written in double quotes, so ' needs no reference
-_REFS = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"), ("\n", "&#10;"),
-         ("\r", "&#13;"), ("\t", "&#9;"))
+_REFS = (
+    ("&", "&amp;"),
+    ("<", "&lt;"),
+    (">", "&gt;"),
+    ('"', "&quot;"),
+    ("\n", "&#10;"),
+    ("\r", "&#13;"),
+    ("\t", "&#9;"),
+)
 
 
 def clean(value: Any) -> str:
@@ -52,7 +61,7 @@ def fit(text: str, width: float, size: float) -> str:
     room = int(width / (size * CHAR))
     if len(text) <= room:
         return text
-    return text[:max(0, room - 1)] + "\u2026" if room > 0 else ""
+    return text[: max(0, room - 1)] + "\u2026" if room > 0 else ""
 
 
 def wrap(text: str, width: float, size: float, most: int) -> List[str]:
@@ -86,8 +95,6 @@ def secs(s: Optional[float]) -> str:
     return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
 
 
-
-
 def nice(span: float, ticks: int = 8) -> float:
     """A tick step of 1, 2 or 5 times a power of ten giving at most about TICKS ticks."""
     raw = max(span, 1e-9) / ticks
@@ -103,8 +110,15 @@ def colour(status: str) -> Tuple[str, str]:
 
 
 def status_word(status: str) -> str:
-    return {"ok": "ok", "pass": "pass", "failed": "FAILED", "fail": "FAIL",
-            "interrupted": "INTERRUPTED", "skip": "skip", "-": "not run"}.get(status, status)
+    return {
+        "ok": "ok",
+        "pass": "pass",
+        "failed": "FAILED",
+        "fail": "FAIL",
+        "interrupted": "INTERRUPTED",
+        "skip": "skip",
+        "-": "not run",
+    }.get(status, status)
 
 
 class Svg:
@@ -113,38 +127,88 @@ class Svg:
     def __init__(self) -> None:
         self.parts: List[str] = []
 
-    def add(self, tag: str, attrs: Dict[str, Any], text: Optional[str] = None,
-            title: Optional[str] = None) -> None:
-        a = "".join(' %s="%s"' % (k.rstrip("_").replace("_", "-"),
-                                esc(num(v) if isinstance(v, float) else v))
-                    for k, v in attrs.items() if v is not None)
+    def add(
+        self,
+        tag: str,
+        attrs: Dict[str, Any],
+        text: Optional[str] = None,
+        title: Optional[str] = None,
+    ) -> None:
+        a = "".join(
+            ' %s="%s"'
+            % (k.rstrip("_").replace("_", "-"), esc(num(v) if isinstance(v, float) else v))
+            for k, v in attrs.items()
+            if v is not None
+        )
         inner = ("<title>%s</title>" % esc(title) if title else "") + (esc(text) if text else "")
         self.parts.append("<%s%s>%s</%s>" % (tag, a, inner, tag) if inner else "<%s%s/>" % (tag, a))
 
-    def rect(self, x: float, y: float, w: float, h: float, fill: str, title: Optional[str] = None,
-             **kw: Any) -> None:
-        self.add("rect", dict(x=float(x), y=float(y), width=float(max(w, 0)),
-                              height=float(max(h, 0)), fill=fill, **kw), title=title)
+    def rect(
+        self,
+        x: float,
+        y: float,
+        w: float,
+        h: float,
+        fill: str,
+        title: Optional[str] = None,
+        **kw: Any,
+    ) -> None:
+        self.add(
+            "rect",
+            dict(
+                x=float(x),
+                y=float(y),
+                width=float(max(w, 0)),
+                height=float(max(h, 0)),
+                fill=fill,
+                **kw,
+            ),
+            title=title,
+        )
 
-    def text(self, x: float, y: float, text: str, size: float = 12, anchor: str = "start",
-             fill: str = "#212121", weight: Optional[str] = None, title: Optional[str] = None,
-             **kw: Any) -> None:
-        self.add("text", dict(x=float(x), y=float(y), font_size=num(size),
-                              text_anchor=anchor if anchor != "start" else None, fill=fill,
-                              font_weight=weight, **kw), text, title)
+    def text(
+        self,
+        x: float,
+        y: float,
+        text: str,
+        size: float = 12,
+        anchor: str = "start",
+        fill: str = "#212121",
+        weight: Optional[str] = None,
+        title: Optional[str] = None,
+        **kw: Any,
+    ) -> None:
+        self.add(
+            "text",
+            dict(
+                x=float(x),
+                y=float(y),
+                font_size=num(size),
+                text_anchor=anchor if anchor != "start" else None,
+                fill=fill,
+                font_weight=weight,
+                **kw,
+            ),
+            text,
+            title,
+        )
 
-    def line(self, x1: float, y1: float, x2: float, y2: float, stroke: str = "#b0bec5",
-             **kw: Any) -> None:
-        self.add("line", dict(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2),
-                              stroke=stroke, **kw))
+    def line(
+        self, x1: float, y1: float, x2: float, y2: float, stroke: str = "#b0bec5", **kw: Any
+    ) -> None:
+        self.add(
+            "line",
+            dict(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2), stroke=stroke, **kw),
+        )
 
     def render(self, width: float, height: float, title: str, desc: str) -> str:
-        head = ('<?xml version="1.0" encoding="UTF-8"?>\n'
-                '<svg xmlns="http://www.w3.org/2000/svg" width="%s" height="%s" '
-                'viewBox="0 0 %s %s" font-family="%s" role="img">\n<title>%s</title>\n'
-                '<desc>%s</desc>\n<rect width="100%%" height="100%%" fill="#ffffff"/>\n'
-                % (num(width), num(height), num(width), num(height), esc(FONT), esc(title),
-                   esc(desc)))
+        head = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<svg xmlns="http://www.w3.org/2000/svg" width="%s" height="%s" '
+            'viewBox="0 0 %s %s" font-family="%s" role="img">\n<title>%s</title>\n'
+            '<desc>%s</desc>\n<rect width="100%%" height="100%%" fill="#ffffff"/>\n'
+            % (num(width), num(height), num(width), num(height), esc(FONT), esc(title), esc(desc))
+        )
         return head + "\n".join(self.parts) + "\n</svg>\n"
 
 

@@ -11,10 +11,22 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from rbrules.common import human
 
-from .svg import (CHAR, RATE, Svg, colour, fit, legend, host_label, nice, num, secs, status_word,
-                  wrap)
+from .svg import (
+    CHAR,
+    RATE,
+    Svg,
+    colour,
+    fit,
+    host_label,
+    legend,
+    nice,
+    num,
+    secs,
+    status_word,
+    wrap,
+)
 
-Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]    # (step, host) -> [(t_ms, bytes)]
+Samples = Dict[Tuple[str, str], List[Tuple[int, int]]]  # (step, host) -> [(t_ms, bytes)]
 
 
 def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
@@ -29,12 +41,20 @@ def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
             parts = line.rstrip("\n").split("\t")
             try:
                 if parts[0] == "step" and len(parts) >= 7:
-                    steps.append({"id": parts[1], "status": parts[2], "start": int(parts[3]),
-                                  "end": max(int(parts[3]), int(parts[4])),
-                                  "host": parts[5], "detail": parts[6]})
+                    steps.append(
+                        {
+                            "id": parts[1],
+                            "status": parts[2],
+                            "start": int(parts[3]),
+                            "end": max(int(parts[3]), int(parts[4])),
+                            "host": parts[5],
+                            "detail": parts[6],
+                        }
+                    )
                 elif parts[0] == "progress" and len(parts) >= 5:
                     samples.setdefault((parts[1], parts[2]), []).append(
-                        (int(parts[3]), int(parts[4])))
+                        (int(parts[3]), int(parts[4]))
+                    )
             except ValueError:
                 continue
     return steps, samples
@@ -45,14 +65,23 @@ def from_report(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     steps, t = [], 0
     for s in report.get("steps", []):
         ms = int(round(float(s.get("duration_s") or 0) * 1000))
-        steps.append({"id": s.get("id", "?"), "status": s.get("status", "?"), "start": t,
-                      "end": t + ms, "host": s.get("host") or "", "detail": s.get("detail", "")})
+        steps.append(
+            {
+                "id": s.get("id", "?"),
+                "status": s.get("status", "?"),
+                "start": t,
+                "end": t + ms,
+                "host": s.get("host") or "",
+                "detail": s.get("detail", ""),
+            }
+        )
         t += ms
     return steps
 
 
-def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
-                ) -> List[Dict[str, Any]]:
+def _check_rows(
+    report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
+) -> List[Dict[str, Any]]:
     """HOST's checks as rows with a start and end (ms) where they can be placed: one after the
     other from the probe's start, which is its own clock's; when that falls outside the step that
     ran the probe on HOST (clocks differ), from that step's start."""
@@ -70,8 +99,9 @@ def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
     # placed there; else one after the other
     schedule = {}
     for item in doc.get("schedule") or []:
-        if isinstance(item, dict) and all(isinstance(item.get(k), (int, float))
-                                          for k in ("start_s", "end_s")):
+        if isinstance(item, dict) and all(
+            isinstance(item.get(k), (int, float)) for k in ("start_s", "end_s")
+        ):
             schedule[str(item.get("id"))] = (float(item["start_s"]), float(item["end_s"]))
     t0 = t
     rows = []
@@ -80,9 +110,16 @@ def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
             continue
         d = c.get("duration_s")
         d = float(d) if isinstance(d, (int, float)) else None
-        row = {"id": str(c.get("id", "?")), "status": str(c.get("status", "?")), "check": True,
-               "detail": str(c.get("reason") or ""), "level": c.get("level"), "seconds": d,
-               "start": None, "end": None}
+        row = {
+            "id": str(c.get("id", "?")),
+            "status": str(c.get("status", "?")),
+            "check": True,
+            "detail": str(c.get("reason") or ""),
+            "level": c.get("level"),
+            "seconds": d,
+            "start": None,
+            "end": None,
+        }
         at = schedule.get(row["id"])
         if t0 is not None and at is not None:
             row["start"], row["end"] = t0 + at[0] * 1000, t0 + at[1] * 1000
@@ -93,8 +130,9 @@ def _check_rows(report: Dict[str, Any], host: str, steps: List[Dict[str, Any]]
     return rows
 
 
-def _rates(steps: List[Dict[str, Any]], report: Dict[str, Any],
-           samples: Samples) -> List[Dict[str, Any]]:
+def _rates(
+    steps: List[Dict[str, Any]], report: Dict[str, Any], samples: Samples
+) -> List[Dict[str, Any]]:
     """Rate series per transfer: from progress samples (MB/s between successive samples) when
     there are at least two, else the step's average (fact mb_s) over the step."""
     facts = {}
@@ -112,12 +150,26 @@ def _rates(steps: List[Dict[str, Any]], report: Dict[str, Any],
                     pts.append((t1, t2, max(0.0, (b2 - b1) / (t2 - t1) / 1000.0)))
             if pts:
                 total = (got[-1][1] - got[0][1]) / max(1, got[-1][0] - got[0][0]) / 1000.0
-                out.append({"step": s, "points": pts, "average": total, "sampled": True,
-                            "bytes": f.get("bytes", got[-1][1])})
+                out.append(
+                    {
+                        "step": s,
+                        "points": pts,
+                        "average": total,
+                        "sampled": True,
+                        "bytes": f.get("bytes", got[-1][1]),
+                    }
+                )
                 continue
         if isinstance(f.get("mb_s"), (int, float)) and s["end"] > s["start"]:
-            out.append({"step": s, "points": [(s["start"], s["end"], float(f["mb_s"]))],
-                        "average": float(f["mb_s"]), "sampled": False, "bytes": f.get("bytes")})
+            out.append(
+                {
+                    "step": s,
+                    "points": [(s["start"], s["end"], float(f["mb_s"]))],
+                    "average": float(f["mb_s"]),
+                    "sampled": False,
+                    "bytes": f.get("bytes"),
+                }
+            )
     return out
 
 
@@ -153,23 +205,38 @@ def _bar(svg: Svg, axis: Axis, r: Dict[str, Any], host: str, mid: float) -> None
     bx, bw = axis.x(r["start"]), max(3.0, (r["end"] - r["start"]) * axis.scale)
     h = 14.0 if not r["check"] else 10.0
     took = (r["end"] - r["start"]) / 1000.0
-    tip = "%s %s on %s: %s, %s%s" % ("check" if r["check"] else "step", r["id"],
-                                     host or "this machine", status_word(r["status"]),
-                                     secs(took), (": " + r["detail"]) if r["detail"] else "")
+    tip = "%s %s on %s: %s, %s%s" % (
+        "check" if r["check"] else "step",
+        r["id"],
+        host or "this machine",
+        status_word(r["status"]),
+        secs(took),
+        (": " + r["detail"]) if r["detail"] else "",
+    )
     svg.rect(bx, mid - h / 2, bw, h, fill, title=tip, rx=2.0)
     note = secs(took)
     if r["status"] not in ("ok", "pass"):
-        note = "%s %s%s" % (status_word(r["status"]), note,
-                            (": " + r["detail"]) if r["detail"] else "")
+        note = "%s %s%s" % (
+            status_word(r["status"]),
+            note,
+            (": " + r["detail"]) if r["detail"] else "",
+        )
     weight = "bold" if r["status"] in ("failed", "fail", "interrupted") else None
     ink = {"ok": "#37474f", "pass": "#37474f", "skip": "#546e7a"}.get(r["status"], fill)
     after, before = axis.x1 - (bx + bw) - 6, bx - axis.x0 - 6
     if after >= before or after >= 200:
-        svg.text(bx + bw + 6, mid + 4, fit(note, after, 11), 11, fill=ink, weight=weight,
-                 title=tip)
+        svg.text(bx + bw + 6, mid + 4, fit(note, after, 11), 11, fill=ink, weight=weight, title=tip)
     else:
-        svg.text(bx - 6, mid + 4, fit(note, before, 11), 11, anchor="end", fill=ink,
-                 weight=weight, title=tip)
+        svg.text(
+            bx - 6,
+            mid + 4,
+            fit(note, before, 11),
+            11,
+            anchor="end",
+            fill=ink,
+            weight=weight,
+            title=tip,
+        )
 
 
 def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> float:
@@ -186,10 +253,15 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> 
         return y + panel_h - v / ymax * panel_h
 
     for k in range(int(ymax / ystep + 1e-9) + 1):
-        svg.line(axis.x0, Y(k * ystep), axis.x1, Y(k * ystep), stroke="#eceff1",
-                 stroke_width=1.0)
-        svg.text(axis.x0 - 8, Y(k * ystep) + 4, "%s MB/s" % num(k * ystep), 11, anchor="end",
-                 fill="#37474f")
+        svg.line(axis.x0, Y(k * ystep), axis.x1, Y(k * ystep), stroke="#eceff1", stroke_width=1.0)
+        svg.text(
+            axis.x0 - 8,
+            Y(k * ystep) + 4,
+            "%s MB/s" % num(k * ystep),
+            11,
+            anchor="end",
+            fill="#37474f",
+        )
     axis.grid(svg, y, y + panel_h, "#eceff1")
 
     def xy(t: float, v: float) -> str:
@@ -199,16 +271,32 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> 
         s, points = r["step"], r["points"]
         line = [xy(t, v) for a, b, v in points for t in (a, b)]
         first, last = points[0][0], points[-1][1]
-        svg.add("polygon", {"points": " ".join([xy(first, 0)] + line + [xy(last, 0)]),
-                            "fill": RATE, "fill-opacity": "0.15"})
-        svg.add("polyline", {"points": " ".join(line), "fill": "none", "stroke": RATE,
-                             "stroke-width": "2",
-                             "stroke-dasharray": None if r["sampled"] else "6 3"},
-                title="%s on %s: %s" % (s["id"], s["host"] or "this machine",
-                                        "sampled" if r["sampled"] else "average only"))
+        svg.add(
+            "polygon",
+            {
+                "points": " ".join([xy(first, 0)] + line + [xy(last, 0)]),
+                "fill": RATE,
+                "fill-opacity": "0.15",
+            },
+        )
+        svg.add(
+            "polyline",
+            {
+                "points": " ".join(line),
+                "fill": "none",
+                "stroke": RATE,
+                "stroke-width": "2",
+                "stroke-dasharray": None if r["sampled"] else "6 3",
+            },
+            title="%s on %s: %s"
+            % (s["id"], s["host"] or "this machine", "sampled" if r["sampled"] else "average only"),
+        )
         what = "%s%s: %s MB/s average%s" % (
-            s["id"], (" " + human(r["bytes"])) if r["bytes"] is not None else "",
-            num(r["average"]), "" if r["sampled"] else " (no progress samples: average only)")
+            s["id"],
+            (" " + human(r["bytes"])) if r["bytes"] is not None else "",
+            num(r["average"]),
+            "" if r["sampled"] else " (no progress samples: average only)",
+        )
         lx, ly = axis.x(first), Y(max(p[2] for p in points)) - 6
         if lx + len(what) * 11 * CHAR > axis.x1:
             svg.text(min(axis.x1, axis.x(last)), ly, what, 11, anchor="end", fill=RATE)
@@ -218,18 +306,20 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> 
     return y + panel_h + 30
 
 
-def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
-             samples: Samples, timed: bool = True) -> str:
+def timeline(
+    report: Dict[str, Any], steps: List[Dict[str, Any]], samples: Samples, timed: bool = True
+) -> str:
     """The timeline picture (see the module's docstring). TIMED: the steps have real start
     times (else they were laid one after the other from their durations)."""
     hosts: List[str] = []
     for s in steps:
         if s["host"] not in hosts:
             hosts.append(s["host"])
-    bands = [(h, [dict(s, check=False) for s in steps if s["host"] == h] +
-              _check_rows(report, h, steps)) for h in hosts]
-    times = [r[k] for _, rows in bands for r in rows for k in ("start", "end")
-             if r[k] is not None]
+    bands = [
+        (h, [dict(s, check=False) for s in steps if s["host"] == h] + _check_rows(report, h, steps))
+        for h in hosts
+    ]
+    times = [r[k] for _, rows in bands for r in rows for k in ("start", "end") if r[k] is not None]
     t0 = min(times) if times else 0
     total = (max(times) - t0) / 1000.0 if times else 0.0
     rates = _rates(steps, report, samples)
@@ -242,22 +332,36 @@ def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
     outcome = str(report.get("outcome", "?"))
     where = (" (%s)" % report["where"]) if report.get("where") else ""
     title = "runbook %s: %s%s, %s" % (report.get("runbook", "?"), outcome, where, secs(total))
-    svg.text(16, 26, fit(title, width - 32, 17), 17, weight="bold",
-             fill=colour("failed")[0] if outcome not in ("ok", "?") else "#212121")
+    svg.text(
+        16,
+        26,
+        fit(title, width - 32, 17),
+        17,
+        weight="bold",
+        fill=colour("failed")[0] if outcome not in ("ok", "?") else "#212121",
+    )
     c = report.get("checks") or {}
     sub = "spec %s; %d step%s on %d host%s" % (
-        report.get("spec", "?"), len(steps), "" if len(steps) == 1 else "s", len(hosts),
-        "" if len(hosts) == 1 else "s")
+        report.get("spec", "?"),
+        len(steps),
+        "" if len(steps) == 1 else "s",
+        len(hosts),
+        "" if len(hosts) == 1 else "s",
+    )
     if report.get("probes") or any(c.get(k) for k in ("pass", "fail", "skip")):
         sub += "; checks %s passed, %s failed, %s skipped" % (
-            c.get("pass", 0), c.get("fail", 0), c.get("skip", 0))
+            c.get("pass", 0),
+            c.get("fail", 0),
+            c.get("skip", 0),
+        )
     if times and timed and t0 > 1e11:
         sub += "; started %s UTC" % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0 / 1000.0))
     if not timed:
         sub += "; no event log: steps laid end to end by duration"
     svg.text(16, 46, fit(sub, width - 32, 12), 12, fill="#455a64")
-    statuses = ["ok", "failed"] + sorted({r["status"] for _, rows in bands for r in rows} -
-                                         {"ok", "failed", "pass", "fail"})
+    statuses = ["ok", "failed"] + sorted(
+        {r["status"] for _, rows in bands for r in rows} - {"ok", "failed", "pass", "fail"}
+    )
     items = [(colour(s)[0], colour(s)[0], {"ok": "ok / pass"}.get(s, s)) for s in statuses]
     legend(svg, 16, 70, items + [(RATE, RATE, "transfer rate")] * bool(rates))
 
@@ -272,12 +376,19 @@ def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
         for r in rows:
             mid = y + 11
             label = ("\u00b7 " + r["id"]) if r["check"] else r["id"]
-            body.text(left - 10, mid + 4, fit(label, left - 26, 12), 12 if not r["check"] else 11,
-                      anchor="end", fill="#37474f" if r["check"] else "#212121",
-                      weight="bold" if r["status"] in ("failed", "fail") else None)
+            body.text(
+                left - 10,
+                mid + 4,
+                fit(label, left - 26, 12),
+                12 if not r["check"] else 11,
+                anchor="end",
+                fill="#37474f" if r["check"] else "#212121",
+                weight="bold" if r["status"] in ("failed", "fail") else None,
+            )
             if r["start"] is None:
-                body.text(left + 4, mid + 4, "%s (no time)" % status_word(r["status"]), 11,
-                          fill="#607d8b")
+                body.text(
+                    left + 4, mid + 4, "%s (no time)" % status_word(r["status"]), 11, fill="#607d8b"
+                )
             else:
                 _bar(body, axis, r, host, mid)
                 if r["status"] in ("failed", "interrupted", "fail"):
@@ -296,14 +407,21 @@ def timeline(report: Dict[str, Any], steps: List[Dict[str, Any]],
     for r in failed:
         y += 6
         line = "%s: %s %s on host %s after %s%s" % (
-            status_word(r["status"]), "check" if r["check"] else "step", r["id"],
+            status_word(r["status"]),
+            "check" if r["check"] else "step",
+            r["id"],
             r["host"] or "(this machine)",
-            secs((r["end"] - r["start"]) / 1000.0), (": " + r["detail"]) if r["detail"] else "")
+            secs((r["end"] - r["start"]) / 1000.0),
+            (": " + r["detail"]) if r["detail"] else "",
+        )
         for part in wrap(line, width - 32, 12, 4):
-            svg.text(16, y + 10, part, 12, weight="bold", fill=colour(r["status"])[0],
-                     title=line)
+            svg.text(16, y + 10, part, 12, weight="bold", fill=colour(r["status"])[0], title=line)
             y += 16
-    desc = "; ".join("%s on %s: %s %s" % (r["id"], h or "this machine", r["status"],
-                                          secs((r["end"] - r["start"]) / 1000.0))
-                     for h, rows in bands for r in rows if not r["check"])
+    desc = "; ".join(
+        "%s on %s: %s %s"
+        % (r["id"], h or "this machine", r["status"], secs((r["end"] - r["start"]) / 1000.0))
+        for h, rows in bands
+        for r in rows
+        if not r["check"]
+    )
     return svg.render(width, y + 12, title, desc)

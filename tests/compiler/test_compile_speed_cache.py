@@ -99,8 +99,11 @@ def test_check_params_are_what_model_dump_gave(monkeypatch):
             continue
         for check in validate.validate(source).checks:
             value = getattr(check, check.kind)
-            dumped = ({"modules": list(value)} if isinstance(value, list)
-                      else value.model_dump(exclude={"allow_skip"}, exclude_none=True))
+            dumped = (
+                {"modules": list(value)}
+                if isinstance(value, list)
+                else value.model_dump(exclude={"allow_skip"}, exclude_none=True)
+            )
             assert check.params == dumped and list(check.params) == list(dumped), path
             seen.add(check.kind)
     assert len(seen) >= 8, seen
@@ -111,14 +114,20 @@ LATE_MODULES = ("subprocess", "difflib", "traceback")
 
 def test_a_remembered_compile_imports_no_error_or_shellcheck_modules(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), RB_LINT_CACHE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "hostkit"), str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "hostkit"), str(ROOT), env.get("PYTHONPATH", "")]
+    )
     out = str(tmp_path / "out")
-    probe = ("import sys\nfrom compiler.cli import main\n"
-             f"rc = main(['-o', {out!r}, 'specs/b300.yaml'])\n"
-             f"print(rc, sorted(m for m in {LATE_MODULES!r} if m in sys.modules))\n")
-    first = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True,
-                           text=True, check=True)
+    probe = (
+        "import sys\nfrom compiler.cli import main\n"
+        f"rc = main(['-o', {out!r}, 'specs/b300.yaml'])\n"
+        f"print(rc, sorted(m for m in {LATE_MODULES!r} if m in sys.modules))\n"
+    )
+    first = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     assert first.stdout.splitlines()[-1] == "0 ['subprocess']", first.stderr  # ran shellcheck
-    again = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True,
-                           text=True, check=True)
+    again = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     assert again.stdout.splitlines()[-1] == "0 []", again.stderr  # every result remembered

@@ -16,8 +16,11 @@ CASES = Path(__file__).resolve().parents[1] / "cases"
 VALID = sorted((CASES / "valid").glob("*.yaml"))
 INVALID = sorted((CASES / "invalid").glob("*.yaml"))
 KIT_FILE = re.compile(r"(<<'(RB_PY_\w+)'\n).*?\n(\2\n)", re.S)
-KIT_ID = re.compile(r"^(readonly RB_KIT_SHA256=|readonly RB_KIT_FILE='?\.kit/|# sha256 of this file with "
-                    r"these 64 digits zeroed: )[0-9a-f]{64}", re.M)
+KIT_ID = re.compile(
+    r"^(readonly RB_KIT_SHA256=|readonly RB_KIT_FILE='?\.kit/|# sha256 of this file with "
+    r"these 64 digits zeroed: )[0-9a-f]{64}",
+    re.M,
+)
 
 
 def without_kit(text: str) -> str:
@@ -70,7 +73,8 @@ def test_the_runtime_in_the_kit_is_its_golden(golden):
 
     golden(CASES / "runtime.sh", kit.runtime_text())
     assert kit.runtime_text() in cli.render.render(
-        cli.plan.lint_view(_view(str(CASES / "valid" / "minimal_local.yaml"))))
+        cli.plan.lint_view(_view(str(CASES / "valid" / "minimal_local.yaml")))
+    )
 
 
 def _view(spec: str) -> dict:

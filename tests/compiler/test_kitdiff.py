@@ -27,7 +27,10 @@ def test_changes_count_lines_per_file_and_name_added_and_removed_files(tmp_path)
     old = kitdiff.load(str(tmp_path / "old.tar"), tmp_path)
     new = kitdiff.load(str(tmp_path / "new.tar"), tmp_path)
     assert kitdiff.summary(old, new) == [
-        "rbkit/a.py: +2 -1", "rbkit/gone.py: +0 -1 (removed)", "rbkit/new.py: +2 -0 (added)"]
+        "rbkit/a.py: +2 -1",
+        "rbkit/gone.py: +0 -1 (removed)",
+        "rbkit/new.py: +2 -0 (added)",
+    ]
     text = kitdiff.diff(old, new)
     assert text.startswith(f"kit {tmp_path / 'old.tar'} -> {tmp_path / 'new.tar'}: 3 file(s)")
     assert "+++ b/rbkit/a.py" in text and "-two" in text and "+2" in text

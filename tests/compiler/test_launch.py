@@ -18,17 +18,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from rbrules import launch, private
 
 from compiler import kit, plan
 from compiler.cli import main as compile_main
-from rbrules import launch, private
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = " ".join(launch.FLAGS)
 
 # a word that runs a Python, in the runbooks' bash, followed by its first argument
-PYTHON_WORD = (r'(?:python3?|"\$\{RB_LOCAL_PY\}"|"\$\{RB_PY\[[^]]*\]:-python3\}"|(?<=&& )"\$1"'
-               r'|"\$\{RB_KIT_ARGV\[@\]\}")')
+PYTHON_WORD = (
+    r'(?:python3?|"\$\{RB_LOCAL_PY\}"|"\$\{RB_PY\[[^]]*\]:-python3\}"|(?<=&& )"\$1"'
+    r'|"\$\{RB_KIT_ARGV\[@\]\}")'
+)
 START = re.compile(r"(?:^|[\s;&|(]|\$\()" + PYTHON_WORD + r'\s+(-\S*|"\$\S+|/\S+)')
 HEREDOC = re.compile(r"<<'([A-Za-z_][A-Za-z0-9_]*)'\s*$")
 
@@ -66,8 +68,12 @@ def runbooks(tmp_path_factory) -> dict[str, str]:
 
 def starts(text: str) -> list[tuple[int, str, str]]:
     # (rb::py_argv's arguments name the interpreter; the words it makes are checked below)
-    return [(n, line.strip(), m.group(1)) for n, line in bash_lines(text)
-            for m in START.finditer(line) if not line.lstrip().startswith("rb::py_argv ")]
+    return [
+        (n, line.strip(), m.group(1))
+        for n, line in bash_lines(text)
+        for m in START.finditer(line)
+        if not line.lstrip().startswith("rb::py_argv ")
+    ]
 
 
 def test_every_python_start_in_a_runbook_is_isolated(runbooks):
@@ -77,12 +83,18 @@ def test_every_python_start_in_a_runbook_is_isolated(runbooks):
         # the wide pipe, the remote preparation, and every kit start through RB_KIT_ARGV
         assert len(found) >= 6, (name, found)
         for n, line, first in found:
-            isolated = first == '"${RB_PY_FLAGS[@]}"' or line.count(FLAGS) or (
-                "RB_KIT_ARGV" in line and "RB_PY_FLAGS" not in line)
+            isolated = (
+                first == '"${RB_PY_FLAGS[@]}"'
+                or line.count(FLAGS)
+                or ("RB_KIT_ARGV" in line and "RB_PY_FLAGS" not in line)
+            )
             assert isolated, f"{name}.sh:{n}: a Python started without {FLAGS}: {line}"
         # RB_KIT_ARGV is made in one place, from the rule's words
-        made = [line.strip() for _n, line in bash_lines(text)
-                if "RB_KIT_ARGV=(" in line and "declare" not in line]
+        made = [
+            line.strip()
+            for _n, line in bash_lines(text)
+            if "RB_KIT_ARGV=(" in line and "declare" not in line
+        ]
         assert made == ['RB_KIT_ARGV=("$1" "${RB_PY_FLAGS[@]}" "$2/${RB_PY_START}" "$3")'], made
         assert f"readonly -a RB_PY_FLAGS=({FLAGS})" in text
         assert f"readonly RB_PY_START={launch.START}" in text
@@ -104,32 +116,49 @@ def test_every_start_has_a_private_working_directory(runbooks):
     for name, text in runbooks.items():
         lines = [line.strip() for _n, line in bash_lines(text)]
         for n, line, first in (s for s in starts(text) if s[2] == '"${RB_PY_FLAGS[@]}"'):
-            if line.endswith("<<'PY'"):                       # the boot and the seal
+            if line.endswith("<<'PY'"):  # the boot and the seal
                 assert "cd / &&" in line, f"{name}.sh:{n}: {line}"
-        init = text[text.index("rb::init() {"):]
-        init = init[:init.index("\n}\n")]
+        init = text[text.index("rb::init() {") :]
+        init = init[: init.index("\n}\n")]
         # the scratch directory made first, in a private parent (rb::scratch_dir, issue 44 R4)
-        scratch = text[text.index("rb::scratch_dir() {"):]
-        scratch = scratch[:scratch.index("\n}\n")]
-        assert 'RB_WORK=$(umask 077 && mktemp -d' in scratch and "rb::private_path" in scratch
+        scratch = text[text.index("rb::scratch_dir() {") :]
+        scratch = scratch[: scratch.index("\n}\n")]
+        assert "RB_WORK=$(umask 077 && mktemp -d" in scratch and "rb::private_path" in scratch
         assert 'cd "${RB_WORK}"' in init
-        assert init.index("rb::scratch_dir") < init.index("rb::kit_write") < \
-            init.index('cd "${RB_WORK}"')
+        assert (
+            init.index("rb::scratch_dir")
+            < init.index("rb::kit_write")
+            < init.index('cd "${RB_WORK}"')
+        )
         assert 'words=$(rb::shq cd "${RB_KIT_DIR[${host}]:-/}")' in lines
-        assert "--chdir=/tmp" not in text and "--chdir=\"${RB_FAN_SCRATCH" not in text
+        assert "--chdir=/tmp" not in text and '--chdir="${RB_FAN_SCRATCH' not in text
         if "RB_FAN_NODE_SCRIPT=" in text:
-            node = text[text.index("RB_FAN_NODE_SCRIPT="):]
-            node = node[:node.index("'\n") + 1]
+            node = text[text.index("RB_FAN_NODE_SCRIPT=") :]
+            node = node[: node.index("'\n") + 1]
             # the rule's check and the kit, each started by the kit's entry file from "$d"
-            assert 'cd "$d" || no "cannot enter $d"\n' \
-                f'python3 {FLAGS} "$d/kit/{launch.START}" rbrules.private --file' in node, node
+            assert (
+                'cd "$d" || no "cannot enter $d"\n'
+                f'python3 {FLAGS} "$d/kit/{launch.START}" rbrules.private --file' in node
+            ), node
             assert f'exec python3 {FLAGS} "$d/kit/{launch.START}" rbkit.fanout' in node, node
-            assert node.index('cd "$d"') < node.index("rbrules.private") < node.index("rbkit.fanout")
+            assert (
+                node.index('cd "$d"') < node.index("rbrules.private") < node.index("rbkit.fanout")
+            )
             assert f"python3 {FLAGS} -c" not in node
 
 
-CALLS = {"Popen", "run", "call", "check_call", "check_output", "run_bounded", "run_quiet",
-         "execv", "execvp", "execve"}
+CALLS = {
+    "Popen",
+    "run",
+    "call",
+    "check_call",
+    "check_output",
+    "run_bounded",
+    "run_quiet",
+    "execv",
+    "execvp",
+    "execve",
+}
 
 
 def _python_argv(node: ast.AST) -> ast.List | None:
@@ -156,17 +185,19 @@ def test_every_python_the_kit_starts_is_isolated():
                 pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: -m starts a module by name")
             argv = _python_argv(node)
             if argv is not None and path.name == "launch.py":
-                seen += 1                                # the rule itself
+                seen += 1  # the rule itself
             elif argv is not None:
                 seen += 1
                 second = argv.elts[1] if len(argv.elts) > 1 else None
-                assert isinstance(second, ast.Constant) and second.value == "-I", \
+                assert isinstance(second, ast.Constant) and second.value == "-I", (
                     f"{path.relative_to(ROOT)}:{argv.lineno}: {ast.unparse(argv)}"
+                )
             if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("launch.argv"):
                 seen += 1
             if isinstance(node, ast.keyword) and node.arg == "PYTHONPATH":
-                assert (path.name, ast.unparse(node.value)) == ("proof.py", "hook"), \
+                assert (path.name, ast.unparse(node.value)) == ("proof.py", "hook"), (
                     f"{path.relative_to(ROOT)}:{node.value.lineno}: PYTHONPATH"
+                )
     assert seen >= 6
 
 
@@ -182,8 +213,14 @@ def test_the_entry_file_runs_only_the_kit_beside_it(tmp_path):
     (planted / "rbkit" / "__init__.py").write_text(body)
     (planted / "rbkit" / "__main__.py").write_text(body)
     env = dict(os.environ, PYTHONPATH=str(planted), PYTHONSTARTUP=str(planted / "os.py"))
-    r = subprocess.run(launch.argv(sys.executable, "rbkit") + ["--help"], cwd=planted, env=env,
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        launch.argv(sys.executable, "rbkit") + ["--help"],
+        cwd=planted,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert "usage: rbkit" in r.stdout
     assert not marker.exists(), marker.read_text()
@@ -211,8 +248,10 @@ def test_a_private_directory_and_what_is_not(tmp_path):
     # another user's directory along the way
     os.chown(base / "a", NOBODY, NOBODY)
     why = private.why_not_private(str(run))
-    assert why == (f"directory {base / 'a'} is owned by nobody (uid {NOBODY}), mode 0755: that "
-                   "user can rename or replace what is in it")
+    assert why == (
+        f"directory {base / 'a'} is owned by nobody (uid {NOBODY}), mode 0755: that "
+        "user can rename or replace what is in it"
+    )
     os.chown(base / "a", 0, 0)
     # writable by others, without the sticky bit: anyone can rename `run` away
     (base / "a").chmod(0o777)
@@ -245,11 +284,18 @@ def test_the_private_command_refuses_naming_the_fix(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    r = subprocess.run(launch.argv(sys.executable, "rbrules.private") + [
-        "--make", "--what", "the run directory", "--fix", "set RB_RUN_DIR", str(shared / "run")],
-        cwd="/", capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        launch.argv(sys.executable, "rbrules.private")
+        + ["--make", "--what", "the run directory", "--fix", "set RB_RUN_DIR", str(shared / "run")],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 2
-    assert r.stderr.startswith(f"refusing the run directory {shared / 'run'}: directory {shared} "
-                               "is owned by root (uid 0), mode 0777: writable by group and others")
+    assert r.stderr.startswith(
+        f"refusing the run directory {shared / 'run'}: directory {shared} "
+        "is owned by root (uid 0), mode 0777: writable by group and others"
+    )
     assert r.stderr.rstrip().endswith(": set RB_RUN_DIR")
     assert not (shared / "run").exists()

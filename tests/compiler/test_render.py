@@ -49,7 +49,11 @@ def test_body_takes_only_safe_text():
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=60))
+@given(
+    st.text(
+        alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=60
+    )
+)
 def test_sh_quoted_words_come_back_unchanged_through_bash(value):
     script = "printf '%s' " + render.sh(value)
     out = subprocess.run(["bash", "-c", script], capture_output=True, check=True)
@@ -88,9 +92,12 @@ def test_array_words_shellcheck_would_misread_are_quoted_and_come_back_unchanged
     """`=` at the start of an array word (SC2191) and commas (SC2054) lint-failed whole specs
     (exclude: ["="], a multi-hop jump:); they are single-quoted, and bash reads them back as is."""
     script = tmp_path / "a.sh"
-    script.write_text(f"#!/usr/bin/env bash\na=({render.shwords(['--exclude', word])})\n"
-                      'printf "%s\\n" "${a[@]}"\n')
+    script.write_text(
+        f"#!/usr/bin/env bash\na=({render.shwords(['--exclude', word])})\n"
+        'printf "%s\\n" "${a[@]}"\n'
+    )
     from compiler import lint
+
     r = subprocess.run([lint.shellcheck_binary(), str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True).stdout
@@ -110,9 +117,16 @@ def test_the_relays_pipe_between_its_two_ssh_clients_is_widened(tmp_path):
     # what the runbook's state sets before the runtime runs (rbrules.launch's flags)
     head = f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_PY_FLAGS=(-I -S -B); "
     size = subprocess.run(
-        ["bash", "-c", head + f"rb::wide_pipe | {sys.executable} -c "
-         "'import fcntl; print(fcntl.fcntl(0, 1032))'"],      # F_GETPIPE_SZ
-        check=True, capture_output=True, text=True).stdout
+        [
+            "bash",
+            "-c",
+            head + f"rb::wide_pipe | {sys.executable} -c "
+            "'import fcntl; print(fcntl.fcntl(0, 1032))'",
+        ],  # F_GETPIPE_SZ
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert int(size) == 1 << 20
     subprocess.run(["bash", "-c", head + f"rb::wide_pipe >{tmp_path / 'file'}"], check=True)
     assert (tmp_path / "file").read_bytes() == b""
@@ -129,15 +143,20 @@ def test_a_stage_ended_by_a_signal_is_handled_as_the_signal(tmp_path):
 
     runtime = tmp_path / "runtime.sh"
     runtime.write_text(kit.runtime_text())
-    head = (f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_STEP=transfer; "
-            "rb::finish() { echo \"finish $1\" >&2; }; ")
-    cases = [("rb::pipe_failed stream send receive 0 130", 130, "(SIGINT)"),
-             ("rb::pipe_failed stream send receive 143 0", 130, "(SIGTERM)"),
-             ("(exit 129) || rb::on_err 7", 130, "(SIGHUP)"),
-             ("rb::pipe_failed stream send receive 0 2", 1, "FAILED in step transfer")]
+    head = (
+        f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_STEP=transfer; "
+        'rb::finish() { echo "finish $1" >&2; }; '
+    )
+    cases = [
+        ("rb::pipe_failed stream send receive 0 130", 130, "(SIGINT)"),
+        ("rb::pipe_failed stream send receive 143 0", 130, "(SIGTERM)"),
+        ("(exit 129) || rb::on_err 7", 130, "(SIGHUP)"),
+        ("rb::pipe_failed stream send receive 0 2", 1, "FAILED in step transfer"),
+    ]
     for command, rc, said in cases:
-        r = subprocess.run(["bash", "-c", head + command], capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(
+            ["bash", "-c", head + command], capture_output=True, text=True, timeout=30
+        )
         assert r.returncode == rc, (command, r.stderr)
         assert said in r.stderr, (command, r.stderr)
         if rc == 130:
@@ -157,24 +176,36 @@ def test_a_plans_hosts_are_let_go_while_it_composes(tmp_path):
     runtime.write_text(kit.runtime_text())
     work = tmp_path / "work"
     work.mkdir()
-    head = (f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_WORK={work}; RB_CLOSING=''; "
-            "RB_BG_PIDS=(); RB_NAME=t; "
-            "rb::close_hosts() { sleep 1; RB_STEP=cleanup rb::log 'left on h1: K'; "
-            "[[ -z \"${RB_WORK}\" ]] && echo 'work unset' >&2; }; ")
-    command = ("t0=${EPOCHREALTIME}; rb::close_start; sleep 1; echo composed >&2; "
-               "rb::close_wait; echo \"closing ${RB_CLOSING} waited; ${t0} ${EPOCHREALTIME}\" >&2")
-    r = subprocess.run(["bash", "-c", head + command], capture_output=True, text=True,
-                       timeout=30, check=True)
+    head = (
+        f"source {runtime}; RB_LOCAL_PY={sys.executable}; RB_WORK={work}; RB_CLOSING=''; "
+        "RB_BG_PIDS=(); RB_NAME=t; "
+        "rb::close_hosts() { sleep 1; RB_STEP=cleanup rb::log 'left on h1: K'; "
+        "[[ -z \"${RB_WORK}\" ]] && echo 'work unset' >&2; }; "
+    )
+    command = (
+        "t0=${EPOCHREALTIME}; rb::close_start; sleep 1; echo composed >&2; "
+        'rb::close_wait; echo "closing ${RB_CLOSING} waited; ${t0} ${EPOCHREALTIME}" >&2'
+    )
+    r = subprocess.run(
+        ["bash", "-c", head + command], capture_output=True, text=True, timeout=30, check=True
+    )
     said = r.stderr.splitlines()
     assert said[0] == "composed", r.stderr
     assert said[1].endswith("[cleanup] left on h1: K") and said[2] == "work unset", r.stderr
     assert said[3].startswith("closing waited waited; ")
     t0, t1 = (float(x) for x in said[3].split("; ")[1].split())
-    assert t1 - t0 < 1.7                               # 1 s beside 1 s, not after it
+    assert t1 - t0 < 1.7  # 1 s beside 1 s, not after it
     # one a signal ended before it was through is done again by the wait (or by rb::cleanup)
-    head = (f"source {runtime}; RB_WORK={work}; RB_CLOSING=''; RB_NAME=t; "
-            "rb::close_hosts() { if [[ -n \"${RB_WORK}\" ]]; then echo again >&2; "
-            "else kill -TERM \"${BASHPID}\"; fi; }; ")
-    r = subprocess.run(["bash", "-c", head + "rb::close_start; rb::close_wait; echo end >&2"],
-                       capture_output=True, text=True, timeout=30, check=True)
+    head = (
+        f"source {runtime}; RB_WORK={work}; RB_CLOSING=''; RB_NAME=t; "
+        'rb::close_hosts() { if [[ -n "${RB_WORK}" ]]; then echo again >&2; '
+        'else kill -TERM "${BASHPID}"; fi; }; '
+    )
+    r = subprocess.run(
+        ["bash", "-c", head + "rb::close_start; rb::close_wait; echo end >&2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert r.stderr.splitlines() == ["again", "end"], r.stderr

@@ -80,10 +80,16 @@ def test_mappings_merge_key_by_key_and_the_extending_spec_wins(project):
 
 
 def test_lists_replace_unless_tagged_append(project):
-    write(project, {"specs/child.yaml": CHILD + """  exclude: ["*.a"]
+    write(
+        project,
+        {
+            "specs/child.yaml": CHILD
+            + """  exclude: ["*.a"]
 checks: !append
   - nccl: {}
-"""})
+"""
+        },
+    )
     _source, spec = spec_of("specs/child.yaml")
     assert spec.transfer.exclude == ["*.a"]
     assert [c.kind for c in spec.checks] == ["torch", "nccl"]
@@ -99,8 +105,13 @@ def test_null_in_the_extending_spec_clears_an_optional_section(project):
 
 
 def test_a_chain_of_three_and_its_digest_covers_every_file(project):
-    write(project, {"specs/mid.yaml": "extends: base.yaml\nabstract: true\ntransfer: {jobs: 3}\n",
-                    "specs/leaf.yaml": CHILD.replace("base.yaml", "mid.yaml")})
+    write(
+        project,
+        {
+            "specs/mid.yaml": "extends: base.yaml\nabstract: true\ntransfer: {jobs: 3}\n",
+            "specs/leaf.yaml": CHILD.replace("base.yaml", "mid.yaml"),
+        },
+    )
     source, spec = spec_of("specs/leaf.yaml")
     assert source.chain == ("specs/leaf.yaml", "specs/mid.yaml", "specs/base.yaml")
     assert spec.transfer.jobs == 3 and spec.transfer.on_existing == "backup"
@@ -126,10 +137,13 @@ def problems(path: str) -> list[str]:
 
 
 def test_a_mistake_in_the_base_points_at_the_base_and_one_in_the_child_at_the_child(project):
-    write(project, {
-        "specs/base.yaml": BASE.replace('"*.pyc"]', '"*.pyc", "-x"]'),
-        "specs/child.yaml": CHILD.replace("{port: 22}", "{prot: 22}"),
-    })
+    write(
+        project,
+        {
+            "specs/base.yaml": BASE.replace('"*.pyc"]', '"*.pyc", "-x"]'),
+            "specs/child.yaml": CHILD.replace("{port: 22}", "{prot: 22}"),
+        },
+    )
     assert problems("specs/child.yaml") == [
         "specs/base.yaml:7:37: transfer.exclude[2]: must not start with '-'",
         "specs/child.yaml:4:9: hosts.src.prot: unknown key 'prot'; did you mean 'port'?",
@@ -139,22 +153,26 @@ def test_a_mistake_in_the_base_points_at_the_base_and_one_in_the_child_at_the_ch
 def test_an_appended_item_is_located_in_the_extending_file(project):
     write(project, {"specs/child.yaml": CHILD + '  exclude: !append ["ok", "-bad"]\n'})
     assert problems("specs/child.yaml") == [
-        "specs/child.yaml:8:27: transfer.exclude[3]: must not start with '-'"]
+        "specs/child.yaml:8:27: transfer.exclude[3]: must not start with '-'"
+    ]
 
 
 def test_a_cycle_names_the_chain(project):
     write(project, {"specs/a.yaml": "extends: b.yaml\n", "specs/b.yaml": "extends: a.yaml\n"})
     assert problems("specs/a.yaml") == [
-        "specs/b.yaml:1:10: extends: cycle: specs/a.yaml -> specs/b.yaml -> specs/a.yaml"]
+        "specs/b.yaml:1:10: extends: cycle: specs/a.yaml -> specs/b.yaml -> specs/a.yaml"
+    ]
     write(project, {"specs/self.yaml": "extends: self.yaml\nname: x\n"})
     assert problems("specs/self.yaml") == [
-        "specs/self.yaml:1:10: extends: cycle: specs/self.yaml -> specs/self.yaml"]
+        "specs/self.yaml:1:10: extends: cycle: specs/self.yaml -> specs/self.yaml"
+    ]
 
 
 def test_a_missing_base_suggests_a_near_name(project):
     write(project, {"specs/child.yaml": CHILD.replace("base.yaml", "bsae.yaml")})
     assert problems("specs/child.yaml") == [
-        "specs/child.yaml:1:10: extends: no such file: specs/bsae.yaml; did you mean 'base.yaml'?"]
+        "specs/child.yaml:1:10: extends: no such file: specs/bsae.yaml; did you mean 'base.yaml'?"
+    ]
 
 
 def test_a_syntax_error_in_the_base_is_reported_in_the_base(project):
@@ -163,10 +181,13 @@ def test_a_syntax_error_in_the_base_is_reported_in_the_base(project):
     assert only.startswith("specs/base.yaml:2:1: YAML syntax error")
 
 
-@pytest.mark.parametrize("value, message", [
-    ("42", "must be the path of the base spec"),
-    ("/srv/base.yaml", "must be relative to this file's folder"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("42", "must be the path of the base spec"),
+        ("/srv/base.yaml", "must be relative to this file's folder"),
+    ],
+)
 def test_extends_must_be_a_relative_path(project, value, message):
     write(project, {"specs/child.yaml": CHILD.replace("base.yaml", value)})
     [only] = problems("specs/child.yaml")
@@ -206,8 +227,13 @@ def test_naming_a_base_explicitly_is_an_error(project):
 
 
 def test_a_mistake_in_a_shared_base_is_reported_once(project):
-    write(project, {"specs/base.yaml": BASE.replace("on_existing", "on_exsting"),
-                    "specs/other.yaml": CHILD.replace("name: child", "name: other")})
+    write(
+        project,
+        {
+            "specs/base.yaml": BASE.replace("on_existing", "on_exsting"),
+            "specs/other.yaml": CHILD.replace("name: child", "name: other"),
+        },
+    )
     code, _out, err = compile_("specs")
     assert code == 2
     assert err.count("transfer.on_exsting:") == 1 and "1 problem;" in err
@@ -215,8 +241,17 @@ def test_a_mistake_in_a_shared_base_is_reported_once(project):
 
 # -- the GPU catalog ----------------------------------------------------------------------------
 
-REQUIRED = {"A100": "8.0", "H100": "9.0", "H200": "9.0", "GH200": "9.0", "B200": "10.0",
-            "GB200": "10.0", "B300": "10.3", "GB300": "10.3", "RTX-PRO-6000": "12.0"}
+REQUIRED = {
+    "A100": "8.0",
+    "H100": "9.0",
+    "H200": "9.0",
+    "GH200": "9.0",
+    "B200": "10.0",
+    "GB200": "10.0",
+    "B300": "10.3",
+    "GB300": "10.3",
+    "RTX-PRO-6000": "12.0",
+}
 
 
 @pytest.mark.parametrize("model, capability", sorted(REQUIRED.items()))
@@ -239,25 +274,34 @@ def test_the_catalog_file_ships_in_the_package():
     assert len(catalog.models()) >= len(REQUIRED)
 
 
-@pytest.mark.parametrize("cuda, model, expected", [
-    ("12.4", "B300", "CUDA 12.4 cannot target sm_103 (B300); needs 12.9 or later"),
-    ("12.8", "B200", None),
-    ("13.0", "V100", "CUDA 13.0 cannot target sm_70 (V100); CUDA 12.9 was the last release to "
-                     "support it"),
-    ("12.9", "V100", None),
-])
+@pytest.mark.parametrize(
+    "cuda, model, expected",
+    [
+        ("12.4", "B300", "CUDA 12.4 cannot target sm_103 (B300); needs 12.9 or later"),
+        ("12.8", "B200", None),
+        (
+            "13.0",
+            "V100",
+            "CUDA 13.0 cannot target sm_70 (V100); CUDA 12.9 was the last release to support it",
+        ),
+        ("12.9", "V100", None),
+    ],
+)
 def test_cuda_rules(cuda, model, expected):
     assert catalog.cuda_problem(cuda, catalog.lookup(model)) == expected
 
 
-def test_a_torch_that_cannot_serve_the_gpu_is_a_warning_and_the_compile_succeeds(tmp_path,
-                                                                                 monkeypatch):
+def test_a_torch_that_cannot_serve_the_gpu_is_a_warning_and_the_compile_succeeds(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(ROOT)
     code, _out, err = compile_("tests/cases/valid/catalog_torch_warning.yaml", "-o", str(tmp_path))
     assert code == 0
-    assert err == ("tests/cases/valid/catalog_torch_warning.yaml:12:37: warning: "
-                   "checks[0].torch.cuda: a torch built for CUDA 12.4 has no code for sm_103 "
-                   "(B300): needs 12.9 or later; expect the checks to fail on dst\n")
+    assert err == (
+        "tests/cases/valid/catalog_torch_warning.yaml:12:37: warning: "
+        "checks[0].torch.cuda: a torch built for CUDA 12.4 has no code for sm_103 "
+        "(B300): needs 12.9 or later; expect the checks to fail on dst\n"
+    )
     assert (tmp_path / "catalog_torch_warning.sh").exists()
 
 
@@ -289,7 +333,10 @@ def test_new_keeps_extends_and_marks_what_the_file_holds(project):
     assert code == 0, err
     data = YAML(typ="safe").load((project / "specs/child2.yaml").read_text())
     assert data["extends"] == "base.yaml" and data["name"] == "child2"
-    assert [line.split(": ")[-1] for line in out.splitlines()[1:]] == ["hosts.dst.ssh", "transfer.to"]
+    assert [line.split(": ")[-1] for line in out.splitlines()[1:]] == [
+        "hosts.dst.ssh",
+        "transfer.to",
+    ]
 
 
 def test_new_refuses_to_overwrite_and_needs_a_cluster_to_start_from(project):
@@ -309,7 +356,8 @@ def test_the_committed_schema_is_up_to_date():
     code, out, _err = compile_("--schema")
     assert code == 0
     assert (ROOT / "docs/spec.schema.json").read_text(encoding="utf-8") == out, (
-        "docs/spec.schema.json is stale: run  python -m compiler --schema > docs/spec.schema.json")
+        "docs/spec.schema.json is stale: run  python -m compiler --schema > docs/spec.schema.json"
+    )
 
 
 def _validator():
@@ -317,12 +365,16 @@ def _validator():
         import jsonschema
     except ImportError:
         if IN_CI:
-            pytest.fail("jsonschema is not installed: it is in the test extras (pip install -e .[test])")
+            pytest.fail(
+                "jsonschema is not installed: it is in the test extras (pip install -e .[test])"
+            )
         pytest.skip("jsonschema is not installed")
     return jsonschema.Draft202012Validator(schema.build())
 
 
-SPECS = sorted((ROOT / "specs").glob("*.yaml")) + sorted((ROOT / "tests/cases/valid").glob("*.yaml"))
+SPECS = sorted((ROOT / "specs").glob("*.yaml")) + sorted(
+    (ROOT / "tests/cases/valid").glob("*.yaml")
+)
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.relative_to(ROOT).as_posix() for p in SPECS])
@@ -357,21 +409,35 @@ def test_plan_says_what_happens_where(project):
     assert code == 0, err
     assert out.startswith("## Runbook plan: `child`")
     assert "(extends `specs/base.yaml`)" in out
-    for part in ("### Hosts", "| `dst` | destination | ssh `root@dst.example`",
-                 "route **relay**", "- `__pycache__`", "Not known at compile time",
-                 "`NCCL_DEBUG=INFO`", "GPU expected: 8 x `B300`, compute capability 10.3",
-                 "| 1 | torch | version=`2.11.0` | fails |", "1. **preflight**", "9. **probe**"):
+    for part in (
+        "### Hosts",
+        "| `dst` | destination | ssh `root@dst.example`",
+        "route **relay**",
+        "- `__pycache__`",
+        "Not known at compile time",
+        "`NCCL_DEBUG=INFO`",
+        "GPU expected: 8 x `B300`, compute capability 10.3",
+        "| 1 | torch | version=`2.11.0` | fails |",
+        "1. **preflight**",
+        "9. **probe**",
+    ):
         assert part in out, part
     assert not (project / "generated").exists()
 
 
 def test_plan_stays_short_for_a_huge_spec(project):
     excludes = ", ".join(f'"pattern-{i}-*.so"' for i in range(3000))
-    checks = "".join(f"  - command: {{name: c{i}, run: {json.dumps('echo ' + 'x' * 3000)}}}\n"
-                     for i in range(60))
+    checks = "".join(
+        f"  - command: {{name: c{i}, run: {json.dumps('echo ' + 'x' * 3000)}}}\n" for i in range(60)
+    )
     env = "".join(f"  V{i}: value-{i}\n" for i in range(2000))
-    write(project, {"specs/big.yaml": CHILD.replace("name: child", "name: big")
-                    + f"  exclude: [{excludes}]\nchecks:\n{checks}env:\n{env}"})
+    write(
+        project,
+        {
+            "specs/big.yaml": CHILD.replace("name: child", "name: big")
+            + f"  exclude: [{excludes}]\nchecks:\n{checks}env:\n{env}"
+        },
+    )
     code, out, err = compile_("--plan", "specs/big.yaml")
     assert code == 0, err
     assert len(out) < 40_000
@@ -404,6 +470,8 @@ def test_the_pre_commit_hook_runs_the_drift_check():
 def test_the_docs_list_every_catalog_model():
     doc = (ROOT / "docs/templating.md").read_text(encoding="utf-8")
     for gpu in catalog.models():
-        row = (f"| {gpu.name} | {gpu.capability} | {gpu.arch} | {gpu.arch_name} | {gpu.family} | "
-               f"{gpu.min_cuda} | {gpu.max_cuda or '-'} | {gpu.per_node} |")
+        row = (
+            f"| {gpu.name} | {gpu.capability} | {gpu.arch} | {gpu.arch_name} | {gpu.family} | "
+            f"{gpu.min_cuda} | {gpu.max_cuda or '-'} | {gpu.per_node} |"
+        )
         assert row in doc, f"docs/templating.md: the catalog table lacks or misstates {gpu.name}"

@@ -16,14 +16,18 @@ from compiler import cli, fanout, loader, render, resolve, steps, validate, view
 from compiler.render import Safe
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECS = [p for p in sorted((ROOT / "specs").glob("*.yaml"))
-         if not loader.load(os.path.relpath(p), allow_abstract=True).abstract]
+SPECS = [
+    p
+    for p in sorted((ROOT / "specs").glob("*.yaml"))
+    if not loader.load(os.path.relpath(p), allow_abstract=True).abstract
+]
 
 
 def build(path: Path, *, standalone: bool = False) -> view.Plan:
     source = loader.load(cli.shown_path(path))
-    return resolve.resolve(validate.validate(source), source, f"{path.stem}.sh",
-                           standalone=standalone)
+    return resolve.resolve(
+        validate.validate(source), source, f"{path.stem}.sh", standalone=standalone
+    )
 
 
 def walk(value: object, where: str):
@@ -57,7 +61,8 @@ def test_the_plan_of_every_spec_is_a_typed_frozen_dataclass(spec, standalone):
     assert type(p) is view.Plan
     for where, value in walk(p, "plan"):
         assert isinstance(value, (str, int, bool, tuple, type(None))) or (
-            dataclasses.is_dataclass(value)), f"{where} is a {type(value).__name__}"
+            dataclasses.is_dataclass(value)
+        ), f"{where} is a {type(value).__name__}"
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.runbook.name = "x"  # type: ignore[misc]
     assert (p.fanout is not None) == (p.transfer.route is None) == (p.transfer.direct_ssh is None)
@@ -79,12 +84,27 @@ def test_every_field_of_the_view_model_is_typed_without_any_or_dict():
                 parts.append(h)
                 stack.extend(typing.get_args(h))
             assert typing.Any not in parts, f"{cls.__name__}.{name}: {hint}"
-            assert not any(typing.get_origin(h) in (dict, list) or h in (dict, list)
-                           for h in parts), f"{cls.__name__}.{name}: {hint}"
+            assert not any(
+                typing.get_origin(h) in (dict, list) or h in (dict, list) for h in parts
+            ), f"{cls.__name__}.{name}: {hint}"
             todo.extend(h for h in parts if dataclasses.is_dataclass(h))
-    assert {c.__name__ for c in seen} >= {"Plan", "Identity", "Kit", "KitFile", "Transfer",
-                                          "Destination", "Checks", "Fanout", "HostView",
-                                          "StepView", "Setting", "Array", "Map", "Gpu", "Check"}
+    assert {c.__name__ for c in seen} >= {
+        "Plan",
+        "Identity",
+        "Kit",
+        "KitFile",
+        "Transfer",
+        "Destination",
+        "Checks",
+        "Fanout",
+        "HostView",
+        "StepView",
+        "Setting",
+        "Array",
+        "Map",
+        "Gpu",
+        "Check",
+    }
 
 
 def test_the_settings_rows_come_from_the_groups():
@@ -106,20 +126,25 @@ def test_a_word_that_expands_at_run_time_stays_safe():
     p = build(ROOT / "specs" / "b300.yaml")
     words = [w for h in p.hosts for w in h.ssh_words if w.startswith('"${HOME}"/')]
     assert words and all(isinstance(w, Safe) for w in words)
-    assert all(isinstance(f.text, Safe) for f in build(ROOT / "specs" / "local.yaml",
-                                                       standalone=True).kit.files)
+    assert all(
+        isinstance(f.text, Safe)
+        for f in build(ROOT / "specs" / "local.yaml", standalone=True).kit.files
+    )
 
 
 def names(p: view.Plan) -> dict[str, object]:
     return {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
 
 
-@pytest.mark.parametrize("template", [
-    "{{ runbook.no_such_field|comment }}",   # a field the group lacks
-    "{% for h in hosts %}{{ h.nope|sh }}{% endfor %}",
-    "{{ kit_partial|sh }}",                  # a name the templates read before the groups
-    "{{ spec_path|comment }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ runbook.no_such_field|comment }}",  # a field the group lacks
+        "{% for h in hosts %}{{ h.nope|sh }}{% endfor %}",
+        "{{ kit_partial|sh }}",  # a name the templates read before the groups
+        "{{ spec_path|comment }}",
+    ],
+)
 def test_a_name_the_plan_lacks_fails_the_render(template):
     p = build(ROOT / "specs" / "b300.yaml")
     with pytest.raises(jinja2.UndefinedError):

@@ -23,8 +23,7 @@ from tests.e2e.test_local_runbook import CHECKS, SPEC
 GEN = "generated/e2e.sh"
 
 
-def compile_into_generated(tmp_path: Path, src: Path, dst: Path, flag: Path,
-                           top: str = "") -> None:
+def compile_into_generated(tmp_path: Path, src: Path, dst: Path, flag: Path, top: str = "") -> None:
     checks = CHECKS + f'  - command: {{name: release gate, run: "test ! -e {flag}"}}\n'
     text = SPEC.format(name="e2e", src=src, dst=dst, policy="backup", checks=checks) + top
     spec = tmp_path / "e2e.yaml"
@@ -34,8 +33,9 @@ def compile_into_generated(tmp_path: Path, src: Path, dst: Path, flag: Path,
 
 def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.run(["bash", GEN, *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", GEN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def generation(root: Path) -> str:
@@ -43,7 +43,8 @@ def generation(root: Path) -> str:
 
 
 def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_back(
-        payload_small, tmp_path):
+    payload_small, tmp_path
+):
     src = tmp_path / "src"
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
     dst = tmp_path / "d" / "venv"
@@ -57,7 +58,10 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
     assert f"to put the previous destination back: bash {GEN} --restore" in r.stderr
     backup = {n: dst.parent / f"venv.rb-backup.{n}" for n in (1, 2, 3, 4)}
     assert [generation(backup[1]), generation(backup[2]), generation(dst)] == [
-        "generation 1\n", "generation 2\n", "generation 3\n"]
+        "generation 1\n",
+        "generation 2\n",
+        "generation 3\n",
+    ]
 
     # the run whose check fails: nothing good is evicted, the failed install is kept apart
     flag.touch()
@@ -66,31 +70,40 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
     assert r.returncode == 1, r.stderr[-3000:]
     assert "removed an older backup" not in r.stderr, r.stderr[-3000:]
     assert [generation(backup[1]), generation(backup[2]), generation(dst)] == [
-        "generation 1\n", "generation 2\n", "generation 3\n"]
+        "generation 1\n",
+        "generation 2\n",
+        "generation 3\n",
+    ]
     failed = dst.parent / "venv.rb-failed"
     assert generation(failed) == "generation 4\n"
     assert not backup[3].exists()
     row = next(line for line in r.stderr.splitlines() if line.startswith("swap "))
     want = f"rolled back: release gate failed; failed install kept at {failed}"
     assert want in row, row
-    swap = next(s for s in json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
-                if s["id"] == "swap")
+    swap = next(
+        s
+        for s in json.loads((tmp_path / "run" / "report.json").read_text())["steps"]
+        if s["id"] == "swap"
+    )
     assert swap["detail"] == want
     assert f"After fixing it run every step again: bash {GEN}" in r.stderr
 
     # --from probe now would probe the install put back, not the one this spec made: refused
     r = run(tmp_path, "--from", "probe")
     assert r.returncode == 1
-    assert (f"the install at {dst} is the previous one, put back after release gate failed"
-            in r.stderr), r.stderr[-3000:]
+    assert (
+        f"the install at {dst} is the previous one, put back after release gate failed" in r.stderr
+    ), r.stderr[-3000:]
     assert f"bash {GEN}" in r.stderr
 
     # --list-backups: when, which spec and source digest, passed or failed, size
     r = run(tmp_path, "--list-backups")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stderr.splitlines()
+
     def line_of(path: Path) -> str:
         return next(ln for ln in lines if ln.rstrip().endswith(str(path)) or f" {path} " in ln)
+
     for n in (1, 2):
         ln = line_of(backup[n])
         assert " passed " in ln and "runbook e2e (e2e.yaml)" in ln and " KiB " in ln, ln
@@ -108,8 +121,9 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
     r = run(tmp_path, "--restore")
     assert r.returncode == 0, r.stderr[-3000:]
     assert generation(dst) == "generation 2\n"
-    assert (f"restored {backup[2]}: the newest backup whose checks passed (skipped: none)"
-            in r.stderr), r.stderr[-3000:]
+    assert (
+        f"restored {backup[2]}: the newest backup whose checks passed (skipped: none)" in r.stderr
+    ), r.stderr[-3000:]
     assert f"the install that was in place is now {backup[3]}" in r.stderr
     assert "checks on the restored install: 4 passed" in r.stderr, r.stderr[-3000:]
     assert generation(backup[3]) == "generation 3\n" and generation(backup[1]) == "generation 1\n"
@@ -127,7 +141,8 @@ def test_a_failed_check_keeps_every_good_backup_and_restore_checks_what_it_puts_
 
 
 def test_an_install_that_failed_its_checks_never_becomes_a_backup_and_a_bad_restore_fails(
-        payload_small, tmp_path):
+    payload_small, tmp_path
+):
     """on_failed_checks: keep: the install whose checks failed stays in place, marked; the next
     swap keeps it apart as NAME.rb-failed, not as a backup. A --restore whose checks fail on what
     it put back exits 1 and says so."""

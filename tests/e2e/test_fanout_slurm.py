@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from compiler.fanout import SBCAST_FANOUT
-from tests.lab import fanout
-from tests.lab import subnets
+from tests.lab import fanout, subnets
 from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
+
 
 def dest(name: str) -> str:
     """Where test NAME installs on each node (/tmp is private to the node): a path of its own, so
@@ -39,10 +39,19 @@ def settled(slurm):
     slurm.settle()
 
 
-def spec(c: SlurmCluster, venv: Path, *, name: str, success="all", nodes=None,
-         extra: str = "") -> str:
-    return fanout.spec(name, venv, dest(name), engine="slurm", nodes=nodes or c.nodeset,
-                       success=success, connect_timeout=10, extra=extra)
+def spec(
+    c: SlurmCluster, venv: Path, *, name: str, success="all", nodes=None, extra: str = ""
+) -> str:
+    return fanout.spec(
+        name,
+        venv,
+        dest(name),
+        engine="slurm",
+        nodes=nodes or c.nodeset,
+        success=success,
+        connect_timeout=10,
+        extra=extra,
+    )
 
 
 def build(tmp_path: Path, text: str, name: str) -> Path:
@@ -51,8 +60,9 @@ def build(tmp_path: Path, text: str, name: str) -> Path:
 
 def start(c: SlurmCluster, tmp_path: Path, argv: list[str]) -> subprocess.Popen:
     env = dict(c.env, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -63,7 +73,7 @@ def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
         _out, err = p.communicate(timeout=30)
         pytest.fail(f"runbook still running after {timeout} s: {err[-4000:]}")
     script = next(a for a in reversed(p.args) if a.endswith(".sh"))
-    Path(script).with_suffix(".err").write_text(err)          # beside the runbook, to read later
+    Path(script).with_suffix(".err").write_text(err)  # beside the runbook, to read later
     return p.returncode, err
 
 
@@ -79,7 +89,7 @@ def test_slurm_fanout_installs_and_probes_every_node(slurm, payload_small, tmp_p
     assert len(fan["groups"]) == 1
     # sbcast never -f: a file already at the new name is never written through (issue 44 R3)
     assert "$ sbcast -t" in err and "sbcast -f" not in err and "srun -N 8 -n 8" in err
-    for name in slurm.names:                              # each node has its own working copy
+    for name in slurm.names:  # each node has its own working copy
         out = slurm.ssh(name, f"{dest('slurm8')}/bin/payload-hello", check=True).stdout
         assert json.loads(out)["prefix"] == dest("slurm8")
         assert (slurm.node_tmp(name) / "rbdest-slurm8" / "venv" / "pyvenv.cfg").exists()
@@ -97,8 +107,9 @@ def test_outside_an_allocation_the_runbook_says_how_to_get_one(slurm, payload_sm
 
 
 @pytest.mark.e2e
-def test_an_allocation_without_every_node_is_refused_before_anything_moves(slurm, payload_small,
-                                                                            tmp_path):
+def test_an_allocation_without_every_node_is_refused_before_anything_moves(
+    slurm, payload_small, tmp_path
+):
     script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmpart"), "slurmpart")
     argv = slurm.salloc(["bash", str(script)], nodes="node[01-04]")
     rc, err = finish(start(slurm, tmp_path, argv))
@@ -109,22 +120,23 @@ def test_an_allocation_without_every_node_is_refused_before_anything_moves(slurm
 
 @pytest.mark.e2e
 def test_slurm_odd_node_named_and_node_down_mid_run_reported(slurm, payload_small, tmp_path):
-    bad = fanout.corrupting_tar(tmp_path / "bad-sbin")   # node02: a disk that corrupts a file
-    slow = fanout.slow_tar(tmp_path / "slow-sbin", 30)   # node06: time to take it down mid-install
+    bad = fanout.corrupting_tar(tmp_path / "bad-sbin")  # node02: a disk that corrupts a file
+    slow = fanout.slow_tar(tmp_path / "slow-sbin", 30)  # node06: time to take it down mid-install
     sqlite = fanout.sqlite_module()
     try:
         slurm.restart_node("node02", binds=[(str(bad), "/usr/local/sbin")])
-        slurm.restart_node("node04", binds=[("/dev/null", sqlite)])    # import sqlite3 fails
+        slurm.restart_node("node04", binds=[("/dev/null", sqlite)])  # import sqlite3 fails
         slurm.restart_node("node06", binds=[(str(slow), "/usr/local/sbin")])
-        script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmodd", success=5),
-                       "slurmodd")
+        script = build(
+            tmp_path, spec(slurm, payload_small.venv, name="slurmodd", success=5), "slurmodd"
+        )
         p = start(slurm, tmp_path, slurm.salloc(["bash", str(script)]))
         staging = slurm.node_tmp("node06") / "rbdest-slurmodd" / ".venv.rb-staging"
         deadline = time.monotonic() + 120
         while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.1)
         assert staging.exists(), "node06 never started its install"
-        slurm.kill_node("node06")                          # mid-run: slurmd, sshd and the task
+        slurm.kill_node("node06")  # mid-run: slurmd, sshd and the task
         t_kill = time.monotonic()
         rc, err = finish(p)
         after_kill = time.monotonic() - t_kill
@@ -132,7 +144,7 @@ def test_slurm_odd_node_named_and_node_down_mid_run_reported(slurm, payload_smal
         for name in ("node02", "node04", "node06"):
             slurm.restart_node(name)
     fan = json.loads((tmp_path / "run" / "fanout" / "fanout.json").read_text())
-    assert rc == 0, err[-6000:]                            # success: 5, and 5 passed
+    assert rc == 0, err[-6000:]  # success: 5, and 5 passed
     assert sorted(fan["ok_nodes"]) == ["node01", "node03", "node05", "node07", "node08"]
     assert set(fan["odd"]) == {"node02", "node04"} and set(fan["missing"]) == {"node06"}
     assert any("verify: fail" in d and "pyvenv.cfg" in d for d in fan["odd"]["node02"])
@@ -151,9 +163,11 @@ def test_sbcast_carries_the_bundle_as_a_tree_not_once_per_node(slurm, tmp_path):
     assert rc == 0, err[-6000:]
     bundle = fanout.step_facts(tmp_path / "run", "fan_pack")["bundle_bytes"]
     ratio = sent / int(bundle)
-    print(f"\nbundle {int(bundle) / 1e6:.1f} MB; this machine sent {sent / 1e6:.1f} MB into the "
-          f"cluster for 8 nodes: {ratio:.2f} bundles (sbcast --fanout={SBCAST_FANOUT})")
-    assert ratio < SBCAST_FANOUT + 1         # flat, it would be 8 bundles
+    print(
+        f"\nbundle {int(bundle) / 1e6:.1f} MB; this machine sent {sent / 1e6:.1f} MB into the "
+        f"cluster for 8 nodes: {ratio:.2f} bundles (sbcast --fanout={SBCAST_FANOUT})"
+    )
+    assert ratio < SBCAST_FANOUT + 1  # flat, it would be 8 bundles
 
 
 @pytest.mark.e2e
@@ -178,23 +192,38 @@ def test_a_rerun_sends_only_the_change_and_the_whole_bundle_where_needed(slurm, 
     assert "1 nodes could not take the changes alone (node03" in err
     assert "srun -N 1 -n 1 --ntasks-per-node=1 -w node03" in err
     for name in slurm.names:
-        assert (slurm.node_tmp(name) / rel / "rb_payload" / "__init__.py").read_text() \
-            .endswith(line)
+        assert (
+            (slurm.node_tmp(name) / rel / "rb_payload" / "__init__.py").read_text().endswith(line)
+        )
         assert (slurm.node_tmp(name) / rel / "rb_blob.bin").stat().st_size == 8 << 20
-    for name in slurm.names:       # installed: no bundle left (sbcast's second copy removed too)
+    for name in slurm.names:  # installed: no bundle left (sbcast's second copy removed too)
         assert not list(slurm.node_tmp(name).glob("rbfan-slurmre*.tar")), name
     assert "srun -N 7 -n 7 --ntasks-per-node=1 -w node01,node02,node04" in err
-    print(f"\nslurm re-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, "
-          f"{delta / 1e3:.1f} kB changes only")
+    print(
+        f"\nslurm re-run: {took:.1f} s; bundle {whole / 1e6:.1f} MB whole, "
+        f"{delta / 1e3:.1f} kB changes only"
+    )
 
 
 # Python files another user of a node can leave in its /tmp (the scratch base: srun's --chdir on
 # 24efc9a, where `python3 -S -m rbkit.fanout` put the working directory first on sys.path): the
 # kit's own modules and stdlib modules the node's start imports. Each writes its euid into MARKS.
-PLANTED = ("rbkit/__init__.py", "rbkit/fanout.py", "rbkit/__main__.py", "rbrules/__init__.py",
-           "rbrules/start.py", "rbprobes/__init__.py", "rbprobes/__main__.py", "rbprobes/cli.py",
-           "hashlib.py", "json.py", "runpy.py", "argparse.py", "sitecustomize.py")
-MARKS = "rbplant-marks"        # on each node's /tmp, 1777: whoever runs a planted file writes here
+PLANTED = (
+    "rbkit/__init__.py",
+    "rbkit/fanout.py",
+    "rbkit/__main__.py",
+    "rbrules/__init__.py",
+    "rbrules/start.py",
+    "rbprobes/__init__.py",
+    "rbprobes/__main__.py",
+    "rbprobes/cli.py",
+    "hashlib.py",
+    "json.py",
+    "runpy.py",
+    "argparse.py",
+    "sitecustomize.py",
+)
+MARKS = "rbplant-marks"  # on each node's /tmp, 1777: whoever runs a planted file writes here
 
 PLANT = r"""
 import os, sys
@@ -215,9 +244,25 @@ for rel in names:
 def plant_as_nobody(tmp: Path) -> None:
     """As nobody (65534, no groups), the files of PLANTED in `tmp` (a node's /tmp seen from here)
     and the 1777 marks directory they write to."""
-    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                    "/usr/bin/python3", "-I", "-c", PLANT, str(tmp), MARKS, *PLANTED],
-                   cwd="/", check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            PLANT,
+            str(tmp),
+            MARKS,
+            *PLANTED,
+        ],
+        cwd="/",
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     assert (tmp / "rbkit" / "fanout.py").stat().st_uid == 65534
 
 
@@ -237,8 +282,10 @@ def test_modules_planted_in_a_nodes_tmp_never_run(slurm, payload_small, tmp_path
     try:
         script = build(tmp_path, spec(slurm, payload_small.venv, name="slurmplant"), "slurmplant")
         rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
-        ran = {name: sorted(p.name for p in (slurm.node_tmp(name) / MARKS).iterdir())
-               for name in slurm.names}
+        ran = {
+            name: sorted(p.name for p in (slurm.node_tmp(name) / MARKS).iterdir())
+            for name in slurm.names
+        }
     finally:
         for name in slurm.names:
             tmp = slurm.node_tmp(name)
@@ -254,8 +301,9 @@ def test_modules_planted_in_a_nodes_tmp_never_run(slurm, payload_small, tmp_path
 
 
 @pytest.mark.e2e
-def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(slurm, payload_small,
-                                                                       tmp_path):
+def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(
+    slurm, payload_small, tmp_path
+):
     """Issue 44 R3 (Slurm, the same node script as clush): after a run, nobody writes a tar of its
     own at every scratch name the run showed, in every node's /tmp; then `--from fan_install`
     inside a new allocation. Nothing of nobody's may run; every node installs from a bundle of
@@ -265,6 +313,12 @@ def test_a_bundle_another_user_left_at_a_scratch_name_is_never_unpacked(slurm, p
     rc, err = finish(start(slurm, tmp_path, slurm.salloc(["bash", str(script)])))
     assert rc == 0, err[-6000:]
     fanout.assert_planted_bundles_never_run(
-        slurm.node_tmp, slurm.names, "slurmbundle", tmp_path / "run", err,
-        lambda: finish(start(slurm, tmp_path, slurm.salloc(
-            ["bash", str(script), "--from", "fan_install"]))))
+        slurm.node_tmp,
+        slurm.names,
+        "slurmbundle",
+        tmp_path / "run",
+        err,
+        lambda: finish(
+            start(slurm, tmp_path, slurm.salloc(["bash", str(script), "--from", "fan_install"]))
+        ),
+    )

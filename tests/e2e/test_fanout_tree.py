@@ -21,14 +21,13 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_fanout import require_cluster
-from tests.lab import fanout
-from tests.lab import subnets
+from tests.lab import fanout, subnets
 from tests.lab.cluster import Cluster
 from tests.lab.payload import build_payload
 
-DEST = "/tmp/rbtree-dest/venv"      # on each node: /tmp is private to the node
-BLOB_MIB = 8                        # random bytes in the payload: zstd cannot shrink them
-HEAD = socket.gethostname().split(".")[0]   # what ClusterShell calls this machine
+DEST = "/tmp/rbtree-dest/venv"  # on each node: /tmp is private to the node
+BLOB_MIB = 8  # random bytes in the payload: zstd cannot shrink them
+HEAD = socket.gethostname().split(".")[0]  # what ClusterShell calls this machine
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +55,12 @@ def wrap_clush(d: Path, bridge: str) -> Path:
     (d / "bin" / "clush").write_text(
         "#!/bin/bash\n"
         f"a=$(cat {stats}); s=$SECONDS\n"
-        "/usr/bin/clush \"$@\"; rc=$?\n"
+        '/usr/bin/clush "$@"; rc=$?\n'
         "what=command; [[ \" $* \" == *' --copy '* ]] && what=copy\n"
-        f"printf '%s %s %s %s\\n' \"$what\" \"$(( $(cat {stats}) - a ))\" \"$((SECONDS - s))\" "
-        f"\"$rc\" >>{log}\n"
-        "exit $rc\n")
+        f'printf \'%s %s %s %s\\n\' "$what" "$(( $(cat {stats}) - a ))" "$((SECONDS - s))" '
+        f'"$rc" >>{log}\n'
+        "exit $rc\n"
+    )
     (d / "bin" / "clush").chmod(0o755)
     log.write_text("")
     return log
@@ -72,11 +72,28 @@ def topology(d: Path, head: str = HEAD) -> Path:
     return p
 
 
-def spec(c: Cluster, venv: Path, name: str, *, topo: Path | None, on_existing="replace",
-         success="all", extra="", dest: str = DEST) -> str:
+def spec(
+    c: Cluster,
+    venv: Path,
+    name: str,
+    *,
+    topo: Path | None,
+    on_existing="replace",
+    success="all",
+    extra="",
+    dest: str = DEST,
+) -> str:
     tree = f"  topology: {topo}\n  gateway_python: /usr/bin/python3\n" if topo else ""
-    return fanout.spec(name, venv, dest, engine="clush", nodes=c.nodeset, on_existing=on_existing,
-                       success=success, extra=f"  ssh_config: {c.ssh_config}\n{tree}{extra}")
+    return fanout.spec(
+        name,
+        venv,
+        dest,
+        engine="clush",
+        nodes=c.nodeset,
+        on_existing=on_existing,
+        success=success,
+        extra=f"  ssh_config: {c.ssh_config}\n{tree}{extra}",
+    )
 
 
 def run(d: Path, text: str, name: str, timeout: float = 300) -> tuple[int, str, Path]:
@@ -84,8 +101,14 @@ def run(d: Path, text: str, name: str, timeout: float = 300) -> tuple[int, str, 
     out.mkdir()
     fanout.build(out, text, name)
     env = dict(os.environ, RB_RUN_DIR=str(out / "run"), PATH=f"{d / 'bin'}:{os.environ['PATH']}")
-    p = subprocess.run(["bash", str(out / f"{name}.sh")], cwd=out, env=env, capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.run(
+        ["bash", str(out / f"{name}.sh")],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return p.returncode, p.stderr, out / "run"
 
 
@@ -114,7 +137,7 @@ def test_tree_copy_sends_the_bundle_once_per_gateway_not_once_per_node(cluster, 
     tree = calls(log)
     fan = json.loads((rundir / "fanout" / "fanout.json").read_text())
     assert sorted(fan["ok_nodes"]) == cluster.names and not fan["missing"]
-    for name in cluster.names:              # every node, behind a gateway or not, has its own copy
+    for name in cluster.names:  # every node, behind a gateway or not, has its own copy
         out = cluster.ssh(name, f"{DEST}/bin/payload-hello", check=True).stdout
         assert json.loads(out)["prefix"] == DEST
     assert "CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/bin/python3 clush" in err
@@ -123,14 +146,16 @@ def test_tree_copy_sends_the_bundle_once_per_gateway_not_once_per_node(cluster, 
     tree_copy = [b for w, b, _s, rc in tree if w == "copy" and rc == 0]
     assert len(flat_copy) == 1 and len(tree_copy) == 1, (flat, tree)
     flat_x, tree_x = flat_copy[0] / bundle, tree_copy[0] / bundle
-    print(f"\nbundle {bundle / 1e6:.1f} MB; this machine sent: flat {flat_copy[0] / 1e6:.1f} MB "
-          f"({flat_x:.2f} bundles), tree {tree_copy[0] / 1e6:.1f} MB ({tree_x:.2f} bundles); "
-          f"calls flat {flat} tree {tree}")
-    assert 7.9 < flat_x < 8.3                   # scp to each of the 8 nodes
+    print(
+        f"\nbundle {bundle / 1e6:.1f} MB; this machine sent: flat {flat_copy[0] / 1e6:.1f} MB "
+        f"({flat_x:.2f} bundles), tree {tree_copy[0] / 1e6:.1f} MB ({tree_x:.2f} bundles); "
+        f"calls flat {flat} tree {tree}"
+    )
+    assert 7.9 < flat_x < 8.3  # scp to each of the 8 nodes
     # 2 gateways: each gets the bundle by scp (it is a target too) and once more through
     # ClusterShell's channel (pickled, base64: 4/3); the 6 nodes behind them get nothing from here
     assert 4.4 < tree_x < 5.0
-    assert tree[0][0] == "command"              # the preflight's `true` through the tree
+    assert tree[0][0] == "command"  # the preflight's `true` through the tree
 
 
 @pytest.mark.e2e
@@ -151,8 +176,9 @@ def test_a_gateway_without_the_ssh_config_loses_its_nodes_only(cluster, work):
     topo = topology(work)
     try:
         cluster.restart_node("node01", binds=[("/dev/null", str(cluster.ssh_config))])
-        rc, err, rundir = run(work, spec(cluster, work / "src" / "venv", "gwcfg", topo=topo,
-                                         success=5), "gwcfg")
+        rc, err, rundir = run(
+            work, spec(cluster, work / "src" / "venv", "gwcfg", topo=topo, success=5), "gwcfg"
+        )
     finally:
         cluster.restart_node("node01")
     fan = json.loads((rundir / "fanout" / "fanout.json").read_text())
@@ -167,16 +193,25 @@ def test_a_gateway_that_dies_mid_run_loses_only_the_nodes_behind_it(cluster, wor
     """node01 (gateway of node[02-04]) is killed while node03 extracts slowly: the run ends at
     once, the nodes whose reports came through node01 are named, node[05-08] pass."""
     slow = fanout.slow_tar(work / "slow-sbin", 15)
-    dest = "/tmp/rbtree-gw/venv"                 # a path no earlier test installed at
+    dest = "/tmp/rbtree-gw/venv"  # a path no earlier test installed at
     out = work / "gwdies"
     out.mkdir()
-    fanout.build(out, spec(cluster, work / "src" / "venv", "gwdies", topo=topology(work),
-                           success=4, dest=dest), "gwdies")
+    fanout.build(
+        out,
+        spec(cluster, work / "src" / "venv", "gwdies", topo=topology(work), success=4, dest=dest),
+        "gwdies",
+    )
     env = dict(os.environ, RB_RUN_DIR=str(out / "run"))
     try:
         cluster.restart_node("node03", binds=[(str(slow), "/usr/local/sbin")])
-        p = subprocess.Popen(["bash", str(out / "gwdies.sh")], cwd=out, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p = subprocess.Popen(
+            ["bash", str(out / "gwdies.sh")],
+            cwd=out,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         staging = cluster.node_tmp("node03") / "rbtree-gw" / ".venv.rb-staging"
         deadline = time.monotonic() + 120
         while not staging.exists() and time.monotonic() < deadline and p.poll() is None:
@@ -189,17 +224,19 @@ def test_a_gateway_that_dies_mid_run_loses_only_the_nodes_behind_it(cluster, wor
     finally:
         cluster.restart_node("node01")
         cluster.restart_node("node03")
-    assert p.returncode == 0, err[-6000:]        # success: 4, and node[05-08] passed
+    assert p.returncode == 0, err[-6000:]  # success: 4, and node[05-08] passed
     fan = json.loads((out / "run" / "fanout" / "fanout.json").read_text())
     assert {"node05", "node06", "node07", "node08"} <= set(fan["ok_nodes"])
     # node03 for sure; node01 (its own install may have finished first) and node02/04 (their
     # reports travel through node01) as ClusterShell's gateway had forwarded them or not
     assert "node03" in fan["missing"]
     assert set(fan["missing"]) <= {"node01", "node02", "node03", "node04"}
-    assert after_kill < 30, after_kill           # not clush's -u 120
+    assert after_kill < 30, after_kill  # not clush's -u 120
     assert not (cluster.node_tmp("node03") / "rbtree-gw" / "venv").exists()
-    print(f"\ngateway node01 killed: the run ended {after_kill:.1f} s later; no report from "
-          f"{sorted(fan['missing'])}")
+    print(
+        f"\ngateway node01 killed: the run ended {after_kill:.1f} s later; no report from "
+        f"{sorted(fan['missing'])}"
+    )
 
 
 @pytest.mark.e2e
@@ -207,7 +244,7 @@ def test_a_node_whose_checks_fail_is_rolled_back_the_others_keep_the_new_install
     venv = work / "src" / "venv"
     wrap_clush(work, cluster.bridge)
     topo = topology(work)
-    for n in cluster.names:                     # no install from an earlier test: no backup yet
+    for n in cluster.names:  # no install from an earlier test: no backup yet
         cluster.ssh(n, f"rm -rf {Path(DEST).parent}", check=True)
     (venv / "rb_version.txt").write_text("1\n")
     rc, err, _rundir = run(work, spec(cluster, venv, "v1", topo=topo, on_existing="backup"), "v1")
@@ -219,18 +256,29 @@ def test_a_node_whose_checks_fail_is_rolled_back_the_others_keep_the_new_install
     try:
         # node05 (a gateway) loses _sqlite3: `import sqlite3` fails there only, after the swap
         cluster.restart_node("node05", binds=[("/dev/null", sqlite)])
-        rc, err, rundir = run(work, spec(cluster, venv, "v2", topo=topo, on_existing="backup",
-                                         success=7, extra="on_failed_checks: rollback\n"), "v2")
+        rc, err, rundir = run(
+            work,
+            spec(
+                cluster,
+                venv,
+                "v2",
+                topo=topo,
+                on_existing="backup",
+                success=7,
+                extra="on_failed_checks: rollback\n",
+            ),
+            "v2",
+        )
     finally:
         cluster.restart_node("node05")
-    assert rc == 0, err[-6000:]                 # success: 7, and 7 passed
+    assert rc == 0, err[-6000:]  # success: 7, and 7 passed
     fan = json.loads((rundir / "fanout" / "fanout.json").read_text())
     assert set(fan["odd"]) == {"node05"} and not fan["missing"]
     assert set(fan["rolled_back"]) == {"node05"}
     kept = fan["rolled_back"]["node05"]["kept_current_as"]
-    assert kept == f"{DEST}.rb-failed"          # apart, never a backup (issue 34)
-    assert on_node(cluster, "node05", f"{DEST}/rb_version.txt") == "1"     # the old one again
-    assert on_node(cluster, "node05", f"{kept}/rb_version.txt") == "2"     # the failed one, kept
+    assert kept == f"{DEST}.rb-failed"  # apart, never a backup (issue 34)
+    assert on_node(cluster, "node05", f"{DEST}/rb_version.txt") == "1"  # the old one again
+    assert on_node(cluster, "node05", f"{kept}/rb_version.txt") == "2"  # the failed one, kept
     for n in cluster.names:
         if n != "node05":
             assert on_node(cluster, n, f"{DEST}/rb_version.txt") == "2"
@@ -239,4 +287,6 @@ def test_a_node_whose_checks_fail_is_rolled_back_the_others_keep_the_new_install
     assert [s["id"] for s in node["steps"]][-2:] == ["probe", "rollback"]
     assert "rolled back node05" in err and "rollback" in err.split("odd node")[0]
     assert "rolled back: node05" in err
-    print("\n" + "\n".join(ln for ln in err.splitlines() if "rollback" in ln or "node" in ln)[-3000:])
+    print(
+        "\n" + "\n".join(ln for ln in err.splitlines() if "rollback" in ln or "node" in ln)[-3000:]
+    )

@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_relay import (build, remove_left_kits, report, run, snapshot, spec_text,
-                                  tampering_ssh)
-from tests.lab.payload import build_payload
+from tests.e2e.test_relay import (
+    build,
+    remove_left_kits,
+    report,
+    run,
+    snapshot,
+    spec_text,
+    tampering_ssh,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,8 +33,11 @@ def old_install(parent: Path) -> Path:
 def outside_staging(root: Path) -> dict:
     """What a failed run must leave as it was: all but its staging and its lock file (an engine
     cut off by a dead link still holds the lock until its ssh session is found gone)."""
-    return {k: v for k, v in snapshot(root).items()
-            if ".rb-staging" not in k and not k.endswith(".rb-lock")}
+    return {
+        k: v
+        for k, v in snapshot(root).items()
+        if ".rb-staging" not in k and not k.endswith(".rb-lock")
+    }
 
 
 def test_target_link_down_mid_stream(clean_lab, payload_torch, ext4_dir, tmp_path):
@@ -39,11 +48,18 @@ def test_target_link_down_mid_stream(clean_lab, payload_torch, ext4_dir, tmp_pat
     # runbook's defaults)
     text = spec_text(lab, payload_torch.venv, dst, policy="backup", compression="none").replace(
         "GlobalKnownHostsFile: /dev/null}",
-        "GlobalKnownHostsFile: /dev/null, ServerAliveInterval: '1', ServerAliveCountMax: '3'}")
+        "GlobalKnownHostsFile: /dev/null, ServerAliveInterval: '1', ServerAliveCountMax: '3'}",
+    )
     script = build(tmp_path, text)
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staging = ext4_dir / ".venv.rb-staging"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -116,19 +132,21 @@ def test_source_sshd_down_before_start_fails_in_preflight(clean_lab, payload_sma
     assert run(tmp_path, script).returncode == 0
 
 
-def test_a_failing_check_after_the_swap_rolls_back_to_the_backup(clean_lab, payload_small,
-                                                                  tmp_path):
+def test_a_failing_check_after_the_swap_rolls_back_to_the_backup(
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     dst = old_install(tmp_path / "d")
     checks = "checks:\n  - imports: [rb_payload, module_that_is_not_there]\n"
-    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup",
-                                       checks=checks))
+    script = build(
+        tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup", checks=checks)
+    )
     r = run(tmp_path, script)
     assert r.returncode == 1
     assert "in step probe on host dst" in r.stderr
     assert "rolled back" in r.stderr
     assert (dst / "old-install").read_text() == "the previous venv\n"
-    kept = tmp_path / "d" / "venv.rb-failed"             # apart, never a backup (issue 34)
+    kept = tmp_path / "d" / "venv.rb-failed"  # apart, never a backup (issue 34)
     assert (kept / "bin" / "payload-hello").exists(), "the install that failed is kept for a look"
     assert not (tmp_path / "d" / "venv.rb-backup.1").exists()
 
@@ -136,10 +154,12 @@ def test_a_failing_check_after_the_swap_rolls_back_to_the_backup(clean_lab, payl
 def test_keep_policy_leaves_the_new_install(clean_lab, payload_small, tmp_path):
     lab = clean_lab
     dst = old_install(tmp_path / "d")
-    checks = ("on_failed_checks: keep\nchecks:\n"
-              "  - imports: [rb_payload, module_that_is_not_there]\n")
-    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup",
-                                       checks=checks))
+    checks = (
+        "on_failed_checks: keep\nchecks:\n  - imports: [rb_payload, module_that_is_not_there]\n"
+    )
+    script = build(
+        tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup", checks=checks)
+    )
     r = run(tmp_path, script)
     assert r.returncode == 1
     assert "the new install stays in place" in r.stderr
@@ -162,17 +182,20 @@ def tamper(data):
 def run_through(tmp_path: Path, script: Path, how: str) -> subprocess.CompletedProcess:
     env = tampering_ssh(tmp_path / "fake-bin", TAMPER)
     env.update(RB_RUN_DIR=str(tmp_path / "run"), RB_TAMPER=how)
-    return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
-def test_a_byte_flipped_in_the_stream_fails_verify_naming_the_file(clean_lab, payload_small,
-                                                                   tmp_path):
+def test_a_byte_flipped_in_the_stream_fails_verify_naming_the_file(
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     dst = old_install(tmp_path / "d")
     before = snapshot(dst.parent)
-    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup",
-                                       compression="none"))
+    script = build(
+        tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup", compression="none")
+    )
     r = run_through(tmp_path, script, "flip")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step verify on host dst" in r.stderr
@@ -188,8 +211,9 @@ def test_a_stream_cut_between_two_files_fails_the_transfer(clean_lab, payload_sm
     lab = clean_lab
     dst = old_install(tmp_path / "d")
     before = snapshot(dst.parent)
-    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup",
-                                       compression="none"))
+    script = build(
+        tmp_path, spec_text(lab, payload_small.venv, dst, policy="backup", compression="none")
+    )
     r = run_through(tmp_path, script, "cut")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step transfer" in r.stderr and "unpack on dst exited" in r.stderr

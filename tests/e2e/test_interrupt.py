@@ -34,9 +34,15 @@ EARLIER = "an earlier run"
 EARLIER_PICTURES = ("report.html", "timeline.svg")
 
 
-def interrupt(tmp_path: Path, script: Path, sig: signal.Signals, after: str,
-              env: dict | None = None, settle: float = 0.0,
-              send=os.killpg) -> tuple[int, float, str]:
+def interrupt(
+    tmp_path: Path,
+    script: Path,
+    sig: signal.Signals,
+    after: str,
+    env: dict | None = None,
+    settle: float = 0.0,
+    send=os.killpg,
+) -> tuple[int, float, str]:
     """Run `script` in its own process group; once its log shows `after`, send `sig` to the whole
     group (`send(pgid, sig)`). Returns its exit status, the seconds from the signal to its exit,
     and its stderr."""
@@ -51,10 +57,15 @@ def interrupt(tmp_path: Path, script: Path, sig: signal.Signals, after: str,
         # the signals the tests send at their defaults: a pytest started as a background job of
         # a non-interactive shell has SIGINT and SIGQUIT ignored, one under nohup SIGHUP, and bash
         # then traps none of them (the run never hears the test's signal: not the runbook's doing)
-        p = subprocess.Popen(["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script)],
-                             cwd=tmp_path, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                             env=dict(os.environ, RB_RUN_DIR=str(run), **(env or {})))
+        p = subprocess.Popen(
+            ["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script)],
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            env=dict(os.environ, RB_RUN_DIR=str(run), **(env or {})),
+        )
     try:
         deadline = time.monotonic() + 120
         while after not in err_path.read_text() and p.poll() is None:
@@ -100,8 +111,17 @@ def left_running(mark: str, seconds: float = 5.0) -> list[str]:
         time.sleep(0.1)
 
 
-def check(tmp_path: Path, sig: signal.Signals, point: str, route: str, rc: int, seconds: float,
-          err: str, before: dict, dst: Path) -> None:
+def check(
+    tmp_path: Path,
+    sig: signal.Signals,
+    point: str,
+    route: str,
+    rc: int,
+    seconds: float,
+    err: str,
+    before: dict,
+    dst: Path,
+) -> None:
     print(f"\n{route} {point} {sig.name}: exit {rc}, {seconds:.2f} s from the signal to the prompt")
     name = sig.name
     assert rc == 130, err[-4000:]
@@ -144,8 +164,9 @@ def one_host_slowed(payload_small, tmp_path):
     slow = tmp_path / "slow-bin"
     slow.mkdir()
     tar = shutil.which("tar")
-    (slow / "tar").write_text('#!/bin/sh\ncase " $* " in *" --null "*) sleep 30 ;; esac\n'
-                              f'exec {tar} "$@"\n')
+    (slow / "tar").write_text(
+        f'#!/bin/sh\ncase " $* " in *" --null "*) sleep 30 ;; esac\nexec {tar} "$@"\n'
+    )
     (slow / "tar").chmod(0o755)
     script = compile_(tmp_path, src, dst, policy="replace")
     return script, dst, before, {"PATH": f"{slow}:{os.environ['PATH']}"}
@@ -156,8 +177,9 @@ def one_host_slowed(payload_small, tmp_path):
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_one_host_run_interrupted(payload_small, tmp_path, sig, point):
     script, dst, before, env = one_host_slowed(payload_small, tmp_path)
-    rc, seconds, err = interrupt(tmp_path, script, sig, POINTS[point], env=env,
-                                 settle=SETTLE[point])
+    rc, seconds, err = interrupt(
+        tmp_path, script, sig, POINTS[point], env=env, settle=SETTLE[point]
+    )
     check(tmp_path, sig, point, "one-host", rc, seconds, err, before, dst)
 
 
@@ -173,8 +195,23 @@ def test_relay_run_interrupted(clean_lab, payload_small, tmp_path, sig, point):
     before = old_install(dst)
     script = build(tmp_path, spec_text(lab, src, dst, policy="replace"))
     ns = lab.host("src").netns
-    shape = ["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "4mbit",
-             "burst", "32kb", "latency", "400ms"]
+    shape = [
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "add",
+        "dev",
+        "eth0",
+        "root",
+        "tbf",
+        "rate",
+        "4mbit",
+        "burst",
+        "32kb",
+        "latency",
+        "400ms",
+    ]
     subprocess.run(shape, check=True)
     try:
         rc, seconds, err = interrupt(tmp_path, script, sig, POINTS[point], settle=SETTLE[point])
@@ -231,6 +268,13 @@ def test_a_sigint_bash_lost_is_acted_on(payload_small, tmp_path, point):
     `interrupted` line). Made certain here: the signal reaches every process of the group but the
     shell. The witness (rb::witness) hears it and sends it again; exit 130, `interrupted`, once."""
     script, dst, before, env = one_host_slowed(payload_small, tmp_path)
-    rc, seconds, err = interrupt(tmp_path, script, signal.SIGINT, POINTS[point], env=env,
-                                 settle=SETTLE[point], send=all_but_the_shell)
+    rc, seconds, err = interrupt(
+        tmp_path,
+        script,
+        signal.SIGINT,
+        POINTS[point],
+        env=env,
+        settle=SETTLE[point],
+        send=all_but_the_shell,
+    )
     check(tmp_path, signal.SIGINT, point, "one-host", rc, seconds, err, before, dst)

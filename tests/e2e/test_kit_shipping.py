@@ -23,14 +23,23 @@ def unprivileged_user() -> str:
     try:
         pwd.getpwnam(EVIL)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", EVIL],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", EVIL],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     return EVIL
 
 
 def as_user(user: str, script: str) -> None:
-    subprocess.run(["runuser", "-u", user, "--", "sh", "-c", script], check=True,
-                   capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        ["runuser", "-u", user, "--", "sh", "-c", script],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.e2e
@@ -50,9 +59,12 @@ def test_a_kit_planted_in_tmp_by_another_user_is_never_run(clean_lab, payload_sm
     for kit_id in ids:
         d = Path("/tmp") / f"rbkit-{kit_id}"
         shutil.rmtree(d, ignore_errors=True)
-        as_user(user, f"mkdir -p {d}/rbkit && touch {d}/.complete && "
-                      f"printf 'open(\"{canary}\", \"w\").write(\"ran\")\\n' >{d}/rbkit/__main__.py && "
-                      f"touch {d}/rbkit/__init__.py")
+        as_user(
+            user,
+            f"mkdir -p {d}/rbkit && touch {d}/.complete && "
+            f'printf \'open("{canary}", "w").write("ran")\\n\' >{d}/rbkit/__main__.py && '
+            f"touch {d}/rbkit/__init__.py",
+        )
         planted.append(d)
     before = kits.kit_dirs()
     try:
@@ -95,8 +107,14 @@ def test_a_kit_directory_names_the_run_that_made_it(clean_lab, payload_small, tm
     script = build(tmp_path, spec_text(lab, payload_small.venv, tmp_path / "dest" / "venv"))
     before = kits.kit_dirs()
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script), "--only", "preflight"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script), "--only", "preflight"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     owners: dict[str, str] = {}
     while proc.poll() is None:
         # a kit seen before its owner file is written (or while it is) is read again next time
@@ -109,9 +127,15 @@ def test_a_kit_directory_names_the_run_that_made_it(clean_lab, payload_small, tm
     err = proc.stderr.read()
     assert proc.returncode == 0, err[-3000:]
     mine = {k: o for k, o in owners.items() if f"run dir {tmp_path / 'run'})" in o}
-    assert len(mine) == 2, owners                  # src and dst, one kit each
-    assert all(re.fullmatch(rf"runbook relay run from \S+ \(pid {proc.pid}, run dir "
-                            rf"{re.escape(str(tmp_path / 'run'))}\)\n", o) for o in mine.values())
+    assert len(mine) == 2, owners  # src and dst, one kit each
+    assert all(
+        re.fullmatch(
+            rf"runbook relay run from \S+ \(pid {proc.pid}, run dir "
+            rf"{re.escape(str(tmp_path / 'run'))}\)\n",
+            o,
+        )
+        for o in mine.values()
+    )
     assert not any(Path(k).exists() for k in mine)  # removed at the end, owner and all
 
 
@@ -129,4 +153,7 @@ def test_the_leftover_check_blames_only_its_own_sessions_runs(tmp_path):
     unknown = kit("rbkit.c", None)
     gone = str(tmp_path / "rbkit.d")
     assert kits.sort_kits([ours, theirs, unknown, gone], [session]) == (
-        [ours], [f"{theirs} (/tmp/rbbench-q/runs/x/1)"], [unknown])
+        [ours],
+        [f"{theirs} (/tmp/rbbench-q/runs/x/1)"],
+        [unknown],
+    )

@@ -18,21 +18,26 @@ def with_known_hosts(lab, src: Path, dst: Path, known_hosts: str, host_keys: str
     dst_block = f"  dst:\n    ssh: root@{lab.host('dst').addr}\n"
     at = text.index(dst_block)
     head, tail = text[:at], text[at:]
-    tail = tail.replace(f"UserKnownHostsFile: {lab.known_hosts}", f"UserKnownHostsFile: {known_hosts}",
-                        1)
+    tail = tail.replace(
+        f"UserKnownHostsFile: {lab.known_hosts}", f"UserKnownHostsFile: {known_hosts}", 1
+    )
     tail = tail.replace(dst_block, f"{dst_block}    host_keys: {host_keys}\n", 1)
     return head + tail
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("host_keys, fault, said", [
-    ("strict", "missing", "does not exist here: ssh would know no host key of dst"),
-    ("accept-new", "no folder", "cannot make it there (TMP/keys must be a folder of this user"),
-    ("accept-new", "folder others can write", "does not exist and ssh cannot make it there"),
-    ("accept-new", "a folder, not a file", "is not a regular file here"),
-])
+@pytest.mark.parametrize(
+    "host_keys, fault, said",
+    [
+        ("strict", "missing", "does not exist here: ssh would know no host key of dst"),
+        ("accept-new", "no folder", "cannot make it there (TMP/keys must be a folder of this user"),
+        ("accept-new", "folder others can write", "does not exist and ssh cannot make it there"),
+        ("accept-new", "a folder, not a file", "is not a regular file here"),
+    ],
+)
 def test_a_known_hosts_file_ssh_cannot_use_is_refused_before_ssh_runs(
-        clean_lab, payload_small, tmp_path, host_keys, fault, said):
+    clean_lab, payload_small, tmp_path, host_keys, fault, said
+):
     lab = clean_lab
     kh = tmp_path / "keys" / "known_hosts"
     if fault == "missing":
@@ -46,7 +51,9 @@ def test_a_known_hosts_file_ssh_cannot_use_is_refused_before_ssh_runs(
     script = build(tmp_path, with_known_hosts(lab, payload_small.venv, dst, str(kh), host_keys))
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0, r.stderr[-3000:]
-    line = next((x for x in r.stderr.splitlines() if "UserKnownHostsFile" in x and "FAILED" in x), "")
+    line = next(
+        (x for x in r.stderr.splitlines() if "UserKnownHostsFile" in x and "FAILED" in x), ""
+    )
     said = said.replace("TMP", str(tmp_path))
     assert f"hosts.dst: UserKnownHostsFile {kh} " in line and said in line, r.stderr[-3000:]
     assert "FAILED in step preflight on host dst: hosts.dst: UserKnownHostsFile" in r.stderr
@@ -57,15 +64,18 @@ def test_a_known_hosts_file_ssh_cannot_use_is_refused_before_ssh_runs(
 
 @pytest.mark.e2e
 def test_accept_new_makes_the_file_once_its_folder_is_private_and_records_the_key(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """The first contact that accept-new is for: refused while others can write the folder ssh
     would make the file in; once it is private, ssh makes the file and records dst's key there."""
     lab = clean_lab
     kh = tmp_path / "keys" / "known_hosts"
     kh.parent.mkdir()
     kh.parent.chmod(0o777)
-    script = build(tmp_path, with_known_hosts(lab, payload_small.venv, tmp_path / "dst" / "venv",
-                                              str(kh), "accept-new"))
+    script = build(
+        tmp_path,
+        with_known_hosts(lab, payload_small.venv, tmp_path / "dst" / "venv", str(kh), "accept-new"),
+    )
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0 and f"chmod go-w {kh.parent}" in r.stderr, r.stderr[-3000:]
     assert not kh.exists()
@@ -73,6 +83,7 @@ def test_accept_new_makes_the_file_once_its_folder_is_private_and_records_the_ke
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     # the key recorded for dst's address (hashed or not, as this machine's ssh_config says)
-    found = subprocess.run(["ssh-keygen", "-F", lab.host("dst").addr, "-f", str(kh)],
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["ssh-keygen", "-F", lab.host("dst").addr, "-f", str(kh)], capture_output=True, text=True
+    )
     assert found.returncode == 0 and "ssh-ed25519" in found.stdout, kh.read_text()

@@ -22,14 +22,21 @@ pytestmark = pytest.mark.e2e
 
 def _ssh_from(lab: Lab, host: str, target: str, command: str, timeout: float = 20):
     """ssh from inside `host` (its namespace) to `target`, with the lab's strict client config."""
-    return lab.exec(host, ["ssh", "-F", str(lab.ssh_config), "-o", "ConnectTimeout=2", target,
-                           command], timeout=timeout)
+    return lab.exec(
+        host,
+        ["ssh", "-F", str(lab.ssh_config), "-o", "ConnectTimeout=2", target, command],
+        timeout=timeout,
+    )
 
 
 def test_each_host_answers_strict_ssh_with_its_own_address(lab):
     for name, host in lab.hosts.items():
-        res = lab.ssh(name, "hostname; hostname -I; ip -4 -o addr show",
-                      options=["-o", "StrictHostKeyChecking=yes"], check=True)
+        res = lab.ssh(
+            name,
+            "hostname; hostname -I; ip -4 -o addr show",
+            options=["-o", "StrictHostKeyChecking=yes"],
+            check=True,
+        )
         lines = res.stdout.splitlines()
         assert lines[0] == name
         assert lines[1].split() == [host.addr]
@@ -64,19 +71,27 @@ def test_allow_gives_a_direct_route_and_disallow_takes_it_away(clean_lab):
     assert res.stdout.split() == ["dst", lab.hosts["dst"].addr, addr]
     back = _ssh_from(lab, "dst", lab.hosts["src"].direct["dst"], "hostname")
     assert back.stdout.strip() == "src"
-    assert not lab.can_connect("jump", from_host="src", timeout=1)   # only the pair allowed
+    assert not lab.can_connect("jump", from_host="src", timeout=1)  # only the pair allowed
     lab.disallow("src", "dst")
     assert not lab.can_connect(addr, from_host="src", timeout=1)
 
 
 def test_killing_a_hosts_sshd_kills_its_sessions_and_refuses_ssh(clean_lab):
     lab = clean_lab
-    session = subprocess.Popen(lab.ssh_argv("src", "sleep 60"), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    session = subprocess.Popen(
+        lab.ssh_argv("src", "sleep 60"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        for _ in range(50):                          # wait for the remote sleep (bounded)
-            if any(Path(f"/proc/{p}/comm").read_text().strip() == "sleep"
-                   for p in netns_pids(lab.hosts["src"].netns) if Path(f"/proc/{p}").exists()):
+        for _ in range(50):  # wait for the remote sleep (bounded)
+            if any(
+                Path(f"/proc/{p}/comm").read_text().strip() == "sleep"
+                for p in netns_pids(lab.hosts["src"].netns)
+                if Path(f"/proc/{p}").exists()
+            ):
                 break
             time.sleep(0.1)
         lab.kill_sshd("src")
@@ -88,7 +103,7 @@ def test_killing_a_hosts_sshd_kills_its_sessions_and_refuses_ssh(clean_lab):
     res = lab.ssh("src", "true", timeout=20)
     assert res.returncode == 255
     assert "Connection refused" in res.stderr
-    assert lab.ssh("dst", "true").returncode == 0    # the other hosts are untouched
+    assert lab.ssh("dst", "true").returncode == 0  # the other hosts are untouched
     lab.start_sshd("src")
     assert lab.ssh("src", "true").returncode == 0
 
@@ -107,14 +122,14 @@ def test_a_changed_host_key_is_refused(clean_lab):
 
 def test_link_down_and_up(clean_lab):
     lab = clean_lab
-    lab.link_down("src", side="root")            # this machine's end: no route, fails at once
+    lab.link_down("src", side="root")  # this machine's end: no route, fails at once
     t0 = time.monotonic()
     res = lab.ssh("src", "true", options=["-o", "ConnectTimeout=2"], timeout=20)
     assert res.returncode == 255 and "No route to host" in res.stderr
     assert time.monotonic() - t0 < 2
     lab.link_up("src", side="root")
     assert lab.ssh("src", "true").returncode == 0
-    lab.link_down("src")                          # the host's end: a cut cable, connects time out
+    lab.link_down("src")  # the host's end: a cut cable, connects time out
     t0 = time.monotonic()
     assert not lab.can_connect("src", timeout=1)
     assert time.monotonic() - t0 < 3
@@ -170,7 +185,9 @@ def test_many_files_generator_is_deterministic(tmp_path):
         out = []
         for p in sorted(root.rglob("*")):
             target = os.readlink(p) if p.is_symlink() else ""
-            out.append((str(p.relative_to(root)), 0 if p.is_symlink() else p.stat().st_mode, target))
+            out.append(
+                (str(p.relative_to(root)), 0 if p.is_symlink() else p.stat().st_mode, target)
+            )
         return out
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -182,8 +199,12 @@ def test_many_files_generator_is_deterministic(tmp_path):
 
 
 def test_ext4_scratch_is_ext4_and_hosts_see_it(lab, ext4_dir):
-    fstype = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(ext4_dir)],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    fstype = subprocess.run(
+        ["findmnt", "-n", "-o", "FSTYPE", "--target", str(ext4_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert fstype == "ext4"
     lab.ssh("dst", f"echo written-on-dst > {ext4_dir}/f && sync", check=True)
     assert (ext4_dir / "f").read_text() == "written-on-dst\n"
@@ -192,7 +213,7 @@ def test_ext4_scratch_is_ext4_and_hosts_see_it(lab, ext4_dir):
 def test_a_small_tmpfs_fills_up(tmpfs_factory):
     mnt = tmpfs_factory(256)
     with pytest.raises(OSError) as info, open(mnt.path / "big", "wb") as f:
-        for _ in range(64):                        # 64 x 8 KiB > 256 KiB
+        for _ in range(64):  # 64 x 8 KiB > 256 KiB
             f.write(b"\0" * 8192)
             f.flush()
             os.fsync(f.fileno())
@@ -201,7 +222,7 @@ def test_a_small_tmpfs_fills_up(tmpfs_factory):
 
 def test_a_second_lab_runs_beside_and_tears_down_to_nothing(lab):
     require_lab()
-    stale = "rbltest-abcdef-ghost"                 # a dead run's namespace: no lock file holds it
+    stale = "rbltest-abcdef-ghost"  # a dead run's namespace: no lock file holds it
     subprocess.run(["ip", "netns", "add", stale], check=True)
     other = Lab(("a", "b"), prefix="rbltest")
     with other:
@@ -219,7 +240,7 @@ def test_a_second_lab_runs_beside_and_tears_down_to_nothing(lab):
     assert not workdir.exists() and not other.lock_file.exists()
     assert not any(Path(f"/proc/{p}").exists() for p in pids)
     assert not any(n in list_netns() for n in names)
-    other.stop()                                   # idempotent
+    other.stop()  # idempotent
 
 
 def test_an_unavailable_lab_skips_here_but_fails_in_ci(monkeypatch):
@@ -260,14 +281,18 @@ def test_every_cluster_takes_its_subnet_from_the_one_table():
     root = Path(__file__).resolve().parents[2]
     # a /24 written out, or a cluster started with the default one
     literal = re.compile(r"[\"']10\.213\.\d+|(?<![\w.])(Slurm)?Cluster\(\s*\d+\s*\)")
-    found = [f"{p.relative_to(root)}:{i}: {line.strip()}"
-             for p in [*root.glob("tests/**/*.py"), *root.glob("benchmarks/**/*.py")]
-             if p.name != "subnets.py"
-             for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    found = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for p in [*root.glob("tests/**/*.py"), *root.glob("benchmarks/**/*.py")]
+        if p.name != "subnets.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if literal.search(line)
+    ]
     assert found == []
     assert len(set(subnets.FIXED.values())) == len(subnets.FIXED)
     assert SUBNET == subnets.subnet("cluster") and SUBNET not in {
-        subnets.subnet(u) for u in subnets.FIXED if u != "cluster"}
+        subnets.subnet(u) for u in subnets.FIXED if u != "cluster"
+    }
     with pytest.raises(ValueError, match="a subnet of tests/lab/subnets.py"):
         Cluster(1, subnet=f"{subnets.NET_PREFIX}.{subnets.FIRST_FIXED - 1}")
 
@@ -275,8 +300,12 @@ def test_every_cluster_takes_its_subnet_from_the_one_table():
 def test_a_lab_never_takes_a_clusters_subnet(monkeypatch):
     from tests.lab import netlab, subnets
 
-    used = "".join(f"9: lo inet 10.213.{s}.1/30 scope global\n" for s in range(1, subnets.FIRST_FIXED))
-    monkeypatch.setattr(netlab, "_run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, used, ""))
+    used = "".join(
+        f"9: lo inet 10.213.{s}.1/30 scope global\n" for s in range(1, subnets.FIRST_FIXED)
+    )
+    monkeypatch.setattr(
+        netlab, "_run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, used, "")
+    )
     with pytest.raises(LabError, match="no free /24"):
         Lab(("a",))._free_slot()
 
@@ -289,10 +318,20 @@ def test_two_slurm_clusters_run_at_once():
     from tests.lab.slurm import SlurmCluster, slurm_unavailable_reason
 
     fanout.require(slurm_unavailable_reason(), "slurm mini-cluster")
-    with SlurmCluster(1, subnet=subnets.subnet("lab_pair_first")) as first, \
-            SlurmCluster(1, subnet=subnets.subnet("lab_pair")) as second:
+    with (
+        SlurmCluster(1, subnet=subnets.subnet("lab_pair_first")) as first,
+        SlurmCluster(1, subnet=subnets.subnet("lab_pair")) as second,
+    ):
         assert first.ctld_port != second.ctld_port
         for c in (first, second):
-            r = subprocess.run(["sinfo", "-h", "-o", "%N %T"], env=c.env, capture_output=True,
-                               text=True, timeout=30)
-            assert r.returncode == 0 and r.stdout.split() == ["node01", "idle"], (r.stdout, r.stderr)
+            r = subprocess.run(
+                ["sinfo", "-h", "-o", "%N %T"],
+                env=c.env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert r.returncode == 0 and r.stdout.split() == ["node01", "idle"], (
+                r.stdout,
+                r.stderr,
+            )

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IN_CI
-
 from tests.lab import LabError, subnets
 from tests.lab.cluster import cluster_unavailable_reason
 from tests.lab.fanout import require
@@ -57,12 +56,19 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _start_on_empty_run(kind: str, share: tuple[str, ...] = ()) -> dict:
-    r = subprocess.run(empty_run_argv([sys.executable, "-c", _SCRIPT, kind, SUBNET], share=share),
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        empty_run_argv([sys.executable, "-c", _SCRIPT, kind, SUBNET], share=share),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-    assert r.returncode == 0 and line, f"{kind} did not come up from an empty /run " \
-                                       f"(rc={r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return json.loads(line[0][len("RESULT "):])
+    assert r.returncode == 0 and line, (
+        f"{kind} did not come up from an empty /run "
+        f"(rc={r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
+    return json.loads(line[0][len("RESULT ") :])
 
 
 @pytest.mark.e2e
@@ -107,5 +113,7 @@ def test_run_dirs_made_under_a_root(tmp_path):
     assert ensure_run_dirs(root=tmp_path) == []
     sshd.rmdir()
     sshd.write_text("")
-    with pytest.raises(LabError, match=r"run/sshd \(sshd's privilege separation dir.*not a directory"):
+    with pytest.raises(
+        LabError, match=r"run/sshd \(sshd's privilege separation dir.*not a directory"
+    ):
         ensure_run_dirs([SSHD_PRIVSEP], root=tmp_path)

@@ -30,8 +30,9 @@ SUBNET = subnets.subnet("lab_teardown")
 
 
 def _links() -> str:
-    return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _running(pid: int) -> bool:
@@ -69,7 +70,7 @@ def test_a_lab_start_that_fails_halfway_leaves_nothing(monkeypatch):
     pids: list[int] = []
 
     def spawn_or_fail(self, h):
-        if h.name == "b":                 # a's sshd runs, every namespace exists
+        if h.name == "b":  # a's sshd runs, every namespace exists
             raise LabError("injected: b's sshd cannot start")
         spawn(self, h)
         pids.append(h.proc.pid)
@@ -80,7 +81,7 @@ def test_a_lab_start_that_fails_halfway_leaves_nothing(monkeypatch):
         lab.start()
     assert len(pids) == 1
     assert_lab_gone(lab, pids)
-    lab.stop()                            # idempotent after a failed start
+    lab.stop()  # idempotent after a failed start
 
 
 def test_a_lab_waits_for_an_sshd_that_starts_late(monkeypatch, caplog):
@@ -107,8 +108,9 @@ def test_a_lab_waits_for_an_sshd_that_starts_late(monkeypatch, caplog):
             t.join(timeout=30)
     assert_lab_gone(lab, pids)
     lines = [r.getMessage() for r in caplog.records if r.name == "tests.lab"]
-    assert any(f"rbllate-{lab.runid} b: listening after" in m and "ssh ok after" in m
-               for m in lines), lines
+    assert any(
+        f"rbllate-{lab.runid} b: listening after" in m and "ssh ok after" in m for m in lines
+    ), lines
 
 
 def test_ssh_refused_at_first_is_retried_until_it_works(monkeypatch, caplog):
@@ -119,11 +121,13 @@ def test_ssh_refused_at_first_is_retried_until_it_works(monkeypatch, caplog):
 
     def spawn_keys_late(self, h):
         spawn(self, h)
-        if h.name == "a":     # sshd listens at once but refuses the key for 3 s
+        if h.name == "a":  # sshd listens at once but refuses the key for 3 s
             keys = self.dir / "authorized_keys"
             keys.rename(keys.with_name("keys.later"))
-            t = threading.Thread(target=lambda: (time.sleep(3), keys.with_name("keys.later")
-                                                 .rename(keys)), daemon=True)
+            t = threading.Thread(
+                target=lambda: (time.sleep(3), keys.with_name("keys.later").rename(keys)),
+                daemon=True,
+            )
             later.append(t)
             t.start()
 
@@ -135,7 +139,9 @@ def test_ssh_refused_at_first_is_retried_until_it_works(monkeypatch, caplog):
     finally:
         for t in later:
             t.join(timeout=30)
-    msg = next(r.getMessage() for r in caplog.records if f"rblkeys-{lab.runid} a:" in r.getMessage())
+    msg = next(
+        r.getMessage() for r in caplog.records if f"rblkeys-{lab.runid} a:" in r.getMessage()
+    )
     assert "tries)" in msg and "(1 try)" not in msg, msg
 
 
@@ -154,7 +160,7 @@ def test_an_sshd_that_exits_fails_the_wait_at_once(monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(LabError, match=r"sshd of b exited rc=255[\s\S]*NoSuchOption"):
         lab.start()
-    assert time.monotonic() - t0 < 30    # not the minute (or more, under load) it may wait
+    assert time.monotonic() - t0 < 30  # not the minute (or more, under load) it may wait
     assert_lab_gone(lab, [h.proc.pid for h in lab.hosts.values() if h.proc])
 
 
@@ -164,7 +170,7 @@ def test_a_cluster_start_that_fails_halfway_leaves_nothing(monkeypatch):
     pids: list[int] = []
 
     def start_or_fail(self, name, binds=()):
-        if name == "node03":              # node01 and node02 run their sshd
+        if name == "node03":  # node01 and node02 run their sshd
             raise LabError("injected: node03's sshd cannot start")
         start_sshd(self, name, binds)
         pids.append(self.procs[name].pid)
@@ -181,7 +187,7 @@ def test_a_cluster_start_that_fails_halfway_leaves_nothing(monkeypatch):
 def test_a_cluster_waits_for_a_node_whose_sshd_starts_late():
     fanout.require(cluster_unavailable_reason(), "fan-out cluster")
     c = Cluster(2, subnet=SUBNET)
-    c.node_start = ["if [ {name} = node02 ]; then sleep 6; fi"]   # before node02's sshd
+    c.node_start = ["if [ {name} = node02 ]; then sleep 6; fi"]  # before node02's sshd
     with c:
         assert c.ready_seconds["node02"] >= 6
         assert c.ssh("node02", "hostname", check=True).stdout.strip() == "node02"
@@ -194,7 +200,7 @@ def test_a_slurm_cluster_whose_slurmctld_fails_leaves_nothing(monkeypatch):
     seen: dict[str, list[int]] = {}
 
     def ctld_fails(self):
-        seen["run"] = run_pids(self.runid)        # munged here, slurmd and sshd in the nodes
+        seen["run"] = run_pids(self.runid)  # munged here, slurmd and sshd in the nodes
         seen["munged"] = [int((self.dir / "munge" / "munged.pid").read_text())]
         raise LabError("injected: slurmctld cannot start")
 
@@ -202,14 +208,14 @@ def test_a_slurm_cluster_whose_slurmctld_fails_leaves_nothing(monkeypatch):
     c = SlurmCluster(2, subnet=SUBNET)
     with pytest.raises(LabError, match="injected"):
         c.start()
-    assert len(seen["run"]) >= 5                    # munged, 2 x (slurmd, sshd)
+    assert len(seen["run"]) >= 5  # munged, 2 x (slurmd, sshd)
     assert_cluster_gone(c, seen["run"] + seen["munged"])
 
 
 def test_leftovers_of_killed_runs_are_removed_at_session_start():
     fanout.require(cluster_unavailable_reason(), "fan-out cluster")
     runid = secrets.token_hex(3)
-    gone_pid = subprocess.Popen(["true"])     # its owner: a process that is gone
+    gone_pid = subprocess.Popen(["true"])  # its owner: a process that is gone
     gone_pid.wait()
     run_dir = cluster_mod.RUN_ROOT / f"rbfan-{runid}"
     run_dir.mkdir()
@@ -220,10 +226,21 @@ def test_leftovers_of_killed_runs_are_removed_at_session_start():
         for name in (ns, lab_ns):
             subprocess.run(["ip", "netns", "add", name], check=True)
         subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
-        daemons.append(subprocess.Popen(        # a munged-like daemon naming the run's dir
-            [sys.executable, "-c", "import time; time.sleep(300)", f"{run_dir}/munge/munged.pid"]))
-        daemons.append(subprocess.Popen(        # a process left in the node's namespace
-            ["nsenter", f"--net=/run/netns/{ns}", "sleep", "300"]))
+        daemons.append(
+            subprocess.Popen(  # a munged-like daemon naming the run's dir
+                [
+                    sys.executable,
+                    "-c",
+                    "import time; time.sleep(300)",
+                    f"{run_dir}/munge/munged.pid",
+                ]
+            )
+        )
+        daemons.append(
+            subprocess.Popen(  # a process left in the node's namespace
+                ["nsenter", f"--net=/run/netns/{ns}", "sleep", "300"]
+            )
+        )
         time.sleep(0.2)
         removed = cleanup_all_stale()
         assert f"cluster {runid}" in removed and f"namespace {lab_ns}" in removed, removed

@@ -17,8 +17,9 @@ from tests.e2e.test_relay import build, snapshot, spec_text
 
 def run(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
     """A run in a directory of its own (runs/NAME/<UTC>-<pid>, as a user's)."""
-    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
 
 
 def plan_dir(r: subprocess.CompletedProcess) -> Path:
@@ -37,14 +38,19 @@ def module(src: Path) -> Path:
 
 
 @pytest.mark.e2e
-def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_lab, payload_small,
-                                                                         tmp_path):
+def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(
+    clean_lab, payload_small, tmp_path
+):
     src = own_source(payload_small, tmp_path)
     parent = tmp_path / "dst"
     parent.mkdir()
     dst = parent / "venv"
-    script = build(tmp_path, spec_text(clean_lab, src, dst, policy="replace",
-                                       checks="checks:\n  - imports: [rb_payload]\n"))
+    script = build(
+        tmp_path,
+        spec_text(
+            clean_lab, src, dst, policy="replace", checks="checks:\n  - imports: [rb_payload]\n"
+        ),
+    )
 
     r = run(tmp_path, script, "--plan", "--markdown")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -81,8 +87,10 @@ def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_l
     assert r.returncode == 0, r.stderr[-3000:]
     assert "nothing to send: the destination already holds this exact tree" in r.stdout
     assert "waiting" not in r.stderr
-    assert ("compression: not measured: dst holds an install (a re-run sends what changed); "
-            in r.stdout)
+    assert (
+        "compression: not measured: dst holds an install (a re-run sends what changed); "
+        in r.stdout
+    )
     assert "static:      skipped: the source is the tree" in r.stdout
     assert (lock / "holder").exists()
     (lock / "holder").unlink()
@@ -100,8 +108,9 @@ def test_plan_then_apply_a_first_move_then_a_rerun_with_one_file_changed(clean_l
     # one sum, its two parts named as parts (issue 45: `14.9 KB, only the changes, and 14.9 KB
     # of bin/...` read as 29.8 KB)
     line = next(ln for ln in r.stdout.splitlines() if "to send:" in ln)
-    assert ", in all: " in line and " of changes and " in line and "relocation rewrites" in line, \
+    assert ", in all: " in line and " of changes and " in line and "relocation rewrites" in line, (
         line
+    )
     # the stream takes the plan's compression, whatever preflight measures now
     saved = plan_dir(r) / "plan.json"
     doc = json.loads(saved.read_text())
@@ -126,8 +135,10 @@ def test_apply_refuses_when_the_source_changed_since_the_plan(clean_lab, payload
     (src / "lib" / "added-after-the-plan.txt").write_text("new\n")
     r = run(tmp_path, script, "--apply", str(plan_dir(r) / "plan.json"))
     assert r.returncode == 1, r.stderr[-3000:]
-    assert (f"changed since the plan was made: the source src:{src}: 1 paths "
-            "(lib/added-after-the-plan.txt (new))") in r.stderr
+    assert (
+        f"changed since the plan was made: the source src:{src}: 1 paths "
+        "(lib/added-after-the-plan.txt (new))"
+    ) in r.stderr
     assert "nothing was written at the destination" in r.stderr
     # what to do next is a new plan: going on --from a step would run what no plan showed
     assert "the plan no longer holds (above): make a new one, read it, and apply that" in r.stderr
@@ -136,8 +147,9 @@ def test_apply_refuses_when_the_source_changed_since_the_plan(clean_lab, payload
 
 
 @pytest.mark.e2e
-def test_apply_refuses_when_the_destination_changed_since_the_plan(clean_lab, payload_small,
-                                                                   tmp_path):
+def test_apply_refuses_when_the_destination_changed_since_the_plan(
+    clean_lab, payload_small, tmp_path
+):
     src = own_source(payload_small, tmp_path)
     dst = tmp_path / "dst" / "venv"
     script = build(tmp_path, spec_text(clean_lab, src, dst, policy="replace"))
@@ -153,7 +165,7 @@ def test_apply_refuses_when_the_destination_changed_since_the_plan(clean_lab, pa
 
 @pytest.mark.e2e
 def test_plan_says_the_destination_has_no_room(clean_lab, payload_small, tmpfs_factory, tmp_path):
-    disk = tmpfs_factory(64)     # 64 KiB: less than the tree takes (a 4 KiB block a file)
+    disk = tmpfs_factory(64)  # 64 KiB: less than the tree takes (a 4 KiB block a file)
     src = own_source(payload_small, tmp_path)
     dst = Path(disk.path) / "venv"
     script = build(tmp_path, spec_text(clean_lab, src, dst))
@@ -186,7 +198,8 @@ def test_plan_names_every_host_it_cannot_reach_at_once(clean_lab, payload_small,
 
 @pytest.mark.e2e
 def test_plan_connects_while_the_run_directory_is_checked_and_closes_on_refusal(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """A plan opens each host's ssh connection as it starts (rb::connect_early), once the kit is
     written here and beside the run directory's check, and prepares the host through it; when
     that check refuses, nothing was run on a host but `true`, and every connection is closed."""
@@ -201,8 +214,14 @@ def test_plan_connects_while_the_run_directory_is_checked_and_closes_on_refusal(
     shared.mkdir()
     shared.chmod(0o777)
     env = dict(os.environ, PATH=f"{wrap}:{os.environ['PATH']}", RB_RUN_DIR=str(shared / "run"))
-    r = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = subprocess.run(
+        ["bash", str(script), "--plan"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 2 and "refusing the run directory" in r.stderr, r.stderr[-2000:]
     calls = log.read_text().splitlines()
     for host in ("src", "dst"):
@@ -220,16 +239,23 @@ def test_plan_connects_while_the_run_directory_is_checked_and_closes_on_refusal(
     # reachable and the run directory private: the plan goes through the early connections
     log.write_text("")
     env.pop("RB_RUN_DIR")
-    r = subprocess.run(["bash", str(script), "--plan"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300, env=env)
+    r = subprocess.run(
+        ["bash", str(script), "--plan"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "hosts:       src, dst: reachable" in r.stdout
     assert "ControlSocket" not in r.stderr
 
 
 @pytest.mark.e2e
-def test_a_plan_interrupted_while_it_connects_leaves_nothing_running(clean_lab, payload_small,
-                                                                     tmp_path):
+def test_a_plan_interrupted_while_it_connects_leaves_nothing_running(
+    clean_lab, payload_small, tmp_path
+):
     """Ctrl-C (SIGINT to the process group) while the plan's early connections are being made
     (ssh slowed by a wrapper): exit 130 within 5 s, no ssh of the run left running, nothing left
     on a host (the lab's leftover check)."""
@@ -240,10 +266,16 @@ def test_a_plan_interrupted_while_it_connects_leaves_nothing_running(clean_lab, 
     (wrap / "ssh").write_text('#!/bin/bash\nsleep 3\nexec /usr/bin/ssh "$@"\n')
     (wrap / "ssh").chmod(0o755)
     env = dict(os.environ, PATH=f"{wrap}:{os.environ['PATH']}")
-    p = subprocess.Popen(["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script),
-                          "--plan"], cwd=tmp_path, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, env=env)
+    p = subprocess.Popen(
+        ["env", "--default-signal=HUP,INT,QUIT,TERM", "bash", str(script), "--plan"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     time.sleep(1.0)
     assert p.poll() is None
     os.killpg(p.pid, signal.SIGINT)
@@ -251,10 +283,12 @@ def test_a_plan_interrupted_while_it_connects_leaves_nothing_running(clean_lab, 
     try:
         _out, err = p.communicate(timeout=30)
     finally:
-        left = subprocess.run(["pgrep", "-f", f"ssh.*{clean_lab.host('src').addr}"],
-                              capture_output=True, text=True).stdout.split()
+        left = subprocess.run(
+            ["pgrep", "-f", f"ssh.*{clean_lab.host('src').addr}"], capture_output=True, text=True
+        ).stdout.split()
     assert time.monotonic() - start < 5, err[-2000:]
     assert p.returncode == 130, err[-2000:]
     assert "interrupted" in err
-    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)],
-                                      capture_output=True, text=True).stdout
+    assert left == [], subprocess.run(
+        ["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True, text=True
+    ).stdout

@@ -11,11 +11,8 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from compiler import cli
 
@@ -38,20 +35,53 @@ CHECKS = """  - imports: [rb_payload, json]
 """
 
 
-def compile_and_run(tmp_path: Path, src: Path, dst: Path, *args: str, policy: str = "refuse",
-                    checks: str = CHECKS, name: str = "e2e", extra: str = "",
-                    exclude: str = '["__pycache__", "*.pyc"]',
-                    env: dict | None = None, jobs: int = 2) -> subprocess.CompletedProcess:
-    script = compile_(tmp_path, src, dst, policy=policy, checks=checks, name=name, extra=extra,
-                      exclude=exclude, jobs=jobs)
+def compile_and_run(
+    tmp_path: Path,
+    src: Path,
+    dst: Path,
+    *args: str,
+    policy: str = "refuse",
+    checks: str = CHECKS,
+    name: str = "e2e",
+    extra: str = "",
+    exclude: str = '["__pycache__", "*.pyc"]',
+    env: dict | None = None,
+    jobs: int = 2,
+) -> subprocess.CompletedProcess:
+    script = compile_(
+        tmp_path,
+        src,
+        dst,
+        policy=policy,
+        checks=checks,
+        name=name,
+        extra=extra,
+        exclude=exclude,
+        jobs=jobs,
+    )
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"), **(env or {}))
-    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
-def compile_(tmp_path: Path, src: Path, dst: Path, *, policy: str = "refuse", checks: str = CHECKS,
-             name: str = "e2e", extra: str = "", exclude: str = '["__pycache__", "*.pyc"]',
-             jobs: int = 2) -> Path:
+def compile_(
+    tmp_path: Path,
+    src: Path,
+    dst: Path,
+    *,
+    policy: str = "refuse",
+    checks: str = CHECKS,
+    name: str = "e2e",
+    extra: str = "",
+    exclude: str = '["__pycache__", "*.pyc"]',
+    jobs: int = 2,
+) -> Path:
     spec = tmp_path / f"{name}.yaml"
     text = SPEC.format(name=name, src=src, dst=dst, policy=policy, checks=checks)
     # other excludes, and more of the spec (transfer keys, then top-level ones) after jobs:
@@ -80,8 +110,16 @@ def test_full_local_move_then_rerun_skips(payload_small, tmp_path):
     doc = report(tmp_path)
     assert doc["outcome"] == "ok"
     assert [s["id"] for s in doc["steps"]] == [
-        "preflight", "manifest", "transfer", "verify", "relocate", "prove", "swap", "exports",
-        "probe"]
+        "preflight",
+        "manifest",
+        "transfer",
+        "verify",
+        "relocate",
+        "prove",
+        "swap",
+        "exports",
+        "probe",
+    ]
     assert doc["checks"]["fail"] == 0 and doc["checks"]["pass"] >= 2
     assert "compression: none (both ends are this machine: no link to save)" in r.stderr
     # the run's pictures beside its report (issue #18)
@@ -199,7 +237,7 @@ def test_rerun_after_a_source_change_sends_only_what_changed(payload_small, tmp_
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
     dst = tmp_path / "d" / "venv"
     greeting = next(src.rglob("greeting.txt"))
-    site = greeting.parents[2]                                      # site-packages
+    site = greeting.parents[2]  # site-packages
     # a module no check uses (removing one the console script imports made the old runbook's
     # green a lie: its scripts still ran the original venv's interpreter, where the file was)
     gone = site / "rb_gone_module.py"
@@ -208,9 +246,9 @@ def test_rerun_after_a_source_change_sends_only_what_changed(payload_small, tmp_
     r = compile_and_run(tmp_path, src, dst, policy="backup")
     assert r.returncode == 0, r.stderr[-3000:]
     old_greeting = greeting.read_text()
-    greeting.write_text("changed at the source\n")                 # changed
-    (site / "rb_new_module.py").write_text("VALUE = 7\n")           # new
-    gone.unlink()                                                   # removed
+    greeting.write_text("changed at the source\n")  # changed
+    (site / "rb_new_module.py").write_text("VALUE = 7\n")  # new
+    gone.unlink()  # removed
     r = compile_and_run(tmp_path, src, dst, policy="backup")
     assert r.returncode == 0, r.stderr[-3000:]
     steps = {s["id"]: s for s in report(tmp_path)["steps"]}
@@ -222,8 +260,15 @@ def test_rerun_after_a_source_change_sends_only_what_changed(payload_small, tmp_
     assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source\n"
     assert (dst / (site / "rb_new_module.py").relative_to(src)).read_text() == "VALUE = 7\n"
     assert not (dst / gone_rel).exists()
-    out = subprocess.run([str(dst / "bin" / "python"), "-c", "import sys, rb_new_module; "
-                          "print(sys.prefix, rb_new_module.VALUE)"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            str(dst / "bin" / "python"),
+            "-c",
+            "import sys, rb_new_module; print(sys.prefix, rb_new_module.VALUE)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and out.stdout.split() == [str(dst), "7"], out
     # the previous install, kept as the backup, is as it was: links share content, nothing was
     # written through them
@@ -235,8 +280,9 @@ def test_rerun_after_a_source_change_sends_only_what_changed(payload_small, tmp_
     assert r.returncode == 0 and "quick check: destination up to date" in r.stderr, r.stderr[-2000:]
 
 
-def test_an_incremental_copy_that_fails_verification_leaves_the_install_alone(payload_small,
-                                                                             tmp_path):
+def test_an_incremental_copy_that_fails_verification_leaves_the_install_alone(
+    payload_small, tmp_path
+):
     src = tmp_path / "src"
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
     dst = tmp_path / "d" / "venv"
@@ -248,7 +294,7 @@ def test_an_incremental_copy_that_fails_verification_leaves_the_install_alone(pa
     r = compile_and_run(tmp_path, src, dst, "--only", "transfer", policy="replace")
     assert r.returncode == 0, r.stderr[-3000:]
     staged = next((tmp_path / "d" / ".venv.rb-staging").rglob("greeting.txt"))
-    staged.write_text("CHANGED AT THE SOURCE\n")                  # same size, other bytes
+    staged.write_text("CHANGED AT THE SOURCE\n")  # same size, other bytes
     r = compile_and_run(tmp_path, src, dst, "--from", "verify", policy="replace")
     assert r.returncode == 1 and "greeting.txt (content" in r.stderr, r.stderr[-3000:]
     assert tree_digest(dst) == before
@@ -267,7 +313,7 @@ def test_a_failed_step_fails_the_run_once_and_puts_back_what_was_there(payload_s
     dst = tmp_path / "d" / "venv"
     old_install(dst)
     env_file = tmp_path / "no-such-dir" / "venv.env.sh"
-    cuda = (f"cuda:\n  version: \"12.4\"\n  home: /usr/local/cuda\n  env_file: {env_file}\n")
+    cuda = f'cuda:\n  version: "12.4"\n  home: /usr/local/cuda\n  env_file: {env_file}\n'
     r = compile_and_run(tmp_path, payload_small.venv, dst, policy="backup", extra=cuda)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step exports on host here" in r.stderr
@@ -290,10 +336,18 @@ def test_only_swap_after_a_failed_verify_is_refused(payload_small, tmp_path):
     deleted the working install), exit 0."""
     dst = tmp_path / "d" / "venv"
     before = old_install(dst)
-    assert compile_and_run(tmp_path, payload_small.venv, dst, "--only", "manifest",
-                           policy="replace").returncode == 0
-    assert compile_and_run(tmp_path, payload_small.venv, dst, "--only", "transfer",
-                           policy="replace").returncode == 0
+    assert (
+        compile_and_run(
+            tmp_path, payload_small.venv, dst, "--only", "manifest", policy="replace"
+        ).returncode
+        == 0
+    )
+    assert (
+        compile_and_run(
+            tmp_path, payload_small.venv, dst, "--only", "transfer", policy="replace"
+        ).returncode
+        == 0
+    )
     staged = next((tmp_path / "d" / ".venv.rb-staging").rglob("greeting.txt"))
     staged.write_text("truncated")
     r = compile_and_run(tmp_path, payload_small.venv, dst, "--from", "verify", policy="replace")
@@ -302,13 +356,15 @@ def test_only_swap_after_a_failed_verify_is_refused(payload_small, tmp_path):
         r = compile_and_run(tmp_path, payload_small.venv, dst, *args, policy="replace")
         assert r.returncode == 1, r.stderr[-3000:]
         assert "was not verified in this run" in r.stderr, r.stderr[-3000:]
-        assert {k: v for k, v in tree_digest(tmp_path / "d").items()
-                if ".rb-staging" not in k} == before
+        assert {
+            k: v for k, v in tree_digest(tmp_path / "d").items() if ".rb-staging" not in k
+        } == before
         assert report(tmp_path)["outcome"] == "failed"
 
 
-def test_a_second_run_into_the_same_destination_is_refused_naming_the_first(payload_small,
-                                                                             tmp_path):
+def test_a_second_run_into_the_same_destination_is_refused_naming_the_first(
+    payload_small, tmp_path
+):
     """H2: two runs at once shared the staging and installed a mix; now the destination's lock
     (held by the first run's engine for its whole run) refuses the second, naming the first."""
     dst = tmp_path / "d" / "venv"
@@ -317,34 +373,44 @@ def test_a_second_run_into_the_same_destination_is_refused_naming_the_first(payl
     tar = shutil.which("tar")
     assert tar
     # the stream's sending end (tar -c of the names the scan listed), slowed
-    (slow / "tar").write_text('#!/bin/sh\ncase " $* " in *" --null "*) sleep 15 ;; esac\n'
-                              f'exec {tar} "$@"\n')
+    (slow / "tar").write_text(
+        f'#!/bin/sh\ncase " $* " in *" --null "*) sleep 15 ;; esac\nexec {tar} "$@"\n'
+    )
     (slow / "tar").chmod(0o755)
     first = compile_(tmp_path, payload_small.venv, dst, name="first")
-    env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run-first"),
-               PATH=f"{slow}:{os.environ['PATH']}")
-    p = subprocess.Popen(["bash", str(first)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ, RB_RUN_DIR=str(tmp_path / "run-first"), PATH=f"{slow}:{os.environ['PATH']}"
+    )
+    p = subprocess.Popen(
+        ["bash", str(first)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lock = tmp_path / "d" / ".venv.rb-lock"
         deadline = time.monotonic() + 120
         while not lock.exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert lock.exists(), "the first run never took the lock"
-        r = compile_and_run(tmp_path, payload_small.venv, dst, name="second",
-                            env={"RB_LOCK_WAIT": "1"})
+        r = compile_and_run(
+            tmp_path, payload_small.venv, dst, name="second", env={"RB_LOCK_WAIT": "1"}
+        )
         assert r.returncode == 1, r.stderr[-3000:]
         assert "FAILED in step preflight" in r.stderr
         assert "is locked by another run: runbook first run from" in r.stderr, r.stderr[-3000:]
-        assert str(tmp_path / "run-first") in r.stderr           # its run directory, named
+        assert str(tmp_path / "run-first") in r.stderr  # its run directory, named
     finally:
         _out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
     assert (dst / "bin" / "payload-hello").exists() and not lock.exists()
 
 
-def test_a_source_the_excludes_empty_is_refused_before_anything_is_replaced(payload_small,
-                                                                             tmp_path):
+def test_a_source_the_excludes_empty_is_refused_before_anything_is_replaced(
+    payload_small, tmp_path
+):
     """M3: `exclude: ["*"]` passed preflight as "0 files", and replace swapped the working install
     for an empty tree."""
     dst = tmp_path / "d" / "venv"
@@ -357,7 +423,8 @@ def test_a_source_the_excludes_empty_is_refused_before_anything_is_replaced(payl
 
 
 def test_a_venv_whose_interpreter_is_missing_at_the_destination_is_refused_before_the_swap(
-        payload_small, tmp_path):
+    payload_small, tmp_path
+):
     """M3: a venv whose base interpreter does not exist on the target: bin/python names it by a
     relative path that resolves beside the source and nowhere beside the destination. It used
     to be swapped in (replace: the working install deleted) and fail after."""
@@ -384,9 +451,14 @@ def test_a_destination_inside_the_source_is_refused_in_preflight(payload_small, 
     destination's engine: the install would move or remove what it copies."""
     src = tmp_path / "src"
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
-    (tmp_path / "alias").symlink_to(tmp_path)           # the spec's paths do not show it
-    r = compile_and_run(tmp_path, tmp_path / "alias" / "src", src / "inner" / "venv",
-                        policy="replace", exclude='["__pycache__", "*.pyc", "inner"]')
+    (tmp_path / "alias").symlink_to(tmp_path)  # the spec's paths do not show it
+    r = compile_and_run(
+        tmp_path,
+        tmp_path / "alias" / "src",
+        src / "inner" / "venv",
+        policy="replace",
+        exclude='["__pycache__", "*.pyc", "inner"]',
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step preflight" in r.stderr
     assert "is inside the source" in r.stderr
@@ -436,4 +508,6 @@ def test_one_host_moves_a_big_tree_in_streams_side_by_side(payload_small, tmp_pa
     assert "checked by the stream's" in steps["verify"]["detail"], steps["verify"]
     assert "hashed again" not in steps["verify"]["detail"], steps["verify"]
     assert (dst / "lib" / "big" / "part2.bin").read_bytes() == bytes([3]) * (100 << 20)
-    assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+    assert os.path.samefile(
+        dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin"
+    )

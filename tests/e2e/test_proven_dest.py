@@ -51,8 +51,14 @@ def place():
 
 def run(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def module_of(root: Path) -> Path:
@@ -66,17 +72,27 @@ def plant_module(path: Path, marker: Path) -> None:
     code = f"import os;open('{marker}/u%d'%os.geteuid(),'w')"
     assert len(code) + 1 <= st.st_size, code
     text = code + "#" * (st.st_size - len(code) - 1) + "\n"
-    as_nobody("sh", "-c", 'printf %s "$1" > "$2" && touch -d "@$3" "$2"', "sh", text, str(path),
-              str(int(st.st_mtime)))
+    as_nobody(
+        "sh",
+        "-c",
+        'printf %s "$1" > "$2" && touch -d "@$3" "$2"',
+        "sh",
+        text,
+        str(path),
+        str(int(st.st_mtime)),
+    )
     assert path.stat().st_size == st.st_size and int(path.stat().st_mtime) == int(st.st_mtime)
 
 
 def test_a_destination_in_a_sticky_directory_is_refused_in_the_run_and_the_plan(
-        payload_small, place, tmp_path):
+    payload_small, place, tmp_path
+):
     dst = place / "tmp" / "venv"
     script = compile_(tmp_path, payload_small.venv, dst, policy="backup")
-    want = (f"refusing to install {dst} as root: directory {place / 'tmp'} is owned by root "
-            "(uid 0), mode 1777: writable by group and others (sticky)")
+    want = (
+        f"refusing to install {dst} as root: directory {place / 'tmp'} is owned by root "
+        "(uid 0), mode 1777: writable by group and others (sticky)"
+    )
     fix = f"mkdir -m 755 {place / 'tmp'}/rb, then install into {place / 'tmp'}/rb/venv"
     r = run(tmp_path, script, "--plan")
     assert r.returncode == 1, r.stderr[-3000:] + r.stdout[-3000:]
@@ -88,8 +104,9 @@ def test_a_destination_in_a_sticky_directory_is_refused_in_the_run_and_the_plan(
     assert os.listdir(place / "tmp") == [], "nothing written there: not even the lock"
 
 
-def test_restore_never_installs_a_copy_another_user_made_of_the_install(payload_small, place,
-                                                                       tmp_path):
+def test_restore_never_installs_a_copy_another_user_made_of_the_install(
+    payload_small, place, tmp_path
+):
     """The issue's reproduction: nobody copies TMP/venv to TMP/venv.rb-backup.99, edits a
     module (same size and mtime) and deletes its .rb-env.sh. `--restore` (and `--restore 99`)
     refuses it, naming its owner; the next run is not fooled either: nobody's module never
@@ -121,8 +138,9 @@ def test_restore_never_installs_a_copy_another_user_made_of_the_install(payload_
     assert "going on because transfer.shared_parent is allow" in r.stderr
 
 
-def test_an_env_file_planted_in_a_backup_is_never_copied_to_the_public_one(payload_small, place,
-                                                                          tmp_path):
+def test_an_env_file_planted_in_a_backup_is_never_copied_to_the_public_one(
+    payload_small, place, tmp_path
+):
     dst = place / "tmp" / "venv"
     script = compile_(tmp_path, payload_small.venv, dst, policy="backup", extra=ALLOW)
     assert run(tmp_path, script).returncode == 0
@@ -138,8 +156,9 @@ def test_an_env_file_planted_in_a_backup_is_never_copied_to_the_public_one(paylo
     assert os.listdir(place / "m") == []
 
 
-def test_the_quick_check_never_calls_a_module_another_user_owns_up_to_date(payload_small, place,
-                                                                          tmp_path):
+def test_the_quick_check_never_calls_a_module_another_user_owns_up_to_date(
+    payload_small, place, tmp_path
+):
     """The state a restore of nobody's copy left at 44a2c10: a module of the install is
     nobody's, edited with its size and mtime kept. The next run does not say "destination up to
     date" (its probe ran nobody's module as uid 0, outcome ok): it names the file, sends it
@@ -153,8 +172,9 @@ def test_the_quick_check_never_calls_a_module_another_user_owns_up_to_date(paylo
     plant_module(module, place / "m")
     r = run(tmp_path, script)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "destination up to date" not in r.stderr and "already holds this exact tree" \
-        not in r.stderr, r.stderr[-3000:]
+    assert (
+        "destination up to date" not in r.stderr and "already holds this exact tree" not in r.stderr
+    ), r.stderr[-3000:]
     assert "not proven ours at the destination (sent again, never linked)" in r.stderr
     assert "rb_payload/__init__.py is owned by nobody" in r.stderr
     assert os.listdir(place / "m") == []
@@ -177,12 +197,13 @@ def test_an_incremental_run_never_links_a_file_another_user_owns(payload_small, 
     greeting.write_text("changed at the source\n")
     r = run(tmp_path, script)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "incremental:" in r.stderr and "linked from the current install" in r.stderr, \
-        r.stderr[-3000:]
+    assert "incremental:" in r.stderr and "linked from the current install" in r.stderr, r.stderr[
+        -3000:
+    ]
     backup = place / "tmp" / "venv.rb-backup.1"
     kept = backup / theirs.relative_to(dst)
     new = dst / theirs.relative_to(dst)
-    assert kept.stat().st_uid == NOBODY                   # the backup is as it was
+    assert kept.stat().st_uid == NOBODY  # the backup is as it was
     assert new.stat().st_uid == 0 and new.stat().st_ino != kept.stat().st_ino
     assert not stat.S_IMODE(new.stat().st_mode) & 0o022
     assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source\n"

@@ -25,13 +25,29 @@ HOST = """  {name}:
 """
 
 
-def spec_text(lab, src: Path, dst: Path, *, name="relay", route="relay", policy="refuse",
-              checks="", compression="auto", extra="") -> str:
-    hosts = "".join(HOST.format(name=n, addr=lab.host(n).addr, identity=lab.identity,
-                                known_hosts=lab.known_hosts) for n in ("src", "dst"))
-    return (f"name: {name}\nhosts:\n{hosts}transfer:\n  from: src:{src}\n  to: dst:{dst}\n"
-            f"  route: {route}\n  compression: {compression}\n  on_existing: {policy}\n"
-            f"  exclude: [__pycache__, '*.pyc']\n  jobs: 2\n{extra}{checks}")
+def spec_text(
+    lab,
+    src: Path,
+    dst: Path,
+    *,
+    name="relay",
+    route="relay",
+    policy="refuse",
+    checks="",
+    compression="auto",
+    extra="",
+) -> str:
+    hosts = "".join(
+        HOST.format(
+            name=n, addr=lab.host(n).addr, identity=lab.identity, known_hosts=lab.known_hosts
+        )
+        for n in ("src", "dst")
+    )
+    return (
+        f"name: {name}\nhosts:\n{hosts}transfer:\n  from: src:{src}\n  to: dst:{dst}\n"
+        f"  route: {route}\n  compression: {compression}\n  on_existing: {policy}\n"
+        f"  exclude: [__pycache__, '*.pyc']\n  jobs: 2\n{extra}{checks}"
+    )
 
 
 def build(tmp_path: Path, text: str, name: str = "relay") -> Path:
@@ -41,10 +57,18 @@ def build(tmp_path: Path, text: str, name: str = "relay") -> Path:
     return tmp_path / f"{name}.sh"
 
 
-def run(tmp_path: Path, script: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def run(
+    tmp_path: Path, script: Path, *args: str, timeout: int = 900
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def report(tmp_path: Path) -> dict:
@@ -52,9 +76,16 @@ def report(tmp_path: Path) -> dict:
 
 
 def snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else
-                                       os.readlink(p) if p.is_symlink() else "d")
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            p.read_bytes()
+            if p.is_file() and not p.is_symlink()
+            else os.readlink(p)
+            if p.is_symlink()
+            else "d"
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def cut_source(venv: Path, src: Path) -> int:
@@ -100,8 +131,9 @@ CHECKS = """checks:
 
 
 @pytest.mark.e2e
-def test_relay_moves_a_torch_venv_and_the_console_script_runs_on_dst(clean_lab, payload_torch,
-                                                                      ext4_dir, tmp_path):
+def test_relay_moves_a_torch_venv_and_the_console_script_runs_on_dst(
+    clean_lab, payload_torch, ext4_dir, tmp_path
+):
     lab = clean_lab
     dst = ext4_dir / "opt" / "venv"
     dst.parent.mkdir()
@@ -127,8 +159,9 @@ def test_relay_moves_a_torch_venv_and_the_console_script_runs_on_dst(clean_lab, 
 
 
 @pytest.mark.e2e
-def test_auto_route_says_it_chose_relay_because_src_cannot_reach_dst(clean_lab, payload_small,
-                                                                     tmp_path):
+def test_auto_route_says_it_chose_relay_because_src_cannot_reach_dst(
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     dst = tmp_path / "dst" / "venv"
     script = build(tmp_path, spec_text(lab, payload_small.venv, dst, route="auto"))
@@ -143,8 +176,10 @@ def test_direct_route_when_src_reaches_dst(clean_lab, payload_small, tmp_path):
     lab = clean_lab
     addr = lab.allow("src", "dst")
     dst = tmp_path / "dst" / "venv"
-    hop = (f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
-           f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n")
+    hop = (
+        f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
+        f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n"
+    )
     script = build(tmp_path, spec_text(lab, payload_small.venv, dst, route="auto", extra=hop))
     r = run(tmp_path, script)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -165,10 +200,11 @@ def test_direct_route_moves_a_big_tree_in_streams_side_by_side(clean_lab, payloa
     addr = lab.allow("src", "dst")
     src = big_source(payload_small.venv, tmp_path / "src")
     dst = tmp_path / "dst" / "venv"
-    hop = (f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
-           f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n")
-    text = spec_text(lab, src, dst, route="direct", extra=hop).replace("  jobs: 2\n",
-                                                                         "  jobs: 4\n")
+    hop = (
+        f"  direct:\n    ssh: root@{addr}\n    identity_file: {lab.identity}\n"
+        f"    options: {{UserKnownHostsFile: {lab.known_hosts}}}\n"
+    )
+    text = spec_text(lab, src, dst, route="direct", extra=hop).replace("  jobs: 2\n", "  jobs: 4\n")
     r = run(tmp_path, build(tmp_path, text))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "route: direct (src reaches dst over ssh itself)" in r.stderr
@@ -181,20 +217,26 @@ def test_direct_route_moves_a_big_tree_in_streams_side_by_side(clean_lab, payloa
     assert "checked by the stream's" in steps["verify"]["detail"], steps["verify"]
     assert "hashed again" not in steps["verify"]["detail"], steps["verify"]
     assert (dst / "lib" / "big" / "part1.bin").read_bytes() == bytes([2]) * (100 << 20)
-    assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+    assert os.path.samefile(
+        dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin"
+    )
 
 
 @pytest.mark.e2e
-def test_both_ends_on_one_ssh_host_stream_there_without_this_machine(clean_lab, payload_small,
-                                                                     tmp_path):
+def test_both_ends_on_one_ssh_host_stream_there_without_this_machine(
+    clean_lab, payload_small, tmp_path
+):
     """from and to on the same ssh host (dst): the sending end starts the receiving ends there
     (send --local over one ssh session), two streams for 300 MB with jobs 4; nothing of the
     stream passes through this machine."""
     lab = clean_lab
     src = big_source(payload_small.venv, tmp_path / "src")
     dst = tmp_path / "dst" / "venv"
-    text = spec_text(lab, src, dst).replace("  from: src:", "  from: dst:").replace(
-        "  jobs: 2\n", "  jobs: 4\n")
+    text = (
+        spec_text(lab, src, dst)
+        .replace("  from: src:", "  from: dst:")
+        .replace("  jobs: 2\n", "  jobs: 4\n")
+    )
     r = run(tmp_path, build(tmp_path, text))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "route: one host (both ends on dst: the stream stays there)" in r.stderr
@@ -207,8 +249,9 @@ def test_both_ends_on_one_ssh_host_stream_there_without_this_machine(clean_lab, 
 
 
 @pytest.mark.e2e
-def test_existing_destination_survives_refuse_and_is_restored_from_backup(clean_lab, payload_small,
-                                                                          tmp_path):
+def test_existing_destination_survives_refuse_and_is_restored_from_backup(
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     dst = tmp_path / "dst" / "venv"
     dst.mkdir(parents=True)
@@ -244,23 +287,31 @@ def test_a_file_changed_in_staging_is_caught_and_named(clean_lab, payload_small,
     r = run(tmp_path, script, "--from", "verify")
     assert r.returncode == 1
     assert "FAILED in step verify on host dst" in r.stderr
-    assert f"greeting.txt (content" in r.stderr
+    assert "greeting.txt (content" in r.stderr
     assert not dst.exists()
 
 
 @pytest.mark.e2e
 def test_killing_the_source_sshd_mid_stream_fails_the_transfer_and_keeps_the_destination(
-        clean_lab, payload_torch, ext4_dir, tmp_path):
+    clean_lab, payload_torch, ext4_dir, tmp_path
+):
     lab = clean_lab
     dst = ext4_dir / "venv"
     dst.mkdir()
     (dst / "old-install").write_text("keep")
     before = snapshot(ext4_dir)
-    script = build(tmp_path, spec_text(lab, payload_torch.venv, dst, policy="backup",
-                                       compression="none"))
+    script = build(
+        tmp_path, spec_text(lab, payload_torch.venv, dst, policy="backup", compression="none")
+    )
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staging = ext4_dir / ".venv.rb-staging"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -288,7 +339,10 @@ def test_a_changed_host_key_is_refused_before_anything_moves(clean_lab, payload_
     r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, dst)))
     assert r.returncode != 0
     assert "in step preflight on host dst" in r.stderr
-    assert "Host key verification failed" in r.stderr or "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr
+    assert (
+        "Host key verification failed" in r.stderr
+        or "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr
+    )
     assert not dst.parent.exists()
     # issue #18: exit 1 (not ssh's 255), the cause in words, how to fix it, the step once
     assert r.returncode == 1
@@ -307,8 +361,13 @@ def test_progress_lines_come_from_the_receiving_end(clean_lab, payload_small, tm
     """The receiving end says how much of the tar stream its tar has read (every 5 s and at the
     end): a log line with percent and rate, an event the timeline draws; no pv, no extra copy."""
     lab = clean_lab
-    r = run(tmp_path, build(tmp_path, spec_text(lab, payload_small.venv, tmp_path / "d" / "venv",
-                                                 compression="zstd")))
+    r = run(
+        tmp_path,
+        build(
+            tmp_path,
+            spec_text(lab, payload_small.venv, tmp_path / "d" / "venv", compression="zstd"),
+        ),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "progress: " in r.stderr and "(100%)" in r.stderr, r.stderr[-3000:]
     events = (tmp_path / "run" / "events.tsv").read_text().splitlines()
@@ -316,8 +375,9 @@ def test_progress_lines_come_from_the_receiving_end(clean_lab, payload_small, tm
 
 
 @pytest.mark.e2e
-def test_a_rerun_after_a_source_change_streams_only_the_changed_files(clean_lab, payload_small,
-                                                                      tmp_path):
+def test_a_rerun_after_a_source_change_streams_only_the_changed_files(
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     src, dst, script = moved_once(lab, payload_small, tmp_path, compression="zstd")
     greeting = next(src.rglob("greeting.txt"))
@@ -329,12 +389,13 @@ def test_a_rerun_after_a_source_change_streams_only_the_changed_files(clean_lab,
     assert steps["manifest"]["facts"]["linked_files"] > 0
     assert steps["transfer"]["facts"]["files"] == steps["manifest"]["facts"]["send_files"]
     assert next(dst.rglob("greeting.txt")).read_text() == "changed at the source, sent alone\n"
-    out = lab.ssh("dst", [str(dst / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
-                  check=True).stdout
+    out = lab.ssh(
+        "dst", [str(dst / "bin" / "python"), "-c", "import sys; print(sys.prefix)"], check=True
+    ).stdout
     assert out.strip() == str(dst)
 
 
-TAMPERING_SSH = r'''#!/usr/bin/env python3
+TAMPERING_SSH = r"""#!/usr/bin/env python3
 # this machine's ssh, first on PATH: what the stream's sending end (a remote command that runs
 # `rbkit engine send`) writes comes back through tamper() below; every other ssh is the real one
 import os, subprocess, sys
@@ -349,7 +410,7 @@ rc = p.wait()
 sys.stdout.buffer.write(tamper(data))
 sys.stdout.flush()
 sys.exit(rc)
-'''
+"""
 
 
 def tampering_ssh(bin_dir: Path, tamper: str) -> dict:
@@ -377,27 +438,31 @@ def tamper(data):
 
 @pytest.mark.e2e
 def test_a_byte_flipped_in_transit_is_caught_by_verify_and_nothing_is_installed(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     env = tampering_ssh(tmp_path / "bad-relay", FLIP)
     dst = tmp_path / "dst" / "venv"
     dst.mkdir(parents=True)
     (dst / "old-install").write_text("the previous venv")
     before = snapshot(dst)
-    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, policy="replace",
-                                       compression="none"))
+    script = build(
+        tmp_path, spec_text(lab, payload_small.venv, dst, policy="replace", compression="none")
+    )
     env["RB_RUN_DIR"] = str(tmp_path / "run")
-    r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAILED in step verify on host dst" in r.stderr
     assert "greeting.txt (content" in r.stderr
-    assert snapshot(dst) == before                        # the previous install is untouched
+    assert snapshot(dst) == before  # the previous install is untouched
 
 
 def _receive_pids(lab, dst_host: str) -> list[int]:
     """The `rbkit engine receive` processes in dst's namespace (the stream's far end)."""
     from tests.lab.netlab import netns_pids
+
     found = []
     for pid in netns_pids(lab.host(dst_host).netns):
         try:
@@ -422,8 +487,9 @@ def _staged_bytes(staging: Path) -> int:
 
 
 @pytest.mark.e2e
-def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, payload_small,
-                                                                     ext4_dir, tmp_path):
+def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(
+    clean_lab, payload_small, ext4_dir, tmp_path
+):
     """Issue 34: the receiving end on dst is killed (kill -9) when about half of a 600 MB tree
     has arrived; the run fails naming the transfer, the destination is untouched, and the
     staging is kept: private, marked incomplete with the source it was for. The re-run says it
@@ -436,8 +502,14 @@ def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, 
     dst.parent.mkdir()
     script = build(tmp_path, spec_text(lab, src, dst))
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staging = ext4_dir / "opt" / ".venv.rb-staging"
     mark = ext4_dir / "opt" / ".venv.rb-staging.incomplete"
     deadline = time.monotonic() + 240
@@ -463,8 +535,11 @@ def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, 
     assert doc["source"].endswith(f" src:{src}") and (mark.stat().st_mode & 0o777) == 0o600
     assert report(tmp_path)["outcome"] == "failed"
     # the cut left a file written part way (the right name, too few bytes)
-    partial = [p.name for p in (staging / "lib" / "big").iterdir()
-               if p.stat().st_size < (src / "lib" / "big" / p.name).stat().st_size]
+    partial = [
+        p.name
+        for p in (staging / "lib" / "big").iterdir()
+        if p.stat().st_size < (src / "lib" / "big" / p.name).stat().st_size
+    ]
     assert partial, sorted((p.name, p.stat().st_size) for p in (staging / "lib" / "big").iterdir())
 
     r = run(tmp_path, script)
@@ -479,10 +554,15 @@ def test_a_relay_cut_at_half_is_resumed_sending_only_what_is_missing(clean_lab, 
     assert sent <= 0.6 * tree, (sent, tree, line)
     assert "resumed" in steps["transfer"]["detail"], steps["transfer"]
     assert steps["verify"]["status"] == "ok", steps["verify"]
-    moved = {k: v for k, v in snapshot(src / "lib").items()
-             if "__pycache__" not in k and not k.endswith(".pyc")}    # the spec's excludes
+    moved = {
+        k: v
+        for k, v in snapshot(src / "lib").items()
+        if "__pycache__" not in k and not k.endswith(".pyc")
+    }  # the spec's excludes
     assert snapshot(dst / "lib") == moved
     assert not staging.exists() and not mark.exists()
-    print("cut at %d of %d bytes (%s part way); re-run: %s; stream %d bytes"
-          % (cut, tree, partial, line, sent))
+    print(
+        "cut at %d of %d bytes (%s part way); re-run: %s; stream %d bytes"
+        % (cut, tree, partial, line, sent)
+    )
     assert (dst.stat().st_mode & 0o777) == 0o755

@@ -25,7 +25,8 @@ def _pin(pid: int, cpus: str) -> None:
 
 
 def test_a_destination_pinned_to_one_cpu_gets_one_stream_and_the_run_says_why(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs to pin dst's sshd to one of them")
@@ -40,16 +41,21 @@ def test_a_destination_pinned_to_one_cpu_gets_one_stream_and_the_run_says_why(
     finally:
         _pin(pid, ",".join(str(c) for c in was))
     assert r.returncode == 0, r.stderr[-3000:]
-    said = re.search(r"relay: 1 stream \(no more streams than the fewest CPUs a machine may use, "
-                     r"1; CPUs usable: here (\d+) of (\d+)[^,]*, src \d+ of \d+[^,]*, "
-                     r"dst 1 of (\d+) \(affinity (\d+)\)\)", r.stderr)
+    said = re.search(
+        r"relay: 1 stream \(no more streams than the fewest CPUs a machine may use, "
+        r"1; CPUs usable: here (\d+) of (\d+)[^,]*, src \d+ of \d+[^,]*, "
+        r"dst 1 of (\d+) \(affinity (\d+)\)\)",
+        r.stderr,
+    )
     assert said, r.stderr[-3000:]
     assert said.group(4) == str(first) and int(said.group(3)) >= 2, said.group(0)
     assert "streams side by side" not in r.stderr
     steps = {s["id"]: s for s in report(tmp_path)["steps"]}
     assert not steps["transfer"]["detail"].endswith("streams side by side"), steps["transfer"]
-    moved = {k: v for k, v in snapshot(src).items()
-             if "__pycache__" not in k and not k.endswith(".pyc")}
+    moved = {
+        k: v for k, v in snapshot(src).items() if "__pycache__" not in k and not k.endswith(".pyc")
+    }
     got = snapshot(dst)
-    assert all(got[k] == moved[k] for k in moved if k.startswith("lib/")), \
-        sorted(set(moved) ^ set(got))
+    assert all(got[k] == moved[k] for k in moved if k.startswith("lib/")), sorted(
+        set(moved) ^ set(got)
+    )

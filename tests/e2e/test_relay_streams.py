@@ -28,6 +28,7 @@ def streams_spec(lab, src: Path, dst: Path, jobs: int = 4) -> str:
 def _gated_ends(lab, host: str, what: bytes) -> list[int]:
     """The pids of `rbkit engine send`/`receive` ends (`what`) in host's namespace."""
     from tests.lab.netlab import netns_pids
+
     found = []
     for pid in netns_pids(lab.host(host).netns):
         try:
@@ -41,7 +42,8 @@ def _gated_ends(lab, host: str, what: bytes) -> list[int]:
 
 @pytest.mark.e2e
 def test_a_relay_of_300_mb_goes_in_two_streams_each_over_its_own_connections(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """jobs 4, 300 MB: two streams through this machine; src's and dst's sshd each accept a
     second connection for the second stream (the run's own is one); the tree arrives whole, the
     two names of one inode as one inode, verify takes both streams' digests (reads no file),
@@ -66,32 +68,43 @@ def test_a_relay_of_300_mb_goes_in_two_streams_each_over_its_own_connections(
     assert "checked by the stream's sha256" in steps["verify"]["detail"], steps["verify"]
     said = re.findall(r"progress: ([0-9.]+) MB of ([0-9.]+) MB \((\d+)%\)", r.stderr)
     assert said and float(said[-1][0]) >= 300 and said[-1][2] == "100", r.stderr[-3000:]
-    moved = {k: v for k, v in snapshot(src).items()
-             if "__pycache__" not in k and not k.endswith(".pyc")}
+    moved = {
+        k: v for k, v in snapshot(src).items() if "__pycache__" not in k and not k.endswith(".pyc")
+    }
     got = snapshot(dst)
     got.pop(".rb-manifest.jsonl", None)
-    assert set(got) >= set(moved) and all(got[k] == moved[k] for k in moved
-                                          if k.startswith("lib/")), sorted(set(moved) ^ set(got))
-    assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+    assert set(got) >= set(moved) and all(
+        got[k] == moved[k] for k in moved if k.startswith("lib/")
+    ), sorted(set(moved) ^ set(got))
+    assert os.path.samefile(
+        dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin"
+    )
     out = lab.ssh("dst", [str(dst / "bin" / "payload-hello")], check=True).stdout
     assert str(dst) in out
 
 
 @pytest.mark.e2e
 def test_a_relay_stream_whose_receiving_end_is_killed_is_named_and_nothing_is_installed(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """Two streams; the receiving end of one (`engine receive --part`) killed (-9) mid-stream:
     the run fails in transfer naming that stream, the other is stopped, the destination is
     untouched."""
     lab = clean_lab
     src = big_source(payload_small.venv, tmp_path / "src")
-    for i in range(3, 6):                    # 300 MB more: time to find and kill one end
+    for i in range(3, 6):  # 300 MB more: time to find and kill one end
         (src / "lib" / "big" / f"part{i}.bin").write_bytes(bytes([i + 1]) * (100 << 20))
     dst = tmp_path / "dst" / "venv"
     script = build(tmp_path, streams_spec(lab, src, dst))
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     staging = tmp_path / "dst" / ".venv.rb-staging"
     killed = []
@@ -107,15 +120,19 @@ def test_a_relay_stream_whose_receiving_end_is_killed_is_named_and_nothing_is_in
     assert "FAILED in step transfer" in err, err[-3000:]
     assert re.search(r"FAILED in step transfer on host dst: .*stream [12] of 2: ", err), err[-3000:]
     assert "stopped here (another stream failed)" in err, err[-3000:]
-    assert re.search(r"rbkit engine relay: .*stream [12]/2: (pack on src exited \d+; )?unpack on dst "
-                     r"exited \d+", err), err[-3000:]
+    assert re.search(
+        r"rbkit engine relay: .*stream [12]/2: (pack on src exited \d+; )?unpack on dst "
+        r"exited \d+",
+        err,
+    ), err[-3000:]
     assert not dst.exists()
     assert report(tmp_path)["outcome"] == "failed"
 
 
 @pytest.mark.e2e
 def test_a_destination_that_refuses_new_connections_gets_one_stream_and_the_run_succeeds(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """dst's listening sshd is stopped once the transfer starts (its open connection, the run's,
     goes on): the second stream's own connection to dst is refused; the relay says so and goes
     in one stream over the run's connection; the run succeeds."""
@@ -124,8 +141,14 @@ def test_a_destination_that_refuses_new_connections_gets_one_stream_and_the_run_
     dst = tmp_path / "dst" / "venv"
     script = build(tmp_path, streams_spec(lab, src, dst))
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = tmp_path / "run" / "run.log"
     deadline = time.monotonic() + 240
     stopped = False
@@ -138,19 +161,23 @@ def test_a_destination_that_refuses_new_connections_gets_one_stream_and_the_run_
     _out, err = proc.communicate(timeout=300)
     assert stopped, err[-3000:]
     assert proc.returncode == 0, err[-3000:]
-    assert re.search(r"relay: stream 2: dst refused its own connection \(.*[Cc]onnection refused",
-                     err), err[-3000:]
+    assert re.search(
+        r"relay: stream 2: dst refused its own connection \(.*[Cc]onnection refused", err
+    ), err[-3000:]
     assert "relay: 1 stream instead of 2: 1 extra connection refused" in err, err[-3000:]
     steps = {s["id"]: s for s in report(tmp_path)["steps"]}
     assert "streams side by side" not in steps["transfer"]["detail"], steps["transfer"]
     assert steps["verify"]["status"] == "ok", steps["verify"]
     assert (dst / "lib" / "big" / "part2.bin").read_bytes() == bytes([3]) * (100 << 20)
-    assert os.path.samefile(dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin")
+    assert os.path.samefile(
+        dst / "lib" / "big" / "part0.bin", dst / "lib" / "big" / "part0-again.bin"
+    )
 
 
 @pytest.mark.e2e
-def test_a_relay_in_two_streams_cut_at_half_is_resumed(clean_lab, payload_small, ext4_dir,
-                                                       tmp_path):
+def test_a_relay_in_two_streams_cut_at_half_is_resumed(
+    clean_lab, payload_small, ext4_dir, tmp_path
+):
     """Issue 34 with streams: a 700 MB relay in two streams, both receiving ends killed (-9) when
     half the tree is staged: the run fails in transfer, the destination untouched, the staging
     kept. The re-run resumes (sends only what the staging lacks), verify passes, and the install
@@ -162,8 +189,14 @@ def test_a_relay_in_two_streams_cut_at_half_is_resumed(clean_lab, payload_small,
     dst.parent.mkdir()
     script = build(tmp_path, streams_spec(lab, src, dst))
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staging = ext4_dir / "opt" / ".venv.rb-staging"
     deadline = time.monotonic() + 240
     cut = 0
@@ -192,9 +225,13 @@ def test_a_relay_in_two_streams_cut_at_half_is_resumed(clean_lab, payload_small,
     sent = receive["facts"]["stream_bytes"]
     assert sent <= tree - cut + 2 * (50 << 20) + (4 << 20) and sent < 0.75 * tree, (sent, cut, tree)
     assert steps["verify"]["status"] == "ok", steps["verify"]
-    moved = {k: v for k, v in snapshot(src / "lib").items()
-             if "__pycache__" not in k and not k.endswith(".pyc")}
+    moved = {
+        k: v
+        for k, v in snapshot(src / "lib").items()
+        if "__pycache__" not in k and not k.endswith(".pyc")
+    }
     assert snapshot(dst / "lib") == moved
-    assert os.path.samefile(dst / "lib" / "big" / "part00.bin",
-                            dst / "lib" / "big" / "part00-again.bin")
+    assert os.path.samefile(
+        dst / "lib" / "big" / "part00.bin", dst / "lib" / "big" / "part00-again.bin"
+    )
     assert not staging.exists()

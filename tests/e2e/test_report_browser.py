@@ -38,8 +38,10 @@ def test_a_passing_run_is_seen_ok(payload_small, tmp_path):
 
 def test_a_run_whose_checks_failed_shows_each_failed_check(payload_small, tmp_path):
     browser.chromium()
-    checks = ("  - imports: [rb_payload, rb_no_such_module]\n"
-              "  - command: {name: missing tool, run: \"rb-no-such-tool --help\"}\n")
+    checks = (
+        "  - imports: [rb_payload, rb_no_such_module]\n"
+        '  - command: {name: missing tool, run: "rb-no-such-tool --help"}\n'
+    )
     r = compile_and_run(tmp_path, payload_small.venv, tmp_path / "d" / "venv", checks=checks)
     assert r.returncode == 1, r.stderr[-3000:]
     doc = json.loads((tmp_path / "run" / "report.json").read_text())
@@ -56,12 +58,20 @@ def test_an_interrupted_run_is_seen_interrupted_and_where(payload_small, tmp_pat
     slow = tmp_path / "slow-bin"
     slow.mkdir()
     # the stream's sending end, slowed (as tests/e2e/test_interrupt.py does)
-    (slow / "tar").write_text('#!/bin/sh\ncase " $* " in *" --null "*) sleep 30 ;; esac\n'
-                              f'exec {shutil.which("tar")} "$@"\n')
+    (slow / "tar").write_text(
+        '#!/bin/sh\ncase " $* " in *" --null "*) sleep 30 ;; esac\n'
+        f'exec {shutil.which("tar")} "$@"\n'
+    )
     (slow / "tar").chmod(0o755)
     script = compile_(tmp_path, src, dst, policy="replace")
-    rc, _, err = interrupt(tmp_path, script, signal.SIGINT, "] streaming ",
-                           env={"PATH": f"{slow}:{os.environ['PATH']}"}, settle=0.5)
+    rc, _, err = interrupt(
+        tmp_path,
+        script,
+        signal.SIGINT,
+        "] streaming ",
+        env={"PATH": f"{slow}:{os.environ['PATH']}"},
+        settle=0.5,
+    )
     assert rc == 130, err[-3000:]
     seen = browser.assert_seen(tmp_path / "run")
     assert seen.row("transfer", "here", "interrupted")["seen"]

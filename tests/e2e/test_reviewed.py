@@ -18,8 +18,11 @@ CHECKS = "  - imports: [json]\n"
 
 def make(tmp_path: Path, src: Path, *extra: str) -> tuple[Path, Path]:
     spec = tmp_path / "rev.yaml"
-    spec.write_text(SPEC.format(name="rev", src=src, dst=tmp_path / "dest" / "venv",
-                                policy="replace", checks=CHECKS))
+    spec.write_text(
+        SPEC.format(
+            name="rev", src=src, dst=tmp_path / "dest" / "venv", policy="replace", checks=CHECKS
+        )
+    )
     out = tmp_path / "gen"
     assert cli.main([str(spec), "-o", str(out), *extra]) == 0
     return spec, out / "rev.sh"
@@ -27,8 +30,14 @@ def make(tmp_path: Path, src: Path, *extra: str) -> tuple[Path, Path]:
 
 def run(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_hand_edited_runbook_refuses_to_run_unless_allowed(payload_small, tmp_path):
@@ -65,14 +74,18 @@ def make_here(tmp_path: Path, src: Path, monkeypatch) -> tuple[Path, Path]:
     gen`, as `compile specs/x.yaml` writes generated/x.sh)."""
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "rev.yaml"
-    spec.write_text(SPEC.format(name="rev", src=src, dst=tmp_path / "dest" / "venv",
-                                policy="replace", checks=CHECKS))
+    spec.write_text(
+        SPEC.format(
+            name="rev", src=src, dst=tmp_path / "dest" / "venv", policy="replace", checks=CHECKS
+        )
+    )
     assert cli.main(["rev.yaml", "-o", "gen"]) == 0
     return spec, tmp_path / "gen" / "rev.sh"
 
 
 def test_the_spec_is_checked_from_the_runbooks_folder_not_the_working_directory(
-        payload_small, tmp_path, monkeypatch):
+    payload_small, tmp_path, monkeypatch
+):
     """Issue 33 N6: the spec's path was recorded relative to where compile ran, so a run started
     from another directory skipped the check without a word. It is found from the runbook's own
     folder now: an edited spec is refused whatever the working directory."""
@@ -81,11 +94,16 @@ def test_the_spec_is_checked_from_the_runbooks_folder_not_the_working_directory(
     spec.write_text(spec.read_text() + "# a comment is a change too\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    for cwd, runbook in ((elsewhere, script), (script.parent, Path("rev.sh")),
-                         (Path("/"), script)):
+    for cwd, runbook in ((elsewhere, script), (script.parent, Path("rev.sh")), (Path("/"), script)):
         env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-        r = subprocess.run(["bash", str(runbook), "--only", "preflight"], cwd=cwd, env=env,
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            ["bash", str(runbook), "--only", "preflight"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 2, (cwd, r.stderr[-2000:])
         assert "rev.yaml changed since this runbook was compiled" in r.stderr, cwd
         assert "spec not checked" not in r.stderr
@@ -93,7 +111,8 @@ def test_the_spec_is_checked_from_the_runbooks_folder_not_the_working_directory(
 
 
 def test_a_spec_not_found_from_the_runbook_is_said_in_one_line_and_the_run_goes_on(
-        payload_small, tmp_path, monkeypatch):
+    payload_small, tmp_path, monkeypatch
+):
     """Issue 33 N6: a spec moved away (or a runbook copied without it) cannot be checked; the run
     says so, once, and goes on (the runbook's own hash is still checked)."""
     spec, script = make_here(tmp_path, payload_small.venv, monkeypatch)

@@ -26,20 +26,27 @@ def slow_tar(tmp_path: Path, seconds: int) -> Path:
     slow.mkdir()
     tar = shutil.which("tar")
     assert tar
-    (slow / "tar").write_text(f'#!/bin/sh\ncase " $* " in *" --null "*) sleep {seconds} ;; esac\n'
-                              f'exec {tar} "$@"\n')
+    (slow / "tar").write_text(
+        f'#!/bin/sh\ncase " $* " in *" --null "*) sleep {seconds} ;; esac\nexec {tar} "$@"\n'
+    )
     (slow / "tar").chmod(0o755)
     return slow
 
 
-def start_slow_run(tmp_path: Path, script: Path, env: dict, seconds: int
-                   ) -> tuple[subprocess.Popen, Path]:
+def start_slow_run(
+    tmp_path: Path, script: Path, env: dict, seconds: int
+) -> tuple[subprocess.Popen, Path]:
     """A run of `script` whose transfer starts `seconds` late (slow_tar), and its own directory
     once runs/e2e/latest names it."""
     slow = slow_tar(tmp_path, seconds)
-    run = subprocess.Popen(["bash", str(script)], cwd=tmp_path,
-                           env=dict(env, PATH=f"{slow}:{env['PATH']}"), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=dict(env, PATH=f"{slow}:{env['PATH']}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     state = tmp_path / "runs" / "e2e"
     deadline = time.monotonic() + 60
     while not (state / "latest").exists() and time.monotonic() < deadline:
@@ -62,13 +69,22 @@ def test_two_runs_at_once_each_keep_their_own_records(payload_small, tmp_path):
     try:
         assert a_dir.name.endswith(f"-{a.pid}"), a_dir
         time.sleep(1)
-        b = subprocess.run(["bash", str(script)], cwd=tmp_path, env=dict(env, RB_LOCK_WAIT="1"),
-                           capture_output=True, text=True, timeout=120)
+        b = subprocess.run(
+            ["bash", str(script)],
+            cwd=tmp_path,
+            env=dict(env, RB_LOCK_WAIT="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert b.returncode == 1, b.stderr[-3000:]
-        assert f"waiting up to 1 s for another run of e2e (pid {a.pid}) that holds {state}" \
+        assert (
+            f"waiting up to 1 s for another run of e2e (pid {a.pid}) that holds {state}" in b.stderr
+        )
+        assert (
+            f"refusing to run: another run of e2e (pid {a.pid}) still holds {state} after 1 s"
             in b.stderr
-        assert f"refusing to run: another run of e2e (pid {a.pid}) still holds {state} after 1 s" \
-            in b.stderr
+        )
         assert "RB_LOCK_WAIT=SECONDS waits longer" in b.stderr
         assert sorted(p.name for p in state.iterdir() if p.name[0].isdigit()) == [a_dir.name]
     finally:
@@ -81,13 +97,14 @@ def test_two_runs_at_once_each_keep_their_own_records(payload_small, tmp_path):
     assert "step preflight: ok" in log and "refusing to run" not in log
     assert f"report: {a_dir}/report.json" in err
     # C, after A: its own directory, the newest
-    c = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+    c = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert c.returncode == 0, c.stderr[-3000:]
     c_dir = (state / "latest").resolve()
     assert c_dir != a_dir
     assert json.loads((c_dir / "report.json").read_text())["outcome"] == "ok"
-    assert json.loads((a_dir / "report.json").read_text()) == doc      # A's, as A left it
+    assert json.loads((a_dir / "report.json").read_text()) == doc  # A's, as A left it
     assert "already holds this exact tree" in (c_dir / "run.log").read_text()
     assert oct((c_dir.stat().st_mode) & 0o777) == "0o700"
     assert not (state / ".run-lock").exists()
@@ -99,26 +116,48 @@ def test_only_the_newest_runs_are_kept(payload_small, tmp_path):
     state = tmp_path / "runs" / "e2e"
     seen = []
     for _ in range(3):
-        r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=dict(env, RB_KEEP_RUNS="2"),
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            ["bash", str(script)],
+            cwd=tmp_path,
+            env=dict(env, RB_KEEP_RUNS="2"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         seen.append((state / "latest").resolve().name)
-        time.sleep(1.1)                                   # a new second: a new name
+        time.sleep(1.1)  # a new second: a new name
     kept = sorted(p.name for p in state.iterdir() if p.name[0].isdigit())
     assert kept == sorted(seen[1:]), (kept, seen)
 
 
-@pytest.mark.parametrize("name,value,least", [("RB_KEEP_RUNS", "0", 1), ("RB_KEEP_RUNS", "two", 1),
-                                              ("RB_LOCK_WAIT", "-1", 0), ("RB_LOCK_WAIT", "1s", 0)])
+@pytest.mark.parametrize(
+    "name,value,least",
+    [
+        ("RB_KEEP_RUNS", "0", 1),
+        ("RB_KEEP_RUNS", "two", 1),
+        ("RB_LOCK_WAIT", "-1", 0),
+        ("RB_LOCK_WAIT", "1s", 0),
+    ],
+)
 def test_a_count_that_is_not_one_is_refused_before_anything_is_written(
-        payload_small, tmp_path, name, value, least):
+    payload_small, tmp_path, name, value, least
+):
     """RB_KEEP_RUNS=0 would remove the run's own directory, `two` made bash compare a name: each is
     refused, exit 2, naming the variable, and nothing is written (no runs/ directory)."""
     script = compile_(tmp_path, payload_small.venv, tmp_path / "d" / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("RB_RUN_DIR", name)}
-    r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=dict(env, **{name: value}),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=dict(env, **{name: value}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr[-3000:]
-    assert f"refusing to run: {name}='{value}' is not a whole number of at least {least}" in r.stderr
+    assert (
+        f"refusing to run: {name}='{value}' is not a whole number of at least {least}" in r.stderr
+    )
     assert not (tmp_path / "runs").exists()
     assert not (tmp_path / "d").exists()

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from rbkit import hostfs
+
 from tests.e2e.test_relay import build, moved_once, report, run, spec_text
 from tests.lab.payload import build_payload
 
@@ -23,9 +23,19 @@ KIT = str(Path(__file__).resolve().parents[2] / "hostkit")
 
 def identity_on(lab, host: str, path: Path) -> dict:
     """hostfs.identity(path) run on `host` over ssh (the kit from this checkout: one file system)."""
-    r = lab.ssh(host, ["env", f"PYTHONPATH={KIT}", "python3", "-c",
-                       "import json, sys; from rbkit import hostfs; "
-                       "print(json.dumps(hostfs.identity(sys.argv[1])))", str(path)], check=True)
+    r = lab.ssh(
+        host,
+        [
+            "env",
+            f"PYTHONPATH={KIT}",
+            "python3",
+            "-c",
+            "import json, sys; from rbkit import hostfs; "
+            "print(json.dumps(hostfs.identity(sys.argv[1])))",
+            str(path),
+        ],
+        check=True,
+    )
     return json.loads(r.stdout)
 
 
@@ -109,16 +119,19 @@ def nobodys_parent():
     shutil.rmtree(top, ignore_errors=True)
 
 
-def test_a_destination_parent_of_another_user_is_refused_in_preflight(clean_lab, payload_small,
-                                                                     nobodys_parent, tmp_path):
+def test_a_destination_parent_of_another_user_is_refused_in_preflight(
+    clean_lab, payload_small, nobodys_parent, tmp_path
+):
     """At 24efc9a this run installed into nobody's directory (rc 0)."""
     lab = clean_lab
     dst = nobodys_parent / "venv"
     script = build(tmp_path, spec_text(lab, payload_small.venv, dst))
     r = run(tmp_path, script)
     assert r.returncode != 0, r.stderr[-3000:]
-    assert (f"refusing to install {dst} as root: directory {nobodys_parent} is owned by nobody "
-            f"(uid 65534), mode 0755: that user can rename or replace what is in it") in r.stderr
+    assert (
+        f"refusing to install {dst} as root: directory {nobodys_parent} is owned by nobody "
+        f"(uid 65534), mode 0755: that user can rename or replace what is in it"
+    ) in r.stderr
     assert f"chown root {nobodys_parent} && chmod go-w {nobodys_parent}" in r.stderr
     assert "transfer.shared_parent: allow" in r.stderr
     assert report(tmp_path)["steps"][0]["id"] == "preflight"
@@ -127,7 +140,8 @@ def test_a_destination_parent_of_another_user_is_refused_in_preflight(clean_lab,
 
 
 def test_with_shared_parent_allow_a_swapped_env_file_is_never_sourced_as_root(
-        clean_lab, payload_small, nobodys_parent, tmp_path):
+    clean_lab, payload_small, nobodys_parent, tmp_path
+):
     """shared_parent: allow; nobody, owning the parent, renames its own venv.env.sh over root's
     as soon as it appears, for 20 s. The checks source the install's own copy: the planted file
     never runs as root. At 24efc9a (checked with only the probe's change undone) the probe sourced
@@ -138,31 +152,41 @@ def test_with_shared_parent_allow_a_swapped_env_file_is_never_sourced_as_root(
     dst = nobodys_parent / "venv"
     marker = tmp_path / "sourced-as-root"
     checks = "checks:\n  - imports: [rb_payload]\n"
-    script = build(tmp_path, spec_text(lab, payload_small.venv, dst, checks=checks,
-                                       extra="  shared_parent: allow\n"))
-    racer = subprocess.Popen([*NOBODY, "/usr/bin/python3", "-c", RACER, str(nobodys_parent),
-                              str(marker)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    script = build(
+        tmp_path,
+        spec_text(lab, payload_small.venv, dst, checks=checks, extra="  shared_parent: allow\n"),
+    )
+    racer = subprocess.Popen(
+        [*NOBODY, "/usr/bin/python3", "-c", RACER, str(nobodys_parent), str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         r = run(tmp_path, script)
     finally:
         out, err = racer.communicate(timeout=60)
     assert racer.returncode == 0 and int(out) > 0, err
     assert r.returncode == 0, r.stderr[-4000:]
-    assert (f"warning: directory {nobodys_parent} is owned by nobody (uid 65534), mode 0755"
-            in r.stderr)
+    assert (
+        f"warning: directory {nobodys_parent} is owned by nobody (uid 65534), mode 0755" in r.stderr
+    )
     assert not marker.exists(), "the env file another user planted was sourced as root"
     doc = report(tmp_path)
     assert doc["outcome"] == "ok" and doc["checks"]["fail"] == 0
     assert "sourced as uid 0" not in r.stderr
 
     # --restore never installs a backup nobody planted beside it
-    subprocess.run([*NOBODY, "sh", "-c", f"mkdir {dst}.rb-backup.1 && echo planted >"
-                    f" {dst}.rb-backup.1/tag"], check=True)
+    subprocess.run(
+        [*NOBODY, "sh", "-c", f"mkdir {dst}.rb-backup.1 && echo planted > {dst}.rb-backup.1/tag"],
+        check=True,
+    )
     r = run(tmp_path, script, "--restore")
     assert r.returncode != 0
-    assert (f"{dst}.rb-backup.1 is owned by nobody (uid 65534), not by root: not a backup this "
-            "kit made") in r.stderr, r.stderr[-3000:]
+    assert (
+        f"{dst}.rb-backup.1 is owned by nobody (uid 65534), not by root: not a backup this kit made"
+    ) in r.stderr, r.stderr[-3000:]
     assert (dst / "bin" / "payload-hello").exists() and not (dst / "tag").exists()
     r = run(tmp_path, script, "--restore", "1")
     assert r.returncode != 0 and "refusing to restore backup 1" in r.stderr, r.stderr[-3000:]
@@ -170,7 +194,8 @@ def test_with_shared_parent_allow_a_swapped_env_file_is_never_sourced_as_root(
 
 
 def test_a_planted_link_for_the_installs_manifest_is_never_followed_on_a_rerun(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """A re-run after a source change copies the install's manifest from the destination to the
     source (the manifest step's delta). With .rb-manifest.jsonl replaced by a link to a root-only
     file, the copy (once `cat` as root) never reads through it, and nothing of the linked file
@@ -186,13 +211,18 @@ def test_a_planted_link_for_the_installs_manifest_is_never_followed_on_a_rerun(
     manifest.symlink_to(secret)
     next(src.rglob("greeting.txt")).write_text("changed at the source\n")
     r = run(tmp_path, script)
-    leaked = [p for p in (tmp_path / "run").rglob("*")
-              if p.is_file() and "ROOT-ONLY-SECRET" in p.read_text(errors="replace")]
+    leaked = [
+        p
+        for p in (tmp_path / "run").rglob("*")
+        if p.is_file() and "ROOT-ONLY-SECRET" in p.read_text(errors="replace")
+    ]
     assert not leaked, leaked
     # an install whose manifest is a link is not proven ours (issue 44): not taken for an install
     # of this tool, it is replaced by the whole tree, and nothing is read through the link
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"the destination {dst} is not proven an install of this tool: {manifest} is not a "
-            "regular file (a symlink)") in r.stderr, r.stderr[-3000:]
+    assert (
+        f"the destination {dst} is not proven an install of this tool: {manifest} is not a "
+        "regular file (a symlink)"
+    ) in r.stderr, r.stderr[-3000:]
     assert "incremental:" not in r.stderr
     assert not manifest.is_symlink() and "ROOT-ONLY-SECRET" in secret.read_text()

@@ -22,20 +22,23 @@ pytestmark = pytest.mark.e2e
 
 EVIL = "evil\x1b[1A\x1b[2K\x07\ndisk: all fine\x1b[8m"
 SHOWN = "evil\\x1b[1A\\x1b[2K\\x07\\ndisk: all fine\\x1b[8m"
-RAW = [b"\x1b", b"\x07", b"\x9b", b"\xc2\x9b"]      # what a terminal obeys
+RAW = [b"\x1b", b"\x07", b"\x9b", b"\xc2\x9b"]  # what a terminal obeys
 
 
 def run(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    return subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True, timeout=600
+    )
 
 
 def assert_clean(what: str, data: bytes) -> None:
     """No byte a terminal obeys, and no line that starts with the name's fake one."""
     for raw in RAW:
-        assert raw not in data, f"{what}: raw {raw!r} at {data.find(raw)}: " \
-                                f"{data[max(0, data.find(raw) - 200):data.find(raw) + 80]!r}"
+        assert raw not in data, (
+            f"{what}: raw {raw!r} at {data.find(raw)}: "
+            f"{data[max(0, data.find(raw) - 200) : data.find(raw) + 80]!r}"
+        )
     assert not any(ln.lstrip().startswith(b"disk: all fine") for ln in data.splitlines()), what
 
 
@@ -43,8 +46,7 @@ def site(venv: Path) -> Path:
     return next(venv.glob("lib/python3*/site-packages"))
 
 
-def test_a_file_name_with_control_characters_is_shown_escaped_everywhere(payload_small,
-                                                                        tmp_path):
+def test_a_file_name_with_control_characters_is_shown_escaped_everywhere(payload_small, tmp_path):
     src = tmp_path / "src"
     subprocess.run(["cp", "-a", str(payload_small.venv), str(src)], check=True)
     dst = tmp_path / "dest" / "venv"
@@ -66,9 +68,11 @@ def test_a_file_name_with_control_characters_is_shown_escaped_everywhere(payload
     r = run(tmp_path, script)
     assert r.returncode == 0, r.stderr[-4000:]
     assert (site(dst) / EVIL).read_text() == "x\n"
-    for what, data in (("the run's terminal", r.stdout + r.stderr),
-                       ("run.log", (tmp_path / "run" / "run.log").read_bytes()),
-                       ("report.html", (tmp_path / "run" / "report.html").read_bytes())):
+    for what, data in (
+        ("the run's terminal", r.stdout + r.stderr),
+        ("run.log", (tmp_path / "run" / "run.log").read_bytes()),
+        ("report.html", (tmp_path / "run" / "report.html").read_bytes()),
+    ):
         assert_clean(what, data)
     # a refusal that names it (world-writable: special_modes refuse), and a name that is not
     # UTF-8 at all (a lone \xff byte and a newline): both named, escaped, everywhere
@@ -83,7 +87,9 @@ def test_a_file_name_with_control_characters_is_shown_escaped_everywhere(payload
         assert_clean(f"the refusal ({' '.join(args) or 'run'})", said)
         assert SHOWN.encode() + b" (0666)" in said, said[-3000:]
         assert b"lone\\xff\\x1b]0;title\\x07\\nbyte" in said, said[-3000:]
-    for what, data in (("run.log", (tmp_path / "run" / "run.log").read_bytes()),
-                       ("report.json", (tmp_path / "run" / "report.json").read_bytes()),
-                       ("report.html", (tmp_path / "run" / "report.html").read_bytes())):
+    for what, data in (
+        ("run.log", (tmp_path / "run" / "run.log").read_bytes()),
+        ("report.json", (tmp_path / "run" / "report.json").read_bytes()),
+        ("report.html", (tmp_path / "run" / "report.html").read_bytes()),
+    ):
         assert_clean(what, data)

@@ -31,7 +31,8 @@ def team_config(lab, path: Path, *, extra: str = "") -> Path:
         # what a team's file often holds: the runbook's own sharing (given first) wins over it
         "  ControlMaster auto\n"
         f"  ControlPath {path.parent}/cm-%C\n"
-        "  ControlPersist 60\n" + extra)
+        "  ControlPersist 60\n" + extra
+    )
     path.chmod(0o600)
     return path
 
@@ -39,13 +40,14 @@ def team_config(lab, path: Path, *, extra: str = "") -> Path:
 def aliased(lab, src: Path, dst: Path, config: Path | str) -> str:
     """The relay spec with dst given as `ssh: team-dst` and the file, nothing else of ssh."""
     text = spec_text(lab, src, dst)
-    dst_block = text[text.index("  dst:\n"):text.index("transfer:\n")]
+    dst_block = text[text.index("  dst:\n") : text.index("transfer:\n")]
     return text.replace(dst_block, f"  dst:\n    ssh: team-dst\n    ssh_config: {config}\n")
 
 
 @pytest.mark.e2e
 def test_a_host_reached_only_through_an_alias_of_its_ssh_config_gets_a_whole_run(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     lab = clean_lab
     config = team_config(lab, tmp_path / "team" / "ssh_config")
     dst = tmp_path / "dst" / "venv"
@@ -62,7 +64,8 @@ def test_a_host_reached_only_through_an_alias_of_its_ssh_config_gets_a_whole_run
 
 @pytest.mark.e2e
 def test_a_relative_ssh_config_is_found_from_the_runbooks_folder_wherever_it_runs_from(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """Issue 36: `ssh_config: ssh/config` in proj/specs/relay.yaml is proj/specs/ssh/config; the
     runbook compiled into proj/generated/ holds no absolute path of the checkout and finds the
     file from its own folder, run by a relative path from elsewhere; the owner/mode check
@@ -76,22 +79,33 @@ def test_a_relative_ssh_config_is_found_from_the_runbooks_folder_wherever_it_run
     spec.write_text(aliased(lab, payload_small.venv, tmp_path / "dst" / "venv", "ssh/config"))
     assert cli.main([str(spec), "-o", str(proj / "generated")]) == 0
     script = proj / "generated" / "relay.sh"
-    assert str(tmp_path) not in "".join(x for x in script.read_text().splitlines()
-                                        if "RB_HOST_SSH=(" in x)
+    assert str(tmp_path) not in "".join(
+        x for x in script.read_text().splitlines() if "RB_HOST_SSH=(" in x
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
 
     def preflight() -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "../proj/generated/relay.sh", "--only", "preflight"],
-                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            ["bash", "../proj/generated/relay.sh", "--only", "preflight"],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     config.chmod(0o660)
     r = preflight()
     assert r.returncode != 0, r.stderr[-3000:]
-    line = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
-    assert f"refusing hosts.dst.ssh_config {config}: the file {config} is writable by its group" \
-        in line, r.stderr[-3000:]
+    line = next(
+        (x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), ""
+    )
+    assert (
+        f"refusing hosts.dst.ssh_config {config}: the file {config} is writable by its group"
+        in line
+    ), r.stderr[-3000:]
     # ssh's own complaint names the file by the path it was given: from the runbook's folder as
     # the kernel reaches it, not `elsewhere/../proj/generated/...`
     team_config(lab, config, extra="  NoSuchOption yes\n")
@@ -102,17 +116,24 @@ def test_a_relative_ssh_config_is_found_from_the_runbooks_folder_wherever_it_run
     assert "elsewhere/.." not in r.stderr, r.stderr[-3000:]
     team_config(lab, config)
     r = preflight()
-    assert r.returncode == 0, r.stderr[-3000:]     # dst is reached only through the file's alias
+    assert r.returncode == 0, r.stderr[-3000:]  # dst is reached only through the file's alias
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("fault, said", [
-    ("missing", "No such file or directory"),
-    ("writable by its group", "is writable by its group (mode 0660); another user could"),
-    ("a folder others can write", "mode 0777: writable by group and others without the sticky bit"),
-])
+@pytest.mark.parametrize(
+    "fault, said",
+    [
+        ("missing", "No such file or directory"),
+        ("writable by its group", "is writable by its group (mode 0660); another user could"),
+        (
+            "a folder others can write",
+            "mode 0777: writable by group and others without the sticky bit",
+        ),
+    ],
+)
 def test_an_ssh_config_another_user_could_change_is_refused_before_ssh_reads_it(
-        clean_lab, payload_small, tmp_path, fault, said):
+    clean_lab, payload_small, tmp_path, fault, said
+):
     lab = clean_lab
     config = tmp_path / "team" / "ssh_config"
     if fault != "missing":
@@ -125,13 +146,16 @@ def test_an_ssh_config_another_user_could_change_is_refused_before_ssh_reads_it(
     script = build(tmp_path, aliased(lab, payload_small.venv, dst, config))
     r = run(tmp_path, script, "--only", "preflight", timeout=300)
     assert r.returncode != 0, r.stderr[-3000:]
-    line = next((x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), "")
+    line = next(
+        (x for x in r.stderr.splitlines() if "FAILED in step preflight on host dst" in x), ""
+    )
     assert "refusing hosts.dst.ssh_config" in line and said in line, r.stderr[-3000:]
     assert not (tmp_path / "dst").exists()  # nothing reached dst
 
 
-def unknown_key_preflight(lab, payload, tmp_path: Path, *, extra: str = ""
-                          ) -> tuple[subprocess.CompletedProcess, Path, Path]:
+def unknown_key_preflight(
+    lab, payload, tmp_path: Path, *, extra: str = ""
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
     """dst's alias in a team's file whose known_hosts file is empty: the preflight, failed on
     dst's unknown key, the empty file and the runbook."""
     config = team_config(lab, tmp_path / "team" / "ssh_config", extra=extra)
@@ -146,7 +170,8 @@ def unknown_key_preflight(lab, payload, tmp_path: Path, *, extra: str = ""
 
 @pytest.mark.e2e
 def test_an_unknown_host_key_behind_an_alias_gets_a_hint_with_the_address_and_file_ssh_used(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """The host-key hint resolves the alias as ssh does (ssh -F FILE -G): ssh-keyscan of the
     address the file names, added to the known_hosts file the file names."""
     lab = clean_lab
@@ -157,13 +182,15 @@ def test_an_unknown_host_key_behind_an_alias_gets_a_hint_with_the_address_and_fi
 
 @pytest.mark.e2e
 def test_an_unknown_host_key_behind_a_host_key_alias_is_recorded_under_the_alias(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """With HostKeyAlias, ssh looks the host's key up under the alias: the hint's keyscan line
     records it so (before, it recorded the address, which ssh never looks up, and the next run
     failed the same way). The hint's command, run as given, makes the next preflight pass."""
     lab = clean_lab
-    r, empty, script = unknown_key_preflight(lab, payload_small, tmp_path,
-                                             extra="  HostKeyAlias team-dst-key\n")
+    r, empty, script = unknown_key_preflight(
+        lab, payload_small, tmp_path, extra="  HostKeyAlias team-dst-key\n"
+    )
     addr = lab.host("dst").addr
     record = f"ssh-keyscan {addr} | sed 's/^[^ ]*/team-dst-key/' >> {empty}"
     assert record in r.stderr, r.stderr[-3000:]

@@ -50,7 +50,8 @@ def fill_when_staged(proc: subprocess.Popen, staging: Path, ballast: Path, leave
 
 
 def test_a_disk_that_fills_mid_stream_is_named_and_a_rerun_after_freeing_it_resumes(
-        clean_lab, payload_small, tmpfs_factory, tmp_path):
+    clean_lab, payload_small, tmpfs_factory, tmp_path
+):
     """A 160 MB tmpfs destination that fills while a 126 MB tree streams into it (a ballast
     file takes its room once the staging appears). The run fails with the cause in words (no
     space left on dst, the file system, what is free and what is still to come), not `tar exited
@@ -60,13 +61,19 @@ def test_a_disk_that_fills_mid_stream_is_named_and_a_rerun_after_freeing_it_resu
     lab = clean_lab
     src = tmp_path / "src" / "venv"
     src.parent.mkdir()
-    tree = big_tree(payload_small.venv, src, 12, 10)       # about 126 MB
-    disk = tmpfs_factory(int(tree * 1.25) >> 10)          # room for the whole tree and a bit
+    tree = big_tree(payload_small.venv, src, 12, 10)  # about 126 MB
+    disk = tmpfs_factory(int(tree * 1.25) >> 10)  # room for the whole tree and a bit
     dst = disk.path / "venv"
     script = build(tmp_path, spec_text(lab, src, dst, compression="none"))
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ballast = disk.path / "ballast"
     assert fill_when_staged(proc, disk.path / ".venv.rb-staging", ballast, int(tree * 0.6))
     _out, err = proc.communicate(timeout=300)
@@ -136,8 +143,14 @@ def cut_local_move(tmp_path: Path, payload) -> tuple[Path, Path, int]:
     dst = tmp_path / "d" / "venv"
     script = compile_(tmp_path, src, dst, policy="replace")
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staging = dst.parent / ".venv.rb-staging"
     deadline = time.monotonic() + 240
     cut = 0
@@ -153,8 +166,9 @@ def cut_local_move(tmp_path: Path, payload) -> tuple[Path, Path, int]:
     return script, dst, tree
 
 
-def test_from_transfer_resumes_what_a_cut_stream_staged_and_the_plan_says_so(payload_small,
-                                                                              tmp_path):
+def test_from_transfer_resumes_what_a_cut_stream_staged_and_the_plan_says_so(
+    payload_small, tmp_path
+):
     """Issue 45: the hint after a cut or interrupted transfer is `--from transfer`, which re-sent
     the whole tree (a plain re-run resumed). `--plan` says what is staged; `--from transfer`
     resumes: it keeps what arrived whole and sends the rest."""
@@ -173,15 +187,21 @@ def test_from_transfer_resumes_what_a_cut_stream_staged_and_the_plan_says_so(pay
 
 # -- a clean local run into `.venv` on a spec that declares a GPU this machine lacks ------------
 
+
 @pytest.fixture(scope="module")
 def gpu_run(payload_small, tmp_path_factory):
     """One local run into `d/.venv`, `gpu: {model: H100}` declared, the devices check allowed to
     skip (this machine has no GPU): (its folder, the finished process)."""
     tmp_path = tmp_path_factory.mktemp("gpu_run")
-    r = compile_and_run(tmp_path, payload_small.venv, tmp_path / "d" / ".venv", policy="replace",
-                        checks="  - imports: [rb_payload]\n  - devices: {allow_skip: true}\n",
-                        extra="gpu: {model: H100}\ncuda: {version: \"13.0\", "
-                        "home: /usr/local/cuda-13.0, library_path_first: []}\n")
+    r = compile_and_run(
+        tmp_path,
+        payload_small.venv,
+        tmp_path / "d" / ".venv",
+        policy="replace",
+        checks="  - imports: [rb_payload]\n  - devices: {allow_skip: true}\n",
+        extra='gpu: {model: H100}\ncuda: {version: "13.0", '
+        "home: /usr/local/cuda-13.0, library_path_first: []}\n",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp_path, r
 
@@ -225,13 +245,14 @@ def test_report_html_headline_says_gpu_not_proven_as_the_terminal_does(gpu_run):
     tmp_path, r = gpu_run
     assert "GPU NOT PROVEN" in r.stderr
     html = (tmp_path / "run" / "report.html").read_text()
-    head = html[html.index("<h1>"):html.index("</h1>")]
+    head = html[html.index("<h1>") : html.index("</h1>")]
     assert "GPU NOT PROVEN" in head, head
     assert "GPU NOT PROVEN: the spec declares gpu:" in html
 
 
-@pytest.mark.parametrize("args, step", [(["--from", "verify"], "verify"),
-                                        (["--only", "swap"], "swap")])
+@pytest.mark.parametrize(
+    "args, step", [(["--from", "verify"], "verify"), (["--only", "swap"], "swap")]
+)
 def test_a_from_that_cannot_apply_says_what_to_run_instead(gpu_run, args, step):
     """Issue 45: `--from verify` on a finished install failed `staging does not exist` and said
     `re-run with --from verify`: a loop. It names what to run instead, and that runs."""
@@ -256,8 +277,7 @@ LIBS_SPEC = """cuda:
 """
 
 
-def test_library_dirs_the_source_lacks_are_refused_before_anything_moves(payload_small,
-                                                                         tmp_path):
+def test_library_dirs_the_source_lacks_are_refused_before_anything_moves(payload_small, tmp_path):
     """Issue 45: `library_path_first: [nvidia/cu13/lib]` passed --plan (`static: passed`), the
     run swapped the venv in and failed in exports (`library dirs do not exist in the venv`).
     They are checked against the source's scan: --plan is blocked, the run fails in preflight,
@@ -270,24 +290,32 @@ def test_library_dirs_the_source_lacks_are_refused_before_anything_moves(payload
     assert "nvidia/cu13/lib" in blocked and "library_path_first" in blocked, plan.stdout
     r = run(tmp_path, script)
     assert r.returncode == 1, r.stderr[-3000:]
-    assert "FAILED in step preflight on host here: the exports step would refuse this source: " \
-        "it has no nvidia/cu13/lib" in r.stderr, r.stderr[-3000:]
+    assert (
+        "FAILED in step preflight on host here: the exports step would refuse this source: "
+        "it has no nvidia/cu13/lib" in r.stderr
+    ), r.stderr[-3000:]
     assert "cuda.library_path_first" in r.stderr
     assert not dst.exists()
 
 
 @pytest.mark.parametrize("keep", [False, True], ids=["first-install", "on_failed_checks-keep"])
 def test_an_install_that_stays_after_a_failed_step_is_said_last_with_the_way_back(
-        payload_small, tmp_path, keep):
+    payload_small, tmp_path, keep
+):
     """Issue 45: an install whose check fails stays (a first one: nothing was there to put back;
     or `on_failed_checks: keep`), and only report.json said so. The terminal's last lines say
     it stays, and how to go back."""
     dst = tmp_path / "d" / "venv"
     if keep:
         old_install(dst)
-    r = compile_and_run(tmp_path, payload_small.venv, dst, policy="backup",
-                        checks="  - command: {name: fails, run: 'false'}\n",
-                        extra="on_failed_checks: keep\n" if keep else "")
+    r = compile_and_run(
+        tmp_path,
+        payload_small.venv,
+        dst,
+        policy="backup",
+        checks="  - command: {name: fails, run: 'false'}\n",
+        extra="on_failed_checks: keep\n" if keep else "",
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert (dst / "bin" / "python").exists()
     last = r.stderr.splitlines()[-2:]
@@ -299,7 +327,8 @@ def test_an_install_that_stays_after_a_failed_step_is_said_last_with_the_way_bac
 
 
 def test_a_killed_sshd_is_named_in_words_and_what_it_keeps_before_the_report_lines(
-        clean_lab, payload_small, tmp_path):
+    clean_lab, payload_small, tmp_path
+):
     """Issue 45: the source's sshd killed mid-relay said `pack on src exited 243; unpack on dst
     exited 255`, and the kit left on src was named after the report lines. The cause is the
     closed connection, in words; what is left on the host is named before the report lines,
@@ -307,12 +336,18 @@ def test_a_killed_sshd_is_named_in_words_and_what_it_keeps_before_the_report_lin
     lab = clean_lab
     src = tmp_path / "src" / "venv"
     src.parent.mkdir()
-    tree = big_tree(payload_small.venv, src, 30, 10)       # about 315 MB
+    tree = big_tree(payload_small.venv, src, 30, 10)  # about 315 MB
     dst = tmp_path / "dst" / "venv"
     script = build(tmp_path, spec_text(lab, src, dst, compression="none"))
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "run"))
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     staging = dst.parent / ".venv.rb-staging"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -329,8 +364,9 @@ def test_a_killed_sshd_is_named_in_words_and_what_it_keeps_before_the_report_lin
     assert list(left) == ["src"], err[-3000:]
     assert proc.returncode == 1, err[-3000:]
     cause = next(ln for ln in err.splitlines() if "FAILED in step transfer" in ln)
-    assert cause.endswith("on host src: the connection to src closed (ssh exited 255) during "
-                          "the transfer"), cause
+    assert cause.endswith(
+        "on host src: the connection to src closed (ssh exited 255) during the transfer"
+    ), cause
     lines = err.splitlines()
     at = next(i for i, ln in enumerate(lines) if "] left on src: " in ln)
     report_line = next(i for i, ln in enumerate(lines) if "] report: " in ln)
@@ -341,8 +377,9 @@ def test_a_killed_sshd_is_named_in_words_and_what_it_keeps_before_the_report_lin
 
 
 @pytest.mark.parametrize("ignored", [False, True], ids=["job-control", "sigint-ignored"])
-def test_ctrl_c_into_a_relay_of_streams_says_only_what_is_true(clean_lab, payload_small,
-                                                               tmp_path, ignored):
+def test_ctrl_c_into_a_relay_of_streams_says_only_what_is_true(
+    clean_lab, payload_small, tmp_path, ignored
+):
     """Issue 45: a SIGINT to the run's group in a relay of streams. As a terminal sends it (job
     control): exit 130 and `interrupted`, but a Python traceback of the relay on the terminal.
     Launched with SIGINT ignored (nohup, cron, a script's background job): bash cannot trap it,
@@ -352,20 +389,47 @@ def test_ctrl_c_into_a_relay_of_streams_says_only_what_is_true(clean_lab, payloa
     lab = clean_lab
     src = big_source(payload_small.venv, tmp_path / "src")
     dst = tmp_path / "d" / "venv"
-    script = build(tmp_path, spec_text(lab, src, dst, compression="none")
-                   .replace("  jobs: 2\n", "  jobs: 4\n"))
+    script = build(
+        tmp_path, spec_text(lab, src, dst, compression="none").replace("  jobs: 2\n", "  jobs: 4\n")
+    )
     ns = lab.host("src").netns
-    subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
-                    "200mbit", "burst", "256kb", "latency", "400ms"], check=True)
+    subprocess.run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            "200mbit",
+            "burst",
+            "256kb",
+            "latency",
+            "400ms",
+        ],
+        check=True,
+    )
     err_path = tmp_path / "stderr.txt"
     try:
         with open(err_path, "w") as err:
-            start = ["env", "--ignore-signal=INT"] if ignored else \
-                ["env", "--default-signal=HUP,INT,QUIT,TERM"]
-            p = subprocess.Popen([*start, "bash", str(script)], cwd=tmp_path,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                 start_new_session=True,
-                                 env=dict(os.environ, RB_RUN_DIR=str(tmp_path / "run")))
+            start = (
+                ["env", "--ignore-signal=INT"]
+                if ignored
+                else ["env", "--default-signal=HUP,INT,QUIT,TERM"]
+            )
+            p = subprocess.Popen(
+                [*start, "bash", str(script)],
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                env=dict(os.environ, RB_RUN_DIR=str(tmp_path / "run")),
+            )
         deadline = time.monotonic() + 120
         while "streams side by side" not in err_path.read_text() and p.poll() is None:
             assert time.monotonic() < deadline, err_path.read_text()[-3000:]
@@ -395,8 +459,14 @@ def test_a_failed_restore_has_its_own_time_and_a_way_on(gpu_run):
     tmp_path, _ = gpu_run
     script = tmp_path / "e2e.sh"
     env = dict(os.environ, RB_RUN_DIR=str(tmp_path / "restore-run"))
-    r = subprocess.run(["bash", str(script), "--restore", "9"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        ["bash", str(script), "--restore", "9"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     doc = json.loads((tmp_path / "restore-run" / "report.json").read_text())
     row = next(s for s in doc["steps"] if s["id"] == "restore")
@@ -413,8 +483,13 @@ def test_no_message_holds_a_literal_tab(payload_small, tmp_path):
     odd = src / "bin" / "odd\tname"
     odd.write_text(f"#!{src}/bin/python\nprint('hi')\n")
     odd.chmod(0o755)
-    r = compile_and_run(tmp_path, src, tmp_path / "d" / "venv", policy="replace",
-                        checks="  - imports: [rb_payload]\n")
+    r = compile_and_run(
+        tmp_path,
+        src,
+        tmp_path / "d" / "venv",
+        policy="replace",
+        checks="  - imports: [rb_payload]\n",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "bin/odd\\tname" in r.stderr, r.stderr[-3000:]
     assert "\t" not in r.stderr, [ln for ln in r.stderr.splitlines() if "\t" in ln]

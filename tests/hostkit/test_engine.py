@@ -21,12 +21,17 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rbkit import engine, filehash, hostfs, manifest, proof, relocate, serve, stream
 from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
-from tests.hostkit.test_fanout_delta import (PKG, bundle, change_one_file, first,  # noqa: F401
-                                              node)
+
+from tests.hostkit.test_fanout_delta import (
+    PKG,
+    bundle,
+    change_one_file,
+    first,  # noqa: F401
+    node,
+)
 from tests.hostkit.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[2] / "hostkit"
@@ -52,7 +57,9 @@ def test_a_node_proves_the_install_after_the_swap_and_rolls_back_when_it_fails(t
     assert rc == 0 and doc["ok"], doc
     good = (dest / PKG / "__init__.py").read_text()
     pip = src / "bin" / "pip"
-    pip.write_text("#!/bin/sh\necho 'pip 24.0 from /somewhere/else/site-packages/pip (python 3.11)'\n")
+    pip.write_text(
+        "#!/bin/sh\necho 'pip 24.0 from /somewhere/else/site-packages/pip (python 3.11)'\n"
+    )
     pip.chmod(0o755)
     change_one_file(src)
     rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
@@ -60,21 +67,28 @@ def test_a_node_proves_the_install_after_the_swap_and_rolls_back_when_it_fails(t
     swap = next(s for s in doc["steps"] if s["id"] == "swap")
     assert not swap["ok"] and "bin/pip runs from the wrong place" in swap["error"][0], doc
     assert [s["id"] for s in doc["steps"]][-1] == "rollback"
-    assert doc["rolled_back"]["kept_current_as"] is None          # replace: the failed one goes
-    assert (dest / PKG / "__init__.py").read_text() == good       # what was there is back
+    assert doc["rolled_back"]["kept_current_as"] is None  # replace: the failed one goes
+    assert (dest / PKG / "__init__.py").read_text() == good  # what was there is back
     assert not (dest / "bin" / "pip").exists()
     assert not list(dest.parent.glob("venv.rb-backup.*"))
 
 
 def test_a_node_proves_the_install_after_the_swap(first_install):
     src, m1, dest, tmp_path = first_install
-    pip = src / "bin" / "pip"                      # prints the path it runs from, as pip does
+    pip = src / "bin" / "pip"  # prints the path it runs from, as pip does
     pip.write_text('#!/bin/sh\necho "pip 24.0 from $(cd "$(dirname "$0")/.." && pwd)/lib"\n')
     pip.chmod(0o755)
     rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
     assert rc == 0 and doc["ok"], doc
-    assert [s["id"] for s in doc["steps"]] == ["stage", "receive", "verify", "relocate", "prove",
-                                               "swap", "exports"]
+    assert [s["id"] for s in doc["steps"]] == [
+        "stage",
+        "receive",
+        "verify",
+        "relocate",
+        "prove",
+        "swap",
+        "exports",
+    ]
 
 
 def test_a_venv_whose_interpreter_is_missing_here_is_refused_before_the_swap(first_install):
@@ -88,7 +102,7 @@ def test_a_venv_whose_interpreter_is_missing_here_is_refused_before_the_swap(fir
     prove = next(s for s in doc["steps"] if s["id"] == "prove")
     assert not prove["ok"] and "does not exist on this host" in prove["error"][0], doc
     assert "swap" not in [s["id"] for s in doc["steps"]]
-    assert (dest / PKG / "__init__.py").read_text() == before      # the install is untouched
+    assert (dest / PKG / "__init__.py").read_text() == before  # the install is untouched
 
 
 @pytest.fixture
@@ -99,12 +113,28 @@ def first_install(first, tmp_path):
 
 def node_digest(d: Path, dest: Path) -> tuple[int, dict]:
     env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
-    p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d),
-                        "--dest", str(dest), "--old", "/old/venv", "--choices",
-                        Choices(on_existing="replace", jobs=2, timeout=60,
-                                rerun="digest").to_json()], env=env,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit.fanout",
+            "node",
+            "--dir",
+            str(d),
+            "--dest",
+            str(dest),
+            "--old",
+            "/old/venv",
+            "--choices",
+            Choices(on_existing="replace", jobs=2, timeout=60, rerun="digest").to_json(),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     from rbkit import fanout
+
     reports = fanout.parse_reports(p.stdout.splitlines())
     assert len(reports) == 1, p.stdout + p.stderr
     return p.returncode, next(iter(reports.values()))
@@ -126,8 +156,8 @@ def test_a_digest_rerun_never_links_a_file_that_failed_its_digest(first_install,
         change_one_file(src)
     m2 = manifest.build(str(src), [], "sha256", jobs=2, reuse=m1)
     rc, doc = node_digest(bundle(tmp_path / "b2", src, m2, base=m1), dest)
-    assert rc == 3 and "data.bin" in doc["needs_full"], doc      # the bundle lacks it: send all
-    assert data.read_bytes() == bytes(corrupt)                     # nothing installed yet
+    assert rc == 3 and "data.bin" in doc["needs_full"], doc  # the bundle lacks it: send all
+    assert data.read_bytes() == bytes(corrupt)  # nothing installed yet
     rc, doc = node_digest(bundle(tmp_path / "b3", src, m2), dest)  # the whole bundle
     assert rc == 0 and doc["ok"], doc
     assert data.read_bytes() == (src / PKG / "data.bin").read_bytes()
@@ -136,19 +166,45 @@ def test_a_digest_rerun_never_links_a_file_that_failed_its_digest(first_install,
 # -- the engine's stamp and lock (H2) ------------------------------------------------------------
 
 
-def engine_run(dest: Path, *steps: str, manifest_path: Path, holder="test", wait=0.0,
-               extra=()) -> subprocess.CompletedProcess:
+def engine_run(
+    dest: Path, *steps: str, manifest_path: Path, holder="test", wait=0.0, extra=()
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([sys.executable, "-m", "rbkit", "engine", "run", *steps, "--dest",
-                           str(dest), "--manifest", str(manifest_path), "--choices",
-                           Choices(on_existing="replace").to_json(),
-                           "--old", "/old/venv", "--holder", holder, "--lock-wait", str(wait),
-                           *extra], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit",
+            "engine",
+            "run",
+            *steps,
+            "--dest",
+            str(dest),
+            "--manifest",
+            str(manifest_path),
+            "--choices",
+            Choices(on_existing="replace").to_json(),
+            "--old",
+            "/old/venv",
+            "--holder",
+            holder,
+            "--lock-wait",
+            str(wait),
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def answers(out: str) -> list[dict]:
-    return [json.loads(line.split("\t", 1)[1]) for line in out.splitlines()
-            if line.startswith("event\t")]
+    return [
+        json.loads(line.split("\t", 1)[1])
+        for line in out.splitlines()
+        if line.startswith("event\t")
+    ]
 
 
 def test_swap_and_relocate_refuse_a_staging_this_run_did_not_verify(tmp_path):
@@ -162,7 +218,7 @@ def test_swap_and_relocate_refuse_a_staging_this_run_did_not_verify(tmp_path):
     (dest / "old-install").write_text("the working install\n")
     staging = Path(engine.staging_path(str(dest)))
     subprocess.run(["cp", "-a", str(src), str(staging)], check=True)
-    (next(staging.rglob("data.bin"))).write_bytes(b"truncated")      # a copy that fails verify
+    (next(staging.rglob("data.bin"))).write_bytes(b"truncated")  # a copy that fails verify
     for steps in (["swap"], ["relocate", "prove", "swap"], ["prove", "swap"]):
         r = engine_run(dest, *steps, manifest_path=m)
         assert r.returncode == 1, r.stdout + r.stderr
@@ -171,7 +227,7 @@ def test_swap_and_relocate_refuse_a_staging_this_run_did_not_verify(tmp_path):
     r = engine_run(dest, "verify", "relocate", "prove", "swap", manifest_path=m)
     assert r.returncode == 1 and "differs: " in r.stderr
     assert (dest / "old-install").read_text() == "the working install\n"
-    assert not (tmp_path / "d" / ".venv.rb-lock").exists()        # let go at the end
+    assert not (tmp_path / "d" / ".venv.rb-lock").exists()  # let go at the end
 
 
 def test_a_staging_replaced_after_verify_is_refused(tmp_path):
@@ -179,20 +235,26 @@ def test_a_staging_replaced_after_verify_is_refused(tmp_path):
     make_tree(src, python=True)
     mf = manifest.build(str(src), [], "sha256")
     dest = tmp_path / "d" / "venv"
-    ctx = engine.Context(str(dest), Choices(on_existing="replace"), old=str(src),
-                         manifest=str(tmp_path / "m"),
-                         state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(
+        str(dest),
+        Choices(on_existing="replace"),
+        old=str(src),
+        manifest=str(tmp_path / "m"),
+        state=engine.make_state(str(tmp_path)),
+    )
     with open(ctx.manifest, "w", encoding="utf-8") as f:
         manifest.dump(mf, f)
     ctx.locked = True
     assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
     subprocess.run(["cp", "-a", f"{src}/.", ctx.staging], check=True)
     assert engine.run(ctx, "verify", engine.verify)["status"] == "ok"
-    os.rename(ctx.staging, ctx.staging + ".moved")               # another run's staging now
+    os.rename(ctx.staging, ctx.staging + ".moved")  # another run's staging now
     subprocess.run(["cp", "-a", ctx.staging + ".moved", ctx.staging], check=True)
     event = engine.run(ctx, "relocate", engine.relocate)
-    assert event["status"] == "failed" and "not the staging directory this run verified" in \
-        event["detail"]
+    assert (
+        event["status"] == "failed"
+        and "not the staging directory this run verified" in event["detail"]
+    )
 
 
 def test_a_second_run_is_refused_naming_the_holder(tmp_path):
@@ -209,7 +271,7 @@ def test_a_second_run_is_refused_naming_the_holder(tmp_path):
     finally:
         first.release()
     assert not Path(lock_path(str(dest))).exists()
-    assert not dest.parent.exists()                  # the parent the lock made is gone again
+    assert not dest.parent.exists()  # the parent the lock made is gone again
 
 
 def test_a_planted_lock_file_is_never_followed(tmp_path):
@@ -230,7 +292,7 @@ def test_the_lock_is_the_kernels_and_goes_with_its_holder(tmp_path):
     dest = tmp_path / "venv"
     held = Lock(str(dest), "gone")
     held.acquire()
-    os.close(held.fd)                                 # the process ends: its flock goes with it
+    os.close(held.fd)  # the process ends: its flock goes with it
     again = Lock(str(dest), "next")
     again.acquire()
     with open(lock_path(str(dest)), "rb") as f:
@@ -242,11 +304,14 @@ def test_the_lock_is_the_kernels_and_goes_with_its_holder(tmp_path):
 # -- the source: a tree the excludes empty is refused (M3) --------------------------------------
 
 
-@pytest.mark.parametrize("excludes, why", [
-    (["*"], "leaves out pyvenv.cfg"),
-    (["bin"], "leaves out bin"),
-    (["pyvenv.cfg"], "leaves out pyvenv.cfg"),
-])
+@pytest.mark.parametrize(
+    "excludes, why",
+    [
+        (["*"], "leaves out pyvenv.cfg"),
+        (["bin"], "leaves out bin"),
+        (["pyvenv.cfg"], "leaves out pyvenv.cfg"),
+    ],
+)
 def test_a_source_the_excludes_empty_or_unvenv_is_refused(tmp_path, excludes, why):
     src = tmp_path / "venv"
     make_tree(src, python=True)
@@ -281,9 +346,29 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
         manifest.names(manifest.build(str(src), [], "none"), f)
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
     stream = tmp_path / "stream"
-    r = subprocess.run([sys.executable, "-m", "rbkit", "engine", "send", str(src), str(names),
-                        "--compression", compression, "--remote", "sh", "-c", 'cat >"$2"', "--",
-                        "rb", str(stream)], env=env, capture_output=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit",
+            "engine",
+            "send",
+            str(src),
+            str(names),
+            "--compression",
+            compression,
+            "--remote",
+            "sh",
+            "-c",
+            'cat >"$2"',
+            "--",
+            "rb",
+            str(stream),
+        ],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     dest = tmp_path / "d" / "venv"
     ctx = engine.Context(str(dest), compression=compression, state=engine.make_state(str(tmp_path)))
@@ -291,22 +376,48 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
     assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
     event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(stream)])
     assert event["status"] == "ok", event
-    assert (Path(ctx.staging) / PKG / "data.bin").read_bytes() == (src / PKG / "data.bin").read_bytes()
+    assert (Path(ctx.staging) / PKG / "data.bin").read_bytes() == (
+        src / PKG / "data.bin"
+    ).read_bytes()
 
 
 def test_a_nodes_report_carries_its_checks(first_install):
     src, m1, dest, tmp_path = first_install
-    config = {"schema": 1, "host": "n", "venv": None, "gpu": None, "cuda": None,
-              "checks": [{"id": "python", "type": "python", "params": {}, "allow_skip": False}]}
+    config = {
+        "schema": 1,
+        "host": "n",
+        "venv": None,
+        "gpu": None,
+        "cuda": None,
+        "checks": [{"id": "python", "type": "python", "params": {}, "allow_skip": False}],
+    }
     d = bundle(tmp_path / "b2", src, m1)
     env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
     (d / "kit" / "rbprobes").symlink_to(KIT / "rbprobes")
-    p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d), "--dest",
-                        str(tmp_path / "n2" / "venv"), "--old", "/old/venv", "--choices",
-                        Choices(on_existing="replace", jobs=2, timeout=60).to_json(),
-                        "--probe-config",
-                        json.dumps(config)], env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit.fanout",
+            "node",
+            "--dir",
+            str(d),
+            "--dest",
+            str(tmp_path / "n2" / "venv"),
+            "--old",
+            "/old/venv",
+            "--choices",
+            Choices(on_existing="replace", jobs=2, timeout=60).to_json(),
+            "--probe-config",
+            json.dumps(config),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     from rbkit import fanout
+
     doc = next(iter(fanout.parse_reports(p.stdout.splitlines()).values()))
     assert [s["id"] for s in doc["steps"]][-1] == "probe"
     assert doc["probe"] and doc["probe"]["checks"][0]["id"] == "python", doc
@@ -317,7 +428,9 @@ def test_prove_refuses_an_interpreter_of_another_python_version(first_install):
     (lib/pythonX.Y) would not be seen; refused before the swap."""
     src, m1, dest, tmp_path = first_install
     cfg = src / "pyvenv.cfg"
-    cfg.write_text(cfg.read_text().replace(f"version = {sys.version.split()[0]}", "version = 2.7.18"))
+    cfg.write_text(
+        cfg.read_text().replace(f"version = {sys.version.split()[0]}", "version = 2.7.18")
+    )
     before = (dest / PKG / "__init__.py").read_text()
     change_one_file(src)
     rc, doc = node(bundle(tmp_path / "b2", src, manifest.build(str(src), [], "sha256")), dest)
@@ -326,7 +439,7 @@ def test_prove_refuses_an_interpreter_of_another_python_version(first_install):
     assert (dest / PKG / "__init__.py").read_text() == before
 
 
-SLOW_SERVER = r'''
+SLOW_SERVER = r"""
 import sys, time
 from rbkit import engine, serve
 serve.PING_S = 0.1
@@ -335,7 +448,7 @@ def slow(ctx):
     return engine.Result("slept")
 serve.REQUESTS["verify"] = (slow, {})
 sys.exit(serve.main(sys.argv[1:]))
-'''
+"""
 
 
 def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(tmp_path):
@@ -344,9 +457,24 @@ def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(t
     of stdin, and let go then."""
     dest = tmp_path / "d" / "venv"
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
-    p = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, "serve", "--dest", str(dest),
-                          "--choices", "{}", "--holder", "test"], env=env, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SLOW_SERVER,
+            "serve",
+            "--dest",
+            str(dest),
+            "--choices",
+            "{}",
+            "--holder",
+            "test",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     first = p.stdout.readline().decode()
     while not first.startswith("done"):
         first = p.stdout.readline().decode()
@@ -377,22 +505,31 @@ def received_staging(tmp_path: Path, cut=None, flip=None):
     names = tmp_path / "names"
     with open(names, "wb") as f:
         manifest.names(m, f)
-    data = subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names),
-                           "-cf", "-"], check=True, capture_output=True).stdout
+    data = subprocess.run(
+        ["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names), "-cf", "-"],
+        check=True,
+        capture_output=True,
+    ).stdout
     for change in (cut, flip):
         if change is not None:
             data = change(data)
     (tmp_path / "stream").write_bytes(data)
-    ctx = engine.Context(str(tmp_path / "d" / "venv"), Choices(jobs=2), manifest=str(mpath),
-                         state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(
+        str(tmp_path / "d" / "venv"),
+        Choices(jobs=2),
+        manifest=str(mpath),
+        state=engine.make_state(str(tmp_path)),
+    )
     ctx.locked = True
     assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
     event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(tmp_path / "stream")])
     return src, ctx, event
 
 
-TRICKLE = ("import sys, time; d = open(sys.argv[1], 'rb').read(); o = sys.stdout.buffer; "
-           "o.write(d[:len(d) // 2]); o.flush(); time.sleep(1.0); o.write(d[len(d) // 2:])")
+TRICKLE = (
+    "import sys, time; d = open(sys.argv[1], 'rb').read(); o = sys.stdout.buffer; "
+    "o.write(d[:len(d) // 2]); o.flush(); time.sleep(1.0); o.write(d[len(d) // 2:])"
+)
 
 
 @pytest.mark.parametrize("algo", ["sha256", "none"])
@@ -407,8 +544,12 @@ def test_receive_says_how_much_of_the_stream_its_tar_has_read(tmp_path, algo):
     ctx.choices = dataclasses.replace(ctx.choices, verify=algo)
     ctx.progress = (0.05, said.append)
     assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
-    event = engine.run(ctx, "receive", engine.receive,
-                       producer=[sys.executable, "-c", TRICKLE, str(tmp_path / "stream")])
+    event = engine.run(
+        ctx,
+        "receive",
+        engine.receive,
+        producer=[sys.executable, "-c", TRICKLE, str(tmp_path / "stream")],
+    )
     assert event["status"] == "ok", event
     # samples while the producer waits, half the stream sent: at most that half (and tar's own
     # few reads of files such as /etc/localtime)
@@ -423,8 +564,10 @@ def offset_of(data: bytes, rel: str) -> int:
     """Where the data of member `rel` starts in the tar stream `data`."""
     import io
     import tarfile
-    return next(t.offset_data for t in tarfile.open(fileobj=io.BytesIO(data)).getmembers()
-                if t.name == rel)
+
+    return next(
+        t.offset_data for t in tarfile.open(fileobj=io.BytesIO(data)).getmembers() if t.name == rel
+    )
 
 
 DATA_BIN = PKG + "/data.bin"
@@ -453,49 +596,52 @@ def test_a_byte_flipped_between_the_ends_fails_verify_by_the_streams_digest(tmp_
         return bytes(raw)
 
     src, ctx, event = received_staging(tmp_path, flip=flip)
-    assert event["status"] == "ok", event                  # tar has no checksum over file data
+    assert event["status"] == "ok", event  # tar has no checksum over file data
     event = engine.run(ctx, "verify", engine.verify)
     assert event["status"] == "failed"
     assert any(line.startswith("differs: %s (content" % DATA_BIN) for line in event["error"])
-    assert event["facts"]["hashed"] == 0                    # found from the stream, nothing read
-    assert not os.path.exists(os.path.join(ctx.dest, "bin"))    # nothing installed
+    assert event["facts"]["hashed"] == 0  # found from the stream, nothing read
+    assert not os.path.exists(os.path.join(ctx.dest, "bin"))  # nothing installed
 
 
 def _rewrite(p: Path) -> None:
     raw = bytearray(p.read_bytes())
     raw[10] ^= 0xFF
-    with open(p, "r+b") as f:                          # in place: the same inode, the same size
+    with open(p, "r+b") as f:  # in place: the same inode, the same size
         f.write(bytes(raw))
 
 
 def _replace(p: Path) -> None:
     other = p.with_name("other")
-    other.write_bytes(bytes(len(p.read_bytes())))      # a new inode, the same size
+    other.write_bytes(bytes(len(p.read_bytes())))  # a new inode, the same size
     os.rename(other, p)
 
 
-@pytest.mark.parametrize("change, line", [
-    (_rewrite, "differs: %s (content" % DATA_BIN),
-    (_replace, "differs: %s (content" % DATA_BIN),
-    (lambda p: p.write_bytes(p.read_bytes() + b"x"), "differs: %s (s:" % DATA_BIN),
-    (lambda p: p.chmod(0o600), "differs: %s (m:" % DATA_BIN),
-    (lambda p: p.unlink(), "missing: %s" % DATA_BIN),
-    (lambda p: p.with_name("planted.so").write_bytes(b"x"), "extra:   %s/planted.so" % PKG),
-])
+@pytest.mark.parametrize(
+    "change, line",
+    [
+        (_rewrite, "differs: %s (content" % DATA_BIN),
+        (_replace, "differs: %s (content" % DATA_BIN),
+        (lambda p: p.write_bytes(p.read_bytes() + b"x"), "differs: %s (s:" % DATA_BIN),
+        (lambda p: p.chmod(0o600), "differs: %s (m:" % DATA_BIN),
+        (lambda p: p.unlink(), "missing: %s" % DATA_BIN),
+        (lambda p: p.with_name("planted.so").write_bytes(b"x"), "extra:   %s/planted.so" % PKG),
+    ],
+)
 def test_a_staging_changed_after_receive_fails_verify(tmp_path, change, line):
     """With the stream's digests verify reads no file whose inode, ctime and size are still what
     tar left: a file changed after receive (a new ctime, another inode) is read again; size, mode,
     missing and extra files are the stat walk's."""
     _src, ctx, event = received_staging(tmp_path)
     assert event["status"] == "ok", event
-    time.sleep(0.05)     # a change within the file system's timestamp tick of tar's is not seen
+    time.sleep(0.05)  # a change within the file system's timestamp tick of tar's is not seen
     change(Path(ctx.staging) / DATA_BIN)
     event = engine.run(ctx, "verify", engine.verify)
     assert event["status"] == "failed"
     assert any(e.startswith(line) for e in event["error"]), event["error"]
     if "content" in line:
-        assert event["facts"]["hashed"] == 1          # only the file that changed was read
-    assert engine.read_stamp(ctx) is None             # nothing to relocate or swap
+        assert event["facts"]["hashed"] == 1  # only the file that changed was read
+    assert engine.read_stamp(ctx) is None  # nothing to relocate or swap
 
 
 def test_a_stream_cut_between_two_members_fails_receive(tmp_path):
@@ -506,11 +652,11 @@ def test_a_stream_cut_between_two_members_fails_receive(tmp_path):
 
     def cut(data: bytes) -> bytes:
         members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
-        return data[:members[len(members) // 2].offset]
+        return data[: members[len(members) // 2].offset]
 
     def no_end(data: bytes) -> bytes:
         last = tarfile.open(fileobj=io.BytesIO(data)).getmembers()[-1]
-        return data[:last.offset_data + -(-last.size // 512) * 512]
+        return data[: last.offset_data + -(-last.size // 512) * 512]
 
     for how in (cut, no_end):
         _src, ctx, event = received_staging(tmp_path / how.__name__, cut=how)
@@ -521,7 +667,7 @@ def test_a_stream_cut_between_two_members_fails_receive(tmp_path):
 def test_a_stream_with_a_broken_header_fails_receive_naming_it(tmp_path):
     def flip(data: bytes) -> bytes:
         raw = bytearray(data)
-        raw[offset_of(data, DATA_BIN) - 512 + 3] ^= 0x01      # data.bin's header, its name
+        raw[offset_of(data, DATA_BIN) - 512 + 3] ^= 0x01  # data.bin's header, its name
         return bytes(raw)
 
     _src, ctx, event = received_staging(tmp_path, flip=flip)
@@ -543,8 +689,9 @@ def test_a_node_verifies_by_the_streams_digests_and_a_delta_links_by_stat(first_
 # -- work that overlaps: the early quick check, relocate's background scan ----------------------
 
 
-def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first_install,
-                                                                            monkeypatch):
+def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
+    first_install, monkeypatch
+):
     """The walk that the quick re-run check needs starts when the engine holds the lock (while
     the runbook scans the source); `current` takes its result and walks nothing itself."""
     src, _m1, dest, tmp_path = first_install
@@ -554,7 +701,7 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first
     ctx.locked = True
     engine.begin_early_check(ctx)
     assert ctx.early is not None
-    ctx.early.take()                                   # the walk is done before current asks
+    ctx.early.take()  # the walk is done before current asks
 
     def no_walk(*args, **kw):
         raise AssertionError("current walked the destination again")
@@ -562,7 +709,7 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first
     monkeypatch.setattr(manifest, "check_tree", no_walk)
     event = engine.run(ctx, "current", engine.current, mode="quick", source_stat=source_stat)
     assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
-    assert ctx.early is None                            # taken once
+    assert ctx.early is None  # taken once
     monkeypatch.undo()
     # a file changed at the destination before the walk: not up to date, and named
     change_one_file(dest)
@@ -580,7 +727,8 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(first
 
 
 def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifest(
-        first_install, monkeypatch):
+    first_install, monkeypatch
+):
     """The install recorded its tree's stat fingerprint (manifest.INSTALLED_STAT): the early
     walk's lines matching it, the manifest's entries are never read; a link planted there since
     makes it read them and compare (the link named)."""
@@ -595,8 +743,13 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
         ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
         ctx.locked = locked
         engine.begin_early_check(ctx)
-        return engine.run(ctx, "current", engine.current, mode="quick",
-                          source_stat=head["source_stat_fingerprint"])
+        return engine.run(
+            ctx,
+            "current",
+            engine.current,
+            mode="quick",
+            source_stat=head["source_stat_fingerprint"],
+        )
 
     real_load = manifest.load
     monkeypatch.setattr(manifest, "load", unread)
@@ -631,8 +784,13 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
         ctx.locked = True
         engine.begin_early_check(ctx)
         assert forked, "no worker forked as the check began"
-        return engine.run(ctx, "current", engine.current, mode="quick",
-                          source_stat=head["source_stat_fingerprint"])
+        return engine.run(
+            ctx,
+            "current",
+            engine.current,
+            mode="quick",
+            source_stat=head["source_stat_fingerprint"],
+        )
 
     assert checked()["facts"]["up_to_date"] == 1
     (dest / "lib" / "p2" / "m7" / "f.py").write_text("edited")
@@ -643,10 +801,9 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
 def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_install):
     _src, _m1, dest, tmp_path = first_install
     ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
-    engine.begin_early_check(ctx)                       # not locked
+    engine.begin_early_check(ctx)  # not locked
     assert ctx.early is None
-    ctx = engine.Context(str(dest), Choices(rerun="digest"),
-                         state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(str(dest), Choices(rerun="digest"), state=engine.make_state(str(tmp_path)))
     ctx.locked = True
     engine.begin_early_check(ctx)
     assert ctx.early is None
@@ -668,9 +825,9 @@ def test_relocates_scan_of_data_files_finishes_in_the_tree_after_its_rename(tmp_
     (tree / "bin").mkdir()
     (tree / "lib" / "pkg" / "paths.txt").write_text("/old/venv/lib\n")
     (tree / "lib" / "pkg" / "other.py").write_text("x = 1\n")
-    (tree / "bin" / "tool.py").write_text("#!/old/venv/bin/python\n")      # bin/: relocate's own
+    (tree / "bin" / "tool.py").write_text("#!/old/venv/bin/python\n")  # bin/: relocate's own
     (tree / "lib" / "link.txt").symlink_to(tmp_path / "outside.txt")
-    (tmp_path / "outside.txt").write_text("/old/venv\n")                    # not followed
+    (tmp_path / "outside.txt").write_text("/old/venv\n")  # not followed
     (tree / "pyvenv.cfg").write_text("command = /usr/bin/python3 -m venv /old/venv\n")
     scan = getattr(relocate, kind)(str(tree), ["/old/venv"])
     os.rename(tree, tmp_path / "installed")
@@ -681,7 +838,7 @@ def test_relocates_scan_of_data_files_finishes_in_the_tree_after_its_rename(tmp_
 def test_the_swap_reports_what_relocates_scan_found(tmp_path):
     src, ctx, event = received_staging(tmp_path)
     assert event["status"] == "ok"
-    (Path(ctx.staging) / "notes.txt").write_text("made at %s\n" % src)     # data naming the source
+    (Path(ctx.staging) / "notes.txt").write_text("made at %s\n" % src)  # data naming the source
     m = manifest.build(str(ctx.staging), [], "sha256", jobs=2)
     manifest.save(m, ctx.manifest)
     ctx._manifest_cache = None
@@ -702,8 +859,13 @@ def test_the_swap_reports_what_relocates_scan_found(tmp_path):
 
 
 def rerun_ctx(tmp_path: Path, dest: Path, mpath: Path) -> engine.Context:
-    ctx = engine.Context(str(dest), Choices(on_existing="replace", jobs=2), old="/old/venv",
-                         manifest=str(mpath), state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(
+        str(dest),
+        Choices(on_existing="replace", jobs=2),
+        old="/old/venv",
+        manifest=str(mpath),
+        state=engine.make_state(str(tmp_path)),
+    )
     ctx.locked = True
     return ctx
 
@@ -712,12 +874,18 @@ def install_sent(ctx: engine.Context, src: Path, names: str, tmp_path: Path) -> 
     """The rest of the install: the names the stage listed, streamed from `src`; receive ..
     swap. Returns verify's event."""
     payload = tmp_path / "sent.tar"
-    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", names, "-cf",
-                    str(payload)], check=True)
+    subprocess.run(
+        ["tar", "-C", str(src), "--null", "--no-recursion", "-T", names, "-cf", str(payload)],
+        check=True,
+    )
     events = {}
-    for sid, fn, kw in (("receive", engine.receive, {"producer": ["cat", str(payload)]}),
-                        ("verify", engine.verify, {}), ("relocate", engine.relocate, {}),
-                        ("prove", engine.prove, {}), ("swap", engine.swap, {})):
+    for sid, fn, kw in (
+        ("receive", engine.receive, {"producer": ["cat", str(payload)]}),
+        ("verify", engine.verify, {}),
+        ("relocate", engine.relocate, {}),
+        ("prove", engine.prove, {}),
+        ("swap", engine.swap, {}),
+    ):
         events[sid] = engine.run(ctx, sid, fn, **kw)
         assert events[sid]["status"] == "ok", events[sid]
     return events["verify"]
@@ -739,20 +907,22 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     src, m1, dest, tmp_path = first_install
     installed = manifest.load(str(dest / engine.INSTALLED))
     assert installed["header"]["source_entries"], "relocation rewrote bin/tool"
-    source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]      # preflight's figure
+    source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]  # preflight's figure
     assert source_stat == installed["header"]["source_stat_fingerprint"]
     (dest / PKG / "__init__.py").write_text("x = 'changed at the destination'\n")
     away = src.with_name("away")
-    src.rename(away)                   # the source is nowhere while the engine plans the re-run
+    src.rename(away)  # the source is nowhere while the engine plans the re-run
     mpath = tmp_path / "no-kept-manifest.jsonl"
     ctx = rerun_ctx(tmp_path, dest, mpath)
-    assert engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"][
-        "up_to_date"] == 0
-    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
-                       algo="sha256", exclude=[])
+    assert (
+        engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
+    )
+    event = engine.run(
+        ctx, "stage", engine.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
+    )
     assert event["status"] == "ok" and event["facts"]["kept"] == 1, event
     assert event["facts"]["rebuilt"] == 1
-    assert manifest.load(str(mpath))["entries"] == m1["entries"]   # the source's, bin/tool too
+    assert manifest.load(str(mpath))["entries"] == m1["entries"]  # the source's, bin/tool too
     sent = manifest.read_names(event["facts"]["names"])
     assert f"{PKG}/__init__.py" in sent and "bin/tool" in sent and f"{PKG}/data.bin" not in sent
     away.rename(src)
@@ -776,8 +946,9 @@ def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install
     ctx = rerun_ctx(tmp_path, dest, mpath)
     cur = engine.run(ctx, "current", engine.current, "digest", linking=True)
     assert cur["facts"]["up_to_date"] == 0 and f"{PKG}/data.bin" in ctx.unlinkable, cur
-    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
-                       algo="sha256", exclude=[])
+    event = engine.run(
+        ctx, "stage", engine.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
+    )
     assert event["facts"]["kept"] == 1 and event["facts"]["rebuilt"] == 0, event
     assert not (Path(ctx.staging) / PKG / "data.bin").exists()
     assert f"{PKG}/data.bin" in manifest.read_names(event["facts"]["names"])
@@ -786,7 +957,8 @@ def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install
 
 
 def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_linked(
-        first_install, monkeypatch):
+    first_install, monkeypatch
+):
     """The quick check's read of the install's manifest serves the stage (one read per version
     of the file); the rebuilt source manifest carries its stat fingerprint for relocate; verify
     takes a linked file by the inode stage linked, so a file put in the staging's place after
@@ -797,13 +969,15 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
     mpath = tmp_path / "rebuilt.jsonl"
     ctx = rerun_ctx(tmp_path, dest, mpath)
     engine.begin_early_check(ctx)
-    assert engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"][
-        "up_to_date"] == 0
+    assert (
+        engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
+    )
     reads = []
     real_load = manifest.load
     monkeypatch.setattr(manifest, "load", lambda p: reads.append(p) or real_load(p))
-    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
-                       algo="sha256", exclude=[])
+    event = engine.run(
+        ctx, "stage", engine.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
+    )
     assert event["status"] == "ok" and event["facts"]["rebuilt"] == 1, event
     assert reads == [], "stage read the install's manifest again"
     monkeypatch.undo()
@@ -823,10 +997,23 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
     os.chmod(planted, linked.stat().st_mode & 0o7777)
     os.replace(planted, linked)
     payload = tmp_path / "sent.tar"
-    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T",
-                    event["facts"]["names"], "-cf", str(payload)], check=True)
-    assert engine.run(ctx, "receive", engine.receive, producer=["cat", str(payload)])[
-        "status"] == "ok"
+    subprocess.run(
+        [
+            "tar",
+            "-C",
+            str(src),
+            "--null",
+            "--no-recursion",
+            "-T",
+            event["facts"]["names"],
+            "-cf",
+            str(payload),
+        ],
+        check=True,
+    )
+    assert (
+        engine.run(ctx, "receive", engine.receive, producer=["cat", str(payload)])["status"] == "ok"
+    )
     ver = engine.run(ctx, "verify", engine.verify)
     assert ver["status"] == "failed" and f"{PKG}/data.bin" in str(ver), ver
     assert (dest / PKG / "data.bin").read_bytes() == (src / PKG / "data.bin").read_bytes()
@@ -842,14 +1029,21 @@ def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first
         source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
     elif what == "other excludes":
         exclude = ["*.pyc"]
-    else:                          # the recorded entry of bin/tool is not what the source had
+    else:  # the recorded entry of bin/tool is not what the source had
         m = manifest.load(str(dest / engine.INSTALLED))
         m["header"]["source_entries"][0]["h"] = "0" * 64
         manifest.save(m, str(dest / engine.INSTALLED))
     before = (dest / PKG / "__init__.py").read_text()
     ctx = rerun_ctx(tmp_path, dest, tmp_path / "m.jsonl")
-    event = engine.run(ctx, "stage", engine.stage, delta=True, source_stat=source_stat,
-                       algo="sha256", exclude=exclude)
+    event = engine.run(
+        ctx,
+        "stage",
+        engine.stage,
+        delta=True,
+        source_stat=source_stat,
+        algo="sha256",
+        exclude=exclude,
+    )
     assert event["status"] == "skipped" and event["facts"]["kept"] == 0, event
     assert not os.path.lexists(ctx.staging) and engine.read_stamp(ctx) is None
     assert not (tmp_path / "m.jsonl").exists() or what == "other excludes"
@@ -870,11 +1064,14 @@ def test_the_post_swap_proof_starts_each_console_script_without_running_its_code
     ran = tmp_path / "ran"
     code = f"open({str(ran)!r}, 'a').write(__file__ + '\\n')\n"
     _script(dest / "bin" / "tool", f"#!{dest}/bin/python\n{code}")
-    _script(dest / "bin" / "pip", f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n{code}")
-    _script(dest / "bin" / "other", f"#!/usr/bin/env python3\n{code}")    # not the venv's own
+    _script(
+        dest / "bin" / "pip",
+        f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n{code}",
+    )
+    _script(dest / "bin" / "other", f"#!/usr/bin/env python3\n{code}")  # not the venv's own
     proven, failed = engine.prove_scripts(str(dest), ["bin/tool", "bin/other", "pyvenv.cfg"])
     assert (proven, failed) == (["bin/pip", "bin/tool"], [])
-    assert not ran.exists()                    # the hook ended each interpreter before the script
+    assert not ran.exists()  # the hook ended each interpreter before the script
 
 
 def test_the_post_swap_proof_fails_a_console_script_whose_interpreter_lives_elsewhere(tmp_path):
@@ -882,12 +1079,13 @@ def test_the_post_swap_proof_fails_a_console_script_whose_interpreter_lives_else
     make_tree(dest, python=True)
     make_tree(other, python=True)
     # the venv's python3 is a wrapper that starts another venv's interpreter
-    _script(dest / "bin" / "python3", f"#!/bin/sh\nexec {other}/bin/python \"$@\"\n")
+    _script(dest / "bin" / "python3", f'#!/bin/sh\nexec {other}/bin/python "$@"\n')
     _script(dest / "bin" / "tool", f"#!{dest}/bin/python3\nimport sys\n")
     proven, failed = engine.prove_scripts(str(dest), ["bin/tool"])
     assert proven == []
-    assert failed == [f"console script bin/tool runs from the wrong place: sys.prefix {other}, "
-                      f"{other}/bin/python"], failed
+    assert failed == [
+        f"console script bin/tool runs from the wrong place: sys.prefix {other}, {other}/bin/python"
+    ], failed
 
 
 def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path, monkeypatch):
@@ -898,7 +1096,9 @@ def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path
     _script(dest / "bin" / "d", f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n")
     started = []
     real = proof.run_quiet
-    monkeypatch.setattr(proof, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a))
+    monkeypatch.setattr(
+        proof, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a)
+    )
     proven, failed = engine.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
     assert (proven, failed) == (["bin/a", "bin/b", "bin/c", "bin/d"], [])
     assert sorted(started) == [f"{dest}/bin/a", f"{dest}/bin/d"]
@@ -911,8 +1111,12 @@ def test_the_post_swap_proof_follows_a_trampoline_to_the_interpreter_beside_it(t
     make_tree(real, python=True)
     dest = tmp_path / "venv"
     dest.symlink_to(real)
-    _script(real / "bin" / "tool", "#!/bin/sh\n'''exec' " + relocate.BESIDE.decode()
-            + "python\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+    _script(
+        real / "bin" / "tool",
+        "#!/bin/sh\n'''exec' "
+        + relocate.BESIDE.decode()
+        + 'python" "$0" "$@"\n\' \'\'\'\nimport sys\n',
+    )
     assert engine.prove_scripts(str(dest), ["bin/tool"]) == (["bin/tool"], [])
 
 
@@ -934,7 +1138,8 @@ def test_a_system_error_in_a_step_is_said_in_words_and_its_traceback_goes_to_the
     assert event["detail"] == (
         f"{who} cannot use {tmp_path / 'x'}: operation not permitted (EPERM: the system does not "
         f"permit it to {who}: an immutable or append-only attribute (lsattr -d), or a capability "
-        f"{who} lacks)")
+        f"{who} lacks)"
+    )
     assert "Errno" not in event["detail"] and "PermissionError" not in event["detail"]
     assert not logged and len(traced) == 1 and "Traceback (most recent call last)" in traced[0]
     assert "PermissionError: [Errno 1]" in traced[0]
@@ -958,9 +1163,12 @@ def _choices_of(runbook: Path) -> str:
     raise AssertionError(f"{runbook}: no RB_ENGINE_CHOICES")
 
 
-@pytest.mark.parametrize("runbook", sorted((ROOT / "generated").glob("*.sh"))
-                         + sorted((ROOT / "tests" / "cases" / "valid").glob("*.sh")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "runbook",
+    sorted((ROOT / "generated").glob("*.sh"))
+    + sorted((ROOT / "tests" / "cases" / "valid").glob("*.sh")),
+    ids=lambda p: p.name,
+)
 def test_every_runbook_holds_one_choices_document_the_engine_reads_whole(runbook):
     """What the compiler writes (compiler/engineconf.py) is what the kit reads (Choices), key for
     key; no choice of the engine travels as an argument of its own."""
@@ -968,26 +1176,45 @@ def test_every_runbook_holds_one_choices_document_the_engine_reads_whole(runbook
     assert Choices.from_json(text).to_json() == text
     words = runbook.read_text() + (ROOT / "tests" / "cases" / "runtime.sh").read_text()
     # the engine's argument lists: serve's (the runtime), receive's (transfer), a node's
-    blocks = re.findall(r'(?:args|recv)=\((?:"\$\{RB_KIT_ARGV\[@\]\}" engine receive )?'
-                        r'--dest .*?\)\n', words, re.S)
+    blocks = re.findall(
+        r'(?:args|recv)=\((?:"\$\{RB_KIT_ARGV\[@\]\}" engine receive )?'
+        r"--dest .*?\)\n",
+        words,
+        re.S,
+    )
     assert len(blocks) == 2, blocks
     for block in blocks:
         assert '--choices "${RB_ENGINE_CHOICES}"' in block
         assert set(re.findall(r"--[a-z-]+", block)) <= {
-            "--dest", "--old", "--choices", "--manifest", "--compression", "--probe-config",
-            "--holder", "--state", "--progress", "--need"}, block
+            "--dest",
+            "--old",
+            "--choices",
+            "--manifest",
+            "--compression",
+            "--probe-config",
+            "--holder",
+            "--state",
+            "--progress",
+            "--need",
+        }, block
 
 
-@pytest.mark.parametrize("doc, said", [
-    ({"on_existing": "overwrite"}, "on_existing is 'overwrite', not one of refuse, backup, replace"),
-    ({"special_modes": "drop"}, "special_modes is 'drop', not one of refuse, strip, keep"),
-    ({"keep_backup": 2}, "keys this kit does not know: keep_backup"),
-    ({"keep_backups": 0}, "keep_backups is 0, not a whole number above 0"),
-    ({"jobs": "8"}, "jobs is '8', not a whole number above 0"),
-    ({"env": {"A": 1}}, "env is {'A': 1}, not an object of strings"),
-    ({"schema": 2}, "schema 2; this kit reads schema 1"),
-    ({"timeout": True}, "timeout is True, not a number of seconds"),
-])
+@pytest.mark.parametrize(
+    "doc, said",
+    [
+        (
+            {"on_existing": "overwrite"},
+            "on_existing is 'overwrite', not one of refuse, backup, replace",
+        ),
+        ({"special_modes": "drop"}, "special_modes is 'drop', not one of refuse, strip, keep"),
+        ({"keep_backup": 2}, "keys this kit does not know: keep_backup"),
+        ({"keep_backups": 0}, "keep_backups is 0, not a whole number above 0"),
+        ({"jobs": "8"}, "jobs is '8', not a whole number above 0"),
+        ({"env": {"A": 1}}, "env is {'A': 1}, not an object of strings"),
+        ({"schema": 2}, "schema 2; this kit reads schema 1"),
+        ({"timeout": True}, "timeout is True, not a number of seconds"),
+    ],
+)
 def test_a_choices_document_the_kit_cannot_read_is_refused_naming_the_key(doc, said):
     with pytest.raises(ChoicesError, match=re.escape(said)):
         Choices.from_json(json.dumps(doc))
@@ -999,16 +1226,23 @@ def test_the_engine_refuses_a_bad_document_before_it_writes_anything(tmp_path):
     dest = tmp_path / "d" / "venv"
     dest.parent.mkdir()
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
-    for argv in (["engine", "serve", "--dest", str(dest), "--holder", "t"],
-                 ["engine", "receive", "--dest", str(dest), "--state", str(tmp_path)],
-                 ["rbkit.fanout", "node", "--dir", str(tmp_path), "--dest", str(dest)]):
+    for argv in (
+        ["engine", "serve", "--dest", str(dest), "--holder", "t"],
+        ["engine", "receive", "--dest", str(dest), "--state", str(tmp_path)],
+        ["rbkit.fanout", "node", "--dir", str(tmp_path), "--dest", str(dest)],
+    ):
         head = ["-m", "rbkit"] + argv if argv[0] == "engine" else ["-m"] + argv
-        p = subprocess.run([sys.executable, *head, "--choices", '{"on_existing": "overwrite"}'],
-                           env=env, capture_output=True, text=True, timeout=60,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [sys.executable, *head, "--choices", '{"on_existing": "overwrite"}'],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert p.returncode == 2, p.stderr
         assert "argument --choices: the engine's choice on_existing is 'overwrite'" in p.stderr
-    assert list(dest.parent.iterdir()) == []           # no lock, no staging
+    assert list(dest.parent.iterdir()) == []  # no lock, no staging
 
 
 def test_a_rerun_skips_the_same_steps_whoever_asks(tmp_path):
@@ -1019,9 +1253,16 @@ def test_a_rerun_skips_the_same_steps_whoever_asks(tmp_path):
     for name in ("stage", "verify", "relocate", "prove", "swap"):
         serve.handle(ctx, [name])
     assert [(e["step"], e["status"]) for e in ctx.events] == [
-        (n, "skipped") for n in ("stage", "verify", "relocate", "prove", "swap")]
-    assert set(engine.SKIPPED_WHEN_CURRENT) == {"stage", "receive", "verify", "relocate",
-                                                "prove", "swap"}
+        (n, "skipped") for n in ("stage", "verify", "relocate", "prove", "swap")
+    ]
+    assert set(engine.SKIPPED_WHEN_CURRENT) == {
+        "stage",
+        "receive",
+        "verify",
+        "relocate",
+        "prove",
+        "swap",
+    }
     assert not hasattr(serve, "INSTALL")
 
 

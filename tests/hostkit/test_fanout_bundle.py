@@ -47,13 +47,15 @@ def node_script() -> str:
 def make_bundle(path: Path, marks: Path) -> str:
     """A bundle as fan_pack makes one (kit/ with the real rule, a payload): returns its sha256."""
     with tarfile.open(path, "w") as t:
+
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo("./" + name)
             info.size, info.mode, info.uid, info.gid = len(data), 0o644, NOBODY, NOBODY
             t.addfile(info, io.BytesIO(data))
+
         add("kit/rbrules/start.py", START.format(marks=str(marks)).encode())
         for rule in sorted((ROOT / "hostkit" / "rbrules").glob("*.py")):
-            if rule.name != "start.py":                 # the real rules, the fake entry file
+            if rule.name != "start.py":  # the real rules, the fake entry file
                 add(f"kit/rbrules/{rule.name}", rule.read_bytes())
         add("manifest.jsonl", b"{}\n")
         add("payload", b"payload bytes")
@@ -62,8 +64,13 @@ def make_bundle(path: Path, marks: Path) -> str:
 
 
 def run(name: Path, pin: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", node_script(), "rb", str(name), pin, "--dest", "/x/venv"],
-                          cwd="/", capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["sh", "-c", node_script(), "rb", str(name), pin, "--dest", "/x/venv"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -89,6 +96,7 @@ def test_a_bundle_of_this_run_is_moved_into_a_new_private_directory_and_run(plac
     assert p.returncode == 0, p.stderr
     (mark,) = marks.iterdir()
     import json
+
     doc = json.loads(mark.read_text())
     assert doc["euid"] == 0
     d = Path(doc["cwd"])
@@ -115,11 +123,14 @@ def _two_links(name: Path) -> None:
     os.link(name, name.parent.parent / "second-link")
 
 
-@pytest.mark.parametrize("plant, said", [
-    (_nobody_owns, "owned by uid 65534, not by this user or root"),
-    (_group_writable, "mode 664: group or others may write it"),
-    (_two_links, "2 links to it"),
-])
+@pytest.mark.parametrize(
+    "plant, said",
+    [
+        (_nobody_owns, "owned by uid 65534, not by this user or root"),
+        (_group_writable, "mode 664: group or others may write it"),
+        (_two_links, "2 links to it"),
+    ],
+)
 def test_a_bundle_another_user_could_change_is_refused(place, plant, said):
     scratch, marks = place
     name = scratch / "rbfan-x-0123456789abcdef.tar"
@@ -150,7 +161,7 @@ def test_what_is_not_a_regular_file_at_the_name_is_never_opened(place, kind):
     if kind == "symlink":
         name.symlink_to(real)
     elif kind == "fifo":
-        os.mkfifo(name)              # opened, it would wait for a writer
+        os.mkfifo(name)  # opened, it would wait for a writer
     elif kind == "directory":
         name.mkdir()
     p = run(name, pin)
@@ -172,7 +183,9 @@ def test_a_scratch_directory_others_can_rename_in_is_refused_by_the_rule(tmp_pat
     pin = make_bundle(name, marks)
     p = run(name, pin)
     assert p.returncode == 1 and not ran(marks), p.stderr
-    assert f"directory {scratch} is owned by root (uid 0), mode 0777: writable by group and " \
-           "others without the sticky bit" in p.stderr, p.stderr
+    assert (
+        f"directory {scratch} is owned by root (uid 0), mode 0777: writable by group and "
+        "others without the sticky bit" in p.stderr
+    ), p.stderr
     assert f"refusing the bundle {name}: (above); nothing of it was unpacked or run" in p.stderr
     assert os.listdir(scratch) == []

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rbkit import fanout, hostfs, manifest
 from rbkit.choices import Choices
+
 from tests.hostkit.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[2] / "hostkit" / "rbkit"
@@ -37,18 +37,45 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
             manifest.names(m, f)
         else:
             manifest.write_names(manifest.delta(m, base)["send"], f)
-    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names), "-cf",
-                    str(d / "payload")], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-C",
+            str(src),
+            "--null",
+            "--no-recursion",
+            "-T",
+            str(names),
+            "-cf",
+            str(d / "payload"),
+        ],
+        check=True,
+    )
     return d
 
 
 def node(d: Path, dest: Path) -> tuple[int, dict]:
     env = dict(os.environ, PYTHONPATH=str(d / "kit"), PYTHONDONTWRITEBYTECODE="1")
-    p = subprocess.run([sys.executable, "-m", "rbkit.fanout", "node", "--dir", str(d),
-                        "--dest", str(dest), "--old", "/old/venv", "--choices",
-                        Choices(on_existing="replace", jobs=2, timeout=60).to_json()],
-                       env=env, capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit.fanout",
+            "node",
+            "--dir",
+            str(d),
+            "--dest",
+            str(dest),
+            "--old",
+            "/old/venv",
+            "--choices",
+            Choices(on_existing="replace", jobs=2, timeout=60).to_json(),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     reports = fanout.parse_reports(p.stdout.splitlines())
     assert len(reports) == 1, p.stdout + p.stderr
     return p.returncode, next(iter(reports.values()))
@@ -85,17 +112,26 @@ def test_a_rerun_bundle_carries_only_the_change_and_the_node_links_the_rest(firs
     change_one_file(src)
     m2 = manifest.build(str(src), [], "sha256", jobs=2, reuse=m1)
     d = manifest.delta(m2, m1)
-    assert d["send_files"] == 3 and d["unchanged_files"] == 2    # sent: __init__, bin/tool, pyvenv.cfg
+    assert (
+        d["send_files"] == 3 and d["unchanged_files"] == 2
+    )  # sent: __init__, bin/tool, pyvenv.cfg
     b2 = bundle(tmp_path / "b2", src, m2, base=m1)
-    assert (b2 / "payload").stat().st_size < 100_000          # data.bin (3 MiB) stays home
+    assert (b2 / "payload").stat().st_size < 100_000  # data.bin (3 MiB) stays home
     rc, doc = node(b2, dest)
     assert rc == 0 and doc["ok"], doc
     assert doc["delta"]["linked"] == 2 and doc["delta"]["send_files"] == 3
-    assert [s["id"] for s in doc["steps"]] == ["stage", "receive", "verify", "relocate", "prove",
-                                               "swap", "exports"]
+    assert [s["id"] for s in doc["steps"]] == [
+        "stage",
+        "receive",
+        "verify",
+        "relocate",
+        "prove",
+        "swap",
+        "exports",
+    ]
     assert (dest / PKG / "__init__.py").read_text() == "x = 2222\n"
-    assert data.stat().st_ino == inode                            # linked, not sent again
-    assert "/node1/venv/bin/python" in (dest / "bin" / "tool").read_text()   # relocated
+    assert data.stat().st_ino == inode  # linked, not sent again
+    assert "/node1/venv/bin/python" in (dest / "bin" / "tool").read_text()  # relocated
     assert doc["verify"]["linked"] == 2
 
 
@@ -115,12 +151,14 @@ def test_a_node_without_an_install_asks_for_the_whole_bundle(first, tmp_path):
 def test_a_file_changed_on_the_node_that_the_bundle_lacks_means_the_whole_bundle(first, tmp_path):
     src, m1, dest = first
     local = dest / PKG / "data.bin"
-    local.write_bytes(b"changed on this node")       # not what the last fan-out installed
+    local.write_bytes(b"changed on this node")  # not what the last fan-out installed
     change_one_file(src)
     m2 = manifest.build(str(src), [], "sha256", jobs=2, reuse=m1)
     rc, doc = node(bundle(tmp_path / "b2", src, m2, base=m1), dest)
-    assert rc == 3 and "1 files here differ" in doc["needs_full"] and "data.bin" in doc["needs_full"]
-    assert local.read_bytes() == b"changed on this node"          # the install is left alone
+    assert (
+        rc == 3 and "1 files here differ" in doc["needs_full"] and "data.bin" in doc["needs_full"]
+    )
+    assert local.read_bytes() == b"changed on this node"  # the install is left alone
     # the whole bundle comes under a new name (issue 44 R3): this one's directory goes
     assert not (tmp_path / "b2").exists()
     assert (dest / PKG / "__init__.py").read_text() == "x = 1\n"
@@ -131,8 +169,12 @@ def test_a_file_changed_on_the_node_that_the_bundle_lacks_means_the_whole_bundle
 
 
 def test_pending_and_a_later_round_replacing_a_nodes_report(tmp_path):
-    asks = {"node": "n2", "ok": False, "needs_full": "no earlier install at /x",
-            "steps": [{"id": "extract", "ok": False, "rc": 3, "error": ["needs the whole bundle"]}]}
+    asks = {
+        "node": "n2",
+        "ok": False,
+        "needs_full": "no earlier install at /x",
+        "steps": [{"id": "extract", "ok": False, "rc": 3, "error": ["needs the whole bundle"]}],
+    }
     fine = {"node": "n1", "ok": True, "steps": [{"id": "extract", "ok": True, "rc": 0}]}
     first = tmp_path / "install.out"
     first.write_text("\n".join(f"{d['node']}: {ln}" for d in (fine, asks) for ln in _lines(d)))
@@ -154,10 +196,11 @@ def test_a_base_with_digests_of_another_algorithm_is_not_used(tmp_path):
     assert not d["usable"] and "another algorithm" in d["why"]
 
 
-def test_a_node_that_holds_the_tree_keeps_it_and_an_installed_node_drops_its_bundle(first,
-                                                                                    tmp_path):
+def test_a_node_that_holds_the_tree_keeps_it_and_an_installed_node_drops_its_bundle(
+    first, tmp_path
+):
     src, m1, dest = first
-    assert not (tmp_path / "b1").exists()             # installed: its bundle left the scratch
+    assert not (tmp_path / "b1").exists()  # installed: its bundle left the scratch
     inode = (dest / PKG / "data.bin").stat().st_ino
     rc, doc = node(bundle(tmp_path / "again", src, m1), dest)
     assert rc == 0 and doc["ok"] and doc["up_to_date"] == "up to date (quick check)"

@@ -17,9 +17,16 @@ def lines_of(doc: dict) -> list[str]:
 
 
 def report(node: str, ok: bool = True, pad: int = 5000) -> dict:
-    return {"node": node, "ok": ok, "steps": [{"id": "extract", "ok": True, "rc": 0}],
-            "probe": {"checks": [{"id": "imports", "status": "pass",
-                                  "values": {"blob": "x" * pad, "node": "same"}}]}}
+    return {
+        "node": node,
+        "ok": ok,
+        "steps": [{"id": "extract", "ok": True, "rc": 0}],
+        "probe": {
+            "checks": [
+                {"id": "imports", "status": "pass", "values": {"blob": "x" * pad, "node": "same"}}
+            ]
+        },
+    }
 
 
 def test_every_line_fits_one_slurm_io_message():
@@ -31,7 +38,7 @@ def test_interleaved_prefixed_chunks_are_put_back_together_per_node():
     docs = {f"node{i:02d}": report(f"node{i:02d}", pad=3000 + i * 777) for i in range(1, 9)}
     lines = []
     for i, (name, doc) in enumerate(docs.items()):
-        prefix = [f"{name}: ", f"{i}: ", ""][i % 3]        # clush, srun --label, bare
+        prefix = [f"{name}: ", f"{i}: ", ""][i % 3]  # clush, srun --label, bare
         lines += [prefix + ln for ln in lines_of(doc)]
     random.Random(7).shuffle(lines)
     lines.insert(3, "srun: error: node09: task 8: Killed")
@@ -41,10 +48,11 @@ def test_interleaved_prefixed_chunks_are_put_back_together_per_node():
 def test_a_report_with_a_lost_or_garbled_chunk_is_no_report():
     a, b = lines_of(report("node01")), lines_of(report("node02"))
     assert len(a) > 2
-    got = fanout.parse_reports(a[:1] + a[2:] + b[:-1] + [b[-1][:-3]])   # cut short: not JSON
+    got = fanout.parse_reports(a[:1] + a[2:] + b[:-1] + [b[-1][:-3]])  # cut short: not JSON
     assert got == {}
     assert fanout.parse_reports(lines_of({"node": "n1", "ok": True})) == {
-        "n1": {"node": "n1", "ok": True}}
+        "n1": {"node": "n1", "ok": True}
+    }
 
 
 def test_a_chunk_claiming_another_node_is_not_mixed_in():
@@ -56,8 +64,9 @@ def test_a_chunk_claiming_another_node_is_not_mixed_in():
 def test_compare_folds_equal_rows_and_names_odd_and_missing():
     reports = {n: report(n) for n in ("n1", "n2", "n3")}
     reports["n3"]["probe"]["checks"][0]["values"]["node"] = "other"
-    result = fanout.compare(["n1", "n2", "n3", "n4"], reports,
-                            ["srun: error: n4: task 3: Killed"], "3")
+    result = fanout.compare(
+        ["n1", "n2", "n3", "n4"], reports, ["srun: error: n4: task 3: Killed"], "3"
+    )
     assert result["groups"] == [["n1", "n2"], ["n3"]]
     assert "check:imports.node" in result["odd"]["n3"][0]
     assert result["missing"]["n4"] == ["srun: error: n4: task 3: Killed"]
@@ -72,8 +81,11 @@ def test_fold_names():
 
 
 def test_a_node_that_reports_its_full_hostname_is_matched_to_the_spec_name():
-    reports = {"node01.cluster.example": report("node01.cluster.example"), "node02": report("node02"),
-               "stranger": report("stranger")}
+    reports = {
+        "node01.cluster.example": report("node01.cluster.example"),
+        "node02": report("node02"),
+        "stranger": report("stranger"),
+    }
     got = fanout.match_nodes(["node01", "node02"], reports)
     assert set(got) == {"node01", "node02"} and got["node01"]["node"] == "node01"
 
@@ -106,8 +118,16 @@ def test_watch_says_each_node_as_it_finishes_and_stops_when_all_reported(tmp_pat
     chunks = ["noise from clush\n", "".join(a), text_b[:10], text_b[10:], "", ""]
     clock, sleep = _grow(out_path, chunks)
     said = io.StringIO()
-    rc = fanout.watch(["n1", "n2", "n3"], str(out_path), str(tmp_path / "ended"), every=10,
-                      limit=60, out=said, clock=clock, sleep=sleep)
+    rc = fanout.watch(
+        ["n1", "n2", "n3"],
+        str(out_path),
+        str(tmp_path / "ended"),
+        every=10,
+        limit=60,
+        out=said,
+        clock=clock,
+        sleep=sleep,
+    )
     assert rc == 0
     lines = said.getvalue().splitlines()
     assert lines[0].startswith("n1 ok: 1/3 nodes done, 2 running")
@@ -122,11 +142,17 @@ def test_a_node_verdict_names_the_failed_step_or_checks():
     assert fanout._verdict({"ok": True, "up_to_date": "same tree", "steps": []}) == "up to date"
     assert fanout._verdict({"needs_full": "x", "steps": []}) == "needs the whole bundle"
     probe = {"checks": [{"id": "imports", "status": "fail"}, {"id": "matmul", "status": "pass"}]}
-    assert fanout._verdict({"ok": False, "steps": [{"id": "probe", "ok": False}],
-                            "probe": probe}) == "failed check imports"
-    assert fanout._verdict({"ok": False, "steps": [{"id": "probe", "ok": True}],
-                            "probe": probe}) == "failed check imports"
-    assert fanout._verdict({"ok": False, "steps": [{"id": "swap", "ok": False}]}) == "failed in swap"
+    assert (
+        fanout._verdict({"ok": False, "steps": [{"id": "probe", "ok": False}], "probe": probe})
+        == "failed check imports"
+    )
+    assert (
+        fanout._verdict({"ok": False, "steps": [{"id": "probe", "ok": True}], "probe": probe})
+        == "failed check imports"
+    )
+    assert (
+        fanout._verdict({"ok": False, "steps": [{"id": "swap", "ok": False}]}) == "failed in swap"
+    )
 
 
 def test_watch_ends_when_the_round_ends(tmp_path):
@@ -134,10 +160,20 @@ def test_watch_ends_when_the_round_ends(tmp_path):
     out_path.write_text("".join(_lines({"node": "n1", "ok": True, "steps": []})))
     (tmp_path / "ended").write_text("")
     said = io.StringIO()
-    fanout.watch(["n1", "n2"], str(out_path), str(tmp_path / "ended"), every=10, limit=60,
-                 out=said, clock=lambda: 0.0, sleep=lambda s: None)
-    assert said.getvalue().splitlines() == ["n1 ok: 1/2 nodes done, 1 running, 0 s",
-                                            "1/2 nodes done, 1 running when the round ended, 0 s"]
+    fanout.watch(
+        ["n1", "n2"],
+        str(out_path),
+        str(tmp_path / "ended"),
+        every=10,
+        limit=60,
+        out=said,
+        clock=lambda: 0.0,
+        sleep=lambda s: None,
+    )
+    assert said.getvalue().splitlines() == [
+        "n1 ok: 1/2 nodes done, 1 running, 0 s",
+        "1/2 nodes done, 1 running when the round ended, 0 s",
+    ]
 
 
 def _lines(doc: dict, prefix: str = "") -> list[str]:
@@ -153,6 +189,14 @@ def test_watch_ends_when_the_runbook_that_started_it_is_gone(tmp_path, monkeypat
     monkeypatch.setattr(fanout.os, "getppid", lambda: next(parents, 1))
     said = io.StringIO()
     naps = []
-    rc = fanout.watch(["n1", "n2"], str(out_path), str(tmp_path / "ended"), every=10, limit=3600,
-                      out=said, clock=lambda: 0.0, sleep=naps.append)
+    rc = fanout.watch(
+        ["n1", "n2"],
+        str(out_path),
+        str(tmp_path / "ended"),
+        every=10,
+        limit=3600,
+        out=said,
+        clock=lambda: 0.0,
+        sleep=naps.append,
+    )
     assert rc == 0 and len(naps) == 1 and said.getvalue() == ""

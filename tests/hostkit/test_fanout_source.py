@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from rbkit import engine, fanout, hostfs
+
 from tests.hostkit.test_fanout_delta import bundle, node
 
 
@@ -41,8 +41,9 @@ def state(root: Path) -> dict:
 @pytest.fixture
 def source(tmp_path):
     """A source venv at tmp_path/src/venv, and a bundle of it (with the source's identity)."""
-    from tests.hostkit.test_kit import make_tree
     from rbkit import manifest
+
+    from tests.hostkit.test_kit import make_tree
 
     src = tmp_path / "src" / "venv"
     make_tree(src, python=True)
@@ -50,13 +51,17 @@ def source(tmp_path):
     return src, bundle(tmp_path / "b", src, m)
 
 
-@pytest.mark.parametrize("where,said", [
-    ("alias/venv", "source and destination are one directory: {src}"),
-    ("alias/venv/lib/new", "the destination {src}/lib/new is inside the source {src}"),
-    ("alias", "the source {src} is inside the destination {parent}"),
-])
+@pytest.mark.parametrize(
+    "where,said",
+    [
+        ("alias/venv", "source and destination are one directory: {src}"),
+        ("alias/venv/lib/new", "the destination {src}/lib/new is inside the source {src}"),
+        ("alias", "the source {src} is inside the destination {parent}"),
+    ],
+)
 def test_a_node_whose_destination_is_the_source_under_another_name_is_refused(
-        source, tmp_path, where, said):
+    source, tmp_path, where, said
+):
     """The destination names the source through a symlink to its parent (alias -> src): the node
     refuses it with the single-host route's message, before the lock (nothing is written beside
     it), and the source is untouched."""
@@ -68,9 +73,10 @@ def test_a_node_whose_destination_is_the_source_under_another_name_is_refused(
     assert rc == 1 and not doc["ok"]
     first = doc["steps"][0]
     assert first["id"] == "preflight" and not first["ok"], doc
-    assert first["error"] == ["refusing to install %s: %s" % (
-        dest, said.format(src=src, parent=src.parent))]
-    assert [s["id"] for s in doc["steps"]] == ["preflight"]        # no lock, no stage
+    assert first["error"] == [
+        "refusing to install %s: %s" % (dest, said.format(src=src, parent=src.parent))
+    ]
+    assert [s["id"] for s in doc["steps"]] == ["preflight"]  # no lock, no stage
     assert state(src) == before and sorted(os.listdir(src.parent)) == beside
     assert fanout._verdict(doc) == "failed in preflight"
 
@@ -98,13 +104,19 @@ def test_the_node_check_on_identities_of_another_mount_namespace(source, tmp_pat
     on another machine (another boot id, a local file system) is apart."""
     src, _d = source
     (tmp_path / "alias").symlink_to(src.parent)
-    there = dict(hostfs.identity(str(src)), mnt_ns="mnt:[1]", path="/data/venv",
-                 abspath="/data/venv", realpath="/data/venv")
+    there = dict(
+        hostfs.identity(str(src)),
+        mnt_ns="mnt:[1]",
+        path="/data/venv",
+        abspath="/data/venv",
+        realpath="/data/venv",
+    )
     got = check(tmp_path, there, tmp_path / "alias" / "venv")
     assert got["status"] == "failed"
     assert got["detail"] == (
         "refusing to install %s/alias/venv: source and destination are the same directory under "
-        "two names (/data/venv, %s: one device and inode)" % (tmp_path, src))
+        "two names (/data/venv, %s: one device and inode)" % (tmp_path, src)
+    )
     inside = check(tmp_path, there, tmp_path / "alias" / "venv" / "lib" / "x")
     assert "is inside the source /data/venv" in inside["detail"]
     other = dict(hostfs.identity(str(src)), boot_id="another-machine", mount=None)
@@ -114,15 +126,28 @@ def test_the_node_check_on_identities_of_another_mount_namespace(source, tmp_pat
 
 def test_the_comparison_names_the_refused_node_and_its_reason():
     ok = {"node": "n1", "ok": True, "steps": [{"id": "stage", "ok": True, "rc": 0}]}
-    refused = {"node": "n2", "ok": False, "steps": [
-        {"id": "preflight", "ok": False, "rc": 1,
-         "error": ["refusing to install /opt/v: source and destination are one directory: /o/v"]}]}
+    refused = {
+        "node": "n2",
+        "ok": False,
+        "steps": [
+            {
+                "id": "preflight",
+                "ok": False,
+                "rc": 1,
+                "error": [
+                    "refusing to install /opt/v: source and destination are one directory: /o/v"
+                ],
+            }
+        ],
+    }
     reports = {"n1": ok, "n2": refused, "n3": dict(ok, node="n3")}
     result = fanout.compare(["n1", "n2", "n3"], reports, [], "2")
     assert result["columns"][0] == "preflight" and result["passed"]
     assert result["rows"]["n1"]["preflight"] == "pass"
     assert result["rows"]["n2"]["preflight"] == "fail"
-    assert result["odd"]["n2"][0] == ("preflight: fail (others: pass): refusing to install /opt/v: "
-                                      "source and destination are one directory: /o/v")
+    assert result["odd"]["n2"][0] == (
+        "preflight: fail (others: pass): refusing to install /opt/v: "
+        "source and destination are one directory: /o/v"
+    )
     assert "not run after that: stage" in result["odd"]["n2"]
     assert "2/3 nodes passed" in fanout.table(result)

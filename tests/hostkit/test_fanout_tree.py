@@ -8,10 +8,10 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from rbkit import fanout as kit_fanout
 
 from compiler import cli
 from compiler.fanout import expand
-from rbkit import fanout as kit_fanout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,27 +38,34 @@ fanout:
     return p
 
 
-@pytest.mark.parametrize("nodes, warned", [("node[01-08]", False), ("node[01-09]", True),
-                                           ("gpu[001-128]", True)])
+@pytest.mark.parametrize(
+    "nodes, warned", [("node[01-08]", False), ("node[01-09]", True), ("gpu[001-128]", True)]
+)
 def test_a_flat_clush_copy_to_more_than_8_nodes_is_a_warning(tmp_path, nodes, warned):
     code, err = compile_(str(write_spec(tmp_path, nodes)), "-o", str(tmp_path))
     assert code == 0 and (tmp_path / "fan.sh").exists()
     if warned:
-        assert f"fan.yaml:9:10: warning: fanout.nodes: clush without a topology copies the bundle " \
-               f"from this machine once per node ({len(expand(nodes))} copies); set " \
-               f"fanout.topology" in err
+        assert (
+            f"fan.yaml:9:10: warning: fanout.nodes: clush without a topology copies the bundle "
+            f"from this machine once per node ({len(expand(nodes))} copies); set "
+            f"fanout.topology" in err
+        )
     else:
         assert "warning" not in err
 
 
 def test_no_warning_with_a_topology_and_clush_runs_with_the_gateways_python(tmp_path):
-    code, err = compile_(str(write_spec(tmp_path, "gpu[001-128]",
-                                        "  topology: /etc/clustershell/topology.conf\n")),
-                         "-o", str(tmp_path))
+    code, err = compile_(
+        str(write_spec(tmp_path, "gpu[001-128]", "  topology: /etc/clustershell/topology.conf\n")),
+        "-o",
+        str(tmp_path),
+    )
     assert code == 0 and "warning" not in err
     text = (tmp_path / "fan.sh").read_text()
-    assert "readonly -a RB_FAN_CLUSH=(env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/bin/python3 " \
-           "clush)" in text
+    assert (
+        "readonly -a RB_FAN_CLUSH=(env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/bin/python3 "
+        "clush)" in text
+    )
     assert "readonly RB_FAN_TOPOLOGY=/etc/clustershell/topology.conf" in text
 
 
@@ -71,12 +78,19 @@ def test_flat_clush_runs_plain_clush(tmp_path):
 
 
 def report(node: str, *, failed: bool = False, rolled_back: bool = False) -> dict:
-    steps = [{"id": s, "ok": True, "rc": 0} for s in ("extract", "verify", "relocate", "swap",
-                                                      "exports")]
+    steps = [
+        {"id": s, "ok": True, "rc": 0} for s in ("extract", "verify", "relocate", "swap", "exports")
+    ]
     steps.append({"id": "probe", "ok": not failed, "rc": int(failed)})
-    doc = {"node": node, "ok": not failed, "steps": steps, "previous": "/v.rb-backup.3",
-           "probe": {"checks": [{"id": "imports", "status": "fail" if failed else "pass",
-                                 "values": {}}]}}
+    doc = {
+        "node": node,
+        "ok": not failed,
+        "steps": steps,
+        "previous": "/v.rb-backup.3",
+        "probe": {
+            "checks": [{"id": "imports", "status": "fail" if failed else "pass", "values": {}}]
+        },
+    }
     if rolled_back:
         steps.append({"id": "rollback", "ok": True, "rc": 0})
         doc["rolled_back"] = {"restored": "/v.rb-backup.3", "kept_current_as": "/v.rb-backup.3"}
@@ -84,15 +98,20 @@ def report(node: str, *, failed: bool = False, rolled_back: bool = False) -> dic
 
 
 def test_a_rolled_back_node_has_its_column_and_line_in_the_comparison():
-    reports = {"n1": report("n1"), "n2": report("n2", failed=True, rolled_back=True),
-               "n3": report("n3", failed=True)}
+    reports = {
+        "n1": report("n1"),
+        "n2": report("n2", failed=True, rolled_back=True),
+        "n3": report("n3", failed=True),
+    }
     result = kit_fanout.compare(["n1", "n2", "n3"], reports, [], "1")
     assert result["columns"][-1] == "rollback"
     assert result["rows"]["n2"]["rollback"] == "pass" and result["rows"]["n3"]["rollback"] == "-"
     assert set(result["rolled_back"]) == {"n2"}
     text = kit_fanout.table(result)
-    assert "rolled back n2: its checks failed, the previous install is in place again; the one " \
-           "that failed is kept at /v.rb-backup.3" in text
+    assert (
+        "rolled back n2: its checks failed, the previous install is in place again; the one "
+        "that failed is kept at /v.rb-backup.3" in text
+    )
     assert "rolled back n3" not in text
 
 

@@ -12,15 +12,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from rbkit import fanout, fanplan, hostfs
 from rbkit import manifest as kitmanifest
 from rbkit.choices import Choices
+
 from tests.hostkit.test_liveplan import tree
 
 CHOICES = '{"schema": 1, "on_existing": "replace"}'
-
-
 
 
 def install(src: Path, dst: Path) -> None:
@@ -28,8 +26,11 @@ def install(src: Path, dst: Path) -> None:
     install's manifest recording the source."""
     subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
     m = kitmanifest.build(str(src), algo="sha256", jobs=1)
-    kitmanifest.save(kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m)),
-                     str(dst / ".rb-manifest.jsonl"), sync=False)
+    kitmanifest.save(
+        kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m)),
+        str(dst / ".rb-manifest.jsonl"),
+        sync=False,
+    )
     st = src.stat()
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
 
@@ -38,7 +39,7 @@ def report(tmp_path: Path, node: str, dest: Path, out, monkeypatch) -> None:
     """`rbkit.fanout node --state` on NODE, its report appended to the engine's output."""
     kit = tmp_path / ("kit-" + node)
     kit.mkdir()
-    (kit / fanout.BUNDLE).write_bytes(b"")        # where the node script moved the bundle
+    (kit / fanout.BUNDLE).write_bytes(b"")  # where the node script moved the bundle
     monkeypatch.setenv("SLURMD_NODENAME", node)
     a = argparse.Namespace(dir=str(kit), dest=str(dest), choices=Choices.from_json(CHOICES))
     monkeypatch.setattr("sys.stdout", out)
@@ -51,8 +52,9 @@ def report(tmp_path: Path, node: str, dest: Path, out, monkeypatch) -> None:
 def nodes(tmp_path, monkeypatch):
     """Five nodes: n1 without an install, n2 and n4 holding exactly this source's, n3 an older
     one (a file changed there), n5 down (no report). The run dir holds the source's scan."""
-    src = tree(tmp_path / "src", {"pyvenv.cfg": "home = /usr/bin", "bin/python": "x",
-                                  "lib/a.py": "a"})
+    src = tree(
+        tmp_path / "src", {"pyvenv.cfg": "home = /usr/bin", "bin/python": "x", "lib/a.py": "a"}
+    )
     dests = {n: tmp_path / n / "venv" for n in ("n1", "n2", "n3", "n4", "n5")}
     for n, d in dests.items():
         d.parent.mkdir()
@@ -72,22 +74,47 @@ def nodes(tmp_path, monkeypatch):
 
 
 def compose(nodes, *extra: str) -> int:
-    return fanplan.main(["compose", "--dir", str(nodes["run"]), "--nodes", "n1,n2,n3,n4,n5",
-                         "--engine-out", str(nodes["out"]), "--engine-err", str(nodes["err"]),
-                         "--name", "t", "--choices", CHOICES, "--dest", "/x/venv",
-                         "--engine", "clush", "--source-bytes", "20", "--need-bytes", "8192",
-                         "--audit-rc", "0", "--incremental", *extra])
+    return fanplan.main(
+        [
+            "compose",
+            "--dir",
+            str(nodes["run"]),
+            "--nodes",
+            "n1,n2,n3,n4,n5",
+            "--engine-out",
+            str(nodes["out"]),
+            "--engine-err",
+            str(nodes["err"]),
+            "--name",
+            "t",
+            "--choices",
+            CHOICES,
+            "--dest",
+            "/x/venv",
+            "--engine",
+            "clush",
+            "--source-bytes",
+            "20",
+            "--need-bytes",
+            "8192",
+            "--audit-rc",
+            "0",
+            "--incremental",
+            *extra,
+        ]
+    )
 
 
 def test_nodes_are_grouped_by_what_a_run_does_there_and_the_unreachable_named(nodes, capsys):
-    assert compose(nodes, "--markdown") == 1               # n5 unreachable blocks the run
+    assert compose(nodes, "--markdown") == 1  # n5 unreachable blocks the run
     out = capsys.readouterr().out
     plan = json.loads((nodes["run"] / "plan.json").read_text())
     kinds = {g["folded"]: g["kind"] for g in plan["groups"]}
     assert kinds == {"n1": fanplan.EVERYTHING, "n[2,4]": fanplan.UP_TO_DATE, "n3": fanplan.OLDER}
     n3 = [g for g in plan["groups"] if g["folded"] == "n3"][0]
     assert Path(n3["listing"]).read_text().splitlines() == [
-        ">f????????? lib/a.py (changed at the destination since the install)"]
+        ">f????????? lib/a.py (changed at the destination since the install)"
+    ]
     # a file changed on a node: the node takes the whole bundle, not the changes alone
     assert n3["send_bytes"] == 20 and not n3["incremental"]
     assert plan["unreachable"] == {"n5": "ssh: connect to host n5 port 22: Connection refused"}
@@ -97,22 +124,36 @@ def test_nodes_are_grouped_by_what_a_run_does_there_and_the_unreachable_named(no
     assert "unreachable: n5: ssh: connect to host n5 port 22" in out
     assert "# group 3: n3" in (nodes["run"] / "plan.md").read_text()
     # each node's state kept beside the plan, for --apply
-    assert sorted(p.name for p in (nodes["run"] / "nodes").iterdir() if p.suffix == ".state") \
-        == ["n1.state", "n2.state", "n3.state", "n4.state"]
+    assert sorted(p.name for p in (nodes["run"] / "nodes").iterdir() if p.suffix == ".state") == [
+        "n1.state",
+        "n2.state",
+        "n3.state",
+        "n4.state",
+    ]
 
 
-def test_drift_names_the_node_that_moved_and_the_one_unreachable_now(nodes, tmp_path, capsys,
-                                                                     monkeypatch):
+def test_drift_names_the_node_that_moved_and_the_one_unreachable_now(
+    nodes, tmp_path, capsys, monkeypatch
+):
     compose(nodes)
     capsys.readouterr()
     (nodes["dests"]["n2"] / "lib" / "new.py").write_text("new")
-    shutil.rmtree(nodes["dests"]["n1"].parent)              # n1's parent gone: still a state
+    shutil.rmtree(nodes["dests"]["n1"].parent)  # n1's parent gone: still a state
     now = tmp_path / "now.out"
     with open(now, "w") as out:
-        for n in ("n1", "n2", "n3"):                        # n4 does not answer now
+        for n in ("n1", "n2", "n3"):  # n4 does not answer now
             report(tmp_path, n, nodes["dests"][n], out, monkeypatch)
-    drift = ["drift", "--plan", str(nodes["run"] / "plan.json"), "--dir", str(tmp_path / "apply"),
-             "--nodes", "n1,n2,n3,n4,n5", "--engine-out", str(now)]
+    drift = [
+        "drift",
+        "--plan",
+        str(nodes["run"] / "plan.json"),
+        "--dir",
+        str(tmp_path / "apply"),
+        "--nodes",
+        "n1,n2,n3,n4,n5",
+        "--engine-out",
+        str(now),
+    ]
     rc = fanplan.main(drift + ["--source-now", str(nodes["run"] / "source.scan")])
     said = capsys.readouterr().out.splitlines()
     assert rc == 1

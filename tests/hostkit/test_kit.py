@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rbkit import exports, hostfs, manifest, relocate
 
 
@@ -22,8 +21,12 @@ def make_tree(root: Path, python: bool = False) -> None:
     (root / "bin").mkdir(parents=True)
     (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__").mkdir(parents=True)
     (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py").write_text("x = 1\n")
-    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"\0")
-    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin").write_bytes(os.urandom(3 << 20))
+    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "__pycache__" / "a.pyc").write_bytes(
+        b"\0"
+    )
+    (root / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin").write_bytes(
+        os.urandom(3 << 20)
+    )
     (root / "lib64").symlink_to("lib")
     (root / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
     tool = root / "bin" / "tool"
@@ -32,8 +35,9 @@ def make_tree(root: Path, python: bool = False) -> None:
     if python:
         base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
         (root / "bin" / "python").symlink_to(base)
-        (root / "pyvenv.cfg").write_text(f"home = {os.path.dirname(base)}\n"
-                                         f"version = {sys.version.split()[0]}\n")
+        (root / "pyvenv.cfg").write_text(
+            f"home = {os.path.dirname(base)}\nversion = {sys.version.split()[0]}\n"
+        )
 
 
 @pytest.fixture
@@ -90,8 +94,12 @@ def test_verify_names_every_kind_of_difference(tree, tmp_path):
 def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
     out = tmp_path / "m.jsonl"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "hostkit"))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "rbkit", *a], env=env,  # noqa: E731
-                                    capture_output=True, text=True)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "rbkit", *a],
+        env=env,  # noqa: E731
+        capture_output=True,
+        text=True,
+    )
     r = run("manifest", "build", str(tree), "--out", str(out), "--exclude", "*.pyc")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["totals"]["files"] == 4
@@ -119,14 +127,17 @@ def test_relocate_rewrites_shebangs_activate_and_trampolines(tmp_path):
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "tool").write_text("#!/old/venv/bin/python3\nprint('/old/venv2 stays')\n")
     (root / "bin" / "long").write_text(
-        "#!/bin/sh\n'''exec' \"/old/venv/bin/python\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+        "#!/bin/sh\n'''exec' \"/old/venv/bin/python\" \"$0\" \"$@\"\n' '''\nimport sys\n"
+    )
     (root / "bin" / "activate").write_text('VIRTUAL_ENV="/old/venv"\nexport VIRTUAL_ENV\n')
     (root / "bin" / "python").symlink_to("/usr/bin/python3")
     (root / "bin" / "blob").write_bytes(b"\0/old/venv")
     (root / "pyvenv.cfg").write_text("command = /usr/bin/python3 -m venv /old/venv\n")
     result = relocate.relocate(str(root), "/old/venv", "/new/place")
     assert sorted(result["rewritten"]) == ["bin/activate", "bin/long", "bin/tool", "pyvenv.cfg"]
-    assert (root / "bin" / "tool").read_text() == "#!/new/place/bin/python3\nprint('/old/venv2 stays')\n"
+    assert (
+        root / "bin" / "tool"
+    ).read_text() == "#!/new/place/bin/python3\nprint('/old/venv2 stays')\n"
     assert '"/new/place/bin/python"' in (root / "bin" / "long").read_text()
     assert 'VIRTUAL_ENV="/new/place"' in (root / "bin" / "activate").read_text()
     assert (root / "bin" / "blob").read_bytes() == b"\0/old/venv", "binaries are left alone"
@@ -141,7 +152,7 @@ def test_relocate_turns_a_too_long_shebang_into_a_trampoline(tmp_path):
     new = "/" + "deep/" * 30 + "venv"
     relocate.relocate(str(root), "/o", new)
     text = (root / "bin" / "tool").read_text()
-    assert text.startswith("#!/bin/sh\n'''exec' \"" + new + "/bin/python\"")
+    assert text.startswith("#!/bin/sh\n'''exec' \"" + new + '/bin/python"')
     assert os.stat(root / "bin" / "tool").st_mode & 0o777 == 0o755
 
 
@@ -190,13 +201,23 @@ def test_exports_put_venv_library_dirs_first(tmp_path):
     venv = tmp_path / "venv"
     lib = venv / "lib" / "python3.12" / "site-packages" / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
-    text, summary = exports.render(str(venv), "/usr/local/cuda-13.0", ["nvidia/cu13/lib"],
-                                   {"NCCL_NVLS_ENABLE": "0"}, "test")
+    text, summary = exports.render(
+        str(venv), "/usr/local/cuda-13.0", ["nvidia/cu13/lib"], {"NCCL_NVLS_ENABLE": "0"}, "test"
+    )
     env_file = tmp_path / "env.sh"
     env_file.write_text(text)
     out = subprocess.run(
-        ["bash", "-c", 'LD_LIBRARY_PATH=/sys/lib; source "$1"; printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"', "_", str(env_file)],
-        capture_output=True, text=True, check=True).stdout.splitlines()
+        [
+            "bash",
+            "-c",
+            'LD_LIBRARY_PATH=/sys/lib; source "$1"; printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"',
+            "_",
+            str(env_file),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert out[0] == f"{lib}:/usr/local/cuda-13.0/lib64:/sys/lib"
     assert out[1:] == ["/usr/local/cuda-13.0", "0"]
     assert summary["missing_dirs"] == []
@@ -210,8 +231,11 @@ def test_kit_files_compile_under_python_3_9():
         pytest.skip("python 3.9 is not installed here")
     kit = Path(__file__).resolve().parents[2] / "hostkit" / "rbkit"
     for f in sorted(kit.glob("*.py")):
-        r = subprocess.run([str(py39), "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(f)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [str(py39), "-c", "import ast,sys; ast.parse(open(sys.argv[1]).read())", str(f)],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, (f, r.stderr)
 
 
@@ -279,7 +303,7 @@ def test_a_build_from_the_scan_record_is_the_walked_build_and_only_for_that_walk
     stat fingerprint included. A record of another walk (other excludes, strip rule or root) is
     not used: the build walks."""
     excl = ["__pycache__", "*.pyc"]
-    for odd in ("new\nline", "sep\u2028ara\u2029tor", "cr\rx"):     # one entry each, in any text
+    for odd in ("new\nline", "sep\u2028ara\u2029tor", "cr\rx"):  # one entry each, in any text
         (tree / "lib" / odd).write_text(odd)
     names = tmp_path / "run.names"
     info = hostfs.scan(str(tree), excl, str(names))
@@ -295,13 +319,19 @@ def test_a_build_from_the_scan_record_is_the_walked_build_and_only_for_that_walk
     again = manifest.build(str(tree), excl, "sha256", 2, scanned=str(record))
     assert "bin/late" not in {e["p"] for e in again["entries"]}
     # another walk's record: walked again (the new file is there)
-    for args, kw in (((str(tree), [], "sha256", 2), {}),
-                     ((str(tree), excl, "sha256", 2), {"strip_special": True}),
-                     ((str(tree) + "/", excl, "sha256", 2), {})):
+    for args, kw in (
+        ((str(tree), [], "sha256", 2), {}),
+        ((str(tree), excl, "sha256", 2), {"strip_special": True}),
+        ((str(tree) + "/", excl, "sha256", 2), {}),
+    ):
         other = manifest.build(*args, scanned=str(record), **kw)
         assert "bin/late" in {e["p"] for e in other["entries"]}, (args, kw)
-    assert "bin/late" in {e["p"] for e in manifest.build(str(tree), excl, "sha256", 2,
-                                                         scanned=str(tmp_path / "none"))["entries"]}
+    assert "bin/late" in {
+        e["p"]
+        for e in manifest.build(str(tree), excl, "sha256", 2, scanned=str(tmp_path / "none"))[
+            "entries"
+        ]
+    }
 
 
 def test_a_file_that_changed_size_since_the_scan_fails_the_build_by_name(tree, tmp_path):
@@ -313,13 +343,15 @@ def test_a_file_that_changed_size_since_the_scan_fails_the_build_by_name(tree, t
     init = tree / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py"
     init.write_text("x = 1\ny = 2\n")
     with pytest.raises(manifest.Changed, match=r"__init__\.py: 12 bytes read, 6 when"):
-        manifest.build(str(tree), excl, "sha256", 2,
-                       scanned=str(tmp_path / ("n" + manifest.SCAN_SUFFIX)))
+        manifest.build(
+            str(tree), excl, "sha256", 2, scanned=str(tmp_path / ("n" + manifest.SCAN_SUFFIX))
+        )
     # the check itself, whatever gave the size: a digest of other bytes than seen is refused
     rel = "lib/python3.11/site-packages/pkg/__init__.py"
     with pytest.raises(manifest.Changed):
-        manifest.digests(str(tree), ["pyvenv.cfg", rel], "sha256", 2,
-                         [(tree / "pyvenv.cfg").stat().st_size, 6])
+        manifest.digests(
+            str(tree), ["pyvenv.cfg", rel], "sha256", 2, [(tree / "pyvenv.cfg").stat().st_size, 6]
+        )
     # walked: the entry and the digest are of the same file
     m = manifest.build(str(tree), excl, "sha256", 2)
     assert {e["p"]: e.get("s") for e in m["entries"]}[rel] == 12
@@ -338,17 +370,19 @@ def test_build_reuses_digests_of_unchanged_files_only(tree, tmp_path):
     before = manifest.build(str(tree), [], "sha256", jobs=2)
     pkg = tree / "lib" / "python3.11" / "site-packages" / "pkg"
     (pkg / "__init__.py").write_text("x = 22\n")
-    poisoned = {"header": before["header"],
-                "entries": [dict(e, h="0" * 64) if e.get("t") == "f" else e
-                            for e in before["entries"]], "totals": before["totals"]}
+    poisoned = {
+        "header": before["header"],
+        "entries": [dict(e, h="0" * 64) if e.get("t") == "f" else e for e in before["entries"]],
+        "totals": before["totals"],
+    }
     again = manifest.build(str(tree), [], "sha256", jobs=2, reuse=poisoned)
     by = {e["p"]: e for e in again["entries"]}
     rel = "lib/python3.11/site-packages/pkg/"
-    assert by[rel + "data.bin"]["h"] == "0" * 64            # unchanged: taken unread
-    assert by[rel + "__init__.py"]["h"] != "0" * 64         # changed size: read
-    assert by["pyvenv.cfg"]["h"] != "0" * 64                # relocatable: always read
+    assert by[rel + "data.bin"]["h"] == "0" * 64  # unchanged: taken unread
+    assert by[rel + "__init__.py"]["h"] != "0" * 64  # changed size: read
+    assert by["pyvenv.cfg"]["h"] != "0" * 64  # relocatable: always read
     assert by["bin/tool"]["h"] != "0" * 64
-    assert again["reused"] == 2                              # data.bin and the .pyc
+    assert again["reused"] == 2  # data.bin and the .pyc
     other = dict(poisoned, header=dict(poisoned["header"], algo="blake2b"))
     assert manifest.build(str(tree), [], "sha256", jobs=2, reuse=other)["reused"] == 0
 
@@ -365,14 +399,26 @@ def test_stage_links_unchanged_files_and_lists_the_rest(tree, tmp_path):
     names = tmp_path / "names"
     info = hostfs.stage(str(dest), str(staging), new, installed, str(names))
     send = names.read_bytes().split(b"\0")[:-1]
-    assert info["linked"] == 1 and info["send_files"] == 4     # __init__, new, tool, pyvenv.cfg
+    assert info["linked"] == 1 and info["send_files"] == 4  # __init__, new, tool, pyvenv.cfg
     staged = staging / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
     assert os.stat(staged).st_ino == os.stat(dest_data).st_ino
     assert b"lib/python3.11/site-packages/pkg/new.py" in send and b"bin/tool" in send
-    assert b"lib64" in send and b"lib" in send                  # links and dirs travel in tar
+    assert b"lib64" in send and b"lib" in send  # links and dirs travel in tar
     # verify trusts the link by stat, and reads nothing it linked
-    subprocess.run(["tar", "-C", str(tree), "--null", "--no-recursion", "-T", str(names), "-cf",
-                    str(tmp_path / "d.tar")], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-C",
+            str(tree),
+            "--null",
+            "--no-recursion",
+            "-T",
+            str(names),
+            "-cf",
+            str(tmp_path / "d.tar"),
+        ],
+        check=True,
+    )
     subprocess.run(["tar", "-C", str(staging), "-xf", str(tmp_path / "d.tar")], check=True)
     result = manifest.verify(str(staging), new, jobs=2, linked_from=str(dest))
     assert result["ok"] and result["linked"] == 1, result
@@ -408,40 +454,78 @@ def test_a_declared_gpu_that_no_check_proved_is_said_as_such(tmp_path):
     """Issue #16: a spec with gpu: whose GPU checks were skipped (allow_skip) does not read as a
     pass: report.json and the summary say the GPU was not proven."""
     from rbkit import report
+
     probe = tmp_path / "probe.json"
-    probe.write_text(json.dumps({"checks": [
-        {"id": "torch", "type": "torch", "status": "pass"},
-        {"id": "devices", "type": "devices", "status": "skip"},
-        {"id": "matmul", "type": "matmul", "status": "skip"}],
-        "summary": {"pass": 1, "fail": 0, "skip": 2}}))
-    doc = report.build("x", "specs/x.yaml", "0" * 64, str(tmp_path / "none.tsv"),
-                       {"b300": str(probe)}, "ok", gpu=True)
-    assert doc["gpu"] == {"declared": True, "proven": False,
-                          "unproven": ["b300: devices skipped", "b300: matmul skipped"]}
+    probe.write_text(
+        json.dumps(
+            {
+                "checks": [
+                    {"id": "torch", "type": "torch", "status": "pass"},
+                    {"id": "devices", "type": "devices", "status": "skip"},
+                    {"id": "matmul", "type": "matmul", "status": "skip"},
+                ],
+                "summary": {"pass": 1, "fail": 0, "skip": 2},
+            }
+        )
+    )
+    doc = report.build(
+        "x",
+        "specs/x.yaml",
+        "0" * 64,
+        str(tmp_path / "none.tsv"),
+        {"b300": str(probe)},
+        "ok",
+        gpu=True,
+    )
+    assert doc["gpu"] == {
+        "declared": True,
+        "proven": False,
+        "unproven": ["b300: devices skipped", "b300: matmul skipped"],
+    }
     assert "GPU NOT PROVEN" in report.table(doc)
-    probe.write_text(json.dumps({"checks": [{"id": "devices", "type": "devices", "status": "pass"}],
-                                 "summary": {"pass": 1, "fail": 0, "skip": 0}}))
-    doc = report.build("x", "specs/x.yaml", "0" * 64, str(tmp_path / "none.tsv"),
-                       {"b300": str(probe)}, "ok", gpu=True)
+    probe.write_text(
+        json.dumps(
+            {
+                "checks": [{"id": "devices", "type": "devices", "status": "pass"}],
+                "summary": {"pass": 1, "fail": 0, "skip": 0},
+            }
+        )
+    )
+    doc = report.build(
+        "x",
+        "specs/x.yaml",
+        "0" * 64,
+        str(tmp_path / "none.tsv"),
+        {"b300": str(probe)},
+        "ok",
+        gpu=True,
+    )
     assert doc["gpu"]["proven"] and "GPU NOT PROVEN" not in report.table(doc)
     assert "gpu" not in report.build("x", "s", "0", str(tmp_path / "none.tsv"), {}, "ok")
 
 
 @pytest.mark.parametrize("odd", ["x y", "$(touch CANARY)", "a'b\"c", "`touch CANARY`"])
-def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_no_path(odd, tmp_path):
+def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_no_path(
+    odd, tmp_path
+):
     """A space ends a shebang's path, and `$(...)` or backquotes would run inside a trampoline's
     double quotes: the rewritten script finds its interpreter
     beside itself (pip's form), runs, and the relocation proof reads it (the always-on check found
     the broken shebang at a destination with a space)."""
     from rbprobes import checks_venv
+
     new = tmp_path / odd / "venv"
     (new / "bin").mkdir(parents=True)
     (new / "bin" / "python").symlink_to(sys.executable)
-    for src in (b"#!/old/venv/bin/python\nimport sys; print(sys.executable)\n",
-                b"#!/bin/sh\n'''exec' \"/old/venv/bin/python\" \"$0\" \"$@\"\n' '''\n"
-                b"import sys; print(sys.executable)\n"):
+    for src in (
+        b"#!/old/venv/bin/python\nimport sys; print(sys.executable)\n",
+        b"#!/bin/sh\n'''exec' \"/old/venv/bin/python\" \"$0\" \"$@\"\n' '''\n"
+        b"import sys; print(sys.executable)\n",
+    ):
         out = relocate.rewrite_bytes(src, "/old/venv", str(new))
-        assert out.startswith(b"#!/bin/sh\n'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")/python\"")
+        assert out.startswith(
+            b'#!/bin/sh\n\'\'\'exec\' "$(dirname -- "$(realpath -- "$0")")/python"'
+        )
         assert out.count(b"' '''") == 1
         script = new / "bin" / "tool"
         script.write_bytes(out)
@@ -464,24 +548,64 @@ def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
 
     def reference(rel, patterns):
         parts = rel.split("/")
-        return any(fnmatch.fnmatchcase("/".join(parts[i:]), p)
-                   for p in patterns for i in range(len(parts)))
+        return any(
+            fnmatch.fnmatchcase("/".join(parts[i:]), p) for p in patterns for i in range(len(parts))
+        )
 
     rnd = random.Random(17)
-    comps = ["a", "b", "__pycache__", "x.pyc", "lib", "t.py", "[x]", "a.b", "cu13", ".git", "c d",
-             "é", "*", "?q", "a\nb"]
-    for patterns in (["__pycache__", "*.pyc"], ["lib/*.py"], ["a/b"], ["*/cu13/*"], ["[ab]"],
-                     ["?"], ["*"], [".git", "t.py"], ["\\*"], ["a*b"], ["**/x.pyc"], ["[!a]"],
-                     ["x.pyc/"], ["/a"], ["a\nb"], ["__pycache__", "*.pyc", "a*b"], ["*x.pyc", "b"],
-                     ["*é", "c d"], ["*\nb"], [""], ["*", "a"], ["*.b", "lib/*.py"], ["*[x]"],
-                     ["pyc"], ["*.pyc", "*b"]):
+    comps = [
+        "a",
+        "b",
+        "__pycache__",
+        "x.pyc",
+        "lib",
+        "t.py",
+        "[x]",
+        "a.b",
+        "cu13",
+        ".git",
+        "c d",
+        "é",
+        "*",
+        "?q",
+        "a\nb",
+    ]
+    for patterns in (
+        ["__pycache__", "*.pyc"],
+        ["lib/*.py"],
+        ["a/b"],
+        ["*/cu13/*"],
+        ["[ab]"],
+        ["?"],
+        ["*"],
+        [".git", "t.py"],
+        ["\\*"],
+        ["a*b"],
+        ["**/x.pyc"],
+        ["[!a]"],
+        ["x.pyc/"],
+        ["/a"],
+        ["a\nb"],
+        ["__pycache__", "*.pyc", "a*b"],
+        ["*x.pyc", "b"],
+        ["*é", "c d"],
+        ["*\nb"],
+        [""],
+        ["*", "a"],
+        ["*.b", "lib/*.py"],
+        ["*[x]"],
+        ["pyc"],
+        ["*.pyc", "*b"],
+    ):
         for _ in range(600):
             rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 6)))
             assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
     alphabet = ["a", "b", ".", "/", "*", "?", "[", "]", "!", "é", "\n", "\\", "pyc", "x.pyc"]
     for _ in range(1500):
-        patterns = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 5)))
-                    for _ in range(rnd.randint(1, 3))]
+        patterns = [
+            "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 5)))
+            for _ in range(rnd.randint(1, 3))
+        ]
         for _ in range(20):
             rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 5)))
             assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
@@ -494,17 +618,23 @@ def test_a_stat_line_is_the_json_modules_bytes(tree):
     import random
 
     def reference(e):
-        return json.dumps([e.get(k) for k in manifest.STAT_KEYS], ensure_ascii=False).encode() + b"\n"
+        return (
+            json.dumps([e.get(k) for k in manifest.STAT_KEYS], ensure_ascii=False).encode() + b"\n"
+        )
 
     for e in manifest.build(str(tree), [], "none")["entries"]:
         assert manifest.stat_line(e) == reference(e)
     rnd = random.Random(5)
     alpha = ["a", '"', "\\", "\n", "\x00", "\x1f", "é", "\u2028", "😀", "/", " ", "\x7f", "\t"]
     for _ in range(3000):
-        e = {"p": "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 8))),
-             "t": rnd.choice("fdl?"), "m": rnd.choice([0, 420, 0o7777, None]),
-             "s": rnd.choice([0, 1, 2 ** 40, None, -1]), "l": rnd.choice([None, 'x"y', "é/\n"]),
-             "mt": rnd.choice([None, 0, 1700000000, True, 1.5])}
+        e = {
+            "p": "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 8))),
+            "t": rnd.choice("fdl?"),
+            "m": rnd.choice([0, 420, 0o7777, None]),
+            "s": rnd.choice([0, 1, 2**40, None, -1]),
+            "l": rnd.choice([None, 'x"y', "é/\n"]),
+            "mt": rnd.choice([None, 0, 1700000000, True, 1.5]),
+        }
         if rnd.random() < 0.2:
             del e["m"]
         assert manifest.stat_line(e) == reference(e), e
@@ -528,10 +658,14 @@ def test_an_entry_line_is_the_json_modules_text(tree):
     rnd = random.Random(7)
     alpha = ["a", '"', "\\", "\n", "\x00", "\x1f", "é", "\u2028", "😀", "/", " ", "\x7f"]
     for _ in range(3000):
-        e = {"p": "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 8))), "t": rnd.choice("ffd"),
-             "m": rnd.choice([0, 420, 0o7777, True, 1.0]), "s": rnd.choice([0, 2 ** 40, -1, None]),
-             "mt": rnd.choice([0, -86401, 1700000000, False]),
-             "h": rnd.choice(["ab" * 32, 'x"\\é', 5])}
+        e = {
+            "p": "".join(rnd.choice(alpha) for _ in range(rnd.randint(0, 8))),
+            "t": rnd.choice("ffd"),
+            "m": rnd.choice([0, 420, 0o7777, True, 1.0]),
+            "s": rnd.choice([0, 2**40, -1, None]),
+            "mt": rnd.choice([0, -86401, 1700000000, False]),
+            "h": rnd.choice(["ab" * 32, 'x"\\é', 5]),
+        }
         if rnd.random() < 0.1:
             e["l"] = "x"
         if rnd.random() < 0.1:
@@ -539,7 +673,7 @@ def test_an_entry_line_is_the_json_modules_text(tree):
         assert manifest.entry_line(e) == reference(e), e
     buf = io.StringIO()
     fp = manifest.dump(m, buf)
-    lines = buf.getvalue().split("\n")                 # not splitlines: a path may hold U+2028
+    lines = buf.getvalue().split("\n")  # not splitlines: a path may hold U+2028
     body = "".join(line + "\n" for line in lines[1:-2])
     assert fp == hashlib.sha256(body.encode()).hexdigest() == manifest.fingerprint(m)
     assert manifest.dump(dict(m, entries=[]), io.StringIO()) == hashlib.sha256(b"").hexdigest()
@@ -574,8 +708,14 @@ def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
         elif os.path.isfile(os.path.join(root, rel)):
             want = (rel, "f", mode, st.st_size, None, int(st.st_mtime))
         else:
-            want = (rel, "d" if os.path.isdir(os.path.join(root, rel)) else "?", mode, None, None,
-                    None)
+            want = (
+                rel,
+                "d" if os.path.isdir(os.path.join(root, rel)) else "?",
+                mode,
+                None,
+                None,
+                None,
+            )
         assert v == want == tuple(e.get(k) for k in manifest.STAT_KEYS), rel
         assert manifest.values_line(v) == manifest.stat_line(e), rel
         entries.append(e)
@@ -656,12 +796,26 @@ def test_the_tar_sent_to_hosts_has_no_pictures(tmp_path, standalone):
 
     out = tmp_path / "out"
     root = Path(__file__).resolve().parents[2]
-    assert cli.main([str(root / "specs" / "local.yaml"), "-o", str(out)]
-                    + ["--standalone"] * standalone) == 0
+    assert (
+        cli.main(
+            [str(root / "specs" / "local.yaml"), "-o", str(out)] + ["--standalone"] * standalone
+        )
+        == 0
+    )
     work = tmp_path / "work"
     work.mkdir()
-    subprocess.run(["bash", "-c", 'source "$1" && RB_WORK=$2 && rb::kit_write "$2/kit"', "_",
-                    str(out / "local.sh"), str(work)], check=True, timeout=60)
+    subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$1" && RB_WORK=$2 && rb::kit_write "$2/kit"',
+            "_",
+            str(out / "local.sh"),
+            str(work),
+        ],
+        check=True,
+        timeout=60,
+    )
     with tarfile.open(work / "kit.tar") as tar:
         names = tar.getnames()
     sent = {n.split("/", 1)[0] for n in names}
@@ -696,20 +850,32 @@ def test_the_embedded_kit_is_written_byte_for_byte_by_one_process(tmp_path, monk
     monkeypatch.setattr(kit, "_all_files", lambda: tuple(real + odd))
     root = Path(__file__).resolve().parents[2]
     from compiler import cli, loader, validate
+
     source = loader.load(cli.shown_path(root / "specs" / "local.yaml"))
     decided = resolve.resolve(validate.validate(source), source, "local.sh", standalone=True)
     assert decided.kit.separator == "RB_KIT_FILE_1"
     text = render.render(decided)
     start = text.index("rb::kit_write() {")
-    assert "cat " not in text[start:text.index("<<'PY'", start)]
+    assert "cat " not in text[start : text.index("<<'PY'", start)]
     assert "\nRB_KIT_FILE_1 rbkit/zz_no_final_newline.py -n\nx = 1\nRB_KIT_FILE_1 " in text
     script = tmp_path / "local.sh"
     script.write_text(text)
     work = tmp_path / "work"
     work.mkdir()
-    out = subprocess.run(["bash", "-c", 'source "$1" && RB_WORK=$2 && rb::kit_write "$2/kit" && '
-                          'echo "${RB_KIT_TAR_SHA256}"', "_", str(script), str(work)],
-                         check=True, timeout=60, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$1" && RB_WORK=$2 && rb::kit_write "$2/kit" && echo "${RB_KIT_TAR_SHA256}"',
+            "_",
+            str(script),
+            str(work),
+        ],
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    ).stdout
     for f in real + odd:
         assert (work / "kit" / f.path).read_bytes() == f.text.encode("utf-8"), f.path
     tar = (work / "kit.tar").read_bytes()
@@ -723,6 +889,9 @@ def test_no_host_package_imports_the_controller_only_one():
     it was rbkit's `report` command, and the host entry point imported rbview."""
     from compiler import kit
 
-    named = [f.path for f in kit.files()
-             if f.path.split("/", 1)[0] in kit.HOST_PACKAGES and "rbview" in f.text]
+    named = [
+        f.path
+        for f in kit.files()
+        if f.path.split("/", 1)[0] in kit.HOST_PACKAGES and "rbview" in f.text
+    ]
     assert named == []

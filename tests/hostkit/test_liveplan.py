@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from rbkit import liveplan
 from rbkit import manifest as kitmanifest
 
@@ -23,8 +22,9 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def scan_rows(root: Path) -> list[list]:
-    return [list(kitmanifest.stat_values(str(root), rel, st))
-            for rel, st in kitmanifest.walk(str(root))]
+    return [
+        list(kitmanifest.stat_values(str(root), rel, st)) for rel, st in kitmanifest.walk(str(root))
+    ]
 
 
 def installed_of(root: Path) -> dict:
@@ -34,8 +34,9 @@ def installed_of(root: Path) -> dict:
 
 def against(installed: dict, root: Path) -> dict:
     """What the destination's `liveplan state --against-install` sends back of the manifest."""
-    return liveplan.against_install(installed["header"], installed["entries"],
-                                    {r[0]: r for r in scan_rows(root)})
+    return liveplan.against_install(
+        installed["header"], installed["entries"], {r[0]: r for r in scan_rows(root)}
+    )
 
 
 def test_a_first_move_adds_every_entry(tmp_path):
@@ -59,8 +60,10 @@ def test_a_rerun_names_exactly_the_file_that_changed_and_what_is_gone(tmp_path):
     (src / "old.py").unlink()
     (src / "pkg" / "b.py").write_text("bbb")
     ch = liveplan.changes(scan_rows(src), scan_rows(dst), against(installed, dst))
-    assert [i for i in ch["items"] if not i.startswith("cd")] == [">f.st...... pkg/b.py",
-                                                                 "*deleting   old.py"]
+    assert [i for i in ch["items"] if not i.startswith("cd")] == [
+        ">f.st...... pkg/b.py",
+        "*deleting   old.py",
+    ]
     assert (ch["changed"], ch["changed_bytes"], ch["removed"], ch["removed_bytes"]) == (1, 3, 1, 1)
 
 
@@ -84,8 +87,10 @@ def test_the_destination_state_is_read_without_writing_and_names_the_backup_to_e
     assert facts["exists"] and not facts["installed"] and facts["bytes"] == 1
     assert facts["evicts"] == [str(tmp_path / "venv.rb-backup.1")]
     assert liveplan.dest_state(str(dest), "replace", 2)[0]["evicts"] == []
-    assert len(lines) == 1 and facts["digest"] == liveplan.dest_state(str(dest), "backup", 2)[0][
-        "digest"]
+    assert (
+        len(lines) == 1
+        and facts["digest"] == liveplan.dest_state(str(dest), "backup", 2)[0]["digest"]
+    )
     (dest / "a.py").write_text("b")
     assert liveplan.dest_state(str(dest), "backup", 2)[0]["digest"] != facts["digest"]
 
@@ -97,19 +102,23 @@ def installed_at(dest: Path) -> dict:
     return installed
 
 
-def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(tmp_path,
-                                                                              monkeypatch):
+def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(
+    tmp_path, monkeypatch
+):
     dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb", "bin/tool": "t"})
     os.symlink("a.py", dest / "link")
     installed = installed_at(dest)
     lines, _size = kitmanifest.tree_stat(str(dest))
-    assert installed["header"][kitmanifest.INSTALLED_STAT] == \
-        kitmanifest.stat_fingerprint(installed["entries"]) == \
-        __import__("hashlib").sha256(b"".join(lines)).hexdigest()
+    assert (
+        installed["header"][kitmanifest.INSTALLED_STAT]
+        == kitmanifest.stat_fingerprint(installed["entries"])
+        == __import__("hashlib").sha256(b"".join(lines)).hexdigest()
+    )
     full = liveplan.dest_state(str(dest), "replace", 0, against=True)
 
     def unread(_data):
         raise AssertionError("the manifest's entries were parsed")
+
     monkeypatch.setattr(liveplan, "_entries", unread)
     facts, fast_lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
     assert facts["install"] == {"moved": {}, "source_entries": []}
@@ -117,12 +126,15 @@ def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(
     assert facts["installed_source_stat"] == installed["header"]["source_stat_fingerprint"]
 
 
-@pytest.mark.parametrize("change, moved", [
-    (lambda d: (d / "pkg" / "b.py").write_text("edited"), ["pkg/b.py"]),
-    (lambda d: os.symlink("/etc/passwd", d / "pkg" / "planted"), ["pkg/planted"]),
-    (lambda d: (d / "a.py").unlink(), ["a.py"]),
-    (lambda d: os.chmod(d / "a.py", 0o755), ["a.py"]),
-])
+@pytest.mark.parametrize(
+    "change, moved",
+    [
+        (lambda d: (d / "pkg" / "b.py").write_text("edited"), ["pkg/b.py"]),
+        (lambda d: os.symlink("/etc/passwd", d / "pkg" / "planted"), ["pkg/planted"]),
+        (lambda d: (d / "a.py").unlink(), ["a.py"]),
+        (lambda d: os.chmod(d / "a.py", 0o755), ["a.py"]),
+    ],
+)
 def test_an_install_changed_since_falls_back_to_the_full_comparison(tmp_path, change, moved):
     dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb"})
     installed_at(dest)
@@ -153,14 +165,14 @@ def test_the_forked_walk_gives_the_walks_own_lines(tmp_path, workers):
     root = wide_tree(tmp_path / "venv")
     pats = ("__pycache__", "*.pyc")
     alone = kitmanifest.tree_stat(str(root), pats, workers=1)
-    assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16   # bad\xff: none
+    assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16  # bad\xff: none
     walked = []
     for rel, st in kitmanifest.walk(str(root), pats):
         try:
             walked.append(kitmanifest.values_line(kitmanifest.stat_values(str(root), rel, st)))
         except UnicodeEncodeError:
             pass
-    assert alone[0] == walked                  # the walk's own lines, in its order
+    assert alone[0] == walked  # the walk's own lines, in its order
     forked = kitmanifest.tree_stat(str(root), pats, workers=workers)
     assert b"".join(forked[0]) == b"".join(alone[0]) and forked[1] == alone[1]
 
@@ -171,9 +183,10 @@ def test_a_failed_worker_leaves_the_walk_to_this_process(tmp_path, monkeypatch):
     real = kitmanifest._stat_lines
 
     def dies(root_, patterns, top, lines):
-        if top:                      # in a worker: a subtree
+        if top:  # in a worker: a subtree
             os._exit(3)
         return real(root_, patterns, top, lines)
+
     monkeypatch.setattr(kitmanifest, "_stat_lines", dies)
     assert kitmanifest.tree_stat(str(root), workers=4) == alone
 
@@ -193,43 +206,79 @@ def test_drift_names_the_side_count_and_first_paths(tmp_path):
     (dest / "b.py").unlink()
     (dest / "c.py").write_text("c")
     write_state(tmp_path / "now.state", dest)
-    assert liveplan.drift(str(plan / "plan.json"), "dest", str(tmp_path / "now.state")) == \
-        (2, "b.py (gone), c.py (new)")
+    assert liveplan.drift(str(plan / "plan.json"), "dest", str(tmp_path / "now.state")) == (
+        2,
+        "b.py (gone), c.py (new)",
+    )
 
 
-@pytest.mark.parametrize("doc, said", [
-    ({"kind": "rb-plan", "runbook": "other"}, "it is not a plan of runbook t"),
-    ({"kind": "rb-plan", "runbook": "t", "spec_sha256": "x", "kit_sha256": "k"},
-     "this runbook was compiled again since"),
-    ({"kind": "rb-plan", "runbook": "t", "spec_sha256": "s", "kit_sha256": "k",
-      "blockers": ["not enough room at /x"]}, "the plan is blocked: not enough room at /x"),
-])
+@pytest.mark.parametrize(
+    "doc, said",
+    [
+        ({"kind": "rb-plan", "runbook": "other"}, "it is not a plan of runbook t"),
+        (
+            {"kind": "rb-plan", "runbook": "t", "spec_sha256": "x", "kit_sha256": "k"},
+            "this runbook was compiled again since",
+        ),
+        (
+            {
+                "kind": "rb-plan",
+                "runbook": "t",
+                "spec_sha256": "s",
+                "kit_sha256": "k",
+                "blockers": ["not enough room at /x"],
+            },
+            "the plan is blocked: not enough room at /x",
+        ),
+    ],
+)
 def test_a_plan_of_another_runbook_or_a_blocked_one_is_refused(tmp_path, capsys, doc, said):
     (tmp_path / "plan.json").write_text(json.dumps(doc))
-    rc = liveplan.main(["read", str(tmp_path / "plan.json"), "--name", "t", "--spec-sha", "s",
-                        "--kit-sha", "k"])
+    rc = liveplan.main(
+        ["read", str(tmp_path / "plan.json"), "--name", "t", "--spec-sha", "s", "--kit-sha", "k"]
+    )
     assert rc == 1 and said in capsys.readouterr().err
 
 
-def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_checks(tmp_path,
-                                                                                  capsys):
+def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_checks(tmp_path, capsys):
     src = tree(tmp_path / "src", {"pyvenv.cfg": "home = /usr/bin", "bin/python": "x"})
     d = tmp_path / "run"
     d.mkdir()
     names = tmp_path / "names"
     from rbkit import hostfs
+
     hostfs.scan(str(src), [], str(names))
     (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
     facts, lines = liveplan.dest_state(str(tmp_path / "dst" / "venv"), "replace", 0)
     facts["free_bytes"] = 10
     (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
-    checks = {"checks": [{"id": "relocation", "type": "relocation"},
-                         {"id": "kernel_audit", "type": "kernel_audit"},
-                         {"id": "torch", "type": "torch", "allow_skip": True}]}
-    rc = liveplan.main(["compose", "--dir", str(d), "--name", "t",
-                        "--choices", '{"schema": 1, "on_existing": "replace"}',
-                        "--source-bytes", "17", "--need-bytes", "8192", "--audit-rc", "0",
-                        "--checks", json.dumps(checks), "--markdown"])
+    checks = {
+        "checks": [
+            {"id": "relocation", "type": "relocation"},
+            {"id": "kernel_audit", "type": "kernel_audit"},
+            {"id": "torch", "type": "torch", "allow_skip": True},
+        ]
+    }
+    rc = liveplan.main(
+        [
+            "compose",
+            "--dir",
+            str(d),
+            "--name",
+            "t",
+            "--choices",
+            '{"schema": 1, "on_existing": "replace"}',
+            "--source-bytes",
+            "17",
+            "--need-bytes",
+            "8192",
+            "--audit-rc",
+            "0",
+            "--checks",
+            json.dumps(checks),
+            "--markdown",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 1
     assert "checks:      relocation (implied), kernel_audit (implied), torch (may skip)" in out
@@ -237,17 +286,31 @@ def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_check
     plan = json.loads((d / "plan.json").read_text())
     assert plan["blockers"] and plan["disk"]["need"] == 8192 + 819 and plan["send_bytes"] == 17
     assert (d / "changes.txt").read_text().splitlines() == [
-        "cd+++++++++ bin", ">f+++++++++ pyvenv.cfg", ">f+++++++++ bin/python"]
+        "cd+++++++++ bin",
+        ">f+++++++++ pyvenv.cfg",
+        ">f+++++++++ bin/python",
+    ]
     assert "# Live plan: t" in (d / "plan.md").read_text()
 
 
-@pytest.mark.parametrize("runbook, args", [("cluster8", ["--plan", "--from", "fan_pack"]),
-                                           ("local", ["--apply", "x.json", "--only", "probe"])])
+@pytest.mark.parametrize(
+    "runbook, args",
+    [
+        ("cluster8", ["--plan", "--from", "fan_pack"]),
+        ("local", ["--apply", "x.json", "--only", "probe"]),
+    ],
+)
 def test_plan_and_apply_are_refused_where_they_do_not_apply_yet(runbook, args):
     import subprocess
+
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run(["bash", str(root / "generated" / f"{runbook}.sh"), *args], cwd=root,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(root / "generated" / f"{runbook}.sh"), *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "--plan and --apply are for every step of a run (not with --only or --from)" in r.stderr
 
@@ -279,7 +342,8 @@ def test_the_installs_manifest_is_never_read_through_a_link(tmp_path, capsys):
 
 
 def test_the_destination_compares_its_entries_with_the_install_and_sends_back_only_what_differs(
-        tmp_path):
+    tmp_path,
+):
     """`state --against-install`: the manifest stays at the destination; an unchanged install
     sends back nothing of it, an edited file its manifest row, a new file None."""
     dest = tree(tmp_path / "venv", {"pyvenv.cfg": "home = /usr/bin", "lib/a.py": "a"})
@@ -299,8 +363,10 @@ def test_the_destination_compares_its_entries_with_the_install_and_sends_back_on
     assert moved["lib/a.py"][3] == 1
     rows = [json.loads(ln) for ln in lines]
     ch = liveplan.changes(src, rows, facts["install"], same_source=True)
-    assert ch["items"] == [">f????????? lib/a.py (changed at the destination since the install)",
-                           "*deleting   lib/new.py"]
+    assert ch["items"] == [
+        ">f????????? lib/a.py (changed at the destination since the install)",
+        "*deleting   lib/new.py",
+    ]
 
 
 def test_the_manifest_step_reads_the_installs_manifest_never_through_a_link(tmp_path, capsys):
@@ -325,6 +391,7 @@ def test_the_manifest_step_copies_the_installs_manifest_through_the_kit():
     """templates/steps/manifest.sh.j2: the copy goes through `liveplan installed`, no `cat` of
     the destination's manifest (a planted link was followed as root)."""
     from pathlib import Path
+
     text = (Path(__file__).resolve().parents[2] / "templates/steps/manifest.sh.j2").read_text()
     assert "liveplan installed" in text and 'cat "${RB_DST_ABS}/.rb-manifest.jsonl"' not in text
 
@@ -338,14 +405,30 @@ def test_the_plan_counts_the_kept_backups_in_words(tmp_path, capsys, kept, said)
     d = tmp_path / "run"
     d.mkdir()
     from rbkit import hostfs
+
     hostfs.scan(str(src), [], str(tmp_path / "names"))
     (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
     facts, lines = liveplan.dest_state(str(dest), "backup", kept)
     (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
-    liveplan.main(["compose", "--dir", str(d), "--name", "t", "--choices",
-                   '{"schema": 1, "on_existing": "backup", "keep_backups": %d}' % kept,
-                   "--source-bytes", "1", "--need-bytes", "1", "--audit-rc", "0",
-                   "--checks", '{"checks": []}'])
+    liveplan.main(
+        [
+            "compose",
+            "--dir",
+            str(d),
+            "--name",
+            "t",
+            "--choices",
+            '{"schema": 1, "on_existing": "backup", "keep_backups": %d}' % kept,
+            "--source-bytes",
+            "1",
+            "--need-bytes",
+            "1",
+            "--audit-rc",
+            "0",
+            "--checks",
+            '{"checks": []}',
+        ]
+    )
     assert "backups:     %s (keep_backups %d)" % (said, kept) in capsys.readouterr().out
 
 
@@ -356,8 +439,18 @@ def test_compose_loads_no_walk_of_the_destination():
     import sys
 
     hostkit = Path(liveplan.__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                          "import rbkit.liveplan; print(sorted(m for m in sys.modules if m in "
-                          "('rbkit.manifest', 'rbkit.hostfs', 'rbkit.swapfs', 'rbkit.privacy')))",
-                          str(hostkit)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "import rbkit.liveplan; print(sorted(m for m in sys.modules if m in "
+            "('rbkit.manifest', 'rbkit.hostfs', 'rbkit.swapfs', 'rbkit.privacy')))",
+            str(hostkit),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "[]"

@@ -25,4 +25,6 @@ def test_every_lock_wait_is_the_shared_rule():
 
 def test_the_runbook_default_is_the_shared_rule():
     text = (ROOT / "generated" / "local.sh").read_text()
-    assert re.findall(r"^RB_LOCK_WAIT=\$\{RB_LOCK_WAIT:-(\d+)\}$", text, re.M) == [str(common.LOCK_WAIT_S)]
+    assert re.findall(r"^RB_LOCK_WAIT=\$\{RB_LOCK_WAIT:-(\d+)\}$", text, re.M) == [
+        str(common.LOCK_WAIT_S)
+    ]

@@ -9,9 +9,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
-from rbview import draw as pictures, timeline
+from rbview import draw as pictures
+from rbview import timeline
 from rbview.svg import COLOURS
+
 from tests import picture_data
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -27,8 +28,14 @@ def runs(tmp_path: Path) -> Path:
 
 def draw(run: Path, out: Path, fanout: bool = False) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
-    argv = ["--report", str(run / "report.json"), "--events", str(run / "events.tsv"),
-            "--out", str(out)]
+    argv = [
+        "--report",
+        str(run / "report.json"),
+        "--events",
+        str(run / "events.tsv"),
+        "--out",
+        str(out),
+    ]
     if fanout:
         argv += ["--fanout", str(run / "fanout" / "fanout.json")]
     assert pictures.main(argv) == 0
@@ -77,15 +84,23 @@ def test_timeline_names_every_step_host_and_check(runs, tmp_path):
     assert draw(runs / "two-host", tmp_path / "o") == ["report.html", "timeline.svg"]
     root = svg(tmp_path / "o" / "timeline.svg")
     words = texts(root)
-    for step in ("preflight", "manifest", "transfer", "verify", "relocate", "swap", "exports",
-                 "probe"):
+    for step in (
+        "preflight",
+        "manifest",
+        "transfer",
+        "verify",
+        "relocate",
+        "swap",
+        "exports",
+        "probe",
+    ):
         assert step in words
     for host in ("hosts ct200 \u2192 b300", "host ct200", "host b300"):
         assert host in words
     for check in ("torch", "devices", "matmul", "imports"):
         assert "\u00b7 " + check in words
-    assert "0 s" in words and "25 s" in words          # the axis, in seconds
-    assert {"ok / pass", "failed", "transfer rate"} <= set(words)   # the legend
+    assert "0 s" in words and "25 s" in words  # the axis, in seconds
+    assert {"ok / pass", "failed", "transfer rate"} <= set(words)  # the legend
 
 
 def test_a_failed_step_is_red_and_named(runs, tmp_path):
@@ -96,8 +111,9 @@ def test_a_failed_step_is_red_and_named(runs, tmp_path):
     assert any(tip.startswith("check matmul on b300: FAIL") for tip in red)
     assert not any("verify" in tip for tip in red)
     words = texts(root)
-    assert "FAILED: step probe on host b300 after 6.4 s: rc=1: 1 check failed on b300: matmul" \
-        in words
+    assert (
+        "FAILED: step probe on host b300 after 6.4 s: rc=1: 1 check failed on b300: matmul" in words
+    )
     assert root.find(SVG + "title").text == "runbook b300: failed, 26 s"
 
 
@@ -105,13 +121,14 @@ def test_progress_samples_draw_a_curve_else_the_average(runs, tmp_path):
     draw(runs / "two-host", tmp_path / "o")
     curve = [a for a, tip in titled(svg(tmp_path / "o" / "timeline.svg"), "polyline")]
     assert len(curve) == 1 and "stroke-dasharray" not in curve[0]
-    assert len(curve[0]["points"].split()) > 20         # a point pair per sample interval
+    assert len(curve[0]["points"].split()) > 20  # a point pair per sample interval
     events = runs / "two-host" / "events.tsv"
-    events.write_text("".join(ln for ln in events.read_text().splitlines(True)
-                              if not ln.startswith("progress")))
+    events.write_text(
+        "".join(ln for ln in events.read_text().splitlines(True) if not ln.startswith("progress"))
+    )
     draw(runs / "two-host", tmp_path / "p")
     root = svg(tmp_path / "p" / "timeline.svg")
-    (flat, tip), = titled(root, "polyline")
+    ((flat, tip),) = titled(root, "polyline")
     assert flat["stroke-dasharray"] == "6 3" and len(flat["points"].split()) == 2
     assert "transfer 3.2 GB: 333 MB/s average (no progress samples: average only)" in texts(root)
 
@@ -129,14 +146,15 @@ def test_fanout_heatmap_names_odd_and_missing_nodes(runs, tmp_path):
     assert cells["gpu05 libraries"][0] == COLOURS["fail"][0]
     assert cells["gpu05 libraries"][1] == "gpu05 libraries: FAIL, 0.1 s"
     assert cells["gpu01 libraries"][0] == COLOURS["pass"][0]
-    assert cells["gpu01 receive"][1] == "gpu01 receive: pass, 6.3 s"    # seconds from node-*.json
+    assert cells["gpu01 receive"][1] == "gpu01 receive: pass, 6.3 s"  # seconds from node-*.json
     assert cells["gpu07"][0] == "url(#nohatch)" and "closed by remote host" in cells["gpu07"][1]
     assert not any(k.startswith("gpu07 ") for k in cells)
     assert "no report" in words
     assert any(w.startswith("odd node gpu05: check:libraries: fail (others: pass)") for w in words)
     assert any(w.startswith("no report from gpu07: gpu07: Connection") for w in words)
     assert root.find(SVG + "title").text.startswith(
-        "fan-out cluster8: 6/8 nodes passed; 1 odd, 1 missing; success policy 7: NOT met")
+        "fan-out cluster8: 6/8 nodes passed; 1 odd, 1 missing; success policy 7: NOT met"
+    )
 
 
 def test_the_page_links_the_pictures_and_shows_checks_and_comparison(runs, tmp_path):
@@ -152,9 +170,14 @@ def test_the_page_links_the_pictures_and_shows_checks_and_comparison(runs, tmp_p
     p = page(tmp_path / "t" / "report.html")
     assert [a["src"] for t, a in p.tags if t == "img"] == ["timeline.svg"]
     rows = [d.strip() for d in p.text if d.strip()]
-    i = rows.index("matmul")                      # id, level, status, seconds, reason
-    assert rows[i:i + 5] == ["matmul", "L2", "fail", "1.30", "sm_103 kernel image not found "
-                             "(torch built for sm_90): no kernel image is available"]
+    i = rows.index("matmul")  # id, level, status, seconds, reason
+    assert rows[i : i + 5] == [
+        "matmul",
+        "L2",
+        "fail",
+        "1.30",
+        "sm_103 kernel image not found (torch built for sm_90): no kernel image is available",
+    ]
 
 
 def rename(value, old: str, new: str):
@@ -168,9 +191,12 @@ def rename(value, old: str, new: str):
 
 def test_hostile_text_is_escaped_everywhere(runs, tmp_path):
     run = runs / "two-host"
-    (run / "events.tsv").write_text((run / "events.tsv").read_text()
-                                    .replace("\tb300\t", "\t" + HOSTILE + "\t")
-                                    .replace("25 files rewritten", HOSTILE))
+    (run / "events.tsv").write_text(
+        (run / "events.tsv")
+        .read_text()
+        .replace("\tb300\t", "\t" + HOSTILE + "\t")
+        .replace("25 files rewritten", HOSTILE)
+    )
     doc = json.loads((run / "report.json").read_text())
     doc["runbook"] = HOSTILE
     doc["probes"][HOSTILE] = doc["probes"]["b300"]
@@ -206,8 +232,10 @@ def test_no_event_log_lays_steps_end_to_end_and_bad_lines_are_skipped(runs, tmp_
     root = svg(tmp_path / "timeline.svg")
     assert any("no event log" in w for w in texts(root)) and "swap" in texts(root)
     log = tmp_path / "events.tsv"
-    log.write_text("step\tverify\tok\tnot-a-time\t5\th\t\nprogress\tx\n"
-                   "step\tswap\tinterrupted\t1000\t1500\th\t\n")
+    log.write_text(
+        "step\tverify\tok\tnot-a-time\t5\th\t\nprogress\tx\n"
+        "step\tswap\tinterrupted\t1000\t1500\th\t\n"
+    )
     steps, samples = timeline.read_log(str(log))
     assert [s["id"] for s in steps] == ["swap"] and samples == {}
     pictures.write_all({"runbook": "r", "outcome": "interrupted"}, str(log), str(tmp_path))
@@ -217,8 +245,10 @@ def test_no_event_log_lays_steps_end_to_end_and_bad_lines_are_skipped(runs, tmp_
 
 def test_the_readme_fanout_example_is_what_the_code_draws(runs, tmp_path, golden):
     draw(runs / "fanout", tmp_path / "o", fanout=True)
-    golden(Path(__file__).resolve().parents[2] / "docs" / "img" / "nodes.svg",
-           (tmp_path / "o" / "nodes.svg").read_text(encoding="utf-8"))
+    golden(
+        Path(__file__).resolve().parents[2] / "docs" / "img" / "nodes.svg",
+        (tmp_path / "o" / "nodes.svg").read_text(encoding="utf-8"),
+    )
 
 
 def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
@@ -226,16 +256,29 @@ def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
     timeline places each check there, not one after the other."""
 
     steps = [{"id": "probe", "host": "dst", "start": 1000.0, "end": 9000.0}]
-    report = {"probes": {"dst": {"started": 1.5, "checks": [
-        {"id": "libraries", "status": "pass", "duration_s": 5.0},
-        {"id": "nccl", "status": "pass", "duration_s": 4.0},
-        {"id": "matmul", "status": "pass", "duration_s": 1.0}],
-        "schedule": [{"id": "libraries", "lane": "serial", "start_s": 0.0, "end_s": 5.0},
-                     {"id": "nccl", "lane": "parallel", "start_s": 0.0, "end_s": 4.0},
-                     {"id": "matmul", "lane": "serial", "start_s": 5.0, "end_s": 6.0}]}}}
+    report = {
+        "probes": {
+            "dst": {
+                "started": 1.5,
+                "checks": [
+                    {"id": "libraries", "status": "pass", "duration_s": 5.0},
+                    {"id": "nccl", "status": "pass", "duration_s": 4.0},
+                    {"id": "matmul", "status": "pass", "duration_s": 1.0},
+                ],
+                "schedule": [
+                    {"id": "libraries", "lane": "serial", "start_s": 0.0, "end_s": 5.0},
+                    {"id": "nccl", "lane": "parallel", "start_s": 0.0, "end_s": 4.0},
+                    {"id": "matmul", "lane": "serial", "start_s": 5.0, "end_s": 6.0},
+                ],
+            }
+        }
+    }
     rows = {r["id"]: (r["start"], r["end"]) for r in timeline._check_rows(report, "dst", steps)}
-    assert rows == {"libraries": (1500.0, 6500.0), "nccl": (1500.0, 5500.0),
-                    "matmul": (6500.0, 7500.0)}
+    assert rows == {
+        "libraries": (1500.0, 6500.0),
+        "nccl": (1500.0, 5500.0),
+        "matmul": (6500.0, 7500.0),
+    }
     # without a schedule (an older probe): one after the other, as before
     del report["probes"]["dst"]["schedule"]
     rows = {r["id"]: (r["start"], r["end"]) for r in timeline._check_rows(report, "dst", steps)}
@@ -243,15 +286,29 @@ def test_overlapping_checks_are_placed_where_the_probe_says_they_ran():
 
 
 def test_the_report_draws_the_pictures_in_its_own_process_and_a_drawing_never_fails_it(
-        runs, tmp_path, monkeypatch, capsys):
+    runs, tmp_path, monkeypatch, capsys
+):
     """`rbview report --pictures DIR`: what a runbook's end runs (one Python start, not two)."""
     from rbview import runreport as kit_cli
 
     run = runs / "two-host"
     out = tmp_path / "run"
-    argv = ["--name", "bench", "--spec", "s.yaml", "--sha", "0" * 64,
-            "--events", str(run / "events.tsv"), "--outcome", "ok",
-            "--out", str(out / "report.json"), "--pictures", str(out)]
+    argv = [
+        "--name",
+        "bench",
+        "--spec",
+        "s.yaml",
+        "--sha",
+        "0" * 64,
+        "--events",
+        str(run / "events.tsv"),
+        "--outcome",
+        "ok",
+        "--out",
+        str(out / "report.json"),
+        "--pictures",
+        str(out),
+    ]
     out.mkdir()
     assert kit_cli.main(argv) == 0
     drawn = capsys.readouterr().out.split()
@@ -263,7 +320,7 @@ def test_the_report_draws_the_pictures_in_its_own_process_and_a_drawing_never_fa
 
     monkeypatch.setattr(pictures, "write_all", broken)
     (out / "report.json").unlink()
-    assert kit_cli.main(argv) == 0                      # the report stands
+    assert kit_cli.main(argv) == 0  # the report stands
     captured = capsys.readouterr()
     assert "drawn" not in captured.out and "could not draw the pictures: ValueError" in captured.err
     assert json.loads((out / "report.json").read_text())["steps"]

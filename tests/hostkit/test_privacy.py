@@ -18,11 +18,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import IN_CI
-
 from rbkit import engine, exports, hostfs, privacy
 from rbkit.choices import Choices
+
+from tests.conftest import IN_CI
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = os.geteuid()
@@ -32,8 +31,13 @@ KIT = Path(__file__).resolve().parents[2] / "hostkit"
 
 
 def as_nobody(*argv: str) -> None:
-    subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv],
-                   check=True, capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -59,15 +63,18 @@ def test_a_directory_of_another_user_is_named_with_its_owner_and_mode(tmp_path):
     shared.mkdir(mode=0o755)
     os.chown(shared, NOBODY, -1)
     why = privacy.why_not_private(str(shared / "venv"), ME)
-    assert why == ("directory %s is owned by nobody (uid %d), mode 0755: that user can rename or "
-                   "replace what is in it" % (shared, NOBODY))
+    assert why == (
+        "directory %s is owned by nobody (uid %d), mode 0755: that user can rename or "
+        "replace what is in it" % (shared, NOBODY)
+    )
     # so is everything below it, even a directory of ours
     (shared / "ours").mkdir()
     assert privacy.first_not_private(str(shared / "ours"), ME)[0] == str(shared)
 
 
-@pytest.mark.parametrize("mode, who", [(0o777, "group and others"), (0o775, "group"),
-                                       (0o757, "others")])
+@pytest.mark.parametrize(
+    "mode, who", [(0o777, "group and others"), (0o775, "group"), (0o757, "others")]
+)
 def test_a_directory_others_can_write_without_the_sticky_bit_is_not_private(tmp_path, mode, who):
     d = tmp_path / "open"
     d.mkdir()
@@ -94,13 +101,13 @@ def test_a_symlink_along_the_path_is_judged_itself_and_by_its_target(tmp_path):
     os.chown(theirs, NOBODY, -1)
     private = tmp_path / "private"
     private.mkdir(mode=0o755)
-    to_theirs = tmp_path / "to-theirs"                    # ours, pointing at theirs
+    to_theirs = tmp_path / "to-theirs"  # ours, pointing at theirs
     to_theirs.symlink_to("theirs")
     assert privacy.first_not_private(str(to_theirs / "venv"), ME)[0] == str(theirs)
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
-    link = sticky / "link"                                 # theirs, pointing at ours
+    link = sticky / "link"  # theirs, pointing at ours
     link.symlink_to(private)
     os.lchown(link, NOBODY, -1)
     where, why = privacy.first_not_private(str(link / "venv"), ME)
@@ -123,13 +130,16 @@ def test_a_dotdot_after_a_link_is_judged_where_the_kernel_takes_it(tmp_path, mon
     shared.chmod(0o777)
     (shared / "config").write_text("Host x\n")
     (shared / "config").chmod(0o600)
-    (tmp_path / "config").write_text("Host x\n")      # what the text `gen/..` seems to name
+    (tmp_path / "config").write_text("Host x\n")  # what the text `gen/..` seems to name
     (tmp_path / "config").chmod(0o600)
     (tmp_path / "gen").symlink_to(shared / "gen")
     why = rules.why_not_private_file(str(tmp_path / "gen" / ".." / "config"), ME)
-    assert why is not None and f"directory {shared} is owned by" in why and "writable by group " \
-        "and others" in why, why
-    monkeypatch.chdir(tmp_path)                          # relative, from the working directory
+    assert (
+        why is not None
+        and f"directory {shared} is owned by" in why
+        and "writable by group and others" in why
+    ), why
+    monkeypatch.chdir(tmp_path)  # relative, from the working directory
     assert rules.why_not_private_file("gen/../config", ME) == why
     assert rules.why_not_private_file(str(tmp_path / "config"), ME) is None
 
@@ -141,11 +151,15 @@ def test_the_refusal_names_the_directory_owner_mode_why_and_the_fixes(tmp_path):
     os.chown(shared, NOBODY, -1)
     where, why = privacy.check_parent(str(shared / "venv"), ME)
     text = privacy.refusal(str(shared / "venv"), where, why, ME)
-    assert text.startswith("refusing to install %s/venv as root: directory %s is owned by nobody "
-                           "(uid %d), mode 0777" % (shared, shared, NOBODY))
-    for part in ("the backups that --restore puts back and the env file live beside the "
-                 "destination", "chown root %s && chmod go-w %s" % (shared, shared),
-                 "transfer.shared_parent: allow"):
+    assert text.startswith(
+        "refusing to install %s/venv as root: directory %s is owned by nobody "
+        "(uid %d), mode 0777" % (shared, shared, NOBODY)
+    )
+    for part in (
+        "the backups that --restore puts back and the env file live beside the destination",
+        "chown root %s && chmod go-w %s" % (shared, shared),
+        "transfer.shared_parent: allow",
+    ):
         assert part in text
 
 
@@ -154,11 +168,28 @@ def test_the_refusal_names_the_directory_owner_mode_why_and_the_fixes(tmp_path):
 
 def engine_run(dest: Path, *steps: str, shared_parent="refuse") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([sys.executable, "-m", "rbkit", "engine", "run", *steps, "--dest",
-                           str(dest), "--manifest", "/nonexistent", "--choices",
-                           Choices(on_existing="backup", shared_parent=shared_parent).to_json(),
-                           "--lock-wait", "0"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit",
+            "engine",
+            "run",
+            *steps,
+            "--dest",
+            str(dest),
+            "--manifest",
+            "/nonexistent",
+            "--choices",
+            Choices(on_existing="backup", shared_parent=shared_parent).to_json(),
+            "--lock-wait",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_engine_refuses_a_parent_of_another_user_before_it_writes_there(open_tmp):
@@ -167,13 +198,16 @@ def test_the_engine_refuses_a_parent_of_another_user_before_it_writes_there(open
     os.chown(shared, NOBODY, -1)
     r = engine_run(shared / "venv", "preflight")
     assert r.returncode == 1
-    assert ("refusing to install %s/venv as root: directory %s is owned by nobody (uid %d), "
-            "mode 0755" % (shared, shared, NOBODY)) in r.stdout, r.stdout
+    assert (
+        "refusing to install %s/venv as root: directory %s is owned by nobody (uid %d), "
+        "mode 0755" % (shared, shared, NOBODY)
+    ) in r.stdout, r.stdout
     assert os.listdir(shared) == [], "nothing written there: not even the lock"
     r = engine_run(shared / "venv", "preflight", shared_parent="allow")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert ("warning: directory %s is owned by nobody (uid %d), mode 0755" % (shared, NOBODY)) \
-        in r.stderr and "transfer.shared_parent is allow" in r.stderr
+    assert (
+        "warning: directory %s is owned by nobody (uid %d), mode 0755" % (shared, NOBODY)
+    ) in r.stderr and "transfer.shared_parent is allow" in r.stderr
 
 
 # -- the probe sources the install's own env file, never the public one --------------------------
@@ -190,7 +224,7 @@ def test_the_checks_source_a_private_copy_of_the_installs_own_env_file(tmp_path)
     dest.mkdir()
     ctx = probe_ctx(tmp_path, dest)
     exports.write(ctx.env_out, "export A=1\n", venv=str(dest))
-    Path(ctx.env_out).write_text("touch /tmp/pwned\n")         # swapped after exports
+    Path(ctx.env_out).write_text("touch /tmp/pwned\n")  # swapped after exports
     copy = engine.own_env_copy(ctx)
     assert Path(copy).parent == Path(ctx.state) and Path(copy).read_text() == "export A=1\n"
     assert oct(os.stat(copy).st_mode & 0o777) == "0o600"
@@ -210,9 +244,11 @@ def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, 
     ctx = probe_ctx(tmp_path, dest)
     with pytest.raises(engine.StepError) as got:
         engine.own_env_copy(ctx)
-    want = {"theirs": "owned by nobody (uid %d)" % NOBODY,
-            "link": "refusing to source %s as root: %s is not a regular file (a symlink)" % (own, own),
-            "missing": "holds no env file of its own"}[plant]
+    want = {
+        "theirs": "owned by nobody (uid %d)" % NOBODY,
+        "link": "refusing to source %s as root: %s is not a regular file (a symlink)" % (own, own),
+        "missing": "holds no env file of its own",
+    }[plant]
     assert want in str(got.value)
     assert not (Path(ctx.state) / engine.ENV_COPY).exists()
 
@@ -234,16 +270,21 @@ def test_restore_ignores_a_backup_another_user_planted_beside_a_shared_parent(op
     as_nobody("sh", "-c", "echo planted > %s/venv.rb-backup.7/tag" % shared)
     assert [n for n, _ in hostfs.backups(str(dest))] == [1, 7]
     # named: refused, naming the owner
-    with pytest.raises(PermissionError, match=r"refusing to restore backup 7: .*venv\.rb-backup"
-                       r"\.7 is owned by nobody \(uid %d\), not by root" % NOBODY):
+    with pytest.raises(
+        PermissionError,
+        match=r"refusing to restore backup 7: .*venv\.rb-backup"
+        r"\.7 is owned by nobody \(uid %d\), not by root" % NOBODY,
+    ):
         hostfs.restore(str(dest), 7)
     assert (dest / "tag").read_text() == "current"
     # the newest: ours, and the planted one is said to be ignored
     result = hostfs.restore(str(dest))
     assert (dest / "tag").read_text() == "ours"
     assert result["restored"] == str(ours)
-    assert len(result["ignored"]) == 1 and "venv.rb-backup.7 is owned by nobody" in \
-        result["ignored"][0]
+    assert (
+        len(result["ignored"]) == 1
+        and "venv.rb-backup.7 is owned by nobody" in result["ignored"][0]
+    )
     # neither counted nor removed by the pruning
     assert hostfs.prune_backups(str(dest), 1) == []
     assert (shared / "venv.rb-backup.7" / "tag").read_text() == "planted\n"
@@ -262,8 +303,9 @@ def test_in_a_private_parent_a_backup_of_another_owner_is_not_restored(tmp_path)
     os.chown(theirs, NOBODY, -1)
     with pytest.raises(FileNotFoundError, match="venv.rb-backup.1 is owned by nobody"):
         hostfs.restore(str(dest))
-    with pytest.raises(PermissionError, match="refusing to restore backup 1: .* is owned by "
-                       "nobody"):
+    with pytest.raises(
+        PermissionError, match="refusing to restore backup 1: .* is owned by nobody"
+    ):
         hostfs.restore(str(dest), 1)
     assert (dest / "tag").read_text() == "current"
 

@@ -21,11 +21,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import IN_CI
-
 from rbkit import exports, hostfs, privacy
 from rbkit import manifest as kitmanifest
+
+from tests.conftest import IN_CI
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 NOGROUP = pwd.getpwnam("nobody").pw_gid
@@ -35,8 +34,13 @@ PKG = "lib/python3.11/site-packages/pkg"
 
 
 def as_nobody(*argv: str) -> None:
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOGROUP}", "--clear-groups",
-                    *argv], check=True, capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOGROUP}", "--clear-groups", *argv],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -66,8 +70,15 @@ def edit_keeping_stat(path: Path, text: str) -> None:
     """As nobody: other bytes of the same size, the mtime put back."""
     st = path.stat()
     assert len(text.encode()) == st.st_size
-    as_nobody("sh", "-c", 'printf %s "$1" > "$2" && touch -d "@$3" "$2"', "sh", text, str(path),
-              str(int(st.st_mtime)))
+    as_nobody(
+        "sh",
+        "-c",
+        'printf %s "$1" > "$2" && touch -d "@$3" "$2"',
+        "sh",
+        text,
+        str(path),
+        str(int(st.st_mtime)),
+    )
 
 
 # -- the rule -----------------------------------------------------------------------------------
@@ -81,23 +92,28 @@ def test_an_entry_is_ours_only_when_owned_by_the_runner_or_root_and_writable_by_
     f.chmod(0o644)
     assert proven.why_not_ours(str(f), f.lstat()) is None
     os.chown(f, NOBODY, -1)
-    assert proven.why_not_ours(str(f), f.lstat()) == f"{f} is owned by nobody (uid {NOBODY}), " \
+    assert (
+        proven.why_not_ours(str(f), f.lstat()) == f"{f} is owned by nobody (uid {NOBODY}), "
         "not by root"
+    )
     os.chown(f, 0, NOGROUP)
     f.chmod(0o664)
-    assert "is writable by its group nogroup (gid %d) (mode 0664)" % NOGROUP in \
-        proven.why_not_ours(str(f), f.lstat())
-    os.chown(f, 0, 0)                    # root's group: as root's own, inside an install
+    assert "is writable by its group nogroup (gid %d) (mode 0664)" % NOGROUP in proven.why_not_ours(
+        str(f), f.lstat()
+    )
+    os.chown(f, 0, 0)  # root's group: as root's own, inside an install
     assert proven.why_not_ours(str(f), f.lstat()) is None
     # ... but never for a file read on its own (an env file, a mark, a config)
-    assert proven.why_not_ours(str(f), f.lstat(), alone=True) == \
-        f"{f} is writable by its group (mode 0664)"
+    assert (
+        proven.why_not_ours(str(f), f.lstat(), alone=True)
+        == f"{f} is writable by its group (mode 0664)"
+    )
     f.chmod(0o646)
     assert proven.why_not_ours(str(f), f.lstat()) == f"{f} is writable by others (mode 0646)"
     f.chmod(0o644)
     os.link(f, tmp_path / "other-name")
     assert "has 2 links" in proven.why_not_ours(str(f), f.lstat(), alone=True)
-    assert proven.why_not_ours(str(f), f.lstat()) is None    # an install's files may share
+    assert proven.why_not_ours(str(f), f.lstat()) is None  # an install's files may share
 
 
 def test_a_file_read_on_its_own_is_judged_through_the_descriptor_it_is_read_from(tmp_path):
@@ -109,7 +125,7 @@ def test_a_file_read_on_its_own_is_judged_through_the_descriptor_it_is_read_from
     with pytest.raises(proven.NotOurs, match="not a regular file"):
         proven.read_ours(str(tmp_path / "link"))
     with pytest.raises(proven.NotOurs, match="not a regular file"):
-        proven.read_ours(str(tmp_path / "fifo"))           # never blocks on a FIFO
+        proven.read_ours(str(tmp_path / "fifo"))  # never blocks on a FIFO
     assert proven.read_ours(str(tmp_path / "missing")) is None
     assert proven.read_ours(str(tmp_path / "target"))[0] == b"secret"
     with pytest.raises(proven.NotOurs, match="larger than 3 bytes"):
@@ -128,7 +144,7 @@ def test_a_directory_others_can_add_entries_to_is_not_private_for_what_lies_in_i
     assert ("(sticky)" in why) == bool(mode & stat.S_ISVTX)
     d.chmod(0o755)
     assert proven.why_shared(str(d)) is None
-    assert proven.why_shared(str(d / "not-yet")) is None     # made by the kit, 0755
+    assert proven.why_shared(str(d / "not-yet")) is None  # made by the kit, 0755
 
 
 def test_a_private_directory_is_made_where_no_other_user_can_rename_it(tmp_path, monkeypatch):
@@ -142,8 +158,11 @@ def test_a_private_directory_is_made_where_no_other_user_can_rename_it(tmp_path,
     open_dir.chmod(0o777)
     made = proven.fresh_dir("rb-test.", str(tmp_path))
     assert Path(made).parent == tmp_path and stat.S_IMODE(os.stat(made).st_mode) == 0o700
-    with pytest.raises(PermissionError, match=f"refusing {open_dir} for this run's private "
-                       "directory: directory .* writable by group and others without the sticky"):
+    with pytest.raises(
+        PermissionError,
+        match=f"refusing {open_dir} for this run's private "
+        "directory: directory .* writable by group and others without the sticky",
+    ):
         proven.fresh_dir("rb-test.", str(open_dir))
     monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
     made = proven.fresh_dir("rb-test.")
@@ -160,11 +179,14 @@ def test_a_destination_in_a_sticky_directory_is_refused_naming_the_fixes(sticky)
     where, why = privacy.check_parent(str(sticky / "venv"), ME)
     assert where == str(sticky) and "mode 1777: writable by group and others (sticky)" in why
     text = privacy.refusal(str(sticky / "venv"), where, why, ME)
-    for part in (f"refusing to install {sticky}/venv as root: directory {sticky} is owned by "
-                 "root (uid 0), mode 1777", f"mkdir -m 755 {sticky}/rb, then install into "
-                 f"{sticky}/rb/venv", "transfer.shared_parent: allow"):
+    for part in (
+        f"refusing to install {sticky}/venv as root: directory {sticky} is owned by "
+        "root (uid 0), mode 1777",
+        f"mkdir -m 755 {sticky}/rb, then install into {sticky}/rb/venv",
+        "transfer.shared_parent: allow",
+    ):
         assert part in text, text
-    (sticky / "rb").mkdir(mode=0o755)                  # the fix: a directory of root's in it
+    (sticky / "rb").mkdir(mode=0o755)  # the fix: a directory of root's in it
     assert privacy.check_parent(str(sticky / "rb" / "venv"), ME) is None
 
 
@@ -181,8 +203,11 @@ def test_restore_never_puts_back_a_copy_another_user_made_of_the_install(sticky)
     as_nobody("cp", "-a", str(dest), str(planted))
     edit_keeping_stat(planted / PKG / "__init__.py", "VALUE = 2\n")
     as_nobody("rm", str(planted / exports.IN_INSTALL))
-    with pytest.raises(PermissionError, match=r"refusing to restore backup 99: .*venv\.rb-backup"
-                       r"\.99 is owned by nobody \(uid %d\), not by root" % NOBODY):
+    with pytest.raises(
+        PermissionError,
+        match=r"refusing to restore backup 99: .*venv\.rb-backup"
+        r"\.99 is owned by nobody \(uid %d\), not by root" % NOBODY,
+    ):
         hostfs.restore(str(dest), 99, env_file=str(dest) + ".env.sh")
     with pytest.raises(FileNotFoundError, match="no backup of .* owned by nobody"):
         hostfs.restore(str(dest), env_file=str(dest) + ".env.sh")
@@ -199,8 +224,11 @@ def test_restore_refuses_a_backup_of_root_that_holds_a_file_another_user_owns(tm
     backup = tmp_path / "venv.rb-backup.1"
     an_install(backup)
     os.chown(backup / PKG / "__init__.py", NOBODY, -1)
-    with pytest.raises(PermissionError, match=r"refusing to restore .*venv\.rb-backup\.1: .*"
-                       rf"{PKG}/__init__\.py is owned by nobody"):
+    with pytest.raises(
+        PermissionError,
+        match=r"refusing to restore .*venv\.rb-backup\.1: .*"
+        rf"{PKG}/__init__\.py is owned by nobody",
+    ):
         hostfs.restore(str(dest))
     assert (dest / PKG / "__init__.py").read_text() == "VALUE = 1\n"
     # the install this run's own swap moved aside goes back as it was (a rollback)
@@ -238,8 +266,10 @@ def test_the_quick_check_never_trusts_a_file_another_user_owns_or_can_write(tmp_
     assert not tree["ok"] and tree["changed"] == [f"{PKG}/__init__.py"], tree
     assert "owned by nobody" in tree["not_ours"][0]
     # the early check's walk: its lines no longer add up to what the install recorded
-    assert hashlib.sha256(b"".join(kitmanifest.tree_stat(str(dest))[0])).digest() != \
-        hashlib.sha256(b"".join(lines)).digest()
+    assert (
+        hashlib.sha256(b"".join(kitmanifest.tree_stat(str(dest))[0])).digest()
+        != hashlib.sha256(b"".join(lines)).digest()
+    )
     # writable by a group of other users, the same mode and stat as recorded
     os.chown(module, 0, 0)
     module.chmod(0o664)
@@ -272,8 +302,9 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
 def test_an_install_another_user_owns_is_not_taken_for_one_of_this_tool(tmp_path):
     dest = tmp_path / "venv"
     an_install(dest)
-    kitmanifest.save(kitmanifest.build(str(dest), [], "sha256", jobs=1),
-                     str(dest / ".rb-manifest.jsonl"))
+    kitmanifest.save(
+        kitmanifest.build(str(dest), [], "sha256", jobs=1), str(dest / ".rb-manifest.jsonl")
+    )
     assert hostfs.why_not_ours_install(str(dest)) is None
     os.chown(dest / ".rb-manifest.jsonl", NOBODY, -1)
     assert "rb-manifest.jsonl is owned by nobody" in hostfs.why_not_ours_install(str(dest))

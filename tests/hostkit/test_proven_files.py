@@ -11,10 +11,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from rbrules import proven, sshfiles
 
 from tests.conftest import IN_CI
-
-from rbrules import proven, sshfiles
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = os.geteuid()
@@ -33,19 +32,25 @@ def private_dir():
 def test_a_record_of_this_user_in_a_private_folder_is_read(private_dir):
     plan = private_dir / "plan.json"
     plan.write_text("{}")
-    plan.chmod(0o664)                 # a umask's group bit: no one else reaches a 0700 folder
+    plan.chmod(0o664)  # a umask's group bit: no one else reaches a 0700 folder
     assert proven.read_record(str(plan)) == b"{}"
 
 
-@pytest.mark.parametrize("fault, said", [
-    ("a symlink", "is a symbolic link"),
-    ("a FIFO", "is not a regular file"),
-    ("two links", "has 2 links"),
-    ("nobody's", "is owned by nobody"),
-    ("too big", "larger than a record can be (4 bytes at most)"),
-    ("a folder others can reach, the file writable by all", "is writable by others (mode 0666)"),
-    ("a folder nobody owns", "is owned by nobody (uid %d)" % NOBODY),
-])
+@pytest.mark.parametrize(
+    "fault, said",
+    [
+        ("a symlink", "is a symbolic link"),
+        ("a FIFO", "is not a regular file"),
+        ("two links", "has 2 links"),
+        ("nobody's", "is owned by nobody"),
+        ("too big", "larger than a record can be (4 bytes at most)"),
+        (
+            "a folder others can reach, the file writable by all",
+            "is writable by others (mode 0666)",
+        ),
+        ("a folder nobody owns", "is owned by nobody (uid %d)" % NOBODY),
+    ],
+)
 def test_a_record_not_proven_this_users_is_refused_before_it_is_read(private_dir, fault, said):
     plan = private_dir / "plan.json"
     other = private_dir / "other.json"
@@ -81,14 +86,16 @@ def test_ssh_g_decides_the_known_hosts_files_and_a_config_file_is_judged_first(p
     kh = private_dir / "known_hosts"
     kh.write_text("")
     kh.chmod(0o666)
-    config.write_text(f"Host team\n  HostName 192.0.2.1\n  UserKnownHostsFile {kh}\n"
-                      "  GlobalKnownHostsFile /dev/null\n")
+    config.write_text(
+        f"Host team\n  HostName 192.0.2.1\n  UserKnownHostsFile {kh}\n"
+        "  GlobalKnownHostsFile /dev/null\n"
+    )
     with pytest.raises(sshfiles.Refused, match=f"refusing UserKnownHostsFile {kh} of hosts.dst"):
         sshfiles.judge("dst", "team", words)
     kh.chmod(0o600)
     sshfiles.judge("dst", "team", words)
     # a config file another user can change is refused before ssh reads it (-G runs Match exec)
-    config.write_text(f"Match exec \"touch {private_dir}/ran\"\n")
+    config.write_text(f'Match exec "touch {private_dir}/ran"\n')
     os.chown(config, NOBODY, NOBODY)
     with pytest.raises(sshfiles.Refused, match="refusing hosts.dst.ssh_config"):
         sshfiles.judge("dst", "team", words)

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rbkit import relay, stream
 from rbrules import cpus
 
-FAKE_SSH = r'''#!/bin/sh
+FAKE_SSH = r"""#!/bin/sh
 # ssh stand-in: the last word is the far side's line, run here; a connection of its own
 # (ControlPath=none) to a host named by a file $REFUSE_DIR/HOST is refused, the first one only
 for last; do :; done
@@ -32,11 +31,11 @@ case " $* " in
     done ;;
 esac
 exec sh -c "$last"
-'''
+"""
 
 # an end that speaks the gate: send writes "part I of N" as its stream; receive reads it, says
 # progress and answers (or fails, for the part named in $FAIL_PART)
-FAKE_KIT = r'''
+FAKE_KIT = r"""
 import json, os, sys
 from rbkit.relay import read_line
 args = sys.argv[1:]
@@ -64,7 +63,7 @@ facts = {"streamed": 1, "staging": "/s"}
 print("event\t" + json.dumps({"step": "receive", "status": "ok", "detail": "d", "duration_s": 1,
                               "facts": facts}))
 print("done\tok\td", flush=True)
-'''
+"""
 
 
 @pytest.fixture
@@ -86,9 +85,18 @@ def ends(tmp_path, monkeypatch):
         dst = relay.End("dst", "%s -o BatchMode=yes -- dst" % ssh, str(tmp_path), words)
         # this machine of 16 usable CPUs, whatever the machine running the test (the ends say
         # none: their jobs alone count)
-        return relay.Relay(src, dst, ["engine", "send", "/root", "/names"],
-                           ["engine", "receive"], str(tmp_path / "parts"), jobs, "none", most,
-                           here=cpus.Usable(16, 16.0, tuple(range(16)), 16, "16 of 16"))
+        return relay.Relay(
+            src,
+            dst,
+            ["engine", "send", "/root", "/names"],
+            ["engine", "receive"],
+            str(tmp_path / "parts"),
+            jobs,
+            "none",
+            most,
+            here=cpus.Usable(16, 16.0, tuple(range(16)), 16, "16 of 16"),
+        )
+
     return make, refuse, tmp_path / "log"
 
 
@@ -108,10 +116,14 @@ def test_four_streams_with_one_connection_refused_go_in_three(ends, capsys):
     (refuse / "dst").write_text("once\n")
     rc, out, err = run(make(jobs=8, most=4), capsys)
     assert rc == 0, err
-    assert "stream 2: dst refused its own connection (ssh: connect to host dst port 22: " \
-           "Connection refused)" in err
-    assert "3 streams side by side" in err and "3 streams instead of 4: 1 extra connection " \
-           "refused" in err, err
+    assert (
+        "stream 2: dst refused its own connection (ssh: connect to host dst port 22: "
+        "Connection refused)" in err
+    )
+    assert (
+        "3 streams side by side" in err
+        and "3 streams instead of 4: 1 extra connection refused" in err
+    ), err
     got = sorted(line for line in log.read_text().splitlines())
     assert got == ["receive %d 3 got 'part %d of 3\\n'" % (i, i) for i in range(3)], got
     lines = out.splitlines()
@@ -124,22 +136,26 @@ def test_one_stream_when_the_fewest_jobs_is_below_four_and_its_answer_is_passed_
     make, _refuse, log = ends
     rc, out, err = run(make(jobs=3), capsys)
     assert rc == 0, err
-    assert "1 stream (the fewest jobs of the three machines is 3; CPUs usable: here 16 of 16)" \
-        in err, err
+    assert (
+        "1 stream (the fewest jobs of the three machines is 3; CPUs usable: here 16 of 16)" in err
+    ), err
     assert log.read_text().splitlines() == ["receive 0 1 got 'part 0 of 1\\n'"]
     assert out.splitlines()[-1] == "done\tok\td" and "streams" not in out, out
 
 
-def test_an_end_that_may_use_one_cpu_gets_one_stream_and_the_relay_says_why(ends, capsys,
-                                                                            monkeypatch):
+def test_an_end_that_may_use_one_cpu_gets_one_stream_and_the_relay_says_why(
+    ends, capsys, monkeypatch
+):
     """Issue 47: the destination says 8 jobs but may use 1 CPU of 16 (its gate line's CPUs): one
     stream, not four; said with each machine's CPUs (44a2c10 took four: jobs alone counted)."""
     make, _refuse, log = ends
     monkeypatch.setenv("DST_CPUS", "\t1:1.00:5:16")
     rc, out, err = run(make(jobs=8), capsys)
     assert rc == 0, err
-    assert "1 stream (no more streams than the fewest CPUs a machine may use, 1; CPUs usable: " \
-        "here 16 of 16, dst 1 of 16 (affinity 5))" in err, err
+    assert (
+        "1 stream (no more streams than the fewest CPUs a machine may use, 1; CPUs usable: "
+        "here 16 of 16, dst 1 of 16 (affinity 5))" in err
+    ), err
     assert log.read_text().splitlines() == ["receive 0 1 got 'part 0 of 1\\n'"]
 
 

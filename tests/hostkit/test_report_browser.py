@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from rbview import draw as pictures
+
 from tests import browser, picture_data
 
 
@@ -28,16 +28,24 @@ def runs(tmp_path_factory) -> Path:
 def drawn(runs: Path, name: str, tmp_path: Path, fanout: bool = False) -> Path:
     run = tmp_path / name
     shutil.copytree(runs / name, run)
-    argv = ["--report", str(run / "report.json"), "--events", str(run / "events.tsv"),
-            "--out", str(run)]
+    argv = [
+        "--report",
+        str(run / "report.json"),
+        "--events",
+        str(run / "events.tsv"),
+        "--out",
+        str(run),
+    ]
     if fanout:
         argv += ["--fanout", str(run / "fanout" / "fanout.json")]
     assert pictures.main(argv) == 0
     return run
 
 
-@pytest.mark.parametrize("name, outcome", [("two-host-ok", "ok"), ("two-host", "failed"),
-                                           ("two-host-interrupted", "interrupted")])
+@pytest.mark.parametrize(
+    "name, outcome",
+    [("two-host-ok", "ok"), ("two-host", "failed"), ("two-host-interrupted", "interrupted")],
+)
 def test_a_run_is_seen_as_its_report_says(runs, tmp_path, name, outcome):
     run = drawn(runs, name, tmp_path)
     assert json.loads((run / "report.json").read_text())["outcome"] == outcome
@@ -55,8 +63,9 @@ def test_a_fanout_is_seen_with_its_odd_node(runs, tmp_path):
     seen = browser.assert_seen(run, fanout=fan)
     assert {i["src"] for i in seen.images} == {"timeline.svg", "nodes.svg"}
     # the comparison's rows: one per group, the odd node's failed libraries check among them
-    assert any(r["cells"][:1] == ["gpu05"] and "fail" in r["cells"] and r["seen"]
-               for r in seen.rows), seen.rows
+    assert any(
+        r["cells"][:1] == ["gpu05"] and "fail" in r["cells"] and r["seen"] for r in seen.rows
+    ), seen.rows
 
 
 def test_a_hidden_row_is_not_seen(runs, tmp_path):
@@ -75,11 +84,20 @@ def test_a_blank_screenshot_is_caught(tmp_path):
 
     def png(rows: list[bytes], w: int) -> bytes:
         def chunk(kind: bytes, body: bytes) -> bytes:
-            return struct.pack(">I", len(body)) + kind + body + struct.pack(
-                ">I", zlib.crc32(kind + body))
+            return (
+                struct.pack(">I", len(body))
+                + kind
+                + body
+                + struct.pack(">I", zlib.crc32(kind + body))
+            )
+
         head = struct.pack(">IIBBBBB", w, len(rows), 8, 2, 0, 0, 0)
-        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head)
-                + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+        return (
+            b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", head)
+            + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+            + chunk(b"IEND", b"")
+        )
 
     white = b"\x00" + b"\xff" * 12
     assert browser.colours(png([white, white], 4)) == {(255, 255, 255): 8}

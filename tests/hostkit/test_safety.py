@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from rbkit import exports, hostfs, manifest, relocate, swapfs
 
 ROOT = os.geteuid() == 0
@@ -67,8 +66,12 @@ def test_scan_lists_setuid_setgid_and_world_writable_entries_and_refuses_them(tm
     root = special_tree(tmp_path)
     doc = hostfs.scan(str(root), [])
     listed = {e["p"]: e["m"] for e in doc["special_modes"]}
-    assert listed == {"bin/su-ish": "4755", "bin/sg-ish": "2755", "share/anyone-writes": "0666",
-                      "share/open-dir": "0777"}
+    assert listed == {
+        "bin/su-ish": "4755",
+        "bin/sg-ish": "2755",
+        "share/anyone-writes": "0666",
+        "share/open-dir": "0777",
+    }
     assert doc["special_modes_count"] == 4
     assert "setuid" in doc["refusal"] and "bin/su-ish (4755)" in doc["refusal"]
     assert "special_modes" in doc["refusal"], "the refusal names the spec field that allows it"
@@ -101,8 +104,12 @@ def test_strip_special_leaves_no_special_bit_and_never_follows_a_link(tmp_path):
     outside.chmod(0o4755)
     (root / "share" / "link-out").symlink_to(outside)
     removed = hostfs.strip_special(str(root))
-    assert sorted(r["p"] for r in removed) == ["bin/sg-ish", "bin/su-ish", "share/anyone-writes",
-                                                "share/open-dir"]
+    assert sorted(r["p"] for r in removed) == [
+        "bin/sg-ish",
+        "bin/su-ish",
+        "share/anyone-writes",
+        "share/open-dir",
+    ]
     assert {r["p"]: (r["was"], r["now"]) for r in removed}["bin/su-ish"] == ("4755", "0755")
     for p in root.rglob("*"):
         if not p.is_symlink():
@@ -128,7 +135,7 @@ def test_tar_as_root_keeps_setuid_unless_told_not_to(tmp_path):
     (src / "bin").mkdir(parents=True)
     (src / "bin" / "su-ish").write_text("#!/bin/sh\n")
     shutil.chown(src / "bin" / "su-ish", "nobody")
-    (src / "bin" / "su-ish").chmod(0o4755)           # after chown: chown clears setuid
+    (src / "bin" / "su-ish").chmod(0o4755)  # after chown: chown clears setuid
     (src / "share").mkdir()
     (src / "share" / "open").write_text("x")
     (src / "share" / "open").chmod(0o666)
@@ -140,12 +147,23 @@ def test_tar_as_root_keeps_setuid_unless_told_not_to(tmp_path):
     def extract(flags: str) -> dict:
         out = tmp_path / f"x{len(list(tmp_path.iterdir()))}"
         out.mkdir()
-        subprocess.run(["sh", "-c", f'umask 002 && tar -C "$1" -xf "$2" {flags}', "sh", str(out),
-                        str(archive)], check=True)
-        return {rel: (stat.S_IMODE((out / rel).lstat().st_mode), (out / rel).lstat().st_uid)
-                for rel in ("bin/su-ish", "share/open", "share/group")}
+        subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'umask 002 && tar -C "$1" -xf "$2" {flags}',
+                "sh",
+                str(out),
+                str(archive),
+            ],
+            check=True,
+        )
+        return {
+            rel: (stat.S_IMODE((out / rel).lstat().st_mode), (out / rel).lstat().st_uid)
+            for rel in ("bin/su-ish", "share/open", "share/group")
+        }
 
-    today = extract("--no-same-owner")                                 # templates/steps/transfer
+    today = extract("--no-same-owner")  # templates/steps/transfer
     assert today["bin/su-ish"] == (0o4755, 0), "documented: setuid becomes setuid-root"
     safe = extract("--no-same-owner --no-same-permissions")
     assert safe == {"bin/su-ish": (0o755, 0), "share/open": (0o664, 0), "share/group": (0o664, 0)}
@@ -157,7 +175,7 @@ def test_tar_as_root_keeps_setuid_unless_told_not_to(tmp_path):
 def test_relocation_never_writes_through_a_planted_temp_name(tmp_path):
     root = venv_tree(tmp_path / "venv")
     target = bait(tmp_path)
-    (root / "bin" / "activate.rb-tmp").symlink_to(target)     # the old code's fixed temp name
+    (root / "bin" / "activate.rb-tmp").symlink_to(target)  # the old code's fixed temp name
     (root / "bin" / "tool.rb-tmp").symlink_to(target)
     result = relocate.relocate(str(root), "/old/venv", "/new/venv")
     assert target.read_text() == "not yours\n"
@@ -175,10 +193,10 @@ def test_relocation_does_not_follow_a_bin_dir_or_a_script_that_is_a_link(tmp_pat
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "script").write_text("#!/old/venv/bin/python\n")
-    (root / "bin").symlink_to(elsewhere)                       # bin/ leads out of the tree
+    (root / "bin").symlink_to(elsewhere)  # bin/ leads out of the tree
     cfg = elsewhere / "cfg"
     cfg.write_text("command = /old/venv\n")
-    (root / "pyvenv.cfg").symlink_to(cfg)                      # and a config that is a link
+    (root / "pyvenv.cfg").symlink_to(cfg)  # and a config that is a link
     relocate.relocate(str(root), "/old/venv", "/new/venv")
     assert (elsewhere / "script").read_text() == "#!/old/venv/bin/python\n"
     assert cfg.read_text() == "command = /old/venv\n"
@@ -196,7 +214,7 @@ def test_env_file_write_never_follows_a_planted_temp_or_writes_through_a_link(tm
     assert env_file.read_text() == "export A=1\n" and not env_file.is_symlink()
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o644
     env_file.unlink()
-    env_file.symlink_to(target)                                 # the env file itself a link
+    env_file.symlink_to(target)  # the env file itself a link
     exports.write(str(env_file), "export A=2\n")
     assert target.read_text() == "not yours\n"
     assert env_file.read_text() == "export A=2\n" and not env_file.is_symlink()
@@ -208,7 +226,7 @@ def test_names_and_manifest_files_are_never_written_through_a_link(tmp_path):
     kit = tmp_path / "kit"
     kit.mkdir()
     names = kit / "x.names"
-    Path(f"{names}.tmp").symlink_to(target)                     # the old code's temp name
+    Path(f"{names}.tmp").symlink_to(target)  # the old code's temp name
     hostfs.scan(str(root), [], str(names))
     assert target.read_text() == "not yours\n"
     assert b"bin/tool\0" in names.read_bytes()
@@ -221,18 +239,22 @@ def test_names_and_manifest_files_are_never_written_through_a_link(tmp_path):
 
 def test_scan_reports_links_that_leave_the_tree(tmp_path):
     root = venv_tree(tmp_path / "venv")
-    (root / "lib64").symlink_to("lib")                                        # inside
-    (root / "bin" / "python3").symlink_to("python")                           # the interpreter
-    (root / "etc-link").symlink_to("/etc")                                    # absolute
-    (root / "lib" / "up").symlink_to("../../elsewhere")                       # relative, out
+    (root / "lib64").symlink_to("lib")  # inside
+    (root / "bin" / "python3").symlink_to("python")  # the interpreter
+    (root / "etc-link").symlink_to("/etc")  # absolute
+    (root / "lib" / "up").symlink_to("../../elsewhere")  # relative, out
     (root / "dot").symlink_to(".")
-    (root / "sneaky").symlink_to("dot/..")   # lexically inside; really the tree's parent
-    (root / "self-abs").symlink_to(str(root / "lib"))   # absolute into the tree: the source's path
+    (root / "sneaky").symlink_to("dot/..")  # lexically inside; really the tree's parent
+    (root / "self-abs").symlink_to(str(root / "lib"))  # absolute into the tree: the source's path
     (root / "dangling").symlink_to("no/such/thing")
     doc = hostfs.scan(str(root), [])
     out = {e["p"]: e["l"] for e in doc["outside_links"]}
-    assert out == {"etc-link": "/etc", "lib/up": "../../elsewhere", "sneaky": "dot/..",
-                   "self-abs": str(root / "lib")}
+    assert out == {
+        "etc-link": "/etc",
+        "lib/up": "../../elsewhere",
+        "sneaky": "dot/..",
+        "self-abs": str(root / "lib"),
+    }
     assert doc["outside_links_count"] == 4
     assert "4 symlinks point outside the tree" in doc["refusal"]
     assert "etc-link -> /etc" in doc["refusal"] and "outside_links" in doc["refusal"]
@@ -270,8 +292,9 @@ def test_same_or_nested_sees_through_aliases_relative_paths_and_nesting(tmp_path
     around = hostfs.same_or_nested(ident(str(src / "lib")), ident(str(tmp_path / "opt")))
     assert "inside the destination" in around
     # the destination's backup or staging named as the source: the install would remove it
-    backup = hostfs.same_or_nested(ident(str(tmp_path / "opt" / "v.rb-backup.3")),
-                                   ident(str(tmp_path / "opt" / "v")))
+    backup = hostfs.same_or_nested(
+        ident(str(tmp_path / "opt" / "v.rb-backup.3")), ident(str(tmp_path / "opt" / "v"))
+    )
     assert "backup" in backup
     assert hostfs.same_or_nested(ident(str(src)), ident(str(tmp_path / "opt" / "venv2"))) is None
     assert hostfs.same_or_nested(ident(str(src)), ident(str(tmp_path / "venv"))) is None
@@ -283,18 +306,25 @@ def test_same_or_nested_compares_inodes_when_paths_differ(tmp_path):
     src = venv_tree(tmp_path / "src")
     a = hostfs.identity(str(src))
     b = hostfs.identity(str(src / "lib" / "deeper" / "dest"))
-    b = dict(b, realpath="/mnt/elsewhere/dest")      # as a bind mount would show it
+    b = dict(b, realpath="/mnt/elsewhere/dest")  # as a bind mount would show it
     assert "inside the source" in hostfs.same_or_nested(a, b)
     a2 = dict(a, realpath="/mnt/also/elsewhere")
-    assert "same directory" in hostfs.same_or_nested(a2, dict(hostfs.identity(str(src)),
-                                                            realpath="/x/y"))
+    assert "same directory" in hostfs.same_or_nested(
+        a2, dict(hostfs.identity(str(src)), realpath="/x/y")
+    )
 
 
 def test_same_or_nested_needs_one_machine_and_compares_network_mounts_across_machines():
     def ident(real, boot, machine="m1", mount=None, chain=()):
-        return {"realpath": real, "boot_id": boot, "machine_id": machine, "exists": True,
-                "dev_ino": list(chain[0]) if chain else None, "chain": [list(c) for c in chain],
-                "mount": mount}
+        return {
+            "realpath": real,
+            "boot_id": boot,
+            "machine_id": machine,
+            "exists": True,
+            "dev_ino": list(chain[0]) if chain else None,
+            "chain": [list(c) for c in chain],
+            "mount": mount,
+        }
 
     # two machines (cloned images share a machine-id; the boot id tells them apart)
     assert hostfs.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b2")) is None
@@ -305,19 +335,30 @@ def test_same_or_nested_needs_one_machine_and_compares_network_mounts_across_mac
     # one NFS export mounted on two machines, at different mount points
     nfs_a = {"fstype": "nfs4", "source": "filer:/export/envs", "root": "/", "point": "/nfs"}
     nfs_b = {"fstype": "nfs4", "source": "filer:/export/envs", "root": "/", "point": "/mnt/envs"}
-    why = hostfs.same_or_nested(ident("/nfs/team/v", "b1", mount=nfs_a),
-                                ident("/mnt/envs/team/v", "b2", mount=nfs_b))
+    why = hostfs.same_or_nested(
+        ident("/nfs/team/v", "b1", mount=nfs_a), ident("/mnt/envs/team/v", "b2", mount=nfs_b)
+    )
     assert why is not None and "filer:/export/envs" in why
-    assert hostfs.same_or_nested(ident("/nfs/team/v", "b1", mount=nfs_a),
-                                 ident("/mnt/envs/team/w", "b2", mount=nfs_b)) is None
+    assert (
+        hostfs.same_or_nested(
+            ident("/nfs/team/v", "b1", mount=nfs_a), ident("/mnt/envs/team/w", "b2", mount=nfs_b)
+        )
+        is None
+    )
     local = dict(nfs_a, fstype="ext4", source="/dev/sda1")
-    assert hostfs.same_or_nested(ident("/opt/v", "b1", mount=local),
-                                 ident("/opt/v", "b2", mount=dict(local))) is None
+    assert (
+        hostfs.same_or_nested(
+            ident("/opt/v", "b1", mount=local), ident("/opt/v", "b2", mount=dict(local))
+        )
+        is None
+    )
 
 
 def test_identity_reads_this_machine(tmp_path):
     doc = hostfs.identity(str(tmp_path / "not-yet" / "venv"))
-    assert doc["exists"] is False and doc["realpath"] == str(tmp_path.resolve() / "not-yet" / "venv")
+    assert doc["exists"] is False and doc["realpath"] == str(
+        tmp_path.resolve() / "not-yet" / "venv"
+    )
     assert doc["chain"][0] == [os.stat(tmp_path).st_dev, os.stat(tmp_path).st_ino]
     assert doc["boot_id"] or doc["machine_id"]
     assert json.loads(json.dumps(doc)) == doc
@@ -366,8 +407,9 @@ def interrupt_rename(monkeypatch, at: int) -> None:
 
 
 @pytest.mark.parametrize("policy", ["backup", "replace"])
-def test_an_interrupted_two_rename_swap_is_undone_by_the_next_run(tmp_path, monkeypatch,
-                                                                   no_exchange, policy):
+def test_an_interrupted_two_rename_swap_is_undone_by_the_next_run(
+    tmp_path, monkeypatch, no_exchange, policy
+):
     staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
     with monkeypatch.context() as m:
         interrupt_rename(m, 2)
@@ -382,8 +424,9 @@ def test_an_interrupted_two_rename_swap_is_undone_by_the_next_run(tmp_path, monk
     assert not [p.name for p in tmp_path.iterdir() if "rb-swap" in p.name]
 
 
-def test_restore_after_an_interrupted_swap_gives_back_the_previous_install(tmp_path, monkeypatch,
-                                                                           no_exchange):
+def test_restore_after_an_interrupted_swap_gives_back_the_previous_install(
+    tmp_path, monkeypatch, no_exchange
+):
     staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
     with monkeypatch.context() as m:
         interrupt_rename(m, 2)
@@ -405,10 +448,12 @@ def test_a_swap_finished_but_not_cleaned_up_is_finished(tmp_path, monkeypatch, n
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv"]
 
 
-@pytest.mark.parametrize("at,action,tags", [(2, "undone", ("current", "older")),
-                                             (3, "finished", ("older", "current"))])
+@pytest.mark.parametrize(
+    "at,action,tags", [(2, "undone", ("current", "older")), (3, "finished", ("older", "current"))]
+)
 def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
-        tmp_path, monkeypatch, no_exchange, at, action, tags):
+    tmp_path, monkeypatch, no_exchange, at, action, tags
+):
     dest = installed(tmp_path, "current")
     backup = tmp_path / "venv.rb-backup.1"
     backup.mkdir()
@@ -420,7 +465,7 @@ def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
     assert hostfs.recover_swap(str(dest))["action"] == action
     assert ((dest / "tag").read_text(), (backup / "tag").read_text()) == tags
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1"]
-    result = hostfs.restore(str(dest))                       # and once more, uninterrupted
+    result = hostfs.restore(str(dest))  # and once more, uninterrupted
     assert result["atomic"] is False
     # the install it replaced is the newest backup now, under a new number (issue 34)
     newest = tmp_path / "venv.rb-backup.2"
@@ -443,8 +488,7 @@ def test_swap_atomic_require_refuses_and_allow_says_so(tmp_path, no_exchange):
 def test_a_journal_we_did_not_write_is_not_obeyed(tmp_path):
     dest = installed(tmp_path, "old")
     journal = Path(hostfs.journal_path(str(dest)))
-    journal.write_text(json.dumps({"v": 1, "op": "swap", "policy": "replace",
-                                   "old": "../../etc"}))
+    journal.write_text(json.dumps({"v": 1, "op": "swap", "policy": "replace", "old": "../../etc"}))
     with pytest.raises(ValueError, match="journal"):
         hostfs.recover_swap(str(dest))
     journal.unlink()
@@ -493,7 +537,7 @@ def test_scan_judges_room_by_apparent_size_for_sparse_files(tmp_path):
     root = venv_tree(tmp_path / "venv")
     sparse = root / "lib" / "big.img"
     with open(sparse, "wb") as f:
-        f.truncate(64 << 20)                         # 64 MiB apparent, next to nothing on disk
+        f.truncate(64 << 20)  # 64 MiB apparent, next to nothing on disk
     doc = hostfs.scan(str(root), [])
     assert doc["disk_bytes"] < (1 << 20)
     assert doc["need_bytes"] >= 64 << 20, "tar writes the zeros out: room for the apparent size"
@@ -511,7 +555,7 @@ def test_prune_backups_keeps_the_newest_n_and_swap_applies_keep_backups(tmp_path
     outside = tmp_path / "not-a-backup"
     outside.mkdir()
     (outside / "keep").write_text("x")
-    (tmp_path / "venv.rb-backup.4").symlink_to(outside)        # named like one, but a link
+    (tmp_path / "venv.rb-backup.4").symlink_to(outside)  # named like one, but a link
     removed = hostfs.prune_backups(str(dest), 2)
     assert sorted(os.path.basename(p) for p in removed) == ["venv.rb-backup.1", "venv.rb-backup.2"]
     assert backups_of(tmp_path) == ["venv.rb-backup.3", "venv.rb-backup.4", "venv.rb-backup.5"]
@@ -536,10 +580,22 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     new = manifest.build(str(src), [], "sha256", jobs=1)
     staging = dest.parent / ".venv.rb-staging"
     facts = hostfs.stage(str(dest), str(staging), new, before, str(tmp_path / "names"))
-    assert facts["linked"] == 2                                   # data.bin and __init__.py
+    assert facts["linked"] == 2  # data.bin and __init__.py
     names = (tmp_path / "names").read_bytes().split(b"\0")[:-1]
-    subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(tmp_path / "names"),
-                    "-cf", str(tmp_path / "d.tar")], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-C",
+            str(src),
+            "--null",
+            "--no-recursion",
+            "-T",
+            str(tmp_path / "names"),
+            "-cf",
+            str(tmp_path / "d.tar"),
+        ],
+        check=True,
+    )
     subprocess.run(["tar", "-C", str(staging), "-xf", str(tmp_path / "d.tar")], check=True)
     assert names
     result = hostfs.swap(str(staging), str(dest), "backup")
@@ -551,7 +607,7 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     assert os.stat(kept).st_mtime_ns == os.stat(live).st_mtime_ns
     assert stat.S_IMODE(os.stat(kept).st_mode) == stat.S_IMODE(os.stat(live).st_mode)
     assert result["unshared"]["files"] == 2
-    with open(live, "r+b") as f:                                   # a later in-place write
+    with open(live, "r+b") as f:  # a later in-place write
         f.write(b"\0" * 16)
     assert kept.read_bytes() == big.read_bytes(), "the backup is not changed through the install"
 
@@ -610,7 +666,8 @@ def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_pa
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
 def test_an_install_that_failed_its_checks_goes_apart_and_a_rollback_brings_it_back(
-        tmp_path, monkeypatch, exchange):
+    tmp_path, monkeypatch, exchange
+):
     if not exchange:
         monkeypatch.setattr(swapfs, "_renameat2", lambda src, dst, flags: False)
     dest = installed(tmp_path, "kept after its checks failed")
@@ -623,10 +680,12 @@ def test_an_install_that_failed_its_checks_goes_apart_and_a_rollback_brings_it_b
     assert backups_of(tmp_path) == ["venv.rb-backup.1"], "never counted as a backup"
     assert hostfs.prune_backups(str(dest), 1) == [], "nor does it evict the good one"
     # the new install's env file fails: the rollback puts back what was there, the new one apart
-    got = hostfs.restore(str(dest), failed="step exports failed after the swap",
-                         from_failed=True)
+    got = hostfs.restore(str(dest), failed="step exports failed after the swap", from_failed=True)
     assert (dest / "tag").read_text() == "kept after its checks failed"
     assert (failed / "tag").read_text() == "new" and got["kept_current_as"] == str(failed)
     assert hostfs.failed_mark(str(failed)) == "step exports failed after the swap"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1",
-                                                          "venv.rb-failed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "venv",
+        "venv.rb-backup.1",
+        "venv.rb-failed",
+    ]

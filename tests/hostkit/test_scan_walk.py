@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from rbkit import hostfs
 from rbkit import manifest as kitmanifest
 
@@ -36,15 +35,15 @@ def venv_tree(root: Path) -> Path:
     (root / "bin" / "python").write_text("")
     (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
     lib = root / "lib"
-    os.link(lib / "p0" / "m00" / "f2.py", lib / "p2" / "m11" / "same.py")     # across subtrees
-    os.link(lib / "p1" / "m05" / "f1.py", lib / "p1" / "m05" / "twin.py")     # in one
-    os.link(lib / "p1" / "m05" / "f1.py", root / "top.py")                     # and the root
-    with open(lib / "p2" / "m03" / "holes.bin", "wb") as f:                   # sparse, 2 names
+    os.link(lib / "p0" / "m00" / "f2.py", lib / "p2" / "m11" / "same.py")  # across subtrees
+    os.link(lib / "p1" / "m05" / "f1.py", lib / "p1" / "m05" / "twin.py")  # in one
+    os.link(lib / "p1" / "m05" / "f1.py", root / "top.py")  # and the root
+    with open(lib / "p2" / "m03" / "holes.bin", "wb") as f:  # sparse, 2 names
         f.truncate(1 << 20)
     os.link(lib / "p2" / "m03" / "holes.bin", lib / "p0" / "m09" / "holes2.bin")
-    os.symlink("/etc/passwd", lib / "p1" / "m07" / "out")                      # leaves the venv
-    os.symlink("../../../../..", lib / "p0" / "m02" / "up")                    # so does this
-    os.symlink("../m01/f0.py", lib / "p2" / "m02" / "in")                      # stays in it
+    os.symlink("/etc/passwd", lib / "p1" / "m07" / "out")  # leaves the venv
+    os.symlink("../../../../..", lib / "p0" / "m02" / "up")  # so does this
+    os.symlink("../m01/f0.py", lib / "p2" / "m02" / "in")  # stays in it
     os.chmod(lib / "p1" / "m08" / "f0.py", 0o4755)
     os.chmod(lib / "p0" / "m04", 0o777)
     os.mkdir(os.path.join(os.fsencode(lib / "p2"), b"bad\xff"))
@@ -55,8 +54,10 @@ def venv_tree(root: Path) -> Path:
 def scanned(root: Path, tmp: Path, workers: int, **kw) -> tuple:
     names = tmp / f"names-{workers}"
     out = hostfs.scan(str(root), PATS, str(names), workers=workers, **kw)
-    records = tuple(Path(str(names) + sfx).read_bytes()
-                    for sfx in ("", kitmanifest.SCAN_SUFFIX, kitmanifest.LINKS_SUFFIX))
+    records = tuple(
+        Path(str(names) + sfx).read_bytes()
+        for sfx in ("", kitmanifest.SCAN_SUFFIX, kitmanifest.LINKS_SUFFIX)
+    )
     return out, records
 
 
@@ -74,6 +75,7 @@ def forks(monkeypatch) -> list:
     def counted(unit, units, workers, started):
         seen.append(workers)
         return real(unit, units, workers, started)
+
     monkeypatch.setattr(kitmanifest, "_fork", counted)
     return seen
 
@@ -93,7 +95,8 @@ def test_one_process_walk_is_the_walks_own_records(venv, tmp_path):
     assert out["stat_fingerprint"] == hashlib.sha256(b"".join(lines)).hexdigest()
     multi = [json.loads(x) for x in links_rec.splitlines()]
     assert [walked[i][0] for i, _d, _n in multi] == [
-        r for r, st in walked if st.st_nlink > 1 and not os.path.isdir(venv / r)]
+        r for r, st in walked if st.st_nlink > 1 and not os.path.isdir(venv / r)
+    ]
     seen: set = set()
     apparent = 0
     for rel, st in walked:
@@ -102,7 +105,7 @@ def test_one_process_walk_is_the_walks_own_records(venv, tmp_path):
                 apparent += st.st_size
             seen.add((st.st_dev, st.st_ino))
     assert out["bytes"] == apparent
-    assert out["sparse_files"] == ["lib/p0/m09/holes2.bin"]        # its first name in the walk
+    assert out["sparse_files"] == ["lib/p0/m09/holes2.bin"]  # its first name in the walk
     assert [e["p"] for e in out["outside_links"]] == ["lib/p0/m02/up", "lib/p1/m07/out"]
     assert "bad\\xff" in out["refusal"] and out["special_modes_count"] == 2
 
@@ -112,14 +115,15 @@ def test_forked_scan_is_the_same_bytes(venv, tmp_path, forks, workers):
     alone = scanned(venv, tmp_path, 1)
     assert forks == []
     forked = scanned(venv, tmp_path, workers)
-    assert forks and forks[0] > 1                # it did fork
+    assert forks and forks[0] > 1  # it did fork
     assert forked == alone
 
 
 @pytest.mark.parametrize("mode", ["strip", "keep"])
 def test_forked_scan_strip_and_keep(venv, tmp_path, mode):
-    assert scanned(venv, tmp_path, 3, special_modes=mode, outside_links="keep") == \
-        scanned(venv, tmp_path, 1, special_modes=mode, outside_links="keep")
+    assert scanned(venv, tmp_path, 3, special_modes=mode, outside_links="keep") == scanned(
+        venv, tmp_path, 1, special_modes=mode, outside_links="keep"
+    )
 
 
 def test_a_dead_worker_leaves_the_walk_to_this_process(venv, tmp_path, monkeypatch, forks):
@@ -127,9 +131,10 @@ def test_a_dead_worker_leaves_the_walk_to_this_process(venv, tmp_path, monkeypat
 
     def dies(*args):
         os._exit(3)
+
     monkeypatch.setattr(hostfs, "_walked", dies)
     assert scanned(venv, tmp_path, 4) == alone
-    assert forks                                  # it had forked
+    assert forks  # it had forked
 
 
 def test_a_walk_begun_before_a_thread_is_the_scans(venv, tmp_path, forks):
@@ -147,10 +152,10 @@ def test_a_walk_begun_before_a_thread_is_the_scans(venv, tmp_path, forks):
 
 def test_a_begun_walk_of_other_settings_is_closed(venv, tmp_path):
     alone = scanned(venv, tmp_path, 1)
-    begun = hostfs.ScanWalk(str(venv), PATS, True, True, workers=3)       # strip: not this scan
+    begun = hostfs.ScanWalk(str(venv), PATS, True, True, workers=3)  # strip: not this scan
     pids = list(begun._forked._started["pids"])
     assert len(pids) == 3
     assert scanned(venv, tmp_path, 1, begun=begun) == alone
-    for pid in pids:                              # its workers were ended and waited for
+    for pid in pids:  # its workers were ended and waited for
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)

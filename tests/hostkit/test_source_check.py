@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rbkit import serve
+
 from tests.hostkit.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[2] / "hostkit"
@@ -30,9 +30,25 @@ def source(src: Path, *extra: str, stdin: str = "") -> dict:
     """Run `rbkit engine source SRC EXTRA... --audit outside SRC`; its answer as a dict: set
     facts, events by step, status and detail."""
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
-    p = subprocess.run([sys.executable, "-m", "rbkit", "engine", "source", str(src), *extra,
-                        "--audit", "outside", str(src)], input=stdin, capture_output=True,
-                       text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit",
+            "engine",
+            "source",
+            str(src),
+            *extra,
+            "--audit",
+            "outside",
+            str(src),
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     facts, events, done = {}, {}, None
     for line in p.stdout.splitlines():
         kind, _, rest = line.partition("\t")
@@ -65,7 +81,7 @@ def test_a_failed_check_names_its_type_and_its_problems_reach_the_log(tmp_path):
     site = src / "lib" / "python3.11" / "site-packages"
     (site / "elsewhere.pth").write_text(f"{tmp_path / 'somewhere-else'}\n")
     got = source(src)
-    assert got["done"][0] == "ok"              # the runbook judges it (--force, one machine)
+    assert got["done"][0] == "ok"  # the runbook judges it (--force, one machine)
     assert got["facts"]["audit_rc"] == "1" and got["facts"]["audit_failed"] == "outside"
     assert "somewhere-else" in got["err"]
 
@@ -102,7 +118,8 @@ def test_the_destination_says_what_its_install_recorded(tmp_path):
     assert serve.installed_stat(str(dest)) == ""
     dest.mkdir()
     (dest / ".rb-manifest.jsonl").write_text(
-        json.dumps({"kind": "rb-manifest", "source_stat_fingerprint": "ab" * 32}) + "\n{}\n")
+        json.dumps({"kind": "rb-manifest", "source_stat_fingerprint": "ab" * 32}) + "\n{}\n"
+    )
     assert serve.installed_stat(str(dest)) == "ab" * 32
     (dest / ".rb-manifest.jsonl").write_text('{"kind": "other", "source_stat_fingerprint": "x"}\n')
     assert serve.installed_stat(str(dest)) == ""

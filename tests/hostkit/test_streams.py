@@ -13,12 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
-from compiler import kit
 from rbkit import engine, hostfs, manifest, serve, stream
 from rbkit.choices import Choices
 from rbrules import common
+
+from compiler import kit
 from tests.hostkit.test_kit import make_tree
 
 KIT = Path(__file__).resolve().parents[2] / "hostkit"
@@ -66,7 +65,7 @@ def test_the_split_puts_every_directory_in_every_list_and_each_file_in_one(tmp_p
         assert got == [p for p in listed if p in set(got)]
         assert [p for p in got if p in dirs] == dirs
         seen += [p for p in got if p not in dirs]
-    assert sorted(seen) == sorted(others)                        # each other entry once
+    assert sorted(seen) == sorted(others)  # each other entry once
     # the two names of one inode in one list: tar sends the second as a link to the first
     assert any({"lib/a/f0.bin", "lib/c/same-as-f0.bin"} <= set(got) for got in lists)
     # the biggest first into the emptiest list: no list holds two of the three biggest files
@@ -84,10 +83,11 @@ def test_the_scan_counts_the_data_of_a_hard_link_once_and_records_its_names(tmp_
     sizes = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
     assert out["bytes"] == sizes - (src / "lib" / "a" / "f0.bin").stat().st_size
     listed = read_list(str(names))
-    linked = [json.loads(line) for line in Path(str(names) + manifest.LINKS_SUFFIX).read_text()
-              .splitlines()]
-    assert sorted(listed[i] for i, _dev, _ino in linked) == ["lib/a/f0.bin",
-                                                            "lib/c/same-as-f0.bin"]
+    linked = [
+        json.loads(line)
+        for line in Path(str(names) + manifest.LINKS_SUFFIX).read_text().splitlines()
+    ]
+    assert sorted(listed[i] for i, _dev, _ino in linked) == ["lib/a/f0.bin", "lib/c/same-as-f0.bin"]
     assert len({(dev, ino) for _i, dev, ino in linked}) == 1
 
 
@@ -96,10 +96,10 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     (tmp_path / "parts").mkdir()
     into = str(tmp_path / "parts")
     assert stream.split_names(str(names), 2, into, min_bytes=1 << 30) is None
-    assert stream.split_names(str(names), 500, into) is None              # more lists than files
+    assert stream.split_names(str(names), 500, into) is None  # more lists than files
     (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o555)
     hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
-    assert stream.split_names(str(names), 2, into) is None                # a directory u-w
+    assert stream.split_names(str(names), 2, into) is None  # a directory u-w
     (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o755)
     hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
     assert stream.split_names(str(names), 2, into) is not None
@@ -107,7 +107,7 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
         os.unlink(os.path.join(into, name))
     record = Path(str(names) + manifest.SCAN_SUFFIX)
     lines = record.read_bytes().split(b"\n")
-    record.write_bytes(b"\n".join(lines[:1] + lines[2:]))                  # one line short
+    record.write_bytes(b"\n".join(lines[:1] + lines[2:]))  # one line short
     assert stream.split_names(str(names), 2, into) is None
     record.unlink()
     assert stream.split_names(str(names), 2, into) is None
@@ -123,7 +123,12 @@ def test_each_receiving_end_is_told_its_part():
     assert stream.part_argv(ssh, True, 1, 4)[-1].endswith("engine receive --part 1/4")
     assert stream.part_argv(ssh, True, 1, 4)[:-1] == ssh[:-1]
     assert stream.part_argv(["python3", "-m", "rbkit"], False, 0, 2) == [
-        "python3", "-m", "rbkit", "--part", "0/2"]
+        "python3",
+        "-m",
+        "rbkit",
+        "--part",
+        "0/2",
+    ]
 
 
 def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeypatch):
@@ -134,10 +139,35 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
         return 0
 
     monkeypatch.setattr(serve.stream, "send", fake)
-    assert serve.main(["send", "/r", "/n", "--compression", "none", "--jobs", "6", "--local",
-                       "python3", "-m", "rbkit", "engine", "receive", "--remote", "x"]) == 0
-    assert got == {"root": "/r", "names": "/n", "remote": None, "jobs": 6,
-                   "local": ["python3", "-m", "rbkit", "engine", "receive", "--remote", "x"]}
+    assert (
+        serve.main(
+            [
+                "send",
+                "/r",
+                "/n",
+                "--compression",
+                "none",
+                "--jobs",
+                "6",
+                "--local",
+                "python3",
+                "-m",
+                "rbkit",
+                "engine",
+                "receive",
+                "--remote",
+                "x",
+            ]
+        )
+        == 0
+    )
+    assert got == {
+        "root": "/r",
+        "names": "/n",
+        "remote": None,
+        "jobs": 6,
+        "local": ["python3", "-m", "rbkit", "engine", "receive", "--remote", "x"],
+    }
     assert serve.main(["send", "/r", "/n", "--remote", "ssh", "h", "--local"]) == 0
     assert got["remote"] == ["ssh", "h", "--local"] and got["local"] is None and got["jobs"] == 1
 
@@ -146,8 +176,12 @@ def staged(tmp_path: Path, src: Path) -> engine.Context:
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
     manifest.save(m, str(mpath))
-    ctx = engine.Context(str(tmp_path / "d" / "venv"), Choices(jobs=4), manifest=str(mpath),
-                         state=engine.make_state(str(tmp_path)))
+    ctx = engine.Context(
+        str(tmp_path / "d" / "venv"),
+        Choices(jobs=4),
+        manifest=str(mpath),
+        state=engine.make_state(str(tmp_path)),
+    )
     ctx.locked = True
     # a record of an earlier try at this destination: the stage forgets it with the rest
     Path(ctx.state, "received.7.json").write_text("{}")
@@ -157,19 +191,35 @@ def staged(tmp_path: Path, src: Path) -> engine.Context:
 
 
 def receiver(ctx: engine.Context) -> list:
-    return [sys.executable, "-m", "rbkit", "engine", "receive", "--dest", ctx.dest,
-            "--state", ctx.state, "--choices", ctx.choices.to_json(), "--progress", "0.05"]
+    return [
+        sys.executable,
+        "-m",
+        "rbkit",
+        "engine",
+        "receive",
+        "--dest",
+        ctx.dest,
+        "--state",
+        ctx.state,
+        "--choices",
+        ctx.choices.to_json(),
+        "--progress",
+        "0.05",
+    ]
 
 
-def test_two_streams_land_whole_and_verify_takes_both_streams_digests(tmp_path, monkeypatch,
-                                                                      capsys):
+def test_two_streams_land_whole_and_verify_takes_both_streams_digests(
+    tmp_path, monkeypatch, capsys
+):
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
     monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
     assert stream.send(str(src), str(names), "none", local=receiver(ctx), jobs=4) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith("done\tok\tunpacked into %s in 2 streams side by side" % ctx.staging)
+    assert lines[-1].startswith(
+        "done\tok\tunpacked into %s in 2 streams side by side" % ctx.staging
+    )
     event = json.loads(next(ln for ln in lines if ln.startswith("event\t")).split("\t", 1)[1])
     files = sum(1 for e in manifest.load(ctx.manifest)["entries"] if e["t"] == "f")
     assert event["facts"]["streams"] == 2 and event["facts"]["streamed"] == files
@@ -189,8 +239,13 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
     monkeypatch.setenv("PYTHONPATH", str(KIT))
     monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
     # the second receiving end fails as soon as it starts; the first may finish or be stopped
-    wrapper = ["sh", "-c", 'case "$*" in *"--part 1/2"*) echo broken >&2; exit 3;; esac; '
-               'exec "$@"', "sh", *receiver(ctx)]
+    wrapper = [
+        "sh",
+        "-c",
+        'case "$*" in *"--part 1/2"*) echo broken >&2; exit 3;; esac; exec "$@"',
+        "sh",
+        *receiver(ctx),
+    ]
     rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
     assert rc != 0
     captured = capsys.readouterr()
@@ -209,8 +264,14 @@ def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", str(KIT))
     monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
     # the first receiving end waits (it is stopped), the second fails at once
-    wrapper = ["sh", "-c", 'case "$*" in *"--part 1/2"*) echo broken >&2; exit 3;; '
-               '*"--part 0/2"*) exec sleep 30;; esac; exec "$@"', "sh", *receiver(ctx)]
+    wrapper = [
+        "sh",
+        "-c",
+        'case "$*" in *"--part 1/2"*) echo broken >&2; exit 3;; '
+        '*"--part 0/2"*) exec sleep 30;; esac; exec "$@"',
+        "sh",
+        *receiver(ctx),
+    ]
     rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
     assert rc == 3, rc
     err = capsys.readouterr().err
@@ -279,19 +340,30 @@ def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp
     root.mkdir()
     for i in range(12):
         (root / f"f{i:02d}").write_bytes(os.urandom(1000 * (12 - i) ** 2))
-    done = subprocess.run([sys.executable, "-c", FORKED, str(root)], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(KIT)))
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(KIT)),
+    )
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout)
     assert r["same"] and r["n"] == 12
-    assert r["errors"] == [r["third"], r["third"]]      # the first in the list's order, both ways
+    assert r["errors"] == [r["third"], r["third"]]  # the first in the list's order, both ways
 
 
 def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
     """rbrules.common.human, which the stream, the report and the compiler use: decimal units,
     and `-` for a size that was not measured (stream.human said `None`)."""
     assert [common.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
-        "0 B", "999 B", "1.0 KB", "786.4 MB", "2.5 TB", "7000.0 TB"]
+        "0 B",
+        "999 B",
+        "1.0 KB",
+        "786.4 MB",
+        "2.5 TB",
+        "7000.0 TB",
+    ]
     assert stream.human(None) == common.human("?") == common.human(True) == "-"
 
 

@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from rbkit import tarstream
 
 
@@ -52,7 +51,7 @@ def odd_tree(root: Path, big: int = (3 << 20) + 17) -> None:
     (root / "d" / "é-utf8").write_bytes(b"hi")
     with open(os.path.join(os.fsencode(root), b"d", b"raw\xff"), "wb") as f:
         f.write(b"raw")
-    split = root / ("p" * 80) / ("q" * 60)       # 150 bytes: ustar splits it into prefix/name
+    split = root / ("p" * 80) / ("q" * 60)  # 150 bytes: ustar splits it into prefix/name
     split.mkdir(parents=True)
     (split / "file").write_bytes(os.urandom(7000))
 
@@ -70,8 +69,9 @@ def digests_on_disk(root: Path) -> dict:
 
 
 def tar_of(root: Path, *opts: str) -> bytes:
-    return subprocess.run(["tar", "-C", str(root), *opts, "-cf", "-", "."], check=True,
-                          capture_output=True).stdout
+    return subprocess.run(
+        ["tar", "-C", str(root), *opts, "-cf", "-", "."], check=True, capture_output=True
+    ).stdout
 
 
 @pytest.mark.parametrize("fmt", ["gnu", "posix", "oldgnu"])
@@ -81,7 +81,7 @@ def test_every_file_gets_the_digest_of_what_tar_writes(tmp_path, fmt, piece):
     data = tar_of(tmp_path / "t", "--format=" + fmt)
     d = tarstream.Digester("sha256", workers=2)
     for at in range(0, len(data), piece):
-        d.feed(data[at:at + piece])
+        d.feed(data[at : at + piece])
     assert d.result() == digests_on_disk(tmp_path / "t")
     assert d.ended and not d.truncated and d.corrupt is None and d.lost is None
 
@@ -116,7 +116,7 @@ def test_a_stream_cut_short_is_truncated_wherever_it_is_cut(tmp_path):
     data = tar_of(tmp_path / "t")
     members = tarfile.open(fileobj=io.BytesIO(data)).getmembers()
     last = members[-1]
-    end = last.offset_data + -(-last.size // 512) * 512      # every member whole, no end blocks
+    end = last.offset_data + -(-last.size // 512) * 512  # every member whole, no end blocks
     # in a header, in a file's data, between two members (GNU tar takes that as the end: exit 0)
     for cut in (700, members[1].offset_data + 10, members[len(members) // 2].offset, end):
         d = tarstream.Digester()
@@ -127,7 +127,7 @@ def test_a_stream_cut_short_is_truncated_wherever_it_is_cut(tmp_path):
 def test_a_bad_header_is_corrupt_and_gives_no_digests(tmp_path):
     odd_tree(tmp_path / "t")
     data = bytearray(tar_of(tmp_path / "t"))
-    data[5] ^= 0x20                                  # in the first header's name
+    data[5] ^= 0x20  # in the first header's name
     d = tarstream.Digester()
     d.feed(bytes(data))
     assert d.corrupt and "fails its checksum" in d.corrupt
@@ -180,7 +180,7 @@ def through_pipes(d: "tarstream.Digester", data: bytes, consumer: list) -> tuple
     t.start()
     rc = d.stage(in_r, out_w)
     os.close(out_w)
-    os.close(in_r)                                # the feeder's writes fail now, if any are left
+    os.close(in_r)  # the feeder's writes fail now, if any are left
     p.wait(30)
     t.join(30)
     sink.seek(0)
@@ -214,7 +214,8 @@ def test_a_reader_that_stops_after_the_archive_leaves_the_rest_to_the_parser(tmp
 
 
 def test_a_reader_that_stops_at_the_end_is_judged_on_what_was_written_not_on_a_lagging_parser(
-        tmp_path):
+    tmp_path,
+):
     """The copy may run ahead of the parser: when tar leaves after the archive's end, in the middle
     of a chunk, whether the end was reached is decided once the parser has every byte written
     before the pipe broke (here a parser slowed on purpose), so the last members' digests stand
@@ -247,7 +248,7 @@ def test_a_reader_that_stops_at_the_end_is_judged_on_what_was_written_not_on_a_l
     assert d.stage(src.fileno(), out_w) == 0
     os.close(out_w)
     assert p.wait(30) == 0
-    assert os.lseek(src.fileno(), 0, os.SEEK_CUR) == total          # every byte was read
+    assert os.lseek(src.fileno(), 0, os.SEEK_CUR) == total  # every byte was read
     sink.seek(0)
     assert sink.read() == data
     assert d.result() == digests_on_disk(tmp_path / "t")
@@ -260,7 +261,7 @@ def test_a_reader_that_dies_mid_archive_ends_the_stage(tmp_path):
     d = tarstream.Digester("sha256", workers=2)
     rc, got, _ = through_pipes(d, data, ["head", "-c", "4096"])
     assert rc == 0 and got == data[:4096]
-    assert not d.ended                              # the stage stopped: no end was seen
+    assert not d.ended  # the stage stopped: no end was seen
 
 
 class _Rendezvous:
@@ -298,8 +299,8 @@ def test_big_files_are_hashed_side_by_side_within_the_budget(tmp_path, monkeypat
     held = []
     give = d._budget.give
     monkeypatch.setattr(d._budget, "give", lambda n, w: (held.append(d._budget.held), give(n, w)))
-    for at in range(0, len(data), 64 << 10):          # 48 pieces of 64 KiB a file
-        d.feed(data[at:at + (64 << 10)])
+    for at in range(0, len(data), 64 << 10):  # 48 pieces of 64 KiB a file
+        d.feed(data[at : at + (64 << 10)])
     assert d.result() == digests_on_disk(root) and d.lost is None
     assert max(held) <= 16 << 20 and d._budget.held == 0
 
@@ -318,6 +319,7 @@ def test_the_budget_holds_the_parser_back(tmp_path, monkeypatch):
         def update(self, piece) -> None:
             assert full.wait(20)
             self.h.update(piece)
+
     monkeypatch.setattr(d, "_new", Gated)
     held = []
     take = d._budget.take
@@ -325,11 +327,12 @@ def test_the_budget_holds_the_parser_back(tmp_path, monkeypatch):
     def watched_take(n, w):
         take(n, w)
         held.append(d._budget.held)
-        if d._budget.held > (256 - 64) << 10:     # the next piece would not fit
+        if d._budget.held > (256 - 64) << 10:  # the next piece would not fit
             full.set()
+
     monkeypatch.setattr(d._budget, "take", watched_take)
     for at in range(0, len(data), 64 << 10):
-        d.feed(data[at:at + (64 << 10)])
+        d.feed(data[at : at + (64 << 10)])
     assert d.result() == digests_on_disk(root) and d.lost is None
     assert (256 - 64) << 10 < max(held) <= 256 << 10 and len(held) >= 32
 
@@ -354,5 +357,5 @@ def test_between_two_pipes_the_stage_writes_nothing_itself(tmp_path, monkeypatch
     monkeypatch.undo()
     assert rc == 0 and crc == 0 and got == data
     assert d.result() == digests_on_disk(tmp_path / "t")
-    assert not written                  # the feeder thread writes through a file object
+    assert not written  # the feeder thread writes through a file object
     assert d.ended and not d.truncated

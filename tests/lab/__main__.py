@@ -43,8 +43,14 @@ def measure(torch: bool) -> dict[str, object]:
             if len(hosts) == 3 and not stops:
                 out["ssh_connect_s_median_of_10"] = _median_ssh(lab, "src", 10, [])
                 with tempfile.TemporaryDirectory(prefix="rblmux-") as d:
-                    mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={d}/%C",
-                           "-o", "ControlPersist=30"]
+                    mux = [
+                        "-o",
+                        "ControlMaster=auto",
+                        "-o",
+                        f"ControlPath={d}/%C",
+                        "-o",
+                        "ControlPersist=30",
+                    ]
                     lab.ssh("src", "true", options=mux, check=True)
                     out["ssh_mux_command_s_median_of_10"] = _median_ssh(lab, "src", 10, mux)
                     lab.ssh("src", "", options=[*mux, "-O", "exit"])
@@ -60,9 +66,14 @@ def measure(torch: bool) -> dict[str, object]:
         for kind in ("small", "many", *(("torch",) if torch else ())):
             p = build_payload(kind, cache_dir=Path(cache))
             out[f"payload_{kind}_build_s"] = round(p.build_seconds or 0.0, 2)
-            du = subprocess.run(["du", "-sm", str(p.venv)], capture_output=True, text=True, check=True)
+            du = subprocess.run(
+                ["du", "-sm", str(p.venv)], capture_output=True, text=True, check=True
+            )
             n = subprocess.run(["find", str(p.venv)], capture_output=True, text=True, check=True)
-            out[f"payload_{kind}_mib_entries"] = [int(du.stdout.split()[0]), len(n.stdout.splitlines())]
+            out[f"payload_{kind}_mib_entries"] = [
+                int(du.stdout.split()[0]),
+                len(n.stdout.splitlines()),
+            ]
             t0 = time.monotonic()
             build_payload(kind, cache_dir=Path(cache))
             out[f"payload_{kind}_cached_s"] = round(time.monotonic() - t0, 3)

@@ -38,21 +38,30 @@ from typing import Iterator, Optional, Sequence
 
 from . import subnets
 from .errors import LabError
-from .netlab import (LOCK_DIR, _attempt, _flock_free, _kill_netns_processes, _reap,
-                     ensure_guard_route, list_netns, netns_pids)
+from .netlab import (
+    LOCK_DIR,
+    _attempt,
+    _flock_free,
+    _kill_netns_processes,
+    _reap,
+    ensure_guard_route,
+    list_netns,
+    netns_pids,
+)
 from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
 from .rundirs import ensure_run_dirs
 
-SUBNET = subnets.subnet("cluster")   # a cluster whose user has no /24 of its own (by hand)
+SUBNET = subnets.subnet("cluster")  # a cluster whose user has no /24 of its own (by hand)
 PREFIX = "rbfan"
-RUN_ROOT = Path("/var/tmp")       # a run's files: RUN_ROOT/rbfan-RUNID (named in daemons' argv)
+RUN_ROOT = Path("/var/tmp")  # a run's files: RUN_ROOT/rbfan-RUNID (named in daemons' argv)
 _T = 20  # seconds for any one setup command
 _RUNID = r"[0-9a-f]{6}"
-_STARTING_S = 60                  # a run dir younger than this without an owner file is starting
+_STARTING_S = 60  # a run dir younger than this without an owner file is starting
 
 
-def _run(argv: Sequence[str], *, check: bool = True, timeout: float = _T,
-         input: Optional[str] = None) -> subprocess.CompletedProcess:
+def _run(
+    argv: Sequence[str], *, check: bool = True, timeout: float = _T, input: Optional[str] = None
+) -> subprocess.CompletedProcess:
     try:
         r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input)
     except subprocess.TimeoutExpired as exc:
@@ -178,16 +187,16 @@ def cleanup_stale() -> list[str]:
             runids.add(m.group(1))
     for d in RUN_ROOT.glob(f"{PREFIX}-*"):
         if re.fullmatch(rf"{PREFIX}-{_RUNID}", d.name):
-            runids.add(d.name[len(PREFIX) + 1:])
+            runids.add(d.name[len(PREFIX) + 1 :])
     dirs = re.compile(rf"{re.escape(str(RUN_ROOT))}/{PREFIX}-({_RUNID})(?:/|$)".encode())
-    for _pid, argv in _cmdlines():            # daemons outliving their dir (slurmctld, munged)
+    for _pid, argv in _cmdlines():  # daemons outliving their dir (slurmctld, munged)
         for a in argv:
             m = dirs.search(a)
             if m:
                 runids.add(m.group(1).decode())
     for lock in LOCK_DIR.glob(f"{PREFIX}-*.lock"):
         if re.fullmatch(rf"{PREFIX}-{_RUNID}\.lock", lock.name):
-            runids.add(lock.name[len(PREFIX) + 1:-len(".lock")])
+            runids.add(lock.name[len(PREFIX) + 1 : -len(".lock")])
     removed = []
     for runid in sorted(runids):
         if _alive(runid):
@@ -208,16 +217,19 @@ class Cluster:
     ready_timeout_s: how long the nodes' sshds may take on an idle machine; every readiness wait
     stretches with the load (ready.budget) and ends at once when a node's sshd exits."""
 
-    def __init__(self, n: int = 8, *, ready_timeout_s: float = 60.0,
-                 subnet: str = SUBNET) -> None:
+    def __init__(self, n: int = 8, *, ready_timeout_s: float = 60.0, subnet: str = SUBNET) -> None:
         if not 1 <= n <= 64:
             raise ValueError("1..64 nodes")
-        if subnet.rpartition(".")[0] != subnets.NET_PREFIX or \
-                not subnet.rpartition(".")[2].isdigit() or \
-                int(subnet.rpartition(".")[2]) < subnets.FIRST_FIXED:
-            raise ValueError(f"{subnet}: a subnet of tests/lab/subnets.py (subnets.subnet(USER)): "
-                             "the lab's guard route covers 10.213.0.0/16, and Labs take the "
-                             f"/24s below {subnets.NET_PREFIX}.{subnets.FIRST_FIXED}")
+        if (
+            subnet.rpartition(".")[0] != subnets.NET_PREFIX
+            or not subnet.rpartition(".")[2].isdigit()
+            or int(subnet.rpartition(".")[2]) < subnets.FIRST_FIXED
+        ):
+            raise ValueError(
+                f"{subnet}: a subnet of tests/lab/subnets.py (subnets.subnet(USER)): "
+                "the lab's guard route covers 10.213.0.0/16, and Labs take the "
+                f"/24s below {subnets.NET_PREFIX}.{subnets.FIRST_FIXED}"
+            )
         self.n = n
         self.subnet = subnet
         # shell commands run in each node's namespaces before its sshd starts ({name} and {addr}
@@ -230,7 +242,7 @@ class Cluster:
         self.ready_timeout_s = ready_timeout_s
         self.procs: dict[str, subprocess.Popen] = {}
         self.start_seconds = 0.0
-        self.ready_seconds: dict[str, float] = {}    # node -> seconds its last readiness wait took
+        self.ready_seconds: dict[str, float] = {}  # node -> seconds its last readiness wait took
         self._lock_fd: Optional[int] = None
         self._started = False
         self._stopped = False
@@ -284,12 +296,17 @@ class Cluster:
         except BaseException:
             try:
                 self.stop()
-            except Exception as exc:   # noqa: BLE001 - the start's own error is the one to raise
+            except Exception as exc:  # noqa: BLE001 - the start's own error is the one to raise
                 LOG.warning("cluster %s: teardown after a failed start: %s", self.runid, exc)
             raise
         self.start_seconds = time.monotonic() - t0
-        LOG.info("cluster %s: %d nodes up in %.1f s (%s)", self.runid, self.n, self.start_seconds,
-                 load_note())
+        LOG.info(
+            "cluster %s: %d nodes up in %.1f s (%s)",
+            self.runid,
+            self.n,
+            self.start_seconds,
+            load_note(),
+        )
         return self
 
     def _claim(self) -> None:
@@ -297,7 +314,7 @@ class Cluster:
         _alive). Idempotent."""
         if self._lock_fd is not None:
             return
-        ensure_run_dirs()          # LOCK_DIR, and /run/sshd for the nodes' sshds (issue 34)
+        ensure_run_dirs()  # LOCK_DIR, and /run/sshd for the nodes' sshds (issue 34)
         self._lock_fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -308,7 +325,9 @@ class Cluster:
         ensure_guard_route()
         used = _run(["ip", "-4", "-o", "addr"]).stdout
         if f" {self.subnet}." in used:
-            raise LabError(f"{self.subnet}.0/24 is already in use on this machine (another cluster?)")
+            raise LabError(
+                f"{self.subnet}.0/24 is already in use on this machine (another cluster?)"
+            )
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
@@ -336,15 +355,18 @@ class Cluster:
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
                 "StrictModes no\nUseDNS no\nMaxStartups 100\nMaxSessions 100\n"
                 "Subsystem sftp /usr/lib/openssh/sftp-server\n"
-                f"SetEnv HOME={d}/home\n")
+                f"SetEnv HOME={d}/home\n"
+            )
             host_key = Path(f"{d}/host_key.pub").read_text().split()[:2]
             known.append(f"{name},{self.addr(name)} {' '.join(host_key)}")
             cfg.append(f"Host {name}\n  HostName {self.addr(name)}\n")
         (self.dir / "known_hosts").write_text("\n".join(known) + "\n")
-        common = (f"  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
-                  f"  UserKnownHostsFile {self.dir}/known_hosts\n  GlobalKnownHostsFile /dev/null\n"
-                  "  StrictHostKeyChecking yes\n  BatchMode yes\n  UpdateHostKeys no\n"
-                  "  CheckHostIP no\n  AddressFamily inet\n  ConnectTimeout 5\n")
+        common = (
+            f"  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.dir}/known_hosts\n  GlobalKnownHostsFile /dev/null\n"
+            "  StrictHostKeyChecking yes\n  BatchMode yes\n  UpdateHostKeys no\n"
+            "  CheckHostIP no\n  AddressFamily inet\n  ConnectTimeout 5\n"
+        )
         self.ssh_config.write_text("".join(c + common for c in cfg) + "Host *\n" + common)
         for name in self.names:
             self._start_sshd(name)
@@ -355,31 +377,63 @@ class Cluster:
         # the planted binds first: their sources may live under this machine's /tmp
         mounts = [f"mount --bind {a} {b}" for a, b in binds] + [f"mount --bind {d}/tmp /tmp"]
         daemons = [c.format(name=name, addr=self.addr(name)) for c in self.node_start]
-        script = f"hostname {name} && " + " && ".join(mounts + daemons) + \
-            f" && exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
+        script = (
+            f"hostname {name} && "
+            + " && ".join(mounts + daemons)
+            + f" && exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
+        )
         with open(d / "sshd.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{self.ns(name)}", "unshare", "-m", "-u",
-                 "--propagation", "private", "sh", "-c", script],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{self.ns(name)}",
+                    "unshare",
+                    "-m",
+                    "-u",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    script,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
 
-    def ssh(self, name: str, command: str, *, timeout: float = 30,
-            check: bool = False) -> subprocess.CompletedProcess:
-        return _run(["ssh", "-F", str(self.ssh_config), name, command], timeout=timeout,
-                    check=check)
+    def ssh(
+        self, name: str, command: str, *, timeout: float = 30, check: bool = False
+    ) -> subprocess.CompletedProcess:
+        return _run(
+            ["ssh", "-F", str(self.ssh_config), name, command], timeout=timeout, check=check
+        )
 
     def _sshd_wait(self, name: str) -> SshdWait:
-        return SshdWait(name, self.ns(name), lambda: self.procs.get(name),
-                        self.node_dir(name) / "sshd.log",
-                        lambda connect: ["ssh", "-F", str(self.ssh_config), "-o",
-                                         f"ConnectTimeout={connect}", name, "true"])
+        return SshdWait(
+            name,
+            self.ns(name),
+            lambda: self.procs.get(name),
+            self.node_dir(name) / "sshd.log",
+            lambda connect: [
+                "ssh",
+                "-F",
+                str(self.ssh_config),
+                "-o",
+                f"ConnectTimeout={connect}",
+                name,
+                "true",
+            ],
+        )
 
     def wait_ready(self, names: Sequence[str]) -> None:
         """Wait for the nodes' sshds, all at once: listening (each namespace's socket table),
         then `ssh NODE true` in parallel with backoff; bounded by budget(ready_timeout_s), at once
         when one exited. Records (ready_seconds) and logs how long each node took."""
-        took = wait_sshds([self._sshd_wait(n) for n in names], base_s=self.ready_timeout_s,
-                          label=f"cluster {self.runid}")
+        took = wait_sshds(
+            [self._sshd_wait(n) for n in names],
+            base_s=self.ready_timeout_s,
+            label=f"cluster {self.runid}",
+        )
         self.ready_seconds.update(took)
 
     def kill_node(self, name: str) -> None:

@@ -49,8 +49,12 @@ def _apt(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     return subprocess.run(
         ["apt-get", "-q", "-y", "-o", "Dpkg::Use-Pty=0", *args],
-        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=_APT_TIMEOUT_S, check=False,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=_APT_TIMEOUT_S,
+        check=False,
     )
 
 
@@ -63,21 +67,26 @@ def ensure_packages() -> None:
     if not missing:
         return
     if os.geteuid() != 0:
-        raise LabError(f"the lab needs the Debian packages {missing} and only root can install them")
+        raise LabError(
+            f"the lab needs the Debian packages {missing} and only root can install them"
+        )
     if shutil.which("apt-get") is None:
         raise LabError(f"the lab needs the Debian packages {missing} and there is no apt-get here")
     res = _apt(["install", "--no-install-recommends", *missing])
     if res.returncode != 0:
         upd = _apt(["update"])
         if upd.returncode != 0:
-            raise LabError(f"apt-get update failed (rc={upd.returncode}):\n{upd.stdout[-2000:]}"
-                           f"{upd.stderr[-2000:]}")
+            raise LabError(
+                f"apt-get update failed (rc={upd.returncode}):\n{upd.stdout[-2000:]}"
+                f"{upd.stderr[-2000:]}"
+            )
         res = _apt(["install", "--no-install-recommends", *missing])
     still = missing_packages()
     if res.returncode != 0 or still:
         raise LabError(
             f"apt-get install {' '.join(missing)} failed (rc={res.returncode}, still missing: "
-            f"{still}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+            f"{still}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
+        )
     # Debian's package would start a system sshd where services are allowed; ours never need it,
     # and policy-rc.d stops it here. /run/sshd (privilege separation dir) is made by every lab's start (tests/lab/rundirs.py).
 
@@ -89,8 +98,9 @@ def lab_unavailable_reason() -> str | None:
     if shutil.which("ip") is None:
         return "the e2e lab needs iproute2's `ip` (ip netns)"
     try:
-        res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10,
-                             check=False)
+        res = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`ip netns list` did not run: {exc}"
     if res.returncode != 0:

@@ -28,8 +28,14 @@ _STALE_RE = re.compile(r"^rb-(ext4|tmpfs)-(\d+)-[A-Za-z0-9_]+$")
 
 def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL, check=False)
+        res = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise LabError(f"timed out after {timeout}s: {' '.join(argv)}") from exc
     if res.returncode != 0:
@@ -68,7 +74,9 @@ class _Mount:
         if self._given:
             self.path.mkdir(parents=True, exist_ok=True)
         else:
-            self.path = Path(tempfile.mkdtemp(prefix=f"rb-{self.kind}-{os.getpid()}-", dir=self.parent))
+            self.path = Path(
+                tempfile.mkdtemp(prefix=f"rb-{self.kind}-{os.getpid()}-", dir=self.parent)
+            )
 
     def __enter__(self):
         return self.mount()
@@ -104,14 +112,15 @@ class _Mount:
 class Ext4Mount(_Mount):
     """A sparse image file, mkfs.ext4 (journal on, no reserved blocks), mounted -o loop,noatime.
 
-        with Ext4Mount(4096) as m:     # 4 GiB; m.path is the mount point
-            ...
+    with Ext4Mount(4096) as m:     # 4 GiB; m.path is the mount point
+        ...
     """
 
     kind = "ext4"
 
-    def __init__(self, size_mib: int, *, mountpoint: Path | None = None,
-                 parent: Path = SCRATCH_DIR) -> None:
+    def __init__(
+        self, size_mib: int, *, mountpoint: Path | None = None, parent: Path = SCRATCH_DIR
+    ) -> None:
         super().__init__(mountpoint, parent)
         if size_mib < 8:
             raise LabError("an ext4 scratch needs at least 8 MiB")
@@ -149,8 +158,14 @@ class TmpfsMount(_Mount):
 
     kind = "tmpfs"
 
-    def __init__(self, size_kib: int, *, inodes: int | None = None, mountpoint: Path | None = None,
-                 parent: Path = SCRATCH_DIR) -> None:
+    def __init__(
+        self,
+        size_kib: int,
+        *,
+        inodes: int | None = None,
+        mountpoint: Path | None = None,
+        parent: Path = SCRATCH_DIR,
+    ) -> None:
         super().__init__(mountpoint, parent)
         if size_kib < 4:
             raise LabError("a tmpfs needs at least 4 KiB")

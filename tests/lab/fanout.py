@@ -29,8 +29,18 @@ def require(reason: Optional[str], what: str) -> None:
         pytest.skip(f"{what} unavailable: {reason}")
 
 
-def spec(name: str, venv: Path, dest: str, *, engine: str, nodes: str, success="all",
-         on_existing: str = "replace", connect_timeout: int = 5, extra: str = "") -> str:
+def spec(
+    name: str,
+    venv: Path,
+    dest: str,
+    *,
+    engine: str,
+    nodes: str,
+    success="all",
+    on_existing: str = "replace",
+    connect_timeout: int = 5,
+    extra: str = "",
+) -> str:
     """A fan-out spec: this machine is source and head; every node installs at `dest` and checks
     `import rb_payload, sqlite3` and the payload's console script. `extra`: more `fanout:` lines."""
     return f"""name: {name}
@@ -73,16 +83,20 @@ def _tar_wrapper(d: Path, body: str) -> Path:
 def corrupting_tar(d: Path) -> Path:
     """A dir holding a `tar` that appends a line to pyvenv.cfg of every staging copy it extracts
     (a bad disk): bind it over a node's /usr/local/sbin."""
-    return _tar_wrapper(d, '/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
-                           '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
-                           'exit $rc\n')
+    return _tar_wrapper(
+        d,
+        '/usr/bin/tar "$@"; rc=$?\nfor a in "$@"; do case "$a" in\n'
+        '  *.rb-staging) printf "#bitrot\\n" >>"$a/pyvenv.cfg" ;; esac; done\n'
+        "exit $rc\n",
+    )
 
 
 def slow_tar(d: Path, seconds: int) -> Path:
     """A dir holding a `tar` that waits before extracting a staging copy: time to take the node
     down while it installs."""
-    return _tar_wrapper(d, f'case "$*" in *rb-staging*) sleep {seconds} ;; esac\n'
-                           'exec /usr/bin/tar "$@"\n')
+    return _tar_wrapper(
+        d, f'case "$*" in *rb-staging*) sleep {seconds} ;; esac\nexec /usr/bin/tar "$@"\n'
+    )
 
 
 def sqlite_module() -> str:
@@ -153,10 +167,25 @@ def scratch_names(said: str, name: str) -> set[str]:
 
 def plant_bundles_as_nobody(tmp: Path, names: set[str]) -> None:
     """As nobody, a bundle of its own at each NAME.tar in `tmp` (a node's /tmp seen from here)."""
-    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                    "/usr/bin/python3", "-I", "-c", PLANT_BUNDLE, str(tmp), BUNDLE_MARKS,
-                    *(f"{n}.tar" for n in sorted(names))],
-                   cwd="/", check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            PLANT_BUNDLE,
+            str(tmp),
+            BUNDLE_MARKS,
+            *(f"{n}.tar" for n in sorted(names)),
+        ],
+        cwd="/",
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def planted_bundles(tmp: Path, names: set[str]) -> tuple[list[str], list[str]]:
@@ -174,16 +203,21 @@ def planted_bundles(tmp: Path, names: set[str]) -> tuple[list[str], list[str]]:
     return ran, sorted(kept)
 
 
-def assert_planted_bundles_never_run(node_tmp: Callable[[str], Path], nodes: list[str], name: str,
-                                     run_dir: Path, first: str,
-                                     again: Callable[[], tuple[int, str]]) -> None:
+def assert_planted_bundles_never_run(
+    node_tmp: Callable[[str], Path],
+    nodes: list[str],
+    name: str,
+    run_dir: Path,
+    first: str,
+    again: Callable[[], tuple[int, str]],
+) -> None:
     """After a run of runbook NAME (`first`: what it said), nobody plants a bundle of its own at
     every scratch name the run showed (and the one 44a2c10 kept in the run directory) on every
     node; `again()` runs `--from fan_install`. Nothing of nobody's may run, nobody's files are
     never moved nor opened, and every node installs from a new copy under a new name."""
     names = scratch_names(first, name)
     saved = run_dir / "fanout" / "scratch-name"
-    if saved.exists():                                   # 44a2c10 kept it for a --from run
+    if saved.exists():  # 44a2c10 kept it for a --from run
         names.add(Path(saved.read_text().strip()).name)
     assert names, first[-3000:]
     for node in nodes:
@@ -200,5 +234,5 @@ def assert_planted_bundles_never_run(node_tmp: Callable[[str], Path], nodes: lis
     assert not names & scratch_names(err, name)
     fan = json.loads((run_dir / "fanout" / "fanout.json").read_text())
     assert sorted(fan["ok_nodes"]) == nodes and not fan["odd"] and not fan["missing"]
-    for node in nodes:                                   # installed: no bundle left in scratch
+    for node in nodes:  # installed: no bundle left in scratch
         assert not list(node_tmp(node).glob(f"rbfan-{name}*")), node

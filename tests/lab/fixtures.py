@@ -24,12 +24,21 @@ from .netlab import Lab
 from .payload import Payload, build_payload
 
 __all__ = [
-    "LAB_HOSTS", "clean_lab", "ext4_dir", "ext4_scratch", "in_ci", "lab", "payload_many",
-    "payload_small", "payload_torch", "require_lab", "tmpfs_factory",
+    "LAB_HOSTS",
+    "clean_lab",
+    "ext4_dir",
+    "ext4_scratch",
+    "in_ci",
+    "lab",
+    "payload_many",
+    "payload_small",
+    "payload_torch",
+    "require_lab",
+    "tmpfs_factory",
 ]
 
-LAB_HOSTS = ("src", "dst", "jump")     # src cannot reach dst (nor jump) until lab.allow(...)
-EXT4_SCRATCH_MIB = int(os.environ.get("RB_EXT4_SCRATCH_MIB", "8192"))   # sparse image
+LAB_HOSTS = ("src", "dst", "jump")  # src cannot reach dst (nor jump) until lab.allow(...)
+EXT4_SCRATCH_MIB = int(os.environ.get("RB_EXT4_SCRATCH_MIB", "8192"))  # sparse image
 
 
 def in_ci() -> bool:

@@ -20,7 +20,7 @@ from typing import Optional
 
 PATTERN = "/tmp/rbkit.*"
 _OWNER = re.compile(r"\(pid \d+, run dir (.+)\)\s*$")
-_WRITING_S = 0.5    # a kit seen between its mktemp and its owner file: the owner comes next
+_WRITING_S = 0.5  # a kit seen between its mktemp and its owner file: the owner comes next
 
 
 def kit_dirs() -> set[str]:
@@ -44,8 +44,9 @@ def run_dir_of(kit: str) -> Optional[str]:
             return None
 
 
-def sort_kits(kits: Iterable[str], roots: Sequence[Path | str]
-              ) -> tuple[list[str], list[str], list[str]]:
+def sort_kits(
+    kits: Iterable[str], roots: Sequence[Path | str]
+) -> tuple[list[str], list[str], list[str]]:
     """(this session's, other runs', unknown) of `kits` that are still there: a kit is this
     session's when the run directory its owner names lies under one of `roots` (with links
     resolved), another run's when it lies elsewhere, unknown without an owner."""
@@ -54,7 +55,7 @@ def sort_kits(kits: Iterable[str], roots: Sequence[Path | str]
     for kit in sorted(kits):
         run = run_dir_of(kit)
         if not os.path.isdir(kit):
-            continue                     # removed meanwhile: not left behind
+            continue  # removed meanwhile: not left behind
         if run is None:
             unknown.append(kit)
             continue
@@ -89,12 +90,13 @@ def other_kit_makers() -> list[int]:
         except OSError:
             continue
         pytest = any(a.endswith(b"pytest") or a == b"pytest" for a in argv[:3])
-        lab_sshd = b"sshd" in argv[0] and b"/sshd_config" in b" ".join(argv) and b"-D" in \
-            b" ".join(argv)
+        lab_sshd = (
+            b"sshd" in argv[0] and b"/sshd_config" in b" ".join(argv) and b"-D" in b" ".join(argv)
+        )
         if not (pytest or lab_sshd):
             continue
         pid = int(entry.name)
-        while pid > 1 and pid != me:      # a lab this session started is not another's
+        while pid > 1 and pid != me:  # a lab this session started is not another's
             pid = _parent(pid)
         if pid != me:
             others.append(int(entry.name))

@@ -40,31 +40,44 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import subnets
 from .errors import LabError
 from .ready import LOG, SshdWait, backoff, budget, load_note, sleep_until, wait_sshds
-from . import subnets
 from .rundirs import LAB_LOCKS, ensure_run_dirs
 
 SSHD = "/usr/sbin/sshd"
 NET_PREFIX = subnets.NET_PREFIX  # the only range the lab assigns or contacts
-LOCK_DIR = Path(LAB_LOCKS.path)  # per-run lock files (a held flock = a live run), the allocation lock
-MAX_HOSTS = 32                 # host links use 10.213.S.0-127 in /30s
-MAX_DIRECT = 32                # direct links use 10.213.S.128-255 in /30s
+LOCK_DIR = Path(
+    LAB_LOCKS.path
+)  # per-run lock files (a held flock = a live run), the allocation lock
+MAX_HOSTS = 32  # host links use 10.213.S.0-127 in /30s
+MAX_DIRECT = 32  # direct links use 10.213.S.128-255 in /30s
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 
-_KILL_WAIT_S = 10.0            # killed processes gone (idle machine; budget() stretches it)
-_EXIT_WAIT_S = 5.0             # an sshd's exit after SIGTERM/SIGKILL (likewise)
+_KILL_WAIT_S = 10.0  # killed processes gone (idle machine; budget() stretches it)
+_EXIT_WAIT_S = 5.0  # an sshd's exit after SIGTERM/SIGKILL (likewise)
 _CMD_TIMEOUT_S = 30
 
 
-def _run(argv: Sequence[str], *, check: bool = True, timeout: float = _CMD_TIMEOUT_S,
-         input: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float = _CMD_TIMEOUT_S,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run a lab command, capture its output; raise LabError naming it when check and it fails."""
     try:
-        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                             input=input, stdin=None if input is not None else subprocess.DEVNULL,
-                             check=False)
+        res = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise LabError(f"timed out after {timeout}s: {shlex.join(argv)}") from exc
     if check and res.returncode != 0:
@@ -72,7 +85,9 @@ def _run(argv: Sequence[str], *, check: bool = True, timeout: float = _CMD_TIMEO
     return res
 
 
-def _write_sysctl(path: str, value: str, *, netns: str | None = None, required: bool = True) -> None:
+def _write_sysctl(
+    path: str, value: str, *, netns: str | None = None, required: bool = True
+) -> None:
     """Write a /proc/sys value, in a namespace when netns is given (/proc/sys/net is per netns)."""
     if netns is None:
         try:
@@ -81,8 +96,19 @@ def _write_sysctl(path: str, value: str, *, netns: str | None = None, required: 
             if required:
                 raise LabError(f"cannot write {value} to {path}: {exc}") from exc
         return
-    res = _run(["nsenter", f"--net=/run/netns/{netns}", "/bin/sh", "-c", 'printf %s "$1" > "$2"',
-                "sh", value, path], check=False)
+    res = _run(
+        [
+            "nsenter",
+            f"--net=/run/netns/{netns}",
+            "/bin/sh",
+            "-c",
+            'printf %s "$1" > "$2"',
+            "sh",
+            value,
+            path,
+        ],
+        check=False,
+    )
     if required and res.returncode != 0:
         raise LabError(f"cannot write {value} to {path} in {netns}: {res.stderr.strip()}")
 
@@ -168,7 +194,7 @@ def cleanup_stale(prefix: str = "rblab") -> list[str]:
         _run(["ip", "netns", "del", ns], check=False)
         removed.append(ns)
     for lock in LOCK_DIR.glob(f"{prefix}-*.lock"):
-        runid = lock.stem[len(prefix) + 1:]
+        runid = lock.stem[len(prefix) + 1 :]
         if _flock_free(lock):
             runids.add(runid)
             lock.unlink(missing_ok=True)
@@ -186,11 +212,11 @@ class Host:
     name: str
     index: int
     netns: str
-    addr: str              # the host's address on its link to this machine (what `ssh NAME` reaches)
-    gateway: str           # this machine's address on that link
-    veth_root: str         # the link's end in this machine's namespace
-    veth_host: str         # the link's end in the host's namespace
-    dir: Path              # this host's files: host key, sshd_config, pid file, log
+    addr: str  # the host's address on its link to this machine (what `ssh NAME` reaches)
+    gateway: str  # this machine's address on that link
+    veth_root: str  # the link's end in this machine's namespace
+    veth_host: str  # the link's end in the host's namespace
+    dir: Path  # this host's files: host key, sshd_config, pid file, log
     proc: subprocess.Popen[bytes] | None = None
     direct: dict[str, str] = field(default_factory=dict)  # peer -> this host's address on that link
 
@@ -233,8 +259,13 @@ class Lab:
     ready_timeout_s: how long the sshds may take to answer on an idle machine; the wait stretches
     with the load (ready.budget) and ends at once when an sshd exits."""
 
-    def __init__(self, hosts: Iterable[str] = ("src", "dst"), *, prefix: str = "rblab",
-                 ready_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        hosts: Iterable[str] = ("src", "dst"),
+        *,
+        prefix: str = "rblab",
+        ready_timeout_s: float = 30.0,
+    ) -> None:
         names = list(hosts)
         if not names or len(names) > MAX_HOSTS or len(set(names)) != len(names):
             raise LabError(f"need 1..{MAX_HOSTS} distinct host names, got {names}")
@@ -250,13 +281,13 @@ class Lab:
         self.slot: int | None = None
         self.dir: Path | None = None
         self.hosts: dict[str, Host] = {}
-        self.links: dict[tuple[str, str], int] = {}   # (a, b) -> direct link index
+        self.links: dict[tuple[str, str], int] = {}  # (a, b) -> direct link index
         self._lock_fd: int | None = None
         self._started = False
         self._stopped = False
-        self._dirty: set[str] = set()                  # hosts a fault method touched since reset()
+        self._dirty: set[str] = set()  # hosts a fault method touched since reset()
         self.start_seconds: float | None = None
-        self.ready_seconds: dict[str, float] = {}      # host -> seconds its last readiness wait took
+        self.ready_seconds: dict[str, float] = {}  # host -> seconds its last readiness wait took
 
     # ---------------------------------------------------------------- paths clients use
     @property
@@ -288,10 +319,26 @@ class Lab:
 
     def ssh_options(self) -> list[str]:
         """`-o` options equivalent to the ssh_config, for `ssh OPTIONS root@ADDR` without -F."""
-        return ["-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"IdentityFile={self.identity}",
-                "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "User=root",
-                "-o", "UpdateHostKeys=no", "-o", "ConnectTimeout=5"]
+        return [
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"IdentityFile={self.identity}",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "User=root",
+            "-o",
+            "UpdateHostKeys=no",
+            "-o",
+            "ConnectTimeout=5",
+        ]
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> Lab:
@@ -313,20 +360,20 @@ class Lab:
         except BaseException:
             try:
                 self.stop()
-            except Exception as exc:   # noqa: BLE001 - the start's own error is the one to raise
+            except Exception as exc:  # noqa: BLE001 - the start's own error is the one to raise
                 LOG.warning("lab %s: teardown after a failed start: %s", self.runid, exc)
             raise
         self.start_seconds = time.monotonic() - t0
         return self
 
     def _start(self) -> None:
-        ensure_run_dirs()          # /run/sshd (sshd's privilege separation dir), LOCK_DIR
+        ensure_run_dirs()  # /run/sshd (sshd's privilege separation dir), LOCK_DIR
         self._lock_fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-{self.runid}-"))
         alloc = os.open(LOCK_DIR / "alloc.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(alloc, fcntl.LOCK_EX)        # one run at a time picks a slot and builds links
+            fcntl.flock(alloc, fcntl.LOCK_EX)  # one run at a time picks a slot and builds links
             cleanup_stale(self.prefix)
             ensure_guard_route()
             self.slot = self._free_slot()
@@ -383,8 +430,10 @@ class Lab:
     def _free_slot(self) -> int:
         """Lowest /24 of NET_PREFIX with no address on this machine (called under the alloc lock)."""
         out = _run(["ip", "-4", "-o", "addr", "show"]).stdout
-        used = {int(m.group(1)) for m in re.finditer(rf"inet {re.escape(NET_PREFIX)}\.(\d+)\.", out)}
-        for slot in range(1, subnets.FIRST_FIXED):     # above: the clusters' (tests/lab/subnets.py)
+        used = {
+            int(m.group(1)) for m in re.finditer(rf"inet {re.escape(NET_PREFIX)}\.(\d+)\.", out)
+        }
+        for slot in range(1, subnets.FIRST_FIXED):  # above: the clusters' (tests/lab/subnets.py)
             if slot not in used:
                 return slot
         raise LabError(f"no free /24 left in {NET_PREFIX}.0.0/16")
@@ -394,17 +443,41 @@ class Lab:
 
     def _make_host(self, i: int, name: str) -> Host:
         ns = f"{self.prefix}-{self.runid}-{name}"
-        h = Host(name=name, index=i, netns=ns, addr=self._addr(4 * i + 2), gateway=self._addr(4 * i + 1),
-                 veth_root=f"rbl{self.runid}h{i}", veth_host="eth0", dir=self._need_dir() / name)
-        self.hosts[name] = h            # registered first: stop() removes a half-built host too
+        h = Host(
+            name=name,
+            index=i,
+            netns=ns,
+            addr=self._addr(4 * i + 2),
+            gateway=self._addr(4 * i + 1),
+            veth_root=f"rbl{self.runid}h{i}",
+            veth_host="eth0",
+            dir=self._need_dir() / name,
+        )
+        self.hosts[name] = h  # registered first: stop() removes a half-built host too
         h.dir.mkdir()
         h.home.mkdir()
         _run(["ip", "netns", "add", ns])
         # A new namespace: no forwarding, no IPv6 (only the addresses below ever carry traffic).
         _write_sysctl("/proc/sys/net/ipv4/ip_forward", "0", netns=ns)
         for key in ("all", "default"):
-            _write_sysctl(f"/proc/sys/net/ipv6/conf/{key}/disable_ipv6", "1", netns=ns, required=False)
-        _run(["ip", "link", "add", h.veth_root, "type", "veth", "peer", "name", h.veth_host, "netns", ns])
+            _write_sysctl(
+                f"/proc/sys/net/ipv6/conf/{key}/disable_ipv6", "1", netns=ns, required=False
+            )
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                h.veth_root,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                h.veth_host,
+                "netns",
+                ns,
+            ]
+        )
         _write_sysctl(f"/proc/sys/net/ipv4/conf/{h.veth_root}/forwarding", "0")
         _write_sysctl(f"/proc/sys/net/ipv6/conf/{h.veth_root}/disable_ipv6", "1", required=False)
         _run(["ip", "addr", "add", f"{h.gateway}/30", "dev", h.veth_root])
@@ -430,7 +503,7 @@ ListenAddress 0.0.0.0
 AddressFamily inet
 HostKey {h.host_key}
 PidFile {h.pid_file}
-AuthorizedKeysFile {self._need_dir() / 'authorized_keys'}
+AuthorizedKeysFile {self._need_dir() / "authorized_keys"}
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -458,38 +531,68 @@ SetEnv HOME={h.home}
 
     def _write_ssh_config(self) -> None:
         common = [
-            "User root", "Port 22", f"IdentityFile {self.identity}", "IdentitiesOnly yes",
-            f"UserKnownHostsFile {self.known_hosts}", "GlobalKnownHostsFile /dev/null",
-            "StrictHostKeyChecking yes", "BatchMode yes", "UpdateHostKeys no", "CheckHostIP no",
-            "AddressFamily inet", "ConnectTimeout 5",
+            "User root",
+            "Port 22",
+            f"IdentityFile {self.identity}",
+            "IdentitiesOnly yes",
+            f"UserKnownHostsFile {self.known_hosts}",
+            "GlobalKnownHostsFile /dev/null",
+            "StrictHostKeyChecking yes",
+            "BatchMode yes",
+            "UpdateHostKeys no",
+            "CheckHostIP no",
+            "AddressFamily inet",
+            "ConnectTimeout 5",
         ]
         blocks = [f"# rblab run {self.runid}: hosts {', '.join(self.hosts)}; generated\n"]
         for h in self.hosts.values():
-            blocks.append("\n".join([f"Host {h.name}", f"  HostName {h.addr}",
-                                     *(f"  {c}" for c in common)]) + "\n")
+            blocks.append(
+                "\n".join([f"Host {h.name}", f"  HostName {h.addr}", *(f"  {c}" for c in common)])
+                + "\n"
+            )
         # Any other address (a direct link's) gets the same options: `ssh -F CONFIG 10.213.S.T`.
         blocks.append("\n".join(["Host *", *(f"  {c}" for c in common)]) + "\n")
         _atomic_write(self.ssh_config, "\n".join(blocks))
 
     # ---------------------------------------------------------------- sshd
     def _spawn_sshd(self, h: Host) -> None:
-        argv = ["nsenter", f"--net=/run/netns/{h.netns}", "unshare", "--uts", "/bin/sh", "-c",
-                'hostname "$1" && exec "$2" -D -e -f "$3"', "sh", h.name, SSHD, str(h.sshd_config)]
+        argv = [
+            "nsenter",
+            f"--net=/run/netns/{h.netns}",
+            "unshare",
+            "--uts",
+            "/bin/sh",
+            "-c",
+            'hostname "$1" && exec "$2" -D -e -f "$3"',
+            "sh",
+            h.name,
+            SSHD,
+            str(h.sshd_config),
+        ]
         with open(h.log, "ab") as log:
-            h.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                      start_new_session=True)
+            h.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
 
     def _sshd_wait(self, h: Host) -> SshdWait:
-        return SshdWait(h.name, h.netns, lambda: h.proc, h.log,
-                        lambda connect: self.ssh_argv(h.name, "true",
-                                                      ["-o", f"ConnectTimeout={connect}"]))
+        return SshdWait(
+            h.name,
+            h.netns,
+            lambda: h.proc,
+            h.log,
+            lambda connect: self.ssh_argv(h.name, "true", ["-o", f"ConnectTimeout={connect}"]),
+        )
 
     def _wait_ready(self, hosts: Sequence[Host], *, ssh: bool = True) -> None:
         """Wait for the hosts' sshds at once: listening (their namespace's socket table), then
         `ssh NAME true` with backoff; bounded by budget(ready_timeout_s), at once on an exited
         sshd. Records and logs the seconds each host took."""
-        took = wait_sshds([self._sshd_wait(h) for h in hosts], base_s=self.ready_timeout_s,
-                          label=f"lab {self.prefix}-{self.runid}", ssh=ssh)
+        took = wait_sshds(
+            [self._sshd_wait(h) for h in hosts],
+            base_s=self.ready_timeout_s,
+            label=f"lab {self.prefix}-{self.runid}",
+            ssh=ssh,
+        )
         self.ready_seconds.update(took)
 
     def sshd_running(self, name: str) -> bool:
@@ -525,20 +628,42 @@ SetEnv HOME={h.home}
                 raise LabError(f"sshd of {name} did not exit after signal {sig}") from exc
 
     # ---------------------------------------------------------------- running things
-    def ssh_argv(self, name_or_addr: str, remote: str | Sequence[str] = (),
-                 options: Sequence[str] = ()) -> list[str]:
+    def ssh_argv(
+        self, name_or_addr: str, remote: str | Sequence[str] = (), options: Sequence[str] = ()
+    ) -> list[str]:
         """`ssh -F CONFIG [options] HOST -- REMOTE`; a list remote is quoted for the remote shell."""
         cmd = remote if isinstance(remote, str) else shlex.join(remote)
-        return ["ssh", "-F", str(self.ssh_config), *options, name_or_addr, *(["--", cmd] if cmd else [])]
+        return [
+            "ssh",
+            "-F",
+            str(self.ssh_config),
+            *options,
+            name_or_addr,
+            *(["--", cmd] if cmd else []),
+        ]
 
-    def ssh(self, name_or_addr: str, remote: str | Sequence[str], *, timeout: float = 60,
-            options: Sequence[str] = (), input: str | None = None,
-            check: bool = False) -> subprocess.CompletedProcess[str]:
+    def ssh(
+        self,
+        name_or_addr: str,
+        remote: str | Sequence[str],
+        *,
+        timeout: float = 60,
+        options: Sequence[str] = (),
+        input: str | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         """Run a command on a host through real ssh from this machine (text, captured)."""
         argv = self.ssh_argv(name_or_addr, remote, options)
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input,
-                                 stdin=None if input is not None else subprocess.DEVNULL, check=False)
+            res = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             raise LabError(f"timed out after {timeout}s: {shlex.join(argv)}") from exc
         if check and res.returncode != 0:
@@ -553,21 +678,38 @@ SetEnv HOME={h.home}
             pre.append(f"--uts=/proc/{h.proc.pid}/ns/uts")
         return [*pre, *argv]
 
-    def exec(self, name: str, argv: Sequence[str], *, timeout: float = 60, check: bool = False,
-             input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def exec(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        check: bool = False,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """Run argv inside a host without ssh (text, captured). Same file system as this machine."""
         full = self.netns_argv(name, argv)
         try:
-            res = subprocess.run(full, capture_output=True, text=True, timeout=timeout, input=input,
-                                 stdin=None if input is not None else subprocess.DEVNULL, check=False)
+            res = subprocess.run(
+                full,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             raise LabError(f"timed out after {timeout}s: {shlex.join(full)}") from exc
         if check and res.returncode != 0:
-            raise LabError(f"failed in {name} (rc={res.returncode}): {shlex.join(argv)}\n{res.stderr}")
+            raise LabError(
+                f"failed in {name} (rc={res.returncode}): {shlex.join(argv)}\n{res.stderr}"
+            )
         return res
 
-    def can_connect(self, target: str, *, from_host: str | None = None, port: int = 22,
-                    timeout: float = 2.0) -> bool:
+    def can_connect(
+        self, target: str, *, from_host: str | None = None, port: int = 22, timeout: float = 2.0
+    ) -> bool:
         """One bounded TCP connect to a host name (its address) or an address, from this machine
         or from inside from_host."""
         addr = self.hosts[target].addr if target in self.hosts else target
@@ -575,10 +717,15 @@ SetEnv HOME={h.home}
             raise LabError(f"refusing to contact {addr}: not an address of this lab")
         if from_host is None:
             return _tcp_open(addr, port, timeout)
-        code = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])),"
-                " timeout=float(sys.argv[3])).close()\nexcept OSError as e:\n print(e); sys.exit(1)\n")
-        res = self.exec(from_host, [sys.executable, "-c", code, addr, str(port), str(timeout)],
-                        timeout=timeout + 10)
+        code = (
+            "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])),"
+            " timeout=float(sys.argv[3])).close()\nexcept OSError as e:\n print(e); sys.exit(1)\n"
+        )
+        res = self.exec(
+            from_host,
+            [sys.executable, "-c", code, addr, str(port), str(timeout)],
+            timeout=timeout + 10,
+        )
         return res.returncode == 0
 
     # ---------------------------------------------------------------- faults and routes
@@ -597,7 +744,7 @@ SetEnv HOME={h.home}
         if side == "host":
             _run(["ip", "-n", h.netns, "link", "set", h.veth_host, state])
         elif side == "root":
-            _run(["ip", "link", "set", h.veth_root, state])   # the route comes back with "up"
+            _run(["ip", "link", "set", h.veth_root, state])  # the route comes back with "up"
         else:
             raise LabError(f"side must be 'host' or 'root', not {side!r}")
 
@@ -611,7 +758,7 @@ SetEnv HOME={h.home}
         if trust:
             self._write_known_hosts()
         self._spawn_sshd(h)
-        self._wait_ready([h], ssh=trust)      # an untrusted key: listening is all there is to see
+        self._wait_ready([h], ssh=trust)  # an untrusted key: listening is all there is to see
         return h.host_key_line()
 
     def allow(self, a: str, b: str) -> str:
@@ -623,13 +770,30 @@ SetEnv HOME={h.home}
             raise LabError("allow(a, b) needs two different hosts")
         if (a, b) in self.links or (b, a) in self.links:
             return hb.direct[a]
-        k = next(i for i in range(MAX_DIRECT + 1) if i == MAX_DIRECT or i not in self.links.values())
+        k = next(
+            i for i in range(MAX_DIRECT + 1) if i == MAX_DIRECT or i not in self.links.values()
+        )
         if k == MAX_DIRECT:
             raise LabError(f"at most {MAX_DIRECT} direct links")
         addr_a, addr_b = self._addr(128 + 4 * k + 1), self._addr(128 + 4 * k + 2)
         dev = f"rbd{k}"
-        _run(["ip", "link", "add", dev, "netns", ha.netns, "type", "veth", "peer", "name", dev,
-              "netns", hb.netns])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                dev,
+                "netns",
+                ha.netns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                dev,
+                "netns",
+                hb.netns,
+            ]
+        )
         for h, addr in ((ha, addr_a), (hb, addr_b)):
             _run(["ip", "-n", h.netns, "addr", "add", f"{addr}/30", "dev", dev])
             _run(["ip", "-n", h.netns, "link", "set", dev, "up"])
@@ -670,7 +834,7 @@ SetEnv HOME={h.home}
         self._write_known_hosts()
         for h in dirty:
             if not self.sshd_running(h.name):
-                _kill_netns_processes(h.netns)   # sessions left by a stopped sshd
+                _kill_netns_processes(h.netns)  # sessions left by a stopped sshd
                 self._spawn_sshd(h)
         if dirty:
             self._wait_ready(dirty)
@@ -680,7 +844,9 @@ SetEnv HOME={h.home}
         """IPv4 forwarding flags that keep hosts apart: global and on each of our root-side veths."""
         out = {"ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()}
         for h in self.hosts.values():
-            out[h.veth_root] = Path(f"/proc/sys/net/ipv4/conf/{h.veth_root}/forwarding").read_text().strip()
+            out[h.veth_root] = (
+                Path(f"/proc/sys/net/ipv4/conf/{h.veth_root}/forwarding").read_text().strip()
+            )
         return out
 
 

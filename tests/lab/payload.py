@@ -36,8 +36,8 @@ from pathlib import Path
 
 from .errors import LabError
 
-FORMAT = 1                                   # bump to invalidate every cached payload
-TORCH_VERSION = "2.13.0"                     # never unpinned: that would download a CUDA build
+FORMAT = 1  # bump to invalidate every cached payload
+TORCH_VERSION = "2.13.0"  # never unpinned: that would download a CUDA build
 PKG_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "payloadpkg"
 KINDS = ("small", "torch", "many")
 _PIP_TIMEOUT_S = 600
@@ -53,7 +53,7 @@ class Payload:
 
     kind: str
     key: str
-    root: Path          # the cache entry (holds venv/ and READY), or the dest's parent when uncached
+    root: Path  # the cache entry (holds venv/ and READY), or the dest's parent when uncached
     venv: Path
     build_seconds: float | None
     many_files: int = 0
@@ -67,7 +67,12 @@ class Payload:
 
     @property
     def site_packages(self) -> Path:
-        return self.venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        return (
+            self.venv
+            / "lib"
+            / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+            / "site-packages"
+        )
 
     @property
     def many_dir(self) -> Path:
@@ -76,9 +81,13 @@ class Payload:
 
 def _pkg_files() -> list[Path]:
     skip = {"__pycache__", "build", "dist"}
-    return sorted(p for p in PKG_DIR.rglob("*")
-                  if p.is_file() and not (skip & set(p.relative_to(PKG_DIR).parts))
-                  and not any(part.endswith(".egg-info") for part in p.parts))
+    return sorted(
+        p
+        for p in PKG_DIR.rglob("*")
+        if p.is_file()
+        and not (skip & set(p.relative_to(PKG_DIR).parts))
+        and not any(part.endswith(".egg-info") for part in p.parts)
+    )
 
 
 def payload_key(kind: str, many_files: int = 20000) -> str:
@@ -87,9 +96,15 @@ def payload_key(kind: str, many_files: int = 20000) -> str:
         raise LabError(f"payload kind must be one of {KINDS}, not {kind!r}")
     h = hashlib.sha256()
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    meta = {"format": FORMAT, "kind": kind, "python": sys.version, "base": base,
-            "torch": TORCH_VERSION if kind == "torch" else None,
-            "many": many_files if kind == "many" else None, "pip": _with_pip(kind)}
+    meta = {
+        "format": FORMAT,
+        "kind": kind,
+        "python": sys.version,
+        "base": base,
+        "torch": TORCH_VERSION if kind == "torch" else None,
+        "many": many_files if kind == "many" else None,
+        "pip": _with_pip(kind),
+    }
     h.update(json.dumps(meta, sort_keys=True).encode())
     for p in _pkg_files():
         h.update(str(p.relative_to(PKG_DIR)).encode() + b"\0" + p.read_bytes() + b"\0")
@@ -98,13 +113,21 @@ def payload_key(kind: str, many_files: int = 20000) -> str:
 
 def _run(argv: list[str], timeout: float = _PIP_TIMEOUT_S) -> None:
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL, check=False)
+        res = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise LabError(f"timed out after {timeout}s: {' '.join(argv)}") from exc
     if res.returncode != 0:
-        raise LabError(f"failed (rc={res.returncode}): {' '.join(argv)}\n"
-                       f"{res.stdout[-3000:]}{res.stderr[-3000:]}")
+        raise LabError(
+            f"failed (rc={res.returncode}): {' '.join(argv)}\n"
+            f"{res.stdout[-3000:]}{res.stderr[-3000:]}"
+        )
 
 
 def _outer_setuptools_builds_wheels() -> bool:
@@ -124,7 +147,9 @@ def _build_pkg_wheel(tmp: Path) -> Path:
     """Build tests/fixtures/payloadpkg into a wheel in tmp, from a copy (no build/ or egg-info in
     the repo). Offline with this interpreter's setuptools when it can; else pip's isolated build."""
     src = tmp / "src-copy"
-    shutil.copytree(PKG_DIR, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    shutil.copytree(
+        PKG_DIR, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    )
     out = tmp / "wheels"
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)]
     if _outer_setuptools_builds_wheels():
@@ -168,8 +193,10 @@ def _with_pip(kind: str) -> bool:
 
 def _build_into(venv: Path, kind: str, many_files: int) -> None:
     with_pip = _with_pip(kind)
-    _run([sys.executable, "-m", "venv", *([] if with_pip else ["--without-pip"]), str(venv)],
-         timeout=300)
+    _run(
+        [sys.executable, "-m", "venv", *([] if with_pip else ["--without-pip"]), str(venv)],
+        timeout=300,
+    )
     py = str(venv / "bin" / "python")
     pip = [py, "-m", "pip"] if with_pip else [sys.executable, "-m", "pip", "--python", py]
     with tempfile.TemporaryDirectory(prefix="rb-payload-build-") as tmp:
@@ -182,8 +209,13 @@ def _build_into(venv: Path, kind: str, many_files: int) -> None:
         make_many_files(site / "rb_payload_many", many_files)
 
 
-def build_payload(kind: str = "small", *, many_files: int = 20000, cache_dir: Path | None = None,
-                  dest: Path | None = None) -> Payload:
+def build_payload(
+    kind: str = "small",
+    *,
+    many_files: int = 20000,
+    cache_dir: Path | None = None,
+    dest: Path | None = None,
+) -> Payload:
     """Return a built venv of this kind: from the cache when there, else built (then cached).
     With dest, build a private, uncached venv at dest (which must not exist)."""
     key = payload_key(kind, many_files)
@@ -206,10 +238,10 @@ def build_payload(kind: str = "small", *, many_files: int = 20000, cache_dir: Pa
     ready = root / "READY"
     lock_fd = os.open(cache / f"rb-payload-{kind}-{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)    # a parallel build of the same key waits here
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a parallel build of the same key waits here
         if ready.is_file():
             return Payload(kind, key, root, root / "venv", None, n)
-        shutil.rmtree(root, ignore_errors=True)   # a killed build's leftovers
+        shutil.rmtree(root, ignore_errors=True)  # a killed build's leftovers
         if root.exists():
             raise LabError(f"cannot remove the incomplete payload {root}")
         root.mkdir()
@@ -221,8 +253,18 @@ def build_payload(kind: str = "small", *, many_files: int = 20000, cache_dir: Pa
             raise
         seconds = time.monotonic() - t0
         tmp_ready = root / ".READY.tmp"
-        tmp_ready.write_text(json.dumps({"kind": kind, "key": key, "build_seconds": round(seconds, 2),
-                                         "many_files": n, "python": sys.version.split()[0]}) + "\n")
+        tmp_ready.write_text(
+            json.dumps(
+                {
+                    "kind": kind,
+                    "key": key,
+                    "build_seconds": round(seconds, 2),
+                    "many_files": n,
+                    "python": sys.version.split()[0],
+                }
+            )
+            + "\n"
+        )
         os.replace(tmp_ready, ready)
         return Payload(kind, key, root, root / "venv", seconds, n)
     finally:

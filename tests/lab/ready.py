@@ -28,10 +28,10 @@ from typing import IO
 from .errors import LabError
 
 LOG = logging.getLogger("tests.lab")
-LOG.setLevel(logging.INFO)      # pytest's handlers take INFO only when the logger passes it on
+LOG.setLevel(logging.INFO)  # pytest's handlers take INFO only when the logger passes it on
 
 READY_CAP_S = float(os.environ.get("RB_LAB_READY_CAP_S", "120"))
-_TCP_LISTEN = "0A"              # state column of /proc/net/tcp
+_TCP_LISTEN = "0A"  # state column of /proc/net/tcp
 
 
 def cores() -> int:
@@ -119,18 +119,20 @@ class SshdWait:
     """One sshd to wait for."""
 
     name: str
-    netns: str                                            # under /run/netns
-    proc: Callable[[], subprocess.Popen | None]          # its process now (None: not spawned yet)
-    log: Path                                             # its log, quoted when it fails
-    ssh_argv: Callable[[int], list[str]]                  # `ssh ... NAME true`, ConnectTimeout given
+    netns: str  # under /run/netns
+    proc: Callable[[], subprocess.Popen | None]  # its process now (None: not spawned yet)
+    log: Path  # its log, quoted when it fails
+    ssh_argv: Callable[[int], list[str]]  # `ssh ... NAME true`, ConnectTimeout given
     port: int = 22
 
 
 def _exited(w: SshdWait, label: str) -> None:
     proc = w.proc()
     if proc is not None and proc.poll() is not None:
-        raise LabError(f"{label}: sshd of {w.name} exited rc={proc.returncode} "
-                       f"({load_note()}):\n{log_tail(w.log)}")
+        raise LabError(
+            f"{label}: sshd of {w.name} exited rc={proc.returncode} "
+            f"({load_note()}):\n{log_tail(w.log)}"
+        )
 
 
 def _is_listening(w: SshdWait) -> bool:
@@ -155,8 +157,10 @@ def wait_listening(waits: Sequence[SshdWait], *, deadline: float, label: str) ->
             return took
         if time.monotonic() >= deadline:
             tails = "\n".join(f"--- {w.name}:\n{log_tail(w.log, 600)}" for w in pending)
-            raise LabError(f"{label}: sshd not listening after {time.monotonic() - t0:.1f} s on "
-                           f"{[w.name for w in pending]} ({load_note()})\n{tails}")
+            raise LabError(
+                f"{label}: sshd not listening after {time.monotonic() - t0:.1f} s on "
+                f"{[w.name for w in pending]} ({load_note()})\n{tails}"
+            )
         sleep_until(deadline, next(pause))
 
 
@@ -169,15 +173,25 @@ def _ssh_round(waits: Sequence[SshdWait], deadline: float) -> dict[str, tuple[in
     try:
         for w in waits:
             err = tempfile.TemporaryFile()
-            procs[w.name] = (subprocess.Popen(w.ssh_argv(connect), stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.DEVNULL, stderr=err), err)
+            procs[w.name] = (
+                subprocess.Popen(
+                    w.ssh_argv(connect),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                ),
+                err,
+            )
         pause = backoff(0.01, 0.1)
         while len(out) < len(procs):
             for name, (p, err) in procs.items():
                 if name not in out and p.poll() is not None:
                     err.seek(0)
-                    out[name] = (p.returncode, err.read().decode(errors="replace").strip(),
-                                 time.monotonic())
+                    out[name] = (
+                        p.returncode,
+                        err.read().decode(errors="replace").strip(),
+                        time.monotonic(),
+                    )
             if len(out) < len(procs):
                 if time.monotonic() >= deadline:
                     break
@@ -197,8 +211,9 @@ def _tries(n: int) -> str:
     return "1 try" if n == 1 else f"{n} tries"
 
 
-def wait_sshds(waits: Sequence[SshdWait], *, base_s: float, label: str,
-               ssh: bool = True) -> dict[str, float]:
+def wait_sshds(
+    waits: Sequence[SshdWait], *, base_s: float, label: str, ssh: bool = True
+) -> dict[str, float]:
     """Wait until every sshd listens and (ssh=True) `ssh NAME true` works; returns name -> seconds
     until it was ready. Bounded by budget(base_s); fails at once when an sshd exited. Logs the
     times per node."""
@@ -228,13 +243,20 @@ def wait_sshds(waits: Sequence[SshdWait], *, base_s: float, label: str,
             raise LabError(
                 f"{label}: `ssh NAME true` still failing after {time.monotonic() - t0:.1f} s "
                 f"(budget {limit:.0f} s, {load_note()}): "
-                + "; ".join(f"{w.name} ({_tries(tries[w.name])}): {last.get(w.name, '?')}"
-                            for w in pending))
+                + "; ".join(
+                    f"{w.name} ({_tries(tries[w.name])}): {last.get(w.name, '?')}" for w in pending
+                )
+            )
     else:
         ready = dict(heard)
     for w in waits:
-        LOG.info("%s %s: listening after %.2f s%s (budget %.0f s, %s)", label, w.name,
-                 heard[w.name],
-                 f", ssh ok after {ready[w.name]:.2f} s ({_tries(tries[w.name])})" if ssh else "",
-                 limit, load_note())
+        LOG.info(
+            "%s %s: listening after %.2f s%s (budget %.0f s, %s)",
+            label,
+            w.name,
+            heard[w.name],
+            f", ssh ok after {ready[w.name]:.2f} s ({_tries(tries[w.name])})" if ssh else "",
+            limit,
+            load_note(),
+        )
     return ready

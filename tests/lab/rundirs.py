@@ -36,13 +36,14 @@ from .errors import LabError
 
 @dataclass(frozen=True)
 class RunDir:
-    path: str       # absolute, on a boot-emptied file system
-    mode: int       # owner root:root
+    path: str  # absolute, on a boot-emptied file system
+    mode: int  # owner root:root
     why: str
 
 
-SSHD_PRIVSEP = RunDir("/run/sshd", 0o755,
-                      "sshd's privilege separation dir (root-owned, not group/world writable)")
+SSHD_PRIVSEP = RunDir(
+    "/run/sshd", 0o755, "sshd's privilege separation dir (root-owned, not group/world writable)"
+)
 LAB_LOCKS = RunDir("/run/rblab", 0o755, "the labs' lock files and the Lab's slot allocation lock")
 RUN_DIRS: tuple[RunDir, ...] = (SSHD_PRIVSEP, LAB_LOCKS)
 
@@ -64,9 +65,14 @@ def ensure_run_dirs(dirs: Iterable[RunDir] = RUN_DIRS, *, root: Path = Path("/")
             st = path.lstat()
             if not stat.S_ISDIR(st.st_mode):
                 raise LabError(f"{path} ({d.why}) exists and is not a directory")
-            if made or st.st_uid != 0 or st.st_gid != 0 or stat.S_IMODE(st.st_mode) & ~d.mode & 0o022:
+            if (
+                made
+                or st.st_uid != 0
+                or st.st_gid != 0
+                or stat.S_IMODE(st.st_mode) & ~d.mode & 0o022
+            ):
                 os.chown(path, 0, 0)
-                os.chmod(path, d.mode)          # mkdir's mode went through the umask
+                os.chmod(path, d.mode)  # mkdir's mode went through the umask
                 changed.append(path)
         except OSError as exc:
             raise LabError(f"cannot make {path} ({d.why}): {exc}") from exc
@@ -81,13 +87,25 @@ def empty_run_argv(argv: Sequence[str], *, share: Sequence[str] = ()) -> list[st
     Network namespaces made inside are seen only there, and go when the command ends. Root only."""
     if any(not p.startswith("/run/") for p in share):
         raise ValueError(f"share: paths under /run/ only, not {list(share)}")
-    script = ['hold=$(mktemp -d /tmp/rb-emptyrun.XXXXXX)', 'trap \'rmdir "$hold"\' EXIT']
-    for i, p in enumerate(share):       # bound aside first: the tmpfs hides them
+    script = ["hold=$(mktemp -d /tmp/rb-emptyrun.XXXXXX)", "trap 'rmdir \"$hold\"' EXIT"]
+    for i, p in enumerate(share):  # bound aside first: the tmpfs hides them
         script += [f'mkdir "$hold/{i}"', f'mount --bind {shlex.quote(p)} "$hold/{i}"']
     script.append("mount -t tmpfs -o mode=0755 rbfresh /run")
     for i, p in enumerate(share):
-        script += [f'mkdir -p {shlex.quote(p)}', f'mount --move "$hold/{i}" {shlex.quote(p)}',
-                   f'rmdir "$hold/{i}"']
+        script += [
+            f"mkdir -p {shlex.quote(p)}",
+            f'mount --move "$hold/{i}" {shlex.quote(p)}',
+            f'rmdir "$hold/{i}"',
+        ]
     script.append('"$@"')
-    return ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
-            "; ".join(script), "sh", *argv]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-ec",
+        "; ".join(script),
+        "sh",
+        *argv,
+    ]

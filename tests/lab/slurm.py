@@ -43,11 +43,11 @@ from .errors import LabError
 from .netlab import _attempt, _reap
 from .ready import LOG, backoff, budget, listening, load_note, log_tail, sleep_until
 
-SLURMD_PORT = 6818     # inside each node's own network namespace: no other cluster's there
-_CTLD_READY_S = 30     # slurmctld listening (idle machine; budget() stretches it)
-_START_SETTLE_S = 60   # every node idle after the start (likewise)
-_SETTLE_S = 90         # settle()'s default (likewise)
-_CLIENT_T = 20         # scontrol, sinfo, squeue, scancel
+SLURMD_PORT = 6818  # inside each node's own network namespace: no other cluster's there
+_CTLD_READY_S = 30  # slurmctld listening (idle machine; budget() stretches it)
+_START_SETTLE_S = 60  # every node idle after the start (likewise)
+_SETTLE_S = 90  # settle()'s default (likewise)
+_CLIENT_T = 20  # scontrol, sinfo, squeue, scancel
 
 
 def free_port() -> int:
@@ -73,8 +73,7 @@ def slurm_unavailable_reason() -> Optional[str]:
 
 
 class SlurmCluster(Cluster):
-    def __init__(self, n: int = 8, *, tree_width: int = 2, slurmd_timeout: int = 10,
-                 **kw) -> None:
+    def __init__(self, n: int = 8, *, tree_width: int = 2, slurmd_timeout: int = 10, **kw) -> None:
         super().__init__(n, **kw)
         self.tree_width = tree_width
         self.slurmd_timeout = slurmd_timeout
@@ -96,16 +95,28 @@ class SlurmCluster(Cluster):
     def env(self) -> dict[str, str]:
         return dict(os.environ, SLURM_CONF=str(self.conf))
 
-    def salloc(self, argv: Sequence[str], *, nodes: Optional[str] = None,
-               immediate: Optional[int] = None) -> list[str]:
+    def salloc(
+        self, argv: Sequence[str], *, nodes: Optional[str] = None, immediate: Optional[int] = None
+    ) -> list[str]:
         """argv that runs `argv` here inside an allocation of the nodes (all by default).
         --no-kill: a node that fails does not end the allocation (the others finish).
         immediate: seconds salloc waits for the nodes (default budget(20): longer under load)."""
         ns = nodes or self.nodeset
         if immediate is None:
             immediate = int(budget(20))
-        return ["salloc", "-N", str(len(expand(ns))), "-w", ns, "--no-kill", f"--immediate={immediate}",
-                "--time=30", "-J", "rbfan-test", *argv]
+        return [
+            "salloc",
+            "-N",
+            str(len(expand(ns))),
+            "-w",
+            ns,
+            "--no-kill",
+            f"--immediate={immediate}",
+            "--time=30",
+            "-J",
+            "rbfan-test",
+            *argv,
+        ]
 
     # -- lifecycle (start(), stop() and the cleanup of a failed start: Cluster)
     def _start(self) -> None:
@@ -115,13 +126,18 @@ class SlurmCluster(Cluster):
         for name in self.names:
             (self.dir / "slurm" / name / "spool").mkdir(parents=True)
         self.node_start = [
-            f"/usr/sbin/slurmd -f {self.conf} -N {{name}}"]  # daemonizes; its log names the node
+            f"/usr/sbin/slurmd -f {self.conf} -N {{name}}"
+        ]  # daemonizes; its log names the node
         super()._start()
         self._start_ctld()
         self._wait_ctld()
         took = self.settle(timeout=_START_SETTLE_S)
-        LOG.info("slurm %s: every node idle %.1f s after slurmctld listened (%s)", self.runid,
-                 took, load_note())
+        LOG.info(
+            "slurm %s: every node idle %.1f s after slurmctld listened (%s)",
+            self.runid,
+            took,
+            load_note(),
+        )
 
     def _start_munge(self) -> None:
         d = self.dir / "munge"
@@ -129,9 +145,17 @@ class SlurmCluster(Cluster):
         key = d / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        _run(["/usr/sbin/munged", "--force", f"--socket={self.munge_socket}",
-              f"--key-file={key}", f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
-              f"--seed-file={d}/munged.seed"])
+        _run(
+            [
+                "/usr/sbin/munged",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={d}/munged.pid",
+                f"--log-file={d}/munged.log",
+                f"--seed-file={d}/munged.seed",
+            ]
+        )
 
     def _write_conf(self) -> None:
         d = self.dir / "slurm"
@@ -140,7 +164,8 @@ class SlurmCluster(Cluster):
         self.ctld_port = free_port()
         nodes = "\n".join(
             f"NodeName={n} NodeAddr={self.addr(n)} CPUs=1 RealMemory=256 State=UNKNOWN"
-            for n in self.names)
+            for n in self.names
+        )
         self.conf.write_text(f"""# written by tests/lab/slurm.py
 ClusterName=rbfan
 SlurmctldHost={host}({self.head_addr})
@@ -183,7 +208,11 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         with open(self.dir / "slurm" / "slurmctld.out", "ab") as log:
             self.ctld = subprocess.Popen(
                 ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env)
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.env,
+            )
 
     def _wait_ctld(self) -> None:
         """Until slurmctld listens on self.ctld_port (bounded by budget(_CTLD_READY_S)); at once
@@ -194,12 +223,15 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         while self.ctld is not None and not listening(self.ctld.pid, self.ctld_port):
             if self.ctld.poll() is not None:
                 out = log_tail(self.dir / "slurm" / "slurmctld.out", 600)
-                raise LabError(f"slurmctld exited rc={self.ctld.returncode}: "
-                               f"{self._tail('slurmctld.log')} {out}")
+                raise LabError(
+                    f"slurmctld exited rc={self.ctld.returncode}: "
+                    f"{self._tail('slurmctld.log')} {out}"
+                )
             if time.monotonic() >= deadline:
-                raise LabError(f"slurmctld not listening on {self.ctld_port} after "
-                               f"{time.monotonic() - t0:.1f} s ({load_note()}): "
-                               + self._tail("slurmctld.log"))
+                raise LabError(
+                    f"slurmctld not listening on {self.ctld_port} after "
+                    f"{time.monotonic() - t0:.1f} s ({load_note()}): " + self._tail("slurmctld.log")
+                )
             sleep_until(deadline, next(pause))
         LOG.info("slurm %s: slurmctld listening after %.2f s", self.runid, time.monotonic() - t0)
 
@@ -207,10 +239,13 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """A Slurm client command; a timeout (a busy machine, a slurmctld not answering yet) is
         an rc of 124, not an exception: the waits above retry until their own deadline."""
         try:
-            return subprocess.run(list(argv), capture_output=True, text=True, timeout=_CLIENT_T,
-                                  env=self.env)
+            return subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=_CLIENT_T, env=self.env
+            )
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(list(argv), 124, "", f"timed out after {_CLIENT_T} s")
+            return subprocess.CompletedProcess(
+                list(argv), 124, "", f"timed out after {_CLIENT_T} s"
+            )
 
     def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         r = self._client(["scontrol", *args])
@@ -238,8 +273,9 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def jobs(self) -> list[str]:
         return self._client(["squeue", "-h", "-o", "%T"]).stdout.split()
 
-    def settle(self, names: Optional[Sequence[str]] = None, *, timeout: float = _SETTLE_S,
-               grace: float = 5) -> float:
+    def settle(
+        self, names: Optional[Sequence[str]] = None, *, timeout: float = _SETTLE_S, grace: float = 5
+    ) -> float:
         """Wait until the nodes (all by default) are idle, resuming what is down or drained. After
         a job lost a node, Slurm keeps some of the job's other nodes `completing` for ~45 s here
         (its terminate messages go through the node tree, which ran through the dead node): a node
@@ -267,14 +303,21 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 elif state.startswith("completing") and not running:
                     since = completing_since.setdefault(name, now)
                     if now - since > grace:
-                        self.scontrol("update", f"nodename={name}", "state=down",
-                                      "reason=lab-settle", check=False)
+                        self.scontrol(
+                            "update",
+                            f"nodename={name}",
+                            "state=down",
+                            "reason=lab-settle",
+                            check=False,
+                        )
                         self.scontrol("update", f"nodename={name}", "state=resume", check=False)
                         completing_since.pop(name)
             sleep_until(deadline, 0.3)
-        raise LabError(f"slurm nodes not idle after {time.monotonic() - t0:.0f} s (budget "
-                       f"{limit:.0f} s, {load_note()}): {states}, jobs {self.jobs()}; "
-                       + self._tail("slurmctld.log"))
+        raise LabError(
+            f"slurm nodes not idle after {time.monotonic() - t0:.0f} s (budget "
+            f"{limit:.0f} s, {load_note()}): {states}, jobs {self.jobs()}; "
+            + self._tail("slurmctld.log")
+        )
 
     def _teardown(self, errors: list[str]) -> None:
         """Jobs cancelled (while slurmctld lives), slurmctld and munged stopped, then the nodes
@@ -285,7 +328,10 @@ PartitionName=rb Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             self.ctld.terminate()
             _attempt(errors, _reap, self.ctld, "slurmctld")
         if (self.dir / "munge" / "munged.pid").exists():
-            _attempt(errors, _run, ["/usr/sbin/munged", "--stop", f"--socket={self.munge_socket}"],
-                     check=False)
+            _attempt(
+                errors,
+                _run,
+                ["/usr/sbin/munged", "--stop", f"--socket={self.munge_socket}"],
+                check=False,
+            )
         super()._teardown(errors)
-

@@ -16,19 +16,19 @@ NET_PREFIX = "10.213"
 
 # user -> the third byte of its /24 (one user, one /24; a user starts its clusters one at a time)
 FIXED: dict[str, int] = {
-    "cluster": 244,              # Cluster() / SlurmCluster() with no user named (by hand)
-    "lab_pair": 245,             # tests/e2e/test_lab.py, two Slurm clusters at once: the second
-    "lab_pair_first": 246,       # ... and the first
-    "lab_fresh": 247,            # tests/e2e/test_lab_fresh.py
-    "fanplan_slurm": 248,        # tests/e2e/test_fanplan.py, the Slurm plan
-    "fanplan": 249,              # tests/e2e/test_fanplan.py, the clush plan
-    "fanout": 250,               # tests/e2e/test_fanout.py
-    "fanout_tree": 251,          # tests/e2e/test_fanout_tree.py
-    "fanout_slurm": 252,         # tests/e2e/test_fanout_slurm.py
-    "lab_teardown": 253,         # tests/e2e/test_lab_teardown.py
-    "bench_fanout": 254,         # benchmarks/fanout.py
+    "cluster": 244,  # Cluster() / SlurmCluster() with no user named (by hand)
+    "lab_pair": 245,  # tests/e2e/test_lab.py, two Slurm clusters at once: the second
+    "lab_pair_first": 246,  # ... and the first
+    "lab_fresh": 247,  # tests/e2e/test_lab_fresh.py
+    "fanplan_slurm": 248,  # tests/e2e/test_fanplan.py, the Slurm plan
+    "fanplan": 249,  # tests/e2e/test_fanplan.py, the clush plan
+    "fanout": 250,  # tests/e2e/test_fanout.py
+    "fanout_tree": 251,  # tests/e2e/test_fanout_tree.py
+    "fanout_slurm": 252,  # tests/e2e/test_fanout_slurm.py
+    "lab_teardown": 253,  # tests/e2e/test_lab_teardown.py
+    "bench_fanout": 254,  # benchmarks/fanout.py
 }
-FIRST_FIXED = min(FIXED.values())   # a Lab's slots are 1 .. FIRST_FIXED - 1
+FIRST_FIXED = min(FIXED.values())  # a Lab's slots are 1 .. FIRST_FIXED - 1
 
 if len(set(FIXED.values())) != len(FIXED) or not all(0 < v < 255 for v in FIXED.values()):
     raise AssertionError(f"tests/lab/subnets.py: each user needs a /24 of its own: {FIXED}")

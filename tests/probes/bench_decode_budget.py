@@ -33,22 +33,23 @@ MIB = 1 << 20
 
 def lz4_bomb(out_size: int) -> bytes:
     """An LZ4 block that decodes to `out_size` bytes of "a": one literal, one match at offset 1."""
-    rest = out_size - 1 - 4 - 15                  # match length beyond the token's 15 + minimum 4
+    rest = out_size - 1 - 4 - 15  # match length beyond the token's 15 + minimum 4
     return bytes([0x1F]) + b"a" + b"\x01\x00" + b"\xff" * (rest // 255) + bytes([rest % 255])
 
 
 def build(d: Path, files: int, entries: int, out_size: int) -> None:
     bomb = lz4_bomb(out_size)
     for f in range(files):
-        body = b"".join(fatbin_container(fatbin_entry(2, 80, LZ4, bomb, usize=out_size))
-                        for _ in range(entries))
+        body = b"".join(
+            fatbin_container(fatbin_entry(2, 80, LZ4, bomb, usize=out_size)) for _ in range(entries)
+        )
         (d / ("libbomb%d.so" % f)).write_bytes(tiny_so(body))
 
 
-CASES = {   # name: (files, entries per file, decoded size of each entry)
-    "issue": (1, 10, 256 * MIB),       # the issue's: ten 1 MB entries of 256 MiB each
-    "ten-files": (10, 1, 256 * MIB),   # the same, one entry per file
-    "at-cap": (1, 20, 128 * MIB),      # twenty entries of 128 MiB (the new per-entry cap)
+CASES = {  # name: (files, entries per file, decoded size of each entry)
+    "issue": (1, 10, 256 * MIB),  # the issue's: ten 1 MB entries of 256 MiB each
+    "ten-files": (10, 1, 256 * MIB),  # the same, one entry per file
+    "at-cap": (1, 20, 128 * MIB),  # twenty entries of 128 MiB (the new per-entry cap)
 }
 
 CHILD = """
@@ -71,16 +72,33 @@ def measure(name: str, hostkit: Path = ROOT / "hostkit") -> None:
         build(Path(tmp), files, entries, size)
         on_disk = sum(p.stat().st_size for p in Path(tmp).iterdir())
         t0 = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", CHILD, tmp, str(hostkit)], capture_output=True, text=True,
-                              env=dict(os.environ, RBPROBES_AUDIT_JOBS="1"))
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, tmp, str(hostkit)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, RBPROBES_AUDIT_JOBS="1"),
+        )
         wall = time.monotonic() - t0
     if done.returncode != 0:
         print(name, "failed:", done.stderr[-2000:])
         return
     got = json.loads(done.stdout.splitlines()[-1])
-    print("%-10s %d file(s) x %d entries of %d MiB (%.1f MB on disk): audit %.2f s, process %.2f s,"
-          " peak RSS %.0f MiB, %s: %s" % (name, files, entries, size // MIB, on_disk / 1e6,
-                                          got["s"], wall, got["peak"], got["status"], got["reason"]))
+    print(
+        "%-10s %d file(s) x %d entries of %d MiB (%.1f MB on disk): audit %.2f s, process %.2f s,"
+        " peak RSS %.0f MiB, %s: %s"
+        % (
+            name,
+            files,
+            entries,
+            size // MIB,
+            on_disk / 1e6,
+            got["s"],
+            wall,
+            got["peak"],
+            got["status"],
+            got["reason"],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,12 +42,20 @@ def fatbins(tmp_path_factory):
             unit = out / ("unit%d.cu" % i)
             unit.write_text(KERNEL.replace("add_one", "add_one_%d" % i))
             obj = out / ("unit%d.o" % i)
-            subprocess.run([nvcc, "-c", "-Xcompiler", "-fPIC", "-gencode", gencode, str(unit),
-                            "-o", str(obj)], check=True, capture_output=True, timeout=300)
+            subprocess.run(
+                [nvcc, "-c", "-Xcompiler", "-fPIC", "-gencode", gencode, str(unit), "-o", str(obj)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
             objects.append(str(obj))
         target = out / "libpartial.so"
-        subprocess.run(["gcc", "-shared"] + objects + ["-o", str(target)], check=True,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            ["gcc", "-shared"] + objects + ["-o", str(target)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         return "partial", target
 
     jobs = [(build, item) for item in FATBIN_BUILDS.items()] + [(build_partial, None)]
@@ -66,7 +74,18 @@ def fake_libs(tmp_path_factory):
     libs = {}
     for major in ("12", "13"):
         target = out / ("libcudart.so.%s" % major)
-        subprocess.run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcudart.so.%s" % major,
-                        str(src), "-o", str(target)], check=True, timeout=120)
+        subprocess.run(
+            [
+                gcc,
+                "-shared",
+                "-fPIC",
+                "-Wl,-soname,libcudart.so.%s" % major,
+                str(src),
+                "-o",
+                str(target),
+            ],
+            check=True,
+            timeout=120,
+        )
         libs[major] = target
     return libs

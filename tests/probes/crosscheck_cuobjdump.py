@@ -35,7 +35,8 @@ _NAME = re.compile(r"(sm|compute)_([0-9]{2,3})([af]?)")
 
 def find_cuobjdump(given):
     for c in [given, shutil.which("cuobjdump")] + sorted(
-            glob.glob("/usr/local/cuda*/bin/cuobjdump"), reverse=True):
+        glob.glob("/usr/local/cuda*/bin/cuobjdump"), reverse=True
+    ):
         if c and os.access(c, os.X_OK):
             return c
     return None
@@ -43,8 +44,9 @@ def find_cuobjdump(given):
 
 def cuobjdump_names(tool, path, timeout_s=600.0):
     """Counter of "sm_90" / "compute_90" names that cuobjdump lists, and its raw output."""
-    done = subprocess.run([tool, "--list-elf", "--list-ptx", path], capture_output=True,
-                          text=True, timeout=timeout_s)
+    done = subprocess.run(
+        [tool, "--list-elf", "--list-ptx", path], capture_output=True, text=True, timeout=timeout_s
+    )
     names = collections.Counter()
     for line in done.stdout.splitlines():
         kind = "sass" if line.startswith("ELF file") else "ptx" if line.startswith("PTX") else None
@@ -73,8 +75,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--cuobjdump")
-    ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="start no new cuobjdump run after this many seconds")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=150.0,
+        help="start no new cuobjdump run after this many seconds",
+    )
     ap.add_argument("--raw-dir", help="save cuobjdump's output for each file here")
     ap.add_argument("--out", help="also write the JSON here, rewritten after every file")
     args = ap.parse_args(argv)
@@ -101,7 +107,8 @@ def main(argv=None):
         t0 = time.monotonic()
         try:
             theirs, raw, err, rc = cuobjdump_names(
-                tool, path, max(10.0, args.budget_s + 30 - (t0 - start)))
+                tool, path, max(10.0, args.budget_s + 30 - (t0 - start))
+            )
         except subprocess.TimeoutExpired:
             skipped.append(path + " (cuobjdump timed out)")
             continue
@@ -114,16 +121,24 @@ def main(argv=None):
         only_theirs = dict(theirs - ours)
         same = not only_ours and not only_theirs
         differ += not same
-        results.append({
-            "file": path, "size_mb": round(os.path.getsize(path) / 2**20, 1),
-            "entries": sum(ours.values()), "names": sorted(ours),
-            "containers": len(scan.containers),
-            "sections": sorted({c.section for c in scan.containers}),
-            "same": same, "only_ours": only_ours, "only_cuobjdump": only_theirs,
-            "f_normalised": cut,
-            "cuobjdump_rc": rc, "cuobjdump_stderr": err,
-            "ours_s": round(t_ours, 3), "cuobjdump_s": round(t_theirs, 3),
-        })
+        results.append(
+            {
+                "file": path,
+                "size_mb": round(os.path.getsize(path) / 2**20, 1),
+                "entries": sum(ours.values()),
+                "names": sorted(ours),
+                "containers": len(scan.containers),
+                "sections": sorted({c.section for c in scan.containers}),
+                "same": same,
+                "only_ours": only_ours,
+                "only_cuobjdump": only_theirs,
+                "f_normalised": cut,
+                "cuobjdump_rc": rc,
+                "cuobjdump_stderr": err,
+                "ours_s": round(t_ours, 3),
+                "cuobjdump_s": round(t_theirs, 3),
+            }
+        )
         if args.out:
             _write(args.out, tool, results, differ, skipped)
     doc = _write(args.out, tool, results, differ, skipped)
@@ -132,8 +147,13 @@ def main(argv=None):
 
 
 def _write(path, tool, results, differ, skipped):
-    doc = {"cuobjdump": tool, "files_compared": len(results), "differ": differ,
-           "not_compared_budget": skipped, "results": results}
+    doc = {
+        "cuobjdump": tool,
+        "files_compared": len(results),
+        "differ": differ,
+        "not_compared_budget": skipped,
+        "results": results,
+    }
     if path:
         with open(path + ".tmp", "w") as fh:
             json.dump(doc, fh, indent=1)

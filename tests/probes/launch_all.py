@@ -25,10 +25,17 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-RUNTIME_ERRORS = {0: "cudaSuccess", -1: "wrong output", 209: "cudaErrorNoKernelImageForDevice",
-                  218: "cudaErrorInvalidPtx", 222: "cudaErrorUnsupportedPtxVersion",
-                  98: "cudaErrorInvalidDeviceFunction", 200: "cudaErrorInvalidKernelImage",
-                  500: "cudaErrorNotFound", 301: "cudaErrorFileNotFound"}
+RUNTIME_ERRORS = {
+    0: "cudaSuccess",
+    -1: "wrong output",
+    209: "cudaErrorNoKernelImageForDevice",
+    218: "cudaErrorInvalidPtx",
+    222: "cudaErrorUnsupportedPtxVersion",
+    98: "cudaErrorInvalidDeviceFunction",
+    200: "cudaErrorInvalidKernelImage",
+    500: "cudaErrorNotFound",
+    301: "cudaErrorFileNotFound",
+}
 
 
 def _driver():
@@ -136,19 +143,30 @@ def main(argv=None):
     for name in sorted(doc):
         t0 = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), args.fixtures,
-                                   "--one", name], capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), args.fixtures, "--one", name],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             line = (done.stdout.strip().splitlines() or [""])[-1]
             result = json.loads(line) if line.startswith("{") else {}
-            err = None if result else "child exit %d: %s" % (done.returncode,
-                                                             done.stderr.strip()[-300:])
+            err = (
+                None
+                if result
+                else "child exit %d: %s" % (done.returncode, done.stderr.strip()[-300:])
+            )
         except subprocess.TimeoutExpired:
             result, err = {}, "timed out"
         timings[name] = round(time.monotonic() - t0, 2)
         for k in doc[name]["kernels"]:
             r = result.get(k["symbol"], {"rc": None, "error": err})
-            launched[k["symbol"]] = {"file": name, "ran": r["rc"] == 0, "rc": r["rc"],
-                                     "error": r["error"]}
+            launched[k["symbol"]] = {
+                "file": name,
+                "ran": r["rc"] == 0,
+                "rc": r["rc"],
+                "error": r["error"],
+            }
     t0 = time.monotonic()
     limit, drv = checks_static.resolve_ptx_limit(None)
     values = checks_static.audit(args.fixtures, cap, None, limit)
@@ -157,21 +175,35 @@ def main(argv=None):
     rows = []
     agree = 0
     for sym, got in launched.items():
-        row = dict(got, symbol=sym, audit_path=says.get(sym),
-                   expected=truth_fixtures.EXPECTED.get(sym))
+        row = dict(
+            got, symbol=sym, audit_path=says.get(sym), expected=truth_fixtures.EXPECTED.get(sym)
+        )
         row["agree"] = row["audit_path"] is not None and row["audit_path"] == got["ran"]
         agree += row["agree"]
         rows.append(row)
-    files = {f["path"]: {"verdict": f["verdict"], "fails": f["fails"],
-                         "missing": f.get("missing")} for f in values["files"]}
-    out = {"device": "sm_%d%d" % cap, "driver": drv, "kernels": len(rows), "agree": agree,
-           "all_agree": agree == len(rows), "rows": rows, "files": files,
-           "audit_s": round(audit_s, 3), "launch_s": timings,
-           "zstd_decoder": values.get("zstd_decoder"), "audit_errors": values["errors"]}
+    files = {
+        f["path"]: {"verdict": f["verdict"], "fails": f["fails"], "missing": f.get("missing")}
+        for f in values["files"]
+    }
+    out = {
+        "device": "sm_%d%d" % cap,
+        "driver": drv,
+        "kernels": len(rows),
+        "agree": agree,
+        "all_agree": agree == len(rows),
+        "rows": rows,
+        "files": files,
+        "audit_s": round(audit_s, 3),
+        "launch_s": timings,
+        "zstd_decoder": values.get("zstd_decoder"),
+        "audit_errors": values["errors"],
+    }
     print("%-22s %-22s %-6s %-8s %-6s %s" % ("kernel", "file", "ran", "audit", "agree", "error"))
     for r in rows:
-        print("%-22s %-22s %-6s %-8s %-6s %s" % (r["symbol"], r["file"], r["ran"],
-                                                 r["audit_path"], r["agree"], r["error"] or ""))
+        print(
+            "%-22s %-22s %-6s %-8s %-6s %s"
+            % (r["symbol"], r["file"], r["ran"], r["audit_path"], r["agree"], r["error"] or "")
+        )
     print("agreement %d/%d on %s (%s)" % (agree, len(rows), out["device"], drv.get("source")))
     if args.out:
         with open(args.out, "w") as fh:

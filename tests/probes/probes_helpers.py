@@ -28,7 +28,7 @@ extern "C" int launch_add_one(float *x, int n) {
 """
 
 # A translation unit with device code but no kernel (a __device__ variable only).
-NO_KERNEL = "__device__ int counter;\nextern \"C\" int host_only(void) { return 1; }\n"
+NO_KERNEL = '__device__ int counter;\nextern "C" int host_only(void) { return 1; }\n'
 
 # name -> nvcc arguments after the input: one tiny kernel, several target sets, as .so files.
 FATBIN_BUILDS = {
@@ -39,11 +39,23 @@ FATBIN_BUILDS = {
     "sm100f": ["-gencode", "arch=compute_100f,code=sm_100f"],
     "ptx100": ["-gencode", "arch=compute_100,code=compute_100"],
     "sm90": ["-gencode", "arch=compute_90,code=sm_90"],
-    "compressed": ["-gencode", "arch=compute_90,code=sm_90", "-gencode",
-                   "arch=compute_103,code=sm_103", "-gencode", "arch=compute_90,code=compute_90",
-                   "-Xfatbin", "-compress-all"],
-    "lz4": ["-gencode", "arch=compute_90,code=sm_90", "-Xfatbin", "-compress-all",
-            "-compress-mode=speed"],
+    "compressed": [
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-gencode",
+        "arch=compute_103,code=sm_103",
+        "-gencode",
+        "arch=compute_90,code=compute_90",
+        "-Xfatbin",
+        "-compress-all",
+    ],
+    "lz4": [
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-Xfatbin",
+        "-compress-all",
+        "-compress-mode=speed",
+    ],
 }
 
 
@@ -59,8 +71,12 @@ def _is_python39(path: str) -> bool:
     if not os.access(path, os.X_OK):
         return False
     try:
-        done = subprocess.run([path, "-c", "import sys; print(sys.version_info[:2])"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [path, "-c", "import sys; print(sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return done.stdout.strip() == "(3, 9)"
@@ -69,8 +85,12 @@ def _is_python39(path: str) -> bool:
 def need(tool: str, why: str):
     """A tool's path; a missing tool fails the test in CI and skips it elsewhere."""
     if tool == "nvcc":
-        candidates = [shutil.which("nvcc"), os.environ.get("CUDA_HOME", "") + "/bin/nvcc",
-                      "/usr/local/cuda/bin/nvcc", "/usr/local/cuda-13.0/bin/nvcc"]
+        candidates = [
+            shutil.which("nvcc"),
+            os.environ.get("CUDA_HOME", "") + "/bin/nvcc",
+            "/usr/local/cuda/bin/nvcc",
+            "/usr/local/cuda-13.0/bin/nvcc",
+        ]
         found = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
     elif tool == "python3.9":
         candidates = ["/root/.pyenv/versions/3.9.18/bin/python3", shutil.which("python3.9")]
@@ -89,9 +109,15 @@ def run_cli(*args, python=None, env=None, cwd=None, stdin=None, timeout=300):
     """Run `python -m rbprobes ARGS` from the repo root; returns CompletedProcess."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([python or sys.executable, "-m", "rbprobes"] + list(args),
-                          capture_output=True, text=True, cwd=cwd or ROOT, env=full_env,
-                          input=stdin, timeout=timeout)
+    return subprocess.run(
+        [python or sys.executable, "-m", "rbprobes"] + list(args),
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        env=full_env,
+        input=stdin,
+        timeout=timeout,
+    )
 
 
 def cli_json(done):
@@ -101,15 +127,37 @@ def cli_json(done):
         raise AssertionError("stdout is not JSON:\n%s\nstderr:\n%s" % (done.stdout, done.stderr))
 
 
-def fatbin_entry(kind: int, number: int, flags: int = 0x11, payload: bytes = b"\0" * 8,
-                 version=(1, 8), usize: int = 0, header_size: int = 64) -> bytes:
+def fatbin_entry(
+    kind: int,
+    number: int,
+    flags: int = 0x11,
+    payload: bytes = b"\0" * 8,
+    version=(1, 8),
+    usize: int = 0,
+    header_size: int = 64,
+) -> bytes:
     """One fatbin entry (header + payload padded to 8), laid out as nvcc writes it."""
     import struct
 
     padded = payload + b"\0" * (-len(payload) % 8)
     compressed = len(payload) if flags & 0xA000 else 0
-    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x0101, header_size, len(padded), compressed, 0,
-                       version[1], version[0], number, 0, 0, flags, 0, usize)
+    head = struct.pack(
+        "<HHIQIIHHIIIQQQ",
+        kind,
+        0x0101,
+        header_size,
+        len(padded),
+        compressed,
+        0,
+        version[1],
+        version[0],
+        number,
+        0,
+        0,
+        flags,
+        0,
+        usize,
+    )
     head += b"\0" * (header_size - len(head))
     return head + padded
 
@@ -126,11 +174,21 @@ def c_array(name: str, data: bytes, section: str = "") -> str:
     attrs = "aligned(8), used" + (', section("%s")' % section if section else "")
     body = ",".join(str(b) for b in data)
     return "const unsigned char %s[%d] __attribute__((%s)) = {%s};\n" % (
-        name, len(data), attrs, body)
+        name,
+        len(data),
+        attrs,
+        body,
+    )
 
 
-def tiny_elf(sections, machine: int = 62, etype: int = 3, flags: int = 0,
-             abiversion: int = 0, addresses: bool = False) -> bytes:
+def tiny_elf(
+    sections,
+    machine: int = 62,
+    etype: int = 3,
+    flags: int = 0,
+    abiversion: int = 0,
+    addresses: bool = False,
+) -> bytes:
     """A little-endian ELF64 image with the given sections, laid out by hand (no toolchain):
     sections = [(name, sh_type, data, sh_link)], section 0 and .shstrtab added. x86-64 shared
     object by default; machine 190 makes a cubin."""
@@ -165,13 +223,25 @@ def tiny_elf(sections, machine: int = 62, etype: int = 3, flags: int = 0,
     shoff = pos
     shnum = len(sections) + 2
     head = b"\x7fELF" + bytes([2, 1, 1, 0x33 if machine == 190 else 0, abiversion]) + b"\0" * 7
-    head += struct.pack("<HHIQQQIHHHHHH", etype, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64,
-                        shnum, shnum - 1)
+    head += struct.pack(
+        "<HHIQQQIHHHHHH", etype, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64, shnum, shnum - 1
+    )
     table = b"\0" * 64
     for (name, sh_type, data, link), noff, off in zip(sections, offsets, placed):
         entsize = 24 if sh_type == 2 else 0
-        table += struct.pack("<IIQQQQIIQQ", noff, sh_type, 2, off if addresses else 0, off,
-                             len(data), link, 0, 8, entsize)
+        table += struct.pack(
+            "<IIQQQQIIQQ",
+            noff,
+            sh_type,
+            2,
+            off if addresses else 0,
+            off,
+            len(data),
+            link,
+            0,
+            8,
+            entsize,
+        )
     table += struct.pack("<IIQQQQIIQQ", shstr_name, 3, 0, 0, shstr_off, len(names), 0, 0, 1, 0)
     return head + body + table
 
@@ -221,7 +291,7 @@ def zstd_raw_frame(data: bytes) -> bytes:
     import struct
 
     out = b"\x28\xb5\x2f\xfd" + bytes([0xA0]) + struct.pack("<I", len(data))
-    blocks = [data[i:i + (128 << 10)] for i in range(0, len(data), 128 << 10)] or [b""]
+    blocks = [data[i : i + (128 << 10)] for i in range(0, len(data), 128 << 10)] or [b""]
     for i, block in enumerate(blocks):
         last = 1 if i == len(blocks) - 1 else 0
         header = last | (0 << 1) | (len(block) << 3)
@@ -245,6 +315,11 @@ def tiny_rdc_so(linked: bytes, relocatables) -> bytes:
         rel += r + b"\0" * (-len(r) % 8)
     records = struct.pack("<IIQQ", 0x466243B1, 2, nv_off, 0)
     records += b"".join(struct.pack("<IIQQ", 0x466243B1, 1, o, 0) for o in rel_offsets)
-    return tiny_elf([(".nv_fatbin", 1, linked + b"\0" * (-len(linked) % 8), 0),
-                     ("__nv_relfatbin", 1, rel, 0), (".nvFatBinSegment", 1, records, 0)],
-                    addresses=True)
+    return tiny_elf(
+        [
+            (".nv_fatbin", 1, linked + b"\0" * (-len(linked) % 8), 0),
+            ("__nv_relfatbin", 1, rel, 0),
+            (".nvFatBinSegment", 1, records, 0),
+        ],
+        addresses=True,
+    )

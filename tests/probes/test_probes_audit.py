@@ -11,12 +11,20 @@ import sys
 import time
 
 import pytest
-
+from probes_helpers import (
+    ROOT,
+    fatbin_container,
+    fatbin_entry,
+    lz4_literals,
+    tiny_cubin,
+    tiny_ptx,
+    tiny_rdc_so,
+    tiny_so,
+    zstd_raw_frame,
+)
 from rbprobes import arch, decompress, driver, fatbin, run_check
 from rbprobes.checks_static import audit
 from rbprobes.result import Context
-from probes_helpers import (ROOT, fatbin_container, fatbin_entry, lz4_literals, tiny_cubin,
-                            tiny_ptx, tiny_rdc_so, tiny_so, zstd_raw_frame)
 
 LZ4 = 0x2011
 ZSTD = 0x8011
@@ -35,8 +43,12 @@ def audit_check(path, **params):
 def two_units(tmp_path, name="libtwo.so", where=""):
     path = tmp_path / where / name if where else tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(tiny_so(fatbin_container(sass(90, ["good_kernel"]))
-                             + fatbin_container(sass(80, ["_Z10bad_kernelPi", "other_bad"]))))
+    path.write_bytes(
+        tiny_so(
+            fatbin_container(sass(90, ["good_kernel"]))
+            + fatbin_container(sass(80, ["_Z10bad_kernelPi", "other_bad"]))
+        )
+    )
     return path
 
 
@@ -81,15 +93,23 @@ def test_arch_specific_units_for_other_archs_are_listed_not_failed(tmp_path):
     """A unit of sm_100a/sm_100f code only is built for those archs' own features: a library
     calls it only there. On sm_90 it is listed; strict counts it; alone it fails."""
     path = tmp_path / "libdispatch.so"
-    path.write_bytes(tiny_so(fatbin_container(sass(90, ["generic"]))
-                             + fatbin_container(sass(100, ["tcgen05_gemm"], 0x100011),
-                                                sass(103, ["tcgen05_gemm"], 0x100011))
-                             + fatbin_container(sass(100, ["fam"], 0x200011))))
+    path.write_bytes(
+        tiny_so(
+            fatbin_container(sass(90, ["generic"]))
+            + fatbin_container(
+                sass(100, ["tcgen05_gemm"], 0x100011), sass(103, ["tcgen05_gemm"], 0x100011)
+            )
+            + fatbin_container(sass(100, ["fam"], 0x200011))
+        )
+    )
     result = audit_check(path)
     assert result["status"] == "pass", result["reason"]
     (info,) = result["values"]["files"]
     assert info["units_arch_specific"] == 2 and info["arch_specific_archs"] == [
-        "sm_100a", "sm_100f", "sm_103a"]
+        "sm_100a",
+        "sm_100f",
+        "sm_103a",
+    ]
     assert info["arch_specific"][0]["kernels"] == ["tcgen05_gemm"]
     assert "arch-specific units" in result["reason"]
     assert result["values"]["arch_specific"] == ["libdispatch.so"]
@@ -99,29 +119,38 @@ def test_arch_specific_units_for_other_archs_are_listed_not_failed(tmp_path):
     result = audit_check(alone)
     assert result["status"] == "fail" and "no unit has a path" in result["reason"]
     mixed = tmp_path / "libmixed.so"  # plain sm_80 beside sm_100a in one unit: not specific
-    mixed.write_bytes(tiny_so(fatbin_container(sass(90, ["ok"]))
-                              + fatbin_container(sass(80, ["old"]), sass(100, ["old"], 0x100011))))
+    mixed.write_bytes(
+        tiny_so(
+            fatbin_container(sass(90, ["ok"]))
+            + fatbin_container(sass(80, ["old"]), sass(100, ["old"], 0x100011))
+        )
+    )
     assert audit_check(mixed)["status"] == "fail"
 
 
-@pytest.mark.parametrize("units, runs", [
-    # (entries of each relocatable unit, which kernels the runtime loads on sm_90: H200)
-    ([[("ptx", 80)], [("ptx", 80)]], {"ka", "kb"}),
-    ([[("ptx", 80)], [("sass", 80)]], {"ka"}),
-    ([[("sass", 90)], [("sass", 90)]], {"ka", "kb"}),
-    ([[("sass", 80)], [("sass", 80)]], set()),
-])
+@pytest.mark.parametrize(
+    "units, runs",
+    [
+        # (entries of each relocatable unit, which kernels the runtime loads on sm_90: H200)
+        ([[("ptx", 80)], [("ptx", 80)]], {"ka", "kb"}),
+        ([[("ptx", 80)], [("sass", 80)]], {"ka"}),
+        ([[("sass", 90)], [("sass", 90)]], {"ka", "kb"}),
+        ([[("sass", 80)], [("sass", 80)]], set()),
+    ],
+)
 def test_rdc_units_are_judged_on_their_own_when_the_link_does_not_fit(tmp_path, units, runs):
     """-rdc linked for sm_80: on sm_90 the runtime falls back to each relocatable unit, its
     SASS if it runs, else its PTX (what the H200 did with librdc80*.so)."""
+
     def entry(kind, number, kernel):
         if kind == "ptx":
             return fatbin_entry(1, number, payload=tiny_ptx([kernel], "9.0"), version=(9, 0))
         return sass(number, [kernel])
 
     linked = fatbin_container(sass(80, ["ka", "kb"]))
-    rel = [fatbin_container(*[entry(k, n, name) for k, n in u])
-           for u, name in zip(units, ["ka", "kb"])]
+    rel = [
+        fatbin_container(*[entry(k, n, name) for k, n in u]) for u, name in zip(units, ["ka", "kb"])
+    ]
     path = tmp_path / "librdc.so"
     path.write_bytes(tiny_rdc_so(linked, rel))
     scan = fatbin.scan_file(str(path))
@@ -142,8 +171,9 @@ def test_lto_only_units_fail_with_the_reason(tmp_path):
     result = audit_check(only)
     assert result["status"] == "fail" and "only LTO-IR (lto_90)" in result["reason"]
     mixed = tmp_path / "libmixed.so"
-    mixed.write_bytes(tiny_so(fatbin_container(sass(90, ["k"]))
-                              + fatbin_container(fatbin_entry(8, 90))))
+    mixed.write_bytes(
+        tiny_so(fatbin_container(sass(90, ["k"])) + fatbin_container(fatbin_entry(8, 90)))
+    )
     result = audit_check(mixed)
     assert result["status"] == "fail" and "only LTO-IR" in result["reason"]
 
@@ -192,8 +222,15 @@ def test_image_without_a_section_table_is_searched(tmp_path):
 
 def test_ptx_kernels_are_named(tmp_path):
     path = tmp_path / "libptx.so"
-    path.write_bytes(tiny_so(fatbin_container(fatbin_entry(1, 100, payload=tiny_ptx(
-        ["ptx_kernel"], "9.0", "sm_100"), version=(9, 0)))))
+    path.write_bytes(
+        tiny_so(
+            fatbin_container(
+                fatbin_entry(
+                    1, 100, payload=tiny_ptx(["ptx_kernel"], "9.0", "sm_100"), version=(9, 0)
+                )
+            )
+        )
+    )
     result = audit_check(path)
     assert result["status"] == "fail" and "ptx_kernel" in result["reason"]
 
@@ -238,14 +275,15 @@ def test_lz4_block_decoder_bounds():
         decompress.lz4_block_decompress(b"", decompress.ENTRY_CAP + 1)
 
 
-@pytest.mark.skipif(decompress.zstd_decoder() is None, reason="no zstd decoder on this host "
-                    "(compression.zstd, zstandard or libzstd.so.1)")
+@pytest.mark.skipif(
+    decompress.zstd_decoder() is None,
+    reason="no zstd decoder on this host (compression.zstd, zstandard or libzstd.so.1)",
+)
 def test_zstd_units_are_decoded_within_their_declared_size(tmp_path):
     cubin = tiny_cubin(["zstd_kernel"], 80)
     frame = zstd_raw_frame(cubin)
     good = tmp_path / "libz.so"
-    good.write_bytes(tiny_so(fatbin_container(fatbin_entry(2, 80, ZSTD, frame,
-                                                           usize=len(cubin)))))
+    good.write_bytes(tiny_so(fatbin_container(fatbin_entry(2, 80, ZSTD, frame, usize=len(cubin)))))
     assert "zstd_kernel" in audit_check(good)["reason"]
     liar = tmp_path / "libzliar.so"
     liar.write_bytes(tiny_so(fatbin_container(fatbin_entry(2, 80, ZSTD, frame, usize=100))))
@@ -256,8 +294,9 @@ def test_zstd_units_are_decoded_within_their_declared_size(tmp_path):
 def test_compressed_entry_without_declared_size_is_unreadable(tmp_path):
     cubin = tiny_cubin(["k"], 80)
     path = tmp_path / "libnosize.so"
-    path.write_bytes(tiny_so(fatbin_container(fatbin_entry(2, 80, LZ4, lz4_literals(cubin),
-                                                           usize=0))))
+    path.write_bytes(
+        tiny_so(fatbin_container(fatbin_entry(2, 80, LZ4, lz4_literals(cubin), usize=0)))
+    )
     result = audit_check(path)
     assert result["status"] == "fail" and "declares no uncompressed size" in result["reason"]
 
@@ -268,11 +307,14 @@ def test_a_fifo_named_like_a_library_does_not_hang_the_audit(tmp_path):
     venv.mkdir()
     os.mkfifo(str(venv / "libtrap.so"))
     (venv / "libreal.so").write_bytes(tiny_so(fatbin_container(sass(90, ["k"]))))
-    code = ("import json, sys; from rbprobes.checks_static import audit; "
-            "print(json.dumps(audit(sys.argv[1], (9, 0))))")
+    code = (
+        "import json, sys; from rbprobes.checks_static import audit; "
+        "print(json.dumps(audit(sys.argv[1], (9, 0))))"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "hostkit"))
-    done = subprocess.run([sys.executable, "-c", code, str(venv)], capture_output=True,
-                          text=True, timeout=60, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(venv)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert done.returncode == 0, done.stderr
     import json
 
@@ -294,19 +336,38 @@ def test_links_are_not_followed_in_a_walk(tmp_path):
     assert values["files_scanned"] == 0 and values["failing"] == []
 
 
-@pytest.mark.parametrize("version, cuda", [
-    ("580.159.04", "13.0"), ("580.65.06", "13.0"), ("575.57.08", "12.9"), ("570.124.06", "12.8"),
-    ("560.35.03", "12.6"), ("535.104.05", "12.2"), ("470.256.02", "11.4"), ("440.33", None),
-    ("590.44.01", "13.1"), ("not a version", None),
-])
+@pytest.mark.parametrize(
+    "version, cuda",
+    [
+        ("580.159.04", "13.0"),
+        ("580.65.06", "13.0"),
+        ("575.57.08", "12.9"),
+        ("570.124.06", "12.8"),
+        ("560.35.03", "12.6"),
+        ("535.104.05", "12.2"),
+        ("470.256.02", "11.4"),
+        ("440.33", None),
+        ("590.44.01", "13.1"),
+        ("not a version", None),
+    ],
+)
 def test_driver_version_to_cuda(version, cuda):
     assert driver.cuda_for_driver(version) == cuda
 
 
-@pytest.mark.parametrize("cuda, isa", [
-    ("13.0", (9, 0)), ("13.1", (9, 1)), ("12.9", (8, 8)), ("12.8", (8, 7)), ("12.6", (8, 5)),
-    ("12.4", (8, 4)), ("11.8", (7, 8)), ("14.0", None),
-])
+@pytest.mark.parametrize(
+    "cuda, isa",
+    [
+        ("13.0", (9, 0)),
+        ("13.1", (9, 1)),
+        ("12.9", (8, 8)),
+        ("12.8", (8, 7)),
+        ("12.6", (8, 5)),
+        ("12.4", (8, 4)),
+        ("11.8", (7, 8)),
+        ("14.0", None),
+    ],
+)
 def test_cuda_to_newest_ptx_isa(cuda, isa):
     assert driver.ptx_max_for_cuda(cuda) == isa
 
@@ -315,8 +376,13 @@ def test_the_hosts_driver_limits_ptx_by_default(tmp_path, monkeypatch):
     """PTX the driver cannot JIT was only a note unless driver_ptx_max was given: the host's
     driver is now read (here a 575 driver: CUDA 12.9, PTX ISA <= 8.8)."""
     path = tmp_path / "libptx90.so"
-    path.write_bytes(tiny_so(fatbin_container(fatbin_entry(
-        1, 80, payload=tiny_ptx(["jit_me"], "9.0"), version=(9, 0)))))
+    path.write_bytes(
+        tiny_so(
+            fatbin_container(
+                fatbin_entry(1, 80, payload=tiny_ptx(["jit_me"], "9.0"), version=(9, 0))
+            )
+        )
+    )
     old = driver.HostDriver("575.57.08", "12.9", "libcuda", (8, 8))
     monkeypatch.setattr(driver, "host_driver", lambda: old)
     params = {"type": "kernel_audit", "params": {"arch": "sm_90"}}

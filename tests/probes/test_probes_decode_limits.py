@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
+from probes_helpers import ROOT, fatbin_container, fatbin_entry, lz4_literals, tiny_cubin, tiny_so
+from rbprobes import decompress, fatbin
 
 from tests.conftest import IN_CI
-
-from rbprobes import decompress, fatbin
-from probes_helpers import ROOT, fatbin_container, fatbin_entry, lz4_literals, tiny_cubin, tiny_so
 
 LZ4 = 0x2011
 ZSTD = 0x8011
@@ -43,9 +41,15 @@ def bomb_so(path, entries: int, out_size: int, extra: bytes = b"") -> None:
     """A shared object with `entries` containers, each one LZ4 bomb for sm_80 (no path to
     sm_90, so the audit decodes it for its kernels), then `extra` containers."""
     bomb = lz4_bomb(out_size)
-    path.write_bytes(tiny_so(b"".join(
-        fatbin_container(fatbin_entry(2, 80, LZ4, bomb, usize=out_size))
-        for _ in range(entries)) + extra))
+    path.write_bytes(
+        tiny_so(
+            b"".join(
+                fatbin_container(fatbin_entry(2, 80, LZ4, bomb, usize=out_size))
+                for _ in range(entries)
+            )
+            + extra
+        )
+    )
 
 
 # The audit in a fresh process, with the limits it is given (an attribute of decompress each), its
@@ -67,8 +71,13 @@ print(json.dumps({"seconds": time.monotonic() - t, "peak": tracemalloc.get_trace
 
 
 def audit_child(root, limits=None, jobs=1) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(root), json.dumps(limits or {}),
-                           str(jobs)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(root), json.dumps(limits or {}), str(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -82,8 +91,9 @@ def test_the_issues_ten_bombs_are_not_decoded_and_not_passed(tmp_path):
     assert "not proven: 10 units" in got["reason"] and "cap for one entry" in got["reason"]
     assert got["seconds"] < 3 and got["peak"] < 16 * MIB, got
     (f,) = got["files"]
-    assert len(f["unproven"]) == 10 and all("not decoded" in m["kernels_note"]
-                                            for m in f["missing"])
+    assert len(f["unproven"]) == 10 and all(
+        "not decoded" in m["kernels_note"] for m in f["missing"]
+    )
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -100,9 +110,11 @@ def test_the_runs_output_budget_stops_decoding_across_files_and_workers(tmp_path
     decoded = [f for f in got["files"] if f.get("unreadable")]
     assert (len(decoded), len(unproven)) == (3, 7), [f["problems"] for f in got["files"]]
     assert all(f["fails"] for f in got["files"])
-    assert all("the audit's budget of 96 MiB of decoded output is spent" in f["unproven"][0]
-               for f in unproven)
-    if jobs == 1:   # each worker's own memory is not traced here
+    assert all(
+        "the audit's budget of 96 MiB of decoded output is spent" in f["unproven"][0]
+        for f in unproven
+    )
+    if jobs == 1:  # each worker's own memory is not traced here
         assert got["peak"] < 1.5 * 32 * MIB + decompress.DECODE_CHUNK, got["peak"]
 
 
@@ -111,9 +123,12 @@ def test_a_kernel_free_unit_past_the_deadline_fails_instead_of_passing(tmp_path)
     the file passes. Past the deadline it is not decoded: the file fails, saying why."""
     empty = tiny_cubin([], 80)
     path = tmp_path / "libfree.so"
-    path.write_bytes(tiny_so(
-        fatbin_container(fatbin_entry(2, 90, 0x11, tiny_cubin(["k90"], 90)))
-        + fatbin_container(fatbin_entry(2, 80, LZ4, lz4_literals(empty), usize=len(empty)))))
+    path.write_bytes(
+        tiny_so(
+            fatbin_container(fatbin_entry(2, 90, 0x11, tiny_cubin(["k90"], 90)))
+            + fatbin_container(fatbin_entry(2, 80, LZ4, lz4_literals(empty), usize=len(empty)))
+        )
+    )
     assert audit_child(tmp_path)["status"] == "pass"
     got = audit_child(tmp_path, {"AUDIT_DEADLINE_S": 0.0})
     assert got["status"] == "fail" and "libfree.so" in got["reason"], got["reason"]
@@ -135,8 +150,9 @@ def test_the_lz4_decoder_stops_at_the_deadline_inside_its_loops():
     assert info.value.produced <= 1024 * 5
     # without a deadline both decode whole, long matches included
     assert decompress.lz4_block_decompress(many, 5000 * 5 + 1) == b"xxxxx" * 5000 + b"!"
-    out = decompress.lz4_block_decompress(lz4_bomb(3 * decompress.DECODE_CHUNK + 7),
-                                      3 * decompress.DECODE_CHUNK + 7)
+    out = decompress.lz4_block_decompress(
+        lz4_bomb(3 * decompress.DECODE_CHUNK + 7), 3 * decompress.DECODE_CHUNK + 7
+    )
     assert out == b"a" * (3 * decompress.DECODE_CHUNK + 7)
 
 
@@ -148,11 +164,11 @@ def test_the_budget_is_taken_before_decoding_and_what_is_not_decoded_given_back(
     small = entry._replace(size=2 * MIB, stored_size=len(lz4_bomb(2 * MIB)))
     run = decompress.DecodeBudget(output=8 * MIB, seconds=60)
     try:
-        with pytest.raises(decompress.Unreadable, match="truncated"):   # corrupt: nothing out
+        with pytest.raises(decompress.Unreadable, match="truncated"):  # corrupt: nothing out
             fatbin.payload(b"\xf0", entry._replace(size=7 * MIB, stored_size=1), run)
         assert len(fatbin.payload(bomb, entry, run)) == 6 * MIB
         with pytest.raises(decompress.NotDecoded, match="budget of 8 MiB .* spent"):
-            fatbin.payload(bomb, entry, run)                 # 2 MiB left
+            fatbin.payload(bomb, entry, run)  # 2 MiB left
         assert len(fatbin.payload(lz4_bomb(2 * MIB), small, run)) == 2 * MIB
         with pytest.raises(decompress.NotDecoded, match="spent"):
             fatbin.payload(lz4_bomb(2 * MIB), small, run)
@@ -170,22 +186,28 @@ def _zstd_frame(data: bytes) -> bytes:
     try:
         lib = ctypes.CDLL("libzstd.so.1")
     except OSError:
-        if IN_CI:                     # make test installs zstd: its library is there
+        if IN_CI:  # make test installs zstd: its library is there
             pytest.fail("no libzstd.so.1 to make a zstd frame with")
         pytest.skip("no libzstd.so.1 to make a zstd frame with")
     lib.ZSTD_compressBound.restype = ctypes.c_size_t
     lib.ZSTD_compressBound.argtypes = [ctypes.c_size_t]
     lib.ZSTD_compress.restype = ctypes.c_size_t
-    lib.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
-                                  ctypes.c_size_t, ctypes.c_int]
+    lib.ZSTD_compress.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+    ]
     bound = lib.ZSTD_compressBound(len(data))
     dst = ctypes.create_string_buffer(bound)
     n = lib.ZSTD_compress(dst, bound, data, len(data), 19)
     return dst.raw[:n]
 
 
-@pytest.mark.skipif(decompress.zstd_decoder() is None and not IN_CI,
-                    reason="no zstd decoder on this host")
+@pytest.mark.skipif(
+    decompress.zstd_decoder() is None and not IN_CI, reason="no zstd decoder on this host"
+)
 def test_the_zstd_decoder_stops_at_the_deadline_and_its_limit():
     size = 64 * MIB
     frame = _zstd_frame(b"\0" * size)
@@ -199,15 +221,17 @@ def test_the_zstd_decoder_stops_at_the_deadline_and_its_limit():
         decompress.zstd_decompress(frame, size - 1)
 
 
-@pytest.mark.skipif(decompress.zstd_decoder() is None and not IN_CI,
-                    reason="no zstd decoder on this host")
+@pytest.mark.skipif(
+    decompress.zstd_decoder() is None and not IN_CI, reason="no zstd decoder on this host"
+)
 def test_zstd_bombs_are_bounded_in_an_audit_too(tmp_path):
     """Twelve 64 KiB zstd frames of 96 MiB each against the real limits, in one file: decoded
     one at a time (memory: one entry), until the run's budget; the rest not proven."""
     size = 96 * MIB
     frame = _zstd_frame(b"\0" * size)
-    body = b"".join(fatbin_container(fatbin_entry(2, 80, ZSTD, frame, usize=size))
-                    for _ in range(12))
+    body = b"".join(
+        fatbin_container(fatbin_entry(2, 80, ZSTD, frame, usize=size)) for _ in range(12)
+    )
     (tmp_path / "libzbomb.so").write_bytes(tiny_so(body))
     got = audit_child(tmp_path, {"AUDIT_OUTPUT_BUDGET": 480 * MIB})
     (f,) = got["files"]

@@ -10,24 +10,30 @@ import subprocess
 import sys
 
 import pytest
-
-from rbprobes import checks_static, decompress, elf, fatbin
+from probes_helpers import ROOT, c_array, cli_json, fatbin_container, fatbin_entry, need, run_cli
+from rbprobes import checks_static, decompress, elf, fatbin, run_check
 from rbprobes.checks_static import audit, file_verdict
 from rbprobes.result import Context
-from rbprobes import run_check
-from probes_helpers import ROOT, c_array, cli_json, fatbin_container, fatbin_entry, need, run_cli
 
 
 def names(path):
     return sorted(e.name for e in fatbin.scan_file(str(path)).entries)
 
 
-@pytest.mark.parametrize("build, expected", [
-    ("nokernel", {"sm_75"}), ("nokernel_zstd", {"sm_75"}),
-    ("sm120", {"sm_120"}), ("sm100a", {"sm_100a"}), ("sm100f", {"sm_100f"}),
-    ("ptx100", {"compute_100"}), ("sm90", {"sm_90"}),
-    ("compressed", {"sm_90", "sm_103", "compute_90"}), ("lz4", {"sm_90"}),
-])
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        ("nokernel", {"sm_75"}),
+        ("nokernel_zstd", {"sm_75"}),
+        ("sm120", {"sm_120"}),
+        ("sm100a", {"sm_100a"}),
+        ("sm100f", {"sm_100f"}),
+        ("ptx100", {"compute_100"}),
+        ("sm90", {"sm_90"}),
+        ("compressed", {"sm_90", "sm_103", "compute_90"}),
+        ("lz4", {"sm_90"}),
+    ],
+)
 def test_entries_of_real_fatbins(fatbins, build, expected):
     scan = fatbin.scan_file(str(fatbins[build]))
     assert scan.kind == "elf" and scan.wrappers >= 1
@@ -36,11 +42,15 @@ def test_entries_of_real_fatbins(fatbins, build, expected):
 
 
 def test_suffix_is_a_flag_bit_not_an_arch_offset(fatbins):
-    (e,) = set((e.number, e.suffix, e.flags & 0x300000)
-               for e in fatbin.scan_file(str(fatbins["sm100a"])).entries)
+    (e,) = set(
+        (e.number, e.suffix, e.flags & 0x300000)
+        for e in fatbin.scan_file(str(fatbins["sm100a"])).entries
+    )
     assert e == (100, "a", fatbin.FLAG_ARCH_SPECIFIC)
-    (f,) = set((e.number, e.suffix, e.flags & 0x300000)
-               for e in fatbin.scan_file(str(fatbins["sm100f"])).entries)
+    (f,) = set(
+        (e.number, e.suffix, e.flags & 0x300000)
+        for e in fatbin.scan_file(str(fatbins["sm100f"])).entries
+    )
     assert f == (100, "f", fatbin.FLAG_FAMILY)
 
 
@@ -70,12 +80,22 @@ def test_lz4_entries_decompress_to_cubins_of_their_arch(fatbins):
         assert fatbin.scan_buffer(cubin).entries[0].number == e.number == 90
 
 
-@pytest.mark.parametrize("build, target, verdict", [
-    ("sm120", "sm_103", "none"), ("sm100a", "sm_103", "none"), ("sm100a", "sm_100", "sass"),
-    ("sm100f", "sm_103", "sass"), ("sm100f", "sm_100", "sass"), ("ptx100", "sm_103", "ptx"),
-    ("sm90", "sm_90", "sass"), ("sm90", "sm_80", "none"), ("compressed", "sm_103", "sass"),
-    ("compressed", "sm_120", "ptx"), ("compressed", "sm_80", "none"),
-])
+@pytest.mark.parametrize(
+    "build, target, verdict",
+    [
+        ("sm120", "sm_103", "none"),
+        ("sm100a", "sm_103", "none"),
+        ("sm100a", "sm_100", "sass"),
+        ("sm100f", "sm_103", "sass"),
+        ("sm100f", "sm_100", "sass"),
+        ("ptx100", "sm_103", "ptx"),
+        ("sm90", "sm_90", "sass"),
+        ("sm90", "sm_80", "none"),
+        ("compressed", "sm_103", "sass"),
+        ("compressed", "sm_120", "ptx"),
+        ("compressed", "sm_80", "none"),
+    ],
+)
 def test_verdicts(fatbins, build, target, verdict):
     from rbprobes.arch import parse_target
 
@@ -83,14 +103,22 @@ def test_verdicts(fatbins, build, target, verdict):
     assert file_verdict(scan, parse_target(target), None)[0] == verdict
 
 
-@pytest.mark.parametrize("build, target, status", [
-    ("sm120", "sm_103", "fail"), ("sm100a", "sm_103", "fail"), ("sm100f", "sm_103", "pass"),
-    ("ptx100", "sm_103", "pass"), ("sm90", "sm_90", "pass"), ("sm90", "sm_80", "fail"),
-])
+@pytest.mark.parametrize(
+    "build, target, status",
+    [
+        ("sm120", "sm_103", "fail"),
+        ("sm100a", "sm_103", "fail"),
+        ("sm100f", "sm_103", "pass"),
+        ("ptx100", "sm_103", "pass"),
+        ("sm90", "sm_90", "pass"),
+        ("sm90", "sm_80", "fail"),
+    ],
+)
 def test_kernel_audit_check(fatbins, build, target, status):
     path = fatbins[build]
-    result = run_check({"type": "kernel_audit", "params": {"arch": target}},
-                       Context(venv=str(path)))
+    result = run_check(
+        {"type": "kernel_audit", "params": {"arch": target}}, Context(venv=str(path))
+    )
     assert result["status"] == status, result["reason"]
     assert result["level"] == "L0"
     if status == "fail":
@@ -136,17 +164,23 @@ def test_partial_file_fails_naming_the_unit_and_its_kernel(fatbins, tmp_path):
         params = dict(params, arch="sm_90")
         result = run_check({"type": "kernel_audit", "params": params}, ctx)
         assert result["status"] == "fail" and "libfoo.so" in result["reason"], params
-    wider = run_check({"type": "kernel_audit", "params": {"arch": "sm_90",
-                                                          "partial_ok": ["libpartial.so"]}},
-                      Context(venv=str(fatbins["partial"])))
+    wider = run_check(
+        {"type": "kernel_audit", "params": {"arch": "sm_90", "partial_ok": ["libpartial.so"]}},
+        Context(venv=str(fatbins["partial"])),
+    )
     assert wider["status"] == "pass", wider["reason"]
 
 
 def test_audit_of_a_tree_lists_the_files_without_a_path(fatbins):
     root = fatbins["sm90"].parent
     values = audit(str(root), (10, 3))
-    assert sorted(values["no_path"]) == ["liblz4.so", "libpartial.so", "libsm100a.so",
-                                         "libsm120.so", "libsm90.so"]
+    assert sorted(values["no_path"]) == [
+        "liblz4.so",
+        "libpartial.so",
+        "libsm100a.so",
+        "libsm120.so",
+        "libsm90.so",
+    ]
     assert sorted(values["kernel_free"]) == ["libnokernel.so", "libnokernel_zstd.so"]
     assert values["ptx_only"] == ["libptx100.so"]
     assert values["gpu_files"] == len(fatbins)
@@ -165,7 +199,7 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
     waived.mkdir(parents=True)
     shutil.copy(fatbins["partial"], waived / "libfoo.so")
     whole = fatbins["sm90"].read_bytes()
-    (root / "libbroken.so").write_bytes(whole[:len(whole) // 2])
+    (root / "libbroken.so").write_bytes(whole[: len(whole) // 2])
     (root / "libplain.so").write_bytes(b"\x7fELF" + b"\0" * 60)
     compare = (
         "import json, sys\n"
@@ -178,27 +212,37 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
         "        many = audit(sys.argv[1], target, jobs=jobs)\n"
         "        out.append([target, jobs, many.pop('workers'), alone, many == one,\n"
         "                    one['gpu_files'], bool(one['errors']), one['partial_waived']])\n"
-        "print(json.dumps(out))\n")
-    done = subprocess.run([sys.executable, "-c", compare, str(root)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", compare, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     for target, jobs, workers, alone, same, gpu_files, errors, waived in json.loads(done.stdout):
         assert (workers, alone, same) == (jobs, 0, True), (target, jobs)
         assert gpu_files >= len(fatbins) and errors
         assert bool(waived) == (target == [9, 0])
     for path, size in checks_static._candidates(str(root), []):
-        rec = checks_static._audit_file(path, False, str(root), (10, 3), None,
-                                        checks_static.DEFAULT_PARTIAL_OK, False)
+        rec = checks_static._audit_file(
+            path, False, str(root), (10, 3), None, checks_static.DEFAULT_PARTIAL_OK, False
+        )
         assert marshal.loads(marshal.dumps(rec)) == rec, path
     # preflight (the source's static checks, in a child Python beside the scan) forks them;
     # the kernel_audit check runs in a thread of the runner, so there one process reads them
-    forked = run_cli("preflight", "--venv", str(root), "--arch", "sm_103",
-                     env={"RBPROBES_AUDIT_JOBS": "3"})
-    alone = run_cli("preflight", "--venv", str(root), "--arch", "sm_103",
-                    env={"RBPROBES_AUDIT_JOBS": "1"})
+    forked = run_cli(
+        "preflight", "--venv", str(root), "--arch", "sm_103", env={"RBPROBES_AUDIT_JOBS": "3"}
+    )
+    alone = run_cli(
+        "preflight", "--venv", str(root), "--arch", "sm_103", env={"RBPROBES_AUDIT_JOBS": "1"}
+    )
     assert forked.returncode == alone.returncode == 1, forked.stderr
-    forked_values, alone_values = (cli_json(done)["checks"][0]["values"]
-                                   for done in (forked, alone))
+    forked_values, alone_values = (
+        cli_json(done)["checks"][0]["values"] for done in (forked, alone)
+    )
     assert (forked_values.pop("workers"), alone_values.pop("workers")) == (3, 0)
     assert forked_values == alone_values
 
@@ -229,9 +273,11 @@ def test_audit_workers_answer_in_order_and_a_lost_one_is_redone_here():
         "stop.set()\n"
         "print(json.dumps({'order': [i for i, _ in got], 'workers': workers,\n"
         "                  'pids': sorted({p for _, p in got}), 'parent': parent,\n"
-        "                  'lost': lost, 'one': one, 'threaded': threaded}))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+        "                  'lost': lost, 'one': one, 'threaded': threaded}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout)
     assert r["order"] == list(range(8)) and r["workers"] == 3
@@ -244,10 +290,12 @@ def test_audit_workers_answer_in_order_and_a_lost_one_is_redone_here():
 
 def test_driver_ptx_limit(fatbins):
     ctx = Context(venv=str(fatbins["ptx100"]))
-    old = run_check({"type": "kernel_audit", "params": {"arch": "sm_103",
-                                                        "driver_ptx_max": "8.8"}}, ctx)
-    new = run_check({"type": "kernel_audit", "params": {"arch": "sm_103",
-                                                        "driver_ptx_max": "9.0"}}, ctx)
+    old = run_check(
+        {"type": "kernel_audit", "params": {"arch": "sm_103", "driver_ptx_max": "8.8"}}, ctx
+    )
+    new = run_check(
+        {"type": "kernel_audit", "params": {"arch": "sm_103", "driver_ptx_max": "9.0"}}, ctx
+    )
     assert (old["status"], new["status"]) == ("fail", "pass")
 
 
@@ -269,10 +317,13 @@ def test_cli_kernel_audit_exit_codes(fatbins):
 
 # Synthetic fatbins: the reader's edge cases, no nvcc needed.
 
+
 def test_synthetic_container_and_unknown_kind():
-    blob = fatbin_container(fatbin_entry(2, 90, 0x100011), fatbin_entry(1, 80, 0x11, b"ptx",
-                                                                        version=(7, 8)),
-                            fatbin_entry(7, 75))
+    blob = fatbin_container(
+        fatbin_entry(2, 90, 0x100011),
+        fatbin_entry(1, 80, 0x11, b"ptx", version=(7, 8)),
+        fatbin_entry(7, 75),
+    )
     entries = fatbin.scan_buffer(blob).entries
     assert [e.name for e in entries] == ["sm_90a", "compute_80", "kind7_75"]
     assert entries[1].version == (7, 8)
@@ -290,8 +341,9 @@ def test_garbage_and_bad_headers_are_skipped():
     magic = struct.pack("<I", fatbin.FATBIN_MAGIC)
     blob = b"junk" + magic + b"\x09\x00" + b"\0" * 30 + fatbin_container(fatbin_entry(2, 86))
     assert [e.name for e in fatbin.scan_buffer(b"\x7fELF" + blob[4:]).entries] == []
-    assert [e.name for c in fatbin.parse_containers(blob, 0, len(blob), "x")
-            for e in c.entries] == ["sm_86"]
+    assert [
+        e.name for c in fatbin.parse_containers(blob, 0, len(blob), "x") for e in c.entries
+    ] == ["sm_86"]
 
 
 def test_not_elf_and_empty_files(tmp_path):
@@ -319,8 +371,10 @@ def test_null_venv_means_the_running_interpreter(monkeypatch, tmp_path):
     blob.parent.mkdir()
     blob.write_bytes(fatbin_container(fatbin_entry(2, 120)))
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    result = run_check({"type": "kernel_audit", "params": {}},
-                       Context(venv=None, gpu={"arch": None, "capability": "10.3"}))
+    result = run_check(
+        {"type": "kernel_audit", "params": {}},
+        Context(venv=None, gpu={"arch": None, "capability": "10.3"}),
+    )
     assert result["values"]["root"] == str(tmp_path)
     assert result["status"] == "fail" and result["values"]["no_path"] == ["lib/k.fatbin"]
 
@@ -332,16 +386,22 @@ def test_a_library_without_kernels_needs_no_path(fatbins, build):
     data = fatbins[build].read_bytes()
     assert scan.units and all(fatbin.unit_kernels(data, u).kernel_free for u in scan.units)
     assert file_verdict(scan, (10, 3), None) == ("empty", 0)
-    result = run_check({"type": "kernel_audit", "params": {"arch": "sm_103"}},
-                       Context(venv=str(fatbins[build])))
+    result = run_check(
+        {"type": "kernel_audit", "params": {"arch": "sm_103"}}, Context(venv=str(fatbins[build]))
+    )
     assert result["status"] == "pass" and result["values"]["kernel_free"] == [fatbins[build].name]
 
 
 def test_kernel_detection_by_decoding(fatbins):
     """Uncompressed, LZ4 and zstd cubins are decoded: kernels are the symbols nvcc marks as
     entries (STO_CUDA_ENTRY)."""
-    for build, kernels in (("nokernel", []), ("sm90", ["add_one"]), ("lz4", ["add_one"]),
-                           ("compressed", ["add_one"]), ("ptx100", ["add_one"])):
+    for build, kernels in (
+        ("nokernel", []),
+        ("sm90", ["add_one"]),
+        ("lz4", ["add_one"]),
+        ("compressed", ["add_one"]),
+        ("ptx100", ["add_one"]),
+    ):
         data = fatbins[build].read_bytes()
         scan = fatbin.scan_buffer(data)
         tu = [c for c in scan.containers if c.wrapper != 2]  # the unit's own container
@@ -359,8 +419,10 @@ def test_no_size_rule_for_undecodable_zstd(monkeypatch, fatbins):
     (unit,) = [u for u in scan.units if u[0].entries[0].compression == "zstd"][:1]
     k = fatbin.unit_kernels(data, unit)
     assert not k.kernel_free and "no zstd decoder" in k.undecoded
-    result = run_check({"type": "kernel_audit", "params": {"arch": "sm_103"}},
-                       Context(venv=str(fatbins["nokernel_zstd"])))
+    result = run_check(
+        {"type": "kernel_audit", "params": {"arch": "sm_103"}},
+        Context(venv=str(fatbins["nokernel_zstd"])),
+    )
     assert result["status"] == "fail" and "no zstd decoder" in result["reason"]
 
 
@@ -368,18 +430,21 @@ def test_fatbins_in_data_sections(tmp_path):
     """Like libcufft.so.12: a kernel-free registered module, the real code in .rodata."""
     gcc = need("gcc", "builds a shared object with chosen sections")
     registered = fatbin_container(fatbin_entry(2, 75, payload=b"\0" * 8))
-    embedded = fatbin_container(fatbin_entry(2, 90), fatbin_entry(2, 100, 0x200011),
-                                fatbin_entry(8, 90))
+    embedded = fatbin_container(
+        fatbin_entry(2, 90), fatbin_entry(2, 100, 0x200011), fatbin_entry(8, 90)
+    )
     decoy = struct.pack("<I", fatbin.FATBIN_MAGIC) + b"\x01\x00\x10\x00" + b"\x07" * 80
     src = tmp_path / "lib.c"
-    src.write_text(c_array("registered", registered, ".nv_fatbin")
-                   + c_array("embedded", embedded) + c_array("decoy", decoy))
+    src.write_text(
+        c_array("registered", registered, ".nv_fatbin")
+        + c_array("embedded", embedded)
+        + c_array("decoy", decoy)
+    )
     lib = tmp_path / "libembedded.so"
     subprocess.run([gcc, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
     scan = fatbin.scan_file(str(lib))
     assert [c.section for c in scan.containers] == [".nv_fatbin", ".rodata"]
-    assert [e.name for e in scan.embedded_containers[0].entries] == ["sm_90", "sm_100f",
-                                                                     "lto_90"]
+    assert [e.name for e in scan.embedded_containers[0].entries] == ["sm_90", "sm_100f", "lto_90"]
     assert fatbin.scan_file(str(lib), embedded=False).embedded_containers == []
     # the registered unit is an 8-byte "cubin" that does not decode: unreadable, and counted
     assert file_verdict(scan, (10, 3), None) == ("partial", 1)

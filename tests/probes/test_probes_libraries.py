@@ -8,36 +8,43 @@ import subprocess
 import sys
 
 import pytest
-
+from probes_helpers import ROOT, run_cli
 from rbprobes import cudalibs
 from rbprobes.checks_runtime import loaded_report
 from rbprobes.checks_static import library_inventory
-from probes_helpers import ROOT, run_cli
 
 
 def load_then_check(libs, *cli_args, devices=None):
     """In a fresh interpreter: dlopen `libs` (as a system CUDA would be), then run the
     libraries check's command line without importing torch. `devices`: what libcuda is made
     to report (this machine has no GPU); None leaves it alone."""
-    code = ("import ctypes, sys\n"
-            "from rbprobes import driver\n"
-            "if %r is not None:\n"
-            "    driver.cuda_device_count = lambda: (%r, 'test')\n"
-            "for lib in sys.argv[1:]:\n"
-            "    ctypes.CDLL(lib)\n"
-            "from rbprobes.cli import main\n"
-            "sys.exit(main(%r))\n" % (devices, devices,
-                                       ["libraries", "--module", "ctypes"] + list(cli_args)))
-    done = subprocess.run([sys.executable, "-c", code] + [str(l) for l in libs], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import ctypes, sys\n"
+        "from rbprobes import driver\n"
+        "if %r is not None:\n"
+        "    driver.cuda_device_count = lambda: (%r, 'test')\n"
+        "for lib in sys.argv[1:]:\n"
+        "    ctypes.CDLL(lib)\n"
+        "from rbprobes.cli import main\n"
+        "sys.exit(main(%r))\n"
+        % (devices, devices, ["libraries", "--module", "ctypes"] + list(cli_args))
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code] + [str(l) for l in libs],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done.returncode, json.loads(done.stdout)
 
 
 def test_system_cudart_shadowing_the_venv_is_caught(fake_libs, tmp_path):
     venv = tmp_path / "venv"
     venv.mkdir()
-    rc, result = load_then_check([fake_libs["12"]], "--venv", str(venv),
-                                 "--expect-dir", str(tmp_path / "elsewhere"))
+    rc, result = load_then_check(
+        [fake_libs["12"]], "--venv", str(venv), "--expect-dir", str(tmp_path / "elsewhere")
+    )
     assert rc == 1 and result["status"] == "fail"
     assert str(fake_libs["12"]) in result["reason"]
     assert "outside the expected dirs" in result["reason"]
@@ -46,8 +53,14 @@ def test_system_cudart_shadowing_the_venv_is_caught(fake_libs, tmp_path):
 
 
 def test_library_from_an_expected_dir_passes(fake_libs, tmp_path):
-    rc, result = load_then_check([fake_libs["12"]], "--venv", str(tmp_path),
-                                 "--expect-dir", str(fake_libs["12"].parent), devices=1)
+    rc, result = load_then_check(
+        [fake_libs["12"]],
+        "--venv",
+        str(tmp_path),
+        "--expect-dir",
+        str(fake_libs["12"].parent),
+        devices=1,
+    )
     assert (rc, result["status"]) == (0, "pass"), result["reason"]
     assert result["values"]["loaded_majors"] == [12]
 
@@ -69,17 +82,34 @@ def test_cuda_without_any_library_loaded_fails(tmp_path):
 
 
 def test_cuda_library_dirs_and_home_count_as_expected(fake_libs, tmp_path):
-    rc, result = load_then_check([fake_libs["12"]], "--venv", str(tmp_path),
-                                 "--library-dir", str(fake_libs["12"].parent), devices=1)
+    rc, result = load_then_check(
+        [fake_libs["12"]],
+        "--venv",
+        str(tmp_path),
+        "--library-dir",
+        str(fake_libs["12"].parent),
+        devices=1,
+    )
     assert rc == 0, result["reason"]
-    rc, result = load_then_check([fake_libs["12"]], "--venv", str(tmp_path),
-                                 "--cuda-home", str(fake_libs["12"].parent), devices=1)
+    rc, result = load_then_check(
+        [fake_libs["12"]],
+        "--venv",
+        str(tmp_path),
+        "--cuda-home",
+        str(fake_libs["12"].parent),
+        devices=1,
+    )
     assert rc == 0, result["reason"]
 
 
 def test_two_cuda_majors_loaded_together_fail(fake_libs, tmp_path):
-    rc, result = load_then_check([fake_libs["12"], fake_libs["13"]], "--venv", str(tmp_path),
-                                 "--expect-dir", str(fake_libs["12"].parent))
+    rc, result = load_then_check(
+        [fake_libs["12"], fake_libs["13"]],
+        "--venv",
+        str(tmp_path),
+        "--expect-dir",
+        str(fake_libs["12"].parent),
+    )
     assert rc == 1
     assert "CUDA majors 12+13 loaded together" in result["reason"]
     assert "libcudart.so.12" in result["reason"] and "libcudart.so.13" in result["reason"]
@@ -111,9 +141,13 @@ def make_venv(root):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     (site / "nvidia/cu13/lib/libcudart.so").symlink_to("libcudart.so.13")
-    for dist, rels in (("nvidia_cudnn_cu12-9.1.0.70", ["nvidia/cudnn/lib/libcudnn.so.9",
-                                                        "nvidia/cudnn/lib/libcudnn_graph.so.9"]),
-                       ("nvidia_nccl_cu13-2.27.7", ["nvidia/nccl/lib/libnccl.so.2"])):
+    for dist, rels in (
+        (
+            "nvidia_cudnn_cu12-9.1.0.70",
+            ["nvidia/cudnn/lib/libcudnn.so.9", "nvidia/cudnn/lib/libcudnn_graph.so.9"],
+        ),
+        ("nvidia_nccl_cu13-2.27.7", ["nvidia/nccl/lib/libnccl.so.2"]),
+    ):
         info = site / (dist + ".dist-info")
         info.mkdir()
         (info / "RECORD").write_text("".join("%s,sha256=x,0\n" % r for r in rels))
@@ -123,15 +157,16 @@ def make_venv(root):
 def test_static_inventory_by_cuda_major(tmp_path):
     site = make_venv(tmp_path)
     inv = library_inventory(str(tmp_path))
-    by_file = {l["file"].split("site-packages/")[1]: (l["lib"], l["cuda_major"], l["source"])
-               for l in inv["shipped"]}
+    by_file = {
+        l["file"].split("site-packages/")[1]: (l["lib"], l["cuda_major"], l["source"])
+        for l in inv["shipped"]
+    }
     assert by_file == {
         "nvidia/cu13/lib/libcudart.so.13": ("libcudart", 13, "soname"),
         "nvidia/cu13/lib/libcublasLt.so.13": ("libcublasLt", 13, "soname"),
         "nvidia/cu13/lib/libcufft.so.12": ("libcufft", 13, "path"),
         "nvidia/cudnn/lib/libcudnn.so.9": ("libcudnn", 12, "dist:nvidia_cudnn_cu12-9.1.0.70"),
-        "nvidia/cudnn/lib/libcudnn_graph.so.9": ("libcudnn", 12,
-                                                 "dist:nvidia_cudnn_cu12-9.1.0.70"),
+        "nvidia/cudnn/lib/libcudnn_graph.so.9": ("libcudnn", 12, "dist:nvidia_cudnn_cu12-9.1.0.70"),
         "nvidia/nccl/lib/libnccl.so.2": ("libnccl", 13, "dist:nvidia_nccl_cu13-2.27.7"),
         "torch/lib/libcudart-9a8b7c6d.so.12": ("libcudart", 12, "soname"),
     }
@@ -155,29 +190,41 @@ def test_soname_inside_the_file_tells_the_major(fake_libs, tmp_path):
     assert cudalibs.cuda_major(str(plain)) == (13, "elf-soname")
 
 
-@pytest.mark.parametrize("name, family", [
-    ("libcudart.so.12", "libcudart"), ("libcublasLt.so.13.0.1", "libcublasLt"),
-    ("libcublas.so", "libcublas"), ("libcudnn_ops.so.9", "libcudnn"),
-    ("libnvJitLink.so.13", "libnvJitLink"), ("libnccl.so.2", "libnccl"),
-    ("libcudart_static.a", None), ("libcudart.so.12.bak", None), ("libtorch_cuda.so", None),
-])
+@pytest.mark.parametrize(
+    "name, family",
+    [
+        ("libcudart.so.12", "libcudart"),
+        ("libcublasLt.so.13.0.1", "libcublasLt"),
+        ("libcublas.so", "libcublas"),
+        ("libcudnn_ops.so.9", "libcudnn"),
+        ("libnvJitLink.so.13", "libnvJitLink"),
+        ("libnccl.so.2", "libnccl"),
+        ("libcudart_static.a", None),
+        ("libcudart.so.12.bak", None),
+        ("libtorch_cuda.so", None),
+    ],
+)
 def test_family(name, family):
     assert cudalibs.family(name) == family
 
 
 def test_maps_parsing_and_report():
-    maps = "\n".join([
-        "7f00-7f10 r-xp 00000000 08:01 1 /venv/lib/python3.12/site-packages/nvidia/cu13/lib/"
-        "libcublas.so.13",
-        "7f10-7f20 r--p 00010000 08:01 1 /venv/lib/python3.12/site-packages/nvidia/cu13/lib/"
-        "libcublas.so.13",
-        "7f20-7f30 r-xp 00000000 08:01 2 /usr/local/cuda-12.8/lib64/libcudart.so.12 (deleted)",
-        "7f30-7f40 rw-p 00000000 00:00 0 ",
-        "7f40-7f50 r-xp 00000000 08:01 3 /usr/lib/libc.so.6",
-    ])
+    maps = "\n".join(
+        [
+            "7f00-7f10 r-xp 00000000 08:01 1 /venv/lib/python3.12/site-packages/nvidia/cu13/lib/"
+            "libcublas.so.13",
+            "7f10-7f20 r--p 00010000 08:01 1 /venv/lib/python3.12/site-packages/nvidia/cu13/lib/"
+            "libcublas.so.13",
+            "7f20-7f30 r-xp 00000000 08:01 2 /usr/local/cuda-12.8/lib64/libcudart.so.12 (deleted)",
+            "7f30-7f40 rw-p 00000000 00:00 0 ",
+            "7f40-7f50 r-xp 00000000 08:01 3 /usr/lib/libc.so.6",
+        ]
+    )
     report = loaded_report(maps, ["/venv"])
-    assert [(l["lib"], l["cuda_major"]) for l in report["loaded"]] == [("libcublas", 13),
-                                                                       ("libcudart", 12)]
+    assert [(l["lib"], l["cuda_major"]) for l in report["loaded"]] == [
+        ("libcublas", 13),
+        ("libcudart", 12),
+    ]
     assert report["foreign"] == ["/usr/local/cuda-12.8/lib64/libcudart.so.12"]
     assert report["loaded_majors"] == [12, 13]
 
@@ -197,8 +244,18 @@ def test_library_path_first_is_relative_to_site_packages(tmp_path):
     from rbprobes.result import Context
 
     site = make_venv(tmp_path)
-    ctx = Context(cuda={"home": "/usr/local/cuda-13.0", "library_dirs": ["/opt/extra"],
-                        "library_path_first": ["nvidia/cu13/lib"]})
+    ctx = Context(
+        cuda={
+            "home": "/usr/local/cuda-13.0",
+            "library_dirs": ["/opt/extra"],
+            "library_path_first": ["nvidia/cu13/lib"],
+        }
+    )
     dirs = _expected_dirs({"expect_dirs": ["/srv/mine"]}, ctx, str(tmp_path))
-    assert dirs == [str(tmp_path), "/opt/extra", str(site / "nvidia/cu13/lib"),
-                    "/usr/local/cuda-13.0", "/srv/mine"]
+    assert dirs == [
+        str(tmp_path),
+        "/opt/extra",
+        str(site / "nvidia/cu13/lib"),
+        "/usr/local/cuda-13.0",
+        "/srv/mine",
+    ]

@@ -15,10 +15,9 @@ import threading
 import time
 
 import pytest
-
+from probes_helpers import ROOT, run_cli
 from rbprobes import checks, run_check, run_config
 from rbprobes.result import Context, failed, passed
-from probes_helpers import ROOT, run_cli
 
 LOG = []
 LOCK = threading.Lock()
@@ -44,10 +43,12 @@ def naps(monkeypatch):
     """Two test-only check types, `nap` (parallel) and `serial_nap` (serial)."""
     LOG.clear()
     params = {"name": "str", "ms": "int", "fail": "bool"}
-    monkeypatch.setitem(checks.CHECKS, "nap",
-                        checks.CheckType(nap, "L0", params, 60, checks.PARALLEL))
-    monkeypatch.setitem(checks.CHECKS, "serial_nap",
-                        checks.CheckType(nap, "L1", params, 60, checks.SERIAL))
+    monkeypatch.setitem(
+        checks.CHECKS, "nap", checks.CheckType(nap, "L0", params, 60, checks.PARALLEL)
+    )
+    monkeypatch.setitem(
+        checks.CHECKS, "serial_nap", checks.CheckType(nap, "L1", params, 60, checks.SERIAL)
+    )
     return LOG
 
 
@@ -70,16 +71,27 @@ def overlap(a, b):
 def test_the_registry_puts_torch_checks_in_the_probes_process():
     lanes = {t: checks.lane_for(t, {}) for t in checks.CHECKS}
     assert {t for t, lane in lanes.items() if lane == checks.SERIAL} == {
-        "libraries", "torch", "devices", "imports", "matmul"}
+        "libraries",
+        "torch",
+        "devices",
+        "imports",
+        "matmul",
+    }
     # a libraries check that only reads files shares nothing
     assert checks.lane_for("libraries", {"runtime": False}) == checks.PARALLEL
     assert checks.lane_for("teleport", {}) == checks.PARALLEL
 
 
 def test_report_in_config_order_whatever_finished_first(naps):
-    config = {"schema": 1, "checks": [
-        check("slow", "nap", 600), check("s1", "serial_nap", 100),
-        check("quick", "nap", 0), check("s2", "serial_nap", 0)]}
+    config = {
+        "schema": 1,
+        "checks": [
+            check("slow", "nap", 600),
+            check("s1", "serial_nap", 100),
+            check("quick", "nap", 0),
+            check("s2", "serial_nap", 0),
+        ],
+    }
     seen = []
     doc, stopped = run_config(config, on_result=lambda e: seen.append(e["id"]))
     assert not stopped
@@ -110,9 +122,13 @@ def test_two_slow_parallel_checks_overlap(naps):
 
 
 def test_two_sleeping_commands_overlap():
-    config = {"schema": 1, "checks": [
-        {"id": "one", "type": "command", "params": {"run": "sleep 1"}},
-        {"id": "two", "type": "command", "params": {"run": "sleep 1"}}]}
+    config = {
+        "schema": 1,
+        "checks": [
+            {"id": "one", "type": "command", "params": {"run": "sleep 1"}},
+            {"id": "two", "type": "command", "params": {"run": "sleep 1"}},
+        ],
+    }
     doc, stopped = run_config(config)
     assert not stopped and [c["status"] for c in doc["checks"]] == ["pass", "pass"]
     s = sched(doc)
@@ -121,11 +137,15 @@ def test_two_sleeping_commands_overlap():
 
 
 def test_a_failing_child_process_check_does_not_stop_the_others(naps):
-    config = {"schema": 1, "checks": [
-        {"id": "broken", "type": "command", "params": {"run": "exit 3"}},
-        check("after", "serial_nap", 50),
-        {"id": "snippet", "type": "python", "params": {"code": "raise SystemExit(5)"}},
-        check("other", "nap", 50)]}
+    config = {
+        "schema": 1,
+        "checks": [
+            {"id": "broken", "type": "command", "params": {"run": "exit 3"}},
+            check("after", "serial_nap", 50),
+            {"id": "snippet", "type": "python", "params": {"code": "raise SystemExit(5)"}},
+            check("other", "nap", 50),
+        ],
+    }
     doc, stopped = run_config(config)
     assert not stopped
     status = {c["id"]: c["status"] for c in doc["checks"]}
@@ -135,10 +155,15 @@ def test_a_failing_child_process_check_does_not_stop_the_others(naps):
 
 
 def test_a_hung_parallel_check_fails_by_its_deadline_and_the_others_finish(naps):
-    config = {"schema": 1, "checks": [
-        check("hung", "nap", 30000, timeout_s=1),
-        check("s1", "serial_nap", 50), check("s2", "serial_nap", 50),
-        check("quick", "nap", 50)]}
+    config = {
+        "schema": 1,
+        "checks": [
+            check("hung", "nap", 30000, timeout_s=1),
+            check("s1", "serial_nap", 50),
+            check("s2", "serial_nap", 50),
+            check("quick", "nap", 50),
+        ],
+    }
     start = time.monotonic()
     doc, stopped = run_config(config)
     assert time.monotonic() - start < 20 and stopped
@@ -152,11 +177,15 @@ def test_a_hung_parallel_check_fails_by_its_deadline_and_the_others_finish(naps)
 
 
 def test_a_hung_serial_check_stops_the_serial_lane_only(naps):
-    config = {"schema": 1, "checks": [
-        check("s1", "serial_nap", 0),
-        check("stuck", "serial_nap", 30000, timeout_s=1),
-        check("s3", "serial_nap", 0),
-        check("late", "nap", 1500)]}
+    config = {
+        "schema": 1,
+        "checks": [
+            check("s1", "serial_nap", 0),
+            check("stuck", "serial_nap", 30000, timeout_s=1),
+            check("s3", "serial_nap", 0),
+            check("late", "nap", 1500),
+        ],
+    }
     doc, stopped = run_config(config)
     assert stopped
     got = {c["id"]: c for c in doc["checks"]}
@@ -185,17 +214,24 @@ def test_parallel_checks_beyond_the_cap_wait_their_turn(naps, monkeypatch):
 
 
 def test_run_report_has_the_schedule_and_the_exit_status(tmp_path):
-    config = {"schema": 1, "checks": [
-        {"id": "fine", "type": "command", "params": {"run": "true"}},
-        {"id": "mods", "type": "imports", "params": {"modules": ["json"]}},
-        {"id": "bad", "type": "command", "params": {"run": "false"}}]}
+    config = {
+        "schema": 1,
+        "checks": [
+            {"id": "fine", "type": "command", "params": {"run": "true"}},
+            {"id": "mods", "type": "imports", "params": {"modules": ["json"]}},
+            {"id": "bad", "type": "command", "params": {"run": "false"}},
+        ],
+    }
     path = tmp_path / "r.json"
     done = run_cli("run", "--config-json", json.dumps(config), "--report", str(path))
     assert done.returncode == 1, done.stderr
     doc = json.loads(path.read_text())
     assert [c["id"] for c in doc["checks"]] == ["fine", "mods", "bad"]
     assert [(s["id"], s["lane"]) for s in doc["schedule"]] == [
-        ("fine", "parallel"), ("mods", "serial"), ("bad", "parallel")]
+        ("fine", "parallel"),
+        ("mods", "serial"),
+        ("bad", "parallel"),
+    ]
     assert all(s["end_s"] >= s["start_s"] >= 0 for s in doc["schedule"])
     assert "1 failed" in done.stderr.strip().splitlines()[-1]
 
@@ -203,14 +239,17 @@ def test_run_report_has_the_schedule_and_the_exit_status(tmp_path):
 def test_nccl_imports_no_torch_in_the_probes_process():
     """nccl overlaps the serial checks, and libraries reads what this process has loaded: the
     nccl check leaves torch to its workers (here there is no GPU: it stops before them)."""
-    code = ("import sys, json\n"
-            "from rbprobes import run_check\n"
-            "from rbprobes.result import Context\n"
-            "r = run_check({'type': 'nccl', 'params': {}}, Context())\n"
-            "print(json.dumps({'torch': 'torch' in sys.modules, 'status': r['status'],"
-            " 'reason': r['reason']}))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    code = (
+        "import sys, json\n"
+        "from rbprobes import run_check\n"
+        "from rbprobes.result import Context\n"
+        "r = run_check({'type': 'nccl', 'params': {}}, Context())\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'status': r['status'],"
+        " 'reason': r['reason']}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["torch"] is False and out["status"] == "fail", out
     assert "no CUDA device visible" in out["reason"]
@@ -229,26 +268,47 @@ def test_nccl_workers_report_a_missing_precondition(monkeypatch):
     assert "allow_skip" in result["reason"]
     (rank,) = result["values"]["ranks"]
     assert rank["rank"] == 0 and rank["unavailable"].startswith("no CUDA device visible")
-    skipped = run_check({"type": "nccl", "params": {"timeout_s": 60}, "allow_skip": True},
-                        Context())
+    skipped = run_check(
+        {"type": "nccl", "params": {"timeout_s": 60}, "allow_skip": True}, Context()
+    )
     assert skipped["status"] == "skip"
 
 
 def test_probe_time_script_prints_each_check_and_the_total(tmp_path):
     """benchmarks/probe_time.py (for the GPU host): stdlib only, reads a runbook's config."""
-    config = {"schema": 1, "checks": [
-        {"id": "one", "type": "command", "params": {"run": "true"}},
-        {"id": "mods", "type": "imports", "params": {"modules": ["json"]}}]}
+    config = {
+        "schema": 1,
+        "checks": [
+            {"id": "one", "type": "command", "params": {"run": "true"}},
+            {"id": "mods", "type": "imports", "params": {"modules": ["json"]}},
+        ],
+    }
     runbook = tmp_path / "x.sh"
     runbook.write_text("#!/usr/bin/env bash\nreadonly RB_PROBE_CONFIG='%s'\n" % json.dumps(config))
     out = tmp_path / "t.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_time.py"),
-                           "--python", sys.executable, "--config", str(runbook),
-                           "--rounds", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "probe_time.py"),
+            "--python",
+            sys.executable,
+            "--config",
+            str(runbook),
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr
     assert "probe wall time: median" in done.stdout and "serial lane ends at" in done.stdout
     got = json.loads(out.read_text())
     assert len(got["rounds"]) == 2 and got["checks"] == ["one", "mods"]
     assert [(c["id"], c["lane"], c["status"]) for c in got["rounds"][0]["checks"]] == [
-        ("one", "parallel", "pass"), ("mods", "serial", "pass")]
+        ("one", "parallel", "pass"),
+        ("mods", "serial", "pass"),
+    ]

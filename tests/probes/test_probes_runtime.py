@@ -4,20 +4,20 @@ matmul check's internal device option."""
 from __future__ import annotations
 
 import pytest
-
+from numeric_faults import FAULTS, flip_one_sign
 from rbprobes import run_check
 from rbprobes.checks_numeric import EPS, matmul_check, tolerance
 from rbprobes.checks_runtime import version_matches
 from rbprobes.result import Context
-from numeric_faults import FAULTS, flip_one_sign
 
 torch = pytest.importorskip("torch")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 
 
 def check(check_type, params=None, allow_skip=False, ctx=None):
-    return run_check({"type": check_type, "params": params or {}, "allow_skip": allow_skip},
-                     ctx or Context())
+    return run_check(
+        {"type": check_type, "params": params or {}, "allow_skip": allow_skip}, ctx or Context()
+    )
 
 
 def test_missing_module_fails_naming_it():
@@ -41,7 +41,8 @@ def test_a_module_without_a_version_is_said_so_not_a_question_mark(tmp_path, mon
     result = check("imports", {"modules": ["json", "rb_no_version_xyz"]})
     assert result["status"] == "pass", result["reason"]
     assert result["reason"].endswith(
-        "rb_no_version_xyz (no version: neither __version__ nor package metadata)"), result["reason"]
+        "rb_no_version_xyz (no version: neither __version__ nor package metadata)"
+    ), result["reason"]
     assert "?" not in result["reason"]
 
 
@@ -52,12 +53,20 @@ def test_module_raising_anything_is_a_failure_not_a_crash(tmp_path, monkeypatch)
     assert result["status"] == "fail" and "SystemExit" in result["reason"]
 
 
-@pytest.mark.parametrize("expected, actual, ok", [
-    ("2.11", "2.11.0+cu130", True), ("2.11.0", "2.11.0+cu130", True),
-    ("2.11.0+cu130", "2.11.0+cu130", True), ("2.11.0+cu130", "2.11.0+cu128", False),
-    ("2.1", "2.11.0", False), ("13.0", "13.0", True), ("13", "13.0", True),
-    ("12.8", "13.0", False), ("13.0", None, False),
-])
+@pytest.mark.parametrize(
+    "expected, actual, ok",
+    [
+        ("2.11", "2.11.0+cu130", True),
+        ("2.11.0", "2.11.0+cu130", True),
+        ("2.11.0+cu130", "2.11.0+cu130", True),
+        ("2.11.0+cu130", "2.11.0+cu128", False),
+        ("2.1", "2.11.0", False),
+        ("13.0", "13.0", True),
+        ("13", "13.0", True),
+        ("12.8", "13.0", False),
+        ("13.0", None, False),
+    ],
+)
 def test_version_prefix_match(expected, actual, ok):
     assert version_matches(expected, actual) is ok
 
@@ -69,20 +78,27 @@ def test_torch_check():
     assert bad["status"] == "fail" and "expected 1.0" in bad["reason"]
 
 
-@pytest.mark.parametrize("wheel, drv, cuda, status, words", [
-    ("13.0", "575.57.08", "12.9", "fail", ["13.0", "575.57.08", "12.9", ">= 580.65.06"]),
-    ("12.8", "535.104.05", "12.2", "pass", ["minor-version compatibility"]),
-    ("13.0", "580.159.04", "13.0", "pass", ["driver 580.159.04 (CUDA 13.0)"]),
-    ("13.0", None, None, "pass", ["no NVIDIA driver found"]),
-])
-def test_torch_check_fails_on_a_driver_older_than_the_wheel(monkeypatch, wheel, drv, cuda,
-                                                            status, words):
+@pytest.mark.parametrize(
+    "wheel, drv, cuda, status, words",
+    [
+        ("13.0", "575.57.08", "12.9", "fail", ["13.0", "575.57.08", "12.9", ">= 580.65.06"]),
+        ("12.8", "535.104.05", "12.2", "pass", ["minor-version compatibility"]),
+        ("13.0", "580.159.04", "13.0", "pass", ["driver 580.159.04 (CUDA 13.0)"]),
+        ("13.0", None, None, "pass", ["no NVIDIA driver found"]),
+    ],
+)
+def test_torch_check_fails_on_a_driver_older_than_the_wheel(
+    monkeypatch, wheel, drv, cuda, status, words
+):
     """A cu130 wheel on a 575 driver (CUDA 12.9) cannot run at all; it used to pass here."""
     from rbprobes import driver
 
     monkeypatch.setattr(torch.version, "cuda", wheel)
-    monkeypatch.setattr(driver, "host_driver", lambda: driver.HostDriver(
-        drv, cuda, "libcuda" if cuda else None, None))
+    monkeypatch.setattr(
+        driver,
+        "host_driver",
+        lambda: driver.HostDriver(drv, cuda, "libcuda" if cuda else None, None),
+    )
     result = check("torch")
     assert result["status"] == status, result["reason"]
     for w in words:
@@ -107,10 +123,15 @@ def test_torch_without_a_cuda_of_its_own_is_held_to_the_specs_cuda():
     assert check("torch")["status"] == "pass"
 
 
-@pytest.mark.parametrize("wheel, spec_cuda, status", [
-    ("13.0", "13.0", "pass"), ("13.0", "13", "pass"), ("12.8", "12.9", "pass"),
-    ("12.8", "13.0", "fail"),
-])
+@pytest.mark.parametrize(
+    "wheel, spec_cuda, status",
+    [
+        ("13.0", "13.0", "pass"),
+        ("13.0", "13", "pass"),
+        ("12.8", "12.9", "pass"),
+        ("12.8", "13.0", "fail"),
+    ],
+)
 def test_torch_cuda_major_is_held_to_the_specs_cuda(monkeypatch, wheel, spec_cuda, status):
     from rbprobes import driver
 
@@ -146,7 +167,7 @@ def test_matmul_numerics_on_cpu(dtype, size):
 def test_tolerance_scales_with_k_and_the_term_size():
     t1 = tolerance("bfloat16", 1024, 1 / 3)
     t4 = tolerance("bfloat16", 4096, 1 / 3)
-    assert t1["rtol"] == 2.0 ** -7 and t4["atol"] > t1["atol"]
+    assert t1["rtol"] == 2.0**-7 and t4["atol"] > t1["atol"]
     assert tolerance("bfloat16", 1024, 2 / 3)["atol"] == pytest.approx(2 * t1["atol"])
     # float32: the accumulation term (K * 2^-23) dominates, so 4x K is ~4x atol
     f1, f4 = tolerance("float32", 1024, 1.0), tolerance("float32", 4096, 1.0)
@@ -158,8 +179,9 @@ def test_tolerance_scales_with_k_and_the_term_size():
 def test_planted_faults_fail(dtype, fault):
     """0.1% of outputs zeroed, one sign flipped, one K-block dropped: each fails, with the
     count of bad elements and the worst ones (index, got, want)."""
-    outcome = matmul_check({"dtype": dtype, "size": 256}, Context(), device="cpu",
-                           op=FAULTS[fault](torch))
+    outcome = matmul_check(
+        {"dtype": dtype, "size": 256}, Context(), device="cpu", op=FAULTS[fault](torch)
+    )
     assert outcome.status == "fail", (fault, outcome.reason)
     (dev,) = outcome.values["devices"]
     assert dev["bad"] >= 1 and dev["max_ratio"] > 1
@@ -175,11 +197,16 @@ def test_small_errors_the_old_rule_missed():
     size = 200
     a = torch.Generator().manual_seed(0)
     probe = (torch.rand((size, size), generator=a) * 2 - 1) @ (
-        torch.rand((size, size), generator=a) * 2 - 1)
+        torch.rand((size, size), generator=a) * 2 - 1
+    )
     small = int((probe.abs() - 1e-3).abs().flatten().argmin())  # |c| close to 1e-3
     row, col = divmod(small, size)
-    outcome = matmul_check({"dtype": "float32", "size": size}, Context(), device="cpu",
-                           op=flip_one_sign(torch, row, col))
+    outcome = matmul_check(
+        {"dtype": "float32", "size": size},
+        Context(),
+        device="cpu",
+        op=flip_one_sign(torch, row, col),
+    )
     (dev,) = outcome.values["devices"]
     assert outcome.status == "fail" and dev["bad"] == 1
     assert dev["max_rel_err"] < 1e-3  # what the old rule compared: it would have passed
@@ -195,15 +222,21 @@ def test_float32_runs_with_tf32_off_and_restores_it():
         seen = {}
 
         def spy(a, b):
-            seen["tf32"] = (m.allow_tf32, torch.backends.cudnn.allow_tf32,
-                            torch.get_float32_matmul_precision())
+            seen["tf32"] = (
+                m.allow_tf32,
+                torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision(),
+            )
             return torch.matmul(a, b)
 
         outcome = matmul_check({"dtype": "float32", "size": 32}, Context(), device="cpu", op=spy)
         assert seen["tf32"] == (False, False, "highest")
         assert outcome.values["allow_tf32"] is False and "TF32 off" in outcome.reason
-        assert (m.allow_tf32, torch.backends.cudnn.allow_tf32,
-                torch.get_float32_matmul_precision()) == (True, True, "high")
+        assert (
+            m.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision(),
+        ) == (True, True, "high")
     finally:
         m.allow_tf32, torch.backends.cudnn.allow_tf32 = before[0], before[1]
         torch.set_float32_matmul_precision(before[2])
@@ -215,8 +248,9 @@ def test_matmul_catches_a_wrong_product():
         c[3, 5] += 0.05 * c.abs().max()
         return c
 
-    outcome = matmul_check({"dtype": "float32", "size": 64}, Context(), device="cpu",
-                           op=off_by_a_bit)
+    outcome = matmul_check(
+        {"dtype": "float32", "size": 64}, Context(), device="cpu", op=off_by_a_bit
+    )
     assert outcome.status == "fail" and "1 of 4096 elements off" in outcome.reason
     assert "C[3,5]" in outcome.reason
 
@@ -244,8 +278,9 @@ def test_every_element_is_checked_and_the_reference_against_the_cpu(monkeypatch)
     assert r["elements"] == 48 * 48 and r["bad"] == 0
     assert r["reference_check"]["rows"] == 8 and r["reference_check"]["cols"] == 8
     assert r["reference_check"]["ok"] and r["checked"].startswith("every element of 48x48")
-    outcome = matmul_check({"dtype": "float32", "size": 48}, Context(), device="cpu",
-                           op=flip_one_sign(torch, 45, 3))
+    outcome = matmul_check(
+        {"dtype": "float32", "size": 48}, Context(), device="cpu", op=flip_one_sign(torch, 45, 3)
+    )
     (dev,) = outcome.values["devices"]
     assert outcome.status == "fail" and dev["bad"] == 1
     assert (dev["worst"][0]["row"], dev["worst"][0]["col"]) == (45, 3)
@@ -284,41 +319,57 @@ class _FakeCuda:
 
     def get_device_properties(self, i):
         from types import SimpleNamespace
-        return SimpleNamespace(name=self.names[i], major=self.capability[0],
-                               minor=self.capability[1], total_memory=80 << 30,
-                               multi_processor_count=132)
+
+        return SimpleNamespace(
+            name=self.names[i],
+            major=self.capability[0],
+            minor=self.capability[1],
+            total_memory=80 << 30,
+            multi_processor_count=132,
+        )
 
     def get_arch_list(self):
         return ["sm_%d%d" % self.capability]
 
 
-@pytest.mark.parametrize("device, model, names_it", [
-    ("NVIDIA H200", "H200", True),
-    ("NVIDIA H100 80GB HBM3", "H200", False),        # same capability (9.0), another GPU
-    ("NVIDIA H100 80GB HBM3", "H100", True),
-    ("NVIDIA GH200 480GB", "H200", False),
-    ("NVIDIA GH200 480GB", "GH200", True),
-    ("NVIDIA B300 SXM6 AC", "B300", True),
-    ("Tesla V100-SXM2-32GB", "V100", True),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000", True),
-    ("NVIDIA GB200", "B200", False),
-])
+@pytest.mark.parametrize(
+    "device, model, names_it",
+    [
+        ("NVIDIA H200", "H200", True),
+        ("NVIDIA H100 80GB HBM3", "H200", False),  # same capability (9.0), another GPU
+        ("NVIDIA H100 80GB HBM3", "H100", True),
+        ("NVIDIA GH200 480GB", "H200", False),
+        ("NVIDIA GH200 480GB", "GH200", True),
+        ("NVIDIA B300 SXM6 AC", "B300", True),
+        ("Tesla V100-SXM2-32GB", "V100", True),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000", True),
+        ("NVIDIA GB200", "B200", False),
+    ],
+)
 def test_the_devices_check_proves_the_specs_gpu_model(monkeypatch, device, model, names_it):
     """The spec's gpu.model comes with its catalog names; a device of the same capability that
     is not that model fails the check (found on a lent H100 running specs/h200.yaml: it passed)."""
-    from rbprobes import checks_runtime
     from types import SimpleNamespace
+
+    from rbprobes import checks_runtime
+
     from compiler import catalog
 
     known = catalog.lookup(model)
     fake = SimpleNamespace(cuda=_FakeCuda([device], tuple(map(int, known.capability.split(".")))))
     monkeypatch.setattr(checks_runtime, "need_cuda", lambda: fake)
-    gpu = {"model": known.name, "count": 1, "capability": known.capability,
-           "names": catalog.model_names(model)}
+    gpu = {
+        "model": known.name,
+        "count": 1,
+        "capability": known.capability,
+        "names": catalog.model_names(model),
+    }
     result = check("devices", ctx=Context(gpu=gpu))
     assert (result["status"] == "pass") == names_it, result["reason"]
     if not names_it:
-        assert f"the spec's gpu.model is {known.name}, but device 0: {device} is not one" \
+        assert (
+            f"the spec's gpu.model is {known.name}, but device 0: {device} is not one"
             in result["reason"]
+        )
     else:
         assert f"(capability {known.capability}, gpu.model {known.name})" in result["reason"]

@@ -6,7 +6,6 @@ hand-made images of test_probes_audit.py cover the audit there)."""
 from __future__ import annotations
 
 import pytest
-
 import truth_fixtures
 from rbprobes import run_check
 from rbprobes.checks_static import audit
@@ -27,17 +26,19 @@ def test_audit_agrees_with_what_launched_on_the_h200(truth):
     out, doc = truth
     values = audit(str(out), (9, 0), driver_ptx_max=(9, 0))
     says = truth_fixtures.audit_verdicts(values, doc)
-    wrong = {k: (says.get(k), want) for k, want in truth_fixtures.EXPECTED.items()
-             if says.get(k) != want}
+    wrong = {
+        k: (says.get(k), want) for k, want in truth_fixtures.EXPECTED.items() if says.get(k) != want
+    }
     assert not wrong, wrong
     assert len(truth_fixtures.EXPECTED) == sum(len(e["kernels"]) for e in doc.values())
 
 
 def test_the_check_names_every_failing_file(truth):
     out, doc = truth
-    result = run_check({"type": "kernel_audit", "params": {"arch": "sm_90",
-                                                           "driver_ptx_max": "9.0"}},
-                       Context(venv=str(out)))
+    result = run_check(
+        {"type": "kernel_audit", "params": {"arch": "sm_90", "driver_ptx_max": "9.0"}},
+        Context(venv=str(out)),
+    )
     assert result["status"] == "fail"
     failing = {name for name, e in doc.items() if not all(k["expect"] for k in e["kernels"])}
     failing.discard("libmulti_a.so")  # its sm_100a unit is arch-specific: listed, not failed

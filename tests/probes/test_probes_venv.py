@@ -9,27 +9,35 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.conftest import IN_CI
-
+from probes_helpers import (
+    ROOT,
+    cli_json,
+    fatbin_container,
+    fatbin_entry,
+    run_cli,
+    tiny_cubin,
+    tiny_ptx,
+    tiny_so,
+)
 from rbprobes import run_check
 from rbprobes.checks_hatch import command_names
-from rbprobes.checks_venv import outside_refs, parse_interpreter, relocation
+from rbprobes.checks_venv import outside_refs, parse_interpreter
 from rbprobes.result import Context
-from probes_helpers import (ROOT, cli_json, fatbin_container, fatbin_entry, run_cli, tiny_cubin,
-                            tiny_ptx, tiny_so)
+
+from tests.conftest import IN_CI
 
 
 def make_venv(path):
     """A venv with the console scripts pip writes: a plain shebang, the '''exec' trampoline,
     a script through /usr/bin/env, and a shell script."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120
+    )
     bindir = path / "bin"
     scripts = {
         "plain-tool": "#!%s/bin/python\nimport sys\nprint('plain', sys.prefix)\n" % path,
         "long-tool": "#!/bin/sh\n'''exec' \"%s/bin/python\" \"$0\" \"$@\"\n' '''\nprint(1)\n"
-                     % path,
+        % path,
         "env-tool": "#!/usr/bin/env python3\nprint('env')\n",
         "shell-tool": "#!/bin/sh\necho shell\n",
     }
@@ -51,7 +59,10 @@ def reloc(path, **params):
 def test_parse_interpreter_forms():
     assert parse_interpreter(b"#!/v/bin/python\n") == ("/v/bin/python", [], "shebang")
     assert parse_interpreter(b"#!/usr/bin/env -S python3 -u\n") == (
-        "/usr/bin/env", ["-S", "python3", "-u"], "shebang")
+        "/usr/bin/env",
+        ["-S", "python3", "-u"],
+        "shebang",
+    )
     tramp = b"#!/bin/sh\n'''exec' \"/a b/bin/python\" \"$0\" \"$@\"\n' '''\n"
     assert parse_interpreter(tramp) == ("/a b/bin/python", ["$0", "$@"], "trampoline")
     assert parse_interpreter(b"no shebang") is None
@@ -61,8 +72,12 @@ def test_a_fresh_venv_passes(venv):
     result = reloc(venv)
     assert result["status"] == "pass", result["reason"]
     v = result["values"]
-    assert {s["script"] for s in v["scripts"]} >= {"bin/plain-tool", "bin/long-tool",
-                                                   "bin/env-tool", "bin/shell-tool"}
+    assert {s["script"] for s in v["scripts"]} >= {
+        "bin/plain-tool",
+        "bin/long-tool",
+        "bin/env-tool",
+        "bin/shell-tool",
+    }
     forms = {s["script"]: s["form"] for s in v["scripts"]}
     assert forms["bin/long-tool"] == "trampoline"
     assert v["python"]["prefix"] == str(venv) and v["python"]["version"]
@@ -83,8 +98,23 @@ def test_a_moved_venv_fails_until_relocated(venv, tmp_path):
     problems = {(p["file"], p["what"]) for p in v["problems"]}
     assert ("bin/plain-tool", "interpreter %s/bin/python does not exist" % venv) in problems
     env = dict(os.environ, PYTHONPATH=str(ROOT / "hostkit"))
-    subprocess.run([sys.executable, "-m", "rbkit", "relocate", str(new), "--old", str(venv),
-                    "--new", str(new)], check=True, env=env, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rbkit",
+            "relocate",
+            str(new),
+            "--old",
+            str(venv),
+            "--new",
+            str(new),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     fixed = reloc(new, old=str(venv))
     assert fixed["status"] == "pass", fixed["reason"]
     assert "no file in bin/ names %s" % venv in fixed["reason"]
@@ -94,9 +124,13 @@ def test_old_prefix_is_matched_as_a_whole_path(venv, tmp_path):
     """/x/.venv must not match /x/.venv2 (the new path may extend the old one)."""
     longer = str(venv) + "2"
     os.rename(venv, longer)
-    subprocess.run([sys.executable, "-m", "rbkit", "relocate", longer, "--old", str(venv),
-                    "--new", longer], check=True, capture_output=True, timeout=120,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT / "hostkit")))
+    subprocess.run(
+        [sys.executable, "-m", "rbkit", "relocate", longer, "--old", str(venv), "--new", longer],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "hostkit")),
+    )
     result = reloc(longer, old=str(venv))
     assert result["status"] == "pass", result["reason"]
 
@@ -145,16 +179,22 @@ def test_relocation_cli(venv):
 
 # the command check
 
+
 def test_command_names():
     assert command_names("FOO=1 env BAR=2 python -c 'x' && nvidia-smi -L | grep H200") == [
-        "env", "python", "nvidia-smi", "grep"]
+        "env",
+        "python",
+        "nvidia-smi",
+        "grep",
+    ]
     assert command_names("torchrun --help") == ["torchrun"]
 
 
 def test_command_runs_the_venvs_program_and_says_which(venv):
     """The venv's bin/ comes first in PATH, and the file that ran is reported."""
-    result = run_check({"type": "command", "params": {"run": "plain-tool"}},
-                       Context(venv=str(venv)))
+    result = run_check(
+        {"type": "command", "params": {"run": "plain-tool"}}, Context(venv=str(venv))
+    )
     assert result["status"] == "pass", result["reason"]
     assert result["values"]["executed"] == str(venv / "bin" / "plain-tool")
     assert "ran %s" % (venv / "bin" / "plain-tool") in result["reason"]
@@ -164,16 +204,18 @@ def test_command_runs_the_venvs_program_and_says_which(venv):
 def test_command_fails_when_a_venv_name_resolves_elsewhere(venv):
     """bin/uname exists in the venv but is not executable: /bin/sh runs the system's."""
     (venv / "bin" / "uname").write_text("#!/bin/sh\necho venv-uname\n")
-    result = run_check({"type": "command", "params": {"run": "uname -s"}},
-                       Context(venv=str(venv)))
+    result = run_check({"type": "command", "params": {"run": "uname -s"}}, Context(venv=str(venv)))
     assert result["status"] == "fail"
     assert "resolved outside the venv's bin/" in result["reason"] and "uname" in result["reason"]
 
 
-@pytest.mark.skipif(not os.path.realpath("/bin/sh").endswith("dash") and not IN_CI,
-                    reason="needs dash as /bin/sh (it goes on down PATH when an exec fails)")
-def test_command_fails_when_the_venvs_script_names_a_missing_interpreter(venv, tmp_path,
-                                                                           monkeypatch):
+@pytest.mark.skipif(
+    not os.path.realpath("/bin/sh").endswith("dash") and not IN_CI,
+    reason="needs dash as /bin/sh (it goes on down PATH when an exec fails)",
+)
+def test_command_fails_when_the_venvs_script_names_a_missing_interpreter(
+    venv, tmp_path, monkeypatch
+):
     """bin/tool's #! names an interpreter that is not there; dash then runs the tool of the same
     name further down PATH, which exits 0: the check must not pass saying it ran the venv's."""
     (venv / "bin" / "tool").write_text("#!%s/gone/bin/python\nprint('venv tool')\n" % tmp_path)
@@ -183,15 +225,19 @@ def test_command_fails_when_the_venvs_script_names_a_missing_interpreter(venv, t
     (other / "tool").write_text("#!/bin/sh\necho other tool\n")
     (other / "tool").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (other, os.environ["PATH"]))
-    result = run_check({"type": "command", "params": {"run": "tool --help"}},
-                       Context(venv=str(venv)))
+    result = run_check(
+        {"type": "command", "params": {"run": "tool --help"}}, Context(venv=str(venv))
+    )
     assert result["status"] == "fail", result["reason"]
-    assert ("the venv's %s cannot be executed: its #! line names the interpreter %s/gone/bin/python,"
-            " which does not exist here" % (venv / "bin" / "tool", tmp_path)) in result["reason"]
+    assert (
+        "the venv's %s cannot be executed: its #! line names the interpreter %s/gone/bin/python,"
+        " which does not exist here" % (venv / "bin" / "tool", tmp_path)
+    ) in result["reason"]
     assert "ran %s" % (venv / "bin" / "tool") not in result["reason"]
 
 
 # outside
+
 
 def site(venv):
     (path,) = list((venv / "lib").glob("python*/site-packages"))
@@ -210,20 +256,26 @@ def test_every_kind_of_outside_reference(venv, tmp_path):
     src.mkdir(parents=True)
     (sp / "__editable___mypkg_1_0_finder.py").write_text(
         "MAPPING: dict[str, str] = {'mypkg': %r}\nNAMESPACES: dict[str, list[str]] = {}\n"
-        % str(src))
+        % str(src)
+    )
     (sp / "__editable__.mypkg-1.0.pth").write_text(
-        "import __editable___mypkg_1_0_finder; __editable___mypkg_1_0_finder.install()\n")
+        "import __editable___mypkg_1_0_finder; __editable___mypkg_1_0_finder.install()\n"
+    )
     (sp / "__editable__.other-2.0.pth").write_text("%s\n" % (tmp_path / "checkout" / "other"))
-    (sp / "extra.pth").write_text("# a comment\nimport os\n%s\ninside_dir\n../../../../../outrel\n"
-                                  % (tmp_path / "shared-libs"))
+    (sp / "extra.pth").write_text(
+        "# a comment\nimport os\n%s\ninside_dir\n../../../../../outrel\n"
+        % (tmp_path / "shared-libs")
+    )
     info = sp / "mypkg-1.0.dist-info"
     info.mkdir()
-    (info / "direct_url.json").write_text(json.dumps(
-        {"url": "file://%s" % src.parent, "dir_info": {"editable": True}}))
+    (info / "direct_url.json").write_text(
+        json.dumps({"url": "file://%s" % src.parent, "dir_info": {"editable": True}})
+    )
     plain = sp / "plain-1.0.dist-info"
     plain.mkdir()
-    (plain / "direct_url.json").write_text(json.dumps(
-        {"url": "file:///wheels/plain.whl", "archive_info": {}}))
+    (plain / "direct_url.json").write_text(
+        json.dumps({"url": "file:///wheels/plain.whl", "archive_info": {}})
+    )
     (sp / "data").mkdir()
     os.symlink("/etc/hostname", str(sp / "data" / "hostname"))
     os.symlink("../data", str(sp / "data" / "inside-link"))
@@ -250,20 +302,25 @@ def test_every_kind_of_outside_reference(venv, tmp_path):
 
 def test_system_site_packages_is_an_outside_reference(venv):
     cfg = venv / "pyvenv.cfg"
-    cfg.write_text(cfg.read_text().replace("include-system-site-packages = false",
-                                           "include-system-site-packages = true"))
+    cfg.write_text(
+        cfg.read_text().replace(
+            "include-system-site-packages = false", "include-system-site-packages = true"
+        )
+    )
     (ref,) = outside_refs(str(venv))
     assert ref["kind"] == "system_site_packages"
 
 
 # preflight
 
+
 def test_preflight_names_files_packages_and_fixes(venv, tmp_path):
     sp = site(venv)
     lib = sp / "fastops" / "libfastops.so"
     lib.parent.mkdir()
-    lib.write_bytes(tiny_so(fatbin_container(fatbin_entry(2, 80, payload=tiny_cubin(
-        ["fast_kernel"], 80)))))
+    lib.write_bytes(
+        tiny_so(fatbin_container(fatbin_entry(2, 80, payload=tiny_cubin(["fast_kernel"], 80))))
+    )
     info = sp / "fastops-0.3.dist-info"
     info.mkdir()
     (info / "RECORD").write_text("fastops/libfastops.so,sha256=x,1\n")
@@ -273,7 +330,9 @@ def test_preflight_names_files_packages_and_fixes(venv, tmp_path):
     doc = cli_json(done)
     assert doc["kind"] == "preflight" and doc["schema"] == 1 and doc["ok"] is False
     assert doc["arch"] == "sm_103" and [c["type"] for c in doc["checks"]] == [
-        "kernel_audit", "outside"]
+        "kernel_audit",
+        "outside",
+    ]
     assert doc["packages"] == ["fastops 0.3"]
     rel = os.path.relpath(lib, venv)
     assert set(doc["files"]) == {rel, os.path.relpath(sp / "extra.pth", venv)}
@@ -284,8 +343,13 @@ def test_preflight_names_files_packages_and_fixes(venv, tmp_path):
 
 def test_preflight_driver_limit_comes_from_the_arguments(venv):
     lib = site(venv) / "libjit.so"
-    lib.write_bytes(tiny_so(fatbin_container(fatbin_entry(
-        1, 80, payload=tiny_ptx(["jit_kernel"], "9.0"), version=(9, 0)))))
+    lib.write_bytes(
+        tiny_so(
+            fatbin_container(
+                fatbin_entry(1, 80, payload=tiny_ptx(["jit_kernel"], "9.0"), version=(9, 0))
+            )
+        )
+    )
     ok = run_cli("preflight", "--venv", str(venv), "--arch", "sm_90")
     assert ok.returncode == 0, ok.stdout
     assert "not checked" in cli_json(ok)["checks"][0]["reason"]
@@ -299,9 +363,11 @@ def test_preflight_with_old_runs_the_relocation_proof(venv, tmp_path):
     done = run_cli("preflight", "--venv", str(new), "--arch", "sm_90", "--old", str(venv))
     doc = cli_json(done)
     assert done.returncode == 1 and [c["type"] for c in doc["checks"]] == [
-        "kernel_audit", "outside", "relocation"]
-    assert any(p["check"] == "relocation" and p["file"] == "bin/activate"
-               for p in doc["problems"])
+        "kernel_audit",
+        "outside",
+        "relocation",
+    ]
+    assert any(p["check"] == "relocation" and p["file"] == "bin/activate" for p in doc["problems"])
 
 
 def test_preflight_usage_errors(venv):

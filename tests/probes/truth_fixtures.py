@@ -41,7 +41,9 @@ extern "C" int rb_launch_%(kernel)s(void) {
 """
 
 # A device-code-only source for cubins, PTX and fatbins (launched through the driver API).
-DEVICE_ONLY = 'extern "C" __global__ void %(kernel)s(int *p) { p[threadIdx.x] = 42 + threadIdx.x; }\n'
+DEVICE_ONLY = (
+    'extern "C" __global__ void %(kernel)s(int *p) { p[threadIdx.x] = 42 + threadIdx.x; }\n'
+)
 
 
 def gencode(*pairs: str) -> List[str]:
@@ -79,54 +81,97 @@ FIXTURES = [
     Fixture("ptx80", [Unit("k_ptx80", gencode("80:compute_80"), True)]),
     Fixture("ptx100", [Unit("k_ptx100", gencode("100:compute_100"), False)]),
     Fixture("sass80", [Unit("k_sass80", gencode("80:sm_80"), False, mangled=True)]),
-    Fixture("sass80_ptx80", [Unit("k_sass80_ptx80", gencode("80:sm_80", "80:compute_80"),
-                                  True)]),
-    Fixture("sass100_120", [Unit("k_sass100_120", gencode("100:sm_100", "120:sm_120"),
-                                 False)]),
+    Fixture("sass80_ptx80", [Unit("k_sass80_ptx80", gencode("80:sm_80", "80:compute_80"), True)]),
+    Fixture("sass100_120", [Unit("k_sass100_120", gencode("100:sm_100", "120:sm_120"), False)]),
     Fixture("zstd90", [Unit("k_zstd90", gencode("90:sm_90") + ZSTD, True)]),
     Fixture("lz4_90", [Unit("k_lz4_90", gencode("90:sm_90") + LZ4, True)]),
     Fixture("zstd80", [Unit("k_zstd80", gencode("80:sm_80") + ZSTD, False)]),
     Fixture("lz4_80", [Unit("k_lz4_80", gencode("80:sm_80") + LZ4, False)]),
-    Fixture("multi", [Unit("k_multi_ok", gencode("90:sm_90"), True),
-                      Unit("k_multi_bad", gencode("80:sm_80"), False)]),
-    Fixture("multi_zstd", [Unit("k_multiz_ok", gencode("90:sm_90") + ZSTD, True),
-                           Unit("k_multiz_bad", gencode("80:sm_80") + ZSTD, False)]),
+    Fixture(
+        "multi",
+        [
+            Unit("k_multi_ok", gencode("90:sm_90"), True),
+            Unit("k_multi_bad", gencode("80:sm_80"), False),
+        ],
+    ),
+    Fixture(
+        "multi_zstd",
+        [
+            Unit("k_multiz_ok", gencode("90:sm_90") + ZSTD, True),
+            Unit("k_multiz_bad", gencode("80:sm_80") + ZSTD, False),
+        ],
+    ),
     # a unit of arch-specific code for another arch: it cannot launch here, and the audit
     # lists it without failing the file (dispatch by design); alone in a file, it fails
-    Fixture("multi_a", [Unit("k_multia_ok", gencode("90:sm_90"), True),
-                        Unit("k_multia_100a", gencode("100a:sm_100a"), False)]),
+    Fixture(
+        "multi_a",
+        [
+            Unit("k_multia_ok", gencode("90:sm_90"), True),
+            Unit("k_multia_100a", gencode("100a:sm_100a"), False),
+        ],
+    ),
     Fixture("sass100a", [Unit("k_sass100a", gencode("100a:sm_100a"), False)]),
-    Fixture("multi_ptx", [Unit("k_multip_ok", gencode("80:compute_80"), True),
-                          Unit("k_multip_bad", gencode("100:compute_100", "80:sm_80"), False)]),
+    Fixture(
+        "multi_ptx",
+        [
+            Unit("k_multip_ok", gencode("80:compute_80"), True),
+            Unit("k_multip_bad", gencode("100:compute_100", "80:sm_80"), False),
+        ],
+    ),
     # -rdc: the units' kernels live in the device-linked cubin (SASS for the link's archs
     # only); their relocatable SASS and PTX sit in __nv_relfatbin. On the H200, when the
     # linked cubin does not fit, the runtime falls back to each relocatable unit on its own:
     # its SASS if that runs, else its PTX through the JIT (rdc80 runs on sm_90; in
     # rdc80_mixed only the unit with PTX runs; rdc80_sass90 runs from relocatable sm_90 SASS).
-    Fixture("rdc90", [Unit("k_rdc90_a", gencode("90:sm_90", "90:compute_90"), True),
-                      Unit("k_rdc90_b", gencode("90:sm_90", "90:compute_90"), True)],
-            how="rdc", link_args=gencode("90:sm_90")),
-    Fixture("rdc80", [Unit("k_rdc80_a", gencode("80:sm_80", "80:compute_80"), True),
-                      Unit("k_rdc80_b", gencode("80:sm_80", "80:compute_80"), True)],
-            how="rdc", link_args=gencode("80:sm_80")),
-    Fixture("rdc80_mixed", [Unit("k_rdcm_a", gencode("80:sm_80", "80:compute_80"), True),
-                            Unit("k_rdcm_b", gencode("80:sm_80"), False)],
-            how="rdc", link_args=gencode("80:sm_80")),
-    Fixture("rdc80_sass90", [Unit("k_rdcs_a", gencode("80:sm_80", "90:sm_90"), True),
-                             Unit("k_rdcs_b", gencode("80:sm_80", "90:sm_90"), True)],
-            how="rdc", link_args=gencode("80:sm_80")),
+    Fixture(
+        "rdc90",
+        [
+            Unit("k_rdc90_a", gencode("90:sm_90", "90:compute_90"), True),
+            Unit("k_rdc90_b", gencode("90:sm_90", "90:compute_90"), True),
+        ],
+        how="rdc",
+        link_args=gencode("90:sm_90"),
+    ),
+    Fixture(
+        "rdc80",
+        [
+            Unit("k_rdc80_a", gencode("80:sm_80", "80:compute_80"), True),
+            Unit("k_rdc80_b", gencode("80:sm_80", "80:compute_80"), True),
+        ],
+        how="rdc",
+        link_args=gencode("80:sm_80"),
+    ),
+    Fixture(
+        "rdc80_mixed",
+        [
+            Unit("k_rdcm_a", gencode("80:sm_80", "80:compute_80"), True),
+            Unit("k_rdcm_b", gencode("80:sm_80"), False),
+        ],
+        how="rdc",
+        link_args=gencode("80:sm_80"),
+    ),
+    Fixture(
+        "rdc80_sass90",
+        [
+            Unit("k_rdcs_a", gencode("80:sm_80", "90:sm_90"), True),
+            Unit("k_rdcs_b", gencode("80:sm_80", "90:sm_90"), True),
+        ],
+        how="rdc",
+        link_args=gencode("80:sm_80"),
+    ),
     Fixture("cubin90", [Unit("k_cubin90", ["-arch", "sm_90"], True)], how="cubin"),
     Fixture("cubin80", [Unit("k_cubin80", ["-arch", "sm_80"], False)], how="cubin"),
-    Fixture("fatbin_ptx80", [Unit("k_fatbin_ptx80", gencode("80:compute_80"), True)],
-            how="fatbin"),
-    Fixture("ptx91", [Unit("k_ptx91", ["-arch", "compute_80"], False)], how="ptxfatbin",
-            ptx_isa="9.1"),
+    Fixture("fatbin_ptx80", [Unit("k_fatbin_ptx80", gencode("80:compute_80"), True)], how="fatbin"),
+    Fixture(
+        "ptx91", [Unit("k_ptx91", ["-arch", "compute_80"], False)], how="ptxfatbin", ptx_isa="9.1"
+    ),
 ]
 
 
 def file_name(f: Fixture) -> str:
     return {"cubin": "%s.cubin", "fatbin": "%s.fatbin", "ptxfatbin": "%s.fatbin"}.get(
-        f.how, "lib%s.so") % f.name
+        f.how, "lib%s.so"
+    ) % f.name
 
 
 def symbol(u: Unit) -> str:
@@ -136,9 +181,12 @@ def symbol(u: Unit) -> str:
 def source(u: Unit, device_only: bool = False) -> str:
     if device_only:
         return DEVICE_ONLY % {"kernel": u.kernel}
-    return KERNEL % {"kernel": u.kernel,
-                     "ns_open": "namespace rb { " if u.mangled else 'extern "C" ',
-                     "ns_close": " }" if u.mangled else "", "qual": "rb::" if u.mangled else ""}
+    return KERNEL % {
+        "kernel": u.kernel,
+        "ns_open": "namespace rb { " if u.mangled else 'extern "C" ',
+        "ns_close": " }" if u.mangled else "",
+        "qual": "rb::" if u.mangled else "",
+    }
 
 
 def _run(cmd: List[str], cwd: str) -> None:
@@ -168,13 +216,22 @@ def build_one(f: Fixture, out: str, nvcc: str) -> str:
             _run([nvcc, "-ptx"] + u.args + [cu, "-o", ptx], work)
             with open(ptx) as fh:
                 text = fh.read()
-            lines = [".version %s" % f.ptx_isa if line.startswith(".version ") else line
-                     for line in text.splitlines()]
+            lines = [
+                ".version %s" % f.ptx_isa if line.startswith(".version ") else line
+                for line in text.splitlines()
+            ]
             arch_num = [a for a in u.args if a.startswith("compute_")][0].split("_")[1]
             with open(ptx, "w") as fh:
                 fh.write("\n".join(lines) + "\n")
-            _run([fatbinary, "--create=" + target, "--64",
-                  "--image3=kind=ptx,sm=%s,file=%s" % (arch_num, ptx)], work)
+            _run(
+                [
+                    fatbinary,
+                    "--create=" + target,
+                    "--64",
+                    "--image3=kind=ptx,sm=%s,file=%s" % (arch_num, ptx),
+                ],
+                work,
+            )
         else:
             obj = os.path.join(work, u.kernel + ".o")
             rdc = ["-rdc=true"] if f.how == "rdc" else []
@@ -189,10 +246,21 @@ def manifest() -> Dict[str, Dict[str, object]]:
     """{file: {"how", "kernels": [{"kernel", "symbol", "wrapper", "expect"}]}}."""
     out = {}
     for f in FIXTURES:
-        out[file_name(f)] = {"fixture": f.name, "how": f.how, "kernels": [
-            {"kernel": u.kernel, "symbol": symbol(u),
-             "wrapper": None if f.how in ("cubin", "fatbin", "ptxfatbin")
-             else "rb_launch_" + u.kernel, "expect": u.expect} for u in f.units]}
+        out[file_name(f)] = {
+            "fixture": f.name,
+            "how": f.how,
+            "kernels": [
+                {
+                    "kernel": u.kernel,
+                    "symbol": symbol(u),
+                    "wrapper": None
+                    if f.how in ("cubin", "fatbin", "ptxfatbin")
+                    else "rb_launch_" + u.kernel,
+                    "expect": u.expect,
+                }
+                for u in f.units
+            ],
+        }
     return out
 
 
@@ -201,8 +269,13 @@ EXPECTED = {k["symbol"]: k["expect"] for entry in manifest().values() for k in e
 
 
 def find_nvcc(given: Optional[str] = None) -> Optional[str]:
-    for c in (given, shutil.which("nvcc"), os.environ.get("CUDA_HOME", "") + "/bin/nvcc",
-              "/usr/local/cuda/bin/nvcc", "/usr/local/cuda-13.0/bin/nvcc"):
+    for c in (
+        given,
+        shutil.which("nvcc"),
+        os.environ.get("CUDA_HOME", "") + "/bin/nvcc",
+        "/usr/local/cuda/bin/nvcc",
+        "/usr/local/cuda-13.0/bin/nvcc",
+    ):
         if c and os.access(c, os.X_OK):
             return c
     return None
@@ -237,8 +310,9 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def audit_verdicts(values: Dict[str, object], doc: Dict[str, Dict[str, object]]
-                   ) -> Dict[str, Optional[bool]]:
+def audit_verdicts(
+    values: Dict[str, object], doc: Dict[str, Dict[str, object]]
+) -> Dict[str, Optional[bool]]:
     """kernel symbol -> what kernel_audit's values say: True (its unit has a path), False (it
     is named in a unit without a path), None (the audit does not say: file not seen, or the
     unit's kernels were not read)."""
