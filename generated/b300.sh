@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
+# @generated from specs/b300.yaml (sha256 b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 400ec225e04d010b9a78ab5a1bd6d0bef971370949ffa006ea5ed3e83dd891c8
+# sha256 of this file with these 64 digits zeroed: bc9d656ec94de6457fee754f34bf146d59f463ffc735b3db852f658a050e4c09
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -41,7 +41,7 @@ readonly RB_SELF_ABS
 # The runbook and its spec.
 readonly RB_NAME=b300
 readonly RB_SPEC=specs/b300.yaml
-readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
+readonly RB_SPEC_SHA256=b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
 readonly RB_KIT_SHA256=751c5537d716caf6e0264ae9eb3ca63cfa75e61eb112f62754e56f2fe61f66e7
@@ -75,7 +75,7 @@ readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","para
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
-readonly -a RB_SPEC_FILES=(specs/b300.yaml ../specs/b300.yaml 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8)
+readonly -a RB_SPEC_FILES=(specs/b300.yaml ../specs/b300.yaml b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579)
 # Hosts this runbook touches.
 readonly -a RB_HOSTS=(ct200 b300)
 readonly -a RB_STEPS=(preflight manifest transfer verify relocate prove swap exports probe)
