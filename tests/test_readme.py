@@ -221,3 +221,32 @@ def test_the_pictures_command_runs(tmp_path):
         "report.json",
         "timeline.svg",
     ]
+
+
+def test_every_option_the_readme_gives_a_command_is_one_it_takes():
+    """`bash generated/X.sh --FLAG`, `compile --FLAG` and `make TARGET` as the README writes
+    them: each flag is in the runbook's or the compiler's --help, each target in the Makefile."""
+    runbook = subprocess.run(
+        ["bash", "generated/b300.sh", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert runbook.returncode == 0, runbook.stderr
+    compiler = subprocess.run(
+        [sys.executable, "-m", "compiler", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert compiler.returncode == 0, compiler.stderr
+    targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text("utf-8"), re.M))
+    seen = {"runbook": set(), "compile": set(), "make": set()}
+    for m in re.finditer(r"\bbash generated/[a-z0-9-]+\.sh((?: --[a-z-]+)+)", README):
+        seen["runbook"].update(m.group(1).split())
+    for m in re.finditer(r"(?:^|`|\$ )compile((?: --[a-z-]+(?: [^\s`-][^\s`]*)*)+)", README, re.M):
+        seen["compile"].update(w for w in m.group(1).split() if w.startswith("--"))
+    for m in re.finditer(r"(?:^|`)make ([a-z-]+)\b", README, re.M):
+        seen["make"].add(m.group(1))
+    assert {"--plan", "--apply", "--discard-staging", "--list-backups"} <= seen["runbook"]
+    assert {"--check", "--kit-diff", "--standalone", "--new", "--from"} <= seen["compile"]
+    for flag in sorted(seen["runbook"]):
+        assert re.search(r"^\s+%s\b" % re.escape(flag), runbook.stdout, re.M), flag
+    for flag in sorted(seen["compile"]):
+        assert re.search(r"[\s\[]%s\b" % re.escape(flag), compiler.stdout), flag
+    assert {"run", "test", "regen", "reliability"} <= seen["make"]
+    assert seen["make"] <= targets, seen["make"] - targets
