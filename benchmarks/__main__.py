@@ -1,5 +1,6 @@
-"""`python -m benchmarks [--quick] [--shape 1gbit] [--repeat N]`: run the benchmark, print the table,
-store the result in benchmarks/results/, rewrite docs/benchmarks.md. Needs root (the lab)."""
+"""`python -m benchmarks [--quick] [--shape 1gbit] [--repeat N]`: run the benchmark, print the
+table, store the result in benchmarks/results/, rewrite docs/benchmarks.md. Needs root (the
+lab)."""
 
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = tuple(sorted({r.payload for r in rows if r.payload}))
     load_start = runner.loadavg()
     log(
-        f"{len(rows)} rows, {a.repeat} timed round(s) after a warm-up; budget {a.budget_min:.0f} min; "
-        f"load {' '.join(map(str, load_start))}"
+        f"{len(rows)} rows, {a.repeat} timed round(s) after a warm-up; "
+        f"budget {a.budget_min:.0f} min; load {' '.join(map(str, load_start))}"
     )
     env = Env(kinds=kinds)
     try:

@@ -81,8 +81,10 @@ def main() -> int:
     c = os.times()
     with open(out, "w") as f:
         f.write(
-            f"wall {wall:.2f} s; children's cpu (os.times) {c.children_user + c.children_system:.2f} s;"
-            f" sampled {sum(total.values()) / TICK:.2f} s (all processes; those running before the command marked)\n"
+            f"wall {wall:.2f} s; children's cpu (os.times) "
+            f"{c.children_user + c.children_system:.2f} s; "
+            f"sampled {sum(total.values()) / TICK:.2f} s "
+            "(all processes; those running before the command marked)\n"
         )
         for k, v in sorted(total.items(), key=lambda kv: -kv[1])[:40]:
             if v:

@@ -318,7 +318,7 @@ def _analysis(result: dict, shaped: dict | None = None) -> str:
         if digest:
             text += f" With `rerun: digest` (re-hash both ends) {t(digest)} s."
         rs1 = med(recs, "rerun.rsync.one")
-        one, one_m = med(recs, "rerun.runbook.one"), med(recs, "rerun.runbook.one", "manifest")
+        one = med(recs, "rerun.runbook.one")
         if rs1 and one:
             steps = {
                 k: med(recs, "rerun.runbook.one", k) for k in ("preflight", "manifest", "verify")

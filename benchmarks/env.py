@@ -194,14 +194,15 @@ class Env:
         path.mkdir(parents=True)
 
     def flush(self) -> None:
-        """Write back the scratch disk's dirty pages, so one run's writeback is not timed in the next."""
+        """Write back the scratch disk's dirty pages, so one run's writeback is not timed in the
+        next."""
         subprocess.run(["sync", "-f", str(self.scratch)], check=False, timeout=300)
 
     # ------------------------------------------------------------------ link shaping
     def shape(self, spec: str) -> str:
-        """Shape every lab link to RATE (tc tbf), optionally with a one-way DELAY (netem), e.g. "1gbit"
-        or "1gbit,5ms". Applied on egress where the data flows: src's eth0 (src -> here), this
-        machine's end of dst's link (here -> dst), and src's end of a direct link."""
+        """Shape every lab link to RATE (tc tbf), optionally with a one-way DELAY (netem), e.g.
+        "1gbit" or "1gbit,5ms". Applied on egress where the data flows: src's eth0 (src -> here),
+        this machine's end of dst's link (here -> dst), and src's end of a direct link."""
         m = re.fullmatch(r"(\d+(?:\.\d+)?[kmg]?bit)(?:,(\d+(?:\.\d+)?ms))?", spec.strip().lower())
         if not m:
             raise SystemExit(f"--shape: {spec!r} is not RATE[,DELAY] like 1gbit or 1gbit,5ms")

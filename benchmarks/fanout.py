@@ -9,8 +9,8 @@ Rows, each a whole runbook run from compile to the comparison:
   ssh 1 node / ssh N sequential  (today's single-host runbook, one per node, one after the other)
 For each: wall seconds, the runbook's step times, and the bytes this machine sent into the cluster
 (the bridge's tx counter: node-to-node traffic is not counted). Prints a table and stores JSON in
-benchmarks/results-fanout/fanout.json. The payload is the small test venv plus a blob of random bytes
-(incompressible), so the copy is not free.
+benchmarks/results-fanout/fanout.json. The payload is the small test venv plus a blob of random
+bytes (incompressible), so the copy is not free.
 """
 
 from __future__ import annotations

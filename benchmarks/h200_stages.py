@@ -40,7 +40,7 @@ if sys.argv[1:2] == ["reader"]:
     print("  reader: %d digests" % len([v for v in d.result().values() if v]), file=sys.stderr)
     sys.exit(rc)
 subprocess.run("tar -C %s -cf - . | cat >/dev/null" % SRC, shell=True)
-for r in range(2):
+for _round in range(2):
     sh("raw tar c | tar x", "tar -C %s -cf - . | tar -C %s -xf -" % (SRC, DST))
     sh(
         "tar c | pv -n | tar x",

@@ -1,5 +1,7 @@
-"""`python -m benchmarks.plan_time [--payload small|torch|many] [--src TREE] [--repeat 5] [--baseline DIR]`:
-where the live plan's seconds go (issue 36, "Cost"). Needs root (the lab).
+"""Where the live plan's seconds go (issue 36, "Cost"). Needs root (the lab).
+
+    python -m benchmarks.plan_time [--payload small|torch|many] [--src TREE] [--repeat 5]
+                                   [--baseline DIR]
 
 On the lab's two hosts (src cannot reach dst: the relay), a runbook of the payload (or of a copy
 of --src TREE, e.g. a bigger stand-in venv on a tmpfs) is compiled; `plan-first`: `--plan` with no

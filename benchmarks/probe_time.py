@@ -127,9 +127,9 @@ def one_round(
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
         sys.stderr.write(done.stderr)
-        raise SystemExit("no report from the probe (exit %d)" % done.returncode)
+        raise SystemExit("no report from the probe (exit %d)" % done.returncode) from exc
     finally:
         try:
             os.unlink(path)
@@ -172,7 +172,7 @@ def phases(
     done = subprocess.run(
         with_env_file(argv, env_file), capture_output=True, text=True, timeout=timeout_s
     )
-    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"error": (done.stderr or done.stdout)[-500:]}
     return json.loads(lines[-1])

@@ -10,9 +10,10 @@ kind (ssh, sshd, tar, lz4, zstd, python by the kit's command, bash, other). Only
 processes count: those of three cgroup v1 cpuacct groups, here (the row's command and all it
 starts, the ssh masters that leave their parent included), src and dst (the lab's two sshds moved
 into theirs, their sessions follow), so other work on the machine is not charged. The groups give
-exact totals per machine; the samples' coverage is sampled / exact (a process that ends loses its last interval; one that starts and ends
-between two samples is missed). For the runbook, the transfer step is the window from the first
-sample of `engine relay` to the last of the stream's and the source hash's processes.
+exact totals per machine; the samples' coverage is sampled / exact (a process that ends loses its
+last interval; one that starts and ends between two samples is missed). For the runbook, the
+transfer step is the window from the first sample of `engine relay` to the last of the stream's
+and the source hash's processes.
 
 Load-robust: CPU seconds do not stretch with other work the way wall time does (caches and
 frequency aside); `uptime`'s load is printed with each run.
@@ -267,7 +268,7 @@ def compile_in(checkout: str, row, env) -> Path:
 def table(runs: list[dict], part: str) -> list[str]:
     kinds: dict[str, list[float]] = {}
     for r in runs:
-        for k, v in r.get(part, {}).items():
+        for k in r.get(part, {}):
             kinds.setdefault(k, [])
     for k in kinds:
         kinds[k] = [r.get(part, {}).get(k, 0.0) for r in runs]
@@ -367,10 +368,10 @@ def main() -> int:
                         None,
                     )
                 row.cleanup(env)
+                exact = {k: round(v, 2) for k, v in res["exact"].items()}
                 log(
                     f"round {rnd} {name}: rc {res['rc']} wall {res['wall']:.2f} s load "
-                    f"{res['load']:.2f} exact {json.dumps({k: round(v, 2) for k, v in res['exact'].items()})}"
-                    f" {res.get('steps', '')}"
+                    f"{res['load']:.2f} exact {json.dumps(exact)} {res.get('steps', '')}"
                 )
                 if res["rc"] != 0:
                     log(res["err"])

@@ -7,7 +7,10 @@ import statistics
 from pathlib import Path
 
 GROUPS = {
-    "limit": "The limit (null relays move N zero bytes, N = the payload's tar stream; nothing is written)",
+    "limit": (
+        "The limit (null relays move N zero bytes, N = the payload's tar stream; "
+        "nothing is written)"
+    ),
     "runbook": "Our runbook, whole run (torch payload, destination on ext4, no checks step)",
     "peers": "Peers: what users would type instead (torch payload)",
     "rerun": "Re-run cost (torch payload; the destination already holds a copy)",
@@ -154,8 +157,8 @@ def steps_table(result: dict) -> str:
     if not rows:
         return ""
     out = [
-        "| runbook row | total s | preflight | manifest | transfer | verify | relocate+swap+exports "
-        "| transfer MB/s | transfer × limit (pre-opened) |",
+        "| runbook row | total s | preflight | manifest | transfer | verify "
+        "| relocate+swap+exports | transfer MB/s | transfer × limit (pre-opened) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -177,10 +180,10 @@ def steps_table(result: dict) -> str:
         name = label(r) if r["group"] != "many" else "[many files] " + label(r)
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out) + (
-        "\n\nCells: median (min–max) seconds of the step as report.json times it. The transfer step "
-        "streams through ssh connections the runbook opened earlier (multiplexed), so its ratio "
-        "is against the null relay with that same plumbing, connections opened before the clock "
-        "(`limit.relay.plumbing`; its `many.` twin), where the run has it.\n"
+        "\n\nCells: median (min–max) seconds of the step as report.json times it. The transfer "
+        "step streams through ssh connections the runbook opened earlier (multiplexed), so its "
+        "ratio is against the null relay with that same plumbing, connections opened before the "
+        "clock (`limit.relay.plumbing`; its `many.` twin), where the run has it.\n"
     )
 
 
@@ -224,7 +227,8 @@ TARGETS = (
         "max",
     ),
     (
-        "null relay ÷ whole runbook (compression auto): the runbook's speed as a fraction of the limit",
+        "null relay ÷ whole runbook (compression auto): the runbook's speed as a fraction of "
+        "the limit",
         "limit.relay.aes",
         "runbook.relay.auto",
         0.6,
@@ -308,9 +312,8 @@ def targets_table(result: dict) -> str:
     for what, rid, goal in COMPILE_TARGETS:
         a = _med(recs, rid)
         if a is not None:
-            out.append(
-                f"| {_cell(what)} | {_t(a)} | | | ≤ {goal:g} s | {'yes' if a <= goal else '**no**'} |"
-            )
+            met = "yes" if a <= goal else "**no**"
+            out.append(f"| {_cell(what)} | {_t(a)} | | | ≤ {goal:g} s | {met} |")
     return "\n".join(out) + "\n" if len(out) > 2 else ""
 
 
@@ -321,7 +324,10 @@ def findings(result: dict) -> list[str]:
     lim = recs.get("limit.relay.aes")
     lim_s, lim_sp = _med(recs, "limit.relay.aes"), speed(lim) if lim else None
     if lim_s and lim_sp:
-        s = f"The limit: a null relay of {lim['bytes'] / 1e6:.0f} MB took {_t(lim_s)} s ({lim_sp:.0f} MB/s) with aes128-gcm"
+        s = (
+            f"The limit: a null relay of {lim['bytes'] / 1e6:.0f} MB took {_t(lim_s)} s "
+            f"({lim_sp:.0f} MB/s) with aes128-gcm"
+        )
         d = recs.get("limit.relay.default")
         if d and speed(d):
             s += f"; with OpenSSH's default cipher {speed(d):.0f} MB/s ({speed(d) / lim_sp:.2f}×)"
@@ -332,14 +338,16 @@ def findings(result: dict) -> list[str]:
         p = recs.get("limit.relay.plumbing")
         if p and speed(p):
             out.append(
-                f"The same relay through multiplexed ssh masters and a 1 MiB pipe (how the runbook's stream "
-                f"travels): {speed(p):.0f} MB/s, {speed(p) / lim_sp:.2f}× the limit."
+                "The same relay through multiplexed ssh masters and a 1 MiB pipe (how the "
+                f"runbook's stream travels): {speed(p):.0f} MB/s, {speed(p) / lim_sp:.2f}× "
+                "the limit."
             )
         lt = recs.get("limit.local-tar")
         if lt and speed(lt):
             out.append(
                 f"tar c | tar x on this machine with no ssh at all: {speed(lt):.0f} MB/s "
-                f"({speed(lt) / lim_sp:.2f}× the limit): packing and unpacking share the same 2 cores."
+                f"({speed(lt) / lim_sp:.2f}× the limit): packing and unpacking share the same "
+                "2 cores."
             )
     rb_total = _med(recs, "runbook.relay.none")
     rb_tr = _med(recs, "runbook.relay.none", "transfer")
@@ -423,8 +431,8 @@ def findings(result: dict) -> list[str]:
         st = stats(sc)
         if st.get("median"):
             out.append(
-                f"scp -3 -r: {_t(st['median'])} s = {st['median'] / rb_total:.1f}× our whole runbook; "
-                f"copy right? {correct(sc)}."
+                f"scp -3 -r: {_t(st['median'])} s = {st['median'] / rb_total:.1f}× our whole "
+                f"runbook; copy right? {correct(sc)}."
             )
         elif st["failed"]:
             out.append(f"scp -3 -r did not finish: {st['failed'][0][:200]}")
@@ -449,7 +457,8 @@ def findings(result: dict) -> list[str]:
             ("rerun.seed.one", "the tar relay, which re-sends everything"),
             (
                 "rerun.runbook.one",
-                "our runbook with one small file changed (sends the changed file, bin/ and pyvenv.cfg; links the rest)",
+                "our runbook with one small file changed (sends the changed file, bin/ and "
+                "pyvenv.cfg; links the rest)",
             ),
         ):
             x = _med(recs, rid)
@@ -525,7 +534,7 @@ def _streams_findings(recs: dict, result: dict) -> list[str]:
     nulls = [(n, t) for n, t in nulls if t]
     if len(ones) < 2 or ones[0][0] != 1:
         return []
-    base_t, base_w = ones[0][1], ones[0][2]
+    base_t = ones[0][1]
     out = [
         "The relay in streams side by side (issue 37), transfer step (whole run): "
         + ", ".join(
@@ -571,8 +580,8 @@ def render_result(result: dict) -> str:
     m = result["machine"]
     lines = [
         f"Run `{result['command']}` on {m['date']}; took {result['run']['seconds'] / 60:.1f} min"
-        f" ({sum(1 for r in result['run']['rounds'] if r['round'] > 0)} of {result['repeat']} timed "
-        f"round(s) after a warm-up"
+        f" ({sum(1 for r in result['run']['rounds'] if r['round'] > 0)} of {result['repeat']} "
+        "timed round(s) after a warm-up"
         + (f"; {result['run']['stopped']}" if result["run"]["stopped"] else "")
         + ").",
         "",

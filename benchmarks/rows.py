@@ -1,4 +1,5 @@
-"""The rows of the table: what is timed, what is prepared untimed before it, how its copy is checked.
+"""The rows of the table: what is timed, what is prepared untimed before it, how its copy is
+checked.
 
 A row's `prepare` (untimed) sets up its destination, `run` is timed and returns samples, `check`
 (untimed) says whether the destination equals the source, `cleanup` frees the disk. Commands are
@@ -67,7 +68,8 @@ class Row:
     default = True  # False: runs only when --only names it
 
     def setup(self, env: Env) -> None:
-        """Once, before the warm-up (e.g. compile the runbook, so every round runs the same code)."""
+        """Once, before the warm-up (e.g. compile the runbook, so every round runs the same
+        code)."""
 
     def dest(self, env: Env) -> Path:
         return env.scratch / self.id / "venv"
@@ -461,7 +463,8 @@ class ResumeRow(RunbookRow):
 
 
 def small_file(env: Env, payload: str) -> str:
-    """A small regular file of the payload (deterministic): the one-file change of the re-run rows."""
+    """A small regular file of the payload (deterministic): the one-file change of the re-run
+    rows."""
     entries = source_manifest(env.payloads[payload].root)["entries"]
     for rel in sorted(entries):
         e = entries[rel]
@@ -736,7 +739,8 @@ def _same_digests(env: Env, got: dict[str, str]) -> Verdict:
 
 # ---------------------------------------------------------------------------------------- compile
 class Compile(Row):
-    """`compile specs/b300.yaml` as a user runs it (a Python start included), or shellcheck alone."""
+    """`compile specs/b300.yaml` as a user runs it (a Python start included), or shellcheck
+    alone."""
 
     group = "compile"
     payload = None
@@ -774,7 +778,8 @@ class Compile(Row):
                 "--exclude=" + ",".join(lint.DISABLED),
                 "--format=json1",
             )
-            cmd = f"{q(lint.shellcheck_binary())} {' '.join(q(f) for f in flags)} {q(script)} >/dev/null"
+            words = " ".join(q(f) for f in flags)
+            cmd = f"{q(lint.shellcheck_binary())} {words} {q(script)} >/dev/null"
         return [timed(env, cmd, 120) for _ in range(self.inner)]
 
 

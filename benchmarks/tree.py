@@ -1,7 +1,8 @@
-"""Is the copy right? Compare a destination tree with its source, with the project's own manifest code.
+"""Is the copy right? Compare a destination tree with its source, with the project's own manifest
+code.
 
-Every entry must be there with the same type (a symlink stays a symlink), mode, link target, size and
-sha256 of its contents. A runbook relocates its install (hostkit/rbkit/relocate.py rewrites bin/
+Every entry must be there with the same type (a symlink stays a symlink), mode, link target, size
+and sha256 of its contents. A runbook relocates its install (hostkit/rbkit/relocate.py rewrites bin/
 scripts and pyvenv.cfg for the new path): for those files the expected contents are the source's,
 rewritten exactly as relocation defines. Modification times are reported (a note), not judged.
 """

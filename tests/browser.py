@@ -10,9 +10,9 @@ installed by `make system-packages`), screenshotted, and its rendered DOM read b
   transparent, inside the page), the heading's, and whether each picture loaded. The report itself
   carries no script.
 
-`assert_seen(run_dir)` then holds the page to its report.json: the outcome in the heading, where
-the run stopped (when the report says), every step's row, every failed check's row (host, id, reason), every picture loaded, the screenshot not
-one colour and showing the outcome's colour.
+`assert_seen(run_dir)` then holds the page to its report.json: the outcome in the heading, where the
+run stopped (when the report says), every step's row, every failed check's row (host, id, reason),
+every picture loaded, the screenshot not one colour and showing the outcome's colour.
 
 Without chromium the tests that need it skip, except in CI (`CI=true`), where they fail.
 """

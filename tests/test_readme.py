@@ -137,3 +137,116 @@ def test_the_compilers_own_exit_codes():
     said(r"\| 0 \| ok \|")
     said(r"\| 70 \| internal error")
     assert (cli.EXIT_OK, cli.EXIT_INTERNAL) == (0, 70)
+
+
+def auto_order(runbook: str) -> list[str]:
+    """The order `compression: auto` takes unmeasured, as the compiled runbook holds it."""
+    text = (ROOT / "generated" / runbook).read_text(encoding="utf-8")
+    m = re.search(r"RB_AUTO_COMPRESSION=\(\s*([^)]*)\)", text)
+    assert m, f"{runbook}: no RB_AUTO_COMPRESSION"
+    return m.group(1).split()
+
+
+def test_compression_auto():
+    from rbkit import model
+
+    # what the relay measures: lz4 -1, zstd at each of ZSTD_LEVELS
+    said(r"lz4 -1 and zstd -1/-3 packing a sample of the tree")
+    assert [w for tool in ("lz4", "zstd") for w, _, _ in common.measured_words(tool)] == [
+        "lz4",
+        "zstd-1",
+        "zstd-3",
+    ]
+    assert common.measured_words("lz4")[0][1][2] == "-1"
+    margin = int(said(r"a compressor only where it beats none by ([0-9]+)%").group(1))
+    assert round((model.MARGIN - 1) * 100) == margin
+    # unmeasured: lz4, else zstd, else none; a fan-out bundle zstd first
+    said(r"else lz4 where both ends have it, else zstd, else none")
+    assert auto_order("b300.sh") == ["lz4", "zstd"]
+    said(r"a fan-out bundle, copied to every node, takes zstd first")
+    assert "fanout:" in (ROOT / "specs/cluster8.yaml").read_text(encoding="utf-8")
+    assert auto_order("cluster8.sh") == ["zstd", "lz4"]
+
+
+def test_a_failed_install_is_never_a_backup():
+    from rbkit import installs
+
+    # issue 46: the README said both "never a backup" and "keeps the failed one as a backup"
+    assert not re.search(r"failed (one|install) as a backup", README.replace("\n", " "))
+    said(
+        r"the failed one is kept apart as `NAME\.rb-failed` \(one only, replaced by the next "
+        r"failure; never a backup, never restored by `--restore`\)"
+    )
+    said(r"keeps the failed one apart as `NAME\.rb-failed` \(never a backup")
+    assert installs.failed_path("/opt/NAME") == "/opt/NAME.rb-failed"
+
+
+def test_the_pictures_command_runs(tmp_path):
+    """The README's command that draws a run's pictures by hand runs as written (issue 46: it
+    named `rbkit report --pictures`, which does not exist)."""
+    assert "rbkit report" not in README
+    said(r"`python -m rbview report \.\.\. --pictures DIR`")
+    usage = subprocess.run(
+        [sys.executable, "-m", "rbview", "report", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert usage.returncode == 0 and "--pictures" in usage.stdout, usage.stderr
+    words = (
+        said(
+            r"python -m rbview (--report runs/NAME/latest/report\.json --events "
+            r"runs/NAME/latest/events\.tsv \\\n\s*--out runs/NAME/latest) \[--fanout "
+            r"runs/NAME/fanout/fanout\.json\]"
+        )
+        .group(1)
+        .replace("\\\n", " ")
+        .split()
+    )
+    run = tmp_path / "runs/NAME/latest"
+    run.mkdir(parents=True)
+    (run / "report.json").write_text("{}\n", encoding="utf-8")
+    (run / "events.tsv").write_text("", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-I", "-m", "rbview", *words],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in run.glob("*.*")) == [
+        "events.tsv",
+        "report.html",
+        "report.json",
+        "timeline.svg",
+    ]
+
+
+def test_every_option_the_readme_gives_a_command_is_one_it_takes():
+    """`bash generated/X.sh --FLAG`, `compile --FLAG` and `make TARGET` as the README writes
+    them: each flag is in the runbook's or the compiler's --help, each target in the Makefile."""
+    runbook = subprocess.run(
+        ["bash", "generated/b300.sh", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert runbook.returncode == 0, runbook.stderr
+    compiler = subprocess.run(
+        [sys.executable, "-m", "compiler", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert compiler.returncode == 0, compiler.stderr
+    targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text("utf-8"), re.M))
+    seen = {"runbook": set(), "compile": set(), "make": set()}
+    for m in re.finditer(r"\bbash generated/[a-z0-9-]+\.sh((?: --[a-z-]+)+)", README):
+        seen["runbook"].update(m.group(1).split())
+    for m in re.finditer(r"(?:^|`|\$ )compile((?: --[a-z-]+(?: [^\s`-][^\s`]*)*)+)", README, re.M):
+        seen["compile"].update(w for w in m.group(1).split() if w.startswith("--"))
+    for m in re.finditer(r"(?:^|`)make ([a-z-]+)\b", README, re.M):
+        seen["make"].add(m.group(1))
+    assert {"--plan", "--apply", "--discard-staging", "--list-backups"} <= seen["runbook"]
+    assert {"--check", "--kit-diff", "--standalone", "--new", "--from"} <= seen["compile"]
+    for flag in sorted(seen["runbook"]):
+        assert re.search(r"^\s+%s\b" % re.escape(flag), runbook.stdout, re.M), flag
+    for flag in sorted(seen["compile"]):
+        assert re.search(r"[\s\[]%s\b" % re.escape(flag), compiler.stdout), flag
+    assert {"run", "test", "regen", "reliability"} <= seen["make"]
+    assert seen["make"] <= targets, seen["make"] - targets

@@ -14,7 +14,9 @@ import statistics
 import sys
 
 LABELS = {
-    "nullN": "null relay, {streams} streams side by side (zeros, aes128-gcm, each its own ssh pair)",
+    "nullN": (
+        "null relay, {streams} streams side by side (zeros, aes128-gcm, each its own ssh pair)"
+    ),
     "seed": "the seed's one-liner: ssh a 'tar cf -' | ssh b 'tar xf -' (default cipher)",
     "lz4": "hand: aes128-gcm + lz4 -1",
     "zstd": "hand: aes128-gcm + zstd -1 -T{zstd_t}",

@@ -1,5 +1,6 @@
 """Faults, end to end against real sshd hosts: each run fails non-zero naming the step and host, the
-destination that existed before is byte-identical, and a re-run after the fault is fixed completes."""
+destination that existed before is byte-identical, and a re-run after the fault is fixed
+completes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A freshly booted machine passes `make test` (issue 34): every lab makes what it needs under the
-boot-emptied /run itself (tests/lab/rundirs.py), so none relies on a dir that another lab, an earlier
-run or an installer left there. The fan-out clusters' sshds once exited at setup ("Missing privilege
-separation directory: /run/sshd") on a fresh machine, because only the two-host lab made that dir.
+boot-emptied /run itself (tests/lab/rundirs.py), so none relies on a dir that another lab, an
+earlier run or an installer left there. The fan-out clusters' sshds once exited at setup ("Missing
+privilege separation directory: /run/sshd") on a fresh machine, because only the two-host lab made
+that dir.
 
 Each lab here starts in a private mount namespace with an empty tmpfs over /run (this machine's
 /run, which live labs of other test runs use, stays as it is)."""
@@ -39,7 +40,9 @@ _SCRIPT = textwrap.dedent("""
     out = {"before": sorted(os.listdir("/run"))}
     if kind == "lab":
         with Lab(("src", "dst"), prefix="rbfresh") as lab:
-            out["hostnames"] = [lab.ssh(h, "hostname", check=True).stdout.strip() for h in lab.hosts]
+            out["hostnames"] = [
+                lab.ssh(h, "hostname", check=True).stdout.strip() for h in lab.hosts
+            ]
     else:
         cls = SlurmCluster if kind == "slurm" else Cluster
         with cls(2, subnet=subnet) as c:
@@ -74,8 +77,8 @@ def _start_on_empty_run(kind: str, share: tuple[str, ...] = ()) -> dict:
 @pytest.mark.e2e
 def test_every_lab_comes_up_from_an_empty_run():
     """The cluster, the Slurm cluster and the two-host lab, each from an empty /run: no /run/sshd,
-    no /run/rblab, no /run/netns. The Lab shares this machine's /run/rblab (its slot allocation lock,
-    held by live labs of other runs); the clusters start from nothing at all."""
+    no /run/rblab, no /run/netns. The Lab shares this machine's /run/rblab (its slot allocation
+    lock, held by live labs of other runs); the clusters start from nothing at all."""
     require_lab()
     require(slurm_unavailable_reason() or cluster_unavailable_reason(), "the Slurm lab")
     for kind, share in (("cluster", ()), ("slurm", ()), ("lab", (LAB_LOCKS.path,))):

@@ -1,8 +1,8 @@
-"""report.html of runbooks run for real, seen in headless Chromium (issue 36): a passing run, a
-run whose checks failed and a run interrupted mid-transfer each show their outcome, every step row
-and every failed check, their timeline loads, and the screenshot is not blank (tests/browser.py).
-The fan-out's page is seen from tests/picture_data's run (tests/hostkit/test_report_browser.py): a fan-out
-run needs the Slurm or clush mini-cluster."""
+"""report.html of runbooks run for real, seen in headless Chromium (issue 36): a passing run, a run
+whose checks failed and a run interrupted mid-transfer each show their outcome, every step row and
+every failed check, their timeline loads, and the screenshot is not blank (tests/browser.py). The
+fan-out's page is seen from tests/picture_data's run (tests/hostkit/test_report_browser.py): a
+fan-out run needs the Slurm or clush mini-cluster."""
 
 from __future__ import annotations
 

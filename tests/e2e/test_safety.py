@@ -22,7 +22,8 @@ KIT = str(Path(__file__).resolve().parents[2] / "hostkit")
 
 
 def identity_on(lab, host: str, path: Path) -> dict:
-    """hostfs.identity(path) run on `host` over ssh (the kit from this checkout: one file system)."""
+    """hostfs.identity(path) run on `host` over ssh (the kit from this checkout: one file
+    system)."""
     r = lab.ssh(
         host,
         [

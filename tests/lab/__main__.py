@@ -1,8 +1,8 @@
 """`python -m tests.lab measure [--torch]`: time the lab's parts on this machine (root needed).
 
 Prints one JSON object: lab start/stop for 2 and 3 hosts, ssh connect times (fresh and through a
-multiplexed master), ext4 scratch mkfs+mount, and payload builds (into a fresh cache dir, so they are
-real builds; the torch one only with --torch, it takes a minute or more). Every loop is bounded.
+multiplexed master), ext4 scratch mkfs+mount, and payload builds (into a fresh cache dir, so they
+are real builds; the torch one only with --torch, it takes a minute or more). Every loop is bounded.
 """
 
 from __future__ import annotations

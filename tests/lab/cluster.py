@@ -351,7 +351,8 @@ class Cluster:
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")])
             (d / "sshd_config").write_text(
                 f"Port 22\nListenAddress 0.0.0.0\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n"
-                f"AuthorizedKeysFile {self.dir}/authorized_keys\nPermitRootLogin prohibit-password\n"
+                f"AuthorizedKeysFile {self.dir}/authorized_keys\n"
+                "PermitRootLogin prohibit-password\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
                 "StrictModes no\nUseDNS no\nMaxStartups 100\nMaxSessions 100\n"
                 "Subsystem sftp /usr/lib/openssh/sftp-server\n"

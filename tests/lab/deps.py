@@ -88,7 +88,8 @@ def ensure_packages() -> None:
             f"{still}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
         )
     # Debian's package would start a system sshd where services are allowed; ours never need it,
-    # and policy-rc.d stops it here. /run/sshd (privilege separation dir) is made by every lab's start (tests/lab/rundirs.py).
+    # and policy-rc.d stops it here. /run/sshd (privilege separation dir) is made by every lab's
+    # start (tests/lab/rundirs.py).
 
 
 def lab_unavailable_reason() -> str | None:

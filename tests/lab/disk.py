@@ -1,12 +1,13 @@
 """Scratch file systems for tests: a loop-mounted ext4 of a given size, and a small tmpfs.
 
 This machine's root file system has no journal: writing tens of thousands of files right after
-deleting a copy of them is slow there. Big test destinations go on an Ext4Mount instead. A TmpfsMount
-of a few MiB is the "disk full" fault (ENOSPC), or with `inodes=` the "no inodes left" one.
+deleting a copy of them is slow there. Big test destinations go on an Ext4Mount instead. A
+TmpfsMount of a few MiB is the "disk full" fault (ENOSPC), or with `inodes=` the "no inodes left"
+one.
 
-Mounts are made in this machine's mount namespace, so the lab's hosts (whose sshd shares it) see them.
-Each mount point's name holds the pid of the process that made it; cleanup_stale_mounts() removes the
-ones whose process is gone (a killed test run).
+Mounts are made in this machine's mount namespace, so the lab's hosts (whose sshd shares it) see
+them. Each mount point's name holds the pid of the process that made it; cleanup_stale_mounts()
+removes the ones whose process is gone (a killed test run).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Load them from the root conftest with `pytest_plugins = ["tests.lab.fixtures"]` 
 registration, one session lab) or `from tests.lab.fixtures import *`.
 
 Without root or `ip netns`, a fixture that needs them skips the test with the reason -- except when
-the environment variable CI is set (CI=true), where it fails the test with the reason instead: CI must
-never pass by skipping the end-to-end tests.
+the environment variable CI is set (CI=true), where it fails the test with the reason instead: CI
+must never pass by skipping the end-to-end tests.
 """
 
 from __future__ import annotations

@@ -7,17 +7,23 @@ Lab's state, and splitting them would spread one lifecycle over several files.)
         subprocess.run(["ssh", "-F", lab.ssh_config, "dst", "true"])
 
 Layout (S is a /24 slot picked per run, so parallel runs never clash):
-    host i       <-> this machine: veth pair, host 10.213.S.(4i+2)/30, this machine 10.213.S.(4i+1)/30
+    host i       <-> this machine: veth pair, host 10.213.S.(4i+2)/30,
+                     this machine 10.213.S.(4i+1)/30
     allow(a, b)  :  veth pair a <-> b, link k: a 10.213.S.(128+4k+1)/30, b 10.213.S.(128+4k+2)/30
 A host has no default route and this machine does not forward (per-interface forwarding=0 on our
-veths), so a host reaches only this machine's end of its own link (and its direct links). This machine
-reaches every host. Only these addresses are ever contacted; `unreachable 10.213.0.0/16` (left in
-place) keeps a lab address that no live link covers from taking this machine's default route.
+veths), so a host reaches only this machine's end of its own link (and its direct links). This
+machine reaches every host. Only these addresses are ever contacted; `unreachable 10.213.0.0/16`
+(left in place) keeps a lab address that no live link covers from taking this machine's default
+route.
 
-Each sshd runs as `nsenter --net=/run/netns/NS unshare --uts sh -c 'hostname NAME; exec sshd -D -e'`.
-nsenter (not `ip netns exec`) keeps the sshd in this machine's mount namespace: `ip netns exec` makes a
-private copy of the mounts, so a loop mount made after the host started would be invisible to it.
-Hosts therefore share this machine's file system exactly, and `hostname` inside a host prints its name.
+Each sshd runs as
+
+    nsenter --net=/run/netns/NS unshare --uts sh -c 'hostname NAME; exec sshd -D -e'
+
+nsenter (not `ip netns exec`) keeps the sshd in this machine's mount namespace: `ip netns exec`
+makes a private copy of the mounts, so a loop mount made after the host started would be invisible
+to it. Hosts therefore share this machine's file system exactly, and `hostname` inside a host
+prints its name.
 """
 
 from __future__ import annotations
@@ -169,8 +175,8 @@ def ensure_guard_route() -> None:
     """`unreachable 10.213.0.0/16` in this machine's namespace, left in place on purpose.
 
     Longest prefix wins, so it only catches lab addresses that no live /30 covers: a host whose link
-    to this machine was taken down on this side, a removed direct link, a lab already torn down. Those
-    fail here at once ("No route to host") and never take the default route off this machine.
+    to this machine was taken down on this side, a removed direct link, a lab already torn down.
+    Those fail here at once ("No route to host") and never take the default route off this machine.
     """
     _run(["ip", "route", "replace", "unreachable", f"{NET_PREFIX}.0.0/16"])
 
@@ -234,8 +240,8 @@ class Host:
 
     @property
     def home(self) -> Path:
-        """$HOME of ssh sessions on this host (sshd's SetEnv): empty, so no dotfile of this machine's
-        root runs on a host, and hosts do not share ~/.cache and the like."""
+        """$HOME of ssh sessions on this host (sshd's SetEnv): empty, so no dotfile of this
+        machine's root runs on a host, and hosts do not share ~/.cache and the like."""
         return self.dir / "home"
 
     @property
@@ -428,7 +434,8 @@ class Lab:
 
     # ---------------------------------------------------------------- building
     def _free_slot(self) -> int:
-        """Lowest /24 of NET_PREFIX with no address on this machine (called under the alloc lock)."""
+        """Lowest /24 of NET_PREFIX with no address on this machine (called under the alloc
+        lock)."""
         out = _run(["ip", "-4", "-o", "addr", "show"]).stdout
         used = {
             int(m.group(1)) for m in re.finditer(rf"inet {re.escape(NET_PREFIX)}\.(\d+)\.", out)
@@ -631,7 +638,8 @@ SetEnv HOME={h.home}
     def ssh_argv(
         self, name_or_addr: str, remote: str | Sequence[str] = (), options: Sequence[str] = ()
     ) -> list[str]:
-        """`ssh -F CONFIG [options] HOST -- REMOTE`; a list remote is quoted for the remote shell."""
+        """`ssh -F CONFIG [options] HOST -- REMOTE`; a list remote is quoted for the remote
+        shell."""
         cmd = remote if isinstance(remote, str) else shlex.join(remote)
         return [
             "ssh",
@@ -749,8 +757,8 @@ SetEnv HOME={h.home}
             raise LabError(f"side must be 'host' or 'root', not {side!r}")
 
     def replace_host_key(self, name: str, *, trust: bool = False) -> str:
-        """Give the host a new host key and restart its sshd (open sessions go on). known_hosts keeps
-        the old key unless trust=True, so strict clients refuse it. Returns `TYPE BASE64`."""
+        """Give the host a new host key and restart its sshd (open sessions go on). known_hosts
+        keeps the old key unless trust=True, so strict clients refuse it. Returns `TYPE BASE64`."""
         h = self.host(name)
         self._dirty.add(name)
         self._keygen(h.host_key, f"rblab-{h.name}-new")
@@ -816,9 +824,10 @@ SetEnv HOME={h.home}
         self._write_known_hosts()
 
     def reset(self) -> None:
-        """Back to the state start() left: no direct links, and for every host a fault method touched
-        since the last reset: links up, original host key, sshd running (its leftover sessions killed),
-        ssh checked. For a shared (session) lab after a test injected faults; cheap when none did."""
+        """Back to the state start() left: no direct links, and for every host a fault method
+        touched since the last reset: links up, original host key, sshd running (its leftover
+        sessions killed), ssh checked. For a shared (session) lab after a test injected faults;
+        cheap when none did."""
         for a, b in list(self.links):
             self.disallow(a, b)
         dirty = [self.hosts[n] for n in sorted(self._dirty)]
@@ -841,7 +850,8 @@ SetEnv HOME={h.home}
         self._dirty.clear()
 
     def forwarding(self) -> dict[str, str]:
-        """IPv4 forwarding flags that keep hosts apart: global and on each of our root-side veths."""
+        """IPv4 forwarding flags that keep hosts apart: global and on each of our root-side
+        veths."""
         out = {"ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()}
         for h in self.hosts.values():
             out[h.veth_root] = (
@@ -859,7 +869,8 @@ def _attempt(errors: list[str], fn, *args, **kw) -> None:
 
 
 def _reap(proc: subprocess.Popen, name: str) -> None:
-    """Wait for a signalled process (bounded by budget(_EXIT_WAIT_S)); SIGKILL it when it lingers."""
+    """Wait for a signalled process (bounded by budget(_EXIT_WAIT_S)); SIGKILL it when it
+    lingers."""
     try:
         proc.wait(timeout=budget(_EXIT_WAIT_S))
     except subprocess.TimeoutExpired:

@@ -8,12 +8,12 @@
     p.venv, p.python, p.bin("payload-hello")
 
 Cache: <cache_dir>/rb-payload-<kind>-<key>/venv, where key hashes every input (kind, the base
-interpreter, the torch pin, the package's files, the file count, FORMAT). A venv holds its own absolute
-path (script shebangs, bin/activate), so it cannot be built elsewhere and renamed into place; instead
-the build runs under an flock, in its final place, and the entry counts as built only once the READY
-file beside the venv exists -- written last, by an atomic rename. An entry without READY (a killed
-build) is deleted and rebuilt, never reused. READY is outside the venv, so the venv's tree is exactly
-what pip made (plus the many-files tree for "many").
+interpreter, the torch pin, the package's files, the file count, FORMAT). A venv holds its own
+absolute path (script shebangs, bin/activate), so it cannot be built elsewhere and renamed into
+place; instead the build runs under an flock, in its final place, and the entry counts as built only
+once the READY file beside the venv exists -- written last, by an atomic rename. An entry without
+READY (a killed build) is deleted and rebuilt, never reused. READY is outside the venv, so the
+venv's tree is exactly what pip made (plus the many-files tree for "many").
 
 Treat a cached venv as read-only. A test that must change or break its source venv builds its own
 with build_payload(kind, dest=PATH) (not cached).

@@ -9,13 +9,17 @@ booted machine, because only the two-host lab made that dir, and the fan-out tes
 
 What the labs rely on under a boot-emptied file system, audited (Lab, Cluster, SlurmCluster):
 
-| path | who needs it | made by |
-| --- | --- | --- |
-| /run/sshd | every sshd (Lab, Cluster and SlurmCluster nodes): its privilege separation (chroot) dir; sshd exits rc=255 without it, and refuses one not owned by root or writable by group/others | `ensure_run_dirs()` |
-| /run/rblab | every lab's lock files (a held flock = a live run) and the Lab's slot allocation lock | `ensure_run_dirs()` |
-| /run/netns | `ip netns add` (and `nsenter --net=/run/netns/NS`) | iproute2 itself, at the first `ip netns add` |
-| /run/munge, /run/slurm* | nothing: the Slurm lab gives munged its socket, pid, seed and log, and slurmctld/slurmd their pid, spool and state under the cluster's dir (/var/tmp/rbfan-RUN) | - |
-| /dev/shm, /run/lock, /run/user | nothing | - |
+- /run/sshd, made by `ensure_run_dirs()`: every sshd (Lab, Cluster and SlurmCluster nodes) needs
+  it, its privilege separation (chroot) dir; sshd exits rc=255 without it, and refuses one not
+  owned by root or writable by group/others.
+- /run/rblab, made by `ensure_run_dirs()`: every lab's lock files (a held flock = a live run) and
+  the Lab's slot allocation lock.
+- /run/netns, made by iproute2 itself at the first `ip netns add`: `ip netns add` (and `nsenter
+  --net=/run/netns/NS`).
+- /run/munge, /run/slurm*: nothing needs them: the Slurm lab gives munged its socket, pid, seed
+  and log, and slurmctld/slurmd their pid, spool and state under the cluster's dir
+  (/var/tmp/rbfan-RUN).
+- /dev/shm, /run/lock, /run/user: nothing needs them.
 
 Everything else a lab writes lives under /tmp (made per run) or /var/tmp (kept across boots), and
 is made by the run that uses it. tests/e2e/test_lab_fresh.py starts every lab with an empty /run

@@ -1,6 +1,7 @@
-"""A Slurm mini-cluster on top of tests/lab/cluster.py: the same N namespace nodes, each also running
-slurmd inside its own network, mount and UTS namespaces (so a task on node02 writes node02's /tmp),
-slurmctld and a private munged in this machine's namespaces. Debian's slurm-wlm 22.05 and munge.
+"""A Slurm mini-cluster on top of tests/lab/cluster.py: the same N namespace nodes, each also
+running slurmd inside its own network, mount and UTS namespaces (so a task on node02 writes node02's
+/tmp), slurmctld and a private munged in this machine's namespaces. Debian's slurm-wlm 22.05 and
+munge.
 
     with SlurmCluster(8, subnet=subnets.subnet("fanout_slurm")) as c:   # tests/lab/subnets.py
         c.env                       # SLURM_CONF for salloc/srun/sbcast/scontrol

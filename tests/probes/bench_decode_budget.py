@@ -1,4 +1,5 @@
-"""The kernel audit's decoding limits, measured (issue 33 N8): not a test, a benchmark to run by hand.
+"""The kernel audit's decoding limits, measured (issue 33 N8): not a test, a benchmark to run by
+hand.
 
     .venv/bin/python tests/probes/bench_decode_budget.py [--hostkit DIR] [case ...]
 

@@ -123,8 +123,10 @@ def run_cli(*args, python=None, env=None, cwd=None, stdin=None, timeout=300):
 def cli_json(done):
     try:
         return json.loads(done.stdout)
-    except ValueError:
-        raise AssertionError("stdout is not JSON:\n%s\nstderr:\n%s" % (done.stdout, done.stderr))
+    except ValueError as exc:
+        raise AssertionError(
+            "stdout is not JSON:\n%s\nstderr:\n%s" % (done.stdout, done.stderr)
+        ) from exc
 
 
 def fatbin_entry(
@@ -204,7 +206,7 @@ def tiny_elf(
     body = b""
     placed = []
     pos = 64
-    for (_name, _type, data, _link), noff in zip(sections, offsets):
+    for _name, _type, data, _link in sections:
         pad = -pos % 8
         body += b"\0" * pad
         pos += pad
@@ -227,7 +229,7 @@ def tiny_elf(
         "<HHIQQQIHHHHHH", etype, machine, 1, 0, 0, shoff, flags, 64, 0, 0, 64, shnum, shnum - 1
     )
     table = b"\0" * 64
-    for (name, sh_type, data, link), noff, off in zip(sections, offsets, placed):
+    for (_name, sh_type, data, link), noff, off in zip(sections, offsets, placed):
         entsize = 24 if sh_type == 2 else 0
         table += struct.pack(
             "<IIQQQQIIQQ",

@@ -101,9 +101,10 @@ def test_run_writes_the_report_and_the_table(tmp_path):
     assert "exited 3" in snippet["reason"] and snippet["values"]["exit"] == 3
     assert "unknown check type 'teleport'" in doc["checks"][3]["reason"]
     lines = done.stderr.strip().splitlines()
-    table = [l for l in lines if l.split()[0] in ("check", "shell", "snippet", "mods", "mystery")]
+    ids = ("check", "shell", "snippet", "mods", "mystery")
+    table = [row for row in lines if row.split()[0] in ids]
     assert len(table) == 5
-    status_col = {l.index(l.split()[2]) for l in table}
+    status_col = {row.index(row.split()[2]) for row in table}
     assert len(status_col) == 1  # aligned
     assert "2 passed, 2 failed, 0 skipped" in lines[-1]
 

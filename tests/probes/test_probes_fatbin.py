@@ -226,7 +226,7 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
         assert (workers, alone, same) == (jobs, 0, True), (target, jobs)
         assert gpu_files >= len(fatbins) and errors
         assert bool(waived) == (target == [9, 0])
-    for path, size in checks_static._candidates(str(root), []):
+    for path, _size in checks_static._candidates(str(root), []):
         rec = checks_static._audit_file(
             path, False, str(root), (10, 3), None, checks_static.DEFAULT_PARTIAL_OK, False
         )
@@ -248,9 +248,9 @@ def test_workers_give_the_one_process_audit(fatbins, tmp_path):
 
 
 def test_audit_workers_answer_in_order_and_a_lost_one_is_redone_here():
-    """rbprobes.workers.over_workers (in a process without threads): items taken largest first by several
-    workers, results in the items' order; an item whose worker died is computed in the calling
-    process; in a process with threads nothing forks."""
+    """rbprobes.workers.over_workers (in a process without threads): items taken largest first by
+    several workers, results in the items' order; an item whose worker died is computed in the
+    calling process; in a process with threads nothing forks."""
     script = (
         "import json, os, threading, time\n"
         "from rbprobes.workers import over_workers as _over_workers\n"

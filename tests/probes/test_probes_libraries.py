@@ -30,7 +30,7 @@ def load_then_check(libs, *cli_args, devices=None):
         % (devices, devices, ["libraries", "--module", "ctypes"] + list(cli_args))
     )
     done = subprocess.run(
-        [sys.executable, "-c", code] + [str(l) for l in libs],
+        [sys.executable, "-c", code] + [str(lib) for lib in libs],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -48,7 +48,7 @@ def test_system_cudart_shadowing_the_venv_is_caught(fake_libs, tmp_path):
     assert rc == 1 and result["status"] == "fail"
     assert str(fake_libs["12"]) in result["reason"]
     assert "outside the expected dirs" in result["reason"]
-    (loaded,) = [l for l in result["values"]["loaded"] if l["lib"] == "libcudart"]
+    (loaded,) = [lib for lib in result["values"]["loaded"] if lib["lib"] == "libcudart"]
     assert loaded["cuda_major"] == 12 and loaded["expected_dir"] is False
 
 
@@ -158,8 +158,8 @@ def test_static_inventory_by_cuda_major(tmp_path):
     site = make_venv(tmp_path)
     inv = library_inventory(str(tmp_path))
     by_file = {
-        l["file"].split("site-packages/")[1]: (l["lib"], l["cuda_major"], l["source"])
-        for l in inv["shipped"]
+        lib["file"].split("site-packages/")[1]: (lib["lib"], lib["cuda_major"], lib["source"])
+        for lib in inv["shipped"]
     }
     assert by_file == {
         "nvidia/cu13/lib/libcudart.so.13": ("libcudart", 13, "soname"),
@@ -221,7 +221,7 @@ def test_maps_parsing_and_report():
         ]
     )
     report = loaded_report(maps, ["/venv"])
-    assert [(l["lib"], l["cuda_major"]) for l in report["loaded"]] == [
+    assert [(lib["lib"], lib["cuda_major"]) for lib in report["loaded"]] == [
         ("libcublas", 13),
         ("libcudart", 12),
     ]
