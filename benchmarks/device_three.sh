@@ -21,7 +21,7 @@
 # stat, per CPU) are printed as they come; the runbook's compression and relay lines and its steps'
 # times after each of its runs. At the end the table side by side (RATE | unshaped), issue 47's
 # targets, and in $OUT (OUT, else ./device-three-out) device_three.json, three-rows.tsv (a line a
-# timed row), runbook.log (every run's log) and sshd.log.
+# timed row), runbook.log (every run's terminal output and its run.log) and sshd.log.
 #
 # Environment: SRC (/opt/torch/.venv) and DST (/opt/rb-relay/.venv), as compiled into RUNBOOK;
 # SHAPE=0: unshaped rows only (where tc cannot shape, said and done so anyway); DEADLINE (s, 540
@@ -196,6 +196,8 @@ d = json.load(open(sys.argv[1]))
 print("steps: " + " ".join("%s=%.2f" % (s["id"], s["duration_s"]) for s in d["steps"]))' \
         "${top}/run/report.json"; } 2>/dev/null | tr '\t' ' ' | tr '\n' '|' || true)
     note=${note%|}
+    # the run's own log (the model's every figure: `compression: ... every figure in run.log`)
+    cp -- "${top}/run/run.log" "${logs}/runbook-${n}-${shape}-${r}.run.log" 2>/dev/null || true
   fi
   cs=$(spent "${src_cpus}" before after)
   cd=$(spent "${dst_cpus}" before after)
