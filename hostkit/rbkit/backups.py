@@ -10,14 +10,14 @@ import os
 from typing import Optional
 
 from . import hostfs
-from .runner import Context, Result, _require_lock
+from .runner import Context, Result, require_lock
 
 
 def restore(ctx: Context, number: Optional[int] = None) -> Result:
     """`--restore [N]`: backup N (default: the newest whose checks passed) back at the
     destination; says which and why, and what is in place now. The runbook runs the checks on it
     next (probe)."""
-    _require_lock(ctx)
+    require_lock(ctx)
     ctx.critical += 1
     try:
         result = hostfs.restore(

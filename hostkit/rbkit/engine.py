@@ -47,91 +47,36 @@ from rbrules import launch
 from rbrules.common import compressors, human
 from rbrules.proven import NotOurs, not_ours_in_tree
 
-from . import exports as kitexports
-from . import hostfs, privacy, staging
-from . import manifest as kitmanifest
-from . import relocate as kitrelocate
-
-# the runner and the steps of the other modules, named here for the engine's callers (serve.py,
-# fanout.py, source.py): `engine.run(ctx, "verify", engine.verify)`
-from .backups import list_backups, restore
+from . import exports, hostfs, manifest, privacy, relocate, staging
 from .proof import (
-    _cancel_elsewhere,
-    _report_elsewhere,
+    cancel_elsewhere,
     interpreter_prefix,
     prove,
     prove_scripts,
-    stop_background,
+    report_elsewhere,
     verify,
 )
 from .receive import receive
 from .runner import (
     INSTALLED,
-    STEPS,
     Context,
     Result,
     StepError,
-    _load_keyed,
-    _require,
-    _require_lock,
-    _sha256,
-    _write_stamp,
     jobs,
-    make_state,
+    load_keyed,
     os_error_words,
-    read_stamp,
     remove_tree,
+    require_lock,
+    require_stamp,
     run,
+    sha256_file,
     skipped,
-    staging_path,
     user_name,
     write_file,
+    write_stamp,
 )
-from .staging import discard_staging, resumable, stage
+from .staging import stage
 from .stream import child_env, run_quiet, tail
-
-__all__ = [
-    "Context",
-    "Result",
-    "StepError",
-    "INSTALLED",
-    "SKIPPED_WHEN_CURRENT",
-    "STEPS",
-    "after_failure",
-    "begin_early_check",
-    "current",
-    "exports",
-    "finish",
-    "install",
-    "jobs",
-    "list_backups",
-    "make_state",
-    "os_error_words",
-    "own_env_copy",
-    "preflight",
-    "probe",
-    "prove",
-    "prove_scripts",
-    "read_stamp",
-    "receive",
-    "relocate",
-    "remove_tree",
-    "restore",
-    "resumable",
-    "rollback",
-    "discard_staging",
-    "run",
-    "skipped",
-    "stage",
-    "staging_path",
-    "step",
-    "stop_background",
-    "swap",
-    "take_lock",
-    "user_name",
-    "verify",
-    "write_file",
-]
 
 
 def after_failure(ctx: Context, step: str) -> Optional[dict]:
@@ -182,10 +127,10 @@ def install(
         ("stage", stage, {"delta": carried is not None, "carried": carried}),
         ("receive", receive, {"producer": producer}),
         ("verify", verify, {}),
-        ("relocate", relocate, {}),
+        ("relocate", relocate_staging, {}),
         ("prove", prove, {}),
         ("swap", swap, {}),
-        ("exports", exports, {}),
+        ("exports", write_exports, {}),
     ]
     if ctx.probe_config:
         steps.append(("probe", probe, {}))
@@ -351,28 +296,28 @@ class EarlyCheck:
     """The quick check's half that needs no source: the stat walk of the destination against its
     install, in a thread begun as soon as this run holds the destination's lock, while the
     runbook is still scanning the source. `current` (mode quick) takes it; nothing this run does
-    writes to the destination before that. The walk is the live plan's (kitmanifest.tree_stat):
+    writes to the destination before that. The walk is the live plan's (manifest.tree_stat):
     when its lines' sha256 is the one the install recorded in its manifest's header
     (INSTALLED_STAT), the tree is as installed and only that header is read (`installed` holds
     only it, and nothing is kept for the steps: ctx.installed() reads the whole manifest if a
     step needs it); else the manifest is read and every entry compared
-    (`kitmanifest.check_tree`)."""
+    (`manifest.check_tree`)."""
 
     def __init__(self, dest: str) -> None:
         self.dest = dest
         self.installed: Optional[dict] = None
         self.key: Optional[tuple] = None
         self.tree: Optional[dict] = None
-        head = kitmanifest.read_header(os.path.join(dest, INSTALLED))
-        self._walk: Optional[kitmanifest.StatWalk] = None
+        head = manifest.read_header(os.path.join(dest, INSTALLED))
+        self._walk: Optional[manifest.StatWalk] = None
         if (
             head is not None
             and head.get("source_stat_fingerprint") is not None
-            and head.get(kitmanifest.INSTALLED_STAT)
+            and head.get(manifest.INSTALLED_STAT)
         ):
             # begun here, before this check's thread: where the host has the cores, its
             # workers are forked while this process has one thread (serve: the lock's request)
-            self._walk = kitmanifest.StatWalk(dest, head.get("excludes") or ())
+            self._walk = manifest.StatWalk(dest, head.get("excludes") or ())
         self._head = head
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -387,7 +332,7 @@ class EarlyCheck:
                 lines = None
             if (
                 lines is not None
-                and hashlib.sha256(b"".join(lines)).hexdigest() == head[kitmanifest.INSTALLED_STAT]
+                and hashlib.sha256(b"".join(lines)).hexdigest() == head[manifest.INSTALLED_STAT]
             ):
                 self.installed = {"header": head}
                 self.tree = {
@@ -397,11 +342,11 @@ class EarlyCheck:
                 }
                 return
         try:
-            self.key, self.installed = _load_keyed(path, None)
+            self.key, self.installed = load_keyed(path, None)
         except (OSError, ValueError):
             return
         if self.installed["header"].get("source_stat_fingerprint") is not None:
-            self.tree = kitmanifest.check_tree(self.dest, self.installed)
+            self.tree = manifest.check_tree(self.dest, self.installed)
 
     def take(self) -> tuple:
         """(installed manifest or None, check_tree's result or None)."""
@@ -461,10 +406,10 @@ def current(
             return _not_current(
                 ctx, "the destination holds an install of a different source tree", mode
             )
-        result = kitmanifest.verify(ctx.dest, installed, jobs(ctx.choices.jobs), limit=1 << 30)
+        result = manifest.verify(ctx.dest, installed, jobs(ctx.choices.jobs), limit=1 << 30)
         if not result["ok"]:
             ctx.unlinkable = set(result["missing"]) | {d["p"] for d in result["differ"]}
-            for line in kitmanifest.describe(
+            for line in manifest.describe(
                 dict(
                     result,
                     missing=result["missing"][:20],
@@ -495,8 +440,8 @@ def current(
             return _not_current(ctx, "the source changed since the install", mode)
         why = "up to date (every file re-hashed)"
     else:
-        stat_fp = source_stat or kitmanifest.stat_fingerprint(ctx.new_manifest()["entries"])
-        quick = kitmanifest.quick_check(ctx.dest, installed, stat_fp, tree=tree)
+        stat_fp = source_stat or manifest.stat_fingerprint(ctx.new_manifest()["entries"])
+        quick = manifest.quick_check(ctx.dest, installed, stat_fp, tree=tree)
         if not quick["ok"]:
             for why in quick.get("not_ours", []):
                 ctx.log("not proven ours at the destination (sent again, never linked): %s" % why)
@@ -517,18 +462,18 @@ def _not_current(ctx: Context, why: str, mode: str) -> Result:
     return Result(why, {"up_to_date": 0, "why": why})
 
 
-def relocate(ctx: Context) -> Result:
+def relocate_staging(ctx: Context) -> Result:
     """Rewrite what names the old path (shebangs, activate scripts, pyvenv.cfg) in the verified
     staging, write the install's manifest, and put the rewritten files' digests in the stamp."""
-    _require_lock(ctx)
-    doc = _require(ctx, ("verified",), "relocate")
+    require_lock(ctx)
+    doc = require_stamp(ctx, ("verified",), "relocate")
     # from here the staging is being rewritten: nothing may install it until relocate says so
-    _write_stamp(ctx, dict(doc, stage="relocating"))
-    result = kitrelocate.relocate(ctx.staging, ctx.old, ctx.dest, scan_elsewhere=False)
+    write_stamp(ctx, dict(doc, stage="relocating"))
+    result = relocate.relocate(ctx.staging, ctx.old, ctx.dest, scan_elsewhere=False)
     if ctx.elsewhere is None or ctx.elsewhere[1] != result["old_prefixes"]:
-        _cancel_elsewhere(ctx)
+        cancel_elsewhere(ctx)
         ctx.elsewhere = (
-            kitrelocate.Elsewhere(ctx.staging, result["old_prefixes"]),
+            relocate.Elsewhere(ctx.staging, result["old_prefixes"]),
             result["old_prefixes"],
         )
     m = ctx.new_manifest()
@@ -537,13 +482,13 @@ def relocate(ctx: Context) -> Result:
     for rel, info in result["rewritten"].items():
         change = {"s": info["s"]}
         if algo != "none":
-            change["h"] = kitmanifest.digest(os.path.join(ctx.staging, rel), algo)
+            change["h"] = manifest.digest(os.path.join(ctx.staging, rel), algo)
         changes[rel] = change
-        digests[rel] = _sha256(os.path.join(ctx.staging, rel))
-    installed = kitmanifest.relocated(m, changes, ctx.fingerprint())
+        digests[rel] = sha256_file(os.path.join(ctx.staging, rel))
+    installed = manifest.relocated(m, changes, ctx.fingerprint())
     path = os.path.join(ctx.staging, INSTALLED)
-    kitmanifest.save(installed, path)
-    digests[INSTALLED] = _sha256(path)
+    manifest.save(installed, path)
+    digests[INSTALLED] = sha256_file(path)
     if result["remaining"]:
         raise StepError(
             "still naming %s under bin/ after relocation: %s"
@@ -551,7 +496,7 @@ def relocate(ctx: Context) -> Result:
             lines=result["remaining"],
         )
     ctx.log("rewritten: %s" % (", ".join(sorted(result["rewritten"])) or "nothing"))
-    _write_stamp(ctx, dict(doc, stage="relocated", relocated=digests))
+    write_stamp(ctx, dict(doc, stage="relocated", relocated=digests))
     return Result(
         "%d files rewritten" % len(result["rewritten"]), {"rewritten": len(result["rewritten"])}
     )
@@ -561,8 +506,8 @@ def swap(ctx: Context) -> Result:
     """Put the proven staging at the destination in one rename, then prove it there: sys.prefix
     is the destination, and the console scripts start from it (prove_scripts). What was there is
     kept until the run ends (a backup with on_existing: backup, for good)."""
-    _require_lock(ctx)
-    doc = _require(ctx, ("proven",), "swap")
+    require_lock(ctx)
+    doc = require_stamp(ctx, ("proven",), "swap")
     transient = ctx.choices.on_existing == "replace" and os.path.lexists(ctx.dest)
     ctx.critical += 1
     try:
@@ -584,7 +529,7 @@ def swap(ctx: Context) -> Result:
             "policy": ctx.choices.on_existing,
             "previous_id": _identity_of(previous),
         }
-        _write_stamp(ctx, None)
+        write_stamp(ctx, None)
     finally:
         ctx.critical -= 1
     _record_install(ctx)
@@ -613,7 +558,7 @@ def swap(ctx: Context) -> Result:
             "%d console scripts started from %s by their shebangs (sys.prefix there): %s%s"
             % (len(proven), ctx.dest, ", ".join(proven[:8]), ", ..." if len(proven) > 8 else "")
         )
-    _report_elsewhere(ctx, facts)
+    report_elsewhere(ctx, facts)
     if kept:
         ctx.log("the previous destination is kept at %s" % kept)
     what = "kept until the run ends (replace)" if transient else previous
@@ -669,11 +614,11 @@ def prune_after_checks(ctx: Context) -> None:
         )
 
 
-def exports(ctx: Context) -> Result:
+def write_exports(ctx: Context) -> Result:
     """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
-    _require_lock(ctx)
+    require_lock(ctx)
     c = ctx.choices
-    text, summary = kitexports.render(
+    text, summary = exports.render(
         ctx.dest, c.cuda_home, list(c.library_path_first), dict(c.env), c.origin
     )
     if summary["missing_dirs"]:
@@ -681,7 +626,7 @@ def exports(ctx: Context) -> Result:
             "library dirs do not exist in the venv: %s" % ", ".join(summary["missing_dirs"]),
             lines=summary["missing_dirs"],
         )
-    kitexports.write(ctx.env_out, text, venv=ctx.dest)
+    exports.write(ctx.env_out, text, venv=ctx.dest)
     ctx.log(
         "env file %s; LD_LIBRARY_PATH: %s"
         % (ctx.env_out, library_words(ctx.dest, summary["library_dirs"]))
@@ -718,9 +663,9 @@ def own_env_copy(ctx: Context) -> str:
     env file by its name: that is in the destination's parent, where another user may swap it."""
     if not ctx.state:
         raise StepError("the engine has no private state directory")
-    shown = os.path.join(ctx.dest, kitexports.IN_INSTALL)
+    shown = os.path.join(ctx.dest, exports.IN_INSTALL)
     try:
-        data = kitexports.own_copy(ctx.dest)
+        data = exports.own_copy(ctx.dest)
     except NotOurs as exc:
         raise StepError(
             "refusing to source %s as %s: %s (not written by this kit); look at it, "
@@ -730,7 +675,7 @@ def own_env_copy(ctx: Context) -> str:
     if data is None:
         raise StepError(
             "the install at %s holds no env file of its own (%s: missing): run the "
-            "exports step again (--from exports)" % (ctx.dest, kitexports.IN_INSTALL)
+            "exports step again (--from exports)" % (ctx.dest, exports.IN_INSTALL)
         )
     path = os.path.join(ctx.state, ENV_COPY)
     write_file(path, data, 0o600)
@@ -817,7 +762,7 @@ def rollback(ctx: Context, after: str = "") -> Result:
     """Put back what this run's swap replaced; the failed install is kept apart as
     `DEST.rb-failed` (removed under on_existing: replace), never as a backup. Nothing was there:
     the new install stays, without its manifest, so that no re-run takes it for a good install."""
-    _require_lock(ctx)
+    require_lock(ctx)
     s = ctx.swapped
     if s is None:
         return Result("nothing to roll back: no swap in this run", status="skipped")

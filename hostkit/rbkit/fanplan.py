@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional
 from rbrules import proven
 from rbrules.shown import printable, shown
 
-from . import fanout, liveplan, safefs
+from . import fanreports, liveplan, safefs
 from .choices import Choices
 
 UP_TO_DATE = "holds exactly this source's install: nothing to send"
@@ -72,7 +72,7 @@ def node_state(a: argparse.Namespace) -> int:
         doc["state"] = _pack(b"".join(lines))
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
-    fanout.emit(doc)
+    fanreports.emit(doc)
     shutil.rmtree(a.dir, ignore_errors=True)  # the kit and the bundle (fanout.BUNDLE)
     return 0 if doc["ok"] else 1
 
@@ -83,7 +83,7 @@ def node_state(a: argparse.Namespace) -> int:
 def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
     """Each reporting node's state into D/NODE.state (liveplan.read_state's form: its facts
     hold what differs from its install's manifest); {node: why} for the nodes without one."""
-    reports = fanout.read_reports(nodes, engine_out)
+    reports = fanreports.read_reports(nodes, engine_out)
     os.makedirs(d, mode=0o700, exist_ok=True)
     bad: Dict[str, str] = {}
     for n in nodes:
@@ -180,7 +180,7 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
                 g["blockers"].append(b)
     out = sorted(groups.values(), key=lambda g: nodes.index(g["nodes"][0]))
     for g in out:
-        g["folded"] = fanout.fold(g["nodes"])
+        g["folded"] = fanreports.fold(g["nodes"])
     return out
 
 
@@ -197,17 +197,17 @@ def compose(a: argparse.Namespace) -> int:
     if down:
         blockers.append(
             "unreachable: %s (each named above, with what the engine said)"
-            % fanout.fold(sorted(down))
+            % fanreports.fold(sorted(down))
         )
     for i, g in enumerate(groups, 1):
         g["id"] = i
         g["listing"] = os.path.join(d, "changes-%d.txt" % i)
-        liveplan._write(g["listing"], "".join(line + "\n" for line in g["items"]))
+        safefs.write_private(g["listing"], "".join(line + "\n" for line in g["items"]))
         if g["short"]:
             blockers.append(
                 "not enough room on %s: %s needed at %s, least free %s (%s)"
                 % (
-                    fanout.fold(g["short"]),
+                    fanreports.fold(g["short"]),
                     liveplan.human(g["disk"]["need"]),
                     g["measured_at"],
                     liveplan.human(g["free_min"]),
@@ -226,7 +226,7 @@ def compose(a: argparse.Namespace) -> int:
         "spec_sha256": a.spec_sha,
         "kit_sha256": a.kit_sha,
         "made": a.made,
-        "fanout": {"engine": a.engine, "nodes": fanout.fold(nodes), "count": len(nodes)},
+        "fanout": {"engine": a.engine, "nodes": fanreports.fold(nodes), "count": len(nodes)},
         "source": {
             "host": a.src_host,
             "path": a.src_path,
@@ -250,14 +250,16 @@ def compose(a: argparse.Namespace) -> int:
         "checks": [c.get("id") for c in checks],
         "blockers": blockers,
     }
-    liveplan._write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    safefs.write_private(
+        os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
+    )
     lines = screen(plan, groups, a, checks)
     print("\n".join(lines))
     if a.markdown:
         items: List[str] = []
         for g in groups:
             items += ["# group %d: %s" % (g["id"], g["folded"])] + g["items"]
-        liveplan._write(os.path.join(d, "plan.md"), liveplan.markdown(plan, items, lines))
+        safefs.write_private(os.path.join(d, "plan.md"), liveplan.markdown(plan, items, lines))
     return 1 if blockers else 0
 
 
@@ -350,7 +352,9 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
                 )
             )
         if g["kind"] != UP_TO_DATE:
-            room = "NOT ENOUGH ROOM on " + fanout.fold(g["short"]) if g["short"] else "enough room"
+            room = (
+                "NOT ENOUGH ROOM on " + fanreports.fold(g["short"]) if g["short"] else "enough room"
+            )
             out.append(
                 pad
                 + "to send %s; disk %s needed, least free %s (%s at %s): %s"

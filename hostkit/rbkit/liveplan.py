@@ -42,7 +42,7 @@ from rbrules.shown import printable, shown
 from . import safefs
 from .choices import Choices
 
-INSTALLED = ".rb-manifest.jsonl"  # engine.INSTALLED: the install's own manifest
+INSTALLED = ".rb-manifest.jsonl"  # runner.INSTALLED: the install's own manifest
 SHOWN = 8  # itemized lines shown on the screen (all in changes.txt)
 MARGIN = 10  # percent over the staging's bytes, as preflight asks
 
@@ -208,11 +208,11 @@ def staged_here(dest: str, staging: str) -> dict:
     import types
 
     from .receive import staged_bytes
-    from .staging import _read_mark, resumable_why
+    from .staging import read_mark, resumable_why
 
     files, size, disk = staged_bytes(staging)
     where = types.SimpleNamespace(staging=staging, dest=dest)
-    mark = _read_mark(where) or {}
+    mark = read_mark(where) or {}
     source = str(mark.get("source", ""))
     if source and resumable_why(where, source):
         source = ""
@@ -362,11 +362,6 @@ def changes(
     return out
 
 
-def _write(path: str, text: str) -> None:
-    """A file of this run's private directory: a new file and one rename, never through a link."""
-    safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
-
-
 def judged(
     src_stat: str, body: bytes, facts: dict, dest_body: bytes
 ) -> Tuple[List[list], dict, Optional[dict]]:
@@ -478,7 +473,7 @@ def compose(a: argparse.Namespace) -> int:
     src_stat, body = scan_body(os.path.join(d, "source.scan"))
     facts, dest_body = state_body(os.path.join(d, "dest.state"))
     src, ch, installed = judged(src_stat, body, facts, dest_body)
-    _write(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
+    safefs.write_private(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
     got = assess(a, facts, src, src_stat, ch, installed)
     up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
     staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]
@@ -530,11 +525,13 @@ def compose(a: argparse.Namespace) -> int:
         "checks": [c.get("id") for c in checks],
         "blockers": blockers,
     }
-    _write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    safefs.write_private(
+        os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
+    )
     lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
     print("\n".join(lines))
     if a.markdown:
-        _write(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
+        safefs.write_private(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
     return 1 if blockers else 0
 
 

@@ -21,7 +21,7 @@ from .runner import (
     Context,
     Result,
     StepError,
-    _identity,
+    identity_of,
     jobs,
     read_stamp,
     write_file,
@@ -42,11 +42,11 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     is free, what is still to come of `need`, the bytes the whole staging holds once every stream
     arrived), not as tar's exit status (issue 45)."""
     doc = read_stamp(ctx)
-    if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
+    if doc is None or doc.get("stage") != "staged" or identity_of(ctx.staging) != doc["identity"]:
         raise StepError(
             "refusing to receive: %s is not the staging this run's stage step made" % ctx.staging
         )
-    _forget_received(ctx)
+    forget_received(ctx)
     # the spec's digest: the source's manifest is made with it, verify compares the two
     algo = ctx.choices.verify
     table = compression(ctx.compression)
@@ -271,7 +271,7 @@ def _received_paths(ctx: Context) -> List[str]:
 _PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
 
 
-def _forget_received(ctx: Context, every: bool = False) -> None:
+def forget_received(ctx: Context, every: bool = False) -> None:
     for path in _received_paths(ctx) if every else [_received_path(ctx)]:
         try:
             os.unlink(path)
@@ -292,12 +292,12 @@ def _save_received(ctx: Context, algo: str, digests: dict) -> int:
             continue
         if stat.S_ISREG(st.st_mode):
             files[rel] = [digest, st.st_ino, st.st_ctime_ns, st.st_size]
-    doc = {"algo": algo, "identity": _identity(ctx.staging), "files": files}
+    doc = {"algo": algo, "identity": identity_of(ctx.staging), "files": files}
     write_file(_received_path(ctx), json.dumps(doc, separators=(",", ":")).encode(), 0o600)
     return len(files)
 
 
-def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
+def load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
     """The files receive hashed from the stream, or from each of the streams, into this staging
     (None: no record; a record of another staging or algorithm counts as none: those files are
     read)."""

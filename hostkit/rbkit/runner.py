@@ -19,7 +19,6 @@ import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import cpus, paths, proven
-from rbrules.common import ENGINE_STEPS as STEPS  # noqa: F401 (the engine's names)
 from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import hostfs, safefs
@@ -152,7 +151,7 @@ class Context:
         why = hostfs.why_not_ours_install(self.dest)
         if why:
             raise ValueError("the install at %s is not proven ours: %s" % (self.dest, why))
-        key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
+        key, m = load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
         self.keep_installed(key, m)
         return m
 
@@ -167,7 +166,7 @@ def _file_key(path: str) -> tuple:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
+def load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
     """(stat key, manifest at `path`): `cache`'s manifest when the file has its key still; the
     key is None when the file changed while it was read (nothing to keep)."""
     key = _file_key(path)
@@ -301,7 +300,7 @@ def read_stamp(ctx: Context) -> Optional[dict]:
         return None
 
 
-def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
+def write_stamp(ctx: Context, doc: Optional[dict]) -> None:
     path = _stamp_path(ctx)
     if doc is None:
         try:
@@ -312,7 +311,7 @@ def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
     write_file(path, json.dumps(doc, sort_keys=True).encode(), 0o600)
 
 
-def _identity(path: str) -> List[int]:
+def identity_of(path: str) -> List[int]:
     """(st_dev, st_ino) of a staging directory; a symlink or a file there is refused."""
     try:
         st = os.lstat(path)
@@ -326,7 +325,7 @@ def _identity(path: str) -> List[int]:
     return [st.st_dev, st.st_ino]
 
 
-def _require(ctx: Context, want: tuple, step: str) -> dict:
+def require_stamp(ctx: Context, want: tuple, step: str) -> dict:
     """The stamp, when it says the staging went through `want` in this run and is still the same
     directory with the same manifest; else the step is refused."""
     doc = read_stamp(ctx)
@@ -345,7 +344,7 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
             "refusing to %s: %s must pass first, in this run (the staging is %s)"
             % (step, BEFORE[step], doc.get("stage"))
         )
-    if _identity(ctx.staging) != doc.get("identity"):
+    if identity_of(ctx.staging) != doc.get("identity"):
         raise StepError(
             "refusing to %s: %s is not the staging directory this run verified "
             "(it was replaced since: another run?)" % (step, ctx.staging)
@@ -353,19 +352,19 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
     if doc.get("fingerprint") != ctx.fingerprint():
         raise StepError("refusing to %s: the staging was verified against another manifest" % step)
     for rel, digest in sorted(doc.get("relocated", {}).items()):
-        if _sha256(os.path.join(ctx.staging, rel)) != digest:
+        if sha256_file(os.path.join(ctx.staging, rel)) != digest:
             raise StepError(
                 "refusing to %s: %s changed in the staging after relocation" % (step, rel)
             )
     return doc
 
 
-def _require_lock(ctx: Context) -> None:
+def require_lock(ctx: Context) -> None:
     if not ctx.locked:
         raise StepError("the engine does not hold the destination's lock (a bug)")
 
 
-def _sha256(path: str) -> Optional[str]:
+def sha256_file(path: str) -> Optional[str]:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:

@@ -63,7 +63,7 @@ from typing import Any, Dict, List, Optional
 from rbrules import common, cpus
 from rbrules.shown import printable
 
-from . import engine, hostfs, relay, source, stream
+from . import backups, engine, hostfs, proof, receive, relay, runner, source, staging, stream
 from . import manifest as kitmanifest
 from .choices import VERIFY, add_choices_option, add_run_options
 from .lock import Lock
@@ -127,8 +127,8 @@ def _log(line: str) -> None:
     sys.stderr.flush()
 
 
-def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
-    return engine.Context(
+def context(a: argparse.Namespace, **kw: Any) -> runner.Context:
+    return runner.Context(
         a.dest,
         a.choices,
         old=a.old,
@@ -142,10 +142,10 @@ def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
 # what a request may ask: the step's function and how its key=value words are read
 REQUESTS: Dict[str, tuple] = {
     "preflight": (engine.preflight, {"need": int, "source_identity": str, "source": str}),
-    "discard": (engine.discard_staging, {}),
+    "discard": (staging.discard_staging, {}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
     "stage": (
-        engine.stage,
+        staging.stage,
         {
             "delta": lambda v: v == "1",
             "source_stat": str,
@@ -155,19 +155,19 @@ REQUESTS: Dict[str, tuple] = {
             "resume": lambda v: v == "1",
         },
     ),
-    "resumable": (engine.resumable, {"source": str}),
-    "verify": (engine.verify, {}),
-    "relocate": (engine.relocate, {}),
-    "prove": (engine.prove, {}),
+    "resumable": (staging.resumable, {"source": str}),
+    "verify": (proof.verify, {}),
+    "relocate": (engine.relocate_staging, {}),
+    "prove": (proof.prove, {}),
     "swap": (engine.swap, {}),
-    "exports": (engine.exports, {}),
+    "exports": (engine.write_exports, {}),
     "probe": (engine.probe, {"report": str}),
-    "restore": (engine.restore, {"number": int}),
-    "backups": (engine.list_backups, {}),
+    "restore": (backups.restore, {"number": int}),
+    "backups": (backups.list_backups, {}),
 }
 
 
-def handle(ctx: engine.Context, words: List[str]) -> None:
+def handle(ctx: runner.Context, words: List[str]) -> None:
     """One request: its step, as engine.step runs it (skipped when the destination already holds
     the tree, a failure past the swap rolled back)."""
     name, params = words[0], {}
@@ -182,13 +182,13 @@ def handle(ctx: engine.Context, words: List[str]) -> None:
         else:
             params[key] = types[key](value)
     if fn is None:
-        engine.run(ctx, name, _refuse, " ".join(words))
+        runner.run(ctx, name, _refuse, " ".join(words))
         return
     engine.step(ctx, name, fn, **params)
 
 
-def _refuse(ctx: engine.Context, what: str) -> engine.Result:
-    raise engine.StepError("the engine does not know this request: %s" % what)
+def _refuse(ctx: runner.Context, what: str) -> runner.Result:
+    raise runner.StepError("the engine does not know this request: %s" % what)
 
 
 def _requests(fd: int):
@@ -217,7 +217,7 @@ def serve(a: argparse.Namespace) -> int:
     sys.stdout = sys.stderr
     answer = Answer(out)
     ctx = context(a, emit=answer.event, log=_log, trace=answer.trace)
-    ctx.state = engine.make_state()
+    ctx.state = runner.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
     stop = {"asked": False}
 
@@ -243,7 +243,7 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, on_signal)
     rc = 0
     try:
-        engine.run(ctx, "lock", engine.take_lock, lock)
+        runner.run(ctx, "lock", engine.take_lock, lock)
         engine.begin_early_check(ctx)
         answer.line("set", "installed_stat", installed_stat(ctx.dest))
         if answer.done():
@@ -266,7 +266,7 @@ def serve(a: argparse.Namespace) -> int:
         # the release of the lock and the removal of the state short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        engine.stop_background(ctx)
+        proof.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
     return rc
@@ -276,10 +276,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     """Steps in order, in this process, under the lock; stops at the first failure."""
     answer = Answer(sys.stdout)
     ctx = context(a, emit=answer.event, log=_log, trace=answer.trace)
-    ctx.state = engine.make_state()
+    ctx.state = runner.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
     try:
-        engine.run(ctx, "lock", engine.take_lock, lock)
+        runner.run(ctx, "lock", engine.take_lock, lock)
         if answer.done():
             return 1
         for step in a.steps:
@@ -291,19 +291,19 @@ def cmd_run(a: argparse.Namespace) -> int:
         answer.done()
         return 0
     finally:
-        engine.stop_background(ctx)
+        proof.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
 
 
 def cmd_receive(a: argparse.Namespace) -> int:
     if a.gate:
-        part = relay.gate_receive(engine.jobs(a.choices.jobs))
+        part = relay.gate_receive(runner.jobs(a.choices.jobs))
         if part is False:
             return 3  # stopped before anything came: nothing received
         a.part = part
     answer = Answer(sys.stdout)
-    ctx = engine.Context(
+    ctx = runner.Context(
         a.dest,
         a.choices,
         compression=a.compression,
@@ -315,7 +315,7 @@ def cmd_receive(a: argparse.Namespace) -> int:
     if a.progress > 0:
         ctx.progress = (a.progress, lambda n: answer.line("progress", n))
     ctx.part = a.part
-    event = engine.run(ctx, "receive", engine.receive, need=a.need)
+    event = runner.run(ctx, "receive", receive.receive, need=a.need)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
         _log("receive: %s" % event["detail"])
@@ -324,18 +324,18 @@ def cmd_receive(a: argparse.Namespace) -> int:
 
 def cmd_scan(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
-    ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
+    ctx = runner.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
 
-    def scan(c: engine.Context) -> engine.Result:
+    def scan(c: runner.Context) -> runner.Result:
         try:
             detail, facts = stream.scan_source(
                 a.root, a.exclude, a.names, a.special_modes, a.outside_links
             )
         except stream.SourceRefused as exc:
-            raise engine.StepError(str(exc)) from None
-        return engine.Result(detail, facts)
+            raise runner.StepError(str(exc)) from None
+        return runner.Result(detail, facts)
 
-    engine.run(ctx, "scan", scan)
+    runner.run(ctx, "scan", scan)
     return answer.done()
 
 
@@ -346,7 +346,7 @@ def cmd_source(a: argparse.Namespace) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     answer = Answer(out)
-    ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
+    ctx = runner.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
     facts: Dict[str, Any] = {}
     # with cores to spare, the static checks run beside the scan: from the start when no earlier
     # pass can let them be skipped (--checks-beside auto), else as soon as the runbook's line says
@@ -369,7 +369,7 @@ def cmd_source(a: argparse.Namespace) -> int:
         reader = threading.Thread(target=read_line, daemon=True)
         reader.start()
     try:
-        event = engine.run(
+        event = runner.run(
             ctx,
             "scan",
             source.scan,
@@ -387,9 +387,9 @@ def cmd_source(a: argparse.Namespace) -> int:
         reader.join()
     started = early[0] if early else None
     if event["status"] != "failed" and a.library_dir:
-        engine.run(ctx, "libraries", source.library_dirs, a.root, a.exclude, a.library_dir)
+        runner.run(ctx, "libraries", source.library_dirs, a.root, a.exclude, a.library_dir)
     if event["status"] != "failed":
-        engine.run(
+        runner.run(
             ctx,
             "audit",
             source.audit,
@@ -410,7 +410,7 @@ def installed_stat(dest: str) -> str:
     install not proven ours has none (hostfs.why_not_ours_install)."""
     if not os.path.isdir(dest) or hostfs.why_not_ours_install(dest):
         return ""
-    header = kitmanifest.read_header(os.path.join(dest, engine.INSTALLED))
+    header = kitmanifest.read_header(os.path.join(dest, runner.INSTALLED))
     if header is None:
         return ""
     value = header.get("source_stat_fingerprint")
@@ -422,7 +422,7 @@ def hash_jobs(value: str, beside_stream: bool) -> int:
     (tar, the compressor, sshd's cipher: two) leave, one at least. On a host of two CPUs that is
     one process, not two forked workers: 0.18 CPU-s less for the lab's torch venv, taken from
     the stream's own processes there (docs/benchmarks.md, "The relay's CPU")."""
-    jobs = engine.jobs(value)
+    jobs = runner.jobs(value)
     if beside_stream:
         jobs = min(jobs, max(1, cpus.count() - 2))
     return jobs
@@ -431,7 +431,7 @@ def hash_jobs(value: str, beside_stream: bool) -> int:
 def cmd_hash(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
 
-    def build(ctx: engine.Context) -> engine.Result:
+    def build(ctx: runner.Context) -> runner.Result:
         reuse = kitmanifest.load(a.reuse) if a.reuse else None
         m = kitmanifest.build(
             a.root,
@@ -444,14 +444,14 @@ def cmd_hash(a: argparse.Namespace) -> int:
         )
         kitmanifest.save(m, a.out, 0o600)
         if a.names:
-            engine.write_file(
+            runner.write_file(
                 a.names,
                 b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0" for e in m["entries"]),
                 0o600,
             )
         t = m["totals"]
         fp = kitmanifest.fingerprint(m)
-        return engine.Result(
+        return runner.Result(
             "%d files, %d symlinks, %s; fingerprint %s" % (t["files"], t["links"], a.algo, fp[:16]),
             {
                 "files": t["files"],
@@ -462,8 +462,8 @@ def cmd_hash(a: argparse.Namespace) -> int:
             },
         )
 
-    engine.run(
-        engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace), "hash", build
+    runner.run(
+        runner.Context(a.root, emit=answer.event, log=_log, trace=answer.trace), "hash", build
     )
     return answer.done()
 
@@ -471,27 +471,27 @@ def cmd_hash(a: argparse.Namespace) -> int:
 def cmd_delta(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
 
-    def delta(ctx: engine.Context) -> engine.Result:
+    def delta(ctx: runner.Context) -> runner.Result:
         d = kitmanifest.delta(kitmanifest.load(a.manifest), kitmanifest.load(a.base))
-        engine.write_file(
+        runner.write_file(
             a.names_out,
             b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in d.pop("send")),
             0o600,
         )
         d["usable"] = int(d["usable"])
-        return engine.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
+        return runner.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
 
-    engine.run(
-        engine.Context(a.manifest, emit=answer.event, log=_log, trace=answer.trace), "delta", delta
+    runner.run(
+        runner.Context(a.manifest, emit=answer.event, log=_log, trace=answer.trace), "delta", delta
     )
     return answer.done()
 
 
 def cmd_send(a: argparse.Namespace) -> int:
     if a.gate:
-        return relay.gate_send(a.root, a.names, a.compression, a.gate, engine.jobs(a.jobs))
+        return relay.gate_send(a.root, a.names, a.compression, a.gate, runner.jobs(a.jobs))
     return stream.send(
-        a.root, a.names, a.compression, a.remote or None, a.local or None, engine.jobs(a.jobs)
+        a.root, a.names, a.compression, a.remote or None, a.local or None, runner.jobs(a.jobs)
     )
 
 
@@ -504,7 +504,7 @@ def cmd_relay(a: argparse.Namespace) -> int:
         shlex.split(a.send),
         shlex.split(a.receive),
         a.parts,
-        engine.jobs(a.jobs),
+        runner.jobs(a.jobs),
         a.compression,
         a.most,
     ).run()
@@ -522,7 +522,7 @@ def _part(text: str) -> tuple:
 
 
 def cmd_staging(a: argparse.Namespace) -> int:
-    print(engine.staging_path(a.dest))
+    print(runner.staging_path(a.dest))
     return 0
 
 

@@ -17,19 +17,19 @@ from rbrules import proven
 
 from . import hostfs
 from . import manifest as kitmanifest
-from .receive import _forget_received, staged_bytes
+from .receive import forget_received, staged_bytes
 from .runner import (
     INCOMPLETE,
     KEPT,
     Context,
     Result,
     StepError,
-    _identity,
-    _require_lock,
-    _write_stamp,
+    identity_of,
     jobs,
     remove_tree,
+    require_lock,
     write_file,
+    write_stamp,
 )
 from .stream import human
 
@@ -61,9 +61,9 @@ def stage(
     that is private (0700), marked, and never installed, which a later run for the same source
     may continue (`resume`: only the files missing or different are sent, see `resume_stage`).
     Any other staging left here is removed, saying why."""
-    _require_lock(ctx)
-    _write_stamp(ctx, None)
-    _forget_received(ctx, every=True)
+    require_lock(ctx)
+    write_stamp(ctx, None)
+    forget_received(ctx, every=True)
     ctx.linked_inodes = None
     if resume:
         return resume_stage(ctx, source)  # refused unless resumable (the manifest step asks)
@@ -74,7 +74,7 @@ def stage(
             % (ctx.staging, why or "this run starts afresh")
         )
         remove_tree(ctx.staging)
-    _drop_mark(ctx)
+    drop_mark(ctx)
     facts: dict = {"delta": int(bool(delta))}
     installed = None
     if delta:
@@ -142,19 +142,19 @@ def stage(
             write_file(
                 _mark_path(ctx),
                 json.dumps(
-                    {"source": source, "dest": ctx.dest, "identity": _identity(ctx.staging)}
+                    {"source": source, "dest": ctx.dest, "identity": identity_of(ctx.staging)}
                 ).encode(),
                 0o600,
             )
         else:
             os.mkdir(ctx.staging, 0o755)
         detail = "fresh staging %s" % ctx.staging
-    identity = _identity(ctx.staging)
+    identity = identity_of(ctx.staging)
     if delta:
         # verify, in this engine, knows each linked file by the inode linked (not by a look at
         # the install's file of that name)
         ctx.linked_inodes = (identity, got["inodes"])
-    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
+    write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
     return Result(detail, facts)
 
 
@@ -162,14 +162,14 @@ def _mark_path(ctx: Context) -> str:
     return ctx.staging + INCOMPLETE
 
 
-def _drop_mark(ctx: Context) -> None:
+def drop_mark(ctx: Context) -> None:
     try:
         os.unlink(_mark_path(ctx))
     except FileNotFoundError:
         pass
 
 
-def _read_mark(ctx: Context) -> Optional[dict]:
+def read_mark(ctx: Context) -> Optional[dict]:
     """The staging's mark, when it is a regular file of ours (this user's, one link, no bits for
     others: made by `stage` under the lock), else None."""
     try:
@@ -199,7 +199,7 @@ def resumable_why(ctx: Context, source: str) -> str:
         or proven.why_not_ours(ctx.staging, st) is not None
     ):
         return "%s is not a directory of ours" % ctx.staging
-    mark = _read_mark(ctx)
+    mark = read_mark(ctx)
     if mark is None:
         return (
             "it is not marked as what a cut stream left (%s: a staging that passed verify, "
@@ -218,7 +218,7 @@ def resumable_why(ctx: Context, source: str) -> str:
 def resumable(ctx: Context, source: str = "") -> Result:
     """Whether a cut stream of this source left a staging here that `stage resume=1` continues
     (resumable_why). Nothing is written."""
-    _require_lock(ctx)
+    require_lock(ctx)
     why = resumable_why(ctx, source)
     if why:
         if os.path.lexists(ctx.staging):
@@ -266,12 +266,12 @@ def discard_staging(ctx: Context) -> Result:
     stream kept there for a re-run to resume) and its mark, giving its room back; the
     destination itself is never touched. A staging that is not a directory of this user's is
     refused (never removed on another's behalf)."""
-    _require_lock(ctx)
-    mark = _read_mark(ctx)
+    require_lock(ctx)
+    mark = read_mark(ctx)
     try:
         st = os.lstat(ctx.staging)
     except FileNotFoundError:
-        _drop_mark(ctx)
+        drop_mark(ctx)
         return Result(
             "no staging at %s: nothing to discard" % ctx.staging,
             {"discarded": 0, "discarded_bytes": 0},
@@ -283,8 +283,8 @@ def discard_staging(ctx: Context) -> Result:
         )
     files, size, _disk = staged_bytes(ctx.staging)
     remove_tree(ctx.staging)
-    _drop_mark(ctx)
-    _forget_received(ctx, every=True)
+    drop_mark(ctx)
+    forget_received(ctx, every=True)
     of = (
         " (what a stream from %s left)" % str(mark.get("source", "")).partition(" ")[2]
         if mark
@@ -313,7 +313,7 @@ def resume_stage(ctx: Context, source: str) -> Result:
         why = "the manifest has no digests (verify: none) to compare what arrived with"
     if why:
         raise StepError("cannot continue the staging %s: %s" % (ctx.staging, why))
-    _chmod_dir(ctx.staging, 0o700)
+    chmod_dir(ctx.staging, 0o700)
     wanted = {e["p"]: e for e in m["entries"]}
     candidates, removed = _resume_walk(ctx.staging, wanted)
     kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.choices.jobs))
@@ -331,12 +331,12 @@ def resume_stage(ctx: Context, source: str) -> Result:
         send.append(e["p"])
     names = os.path.join(ctx.state, "send.names")
     write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
-    identity = _identity(ctx.staging)
+    identity = identity_of(ctx.staging)
     doc = {"algo": algo, "identity": identity, "files": kept}
     write_file(
         os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(), 0o600
     )
-    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
+    write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
     detail = (
         "resuming: %s of %s already staged (%d files, read and matched); %s to send "
         "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes), send_files)
@@ -357,7 +357,7 @@ def resume_stage(ctx: Context, source: str) -> Result:
     )
 
 
-def _chmod_dir(path: str, mode: int) -> None:
+def chmod_dir(path: str, mode: int) -> None:
     """chmod the directory at `path` itself (a link there is refused, never followed)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:

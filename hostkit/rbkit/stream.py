@@ -1,7 +1,7 @@
 """The stream between hosts and what runs beside it: the one compression table, the sending end
 (`send`: tar of the names a manifest lists, compressed; on to ssh for the direct route), the
 source's scan before anything is sent (`scan_source`), and how the engine runs children
-(`pipeline`, every stage's exit code seen; `run_quiet`). The receiving end is engine.receive.
+(`pipeline`, every stage's exit code seen; `run_quiet`). The receiving end is receive.receive.
 
 stdlib only; Python >= 3.9.
 """

@@ -1,5 +1,5 @@
 """Digests from a tar stream as it passes: a reader between the decompressor and `tar -x` (the
-receiving end, engine.receive) that hands every byte on to tar unchanged and hashes each regular
+receiving end, receive.receive) that hands every byte on to tar unchanged and hashes each regular
 file's data as it goes by, so that verify compares the source's manifest with what tar was given
 instead of reading every file tar wrote.
 
@@ -26,7 +26,7 @@ to be hashed, up to a byte budget for all threads together (`budget`: bounded me
 of the memory available, 64 MiB to 1 GiB): with a small per-thread limit the parser would wait on
 each big file in turn and the stream run at one core's hashing rate. Each hand-over costs
 wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
-everything in the one thread (engine.receive: no workers), which costs less CPU there than a
+everything in the one thread (receive.receive: no workers), which costs less CPU there than a
 parser thread and one hasher (docs/benchmarks.md, "Figures behind choices in the code").
 
 stdlib only; Python >= 3.9.

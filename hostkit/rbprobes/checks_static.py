@@ -95,7 +95,7 @@ def unit_path(
     for e in ptx_fit:
         if ptx_max is None or e.version <= ptx_max:
             return "ptx", e.name
-    names = sorted({e.name for e in entries}, key=fatbin._arch_key)
+    names = sorted({e.name for e in entries}, key=fatbin.arch_key)
     code = [e for e in entries if e.kind in ("sass", "ptx")]
     if not code:
         if any(e.kind == "lto" for e in entries):
@@ -177,7 +177,7 @@ def _examine(
     problems: List[str] = []
     unreadable: List[str] = ["%s: %s" % (c.label, c.error) for c in scan.containers if c.error]
     unknown = sorted(
-        {e.name for e in scan.entries if e.kind not in ("sass", "ptx", "lto")}, key=fatbin._arch_key
+        {e.name for e in scan.entries if e.kind not in ("sass", "ptx", "lto")}, key=fatbin.arch_key
     )
     lacking = []
     jit = set()
@@ -201,7 +201,7 @@ def _examine(
         item: Dict[str, Any] = {
             "unit": label,
             "why": what,
-            "archs": sorted({e.name for c in unit for e in c.entries}, key=fatbin._arch_key),
+            "archs": sorted({e.name for c in unit for e in c.entries}, key=fatbin.arch_key),
         }
         has_code = any(e.kind in ("sass", "ptx") for c in unit for e in c.entries)
         if decode and has_code and buf is not None:
@@ -366,7 +366,7 @@ def _audit_file(
     if specific:
         info["arch_specific"] = specific[:UNITS_LISTED]
         info["arch_specific_archs"] = sorted(
-            {a for u in specific for a in u["archs"]}, key=fatbin._arch_key
+            {a for u in specific for a in u["archs"]}, key=fatbin.arch_key
         )
     problems = list(facts["problems"])
     verdict = facts["verdict"]

@@ -534,10 +534,10 @@ def unit_kernels(
 
 def summarize(entries: List[Entry]) -> Dict[str, object]:
     """Sorted SASS and PTX names, PTX ISA versions and the count of compressed entries."""
-    sass = sorted({e.name for e in entries if e.kind == "sass"}, key=_arch_key)
-    ptx = sorted({e.name for e in entries if e.kind == "ptx"}, key=_arch_key)
+    sass = sorted({e.name for e in entries if e.kind == "sass"}, key=arch_key)
+    ptx = sorted({e.name for e in entries if e.kind == "ptx"}, key=arch_key)
     versions = sorted({e.version for e in entries if e.kind == "ptx"})
-    lto = sorted({e.name for e in entries if e.kind == "lto"}, key=_arch_key)
+    lto = sorted({e.name for e in entries if e.kind == "lto"}, key=arch_key)
     other = sorted({e.name for e in entries if e.kind not in ("sass", "ptx", "lto")})
     out = {
         "sass": sass,
@@ -552,6 +552,6 @@ def summarize(entries: List[Entry]) -> Dict[str, object]:
     return out
 
 
-def _arch_key(name: str):
+def arch_key(name: str):
     digits = "".join(ch for ch in name if ch.isdigit())
     return (int(digits or 0), name)

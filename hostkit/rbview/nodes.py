@@ -9,11 +9,11 @@ from .svg import CHAR, Svg, colour, fit, legend, num, secs, status_word
 
 
 def fold(names: List[str]) -> str:
-    """rbkit.fanout.fold, imported only for a fan-out's pictures (the engine behind it is not
+    """rbkit.fanreports.fold, imported only for a fan-out's pictures (the engine behind it is not
     needed to draw a single host's run)."""
-    from rbkit.fanout import fold as fold_names
+    from rbkit import fanreports
 
-    return fold_names(names)
+    return fanreports.fold(names)
 
 
 def _node_seconds(doc: Optional[Dict[str, Any]]) -> Dict[str, float]:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import fanout, hostfs, manifest
+from rbkit import fanout, fanreports, hostfs, manifest
 from rbkit.choices import Choices
 
 from tests.hostkit.test_kit import make_tree
@@ -76,14 +76,14 @@ def node(d: Path, dest: Path) -> tuple[int, dict]:
         text=True,
         timeout=120,
     )
-    reports = fanout.parse_reports(p.stdout.splitlines())
+    reports = fanreports.parse_reports(p.stdout.splitlines())
     assert len(reports) == 1, p.stdout + p.stderr
     return p.returncode, next(iter(reports.values()))
 
 
 def _lines(doc: dict) -> list[str]:
     buf = io.StringIO()
-    fanout.emit(doc, buf)
+    fanreports.emit(doc, buf)
     return buf.getvalue().splitlines()
 
 
@@ -178,11 +178,11 @@ def test_pending_and_a_later_round_replacing_a_nodes_report(tmp_path):
     fine = {"node": "n1", "ok": True, "steps": [{"id": "extract", "ok": True, "rc": 0}]}
     first = tmp_path / "install.out"
     first.write_text("\n".join(f"{d['node']}: {ln}" for d in (fine, asks) for ln in _lines(d)))
-    assert fanout.pending(fanout.read_reports(["n1", "n2"], [str(first)]), ["n1", "n2"]) == ["n2"]
+    assert fanreports.pending(fanreports.read_reports(["n1", "n2"], [str(first)]), ["n1", "n2"]) == ["n2"]
     second = tmp_path / "install-full.out"
     second.write_text("\n".join("n2: " + ln for ln in _lines(dict(fine, node="n2"))))
-    reports = fanout.read_reports(["n1", "n2"], [str(first), str(second)])
-    assert reports["n2"]["ok"] and not fanout.pending(reports, ["n1", "n2"])
+    reports = fanreports.read_reports(["n1", "n2"], [str(first), str(second)])
+    assert reports["n2"]["ok"] and not fanreports.pending(reports, ["n1", "n2"])
     result = fanout.compare(["n1", "n2"], reports, [], "all")
     assert result["passed"] and result["groups"] == [["n1", "n2"]]
     json.dumps(result)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rbkit import engine, fanout, hostfs
+from rbkit import fanout, hostfs, runner
 
 from tests.hostkit.test_fanout_delta import bundle, node
 
@@ -94,8 +94,8 @@ def test_a_bundle_without_the_source_identity_is_refused(source, tmp_path):
 def check(tmp_path: Path, source_identity: dict, dest: Path) -> dict:
     path = tmp_path / "source-identity.json"
     path.write_text(json.dumps(source_identity))
-    ctx = engine.Context(str(dest), capture=True, log=lambda line: None)
-    return engine.run(ctx, "preflight", fanout.check_source, str(path))
+    ctx = runner.Context(str(dest), capture=True, log=lambda line: None)
+    return runner.run(ctx, "preflight", fanout.check_source, str(path))
 
 
 def test_the_node_check_on_identities_of_another_mount_namespace(source, tmp_path):

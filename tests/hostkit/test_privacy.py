@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import engine, exports, hostfs, privacy
+from rbkit import engine, exports, hostfs, privacy, runner
 from rbkit.choices import Choices
 
 from tests.conftest import IN_CI
@@ -213,8 +213,8 @@ def test_the_engine_refuses_a_parent_of_another_user_before_it_writes_there(open
 # -- the probe sources the install's own env file, never the public one --------------------------
 
 
-def probe_ctx(tmp_path: Path, dest: Path) -> engine.Context:
-    ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+def probe_ctx(tmp_path: Path, dest: Path) -> runner.Context:
+    ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
     return ctx
 
@@ -242,7 +242,7 @@ def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, 
         own.write_text("touch /tmp/pwned\n")
         os.chown(own, NOBODY, -1)
     ctx = probe_ctx(tmp_path, dest)
-    with pytest.raises(engine.StepError) as got:
+    with pytest.raises(runner.StepError) as got:
         engine.own_env_copy(ctx)
     want = {
         "theirs": "owned by nobody (uid %d)" % NOBODY,

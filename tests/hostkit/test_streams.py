@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rbkit import engine, hostfs, manifest, serve, stream
+from rbkit import hostfs, manifest, proof, runner, serve, staging, stream
 from rbkit.choices import Choices
 from rbrules import common
 
@@ -172,25 +172,25 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
     assert got["remote"] == ["ssh", "h", "--local"] and got["local"] is None and got["jobs"] == 1
 
 
-def staged(tmp_path: Path, src: Path) -> engine.Context:
+def staged(tmp_path: Path, src: Path) -> runner.Context:
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
     manifest.save(m, str(mpath))
-    ctx = engine.Context(
+    ctx = runner.Context(
         str(tmp_path / "d" / "venv"),
         Choices(jobs=4),
         manifest=str(mpath),
-        state=engine.make_state(str(tmp_path)),
+        state=runner.make_state(str(tmp_path)),
     )
     ctx.locked = True
     # a record of an earlier try at this destination: the stage forgets it with the rest
     Path(ctx.state, "received.7.json").write_text("{}")
-    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
     assert not Path(ctx.state, "received.7.json").exists()
     return ctx
 
 
-def receiver(ctx: engine.Context) -> list:
+def receiver(ctx: runner.Context) -> list:
     return [
         sys.executable,
         "-m",
@@ -228,7 +228,7 @@ def test_two_streams_land_whole_and_verify_takes_both_streams_digests(
     staging = Path(ctx.staging)
     assert os.path.samefile(staging / "lib/a/f0.bin", staging / "lib/c/same-as-f0.bin")
     assert (staging / "lib" / "to-a").is_symlink()
-    got = engine.run(ctx, "verify", engine.verify)
+    got = runner.run(ctx, "verify", proof.verify)
     assert got["status"] == "ok", got
     assert got["facts"]["streamed"] == files and got["facts"]["hashed"] == 0
 
@@ -252,7 +252,7 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
     last = captured.out.splitlines()[-1]
     assert last.startswith("done\tfailed\tstream 2 of 2: "), captured.out
     assert "stream 2/2: receive exited 3" in captured.err
-    assert engine.run(ctx, "verify", engine.verify)["status"] == "failed"
+    assert runner.run(ctx, "verify", proof.verify)["status"] == "failed"
 
 
 def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monkeypatch, capsys):
