@@ -31,23 +31,27 @@ def _print(doc) -> None:
 
 
 def cmd_manifest_build(a) -> int:
-    from . import manifest
+    from . import manifest, manifestfile
 
     m = manifest.build(
-        a.root, a.exclude, a.algo, a.jobs, manifest.load(a.reuse) if a.reuse else None
+        a.root, a.exclude, a.algo, a.jobs, manifestfile.load(a.reuse) if a.reuse else None
     )
-    manifest.save(m, a.out)
+    manifestfile.save(m, a.out)
     if a.names:
         with open(a.names, "wb") as f:
-            manifest.names(m, f)
-    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m), "reused": m["reused"]})
+            manifestfile.names(m, f)
+    _print(
+        {"totals": m["totals"], "fingerprint": manifestfile.fingerprint(m), "reused": m["reused"]}
+    )
     return 0
 
 
 def cmd_manifest_verify(a) -> int:
-    from . import manifest
+    from . import manifest, manifestfile
 
-    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs, linked_from=a.linked_from)
+    result = manifest.verify(
+        a.root, manifestfile.load(a.manifest), a.jobs, linked_from=a.linked_from
+    )
     for line in manifest.describe(result):
         print(line, file=sys.stderr)
     _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "linked", "counts")})

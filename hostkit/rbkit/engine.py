@@ -47,7 +47,17 @@ from rbrules import launch
 from rbrules.common import compressors, human
 from rbrules.proven import NotOurs, not_ours_in_tree
 
-from . import exports, hostfs, manifest, privacy, relocate, staging
+from . import (
+    exports,
+    filehash,
+    hostfs,
+    manifest,
+    manifestfile,
+    privacy,
+    relocate,
+    staging,
+    statwalk,
+)
 from .proof import (
     cancel_elsewhere,
     interpreter_prefix,
@@ -296,7 +306,7 @@ class EarlyCheck:
     """The quick check's half that needs no source: the stat walk of the destination against its
     install, in a thread begun as soon as this run holds the destination's lock, while the
     runbook is still scanning the source. `current` (mode quick) takes it; nothing this run does
-    writes to the destination before that. The walk is the live plan's (manifest.tree_stat):
+    writes to the destination before that. The walk is the live plan's (statwalk.tree_stat):
     when its lines' sha256 is the one the install recorded in its manifest's header
     (INSTALLED_STAT), the tree is as installed and only that header is read (`installed` holds
     only it, and nothing is kept for the steps: ctx.installed() reads the whole manifest if a
@@ -308,8 +318,8 @@ class EarlyCheck:
         self.installed: Optional[dict] = None
         self.key: Optional[tuple] = None
         self.tree: Optional[dict] = None
-        head = manifest.read_header(os.path.join(dest, INSTALLED))
-        self._walk: Optional[manifest.StatWalk] = None
+        head = manifestfile.read_header(os.path.join(dest, INSTALLED))
+        self._walk: Optional[statwalk.StatWalk] = None
         if (
             head is not None
             and head.get("source_stat_fingerprint") is not None
@@ -317,7 +327,7 @@ class EarlyCheck:
         ):
             # begun here, before this check's thread: where the host has the cores, its
             # workers are forked while this process has one thread (serve: the lock's request)
-            self._walk = manifest.StatWalk(dest, head.get("excludes") or ())
+            self._walk = statwalk.StatWalk(dest, head.get("excludes") or ())
         self._head = head
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -440,7 +450,7 @@ def current(
             return _not_current(ctx, "the source changed since the install", mode)
         why = "up to date (every file re-hashed)"
     else:
-        stat_fp = source_stat or manifest.stat_fingerprint(ctx.new_manifest()["entries"])
+        stat_fp = source_stat or manifestfile.stat_fingerprint(ctx.new_manifest()["entries"])
         quick = manifest.quick_check(ctx.dest, installed, stat_fp, tree=tree)
         if not quick["ok"]:
             for why in quick.get("not_ours", []):
@@ -482,12 +492,12 @@ def relocate_staging(ctx: Context) -> Result:
     for rel, info in result["rewritten"].items():
         change = {"s": info["s"]}
         if algo != "none":
-            change["h"] = manifest.digest(os.path.join(ctx.staging, rel), algo)
+            change["h"] = filehash.digest(os.path.join(ctx.staging, rel), algo)
         changes[rel] = change
         digests[rel] = sha256_file(os.path.join(ctx.staging, rel))
     installed = manifest.relocated(m, changes, ctx.fingerprint())
     path = os.path.join(ctx.staging, INSTALLED)
-    manifest.save(installed, path)
+    manifestfile.save(installed, path)
     digests[INSTALLED] = sha256_file(path)
     if result["remaining"]:
         raise StepError(

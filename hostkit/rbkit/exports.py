@@ -17,7 +17,7 @@ from rbrules import proven
 
 from . import safefs
 
-IN_INSTALL = ".rb-env.sh"  # the install's own copy of its env file (manifest.SKIP_NAMES)
+IN_INSTALL = ".rb-env.sh"  # the install's own copy of its env file (manifestfile.SKIP_NAMES)
 
 
 def site_packages(venv: str) -> str:

@@ -1,6 +1,6 @@
 """Files' digests, as a manifest records them: one file's (`digest`, through a link never), and
 many files' in parallel (`digests`: forked workers where this process has no threads, else
-threads). Public through rbkit.manifest (manifest.digest, manifest.digests, ...).
+threads). Its callers import it as rbkit.filehash (filehash.digest, filehash.digests, ...).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from rbrules import links, proven
 from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
 from rbrules.shown import shown as shown_name
 
-from . import manifest, safefs
+from . import manifest, manifestfile, safefs, statwalk
 from .installs import (
     backup_dirs,
     backups,
@@ -111,9 +111,9 @@ def scan(
 ) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
-    and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
+    and order as a manifest's), and beside it (NAMES.stat: manifestfile.SCAN_SUFFIX) their stat lines:
     the scan record a manifest build of this run takes instead of walking again; and
-    (NAMES.links: manifest.LINKS_SUFFIX) the files of more than one link, a JSON line each of its
+    (NAMES.links: manifestfile.LINKS_SUFFIX) the files of more than one link, a JSON line each of its
     index in the list and its inode (stream.split_names keeps one inode's names in one stream).
 
     Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
@@ -125,7 +125,7 @@ def scan(
     names twice (a hard link) once, as `du --apparent-size` does and as the stream carries it
     (tar sends the second name as a link): the transfer's progress runs to 100% on it.
 
-    The walk is split as the live plan's (ScanWalk, manifest.ForkedWalk: `workers` processes over the
+    The walk is split as the live plan's (ScanWalk, statwalk.ForkedWalk: `workers` processes over the
     subtrees, by default rbrules' walk_workers of this process's CPUs, in a process of one
     thread); every answer and record is the same bytes as one process's walk, which is also
     what a failed worker leaves. `begun`: a ScanWalk of this scan begun earlier (before the
@@ -205,7 +205,7 @@ class _Records:
         self.count = self.files = self.dirs = self.links = 0
         self.apparent = self.disk = self.need = 0
         self.names: List[bytes] = []
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        # the stat fingerprint's lines as manifestfile.stat_line writes them, hashed once at the end
         self.lines: List[bytes] = []
         self.special: List[dict] = []
         self.outside: List[dict] = []
@@ -227,9 +227,9 @@ class _Part(_Records):
         self.multi: List[tuple] = []
 
     def add(self, rel: str, st: os.stat_result) -> None:
-        values = manifest.stat_values(self.root, rel, st, self.strip)
+        values = manifestfile.stat_values(self.root, rel, st, self.strip)
         try:
-            self.lines.append(manifest.values_line(values))
+            self.lines.append(manifestfile.values_line(values))
         except UnicodeEncodeError:
             # a name (or link target) of bytes that are not UTF-8: no manifest records it
             self.not_utf8.append(shown_name(rel))
@@ -246,7 +246,7 @@ class _Part(_Records):
             if not links.interpreter_link(rel) and links.leaves(rel, values[4], self.lookup):
                 self.outside.append({"p": rel, "l": values[4]})
             return
-        if mode & manifest.SPECIAL_BITS:
+        if mode & manifestfile.SPECIAL_BITS:
             self.special.append({"p": rel, "m": _octal(mode)})
         if stat.S_ISREG(st.st_mode):
             self.files += 1
@@ -289,13 +289,13 @@ class _Part(_Records):
 def _walked(root: str, patterns: tuple, top: str, strip: bool, names: bool) -> bytes:
     """A worker's piece of `scan`'s walk: the subtree `top`'s _Part, marshalled."""
     part = _Part(root, strip, names, links.tree_lookup(root))
-    for rel, st in manifest.walk(root, patterns, top=top):
+    for rel, st in statwalk.walk(root, patterns, top=top):
         part.add(rel, st)
     return marshal.dumps(part.dump())
 
 
 class ScanWalk:
-    """`scan`'s walk of `root`, begun (manifest.ForkedWalk: the directories near the root listed
+    """`scan`'s walk of `root`, begun (statwalk.ForkedWalk: the directories near the root listed
     and the workers forked, by the calling thread) before `scan` takes it: `engine source`
     begins it before its thread that reads the runbook's line starts. `tally` walks in this
     process what was not forked, or what a failed worker left."""
@@ -305,7 +305,7 @@ class ScanWalk:
     ) -> None:
         self.key = (root, tuple(patterns), strip, names)
         self.lookup = links.tree_lookup(root)
-        self._forked = manifest.ForkedWalk(root, patterns, workers, self._own, self._unit)
+        self._forked = statwalk.ForkedWalk(root, patterns, workers, self._own, self._unit)
 
     def _part(self) -> "_Part":
         root, _patterns, strip, names = self.key
@@ -330,7 +330,7 @@ class ScanWalk:
                 tally.merge(marshal.loads(piece))
             return tally
         part = self._part()
-        for rel, st in manifest.walk(root, patterns):
+        for rel, st in statwalk.walk(root, patterns):
             part.add(rel, st)
         tally.merge(part.dump())
         return tally
@@ -402,13 +402,13 @@ class _Tally(_Records):
         (NAMES.links): this run's private files, no fsync."""
         safefs.write_file(names_path, b"".join(self.names), 0o600, sync=False)
         safefs.write_file(
-            names_path + manifest.SCAN_SUFFIX,
-            manifest.scan_header(self.root, patterns, self.strip) + b"".join(self.lines),
+            names_path + manifestfile.SCAN_SUFFIX,
+            manifestfile.scan_header(self.root, patterns, self.strip) + b"".join(self.lines),
             0o600,
             sync=False,
         )
         safefs.write_file(
-            names_path + manifest.LINKS_SUFFIX, b"".join(self.multi), 0o600, sync=False
+            names_path + manifestfile.LINKS_SUFFIX, b"".join(self.multi), 0o600, sync=False
         )
 
     def values(self, limit: int, special_modes: str) -> dict:
@@ -512,7 +512,7 @@ def _chmod_nofollow(root: str, rel: str, st: os.stat_result, mode: int) -> None:
 
 
 def strip_special(root: str, racing: bool = False) -> List[dict]:
-    """Remove the setuid, setgid, sticky and world-write bits (manifest.SPECIAL_BITS) from every
+    """Remove the setuid, setgid, sticky and world-write bits (manifestfile.SPECIAL_BITS) from every
     entry of the tree `root` (an extracted staging), links never followed. Returns what it
     changed, [{"p", "was", "now"}]: empty when the extraction created none (the recommended tar
     flags), so the caller can say what it stripped, or fail when it expected nothing.
@@ -522,12 +522,12 @@ def strip_special(root: str, racing: bool = False) -> List[dict]:
     each symlink it delays and swaps it for the link at its end; a walk beside that failed with
     ENOENT, which failed the stream (one-host, 4 streams: `exited 247`)."""
     changed = []
-    for rel, st in manifest.walk(root, gone_ok=racing):
+    for rel, st in statwalk.walk(root, gone_ok=racing):
         if stat.S_ISLNK(st.st_mode):
             continue
         mode = stat.S_IMODE(st.st_mode)
-        if mode & manifest.SPECIAL_BITS:
-            now = mode & ~manifest.SPECIAL_BITS
+        if mode & manifestfile.SPECIAL_BITS:
+            now = mode & ~manifestfile.SPECIAL_BITS
             try:
                 _chmod_nofollow(root, rel, st, now)
             except OSError as exc:

@@ -18,7 +18,7 @@ from typing import List, Optional
 
 from rbrules import proven
 
-from . import manifest, safefs
+from . import manifest, manifestfile, safefs, statwalk
 
 FICLONE = 0x40049409
 FAILED_MARK = ".rb-failed"  # in an install whose checks failed (manifest skips it)
@@ -82,7 +82,7 @@ def why_not_ours_install(path: str) -> Optional[str]:
         return why
     dir_fd = safefs.open_dir(path)
     try:
-        for name in manifest.SKIP_NAMES:
+        for name in manifestfile.SKIP_NAMES:
             try:
                 fd, _st = proven.open_ours(name, dir_fd, shown=os.path.join(path, name))
             except FileNotFoundError:
@@ -184,7 +184,7 @@ def set_checks(path: str, passed: bool, why: str = "") -> None:
 
 def _size(path: str) -> int:
     total = 0
-    for _rel, st in manifest.walk(path, ordered=False):
+    for _rel, st in statwalk.walk(path, ordered=False):
         if stat.S_ISREG(st.st_mode):
             total += st.st_size
     return total
@@ -276,7 +276,7 @@ def unshare_backup(backup: str, dest: str) -> dict:
     elsewhere it is a local copy of the unchanged bytes, made after the swap, so the new install
     is in place no later. Returns {"files", "bytes", "reflinked"}."""
     files = nbytes = reflinked = 0
-    for rel, st in manifest.walk(backup):
+    for rel, st in statwalk.walk(backup):
         if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
             continue
         try:

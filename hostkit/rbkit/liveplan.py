@@ -5,7 +5,7 @@ real hosts without writing anything there, and the check that a saved plan still
         line of facts (exists, installed, free space, backups; with --against-install, what
         differs from the install's manifest, compared there: nothing is compared when the
         walk's lines have the stat fingerprint the install recorded), then the stat line of
-        every entry of DEST (manifest.tree_stat's, the walk's order): its state, digested
+        every entry of DEST (statwalk.tree_stat's, the walk's order): its state, digested
     liveplan compose --dir DIR ...                         here: the plan from what the runbook
         fetched into DIR (source.scan, dest.state): plan.json, changes.txt, plan.md
         (--markdown), and the screen on stdout; exit 1 when something blocks the run
@@ -122,8 +122,7 @@ def dest_state(
     """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
     `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
     # the destination's modules, loaded where the destination is read (compose needs none)
-    from . import hostfs, privacy, swapfs
-    from . import manifest as kitmanifest
+    from . import hostfs, manifest, privacy, statwalk, swapfs
 
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
@@ -164,10 +163,10 @@ def dest_state(
         except (OSError, ValueError) as exc:
             facts["installed_error"] = str(exc)
     if facts["is_dir"] and not os.path.islink(dest):
-        lines, size = kitmanifest.tree_stat(dest, list((head or {}).get("excludes") or ()))
+        lines, size = statwalk.tree_stat(dest, list((head or {}).get("excludes") or ()))
     body = b"".join(lines)
     if against and head is not None and head.get("source_stat_fingerprint") is not None:
-        if head.get(kitmanifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
+        if head.get(manifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
             # the walk's lines are the ones the install recorded (their sha256, in its
             # header): every entry is as installed, none compared, no entry of it parsed
             facts["install"] = {

@@ -95,7 +95,7 @@ def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
 
 def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple[str, int]]]:
     """(path, size) of the regular files in this run's scan record (NAMES.stat: the source's scan
-    wrote it, manifest.scan_header and a values_line an entry), in its walk's order; None when
+    wrote it, manifestfile.scan_header and a values_line an entry), in its walk's order; None when
     there is none or it is of another root or excludes (then the tree is walked)."""
     import json
 

@@ -16,9 +16,8 @@ from typing import Any, List, Tuple
 from rbrules import cpus
 from rbrules.proven import fresh_dir
 
-from . import manifest as kitmanifest
+from . import manifest, safefs
 from . import relocate as kitrelocate
-from . import safefs
 from .receive import load_received
 from .runner import (
     PROVE_TIMEOUT,
@@ -55,7 +54,7 @@ def verify(ctx: Context) -> Result:
         if linked and ctx.linked_inodes is not None and ctx.linked_inodes[0] == identity
         else None
     )
-    result = kitmanifest.verify(
+    result = manifest.verify(
         ctx.staging,
         new,
         jobs(ctx.choices.jobs),
@@ -63,7 +62,7 @@ def verify(ctx: Context) -> Result:
         received=received,
         linked_inodes=inodes,
     )
-    listed = kitmanifest.describe(result)
+    listed = manifest.describe(result)
     for line in listed:
         ctx.log(line)
     facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}

@@ -186,11 +186,11 @@ def filesystem_of(path: str) -> tuple:
 def staged_bytes(root: str) -> tuple:
     """(files, bytes, bytes on disk) of the regular files below `root` (a staging), links never
     followed; an entry gone while walked (another stream's) is left out."""
-    from . import manifest as kitmanifest
+    from . import statwalk
 
     files = size = disk = 0
     try:
-        for _rel, st in kitmanifest.walk(root, ordered=False, gone_ok=True):
+        for _rel, st in statwalk.walk(root, ordered=False, gone_ok=True):
             if stat.S_ISREG(st.st_mode):
                 files += 1
                 size += st.st_size

@@ -21,8 +21,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from rbrules import cpus, paths, proven
 from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
-from . import hostfs, safefs
-from . import manifest as kitmanifest
+from . import hostfs, manifestfile, safefs
 from .choices import Choices
 
 STAMP = "stamp.json"
@@ -131,7 +130,7 @@ class Context:
             ) from None
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._manifest_cache is None or self._manifest_cache[0] != key:
-            m, fp = kitmanifest.load_fingerprinted(self.manifest)
+            m, fp = manifestfile.load_fingerprinted(self.manifest)
             self._manifest_cache = (key, m, fp)
         return self._manifest_cache[1]
 
@@ -172,7 +171,7 @@ def load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict
     key = _file_key(path)
     if cache is not None and cache[0] == key:
         return key, cache[1]
-    m = kitmanifest.load(path)
+    m = manifestfile.load(path)
     return (key if _file_key(path) == key else None), m
 
 

@@ -63,8 +63,20 @@ from typing import Any, Dict, List, Optional
 from rbrules import common, cpus
 from rbrules.shown import printable
 
-from . import backups, engine, hostfs, proof, receive, relay, runner, source, staging, stream
-from . import manifest as kitmanifest
+from . import (
+    backups,
+    engine,
+    hostfs,
+    manifest,
+    manifestfile,
+    proof,
+    receive,
+    relay,
+    runner,
+    source,
+    staging,
+    stream,
+)
 from .choices import VERIFY, add_choices_option, add_run_options
 from .lock import Lock
 
@@ -410,7 +422,7 @@ def installed_stat(dest: str) -> str:
     install not proven ours has none (hostfs.why_not_ours_install)."""
     if not os.path.isdir(dest) or hostfs.why_not_ours_install(dest):
         return ""
-    header = kitmanifest.read_header(os.path.join(dest, runner.INSTALLED))
+    header = manifestfile.read_header(os.path.join(dest, runner.INSTALLED))
     if header is None:
         return ""
     value = header.get("source_stat_fingerprint")
@@ -432,8 +444,8 @@ def cmd_hash(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
 
     def build(ctx: runner.Context) -> runner.Result:
-        reuse = kitmanifest.load(a.reuse) if a.reuse else None
-        m = kitmanifest.build(
+        reuse = manifestfile.load(a.reuse) if a.reuse else None
+        m = manifest.build(
             a.root,
             a.exclude,
             a.algo,
@@ -442,7 +454,7 @@ def cmd_hash(a: argparse.Namespace) -> int:
             strip_special=a.special_modes == "strip",
             scanned=a.scanned,
         )
-        kitmanifest.save(m, a.out, 0o600)
+        manifestfile.save(m, a.out, 0o600)
         if a.names:
             runner.write_file(
                 a.names,
@@ -450,7 +462,7 @@ def cmd_hash(a: argparse.Namespace) -> int:
                 0o600,
             )
         t = m["totals"]
-        fp = kitmanifest.fingerprint(m)
+        fp = manifestfile.fingerprint(m)
         return runner.Result(
             "%d files, %d symlinks, %s; fingerprint %s" % (t["files"], t["links"], a.algo, fp[:16]),
             {
@@ -472,7 +484,7 @@ def cmd_delta(a: argparse.Namespace) -> int:
     answer = Answer(sys.stdout)
 
     def delta(ctx: runner.Context) -> runner.Result:
-        d = kitmanifest.delta(kitmanifest.load(a.manifest), kitmanifest.load(a.base))
+        d = manifest.delta(manifestfile.load(a.manifest), manifestfile.load(a.base))
         runner.write_file(
             a.names_out,
             b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in d.pop("send")),

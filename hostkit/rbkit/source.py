@@ -63,8 +63,7 @@ def library_dirs(
     the venv's site-packages): which the source does not have, after the excludes
     (`library_missing`, comma-separated; empty: all there). Said before anything moves, in
     preflight and the plan: the exports step refuses them after the swap (issue 45)."""
-    from . import exports
-    from . import manifest as kitmanifest
+    from . import exports, statwalk
 
     try:
         site = exports.site_packages(root)
@@ -75,7 +74,7 @@ def library_dirs(
         rel = os.path.relpath(os.path.join(site, d), root) if site else d
         parts = rel.split("/")
         left_out = any(
-            kitmanifest.excluded("/".join(parts[: i + 1]), excludes) for i in range(len(parts))
+            statwalk.excluded("/".join(parts[: i + 1]), excludes) for i in range(len(parts))
         )
         if (
             not site

@@ -15,8 +15,7 @@ from typing import List, Optional, Tuple
 
 from rbrules import proven
 
-from . import hostfs
-from . import manifest as kitmanifest
+from . import filehash, hostfs, manifest, manifestfile
 from .receive import forget_received, staged_bytes
 from .runner import (
     INCOMPLETE,
@@ -115,8 +114,8 @@ def stage(
         )
         facts["names"] = names
         if carried is not None:
-            have = set(kitmanifest.read_names(carried))
-            lacking = [n for n in kitmanifest.read_names(names) if n not in have]
+            have = set(manifestfile.read_names(carried))
+            lacking = [n for n in manifestfile.read_names(names) if n not in have]
             if lacking:
                 remove_tree(ctx.staging)
                 raise StepError(
@@ -416,9 +415,9 @@ def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
         rel, e, st = item
         path = os.path.join(root, rel)
         try:
-            got = kitmanifest.digest(path, algo, size=e["s"])
+            got = filehash.digest(path, algo, size=e["s"])
             after = os.lstat(path)
-        except (OSError, kitmanifest.Changed):
+        except (OSError, filehash.Changed):
             got, after = None, None
         if (
             got == e.get("h")
@@ -460,7 +459,7 @@ def kept_source(
     except (StepError, OSError, ValueError):
         ok = False
     if not ok:
-        m = kitmanifest.source_of(installed)
+        m = manifest.source_of(installed)
         if m is None:
             return (
                 "the install did not record its source's manifest (an older kit), and none "
@@ -470,10 +469,10 @@ def kept_source(
             raise StepError("no source manifest path was given to the engine")
         # the stat fingerprint its entries have (checked below), in its header as build puts
         # it there: relocate's record of the source takes it from there
-        stat_fp = kitmanifest.stat_fingerprint(m["entries"])
+        stat_fp = manifestfile.stat_fingerprint(m["entries"])
         if stat_fp == source_stat:
             m["header"]["stat_fingerprint"] = stat_fp
-        fp = kitmanifest.save(m, ctx.manifest, 0o600, sync=False)
+        fp = manifestfile.save(m, ctx.manifest, 0o600, sync=False)
         if fp != header.get("source_fingerprint"):
             os.unlink(ctx.manifest)
             return "the install's record of its source's manifest does not add up", False
@@ -487,6 +486,6 @@ def kept_source(
         or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")
     ):
         return "the install's source manifest has other digests, excludes or modes", rebuilt
-    if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
+    if (stat_fp if rebuilt else manifestfile.stat_fingerprint(m["entries"])) != source_stat:
         return "the install's source manifest does not have its recorded stat", rebuilt
     return "", rebuilt

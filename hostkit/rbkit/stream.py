@@ -31,8 +31,7 @@ from rbrules.common import (
     stream_count,
 )
 
-from . import hostfs
-from . import manifest as kitmanifest
+from . import hostfs, manifestfile, statwalk
 
 
 class SourceRefused(Exception):
@@ -279,7 +278,7 @@ def scan_source(
         left_out = [
             p
             for p in ("/".join(parts[: i + 1]) for i in range(len(parts)))
-            if kitmanifest.excluded(p, excludes)
+            if statwalk.excluded(p, excludes)
         ]
         if left_out:
             why.append("transfer.exclude leaves out %s" % left_out[0])
@@ -331,9 +330,9 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     try:
         with open(names, "rb") as f:
             listed = f.read().split(b"\0")
-        with open(names + kitmanifest.SCAN_SUFFIX, "rb") as f:
+        with open(names + manifestfile.SCAN_SUFFIX, "rb") as f:
             rows = f.read().split(b"\n")[1:]
-        with open(names + kitmanifest.LINKS_SUFFIX, "rb") as f:
+        with open(names + manifestfile.LINKS_SUFFIX, "rb") as f:
             multi = f.read().split(b"\n")
     except OSError:
         return None

@@ -41,7 +41,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from . import manifest
+from . import filehash
 
 BLOCK = 512
 CHUNK = 1 << 20  # what one read asks for (a pipe gives at most its size)
@@ -179,7 +179,7 @@ class Digester:
         self, algo: str = "sha256", workers: int = 2, budget: Optional[int] = None
     ) -> None:
         self.algo = algo
-        self._new = manifest.hasher(algo)
+        self._new = filehash.hasher(algo)
         self.off = 0  # stream offset of what feed sees next
         self.ended = False  # saw the end of the archive (a zero block)
         self.corrupt: Optional[str] = None  # the stream is not a good tar archive: why

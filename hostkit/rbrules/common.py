@@ -187,7 +187,7 @@ def relay_streams(jobs: int, cpus: int) -> int:
     return max(1, min(stream_count(jobs), cpus))
 
 
-# A tree's stat walk (manifest.tree_stat: the live plan's destination state; hostfs.scan: the
+# A tree's stat walk (statwalk.tree_stat: the live plan's destination state; hostfs.scan: the
 # source's scan, the plan's and the run's preflight) forks workers over its subtrees where the
 # host has the cores: one per two CPUs this process may use (the other host's walk may share the
 # machine), at most WALK_WORKERS; on two CPUs or fewer none (the walk runs in the process itself).

@@ -27,12 +27,14 @@ from rbkit import (
     filehash,
     hostfs,
     manifest,
+    manifestfile,
     proof,
     receive,
     relocate,
     runner,
     serve,
     staging,
+    statwalk,
     stream,
 )
 from rbkit.choices import Choices, ChoicesError
@@ -223,7 +225,7 @@ def test_swap_and_relocate_refuse_a_staging_this_run_did_not_verify(tmp_path):
     make_tree(src, python=True)
     m = tmp_path / "m.jsonl"
     with open(m, "w", encoding="utf-8") as f:
-        manifest.dump(manifest.build(str(src), [], "sha256"), f)
+        manifestfile.dump(manifest.build(str(src), [], "sha256"), f)
     dest = tmp_path / "d" / "venv"
     dest.mkdir(parents=True)
     (dest / "old-install").write_text("the working install\n")
@@ -254,7 +256,7 @@ def test_a_staging_replaced_after_verify_is_refused(tmp_path):
         state=runner.make_state(str(tmp_path)),
     )
     with open(ctx.manifest, "w", encoding="utf-8") as f:
-        manifest.dump(mf, f)
+        manifestfile.dump(mf, f)
     ctx.locked = True
     assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
     subprocess.run(["cp", "-a", f"{src}/.", ctx.staging], check=True)
@@ -354,7 +356,7 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
     make_tree(src, python=True)
     names = tmp_path / "names"
     with open(names, "wb") as f:
-        manifest.names(manifest.build(str(src), [], "none"), f)
+        manifestfile.names(manifest.build(str(src), [], "none"), f)
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
     stream = tmp_path / "stream"
     r = subprocess.run(
@@ -510,10 +512,10 @@ def received_staging(tmp_path: Path, cut=None, flip=None):
     make_tree(src, python=True)
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
-    manifest.save(m, str(mpath))
+    manifestfile.save(m, str(mpath))
     names = tmp_path / "names"
     with open(names, "wb") as f:
-        manifest.names(m, f)
+        manifestfile.names(m, f)
     data = subprocess.run(
         ["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names), "-cf", "-"],
         check=True,
@@ -589,8 +591,8 @@ def test_verify_takes_each_files_digest_from_the_stream_and_reads_none(tmp_path,
     def no_reading(*args):
         raise AssertionError("verify read a file the stream's digest proves")
 
-    monkeypatch.setattr(manifest, "digest", no_reading)
-    monkeypatch.setattr(filehash, "digest", no_reading)  # what manifest.digests calls
+    monkeypatch.setattr(filehash, "digest", no_reading)
+    monkeypatch.setattr(filehash, "digest", no_reading)  # what filehash.digests calls
     event = runner.run(ctx, "verify", proof.verify)
     assert event["status"] == "ok", event
     assert event["facts"]["streamed"] == 5 and event["facts"]["hashed"] == 0
@@ -704,7 +706,7 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
     """The walk that the quick re-run check needs starts when the engine holds the lock (while
     the runbook scans the source); `current` takes its result and walks nothing itself."""
     src, _m1, dest, tmp_path = first_install
-    installed = manifest.load(str(dest / runner.INSTALLED))
+    installed = manifestfile.load(str(dest / runner.INSTALLED))
     source_stat = installed["header"]["source_stat_fingerprint"]
     ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
@@ -742,7 +744,7 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
     walk's lines matching it, the manifest's entries are never read; a link planted there since
     makes it read them and compare (the link named)."""
     _src, _m1, dest, tmp_path = first_install
-    head = manifest.read_header(str(dest / runner.INSTALLED))
+    head = manifestfile.read_header(str(dest / runner.INSTALLED))
     assert head[manifest.INSTALLED_STAT]
 
     def unread(*args, **kw):
@@ -760,11 +762,11 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
             source_stat=head["source_stat_fingerprint"],
         )
 
-    real_load = manifest.load
-    monkeypatch.setattr(manifest, "load", unread)
+    real_load = manifestfile.load
+    monkeypatch.setattr(manifestfile, "load", unread)
     event = checked()
     assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
-    monkeypatch.setattr(manifest, "load", real_load)
+    monkeypatch.setattr(manifestfile, "load", real_load)
     os.symlink("/etc", dest / "lib" / "planted")
     event = checked()
     assert event["facts"]["up_to_date"] == 0, event
@@ -781,12 +783,14 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
             d.mkdir(parents=True)
             (d / "f.py").write_text("x" * b)
     m = manifest.build(str(dest), [], "sha256", jobs=1)
-    manifest.save(manifest.relocated(m, {}, manifest.fingerprint(m)), str(dest / runner.INSTALLED))
-    head = manifest.read_header(str(dest / runner.INSTALLED))
+    manifestfile.save(
+        manifest.relocated(m, {}, manifestfile.fingerprint(m)), str(dest / runner.INSTALLED)
+    )
+    head = manifestfile.read_header(str(dest / runner.INSTALLED))
     forked = []
-    real_fork = manifest._fork
-    monkeypatch.setattr(manifest, "walk_workers", lambda cpus: 3)
-    monkeypatch.setattr(manifest, "_fork", lambda *a: forked.append(len(a[1])) or real_fork(*a))
+    real_fork = statwalk._fork
+    monkeypatch.setattr(statwalk, "walk_workers", lambda cpus: 3)
+    monkeypatch.setattr(statwalk, "_fork", lambda *a: forked.append(len(a[1])) or real_fork(*a))
 
     def checked():
         ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
@@ -849,7 +853,7 @@ def test_the_swap_reports_what_relocates_scan_found(tmp_path):
     assert event["status"] == "ok"
     (Path(ctx.staging) / "notes.txt").write_text("made at %s\n" % src)  # data naming the source
     m = manifest.build(str(ctx.staging), [], "sha256", jobs=2)
-    manifest.save(m, ctx.manifest)
+    manifestfile.save(m, ctx.manifest)
     ctx._manifest_cache = None
     ctx.old = str(src)
     ctx.policy = "replace"
@@ -920,7 +924,7 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     from it (checked by its fingerprint) and the source is only read by the stream. A file
     changed at the destination is sent and verified against the source's digest."""
     src, m1, dest, tmp_path = first_install
-    installed = manifest.load(str(dest / runner.INSTALLED))
+    installed = manifestfile.load(str(dest / runner.INSTALLED))
     assert installed["header"]["source_entries"], "relocation rewrote bin/tool"
     source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]  # preflight's figure
     assert source_stat == installed["header"]["source_stat_fingerprint"]
@@ -937,15 +941,15 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     )
     assert event["status"] == "ok" and event["facts"]["kept"] == 1, event
     assert event["facts"]["rebuilt"] == 1
-    assert manifest.load(str(mpath))["entries"] == m1["entries"]  # the source's, bin/tool too
-    sent = manifest.read_names(event["facts"]["names"])
+    assert manifestfile.load(str(mpath))["entries"] == m1["entries"]  # the source's, bin/tool too
+    sent = manifestfile.read_names(event["facts"]["names"])
     assert f"{PKG}/__init__.py" in sent and "bin/tool" in sent and f"{PKG}/data.bin" not in sent
     away.rename(src)
     verify = install_sent(ctx, src, event["facts"]["names"], tmp_path)
     assert verify["facts"]["linked"] >= 1 and verify["facts"]["hashed"] == 0, verify
     assert (dest / PKG / "__init__.py").read_text() == (src / PKG / "__init__.py").read_text()
-    again = manifest.load(str(dest / runner.INSTALLED))["header"]
-    assert again["source_fingerprint"] == manifest.fingerprint(m1)
+    again = manifestfile.load(str(dest / runner.INSTALLED))["header"]
+    assert again["source_fingerprint"] == manifestfile.fingerprint(m1)
 
 
 def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install):
@@ -954,7 +958,7 @@ def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install
     and mtime kept fails its digest and is sent, never linked."""
     src, m1, dest, tmp_path = first_install
     mpath = tmp_path / "kept.jsonl"
-    manifest.save(m1, str(mpath))
+    manifestfile.save(m1, str(mpath))
     data = dest / PKG / "data.bin"
     corrupt_keeping_stat(data)
     source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
@@ -966,7 +970,7 @@ def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install
     )
     assert event["facts"]["kept"] == 1 and event["facts"]["rebuilt"] == 0, event
     assert not (Path(ctx.staging) / PKG / "data.bin").exists()
-    assert f"{PKG}/data.bin" in manifest.read_names(event["facts"]["names"])
+    assert f"{PKG}/data.bin" in manifestfile.read_names(event["facts"]["names"])
     install_sent(ctx, src, event["facts"]["names"], tmp_path)
     assert data.read_bytes() == (src / PKG / "data.bin").read_bytes()
 
@@ -988,18 +992,18 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
         runner.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
     )
     reads = []
-    real_load = manifest.load
-    monkeypatch.setattr(manifest, "load", lambda p: reads.append(p) or real_load(p))
+    real_load = manifestfile.load
+    monkeypatch.setattr(manifestfile, "load", lambda p: reads.append(p) or real_load(p))
     event = runner.run(
         ctx, "stage", staging.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
     )
     assert event["status"] == "ok" and event["facts"]["rebuilt"] == 1, event
     assert reads == [], "stage read the install's manifest again"
     monkeypatch.undo()
-    assert manifest.load(str(mpath))["header"]["stat_fingerprint"] == source_stat
+    assert manifestfile.load(str(mpath))["header"]["stat_fingerprint"] == source_stat
     # the install's manifest changed since the quick check read it: read again
-    m = manifest.load(str(dest / runner.INSTALLED))
-    manifest.save(m, str(dest / runner.INSTALLED))
+    m = manifestfile.load(str(dest / runner.INSTALLED))
+    manifestfile.save(m, str(dest / runner.INSTALLED))
     cached = ctx._installed_cache
     assert ctx.installed() is not cached[1] and ctx._installed_cache[0] != cached[0]
     # a linked file of the staging swapped for a copy with other bytes and the same stat
@@ -1046,9 +1050,9 @@ def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first
     elif what == "other excludes":
         exclude = ["*.pyc"]
     else:  # the recorded entry of bin/tool is not what the source had
-        m = manifest.load(str(dest / runner.INSTALLED))
+        m = manifestfile.load(str(dest / runner.INSTALLED))
         m["header"]["source_entries"][0]["h"] = "0" * 64
-        manifest.save(m, str(dest / runner.INSTALLED))
+        manifestfile.save(m, str(dest / runner.INSTALLED))
     before = (dest / PKG / "__init__.py").read_text()
     ctx = rerun_ctx(tmp_path, dest, tmp_path / "m.jsonl")
     event = runner.run(

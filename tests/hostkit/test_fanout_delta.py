@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import fanout, fanreports, hostfs, manifest
+from rbkit import fanout, fanreports, hostfs, manifest, manifestfile
 from rbkit.choices import Choices
 
 from tests.hostkit.test_kit import make_tree
@@ -30,13 +30,13 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
     (d / "kit" / "rbkit").symlink_to(KIT)
     (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
-        manifest.dump(m, f)
+        manifestfile.dump(m, f)
     names = d / "delta.names" if base is not None else d / "all.names"
     with open(names, "wb") as f:
         if base is None:
-            manifest.names(m, f)
+            manifestfile.names(m, f)
         else:
-            manifest.write_names(manifest.delta(m, base)["send"], f)
+            manifestfile.write_names(manifest.delta(m, base)["send"], f)
     subprocess.run(
         [
             "tar",
@@ -178,7 +178,9 @@ def test_pending_and_a_later_round_replacing_a_nodes_report(tmp_path):
     fine = {"node": "n1", "ok": True, "steps": [{"id": "extract", "ok": True, "rc": 0}]}
     first = tmp_path / "install.out"
     first.write_text("\n".join(f"{d['node']}: {ln}" for d in (fine, asks) for ln in _lines(d)))
-    assert fanreports.pending(fanreports.read_reports(["n1", "n2"], [str(first)]), ["n1", "n2"]) == ["n2"]
+    assert fanreports.pending(
+        fanreports.read_reports(["n1", "n2"], [str(first)]), ["n1", "n2"]
+    ) == ["n2"]
     second = tmp_path / "install-full.out"
     second.write_text("\n".join("n2: " + ln for ln in _lines(dict(fine, node="n2"))))
     reports = fanreports.read_reports(["n1", "n2"], [str(first), str(second)])

@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rbkit import liveplan
-from rbkit import manifest as kitmanifest
+from rbkit import liveplan, manifest, manifestfile, statwalk
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -23,13 +22,13 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 
 def scan_rows(root: Path) -> list[list]:
     return [
-        list(kitmanifest.stat_values(str(root), rel, st)) for rel, st in kitmanifest.walk(str(root))
+        list(manifestfile.stat_values(str(root), rel, st)) for rel, st in statwalk.walk(str(root))
     ]
 
 
 def installed_of(root: Path) -> dict:
-    m = kitmanifest.build(str(root), algo="sha256", jobs=1)
-    return kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m))
+    m = manifest.build(str(root), algo="sha256", jobs=1)
+    return manifest.relocated(m, {}, manifestfile.fingerprint(m))
 
 
 def against(installed: dict, root: Path) -> dict:
@@ -98,7 +97,7 @@ def test_the_destination_state_is_read_without_writing_and_names_the_backup_to_e
 def installed_at(dest: Path) -> dict:
     """An install of this tool at `dest`: its manifest where the engine's relocate puts it."""
     installed = installed_of(dest)
-    kitmanifest.save(installed, str(dest / liveplan.INSTALLED))
+    manifestfile.save(installed, str(dest / liveplan.INSTALLED))
     return installed
 
 
@@ -108,10 +107,10 @@ def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(
     dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb", "bin/tool": "t"})
     os.symlink("a.py", dest / "link")
     installed = installed_at(dest)
-    lines, _size = kitmanifest.tree_stat(str(dest))
+    lines, _size = statwalk.tree_stat(str(dest))
     assert (
-        installed["header"][kitmanifest.INSTALLED_STAT]
-        == kitmanifest.stat_fingerprint(installed["entries"])
+        installed["header"][manifest.INSTALLED_STAT]
+        == manifestfile.stat_fingerprint(installed["entries"])
         == __import__("hashlib").sha256(b"".join(lines)).hexdigest()
     )
     full = liveplan.dest_state(str(dest), "replace", 0, against=True)
@@ -164,31 +163,31 @@ def wide_tree(root: Path) -> Path:
 def test_the_forked_walk_gives_the_walks_own_lines(tmp_path, workers):
     root = wide_tree(tmp_path / "venv")
     pats = ("__pycache__", "*.pyc")
-    alone = kitmanifest.tree_stat(str(root), pats, workers=1)
+    alone = statwalk.tree_stat(str(root), pats, workers=1)
     assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16  # bad\xff: none
     walked = []
-    for rel, st in kitmanifest.walk(str(root), pats):
+    for rel, st in statwalk.walk(str(root), pats):
         try:
-            walked.append(kitmanifest.values_line(kitmanifest.stat_values(str(root), rel, st)))
+            walked.append(manifestfile.values_line(manifestfile.stat_values(str(root), rel, st)))
         except UnicodeEncodeError:
             pass
     assert alone[0] == walked  # the walk's own lines, in its order
-    forked = kitmanifest.tree_stat(str(root), pats, workers=workers)
+    forked = statwalk.tree_stat(str(root), pats, workers=workers)
     assert b"".join(forked[0]) == b"".join(alone[0]) and forked[1] == alone[1]
 
 
 def test_a_failed_worker_leaves_the_walk_to_this_process(tmp_path, monkeypatch):
     root = wide_tree(tmp_path / "venv")
-    alone = kitmanifest.tree_stat(str(root), workers=1)
-    real = kitmanifest._stat_lines
+    alone = statwalk.tree_stat(str(root), workers=1)
+    real = statwalk._stat_lines
 
     def dies(root_, patterns, top, lines):
         if top:  # in a worker: a subtree
             os._exit(3)
         return real(root_, patterns, top, lines)
 
-    monkeypatch.setattr(kitmanifest, "_stat_lines", dies)
-    assert kitmanifest.tree_stat(str(root), workers=4) == alone
+    monkeypatch.setattr(statwalk, "_stat_lines", dies)
+    assert statwalk.tree_stat(str(root), workers=4) == alone
 
 
 def write_state(path: Path, dest: Path) -> None:
@@ -349,7 +348,7 @@ def test_the_destination_compares_its_entries_with_the_install_and_sends_back_on
     dest = tree(tmp_path / "venv", {"pyvenv.cfg": "home = /usr/bin", "lib/a.py": "a"})
     m = installed_of(dest)
     m["header"]["source_stat_fingerprint"] = "f" * 64
-    kitmanifest.save(m, str(dest / ".rb-manifest.jsonl"), sync=False)
+    manifestfile.save(m, str(dest / ".rb-manifest.jsonl"), sync=False)
     facts, _lines = liveplan.dest_state(str(dest), "replace", 0, True)
     assert facts["installed_source_stat"] == "f" * 64 and facts["install"]["moved"] == {}
     src = [r for r in scan_rows(dest) if r[0] != ".rb-manifest.jsonl"]

@@ -502,7 +502,7 @@ def test_the_cpus_the_link_left_idle_are_kept_in_the_figures():
 def test_the_sample_comes_from_the_scans_record_when_it_is_this_trees(tmp_path, monkeypatch):
     """On one kernel the tools run after the source's scan: its record (NAMES.stat) lists the
     files, no second walk (0.06 s against 0.17-0.27 s to read the lab's torch sample, loaded)."""
-    from rbkit import manifest, measure
+    from rbkit import manifestfile, measure
 
     root = tmp_path / "venv"
     root.mkdir()
@@ -510,7 +510,7 @@ def test_the_sample_comes_from_the_scans_record_when_it_is_this_trees(tmp_path, 
     (root / "b").write_bytes(b"b" * 100)
     record = tmp_path / "names.stat"
     rows = b'["a", "f", 420, 3145728, null, 1]\n["b", "f", 420, 100, null, 1]\n'
-    record.write_bytes(manifest.scan_header(str(root), ["*.pyc"], False) + rows)
+    record.write_bytes(manifestfile.scan_header(str(root), ["*.pyc"], False) + rows)
     monkeypatch.setattr(measure, "_files", lambda *a: pytest.fail("walked"))
     data = measure.sample(str(root), ["*.pyc"], 2 << 20, str(record))
     assert len(data) == 2 << 20 and set(data) <= {ord("a"), ord("b")}, len(data)

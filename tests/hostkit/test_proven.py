@@ -21,8 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, privacy
-from rbkit import manifest as kitmanifest
+from rbkit import exports, hostfs, manifest, manifestfile, privacy, statwalk
 
 from tests.conftest import IN_CI
 
@@ -63,7 +62,7 @@ def an_install(dest: Path) -> dict:
     (dest / PKG / "data.txt").write_text("data\n")
     (dest / "bin" / "python").symlink_to("/usr/bin/python3")
     exports.write(str(dest) + ".env.sh", "export A=1\n", venv=str(dest))
-    return kitmanifest.build(str(dest), [], "sha256", jobs=1)
+    return manifest.build(str(dest), [], "sha256", jobs=1)
 
 
 def edit_keeping_stat(path: Path, text: str) -> None:
@@ -258,25 +257,25 @@ def test_an_env_file_another_user_owns_in_a_backup_is_never_copied_to_the_public
 def test_the_quick_check_never_trusts_a_file_another_user_owns_or_can_write(tmp_path):
     dest = tmp_path / "venv"
     m = an_install(dest)
-    lines, _size = kitmanifest.tree_stat(str(dest))
-    assert kitmanifest.check_tree(str(dest), m)["ok"]
+    lines, _size = statwalk.tree_stat(str(dest))
+    assert manifest.check_tree(str(dest), m)["ok"]
     module = dest / PKG / "__init__.py"
     os.chown(module, NOBODY, -1)
-    tree = kitmanifest.check_tree(str(dest), m)
+    tree = manifest.check_tree(str(dest), m)
     assert not tree["ok"] and tree["changed"] == [f"{PKG}/__init__.py"], tree
     assert "owned by nobody" in tree["not_ours"][0]
     # the early check's walk: its lines no longer add up to what the install recorded
     assert (
-        hashlib.sha256(b"".join(kitmanifest.tree_stat(str(dest))[0])).digest()
+        hashlib.sha256(b"".join(statwalk.tree_stat(str(dest))[0])).digest()
         != hashlib.sha256(b"".join(lines)).digest()
     )
     # writable by a group of other users, the same mode and stat as recorded
     os.chown(module, 0, 0)
     module.chmod(0o664)
-    m = kitmanifest.build(str(dest), [], "sha256", jobs=1)
-    assert kitmanifest.check_tree(str(dest), m)["ok"]
+    m = manifest.build(str(dest), [], "sha256", jobs=1)
+    assert manifest.check_tree(str(dest), m)["ok"]
     os.chown(module, 0, NOGROUP)
-    assert not kitmanifest.check_tree(str(dest), m)["ok"]
+    assert not manifest.check_tree(str(dest), m)["ok"]
 
 
 def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
@@ -294,7 +293,7 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     module = dest / PKG / "__init__.py"
     module.chmod(0o664)
     os.chown(module, 0, NOGROUP)
-    m = kitmanifest.build(str(dest), [], "sha256", jobs=1)
+    m = manifest.build(str(dest), [], "sha256", jobs=1)
     got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
     assert got["linked"] == 0 and not (staging / PKG / "__init__.py").exists()
 
@@ -302,8 +301,8 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
 def test_an_install_another_user_owns_is_not_taken_for_one_of_this_tool(tmp_path):
     dest = tmp_path / "venv"
     an_install(dest)
-    kitmanifest.save(
-        kitmanifest.build(str(dest), [], "sha256", jobs=1), str(dest / ".rb-manifest.jsonl")
+    manifestfile.save(
+        manifest.build(str(dest), [], "sha256", jobs=1), str(dest / ".rb-manifest.jsonl")
     )
     assert hostfs.why_not_ours_install(str(dest)) is None
     os.chown(dest / ".rb-manifest.jsonl", NOBODY, -1)

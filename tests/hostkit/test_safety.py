@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, manifest, relocate, swapfs
+from rbkit import exports, hostfs, manifest, manifestfile, relocate, swapfs
 
 ROOT = os.geteuid() == 0
 
@@ -93,7 +93,7 @@ def test_manifest_records_modes_without_special_bits_when_stripping(tmp_path):
     # the re-run's quick check compares the source's stat fingerprint (scan) with the one the
     # install recorded (from the manifest): both see the same stripped modes
     scanned = hostfs.scan(str(root), [], special_modes="strip")["stat_fingerprint"]
-    assert scanned == manifest.stat_fingerprint(m["entries"])
+    assert scanned == manifestfile.stat_fingerprint(m["entries"])
     kept = manifest.build(str(root), [], "sha256", jobs=1)
     assert {e["p"]: e.get("m") for e in kept["entries"]}["bin/su-ish"] == 0o4755
 
@@ -113,7 +113,7 @@ def test_strip_special_leaves_no_special_bit_and_never_follows_a_link(tmp_path):
     assert {r["p"]: (r["was"], r["now"]) for r in removed}["bin/su-ish"] == ("4755", "0755")
     for p in root.rglob("*"):
         if not p.is_symlink():
-            assert stat.S_IMODE(p.lstat().st_mode) & manifest.SPECIAL_BITS == 0, p
+            assert stat.S_IMODE(p.lstat().st_mode) & manifestfile.SPECIAL_BITS == 0, p
     assert stat.S_IMODE(outside.stat().st_mode) == 0o4755, "a link's target is not ours to chmod"
     assert hostfs.strip_special(str(root)) == [], "a second pass finds nothing"
     # what verify then sees equals the stripped manifest of the source
@@ -232,9 +232,9 @@ def test_names_and_manifest_files_are_never_written_through_a_link(tmp_path):
     assert b"bin/tool\0" in names.read_bytes()
     out = root / ".rb-manifest.jsonl"
     out.symlink_to(target)
-    manifest.save(manifest.build(str(root)), str(out))
+    manifestfile.save(manifest.build(str(root)), str(out))
     assert target.read_text() == "not yours\n" and not out.is_symlink()
-    assert manifest.load(str(out))["totals"]["files"] == 4
+    assert manifestfile.load(str(out))["totals"]["files"] == 4
 
 
 def test_scan_reports_links_that_leave_the_tree(tmp_path):
@@ -622,7 +622,7 @@ def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
     hostfs.swap(str(staging), str(dest), "backup")
     exports.write(str(env_file), "export CUDA_HOME=/usr/local/cuda-12.8\n", venv=str(dest))
     with open(dest / ".rb-manifest.jsonl", "w") as f:
-        manifest.dump(manifest.build(str(dest)), f)
+        manifestfile.dump(manifest.build(str(dest)), f)
     hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
     exports.write(str(env_file), "export CUDA_HOME=/usr/local/cuda-13.0\n", venv=str(dest))
     # the checks fail: the rollback puts the previous install back, with its env file
@@ -652,7 +652,7 @@ def test_the_versioned_env_file_and_failure_mark_are_not_part_of_the_tree(tmp_pa
 def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_path):
     dest = installed(tmp_path, "old")
     with open(dest / ".rb-manifest.jsonl", "w") as f:
-        manifest.dump(manifest.build(str(dest)), f)
+        manifestfile.dump(manifest.build(str(dest)), f)
     hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
     (tmp_path / "venv.rb-backup.1" / "tag").write_text("changed in the backup\n")
     result = hostfs.restore(str(dest))

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rbkit import hostfs, manifest, proof, runner, serve, staging, stream
+from rbkit import hostfs, manifest, manifestfile, proof, runner, serve, staging, stream
 from rbkit.choices import Choices
 from rbrules import common
 
@@ -85,7 +85,7 @@ def test_the_scan_counts_the_data_of_a_hard_link_once_and_records_its_names(tmp_
     listed = read_list(str(names))
     linked = [
         json.loads(line)
-        for line in Path(str(names) + manifest.LINKS_SUFFIX).read_text().splitlines()
+        for line in Path(str(names) + manifestfile.LINKS_SUFFIX).read_text().splitlines()
     ]
     assert sorted(listed[i] for i, _dev, _ino in linked) == ["lib/a/f0.bin", "lib/c/same-as-f0.bin"]
     assert len({(dev, ino) for _i, dev, ino in linked}) == 1
@@ -105,7 +105,7 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     assert stream.split_names(str(names), 2, into) is not None
     for name in os.listdir(into):
         os.unlink(os.path.join(into, name))
-    record = Path(str(names) + manifest.SCAN_SUFFIX)
+    record = Path(str(names) + manifestfile.SCAN_SUFFIX)
     lines = record.read_bytes().split(b"\n")
     record.write_bytes(b"\n".join(lines[:1] + lines[2:]))  # one line short
     assert stream.split_names(str(names), 2, into) is None
@@ -175,7 +175,7 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
 def staged(tmp_path: Path, src: Path) -> runner.Context:
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
-    manifest.save(m, str(mpath))
+    manifestfile.save(m, str(mpath))
     ctx = runner.Context(
         str(tmp_path / "d" / "venv"),
         Choices(jobs=4),
@@ -221,7 +221,7 @@ def test_two_streams_land_whole_and_verify_takes_both_streams_digests(
         "done\tok\tunpacked into %s in 2 streams side by side" % ctx.staging
     )
     event = json.loads(next(ln for ln in lines if ln.startswith("event\t")).split("\t", 1)[1])
-    files = sum(1 for e in manifest.load(ctx.manifest)["entries"] if e["t"] == "f")
+    files = sum(1 for e in manifestfile.load(ctx.manifest)["entries"] if e["t"] == "f")
     assert event["facts"]["streams"] == 2 and event["facts"]["streamed"] == files
     assert "set\tstreams\t2" in lines
     assert sorted(os.listdir(ctx.state)) >= ["received.0.json", "received.1.json"]
@@ -314,21 +314,21 @@ def test_stripping_beside_a_tar_that_swaps_its_placeholders_for_links_never_fail
 
 FORKED = """
 import json, os, sys, threading
-from rbkit import manifest
+from rbkit import filehash, manifestfile
 root = sys.argv[1]
 rels = sorted(os.listdir(root))
 sizes = [os.path.getsize(os.path.join(root, r)) for r in rels]
-one = manifest.digests(root, rels, "sha256", 1, sizes)
-forked = manifest.digests(root, rels, "sha256", 3, sizes)
+one = filehash.digests(root, rels, "sha256", 1, sizes)
+forked = filehash.digests(root, rels, "sha256", 3, sizes)
 stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()
-threaded = manifest.digests(root, rels, "sha256", 3, sizes)
+threaded = filehash.digests(root, rels, "sha256", 3, sizes)
 stop.set(); t.join()
 errors = []
 for jobs in (1, 3):
     bad = list(sizes); bad[2] += 1; bad[5] += 1      # two files "changed" since the walk
     try:
-        manifest.digests(root, rels, "sha256", jobs, bad)
-    except manifest.Changed as exc:
+        filehash.digests(root, rels, "sha256", jobs, bad)
+    except filehash.Changed as exc:
         errors.append(str(exc).split(":")[0])
 print(json.dumps({"same": one == forked == threaded, "n": len(one), "errors": errors,
                   "third": os.path.join(root, rels[2])}))
