@@ -19,9 +19,9 @@ import shutil
 import stat
 from typing import List, Optional, Tuple
 
-from rbrules import links, proven
+from rbrules import links, owners
 from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
-from rbrules.shown import shown as shown_name
+from rbrules.shown import shown
 
 from . import manifest, manifestfile, safefs, statwalk
 from .installs import (
@@ -232,7 +232,7 @@ class _Part(_Records):
             self.lines.append(manifestfile.values_line(values))
         except UnicodeEncodeError:
             # a name (or link target) of bytes that are not UTF-8: no manifest records it
-            self.not_utf8.append(shown_name(rel))
+            self.not_utf8.append(shown(rel))
         if self.keep_names:
             self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
         index = self.count
@@ -444,33 +444,33 @@ def _refusal(
     outside_action: str,
     devices: list,
     not_utf8: List[str],
-    shown: int = 10,
+    at_most: int = 10,
 ) -> str:
     why = []
 
     def some(items: list) -> str:
-        more = f", and {len(items) - shown} more" if len(items) > shown else ""
-        return ", ".join(items[:shown]) + more
+        more = f", and {len(items) - at_most} more" if len(items) > at_most else ""
+        return ", ".join(items[:at_most]) + more
 
     if special and special_action == "refuse":
         why.append(
             f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
             "world-write bits (moved by root, a setuid file of another user arrives as a "
             "setuid-root file): "
-            + some([f"{shown_name(e['p'])} ({e['m']})" for e in special])
+            + some([f"{shown(e['p'])} ({e['m']})" for e in special])
             + "; set transfer.special_modes: strip to install them without those bits, "
             "or keep to move them as they are"
         )
     if outside and outside_action == "refuse":
         why.append(
             f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
-            + some([f"{shown_name(e['p'])} -> {shown_name(e['l'])}" for e in outside])
+            + some([f"{shown(e['p'])} -> {shown(e['l'])}" for e in outside])
             + "; set transfer.outside_links: keep to move them as they are"
         )
     if devices:
         why.append(
             f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
-            + some([shown_name(d) for d in devices])
+            + some([shown(d) for d in devices])
         )
     if not_utf8:
         why.append(
@@ -686,7 +686,7 @@ def _link_unchanged(
         and stat.S_IMODE(st.st_mode) == old.get("m")
         and st.st_size == old.get("s")
         and int(st.st_mtime) == old.get("mt")
-        and proven.why_not_ours(rel, st) is None
+        and owners.why_not_ours(rel, st) is None
     ):
         inodes[rel] = (st.st_dev, st.st_ino)
         return True

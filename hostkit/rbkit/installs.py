@@ -16,7 +16,7 @@ import shutil
 import stat
 from typing import List, Optional
 
-from rbrules import proven
+from rbrules import owners, proven
 
 from . import manifest, manifestfile, safefs, statwalk
 
@@ -56,7 +56,7 @@ def not_ours(path: str) -> Optional[str]:
         st = os.lstat(path)
     except OSError:
         return None
-    why = proven.why_not_ours(path, st)
+    why = owners.why_not_ours(path, st)
     if why is None:
         return None
     return (
@@ -77,7 +77,7 @@ def why_not_ours_install(path: str) -> Optional[str]:
         return f"{path}: {exc.strerror}"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
-    why = proven.why_not_ours(path, st)
+    why = owners.why_not_ours(path, st)
     if why:
         return why
     dir_fd = safefs.open_dir(path)

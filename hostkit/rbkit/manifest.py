@@ -13,7 +13,7 @@ import json
 import os
 from typing import Iterable, Optional
 
-from rbrules import proven
+from rbrules import owners
 from rbrules.shown import shown
 
 from . import manifestfile, statwalk
@@ -98,7 +98,7 @@ def check_tree(root: str, installed: dict) -> dict:
     for rel, st in statwalk.walk(root, patterns, ordered=False):
         w = want.pop(rel, None)
         v = manifestfile.stat_values(root, rel, st)
-        why = proven.why_not_ours(rel, st, uid)
+        why = owners.why_not_ours(rel, st, uid)
         if why is not None:
             # another user owns it or can write it: whatever its stat says, not the install's
             not_ours.append(why)
@@ -324,9 +324,9 @@ def relocated(manifest: dict, changes: dict[str, dict], source_fingerprint: Opti
     header = {k: v for k, v in manifest["header"].items() if k != "stat_fingerprint"}
     # the stat fingerprint `build` took of these entries, where it is there (it is theirs by
     # construction: the source's engine wrote both), else taken now
-    stat_fp = manifest["header"].get(
-        "stat_fingerprint"
-    ) or manifestfile.stat_fingerprint(manifest["entries"])
+    stat_fp = manifest["header"].get("stat_fingerprint") or manifestfile.stat_fingerprint(
+        manifest["entries"]
+    )
     header.update(
         source_fingerprint=source_fingerprint,
         source_stat_fingerprint=stat_fp,

@@ -16,8 +16,7 @@ from typing import Any, List, Tuple
 from rbrules import cpus
 from rbrules.proven import fresh_dir
 
-from . import manifest, safefs
-from . import relocate as kitrelocate
+from . import manifest, relocate, safefs
 from .receive import load_received
 from .runner import (
     PROVE_TIMEOUT,
@@ -113,9 +112,9 @@ def _scan_elsewhere(ctx: Context) -> None:
     Python beside verify's walk, on the prefixes relocate will replace (relocate starts it again
     in a thread if those differ)."""
     cancel_elsewhere(ctx)
-    olds = kitrelocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
+    olds = relocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
     if olds:
-        ctx.elsewhere = (kitrelocate.ElsewhereChild(ctx.staging, olds), olds)
+        ctx.elsewhere = (relocate.ElsewhereChild(ctx.staging, olds), olds)
 
 
 def stop_background(ctx: Context) -> None:
@@ -199,7 +198,7 @@ def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]
         if got is None or not got[1].st_mode & 0o111:
             continue
         head = got[0][:4096]
-        own = kitrelocate.python_script(head, dest)
+        own = relocate.python_script(head, dest)
         out.append((rel, b"\n".join(head.split(b"\n", 2)[:2]) if own else b""))
     return out
 

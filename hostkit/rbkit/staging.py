@@ -13,7 +13,7 @@ import os
 import stat
 from typing import List, Optional, Tuple
 
-from rbrules import proven
+from rbrules import owners, proven
 
 from . import filehash, hostfs, manifest, manifestfile
 from .receive import forget_received, staged_bytes
@@ -195,7 +195,7 @@ def resumable_why(ctx: Context, source: str) -> str:
     if (
         not stat.S_ISDIR(st.st_mode)
         or st.st_uid != os.geteuid()
-        or proven.why_not_ours(ctx.staging, st) is not None
+        or owners.why_not_ours(ctx.staging, st) is not None
     ):
         return "%s is not a directory of ours" % ctx.staging
     mark = read_mark(ctx)
@@ -385,7 +385,7 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
                 stat.S_ISDIR(st.st_mode)
                 and e is not None
                 and e["t"] == "d"
-                and proven.why_not_ours(path, st) is None
+                and owners.why_not_ours(path, st) is None
             ):
                 continue
             if (
@@ -395,7 +395,7 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
                 and st.st_size == e["s"]
                 and stat.S_IMODE(st.st_mode) == e.get("m")
                 and int(st.st_mtime) == e.get("mt")
-                and proven.why_not_ours(path, st) is None
+                and owners.why_not_ours(path, st) is None
             ):
                 candidates.append((rel, e, st))
                 continue

@@ -21,7 +21,7 @@ import struct
 import threading
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from rbrules import cpus, proven
+from rbrules import cpus, owners
 from rbrules.common import walk_workers
 
 from . import manifestfile
@@ -166,7 +166,7 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
     size = 0
     add = lines.append
     uid = os.geteuid()
-    groups = proven.trusted_groups(uid)
+    groups = owners.trusted_groups(uid)
     name_of = operator.attrgetter("name")
     isreg, isdir, islnk = stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
     stack = [top]
@@ -236,7 +236,7 @@ def _not_ours_line(line: bytes, rel: str, st: os.stat_result) -> bytes:
     user owns it or can write it) as a seventh value: never a line an install recorded, so the
     walk's lines do not add up to its INSTALLED_STAT and the entry is compared, and found
     changed (check_tree); never trusted as unchanged, never linked."""
-    why = proven.why_not_ours(rel, st) or "not proven ours"
+    why = owners.why_not_ours(rel, st) or "not proven ours"
     return line[:-2] + (", %s]\n" % manifestfile.encode_str(why)).encode()
 
 
@@ -303,7 +303,7 @@ def _own_lines(root: str, kept: List[tuple]) -> Tuple[bytes, int]:
             lines.append(manifestfile.values_line(v))
         except UnicodeEncodeError:
             continue
-        if proven.why_not_ours(rel, st) is not None:
+        if owners.why_not_ours(rel, st) is not None:
             lines[-1] = _not_ours_line(lines[-1], rel, st)
         if v[1] == "f":
             size += st.st_size

@@ -18,25 +18,13 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import pwd
 import stat
 import sys
 from typing import List, Optional, Tuple
 
+from .owners import owner, user_name, why_not_ours
+
 MAX_LINKS = 40  # symlinks followed along one path (the kernel's own limit)
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid
-
-
-def owner(st: os.stat_result) -> str:
-    """`name (uid N)`, or `uid N` for a uid without a name."""
-    name = user_name(st.st_uid)
-    return name if name.startswith("uid ") else "%s (uid %d)" % (name, st.st_uid)
 
 
 def _judge(path: str, st: os.stat_result, uid: int) -> Optional[str]:
@@ -174,8 +162,6 @@ def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
         return "%s is not a regular file" % path
     if found is not None:
         return found[1]
-    from .proven import why_not_ours  # the rule for a file read on its own (proven imports us)
-
     return why_not_ours("the file " + path, st, uid, alone=True)
 
 

@@ -9,7 +9,8 @@ import os
 import tempfile
 from typing import List, Optional
 
-from . import __doc__ as DOC
+import rbview
+
 from .nodes import nodes_picture
 from .page import page
 from .timeline import from_report, read_log, timeline
@@ -77,7 +78,9 @@ def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="rbview", description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="rbview",
+        description=rbview.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--report", required=True, help="the run's report.json")
     p.add_argument("--events", default="", help="the run's events.tsv")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from rbkit import engine, exports, hostfs, privacy, runner
 from rbkit.choices import Choices
+from rbrules import private
 
 from tests.conftest import IN_CI
 
@@ -69,7 +70,7 @@ def test_a_directory_of_another_user_is_named_with_its_owner_and_mode(tmp_path):
     )
     # so is everything below it, even a directory of ours
     (shared / "ours").mkdir()
-    assert privacy.first_not_private(str(shared / "ours"), ME)[0] == str(shared)
+    assert private.first_not_private(str(shared / "ours"), ME)[0] == str(shared)
 
 
 @pytest.mark.parametrize(
@@ -92,25 +93,25 @@ def test_a_sticky_directory_is_private_only_through_a_next_component_of_ours(tmp
     theirs.mkdir(mode=0o755)
     os.chown(theirs, NOBODY, -1)
     assert privacy.why_not_private(str(ours / "venv"), ME) is None
-    assert privacy.first_not_private(str(theirs / "venv"), ME)[0] == str(theirs)
+    assert private.first_not_private(str(theirs / "venv"), ME)[0] == str(theirs)
 
 
 def test_a_symlink_along_the_path_is_judged_itself_and_by_its_target(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     os.chown(theirs, NOBODY, -1)
-    private = tmp_path / "private"
-    private.mkdir(mode=0o755)
+    ours_dir = tmp_path / "private"
+    ours_dir.mkdir(mode=0o755)
     to_theirs = tmp_path / "to-theirs"  # ours, pointing at theirs
     to_theirs.symlink_to("theirs")
-    assert privacy.first_not_private(str(to_theirs / "venv"), ME)[0] == str(theirs)
+    assert private.first_not_private(str(to_theirs / "venv"), ME)[0] == str(theirs)
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
     link = sticky / "link"  # theirs, pointing at ours
-    link.symlink_to(private)
+    link.symlink_to(ours_dir)
     os.lchown(link, NOBODY, -1)
-    where, why = privacy.first_not_private(str(link / "venv"), ME)
+    where, why = private.first_not_private(str(link / "venv"), ME)
     assert where == str(link) and why.startswith("the symlink %s is owned by nobody" % link)
     # the kernel's own limit on links
     loop = tmp_path / "loop"
@@ -123,7 +124,6 @@ def test_a_dotdot_after_a_link_is_judged_where_the_kernel_takes_it(tmp_path, mon
     issue 36): the file check walks `..` as the kernel does. Here `gen` is a link into a folder
     others can write, so gen/../config is that folder's config, not tmp_path/config (which
     os.path.abspath made of it before, and found private)."""
-    from rbrules import private as rules
 
     shared = tmp_path / "shared"
     (shared / "gen").mkdir(parents=True)
@@ -133,15 +133,15 @@ def test_a_dotdot_after_a_link_is_judged_where_the_kernel_takes_it(tmp_path, mon
     (tmp_path / "config").write_text("Host x\n")  # what the text `gen/..` seems to name
     (tmp_path / "config").chmod(0o600)
     (tmp_path / "gen").symlink_to(shared / "gen")
-    why = rules.why_not_private_file(str(tmp_path / "gen" / ".." / "config"), ME)
+    why = private.why_not_private_file(str(tmp_path / "gen" / ".." / "config"), ME)
     assert (
         why is not None
         and f"directory {shared} is owned by" in why
         and "writable by group and others" in why
     ), why
     monkeypatch.chdir(tmp_path)  # relative, from the working directory
-    assert rules.why_not_private_file("gen/../config", ME) == why
-    assert rules.why_not_private_file(str(tmp_path / "config"), ME) is None
+    assert private.why_not_private_file("gen/../config", ME) == why
+    assert private.why_not_private_file(str(tmp_path / "config"), ME) is None
 
 
 def test_the_refusal_names_the_directory_owner_mode_why_and_the_fixes(tmp_path):
@@ -314,14 +314,13 @@ def test_a_directory_to_make_with_a_dotdot_is_refused_not_made_elsewhere(tmp_pat
     """make_private made os.path.abspath's reading of `gen/../runs` (tmp_path/runs) and judged it,
     while bash then went where the kernel takes `..` after the link (shared/runs, in a folder
     others can write). Now a `..` is refused and nothing is made."""
-    from rbrules import private as rules
 
     shared = tmp_path / "shared"
     (shared / "gen").mkdir(parents=True)
     shared.chmod(0o777)
     (tmp_path / "gen").symlink_to(shared / "gen")
-    why = rules.make_private(str(tmp_path / "gen" / ".." / "runs"))
+    why = private.make_private(str(tmp_path / "gen" / ".." / "runs"))
     assert why is not None and "`..`" in why, why
     assert not (tmp_path / "runs").exists() and not (shared / "runs").exists()
-    assert rules.make_private(str(tmp_path / "runs") + "/./") is None
+    assert private.make_private(str(tmp_path / "runs") + "/./") is None
     assert (tmp_path / "runs").is_dir()

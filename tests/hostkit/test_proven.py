@@ -84,35 +84,35 @@ def edit_keeping_stat(path: Path, text: str) -> None:
 
 
 def test_an_entry_is_ours_only_when_owned_by_the_runner_or_root_and_writable_by_no_other(tmp_path):
-    from rbrules import proven
+    from rbrules import owners
 
     f = tmp_path / "f"
     f.write_text("x")
     f.chmod(0o644)
-    assert proven.why_not_ours(str(f), f.lstat()) is None
+    assert owners.why_not_ours(str(f), f.lstat()) is None
     os.chown(f, NOBODY, -1)
     assert (
-        proven.why_not_ours(str(f), f.lstat()) == f"{f} is owned by nobody (uid {NOBODY}), "
+        owners.why_not_ours(str(f), f.lstat()) == f"{f} is owned by nobody (uid {NOBODY}), "
         "not by root"
     )
     os.chown(f, 0, NOGROUP)
     f.chmod(0o664)
-    assert "is writable by its group nogroup (gid %d) (mode 0664)" % NOGROUP in proven.why_not_ours(
+    assert "is writable by its group nogroup (gid %d) (mode 0664)" % NOGROUP in owners.why_not_ours(
         str(f), f.lstat()
     )
     os.chown(f, 0, 0)  # root's group: as root's own, inside an install
-    assert proven.why_not_ours(str(f), f.lstat()) is None
+    assert owners.why_not_ours(str(f), f.lstat()) is None
     # ... but never for a file read on its own (an env file, a mark, a config)
     assert (
-        proven.why_not_ours(str(f), f.lstat(), alone=True)
+        owners.why_not_ours(str(f), f.lstat(), alone=True)
         == f"{f} is writable by its group (mode 0664)"
     )
     f.chmod(0o646)
-    assert proven.why_not_ours(str(f), f.lstat()) == f"{f} is writable by others (mode 0646)"
+    assert owners.why_not_ours(str(f), f.lstat()) == f"{f} is writable by others (mode 0646)"
     f.chmod(0o644)
     os.link(f, tmp_path / "other-name")
-    assert "has 2 links" in proven.why_not_ours(str(f), f.lstat(), alone=True)
-    assert proven.why_not_ours(str(f), f.lstat()) is None  # an install's files may share
+    assert "has 2 links" in owners.why_not_ours(str(f), f.lstat(), alone=True)
+    assert owners.why_not_ours(str(f), f.lstat()) is None  # an install's files may share
 
 
 def test_a_file_read_on_its_own_is_judged_through_the_descriptor_it_is_read_from(tmp_path):
