@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from rbrules import launch
+from rbrules import launch, paths
 from rbrules.common import compressors, human
 from rbrules.proven import NotOurs, not_ours_in_tree
 
@@ -68,7 +68,6 @@ from .proof import (
 )
 from .receive import receive
 from .runner import (
-    INSTALLED,
     Context,
     Result,
     StepError,
@@ -240,7 +239,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "", source: st
         if why:
             raise StepError("refusing to install %s: %s" % (ctx.dest, why))
     exists = os.path.lexists(ctx.dest)
-    installed = os.path.isfile(os.path.join(ctx.dest, INSTALLED))
+    installed = os.path.isfile(os.path.join(ctx.dest, paths.INSTALLED_MANIFEST))
     if installed:
         why = hostfs.why_not_ours_install(ctx.dest)
         if why:
@@ -281,7 +280,7 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "", source: st
         )
     have = compressors(shutil.which)
     what = (
-        ("exists (an earlier install: %s)" % INSTALLED if installed else "exists")
+        ("exists (an earlier install: %s)" % paths.INSTALLED_MANIFEST if installed else "exists")
         if exists
         else "does not exist yet"
     )
@@ -318,7 +317,7 @@ class EarlyCheck:
         self.installed: Optional[dict] = None
         self.key: Optional[tuple] = None
         self.tree: Optional[dict] = None
-        head = manifestfile.read_header(os.path.join(dest, INSTALLED))
+        head = manifestfile.read_header(os.path.join(dest, paths.INSTALLED_MANIFEST))
         self._walk: Optional[statwalk.StatWalk] = None
         if (
             head is not None
@@ -333,7 +332,7 @@ class EarlyCheck:
         self._thread.start()
 
     def _run(self) -> None:
-        path = os.path.join(self.dest, INSTALLED)
+        path = os.path.join(self.dest, paths.INSTALLED_MANIFEST)
         head = self._head
         if self._walk is not None and head is not None:
             try:
@@ -369,7 +368,7 @@ def begin_early_check(ctx: Context) -> None:
     if (
         ctx.choices.rerun == "quick"
         and ctx.locked
-        and os.path.isfile(os.path.join(ctx.dest, INSTALLED))
+        and os.path.isfile(os.path.join(ctx.dest, paths.INSTALLED_MANIFEST))
     ):
         ctx.early = EarlyCheck(ctx.dest)
 
@@ -496,9 +495,9 @@ def relocate_staging(ctx: Context) -> Result:
         changes[rel] = change
         digests[rel] = sha256_file(os.path.join(ctx.staging, rel))
     installed = manifest.relocated(m, changes, ctx.fingerprint())
-    path = os.path.join(ctx.staging, INSTALLED)
+    path = os.path.join(ctx.staging, paths.INSTALLED_MANIFEST)
     manifestfile.save(installed, path)
-    digests[INSTALLED] = sha256_file(path)
+    digests[paths.INSTALLED_MANIFEST] = sha256_file(path)
     if result["remaining"]:
         raise StepError(
             "still naming %s under bin/ after relocation: %s"
@@ -673,7 +672,7 @@ def own_env_copy(ctx: Context) -> str:
     env file by its name: that is in the destination's parent, where another user may swap it."""
     if not ctx.state:
         raise StepError("the engine has no private state directory")
-    shown = os.path.join(ctx.dest, exports.IN_INSTALL)
+    shown = os.path.join(ctx.dest, paths.ENV_IN_INSTALL)
     try:
         data = exports.own_copy(ctx.dest)
     except NotOurs as exc:
@@ -685,7 +684,7 @@ def own_env_copy(ctx: Context) -> str:
     if data is None:
         raise StepError(
             "the install at %s holds no env file of its own (%s: missing): run the "
-            "exports step again (--from exports)" % (ctx.dest, exports.IN_INSTALL)
+            "exports step again (--from exports)" % (ctx.dest, paths.ENV_IN_INSTALL)
         )
     path = os.path.join(ctx.state, ENV_COPY)
     write_file(path, data, 0o600)
@@ -787,7 +786,7 @@ def rollback(ctx: Context, after: str = "") -> Result:
         if previous in (None, "none", "removed"):
             ctx.swapped = None
             try:
-                os.unlink(os.path.join(ctx.dest, INSTALLED))
+                os.unlink(os.path.join(ctx.dest, paths.INSTALLED_MANIFEST))
             except FileNotFoundError:
                 pass
             return Result(

@@ -3,7 +3,7 @@ asked, through the cluster's own engine, read-only, for its destination's state;
 grouped by what a run would do there.
 
     rbkit.fanout node --state --dir DIR --dest DEST --choices JSON    on each node (the node
-        script of a fan-out run, started by clush / srun): liveplan.dest_state of DEST and its
+        script of a fan-out run, started by clush / srun): planstate.dest_state of DEST and its
         install's manifest, printed as the node's report (`RBFAN NODE I/N CHUNK` lines, zlib and
         base64 inside); no lock, nothing written beside DEST; DIR and DIR.tar are removed after
     rbkit.fanplan compose --dir DIR --nodes N1,N2 --engine-out OUT ...    here: the plan from the
@@ -35,10 +35,11 @@ import sys
 import zlib
 from typing import Any, Dict, List, Optional
 
-from rbrules import proven
+from rbrules import paths, proven
+from rbrules.common import human
 from rbrules.shown import printable, shown
 
-from . import fanreports, liveplan, safefs
+from . import fanreports, liveplan, planscreen, planstate, safefs
 from .choices import Choices
 
 UP_TO_DATE = "holds exactly this source's install: nothing to send"
@@ -63,9 +64,9 @@ def node_state(a: argparse.Namespace) -> int:
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True, "steps": []}
     try:
-        # compared with the install's manifest here (liveplan.against_install): only what
+        # compared with the install's manifest here (planstate.against_install): only what
         # differs from it comes back
-        facts, lines = liveplan.dest_state(
+        facts, lines = planstate.dest_state(
             dest, a.choices.on_existing, a.choices.keep_backups or 0, against=True
         )
         doc["facts"] = facts
@@ -81,7 +82,7 @@ def node_state(a: argparse.Namespace) -> int:
 
 
 def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
-    """Each reporting node's state into D/NODE.state (liveplan.read_state's form: its facts
+    """Each reporting node's state into D/NODE.state (planstate.read_state's form: its facts
     hold what differs from its install's manifest); {node: why} for the nodes without one."""
     reports = fanreports.read_reports(nodes, engine_out)
     os.makedirs(d, mode=0o700, exist_ok=True)
@@ -117,7 +118,7 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
 
 def judge(a: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
     """One node, as the single-host plan judges a destination: its changes and its side."""
-    facts, rows = liveplan.read_state(os.path.join(d, node + ".state"))
+    facts, rows = planstate.read_state(os.path.join(d, node + ".state"))
     installed = facts.get("install")
     same = installed is not None and facts.get("installed_source_stat") == src_stat
     ch = liveplan.changes(src, rows, installed, same)
@@ -188,7 +189,7 @@ def compose(a: argparse.Namespace) -> int:
     d = a.dir
     nodes = [n for n in a.nodes.split(",") if n]
     sd = os.path.join(d, "nodes")
-    src_stat, src = liveplan.read_scan(os.path.join(d, "source.scan"))
+    src_stat, src = planstate.read_scan(os.path.join(d, "source.scan"))
     bad = save_states(sd, nodes, a.engine_out)
     down = missing(nodes, sd, a.engine_err, bad)
     judged = {n: judge(a, sd, n, src, src_stat) for n in nodes if n not in down}
@@ -208,9 +209,9 @@ def compose(a: argparse.Namespace) -> int:
                 "not enough room on %s: %s needed at %s, least free %s (%s)"
                 % (
                     fanreports.fold(g["short"]),
-                    liveplan.human(g["disk"]["need"]),
+                    human(g["disk"]["need"]),
                     g["measured_at"],
-                    liveplan.human(g["free_min"]),
+                    human(g["free_min"]),
                     g["free_min_node"],
                 )
             )
@@ -259,13 +260,13 @@ def compose(a: argparse.Namespace) -> int:
         items: List[str] = []
         for g in groups:
             items += ["# group %d: %s" % (g["id"], g["folded"])] + g["items"]
-        safefs.write_private(os.path.join(d, "plan.md"), liveplan.markdown(plan, items, lines))
+        safefs.write_private(os.path.join(d, "plan.md"), planscreen.markdown(plan, items, lines))
     return 1 if blockers else 0
 
 
 def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[dict]) -> List[str]:
     src, fan = plan["source"], plan["fanout"]
-    h = liveplan.human
+    h = human
     out = [
         "plan for %s: %s:%s -> %d nodes %s:%s through %s"
         % (
@@ -325,10 +326,10 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
                     ch["unchanged"],
                 )
             )
-            for line in g["items"][: liveplan.SHOWN]:
+            for line in g["items"][: planscreen.SHOWN]:
                 out.append(pad + "  " + line)
-            if len(g["items"]) > liveplan.SHOWN:
-                out.append(pad + "  ... %d more" % (len(g["items"]) - liveplan.SHOWN))
+            if len(g["items"]) > planscreen.SHOWN:
+                out.append(pad + "  ... %d more" % (len(g["items"]) - planscreen.SHOWN))
             out.append(pad + "every line: %s" % g["listing"])
         elif g["kind"] == EVERYTHING:
             out.append(
@@ -388,9 +389,9 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
 
 
 def _moved(then_path: str, now_path: str) -> str:
-    _f, then = liveplan.read_state(then_path)
-    facts, now = liveplan.read_state(now_path)
-    was, _r = liveplan.read_state(then_path)
+    _f, then = planstate.read_state(then_path)
+    facts, now = planstate.read_state(now_path)
+    was, _r = planstate.read_state(then_path)
     a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
     moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
     said = [
@@ -403,7 +404,7 @@ def _moved(then_path: str, now_path: str) -> str:
     ):
         said.insert(
             0,
-            liveplan.INSTALLED + " (the install's record)"
+            paths.INSTALLED_MANIFEST + " (the install's record)"
             if facts.get("exists")
             else shown(facts["dest"]) + " (gone)",
         )
@@ -415,7 +416,7 @@ def drift(a: argparse.Namespace) -> int:
     d = os.path.dirname(os.path.abspath(a.plan))
     nodes = [n for n in a.nodes.split(",") if n]
     out: List[str] = []
-    now_stat = liveplan.read_scan(a.source_now)[0] if a.source_now else ""
+    now_stat = planstate.read_scan(a.source_now)[0] if a.source_now else ""
     if now_stat and now_stat != plan["source"]["stat_fingerprint"]:
         n, first = liveplan.drift(a.plan, "source", a.source_now)
         out.append(
@@ -431,7 +432,7 @@ def drift(a: argparse.Namespace) -> int:
         if not os.path.exists(now_state):
             gone.append(n + (" (%s)" % bad[n] if n in bad else ""))
             continue
-        facts, _r = liveplan.read_state(now_state)
+        facts, _r = planstate.read_state(now_state)
         if facts["digest"] != then.get(n):
             was = os.path.join(d, "nodes", n + ".state")
             out.append(

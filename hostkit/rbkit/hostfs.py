@@ -19,7 +19,7 @@ import shutil
 import stat
 from typing import List, Optional, Tuple
 
-from rbrules import links, owners
+from rbrules import links, owners, paths
 from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
 from rbrules.shown import shown
 
@@ -192,7 +192,7 @@ def _scan(
             tally.devices,
             tally.not_utf8,
         )
-    out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
+    out["installed_manifest"] = os.path.isfile(os.path.join(root, paths.INSTALLED_MANIFEST))
     return out
 
 

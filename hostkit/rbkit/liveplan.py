@@ -30,235 +30,22 @@ stdlib only; Python >= 3.9.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths, proven
-from rbrules.shown import printable, shown
+from rbrules.common import human
+from rbrules.shown import shown
 
-from . import safefs
+from . import planscreen, planstate, safefs
 from .choices import Choices
 
-INSTALLED = ".rb-manifest.jsonl"  # runner.INSTALLED: the install's own manifest
-SHOWN = 8  # itemized lines shown on the screen (all in changes.txt)
 MARGIN = 10  # percent over the staging's bytes, as preflight asks
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
-
-# -- the destination, read-only ----------------------------------------------------------------
-
-
-def _row(e: dict) -> list:
-    return [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
-
-
-def _header(data: bytes) -> Optional[dict]:
-    """The header of a manifest's bytes (its first line), None when it is not one of this tool."""
-    end = data.find(b"\n")
-    try:
-        head = json.loads(data[:end] if end >= 0 else data)
-    except ValueError:
-        return None
-    return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
-
-
-def _entries(data: bytes) -> List[dict]:
-    rows = [ln for ln in data.split(b"\n") if ln.strip()]
-    docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
-    return [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
-
-
-class Against:
-    """The destination's entries compared with its install's manifest as the walk yields them
-    (`see`, one entry's stat values), the manifest's rows never built for an entry that matches:
-    `result` is what the plan needs of it. `moved`: each path whose entry differs from the
-    manifest's or is not in it (-> the manifest's row, or None); `source_entries`: the source's
-    own rows of what relocation rewrote (manifest.source_of). The manifest itself stays there:
-    an unchanged destination sends back nothing of it."""
-
-    def __init__(self, head: dict, entries: List[dict]) -> None:
-        self._head = head
-        self._want = {e["p"]: e for e in entries}
-        self._moved: Dict[str, Optional[list]] = {}
-
-    def see(self, v: tuple) -> None:
-        w = self._want.pop(v[0], None)
-        if w is None:
-            if v[0] != INSTALLED:
-                self._moved[v[0]] = None
-        elif v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
-            self._moved[v[0]] = _row(w)
-
-    def result(self) -> dict:
-        moved = dict(self._moved)
-        moved.update((p, _row(e)) for p, e in self._want.items())  # not at the destination
-        return {
-            "moved": moved,
-            "source_entries": [_row(e) for e in self._head.get("source_entries") or ()],
-        }
-
-
-def against_install(head: dict, entries: List[dict], now: Dict[str, list]) -> dict:
-    """Against's answer for the destination's entries `now` (path -> stat row) at once."""
-    got = Against(head, entries)
-    for row in now.values():
-        got.see(tuple(row))
-    return got.result()
-
-
-def dest_state(
-    dest: str, policy: str, keep_backups: int, against: bool = False
-) -> Tuple[dict, List[bytes]]:
-    """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
-    `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
-    # the destination's modules, loaded where the destination is read (compose needs none)
-    from . import hostfs, manifest, privacy, statwalk, swapfs
-
-    dest = os.path.abspath(dest)
-    parent = os.path.dirname(dest)
-    staging = paths.staging(dest)
-    facts: dict = {
-        "dest": dest,
-        "exists": os.path.lexists(dest),
-        "is_dir": os.path.isdir(dest),
-        "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
-        "staging_left": os.path.lexists(staging),
-    }
-    if facts["installed"]:
-        # an install another user owns or can change is not this tool's (preflight's rule)
-        why = hostfs.why_not_ours_install(dest)
-        if why:
-            facts.update(installed=False, not_ours=why)
-    found = privacy.check_parent(dest, os.geteuid())
-    if found is not None:
-        # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
-        facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
-    free = hostfs.free_bytes(staging)
-    facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
-    if os.path.isdir(staging) and not os.path.islink(staging):
-        facts["staged"] = staged_here(dest, staging)
-    lines: List[bytes] = []
-    size = 0
-    head: Optional[dict] = None
-    data = b""
-    if facts["installed"] and not os.path.islink(dest):
-        try:
-            got = safefs.read_in(dest, INSTALLED)
-            if got is not None:
-                data = got[0]
-                facts["installed_record"] = [got[1].st_size, got[1].st_mtime_ns]
-                head = _header(data)
-            if head is not None:
-                facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
-        except (OSError, ValueError) as exc:
-            facts["installed_error"] = str(exc)
-    if facts["is_dir"] and not os.path.islink(dest):
-        lines, size = statwalk.tree_stat(dest, list((head or {}).get("excludes") or ()))
-    body = b"".join(lines)
-    if against and head is not None and head.get("source_stat_fingerprint") is not None:
-        if head.get(manifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
-            # the walk's lines are the ones the install recorded (their sha256, in its
-            # header): every entry is as installed, none compared, no entry of it parsed
-            facts["install"] = {
-                "moved": {},
-                "source_entries": [_row(e) for e in head.get("source_entries") or ()],
-            }
-        else:
-            try:
-                compare = Against(head, _entries(data))
-            except ValueError as exc:
-                facts["installed_error"] = str(exc)
-                facts.pop("installed_source_stat", None)
-            else:
-                for row in _rows(lines):
-                    compare.see(tuple(row))
-                facts["install"] = compare.result()
-    del data
-    facts["bytes"] = size
-    facts["digest"] = hashlib.sha256(
-        json.dumps([facts["exists"], facts.get("installed_record")]).encode() + body
-    ).hexdigest()
-    good: List[str] = []
-    if os.path.isdir(parent):
-        good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]
-    facts["backups"] = good
-    # a swap under `backup` makes the install in place the newest backup; past keep_backups the
-    # oldest go once the new install passed its checks (swapfs.prune_backups)
-    after = good + ([dest] if policy == "backup" and facts["exists"] else [])
-    facts["evicts"] = after[:-keep_backups] if keep_backups and len(after) > keep_backups else []
-    return facts, lines
-
-
-def staged_here(dest: str, staging: str) -> dict:
-    """What a staging beside the destination holds (files, bytes, bytes on disk) and, when it is
-    what a cut stream left (marked, private, of this destination: staging.resumable_why), the
-    source it was for (`source`: STAT-FINGERPRINT HOST:PATH): a run from that source resumes it,
-    any other removes it first (compose: `resumable`, or its room counted as free)."""
-    import types
-
-    from .receive import staged_bytes
-    from .staging import read_mark, resumable_why
-
-    files, size, disk = staged_bytes(staging)
-    where = types.SimpleNamespace(staging=staging, dest=dest)
-    mark = read_mark(where) or {}
-    source = str(mark.get("source", ""))
-    if source and resumable_why(where, source):
-        source = ""
-    return {"files": files, "bytes": size, "disk": disk, "source": source}
-
-
 # -- here: the plan --------------------------------------------------------------------------------
-
-
-def _rows(lines: List[bytes]) -> List[list]:
-    """The rows of stat lines (each ended by its newline)."""
-    return _body_rows(b"".join(lines))
-
-
-def _body_rows(body: bytes) -> List[list]:
-    """The rows of a body of stat lines, parsed at once (a name's newline is escaped in its
-    JSON: each line is one row; blank lines are none)."""
-    body = body.strip(b"\n")
-    if b"\n\n" in body or b"\r" in body:
-        body = b"\n".join(ln for ln in body.split(b"\n") if ln.strip())
-    return json.loads(b"[" + body.replace(b"\n", b",") + b"]") if body.strip() else []
-
-
-def scan_body(path: str) -> Tuple[str, bytes]:
-    """(stat fingerprint, stat lines) of a source scan record (hostfs.scan), not parsed; read
-    only once it is proven this user's (proven.read_record)."""
-    data = proven.read_record(path)
-    _head, _, body = data.partition(b"\n")
-    return hashlib.sha256(body).hexdigest(), body
-
-
-def read_scan(path: str) -> Tuple[str, List[list]]:
-    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
-    fp, body = scan_body(path)
-    return fp, _body_rows(body)
-
-
-def state_body(path: str) -> Tuple[dict, bytes]:
-    """(facts, stat lines not parsed) of a destination's state (liveplan state), read only once
-    it is proven this user's (proven.read_record)."""
-    head, _, body = proven.read_record(path).partition(b"\n")
-    return json.loads(head), body
-
-
-def read_state(path: str) -> Tuple[dict, List[list]]:
-    facts, body = state_body(path)
-    return facts, _body_rows(body)
 
 
 def _flags(old: Optional[list], new: list) -> str:
@@ -351,7 +138,7 @@ def changes(
             out["unchanged"] += 1
     gone = sorted(set(base) | set(now)) if installed is not None else sorted(now)
     for p in gone:
-        if p in have or p == INSTALLED:
+        if p in have or p == paths.INSTALLED_MANIFEST:
             continue
         row = now.get(p) or base.get(p)
         out["removed"] += 1
@@ -373,8 +160,8 @@ def judged(
         ch = changes([], [], installed, same)
         ch["unchanged"] = body.count(b"\n")
         return [], ch, installed
-    src = _body_rows(body)
-    return src, changes(src, _body_rows(dest_body), installed, same), installed
+    src = planstate.body_rows(body)
+    return src, changes(src, planstate.body_rows(dest_body), installed, same), installed
 
 
 def assess(
@@ -469,8 +256,8 @@ def assess(
 
 def compose(a: argparse.Namespace) -> int:
     d = a.dir
-    src_stat, body = scan_body(os.path.join(d, "source.scan"))
-    facts, dest_body = state_body(os.path.join(d, "dest.state"))
+    src_stat, body = planstate.scan_body(os.path.join(d, "source.scan"))
+    facts, dest_body = planstate.state_body(os.path.join(d, "dest.state"))
     src, ch, installed = judged(src_stat, body, facts, dest_body)
     safefs.write_private(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
     got = assess(a, facts, src, src_stat, ch, installed)
@@ -527,10 +314,12 @@ def compose(a: argparse.Namespace) -> int:
     safefs.write_private(
         os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
     )
-    lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
+    lines = planscreen.screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
     print("\n".join(lines))
     if a.markdown:
-        safefs.write_private(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
+        safefs.write_private(
+            os.path.join(d, "plan.md"), planscreen.markdown(plan, ch["items"], lines)
+        )
     return 1 if blockers else 0
 
 
@@ -572,141 +361,6 @@ def static_verdict(a: argparse.Namespace) -> str:
     return "could not run (exit %s)" % a.audit_rc
 
 
-def screen(
-    plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict], listing: str
-) -> List[str]:
-    ch, disk = plan["changes"], plan["disk"]
-    src, dst = plan["source"], plan["destination"]
-    out = [
-        "plan for %s: %s:%s -> %s:%s"
-        % (plan["runbook"], src["host"], src["path"], dst["host"], dst["path"])
-    ]
-    out.append("  hosts:       %s" % a.hosts)
-    out.append("  route:       %s" % a.route_why)
-    out.append("  compression: %s" % a.compression_why)
-    out.append(
-        "  source:      %d files, %s (scan %s)"
-        % (src["files"], human(src["bytes"]), src["stat_fingerprint"][:12])
-    )
-    state = (
-        "holds an install of this tool"
-        if dst["installed"]
-        else "exists (not installed by this tool)"
-        if dst["exists"]
-        else "does not exist yet"
-    )
-    out.append("  destination: %s; on_existing %s" % (state, plan["policy"]))
-    if plan["up_to_date"]:
-        out.append("  changes:     nothing to send: the destination already holds this exact tree")
-    else:
-        out.append(
-            "  changes:     %d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
-            % (
-                ch["added"],
-                human(ch["added_bytes"]),
-                ch["changed"],
-                human(ch["changed_bytes"]),
-                ch["removed"],
-                human(ch["removed_bytes"]),
-                ch["unchanged"],
-            )
-        )
-        for line in items[:SHOWN]:
-            out.append("               " + line)
-        if len(items) > SHOWN:
-            out.append("               ... %d more" % (len(items) - SHOWN))
-        out.append("               every line: %s" % listing)
-        resumed = plan.get("resumable")
-        if resumed:
-            out.append(
-                "  resumable:   %s of %s staged (%d files a cut stream of this source "
-                "left); %s to send"
-                % (
-                    human(resumed["staged"]),
-                    human(resumed["of"]),
-                    resumed["files"],
-                    human(plan["send_bytes"]),
-                )
-            )
-        if plan["incremental"]:
-            # one sum, its two parts named as parts (issue 45: `14.9 KB, only the changes, and
-            # 14.9 KB of bin/...` read as 29.8 KB)
-            how = (
-                "in all: %s of changes and %s of bin/ and pyvenv.cfg, which relocation "
-                "rewrites (incremental)"
-                % (human(ch["added_bytes"] + ch["changed_bytes"]), human(ch["rewritten_bytes"]))
-            )
-        else:
-            how = "the rest of the tree (resumed)" if resumed else "the whole tree"
-        out.append("  to send:     %s, %s" % (human(plan["send_bytes"]), how))
-    free = disk["free"] + disk.get("freed", 0)
-    room = "enough room" if disk["need"] <= free else "NOT ENOUGH ROOM"
-    freed = (
-        " (and %s of an earlier staging, removed first)" % human(disk["freed"])
-        if disk.get("freed")
-        else ""
-    )
-    out.append(
-        "  disk:        %s needed (staging %s%s) of %s free%s at %s: %s"
-        % (
-            human(disk["need"]),
-            human(disk["staging"]),
-            ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
-            human(disk["free"]),
-            freed,
-            dst["measured_at"],
-            room,
-        )
-    )
-    if plan["policy"] == "backup":
-        n = len(plan["backups"])
-        kept = "%d backup%s kept" % (n, "" if n == 1 else "s")
-        evict = (
-            ("; evicts %s once the new install passes its checks" % ", ".join(plan["evicts"]))
-            if plan["evicts"]
-            else "; evicts none"
-        )
-        out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
-    out.append("  static:      %s" % plan["static"])
-    names = []
-    head = True
-    for c in checks:
-        # the implied checks come first (compiler.implied: relocation, and kernel_audit for a gpu)
-        head = head and c.get("type") in ("relocation", "kernel_audit")
-        implied = " (implied)" if head else ""
-        skip = " (may skip)" if c.get("allow_skip") else ""
-        names.append("%s%s%s" % (c.get("id"), implied, skip))
-    out.append("  checks:      %s" % (", ".join(names) or "none"))
-    for b in plan["blockers"]:
-        out.append("  BLOCKED:     %s" % b)
-    return [printable(line) for line in out]
-
-
-def markdown(plan: dict, items: List[str], lines: List[str]) -> str:
-    text = [
-        "# Live plan: %s" % plan["runbook"],
-        "",
-        "Made %s against the real hosts (spec sha256 %s)."
-        % (plan["made"], plan["spec_sha256"][:12]),
-        "",
-        "```",
-        *lines[1:],
-        "```",
-        "",
-    ]
-    if items:
-        text += [
-            "<details><summary>%d itemized changes</summary>" % len(items),
-            "",
-            "```",
-            *items,
-            "```",
-            "</details>",
-            "",
-        ]
-    return "\n".join(text)
-
-
 # -- here: the plan against what is there now -----------------------------------------------------
 
 
@@ -715,17 +369,17 @@ def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
     d = os.path.dirname(os.path.abspath(plan_path))
     record = ""
     if side == "source":
-        _fp, then = read_scan(os.path.join(d, "source.scan"))
-        _fp, now = read_scan(now_path)
+        _fp, then = planstate.read_scan(os.path.join(d, "source.scan"))
+        _fp, now = planstate.read_scan(now_path)
     else:
-        was, then = read_state(os.path.join(d, "dest.state"))
-        facts, now = read_state(now_path)
+        was, then = planstate.read_state(os.path.join(d, "dest.state"))
+        facts, now = planstate.read_state(now_path)
         if (was.get("exists"), was.get("installed_record")) != (
             facts.get("exists"),
             facts.get("installed_record"),
         ):
             record = (
-                INSTALLED + " (the install's record)"
+                paths.INSTALLED_MANIFEST + " (the install's record)"
                 if facts.get("exists")
                 else facts["dest"] + " (gone)"
             )
@@ -812,7 +466,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 else ("" if ch.keep_backups is None else str(ch.keep_backups))
             )
         if a.cmd == "state":
-            facts, lines = dest_state(a.dest, a.policy, a.keep_backups, a.against_install)
+            facts, lines = planstate.dest_state(a.dest, a.policy, a.keep_backups, a.against_install)
             out = sys.stdout.buffer
             out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
             out.write(b"".join(lines))
@@ -830,11 +484,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            got = safefs.read_in(a.dest, INSTALLED)
+            got = safefs.read_in(a.dest, paths.INSTALLED_MANIFEST)
             if got is None:
                 print(
                     "rbkit liveplan installed: %s/%s is not a regular file of the install"
-                    % (a.dest, INSTALLED),
+                    % (a.dest, paths.INSTALLED_MANIFEST),
                     file=sys.stderr,
                 )
                 return 2

@@ -25,7 +25,6 @@ from . import safefs
 SCHEMA = 1
 # written into an install by the install itself (its manifest, its versioned env file, the mark
 # of a build whose checks failed, its record (installs.INFO)): never compared, never sent
-SKIP_NAMES = (".rb-manifest.jsonl", ".rb-env.sh", ".rb-failed", ".rb-install.json")
 
 
 # what an install never carries unless the spec says so out loud (transfer.special_modes: keep)

@@ -20,6 +20,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
+from rbrules import paths
+
 NETWORK_FS = frozenset(
     (
         "nfs",
@@ -148,7 +150,7 @@ def _backup_or_staging_of(src: str, dest: str) -> bool:
     return (
         os.path.dirname(src) == os.path.dirname(dest)
         and re.match(
-            rf"^(?:{base}\.rb-backup\.[0-9]+|\.{base}\.rb-(?:staging|old|restore))$",
+            rf"^(?:{paths.backup_number(os.path.basename(dest))}|\.{base}\.rb-(?:staging|old|restore))$",
             os.path.basename(src),
         )
         is not None

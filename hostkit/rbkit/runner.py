@@ -28,7 +28,6 @@ STAMP = "stamp.json"
 RECEIVED = "received.json"  # what receive saw in the stream: each file's digest, and its inode
 # (received.I.json: stream I's, when several streams ran)
 BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}  # what each stamp needs
-INSTALLED = ".rb-manifest.jsonl"
 INCOMPLETE = ".incomplete"  # beside the staging (STAGING.incomplete): what arrived of a stream
 # that did not end in a verified staging, and the source it was for
 KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, for verify
@@ -150,7 +149,9 @@ class Context:
         why = hostfs.why_not_ours_install(self.dest)
         if why:
             raise ValueError("the install at %s is not proven ours: %s" % (self.dest, why))
-        key, m = load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
+        key, m = load_keyed(
+            os.path.join(self.dest, paths.INSTALLED_MANIFEST), self._installed_cache
+        )
         self.keep_installed(key, m)
         return m
 

@@ -60,7 +60,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from rbrules import common, cpus
+from rbrules import common, cpus, paths
 from rbrules.shown import printable
 
 from . import (
@@ -422,7 +422,7 @@ def installed_stat(dest: str) -> str:
     install not proven ours has none (hostfs.why_not_ours_install)."""
     if not os.path.isdir(dest) or hostfs.why_not_ours_install(dest):
         return ""
-    header = manifestfile.read_header(os.path.join(dest, runner.INSTALLED))
+    header = manifestfile.read_header(os.path.join(dest, paths.INSTALLED_MANIFEST))
     if header is None:
         return ""
     value = header.get("source_stat_fingerprint")

@@ -21,7 +21,7 @@ import struct
 import threading
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from rbrules import cpus, owners
+from rbrules import cpus, owners, paths
 from rbrules.common import walk_workers
 
 from . import manifestfile
@@ -99,7 +99,7 @@ def walk(
         for entry in entries:
             name = entry.name
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            if rel in manifestfile.SKIP_NAMES or (test is not None and test(rel, name)):
+            if rel in paths.IN_INSTALL or (test is not None and test(rel, name)):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -178,7 +178,7 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
         for entry in entries:
             name = entry.name
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            if rel in manifestfile.SKIP_NAMES or (test is not None and test(rel, name)):
+            if rel in paths.IN_INSTALL or (test is not None and test(rel, name)):
                 continue
             st = entry.stat(follow_symlinks=False)
             m = st.st_mode
@@ -273,7 +273,7 @@ def _start(
                 entries = sorted(it, key=operator.attrgetter("name"))
             for entry in entries:
                 rel = f"{d}/{entry.name}" if d else entry.name
-                if rel in manifestfile.SKIP_NAMES or (test is not None and test(rel, entry.name)):
+                if rel in paths.IN_INSTALL or (test is not None and test(rel, entry.name)):
                     continue
                 st = entry.stat(follow_symlinks=False)
                 kept.append((rel, st))

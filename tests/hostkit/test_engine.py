@@ -39,6 +39,7 @@ from rbkit import (
 )
 from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
+from rbrules import paths
 
 from tests.hostkit.test_fanout_delta import (
     PKG,
@@ -706,7 +707,7 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
     """The walk that the quick re-run check needs starts when the engine holds the lock (while
     the runbook scans the source); `current` takes its result and walks nothing itself."""
     src, _m1, dest, tmp_path = first_install
-    installed = manifestfile.load(str(dest / runner.INSTALLED))
+    installed = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
     source_stat = installed["header"]["source_stat_fingerprint"]
     ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
@@ -744,7 +745,7 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
     walk's lines matching it, the manifest's entries are never read; a link planted there since
     makes it read them and compare (the link named)."""
     _src, _m1, dest, tmp_path = first_install
-    head = manifestfile.read_header(str(dest / runner.INSTALLED))
+    head = manifestfile.read_header(str(dest / paths.INSTALLED_MANIFEST))
     assert head[manifest.INSTALLED_STAT]
 
     def unread(*args, **kw):
@@ -784,9 +785,9 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
             (d / "f.py").write_text("x" * b)
     m = manifest.build(str(dest), [], "sha256", jobs=1)
     manifestfile.save(
-        manifest.relocated(m, {}, manifestfile.fingerprint(m)), str(dest / runner.INSTALLED)
+        manifest.relocated(m, {}, manifestfile.fingerprint(m)), str(dest / paths.INSTALLED_MANIFEST)
     )
-    head = manifestfile.read_header(str(dest / runner.INSTALLED))
+    head = manifestfile.read_header(str(dest / paths.INSTALLED_MANIFEST))
     forked = []
     real_fork = statwalk._fork
     monkeypatch.setattr(statwalk, "walk_workers", lambda cpus: 3)
@@ -924,7 +925,7 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     from it (checked by its fingerprint) and the source is only read by the stream. A file
     changed at the destination is sent and verified against the source's digest."""
     src, m1, dest, tmp_path = first_install
-    installed = manifestfile.load(str(dest / runner.INSTALLED))
+    installed = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
     assert installed["header"]["source_entries"], "relocation rewrote bin/tool"
     source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]  # preflight's figure
     assert source_stat == installed["header"]["source_stat_fingerprint"]
@@ -948,7 +949,7 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     verify = install_sent(ctx, src, event["facts"]["names"], tmp_path)
     assert verify["facts"]["linked"] >= 1 and verify["facts"]["hashed"] == 0, verify
     assert (dest / PKG / "__init__.py").read_text() == (src / PKG / "__init__.py").read_text()
-    again = manifestfile.load(str(dest / runner.INSTALLED))["header"]
+    again = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))["header"]
     assert again["source_fingerprint"] == manifestfile.fingerprint(m1)
 
 
@@ -1002,8 +1003,8 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
     monkeypatch.undo()
     assert manifestfile.load(str(mpath))["header"]["stat_fingerprint"] == source_stat
     # the install's manifest changed since the quick check read it: read again
-    m = manifestfile.load(str(dest / runner.INSTALLED))
-    manifestfile.save(m, str(dest / runner.INSTALLED))
+    m = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
+    manifestfile.save(m, str(dest / paths.INSTALLED_MANIFEST))
     cached = ctx._installed_cache
     assert ctx.installed() is not cached[1] and ctx._installed_cache[0] != cached[0]
     # a linked file of the staging swapped for a copy with other bytes and the same stat
@@ -1050,9 +1051,9 @@ def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first
     elif what == "other excludes":
         exclude = ["*.pyc"]
     else:  # the recorded entry of bin/tool is not what the source had
-        m = manifestfile.load(str(dest / runner.INSTALLED))
+        m = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
         m["header"]["source_entries"][0]["h"] = "0" * 64
-        manifestfile.save(m, str(dest / runner.INSTALLED))
+        manifestfile.save(m, str(dest / paths.INSTALLED_MANIFEST))
     before = (dest / PKG / "__init__.py").read_text()
     ctx = rerun_ctx(tmp_path, dest, tmp_path / "m.jsonl")
     event = runner.run(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rbkit import engine, exports, hostfs, privacy, runner
 from rbkit.choices import Choices
-from rbrules import private
+from rbrules import paths, private
 
 from tests.conftest import IN_CI
 
@@ -234,7 +234,7 @@ def test_the_checks_source_a_private_copy_of_the_installs_own_env_file(tmp_path)
 def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, plant):
     dest = tmp_path / "venv"
     dest.mkdir()
-    own = dest / exports.IN_INSTALL
+    own = dest / paths.ENV_IN_INSTALL
     if plant == "link":
         (tmp_path / "evil.sh").write_text("touch /tmp/pwned\n")
         own.symlink_to(tmp_path / "evil.sh")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from rbkit import exports, hostfs, manifest, manifestfile, privacy, statwalk
+from rbrules import paths
 
 from tests.conftest import IN_CI
 
@@ -201,7 +202,7 @@ def test_restore_never_puts_back_a_copy_another_user_made_of_the_install(sticky)
     planted = sticky / "venv.rb-backup.99"
     as_nobody("cp", "-a", str(dest), str(planted))
     edit_keeping_stat(planted / PKG / "__init__.py", "VALUE = 2\n")
-    as_nobody("rm", str(planted / exports.IN_INSTALL))
+    as_nobody("rm", str(planted / paths.ENV_IN_INSTALL))
     with pytest.raises(
         PermissionError,
         match=r"refusing to restore backup 99: .*venv\.rb-backup"
@@ -240,7 +241,7 @@ def test_an_env_file_another_user_owns_in_a_backup_is_never_copied_to_the_public
     dest = tmp_path / "venv"
     an_install(dest)
     public = Path(str(dest) + ".env.sh")
-    own = dest / exports.IN_INSTALL
+    own = dest / paths.ENV_IN_INSTALL
     own.write_text("touch /tmp/pwned-by-nobody\n")
     os.chown(own, NOBODY, -1)
     got = exports.restore_env(str(dest), str(public))
