@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional
 from rbrules import common
 from rbrules.shown import printable
 
-from . import engine, fanreports, hostfs, proof, runner
+from . import engine, fanreports, hostfs, preflight, proof, runner
 from .choices import add_run_options
 from .lock import Lock
 
@@ -125,7 +125,7 @@ def node(a: argparse.Namespace) -> int:
         # never into the source (before the lock: nothing is written beside a refused one)
         pre = runner.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
         if pre["status"] != "failed":
-            runner.run(ctx, "lock", engine.take_lock, lock)
+            runner.run(ctx, "lock", preflight.take_lock, lock)
         rc = (
             engine.install(ctx, producer, delta if os.path.exists(delta) else None)
             if ctx.locked

@@ -101,7 +101,7 @@ def dest_state(
             facts.update(installed=False, not_ours=why)
     found = privacy.check_parent(dest, os.geteuid())
     if found is not None:
-        # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
+        # preflight refuses it unless transfer.shared_parent: allow (preflight.check_parent)
         facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
     free = hostfs.free_bytes(staging)
     facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])

@@ -69,6 +69,8 @@ from . import (
     hostfs,
     manifest,
     manifestfile,
+    preflight,
+    probestep,
     proof,
     receive,
     relay,
@@ -153,7 +155,7 @@ def context(a: argparse.Namespace, **kw: Any) -> runner.Context:
 
 # what a request may ask: the step's function and how its key=value words are read
 REQUESTS: Dict[str, tuple] = {
-    "preflight": (engine.preflight, {"need": int, "source_identity": str, "source": str}),
+    "preflight": (preflight.preflight, {"need": int, "source_identity": str, "source": str}),
     "discard": (staging.discard_staging, {}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
     "stage": (
@@ -173,7 +175,7 @@ REQUESTS: Dict[str, tuple] = {
     "prove": (proof.prove, {}),
     "swap": (engine.swap, {}),
     "exports": (engine.write_exports, {}),
-    "probe": (engine.probe, {"report": str}),
+    "probe": (probestep.probe, {"report": str}),
     "restore": (backups.restore, {"number": int}),
     "backups": (backups.list_backups, {}),
 }
@@ -255,8 +257,8 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, on_signal)
     rc = 0
     try:
-        runner.run(ctx, "lock", engine.take_lock, lock)
-        engine.begin_early_check(ctx)
+        runner.run(ctx, "lock", preflight.take_lock, lock)
+        preflight.begin_early_check(ctx)
         answer.line("set", "installed_stat", installed_stat(ctx.dest))
         if answer.done():
             return 1
@@ -291,7 +293,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     ctx.state = runner.make_state()
     lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
     try:
-        runner.run(ctx, "lock", engine.take_lock, lock)
+        runner.run(ctx, "lock", preflight.take_lock, lock)
         if answer.done():
             return 1
         for step in a.steps:

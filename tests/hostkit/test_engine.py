@@ -28,6 +28,7 @@ from rbkit import (
     hostfs,
     manifest,
     manifestfile,
+    preflight,
     proof,
     receive,
     relocate,
@@ -711,7 +712,7 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
     source_stat = installed["header"]["source_stat_fingerprint"]
     ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert ctx.early is not None
     ctx.early.take()  # the walk is done before current asks
 
@@ -727,13 +728,13 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
     change_one_file(dest)
     ctx2 = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx2.locked = True
-    engine.begin_early_check(ctx2)
+    preflight.begin_early_check(ctx2)
     event = runner.run(ctx2, "current", engine.current, mode="quick", source_stat=source_stat)
     assert event["facts"]["up_to_date"] == 0, event
     # another source: the walk alone never makes it up to date
     ctx3 = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx3.locked = True
-    engine.begin_early_check(ctx3)
+    preflight.begin_early_check(ctx3)
     event = runner.run(ctx3, "current", engine.current, mode="quick", source_stat="0" * 64)
     assert event["facts"]["up_to_date"] == 0 and "source changed" in event["facts"]["why"]
 
@@ -754,7 +755,7 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
     def checked(locked=True):
         ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
         ctx.locked = locked
-        engine.begin_early_check(ctx)
+        preflight.begin_early_check(ctx)
         return runner.run(
             ctx,
             "current",
@@ -796,7 +797,7 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
     def checked():
         ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
         ctx.locked = True
-        engine.begin_early_check(ctx)
+        preflight.begin_early_check(ctx)
         assert forked, "no worker forked as the check began"
         return runner.run(
             ctx,
@@ -815,15 +816,15 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
 def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_install):
     _src, _m1, dest, tmp_path = first_install
     ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
-    engine.begin_early_check(ctx)  # not locked
+    preflight.begin_early_check(ctx)  # not locked
     assert ctx.early is None
     ctx = runner.Context(str(dest), Choices(rerun="digest"), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert ctx.early is None
     ctx = runner.Context(str(tmp_path / "nothing" / "venv"), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert ctx.early is None
 
 
@@ -988,7 +989,7 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
     change_one_file(dest)
     mpath = tmp_path / "rebuilt.jsonl"
     ctx = rerun_ctx(tmp_path, dest, mpath)
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert (
         runner.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
     )

@@ -2,7 +2,7 @@
 source check"): the real `rbkit.fanout node` command, and its check on identities made here.
 
 The single-host route refuses a destination that is the source, inside it, or around it, whatever
-the names (engine.preflight with the source's hostfs.identity). On 24efc9a a fan-out node had no
+the names (preflight.preflight with the source's hostfs.identity). On 24efc9a a fan-out node had no
 such check: `rbkit.fanout node` took the lock and installed, so a node that is the source host (or
 shares its file system) staged beside the source and swapped its copy in over it. These tests fail
 there: rbkit.fanout has no check_source nor SOURCE_IDENTITY, and the node installs into the alias.

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import engine, exports, hostfs, privacy, runner
+from rbkit import exports, hostfs, privacy, probestep, runner
 from rbkit.choices import Choices
 from rbrules import paths, private
 
@@ -225,7 +225,7 @@ def test_the_checks_source_a_private_copy_of_the_installs_own_env_file(tmp_path)
     ctx = probe_ctx(tmp_path, dest)
     exports.write(ctx.env_out, "export A=1\n", venv=str(dest))
     Path(ctx.env_out).write_text("touch /tmp/pwned\n")  # swapped after exports
-    copy = engine.own_env_copy(ctx)
+    copy = probestep.own_env_copy(ctx)
     assert Path(copy).parent == Path(ctx.state) and Path(copy).read_text() == "export A=1\n"
     assert oct(os.stat(copy).st_mode & 0o777) == "0o600"
 
@@ -243,14 +243,14 @@ def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, 
         os.chown(own, NOBODY, -1)
     ctx = probe_ctx(tmp_path, dest)
     with pytest.raises(runner.StepError) as got:
-        engine.own_env_copy(ctx)
+        probestep.own_env_copy(ctx)
     want = {
         "theirs": "owned by nobody (uid %d)" % NOBODY,
         "link": "refusing to source %s as root: %s is not a regular file (a symlink)" % (own, own),
         "missing": "holds no env file of its own",
     }[plant]
     assert want in str(got.value)
-    assert not (Path(ctx.state) / engine.ENV_COPY).exists()
+    assert not (Path(ctx.state) / probestep.ENV_COPY).exists()
 
 
 # -- --restore never installs a backup another user planted ---------------------------------------
