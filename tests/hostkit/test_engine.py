@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from rbkit import (
+    channel,
     engine,
     fanreports,
     filehash,
@@ -33,6 +34,7 @@ from rbkit import (
     receive,
     relocate,
     runner,
+    sendside,
     serve,
     staging,
     statwalk,
@@ -40,7 +42,7 @@ from rbkit import (
 )
 from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
-from rbrules import paths
+from rbrules import cpus, paths
 
 from tests.hostkit.test_fanout_delta import (
     PKG,
@@ -338,7 +340,7 @@ def test_a_source_the_excludes_empty_or_unvenv_is_refused(tmp_path, excludes, wh
 def test_the_engine_answers_in_lines_a_runbook_reads(tmp_path):
     src = tmp_path / "venv"
     make_tree(src, python=True)
-    answer = serve.Answer(open(tmp_path / "out", "w", encoding="utf-8"))
+    answer = channel.Answer(open(tmp_path / "out", "w", encoding="utf-8"))
     ctx = runner.Context(str(src), emit=answer.event)
     runner.run(ctx, "scan", lambda c: runner.Result(*stream.scan_source(str(src), [])))
     answer.done()
@@ -1295,10 +1297,10 @@ def test_the_source_hash_beside_the_stream_takes_the_cores_the_stream_leaves(mon
     from rbkit import serve
 
     # the CPUs this process may use (rbrules.cpus), not the machine's
-    monkeypatch.setattr(serve.cpus, "count", lambda root="/": 2)
-    assert serve.hash_jobs("2", True) == 1 and serve.hash_jobs("2", False) == 2
-    assert serve.hash_jobs("auto", True) == 1
-    monkeypatch.setattr(serve.cpus, "count", lambda root="/": 16)
-    assert serve.hash_jobs("8", True) == 8 and serve.hash_jobs("auto", True) == 14
+    monkeypatch.setattr(cpus, "count", lambda root="/": 2)
+    assert sendside.hash_jobs("2", True) == 1 and sendside.hash_jobs("2", False) == 2
+    assert sendside.hash_jobs("auto", True) == 1
+    monkeypatch.setattr(cpus, "count", lambda root="/": 16)
+    assert sendside.hash_jobs("8", True) == 8 and sendside.hash_jobs("auto", True) == 14
     a = serve.parser().parse_args(["hash", "/r", "--out", "/o", "--beside-stream"])
-    assert a.beside_stream and a.fn is serve.cmd_hash
+    assert a.beside_stream and a.fn is sendside.cmd_hash

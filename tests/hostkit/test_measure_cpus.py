@@ -127,11 +127,11 @@ def test_this_process_counts_its_affinity(monkeypatch):
     monkeypatch.setattr(cpus, "quota", lambda root="/": None)
     assert cpus.count() == 4 and cpus.jobs("auto") == 4
     from rbkit import __main__ as cli
-    from rbkit import runner, serve, source, statwalk
+    from rbkit import runner, sendside, source, statwalk
     from rbprobes import checks_static
 
     assert cli.jobs("auto") == 4 and runner.jobs("auto") == 4 and statwalk._cpus() == 4
-    assert serve.hash_jobs("auto", True) == 2  # the stream's processes take two
+    assert sendside.hash_jobs("auto", True) == 2  # the stream's processes take two
     monkeypatch.delenv("RBKIT_AUDIT_BESIDE", raising=False)
     assert source.spare_cores() is True
     assert checks_static.audit_jobs([1 << 30] * 8) == 3  # every usable core but one

@@ -138,7 +138,7 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
         got.update(root=root, names=names, remote=remote, local=local, jobs=jobs)
         return 0
 
-    monkeypatch.setattr(serve.stream, "send", fake)
+    monkeypatch.setattr(stream, "send", fake)
     assert (
         serve.main(
             [
