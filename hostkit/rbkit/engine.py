@@ -45,11 +45,12 @@ from rbrules.proven import not_ours_in_tree
 from . import (
     exports,
     filehash,
-    hostfs,
+    installs,
     manifest,
     manifestfile,
     probestep,
     relocate,
+    swapfs,
 )
 from .proof import (
     cancel_elsewhere,
@@ -170,7 +171,7 @@ def current(
     ctx.unlinkable = set()
     early, ctx.early = ctx.early, None
     tree = None
-    not_ours = hostfs.why_not_ours_install(ctx.dest) if os.path.lexists(ctx.dest) else None
+    not_ours = installs.why_not_ours_install(ctx.dest) if os.path.lexists(ctx.dest) else None
     if not_ours:
         if early is not None:
             early.take()
@@ -306,12 +307,12 @@ def swap(ctx: Context) -> Result:
         if transient:
             # replace: what was there waits as a backup (not pruned, not unshared) until the run
             # ends, for a rollback
-            result = hostfs.swap(
+            result = swapfs.swap(
                 ctx.staging, ctx.dest, "backup", swap_atomic=ctx.choices.swap_atomic, unshare=False
             )
         else:
             # keep_backups is applied once the new install passed its checks (prune_after_checks)
-            result = hostfs.swap(
+            result = swapfs.swap(
                 ctx.staging, ctx.dest, ctx.choices.on_existing, swap_atomic=ctx.choices.swap_atomic
             )
         previous = result.get("previous")
@@ -370,13 +371,13 @@ def _identity_of(path: Optional[str]) -> Optional[list]:
 
 
 def _record_install(ctx: Context) -> None:
-    """The new install's record (hostfs.read_info): when, from which runbook and spec, the
+    """The new install's record (installs.read_info): when, from which runbook and spec, the
     source's manifest fingerprint; its checks not run yet."""
     try:
         fingerprint = ctx.fingerprint()
     except (StepError, OSError, ValueError):
         fingerprint = ""
-    hostfs.write_info(
+    installs.write_info(
         ctx.dest,
         installed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         origin=ctx.choices.origin,
@@ -405,7 +406,7 @@ def write_exports(ctx: Context) -> Result:
         % (ctx.env_out, library_words(ctx.dest, summary["library_dirs"]))
     )
     if not ctx.probe_config and ctx.swapped is not None:
-        hostfs.write_info(ctx.dest, checks="none")
+        installs.write_info(ctx.dest, checks="none")
         probestep.prune_after_checks(ctx)
     return Result(ctx.env_out, {"file": ctx.env_out, "library_dirs": len(summary["library_dirs"])})
 
@@ -456,9 +457,9 @@ def rollback(ctx: Context, after: str = "") -> Result:
                     "stays_why": "nothing was there before this run to put back",
                 },
             )
-        from_failed = previous == hostfs.failed_path(ctx.dest)
+        from_failed = previous == installs.failed_path(ctx.dest)
         number = None if from_failed else int(previous.rsplit(".", 1)[1])
-        got = hostfs.restore(
+        got = swapfs.restore(
             ctx.dest,
             number,
             env_file=ctx.env_out,
@@ -472,7 +473,7 @@ def rollback(ctx: Context, after: str = "") -> Result:
         if s["transient"]:
             remove_tree(kept)
             kept = None
-        hostfs.write_info(ctx.dest, put_back_after=what, failed_install=kept or "removed")
+        installs.write_info(ctx.dest, put_back_after=what, failed_install=kept or "removed")
     finally:
         ctx.critical -= 1
     where = "kept at %s" % kept if kept else "removed (on_existing: replace)"

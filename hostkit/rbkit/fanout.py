@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional
 from rbrules import common
 from rbrules.shown import printable
 
-from . import engine, fanreports, hostfs, preflight, proof, runner
+from . import engine, fanreports, pathid, preflight, proof, runner
 from .choices import add_run_options
 from .lock import Lock
 
@@ -55,7 +55,7 @@ PAYLOAD = "payload"  # the tar stream in the bundle, compressed as the run chose
 BUNDLE = "bundle.tar"  # the bundle itself, in DIR (moved there by the node script)
 LOCK_WAIT_S = float(common.LOCK_WAIT_S)  # one rule: rbrules.common
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
-SOURCE_IDENTITY = "source-identity.json"  # in the bundle: the source's hostfs.identity
+SOURCE_IDENTITY = "source-identity.json"  # in the bundle: the source's pathid.identity
 PRE = ("preflight",)  # a node's steps before the install's, in its report only when they fail
 
 
@@ -63,7 +63,7 @@ def check_source(ctx: runner.Context, path: str) -> runner.Result:
     """This node's destination is not the source, nor inside it, nor around it, whatever the
     names (a node that is the source host, or shares its file system): the source's identity
     (`path`, the bundle's SOURCE_IDENTITY, from the head's scan) against this node's
-    hostfs.identity of the destination, by hostfs.same_or_nested; refused with the message of the
+    pathid.identity of the destination, by pathid.same_or_nested; refused with the message of the
     single-host route's preflight. Nothing is written before it."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -79,7 +79,7 @@ def check_source(ctx: runner.Context, path: str) -> runner.Result:
             "refusing to install %s: %s is not a source identity; pack the "
             "bundle again: run the runbook from fan_pack" % (ctx.dest, path)
         )
-    why = hostfs.same_or_nested(source, hostfs.identity(ctx.dest))
+    why = pathid.same_or_nested(source, pathid.identity(ctx.dest))
     if why:
         raise runner.StepError("refusing to install %s: %s" % (ctx.dest, why))
     return runner.Result("%s is apart from the source %s" % (ctx.dest, source["realpath"]))

@@ -46,7 +46,7 @@ def linkable(old: Optional[dict], new: dict) -> bool:
 def delta(new: dict, base: dict) -> dict:
     """What a host whose install came from `base` (unchanged since) still needs to hold `new`:
     every directory, symlink and relocatable file, and each file not `linkable` from `base`. The
-    same rule as `hostfs.stage`, so a host installed from `base` asks for a subset of this."""
+    same rule as `linkstage.stage`, so a host installed from `base` asks for a subset of this."""
     if new["header"].get("algo") != base["header"].get("algo") or new["header"]["algo"] == "none":
         return {
             "usable": False,

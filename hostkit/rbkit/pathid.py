@@ -3,7 +3,7 @@
 A text comparison of the spec's two endpoints misses a symlink alias (`/opt/venv` and
 `/data/opt/venv`), a relative path, a bind mount, and two host ids (or two addresses) for one machine;
 the swap then replaces the source with its own copy. `identity(path)` runs on each end (as
-`hostfs.identity`) and says what the path is there; `same_or_nested(source, destination)`, a pure
+`pathid.identity`) and says what the path is there; `same_or_nested(source, destination)`, a pure
 function of the two results, says why they must not be used together, or None.
 
 One machine: both ends report the same boot id (/proc/sys/kernel/random/boot_id: random per boot,

@@ -82,7 +82,7 @@ def dest_state(
     """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
     `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
     # the destination's modules, loaded where the destination is read (compose needs none)
-    from . import hostfs, manifest, privacy, statwalk, swapfs
+    from . import hostfs, installs, manifest, privacy, statwalk, swapfs
 
     dest = os.path.abspath(dest)
     parent = os.path.dirname(dest)
@@ -96,7 +96,7 @@ def dest_state(
     }
     if facts["installed"]:
         # an install another user owns or can change is not this tool's (preflight's rule)
-        why = hostfs.why_not_ours_install(dest)
+        why = installs.why_not_ours_install(dest)
         if why:
             facts.update(installed=False, not_ours=why)
     found = privacy.check_parent(dest, os.geteuid())

@@ -20,11 +20,14 @@ from rbrules.common import compressors, human
 
 from . import (
     hostfs,
+    installs,
     manifest,
     manifestfile,
+    pathid,
     privacy,
     staging,
     statwalk,
+    swapfs,
 )
 from .runner import (
     Context,
@@ -64,7 +67,7 @@ def take_lock(ctx: Context, lock: Any) -> Result:
     }
     if shared:
         facts["shared_parent"] = shared
-    recovered = hostfs.recover_swap(ctx.dest)
+    recovered = swapfs.recover_swap(ctx.dest)
     if recovered:
         ctx.log("an earlier swap of %s was interrupted: %s" % (ctx.dest, recovered.get("detail")))
         facts["recovered"] = recovered.get("action")
@@ -95,7 +98,7 @@ def check_parent(ctx: Context) -> str:
 
 def preflight(ctx: Context, need: int = 0, source_identity: str = "", source: str = "") -> Result:
     """The destination before anything is sent: that it is not the source (nor inside it, nor
-    the reverse, whatever the names: `source_identity`, the source's hostfs.identity), what is
+    the reverse, whatever the names: `source_identity`, the source's pathid.identity), what is
     there, the policy for it, room for the staging, and which compressors this host has.
 
     A staging already there counts (issue 45: after a disk filled, its ~480 MB refused every
@@ -103,13 +106,13 @@ def preflight(ctx: Context, need: int = 0, source_identity: str = "", source: st
     so only the rest of `need` is needed; any other is removed before the stream, so its room
     counts as free. Refused when even so there is too little: `short_bytes` says how much."""
     if source_identity:
-        why = hostfs.same_or_nested(json.loads(source_identity), hostfs.identity(ctx.dest))
+        why = pathid.same_or_nested(json.loads(source_identity), pathid.identity(ctx.dest))
         if why:
             raise StepError("refusing to install %s: %s" % (ctx.dest, why))
     exists = os.path.lexists(ctx.dest)
     installed = os.path.isfile(os.path.join(ctx.dest, paths.INSTALLED_MANIFEST))
     if installed:
-        why = hostfs.why_not_ours_install(ctx.dest)
+        why = installs.why_not_ours_install(ctx.dest)
         if why:
             # never compared with, linked from or taken for this tool's install: sent whole
             ctx.log(

@@ -17,7 +17,8 @@ from rbrules.proven import NotOurs
 
 from . import (
     exports,
-    hostfs,
+    installs,
+    swapfs,
 )
 from .runner import (
     Context,
@@ -41,7 +42,7 @@ def prune_after_checks(ctx: Context) -> None:
         or not ctx.choices.keep_backups
     ):
         return
-    for gone in hostfs.prune_backups(ctx.dest, ctx.choices.keep_backups):
+    for gone in swapfs.prune_backups(ctx.dest, ctx.choices.keep_backups):
         ctx.log(
             "removed an older backup (keep_backups: %s): %s (the new install passed its "
             "checks)" % (ctx.choices.keep_backups, gone)
@@ -83,7 +84,7 @@ def probe(ctx: Context, report: str = "") -> Result:
     file sourced (own_env_copy); the report is written to `report` (default: the state
     directory)."""
     report = report or os.path.join(ctx.state, "probe-report.json")
-    info = hostfs.read_info(ctx.dest)
+    info = installs.read_info(ctx.dest)
     if ctx.swapped is None and ctx.up_to_date is None and info.get("put_back_after"):
         raise StepError(
             "the install at %s is the previous one, put back after %s failed (the "
@@ -142,13 +143,13 @@ def probe(ctx: Context, report: str = "") -> Result:
     detail = "%s passed, %s skipped, %s failed" % (facts["pass"], facts["skip"], facts["fail"])
     if rc != 0:
         ctx.failed_checks = ", ".join(names) or "the checks"
-        hostfs.set_checks(ctx.dest, False, "checks failed: " + ctx.failed_checks)
+        installs.set_checks(ctx.dest, False, "checks failed: " + ctx.failed_checks)
         raise StepError(
             "checks failed: " + detail if summary else "the checks did not run (exit %s)" % rc,
             facts,
             tail(err or out),
             rc=rc,
         )
-    hostfs.set_checks(ctx.dest, True)
+    installs.set_checks(ctx.dest, True)
     prune_after_checks(ctx)
     return Result(detail, facts)

@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from rbrules import cpus, paths, proven
 from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
-from . import hostfs, manifestfile, safefs
+from . import installs, manifestfile, safefs
 from .choices import Choices
 
 STAMP = "stamp.json"
@@ -146,7 +146,7 @@ class Context:
         """The current install's manifest (raises OSError, ValueError), read once per version of
         the file: the quick check's read (EarlyCheck) serves the stage that follows it. An
         install not proven ours (installs.why_not_ours_install) has none to trust: ValueError."""
-        why = hostfs.why_not_ours_install(self.dest)
+        why = installs.why_not_ours_install(self.dest)
         if why:
             raise ValueError("the install at %s is not proven ours: %s" % (self.dest, why))
         key, m = load_keyed(
@@ -383,7 +383,7 @@ def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """Remove a tree we made or replaced, if it is there (hostfs.remove: a link is removed, never
+    """Remove a tree we made or replaced, if it is there (installs.remove: a link is removed, never
     followed)."""
     if os.path.lexists(path):
-        hostfs.remove(path)
+        installs.remove(path)

@@ -19,6 +19,7 @@ from rbrules import cpus, paths
 from . import (
     channel,
     hostfs,
+    installs,
     manifest,
     manifestfile,
     relay,
@@ -113,8 +114,8 @@ def cmd_source(a: argparse.Namespace) -> int:
 def installed_stat(dest: str) -> str:
     """The source stat fingerprint the install at dest recorded (its manifest's first line), or
     empty: read to let the source skip the static checks of a tree it already passed. An
-    install not proven ours has none (hostfs.why_not_ours_install)."""
-    if not os.path.isdir(dest) or hostfs.why_not_ours_install(dest):
+    install not proven ours has none (installs.why_not_ours_install)."""
+    if not os.path.isdir(dest) or installs.why_not_ours_install(dest):
         return ""
     header = manifestfile.read_header(os.path.join(dest, paths.INSTALLED_MANIFEST))
     if header is None:

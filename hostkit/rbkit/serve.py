@@ -64,7 +64,6 @@ from . import (
     backups,
     channel,
     engine,
-    hostfs,
     preflight,
     probestep,
     proof,
@@ -310,8 +309,8 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("root")
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--names")
-    p.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse")
-    p.add_argument("--outside-links", choices=hostfs.OUTSIDE_LINKS, default="refuse")
+    p.add_argument("--special-modes", choices=common.SPECIAL_MODES, default="refuse")
+    p.add_argument("--outside-links", choices=common.OUTSIDE_LINKS, default="refuse")
     return p
 
 
@@ -406,7 +405,7 @@ def parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--special-modes",
-        choices=hostfs.SPECIAL_MODES,
+        choices=common.SPECIAL_MODES,
         default="refuse",
         help="strip: modes recorded without setuid/setgid/sticky/world-write",
     )

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 
 from rbrules import owners, proven
 
-from . import filehash, hostfs, manifest, manifestfile
+from . import filehash, linkstage, manifest, manifestfile
 from .receive import forget_received, staged_bytes
 from .runner import (
     INCOMPLETE,
@@ -105,7 +105,7 @@ def stage(
                 installed, entries=[e for e in installed["entries"] if e["p"] not in ctx.unlinkable]
             )
         names = os.path.join(ctx.state, "send.names")
-        got = hostfs.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
+        got = linkstage.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
         facts.update(
             {
                 k: got.get(k)

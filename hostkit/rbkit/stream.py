@@ -31,7 +31,7 @@ from rbrules.common import (
     stream_count,
 )
 
-from . import hostfs, manifestfile, statwalk
+from . import hostfs, manifestfile, pathid, statwalk
 
 
 class SourceRefused(Exception):
@@ -301,7 +301,7 @@ def scan_source(
         for k in ("files", "dirs", "links", "bytes", "disk_bytes", "need_bytes", "stat_fingerprint")
     }
     # what the destination compares itself with (never the source, nor inside it)
-    facts["identity"] = json.dumps(hostfs.identity(root), sort_keys=True, separators=(",", ":"))
+    facts["identity"] = json.dumps(pathid.identity(root), sort_keys=True, separators=(",", ":"))
     facts["compressors"] = ",".join(compressors(shutil.which))
     return "%d files, %s" % (out["files"], human(out["bytes"])), facts
 

@@ -2,7 +2,7 @@
 the journal. What the installs beside a destination are (backups, the failed one, their records)
 is rbkit.installs.
 
-Public through rbkit.hostfs (hostfs.swap, hostfs.restore, ...). One rename where the file system
+Public through rbkit.hostfs (swapfs.swap, swapfs.restore, ...). One rename where the file system
 can exchange two names (renameat2 RENAME_EXCHANGE); elsewhere (NFS) two renames, journaled beside
 the destination first, so an interruption between them is finished or undone by the next run
 (`recover_swap`, which swap, restore and prune_backups call first) instead of leaving the previous

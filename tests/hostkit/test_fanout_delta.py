@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import fanout, fanreports, hostfs, manifest, manifestfile
+from rbkit import fanout, fanreports, manifest, manifestfile, pathid
 from rbkit.choices import Choices
 
 from tests.hostkit.test_kit import make_tree
@@ -28,7 +28,7 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
     of everything, or of only what changed since `base`, then with delta.names)."""
     (d / "kit").mkdir(parents=True)
     (d / "kit" / "rbkit").symlink_to(KIT)
-    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
+    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(pathid.identity(str(src))))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
         manifestfile.dump(m, f)
     names = d / "delta.names" if base is not None else d / "all.names"

@@ -12,7 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import exports, filehash, hostfs, manifest, manifestfile, relocate, statwalk
+from rbkit import (
+    exports,
+    filehash,
+    hostfs,
+    linkstage,
+    manifest,
+    manifestfile,
+    relocate,
+    statwalk,
+    swapfs,
+)
 
 
 def make_tree(root: Path, python: bool = False) -> None:
@@ -179,20 +189,20 @@ def test_swap_refuse_backup_replace_and_restore(tmp_path):
         (st / "tag").write_text(tag)
         return st
 
-    assert hostfs.swap(str(staged("one")), str(dest), "refuse")["previous"] == "none"
+    assert swapfs.swap(str(staged("one")), str(dest), "refuse")["previous"] == "none"
     with pytest.raises(FileExistsError):
-        hostfs.swap(str(staged("two")), str(dest), "refuse")
+        swapfs.swap(str(staged("two")), str(dest), "refuse")
     assert (dest / "tag").read_text() == "one", "refuse leaves the destination alone"
-    result = hostfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
+    result = swapfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
     assert result["previous"].endswith("venv.rb-backup.1") and result["atomic"]
     assert (dest / "tag").read_text() == "two"
-    hostfs.swap(str(staged("three")), str(dest), "backup")
+    swapfs.swap(str(staged("three")), str(dest), "backup")
     assert (tmp_path / "venv.rb-backup.2" / "tag").read_text() == "two"
-    hostfs.restore(str(dest))
+    swapfs.restore(str(dest))
     assert (dest / "tag").read_text() == "two"
     # the install it replaced: the newest backup, under a new number (issue 34)
     assert (tmp_path / "venv.rb-backup.3" / "tag").read_text() == "three"
-    hostfs.swap(str(staged("four")), str(dest), "replace")
+    swapfs.swap(str(staged("four")), str(dest), "replace")
     assert (dest / "tag").read_text() == "four"
     assert not (tmp_path / ".venv.rb-staging").exists()
 
@@ -397,7 +407,7 @@ def test_stage_links_unchanged_files_and_lists_the_rest(tree, tmp_path):
     dest_data = dest / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
     staging = tmp_path / ".dest.rb-staging"
     names = tmp_path / "names"
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(names))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(names))
     send = names.read_bytes().split(b"\0")[:-1]
     assert info["linked"] == 1 and info["send_files"] == 4  # __init__, new, tool, pyvenv.cfg
     staged = staging / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
@@ -425,7 +435,7 @@ def test_stage_links_unchanged_files_and_lists_the_rest(tree, tmp_path):
     # a file changed at the destination since the install is not linked (a stat-level check,
     # like the quick re-run check: same size in the same second would pass, `rerun: digest` won't)
     dest_data.write_bytes(os.urandom((3 << 20) + 1))
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(names))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(names))
     assert info["linked"] == 0 and info["send_files"] == 5
     assert dest_data.exists() and not (staging / "bin" / "tool").exists()
 
@@ -754,7 +764,7 @@ def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path)
     (site / "pkg").rename(elsewhere)
     (site / "pkg").symlink_to(elsewhere)
     staging = tmp_path / ".dest.rb-staging"
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
     assert info["linked"] == 0, info
     staged = staging / "lib" / "python3.11" / "site-packages" / "pkg"
     assert staged.is_dir() and not staged.is_symlink() and not list(staged.iterdir())
@@ -764,7 +774,7 @@ def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path)
     data = site / "pkg" / "data.bin"
     data.rename(tmp_path / "data.bin")
     data.symlink_to(tmp_path / "data.bin")
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
     assert not (staged / "data.bin").exists(), info
     sent = (tmp_path / "names").read_bytes().split(b"\0")
     assert b"lib/python3.11/site-packages/pkg/data.bin" in sent

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, privacy, probestep, runner
+from rbkit import exports, installs, privacy, probestep, runner, swapfs
 from rbkit.choices import Choices
 from rbrules import paths, private
 
@@ -268,17 +268,17 @@ def test_restore_ignores_a_backup_another_user_planted_beside_a_shared_parent(op
     (ours / "tag").write_text("ours")
     as_nobody("mkdir", str(shared / "venv.rb-backup.7"))
     as_nobody("sh", "-c", "echo planted > %s/venv.rb-backup.7/tag" % shared)
-    assert [n for n, _ in hostfs.backups(str(dest))] == [1, 7]
+    assert [n for n, _ in installs.backups(str(dest))] == [1, 7]
     # named: refused, naming the owner
     with pytest.raises(
         PermissionError,
         match=r"refusing to restore backup 7: .*venv\.rb-backup"
         r"\.7 is owned by nobody \(uid %d\), not by root" % NOBODY,
     ):
-        hostfs.restore(str(dest), 7)
+        swapfs.restore(str(dest), 7)
     assert (dest / "tag").read_text() == "current"
     # the newest: ours, and the planted one is said to be ignored
-    result = hostfs.restore(str(dest))
+    result = swapfs.restore(str(dest))
     assert (dest / "tag").read_text() == "ours"
     assert result["restored"] == str(ours)
     assert (
@@ -286,7 +286,7 @@ def test_restore_ignores_a_backup_another_user_planted_beside_a_shared_parent(op
         and "venv.rb-backup.7 is owned by nobody" in result["ignored"][0]
     )
     # neither counted nor removed by the pruning
-    assert hostfs.prune_backups(str(dest), 1) == []
+    assert swapfs.prune_backups(str(dest), 1) == []
     assert (shared / "venv.rb-backup.7" / "tag").read_text() == "planted\n"
 
 
@@ -302,11 +302,11 @@ def test_in_a_private_parent_a_backup_of_another_owner_is_not_restored(tmp_path)
     (theirs / "tag").write_text("alice's")
     os.chown(theirs, NOBODY, -1)
     with pytest.raises(FileNotFoundError, match="venv.rb-backup.1 is owned by nobody"):
-        hostfs.restore(str(dest))
+        swapfs.restore(str(dest))
     with pytest.raises(
         PermissionError, match="refusing to restore backup 1: .* is owned by nobody"
     ):
-        hostfs.restore(str(dest), 1)
+        swapfs.restore(str(dest), 1)
     assert (dest / "tag").read_text() == "current"
 
 

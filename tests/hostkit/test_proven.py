@@ -21,7 +21,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, manifest, manifestfile, privacy, statwalk
+from rbkit import (
+    exports,
+    installs,
+    linkstage,
+    manifest,
+    manifestfile,
+    privacy,
+    statwalk,
+    swapfs,
+)
 from rbrules import paths
 
 from tests.conftest import IN_CI
@@ -208,12 +217,12 @@ def test_restore_never_puts_back_a_copy_another_user_made_of_the_install(sticky)
         match=r"refusing to restore backup 99: .*venv\.rb-backup"
         r"\.99 is owned by nobody \(uid %d\), not by root" % NOBODY,
     ):
-        hostfs.restore(str(dest), 99, env_file=str(dest) + ".env.sh")
+        swapfs.restore(str(dest), 99, env_file=str(dest) + ".env.sh")
     with pytest.raises(FileNotFoundError, match="no backup of .* owned by nobody"):
-        hostfs.restore(str(dest), env_file=str(dest) + ".env.sh")
+        swapfs.restore(str(dest), env_file=str(dest) + ".env.sh")
     assert (dest / PKG / "__init__.py").read_text() == "VALUE = 1\n"
     assert Path(str(dest) + ".env.sh").read_text() == "export A=1\n"
-    assert hostfs.prune_backups(str(dest), 1) == [] and planted.is_dir()
+    assert swapfs.prune_backups(str(dest), 1) == [] and planted.is_dir()
 
 
 def test_restore_refuses_a_backup_of_root_that_holds_a_file_another_user_owns(tmp_path):
@@ -229,11 +238,11 @@ def test_restore_refuses_a_backup_of_root_that_holds_a_file_another_user_owns(tm
         match=r"refusing to restore .*venv\.rb-backup\.1: .*"
         rf"{PKG}/__init__\.py is owned by nobody",
     ):
-        hostfs.restore(str(dest))
+        swapfs.restore(str(dest))
     assert (dest / PKG / "__init__.py").read_text() == "VALUE = 1\n"
     # the install this run's own swap moved aside goes back as it was (a rollback)
     st = backup.lstat()
-    got = hostfs.restore(str(dest), 1, known=[st.st_dev, st.st_ino])
+    got = swapfs.restore(str(dest), 1, known=[st.st_dev, st.st_ino])
     assert got["restored"] == str(backup) and (dest / PKG / "__init__.py").stat().st_uid == NOBODY
 
 
@@ -284,7 +293,7 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     m = an_install(dest)
     os.chown(dest / PKG / "data.txt", NOBODY, -1)
     staging = tmp_path / ".venv.rb-staging"
-    got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
+    got = linkstage.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
     assert not (staging / PKG / "data.txt").exists()
     linked = (staging / PKG / "__init__.py").stat()
     assert linked.st_ino == (dest / PKG / "__init__.py").stat().st_ino
@@ -295,7 +304,7 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     module.chmod(0o664)
     os.chown(module, 0, NOGROUP)
     m = manifest.build(str(dest), [], "sha256", jobs=1)
-    got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
+    got = linkstage.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
     assert got["linked"] == 0 and not (staging / PKG / "__init__.py").exists()
 
 
@@ -305,9 +314,9 @@ def test_an_install_another_user_owns_is_not_taken_for_one_of_this_tool(tmp_path
     manifestfile.save(
         manifest.build(str(dest), [], "sha256", jobs=1), str(dest / ".rb-manifest.jsonl")
     )
-    assert hostfs.why_not_ours_install(str(dest)) is None
+    assert installs.why_not_ours_install(str(dest)) is None
     os.chown(dest / ".rb-manifest.jsonl", NOBODY, -1)
-    assert "rb-manifest.jsonl is owned by nobody" in hostfs.why_not_ours_install(str(dest))
+    assert "rb-manifest.jsonl is owned by nobody" in installs.why_not_ours_install(str(dest))
     os.chown(dest / ".rb-manifest.jsonl", 0, -1)
     os.chown(dest, NOBODY, -1)
-    assert f"{dest} is owned by nobody" in hostfs.why_not_ours_install(str(dest))
+    assert f"{dest} is owned by nobody" in installs.why_not_ours_install(str(dest))
