@@ -53,7 +53,7 @@ def scan(
     and order as a manifest's), and beside it (NAMES.stat: manifestfile.SCAN_SUFFIX) their stat lines:
     the scan record a manifest build of this run takes instead of walking again; and
     (NAMES.links: manifestfile.LINKS_SUFFIX) the files of more than one link, a JSON line each of its
-    index in the list and its inode (stream.split_names keeps one inode's names in one stream).
+    index in the list and its inode (sender.split_names keeps one inode's names in one stream).
 
     Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
     world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks

@@ -14,6 +14,8 @@ import re
 import stat
 from typing import Any, List, Optional
 
+from rbrules.common import TAR_RECORD, compression, human
+
 from . import hostfs, tarstream
 from .runner import (
     KEPT,
@@ -26,7 +28,7 @@ from .runner import (
     read_stamp,
     write_file,
 )
-from .stream import TAR_RECORD, Progress, compression, exit_words, human, pipeline, tail
+from .stream import Progress, exit_words, pipeline, tail
 
 
 def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -> Result:

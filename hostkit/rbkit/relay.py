@@ -10,7 +10,7 @@ known_hosts otherwise). Each end starts gated (`send --gate`, `receive --gate`):
 on stdin before anything moves:
 
     split N     (the source end of stream 0 only) split the scan's list into N parts by bytes
-                (stream.split_names, the other routes' split); it says `parts M` (M = 1: not split)
+                (sender.split_names, the other routes' split); it says `parts M` (M = 1: not split)
     go I N      send / receive part I of N (N = 1: the whole list, no --part)
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
@@ -19,7 +19,7 @@ streams, said on stderr. How many: common.relay_streams: stream_count of the few
 three machines (each stream costs two ssh cipher processes here), never more than the fewest CPUs
 any of them may use (rbrules.cpus; each end says its own on its gate line), at most
 common.MAX_STREAMS, none below common.STREAMS_MIN_BYTES (the split says so). The receiving ends'
-answers are one answer on stdout (stream.Merged): their progress summed, one receive event with
+answers are one answer on stdout (sender.Merged): their progress summed, one receive event with
 `streams: N`, or the stream that failed first, named; the others are stopped.
 
 stdlib only; Python >= 3.9.
@@ -38,7 +38,7 @@ from typing import Any, List, Optional
 
 from rbrules import common, cpus
 
-from . import stream
+from . import sender, stream
 
 GATE = "rbkit-gate"  # the source end's gate lines on its stderr: `rbkit-gate ready 16`
 READY_S = 60.0  # a connection (and the kit's start) that says nothing by then: refused
@@ -418,7 +418,7 @@ class Relay:
 
     def _go(self, pairs: List[Pair]) -> int:
         n = len(pairs)
-        self.merged = stream.Merged(n, sys.stdout, self.compression) if n > 1 else Through()
+        self.merged = sender.Merged(n, sys.stdout, self.compression) if n > 1 else Through()
         failed: List[int] = []
         mutex = threading.Lock()
         codes: List[List[int]] = [[] for _ in range(n)]
@@ -538,7 +538,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             into = "%s.%d" % (prefix, n)
             shutil.rmtree(into, ignore_errors=True)
             os.mkdir(into, 0o700)
-            parts = stream.split_names(names, n, into, common.STREAMS_MIN_BYTES) if n > 1 else None
+            parts = sender.split_names(names, n, into, common.STREAMS_MIN_BYTES) if n > 1 else None
             sys.stderr.write("%s parts %d\n" % (GATE, len(parts) if parts else 1))
             sys.stderr.flush()
             continue
@@ -546,7 +546,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             i, n = int(words[1]), int(words[2])
             if n > 1:
                 names = os.path.join("%s.%d" % (prefix, n), "names.%d" % i)
-            return stream.send(root, names, compression)
+            return sender.send(root, names, compression)
         return 3
 
 

@@ -24,6 +24,7 @@ from . import (
     manifestfile,
     relay,
     runner,
+    sender,
     source,
     stream,
 )
@@ -201,7 +202,7 @@ def cmd_delta(a: argparse.Namespace) -> int:
 def cmd_send(a: argparse.Namespace) -> int:
     if a.gate:
         return relay.gate_send(a.root, a.names, a.compression, a.gate, runner.jobs(a.jobs))
-    return stream.send(
+    return sender.send(
         a.root, a.names, a.compression, a.remote or None, a.local or None, runner.jobs(a.jobs)
     )
 

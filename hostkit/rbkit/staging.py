@@ -14,6 +14,7 @@ import stat
 from typing import List, Optional, Tuple
 
 from rbrules import owners, proven
+from rbrules.common import human
 
 from . import filehash, linkstage, manifest, manifestfile
 from .receive import forget_received, staged_bytes
@@ -30,7 +31,6 @@ from .runner import (
     write_file,
     write_stamp,
 )
-from .stream import human
 
 
 def stage(

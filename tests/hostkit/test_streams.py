@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rbkit import hostfs, manifest, manifestfile, proof, runner, serve, staging, stream
+from rbkit import hostfs, manifest, manifestfile, proof, runner, sender, serve, staging, stream
 from rbkit.choices import Choices
 from rbrules import common
 
@@ -56,7 +56,7 @@ def test_the_split_puts_every_directory_in_every_list_and_each_file_in_one(tmp_p
     dirs = [p for p in listed if (src / p).is_dir() and not (src / p).is_symlink()]
     others = [p for p in listed if p not in dirs]
     (tmp_path / "parts").mkdir()
-    parts = stream.split_names(str(names), 3, str(tmp_path / "parts"))
+    parts = sender.split_names(str(names), 3, str(tmp_path / "parts"))
     assert parts and len(parts) == 3
     lists = [read_list(p) for p in parts]
     seen = []
@@ -95,34 +95,34 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     _src, names = scanned(tmp_path)
     (tmp_path / "parts").mkdir()
     into = str(tmp_path / "parts")
-    assert stream.split_names(str(names), 2, into, min_bytes=1 << 30) is None
-    assert stream.split_names(str(names), 500, into) is None  # more lists than files
+    assert sender.split_names(str(names), 2, into, min_bytes=1 << 30) is None
+    assert sender.split_names(str(names), 500, into) is None  # more lists than files
     (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o555)
     hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
-    assert stream.split_names(str(names), 2, into) is None  # a directory u-w
+    assert sender.split_names(str(names), 2, into) is None  # a directory u-w
     (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o755)
     hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
-    assert stream.split_names(str(names), 2, into) is not None
+    assert sender.split_names(str(names), 2, into) is not None
     for name in os.listdir(into):
         os.unlink(os.path.join(into, name))
     record = Path(str(names) + manifestfile.SCAN_SUFFIX)
     lines = record.read_bytes().split(b"\n")
     record.write_bytes(b"\n".join(lines[:1] + lines[2:]))  # one line short
-    assert stream.split_names(str(names), 2, into) is None
+    assert sender.split_names(str(names), 2, into) is None
     record.unlink()
-    assert stream.split_names(str(names), 2, into) is None
+    assert sender.split_names(str(names), 2, into) is None
     assert os.listdir(into) == []
 
 
 def test_stream_count_is_one_per_two_jobs_at_most_eight():
-    assert [stream.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    assert [common.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
 
 
 def test_each_receiving_end_is_told_its_part():
     ssh = ["ssh", "-o", "BatchMode=yes", "dst", "env PYTHONPATH=/k python3 -m rbkit engine receive"]
-    assert stream.part_argv(ssh, True, 1, 4)[-1].endswith("engine receive --part 1/4")
-    assert stream.part_argv(ssh, True, 1, 4)[:-1] == ssh[:-1]
-    assert stream.part_argv(["python3", "-m", "rbkit"], False, 0, 2) == [
+    assert sender.part_argv(ssh, True, 1, 4)[-1].endswith("engine receive --part 1/4")
+    assert sender.part_argv(ssh, True, 1, 4)[:-1] == ssh[:-1]
+    assert sender.part_argv(["python3", "-m", "rbkit"], False, 0, 2) == [
         "python3",
         "-m",
         "rbkit",
@@ -138,7 +138,7 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
         got.update(root=root, names=names, remote=remote, local=local, jobs=jobs)
         return 0
 
-    monkeypatch.setattr(stream, "send", fake)
+    monkeypatch.setattr(sender, "send", fake)
     assert (
         serve.main(
             [
@@ -214,8 +214,8 @@ def test_two_streams_land_whole_and_verify_takes_both_streams_digests(
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
-    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
-    assert stream.send(str(src), str(names), "none", local=receiver(ctx), jobs=4) == 0
+    monkeypatch.setattr(sender, "STREAMS_MIN_BYTES", 0)
+    assert sender.send(str(src), str(names), "none", local=receiver(ctx), jobs=4) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith(
         "done\tok\tunpacked into %s in 2 streams side by side" % ctx.staging
@@ -237,7 +237,7 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
-    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    monkeypatch.setattr(sender, "STREAMS_MIN_BYTES", 0)
     # the second receiving end fails as soon as it starts; the first may finish or be stopped
     wrapper = [
         "sh",
@@ -246,7 +246,7 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
         "sh",
         *receiver(ctx),
     ]
-    rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
+    rc = sender.send(str(src), str(names), "none", local=wrapper, jobs=4)
     assert rc != 0
     captured = capsys.readouterr()
     last = captured.out.splitlines()[-1]
@@ -262,7 +262,7 @@ def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monk
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
-    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    monkeypatch.setattr(sender, "STREAMS_MIN_BYTES", 0)
     # the first receiving end waits (it is stopped), the second fails at once
     wrapper = [
         "sh",
@@ -272,7 +272,7 @@ def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monk
         "sh",
         *receiver(ctx),
     ]
-    rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
+    rc = sender.send(str(src), str(names), "none", local=wrapper, jobs=4)
     assert rc == 3, rc
     err = capsys.readouterr().err
     assert "stream 2/2: receive exited 3" in err, err
@@ -355,7 +355,7 @@ def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp
 
 def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
     """rbrules.common.human, which the stream, the report and the compiler use: decimal units,
-    and `-` for a size that was not measured (stream.human said `None`)."""
+    and `-` for a size that was not measured (common.human said `None`)."""
     assert [common.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
         "0 B",
         "999 B",
@@ -364,7 +364,7 @@ def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
         "2.5 TB",
         "7000.0 TB",
     ]
-    assert stream.human(None) == common.human("?") == common.human(True) == "-"
+    assert common.human(None) == common.human("?") == common.human(True) == "-"
 
 
 def test_which_compressions_a_host_has_is_one_rule():
