@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rbkit import hostfs, manifest, manifestfile, proof, runner, sender, serve, staging, stream
+from rbkit import hostfs, manifest, manifestfile, proof, runner, sender, serve, staging
 from rbkit.choices import Choices
 from rbrules import common
 
