@@ -36,11 +36,11 @@ import zlib
 from typing import Any, Dict, List, Optional
 
 from rbrules import paths, proven
+from rbrules.choices import Choices
 from rbrules.common import human
 from rbrules.shown import printable, shown
 
 from . import fanreports, liveplan, planscreen, planstate, safefs
-from .choices import Choices
 
 UP_TO_DATE = "holds exactly this source's install: nothing to send"
 OLDER = "holds an older install"

@@ -36,11 +36,11 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths, proven
+from rbrules.choices import Choices
 from rbrules.common import human
 from rbrules.shown import shown
 
 from . import planscreen, planstate, safefs
-from .choices import Choices
 
 MARGIN = 10  # percent over the staging's bytes, as preflight asks
 

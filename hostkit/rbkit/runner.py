@@ -19,10 +19,10 @@ import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import cpus, paths, proven
+from rbrules.choices import Choices
 from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import installs, manifestfile, safefs
-from .choices import Choices
 
 STAMP = "stamp.json"
 RECEIVED = "received.json"  # what receive saw in the stream: each file's digest, and its inode

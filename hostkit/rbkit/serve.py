@@ -73,7 +73,7 @@ from . import (
     sendside,
     staging,
 )
-from .choices import VERIFY, add_choices_option, add_run_options
+from .choices import add_choices_option, add_run_options
 from .lock import Lock
 
 PING_S = 5.0
@@ -393,7 +393,7 @@ def parser() -> argparse.ArgumentParser:
     h = sub.add_parser("hash")
     h.add_argument("root")
     h.add_argument("--exclude", action="append", default=[])
-    h.add_argument("--algo", choices=VERIFY, default="sha256")
+    h.add_argument("--algo", choices=common.ALGOS, default="sha256")
     h.add_argument("--jobs", default="auto")
     h.add_argument("--out", required=True)
     h.add_argument("--names")

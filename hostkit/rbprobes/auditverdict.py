@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict
 
-
 from .result import failed, passed, short_list
 
 

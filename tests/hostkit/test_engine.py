@@ -40,9 +40,9 @@ from rbkit import (
     statwalk,
     stream,
 )
-from rbkit.choices import Choices, ChoicesError
 from rbkit.lock import Lock, Taken, lock_path
 from rbrules import cpus, paths
+from rbrules.choices import Choices, ChoicesError
 
 from tests.hostkit.test_fanout_delta import (
     PKG,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from rbkit import fanout, fanreports, manifest, manifestfile, pathid
-from rbkit.choices import Choices
+from rbrules.choices import Choices
 
 from tests.hostkit.test_kit import make_tree
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from rbkit import fanout, fanplan, hostfs, manifest, manifestfile
-from rbkit.choices import Choices
+from rbrules.choices import Choices
 
 from tests.hostkit.test_liveplan import tree
 

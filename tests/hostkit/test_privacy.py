@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from rbkit import exports, installs, privacy, probestep, runner, swapfs
-from rbkit.choices import Choices
 from rbrules import paths, private
+from rbrules.choices import Choices
 
 from tests.conftest import IN_CI
 

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from rbkit import hostfs, manifest, manifestfile, proof, runner, sender, serve, staging
-from rbkit.choices import Choices
 from rbrules import common
+from rbrules.choices import Choices
 
 from compiler import kit
 from tests.hostkit.test_kit import make_tree
