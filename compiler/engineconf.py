@@ -3,10 +3,11 @@
 The plan writes the spec's choices for the engine once, as it writes the checks' document
 (RB_PROBE_CONFIG): keys sorted, no spaces, one setting. The runbook passes it whole as
 `--choices` to `rbkit engine serve` and `engine receive` on the destination and to
-`rbkit.fanout node` on each node, where `rbrules.choices.Choices.from_json` reads it (and refuses a
-key or a word it does not know). The document is made through that same Choices (`from_dict`,
-then `to_json`): its schema, keys and words are written once, in rbrules/choices.py. What the run itself finds out (the paths as resolved on the hosts,
-the compression it measured) stays in the engine's other arguments.
+`rbkit.fanout node` on each node, where `rbrules.choices.Choices.from_json` reads it (and refuses
+a key or a word it does not know). The document is made through that same Choices (`from_dict`,
+then `to_json`): its schema, keys and words are written once, in rbrules/choices.py. What the run
+itself finds out (the paths as resolved on the hosts, the compression it measured) stays in the
+engine's other arguments.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def test_no_host_module_takes_another_ones_private_names_nor_renames_one():
                     if alias.name.split(".")[0] in HOST_PACKAGES:
                         modules.add(alias.asname or alias.name)
                         if alias.asname:
-                            found.append(f"{path.name}:{node.lineno}: {alias.name} as {alias.asname}")
+                            found.append(f"{path.name}:{node.lineno}: {alias.name} as ...")
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Attribute)

@@ -69,8 +69,8 @@ def write(path: str, text: str, *, venv: Optional[str] = None) -> None:
 
 
 def own_copy(venv: str) -> Optional[bytes]:
-    """The env file kept inside the install at `venv` (paths.ENV_IN_INSTALL), None when there is none;
-    rbrules.proven.NotOurs when it is there and not proven ours (opened O_NOFOLLOW and judged
+    """The env file kept inside the install at `venv` (paths.ENV_IN_INSTALL), None when there is
+    none; rbrules.proven.NotOurs when it is there and not proven ours (opened O_NOFOLLOW and judged
     through the descriptor: owned by this user or root, writable by no other, a regular file of
     one link): such a file is never copied, sourced or read further."""
     dir_fd = safefs.open_dir(venv)
@@ -93,15 +93,15 @@ def restore_env(venv: str, path: str) -> dict:
         return {
             "path": path,
             "restored": False,
-            "why": f"refusing to copy {os.path.join(venv, paths.ENV_IN_INSTALL)}: {exc.why}; {path} "
-            "still belongs to the install it replaced: run the exports step again",
+            "why": f"refusing to copy {os.path.join(venv, paths.ENV_IN_INSTALL)}: {exc.why}; "
+            f"{path} still belongs to the install it replaced: run the exports step again",
         }
     if got is None:
         return {
             "path": path,
             "restored": False,
-            "why": f"{venv} holds no {paths.ENV_IN_INSTALL}; {path} still belongs to the install it "
-            "replaced: run the exports step again",
+            "why": f"{venv} holds no {paths.ENV_IN_INSTALL}; {path} still belongs to the install "
+            "it replaced: run the exports step again",
         }
     safefs.write_file(path, got, 0o644)
     return {"path": path, "restored": True, "from": os.path.join(venv, paths.ENV_IN_INSTALL)}

@@ -1,12 +1,12 @@
 """Fan-out: the install on one node, and the comparison of every node's report.
 
-`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node (started by the
-cluster engine: `srun` or `clush`). DIR is the private directory the node script made for the
-bundle (RB_FAN_NODE_SCRIPT: the bundle moved there as BUNDLE, its owner, mode and sha256 checked):
-it holds the unpacked bundle, `kit/` (this package), `manifest.jsonl`, and `payload` (the tar
-stream, compressed as the run chose) unless the node script left it inside BUNDLE (it does: the
-payload is then streamed from there into staging, written once on the node). It installs
-through the install engine's steps (engine.install, the functions a single-host runbook's
+`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node
+(started by the cluster engine: `srun` or `clush`). DIR is the private directory the node script
+made for the bundle (RB_FAN_NODE_SCRIPT: the bundle moved there as BUNDLE, its owner, mode and
+sha256 checked): it holds the unpacked bundle, `kit/` (this package), `manifest.jsonl`, and
+`payload` (the tar stream, compressed as the run chose) unless the node script left it inside BUNDLE
+(it does: the payload is then streamed from there into staging, written once on the node). It
+installs through the install engine's steps (engine.install, the functions a single-host runbook's
 destination runs too: stage, receive, verify, relocate, prove, swap with its post-swap proof,
 exports, probe; a failure past the swap rolls back), holding the destination's lock, and
 prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut into chunks of
@@ -335,7 +335,7 @@ def table(result: Dict[str, Any]) -> str:
     body = []
     for group in result["groups"]:
         body.append([fanreports.fold(group)] + [result["rows"][group[0]][c] for c in cols])
-    for n, why in result["missing"].items():
+    for n in result["missing"]:
         body.append([n] + ["-"] * len(cols))
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head] + body]

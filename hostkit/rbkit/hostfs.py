@@ -50,10 +50,10 @@ def scan(
 ) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
-    and order as a manifest's), and beside it (NAMES.stat: manifestfile.SCAN_SUFFIX) their stat lines:
-    the scan record a manifest build of this run takes instead of walking again; and
-    (NAMES.links: manifestfile.LINKS_SUFFIX) the files of more than one link, a JSON line each of its
-    index in the list and its inode (sender.split_names keeps one inode's names in one stream).
+    and order as a manifest's), and beside it (NAMES.stat: manifestfile.SCAN_SUFFIX) their stat
+    lines: the scan record a manifest build of this run takes instead of walking again; and
+    (NAMES.links: manifestfile.LINKS_SUFFIX) the files of more than one link, a JSON line each of
+    its index in the list and its inode (sender.split_names keeps one inode's names in one stream).
 
     Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
     world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks
@@ -64,8 +64,8 @@ def scan(
     names twice (a hard link) once, as `du --apparent-size` does and as the stream carries it
     (tar sends the second name as a link): the transfer's progress runs to 100% on it.
 
-    The walk is split as the live plan's (ScanWalk, statwalk.ForkedWalk: `workers` processes over the
-    subtrees, by default rbrules' walk_workers of this process's CPUs, in a process of one
+    The walk is split as the live plan's (ScanWalk, statwalk.ForkedWalk: `workers` processes over
+    the subtrees, by default rbrules' walk_workers of this process's CPUs, in a process of one
     thread); every answer and record is the same bytes as one process's walk, which is also
     what a failed worker leaves. `begun`: a ScanWalk of this scan begun earlier (before the
     caller started a thread); one of other arguments is closed and a walk made here."""

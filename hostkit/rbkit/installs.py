@@ -1,8 +1,8 @@
 """The installs kept beside a destination, and what each one is: its backups (`DEST.rb-backup.N`),
 the install whose checks failed kept apart (`DEST.rb-failed`), the record each install holds
-(paths.INSTALL_RECORD) and its failure mark (paths.FAILED_MARK); listed, described, made independent of the live install
-(`unshare_backup`), removed. Nothing here moves an install into place: rbkit.swapfs does (swap,
-restore, prune_backups, the journal). Public through rbkit.hostfs.
+(paths.INSTALL_RECORD) and its failure mark (paths.FAILED_MARK); listed, described, made independent
+of the live install (`unshare_backup`), removed. Nothing here moves an install into place:
+rbkit.swapfs does (swap, restore, prune_backups, the journal). Public through rbkit.hostfs.
 """
 
 from __future__ import annotations
@@ -144,9 +144,9 @@ def failed_path(dest: str) -> str:
 
 
 def read_info(path: str) -> dict:
-    """The install's own record (paths.INSTALL_RECORD, written by the engine: `installed` (UTC, ISO 8601),
-    `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
-    failed: ...), `put_back_after`); {} when it has none or it is not one."""
+    """The install's own record (paths.INSTALL_RECORD, written by the engine: `installed` (UTC, ISO
+    8601), `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not
+    run, failed: ...), `put_back_after`); {} when it has none or it is not one."""
     try:
         got = _read_record(path, paths.INSTALL_RECORD, 64 << 10)
         doc = json.loads(got) if got is not None else {}

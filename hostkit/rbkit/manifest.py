@@ -29,7 +29,8 @@ def relocatable(rel: str) -> bool:
 def linkable(old: Optional[dict], new: dict) -> bool:
     """Whether a file recorded as `old` (by an earlier install or an earlier source manifest) can
     stand for `new` unread: same digest, type, mode, size and mtime, and not relocatable."""
-    # manifestfile.QUICK_KEYS written out: this runs once per file of a tree on every incremental re-run
+    # manifestfile.QUICK_KEYS written out: this runs once per file of a tree on every incremental
+    # re-run
     return (
         old is not None
         and new["t"] == "f"

@@ -89,7 +89,8 @@ class Decision(NamedTuple):
 
 
 def zstd_word(level: int, threads: int) -> str:
-    """The stream's word for zstd at `level` with `threads` (rbrules.common.compression reads it)."""
+    """The stream's word for zstd at `level` with `threads` (rbrules.common.compression reads
+    it)."""
     return "zstd-%d-T%d" % (level, threads)
 
 

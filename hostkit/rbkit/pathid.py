@@ -1,8 +1,8 @@
 """Is the destination the source? Which machine and which directory a path is, beyond its text.
 
 A text comparison of the spec's two endpoints misses a symlink alias (`/opt/venv` and
-`/data/opt/venv`), a relative path, a bind mount, and two host ids (or two addresses) for one machine;
-the swap then replaces the source with its own copy. `identity(path)` runs on each end (as
+`/data/opt/venv`), a relative path, a bind mount, and two host ids (or two addresses) for one
+machine; the swap then replaces the source with its own copy. `identity(path)` runs on each end (as
 `pathid.identity`) and says what the path is there; `same_or_nested(source, destination)`, a pure
 function of the two results, says why they must not be used together, or None.
 

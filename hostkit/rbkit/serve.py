@@ -15,7 +15,7 @@
     engine send ROOT NAMES --compression C [--jobs N] [--remote SSH... | --local RECEIVE...]
                                                                the sending end of the stream(s)
     engine relay --src-name H --src-ssh W --src-kit D --src-words W (and --dst-...) --send W
-        --receive W --parts PREFIX [--jobs N]                  (here) the relay in streams side by side
+        --receive W --parts PREFIX [--jobs N]                  (here) the relay, in streams
     engine staging DEST                                        the staging path (the one rule)
 
 Every command but send and staging answers in lines a runbook reads without a parser:
@@ -36,10 +36,10 @@ options are the facts of this run: the source's path (--old), the source's manif
 
 `serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
 names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
-once it holds the lock (with `set sendside.installed_stat FP`: the source stat fingerprint the install
-there recorded, empty when none), then reads requests from stdin: words each ended by NUL, a request ended
-by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one step (a
-failure past the swap is followed by its rollback); at the end of stdin it finishes the run
+once it holds the lock (with `set installed_stat FP`: the source stat fingerprint the install
+there recorded, empty when none), then reads requests from stdin: words each ended by NUL, a
+request ended by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one
+step (a failure past the swap is followed by its rollback); at the end of stdin it finishes the run
 (replace: the install the swap replaced is removed), lets go of the lock and removes its state.
 Human lines go to stderr, as they happen. It writes `ping` every few seconds, so that the runbook
 knows it alive during a long step, and an ssh session whose runbook is gone (a link down) is

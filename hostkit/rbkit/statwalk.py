@@ -116,9 +116,9 @@ def walk(
 def tree_stat(
     root: str, patterns: Iterable[str] = (), workers: Optional[int] = None
 ) -> Tuple[List[bytes], int]:
-    """The stat line (manifestfile.values_line) of every entry below `root`, in the walk's order, and the
-    bytes of its files: what an install's INSTALLED_STAT is the sha256 of, while the tree is as
-    the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
+    """The stat line (manifestfile.values_line) of every entry below `root`, in the walk's order,
+    and the bytes of its files: what an install's INSTALLED_STAT is the sha256 of, while the tree is
+    as the install left it. A name (or link target) that is not UTF-8 has no line: no manifest
     records one. With `workers` > 1 (default: rbrules' walk_workers of this process's CPUs, in
     a process of one thread only) the subtrees are walked by that many forked processes
     (StatWalk); the answer is the same bytes."""
@@ -160,8 +160,9 @@ def _cpus() -> int:
 
 def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int:
     """tree_stat's lines of the entries below `top` appended to `lines`; their files' bytes.
-    walk, manifestfile.stat_values and manifestfile.values_line written out in one loop (the same order and bytes: a
-    test holds them equal): this is the live plan's and the re-run's walk of every entry."""
+    walk, manifestfile.stat_values and manifestfile.values_line written out in one loop (the same
+    order and bytes: a test holds them equal): this is the live plan's and the re-run's walk of
+    every entry."""
     test = _exclusion(patterns) if patterns else None
     size = 0
     add = lines.append

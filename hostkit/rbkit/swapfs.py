@@ -474,7 +474,8 @@ def _restore_backup(
         usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
         if not usable:
             raise FileNotFoundError(
-                f"every backup of {dest} failed its checks ({', '.join(found[n] for n in sorted(found))});"
+                f"every backup of {dest} failed its checks "
+                f"({', '.join(found[n] for n in sorted(found))});"
                 " name one to put it back anyway: --restore N"
             )
         number = usable[-1]

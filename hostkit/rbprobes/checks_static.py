@@ -533,14 +533,14 @@ def library_inventory(venv: str) -> Dict[str, Any]:
         libs.append(
             {"lib": fam, "file": os.path.relpath(path, venv), "cuda_major": major, "source": how}
         )
-    majors = sorted({l["cuda_major"] for l in libs if l["cuda_major"] is not None})
+    majors = sorted({lib["cuda_major"] for lib in libs if lib["cuda_major"] is not None})
     by_lib: Dict[str, List[int]] = {}
-    for l in libs:
-        if l["cuda_major"] is not None:
-            by_lib.setdefault(l["lib"], [])
-            if l["cuda_major"] not in by_lib[l["lib"]]:
-                by_lib[l["lib"]].append(l["cuda_major"])
-    found = {l["lib"] for l in libs}
+    for lib in libs:
+        if lib["cuda_major"] is not None:
+            by_lib.setdefault(lib["lib"], [])
+            if lib["cuda_major"] not in by_lib[lib["lib"]]:
+                by_lib[lib["lib"]].append(lib["cuda_major"])
+    found = {lib["lib"] for lib in libs}
     return {
         "venv": venv,
         "shipped": libs,

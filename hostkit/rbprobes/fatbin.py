@@ -312,8 +312,8 @@ def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
                     sec.offset,
                     [],
                     (
-                        "section %s (%d bytes at offset %d) lies outside the file (%d bytes): truncated?"
-                        % (sec.name, sec.size, sec.offset, len(buf))
+                        "section %s (%d bytes at offset %d) lies outside the file (%d bytes): "
+                        "truncated?" % (sec.name, sec.size, sec.offset, len(buf))
                     ),
                 )
             )

@@ -1,14 +1,14 @@
 """The engine's choices for a run: one JSON document, read once.
 
 The compiler writes the spec's choices for the install engine as one JSON document (the runbook's
-RB_ENGINE_CHOICES setting: compiler/engineconf.py makes it through `Choices.from_dict(...).to_json()`,
-so the schema below is the only one), the way it writes the checks' document
-(RB_PROBE_CONFIG, read by rbprobes); a runbook passes it whole, as one argument (`--choices`), to
-`rbkit engine serve|run|receive` and to `rbkit.fanout node`, beside the facts of the run itself
-(the destination and source paths as resolved on the hosts, the manifest's path there, the
-compression this run measured). `Choices.from_json` reads it into a frozen Choices, refusing a
-document that is not one (an unknown key, a value that is not one of a choice's words, another
-schema), so a mistake is named before anything is done:
+RB_ENGINE_CHOICES setting: compiler/engineconf.py makes it through
+`Choices.from_dict(...).to_json()`, so the schema below is the only one), the way it writes the
+checks' document (RB_PROBE_CONFIG, read by rbprobes); a runbook passes it whole, as one argument
+(`--choices`), to `rbkit engine serve|run|receive` and to `rbkit.fanout node`, beside the facts of
+the run itself (the destination and source paths as resolved on the hosts, the manifest's path
+there, the compression this run measured). `Choices.from_json` reads it into a frozen Choices,
+refusing a document that is not one (an unknown key, a value that is not one of a choice's words,
+another schema), so a mistake is named before anything is done:
 
     {"schema": 1, "on_existing": "backup", "rerun": "quick", "verify": "sha256",
      "special_modes": "refuse", "keep_backups": 2, "swap_atomic": "allow",

@@ -4,8 +4,8 @@ the kit (which acts on them) both state, each written once here: stdlib only, no
     COMPRESSION     the compression table: each one's tool, how it packs, how it unpacks
     compressors     which compressions a host has, by the tools found on its PATH
     LINK_SECONDS, LINK_SEND_SECONDS, LINK_MIN_SECONDS, LINK_WINDOW, LINK_STABLE, LINK_MIN_BYTES,
-    link_tail, link_stable, MEASURE_SAMPLE   compression auto's measurement: the link's (how long, which
-                    windows give its rate, when it stops), and the sample's
+    link_tail, link_stable, MEASURE_SAMPLE   compression auto's measurement: the link's (how
+                    long, which windows give its rate, when it stops), and the sample's
     LINK_BUSY, LINK_WAITED, LINK_CPU_SECONDS, link_cpu_bound   on one kernel: whether the link had
                     CPU to spare, and when that stops its measurement
     TAR_RECORD      tar's record size on both ends of a stream
@@ -170,8 +170,8 @@ TAR_BLOCKS = 256
 TAR_RECORD = ["-b", str(TAR_BLOCKS)]
 
 # Several streams side by side, where the sending end starts the receiving ends (one host, or the
-# direct route; measured: docs/h200.md): one per two of the cores the run may use (its jobs), at most
-# MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
+# direct route; measured: docs/h200.md): one per two of the cores the run may use (its jobs), at
+# most MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
 MAX_STREAMS = 8
 STREAMS_MIN_BYTES = 256 << 20
 

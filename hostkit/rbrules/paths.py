@@ -1,9 +1,10 @@
 """The names a run keeps beside a destination, one rule each, read by the kit (which makes them)
 and by the compiler (which shows them in --dry-run, --plan and the settings): the staging
-(`.NAME.rb-staging`, `.venv.rb-staging` for `.venv`, on the destination's file system, so the swap is one rename), the lock
-(`.NAME.rb-lock`), the env file's default (`DEST.env.sh`), the backups (`DEST.rb-backup.N`), the
-install whose checks failed kept apart (`DEST.rb-failed`), and the names an install holds of its
-own (its manifest, its env file's copy, its record, the mark of a build whose checks failed)."""
+(`.NAME.rb-staging`, `.venv.rb-staging` for `.venv`, on the destination's file system, so the swap
+is one rename), the lock (`.NAME.rb-lock`), the env file's default (`DEST.env.sh`), the backups
+(`DEST.rb-backup.N`), the install whose checks failed kept apart (`DEST.rb-failed`), and the names
+an install holds of its own (its manifest, its env file's copy, its record, the mark of a build
+whose checks failed)."""
 
 from __future__ import annotations
 

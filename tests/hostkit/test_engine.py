@@ -125,7 +125,7 @@ def test_a_venv_whose_interpreter_is_missing_here_is_refused_before_the_swap(fir
 
 
 @pytest.fixture
-def first_install(first, tmp_path):
+def first_install(first, tmp_path):  # noqa: F811 (the fixture)
     """test_fanout_delta's first node install, and the test's folder."""
     return (*first, tmp_path)
 
@@ -276,7 +276,7 @@ def test_a_staging_replaced_after_verify_is_refused(tmp_path):
 
 def test_a_second_run_is_refused_naming_the_holder(tmp_path):
     dest = tmp_path / "d" / "venv"
-    first = Lock(str(dest), "runbook first on head (pid 4242)")
+    first = Lock(str(dest), "runbook first on head (pid 4242)")  # noqa: F811
     first.acquire()
     try:
         with pytest.raises(Taken, match=r"locked by another run: runbook first on head"):
@@ -490,7 +490,7 @@ def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(t
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    first = p.stdout.readline().decode()
+    first = p.stdout.readline().decode()  # noqa: F811
     while not first.startswith("done"):
         first = p.stdout.readline().decode()
     assert first.startswith("done\tok\tholding ") and Path(lock_path(str(dest))).exists()

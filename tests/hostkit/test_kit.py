@@ -104,12 +104,12 @@ def test_verify_names_every_kind_of_difference(tree, tmp_path):
 def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
     out = tmp_path / "m.jsonl"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "hostkit"))
-    run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "rbkit", *a],
-        env=env,  # noqa: E731
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*words):
+        return subprocess.run(
+            [sys.executable, "-m", "rbkit", *words], env=env, capture_output=True, text=True
+        )
+
     r = run("manifest", "build", str(tree), "--out", str(out), "--exclude", "*.pyc")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["totals"]["files"] == 4
@@ -220,7 +220,8 @@ def test_exports_put_venv_library_dirs_first(tmp_path):
         [
             "bash",
             "-c",
-            'LD_LIBRARY_PATH=/sys/lib; source "$1"; printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"',
+            'LD_LIBRARY_PATH=/sys/lib; source "$1"; '
+            'printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"',
             "_",
             str(env_file),
         ],
@@ -840,7 +841,9 @@ ODD_FILES = {
     "rbkit/zz_no_final_newline.py": "x = 1",
     "rbkit/zz_empty.py": "",
     "rbkit/zz_blank_lines_at_the_end.py": "x = 1\n\n\n",
-    "rbkit/zz_odd_bytes.py": "a = '\x01\x7f\u00e9\u2028'\r\nb = 2 \t\x0c\n\\\n'$(x)' '`y`' '${z}'\n",
+    "rbkit/zz_odd_bytes.py": (
+        "a = '\x01\x7f\u00e9\u2028'\r\nb = 2 \t\x0c\n\\\n'$(x)' '`y`' '${z}'\n"
+    ),
     # lines that start as the files' separator and as heredoc delimiters do: another is chosen
     "rbview/zz_separator.py": "RB_KIT_FILE rbkit/x.py\nRB_KIT_FILE\nRB_PY_0\nPY\n",
 }

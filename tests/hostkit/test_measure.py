@@ -302,8 +302,8 @@ def _link_from(monkeypatch, reads, watch=None):
 
 def test_the_link_measurement_stops_once_its_rate_is_stable(monkeypatch):
     """A steady 100 MB/s after a slow start (the connections' and the pipes'): it stops at the
-    first window past 0.25 s whose last two windows agree with the later half's rate (0.3 s), and that
-    rate is the link's, not the slow start's. On 0f29d88 the link was always measured for 0.6 s
+    first window past 0.25 s whose last two windows agree with the later half's rate (0.3 s), and
+    that rate is the link's, not the slow start's. On 0f29d88 the link was always measured for 0.6 s
     (`timeout 0.6 cat /dev/zero`), from its first byte (the slow start counted in)."""
     reads = [(0.0501 * k, 500_000 if k <= 3 else 5_010_000) for k in range(1, 13)]
     got, taken = _link_from(monkeypatch, reads)

@@ -2,7 +2,8 @@
 and refuses connections as told, and ends that speak the gate (`ready` / `split N` / `go I N`)
 without tar. What is checked: how many streams, the fall back to fewer when connections are
 refused (the list split again for those that answered), which part each end is told, the one
-answer, and a failed stream named with the others stopped. The real ends: tests/e2e/test_relay_streams.py."""
+answer, and a failed stream named with the others stopped. The real ends:
+tests/e2e/test_relay_streams.py."""
 
 from __future__ import annotations
 

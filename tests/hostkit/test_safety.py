@@ -622,7 +622,7 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     assert kept.read_bytes() == big.read_bytes(), "the backup is not changed through the install"
 
 
-# -- M2: the env file goes with its install ---------------------------------------------------------
+# -- M2: the env file goes with its install --------------------------------------------------------
 
 
 def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
@@ -671,7 +671,7 @@ def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_pa
     assert result["env_file"] is None
 
 
-# -- issue 34: an install whose checks failed is kept apart, never a backup -------------------------
+# -- issue 34: an install whose checks failed is kept apart, never a backup ------------------------
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
