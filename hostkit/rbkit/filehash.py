@@ -43,8 +43,8 @@ def digest(
     total = 0
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     try:
-        # os.readv on the fd, no file object a file: 20,105 files under 64 KiB (the lab's torch
-        # venv) hash in 0.26-0.32 CPU-s instead of 0.34-0.37
+        # os.readv on the fd, no file object a file: less CPU for the many small files of a venv
+        # (the lab's figures: docs/benchmarks.md)
         while True:
             n = os.readv(fd, [buf])
             if not n:

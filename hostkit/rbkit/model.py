@@ -125,8 +125,7 @@ def _shared(move: Move, tool: Optional[Tool]) -> Tuple[float, str]:
     """(bytes of the tree a second, its bound) where the machines share `src.cpus` CPUs: the
     link's time for the packed bytes plus the CPU time packing and unpacking them, spread over
     the CPUs, never faster than the slowest stage alone. With one CPU that is the stages taking
-    turns: the lab's 1 Gbit/s link (2 cores), measured at 118-125 MB/s, then gave none (lz4 135
-    MB/s through, short of the margin): transfers of 8.1-8.4 s against 5.4-5.8 s with lz4."""
+    turns (the lab's figures: docs/benchmarks.md)."""
     moved = move.link.rate * (tool.ratio if tool else 1.0)
     if tool is None:
         return moved, "link"

@@ -110,9 +110,10 @@ LINK_SEND_SECONDS = "2"  # the sending end's own bound (the receiving end ends i
 LINK_MIN_SECONDS = 0.25
 LINK_WINDOW = 0.05
 LINK_STABLE = 0.05
-# a stall under load (the lab's 2 cores at load 6-8: 4-6 MB/s in two runs of 16, steady enough to
-# look stable) is not taken for the link: a slower link is measured for LINK_SECONDS, as before
 LINK_MIN_BYTES = 8 << 20
+"""The bytes the stable windows must carry: a stall under load (the lab's 2 cores at load 6-8:
+4-6 MB/s in two runs of 16, steady enough to look stable) is not taken for the link; a slower
+link is measured for LINK_SECONDS, as before."""
 
 
 def link_tail(windows: List[float]) -> List[float]:
@@ -134,10 +135,10 @@ def link_stable(windows: List[float], seconds: float) -> bool:
     )
 
 
-# the compressors' sample: 8 MiB (16 before): the lab's torch venv packs 2.57x with lz4 -1 over
-# its whole tar stream; its 8 MiB sample said 2.50, the 16 MiB one 2.3, and the tools' part of the
-# measurement is about half as long (lz4 and zstd packing and unpacking it: 0.03-0.11 s each)
 MEASURE_SAMPLE = 8 << 20
+"""The compressors' sample, 8 MiB (16 before): the lab's torch venv packs 2.57x with lz4 -1 over
+its whole tar stream; its 8 MiB sample said 2.50, the 16 MiB one 2.3, and the tools' part of the
+measurement is about half as long (lz4 and zstd packing and unpacking it: 0.03-0.11 s each)."""
 
 # On one kernel (every machine of the relay on the same CPUs: rb::shared_cpus) the link is
 # measured alone on them, once the source's scan is done, and this machine's ssh masters (one
