@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from rbrules import common, cpus
+from rbrules import cpus, linkrate
 from rbrules.cpus import jobs  # --jobs N, or auto: the CPUs this process may use
 
 
@@ -184,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("root")
     ms.add_argument("--tool", action="append", default=[])
     ms.add_argument("--exclude", action="append", default=[])
-    ms.add_argument("--bytes", type=int, default=common.MEASURE_SAMPLE)
+    ms.add_argument("--bytes", type=int, default=linkrate.MEASURE_SAMPLE)
     ms.add_argument("--seconds", type=float, default=5.0)
     ms.add_argument(
         "--link",

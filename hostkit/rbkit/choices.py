@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from rbrules.choices import Choices, ChoicesError
-from rbrules.common import compression_word
+from rbrules.compression import compression_word
 
 
 def _read(text: str) -> Choices:

@@ -43,17 +43,17 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
-from rbrules import common
+from rbrules import enginerules
 from rbrules.shown import printable
 
 from . import engine, fanreports, pathid, preflight, proof, runner
 from .choices import add_run_options
 from .lock import Lock
 
-STEPS = common.ENGINE_STEPS
+STEPS = enginerules.ENGINE_STEPS
 PAYLOAD = "payload"  # the tar stream in the bundle, compressed as the run chose
 BUNDLE = "bundle.tar"  # the bundle itself, in DIR (moved there by the node script)
-LOCK_WAIT_S = float(common.LOCK_WAIT_S)  # one rule: rbrules.common
+LOCK_WAIT_S = float(enginerules.LOCK_WAIT_S)  # one rule: rbrules.enginerules
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
 SOURCE_IDENTITY = "source-identity.json"  # in the bundle: the source's pathid.identity
 PRE = ("preflight",)  # a node's steps before the install's, in its report only when they fail

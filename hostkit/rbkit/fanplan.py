@@ -37,8 +37,8 @@ from typing import Any, Dict, List, Optional
 
 from rbrules import paths, proven
 from rbrules.choices import Choices
-from rbrules.common import human
 from rbrules.shown import printable, shown
+from rbrules.units import human
 
 from . import fanreports, liveplan, planscreen, planstate, safefs
 

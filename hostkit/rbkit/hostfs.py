@@ -20,7 +20,7 @@ import stat
 from typing import List, Optional, Tuple
 
 from rbrules import links, paths
-from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES
+from rbrules.choices import OUTSIDE_LINKS, SPECIAL_MODES
 from rbrules.shown import shown
 
 from . import manifestfile, safefs, statwalk

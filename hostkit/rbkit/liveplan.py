@@ -37,8 +37,8 @@ from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths, proven
 from rbrules.choices import Choices
-from rbrules.common import human
 from rbrules.shown import shown
+from rbrules.units import human
 
 from . import planscreen, planstate, safefs
 

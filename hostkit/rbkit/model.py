@@ -2,7 +2,7 @@
 compression moves the tree fastest, and why in one line. Pure: no I/O, no clock; `rbkit measure`
 measures (measure.py) and calls `decide`, the tests give figures.
 
-The move: N streams side by side (rbrules.common.relay_streams: the relay's own rule, so the
+The move: N streams side by side (rbrules.streams.relay_streams: the relay's own rule, so the
 model counts the streams the relay will run), each `tar | PACK | ssh` on the source, two ssh
 cipher processes here, `ssh | UNPACK | tar` on the destination. For each option (none, lz4,
 zstd at each measured level with -T1..K threads a stream) its throughput in bytes of the tree a
@@ -89,7 +89,7 @@ class Decision(NamedTuple):
 
 
 def zstd_word(level: int, threads: int) -> str:
-    """The stream's word for zstd at `level` with `threads` (rbrules.common.compression reads
+    """The stream's word for zstd at `level` with `threads` (rbrules.compression.compression reads
     it)."""
     return "zstd-%d-T%d" % (level, threads)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import List
 
-from rbrules.common import human
 from rbrules.shown import printable
+from rbrules.units import human
 
 SHOWN = 8  # itemized lines shown on the screen (all in changes.txt)
 

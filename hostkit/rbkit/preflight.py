@@ -16,7 +16,8 @@ import threading
 from typing import Any, List, Optional
 
 from rbrules import paths
-from rbrules.common import compressors, human
+from rbrules.compression import compressors
+from rbrules.units import human
 
 from . import (
     hostfs,

@@ -14,12 +14,12 @@ import threading
 from typing import Any, List, Tuple
 
 from rbrules import cpus
+from rbrules.enginerules import PROVE_TIMEOUT
 from rbrules.proven import fresh_dir
 
 from . import manifest, relocate, safefs
 from .receive import load_received
 from .runner import (
-    PROVE_TIMEOUT,
     Context,
     Result,
     StepError,

@@ -14,7 +14,9 @@ import re
 import stat
 from typing import Any, List, Optional
 
-from rbrules.common import TAR_RECORD, compression, human
+from rbrules.compression import compression
+from rbrules.streams import TAR_RECORD
+from rbrules.units import human
 
 from . import hostfs, tarstream
 from .runner import (

@@ -15,10 +15,10 @@ on stdin before anything moves:
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
 byte moves; it is stopped (its ends exit 3, nothing received) and the tree goes in fewer
-streams, said on stderr. How many: common.relay_streams: stream_count of the fewest jobs of the
+streams, said on stderr. How many: streams.relay_streams: stream_count of the fewest jobs of the
 three machines (each stream costs two ssh cipher processes here), never more than the fewest CPUs
 any of them may use (rbrules.cpus; each end says its own on its gate line), at most
-common.MAX_STREAMS, none below common.STREAMS_MIN_BYTES (the split says so). The receiving ends'
+streams.MAX_STREAMS, none below streams.STREAMS_MIN_BYTES (the split says so). The receiving ends'
 answers are one answer on stdout (sender.Merged): their progress summed, one receive event with
 `streams: N`, or the stream that failed first, named; the others are stopped.
 
@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Any, List, Optional
 
-from rbrules import common, cpus
+from rbrules import cpus, streams
 
 from . import sender, stream
 
@@ -272,7 +272,7 @@ class Relay:
         prefix: str,
         jobs: int,
         compression: str,
-        most: int = common.MAX_STREAMS,
+        most: int = streams.MAX_STREAMS,
         here: Optional[cpus.Usable] = None,
     ) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
@@ -357,13 +357,13 @@ class Relay:
             if u is not None
         ]
         fewest = min(u.count for _n, u in usable)
-        want = min(self.most, common.relay_streams(jobs, fewest))
+        want = min(self.most, streams.relay_streams(jobs, fewest))
         cpus_said = "CPUs usable: %s" % ", ".join("%s %s" % (n, u.why) for n, u in usable)
         pairs = [first]
         n = first.split(want) if want > 1 else 1
         if want > 1:
-            why = "below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
-        elif common.stream_count(jobs) > 1:
+            why = "below %d MB or no scan record to split" % (streams.STREAMS_MIN_BYTES >> 20)
+        elif streams.stream_count(jobs) > 1:
             why = "no more streams than the fewest CPUs a machine may use, %d; %s" % (
                 fewest,
                 cpus_said,
@@ -538,7 +538,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             into = "%s.%d" % (prefix, n)
             shutil.rmtree(into, ignore_errors=True)
             os.mkdir(into, 0o700)
-            parts = sender.split_names(names, n, into, common.STREAMS_MIN_BYTES) if n > 1 else None
+            parts = sender.split_names(names, n, into, streams.STREAMS_MIN_BYTES) if n > 1 else None
             sys.stderr.write("%s parts %d\n" % (GATE, len(parts) if parts else 1))
             sys.stderr.flush()
             continue

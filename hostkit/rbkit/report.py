@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from rbrules.common import human
 from rbrules.shown import printable
+from rbrules.units import human
 
 SCHEMA = 1
 

@@ -20,7 +20,6 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import cpus, paths, proven
 from rbrules.choices import Choices
-from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
 
 from . import installs, manifestfile, safefs
 

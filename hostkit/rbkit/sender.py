@@ -17,12 +17,8 @@ import tempfile
 import threading
 from typing import Any, Dict, List, Optional
 
-from rbrules.common import (
-    STREAMS_MIN_BYTES,
-    TAR_RECORD,
-    compression,
-    stream_count,
-)
+from rbrules.compression import compression
+from rbrules.streams import STREAMS_MIN_BYTES, TAR_RECORD, stream_count
 
 from . import manifestfile, stream
 

@@ -58,7 +58,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from rbrules import common
+from rbrules import choices, compression, enginerules, streams
 
 from . import (
     backups,
@@ -77,7 +77,7 @@ from .choices import add_choices_option, add_run_options
 from .lock import Lock
 
 PING_S = 5.0
-LOCK_WAIT_S = float(common.LOCK_WAIT_S)
+LOCK_WAIT_S = float(enginerules.LOCK_WAIT_S)
 
 
 def context(a: argparse.Namespace, **kw: Any) -> runner.Context:
@@ -309,8 +309,8 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("root")
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--names")
-    p.add_argument("--special-modes", choices=common.SPECIAL_MODES, default="refuse")
-    p.add_argument("--outside-links", choices=common.OUTSIDE_LINKS, default="refuse")
+    p.add_argument("--special-modes", choices=choices.SPECIAL_MODES, default="refuse")
+    p.add_argument("--outside-links", choices=choices.OUTSIDE_LINKS, default="refuse")
     return p
 
 
@@ -331,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("receive")
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", type=common.compression_word, default="none")
+    rc.add_argument("--compression", type=compression.compression_word, default="none")
     add_choices_option(rc)
     rc.add_argument(
         "--progress",
@@ -393,7 +393,7 @@ def parser() -> argparse.ArgumentParser:
     h = sub.add_parser("hash")
     h.add_argument("root")
     h.add_argument("--exclude", action="append", default=[])
-    h.add_argument("--algo", choices=common.ALGOS, default="sha256")
+    h.add_argument("--algo", choices=choices.ALGOS, default="sha256")
     h.add_argument("--jobs", default="auto")
     h.add_argument("--out", required=True)
     h.add_argument("--names")
@@ -405,7 +405,7 @@ def parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--special-modes",
-        choices=common.SPECIAL_MODES,
+        choices=choices.SPECIAL_MODES,
         default="refuse",
         help="strip: modes recorded without setuid/setgid/sticky/world-write",
     )
@@ -423,7 +423,7 @@ def parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send")
     se.add_argument("root")
     se.add_argument("names")
-    se.add_argument("--compression", type=common.compression_word, default="none")
+    se.add_argument("--compression", type=compression.compression_word, default="none")
     se.add_argument(
         "--jobs",
         default="1",
@@ -459,9 +459,9 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
     rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
     rl.add_argument("--parts", required=True, help="where the source end splits its list")
-    rl.add_argument("--compression", type=common.compression_word, default="none")
+    rl.add_argument("--compression", type=compression.compression_word, default="none")
     rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
-    rl.add_argument("--most", type=int, default=common.MAX_STREAMS)
+    rl.add_argument("--most", type=int, default=streams.MAX_STREAMS)
     rl.set_defaults(fn=sendside.cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")

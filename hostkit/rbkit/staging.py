@@ -14,7 +14,7 @@ import stat
 from typing import List, Optional, Tuple
 
 from rbrules import owners, proven
-from rbrules.common import human
+from rbrules.units import human
 
 from . import filehash, linkstage, manifest, manifestfile
 from .receive import forget_received, staged_bytes

@@ -22,7 +22,7 @@ import threading
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 from rbrules import cpus, owners, paths
-from rbrules.common import walk_workers
+from rbrules.streams import walk_workers
 
 from . import manifestfile
 

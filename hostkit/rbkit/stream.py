@@ -18,16 +18,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-# the stream's rules are rbrules.common's (the compiler states them too); four are still named
-# from here by tests/test_readme.py and benchmarks/doc.py (to go when those import rbrules.common)
-from rbrules.common import (  # noqa: F401
-    MAX_STREAMS,
-    STREAMS_MIN_BYTES,
-    TAR_RECORD,
-    compressors,
-    human,
-    stream_count,
-)
+from rbrules.compression import compressors
+
+# four of the stream's rules (rbrules.streams) are still named from here by tests/test_readme.py
+# and benchmarks/doc.py: to go when those import rbrules.streams
+from rbrules.streams import MAX_STREAMS, STREAMS_MIN_BYTES, TAR_RECORD, stream_count  # noqa: F401
+from rbrules.units import human
 
 from . import hostfs, pathid, statwalk
 

@@ -21,7 +21,7 @@ import stat
 from typing import List, Optional
 
 from rbrules import paths, proven
-from rbrules.common import SWAP_ATOMIC
+from rbrules.choices import SWAP_ATOMIC
 
 from . import exports, safefs
 from .installs import (

@@ -27,16 +27,16 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple, Union
 
-# the spec's words for each choice: rbrules.common's (compiler/spec.py types its fields with them)
-from .common import (
-    ALGOS,
-    ON_EXISTING,
-    ON_FAILED_CHECKS,
-    RERUN,
-    SHARED_PARENT,
-    SPECIAL_MODES,
-    SWAP_ATOMIC,
-)
+# the words of the spec's fields that the engine takes (transfer.*, and the manifest's digest):
+# compiler/spec.py types its fields with them
+SPECIAL_MODES = ("refuse", "strip", "keep")  # transfer.special_modes
+OUTSIDE_LINKS = ("refuse", "keep")  # transfer.outside_links
+ON_EXISTING = ("refuse", "backup", "replace")  # transfer.on_existing
+SHARED_PARENT = ("refuse", "allow")  # transfer.shared_parent
+SWAP_ATOMIC = ("require", "allow")  # transfer.swap_atomic
+RERUN = ("quick", "digest")  # transfer.rerun
+ALGOS = ("sha256", "blake2b", "none")  # transfer.verify
+ON_FAILED_CHECKS = ("rollback", "keep")  # on_failed_checks
 
 SCHEMA = 1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from rbkit.report import gpu_words
-from rbrules.common import human
+from rbrules.units import human
 
 from .nodes import fold
 from .svg import FONT, esc

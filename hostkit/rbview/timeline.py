@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rbrules.common import human
+from rbrules.units import human
 
 from .svg import (
     CHAR,

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from rbrules import cpus
+from rbrules import compression, cpus
 
 HOSTKIT = Path(__file__).resolve().parents[2] / "hostkit"
 
@@ -179,10 +179,9 @@ def _text_of(rel: str, what: str) -> str:
     ],
 )
 def test_the_words_compression_auto_may_choose(word, pack):
-    from rbrules import common
 
-    assert common.compression(word)["pack"] == pack
-    assert common.compression(word)["unpack"][0] == pack[0]
+    assert compression.compression(word)["pack"] == pack
+    assert compression.compression(word)["unpack"][0] == pack[0]
 
 
 @pytest.mark.parametrize(
@@ -200,11 +199,10 @@ def test_the_words_compression_auto_may_choose(word, pack):
     ],
 )
 def test_other_words_are_refused(word):
-    from rbrules import common
 
-    assert common.compression(word) is None
+    assert compression.compression(word) is None
     with pytest.raises(ValueError):
-        common.compression_word(word)
+        compression.compression_word(word)
 
 
 @pytest.mark.parametrize(

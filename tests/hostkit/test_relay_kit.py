@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from rbkit import relay
-from rbrules import common, cpus
+from rbrules import cpus, streams
 
 FAKE_SSH = r"""#!/bin/sh
 # ssh stand-in: the last word is the far side's line, run here; a connection of its own
@@ -189,5 +189,5 @@ def test_a_failed_stream_is_named_and_the_others_are_stopped_or_done(ends, capsy
 
 
 def test_the_relays_stream_count_is_the_other_routes_rule():
-    assert relay.common.stream_count is common.stream_count
-    assert [common.stream_count(j) for j in (1, 3, 4, 16, 64)] == [1, 1, 2, 8, 8]
+    assert relay.streams.stream_count is streams.stream_count
+    assert [streams.stream_count(j) for j in (1, 3, 4, 16, 64)] == [1, 1, 2, 8, 8]

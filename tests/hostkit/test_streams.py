@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from rbkit import hostfs, manifest, manifestfile, proof, runner, sender, serve, staging
-from rbrules import common
+from rbrules import compression, streams, units
 from rbrules.choices import Choices
 
 from compiler import kit
@@ -115,7 +115,7 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
 
 
 def test_stream_count_is_one_per_two_jobs_at_most_eight():
-    assert [common.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    assert [streams.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
 
 
 def test_each_receiving_end_is_told_its_part():
@@ -355,8 +355,8 @@ def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp
 
 def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
     """rbrules.common.human, which the stream, the report and the compiler use: decimal units,
-    and `-` for a size that was not measured (common.human said `None`)."""
-    assert [common.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
+    and `-` for a size that was not measured (units.human said `None`)."""
+    assert [units.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
         "0 B",
         "999 B",
         "1.0 KB",
@@ -364,14 +364,16 @@ def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
         "2.5 TB",
         "7000.0 TB",
     ]
-    assert common.human(None) == common.human("?") == common.human(True) == "-"
+    assert units.human(None) == units.human("?") == units.human(True) == "-"
 
 
 def test_which_compressions_a_host_has_is_one_rule():
     """The kit's (rbrules.common.compressors) and the runbook's bash (`command -v` of each of
     COMPRESSOR_TOOLS, rendered from the same table) ask for the same tools."""
-    assert common.compressors(lambda tool: None) == ["none"]
-    assert common.compressors(lambda tool: tool == "lz4" or None) == ["lz4", "none"]
-    assert set(common.COMPRESSOR_TOOLS) == {c["tool"] for c in common.COMPRESSION.values()} - {None}
-    tools = " ".join(common.COMPRESSOR_TOOLS)
+    assert compression.compressors(lambda tool: None) == ["none"]
+    assert compression.compressors(lambda tool: tool == "lz4" or None) == ["lz4", "none"]
+    assert set(compression.COMPRESSOR_TOOLS) == {
+        c["tool"] for c in compression.COMPRESSION.values()
+    } - {None}
+    tools = " ".join(compression.COMPRESSOR_TOOLS)
     assert f'for t in {tools}; do if command -v "$t"' in kit.runtime_text()
