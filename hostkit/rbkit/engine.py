@@ -269,8 +269,8 @@ def relocate_staging(ctx: Context) -> Result:
             relocate.Elsewhere(ctx.staging, result["old_prefixes"]),
             result["old_prefixes"],
         )
-    m = ctx.new_manifest()
-    algo = m["header"]["algo"]
+    mf = ctx.new_manifest()
+    algo = mf["header"]["algo"]
     changes, digests = {}, {}
     for rel, info in result["rewritten"].items():
         change = {"s": info["s"]}
@@ -278,7 +278,7 @@ def relocate_staging(ctx: Context) -> Result:
             change["h"] = filehash.digest(os.path.join(ctx.staging, rel), algo)
         changes[rel] = change
         digests[rel] = sha256_file(os.path.join(ctx.staging, rel))
-    installed = manifest.relocated(m, changes, ctx.fingerprint())
+    installed = manifest.relocated(mf, changes, ctx.fingerprint())
     path = os.path.join(ctx.staging, paths.INSTALLED_MANIFEST)
     manifestfile.save(installed, path)
     digests[paths.INSTALLED_MANIFEST] = sha256_file(path)

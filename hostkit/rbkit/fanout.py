@@ -66,8 +66,8 @@ def check_source(ctx: runner.Context, path: str) -> runner.Result:
     pathid.identity of the destination, by pathid.same_or_nested; refused with the message of the
     single-host route's preflight. Nothing is written before it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            source = json.load(f)
+        with open(path, encoding="utf-8") as fh:
+            source = json.load(fh)
     except (OSError, ValueError) as exc:
         raise runner.StepError(
             "refusing to install %s: the bundle holds no source identity to "
@@ -85,18 +85,18 @@ def check_source(ctx: runner.Context, path: str) -> runner.Result:
     return runner.Result("%s is apart from the source %s" % (ctx.dest, source["realpath"]))
 
 
-def node(a: argparse.Namespace) -> int:
+def node(args: argparse.Namespace) -> int:
     """Install and probe on this node through the engine's steps (engine.install: the same
     functions a single-host runbook's destination runs); print the node's report. Exit 0 when
     every step passed, 3 when this node needs the whole bundle, else 1. With --state, the live
     plan's read-only look at the destination instead (rbkit.fanplan)."""
-    if a.state:
+    if args.state:
         from . import fanplan
 
-        return fanplan.node_state(a)
-    dest = a.dest.rstrip("/")
-    bundle = os.path.join(a.dir, BUNDLE)
-    payload = os.path.join(a.dir, PAYLOAD)
+        return fanplan.node_state(args)
+    dest = args.dest.rstrip("/")
+    bundle = os.path.join(args.dir, BUNDLE)
+    payload = os.path.join(args.dir, PAYLOAD)
     # the payload is read from inside the bundle file (the node script unpacked the rest), so a
     # node writes it once, into staging; a bundle unpacked whole has it as a file
     producer = (
@@ -104,26 +104,28 @@ def node(a: argparse.Namespace) -> int:
         if os.path.exists(payload)
         else ["tar", "-xOf", bundle, "./" + PAYLOAD]
     )
-    delta = os.path.join(a.dir, "delta.names")
+    delta = os.path.join(args.dir, "delta.names")
     # the engine's name for this node: Slurm's (it may differ from the hostname), else the hostname
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False, "probe": None}
     logs: List[str] = []
     ctx = runner.Context(
         dest,
-        a.choices,
-        old=a.old,
-        compression=a.compression,
-        manifest=os.path.join(a.dir, "manifest.jsonl"),
-        probe_config=a.probe_config,
+        args.choices,
+        old=args.old,
+        compression=args.compression,
+        manifest=os.path.join(args.dir, "manifest.jsonl"),
+        probe_config=args.probe_config,
         capture=True,
         log=logs.append,
     )
     ctx.state = runner.make_state()
-    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.choices.origin), LOCK_WAIT_S, logs.append)
+    lock = Lock(
+        dest, "fan-out node %s (%s)" % (name, args.choices.origin), LOCK_WAIT_S, logs.append
+    )
     try:
         # never into the source (before the lock: nothing is written beside a refused one)
-        pre = runner.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
+        pre = runner.run(ctx, "preflight", check_source, os.path.join(args.dir, SOURCE_IDENTITY))
         if pre["status"] != "failed":
             runner.run(ctx, "lock", preflight.take_lock, lock)
         rc = (
@@ -144,7 +146,7 @@ def node(a: argparse.Namespace) -> int:
     if rc in (0, 3):
         # installed, or the whole bundle comes next (under a new name): the bundle and its
         # unpacked kit leave the node's scratch
-        shutil.rmtree(a.dir, ignore_errors=True)
+        shutil.rmtree(args.dir, ignore_errors=True)
     else:
         # failed: the kit stays, for a restore by hand (docs/fanout.md); the bundle goes (a
         # re-run, --from fan_install too, sends a new one)
@@ -190,8 +192,8 @@ def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
             doc["rolled_back"] = facts
         if e["step"] == "probe" and facts.get("report"):
             try:
-                with open(facts["report"], encoding="utf-8") as f:
-                    doc["probe"] = json.load(f)
+                with open(facts["report"], encoding="utf-8") as fh:
+                    doc["probe"] = json.load(fh)
             except (OSError, ValueError):
                 pass
     doc["ok"] = rc == 0
@@ -362,35 +364,35 @@ def table(result: Dict[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-def cmd_nodes(a: argparse.Namespace) -> int:
+def cmd_nodes(args: argparse.Namespace) -> int:
     """The nodes whose report (in one engine output) asks for the whole bundle, or passed."""
-    nodes = [n for n in a.nodes.split(",") if n]
-    reports = fanreports.read_reports(nodes, [a.engine_out])
-    if a.which == "passed":
+    nodes = [n for n in args.nodes.split(",") if n]
+    reports = fanreports.read_reports(nodes, [args.engine_out])
+    if args.which == "passed":
         print(",".join(n for n in nodes if (reports.get(n) or {}).get("ok")))
     else:
         print(",".join(fanreports.pending(reports, nodes)))
     return 0
 
 
-def cmd_compare(a: argparse.Namespace) -> int:
-    nodes = [n for n in a.nodes.split(",") if n]
-    reports = fanreports.read_reports(nodes, a.engine_out)
+def cmd_compare(args: argparse.Namespace) -> int:
+    nodes = [n for n in args.nodes.split(",") if n]
+    reports = fanreports.read_reports(nodes, args.engine_out)
     err: List[str] = []
-    for path in a.engine_err:
+    for path in args.engine_err:
         if os.path.exists(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                err += f.read().splitlines()
-    result = compare(nodes, reports, err, a.success)
-    os.makedirs(a.out_dir, exist_ok=True)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                err += fh.read().splitlines()
+    result = compare(nodes, reports, err, args.success)
+    os.makedirs(args.out_dir, exist_ok=True)
     for n, doc in reports.items():
-        with open(os.path.join(a.out_dir, "node-%s.json" % n), "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
+        with open(os.path.join(args.out_dir, "node-%s.json" % n), "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, sort_keys=True)
         if doc.get("probe"):
-            with open(os.path.join(a.out_dir, "probe-%s.json" % n), "w", encoding="utf-8") as f:
-                json.dump(doc["probe"], f, indent=2, sort_keys=True)
-    with open(os.path.join(a.out_dir, "fanout.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
+            with open(os.path.join(args.out_dir, "probe-%s.json" % n), "w", encoding="utf-8") as fh:
+                json.dump(doc["probe"], fh, indent=2, sort_keys=True)
+    with open(os.path.join(args.out_dir, "fanout.json"), "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=2, sort_keys=True)
     print(table(result), file=sys.stderr)
     # for the runbook: `set KEY VALUE` lines, as the engine answers (serve.py)
     facts = {
@@ -472,9 +474,9 @@ def watch(
     while True:
         stopped = os.path.exists(stop)  # before the read: what came before the stop is read
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
         except OSError:
             data = b""
         offset += len(data)
@@ -502,13 +504,15 @@ def watch(
         sleep(min(1.0, every))
 
 
-def cmd_watch(a: argparse.Namespace) -> int:
-    return watch([n for n in a.nodes.split(",") if n], a.engine_out, a.stop, a.every, a.limit)
+def cmd_watch(args: argparse.Namespace) -> int:
+    return watch(
+        [n for n in args.nodes.split(",") if n], args.engine_out, args.stop, args.every, args.limit
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
     n = sub.add_parser("node")
     n.add_argument("--dir", required=True)
     add_run_options(n)  # --dest, --old, --compression, --probe-config, --choices
@@ -544,12 +548,12 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--every", type=float, default=10.0)
     w.add_argument("--limit", type=float, default=3600.0)
     w.set_defaults(fn=cmd_watch)
-    return p
+    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    a = parser().parse_args(argv)
-    return a.fn(a)
+    args = parser().parse_args(argv)
+    return args.fn(args)
 
 
 if __name__ == "__main__":

@@ -58,23 +58,23 @@ def _unpack(text: str) -> bytes:
 # -- on each node ----------------------------------------------------------------------------------
 
 
-def node_state(a: argparse.Namespace) -> int:
+def node_state(args: argparse.Namespace) -> int:
     """This node's destination, read-only, as its report; the plan's kit leaves the node."""
-    dest = a.dest.rstrip("/")
+    dest = args.dest.rstrip("/")
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True, "steps": []}
     try:
         # compared with the install's manifest here (planstate.against_install): only what
         # differs from it comes back
         facts, lines = planstate.dest_state(
-            dest, a.choices.on_existing, a.choices.keep_backups or 0, against=True
+            dest, args.choices.on_existing, args.choices.keep_backups or 0, against=True
         )
         doc["facts"] = facts
         doc["state"] = _pack(b"".join(lines))
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
     fanreports.emit(doc)
-    shutil.rmtree(a.dir, ignore_errors=True)  # the kit and the bundle (fanout.BUNDLE)
+    shutil.rmtree(args.dir, ignore_errors=True)  # the kit and the bundle (fanout.BUNDLE)
     return 0 if doc["ok"] else 1
 
 
@@ -104,8 +104,8 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
     err: List[str] = []
     for path in engine_err:
         if os.path.exists(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                err += f.read().splitlines()
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                err += fh.read().splitlines()
     out: Dict[str, str] = {}
     for n in nodes:
         if os.path.exists(os.path.join(d, n + ".state")):
@@ -116,7 +116,7 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
     return out
 
 
-def judge(a: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
+def judge(args: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
     """One node, as the single-host plan judges a destination: its changes and its side."""
     facts, rows = planstate.read_state(os.path.join(d, node + ".state"))
     installed = facts.get("install")
@@ -124,7 +124,9 @@ def judge(a: argparse.Namespace, d: str, node: str, src: List[list], src_stat: s
     ch = liveplan.changes(src, rows, installed, same)
     # a node with a file changed there since its install takes the whole bundle (rbkit.fanout:
     # needs_full), not the changes alone
-    whole = argparse.Namespace(**dict(vars(a), incremental=False)) if ch["changed_there"] else a
+    whole = (
+        argparse.Namespace(**dict(vars(args), incremental=False)) if ch["changed_there"] else args
+    )
     got = liveplan.assess(whole, facts, src, src_stat, ch, installed)
     kind = UP_TO_DATE if got["up_to_date"] else OLDER if installed is not None else EVERYTHING
     return {"facts": facts, "changes": ch, "assess": got, "kind": kind}
@@ -185,14 +187,14 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
     return out
 
 
-def compose(a: argparse.Namespace) -> int:
-    d = a.dir
-    nodes = [n for n in a.nodes.split(",") if n]
-    sd = os.path.join(d, "nodes")
-    src_stat, src = planstate.read_scan(os.path.join(d, "source.scan"))
-    bad = save_states(sd, nodes, a.engine_out)
-    down = missing(nodes, sd, a.engine_err, bad)
-    judged = {n: judge(a, sd, n, src, src_stat) for n in nodes if n not in down}
+def compose(args: argparse.Namespace) -> int:
+    work = args.dir
+    nodes = [n for n in args.nodes.split(",") if n]
+    sd = os.path.join(work, "nodes")
+    src_stat, src = planstate.read_scan(os.path.join(work, "source.scan"))
+    bad = save_states(sd, nodes, args.engine_out)
+    down = missing(nodes, sd, args.engine_err, bad)
+    judged = {n: judge(args, sd, n, src, src_stat) for n in nodes if n not in down}
     groups = group(judged, nodes)
     blockers: List[str] = []
     if down:
@@ -202,7 +204,7 @@ def compose(a: argparse.Namespace) -> int:
         )
     for i, g in enumerate(groups, 1):
         g["id"] = i
-        g["listing"] = os.path.join(d, "changes-%d.txt" % i)
+        g["listing"] = os.path.join(work, "changes-%d.txt" % i)
         safefs.write_private(g["listing"], "".join(line + "\n" for line in g["items"]))
         if g["short"]:
             blockers.append(
@@ -216,35 +218,35 @@ def compose(a: argparse.Namespace) -> int:
                 )
             )
         blockers += ["%s: %s" % (g["folded"], b) for b in g["blockers"]]
-    audit = liveplan.static_verdict(a)
-    blockers += liveplan.source_blockers(a, audit)
-    checks = json.loads(a.checks or "{}").get("checks") or []
+    audit = liveplan.static_verdict(args)
+    blockers += liveplan.source_blockers(args, audit)
+    checks = json.loads(args.checks or "{}").get("checks") or []
     digests = {n: judged[n]["facts"]["digest"] for n in nodes if n in judged}
     plan = {
         "kind": "rb-plan",
         "schema": 1,
-        "runbook": a.name,
-        "spec_sha256": a.spec_sha,
-        "kit_sha256": a.kit_sha,
-        "made": a.made,
-        "fanout": {"engine": a.engine, "nodes": fanreports.fold(nodes), "count": len(nodes)},
+        "runbook": args.name,
+        "spec_sha256": args.spec_sha,
+        "kit_sha256": args.kit_sha,
+        "made": args.made,
+        "fanout": {"engine": args.engine, "nodes": fanreports.fold(nodes), "count": len(nodes)},
         "source": {
-            "host": a.src_host,
-            "path": a.src_path,
+            "host": args.src_host,
+            "path": args.src_path,
             "stat_fingerprint": src_stat,
-            "files": int(a.source_files or 0),
-            "bytes": int(a.source_bytes or 0),
+            "files": int(args.source_files or 0),
+            "bytes": int(args.source_bytes or 0),
         },
         # one digest over every node's state (what liveplan read answers), and each node's
         "destination": {
-            "host": a.dst_host,
-            "path": a.dest,
+            "host": args.dst_host,
+            "path": args.dest,
             "digest": hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest(),
             "nodes": digests,
         },
         "route": "",
-        "compression": a.compression,
-        "policy": a.policy,
+        "compression": args.compression,
+        "policy": args.policy,
         "groups": [{k: v for k, v in g.items() if k not in ("items",)} for g in groups],
         "unreachable": down,
         "static": audit,
@@ -252,19 +254,21 @@ def compose(a: argparse.Namespace) -> int:
         "blockers": blockers,
     }
     safefs.write_private(
-        os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
+        os.path.join(work, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
     )
-    lines = screen(plan, groups, a, checks)
+    lines = screen(plan, groups, args, checks)
     print("\n".join(lines))
-    if a.markdown:
+    if args.markdown:
         items: List[str] = []
         for g in groups:
             items += ["# group %d: %s" % (g["id"], g["folded"])] + g["items"]
-        safefs.write_private(os.path.join(d, "plan.md"), planscreen.markdown(plan, items, lines))
+        safefs.write_private(os.path.join(work, "plan.md"), planscreen.markdown(plan, items, lines))
     return 1 if blockers else 0
 
 
-def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[dict]) -> List[str]:
+def screen(
+    plan: dict, groups: List[dict], args: argparse.Namespace, checks: List[dict]
+) -> List[str]:
     src, fan = plan["source"], plan["fanout"]
     h = human
     out = [
@@ -275,12 +279,12 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
             src["path"],
             fan["count"],
             fan["nodes"],
-            a.dest,
+            args.dest,
             fan["engine"],
         )
     ]
-    out.append("  hosts:       %s" % a.hosts)
-    out.append("  compression: %s" % a.compression_why)
+    out.append("  hosts:       %s" % args.hosts)
+    out.append("  compression: %s" % args.compression_why)
     out.append(
         "  source:      %d files, %s (scan %s)"
         % (src["files"], h(src["bytes"]), src["stat_fingerprint"][:12])
@@ -374,7 +378,7 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
                 + "backups: %d kept (keep_backups %s); evicts %s"
                 % (
                     len(g["backups"]),
-                    a.keep_backups,
+                    args.keep_backups,
                     ", ".join(g["evicts"]) if g["evicts"] else "none",
                 )
             )
@@ -392,10 +396,10 @@ def _moved(then_path: str, now_path: str) -> str:
     _f, then = planstate.read_state(then_path)
     facts, now = planstate.read_state(now_path)
     was, _r = planstate.read_state(then_path)
-    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
-    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    args, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(args) | set(b) if args.get(p) != b.get(p))
     said = [
-        shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+        shown(p) + (" (new)" if p not in args else " (gone)" if p not in b else " (changed)")
         for p in moved[:3]
     ]
     if (was.get("exists"), was.get("installed_record")) != (
@@ -411,20 +415,20 @@ def _moved(then_path: str, now_path: str) -> str:
     return "%d paths (%s)" % (len(moved), ", ".join(said[:3]) or "its facts")
 
 
-def drift(a: argparse.Namespace) -> int:
-    plan = json.loads(proven.read_record(a.plan).decode("utf-8"))  # proven this user's
-    d = os.path.dirname(os.path.abspath(a.plan))
-    nodes = [n for n in a.nodes.split(",") if n]
+def drift(args: argparse.Namespace) -> int:
+    plan = json.loads(proven.read_record(args.plan).decode("utf-8"))  # proven this user's
+    d = os.path.dirname(os.path.abspath(args.plan))
+    nodes = [n for n in args.nodes.split(",") if n]
     out: List[str] = []
-    now_stat = planstate.read_scan(a.source_now)[0] if a.source_now else ""
+    now_stat = planstate.read_scan(args.source_now)[0] if args.source_now else ""
     if now_stat and now_stat != plan["source"]["stat_fingerprint"]:
-        n, first = liveplan.drift(a.plan, "source", a.source_now)
+        n, first = liveplan.drift(args.plan, "source", args.source_now)
         out.append(
             "the source %s:%s: %d paths (%s)"
             % (plan["source"]["host"], plan["source"]["path"], n, first)
         )
-    now_dir = os.path.join(a.dir, "nodes")
-    bad = save_states(now_dir, nodes, a.engine_out)
+    now_dir = os.path.join(args.dir, "nodes")
+    bad = save_states(now_dir, nodes, args.engine_out)
     then = plan["destination"].get("nodes") or {}
     gone = []
     for n in nodes:
@@ -453,8 +457,8 @@ def drift(a: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbkit.fanplan")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="rbkit.fanplan")
+    sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compose")
     c.add_argument("--dir", required=True)
     c.add_argument("--nodes", required=True)
@@ -470,17 +474,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     dr.add_argument("--nodes", required=True)
     dr.add_argument("--engine-out", action="append", required=True)
     dr.add_argument("--source-now", default="")
-    a = p.parse_args(argv)
+    args = parser.parse_args(argv)
     try:
-        if a.cmd == "compose":
-            ch = Choices.from_json(a.choices)
-            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
-            a.keep_backups = "" if ch.keep_backups is None else str(ch.keep_backups)
-            a.same_host = False
-            return compose(a)
-        return drift(a)
+        if args.cmd == "compose":
+            ch = Choices.from_json(args.choices)
+            args.policy, args.shared_parent = ch.on_existing, ch.shared_parent
+            args.keep_backups = "" if ch.keep_backups is None else str(ch.keep_backups)
+            args.same_host = False
+            return compose(args)
+        return drift(args)
     except (OSError, ValueError, KeyError) as exc:
-        print("rbkit.fanplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        print("rbkit.fanplan %s: %s" % (args.cmd, exc), file=sys.stderr)
         return 2
 
 

@@ -39,13 +39,13 @@ def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
     counts: Dict[str, int] = {}
     for line in lines:
         at = line.find(MARK)
-        m = LINE.match(line[at:].rstrip("\r\n")) if at >= 0 else None
-        if not m:
+        match = LINE.match(line[at:].rstrip("\r\n")) if at >= 0 else None
+        if not match:
             continue
-        name, i, n = m.group(1), int(m.group(2)), int(m.group(3))
+        name, i, n = match.group(1), int(match.group(2)), int(match.group(3))
         if counts.setdefault(name, n) != n or not 1 <= i <= n:
             continue
-        chunks.setdefault(name, {})[i] = m.group(4)
+        chunks.setdefault(name, {})[i] = match.group(4)
     out: Dict[str, Dict[str, Any]] = {}
     for name, got in chunks.items():
         if len(got) != counts[name]:
@@ -103,6 +103,6 @@ def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]
     bundle's round after a re-run's) replaces its earlier one."""
     reports: Dict[str, Dict[str, Any]] = {}
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            reports.update(match_nodes(nodes, parse_reports(f)))
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            reports.update(match_nodes(nodes, parse_reports(fh)))
     return reports

@@ -30,9 +30,9 @@ def backups(dest: str) -> list[tuple[int, str]]:
     pat = re.compile(paths.backup_number(base) + "$")
     found = []
     for name in os.listdir(parent or "."):
-        m = pat.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(parent, name)))
+        match = pat.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(parent, name)))
     return sorted(found)
 
 

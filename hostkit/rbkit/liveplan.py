@@ -165,7 +165,7 @@ def judged(
 
 
 def assess(
-    a: argparse.Namespace,
+    args: argparse.Namespace,
     facts: dict,
     src: List[list],
     src_stat: str,
@@ -179,8 +179,8 @@ def assess(
         and facts.get("installed_source_stat") == src_stat
         and ch["changed"] == ch["added"] == ch["removed"] == 0
     )
-    delta = installed is not None and a.incremental
-    src_bytes = int(a.source_bytes or 0)
+    delta = installed is not None and args.incremental
+    src_bytes = int(args.source_bytes or 0)
     # an incremental run also sends again what relocation rewrites (bin/*, pyvenv.cfg: their
     # installed copies are not the source's, never linked)
     rewritten = 0
@@ -195,11 +195,11 @@ def assess(
         if up_to_date
         else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta else src_bytes)
     )
-    staging = 0 if up_to_date else (send if delta else int(a.need_bytes or src_bytes))
+    staging = 0 if up_to_date else (send if delta else int(args.need_bytes or src_bytes))
     # a staging already there (issue 45): what a cut stream of this very source left is resumed
     # (only the rest is sent and needs room), any other is removed first (its room is free)
     kept = facts.get("staged") or {}
-    this = "%s %s:%s" % (src_stat, getattr(a, "src_host", ""), getattr(a, "src_path", ""))
+    this = "%s %s:%s" % (src_stat, getattr(args, "src_host", ""), getattr(args, "src_path", ""))
     resumable = bool(kept) and not delta and not up_to_date and kept.get("source") == this
     freed = 0
     if resumable:
@@ -212,7 +212,7 @@ def assess(
     # unchanged files from it, and the swap gives the backup copies of its own (unshare_backup:
     # free where the file system has reflinks)
     backup = 0
-    if a.policy == "backup" and facts["exists"] and delta and not up_to_date:
+    if args.policy == "backup" and facts["exists"] and delta and not up_to_date:
         backup = max(0, facts.get("bytes", 0) - ch["changed_bytes"])
     need = staging + backup
     blockers: List[str] = []
@@ -231,13 +231,13 @@ def assess(
                 % (
                     human(kept["bytes"]),
                     "a run resumes them" if resumable else "a run removes them first",
-                    getattr(a, "runbook", "") or "RUNBOOK",
+                    getattr(args, "runbook", "") or "RUNBOOK",
                 )
             )
         blockers.append(words)
-    if facts["exists"] and not facts["installed"] and a.policy == "refuse":
+    if facts["exists"] and not facts["installed"] and args.policy == "refuse":
         blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
-    if facts.get("shared_parent") and a.shared_parent != "allow":
+    if facts.get("shared_parent") and args.shared_parent != "allow":
         blockers.append(facts["shared_parent"])
     return {
         "up_to_date": up_to_date,
@@ -254,35 +254,35 @@ def assess(
     }
 
 
-def compose(a: argparse.Namespace) -> int:
-    d = a.dir
-    src_stat, body = planstate.scan_body(os.path.join(d, "source.scan"))
-    facts, dest_body = planstate.state_body(os.path.join(d, "dest.state"))
+def compose(args: argparse.Namespace) -> int:
+    work = args.dir
+    src_stat, body = planstate.scan_body(os.path.join(work, "source.scan"))
+    facts, dest_body = planstate.state_body(os.path.join(work, "dest.state"))
     src, ch, installed = judged(src_stat, body, facts, dest_body)
-    safefs.write_private(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
-    got = assess(a, facts, src, src_stat, ch, installed)
+    safefs.write_private(os.path.join(work, "changes.txt"), "\n".join(ch["items"] + [""]))
+    got = assess(args, facts, src, src_stat, ch, installed)
     up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
     staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]
-    src_bytes = int(a.source_bytes or 0)
-    audit = static_verdict(a)
-    blockers += source_blockers(a, audit)
-    checks = json.loads(a.checks or "{}").get("checks") or []
+    src_bytes = int(args.source_bytes or 0)
+    audit = static_verdict(args)
+    blockers += source_blockers(args, audit)
+    checks = json.loads(args.checks or "{}").get("checks") or []
     plan = {
         "kind": "rb-plan",
         "schema": 1,
-        "runbook": a.name,
-        "spec_sha256": a.spec_sha,
-        "kit_sha256": a.kit_sha,
-        "made": a.made,
+        "runbook": args.name,
+        "spec_sha256": args.spec_sha,
+        "kit_sha256": args.kit_sha,
+        "made": args.made,
         "source": {
-            "host": a.src_host,
-            "path": a.src_path,
+            "host": args.src_host,
+            "path": args.src_path,
             "stat_fingerprint": src_stat,
-            "files": int(a.source_files or 0),
+            "files": int(args.source_files or 0),
             "bytes": src_bytes,
         },
         "destination": {
-            "host": a.dst_host,
+            "host": args.dst_host,
             "path": facts["dest"],
             "digest": facts["digest"],
             "exists": facts["exists"],
@@ -290,8 +290,8 @@ def compose(a: argparse.Namespace) -> int:
             "free_bytes": facts["free_bytes"],
             "measured_at": facts["measured_at"],
         },
-        "route": a.route,
-        "compression": a.compression,
+        "route": args.route,
+        "compression": args.compression,
         "changes": {k: v for k, v in ch.items() if k != "items"},
         "up_to_date": up_to_date,
         "incremental": delta,
@@ -304,7 +304,7 @@ def compose(a: argparse.Namespace) -> int:
             "free": facts["free_bytes"],
             "freed": got["freed"],
         },
-        "policy": a.policy,
+        "policy": args.policy,
         "backups": facts["backups"],
         "evicts": facts["evicts"],
         "static": audit,
@@ -312,53 +312,53 @@ def compose(a: argparse.Namespace) -> int:
         "blockers": blockers,
     }
     safefs.write_private(
-        os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
+        os.path.join(work, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
     )
-    lines = planscreen.screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
+    lines = planscreen.screen(plan, ch["items"], args, checks, os.path.join(work, "changes.txt"))
     print("\n".join(lines))
-    if a.markdown:
+    if args.markdown:
         safefs.write_private(
-            os.path.join(d, "plan.md"), planscreen.markdown(plan, ch["items"], lines)
+            os.path.join(work, "plan.md"), planscreen.markdown(plan, ch["items"], lines)
         )
     return 1 if blockers else 0
 
 
-def source_blockers(a: argparse.Namespace, audit: str) -> List[str]:
+def source_blockers(args: argparse.Namespace, audit: str) -> List[str]:
     """What the source itself blocks, said the same by both composes (this one, rbkit.fanplan)."""
     out = []
-    if audit.startswith("failed") and not a.force and not getattr(a, "same_host", False):
+    if audit.startswith("failed") and not args.force and not getattr(args, "same_host", False):
         out.append("the static checks on the source failed (%s): fix the venv or --force" % audit)
-    if getattr(a, "library_missing", ""):
+    if getattr(args, "library_missing", ""):
         # what the exports step refuses after the swap, refused before anything moves
         out.append(
             "the source has no %s under its site-packages: the exports step would "
             "refuse it; fix cuda.library_path_first in the spec"
-            % a.library_missing.replace(",", ", ")
+            % args.library_missing.replace(",", ", ")
         )
     return out
 
 
-def static_verdict(a: argparse.Namespace) -> str:
+def static_verdict(args: argparse.Namespace) -> str:
     what = (
-        "kernel audit for %s, references leaving the venv" % a.arch
-        if a.arch
+        "kernel audit for %s, references leaving the venv" % args.arch
+        if args.arch
         else "references leaving the venv"
     )
-    if a.audit_skipped == "1":
+    if args.audit_skipped == "1":
         return (
             "skipped: the source is the tree the destination's install recorded, and they "
             "passed for it here (%s)" % what
         )
-    if a.audit_rc == "0" or (a.audit_rc == "1" and not a.audit_failed):
+    if args.audit_rc == "0" or (args.audit_rc == "1" and not args.audit_failed):
         return "passed (%s)" % what
-    if a.audit_rc == "1":
+    if args.audit_rc == "1":
         said = (
             " (both ends are this machine: said, not refused)"
-            if a.same_host and a.audit_failed == "outside"
+            if args.same_host and args.audit_failed == "outside"
             else ""
         )
-        return "failed: %s%s" % (a.audit_failed, said)
-    return "could not run (exit %s)" % a.audit_rc
+        return "failed: %s%s" % (args.audit_failed, said)
+    return "could not run (exit %s)" % args.audit_rc
 
 
 # -- here: the plan against what is there now -----------------------------------------------------
@@ -383,12 +383,12 @@ def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
                 if facts.get("exists")
                 else facts["dest"] + " (gone)"
             )
-    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
-    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    args, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(args) | set(b) if args.get(p) != b.get(p))
     said = []
     for p in moved[:5]:
         said.append(
-            shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+            shown(p) + (" (new)" if p not in args else " (gone)" if p not in b else " (changed)")
         )
     if record:
         moved.append(record)
@@ -423,8 +423,8 @@ COMPOSE_FIELDS = (
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbkit liveplan")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="rbkit liveplan")
+    sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("state")
     s.add_argument("dest")
     s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
@@ -454,84 +454,88 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--name", required=True)
     r.add_argument("--spec-sha", required=True)
     r.add_argument("--kit-sha", required=True)
-    a = p.parse_args(argv)
+    args = parser.parse_args(argv)
     try:
-        if a.cmd in ("state", "compose"):
+        if args.cmd in ("state", "compose"):
             # the spec's choices for the destination, from the engine's one document
-            ch = Choices.from_json(a.choices)
-            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
-            a.keep_backups = (
+            ch = Choices.from_json(args.choices)
+            args.policy, args.shared_parent = ch.on_existing, ch.shared_parent
+            args.keep_backups = (
                 ch.keep_backups or 0
-                if a.cmd == "state"
+                if args.cmd == "state"
                 else ("" if ch.keep_backups is None else str(ch.keep_backups))
             )
-        if a.cmd == "state":
-            facts, lines = planstate.dest_state(a.dest, a.policy, a.keep_backups, a.against_install)
+        if args.cmd == "state":
+            facts, lines = planstate.dest_state(
+                args.dest, args.policy, args.keep_backups, args.against_install
+            )
             out = sys.stdout.buffer
             out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
             out.write(b"".join(lines))
             return 0
-        if a.cmd == "compose":
-            return compose(a)
-        if a.cmd == "installed":
+        if args.cmd == "compose":
+            return compose(args)
+        if args.cmd == "installed":
             from .installs import why_not_ours_install
 
-            why = why_not_ours_install(a.dest)
+            why = why_not_ours_install(args.dest)
             if why:
                 print(
                     "rbkit liveplan installed: the install at %s is not proven ours: %s"
-                    % (a.dest, why),
+                    % (args.dest, why),
                     file=sys.stderr,
                 )
                 return 2
-            got = safefs.read_in(a.dest, paths.INSTALLED_MANIFEST)
+            got = safefs.read_in(args.dest, paths.INSTALLED_MANIFEST)
             if got is None:
                 print(
                     "rbkit liveplan installed: %s/%s is not a regular file of the install"
-                    % (a.dest, paths.INSTALLED_MANIFEST),
+                    % (args.dest, paths.INSTALLED_MANIFEST),
                     file=sys.stderr,
                 )
                 return 2
             sys.stdout.buffer.write(got[0])
             return 0
-        if a.cmd == "drift":
-            n, first = drift(a.plan, a.side, a.now)
+        if args.cmd == "drift":
+            n, first = drift(args.plan, args.side, args.now)
             if n:
                 print("%d\t%s" % (n, first))
                 return 1
             return 0
-        return read_plan(a)
+        return read_plan(args)
     except (OSError, ValueError, KeyError) as exc:
-        print("rbkit liveplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        print("rbkit liveplan %s: %s" % (args.cmd, exc), file=sys.stderr)
         return 2
 
 
-def read_plan(a: argparse.Namespace) -> int:
+def read_plan(args: argparse.Namespace) -> int:
     try:
-        plan = json.loads(proven.read_record(a.plan).decode("utf-8"))
+        plan = json.loads(proven.read_record(args.plan).decode("utf-8"))
     except proven.NotOurs as exc:
         # refused before it is read: a plan another user could have written or swapped
         print(
             "refusing to apply %s: %s; another user could have written what it says: make a "
-            "new plan with --plan" % (a.plan, exc),
+            "new plan with --plan" % (args.plan, exc),
             file=sys.stderr,
         )
         return 1
     except (OSError, ValueError) as exc:
         print(
-            "the plan %s cannot be read (%s): make one with --plan" % (a.plan, exc), file=sys.stderr
+            "the plan %s cannot be read (%s): make one with --plan" % (args.plan, exc),
+            file=sys.stderr,
         )
         return 1
     why = ""
-    if plan.get("kind") != "rb-plan" or plan.get("runbook") != a.name:
-        why = "it is not a plan of runbook %s" % a.name
-    elif plan.get("spec_sha256") != a.spec_sha or plan.get("kit_sha256") != a.kit_sha:
+    if plan.get("kind") != "rb-plan" or plan.get("runbook") != args.name:
+        why = "it is not a plan of runbook %s" % args.name
+    elif plan.get("spec_sha256") != args.spec_sha or plan.get("kit_sha256") != args.kit_sha:
         why = "this runbook was compiled again since (another spec or kit)"
     elif plan.get("blockers"):
         why = "the plan is blocked: " + "; ".join(plan["blockers"])
     if why:
         print(
-            "refusing to apply %s: %s; make a new one with --plan" % (a.plan, why), file=sys.stderr
+            "refusing to apply %s: %s; make a new one with --plan" % (args.plan, why),
+            file=sys.stderr,
         )
         return 1
     for key, value in (

@@ -45,10 +45,10 @@ def read_header(path: str) -> Optional[dict]:
         )
     except OSError:
         return None
-    with open(fd, "rb") as f:
+    with open(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        line = f.readline()
+        line = fh.readline()
     try:
         head = json.loads(line)
     except ValueError:
@@ -186,8 +186,8 @@ def read_scan(
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except OSError:
         return None
-    with open(fd, "rb") as f:
-        data = f.read()
+    with open(fd, "rb") as fh:
+        data = fh.read()
     head, _, body = data.partition(b"\n")
     if head + b"\n" != scan_header(root, patterns, strip_special):
         return None
@@ -228,8 +228,8 @@ def load_fingerprinted(path: str) -> Tuple[dict, str]:
     a file `dump` wrote (every manifest the kit writes) that is `fingerprint` of its entries,
     without encoding each entry again; for one written otherwise, the fingerprint of its bytes
     (equal fingerprints still mean equal entries)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
     rows = [line for line in text.split("\n") if line.strip()]
     # one parse of all the lines (cheaper than a call per line); a line that holds more or less
     # than one value is refused: the count of values differs from the count of lines
@@ -265,5 +265,5 @@ def write_names(paths: Iterable[str], out) -> None:
 
 
 def read_names(path: str) -> list[str]:
-    with open(path, "rb") as f:
-        return [n.decode("utf-8", "surrogateescape") for n in f.read().split(b"\0") if n]
+    with open(path, "rb") as fh:
+        return [n.decode("utf-8", "surrogateescape") for n in fh.read().split(b"\0") if n]

@@ -101,8 +101,8 @@ def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple
         fd = os.open(record, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except OSError:
         return None
-    with open(fd, "rb") as f:
-        head, _, body = f.read().partition(b"\n")
+    with open(fd, "rb") as fh:
+        head, _, body = fh.read().partition(b"\n")
     try:
         said = json.loads(head)
         if (said.get("kind"), said.get("root"), said.get("excludes")) != (
@@ -242,8 +242,8 @@ def cpu_times() -> Optional[Tuple[int, int]]:
     """(idle, total) jiffies of every CPU of this kernel (/proc/stat's `cpu` line: idle and
     iowait count as idle), or None where there is no /proc/stat."""
     try:
-        with open("/proc/stat", "rb") as f:
-            words = f.readline().split()
+        with open("/proc/stat", "rb") as fh:
+            words = fh.readline().split()
     except OSError:
         return None
     if words[:1] != [b"cpu"] or len(words) < 6:
@@ -269,8 +269,8 @@ def watched(pairs: List[str]) -> List[int]:
     for word in pairs:
         pid, _, start = word.partition(":")
         try:
-            with open("/proc/%d/stat" % int(pid), "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[19] != start.encode():
+            with open("/proc/%d/stat" % int(pid), "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[19] != start.encode():
                     return []
         except (OSError, ValueError, IndexError):
             return []
@@ -283,8 +283,8 @@ def proc_times(pids: List[int]) -> Optional[Tuple[int, int]]:
     cpu = waited = 0
     for pid in pids:
         try:
-            with open("/proc/%d/schedstat" % pid, "rb") as f:
-                words = f.read().split()
+            with open("/proc/%d/schedstat" % pid, "rb") as fh:
+                words = fh.read().split()
             cpu, waited = cpu + int(words[0]), waited + int(words[1])
         except (OSError, ValueError, IndexError):
             return None
@@ -366,10 +366,10 @@ def _tail_cpu(
     """(ns on a CPU, ns waiting for one, ns, processes) of the watched processes over
     link_tail's windows, or None."""
     first = len(windows) - len(link_tail(windows))
-    a, b = used[first], used[-1]
-    if not procs or a is None or b is None or not windows:
+    args, b = used[first], used[-1]
+    if not procs or args is None or b is None or not windows:
         return None
-    return b[0] - a[0], b[1] - a[1], int((ends[-1][0] - ends[first][0]) * 1e9), procs
+    return b[0] - args[0], b[1] - args[1], int((ends[-1][0] - ends[first][0]) * 1e9), procs
 
 
 def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:

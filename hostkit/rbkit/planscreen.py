@@ -16,7 +16,7 @@ SHOWN = 8  # itemized lines shown on the screen (all in changes.txt)
 
 
 def screen(
-    plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict], listing: str
+    plan: dict, items: List[str], args: argparse.Namespace, checks: List[dict], listing: str
 ) -> List[str]:
     ch, disk = plan["changes"], plan["disk"]
     src, dst = plan["source"], plan["destination"]
@@ -24,9 +24,9 @@ def screen(
         "plan for %s: %s:%s -> %s:%s"
         % (plan["runbook"], src["host"], src["path"], dst["host"], dst["path"])
     ]
-    out.append("  hosts:       %s" % a.hosts)
-    out.append("  route:       %s" % a.route_why)
-    out.append("  compression: %s" % a.compression_why)
+    out.append("  hosts:       %s" % args.hosts)
+    out.append("  route:       %s" % args.route_why)
+    out.append("  compression: %s" % args.compression_why)
     out.append(
         "  source:      %d files, %s (scan %s)"
         % (src["files"], human(src["bytes"]), src["stat_fingerprint"][:12])
@@ -109,7 +109,7 @@ def screen(
             if plan["evicts"]
             else "; evicts none"
         )
-        out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
+        out.append("  backups:     %s (keep_backups %s)%s" % (kept, args.keep_backups, evict))
     out.append("  static:      %s" % plan["static"])
     names = []
     head = True

@@ -121,8 +121,8 @@ def probe(ctx: Context, report: str = "") -> Result:
     summary: dict = {}
     names: List[str] = []
     try:
-        with open(report, encoding="utf-8") as f:
-            doc = json.load(f)
+        with open(report, encoding="utf-8") as fh:
+            doc = json.load(fh)
         summary = doc.get("summary", {})
         names = [
             str((c.get("values") or {}).get("name") or c.get("id"))

@@ -228,8 +228,8 @@ def prove_scripts(
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
             0o600,
         )
-        with os.fdopen(fd, "wb") as f:
-            f.write(_PROOF_HOOK)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(_PROOF_HOOK)
         env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
 
         def one(i: int) -> None:

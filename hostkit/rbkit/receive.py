@@ -170,8 +170,8 @@ def filesystem_of(path: str) -> tuple:
         probe = os.path.dirname(probe)
     best = (probe, "?")
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
     except OSError:
         return best
     length = -1
@@ -308,8 +308,8 @@ def load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict
     files: Optional[dict] = None
     for path in _received_paths(ctx):
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
         except (OSError, ValueError):
             continue
         if not isinstance(doc, dict) or doc.get("identity") != identity or doc.get("algo") != algo:

@@ -144,8 +144,8 @@ class Pair:
             self.held.append(line)
 
     def _src_err(self, fd: int) -> None:
-        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as f:
-            for line in f:
+        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as fh:
+            for line in fh:
                 words = line.split()
                 if words[:1] == [GATE] and len(words) in (3, 4) and words[2].isdigit():
                     if words[1] == "ready":
@@ -157,8 +157,8 @@ class Pair:
         self.said.put("end")
 
     def _dst_err(self, fd: int) -> None:
-        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as f:
-            for line in f:
+        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as fh:
+            for line in fh:
                 self._pass(line)
 
     def _dst_out(self) -> None:

@@ -199,8 +199,8 @@ def recorded_prefix(root: str) -> Optional[str]:
         data = os.read(fd, 65536)
     finally:
         os.close(fd)
-    m = ACTIVATE_PREFIX.search(data)
-    return os.fsdecode(m.group(2)).rstrip("/") if m else None
+    match = ACTIVATE_PREFIX.search(data)
+    return os.fsdecode(match.group(2)).rstrip("/") if match else None
 
 
 def old_prefixes(root: str, old: str, new: str) -> List[str]:

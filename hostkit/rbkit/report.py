@@ -27,8 +27,8 @@ def read_events(path: str) -> tuple[list[dict], dict, dict]:
     engine: dict = {}
     if not os.path.exists(path):
         return [], facts, engine
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
             parts = line.rstrip("\n").split("\t")
             if parts[0] == "step" and len(parts) >= 7:
                 _, sid, status, start, end, host, detail = parts[:7]
@@ -137,8 +137,8 @@ def build(
     probe_docs = {}
     for host, path in probes.items():
         try:
-            with open(path, encoding="utf-8") as f:
-                probe_docs[host] = json.load(f)
+            with open(path, encoding="utf-8") as fh:
+                probe_docs[host] = json.load(fh)
         except (OSError, ValueError) as exc:
             probe_docs[host] = {"error": f"no readable probe report at {path}: {exc}"}
     checks = {"pass": 0, "fail": 0, "skip": 0}

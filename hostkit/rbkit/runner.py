@@ -171,8 +171,8 @@ def load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict
     key = _file_key(path)
     if cache is not None and cache[0] == key:
         return key, cache[1]
-    m = manifestfile.load(path)
-    return (key if _file_key(path) == key else None), m
+    mf = manifestfile.load(path)
+    return (key if _file_key(path) == key else None), mf
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -293,8 +293,8 @@ def _stamp_path(ctx: Context) -> str:
 
 def read_stamp(ctx: Context) -> Optional[dict]:
     try:
-        with open(_stamp_path(ctx), encoding="utf-8") as f:
-            return json.load(f)
+        with open(_stamp_path(ctx), encoding="utf-8") as fh:
+            return json.load(fh)
     except FileNotFoundError:
         return None
 
@@ -369,8 +369,8 @@ def sha256_file(path: str) -> Optional[str]:
     except OSError:
         return None
     h = hashlib.sha256()
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+    with os.fdopen(fd, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
 

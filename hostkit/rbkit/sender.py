@@ -45,12 +45,12 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     directory forbids its owner to write (one tar's setting its mode would stop another's
     writing there, for an owner who is not root)."""
     try:
-        with open(names, "rb") as f:
-            listed = f.read().split(b"\0")
-        with open(names + manifestfile.SCAN_SUFFIX, "rb") as f:
-            rows = f.read().split(b"\n")[1:]
-        with open(names + manifestfile.LINKS_SUFFIX, "rb") as f:
-            multi = f.read().split(b"\n")
+        with open(names, "rb") as fh:
+            listed = fh.read().split(b"\0")
+        with open(names + manifestfile.SCAN_SUFFIX, "rb") as fh:
+            rows = fh.read().split(b"\n")[1:]
+        with open(names + manifestfile.LINKS_SUFFIX, "rb") as fh:
+            multi = fh.read().split(b"\n")
     except OSError:
         return None
     if listed and listed[-1] == b"":
@@ -103,8 +103,8 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     for j, part in enumerate(out):
         path = os.path.join(into, "names.%d" % j)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with open(fd, "wb") as f:
-            f.write(b"\0".join(part) + b"\0")
+        with open(fd, "wb") as fh:
+            fh.write(b"\0".join(part) + b"\0")
         paths.append(path)
     return paths
 
@@ -262,8 +262,8 @@ class Merged:
             self.out.flush()
 
     def read(self, i: int, fd: int) -> None:
-        with open(fd, "rb", closefd=True) as f:
-            self.read_file(i, f)
+        with open(fd, "rb", closefd=True) as fh:
+            self.read_file(i, fh)
 
     def read_file(self, i: int, f: Any) -> None:
         """Stream i's answer, lines from the binary file f."""

@@ -30,14 +30,14 @@ from . import (
 )
 
 
-def cmd_scan(a: argparse.Namespace) -> int:
+def cmd_scan(args: argparse.Namespace) -> int:
     answer = channel.Answer(sys.stdout)
-    ctx = runner.Context(a.root, emit=answer.event, log=channel.log, trace=answer.trace)
+    ctx = runner.Context(args.root, emit=answer.event, log=channel.log, trace=answer.trace)
 
     def scan(c: runner.Context) -> runner.Result:
         try:
             detail, facts = stream.scan_source(
-                a.root, a.exclude, a.names, a.special_modes, a.outside_links
+                args.root, args.exclude, args.names, args.special_modes, args.outside_links
             )
         except stream.SourceRefused as exc:
             raise runner.StepError(str(exc)) from None
@@ -47,32 +47,36 @@ def cmd_scan(a: argparse.Namespace) -> int:
     return answer.done()
 
 
-def cmd_source(a: argparse.Namespace) -> int:
+def cmd_source(args: argparse.Namespace) -> int:
     """The source's scan, then its static checks (source.py), in this one process. The answer
     channel is a copy of stdout; stdout itself becomes stderr (the checks print)."""
     out = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     answer = channel.Answer(out)
-    ctx = runner.Context(a.root, emit=answer.event, log=channel.log, trace=answer.trace)
+    ctx = runner.Context(args.root, emit=answer.event, log=channel.log, trace=answer.trace)
     facts: Dict[str, Any] = {}
     # with cores to spare, the static checks run beside the scan: from the start when no earlier
     # pass can let them be skipped (--checks-beside auto), else as soon as the runbook's line says
     # none does (empty); cancelled when the scan fails or the line's fingerprint is the scan's
-    beside = bool(a.audit) and source.spare_cores()
-    early: List[Any] = [source.EarlyAudit(a.audit)] if beside and a.checks_beside == "auto" else []
-    line: List[str] = [a.installed_stat]
+    beside = bool(args.audit) and source.spare_cores()
+    early: List[Any] = (
+        [source.EarlyAudit(args.audit)] if beside and args.checks_beside == "auto" else []
+    )
+    line: List[str] = [args.installed_stat]
     reader = None
     # the scan's walk forks its workers (where the host has the cores) before the reader thread
     # starts: a process forks only while it has one thread
-    begun = hostfs.ScanWalk(a.root, a.exclude, a.special_modes == "strip", bool(a.names))
-    if a.installed_stat == "-":
+    begun = hostfs.ScanWalk(
+        args.root, args.exclude, args.special_modes == "strip", bool(args.names)
+    )
+    if args.installed_stat == "-":
         # the runbook learns it from the destination's engine while this scan runs
 
         def read_line() -> None:
             line[0] = sys.stdin.readline(4096).strip()
             if beside and not early and not line[0]:
-                early.append(source.EarlyAudit(a.audit))
+                early.append(source.EarlyAudit(args.audit))
 
         reader = threading.Thread(target=read_line, daemon=True)
         reader.start()
@@ -81,11 +85,11 @@ def cmd_source(a: argparse.Namespace) -> int:
             ctx,
             "scan",
             source.scan,
-            a.root,
-            a.exclude,
-            a.names,
-            a.special_modes,
-            a.outside_links,
+            args.root,
+            args.exclude,
+            args.names,
+            args.special_modes,
+            args.outside_links,
             facts,
             begun,
         )
@@ -94,17 +98,17 @@ def cmd_source(a: argparse.Namespace) -> int:
     if reader is not None:
         reader.join()
     started = early[0] if early else None
-    if event["status"] != "failed" and a.library_dir:
-        runner.run(ctx, "libraries", source.library_dirs, a.root, a.exclude, a.library_dir)
+    if event["status"] != "failed" and args.library_dir:
+        runner.run(ctx, "libraries", source.library_dirs, args.root, args.exclude, args.library_dir)
     if event["status"] != "failed":
         runner.run(
             ctx,
             "audit",
             source.audit,
-            a.audit,
+            args.audit,
             facts.get("stat_fingerprint") or "",
             line[0],
-            a.outside_links,
+            args.outside_links,
             started,
         )
     elif started is not None:
@@ -136,55 +140,56 @@ def hash_jobs(value: str, beside_stream: bool) -> int:
     return jobs
 
 
-def cmd_hash(a: argparse.Namespace) -> int:
+def cmd_hash(args: argparse.Namespace) -> int:
     answer = channel.Answer(sys.stdout)
 
     def build(ctx: runner.Context) -> runner.Result:
-        reuse = manifestfile.load(a.reuse) if a.reuse else None
-        m = manifest.build(
-            a.root,
-            a.exclude,
-            a.algo,
-            hash_jobs(a.jobs, a.beside_stream),
+        reuse = manifestfile.load(args.reuse) if args.reuse else None
+        mf = manifest.build(
+            args.root,
+            args.exclude,
+            args.algo,
+            hash_jobs(args.jobs, args.beside_stream),
             reuse,
-            strip_special=a.special_modes == "strip",
-            scanned=a.scanned,
+            strip_special=args.special_modes == "strip",
+            scanned=args.scanned,
         )
-        manifestfile.save(m, a.out, 0o600)
-        if a.names:
+        manifestfile.save(mf, args.out, 0o600)
+        if args.names:
             runner.write_file(
-                a.names,
-                b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0" for e in m["entries"]),
+                args.names,
+                b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0" for e in mf["entries"]),
                 0o600,
             )
-        t = m["totals"]
-        fp = manifestfile.fingerprint(m)
+        t = mf["totals"]
+        fp = manifestfile.fingerprint(mf)
         return runner.Result(
-            "%d files, %d symlinks, %s; fingerprint %s" % (t["files"], t["links"], a.algo, fp[:16]),
+            "%d files, %d symlinks, %s; fingerprint %s"
+            % (t["files"], t["links"], args.algo, fp[:16]),
             {
                 "files": t["files"],
                 "links": t["links"],
                 "bytes": t["bytes"],
                 "fingerprint": fp,
-                "reused": m["reused"],
+                "reused": mf["reused"],
             },
         )
 
     runner.run(
-        runner.Context(a.root, emit=answer.event, log=channel.log, trace=answer.trace),
+        runner.Context(args.root, emit=answer.event, log=channel.log, trace=answer.trace),
         "hash",
         build,
     )
     return answer.done()
 
 
-def cmd_delta(a: argparse.Namespace) -> int:
+def cmd_delta(args: argparse.Namespace) -> int:
     answer = channel.Answer(sys.stdout)
 
     def delta(ctx: runner.Context) -> runner.Result:
-        d = manifest.delta(manifestfile.load(a.manifest), manifestfile.load(a.base))
+        d = manifest.delta(manifestfile.load(args.manifest), manifestfile.load(args.base))
         runner.write_file(
-            a.names_out,
+            args.names_out,
             b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in d.pop("send")),
             0o600,
         )
@@ -192,31 +197,38 @@ def cmd_delta(a: argparse.Namespace) -> int:
         return runner.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
 
     runner.run(
-        runner.Context(a.manifest, emit=answer.event, log=channel.log, trace=answer.trace),
+        runner.Context(args.manifest, emit=answer.event, log=channel.log, trace=answer.trace),
         "delta",
         delta,
     )
     return answer.done()
 
 
-def cmd_send(a: argparse.Namespace) -> int:
-    if a.gate:
-        return relay.gate_send(a.root, a.names, a.compression, a.gate, runner.jobs(a.jobs))
+def cmd_send(args: argparse.Namespace) -> int:
+    if args.gate:
+        return relay.gate_send(
+            args.root, args.names, args.compression, args.gate, runner.jobs(args.jobs)
+        )
     return sender.send(
-        a.root, a.names, a.compression, a.remote or None, a.local or None, runner.jobs(a.jobs)
+        args.root,
+        args.names,
+        args.compression,
+        args.remote or None,
+        args.local or None,
+        runner.jobs(args.jobs),
     )
 
 
-def cmd_relay(a: argparse.Namespace) -> int:
-    src = relay.End(a.src_name, a.src_ssh, a.src_kit, a.src_words)
-    dst = relay.End(a.dst_name, a.dst_ssh, a.dst_kit, a.dst_words)
+def cmd_relay(args: argparse.Namespace) -> int:
+    src = relay.End(args.src_name, args.src_ssh, args.src_kit, args.src_words)
+    dst = relay.End(args.dst_name, args.dst_ssh, args.dst_kit, args.dst_words)
     return relay.Relay(
         src,
         dst,
-        shlex.split(a.send),
-        shlex.split(a.receive),
-        a.parts,
-        runner.jobs(a.jobs),
-        a.compression,
-        a.most,
+        shlex.split(args.send),
+        shlex.split(args.receive),
+        args.parts,
+        runner.jobs(args.jobs),
+        args.compression,
+        args.most,
     ).run()

@@ -80,14 +80,14 @@ PING_S = 5.0
 LOCK_WAIT_S = float(enginerules.LOCK_WAIT_S)
 
 
-def context(a: argparse.Namespace, **kw: Any) -> runner.Context:
+def context(args: argparse.Namespace, **kw: Any) -> runner.Context:
     return runner.Context(
-        a.dest,
-        a.choices,
-        old=a.old,
-        manifest=a.manifest,
-        compression=a.compression,
-        probe_config=a.probe_config,
+        args.dest,
+        args.choices,
+        old=args.old,
+        manifest=args.manifest,
+        compression=args.compression,
+        probe_config=args.probe_config,
         **kw,
     )
 
@@ -162,16 +162,16 @@ def _requests(fd: int):
             words = []
 
 
-def serve(a: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
     # the answer channel is a copy of stdout; stdout itself becomes stderr, so that nothing a
     # step or a child prints can be taken for an answer
     out = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     answer = channel.Answer(out)
-    ctx = context(a, emit=answer.event, log=channel.log, trace=answer.trace)
+    ctx = context(args, emit=answer.event, log=channel.log, trace=answer.trace)
     ctx.state = runner.make_state()
-    lock = Lock(ctx.dest, a.holder, a.lock_wait, channel.log)
+    lock = Lock(ctx.dest, args.holder, args.lock_wait, channel.log)
     stop = {"asked": False}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -198,7 +198,7 @@ def serve(a: argparse.Namespace) -> int:
     try:
         runner.run(ctx, "lock", preflight.take_lock, lock)
         preflight.begin_early_check(ctx)
-        answer.line("set", "sendside.installed_stat", sendside.installed_stat(ctx.dest))
+        answer.line("set", "installed_stat", sendside.installed_stat(ctx.dest))
         if answer.done():
             return 1
         threading.Thread(target=ping, daemon=True).start()
@@ -225,17 +225,17 @@ def serve(a: argparse.Namespace) -> int:
     return rc
 
 
-def cmd_run(a: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     """Steps in order, in this process, under the lock; stops at the first failure."""
     answer = channel.Answer(sys.stdout)
-    ctx = context(a, emit=answer.event, log=channel.log, trace=answer.trace)
+    ctx = context(args, emit=answer.event, log=channel.log, trace=answer.trace)
     ctx.state = runner.make_state()
-    lock = Lock(ctx.dest, a.holder, a.lock_wait, channel.log)
+    lock = Lock(ctx.dest, args.holder, args.lock_wait, channel.log)
     try:
         runner.run(ctx, "lock", preflight.take_lock, lock)
         if answer.done():
             return 1
-        for step in a.steps:
+        for step in args.steps:
             words = [step] + (["mode=" + ctx.choices.rerun] if step == "current" else [])
             handle(ctx, words)
             if answer.done():
@@ -249,26 +249,26 @@ def cmd_run(a: argparse.Namespace) -> int:
         shutil.rmtree(ctx.state, ignore_errors=True)
 
 
-def cmd_receive(a: argparse.Namespace) -> int:
-    if a.gate:
-        part = relay.gate_receive(runner.jobs(a.choices.jobs))
+def cmd_receive(args: argparse.Namespace) -> int:
+    if args.gate:
+        part = relay.gate_receive(runner.jobs(args.choices.jobs))
         if part is False:
             return 3  # stopped before anything came: nothing received
-        a.part = part
+        args.part = part
     answer = channel.Answer(sys.stdout)
     ctx = runner.Context(
-        a.dest,
-        a.choices,
-        compression=a.compression,
-        state=a.state,
+        args.dest,
+        args.choices,
+        compression=args.compression,
+        state=args.state,
         log=channel.log,
         emit=answer.event,
         trace=answer.trace,
     )
-    if a.progress > 0:
-        ctx.progress = (a.progress, lambda n: answer.line("progress", n))
-    ctx.part = a.part
-    event = runner.run(ctx, "receive", receive.receive, need=a.need)
+    if args.progress > 0:
+        ctx.progress = (args.progress, lambda n: answer.line("progress", n))
+    ctx.part = args.part
+    event = runner.run(ctx, "receive", receive.receive, need=args.need)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
         channel.log("receive: %s" % event["detail"])
@@ -286,8 +286,8 @@ def _part(text: str) -> tuple:
     return (i, n)
 
 
-def cmd_staging(a: argparse.Namespace) -> int:
-    print(runner.staging_path(a.dest))
+def cmd_staging(args: argparse.Namespace) -> int:
+    print(runner.staging_path(args.dest))
     return 0
 
 
@@ -315,12 +315,12 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="rbkit engine",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     _choices(s)
     s.set_defaults(fn=serve)
@@ -466,7 +466,7 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("staging")
     st.add_argument("dest")
     st.set_defaults(fn=cmd_staging)
-    return p
+    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -480,9 +480,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         # command line, options included
         at = argv.index(tail)
         argv, remote = argv[: at + 1], argv[at + 1 :]
-    a = parser().parse_args(argv)
-    if a.fn is sendside.cmd_send:
-        a.remote, a.local = (remote, []) if tail == "--remote" else ([], remote)
-    if a.fn is sendside.cmd_source:
-        a.audit = remote
-    return a.fn(a)
+    args = parser().parse_args(argv)
+    if args.fn is sendside.cmd_send:
+        args.remote, args.local = (remote, []) if tail == "--remote" else ([], remote)
+    if args.fn is sendside.cmd_source:
+        args.audit = remote
+    return args.fn(args)

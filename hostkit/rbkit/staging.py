@@ -90,12 +90,12 @@ def stage(
         why, rebuilt = kept_source(ctx, installed, source_stat, algo, exclude or [])
         if why:
             return Result("the source is hashed: " + why, {"kept": 0, "why": why}, status="skipped")
-        m = ctx.new_manifest()
+        mf = ctx.new_manifest()
         facts.update(
             kept=1,
             rebuilt=int(rebuilt),
             fingerprint=ctx.fingerprint(),
-            files=m["totals"]["files"],
+            files=mf["totals"]["files"],
             manifest=ctx.manifest,
         )
     if delta:
@@ -306,20 +306,20 @@ def resume_stage(ctx: Context, source: str) -> Result:
     inode, ctime and size they were read with, to KEPT (verify takes them as it takes the
     stream's). The staging stays marked until verify passes."""
     why = resumable_why(ctx, source)
-    m = ctx.new_manifest()
-    algo = m["header"].get("algo")
+    mf = ctx.new_manifest()
+    algo = mf["header"].get("algo")
     if not why and algo in (None, "", "none"):
         why = "the manifest has no digests (verify: none) to compare what arrived with"
     if why:
         raise StepError("cannot continue the staging %s: %s" % (ctx.staging, why))
     chmod_dir(ctx.staging, 0o700)
-    wanted = {e["p"]: e for e in m["entries"]}
+    wanted = {e["p"]: e for e in mf["entries"]}
     candidates, removed = _resume_walk(ctx.staging, wanted)
     kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.choices.jobs))
     removed += len(candidates) - len(kept)
     send: List[str] = []
     kept_bytes = send_bytes = send_files = total = 0
-    for e in m["entries"]:
+    for e in mf["entries"]:
         if e["t"] == "f":
             total += e["s"]
             if e["p"] in kept:
@@ -459,8 +459,8 @@ def kept_source(
     except (StepError, OSError, ValueError):
         ok = False
     if not ok:
-        m = manifest.source_of(installed)
-        if m is None:
+        mf = manifest.source_of(installed)
+        if mf is None:
             return (
                 "the install did not record its source's manifest (an older kit), and none "
                 "kept here is it"
@@ -469,23 +469,23 @@ def kept_source(
             raise StepError("no source manifest path was given to the engine")
         # the stat fingerprint its entries have (checked below), in its header as build puts
         # it there: relocate's record of the source takes it from there
-        stat_fp = manifestfile.stat_fingerprint(m["entries"])
+        stat_fp = manifestfile.stat_fingerprint(mf["entries"])
         if stat_fp == source_stat:
-            m["header"]["stat_fingerprint"] = stat_fp
-        fp = manifestfile.save(m, ctx.manifest, 0o600, sync=False)
+            mf["header"]["stat_fingerprint"] = stat_fp
+        fp = manifestfile.save(mf, ctx.manifest, 0o600, sync=False)
         if fp != header.get("source_fingerprint"):
             os.unlink(ctx.manifest)
             return "the install's record of its source's manifest does not add up", False
-        ctx.wrote_manifest(m, fp)
+        ctx.wrote_manifest(mf, fp)
         rebuilt = True
-    m = ctx.new_manifest()
-    kept = m["header"]
+    mf = ctx.new_manifest()
+    kept = mf["header"]
     if (
         kept.get("algo") != algo
         or list(kept.get("excludes", ())) != list(exclude)
         or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")
     ):
         return "the install's source manifest has other digests, excludes or modes", rebuilt
-    if (stat_fp if rebuilt else manifestfile.stat_fingerprint(m["entries"])) != source_stat:
+    if (stat_fp if rebuilt else manifestfile.stat_fingerprint(mf["entries"])) != source_stat:
         return "the install's source manifest does not have its recorded stat", rebuilt
     return "", rebuilt

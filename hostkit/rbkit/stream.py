@@ -46,7 +46,7 @@ def run_quiet(
     """(rc, stdout, stderr) of argv, output collected, from /; 124 when it timed out, 127 when
     it could not start."""
     try:
-        p = subprocess.run(
+        done = subprocess.run(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -60,7 +60,11 @@ def run_quiet(
         return 124, "", "timed out after %ss: %s" % (timeout, argv[0])
     except OSError as exc:
         return 127, "", "%s: %s" % (argv[0], exc.strerror)
-    return (p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
+    return (
+        done.returncode,
+        done.stdout.decode("utf-8", "replace"),
+        done.stderr.decode("utf-8", "replace"),
+    )
 
 
 def pipeline(
@@ -221,8 +225,8 @@ class Progress:
             if proc.returncode is not None:
                 return
             try:
-                with open(path, "rb") as f:
-                    text = f.read()
+                with open(path, "rb") as fh:
+                    text = fh.read()
             except OSError:
                 return
             if proc.returncode is not None:

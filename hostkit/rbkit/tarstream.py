@@ -82,8 +82,8 @@ def hash_budget() -> int:
     memory available now, between BUDGET_MIN and BUDGET_MAX (256 MiB where /proc/meminfo does
     not say)."""
     try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
                 if line.startswith(b"MemAvailable:"):
                     return max(BUDGET_MIN, min(BUDGET_MAX, int(line.split()[1]) * 1024 // 8))
     except (OSError, ValueError, IndexError):

@@ -122,8 +122,8 @@ def _cannot_exec(item: Dict[str, Any]) -> str:
     line names is missing or not executable here; "" when it can (or is not a script)."""
     path = item.get("realpath") or item.get("path") or ""
     try:
-        with open(path, "rb") as f:
-            first = f.readline(512)
+        with open(path, "rb") as fh:
+            first = fh.readline(512)
     except OSError:
         return ""
     if not first.startswith(b"#!"):

@@ -268,9 +268,9 @@ def _cubin_entry(buf, image: elf.Elf) -> Entry:
     """A standalone cubin: the arch from the toolkit note (ptxas's `-arch sm_90a`), else e_flags."""
     for sec in image.sections:
         if sec.name == ".note.nv.tkinfo":
-            m = _TKINFO_ARCH.search(elf.section_bytes(buf, sec))
-            if m:
-                _k, major, minor, suffix = arch.parse_arch(m.group(1).decode())
+            match = _TKINFO_ARCH.search(elf.section_bytes(buf, sec))
+            if match:
+                _k, major, minor, suffix = arch.parse_arch(match.group(1).decode())
                 return Entry(
                     "sass", major * 10 + minor, suffix, (0, 0), 0, None, 0, len(buf), len(buf)
                 )

@@ -240,17 +240,17 @@ def judge(host: str, target: str, words: List[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="rbrules.sshfiles",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--host", required=True, help="the host's name in the spec")
-    p.add_argument("--target", required=True, help="USER@HOST as ssh is given it")
-    p.add_argument("words", nargs="*", help="the host's ssh options (after --)")
-    a = p.parse_args(argv)
+    parser.add_argument("--host", required=True, help="the host's name in the spec")
+    parser.add_argument("--target", required=True, help="USER@HOST as ssh is given it")
+    parser.add_argument("words", nargs="*", help="the host's ssh options (after --)")
+    args = parser.parse_args(argv)
     try:
-        judge(a.host, a.target, a.words)
+        judge(args.host, args.target, args.words)
     except Refused as exc:
         sys.stderr.write("%s\n" % exc)
         return 2
