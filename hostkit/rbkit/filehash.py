@@ -97,10 +97,10 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
         work()
     else:
         threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     if errors:
         raise min(errors, key=lambda e: e[0])[1]
     return out

@@ -165,21 +165,21 @@ def build(
         if reuse is not None and reuse["header"].get("algo") == algo:
             before = {e["p"]: e for e in reuse["entries"] if e.get("t") == "f" and e.get("h")}
         todo = []
-        for e in files:
-            old = before.get(e["p"])
+        for file in files:
+            old = before.get(file["p"])
             if (
                 old
-                and not relocatable(e["p"])
-                and all(old.get(k) == e.get(k) for k in manifestfile.QUICK_KEYS)
+                and not relocatable(file["p"])
+                and all(old.get(k) == file.get(k) for k in manifestfile.QUICK_KEYS)
             ):
-                e["h"] = old["h"]
+                file["h"] = old["h"]
                 reused += 1
             else:
-                todo.append(e)
-        for e, h in zip(
+                todo.append(file)
+        for file, h in zip(
             todo, digests(root, [e["p"] for e in todo], algo, jobs, [e["s"] for e in todo])
         ):
-            e["h"] = h
+            file["h"] = h
     totals = {
         "entries": len(entries),
         "files": len(files),

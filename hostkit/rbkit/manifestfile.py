@@ -155,8 +155,8 @@ def values_line(v: tuple) -> bytes:
 def stat_fingerprint(entries: Iterable[dict]) -> str:
     """sha256 over what a quick check compares (path, type, mode, size, link, mtime): no reading."""
     h = hashlib.sha256()
-    for e in entries:
-        h.update(stat_line(e))
+    for entrie in entries:
+        h.update(stat_line(entrie))
     return h.hexdigest()
 
 

@@ -76,18 +76,18 @@ def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
             entries = sorted(os.scandir(here), key=lambda e: e.name)
         except OSError:
             continue
-        for e in entries:
+        for entrie in entries:
             seen += 1
-            if any(fnmatch.fnmatch(e.name, p) for p in excludes):
+            if any(fnmatch.fnmatch(entrie.name, p) for p in excludes):
                 continue
             try:
-                st = e.stat(follow_symlinks=False)
+                st = entrie.stat(follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                todo.append(e.path)
+                todo.append(entrie.path)
             elif stat.S_ISREG(st.st_mode) and st.st_size > 0:
-                out.append((e.path, st.st_size))
+                out.append((entrie.path, st.st_size))
     return out
 
 

@@ -200,23 +200,23 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
         )
     shown: List[str] = []
     seen = set()
-    for o in d.options:  # the fastest first: one entry a tool and level
-        key = o.word.rsplit("-T", 1)[0]
+    for option in d.options:  # the fastest first: one entry a tool and level
+        key = option.word.rsplit("-T", 1)[0]
         if key in seen:
             continue
         seen.add(key)
-        if o.tool is None:
-            shown.append("none %s (%s)" % (mb(o.rate), BOUND_WORDS[o.bound]))
+        if option.tool is None:
+            shown.append("none %s (%s)" % (mb(option.rate), BOUND_WORDS[option.bound]))
             continue
         shown.append(
             "%s %s (ratio %.1f, packs %s, unpacks %s a CPU; %s)"
             % (
-                _spaced(o.word),
-                mb(o.rate),
-                o.tool.ratio,
-                mb(o.tool.pack),
-                mb(o.tool.unpack) if o.tool.unpack != float("inf") else "?",
-                BOUND_WORDS[o.bound],
+                _spaced(option.word),
+                mb(option.rate),
+                option.tool.ratio,
+                mb(option.tool.pack),
+                mb(option.tool.unpack) if option.tool.unpack != float("inf") else "?",
+                BOUND_WORDS[option.bound],
             )
         )
     for tool, why in sorted((failed or {}).items()):

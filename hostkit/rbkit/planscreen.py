@@ -113,12 +113,12 @@ def screen(
     out.append("  static:      %s" % plan["static"])
     names = []
     head = True
-    for c in checks:
+    for check in checks:
         # the implied checks come first (compiler.implied: relocation, and kernel_audit for a gpu)
-        head = head and c.get("type") in ("relocation", "kernel_audit")
+        head = head and check.get("type") in ("relocation", "kernel_audit")
         implied = " (implied)" if head else ""
-        skip = " (may skip)" if c.get("allow_skip") else ""
-        names.append("%s%s%s" % (c.get("id"), implied, skip))
+        skip = " (may skip)" if check.get("allow_skip") else ""
+        names.append("%s%s%s" % (check.get("id"), implied, skip))
     out.append("  checks:      %s" % (", ".join(names) or "none"))
     for b in plan["blockers"]:
         out.append("  BLOCKED:     %s" % b)

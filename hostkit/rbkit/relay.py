@@ -133,8 +133,8 @@ class Pair:
             threading.Thread(target=self._dst_err, args=(f_r,), daemon=True),
             threading.Thread(target=self._dst_out, daemon=True),
         ]
-        for t in self.threads:
-            t.start()
+        for thread in self.threads:
+            thread.start()
 
     def _pass(self, line: str) -> None:
         if self.live.is_set():
@@ -252,8 +252,8 @@ class Pair:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for t in self.threads:
-            t.join(5)
+        for thread in self.threads:
+            thread.join(5)
 
     def kill(self) -> None:
         self.stopped = True
@@ -426,22 +426,22 @@ class Relay:
         def wait(i: int) -> None:
             p = pairs[i]
             codes[i] = [p.src.wait(), p.dst.wait()]
-            for t in p.threads:
-                t.join()
+            for thread in p.threads:
+                thread.join()
             if any(codes[i]):
                 with mutex:
                     failed.append(i)
                     if len(failed) == 1:
-                        for q in pairs:  # one stream failed: the others are stopped
-                            q.kill()
+                        for pair in pairs:  # one stream failed: the others are stopped
+                            pair.kill()
 
         for i, p in enumerate(pairs):
             p.go(i, n)
         threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         said = []
         lost: List[str] = []
         for i in range(n):

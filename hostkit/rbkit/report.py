@@ -185,8 +185,8 @@ def table(doc: dict) -> str:
         rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = []
-    for r in rows:
-        out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
+    for row in rows:
+        out.append("  ".join(str(row[i]).ljust(widths[i]) for i in range(4)) + "  " + str(row[4]))
     c = doc["checks"]
     if doc.get("probes") or any(c.values()):  # no line for checks that never ran
         out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")

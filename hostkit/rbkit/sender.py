@@ -209,16 +209,16 @@ def _send_parts(
                 return
             # one stream failed: the run fails; the others are stopped, not waited for
             for j, others in enumerate(procs):
-                for p in others:
-                    if p.poll() is None:
+                for other in others:
+                    if other.poll() is None:
                         stopped.add(j)
-                        p.kill()
+                        other.kill()
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     labels = ["tar", compression][: len(send_argvs(root, parts[0], compression))]
     labels.append("ssh" if remote else "receive")
     said, rc = [], 0
@@ -331,9 +331,11 @@ class Merged:
                 ),
                 "facts": facts,
             }
-            for k, v in sorted(said.items()):
-                if isinstance(v, (str, int, float)) and k not in ("streams", "failed_stream"):
-                    lines.append("set\t%s\t%s" % (k, str(v).replace("\t", " ").replace("\n", " ")))
+            for fact, v in sorted(said.items()):
+                if isinstance(v, (str, int, float)) and fact not in ("streams", "failed_stream"):
+                    lines.append(
+                        "set\t%s\t%s" % (fact, str(v).replace("\t", " ").replace("\n", " "))
+                    )
             lines.append("set\tstreams\t%d" % self.n)
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))
             lines.append("done\tfailed\t" + detail.replace("\t", " ").replace("\n", " "))
@@ -341,9 +343,9 @@ class Merged:
             got = [next(e for e in es if e.get("step") == "receive") for es in self.events]
             # the numbers summed; the rest (the staging) as the first stream says it
             facts: Dict[str, Any] = dict(got[0].get("facts") or {})
-            for k in facts:
-                if isinstance(facts[k], int) and not isinstance(facts[k], bool):
-                    facts[k] = sum((e.get("facts") or {}).get(k, 0) for e in got)
+            for fact in facts:
+                if isinstance(facts[fact], int) and not isinstance(facts[fact], bool):
+                    facts[fact] = sum((e.get("facts") or {}).get(fact, 0) for e in got)
             facts["streams"] = self.n
             detail = "unpacked into %s in %d streams side by side (compression %s)" % (
                 facts.get("staging", "the staging"),
@@ -359,8 +361,8 @@ class Merged:
                 "duration_s": max(e.get("duration_s", 0) for e in got),
                 "facts": facts,
             }
-            for k, v in sorted(facts.items()):
-                lines.append("set\t%s\t%s" % (k, v))
+            for fact, v in sorted(facts.items()):
+                lines.append("set\t%s\t%s" % (fact, v))
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))
             lines.append("done\tok\t" + detail.replace("\t", " ").replace("\n", " "))
         self._write("".join(line + "\n" for line in lines))

@@ -44,14 +44,14 @@ def _exclusion(patterns: tuple) -> Callable[..., bool]:
     start at the beginning or after any "/", which is matching it against every tail. The test
     takes the path and, optionally, its last component (a walk has it: one slice less)."""
     names, suffixes, rest = set(), [], []
-    for p in patterns:
-        text = p[1:] if p.startswith("*") else p
-        if "/" in p or any(c in text for c in "*?["):
-            rest.append(p)
-        elif p.startswith("*"):
+    for pattern in patterns:
+        text = pattern[1:] if pattern.startswith("*") else pattern
+        if "/" in pattern or any(c in text for c in "*?["):
+            rest.append(pattern)
+        elif pattern.startswith("*"):
             suffixes.append(text)
         else:
-            names.add(p)
+            names.add(pattern)
     ends = tuple(suffixes)
     regex = (
         re.compile(r"(?:\A|(?<=/))(?:%s)" % "|".join(fnmatch.translate(p) for p in rest)).search

@@ -375,10 +375,10 @@ class Digester:
         if self._closed:
             return
         self._closed = True
-        for w in self._workers:
-            w.queue.put(None)
-        for w in self._workers:
-            w.thread.join()
+        for _worker in self._workers:
+            _worker.queue.put(None)
+        for _worker in self._workers:
+            _worker.thread.join()
 
     @property
     def truncated(self) -> bool:

@@ -74,9 +74,9 @@ def glob_match(path: str, globs: List[str]) -> Optional[str]:
     (`nvidia/*` matches .../site-packages/nvidia/cu13/lib/libcublasLt.so.13), else None."""
     parts = os.path.abspath(path).strip(os.sep).split(os.sep)
     tails = ["/".join(parts[i:]) for i in range(len(parts))]
-    for g in globs:
-        if any(fnmatch.fnmatchcase(t, g) for t in tails):
-            return g
+    for glob in globs:
+        if any(fnmatch.fnmatchcase(t, glob) for t in tails):
+            return glob
     return None
 
 

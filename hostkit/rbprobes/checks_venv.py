@@ -77,12 +77,12 @@ def parse_interpreter(head: bytes) -> Optional[Tuple[str, List[str], str]]:
 def _env_command(args: List[str]) -> Optional[str]:
     """The program `/usr/bin/env [-S] [-i] [VAR=x]... PROG` runs."""
     words: List[str] = []
-    for a in args:
-        words.extend(a.split() if " " in a else [a])
-    for w in words:
-        if w.startswith("-") or "=" in w:
+    for arg in args:
+        words.extend(arg.split() if " " in arg else [arg])
+    for word in words:
+        if word.startswith("-") or "=" in word:
             continue
-        return w
+        return word
     return None
 
 
@@ -496,11 +496,11 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
     # file (each is a file to change); the same target twice in one file is listed once.
     seen = set()
     unique = []
-    for r in refs:
-        key = (r["kind"], r["file"], r["target"])
+    for ref in refs:
+        key = (ref["kind"], ref["file"], ref["target"])
         if key not in seen:
             seen.add(key)
-            unique.append(r)
+            unique.append(ref)
     return unique
 
 

@@ -166,8 +166,8 @@ def run(
                 }
             )
     summary = {"pass": 0, "fail": 0, "skip": 0}
-    for c in checks:
-        summary[c["status"]] += 1
+    for check in checks:
+        summary[check["status"]] += 1
     return {
         "schema": SCHEMA,
         "kind": "preflight",

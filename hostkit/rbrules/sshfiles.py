@@ -76,8 +76,8 @@ def spec_named(words: List[str]) -> Dict[str, List[str]]:
     """The known_hosts files the spec's `options:` name (`-o UserKnownHostsFile=...`), by key,
     as ssh reads them (as_read)."""
     named: Dict[str, List[str]] = {k: [] for k in KNOWN_HOSTS}
-    for w in words:
-        key, eq, value = w.partition("=")
+    for word in words:
+        key, eq, value = word.partition("=")
         if eq and key.lower() in KNOWN_HOSTS:
             named[key.lower()] += [as_read(f) for f in value.split()]
     return named
