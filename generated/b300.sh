@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 56472124b17b14c5021941a0ab40507fb1c3a2729974c1280c8a08a76ee3fb34
+# sha256 of this file with these 64 digits zeroed: 71bbe54229c8a742d43b81582b06f516a179493eaa702c54874b0750d4f7b218
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=25da9370c21e83683623badcc7d93db737be3a469513516bb4a5d0bcb738fad0
-readonly RB_KIT_FILE=.kit/25da9370c21e83683623badcc7d93db737be3a469513516bb4a5d0bcb738fad0.tar
+readonly RB_KIT_SHA256=3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8
+readonly RB_KIT_FILE=.kit/3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

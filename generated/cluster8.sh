@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 662144269858faa0e026b1ab5b5ba24752b4daa1df555a8a8187f6544bfa17d7
+# sha256 of this file with these 64 digits zeroed: 3468adf3a9e2622a074a7cd3243d0d871f57db5d971e4b30d9aba6e8f6d8ca94
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=25da9370c21e83683623badcc7d93db737be3a469513516bb4a5d0bcb738fad0
-readonly RB_KIT_FILE=.kit/25da9370c21e83683623badcc7d93db737be3a469513516bb4a5d0bcb738fad0.tar
+readonly RB_KIT_SHA256=3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8
+readonly RB_KIT_FILE=.kit/3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
