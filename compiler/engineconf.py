@@ -3,19 +3,20 @@
 The plan writes the spec's choices for the engine once, as it writes the checks' document
 (RB_PROBE_CONFIG): keys sorted, no spaces, one setting. The runbook passes it whole as
 `--choices` to `rbkit engine serve` and `engine receive` on the destination and to
-`rbkit.fanout node` on each node, where `rbkit.choices.Choices.from_json` reads it (and refuses a
-key or a word it does not know). What the run itself finds out (the paths as resolved on the hosts,
-the compression it measured) stays in the engine's other arguments.
+`rbkit.fanout node` on each node, where `rbrules.choices.Choices.from_json` reads it (and refuses
+a key or a word it does not know). The document is made through that same Choices (`from_dict`,
+then `to_json`): its schema, keys and words are written once, in rbrules/choices.py. What the run
+itself finds out (the paths as resolved on the hosts, the compression it measured) stays in the
+engine's other arguments.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
-from .view import Checks, Destination, Fanout, Identity, Transfer
+from rbrules.choices import Choices
 
-SCHEMA = 1  # rbkit.choices.SCHEMA: the kit refuses another
+from .view import Checks, Destination, Fanout, Identity, Transfer
 
 
 def choices(
@@ -25,10 +26,9 @@ def choices(
     checks: Checks,
     fan: Optional[Fanout],
 ) -> dict[str, Any]:
-    """The document as a dict, from the plan's groups."""
+    """The plan's groups as the document's keys (Choices' fields)."""
     d = destination
     return {
-        "schema": SCHEMA,
         "on_existing": d.on_existing,
         "rerun": transfer.rerun,
         "verify": transfer.verify,
@@ -56,7 +56,6 @@ def document(
     checks: Checks,
     fan: Optional[Fanout],
 ) -> str:
-    """The document as the runbook holds it (RB_ENGINE_CHOICES)."""
-    return json.dumps(
-        choices(runbook, transfer, destination, checks, fan), sort_keys=True, separators=(",", ":")
-    )
+    """The document as the runbook holds it (RB_ENGINE_CHOICES): read through Choices (a key or a
+    word it does not know is a compiler bug, refused here) and written by it."""
+    return Choices.from_dict(choices(runbook, transfer, destination, checks, fan)).to_json()

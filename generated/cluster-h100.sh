@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: e54b776b0fca03638b2a41fc111015d5320ac9863d331e6709c5edf9eb7287e9
+# sha256 of this file with these 64 digits zeroed: c38b108f70c98a6173e1233c6564a804c1de53d5a84536e51da54403baf6612d
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=751c5537d716caf6e0264ae9eb3ca63cfa75e61eb112f62754e56f2fe61f66e7
-readonly RB_KIT_FILE=.kit/751c5537d716caf6e0264ae9eb3ca63cfa75e61eb112f62754e56f2fe61f66e7.tar
+readonly RB_KIT_SHA256=3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8
+readonly RB_KIT_FILE=.kit/3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

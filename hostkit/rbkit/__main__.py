@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from rbrules import common, cpus
+from rbrules import cpus, linkrate
 from rbrules.cpus import jobs  # --jobs N, or auto: the CPUs this process may use
 
 
@@ -30,36 +30,48 @@ def _print(doc) -> None:
     print(json.dumps(doc, sort_keys=True))
 
 
-def cmd_manifest_build(a) -> int:
-    from . import manifest
+def cmd_manifest_build(args) -> int:
+    from . import manifest, manifestfile
 
-    m = manifest.build(
-        a.root, a.exclude, a.algo, a.jobs, manifest.load(a.reuse) if a.reuse else None
+    mf = manifest.build(
+        args.root,
+        args.exclude,
+        args.algo,
+        args.jobs,
+        manifestfile.load(args.reuse) if args.reuse else None,
     )
-    manifest.save(m, a.out)
-    if a.names:
-        with open(a.names, "wb") as f:
-            manifest.names(m, f)
-    _print({"totals": m["totals"], "fingerprint": manifest.fingerprint(m), "reused": m["reused"]})
+    manifestfile.save(mf, args.out)
+    if args.names:
+        with open(args.names, "wb") as fh:
+            manifestfile.names(mf, fh)
+    _print(
+        {
+            "totals": mf["totals"],
+            "fingerprint": manifestfile.fingerprint(mf),
+            "reused": mf["reused"],
+        }
+    )
     return 0
 
 
-def cmd_manifest_verify(a) -> int:
-    from . import manifest
+def cmd_manifest_verify(args) -> int:
+    from . import manifest, manifestfile
 
-    result = manifest.verify(a.root, manifest.load(a.manifest), a.jobs, linked_from=a.linked_from)
+    result = manifest.verify(
+        args.root, manifestfile.load(args.manifest), args.jobs, linked_from=args.linked_from
+    )
     for line in manifest.describe(result):
         print(line, file=sys.stderr)
     _print({k: result[k] for k in ("ok", "algo", "checked", "hashed", "linked", "counts")})
     return 0 if result["ok"] else 1
 
 
-def cmd_relocate(a) -> int:
+def cmd_relocate(args) -> int:
     from . import relocate
 
-    result = relocate.relocate(a.root, a.old, a.new)
+    result = relocate.relocate(args.root, args.old, args.new)
     for rel in result["remaining"]:
-        print(f"still names {a.old}: {rel}", file=sys.stderr)
+        print(f"still names {args.old}: {rel}", file=sys.stderr)
     _print(
         {
             "rewritten": sorted(result["rewritten"]),
@@ -72,53 +84,57 @@ def cmd_relocate(a) -> int:
     return 1 if result["remaining"] else 0
 
 
-def cmd_elsewhere(a) -> int:
+def cmd_elsewhere(args) -> int:
     """The tree open at descriptor --fd (inherited): its text files outside bin/ that name any
     --old prefix, as a JSON list (relocate.ElsewhereChild)."""
     from . import relocate
 
     try:
-        found = relocate.elsewhere_at(a.fd, a.old)
+        found = relocate.elsewhere_at(args.fd, args.old)
     finally:
-        os.close(a.fd)
+        os.close(args.fd)
     _print(found)
     return 0
 
 
-def cmd_measure(a) -> int:
+def cmd_measure(args) -> int:
     from . import measure
 
     seen: dict = {}
     link, why, seconds = 0, "", None
-    if a.link == "-" and a.shared_cpu:
+    if args.link == "-" and args.shared_cpu:
         # one kernel: the link was measured first, alone on the CPUs
         link, seconds, why, seen = measure.read_link(sys.stdin.readline())
     if link > 0 and measure.spare_cpu(link, seen) is False:
         doc: dict = {"tools": {}}  # no CPU to spare: no compressor is tried
     else:
-        doc = measure.measure(a.root, a.tool, a.exclude, a.bytes, a.seconds, a.scanned)
-    if a.link is None:
+        doc = measure.measure(
+            args.root, args.tool, args.exclude, args.bytes, args.seconds, args.scanned
+        )
+    if args.link is None:
         _print(doc)
         return 0
-    if a.link == "-" and not a.shared_cpu:
+    if args.link == "-" and not args.shared_cpu:
         link, seconds, why, seen = measure.read_link(sys.stdin.readline())
-    elif a.link != "-":
-        link = int(a.link)
+    elif args.link != "-":
+        link = int(args.link)
     if seconds is not None:
         doc["link_seconds"] = seconds
-    ends = measure.ends_of(a.here_cpus, seen.get("dst_cpus", ""))
+    ends = measure.ends_of(args.here_cpus, seen.get("dst_cpus", ""))
     print(
         "\n".join(
-            measure.main_lines(doc, link, a.shared_cpu, a.jobs, why or "no link rate", seen, ends)
+            measure.main_lines(
+                doc, link, args.shared_cpu, args.jobs, why or "no link rate", seen, ends
+            )
         )
     )
     return 0
 
 
-def cmd_measure_link(a) -> int:
+def cmd_measure_link(args) -> int:
     from . import measure
 
-    got = measure.receive_link(watch=measure.watched(a.watch))
+    got = measure.receive_link(watch=measure.watched(args.watch))
     if "error" in got:
         print("error %s" % got["error"])
         return 1
@@ -138,20 +154,20 @@ def cmd_measure_link(a) -> int:
     return 0
 
 
-def cmd_cpus(a) -> int:
+def cmd_cpus(args) -> int:
     """The CPUs this process may use, as one word (rbrules.cpus.token), and why in words."""
     u = cpus.usable()
-    print(cpus.token(u) if a.token else u.why)
+    print(cpus.token(u) if args.token else u.why)
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="rbkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("manifest").add_subparsers(dest="mcmd", required=True)
-    b = m.add_parser("build")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    mf = sub.add_parser("manifest").add_subparsers(dest="mcmd", required=True)
+    b = mf.add_parser("build")
     b.add_argument("root")
     b.add_argument("--exclude", action="append", default=[])
     b.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
@@ -160,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--names")
     b.add_argument("--reuse", help="an earlier install's manifest: unchanged files keep its digest")
     b.set_defaults(fn=cmd_manifest_build)
-    v = m.add_parser("verify")
+    v = mf.add_parser("verify")
     v.add_argument("root")
     v.add_argument("manifest")
     v.add_argument("--jobs", type=jobs, default="auto")
@@ -180,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
     ms.add_argument("root")
     ms.add_argument("--tool", action="append", default=[])
     ms.add_argument("--exclude", action="append", default=[])
-    ms.add_argument("--bytes", type=int, default=common.MEASURE_SAMPLE)
+    ms.add_argument("--bytes", type=int, default=linkrate.MEASURE_SAMPLE)
     ms.add_argument("--seconds", type=float, default=5.0)
     ms.add_argument(
         "--link",
@@ -218,7 +234,7 @@ def parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("cpus", help="the CPUs this process may use (affinity, cgroup quota)")
     cp.add_argument("--token", action="store_true", help="as one word: COUNT:SHARE:LIST:ONLINE")
     cp.set_defaults(fn=cmd_cpus)
-    return p
+    return parser
 
 
 def main(argv=None) -> int:
@@ -239,11 +255,11 @@ def _main(argv=None) -> int:
         from . import liveplan  # the live plan's own command line (--plan, --apply)
 
         return liveplan.main(argv[1:])
-    a = parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        return a.fn(a)
+        return args.fn(args)
     except (OSError, ValueError) as exc:
-        print(f"rbkit {a.cmd}: {exc}", file=sys.stderr)
+        print(f"rbkit {args.cmd}: {exc}", file=sys.stderr)
         return 1
 
 

@@ -9,23 +9,23 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from . import hostfs
-from .runner import Context, Result, _require_lock
+from . import installs, swapfs
+from .runner import Context, Result, require_lock
 
 
 def restore(ctx: Context, number: Optional[int] = None) -> Result:
     """`--restore [N]`: backup N (default: the newest whose checks passed) back at the
     destination; says which and why, and what is in place now. The runbook runs the checks on it
     next (probe)."""
-    _require_lock(ctx)
+    require_lock(ctx)
     ctx.critical += 1
     try:
-        result = hostfs.restore(
+        result = swapfs.restore(
             ctx.dest, number, env_file=ctx.env_out, swap_atomic=ctx.choices.swap_atomic
         )
         if os.path.isdir(ctx.dest):
             # chosen by hand: the checks that follow are this install's, not a stale spec's
-            hostfs.write_info(ctx.dest, put_back_after=None, failed_install=None)
+            installs.write_info(ctx.dest, put_back_after=None, failed_install=None)
     finally:
         ctx.critical -= 1
     for why in result.get("ignored") or []:
@@ -99,7 +99,7 @@ def list_backups(ctx: Context) -> Result:
     """`--list-backups`: each backup of the destination, the failed install kept apart and the
     one in place: when it was installed, by which runbook and spec, the source's fingerprint,
     its checks, its size."""
-    rows = hostfs.list_installs(ctx.dest)
+    rows = installs.list_installs(ctx.dest)
     ctx.log(
         "installs of %s (keep_backups: %s counts the backups whose checks passed):"
         % (ctx.dest, ctx.choices.keep_backups or "-")

@@ -13,11 +13,9 @@ import os
 import shlex
 from typing import Optional
 
-from rbrules import proven
+from rbrules import paths, proven
 
 from . import safefs
-
-IN_INSTALL = ".rb-env.sh"  # the install's own copy of its env file (manifest.SKIP_NAMES)
 
 
 def site_packages(venv: str) -> str:
@@ -66,18 +64,20 @@ def write(path: str, text: str, *, venv: Optional[str] = None) -> None:
     put its own env file back."""
     data = text.encode("utf-8")
     if venv is not None:
-        safefs.write_in(venv, IN_INSTALL, data, 0o644)
+        safefs.write_in(venv, paths.ENV_IN_INSTALL, data, 0o644)
     safefs.write_file(path, data, 0o644)
 
 
 def own_copy(venv: str) -> Optional[bytes]:
-    """The env file kept inside the install at `venv` (IN_INSTALL), None when there is none;
-    rbrules.proven.NotOurs when it is there and not proven ours (opened O_NOFOLLOW and judged
+    """The env file kept inside the install at `venv` (paths.ENV_IN_INSTALL), None when there is
+    none; rbrules.proven.NotOurs when it is there and not proven ours (opened O_NOFOLLOW and judged
     through the descriptor: owned by this user or root, writable by no other, a regular file of
     one link): such a file is never copied, sourced or read further."""
     dir_fd = safefs.open_dir(venv)
     try:
-        got = proven.read_ours(IN_INSTALL, dir_fd, 1 << 20, shown=os.path.join(venv, IN_INSTALL))
+        got = proven.read_ours(
+            paths.ENV_IN_INSTALL, dir_fd, 1 << 20, shown=os.path.join(venv, paths.ENV_IN_INSTALL)
+        )
     finally:
         os.close(dir_fd)
     return got[0] if got is not None else None
@@ -93,15 +93,15 @@ def restore_env(venv: str, path: str) -> dict:
         return {
             "path": path,
             "restored": False,
-            "why": f"refusing to copy {os.path.join(venv, IN_INSTALL)}: {exc.why}; {path} "
-            "still belongs to the install it replaced: run the exports step again",
+            "why": f"refusing to copy {os.path.join(venv, paths.ENV_IN_INSTALL)}: {exc.why}; "
+            f"{path} still belongs to the install it replaced: run the exports step again",
         }
     if got is None:
         return {
             "path": path,
             "restored": False,
-            "why": f"{venv} holds no {IN_INSTALL}; {path} still belongs to the install it "
-            "replaced: run the exports step again",
+            "why": f"{venv} holds no {paths.ENV_IN_INSTALL}; {path} still belongs to the install "
+            "it replaced: run the exports step again",
         }
     safefs.write_file(path, got, 0o644)
-    return {"path": path, "restored": True, "from": os.path.join(venv, IN_INSTALL)}
+    return {"path": path, "restored": True, "from": os.path.join(venv, paths.ENV_IN_INSTALL)}

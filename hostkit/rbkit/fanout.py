@@ -1,12 +1,12 @@
 """Fan-out: the install on one node, and the comparison of every node's report.
 
-`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node (started by the
-cluster engine: `srun` or `clush`). DIR is the private directory the node script made for the
-bundle (RB_FAN_NODE_SCRIPT: the bundle moved there as BUNDLE, its owner, mode and sha256 checked):
-it holds the unpacked bundle, `kit/` (this package), `manifest.jsonl`, and `payload` (the tar
-stream, compressed as the run chose) unless the node script left it inside BUNDLE (it does: the
-payload is then streamed from there into staging, written once on the node). It installs
-through the install engine's steps (engine.install, the functions a single-host runbook's
+`python -m rbkit.fanout node --dir DIR --dest DEST --old OLD --choices JSON ...` runs on each node
+(started by the cluster engine: `srun` or `clush`). DIR is the private directory the node script
+made for the bundle (RB_FAN_NODE_SCRIPT: the bundle moved there as BUNDLE, its owner, mode and
+sha256 checked): it holds the unpacked bundle, `kit/` (this package), `manifest.jsonl`, and
+`payload` (the tar stream, compressed as the run chose) unless the node script left it inside BUNDLE
+(it does: the payload is then streamed from there into staging, written once on the node). It
+installs through the install engine's steps (engine.install, the functions a single-host runbook's
 destination runs too: stage, receive, verify, relocate, prove, swap with its post-swap proof,
 exports, probe; a failure past the swap rolls back), holding the destination's lock, and
 prints its report on stdout as `RBFAN NODE I/N CHUNK` lines: the compact JSON cut into chunks of
@@ -43,63 +43,60 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional
 
-from rbrules import common
+from rbrules import enginerules
 from rbrules.shown import printable
 
-from . import engine, hostfs
+from . import engine, fanreports, pathid, preflight, proof, runner
 from .choices import add_run_options
 from .lock import Lock
 
-MARK = "RBFAN "
-CHUNK = 800
-LINE = re.compile(r"RBFAN (\S+) (\d+)/(\d+) (.*)$")
-STEPS = engine.STEPS
+STEPS = enginerules.ENGINE_STEPS
 PAYLOAD = "payload"  # the tar stream in the bundle, compressed as the run chose
 BUNDLE = "bundle.tar"  # the bundle itself, in DIR (moved there by the node script)
-LOCK_WAIT_S = float(common.LOCK_WAIT_S)  # one rule: rbrules.common
+LOCK_WAIT_S = float(enginerules.LOCK_WAIT_S)  # one rule: rbrules.enginerules
 VOLATILE = re.compile(r"(duration|seconds|elapsed|_s$|^started$|^time|pid)")
-SOURCE_IDENTITY = "source-identity.json"  # in the bundle: the source's hostfs.identity
+SOURCE_IDENTITY = "source-identity.json"  # in the bundle: the source's pathid.identity
 PRE = ("preflight",)  # a node's steps before the install's, in its report only when they fail
 
 
-def check_source(ctx: engine.Context, path: str) -> engine.Result:
+def check_source(ctx: runner.Context, path: str) -> runner.Result:
     """This node's destination is not the source, nor inside it, nor around it, whatever the
     names (a node that is the source host, or shares its file system): the source's identity
     (`path`, the bundle's SOURCE_IDENTITY, from the head's scan) against this node's
-    hostfs.identity of the destination, by hostfs.same_or_nested; refused with the message of the
+    pathid.identity of the destination, by pathid.same_or_nested; refused with the message of the
     single-host route's preflight. Nothing is written before it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            source = json.load(f)
+        with open(path, encoding="utf-8") as fh:
+            source = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise engine.StepError(
+        raise runner.StepError(
             "refusing to install %s: the bundle holds no source identity to "
             "compare it with (%s: %s); pack the bundle again: run the runbook "
             "from fan_pack" % (ctx.dest, path, exc)
         ) from None
     if not isinstance(source, dict) or not source.get("realpath"):
-        raise engine.StepError(
+        raise runner.StepError(
             "refusing to install %s: %s is not a source identity; pack the "
             "bundle again: run the runbook from fan_pack" % (ctx.dest, path)
         )
-    why = hostfs.same_or_nested(source, hostfs.identity(ctx.dest))
+    why = pathid.same_or_nested(source, pathid.identity(ctx.dest))
     if why:
-        raise engine.StepError("refusing to install %s: %s" % (ctx.dest, why))
-    return engine.Result("%s is apart from the source %s" % (ctx.dest, source["realpath"]))
+        raise runner.StepError("refusing to install %s: %s" % (ctx.dest, why))
+    return runner.Result("%s is apart from the source %s" % (ctx.dest, source["realpath"]))
 
 
-def node(a: argparse.Namespace) -> int:
+def node(args: argparse.Namespace) -> int:
     """Install and probe on this node through the engine's steps (engine.install: the same
     functions a single-host runbook's destination runs); print the node's report. Exit 0 when
     every step passed, 3 when this node needs the whole bundle, else 1. With --state, the live
     plan's read-only look at the destination instead (rbkit.fanplan)."""
-    if a.state:
+    if args.state:
         from . import fanplan
 
-        return fanplan.node_state(a)
-    dest = a.dest.rstrip("/")
-    bundle = os.path.join(a.dir, BUNDLE)
-    payload = os.path.join(a.dir, PAYLOAD)
+        return fanplan.node_state(args)
+    dest = args.dest.rstrip("/")
+    bundle = os.path.join(args.dir, BUNDLE)
+    payload = os.path.join(args.dir, PAYLOAD)
     # the payload is read from inside the bundle file (the node script unpacked the rest), so a
     # node writes it once, into staging; a bundle unpacked whole has it as a file
     producer = (
@@ -107,28 +104,30 @@ def node(a: argparse.Namespace) -> int:
         if os.path.exists(payload)
         else ["tar", "-xOf", bundle, "./" + PAYLOAD]
     )
-    delta = os.path.join(a.dir, "delta.names")
+    delta = os.path.join(args.dir, "delta.names")
     # the engine's name for this node: Slurm's (it may differ from the hostname), else the hostname
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "steps": [], "ok": False, "probe": None}
     logs: List[str] = []
-    ctx = engine.Context(
+    ctx = runner.Context(
         dest,
-        a.choices,
-        old=a.old,
-        compression=a.compression,
-        manifest=os.path.join(a.dir, "manifest.jsonl"),
-        probe_config=a.probe_config,
+        args.choices,
+        old=args.old,
+        compression=args.compression,
+        manifest=os.path.join(args.dir, "manifest.jsonl"),
+        probe_config=args.probe_config,
         capture=True,
         log=logs.append,
     )
-    ctx.state = engine.make_state()
-    lock = Lock(dest, "fan-out node %s (%s)" % (name, a.choices.origin), LOCK_WAIT_S, logs.append)
+    ctx.state = runner.make_state()
+    lock = Lock(
+        dest, "fan-out node %s (%s)" % (name, args.choices.origin), LOCK_WAIT_S, logs.append
+    )
     try:
         # never into the source (before the lock: nothing is written beside a refused one)
-        pre = engine.run(ctx, "preflight", check_source, os.path.join(a.dir, SOURCE_IDENTITY))
+        pre = runner.run(ctx, "preflight", check_source, os.path.join(args.dir, SOURCE_IDENTITY))
         if pre["status"] != "failed":
-            engine.run(ctx, "lock", engine.take_lock, lock)
+            runner.run(ctx, "lock", preflight.take_lock, lock)
         rc = (
             engine.install(ctx, producer, delta if os.path.exists(delta) else None)
             if ctx.locked
@@ -137,17 +136,17 @@ def node(a: argparse.Namespace) -> int:
         engine.finish(ctx)
         _report(doc, ctx.events, rc)  # before the state goes: the checks' report is there
     finally:
-        engine.stop_background(ctx)
+        proof.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
     # CPU seconds of this node's install (its children and itself): what the node's cores did
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF)]
     doc["cpu_s"] = round(sum(r.ru_utime + r.ru_stime for r in ru), 2)
-    emit(doc)
+    fanreports.emit(doc)
     if rc in (0, 3):
         # installed, or the whole bundle comes next (under a new name): the bundle and its
         # unpacked kit leave the node's scratch
-        shutil.rmtree(a.dir, ignore_errors=True)
+        shutil.rmtree(args.dir, ignore_errors=True)
     else:
         # failed: the kit stays, for a restore by hand (docs/fanout.md); the bundle goes (a
         # re-run, --from fan_install too, sends a new one)
@@ -193,65 +192,11 @@ def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
             doc["rolled_back"] = facts
         if e["step"] == "probe" and facts.get("report"):
             try:
-                with open(facts["report"], encoding="utf-8") as f:
-                    doc["probe"] = json.load(f)
+                with open(facts["report"], encoding="utf-8") as fh:
+                    doc["probe"] = json.load(fh)
             except (OSError, ValueError):
                 pass
     doc["ok"] = rc == 0
-
-
-def pending(reports: Dict[str, Dict[str, Any]], nodes: List[str]) -> List[str]:
-    """Nodes whose report says the re-run's bundle was not enough (they need the whole one)."""
-    return [n for n in nodes if (reports.get(n) or {}).get("needs_full")]
-
-
-def emit(doc: Dict[str, Any], out=None) -> None:
-    """Print a node's report as `RBFAN NODE I/N CHUNK` lines (see the module's docstring)."""
-    out = out or sys.stdout
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    parts = [text[i : i + CHUNK] for i in range(0, len(text), CHUNK)]
-    for i, part in enumerate(parts, 1):
-        out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], i, len(parts), part))
-        out.flush()
-
-
-def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
-    """Node reports from engine output: the `RBFAN NODE I/N CHUNK` lines, whatever their prefix,
-    put together per node. A report with a chunk missing or not JSON is no report."""
-    chunks: Dict[str, Dict[int, str]] = {}
-    counts: Dict[str, int] = {}
-    for line in lines:
-        at = line.find(MARK)
-        m = LINE.match(line[at:].rstrip("\r\n")) if at >= 0 else None
-        if not m:
-            continue
-        name, i, n = m.group(1), int(m.group(2)), int(m.group(3))
-        if counts.setdefault(name, n) != n or not 1 <= i <= n:
-            continue
-        chunks.setdefault(name, {})[i] = m.group(4)
-    out: Dict[str, Dict[str, Any]] = {}
-    for name, got in chunks.items():
-        if len(got) != counts[name]:
-            continue
-        try:
-            doc = json.loads("".join(got[i] for i in range(1, counts[name] + 1)))
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and doc.get("node") == name:
-            out[name] = doc
-    return out
-
-
-def match_nodes(nodes: List[str], reports: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Reports keyed by the spec's node names: a node that reported its full hostname
-    (node01.cluster.example) counts as node01 when the spec names node01; others are dropped."""
-    out: Dict[str, Dict[str, Any]] = {}
-    for name, doc in reports.items():
-        short = name.split(".", 1)[0]
-        key = name if name in nodes else short if short in nodes else None
-        if key is not None and key not in out:
-            out[key] = dict(doc, node=key) if key != name else doc
-    return out
 
 
 def _stable(values: Any) -> Any:
@@ -385,41 +330,14 @@ def compare(
     }
 
 
-def fold(names: List[str]) -> str:
-    """node01,node02,node03,node05 -> node[01-03,05] (a common prefix and numeric suffix only)."""
-    parsed = [re.match(r"^(.*?)(\d+)$", n) for n in names]
-    if (
-        len(names) < 2
-        or not all(parsed)
-        or len({m.group(1) for m in parsed}) != 1
-        or len({len(m.group(2)) for m in parsed}) != 1
-    ):
-        return ",".join(names)
-    prefix, width = parsed[0].group(1), len(parsed[0].group(2))
-    nums = sorted(int(m.group(2)) for m in parsed)
-    parts, start, prev = [], nums[0], nums[0]
-    for x in nums[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        parts.append(
-            ("%0*d" % (width, start))
-            if start == prev
-            else "%0*d-%0*d" % (width, start, width, prev)
-        )
-        if x is not None:
-            start = prev = x
-    return "%s[%s]" % (prefix, ",".join(parts))
-
-
 def table(result: Dict[str, Any]) -> str:
     cols = result["columns"]
     short = [c[6:] if c.startswith("check:") else c for c in cols]
     head = ["nodes"] + short
     body = []
     for group in result["groups"]:
-        body.append([fold(group)] + [result["rows"][group[0]][c] for c in cols])
-    for n, why in result["missing"].items():
+        body.append([fanreports.fold(group)] + [result["rows"][group[0]][c] for c in cols])
+    for n in result["missing"]:
         body.append([n] + ["-"] * len(cols))
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head] + body]
@@ -446,54 +364,46 @@ def table(result: Dict[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-def read_reports(nodes: List[str], paths: List[str]) -> Dict[str, Dict[str, Any]]:
-    """Reports from engine output files, in order: a node's report in a later file (the whole
-    bundle's round after a re-run's) replaces its earlier one."""
-    reports: Dict[str, Dict[str, Any]] = {}
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            reports.update(match_nodes(nodes, parse_reports(f)))
-    return reports
-
-
-def cmd_nodes(a: argparse.Namespace) -> int:
+def cmd_nodes(args: argparse.Namespace) -> int:
     """The nodes whose report (in one engine output) asks for the whole bundle, or passed."""
-    nodes = [n for n in a.nodes.split(",") if n]
-    reports = read_reports(nodes, [a.engine_out])
-    if a.which == "passed":
+    nodes = [n for n in args.nodes.split(",") if n]
+    reports = fanreports.read_reports(nodes, [args.engine_out])
+    if args.which == "passed":
         print(",".join(n for n in nodes if (reports.get(n) or {}).get("ok")))
     else:
-        print(",".join(pending(reports, nodes)))
+        print(",".join(fanreports.pending(reports, nodes)))
     return 0
 
 
-def cmd_compare(a: argparse.Namespace) -> int:
-    nodes = [n for n in a.nodes.split(",") if n]
-    reports = read_reports(nodes, a.engine_out)
+def cmd_compare(args: argparse.Namespace) -> int:
+    nodes = [n for n in args.nodes.split(",") if n]
+    reports = fanreports.read_reports(nodes, args.engine_out)
     err: List[str] = []
-    for path in a.engine_err:
+    for path in args.engine_err:
         if os.path.exists(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                err += f.read().splitlines()
-    result = compare(nodes, reports, err, a.success)
-    os.makedirs(a.out_dir, exist_ok=True)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                err += fh.read().splitlines()
+    result = compare(nodes, reports, err, args.success)
+    os.makedirs(args.out_dir, exist_ok=True)
     for n, doc in reports.items():
-        with open(os.path.join(a.out_dir, "node-%s.json" % n), "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
+        with open(os.path.join(args.out_dir, "node-%s.json" % n), "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, sort_keys=True)
         if doc.get("probe"):
-            with open(os.path.join(a.out_dir, "probe-%s.json" % n), "w", encoding="utf-8") as f:
-                json.dump(doc["probe"], f, indent=2, sort_keys=True)
-    with open(os.path.join(a.out_dir, "fanout.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
+            with open(os.path.join(args.out_dir, "probe-%s.json" % n), "w", encoding="utf-8") as fh:
+                json.dump(doc["probe"], fh, indent=2, sort_keys=True)
+    with open(os.path.join(args.out_dir, "fanout.json"), "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=2, sort_keys=True)
     print(table(result), file=sys.stderr)
     # for the runbook: `set KEY VALUE` lines, as the engine answers (serve.py)
     facts = {
         "passed": int(result["passed"]),
         "ok": len(result["ok_nodes"]),
         "nodes": len(nodes),
-        "odd": fold(sorted(result["odd"])) if result["odd"] else "",
-        "missing": fold(sorted(result["missing"])) if result["missing"] else "",
-        "rolled_back": fold(sorted(result["rolled_back"])) if result["rolled_back"] else "",
+        "odd": fanreports.fold(sorted(result["odd"])) if result["odd"] else "",
+        "missing": fanreports.fold(sorted(result["missing"])) if result["missing"] else "",
+        "rolled_back": fanreports.fold(sorted(result["rolled_back"]))
+        if result["rolled_back"]
+        else "",
     }
     for key, value in sorted(facts.items()):
         print("set\t%s\t%s" % (key, value))
@@ -564,9 +474,9 @@ def watch(
     while True:
         stopped = os.path.exists(stop)  # before the read: what came before the stop is read
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
         except OSError:
             data = b""
         offset += len(data)
@@ -574,7 +484,9 @@ def watch(
         complete, _, rest = text.rpartition("\n")
         if complete:
             lines += complete.split("\n")
-            for name, doc in sorted(match_nodes(nodes, parse_reports(lines)).items()):
+            for name, doc in sorted(
+                fanreports.match_nodes(nodes, fanreports.parse_reports(lines)).items()
+            ):
                 if name not in seen:
                     seen[name] = _verdict(doc)
                     last = clock()
@@ -592,13 +504,15 @@ def watch(
         sleep(min(1.0, every))
 
 
-def cmd_watch(a: argparse.Namespace) -> int:
-    return watch([n for n in a.nodes.split(",") if n], a.engine_out, a.stop, a.every, a.limit)
+def cmd_watch(args: argparse.Namespace) -> int:
+    return watch(
+        [n for n in args.nodes.split(",") if n], args.engine_out, args.stop, args.every, args.limit
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
     n = sub.add_parser("node")
     n.add_argument("--dir", required=True)
     add_run_options(n)  # --dest, --old, --compression, --probe-config, --choices
@@ -634,12 +548,12 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--every", type=float, default=10.0)
     w.add_argument("--limit", type=float, default=3600.0)
     w.set_defaults(fn=cmd_watch)
-    return p
+    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    a = parser().parse_args(argv)
-    return a.fn(a)
+    args = parser().parse_args(argv)
+    return args.fn(args)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ asked, through the cluster's own engine, read-only, for its destination's state;
 grouped by what a run would do there.
 
     rbkit.fanout node --state --dir DIR --dest DEST --choices JSON    on each node (the node
-        script of a fan-out run, started by clush / srun): liveplan.dest_state of DEST and its
+        script of a fan-out run, started by clush / srun): planstate.dest_state of DEST and its
         install's manifest, printed as the node's report (`RBFAN NODE I/N CHUNK` lines, zlib and
         base64 inside); no lock, nothing written beside DEST; DIR and DIR.tar are removed after
     rbkit.fanplan compose --dir DIR --nodes N1,N2 --engine-out OUT ...    here: the plan from the
@@ -35,11 +35,12 @@ import sys
 import zlib
 from typing import Any, Dict, List, Optional
 
-from rbrules import proven
+from rbrules import paths, proven
+from rbrules.choices import Choices
 from rbrules.shown import printable, shown
+from rbrules.units import human
 
-from . import fanout, liveplan, safefs
-from .choices import Choices
+from . import fanreports, liveplan, planscreen, planstate, safefs
 
 UP_TO_DATE = "holds exactly this source's install: nothing to send"
 OLDER = "holds an older install"
@@ -57,23 +58,23 @@ def _unpack(text: str) -> bytes:
 # -- on each node ----------------------------------------------------------------------------------
 
 
-def node_state(a: argparse.Namespace) -> int:
+def node_state(args: argparse.Namespace) -> int:
     """This node's destination, read-only, as its report; the plan's kit leaves the node."""
-    dest = a.dest.rstrip("/")
+    dest = args.dest.rstrip("/")
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     doc: Dict[str, Any] = {"node": name, "dest": dest, "plan_state": True, "ok": True, "steps": []}
     try:
-        # compared with the install's manifest here (liveplan.against_install): only what
+        # compared with the install's manifest here (planstate.against_install): only what
         # differs from it comes back
-        facts, lines = liveplan.dest_state(
-            dest, a.choices.on_existing, a.choices.keep_backups or 0, against=True
+        facts, lines = planstate.dest_state(
+            dest, args.choices.on_existing, args.choices.keep_backups or 0, against=True
         )
         doc["facts"] = facts
         doc["state"] = _pack(b"".join(lines))
     except (OSError, ValueError) as exc:
         doc.update(ok=False, error="cannot read %s: %s" % (dest, exc))
-    fanout.emit(doc)
-    shutil.rmtree(a.dir, ignore_errors=True)  # the kit and the bundle (fanout.BUNDLE)
+    fanreports.emit(doc)
+    shutil.rmtree(args.dir, ignore_errors=True)  # the kit and the bundle (fanout.BUNDLE)
     return 0 if doc["ok"] else 1
 
 
@@ -81,9 +82,9 @@ def node_state(a: argparse.Namespace) -> int:
 
 
 def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
-    """Each reporting node's state into D/NODE.state (liveplan.read_state's form: its facts
+    """Each reporting node's state into D/NODE.state (planstate.read_state's form: its facts
     hold what differs from its install's manifest); {node: why} for the nodes without one."""
-    reports = fanout.read_reports(nodes, engine_out)
+    reports = fanreports.read_reports(nodes, engine_out)
     os.makedirs(d, mode=0o700, exist_ok=True)
     bad: Dict[str, str] = {}
     for n in nodes:
@@ -103,8 +104,8 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
     err: List[str] = []
     for path in engine_err:
         if os.path.exists(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                err += f.read().splitlines()
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                err += fh.read().splitlines()
     out: Dict[str, str] = {}
     for n in nodes:
         if os.path.exists(os.path.join(d, n + ".state")):
@@ -115,15 +116,17 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
     return out
 
 
-def judge(a: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
+def judge(args: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
     """One node, as the single-host plan judges a destination: its changes and its side."""
-    facts, rows = liveplan.read_state(os.path.join(d, node + ".state"))
+    facts, rows = planstate.read_state(os.path.join(d, node + ".state"))
     installed = facts.get("install")
     same = installed is not None and facts.get("installed_source_stat") == src_stat
     ch = liveplan.changes(src, rows, installed, same)
     # a node with a file changed there since its install takes the whole bundle (rbkit.fanout:
     # needs_full), not the changes alone
-    whole = argparse.Namespace(**dict(vars(a), incremental=False)) if ch["changed_there"] else a
+    whole = (
+        argparse.Namespace(**dict(vars(args), incremental=False)) if ch["changed_there"] else args
+    )
     got = liveplan.assess(whole, facts, src, src_stat, ch, installed)
     kind = UP_TO_DATE if got["up_to_date"] else OLDER if installed is not None else EVERYTHING
     return {"facts": facts, "changes": ch, "assess": got, "kind": kind}
@@ -180,90 +183,94 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
                 g["blockers"].append(b)
     out = sorted(groups.values(), key=lambda g: nodes.index(g["nodes"][0]))
     for g in out:
-        g["folded"] = fanout.fold(g["nodes"])
+        g["folded"] = fanreports.fold(g["nodes"])
     return out
 
 
-def compose(a: argparse.Namespace) -> int:
-    d = a.dir
-    nodes = [n for n in a.nodes.split(",") if n]
-    sd = os.path.join(d, "nodes")
-    src_stat, src = liveplan.read_scan(os.path.join(d, "source.scan"))
-    bad = save_states(sd, nodes, a.engine_out)
-    down = missing(nodes, sd, a.engine_err, bad)
-    judged = {n: judge(a, sd, n, src, src_stat) for n in nodes if n not in down}
+def compose(args: argparse.Namespace) -> int:
+    work = args.dir
+    nodes = [n for n in args.nodes.split(",") if n]
+    sd = os.path.join(work, "nodes")
+    src_stat, src = planstate.read_scan(os.path.join(work, "source.scan"))
+    bad = save_states(sd, nodes, args.engine_out)
+    down = missing(nodes, sd, args.engine_err, bad)
+    judged = {n: judge(args, sd, n, src, src_stat) for n in nodes if n not in down}
     groups = group(judged, nodes)
     blockers: List[str] = []
     if down:
         blockers.append(
             "unreachable: %s (each named above, with what the engine said)"
-            % fanout.fold(sorted(down))
+            % fanreports.fold(sorted(down))
         )
     for i, g in enumerate(groups, 1):
         g["id"] = i
-        g["listing"] = os.path.join(d, "changes-%d.txt" % i)
-        liveplan._write(g["listing"], "".join(line + "\n" for line in g["items"]))
+        g["listing"] = os.path.join(work, "changes-%d.txt" % i)
+        safefs.write_private(g["listing"], "".join(line + "\n" for line in g["items"]))
         if g["short"]:
             blockers.append(
                 "not enough room on %s: %s needed at %s, least free %s (%s)"
                 % (
-                    fanout.fold(g["short"]),
-                    liveplan.human(g["disk"]["need"]),
+                    fanreports.fold(g["short"]),
+                    human(g["disk"]["need"]),
                     g["measured_at"],
-                    liveplan.human(g["free_min"]),
+                    human(g["free_min"]),
                     g["free_min_node"],
                 )
             )
         blockers += ["%s: %s" % (g["folded"], b) for b in g["blockers"]]
-    audit = liveplan.static_verdict(a)
-    blockers += liveplan.source_blockers(a, audit)
-    checks = json.loads(a.checks or "{}").get("checks") or []
+    audit = liveplan.static_verdict(args)
+    blockers += liveplan.source_blockers(args, audit)
+    checks = json.loads(args.checks or "{}").get("checks") or []
     digests = {n: judged[n]["facts"]["digest"] for n in nodes if n in judged}
     plan = {
         "kind": "rb-plan",
         "schema": 1,
-        "runbook": a.name,
-        "spec_sha256": a.spec_sha,
-        "kit_sha256": a.kit_sha,
-        "made": a.made,
-        "fanout": {"engine": a.engine, "nodes": fanout.fold(nodes), "count": len(nodes)},
+        "runbook": args.name,
+        "spec_sha256": args.spec_sha,
+        "kit_sha256": args.kit_sha,
+        "made": args.made,
+        "fanout": {"engine": args.engine, "nodes": fanreports.fold(nodes), "count": len(nodes)},
         "source": {
-            "host": a.src_host,
-            "path": a.src_path,
+            "host": args.src_host,
+            "path": args.src_path,
             "stat_fingerprint": src_stat,
-            "files": int(a.source_files or 0),
-            "bytes": int(a.source_bytes or 0),
+            "files": int(args.source_files or 0),
+            "bytes": int(args.source_bytes or 0),
         },
         # one digest over every node's state (what liveplan read answers), and each node's
         "destination": {
-            "host": a.dst_host,
-            "path": a.dest,
+            "host": args.dst_host,
+            "path": args.dest,
             "digest": hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest(),
             "nodes": digests,
         },
         "route": "",
-        "compression": a.compression,
-        "policy": a.policy,
+        "compression": args.compression,
+        "policy": args.policy,
         "groups": [{k: v for k, v in g.items() if k not in ("items",)} for g in groups],
         "unreachable": down,
         "static": audit,
         "checks": [c.get("id") for c in checks],
         "blockers": blockers,
     }
-    liveplan._write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
-    lines = screen(plan, groups, a, checks)
+    safefs.write_private(
+        os.path.join(work, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
+    )
+    lines = screen(plan, groups, args, checks)
     print("\n".join(lines))
-    if a.markdown:
+    if args.markdown:
         items: List[str] = []
         for g in groups:
             items += ["# group %d: %s" % (g["id"], g["folded"])] + g["items"]
-        liveplan._write(os.path.join(d, "plan.md"), liveplan.markdown(plan, items, lines))
+        safefs.write_private(os.path.join(work, "plan.md"), planscreen.markdown(plan, items, lines))
     return 1 if blockers else 0
 
 
-def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[dict]) -> List[str]:
+def screen(
+    plan: dict, groups: List[dict], args: argparse.Namespace, checks: List[dict]
+) -> List[str]:
     src, fan = plan["source"], plan["fanout"]
-    h = liveplan.human
+    h = human
     out = [
         "plan for %s: %s:%s -> %d nodes %s:%s through %s"
         % (
@@ -272,12 +279,12 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
             src["path"],
             fan["count"],
             fan["nodes"],
-            a.dest,
+            args.dest,
             fan["engine"],
         )
     ]
-    out.append("  hosts:       %s" % a.hosts)
-    out.append("  compression: %s" % a.compression_why)
+    out.append("  hosts:       %s" % args.hosts)
+    out.append("  compression: %s" % args.compression_why)
     out.append(
         "  source:      %d files, %s (scan %s)"
         % (src["files"], h(src["bytes"]), src["stat_fingerprint"][:12])
@@ -323,10 +330,10 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
                     ch["unchanged"],
                 )
             )
-            for line in g["items"][: liveplan.SHOWN]:
+            for line in g["items"][: planscreen.SHOWN]:
                 out.append(pad + "  " + line)
-            if len(g["items"]) > liveplan.SHOWN:
-                out.append(pad + "  ... %d more" % (len(g["items"]) - liveplan.SHOWN))
+            if len(g["items"]) > planscreen.SHOWN:
+                out.append(pad + "  ... %d more" % (len(g["items"]) - planscreen.SHOWN))
             out.append(pad + "every line: %s" % g["listing"])
         elif g["kind"] == EVERYTHING:
             out.append(
@@ -350,7 +357,9 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
                 )
             )
         if g["kind"] != UP_TO_DATE:
-            room = "NOT ENOUGH ROOM on " + fanout.fold(g["short"]) if g["short"] else "enough room"
+            room = (
+                "NOT ENOUGH ROOM on " + fanreports.fold(g["short"]) if g["short"] else "enough room"
+            )
             out.append(
                 pad
                 + "to send %s; disk %s needed, least free %s (%s at %s): %s"
@@ -369,7 +378,7 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
                 + "backups: %d kept (keep_backups %s); evicts %s"
                 % (
                     len(g["backups"]),
-                    a.keep_backups,
+                    args.keep_backups,
                     ", ".join(g["evicts"]) if g["evicts"] else "none",
                 )
             )
@@ -384,13 +393,13 @@ def screen(plan: dict, groups: List[dict], a: argparse.Namespace, checks: List[d
 
 
 def _moved(then_path: str, now_path: str) -> str:
-    _f, then = liveplan.read_state(then_path)
-    facts, now = liveplan.read_state(now_path)
-    was, _r = liveplan.read_state(then_path)
-    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
-    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    _f, then = planstate.read_state(then_path)
+    facts, now = planstate.read_state(now_path)
+    was, _r = planstate.read_state(then_path)
+    args, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(args) | set(b) if args.get(p) != b.get(p))
     said = [
-        shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+        shown(p) + (" (new)" if p not in args else " (gone)" if p not in b else " (changed)")
         for p in moved[:3]
     ]
     if (was.get("exists"), was.get("installed_record")) != (
@@ -399,27 +408,27 @@ def _moved(then_path: str, now_path: str) -> str:
     ):
         said.insert(
             0,
-            liveplan.INSTALLED + " (the install's record)"
+            paths.INSTALLED_MANIFEST + " (the install's record)"
             if facts.get("exists")
             else shown(facts["dest"]) + " (gone)",
         )
     return "%d paths (%s)" % (len(moved), ", ".join(said[:3]) or "its facts")
 
 
-def drift(a: argparse.Namespace) -> int:
-    plan = json.loads(proven.read_record(a.plan).decode("utf-8"))  # proven this user's
-    d = os.path.dirname(os.path.abspath(a.plan))
-    nodes = [n for n in a.nodes.split(",") if n]
+def drift(args: argparse.Namespace) -> int:
+    plan = json.loads(proven.read_record(args.plan).decode("utf-8"))  # proven this user's
+    d = os.path.dirname(os.path.abspath(args.plan))
+    nodes = [n for n in args.nodes.split(",") if n]
     out: List[str] = []
-    now_stat = liveplan.read_scan(a.source_now)[0] if a.source_now else ""
+    now_stat = planstate.read_scan(args.source_now)[0] if args.source_now else ""
     if now_stat and now_stat != plan["source"]["stat_fingerprint"]:
-        n, first = liveplan.drift(a.plan, "source", a.source_now)
+        n, first = liveplan.drift(args.plan, "source", args.source_now)
         out.append(
             "the source %s:%s: %d paths (%s)"
             % (plan["source"]["host"], plan["source"]["path"], n, first)
         )
-    now_dir = os.path.join(a.dir, "nodes")
-    bad = save_states(now_dir, nodes, a.engine_out)
+    now_dir = os.path.join(args.dir, "nodes")
+    bad = save_states(now_dir, nodes, args.engine_out)
     then = plan["destination"].get("nodes") or {}
     gone = []
     for n in nodes:
@@ -427,7 +436,7 @@ def drift(a: argparse.Namespace) -> int:
         if not os.path.exists(now_state):
             gone.append(n + (" (%s)" % bad[n] if n in bad else ""))
             continue
-        facts, _r = liveplan.read_state(now_state)
+        facts, _r = planstate.read_state(now_state)
         if facts["digest"] != then.get(n):
             was = os.path.join(d, "nodes", n + ".state")
             out.append(
@@ -448,8 +457,8 @@ def drift(a: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbkit.fanplan")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="rbkit.fanplan")
+    sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compose")
     c.add_argument("--dir", required=True)
     c.add_argument("--nodes", required=True)
@@ -465,17 +474,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     dr.add_argument("--nodes", required=True)
     dr.add_argument("--engine-out", action="append", required=True)
     dr.add_argument("--source-now", default="")
-    a = p.parse_args(argv)
+    args = parser.parse_args(argv)
     try:
-        if a.cmd == "compose":
-            ch = Choices.from_json(a.choices)
-            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
-            a.keep_backups = "" if ch.keep_backups is None else str(ch.keep_backups)
-            a.same_host = False
-            return compose(a)
-        return drift(a)
+        if args.cmd == "compose":
+            ch = Choices.from_json(args.choices)
+            args.policy, args.shared_parent = ch.on_existing, ch.shared_parent
+            args.keep_backups = "" if ch.keep_backups is None else str(ch.keep_backups)
+            args.same_host = False
+            return compose(args)
+        return drift(args)
     except (OSError, ValueError, KeyError) as exc:
-        print("rbkit.fanplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        print("rbkit.fanplan %s: %s" % (args.cmd, exc), file=sys.stderr)
         return 2
 
 

@@ -1,6 +1,6 @@
 """Files' digests, as a manifest records them: one file's (`digest`, through a link never), and
 many files' in parallel (`digests`: forked workers where this process has no threads, else
-threads). Public through rbkit.manifest (manifest.digest, manifest.digests, ...).
+threads). Its callers import it as rbkit.filehash (filehash.digest, filehash.digests, ...).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def digest(
     total = 0
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     try:
-        # os.readv on the fd, no file object a file: 20,105 files under 64 KiB (the lab's torch
-        # venv) hash in 0.26-0.32 CPU-s instead of 0.34-0.37
+        # os.readv on the fd, no file object a file: less CPU for the many small files of a venv
+        # (the lab's figures: docs/benchmarks.md)
         while True:
             n = os.readv(fd, [buf])
             if not n:
@@ -97,10 +97,10 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
         work()
     else:
         threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     if errors:
         raise min(errors, key=lambda e: e[0])[1]
     return out

@@ -19,72 +19,11 @@ import shutil
 import stat
 from typing import List, Optional, Tuple
 
-from rbrules import links, proven
-from rbrules.common import OUTSIDE_LINKS, SPECIAL_MODES  # noqa: F401 (the spec's choices)
-from rbrules.shown import shown as shown_name
+from rbrules import links, paths
+from rbrules.choices import OUTSIDE_LINKS, SPECIAL_MODES
+from rbrules.shown import shown
 
-from . import manifest, safefs
-from .installs import (
-    backup_dirs,
-    backups,
-    describe_install,
-    failed_mark,  # noqa: F401
-    failed_path,
-    list_installs,
-    read_info,
-    remove,
-    set_checks,
-    unshare_backup,
-    why_not_ours_install,
-    write_info,
-)
-
-# public here (what callers use as hostfs.NAME): which path is which, and the swap's side
-from .pathid import identity, mount_of, same_machine, same_or_nested  # noqa: F401
-from .swapfs import (
-    RENAME_EXCHANGE,
-    RENAME_NOREPLACE,
-    SWAP_ATOMIC,  # noqa: F401
-    journal_path,
-    prune_backups,
-    recover_swap,
-    restore,
-    swap,
-)
-
-__all__ = [
-    "scan",
-    "link_escapes",
-    "strip_special",
-    "free_bytes",
-    "stage",
-    "identity",
-    "mount_of",
-    "same_machine",
-    "same_or_nested",
-    "swap",
-    "restore",
-    "backups",
-    "backup_dirs",
-    "prune_backups",
-    "unshare_backup",
-    "recover_swap",
-    "journal_path",
-    "describe_install",
-    "failed_mark",
-    "remove",
-    "failed_path",
-    "list_installs",
-    "read_info",
-    "write_info",
-    "set_checks",
-    "why_not_ours_install",
-    "RENAME_EXCHANGE",
-    "RENAME_NOREPLACE",
-    "SWAP_ATOMIC",
-    "SPECIAL_MODES",
-    "OUTSIDE_LINKS",
-]
+from . import manifestfile, safefs, statwalk
 
 
 def _octal(mode: int) -> str:
@@ -111,10 +50,10 @@ def scan(
 ) -> dict:
     """Is `root` a venv, and how many files/bytes (apparent and on disk) after the excludes.
     With `names_path`, also write the entries as a NUL-separated list for `tar -T` (the same walk
-    and order as a manifest's), and beside it (NAMES.stat: manifest.SCAN_SUFFIX) their stat lines:
-    the scan record a manifest build of this run takes instead of walking again; and
-    (NAMES.links: manifest.LINKS_SUFFIX) the files of more than one link, a JSON line each of its
-    index in the list and its inode (stream.split_names keeps one inode's names in one stream).
+    and order as a manifest's), and beside it (NAMES.stat: manifestfile.SCAN_SUFFIX) their stat
+    lines: the scan record a manifest build of this run takes instead of walking again; and
+    (NAMES.links: manifestfile.LINKS_SUFFIX) the files of more than one link, a JSON line each of
+    its index in the list and its inode (sender.split_names keeps one inode's names in one stream).
 
     Also what must not be moved silently: `special_modes` (entries with setuid, setgid, sticky or
     world-write bits: refused unless the spec says `strip` or `keep`), `outside_links` (symlinks
@@ -125,8 +64,8 @@ def scan(
     names twice (a hard link) once, as `du --apparent-size` does and as the stream carries it
     (tar sends the second name as a link): the transfer's progress runs to 100% on it.
 
-    The walk is split as the live plan's (ScanWalk, manifest.ForkedWalk: `workers` processes over the
-    subtrees, by default rbrules' walk_workers of this process's CPUs, in a process of one
+    The walk is split as the live plan's (ScanWalk, statwalk.ForkedWalk: `workers` processes over
+    the subtrees, by default rbrules' walk_workers of this process's CPUs, in a process of one
     thread); every answer and record is the same bytes as one process's walk, which is also
     what a failed worker leaves. `begun`: a ScanWalk of this scan begun earlier (before the
     caller started a thread); one of other arguments is closed and a walk made here."""
@@ -192,7 +131,7 @@ def _scan(
             tally.devices,
             tally.not_utf8,
         )
-    out["installed_manifest"] = os.path.isfile(os.path.join(root, ".rb-manifest.jsonl"))
+    out["installed_manifest"] = os.path.isfile(os.path.join(root, paths.INSTALLED_MANIFEST))
     return out
 
 
@@ -205,7 +144,7 @@ class _Records:
         self.count = self.files = self.dirs = self.links = 0
         self.apparent = self.disk = self.need = 0
         self.names: List[bytes] = []
-        # the stat fingerprint's lines as manifest.stat_line writes them, hashed once at the end
+        # the stat fingerprint's lines as manifestfile.stat_line writes them, hashed once at the end
         self.lines: List[bytes] = []
         self.special: List[dict] = []
         self.outside: List[dict] = []
@@ -227,12 +166,12 @@ class _Part(_Records):
         self.multi: List[tuple] = []
 
     def add(self, rel: str, st: os.stat_result) -> None:
-        values = manifest.stat_values(self.root, rel, st, self.strip)
+        values = manifestfile.stat_values(self.root, rel, st, self.strip)
         try:
-            self.lines.append(manifest.values_line(values))
+            self.lines.append(manifestfile.values_line(values))
         except UnicodeEncodeError:
             # a name (or link target) of bytes that are not UTF-8: no manifest records it
-            self.not_utf8.append(shown_name(rel))
+            self.not_utf8.append(shown(rel))
         if self.keep_names:
             self.names.append(rel.encode("utf-8", "surrogateescape") + b"\0")
         index = self.count
@@ -246,7 +185,7 @@ class _Part(_Records):
             if not links.interpreter_link(rel) and links.leaves(rel, values[4], self.lookup):
                 self.outside.append({"p": rel, "l": values[4]})
             return
-        if mode & manifest.SPECIAL_BITS:
+        if mode & manifestfile.SPECIAL_BITS:
             self.special.append({"p": rel, "m": _octal(mode)})
         if stat.S_ISREG(st.st_mode):
             self.files += 1
@@ -289,13 +228,13 @@ class _Part(_Records):
 def _walked(root: str, patterns: tuple, top: str, strip: bool, names: bool) -> bytes:
     """A worker's piece of `scan`'s walk: the subtree `top`'s _Part, marshalled."""
     part = _Part(root, strip, names, links.tree_lookup(root))
-    for rel, st in manifest.walk(root, patterns, top=top):
+    for rel, st in statwalk.walk(root, patterns, top=top):
         part.add(rel, st)
     return marshal.dumps(part.dump())
 
 
 class ScanWalk:
-    """`scan`'s walk of `root`, begun (manifest.ForkedWalk: the directories near the root listed
+    """`scan`'s walk of `root`, begun (statwalk.ForkedWalk: the directories near the root listed
     and the workers forked, by the calling thread) before `scan` takes it: `engine source`
     begins it before its thread that reads the runbook's line starts. `tally` walks in this
     process what was not forked, or what a failed worker left."""
@@ -305,7 +244,7 @@ class ScanWalk:
     ) -> None:
         self.key = (root, tuple(patterns), strip, names)
         self.lookup = links.tree_lookup(root)
-        self._forked = manifest.ForkedWalk(root, patterns, workers, self._own, self._unit)
+        self._forked = statwalk.ForkedWalk(root, patterns, workers, self._own, self._unit)
 
     def _part(self) -> "_Part":
         root, _patterns, strip, names = self.key
@@ -330,7 +269,7 @@ class ScanWalk:
                 tally.merge(marshal.loads(piece))
             return tally
         part = self._part()
-        for rel, st in manifest.walk(root, patterns):
+        for rel, st in statwalk.walk(root, patterns):
             part.add(rel, st)
         tally.merge(part.dump())
         return tally
@@ -402,13 +341,13 @@ class _Tally(_Records):
         (NAMES.links): this run's private files, no fsync."""
         safefs.write_file(names_path, b"".join(self.names), 0o600, sync=False)
         safefs.write_file(
-            names_path + manifest.SCAN_SUFFIX,
-            manifest.scan_header(self.root, patterns, self.strip) + b"".join(self.lines),
+            names_path + manifestfile.SCAN_SUFFIX,
+            manifestfile.scan_header(self.root, patterns, self.strip) + b"".join(self.lines),
             0o600,
             sync=False,
         )
         safefs.write_file(
-            names_path + manifest.LINKS_SUFFIX, b"".join(self.multi), 0o600, sync=False
+            names_path + manifestfile.LINKS_SUFFIX, b"".join(self.multi), 0o600, sync=False
         )
 
     def values(self, limit: int, special_modes: str) -> dict:
@@ -444,33 +383,33 @@ def _refusal(
     outside_action: str,
     devices: list,
     not_utf8: List[str],
-    shown: int = 10,
+    at_most: int = 10,
 ) -> str:
     why = []
 
     def some(items: list) -> str:
-        more = f", and {len(items) - shown} more" if len(items) > shown else ""
-        return ", ".join(items[:shown]) + more
+        more = f", and {len(items) - at_most} more" if len(items) > at_most else ""
+        return ", ".join(items[:at_most]) + more
 
     if special and special_action == "refuse":
         why.append(
             f"{_count(special, 'entry', 'entries')} with setuid, setgid, sticky or "
             "world-write bits (moved by root, a setuid file of another user arrives as a "
             "setuid-root file): "
-            + some([f"{shown_name(e['p'])} ({e['m']})" for e in special])
+            + some([f"{shown(e['p'])} ({e['m']})" for e in special])
             + "; set transfer.special_modes: strip to install them without those bits, "
             "or keep to move them as they are"
         )
     if outside and outside_action == "refuse":
         why.append(
             f"{_count(outside, 'symlink points', 'symlinks point')} outside the tree: "
-            + some([f"{shown_name(e['p'])} -> {shown_name(e['l'])}" for e in outside])
+            + some([f"{shown(e['p'])} -> {shown(e['l'])}" for e in outside])
             + "; set transfer.outside_links: keep to move them as they are"
         )
     if devices:
         why.append(
             f"{_count(devices, 'device node', 'device nodes')} in the tree (never moved): "
-            + some([shown_name(d) for d in devices])
+            + some([shown(d) for d in devices])
         )
     if not_utf8:
         why.append(
@@ -512,7 +451,7 @@ def _chmod_nofollow(root: str, rel: str, st: os.stat_result, mode: int) -> None:
 
 
 def strip_special(root: str, racing: bool = False) -> List[dict]:
-    """Remove the setuid, setgid, sticky and world-write bits (manifest.SPECIAL_BITS) from every
+    """Remove the setuid, setgid, sticky and world-write bits (manifestfile.SPECIAL_BITS) from every
     entry of the tree `root` (an extracted staging), links never followed. Returns what it
     changed, [{"p", "was", "now"}]: empty when the extraction created none (the recommended tar
     flags), so the caller can say what it stripped, or fail when it expected nothing.
@@ -522,12 +461,12 @@ def strip_special(root: str, racing: bool = False) -> List[dict]:
     each symlink it delays and swaps it for the link at its end; a walk beside that failed with
     ENOENT, which failed the stream (one-host, 4 streams: `exited 247`)."""
     changed = []
-    for rel, st in manifest.walk(root, gone_ok=racing):
+    for rel, st in statwalk.walk(root, gone_ok=racing):
         if stat.S_ISLNK(st.st_mode):
             continue
         mode = stat.S_IMODE(st.st_mode)
-        if mode & manifest.SPECIAL_BITS:
-            now = mode & ~manifest.SPECIAL_BITS
+        if mode & manifestfile.SPECIAL_BITS:
+            now = mode & ~manifestfile.SPECIAL_BITS
             try:
                 _chmod_nofollow(root, rel, st, now)
             except OSError as exc:
@@ -553,142 +492,3 @@ def free_bytes(path: str) -> dict:
         "free_bytes": usage.free,
         "total_bytes": usage.total,
     }
-
-
-def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) -> dict:
-    """An incremental install's staging: a fresh `staging` with every directory of `new`, and each
-    unchanged file hard-linked from the previous install at `dest` (same digest, mode, size and
-    mtime in both manifests, and the inode linked still has the recorded stat and is proven ours:
-    _link_unchanged); writes the
-    NUL-separated names tar must still send (changed and new files, relocatable files, every
-    directory and symlink: tar restores their modes and targets). `dest` is never written.
-    A staging path that is a link is removed as a link (its target is not touched).
-
-    Each directory is reached through descriptors, one component at a time without following a
-    link (safefs.open_dir), and each file is linked by name in its directory (linkat without
-    AT_SYMLINK_FOLLOW: a link planted at the name is linked as the link, never what it names);
-    the stat check is made on the staging's new name after the link, so it is of the very inode
-    linked. One directory's descriptors are open at a time (a manifest lists a directory's
-    entries together, parents first)."""
-    if (
-        new["header"].get("algo") != installed["header"].get("algo")
-        or new["header"]["algo"] == "none"
-    ):
-        raise ValueError("an incremental install needs digests of one algorithm in both manifests")
-    before = {e["p"]: e for e in installed["entries"]}
-    if os.path.lexists(staging):
-        remove(staging)
-    os.makedirs(staging)
-    send: list[str] = []
-    inodes: dict = {}
-    linked = linked_bytes = send_bytes = send_files = 0
-    here = _DirPair(dest, staging)
-    try:
-        for e in new["entries"]:  # parents come before their children
-            rel = e["p"]
-            head, _, name = rel.rpartition("/")
-            here.enter(head)
-            if e["t"] == "d":
-                os.mkdir(name, 0o777, dir_fd=here.dst)
-                send.append(rel)
-                continue
-            old = before.get(rel)
-            if (
-                here.src is not None
-                and manifest.linkable(old, e)
-                and _link_unchanged(here.src, here.dst, name, old, inodes, rel)
-            ):
-                linked += 1
-                linked_bytes += e["s"]
-                continue
-            send.append(rel)
-            if e["t"] == "f":
-                send_files += 1
-                send_bytes += e["s"]
-    finally:
-        here.close()
-    buf = bytearray()
-    for rel in send:
-        buf += rel.encode("utf-8", "surrogateescape") + b"\0"
-    safefs.write_file(names_path, bytes(buf), 0o600)
-    return {
-        "linked": linked,
-        "linked_bytes": linked_bytes,
-        "send_files": send_files,
-        "send_bytes": send_bytes,
-        "send_entries": len(send),
-        "inodes": inodes,
-        "removed": len(set(before) - {e["p"] for e in new["entries"]}),
-    }
-
-
-class _DirPair:
-    """The descriptors of one directory in the install (`src`: None when it is not a directory
-    reached without following a link) and in the staging (`dst`), for `stage`. Its ancestors'
-    stay open while the walk is below them, so each directory is opened once, from its parent,
-    with O_NOFOLLOW (safefs.open_dir of one component)."""
-
-    def __init__(self, src_root: str, dst_root: str) -> None:
-        self.stack = [("", safefs.open_dir(src_root), safefs.open_dir(dst_root))]
-        self.src: Optional[int] = self.stack[0][1]
-        self.dst: int = self.stack[0][2]
-
-    def enter(self, rel: str) -> None:
-        if rel == self.stack[-1][0]:
-            return
-        while len(self.stack) > 1 and not (
-            rel == self.stack[-1][0] or rel.startswith(self.stack[-1][0] + "/")
-        ):
-            self._pop()
-        at, src, dst = self.stack[-1]
-        for part in [p for p in rel[len(at) :].split("/") if p]:
-            at = at + "/" + part if at else part
-            try:
-                src = safefs.open_dir_at(src, part) if src is not None else None
-            except OSError:
-                src = None  # gone, or a link now: nothing is linked here
-            try:
-                dst = safefs.open_dir_at(dst, part)
-            except BaseException:
-                if src is not None:
-                    os.close(src)
-                raise
-            self.stack.append((at, src, dst))
-        self.src, self.dst = src, dst
-
-    def _pop(self) -> None:
-        _rel, src, dst = self.stack.pop()
-        for fd in (src, dst):
-            if fd is not None:
-                os.close(fd)
-
-    def close(self) -> None:
-        while self.stack:
-            self._pop()
-
-
-def _link_unchanged(
-    src_dir: int, dst_dir: int, name: str, old: dict, inodes: dict, rel: str
-) -> bool:
-    """Hard-link `name` from the install's directory into the staging's when the inode linked is
-    a regular file with the recorded mode, size and mtime, proven ours (owned by this user or
-    root, writable by no other: rbrules.proven) (its (st_dev, st_ino) go in `inodes` under
-    `rel`); else nothing is left at `name`."""
-    try:
-        os.link(name, name, src_dir_fd=src_dir, dst_dir_fd=dst_dir, follow_symlinks=False)
-    except OSError:
-        return False  # gone, another file system, not allowed: send
-    st = os.stat(name, dir_fd=dst_dir, follow_symlinks=False)
-    # the very inode linked: the install's manifest says what it was, not whose it is now (a
-    # file another user owns or can write is never taken into root's new install)
-    if (
-        stat.S_ISREG(st.st_mode)
-        and stat.S_IMODE(st.st_mode) == old.get("m")
-        and st.st_size == old.get("s")
-        and int(st.st_mtime) == old.get("mt")
-        and proven.why_not_ours(rel, st) is None
-    ):
-        inodes[rel] = (st.st_dev, st.st_ino)
-        return True
-    os.unlink(name, dir_fd=dst_dir)
-    return False

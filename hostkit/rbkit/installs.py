@@ -1,8 +1,8 @@
 """The installs kept beside a destination, and what each one is: its backups (`DEST.rb-backup.N`),
 the install whose checks failed kept apart (`DEST.rb-failed`), the record each install holds
-(INFO) and its failure mark (FAILED_MARK); listed, described, made independent of the live install
-(`unshare_backup`), removed. Nothing here moves an install into place: rbkit.swapfs does (swap,
-restore, prune_backups, the journal). Public through rbkit.hostfs.
+(paths.INSTALL_RECORD) and its failure mark (paths.FAILED_MARK); listed, described, made independent
+of the live install (`unshare_backup`), removed. Nothing here moves an install into place:
+rbkit.swapfs does (swap, restore, prune_backups, the journal). Public through rbkit.hostfs.
 """
 
 from __future__ import annotations
@@ -16,25 +16,23 @@ import shutil
 import stat
 from typing import List, Optional
 
-from rbrules import proven
+from rbrules import owners, paths, proven
 
-from . import manifest, safefs
+from . import manifest, safefs, statwalk
 
 FICLONE = 0x40049409
-FAILED_MARK = ".rb-failed"  # in an install whose checks failed (manifest skips it)
-INFO = ".rb-install.json"  # what an install is: when, from what, its checks
 
 
 def backups(dest: str) -> list[tuple[int, str]]:
     """(number, path) of every name `DEST.rb-backup.N` beside `dest`, oldest first (whatever they
     are: `backup_dirs` keeps the real directories)."""
     parent, base = os.path.split(dest)
-    pat = re.compile(re.escape(base) + r"\.rb-backup\.([0-9]+)$")
+    pat = re.compile(paths.backup_number(base) + "$")
     found = []
     for name in os.listdir(parent or "."):
-        m = pat.match(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(parent, name)))
+        match = pat.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(parent, name)))
     return sorted(found)
 
 
@@ -56,7 +54,7 @@ def not_ours(path: str) -> Optional[str]:
         st = os.lstat(path)
     except OSError:
         return None
-    why = proven.why_not_ours(path, st)
+    why = owners.why_not_ours(path, st)
     if why is None:
         return None
     return (
@@ -69,7 +67,7 @@ def not_ours(path: str) -> Optional[str]:
 def why_not_ours_install(path: str) -> Optional[str]:
     """Why the install at `path` is not proven ours (None: it is): the directory itself
     (rbrules.proven, an install's entry) and each record it keeps beside its files (its
-    manifest, env file, failure mark, INFO: each a file read on its own). Its files are judged
+    manifest, env file, failure mark, record: each a file read on its own). Its files are judged
     where they are used (the quick check, the links of an incremental staging, a restore)."""
     try:
         st = os.lstat(path)
@@ -77,12 +75,12 @@ def why_not_ours_install(path: str) -> Optional[str]:
         return f"{path}: {exc.strerror}"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
-    why = proven.why_not_ours(path, st)
+    why = owners.why_not_ours(path, st)
     if why:
         return why
     dir_fd = safefs.open_dir(path)
     try:
-        for name in manifest.SKIP_NAMES:
+        for name in paths.IN_INSTALL:
             try:
                 fd, _st = proven.open_ours(name, dir_fd, shown=os.path.join(path, name))
             except FileNotFoundError:
@@ -125,14 +123,14 @@ def is_real_dir(path: str) -> bool:
 
 def next_backup(dest: str) -> str:
     found = backups(dest)
-    return f"{dest}.rb-backup.{(found[-1][0] + 1) if found else 1}"
+    return paths.backup(dest, (found[-1][0] + 1) if found else 1)
 
 
 def failed_mark(path: str) -> Optional[str]:
     """Why the install at `path` was rolled back (its checks failed), or None. A mark that is
     not proven ours counts as failed (never restored without being named, never counted)."""
     try:
-        got = _read_record(path, FAILED_MARK, 64 << 10)
+        got = _read_record(path, paths.FAILED_MARK, 64 << 10)
     except proven.NotOurs as exc:
         return f"its failure mark is not ours ({exc.why})"
     return got.decode("utf-8", "replace").strip() if got is not None else None
@@ -142,15 +140,15 @@ def failed_path(dest: str) -> str:
     """Where the one install whose checks failed is kept apart: `DEST.rb-failed` (never a backup:
     never counted toward keep_backups, never restored without being named, replaced by the next
     failure)."""
-    return os.path.abspath(dest) + ".rb-failed"
+    return paths.failed(os.path.abspath(dest))
 
 
 def read_info(path: str) -> dict:
-    """The install's own record (INFO, written by the engine: `installed` (UTC, ISO 8601),
-    `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not run,
-    failed: ...), `put_back_after`); {} when it has none or it is not one."""
+    """The install's own record (paths.INSTALL_RECORD, written by the engine: `installed` (UTC, ISO
+    8601), `origin` (the runbook and its spec), `source_fingerprint`, `checks` (passed, none, not
+    run, failed: ...), `put_back_after`); {} when it has none or it is not one."""
     try:
-        got = _read_record(path, INFO, 64 << 10)
+        got = _read_record(path, paths.INSTALL_RECORD, 64 << 10)
         doc = json.loads(got) if got is not None else {}
     except (ValueError, proven.NotOurs):
         doc = {}
@@ -162,29 +160,31 @@ def write_info(path: str, **fields: object) -> dict:
     doc = read_info(path)
     doc.update(fields)
     doc = {k: v for k, v in doc.items() if v is not None}
-    safefs.write_in(path, INFO, json.dumps(doc, sort_keys=True).encode() + b"\n", 0o644)
+    safefs.write_in(
+        path, paths.INSTALL_RECORD, json.dumps(doc, sort_keys=True).encode() + b"\n", 0o644
+    )
     return doc
 
 
 def set_checks(path: str, passed: bool, why: str = "") -> None:
     """Record the checks' verdict on the install at `path`: passed (the failure mark removed), or
-    failed (marked: FAILED_MARK says why)."""
+    failed (marked: paths.FAILED_MARK says why)."""
     write_info(path, checks="passed" if passed else "failed: " + why)
     if passed:
         dir_fd = safefs.open_dir(path)
         try:
-            os.unlink(FAILED_MARK, dir_fd=dir_fd)
+            os.unlink(paths.FAILED_MARK, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
         finally:
             os.close(dir_fd)
     else:
-        safefs.write_in(path, FAILED_MARK, why.encode("utf-8") + b"\n", 0o644)
+        safefs.write_in(path, paths.FAILED_MARK, why.encode("utf-8") + b"\n", 0o644)
 
 
 def _size(path: str) -> int:
     total = 0
-    for _rel, st in manifest.walk(path, ordered=False):
+    for _rel, st in statwalk.walk(path, ordered=False):
         if stat.S_ISREG(st.st_mode):
             total += st.st_size
     return total
@@ -276,7 +276,7 @@ def unshare_backup(backup: str, dest: str) -> dict:
     elsewhere it is a local copy of the unchanged bytes, made after the swap, so the new install
     is in place no later. Returns {"files", "bytes", "reflinked"}."""
     files = nbytes = reflinked = 0
-    for rel, st in manifest.walk(backup):
+    for rel, st in statwalk.walk(backup):
         if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
             continue
         try:
@@ -297,7 +297,7 @@ def describe_install(path: str) -> dict:
     changed since it was installed, e.g. written in place, is named)."""
     out: dict = {"path": path, "failed": failed_mark(path), "info": read_info(path)}
     try:
-        got = _read_record(path, ".rb-manifest.jsonl", 1 << 30)
+        got = _read_record(path, paths.INSTALLED_MANIFEST, 1 << 30)
     except proven.NotOurs as exc:
         out.update(source_fingerprint=None, tree_check={"ok": False, "why": exc.why})
         return out

@@ -5,7 +5,7 @@ real hosts without writing anything there, and the check that a saved plan still
         line of facts (exists, installed, free space, backups; with --against-install, what
         differs from the install's manifest, compared there: nothing is compared when the
         walk's lines have the stat fingerprint the install recorded), then the stat line of
-        every entry of DEST (manifest.tree_stat's, the walk's order): its state, digested
+        every entry of DEST (statwalk.tree_stat's, the walk's order): its state, digested
     liveplan compose --dir DIR ...                         here: the plan from what the runbook
         fetched into DIR (source.scan, dest.state): plan.json, changes.txt, plan.md
         (--markdown), and the screen on stdout; exit 1 when something blocks the run
@@ -30,236 +30,22 @@ stdlib only; Python >= 3.9.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
 from rbrules import paths, proven
-from rbrules.shown import printable, shown
+from rbrules.choices import Choices
+from rbrules.shown import shown
+from rbrules.units import human
 
-from . import safefs
-from .choices import Choices
+from . import planscreen, planstate, safefs
 
-INSTALLED = ".rb-manifest.jsonl"  # engine.INSTALLED: the install's own manifest
-SHOWN = 8  # itemized lines shown on the screen (all in changes.txt)
 MARGIN = 10  # percent over the staging's bytes, as preflight asks
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return ("%d B" % n) if unit == "B" else "%.1f %s" % (n, unit)
-        n /= 1000.0
-    return str(n)
-
-
-# -- the destination, read-only ----------------------------------------------------------------
-
-
-def _row(e: dict) -> list:
-    return [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
-
-
-def _header(data: bytes) -> Optional[dict]:
-    """The header of a manifest's bytes (its first line), None when it is not one of this tool."""
-    end = data.find(b"\n")
-    try:
-        head = json.loads(data[:end] if end >= 0 else data)
-    except ValueError:
-        return None
-    return head if isinstance(head, dict) and head.get("kind") == "rb-manifest" else None
-
-
-def _entries(data: bytes) -> List[dict]:
-    rows = [ln for ln in data.split(b"\n") if ln.strip()]
-    docs = json.loads(b"[" + b",".join(rows) + b"]") if rows else []
-    return [d for d in docs[1:] if isinstance(d, dict) and "p" in d]
-
-
-class Against:
-    """The destination's entries compared with its install's manifest as the walk yields them
-    (`see`, one entry's stat values), the manifest's rows never built for an entry that matches:
-    `result` is what the plan needs of it. `moved`: each path whose entry differs from the
-    manifest's or is not in it (-> the manifest's row, or None); `source_entries`: the source's
-    own rows of what relocation rewrote (manifest.source_of). The manifest itself stays there:
-    an unchanged destination sends back nothing of it."""
-
-    def __init__(self, head: dict, entries: List[dict]) -> None:
-        self._head = head
-        self._want = {e["p"]: e for e in entries}
-        self._moved: Dict[str, Optional[list]] = {}
-
-    def see(self, v: tuple) -> None:
-        w = self._want.pop(v[0], None)
-        if w is None:
-            if v[0] != INSTALLED:
-                self._moved[v[0]] = None
-        elif v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
-            self._moved[v[0]] = _row(w)
-
-    def result(self) -> dict:
-        moved = dict(self._moved)
-        moved.update((p, _row(e)) for p, e in self._want.items())  # not at the destination
-        return {
-            "moved": moved,
-            "source_entries": [_row(e) for e in self._head.get("source_entries") or ()],
-        }
-
-
-def against_install(head: dict, entries: List[dict], now: Dict[str, list]) -> dict:
-    """Against's answer for the destination's entries `now` (path -> stat row) at once."""
-    got = Against(head, entries)
-    for row in now.values():
-        got.see(tuple(row))
-    return got.result()
-
-
-def dest_state(
-    dest: str, policy: str, keep_backups: int, against: bool = False
-) -> Tuple[dict, List[bytes]]:
-    """(facts, stat lines) of the destination; nothing is written, no lock is taken. With
-    `against`, facts["install"] holds against_install's answer (an install of this tool only)."""
-    # the destination's modules, loaded where the destination is read (compose needs none)
-    from . import hostfs, privacy, swapfs
-    from . import manifest as kitmanifest
-
-    dest = os.path.abspath(dest)
-    parent = os.path.dirname(dest)
-    staging = paths.staging(dest)
-    facts: dict = {
-        "dest": dest,
-        "exists": os.path.lexists(dest),
-        "is_dir": os.path.isdir(dest),
-        "installed": os.path.isfile(os.path.join(dest, INSTALLED)),
-        "staging_left": os.path.lexists(staging),
-    }
-    if facts["installed"]:
-        # an install another user owns or can change is not this tool's (preflight's rule)
-        why = hostfs.why_not_ours_install(dest)
-        if why:
-            facts.update(installed=False, not_ours=why)
-    found = privacy.check_parent(dest, os.geteuid())
-    if found is not None:
-        # preflight refuses it unless transfer.shared_parent: allow (engine.check_parent)
-        facts["shared_parent"] = privacy.refusal(dest, found[0], found[1], os.geteuid())
-    free = hostfs.free_bytes(staging)
-    facts.update(free_bytes=free["free_bytes"], measured_at=free["measured_at"])
-    if os.path.isdir(staging) and not os.path.islink(staging):
-        facts["staged"] = staged_here(dest, staging)
-    lines: List[bytes] = []
-    size = 0
-    head: Optional[dict] = None
-    data = b""
-    if facts["installed"] and not os.path.islink(dest):
-        try:
-            got = safefs.read_in(dest, INSTALLED)
-            if got is not None:
-                data = got[0]
-                facts["installed_record"] = [got[1].st_size, got[1].st_mtime_ns]
-                head = _header(data)
-            if head is not None:
-                facts["installed_source_stat"] = head.get("source_stat_fingerprint") or ""
-        except (OSError, ValueError) as exc:
-            facts["installed_error"] = str(exc)
-    if facts["is_dir"] and not os.path.islink(dest):
-        lines, size = kitmanifest.tree_stat(dest, list((head or {}).get("excludes") or ()))
-    body = b"".join(lines)
-    if against and head is not None and head.get("source_stat_fingerprint") is not None:
-        if head.get(kitmanifest.INSTALLED_STAT) == hashlib.sha256(body).hexdigest():
-            # the walk's lines are the ones the install recorded (their sha256, in its
-            # header): every entry is as installed, none compared, no entry of it parsed
-            facts["install"] = {
-                "moved": {},
-                "source_entries": [_row(e) for e in head.get("source_entries") or ()],
-            }
-        else:
-            try:
-                compare = Against(head, _entries(data))
-            except ValueError as exc:
-                facts["installed_error"] = str(exc)
-                facts.pop("installed_source_stat", None)
-            else:
-                for row in _rows(lines):
-                    compare.see(tuple(row))
-                facts["install"] = compare.result()
-    del data
-    facts["bytes"] = size
-    facts["digest"] = hashlib.sha256(
-        json.dumps([facts["exists"], facts.get("installed_record")]).encode() + body
-    ).hexdigest()
-    good: List[str] = []
-    if os.path.isdir(parent):
-        good = [p for _n, p in swapfs.backup_dirs(dest) if swapfs.failed_mark(p) is None]
-    facts["backups"] = good
-    # a swap under `backup` makes the install in place the newest backup; past keep_backups the
-    # oldest go once the new install passed its checks (swapfs.prune_backups)
-    after = good + ([dest] if policy == "backup" and facts["exists"] else [])
-    facts["evicts"] = after[:-keep_backups] if keep_backups and len(after) > keep_backups else []
-    return facts, lines
-
-
-def staged_here(dest: str, staging: str) -> dict:
-    """What a staging beside the destination holds (files, bytes, bytes on disk) and, when it is
-    what a cut stream left (marked, private, of this destination: staging.resumable_why), the
-    source it was for (`source`: STAT-FINGERPRINT HOST:PATH): a run from that source resumes it,
-    any other removes it first (compose: `resumable`, or its room counted as free)."""
-    import types
-
-    from .receive import staged_bytes
-    from .staging import _read_mark, resumable_why
-
-    files, size, disk = staged_bytes(staging)
-    where = types.SimpleNamespace(staging=staging, dest=dest)
-    mark = _read_mark(where) or {}
-    source = str(mark.get("source", ""))
-    if source and resumable_why(where, source):
-        source = ""
-    return {"files": files, "bytes": size, "disk": disk, "source": source}
-
-
 # -- here: the plan --------------------------------------------------------------------------------
-
-
-def _rows(lines: List[bytes]) -> List[list]:
-    """The rows of stat lines (each ended by its newline)."""
-    return _body_rows(b"".join(lines))
-
-
-def _body_rows(body: bytes) -> List[list]:
-    """The rows of a body of stat lines, parsed at once (a name's newline is escaped in its
-    JSON: each line is one row; blank lines are none)."""
-    body = body.strip(b"\n")
-    if b"\n\n" in body or b"\r" in body:
-        body = b"\n".join(ln for ln in body.split(b"\n") if ln.strip())
-    return json.loads(b"[" + body.replace(b"\n", b",") + b"]") if body.strip() else []
-
-
-def scan_body(path: str) -> Tuple[str, bytes]:
-    """(stat fingerprint, stat lines) of a source scan record (hostfs.scan), not parsed; read
-    only once it is proven this user's (proven.read_record)."""
-    data = proven.read_record(path)
-    _head, _, body = data.partition(b"\n")
-    return hashlib.sha256(body).hexdigest(), body
-
-
-def read_scan(path: str) -> Tuple[str, List[list]]:
-    """(stat fingerprint, rows [p, t, m, s, l, mt]) of a source scan record (hostfs.scan)."""
-    fp, body = scan_body(path)
-    return fp, _body_rows(body)
-
-
-def state_body(path: str) -> Tuple[dict, bytes]:
-    """(facts, stat lines not parsed) of a destination's state (liveplan state), read only once
-    it is proven this user's (proven.read_record)."""
-    head, _, body = proven.read_record(path).partition(b"\n")
-    return json.loads(head), body
-
-
-def read_state(path: str) -> Tuple[dict, List[list]]:
-    facts, body = state_body(path)
-    return facts, _body_rows(body)
 
 
 def _flags(old: Optional[list], new: list) -> str:
@@ -352,7 +138,7 @@ def changes(
             out["unchanged"] += 1
     gone = sorted(set(base) | set(now)) if installed is not None else sorted(now)
     for p in gone:
-        if p in have or p == INSTALLED:
+        if p in have or p == paths.INSTALLED_MANIFEST:
             continue
         row = now.get(p) or base.get(p)
         out["removed"] += 1
@@ -360,11 +146,6 @@ def changes(
         items.append("*deleting   %s" % shown(p))
     out["items"] = items
     return out
-
-
-def _write(path: str, text: str) -> None:
-    """A file of this run's private directory: a new file and one rename, never through a link."""
-    safefs.write_file(path, text.encode("utf-8"), 0o600, sync=False)
 
 
 def judged(
@@ -379,12 +160,12 @@ def judged(
         ch = changes([], [], installed, same)
         ch["unchanged"] = body.count(b"\n")
         return [], ch, installed
-    src = _body_rows(body)
-    return src, changes(src, _body_rows(dest_body), installed, same), installed
+    src = planstate.body_rows(body)
+    return src, changes(src, planstate.body_rows(dest_body), installed, same), installed
 
 
 def assess(
-    a: argparse.Namespace,
+    args: argparse.Namespace,
     facts: dict,
     src: List[list],
     src_stat: str,
@@ -398,8 +179,8 @@ def assess(
         and facts.get("installed_source_stat") == src_stat
         and ch["changed"] == ch["added"] == ch["removed"] == 0
     )
-    delta = installed is not None and a.incremental
-    src_bytes = int(a.source_bytes or 0)
+    delta = installed is not None and args.incremental
+    src_bytes = int(args.source_bytes or 0)
     # an incremental run also sends again what relocation rewrites (bin/*, pyvenv.cfg: their
     # installed copies are not the source's, never linked)
     rewritten = 0
@@ -414,11 +195,11 @@ def assess(
         if up_to_date
         else (ch["added_bytes"] + ch["changed_bytes"] + rewritten if delta else src_bytes)
     )
-    staging = 0 if up_to_date else (send if delta else int(a.need_bytes or src_bytes))
+    staging = 0 if up_to_date else (send if delta else int(args.need_bytes or src_bytes))
     # a staging already there (issue 45): what a cut stream of this very source left is resumed
     # (only the rest is sent and needs room), any other is removed first (its room is free)
     kept = facts.get("staged") or {}
-    this = "%s %s:%s" % (src_stat, getattr(a, "src_host", ""), getattr(a, "src_path", ""))
+    this = "%s %s:%s" % (src_stat, getattr(args, "src_host", ""), getattr(args, "src_path", ""))
     resumable = bool(kept) and not delta and not up_to_date and kept.get("source") == this
     freed = 0
     if resumable:
@@ -431,7 +212,7 @@ def assess(
     # unchanged files from it, and the swap gives the backup copies of its own (unshare_backup:
     # free where the file system has reflinks)
     backup = 0
-    if a.policy == "backup" and facts["exists"] and delta and not up_to_date:
+    if args.policy == "backup" and facts["exists"] and delta and not up_to_date:
         backup = max(0, facts.get("bytes", 0) - ch["changed_bytes"])
     need = staging + backup
     blockers: List[str] = []
@@ -450,13 +231,13 @@ def assess(
                 % (
                     human(kept["bytes"]),
                     "a run resumes them" if resumable else "a run removes them first",
-                    getattr(a, "runbook", "") or "RUNBOOK",
+                    getattr(args, "runbook", "") or "RUNBOOK",
                 )
             )
         blockers.append(words)
-    if facts["exists"] and not facts["installed"] and a.policy == "refuse":
+    if facts["exists"] and not facts["installed"] and args.policy == "refuse":
         blockers.append("the destination %s exists and on_existing is refuse" % facts["dest"])
-    if facts.get("shared_parent") and a.shared_parent != "allow":
+    if facts.get("shared_parent") and args.shared_parent != "allow":
         blockers.append(facts["shared_parent"])
     return {
         "up_to_date": up_to_date,
@@ -473,35 +254,35 @@ def assess(
     }
 
 
-def compose(a: argparse.Namespace) -> int:
-    d = a.dir
-    src_stat, body = scan_body(os.path.join(d, "source.scan"))
-    facts, dest_body = state_body(os.path.join(d, "dest.state"))
+def compose(args: argparse.Namespace) -> int:
+    work = args.dir
+    src_stat, body = planstate.scan_body(os.path.join(work, "source.scan"))
+    facts, dest_body = planstate.state_body(os.path.join(work, "dest.state"))
     src, ch, installed = judged(src_stat, body, facts, dest_body)
-    _write(os.path.join(d, "changes.txt"), "\n".join(ch["items"] + [""]))
-    got = assess(a, facts, src, src_stat, ch, installed)
+    safefs.write_private(os.path.join(work, "changes.txt"), "\n".join(ch["items"] + [""]))
+    got = assess(args, facts, src, src_stat, ch, installed)
     up_to_date, delta, send = got["up_to_date"], got["delta"], got["send"]
     staging, backup, need, blockers = got["staging"], got["backup"], got["need"], got["blockers"]
-    src_bytes = int(a.source_bytes or 0)
-    audit = static_verdict(a)
-    blockers += source_blockers(a, audit)
-    checks = json.loads(a.checks or "{}").get("checks") or []
+    src_bytes = int(args.source_bytes or 0)
+    audit = static_verdict(args)
+    blockers += source_blockers(args, audit)
+    checks = json.loads(args.checks or "{}").get("checks") or []
     plan = {
         "kind": "rb-plan",
         "schema": 1,
-        "runbook": a.name,
-        "spec_sha256": a.spec_sha,
-        "kit_sha256": a.kit_sha,
-        "made": a.made,
+        "runbook": args.name,
+        "spec_sha256": args.spec_sha,
+        "kit_sha256": args.kit_sha,
+        "made": args.made,
         "source": {
-            "host": a.src_host,
-            "path": a.src_path,
+            "host": args.src_host,
+            "path": args.src_path,
             "stat_fingerprint": src_stat,
-            "files": int(a.source_files or 0),
+            "files": int(args.source_files or 0),
             "bytes": src_bytes,
         },
         "destination": {
-            "host": a.dst_host,
+            "host": args.dst_host,
             "path": facts["dest"],
             "digest": facts["digest"],
             "exists": facts["exists"],
@@ -509,8 +290,8 @@ def compose(a: argparse.Namespace) -> int:
             "free_bytes": facts["free_bytes"],
             "measured_at": facts["measured_at"],
         },
-        "route": a.route,
-        "compression": a.compression,
+        "route": args.route,
+        "compression": args.compression,
         "changes": {k: v for k, v in ch.items() if k != "items"},
         "up_to_date": up_to_date,
         "incremental": delta,
@@ -523,192 +304,61 @@ def compose(a: argparse.Namespace) -> int:
             "free": facts["free_bytes"],
             "freed": got["freed"],
         },
-        "policy": a.policy,
+        "policy": args.policy,
         "backups": facts["backups"],
         "evicts": facts["evicts"],
         "static": audit,
         "checks": [c.get("id") for c in checks],
         "blockers": blockers,
     }
-    _write(os.path.join(d, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n")
-    lines = screen(plan, ch["items"], a, checks, os.path.join(d, "changes.txt"))
+    safefs.write_private(
+        os.path.join(work, "plan.json"), json.dumps(plan, indent=1, sort_keys=True) + "\n"
+    )
+    lines = planscreen.screen(plan, ch["items"], args, checks, os.path.join(work, "changes.txt"))
     print("\n".join(lines))
-    if a.markdown:
-        _write(os.path.join(d, "plan.md"), markdown(plan, ch["items"], lines))
+    if args.markdown:
+        safefs.write_private(
+            os.path.join(work, "plan.md"), planscreen.markdown(plan, ch["items"], lines)
+        )
     return 1 if blockers else 0
 
 
-def source_blockers(a: argparse.Namespace, audit: str) -> List[str]:
+def source_blockers(args: argparse.Namespace, audit: str) -> List[str]:
     """What the source itself blocks, said the same by both composes (this one, rbkit.fanplan)."""
     out = []
-    if audit.startswith("failed") and not a.force and not getattr(a, "same_host", False):
+    if audit.startswith("failed") and not args.force and not getattr(args, "same_host", False):
         out.append("the static checks on the source failed (%s): fix the venv or --force" % audit)
-    if getattr(a, "library_missing", ""):
+    if getattr(args, "library_missing", ""):
         # what the exports step refuses after the swap, refused before anything moves
         out.append(
             "the source has no %s under its site-packages: the exports step would "
             "refuse it; fix cuda.library_path_first in the spec"
-            % a.library_missing.replace(",", ", ")
+            % args.library_missing.replace(",", ", ")
         )
     return out
 
 
-def static_verdict(a: argparse.Namespace) -> str:
+def static_verdict(args: argparse.Namespace) -> str:
     what = (
-        "kernel audit for %s, references leaving the venv" % a.arch
-        if a.arch
+        "kernel audit for %s, references leaving the venv" % args.arch
+        if args.arch
         else "references leaving the venv"
     )
-    if a.audit_skipped == "1":
+    if args.audit_skipped == "1":
         return (
             "skipped: the source is the tree the destination's install recorded, and they "
             "passed for it here (%s)" % what
         )
-    if a.audit_rc == "0" or (a.audit_rc == "1" and not a.audit_failed):
+    if args.audit_rc == "0" or (args.audit_rc == "1" and not args.audit_failed):
         return "passed (%s)" % what
-    if a.audit_rc == "1":
+    if args.audit_rc == "1":
         said = (
             " (both ends are this machine: said, not refused)"
-            if a.same_host and a.audit_failed == "outside"
+            if args.same_host and args.audit_failed == "outside"
             else ""
         )
-        return "failed: %s%s" % (a.audit_failed, said)
-    return "could not run (exit %s)" % a.audit_rc
-
-
-def screen(
-    plan: dict, items: List[str], a: argparse.Namespace, checks: List[dict], listing: str
-) -> List[str]:
-    ch, disk = plan["changes"], plan["disk"]
-    src, dst = plan["source"], plan["destination"]
-    out = [
-        "plan for %s: %s:%s -> %s:%s"
-        % (plan["runbook"], src["host"], src["path"], dst["host"], dst["path"])
-    ]
-    out.append("  hosts:       %s" % a.hosts)
-    out.append("  route:       %s" % a.route_why)
-    out.append("  compression: %s" % a.compression_why)
-    out.append(
-        "  source:      %d files, %s (scan %s)"
-        % (src["files"], human(src["bytes"]), src["stat_fingerprint"][:12])
-    )
-    state = (
-        "holds an install of this tool"
-        if dst["installed"]
-        else "exists (not installed by this tool)"
-        if dst["exists"]
-        else "does not exist yet"
-    )
-    out.append("  destination: %s; on_existing %s" % (state, plan["policy"]))
-    if plan["up_to_date"]:
-        out.append("  changes:     nothing to send: the destination already holds this exact tree")
-    else:
-        out.append(
-            "  changes:     %d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
-            % (
-                ch["added"],
-                human(ch["added_bytes"]),
-                ch["changed"],
-                human(ch["changed_bytes"]),
-                ch["removed"],
-                human(ch["removed_bytes"]),
-                ch["unchanged"],
-            )
-        )
-        for line in items[:SHOWN]:
-            out.append("               " + line)
-        if len(items) > SHOWN:
-            out.append("               ... %d more" % (len(items) - SHOWN))
-        out.append("               every line: %s" % listing)
-        resumed = plan.get("resumable")
-        if resumed:
-            out.append(
-                "  resumable:   %s of %s staged (%d files a cut stream of this source "
-                "left); %s to send"
-                % (
-                    human(resumed["staged"]),
-                    human(resumed["of"]),
-                    resumed["files"],
-                    human(plan["send_bytes"]),
-                )
-            )
-        if plan["incremental"]:
-            # one sum, its two parts named as parts (issue 45: `14.9 KB, only the changes, and
-            # 14.9 KB of bin/...` read as 29.8 KB)
-            how = (
-                "in all: %s of changes and %s of bin/ and pyvenv.cfg, which relocation "
-                "rewrites (incremental)"
-                % (human(ch["added_bytes"] + ch["changed_bytes"]), human(ch["rewritten_bytes"]))
-            )
-        else:
-            how = "the rest of the tree (resumed)" if resumed else "the whole tree"
-        out.append("  to send:     %s, %s" % (human(plan["send_bytes"]), how))
-    free = disk["free"] + disk.get("freed", 0)
-    room = "enough room" if disk["need"] <= free else "NOT ENOUGH ROOM"
-    freed = (
-        " (and %s of an earlier staging, removed first)" % human(disk["freed"])
-        if disk.get("freed")
-        else ""
-    )
-    out.append(
-        "  disk:        %s needed (staging %s%s) of %s free%s at %s: %s"
-        % (
-            human(disk["need"]),
-            human(disk["staging"]),
-            ", kept backup " + human(disk["backup"]) if disk["backup"] else "",
-            human(disk["free"]),
-            freed,
-            dst["measured_at"],
-            room,
-        )
-    )
-    if plan["policy"] == "backup":
-        n = len(plan["backups"])
-        kept = "%d backup%s kept" % (n, "" if n == 1 else "s")
-        evict = (
-            ("; evicts %s once the new install passes its checks" % ", ".join(plan["evicts"]))
-            if plan["evicts"]
-            else "; evicts none"
-        )
-        out.append("  backups:     %s (keep_backups %s)%s" % (kept, a.keep_backups, evict))
-    out.append("  static:      %s" % plan["static"])
-    names = []
-    head = True
-    for c in checks:
-        # the implied checks come first (compiler.implied: relocation, and kernel_audit for a gpu)
-        head = head and c.get("type") in ("relocation", "kernel_audit")
-        implied = " (implied)" if head else ""
-        skip = " (may skip)" if c.get("allow_skip") else ""
-        names.append("%s%s%s" % (c.get("id"), implied, skip))
-    out.append("  checks:      %s" % (", ".join(names) or "none"))
-    for b in plan["blockers"]:
-        out.append("  BLOCKED:     %s" % b)
-    return [printable(line) for line in out]
-
-
-def markdown(plan: dict, items: List[str], lines: List[str]) -> str:
-    text = [
-        "# Live plan: %s" % plan["runbook"],
-        "",
-        "Made %s against the real hosts (spec sha256 %s)."
-        % (plan["made"], plan["spec_sha256"][:12]),
-        "",
-        "```",
-        *lines[1:],
-        "```",
-        "",
-    ]
-    if items:
-        text += [
-            "<details><summary>%d itemized changes</summary>" % len(items),
-            "",
-            "```",
-            *items,
-            "```",
-            "</details>",
-            "",
-        ]
-    return "\n".join(text)
+        return "failed: %s%s" % (args.audit_failed, said)
+    return "could not run (exit %s)" % args.audit_rc
 
 
 # -- here: the plan against what is there now -----------------------------------------------------
@@ -719,26 +369,26 @@ def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
     d = os.path.dirname(os.path.abspath(plan_path))
     record = ""
     if side == "source":
-        _fp, then = read_scan(os.path.join(d, "source.scan"))
-        _fp, now = read_scan(now_path)
+        _fp, then = planstate.read_scan(os.path.join(d, "source.scan"))
+        _fp, now = planstate.read_scan(now_path)
     else:
-        was, then = read_state(os.path.join(d, "dest.state"))
-        facts, now = read_state(now_path)
+        was, then = planstate.read_state(os.path.join(d, "dest.state"))
+        facts, now = planstate.read_state(now_path)
         if (was.get("exists"), was.get("installed_record")) != (
             facts.get("exists"),
             facts.get("installed_record"),
         ):
             record = (
-                INSTALLED + " (the install's record)"
+                paths.INSTALLED_MANIFEST + " (the install's record)"
                 if facts.get("exists")
                 else facts["dest"] + " (gone)"
             )
-    a, b = {r[0]: r for r in then}, {r[0]: r for r in now}
-    moved = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+    args, b = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(args) | set(b) if args.get(p) != b.get(p))
     said = []
     for p in moved[:5]:
         said.append(
-            shown(p) + (" (new)" if p not in a else " (gone)" if p not in b else " (changed)")
+            shown(p) + (" (new)" if p not in args else " (gone)" if p not in b else " (changed)")
         )
     if record:
         moved.append(record)
@@ -773,8 +423,8 @@ COMPOSE_FIELDS = (
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="rbkit liveplan")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(prog="rbkit liveplan")
+    sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("state")
     s.add_argument("dest")
     s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
@@ -804,84 +454,88 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--name", required=True)
     r.add_argument("--spec-sha", required=True)
     r.add_argument("--kit-sha", required=True)
-    a = p.parse_args(argv)
+    args = parser.parse_args(argv)
     try:
-        if a.cmd in ("state", "compose"):
+        if args.cmd in ("state", "compose"):
             # the spec's choices for the destination, from the engine's one document
-            ch = Choices.from_json(a.choices)
-            a.policy, a.shared_parent = ch.on_existing, ch.shared_parent
-            a.keep_backups = (
+            ch = Choices.from_json(args.choices)
+            args.policy, args.shared_parent = ch.on_existing, ch.shared_parent
+            args.keep_backups = (
                 ch.keep_backups or 0
-                if a.cmd == "state"
+                if args.cmd == "state"
                 else ("" if ch.keep_backups is None else str(ch.keep_backups))
             )
-        if a.cmd == "state":
-            facts, lines = dest_state(a.dest, a.policy, a.keep_backups, a.against_install)
+        if args.cmd == "state":
+            facts, lines = planstate.dest_state(
+                args.dest, args.policy, args.keep_backups, args.against_install
+            )
             out = sys.stdout.buffer
             out.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
             out.write(b"".join(lines))
             return 0
-        if a.cmd == "compose":
-            return compose(a)
-        if a.cmd == "installed":
+        if args.cmd == "compose":
+            return compose(args)
+        if args.cmd == "installed":
             from .installs import why_not_ours_install
 
-            why = why_not_ours_install(a.dest)
+            why = why_not_ours_install(args.dest)
             if why:
                 print(
                     "rbkit liveplan installed: the install at %s is not proven ours: %s"
-                    % (a.dest, why),
+                    % (args.dest, why),
                     file=sys.stderr,
                 )
                 return 2
-            got = safefs.read_in(a.dest, INSTALLED)
+            got = safefs.read_in(args.dest, paths.INSTALLED_MANIFEST)
             if got is None:
                 print(
                     "rbkit liveplan installed: %s/%s is not a regular file of the install"
-                    % (a.dest, INSTALLED),
+                    % (args.dest, paths.INSTALLED_MANIFEST),
                     file=sys.stderr,
                 )
                 return 2
             sys.stdout.buffer.write(got[0])
             return 0
-        if a.cmd == "drift":
-            n, first = drift(a.plan, a.side, a.now)
+        if args.cmd == "drift":
+            n, first = drift(args.plan, args.side, args.now)
             if n:
                 print("%d\t%s" % (n, first))
                 return 1
             return 0
-        return read_plan(a)
+        return read_plan(args)
     except (OSError, ValueError, KeyError) as exc:
-        print("rbkit liveplan %s: %s" % (a.cmd, exc), file=sys.stderr)
+        print("rbkit liveplan %s: %s" % (args.cmd, exc), file=sys.stderr)
         return 2
 
 
-def read_plan(a: argparse.Namespace) -> int:
+def read_plan(args: argparse.Namespace) -> int:
     try:
-        plan = json.loads(proven.read_record(a.plan).decode("utf-8"))
+        plan = json.loads(proven.read_record(args.plan).decode("utf-8"))
     except proven.NotOurs as exc:
         # refused before it is read: a plan another user could have written or swapped
         print(
             "refusing to apply %s: %s; another user could have written what it says: make a "
-            "new plan with --plan" % (a.plan, exc),
+            "new plan with --plan" % (args.plan, exc),
             file=sys.stderr,
         )
         return 1
     except (OSError, ValueError) as exc:
         print(
-            "the plan %s cannot be read (%s): make one with --plan" % (a.plan, exc), file=sys.stderr
+            "the plan %s cannot be read (%s): make one with --plan" % (args.plan, exc),
+            file=sys.stderr,
         )
         return 1
     why = ""
-    if plan.get("kind") != "rb-plan" or plan.get("runbook") != a.name:
-        why = "it is not a plan of runbook %s" % a.name
-    elif plan.get("spec_sha256") != a.spec_sha or plan.get("kit_sha256") != a.kit_sha:
+    if plan.get("kind") != "rb-plan" or plan.get("runbook") != args.name:
+        why = "it is not a plan of runbook %s" % args.name
+    elif plan.get("spec_sha256") != args.spec_sha or plan.get("kit_sha256") != args.kit_sha:
         why = "this runbook was compiled again since (another spec or kit)"
     elif plan.get("blockers"):
         why = "the plan is blocked: " + "; ".join(plan["blockers"])
     if why:
         print(
-            "refusing to apply %s: %s; make a new one with --plan" % (a.plan, why), file=sys.stderr
+            "refusing to apply %s: %s; make a new one with --plan" % (args.plan, why),
+            file=sys.stderr,
         )
         return 1
     for key, value in (

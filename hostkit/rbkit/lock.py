@@ -22,7 +22,7 @@ import stat
 import time
 from typing import Callable, List, Optional
 
-from rbrules import paths, proven
+from rbrules import owners, paths
 
 
 def lock_path(dest: str) -> str:
@@ -131,7 +131,7 @@ class Lock:
         st = os.fstat(fd)
         # proven ours through the descriptor (rbrules.proven: a file read on its own), and this
         # user's: a lock another user made, or can write, is never taken for ours
-        why = proven.why_not_ours(self.path, st, alone=True)
+        why = owners.why_not_ours(self.path, st, alone=True)
         if why or st.st_uid != os.geteuid():
             os.close(fd)
             raise Taken(

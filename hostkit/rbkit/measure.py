@@ -4,10 +4,10 @@
                        [--link RATE [--shared-cpu [--scanned NAMES.stat]] [--jobs J]
                         [--here-cpus TOKEN]]
 
-reads a sample of the tree (sample_of: N bytes, rbrules.common.MEASURE_SAMPLE by default, in
+reads a sample of the tree (sample_of: N bytes, rbrules.linkrate.MEASURE_SAMPLE by default, in
 pieces spread evenly over the bytes of all its files, so each kind of file counts as much as it
-weighs) into memory, packs it with each tool on one core (rbrules.common.measured_words: lz4 -1,
-zstd -1 and -3 with -T1) and unpacks what it packed, and prints one JSON line: the sample's
+weighs) into memory, packs it with each tool on one core (rbrules.compression.measured_words: lz4
+-1, zstd -1 and -3 with -T1) and unpacks what it packed, and prints one JSON line: the sample's
 size, the tree's, and per tool and level the rate it read the sample at (bytes a second, wall),
 the bytes per CPU second packing and unpacking (the child's rusage) and the ratio (sample bytes /
 packed bytes). A tool that is missing or fails is said with its reason, never measured.
@@ -26,10 +26,10 @@ the scan's record, the sample's files without a second walk.
 is the link measurement's receiving end (`receive_link`): it says `ready`, times the zeros that
 come on stdin and prints `RATE SECONDS IDLE BYTES CPUS` (IDLE: how many CPUs of this kernel were
 idle meanwhile, or -; CPUS: the ones this end may use, rbrules.cpus.token) as soon as the rate
-is stable (rbrules.common.link_stable), at most LINK_SECONDS after the first byte; closing stdin
+is stable (rbrules.linkrate.link_stable), at most LINK_SECONDS after the first byte; closing stdin
 then ends the sending end (SIGPIPE). With --watch (the link's processes on these CPUs: this
 machine's ssh masters) it adds their `CPU WAIT WALL COUNT` (ns) over its later windows, and
-stops early when they show no CPU to spare (rbrules.common.link_cpu_bound, after
+stops early when they show no CPU to spare (rbrules.linkrate.link_cpu_bound, after
 LINK_CPU_SECONDS).
 """
 
@@ -45,19 +45,17 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rbrules import cpus
-from rbrules.common import (
-    COMPRESSION,
+from rbrules.compression import COMPRESSION, measured_words
+from rbrules.linkrate import (
     LINK_CPU_SECONDS,
     LINK_SECONDS,
     LINK_WINDOW,
     MEASURE_SAMPLE,
-    STREAMS_MIN_BYTES,
     link_cpu_bound,
     link_stable,
     link_tail,
-    measured_words,
-    relay_streams,
 )
+from rbrules.streams import STREAMS_MIN_BYTES, relay_streams
 
 from . import model
 
@@ -78,24 +76,24 @@ def _files(root: str, excludes: List[str]) -> List[Tuple[str, int]]:
             entries = sorted(os.scandir(here), key=lambda e: e.name)
         except OSError:
             continue
-        for e in entries:
+        for entrie in entries:
             seen += 1
-            if any(fnmatch.fnmatch(e.name, p) for p in excludes):
+            if any(fnmatch.fnmatch(entrie.name, p) for p in excludes):
                 continue
             try:
-                st = e.stat(follow_symlinks=False)
+                st = entrie.stat(follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                todo.append(e.path)
+                todo.append(entrie.path)
             elif stat.S_ISREG(st.st_mode) and st.st_size > 0:
-                out.append((e.path, st.st_size))
+                out.append((entrie.path, st.st_size))
     return out
 
 
 def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple[str, int]]]:
     """(path, size) of the regular files in this run's scan record (NAMES.stat: the source's scan
-    wrote it, manifest.scan_header and a values_line an entry), in its walk's order; None when
+    wrote it, manifestfile.scan_header and a values_line an entry), in its walk's order; None when
     there is none or it is of another root or excludes (then the tree is walked)."""
     import json
 
@@ -103,8 +101,8 @@ def _scanned(record: str, root: str, excludes: List[str]) -> Optional[List[Tuple
         fd = os.open(record, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
     except OSError:
         return None
-    with open(fd, "rb") as f:
-        head, _, body = f.read().partition(b"\n")
+    with open(fd, "rb") as fh:
+        head, _, body = fh.read().partition(b"\n")
     try:
         said = json.loads(head)
         if (said.get("kind"), said.get("root"), said.get("excludes")) != (
@@ -244,8 +242,8 @@ def cpu_times() -> Optional[Tuple[int, int]]:
     """(idle, total) jiffies of every CPU of this kernel (/proc/stat's `cpu` line: idle and
     iowait count as idle), or None where there is no /proc/stat."""
     try:
-        with open("/proc/stat", "rb") as f:
-            words = f.readline().split()
+        with open("/proc/stat", "rb") as fh:
+            words = fh.readline().split()
     except OSError:
         return None
     if words[:1] != [b"cpu"] or len(words) < 6:
@@ -271,8 +269,8 @@ def watched(pairs: List[str]) -> List[int]:
     for word in pairs:
         pid, _, start = word.partition(":")
         try:
-            with open("/proc/%d/stat" % int(pid), "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[19] != start.encode():
+            with open("/proc/%d/stat" % int(pid), "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[19] != start.encode():
                     return []
         except (OSError, ValueError, IndexError):
             return []
@@ -285,8 +283,8 @@ def proc_times(pids: List[int]) -> Optional[Tuple[int, int]]:
     cpu = waited = 0
     for pid in pids:
         try:
-            with open("/proc/%d/schedstat" % pid, "rb") as f:
-                words = f.read().split()
+            with open("/proc/%d/schedstat" % pid, "rb") as fh:
+                words = fh.read().split()
             cpu, waited = cpu + int(words[0]), waited + int(words[1])
         except (OSError, ValueError, IndexError):
             return None
@@ -368,10 +366,10 @@ def _tail_cpu(
     """(ns on a CPU, ns waiting for one, ns, processes) of the watched processes over
     link_tail's windows, or None."""
     first = len(windows) - len(link_tail(windows))
-    a, b = used[first], used[-1]
-    if not procs or a is None or b is None or not windows:
+    args, b = used[first], used[-1]
+    if not procs or args is None or b is None or not windows:
         return None
-    return b[0] - a[0], b[1] - a[1], int((ends[-1][0] - ends[first][0]) * 1e9), procs
+    return b[0] - args[0], b[1] - args[1], int((ends[-1][0] - ends[first][0]) * 1e9), procs
 
 
 def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:
@@ -406,7 +404,7 @@ def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:
 
 
 def spare_cpu(link: int, seen: Dict[str, Any]) -> Optional[bool]:
-    """Whether the link (`link` bytes a second) had CPU to spare (rbrules.common.link_cpu_bound
+    """Whether the link (`link` bytes a second) had CPU to spare (rbrules.linkrate.link_cpu_bound
     on this machine's ssh masters' figures in `seen`, read_link's), or None where they were not
     read."""
     if "here_cpu_s" not in seen:
@@ -442,7 +440,7 @@ def measure(
     scanned: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The sample's figures and each tool's (rate), on one core: lz4, zstd at each level
-    (rbrules.common.measured_words); the tree's bytes."""
+    (rbrules.compression.measured_words); the tree's bytes."""
     start = time.monotonic()
     files = listing(root, excludes, scanned)
     data = sample_of(files, want)
@@ -485,7 +483,7 @@ def move_of(
 ) -> model.Move:
     """The model's Move from the measured figures (`doc`'s tools), the link's rate and what was
     seen beside it, the run's jobs word and the three machines' CPUs (ends_of's tokens). Its
-    streams are the relay's rule (rbrules.common.relay_streams), one below STREAMS_MIN_BYTES."""
+    streams are the relay's rule (rbrules.streams.relay_streams), one below STREAMS_MIN_BYTES."""
     use = {k: cpus.read_token(v) or cpus.read_token(ends["src"]) for k, v in ends.items()}
     fewest = min(cpus.jobs(jobs, u) for u in use.values())
     n = relay_streams(fewest, min(u.count for u in use.values()))

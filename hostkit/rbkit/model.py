@@ -2,7 +2,7 @@
 compression moves the tree fastest, and why in one line. Pure: no I/O, no clock; `rbkit measure`
 measures (measure.py) and calls `decide`, the tests give figures.
 
-The move: N streams side by side (rbrules.common.relay_streams: the relay's own rule, so the
+The move: N streams side by side (rbrules.streams.relay_streams: the relay's own rule, so the
 model counts the streams the relay will run), each `tar | PACK | ssh` on the source, two ssh
 cipher processes here, `ssh | UNPACK | tar` on the destination. For each option (none, lz4,
 zstd at each measured level with -T1..K threads a stream) its throughput in bytes of the tree a
@@ -89,7 +89,8 @@ class Decision(NamedTuple):
 
 
 def zstd_word(level: int, threads: int) -> str:
-    """The stream's word for zstd at `level` with `threads` (rbrules.common.compression reads it)."""
+    """The stream's word for zstd at `level` with `threads` (rbrules.compression.compression reads
+    it)."""
     return "zstd-%d-T%d" % (level, threads)
 
 
@@ -124,8 +125,7 @@ def _shared(move: Move, tool: Optional[Tool]) -> Tuple[float, str]:
     """(bytes of the tree a second, its bound) where the machines share `src.cpus` CPUs: the
     link's time for the packed bytes plus the CPU time packing and unpacking them, spread over
     the CPUs, never faster than the slowest stage alone. With one CPU that is the stages taking
-    turns: the lab's 1 Gbit/s link (2 cores), measured at 118-125 MB/s, then gave none (lz4 135
-    MB/s through, short of the margin): transfers of 8.1-8.4 s against 5.4-5.8 s with lz4."""
+    turns (the lab's figures: docs/benchmarks.md)."""
     moved = move.link.rate * (tool.ratio if tool else 1.0)
     if tool is None:
         return moved, "link"
@@ -200,23 +200,23 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
         )
     shown: List[str] = []
     seen = set()
-    for o in d.options:  # the fastest first: one entry a tool and level
-        key = o.word.rsplit("-T", 1)[0]
+    for option in d.options:  # the fastest first: one entry a tool and level
+        key = option.word.rsplit("-T", 1)[0]
         if key in seen:
             continue
         seen.add(key)
-        if o.tool is None:
-            shown.append("none %s (%s)" % (mb(o.rate), BOUND_WORDS[o.bound]))
+        if option.tool is None:
+            shown.append("none %s (%s)" % (mb(option.rate), BOUND_WORDS[option.bound]))
             continue
         shown.append(
             "%s %s (ratio %.1f, packs %s, unpacks %s a CPU; %s)"
             % (
-                _spaced(o.word),
-                mb(o.rate),
-                o.tool.ratio,
-                mb(o.tool.pack),
-                mb(o.tool.unpack) if o.tool.unpack != float("inf") else "?",
-                BOUND_WORDS[o.bound],
+                _spaced(option.word),
+                mb(option.rate),
+                option.tool.ratio,
+                mb(option.tool.pack),
+                mb(option.tool.unpack) if option.tool.unpack != float("inf") else "?",
+                BOUND_WORDS[option.bound],
             )
         )
     for tool, why in sorted((failed or {}).items()):

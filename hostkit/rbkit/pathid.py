@@ -1,9 +1,9 @@
 """Is the destination the source? Which machine and which directory a path is, beyond its text.
 
 A text comparison of the spec's two endpoints misses a symlink alias (`/opt/venv` and
-`/data/opt/venv`), a relative path, a bind mount, and two host ids (or two addresses) for one machine;
-the swap then replaces the source with its own copy. `identity(path)` runs on each end (as
-`hostfs.identity`) and says what the path is there; `same_or_nested(source, destination)`, a pure
+`/data/opt/venv`), a relative path, a bind mount, and two host ids (or two addresses) for one
+machine; the swap then replaces the source with its own copy. `identity(path)` runs on each end (as
+`pathid.identity`) and says what the path is there; `same_or_nested(source, destination)`, a pure
 function of the two results, says why they must not be used together, or None.
 
 One machine: both ends report the same boot id (/proc/sys/kernel/random/boot_id: random per boot,
@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import re
 from typing import Any, Dict, List, Optional
+
+from rbrules import paths
 
 NETWORK_FS = frozenset(
     (
@@ -47,8 +49,8 @@ NETWORK_FS = frozenset(
 
 def _read_id(path: str) -> Optional[str]:
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip() or None
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip() or None
     except OSError:
         return None
 
@@ -70,8 +72,8 @@ def mount_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> Optional[Dic
     """The mount that holds `path` (an absolute, resolved path): its mount point, its root inside
     the file system, the file system type and source (e.g. `filer:/export`)."""
     try:
-        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as fh:
+            lines = fh.read().splitlines()
     except OSError:
         return None
     best: Optional[Dict[str, str]] = None
@@ -136,11 +138,11 @@ def identity(path: str) -> Dict[str, Any]:
     return out
 
 
-def same_machine(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+def same_machine(one: Dict[str, Any], other: Dict[str, Any]) -> bool:
     """One kernel: equal boot ids; where either lacks one, equal machine ids."""
-    if a.get("boot_id") and b.get("boot_id"):
-        return a["boot_id"] == b["boot_id"]
-    return bool(a.get("machine_id")) and a.get("machine_id") == b.get("machine_id")
+    if one.get("boot_id") and other.get("boot_id"):
+        return one["boot_id"] == other["boot_id"]
+    return bool(one.get("machine_id")) and one.get("machine_id") == other.get("machine_id")
 
 
 def _backup_or_staging_of(src: str, dest: str) -> bool:
@@ -148,7 +150,7 @@ def _backup_or_staging_of(src: str, dest: str) -> bool:
     return (
         os.path.dirname(src) == os.path.dirname(dest)
         and re.match(
-            rf"^(?:{base}\.rb-backup\.[0-9]+|\.{base}\.rb-(?:staging|old|restore))$",
+            rf"^(?:{paths.backup_number(os.path.basename(dest))}|\.{base}\.rb-(?:staging|old|restore))$",
             os.path.basename(src),
         )
         is not None

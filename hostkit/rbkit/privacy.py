@@ -21,7 +21,8 @@ import stat
 from typing import Optional, Tuple
 
 from rbrules import private, proven
-from rbrules.private import MAX_LINKS, first_not_private, owner, user_name  # noqa: F401
+from rbrules.owners import user_name
+from rbrules.private import first_not_private
 
 SPEC_KEY = "transfer.shared_parent"
 

@@ -14,25 +14,23 @@ import threading
 from typing import Any, List, Tuple
 
 from rbrules import cpus
+from rbrules.enginerules import PROVE_TIMEOUT
 from rbrules.proven import fresh_dir
 
-from . import manifest as kitmanifest
-from . import relocate as kitrelocate
-from . import safefs
-from .receive import _load_received
+from . import manifest, relocate, safefs
+from .receive import load_received
 from .runner import (
-    PROVE_TIMEOUT,
     Context,
     Result,
     StepError,
-    _identity,
-    _require,
-    _require_lock,
-    _write_stamp,
+    identity_of,
     jobs,
     read_stamp,
+    require_lock,
+    require_stamp,
+    write_stamp,
 )
-from .staging import _chmod_dir, _drop_mark, _read_mark
+from .staging import chmod_dir, drop_mark, read_mark
 from .stream import child_env, run_quiet, tail
 
 
@@ -42,20 +40,20 @@ def verify(ctx: Context) -> Result:
     from the stream, when the file still has the inode and ctime tar left it with (RECEIVED);
     by stat when this run's stage linked it from the current install; else it is read and hashed.
     Leaves the stamp relocate and swap require."""
-    _require_lock(ctx)
+    require_lock(ctx)
     doc = read_stamp(ctx) or {}
-    _write_stamp(ctx, None)
-    identity = _identity(ctx.staging)
+    write_stamp(ctx, None)
+    identity = identity_of(ctx.staging)
     linked = ctx.dest if doc.get("delta") and doc.get("identity") == identity else None
     new = ctx.new_manifest()
-    received = _load_received(ctx, identity, new["header"]["algo"])
+    received = load_received(ctx, identity, new["header"]["algo"])
     _scan_elsewhere(ctx)
     inodes = (
         ctx.linked_inodes[1]
         if linked and ctx.linked_inodes is not None and ctx.linked_inodes[0] == identity
         else None
     )
-    result = kitmanifest.verify(
+    result = manifest.verify(
         ctx.staging,
         new,
         jobs(ctx.choices.jobs),
@@ -63,23 +61,23 @@ def verify(ctx: Context) -> Result:
         received=received,
         linked_inodes=inodes,
     )
-    listed = kitmanifest.describe(result)
+    listed = manifest.describe(result)
     for line in listed:
         ctx.log(line)
     facts = {k: result[k] for k in ("checked", "hashed", "linked", "streamed")}
     if not result["ok"]:
-        _cancel_elsewhere(ctx)
+        cancel_elsewhere(ctx)
         raise StepError(
             "the copy in %s differs from the source manifest (listed above); the "
             "destination was not touched" % ctx.staging,
             facts,
             listed,
         )
-    if _read_mark(ctx) is not None:
+    if read_mark(ctx) is not None:
         # whole and verified: no longer what a cut stream left; the install's mode
-        _chmod_dir(ctx.staging, 0o755)
-        _drop_mark(ctx)
-    _write_stamp(
+        chmod_dir(ctx.staging, 0o755)
+        drop_mark(ctx)
+    write_stamp(
         ctx,
         {
             "stage": "verified",
@@ -109,29 +107,29 @@ def verify(ctx: Context) -> Result:
 
 
 def _scan_elsewhere(ctx: Context) -> None:
-    """Data files outside bin/ that name the old path are only reported (swap, _report_elsewhere);
+    """Data files outside bin/ that name the old path are only reported (swap, report_elsewhere);
     that scan reads every .py, .txt, .json... of the staging, so it starts with verify, in a child
     Python beside verify's walk, on the prefixes relocate will replace (relocate starts it again
     in a thread if those differ)."""
-    _cancel_elsewhere(ctx)
-    olds = kitrelocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
+    cancel_elsewhere(ctx)
+    olds = relocate.old_prefixes(ctx.staging, ctx.old, ctx.dest) if ctx.old else []
     if olds:
-        ctx.elsewhere = (kitrelocate.ElsewhereChild(ctx.staging, olds), olds)
+        ctx.elsewhere = (relocate.ElsewhereChild(ctx.staging, olds), olds)
 
 
 def stop_background(ctx: Context) -> None:
     """The run's engine ends: what it started beside its steps is stopped (the scan of data
     files, when no swap took its result)."""
-    _cancel_elsewhere(ctx)
+    cancel_elsewhere(ctx)
 
 
-def _cancel_elsewhere(ctx: Context) -> None:
+def cancel_elsewhere(ctx: Context) -> None:
     scan, ctx.elsewhere = ctx.elsewhere, None
     if scan is not None and hasattr(scan[0], "cancel"):
         scan[0].cancel()
 
 
-def _report_elsewhere(ctx: Context, facts: dict) -> None:
+def report_elsewhere(ctx: Context, facts: dict) -> None:
     """What the scan begun at verify (or relocate) found: logged, counted in `facts`."""
     scan, ctx.elsewhere = ctx.elsewhere, None
     if scan is None:
@@ -149,8 +147,8 @@ def prove(ctx: Context) -> Result:
     """The staged interpreter runs here and knows where it is: bin/python -c 'sys.prefix' from
     the staging, within PROVE_TIMEOUT. A venv whose base interpreter this host lacks stops here,
     before anything is installed."""
-    _require_lock(ctx)
-    doc = _require(ctx, ("relocated",), "prove")
+    require_lock(ctx)
+    doc = require_stamp(ctx, ("relocated",), "prove")
     python = os.path.join(ctx.staging, "bin", "python")
     try:
         prefix, version = interpreter_prefix(python, ctx.staging)
@@ -170,7 +168,7 @@ def prove(ctx: Context) -> Result:
             "packages under lib/python%s are not seen; install Python %s here"
             % (version, made, ".".join(made.split(".")[:2]), ".".join(made.split(".")[:2]))
         )
-    _write_stamp(ctx, dict(doc, stage="proven"))
+    write_stamp(ctx, dict(doc, stage="proven"))
     return Result("bin/python %s runs from the staging" % version, {"python": version})
 
 
@@ -200,7 +198,7 @@ def _console_scripts(dest: str, rewritten: List[str]) -> List[Tuple[str, bytes]]
         if got is None or not got[1].st_mode & 0o111:
             continue
         head = got[0][:4096]
-        own = kitrelocate.python_script(head, dest)
+        own = relocate.python_script(head, dest)
         out.append((rel, b"\n".join(head.split(b"\n", 2)[:2]) if own else b""))
     return out
 
@@ -230,8 +228,8 @@ def prove_scripts(
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
             0o600,
         )
-        with os.fdopen(fd, "wb") as f:
-            f.write(_PROOF_HOOK)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(_PROOF_HOOK)
         env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
 
         def one(i: int) -> None:

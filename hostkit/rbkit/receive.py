@@ -14,6 +14,10 @@ import re
 import stat
 from typing import Any, List, Optional
 
+from rbrules.compression import compression
+from rbrules.streams import TAR_RECORD
+from rbrules.units import human
+
 from . import hostfs, tarstream
 from .runner import (
     KEPT,
@@ -21,12 +25,12 @@ from .runner import (
     Context,
     Result,
     StepError,
-    _identity,
+    identity_of,
     jobs,
     read_stamp,
     write_file,
 )
-from .stream import TAR_RECORD, Progress, compression, exit_words, human, pipeline, tail
+from .stream import Progress, exit_words, pipeline, tail
 
 
 def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -> Result:
@@ -42,11 +46,11 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     is free, what is still to come of `need`, the bytes the whole staging holds once every stream
     arrived), not as tar's exit status (issue 45)."""
     doc = read_stamp(ctx)
-    if doc is None or doc.get("stage") != "staged" or _identity(ctx.staging) != doc["identity"]:
+    if doc is None or doc.get("stage") != "staged" or identity_of(ctx.staging) != doc["identity"]:
         raise StepError(
             "refusing to receive: %s is not the staging this run's stage step made" % ctx.staging
         )
-    _forget_received(ctx)
+    forget_received(ctx)
     # the spec's digest: the source's manifest is made with it, verify compares the two
     algo = ctx.choices.verify
     table = compression(ctx.compression)
@@ -166,8 +170,8 @@ def filesystem_of(path: str) -> tuple:
         probe = os.path.dirname(probe)
     best = (probe, "?")
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
     except OSError:
         return best
     length = -1
@@ -186,11 +190,11 @@ def filesystem_of(path: str) -> tuple:
 def staged_bytes(root: str) -> tuple:
     """(files, bytes, bytes on disk) of the regular files below `root` (a staging), links never
     followed; an entry gone while walked (another stream's) is left out."""
-    from . import manifest as kitmanifest
+    from . import statwalk
 
     files = size = disk = 0
     try:
-        for _rel, st in kitmanifest.walk(root, ordered=False, gone_ok=True):
+        for _rel, st in statwalk.walk(root, ordered=False, gone_ok=True):
             if stat.S_ISREG(st.st_mode):
                 files += 1
                 size += st.st_size
@@ -271,7 +275,7 @@ def _received_paths(ctx: Context) -> List[str]:
 _PART_RECEIVED = re.compile(r"received\.[0-9]+\.json\Z")
 
 
-def _forget_received(ctx: Context, every: bool = False) -> None:
+def forget_received(ctx: Context, every: bool = False) -> None:
     for path in _received_paths(ctx) if every else [_received_path(ctx)]:
         try:
             os.unlink(path)
@@ -292,20 +296,20 @@ def _save_received(ctx: Context, algo: str, digests: dict) -> int:
             continue
         if stat.S_ISREG(st.st_mode):
             files[rel] = [digest, st.st_ino, st.st_ctime_ns, st.st_size]
-    doc = {"algo": algo, "identity": _identity(ctx.staging), "files": files}
+    doc = {"algo": algo, "identity": identity_of(ctx.staging), "files": files}
     write_file(_received_path(ctx), json.dumps(doc, separators=(",", ":")).encode(), 0o600)
     return len(files)
 
 
-def _load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
+def load_received(ctx: Context, identity: List[int], algo: str) -> Optional[dict]:
     """The files receive hashed from the stream, or from each of the streams, into this staging
     (None: no record; a record of another staging or algorithm counts as none: those files are
     read)."""
     files: Optional[dict] = None
     for path in _received_paths(ctx):
         try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
         except (OSError, ValueError):
             continue
         if not isinstance(doc, dict) or doc.get("identity") != identity or doc.get("algo") != algo:

@@ -10,16 +10,16 @@ known_hosts otherwise). Each end starts gated (`send --gate`, `receive --gate`):
 on stdin before anything moves:
 
     split N     (the source end of stream 0 only) split the scan's list into N parts by bytes
-                (stream.split_names, the other routes' split); it says `parts M` (M = 1: not split)
+                (sender.split_names, the other routes' split); it says `parts M` (M = 1: not split)
     go I N      send / receive part I of N (N = 1: the whole list, no --part)
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
 byte moves; it is stopped (its ends exit 3, nothing received) and the tree goes in fewer
-streams, said on stderr. How many: common.relay_streams: stream_count of the fewest jobs of the
+streams, said on stderr. How many: streams.relay_streams: stream_count of the fewest jobs of the
 three machines (each stream costs two ssh cipher processes here), never more than the fewest CPUs
 any of them may use (rbrules.cpus; each end says its own on its gate line), at most
-common.MAX_STREAMS, none below common.STREAMS_MIN_BYTES (the split says so). The receiving ends'
-answers are one answer on stdout (stream.Merged): their progress summed, one receive event with
+streams.MAX_STREAMS, none below streams.STREAMS_MIN_BYTES (the split says so). The receiving ends'
+answers are one answer on stdout (sender.Merged): their progress summed, one receive event with
 `streams: N`, or the stream that failed first, named; the others are stopped.
 
 stdlib only; Python >= 3.9.
@@ -36,9 +36,9 @@ import sys
 import threading
 from typing import Any, List, Optional
 
-from rbrules import common, cpus
+from rbrules import cpus, streams
 
-from . import stream
+from . import sender, stream
 
 GATE = "rbkit-gate"  # the source end's gate lines on its stderr: `rbkit-gate ready 16`
 READY_S = 60.0  # a connection (and the kit's start) that says nothing by then: refused
@@ -133,8 +133,8 @@ class Pair:
             threading.Thread(target=self._dst_err, args=(f_r,), daemon=True),
             threading.Thread(target=self._dst_out, daemon=True),
         ]
-        for t in self.threads:
-            t.start()
+        for thread in self.threads:
+            thread.start()
 
     def _pass(self, line: str) -> None:
         if self.live.is_set():
@@ -144,8 +144,8 @@ class Pair:
             self.held.append(line)
 
     def _src_err(self, fd: int) -> None:
-        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as f:
-            for line in f:
+        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as fh:
+            for line in fh:
                 words = line.split()
                 if words[:1] == [GATE] and len(words) in (3, 4) and words[2].isdigit():
                     if words[1] == "ready":
@@ -157,8 +157,8 @@ class Pair:
         self.said.put("end")
 
     def _dst_err(self, fd: int) -> None:
-        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as f:
-            for line in f:
+        with open(fd, "r", encoding="utf-8", errors="replace", closefd=True) as fh:
+            for line in fh:
                 self._pass(line)
 
     def _dst_out(self) -> None:
@@ -252,8 +252,8 @@ class Pair:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for t in self.threads:
-            t.join(5)
+        for thread in self.threads:
+            thread.join(5)
 
     def kill(self) -> None:
         self.stopped = True
@@ -272,7 +272,7 @@ class Relay:
         prefix: str,
         jobs: int,
         compression: str,
-        most: int = common.MAX_STREAMS,
+        most: int = streams.MAX_STREAMS,
         here: Optional[cpus.Usable] = None,
     ) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
@@ -357,13 +357,13 @@ class Relay:
             if u is not None
         ]
         fewest = min(u.count for _n, u in usable)
-        want = min(self.most, common.relay_streams(jobs, fewest))
+        want = min(self.most, streams.relay_streams(jobs, fewest))
         cpus_said = "CPUs usable: %s" % ", ".join("%s %s" % (n, u.why) for n, u in usable)
         pairs = [first]
         n = first.split(want) if want > 1 else 1
         if want > 1:
-            why = "below %d MB or no scan record to split" % (common.STREAMS_MIN_BYTES >> 20)
-        elif common.stream_count(jobs) > 1:
+            why = "below %d MB or no scan record to split" % (streams.STREAMS_MIN_BYTES >> 20)
+        elif streams.stream_count(jobs) > 1:
             why = "no more streams than the fewest CPUs a machine may use, %d; %s" % (
                 fewest,
                 cpus_said,
@@ -418,7 +418,7 @@ class Relay:
 
     def _go(self, pairs: List[Pair]) -> int:
         n = len(pairs)
-        self.merged = stream.Merged(n, sys.stdout, self.compression) if n > 1 else Through()
+        self.merged = sender.Merged(n, sys.stdout, self.compression) if n > 1 else Through()
         failed: List[int] = []
         mutex = threading.Lock()
         codes: List[List[int]] = [[] for _ in range(n)]
@@ -426,22 +426,22 @@ class Relay:
         def wait(i: int) -> None:
             p = pairs[i]
             codes[i] = [p.src.wait(), p.dst.wait()]
-            for t in p.threads:
-                t.join()
+            for thread in p.threads:
+                thread.join()
             if any(codes[i]):
                 with mutex:
                     failed.append(i)
                     if len(failed) == 1:
-                        for q in pairs:  # one stream failed: the others are stopped
-                            q.kill()
+                        for pair in pairs:  # one stream failed: the others are stopped
+                            pair.kill()
 
         for i, p in enumerate(pairs):
             p.go(i, n)
         threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         said = []
         lost: List[str] = []
         for i in range(n):
@@ -538,7 +538,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             into = "%s.%d" % (prefix, n)
             shutil.rmtree(into, ignore_errors=True)
             os.mkdir(into, 0o700)
-            parts = stream.split_names(names, n, into, common.STREAMS_MIN_BYTES) if n > 1 else None
+            parts = sender.split_names(names, n, into, streams.STREAMS_MIN_BYTES) if n > 1 else None
             sys.stderr.write("%s parts %d\n" % (GATE, len(parts) if parts else 1))
             sys.stderr.flush()
             continue
@@ -546,7 +546,7 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
             i, n = int(words[1]), int(words[2])
             if n > 1:
                 names = os.path.join("%s.%d" % (prefix, n), "names.%d" % i)
-            return stream.send(root, names, compression)
+            return sender.send(root, names, compression)
         return 3
 
 

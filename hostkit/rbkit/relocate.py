@@ -1,10 +1,10 @@
 """Relocation: make a venv copied to a new path work there.
 
-Rewrites, under bin/: plain shebangs (`#!/old/bin/python`), pip's `#!/bin/sh` + `'''exec'` trampoline
-for long paths, `VIRTUAL_ENV` in the activate scripts, and any other text file naming the old prefix;
-plus pyvenv.cfg's `command` line. A shebang longer than the kernel's limit (127 bytes on Linux) is
-written in the trampoline form. Text elsewhere that still names the old prefix is counted and
-reported, not rewritten (it is data: RECORD files, caches, direct_url.json).
+Rewrites, under bin/: plain shebangs (`#!/old/bin/python`), pip's `#!/bin/sh` + `'''exec'`
+trampoline for long paths, `VIRTUAL_ENV` in the activate scripts, and any other text file naming the
+old prefix; plus pyvenv.cfg's `command` line. A shebang longer than the kernel's limit (127 bytes on
+Linux) is written in the trampoline form. Text elsewhere that still names the old prefix is counted
+and reported, not rewritten (it is data: RECORD files, caches, direct_url.json).
 
 Only regular files are read or rewritten, and no link is followed: `bin/` must be a directory of
 the tree (not a link out of it), a script or pyvenv.cfg that is a link is left as it is, and a
@@ -199,8 +199,8 @@ def recorded_prefix(root: str) -> Optional[str]:
         data = os.read(fd, 65536)
     finally:
         os.close(fd)
-    m = ACTIVATE_PREFIX.search(data)
-    return os.fsdecode(m.group(2)).rstrip("/") if m else None
+    match = ACTIVATE_PREFIX.search(data)
+    return os.fsdecode(match.group(2)).rstrip("/") if match else None
 
 
 def old_prefixes(root: str, old: str, new: str) -> List[str]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from rbrules.common import human
 from rbrules.shown import printable
+from rbrules.units import human
 
 SCHEMA = 1
 
@@ -27,8 +27,8 @@ def read_events(path: str) -> tuple[list[dict], dict, dict]:
     engine: dict = {}
     if not os.path.exists(path):
         return [], facts, engine
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
             parts = line.rstrip("\n").split("\t")
             if parts[0] == "step" and len(parts) >= 7:
                 _, sid, status, start, end, host, detail = parts[:7]
@@ -137,8 +137,8 @@ def build(
     probe_docs = {}
     for host, path in probes.items():
         try:
-            with open(path, encoding="utf-8") as f:
-                probe_docs[host] = json.load(f)
+            with open(path, encoding="utf-8") as fh:
+                probe_docs[host] = json.load(fh)
         except (OSError, ValueError) as exc:
             probe_docs[host] = {"error": f"no readable probe report at {path}: {exc}"}
     checks = {"pass": 0, "fail": 0, "skip": 0}
@@ -185,8 +185,8 @@ def table(doc: dict) -> str:
         rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = []
-    for r in rows:
-        out.append("  ".join(str(r[i]).ljust(widths[i]) for i in range(4)) + "  " + str(r[4]))
+    for row in rows:
+        out.append("  ".join(str(row[i]).ljust(widths[i]) for i in range(4)) + "  " + str(row[4]))
     c = doc["checks"]
     if doc.get("probes") or any(c.values()):  # no line for checks that never ran
         out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")

@@ -19,18 +19,14 @@ import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 from rbrules import cpus, paths, proven
-from rbrules.common import ENGINE_STEPS as STEPS  # noqa: F401 (the engine's names)
-from rbrules.common import PROVE_TIMEOUT  # noqa: F401 (the engine's names)
+from rbrules.choices import Choices
 
-from . import hostfs, safefs
-from . import manifest as kitmanifest
-from .choices import Choices
+from . import installs, manifestfile, safefs
 
 STAMP = "stamp.json"
 RECEIVED = "received.json"  # what receive saw in the stream: each file's digest, and its inode
 # (received.I.json: stream I's, when several streams ran)
 BEFORE = {"relocate": "verify", "prove": "relocate", "swap": "prove"}  # what each stamp needs
-INSTALLED = ".rb-manifest.jsonl"
 INCOMPLETE = ".incomplete"  # beside the staging (STAGING.incomplete): what arrived of a stream
 # that did not end in a verified staging, and the source it was for
 KEPT = "received.kept.json"  # resume: the kept files' digests, as RECEIVED's, for verify
@@ -132,7 +128,7 @@ class Context:
             ) from None
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._manifest_cache is None or self._manifest_cache[0] != key:
-            m, fp = kitmanifest.load_fingerprinted(self.manifest)
+            m, fp = manifestfile.load_fingerprinted(self.manifest)
             self._manifest_cache = (key, m, fp)
         return self._manifest_cache[1]
 
@@ -149,10 +145,12 @@ class Context:
         """The current install's manifest (raises OSError, ValueError), read once per version of
         the file: the quick check's read (EarlyCheck) serves the stage that follows it. An
         install not proven ours (installs.why_not_ours_install) has none to trust: ValueError."""
-        why = hostfs.why_not_ours_install(self.dest)
+        why = installs.why_not_ours_install(self.dest)
         if why:
             raise ValueError("the install at %s is not proven ours: %s" % (self.dest, why))
-        key, m = _load_keyed(os.path.join(self.dest, INSTALLED), self._installed_cache)
+        key, m = load_keyed(
+            os.path.join(self.dest, paths.INSTALLED_MANIFEST), self._installed_cache
+        )
         self.keep_installed(key, m)
         return m
 
@@ -167,14 +165,14 @@ def _file_key(path: str) -> tuple:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
+def load_keyed(path: str, cache: Optional[tuple]) -> Tuple[Optional[tuple], dict]:
     """(stat key, manifest at `path`): `cache`'s manifest when the file has its key still; the
     key is None when the file changed while it was read (nothing to keep)."""
     key = _file_key(path)
     if cache is not None and cache[0] == key:
         return key, cache[1]
-    m = kitmanifest.load(path)
-    return (key if _file_key(path) == key else None), m
+    mf = manifestfile.load(path)
+    return (key if _file_key(path) == key else None), mf
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -295,13 +293,13 @@ def _stamp_path(ctx: Context) -> str:
 
 def read_stamp(ctx: Context) -> Optional[dict]:
     try:
-        with open(_stamp_path(ctx), encoding="utf-8") as f:
-            return json.load(f)
+        with open(_stamp_path(ctx), encoding="utf-8") as fh:
+            return json.load(fh)
     except FileNotFoundError:
         return None
 
 
-def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
+def write_stamp(ctx: Context, doc: Optional[dict]) -> None:
     path = _stamp_path(ctx)
     if doc is None:
         try:
@@ -312,7 +310,7 @@ def _write_stamp(ctx: Context, doc: Optional[dict]) -> None:
     write_file(path, json.dumps(doc, sort_keys=True).encode(), 0o600)
 
 
-def _identity(path: str) -> List[int]:
+def identity_of(path: str) -> List[int]:
     """(st_dev, st_ino) of a staging directory; a symlink or a file there is refused."""
     try:
         st = os.lstat(path)
@@ -326,7 +324,7 @@ def _identity(path: str) -> List[int]:
     return [st.st_dev, st.st_ino]
 
 
-def _require(ctx: Context, want: tuple, step: str) -> dict:
+def require_stamp(ctx: Context, want: tuple, step: str) -> dict:
     """The stamp, when it says the staging went through `want` in this run and is still the same
     directory with the same manifest; else the step is refused."""
     doc = read_stamp(ctx)
@@ -345,7 +343,7 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
             "refusing to %s: %s must pass first, in this run (the staging is %s)"
             % (step, BEFORE[step], doc.get("stage"))
         )
-    if _identity(ctx.staging) != doc.get("identity"):
+    if identity_of(ctx.staging) != doc.get("identity"):
         raise StepError(
             "refusing to %s: %s is not the staging directory this run verified "
             "(it was replaced since: another run?)" % (step, ctx.staging)
@@ -353,26 +351,26 @@ def _require(ctx: Context, want: tuple, step: str) -> dict:
     if doc.get("fingerprint") != ctx.fingerprint():
         raise StepError("refusing to %s: the staging was verified against another manifest" % step)
     for rel, digest in sorted(doc.get("relocated", {}).items()):
-        if _sha256(os.path.join(ctx.staging, rel)) != digest:
+        if sha256_file(os.path.join(ctx.staging, rel)) != digest:
             raise StepError(
                 "refusing to %s: %s changed in the staging after relocation" % (step, rel)
             )
     return doc
 
 
-def _require_lock(ctx: Context) -> None:
+def require_lock(ctx: Context) -> None:
     if not ctx.locked:
         raise StepError("the engine does not hold the destination's lock (a bug)")
 
 
-def _sha256(path: str) -> Optional[str]:
+def sha256_file(path: str) -> Optional[str]:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     h = hashlib.sha256()
-    with os.fdopen(fd, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+    with os.fdopen(fd, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
 
@@ -384,7 +382,7 @@ def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """Remove a tree we made or replaced, if it is there (hostfs.remove: a link is removed, never
+    """Remove a tree we made or replaced, if it is there (installs.remove: a link is removed, never
     followed)."""
     if os.path.lexists(path):
-        hostfs.remove(path)
+        installs.remove(path)

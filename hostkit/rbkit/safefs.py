@@ -164,6 +164,12 @@ def write_file(path: str, data: bytes, mode: int = 0o644, *, sync: bool = True) 
     write_in(head or ".", name, data, mode, sync=sync)
 
 
+def write_private(path: str, text: str) -> None:
+    """A text file of this run's private directory (a plan, its listing): a new file and one
+    rename, never through a link."""
+    write_file(path, text.encode("utf-8"), 0o600, sync=False)
+
+
 def read_at(
     dir_fd: int, name: str, limit: Optional[int] = None
 ) -> Optional[Tuple[bytes, os.stat_result]]:

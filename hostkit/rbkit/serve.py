@@ -15,7 +15,7 @@
     engine send ROOT NAMES --compression C [--jobs N] [--remote SSH... | --local RECEIVE...]
                                                                the sending end of the stream(s)
     engine relay --src-name H --src-ssh W --src-kit D --src-words W (and --dst-...) --send W
-        --receive W --parts PREFIX [--jobs N]                  (here) the relay in streams side by side
+        --receive W --parts PREFIX [--jobs N]                  (here) the relay, in streams
     engine staging DEST                                        the staging path (the one rule)
 
 Every command but send and staging answers in lines a runbook reads without a parser:
@@ -37,9 +37,9 @@ options are the facts of this run: the source's path (--old), the source's manif
 `serve` takes the destination's lock (lock.py), makes its private state directory (the stamp, the
 names a re-run sends, the checks' report: `set state PATH` in its first answer), answers `done`
 once it holds the lock (with `set installed_stat FP`: the source stat fingerprint the install
-there recorded, empty when none), then reads requests from stdin: words each ended by NUL, a request ended
-by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one step (a
-failure past the swap is followed by its rollback); at the end of stdin it finishes the run
+there recorded, empty when none), then reads requests from stdin: words each ended by NUL, a
+request ended by an empty word (`verify\\0\\0`, `preflight\\0need=123\\0\\0`). Each request runs one
+step (a failure past the swap is followed by its rollback); at the end of stdin it finishes the run
 (replace: the install the swap replaced is removed), lets go of the lock and removes its state.
 Human lines go to stderr, as they happen. It writes `ping` every few seconds, so that the runbook
 knows it alive during a long step, and an ssh session whose runbook is gone (a link down) is
@@ -51,101 +51,54 @@ stdlib only; Python >= 3.9.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import shutil
 import signal
 import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from rbrules import common, cpus
-from rbrules.shown import printable
+from rbrules import choices, compression, enginerules, streams
 
-from . import engine, hostfs, relay, source, stream
-from . import manifest as kitmanifest
-from .choices import VERIFY, add_choices_option, add_run_options
+from . import (
+    backups,
+    channel,
+    engine,
+    preflight,
+    probestep,
+    proof,
+    receive,
+    relay,
+    runner,
+    sendside,
+    staging,
+)
+from .choices import add_choices_option, add_run_options
 from .lock import Lock
 
 PING_S = 5.0
-LOCK_WAIT_S = float(common.LOCK_WAIT_S)
+LOCK_WAIT_S = float(enginerules.LOCK_WAIT_S)
 
 
-class Stop(BaseException):
-    """SIGTERM/SIGHUP, or the runbook gone: end the run where it is (never inside a rename)."""
-
-
-class Answer:
-    """The answer channel: lines as described above, written whole under a lock (the ping thread
-    writes too)."""
-
-    def __init__(self, out: Any) -> None:
-        self.out = out
-        self.mutex = threading.Lock()
-        self.events: List[dict] = []
-
-    def line(self, *fields: Any) -> None:
-        text = "\t".join(_one_line(f) for f in fields) + "\n"
-        with self.mutex:
-            self.out.write(text)
-            self.out.flush()
-
-    def event(self, event: dict) -> None:
-        for key, value in sorted(event["facts"].items()):
-            if isinstance(value, (str, int, float)) or value is None:
-                self.line("set", key, "" if value is None else value)
-        self.line("event", json.dumps(event, sort_keys=True, separators=(",", ":")))
-        self.events.append(event)
-
-    def trace(self, text: str) -> None:
-        """Lines for the run's log file only (a failure's traceback): `log` lines."""
-        for part in text.splitlines():
-            self.line("log", part)
-
-    def done(self) -> int:
-        """End the answer to one request: failed when one of its events failed."""
-        events, self.events = self.events, []
-        failed = [e for e in events if e["status"] == "failed"]
-        last = failed[0] if failed else (events[0] if events else None)
-        status = "failed" if failed else (last["status"] if last else "ok")
-        self.line("done", status, last["detail"] if last else "")
-        return 1 if failed else 0
-
-
-def _one_line(value: Any) -> str:
-    """A field of the answer: one line, no tab, nothing a terminal would obey (rbrules.shown:
-    a detail may name a file, and the runbook logs it)."""
-    return printable(str(value).replace("\t", " ").replace("\n", " "))
-
-
-def _log(line: str) -> None:
-    """A human line of the engine: to stderr (the runbook's log), indented under its step's;
-    nothing a terminal would obey (rbrules.shown)."""
-    for part in (line or "").splitlines():
-        sys.stderr.write("    " + printable(part) + "\n")
-    sys.stderr.flush()
-
-
-def context(a: argparse.Namespace, **kw: Any) -> engine.Context:
-    return engine.Context(
-        a.dest,
-        a.choices,
-        old=a.old,
-        manifest=a.manifest,
-        compression=a.compression,
-        probe_config=a.probe_config,
+def context(args: argparse.Namespace, **kw: Any) -> runner.Context:
+    return runner.Context(
+        args.dest,
+        args.choices,
+        old=args.old,
+        manifest=args.manifest,
+        compression=args.compression,
+        probe_config=args.probe_config,
         **kw,
     )
 
 
 # what a request may ask: the step's function and how its key=value words are read
 REQUESTS: Dict[str, tuple] = {
-    "preflight": (engine.preflight, {"need": int, "source_identity": str, "source": str}),
-    "discard": (engine.discard_staging, {}),
+    "preflight": (preflight.preflight, {"need": int, "source_identity": str, "source": str}),
+    "discard": (staging.discard_staging, {}),
     "current": (engine.current, {"mode": str, "source_stat": str}),
     "stage": (
-        engine.stage,
+        staging.stage,
         {
             "delta": lambda v: v == "1",
             "source_stat": str,
@@ -155,19 +108,19 @@ REQUESTS: Dict[str, tuple] = {
             "resume": lambda v: v == "1",
         },
     ),
-    "resumable": (engine.resumable, {"source": str}),
-    "verify": (engine.verify, {}),
-    "relocate": (engine.relocate, {}),
-    "prove": (engine.prove, {}),
+    "resumable": (staging.resumable, {"source": str}),
+    "verify": (proof.verify, {}),
+    "relocate": (engine.relocate_staging, {}),
+    "prove": (proof.prove, {}),
     "swap": (engine.swap, {}),
-    "exports": (engine.exports, {}),
-    "probe": (engine.probe, {"report": str}),
-    "restore": (engine.restore, {"number": int}),
-    "backups": (engine.list_backups, {}),
+    "exports": (engine.write_exports, {}),
+    "probe": (probestep.probe, {"report": str}),
+    "restore": (backups.restore, {"number": int}),
+    "backups": (backups.list_backups, {}),
 }
 
 
-def handle(ctx: engine.Context, words: List[str]) -> None:
+def handle(ctx: runner.Context, words: List[str]) -> None:
     """One request: its step, as engine.step runs it (skipped when the destination already holds
     the tree, a failure past the swap rolled back)."""
     name, params = words[0], {}
@@ -182,13 +135,13 @@ def handle(ctx: engine.Context, words: List[str]) -> None:
         else:
             params[key] = types[key](value)
     if fn is None:
-        engine.run(ctx, name, _refuse, " ".join(words))
+        runner.run(ctx, name, _refuse, " ".join(words))
         return
     engine.step(ctx, name, fn, **params)
 
 
-def _refuse(ctx: engine.Context, what: str) -> engine.Result:
-    raise engine.StepError("the engine does not know this request: %s" % what)
+def _refuse(ctx: runner.Context, what: str) -> runner.Result:
+    raise runner.StepError("the engine does not know this request: %s" % what)
 
 
 def _requests(fd: int):
@@ -209,16 +162,16 @@ def _requests(fd: int):
             words = []
 
 
-def serve(a: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
     # the answer channel is a copy of stdout; stdout itself becomes stderr, so that nothing a
     # step or a child prints can be taken for an answer
     out = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    answer = Answer(out)
-    ctx = context(a, emit=answer.event, log=_log, trace=answer.trace)
-    ctx.state = engine.make_state()
-    lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
+    answer = channel.Answer(out)
+    ctx = context(args, emit=answer.event, log=channel.log, trace=answer.trace)
+    ctx.state = runner.make_state()
+    lock = Lock(ctx.dest, args.holder, args.lock_wait, channel.log)
     stop = {"asked": False}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -226,7 +179,7 @@ def serve(a: argparse.Namespace) -> int:
             return  # stopping already (the group's signal, then the runbook's)
         stop["asked"] = True
         if ctx.critical == 0:
-            raise Stop()
+            raise channel.Stop()
 
     def ping() -> None:
         # also while a step works: the runbook reads its answers with a bound between two lines
@@ -243,9 +196,9 @@ def serve(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, on_signal)
     rc = 0
     try:
-        engine.run(ctx, "lock", engine.take_lock, lock)
-        engine.begin_early_check(ctx)
-        answer.line("set", "installed_stat", installed_stat(ctx.dest))
+        runner.run(ctx, "lock", preflight.take_lock, lock)
+        preflight.begin_early_check(ctx)
+        answer.line("set", "installed_stat", sendside.installed_stat(ctx.dest))
         if answer.done():
             return 1
         threading.Thread(target=ping, daemon=True).start()
@@ -253,11 +206,11 @@ def serve(a: argparse.Namespace) -> int:
             handle(ctx, words)
             answer.done()
             if stop["asked"]:
-                raise Stop()
+                raise channel.Stop()
         engine.finish(ctx)
         answer.done()
-    except Stop:
-        _log("the engine on %s stops: its runbook is gone or it was told to" % ctx.dest)
+    except channel.Stop:
+        channel.log("the engine on %s stops: its runbook is gone or it was told to" % ctx.dest)
         rc = 1
     except BrokenPipeError:
         rc = 1
@@ -266,23 +219,23 @@ def serve(a: argparse.Namespace) -> int:
         # the release of the lock and the removal of the state short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        engine.stop_background(ctx)
+        proof.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
     return rc
 
 
-def cmd_run(a: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     """Steps in order, in this process, under the lock; stops at the first failure."""
-    answer = Answer(sys.stdout)
-    ctx = context(a, emit=answer.event, log=_log, trace=answer.trace)
-    ctx.state = engine.make_state()
-    lock = Lock(ctx.dest, a.holder, a.lock_wait, _log)
+    answer = channel.Answer(sys.stdout)
+    ctx = context(args, emit=answer.event, log=channel.log, trace=answer.trace)
+    ctx.state = runner.make_state()
+    lock = Lock(ctx.dest, args.holder, args.lock_wait, channel.log)
     try:
-        engine.run(ctx, "lock", engine.take_lock, lock)
+        runner.run(ctx, "lock", preflight.take_lock, lock)
         if answer.done():
             return 1
-        for step in a.steps:
+        for step in args.steps:
             words = [step] + (["mode=" + ctx.choices.rerun] if step == "current" else [])
             handle(ctx, words)
             if answer.done():
@@ -291,223 +244,35 @@ def cmd_run(a: argparse.Namespace) -> int:
         answer.done()
         return 0
     finally:
-        engine.stop_background(ctx)
+        proof.stop_background(ctx)
         lock.release()
         shutil.rmtree(ctx.state, ignore_errors=True)
 
 
-def cmd_receive(a: argparse.Namespace) -> int:
-    if a.gate:
-        part = relay.gate_receive(engine.jobs(a.choices.jobs))
+def cmd_receive(args: argparse.Namespace) -> int:
+    if args.gate:
+        part = relay.gate_receive(runner.jobs(args.choices.jobs))
         if part is False:
             return 3  # stopped before anything came: nothing received
-        a.part = part
-    answer = Answer(sys.stdout)
-    ctx = engine.Context(
-        a.dest,
-        a.choices,
-        compression=a.compression,
-        state=a.state,
-        log=_log,
+        args.part = part
+    answer = channel.Answer(sys.stdout)
+    ctx = runner.Context(
+        args.dest,
+        args.choices,
+        compression=args.compression,
+        state=args.state,
+        log=channel.log,
         emit=answer.event,
         trace=answer.trace,
     )
-    if a.progress > 0:
-        ctx.progress = (a.progress, lambda n: answer.line("progress", n))
-    ctx.part = a.part
-    event = engine.run(ctx, "receive", engine.receive, need=a.need)
+    if args.progress > 0:
+        ctx.progress = (args.progress, lambda n: answer.line("progress", n))
+    ctx.part = args.part
+    event = runner.run(ctx, "receive", receive.receive, need=args.need)
     if event["status"] == "failed":
         # the runbook names the stage that failed (unpack on HOST); this says why, in its log
-        _log("receive: %s" % event["detail"])
+        channel.log("receive: %s" % event["detail"])
     return answer.done()
-
-
-def cmd_scan(a: argparse.Namespace) -> int:
-    answer = Answer(sys.stdout)
-    ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
-
-    def scan(c: engine.Context) -> engine.Result:
-        try:
-            detail, facts = stream.scan_source(
-                a.root, a.exclude, a.names, a.special_modes, a.outside_links
-            )
-        except stream.SourceRefused as exc:
-            raise engine.StepError(str(exc)) from None
-        return engine.Result(detail, facts)
-
-    engine.run(ctx, "scan", scan)
-    return answer.done()
-
-
-def cmd_source(a: argparse.Namespace) -> int:
-    """The source's scan, then its static checks (source.py), in this one process. The answer
-    channel is a copy of stdout; stdout itself becomes stderr (the checks print)."""
-    out = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    answer = Answer(out)
-    ctx = engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace)
-    facts: Dict[str, Any] = {}
-    # with cores to spare, the static checks run beside the scan: from the start when no earlier
-    # pass can let them be skipped (--checks-beside auto), else as soon as the runbook's line says
-    # none does (empty); cancelled when the scan fails or the line's fingerprint is the scan's
-    beside = bool(a.audit) and source.spare_cores()
-    early: List[Any] = [source.EarlyAudit(a.audit)] if beside and a.checks_beside == "auto" else []
-    line: List[str] = [a.installed_stat]
-    reader = None
-    # the scan's walk forks its workers (where the host has the cores) before the reader thread
-    # starts: a process forks only while it has one thread
-    begun = hostfs.ScanWalk(a.root, a.exclude, a.special_modes == "strip", bool(a.names))
-    if a.installed_stat == "-":
-        # the runbook learns it from the destination's engine while this scan runs
-
-        def read_line() -> None:
-            line[0] = sys.stdin.readline(4096).strip()
-            if beside and not early and not line[0]:
-                early.append(source.EarlyAudit(a.audit))
-
-        reader = threading.Thread(target=read_line, daemon=True)
-        reader.start()
-    try:
-        event = engine.run(
-            ctx,
-            "scan",
-            source.scan,
-            a.root,
-            a.exclude,
-            a.names,
-            a.special_modes,
-            a.outside_links,
-            facts,
-            begun,
-        )
-    finally:
-        begun.close()
-    if reader is not None:
-        reader.join()
-    started = early[0] if early else None
-    if event["status"] != "failed" and a.library_dir:
-        engine.run(ctx, "libraries", source.library_dirs, a.root, a.exclude, a.library_dir)
-    if event["status"] != "failed":
-        engine.run(
-            ctx,
-            "audit",
-            source.audit,
-            a.audit,
-            facts.get("stat_fingerprint") or "",
-            line[0],
-            a.outside_links,
-            started,
-        )
-    elif started is not None:
-        started.cancel()
-    return answer.done()
-
-
-def installed_stat(dest: str) -> str:
-    """The source stat fingerprint the install at dest recorded (its manifest's first line), or
-    empty: read to let the source skip the static checks of a tree it already passed. An
-    install not proven ours has none (hostfs.why_not_ours_install)."""
-    if not os.path.isdir(dest) or hostfs.why_not_ours_install(dest):
-        return ""
-    header = kitmanifest.read_header(os.path.join(dest, engine.INSTALLED))
-    if header is None:
-        return ""
-    value = header.get("source_stat_fingerprint")
-    return value if isinstance(value, str) else ""
-
-
-def hash_jobs(value: str, beside_stream: bool) -> int:
-    """The source's hashing workers: --jobs; beside the stream, the cores its processes here
-    (tar, the compressor, sshd's cipher: two) leave, one at least. On a host of two CPUs that is
-    one process, not two forked workers: 0.18 CPU-s less for the lab's torch venv, taken from
-    the stream's own processes there (docs/benchmarks.md, "The relay's CPU")."""
-    jobs = engine.jobs(value)
-    if beside_stream:
-        jobs = min(jobs, max(1, cpus.count() - 2))
-    return jobs
-
-
-def cmd_hash(a: argparse.Namespace) -> int:
-    answer = Answer(sys.stdout)
-
-    def build(ctx: engine.Context) -> engine.Result:
-        reuse = kitmanifest.load(a.reuse) if a.reuse else None
-        m = kitmanifest.build(
-            a.root,
-            a.exclude,
-            a.algo,
-            hash_jobs(a.jobs, a.beside_stream),
-            reuse,
-            strip_special=a.special_modes == "strip",
-            scanned=a.scanned,
-        )
-        kitmanifest.save(m, a.out, 0o600)
-        if a.names:
-            engine.write_file(
-                a.names,
-                b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0" for e in m["entries"]),
-                0o600,
-            )
-        t = m["totals"]
-        fp = kitmanifest.fingerprint(m)
-        return engine.Result(
-            "%d files, %d symlinks, %s; fingerprint %s" % (t["files"], t["links"], a.algo, fp[:16]),
-            {
-                "files": t["files"],
-                "links": t["links"],
-                "bytes": t["bytes"],
-                "fingerprint": fp,
-                "reused": m["reused"],
-            },
-        )
-
-    engine.run(
-        engine.Context(a.root, emit=answer.event, log=_log, trace=answer.trace), "hash", build
-    )
-    return answer.done()
-
-
-def cmd_delta(a: argparse.Namespace) -> int:
-    answer = Answer(sys.stdout)
-
-    def delta(ctx: engine.Context) -> engine.Result:
-        d = kitmanifest.delta(kitmanifest.load(a.manifest), kitmanifest.load(a.base))
-        engine.write_file(
-            a.names_out,
-            b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in d.pop("send")),
-            0o600,
-        )
-        d["usable"] = int(d["usable"])
-        return engine.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
-
-    engine.run(
-        engine.Context(a.manifest, emit=answer.event, log=_log, trace=answer.trace), "delta", delta
-    )
-    return answer.done()
-
-
-def cmd_send(a: argparse.Namespace) -> int:
-    if a.gate:
-        return relay.gate_send(a.root, a.names, a.compression, a.gate, engine.jobs(a.jobs))
-    return stream.send(
-        a.root, a.names, a.compression, a.remote or None, a.local or None, engine.jobs(a.jobs)
-    )
-
-
-def cmd_relay(a: argparse.Namespace) -> int:
-    src = relay.End(a.src_name, a.src_ssh, a.src_kit, a.src_words)
-    dst = relay.End(a.dst_name, a.dst_ssh, a.dst_kit, a.dst_words)
-    return relay.Relay(
-        src,
-        dst,
-        shlex.split(a.send),
-        shlex.split(a.receive),
-        a.parts,
-        engine.jobs(a.jobs),
-        a.compression,
-        a.most,
-    ).run()
 
 
 def _part(text: str) -> tuple:
@@ -521,8 +286,8 @@ def _part(text: str) -> tuple:
     return (i, n)
 
 
-def cmd_staging(a: argparse.Namespace) -> int:
-    print(engine.staging_path(a.dest))
+def cmd_staging(args: argparse.Namespace) -> int:
+    print(runner.staging_path(args.dest))
     return 0
 
 
@@ -544,18 +309,18 @@ def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("root")
     p.add_argument("--exclude", action="append", default=[])
     p.add_argument("--names")
-    p.add_argument("--special-modes", choices=hostfs.SPECIAL_MODES, default="refuse")
-    p.add_argument("--outside-links", choices=hostfs.OUTSIDE_LINKS, default="refuse")
+    p.add_argument("--special-modes", choices=choices.SPECIAL_MODES, default="refuse")
+    p.add_argument("--outside-links", choices=choices.OUTSIDE_LINKS, default="refuse")
     return p
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="rbkit engine",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     _choices(s)
     s.set_defaults(fn=serve)
@@ -566,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("receive")
     rc.add_argument("--dest", required=True)
     rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", type=common.compression_word, default="none")
+    rc.add_argument("--compression", type=compression.compression_word, default="none")
     add_choices_option(rc)
     rc.add_argument(
         "--progress",
@@ -597,7 +362,7 @@ def parser() -> argparse.ArgumentParser:
     )
     rc.set_defaults(fn=cmd_receive)
     sc = _scan_options(sub.add_parser("scan"))
-    sc.set_defaults(fn=cmd_scan)
+    sc.set_defaults(fn=sendside.cmd_scan)
     so = _scan_options(sub.add_parser("source"))
     so.add_argument(
         "--library-dir",
@@ -624,11 +389,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the words after it: the rbprobes command line of the static checks",
     )
-    so.set_defaults(fn=cmd_source)
+    so.set_defaults(fn=sendside.cmd_source)
     h = sub.add_parser("hash")
     h.add_argument("root")
     h.add_argument("--exclude", action="append", default=[])
-    h.add_argument("--algo", choices=VERIFY, default="sha256")
+    h.add_argument("--algo", choices=choices.ALGOS, default="sha256")
     h.add_argument("--jobs", default="auto")
     h.add_argument("--out", required=True)
     h.add_argument("--names")
@@ -640,7 +405,7 @@ def parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--special-modes",
-        choices=hostfs.SPECIAL_MODES,
+        choices=choices.SPECIAL_MODES,
         default="refuse",
         help="strip: modes recorded without setuid/setgid/sticky/world-write",
     )
@@ -649,16 +414,16 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the stream runs on this host meanwhile: workers only where it leaves cores",
     )
-    h.set_defaults(fn=cmd_hash)
+    h.set_defaults(fn=sendside.cmd_hash)
     d = sub.add_parser("delta")
     d.add_argument("manifest")
     d.add_argument("base")
     d.add_argument("--names-out", required=True)
-    d.set_defaults(fn=cmd_delta)
+    d.set_defaults(fn=sendside.cmd_delta)
     se = sub.add_parser("send")
     se.add_argument("root")
     se.add_argument("names")
-    se.add_argument("--compression", type=common.compression_word, default="none")
+    se.add_argument("--compression", type=compression.compression_word, default="none")
     se.add_argument(
         "--jobs",
         default="1",
@@ -680,7 +445,7 @@ def parser() -> argparse.ArgumentParser:
         default="",
         help="say ready, then split into PREFIX.N/ and send as told (rbkit relay)",
     )
-    se.set_defaults(fn=cmd_send)
+    se.set_defaults(fn=sendside.cmd_send)
     rl = sub.add_parser("relay")
     for end in ("src", "dst"):
         rl.add_argument("--%s-name" % end, required=True)
@@ -694,14 +459,14 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
     rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
     rl.add_argument("--parts", required=True, help="where the source end splits its list")
-    rl.add_argument("--compression", type=common.compression_word, default="none")
+    rl.add_argument("--compression", type=compression.compression_word, default="none")
     rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
-    rl.add_argument("--most", type=int, default=common.MAX_STREAMS)
-    rl.set_defaults(fn=cmd_relay)
+    rl.add_argument("--most", type=int, default=streams.MAX_STREAMS)
+    rl.set_defaults(fn=sendside.cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")
     st.set_defaults(fn=cmd_staging)
-    return p
+    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -715,9 +480,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         # command line, options included
         at = argv.index(tail)
         argv, remote = argv[: at + 1], argv[at + 1 :]
-    a = parser().parse_args(argv)
-    if a.fn is cmd_send:
-        a.remote, a.local = (remote, []) if tail == "--remote" else ([], remote)
-    if a.fn is cmd_source:
-        a.audit = remote
-    return a.fn(a)
+    args = parser().parse_args(argv)
+    if args.fn is sendside.cmd_send:
+        args.remote, args.local = (remote, []) if tail == "--remote" else ([], remote)
+    if args.fn is sendside.cmd_source:
+        args.audit = remote
+    return args.fn(args)

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from rbrules import cpus, launch
 
-from . import engine, stream
+from . import runner, stream
 
 AUDIT_TIMEOUT_S = 900
 
@@ -37,7 +37,7 @@ TABLE_ROW = re.compile(r"^check |^[a-z_]* *L0 ")
 
 
 def scan(
-    ctx: engine.Context,
+    ctx: runner.Context,
     root: str,
     excludes: List[str],
     names: Any,
@@ -45,26 +45,25 @@ def scan(
     outside_links: str,
     into: Dict[str, Any],
     begun: Any = None,
-) -> engine.Result:
+) -> runner.Result:
     try:
         detail, facts = stream.scan_source(
             root, excludes, names, special_modes, outside_links, begun
         )
     except stream.SourceRefused as exc:
-        raise engine.StepError(str(exc)) from None
+        raise runner.StepError(str(exc)) from None
     into.update(facts)
-    return engine.Result(detail, facts)
+    return runner.Result(detail, facts)
 
 
 def library_dirs(
-    ctx: engine.Context, root: str, excludes: List[str], wanted: List[str]
-) -> engine.Result:
+    ctx: runner.Context, root: str, excludes: List[str], wanted: List[str]
+) -> runner.Result:
     """The library dirs the exports step will put first (cuda.library_path_first, relative to
     the venv's site-packages): which the source does not have, after the excludes
     (`library_missing`, comma-separated; empty: all there). Said before anything moves, in
     preflight and the plan: the exports step refuses them after the swap (issue 45)."""
-    from . import exports
-    from . import manifest as kitmanifest
+    from . import exports, statwalk
 
     try:
         site = exports.site_packages(root)
@@ -75,7 +74,7 @@ def library_dirs(
         rel = os.path.relpath(os.path.join(site, d), root) if site else d
         parts = rel.split("/")
         left_out = any(
-            kitmanifest.excluded("/".join(parts[: i + 1]), excludes) for i in range(len(parts))
+            statwalk.excluded("/".join(parts[: i + 1]), excludes) for i in range(len(parts))
         )
         if (
             not site
@@ -86,11 +85,11 @@ def library_dirs(
             missing.append(d)
     where = os.path.relpath(site, root) if site else "lib/python3*/site-packages"
     if missing:
-        return engine.Result(
+        return runner.Result(
             "the source has no %s under %s (after the excludes)" % (", ".join(missing), where),
             {"library_missing": ",".join(missing), "site_packages": where},
         )
-    return engine.Result(
+    return runner.Result(
         "the library dirs are in the source: %s" % ", ".join(wanted), {"library_missing": ""}
     )
 
@@ -178,13 +177,13 @@ def _in_process(argv: List[str]) -> Tuple[int, str, str]:
 
 
 def audit(
-    ctx: engine.Context,
+    ctx: runner.Context,
     argv: List[str],
     stat: str,
     installed_stat: str,
     outside_links: str,
     early: Optional[EarlyAudit] = None,
-) -> engine.Result:
+) -> runner.Result:
     """rbprobes ARGV (in this process, or `early`'s result): facts audit_rc (0 passed, 1 failed,
     else it could not run), audit_failed (the failed check types, space-separated). Its human
     lines go to the log: all of them when it could not run, the problems when it failed."""
@@ -192,7 +191,7 @@ def audit(
     if installed_stat and installed_stat == stat:
         if early is not None:
             early.cancel()
-        return engine.Result(
+        return runner.Result(
             "skipped: the source is the tree the destination's install recorded (same stat "
             "fingerprint %s); the static checks are not repeated" % stat[:16],
             {"audit_rc": 0, "audit_skipped": 1, "audit_failed": "", "audit_what": what},
@@ -236,7 +235,7 @@ def audit(
         said = "failed: " + " ".join(failed)
     else:
         said = "could not run (exit %s)" % rc
-    return engine.Result(
+    return runner.Result(
         "%s: %s" % (what, said),
         {"audit_rc": rc, "audit_skipped": 0, "audit_failed": " ".join(failed), "audit_what": what},
     )

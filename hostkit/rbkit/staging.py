@@ -13,25 +13,24 @@ import os
 import stat
 from typing import List, Optional, Tuple
 
-from rbrules import proven
+from rbrules import owners, proven
+from rbrules.units import human
 
-from . import hostfs
-from . import manifest as kitmanifest
-from .receive import _forget_received, staged_bytes
+from . import filehash, linkstage, manifest, manifestfile
+from .receive import forget_received, staged_bytes
 from .runner import (
     INCOMPLETE,
     KEPT,
     Context,
     Result,
     StepError,
-    _identity,
-    _require_lock,
-    _write_stamp,
+    identity_of,
     jobs,
     remove_tree,
+    require_lock,
     write_file,
+    write_stamp,
 )
-from .stream import human
 
 
 def stage(
@@ -61,9 +60,9 @@ def stage(
     that is private (0700), marked, and never installed, which a later run for the same source
     may continue (`resume`: only the files missing or different are sent, see `resume_stage`).
     Any other staging left here is removed, saying why."""
-    _require_lock(ctx)
-    _write_stamp(ctx, None)
-    _forget_received(ctx, every=True)
+    require_lock(ctx)
+    write_stamp(ctx, None)
+    forget_received(ctx, every=True)
     ctx.linked_inodes = None
     if resume:
         return resume_stage(ctx, source)  # refused unless resumable (the manifest step asks)
@@ -74,7 +73,7 @@ def stage(
             % (ctx.staging, why or "this run starts afresh")
         )
         remove_tree(ctx.staging)
-    _drop_mark(ctx)
+    drop_mark(ctx)
     facts: dict = {"delta": int(bool(delta))}
     installed = None
     if delta:
@@ -91,12 +90,12 @@ def stage(
         why, rebuilt = kept_source(ctx, installed, source_stat, algo, exclude or [])
         if why:
             return Result("the source is hashed: " + why, {"kept": 0, "why": why}, status="skipped")
-        m = ctx.new_manifest()
+        mf = ctx.new_manifest()
         facts.update(
             kept=1,
             rebuilt=int(rebuilt),
             fingerprint=ctx.fingerprint(),
-            files=m["totals"]["files"],
+            files=mf["totals"]["files"],
             manifest=ctx.manifest,
         )
     if delta:
@@ -106,7 +105,7 @@ def stage(
                 installed, entries=[e for e in installed["entries"] if e["p"] not in ctx.unlinkable]
             )
         names = os.path.join(ctx.state, "send.names")
-        got = hostfs.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
+        got = linkstage.stage(ctx.dest, ctx.staging, ctx.new_manifest(), installed, names)
         facts.update(
             {
                 k: got.get(k)
@@ -115,8 +114,8 @@ def stage(
         )
         facts["names"] = names
         if carried is not None:
-            have = set(kitmanifest.read_names(carried))
-            lacking = [n for n in kitmanifest.read_names(names) if n not in have]
+            have = set(manifestfile.read_names(carried))
+            lacking = [n for n in manifestfile.read_names(names) if n not in have]
             if lacking:
                 remove_tree(ctx.staging)
                 raise StepError(
@@ -142,19 +141,19 @@ def stage(
             write_file(
                 _mark_path(ctx),
                 json.dumps(
-                    {"source": source, "dest": ctx.dest, "identity": _identity(ctx.staging)}
+                    {"source": source, "dest": ctx.dest, "identity": identity_of(ctx.staging)}
                 ).encode(),
                 0o600,
             )
         else:
             os.mkdir(ctx.staging, 0o755)
         detail = "fresh staging %s" % ctx.staging
-    identity = _identity(ctx.staging)
+    identity = identity_of(ctx.staging)
     if delta:
         # verify, in this engine, knows each linked file by the inode linked (not by a look at
         # the install's file of that name)
         ctx.linked_inodes = (identity, got["inodes"])
-    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
+    write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": bool(delta)})
     return Result(detail, facts)
 
 
@@ -162,14 +161,14 @@ def _mark_path(ctx: Context) -> str:
     return ctx.staging + INCOMPLETE
 
 
-def _drop_mark(ctx: Context) -> None:
+def drop_mark(ctx: Context) -> None:
     try:
         os.unlink(_mark_path(ctx))
     except FileNotFoundError:
         pass
 
 
-def _read_mark(ctx: Context) -> Optional[dict]:
+def read_mark(ctx: Context) -> Optional[dict]:
     """The staging's mark, when it is a regular file of ours (this user's, one link, no bits for
     others: made by `stage` under the lock), else None."""
     try:
@@ -196,10 +195,10 @@ def resumable_why(ctx: Context, source: str) -> str:
     if (
         not stat.S_ISDIR(st.st_mode)
         or st.st_uid != os.geteuid()
-        or proven.why_not_ours(ctx.staging, st) is not None
+        or owners.why_not_ours(ctx.staging, st) is not None
     ):
         return "%s is not a directory of ours" % ctx.staging
-    mark = _read_mark(ctx)
+    mark = read_mark(ctx)
     if mark is None:
         return (
             "it is not marked as what a cut stream left (%s: a staging that passed verify, "
@@ -218,7 +217,7 @@ def resumable_why(ctx: Context, source: str) -> str:
 def resumable(ctx: Context, source: str = "") -> Result:
     """Whether a cut stream of this source left a staging here that `stage resume=1` continues
     (resumable_why). Nothing is written."""
-    _require_lock(ctx)
+    require_lock(ctx)
     why = resumable_why(ctx, source)
     if why:
         if os.path.lexists(ctx.staging):
@@ -266,12 +265,12 @@ def discard_staging(ctx: Context) -> Result:
     stream kept there for a re-run to resume) and its mark, giving its room back; the
     destination itself is never touched. A staging that is not a directory of this user's is
     refused (never removed on another's behalf)."""
-    _require_lock(ctx)
-    mark = _read_mark(ctx)
+    require_lock(ctx)
+    mark = read_mark(ctx)
     try:
         st = os.lstat(ctx.staging)
     except FileNotFoundError:
-        _drop_mark(ctx)
+        drop_mark(ctx)
         return Result(
             "no staging at %s: nothing to discard" % ctx.staging,
             {"discarded": 0, "discarded_bytes": 0},
@@ -283,8 +282,8 @@ def discard_staging(ctx: Context) -> Result:
         )
     files, size, _disk = staged_bytes(ctx.staging)
     remove_tree(ctx.staging)
-    _drop_mark(ctx)
-    _forget_received(ctx, every=True)
+    drop_mark(ctx)
+    forget_received(ctx, every=True)
     of = (
         " (what a stream from %s left)" % str(mark.get("source", "")).partition(" ")[2]
         if mark
@@ -307,20 +306,20 @@ def resume_stage(ctx: Context, source: str) -> Result:
     inode, ctime and size they were read with, to KEPT (verify takes them as it takes the
     stream's). The staging stays marked until verify passes."""
     why = resumable_why(ctx, source)
-    m = ctx.new_manifest()
-    algo = m["header"].get("algo")
+    mf = ctx.new_manifest()
+    algo = mf["header"].get("algo")
     if not why and algo in (None, "", "none"):
         why = "the manifest has no digests (verify: none) to compare what arrived with"
     if why:
         raise StepError("cannot continue the staging %s: %s" % (ctx.staging, why))
-    _chmod_dir(ctx.staging, 0o700)
-    wanted = {e["p"]: e for e in m["entries"]}
+    chmod_dir(ctx.staging, 0o700)
+    wanted = {e["p"]: e for e in mf["entries"]}
     candidates, removed = _resume_walk(ctx.staging, wanted)
     kept = _resume_hash(ctx.staging, candidates, algo, jobs(ctx.choices.jobs))
     removed += len(candidates) - len(kept)
     send: List[str] = []
     kept_bytes = send_bytes = send_files = total = 0
-    for e in m["entries"]:
+    for e in mf["entries"]:
         if e["t"] == "f":
             total += e["s"]
             if e["p"] in kept:
@@ -331,12 +330,12 @@ def resume_stage(ctx: Context, source: str) -> Result:
         send.append(e["p"])
     names = os.path.join(ctx.state, "send.names")
     write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
-    identity = _identity(ctx.staging)
+    identity = identity_of(ctx.staging)
     doc = {"algo": algo, "identity": identity, "files": kept}
     write_file(
         os.path.join(ctx.state, KEPT), json.dumps(doc, separators=(",", ":")).encode(), 0o600
     )
-    _write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
+    write_stamp(ctx, {"stage": "staged", "identity": identity, "delta": False})
     detail = (
         "resuming: %s of %s already staged (%d files, read and matched); %s to send "
         "(%d files)" % (human(kept_bytes), human(total), len(kept), human(send_bytes), send_files)
@@ -357,7 +356,7 @@ def resume_stage(ctx: Context, source: str) -> Result:
     )
 
 
-def _chmod_dir(path: str, mode: int) -> None:
+def chmod_dir(path: str, mode: int) -> None:
     """chmod the directory at `path` itself (a link there is refused, never followed)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -386,7 +385,7 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
                 stat.S_ISDIR(st.st_mode)
                 and e is not None
                 and e["t"] == "d"
-                and proven.why_not_ours(path, st) is None
+                and owners.why_not_ours(path, st) is None
             ):
                 continue
             if (
@@ -396,7 +395,7 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
                 and st.st_size == e["s"]
                 and stat.S_IMODE(st.st_mode) == e.get("m")
                 and int(st.st_mtime) == e.get("mt")
-                and proven.why_not_ours(path, st) is None
+                and owners.why_not_ours(path, st) is None
             ):
                 candidates.append((rel, e, st))
                 continue
@@ -416,9 +415,9 @@ def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
         rel, e, st = item
         path = os.path.join(root, rel)
         try:
-            got = kitmanifest.digest(path, algo, size=e["s"])
+            got = filehash.digest(path, algo, size=e["s"])
             after = os.lstat(path)
-        except (OSError, kitmanifest.Changed):
+        except (OSError, filehash.Changed):
             got, after = None, None
         if (
             got == e.get("h")
@@ -460,8 +459,8 @@ def kept_source(
     except (StepError, OSError, ValueError):
         ok = False
     if not ok:
-        m = kitmanifest.source_of(installed)
-        if m is None:
+        mf = manifest.source_of(installed)
+        if mf is None:
             return (
                 "the install did not record its source's manifest (an older kit), and none "
                 "kept here is it"
@@ -470,23 +469,23 @@ def kept_source(
             raise StepError("no source manifest path was given to the engine")
         # the stat fingerprint its entries have (checked below), in its header as build puts
         # it there: relocate's record of the source takes it from there
-        stat_fp = kitmanifest.stat_fingerprint(m["entries"])
+        stat_fp = manifestfile.stat_fingerprint(mf["entries"])
         if stat_fp == source_stat:
-            m["header"]["stat_fingerprint"] = stat_fp
-        fp = kitmanifest.save(m, ctx.manifest, 0o600, sync=False)
+            mf["header"]["stat_fingerprint"] = stat_fp
+        fp = manifestfile.save(mf, ctx.manifest, 0o600, sync=False)
         if fp != header.get("source_fingerprint"):
             os.unlink(ctx.manifest)
             return "the install's record of its source's manifest does not add up", False
-        ctx.wrote_manifest(m, fp)
+        ctx.wrote_manifest(mf, fp)
         rebuilt = True
-    m = ctx.new_manifest()
-    kept = m["header"]
+    mf = ctx.new_manifest()
+    kept = mf["header"]
     if (
         kept.get("algo") != algo
         or list(kept.get("excludes", ())) != list(exclude)
         or bool(kept.get("strip_special")) != (ctx.choices.special_modes == "strip")
     ):
         return "the install's source manifest has other digests, excludes or modes", rebuilt
-    if (stat_fp if rebuilt else kitmanifest.stat_fingerprint(m["entries"])) != source_stat:
+    if (stat_fp if rebuilt else manifestfile.stat_fingerprint(mf["entries"])) != source_stat:
         return "the install's source manifest does not have its recorded stat", rebuilt
     return "", rebuilt

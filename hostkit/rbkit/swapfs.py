@@ -2,7 +2,7 @@
 the journal. What the installs beside a destination are (backups, the failed one, their records)
 is rbkit.installs.
 
-Public through rbkit.hostfs (hostfs.swap, hostfs.restore, ...). One rename where the file system
+Public through rbkit.hostfs (swapfs.swap, swapfs.restore, ...). One rename where the file system
 can exchange two names (renameat2 RENAME_EXCHANGE); elsewhere (NFS) two renames, journaled beside
 the destination first, so an interruption between them is finished or undone by the next run
 (`recover_swap`, which swap, restore and prune_backups call first) instead of leaving the previous
@@ -20,12 +20,11 @@ import shutil
 import stat
 from typing import List, Optional
 
-from rbrules import proven
-from rbrules.common import SWAP_ATOMIC
+from rbrules import paths, proven
+from rbrules.choices import SWAP_ATOMIC
 
 from . import exports, safefs
 from .installs import (
-    FAILED_MARK,
     backup_dirs,
     describe_install,
     failed_mark,
@@ -143,10 +142,9 @@ def _read_journal(dest: str) -> Optional[dict]:
             f"swap journal {path} was not written by this kit (owner uid "
             f"{st.st_uid}); look at it and remove it by hand"
         )
-    base = re.escape(os.path.basename(os.path.abspath(dest)))
-    names = re.compile(
-        rf"^(?:{base}\.rb-backup\.[0-9]+|{base}\.rb-failed|\.{base}\.rb-(?:old|restore))$"
-    )
+    name = os.path.basename(os.path.abspath(dest))
+    base, failed = re.escape(name), re.escape(paths.failed(name))
+    names = re.compile(rf"^(?:{paths.backup_number(name)}|{failed}|\.{base}\.rb-(?:old|restore))$")
     try:
         doc = json.loads(raw)
         ok = (
@@ -448,7 +446,7 @@ def _restore_backup(
             },
         )
     if number is not None and number not in found:
-        named = f"{dest}.rb-backup.{number}"
+        named = paths.backup(dest, number)
         why = not_ours(named)
         if why and known is not None and _ino(named) == list(known):
             found[number] = named  # the install this run moved aside: it goes back
@@ -463,7 +461,7 @@ def _restore_backup(
     )
     if not found:
         raise FileNotFoundError(
-            f"no backup of {dest} to restore (no {dest}.rb-backup.N)"
+            f"no backup of {dest} to restore (no {paths.backup(dest, 1)[:-1]}N)"
             + apart_note
             + (f" ({'; '.join(foreign)})" if foreign else "")
         )
@@ -476,7 +474,8 @@ def _restore_backup(
         usable = [n for n in sorted(found) if failed_mark(found[n]) is None]
         if not usable:
             raise FileNotFoundError(
-                f"every backup of {dest} failed its checks ({', '.join(found[n] for n in sorted(found))});"
+                f"every backup of {dest} failed its checks "
+                f"({', '.join(found[n] for n in sorted(found))});"
                 " name one to put it back anyway: --restore N"
             )
         number = usable[-1]
@@ -493,7 +492,7 @@ def _restore_backup(
             why += "; its checks had failed: %s" % failed_mark(found[number])
     if number not in found:
         raise FileNotFoundError(
-            f"{dest}.rb-backup.{number} does not exist (backups: "
+            f"{paths.backup(dest, number)} does not exist (backups: "
             f"{', '.join(str(n) for n in sorted(found))})"
         )
     _proven_tree(found[number], known)
@@ -547,7 +546,7 @@ def _exchange(dest: str, source: str, failed: Optional[str], swap_atomic: str, d
     # what was in place: apart when its checks failed, else the newest backup (a new number)
     if current_failed:
         if failed:
-            safefs.write_in(source, FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
+            safefs.write_in(source, paths.FAILED_MARK, failed.encode("utf-8") + b"\n", 0o644)
         kept = _keep_failed(source, dest)
     else:
         kept = next_backup(dest)

@@ -1,5 +1,5 @@
 """Digests from a tar stream as it passes: a reader between the decompressor and `tar -x` (the
-receiving end, engine.receive) that hands every byte on to tar unchanged and hashes each regular
+receiving end, receive.receive) that hands every byte on to tar unchanged and hashes each regular
 file's data as it goes by, so that verify compares the source's manifest with what tar was given
 instead of reading every file tar wrote.
 
@@ -26,7 +26,7 @@ to be hashed, up to a byte budget for all threads together (`budget`: bounded me
 of the memory available, 64 MiB to 1 GiB): with a small per-thread limit the parser would wait on
 each big file in turn and the stream run at one core's hashing rate. Each hand-over costs
 wake-ups and GIL switches, so a host of two cores (tar, ssh and this share them) hashes
-everything in the one thread (engine.receive: no workers), which costs less CPU there than a
+everything in the one thread (receive.receive: no workers), which costs less CPU there than a
 parser thread and one hasher (docs/benchmarks.md, "Figures behind choices in the code").
 
 stdlib only; Python >= 3.9.
@@ -41,7 +41,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from . import manifest
+from . import filehash
 
 BLOCK = 512
 CHUNK = 1 << 20  # what one read asks for (a pipe gives at most its size)
@@ -82,8 +82,8 @@ def hash_budget() -> int:
     memory available now, between BUDGET_MIN and BUDGET_MAX (256 MiB where /proc/meminfo does
     not say)."""
     try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
                 if line.startswith(b"MemAvailable:"):
                     return max(BUDGET_MIN, min(BUDGET_MAX, int(line.split()[1]) * 1024 // 8))
     except (OSError, ValueError, IndexError):
@@ -179,7 +179,7 @@ class Digester:
         self, algo: str = "sha256", workers: int = 2, budget: Optional[int] = None
     ) -> None:
         self.algo = algo
-        self._new = manifest.hasher(algo)
+        self._new = filehash.hasher(algo)
         self.off = 0  # stream offset of what feed sees next
         self.ended = False  # saw the end of the archive (a zero block)
         self.corrupt: Optional[str] = None  # the stream is not a good tar archive: why
@@ -375,10 +375,10 @@ class Digester:
         if self._closed:
             return
         self._closed = True
-        for w in self._workers:
-            w.queue.put(None)
-        for w in self._workers:
-            w.thread.join()
+        for _worker in self._workers:
+            _worker.queue.put(None)
+        for _worker in self._workers:
+            _worker.thread.join()
 
     @property
     def truncated(self) -> bool:

@@ -1,7 +1,8 @@
 """rbprobes: prove that a moved Python/CUDA environment works on its GPU host.
 
 Shipped to hosts as the package `rbprobes` (stdlib only; torch imported inside the checks that
-need it); in the repo it is `hostkit/rbprobes`, installed with the compiler as the package `rbprobes`. Public API:
+need it); in the repo it is `hostkit/rbprobes`, installed with the compiler as the package
+`rbprobes`. Public API:
 
 - run_config(config) -> (report, stopped_early): run a config document's checks (docs/design.md)
 - run_check(check, context) -> one report entry

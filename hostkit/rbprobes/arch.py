@@ -63,19 +63,19 @@ def capability_to_arch(cap: Tuple[int, int]) -> str:
 
 def parse_capability(text: str) -> Tuple[int, int]:
     """ "10.3" -> (10, 3). Raises ValueError."""
-    m = _CAP.match(text.strip())
-    if not m:
+    match = _CAP.match(text.strip())
+    if not match:
         raise ValueError("%r is not a compute capability like '10.3'" % (text,))
-    return int(m.group(1)), int(m.group(2))
+    return int(match.group(1)), int(match.group(2))
 
 
 def parse_arch(text: str) -> Tuple[str, int, int, str]:
     """ "sm_100a" -> ("sm", 10, 0, "a"); "compute_90" -> ("compute", 9, 0, "")."""
-    m = _ARCH.match(text.strip().lower())
-    if not m:
+    match = _ARCH.match(text.strip().lower())
+    if not match:
         raise ValueError("%r is not an architecture name like 'sm_103' or 'compute_90a'" % (text,))
-    major, minor = arch_number_to_capability(int(m.group(2)))
-    return m.group(1), major, minor, m.group(3)
+    major, minor = arch_number_to_capability(int(match.group(2)))
+    return match.group(1), major, minor, match.group(3)
 
 
 def parse_target(text: str) -> Tuple[int, int]:

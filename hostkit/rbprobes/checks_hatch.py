@@ -98,15 +98,15 @@ def resolve_names(names: List[str], env: Dict[str, str], venv_bin: str) -> List[
         lines = done.stdout.split("\n")
         found = {n: (lines[i] if i < len(lines) else "") for i, n in enumerate(bare)}
     out = []
-    for n in names:
-        item: Dict[str, Any] = {"name": n}
-        if "/" in n:
-            item["path"] = n
+    for name in names:
+        item: Dict[str, Any] = {"name": name}
+        if "/" in name:
+            item["path"] = name
         else:
-            item["path"] = found.get(n) or None
+            item["path"] = found.get(name) or None
             if item["path"] and "/" not in item["path"]:
                 item["builtin"] = True
-            own = os.path.join(venv_bin, n)
+            own = os.path.join(venv_bin, name)
             item["in_venv_bin"] = os.path.lexists(own)
         if item.get("path") and "/" in item["path"]:
             item["realpath"] = os.path.realpath(item["path"])
@@ -122,8 +122,8 @@ def _cannot_exec(item: Dict[str, Any]) -> str:
     line names is missing or not executable here; "" when it can (or is not a script)."""
     path = item.get("realpath") or item.get("path") or ""
     try:
-        with open(path, "rb") as f:
-            first = f.readline(512)
+        with open(path, "rb") as fh:
+            first = fh.readline(512)
     except OSError:
         return ""
     if not first.startswith(b"#!"):

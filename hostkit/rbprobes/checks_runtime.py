@@ -337,13 +337,13 @@ def loaded_report(maps_text: str, expected: List[str]) -> Dict[str, Any]:
                 "expected_dir": _inside(path, expected),
             }
         )
-    majors = sorted({l["cuda_major"] for l in loaded if l["cuda_major"] is not None})
+    majors = sorted({lib["cuda_major"] for lib in loaded if lib["cuda_major"] is not None})
     return {
         "loaded": loaded,
         "loaded_majors": majors,
-        "foreign": [l["path"] for l in loaded if not l["expected_dir"]],
+        "foreign": [lib["path"] for lib in loaded if not lib["expected_dir"]],
         "expected_dirs": expected,
-        "not_loaded": [m for m in cudalibs.MAIN if m not in {l["lib"] for l in loaded}],
+        "not_loaded": [m for m in cudalibs.MAIN if m not in {lib["lib"] for lib in loaded}],
     }
 
 
@@ -355,7 +355,9 @@ def _load_cuda_libraries(modules: List[str]) -> Dict[str, Any]:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise Unavailable("cannot import %s (%s): the runtime part needs it" % (name, exc))
+            raise Unavailable(
+                "cannot import %s (%s): the runtime part needs it" % (name, exc)
+            ) from None
         info["imported"].append(name)
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -431,7 +433,9 @@ def libraries_check(params: Dict[str, Any], ctx: Context):
             % (
                 m,
                 ", ".join(
-                    os.path.basename(l["path"]) for l in values["loaded"] if l["cuda_major"] == m
+                    os.path.basename(lib["path"])
+                    for lib in values["loaded"]
+                    if lib["cuda_major"] == m
                 ),
             )
             for m in values["loaded_majors"]

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from rbrules import cpus
 
-from . import arch, cudalibs, decompress, driver, fatbin, venvfs
-from .result import Context, failed, passed, short_list
+from . import arch, auditverdict, cudalibs, decompress, driver, fatbin, venvfs
+from .result import Context, failed, short_list
 from .workers import over_workers
 
 _SUFFIXES = (".so", ".cubin", ".fatbin")
@@ -74,9 +74,9 @@ def glob_match(path: str, globs: List[str]) -> Optional[str]:
     (`nvidia/*` matches .../site-packages/nvidia/cu13/lib/libcublasLt.so.13), else None."""
     parts = os.path.abspath(path).strip(os.sep).split(os.sep)
     tails = ["/".join(parts[i:]) for i in range(len(parts))]
-    for g in globs:
-        if any(fnmatch.fnmatchcase(t, g) for t in tails):
-            return g
+    for glob in globs:
+        if any(fnmatch.fnmatchcase(t, glob) for t in tails):
+            return glob
     return None
 
 
@@ -95,7 +95,7 @@ def unit_path(
     for e in ptx_fit:
         if ptx_max is None or e.version <= ptx_max:
             return "ptx", e.name
-    names = sorted({e.name for e in entries}, key=fatbin._arch_key)
+    names = sorted({e.name for e in entries}, key=fatbin.arch_key)
     code = [e for e in entries if e.kind in ("sass", "ptx")]
     if not code:
         if any(e.kind == "lto" for e in entries):
@@ -177,7 +177,7 @@ def _examine(
     problems: List[str] = []
     unreadable: List[str] = ["%s: %s" % (c.label, c.error) for c in scan.containers if c.error]
     unknown = sorted(
-        {e.name for e in scan.entries if e.kind not in ("sass", "ptx", "lto")}, key=fatbin._arch_key
+        {e.name for e in scan.entries if e.kind not in ("sass", "ptx", "lto")}, key=fatbin.arch_key
     )
     lacking = []
     jit = set()
@@ -201,7 +201,7 @@ def _examine(
         item: Dict[str, Any] = {
             "unit": label,
             "why": what,
-            "archs": sorted({e.name for c in unit for e in c.entries}, key=fatbin._arch_key),
+            "archs": sorted({e.name for c in unit for e in c.entries}, key=fatbin.arch_key),
         }
         has_code = any(e.kind in ("sass", "ptx") for c in unit for e in c.entries)
         if decode and has_code and buf is not None:
@@ -281,15 +281,6 @@ def file_verdict(
     return info["verdict"], info["units_without_path"]
 
 
-def _describe_missing(item: Dict[str, Any]) -> str:
-    kernels = item.get("kernels")
-    if kernels:
-        text = "kernels %s" % short_list(kernels, 3)
-    else:
-        text = "kernels not read: %s" % item.get("kernels_note", "?")
-    return "%s: %s; %s" % (item["unit"], item["why"], text)
-
-
 AUDIT_JOBS_MAX = 8
 AUDIT_PARALLEL_BYTES = 64 << 20  # less to read than this: one process reads it all
 
@@ -366,7 +357,7 @@ def _audit_file(
     if specific:
         info["arch_specific"] = specific[:UNITS_LISTED]
         info["arch_specific_archs"] = sorted(
-            {a for u in specific for a in u["archs"]}, key=fatbin._arch_key
+            {a for u in specific for a in u["archs"]}, key=fatbin.arch_key
         )
     problems = list(facts["problems"])
     verdict = facts["verdict"]
@@ -531,107 +522,7 @@ def kernel_audit(params: Dict[str, Any], ctx: Context):
     )
     values["driver"] = driver_info
     values["driver_ptx_max"] = driver_info.get("ptx_max")
-    return judge_audit(values)
-
-
-def judge_audit(values: Dict[str, Any]):
-    """The kernel_audit outcome (pass/fail and its one-line reason) for audit() values."""
-    name = values["target"]
-    problems = []
-    if values["missing_paths"]:
-        problems.append("missing paths: %s" % short_list(values["missing_paths"]))
-    failing = [f for f in values["files"] if f["fails"]]
-    if failing:
-        described = []
-        for f in failing:
-            text = f["path"]
-            if f.get("package"):
-                text += " [%s]" % f["package"]
-            detail = "; ".join(f["problems"])
-            if f.get("missing"):
-                detail += "; " + _describe_missing(f["missing"][0])
-                if f["units_without_path"] > 1:
-                    detail += " (+%d more units)" % (f["units_without_path"] - 1)
-            described.append("%s (%s)" % (text, detail))
-        problems.append(
-            "%d of %d files with GPU code fail for %s: %s"
-            % (len(failing), values["gpu_files"], name, short_list(described, 3))
-        )
-    if problems:
-        return failed("; ".join(problems), values)
-    notes = []
-    drv = values.get("driver") or {}
-    if values["ptx_only"]:
-        jit = sorted(
-            {v for f in values["files"] for v in f.get("jit_ptx_versions", [])},
-            key=lambda v: tuple(int(x) for x in v.split(".")),
-        )
-        if values.get("driver_ptx_max"):
-            notes.append(
-                "%d only through PTX JIT (slow first launch; ISA %s <= %s)"
-                % (len(values["ptx_only"]), "/".join(jit or ["?"]), values["driver_ptx_max"])
-            )
-        else:
-            notes.append(
-                "%d only through PTX JIT (slow first launch; PTX ISA %s not checked: "
-                "%s)"
-                % (
-                    len(values["ptx_only"]),
-                    "/".join(jit or ["?"]),
-                    drv.get("source", "no driver limit"),
-                )
-            )
-    if values["partial_waived"]:
-        waived = [f for f in values["files"] if f.get("waived_by")]
-        notes.append(
-            "%d with units lacking %s code, allowed by partial_ok (vendor dispatch): "
-            "%s"
-            % (
-                len(waived),
-                name,
-                short_list(
-                    [
-                        "%s (%d of %d units)"
-                        % (os.path.basename(f["path"]), f["units_without_path"], f["units"])
-                        for f in waived
-                    ],
-                    3,
-                ),
-            )
-        )
-    if values.get("arch_specific"):
-        spec = [f for f in values["files"] if f.get("units_arch_specific")]
-        notes.append(
-            "%d with arch-specific units for other archs, called only there: %s"
-            % (
-                len(spec),
-                short_list(
-                    [
-                        "%s (%d units: %s)"
-                        % (
-                            os.path.basename(f["path"]),
-                            f["units_arch_specific"],
-                            "+".join(f["arch_specific_archs"][:4]),
-                        )
-                        for f in spec
-                    ],
-                    3,
-                ),
-            )
-        )
-    if values["kernel_free"]:
-        notes.append("%d without any kernel" % len(values["kernel_free"]))
-    if values["skipped_not_regular"]:
-        notes.append("%d not regular files, skipped" % len(values["skipped_not_regular"]))
-    if values["gpu_files"]:
-        summary = "%d files with GPU code (of %d scanned) all have a path to %s" % (
-            values["gpu_files"],
-            values["files_scanned"],
-            name,
-        )
-    else:
-        summary = "no file with GPU code (%d shared objects scanned)" % values["files_scanned"]
-    return passed(summary + ("; " + "; ".join(notes) if notes else ""), values)
+    return auditverdict.judge_audit(values)
 
 
 def library_inventory(venv: str) -> Dict[str, Any]:
@@ -642,14 +533,14 @@ def library_inventory(venv: str) -> Dict[str, Any]:
         libs.append(
             {"lib": fam, "file": os.path.relpath(path, venv), "cuda_major": major, "source": how}
         )
-    majors = sorted({l["cuda_major"] for l in libs if l["cuda_major"] is not None})
+    majors = sorted({lib["cuda_major"] for lib in libs if lib["cuda_major"] is not None})
     by_lib: Dict[str, List[int]] = {}
-    for l in libs:
-        if l["cuda_major"] is not None:
-            by_lib.setdefault(l["lib"], [])
-            if l["cuda_major"] not in by_lib[l["lib"]]:
-                by_lib[l["lib"]].append(l["cuda_major"])
-    found = {l["lib"] for l in libs}
+    for lib in libs:
+        if lib["cuda_major"] is not None:
+            by_lib.setdefault(lib["lib"], [])
+            if lib["cuda_major"] not in by_lib[lib["lib"]]:
+                by_lib[lib["lib"]].append(lib["cuda_major"])
+    found = {lib["lib"] for lib in libs}
     return {
         "venv": venv,
         "shipped": libs,

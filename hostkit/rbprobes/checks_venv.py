@@ -54,12 +54,12 @@ def parse_interpreter(head: bytes) -> Optional[Tuple[str, List[str], str]]:
     lines = head.split(b"\n", 2)
     first = lines[0][2:].strip().decode("utf-8", "replace")
     if first in ("/bin/sh", "/bin/sh -") and len(lines) > 1:
-        m = TRAMPOLINE.match(lines[1].rstrip(b"\r"))
-        if m:
+        match = TRAMPOLINE.match(lines[1].rstrip(b"\r"))
+        if match:
             try:
-                words = shlex.split(m.group(1).decode("utf-8", "replace"))
+                words = shlex.split(match.group(1).decode("utf-8", "replace"))
             except ValueError:
-                words = m.group(1).decode("utf-8", "replace").split()
+                words = match.group(1).decode("utf-8", "replace").split()
             beside = BESIDE.match(lines[1].rstrip(b"\r"))
             if beside:  # pip's form: the interpreter beside the script, wherever it lives
                 return "@beside/" + beside.group(1).decode(), [], "trampoline"
@@ -77,12 +77,12 @@ def parse_interpreter(head: bytes) -> Optional[Tuple[str, List[str], str]]:
 def _env_command(args: List[str]) -> Optional[str]:
     """The program `/usr/bin/env [-S] [-i] [VAR=x]... PROG` runs."""
     words: List[str] = []
-    for a in args:
-        words.extend(a.split() if " " in a else [a])
-    for w in words:
-        if w.startswith("-") or "=" in w:
+    for arg in args:
+        words.extend(arg.split() if " " in arg else [arg])
+    for word in words:
+        if word.startswith("-") or "=" in word:
             continue
-        return w
+        return word
     return None
 
 
@@ -273,8 +273,10 @@ def _start_python(venv: str, timeout_s: float, problems: List[Dict[str, str]]) -
     return info
 
 
-def _same_dir(a: str, b: str) -> bool:
-    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
+def _same_dir(one: str, other: str) -> bool:
+    return os.path.normpath(one) == os.path.normpath(other) or os.path.realpath(
+        one
+    ) == os.path.realpath(other)
 
 
 def relocation_check(params: Dict[str, Any], ctx: Context):
@@ -382,8 +384,8 @@ def _editable_name(filename: str) -> str:
     """__editable___mypkg_1_0_finder.py -> mypkg 1.0 (as setuptools names it)."""
     stem = re.sub(r"^__editable__[._]*", "", filename)
     stem = re.sub(r"(_finder)?\.(py|pth)$", "", stem)
-    m = re.match(r"^(.*?)_(\d+(?:_\d+)*.*)$", stem)
-    return "%s %s" % (m.group(1), m.group(2).replace("_", ".")) if m else stem
+    match = re.match(r"^(.*?)_(\d+(?:_\d+)*.*)$", stem)
+    return "%s %s" % (match.group(1), match.group(2).replace("_", ".")) if match else stem
 
 
 def outside_refs(venv: str) -> List[Dict[str, Any]]:
@@ -494,11 +496,11 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
     # file (each is a file to change); the same target twice in one file is listed once.
     seen = set()
     unique = []
-    for r in refs:
-        key = (r["kind"], r["file"], r["target"])
+    for ref in refs:
+        key = (ref["kind"], ref["file"], ref["target"])
         if key not in seen:
             seen.add(key)
-            unique.append(r)
+            unique.append(ref)
     return unique
 
 

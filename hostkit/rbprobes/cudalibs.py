@@ -60,9 +60,9 @@ def _soname_major(fam: str, name: str) -> Optional[int]:
         return None
     for f, pat in _PATTERNS:
         if f == fam:
-            m = pat.match(name)
-            if m and m.group(1):
-                major = int(m.group(1).split(".")[1])
+            match = pat.match(name)
+            if match and match.group(1):
+                major = int(match.group(1).split(".")[1])
                 # CUPTI went to year versions (libcupti.so.2025.1.1): not a CUDA major
                 return major if major < 100 else None
     return None
@@ -116,15 +116,15 @@ def cuda_major(path: str, fam: Optional[str] = None) -> Tuple[Optional[int], str
     if site:
         dist = dist_index(site).get(real)
         if dist:
-            m = _DIST_CU.search(dist[0].lower())
-            if m:
-                return int(m.group(1)), "dist:%s-%s" % dist
+            match = _DIST_CU.search(dist[0].lower())
+            if match:
+                return int(match.group(1)), "dist:%s-%s" % dist
     # A `cuNN` directory: below site-packages when the file is in one (so a venv that happens
     # to be called /opt/app-cu12 does not count), else anywhere in its directory.
     where = os.path.dirname(real)[len(site) :] if site else os.path.dirname(path)
-    m = _CU_COMPONENT.search(where)
-    if m:
-        return int(m.group(1)), "path"
+    match = _CU_COMPONENT.search(where)
+    if match:
+        return int(match.group(1)), "path"
     soname = _read_soname(path)
     if soname:
         major = _soname_major(fam, soname)

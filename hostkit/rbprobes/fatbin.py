@@ -268,9 +268,9 @@ def _cubin_entry(buf, image: elf.Elf) -> Entry:
     """A standalone cubin: the arch from the toolkit note (ptxas's `-arch sm_90a`), else e_flags."""
     for sec in image.sections:
         if sec.name == ".note.nv.tkinfo":
-            m = _TKINFO_ARCH.search(elf.section_bytes(buf, sec))
-            if m:
-                _k, major, minor, suffix = arch.parse_arch(m.group(1).decode())
+            match = _TKINFO_ARCH.search(elf.section_bytes(buf, sec))
+            if match:
+                _k, major, minor, suffix = arch.parse_arch(match.group(1).decode())
                 return Entry(
                     "sass", major * 10 + minor, suffix, (0, 0), 0, None, 0, len(buf), len(buf)
                 )
@@ -312,8 +312,8 @@ def scan_buffer(buf, path: str = "<buffer>", embedded: bool = True) -> Scan:
                     sec.offset,
                     [],
                     (
-                        "section %s (%d bytes at offset %d) lies outside the file (%d bytes): truncated?"
-                        % (sec.name, sec.size, sec.offset, len(buf))
+                        "section %s (%d bytes at offset %d) lies outside the file (%d bytes): "
+                        "truncated?" % (sec.name, sec.size, sec.offset, len(buf))
                     ),
                 )
             )
@@ -534,10 +534,10 @@ def unit_kernels(
 
 def summarize(entries: List[Entry]) -> Dict[str, object]:
     """Sorted SASS and PTX names, PTX ISA versions and the count of compressed entries."""
-    sass = sorted({e.name for e in entries if e.kind == "sass"}, key=_arch_key)
-    ptx = sorted({e.name for e in entries if e.kind == "ptx"}, key=_arch_key)
+    sass = sorted({e.name for e in entries if e.kind == "sass"}, key=arch_key)
+    ptx = sorted({e.name for e in entries if e.kind == "ptx"}, key=arch_key)
     versions = sorted({e.version for e in entries if e.kind == "ptx"})
-    lto = sorted({e.name for e in entries if e.kind == "lto"}, key=_arch_key)
+    lto = sorted({e.name for e in entries if e.kind == "lto"}, key=arch_key)
     other = sorted({e.name for e in entries if e.kind not in ("sass", "ptx", "lto")})
     out = {
         "sass": sass,
@@ -552,6 +552,6 @@ def summarize(entries: List[Entry]) -> Dict[str, object]:
     return out
 
 
-def _arch_key(name: str):
+def arch_key(name: str):
     digits = "".join(ch for ch in name if ch.isdigit())
     return (int(digits or 0), name)

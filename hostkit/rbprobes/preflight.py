@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-from . import arch, checks_static, checks_venv, driver, report
+from . import arch, auditverdict, checks_static, checks_venv, driver, report
 from .checks import CHECKS
 from .result import FAIL, PASS, Outcome
 
@@ -120,7 +120,7 @@ def run(
     values = checks_static.audit(venv, cap, paths, limit, partial_ok, strict)
     values["driver"] = drv
     values["driver_ptx_max"] = drv.get("ptx_max")
-    checks.append(_entry("kernel_audit", checks_static.judge_audit(values), started))
+    checks.append(_entry("kernel_audit", auditverdict.judge_audit(values), started))
     problems.extend(_audit_problems(values))
 
     started = time.monotonic()
@@ -166,8 +166,8 @@ def run(
                 }
             )
     summary = {"pass": 0, "fail": 0, "skip": 0}
-    for c in checks:
-        summary[c["status"]] += 1
+    for check in checks:
+        summary[check["status"]] += 1
     return {
         "schema": SCHEMA,
         "kind": "preflight",

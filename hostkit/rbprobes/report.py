@@ -46,8 +46,8 @@ def build(
     its start and end in seconds from `started` (null for a check that was not run)."""
     ran = {c["level"] for c in checks if not c["values"].get("not_run")}
     summary = {"pass": 0, "fail": 0, "skip": 0}
-    for c in checks:
-        summary[c["status"]] = summary.get(c["status"], 0) + 1
+    for check in checks:
+        summary[check["status"]] = summary.get(check["status"], 0) + 1
     doc = {
         "schema": SCHEMA,
         "host": host or socket.gethostname(),
@@ -92,17 +92,23 @@ def _one_line(text: str, width: int) -> str:
 def table(checks: List[Dict[str, Any]], width: int = 140) -> str:
     """Aligned columns: check, level, status, seconds, detail."""
     rows = [("check", "level", "status", "secs", "detail")]
-    for c in checks:
+    for check in checks:
         rows.append(
-            (c["id"], c["level"], c["status"].upper(), "%.2f" % c["duration_s"], c["reason"])
+            (
+                check["id"],
+                check["level"],
+                check["status"].upper(),
+                "%.2f" % check["duration_s"],
+                check["reason"],
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = []
-    for r in rows:
+    for row in rows:
         head = "  ".join(
-            r[i].ljust(widths[i]) if i != 3 else r[i].rjust(widths[i]) for i in range(4)
+            row[i].ljust(widths[i]) if i != 3 else row[i].rjust(widths[i]) for i in range(4)
         )
-        lines.append(head + "  " + _one_line(r[4], max(20, width - len(head) - 2)))
+        lines.append(head + "  " + _one_line(row[4], max(20, width - len(head) - 2)))
     return "\n".join(lines)
 
 

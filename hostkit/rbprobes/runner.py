@@ -247,8 +247,8 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
     ]
     if serial:
         threads.insert(0, threading.Thread(target=serial_lane, name="rbprobes-serial", daemon=True))
-    for t in threads:
-        t.start()
+    for thread in threads:
+        thread.start()
     for _ in checks:
         i = finished.get()
         if on_result:

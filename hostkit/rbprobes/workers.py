@@ -76,8 +76,8 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> Tuple
     answered = [False] * n
     workers = 0
     for pid, out_r in children:
-        with os.fdopen(out_r, "rb") as f:
-            data = f.read()
+        with os.fdopen(out_r, "rb") as fh:
+            data = fh.read()
         _pid, status = os.waitpid(pid, 0)
         if status != 0:
             continue

@@ -1,4 +1,5 @@
-"""rbrules: the rules the compiler and the kit share, each written once (stdlib only, Python >= 3.9).
+"""rbrules: the rules the compiler and the kit share, each written once (stdlib only, Python >=
+3.9).
 
 The bottom of the kit: it imports nothing outside itself; rbprobes and rbkit import it, and it is
 the one host-side package the compiler imports (for the rules it renders into a runbook's bash).

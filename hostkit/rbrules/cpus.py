@@ -62,17 +62,17 @@ def parse_cpulist(text: str) -> Set[int]:
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        a, b = int(lo), int(hi) if hi else int(lo)
-        if a < 0 or b < a or b - a > 1 << 16:
+        args, b = int(lo), int(hi) if hi else int(lo)
+        if args < 0 or b < args or b - args > 1 << 16:
             raise ValueError("not a CPU list: %r" % text)
-        got.update(range(a, b + 1))
+        got.update(range(args, b + 1))
     return got
 
 
 def _read(path: str) -> Optional[str]:
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            return f.read(1 << 20)
+        with open(path, "r", encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 20)
     except OSError:
         return None
 

@@ -18,25 +18,13 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import pwd
 import stat
 import sys
 from typing import List, Optional, Tuple
 
+from .owners import owner, user_name, why_not_ours
+
 MAX_LINKS = 40  # symlinks followed along one path (the kernel's own limit)
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid
-
-
-def owner(st: os.stat_result) -> str:
-    """`name (uid N)`, or `uid N` for a uid without a name."""
-    name = user_name(st.st_uid)
-    return name if name.startswith("uid ") else "%s (uid %d)" % (name, st.st_uid)
 
 
 def _judge(path: str, st: os.stat_result, uid: int) -> Optional[str]:
@@ -174,8 +162,6 @@ def why_not_private_file(path: str, uid: Optional[int] = None) -> Optional[str]:
         return "%s is not a regular file" % path
     if found is not None:
         return found[1]
-    from .proven import why_not_ours  # the rule for a file read on its own (proven imports us)
-
     return why_not_ours("the file " + path, st, uid, alone=True)
 
 
@@ -208,36 +194,36 @@ def make_private(path: str) -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="rbrules.private",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dir")
-    p.add_argument("--make", action="store_true", help="create what is missing, the last 0700")
-    p.add_argument("--what", default="the directory", help="what DIR is, for the refusal")
-    p.add_argument("--fix", default="", help="what to do instead, for the refusal")
-    p.add_argument(
+    parser.add_argument("dir")
+    parser.add_argument("--make", action="store_true", help="create what is missing, the last 0700")
+    parser.add_argument("--what", default="the directory", help="what DIR is, for the refusal")
+    parser.add_argument("--fix", default="", help="what to do instead, for the refusal")
+    parser.add_argument(
         "--file",
         action="store_true",
         help="DIR is a file whose content is obeyed (why_not_private_file)",
     )
-    a = p.parse_args(argv)
+    args = parser.parse_args(argv)
     why = (
-        why_not_private_file(a.dir)
-        if a.file
-        else make_private(a.dir)
-        if a.make
-        else why_not_private(a.dir)
+        why_not_private_file(args.dir)
+        if args.file
+        else make_private(args.dir)
+        if args.make
+        else why_not_private(args.dir)
     )
     if why is None:
         return 0
-    fix = (": " + a.fix) if a.fix else ""
+    fix = (": " + args.fix) if args.fix else ""
     # a file is named where the kernel finds it (a `..` after a link is not the text's parent)
-    shown = os.path.realpath(a.dir) if a.file else a.dir
+    shown = os.path.realpath(args.dir) if args.file else args.dir
     sys.stderr.write(
         "refusing %s %s: %s; another user could replace what is run or written "
-        "there%s\n" % (a.what, shown, why, fix)
+        "there%s\n" % (args.what, shown, why, fix)
     )
     return 2
 

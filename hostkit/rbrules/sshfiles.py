@@ -24,7 +24,7 @@ import stat
 import sys
 from typing import Dict, List, Optional
 
-from rbrules import private
+from rbrules import owners, private
 
 OFF = ("/dev/null", "none")  # a known_hosts "file" that knows no key
 KNOWN_HOSTS = ("userknownhostsfile", "globalknownhostsfile")  # by their lower-case names
@@ -76,8 +76,8 @@ def spec_named(words: List[str]) -> Dict[str, List[str]]:
     """The known_hosts files the spec's `options:` name (`-o UserKnownHostsFile=...`), by key,
     as ssh reads them (as_read)."""
     named: Dict[str, List[str]] = {k: [] for k in KNOWN_HOSTS}
-    for w in words:
-        key, eq, value = w.partition("=")
+    for word in words:
+        key, eq, value = word.partition("=")
         if eq and key.lower() in KNOWN_HOSTS:
             named[key.lower()] += [as_read(f) for f in value.split()]
     return named
@@ -128,7 +128,7 @@ def _could_be_made(path: str) -> Optional[str]:
     if mode & 0o022:
         return "directory %s is owned by %s, mode %04o: another user can make %s there" % (
             d,
-            private.owner(st),
+            owners.owner(st),
             mode,
             path[len(d) :].lstrip("/").split("/")[0],
         )
@@ -139,7 +139,7 @@ def judge_file(host: str, key: str, path: str, *, named: bool, records: bool) ->
     """One known_hosts file ssh reads for `host` (`key`: which option; `named`: the spec's options
     name it; `records`: accept-new records a new key in it), refused by raising Refused."""
     who = _who(host, key, path, named)
-    me = private.user_name(os.geteuid())
+    me = owners.user_name(os.geteuid())
     fix = (
         "make it %s's (or root's) and not writable by others, in folders no one else can write" % me
     )
@@ -192,7 +192,7 @@ def judge(host: str, target: str, words: List[str]) -> None:
     """Every file ssh would read for `host` with `words`, in the order ssh reads them: the config
     file(s), then (from ssh -G) the host-key checking and each known_hosts file. Raises Refused,
     or SshSaid with ssh's words when ssh -G fails."""
-    me = private.user_name(os.geteuid())
+    me = owners.user_name(os.geteuid())
     for conf in config_files(words):
         why = private.why_not_private_file(conf)
         if why:
@@ -240,17 +240,17 @@ def judge(host: str, target: str, words: List[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="rbrules.sshfiles",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--host", required=True, help="the host's name in the spec")
-    p.add_argument("--target", required=True, help="USER@HOST as ssh is given it")
-    p.add_argument("words", nargs="*", help="the host's ssh options (after --)")
-    a = p.parse_args(argv)
+    parser.add_argument("--host", required=True, help="the host's name in the spec")
+    parser.add_argument("--target", required=True, help="USER@HOST as ssh is given it")
+    parser.add_argument("words", nargs="*", help="the host's ssh options (after --)")
+    args = parser.parse_args(argv)
     try:
-        judge(a.host, a.target, a.words)
+        judge(args.host, args.target, args.words)
     except Refused as exc:
         sys.stderr.write("%s\n" % exc)
         return 2

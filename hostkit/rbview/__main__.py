@@ -2,10 +2,10 @@ import sys
 
 if sys.argv[1:2] == ["report"]:
     # the run's report and its pictures (a runbook's end: rb::report), on this machine only
-    from .runreport import main as report_main
+    from . import runreport
 
-    sys.exit(report_main(sys.argv[2:]))
+    sys.exit(runreport.main(sys.argv[2:]))
 
-from .draw import main
+from . import draw
 
-sys.exit(main())
+sys.exit(draw.main())

@@ -9,7 +9,8 @@ import os
 import tempfile
 from typing import List, Optional
 
-from . import __doc__ as DOC
+import rbview
+
 from .nodes import nodes_picture
 from .page import page
 from .timeline import from_report, read_log, timeline
@@ -19,9 +20,9 @@ def _write(out_dir: str, name: str, text: str) -> str:
     path = os.path.join(out_dir, name)
     fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=out_dir)
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(text.encode("utf-8"))
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(text.encode("utf-8"))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -58,16 +59,16 @@ def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
     (node-*.json beside it are read too); returns the paths written."""
     fan = None
     if fanout:
-        with open(fanout, encoding="utf-8") as f:
-            fan = json.load(f)
+        with open(fanout, encoding="utf-8") as fh:
+            fan = json.load(fh)
         where = os.path.dirname(os.path.abspath(fanout))
         reports = {}
         for n in fan.get("nodes") or []:
             path = os.path.join(where, "node-%s.json" % n)
             if os.path.isfile(path):
                 try:
-                    with open(path, encoding="utf-8") as f:
-                        reports[n] = json.load(f)
+                    with open(path, encoding="utf-8") as fh:
+                        reports[n] = json.load(fh)
                 except (OSError, ValueError):
                     pass
         fan = dict(fan, reports=reports)
@@ -76,16 +77,20 @@ def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="rbview", description=DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="rbview",
+        description=rbview.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--report", required=True, help="the run's report.json")
-    p.add_argument("--events", default="", help="the run's events.tsv")
-    p.add_argument("--out", required=True, help="directory to write the pictures into")
-    p.add_argument("--fanout", default="", help="fanout.json; node-*.json beside it are read too")
-    a = p.parse_args(argv)
-    with open(a.report, encoding="utf-8") as f:
-        report = json.load(f)
-    for path in draw(report, a.events, a.out, a.fanout):
+    parser.add_argument("--report", required=True, help="the run's report.json")
+    parser.add_argument("--events", default="", help="the run's events.tsv")
+    parser.add_argument("--out", required=True, help="directory to write the pictures into")
+    parser.add_argument(
+        "--fanout", default="", help="fanout.json; node-*.json beside it are read too"
+    )
+    args = parser.parse_args(argv)
+    with open(args.report, encoding="utf-8") as fh:
+        report = json.load(fh)
+    for path in draw(report, args.events, args.out, args.fanout):
         print(path)
     return 0

@@ -9,11 +9,11 @@ from .svg import CHAR, Svg, colour, fit, legend, num, secs, status_word
 
 
 def fold(names: List[str]) -> str:
-    """rbkit.fanout.fold, imported only for a fan-out's pictures (the engine behind it is not
+    """rbkit.fanreports.fold, imported only for a fan-out's pictures (the engine behind it is not
     needed to draw a single host's run)."""
-    from rbkit.fanout import fold as fold_names
+    from rbkit import fanreports
 
-    return fold_names(names)
+    return fanreports.fold(names)
 
 
 def _node_seconds(doc: Optional[Dict[str, Any]]) -> Dict[str, float]:
@@ -139,29 +139,29 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
             stroke="#90a4ae",
             stroke_width=1.0,
         )
-    for i, n in enumerate(nodes):
+    for i, node in enumerate(nodes):
         ry = y + i * cell_h
         if i % 2 == 0:
             svg.rect(8, ry, width - 16, cell_h, "#f5f7f8")
-        is_odd, is_missing = n in odd, n in missing
+        is_odd, is_missing = node in odd, node in missing
         svg.text(
             x0 - 10,
             ry + 14,
-            fit(n, label_w - 10, 12),
+            fit(node, label_w - 10, 12),
             12,
             anchor="end",
             weight="bold" if is_odd or is_missing else None,
             fill="#ef6c00" if is_odd else "#6d4c41" if is_missing else "#212121",
         )
         if is_missing:
-            why = " | ".join(str(w) for w in missing[n]) or "no report"
+            why = " | ".join(str(w) for w in missing[node]) or "no report"
             svg.rect(
                 x0,
                 ry + 1,
                 cell_w * len(cols),
                 cell_h - 2,
                 "url(#nohatch)",
-                title="%s: no report: %s" % (n, why),
+                title="%s: no report: %s" % (node, why),
                 stroke="#8d6e63",
                 stroke_width=1.0,
             )
@@ -176,11 +176,11 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
                 title=note,
             )
             continue
-        row = rows.get(n) or {}
+        row = rows.get(node) or {}
         for j, c in enumerate(cols):
             st = str(row.get(c, "-"))
             fill, ink = colour(st)
-            s = seconds[n].get(c)
+            s = seconds[node].get(c)
             word = (
                 secs(s).replace(" ", "")
                 if s is not None and st != "-"
@@ -189,7 +189,7 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
             if st == "fail":
                 word = "\u2717 " + word if s is not None else "\u2717 fail"
             tip = "%s %s: %s%s" % (
-                n,
+                node,
                 heads[j],
                 status_word(st),
                 (", " + secs(s)) if s is not None else "",
@@ -223,7 +223,7 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
                 stroke="#ef6c00",
                 stroke_width=2.0,
             )
-            diffs = [str(d) for d in odd[n]] or ["differs"]
+            diffs = [str(d) for d in odd[node]] or ["differs"]
             note = "odd: " + "; ".join(diffs)
             svg.text(
                 x0 + cell_w * len(cols) + 12,
@@ -241,14 +241,14 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
     if reports:
         svg.text(16, y, "Cells give each node's seconds per step and check.", 11, fill="#607d8b")
         y += 14
-    for n in nodes:
-        if n in odd:
-            line = "odd node %s: %s" % (n, "; ".join(str(d) for d in odd[n]) or "differs")
+    for node in nodes:
+        if node in odd:
+            line = "odd node %s: %s" % (node, "; ".join(str(d) for d in odd[node]) or "differs")
             svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#e65100", title=line)
             y += 16
-    for n in nodes:
-        if n in missing:
-            line = "no report from %s: %s" % (n, " | ".join(str(w) for w in missing[n]))
+    for node in nodes:
+        if node in missing:
+            line = "no report from %s: %s" % (node, " | ".join(str(w) for w in missing[node]))
             svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#6d4c41", title=line)
             y += 16
     desc = "; ".join(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from rbkit.report import gpu_words
-from rbrules.common import human
+from rbrules.units import human
 
 from .nodes import fold
 from .svg import FONT, esc
@@ -61,10 +61,10 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
             "<p>left on %s: <code>%s</code>: remove it there</p>"
             % (esc(key[len("left_on_") :]), esc(notes[key]))
         )
-    for p in pictures:
+    for picture in pictures:
         out.append(
             '<p><a href="%s"><img src="%s" alt="%s"></a></p>'
-            % (esc(p), esc(p), esc(p.rsplit(".", 1)[0]))
+            % (esc(picture), esc(picture), esc(picture.rsplit(".", 1)[0]))
         )
     out.append(
         "<h2>Steps</h2><table><tr><th>step</th><th>host</th><th>status</th>"

@@ -47,22 +47,29 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    a = parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
-        probes = dict(item.split("=", 1) for item in a.probe)
+        probes = dict(item.split("=", 1) for item in args.probe)
         doc = report.build(
-            a.name, a.spec, a.sha, a.events, probes, a.outcome, gpu=a.gpu, where=a.where
+            args.name,
+            args.spec,
+            args.sha,
+            args.events,
+            probes,
+            args.outcome,
+            gpu=args.gpu,
+            where=args.where,
         )
         # a new file of its own name beside the report (O_EXCL, never a name another user could
         # have pointed elsewhere), renamed over it
         fd, tmp = tempfile.mkstemp(
-            prefix=".report.", suffix=".tmp", dir=os.path.dirname(a.out) or "."
+            prefix=".report.", suffix=".tmp", dir=os.path.dirname(args.out) or "."
         )
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, a.out)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh, indent=2, sort_keys=True)
+                fh.write("\n")
+            os.replace(tmp, args.out)
         except BaseException:
             os.unlink(tmp)
             raise
@@ -70,11 +77,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"rbview report: {exc}", file=sys.stderr)
         return 1
     print(report.table(doc), file=sys.stderr)
-    if a.pictures:
+    if args.pictures:
         try:
             from . import draw
 
-            for path in draw.draw(doc, a.events, a.pictures, a.fanout):
+            for path in draw.draw(doc, args.events, args.pictures, args.fanout):
                 print("drawn %s" % path)
         except Exception as exc:  # noqa: BLE001 - the pictures are a view; the report stands
             print(

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rbrules.common import human
+from rbrules.units import human
 
 from .svg import (
     CHAR,
@@ -36,8 +36,8 @@ def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
     samples: Samples = {}
     if not path or not os.path.exists(path):
         return steps, samples
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
             parts = line.rstrip("\n").split("\t")
             try:
                 if parts[0] == "step" and len(parts) >= 7:

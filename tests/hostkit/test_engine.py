@@ -21,9 +21,28 @@ import time
 from pathlib import Path
 
 import pytest
-from rbkit import engine, filehash, hostfs, manifest, proof, relocate, serve, stream
-from rbkit.choices import Choices, ChoicesError
+from rbkit import (
+    channel,
+    engine,
+    fanreports,
+    filehash,
+    hostfs,
+    manifest,
+    manifestfile,
+    preflight,
+    proof,
+    receive,
+    relocate,
+    runner,
+    sendside,
+    serve,
+    staging,
+    statwalk,
+    stream,
+)
 from rbkit.lock import Lock, Taken, lock_path
+from rbrules import cpus, paths
+from rbrules.choices import Choices, ChoicesError
 
 from tests.hostkit.test_fanout_delta import (
     PKG,
@@ -39,8 +58,8 @@ ROOT = KIT.parent
 
 
 def test_the_staging_is_beside_the_destination():
-    assert engine.staging_path("/opt/x/venv") == "/opt/x/.venv.rb-staging"
-    assert engine.staging_path("/a/b/venv/") == "/a/b/.venv.rb-staging"
+    assert runner.staging_path("/opt/x/venv") == "/opt/x/.venv.rb-staging"
+    assert runner.staging_path("/a/b/venv/") == "/a/b/.venv.rb-staging"
 
 
 # -- fan-out nodes: the same steps, the post-swap proof, the digest re-run ----------------------
@@ -106,7 +125,7 @@ def test_a_venv_whose_interpreter_is_missing_here_is_refused_before_the_swap(fir
 
 
 @pytest.fixture
-def first_install(first, tmp_path):
+def first_install(first, tmp_path):  # noqa: F811 (the fixture)
     """test_fanout_delta's first node install, and the test's folder."""
     return (*first, tmp_path)
 
@@ -133,9 +152,7 @@ def node_digest(d: Path, dest: Path) -> tuple[int, dict]:
         text=True,
         timeout=120,
     )
-    from rbkit import fanout
-
-    reports = fanout.parse_reports(p.stdout.splitlines())
+    reports = fanreports.parse_reports(p.stdout.splitlines())
     assert len(reports) == 1, p.stdout + p.stderr
     return p.returncode, next(iter(reports.values()))
 
@@ -212,11 +229,11 @@ def test_swap_and_relocate_refuse_a_staging_this_run_did_not_verify(tmp_path):
     make_tree(src, python=True)
     m = tmp_path / "m.jsonl"
     with open(m, "w", encoding="utf-8") as f:
-        manifest.dump(manifest.build(str(src), [], "sha256"), f)
+        manifestfile.dump(manifest.build(str(src), [], "sha256"), f)
     dest = tmp_path / "d" / "venv"
     dest.mkdir(parents=True)
     (dest / "old-install").write_text("the working install\n")
-    staging = Path(engine.staging_path(str(dest)))
+    staging = Path(runner.staging_path(str(dest)))
     subprocess.run(["cp", "-a", str(src), str(staging)], check=True)
     (next(staging.rglob("data.bin"))).write_bytes(b"truncated")  # a copy that fails verify
     for steps in (["swap"], ["relocate", "prove", "swap"], ["prove", "swap"]):
@@ -235,22 +252,22 @@ def test_a_staging_replaced_after_verify_is_refused(tmp_path):
     make_tree(src, python=True)
     mf = manifest.build(str(src), [], "sha256")
     dest = tmp_path / "d" / "venv"
-    ctx = engine.Context(
+    ctx = runner.Context(
         str(dest),
         Choices(on_existing="replace"),
         old=str(src),
         manifest=str(tmp_path / "m"),
-        state=engine.make_state(str(tmp_path)),
+        state=runner.make_state(str(tmp_path)),
     )
     with open(ctx.manifest, "w", encoding="utf-8") as f:
-        manifest.dump(mf, f)
+        manifestfile.dump(mf, f)
     ctx.locked = True
-    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
     subprocess.run(["cp", "-a", f"{src}/.", ctx.staging], check=True)
-    assert engine.run(ctx, "verify", engine.verify)["status"] == "ok"
+    assert runner.run(ctx, "verify", proof.verify)["status"] == "ok"
     os.rename(ctx.staging, ctx.staging + ".moved")  # another run's staging now
     subprocess.run(["cp", "-a", ctx.staging + ".moved", ctx.staging], check=True)
-    event = engine.run(ctx, "relocate", engine.relocate)
+    event = runner.run(ctx, "relocate", engine.relocate_staging)
     assert (
         event["status"] == "failed"
         and "not the staging directory this run verified" in event["detail"]
@@ -259,7 +276,7 @@ def test_a_staging_replaced_after_verify_is_refused(tmp_path):
 
 def test_a_second_run_is_refused_naming_the_holder(tmp_path):
     dest = tmp_path / "d" / "venv"
-    first = Lock(str(dest), "runbook first on head (pid 4242)")
+    first = Lock(str(dest), "runbook first on head (pid 4242)")  # noqa: F811
     first.acquire()
     try:
         with pytest.raises(Taken, match=r"locked by another run: runbook first on head"):
@@ -323,9 +340,9 @@ def test_a_source_the_excludes_empty_or_unvenv_is_refused(tmp_path, excludes, wh
 def test_the_engine_answers_in_lines_a_runbook_reads(tmp_path):
     src = tmp_path / "venv"
     make_tree(src, python=True)
-    answer = serve.Answer(open(tmp_path / "out", "w", encoding="utf-8"))
-    ctx = engine.Context(str(src), emit=answer.event)
-    engine.run(ctx, "scan", lambda c: engine.Result(*stream.scan_source(str(src), [])))
+    answer = channel.Answer(open(tmp_path / "out", "w", encoding="utf-8"))
+    ctx = runner.Context(str(src), emit=answer.event)
+    runner.run(ctx, "scan", lambda c: runner.Result(*stream.scan_source(str(src), [])))
     answer.done()
     answer.out.close()
     lines = (tmp_path / "out").read_text().splitlines()
@@ -343,7 +360,7 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
     make_tree(src, python=True)
     names = tmp_path / "names"
     with open(names, "wb") as f:
-        manifest.names(manifest.build(str(src), [], "none"), f)
+        manifestfile.names(manifest.build(str(src), [], "none"), f)
     env = dict(os.environ, PYTHONPATH=str(KIT), PYTHONDONTWRITEBYTECODE="1")
     stream = tmp_path / "stream"
     r = subprocess.run(
@@ -371,10 +388,10 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
     )
     assert r.returncode == 0, r.stderr
     dest = tmp_path / "d" / "venv"
-    ctx = engine.Context(str(dest), compression=compression, state=engine.make_state(str(tmp_path)))
+    ctx = runner.Context(str(dest), compression=compression, state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
-    event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(stream)])
+    assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
+    event = runner.run(ctx, "receive", receive.receive, producer=["cat", str(stream)])
     assert event["status"] == "ok", event
     assert (Path(ctx.staging) / PKG / "data.bin").read_bytes() == (
         src / PKG / "data.bin"
@@ -416,9 +433,7 @@ def test_a_nodes_report_carries_its_checks(first_install):
         text=True,
         timeout=120,
     )
-    from rbkit import fanout
-
-    doc = next(iter(fanout.parse_reports(p.stdout.splitlines()).values()))
+    doc = next(iter(fanreports.parse_reports(p.stdout.splitlines()).values()))
     assert [s["id"] for s in doc["steps"]][-1] == "probe"
     assert doc["probe"] and doc["probe"]["checks"][0]["id"] == "python", doc
 
@@ -441,11 +456,11 @@ def test_prove_refuses_an_interpreter_of_another_python_version(first_install):
 
 SLOW_SERVER = r"""
 import sys, time
-from rbkit import engine, serve
+from rbkit import runner, serve
 serve.PING_S = 0.1
 def slow(ctx):
     time.sleep(0.6)
-    return engine.Result("slept")
+    return runner.Result("slept")
 serve.REQUESTS["verify"] = (slow, {})
 sys.exit(serve.main(sys.argv[1:]))
 """
@@ -475,7 +490,7 @@ def test_the_engine_pings_while_a_step_works_and_answers_one_request_at_a_time(t
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    first = p.stdout.readline().decode()
+    first = p.stdout.readline().decode()  # noqa: F811
     while not first.startswith("done"):
         first = p.stdout.readline().decode()
     assert first.startswith("done\tok\tholding ") and Path(lock_path(str(dest))).exists()
@@ -501,10 +516,10 @@ def received_staging(tmp_path: Path, cut=None, flip=None):
     make_tree(src, python=True)
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
-    manifest.save(m, str(mpath))
+    manifestfile.save(m, str(mpath))
     names = tmp_path / "names"
     with open(names, "wb") as f:
-        manifest.names(m, f)
+        manifestfile.names(m, f)
     data = subprocess.run(
         ["tar", "-C", str(src), "--null", "--no-recursion", "-T", str(names), "-cf", "-"],
         check=True,
@@ -514,15 +529,15 @@ def received_staging(tmp_path: Path, cut=None, flip=None):
         if change is not None:
             data = change(data)
     (tmp_path / "stream").write_bytes(data)
-    ctx = engine.Context(
+    ctx = runner.Context(
         str(tmp_path / "d" / "venv"),
         Choices(jobs=2),
         manifest=str(mpath),
-        state=engine.make_state(str(tmp_path)),
+        state=runner.make_state(str(tmp_path)),
     )
     ctx.locked = True
-    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
-    event = engine.run(ctx, "receive", engine.receive, producer=["cat", str(tmp_path / "stream")])
+    assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
+    event = runner.run(ctx, "receive", receive.receive, producer=["cat", str(tmp_path / "stream")])
     return src, ctx, event
 
 
@@ -543,11 +558,11 @@ def test_receive_says_how_much_of_the_stream_its_tar_has_read(tmp_path, algo):
     said = []
     ctx.choices = dataclasses.replace(ctx.choices, verify=algo)
     ctx.progress = (0.05, said.append)
-    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
-    event = engine.run(
+    assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
+    event = runner.run(
         ctx,
         "receive",
-        engine.receive,
+        receive.receive,
         producer=[sys.executable, "-c", TRICKLE, str(tmp_path / "stream")],
     )
     assert event["status"] == "ok", event
@@ -580,9 +595,9 @@ def test_verify_takes_each_files_digest_from_the_stream_and_reads_none(tmp_path,
     def no_reading(*args):
         raise AssertionError("verify read a file the stream's digest proves")
 
-    monkeypatch.setattr(manifest, "digest", no_reading)
-    monkeypatch.setattr(filehash, "digest", no_reading)  # what manifest.digests calls
-    event = engine.run(ctx, "verify", engine.verify)
+    monkeypatch.setattr(filehash, "digest", no_reading)
+    monkeypatch.setattr(filehash, "digest", no_reading)  # what filehash.digests calls
+    event = runner.run(ctx, "verify", proof.verify)
     assert event["status"] == "ok", event
     assert event["facts"]["streamed"] == 5 and event["facts"]["hashed"] == 0
     assert "5 files checked by the stream's sha256" in event["detail"]
@@ -597,7 +612,7 @@ def test_a_byte_flipped_between_the_ends_fails_verify_by_the_streams_digest(tmp_
 
     src, ctx, event = received_staging(tmp_path, flip=flip)
     assert event["status"] == "ok", event  # tar has no checksum over file data
-    event = engine.run(ctx, "verify", engine.verify)
+    event = runner.run(ctx, "verify", proof.verify)
     assert event["status"] == "failed"
     assert any(line.startswith("differs: %s (content" % DATA_BIN) for line in event["error"])
     assert event["facts"]["hashed"] == 0  # found from the stream, nothing read
@@ -636,12 +651,12 @@ def test_a_staging_changed_after_receive_fails_verify(tmp_path, change, line):
     assert event["status"] == "ok", event
     time.sleep(0.05)  # a change within the file system's timestamp tick of tar's is not seen
     change(Path(ctx.staging) / DATA_BIN)
-    event = engine.run(ctx, "verify", engine.verify)
+    event = runner.run(ctx, "verify", proof.verify)
     assert event["status"] == "failed"
     assert any(e.startswith(line) for e in event["error"]), event["error"]
     if "content" in line:
         assert event["facts"]["hashed"] == 1  # only the file that changed was read
-    assert engine.read_stamp(ctx) is None  # nothing to relocate or swap
+    assert runner.read_stamp(ctx) is None  # nothing to relocate or swap
 
 
 def test_a_stream_cut_between_two_members_fails_receive(tmp_path):
@@ -695,11 +710,11 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
     """The walk that the quick re-run check needs starts when the engine holds the lock (while
     the runbook scans the source); `current` takes its result and walks nothing itself."""
     src, _m1, dest, tmp_path = first_install
-    installed = manifest.load(str(dest / engine.INSTALLED))
+    installed = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
     source_stat = installed["header"]["source_stat_fingerprint"]
-    ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert ctx.early is not None
     ctx.early.take()  # the walk is done before current asks
 
@@ -707,22 +722,22 @@ def test_the_quick_check_walks_the_destination_as_soon_as_the_lock_is_held(
         raise AssertionError("current walked the destination again")
 
     monkeypatch.setattr(manifest, "check_tree", no_walk)
-    event = engine.run(ctx, "current", engine.current, mode="quick", source_stat=source_stat)
+    event = runner.run(ctx, "current", engine.current, mode="quick", source_stat=source_stat)
     assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
     assert ctx.early is None  # taken once
     monkeypatch.undo()
     # a file changed at the destination before the walk: not up to date, and named
     change_one_file(dest)
-    ctx2 = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    ctx2 = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx2.locked = True
-    engine.begin_early_check(ctx2)
-    event = engine.run(ctx2, "current", engine.current, mode="quick", source_stat=source_stat)
+    preflight.begin_early_check(ctx2)
+    event = runner.run(ctx2, "current", engine.current, mode="quick", source_stat=source_stat)
     assert event["facts"]["up_to_date"] == 0, event
     # another source: the walk alone never makes it up to date
-    ctx3 = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+    ctx3 = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx3.locked = True
-    engine.begin_early_check(ctx3)
-    event = engine.run(ctx3, "current", engine.current, mode="quick", source_stat="0" * 64)
+    preflight.begin_early_check(ctx3)
+    event = runner.run(ctx3, "current", engine.current, mode="quick", source_stat="0" * 64)
     assert event["facts"]["up_to_date"] == 0 and "source changed" in event["facts"]["why"]
 
 
@@ -733,17 +748,17 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
     walk's lines matching it, the manifest's entries are never read; a link planted there since
     makes it read them and compare (the link named)."""
     _src, _m1, dest, tmp_path = first_install
-    head = manifest.read_header(str(dest / engine.INSTALLED))
+    head = manifestfile.read_header(str(dest / paths.INSTALLED_MANIFEST))
     assert head[manifest.INSTALLED_STAT]
 
     def unread(*args, **kw):
         raise AssertionError("the install's manifest was read")
 
     def checked(locked=True):
-        ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+        ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
         ctx.locked = locked
-        engine.begin_early_check(ctx)
-        return engine.run(
+        preflight.begin_early_check(ctx)
+        return runner.run(
             ctx,
             "current",
             engine.current,
@@ -751,11 +766,11 @@ def test_the_early_check_proves_an_unchanged_install_without_reading_its_manifes
             source_stat=head["source_stat_fingerprint"],
         )
 
-    real_load = manifest.load
-    monkeypatch.setattr(manifest, "load", unread)
+    real_load = manifestfile.load
+    monkeypatch.setattr(manifestfile, "load", unread)
     event = checked()
     assert event["status"] == "ok" and event["facts"]["up_to_date"] == 1, event
-    monkeypatch.setattr(manifest, "load", real_load)
+    monkeypatch.setattr(manifestfile, "load", real_load)
     os.symlink("/etc", dest / "lib" / "planted")
     event = checked()
     assert event["facts"]["up_to_date"] == 0, event
@@ -772,19 +787,21 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
             d.mkdir(parents=True)
             (d / "f.py").write_text("x" * b)
     m = manifest.build(str(dest), [], "sha256", jobs=1)
-    manifest.save(manifest.relocated(m, {}, manifest.fingerprint(m)), str(dest / engine.INSTALLED))
-    head = manifest.read_header(str(dest / engine.INSTALLED))
+    manifestfile.save(
+        manifest.relocated(m, {}, manifestfile.fingerprint(m)), str(dest / paths.INSTALLED_MANIFEST)
+    )
+    head = manifestfile.read_header(str(dest / paths.INSTALLED_MANIFEST))
     forked = []
-    real_fork = manifest._fork
-    monkeypatch.setattr(manifest, "walk_workers", lambda cpus: 3)
-    monkeypatch.setattr(manifest, "_fork", lambda *a: forked.append(len(a[1])) or real_fork(*a))
+    real_fork = statwalk._fork
+    monkeypatch.setattr(statwalk, "walk_workers", lambda cpus: 3)
+    monkeypatch.setattr(statwalk, "_fork", lambda *a: forked.append(len(a[1])) or real_fork(*a))
 
     def checked():
-        ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+        ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
         ctx.locked = True
-        engine.begin_early_check(ctx)
+        preflight.begin_early_check(ctx)
         assert forked, "no worker forked as the check began"
-        return engine.run(
+        return runner.run(
             ctx,
             "current",
             engine.current,
@@ -800,16 +817,16 @@ def test_the_early_checks_walk_forks_its_workers_as_it_begins(tmp_path, monkeypa
 
 def test_no_early_walk_without_the_lock_an_install_or_a_quick_check(first_install):
     _src, _m1, dest, tmp_path = first_install
-    ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
-    engine.begin_early_check(ctx)  # not locked
+    ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
+    preflight.begin_early_check(ctx)  # not locked
     assert ctx.early is None
-    ctx = engine.Context(str(dest), Choices(rerun="digest"), state=engine.make_state(str(tmp_path)))
+    ctx = runner.Context(str(dest), Choices(rerun="digest"), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert ctx.early is None
-    ctx = engine.Context(str(tmp_path / "nothing" / "venv"), state=engine.make_state(str(tmp_path)))
+    ctx = runner.Context(str(tmp_path / "nothing" / "venv"), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert ctx.early is None
 
 
@@ -840,14 +857,20 @@ def test_the_swap_reports_what_relocates_scan_found(tmp_path):
     assert event["status"] == "ok"
     (Path(ctx.staging) / "notes.txt").write_text("made at %s\n" % src)  # data naming the source
     m = manifest.build(str(ctx.staging), [], "sha256", jobs=2)
-    manifest.save(m, ctx.manifest)
+    manifestfile.save(m, ctx.manifest)
     ctx._manifest_cache = None
     ctx.old = str(src)
     ctx.policy = "replace"
     logged = []
     ctx.log = logged.append
-    for step in ("verify", "relocate", "prove", "swap"):
-        event = engine.run(ctx, step, getattr(engine, step))
+    steps = {
+        "verify": proof.verify,
+        "relocate": engine.relocate_staging,
+        "prove": proof.prove,
+        "swap": engine.swap,
+    }
+    for step, fn in steps.items():
+        event = runner.run(ctx, step, fn)
         assert event["status"] == "ok", event
         if step == "relocate":
             assert "elsewhere" not in event["facts"]
@@ -858,19 +881,19 @@ def test_the_swap_reports_what_relocates_scan_found(tmp_path):
 # -- a re-run whose source is unchanged (#17): nothing hashed at the source ------------------------
 
 
-def rerun_ctx(tmp_path: Path, dest: Path, mpath: Path) -> engine.Context:
-    ctx = engine.Context(
+def rerun_ctx(tmp_path: Path, dest: Path, mpath: Path) -> runner.Context:
+    ctx = runner.Context(
         str(dest),
         Choices(on_existing="replace", jobs=2),
         old="/old/venv",
         manifest=str(mpath),
-        state=engine.make_state(str(tmp_path)),
+        state=runner.make_state(str(tmp_path)),
     )
     ctx.locked = True
     return ctx
 
 
-def install_sent(ctx: engine.Context, src: Path, names: str, tmp_path: Path) -> dict:
+def install_sent(ctx: runner.Context, src: Path, names: str, tmp_path: Path) -> dict:
     """The rest of the install: the names the stage listed, streamed from `src`; receive ..
     swap. Returns verify's event."""
     payload = tmp_path / "sent.tar"
@@ -880,13 +903,13 @@ def install_sent(ctx: engine.Context, src: Path, names: str, tmp_path: Path) -> 
     )
     events = {}
     for sid, fn, kw in (
-        ("receive", engine.receive, {"producer": ["cat", str(payload)]}),
-        ("verify", engine.verify, {}),
-        ("relocate", engine.relocate, {}),
-        ("prove", engine.prove, {}),
+        ("receive", receive.receive, {"producer": ["cat", str(payload)]}),
+        ("verify", proof.verify, {}),
+        ("relocate", engine.relocate_staging, {}),
+        ("prove", proof.prove, {}),
         ("swap", engine.swap, {}),
     ):
-        events[sid] = engine.run(ctx, sid, fn, **kw)
+        events[sid] = runner.run(ctx, sid, fn, **kw)
         assert events[sid]["status"] == "ok", events[sid]
     return events["verify"]
 
@@ -905,7 +928,7 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     from it (checked by its fingerprint) and the source is only read by the stream. A file
     changed at the destination is sent and verified against the source's digest."""
     src, m1, dest, tmp_path = first_install
-    installed = manifest.load(str(dest / engine.INSTALLED))
+    installed = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
     assert installed["header"]["source_entries"], "relocation rewrote bin/tool"
     source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]  # preflight's figure
     assert source_stat == installed["header"]["source_stat_fingerprint"]
@@ -915,22 +938,22 @@ def test_an_unchanged_source_is_not_hashed_and_what_changed_here_is_sent(first_i
     mpath = tmp_path / "no-kept-manifest.jsonl"
     ctx = rerun_ctx(tmp_path, dest, mpath)
     assert (
-        engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
+        runner.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
     )
-    event = engine.run(
-        ctx, "stage", engine.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
+    event = runner.run(
+        ctx, "stage", staging.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
     )
     assert event["status"] == "ok" and event["facts"]["kept"] == 1, event
     assert event["facts"]["rebuilt"] == 1
-    assert manifest.load(str(mpath))["entries"] == m1["entries"]  # the source's, bin/tool too
-    sent = manifest.read_names(event["facts"]["names"])
+    assert manifestfile.load(str(mpath))["entries"] == m1["entries"]  # the source's, bin/tool too
+    sent = manifestfile.read_names(event["facts"]["names"])
     assert f"{PKG}/__init__.py" in sent and "bin/tool" in sent and f"{PKG}/data.bin" not in sent
     away.rename(src)
     verify = install_sent(ctx, src, event["facts"]["names"], tmp_path)
     assert verify["facts"]["linked"] >= 1 and verify["facts"]["hashed"] == 0, verify
     assert (dest / PKG / "__init__.py").read_text() == (src / PKG / "__init__.py").read_text()
-    again = manifest.load(str(dest / engine.INSTALLED))["header"]
-    assert again["source_fingerprint"] == manifest.fingerprint(m1)
+    again = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))["header"]
+    assert again["source_fingerprint"] == manifestfile.fingerprint(m1)
 
 
 def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install):
@@ -939,19 +962,19 @@ def test_a_kept_manifest_never_links_a_file_that_failed_its_digest(first_install
     and mtime kept fails its digest and is sent, never linked."""
     src, m1, dest, tmp_path = first_install
     mpath = tmp_path / "kept.jsonl"
-    manifest.save(m1, str(mpath))
+    manifestfile.save(m1, str(mpath))
     data = dest / PKG / "data.bin"
     corrupt_keeping_stat(data)
     source_stat = hostfs.scan(str(src), [])["stat_fingerprint"]
     ctx = rerun_ctx(tmp_path, dest, mpath)
-    cur = engine.run(ctx, "current", engine.current, "digest", linking=True)
+    cur = runner.run(ctx, "current", engine.current, "digest", linking=True)
     assert cur["facts"]["up_to_date"] == 0 and f"{PKG}/data.bin" in ctx.unlinkable, cur
-    event = engine.run(
-        ctx, "stage", engine.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
+    event = runner.run(
+        ctx, "stage", staging.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
     )
     assert event["facts"]["kept"] == 1 and event["facts"]["rebuilt"] == 0, event
     assert not (Path(ctx.staging) / PKG / "data.bin").exists()
-    assert f"{PKG}/data.bin" in manifest.read_names(event["facts"]["names"])
+    assert f"{PKG}/data.bin" in manifestfile.read_names(event["facts"]["names"])
     install_sent(ctx, src, event["facts"]["names"], tmp_path)
     assert data.read_bytes() == (src / PKG / "data.bin").read_bytes()
 
@@ -968,23 +991,23 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
     change_one_file(dest)
     mpath = tmp_path / "rebuilt.jsonl"
     ctx = rerun_ctx(tmp_path, dest, mpath)
-    engine.begin_early_check(ctx)
+    preflight.begin_early_check(ctx)
     assert (
-        engine.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
+        runner.run(ctx, "current", engine.current, "quick", source_stat)["facts"]["up_to_date"] == 0
     )
     reads = []
-    real_load = manifest.load
-    monkeypatch.setattr(manifest, "load", lambda p: reads.append(p) or real_load(p))
-    event = engine.run(
-        ctx, "stage", engine.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
+    real_load = manifestfile.load
+    monkeypatch.setattr(manifestfile, "load", lambda p: reads.append(p) or real_load(p))
+    event = runner.run(
+        ctx, "stage", staging.stage, delta=True, source_stat=source_stat, algo="sha256", exclude=[]
     )
     assert event["status"] == "ok" and event["facts"]["rebuilt"] == 1, event
     assert reads == [], "stage read the install's manifest again"
     monkeypatch.undo()
-    assert manifest.load(str(mpath))["header"]["stat_fingerprint"] == source_stat
+    assert manifestfile.load(str(mpath))["header"]["stat_fingerprint"] == source_stat
     # the install's manifest changed since the quick check read it: read again
-    m = manifest.load(str(dest / engine.INSTALLED))
-    manifest.save(m, str(dest / engine.INSTALLED))
+    m = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
+    manifestfile.save(m, str(dest / paths.INSTALLED_MANIFEST))
     cached = ctx._installed_cache
     assert ctx.installed() is not cached[1] and ctx._installed_cache[0] != cached[0]
     # a linked file of the staging swapped for a copy with other bytes and the same stat
@@ -1012,9 +1035,10 @@ def test_a_delta_reads_the_install_manifest_once_and_verify_knows_the_inodes_it_
         check=True,
     )
     assert (
-        engine.run(ctx, "receive", engine.receive, producer=["cat", str(payload)])["status"] == "ok"
+        runner.run(ctx, "receive", receive.receive, producer=["cat", str(payload)])["status"]
+        == "ok"
     )
-    ver = engine.run(ctx, "verify", engine.verify)
+    ver = runner.run(ctx, "verify", proof.verify)
     assert ver["status"] == "failed" and f"{PKG}/data.bin" in str(ver), ver
     assert (dest / PKG / "data.bin").read_bytes() == (src / PKG / "data.bin").read_bytes()
 
@@ -1030,22 +1054,22 @@ def test_a_source_manifest_that_cannot_stand_for_the_source_stages_nothing(first
     elif what == "other excludes":
         exclude = ["*.pyc"]
     else:  # the recorded entry of bin/tool is not what the source had
-        m = manifest.load(str(dest / engine.INSTALLED))
+        m = manifestfile.load(str(dest / paths.INSTALLED_MANIFEST))
         m["header"]["source_entries"][0]["h"] = "0" * 64
-        manifest.save(m, str(dest / engine.INSTALLED))
+        manifestfile.save(m, str(dest / paths.INSTALLED_MANIFEST))
     before = (dest / PKG / "__init__.py").read_text()
     ctx = rerun_ctx(tmp_path, dest, tmp_path / "m.jsonl")
-    event = engine.run(
+    event = runner.run(
         ctx,
         "stage",
-        engine.stage,
+        staging.stage,
         delta=True,
         source_stat=source_stat,
         algo="sha256",
         exclude=exclude,
     )
     assert event["status"] == "skipped" and event["facts"]["kept"] == 0, event
-    assert not os.path.lexists(ctx.staging) and engine.read_stamp(ctx) is None
+    assert not os.path.lexists(ctx.staging) and runner.read_stamp(ctx) is None
     assert not (tmp_path / "m.jsonl").exists() or what == "other excludes"
     assert (dest / PKG / "__init__.py").read_text() == before
 
@@ -1069,7 +1093,7 @@ def test_the_post_swap_proof_starts_each_console_script_without_running_its_code
         f"#!/bin/sh\n'''exec' \"{dest}/bin/python\" \"$0\" \"$@\"\n' '''\n{code}",
     )
     _script(dest / "bin" / "other", f"#!/usr/bin/env python3\n{code}")  # not the venv's own
-    proven, failed = engine.prove_scripts(str(dest), ["bin/tool", "bin/other", "pyvenv.cfg"])
+    proven, failed = proof.prove_scripts(str(dest), ["bin/tool", "bin/other", "pyvenv.cfg"])
     assert (proven, failed) == (["bin/pip", "bin/tool"], [])
     assert not ran.exists()  # the hook ended each interpreter before the script
 
@@ -1081,7 +1105,7 @@ def test_the_post_swap_proof_fails_a_console_script_whose_interpreter_lives_else
     # the venv's python3 is a wrapper that starts another venv's interpreter
     _script(dest / "bin" / "python3", f'#!/bin/sh\nexec {other}/bin/python "$@"\n')
     _script(dest / "bin" / "tool", f"#!{dest}/bin/python3\nimport sys\n")
-    proven, failed = engine.prove_scripts(str(dest), ["bin/tool"])
+    proven, failed = proof.prove_scripts(str(dest), ["bin/tool"])
     assert proven == []
     assert failed == [
         f"console script bin/tool runs from the wrong place: sys.prefix {other}, {other}/bin/python"
@@ -1099,7 +1123,7 @@ def test_the_post_swap_proof_starts_one_script_of_each_interpreter_line(tmp_path
     monkeypatch.setattr(
         proof, "run_quiet", lambda argv, *a: started.append(argv[0]) or real(argv, *a)
     )
-    proven, failed = engine.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
+    proven, failed = proof.prove_scripts(str(dest), ["bin/a", "bin/b", "bin/c", "bin/d"])
     assert (proven, failed) == (["bin/a", "bin/b", "bin/c", "bin/d"], [])
     assert sorted(started) == [f"{dest}/bin/a", f"{dest}/bin/d"]
 
@@ -1117,7 +1141,7 @@ def test_the_post_swap_proof_follows_a_trampoline_to_the_interpreter_beside_it(t
         + relocate.BESIDE.decode()
         + 'python" "$0" "$@"\n\' \'\'\'\nimport sys\n',
     )
-    assert engine.prove_scripts(str(dest), ["bin/tool"]) == (["bin/tool"], [])
+    assert proof.prove_scripts(str(dest), ["bin/tool"]) == (["bin/tool"], [])
 
 
 def test_a_system_error_in_a_step_is_said_in_words_and_its_traceback_goes_to_the_log(tmp_path):
@@ -1127,13 +1151,13 @@ def test_a_system_error_in_a_step_is_said_in_words_and_its_traceback_goes_to_the
 
     traced: list = []
     logged: list = []
-    ctx = engine.Context(str(tmp_path / "venv"), log=logged.append, trace=traced.append)
+    ctx = runner.Context(str(tmp_path / "venv"), log=logged.append, trace=traced.append)
 
     def step(c):
         raise PermissionError(errno_.EPERM, "Operation not permitted", str(tmp_path / "x"))
 
-    event = engine.run(ctx, "stage", step)
-    who = engine.user_name()
+    event = runner.run(ctx, "stage", step)
+    who = runner.user_name()
     assert event["status"] == "failed"
     assert event["detail"] == (
         f"{who} cannot use {tmp_path / 'x'}: operation not permitted (EPERM: the system does not "
@@ -1147,9 +1171,9 @@ def test_a_system_error_in_a_step_is_said_in_words_and_its_traceback_goes_to_the
 
 def test_an_oserror_the_kit_raised_with_its_own_words_keeps_them():
     exc = PermissionError("refusing to restore backup 7: it is owned by nobody, not by root")
-    assert engine.os_error_words(exc) == str(exc)
+    assert runner.os_error_words(exc) == str(exc)
     exc = OSError(40, "the staging /x is a symlink to /y: refusing to follow it")
-    assert engine.os_error_words(exc) == exc.strerror
+    assert runner.os_error_words(exc) == exc.strerror
 
 
 # -- the engine's choices: one document, read once (issue 35) ------------------------------------
@@ -1248,7 +1272,7 @@ def test_the_engine_refuses_a_bad_document_before_it_writes_anything(tmp_path):
 def test_a_rerun_skips_the_same_steps_whoever_asks(tmp_path):
     """The skip rule is the engine's (engine.step): serve's requests and a node's install skip
     the same steps when the destination already holds the tree."""
-    ctx = engine.Context(str(tmp_path / "venv"), state=engine.make_state(str(tmp_path)))
+    ctx = runner.Context(str(tmp_path / "venv"), state=runner.make_state(str(tmp_path)))
     ctx.locked, ctx.up_to_date = True, "up to date (quick check)"
     for name in ("stage", "verify", "relocate", "prove", "swap"):
         serve.handle(ctx, [name])
@@ -1273,10 +1297,10 @@ def test_the_source_hash_beside_the_stream_takes_the_cores_the_stream_leaves(mon
     from rbkit import serve
 
     # the CPUs this process may use (rbrules.cpus), not the machine's
-    monkeypatch.setattr(serve.cpus, "count", lambda root="/": 2)
-    assert serve.hash_jobs("2", True) == 1 and serve.hash_jobs("2", False) == 2
-    assert serve.hash_jobs("auto", True) == 1
-    monkeypatch.setattr(serve.cpus, "count", lambda root="/": 16)
-    assert serve.hash_jobs("8", True) == 8 and serve.hash_jobs("auto", True) == 14
+    monkeypatch.setattr(cpus, "count", lambda root="/": 2)
+    assert sendside.hash_jobs("2", True) == 1 and sendside.hash_jobs("2", False) == 2
+    assert sendside.hash_jobs("auto", True) == 1
+    monkeypatch.setattr(cpus, "count", lambda root="/": 16)
+    assert sendside.hash_jobs("8", True) == 8 and sendside.hash_jobs("auto", True) == 14
     a = serve.parser().parse_args(["hash", "/r", "--out", "/o", "--beside-stream"])
-    assert a.beside_stream and a.fn is serve.cmd_hash
+    assert a.beside_stream and a.fn is sendside.cmd_hash

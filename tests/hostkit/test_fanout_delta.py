@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import fanout, hostfs, manifest
-from rbkit.choices import Choices
+from rbkit import fanout, fanreports, manifest, manifestfile, pathid
+from rbrules.choices import Choices
 
 from tests.hostkit.test_kit import make_tree
 
@@ -28,15 +28,15 @@ def bundle(d: Path, src: Path, m: dict, base: dict | None = None) -> Path:
     of everything, or of only what changed since `base`, then with delta.names)."""
     (d / "kit").mkdir(parents=True)
     (d / "kit" / "rbkit").symlink_to(KIT)
-    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
+    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(pathid.identity(str(src))))
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
-        manifest.dump(m, f)
+        manifestfile.dump(m, f)
     names = d / "delta.names" if base is not None else d / "all.names"
     with open(names, "wb") as f:
         if base is None:
-            manifest.names(m, f)
+            manifestfile.names(m, f)
         else:
-            manifest.write_names(manifest.delta(m, base)["send"], f)
+            manifestfile.write_names(manifest.delta(m, base)["send"], f)
     subprocess.run(
         [
             "tar",
@@ -76,14 +76,14 @@ def node(d: Path, dest: Path) -> tuple[int, dict]:
         text=True,
         timeout=120,
     )
-    reports = fanout.parse_reports(p.stdout.splitlines())
+    reports = fanreports.parse_reports(p.stdout.splitlines())
     assert len(reports) == 1, p.stdout + p.stderr
     return p.returncode, next(iter(reports.values()))
 
 
 def _lines(doc: dict) -> list[str]:
     buf = io.StringIO()
-    fanout.emit(doc, buf)
+    fanreports.emit(doc, buf)
     return buf.getvalue().splitlines()
 
 
@@ -178,11 +178,13 @@ def test_pending_and_a_later_round_replacing_a_nodes_report(tmp_path):
     fine = {"node": "n1", "ok": True, "steps": [{"id": "extract", "ok": True, "rc": 0}]}
     first = tmp_path / "install.out"
     first.write_text("\n".join(f"{d['node']}: {ln}" for d in (fine, asks) for ln in _lines(d)))
-    assert fanout.pending(fanout.read_reports(["n1", "n2"], [str(first)]), ["n1", "n2"]) == ["n2"]
+    assert fanreports.pending(
+        fanreports.read_reports(["n1", "n2"], [str(first)]), ["n1", "n2"]
+    ) == ["n2"]
     second = tmp_path / "install-full.out"
     second.write_text("\n".join("n2: " + ln for ln in _lines(dict(fine, node="n2"))))
-    reports = fanout.read_reports(["n1", "n2"], [str(first), str(second)])
-    assert reports["n2"]["ok"] and not fanout.pending(reports, ["n1", "n2"])
+    reports = fanreports.read_reports(["n1", "n2"], [str(first), str(second)])
+    assert reports["n2"]["ok"] and not fanreports.pending(reports, ["n1", "n2"])
     result = fanout.compare(["n1", "n2"], reports, [], "all")
     assert result["passed"] and result["groups"] == [["n1", "n2"]]
     json.dumps(result)

@@ -7,12 +7,12 @@ import io
 import json
 import random
 
-from rbkit import fanout
+from rbkit import fanout, fanreports
 
 
 def lines_of(doc: dict) -> list[str]:
     buf = io.StringIO()
-    fanout.emit(doc, buf)
+    fanreports.emit(doc, buf)
     return buf.getvalue().splitlines()
 
 
@@ -42,15 +42,15 @@ def test_interleaved_prefixed_chunks_are_put_back_together_per_node():
         lines += [prefix + ln for ln in lines_of(doc)]
     random.Random(7).shuffle(lines)
     lines.insert(3, "srun: error: node09: task 8: Killed")
-    assert fanout.parse_reports(lines) == docs
+    assert fanreports.parse_reports(lines) == docs
 
 
 def test_a_report_with_a_lost_or_garbled_chunk_is_no_report():
     a, b = lines_of(report("node01")), lines_of(report("node02"))
     assert len(a) > 2
-    got = fanout.parse_reports(a[:1] + a[2:] + b[:-1] + [b[-1][:-3]])  # cut short: not JSON
+    got = fanreports.parse_reports(a[:1] + a[2:] + b[:-1] + [b[-1][:-3]])  # cut short: not JSON
     assert got == {}
-    assert fanout.parse_reports(lines_of({"node": "n1", "ok": True})) == {
+    assert fanreports.parse_reports(lines_of({"node": "n1", "ok": True})) == {
         "n1": {"node": "n1", "ok": True}
     }
 
@@ -58,7 +58,7 @@ def test_a_report_with_a_lost_or_garbled_chunk_is_no_report():
 def test_a_chunk_claiming_another_node_is_not_mixed_in():
     a = lines_of(report("node01"))
     forged = [ln.replace("RBFAN node01", "RBFAN node02") for ln in a]
-    assert set(fanout.parse_reports(a + forged)) == {"node01"}
+    assert set(fanreports.parse_reports(a + forged)) == {"node01"}
 
 
 def test_compare_folds_equal_rows_and_names_odd_and_missing():
@@ -76,8 +76,8 @@ def test_compare_folds_equal_rows_and_names_odd_and_missing():
 
 
 def test_fold_names():
-    assert fanout.fold(["node01", "node02", "node03", "node05"]) == "node[01-03,05]"
-    assert fanout.fold(["a1", "b2"]) == "a1,b2"
+    assert fanreports.fold(["node01", "node02", "node03", "node05"]) == "node[01-03,05]"
+    assert fanreports.fold(["a1", "b2"]) == "a1,b2"
 
 
 def test_a_node_that_reports_its_full_hostname_is_matched_to_the_spec_name():
@@ -86,7 +86,7 @@ def test_a_node_that_reports_its_full_hostname_is_matched_to_the_spec_name():
         "node02": report("node02"),
         "stranger": report("stranger"),
     }
-    got = fanout.match_nodes(["node01", "node02"], reports)
+    got = fanreports.match_nodes(["node01", "node02"], reports)
     assert set(got) == {"node01", "node02"} and got["node01"]["node"] == "node01"
 
 

@@ -2,7 +2,7 @@
 source check"): the real `rbkit.fanout node` command, and its check on identities made here.
 
 The single-host route refuses a destination that is the source, inside it, or around it, whatever
-the names (engine.preflight with the source's hostfs.identity). On 24efc9a a fan-out node had no
+the names (preflight.preflight with the source's pathid.identity). On 24efc9a a fan-out node had no
 such check: `rbkit.fanout node` took the lock and installed, so a node that is the source host (or
 shares its file system) staged beside the source and swapped its copy in over it. These tests fail
 there: rbkit.fanout has no check_source nor SOURCE_IDENTITY, and the node installs into the alias.
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rbkit import engine, fanout, hostfs
+from rbkit import fanout, pathid, runner
 
 from tests.hostkit.test_fanout_delta import bundle, node
 
@@ -94,8 +94,8 @@ def test_a_bundle_without_the_source_identity_is_refused(source, tmp_path):
 def check(tmp_path: Path, source_identity: dict, dest: Path) -> dict:
     path = tmp_path / "source-identity.json"
     path.write_text(json.dumps(source_identity))
-    ctx = engine.Context(str(dest), capture=True, log=lambda line: None)
-    return engine.run(ctx, "preflight", fanout.check_source, str(path))
+    ctx = runner.Context(str(dest), capture=True, log=lambda line: None)
+    return runner.run(ctx, "preflight", fanout.check_source, str(path))
 
 
 def test_the_node_check_on_identities_of_another_mount_namespace(source, tmp_path):
@@ -105,7 +105,7 @@ def test_the_node_check_on_identities_of_another_mount_namespace(source, tmp_pat
     src, _d = source
     (tmp_path / "alias").symlink_to(src.parent)
     there = dict(
-        hostfs.identity(str(src)),
+        pathid.identity(str(src)),
         mnt_ns="mnt:[1]",
         path="/data/venv",
         abspath="/data/venv",
@@ -119,9 +119,9 @@ def test_the_node_check_on_identities_of_another_mount_namespace(source, tmp_pat
     )
     inside = check(tmp_path, there, tmp_path / "alias" / "venv" / "lib" / "x")
     assert "is inside the source /data/venv" in inside["detail"]
-    other = dict(hostfs.identity(str(src)), boot_id="another-machine", mount=None)
+    other = dict(pathid.identity(str(src)), boot_id="another-machine", mount=None)
     assert check(tmp_path, other, src)["status"] == "ok"
-    assert check(tmp_path, hostfs.identity(str(src)), tmp_path / "elsewhere")["status"] == "ok"
+    assert check(tmp_path, pathid.identity(str(src)), tmp_path / "elsewhere")["status"] == "ok"
 
 
 def test_the_comparison_names_the_refused_node_and_its_reason():

@@ -12,9 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rbkit import fanout, fanplan, hostfs
-from rbkit import manifest as kitmanifest
-from rbkit.choices import Choices
+from rbkit import fanout, fanplan, hostfs, manifest, manifestfile
+from rbrules.choices import Choices
 
 from tests.hostkit.test_liveplan import tree
 
@@ -25,9 +24,9 @@ def install(src: Path, dst: Path) -> None:
     """An install of `src` at `dst` as the engine leaves it: the tree with its stats, and the
     install's manifest recording the source."""
     subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
-    m = kitmanifest.build(str(src), algo="sha256", jobs=1)
-    kitmanifest.save(
-        kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m)),
+    m = manifest.build(str(src), algo="sha256", jobs=1)
+    manifestfile.save(
+        manifest.relocated(m, {}, manifestfile.fingerprint(m)),
         str(dst / ".rb-manifest.jsonl"),
         sync=False,
     )

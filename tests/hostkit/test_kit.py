@@ -12,7 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, manifest, relocate
+from rbkit import (
+    exports,
+    filehash,
+    hostfs,
+    linkstage,
+    manifest,
+    manifestfile,
+    relocate,
+    statwalk,
+    swapfs,
+)
 
 
 def make_tree(root: Path, python: bool = False) -> None:
@@ -94,16 +104,16 @@ def test_verify_names_every_kind_of_difference(tree, tmp_path):
 def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
     out = tmp_path / "m.jsonl"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "hostkit"))
-    run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "rbkit", *a],
-        env=env,  # noqa: E731
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*words):
+        return subprocess.run(
+            [sys.executable, "-m", "rbkit", *words], env=env, capture_output=True, text=True
+        )
+
     r = run("manifest", "build", str(tree), "--out", str(out), "--exclude", "*.pyc")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["totals"]["files"] == 4
-    assert manifest.load(str(out))["totals"]["files"] == 4
+    assert manifestfile.load(str(out))["totals"]["files"] == 4
     assert run("manifest", "verify", str(tree), str(out)).returncode == 0  # excluded .pyc: fine
     (tree / "bin" / "new").write_text("not in the manifest")
     r = run("manifest", "verify", str(tree), str(out))
@@ -115,11 +125,11 @@ def test_manifest_roundtrip_and_cli_exit_codes(tree, tmp_path):
 def test_truncated_manifest_is_refused(tree, tmp_path):
     out = tmp_path / "m.jsonl"
     with open(out, "w") as f:
-        manifest.dump(manifest.build(str(tree)), f)
+        manifestfile.dump(manifest.build(str(tree)), f)
     lines = out.read_text().splitlines(True)
     out.write_text("".join(lines[:-1]))
     with pytest.raises(ValueError, match="not a complete manifest"):
-        manifest.load(str(out))
+        manifestfile.load(str(out))
 
 
 def test_relocate_rewrites_shebangs_activate_and_trampolines(tmp_path):
@@ -179,20 +189,20 @@ def test_swap_refuse_backup_replace_and_restore(tmp_path):
         (st / "tag").write_text(tag)
         return st
 
-    assert hostfs.swap(str(staged("one")), str(dest), "refuse")["previous"] == "none"
+    assert swapfs.swap(str(staged("one")), str(dest), "refuse")["previous"] == "none"
     with pytest.raises(FileExistsError):
-        hostfs.swap(str(staged("two")), str(dest), "refuse")
+        swapfs.swap(str(staged("two")), str(dest), "refuse")
     assert (dest / "tag").read_text() == "one", "refuse leaves the destination alone"
-    result = hostfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
+    result = swapfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
     assert result["previous"].endswith("venv.rb-backup.1") and result["atomic"]
     assert (dest / "tag").read_text() == "two"
-    hostfs.swap(str(staged("three")), str(dest), "backup")
+    swapfs.swap(str(staged("three")), str(dest), "backup")
     assert (tmp_path / "venv.rb-backup.2" / "tag").read_text() == "two"
-    hostfs.restore(str(dest))
+    swapfs.restore(str(dest))
     assert (dest / "tag").read_text() == "two"
     # the install it replaced: the newest backup, under a new number (issue 34)
     assert (tmp_path / "venv.rb-backup.3" / "tag").read_text() == "three"
-    hostfs.swap(str(staged("four")), str(dest), "replace")
+    swapfs.swap(str(staged("four")), str(dest), "replace")
     assert (dest / "tag").read_text() == "four"
     assert not (tmp_path / ".venv.rb-staging").exists()
 
@@ -210,7 +220,8 @@ def test_exports_put_venv_library_dirs_first(tmp_path):
         [
             "bash",
             "-c",
-            'LD_LIBRARY_PATH=/sys/lib; source "$1"; printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"',
+            'LD_LIBRARY_PATH=/sys/lib; source "$1"; '
+            'printf "%s\\n" "$LD_LIBRARY_PATH" "$CUDA_HOME" "$NCCL_NVLS_ENABLE"',
             "_",
             str(env_file),
         ],
@@ -253,7 +264,7 @@ def test_caches_the_move_excluded_may_appear_at_the_destination(tree, tmp_path):
 
 def test_quick_check_spots_a_changed_source_or_destination_without_reading(tree, tmp_path):
     m = manifest.build(str(tree), ["*.pyc"], "sha256")
-    installed = manifest.relocated(m, {}, manifest.fingerprint(m))
+    installed = manifest.relocated(m, {}, manifestfile.fingerprint(m))
     dest = tmp_path / "dest"
     subprocess.run(["cp", "-a", str(tree), str(dest)], check=True)
     source_stat = hostfs.scan(str(tree), ["*.pyc"])["stat_fingerprint"]
@@ -268,7 +279,7 @@ def test_quick_check_spots_a_changed_source_or_destination_without_reading(tree,
 
 
 def test_digests_of_many_files_by_threads_are_each_files_in_order(tmp_path):
-    """manifest.digests: threads taking paths from one iterator give each path its own file's
+    """filehash.digests: threads taking paths from one iterator give each path its own file's
     digest, in the order asked (sizes around the read size, so one buffer is reused short and
     long); the first failure in that order is raised, after every thread stopped."""
     import hashlib
@@ -277,23 +288,23 @@ def test_digests_of_many_files_by_threads_are_each_files_in_order(tmp_path):
     rng = random.Random(7)
     rels = []
     for i in range(300):
-        size = rng.choice((0, 1, 511, manifest.CHUNK - 1, manifest.CHUNK, manifest.CHUNK + 3))
+        size = rng.choice((0, 1, 511, filehash.CHUNK - 1, filehash.CHUNK, filehash.CHUNK + 3))
         rel = f"d{i % 7}/f{i}"
         (tmp_path / f"d{i % 7}").mkdir(exist_ok=True)
         (tmp_path / rel).write_bytes(rng.randbytes(size))
         rels.append(rel)
     want = [hashlib.sha256((tmp_path / r).read_bytes()).hexdigest() for r in rels]
     for jobs in (1, 2, 5):
-        assert manifest.digests(str(tmp_path), rels, "sha256", jobs) == want, jobs
+        assert filehash.digests(str(tmp_path), rels, "sha256", jobs) == want, jobs
     blake = [hashlib.blake2b((tmp_path / r).read_bytes(), digest_size=32).hexdigest() for r in rels]
-    assert manifest.digests(str(tmp_path), rels, "blake2b", 3) == blake
-    assert manifest.digests(str(tmp_path), [], "sha256", 4) == []
+    assert filehash.digests(str(tmp_path), rels, "blake2b", 3) == blake
+    assert filehash.digests(str(tmp_path), [], "sha256", 4) == []
     # a link where a file was (O_NOFOLLOW) and a path gone: the earlier one in the list is raised
     os.symlink("f0", tmp_path / "d1" / "link")
     bad = rels[:100] + ["d1/link"] + rels[100:200] + ["gone"] + rels[200:]
     for jobs in (1, 4):
         with pytest.raises(OSError) as info:
-            manifest.digests(str(tmp_path), bad, "sha256", jobs)
+            filehash.digests(str(tmp_path), bad, "sha256", jobs)
         assert info.value.filename.endswith("d1/link"), jobs
 
 
@@ -307,7 +318,7 @@ def test_a_build_from_the_scan_record_is_the_walked_build_and_only_for_that_walk
         (tree / "lib" / odd).write_text(odd)
     names = tmp_path / "run.names"
     info = hostfs.scan(str(tree), excl, str(names))
-    record = tmp_path / ("run.names" + manifest.SCAN_SUFFIX)
+    record = tmp_path / ("run.names" + manifestfile.SCAN_SUFFIX)
     assert record.is_file() and oct(record.stat().st_mode & 0o777) == "0o600"
     walked = manifest.build(str(tree), excl, "sha256", jobs=2)
     got = manifest.build(str(tree), excl, "sha256", jobs=2, scanned=str(record))
@@ -342,14 +353,14 @@ def test_a_file_that_changed_size_since_the_scan_fails_the_build_by_name(tree, t
     hostfs.scan(str(tree), excl, str(tmp_path / "n"))
     init = tree / "lib" / "python3.11" / "site-packages" / "pkg" / "__init__.py"
     init.write_text("x = 1\ny = 2\n")
-    with pytest.raises(manifest.Changed, match=r"__init__\.py: 12 bytes read, 6 when"):
+    with pytest.raises(filehash.Changed, match=r"__init__\.py: 12 bytes read, 6 when"):
         manifest.build(
-            str(tree), excl, "sha256", 2, scanned=str(tmp_path / ("n" + manifest.SCAN_SUFFIX))
+            str(tree), excl, "sha256", 2, scanned=str(tmp_path / ("n" + manifestfile.SCAN_SUFFIX))
         )
     # the check itself, whatever gave the size: a digest of other bytes than seen is refused
     rel = "lib/python3.11/site-packages/pkg/__init__.py"
-    with pytest.raises(manifest.Changed):
-        manifest.digests(
+    with pytest.raises(filehash.Changed):
+        filehash.digests(
             str(tree), ["pyvenv.cfg", rel], "sha256", 2, [(tree / "pyvenv.cfg").stat().st_size, 6]
         )
     # walked: the entry and the digest are of the same file
@@ -397,7 +408,7 @@ def test_stage_links_unchanged_files_and_lists_the_rest(tree, tmp_path):
     dest_data = dest / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
     staging = tmp_path / ".dest.rb-staging"
     names = tmp_path / "names"
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(names))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(names))
     send = names.read_bytes().split(b"\0")[:-1]
     assert info["linked"] == 1 and info["send_files"] == 4  # __init__, new, tool, pyvenv.cfg
     staged = staging / "lib" / "python3.11" / "site-packages" / "pkg" / "data.bin"
@@ -425,7 +436,7 @@ def test_stage_links_unchanged_files_and_lists_the_rest(tree, tmp_path):
     # a file changed at the destination since the install is not linked (a stat-level check,
     # like the quick re-run check: same size in the same second would pass, `rerun: digest` won't)
     dest_data.write_bytes(os.urandom((3 << 20) + 1))
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(names))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(names))
     assert info["linked"] == 0 and info["send_files"] == 5
     assert dest_data.exists() and not (staging / "bin" / "tool").exists()
 
@@ -540,7 +551,7 @@ def test_a_destination_path_no_shebang_can_hold_gets_the_trampoline_that_names_n
 
 
 def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
-    """manifest.excluded (a name set and suffixes for `NAME` and `*TEXT` patterns, one regex for
+    """statwalk.excluded (a name set and suffixes for `NAME` and `*TEXT` patterns, one regex for
     the rest); the rule it must keep: a pattern matches the path, or the path from any of its
     components on, by fnmatch (where * crosses "/"). Fixed lists, then random ones."""
     import fnmatch
@@ -599,7 +610,7 @@ def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
     ):
         for _ in range(600):
             rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 6)))
-            assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
+            assert statwalk.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
     alphabet = ["a", "b", ".", "/", "*", "?", "[", "]", "!", "é", "\n", "\\", "pyc", "x.pyc"]
     for _ in range(1500):
         patterns = [
@@ -608,8 +619,8 @@ def test_excludes_match_a_path_or_any_of_its_tails_as_fnmatch_would():
         ]
         for _ in range(20):
             rel = "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 5)))
-            assert manifest.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
-    assert not manifest.excluded("a/b", [])
+            assert statwalk.excluded(rel, patterns) == reference(rel, patterns), (rel, patterns)
+    assert not statwalk.excluded("a/b", [])
 
 
 def test_a_stat_line_is_the_json_modules_bytes(tree):
@@ -619,11 +630,12 @@ def test_a_stat_line_is_the_json_modules_bytes(tree):
 
     def reference(e):
         return (
-            json.dumps([e.get(k) for k in manifest.STAT_KEYS], ensure_ascii=False).encode() + b"\n"
+            json.dumps([e.get(k) for k in manifestfile.STAT_KEYS], ensure_ascii=False).encode()
+            + b"\n"
         )
 
     for e in manifest.build(str(tree), [], "none")["entries"]:
-        assert manifest.stat_line(e) == reference(e)
+        assert manifestfile.stat_line(e) == reference(e)
     rnd = random.Random(5)
     alpha = ["a", '"', "\\", "\n", "\x00", "\x1f", "é", "\u2028", "😀", "/", " ", "\x7f", "\t"]
     for _ in range(3000):
@@ -637,7 +649,7 @@ def test_a_stat_line_is_the_json_modules_bytes(tree):
         }
         if rnd.random() < 0.2:
             del e["m"]
-        assert manifest.stat_line(e) == reference(e), e
+        assert manifestfile.stat_line(e) == reference(e), e
 
 
 def test_an_entry_line_is_the_json_modules_text(tree):
@@ -654,7 +666,7 @@ def test_an_entry_line_is_the_json_modules_text(tree):
     m = manifest.build(str(tree), [], "sha256")
     assert any(e["t"] == "f" for e in m["entries"])
     for e in m["entries"]:
-        assert manifest.entry_line(e) == reference(e)
+        assert manifestfile.entry_line(e) == reference(e)
     rnd = random.Random(7)
     alpha = ["a", '"', "\\", "\n", "\x00", "\x1f", "é", "\u2028", "😀", "/", " ", "\x7f"]
     for _ in range(3000):
@@ -670,13 +682,13 @@ def test_an_entry_line_is_the_json_modules_text(tree):
             e["l"] = "x"
         if rnd.random() < 0.1:
             del e["h"]
-        assert manifest.entry_line(e) == reference(e), e
+        assert manifestfile.entry_line(e) == reference(e), e
     buf = io.StringIO()
-    fp = manifest.dump(m, buf)
+    fp = manifestfile.dump(m, buf)
     lines = buf.getvalue().split("\n")  # not splitlines: a path may hold U+2028
     body = "".join(line + "\n" for line in lines[1:-2])
-    assert fp == hashlib.sha256(body.encode()).hexdigest() == manifest.fingerprint(m)
-    assert manifest.dump(dict(m, entries=[]), io.StringIO()) == hashlib.sha256(b"").hexdigest()
+    assert fp == hashlib.sha256(body.encode()).hexdigest() == manifestfile.fingerprint(m)
+    assert manifestfile.dump(dict(m, entries=[]), io.StringIO()) == hashlib.sha256(b"").hexdigest()
 
 
 @pytest.mark.parametrize("strip", [False, True])
@@ -695,14 +707,14 @@ def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
     os.mkfifo(tree / "fifo")
     (tree / "dangling").symlink_to('no/"where"')
     root = str(tree)
-    walked = list(manifest.walk(root, []))
+    walked = list(statwalk.walk(root, []))
     assert {st.st_mode >> 12 for _, st in walked} >= {0o10, 0o4, 0o12, 0o1}
     entries = []
     for rel, st in walked:
-        e = manifest.entry_of(root, rel, st)
-        e = manifest.without_special(e) if strip else e
-        v = manifest.stat_values(root, rel, st, strip)
-        mode = st.st_mode & 0o7777 & ~(manifest.SPECIAL_BITS if strip else 0)
+        e = manifestfile.entry_of(root, rel, st)
+        e = manifestfile.without_special(e) if strip else e
+        v = manifestfile.stat_values(root, rel, st, strip)
+        mode = st.st_mode & 0o7777 & ~(manifestfile.SPECIAL_BITS if strip else 0)
         if os.path.islink(os.path.join(root, rel)):
             want = (rel, "l", None, None, os.readlink(os.path.join(root, rel)), None)
         elif os.path.isfile(os.path.join(root, rel)):
@@ -716,11 +728,11 @@ def test_a_scans_stat_values_are_those_of_its_entries(tree, strip):
                 None,
                 None,
             )
-        assert v == want == tuple(e.get(k) for k in manifest.STAT_KEYS), rel
-        assert manifest.values_line(v) == manifest.stat_line(e), rel
+        assert v == want == tuple(e.get(k) for k in manifestfile.STAT_KEYS), rel
+        assert manifestfile.values_line(v) == manifestfile.stat_line(e), rel
         entries.append(e)
     got = hostfs.scan(root, [], special_modes="strip" if strip else "keep")
-    assert got["stat_fingerprint"] == manifest.stat_fingerprint(entries)
+    assert got["stat_fingerprint"] == manifestfile.stat_fingerprint(entries)
 
 
 def test_a_name_that_is_not_utf8_is_refused_by_the_scan_and_named(tree):
@@ -753,7 +765,7 @@ def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path)
     (site / "pkg").rename(elsewhere)
     (site / "pkg").symlink_to(elsewhere)
     staging = tmp_path / ".dest.rb-staging"
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
     assert info["linked"] == 0, info
     staged = staging / "lib" / "python3.11" / "site-packages" / "pkg"
     assert staged.is_dir() and not staged.is_symlink() and not list(staged.iterdir())
@@ -763,7 +775,7 @@ def test_stage_never_links_through_a_link_planted_in_the_install(tree, tmp_path)
     data = site / "pkg" / "data.bin"
     data.rename(tmp_path / "data.bin")
     data.symlink_to(tmp_path / "data.bin")
-    info = hostfs.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
+    info = linkstage.stage(str(dest), str(staging), new, installed, str(tmp_path / "names"))
     assert not (staged / "data.bin").exists(), info
     sent = (tmp_path / "names").read_bytes().split(b"\0")
     assert b"lib/python3.11/site-packages/pkg/data.bin" in sent
@@ -775,13 +787,13 @@ def test_a_loaded_manifests_fingerprint_is_that_of_its_entries(tree, tmp_path):
     (keys in another order) gets another fingerprint, never a false equal."""
     m = manifest.build(str(tree), [], "sha256", jobs=2)
     path = tmp_path / "m.jsonl"
-    saved = manifest.save(m, str(path))
-    loaded, fp = manifest.load_fingerprinted(str(path))
-    assert fp == saved == manifest.fingerprint(loaded) == manifest.fingerprint(m)
+    saved = manifestfile.save(m, str(path))
+    loaded, fp = manifestfile.load_fingerprinted(str(path))
+    assert fp == saved == manifestfile.fingerprint(loaded) == manifestfile.fingerprint(m)
     lines = path.read_text().splitlines()
     lines[2] = json.dumps(json.loads(lines[2]), sort_keys=False, indent=None, separators=(",", ":"))
     path.write_text("\n".join(lines) + "\n")
-    again, fp2 = manifest.load_fingerprinted(str(path))
+    again, fp2 = manifestfile.load_fingerprinted(str(path))
     assert again["entries"] == loaded["entries"] and fp2 != fp
 
 
@@ -829,7 +841,9 @@ ODD_FILES = {
     "rbkit/zz_no_final_newline.py": "x = 1",
     "rbkit/zz_empty.py": "",
     "rbkit/zz_blank_lines_at_the_end.py": "x = 1\n\n\n",
-    "rbkit/zz_odd_bytes.py": "a = '\x01\x7f\u00e9\u2028'\r\nb = 2 \t\x0c\n\\\n'$(x)' '`y`' '${z}'\n",
+    "rbkit/zz_odd_bytes.py": (
+        "a = '\x01\x7f\u00e9\u2028'\r\nb = 2 \t\x0c\n\\\n'$(x)' '`y`' '${z}'\n"
+    ),
     # lines that start as the files' separator and as heredoc delimiters do: another is chosen
     "rbview/zz_separator.py": "RB_KIT_FILE rbkit/x.py\nRB_KIT_FILE\nRB_PY_0\nPY\n",
 }

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from rbkit import liveplan
-from rbkit import manifest as kitmanifest
+from rbkit import liveplan, manifest, manifestfile, planstate, statwalk
+from rbrules import paths
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -23,18 +23,18 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 
 def scan_rows(root: Path) -> list[list]:
     return [
-        list(kitmanifest.stat_values(str(root), rel, st)) for rel, st in kitmanifest.walk(str(root))
+        list(manifestfile.stat_values(str(root), rel, st)) for rel, st in statwalk.walk(str(root))
     ]
 
 
 def installed_of(root: Path) -> dict:
-    m = kitmanifest.build(str(root), algo="sha256", jobs=1)
-    return kitmanifest.relocated(m, {}, kitmanifest.fingerprint(m))
+    m = manifest.build(str(root), algo="sha256", jobs=1)
+    return manifest.relocated(m, {}, manifestfile.fingerprint(m))
 
 
 def against(installed: dict, root: Path) -> dict:
     """What the destination's `liveplan state --against-install` sends back of the manifest."""
-    return liveplan.against_install(
+    return planstate.against_install(
         installed["header"], installed["entries"], {r[0]: r for r in scan_rows(root)}
     )
 
@@ -82,23 +82,23 @@ def test_the_destination_state_is_read_without_writing_and_names_the_backup_to_e
     for n in (1, 2):
         tree(tmp_path / f"venv.rb-backup.{n}", {"a.py": "a"})
     before = sorted(os.listdir(tmp_path))
-    facts, lines = liveplan.dest_state(str(dest), "backup", 2)
+    facts, lines = planstate.dest_state(str(dest), "backup", 2)
     assert sorted(os.listdir(tmp_path)) == before
     assert facts["exists"] and not facts["installed"] and facts["bytes"] == 1
     assert facts["evicts"] == [str(tmp_path / "venv.rb-backup.1")]
-    assert liveplan.dest_state(str(dest), "replace", 2)[0]["evicts"] == []
+    assert planstate.dest_state(str(dest), "replace", 2)[0]["evicts"] == []
     assert (
         len(lines) == 1
-        and facts["digest"] == liveplan.dest_state(str(dest), "backup", 2)[0]["digest"]
+        and facts["digest"] == planstate.dest_state(str(dest), "backup", 2)[0]["digest"]
     )
     (dest / "a.py").write_text("b")
-    assert liveplan.dest_state(str(dest), "backup", 2)[0]["digest"] != facts["digest"]
+    assert planstate.dest_state(str(dest), "backup", 2)[0]["digest"] != facts["digest"]
 
 
 def installed_at(dest: Path) -> dict:
     """An install of this tool at `dest`: its manifest where the engine's relocate puts it."""
     installed = installed_of(dest)
-    kitmanifest.save(installed, str(dest / liveplan.INSTALLED))
+    manifestfile.save(installed, str(dest / paths.INSTALLED_MANIFEST))
     return installed
 
 
@@ -108,19 +108,19 @@ def test_an_unchanged_install_is_proven_by_one_walk_without_parsing_its_entries(
     dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb", "bin/tool": "t"})
     os.symlink("a.py", dest / "link")
     installed = installed_at(dest)
-    lines, _size = kitmanifest.tree_stat(str(dest))
+    lines, _size = statwalk.tree_stat(str(dest))
     assert (
-        installed["header"][kitmanifest.INSTALLED_STAT]
-        == kitmanifest.stat_fingerprint(installed["entries"])
+        installed["header"][manifest.INSTALLED_STAT]
+        == manifestfile.stat_fingerprint(installed["entries"])
         == __import__("hashlib").sha256(b"".join(lines)).hexdigest()
     )
-    full = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    full = planstate.dest_state(str(dest), "replace", 0, against=True)
 
     def unread(_data):
         raise AssertionError("the manifest's entries were parsed")
 
-    monkeypatch.setattr(liveplan, "_entries", unread)
-    facts, fast_lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    monkeypatch.setattr(planstate, "_entries", unread)
+    facts, fast_lines = planstate.dest_state(str(dest), "replace", 0, against=True)
     assert facts["install"] == {"moved": {}, "source_entries": []}
     assert (facts, fast_lines) == full
     assert facts["installed_source_stat"] == installed["header"]["source_stat_fingerprint"]
@@ -139,10 +139,10 @@ def test_an_install_changed_since_falls_back_to_the_full_comparison(tmp_path, ch
     dest = tree(tmp_path / "venv", {"a.py": "a", "pkg/b.py": "bb"})
     installed_at(dest)
     change(dest)
-    facts, lines = liveplan.dest_state(str(dest), "replace", 0, against=True)
+    facts, lines = planstate.dest_state(str(dest), "replace", 0, against=True)
     assert sorted(facts["install"]["moved"]) == moved
     src = tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "bb"})
-    ch = liveplan.changes(scan_rows(src), liveplan._rows(lines), facts["install"])
+    ch = liveplan.changes(scan_rows(src), planstate.stat_rows(lines), facts["install"])
     assert ch["changed"] + ch["removed"] + ch["added"] >= 1
 
 
@@ -164,35 +164,35 @@ def wide_tree(root: Path) -> Path:
 def test_the_forked_walk_gives_the_walks_own_lines(tmp_path, workers):
     root = wide_tree(tmp_path / "venv")
     pats = ("__pycache__", "*.pyc")
-    alone = kitmanifest.tree_stat(str(root), pats, workers=1)
+    alone = statwalk.tree_stat(str(root), pats, workers=1)
     assert len(alone[0]) == 4 + 3 + 3 * 12 * 5 and alone[1] == 3 * 12 * 3 + 16  # bad\xff: none
     walked = []
-    for rel, st in kitmanifest.walk(str(root), pats):
+    for rel, st in statwalk.walk(str(root), pats):
         try:
-            walked.append(kitmanifest.values_line(kitmanifest.stat_values(str(root), rel, st)))
+            walked.append(manifestfile.values_line(manifestfile.stat_values(str(root), rel, st)))
         except UnicodeEncodeError:
             pass
     assert alone[0] == walked  # the walk's own lines, in its order
-    forked = kitmanifest.tree_stat(str(root), pats, workers=workers)
+    forked = statwalk.tree_stat(str(root), pats, workers=workers)
     assert b"".join(forked[0]) == b"".join(alone[0]) and forked[1] == alone[1]
 
 
 def test_a_failed_worker_leaves_the_walk_to_this_process(tmp_path, monkeypatch):
     root = wide_tree(tmp_path / "venv")
-    alone = kitmanifest.tree_stat(str(root), workers=1)
-    real = kitmanifest._stat_lines
+    alone = statwalk.tree_stat(str(root), workers=1)
+    real = statwalk._stat_lines
 
     def dies(root_, patterns, top, lines):
         if top:  # in a worker: a subtree
             os._exit(3)
         return real(root_, patterns, top, lines)
 
-    monkeypatch.setattr(kitmanifest, "_stat_lines", dies)
-    assert kitmanifest.tree_stat(str(root), workers=4) == alone
+    monkeypatch.setattr(statwalk, "_stat_lines", dies)
+    assert statwalk.tree_stat(str(root), workers=4) == alone
 
 
 def write_state(path: Path, dest: Path) -> None:
-    facts, lines = liveplan.dest_state(str(dest), "replace", 0)
+    facts, lines = planstate.dest_state(str(dest), "replace", 0)
     path.write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
 
 
@@ -249,7 +249,7 @@ def test_compose_writes_the_plan_says_what_blocks_it_and_marks_the_implied_check
 
     hostfs.scan(str(src), [], str(names))
     (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
-    facts, lines = liveplan.dest_state(str(tmp_path / "dst" / "venv"), "replace", 0)
+    facts, lines = planstate.dest_state(str(tmp_path / "dst" / "venv"), "replace", 0)
     facts["free_bytes"] = 10
     (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
     checks = {
@@ -319,10 +319,10 @@ def test_a_destination_parent_other_users_can_write_is_said_by_the_state(tmp_pat
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    facts, _lines = liveplan.dest_state(str(shared / "venv"), "replace", 0)
+    facts, _lines = planstate.dest_state(str(shared / "venv"), "replace", 0)
     assert "shared_parent" in facts and str(shared) in facts["shared_parent"]
     shared.chmod(0o755)
-    assert "shared_parent" not in liveplan.dest_state(str(shared / "venv"), "replace", 0)[0]
+    assert "shared_parent" not in planstate.dest_state(str(shared / "venv"), "replace", 0)[0]
 
 
 def test_the_installs_manifest_is_never_read_through_a_link(tmp_path, capsys):
@@ -349,15 +349,15 @@ def test_the_destination_compares_its_entries_with_the_install_and_sends_back_on
     dest = tree(tmp_path / "venv", {"pyvenv.cfg": "home = /usr/bin", "lib/a.py": "a"})
     m = installed_of(dest)
     m["header"]["source_stat_fingerprint"] = "f" * 64
-    kitmanifest.save(m, str(dest / ".rb-manifest.jsonl"), sync=False)
-    facts, _lines = liveplan.dest_state(str(dest), "replace", 0, True)
+    manifestfile.save(m, str(dest / ".rb-manifest.jsonl"), sync=False)
+    facts, _lines = planstate.dest_state(str(dest), "replace", 0, True)
     assert facts["installed_source_stat"] == "f" * 64 and facts["install"]["moved"] == {}
     src = [r for r in scan_rows(dest) if r[0] != ".rb-manifest.jsonl"]
     ch = liveplan.changes(src, [], facts["install"], same_source=True)
     assert ch["unchanged"] == len(src) and ch["items"] == []
     (dest / "lib" / "a.py").write_text("edited there")
     (dest / "lib" / "new.py").write_text("n")
-    facts, lines = liveplan.dest_state(str(dest), "replace", 0, True)
+    facts, lines = planstate.dest_state(str(dest), "replace", 0, True)
     moved = facts["install"]["moved"]
     assert sorted(moved) == ["lib/a.py", "lib/new.py"] and moved["lib/new.py"] is None
     assert moved["lib/a.py"][3] == 1
@@ -408,7 +408,7 @@ def test_the_plan_counts_the_kept_backups_in_words(tmp_path, capsys, kept, said)
 
     hostfs.scan(str(src), [], str(tmp_path / "names"))
     (d / "source.scan").write_bytes((tmp_path / "names.stat").read_bytes())
-    facts, lines = liveplan.dest_state(str(dest), "backup", kept)
+    facts, lines = planstate.dest_state(str(dest), "backup", kept)
     (d / "dest.state").write_bytes(json.dumps(facts).encode() + b"\n" + b"".join(lines))
     liveplan.main(
         [

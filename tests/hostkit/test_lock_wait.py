@@ -10,21 +10,21 @@ import re
 from pathlib import Path
 
 from rbkit import fanout, serve
-from rbrules import common
+from rbrules import enginerules
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_lock_wait_is_the_shared_rule():
-    assert serve.LOCK_WAIT_S == common.LOCK_WAIT_S
-    assert fanout.LOCK_WAIT_S == common.LOCK_WAIT_S
+    assert serve.LOCK_WAIT_S == enginerules.LOCK_WAIT_S
+    assert fanout.LOCK_WAIT_S == enginerules.LOCK_WAIT_S
     p = serve.argparse.ArgumentParser()
     serve._choices(p)
-    assert p.get_default("lock_wait") == common.LOCK_WAIT_S
+    assert p.get_default("lock_wait") == enginerules.LOCK_WAIT_S
 
 
 def test_the_runbook_default_is_the_shared_rule():
     text = (ROOT / "generated" / "local.sh").read_text()
     assert re.findall(r"^RB_LOCK_WAIT=\$\{RB_LOCK_WAIT:-(\d+)\}$", text, re.M) == [
-        str(common.LOCK_WAIT_S)
+        str(enginerules.LOCK_WAIT_S)
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from rbrules import linkrate, streams
 
 # ------------------------------------------------------------ the model of the move (model.py)
 # figures as `rbkit measure` reported them on the lab's torch venv (2 cores, one kernel):
@@ -238,7 +239,6 @@ def test_the_streams_the_model_counts_are_the_relays():
     """rbrules.common.relay_streams for the jobs word and the three machines' CPUs; one below
     STREAMS_MIN_BYTES: the relay splits no smaller tree."""
     from rbkit import measure
-    from rbrules import common
 
     doc = {"sample_bytes": 8 << 20, "tree_bytes": 7 << 30, "tools": {"lz4": dict(LAB["lz4"])}}
     four = "4:4.00:0-3:16"
@@ -257,7 +257,9 @@ def test_the_streams_the_model_counts_are_the_relays():
         ).streams
         == 1
     )
-    assert [common.relay_streams(j, c) for j, c in ((4, 16), (16, 4), (16, 1), (2, 2), (4, 2))] == [
+    assert [
+        streams.relay_streams(j, c) for j, c in ((4, 16), (16, 4), (16, 1), (2, 2), (4, 2))
+    ] == [
         2,
         4,
         1,
@@ -302,8 +304,8 @@ def _link_from(monkeypatch, reads, watch=None):
 
 def test_the_link_measurement_stops_once_its_rate_is_stable(monkeypatch):
     """A steady 100 MB/s after a slow start (the connections' and the pipes'): it stops at the
-    first window past 0.25 s whose last two windows agree with the later half's rate (0.3 s), and that
-    rate is the link's, not the slow start's. On 0f29d88 the link was always measured for 0.6 s
+    first window past 0.25 s whose last two windows agree with the later half's rate (0.3 s), and
+    that rate is the link's, not the slow start's. On 0f29d88 the link was always measured for 0.6 s
     (`timeout 0.6 cat /dev/zero`), from its first byte (the slow start counted in)."""
     reads = [(0.0501 * k, 500_000 if k <= 3 else 5_010_000) for k in range(1, 13)]
     got, taken = _link_from(monkeypatch, reads)
@@ -331,13 +333,12 @@ def test_a_steady_trickle_is_not_taken_for_a_stable_link(monkeypatch):
 
 def test_the_link_rule_and_its_line(monkeypatch):
     from rbkit import measure
-    from rbrules import common
 
-    assert not common.link_stable([1e8, 1e8, 1e8, 1e8], 0.2)  # too soon
-    assert common.link_stable([1e7, 1e7, 1e8, 1e8, 1e8], 0.25)
-    assert not common.link_stable([1e8, 1e8, 1e8, 1e8, 9e7], 0.3)  # the last one 8% off
-    assert not common.link_stable([4e6] * 8, 0.4)  # 4.8 MB in the later half
-    assert common.link_tail([1.0, 2.0, 3.0, 4.0, 5.0]) == [3.0, 4.0, 5.0]
+    assert not linkrate.link_stable([1e8, 1e8, 1e8, 1e8], 0.2)  # too soon
+    assert linkrate.link_stable([1e7, 1e7, 1e8, 1e8, 1e8], 0.25)
+    assert not linkrate.link_stable([1e8, 1e8, 1e8, 1e8, 9e7], 0.3)  # the last one 8% off
+    assert not linkrate.link_stable([4e6] * 8, 0.4)  # 4.8 MB in the later half
+    assert linkrate.link_tail([1.0, 2.0, 3.0, 4.0, 5.0]) == [3.0, 4.0, 5.0]
     assert measure.read_link("115507864 0.483 1.2 40000000 -\n") == (
         115507864,
         0.483,
@@ -461,13 +462,12 @@ def test_no_cpu_to_spare_needs_busy_waiting_ssh_and_a_link_that_moved():
     waiting LINK_WAITED of their CPU time, over LINK_MIN_BYTES moved. A single cipher saturated
     on a machine of many idle cores (busy, no wait) has CPU to spare; so has a stall (the
     stream's first windows on a loaded machine: 1 Gbit/s at 3 MB/s, busy 53%, took none)."""
-    from rbrules import common
 
-    assert common.link_cpu_bound(0.28, 0.39, 0.58, 2, 138e6)  # the unlimited link
-    assert not common.link_cpu_bound(0.15, 0.045, 0.53, 2, 63e6)  # 1 Gbit/s
-    assert not common.link_cpu_bound(0.55, 0.01, 0.58, 1, 200e6)  # one cipher, spare cores
-    assert not common.link_cpu_bound(0.03, 0.06, 0.11, 2, 330_000)  # a stall
-    assert not common.link_cpu_bound(0, 0, 0, 0, 0)
+    assert linkrate.link_cpu_bound(0.28, 0.39, 0.58, 2, 138e6)  # the unlimited link
+    assert not linkrate.link_cpu_bound(0.15, 0.045, 0.53, 2, 63e6)  # 1 Gbit/s
+    assert not linkrate.link_cpu_bound(0.55, 0.01, 0.58, 1, 200e6)  # one cipher, spare cores
+    assert not linkrate.link_cpu_bound(0.03, 0.06, 0.11, 2, 330_000)  # a stall
+    assert not linkrate.link_cpu_bound(0, 0, 0, 0, 0)
 
 
 def test_the_masters_figures_in_the_reason_and_the_json():
@@ -502,7 +502,7 @@ def test_the_cpus_the_link_left_idle_are_kept_in_the_figures():
 def test_the_sample_comes_from_the_scans_record_when_it_is_this_trees(tmp_path, monkeypatch):
     """On one kernel the tools run after the source's scan: its record (NAMES.stat) lists the
     files, no second walk (0.06 s against 0.17-0.27 s to read the lab's torch sample, loaded)."""
-    from rbkit import manifest, measure
+    from rbkit import manifestfile, measure
 
     root = tmp_path / "venv"
     root.mkdir()
@@ -510,7 +510,7 @@ def test_the_sample_comes_from_the_scans_record_when_it_is_this_trees(tmp_path, 
     (root / "b").write_bytes(b"b" * 100)
     record = tmp_path / "names.stat"
     rows = b'["a", "f", 420, 3145728, null, 1]\n["b", "f", 420, 100, null, 1]\n'
-    record.write_bytes(manifest.scan_header(str(root), ["*.pyc"], False) + rows)
+    record.write_bytes(manifestfile.scan_header(str(root), ["*.pyc"], False) + rows)
     monkeypatch.setattr(measure, "_files", lambda *a: pytest.fail("walked"))
     data = measure.sample(str(root), ["*.pyc"], 2 << 20, str(record))
     assert len(data) == 2 << 20 and set(data) <= {ord("a"), ord("b")}, len(data)

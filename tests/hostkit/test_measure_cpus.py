@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from rbrules import cpus
+from rbrules import compression, cpus
 
 HOSTKIT = Path(__file__).resolve().parents[2] / "hostkit"
 
@@ -127,11 +127,11 @@ def test_this_process_counts_its_affinity(monkeypatch):
     monkeypatch.setattr(cpus, "quota", lambda root="/": None)
     assert cpus.count() == 4 and cpus.jobs("auto") == 4
     from rbkit import __main__ as cli
-    from rbkit import engine, manifest, serve, source
+    from rbkit import runner, sendside, source, statwalk
     from rbprobes import checks_static
 
-    assert cli.jobs("auto") == 4 and engine.jobs("auto") == 4 and manifest._cpus() == 4
-    assert serve.hash_jobs("auto", True) == 2  # the stream's processes take two
+    assert cli.jobs("auto") == 4 and runner.jobs("auto") == 4 and statwalk._cpus() == 4
+    assert sendside.hash_jobs("auto", True) == 2  # the stream's processes take two
     monkeypatch.delenv("RBKIT_AUDIT_BESIDE", raising=False)
     assert source.spare_cores() is True
     assert checks_static.audit_jobs([1 << 30] * 8) == 3  # every usable core but one
@@ -179,10 +179,9 @@ def _text_of(rel: str, what: str) -> str:
     ],
 )
 def test_the_words_compression_auto_may_choose(word, pack):
-    from rbrules import common
 
-    assert common.compression(word)["pack"] == pack
-    assert common.compression(word)["unpack"][0] == pack[0]
+    assert compression.compression(word)["pack"] == pack
+    assert compression.compression(word)["unpack"][0] == pack[0]
 
 
 @pytest.mark.parametrize(
@@ -200,11 +199,10 @@ def test_the_words_compression_auto_may_choose(word, pack):
     ],
 )
 def test_other_words_are_refused(word):
-    from rbrules import common
 
-    assert common.compression(word) is None
+    assert compression.compression(word) is None
     with pytest.raises(ValueError):
-        common.compression_word(word)
+        compression.compression_word(word)
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import engine, exports, hostfs, privacy
-from rbkit.choices import Choices
+from rbkit import exports, installs, privacy, probestep, runner, swapfs
+from rbrules import paths, private
+from rbrules.choices import Choices
 
 from tests.conftest import IN_CI
 
@@ -69,7 +70,7 @@ def test_a_directory_of_another_user_is_named_with_its_owner_and_mode(tmp_path):
     )
     # so is everything below it, even a directory of ours
     (shared / "ours").mkdir()
-    assert privacy.first_not_private(str(shared / "ours"), ME)[0] == str(shared)
+    assert private.first_not_private(str(shared / "ours"), ME)[0] == str(shared)
 
 
 @pytest.mark.parametrize(
@@ -92,25 +93,25 @@ def test_a_sticky_directory_is_private_only_through_a_next_component_of_ours(tmp
     theirs.mkdir(mode=0o755)
     os.chown(theirs, NOBODY, -1)
     assert privacy.why_not_private(str(ours / "venv"), ME) is None
-    assert privacy.first_not_private(str(theirs / "venv"), ME)[0] == str(theirs)
+    assert private.first_not_private(str(theirs / "venv"), ME)[0] == str(theirs)
 
 
 def test_a_symlink_along_the_path_is_judged_itself_and_by_its_target(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     os.chown(theirs, NOBODY, -1)
-    private = tmp_path / "private"
-    private.mkdir(mode=0o755)
+    ours_dir = tmp_path / "private"
+    ours_dir.mkdir(mode=0o755)
     to_theirs = tmp_path / "to-theirs"  # ours, pointing at theirs
     to_theirs.symlink_to("theirs")
-    assert privacy.first_not_private(str(to_theirs / "venv"), ME)[0] == str(theirs)
+    assert private.first_not_private(str(to_theirs / "venv"), ME)[0] == str(theirs)
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
     link = sticky / "link"  # theirs, pointing at ours
-    link.symlink_to(private)
+    link.symlink_to(ours_dir)
     os.lchown(link, NOBODY, -1)
-    where, why = privacy.first_not_private(str(link / "venv"), ME)
+    where, why = private.first_not_private(str(link / "venv"), ME)
     assert where == str(link) and why.startswith("the symlink %s is owned by nobody" % link)
     # the kernel's own limit on links
     loop = tmp_path / "loop"
@@ -123,7 +124,6 @@ def test_a_dotdot_after_a_link_is_judged_where_the_kernel_takes_it(tmp_path, mon
     issue 36): the file check walks `..` as the kernel does. Here `gen` is a link into a folder
     others can write, so gen/../config is that folder's config, not tmp_path/config (which
     os.path.abspath made of it before, and found private)."""
-    from rbrules import private as rules
 
     shared = tmp_path / "shared"
     (shared / "gen").mkdir(parents=True)
@@ -133,15 +133,15 @@ def test_a_dotdot_after_a_link_is_judged_where_the_kernel_takes_it(tmp_path, mon
     (tmp_path / "config").write_text("Host x\n")  # what the text `gen/..` seems to name
     (tmp_path / "config").chmod(0o600)
     (tmp_path / "gen").symlink_to(shared / "gen")
-    why = rules.why_not_private_file(str(tmp_path / "gen" / ".." / "config"), ME)
+    why = private.why_not_private_file(str(tmp_path / "gen" / ".." / "config"), ME)
     assert (
         why is not None
         and f"directory {shared} is owned by" in why
         and "writable by group and others" in why
     ), why
     monkeypatch.chdir(tmp_path)  # relative, from the working directory
-    assert rules.why_not_private_file("gen/../config", ME) == why
-    assert rules.why_not_private_file(str(tmp_path / "config"), ME) is None
+    assert private.why_not_private_file("gen/../config", ME) == why
+    assert private.why_not_private_file(str(tmp_path / "config"), ME) is None
 
 
 def test_the_refusal_names_the_directory_owner_mode_why_and_the_fixes(tmp_path):
@@ -213,8 +213,8 @@ def test_the_engine_refuses_a_parent_of_another_user_before_it_writes_there(open
 # -- the probe sources the install's own env file, never the public one --------------------------
 
 
-def probe_ctx(tmp_path: Path, dest: Path) -> engine.Context:
-    ctx = engine.Context(str(dest), state=engine.make_state(str(tmp_path)))
+def probe_ctx(tmp_path: Path, dest: Path) -> runner.Context:
+    ctx = runner.Context(str(dest), state=runner.make_state(str(tmp_path)))
     ctx.locked = True
     return ctx
 
@@ -225,7 +225,7 @@ def test_the_checks_source_a_private_copy_of_the_installs_own_env_file(tmp_path)
     ctx = probe_ctx(tmp_path, dest)
     exports.write(ctx.env_out, "export A=1\n", venv=str(dest))
     Path(ctx.env_out).write_text("touch /tmp/pwned\n")  # swapped after exports
-    copy = engine.own_env_copy(ctx)
+    copy = probestep.own_env_copy(ctx)
     assert Path(copy).parent == Path(ctx.state) and Path(copy).read_text() == "export A=1\n"
     assert oct(os.stat(copy).st_mode & 0o777) == "0o600"
 
@@ -234,7 +234,7 @@ def test_the_checks_source_a_private_copy_of_the_installs_own_env_file(tmp_path)
 def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, plant):
     dest = tmp_path / "venv"
     dest.mkdir()
-    own = dest / exports.IN_INSTALL
+    own = dest / paths.ENV_IN_INSTALL
     if plant == "link":
         (tmp_path / "evil.sh").write_text("touch /tmp/pwned\n")
         own.symlink_to(tmp_path / "evil.sh")
@@ -242,15 +242,15 @@ def test_an_env_file_in_the_install_that_is_not_ours_is_never_sourced(tmp_path, 
         own.write_text("touch /tmp/pwned\n")
         os.chown(own, NOBODY, -1)
     ctx = probe_ctx(tmp_path, dest)
-    with pytest.raises(engine.StepError) as got:
-        engine.own_env_copy(ctx)
+    with pytest.raises(runner.StepError) as got:
+        probestep.own_env_copy(ctx)
     want = {
         "theirs": "owned by nobody (uid %d)" % NOBODY,
         "link": "refusing to source %s as root: %s is not a regular file (a symlink)" % (own, own),
         "missing": "holds no env file of its own",
     }[plant]
     assert want in str(got.value)
-    assert not (Path(ctx.state) / engine.ENV_COPY).exists()
+    assert not (Path(ctx.state) / probestep.ENV_COPY).exists()
 
 
 # -- --restore never installs a backup another user planted ---------------------------------------
@@ -268,17 +268,17 @@ def test_restore_ignores_a_backup_another_user_planted_beside_a_shared_parent(op
     (ours / "tag").write_text("ours")
     as_nobody("mkdir", str(shared / "venv.rb-backup.7"))
     as_nobody("sh", "-c", "echo planted > %s/venv.rb-backup.7/tag" % shared)
-    assert [n for n, _ in hostfs.backups(str(dest))] == [1, 7]
+    assert [n for n, _ in installs.backups(str(dest))] == [1, 7]
     # named: refused, naming the owner
     with pytest.raises(
         PermissionError,
         match=r"refusing to restore backup 7: .*venv\.rb-backup"
         r"\.7 is owned by nobody \(uid %d\), not by root" % NOBODY,
     ):
-        hostfs.restore(str(dest), 7)
+        swapfs.restore(str(dest), 7)
     assert (dest / "tag").read_text() == "current"
     # the newest: ours, and the planted one is said to be ignored
-    result = hostfs.restore(str(dest))
+    result = swapfs.restore(str(dest))
     assert (dest / "tag").read_text() == "ours"
     assert result["restored"] == str(ours)
     assert (
@@ -286,7 +286,7 @@ def test_restore_ignores_a_backup_another_user_planted_beside_a_shared_parent(op
         and "venv.rb-backup.7 is owned by nobody" in result["ignored"][0]
     )
     # neither counted nor removed by the pruning
-    assert hostfs.prune_backups(str(dest), 1) == []
+    assert swapfs.prune_backups(str(dest), 1) == []
     assert (shared / "venv.rb-backup.7" / "tag").read_text() == "planted\n"
 
 
@@ -302,11 +302,11 @@ def test_in_a_private_parent_a_backup_of_another_owner_is_not_restored(tmp_path)
     (theirs / "tag").write_text("alice's")
     os.chown(theirs, NOBODY, -1)
     with pytest.raises(FileNotFoundError, match="venv.rb-backup.1 is owned by nobody"):
-        hostfs.restore(str(dest))
+        swapfs.restore(str(dest))
     with pytest.raises(
         PermissionError, match="refusing to restore backup 1: .* is owned by nobody"
     ):
-        hostfs.restore(str(dest), 1)
+        swapfs.restore(str(dest), 1)
     assert (dest / "tag").read_text() == "current"
 
 
@@ -314,14 +314,13 @@ def test_a_directory_to_make_with_a_dotdot_is_refused_not_made_elsewhere(tmp_pat
     """make_private made os.path.abspath's reading of `gen/../runs` (tmp_path/runs) and judged it,
     while bash then went where the kernel takes `..` after the link (shared/runs, in a folder
     others can write). Now a `..` is refused and nothing is made."""
-    from rbrules import private as rules
 
     shared = tmp_path / "shared"
     (shared / "gen").mkdir(parents=True)
     shared.chmod(0o777)
     (tmp_path / "gen").symlink_to(shared / "gen")
-    why = rules.make_private(str(tmp_path / "gen" / ".." / "runs"))
+    why = private.make_private(str(tmp_path / "gen" / ".." / "runs"))
     assert why is not None and "`..`" in why, why
     assert not (tmp_path / "runs").exists() and not (shared / "runs").exists()
-    assert rules.make_private(str(tmp_path / "runs") + "/./") is None
+    assert private.make_private(str(tmp_path / "runs") + "/./") is None
     assert (tmp_path / "runs").is_dir()

@@ -21,8 +21,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, privacy
-from rbkit import manifest as kitmanifest
+from rbkit import (
+    exports,
+    installs,
+    linkstage,
+    manifest,
+    manifestfile,
+    privacy,
+    statwalk,
+    swapfs,
+)
+from rbrules import paths
 
 from tests.conftest import IN_CI
 
@@ -63,7 +72,7 @@ def an_install(dest: Path) -> dict:
     (dest / PKG / "data.txt").write_text("data\n")
     (dest / "bin" / "python").symlink_to("/usr/bin/python3")
     exports.write(str(dest) + ".env.sh", "export A=1\n", venv=str(dest))
-    return kitmanifest.build(str(dest), [], "sha256", jobs=1)
+    return manifest.build(str(dest), [], "sha256", jobs=1)
 
 
 def edit_keeping_stat(path: Path, text: str) -> None:
@@ -85,35 +94,35 @@ def edit_keeping_stat(path: Path, text: str) -> None:
 
 
 def test_an_entry_is_ours_only_when_owned_by_the_runner_or_root_and_writable_by_no_other(tmp_path):
-    from rbrules import proven
+    from rbrules import owners
 
     f = tmp_path / "f"
     f.write_text("x")
     f.chmod(0o644)
-    assert proven.why_not_ours(str(f), f.lstat()) is None
+    assert owners.why_not_ours(str(f), f.lstat()) is None
     os.chown(f, NOBODY, -1)
     assert (
-        proven.why_not_ours(str(f), f.lstat()) == f"{f} is owned by nobody (uid {NOBODY}), "
+        owners.why_not_ours(str(f), f.lstat()) == f"{f} is owned by nobody (uid {NOBODY}), "
         "not by root"
     )
     os.chown(f, 0, NOGROUP)
     f.chmod(0o664)
-    assert "is writable by its group nogroup (gid %d) (mode 0664)" % NOGROUP in proven.why_not_ours(
+    assert "is writable by its group nogroup (gid %d) (mode 0664)" % NOGROUP in owners.why_not_ours(
         str(f), f.lstat()
     )
     os.chown(f, 0, 0)  # root's group: as root's own, inside an install
-    assert proven.why_not_ours(str(f), f.lstat()) is None
+    assert owners.why_not_ours(str(f), f.lstat()) is None
     # ... but never for a file read on its own (an env file, a mark, a config)
     assert (
-        proven.why_not_ours(str(f), f.lstat(), alone=True)
+        owners.why_not_ours(str(f), f.lstat(), alone=True)
         == f"{f} is writable by its group (mode 0664)"
     )
     f.chmod(0o646)
-    assert proven.why_not_ours(str(f), f.lstat()) == f"{f} is writable by others (mode 0646)"
+    assert owners.why_not_ours(str(f), f.lstat()) == f"{f} is writable by others (mode 0646)"
     f.chmod(0o644)
     os.link(f, tmp_path / "other-name")
-    assert "has 2 links" in proven.why_not_ours(str(f), f.lstat(), alone=True)
-    assert proven.why_not_ours(str(f), f.lstat()) is None  # an install's files may share
+    assert "has 2 links" in owners.why_not_ours(str(f), f.lstat(), alone=True)
+    assert owners.why_not_ours(str(f), f.lstat()) is None  # an install's files may share
 
 
 def test_a_file_read_on_its_own_is_judged_through_the_descriptor_it_is_read_from(tmp_path):
@@ -202,18 +211,18 @@ def test_restore_never_puts_back_a_copy_another_user_made_of_the_install(sticky)
     planted = sticky / "venv.rb-backup.99"
     as_nobody("cp", "-a", str(dest), str(planted))
     edit_keeping_stat(planted / PKG / "__init__.py", "VALUE = 2\n")
-    as_nobody("rm", str(planted / exports.IN_INSTALL))
+    as_nobody("rm", str(planted / paths.ENV_IN_INSTALL))
     with pytest.raises(
         PermissionError,
         match=r"refusing to restore backup 99: .*venv\.rb-backup"
         r"\.99 is owned by nobody \(uid %d\), not by root" % NOBODY,
     ):
-        hostfs.restore(str(dest), 99, env_file=str(dest) + ".env.sh")
+        swapfs.restore(str(dest), 99, env_file=str(dest) + ".env.sh")
     with pytest.raises(FileNotFoundError, match="no backup of .* owned by nobody"):
-        hostfs.restore(str(dest), env_file=str(dest) + ".env.sh")
+        swapfs.restore(str(dest), env_file=str(dest) + ".env.sh")
     assert (dest / PKG / "__init__.py").read_text() == "VALUE = 1\n"
     assert Path(str(dest) + ".env.sh").read_text() == "export A=1\n"
-    assert hostfs.prune_backups(str(dest), 1) == [] and planted.is_dir()
+    assert swapfs.prune_backups(str(dest), 1) == [] and planted.is_dir()
 
 
 def test_restore_refuses_a_backup_of_root_that_holds_a_file_another_user_owns(tmp_path):
@@ -229,11 +238,11 @@ def test_restore_refuses_a_backup_of_root_that_holds_a_file_another_user_owns(tm
         match=r"refusing to restore .*venv\.rb-backup\.1: .*"
         rf"{PKG}/__init__\.py is owned by nobody",
     ):
-        hostfs.restore(str(dest))
+        swapfs.restore(str(dest))
     assert (dest / PKG / "__init__.py").read_text() == "VALUE = 1\n"
     # the install this run's own swap moved aside goes back as it was (a rollback)
     st = backup.lstat()
-    got = hostfs.restore(str(dest), 1, known=[st.st_dev, st.st_ino])
+    got = swapfs.restore(str(dest), 1, known=[st.st_dev, st.st_ino])
     assert got["restored"] == str(backup) and (dest / PKG / "__init__.py").stat().st_uid == NOBODY
 
 
@@ -241,7 +250,7 @@ def test_an_env_file_another_user_owns_in_a_backup_is_never_copied_to_the_public
     dest = tmp_path / "venv"
     an_install(dest)
     public = Path(str(dest) + ".env.sh")
-    own = dest / exports.IN_INSTALL
+    own = dest / paths.ENV_IN_INSTALL
     own.write_text("touch /tmp/pwned-by-nobody\n")
     os.chown(own, NOBODY, -1)
     got = exports.restore_env(str(dest), str(public))
@@ -258,25 +267,25 @@ def test_an_env_file_another_user_owns_in_a_backup_is_never_copied_to_the_public
 def test_the_quick_check_never_trusts_a_file_another_user_owns_or_can_write(tmp_path):
     dest = tmp_path / "venv"
     m = an_install(dest)
-    lines, _size = kitmanifest.tree_stat(str(dest))
-    assert kitmanifest.check_tree(str(dest), m)["ok"]
+    lines, _size = statwalk.tree_stat(str(dest))
+    assert manifest.check_tree(str(dest), m)["ok"]
     module = dest / PKG / "__init__.py"
     os.chown(module, NOBODY, -1)
-    tree = kitmanifest.check_tree(str(dest), m)
+    tree = manifest.check_tree(str(dest), m)
     assert not tree["ok"] and tree["changed"] == [f"{PKG}/__init__.py"], tree
     assert "owned by nobody" in tree["not_ours"][0]
     # the early check's walk: its lines no longer add up to what the install recorded
     assert (
-        hashlib.sha256(b"".join(kitmanifest.tree_stat(str(dest))[0])).digest()
+        hashlib.sha256(b"".join(statwalk.tree_stat(str(dest))[0])).digest()
         != hashlib.sha256(b"".join(lines)).digest()
     )
     # writable by a group of other users, the same mode and stat as recorded
     os.chown(module, 0, 0)
     module.chmod(0o664)
-    m = kitmanifest.build(str(dest), [], "sha256", jobs=1)
-    assert kitmanifest.check_tree(str(dest), m)["ok"]
+    m = manifest.build(str(dest), [], "sha256", jobs=1)
+    assert manifest.check_tree(str(dest), m)["ok"]
     os.chown(module, 0, NOGROUP)
-    assert not kitmanifest.check_tree(str(dest), m)["ok"]
+    assert not manifest.check_tree(str(dest), m)["ok"]
 
 
 def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
@@ -284,7 +293,7 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     m = an_install(dest)
     os.chown(dest / PKG / "data.txt", NOBODY, -1)
     staging = tmp_path / ".venv.rb-staging"
-    got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
+    got = linkstage.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
     assert not (staging / PKG / "data.txt").exists()
     linked = (staging / PKG / "__init__.py").stat()
     assert linked.st_ino == (dest / PKG / "__init__.py").stat().st_ino
@@ -294,20 +303,20 @@ def test_an_incremental_staging_never_links_a_file_another_user_owns(tmp_path):
     module = dest / PKG / "__init__.py"
     module.chmod(0o664)
     os.chown(module, 0, NOGROUP)
-    m = kitmanifest.build(str(dest), [], "sha256", jobs=1)
-    got = hostfs.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
+    m = manifest.build(str(dest), [], "sha256", jobs=1)
+    got = linkstage.stage(str(dest), str(staging), m, m, str(tmp_path / "names"))
     assert got["linked"] == 0 and not (staging / PKG / "__init__.py").exists()
 
 
 def test_an_install_another_user_owns_is_not_taken_for_one_of_this_tool(tmp_path):
     dest = tmp_path / "venv"
     an_install(dest)
-    kitmanifest.save(
-        kitmanifest.build(str(dest), [], "sha256", jobs=1), str(dest / ".rb-manifest.jsonl")
+    manifestfile.save(
+        manifest.build(str(dest), [], "sha256", jobs=1), str(dest / ".rb-manifest.jsonl")
     )
-    assert hostfs.why_not_ours_install(str(dest)) is None
+    assert installs.why_not_ours_install(str(dest)) is None
     os.chown(dest / ".rb-manifest.jsonl", NOBODY, -1)
-    assert "rb-manifest.jsonl is owned by nobody" in hostfs.why_not_ours_install(str(dest))
+    assert "rb-manifest.jsonl is owned by nobody" in installs.why_not_ours_install(str(dest))
     os.chown(dest / ".rb-manifest.jsonl", 0, -1)
     os.chown(dest, NOBODY, -1)
-    assert f"{dest} is owned by nobody" in hostfs.why_not_ours_install(str(dest))
+    assert f"{dest} is owned by nobody" in installs.why_not_ours_install(str(dest))

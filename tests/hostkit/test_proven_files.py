@@ -1,7 +1,7 @@
 """The rules that judge what root reads back or hands to ssh (issue 44, round three), against the
-kit's functions: rbrules.proven.read_record (a saved plan and the records beside it) and rbrules.sshfiles
-(the files ssh reads for a host, as ssh -G names them). The runbook's own use of them is
-tests/e2e/test_proven_ssh.py."""
+kit's functions: rbrules.proven.read_record (a saved plan and the records beside it) and
+rbrules.sshfiles (the files ssh reads for a host, as ssh -G names them). The runbook's own use of
+them is tests/e2e/test_proven_ssh.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 and refuses connections as told, and ends that speak the gate (`ready` / `split N` / `go I N`)
 without tar. What is checked: how many streams, the fall back to fewer when connections are
 refused (the list split again for those that answered), which part each end is told, the one
-answer, and a failed stream named with the others stopped. The real ends: tests/e2e/test_relay_streams.py."""
+answer, and a failed stream named with the others stopped. The real ends:
+tests/e2e/test_relay_streams.py."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import relay, stream
-from rbrules import cpus
+from rbkit import relay
+from rbrules import cpus, streams
 
 FAKE_SSH = r"""#!/bin/sh
 # ssh stand-in: the last word is the far side's line, run here; a connection of its own
@@ -188,5 +189,5 @@ def test_a_failed_stream_is_named_and_the_others_are_stopped_or_done(ends, capsy
 
 
 def test_the_relays_stream_count_is_the_other_routes_rule():
-    assert relay.stream.stream_count is stream.stream_count
-    assert [stream.stream_count(j) for j in (1, 3, 4, 16, 64)] == [1, 1, 2, 8, 8]
+    assert relay.streams.stream_count is streams.stream_count
+    assert [streams.stream_count(j) for j in (1, 3, 4, 16, 64)] == [1, 1, 2, 8, 8]

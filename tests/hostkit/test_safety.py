@@ -18,7 +18,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rbkit import exports, hostfs, manifest, relocate, swapfs
+from rbkit import (
+    exports,
+    hostfs,
+    installs,
+    linkstage,
+    manifest,
+    manifestfile,
+    pathid,
+    relocate,
+    swapfs,
+)
 
 ROOT = os.geteuid() == 0
 
@@ -93,7 +103,7 @@ def test_manifest_records_modes_without_special_bits_when_stripping(tmp_path):
     # the re-run's quick check compares the source's stat fingerprint (scan) with the one the
     # install recorded (from the manifest): both see the same stripped modes
     scanned = hostfs.scan(str(root), [], special_modes="strip")["stat_fingerprint"]
-    assert scanned == manifest.stat_fingerprint(m["entries"])
+    assert scanned == manifestfile.stat_fingerprint(m["entries"])
     kept = manifest.build(str(root), [], "sha256", jobs=1)
     assert {e["p"]: e.get("m") for e in kept["entries"]}["bin/su-ish"] == 0o4755
 
@@ -113,7 +123,7 @@ def test_strip_special_leaves_no_special_bit_and_never_follows_a_link(tmp_path):
     assert {r["p"]: (r["was"], r["now"]) for r in removed}["bin/su-ish"] == ("4755", "0755")
     for p in root.rglob("*"):
         if not p.is_symlink():
-            assert stat.S_IMODE(p.lstat().st_mode) & manifest.SPECIAL_BITS == 0, p
+            assert stat.S_IMODE(p.lstat().st_mode) & manifestfile.SPECIAL_BITS == 0, p
     assert stat.S_IMODE(outside.stat().st_mode) == 0o4755, "a link's target is not ours to chmod"
     assert hostfs.strip_special(str(root)) == [], "a second pass finds nothing"
     # what verify then sees equals the stripped manifest of the source
@@ -232,9 +242,9 @@ def test_names_and_manifest_files_are_never_written_through_a_link(tmp_path):
     assert b"bin/tool\0" in names.read_bytes()
     out = root / ".rb-manifest.jsonl"
     out.symlink_to(target)
-    manifest.save(manifest.build(str(root)), str(out))
+    manifestfile.save(manifest.build(str(root)), str(out))
     assert target.read_text() == "not yours\n" and not out.is_symlink()
-    assert manifest.load(str(out))["totals"]["files"] == 4
+    assert manifestfile.load(str(out))["totals"]["files"] == 4
 
 
 def test_scan_reports_links_that_leave_the_tree(tmp_path):
@@ -282,35 +292,35 @@ def test_same_or_nested_sees_through_aliases_relative_paths_and_nesting(tmp_path
     src = venv_tree(tmp_path / "opt" / "venv")
     alias = tmp_path / "alias"
     alias.symlink_to(tmp_path / "opt")
-    ident = hostfs.identity
-    assert "one directory" in hostfs.same_or_nested(ident(str(src)), ident(str(alias / "venv")))
+    ident = pathid.identity
+    assert "one directory" in pathid.same_or_nested(ident(str(src)), ident(str(alias / "venv")))
     monkeypatch.chdir(tmp_path / "opt")
-    assert "one directory" in hostfs.same_or_nested(ident(str(src)), ident("venv"))
-    assert "one directory" in hostfs.same_or_nested(ident("./venv/../venv"), ident(str(src)))
-    inside = hostfs.same_or_nested(ident(str(src)), ident(str(src / "lib" / "new")))
+    assert "one directory" in pathid.same_or_nested(ident(str(src)), ident("venv"))
+    assert "one directory" in pathid.same_or_nested(ident("./venv/../venv"), ident(str(src)))
+    inside = pathid.same_or_nested(ident(str(src)), ident(str(src / "lib" / "new")))
     assert "inside the source" in inside
-    around = hostfs.same_or_nested(ident(str(src / "lib")), ident(str(tmp_path / "opt")))
+    around = pathid.same_or_nested(ident(str(src / "lib")), ident(str(tmp_path / "opt")))
     assert "inside the destination" in around
     # the destination's backup or staging named as the source: the install would remove it
-    backup = hostfs.same_or_nested(
+    backup = pathid.same_or_nested(
         ident(str(tmp_path / "opt" / "v.rb-backup.3")), ident(str(tmp_path / "opt" / "v"))
     )
     assert "backup" in backup
-    assert hostfs.same_or_nested(ident(str(src)), ident(str(tmp_path / "opt" / "venv2"))) is None
-    assert hostfs.same_or_nested(ident(str(src)), ident(str(tmp_path / "venv"))) is None
+    assert pathid.same_or_nested(ident(str(src)), ident(str(tmp_path / "opt" / "venv2"))) is None
+    assert pathid.same_or_nested(ident(str(src)), ident(str(tmp_path / "venv"))) is None
 
 
 def test_same_or_nested_compares_inodes_when_paths_differ(tmp_path):
     """A bind mount (or a path this host cannot resolve to the same text) shows the same
     (st_dev, st_ino) in the destination's parent chain: refused without relying on the text."""
     src = venv_tree(tmp_path / "src")
-    a = hostfs.identity(str(src))
-    b = hostfs.identity(str(src / "lib" / "deeper" / "dest"))
+    a = pathid.identity(str(src))
+    b = pathid.identity(str(src / "lib" / "deeper" / "dest"))
     b = dict(b, realpath="/mnt/elsewhere/dest")  # as a bind mount would show it
-    assert "inside the source" in hostfs.same_or_nested(a, b)
+    assert "inside the source" in pathid.same_or_nested(a, b)
     a2 = dict(a, realpath="/mnt/also/elsewhere")
-    assert "same directory" in hostfs.same_or_nested(
-        a2, dict(hostfs.identity(str(src)), realpath="/x/y")
+    assert "same directory" in pathid.same_or_nested(
+        a2, dict(pathid.identity(str(src)), realpath="/x/y")
     )
 
 
@@ -327,27 +337,27 @@ def test_same_or_nested_needs_one_machine_and_compares_network_mounts_across_mac
         }
 
     # two machines (cloned images share a machine-id; the boot id tells them apart)
-    assert hostfs.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b2")) is None
-    assert "one directory" in hostfs.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b1"))
+    assert pathid.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b2")) is None
+    assert "one directory" in pathid.same_or_nested(ident("/opt/v", "b1"), ident("/opt/v", "b1"))
     # no boot id (not Linux): the machine id decides
-    assert "one directory" in hostfs.same_or_nested(ident("/opt/v", None), ident("/opt/v", None))
-    assert hostfs.same_or_nested(ident("/opt/v", None, "m1"), ident("/opt/v", None, "m2")) is None
+    assert "one directory" in pathid.same_or_nested(ident("/opt/v", None), ident("/opt/v", None))
+    assert pathid.same_or_nested(ident("/opt/v", None, "m1"), ident("/opt/v", None, "m2")) is None
     # one NFS export mounted on two machines, at different mount points
     nfs_a = {"fstype": "nfs4", "source": "filer:/export/envs", "root": "/", "point": "/nfs"}
     nfs_b = {"fstype": "nfs4", "source": "filer:/export/envs", "root": "/", "point": "/mnt/envs"}
-    why = hostfs.same_or_nested(
+    why = pathid.same_or_nested(
         ident("/nfs/team/v", "b1", mount=nfs_a), ident("/mnt/envs/team/v", "b2", mount=nfs_b)
     )
     assert why is not None and "filer:/export/envs" in why
     assert (
-        hostfs.same_or_nested(
+        pathid.same_or_nested(
             ident("/nfs/team/v", "b1", mount=nfs_a), ident("/mnt/envs/team/w", "b2", mount=nfs_b)
         )
         is None
     )
     local = dict(nfs_a, fstype="ext4", source="/dev/sda1")
     assert (
-        hostfs.same_or_nested(
+        pathid.same_or_nested(
             ident("/opt/v", "b1", mount=local), ident("/opt/v", "b2", mount=dict(local))
         )
         is None
@@ -355,7 +365,7 @@ def test_same_or_nested_needs_one_machine_and_compares_network_mounts_across_mac
 
 
 def test_identity_reads_this_machine(tmp_path):
-    doc = hostfs.identity(str(tmp_path / "not-yet" / "venv"))
+    doc = pathid.identity(str(tmp_path / "not-yet" / "venv"))
     assert doc["exists"] is False and doc["realpath"] == str(
         tmp_path.resolve() / "not-yet" / "venv"
     )
@@ -387,7 +397,7 @@ def no_exchange(monkeypatch):
     real = swapfs._renameat2
 
     def fake(src, dst, flags):
-        return False if flags == hostfs.RENAME_EXCHANGE else real(src, dst, flags)
+        return False if flags == swapfs.RENAME_EXCHANGE else real(src, dst, flags)
 
     monkeypatch.setattr(swapfs, "_renameat2", fake)
 
@@ -414,13 +424,13 @@ def test_an_interrupted_two_rename_swap_is_undone_by_the_next_run(
     with monkeypatch.context() as m:
         interrupt_rename(m, 2)
         with pytest.raises(KeyboardInterrupt):
-            hostfs.swap(str(staging), str(dest), policy)
+            swapfs.swap(str(staging), str(dest), policy)
     assert not dest.exists(), "interrupted between the two renames"
     # what the next run (its swap, or --restore) does first: the previous install goes back
-    done = hostfs.recover_swap(str(dest))
+    done = swapfs.recover_swap(str(dest))
     assert done["action"] == "undone"
     assert (dest / "tag").read_text() == "old"
-    assert hostfs.recover_swap(str(dest)) is None, "the journal is gone"
+    assert swapfs.recover_swap(str(dest)) is None, "the journal is gone"
     assert not [p.name for p in tmp_path.iterdir() if "rb-swap" in p.name]
 
 
@@ -431,8 +441,8 @@ def test_restore_after_an_interrupted_swap_gives_back_the_previous_install(
     with monkeypatch.context() as m:
         interrupt_rename(m, 2)
         with pytest.raises(KeyboardInterrupt):
-            hostfs.swap(str(staging), str(dest), "backup")
-    result = hostfs.restore(str(dest))
+            swapfs.swap(str(staging), str(dest), "backup")
+    result = swapfs.restore(str(dest))
     assert (dest / "tag").read_text() == "old"
     assert result["recovered"]["action"] == "undone"
 
@@ -442,9 +452,9 @@ def test_a_swap_finished_but_not_cleaned_up_is_finished(tmp_path, monkeypatch, n
     with monkeypatch.context() as m:
         m.setattr(shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
         with pytest.raises(KeyboardInterrupt):
-            hostfs.swap(str(staging), str(dest), "replace")
+            swapfs.swap(str(staging), str(dest), "replace")
     assert (dest / "tag").read_text() == "new"
-    assert hostfs.recover_swap(str(dest))["action"] == "finished"
+    assert swapfs.recover_swap(str(dest))["action"] == "finished"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv"]
 
 
@@ -461,11 +471,11 @@ def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
     with monkeypatch.context() as m:
         interrupt_rename(m, at)
         with pytest.raises(KeyboardInterrupt):
-            hostfs.restore(str(dest))
-    assert hostfs.recover_swap(str(dest))["action"] == action
+            swapfs.restore(str(dest))
+    assert swapfs.recover_swap(str(dest))["action"] == action
     assert ((dest / "tag").read_text(), (backup / "tag").read_text()) == tags
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv", "venv.rb-backup.1"]
-    result = hostfs.restore(str(dest))  # and once more, uninterrupted
+    result = swapfs.restore(str(dest))  # and once more, uninterrupted
     assert result["atomic"] is False
     # the install it replaced is the newest backup now, under a new number (issue 34)
     newest = tmp_path / "venv.rb-backup.2"
@@ -476,9 +486,9 @@ def test_an_interrupted_restore_without_rename_exchange_is_finished_or_undone(
 def test_swap_atomic_require_refuses_and_allow_says_so(tmp_path, no_exchange):
     staging, dest = staged(tmp_path, "new"), installed(tmp_path, "old")
     with pytest.raises(OSError, match="RENAME_EXCHANGE"):
-        hostfs.swap(str(staging), str(dest), "backup", swap_atomic="require")
+        swapfs.swap(str(staging), str(dest), "backup", swap_atomic="require")
     assert (dest / "tag").read_text() == "old" and (staging / "tag").read_text() == "new"
-    result = hostfs.swap(str(staging), str(dest), "backup", swap_atomic="allow")
+    result = swapfs.swap(str(staging), str(dest), "backup", swap_atomic="allow")
     assert result["atomic"] is False and result["swap_atomic"] == "allow"
     assert "two renames" in result["note"]
     assert (dest / "tag").read_text() == "new"
@@ -487,14 +497,14 @@ def test_swap_atomic_require_refuses_and_allow_says_so(tmp_path, no_exchange):
 
 def test_a_journal_we_did_not_write_is_not_obeyed(tmp_path):
     dest = installed(tmp_path, "old")
-    journal = Path(hostfs.journal_path(str(dest)))
+    journal = Path(swapfs.journal_path(str(dest)))
     journal.write_text(json.dumps({"v": 1, "op": "swap", "policy": "replace", "old": "../../etc"}))
     with pytest.raises(ValueError, match="journal"):
-        hostfs.recover_swap(str(dest))
+        swapfs.recover_swap(str(dest))
     journal.unlink()
     journal.symlink_to(bait(tmp_path))
     with pytest.raises(ValueError, match="journal .* was not written by this kit .*a symlink"):
-        hostfs.recover_swap(str(dest))
+        swapfs.recover_swap(str(dest))
     assert (dest / "tag").read_text() == "old"
 
 
@@ -508,14 +518,14 @@ def test_swap_and_restore_refuse_a_destination_that_is_a_symlink(tmp_path):
     dest.symlink_to(real)
     staging = staged(tmp_path, "new")
     with pytest.raises(OSError, match=f"symlink to {real}"):
-        hostfs.swap(str(staging), str(dest), "backup")
+        swapfs.swap(str(staging), str(dest), "backup")
     assert dest.is_symlink() and os.readlink(dest) == str(real)
     assert (real / "tag").read_text() == "old" and (staging / "tag").read_text() == "new"
     (tmp_path / "venv.rb-backup.1").mkdir()
     with pytest.raises(OSError, match="symlink to"):
-        hostfs.restore(str(dest))
+        swapfs.restore(str(dest))
     assert dest.is_symlink()
-    doc = hostfs.identity(str(dest))
+    doc = pathid.identity(str(dest))
     assert doc["is_link"] and doc["link_target"] == str(real)
     assert hostfs.scan(str(dest), [])["link_target"] == str(real)
 
@@ -526,7 +536,7 @@ def test_swap_refuses_a_staging_that_is_a_symlink(tmp_path):
     elsewhere.mkdir()
     (tmp_path / ".venv.rb-staging").symlink_to(elsewhere)
     with pytest.raises(OSError):
-        hostfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
+        swapfs.swap(str(tmp_path / ".venv.rb-staging"), str(dest), "backup")
     assert (dest / "tag").read_text() == "old" and not dest.is_symlink()
 
 
@@ -556,13 +566,13 @@ def test_prune_backups_keeps_the_newest_n_and_swap_applies_keep_backups(tmp_path
     outside.mkdir()
     (outside / "keep").write_text("x")
     (tmp_path / "venv.rb-backup.4").symlink_to(outside)  # named like one, but a link
-    removed = hostfs.prune_backups(str(dest), 2)
+    removed = swapfs.prune_backups(str(dest), 2)
     assert sorted(os.path.basename(p) for p in removed) == ["venv.rb-backup.1", "venv.rb-backup.2"]
     assert backups_of(tmp_path) == ["venv.rb-backup.3", "venv.rb-backup.4", "venv.rb-backup.5"]
     assert (outside / "keep").exists()
     with pytest.raises(ValueError):
-        hostfs.prune_backups(str(dest), 0)
-    result = hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup", keep_backups=2)
+        swapfs.prune_backups(str(dest), 0)
+    result = swapfs.swap(str(staged(tmp_path, "new")), str(dest), "backup", keep_backups=2)
     assert result["previous"].endswith("venv.rb-backup.6")
     assert backups_of(tmp_path) == ["venv.rb-backup.4", "venv.rb-backup.5", "venv.rb-backup.6"]
     assert [os.path.basename(p) for p in result["pruned"]] == ["venv.rb-backup.3"]
@@ -579,7 +589,7 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     (src / "bin" / "tool").write_text("#!/old/venv/bin/python\nprint(2)\n")
     new = manifest.build(str(src), [], "sha256", jobs=1)
     staging = dest.parent / ".venv.rb-staging"
-    facts = hostfs.stage(str(dest), str(staging), new, before, str(tmp_path / "names"))
+    facts = linkstage.stage(str(dest), str(staging), new, before, str(tmp_path / "names"))
     assert facts["linked"] == 2  # data.bin and __init__.py
     names = (tmp_path / "names").read_bytes().split(b"\0")[:-1]
     subprocess.run(
@@ -598,7 +608,7 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     )
     subprocess.run(["tar", "-C", str(staging), "-xf", str(tmp_path / "d.tar")], check=True)
     assert names
-    result = hostfs.swap(str(staging), str(dest), "backup")
+    result = swapfs.swap(str(staging), str(dest), "backup")
     backup = Path(result["previous"])
     rel = "lib/python3.11/site-packages/pkg/data.bin"
     live, kept = dest / rel, backup / rel
@@ -612,21 +622,21 @@ def test_a_backup_never_shares_inodes_with_the_install_after_an_incremental_run(
     assert kept.read_bytes() == big.read_bytes(), "the backup is not changed through the install"
 
 
-# -- M2: the env file goes with its install ---------------------------------------------------------
+# -- M2: the env file goes with its install --------------------------------------------------------
 
 
 def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
     env_file = tmp_path / "venv.env.sh"
     staging = staged(tmp_path, "old")
     dest = tmp_path / "venv"
-    hostfs.swap(str(staging), str(dest), "backup")
+    swapfs.swap(str(staging), str(dest), "backup")
     exports.write(str(env_file), "export CUDA_HOME=/usr/local/cuda-12.8\n", venv=str(dest))
     with open(dest / ".rb-manifest.jsonl", "w") as f:
-        manifest.dump(manifest.build(str(dest)), f)
-    hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+        manifestfile.dump(manifest.build(str(dest)), f)
+    swapfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
     exports.write(str(env_file), "export CUDA_HOME=/usr/local/cuda-13.0\n", venv=str(dest))
     # the checks fail: the rollback puts the previous install back, with its env file
-    result = hostfs.restore(str(dest), env_file=str(env_file), failed="checks failed: torch")
+    result = swapfs.restore(str(dest), env_file=str(env_file), failed="checks failed: torch")
     assert (dest / "tag").read_text() == "old"
     assert env_file.read_text() == "export CUDA_HOME=/usr/local/cuda-12.8\n"
     assert result["env_file"]["restored"] is True
@@ -635,9 +645,9 @@ def test_restore_puts_back_the_env_file_of_the_install_it_restores(tmp_path):
     # bring it back, and says where it is (issue 34)
     failed = tmp_path / "venv.rb-failed"
     assert result["kept_current_as"] == str(failed) and (failed / "tag").read_text() == "new"
-    assert hostfs.failed_mark(str(failed)) == "checks failed: torch"
+    assert installs.failed_mark(str(failed)) == "checks failed: torch"
     with pytest.raises(FileNotFoundError, match="kept apart at .*venv.rb-failed"):
-        hostfs.restore(str(dest), env_file=str(env_file))
+        swapfs.restore(str(dest), env_file=str(env_file))
     assert (dest / "tag").read_text() == "old"
 
 
@@ -652,16 +662,16 @@ def test_the_versioned_env_file_and_failure_mark_are_not_part_of_the_tree(tmp_pa
 def test_restore_says_when_the_restored_install_changed_since_it_was_made(tmp_path):
     dest = installed(tmp_path, "old")
     with open(dest / ".rb-manifest.jsonl", "w") as f:
-        manifest.dump(manifest.build(str(dest)), f)
-    hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+        manifestfile.dump(manifest.build(str(dest)), f)
+    swapfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
     (tmp_path / "venv.rb-backup.1" / "tag").write_text("changed in the backup\n")
-    result = hostfs.restore(str(dest))
+    result = swapfs.restore(str(dest))
     check = result["installed"]["tree_check"]
     assert check["ok"] is False and check["changed"] == ["tag"]
     assert result["env_file"] is None
 
 
-# -- issue 34: an install whose checks failed is kept apart, never a backup -------------------------
+# -- issue 34: an install whose checks failed is kept apart, never a backup ------------------------
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
@@ -673,17 +683,17 @@ def test_an_install_that_failed_its_checks_goes_apart_and_a_rollback_brings_it_b
     dest = installed(tmp_path, "kept after its checks failed")
     (tmp_path / "venv.rb-backup.1").mkdir()
     (tmp_path / "venv.rb-backup.1" / "tag").write_text("good")
-    hostfs.set_checks(str(dest), False, "checks failed: torch")
-    result = hostfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
+    installs.set_checks(str(dest), False, "checks failed: torch")
+    result = swapfs.swap(str(staged(tmp_path, "new")), str(dest), "backup")
     failed = tmp_path / "venv.rb-failed"
     assert result["previous"] == str(failed) and result["previous_failed"] is True
     assert backups_of(tmp_path) == ["venv.rb-backup.1"], "never counted as a backup"
-    assert hostfs.prune_backups(str(dest), 1) == [], "nor does it evict the good one"
+    assert swapfs.prune_backups(str(dest), 1) == [], "nor does it evict the good one"
     # the new install's env file fails: the rollback puts back what was there, the new one apart
-    got = hostfs.restore(str(dest), failed="step exports failed after the swap", from_failed=True)
+    got = swapfs.restore(str(dest), failed="step exports failed after the swap", from_failed=True)
     assert (dest / "tag").read_text() == "kept after its checks failed"
     assert (failed / "tag").read_text() == "new" and got["kept_current_as"] == str(failed)
-    assert hostfs.failed_mark(str(failed)) == "step exports failed after the swap"
+    assert installs.failed_mark(str(failed)) == "step exports failed after the swap"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "venv",
         "venv.rb-backup.1",

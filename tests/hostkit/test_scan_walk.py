@@ -1,4 +1,4 @@
-"""hostfs.scan's walk forked over subtrees (ScanWalk, manifest.ForkedWalk): the same answer and
+"""hostfs.scan's walk forked over subtrees (ScanWalk, statwalk.ForkedWalk): the same answer and
 the same records, byte for byte, as one process's walk, whatever the number of workers, and
 from this process again where a worker failed."""
 
@@ -11,8 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from rbkit import hostfs
-from rbkit import manifest as kitmanifest
+from rbkit import hostfs, manifestfile, statwalk
 
 PATS = ["__pycache__", "*.pyc"]
 
@@ -56,7 +55,7 @@ def scanned(root: Path, tmp: Path, workers: int, **kw) -> tuple:
     out = hostfs.scan(str(root), PATS, str(names), workers=workers, **kw)
     records = tuple(
         Path(str(names) + sfx).read_bytes()
-        for sfx in ("", kitmanifest.SCAN_SUFFIX, kitmanifest.LINKS_SUFFIX)
+        for sfx in ("", manifestfile.SCAN_SUFFIX, manifestfile.LINKS_SUFFIX)
     )
     return out, records
 
@@ -68,27 +67,27 @@ def venv(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def forks(monkeypatch) -> list:
-    """The workers each walk forked (manifest._fork's calls, in this process)."""
+    """The workers each walk forked (statwalk._fork's calls, in this process)."""
     seen: list = []
-    real = kitmanifest._fork
+    real = statwalk._fork
 
     def counted(unit, units, workers, started):
         seen.append(workers)
         return real(unit, units, workers, started)
 
-    monkeypatch.setattr(kitmanifest, "_fork", counted)
+    monkeypatch.setattr(statwalk, "_fork", counted)
     return seen
 
 
 def test_one_process_walk_is_the_walks_own_records(venv, tmp_path):
     """The reference: names, stat lines and multi-link records as the walk gives them."""
     out, (names, stat_rec, links_rec) = scanned(venv, tmp_path, 1)
-    walked = list(kitmanifest.walk(str(venv), PATS))
+    walked = list(statwalk.walk(str(venv), PATS))
     assert names == b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r, _ in walked)
     lines = []
     for rel, st in walked:
         try:
-            lines.append(kitmanifest.values_line(kitmanifest.stat_values(str(venv), rel, st)))
+            lines.append(manifestfile.values_line(manifestfile.stat_values(str(venv), rel, st)))
         except UnicodeEncodeError:
             pass
     assert stat_rec.endswith(b"".join(lines))

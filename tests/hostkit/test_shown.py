@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+from rbkit import channel
 from rbrules.shown import printable, shown
 
 EVIL = "evil\x1b[1A\x1b[2K\x07\ndisk: all fine"
@@ -73,9 +74,8 @@ def test_rb_log_escapes_a_control_character_as_shown_does(tmp_path):
 def test_the_kits_engine_lines_never_carry_a_control_character(capsys):
     """The engine's human lines (stderr: the runbook's log) and its answer's fields (a detail the
     runbook logs) are printable."""
-    from rbkit import serve
 
-    serve._log("stripped " + EVIL + ": mode 0666 -> 0644")
+    channel.log("stripped " + EVIL + ": mode 0666 -> 0644")
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\x07" not in err and "\\x1b[1A" in err
-    assert serve._one_line("failed: " + EVIL) == "failed: evil\\x1b[1A\\x1b[2K\\x07 disk: all fine"
+    assert channel.one_line("failed: " + EVIL) == "failed: evil\\x1b[1A\\x1b[2K\\x07 disk: all fine"

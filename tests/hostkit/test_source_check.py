@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import serve
+from rbkit import sendside
 
 from tests.hostkit.test_kit import make_tree
 
@@ -115,16 +115,16 @@ def test_a_refused_source_fails_before_its_checks(tmp_path):
 
 def test_the_destination_says_what_its_install_recorded(tmp_path):
     dest = tmp_path / "venv"
-    assert serve.installed_stat(str(dest)) == ""
+    assert sendside.installed_stat(str(dest)) == ""
     dest.mkdir()
     (dest / ".rb-manifest.jsonl").write_text(
         json.dumps({"kind": "rb-manifest", "source_stat_fingerprint": "ab" * 32}) + "\n{}\n"
     )
-    assert serve.installed_stat(str(dest)) == "ab" * 32
+    assert sendside.installed_stat(str(dest)) == "ab" * 32
     (dest / ".rb-manifest.jsonl").write_text('{"kind": "other", "source_stat_fingerprint": "x"}\n')
-    assert serve.installed_stat(str(dest)) == ""
+    assert sendside.installed_stat(str(dest)) == ""
     (dest / ".rb-manifest.jsonl").write_text("not json\n")
-    assert serve.installed_stat(str(dest)) == ""
+    assert sendside.installed_stat(str(dest)) == ""
 
 
 def test_a_refused_source_has_no_static_checks_whichever_way_they_run(tmp_path, beside):

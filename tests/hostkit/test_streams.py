@@ -13,9 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rbkit import engine, hostfs, manifest, serve, stream
-from rbkit.choices import Choices
-from rbrules import common
+from rbkit import hostfs, manifest, manifestfile, proof, runner, sender, serve, staging
+from rbrules import compression, streams, units
+from rbrules.choices import Choices
 
 from compiler import kit
 from tests.hostkit.test_kit import make_tree
@@ -56,7 +56,7 @@ def test_the_split_puts_every_directory_in_every_list_and_each_file_in_one(tmp_p
     dirs = [p for p in listed if (src / p).is_dir() and not (src / p).is_symlink()]
     others = [p for p in listed if p not in dirs]
     (tmp_path / "parts").mkdir()
-    parts = stream.split_names(str(names), 3, str(tmp_path / "parts"))
+    parts = sender.split_names(str(names), 3, str(tmp_path / "parts"))
     assert parts and len(parts) == 3
     lists = [read_list(p) for p in parts]
     seen = []
@@ -85,7 +85,7 @@ def test_the_scan_counts_the_data_of_a_hard_link_once_and_records_its_names(tmp_
     listed = read_list(str(names))
     linked = [
         json.loads(line)
-        for line in Path(str(names) + manifest.LINKS_SUFFIX).read_text().splitlines()
+        for line in Path(str(names) + manifestfile.LINKS_SUFFIX).read_text().splitlines()
     ]
     assert sorted(listed[i] for i, _dev, _ino in linked) == ["lib/a/f0.bin", "lib/c/same-as-f0.bin"]
     assert len({(dev, ino) for _i, dev, ino in linked}) == 1
@@ -95,34 +95,34 @@ def test_the_split_is_one_stream_without_the_scans_record_or_below_its_bytes(tmp
     _src, names = scanned(tmp_path)
     (tmp_path / "parts").mkdir()
     into = str(tmp_path / "parts")
-    assert stream.split_names(str(names), 2, into, min_bytes=1 << 30) is None
-    assert stream.split_names(str(names), 500, into) is None  # more lists than files
+    assert sender.split_names(str(names), 2, into, min_bytes=1 << 30) is None
+    assert sender.split_names(str(names), 500, into) is None  # more lists than files
     (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o555)
     hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
-    assert stream.split_names(str(names), 2, into) is None  # a directory u-w
+    assert sender.split_names(str(names), 2, into) is None  # a directory u-w
     (tmp_path / "src" / "venv" / "lib" / "c").chmod(0o755)
     hostfs.scan(str(tmp_path / "src" / "venv"), [], str(names))
-    assert stream.split_names(str(names), 2, into) is not None
+    assert sender.split_names(str(names), 2, into) is not None
     for name in os.listdir(into):
         os.unlink(os.path.join(into, name))
-    record = Path(str(names) + manifest.SCAN_SUFFIX)
+    record = Path(str(names) + manifestfile.SCAN_SUFFIX)
     lines = record.read_bytes().split(b"\n")
     record.write_bytes(b"\n".join(lines[:1] + lines[2:]))  # one line short
-    assert stream.split_names(str(names), 2, into) is None
+    assert sender.split_names(str(names), 2, into) is None
     record.unlink()
-    assert stream.split_names(str(names), 2, into) is None
+    assert sender.split_names(str(names), 2, into) is None
     assert os.listdir(into) == []
 
 
 def test_stream_count_is_one_per_two_jobs_at_most_eight():
-    assert [stream.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    assert [streams.stream_count(j) for j in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
 
 
 def test_each_receiving_end_is_told_its_part():
     ssh = ["ssh", "-o", "BatchMode=yes", "dst", "env PYTHONPATH=/k python3 -m rbkit engine receive"]
-    assert stream.part_argv(ssh, True, 1, 4)[-1].endswith("engine receive --part 1/4")
-    assert stream.part_argv(ssh, True, 1, 4)[:-1] == ssh[:-1]
-    assert stream.part_argv(["python3", "-m", "rbkit"], False, 0, 2) == [
+    assert sender.part_argv(ssh, True, 1, 4)[-1].endswith("engine receive --part 1/4")
+    assert sender.part_argv(ssh, True, 1, 4)[:-1] == ssh[:-1]
+    assert sender.part_argv(["python3", "-m", "rbkit"], False, 0, 2) == [
         "python3",
         "-m",
         "rbkit",
@@ -138,7 +138,7 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
         got.update(root=root, names=names, remote=remote, local=local, jobs=jobs)
         return 0
 
-    monkeypatch.setattr(serve.stream, "send", fake)
+    monkeypatch.setattr(sender, "send", fake)
     assert (
         serve.main(
             [
@@ -172,25 +172,25 @@ def test_send_takes_every_word_after_local_as_the_receiving_ends_command(monkeyp
     assert got["remote"] == ["ssh", "h", "--local"] and got["local"] is None and got["jobs"] == 1
 
 
-def staged(tmp_path: Path, src: Path) -> engine.Context:
+def staged(tmp_path: Path, src: Path) -> runner.Context:
     m = manifest.build(str(src), [], "sha256", jobs=2)
     mpath = tmp_path / "manifest.jsonl"
-    manifest.save(m, str(mpath))
-    ctx = engine.Context(
+    manifestfile.save(m, str(mpath))
+    ctx = runner.Context(
         str(tmp_path / "d" / "venv"),
         Choices(jobs=4),
         manifest=str(mpath),
-        state=engine.make_state(str(tmp_path)),
+        state=runner.make_state(str(tmp_path)),
     )
     ctx.locked = True
     # a record of an earlier try at this destination: the stage forgets it with the rest
     Path(ctx.state, "received.7.json").write_text("{}")
-    assert engine.run(ctx, "stage", engine.stage)["status"] == "ok"
+    assert runner.run(ctx, "stage", staging.stage)["status"] == "ok"
     assert not Path(ctx.state, "received.7.json").exists()
     return ctx
 
 
-def receiver(ctx: engine.Context) -> list:
+def receiver(ctx: runner.Context) -> list:
     return [
         sys.executable,
         "-m",
@@ -214,21 +214,21 @@ def test_two_streams_land_whole_and_verify_takes_both_streams_digests(
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
-    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
-    assert stream.send(str(src), str(names), "none", local=receiver(ctx), jobs=4) == 0
+    monkeypatch.setattr(sender, "STREAMS_MIN_BYTES", 0)
+    assert sender.send(str(src), str(names), "none", local=receiver(ctx), jobs=4) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith(
         "done\tok\tunpacked into %s in 2 streams side by side" % ctx.staging
     )
     event = json.loads(next(ln for ln in lines if ln.startswith("event\t")).split("\t", 1)[1])
-    files = sum(1 for e in manifest.load(ctx.manifest)["entries"] if e["t"] == "f")
+    files = sum(1 for e in manifestfile.load(ctx.manifest)["entries"] if e["t"] == "f")
     assert event["facts"]["streams"] == 2 and event["facts"]["streamed"] == files
     assert "set\tstreams\t2" in lines
     assert sorted(os.listdir(ctx.state)) >= ["received.0.json", "received.1.json"]
     staging = Path(ctx.staging)
     assert os.path.samefile(staging / "lib/a/f0.bin", staging / "lib/c/same-as-f0.bin")
     assert (staging / "lib" / "to-a").is_symlink()
-    got = engine.run(ctx, "verify", engine.verify)
+    got = runner.run(ctx, "verify", proof.verify)
     assert got["status"] == "ok", got
     assert got["facts"]["streamed"] == files and got["facts"]["hashed"] == 0
 
@@ -237,7 +237,7 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
-    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    monkeypatch.setattr(sender, "STREAMS_MIN_BYTES", 0)
     # the second receiving end fails as soon as it starts; the first may finish or be stopped
     wrapper = [
         "sh",
@@ -246,13 +246,13 @@ def test_a_stream_that_fails_fails_the_send_naming_it(tmp_path, monkeypatch, cap
         "sh",
         *receiver(ctx),
     ]
-    rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
+    rc = sender.send(str(src), str(names), "none", local=wrapper, jobs=4)
     assert rc != 0
     captured = capsys.readouterr()
     last = captured.out.splitlines()[-1]
     assert last.startswith("done\tfailed\tstream 2 of 2: "), captured.out
     assert "stream 2/2: receive exited 3" in captured.err
-    assert engine.run(ctx, "verify", engine.verify)["status"] == "failed"
+    assert runner.run(ctx, "verify", proof.verify)["status"] == "failed"
 
 
 def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monkeypatch, capsys):
@@ -262,7 +262,7 @@ def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monk
     src, names = scanned(tmp_path)
     ctx = staged(tmp_path, src)
     monkeypatch.setenv("PYTHONPATH", str(KIT))
-    monkeypatch.setattr(stream, "STREAMS_MIN_BYTES", 0)
+    monkeypatch.setattr(sender, "STREAMS_MIN_BYTES", 0)
     # the first receiving end waits (it is stopped), the second fails at once
     wrapper = [
         "sh",
@@ -272,7 +272,7 @@ def test_a_stream_stopped_because_another_failed_is_not_the_cause(tmp_path, monk
         "sh",
         *receiver(ctx),
     ]
-    rc = stream.send(str(src), str(names), "none", local=wrapper, jobs=4)
+    rc = sender.send(str(src), str(names), "none", local=wrapper, jobs=4)
     assert rc == 3, rc
     err = capsys.readouterr().err
     assert "stream 2/2: receive exited 3" in err, err
@@ -314,21 +314,21 @@ def test_stripping_beside_a_tar_that_swaps_its_placeholders_for_links_never_fail
 
 FORKED = """
 import json, os, sys, threading
-from rbkit import manifest
+from rbkit import filehash, manifestfile
 root = sys.argv[1]
 rels = sorted(os.listdir(root))
 sizes = [os.path.getsize(os.path.join(root, r)) for r in rels]
-one = manifest.digests(root, rels, "sha256", 1, sizes)
-forked = manifest.digests(root, rels, "sha256", 3, sizes)
+one = filehash.digests(root, rels, "sha256", 1, sizes)
+forked = filehash.digests(root, rels, "sha256", 3, sizes)
 stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()
-threaded = manifest.digests(root, rels, "sha256", 3, sizes)
+threaded = filehash.digests(root, rels, "sha256", 3, sizes)
 stop.set(); t.join()
 errors = []
 for jobs in (1, 3):
     bad = list(sizes); bad[2] += 1; bad[5] += 1      # two files "changed" since the walk
     try:
-        manifest.digests(root, rels, "sha256", jobs, bad)
-    except manifest.Changed as exc:
+        filehash.digests(root, rels, "sha256", jobs, bad)
+    except filehash.Changed as exc:
         errors.append(str(exc).split(":")[0])
 print(json.dumps({"same": one == forked == threaded, "n": len(one), "errors": errors,
                   "third": os.path.join(root, rels[2])}))
@@ -355,8 +355,8 @@ def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp
 
 def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
     """rbrules.common.human, which the stream, the report and the compiler use: decimal units,
-    and `-` for a size that was not measured (stream.human said `None`)."""
-    assert [common.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
+    and `-` for a size that was not measured (units.human said `None`)."""
+    assert [units.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
         "0 B",
         "999 B",
         "1.0 KB",
@@ -364,14 +364,16 @@ def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
         "2.5 TB",
         "7000.0 TB",
     ]
-    assert stream.human(None) == common.human("?") == common.human(True) == "-"
+    assert units.human(None) == units.human("?") == units.human(True) == "-"
 
 
 def test_which_compressions_a_host_has_is_one_rule():
     """The kit's (rbrules.common.compressors) and the runbook's bash (`command -v` of each of
     COMPRESSOR_TOOLS, rendered from the same table) ask for the same tools."""
-    assert common.compressors(lambda tool: None) == ["none"]
-    assert common.compressors(lambda tool: tool == "lz4" or None) == ["lz4", "none"]
-    assert set(common.COMPRESSOR_TOOLS) == {c["tool"] for c in common.COMPRESSION.values()} - {None}
-    tools = " ".join(common.COMPRESSOR_TOOLS)
+    assert compression.compressors(lambda tool: None) == ["none"]
+    assert compression.compressors(lambda tool: tool == "lz4" or None) == ["lz4", "none"]
+    assert set(compression.COMPRESSOR_TOOLS) == {
+        c["tool"] for c in compression.COMPRESSION.values()
+    } - {None}
+    tools = " ".join(compression.COMPRESSOR_TOOLS)
     assert f'for t in {tools}; do if command -v "$t"' in kit.runtime_text()

@@ -56,10 +56,10 @@ CASES = {  # name: (files, entries per file, decoded size of each entry)
 CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
-from rbprobes import checks_static
+from rbprobes import auditverdict, checks_static
 t = time.monotonic()
 v = checks_static.audit(sys.argv[1], (9, 0))
-out = checks_static.judge_audit(v)
+out = auditverdict.judge_audit(v)
 import resource
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"s": time.monotonic() - t, "peak": peak, "status": out.status,

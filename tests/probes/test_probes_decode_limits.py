@@ -56,14 +56,14 @@ def bomb_so(path, entries: int, out_size: int, extra: bytes = b"") -> None:
 # wall time and the peak of what Python allocated (tracemalloc: the decoders' buffers).
 CHILD = """
 import json, sys, time, tracemalloc
-from rbprobes import checks_static, decompress
+from rbprobes import auditverdict, checks_static, decompress
 limits = json.loads(sys.argv[2])
 for name, value in limits.items():
     setattr(decompress, name, value)
 tracemalloc.start()
 t = time.monotonic()
 values = checks_static.audit(sys.argv[1], (9, 0), jobs=int(sys.argv[3]))
-out = checks_static.judge_audit(values)
+out = auditverdict.judge_audit(values)
 print(json.dumps({"seconds": time.monotonic() - t, "peak": tracemalloc.get_traced_memory()[1],
                   "status": out.status, "reason": out.reason, "workers": values["workers"],
                   "files": values["files"]}))

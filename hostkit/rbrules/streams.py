@@ -1,0 +1,45 @@
+"""How many processes a move runs side by side: the tar record both ends of a stream use, the
+streams of one tree (`stream_count`, the relay's `relay_streams`), the workers of a tree's stat
+walk (`walk_workers`). Shared by the compiler and the kit.
+
+stdlib only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+# tar's record on both ends of a stream, in 512-byte blocks: 256 (128 KiB) instead of tar's
+# default 20 (measured: docs/h200.md). Either end reads the other's records whatever their size (GNU
+# tar reblocks a pipe's short reads).
+TAR_BLOCKS = 256
+
+
+TAR_RECORD = ["-b", str(TAR_BLOCKS)]
+# Several streams side by side, where the sending end starts the receiving ends (one host, or the
+# direct route; measured: docs/h200.md): one per two of the cores the run may use (its jobs), at
+# most MAX_STREAMS, none for a tree below STREAMS_MIN_BYTES.
+MAX_STREAMS = 8
+
+
+STREAMS_MIN_BYTES = 256 << 20
+
+
+def stream_count(jobs: int) -> int:
+    return max(1, min(MAX_STREAMS, jobs // 2))
+
+
+def relay_streams(jobs: int, cpus: int) -> int:
+    """The relay's streams (rbkit.relay, and compression auto's model of it): stream_count of the
+    fewest jobs of the three machines, and never more than the fewest CPUs any of them may use
+    (rbrules.cpus: a stream's stages take a CPU at each end, its two ciphers one here)."""
+    return max(1, min(stream_count(jobs), cpus))
+
+
+# A tree's stat walk (statwalk.tree_stat: the live plan's destination state; hostfs.scan: the
+# source's scan, the plan's and the run's preflight) forks workers over its subtrees where the
+# host has the cores: one per two CPUs this process may use (the other host's walk may share the
+# machine), at most WALK_WORKERS; on two CPUs or fewer none (the walk runs in the process itself).
+WALK_WORKERS = 8
+
+
+def walk_workers(cpus: int) -> int:
+    return min(WALK_WORKERS, cpus // 2) if cpus > 2 else 1
