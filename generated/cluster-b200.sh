@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 2c66f743ecb406b39b0c2d7ffa52e7a2f3659fdf4d1b025a2fd7ecc955f36676
+# sha256 of this file with these 64 digits zeroed: 9d0f611e34f88943d832580463676daad5ade3a92729afebcce8e3f6425f978c
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -45,8 +45,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8
-readonly RB_KIT_FILE=.kit/3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8.tar
+readonly RB_KIT_SHA256=29fd204acb78576019f19bdf8eff8d64e97ed9b695bb9068a882ca77ce1ddbc3
+readonly RB_KIT_FILE=.kit/29fd204acb78576019f19bdf8eff8d64e97ed9b695bb9068a882ca77ce1ddbc3.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: d560dfe6a9baff7f20bf1b55abd9a96581ef9c7ffae1eb01e0a9fc062156ad0a
+# sha256 of this file with these 64 digits zeroed: 3f7092d355ec44cb0c014e01a425f98d41c17960270e86b733d5d39fe0d751b0
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
@@ -44,8 +44,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8
-readonly RB_KIT_FILE=.kit/3374c0082ce06944baea02e53d36d3193e867a7019ba431733aa83bc828250a8.tar
+readonly RB_KIT_SHA256=29fd204acb78576019f19bdf8eff8d64e97ed9b695bb9068a882ca77ce1ddbc3
+readonly RB_KIT_FILE=.kit/29fd204acb78576019f19bdf8eff8d64e97ed9b695bb9068a882ca77ce1ddbc3.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbkit import stream
-from rbrules import common
+from rbrules import common, streams
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -103,12 +102,12 @@ def test_an_interrupted_run():
 def test_streams_side_by_side():
     assert (
         int(said(r"a tree of ([0-9]+) MB or more goes in streams").group(1)) << 20
-        == stream.STREAMS_MIN_BYTES
+        == streams.STREAMS_MIN_BYTES
     )
     said(r"one per two of `transfer\.jobs`")
     stated = int(said(r"at most ([0-9]+):").group(1))
-    assert stated == stream.MAX_STREAMS
-    assert [stream.stream_count(j) for j in (1, 2, 4, 6, 2 * stated, 4 * stated)] == [
+    assert stated == streams.MAX_STREAMS
+    assert [streams.stream_count(j) for j in (1, 2, 4, 6, 2 * stated, 4 * stated)] == [
         1,
         1,
         2,

@@ -19,10 +19,6 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from rbrules.compression import compressors
-
-# four of the stream's rules (rbrules.streams) are still named from here by tests/test_readme.py
-# and benchmarks/doc.py: to go when those import rbrules.streams
-from rbrules.streams import MAX_STREAMS, STREAMS_MIN_BYTES, TAR_RECORD, stream_count  # noqa: F401
 from rbrules.units import human
 
 from . import hostfs, pathid, statwalk
