@@ -1,8 +1,9 @@
 """The kit: the host-side packages a runbook ships (hostkit/rbkit, hostkit/rbprobes,
 hostkit/rbrules), the controller-only one it extracts on the machine that runs it (hostkit/rbview,
-the pictures), read as files, and the runbooks' bash runtime (templates/runtime/, the same in every
-runbook) as runtime.sh. The pinned tar holds them all; the tar sent to the hosts is made from the
-extracted kit's HOST_PACKAGES only (partials/kit_*.sh.j2, the view's `Kit.host_dirs`).
+the pictures), read as files, the runbooks' bash runtime (templates/runtime/, the same in every
+runbook) as runtime.sh and the runbook's seal check as seal.py. The pinned tar holds them all; the
+tar sent to the hosts is made from the extracted kit's HOST_PACKAGES only (runtime/kit_pinned.sh.j2,
+partials/kit_embedded.sh.j2).
 
 The compiler never imports them: it reads their source through the import system's locations
 (`importlib.util.find_spec`, which finds a package without running it), so a checkout, an editable
@@ -54,6 +55,7 @@ def files() -> list[KitFile]:
 
 RUNTIME_INLINE = "partials/runtime_inline.sh.j2"
 RUNTIME_PINNED = "partials/runtime_pinned.sh.j2"
+SEAL_CHECK = "partials/seal_check.py.j2"
 
 
 @lru_cache(maxsize=None)
@@ -63,6 +65,16 @@ def runtime_text() -> str:
     from . import render
 
     return render.tidy(render.environment().get_template(RUNTIME_INLINE).render())
+
+
+@lru_cache(maxsize=None)
+def seal_text() -> str:
+    """The seal check (partials/seal_check.py.j2) as the pinned kit's seal.py: the runbook's start
+    runs it from the bytes it checked, as it runs runtime.sh (a standalone runbook holds it in
+    place, in rb::check_sealed)."""
+    from . import render
+
+    return render.environment().get_template(SEAL_CHECK).render()
 
 
 def delimiter(text: str, seed: str) -> str:
@@ -102,6 +114,7 @@ def tar_bytes(packages: tuple[str, ...] = PACKAGES, runtime: bool = True) -> byt
     ]
     if runtime:
         chosen.append(("runtime.sh", runtime_text().encode("utf-8")))
+        chosen.append(("seal.py", seal_text().encode("utf-8")))
     return kit_tar(chosen)
 
 

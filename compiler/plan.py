@@ -8,6 +8,7 @@ Templates only paste values; everything conditional was decided by resolve.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from . import engineconf
 from . import kit as kitfiles
@@ -19,31 +20,22 @@ KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 EXCLUSIONS = (
     Exclusion(
         "SC2016",
-        (
-            "scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so",
-            "that `$1` in them expands there; their arguments travel quoted by rb::shq.",
-        ),
+        ("`sh -c` scripts for a host are single-quoted so that `$1` expands there (rb::shq).",),
     ),
     Exclusion(
         "SC1003",
-        (
-            "spec values are single-quoted by the compiler (Python's shlex.quote), right by",
-            "construction; a value may hold a backslash, which this check takes for a mistyped",
-            "escape.",
-        ),
+        ("spec values are single-quoted by the compiler (shlex.quote): a backslash is no escape.",),
     ),
 )
-# The default form reads its runtime from the pinned kit, so settings and state variables only
-# the runtime reads look unused here. compile lints the runbook with the runtime in place
-# (`lint_view`), where this check runs.
+# The default form reads its runtime from the pinned kit, so settings only the runtime reads look
+# unused here, and the state it sets unset. compile lints the runbook with the runtime in place
+# (`lint_view`), where these checks run.
 PINNED_EXCLUSIONS = EXCLUSIONS + (
     Exclusion(
-        "SC2034",
-        (
-            "settings and state variables that only the runtime reads (runtime.sh of the pinned",
-            "kit) look unused in this file; compile lints the runbook with the runtime in place,",
-            "where this check runs.",
-        ),
+        "SC2034", ("settings only the runtime (the pinned kit's runtime.sh) reads look unused;",)
+    ),
+    Exclusion(
+        "SC2154", ("the state it sets looks unset: compile lints with the runtime in place.",)
     ),
 )
 
@@ -127,9 +119,9 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         ),
         Setting(
             "RB_ENGINE_CHOICES",
-            engineconf.document(runbook, t, d, c, plan.fanout),
+            keyed(engineconf.document(runbook, t, d, c, plan.fanout)),
             "The install engine's choices, as one JSON document for the engine on the target "
-            "(rbkit/choices.py).",
+            "(rbkit/choices.py), one key a line.",
         ),
     ]
     rows += plan.install.settings()
@@ -137,11 +129,32 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         rows.append(
             Setting(
                 "RB_PROBE_CONFIG",
-                c.config,
-                "The checks, as one JSON document for the probe on the target.",
+                keyed(c.config),
+                "The checks, as one JSON document for the probe on the target, one key (and one "
+                "check) a line.",
             )
         )
     return tuple(rows)
+
+
+def keyed(document: str) -> str:
+    """A JSON object printed one key a line, and a list of objects one object a line (the checks),
+    so that a one-field change of the spec changes one line; each value is compact, keys sorted,
+    as `document` has them: json.loads reads the same document (the runbook passes it whole)."""
+
+    def compact(value: object) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    def item(key: str, value: object) -> str:
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            inner = ",\n".join("    " + compact(v) for v in value)
+            return f"  {compact(key)}:[\n{inner}\n  ]"
+        return f"  {compact(key)}:{compact(value)}"
+
+    data = json.loads(document)
+    if not isinstance(data, dict) or not data:
+        return document
+    return "{\n" + ",\n".join(item(key, data[key]) for key in sorted(data)) + "\n}"
 
 
 def _arrays(plan: Plan) -> tuple[Array, ...]:

@@ -127,7 +127,7 @@ def resolve(
         sha256=kit_sha,
         file="" if standalone else f"{plan.KIT_DIR}/{kit_sha}.tar",
         standalone=standalone,
-        partial="partials/kit_embedded.sh.j2" if standalone else "partials/kit_pinned.sh.j2",
+        partial="partials/kit_embedded.sh.j2" if standalone else "",  # pinned: the runtime's
         runtime_partial=kitfiles.RUNTIME_INLINE if standalone else kitfiles.RUNTIME_PINNED,
         separator=separator,
         delimiter=kitfiles.delimiter("\n".join(f.text for f in files) + "\n" + separator, "kit"),
@@ -167,7 +167,8 @@ def resolve(
                 doc=steps.DOCS[sid],
                 host=steps.host(sid, transfer),
                 preview="\n".join(install.preview(sid, decided)),
-                template=f"steps/{sid}.sh.j2",
+                # the single-host bodies are the runtime's (runtime_inline.sh.j2); a fan-out's its own
+                template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",
             )
         )
     return plan.rows(dataclasses.replace(decided, steps=tuple(step_views)))

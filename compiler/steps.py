@@ -106,7 +106,7 @@ class SingleHost:
     # between two hosts: lz4 first, the best or within 5% of it on a CPU-bound relay and on a
     # 1 Gbit/s link (docs/benchmarks.md)
     auto_compression = ("lz4", "zstd")
-    partials = ("partials/install.sh.j2",)
+    partials = ()
     streams = True
     fanout = None
 
