@@ -1,7 +1,7 @@
 """GPU models the compiler knows: model name -> compute capability and what targeting it needs.
 
-The data lives in `compiler/data/gpus.yaml` (documented there and in docs/templating.md); this module
-reads it once and answers questions about it. Nothing here imports torch or touches a GPU.
+The data lives in `compiler/data/gpus.yaml` (documented there and in docs/templating.md); this
+module reads it once and answers questions about it. Nothing here imports torch or touches a GPU.
 """
 
 from __future__ import annotations

@@ -221,7 +221,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="compile",
         description="Compile runbook specs (YAML) into linted bash runbooks.",
-        epilog="Exit codes: 0 ok, 2 spec errors, 3 lint failure (compiler bug), 4 generated/ drift, "
+        epilog="Exit codes: 0 ok, 2 spec errors, 3 a compiler bug (lint or render), "
+        "4 generated/ drift, "
         "64 usage, 70 internal error. Templating (extends, --new, --schema, --plan): "
         "docs/templating.md.",
     )

@@ -1,6 +1,7 @@
 """Fan-out to many nodes through the cluster's own engine (Slurm or ClusterShell): the compile side.
 
-Node sets are read by ClusterShell's own `NodeSet`, as clush and `nodeset -e` read them: `node[01-08]`,
+Node sets are read by ClusterShell's own `NodeSet`, as clush and `nodeset -e` read them:
+`node[01-08]`,
 steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`, `a[1-2]b[1-2]`, the
 operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time, with this machine's
 ClusterShell groups (groups.conf). `expand()` checks and expands them; `fold()` is the set as the
@@ -156,7 +157,8 @@ def warnings(source: Any, spec: Any) -> list[Problem]:
         source.problem(
             ("fanout", "nodes"),
             f"clush without a topology copies the bundle from this machine once per node ({n} "
-            f"copies); set fanout.topology to a topology.conf whose [routes] start at this machine's "
+            f"copies); set fanout.topology to a topology.conf whose [routes] start at this "
+            f"machine's "
             f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and "
             f"`gw[1-2]: {fold(nodes)}`), so "
             f"it is sent once per gateway (docs/fanout.md, clush tree mode)",

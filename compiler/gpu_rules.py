@@ -1,5 +1,6 @@
 """What the GPU catalog says about a spec: impossible combinations (errors) and doubtful ones
-(warnings). Called by validate.py; reads the raw data defensively, like the rest of its second pass."""
+(warnings). Called by validate.py; reads the raw data defensively, like the rest of its second
+pass."""
 
 from __future__ import annotations
 

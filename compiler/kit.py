@@ -120,6 +120,6 @@ def tar_bytes(packages: tuple[str, ...] = PACKAGES, runtime: bool = True) -> byt
 
 @lru_cache(maxsize=None)
 def pinned() -> tuple[str, bytes]:
-    """(sha256 of the kit's tar, the tar): what a default runbook pins and `generated/.kit/` holds."""
+    """(sha256 of the kit's tar, the tar): what a default runbook pins, `generated/.kit/` holds."""
     data = tar_bytes()
     return hashlib.sha256(data).hexdigest(), data

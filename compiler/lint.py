@@ -16,7 +16,8 @@ from .errors import LintError
 # `shellcheck generated/*.sh` agrees with this lint):
 #   SC2310 (check-set-e-suppressed): helpers are called in `if` on purpose; step functions never
 #   are (STYLE.md), and the ERR trap covers the rest.
-#   SC2249 (add-default-case): a `case` without `*)` is deliberate where the spec's values are closed.
+#   SC2249 (add-default-case): a `case` without `*)` is deliberate where the spec's values are
+#   closed.
 # SC2312 (check-extra-masked-returns) runs: every host command's status is seen (`out=$(cmd) ||
 # rb::fail ...`, then parse `out`); `parse "$(cmd)"` lost it, and a failed step ended green.
 DISABLED = ("SC2310", "SC2249")

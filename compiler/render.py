@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import jinja2
 from rbrules import common, launch
 
+from .errors import RenderError
 from .kit import HOST_PACKAGES
 
 if TYPE_CHECKING:
@@ -32,10 +33,6 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 class Safe(str):
     """Text that is safe to paste into the script where the filter that made it was used."""
-
-
-class RenderError(Exception):
-    """A template used a value without a quoting filter, or a filter got a value it refuses."""
 
 
 def _defined(value: Any) -> Any:
@@ -102,7 +99,8 @@ def _finalize(value: Any) -> Any:
     if isinstance(value, Safe):
         return value
     raise RenderError(
-        f"unquoted value {value!r} in a template: pass it through |sh, |ident, |num, |comment or |body"
+        f"unquoted value {value!r} in a template: pass it through |sh, |ident, |num, |comment"
+        " or |body"
     )
 
 

@@ -167,7 +167,7 @@ def resolve(
                 doc=steps.DOCS[sid],
                 host=steps.host(sid, transfer),
                 preview="\n".join(install.preview(sid, decided)),
-                # the single-host bodies are the runtime's (runtime_inline.sh.j2); a fan-out's its own
+                # the single-host bodies are the runtime's (runtime_inline.sh.j2), a fan-out's its
                 template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",
             )
         )

@@ -60,13 +60,14 @@ DOCS = {
     **{s: _sentence(ENGINE_DOCS[s]) for s in ("verify", "relocate", "prove", "swap", "exports")},
     "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
     "fan_preflight": "Reach the source, check the engine and its tools here, list the nodes.",
-    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle"
-    " (on a re-run: only what changed since the last fan-out).",
+    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one "
+    "bundle (on a re-run: only what changed since the last fan-out).",
     "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
     "fan_install": "On every node at once, the install engine: "
     + ", ".join(common.ENGINE_STEPS)
     + " (a node the changes alone cannot serve gets the whole bundle).",
-    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes named.",
+    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes "
+    "named.",
 }
 # the spec entry each step comes from (the `(specs/x.yaml:14)` marker above the step)
 WHERE = {
