@@ -25,7 +25,7 @@ from .steps import FANOUT, fixed_compression_note
 from .view import Array, Fanout, Setting
 
 if TYPE_CHECKING:
-    from .view import Plan
+    from .view import Decisions, Plan
 
 # ClusterShell is imported where a node set is read (expand, _fold): a spec without `fanout:`
 # compiles without loading it.
@@ -191,7 +191,7 @@ class FanOut:
     def step_ids(self, checks_run: bool) -> tuple[str, ...]:
         return FANOUT
 
-    def compression_note(self, plan: Plan) -> str:
+    def compression_note(self, plan: Decisions) -> str:
         compression = plan.transfer.compression
         if compression == "auto":
             return (
@@ -264,7 +264,7 @@ class FanOut:
             )
         return rows
 
-    def preview(self, step: str, plan: Plan) -> list[str]:
+    def preview(self, step: str, plan: Decisions) -> list[str]:
         """`--dry-run` lines: the engine commands as one would type them."""
         f, t = self.fanout, plan.transfer
         name, src_host, src, dst = plan.runbook.name, t.src_host, t.src_path, t.dst_path

@@ -12,7 +12,7 @@ import json
 
 from . import engineconf
 from . import kit as kitfiles
-from .view import Array, Exclusion, Map, Plan, Setting
+from .view import Array, Decisions, Exclusion, Map, Plan, Setting, StepView
 
 KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 # ShellCheck checks a runbook turns off for the whole file, each with its reason (printed above the
@@ -51,14 +51,15 @@ def lint_view(view: Plan) -> Plan:
     )
 
 
-def rows(plan: Plan) -> Plan:
-    """The Plan with its settings block: values, arrays and the steps' maps."""
-    return dataclasses.replace(
-        plan, settings=_settings(plan), arrays=_arrays(plan), maps=_maps(plan)
-    )
+def rows(
+    plan: Decisions, steps: tuple[StepView, ...]
+) -> tuple[tuple[Setting, ...], tuple[Array, ...], tuple[Map, ...]]:
+    """The settings block of the runbook of `plan` and its `steps`: values, arrays, the steps'
+    maps."""
+    return _settings(plan), _arrays(plan, steps), _maps(steps)
 
 
-def _settings(plan: Plan) -> tuple[Setting, ...]:
+def _settings(plan: Decisions) -> tuple[Setting, ...]:
     """The runbook's `readonly` values, in its order: the one place that names them."""
     runbook, kit = plan.runbook, plan.kit
     t, d, c = plan.transfer, plan.destination, plan.checks
@@ -157,7 +158,7 @@ def keyed(document: str) -> str:
     return "{\n" + ",\n".join(item(key, data[key]) for key in sorted(data)) + "\n}"
 
 
-def _arrays(plan: Plan) -> tuple[Array, ...]:
+def _arrays(plan: Decisions, steps: tuple[StepView, ...]) -> tuple[Array, ...]:
     """The runbook's `readonly -a` arrays, in its order."""
     runbook, transfer, checks = plan.runbook, plan.transfer, plan.checks
     rows = [
@@ -173,7 +174,7 @@ def _arrays(plan: Plan) -> tuple[Array, ...]:
             "folder, its sha256: a run refuses to start when one changed.",
         ),
         Array("RB_HOSTS", tuple(h.id for h in plan.hosts), "Hosts this runbook touches."),
-        Array("RB_STEPS", tuple(s.id for s in plan.steps)),
+        Array("RB_STEPS", tuple(s.id for s in steps)),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
         Array(
             "RB_LIBRARY_DIRS",
@@ -199,10 +200,10 @@ def _arrays(plan: Plan) -> tuple[Array, ...]:
     return tuple(rows)
 
 
-def _maps(plan: Plan) -> tuple[Map, ...]:
+def _maps(steps: tuple[StepView, ...]) -> tuple[Map, ...]:
     """Each step's summary, --dry-run text and host, by its id (`--list`, `--dry-run`, the log)."""
     return (
-        Map("RB_STEP_DOC", tuple((s.id, s.doc) for s in plan.steps)),
-        Map("RB_STEP_PREVIEW", tuple((s.id, s.preview) for s in plan.steps)),
-        Map("RB_STEP_HOST", tuple((s.id, s.host) for s in plan.steps)),
+        Map("RB_STEP_DOC", tuple((s.id, s.doc) for s in steps)),
+        Map("RB_STEP_PREVIEW", tuple((s.id, s.preview) for s in steps)),
+        Map("RB_STEP_HOST", tuple((s.id, s.host) for s in steps)),
     )

@@ -32,6 +32,7 @@ from .spec import Host, Spec, failed_checks_policy
 from .view import (
     Check,
     Checks,
+    Decisions,
     Destination,
     Fanout,
     Gpu,
@@ -134,8 +135,7 @@ def resolve(
         host_dirs=kitfiles.HOST_PACKAGES,
         files=tuple(_kit_file(f, separator) for f in files),
     )
-    exclusions = plan.EXCLUSIONS if standalone else plan.PINNED_EXCLUSIONS
-    decided = Plan(
+    decided = Decisions(
         runbook=runbook,
         kit=kit,
         transfer=transfer,
@@ -144,34 +144,45 @@ def resolve(
         fanout=install.fanout,
         install=install,
         hosts=hosts,
+    )
+    # the steps (each with its --dry-run preview) and the settings rows, from the decisions; then
+    # the Plan in one go
+    ids = install.step_ids(checks.run)
+    step_views = tuple(
+        StepView(
+            id=sid,
+            index=index,
+            total=len(ids),
+            where=_step_where(source, sid),
+            doc=steps.DOCS[sid],
+            host=steps.host(sid, transfer),
+            preview="\n".join(install.preview(sid, decided)),
+            # the single-host bodies are the runtime's (runtime_inline.sh.j2), a fan-out's its
+            # own
+            template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",
+        )
+        for index, sid in enumerate(ids, 1)
+    )
+    settings, arrays, maps = plan.rows(decided, step_views)
+    exclusions = plan.EXCLUSIONS if standalone else plan.PINNED_EXCLUSIONS
+    return Plan(
+        **{field.name: getattr(decided, field.name) for field in dataclasses.fields(decided)},
         partials=install.partials,
-        steps=(),
-        settings=(),
-        arrays=(),
-        maps=(),
+        steps=step_views,
+        settings=settings,
+        arrays=arrays,
+        maps=maps,
         exclusions=exclusions,
         exclusion_codes=",".join(x.code for x in exclusions),
     )
-    ids = install.step_ids(checks.run)
-    step_views = []
-    for i, sid in enumerate(ids, 1):
-        loc = steps.WHERE[sid]
-        if loc[0] not in source.data:
-            loc = ("transfer",)
-        step_views.append(
-            StepView(
-                id=sid,
-                index=i,
-                total=len(ids),
-                where=_where(source, loc),
-                doc=steps.DOCS[sid],
-                host=steps.host(sid, transfer),
-                preview="\n".join(install.preview(sid, decided)),
-                # the single-host bodies are the runtime's (runtime_inline.sh.j2), a fan-out's its
-                template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",
-            )
-        )
-    return plan.rows(dataclasses.replace(decided, steps=tuple(step_views)))
+
+
+def _step_where(source: Source, sid: str) -> str:
+    """`file:line` of the spec's field a step is about (the transfer when the spec lacks it)."""
+    loc = steps.WHERE[sid]
+    if loc[0] not in source.data:
+        loc = ("transfer",)
+    return _where(source, loc)
 
 
 # -- hosts -----------------------------------------------------------------------------------------

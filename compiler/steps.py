@@ -2,7 +2,8 @@
 step's function, `compile --plan`), the host it is mostly about, the spec entry it comes from, and
 the single-host install (`SingleHost`, one of the two install strategies resolve.py picks from;
 the other is fanout.FanOut): its steps, their `--dry-run` previews, its partials. Previews are
-made from the Plan alone; the names beside the destination come from it (rbrules.paths' rules).
+made from the decisions alone (view.Decisions, before any text); the names beside the destination
+come from them (rbrules.paths' rules).
 
 The destination-side steps are the install engine's (hostkit/rbkit/engine.py, STEPS): a
 single-host runbook runs them one by one through the engine on the destination, a fan-out node
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from rbrules import common, launch
 
 if TYPE_CHECKING:
-    from .view import Array, Plan, Setting, Transfer
+    from .view import Array, Decisions, Plan, Setting, Transfer
 
 ENGINE_DOCS = {
     "stage": "make a fresh staging beside the destination (on a re-run: unchanged files "
@@ -120,7 +121,7 @@ class SingleHost:
     def arrays(self) -> list[Array]:
         return []
 
-    def compression_note(self, plan: Plan) -> str:
+    def compression_note(self, plan: Decisions) -> str:
         """The stream's compression as the run decides it (rb::preflight_compression's rule)."""
         t = plan.transfer
         compression = t.compression
@@ -151,7 +152,7 @@ class SingleHost:
     def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]:
         return []
 
-    def preview(self, step: str, plan: Plan) -> list[str]:
+    def preview(self, step: str, plan: Decisions) -> list[str]:
         """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
         t, d, c = plan.transfer, plan.destination, plan.checks
         src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
@@ -273,7 +274,7 @@ def fixed_compression_note(compression: str) -> str:
     return f"{compression} (preflight fails if an end lacks it)"
 
 
-def audit_line(plan: Plan) -> str:
+def audit_line(plan: Decisions) -> str:
     """What the static checks on the source run before anything moves (rb::preflight_audit)."""
     t, c = plan.transfer, plan.checks
     what = (

@@ -239,9 +239,9 @@ class Install(Protocol):
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]: ...
 
-    def compression_note(self, plan: Plan) -> str: ...  # as the run decides it, in words
+    def compression_note(self, plan: Decisions) -> str: ...  # as the run decides it, in words
 
-    def preview(self, step: str, plan: Plan) -> list[str]: ...  # a step's --dry-run lines
+    def preview(self, step: str, plan: Decisions) -> list[str]: ...  # a step's --dry-run lines
 
     def settings(self) -> list[Setting]: ...  # its own rows of the settings block
 
@@ -253,6 +253,21 @@ class Install(Protocol):
     def checks_on(self, plan: Plan, code: Callable[[str], str]) -> str: ...
 
     def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What resolve decides from the spec, before any text: the groups the steps' previews and the
+    settings rows are made from (resolve builds them first, then the Plan in one go)."""
+
+    runbook: Identity
+    kit: Kit
+    transfer: Transfer
+    destination: Destination
+    checks: Checks
+    fanout: Optional[Fanout]
+    install: Install
+    hosts: tuple[HostView, ...]
 
 
 @dataclass(frozen=True)
