@@ -65,7 +65,10 @@ def resolve(
     src_host, src_path = spec.transfer.source
     dst_host, dst_path = spec.transfer.target
     # the one place that asks whether this is a fan-out
-    install: Install = fanout.FanOut(_fanout(spec)) if spec.fanout else steps.SingleHost()
+    install: Install = steps.SingleHost()
+    if spec.fanout:
+        fan = _fanout(spec)
+        install = fanout.FanOut(fan, fanout.ENGINES[fan.engine])
     hosts = tuple(
         _host(spec.hosts[hid], hid, source, from_runbook or {})
         for hid in dict.fromkeys([src_host, dst_host])

@@ -164,7 +164,9 @@ def test_fanout_group_only_for_fanout_specs():
         p = build(spec)
         validated = validate.validate(loader.load(cli.shown_path(spec)))
         if validated.fanout:
-            assert p.fanout is not None and p.install == fanout.FanOut(p.fanout)
+            assert p.fanout is not None and p.install == fanout.FanOut(
+                p.fanout, fanout.ENGINES[p.fanout.engine]
+            )
             assert p.fanout.node_list == tuple(fanout.expand(validated.fanout.nodes))
         else:
             assert p.fanout is None and p.transfer.route is not None
