@@ -64,7 +64,9 @@ def runtime_text() -> str:
     place and a default runbook reads from the pinned kit's runtime.sh."""
     from . import render
 
-    return render.tidy(render.environment().get_template(RUNTIME_INLINE).render())
+    # the one value it reads: the kit's packages a host is sent (a runbook's Kit has them too)
+    runtime = render.environment().get_template(RUNTIME_INLINE)
+    return render.tidy(runtime.render(kit={"host_dirs": HOST_PACKAGES}))
 
 
 @lru_cache(maxsize=None)

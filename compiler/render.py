@@ -20,7 +20,6 @@ import jinja2
 from rbrules import common, launch
 
 from .errors import RenderError
-from .kit import HOST_PACKAGES
 
 if TYPE_CHECKING:
     from .view import Plan
@@ -138,8 +137,6 @@ def environment() -> jinja2.Environment:
         "site_flags": launch.SITE_FLAGS,
         "start": launch.START,
     }
-    # the kit's packages every host is sent (compiler.kit: the runtime and the fan-out's bundle)
-    env.globals["kit_host_dirs"] = HOST_PACKAGES
     # and which compressors a host has, how long compression auto measures the link, how long a
     # second run waits for the lock
     env.globals["rules"] = {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 2ef180a5ccd5201127821d63419d18ce6233e733944a5fc0a7a93ca5539e42b7
+# sha256 of this file with these 64 digits zeroed: a446678c7c28d2909f86a3409dfb8a3e8af23c7a72d03007bc8b07009dad0ec4
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=17341eb91c1d3e8c9c62374a3d4e7f60dabf278779332a5964dff3f7ae4653c8
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122
-readonly RB_KIT_FILE=.kit/ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122.tar
+readonly RB_KIT_SHA256=af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23
+readonly RB_KIT_FILE=.kit/af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: afbaaad6c88a38a9c6b74ec1a1d727245259e9179134f0a1b405c7b2adab86f0
+# sha256 of this file with these 64 digits zeroed: 24317b544bfe4f25c2ac40f9231a983640c3c18c5896f6b2563b67ebe2ac87de
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122
-readonly RB_KIT_FILE=.kit/ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122.tar
+readonly RB_KIT_SHA256=af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23
+readonly RB_KIT_FILE=.kit/af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

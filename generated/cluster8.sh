@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 0a44f00efc603620829dd185fc7e95463ef9bcd591a1a92bd7db47e9e80c1612
+# sha256 of this file with these 64 digits zeroed: 38c153539dcbe8892f9a463a0637902f26b0520b62ce7705e3f169fbfbee8b32
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122
-readonly RB_KIT_FILE=.kit/ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122.tar
+readonly RB_KIT_SHA256=af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23
+readonly RB_KIT_FILE=.kit/af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

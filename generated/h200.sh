@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 15c214c8b63e8f844bf00fb2331ed77c7a8615ccaa271e6eade798abbe69f245
+# sha256 of this file with these 64 digits zeroed: e6317cff7a8c22b453abb0c036b45edd37a079896443a3a41000f19421457f11
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122
-readonly RB_KIT_FILE=.kit/ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122.tar
+readonly RB_KIT_SHA256=af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23
+readonly RB_KIT_FILE=.kit/af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 571bfd206e6f0cc8dcc761e801a6e5da638d900e5e653dc022e2235f27ae0b52
+# sha256 of this file with these 64 digits zeroed: 69362d27645e16d3d7f9acc4e9b0b21737eb6710fd9bfde7edd2e09c3519d22b
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122
-readonly RB_KIT_FILE=.kit/ec1844d159c80052788857ffbaff44074e4230bb82d56c50ff3cce4858bce122.tar
+readonly RB_KIT_SHA256=af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23
+readonly RB_KIT_FILE=.kit/af558e17ac5243f84ec708b4fc0d7a4f41d6f1ae5dd5b255b217b476c02e5b23.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

@@ -2572,6 +2572,30 @@ rb::restore_checks() {
 }
 
 #######################################
+# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
+# saying which and why; the current install becomes the newest backup (kept apart as
+# DEST.rb-failed when its checks failed); then the checks run on what was put back.
+#######################################
+rb::restore() {
+  local number=$1
+  local -a args=()
+  RB_STEP=restore
+  rb::now
+  RB_STEP_START=${RB_NOW}     # its row's time (issue 45: 1796600526.5s, from the epoch)
+  if [[ "${number}" != latest ]]; then
+    args=("number=${number}")
+  fi
+  rb::kit_ship "${RB_DST_HOST}"
+  # through the destination's engine: under the destination's lock
+  rb::engine_start
+  rb::engine restore "${args[@]}"
+  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
+  rb::restore_checks
+  rb::engine_stop
+  RB_FINISHED=1
+}
+
+#######################################
 # End the destination's engine (its last events go into the log), write the report and print the
 # summary. Argument: the outcome this shell saw; the report's is the worse of it and what the
 # steps' events say, with where the run stopped. A signal while finishing (INT, TERM, HUP) makes
@@ -2988,10 +3012,14 @@ rb::plan() {
 # The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
 # (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
 # RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
-# instead, and its rb::kit_write). A file whose hash differs is refused.
+# instead: rb::kit_embedded_write). A file whose hash differs is refused.
 # Arguments: the directory to write them into.
 #######################################
-rb::kit_pinned_write() {
+rb::kit_write() {
+  if [[ -z "${RB_KIT_FILE}" ]]; then
+    rb::kit_embedded_write "$@"     # the kit in the runbook (compile --standalone)
+    return
+  fi
   local dir=$1 file got
   file=${RB_SELF_ABS%/*}/${RB_KIT_FILE}
   if [[ ! -f "${file}" || -L "${file}" ]]; then
@@ -3031,11 +3059,7 @@ rb::init() {
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
   fi
-  if [[ -n "${RB_KIT_FILE}" ]]; then
-    rb::kit_pinned_write "${RB_LOCAL_KIT}"
-  else
-    rb::kit_write "${RB_LOCAL_KIT}"     # the kit embedded in the runbook (compile --standalone)
-  fi
+  rb::kit_write "${RB_LOCAL_KIT}"
   # a plan's ssh connections are made while the run directory is checked (each judged first,
   # with the kit just written: rb::connect_early)
   if ((${RB_PLANNING:-0})); then
@@ -3107,30 +3131,6 @@ rb::cleanup_signal() {
   trap '' INT TERM HUP
   RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
     "stand; cleaning up goes on"
-}
-
-#######################################
-# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
-# saying which and why; the current install becomes the newest backup (kept apart as
-# DEST.rb-failed when its checks failed); then the checks run on what was put back.
-#######################################
-rb::restore() {
-  local number=$1
-  local -a args=()
-  RB_STEP=restore
-  rb::now
-  RB_STEP_START=${RB_NOW}     # its row's time (issue 45: 1796600526.5s, from the epoch)
-  if [[ "${number}" != latest ]]; then
-    args=("number=${number}")
-  fi
-  rb::kit_ship "${RB_DST_HOST}"
-  # through the destination's engine: under the destination's lock
-  rb::engine_start
-  rb::engine restore "${args[@]}"
-  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
-  rb::restore_checks
-  rb::engine_stop
-  RB_FINISHED=1
 }
 
 #######################################
