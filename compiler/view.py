@@ -266,22 +266,15 @@ class Decisions:
     destination: Destination
     checks: Checks
     fanout: Optional[Fanout]
-    install: Install
+    install: Install  # how it installs, chosen once: on one destination, or on the nodes
     hosts: tuple[HostView, ...]
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The view model of one runbook: every decision, for the templates to paste."""
+class Plan(Decisions):
+    """The view model of one runbook: every decision (the Decisions), and the text made from them,
+    for the templates to paste."""
 
-    runbook: Identity
-    kit: Kit
-    transfer: Transfer
-    destination: Destination
-    checks: Checks
-    fanout: Optional[Fanout]
-    install: Install  # how it installs, chosen once: on one destination, or on the nodes
-    hosts: tuple[HostView, ...]
     partials: tuple[str, ...]  # the templates of how it installs: on one destination, or the nodes
     steps: tuple[StepView, ...]
     # the settings block, in the runbook's order (made from the groups above)
