@@ -110,8 +110,8 @@ def _keep(path: Path, data: str) -> None:
     except OSError:
         return  # a read-only cache only costs speed
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):

@@ -60,14 +60,14 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
         return []
     where = "every node" if spec.fanout is not None else spec.transfer.target[0]
     out = []
-    for i, check in enumerate(spec.checks):
+    for index, check in enumerate(spec.checks):
         if check.kind != "torch" or not check.torch or not check.torch.cuda:
             continue
         gap = catalog.cuda_gap(check.torch.cuda, target)
         if gap:
             out.append(
                 source.problem(
-                    ("checks", i, "torch", "cuda"),
+                    ("checks", index, "torch", "cuda"),
                     f"a torch built for CUDA {check.torch.cuda} has no code for {target.arch} "
                     f"({target.name}): {gap}; expect the checks to fail on {where}",
                 )

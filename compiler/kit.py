@@ -82,10 +82,10 @@ def seal_text() -> str:
 def delimiter(text: str, seed: str) -> str:
     """A heredoc delimiter that no line of `text` equals."""
     base = "RB_PY_" + hashlib.sha256(seed.encode()).hexdigest()[:8].upper()
-    word, n = base, 0
+    word, tries = base, 0
     while word in text.split("\n"):
-        n += 1
-        word = f"{base}_{n}"
+        tries += 1
+        word = f"{base}_{tries}"
     return word
 
 
@@ -93,10 +93,10 @@ def separator(texts: list[str]) -> str:
     """The word that starts the line naming each file of an embedded kit (compile --standalone):
     one that no line of any file starts with, so that the files split apart where it stands."""
     lines = [line for text in texts for line in text.split("\n")]
-    word, n = "RB_KIT_FILE", 0
+    word, tries = "RB_KIT_FILE", 0
     while any(line.startswith(word + " ") or line == word for line in lines):
-        n += 1
-        word = f"RB_KIT_FILE_{n}"
+        tries += 1
+        word = f"RB_KIT_FILE_{tries}"
     return word
 
 

@@ -58,9 +58,13 @@ def shwords(values: Iterable[Any]) -> Safe:
     starts with `=` or holds a comma is single-quoted even though bash would read it bare: in an
     array body ShellCheck takes those for index assignments (SC2191) or separators (SC2054)."""
     words = []
-    for v in values:
-        word = sh(v)
-        if not isinstance(v, Safe) and (word.startswith("=") or "," in word) and word[:1] != "'":
+    for value in values:
+        word = sh(value)
+        if (
+            not isinstance(value, Safe)
+            and (word.startswith("=") or "," in word)
+            and word[:1] != "'"
+        ):
             word = Safe("'" + word + "'")
         words.append(word)
     return Safe(" ".join(words))

@@ -329,9 +329,9 @@ def _checks(spec: Spec, dst_host: str) -> Checks:
     if audit:
         arch = params.get("arch") or (gpu.arch if gpu else "")
     listed = []
-    for i, check in enumerate(spec.checks):
+    for index, check in enumerate(spec.checks):
         kind = check.kind
-        ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{i}"
+        ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{index}"
         listed.append(
             {"id": ident, "type": kind, "params": check.params, "allow_skip": check.allow_skip}
         )
@@ -433,45 +433,45 @@ def _shown(value: Any) -> str:
 
 def _fanout(spec: Spec) -> Fanout:
     """What the runbook needs of `fanout:`: the nodes, expanded once, and the engine's options."""
-    f = spec.fanout
-    assert f is not None
-    clush = f.engine == "clush"
-    nodes = fanout.expand(f.nodes)
+    given = spec.fanout
+    assert given is not None
+    clush = given.engine == "clush"
+    nodes = fanout.expand(given.nodes)
     engine_opts: list[str] = []
-    if f.ssh_config:
-        engine_opts += ["-o", f"-F {f.ssh_config}"]
-    if f.width:
-        engine_opts += ["-f", str(f.width)]
-    if f.topology:
-        engine_opts += [f"--topology={f.topology}"]
+    if given.ssh_config:
+        engine_opts += ["-o", f"-F {given.ssh_config}"]
+    if given.width:
+        engine_opts += ["-f", str(given.width)]
+    if given.topology:
+        engine_opts += [f"--topology={given.topology}"]
     # how clush is started: in tree mode with the python the gateways run ClusterShell's gateway
     # with (clush passes CLUSTERSHELL_GW_PYTHON_EXECUTABLE on to them; without it each gateway
     # runs whatever `python3` its PATH finds)
     starts = (
         [
             "env",
-            f"CLUSTERSHELL_GW_PYTHON_EXECUTABLE={f.gateway_python or fanout.GATEWAY_PYTHON}",
+            f"CLUSTERSHELL_GW_PYTHON_EXECUTABLE={given.gateway_python or fanout.GATEWAY_PYTHON}",
             "clush",
         ]
-        if f.topology
+        if given.topology
         else ["clush"]
     )
     return Fanout(
-        engine=f.engine,
+        engine=given.engine,
         nodes=fanout.fold(nodes),
-        nodes_given=f.nodes,
+        nodes_given=given.nodes,
         node_list=tuple(nodes),
-        success=str(f.success),
-        timeout_s=f.timeout_s,
-        connect_timeout=f.connect_timeout,
+        success=str(given.success),
+        timeout_s=given.timeout_s,
+        connect_timeout=given.connect_timeout,
         # the start of each node's scratch name; the run adds 16 random hex digits (fan_copy),
         # so no other user of a node can make the path first
-        scratch_base=f"{f.scratch.rstrip('/')}/rbfan-{spec.name}",
-        topology=(f.topology or "") if clush else None,
+        scratch_base=f"{given.scratch.rstrip('/')}/rbfan-{spec.name}",
+        topology=(given.topology or "") if clush else None,
         # sbcast --fanout: how many nodes this machine sends the bundle to; they forward it
         # through Slurm's message tree (the head sends exactly fanout copies, whatever the node
         # count). sbcast's own default is 8; ours is 2 (width sets it, at most 8)
-        copy_opts=None if clush else (f"--fanout={min(f.width or fanout.SBCAST_FANOUT, 8)}",),
+        copy_opts=None if clush else (f"--fanout={min(given.width or fanout.SBCAST_FANOUT, 8)}",),
         engine_opts=tuple(engine_opts) if clush else None,
         clush=tuple(starts) if clush else None,
     )

@@ -63,8 +63,8 @@ def placeholders(source: Source) -> list[Problem]:
             for key, value in node.items():
                 walk(value, loc + (key,))
         elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, loc + (i,))
+            for index, value in enumerate(node):
+                walk(value, loc + (index,))
         elif isinstance(node, str):
             found = PLACEHOLDER.search(node)
             if found:
@@ -121,10 +121,10 @@ def warning_line(warning: Problem) -> str:
 
 def _unique(problems: list[Problem]) -> list[Problem]:
     seen, out = set(), []
-    for p in problems:
-        if (p.path, p.line, p.column, p.field, p.message) not in seen:
-            seen.add((p.path, p.line, p.column, p.field, p.message))
-            out.append(p)
+    for problem in problems:
+        if (problem.path, problem.line, problem.column, problem.field, problem.message) not in seen:
+            seen.add((problem.path, problem.line, problem.column, problem.field, problem.message))
+            out.append(problem)
     return out
 
 
@@ -414,11 +414,11 @@ def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
     if not isinstance(checks, list):
         return out
     seen: dict[str, int] = {}
-    for i, item in enumerate(checks):
+    for index, item in enumerate(checks):
         if not isinstance(item, dict):
             out.append(
                 source.problem(
-                    ("checks", i), "each check is a mapping like `- matmul: {dtype: bfloat16}`"
+                    ("checks", index), "each check is a mapping like `- matmul: {dtype: bfloat16}`"
                 )
             )
             continue
@@ -428,10 +428,10 @@ def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
             if key in seen and key not in ("python", "command", "matmul"):
                 out.append(
                     source.problem(
-                        ("checks", i, key),
+                        ("checks", index, key),
                         f"check {key!r} is already listed at checks[{seen[key]}]",
                         key=True,
                     )
                 )
-            seen.setdefault(key, i)
+            seen.setdefault(key, index)
     return out
