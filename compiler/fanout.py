@@ -208,17 +208,17 @@ ENGINES: dict[str, Engine] = {
 
 def warnings(source: Any, spec: Any) -> list[Problem]:
     """A flat clush copy to many nodes: the bundle leaves this machine once per node."""
-    f = spec.fanout
-    if f is None or f.engine != "clush" or f.topology:
+    fan = spec.fanout
+    if fan is None or fan.engine != "clush" or fan.topology:
         return []
-    nodes = expand(f.nodes)
-    n = len(nodes)
-    if n <= FLAT_COPY_WARN_NODES:
+    nodes = expand(fan.nodes)
+    count = len(nodes)
+    if count <= FLAT_COPY_WARN_NODES:
         return []
     return [
         source.problem(
             ("fanout", "nodes"),
-            f"clush without a topology copies the bundle from this machine once per node ({n} "
+            f"clush without a topology copies the bundle from this machine once per node ({count} "
             f"copies); set fanout.topology to a topology.conf whose [routes] start at this "
             f"machine's "
             f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and "

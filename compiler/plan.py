@@ -62,7 +62,7 @@ def rows(
 def _settings(plan: Decisions) -> tuple[Setting, ...]:
     """The runbook's `readonly` values, in its order: the one place that names them."""
     runbook, kit = plan.runbook, plan.kit
-    t, d, c = plan.transfer, plan.destination, plan.checks
+    t, destination, c = plan.transfer, plan.destination, plan.checks
     rows = [
         Setting("RB_NAME", runbook.name, "The runbook and its spec."),
         Setting("RB_SPEC", runbook.spec_path),
@@ -90,11 +90,11 @@ def _settings(plan: Decisions) -> tuple[Setting, ...]:
         Setting("RB_RERUN", t.rerun),
         Setting(
             "RB_SPECIAL_MODES",
-            d.special_modes,
+            destination.special_modes,
             "the threat model's choices the source's scan reads (docs/design.md): "
             "setuid/setgid/world-write entries, links that leave the tree",
         ),
-        Setting("RB_OUTSIDE_LINKS", d.outside_links),
+        Setting("RB_OUTSIDE_LINKS", destination.outside_links),
         Setting(
             "RB_GPU_DECLARED",
             "1" if c.gpu_declared else "",
@@ -120,7 +120,7 @@ def _settings(plan: Decisions) -> tuple[Setting, ...]:
         ),
         Setting(
             "RB_ENGINE_CHOICES",
-            keyed(engineconf.document(runbook, t, d, c, plan.fanout)),
+            keyed(engineconf.document(runbook, t, destination, c, plan.fanout)),
             "The install engine's choices, as one JSON document for the engine on the target "
             "(rbkit/choices.py), one key a line.",
         ),

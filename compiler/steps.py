@@ -123,9 +123,9 @@ class SingleHost:
 
     def compression_note(self, plan: Decisions) -> str:
         """The stream's compression as the run decides it (rb::preflight_compression's rule)."""
-        t = plan.transfer
-        compression = t.compression
-        if compression == "auto" and t.src_host == t.dst_host and plan.hosts[0].local:
+        transfer = plan.transfer
+        compression = transfer.compression
+        if compression == "auto" and transfer.src_host == transfer.dst_host and plan.hosts[0].local:
             return "none (both ends are this machine: no link to save)"
         if compression == "auto":
             return (
@@ -154,9 +154,9 @@ class SingleHost:
 
     def preview(self, step: str, plan: Decisions) -> list[str]:
         """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
-        t, d, c = plan.transfer, plan.destination, plan.checks
+        t, destination, checks = plan.transfer, plan.destination, plan.checks
         src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
-        stg = d.staging
+        stg = destination.staging
         excl = " ".join(shlex.quote(w) for w in t.exclude_args)
         on_dst = f"on {dst_host}: engine"
         tar_b = " ".join(common.TAR_RECORD)
@@ -175,10 +175,12 @@ class SingleHost:
             )
             out.append(
                 f"on {dst_host}: rbkit engine serve --dest {dst}: refuses a parent of it "
-                f"another user can write (shared_parent: {d.shared_parent}); takes "
-                f"{d.lock} for the run (a second run is refused, naming this one)"
+                f"another user can write (shared_parent: {destination.shared_parent}); takes "
+                f"{destination.lock} for the run (a second run is refused, naming this one)"
             )
-            out.append(f"{on_dst} preflight: on_existing {d.on_existing}; free space for {stg}")
+            out.append(
+                f"{on_dst} preflight: on_existing {destination.on_existing}; free space for {stg}"
+            )
             out.append(audit_line(plan))
             out.append(f"compression: {self.compression_note(plan)}")
         elif step == "manifest":
@@ -239,8 +241,8 @@ class SingleHost:
             )
         elif step == "swap":
             out.append(
-                f"{on_dst} swap: {stg} into {dst} (on_existing: {d.on_existing}, from the "
-                "engine's choices)"
+                f"{on_dst} swap: {stg} into {dst} (on_existing: {destination.on_existing}, from "
+                "the engine's choices)"
             )
             out.append(
                 f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
@@ -248,18 +250,18 @@ class SingleHost:
                 f"on failure put back what was there"
             )
         elif step == "exports":
-            out.append(f"{on_dst} exports: write {d.env_path}")
-            if d.cuda_home:
-                first = ", ".join(d.library_path_first) or "-"
+            out.append(f"{on_dst} exports: write {destination.env_path}")
+            if destination.cuda_home:
+                first = ", ".join(destination.library_path_first) or "-"
                 out.append(
-                    f"  CUDA_HOME={d.cuda_home}; LD_LIBRARY_PATH: {first} (in "
+                    f"  CUDA_HOME={destination.cuda_home}; LD_LIBRARY_PATH: {first} (in "
                     "site-packages), then $CUDA_HOME/lib64"
                 )
         elif step == "probe":
             flags = " ".join(launch.SITE_FLAGS)
             out.append(
                 f"{on_dst} probe: source the env file; {dst}/bin/python {flags} "
-                f"<kit>/{launch.START} rbprobes run: {', '.join(c.kinds)}"
+                f"<kit>/{launch.START} rbprobes run: {', '.join(checks.kinds)}"
             )
             out.append(
                 f"here: fetch the report to runs/{plan.runbook.name}/<run>/probe-{dst_host}.json"
@@ -276,14 +278,14 @@ def fixed_compression_note(compression: str) -> str:
 
 def audit_line(plan: Decisions) -> str:
     """What the static checks on the source run before anything moves (rb::preflight_audit)."""
-    t, c = plan.transfer, plan.checks
+    transfer, c = plan.transfer, plan.checks
     what = (
-        f"rbprobes preflight --venv {t.src_path} --arch {c.audit_arch} "
+        f"rbprobes preflight --venv {transfer.src_path} --arch {c.audit_arch} "
         f"{' '.join(c.audit_args)}".rstrip()
         if c.audit_arch
-        else f"rbprobes outside {t.src_path}"
+        else f"rbprobes outside {transfer.src_path}"
     )
     return (
-        f"on {t.src_host}: {what} (refused with the files and packages named unless --force; "
-        "on one machine, references outside the venv are said, not refused)"
+        f"on {transfer.src_host}: {what} (refused with the files and packages named unless "
+        "--force; on one machine, references outside the venv are said, not refused)"
     )
