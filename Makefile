@@ -1,5 +1,5 @@
 # The README's two commands: `make run` (set up, compile, run the embedded default spec here)
-# and `make test` (set up, run every test). .ci/run calls `make test`.
+# and `make test` (set up, lint and format-check with ruff, run every test). .ci/run calls `make test`.
 SHELL := /bin/bash
 .SHELLFLAGS := -Eeuo pipefail -c
 PYTHON ?= python3
@@ -39,6 +39,8 @@ run: setup
 	bash generated/local.sh
 
 test: setup system-packages
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m compiler --check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from rbkit import fanout, hostfs, manifest, stream
+from rbkit import fanout, fanreports, manifest, manifestfile, pathid, sender, stream
 
 ROOT = Path(__file__).resolve().parents[1]
 # the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)
@@ -37,17 +37,29 @@ def log(msg: str) -> None:
 
 
 def settings(runbook: Path) -> dict:
-    """The runbook's one-line `readonly NAME=value` and `readonly -a NAME=(...)` settings."""
+    """The runbook's `readonly NAME=value` and `readonly -a NAME=(...)` settings; a quoted value
+    may span lines (the JSON documents, one key a line: compiler.plan.keyed)."""
     out: dict = {}
-    for line in runbook.read_text().splitlines():
-        m = re.match(r"^readonly (-a )?(RB_[A-Z_]+)=(.*)$", line)
+    lines = runbook.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^readonly (-a )?(RB_[A-Z_]+)=(.*)$", lines[i])
+        i += 1
         if not m:
             continue
-        try:
-            words = shlex.split(m.group(3).strip("()") if m.group(1) else m.group(3))
-        except ValueError:
-            continue  # a multi-line value (a script): not a setting read here
-        out[m.group(2)] = words if m.group(1) else (words[0] if words else "")
+        value = m.group(3)
+        while True:
+            try:
+                words = shlex.split(value.strip("()") if m.group(1) else value)
+                break
+            except ValueError:
+                if i >= len(lines) or not value.startswith("'"):
+                    words = None  # not a value read here (a script)
+                    break
+                value += "\n" + lines[i]
+                i += 1
+        if words is not None:
+            out[m.group(2)] = words if m.group(1) else (words[0] if words else "")
     return out
 
 
@@ -83,16 +95,16 @@ def make_bundle(
             ignore=shutil.ignore_patterns("__pycache__"),
         )
     with open(d / "manifest.jsonl", "w", encoding="utf-8") as f:
-        manifest.dump(m, f)
-    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(hostfs.identity(str(src))))
+        manifestfile.dump(m, f)
+    (d / fanout.SOURCE_IDENTITY).write_text(json.dumps(pathid.identity(str(src))))
     listing = d.parent / (d.name + ".names")
     lists = [listing, d / "delta.names"] if delta else [listing]
     for path in lists:
         with open(path, "wb") as f:
-            manifest.write_names(names, f)
+            manifestfile.write_names(names, f)
     with open(d / fanout.PAYLOAD, "wb") as out:
         codes, _ = stream.pipeline(
-            stream.send_argvs(str(src), str(listing), comp),
+            sender.send_argvs(str(src), str(listing), comp),
             None,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -136,7 +148,7 @@ def node(scratch: Path, dest: str, old: str, s: dict, comp: str) -> dict:
         text=True,
         timeout=1200,
     )
-    reports = fanout.parse_reports(p.stdout.splitlines())
+    reports = fanreports.parse_reports(p.stdout.splitlines())
     if len(reports) != 1:
         raise SystemExit(
             f"no node report (exit {p.returncode}): {p.stdout[-2000:]} {p.stderr[-2000:]}"

@@ -88,7 +88,8 @@ def read_config(text: str) -> Dict[str, Any]:
     if os.path.exists(text):
         with open(text, encoding="utf-8") as fh:
             body = fh.read()
-        m = re.search(r"^readonly RB_PROBE_CONFIG='(.*)'$", body, re.M)
+        # one key a line (compiler.plan.keyed): the quoted value spans lines
+        m = re.search(r"^readonly RB_PROBE_CONFIG='(.*?)'$", body, re.M | re.S)
         if m:
             body = m.group(1).replace("'\\''", "'")
         return json.loads(body)

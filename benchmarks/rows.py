@@ -678,12 +678,12 @@ class HashLib(Row):
         self.result: dict[str, str] = {}
 
     def run(self, env: Env) -> list[Sample]:
-        from rbkit import manifest
+        from rbkit import filehash
 
         root = self.src(env)
         files = [rel for rel, e in source_manifest(root)["entries"].items() if e["t"] == "f"]
         t0 = time.monotonic()
-        self.result = {rel: manifest.digest(os.path.join(root, rel), self.algo) for rel in files}
+        self.result = {rel: filehash.digest(os.path.join(root, rel), self.algo) for rel in files}
         return [Sample(time.monotonic() - t0)]
 
     def check(self, env: Env) -> Verdict | None:

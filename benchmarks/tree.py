@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rbkit import manifest, relocate
+from rbkit import filehash, manifestfile, relocate, statwalk
 
 _SOURCES: dict[tuple[str, tuple[str, ...]], dict] = {}
 
@@ -23,15 +23,15 @@ _SOURCES: dict[tuple[str, tuple[str, ...]], dict] = {}
 def scan(root: Path, excludes: tuple[str, ...] = (), jobs: int = 2) -> dict[str, dict]:
     """{relative path: manifest entry + "mtime"} with sha256 digests of regular files."""
     out: dict[str, dict] = {}
-    for rel, st in manifest.walk(str(root), excludes):
-        e = manifest.entry_of(str(root), rel, st)
+    for rel, st in statwalk.walk(str(root), excludes):
+        e = manifestfile.entry_of(str(root), rel, st)
         if e["t"] == "f":
             e["mtime"] = int(st.st_mtime)
         out[rel] = e
     files = [e for e in out.values() if e["t"] == "f"]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for e, h in zip(
-            files, pool.map(lambda e: manifest.digest(os.path.join(root, e["p"]), "sha256"), files)
+            files, pool.map(lambda e: filehash.digest(os.path.join(root, e["p"]), "sha256"), files)
         ):
             e["h"] = h
     return out

@@ -1,7 +1,7 @@
 """GPU models the compiler knows: model name -> compute capability and what targeting it needs.
 
-The data lives in `compiler/data/gpus.yaml` (documented there and in docs/templating.md); this module
-reads it once and answers questions about it. Nothing here imports torch or touches a GPU.
+The data lives in `compiler/data/gpus.yaml` (documented there and in docs/templating.md); this
+module reads it once and answers questions about it. Nothing here imports torch or touches a GPU.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def _keep(path: Path, data: str) -> None:
     except OSError:
         return  # a read-only cache only costs speed
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):

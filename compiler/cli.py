@@ -81,9 +81,9 @@ def compile_spec(
 def kit_outputs(outputs: list[Output]) -> list[Output]:
     """The kit files the runbooks pin, each once, as outputs of their own."""
     seen: dict[Path, Output] = {}
-    for o in outputs:
-        if o.kit and o.kit[0] not in seen:
-            seen[o.kit[0]] = Output(o.spec, o.kit[0], "", data=o.kit[1])
+    for output in outputs:
+        if output.kit and output.kit[0] not in seen:
+            seen[output.kit[0]] = Output(output.spec, output.kit[0], "", data=output.kit[1])
     return list(seen.values())
 
 
@@ -126,8 +126,8 @@ def write_atomically(outputs: list[Output]) -> None:
             if out.data is not None and out.path.exists() and out.path.read_bytes() == out.data:
                 continue  # content-addressed: already there
             fd, tmp = tempfile.mkstemp(prefix=f".{out.path.name}.", dir=out.path.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(out.text.encode("utf-8") if out.data is None else out.data)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(out.text.encode("utf-8") if out.data is None else out.data)
             os.chmod(tmp, 0o755 if out.data is None else 0o644)
             staged.append((tmp, out.path))
         for tmp, final in staged:
@@ -142,11 +142,11 @@ def collect(paths: list[str]) -> list[tuple[Path, bool]]:
     """(spec, named explicitly) for each file given and each *.yaml in each directory given."""
     specs: list[tuple[Path, bool]] = []
     for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            specs.extend((f, False) for f in sorted([*p.glob("*.yaml"), *p.glob("*.yml")]))
-        elif p.exists():
-            specs.append((p, True))
+        path = Path(raw)
+        if path.is_dir():
+            specs.extend((f, False) for f in sorted([*path.glob("*.yaml"), *path.glob("*.yml")]))
+        elif path.exists():
+            specs.append((path, True))
         else:
             raise UsageError(f"{raw}: no such file or directory")
     if not specs:
@@ -195,18 +195,20 @@ def check(specs: list[tuple[Path, bool]], out_dir: Path) -> tuple[list[str], int
     with that form."""
     outputs = compile_all(specs, out_dir, standalone=is_standalone)
     drift = []
-    expected = {o.path.name for o in outputs}
-    for o in outputs + kit_outputs(outputs):
-        if not o.path.exists():
-            drift.append(f"{o.path}: missing (compile {o.spec})")
-        elif o.data is not None and o.path.read_bytes() != o.data:
-            drift.append(f"{o.path}: differs from the kit it is named for (compile {o.spec})")
-        elif o.data is None and o.path.read_text(encoding="utf-8") != o.text:
-            drift.append(f"{o.path}: differs from {o.spec} (compile {o.spec})")
+    expected = {output.path.name for output in outputs}
+    for output in outputs + kit_outputs(outputs):
+        if not output.path.exists():
+            drift.append(f"{output.path}: missing (compile {output.spec})")
+        elif output.data is not None and output.path.read_bytes() != output.data:
+            drift.append(
+                f"{output.path}: differs from the kit it is named for (compile {output.spec})"
+            )
+        elif output.data is None and output.path.read_text(encoding="utf-8") != output.text:
+            drift.append(f"{output.path}: differs from {output.spec} (compile {output.spec})")
     if out_dir.is_dir():
         for stray in sorted([*out_dir.glob("*.sh"), *(out_dir / plan.KIT_DIR).glob("*.tar")]):
             if stray.name not in expected and stray.name not in {
-                o.kit[0].name for o in outputs if o.kit
+                output.kit[0].name for output in outputs if output.kit
             }:
                 drift.append(f"{stray}: no spec in specs/ compiles to it (delete it)")
     return drift, len(outputs)
@@ -218,18 +220,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    cli_parser = _Parser(
         prog="compile",
         description="Compile runbook specs (YAML) into linted bash runbooks.",
-        epilog="Exit codes: 0 ok, 2 spec errors, 3 lint failure (compiler bug), 4 generated/ drift, "
+        epilog="Exit codes: 0 ok, 2 spec errors, 3 a compiler bug (lint or render), "
+        "4 generated/ drift, "
         "64 usage, 70 internal error. Templating (extends, --new, --schema, --plan): "
         "docs/templating.md.",
     )
-    p.add_argument(
+    cli_parser.add_argument(
         "specs", nargs="*", help="spec files or directories (default with --check: specs/)"
     )
-    p.add_argument("-o", "--output-dir", default="generated", help="where runbooks go (generated/)")
-    mode = p.add_mutually_exclusive_group()
+    cli_parser.add_argument(
+        "-o", "--output-dir", default="generated", help="where runbooks go (generated/)"
+    )
+    mode = cli_parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--check",
         action="store_true",
@@ -255,22 +260,26 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--new", metavar="NAME", help="write a new spec NAME.yaml beside the --from spec, to edit"
     )
-    p.add_argument(
+    cli_parser.add_argument(
         "--from",
         dest="from_spec",
         metavar="SPEC",
         help="with --new: the spec to start from (default: the packaged example, "
         "written to specs/NAME.yaml)",
     )
-    p.add_argument(
+    cli_parser.add_argument(
         "--standalone",
         action="store_true",
         help="embed the kit in the runbook (one self-contained file) instead of pinning "
         "generated/.kit/<sha256>.tar by its hash",
     )
-    p.add_argument("--version", action="version", version=f"runbook-compiler {__version__}")
-    p.add_argument("--traceback", action="store_true", help="show Python tracebacks of crashes")
-    return p
+    cli_parser.add_argument(
+        "--version", action="version", version=f"runbook-compiler {__version__}"
+    )
+    cli_parser.add_argument(
+        "--traceback", action="store_true", help="show Python tracebacks of crashes"
+    )
+    return cli_parser
 
 
 def run(argv: list[str]) -> int:
@@ -306,8 +315,10 @@ def run(argv: list[str]) -> int:
             f"placeholders and delete the {newspec.MARKER} markers (compile {written} refuses "
             "it until then):"
         )
-        for p in todo:
-            print(f"  {p.path}:{p.line}:{p.column}: {p.field or '(comment)'}")
+        for problem in todo:
+            print(
+                f"  {problem.path}:{problem.line}:{problem.column}: {problem.field or '(comment)'}"
+            )
         return EXIT_OK
     if args.check:
         specs = collect(args.specs or ["specs"])
@@ -318,8 +329,11 @@ def run(argv: list[str]) -> int:
         return EXIT_OK
     outputs = compile_all(collect(args.specs), out_dir, standalone=lambda _script: args.standalone)
     write_atomically(outputs + kit_outputs(outputs))
-    for o in outputs:
-        print(f"wrote {o.path} from {o.spec}" + (f" (kit {o.kit[0]})" if o.kit else ""))
+    for output in outputs:
+        print(
+            f"wrote {output.path} from {output.spec}"
+            + (f" (kit {output.kit[0]})" if output.kit else "")
+        )
     for tar in prune_kits(out_dir):
         print(f"removed {tar}: no runbook pins it any more")
     return EXIT_OK
@@ -352,8 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.lines():
             print(line, file=sys.stderr)
         if isinstance(exc, SpecError):
-            n = len(exc.problems)
-            print(f"{n} problem{'s' if n != 1 else ''}; nothing was written", file=sys.stderr)
+            count = len(exc.problems)
+            print(
+                f"{count} problem{'s' if count != 1 else ''}; nothing was written", file=sys.stderr
+            )
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)

@@ -43,13 +43,20 @@ class SpecError(CompilerError):
         return [str(p) for p in self.problems]
 
 
-class LintError(CompilerError):
-    """The generated runbook failed shellcheck or an embedded Python file does not compile.
-
-    This is a bug of the compiler (or its templates), never of the spec: nothing is written.
-    """
+class CompilerBug(CompilerError):
+    """A bug of the compiler (or its templates), never of the spec: nothing is written. Every
+    kind of it exits with the one code."""
 
     exit_code = 3
+
+
+class LintError(CompilerBug):
+    """The generated runbook failed shellcheck or an embedded Python file does not compile."""
+
+
+class RenderError(CompilerBug):
+    """A template used a value without a quoting filter, or a filter got a value it refuses
+    (render.py)."""
 
 
 class DriftError(CompilerError):

@@ -140,8 +140,8 @@ def _nodes(node: Any, loc: Loc):
         for key, value in node.items():
             yield from _nodes(value, loc + (key,))
     elif isinstance(node, CommentedSeq):
-        for i, value in enumerate(node):
-            yield from _nodes(value, loc + (i,))
+        for index, value in enumerate(node):
+            yield from _nodes(value, loc + (index,))
 
 
 # -- merging ------------------------------------------------------------------------------------
@@ -219,14 +219,14 @@ def _merge(
                 )
             return child
         merged = CommentedSeq()
-        for i, item in enumerate(base):
+        for base_index, item in enumerate(base):
             merged.append(item)
-            merged.lc.add_idx_line_col(i, list(base.lc.data[i]))
-            _inherit(base_origins, loc + (i,), out)
-        for j, item in enumerate(child):
+            merged.lc.add_idx_line_col(base_index, list(base.lc.data[base_index]))
+            _inherit(base_origins, loc + (base_index,), out)
+        for child_index, item in enumerate(child):
             merged.append(item)
-            merged.lc.add_idx_line_col(len(base) + j, list(child.lc.data[j]))
-            out[loc + (len(base) + j,)] = child_src.path
+            merged.lc.add_idx_line_col(len(base) + child_index, list(child.lc.data[child_index]))
+            out[loc + (len(base) + child_index,)] = child_src.path
         return merged
     return child
 

@@ -1,13 +1,15 @@
 """Fan-out to many nodes through the cluster's own engine (Slurm or ClusterShell): the compile side.
 
-Node sets are read by ClusterShell's own `NodeSet`, as clush and `nodeset -e` read them: `node[01-08]`,
-steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`, `a[1-2]b[1-2]`, the
-operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time, with this machine's
-ClusterShell groups (groups.conf). `expand()` checks and expands them; `fold()` is the set as the
-engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`). resolve.py expands the spec's node
-set once, into the Plan's `Fanout` group, and picks `FanOut`, the install strategy of a spec with
-`fanout:`: its steps, their `--dry-run` previews, its settings rows and partials, all made from the
-Plan (the step summaries are steps.py's, as for every step).
+Node sets are read by ClusterShell's own `NodeSet`, as clush and `nodeset -e` read them:
+`node[01-08]`, steps `gpu[01-16/2]`, several ranges and brackets `gpu[01-04,07],login[1-2]`,
+`a[1-2]b[1-2]`, the operators `!` `&` `^`, and `@group`s, which are resolved here, at compile time,
+with this machine's ClusterShell groups (groups.conf). `expand()` checks and expands them; `fold()`
+is the set as the engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`). resolve.py
+expands the spec's node set once, into the Plan's `Fanout` group, and picks `FanOut`, the install
+strategy of a spec with `fanout:`: its steps, their `--dry-run` previews, its settings rows and
+partials, all made from the decisions (the step summaries are steps.py's, as for every step). Slurm
+or clush is decided once (ENGINES[engine]): each engine's options, partial and commands are its
+entry's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .steps import FANOUT, fixed_compression_note
 from .view import Array, Fanout, Setting
 
 if TYPE_CHECKING:
-    from .view import Plan
+    from .view import Decisions, Plan
 
 # ClusterShell is imported where a node set is read (expand, _fold): a spec without `fanout:`
 # compiles without loading it.
@@ -143,20 +145,82 @@ def _range_size(text: str) -> int:
     return max(0, int(last) - int(first)) // max(1, int(step)) + 1
 
 
+@dataclass(frozen=True)
+class Engine:
+    """What differs between the cluster's engines: the tools fan_preflight checks here, and the
+    commands that copy the bundle to the nodes and run the node script there (`--dry-run`'s
+    words; the bash is the engine's partial, partials/fanout_<name>.sh.j2)."""
+
+    name: str
+    tools: str
+
+    @property
+    def partial(self) -> str:
+        return f"partials/fanout_{self.name}.sh.j2"
+
+    def copies(self, f: Fanout, bundle: str, scratch: str) -> str:
+        raise NotImplementedError
+
+    def installs(self, f: Fanout, node_cmd: str) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Slurm(Engine):
+    def copies(self, f: Fanout, bundle: str, scratch: str) -> str:
+        copy = "".join(f" {shlex.quote(o)}" for o in f.copy_opts or ())
+        return f"timeout {f.timeout_s} sbcast -t {f.connect_timeout}{copy} {bundle} {scratch}.tar"
+
+    def installs(self, f: Fanout, node_cmd: str) -> str:
+        count = len(f.node_list)
+        return (
+            f"timeout {f.timeout_s} srun -N {count} -n {count} "
+            f"--ntasks-per-node=1 -w {f.nodes} --chdir=/ "
+            f"--immediate={f.connect_timeout} "
+            f"--time={max(1, (f.timeout_s + 59) // 60)} -K0 {node_cmd}"
+        )
+
+
+@dataclass(frozen=True)
+class Clush(Engine):
+    @staticmethod
+    def words(f: Fanout) -> str:
+        """clush's start, nodes and options, as the engine's partial runs it."""
+        clush = "".join(f"{shlex.quote(w)} " for w in f.clush or ())
+        opts = "".join(f" {shlex.quote(o)}" for o in f.engine_opts or ())
+        return (
+            f"timeout {f.timeout_s} {clush}-w {f.nodes} -S -t {f.connect_timeout} "
+            f"-u {f.timeout_s}{opts}"
+        )
+
+    def copies(self, f: Fanout, bundle: str, scratch: str) -> str:
+        return f"{self.words(f)} --copy {bundle} --dest {scratch}.tar"
+
+    def installs(self, f: Fanout, node_cmd: str) -> str:
+        return f"{self.words(f)} {node_cmd}"
+
+
+ENGINES: dict[str, Engine] = {
+    "slurm": Slurm("slurm", "sbcast, srun, SLURM_JOB_ID"),
+    "clush": Clush("clush", "clush, nodeset"),
+}
+
+
 def warnings(source: Any, spec: Any) -> list[Problem]:
     """A flat clush copy to many nodes: the bundle leaves this machine once per node."""
-    f = spec.fanout
-    if f is None or f.engine != "clush" or f.topology:
+    fan = spec.fanout
+    if fan is None or fan.engine != "clush" or fan.topology:
         return []
-    nodes = expand(f.nodes)
-    n = len(nodes)
-    if n <= FLAT_COPY_WARN_NODES:
+    nodes = expand(fan.nodes)
+    count = len(nodes)
+    if count <= FLAT_COPY_WARN_NODES:
         return []
     return [
         source.problem(
             ("fanout", "nodes"),
-            f"clush without a topology copies the bundle from this machine once per node ({n} "
-            f"copies); set fanout.topology to a topology.conf whose [routes] start at this machine's "
+            f"clush without a topology copies the bundle from this machine once per node ({count} "
+            f"copies); set fanout.topology to a topology.conf whose [routes] start at this "
+            f"machine's "
             f"short hostname and name gateways (e.g. `HEAD: gw[1-2]` and "
             f"`gw[1-2]: {fold(nodes)}`), so "
             f"it is sent once per gateway (docs/fanout.md, clush tree mode)",
@@ -171,6 +235,7 @@ class FanOut:
     for a spec with `fanout:`)."""
 
     fanout: Fanout  # the nodes and the engine's options
+    engine: Engine  # ENGINES[fanout.engine], decided once (resolve)
     # what `compression: auto` takes: a bundle is written once and copied to every node, zstd
     # first for the smaller bundle
     auto_compression = ("zstd", "lz4")
@@ -182,14 +247,14 @@ class FanOut:
         return (
             "partials/fanout_node.sh.j2",
             "partials/fanout.sh.j2",
-            f"partials/fanout_{self.fanout.engine}.sh.j2",
+            self.engine.partial,
             "partials/fanplan.sh.j2",
         )
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]:
         return FANOUT
 
-    def compression_note(self, plan: Plan) -> str:
+    def compression_note(self, plan: Decisions) -> str:
         compression = plan.transfer.compression
         if compression == "auto":
             return (
@@ -262,14 +327,12 @@ class FanOut:
             )
         return rows
 
-    def preview(self, step: str, plan: Plan) -> list[str]:
+    def preview(self, step: str, plan: Decisions) -> list[str]:
         """`--dry-run` lines: the engine commands as one would type them."""
         f, t = self.fanout, plan.transfer
         name, src_host, src, dst = plan.runbook.name, t.src_host, t.src_path, t.dst_path
         d = f"{f.scratch_base}-<random>"
         bundle = f"runs/{name}/fanout/rbfan-{name}.tar"
-        opts = "".join(f" {shlex.quote(o)}" for o in f.engine_opts or ())
-        copy = "".join(f" {shlex.quote(o)}" for o in f.copy_opts or ())
         flags = " ".join(launch.FLAGS)
         # the node script (RB_FAN_NODE_SCRIPT) in short: the bundle moved into a new private
         # directory, checked (owner, mode, links, sha256 against the pin), then unpacked and run
@@ -280,15 +343,11 @@ class FanOut:
             f"$D/kit/{launch.START} rbkit.fanout node --dir $D --dest {dst} --old {src} "
             "...'"
         )
-        timeout = f.timeout_s
-        clush = "".join(f"{shlex.quote(w)} " for w in f.clush or ())
-        count = len(f.node_list)
         tar_b = " ".join(common.TAR_RECORD)
         if step == "fan_preflight":
             return [
                 f"on {src_host}: connect; ship the kit; rbkit scan {src}",
-                f"here: {'clush, nodeset' if f.engine == 'clush' else 'sbcast, srun, SLURM_JOB_ID'}"
-                f" present; nodes {f.nodes} ({count})",
+                f"here: {self.engine.tools} present; nodes {f.nodes} ({len(f.node_list)})",
             ]
         if step == "fan_pack":
             lines = [
@@ -304,12 +363,7 @@ class FanOut:
                 )
             return lines
         if step == "fan_copy":
-            if f.engine == "slurm":
-                return [f"timeout {timeout} sbcast -t {f.connect_timeout}{copy} {bundle} {d}.tar"]
-            return [
-                f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
-                f"{opts} --copy {bundle} --dest {d}.tar"
-            ]
+            return [self.engine.copies(f, bundle, d)]
         if step == "fan_install":
             again = (
                 [
@@ -320,17 +374,7 @@ class FanOut:
                 if t.incremental
                 else []
             )
-            if f.engine == "slurm":
-                return [
-                    f"timeout {timeout} srun -N {count} -n {count} "
-                    f"--ntasks-per-node=1 -w {f.nodes} --chdir=/ "
-                    f"--immediate={f.connect_timeout} "
-                    f"--time={max(1, (timeout + 59) // 60)} -K0 {node_cmd}"
-                ] + again
-            return [
-                f"timeout {timeout} {clush}-w {f.nodes} -S -t {f.connect_timeout} -u {timeout}"
-                f"{opts} {node_cmd}"
-            ] + again
+            return [self.engine.installs(f, node_cmd)] + again
         if step == "fan_compare":
             policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
             return [

@@ -63,8 +63,9 @@ SECRET = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File|
 def _no_secret(value: str) -> str:
     if SECRET.search(value):
         raise ValueError(
-            "looks like a private key or password: specs are committed and runbooks are reviewed in "
-            "PRs, so keep secrets out (use identity_file: with a path, an ssh agent, or ssh config)"
+            "looks like a private key or password: specs are committed and runbooks are reviewed "
+            "in PRs, so keep secrets out (use identity_file: with a path, an ssh agent, or ssh "
+            "config)"
         )
     return value
 
@@ -131,7 +132,8 @@ def _exclude(value: str) -> str:
 def _ident(value: str) -> str:
     if not IDENT.match(value):
         raise ValueError(
-            f"{value!r} is not a valid name: use lower-case letters, digits and _ (start with a letter)"
+            f"{value!r} is not a valid name: use lower-case letters, digits and _ (start with a "
+            "letter)"
         )
     return value
 

@@ -1,5 +1,6 @@
 """What the GPU catalog says about a spec: impossible combinations (errors) and doubtful ones
-(warnings). Called by validate.py; reads the raw data defensively, like the rest of its second pass."""
+(warnings). Called by validate.py; reads the raw data defensively, like the rest of its second
+pass."""
 
 from __future__ import annotations
 
@@ -59,14 +60,14 @@ def warnings(source: Source, spec: Spec) -> list[Problem]:
         return []
     where = "every node" if spec.fanout is not None else spec.transfer.target[0]
     out = []
-    for i, check in enumerate(spec.checks):
+    for index, check in enumerate(spec.checks):
         if check.kind != "torch" or not check.torch or not check.torch.cuda:
             continue
         gap = catalog.cuda_gap(check.torch.cuda, target)
         if gap:
             out.append(
                 source.problem(
-                    ("checks", i, "torch", "cuda"),
+                    ("checks", index, "torch", "cuda"),
                     f"a torch built for CUDA {check.torch.cuda} has no code for {target.arch} "
                     f"({target.name}): {gap}; expect the checks to fail on {where}",
                 )

@@ -1,8 +1,9 @@
 """The kit: the host-side packages a runbook ships (hostkit/rbkit, hostkit/rbprobes,
 hostkit/rbrules), the controller-only one it extracts on the machine that runs it (hostkit/rbview,
-the pictures), read as files, and the runbooks' bash runtime (templates/runtime/, the same in every
-runbook) as runtime.sh. The pinned tar holds them all; the tar sent to the hosts is made from the
-extracted kit's HOST_PACKAGES only (partials/kit_*.sh.j2, the view's `Kit.host_dirs`).
+the pictures), read as files, the runbooks' bash runtime (templates/runtime/, the same in every
+runbook) as runtime.sh and the runbook's seal check as seal.py. The pinned tar holds them all; the
+tar sent to the hosts is made from the extracted kit's HOST_PACKAGES only (runtime/kit_pinned.sh.j2,
+partials/kit_embedded.sh.j2).
 
 The compiler never imports them: it reads their source through the import system's locations
 (`importlib.util.find_spec`, which finds a package without running it), so a checkout, an editable
@@ -54,6 +55,7 @@ def files() -> list[KitFile]:
 
 RUNTIME_INLINE = "partials/runtime_inline.sh.j2"
 RUNTIME_PINNED = "partials/runtime_pinned.sh.j2"
+SEAL_CHECK = "partials/seal_check.py.j2"
 
 
 @lru_cache(maxsize=None)
@@ -62,16 +64,28 @@ def runtime_text() -> str:
     place and a default runbook reads from the pinned kit's runtime.sh."""
     from . import render
 
-    return render.tidy(render.environment().get_template(RUNTIME_INLINE).render())
+    # the one value it reads: the kit's packages a host is sent (a runbook's Kit has them too)
+    runtime = render.environment().get_template(RUNTIME_INLINE)
+    return render.tidy(runtime.render(kit={"host_dirs": HOST_PACKAGES}))
+
+
+@lru_cache(maxsize=None)
+def seal_text() -> str:
+    """The seal check (partials/seal_check.py.j2) as the pinned kit's seal.py: the runbook's start
+    runs it from the bytes it checked, as it runs runtime.sh (a standalone runbook holds it in
+    place, in rb::check_sealed)."""
+    from . import render
+
+    return render.environment().get_template(SEAL_CHECK).render()
 
 
 def delimiter(text: str, seed: str) -> str:
     """A heredoc delimiter that no line of `text` equals."""
     base = "RB_PY_" + hashlib.sha256(seed.encode()).hexdigest()[:8].upper()
-    word, n = base, 0
+    word, tries = base, 0
     while word in text.split("\n"):
-        n += 1
-        word = f"{base}_{n}"
+        tries += 1
+        word = f"{base}_{tries}"
     return word
 
 
@@ -79,10 +93,10 @@ def separator(texts: list[str]) -> str:
     """The word that starts the line naming each file of an embedded kit (compile --standalone):
     one that no line of any file starts with, so that the files split apart where it stands."""
     lines = [line for text in texts for line in text.split("\n")]
-    word, n = "RB_KIT_FILE", 0
+    word, tries = "RB_KIT_FILE", 0
     while any(line.startswith(word + " ") or line == word for line in lines):
-        n += 1
-        word = f"RB_KIT_FILE_{n}"
+        tries += 1
+        word = f"RB_KIT_FILE_{tries}"
     return word
 
 
@@ -102,11 +116,12 @@ def tar_bytes(packages: tuple[str, ...] = PACKAGES, runtime: bool = True) -> byt
     ]
     if runtime:
         chosen.append(("runtime.sh", runtime_text().encode("utf-8")))
+        chosen.append(("seal.py", seal_text().encode("utf-8")))
     return kit_tar(chosen)
 
 
 @lru_cache(maxsize=None)
 def pinned() -> tuple[str, bytes]:
-    """(sha256 of the kit's tar, the tar): what a default runbook pins and `generated/.kit/` holds."""
+    """(sha256 of the kit's tar, the tar): what a default runbook pins, `generated/.kit/` holds."""
     data = tar_bytes()
     return hashlib.sha256(data).hexdigest(), data

@@ -124,10 +124,10 @@ def changes(old: Kit, new: Kit) -> list[FileChange]:
         before, after = old.files.get(path), new.files.get(path)
         if before == after:
             continue
-        a = before.splitlines() if before is not None else []
-        b = after.splitlines() if after is not None else []
+        old_lines = before.splitlines() if before is not None else []
+        new_lines = after.splitlines() if after is not None else []
         added = removed = 0
-        for line in difflib.unified_diff(a, b, lineterm="", n=0):
+        for line in difflib.unified_diff(old_lines, new_lines, lineterm="", n=0):
             if line.startswith("+") and not line.startswith("+++"):
                 added += 1
             elif line.startswith("-") and not line.startswith("---"):
@@ -156,11 +156,10 @@ def diff(old: Kit, new: Kit) -> str:
         "",
     ]
     for change in found:
-        a = old.files.get(change.path, "").splitlines(keepends=True)
-        b = new.files.get(change.path, "").splitlines(keepends=True)
-        lines.append(
-            "".join(difflib.unified_diff(a, b, f"a/{change.path}", f"b/{change.path}")).rstrip("\n")
-        )
+        old_lines = old.files.get(change.path, "").splitlines(keepends=True)
+        new_lines = new.files.get(change.path, "").splitlines(keepends=True)
+        diff = difflib.unified_diff(old_lines, new_lines, f"a/{change.path}", f"b/{change.path}")
+        lines.append("".join(diff).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,8 @@ from .errors import LintError
 # `shellcheck generated/*.sh` agrees with this lint):
 #   SC2310 (check-set-e-suppressed): helpers are called in `if` on purpose; step functions never
 #   are (STYLE.md), and the ERR trap covers the rest.
-#   SC2249 (add-default-case): a `case` without `*)` is deliberate where the spec's values are closed.
+#   SC2249 (add-default-case): a `case` without `*)` is deliberate where the spec's values are
+#   closed.
 # SC2312 (check-extra-masked-returns) runs: every host command's status is seen (`out=$(cmd) ||
 # rb::fail ...`, then parse `out`); `parse "$(cmd)"` lost it, and a failed step ended green.
 DISABLED = ("SC2310", "SC2249")
@@ -77,10 +78,10 @@ def _remember(marker: Path | None) -> None:
 
 def _cache_key(binary: str, text: str) -> str:
     st = os.stat(binary)
-    h = hashlib.sha256()
-    h.update(f"{binary}\0{st.st_size}\0{st.st_mtime_ns}\0{' '.join(FLAGS)}\0".encode())
-    h.update(text.encode())
-    return h.hexdigest()
+    digest = hashlib.sha256()
+    digest.update(f"{binary}\0{st.st_size}\0{st.st_mtime_ns}\0{' '.join(FLAGS)}\0".encode())
+    digest.update(text.encode())
+    return digest.hexdigest()
 
 
 def shellcheck(text: str) -> list[str]:
@@ -100,12 +101,12 @@ def shellcheck_all(texts: list[str]) -> list[list[str]]:
     cache = cache_dir("shellcheck")
     markers = [cache / _cache_key(binary, t) if cache else None for t in texts]
     results: list[list[str]] = [[] for _ in texts]
-    todo = [i for i, m in enumerate(markers) if m is None or not m.exists()]
+    todo = [index for index, m in enumerate(markers) if m is None or not m.exists()]
     if todo:
-        for i, findings in zip(todo, _run_shellcheck(binary, [texts[i] for i in todo])):
-            results[i] = findings
+        for index, findings in zip(todo, _run_shellcheck(binary, [texts[index] for index in todo])):
+            results[index] = findings
             if not findings:
-                _remember(markers[i])
+                _remember(markers[index])
     return results
 
 
@@ -117,9 +118,9 @@ def _run_shellcheck(binary: str, texts: list[str]) -> list[list[str]]:
     paths = []
     try:
         for text in texts:
-            with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
-                f.write(text)
-                paths.append(f.name)
+            with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as handle:
+                handle.write(text)
+                paths.append(handle.name)
         proc = subprocess.run([binary, *FLAGS, *paths], capture_output=True, text=True, check=False)
     finally:
         for path in paths:
@@ -128,9 +129,10 @@ def _run_shellcheck(binary: str, texts: list[str]) -> list[list[str]]:
         raise LintError(f"shellcheck could not run: {proc.stderr.strip()}")
     comments = json.loads(proc.stdout or '{"comments": []}')["comments"]
     out: list[list[str]] = [[] for _ in texts]
-    for c in comments:
-        out[paths.index(c["file"])].append(
-            f"{c['line']}:{c['column']}: SC{c['code']} ({c['level']}): {c['message']}"
+    for comment in comments:
+        out[paths.index(comment["file"])].append(
+            f"{comment['line']}:{comment['column']}: SC{comment['code']} ({comment['level']}): "
+            f"{comment['message']}"
         )
     return out
 
@@ -140,15 +142,17 @@ def python_sources(files) -> list[str]:
     by the sha256 of (this Python's version, path, text), like shellcheck's clean results."""
     errors = []
     cache = cache_dir("python")
-    for f in files:
-        key = hashlib.sha256(f"{sys.version}\0{f.path}\0{f.text}".encode()).hexdigest()
+    for kit_file in files:
+        key = hashlib.sha256(
+            f"{sys.version}\0{kit_file.path}\0{kit_file.text}".encode()
+        ).hexdigest()
         marker = cache / key if cache else None
         if marker is not None and marker.exists():
             continue
         try:
-            compile(f.text, f.path, "exec", dont_inherit=True)
+            compile(kit_file.text, kit_file.path, "exec", dont_inherit=True)
         except SyntaxError as exc:
-            errors.append(f"{f.path}:{exc.lineno}: {exc.msg}")
+            errors.append(f"{kit_file.path}:{exc.lineno}: {exc.msg}")
             continue
         _remember(marker)
     return errors
@@ -158,8 +162,10 @@ def lint(texts: list[str], files) -> None:
     """Every text must pass shellcheck (the runbook; for the default form also the runbook with
     its runtime in place) and every shipped Python file must compile."""
     problems = [f"embedded python: {e}" for e in python_sources(files)]
-    for n, findings in enumerate(shellcheck_all(texts)):
-        problems += [f"shellcheck{'' if n == 0 else ' (runtime in place)'}: {e}" for e in findings]
+    for index, findings in enumerate(shellcheck_all(texts)):
+        problems += [
+            f"shellcheck{'' if index == 0 else ' (runtime in place)'}: {e}" for e in findings
+        ]
     if problems:
         raise LintError(
             "the generated runbook failed its lint (a compiler bug):\n  " + "\n  ".join(problems)

@@ -112,8 +112,8 @@ def _write(target: Path, text: str) -> tuple[Path, list[Problem]]:
             f"{target} exists; refusing to overwrite it (choose another name, or "
             "delete the file first)"
         ) from None
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
     schema_path = target.parent / SCHEMA_FILE
     if modeline and not schema_path.exists():
         schema_path.write_text(schema.text(), encoding="utf-8")

@@ -8,10 +8,11 @@ Templates only paste values; everything conditional was decided by resolve.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from . import engineconf
 from . import kit as kitfiles
-from .view import Array, Exclusion, Map, Plan, Setting
+from .view import Array, Decisions, Exclusion, Map, Plan, Setting, StepView
 
 KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 # ShellCheck checks a runbook turns off for the whole file, each with its reason (printed above the
@@ -19,31 +20,22 @@ KIT_DIR = ".kit"  # beside the runbook: generated/.kit/<sha256>.tar
 EXCLUSIONS = (
     Exclusion(
         "SC2016",
-        (
-            "scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so",
-            "that `$1` in them expands there; their arguments travel quoted by rb::shq.",
-        ),
+        ("`sh -c` scripts for a host are single-quoted so that `$1` expands there (rb::shq).",),
     ),
     Exclusion(
         "SC1003",
-        (
-            "spec values are single-quoted by the compiler (Python's shlex.quote), right by",
-            "construction; a value may hold a backslash, which this check takes for a mistyped",
-            "escape.",
-        ),
+        ("spec values are single-quoted by the compiler (shlex.quote): a backslash is no escape.",),
     ),
 )
-# The default form reads its runtime from the pinned kit, so settings and state variables only
-# the runtime reads look unused here. compile lints the runbook with the runtime in place
-# (`lint_view`), where this check runs.
+# The default form reads its runtime from the pinned kit, so settings only the runtime reads look
+# unused here, and the state it sets unset. compile lints the runbook with the runtime in place
+# (`lint_view`), where these checks run.
 PINNED_EXCLUSIONS = EXCLUSIONS + (
     Exclusion(
-        "SC2034",
-        (
-            "settings and state variables that only the runtime reads (runtime.sh of the pinned",
-            "kit) look unused in this file; compile lints the runbook with the runtime in place,",
-            "where this check runs.",
-        ),
+        "SC2034", ("settings only the runtime (the pinned kit's runtime.sh) reads look unused;",)
+    ),
+    Exclusion(
+        "SC2154", ("the state it sets looks unset: compile lints with the runtime in place.",)
     ),
 )
 
@@ -59,17 +51,18 @@ def lint_view(view: Plan) -> Plan:
     )
 
 
-def rows(plan: Plan) -> Plan:
-    """The Plan with its settings block: values, arrays and the steps' maps."""
-    return dataclasses.replace(
-        plan, settings=_settings(plan), arrays=_arrays(plan), maps=_maps(plan)
-    )
+def rows(
+    plan: Decisions, steps: tuple[StepView, ...]
+) -> tuple[tuple[Setting, ...], tuple[Array, ...], tuple[Map, ...]]:
+    """The settings block of the runbook of `plan` and its `steps`: values, arrays, the steps'
+    maps."""
+    return _settings(plan), _arrays(plan, steps), _maps(steps)
 
 
-def _settings(plan: Plan) -> tuple[Setting, ...]:
+def _settings(plan: Decisions) -> tuple[Setting, ...]:
     """The runbook's `readonly` values, in its order: the one place that names them."""
     runbook, kit = plan.runbook, plan.kit
-    t, d, c = plan.transfer, plan.destination, plan.checks
+    t, destination, c = plan.transfer, plan.destination, plan.checks
     rows = [
         Setting("RB_NAME", runbook.name, "The runbook and its spec."),
         Setting("RB_SPEC", runbook.spec_path),
@@ -97,11 +90,11 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         Setting("RB_RERUN", t.rerun),
         Setting(
             "RB_SPECIAL_MODES",
-            d.special_modes,
+            destination.special_modes,
             "the threat model's choices the source's scan reads (docs/design.md): "
             "setuid/setgid/world-write entries, links that leave the tree",
         ),
-        Setting("RB_OUTSIDE_LINKS", d.outside_links),
+        Setting("RB_OUTSIDE_LINKS", destination.outside_links),
         Setting(
             "RB_GPU_DECLARED",
             "1" if c.gpu_declared else "",
@@ -127,9 +120,9 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         ),
         Setting(
             "RB_ENGINE_CHOICES",
-            engineconf.document(runbook, t, d, c, plan.fanout),
+            keyed(engineconf.document(runbook, t, destination, c, plan.fanout)),
             "The install engine's choices, as one JSON document for the engine on the target "
-            "(rbkit/choices.py).",
+            "(rbkit/choices.py), one key a line.",
         ),
     ]
     rows += plan.install.settings()
@@ -137,14 +130,35 @@ def _settings(plan: Plan) -> tuple[Setting, ...]:
         rows.append(
             Setting(
                 "RB_PROBE_CONFIG",
-                c.config,
-                "The checks, as one JSON document for the probe on the target.",
+                keyed(c.config),
+                "The checks, as one JSON document for the probe on the target, one key (and one "
+                "check) a line.",
             )
         )
     return tuple(rows)
 
 
-def _arrays(plan: Plan) -> tuple[Array, ...]:
+def keyed(document: str) -> str:
+    """A JSON object printed one key a line, and a list of objects one object a line (the checks),
+    so that a one-field change of the spec changes one line; each value is compact, keys sorted,
+    as `document` has them: json.loads reads the same document (the runbook passes it whole)."""
+
+    def compact(value: object) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    def item(key: str, value: object) -> str:
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            inner = ",\n".join("    " + compact(v) for v in value)
+            return f"  {compact(key)}:[\n{inner}\n  ]"
+        return f"  {compact(key)}:{compact(value)}"
+
+    data = json.loads(document)
+    if not isinstance(data, dict) or not data:
+        return document
+    return "{\n" + ",\n".join(item(key, data[key]) for key in sorted(data)) + "\n}"
+
+
+def _arrays(plan: Decisions, steps: tuple[StepView, ...]) -> tuple[Array, ...]:
     """The runbook's `readonly -a` arrays, in its order."""
     runbook, transfer, checks = plan.runbook, plan.transfer, plan.checks
     rows = [
@@ -160,7 +174,7 @@ def _arrays(plan: Plan) -> tuple[Array, ...]:
             "folder, its sha256: a run refuses to start when one changed.",
         ),
         Array("RB_HOSTS", tuple(h.id for h in plan.hosts), "Hosts this runbook touches."),
-        Array("RB_STEPS", tuple(s.id for s in plan.steps)),
+        Array("RB_STEPS", tuple(s.id for s in steps)),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
         Array(
             "RB_LIBRARY_DIRS",
@@ -186,10 +200,10 @@ def _arrays(plan: Plan) -> tuple[Array, ...]:
     return tuple(rows)
 
 
-def _maps(plan: Plan) -> tuple[Map, ...]:
+def _maps(steps: tuple[StepView, ...]) -> tuple[Map, ...]:
     """Each step's summary, --dry-run text and host, by its id (`--list`, `--dry-run`, the log)."""
     return (
-        Map("RB_STEP_DOC", tuple((s.id, s.doc) for s in plan.steps)),
-        Map("RB_STEP_PREVIEW", tuple((s.id, s.preview) for s in plan.steps)),
-        Map("RB_STEP_HOST", tuple((s.id, s.host) for s in plan.steps)),
+        Map("RB_STEP_DOC", tuple((s.id, s.doc) for s in steps)),
+        Map("RB_STEP_PREVIEW", tuple((s.id, s.preview) for s in steps)),
+        Map("RB_STEP_HOST", tuple((s.id, s.host) for s in steps)),
     )

@@ -99,27 +99,38 @@ def _reach(host: HostView) -> str:
 
 
 def _route(plan: Plan) -> str:
-    t = plan.transfer
-    src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
+    transfer = plan.transfer
+    src_host, src, dst_host, dst = (
+        transfer.src_host,
+        transfer.src_path,
+        transfer.dst_host,
+        transfer.dst_path,
+    )
     comp = {
-        "auto": ", else ".join(f"{tool} where both ends have it" for tool in t.auto_compression)
+        "auto": ", else ".join(
+            f"{tool} where both ends have it" for tool in transfer.auto_compression
+        )
         + ", else none",
         "none": "none",
-    }.get(t.compression, t.compression)
+    }.get(transfer.compression, transfer.compression)
     verify = (
         "none: files are not hashed (sizes and names are still checked)"
-        if t.verify == "none"
-        else f"every file's {t.verify} is taken on {src_host} and checked on {dst_host} "
+        if transfer.verify == "none"
+        else f"every file's {transfer.verify} is taken on {src_host} and checked on {dst_host} "
         "before anything is put in place"
     )
     lines = [
         "### What moves, and how",
         "",
         f"- copy {_code(f'{src_host}:{src}')} to {_code(f'{dst_host}:{dst}')}",
-        f"- route **{t.route_written}**: "
-        + ROUTES[t.route_written].format(src=_code(src_host), dst=_code(dst_host)),
+        f"- route **{transfer.route_written}**: "
+        + ROUTES[transfer.route_written].format(src=_code(src_host), dst=_code(dst_host)),
         f"- compression: {comp}; hashing: "
-        + (f"{t.jobs} threads per host" if t.jobs != "auto" else "one thread per CPU on each host"),
+        + (
+            f"{transfer.jobs} threads per host"
+            if transfer.jobs != "auto"
+            else "one thread per CPU on each host"
+        ),
         f"- verification: {verify}",
         f"- already at the destination (**{plan.destination.on_existing}**): "
         + ON_EXISTING[plan.destination.on_existing].format(dst=dst),
@@ -147,13 +158,13 @@ def _size(src_host: str, dst_host: str) -> str:
 
 
 def _changes(plan: Plan) -> str:
-    t, d = plan.transfer, plan.destination
-    src, dst = t.src_path, t.dst_path
+    transfer, destination = plan.transfer, plan.destination
+    src, dst = transfer.src_path, transfer.dst_path
     lines = [
         f"### What changes on {plan.install.installs_on(plan, _code)}",
         "",
         f"- {_code(dst)}: the verified copy is put in place with one rename (staged first in "
-        f"{_code(d.staging)})",
+        f"{_code(destination.staging)})",
     ]
     if src != dst:
         lines.append(
@@ -161,13 +172,13 @@ def _changes(plan: Plan) -> str:
             f"scripts) are rewritten to name {_code(dst)}"
         )
     lines.append(
-        f"- env file {_code(d.env_path)} (to `source`): VIRTUAL_ENV, PATH with the venv's "
-        "`bin` first" + (", CUDA_HOME" if d.cuda_home else "")
+        f"- env file {_code(destination.env_path)} (to `source`): VIRTUAL_ENV, PATH with the "
+        "venv's `bin` first" + (", CUDA_HOME" if destination.cuda_home else "")
     )
-    if d.cuda_home:
-        first = [_code(p) for p in d.library_path_first]
+    if destination.cuda_home:
+        first = [_code(p) for p in destination.library_path_first]
         lines.append(
-            f"  - CUDA {d.cuda_version}: CUDA_HOME={_code(d.cuda_home)}; "
+            f"  - CUDA {destination.cuda_version}: CUDA_HOME={_code(destination.cuda_home)}; "
             "LD_LIBRARY_PATH: "
             + (
                 ", ".join(first[:MAX_ITEMS]) + " (in the venv's site-packages), then "
@@ -176,8 +187,8 @@ def _changes(plan: Plan) -> str:
             )
             + _code("$CUDA_HOME/lib64")
         )
-    if d.env:
-        lines.append("  - also exported: " + _inline([_code(pair) for pair in d.env]))
+    if destination.env:
+        lines.append("  - also exported: " + _inline([_code(pair) for pair in destination.env]))
     if not plan.hosts[-1].local:
         lines.append(
             "- the runbook's helper kit is copied to a private directory made for the run "
@@ -199,10 +210,10 @@ def _checks(plan: Plan) -> str:
     if not c.listed:
         return "\n".join(lines + ["No checks: the run ends after the env file is written.", ""])
     lines += ["| # | check | with | if it cannot run |", "|---|---|---|---|"]
-    for i, check in enumerate(c.listed[:MAX_ITEMS], 1):
+    for index, check in enumerate(c.listed[:MAX_ITEMS], 1):
         params = ", ".join(f"{k}={_code(v, table=True)}" for k, v in check.params) or "defaults"
         lines.append(
-            f"| {i} | {check.kind} | {_cell(params)} | "
+            f"| {index} | {check.kind} | {_cell(params)} | "
             f"{'skipped (allow_skip)' if check.allow_skip else 'fails'} |"
         )
     if len(c.listed) > MAX_ITEMS:
@@ -220,13 +231,13 @@ def _steps(plan: Plan, script: Path) -> str:
         + f" (what <code>bash {script.as_posix()} --dry-run</code> prints)</summary>",
         "",
     ]
-    for i, step in enumerate(plan.steps, 1):
+    for index, step in enumerate(plan.steps, 1):
         body = [_cut(line, 240, one_line=False) for line in step.preview.splitlines()[:MAX_ITEMS]]
         fence = "`" * max(
             3, 1 + max((len(run) for line in body for run in re.findall("`+", line)), default=0)
         )
         lines.append(
-            f"{i}. **{step.id}**"
+            f"{index}. **{step.id}**"
             + (f" on {_code(step.host)}" if step.host else "")
             + f": {step.doc}"
         )

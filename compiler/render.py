@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import jinja2
 from rbrules import common, launch
 
+from .errors import RenderError
+
 if TYPE_CHECKING:
     from .view import Plan
 
@@ -30,10 +32,6 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 class Safe(str):
     """Text that is safe to paste into the script where the filter that made it was used."""
-
-
-class RenderError(Exception):
-    """A template used a value without a quoting filter, or a filter got a value it refuses."""
 
 
 def _defined(value: Any) -> Any:
@@ -60,9 +58,13 @@ def shwords(values: Iterable[Any]) -> Safe:
     starts with `=` or holds a comma is single-quoted even though bash would read it bare: in an
     array body ShellCheck takes those for index assignments (SC2191) or separators (SC2054)."""
     words = []
-    for v in values:
-        word = sh(v)
-        if not isinstance(v, Safe) and (word.startswith("=") or "," in word) and word[:1] != "'":
+    for value in values:
+        word = sh(value)
+        if (
+            not isinstance(value, Safe)
+            and (word.startswith("=") or "," in word)
+            and word[:1] != "'"
+        ):
             word = Safe("'" + word + "'")
         words.append(word)
     return Safe(" ".join(words))
@@ -100,7 +102,8 @@ def _finalize(value: Any) -> Any:
     if isinstance(value, Safe):
         return value
     raise RenderError(
-        f"unquoted value {value!r} in a template: pass it through |sh, |ident, |num, |comment or |body"
+        f"unquoted value {value!r} in a template: pass it through |sh, |ident, |num, |comment"
+        " or |body"
     )
 
 

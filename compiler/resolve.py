@@ -32,6 +32,7 @@ from .spec import Host, Spec, failed_checks_policy
 from .view import (
     Check,
     Checks,
+    Decisions,
     Destination,
     Fanout,
     Gpu,
@@ -64,7 +65,10 @@ def resolve(
     src_host, src_path = spec.transfer.source
     dst_host, dst_path = spec.transfer.target
     # the one place that asks whether this is a fan-out
-    install: Install = fanout.FanOut(_fanout(spec)) if spec.fanout else steps.SingleHost()
+    install: Install = steps.SingleHost()
+    if spec.fanout:
+        fan = _fanout(spec)
+        install = fanout.FanOut(fan, fanout.ENGINES[fan.engine])
     hosts = tuple(
         _host(spec.hosts[hid], hid, source, from_runbook or {})
         for hid in dict.fromkeys([src_host, dst_host])
@@ -127,15 +131,14 @@ def resolve(
         sha256=kit_sha,
         file="" if standalone else f"{plan.KIT_DIR}/{kit_sha}.tar",
         standalone=standalone,
-        partial="partials/kit_embedded.sh.j2" if standalone else "partials/kit_pinned.sh.j2",
+        partial="partials/kit_embedded.sh.j2" if standalone else "",  # pinned: the runtime's
         runtime_partial=kitfiles.RUNTIME_INLINE if standalone else kitfiles.RUNTIME_PINNED,
         separator=separator,
         delimiter=kitfiles.delimiter("\n".join(f.text for f in files) + "\n" + separator, "kit"),
         host_dirs=kitfiles.HOST_PACKAGES,
         files=tuple(_kit_file(f, separator) for f in files),
     )
-    exclusions = plan.EXCLUSIONS if standalone else plan.PINNED_EXCLUSIONS
-    decided = Plan(
+    decided = Decisions(
         runbook=runbook,
         kit=kit,
         transfer=transfer,
@@ -144,33 +147,45 @@ def resolve(
         fanout=install.fanout,
         install=install,
         hosts=hosts,
+    )
+    # the steps (each with its --dry-run preview) and the settings rows, from the decisions; then
+    # the Plan in one go
+    ids = install.step_ids(checks.run)
+    step_views = tuple(
+        StepView(
+            id=sid,
+            index=index,
+            total=len(ids),
+            where=_step_where(source, sid),
+            doc=steps.DOCS[sid],
+            host=steps.host(sid, transfer),
+            preview="\n".join(install.preview(sid, decided)),
+            # the single-host bodies are the runtime's (runtime_inline.sh.j2), a fan-out's its
+            # own
+            template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",
+        )
+        for index, sid in enumerate(ids, 1)
+    )
+    settings, arrays, maps = plan.rows(decided, step_views)
+    exclusions = plan.EXCLUSIONS if standalone else plan.PINNED_EXCLUSIONS
+    return Plan(
+        **{field.name: getattr(decided, field.name) for field in dataclasses.fields(decided)},
         partials=install.partials,
-        steps=(),
-        settings=(),
-        arrays=(),
-        maps=(),
+        steps=step_views,
+        settings=settings,
+        arrays=arrays,
+        maps=maps,
         exclusions=exclusions,
         exclusion_codes=",".join(x.code for x in exclusions),
     )
-    ids = install.step_ids(checks.run)
-    step_views = []
-    for i, sid in enumerate(ids, 1):
-        loc = steps.WHERE[sid]
-        if loc[0] not in source.data:
-            loc = ("transfer",)
-        step_views.append(
-            StepView(
-                id=sid,
-                index=i,
-                total=len(ids),
-                where=_where(source, loc),
-                doc=steps.DOCS[sid],
-                host=steps.host(sid, transfer),
-                preview="\n".join(install.preview(sid, decided)),
-                template=f"steps/{sid}.sh.j2",
-            )
-        )
-    return plan.rows(dataclasses.replace(decided, steps=tuple(step_views)))
+
+
+def _step_where(source: Source, sid: str) -> str:
+    """`file:line` of the spec's field a step is about (the transfer when the spec lacks it)."""
+    loc = steps.WHERE[sid]
+    if loc[0] not in source.data:
+        loc = ("transfer",)
+    return _where(source, loc)
 
 
 # -- hosts -----------------------------------------------------------------------------------------
@@ -314,9 +329,9 @@ def _checks(spec: Spec, dst_host: str) -> Checks:
     if audit:
         arch = params.get("arch") or (gpu.arch if gpu else "")
     listed = []
-    for i, check in enumerate(spec.checks):
+    for index, check in enumerate(spec.checks):
         kind = check.kind
-        ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{i}"
+        ident = kind if sum(c.kind == kind for c in spec.checks) == 1 else f"{kind}_{index}"
         listed.append(
             {"id": ident, "type": kind, "params": check.params, "allow_skip": check.allow_skip}
         )
@@ -418,45 +433,45 @@ def _shown(value: Any) -> str:
 
 def _fanout(spec: Spec) -> Fanout:
     """What the runbook needs of `fanout:`: the nodes, expanded once, and the engine's options."""
-    f = spec.fanout
-    assert f is not None
-    clush = f.engine == "clush"
-    nodes = fanout.expand(f.nodes)
+    given = spec.fanout
+    assert given is not None
+    clush = given.engine == "clush"
+    nodes = fanout.expand(given.nodes)
     engine_opts: list[str] = []
-    if f.ssh_config:
-        engine_opts += ["-o", f"-F {f.ssh_config}"]
-    if f.width:
-        engine_opts += ["-f", str(f.width)]
-    if f.topology:
-        engine_opts += [f"--topology={f.topology}"]
+    if given.ssh_config:
+        engine_opts += ["-o", f"-F {given.ssh_config}"]
+    if given.width:
+        engine_opts += ["-f", str(given.width)]
+    if given.topology:
+        engine_opts += [f"--topology={given.topology}"]
     # how clush is started: in tree mode with the python the gateways run ClusterShell's gateway
     # with (clush passes CLUSTERSHELL_GW_PYTHON_EXECUTABLE on to them; without it each gateway
     # runs whatever `python3` its PATH finds)
     starts = (
         [
             "env",
-            f"CLUSTERSHELL_GW_PYTHON_EXECUTABLE={f.gateway_python or fanout.GATEWAY_PYTHON}",
+            f"CLUSTERSHELL_GW_PYTHON_EXECUTABLE={given.gateway_python or fanout.GATEWAY_PYTHON}",
             "clush",
         ]
-        if f.topology
+        if given.topology
         else ["clush"]
     )
     return Fanout(
-        engine=f.engine,
+        engine=given.engine,
         nodes=fanout.fold(nodes),
-        nodes_given=f.nodes,
+        nodes_given=given.nodes,
         node_list=tuple(nodes),
-        success=str(f.success),
-        timeout_s=f.timeout_s,
-        connect_timeout=f.connect_timeout,
+        success=str(given.success),
+        timeout_s=given.timeout_s,
+        connect_timeout=given.connect_timeout,
         # the start of each node's scratch name; the run adds 16 random hex digits (fan_copy),
         # so no other user of a node can make the path first
-        scratch_base=f"{f.scratch.rstrip('/')}/rbfan-{spec.name}",
-        topology=(f.topology or "") if clush else None,
+        scratch_base=f"{given.scratch.rstrip('/')}/rbfan-{spec.name}",
+        topology=(given.topology or "") if clush else None,
         # sbcast --fanout: how many nodes this machine sends the bundle to; they forward it
         # through Slurm's message tree (the head sends exactly fanout copies, whatever the node
         # count). sbcast's own default is 8; ours is 2 (width sets it, at most 8)
-        copy_opts=None if clush else (f"--fanout={min(f.width or fanout.SBCAST_FANOUT, 8)}",),
+        copy_opts=None if clush else (f"--fanout={min(given.width or fanout.SBCAST_FANOUT, 8)}",),
         engine_opts=tuple(engine_opts) if clush else None,
         clush=tuple(starts) if clush else None,
     )

@@ -180,10 +180,11 @@ class Cuda(Model):
 
     @model_validator(mode="after")
     def _relative_dirs(self) -> "Cuda":
-        for i, d in enumerate(self.library_path_first):
+        for index, d in enumerate(self.library_path_first):
             if d.startswith("/") or ".." in d.split("/") or d.startswith("-"):
                 raise ValueError(
-                    f"library_path_first[{i}]: {d!r} must be relative to the venv's site-packages"
+                    f"library_path_first[{index}]: {d!r} must be relative to the venv's "
+                    "site-packages"
                 )
         return self
 
@@ -320,9 +321,9 @@ class Check(Model):
         # (strings, numbers, lists of strings), without building a serializer for each check type
         out = {}
         for name in type(value).model_fields:
-            v = getattr(value, name)
-            if name != "allow_skip" and v is not None:
-                out[name] = list(v) if isinstance(v, list) else v
+            field_value = getattr(value, name)
+            if name != "allow_skip" and field_value is not None:
+                out[name] = list(field_value) if isinstance(field_value, list) else field_value
         return out
 
     @property

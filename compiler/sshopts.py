@@ -211,8 +211,8 @@ _MUX = "the runbook multiplexes its connections itself"
 REFUSED: dict[str, str] = {
     # the runbook sets these, or the spec has its own key for them
     "batchmode": "the runbook always runs ssh with BatchMode=yes",
-    "stricthostkeychecking": "use `host_keys: strict` (yes) or `host_keys: accept-new`; checking is "
-    "never turned off",
+    "stricthostkeychecking": "use `host_keys: strict` (yes) or `host_keys: accept-new`; checking "
+    "is never turned off",
     "connecttimeout": "use `connect_timeout:`",
     "port": "use `port:`",
     "identityfile": "use `identity_file:`",

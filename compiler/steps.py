@@ -2,7 +2,8 @@
 step's function, `compile --plan`), the host it is mostly about, the spec entry it comes from, and
 the single-host install (`SingleHost`, one of the two install strategies resolve.py picks from;
 the other is fanout.FanOut): its steps, their `--dry-run` previews, its partials. Previews are
-made from the Plan alone; the names beside the destination come from it (rbrules.paths' rules).
+made from the decisions alone (view.Decisions, before any text); the names beside the destination
+come from them (rbrules.paths' rules).
 
 The destination-side steps are the install engine's (hostkit/rbkit/engine.py, STEPS): a
 single-host runbook runs them one by one through the engine on the destination, a fan-out node
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from rbrules import common, launch
 
 if TYPE_CHECKING:
-    from .view import Array, Plan, Setting, Transfer
+    from .view import Array, Decisions, Plan, Setting, Transfer
 
 ENGINE_DOCS = {
     "stage": "make a fresh staging beside the destination (on a re-run: unchanged files "
@@ -60,13 +61,14 @@ DOCS = {
     **{s: _sentence(ENGINE_DOCS[s]) for s in ("verify", "relocate", "prove", "swap", "exports")},
     "probe": "Run the checks with the moved interpreter on the target; fetch the report.",
     "fan_preflight": "Reach the source, check the engine and its tools here, list the nodes.",
-    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one bundle"
-    " (on a re-run: only what changed since the last fan-out).",
+    "fan_pack": "Pack the source once: manifest, tar with the chosen compression, the kit: one "
+    "bundle (on a re-run: only what changed since the last fan-out).",
     "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
     "fan_install": "On every node at once, the install engine: "
     + ", ".join(common.ENGINE_STEPS)
     + " (a node the changes alone cannot serve gets the whole bundle).",
-    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes named.",
+    "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes "
+    "named.",
 }
 # the spec entry each step comes from (the `(specs/x.yaml:14)` marker above the step)
 WHERE = {
@@ -106,7 +108,7 @@ class SingleHost:
     # between two hosts: lz4 first, the best or within 5% of it on a CPU-bound relay and on a
     # 1 Gbit/s link (docs/benchmarks.md)
     auto_compression = ("lz4", "zstd")
-    partials = ("partials/install.sh.j2",)
+    partials = ()
     streams = True
     fanout = None
 
@@ -119,11 +121,11 @@ class SingleHost:
     def arrays(self) -> list[Array]:
         return []
 
-    def compression_note(self, plan: Plan) -> str:
+    def compression_note(self, plan: Decisions) -> str:
         """The stream's compression as the run decides it (rb::preflight_compression's rule)."""
-        t = plan.transfer
-        compression = t.compression
-        if compression == "auto" and t.src_host == t.dst_host and plan.hosts[0].local:
+        transfer = plan.transfer
+        compression = transfer.compression
+        if compression == "auto" and transfer.src_host == transfer.dst_host and plan.hosts[0].local:
             return "none (both ends are this machine: no link to save)"
         if compression == "auto":
             return (
@@ -150,11 +152,11 @@ class SingleHost:
     def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]:
         return []
 
-    def preview(self, step: str, plan: Plan) -> list[str]:
+    def preview(self, step: str, plan: Decisions) -> list[str]:
         """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
-        t, d, c = plan.transfer, plan.destination, plan.checks
+        t, destination, checks = plan.transfer, plan.destination, plan.checks
         src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
-        stg = d.staging
+        stg = destination.staging
         excl = " ".join(shlex.quote(w) for w in t.exclude_args)
         on_dst = f"on {dst_host}: engine"
         tar_b = " ".join(common.TAR_RECORD)
@@ -173,10 +175,12 @@ class SingleHost:
             )
             out.append(
                 f"on {dst_host}: rbkit engine serve --dest {dst}: refuses a parent of it "
-                f"another user can write (shared_parent: {d.shared_parent}); takes "
-                f"{d.lock} for the run (a second run is refused, naming this one)"
+                f"another user can write (shared_parent: {destination.shared_parent}); takes "
+                f"{destination.lock} for the run (a second run is refused, naming this one)"
             )
-            out.append(f"{on_dst} preflight: on_existing {d.on_existing}; free space for {stg}")
+            out.append(
+                f"{on_dst} preflight: on_existing {destination.on_existing}; free space for {stg}"
+            )
             out.append(audit_line(plan))
             out.append(f"compression: {self.compression_note(plan)}")
         elif step == "manifest":
@@ -237,8 +241,8 @@ class SingleHost:
             )
         elif step == "swap":
             out.append(
-                f"{on_dst} swap: {stg} into {dst} (on_existing: {d.on_existing}, from the "
-                "engine's choices)"
+                f"{on_dst} swap: {stg} into {dst} (on_existing: {destination.on_existing}, from "
+                "the engine's choices)"
             )
             out.append(
                 f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
@@ -246,18 +250,18 @@ class SingleHost:
                 f"on failure put back what was there"
             )
         elif step == "exports":
-            out.append(f"{on_dst} exports: write {d.env_path}")
-            if d.cuda_home:
-                first = ", ".join(d.library_path_first) or "-"
+            out.append(f"{on_dst} exports: write {destination.env_path}")
+            if destination.cuda_home:
+                first = ", ".join(destination.library_path_first) or "-"
                 out.append(
-                    f"  CUDA_HOME={d.cuda_home}; LD_LIBRARY_PATH: {first} (in "
+                    f"  CUDA_HOME={destination.cuda_home}; LD_LIBRARY_PATH: {first} (in "
                     "site-packages), then $CUDA_HOME/lib64"
                 )
         elif step == "probe":
             flags = " ".join(launch.SITE_FLAGS)
             out.append(
                 f"{on_dst} probe: source the env file; {dst}/bin/python {flags} "
-                f"<kit>/{launch.START} rbprobes run: {', '.join(c.kinds)}"
+                f"<kit>/{launch.START} rbprobes run: {', '.join(checks.kinds)}"
             )
             out.append(
                 f"here: fetch the report to runs/{plan.runbook.name}/<run>/probe-{dst_host}.json"
@@ -272,16 +276,16 @@ def fixed_compression_note(compression: str) -> str:
     return f"{compression} (preflight fails if an end lacks it)"
 
 
-def audit_line(plan: Plan) -> str:
+def audit_line(plan: Decisions) -> str:
     """What the static checks on the source run before anything moves (rb::preflight_audit)."""
-    t, c = plan.transfer, plan.checks
+    transfer, c = plan.transfer, plan.checks
     what = (
-        f"rbprobes preflight --venv {t.src_path} --arch {c.audit_arch} "
+        f"rbprobes preflight --venv {transfer.src_path} --arch {c.audit_arch} "
         f"{' '.join(c.audit_args)}".rstrip()
         if c.audit_arch
-        else f"rbprobes outside {t.src_path}"
+        else f"rbprobes outside {transfer.src_path}"
     )
     return (
-        f"on {t.src_host}: {what} (refused with the files and packages named unless --force; "
-        "on one machine, references outside the venv are said, not refused)"
+        f"on {transfer.src_host}: {what} (refused with the files and packages named unless "
+        "--force; on one machine, references outside the venv are said, not refused)"
     )

@@ -1,8 +1,9 @@
-"""Stage 2 entry point: loaded spec -> `Spec`, or a SpecError listing every problem with its position.
+"""Stage 2 entry point: loaded spec -> `Spec`, or a SpecError listing every problem with its
+position.
 
 Two passes, both always run: the pydantic models (types, allowed keys, formats), then the checks
-that relate fields to each other (host references, source vs target, the GPU catalog). The second pass
-reads the raw data defensively so that it can report next to the first pass's problems.
+that relate fields to each other (host references, source vs target, the GPU catalog). The second
+pass reads the raw data defensively so that it can report next to the first pass's problems.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def placeholders(source: Source) -> list[Problem]:
             for key, value in node.items():
                 walk(value, loc + (key,))
         elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, loc + (i,))
+            for index, value in enumerate(node):
+                walk(value, loc + (index,))
         elif isinstance(node, str):
             found = PLACEHOLDER.search(node)
             if found:
@@ -101,9 +102,10 @@ def _unproved_gpu(source: Source, spec: Spec) -> list[Problem]:
         source.problem(
             where,
             (
-                f"gpu: {spec.gpu.model} is declared but {what}: nothing will prove the GPU (the relocation "
-                "and kernel audit the runbook adds read files only), so a green run says nothing of it; "
-                "add `- devices: {}` (finds and counts the GPUs) or `- matmul: {}` (computes on each)"
+                f"gpu: {spec.gpu.model} is declared but {what}: nothing will prove the GPU (the "
+                "relocation and kernel audit the runbook adds read files only), so a green run "
+                "says nothing of it; add `- devices: {}` (finds and counts the GPUs) or "
+                "`- matmul: {}` (computes on each)"
             ),
             key=True,
         )
@@ -119,10 +121,10 @@ def warning_line(warning: Problem) -> str:
 
 def _unique(problems: list[Problem]) -> list[Problem]:
     seen, out = set(), []
-    for p in problems:
-        if (p.path, p.line, p.column, p.field, p.message) not in seen:
-            seen.add((p.path, p.line, p.column, p.field, p.message))
-            out.append(p)
+    for problem in problems:
+        if (problem.path, problem.line, problem.column, problem.field, problem.message) not in seen:
+            seen.add((problem.path, problem.line, problem.column, problem.field, problem.message))
+            out.append(problem)
     return out
 
 
@@ -302,7 +304,8 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
                 source.problem(
                     ("transfer", key),
                     f"{path!r} must be an absolute path on {host} (relative paths are only for "
-                    "`local: true` hosts, where they are taken from the directory the runbook runs in)",
+                    "`local: true` hosts, where they are taken from the directory the runbook runs "
+                    "in)",
                 )
             )
     if len(ends) == 2:
@@ -336,7 +339,8 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
                 source.problem(
                     ("transfer", "direct", "ssh_config"),
                     "the direct hop is the source host's own ssh, "
-                    "which reads that host's ~/.ssh/config; ssh_config names a file of this machine",
+                    "which reads that host's ~/.ssh/config; ssh_config names a file of this "
+                    "machine",
                 )
             )
         dst_entry = hosts.get(h2)
@@ -350,7 +354,8 @@ def _relations(source: Source, data: dict[str, Any]) -> list[Problem]:
                 source.problem(
                     ("transfer", "route"),
                     f"direct: {h1} reaches {h2} with its own ssh, which does "
-                    f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} reaches "
+                    f"not read hosts.{h2}.ssh_config (a file of this machine): say how {h1} "
+                    "reaches "
                     f"it (transfer.direct: {{ssh: ..., port: ...}}), or use relay (or auto, which "
                     "falls back to relay when the direct hop fails)",
                 )
@@ -409,11 +414,11 @@ def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
     if not isinstance(checks, list):
         return out
     seen: dict[str, int] = {}
-    for i, item in enumerate(checks):
+    for index, item in enumerate(checks):
         if not isinstance(item, dict):
             out.append(
                 source.problem(
-                    ("checks", i), "each check is a mapping like `- matmul: {dtype: bfloat16}`"
+                    ("checks", index), "each check is a mapping like `- matmul: {dtype: bfloat16}`"
                 )
             )
             continue
@@ -423,10 +428,10 @@ def _checks(source: Source, data: dict[str, Any]) -> list[Problem]:
             if key in seen and key not in ("python", "command", "matmul"):
                 out.append(
                     source.problem(
-                        ("checks", i, key),
+                        ("checks", index, key),
                         f"check {key!r} is already listed at checks[{seen[key]}]",
                         key=True,
                     )
                 )
-            seen.setdefault(key, i)
+            seen.setdefault(key, index)
     return out

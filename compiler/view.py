@@ -239,9 +239,9 @@ class Install(Protocol):
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]: ...
 
-    def compression_note(self, plan: Plan) -> str: ...  # as the run decides it, in words
+    def compression_note(self, plan: Decisions) -> str: ...  # as the run decides it, in words
 
-    def preview(self, step: str, plan: Plan) -> list[str]: ...  # a step's --dry-run lines
+    def preview(self, step: str, plan: Decisions) -> list[str]: ...  # a step's --dry-run lines
 
     def settings(self) -> list[Setting]: ...  # its own rows of the settings block
 
@@ -256,8 +256,9 @@ class Install(Protocol):
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The view model of one runbook: every decision, for the templates to paste."""
+class Decisions:
+    """What resolve decides from the spec, before any text: the groups the steps' previews and the
+    settings rows are made from (resolve builds them first, then the Plan in one go)."""
 
     runbook: Identity
     kit: Kit
@@ -267,6 +268,13 @@ class Plan:
     fanout: Optional[Fanout]
     install: Install  # how it installs, chosen once: on one destination, or on the nodes
     hosts: tuple[HostView, ...]
+
+
+@dataclass(frozen=True)
+class Plan(Decisions):
+    """The view model of one runbook: every decision (the Decisions), and the text made from them,
+    for the templates to paste."""
+
     partials: tuple[str, ...]  # the templates of how it installs: on one destination, or the nodes
     steps: tuple[StepView, ...]
     # the settings block, in the runbook's order (made from the groups above)

@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 0ffff9d1c243b3630f7b93dfb36860b0688831f24cfd2c1da06299eb62ca7df1
+# sha256 of this file with these 64 digits zeroed: 3c5107fa961e390e0599fd0a4f851440687a22c49505b9ee9c85c629114625a7
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
-# Usage: bash cluster8.sh [--list | --dry-run | --plan | --apply PLAN | --only STEP | --from STEP] [--report PATH] [--version]
+# Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
+#   [--report PATH] [--force] [--allow-edited] | --restore [N] | --list-backups | --discard-staging
+#   | --version | --help   (--help says what each does)
 #
 # ShellCheck exclusions, for the whole file, each for a reason:
-#   SC2016: scripts run by `sh -c` on a host (here or over ssh) are single-quoted on purpose, so
-#     that `$1` in them expands there; their arguments travel quoted by rb::shq.
-#   SC1003: spec values are single-quoted by the compiler (Python's shlex.quote), right by
-#     construction; a value may hold a backslash, which this check takes for a mistyped
-#     escape.
-#   SC2034: settings and state variables that only the runtime reads (runtime.sh of the pinned
-#     kit) look unused in this file; compile lints the runbook with the runtime in place,
-#     where this check runs.
-# shellcheck disable=SC2016,SC1003,SC2034
+#   SC2016: `sh -c` scripts for a host are single-quoted so that `$1` expands there (rb::shq).
+#   SC1003: spec values are single-quoted by the compiler (shlex.quote): a backslash is no escape.
+#   SC2034: settings only the runtime (the pinned kit's runtime.sh) reads look unused;
+#   SC2154: the state it sets looks unset: compile lints with the runtime in place.
+# shellcheck disable=SC2016,SC1003,SC2034,SC2154
 set -Eeuo pipefail
 shopt -s inherit_errexit
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
@@ -44,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=29fd204acb78576019f19bdf8eff8d64e97ed9b695bb9068a882ca77ce1ddbc3
-readonly RB_KIT_FILE=.kit/29fd204acb78576019f19bdf8eff8d64e97ed9b695bb9068a882ca77ce1ddbc3.tar
+readonly RB_KIT_SHA256=b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86
+readonly RB_KIT_FILE=.kit/b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -67,8 +65,25 @@ readonly RB_AUDIT_ARCH=sm_90
 readonly RB_INCREMENTAL=1
 # hashing threads on each host (auto: one per CPU); one stream per two where the sending end starts the receiving ends (one host, direct)
 readonly RB_JOBS=auto
-# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py).
-readonly RB_ENGINE_CHOICES='{"cuda_home":"/usr/local/cuda-13.0","env":{},"env_file":"","jobs":"auto","keep_backups":2,"library_path_first":["nvidia/cu13/lib"],"on_existing":"backup","on_failed_checks":"rollback","origin":"runbook cluster8 (specs/cluster8.yaml)","rerun":"quick","schema":1,"shared_parent":"refuse","special_modes":"refuse","swap_atomic":"allow","timeout":900,"verify":"sha256"}'
+# The install engine's choices, as one JSON document for the engine on the target (rbkit/choices.py), one key a line.
+readonly RB_ENGINE_CHOICES='{
+  "cuda_home":"/usr/local/cuda-13.0",
+  "env":{},
+  "env_file":"",
+  "jobs":"auto",
+  "keep_backups":2,
+  "library_path_first":["nvidia/cu13/lib"],
+  "on_existing":"backup",
+  "on_failed_checks":"rollback",
+  "origin":"runbook cluster8 (specs/cluster8.yaml)",
+  "rerun":"quick",
+  "schema":1,
+  "shared_parent":"refuse",
+  "special_modes":"refuse",
+  "swap_atomic":"allow",
+  "timeout":900,
+  "verify":"sha256"
+}'
 # fanout: the cluster's engine
 readonly RB_FAN_ENGINE=slurm
 # 8 nodes
@@ -80,8 +95,23 @@ readonly RB_FAN_TIMEOUT=900
 readonly RB_FAN_CONNECT_TIMEOUT=30
 # on each node: the bundle, as BASE-<16 random hex digits, new for each copy>.tar, moved into a new private directory (mktemp -d) and checked there
 readonly RB_FAN_SCRATCH_BASE=/tmp/rbfan-cluster8
-# The checks, as one JSON document for the probe on the target.
-readonly RB_PROBE_CONFIG='{"checks":[{"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},{"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},{"allow_skip":false,"id":"torch","params":{"version":"2.11.0"},"type":"torch"},{"allow_skip":false,"id":"devices","params":{"count":8},"type":"devices"},{"allow_skip":false,"id":"imports","params":{"modules":["torch","sglang"]},"type":"imports"},{"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},{"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"}],"cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},"gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},"host":"login","schema":1,"venv":null}'
+# The checks, as one JSON document for the probe on the target, one key (and one check) a line.
+readonly RB_PROBE_CONFIG='{
+  "checks":[
+    {"allow_skip":false,"id":"relocation","params":{"old":"/opt/sglang/.venv"},"type":"relocation"},
+    {"allow_skip":false,"id":"kernel_audit","params":{},"type":"kernel_audit"},
+    {"allow_skip":false,"id":"torch","params":{"version":"2.11.0"},"type":"torch"},
+    {"allow_skip":false,"id":"devices","params":{"count":8},"type":"devices"},
+    {"allow_skip":false,"id":"imports","params":{"modules":["torch","sglang"]},"type":"imports"},
+    {"allow_skip":false,"id":"libraries","params":{"expect_dirs":[]},"type":"libraries"},
+    {"allow_skip":false,"id":"matmul","params":{"dtype":"bfloat16","every_device":true,"size":4096},"type":"matmul"}
+  ],
+  "cuda":{"home":"/usr/local/cuda-13.0","library_dirs":[],"library_path_first":["nvidia/cu13/lib"],"version":"13.0"},
+  "gpu":{"arch":"sm_90","capability":"9.0","count":8,"model":"H200","names":["H200","H200-SXM","H200-NVL"]},
+  "host":"login",
+  "schema":1,
+  "venv":null
+}'
 # the kernel audit's options from the spec's kernel_audit check
 readonly -a RB_AUDIT_ARGS=()
 # Each file of the spec, three words each: its name, its path from this runbook's folder, its sha256: a run refuses to start when one changed.
@@ -99,45 +129,10 @@ readonly -a RB_AUTO_COMPRESSION=(zstd lz4)
 readonly -a RB_FAN_NODE_LIST=(gpu01 gpu02 gpu03 gpu04 gpu05 gpu06 gpu07 gpu08)
 # sbcast options
 readonly -a RB_FAN_COPY_OPTS=(--fanout=2)
-declare -rA RB_STEP_DOC=(
-  [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
-  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).'
-  [fan_copy]='Let the engine carry the bundle to every node (sbcast, or clush --copy).'
-  [fan_install]='On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).'
-  [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
-)
-declare -rA RB_STEP_PREVIEW=(
-  [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/sglang/.venv
-here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
-  [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
-on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
-re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
-  [fan_copy]='timeout 900 sbcast -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/ --immediate=30 --time=15 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-cluster8-<random>.XXXXXX) && mv /tmp/rbfan-cluster8-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
-re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
-success: at least 7 nodes must pass'
-)
-declare -rA RB_STEP_HOST=(
-  [fan_preflight]=login
-  [fan_pack]=login
-  [fan_copy]=login
-  [fan_install]=login
-  [fan_compare]=login
-)
 
 #######################################
-# Runtime: logging, the step runner, host access. The same in every runbook.
+# How this runbook starts Python: the boot below needs it before the runtime is read.
 #######################################
-RB_STEP=''
-RB_HOST=''
-RB_LAST_CMD=''
-RB_RUN_DIR=${RB_RUN_DIR:-}
-RB_REPORT=${RB_REPORT:-}
-RB_HOLDER=''
-# runs kept, seconds a second run waits (rb::run_dirs checks them)
-RB_KEEP_RUNS=${RB_KEEP_RUNS:-20}
-RB_LOCK_WAIT=${RB_LOCK_WAIT:-30}
 RB_LOCAL_PY=python3
 # how every Python this runbook starts on a host is started (rbrules.launch): isolated, by the
 # path of the kit's entry file in a private directory, from a private working directory
@@ -163,86 +158,6 @@ rb::local_python() {
   done
 }
 rb::local_python
-RB_WORK=''
-# this machine's kit: RB_WORK/kit (private, this run's), never the run directory
-RB_LOCAL_KIT=''
-# the run directory's lock this run holds (rb::run_lock)
-RB_RUN_LOCK=''
-# the runbook's directory: what later runs go on from (rb::run_dirs)
-RB_STATE_DIR=''
-# the probe rolled the install back: a re-run runs every step (rb::finish says so)
-RB_ROLLED_BACK=0
-# 1 once --apply's plan no longer holds (rb::apply_check): the next thing is a new plan, not --from
-RB_APPLY_REFUSED=0
-RB_EVENTS=''
-RB_STEP_START=0
-RB_FINISHED=0
-RB_DRY_RUN=0
-RB_FAILED_STEP=''
-# the last step that finished ok; the signal that interrupted this run (rb::on_signal)
-RB_STEP_DONE=''
-RB_SIGNALLED=0
-RB_WITNESS_PID='' RB_WITNESS_FD=''
-# started with SIGINT ignored: a process that dies of it (rb::witness_start), and 1 once it did
-RB_INT_SENTINEL='' RB_INT_UNTRAPPED=0
-declare -a RB_TREE=() RB_KILLED=()
-RB_COMPRESSION_USED=none
-# the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
-RB_PLAN_UP=''
-declare -a RB_PLAN_ARGS=()
-# why the route and the compression are what they are (rb::route_said, rb::compression_said)
-RB_ROUTE_WHY=''
-RB_COMPRESSION_WHY=''
-# why compression auto was not measured, said with the choice taken instead (one line)
-RB_COMPRESSION_NOTE=''
-declare -a RB_BG_PIDS=()
-# a plan's hosts let go in the background (rb::close_start): its pid, `waited` once waited for
-# (rb::close_wait, rb::cleanup)
-RB_CLOSING=''
-RB_STEP_DETAIL=''
-declare -a RB_HOST_SSH=()
-RB_HOST_TARGET=''
-# the hosts preflight prepared; accept-new hosts whose key is new; where ssh records a host key
-declare -a RB_PREPARE_HOSTS=() RB_KH_NEW=()
-RB_KH_FILE='' RB_KH_NAME='' RB_KH_ALIAS=''
-declare -a RB_PROBE_REPORTS=()
-declare -A RB_KIT_DIR=() RB_EARLY=()
-RB_KIT_TAR_SHA256=''
-RB_ALLOW_EDITED=0
-RB_FORCE=0
-RB_EDITED=''
-RB_SEAL_DONE=0
-RB_SEAL_OUT=''
-RB_CAUSE=''
-RB_HINT=''
-# what to do about the failure rb::fail says next (set just before it; it clears it), and the
-# one command that goes on after it, when the step knows better than --from (rb::finish)
-RB_FAIL_HINT=''
-RB_GO_ON=''
-# the install a failed step left in place (the engine's install_stays), why, what it replaced
-RB_STAYS='' RB_STAYS_WHY='' RB_STAYS_PREVIOUS=''
-# what this run's swap did with the install it replaced: backup, transient (replace), none
-RB_SWAPPED=''
-declare -A RB_PY=()
-declare -A RB_HOST_COMP=()
-declare -A RB_HOST_BOOT=()
-declare -A RB_HOST_CPUS=()
-RB_SOURCE_PID=''
-RB_MANIFEST_PID=''
-# the steps this run runs, in order (main)
-RB_RUN_STEPS=()
-RB_SOURCE_W=''
-declare -A RB_J=()
-RB_NOW=0
-RB_ENGINE_PID=''
-RB_ENGINE_LOCAL_PID=''
-RB_ENGINE_W=''
-RB_ENGINE_R=''
-RB_ENGINE_STATUS=''
-RB_ENGINE_DETAIL=''
-declare -a RB_KIT_ARGV=()
-RB_AUDIT_KEY=''
-RB_SRC_STAT=''
 
 #######################################
 # The runtime: logging, the step runner, host access, the failure report. The same bash in every
@@ -278,58 +193,25 @@ got = hashlib.sha256(data).hexdigest()
 if got != want:
     refuse(f"the kit {path} has sha256 {got}, not the {want} this runbook pins: compile again "
            "(compile writes the kit this runbook was reviewed with)")
-# runtime.sh, a member of this ustar archive (the bytes checked above; tarfile's import costs
-# more than this walk over its headers)
-at = 0
+# runtime.sh and seal.py (partials/seal_check.py.j2, the seal check a standalone runbook holds in
+# place), members of this ustar archive: the bytes checked above (tarfile's import costs more than
+# this walk over its headers)
+found, at = {}, 0
 while at + 512 <= len(data) and data[at:at + 512].strip(b"\0"):
     head = data[at:at + 512]
     size = int(head[124:136].strip(b" \0") or b"0", 8)
     name, kind, prefix = head[:100].rstrip(b"\0"), head[156:157], head[345:500].strip(b"\0")
-    if (name, kind, prefix) == (b"runtime.sh", b"0", b""):
-        sys.stdout.write(data[at + 512:at + 512 + size].decode("utf-8"))
-        break
+    if kind == b"0" and not prefix and name in (b"runtime.sh", b"seal.py"):
+        found.setdefault(name, data[at + 512:at + 512 + size].decode("utf-8"))
     at += 512 + -(-size // 512) * 512
-else:
-    refuse(f"the kit {path} has no runtime.sh")
+if len(found) != 2:
+    refuse(f"the kit {path} has no runtime.sh or no seal.py")
+sys.stdout.write(found[b"runtime.sh"])
 # and the interpreter behind `python3` (a version manager's shim costs a start each time)
 print("RB_LOCAL_PY=" + shlex.quote(sys.executable))
-
-
-def seal_findings(runbook, spec_items):
-    """Lines saying what was edited since compile: the runbook's own text (its sha256 line no
-    longer matches) and each spec file of `spec_items` (NAME, PATH, SHA256, three words each;
-    PATH from the runbook's own folder, whatever the working directory) that changed. A file not
-    there is not checked, and a line `spec not checked: NAME not found from here` says so."""
-    import hashlib
-    import os
-    import re
-
-    found = []
-    try:
-        with open(runbook, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        return [f"this runbook's own text could not be read to check it ({runbook}: {exc.strerror})"]
-    seal = re.search(rb"^# sha256 of this file with these 64 digits zeroed: ([0-9a-f]{64})$", data,
-                     re.M)
-    if not seal or hashlib.sha256(data[:seal.start(1)] + b"0" * 64 + data[seal.end(1):]) \
-            .hexdigest() != seal.group(1).decode():
-        found.append("this runbook was edited after it was compiled")
-    here = os.path.dirname(os.path.realpath(runbook))
-    for at in range(0, len(spec_items) - 2, 3):
-        name, path, want = spec_items[at:at + 3]
-        try:
-            with open(os.path.join(here, path), "rb") as f:
-                got = hashlib.sha256(f.read()).hexdigest()
-        except OSError:
-            found.append(f"spec not checked: {name} not found from here")
-            continue
-        if got != want:
-            found.append(f"{name} changed since this runbook was compiled")
-    return found
-
-
-print("RB_SEAL_OUT=" + shlex.quote("\n".join(seal_findings(sys.argv[3], sys.argv[4:]))))
+seal = {}
+exec(compile(found[b"seal.py"], "seal.py", "exec"), seal)
+print("RB_SEAL_OUT=" + shlex.quote("\n".join(seal["seal_findings"](sys.argv[3], sys.argv[4:]))))
 print("RB_SEAL_DONE=1")
 PY
 }
@@ -551,13 +433,6 @@ rb::fan_full_round() {
 }
 
 #######################################
-# No single-host install paths here: every node stages beside its own destination.
-#######################################
-rb::install_paths() {
-  :
-}
-
-#######################################
 # The Slurm engine: inside an allocation, sbcast carries the bundle, one srun task per node installs.
 #######################################
 rb::fan_ready() {
@@ -684,13 +559,13 @@ rb::fan_state() {
 }
 
 #######################################
-# --plan on a fan-out (main's rb::plan; a single-host runbook's is in install.sh.j2): the hosts
+# --plan on a fan-out (rb::plan, runtime/install.sh.j2, calls it for a fan-out): the hosts
 # prepared and the source scanned as fan_preflight does, every node's state read (rb::fan_state),
 # the plan composed here (rbkit.fanplan compose): the screen on stdout; plan.json, changes-G.txt
 # per group and, with $1 = 1, plan.md in this run's directory. Exits 1 naming every host or node
 # it cannot reach, or when something blocks the run.
 #######################################
-rb::plan() {
+rb::fan_plan() {
   local markdown=$1 src_kit rc=0 out
   RB_STEP=plan
   mkdir -p "${RB_STATE_DIR}/fanout"
@@ -739,35 +614,43 @@ rb::fan_apply_check() {
 }
 
 #######################################
-# The kit: Python tools this runbook runs on each host (hostkit/rbkit, rbprobes, rbrules) and here
-# (hostkit/rbview, the pictures: never sent to a host), pinned by RB_KIT_SHA256 and read from
-# RB_KIT_FILE beside this runbook (compile writes it; `compile --standalone` embeds the kit
-# instead). A file whose hash differs is refused.
-# Arguments: the directory to write them into.
+# The steps, in the order they run: what each does for this spec, on which hosts (--dry-run and
+# --list print these). Their bodies are step_<id>: the runtime's, the same in every runbook, unless written below.
+#   1/5 fan_preflight (specs/cluster8.yaml:15)
+#   2/5 fan_pack (specs/cluster8.yaml:9)
+#   3/5 fan_copy (specs/cluster8.yaml:15)
+#   4/5 fan_install (specs/cluster8.yaml:15)
+#   5/5 fan_compare (specs/cluster8.yaml:15)
 #######################################
-rb::kit_write() {
-  local dir=$1 file got
-  file=${RB_SELF_ABS%/*}/${RB_KIT_FILE}
-  if [[ ! -f "${file}" || -L "${file}" ]]; then
-    rb::fail "the kit ${RB_KIT_FILE} is not beside this runbook (${file}): copy it along with" \
-      "the runbook, or compile --standalone for a runbook that carries its kit"
-  fi
-  cp -- "${file}" "${RB_WORK}/kit-pinned.tar"
-  got=$(rb::sha256 "${RB_WORK}/kit-pinned.tar")
-  if [[ "${got}" != "${RB_KIT_SHA256}" ]]; then
-    rb::fail "the kit ${file} has sha256 ${got}, not the ${RB_KIT_SHA256} this runbook pins;" \
-      "recompile (compile writes the kit this runbook was reviewed with)"
-  fi
-  mkdir -p "${dir}"
-  tar -C "${dir}" -xf "${RB_WORK}/kit-pinned.tar" --no-same-owner --no-same-permissions
-  # what the hosts are sent: the host packages only (the pictures' rbview stays here)
-  tar -C "${dir}" -cf "${RB_WORK}/kit.tar" rbkit rbprobes rbrules
-  RB_KIT_TAR_SHA256=$(rb::sha256 "${RB_WORK}/kit.tar")
-}
+declare -rA RB_STEP_DOC=(
+  [fan_preflight]='Reach the source, check the engine and its tools here, list the nodes.'
+  [fan_pack]='Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).'
+  [fan_copy]='Let the engine carry the bundle to every node (sbcast, or clush --copy).'
+  [fan_install]='On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).'
+  [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
+)
+declare -rA RB_STEP_PREVIEW=(
+  [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/sglang/.venv
+here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
+  [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
+on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
+re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
+  [fan_copy]='timeout 900 sbcast -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
+  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/ --immediate=30 --time=15 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-cluster8-<random>.XXXXXX) && mv /tmp/rbfan-cluster8-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
+  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
+success: at least 7 nodes must pass'
+)
+declare -rA RB_STEP_HOST=(
+  [fan_preflight]=login
+  [fan_pack]=login
+  [fan_copy]=login
+  [fan_install]=login
+  [fan_compare]=login
+)
 
 #######################################
 # Step 1/5: fan_preflight (specs/cluster8.yaml:15)
-# Reach the source, check the engine and its tools here, list the nodes.
 #######################################
 step_fan_preflight() {
   local record='' stat
@@ -803,7 +686,6 @@ step_fan_preflight() {
 
 #######################################
 # Step 2/5: fan_pack (specs/cluster8.yaml:9)
-# Pack the source once: manifest, tar with the chosen compression, the kit: one bundle (on a re-run: only what changed since the last fan-out).
 #######################################
 step_fan_pack() {
   local src_kit dir="${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}" base="${RB_STATE_DIR}/fanout-base.jsonl"
@@ -855,7 +737,6 @@ step_fan_pack() {
 
 #######################################
 # Step 3/5: fan_copy (specs/cluster8.yaml:15)
-# Let the engine carry the bundle to every node (sbcast, or clush --copy).
 #######################################
 step_fan_copy() {
   rb::fan_send copy "${RB_STATE_DIR}/fanout/rbfan-${RB_NAME}.tar" "${RB_FAN_NODES}"
@@ -868,7 +749,6 @@ step_fan_copy() {
 
 #######################################
 # Step 4/5: fan_install (specs/cluster8.yaml:15)
-# On every node at once, the install engine: stage, receive, verify, relocate, prove, swap, exports, probe (a node the changes alone cannot serve gets the whole bundle).
 #######################################
 step_fan_install() {
   # the spec's choices are one document (RB_ENGINE_CHOICES); the rest are this run's facts
@@ -896,7 +776,6 @@ step_fan_install() {
 
 #######################################
 # Step 5/5: fan_compare (specs/cluster8.yaml:15)
-# Fetch every node's report and compare: nodes x checks, odd and missing nodes named.
 #######################################
 step_fan_compare() {
   local rc=0 info node nodes
@@ -930,214 +809,11 @@ step_fan_compare() {
 }
 
 #######################################
-# Set up this run: the private scratch directory and this machine's kit, the runbook's directory
-# and this run's own (rb::run_dirs: private, or refused; held by one run at a time), the log, ssh
-# multiplexing, absolute paths. Nothing is written in either before it is known private and this
-# run holds it.
-#######################################
-rb::init() {
-  # this run's scratch directory in a private parent (rb::scratch_dir): this machine's kit, the
-  # ssh sockets, the working directory of every command this runbook starts from here on, and
-  # their TMPDIR
-  rb::scratch_dir
-  RB_LOCAL_KIT=${RB_WORK}/kit
-  RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
-    -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
-    -c "${RB_SSH_CIPHERS}")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
-  # pinned form's start found it already
-  if [[ "${RB_LOCAL_PY}" == python3 ]]; then
-    RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')
-  fi
-  rb::kit_write "${RB_LOCAL_KIT}"
-  # a plan's ssh connections are made while the run directory is checked (each judged first,
-  # with the kit just written: rb::connect_early)
-  if ((${RB_PLANNING:-0})); then
-    rb::connect_early "${RB_HOSTS[@]}"
-  fi
-  rb::run_dirs
-  RB_EVENTS="${RB_RUN_DIR}/events.tsv"
-  rm -f -- "${RB_EVENTS}" "${RB_RUN_DIR}/run.log"
-  : >"${RB_EVENTS}"
-  : >"${RB_RUN_DIR}/run.log"
-  # the log's copy: tee's status is no step's, and it ignores the signals a Ctrl-C sends the run's
-  # whole process group (gone, the next line this shell writes would end it with SIGPIPE)
-  # shellcheck disable=SC2312
-  exec 2> >(trap '' INT TERM HUP && exec tee -a "${RB_RUN_DIR}/run.log" >&2)
-  rb::witness_start
-  RB_SRC_ABS=$(rb::abspath "${RB_SRC_HOST}" "${RB_SRC_PATH}")
-  RB_DST_ABS=$(rb::abspath "${RB_DST_HOST}" "${RB_DST_PATH}")
-  rb::install_paths
-  cd "${RB_WORK}"
-  rb::log "runbook ${RB_NAME} from ${RB_SPEC} (sha256 ${RB_SPEC_SHA256:0:12}); run dir ${RB_RUN_DIR}"
-  rb::scratch_said
-  if ((RB_ALLOW_EDITED)); then
-    rb::event fact main allow_edited "${RB_EDITED:-no}"
-    rb::log "--allow-edited: ${RB_EDITED:-nothing was edited}"
-  fi
-}
-
-#######################################
-# On exit: close ssh connections, remove this run's scratch directory.
-#######################################
-rb::cleanup() {
-  if [[ -z "${RB_WORK}" ]]; then
-    return 0
-  fi
-  # the run has ended and its report is written: a signal now is said, and cleaning up goes on
-  trap 'rb::cleanup_signal INT' INT
-  trap 'rb::cleanup_signal TERM' TERM
-  trap 'rb::cleanup_signal HUP' HUP
-  rb::witness_stop
-  local running pid
-  local -a live=()
-  # the background jobs still running and what they started (an ssh client, a kit's Python, its
-  # tar); one that ended has nothing left to stop (what it started went to init)
-  running=$(jobs -pr)
-  for pid in "${RB_BG_PIDS[@]}"; do
-    if [[ $'\n'"${running}"$'\n' == *$'\n'"${pid}"$'\n'* ]]; then
-      live+=("${pid}")
-    fi
-  done
-  if ((${#live[@]} > 0)); then
-    rb::kill_tree "${live[@]}"
-  fi
-  if [[ -n "${RB_CLOSING}" ]]; then
-    rb::close_wait
-  else
-    rb::close_hosts
-  fi
-  rm -rf "${RB_WORK}"
-  if [[ -n "${RB_RUN_LOCK}" ]]; then
-    rm -rf -- "${RB_RUN_LOCK}"
-  fi
-}
-
-#######################################
-# A signal while cleaning up: the run's outcome and exit status stand (an ok run's install is done,
-# verified and reported); what the cut cleanup could not remove is named by rb::close_hosts.
-#######################################
-rb::cleanup_signal() {
-  trap '' INT TERM HUP
-  RB_STEP=cleanup rb::log "SIG$1 while cleaning up after the run ended: its report and exit status" \
-    "stand; cleaning up goes on"
-}
-
-#######################################
-# --restore [N]: put backup N (default: the newest whose checks passed) back at the destination,
-# saying which and why; the current install becomes the newest backup (kept apart as
-# DEST.rb-failed when its checks failed); then the checks run on what was put back.
-#######################################
-rb::restore() {
-  local number=$1
-  local -a args=()
-  RB_STEP=restore
-  rb::now
-  RB_STEP_START=${RB_NOW}     # its row's time (issue 45: 1796600526.5s, from the epoch)
-  if [[ "${number}" != latest ]]; then
-    args=("number=${number}")
-  fi
-  rb::kit_ship "${RB_DST_HOST}"
-  # through the destination's engine: under the destination's lock
-  rb::engine_start
-  rb::engine restore "${args[@]}"
-  rb::log "${RB_ENGINE_DETAIL} (${RB_DST_HOST}:${RB_DST_ABS})"
-  rb::restore_checks
-  rb::engine_stop
-  RB_FINISHED=1
-}
-
-#######################################
-# Parse the command line, then run the chosen steps in order.
+# main: the command line (rb::main, the runtime's: every option of Usage: above), then the steps
+# of RB_STEPS in order.
 #######################################
 main() {
-  local only='' from='' id run=0 restore='' list_backups=0 plan=0 markdown=0 discard=0
-  RB_APPLY_PLAN=''
-  RB_PLANNING=0
-  while (($# > 0)); do
-    case "$1" in
-      --list) rb::list; return 0 ;;
-      --version) rb::version; return 0 ;;
-      --allow-edited) RB_ALLOW_EDITED=1 ;;
-      --force) RB_FORCE=1 ;;
-      --dry-run) RB_DRY_RUN=1 ;;
-      --only) only=${2:?--only needs a step}; shift ;;
-      --from) from=${2:?--from needs a step}; shift ;;
-      --report) RB_REPORT=${2:?--report needs a path}; shift ;;
-      --restore)
-        restore=latest
-        if [[ "${2:-}" =~ ^[0-9]+$ ]]; then
-          restore=$2
-          shift
-        fi
-        ;;
-      --list-backups) list_backups=1 ;;
-      --discard-staging) discard=1 ;;
-      --plan) plan=1; RB_PLANNING=1 ;;
-      --markdown) markdown=1 ;;
-      --apply) RB_APPLY_PLAN=${2:?--apply needs a plan.json}; shift ;;
-      -h | --help) rb::usage; return 0 ;;
-      *) echo "unknown option: $1 (see --help)" >&2; return 2 ;;
-    esac
-    shift
-  done
-  for id in "${only}" "${from}"; do
-    if [[ -n "${id}" && -z "${RB_STEP_DOC[${id}]:-}" ]]; then
-      echo "unknown step: ${id} (steps: ${RB_STEPS[*]})" >&2
-      return 2
-    fi
-  done
-  if ((RB_DRY_RUN)); then
-    rb::dry_run
-    return 0
-  fi
-  if ((plan)) || [[ -n "${RB_APPLY_PLAN}" ]]; then
-    # the live plan (rb::plan: the install's partial, install.sh.j2 or fanplan.sh.j2): every step
-    if [[ -n "${only}${from}" ]]; then
-      echo "--plan and --apply are for every step of a run (not with --only or --from);" \
-        "--dry-run shows the steps" >&2
-      return 2
-    fi
-    if [[ -n "${RB_APPLY_PLAN}" && "${RB_APPLY_PLAN}" != /* ]]; then
-      RB_APPLY_PLAN=${PWD}/${RB_APPLY_PLAN}
-    fi
-  fi
-  rb::check_sealed || return 2
-  trap 'rb::on_err "${LINENO}"' ERR
-  trap 'rb::on_signal INT' INT
-  trap 'rb::on_signal TERM' TERM
-  trap 'rb::on_signal HUP' HUP
-  trap rb::cleanup EXIT
-  rb::init
-  if ((list_backups)); then
-    rb::list_backups
-    return 0
-  fi
-  if [[ -n "${restore}" ]]; then
-    rb::restore "${restore}"
-    return 0
-  fi
-  if ((discard)); then
-    rb::discard_staging
-    return 0
-  fi
-  if ((plan)); then
-    rb::plan "${markdown}"
-  elif [[ -n "${RB_APPLY_PLAN}" ]]; then
-    rb::apply_read "${RB_APPLY_PLAN}"
-  fi
-  [[ -z "${from}" ]] && run=1
-  for id in "${RB_STEPS[@]}"; do
-    [[ "${id}" == "${from}" ]] && run=1
-    # the first step (preflight, fan_preflight) always runs: it connects and sets what the rest use
-    if [[ "${id}" == "${RB_STEPS[0]}" ]] || { [[ -z "${only}" ]] && ((run)); } || [[ "${id}" == "${only}" ]]; then
-      RB_RUN_STEPS+=("${id}")
-    fi
-  done
-  for id in "${RB_RUN_STEPS[@]}"; do
-    rb::run_step "${id}"
-  done
-  rb::finish ok
+  rb::main "$@"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -1,6 +1,7 @@
-"""What makes a plain compile start fast (issue #17) stays correct: the caches it reads are only this
-user's, the catalog kept as JSON is the catalog, Check.params says what model_dump said, and a compile
-whose lint results are remembered leaves the error-only and shellcheck-only modules unimported.
+"""What makes a plain compile start fast (issue #17) stays correct: the caches it reads are only
+this user's, the catalog kept as JSON is the catalog, Check.params says what model_dump said, and a
+compile whose lint results are remembered leaves the error-only and shellcheck-only modules
+unimported.
 No timing here: timings belong to benchmarks, not to a test that must pass on a busy machine."""
 
 from __future__ import annotations

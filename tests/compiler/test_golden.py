@@ -24,8 +24,8 @@ KIT_ID = re.compile(
 
 
 def without_kit(text: str) -> str:
-    """The kit (hostkit/rbkit + hostkit/rbprobes, thousands of lines) is the same in every runbook and
-    has its own tests; goldens keep each heredoc's first and last line, so they show what a case
+    """The kit (hostkit/rbkit + hostkit/rbprobes, thousands of lines) is the same in every runbook
+    and has its own tests; goldens keep each heredoc's first and last line, so they show what a case
     changes and not what the kit does."""
     text = KIT_ID.sub(r"\1<kit hash>", text)
     return KIT_FILE.sub(lambda m: f"{m.group(1)}<kit file>\n{m.group(3)}", text)

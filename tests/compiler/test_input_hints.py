@@ -78,7 +78,7 @@ def test_a_string_where_a_list_belongs_shows_the_list_form(tmp_path, entry, hint
     assert len(lines) == 1 and hint in lines[0], lines
 
 
-# -- ssh addresses, tabs, fanout.success ------------------------------------------------------------
+# -- ssh addresses, tabs, fanout.success ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -383,7 +383,7 @@ def test_a_torch_warning_of_a_fanout_spec_names_every_node(tmp_path):
     ]
 
 
-# -- ssh options: an allowlist (issue #15 M1) -------------------------------------------------------
+# -- ssh options: an allowlist (issue #15 M1) ----------------------------------------------------
 
 # Code or commands on this machine, host keys off, this machine's agent, display, credentials or
 # ports handed over, config directives, options the runbook sets itself. Each compiled before the

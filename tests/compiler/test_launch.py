@@ -115,7 +115,7 @@ def test_every_start_has_a_private_working_directory(runbooks):
     (srun from /)."""
     for name, text in runbooks.items():
         lines = [line.strip() for _n, line in bash_lines(text)]
-        for n, line, first in (s for s in starts(text) if s[2] == '"${RB_PY_FLAGS[@]}"'):
+        for n, line, _first in (s for s in starts(text) if s[2] == '"${RB_PY_FLAGS[@]}"'):
             if line.endswith("<<'PY'"):  # the boot and the seal
                 assert "cd / &&" in line, f"{name}.sh:{n}: {line}"
         init = text[text.index("rb::init() {") :]

@@ -209,3 +209,18 @@ def test_a_plans_hosts_are_let_go_while_it_composes(tmp_path):
         check=True,
     )
     assert r.stderr.splitlines() == ["again", "end"], r.stderr
+
+
+def test_a_render_error_is_a_compiler_bug_with_the_lints_exit_code(monkeypatch, tmp_path, capsys):
+    """One error hierarchy (issue 46): a template that fails to render is a bug of the compiler,
+    as a failed lint is: the same exit code, its words, no traceback, nothing written."""
+    from compiler import cli, errors
+
+    def refuse(*_args, **_kwargs):
+        raise render.RenderError("unquoted value 'x' in a template")
+
+    monkeypatch.setattr(render, "render", refuse)
+    code = cli.main(["specs/local.yaml", "-o", str(tmp_path)])
+    assert code == errors.LintError.exit_code == errors.RenderError.exit_code == 3
+    assert "unquoted value 'x' in a template" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

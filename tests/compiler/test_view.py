@@ -5,6 +5,7 @@ Safe word stays Safe on its way to the template."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import typing
 from pathlib import Path
@@ -113,7 +114,8 @@ def test_the_settings_rows_come_from_the_groups():
     arrays = {a.name: a.words for a in p.arrays}
     assert settings["RB_SRC_HOST"] == p.transfer.src_host
     assert settings["RB_FAN_NODES"] == p.fanout.nodes
-    assert settings["RB_PROBE_CONFIG"] == p.checks.config
+    # one key a line, the same document (plan.keyed)
+    assert json.loads(settings["RB_PROBE_CONFIG"]) == json.loads(p.checks.config)
     assert arrays["RB_FAN_NODE_LIST"] == p.fanout.node_list
     assert "RB_ROUTE" not in settings and "RB_DIRECT_SSH" not in arrays
     maps = {m.name: dict(m.entries) for m in p.maps}
@@ -162,7 +164,9 @@ def test_fanout_group_only_for_fanout_specs():
         p = build(spec)
         validated = validate.validate(loader.load(cli.shown_path(spec)))
         if validated.fanout:
-            assert p.fanout is not None and p.install == fanout.FanOut(p.fanout)
+            assert p.fanout is not None and p.install == fanout.FanOut(
+                p.fanout, fanout.ENGINES[p.fanout.engine]
+            )
             assert p.fanout.node_list == tuple(fanout.expand(validated.fanout.nodes))
         else:
             assert p.fanout is None and p.transfer.route is not None

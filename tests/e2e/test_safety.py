@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rbkit import hostfs
+from rbkit import pathid
 
 from tests.e2e.test_relay import build, moved_once, report, run, spec_text
 from tests.lab.payload import build_payload
@@ -22,7 +22,7 @@ KIT = str(Path(__file__).resolve().parents[2] / "hostkit")
 
 
 def identity_on(lab, host: str, path: Path) -> dict:
-    """hostfs.identity(path) run on `host` over ssh (the kit from this checkout: one file
+    """pathid.identity(path) run on `host` over ssh (the kit from this checkout: one file
     system)."""
     r = lab.ssh(
         host,
@@ -31,8 +31,8 @@ def identity_on(lab, host: str, path: Path) -> dict:
             f"PYTHONPATH={KIT}",
             "python3",
             "-c",
-            "import json, sys; from rbkit import hostfs; "
-            "print(json.dumps(hostfs.identity(sys.argv[1])))",
+            "import json, sys; from rbkit import pathid; "
+            "print(json.dumps(pathid.identity(sys.argv[1])))",
             str(path),
         ],
         check=True,
@@ -49,11 +49,11 @@ def test_two_hosts_that_are_one_machine_are_seen_as_one(clean_lab, tmp_path):
     a = identity_on(lab, "src", src)
     b = identity_on(lab, "dst", alias / "venv")
     assert a["hostname"] != b["hostname"], "two hosts by name and address"
-    why = hostfs.same_or_nested(a, b)
+    why = pathid.same_or_nested(a, b)
     assert why is not None and "one directory" in why
-    inside = hostfs.same_or_nested(a, identity_on(lab, "dst", alias / "venv" / "lib" / "new"))
+    inside = pathid.same_or_nested(a, identity_on(lab, "dst", alias / "venv" / "lib" / "new"))
     assert inside is not None and "inside the source" in inside
-    assert hostfs.same_or_nested(a, identity_on(lab, "dst", tmp_path / "opt" / "other")) is None
+    assert pathid.same_or_nested(a, identity_on(lab, "dst", tmp_path / "opt" / "other")) is None
 
 
 def test_a_link_where_relocation_writes_is_never_written_through(clean_lab, tmp_path):

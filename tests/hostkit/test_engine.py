@@ -44,6 +44,7 @@ from rbkit.lock import Lock, Taken, lock_path
 from rbrules import cpus, paths
 from rbrules.choices import Choices, ChoicesError
 
+from compiler import plan
 from tests.hostkit.test_fanout_delta import (
     PKG,
     bundle,
@@ -1180,11 +1181,13 @@ def test_an_oserror_the_kit_raised_with_its_own_words_keeps_them():
 
 
 def _choices_of(runbook: Path) -> str:
-    for line in runbook.read_text().splitlines():
-        if line.startswith("readonly RB_ENGINE_CHOICES="):
-            (value,) = shlex.split(line.split("=", 1)[1])
-            return value
-    raise AssertionError(f"{runbook}: no RB_ENGINE_CHOICES")
+    """The value of RB_ENGINE_CHOICES: one key a line (compiler.plan.keyed), so it spans lines."""
+    found = re.search(
+        r"^readonly RB_ENGINE_CHOICES=('[^']*(?:'\"'\"'[^']*)*')$", runbook.read_text(), re.M
+    )
+    assert found, f"{runbook}: no RB_ENGINE_CHOICES"
+    (value,) = shlex.split(found.group(1))
+    return value
 
 
 @pytest.mark.parametrize(
@@ -1197,7 +1200,7 @@ def test_every_runbook_holds_one_choices_document_the_engine_reads_whole(runbook
     """What the compiler writes (compiler/engineconf.py) is what the kit reads (Choices), key for
     key; no choice of the engine travels as an argument of its own."""
     text = _choices_of(runbook)
-    assert Choices.from_json(text).to_json() == text
+    assert plan.keyed(Choices.from_json(text).to_json()) == text
     words = runbook.read_text() + (ROOT / "tests" / "cases" / "runtime.sh").read_text()
     # the engine's argument lists: serve's (the runtime), receive's (transfer), a node's
     blocks = re.findall(
@@ -1206,7 +1209,8 @@ def test_every_runbook_holds_one_choices_document_the_engine_reads_whole(runbook
         words,
         re.S,
     )
-    assert len(blocks) == 2, blocks
+    # serve's and receive's (the runtime), a fan-out's node's (the runbook)
+    assert len(blocks) == (3 if "\nreadonly RB_FAN_ENGINE=" in words else 2), blocks
     for block in blocks:
         assert '--choices "${RB_ENGINE_CHOICES}"' in block
         assert set(re.findall(r"--[a-z-]+", block)) <= {

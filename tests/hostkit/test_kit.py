@@ -869,7 +869,7 @@ def test_the_embedded_kit_is_written_byte_for_byte_by_one_process(tmp_path, monk
     decided = resolve.resolve(validate.validate(source), source, "local.sh", standalone=True)
     assert decided.kit.separator == "RB_KIT_FILE_1"
     text = render.render(decided)
-    start = text.index("rb::kit_write() {")
+    start = text.index("rb::kit_embedded_write() {")
     assert "cat " not in text[start : text.index("<<'PY'", start)]
     assert "\nRB_KIT_FILE_1 rbkit/zz_no_final_newline.py -n\nx = 1\nRB_KIT_FILE_1 " in text
     script = tmp_path / "local.sh"
