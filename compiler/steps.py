@@ -104,9 +104,8 @@ class SingleHost:
     """The install on one destination: the stream into its staging, then the engine's steps one
     by one there (the strategy resolve picks for a spec without `fanout:`)."""
 
-    # what `compression: auto` takes, the first that every end has (else none). A stream
-    # between two hosts: lz4 first, the best or within 5% of it on a CPU-bound relay and on a
-    # 1 Gbit/s link (docs/benchmarks.md)
+    # what `compression: auto` takes where it is not measured, the first that every end has
+    # (else none): lz4 first (docs/benchmarks.md)
     auto_compression = ("lz4", "zstd")
     partials = ()
     streams = True

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from rbrules.units import human
+
 from . import installs, swapfs
 from .runner import Context, Result, require_lock
 
@@ -87,14 +89,6 @@ def _describe(doc: dict) -> str:
     return "; ".join(parts)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-    return "%d B" % n
-
-
 def list_backups(ctx: Context) -> Result:
     """`--list-backups`: each backup of the destination, the failed install kept apart and the
     one in place: when it was installed, by which runbook and spec, the source's fingerprint,
@@ -115,7 +109,7 @@ def list_backups(ctx: Context) -> Result:
                 label,
                 info.get("installed", "-"),
                 checks,
-                _size(row["size"]),
+                human(row["size"]),
                 "source " + (fp[:12] or "-"),
                 info.get("origin", "-"),
                 row["path"],
