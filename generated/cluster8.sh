@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 3c5107fa961e390e0599fd0a4f851440687a22c49505b9ee9c85c629114625a7
+# sha256 of this file with these 64 digits zeroed: 4a703bbc902afb9e90cabc0294c6923e811aa12d4687fdf95e536515217d30b7
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86
-readonly RB_KIT_FILE=.kit/b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86.tar
+readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
+readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -140,7 +140,7 @@ readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
-# 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
+# docs/benchmarks.md); `python3` when every one is a script. The start that reads
 # the kit goes back to `python3` when that program is older than 3.9.
 rb::local_python() {
   local dir head

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: b05cc318b3b7d1c4ef4b3c0014d77209c597e74169c09a7df3b69a1a5f8a7788
+# sha256 of this file with these 64 digits zeroed: 680bd3eb545e22ede578d4a12d9c9dd1af22cfd8e78375e35afc0e29c1597f36
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86
-readonly RB_KIT_FILE=.kit/b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86.tar
+readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
+readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -131,7 +131,7 @@ readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
-# 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
+# docs/benchmarks.md); `python3` when every one is a script. The start that reads
 # the kit goes back to `python3` when that program is older than 3.9.
 rb::local_python() {
   local dir head

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: d6bf434ba89dce4521611a3dbf49b256b0dbc1beeb18c4dfec7b2192e5a1aa46
+# sha256 of this file with these 64 digits zeroed: f4ac4f27569e29737c62982281763961615a5ec51c2321ed6ae3a9d31e1f13de
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86
-readonly RB_KIT_FILE=.kit/b21ebbbb88e464b5a75f961dcbb2046be9a0e430701657b70c188aecee16ae86.tar
+readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
+readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -127,7 +127,7 @@ readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
-# 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
+# docs/benchmarks.md); `python3` when every one is a script. The start that reads
 # the kit goes back to `python3` when that program is older than 3.9.
 rb::local_python() {
   local dir head

@@ -163,8 +163,7 @@ rb::compression_said() {
 #######################################
 # Widen the pipe on stdout to 1 MiB (Linux's F_SETPIPE_SZ; pipe-max-size is 1 MiB for any user),
 # where there is one; else leave it. Between the two ssh clients of the relay, a 64 KiB pipe makes
-# them take turns: a null relay of 900 MB through the lab's multiplexed masters took 2.18 s, 1.90
-# with 1 MiB; the whole runbook 4.98 -> 4.65 s, 0.5 s less CPU (7 rounds alternated).
+# them take turns (the figure: docs/benchmarks.md, "Figures behind choices in the code").
 #######################################
 rb::wide_pipe() {
   "${RB_LOCAL_PY}" "${RB_PY_FLAGS[@]}" -c 'import fcntl, stat, os, sys
@@ -3054,7 +3053,7 @@ rb::init() {
   RB_SSH_COMMON=(-o BatchMode=yes -o ControlMaster=auto -o "ControlPath=${RB_WORK}/ssh-%C"
     -o ControlPersist=300 -o ServerAliveInterval=15 -o ServerAliveCountMax=4
     -c "${RB_SSH_CIPHERS}")
-  # the real interpreter behind `python3` (a version-manager shim can cost 0.2 s a start); the
+  # the real interpreter behind `python3` (a version-manager shim costs every start); the
   # pinned form's start found it already
   if [[ "${RB_LOCAL_PY}" == python3 ]]; then
     RB_LOCAL_PY=$(cd / && python3 "${RB_PY_FLAGS[@]}" -c 'import sys; print(sys.executable)')

@@ -123,7 +123,7 @@ readonly -a RB_PY_FLAGS=(-I -S -B)
 readonly RB_PY_START=rbrules/start.py
 # this machine's Python for the kit's local tools: the first python3 on PATH that is a program,
 # not a script (a version manager's shim, pyenv's, runs a shell and its resolver at every start:
-# 0.15 s on the machines we measure); `python3` when every one is a script. The start that reads
+# docs/benchmarks.md); `python3` when every one is a script. The start that reads
 # the kit goes back to `python3` when that program is older than 3.9.
 rb::local_python() {
   local dir head
