@@ -55,7 +55,7 @@ from rbrules.linkrate import (
     link_stable,
     link_tail,
 )
-from rbrules.streams import STREAMS_MIN_BYTES, relay_streams
+from rbrules.streams import STREAMS_MIN_BYTES, relay_most, relay_streams
 
 from . import model
 
@@ -483,12 +483,15 @@ def move_of(
 ) -> model.Move:
     """The model's Move from the measured figures (`doc`'s tools), the link's rate and what was
     seen beside it, the run's jobs word and the three machines' CPUs (ends_of's tokens). Its
-    streams are the relay's rule (rbrules.streams.relay_streams), one below STREAMS_MIN_BYTES."""
+    streams: the relay's rule (rbrules.streams.relay_streams), and apart the most the model may
+    choose (relay_most); one below STREAMS_MIN_BYTES."""
     use = {k: cpus.read_token(v) or cpus.read_token(ends["src"]) for k, v in ends.items()}
     fewest = min(cpus.jobs(jobs, u) for u in use.values())
-    n = relay_streams(fewest, min(u.count for u in use.values()))
+    fewest_cpus = min(u.count for u in use.values())
+    count = relay_streams(fewest, fewest_cpus)
+    most = 0 if shared else relay_most(fewest, fewest_cpus)
     if doc.get("tree_bytes", STREAMS_MIN_BYTES) < STREAMS_MIN_BYTES:
-        n = 1
+        count, most = 1, 0
     tools = tuple(
         model.Tool(
             name,
@@ -505,9 +508,10 @@ def move_of(
         model.End(use["src"].share),
         model.End(use["dst"].share),
         model.End(use["here"].share),
-        n,
+        count,
         tools,
         shared,
+        most,
     )
 
 
@@ -521,7 +525,8 @@ def main_lines(
     ends: Optional[Dict[str, str]] = None,
 ) -> List[str]:
     """What `rbkit measure --link RATE` prints for the runbook: `choice WORD`, `why TEXT` (one
-    line: model.said) and the figures as one `json` line (tab-separated), from which the same
+    line: model.said), where the model chose the relay's streams (machines apart) `streams N`,
+    and the figures as one `json` line (tab-separated), from which the same
     choice is made again (the json holds the link, `seen`, the jobs and the three machines'
     CPUs, `ends`); `no_link`: why there is no rate (link 0). Where the machines share CPUs
     (`shared`), a link without CPU to spare (spare_cpu) is none, whatever the tools (not run)."""
@@ -569,12 +574,15 @@ def main_lines(
     )
     if decision is not None:
         doc.update(
-            streams=decision.move.streams,
+            streams=decision.streams,
             options=[
                 {"word": o.word, "rate": int(o.rate), "bound": o.bound} for o in decision.options
             ],
         )
-    return ["choice\t" + choice, "why\t" + why, "json\t" + json.dumps(doc, sort_keys=True)]
+    lines = ["choice\t" + choice, "why\t" + why]
+    if decision is not None and decision.move.most > 0:
+        lines.append("streams\t%d" % decision.streams)  # the relay runs that many (--streams)
+    return lines + ["json\t" + json.dumps(doc, sort_keys=True)]
 
 
 def mb(rate: float) -> str:

@@ -2,29 +2,34 @@
 compression moves the tree fastest, and why in one line. Pure: no I/O, no clock; `rbkit measure`
 measures (measure.py) and calls `decide`, the tests give figures.
 
-The move: N streams side by side (rbrules.streams.relay_streams: the relay's own rule, so the
-model counts the streams the relay will run), each `tar | PACK | ssh` on the source, two ssh
-cipher processes here, `ssh | UNPACK | tar` on the destination. For each option (none, lz4,
-zstd at each measured level with -T1..K threads a stream) its throughput in bytes of the tree a
-second is the smallest of:
+The move: N streams side by side, each `tar | PACK | ssh` on the source, two ssh cipher
+processes here, `ssh | UNPACK | reader | tar` on the destination. Where the machines run apart
+(their CPU sets do not overlap) the model chooses N too, from 1 to Move.most
+(rbrules.streams.relay_most: one a job and a CPU of the fewest), and the relay runs that many;
+where they share CPUs N is the relay's own rule (Move.streams, rbrules.streams.relay_streams).
+For each option (none, lz4, zstd at each measured level with -T1..K threads a stream, in N
+streams) its throughput in bytes of the tree a second is the smallest of:
 
     the link        the link's rate x the option's ratio; the link's rate for N streams is the
                     measured one stream's x N where that stream's cipher was its limit (this
                     machine's ssh busy on a CPU, Link.per_stream), else the one stream's (the wire)
     the packers     the per-core packing rate x the cores they get: min(N x threads, the
                     source's CPUs)
-    the source      its CPUs over what a byte costs there: packing, and the cipher for the
-                    packed bytes (where the cipher's cost was measured)
+    the source      its CPUs over what a byte costs there: tar and its hashing
+                    (rbrules.streams.SENDER_CPU), packing, and the cipher for the packed bytes
+                    (where the cipher's cost was measured)
     the unpackers   the per-core unpacking rate x min(N, the destination's CPUs)
-    the destination its CPUs over unpacking and the cipher, as the source
+    the receivers   N x what one stream's reader and tar carry (rbrules.streams.RECEIVER_RATE)
+    the destination its CPUs over unpacking, the reader and tar (RECEIVER_CPU) and the cipher
     here            this machine's CPUs over its two ciphers a packed byte
 
 Where the machines share CPUs (their CPU sets overlap on one kernel: `Move.shared`), the stages
 take turns on one pool of CPUs: the link's time for the packed bytes (measured with the ciphers
 on those CPUs) plus the packing and the unpacking, spread over the pool, never faster than the
-slowest stage alone (the lab: issue 37's measurements). The fastest option is taken where it
-beats none by MARGIN and a cheaper option by PAYS; else none (the link is faster than every
-option).
+slowest stage alone (the lab: issue 37's measurements). The options are listed cheapest first
+(fewer streams, then none, the tools, fewer threads); the fastest is taken where it beats none by
+MARGIN (a compressor) and a cheaper option by PAYS; else the cheaper (none where the link is
+faster than every option).
 
 stdlib only; Python >= 3.9.
 """
@@ -32,6 +37,8 @@ stdlib only; Python >= 3.9.
 from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from rbrules.streams import RECEIVER_CPU, RECEIVER_RATE, SENDER_CPU
 
 MARGIN = 1.1  # a compressor is taken when it moves the tree this much faster than none
 PAYS = 1.03  # a costlier option (more threads, a higher level) over a cheaper one
@@ -70,22 +77,25 @@ class Move(NamedTuple):
     src: End
     dst: End
     here: End
-    streams: int
+    streams: int  # the relay's own count (rbrules.streams.relay_streams)
     tools: Tuple[Tool, ...]
     shared: bool = False  # the machines' CPU sets overlap: one pool of `src.cpus` CPUs
+    most: int = 0  # apart: the model chooses 1..most streams (0: `streams`, as the relay would)
 
 
 class Option(NamedTuple):
     word: str  # the stream's compression: none, lz4, zstd-1-T2
     rate: float  # bytes of the tree a second
-    bound: str  # the stage that sets it: link, packers, src, unpackers, dst, here, turns
+    bound: str  # the stage that sets it: link, packers, src, unpackers, receivers, dst, here, turns
     tool: Optional[Tool]
+    streams: int = 1  # side by side
 
 
 class Decision(NamedTuple):
     choice: str
     options: Tuple[Option, ...]  # every option tried, the fastest first
     move: Move
+    streams: int = 1  # the relay's streams for the choice
 
 
 def zstd_word(level: int, threads: int) -> str:
@@ -99,25 +109,31 @@ def link_for(link: Link, streams: int) -> float:
     return link.rate * (max(1, streams) if link.per_stream else 1)
 
 
-def _apart(move: Move, tool: Optional[Tool], threads: int) -> Tuple[float, str]:
-    """(bytes of the tree a second, the stage that sets it) on machines of their own."""
-    n = max(1, move.streams)
+def stream_counts(move: Move) -> List[int]:
+    """The stream counts the model weighs: 1..most where the machines run apart and the relay
+    lets it choose, else the relay's own."""
+    if move.most > 0 and not move.shared:
+        return list(range(1, move.most + 1))
+    return [max(1, move.streams)]
+
+
+def _apart(move: Move, tool: Optional[Tool], threads: int, n: int) -> Tuple[float, str]:
+    """(bytes of the tree a second, the stage that sets it) on machines of their own, in `n`
+    streams."""
     ratio = tool.ratio if tool else 1.0
     packed = 1.0 / ratio  # bytes on the wire a byte of the tree
     cipher = 1.0 / move.link.cipher if move.link.cipher else 0.0  # CPU-s a wire byte, an end
-    limits = [(link_for(move.link, n) * ratio, "link")]
+    limits = [(link_for(move.link, n) * ratio, "link"), (n * RECEIVER_RATE, "receivers")]
     if cipher:
         limits.append((move.here.cpus / (2 * cipher * packed), "here"))
-    src_cost, dst_cost = cipher * packed, cipher * packed
+    src_cost, dst_cost = cipher * packed + SENDER_CPU, cipher * packed + RECEIVER_CPU
     if tool is not None:
         limits.append((tool.pack * min(n * threads, move.src.cpus), "packers"))
         limits.append((tool.unpack * min(n, move.dst.cpus), "unpackers"))
         src_cost += 1.0 / tool.pack
         dst_cost += 1.0 / tool.unpack
-    if src_cost:
-        limits.append((move.src.cpus / src_cost, "src"))
-    if dst_cost:
-        limits.append((move.dst.cpus / dst_cost, "dst"))
+    limits.append((move.src.cpus / src_cost, "src"))
+    limits.append((move.dst.cpus / dst_cost, "dst"))
     return min(limits)
 
 
@@ -136,30 +152,38 @@ def _shared(move: Move, tool: Optional[Tool]) -> Tuple[float, str]:
 
 
 def options(move: Move) -> List[Option]:
-    """Every option the move may run, cheapest first: none, then each tool at each thread count
-    from 1 to the source's CPUs a stream (zstd -T; on shared CPUs one)."""
-    out = [Option("none", *(_shared(move, None) if move.shared else _apart(move, None, 1)), None)]
-    for tool in move.tools:
-        most = 1
-        if tool.threads and not move.shared:
-            most = max(1, int(move.src.cpus // max(1, move.streams)))
-        for k in range(1, most + 1):
-            rate, bound = _shared(move, tool) if move.shared else _apart(move, tool, k)
-            word = zstd_word(int(tool.name.split("-")[1]), k) if tool.threads else tool.name
-            out.append(Option(word, rate, bound, tool))
+    """Every option the move may run, cheapest first: for each stream count (stream_counts,
+    fewest first) none, then each tool at each thread count from 1 to the source's CPUs over
+    the streams (zstd -T; on shared CPUs one)."""
+    out: List[Option] = []
+    for n in stream_counts(move):
+        if move.shared:
+            out.append(Option("none", *_shared(move, None), None, n))
+        else:
+            out.append(Option("none", *_apart(move, None, 1, n), None, n))
+        for tool in move.tools:
+            most = 1
+            if tool.threads and not move.shared:
+                most = max(1, int(move.src.cpus // n))
+            for k in range(1, most + 1):
+                rate, bound = _shared(move, tool) if move.shared else _apart(move, tool, k, n)
+                word = zstd_word(int(tool.name.split("-")[1]), k) if tool.threads else tool.name
+                out.append(Option(word, rate, bound, tool, n))
     return out
 
 
 def decide(move: Move) -> Decision:
-    """The option that moves the tree fastest: one beats none by MARGIN and a cheaper option
-    (fewer threads, a lower level, listed before it) by PAYS; ties stay with the cheaper."""
+    """The option that moves the tree fastest: a compressor beats none by MARGIN, any option a
+    cheaper one (fewer streams, fewer threads, a lower level: listed before it) by PAYS; ties
+    stay with the cheaper."""
     tried = options(move)
     best = tried[0]
-    for o in tried[1:]:
-        if o.rate > best.rate * (MARGIN if best.word == "none" else PAYS):
-            best = o
+    for option in tried[1:]:
+        factor = MARGIN if best.word == "none" and option.word != "none" else PAYS
+        if option.rate > best.rate * factor:
+            best = option
     ranked = sorted(tried, key=lambda o: -o.rate)
-    return Decision(best.word, tuple(ranked), move)
+    return Decision(best.word, tuple(ranked), move, best.streams)
 
 
 def mb(rate: float) -> str:
@@ -172,6 +196,7 @@ BOUND_WORDS = {
     "packers": "its packers",
     "src": "the source's CPUs",
     "unpackers": "its unpackers",
+    "receivers": "its streams' readers",
     "dst": "the destination's CPUs",
     "turns": "the shared CPUs",
 }
@@ -191,13 +216,14 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
         )
     else:
         head = "link %s MB/s a stream (%s)" % (mb(link.rate), _limit(link))
-        head += "; %d stream%s, CPUs src %s, dst %s, here %s" % (
-            m.streams,
-            "s" if m.streams != 1 else "",
+        counts = stream_counts(m)
+        head += "; %s, CPUs src %s, dst %s, here %s" % (
+            _streams(counts[-1]) if len(counts) == 1 else "1 to %d streams" % counts[-1],
             _cpus(m.src.cpus),
             _cpus(m.dst.cpus),
             _cpus(m.here.cpus),
         )
+    several = len(stream_counts(m)) > 1
     shown: List[str] = []
     seen = set()
     for option in d.options:  # the fastest first: one entry a tool and level
@@ -205,13 +231,14 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
         if key in seen:
             continue
         seen.add(key)
+        name = _spaced(option.word) + (" in " + _streams(option.streams) if several else "")
         if option.tool is None:
-            shown.append("none %s (%s)" % (mb(option.rate), BOUND_WORDS[option.bound]))
+            shown.append("%s %s (%s)" % (name, mb(option.rate), BOUND_WORDS[option.bound]))
             continue
         shown.append(
             "%s %s (ratio %.1f, packs %s, unpacks %s a CPU; %s)"
             % (
-                _spaced(option.word),
+                name,
                 mb(option.rate),
                 option.tool.ratio,
                 mb(option.tool.pack),
@@ -222,6 +249,8 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
     for tool, why in sorted((failed or {}).items()):
         shown.append("%s: %s" % (tool, why))
     text = "%s; MB/s through: %s: %s" % (head, ", ".join(shown), _spaced(d.choice))
+    if several:
+        text += " in " + _streams(d.streams)
     if d.choice == "none":
         text += ", the link is as fast as any compressor"
     return text
@@ -232,6 +261,10 @@ def _spaced(word: str) -> str:
     if word.startswith("zstd-"):
         return "zstd " + " ".join("-" + w for w in word.split("-")[1:])
     return word
+
+
+def _streams(count: int) -> str:
+    return "%d stream%s" % (count, "s" if count != 1 else "")
 
 
 def _cpus(n: float) -> str:

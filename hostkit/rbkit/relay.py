@@ -15,9 +15,11 @@ on stdin before anything moves:
 
 so a pair whose connection a host refused (sshd's MaxStartups, a firewall) is known before any
 byte moves; it is stopped (its ends exit 3, nothing received) and the tree goes in fewer
-streams, said on stderr. How many: streams.relay_streams: stream_count of the fewest jobs of the
-three machines (each stream costs two ssh cipher processes here), never more than the fewest CPUs
-any of them may use (rbrules.cpus; each end says its own on its gate line), at most
+streams, said on stderr. How many: the count compression auto's model chose (--streams N,
+rbkit.model: where more streams carry no more it takes fewer), never more than streams.relay_most
+(one a job and a CPU of the fewest); else streams.relay_streams: stream_count of the fewest jobs of
+the three machines (each stream costs two ssh cipher processes here), never more than the fewest
+CPUs any of them may use (rbrules.cpus; each end says its own on its gate line), at most
 streams.MAX_STREAMS, none below streams.STREAMS_MIN_BYTES (the split says so). The receiving ends'
 answers are one answer on stdout (sender.Merged): their progress summed, one receive event with
 `streams: N`, or the stream that failed first, named; the others are stopped.
@@ -274,9 +276,11 @@ class Relay:
         compression: str,
         most: int = streams.MAX_STREAMS,
         here: Optional[cpus.Usable] = None,
+        chosen: int = 0,
     ) -> None:
         self.src, self.dst, self.send, self.receive = src, dst, send, receive
         self.prefix, self.jobs, self.compression, self.most = prefix, jobs, compression, most
+        self.chosen = chosen  # the streams compression auto's model chose; 0: the rule's
         self.here = here or cpus.usable()  # the CPUs this machine may use
         self.merged: Any = None
         self.pairs: List[Pair] = []
@@ -357,13 +361,18 @@ class Relay:
             if u is not None
         ]
         fewest = min(u.count for _n, u in usable)
-        want = min(self.most, streams.relay_streams(jobs, fewest))
+        if self.chosen > 0:
+            want = min(self.most, self.chosen, streams.relay_most(jobs, fewest))
+        else:
+            want = min(self.most, streams.relay_streams(jobs, fewest))
         cpus_said = "CPUs usable: %s" % ", ".join("%s %s" % (n, u.why) for n, u in usable)
         pairs = [first]
         n = first.split(want) if want > 1 else 1
         if want > 1:
             why = "below %d MB or no scan record to split" % (streams.STREAMS_MIN_BYTES >> 20)
-        elif streams.stream_count(jobs) > 1:
+        elif self.chosen == 1:
+            why = "compression auto's model: more streams carry no more; %s" % cpus_said
+        elif streams.stream_count(jobs) > 1 or self.chosen > 1:
             why = "no more streams than the fewest CPUs a machine may use, %d; %s" % (
                 fewest,
                 cpus_said,
@@ -398,9 +407,8 @@ class Relay:
                 why = ""
         if n > 1:
             self.say(
-                "%d streams side by side (the fewest jobs of here %d, %s %d, %s %d: one "
-                "stream per two; %s), stream 1 over the run's ssh connections, the others "
-                "over their own%s"
+                "%d streams side by side (the fewest jobs of here %d, %s %d, %s %d: %s; %s), "
+                "stream 1 over the run's ssh connections, the others over their own%s"
                 % (
                     n,
                     self.jobs,
@@ -408,6 +416,11 @@ class Relay:
                     first.src_jobs or 0,
                     self.dst.name,
                     first.dst_jobs or 0,
+                    (
+                        "compression auto's model chose %d" % self.chosen
+                        if self.chosen
+                        else "one stream per two"
+                    ),
                     cpus_said,
                     "; " + why if why else "",
                 )

@@ -231,4 +231,5 @@ def cmd_relay(args: argparse.Namespace) -> int:
         runner.jobs(args.jobs),
         args.compression,
         args.most,
+        chosen=args.streams,
     ).run()

@@ -462,6 +462,12 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--compression", type=compression.compression_word, default="none")
     rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
     rl.add_argument("--most", type=int, default=streams.MAX_STREAMS)
+    rl.add_argument(
+        "--streams",
+        type=int,
+        default=0,
+        help="the streams compression auto's model chose (0: the relay's own rule)",
+    )
     rl.set_defaults(fn=sendside.cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")

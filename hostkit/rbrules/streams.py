@@ -28,10 +28,35 @@ def stream_count(jobs: int) -> int:
 
 
 def relay_streams(jobs: int, cpus: int) -> int:
-    """The relay's streams (rbkit.relay, and compression auto's model of it): stream_count of the
-    fewest jobs of the three machines, and never more than the fewest CPUs any of them may use
-    (rbrules.cpus: a stream's stages take a CPU at each end, its two ciphers one here)."""
+    """The relay's streams where nothing measured them (rbkit.relay; compression auto's model on
+    machines that share CPUs): stream_count of the fewest jobs of the three machines, and never
+    more than the fewest CPUs any of them may use (rbrules.cpus: a stream's stages take a CPU at
+    each end, its two ciphers one here)."""
     return max(1, min(stream_count(jobs), cpus))
+
+
+def relay_most(jobs: int, cpus: int) -> int:
+    """The most streams compression auto's model (rbkit.model) may give the relay where its
+    machines run apart (their CPU sets do not overlap): one a job and a CPU of the fewest any of
+    the three machines may use, at most MAX_STREAMS. The model takes fewer where more carry no
+    more (issue 47: on three machines of 4 CPUs, 2 streams of the rule above left every CPU set
+    under 60% busy, unshaped)."""
+    return max(1, min(MAX_STREAMS, jobs, cpus))
+
+
+# What the model counts for a stream's own ends beyond their cipher and compressor (issue 47;
+# measured on the device's three machines, docs/benchmarks.md): the receiving end's reader
+# between the decompressor and tar (rbkit.tarstream.Digester, one process a stream, hashing each
+# file as it passes) carries about RECEIVER_RATE bytes of the tree a second; the source's tar and
+# hashing cost SENDER_CPU CPU seconds a byte of the tree, the destination's reader and tar
+# RECEIVER_CPU.
+RECEIVER_RATE = 500e6
+
+
+SENDER_CPU = 1.7e-9
+
+
+RECEIVER_CPU = 2.0e-9
 
 
 # A tree's stat walk (statwalk.tree_stat: the live plan's destination state; hostfs.scan: the

@@ -34,6 +34,8 @@ RB_WITNESS_PID='' RB_WITNESS_FD=''
 RB_INT_SENTINEL='' RB_INT_UNTRAPPED=0
 declare -a RB_TREE=() RB_KILLED=()
 RB_COMPRESSION_USED=none
+# the relay's streams compression auto's model chose (rb::measure_finish); 0: the relay's own rule
+RB_RELAY_STREAMS=0
 # the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
 RB_PLAN_UP=''
 declare -a RB_PLAN_ARGS=()
@@ -1069,7 +1071,7 @@ rb::measure_run() {
 # could not measure, saying why.
 #######################################
 rb::measure_finish() {
-  local key value choice='' why='' first clause short
+  local key value choice='' why='' first clause short spaced
   # why it was not measured is said with the fallback's choice, in one line (rb::compression_said)
   if [[ -n "${RB_MEASURE_SKIP}" ]]; then
     RB_COMPRESSION_WHY=${RB_MEASURE_SKIP} RB_COMPRESSION_NOTE=${RB_MEASURE_SKIP}
@@ -1085,6 +1087,7 @@ rb::measure_finish() {
     case "${key}" in
       choice) choice=${value} ;;
       why) why=${value} ;;
+      streams) [[ ! "${value}" =~ ^[1-9][0-9]?$ ]] || RB_RELAY_STREAMS=${value} ;;
       json) rb::fact compression_measured "${value}" ;;
       error) why=${value} ;;
       *) ;;
@@ -1101,8 +1104,14 @@ rb::measure_finish() {
   # figure in run.log (issue 45: one line, hard to parse)
   first=${why%%; *}
   short=${first}
+  # the chosen option's clause names it as the command reads it: zstd-3-T2 is `zstd -3 -T2`
+  spaced=${choice}
+  if [[ "${choice}" == zstd-* ]]; then
+    spaced="zstd -${choice#zstd-}"
+    spaced=${spaced/-T/ -T}
+  fi
   while IFS= read -r clause; do
-    if [[ "${clause}" == "${choice} "* ]]; then
+    if [[ "${clause}" == "${spaced} "* ]]; then
       short+="; ${clause}"
     fi
   done <<<"${why//; /$'\n'}"
@@ -1351,8 +1360,8 @@ rb::relay_streams() {
   recv_words=$(rb::shq "${recv[@]:${skip[dst]}}")
   rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
   relay=("${RB_KIT_ARGV[@]}" engine relay --jobs "${RB_JOBS}" --compression "${RB_COMPRESSION_USED}"
-    --src-name "${RB_SRC_HOST}" --src-ssh="${ssh_of[src]}" --src-kit "${src_kit}"
-    --src-words="${words_of[src]}" --dst-name "${RB_DST_HOST}" --dst-ssh="${ssh_of[dst]}"
+    --streams "${RB_RELAY_STREAMS}" --src-name "${RB_SRC_HOST}" --src-ssh="${ssh_of[src]}"
+    --src-kit "${src_kit}" --src-words="${words_of[src]}" --dst-name "${RB_DST_HOST}" --dst-ssh="${ssh_of[dst]}"
     --dst-kit "${dst_kit}" --dst-words="${words_of[dst]}" --send="${send_words}"
     --receive="${recv_words}" --parts "${list}.parts")
   RB_RELAY_CODES=()
@@ -1846,6 +1855,7 @@ rb::apply_compression() {
     ",${RB_HOST_COMP[${RB_DST_HOST}]:-}," == *",${want%%-*},"* ]]; then
     rb::log "compression: ${want}, as the plan chose (preflight chose ${RB_COMPRESSION_USED} now)"
     RB_COMPRESSION_USED=${want}
+    RB_RELAY_STREAMS=0 # the model's streams were for its own choice
     RB_STEP_DETAIL=${RB_STEP_DETAIL/%compression */compression ${want}}
   else
     rb::log "compression: ${RB_COMPRESSION_USED}, not the plan's ${want}: an end no longer has it"

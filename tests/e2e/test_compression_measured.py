@@ -24,7 +24,7 @@ LINE = re.compile(
     r"compression: ([\w-]+) \(auto, measured: link (\d+) MB/s \(CPUs shared by both "
     r"ends and this machine(?:: [\d.]+ of them\); |, no CPU to spare: )(.*)\)\n"
 )
-SPARE = re.compile(r"lz4 \d+ \(ratio [\d.]+, packs \d+, unpacks \d+ a CPU; [a-z' ]+\)")
+SPARE = re.compile(r"lz4 \d+ \(ratio [\d.]+, packs \d+, unpacks \d+ a CPU; [A-Za-z' ]+\)")
 NO_SPARE = re.compile(
     r"^its ssh here busy \d+% of [\d.]+ s, waiting for a CPU [\d.]+x their time "
     r"on one\): none, no compressor tried$"
