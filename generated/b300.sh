@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: a5e0408dbc680fc5d444c47d7a558f5888a53f3b994d00f5f0309c9011e30b8e
+# sha256 of this file with these 64 digits zeroed: d3f32e459b047ff0737de78f363b2ef1e0e5b744a4905f8a0b9317456eb1b06b
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3
-readonly RB_KIT_FILE=.kit/c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3.tar
+readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
+readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

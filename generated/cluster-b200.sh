@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 3cc56e9767d2be212b194cf83044f59171ef476af38d2a072d6662956f727093
+# sha256 of this file with these 64 digits zeroed: eb7190c864ad4642a6e689ce45da7827c5e33d675abff75c0a7627790d2ddbb5
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3
-readonly RB_KIT_FILE=.kit/c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3.tar
+readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
+readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: dd40c8b3e34eb703d0acbdd3c5e3519bd6d3147115ba09a9aaac5cde6e904be1
+# sha256 of this file with these 64 digits zeroed: ec84a7a49320025d3c1cd856844d22ecb75495d2564d62dc6064848292f73997
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3
-readonly RB_KIT_FILE=.kit/c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3.tar
+readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
+readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

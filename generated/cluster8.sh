@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 48e60881dc87d9531322e1f2a4f4dcb8aa73bc77b95065cbe4b17064b5fa1b0d
+# sha256 of this file with these 64 digits zeroed: 101c9874af3af1783a96fbbc43d1e5010b961b258340c43cda059ebdae7bd4a4
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3
-readonly RB_KIT_FILE=.kit/c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3.tar
+readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
+readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 423c3095b0da77f677e4c98c376c979ca94cd2a5c043994aabdb85f840b53fb5
+# sha256 of this file with these 64 digits zeroed: 7027547ae491ee9b2b5f4c48de4c89cc6305da81902198ad36b0346919cb0f18
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3
-readonly RB_KIT_FILE=.kit/c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3.tar
+readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
+readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 5b16c1055a714082735a89739b852424e4cb436f74f12bf69fba5998b928e6fb
+# sha256 of this file with these 64 digits zeroed: 8db93c2e26a8ed80959de9278cf46e1da2688209168af703bae095382e3f8522
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3
-readonly RB_KIT_FILE=.kit/c84716dc1de4c2ae0cf3478d8becdaffc2e3da6d28c3468b23a0fdc6a8bfb4f3.tar
+readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
+readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
