@@ -56,7 +56,15 @@ def rows(
 ) -> tuple[tuple[Setting, ...], tuple[Array, ...], tuple[Map, ...]]:
     """The settings block of the runbook of `plan` and its `steps`: values, arrays, the steps'
     maps."""
-    return _settings(plan), _arrays(plan, steps), _maps(steps)
+    return _settings(plan), _arrays(plan, tuple(s.id for s in steps)), _maps(steps)
+
+
+def values(plan: Decisions, ids: tuple[str, ...]) -> dict[str, object]:
+    """Each `readonly` value and array of the settings block by its name, as the runbook holds it:
+    what a step's --dry-run preview names (actions.preview)."""
+    held: dict[str, object] = {row.name: row.value for row in _settings(plan)}
+    held.update((row.name, row.words) for row in _arrays(plan, ids))
+    return held
 
 
 def _settings(plan: Decisions) -> tuple[Setting, ...]:
@@ -158,7 +166,7 @@ def keyed(document: str) -> str:
     return "{\n" + ",\n".join(item(key, data[key]) for key in sorted(data)) + "\n}"
 
 
-def _arrays(plan: Decisions, steps: tuple[StepView, ...]) -> tuple[Array, ...]:
+def _arrays(plan: Decisions, ids: tuple[str, ...]) -> tuple[Array, ...]:
     """The runbook's `readonly -a` arrays, in its order."""
     runbook, transfer, checks = plan.runbook, plan.transfer, plan.checks
     rows = [
@@ -174,7 +182,7 @@ def _arrays(plan: Decisions, steps: tuple[StepView, ...]) -> tuple[Array, ...]:
             "folder, its sha256: a run refuses to start when one changed.",
         ),
         Array("RB_HOSTS", tuple(h.id for h in plan.hosts), "Hosts this runbook touches."),
-        Array("RB_STEPS", tuple(s.id for s in steps)),
+        Array("RB_STEPS", ids),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
         Array(
             "RB_LIBRARY_DIRS",

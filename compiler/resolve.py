@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from rbrules import paths
 
-from . import __version__, catalog, fanout, plan, steps
+from . import __version__, actions, catalog, fanout, plan, steps
 from . import kit as kitfiles
 from .loader import Source
 from .render import Safe
@@ -151,6 +151,7 @@ def resolve(
     # the steps (each with its --dry-run preview) and the settings rows, from the decisions; then
     # the Plan in one go
     ids = install.step_ids(checks.run)
+    held = {**plan.values(decided, ids), **install.values(decided)}
     step_views = tuple(
         StepView(
             id=sid,
@@ -159,7 +160,7 @@ def resolve(
             where=_step_where(source, sid),
             doc=steps.DOCS[sid],
             host=steps.host(sid, transfer),
-            preview="\n".join(install.preview(sid, decided)),
+            preview="\n".join(actions.preview(install.actions[sid], decided, held)),
             # the single-host bodies are the runtime's (runtime_inline.sh.j2), a fan-out's its
             # own
             template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",

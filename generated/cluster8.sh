@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 4a703bbc902afb9e90cabc0294c6923e811aa12d4687fdf95e536515217d30b7
+# sha256 of this file with these 64 digits zeroed: 11ecdfa5ebbb0da152df3cffa7380fa39e5ae151c2238464dd9e83628a8da989
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -630,15 +630,15 @@ declare -rA RB_STEP_DOC=(
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
-  [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/sglang/.venv
+  [fan_preflight]='on build: connect; ship the kit; rbkit engine scan /opt/sglang/.venv
 here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
   [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
-on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
+on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress: zstd (preflight fails if an end lacks it)> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
-  [fan_copy]='timeout 900 sbcast -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/ --immediate=30 --time=15 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-cluster8-<random>.XXXXXX) && mv /tmp/rbfan-cluster8-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+  [fan_copy]='here: timeout 900 sbcast -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
+  [fan_install]='here: timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/ --immediate=30 --time=15 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-cluster8-<random>.XXXXXX) && mv /tmp/rbfan-cluster8-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
+  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare (nodes x checks, identical rows folded)
 success: at least 7 nodes must pass'
 )
 declare -rA RB_STEP_HOST=(
