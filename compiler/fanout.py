@@ -327,30 +327,30 @@ class FanOut:
         ]
 
     def settings(self) -> list[Setting]:
-        f = self.fanout
-        comment = f"{len(f.node_list)} nodes"
-        if f.nodes != f.nodes_given:
-            comment += f" (fanout.nodes: {f.nodes_given})"
+        fan = self.fanout
+        comment = f"{len(fan.node_list)} nodes"
+        if fan.nodes != fan.nodes_given:
+            comment += f" (fanout.nodes: {fan.nodes_given})"
         rows = [
-            Setting("RB_FAN_ENGINE", f.engine, "fanout: the cluster's engine"),
-            Setting("RB_FAN_NODES", f.nodes, comment),
-            Setting("RB_FAN_SUCCESS", f.success, "all, or how many nodes must pass"),
+            Setting("RB_FAN_ENGINE", fan.engine, "fanout: the cluster's engine"),
+            Setting("RB_FAN_NODES", fan.nodes, comment),
+            Setting("RB_FAN_SUCCESS", fan.success, "all, or how many nodes must pass"),
             Setting(
-                "RB_FAN_TIMEOUT", str(f.timeout_s), "seconds for each engine call (copy, install)"
+                "RB_FAN_TIMEOUT", str(fan.timeout_s), "seconds for each engine call (copy, install)"
             ),
-            Setting("RB_FAN_CONNECT_TIMEOUT", str(f.connect_timeout)),
+            Setting("RB_FAN_CONNECT_TIMEOUT", str(fan.connect_timeout)),
             Setting(
                 "RB_FAN_SCRATCH_BASE",
-                f.scratch_base,
+                fan.scratch_base,
                 "on each node: the bundle, as BASE-<16 random hex digits, new for each copy>"
                 ".tar, moved into a new private directory (mktemp -d) and checked there",
             ),
         ]
-        if f.topology is not None:
+        if fan.topology is not None:
             rows.append(
                 Setting(
                     "RB_FAN_TOPOLOGY",
-                    f.topology,
+                    fan.topology,
                     "clush tree mode (fanout.topology); empty: this machine sends to every node",
                 )
             )
@@ -358,17 +358,17 @@ class FanOut:
 
     def arrays(self) -> list[Array]:
         """The node list, and the options only the spec's engine takes."""
-        f = self.fanout
-        rows = [Array("RB_FAN_NODE_LIST", f.node_list, "fanout.nodes, expanded")]
-        if f.copy_opts is not None:
-            rows.append(Array("RB_FAN_COPY_OPTS", f.copy_opts, "sbcast options"))
-        if f.engine_opts is not None:
-            rows.append(Array("RB_FAN_ENGINE_OPTS", f.engine_opts, "clush options"))
-        if f.clush is not None:
+        fan = self.fanout
+        rows = [Array("RB_FAN_NODE_LIST", fan.node_list, "fanout.nodes, expanded")]
+        if fan.copy_opts is not None:
+            rows.append(Array("RB_FAN_COPY_OPTS", fan.copy_opts, "sbcast options"))
+        if fan.engine_opts is not None:
+            rows.append(Array("RB_FAN_ENGINE_OPTS", fan.engine_opts, "clush options"))
+        if fan.clush is not None:
             rows.append(
                 Array(
                     "RB_FAN_CLUSH",
-                    f.clush,
+                    fan.clush,
                     "how clush is started (tree mode: with the gateways' python)",
                 )
             )

@@ -192,11 +192,13 @@ def _step_where(source: Source, sid: str) -> str:
 # -- hosts -----------------------------------------------------------------------------------------
 
 
-def _kit_file(f: kitfiles.KitFile, separator: str) -> KitFile:
+def _kit_file(file: kitfiles.KitFile, separator: str) -> KitFile:
     """One file of an embedded kit: the line naming it, then its text (kit.embedded)."""
-    text, cut = kitfiles.embedded(f.text)
+    text, cut = kitfiles.embedded(file.text)
     return KitFile(
-        path=f.path, head=Safe(f"{separator} {f.path}" + (" -n" if cut else "")), text=Safe(text)
+        path=file.path,
+        head=Safe(f"{separator} {file.path}" + (" -n" if cut else "")),
+        text=Safe(text),
     )
 
 

@@ -180,10 +180,10 @@ class Cuda(Model):
 
     @model_validator(mode="after")
     def _relative_dirs(self) -> "Cuda":
-        for index, d in enumerate(self.library_path_first):
-            if d.startswith("/") or ".." in d.split("/") or d.startswith("-"):
+        for index, folder in enumerate(self.library_path_first):
+            if folder.startswith("/") or ".." in folder.split("/") or folder.startswith("-"):
                 raise ValueError(
-                    f"library_path_first[{index}]: {d!r} must be relative to the venv's "
+                    f"library_path_first[{index}]: {folder!r} must be relative to the venv's "
                     "site-packages"
                 )
         return self
