@@ -10,7 +10,7 @@ part of them is a reference, `{NAME}`, to one decision, never a copy of it:
                            itself holds, for the runtime to read)
     {destination.staging}  a field of the decisions (view.Decisions) that no row holds
     {rules.tar_record}     a rule the kit states (rbrules), as RULES names it
-    {compression}          what the install decides in words (Install.values)
+    {compression}          what the install decides in words (Install.preview_words)
     {host.id}              the host an `each host` action is about (view.HostView)
 
 A list of words is shown as shell words (quoted as one would type them), or, with `{NAME:list}`,
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 from rbrules import enginerules, launch, paths, streams
 
+from . import plan
 from .errors import CompilerBug
 from .view import Action
 
@@ -55,19 +56,25 @@ ON = {
 REFERENCE = re.compile(r"( ?)\{([A-Za-z_][A-Za-z0-9_.]*)(?::(list|count))?\}")
 
 
+def named(decided: Decisions, ids: tuple[str, ...]) -> dict[str, object]:
+    """What a preview may name besides the decisions' fields and the rules: the settings block's
+    rows (of a runbook with the steps `ids`) and the install's own words."""
+    return {**plan.values(decided, ids), **decided.install.preview_words(decided)}
+
+
 def preview(
-    actions: tuple[Action, ...], plan: Decisions, values: Mapping[str, object]
+    actions: tuple[Action, ...], decided: Decisions, values: Mapping[str, object]
 ) -> list[str]:
     """A step's --dry-run lines: each of its actions that applies, its references filled in from
-    `values` (the settings block's rows and the install's own words) and the decisions."""
+    `values` (`named`) and the decisions."""
     lines = []
     for action in actions:
-        for host in plan.hosts if action.on == "each host" else (None,):
-            if not _applies(action, plan, values, host):
+        for host in decided.hosts if action.on == "each host" else (None,):
+            if not _applies(action, decided, values, host):
                 continue
-            run, note = (_fill(text, plan, values, host) for text in (action.run, action.note))
+            run, note = (_fill(text, decided, values, host) for text in (action.run, action.note))
             said = f"{run} ({note})" if run and note else run or note
-            lines.append(_fill(ON[action.on], plan, values, host) + said)
+            lines.append(_fill(ON[action.on], decided, values, host) + said)
     return lines
 
 
@@ -79,19 +86,21 @@ def references(action: Action) -> list[str]:
 
 
 def _applies(
-    action: Action, plan: Decisions, values: Mapping[str, object], host: Optional[HostView]
+    action: Action, decided: Decisions, values: Mapping[str, object], host: Optional[HostView]
 ) -> bool:
-    if action.when and _value(action.when[0], plan, values, host) != action.when[1]:
+    if action.when and _value(action.when[0], decided, values, host) != action.when[1]:
         return False
-    return not (action.unless and _value(action.unless[0], plan, values, host) == action.unless[1])
+    return not (
+        action.unless and _value(action.unless[0], decided, values, host) == action.unless[1]
+    )
 
 
 def _fill(
-    text: str, plan: Decisions, values: Mapping[str, object], host: Optional[HostView]
+    text: str, decided: Decisions, values: Mapping[str, object], host: Optional[HostView]
 ) -> str:
     def shown(match: re.Match[str]) -> str:
         space, name, form = match.groups()
-        value = _value(name, plan, values, host)
+        value = _value(name, decided, values, host)
         if isinstance(value, (tuple, list)):
             if form == "count":
                 value = str(len(value))
@@ -106,7 +115,7 @@ def _fill(
 
 
 def _value(
-    name: str, plan: Decisions, values: Mapping[str, object], host: Optional[HostView]
+    name: str, decided: Decisions, values: Mapping[str, object], host: Optional[HostView]
 ) -> object:
     """The decision `name` refers to (see the module's docstring)."""
     if name in values:
@@ -114,7 +123,7 @@ def _value(
     head, _, rest = name.partition(".")
     if head == "rules" and rest in RULES:
         return RULES[rest]
-    found: object = host if head == "host" else plan
+    found: object = host if head == "host" else decided
     parts = rest.split(".") if head == "host" else name.split(".")
     for part in parts:
         if found is None or not hasattr(found, part):

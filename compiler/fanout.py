@@ -374,7 +374,7 @@ class FanOut:
             )
         return rows
 
-    def values(self, plan: Decisions) -> dict[str, object]:
+    def preview_words(self, plan: Decisions) -> dict[str, object]:
         """Its own words for the previews: the compression as the run decides it, and srun's
         --time (the engine's timeout in whole minutes, as the slurm partial rounds it)."""
         return {

@@ -151,7 +151,7 @@ def resolve(
     # the steps (each with its --dry-run preview) and the settings rows, from the decisions; then
     # the Plan in one go
     ids = install.step_ids(checks.run)
-    held = {**plan.values(decided, ids), **install.values(decided)}
+    held = actions.named(decided, ids)
     step_views = tuple(
         StepView(
             id=sid,

@@ -325,7 +325,7 @@ class SingleHost:
     def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]:
         return []
 
-    def values(self, plan: Decisions) -> dict[str, object]:
+    def preview_words(self, plan: Decisions) -> dict[str, object]:
         """Its own words for the previews: the compression as the run decides it, and the way the
         stream goes (a pipe on one host, else the route)."""
         transfer = plan.transfer

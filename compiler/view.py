@@ -259,7 +259,7 @@ class Install(Protocol):
     # each step's --dry-run lines as data (actions.preview makes them), by step id
     actions: Mapping[str, tuple[Action, ...]]
 
-    def values(self, plan: Decisions) -> dict[str, object]: ...  # its own words for them
+    def preview_words(self, plan: Decisions) -> dict[str, object]: ...  # its own words for them
 
     def settings(self) -> list[Setting]: ...  # its own rows of the settings block
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler import actions, cli, fanout, loader, plan, resolve, steps, validate, view
+from compiler import actions, cli, fanout, loader, resolve, steps, validate, view
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = sorted((ROOT / "tests" / "cases" / "valid").glob("*.yaml"))
@@ -80,7 +80,7 @@ def test_every_reference_names_a_decision(plans):
 
 
 def _resolves(name: str, p: view.Plan) -> bool:
-    held = {**plan.values(p, tuple(s.id for s in p.steps)), **p.install.values(p)}
+    held = actions.named(p, tuple(s.id for s in p.steps))
     if name.startswith("RB_"):
         return name in held
     try:
@@ -96,7 +96,7 @@ def test_the_preview_shows_the_settings_blocks_values(plans):
     p = next(p for p in plans if isinstance(p.install, steps.SingleHost))
     moved = dataclasses.replace(p.transfer, src_path="/elsewhere/v env")
     changed = dataclasses.replace(p, transfer=moved)
-    held = {**plan.values(changed, tuple(s.id for s in p.steps)), **p.install.values(changed)}
+    held = actions.named(changed, tuple(s.id for s in p.steps))
     assert held["RB_SRC_PATH"] == "/elsewhere/v env"
     lines = actions.preview(steps.ACTIONS["manifest"], changed, held)
     assert lines[0].startswith(f"on {p.transfer.src_host}: rbkit engine hash /elsewhere/v env ")
