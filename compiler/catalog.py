@@ -179,16 +179,16 @@ def _cores() -> dict[str, GpuModel]:
     return {core: gpu for core, gpu in cores.items() if gpu is not None}
 
 
-def closest(model: str, n: int = 3) -> list[str]:
-    """Up to `n` catalog model names nearest to `model` (for a did-you-mean), nearest first."""
+def closest(model: str, count: int = 3) -> list[str]:
+    """Up to `count` catalog model names nearest to `model` (for a did-you-mean), nearest first."""
     names = {}
     for gpu in models():
         for name in (gpu.name, *gpu.aliases):
             names.setdefault(_core(name), gpu.name)
     import difflib  # only a mistake needs it
 
-    near = difflib.get_close_matches(_core(model), list(names), n=4 * n, cutoff=0.6)
-    return list(dict.fromkeys(names[key] for key in near))[:n]
+    near = difflib.get_close_matches(_core(model), list(names), n=4 * count, cutoff=0.6)
+    return list(dict.fromkeys(names[key] for key in near))[:count]
 
 
 def by_capability(capability: str) -> list[GpuModel]:

@@ -27,22 +27,21 @@ def choices(
     fan: Optional[Fanout],
 ) -> dict[str, Any]:
     """The plan's groups as the document's keys (Choices' fields)."""
-    d = destination
     return {
-        "on_existing": d.on_existing,
+        "on_existing": destination.on_existing,
         "rerun": transfer.rerun,
         "verify": transfer.verify,
-        "special_modes": d.special_modes,
-        "keep_backups": d.keep_backups,
-        "swap_atomic": d.swap_atomic,
-        "shared_parent": d.shared_parent,
+        "special_modes": destination.special_modes,
+        "keep_backups": destination.keep_backups,
+        "swap_atomic": destination.swap_atomic,
+        "shared_parent": destination.shared_parent,
         # without checks nothing fails after the swap: the engine's default
         "on_failed_checks": checks.on_failed_checks if checks.run else "keep",
         "jobs": int(transfer.jobs) if transfer.jobs.isdigit() else "auto",
-        "cuda_home": d.cuda_home,
-        "env_file": d.env_file,
-        "library_path_first": list(d.library_path_first),
-        "env": dict(item.split("=", 1) for item in d.env),
+        "cuda_home": destination.cuda_home,
+        "env_file": destination.env_file,
+        "library_path_first": list(destination.library_path_first),
+        "env": dict(item.split("=", 1) for item in destination.env),
         "origin": f"runbook {runbook.name} ({runbook.spec_path})",
         # a fan-out node's children (the stream, the checks) each get fanout.timeout_s
         "timeout": fan.timeout_s if fan is not None else None,

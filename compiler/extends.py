@@ -241,9 +241,9 @@ def _inherit(base_origins: dict, loc: Loc, out: dict) -> None:
         if loc[:depth] in base_origins:
             out[loc] = base_origins[loc[:depth]]
             break
-    n = len(loc)
+    depth = len(loc)
     for key, path in base_origins.items():
-        if len(key) > n and key[:n] == loc:
+        if len(key) > depth and key[:depth] == loc:
             out[key] = path
 
 

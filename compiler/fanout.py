@@ -6,24 +6,21 @@ Node sets are read by ClusterShell's own `NodeSet`, as clush and `nodeset -e` re
 with this machine's ClusterShell groups (groups.conf). `expand()` checks and expands them; `fold()`
 is the set as the engines get it (groups and steps expanded, e.g. `gpu[01,03,05]`). resolve.py
 expands the spec's node set once, into the Plan's `Fanout` group, and picks `FanOut`, the install
-strategy of a spec with `fanout:`: its steps, their `--dry-run` previews, its settings rows and
-partials, all made from the decisions (the step summaries are steps.py's, as for every step). Slurm
-or clush is decided once (ENGINES[engine]): each engine's options, partial and commands are its
-entry's.
+strategy of a spec with `fanout:`: its steps and what each runs (ACTIONS, the data actions.preview
+makes their `--dry-run` lines from), its settings rows and partials, all made from the decisions
+(the step summaries are steps.py's, as for every step). Slurm or clush is decided once
+(ENGINES[engine]): each engine's options, partial and commands are its entry's.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from rbrules import common, launch
-
 from .errors import Problem
 from .steps import FANOUT, fixed_compression_note
-from .view import Array, Fanout, Setting
+from .view import Action, Array, Fanout, Setting
 
 if TYPE_CHECKING:
     from .view import Decisions, Plan
@@ -145,64 +142,113 @@ def _range_size(text: str) -> int:
     return max(0, int(last) - int(first)) // max(1, int(step)) + 1
 
 
+# the bundle here, and its name on each node before the node moves it into a private directory
+BUNDLE = "runs/{RB_NAME}/fanout/rbfan-{RB_NAME}.tar"
+SCRATCH = "{RB_FAN_SCRATCH_BASE}-<random>"
+# the node script (RB_FAN_NODE_SCRIPT) in short: the bundle moved into a new private directory,
+# checked (owner, mode, links, sha256 against the pin), then unpacked and run
+NODE_COMMAND = (
+    f"sh -c 'D=$(mktemp -d {SCRATCH}.XXXXXX) && mv {SCRATCH}.tar $D/bundle.tar && <check it: "
+    "owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D "
+    "--exclude=./payload && cd $D && python3 {rules.flags} $D/kit/{rules.start} rbkit.fanout "
+    "node --dir $D --dest {RB_DST_PATH} --old {RB_SRC_PATH} ...'"
+)
+CLUSH_WORDS = (
+    "timeout {RB_FAN_TIMEOUT} {RB_FAN_CLUSH} -w {RB_FAN_NODES} -S -t {RB_FAN_CONNECT_TIMEOUT} "
+    "-u {RB_FAN_TIMEOUT} {RB_FAN_ENGINE_OPTS}"
+)
+
+
 @dataclass(frozen=True)
 class Engine:
     """What differs between the cluster's engines: the tools fan_preflight checks here, and the
     commands that copy the bundle to the nodes and run the node script there (`--dry-run`'s
-    words; the bash is the engine's partial, partials/fanout_<name>.sh.j2)."""
+    words, as actions.Action text; the bash is the engine's partial,
+    partials/fanout_<name>.sh.j2)."""
 
     name: str
     tools: str
+    copies: str
+    installs: str
 
     @property
     def partial(self) -> str:
         return f"partials/fanout_{self.name}.sh.j2"
 
-    def copies(self, f: Fanout, bundle: str, scratch: str) -> str:
-        raise NotImplementedError
-
-    def installs(self, f: Fanout, node_cmd: str) -> str:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class Slurm(Engine):
-    def copies(self, f: Fanout, bundle: str, scratch: str) -> str:
-        copy = "".join(f" {shlex.quote(o)}" for o in f.copy_opts or ())
-        return f"timeout {f.timeout_s} sbcast -t {f.connect_timeout}{copy} {bundle} {scratch}.tar"
-
-    def installs(self, f: Fanout, node_cmd: str) -> str:
-        count = len(f.node_list)
-        return (
-            f"timeout {f.timeout_s} srun -N {count} -n {count} "
-            f"--ntasks-per-node=1 -w {f.nodes} --chdir=/ "
-            f"--immediate={f.connect_timeout} "
-            f"--time={max(1, (f.timeout_s + 59) // 60)} -K0 {node_cmd}"
-        )
-
-
-@dataclass(frozen=True)
-class Clush(Engine):
-    @staticmethod
-    def words(f: Fanout) -> str:
-        """clush's start, nodes and options, as the engine's partial runs it."""
-        clush = "".join(f"{shlex.quote(w)} " for w in f.clush or ())
-        opts = "".join(f" {shlex.quote(o)}" for o in f.engine_opts or ())
-        return (
-            f"timeout {f.timeout_s} {clush}-w {f.nodes} -S -t {f.connect_timeout} "
-            f"-u {f.timeout_s}{opts}"
-        )
-
-    def copies(self, f: Fanout, bundle: str, scratch: str) -> str:
-        return f"{self.words(f)} --copy {bundle} --dest {scratch}.tar"
-
-    def installs(self, f: Fanout, node_cmd: str) -> str:
-        return f"{self.words(f)} {node_cmd}"
-
 
 ENGINES: dict[str, Engine] = {
-    "slurm": Slurm("slurm", "sbcast, srun, SLURM_JOB_ID"),
-    "clush": Clush("clush", "clush, nodeset"),
+    "slurm": Engine(
+        "slurm",
+        "sbcast, srun, SLURM_JOB_ID",
+        copies="timeout {RB_FAN_TIMEOUT} sbcast -t {RB_FAN_CONNECT_TIMEOUT} {RB_FAN_COPY_OPTS} "
+        f"{BUNDLE} {SCRATCH}.tar",
+        installs="timeout {RB_FAN_TIMEOUT} srun -N {RB_FAN_NODE_LIST:count} -n "
+        "{RB_FAN_NODE_LIST:count} --ntasks-per-node=1 -w {RB_FAN_NODES} --chdir=/ "
+        "--immediate={RB_FAN_CONNECT_TIMEOUT} --time={minutes} -K0 " + NODE_COMMAND,
+    ),
+    "clush": Engine(
+        "clush",
+        "clush, nodeset",
+        copies=f"{CLUSH_WORDS} --copy {BUNDLE} --dest {SCRATCH}.tar",
+        installs=f"{CLUSH_WORDS} {NODE_COMMAND}",
+    ),
+}
+RERUN = ("RB_INCREMENTAL", "1")
+# What each fan-out step runs, on which host (as steps.ACTIONS for one host); the engine's own
+# commands are its entry's in ENGINES
+ACTIONS: dict[str, tuple[Action, ...]] = {
+    "fan_preflight": (
+        Action("src", note="connect; ship the kit; rbkit engine scan {RB_SRC_PATH}"),
+        Action(
+            "here",
+            note="{install.engine.tools} present; nodes {RB_FAN_NODES} ({RB_FAN_NODE_LIST:count})",
+        ),
+    ),
+    "fan_pack": (
+        Action("src", "rbkit manifest build {RB_SRC_PATH} --algo {RB_VERIFY}"),
+        Action(
+            "src",
+            "tar -C {RB_SRC_PATH} {rules.tar_record} -cf - <names> | <compress: {compression}> "
+            f"> here: {BUNDLE}",
+            "with the manifest and the kit",
+        ),
+        Action(
+            "note",
+            note="re-run (runs/{RB_NAME}/fanout-base.jsonl, the last fan-out's manifest, exists): "
+            "<names> are only what changed since (rbkit manifest delta)",
+            when=RERUN,
+        ),
+    ),
+    "fan_copy": tuple(
+        Action("here", engine.copies, when=("RB_FAN_ENGINE", name))
+        for name, engine in ENGINES.items()
+    ),
+    "fan_install": tuple(
+        Action("here", engine.installs, when=("RB_FAN_ENGINE", name))
+        for name, engine in ENGINES.items()
+    )
+    + (
+        Action(
+            "note",
+            note="re-run: nodes that lack what the changes-only bundle leaves out (no earlier "
+            "install, a file changed there) get the whole bundle: copy and install again, on "
+            "them only",
+            when=RERUN,
+        ),
+    ),
+    "fan_compare": (
+        Action(
+            "here",
+            "python3 {rules.flags} <kit>/{rules.start} rbkit.fanout compare",
+            "nodes x checks, identical rows folded",
+        ),
+        Action("note", note="success: every node must pass", when=("RB_FAN_SUCCESS", "all")),
+        Action(
+            "note",
+            note="success: at least {RB_FAN_SUCCESS} nodes must pass",
+            unless=("RB_FAN_SUCCESS", "all"),
+        ),
+    ),
 }
 
 
@@ -240,6 +286,7 @@ class FanOut:
     # first for the smaller bundle
     auto_compression = ("zstd", "lz4")
     streams = False  # the cluster's engine carries the bundle
+    actions = ACTIONS  # each step's --dry-run lines, as data
 
     @property
     def partials(self) -> tuple[str, ...]:
@@ -280,30 +327,30 @@ class FanOut:
         ]
 
     def settings(self) -> list[Setting]:
-        f = self.fanout
-        comment = f"{len(f.node_list)} nodes"
-        if f.nodes != f.nodes_given:
-            comment += f" (fanout.nodes: {f.nodes_given})"
+        fan = self.fanout
+        comment = f"{len(fan.node_list)} nodes"
+        if fan.nodes != fan.nodes_given:
+            comment += f" (fanout.nodes: {fan.nodes_given})"
         rows = [
-            Setting("RB_FAN_ENGINE", f.engine, "fanout: the cluster's engine"),
-            Setting("RB_FAN_NODES", f.nodes, comment),
-            Setting("RB_FAN_SUCCESS", f.success, "all, or how many nodes must pass"),
+            Setting("RB_FAN_ENGINE", fan.engine, "fanout: the cluster's engine"),
+            Setting("RB_FAN_NODES", fan.nodes, comment),
+            Setting("RB_FAN_SUCCESS", fan.success, "all, or how many nodes must pass"),
             Setting(
-                "RB_FAN_TIMEOUT", str(f.timeout_s), "seconds for each engine call (copy, install)"
+                "RB_FAN_TIMEOUT", str(fan.timeout_s), "seconds for each engine call (copy, install)"
             ),
-            Setting("RB_FAN_CONNECT_TIMEOUT", str(f.connect_timeout)),
+            Setting("RB_FAN_CONNECT_TIMEOUT", str(fan.connect_timeout)),
             Setting(
                 "RB_FAN_SCRATCH_BASE",
-                f.scratch_base,
+                fan.scratch_base,
                 "on each node: the bundle, as BASE-<16 random hex digits, new for each copy>"
                 ".tar, moved into a new private directory (mktemp -d) and checked there",
             ),
         ]
-        if f.topology is not None:
+        if fan.topology is not None:
             rows.append(
                 Setting(
                     "RB_FAN_TOPOLOGY",
-                    f.topology,
+                    fan.topology,
                     "clush tree mode (fanout.topology); empty: this machine sends to every node",
                 )
             )
@@ -311,75 +358,26 @@ class FanOut:
 
     def arrays(self) -> list[Array]:
         """The node list, and the options only the spec's engine takes."""
-        f = self.fanout
-        rows = [Array("RB_FAN_NODE_LIST", f.node_list, "fanout.nodes, expanded")]
-        if f.copy_opts is not None:
-            rows.append(Array("RB_FAN_COPY_OPTS", f.copy_opts, "sbcast options"))
-        if f.engine_opts is not None:
-            rows.append(Array("RB_FAN_ENGINE_OPTS", f.engine_opts, "clush options"))
-        if f.clush is not None:
+        fan = self.fanout
+        rows = [Array("RB_FAN_NODE_LIST", fan.node_list, "fanout.nodes, expanded")]
+        if fan.copy_opts is not None:
+            rows.append(Array("RB_FAN_COPY_OPTS", fan.copy_opts, "sbcast options"))
+        if fan.engine_opts is not None:
+            rows.append(Array("RB_FAN_ENGINE_OPTS", fan.engine_opts, "clush options"))
+        if fan.clush is not None:
             rows.append(
                 Array(
                     "RB_FAN_CLUSH",
-                    f.clush,
+                    fan.clush,
                     "how clush is started (tree mode: with the gateways' python)",
                 )
             )
         return rows
 
-    def preview(self, step: str, plan: Decisions) -> list[str]:
-        """`--dry-run` lines: the engine commands as one would type them."""
-        f, t = self.fanout, plan.transfer
-        name, src_host, src, dst = plan.runbook.name, t.src_host, t.src_path, t.dst_path
-        d = f"{f.scratch_base}-<random>"
-        bundle = f"runs/{name}/fanout/rbfan-{name}.tar"
-        flags = " ".join(launch.FLAGS)
-        # the node script (RB_FAN_NODE_SCRIPT) in short: the bundle moved into a new private
-        # directory, checked (owner, mode, links, sha256 against the pin), then unpacked and run
-        node_cmd = (
-            f"sh -c 'D=$(mktemp -d {d}.XXXXXX) && mv {d}.tar $D/bundle.tar && <check "
-            f"it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf "
-            f"$D/bundle.tar -C $D --exclude=./payload && cd $D && python3 {flags} "
-            f"$D/kit/{launch.START} rbkit.fanout node --dir $D --dest {dst} --old {src} "
-            "...'"
-        )
-        tar_b = " ".join(common.TAR_RECORD)
-        if step == "fan_preflight":
-            return [
-                f"on {src_host}: connect; ship the kit; rbkit scan {src}",
-                f"here: {self.engine.tools} present; nodes {f.nodes} ({len(f.node_list)})",
-            ]
-        if step == "fan_pack":
-            lines = [
-                f"on {src_host}: rbkit manifest build {src} --algo {t.verify}",
-                f"on {src_host}: tar -C {src} {tar_b} -cf - <names> | <compress> > here: "
-                f"{bundle} (with the manifest and the kit)",
-            ]
-            if t.incremental:
-                lines.append(
-                    f"re-run (runs/{name}/fanout-base.jsonl, the last fan-out's "
-                    "manifest, exists): <names> are only what changed since "
-                    "(rbkit manifest delta)"
-                )
-            return lines
-        if step == "fan_copy":
-            return [self.engine.copies(f, bundle, d)]
-        if step == "fan_install":
-            again = (
-                [
-                    "re-run: nodes that lack what the changes-only bundle leaves out (no earlier "
-                    "install, a file changed there) get the whole bundle: copy and install again, "
-                    "on them only"
-                ]
-                if t.incremental
-                else []
-            )
-            return [self.engine.installs(f, node_cmd)] + again
-        if step == "fan_compare":
-            policy = "every node" if f.success == "all" else f"at least {f.success} nodes"
-            return [
-                f"here: python3 {flags} <kit>/{launch.START} rbkit.fanout compare: nodes x "
-                "checks, identical rows folded",
-                f"success: {policy} must pass",
-            ]
-        return []
+    def preview_words(self, plan: Decisions) -> dict[str, object]:
+        """Its own words for the previews: the compression as the run decides it, and srun's
+        --time (the engine's timeout in whole minutes, as the slurm partial rounds it)."""
+        return {
+            "compression": self.compression_note(plan),
+            "minutes": max(1, (self.fanout.timeout_s + 59) // 60),
+        }

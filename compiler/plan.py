@@ -56,13 +56,21 @@ def rows(
 ) -> tuple[tuple[Setting, ...], tuple[Array, ...], tuple[Map, ...]]:
     """The settings block of the runbook of `plan` and its `steps`: values, arrays, the steps'
     maps."""
-    return _settings(plan), _arrays(plan, steps), _maps(steps)
+    return _settings(plan), _arrays(plan, tuple(s.id for s in steps)), _maps(steps)
+
+
+def values(plan: Decisions, ids: tuple[str, ...]) -> dict[str, object]:
+    """Each `readonly` value and array of the settings block by its name, as the runbook holds it:
+    what a step's --dry-run preview names (actions.preview)."""
+    held: dict[str, object] = {row.name: row.value for row in _settings(plan)}
+    held.update((row.name, row.words) for row in _arrays(plan, ids))
+    return held
 
 
 def _settings(plan: Decisions) -> tuple[Setting, ...]:
     """The runbook's `readonly` values, in its order: the one place that names them."""
     runbook, kit = plan.runbook, plan.kit
-    t, destination, c = plan.transfer, plan.destination, plan.checks
+    transfer, destination, checks = plan.transfer, plan.destination, plan.checks
     rows = [
         Setting("RB_NAME", runbook.name, "The runbook and its spec."),
         Setting("RB_SPEC", runbook.spec_path),
@@ -79,15 +87,15 @@ def _settings(plan: Decisions) -> tuple[Setting, ...]:
             ),
         ),
         Setting("RB_KIT_FILE", kit.file),
-        Setting("RB_SSH_CIPHERS", t.ssh_ciphers, "AES-GCM first: the relay is CPU-bound."),
-        Setting("RB_SRC_HOST", t.src_host, f"transfer ({t.where})"),
-        Setting("RB_SRC_PATH", t.src_path),
-        Setting("RB_DST_HOST", t.dst_host),
-        Setting("RB_DST_PATH", t.dst_path),
-        *([] if t.route is None else [Setting("RB_ROUTE", t.route)]),
-        Setting("RB_COMPRESSION", t.compression),
-        Setting("RB_VERIFY", t.verify),
-        Setting("RB_RERUN", t.rerun),
+        Setting("RB_SSH_CIPHERS", transfer.ssh_ciphers, "AES-GCM first: the relay is CPU-bound."),
+        Setting("RB_SRC_HOST", transfer.src_host, f"transfer ({transfer.where})"),
+        Setting("RB_SRC_PATH", transfer.src_path),
+        Setting("RB_DST_HOST", transfer.dst_host),
+        Setting("RB_DST_PATH", transfer.dst_path),
+        *([] if transfer.route is None else [Setting("RB_ROUTE", transfer.route)]),
+        Setting("RB_COMPRESSION", transfer.compression),
+        Setting("RB_VERIFY", transfer.verify),
+        Setting("RB_RERUN", transfer.rerun),
         Setting(
             "RB_SPECIAL_MODES",
             destination.special_modes,
@@ -97,40 +105,40 @@ def _settings(plan: Decisions) -> tuple[Setting, ...]:
         Setting("RB_OUTSIDE_LINKS", destination.outside_links),
         Setting(
             "RB_GPU_DECLARED",
-            "1" if c.gpu_declared else "",
+            "1" if checks.gpu_declared else "",
             "gpu: declared: the report says whether the checks proved it (a skip is not a pass)",
         ),
         Setting(
             "RB_AUDIT_ARCH",
-            c.audit_arch,
+            checks.audit_arch,
             "the static checks on the source before anything moves: the kernel audit for this "
             "arch (empty: no gpu:, or gpu.kernel_audit: false), and the references that leave "
             "the venv",
         ),
         Setting(
             "RB_INCREMENTAL",
-            "1" if t.incremental else "0",
+            "1" if transfer.incremental else "0",
             "a re-run that finds changes sends only them (see docs/design.md)",
         ),
         Setting(
             "RB_JOBS",
-            t.jobs,
+            transfer.jobs,
             "hashing threads on each host (auto: one per CPU); one stream "
             "per two where the sending end starts the receiving ends (one host, direct)",
         ),
         Setting(
             "RB_ENGINE_CHOICES",
-            keyed(engineconf.document(runbook, t, destination, c, plan.fanout)),
+            keyed(engineconf.document(runbook, transfer, destination, checks, plan.fanout)),
             "The install engine's choices, as one JSON document for the engine on the target "
             "(rbkit/choices.py), one key a line.",
         ),
     ]
     rows += plan.install.settings()
-    if c.run:
+    if checks.run:
         rows.append(
             Setting(
                 "RB_PROBE_CONFIG",
-                keyed(c.config),
+                keyed(checks.config),
                 "The checks, as one JSON document for the probe on the target, one key (and one "
                 "check) a line.",
             )
@@ -158,7 +166,7 @@ def keyed(document: str) -> str:
     return "{\n" + ",\n".join(item(key, data[key]) for key in sorted(data)) + "\n}"
 
 
-def _arrays(plan: Decisions, steps: tuple[StepView, ...]) -> tuple[Array, ...]:
+def _arrays(plan: Decisions, ids: tuple[str, ...]) -> tuple[Array, ...]:
     """The runbook's `readonly -a` arrays, in its order."""
     runbook, transfer, checks = plan.runbook, plan.transfer, plan.checks
     rows = [
@@ -174,7 +182,7 @@ def _arrays(plan: Decisions, steps: tuple[StepView, ...]) -> tuple[Array, ...]:
             "folder, its sha256: a run refuses to start when one changed.",
         ),
         Array("RB_HOSTS", tuple(h.id for h in plan.hosts), "Hosts this runbook touches."),
-        Array("RB_STEPS", tuple(s.id for s in steps)),
+        Array("RB_STEPS", ids),
         Array("RB_EXCLUDE_ARGS", transfer.exclude_args, "transfer.exclude"),
         Array(
             "RB_LIBRARY_DIRS",

@@ -52,17 +52,17 @@ def markdown(plan: Plan, script: Path, warnings: list[Problem]) -> str:
 
 
 def _header(plan: Plan, script: Path) -> str:
-    r = plan.runbook
+    runbook = plan.runbook
     chain = (
-        " (extends " + ", which extends ".join(_code(p) for p in r.spec_chain) + ")"
-        if r.spec_chain
+        " (extends " + ", which extends ".join(_code(p) for p in runbook.spec_chain) + ")"
+        if runbook.spec_chain
         else ""
     )
-    lines = [f"## Runbook plan: {_code(r.name)}", ""]
-    for description in r.description_lines:
+    lines = [f"## Runbook plan: {_code(runbook.name)}", ""]
+    for description in runbook.description_lines:
         lines += [f"> {_cut(description)}", ""]
     lines += [
-        f"- spec: {_code(r.spec_path)}{chain}, sha256 {_code(r.spec_sha256[:16])}",
+        f"- spec: {_code(runbook.spec_path)}{chain}, sha256 {_code(runbook.spec_sha256[:16])}",
         f"- runbook: {_code(script.as_posix())}; preview it with "
         f"`bash {script.as_posix()} --dry-run`",
         "",
@@ -198,26 +198,26 @@ def _changes(plan: Plan) -> str:
 
 
 def _checks(plan: Plan) -> str:
-    c = plan.checks
+    checks = plan.checks
     lines = [f"### Checks on {plan.install.checks_on(plan, _code)}, with the moved interpreter", ""]
-    if c.gpu is not None:
-        g = c.gpu
-        detail = f", compute capability {g.capability} ({g.arch}" if g.capability else ""
-        detail += f", {g.arch_name})" if g.arch_name else (")" if g.capability else "")
-        lines += [f"GPU expected: {g.count} x {_code(g.model)}{detail}.", ""]
+    if checks.gpu is not None:
+        gpu = checks.gpu
+        detail = f", compute capability {gpu.capability} ({gpu.arch}" if gpu.capability else ""
+        detail += f", {gpu.arch_name})" if gpu.arch_name else (")" if gpu.capability else "")
+        lines += [f"GPU expected: {gpu.count} x {_code(gpu.model)}{detail}.", ""]
     else:
         lines += ["No GPU expected (no `gpu:`).", ""]
-    if not c.listed:
+    if not checks.listed:
         return "\n".join(lines + ["No checks: the run ends after the env file is written.", ""])
     lines += ["| # | check | with | if it cannot run |", "|---|---|---|---|"]
-    for index, check in enumerate(c.listed[:MAX_ITEMS], 1):
+    for index, check in enumerate(checks.listed[:MAX_ITEMS], 1):
         params = ", ".join(f"{k}={_code(v, table=True)}" for k, v in check.params) or "defaults"
         lines.append(
             f"| {index} | {check.kind} | {_cell(params)} | "
             f"{'skipped (allow_skip)' if check.allow_skip else 'fails'} |"
         )
-    if len(c.listed) > MAX_ITEMS:
-        lines.append(f"\n... and {len(c.listed) - MAX_ITEMS} more checks")
+    if len(checks.listed) > MAX_ITEMS:
+        lines.append(f"\n... and {len(checks.listed) - MAX_ITEMS} more checks")
     return "\n".join(lines) + "\n"
 
 

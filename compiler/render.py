@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import jinja2
-from rbrules import common, launch
+from rbrules import compression, enginerules, launch, linkrate
 
 from .errors import RenderError
 
@@ -144,10 +144,10 @@ def environment() -> jinja2.Environment:
     # and which compressors a host has, how long compression auto measures the link, how long a
     # second run waits for the lock
     env.globals["rules"] = {
-        "compressor_tools": common.COMPRESSOR_TOOLS,
-        "link_seconds": common.LINK_SECONDS,
-        "link_send_seconds": common.LINK_SEND_SECONDS,
-        "lock_wait": common.LOCK_WAIT_S,
+        "compressor_tools": compression.COMPRESSOR_TOOLS,
+        "link_seconds": linkrate.LINK_SECONDS,
+        "link_send_seconds": linkrate.LINK_SEND_SECONDS,
+        "lock_wait": enginerules.LOCK_WAIT_S,
     }
     return env
 

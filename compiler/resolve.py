@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from rbrules import paths
 
-from . import __version__, catalog, fanout, plan, steps
+from . import __version__, actions, catalog, fanout, plan, steps
 from . import kit as kitfiles
 from .loader import Source
 from .render import Safe
@@ -151,6 +151,7 @@ def resolve(
     # the steps (each with its --dry-run preview) and the settings rows, from the decisions; then
     # the Plan in one go
     ids = install.step_ids(checks.run)
+    held = actions.named(decided, ids)
     step_views = tuple(
         StepView(
             id=sid,
@@ -159,7 +160,7 @@ def resolve(
             where=_step_where(source, sid),
             doc=steps.DOCS[sid],
             host=steps.host(sid, transfer),
-            preview="\n".join(install.preview(sid, decided)),
+            preview="\n".join(actions.preview(install.actions[sid], decided, held)),
             # the single-host bodies are the runtime's (runtime_inline.sh.j2), a fan-out's its
             # own
             template="" if sid in steps.SINGLE_HOST else f"steps/{sid}.sh.j2",
@@ -191,11 +192,13 @@ def _step_where(source: Source, sid: str) -> str:
 # -- hosts -----------------------------------------------------------------------------------------
 
 
-def _kit_file(f: kitfiles.KitFile, separator: str) -> KitFile:
+def _kit_file(file: kitfiles.KitFile, separator: str) -> KitFile:
     """One file of an embedded kit: the line naming it, then its text (kit.embedded)."""
-    text, cut = kitfiles.embedded(f.text)
+    text, cut = kitfiles.embedded(file.text)
     return KitFile(
-        path=f.path, head=Safe(f"{separator} {f.path}" + (" -n" if cut else "")), text=Safe(text)
+        path=file.path,
+        head=Safe(f"{separator} {file.path}" + (" -n" if cut else "")),
+        text=Safe(text),
     )
 
 

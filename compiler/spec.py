@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from rbrules import common
+from rbrules import choices
 
 from .fields import (
     AbsPath,
@@ -131,10 +131,10 @@ class Transfer(Model):
     route: Literal["relay", "direct", "auto"] = "relay"
     compression: Literal["auto", "zstd", "lz4", "gzip", "none"] = "auto"
     exclude: list[Exclude] = Field(default_factory=_empty_list)
-    verify: Literal[common.ALGOS] = "sha256"
-    on_existing: Literal[common.ON_EXISTING] = "refuse"
+    verify: Literal[choices.ALGOS] = "sha256"
+    on_existing: Literal[choices.ON_EXISTING] = "refuse"
     # re-run check: quick compares path/size/mode/mtime on both ends (like rsync); digest re-hashes
-    rerun: Literal[common.RERUN] = "quick"
+    rerun: Literal[choices.RERUN] = "quick"
     # the cores the kit may use on each host (None: one per CPU): hashing threads, and where the
     # sending end starts the receiving ends (both on one host, route direct) one stream per two
     jobs: Optional[Annotated[int, Field(strict=True, ge=1, le=256)]] = None
@@ -144,18 +144,18 @@ class Transfer(Model):
     # Hostile source and host (docs/design.md, "Threat model"); the kit's side is rbkit.hostfs.
     # Entries with setuid, setgid, sticky or world-write bits: refused in preflight (moved by root,
     # a setuid file of another user would arrive setuid-root), installed without them, or kept.
-    special_modes: Literal[common.SPECIAL_MODES] = "refuse"
+    special_modes: Literal[choices.SPECIAL_MODES] = "refuse"
     # Symlinks that leave the tree (the venv's bin/python* excepted): refused, or moved as they are.
-    outside_links: Literal[common.OUTSIDE_LINKS] = "refuse"
+    outside_links: Literal[choices.OUTSIDE_LINKS] = "refuse"
     # Backups (on_existing: backup) kept after a successful swap; older ones are removed.
     keep_backups: Annotated[int, Field(strict=True, ge=1, le=100)] = 2
     # A file system that cannot swap in one rename (no RENAME_EXCHANGE, e.g. NFS): refuse, or swap
     # with two renames journaled beside the destination (finished or undone by the next run).
-    swap_atomic: Literal[common.SWAP_ATOMIC] = "allow"
+    swap_atomic: Literal[choices.SWAP_ATOMIC] = "allow"
     # A destination whose parent (or a directory above it) another user can write: the lock, the
     # staging, the backups and the env file live there, so it is refused in preflight; allow: a
     # warning naming it, and the run goes on (the checks still source the install's own env file).
-    shared_parent: Literal[common.SHARED_PARENT] = "refuse"
+    shared_parent: Literal[choices.SHARED_PARENT] = "refuse"
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, populate_by_name=True, defer_build=True
@@ -180,10 +180,10 @@ class Cuda(Model):
 
     @model_validator(mode="after")
     def _relative_dirs(self) -> "Cuda":
-        for index, d in enumerate(self.library_path_first):
-            if d.startswith("/") or ".." in d.split("/") or d.startswith("-"):
+        for index, folder in enumerate(self.library_path_first):
+            if folder.startswith("/") or ".." in folder.split("/") or folder.startswith("-"):
                 raise ValueError(
-                    f"library_path_first[{index}]: {d!r} must be relative to the venv's "
+                    f"library_path_first[{index}]: {folder!r} must be relative to the venv's "
                     "site-packages"
                 )
         return self
@@ -344,7 +344,7 @@ class Spec(Model):
     checks: list[Check] = Field(default_factory=_empty_list)
     # when a check fails after the swap: put the previous install back (needs on_existing: backup),
     # or keep the new one. Default: rollback where a backup exists, else keep.
-    on_failed_checks: Optional[Literal[common.ON_FAILED_CHECKS]] = None
+    on_failed_checks: Optional[Literal[choices.ON_FAILED_CHECKS]] = None
 
     @field_validator("on_failed_checks")
     @classmethod

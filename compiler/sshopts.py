@@ -47,57 +47,59 @@ def _match(pattern: re.Pattern, what: str) -> Check:
     return lambda v: None if pattern.match(v) else f"must be {what}"
 
 
-def known_hosts_files(v: str) -> str:
+def known_hosts_files(value: str) -> str:
     """The value of UserKnownHostsFile/GlobalKnownHostsFile with each file named as the kernel
     reads it (what the runbook passes to ssh and checks before it connects)."""
-    return " ".join(f if f in OFF else known_hosts_path(f) for f in v.split(" "))
+    return " ".join(f if f in OFF else known_hosts_path(f) for f in value.split(" "))
 
 
-def _paths(v: str, *, may_be_off: bool) -> Optional[str]:
-    files = v.split(" ")
-    for f in files:
-        if f in OFF:
+def _paths(value: str, *, may_be_off: bool) -> Optional[str]:
+    files = value.split(" ")
+    for given in files:
+        if given in OFF:
             continue
-        if "%" in f:
+        if "%" in given:
             return (
-                f"{f}: ssh's % tokens are not taken here (the runbook checks the file before "
+                f"{given}: ssh's % tokens are not taken here (the runbook checks the file before "
                 "ssh reads it): write ~/ for your home, and name one file for every host"
             )
-        if not PATH.match(f) or ".." in f.split("/"):
+        if not PATH.match(given) or ".." in given.split("/"):
             where = (
                 " (ssh would read it from wherever the runbook runs)"
-                if PATH.match("/" + f) and ".." not in f.split("/")
+                if PATH.match("/" + given) and ".." not in given.split("/")
                 else ""
             )
             return (
-                f"{f} must be an absolute path or a ~/ path{where}, e.g. ~/.ssh/known_hosts; "
+                f"{given} must be an absolute path or a ~/ path{where}, e.g. ~/.ssh/known_hosts; "
                 "several files are separated by single spaces, without `..`"
             )
-    normal = [f if f in OFF else known_hosts_path(f) for f in files]
-    if not may_be_off and any(f in OFF for f in normal):
+    normal = [given if given in OFF else known_hosts_path(given) for given in files]
+    if not may_be_off and any(given in OFF for given in normal):
         shown = next(
-            f if f == n else f"{f} is /dev/null: it" for f, n in zip(files, normal) if n in OFF
+            given if given == normal_name else f"{given} is /dev/null: it"
+            for given, normal_name in zip(files, normal)
+            if normal_name in OFF
         )
         return (
             f"{shown} turns host key checking off (no host key is ever known: with accept-new "
             "any key is taken): name a known_hosts file, or leave the option out"
         )
-    for f, n in zip(files, normal):
-        if n in OFF:
+    for given, normal_name in zip(files, normal):
+        if normal_name in OFF:
             continue  # GlobalKnownHostsFile /dev/null: this machine's global file is not read
-        what = in_system(n) if n.startswith("/") else None
+        what = in_system(normal_name) if normal_name.startswith("/") else None
         if what:
-            top = n.split("/")[1]
+            top = normal_name.split("/")[1]
             return (
-                f"{f} is in /{top}, {what}, not a known_hosts file: name a regular file "
+                f"{given} is in /{top}, {what}, not a known_hosts file: name a regular file "
                 "that holds the host's key (e.g. /etc/ssh/ssh_known_hosts or "
                 "~/.ssh/known_hosts), or leave the option out"
             )
     return None
 
 
-def config_problem(v: str) -> Optional[str]:
-    """Why `v` is refused as a host's `ssh_config:` (the file given to ssh as -F), or None. An
+def config_problem(value: str) -> Optional[str]:
+    """Why `value` is refused as a host's `ssh_config:` (the file given to ssh as -F), or None. An
     absolute or ~/ path is read as written; a relative one is taken from the folder of the spec
     file that writes it (config_from) and reached from the runbook's own folder when it runs
     (compile writes the way there: resolve.ssh_config_word). The runbook checks the file again
@@ -109,29 +111,29 @@ def config_problem(v: str) -> Optional[str]:
     beside specs/); anywhere else it is refused: after a name it only undoes that name, or, when
     the name is a link, goes somewhere the path does not show; in an absolute or ~/ path the
     folder it means can be written directly."""
-    if "%" in v:
+    if "%" in value:
         return (
-            f"{v}: ssh's % tokens are not taken here (the runbook checks the file before ssh "
+            f"{value}: ssh's % tokens are not taken here (the runbook checks the file before ssh "
             "reads it): write ~/ for your home"
         )
-    parts = v.split("/")
-    if v.startswith(("/", "~/")):
-        if not PATH.match(v) or ".." in parts or v.endswith("/"):
+    parts = value.split("/")
+    if value.startswith(("/", "~/")):
+        if not PATH.match(value) or ".." in parts or value.endswith("/"):
             return (
-                f"{v} must name a file without `..` (write the folder it means), e.g. "
+                f"{value} must name a file without `..` (write the folder it means), e.g. "
                 f"~/.ssh/config or /etc/rb/ssh_config; {RELATIVE}"
             )
-        return config_in_system(v) if v.startswith("/") else None
+        return config_in_system(value) if value.startswith("/") else None
     names = [p for p in parts if p not in ("", ".")]
     climb = next((i for i, p in enumerate(names) if p != ".."), len(names))
-    if not RELATIVE_PATH.match(v) or v.endswith("/") or climb == len(names):
+    if not RELATIVE_PATH.match(value) or value.endswith("/") or climb == len(names):
         return (
-            f"{v} must be a path to a file: absolute, ~/ or relative, e.g. ~/.ssh/config, "
+            f"{value} must be a path to a file: absolute, ~/ or relative, e.g. ~/.ssh/config, "
             f"/etc/rb/ssh_config or ssh/config; {RELATIVE}"
         )
     if ".." in names[climb:]:
         return (
-            f"{v}: `..` only at the start of a relative path, where it climbs out of the "
+            f"{value}: `..` only at the start of a relative path, where it climbs out of the "
             "spec's folder; after a name it undoes that name (or, through a link, goes "
             f"elsewhere): write the path without it; {RELATIVE}"
         )
@@ -158,10 +160,10 @@ def config_in_system(path: str) -> Optional[str]:
     return None
 
 
-def config_from(folder: str, v: str) -> Optional[str]:
-    """The absolute path the relative ssh_config `v` names from `folder` (an absolute path, the
+def config_from(folder: str, value: str) -> Optional[str]:
+    """The absolute path the relative ssh_config `value` names from `folder` (an absolute path, the
     spec file's folder with its links resolved), or None when its `..` climb above `/`."""
-    names = [p for p in v.split("/") if p not in ("", ".")]
+    names = [p for p in value.split("/") if p not in ("", ".")]
     climb = next((i for i, p in enumerate(names) if p != ".."), len(names))
     above = [p for p in folder.split("/") if p]
     if climb > len(above):

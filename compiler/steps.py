@@ -1,9 +1,11 @@
 """Every step of a runbook, described once: its one-line summary (`--list`, the comment above the
-step's function, `compile --plan`), the host it is mostly about, the spec entry it comes from, and
-the single-host install (`SingleHost`, one of the two install strategies resolve.py picks from;
-the other is fanout.FanOut): its steps, their `--dry-run` previews, its partials. Previews are
-made from the decisions alone (view.Decisions, before any text); the names beside the destination
-come from them (rbrules.paths' rules).
+step's function, `compile --plan`), the host it is mostly about, the spec entry it comes from, what
+it runs on which host as data (ACTIONS: actions.Action, whose `{NAME}`s are the decisions the
+settings block holds; actions.preview makes its `--dry-run` lines from them, as for the fan-out's
+steps, fanout.ACTIONS), and the single-host install (`SingleHost`, one of the two install
+strategies resolve.py picks from; the other is fanout.FanOut): its steps, its own words for the
+previews, its partials. The names beside the destination come from the decisions (rbrules.paths'
+rules).
 
 The destination-side steps are the install engine's (hostkit/rbkit/engine.py, STEPS): a
 single-host runbook runs them one by one through the engine on the destination, a fan-out node
@@ -12,11 +14,12 @@ runs them all in its own process.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from rbrules import common, launch
+from rbrules import enginerules, linkrate
+
+from .view import Action
 
 if TYPE_CHECKING:
     from .view import Array, Decisions, Plan, Setting, Transfer
@@ -65,7 +68,7 @@ DOCS = {
     "bundle (on a re-run: only what changed since the last fan-out).",
     "fan_copy": "Let the engine carry the bundle to every node (sbcast, or clush --copy).",
     "fan_install": "On every node at once, the install engine: "
-    + ", ".join(common.ENGINE_STEPS)
+    + ", ".join(enginerules.ENGINE_STEPS)
     + " (a node the changes alone cannot serve gets the whole bundle).",
     "fan_compare": "Fetch every node's report and compare: nodes x checks, odd and missing nodes "
     "named.",
@@ -86,6 +89,176 @@ WHERE = {
     "fan_copy": ("fanout",),
     "fan_install": ("fanout",),
     "fan_compare": ("fanout",),
+}
+
+# What each single-host step runs, on which host (actions.Action: `--dry-run`'s lines, made by
+# actions.preview; `{NAME}` is a decision, as the settings block or the Plan names it)
+STREAMS = (
+    "streams side by side from {rules.streams_min_mb} MB: one per two of the {RB_JOBS} jobs, at "
+    "most {rules.max_streams}"
+)
+RELAYED = "jobs: the fewest of the three machines; each stream its own ssh clients here"
+CHECKED_KIT = "check tar and python3 >= 3.9"
+AUDITED = (
+    "refused with the files and packages named unless --force; on one machine, references "
+    "outside the venv are said, not refused"
+)
+PRINT_PREFIX = "-c 'import sys; print(sys.prefix)'"
+ACTIONS: dict[str, tuple[Action, ...]] = {
+    "preflight": (
+        Action(
+            "each host", note="connect; use the kit here; " + CHECKED_KIT, when=("host.local", True)
+        ),
+        Action(
+            "each host",
+            note="connect; copy the kit to a private directory (mktemp -d), checked by its "
+            "sha256; " + CHECKED_KIT,
+            when=("host.local", False),
+        ),
+        Action(
+            "src",
+            "rbkit engine scan {RB_SRC_PATH} {RB_EXCLUDE_ARGS}",
+            "refused unless pyvenv.cfg, bin/python and files are sent",
+        ),
+        Action(
+            "dst",
+            "rbkit engine serve --dest {RB_DST_PATH}",
+            "refuses a parent of it another user can write (shared_parent: "
+            "{destination.shared_parent}); takes {destination.lock} for the run (a second run is "
+            "refused, naming this one)",
+        ),
+        Action(
+            "dst",
+            "rbkit engine preflight",
+            "on_existing {destination.on_existing}; free space for {destination.staging}",
+        ),
+        Action(
+            "src",
+            "rbprobes preflight --venv {RB_SRC_PATH} --arch {RB_AUDIT_ARCH} {RB_AUDIT_ARGS}",
+            AUDITED,
+            unless=("RB_AUDIT_ARCH", ""),
+        ),
+        Action("src", "rbprobes outside {RB_SRC_PATH}", AUDITED, when=("RB_AUDIT_ARCH", "")),
+        Action("note", note="compression: {compression}"),
+    ),
+    "manifest": (
+        Action(
+            "src",
+            "rbkit engine hash {RB_SRC_PATH} {RB_EXCLUDE_ARGS} --algo {RB_VERIFY} --jobs {RB_JOBS} "
+            "--scanned <preflight's scan of it>",
+        ),
+        Action(
+            "here", note="keep a copy in runs/{RB_NAME}/manifest.jsonl; send it to {RB_DST_HOST}"
+        ),
+        Action(
+            "dst",
+            "rbkit engine current",
+            "if {RB_DST_PATH}/{rules.installed_manifest} matches, skip the install",
+        ),
+        Action(
+            "dst",
+            "rbkit engine stage",
+            "if it differs, link unchanged files from {RB_DST_PATH} into {destination.staging}, "
+            "send only the rest",
+            when=("RB_INCREMENTAL", "1"),
+        ),
+    ),
+    "transfer": (
+        Action(
+            "dst",
+            "rbkit engine stage",
+            "rm -rf {destination.staging} && mkdir {destination.staging}",
+        ),
+        Action(
+            "src",
+            "tar -C {RB_SRC_PATH} {rules.tar_record} --null --no-recursion -T <names to send> "
+            "-cf - | <compress: {compression}>",
+            "rbkit engine send",
+        ),
+        Action(
+            "more",
+            note="| a pipe on {RB_SRC_HOST}, no ssh (" + STREAMS + ") |",
+            when=("stream_path", "pipe"),
+        ),
+        Action(
+            "more",
+            note="| ssh from {RB_SRC_HOST} to {RB_DST_HOST} (direct; " + STREAMS + ") |",
+            when=("stream_path", "direct"),
+        ),
+        Action(
+            "more",
+            note="| ssh from {RB_SRC_HOST} to {RB_DST_HOST} where it reaches it (direct; "
+            + STREAMS
+            + "), else through this machine (relay; "
+            + STREAMS
+            + ", "
+            + RELAYED
+            + ") |",
+            when=("stream_path", "auto"),
+        ),
+        Action(
+            "more",
+            note="| through this machine (relay; " + STREAMS + ", " + RELAYED + ") |",
+            when=("stream_path", "relay"),
+        ),
+        Action(
+            "dst",
+            "<decompress> | tar -C {destination.staging} {rules.tar_record} -xf - --no-same-owner",
+            "rbkit engine receive; how much tar has read, every 5 s",
+        ),
+    ),
+    "verify": (
+        Action(
+            "dst",
+            "rbkit engine verify {destination.staging} --jobs {RB_JOBS}",
+            "against the manifest; the stamp relocate, prove and swap require",
+        ),
+    ),
+    "relocate": (
+        Action(
+            "dst",
+            "rbkit engine relocate {destination.staging} --old {RB_SRC_PATH} --new {RB_DST_PATH}",
+        ),
+    ),
+    "prove": (
+        Action(
+            "dst",
+            "{destination.staging}/bin/python -I -B " + PRINT_PREFIX,
+            "within {rules.prove_timeout} s",
+        ),
+    ),
+    "swap": (
+        Action(
+            "dst",
+            "rbkit engine swap",
+            "{destination.staging} into {RB_DST_PATH}; on_existing: {destination.on_existing}, "
+            "from the engine's choices",
+        ),
+        Action(
+            "dst",
+            "{RB_DST_PATH}/bin/python " + PRINT_PREFIX,
+            "then each console script (one per interpreter line) started to its sys.prefix; on "
+            "failure put back what was there",
+        ),
+    ),
+    "exports": (
+        Action("dst", "rbkit engine exports", "write {destination.env_path}"),
+        Action(
+            "more",
+            note="CUDA_HOME={destination.cuda_home}; LD_LIBRARY_PATH: {RB_LIBRARY_DIRS:list} (in "
+            "site-packages), then $CUDA_HOME/lib64",
+            unless=("destination.cuda_home", ""),
+        ),
+    ),
+    "probe": (
+        Action(
+            "dst",
+            "rbkit engine probe",
+            "source the env file; {RB_DST_PATH}/bin/python {rules.site_flags} <kit>/{rules.start} "
+            "rbprobes run: {checks.kinds:list}",
+        ),
+        Action("here", note="fetch the report to runs/{RB_NAME}/<run>/probe-{RB_DST_HOST}.json"),
+    ),
 }
 
 
@@ -110,6 +283,7 @@ class SingleHost:
     partials = ()
     streams = True
     fanout = None
+    actions = ACTIONS  # each step's --dry-run lines, as data
 
     def step_ids(self, checks_run: bool) -> tuple[str, ...]:
         return tuple(s for s in SINGLE_HOST if s != "probe" or checks_run)
@@ -129,8 +303,8 @@ class SingleHost:
         if compression == "auto":
             return (
                 "decided at run time: on the relay, measured: the link's rate (zeros through "
-                f"this machine for {common.LINK_SECONDS} s) against each compressor both ends "
-                f"have, packing a {common.MEASURE_SAMPLE >> 20} MiB sample of the source on "
+                f"this machine for {linkrate.LINK_SECONDS} s) against each compressor both ends "
+                f"have, packing a {linkrate.MEASURE_SAMPLE >> 20} MiB sample of the source on "
                 "the source: the fastest way through; where "
                 "that cannot run, and on the direct route, none if every machine the stream "
                 "passes through runs one kernel (the same boot id: no link to save), else "
@@ -151,121 +325,15 @@ class SingleHost:
     def route_lines(self, plan: Plan, code: Callable[[str], str]) -> list[str]:
         return []
 
-    def preview(self, step: str, plan: Decisions) -> list[str]:
-        """What `--dry-run` prints for a step: the commands, on which host, in plain words."""
-        t, destination, checks = plan.transfer, plan.destination, plan.checks
-        src_host, src, dst_host, dst = t.src_host, t.src_path, t.dst_host, t.dst_path
-        stg = destination.staging
-        excl = " ".join(shlex.quote(w) for w in t.exclude_args)
-        on_dst = f"on {dst_host}: engine"
-        tar_b = " ".join(common.TAR_RECORD)
-        out: list[str] = []
-        if step == "preflight":
-            for h in plan.hosts:
-                ship = (
-                    "use the kit here"
-                    if h.local
-                    else "copy the kit to a private directory (mktemp -d), checked by its sha256"
-                )
-                out.append(f"on {h.id}: connect; {ship}; check tar and python3 >= 3.9")
-            out.append(
-                f"on {src_host}: rbkit engine scan {src} {excl}".rstrip()
-                + " (refused unless pyvenv.cfg, bin/python and files are sent)"
-            )
-            out.append(
-                f"on {dst_host}: rbkit engine serve --dest {dst}: refuses a parent of it "
-                f"another user can write (shared_parent: {destination.shared_parent}); takes "
-                f"{destination.lock} for the run (a second run is refused, naming this one)"
-            )
-            out.append(
-                f"{on_dst} preflight: on_existing {destination.on_existing}; free space for {stg}"
-            )
-            out.append(audit_line(plan))
-            out.append(f"compression: {self.compression_note(plan)}")
-        elif step == "manifest":
-            out.append(
-                f"on {src_host}: rbkit engine hash {src} {excl} --algo {t.verify}"
-                f" --jobs {t.jobs} --scanned <preflight's scan of it>".replace("  ", " ")
-            )
-            out.append(
-                f"here: keep a copy in runs/{plan.runbook.name}/manifest.jsonl; send it to "
-                f"{dst_host}"
-            )
-            out.append(f"{on_dst} current: if {dst}/.rb-manifest.jsonl matches, skip the install")
-            if t.incremental:
-                out.append(
-                    f"{on_dst} stage: if it differs, link unchanged files from {dst} into "
-                    f"{stg}, send only the rest"
-                )
-        elif step == "transfer":
-            out.append(f"{on_dst} stage: rm -rf {stg} && mkdir {stg}")
-            out.append(
-                f"on {src_host}: tar -C {src} {tar_b} --null --no-recursion -T <names to "
-                f"send> -cf - | <compress: {self.compression_note(plan)}> (rbkit engine send)"
-            )
-            streams = (
-                f"streams side by side from {common.STREAMS_MIN_BYTES >> 20} MB: one per "
-                f"two of the {t.jobs} jobs, at most {common.MAX_STREAMS}"
-            )
-            if src_host == dst_host:
-                out.append(f"  | a pipe on {src_host}, no ssh ({streams}) |")
-            elif t.route == "direct":
-                out.append(f"  | ssh from {src_host} to {dst_host} (direct; {streams}) |")
-            elif t.route == "auto":
-                out.append(
-                    f"  | ssh from {src_host} to {dst_host} where it reaches it (direct; "
-                    f"{streams}), else through this machine (relay; {streams}, jobs: the "
-                    "fewest of the three machines; each stream its own ssh clients here) |"
-                )
-            else:
-                out.append(
-                    f"  | through this machine ({t.route}; {streams}, jobs: the fewest of "
-                    "the three machines; each stream its own ssh clients here) |"
-                )
-            out.append(
-                f"on {dst_host}: <decompress> | tar -C {stg} {tar_b} -xf - --no-same-owner "
-                "(rbkit engine receive; how much tar has read, every 5 s)"
-            )
-        elif step == "verify":
-            out.append(
-                f"{on_dst} verify {stg} against the manifest (--jobs {t.jobs}); the stamp "
-                "relocate, prove and swap require"
-            )
-        elif step == "relocate":
-            out.append(f"{on_dst} relocate {stg} --old {src} --new {dst}")
-        elif step == "prove":
-            out.append(
-                f"on {dst_host}: {stg}/bin/python -I -B -c 'import sys; print(sys.prefix)' "
-                f"(within {common.PROVE_TIMEOUT} s)"
-            )
-        elif step == "swap":
-            out.append(
-                f"{on_dst} swap: {stg} into {dst} (on_existing: {destination.on_existing}, from "
-                "the engine's choices)"
-            )
-            out.append(
-                f"on {dst_host}: {dst}/bin/python -c 'import sys; print(sys.prefix)'; "
-                f"each console script (one per interpreter line) started to its sys.prefix; "
-                f"on failure put back what was there"
-            )
-        elif step == "exports":
-            out.append(f"{on_dst} exports: write {destination.env_path}")
-            if destination.cuda_home:
-                first = ", ".join(destination.library_path_first) or "-"
-                out.append(
-                    f"  CUDA_HOME={destination.cuda_home}; LD_LIBRARY_PATH: {first} (in "
-                    "site-packages), then $CUDA_HOME/lib64"
-                )
-        elif step == "probe":
-            flags = " ".join(launch.SITE_FLAGS)
-            out.append(
-                f"{on_dst} probe: source the env file; {dst}/bin/python {flags} "
-                f"<kit>/{launch.START} rbprobes run: {', '.join(checks.kinds)}"
-            )
-            out.append(
-                f"here: fetch the report to runs/{plan.runbook.name}/<run>/probe-{dst_host}.json"
-            )
-        return out
+    def preview_words(self, plan: Decisions) -> dict[str, object]:
+        """Its own words for the previews: the compression as the run decides it, and the way the
+        stream goes (a pipe on one host, else the route)."""
+        transfer = plan.transfer
+        same = transfer.src_host == transfer.dst_host
+        return {
+            "compression": self.compression_note(plan),
+            "stream_path": "pipe" if same else transfer.route,
+        }
 
 
 def fixed_compression_note(compression: str) -> str:
@@ -273,18 +341,3 @@ def fixed_compression_note(compression: str) -> str:
     if compression == "none":
         return "none"
     return f"{compression} (preflight fails if an end lacks it)"
-
-
-def audit_line(plan: Decisions) -> str:
-    """What the static checks on the source run before anything moves (rb::preflight_audit)."""
-    transfer, c = plan.transfer, plan.checks
-    what = (
-        f"rbprobes preflight --venv {transfer.src_path} --arch {c.audit_arch} "
-        f"{' '.join(c.audit_args)}".rstrip()
-        if c.audit_arch
-        else f"rbprobes outside {transfer.src_path}"
-    )
-    return (
-        f"on {transfer.src_host}: {what} (refused with the files and packages named unless "
-        "--force; on one machine, references outside the venv are said, not refused)"
-    )

@@ -13,7 +13,7 @@ expand at run time is a `render.Safe`, a str, so it fits every `str` field and s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol
 
 Words = tuple[str, ...]  # shell words, each quoted by |shwords (a Safe one stays as it is)
 
@@ -225,10 +225,25 @@ class StepView:
         return (self.doc,)
 
 
+@dataclass(frozen=True)
+class Action:
+    """One thing a step does, as --dry-run shows it (actions.preview makes the line): `on` (a key
+    of actions.ON), the command words, a note in plain words (in parentheses after the command),
+    each `{NAME}` in them a decision; shown only `when` the decision named first has the value
+    second, and `unless` it has."""
+
+    on: str
+    run: str = ""
+    note: str = ""
+    when: Optional[tuple[str, object]] = None
+    unless: Optional[tuple[str, object]] = None
+
+
 class Install(Protocol):
     """How a runbook installs, chosen once by resolve: on one destination (steps.SingleHost) or on
-    every node of a fan-out (fanout.FanOut). Each mode has its own steps, their `--dry-run` text,
-    its settings rows and partials; nothing else asks which mode a runbook is in."""
+    every node of a fan-out (fanout.FanOut). Each mode has its own steps, what they run as data
+    (actions.preview makes their `--dry-run` text), its settings rows and partials; nothing else
+    asks which mode a runbook is in."""
 
     auto_compression: tuple[str, ...]  # what `compression: auto` takes, in order
     streams: bool  # the runbook streams the source to the destination (a route, its ssh hop)
@@ -241,7 +256,10 @@ class Install(Protocol):
 
     def compression_note(self, plan: Decisions) -> str: ...  # as the run decides it, in words
 
-    def preview(self, step: str, plan: Decisions) -> list[str]: ...  # a step's --dry-run lines
+    # each step's --dry-run lines as data (actions.preview makes them), by step id
+    actions: Mapping[str, tuple[Action, ...]]
+
+    def preview_words(self, plan: Decisions) -> dict[str, object]: ...  # its own words for them
 
     def settings(self) -> list[Setting]: ...  # its own rows of the settings block
 

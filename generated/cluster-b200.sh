@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: eb7190c864ad4642a6e689ce45da7827c5e33d675abff75c0a7627790d2ddbb5
+# sha256 of this file with these 64 digits zeroed: 83efd7f33d0ed22ee2ef6a680a0da499cdeed170198e33e0f38219fc6a7958db
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
-readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
+readonly RB_KIT_SHA256=208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5
+readonly RB_KIT_FILE=.kit/208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)
@@ -271,26 +271,26 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b200: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one)
-on b200: engine preflight: on_existing backup; free space for /opt/sglang/.venv.rb-staging
+on b200: rbkit engine serve --dest /opt/sglang/.venv (refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one))
+on b200: rbkit engine preflight (on_existing backup; free space for /opt/sglang/.venv.rb-staging)
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'*.a'"'"' --algo sha256 --jobs 16 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/cluster-b200/manifest.jsonl; send it to b200
-on b200: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
-on b200: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest'
-  [transfer]='on b200: engine stage: rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging
+on b200: rbkit engine current (if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install)
+on b200: rbkit engine stage (if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest)'
+  [transfer]='on b200: rbkit engine stage (rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging)
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the 16 jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on b200: <decompress> | tar -C /opt/sglang/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on b200: engine verify /opt/sglang/.venv.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
-  [relocate]='on b200: engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
+  [verify]='on b200: rbkit engine verify /opt/sglang/.venv.rb-staging --jobs 16 (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on b200: rbkit engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b200: /opt/sglang/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b200: engine swap: /opt/sglang/.venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
-on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on b200: engine exports: write /opt/sglang/.venv.env.sh
+  [swap]='on b200: rbkit engine swap (/opt/sglang/.venv.rb-staging into /opt/sglang/.venv; on_existing: backup, from the engine'"'"'s choices)
+on b200: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on b200: rbkit engine exports (write /opt/sglang/.venv.env.sh)
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on b200: engine probe: source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, torch, devices, matmul, imports, kernel_audit, nccl
+  [probe]='on b200: rbkit engine probe (source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, torch, devices, matmul, imports, kernel_audit, nccl)
 here: fetch the report to runs/cluster-b200/<run>/probe-b200.json'
 )
 declare -rA RB_STEP_HOST=(

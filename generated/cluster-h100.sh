@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: ec84a7a49320025d3c1cd856844d22ecb75495d2564d62dc6064848292f73997
+# sha256 of this file with these 64 digits zeroed: 11c24f63aa055dbdf9ba4673c86b024586a00830d0fae0f9b4ff756ec90359cc
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
-readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
+readonly RB_KIT_SHA256=208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5
+readonly RB_KIT_FILE=.kit/208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)
@@ -270,26 +270,26 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on h100: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on h100: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one)
-on h100: engine preflight: on_existing backup; free space for /opt/sglang/.venv.rb-staging
+on h100: rbkit engine serve --dest /opt/sglang/.venv (refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one))
+on h100: rbkit engine preflight (on_existing backup; free space for /opt/sglang/.venv.rb-staging)
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_90 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/cluster-h100/manifest.jsonl; send it to h100
-on h100: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
-on h100: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest'
-  [transfer]='on h100: engine stage: rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging
+on h100: rbkit engine current (if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install)
+on h100: rbkit engine stage (if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest)'
+  [transfer]='on h100: rbkit engine stage (rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging)
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on h100: <decompress> | tar -C /opt/sglang/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on h100: engine verify /opt/sglang/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
-  [relocate]='on h100: engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
+  [verify]='on h100: rbkit engine verify /opt/sglang/.venv.rb-staging --jobs auto (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on h100: rbkit engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on h100: /opt/sglang/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on h100: engine swap: /opt/sglang/.venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
-on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on h100: engine exports: write /opt/sglang/.venv.env.sh
+  [swap]='on h100: rbkit engine swap (/opt/sglang/.venv.rb-staging into /opt/sglang/.venv; on_existing: backup, from the engine'"'"'s choices)
+on h100: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on h100: rbkit engine exports (write /opt/sglang/.venv.env.sh)
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on h100: engine probe: source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
+  [probe]='on h100: rbkit engine probe (source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports)
 here: fetch the report to runs/cluster-h100/<run>/probe-h100.json'
 )
 declare -rA RB_STEP_HOST=(

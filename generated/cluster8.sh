@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 101c9874af3af1783a96fbbc43d1e5010b961b258340c43cda059ebdae7bd4a4
+# sha256 of this file with these 64 digits zeroed: d696f9ea27faa5ca842a75324a6b1b642c19382e835865142a877425d7a31cc1
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
-readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
+readonly RB_KIT_SHA256=208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5
+readonly RB_KIT_FILE=.kit/208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)
@@ -630,15 +630,15 @@ declare -rA RB_STEP_DOC=(
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
-  [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/sglang/.venv
+  [fan_preflight]='on build: connect; ship the kit; rbkit engine scan /opt/sglang/.venv
 here: sbcast, srun, SLURM_JOB_ID present; nodes gpu[01-08] (8)'
   [fan_pack]='on build: rbkit manifest build /opt/sglang/.venv --algo sha256
-on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
+on build: tar -C /opt/sglang/.venv -b 256 -cf - <names> | <compress: zstd (preflight fails if an end lacks it)> > here: runs/cluster8/fanout/rbfan-cluster8.tar (with the manifest and the kit)
 re-run (runs/cluster8/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
-  [fan_copy]='timeout 900 sbcast -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
-  [fan_install]='timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/ --immediate=30 --time=15 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-cluster8-<random>.XXXXXX) && mv /tmp/rbfan-cluster8-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
+  [fan_copy]='here: timeout 900 sbcast -t 30 --fanout=2 runs/cluster8/fanout/rbfan-cluster8.tar /tmp/rbfan-cluster8-<random>.tar'
+  [fan_install]='here: timeout 900 srun -N 8 -n 8 --ntasks-per-node=1 -w gpu[01-08] --chdir=/ --immediate=30 --time=15 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-cluster8-<random>.XXXXXX) && mv /tmp/rbfan-cluster8-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/sglang/.venv --old /opt/sglang/.venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
+  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare (nodes x checks, identical rows folded)
 success: at least 7 nodes must pass'
 )
 declare -rA RB_STEP_HOST=(

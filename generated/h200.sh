@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 7027547ae491ee9b2b5f4c48de4c89cc6305da81902198ad36b0346919cb0f18
+# sha256 of this file with these 64 digits zeroed: 61519b2307123362fc10e59e4bdae2af40e0d26398087bd9aab525420bf0e2db
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
-readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
+readonly RB_KIT_SHA256=208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5
+readonly RB_KIT_FILE=.kit/208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)
@@ -262,26 +262,26 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest /opt/torch-moved/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/torch-moved/.venv.rb-lock for the run (a second run is refused, naming this one)
-on here: engine preflight: on_existing replace; free space for /opt/torch-moved/.venv.rb-staging
+on here: rbkit engine serve --dest /opt/torch-moved/.venv (refuses a parent of it another user can write (shared_parent: refuse); takes /opt/torch-moved/.venv.rb-lock for the run (a second run is refused, naming this one))
+on here: rbkit engine preflight (on_existing replace; free space for /opt/torch-moved/.venv.rb-staging)
 on here: rbprobes preflight --venv /opt/torch/.venv --arch sm_90 --path lib/python3.12/site-packages/torch/lib (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none'
   [manifest]='on here: rbkit engine hash /opt/torch/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 8 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/h200/manifest.jsonl; send it to here
-on here: engine current: if /opt/torch-moved/.venv/.rb-manifest.jsonl matches, skip the install
-on here: engine stage: if it differs, link unchanged files from /opt/torch-moved/.venv into /opt/torch-moved/.venv.rb-staging, send only the rest'
-  [transfer]='on here: engine stage: rm -rf /opt/torch-moved/.venv.rb-staging && mkdir /opt/torch-moved/.venv.rb-staging
+on here: rbkit engine current (if /opt/torch-moved/.venv/.rb-manifest.jsonl matches, skip the install)
+on here: rbkit engine stage (if it differs, link unchanged files from /opt/torch-moved/.venv into /opt/torch-moved/.venv.rb-staging, send only the rest)'
+  [transfer]='on here: rbkit engine stage (rm -rf /opt/torch-moved/.venv.rb-staging && mkdir /opt/torch-moved/.venv.rb-staging)
 on here: tar -C /opt/torch/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none> (rbkit engine send)
   | a pipe on here, no ssh (streams side by side from 256 MB: one per two of the 8 jobs, at most 8) |
 on here: <decompress> | tar -C /opt/torch-moved/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on here: engine verify /opt/torch-moved/.venv.rb-staging against the manifest (--jobs 8); the stamp relocate, prove and swap require'
-  [relocate]='on here: engine relocate /opt/torch-moved/.venv.rb-staging --old /opt/torch/.venv --new /opt/torch-moved/.venv'
+  [verify]='on here: rbkit engine verify /opt/torch-moved/.venv.rb-staging --jobs 8 (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on here: rbkit engine relocate /opt/torch-moved/.venv.rb-staging --old /opt/torch/.venv --new /opt/torch-moved/.venv'
   [prove]='on here: /opt/torch-moved/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap: /opt/torch-moved/.venv.rb-staging into /opt/torch-moved/.venv (on_existing: replace, from the engine'"'"'s choices)
-on here: /opt/torch-moved/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on here: engine exports: write /opt/torch-moved/.venv.env.sh
+  [swap]='on here: rbkit engine swap (/opt/torch-moved/.venv.rb-staging into /opt/torch-moved/.venv; on_existing: replace, from the engine'"'"'s choices)
+on here: /opt/torch-moved/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on here: rbkit engine exports (write /opt/torch-moved/.venv.env.sh)
   CUDA_HOME=/usr/local/cuda; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on here: engine probe: source the env file; /opt/torch-moved/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, matmul, nccl, command
+  [probe]='on here: rbkit engine probe (source the env file; /opt/torch-moved/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, matmul, nccl, command)
 here: fetch the report to runs/h200/<run>/probe-here.json'
 )
 declare -rA RB_STEP_HOST=(

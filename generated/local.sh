@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 8db93c2e26a8ed80959de9278cf46e1da2688209168af703bae095382e3f8522
+# sha256 of this file with these 64 digits zeroed: e9a6fb77a6e6bd554802afe58d118d3b500b57f1b565c9da53ed6ff1c65b8214
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75
-readonly RB_KIT_FILE=.kit/4b8363f885c75aa353f69635d14cffd8e425ebbfcbd928dbbef7480b66c38d75.tar
+readonly RB_KIT_SHA256=208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5
+readonly RB_KIT_FILE=.kit/208a106dbec824a3dad08c3ba15e49a2cd439e2e2a7cfd1bb70dd62db01066c5.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
@@ -258,25 +258,25 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest runs/local/venv: refuses a parent of it another user can write (shared_parent: refuse); takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one)
-on here: engine preflight: on_existing replace; free space for runs/local/.venv.rb-staging
+on here: rbkit engine serve --dest runs/local/venv (refuses a parent of it another user can write (shared_parent: refuse); takes runs/local/.venv.rb-lock for the run (a second run is refused, naming this one))
+on here: rbkit engine preflight (on_existing replace; free space for runs/local/.venv.rb-staging)
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'
   [manifest]='on here: rbkit engine hash .venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs 2 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/local/manifest.jsonl; send it to here
-on here: engine current: if runs/local/venv/.rb-manifest.jsonl matches, skip the install
-on here: engine stage: if it differs, link unchanged files from runs/local/venv into runs/local/.venv.rb-staging, send only the rest'
-  [transfer]='on here: engine stage: rm -rf runs/local/.venv.rb-staging && mkdir runs/local/.venv.rb-staging
+on here: rbkit engine current (if runs/local/venv/.rb-manifest.jsonl matches, skip the install)
+on here: rbkit engine stage (if it differs, link unchanged files from runs/local/venv into runs/local/.venv.rb-staging, send only the rest)'
+  [transfer]='on here: rbkit engine stage (rm -rf runs/local/.venv.rb-staging && mkdir runs/local/.venv.rb-staging)
 on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | a pipe on here, no ssh (streams side by side from 256 MB: one per two of the 2 jobs, at most 8) |
 on here: <decompress> | tar -C runs/local/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on here: engine verify runs/local/.venv.rb-staging against the manifest (--jobs 2); the stamp relocate, prove and swap require'
-  [relocate]='on here: engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
+  [verify]='on here: rbkit engine verify runs/local/.venv.rb-staging --jobs 2 (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on here: rbkit engine relocate runs/local/.venv.rb-staging --old .venv --new runs/local/venv'
   [prove]='on here: runs/local/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap: runs/local/.venv.rb-staging into runs/local/venv (on_existing: replace, from the engine'"'"'s choices)
-on here: runs/local/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on here: engine exports: write runs/local/venv.env.sh'
-  [probe]='on here: engine probe: source the env file; runs/local/venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, torch, imports, libraries, matmul, devices
+  [swap]='on here: rbkit engine swap (runs/local/.venv.rb-staging into runs/local/venv; on_existing: replace, from the engine'"'"'s choices)
+on here: runs/local/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on here: rbkit engine exports (write runs/local/venv.env.sh)'
+  [probe]='on here: rbkit engine probe (source the env file; runs/local/venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, torch, imports, libraries, matmul, devices)
 here: fetch the report to runs/local/<run>/probe-here.json'
 )
 declare -rA RB_STEP_HOST=(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rbrules import common, streams
+from rbrules import compression, enginerules, streams
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -75,11 +75,11 @@ def test_a_standalone_runbook_is_as_long_as_the_readme_says(tmp_path):
 def test_the_run_directories_defaults():
     keep = said(r"the newest ([0-9]+) are kept, `RB_KEEP_RUNS`").group(1)
     assert keep == in_templates(r"\$\{RB_KEEP_RUNS:-([0-9]+)\}")
-    # the one lock wait (rbrules.common.LOCK_WAIT_S): RB_LOCK_WAIT's default and the usage text
+    # the one lock wait (rbrules.enginerules.LOCK_WAIT_S): RB_LOCK_WAIT's default and the usage text
     assert (
         in_templates(r"\$\{RB_LOCK_WAIT:-\{\{ (rules\.lock_wait)\|num \}\}\}") == "rules.lock_wait"
     )
-    wait = str(common.LOCK_WAIT_S)
+    wait = str(enginerules.LOCK_WAIT_S)
     assert (
         in_templates(r"RB_LOCK_WAIT \(seconds, default \{\{ (rules\.lock_wait)\|num \}\}\)")
         == "rules.lock_wait"
@@ -158,12 +158,12 @@ def test_compression_auto():
 
     # what the relay measures: lz4 -1, zstd at each of ZSTD_LEVELS
     said(r"lz4 -1 and zstd -1/-3 packing a sample of the tree")
-    assert [w for tool in ("lz4", "zstd") for w, _, _ in common.measured_words(tool)] == [
+    assert [w for tool in ("lz4", "zstd") for w, _, _ in compression.measured_words(tool)] == [
         "lz4",
         "zstd-1",
         "zstd-3",
     ]
-    assert common.measured_words("lz4")[0][1][2] == "-1"
+    assert compression.measured_words("lz4")[0][1][2] == "-1"
     margin = int(said(r"a compressor only where it beats none by ([0-9]+)%").group(1))
     assert round((model.MARGIN - 1) * 100) == margin
     # unmeasured: lz4, else zstd, else none; a fan-out bundle zstd first

@@ -1213,7 +1213,7 @@ rb::cpus_common() {
 # The relay's own rate: zeros from $1 through this machine (a 1 MiB pipe, as the stream's) to $2
 # over the run's ssh connections (the stream's, with its cipher), timed on $2 by `rbkit
 # measure-link`: it says `ready` before the sending end starts (a late session is not the link),
-# stops once the rate is stable (rbrules.common.link_stable), at most 0.6 s after the first
+# stops once the rate is stable (rbrules.linkrate.link_stable), at most 0.6 s after the first
 # byte, and the sending end ends on the broken pipe. $3: a scratch path. The receiving end starts
 # at once, the zeros once the gate $4 says `go` (then `go` is printed first); with $5 `shared`
 # (one kernel) only once the gate also said `scanned` (the link alone on the CPUs), and the

@@ -273,25 +273,25 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on a: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on a: rbkit engine scan /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b: rbkit engine serve --dest /opt/venv2: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv2.rb-lock for the run (a second run is refused, naming this one)
-on b: engine preflight: on_existing refuse; free space for /opt/.venv2.rb-staging
+on b: rbkit engine serve --dest /opt/venv2 (refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv2.rb-lock for the run (a second run is refused, naming this one))
+on b: rbkit engine preflight (on_existing refuse; free space for /opt/.venv2.rb-staging)
 on a: rbprobes preflight --venv /opt/venv --arch sm_100 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on a: rbkit engine hash /opt/venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --exclude '"'"'tests/*'"'"' --exclude '"'"'it'"'"'"'"'"'"'"'"'s a "quoted" $(name)'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/all-checks/manifest.jsonl; send it to b
-on b: engine current: if /opt/venv2/.rb-manifest.jsonl matches, skip the install'
-  [transfer]='on b: engine stage: rm -rf /opt/.venv2.rb-staging && mkdir /opt/.venv2.rb-staging
+on b: rbkit engine current (if /opt/venv2/.rb-manifest.jsonl matches, skip the install)'
+  [transfer]='on b: rbkit engine stage (rm -rf /opt/.venv2.rb-staging && mkdir /opt/.venv2.rb-staging)
 on a: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on b: <decompress> | tar -C /opt/.venv2.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on b: engine verify /opt/.venv2.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
-  [relocate]='on b: engine relocate /opt/.venv2.rb-staging --old /opt/venv --new /opt/venv2'
+  [verify]='on b: rbkit engine verify /opt/.venv2.rb-staging --jobs auto (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on b: rbkit engine relocate /opt/.venv2.rb-staging --old /opt/venv --new /opt/venv2'
   [prove]='on b: /opt/.venv2.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b: engine swap: /opt/.venv2.rb-staging into /opt/venv2 (on_existing: refuse, from the engine'"'"'s choices)
-on b: /opt/venv2/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on b: engine exports: write /etc/profile.d/venv2.sh
+  [swap]='on b: rbkit engine swap (/opt/.venv2.rb-staging into /opt/venv2; on_existing: refuse, from the engine'"'"'s choices)
+on b: /opt/venv2/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on b: rbkit engine exports (write /etc/profile.d/venv2.sh)
   CUDA_HOME=/usr/local/cuda-12.9; LD_LIBRARY_PATH: nvidia/cu12/lib, nvidia/cublas/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on b: engine probe: source the env file; /opt/venv2/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, nccl, python, command, command
+  [probe]='on b: rbkit engine probe (source the env file; /opt/venv2/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, libraries, torch, devices, imports, matmul, nccl, python, command, command)
 here: fetch the report to runs/all-checks/<run>/probe-b.json'
 )
 declare -rA RB_STEP_HOST=(

@@ -614,13 +614,13 @@ declare -rA RB_STEP_DOC=(
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
-  [fan_preflight]='on here: connect; ship the kit; rbkit scan /opt/build/venv
+  [fan_preflight]='on here: connect; ship the kit; rbkit engine scan /opt/build/venv
 here: sbcast, srun, SLURM_JOB_ID present; nodes big[1-2],node[01-04] (6)'
   [fan_pack]='on here: rbkit manifest build /opt/build/venv --algo sha256
-on here: tar -C /opt/build/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
-  [fan_copy]='timeout 600 sbcast -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm-<random>.tar'
-  [fan_install]='timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w big[1-2],node[01-04] --chdir=/ --immediate=10 --time=10 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-fanout-slurm-<random>.XXXXXX) && mv /tmp/rbfan-fanout-slurm-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/venv --old /opt/build/venv ...'"'"''
-  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
+on here: tar -C /opt/build/venv -b 256 -cf - <names> | <compress: zstd (preflight fails if an end lacks it)> > here: runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar (with the manifest and the kit)'
+  [fan_copy]='here: timeout 600 sbcast -t 10 --fanout=2 runs/fanout-slurm/fanout/rbfan-fanout-slurm.tar /tmp/rbfan-fanout-slurm-<random>.tar'
+  [fan_install]='here: timeout 600 srun -N 6 -n 6 --ntasks-per-node=1 -w big[1-2],node[01-04] --chdir=/ --immediate=10 --time=10 -K0 sh -c '"'"'D=$(mktemp -d /tmp/rbfan-fanout-slurm-<random>.XXXXXX) && mv /tmp/rbfan-fanout-slurm-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/venv --old /opt/build/venv ...'"'"''
+  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare (nodes x checks, identical rows folded)
 success: every node must pass'
 )
 declare -rA RB_STEP_HOST=(

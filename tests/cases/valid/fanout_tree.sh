@@ -599,15 +599,15 @@ declare -rA RB_STEP_DOC=(
   [fan_compare]='Fetch every node'"'"'s report and compare: nodes x checks, odd and missing nodes named.'
 )
 declare -rA RB_STEP_PREVIEW=(
-  [fan_preflight]='on build: connect; ship the kit; rbkit scan /opt/venv
+  [fan_preflight]='on build: connect; ship the kit; rbkit engine scan /opt/venv
 here: clush, nodeset present; nodes gpu[001-128] (128)'
   [fan_pack]='on build: rbkit manifest build /opt/venv --algo sha256
-on build: tar -C /opt/venv -b 256 -cf - <names> | <compress> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)
+on build: tar -C /opt/venv -b 256 -cf - <names> | <compress: decided at run time: zstd -1 if both ends have zstd, else lz4 -1 if both ends have lz4, else none> > here: runs/fanout-tree/fanout/rbfan-fanout-tree.tar (with the manifest and the kit)
 re-run (runs/fanout-tree/fanout-base.jsonl, the last fan-out'"'"'s manifest, exists): <names> are only what changed since (rbkit manifest delta)'
-  [fan_copy]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree-<random>.tar'
-  [fan_install]='timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'D=$(mktemp -d /tmp/rbfan-fanout-tree-<random>.XXXXXX) && mv /tmp/rbfan-fanout-tree-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/venv --old /opt/venv ...'"'"'
+  [fan_copy]='here: timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf --copy runs/fanout-tree/fanout/rbfan-fanout-tree.tar --dest /tmp/rbfan-fanout-tree-<random>.tar'
+  [fan_install]='here: timeout 600 env CLUSTERSHELL_GW_PYTHON_EXECUTABLE=/usr/libexec/platform-python clush -w gpu[001-128] -S -t 10 -u 600 -o '"'"'-F /etc/rb/ssh_config'"'"' --topology=/etc/clustershell/topology.conf sh -c '"'"'D=$(mktemp -d /tmp/rbfan-fanout-tree-<random>.XXXXXX) && mv /tmp/rbfan-fanout-tree-<random>.tar $D/bundle.tar && <check it: owner, mode, one link, sha256 = <pin>, rbrules.private> && tar -xf $D/bundle.tar -C $D --exclude=./payload && cd $D && python3 -I -S -B $D/kit/rbrules/start.py rbkit.fanout node --dir $D --dest /opt/venv --old /opt/venv ...'"'"'
 re-run: nodes that lack what the changes-only bundle leaves out (no earlier install, a file changed there) get the whole bundle: copy and install again, on them only'
-  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare: nodes x checks, identical rows folded
+  [fan_compare]='here: python3 -I -S -B <kit>/rbrules/start.py rbkit.fanout compare (nodes x checks, identical rows folded)
 success: every node must pass'
 )
 declare -rA RB_STEP_HOST=(

@@ -240,23 +240,23 @@ declare -rA RB_STEP_DOC=(
 declare -rA RB_STEP_PREVIEW=(
   [preflight]='on here: connect; use the kit here; check tar and python3 >= 3.9
 on here: rbkit engine scan .venv (refused unless pyvenv.cfg, bin/python and files are sent)
-on here: rbkit engine serve --dest runs/copy/venv: refuses a parent of it another user can write (shared_parent: refuse); takes runs/copy/.venv.rb-lock for the run (a second run is refused, naming this one)
-on here: engine preflight: on_existing refuse; free space for runs/copy/.venv.rb-staging
+on here: rbkit engine serve --dest runs/copy/venv (refuses a parent of it another user can write (shared_parent: refuse); takes runs/copy/.venv.rb-lock for the run (a second run is refused, naming this one))
+on here: rbkit engine preflight (on_existing refuse; free space for runs/copy/.venv.rb-staging)
 on here: rbprobes outside .venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: none (both ends are this machine: no link to save)'
   [manifest]='on here: rbkit engine hash .venv --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/minimal-local/manifest.jsonl; send it to here
-on here: engine current: if runs/copy/venv/.rb-manifest.jsonl matches, skip the install'
-  [transfer]='on here: engine stage: rm -rf runs/copy/.venv.rb-staging && mkdir runs/copy/.venv.rb-staging
+on here: rbkit engine current (if runs/copy/venv/.rb-manifest.jsonl matches, skip the install)'
+  [transfer]='on here: rbkit engine stage (rm -rf runs/copy/.venv.rb-staging && mkdir runs/copy/.venv.rb-staging)
 on here: tar -C .venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: none (both ends are this machine: no link to save)> (rbkit engine send)
   | a pipe on here, no ssh (streams side by side from 256 MB: one per two of the auto jobs, at most 8) |
 on here: <decompress> | tar -C runs/copy/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on here: engine verify runs/copy/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
-  [relocate]='on here: engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
+  [verify]='on here: rbkit engine verify runs/copy/.venv.rb-staging --jobs auto (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on here: rbkit engine relocate runs/copy/.venv.rb-staging --old .venv --new runs/copy/venv'
   [prove]='on here: runs/copy/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on here: engine swap: runs/copy/.venv.rb-staging into runs/copy/venv (on_existing: refuse, from the engine'"'"'s choices)
-on here: runs/copy/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on here: engine exports: write runs/copy/venv.env.sh'
+  [swap]='on here: rbkit engine swap (runs/copy/.venv.rb-staging into runs/copy/venv; on_existing: refuse, from the engine'"'"'s choices)
+on here: runs/copy/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on here: rbkit engine exports (write runs/copy/venv.env.sh)'
 )
 declare -rA RB_STEP_HOST=(
   [preflight]=here

@@ -269,26 +269,26 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on ct200: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on b300: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on ct200: rbkit engine scan /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' (refused unless pyvenv.cfg, bin/python and files are sent)
-on b300: rbkit engine serve --dest /opt/sglang/.venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one)
-on b300: engine preflight: on_existing backup; free space for /opt/sglang/.venv.rb-staging
+on b300: rbkit engine serve --dest /opt/sglang/.venv (refuses a parent of it another user can write (shared_parent: refuse); takes /opt/sglang/.venv.rb-lock for the run (a second run is refused, naming this one))
+on b300: rbkit engine preflight (on_existing backup; free space for /opt/sglang/.venv.rb-staging)
 on ct200: rbprobes preflight --venv /opt/sglang/.venv --arch sm_103 (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on ct200: rbkit engine hash /opt/sglang/.venv --exclude __pycache__ --exclude '"'"'*.pyc'"'"' --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/b300/manifest.jsonl; send it to b300
-on b300: engine current: if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install
-on b300: engine stage: if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest'
-  [transfer]='on b300: engine stage: rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging
+on b300: rbkit engine current (if /opt/sglang/.venv/.rb-manifest.jsonl matches, skip the install)
+on b300: rbkit engine stage (if it differs, link unchanged files from /opt/sglang/.venv into /opt/sglang/.venv.rb-staging, send only the rest)'
+  [transfer]='on b300: rbkit engine stage (rm -rf /opt/sglang/.venv.rb-staging && mkdir /opt/sglang/.venv.rb-staging)
 on ct200: tar -C /opt/sglang/.venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on b300: <decompress> | tar -C /opt/sglang/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on b300: engine verify /opt/sglang/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
-  [relocate]='on b300: engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
+  [verify]='on b300: rbkit engine verify /opt/sglang/.venv.rb-staging --jobs auto (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on b300: rbkit engine relocate /opt/sglang/.venv.rb-staging --old /opt/sglang/.venv --new /opt/sglang/.venv'
   [prove]='on b300: /opt/sglang/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on b300: engine swap: /opt/sglang/.venv.rb-staging into /opt/sglang/.venv (on_existing: backup, from the engine'"'"'s choices)
-on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on b300: engine exports: write /opt/sglang/.venv.env.sh
+  [swap]='on b300: rbkit engine swap (/opt/sglang/.venv.rb-staging into /opt/sglang/.venv; on_existing: backup, from the engine'"'"'s choices)
+on b300: /opt/sglang/.venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on b300: rbkit engine exports (write /opt/sglang/.venv.env.sh)
   CUDA_HOME=/usr/local/cuda-13.0; LD_LIBRARY_PATH: nvidia/cu13/lib (in site-packages), then $CUDA_HOME/lib64'
-  [probe]='on b300: engine probe: source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports
+  [probe]='on b300: rbkit engine probe (source the env file; /opt/sglang/.venv/bin/python -I -B <kit>/rbrules/start.py rbprobes run: relocation, kernel_audit, torch, devices, matmul, imports)
 here: fetch the report to runs/b300/<run>/probe-b300.json'
 )
 declare -rA RB_STEP_HOST=(

@@ -250,24 +250,24 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on src: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on dst: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on src: rbkit engine scan /opt/envs/torch (refused unless pyvenv.cfg, bin/python and files are sent)
-on dst: rbkit engine serve --dest /scratch/envs/torch: refuses a parent of it another user can write (shared_parent: refuse); takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one)
-on dst: engine preflight: on_existing replace; free space for /scratch/envs/.torch.rb-staging
+on dst: rbkit engine serve --dest /scratch/envs/torch (refuses a parent of it another user can write (shared_parent: refuse); takes /scratch/envs/.torch.rb-lock for the run (a second run is refused, naming this one))
+on dst: rbkit engine preflight (on_existing replace; free space for /scratch/envs/.torch.rb-staging)
 on src: rbprobes outside /opt/envs/torch (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: gzip (preflight fails if an end lacks it)'
   [manifest]='on src: rbkit engine hash /opt/envs/torch --algo blake2b --jobs 16 --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/ssh-options/manifest.jsonl; send it to dst
-on dst: engine current: if /scratch/envs/torch/.rb-manifest.jsonl matches, skip the install
-on dst: engine stage: if it differs, link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest'
-  [transfer]='on dst: engine stage: rm -rf /scratch/envs/.torch.rb-staging && mkdir /scratch/envs/.torch.rb-staging
+on dst: rbkit engine current (if /scratch/envs/torch/.rb-manifest.jsonl matches, skip the install)
+on dst: rbkit engine stage (if it differs, link unchanged files from /scratch/envs/torch into /scratch/envs/.torch.rb-staging, send only the rest)'
+  [transfer]='on dst: rbkit engine stage (rm -rf /scratch/envs/.torch.rb-staging && mkdir /scratch/envs/.torch.rb-staging)
 on src: tar -C /opt/envs/torch -b 256 --null --no-recursion -T <names to send> -cf - | <compress: gzip (preflight fails if an end lacks it)> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the 16 jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on dst: <decompress> | tar -C /scratch/envs/.torch.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on dst: engine verify /scratch/envs/.torch.rb-staging against the manifest (--jobs 16); the stamp relocate, prove and swap require'
-  [relocate]='on dst: engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
+  [verify]='on dst: rbkit engine verify /scratch/envs/.torch.rb-staging --jobs 16 (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on dst: rbkit engine relocate /scratch/envs/.torch.rb-staging --old /opt/envs/torch --new /scratch/envs/torch'
   [prove]='on dst: /scratch/envs/.torch.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on dst: engine swap: /scratch/envs/.torch.rb-staging into /scratch/envs/torch (on_existing: replace, from the engine'"'"'s choices)
-on dst: /scratch/envs/torch/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on dst: engine exports: write /scratch/envs/torch.env.sh'
+  [swap]='on dst: rbkit engine swap (/scratch/envs/.torch.rb-staging into /scratch/envs/torch; on_existing: replace, from the engine'"'"'s choices)
+on dst: /scratch/envs/torch/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on dst: rbkit engine exports (write /scratch/envs/torch.env.sh)'
 )
 declare -rA RB_STEP_HOST=(
   [preflight]='src->dst'

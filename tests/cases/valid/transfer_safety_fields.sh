@@ -251,24 +251,24 @@ declare -rA RB_STEP_PREVIEW=(
   [preflight]='on src: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on dst: connect; copy the kit to a private directory (mktemp -d), checked by its sha256; check tar and python3 >= 3.9
 on src: rbkit engine scan /opt/venv (refused unless pyvenv.cfg, bin/python and files are sent)
-on dst: rbkit engine serve --dest /opt/venv: refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one)
-on dst: engine preflight: on_existing backup; free space for /opt/.venv.rb-staging
+on dst: rbkit engine serve --dest /opt/venv (refuses a parent of it another user can write (shared_parent: refuse); takes /opt/.venv.rb-lock for the run (a second run is refused, naming this one))
+on dst: rbkit engine preflight (on_existing backup; free space for /opt/.venv.rb-staging)
 on src: rbprobes outside /opt/venv (refused with the files and packages named unless --force; on one machine, references outside the venv are said, not refused)
 compression: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none'
   [manifest]='on src: rbkit engine hash /opt/venv --algo sha256 --jobs auto --scanned <preflight'"'"'s scan of it>
 here: keep a copy in runs/safety/manifest.jsonl; send it to dst
-on dst: engine current: if /opt/venv/.rb-manifest.jsonl matches, skip the install
-on dst: engine stage: if it differs, link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest'
-  [transfer]='on dst: engine stage: rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging
+on dst: rbkit engine current (if /opt/venv/.rb-manifest.jsonl matches, skip the install)
+on dst: rbkit engine stage (if it differs, link unchanged files from /opt/venv into /opt/.venv.rb-staging, send only the rest)'
+  [transfer]='on dst: rbkit engine stage (rm -rf /opt/.venv.rb-staging && mkdir /opt/.venv.rb-staging)
 on src: tar -C /opt/venv -b 256 --null --no-recursion -T <names to send> -cf - | <compress: decided at run time: on the relay, measured: the link'"'"'s rate (zeros through this machine for 0.6 s) against each compressor both ends have, packing a 8 MiB sample of the source on the source: the fastest way through; where that cannot run, and on the direct route, none if every machine the stream passes through runs one kernel (the same boot id: no link to save), else lz4 -1 if both ends have lz4, else zstd -1 if both ends have zstd, else none> (rbkit engine send)
   | through this machine (relay; streams side by side from 256 MB: one per two of the auto jobs, at most 8, jobs: the fewest of the three machines; each stream its own ssh clients here) |
 on dst: <decompress> | tar -C /opt/.venv.rb-staging -b 256 -xf - --no-same-owner (rbkit engine receive; how much tar has read, every 5 s)'
-  [verify]='on dst: engine verify /opt/.venv.rb-staging against the manifest (--jobs auto); the stamp relocate, prove and swap require'
-  [relocate]='on dst: engine relocate /opt/.venv.rb-staging --old /opt/venv --new /opt/venv'
+  [verify]='on dst: rbkit engine verify /opt/.venv.rb-staging --jobs auto (against the manifest; the stamp relocate, prove and swap require)'
+  [relocate]='on dst: rbkit engine relocate /opt/.venv.rb-staging --old /opt/venv --new /opt/venv'
   [prove]='on dst: /opt/.venv.rb-staging/bin/python -I -B -c '"'"'import sys; print(sys.prefix)'"'"' (within 120 s)'
-  [swap]='on dst: engine swap: /opt/.venv.rb-staging into /opt/venv (on_existing: backup, from the engine'"'"'s choices)
-on dst: /opt/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"'; each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there'
-  [exports]='on dst: engine exports: write /opt/venv.env.sh'
+  [swap]='on dst: rbkit engine swap (/opt/.venv.rb-staging into /opt/venv; on_existing: backup, from the engine'"'"'s choices)
+on dst: /opt/venv/bin/python -c '"'"'import sys; print(sys.prefix)'"'"' (then each console script (one per interpreter line) started to its sys.prefix; on failure put back what was there)'
+  [exports]='on dst: rbkit engine exports (write /opt/venv.env.sh)'
 )
 declare -rA RB_STEP_HOST=(
   [preflight]='src->dst'
