@@ -182,7 +182,7 @@ class Axis:
         step = nice(span / 1000.0) * 1000
         self.ticks = [n * step for n in range(int(span / step + 1e-9) + 1)]
 
-    def x(self, ms: float) -> float:
+    def x_at(self, ms: float) -> float:
         return self.x0 + (ms - self.t0) * self.scale
 
     def draw(self, svg: Svg, axis_y: float) -> None:
@@ -204,7 +204,7 @@ def _bar(svg: Svg, axis: Axis, row: Dict[str, Any], host: str, mid: float) -> No
     """One step's or check's bar at height MID, its time (and, when it did not pass, its status
     and detail) beside it, on the side with more room."""
     fill = colour(row["status"])[0]
-    bx, bw = axis.x(row["start"]), max(3.0, (row["end"] - row["start"]) * axis.scale)
+    bx, bw = axis.x_at(row["start"]), max(3.0, (row["end"] - row["start"]) * axis.scale)
     height = 14.0 if not row["check"] else 10.0
     took = (row["end"] - row["start"]) / 1000.0
     tip = "%s %s on %s: %s, %s%s" % (
@@ -274,7 +274,7 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], ypos: float) 
     axis.grid(svg, ypos, ypos + panel_h, "#eceff1")
 
     def xy(ms: float, rate: float) -> str:
-        return "%s,%s" % (num(axis.x(ms)), num(rate_y(rate)))
+        return "%s,%s" % (num(axis.x_at(ms)), num(rate_y(rate)))
 
     for series in rates:
         step, points = series["step"], series["points"]
@@ -310,9 +310,9 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], ypos: float) 
             num(series["average"]),
             "" if series["sampled"] else " (no progress samples: average only)",
         )
-        lx, ly = axis.x(first), rate_y(max(p[2] for p in points)) - 6
+        lx, ly = axis.x_at(first), rate_y(max(p[2] for p in points)) - 6
         if lx + len(what) * 11 * CHAR > axis.x1:
-            svg.text(min(axis.x1, axis.x(last)), ly, what, 11, anchor="end", fill=RATE)
+            svg.text(min(axis.x1, axis.x_at(last)), ly, what, 11, anchor="end", fill=RATE)
         else:
             svg.text(lx, ly, what, 11, fill=RATE)
     axis.draw(svg, ypos + panel_h)
