@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 17a0194adb7e2ec384cf6d1561f35d9605adf6de84ffbf0a766cee21d4e192be
+# sha256 of this file with these 64 digits zeroed: 68cf45dde001ae9433cb55eb68a834ef6757a7f582b97bad5b610146a1464774
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
-readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
+readonly RB_KIT_SHA256=2ce6440263afa93c440864c466cb66fc96b9e345cf5b6d4244ecf3efc42c1013
+readonly RB_KIT_FILE=.kit/2ce6440263afa93c440864c466cb66fc96b9e345cf5b6d4244ecf3efc42c1013.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)
