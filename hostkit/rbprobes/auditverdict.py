@@ -29,15 +29,15 @@ def judge_audit(values: Dict[str, Any]):
     failing = [f for f in values["files"] if f["fails"]]
     if failing:
         described = []
-        for f in failing:
-            text = f["path"]
-            if f.get("package"):
-                text += " [%s]" % f["package"]
-            detail = "; ".join(f["problems"])
-            if f.get("missing"):
-                detail += "; " + _describe_missing(f["missing"][0])
-                if f["units_without_path"] > 1:
-                    detail += " (+%d more units)" % (f["units_without_path"] - 1)
+        for record in failing:
+            text = record["path"]
+            if record.get("package"):
+                text += " [%s]" % record["package"]
+            detail = "; ".join(record["problems"])
+            if record.get("missing"):
+                detail += "; " + _describe_missing(record["missing"][0])
+                if record["units_without_path"] > 1:
+                    detail += " (+%d more units)" % (record["units_without_path"] - 1)
             described.append("%s (%s)" % (text, detail))
         problems.append(
             "%d of %d files with GPU code fail for %s: %s"

@@ -38,11 +38,11 @@ FULL_COLS = 8192  # sampled rows (and every column up to FULL_COLS, else FULL_RO
 REF_AGREE = 1e-9  # largest relative difference between the two float64 references
 
 
-def _sample(torch, n: int, limit: int, seed: int):
-    if n <= limit:
+def _sample(torch, size: int, limit: int, seed: int):
+    if size <= limit:
         return None
-    g = torch.Generator().manual_seed(seed)
-    return torch.randperm(n, generator=g)[:limit].sort().values
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(size, generator=gen)[:limit].sort().values
 
 
 class _Tf32Off:
@@ -56,17 +56,17 @@ class _Tf32Off:
     def __enter__(self):
         import warnings
 
-        t = self.torch
+        torch = self.torch
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for obj in (t.backends.cuda.matmul, t.backends.cudnn):
+            for obj in (torch.backends.cuda.matmul, torch.backends.cudnn):
                 for attr in ("fp32_precision", "allow_tf32"):
                     if hasattr(obj, attr):
                         self.saved.append((obj, attr, getattr(obj, attr)))
-            self.precision = t.get_float32_matmul_precision()
-            t.backends.cuda.matmul.allow_tf32 = False
-            t.backends.cudnn.allow_tf32 = False
-            t.set_float32_matmul_precision("highest")
+            self.precision = torch.get_float32_matmul_precision()
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.set_float32_matmul_precision("highest")
         return self
 
     def __exit__(self, *exc):
@@ -83,10 +83,10 @@ class _Tf32Off:
         return False
 
 
-def tolerance(dtype_name: str, k: int, scale: float) -> Dict[str, float]:
-    """atol and rtol of a product with inner dimension k and term size `scale`."""
+def tolerance(dtype_name: str, inner: int, scale: float) -> Dict[str, float]:
+    """atol and rtol of a product with inner dimension `inner` and term size `scale`."""
     eps = EPS[dtype_name]
-    atol = scale * (ATOL_DTYPE * math.sqrt(k) * eps + ATOL_ACC * k * EPS_ACC)
+    atol = scale * (ATOL_DTYPE * math.sqrt(inner) * eps + ATOL_ACC * inner * EPS_ACC)
     return {"atol": atol, "rtol": eps}
 
 
@@ -101,25 +101,25 @@ def compare(torch, got, ref, atol: float, rtol: float, rows=None, cols=None) -> 
     ratio = torch.where(finite, ratio, torch.full_like(ratio, float("inf")))
     bad = int((ratio > 1.0).sum())  # non-finite outputs have ratio inf
     flat = ratio.flatten()
-    k = min(WORST_LISTED, flat.numel())
-    values, where = torch.topk(flat, k)
+    listed = min(WORST_LISTED, flat.numel())
+    values, where = torch.topk(flat, listed)
     worst = []
     ncols = ratio.shape[1]
-    for v, w in zip(values.tolist(), where.tolist()):
-        i, j = divmod(int(w), ncols)
+    for ratio_value, flat_index in zip(values.tolist(), where.tolist()):
+        row, col = divmod(int(flat_index), ncols)
         worst.append(
             {
-                "row": int(rows[i]) if rows is not None else i,
-                "col": int(cols[j]) if cols is not None else j,
-                "got": float(got[i, j]),
-                "want": float(ref[i, j]),
-                "ratio": float(v),
+                "row": int(rows[row]) if rows is not None else row,
+                "col": int(cols[col]) if cols is not None else col,
+                "got": float(got[row, col]),
+                "want": float(ref[row, col]),
+                "ratio": float(ratio_value),
             }
         )
     return {
         "bad": bad,
         "elements": int(flat.numel()),
-        "max_ratio": float(values[0]) if k else 0.0,
+        "max_ratio": float(values[0]) if listed else 0.0,
         "worst": worst,
         "max_abs_err": float(err[finite].max()) if bool(finite.any()) else float("nan"),
     }
@@ -143,8 +143,8 @@ def matmul_once(
     op = op or torch.matmul
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator(device=device).manual_seed(seed)
-    a = (torch.rand((size, size), device=device, generator=gen) * 2 - 1).to(dtype)
-    b = (torch.rand((size, size), device=device, generator=gen) * 2 - 1).to(dtype)
+    mat_a = (torch.rand((size, size), device=device, generator=gen) * 2 - 1).to(dtype)
+    mat_b = (torch.rand((size, size), device=device, generator=gen) * 2 - 1).to(dtype)
     if device.startswith("cuda"):
 
         def sync():
@@ -154,21 +154,21 @@ def matmul_once(
         def sync():
             return None
 
-    scale = float(a.float().pow(2).mean().sqrt()) * float(b.float().pow(2).mean().sqrt())
+    scale = float(mat_a.float().pow(2).mean().sqrt()) * float(mat_b.float().pow(2).mean().sqrt())
     tol = tolerance(dtype_name, size, scale)
-    c = op(a, b)
+    product = op(mat_a, mat_b)
     sync()
-    a64, b64 = a.double(), b.double()
+    a64, b64 = mat_a.double(), mat_b.double()
     ref = a64 @ b64
-    result = compare(torch, c.double(), ref, tol["atol"], tol["rtol"])
+    result = compare(torch, product.double(), ref, tol["atol"], tol["rtol"])
     ref_max = float(ref.abs().max())
     if crosscheck is None:
         crosscheck = not device.startswith("cpu")
     if crosscheck:
         rows = _sample(torch, size, FULL_ROWS, seed + 1)
         cols = _sample(torch, size, FULL_COLS if size <= FULL_COLS else FULL_ROWS, seed + 2)
-        a_ref = (a if rows is None else a[rows.to(device)]).cpu().double()
-        b_ref = (b if cols is None else b[:, cols.to(device)]).cpu().double()
+        a_ref = (mat_a if rows is None else mat_a[rows.to(device)]).cpu().double()
+        b_ref = (mat_b if cols is None else mat_b[:, cols.to(device)]).cpu().double()
         sample = ref if rows is None else ref[rows.to(device)]
         sample = (sample if cols is None else sample[:, cols.to(device)]).cpu()
         cpu = a_ref @ b_ref
@@ -182,11 +182,11 @@ def matmul_once(
     del a64, b64, ref
     # timing: warm up, then repeat until min_time_s has passed (at most 100 runs)
     for _ in range(2):
-        op(a, b)
+        op(mat_a, mat_b)
     sync()
     runs, start = 0, time.perf_counter()
     while True:
-        op(a, b)
+        op(mat_a, mat_b)
         runs += 1
         if runs % 5 == 0 or runs == 1:
             sync()
@@ -217,10 +217,10 @@ def matmul_once(
     return result
 
 
-def _describe_worst(r: Dict[str, Any]) -> str:
+def _describe_worst(result: Dict[str, Any]) -> str:
     return ", ".join(
         "C[%d,%d] = %.6g, want %.6g" % (w["row"], w["col"], w["got"], w["want"])
-        for w in r["worst"][:3]
+        for w in result["worst"][:3]
     )
 
 
@@ -235,8 +235,8 @@ def matmul_check(params: Dict[str, Any], ctx: Context, device: Optional[str] = N
         return failed("size must be positive, got %d" % size)
     if device is None:
         torch = need_cuda()
-        n = torch.cuda.device_count() if params.get("every_device", True) else 1
-        targets = ["cuda:%d" % i for i in range(n)]
+        count = torch.cuda.device_count() if params.get("every_device", True) else 1
+        targets = ["cuda:%d" % i for i in range(count)]
     else:
         import torch
 
@@ -248,15 +248,15 @@ def matmul_check(params: Dict[str, Any], ctx: Context, device: Optional[str] = N
             name = (
                 torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else "cpu"
             )
-            r = matmul_once(torch, dev, dtype_name, size, op=op)
-            r.update(
+            result = matmul_once(torch, dev, dtype_name, size, op=op)
+            result.update(
                 {
                     "device": dev,
                     "name": name,
-                    "ok": r["bad"] == 0 and r.get("reference_check", {}).get("ok", True),
+                    "ok": result["bad"] == 0 and result.get("reference_check", {}).get("ok", True),
                 }
             )
-            results.append(r)
+            results.append(result)
     values: Dict[str, Any] = {
         "dtype": dtype_name,
         "size": size,
@@ -342,12 +342,12 @@ def nccl_check(params: Dict[str, Any], ctx: Context):
         "ranks": results,
         "env": {k: os.environ.get(k, v) for k, v in proc.SAFE_ENV.items()},
     }
-    for r in results:
-        if r.get("unavailable"):
-            raise Unavailable(r["unavailable"], values)
-    for r in results:
-        if r.get("no_nccl"):
-            return failed(r["no_nccl"], values)
+    for result in results:
+        if result.get("unavailable"):
+            raise Unavailable(result["unavailable"], values)
+    for result in results:
+        if result.get("no_nccl"):
+            return failed(result["no_nccl"], values)
     bad = [
         "rank %d: %s"
         % (r["rank"], r.get("error") or "sum %s, expected %s" % (r.get("min"), expected))

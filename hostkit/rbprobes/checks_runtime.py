@@ -143,29 +143,29 @@ def devices_check(params: Dict[str, Any], ctx: Context):
     except ValueError as exc:
         return failed("expected device: %s" % exc)
     torch = need_cuda()
-    n = torch.cuda.device_count()
+    count = torch.cuda.device_count()
     devices = []
-    for i in range(n):
-        p = torch.cuda.get_device_properties(i)
+    for index in range(count):
+        props = torch.cuda.get_device_properties(index)
         devices.append(
             {
-                "index": i,
-                "name": p.name,
-                "capability": "%d.%d" % (p.major, p.minor),
-                "memory_gib": round(p.total_memory / 2**30, 1),
-                "multiprocessors": p.multi_processor_count,
+                "index": index,
+                "name": props.name,
+                "capability": "%d.%d" % (props.major, props.minor),
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "multiprocessors": props.multi_processor_count,
             }
         )
     arch_list = list(torch.cuda.get_arch_list())
     values: Dict[str, Any] = {
-        "count": n,
+        "count": count,
         "devices": devices,
         "arch_list": arch_list,
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     problems = []
-    if expected_count is not None and n != expected_count:
-        problems.append("%d device(s) visible, expected %d" % (n, expected_count))
+    if expected_count is not None and count != expected_count:
+        problems.append("%d device(s) visible, expected %d" % (count, expected_count))
     if expected_cap:
         wrong = [
             "%d: %s is %s" % (d["index"], d["name"], d["capability"])
@@ -218,7 +218,7 @@ def devices_check(params: Dict[str, Any], ctx: Context):
     return passed(
         "%d x %s (capability %s%s); torch carries %s"
         % (
-            n,
+            count,
             "/".join(names_seen),
             "/".join(caps),
             ", gpu.model %s" % model if model_names else "",
@@ -316,8 +316,8 @@ def _expected_dirs(params: Dict[str, Any], ctx: Context, venv: str) -> List[str]
 
 def _inside(path: str, dirs: List[str]) -> bool:
     real = os.path.realpath(path)
-    for d in dirs:
-        for base in {d.rstrip("/"), os.path.realpath(d)}:
+    for directory in dirs:
+        for base in {directory.rstrip("/"), os.path.realpath(directory)}:
             if path.startswith(base + "/") or real.startswith(base + "/"):
                 return True
     return False
@@ -363,8 +363,8 @@ def _load_cuda_libraries(modules: List[str]) -> Dict[str, Any]:
     if torch is not None:
         if torch.cuda.is_available():
             torch.cuda.init()
-            a = torch.ones((64, 64), device="cuda")
-            (a @ a).sum().item()
+            ones = torch.ones((64, 64), device="cuda")
+            (ones @ ones).sum().item()
             info["cudnn"] = torch.backends.cudnn.version()
             info["cuda_initialised"] = True
             info["devices"] = torch.cuda.device_count()

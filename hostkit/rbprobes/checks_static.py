@@ -86,15 +86,15 @@ def unit_path(
     """("sass" | "ptx" | None, what it has): SASS that runs on the target, else PTX that the
     driver can JIT for it (its ISA version at most `ptx_max`, when known)."""
     entries = [e for c in unit for e in c.entries]
-    for e in entries:
-        if e.kind == "sass" and arch.runs_on("sass", e.number, e.suffix, target):
-            return "sass", e.name
+    for entry in entries:
+        if entry.kind == "sass" and arch.runs_on("sass", entry.number, entry.suffix, target):
+            return "sass", entry.name
     ptx_fit = [
         e for e in entries if e.kind == "ptx" and arch.runs_on("ptx", e.number, e.suffix, target)
     ]
-    for e in ptx_fit:
-        if ptx_max is None or e.version <= ptx_max:
-            return "ptx", e.name
+    for entry in ptx_fit:
+        if ptx_max is None or entry.version <= ptx_max:
+            return "ptx", entry.name
     names = sorted({e.name for e in entries}, key=fatbin.arch_key)
     code = [e for e in entries if e.kind in ("sass", "ptx")]
     if not code:
@@ -205,17 +205,17 @@ def _examine(
         }
         has_code = any(e.kind in ("sass", "ptx") for c in unit for e in c.entries)
         if decode and has_code and buf is not None:
-            k = fatbin.unit_kernels(buf, unit, budget, run)
-            if k.error:
-                unreadable.append(k.error)
-            if k.kernel_free:
+            found = fatbin.unit_kernels(buf, unit, budget, run)
+            if found.error:
+                unreadable.append(found.error)
+            if found.kernel_free:
                 kernel_free += 1
                 continue
-            item["kernels"] = k.names
-            item["kernels_complete"] = k.complete
-            if not k.complete:
-                item["kernels_note"] = k.undecoded
-            if k.limited:
+            item["kernels"] = found.names
+            item["kernels_complete"] = found.complete
+            if not found.complete:
+                item["kernels_note"] = found.undecoded
+            if found.limited:
                 item["unproven"] = True
         elif has_code:
             item["kernels_note"] = "not decoded (partial_ok)" if not decode else "not decoded"
@@ -412,12 +412,12 @@ def audit(
     skipped: List[str] = []
     todo: List[Tuple[str, bool]] = []
     sizes: List[int] = []
-    for r in roots:
-        if os.path.lexists(r):
-            for path, size in _candidates(r, skipped):
-                todo.append((path, path == r))
+    for root_path in roots:
+        if os.path.lexists(root_path):
+            for path, size in _candidates(root_path, skipped):
+                todo.append((path, path == root_path))
                 sizes.append(size)
-    n = audit_jobs(sizes) if jobs is None else jobs
+    job_count = audit_jobs(sizes) if jobs is None else jobs
     run = decompress.DecodeBudget()  # decoded bytes and seconds for the whole run, all workers
     try:
         records, workers = over_workers(
@@ -425,7 +425,7 @@ def audit(
                 todo[i][0], todo[i][1], base, target, driver_ptx_max, globs, strict, run
             ),
             sizes,
-            n,
+            job_count,
         )
     finally:
         run.close()

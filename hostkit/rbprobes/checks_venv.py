@@ -368,15 +368,15 @@ def _finder_mapping(data: bytes) -> Dict[str, List[str]]:
         except ValueError:
             continue
         if isinstance(literal, dict):
-            for k, v in literal.items():
+            for module_name, where in literal.items():
                 paths = (
-                    [v]
-                    if isinstance(v, str)
-                    else [p for p in v if isinstance(p, str)]
-                    if isinstance(v, (list, tuple))
+                    [where]
+                    if isinstance(where, str)
+                    else [p for p in where if isinstance(p, str)]
+                    if isinstance(where, (list, tuple))
                     else []
                 )
-                out.setdefault(str(k), []).extend(paths)
+                out.setdefault(str(module_name), []).extend(paths)
     return out
 
 
@@ -419,9 +419,11 @@ def outside_refs(venv: str) -> List[Dict[str, Any]]:
             if name.startswith("__editable__") and name.endswith("finder.py"):
                 data = venvfs.read_small(full) or b""
                 for mod, paths in sorted(_finder_mapping(data).items()):
-                    for p in paths:
-                        if outside(p):
-                            refs.append(_ref("editable", rel, p, _editable_name(name), module=mod))
+                    for mapped in paths:
+                        if outside(mapped):
+                            refs.append(
+                                _ref("editable", rel, mapped, _editable_name(name), module=mod)
+                            )
             elif name.endswith(".pth"):
                 data = venvfs.read_small(full) or b""
                 editable = name.startswith("__editable__")

@@ -27,13 +27,13 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--allow-skip",
         action="store_true",
         help="a missing precondition (no GPU, no torch) is a skip, not a failure",
     )
-    p.add_argument(
+    parser.add_argument(
         "--deadline-s",
         type=float,
         default=None,
@@ -47,152 +47,152 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="CHECK", parser_class=_Parser)
     sub.required = True
 
-    p = sub.add_parser("run", help="run the checks of a config document, write a report")
-    p.add_argument(
+    cmd = sub.add_parser("run", help="run the checks of a config document, write a report")
+    cmd.add_argument(
         "--config-json",
         required=True,
         help="the config document as a JSON string ('-': read it from stdin)",
     )
-    p.add_argument("--report", required=True, help="where to write the report JSON")
+    cmd.add_argument("--report", required=True, help="where to write the report JSON")
 
-    p = sub.add_parser("kernel_audit", help="L0: GPU code in a venv vs a target arch")
-    p.add_argument("path", help="a venv (or any directory), or one .so/.cubin/.fatbin file")
-    p.add_argument("--arch", required=True, help="target device, e.g. sm_103 or 10.3")
-    p.add_argument(
+    cmd = sub.add_parser("kernel_audit", help="L0: GPU code in a venv vs a target arch")
+    cmd.add_argument("path", help="a venv (or any directory), or one .so/.cubin/.fatbin file")
+    cmd.add_argument("--arch", required=True, help="target device, e.g. sm_103 or 10.3")
+    cmd.add_argument(
         "--path",
         dest="paths",
         action="append",
         help="only this path (relative to PATH); repeatable",
     )
-    p.add_argument(
+    cmd.add_argument(
         "--driver-ptx-max",
         help="newest PTX ISA the driver accepts, e.g. 9.0 ('none': do not check; "
         "default: this host's driver)",
     )
-    p.add_argument(
+    cmd.add_argument(
         "--driver-cuda", help="the driver's CUDA version, e.g. 12.8 (instead of --driver-ptx-max)"
     )
-    p.add_argument(
+    cmd.add_argument(
         "--partial-ok",
         dest="partial_ok",
         action="append",
         help="glob of files whose units may lack the target (vendor dispatch); "
         "repeatable; replaces the default nvidia/*",
     )
-    p.add_argument(
+    cmd.add_argument(
         "--no-partial-ok",
         action="store_true",
         help="no file may have units without a path (partial_ok: [])",
     )
-    p.add_argument("--strict", action="store_true", help="every unit counts, partial_ok ignored")
-    _common(p)
+    cmd.add_argument("--strict", action="store_true", help="every unit counts, partial_ok ignored")
+    _common(cmd)
 
-    p = sub.add_parser("relocation", help="L0: a moved venv works where it lives")
-    p.add_argument("venv")
-    p.add_argument("--old", help="the prefix the venv was built at (searched for in bin/)")
-    p.add_argument("--timeout-s", type=int, default=60, help="bound on starting bin/python")
-    _common(p)
+    cmd = sub.add_parser("relocation", help="L0: a moved venv works where it lives")
+    cmd.add_argument("venv")
+    cmd.add_argument("--old", help="the prefix the venv was built at (searched for in bin/)")
+    cmd.add_argument("--timeout-s", type=int, default=60, help="bound on starting bin/python")
+    _common(cmd)
 
-    p = sub.add_parser("outside", help="L0: references from the venv to paths outside it")
-    p.add_argument("venv")
-    _common(p)
+    cmd = sub.add_parser("outside", help="L0: references from the venv to paths outside it")
+    cmd.add_argument("venv")
+    _common(cmd)
 
-    p = sub.add_parser(
+    cmd = sub.add_parser(
         "preflight",
         help="source host, before a move: kernel_audit for the "
         "destination arch + outside (+ relocation with --old)",
     )
-    p.add_argument("--venv", required=True)
-    p.add_argument("--arch", required=True, help="the destination's arch, e.g. sm_103")
-    p.add_argument("--old", help="also run the relocation check with this old prefix")
-    p.add_argument(
+    cmd.add_argument("--venv", required=True)
+    cmd.add_argument("--arch", required=True, help="the destination's arch, e.g. sm_103")
+    cmd.add_argument("--old", help="also run the relocation check with this old prefix")
+    cmd.add_argument(
         "--path",
         dest="paths",
         action="append",
         help="audit only this path (relative to the venv); repeatable",
     )
-    p.add_argument("--driver-ptx-max", help="the destination driver's PTX ISA limit")
-    p.add_argument("--driver-cuda", help="the destination driver's CUDA version, e.g. 13.0")
-    p.add_argument("--partial-ok", dest="partial_ok", action="append")
-    p.add_argument("--no-partial-ok", action="store_true")
-    p.add_argument("--strict", action="store_true")
+    cmd.add_argument("--driver-ptx-max", help="the destination driver's PTX ISA limit")
+    cmd.add_argument("--driver-cuda", help="the destination driver's CUDA version, e.g. 13.0")
+    cmd.add_argument("--partial-ok", dest="partial_ok", action="append")
+    cmd.add_argument("--no-partial-ok", action="store_true")
+    cmd.add_argument("--strict", action="store_true")
 
-    p = sub.add_parser("libraries", help="L0/L1: CUDA libraries shipped and loaded")
-    p.add_argument("--venv", help="the venv (default: this interpreter's prefix)")
-    p.add_argument(
+    cmd = sub.add_parser("libraries", help="L0/L1: CUDA libraries shipped and loaded")
+    cmd.add_argument("--venv", help="the venv (default: this interpreter's prefix)")
+    cmd.add_argument(
         "--expect-dir",
         dest="expect_dirs",
         action="append",
         default=[],
         help="another directory libraries may come from; repeatable",
     )
-    p.add_argument(
+    cmd.add_argument(
         "--library-dir",
         dest="library_dirs",
         action="append",
         default=[],
         help="a cuda.library_dirs entry; repeatable",
     )
-    p.add_argument("--cuda-home", help="cuda.home")
-    p.add_argument(
+    cmd.add_argument("--cuda-home", help="cuda.home")
+    cmd.add_argument(
         "--module",
         dest="modules",
         action="append",
         help="import this before reading the maps (default: torch); repeatable",
     )
-    p.add_argument("--static-only", action="store_true", help="only scan the venv's files")
-    _common(p)
+    cmd.add_argument("--static-only", action="store_true", help="only scan the venv's files")
+    _common(cmd)
 
-    p = sub.add_parser("torch", help="L1: torch version, CUDA version, driver")
-    p.add_argument("--version", dest="version")
-    p.add_argument("--cuda")
-    _common(p)
+    cmd = sub.add_parser("torch", help="L1: torch version, CUDA version, driver")
+    cmd.add_argument("--version", dest="version")
+    cmd.add_argument("--cuda")
+    _common(cmd)
 
-    p = sub.add_parser("devices", help="L1: device count, names, capability, torch arch list")
-    p.add_argument("--count", type=int)
-    p.add_argument("--capability", help="e.g. 10.3")
-    p.add_argument("--name", dest="names", action="append")
-    _common(p)
+    cmd = sub.add_parser("devices", help="L1: device count, names, capability, torch arch list")
+    cmd.add_argument("--count", type=int)
+    cmd.add_argument("--capability", help="e.g. 10.3")
+    cmd.add_argument("--name", dest="names", action="append")
+    _common(cmd)
 
-    p = sub.add_parser("imports", help="L1: import modules, report versions and files")
-    p.add_argument("modules", nargs="+")
-    _common(p)
+    cmd = sub.add_parser("imports", help="L1: import modules, report versions and files")
+    cmd.add_argument("modules", nargs="+")
+    _common(cmd)
 
-    p = sub.add_parser("matmul", help="L2: matmul on every device vs a float64 reference")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--size", type=int, default=4096)
-    p.add_argument("--first-device", action="store_true", help="only device 0")
-    _common(p)
+    cmd = sub.add_parser("matmul", help="L2: matmul on every device vs a float64 reference")
+    cmd.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    cmd.add_argument("--size", type=int, default=4096)
+    cmd.add_argument("--first-device", action="store_true", help="only device 0")
+    _common(cmd)
 
-    p = sub.add_parser("nccl", help="L2: all-reduce across all local GPUs")
-    p.add_argument("--timeout-s", type=int, default=180)
-    _common(p)
+    cmd = sub.add_parser("nccl", help="L2: all-reduce across all local GPUs")
+    cmd.add_argument("--timeout-s", type=int, default=180)
+    _common(cmd)
 
-    p = sub.add_parser("python", help="run a Python snippet with this interpreter")
-    p.add_argument("code")
-    p.add_argument("--name")
-    p.add_argument("--timeout-s", type=int, default=300)
-    _common(p)
+    cmd = sub.add_parser("python", help="run a Python snippet with this interpreter")
+    cmd.add_argument("code")
+    cmd.add_argument("--name")
+    cmd.add_argument("--timeout-s", type=int, default=300)
+    _common(cmd)
 
-    p = sub.add_parser("command", help="run a shell command with /bin/sh -c")
-    p.add_argument("run")
-    p.add_argument(
+    cmd = sub.add_parser("command", help="run a shell command with /bin/sh -c")
+    cmd.add_argument("run")
+    cmd.add_argument(
         "--venv", help="whose bin/ goes first in PATH (default: this interpreter's prefix)"
     )
-    p.add_argument("--name")
-    p.add_argument("--expect-exit", type=int, default=0)
-    p.add_argument("--timeout-s", type=int, default=300)
-    _common(p)
+    cmd.add_argument("--name")
+    cmd.add_argument("--expect-exit", type=int, default=0)
+    cmd.add_argument("--timeout-s", type=int, default=300)
+    _common(cmd)
     return parser
 
 
 def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
     """The check dict and context a standalone command line stands for."""
-    c = args.command
+    command = args.command
     params: Dict[str, Any] = {}
     venv: Optional[str] = None
     cuda: Dict[str, Any] = {}
-    if c == "kernel_audit":
+    if command == "kernel_audit":
         venv = os.path.abspath(args.path)
         ptx_max = args.driver_ptx_max
         if not ptx_max and args.driver_cuda:
@@ -207,12 +207,12 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
             "strict": args.strict or None,
             "partial_ok": [] if args.no_partial_ok else args.partial_ok,
         }
-    elif c == "relocation":
+    elif command == "relocation":
         venv = os.path.abspath(args.venv)
         params = {"old": args.old, "timeout_s": args.timeout_s}
-    elif c == "outside":
+    elif command == "outside":
         venv = os.path.abspath(args.venv)
-    elif c == "libraries":
+    elif command == "libraries":
         venv = os.path.abspath(args.venv) if args.venv else None
         params = {
             "expect_dirs": args.expect_dirs or None,
@@ -220,23 +220,23 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
             "runtime": False if args.static_only else None,
         }
         cuda = {"library_dirs": args.library_dirs, "home": args.cuda_home}
-    elif c == "torch":
+    elif command == "torch":
         params = {"version": args.version, "cuda": args.cuda}
-    elif c == "devices":
+    elif command == "devices":
         params = {"count": args.count, "capability": args.capability, "names": args.names}
-    elif c == "imports":
+    elif command == "imports":
         params = {"modules": args.modules}
-    elif c == "matmul":
+    elif command == "matmul":
         params = {
             "dtype": args.dtype,
             "size": args.size,
             "every_device": False if args.first_device else None,
         }
-    elif c == "nccl":
+    elif command == "nccl":
         params = {"timeout_s": args.timeout_s}
-    elif c == "python":
+    elif command == "python":
         params = {"code": args.code, "name": args.name, "timeout_s": args.timeout_s}
-    elif c == "command":
+    elif command == "command":
         venv = os.path.abspath(args.venv) if args.venv else None
         params = {
             "run": args.run,
@@ -245,8 +245,8 @@ def _standalone(args: argparse.Namespace) -> Dict[str, Any]:
             "timeout_s": args.timeout_s,
         }
     check = {
-        "id": c,
-        "type": c,
+        "id": command,
+        "type": command,
         "allow_skip": args.allow_skip,
         "params": {k: v for k, v in params.items() if v is not None},
     }
@@ -336,19 +336,19 @@ def _preflight(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     sys.stderr.write(report.table(doc["checks"]) + "\n")
-    for p in doc["problems"]:
+    for problem in doc["problems"]:
         # (the file is the source's: its name shown escaped, rbrules.shown)
         sys.stderr.write(
             printable(
                 "%s: %s%s: %s"
                 % (
-                    p["check"],
-                    shown(p["file"]),
-                    " [%s]" % p["package"] if p.get("package") else "",
-                    p["what"],
+                    problem["check"],
+                    shown(problem["file"]),
+                    " [%s]" % problem["package"] if problem.get("package") else "",
+                    problem["what"],
                 )
             )
-            + "\n    fix: %s\n" % printable(p["fix"])
+            + "\n    fix: %s\n" % printable(problem["fix"])
         )
     return EXIT_OK if doc["ok"] else EXIT_FAIL
 

@@ -58,8 +58,8 @@ def family(basename: str) -> Optional[str]:
 def _soname_major(fam: str, name: str) -> Optional[int]:
     if fam not in SONAME_IS_CUDA:
         return None
-    for f, pat in _PATTERNS:
-        if f == fam:
+    for pattern_family, pat in _PATTERNS:
+        if pattern_family == fam:
             match = pat.match(name)
             if match and match.group(1):
                 major = int(match.group(1).split(".")[1])
@@ -71,9 +71,9 @@ def _soname_major(fam: str, name: str) -> Optional[int]:
 def site_packages_of(path: str) -> Optional[str]:
     """The `.../site-packages` (or dist-packages) directory above `path`, if any."""
     parts = path.split(os.sep)
-    for i in range(len(parts) - 1, 0, -1):
-        if parts[i] in ("site-packages", "dist-packages"):
-            return os.sep.join(parts[: i + 1])
+    for index in range(len(parts) - 1, 0, -1):
+        if parts[index] in ("site-packages", "dist-packages"):
+            return os.sep.join(parts[: index + 1])
     return None
 
 

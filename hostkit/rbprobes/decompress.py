@@ -38,8 +38,8 @@ class NotDecoded(Unreadable):
     nothing is known of it, so what depends on it is not proven."""
 
 
-def mib(n: int) -> str:
-    return "%d MiB" % (n >> 20) if n >= 1 << 20 else "%d bytes" % n
+def mib(size: int) -> str:
+    return "%d MiB" % (size >> 20) if size >= 1 << 20 else "%d bytes" % size
 
 
 class DecodeBudget:
@@ -99,9 +99,9 @@ class DecodeBudget:
             )
         self._held += got * _TOKEN
 
-    def used(self, n: int) -> None:
-        """`n` of the bytes taken were decoded; whole tokens not used go back to the pipe."""
-        self._held = max(0, self._held - n)
+    def used(self, decoded: int) -> None:
+        """`decoded` of the bytes taken were decoded; whole tokens not used go back to the pipe."""
+        self._held = max(0, self._held - decoded)
         back = self._held // _TOKEN
         if back:
             self._held -= back * _TOKEN
@@ -128,17 +128,17 @@ def zstd_decompress(raw: bytes, limit: int, deadline: Optional[float] = None):
     except ImportError:
         zstd = None
     if zstd is not None:
-        d = zstd.ZstdDecompressor()
+        decoder = zstd.ZstdDecompressor()
         out = bytearray()
         data = raw
         try:
-            while not d.eof:
+            while not decoder.eof:
                 _past(deadline, len(out))
-                out += d.decompress(data, max_length=min(DECODE_CHUNK, limit + 1 - len(out)))
+                out += decoder.decompress(data, max_length=min(DECODE_CHUNK, limit + 1 - len(out)))
                 data = b""
                 if len(out) > limit:
                     raise Unreadable("zstd output exceeds the declared %d bytes" % limit)
-                if d.needs_input and not d.eof:
+                if decoder.needs_input and not decoder.eof:
                     raise Unreadable("truncated zstd frame")
         except zstd.ZstdError as exc:
             raise Unreadable("zstd: %s" % exc) from None
@@ -286,22 +286,22 @@ def zstd_decoder() -> Optional[str]:
     return "libzstd" if _libzstd() is not None else None
 
 
-def _lz4_length(src: bytes, i: int, length: int, room: int) -> Tuple[int, int]:
+def _lz4_length(src: bytes, pos: int, length: int, room: int) -> Tuple[int, int]:
     """A 4-bit length of 15 continues in bytes of 255 until one is smaller. `room`: the output
     left; a longer length is refused as soon as it is seen."""
     if length != 15:
-        return length, i
-    n = len(src)
+        return length, pos
+    end = len(src)
     while True:
-        if i >= n:
+        if pos >= end:
             raise Unreadable("truncated LZ4 block: a length runs past the input")
-        extra = src[i]
-        i += 1
+        extra = src[pos]
+        pos += 1
         length += extra
         if length > room:
             raise Unreadable("LZ4 output exceeds the declared size")
         if extra != 255:
-            return length, i
+            return length, pos
 
 
 def lz4_block_decompress(src: bytes, size: int, deadline: Optional[float] = None) -> bytearray:
@@ -325,32 +325,32 @@ def lz4_block_decompress(src: bytes, size: int, deadline: Optional[float] = None
 
 
 def _lz4_into(dst: bytearray, src: bytes, size: int, deadline: Optional[float]) -> None:
-    i, n = 0, len(src)
+    pos, end = 0, len(src)
     steps = 0
-    while i < n:
+    while pos < end:
         steps += 1
         if deadline is not None and not steps & 1023:
             _past(deadline, len(dst))
-        token = src[i]
-        i += 1
-        length, i = _lz4_length(src, i, token >> 4, size - len(dst))
-        if i + length > n:
+        token = src[pos]
+        pos += 1
+        length, pos = _lz4_length(src, pos, token >> 4, size - len(dst))
+        if pos + length > end:
             raise Unreadable(
-                "truncated LZ4 block: %d literal bytes past the input" % (i + length - n)
+                "truncated LZ4 block: %d literal bytes past the input" % (pos + length - end)
             )
         if len(dst) + length > size:
             raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)
-        dst += src[i : i + length]
-        i += length
-        if i >= n or len(dst) == size:
+        dst += src[pos : pos + length]
+        pos += length
+        if pos >= end or len(dst) == size:
             break  # the last sequence has literals only
-        if i + 2 > n:
+        if pos + 2 > end:
             raise Unreadable("truncated LZ4 block: no room for a match offset")
-        offset = src[i] | (src[i + 1] << 8)
-        i += 2
+        offset = src[pos] | (src[pos + 1] << 8)
+        pos += 2
         if offset == 0 or offset > len(dst):
             raise Unreadable("corrupt LZ4 block: match offset %d at output %d" % (offset, len(dst)))
-        length, i = _lz4_length(src, i, token & 15, size - len(dst))
+        length, pos = _lz4_length(src, pos, token & 15, size - len(dst))
         length += 4
         if len(dst) + length > size:
             raise Unreadable("LZ4 output exceeds the declared %d bytes" % size)

@@ -91,7 +91,7 @@ def parse(buf) -> Optional[Elf]:
                 "section table (%d entries at offset %d) runs past the end of the "
                 "file (%d bytes): truncated?" % (shnum, shoff, len(buf))
             )
-        for i in range(shnum):
+        for index in range(shnum):
             (
                 sh_name,
                 sh_type,
@@ -103,7 +103,7 @@ def parse(buf) -> Optional[Elf]:
                 _info,
                 _align,
                 _entsize,
-            ) = struct.unpack_from(fmt, buf, shoff + i * shentsize)
+            ) = struct.unpack_from(fmt, buf, shoff + index * shentsize)
             raw.append((sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link))
     names = b""
     if raw:

@@ -197,8 +197,8 @@ def parse_entries(
     entries = []
     pos = start
     while pos + 64 <= end:
-        kind_code, v, hsize, size = struct.unpack_from("<HHIQ", buf, pos)
-        if strict and (v != 0x0101 or kind_code not in (KIND_PTX, KIND_ELF, KIND_LTO)):
+        kind_code, version, hsize, size = struct.unpack_from("<HHIQ", buf, pos)
+        if strict and (version != 0x0101 or kind_code not in (KIND_PTX, KIND_ELF, KIND_LTO)):
             return [], "not a fatbin entry at offset %d" % pos
         if hsize < 64 or pos + hsize + size > end:
             return entries, "entry at offset %d overruns its container" % pos
@@ -450,8 +450,8 @@ def entry_kernels(buf, entry: Entry, run: Optional[DecodeBudget] = None) -> Opti
         return None
     if entry.kind == "ptx":
         found = []
-        for m in _PTX_ENTRY.finditer(data):
-            name = m.group(1).decode("latin-1")
+        for match in _PTX_ENTRY.finditer(data):
+            name = match.group(1).decode("latin-1")
             if name not in found:
                 found.append(name)
         return found
@@ -491,9 +491,9 @@ def unit_kernels(
     names: List[str] = []
     undecoded = ""
     limited = False
-    for c in unit:
+    for container in unit:
         code = sorted(
-            (e for e in c.entries if e.kind in ("sass", "ptx")),
+            (e for e in container.entries if e.kind in ("sass", "ptx")),
             key=lambda e: (order.get(e.compression, 3), e.stored_size),
         )
         if not code:
@@ -501,25 +501,27 @@ def unit_kernels(
         done = False
         why = ""
         capped = False
-        for e in code:
-            if budget is not None and budget[0] < e.stored_size:
+        for entry in code:
+            if budget is not None and budget[0] < entry.stored_size:
                 why = "%s %s: not decoded: the file's budget of %s of compressed input is spent" % (
-                    c.label,
-                    e.name,
+                    container.label,
+                    entry.name,
                     decompress.mib(decompress.FILE_INPUT_BUDGET),
                 )
                 capped = True
                 break
             try:
-                found = entry_kernels(buf, e, run)
+                found = entry_kernels(buf, entry, run)
             except NotDecoded as exc:
-                why = "%s %s: %s" % (c.label, e.name, exc)
+                why = "%s %s: %s" % (container.label, entry.name, exc)
                 capped = True
                 continue  # another entry of the container may be within the limits
             except Unreadable as exc:
-                return UnitKernels(names, False, "%s %s: %s" % (c.label, e.name, exc), "")
+                return UnitKernels(
+                    names, False, "%s %s: %s" % (container.label, entry.name, exc), ""
+                )
             if budget is not None:
-                budget[0] -= e.stored_size
+                budget[0] -= entry.stored_size
             if found is None:
                 why = why or "zstd payload and no zstd decoder here"
                 continue

@@ -60,16 +60,16 @@ def main(argv) -> int:
             world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        x = torch.full((elements,), float(rank + 1), dtype=torch.float32, device="cuda")
-        dist.all_reduce(x)  # warm-up: builds the communicator
+        tensor = torch.full((elements,), float(rank + 1), dtype=torch.float32, device="cuda")
+        dist.all_reduce(tensor)  # warm-up: builds the communicator
         torch.cuda.synchronize()
-        x.fill_(float(rank + 1))
+        tensor.fill_(float(rank + 1))
         start = time.perf_counter()
-        dist.all_reduce(x)
+        dist.all_reduce(tensor)
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         expected = world * (world + 1) // 2
-        lo, hi = float(x.min()), float(x.max())
+        lo, hi = float(tensor.min()), float(tensor.max())
         out.update(
             {
                 "ok": lo == hi == expected,
@@ -88,8 +88,8 @@ def main(argv) -> int:
 
 
 def _nccl_version(torch) -> str:
-    v = torch.cuda.nccl.version()
-    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 if __name__ == "__main__":

@@ -37,21 +37,21 @@ def _entry(check_type: str, outcome: Outcome, started: float) -> Dict[str, Any]:
 
 def _audit_problems(values: Dict[str, Any]) -> List[Dict[str, Any]]:
     out = []
-    for p in values.get("missing_paths", []):
+    for path in values.get("missing_paths", []):
         out.append(
             {
                 "check": "kernel_audit",
-                "file": p,
+                "file": path,
                 "package": None,
                 "what": "path to audit does not exist",
                 "fix": "fix the spec's paths",
             }
         )
-    for f in values["files"]:
-        if not f.get("fails"):
+    for record in values["files"]:
+        if not record.get("fails"):
             continue
-        what = "; ".join(f.get("problems", []))
-        missing = f.get("missing") or []
+        what = "; ".join(record.get("problems", []))
+        missing = record.get("missing") or []
         kernels = sorted({k for m in missing for k in (m.get("kernels") or [])})
         num = values["target"].split("_", 1)[1]
         fix = (
@@ -59,12 +59,12 @@ def _audit_problems(values: Dict[str, Any]) -> List[Dict[str, Any]]:
             "the destination's driver can JIT), or install a build of the package that "
             "has it" % (values["target"], num, num)
         )
-        if f.get("verdict") == "unreadable" or f.get("unreadable"):
+        if record.get("verdict") == "unreadable" or record.get("unreadable"):
             fix = "reinstall the package (the file is damaged or truncated)"
         item = {
             "check": "kernel_audit",
-            "file": f["path"],
-            "package": f.get("package"),
+            "file": record["path"],
+            "package": record.get("package"),
             "what": what,
             "fix": fix,
         }
@@ -130,14 +130,14 @@ def run(
         else Outcome(FAIL, "venv %s does not exist" % venv, {})
     )
     checks.append(_entry("outside", outcome, started))
-    for r in outcome.values.get("refs", []):
+    for ref in outcome.values.get("refs", []):
         problems.append(
             {
                 "check": "outside",
-                "file": r["file"],
-                "package": r.get("package"),
-                "what": "%s -> %s" % (r["kind"], r["target"]),
-                "fix": r["fix"],
+                "file": ref["file"],
+                "package": ref.get("package"),
+                "what": "%s -> %s" % (ref["kind"], ref["target"]),
+                "fix": ref["fix"],
             }
         )
     if not os.path.isdir(venv):
@@ -155,13 +155,13 @@ def run(
         started = time.monotonic()
         outcome = checks_venv.relocation_check({"old": old}, _ctx(venv))
         checks.append(_entry("relocation", outcome, started))
-        for p in outcome.values.get("problems", []):
+        for problem in outcome.values.get("problems", []):
             problems.append(
                 {
                     "check": "relocation",
-                    "file": p["file"],
+                    "file": problem["file"],
                     "package": None,
-                    "what": p["what"],
+                    "what": problem["what"],
                     "fix": "python -m rbkit relocate %s --old %s --new %s" % (venv, old, venv),
                 }
             )

@@ -113,12 +113,12 @@ def table(checks: List[Dict[str, Any]], width: int = 140) -> str:
 
 
 def summary_line(doc: Dict[str, Any]) -> str:
-    s = doc["summary"]
+    summary = doc["summary"]
     return "%s: %d passed, %d failed, %d skipped (levels %s) in %.1fs" % (
         doc["host"],
-        s.get("pass", 0),
-        s.get("fail", 0),
-        s.get("skip", 0),
+        summary.get("pass", 0),
+        summary.get("fail", 0),
+        summary.get("skip", 0),
         "+".join(doc["levels_run"]) or "none",
         doc["duration_s"],
     )

@@ -147,13 +147,13 @@ def validate_config(config: Any) -> List[Dict[str, Any]]:
         raise ConfigError("config 'checks' must be a list")
     out = []
     seen = set()
-    for i, check in enumerate(checks):
+    for index, check in enumerate(checks):
         if not isinstance(check, dict) or "type" not in check:
-            raise ConfigError("checks[%d] must be an object with a 'type'" % i)
+            raise ConfigError("checks[%d] must be an object with a 'type'" % index)
         check = dict(check)
-        check["id"] = str(check.get("id") or "%s_%d" % (check["type"], i + 1))
+        check["id"] = str(check.get("id") or "%s_%d" % (check["type"], index + 1))
         if check["id"] in seen:
-            raise ConfigError("checks[%d]: duplicate id %r" % (i, check["id"]))
+            raise ConfigError("checks[%d]: duplicate id %r" % (index, check["id"]))
         seen.add(check["id"])
         out.append(check)
     return out
@@ -198,46 +198,46 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
     ]
     finished: "queue.Queue[int]" = queue.Queue()
 
-    def run_one(i: int) -> Dict[str, Any]:
-        schedule[i]["start_s"] = round(time.monotonic() - start, 3)
+    def run_one(index: int) -> Dict[str, Any]:
+        schedule[index]["start_s"] = round(time.monotonic() - start, 3)
         try:
-            entry = run_check(checks[i], ctx)
+            entry = run_check(checks[index], ctx)
         except BaseException as exc:  # run_check catches what a check raises; this is a bug
             entry = report.result(
-                checks[i]["id"],
-                str(checks[i]["type"]),
+                checks[index]["id"],
+                str(checks[index]["type"]),
                 "L?",
                 FAIL,
                 "runner error: %s: %s" % (type(exc).__name__, exc),
             )
-        schedule[i]["end_s"] = round(time.monotonic() - start, 3)
-        results[i] = entry
-        finished.put(i)
+        schedule[index]["end_s"] = round(time.monotonic() - start, 3)
+        results[index] = entry
+        finished.put(index)
         return entry
 
     serial = [i for i, lane in enumerate(lanes) if lane == SERIAL]
     parallel = [i for i, lane in enumerate(lanes) if lane != SERIAL]
     todo: "queue.Queue[int]" = queue.Queue()
-    for i in parallel:
-        todo.put(i)
+    for check_index in parallel:
+        todo.put(check_index)
 
     def parallel_worker() -> None:
         while True:
             try:
-                i = todo.get_nowait()
+                index = todo.get_nowait()
             except queue.Empty:
                 return
-            run_one(i)
+            run_one(index)
 
     def serial_lane() -> None:
         stopped: Optional[str] = None
-        for i in serial:
+        for index in serial:
             if stopped:
-                results[i] = _not_run(checks[i], stopped)
-                finished.put(i)
+                results[index] = _not_run(checks[index], stopped)
+                finished.put(index)
                 continue
-            if run_one(i)["values"].get("timed_out"):
-                stopped = checks[i]["id"]
+            if run_one(index)["values"].get("timed_out"):
+                stopped = checks[index]["id"]
 
     # Daemon threads: each returns by its checks' deadlines (run_check does not wait for a
     # stuck check), so they are joined through `finished`, never left behind waiting.
@@ -250,9 +250,9 @@ def run_config(config: Dict[str, Any], on_result=None) -> Tuple[Dict[str, Any], 
     for thread in threads:
         thread.start()
     for _ in checks:
-        i = finished.get()
+        check_index = finished.get()
         if on_result:
-            on_result(results[i])
+            on_result(results[check_index])
     entries = [r for r in results if r is not None]
     stopped = any(e["values"].get("timed_out") for e in entries)
     doc = report.build(ctx.host, started_wall, time.monotonic() - start, entries, schedule)

@@ -105,18 +105,18 @@ def site_packages(venv: str) -> List[str]:
         "lib/site-packages",
         "Lib/site-packages",
     ):
-        for d in sorted(glob.glob(os.path.join(venv, pattern))):
-            real = os.path.realpath(d)
-            if os.path.isdir(d) and real not in {os.path.realpath(f) for f in found}:
-                found.append(d)
+        for site_dir in sorted(glob.glob(os.path.join(venv, pattern))):
+            real = os.path.realpath(site_dir)
+            if os.path.isdir(site_dir) and real not in {os.path.realpath(f) for f in found}:
+                found.append(site_dir)
     return found
 
 
 def site_packages_of(path: str) -> Optional[str]:
     parts = path.split(os.sep)
-    for i in range(len(parts) - 1, 0, -1):
-        if parts[i] in ("site-packages", "dist-packages"):
-            return os.sep.join(parts[: i + 1])
+    for index in range(len(parts) - 1, 0, -1):
+        if parts[index] in ("site-packages", "dist-packages"):
+            return os.sep.join(parts[: index + 1])
     return None
 
 
@@ -149,8 +149,8 @@ link_lookup = links.tree_lookup
 
 def inside(path: str, roots: List[str]) -> bool:
     """Whether `path` (absolute, normalised) lies in one of `roots` (or is one)."""
-    for r in roots:
-        r = r.rstrip(os.sep) or os.sep
-        if path == r or path.startswith(r + os.sep) or r == os.sep:
+    for listed in roots:
+        root = listed.rstrip(os.sep) or os.sep
+        if path == root or path.startswith(root + os.sep) or root == os.sep:
             return True
     return False

@@ -30,17 +30,17 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> Tuple
     died, an answer that does not load) is computed here, so the list is always whole. With one
     job, or threads in this process (a fork would copy their locks held), everything is
     computed here."""
-    n = len(sizes)
-    if jobs <= 1 or n <= 1 or not forkable():
-        return [fn(i) for i in range(n)], 0
-    order = sorted(range(n), key=lambda i: -sizes[i])
+    count = len(sizes)
+    if jobs <= 1 or count <= 1 or not forkable():
+        return [fn(i) for i in range(count)], 0
+    order = sorted(range(count), key=lambda i: -sizes[i])
     task_r, task_w = os.pipe()
     # every index is 4 bytes, written before any worker reads: a pipe hands each 4-byte read
-    # whole to one reader (n * 4 bytes fit its buffer up to 16,384 items; more, chunk by chunk)
+    # whole to one reader (count * 4 bytes fit its buffer up to 16,384 items; more, chunk by chunk)
     children = []
     parent = os.getpid()
     todo = b"".join(struct.pack("<I", i) for i in order)
-    for _ in range(min(jobs, n)):
+    for _ in range(min(jobs, count)):
         out_r, out_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker
@@ -53,8 +53,8 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> Tuple
                     got = os.read(task_r, 4)
                     if len(got) != 4:
                         break
-                    i = struct.unpack("<I", got)[0]
-                    done.append((i, fn(i)))
+                    index = struct.unpack("<I", got)[0]
+                    done.append((index, fn(index)))
                 data = marshal.dumps(done)
                 view = memoryview(data)
                 while view:
@@ -72,8 +72,8 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> Tuple
             view = view[os.write(task_w, view) :]
     finally:
         os.close(task_w)
-    results: List[Any] = [None] * n
-    answered = [False] * n
+    results: List[Any] = [None] * count
+    answered = [False] * count
     workers = 0
     for pid, out_r in children:
         with os.fdopen(out_r, "rb") as fh:
@@ -83,13 +83,13 @@ def over_workers(fn: Callable[[int], Any], sizes: List[int], jobs: int) -> Tuple
             continue
         try:
             got = marshal.loads(data)
-            for i, rec in got:
-                results[i] = rec
-                answered[i] = True
+            for index, rec in got:
+                results[index] = rec
+                answered[index] = True
         except (ValueError, EOFError, TypeError):
             continue
         workers += 1
-    for i in range(n):
-        if not answered[i]:
-            results[i] = fn(i)
+    for index in range(count):
+        if not answered[index]:
+            results[index] = fn(index)
     return results, workers

@@ -63,12 +63,12 @@ def draw(report: dict, events: str, out: str, fanout: str = "") -> List[str]:
             fan = json.load(fh)
         where = os.path.dirname(os.path.abspath(fanout))
         reports = {}
-        for n in fan.get("nodes") or []:
-            path = os.path.join(where, "node-%s.json" % n)
+        for node in fan.get("nodes") or []:
+            path = os.path.join(where, "node-%s.json" % node)
             if os.path.isfile(path):
                 try:
                     with open(path, encoding="utf-8") as fh:
-                        reports[n] = json.load(fh)
+                        reports[node] = json.load(fh)
                 except (OSError, ValueError):
                     pass
         fan = dict(fan, reports=reports)

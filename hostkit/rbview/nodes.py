@@ -21,12 +21,12 @@ def _node_seconds(doc: Optional[Dict[str, Any]]) -> Dict[str, float]:
     out: Dict[str, float] = {}
     if not isinstance(doc, dict):
         return out
-    for s in doc.get("steps") or []:
-        if isinstance(s, dict) and isinstance(s.get("seconds"), (int, float)):
-            out[str(s.get("id"))] = float(s["seconds"])
-    for c in (doc.get("probe") or {}).get("checks") or []:
-        if isinstance(c, dict) and isinstance(c.get("duration_s"), (int, float)):
-            out["check:" + str(c.get("id"))] = float(c["duration_s"])
+    for step in doc.get("steps") or []:
+        if isinstance(step, dict) and isinstance(step.get("seconds"), (int, float)):
+            out[str(step.get("id"))] = float(step["seconds"])
+    for check in (doc.get("probe") or {}).get("checks") or []:
+        if isinstance(check, dict) and isinstance(check.get("duration_s"), (int, float)):
+            out["check:" + str(check.get("id"))] = float(check["duration_s"])
     return out
 
 
@@ -96,25 +96,25 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
         '<line x1="0" y1="0" x2="0" y2="6" stroke="#bcaaa4" stroke-width="2"/>'
         "</pattern></defs>",
     )
-    y = 84 + head_h
+    ypos = 84 + head_h
     # column heads, slanted; steps and checks apart
-    for j, h in enumerate(heads):
-        cx = x0 + j * cell_w + cell_w / 2
+    for column, head in enumerate(heads):
+        cx = x0 + column * cell_w + cell_w / 2
         if slant:
             svg.add(
                 "text",
                 {
                     "x": num(cx),
-                    "y": num(y - 6),
+                    "y": num(ypos - 6),
                     "font-size": "11",
                     "fill": "#212121",
-                    "transform": "rotate(-35 %s %s)" % (num(cx), num(y - 6)),
+                    "transform": "rotate(-35 %s %s)" % (num(cx), num(ypos - 6)),
                 },
-                h,
-                cols[j],
+                head,
+                cols[column],
             )
         else:
-            svg.text(cx, y - 6, h, 11, anchor="middle", title=cols[j])
+            svg.text(cx, ypos - 6, head, 11, anchor="middle", title=cols[column])
     first_check = next((j for j, c in enumerate(cols) if c.startswith("check:")), None)
     for lo, hi, what in (
         (0, first_check if first_check is not None else len(cols), "steps"),
@@ -139,9 +139,9 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
             stroke="#90a4ae",
             stroke_width=1.0,
         )
-    for i, node in enumerate(nodes):
-        ry = y + i * cell_h
-        if i % 2 == 0:
+    for index, node in enumerate(nodes):
+        ry = ypos + index * cell_h
+        if index % 2 == 0:
             svg.rect(8, ry, width - 16, cell_h, "#f5f7f8")
         is_odd, is_missing = node in odd, node in missing
         svg.text(
@@ -177,25 +177,25 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
             )
             continue
         row = rows.get(node) or {}
-        for j, c in enumerate(cols):
-            st = str(row.get(c, "-"))
+        for column, col_id in enumerate(cols):
+            st = str(row.get(col_id, "-"))
             fill, ink = colour(st)
-            s = seconds[node].get(c)
+            took = seconds[node].get(col_id)
             word = (
-                secs(s).replace(" ", "")
-                if s is not None and st != "-"
+                secs(took).replace(" ", "")
+                if took is not None and st != "-"
                 else ("" if st == "-" else status_word(st))
             )
             if st == "fail":
-                word = "\u2717 " + word if s is not None else "\u2717 fail"
+                word = "\u2717 " + word if took is not None else "\u2717 fail"
             tip = "%s %s: %s%s" % (
                 node,
-                heads[j],
+                heads[column],
                 status_word(st),
-                (", " + secs(s)) if s is not None else "",
+                (", " + secs(took)) if took is not None else "",
             )
             svg.rect(
-                x0 + j * cell_w + 1,
+                x0 + column * cell_w + 1,
                 ry + 1,
                 cell_w - 2,
                 cell_h - 2,
@@ -205,7 +205,7 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
             )
             if word:
                 svg.text(
-                    x0 + j * cell_w + cell_w / 2,
+                    x0 + column * cell_w + cell_w / 2,
                     ry + 14,
                     word,
                     10.5,
@@ -233,24 +233,24 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
                 fill="#e65100",
                 title=note,
             )
-    y += cell_h * len(nodes)
+    ypos += cell_h * len(nodes)
     if first_check:
         sx = x0 + first_check * cell_w
-        svg.line(sx, 84 + 22, sx, y, stroke="#546e7a", stroke_width=1.0, stroke_dasharray="3 3")
-    y += 18
+        svg.line(sx, 84 + 22, sx, ypos, stroke="#546e7a", stroke_width=1.0, stroke_dasharray="3 3")
+    ypos += 18
     if reports:
-        svg.text(16, y, "Cells give each node's seconds per step and check.", 11, fill="#607d8b")
-        y += 14
+        svg.text(16, ypos, "Cells give each node's seconds per step and check.", 11, fill="#607d8b")
+        ypos += 14
     for node in nodes:
         if node in odd:
             line = "odd node %s: %s" % (node, "; ".join(str(d) for d in odd[node]) or "differs")
-            svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#e65100", title=line)
-            y += 16
+            svg.text(16, ypos + 4, fit(line, width - 32, 11), 11, fill="#e65100", title=line)
+            ypos += 16
     for node in nodes:
         if node in missing:
             line = "no report from %s: %s" % (node, " | ".join(str(w) for w in missing[node]))
-            svg.text(16, y + 4, fit(line, width - 32, 11), 11, fill="#6d4c41", title=line)
-            y += 16
+            svg.text(16, ypos + 4, fit(line, width - 32, 11), 11, fill="#6d4c41", title=line)
+            ypos += 16
     desc = "; ".join(
         "%s: %s"
         % (
@@ -263,4 +263,4 @@ def nodes_picture(fanout: Dict[str, Any], name: str = "") -> str:
         )
         for n in nodes
     )
-    return svg.render(width, y + 12, title, desc)
+    return svg.render(width, ypos + 12, title, desc)

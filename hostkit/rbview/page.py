@@ -70,49 +70,54 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
         "<h2>Steps</h2><table><tr><th>step</th><th>host</th><th>status</th>"
         "<th>seconds</th><th>detail</th></tr>"
     )
-    for s in report.get("steps") or []:
-        f = s.get("facts") or {}
+    for step in report.get("steps") or []:
+        facts = step.get("facts") or {}
         said = []
-        if "bytes" in f:
-            said.append(human(f["bytes"]) + (" in %s files" % f["files"] if "files" in f else ""))
-        if "mb_s" in f:
-            said.append("%s MB/s" % f["mb_s"])
+        if "bytes" in facts:
+            said.append(
+                human(facts["bytes"])
+                + (" in %s files" % facts["files"] if "files" in facts else "")
+            )
+        if "mb_s" in facts:
+            said.append("%s MB/s" % facts["mb_s"])
         detail = "; ".join(
-            [", ".join(said)] * bool(said) + [str(s.get("detail") or "")] * bool(s.get("detail"))
+            [", ".join(said)] * bool(said)
+            + [str(step.get("detail") or "")] * bool(step.get("detail"))
         )
-        d = s.get("duration_s")
+        seconds = step.get("duration_s")
         out.append(
             '<tr><td>%s</td><td>%s</td><td class="%s">%s</td><td class=num>%s</td>'
             "<td>%s</td></tr>"
             % (
-                esc(s.get("id")),
-                esc(s.get("host") or "-"),
-                esc(s.get("status", "")),
-                esc(s.get("status")),
-                "%.1f" % d if isinstance(d, (int, float)) else "-",
+                esc(step.get("id")),
+                esc(step.get("host") or "-"),
+                esc(step.get("status", "")),
+                esc(step.get("status")),
+                "%.1f" % seconds if isinstance(seconds, (int, float)) else "-",
                 esc(detail),
             )
         )
     out.append("</table>")
     if fanout:
         out.append(_fanout_html(fanout))
-    c = report.get("checks") or {}
+    counts = report.get("checks") or {}
     out.append(
         "<h2>Checks</h2><p>%s passed, %s failed, %s skipped</p>"
-        % (esc(c.get("pass", 0)), esc(c.get("fail", 0)), esc(c.get("skip", 0)))
+        % (esc(counts.get("pass", 0)), esc(counts.get("fail", 0)), esc(counts.get("skip", 0)))
     )
     probes = report.get("probes") or {}
     if fanout:
         # one table per group of identical rows (a node of each): a table per node does not
         # scale to a cluster, and the nodes of a group passed and failed the same checks
         reports = fanout.get("reports") or {}
-        for g in fanout.get("groups") or []:
-            g = [str(n) for n in g]
-            doc = probes.get(g[0]) or (reports.get(g[0]) or {}).get("probe")
+        for members in fanout.get("groups") or []:
+            group = [str(n) for n in members]
+            doc = probes.get(group[0]) or (reports.get(group[0]) or {}).get("probe")
             out.append(
-                "<h3>node %s</h3>" % esc(g[0])
-                if len(g) == 1
-                else "<h3>nodes %s (%d; seconds of %s)</h3>" % (esc(fold(g)), len(g), esc(g[0]))
+                "<h3>node %s</h3>" % esc(group[0])
+                if len(group) == 1
+                else "<h3>nodes %s (%d; seconds of %s)</h3>"
+                % (esc(fold(group)), len(group), esc(group[0]))
             )
             out.append(_checks_table(doc))
     else:
@@ -134,7 +139,7 @@ def _checks_table(doc: Any) -> str:
     for chk in doc["checks"]:
         if not isinstance(chk, dict):
             continue
-        d = chk.get("duration_s")
+        seconds = chk.get("duration_s")
         out.append(
             '<tr><td>%s</td><td>%s</td><td class="%s">%s</td><td class=num>%s</td>'
             "<td>%s</td></tr>"
@@ -143,7 +148,7 @@ def _checks_table(doc: Any) -> str:
                 esc(chk.get("level", "")),
                 esc(chk.get("status", "")),
                 esc(chk.get("status")),
-                "%.2f" % d if isinstance(d, (int, float)) else "-",
+                "%.2f" % seconds if isinstance(seconds, (int, float)) else "-",
                 esc(chk.get("reason") or ""),
             )
         )
@@ -168,15 +173,15 @@ def _fanout_html(fanout: Dict[str, Any]) -> str:
         "<table><tr><th>nodes</th><th>count</th>%s</tr>"
         % "".join("<th>%s</th>" % esc(c[6:] if c.startswith("check:") else c) for c in cols)
     )
-    for g in fanout.get("groups") or []:
-        r = rows.get(g[0]) or {}
+    for group in fanout.get("groups") or []:
+        row = rows.get(group[0]) or {}
         out.append(
             "<tr><td>%s</td><td class=num>%d</td>%s</tr>"
             % (
-                esc(fold([str(n) for n in g])),
-                len(g),
+                esc(fold([str(n) for n in group])),
+                len(group),
                 "".join(
-                    '<td class="%s">%s</td>' % (esc(r.get(c, "-")), esc(r.get(c, "-")))
+                    '<td class="%s">%s</td>' % (esc(row.get(c, "-")), esc(row.get(c, "-")))
                     for c in cols
                 ),
             )
@@ -185,20 +190,21 @@ def _fanout_html(fanout: Dict[str, Any]) -> str:
     odd = fanout.get("odd") or {}
     if odd:
         out.append("<h3>Odd nodes</h3><ul>")
-        for n in fanout.get("nodes") or []:
-            if n in odd:
+        for node in fanout.get("nodes") or []:
+            if node in odd:
                 out.append(
                     "<li><b>%s</b>: %s</li>"
-                    % (esc(n), esc("; ".join(str(d) for d in odd[n]) or "differs"))
+                    % (esc(node), esc("; ".join(str(d) for d in odd[node]) or "differs"))
                 )
         out.append("</ul>")
     missing = fanout.get("missing") or {}
     if missing:
         out.append("<h3>Missing nodes</h3><ul>")
-        for n in fanout.get("nodes") or []:
-            if n in missing:
+        for node in fanout.get("nodes") or []:
+            if node in missing:
                 out.append(
-                    "<li><b>%s</b>: %s</li>" % (esc(n), esc(" | ".join(str(w) for w in missing[n])))
+                    "<li><b>%s</b>: %s</li>"
+                    % (esc(node), esc(" | ".join(str(w) for w in missing[node])))
                 )
         out.append("</ul>")
     return "\n".join(out)

@@ -50,8 +50,8 @@ def esc(value: Any) -> str:
     return text
 
 
-def num(v: float) -> str:
-    text = "%.1f" % v
+def num(value: float) -> str:
+    text = "%.1f" % value
     return text[:-2] if text.endswith(".0") else text
 
 
@@ -83,25 +83,25 @@ def wrap(text: str, width: float, size: float, most: int) -> List[str]:
     return lines
 
 
-def secs(s: Optional[float]) -> str:
-    if s is None:
+def secs(seconds: Optional[float]) -> str:
+    if seconds is None:
         return ""
-    if s < 0.1:
-        return "%d ms" % round(s * 1000)
-    if s < 10:
-        return "%.1f s" % s
-    if s < 600:
-        return "%d s" % round(s)
-    return "%d min %02d s" % (int(s) // 60, int(round(s)) % 60)
+    if seconds < 0.1:
+        return "%d ms" % round(seconds * 1000)
+    if seconds < 10:
+        return "%.1f s" % seconds
+    if seconds < 600:
+        return "%d s" % round(seconds)
+    return "%d min %02d s" % (int(seconds) // 60, int(round(seconds)) % 60)
 
 
 def nice(span: float, ticks: int = 8) -> float:
     """A tick step of 1, 2 or 5 times a power of ten giving at most about TICKS ticks."""
     raw = max(span, 1e-9) / ticks
     mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if raw <= m * mag:
-            return m * mag
+    for multiple in (1, 2, 5, 10):
+        if raw <= multiple * mag:
+            return multiple * mag
     return 10 * mag
 
 
@@ -134,21 +134,25 @@ class Svg:
         text: Optional[str] = None,
         title: Optional[str] = None,
     ) -> None:
-        a = "".join(
+        attributes = "".join(
             ' %s="%s"'
             % (k.rstrip("_").replace("_", "-"), esc(num(v) if isinstance(v, float) else v))
             for k, v in attrs.items()
             if v is not None
         )
         inner = ("<title>%s</title>" % esc(title) if title else "") + (esc(text) if text else "")
-        self.parts.append("<%s%s>%s</%s>" % (tag, a, inner, tag) if inner else "<%s%s/>" % (tag, a))
+        self.parts.append(
+            "<%s%s>%s</%s>" % (tag, attributes, inner, tag)
+            if inner
+            else "<%s%s/>" % (tag, attributes)
+        )
 
     def rect(
         self,
-        x: float,
-        y: float,
-        w: float,
-        h: float,
+        left: float,
+        top: float,
+        width: float,
+        height: float,
         fill: str,
         title: Optional[str] = None,
         **kw: Any,
@@ -156,10 +160,10 @@ class Svg:
         self.add(
             "rect",
             dict(
-                x=float(x),
-                y=float(y),
-                width=float(max(w, 0)),
-                height=float(max(h, 0)),
+                x=float(left),
+                y=float(top),
+                width=float(max(width, 0)),
+                height=float(max(height, 0)),
                 fill=fill,
                 **kw,
             ),
@@ -168,8 +172,8 @@ class Svg:
 
     def text(
         self,
-        x: float,
-        y: float,
+        xpos: float,
+        ypos: float,
         text: str,
         size: float = 12,
         anchor: str = "start",
@@ -181,8 +185,8 @@ class Svg:
         self.add(
             "text",
             dict(
-                x=float(x),
-                y=float(y),
+                x=float(xpos),
+                y=float(ypos),
                 font_size=num(size),
                 text_anchor=anchor if anchor != "start" else None,
                 fill=fill,
@@ -212,13 +216,13 @@ class Svg:
         return head + "\n".join(self.parts) + "\n</svg>\n"
 
 
-def legend(svg: Svg, x: float, y: float, items: List[Tuple[str, str, str]]) -> float:
-    """Swatches with labels from X on the line Y: (fill, stroke, label). Returns the end x."""
+def legend(svg: Svg, xpos: float, ypos: float, items: List[Tuple[str, str, str]]) -> float:
+    """Swatches with labels from XPOS on the line YPOS: (fill, stroke, label). Returns the end x."""
     for fill, stroke, label in items:
-        svg.rect(x, y - 10, 14, 12, fill, stroke=stroke, stroke_width=1.0)
-        svg.text(x + 19, y, label, 12)
-        x += 19 + len(label) * 12 * CHAR + 18
-    return x
+        svg.rect(xpos, ypos - 10, 14, 12, fill, stroke=stroke, stroke_width=1.0)
+        svg.text(xpos + 19, ypos, label, 12)
+        xpos += 19 + len(label) * 12 * CHAR + 18
+    return xpos
 
 
 def host_label(host: str) -> str:

@@ -62,20 +62,20 @@ def read_log(path: str) -> Tuple[List[Dict[str, Any]], Samples]:
 
 def from_report(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """No event log: the report's steps one after the other, by their durations."""
-    steps, t = [], 0
-    for s in report.get("steps", []):
-        ms = int(round(float(s.get("duration_s") or 0) * 1000))
+    steps, at_ms = [], 0
+    for step in report.get("steps", []):
+        ms = int(round(float(step.get("duration_s") or 0) * 1000))
         steps.append(
             {
-                "id": s.get("id", "?"),
-                "status": s.get("status", "?"),
-                "start": t,
-                "end": t + ms,
-                "host": s.get("host") or "",
-                "detail": s.get("detail", ""),
+                "id": step.get("id", "?"),
+                "status": step.get("status", "?"),
+                "start": at_ms,
+                "end": at_ms + ms,
+                "host": step.get("host") or "",
+                "detail": step.get("detail", ""),
             }
         )
-        t += ms
+        at_ms += ms
     return steps
 
 
@@ -90,11 +90,11 @@ def _check_rows(
         return []
     probe = [s for s in steps if s["host"] == host and "probe" in s["id"]]
     started = doc.get("started")
-    t: Optional[float] = None
+    at_ms: Optional[float] = None
     if isinstance(started, (int, float)):
-        t = float(started) * 1000
-    if probe and (t is None or not probe[-1]["start"] <= t <= probe[-1]["end"]):
-        t = float(probe[-1]["start"])
+        at_ms = float(started) * 1000
+    if probe and (at_ms is None or not probe[-1]["start"] <= at_ms <= probe[-1]["end"]):
+        at_ms = float(probe[-1]["start"])
     # where the probe says when each check ran (its `schedule`: checks overlap), each row is
     # placed there; else one after the other
     schedule = {}
@@ -103,29 +103,29 @@ def _check_rows(
             isinstance(item.get(k), (int, float)) for k in ("start_s", "end_s")
         ):
             schedule[str(item.get("id"))] = (float(item["start_s"]), float(item["end_s"]))
-    t0 = t
+    t0 = at_ms
     rows = []
-    for c in doc["checks"]:
-        if not isinstance(c, dict):
+    for check in doc["checks"]:
+        if not isinstance(check, dict):
             continue
-        d = c.get("duration_s")
-        d = float(d) if isinstance(d, (int, float)) else None
+        seconds = check.get("duration_s")
+        seconds = float(seconds) if isinstance(seconds, (int, float)) else None
         row = {
-            "id": str(c.get("id", "?")),
-            "status": str(c.get("status", "?")),
+            "id": str(check.get("id", "?")),
+            "status": str(check.get("status", "?")),
             "check": True,
-            "detail": str(c.get("reason") or ""),
-            "level": c.get("level"),
-            "seconds": d,
+            "detail": str(check.get("reason") or ""),
+            "level": check.get("level"),
+            "seconds": seconds,
             "start": None,
             "end": None,
         }
         at = schedule.get(row["id"])
         if t0 is not None and at is not None:
             row["start"], row["end"] = t0 + at[0] * 1000, t0 + at[1] * 1000
-        elif t is not None and d is not None:
-            row["start"], row["end"] = t, t + d * 1000
-            t += d * 1000
+        elif at_ms is not None and seconds is not None:
+            row["start"], row["end"] = at_ms, at_ms + seconds * 1000
+            at_ms += seconds * 1000
         rows.append(row)
     return rows
 
@@ -136,13 +136,13 @@ def _rates(
     """Rate series per transfer: from progress samples (MB/s between successive samples) when
     there are at least two, else the step's average (fact mb_s) over the step."""
     facts = {}
-    for s in report.get("steps", []):
-        if isinstance(s, dict) and s.get("facts"):
-            facts.setdefault(s.get("id"), s["facts"])
+    for step in report.get("steps", []):
+        if isinstance(step, dict) and step.get("facts"):
+            facts.setdefault(step.get("id"), step["facts"])
     out = []
-    for s in steps:
-        got = sorted(set(samples.get((s["id"], s["host"]), [])))
-        f = facts.get(s["id"], {})
+    for step in steps:
+        got = sorted(set(samples.get((step["id"], step["host"]), [])))
+        step_facts = facts.get(step["id"], {})
         if len(got) >= 2:
             pts = []
             for (t1, b1), (t2, b2) in zip(got, got[1:]):
@@ -152,22 +152,22 @@ def _rates(
                 total = (got[-1][1] - got[0][1]) / max(1, got[-1][0] - got[0][0]) / 1000.0
                 out.append(
                     {
-                        "step": s,
+                        "step": step,
                         "points": pts,
                         "average": total,
                         "sampled": True,
-                        "bytes": f.get("bytes", got[-1][1]),
+                        "bytes": step_facts.get("bytes", got[-1][1]),
                     }
                 )
                 continue
-        if isinstance(f.get("mb_s"), (int, float)) and s["end"] > s["start"]:
+        if isinstance(step_facts.get("mb_s"), (int, float)) and step["end"] > step["start"]:
             out.append(
                 {
-                    "step": s,
-                    "points": [(s["start"], s["end"], float(f["mb_s"]))],
-                    "average": float(f["mb_s"]),
+                    "step": step,
+                    "points": [(step["start"], step["end"], float(step_facts["mb_s"]))],
+                    "average": float(step_facts["mb_s"]),
                     "sampled": False,
-                    "bytes": f.get("bytes"),
+                    "bytes": step_facts.get("bytes"),
                 }
             )
     return out
@@ -182,47 +182,49 @@ class Axis:
         step = nice(span / 1000.0) * 1000
         self.ticks = [n * step for n in range(int(span / step + 1e-9) + 1)]
 
-    def x(self, t: float) -> float:
-        return self.x0 + (t - self.t0) * self.scale
+    def x_at(self, ms: float) -> float:
+        return self.x0 + (ms - self.t0) * self.scale
 
-    def draw(self, svg: Svg, y: float) -> None:
-        svg.line(self.x0, y, self.x1, y, stroke="#546e7a", stroke_width=1.0)
-        for t in self.ticks:
-            gx = self.x0 + t * self.scale
-            svg.line(gx, y, gx, y + 5, stroke="#546e7a", stroke_width=1.0)
-            svg.text(gx, y + 18, "%s s" % num(t / 1000.0), 11, anchor="middle", fill="#37474f")
+    def draw(self, svg: Svg, axis_y: float) -> None:
+        svg.line(self.x0, axis_y, self.x1, axis_y, stroke="#546e7a", stroke_width=1.0)
+        for tick in self.ticks:
+            gx = self.x0 + tick * self.scale
+            svg.line(gx, axis_y, gx, axis_y + 5, stroke="#546e7a", stroke_width=1.0)
+            svg.text(
+                gx, axis_y + 18, "%s s" % num(tick / 1000.0), 11, anchor="middle", fill="#37474f"
+            )
 
     def grid(self, svg: Svg, top: float, bottom: float, colour: str) -> None:
-        for t in self.ticks:
-            gx = self.x0 + t * self.scale
+        for tick in self.ticks:
+            gx = self.x0 + tick * self.scale
             svg.line(gx, top, gx, bottom, stroke=colour, stroke_width=1.0)
 
 
-def _bar(svg: Svg, axis: Axis, r: Dict[str, Any], host: str, mid: float) -> None:
+def _bar(svg: Svg, axis: Axis, row: Dict[str, Any], host: str, mid: float) -> None:
     """One step's or check's bar at height MID, its time (and, when it did not pass, its status
     and detail) beside it, on the side with more room."""
-    fill = colour(r["status"])[0]
-    bx, bw = axis.x(r["start"]), max(3.0, (r["end"] - r["start"]) * axis.scale)
-    h = 14.0 if not r["check"] else 10.0
-    took = (r["end"] - r["start"]) / 1000.0
+    fill = colour(row["status"])[0]
+    bx, bw = axis.x_at(row["start"]), max(3.0, (row["end"] - row["start"]) * axis.scale)
+    height = 14.0 if not row["check"] else 10.0
+    took = (row["end"] - row["start"]) / 1000.0
     tip = "%s %s on %s: %s, %s%s" % (
-        "check" if r["check"] else "step",
-        r["id"],
+        "check" if row["check"] else "step",
+        row["id"],
         host or "this machine",
-        status_word(r["status"]),
+        status_word(row["status"]),
         secs(took),
-        (": " + r["detail"]) if r["detail"] else "",
+        (": " + row["detail"]) if row["detail"] else "",
     )
-    svg.rect(bx, mid - h / 2, bw, h, fill, title=tip, rx=2.0)
+    svg.rect(bx, mid - height / 2, bw, height, fill, title=tip, rx=2.0)
     note = secs(took)
-    if r["status"] not in ("ok", "pass"):
+    if row["status"] not in ("ok", "pass"):
         note = "%s %s%s" % (
-            status_word(r["status"]),
+            status_word(row["status"]),
             note,
-            (": " + r["detail"]) if r["detail"] else "",
+            (": " + row["detail"]) if row["detail"] else "",
         )
-    weight = "bold" if r["status"] in ("failed", "fail", "interrupted") else None
-    ink = {"ok": "#37474f", "pass": "#37474f", "skip": "#546e7a"}.get(r["status"], fill)
+    weight = "bold" if row["status"] in ("failed", "fail", "interrupted") else None
+    ink = {"ok": "#37474f", "pass": "#37474f", "skip": "#546e7a"}.get(row["status"], fill)
     after, before = axis.x1 - (bx + bw) - 6, bx - axis.x0 - 6
     if after >= before or after >= 200:
         svg.text(bx + bw + 6, mid + 4, fit(note, after, 11), 11, fill=ink, weight=weight, title=tip)
@@ -239,36 +241,43 @@ def _bar(svg: Svg, axis: Axis, r: Dict[str, Any], host: str, mid: float) -> None
         )
 
 
-def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> float:
-    """The transfer rate (MB/s) on the timeline's time axis, from Y; returns the y below it.
+def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], ypos: float) -> float:
+    """The transfer rate (MB/s) on the timeline's time axis, from YPOS; returns the y below it.
     Sampled rates are a solid step curve, an average alone a dashed line over its step."""
     panel_h = 90.0
     top = max(p[2] for r in rates for p in r["points"]) or 1.0
     ystep = nice(top, 3)
     ymax = ystep * math.ceil(top * 1.25 / ystep)
-    svg.text(16, y + 4, "transfer rate", 13, weight="bold", fill="#263238")
-    y += 14
+    svg.text(16, ypos + 4, "transfer rate", 13, weight="bold", fill="#263238")
+    ypos += 14
 
-    def Y(v: float) -> float:
-        return y + panel_h - v / ymax * panel_h
+    def rate_y(rate: float) -> float:
+        return ypos + panel_h - rate / ymax * panel_h
 
-    for k in range(int(ymax / ystep + 1e-9) + 1):
-        svg.line(axis.x0, Y(k * ystep), axis.x1, Y(k * ystep), stroke="#eceff1", stroke_width=1.0)
+    for tick in range(int(ymax / ystep + 1e-9) + 1):
+        svg.line(
+            axis.x0,
+            rate_y(tick * ystep),
+            axis.x1,
+            rate_y(tick * ystep),
+            stroke="#eceff1",
+            stroke_width=1.0,
+        )
         svg.text(
             axis.x0 - 8,
-            Y(k * ystep) + 4,
-            "%s MB/s" % num(k * ystep),
+            rate_y(tick * ystep) + 4,
+            "%s MB/s" % num(tick * ystep),
             11,
             anchor="end",
             fill="#37474f",
         )
-    axis.grid(svg, y, y + panel_h, "#eceff1")
+    axis.grid(svg, ypos, ypos + panel_h, "#eceff1")
 
-    def xy(t: float, v: float) -> str:
-        return "%s,%s" % (num(axis.x(t)), num(Y(v)))
+    def xy(ms: float, rate: float) -> str:
+        return "%s,%s" % (num(axis.x_at(ms)), num(rate_y(rate)))
 
-    for r in rates:
-        s, points = r["step"], r["points"]
+    for series in rates:
+        step, points = series["step"], series["points"]
         line = [xy(t, v) for a, b, v in points for t in (a, b)]
         first, last = points[0][0], points[-1][1]
         svg.add(
@@ -286,24 +295,28 @@ def _rate_panel(svg: Svg, axis: Axis, rates: List[Dict[str, Any]], y: float) -> 
                 "fill": "none",
                 "stroke": RATE,
                 "stroke-width": "2",
-                "stroke-dasharray": None if r["sampled"] else "6 3",
+                "stroke-dasharray": None if series["sampled"] else "6 3",
             },
             title="%s on %s: %s"
-            % (s["id"], s["host"] or "this machine", "sampled" if r["sampled"] else "average only"),
+            % (
+                step["id"],
+                step["host"] or "this machine",
+                "sampled" if series["sampled"] else "average only",
+            ),
         )
         what = "%s%s: %s MB/s average%s" % (
-            s["id"],
-            (" " + human(r["bytes"])) if r["bytes"] is not None else "",
-            num(r["average"]),
-            "" if r["sampled"] else " (no progress samples: average only)",
+            step["id"],
+            (" " + human(series["bytes"])) if series["bytes"] is not None else "",
+            num(series["average"]),
+            "" if series["sampled"] else " (no progress samples: average only)",
         )
-        lx, ly = axis.x(first), Y(max(p[2] for p in points)) - 6
+        lx, ly = axis.x_at(first), rate_y(max(p[2] for p in points)) - 6
         if lx + len(what) * 11 * CHAR > axis.x1:
-            svg.text(min(axis.x1, axis.x(last)), ly, what, 11, anchor="end", fill=RATE)
+            svg.text(min(axis.x1, axis.x_at(last)), ly, what, 11, anchor="end", fill=RATE)
         else:
             svg.text(lx, ly, what, 11, fill=RATE)
-    axis.draw(svg, y + panel_h)
-    return y + panel_h + 30
+    axis.draw(svg, ypos + panel_h)
+    return ypos + panel_h + 30
 
 
 def timeline(
@@ -312,9 +325,9 @@ def timeline(
     """The timeline picture (see the module's docstring). TIMED: the steps have real start
     times (else they were laid one after the other from their durations)."""
     hosts: List[str] = []
-    for s in steps:
-        if s["host"] not in hosts:
-            hosts.append(s["host"])
+    for step in steps:
+        if step["host"] not in hosts:
+            hosts.append(step["host"])
     bands = [
         (h, [dict(s, check=False) for s in steps if s["host"] == h] + _check_rows(report, h, steps))
         for h in hosts
@@ -340,7 +353,7 @@ def timeline(
         weight="bold",
         fill=colour("failed")[0] if outcome not in ("ok", "?") else "#212121",
     )
-    c = report.get("checks") or {}
+    counts = report.get("checks") or {}
     sub = "spec %s; %d step%s on %d host%s" % (
         report.get("spec", "?"),
         len(steps),
@@ -348,11 +361,11 @@ def timeline(
         len(hosts),
         "" if len(hosts) == 1 else "s",
     )
-    if report.get("probes") or any(c.get(k) for k in ("pass", "fail", "skip")):
+    if report.get("probes") or any(counts.get(k) for k in ("pass", "fail", "skip")):
         sub += "; checks %s passed, %s failed, %s skipped" % (
-            c.get("pass", 0),
-            c.get("fail", 0),
-            c.get("skip", 0),
+            counts.get("pass", 0),
+            counts.get("fail", 0),
+            counts.get("skip", 0),
         )
     if times and timed and t0 > 1e11:
         sub += "; started %s UTC" % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0 / 1000.0))
@@ -366,57 +379,65 @@ def timeline(
     legend(svg, 16, 70, items + [(RATE, RATE, "transfer rate")] * bool(rates))
 
     # host bands (behind), the grid, then the rows: a label and a bar each
-    y = top = 88.0
+    ypos = top = 88.0
     failed: List[Dict[str, Any]] = []
     body = Svg()
-    for i, (host, rows) in enumerate(bands):
-        svg.rect(8, y, width - 16, 30 + 22 * len(rows), "#f5f7f8" if i % 2 == 0 else "#eef2f4")
-        body.text(16, y + 17, host_label(host), 13, weight="bold", fill="#263238")
-        y += 24
-        for r in rows:
-            mid = y + 11
-            label = ("\u00b7 " + r["id"]) if r["check"] else r["id"]
+    for index, (host, rows) in enumerate(bands):
+        svg.rect(
+            8, ypos, width - 16, 30 + 22 * len(rows), "#f5f7f8" if index % 2 == 0 else "#eef2f4"
+        )
+        body.text(16, ypos + 17, host_label(host), 13, weight="bold", fill="#263238")
+        ypos += 24
+        for row in rows:
+            mid = ypos + 11
+            label = ("\u00b7 " + row["id"]) if row["check"] else row["id"]
             body.text(
                 left - 10,
                 mid + 4,
                 fit(label, left - 26, 12),
-                12 if not r["check"] else 11,
+                12 if not row["check"] else 11,
                 anchor="end",
-                fill="#37474f" if r["check"] else "#212121",
-                weight="bold" if r["status"] in ("failed", "fail") else None,
+                fill="#37474f" if row["check"] else "#212121",
+                weight="bold" if row["status"] in ("failed", "fail") else None,
             )
-            if r["start"] is None:
+            if row["start"] is None:
                 body.text(
-                    left + 4, mid + 4, "%s (no time)" % status_word(r["status"]), 11, fill="#607d8b"
+                    left + 4,
+                    mid + 4,
+                    "%s (no time)" % status_word(row["status"]),
+                    11,
+                    fill="#607d8b",
                 )
             else:
-                _bar(body, axis, r, host, mid)
-                if r["status"] in ("failed", "interrupted", "fail"):
-                    failed.append(dict(r, host=host))
-            y += 22
-        y += 6
-    axis.grid(svg, top, y + 4, "#cfd8dc")
+                _bar(body, axis, row, host, mid)
+                if row["status"] in ("failed", "interrupted", "fail"):
+                    failed.append(dict(row, host=host))
+            ypos += 22
+        ypos += 6
+    axis.grid(svg, top, ypos + 4, "#cfd8dc")
     svg.parts += body.parts
-    axis.draw(svg, y + 4)
-    svg.text(left - 22, y + 22, "time", 11, anchor="end", fill="#37474f")
-    y += 34
+    axis.draw(svg, ypos + 4)
+    svg.text(left - 22, ypos + 22, "time", 11, anchor="end", fill="#37474f")
+    ypos += 34
     if rates:
-        y = _rate_panel(svg, axis, rates, y + 10)
+        ypos = _rate_panel(svg, axis, rates, ypos + 10)
 
     # what failed, in words, under the picture
-    for r in failed:
-        y += 6
+    for row in failed:
+        ypos += 6
         line = "%s: %s %s on host %s after %s%s" % (
-            status_word(r["status"]),
-            "check" if r["check"] else "step",
-            r["id"],
-            r["host"] or "(this machine)",
-            secs((r["end"] - r["start"]) / 1000.0),
-            (": " + r["detail"]) if r["detail"] else "",
+            status_word(row["status"]),
+            "check" if row["check"] else "step",
+            row["id"],
+            row["host"] or "(this machine)",
+            secs((row["end"] - row["start"]) / 1000.0),
+            (": " + row["detail"]) if row["detail"] else "",
         )
         for part in wrap(line, width - 32, 12, 4):
-            svg.text(16, y + 10, part, 12, weight="bold", fill=colour(r["status"])[0], title=line)
-            y += 16
+            svg.text(
+                16, ypos + 10, part, 12, weight="bold", fill=colour(row["status"])[0], title=line
+            )
+            ypos += 16
     desc = "; ".join(
         "%s on %s: %s %s"
         % (r["id"], h or "this machine", r["status"], secs((r["end"] - r["start"]) / 1000.0))
@@ -424,4 +445,4 @@ def timeline(
         for r in rows
         if not r["check"]
     )
-    return svg.render(width, y + 12, title, desc)
+    return svg.render(width, ypos + 12, title, desc)
