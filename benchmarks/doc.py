@@ -397,7 +397,7 @@ RELAY37 = """## The relay at the speed of the link (issue 37): where it stands
 
 Quiet machine (load under 1 at each start, nothing else running), the code after the change
 "on one kernel the link measured alone after the scan, none where its ssh had no CPU to spare"
-(`rbrules.common.link_cpu_bound`: this machine's two ssh masters' time on a CPU and waiting for
+(`rbrules.linkrate.link_cpu_bound`: this machine's two ssh masters' time on a CPU and waiting for
 one, from /proc/PID/schedstat, while the link carried 8 MB or more) and the compressors' sample
 of 8 MiB taken from the scan's record. Medians:
 
@@ -604,7 +604,7 @@ cpusets, a Slurm binding) and the tightest CPU quota on the process's cgroup and
 the model. Before, most places took `os.cpu_count()` (the machine's CPUs) and two the affinity;
 a test holds that no module of the kit counts another way. Each host says its CPU list when it
 is prepared, each gated end of the relay its usable CPUs (`ready JOBS CPUS`), and the relay's
-streams are `common.relay_streams`: one per two of the fewest jobs of the three machines, never
+streams are `rbrules.streams.relay_streams`: one per two of the fewest jobs of the three machines, never
 more than the fewest CPUs any of them may use, said in one line (`relay: 1 stream (no more
 streams than the fewest CPUs a machine may use, 1; CPUs usable: here 2 of 2, src 2 of 2, dst 1
 of 2 (affinity 0))`, tests/e2e/test_relay_affinity.py: dst's sshd pinned to one CPU).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: fa0139671c42fdd404bd0c43561271ed5a5b3cddbcb4fe346fef3afa39a17444
+# sha256 of this file with these 64 digits zeroed: 2b93d9b7849e869a84b459b977364f29351191ee4281827f13a3f93a31b9c9c2
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=ece05f24f977e3759b1673c7fd6b7fa487333ca880755d46192e1ffd3866154f
-readonly RB_KIT_FILE=.kit/ece05f24f977e3759b1673c7fd6b7fa487333ca880755d46192e1ffd3866154f.tar
+readonly RB_KIT_SHA256=473432b1ded87b4bf087d685fb5b8bcb346a51951d79ad823ee0329ec132a3c3
+readonly RB_KIT_FILE=.kit/473432b1ded87b4bf087d685fb5b8bcb346a51951d79ad823ee0329ec132a3c3.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -1051,9 +1051,7 @@ rb::measure_start() {
 rb::measure_run() {
   local out=${RB_WORK}/measure.link go='' shared='' here
   RB_WORK=''
-  if [[ " ${RB_MEASURE_ARGS[*]} " == *" --shared-cpu "* ]]; then
-    shared=shared
-  fi
+  [[ " ${RB_MEASURE_ARGS[*]} " != *" --shared-cpu "* ]] || shared=shared
   rb::py_argv "${RB_LOCAL_PY}" "${RB_LOCAL_KIT}" rbkit
   here=$("${RB_KIT_ARGV[@]}" cpus --token 2>/dev/null) || here=''
   rb::kit_argv "${RB_SRC_HOST}"
@@ -1105,15 +1103,10 @@ rb::measure_finish() {
   first=${why%%; *}
   short=${first}
   # the chosen option's clause names it as the command reads it: zstd-3-T2 is `zstd -3 -T2`
-  spaced=${choice}
-  if [[ "${choice}" == zstd-* ]]; then
-    spaced="zstd -${choice#zstd-}"
-    spaced=${spaced/-T/ -T}
-  fi
+  spaced=${choice/#zstd-/zstd -}
+  spaced=${spaced/-T/ -T}
   while IFS= read -r clause; do
-    if [[ "${clause}" == "${spaced} "* ]]; then
-      short+="; ${clause}"
-    fi
+    [[ "${clause}" != "${spaced} "* ]] || short+="; ${clause}"
   done <<<"${why//; /$'\n'}"
   if [[ "${short}" != "${why}" ]]; then
     short+="; every figure in run.log"

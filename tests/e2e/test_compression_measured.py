@@ -79,7 +79,7 @@ def test_the_unlimited_lab_link_is_measured_and_the_choice_follows_the_figures(
     """The choice is the one the logged figures give (rbkit.measure.main_lines): none without a
     compressor tried where the link, measured alone on the lab's two cores after the source's
     scan, left no CPU to spare (this machine's ssh masters busy and waiting for a CPU:
-    rbrules.common.link_cpu_bound), else the tools' figures against the link's. Which one it is
+    rbrules.linkrate.link_cpu_bound), else the tools' figures against the link's. Which one it is
     depends on this machine's load; the benchmark, not this test, says how fast it is."""
     lab = clean_lab
     dst = ext4_dir / "opt" / "venv"

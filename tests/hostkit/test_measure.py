@@ -310,7 +310,7 @@ def _ends(src, dst=None, here=None):
 
 
 def test_the_streams_the_model_counts_are_the_relays():
-    """rbrules.common.relay_streams for the jobs word and the three machines' CPUs; one below
+    """rbrules.streams.relay_streams for the jobs word and the three machines' CPUs; one below
     STREAMS_MIN_BYTES: the relay splits no smaller tree."""
     from rbkit import measure
 
@@ -462,7 +462,7 @@ def test_one_kernel_reads_the_link_first_and_tries_no_tool_without_cpu_to_spare(
 ):
     """`rbkit measure --link - --shared-cpu`: the link was measured alone on the CPUs (after the
     source's scan): its line is read first; a link that left CPU to spare is compared with the
-    tools, one that had none (rbrules.common.link_cpu_bound) is none, and no tool runs (the
+    tools, one that had none (rbrules.linkrate.link_cpu_bound) is none, and no tool runs (the
     lab's unlimited link took lz4 before: transfer 4.63 s against 4.17 s with none)."""
     from rbkit import __main__ as cli
     from rbkit import measure
@@ -540,7 +540,7 @@ def test_apart_the_tools_run_while_the_link_is_measured(monkeypatch, tmp_path, c
 
 
 def test_no_cpu_to_spare_needs_busy_waiting_ssh_and_a_link_that_moved():
-    """rbrules.common.link_cpu_bound: busy (on a CPU or waiting for one) LINK_BUSY of the time,
+    """rbrules.linkrate.link_cpu_bound: busy (on a CPU or waiting for one) LINK_BUSY of the time,
     waiting LINK_WAITED of their CPU time, over LINK_MIN_BYTES moved. A single cipher saturated
     on a machine of many idle cores (busy, no wait) has CPU to spare; so has a stall (the
     stream's first windows on a loaded machine: 1 Gbit/s at 3 MB/s, busy 53%, took none)."""

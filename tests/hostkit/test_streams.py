@@ -354,7 +354,7 @@ def test_digests_by_forked_workers_are_the_threads_and_raise_the_first_error(tmp
 
 
 def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
-    """rbrules.common.human, which the stream, the report and the compiler use: decimal units,
+    """rbrules.units.human, which the stream, the report and the compiler use: decimal units,
     and `-` for a size that was not measured (units.human said `None`)."""
     assert [units.human(n) for n in (0, 999, 1000, 786.4e6, 2.5e12, 7e15)] == [
         "0 B",
@@ -368,7 +368,7 @@ def test_a_byte_count_in_words_is_one_rule_for_the_kit_and_the_compiler():
 
 
 def test_which_compressions_a_host_has_is_one_rule():
-    """The kit's (rbrules.common.compressors) and the runbook's bash (`command -v` of each of
+    """The kit's (rbrules.compression.compressors) and the runbook's bash (`command -v` of each of
     COMPRESSOR_TOOLS, rendered from the same table) ask for the same tools."""
     assert compression.compressors(lambda tool: None) == ["none"]
     assert compression.compressors(lambda tool: tool == "lz4" or None) == ["lz4", "none"]
