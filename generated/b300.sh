@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 17a0194adb7e2ec384cf6d1561f35d9605adf6de84ffbf0a766cee21d4e192be
+# sha256 of this file with these 64 digits zeroed: 47ad378199c746c2bdf835fa142caaef5a8047bc10cf667e84d2306baaa72ad8
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
-readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
+readonly RB_KIT_SHA256=07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9
+readonly RB_KIT_FILE=.kit/07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

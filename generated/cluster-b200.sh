@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-b200.yaml (sha256 c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-b200.yaml
-# sha256 of this file with these 64 digits zeroed: 034837662ea968a04bf7648b2de1ad6578e79fc57db6596bce6f8c08743b0689
+# sha256 of this file with these 64 digits zeroed: 344655af95ae718d300e373a1d60cb7158479ea11576c95ef139cfac34467d41
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x B200 node and prove it works on sm_100.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-b200.yaml
 readonly RB_SPEC_SHA256=c28d6f2998197313035722aef6929c971c209aa14d98943e9296a28782f678f1
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
-readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
+readonly RB_KIT_SHA256=07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9
+readonly RB_KIT_FILE=.kit/07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-b200.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: 7e367ef27e30cb00e34bcb6551634340806aee00acb1ca7350eaa11194b854e7
+# sha256 of this file with these 64 digits zeroed: 00b90fc3be29cc509cda1e826e30d620a99b2d33d17396a78e8192727c83c7f0
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
-readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
+readonly RB_KIT_SHA256=07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9
+readonly RB_KIT_FILE=.kit/07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

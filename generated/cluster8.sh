@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 4a703bbc902afb9e90cabc0294c6923e811aa12d4687fdf95e536515217d30b7
+# sha256 of this file with these 64 digits zeroed: 26714d30771cac96923f87102c516f757a1c601a66218a9ad4e7bbc7d54b78ee
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
-readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
+readonly RB_KIT_SHA256=07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9
+readonly RB_KIT_FILE=.kit/07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: f4ac4f27569e29737c62982281763961615a5ec51c2321ed6ae3a9d31e1f13de
+# sha256 of this file with these 64 digits zeroed: f5a4f0609f70b9ee5bbebf4f9eacb92803f7da127984f39e03e733e2bfad09b7
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431
-readonly RB_KIT_FILE=.kit/7cdf55433468fc49170e7843a8abeef8156f29516b7790cfef93c174507b8431.tar
+readonly RB_KIT_SHA256=07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9
+readonly RB_KIT_FILE=.kit/07bb549fca8dd8122f6b2e36cac14845fc9ee25c47f9bc4d037fa61c8d88d3a9.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
