@@ -156,8 +156,8 @@ def cmd_measure_link(args) -> int:
 
 def cmd_cpus(args) -> int:
     """The CPUs this process may use, as one word (rbrules.cpus.token), and why in words."""
-    u = cpus.usable()
-    print(cpus.token(u) if args.token else u.why)
+    usable = cpus.usable()
+    print(cpus.token(usable) if args.token else usable.why)
     return 0
 
 
@@ -167,30 +167,36 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     mf = sub.add_parser("manifest").add_subparsers(dest="mcmd", required=True)
-    b = mf.add_parser("build")
-    b.add_argument("root")
-    b.add_argument("--exclude", action="append", default=[])
-    b.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
-    b.add_argument("--jobs", type=jobs, default="auto")
-    b.add_argument("--out", required=True)
-    b.add_argument("--names")
-    b.add_argument("--reuse", help="an earlier install's manifest: unchanged files keep its digest")
-    b.set_defaults(fn=cmd_manifest_build)
-    v = mf.add_parser("verify")
-    v.add_argument("root")
-    v.add_argument("manifest")
-    v.add_argument("--jobs", type=jobs, default="auto")
-    v.add_argument("--linked-from", help="files hard-linked from here are checked by stat")
-    v.set_defaults(fn=cmd_manifest_verify)
-    r = sub.add_parser("relocate")
-    r.add_argument("root")
-    r.add_argument("--old", required=True)
-    r.add_argument("--new", required=True)
-    r.set_defaults(fn=cmd_relocate)
-    e = sub.add_parser("elsewhere", help="text files outside bin/ naming an old prefix (JSON)")
-    e.add_argument("--fd", type=int, required=True, help="an inherited descriptor of the tree")
-    e.add_argument("--old", action="append", required=True)
-    e.set_defaults(fn=cmd_elsewhere)
+    build = mf.add_parser("build")
+    build.add_argument("root")
+    build.add_argument("--exclude", action="append", default=[])
+    build.add_argument("--algo", choices=("sha256", "blake2b", "none"), default="sha256")
+    build.add_argument("--jobs", type=jobs, default="auto")
+    build.add_argument("--out", required=True)
+    build.add_argument("--names")
+    build.add_argument(
+        "--reuse", help="an earlier install's manifest: unchanged files keep its digest"
+    )
+    build.set_defaults(fn=cmd_manifest_build)
+    verify = mf.add_parser("verify")
+    verify.add_argument("root")
+    verify.add_argument("manifest")
+    verify.add_argument("--jobs", type=jobs, default="auto")
+    verify.add_argument("--linked-from", help="files hard-linked from here are checked by stat")
+    verify.set_defaults(fn=cmd_manifest_verify)
+    relocate = sub.add_parser("relocate")
+    relocate.add_argument("root")
+    relocate.add_argument("--old", required=True)
+    relocate.add_argument("--new", required=True)
+    relocate.set_defaults(fn=cmd_relocate)
+    elsewhere = sub.add_parser(
+        "elsewhere", help="text files outside bin/ naming an old prefix (JSON)"
+    )
+    elsewhere.add_argument(
+        "--fd", type=int, required=True, help="an inherited descriptor of the tree"
+    )
+    elsewhere.add_argument("--old", action="append", required=True)
+    elsewhere.set_defaults(fn=cmd_elsewhere)
     sub.add_parser("engine", help="the install engine: python -m rbkit engine --help")
     ms = sub.add_parser("measure", help="how fast each compressor packs a sample of the tree")
     ms.add_argument("root")

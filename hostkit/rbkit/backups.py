@@ -116,8 +116,8 @@ def list_backups(ctx: Context) -> Result:
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(6)] if table else []
-    for r, row in zip(table, rows):
-        ctx.log("  " + "  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6])
+    for cells, row in zip(table, rows):
+        ctx.log("  " + "  ".join(cells[i].ljust(widths[i]) for i in range(6)) + "  " + cells[6])
         if row["failed"]:
             ctx.log("      why: %s" % row["failed"])
         if row["info"].get("put_back_after"):
@@ -127,14 +127,14 @@ def list_backups(ctx: Context) -> Result:
             )
     if not rows:
         ctx.log("  nothing there yet")
-    n = sum(1 for r in rows if r["kind"] == "backup")
+    count = sum(1 for r in rows if r["kind"] == "backup")
     good = sum(1 for r in rows if r["kind"] == "backup" and not r["failed"])
     return Result(
         "%d backups (%d whose checks did not fail)%s"
         % (
-            n,
+            count,
             good,
             "; a failed install kept apart" if any(r["kind"] == "failed" for r in rows) else "",
         ),
-        {"backups": n, "good": good},
+        {"backups": count, "good": good},
     )

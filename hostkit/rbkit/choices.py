@@ -21,9 +21,9 @@ def _read(text: str) -> Choices:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_choices_option(p: argparse.ArgumentParser) -> None:
+def add_choices_option(parser: argparse.ArgumentParser) -> None:
     """--choices JSON: the spec's choices, read into a Choices (`engine receive`, and below)."""
-    p.add_argument(
+    parser.add_argument(
         "--choices",
         type=_read,
         required=True,
@@ -32,16 +32,16 @@ def add_choices_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
+def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--choices, and the facts of a run that the install's steps take beside it (`engine serve`,
     `engine run`, `rbkit.fanout node`)."""
-    p.add_argument("--dest", required=True)
-    p.add_argument("--old", default="", help="the source's path (what relocation rewrites)")
-    p.add_argument(
+    parser.add_argument("--dest", required=True)
+    parser.add_argument("--old", default="", help="the source's path (what relocation rewrites)")
+    parser.add_argument(
         "--compression",
         type=compression_word,
         default="none",
         help="the compression this run's stream uses",
     )
-    p.add_argument("--probe-config", default="", help="the checks' document (rbprobes)")
-    add_choices_option(p)
+    parser.add_argument("--probe-config", default="", help="the checks' document (rbprobes)")
+    add_choices_option(parser)

@@ -391,9 +391,13 @@ def _record_install(ctx: Context) -> None:
 def write_exports(ctx: Context) -> Result:
     """The env file: VIRTUAL_ENV, CUDA_HOME, PATH, LD_LIBRARY_PATH with the venv's dirs first."""
     require_lock(ctx)
-    c = ctx.choices
+    choices = ctx.choices
     text, summary = exports.render(
-        ctx.dest, c.cuda_home, list(c.library_path_first), dict(c.env), c.origin
+        ctx.dest,
+        choices.cuda_home,
+        list(choices.library_path_first),
+        dict(choices.env),
+        choices.origin,
     )
     if summary["missing_dirs"]:
         raise StepError(
@@ -431,10 +435,10 @@ def rollback(ctx: Context, after: str = "") -> Result:
     `DEST.rb-failed` (removed under on_existing: replace), never as a backup. Nothing was there:
     the new install stays, without its manifest, so that no re-run takes it for a good install."""
     require_lock(ctx)
-    s = ctx.swapped
-    if s is None:
+    swapped = ctx.swapped
+    if swapped is None:
         return Result("nothing to roll back: no swap in this run", status="skipped")
-    previous = s["previous"]
+    previous = swapped["previous"]
     what = (
         ctx.failed_checks
         if after == "probe" and ctx.failed_checks
@@ -466,11 +470,11 @@ def rollback(ctx: Context, after: str = "") -> Result:
             swap_atomic=ctx.choices.swap_atomic,
             failed="%s failed after the swap (runbook rollback)" % what,
             from_failed=from_failed,
-            known=s.get("previous_id"),
+            known=swapped.get("previous_id"),
         )
         ctx.swapped = None
         kept: Optional[str] = got["kept_current_as"]
-        if s["transient"]:
+        if swapped["transient"]:
             remove_tree(kept)
             kept = None
         installs.write_info(ctx.dest, put_back_after=what, failed_install=kept or "removed")

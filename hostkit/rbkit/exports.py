@@ -30,25 +30,25 @@ def render(venv: str, cuda_home: str, first: list, env: dict, origin: str) -> tu
     site = site_packages(venv)
     lib_dirs = [os.path.join(site, d) for d in first]
     missing = [d for d in lib_dirs if not os.path.isdir(d)]
-    q = shlex.quote
+    quote = shlex.quote
     lines = [
         f"# Environment for the venv at {venv}.",
         f"# Written by {origin}. Use: source this file (bash, zsh, sh).",
-        f"export VIRTUAL_ENV={q(venv)}",
+        f"export VIRTUAL_ENV={quote(venv)}",
     ]
     path = [os.path.join(venv, "bin")]
     if cuda_home:
-        lines.append(f"export CUDA_HOME={q(cuda_home)}")
+        lines.append(f"export CUDA_HOME={quote(cuda_home)}")
         path.append(os.path.join(cuda_home, "bin"))
         lib_dirs = lib_dirs + [os.path.join(cuda_home, "lib64")]
-    lines.append(f"export PATH={q(':'.join(path))}" + '"${PATH:+:${PATH}}"')
+    lines.append(f"export PATH={quote(':'.join(path))}" + '"${PATH:+:${PATH}}"')
     if lib_dirs:
         lines.append(
-            f"export LD_LIBRARY_PATH={q(':'.join(lib_dirs))}"
+            f"export LD_LIBRARY_PATH={quote(':'.join(lib_dirs))}"
             + '"${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"'
         )
     for key in sorted(env):
-        lines.append(f"export {key}={q(env[key])}")
+        lines.append(f"export {key}={quote(env[key])}")
     summary = {
         "site_packages": site,
         "library_dirs": lib_dirs,

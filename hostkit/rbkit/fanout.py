@@ -160,37 +160,37 @@ def node(args: argparse.Namespace) -> int:
 def _report(doc: Dict[str, Any], events: List[dict], rc: int) -> None:
     """The node's report from the engine's events: one entry per step (id, ok, rc, seconds, and
     the error or why it was skipped), and what the comparison and the re-run read."""
-    for e in events:
-        facts = e.get("facts") or {}
-        if e["step"] in PRE + ("lock", "current", "finish"):
+    for event in events:
+        facts = event.get("facts") or {}
+        if event["step"] in PRE + ("lock", "current", "finish"):
             if facts.get("up_to_date"):
-                doc["up_to_date"] = e["detail"]
-            if e["status"] != "failed":
+                doc["up_to_date"] = event["detail"]
+            if event["status"] != "failed":
                 continue  # named in the report only when it failed
         entry: Dict[str, Any] = {
-            "id": e["step"],
-            "ok": e["status"] != "failed",
-            "rc": facts.get("rc", 0) if e["status"] == "failed" else 0,
-            "seconds": e["duration_s"],
+            "id": event["step"],
+            "ok": event["status"] != "failed",
+            "rc": facts.get("rc", 0) if event["status"] == "failed" else 0,
+            "seconds": event["duration_s"],
         }
-        if e["status"] == "failed":
-            entry["error"] = e.get("error") or [e["detail"]]
-        if e["status"] == "skipped":
-            entry["skipped"] = e["detail"].replace("skipped: ", "", 1)
+        if event["status"] == "failed":
+            entry["error"] = event.get("error") or [event["detail"]]
+        if event["status"] == "skipped":
+            entry["skipped"] = event["detail"].replace("skipped: ", "", 1)
         doc["steps"].append(entry)
-        if e["step"] == "stage" and facts.get("delta"):
+        if event["step"] == "stage" and facts.get("delta"):
             doc["delta"] = {
                 k: facts.get(k) for k in ("linked", "linked_bytes", "send_files", "send_bytes")
             }
-        if e["step"] == "stage" and facts.get("needs_full"):
-            doc["needs_full"] = e["detail"].replace("needs the whole bundle: ", "", 1)
-        if e["step"] == "verify":
+        if event["step"] == "stage" and facts.get("needs_full"):
+            doc["needs_full"] = event["detail"].replace("needs the whole bundle: ", "", 1)
+        if event["step"] == "verify":
             doc["verify"] = {k: facts.get(k) for k in ("checked", "hashed", "linked", "streamed")}
-        if e["step"] == "swap" and facts.get("previous"):
+        if event["step"] == "swap" and facts.get("previous"):
             doc["previous"] = facts["previous"]
-        if e["step"] == "rollback" and e["status"] == "ok":
+        if event["step"] == "rollback" and event["status"] == "ok":
             doc["rolled_back"] = facts
-        if e["step"] == "probe" and facts.get("report"):
+        if event["step"] == "probe" and facts.get("report"):
             try:
                 with open(facts["report"], encoding="utf-8") as fh:
                     doc["probe"] = json.load(fh)
@@ -212,20 +212,20 @@ def cells(doc: Optional[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     row: Dict[str, Dict[str, Any]] = {}
     if doc is None:
         return row
-    for s in doc.get("steps", []):
-        if s["id"] == "probe":
+    for step in doc.get("steps", []):
+        if step["id"] == "probe":
             continue
-        row[s["id"]] = {
-            "status": "pass" if s["ok"] else "fail",
-            "detail": None if s["ok"] else "; ".join(s.get("error", []))[:300],
+        row[step["id"]] = {
+            "status": "pass" if step["ok"] else "fail",
+            "detail": None if step["ok"] else "; ".join(step.get("error", []))[:300],
         }
     probe = doc.get("probe") or {}
-    for c in probe.get("checks", []):
-        detail = c.get("reason") or ""
-        row["check:" + str(c.get("id"))] = {
-            "status": c.get("status", "?"),
+    for check in probe.get("checks", []):
+        detail = check.get("reason") or ""
+        row["check:" + str(check.get("id"))] = {
+            "status": check.get("status", "?"),
             "detail": detail[:300],
-            "values": _stable(c.get("values") or {}),
+            "values": _stable(check.get("values") or {}),
         }
     return row
 
@@ -242,47 +242,47 @@ def compare(
     # a step before the install's is in a report only when it failed: every other node that
     # reported passed it
     pre = [s for s in PRE if any(s in r for r in rows.values())]
-    for n in nodes:
-        for s in pre:
-            if n in reports:
-                rows[n].setdefault(s, {"status": "pass", "detail": None})
+    for name in nodes:
+        for step in pre:
+            if name in reports:
+                rows[name].setdefault(step, {"status": "pass", "detail": None})
     columns: List[str] = pre + [
         s for s in STEPS if s != "probe" and any(s in r for r in rows.values())
     ]
-    for r in rows.values():
-        for col in r:
+    for row in rows.values():
+        for col in row:
             if col.startswith("check:") and col not in columns:
                 columns.append(col)
     if any("rollback" in r for r in rows.values()):
         columns.append("rollback")  # last: what happened after the checks
     # fold identical rows (status and compared values per column)
     groups: Dict[str, List[str]] = {}
-    for n in nodes:
-        if n not in reports:
+    for name in nodes:
+        if name not in reports:
             continue
         key = json.dumps(
             {
-                c: [rows[n].get(c, {}).get("status", "-"), rows[n].get(c, {}).get("values")]
+                c: [rows[name].get(c, {}).get("status", "-"), rows[name].get(c, {}).get("values")]
                 for c in columns
             },
             sort_keys=True,
         )
-        groups.setdefault(key, []).append(n)
+        groups.setdefault(key, []).append(name)
     ordered = sorted(groups.values(), key=lambda g: (-len(g), nodes.index(g[0])))
     majority = ordered[0][0] if ordered else None
     odd: Dict[str, List[str]] = {}
-    for n in nodes:
-        if n not in reports or n == majority or (ordered and n in ordered[0]):
+    for name in nodes:
+        if name not in reports or name == majority or (ordered and name in ordered[0]):
             continue
         diffs = []
         not_run = []
-        for c in columns:
-            mine, ref = rows[n].get(c, {}), rows[majority].get(c, {})
-            if c not in rows[n] and c in rows[majority]:
-                not_run.append(c)
+        for column in columns:
+            mine, ref = rows[name].get(column, {}), rows[majority].get(column, {})
+            if column not in rows[name] and column in rows[majority]:
+                not_run.append(column)
             elif mine.get("status", "-") != ref.get("status", "-"):
                 what = "%s: %s (others: %s)" % (
-                    c,
+                    column,
                     mine.get("status", "not run"),
                     ref.get("status", "not run"),
                 )
@@ -291,19 +291,20 @@ def compare(
                 diffs.append(what)
             elif mine.get("values") != ref.get("values"):
                 mv, rv = mine.get("values") or {}, ref.get("values") or {}
-                for k in sorted(set(mv) | set(rv)):
-                    if mv.get(k) != rv.get(k):
+                for field in sorted(set(mv) | set(rv)):
+                    if mv.get(field) != rv.get(field):
                         diffs.append(
-                            "%s.%s: %s (others: %s)" % (c, k, _short(mv.get(k)), _short(rv.get(k)))
+                            "%s.%s: %s (others: %s)"
+                            % (column, field, _short(mv.get(field)), _short(rv.get(field)))
                         )
         if not_run:
             diffs.append("not run after that: " + ", ".join(not_run))
-        odd[n] = diffs
+        odd[name] = diffs
     missing: Dict[str, List[str]] = {}
-    for n in nodes:
-        if n not in reports:
-            said = [ln.strip() for ln in engine_err if re.search(r"\b%s\b" % re.escape(n), ln)]
-            missing[n] = said[-3:] or ["no report came back (node unreachable or killed)"]
+    for name in nodes:
+        if name not in reports:
+            said = [ln.strip() for ln in engine_err if re.search(r"\b%s\b" % re.escape(name), ln)]
+            missing[name] = said[-3:] or ["no report came back (node unreachable or killed)"]
     good = [n for n in nodes if reports.get(n, {}).get("ok")]
     need = len(nodes) if success == "all" else int(success)
     return {
@@ -337,18 +338,18 @@ def table(result: Dict[str, Any]) -> str:
     body = []
     for group in result["groups"]:
         body.append([fanreports.fold(group)] + [result["rows"][group[0]][c] for c in cols])
-    for n in result["missing"]:
-        body.append([n] + ["-"] * len(cols))
+    for name in result["missing"]:
+        body.append([name] + ["-"] * len(cols))
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head] + body]
-    for n, diffs in result["odd"].items():
-        lines.append("odd node %s: %s" % (n, "; ".join(diffs) or "differs"))
-    for n, why in result["missing"].items():
-        lines.append("no report from %s: %s" % (n, " | ".join(why)))
-    for n, back in sorted(result.get("rolled_back", {}).items()):
+    for name, diffs in result["odd"].items():
+        lines.append("odd node %s: %s" % (name, "; ".join(diffs) or "differs"))
+    for name, why in result["missing"].items():
+        lines.append("no report from %s: %s" % (name, " | ".join(why)))
+    for name, back in sorted(result.get("rolled_back", {}).items()):
         lines.append(
             "rolled back %s: its checks failed, the previous install is in place again; "
-            "the one that failed is kept at %s" % (n, back.get("kept_current_as"))
+            "the one that failed is kept at %s" % (name, back.get("kept_current_as"))
         )
     lines.append(
         "%d/%d nodes passed; success policy %s needs %d: %s"
@@ -385,11 +386,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 err += fh.read().splitlines()
     result = compare(nodes, reports, err, args.success)
     os.makedirs(args.out_dir, exist_ok=True)
-    for n, doc in reports.items():
-        with open(os.path.join(args.out_dir, "node-%s.json" % n), "w", encoding="utf-8") as fh:
+    for name, doc in reports.items():
+        with open(os.path.join(args.out_dir, "node-%s.json" % name), "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2, sort_keys=True)
         if doc.get("probe"):
-            with open(os.path.join(args.out_dir, "probe-%s.json" % n), "w", encoding="utf-8") as fh:
+            with open(
+                os.path.join(args.out_dir, "probe-%s.json" % name), "w", encoding="utf-8"
+            ) as fh:
                 json.dump(doc["probe"], fh, indent=2, sort_keys=True)
     with open(os.path.join(args.out_dir, "fanout.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=2, sort_keys=True)
@@ -513,41 +516,41 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rbkit.fanout", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    n = sub.add_parser("node")
-    n.add_argument("--dir", required=True)
-    add_run_options(n)  # --dest, --old, --compression, --probe-config, --choices
-    n.add_argument(
+    node_cmd = sub.add_parser("node")
+    node_cmd.add_argument("--dir", required=True)
+    add_run_options(node_cmd)  # --dest, --old, --compression, --probe-config, --choices
+    node_cmd.add_argument(
         "--state",
         action="store_true",
         help="the live plan: this node's destination, read-only (rbkit.fanplan)",
     )
-    n.set_defaults(fn=node)
-    c = sub.add_parser("compare")
-    c.add_argument("--nodes", required=True)
-    c.add_argument(
+    node_cmd.set_defaults(fn=node)
+    compare_cmd = sub.add_parser("compare")
+    compare_cmd.add_argument("--nodes", required=True)
+    compare_cmd.add_argument(
         "--engine-out",
         action="append",
         required=True,
         help="engine output; repeated: a later file's reports replace earlier ones",
     )
-    c.add_argument("--engine-err", action="append", default=[])
-    c.add_argument("--success", default="all")
-    c.add_argument("--out-dir", required=True)
-    c.set_defaults(fn=cmd_compare)
-    nd = sub.add_parser(
+    compare_cmd.add_argument("--engine-err", action="append", default=[])
+    compare_cmd.add_argument("--success", default="all")
+    compare_cmd.add_argument("--out-dir", required=True)
+    compare_cmd.set_defaults(fn=cmd_compare)
+    nodes_cmd = sub.add_parser(
         "nodes", help="nodes of one engine output that need the whole bundle, or that passed"
     )
-    nd.add_argument("--which", choices=("needs-full", "passed"), required=True)
-    nd.add_argument("--nodes", required=True)
-    nd.add_argument("--engine-out", required=True)
-    nd.set_defaults(fn=cmd_nodes)
-    w = sub.add_parser("watch", help="print the round's progress as its nodes finish")
-    w.add_argument("--nodes", required=True)
-    w.add_argument("--engine-out", required=True)
-    w.add_argument("--stop", required=True, help="the round ended when this file exists")
-    w.add_argument("--every", type=float, default=10.0)
-    w.add_argument("--limit", type=float, default=3600.0)
-    w.set_defaults(fn=cmd_watch)
+    nodes_cmd.add_argument("--which", choices=("needs-full", "passed"), required=True)
+    nodes_cmd.add_argument("--nodes", required=True)
+    nodes_cmd.add_argument("--engine-out", required=True)
+    nodes_cmd.set_defaults(fn=cmd_nodes)
+    watch_cmd = sub.add_parser("watch", help="print the round's progress as its nodes finish")
+    watch_cmd.add_argument("--nodes", required=True)
+    watch_cmd.add_argument("--engine-out", required=True)
+    watch_cmd.add_argument("--stop", required=True, help="the round ended when this file exists")
+    watch_cmd.add_argument("--every", type=float, default=10.0)
+    watch_cmd.add_argument("--limit", type=float, default=3600.0)
+    watch_cmd.set_defaults(fn=cmd_watch)
     return parser
 
 

@@ -81,25 +81,27 @@ def node_state(args: argparse.Namespace) -> int:
 # -- here: the nodes' reports -------------------------------------------------------------------
 
 
-def save_states(d: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
+def save_states(states_dir: str, nodes: List[str], engine_out: List[str]) -> Dict[str, str]:
     """Each reporting node's state into D/NODE.state (planstate.read_state's form: its facts
     hold what differs from its install's manifest); {node: why} for the nodes without one."""
     reports = fanreports.read_reports(nodes, engine_out)
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    os.makedirs(states_dir, mode=0o700, exist_ok=True)
     bad: Dict[str, str] = {}
-    for n in nodes:
-        doc = reports.get(n)
+    for node in nodes:
+        doc = reports.get(node)
         if doc is None or not doc.get("plan_state"):
             continue
         if not doc.get("ok"):
-            bad[n] = doc.get("error") or "no state"
+            bad[node] = doc.get("error") or "no state"
             continue
         state = json.dumps(doc["facts"], sort_keys=True).encode() + b"\n" + _unpack(doc["state"])
-        safefs.write_file(os.path.join(d, n + ".state"), state, 0o600, sync=False)
+        safefs.write_file(os.path.join(states_dir, node + ".state"), state, 0o600, sync=False)
     return bad
 
 
-def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]) -> Dict[str, str]:
+def missing(
+    nodes: List[str], states_dir: str, engine_err: List[str], bad: Dict[str, str]
+) -> Dict[str, str]:
     """{node: why} for every node without a state: what the engine said of it, or its error."""
     err: List[str] = []
     for path in engine_err:
@@ -107,18 +109,20 @@ def missing(nodes: List[str], d: str, engine_err: List[str], bad: Dict[str, str]
             with open(path, encoding="utf-8", errors="replace") as fh:
                 err += fh.read().splitlines()
     out: Dict[str, str] = {}
-    for n in nodes:
-        if os.path.exists(os.path.join(d, n + ".state")):
+    for node in nodes:
+        if os.path.exists(os.path.join(states_dir, node + ".state")):
             continue
-        said = [ln.strip() for ln in err if re.search(r"(^|[\s:])%s\b" % re.escape(n), ln)]
-        said = [ln[len(n) + 2 :] if ln.startswith(n + ": ") else ln for ln in said]
-        out[n] = bad.get(n) or " | ".join(said[-2:]) or "no answer (node down or unreachable)"
+        said = [ln.strip() for ln in err if re.search(r"(^|[\s:])%s\b" % re.escape(node), ln)]
+        said = [ln[len(node) + 2 :] if ln.startswith(node + ": ") else ln for ln in said]
+        out[node] = bad.get(node) or " | ".join(said[-2:]) or "no answer (node down or unreachable)"
     return out
 
 
-def judge(args: argparse.Namespace, d: str, node: str, src: List[list], src_stat: str) -> dict:
+def judge(
+    args: argparse.Namespace, states_dir: str, node: str, src: List[list], src_stat: str
+) -> dict:
     """One node, as the single-host plan judges a destination: its changes and its side."""
-    facts, rows = planstate.read_state(os.path.join(d, node + ".state"))
+    facts, rows = planstate.read_state(os.path.join(states_dir, node + ".state"))
     installed = facts.get("install")
     same = installed is not None and facts.get("installed_source_stat") == src_stat
     ch = liveplan.changes(src, rows, installed, same)
@@ -136,15 +140,15 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
     """Nodes where a run does the same: the same kind, itemized changes, bytes and backups.
     Free space differs per node: each group names its least and the nodes short of room."""
     groups: Dict[str, dict] = {}
-    for n in nodes:
-        if n not in judged:
+    for node in nodes:
+        if node not in judged:
             continue
-        j = judged[n]
-        items = "\n".join(j["changes"]["items"])
-        facts, got = j["facts"], j["assess"]
+        judgement = judged[node]
+        items = "\n".join(judgement["changes"]["items"])
+        facts, got = judgement["facts"], judgement["assess"]
         key = json.dumps(
             [
-                j["kind"],
+                judgement["kind"],
                 items,
                 got["send"],
                 got["need"],
@@ -154,14 +158,14 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
             ],
             sort_keys=True,
         )
-        g = groups.setdefault(
+        group_doc = groups.setdefault(
             key,
             {
-                "kind": j["kind"],
+                "kind": judgement["kind"],
                 "nodes": [],
-                "items": j["changes"]["items"],
+                "items": judgement["changes"]["items"],
                 "digest": hashlib.sha256(key.encode()).hexdigest(),
-                "changes": {k: v for k, v in j["changes"].items() if k != "items"},
+                "changes": {k: v for k, v in judgement["changes"].items() if k != "items"},
                 "send_bytes": got["send"],
                 "incremental": got["delta"],
                 "disk": {"staging": got["staging"], "backup": got["backup"], "need": got["need"]},
@@ -172,18 +176,18 @@ def group(judged: Dict[str, dict], nodes: List[str]) -> List[dict]:
                 "short": [],
             },
         )
-        g["nodes"].append(n)
+        group_doc["nodes"].append(node)
         free = facts["free_bytes"]
-        if "free_min" not in g or free < g["free_min"]:
-            g.update(free_min=free, free_min_node=n, measured_at=facts["measured_at"])
+        if "free_min" not in group_doc or free < group_doc["free_min"]:
+            group_doc.update(free_min=free, free_min_node=node, measured_at=facts["measured_at"])
         if got["need"] > free:
-            g["short"].append(n)
-        for b in got["blockers"]:
-            if not b.startswith("not enough room") and b not in g["blockers"]:
-                g["blockers"].append(b)
+            group_doc["short"].append(node)
+        for blocker in got["blockers"]:
+            if not blocker.startswith("not enough room") and blocker not in group_doc["blockers"]:
+                group_doc["blockers"].append(blocker)
     out = sorted(groups.values(), key=lambda g: nodes.index(g["nodes"][0]))
-    for g in out:
-        g["folded"] = fanreports.fold(g["nodes"])
+    for group_doc in out:
+        group_doc["folded"] = fanreports.fold(group_doc["nodes"])
     return out
 
 
@@ -202,22 +206,24 @@ def compose(args: argparse.Namespace) -> int:
             "unreachable: %s (each named above, with what the engine said)"
             % fanreports.fold(sorted(down))
         )
-    for i, g in enumerate(groups, 1):
-        g["id"] = i
-        g["listing"] = os.path.join(work, "changes-%d.txt" % i)
-        safefs.write_private(g["listing"], "".join(line + "\n" for line in g["items"]))
-        if g["short"]:
+    for number, group_doc in enumerate(groups, 1):
+        group_doc["id"] = number
+        group_doc["listing"] = os.path.join(work, "changes-%d.txt" % number)
+        safefs.write_private(
+            group_doc["listing"], "".join(line + "\n" for line in group_doc["items"])
+        )
+        if group_doc["short"]:
             blockers.append(
                 "not enough room on %s: %s needed at %s, least free %s (%s)"
                 % (
-                    fanreports.fold(g["short"]),
-                    human(g["disk"]["need"]),
-                    g["measured_at"],
-                    human(g["free_min"]),
-                    g["free_min_node"],
+                    fanreports.fold(group_doc["short"]),
+                    human(group_doc["disk"]["need"]),
+                    group_doc["measured_at"],
+                    human(group_doc["free_min"]),
+                    group_doc["free_min_node"],
                 )
             )
-        blockers += ["%s: %s" % (g["folded"], b) for b in g["blockers"]]
+        blockers += ["%s: %s" % (group_doc["folded"], b) for b in group_doc["blockers"]]
     audit = liveplan.static_verdict(args)
     blockers += liveplan.source_blockers(args, audit)
     checks = json.loads(args.checks or "{}").get("checks") or []
@@ -260,8 +266,10 @@ def compose(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.markdown:
         items: List[str] = []
-        for g in groups:
-            items += ["# group %d: %s" % (g["id"], g["folded"])] + g["items"]
+        for group_doc in groups:
+            items += ["# group %d: %s" % (group_doc["id"], group_doc["folded"])] + group_doc[
+                "items"
+            ]
         safefs.write_private(os.path.join(work, "plan.md"), planscreen.markdown(plan, items, lines))
     return 1 if blockers else 0
 
@@ -270,7 +278,6 @@ def screen(
     plan: dict, groups: List[dict], args: argparse.Namespace, checks: List[dict]
 ) -> List[str]:
     src, fan = plan["source"], plan["fanout"]
-    h = human
     out = [
         "plan for %s: %s:%s -> %d nodes %s:%s through %s"
         % (
@@ -287,19 +294,19 @@ def screen(
     out.append("  compression: %s" % args.compression_why)
     out.append(
         "  source:      %d files, %s (scan %s)"
-        % (src["files"], h(src["bytes"]), src["stat_fingerprint"][:12])
+        % (src["files"], human(src["bytes"]), src["stat_fingerprint"][:12])
     )
     out.append("  static:      %s" % plan["static"])
     names, head = [], True
-    for c in checks:
+    for check in checks:
         # the implied checks come first (compiler.implied), as the single-host plan says them
-        head = head and c.get("type") in ("relocation", "kernel_audit")
+        head = head and check.get("type") in ("relocation", "kernel_audit")
         names.append(
             "%s%s%s"
             % (
-                c.get("id"),
+                check.get("id"),
                 " (implied)" if head else "",
-                " (may skip)" if c.get("allow_skip") else "",
+                " (may skip)" if check.get("allow_skip") else "",
             )
         )
     out.append("  checks:      %s" % (", ".join(names) or "none"))
@@ -309,66 +316,78 @@ def screen(
         % (answered, len(plan["unreachable"]), plan["policy"])
     )
     pad = " " * 15
-    for g in groups:
-        n = len(g["nodes"])
+    for group_doc in groups:
+        count = len(group_doc["nodes"])
         out.append(
             "  group %d:     %s (%d node%s): %s"
-            % (g["id"], g["folded"], n, "" if n == 1 else "s", g["kind"])
+            % (
+                group_doc["id"],
+                group_doc["folded"],
+                count,
+                "" if count == 1 else "s",
+                group_doc["kind"],
+            )
         )
-        ch = g["changes"]
-        if g["kind"] == OLDER:
+        ch = group_doc["changes"]
+        if group_doc["kind"] == OLDER:
             out.append(
                 pad
                 + "%d added (%s), %d changed (%s), %d removed (%s); %d unchanged"
                 % (
                     ch["added"],
-                    h(ch["added_bytes"]),
+                    human(ch["added_bytes"]),
                     ch["changed"],
-                    h(ch["changed_bytes"]),
+                    human(ch["changed_bytes"]),
                     ch["removed"],
-                    h(ch["removed_bytes"]),
+                    human(ch["removed_bytes"]),
                     ch["unchanged"],
                 )
             )
-            for line in g["items"][: planscreen.SHOWN]:
+            for line in group_doc["items"][: planscreen.SHOWN]:
                 out.append(pad + "  " + line)
-            if len(g["items"]) > planscreen.SHOWN:
-                out.append(pad + "  ... %d more" % (len(g["items"]) - planscreen.SHOWN))
-            out.append(pad + "every line: %s" % g["listing"])
-        elif g["kind"] == EVERYTHING:
+            if len(group_doc["items"]) > planscreen.SHOWN:
+                out.append(pad + "  ... %d more" % (len(group_doc["items"]) - planscreen.SHOWN))
+            out.append(pad + "every line: %s" % group_doc["listing"])
+        elif group_doc["kind"] == EVERYTHING:
             out.append(
                 pad
-                + ("exists, not an install of this tool" if g["exists"] else "no install there")
+                + (
+                    "exists, not an install of this tool"
+                    if group_doc["exists"]
+                    else "no install there"
+                )
                 + ": the whole tree"
             )
-        if g["kind"] == OLDER and ch["changed_there"]:
+        if group_doc["kind"] == OLDER and ch["changed_there"]:
             out.append(
                 pad + "%d changed there since the install: these nodes take the whole "
                 "tree" % ch["changed_there"]
             )
-        elif g["kind"] == OLDER:
+        elif group_doc["kind"] == OLDER:
             out.append(
                 pad
                 + (
                     "only the changes, and %s of bin/ and pyvenv.cfg that relocation "
-                    "rewrites (incremental)" % h(ch.get("rewritten_bytes", 0))
-                    if g["incremental"]
+                    "rewrites (incremental)" % human(ch.get("rewritten_bytes", 0))
+                    if group_doc["incremental"]
                     else "the whole tree"
                 )
             )
-        if g["kind"] != UP_TO_DATE:
+        if group_doc["kind"] != UP_TO_DATE:
             room = (
-                "NOT ENOUGH ROOM on " + fanreports.fold(g["short"]) if g["short"] else "enough room"
+                "NOT ENOUGH ROOM on " + fanreports.fold(group_doc["short"])
+                if group_doc["short"]
+                else "enough room"
             )
             out.append(
                 pad
                 + "to send %s; disk %s needed, least free %s (%s at %s): %s"
                 % (
-                    h(g["send_bytes"]),
-                    h(g["disk"]["need"]),
-                    h(g["free_min"]),
-                    g["free_min_node"],
-                    g["measured_at"],
+                    human(group_doc["send_bytes"]),
+                    human(group_doc["disk"]["need"]),
+                    human(group_doc["free_min"]),
+                    group_doc["free_min_node"],
+                    group_doc["measured_at"],
                     room,
                 )
             )
@@ -377,15 +396,15 @@ def screen(
                 pad
                 + "backups: %d kept (keep_backups %s); evicts %s"
                 % (
-                    len(g["backups"]),
+                    len(group_doc["backups"]),
                     args.keep_backups,
-                    ", ".join(g["evicts"]) if g["evicts"] else "none",
+                    ", ".join(group_doc["evicts"]) if group_doc["evicts"] else "none",
                 )
             )
-    for n, why in sorted(plan["unreachable"].items()):
-        out.append("  unreachable: %s: %s" % (n, why))
-    for b in plan["blockers"]:
-        out.append("  BLOCKED:     %s" % b)
+    for node, why in sorted(plan["unreachable"].items()):
+        out.append("  unreachable: %s: %s" % (node, why))
+    for blocker in plan["blockers"]:
+        out.append("  BLOCKED:     %s" % blocker)
     return [printable(line) for line in out]
 
 
@@ -396,10 +415,11 @@ def _moved(then_path: str, now_path: str) -> str:
     _f, then = planstate.read_state(then_path)
     facts, now = planstate.read_state(now_path)
     was, _r = planstate.read_state(then_path)
-    args, b = {r[0]: r for r in then}, {r[0]: r for r in now}
-    moved = sorted(p for p in set(args) | set(b) if args.get(p) != b.get(p))
+    then_rows, now_rows = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(then_rows) | set(now_rows) if then_rows.get(p) != now_rows.get(p))
     said = [
-        shown(p) + (" (new)" if p not in args else " (gone)" if p not in b else " (changed)")
+        shown(p)
+        + (" (new)" if p not in then_rows else " (gone)" if p not in now_rows else " (changed)")
         for p in moved[:3]
     ]
     if (was.get("exists"), was.get("installed_record")) != (
@@ -417,34 +437,34 @@ def _moved(then_path: str, now_path: str) -> str:
 
 def drift(args: argparse.Namespace) -> int:
     plan = json.loads(proven.read_record(args.plan).decode("utf-8"))  # proven this user's
-    d = os.path.dirname(os.path.abspath(args.plan))
+    plan_dir = os.path.dirname(os.path.abspath(args.plan))
     nodes = [n for n in args.nodes.split(",") if n]
     out: List[str] = []
     now_stat = planstate.read_scan(args.source_now)[0] if args.source_now else ""
     if now_stat and now_stat != plan["source"]["stat_fingerprint"]:
-        n, first = liveplan.drift(args.plan, "source", args.source_now)
+        count, first = liveplan.drift(args.plan, "source", args.source_now)
         out.append(
             "the source %s:%s: %d paths (%s)"
-            % (plan["source"]["host"], plan["source"]["path"], n, first)
+            % (plan["source"]["host"], plan["source"]["path"], count, first)
         )
     now_dir = os.path.join(args.dir, "nodes")
     bad = save_states(now_dir, nodes, args.engine_out)
     then = plan["destination"].get("nodes") or {}
     gone = []
-    for n in nodes:
-        now_state = os.path.join(now_dir, n + ".state")
+    for node in nodes:
+        now_state = os.path.join(now_dir, node + ".state")
         if not os.path.exists(now_state):
-            gone.append(n + (" (%s)" % bad[n] if n in bad else ""))
+            gone.append(node + (" (%s)" % bad[node] if node in bad else ""))
             continue
         facts, _r = planstate.read_state(now_state)
-        if facts["digest"] != then.get(n):
-            was = os.path.join(d, "nodes", n + ".state")
+        if facts["digest"] != then.get(node):
+            was = os.path.join(plan_dir, "nodes", node + ".state")
             out.append(
                 "node %s: %s"
                 % (
-                    n,
+                    node,
                     _moved(was, now_state)
-                    if n in then and os.path.exists(was)
+                    if node in then and os.path.exists(was)
                     else "unreachable when planned",
                 )
             )
@@ -459,21 +479,23 @@ def drift(args: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="rbkit.fanplan")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compose")
-    c.add_argument("--dir", required=True)
-    c.add_argument("--nodes", required=True)
-    c.add_argument("--engine-out", action="append", required=True)
-    c.add_argument("--engine-err", action="append", default=[])
+    compose_cmd = sub.add_parser("compose")
+    compose_cmd.add_argument("--dir", required=True)
+    compose_cmd.add_argument("--nodes", required=True)
+    compose_cmd.add_argument("--engine-out", action="append", required=True)
+    compose_cmd.add_argument("--engine-err", action="append", default=[])
     for key in liveplan.COMPOSE_FIELDS + ("dest", "engine"):
-        c.add_argument("--" + key, default="")
+        compose_cmd.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force"):
-        c.add_argument("--" + flag, action="store_true")
-    dr = sub.add_parser("drift")
-    dr.add_argument("--plan", required=True)
-    dr.add_argument("--dir", required=True, help="where this run keeps the nodes' states now")
-    dr.add_argument("--nodes", required=True)
-    dr.add_argument("--engine-out", action="append", required=True)
-    dr.add_argument("--source-now", default="")
+        compose_cmd.add_argument("--" + flag, action="store_true")
+    drift_cmd = sub.add_parser("drift")
+    drift_cmd.add_argument("--plan", required=True)
+    drift_cmd.add_argument(
+        "--dir", required=True, help="where this run keeps the nodes' states now"
+    )
+    drift_cmd.add_argument("--nodes", required=True)
+    drift_cmd.add_argument("--engine-out", action="append", required=True)
+    drift_cmd.add_argument("--source-now", default="")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "compose":

@@ -27,8 +27,8 @@ def emit(doc: Dict[str, Any], out=None) -> None:
     out = out or sys.stdout
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     parts = [text[i : i + CHUNK] for i in range(0, len(text), CHUNK)]
-    for i, part in enumerate(parts, 1):
-        out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], i, len(parts), part))
+    for index, part in enumerate(parts, 1):
+        out.write("%s%s %d/%d %s\n" % (MARK, doc["node"], index, len(parts), part))
         out.flush()
 
 
@@ -42,10 +42,10 @@ def parse_reports(lines) -> Dict[str, Dict[str, Any]]:
         match = LINE.match(line[at:].rstrip("\r\n")) if at >= 0 else None
         if not match:
             continue
-        name, i, n = match.group(1), int(match.group(2)), int(match.group(3))
-        if counts.setdefault(name, n) != n or not 1 <= i <= n:
+        name, index, total = match.group(1), int(match.group(2)), int(match.group(3))
+        if counts.setdefault(name, total) != total or not 1 <= index <= total:
             continue
-        chunks.setdefault(name, {})[i] = match.group(4)
+        chunks.setdefault(name, {})[index] = match.group(4)
     out: Dict[str, Dict[str, Any]] = {}
     for name, got in chunks.items():
         if len(got) != counts[name]:
@@ -84,17 +84,17 @@ def fold(names: List[str]) -> str:
     prefix, width = parsed[0].group(1), len(parsed[0].group(2))
     nums = sorted(int(m.group(2)) for m in parsed)
     parts, start, prev = [], nums[0], nums[0]
-    for x in nums[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
+    for number in nums[1:] + [None]:
+        if number is not None and number == prev + 1:
+            prev = number
             continue
         parts.append(
             ("%0*d" % (width, start))
             if start == prev
             else "%0*d-%0*d" % (width, start, width, prev)
         )
-        if x is not None:
-            start = prev = x
+        if number is not None:
+            start = prev = number
     return "%s[%s]" % (prefix, ",".join(parts))
 
 

@@ -36,7 +36,7 @@ def digest(
     path to another file. `buf`: a buffer of CHUNK bytes to read into (one per thread: no new
     1 MiB object, and no fresh pages, each read). `size`: what the walk saw; other than the bytes
     read, Changed is raised (the digest would not be of the entry's file)."""
-    h = hasher(algo)()
+    digester = hasher(algo)()
     if buf is None:
         buf = bytearray(CHUNK)
     view = memoryview(buf)
@@ -46,11 +46,11 @@ def digest(
         # os.readv on the fd, no file object a file: less CPU for the many small files of a venv
         # (the lab's figures: docs/benchmarks.md)
         while True:
-            n = os.readv(fd, [buf])
-            if not n:
+            count = os.readv(fd, [buf])
+            if not count:
                 break
-            total += n
-            h.update(view[:n])
+            total += count
+            digester.update(view[:count])
     finally:
         os.close(fd)
     if size is not None and total != size:
@@ -58,7 +58,7 @@ def digest(
             "%s: %d bytes read, %d when the tree was walked: it changed while being "
             "moved (stop what writes to the source, then run again)" % (path, total, size)
         )
-    return h.hexdigest()
+    return digester.hexdigest()
 
 
 def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] = None) -> list:
@@ -69,9 +69,9 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
     object nor wake-up per file, which a thread pool's per-file futures cost). The figures:
     docs/benchmarks.md, "Figures behind choices in the code". The first error (in the order of
     `rels`) is raised once every worker stopped."""
-    n = max(1, min(jobs, len(rels)))
-    if n > 1 and workers.forkable():
-        return _digests_forked(root, rels, algo, n, sizes)
+    jobs_used = max(1, min(jobs, len(rels)))
+    if jobs_used > 1 and workers.forkable():
+        return _digests_forked(root, rels, algo, jobs_used, sizes)
     out: list = [None] * len(rels)
     todo = iter(enumerate(rels))
     errors: list = []
@@ -82,21 +82,21 @@ def digests(root: str, rels: list, algo: str, jobs: int, sizes: Optional[list] =
         # path before the first one that failed is (its error, if any, is the one raised)
         while not errors:
             try:
-                i, rel = next(todo)  # a list iterator's next() is one step under the GIL
+                index, rel = next(todo)  # a list iterator's next() is one step under the GIL
             except StopIteration:
                 return
             try:
-                out[i] = digest(
-                    os.path.join(root, rel), algo, buf, None if sizes is None else sizes[i]
+                out[index] = digest(
+                    os.path.join(root, rel), algo, buf, None if sizes is None else sizes[index]
                 )
             except BaseException as exc:  # re-raised below, in the caller
-                errors.append((i, exc))
+                errors.append((index, exc))
                 return
 
-    if n == 1:
+    if jobs_used == 1:
         work()
     else:
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(n)]
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(jobs_used)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -112,10 +112,10 @@ def _digests_forked(root: str, rels: list, algo: str, jobs: int, sizes: Optional
     that the first error is raised here as the threads' is."""
     buf = bytearray(CHUNK)
 
-    def fn(i: int) -> Optional[str]:
+    def fn(index: int) -> Optional[str]:
         try:
             return digest(
-                os.path.join(root, rels[i]), algo, buf, None if sizes is None else sizes[i]
+                os.path.join(root, rels[index]), algo, buf, None if sizes is None else sizes[index]
             )
         except Exception:
             return None
@@ -123,9 +123,9 @@ def _digests_forked(root: str, rels: list, algo: str, jobs: int, sizes: Optional
     got, _workers = workers.over_workers(
         fn, list(sizes) if sizes is not None else [0] * len(rels), jobs
     )
-    for i, h in enumerate(got):
-        if h is None:
-            got[i] = digest(
-                os.path.join(root, rels[i]), algo, buf, None if sizes is None else sizes[i]
+    for index, hexdigest in enumerate(got):
+        if hexdigest is None:
+            got[index] = digest(
+                os.path.join(root, rels[index]), algo, buf, None if sizes is None else sizes[index]
             )
     return got

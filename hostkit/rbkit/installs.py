@@ -243,10 +243,10 @@ def _copy_over(root: str, rel: str, st: os.stat_result) -> bool:
                     cloned = False
                     offset = 0
                     while offset < st.st_size:
-                        n = os.sendfile(fd, src, offset, min(1 << 30, st.st_size - offset))
-                        if n == 0:
+                        sent = os.sendfile(fd, src, offset, min(1 << 30, st.st_size - offset))
+                        if sent == 0:
                             break
-                        offset += n
+                        offset += sent
                 os.fchown(fd, st.st_uid, st.st_gid)
                 os.fchmod(fd, stat.S_IMODE(st.st_mode))  # after chown, which clears setuid
                 os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -309,13 +309,13 @@ def describe_install(path: str) -> dict:
         return out
     try:
         lines = [json.loads(line) for line in got.decode("utf-8").splitlines() if line.strip()]
-        m = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
+        record = {"header": lines[0], "entries": lines[1:-1], "totals": lines[-1]["totals"]}
     except (ValueError, KeyError, IndexError):
         out.update(
             source_fingerprint=None,
             tree_check={"ok": False, "why": "its .rb-manifest.jsonl is not a manifest"},
         )
         return out
-    out["source_fingerprint"] = m["header"].get("source_fingerprint")
-    out["tree_check"] = manifest.check_tree(path, m)
+    out["source_fingerprint"] = record["header"].get("source_fingerprint")
+    out["tree_check"] = manifest.check_tree(path, record)
     return out

@@ -49,27 +49,27 @@ def stage(dest: str, staging: str, new: dict, installed: dict, names_path: str) 
     linked = linked_bytes = send_bytes = send_files = 0
     here = _DirPair(dest, staging)
     try:
-        for e in new["entries"]:  # parents come before their children
-            rel = e["p"]
+        for entry in new["entries"]:  # parents come before their children
+            rel = entry["p"]
             head, _, name = rel.rpartition("/")
             here.enter(head)
-            if e["t"] == "d":
+            if entry["t"] == "d":
                 os.mkdir(name, 0o777, dir_fd=here.dst)
                 send.append(rel)
                 continue
             old = before.get(rel)
             if (
                 here.src is not None
-                and manifest.linkable(old, e)
+                and manifest.linkable(old, entry)
                 and _link_unchanged(here.src, here.dst, name, old, inodes, rel)
             ):
                 linked += 1
-                linked_bytes += e["s"]
+                linked_bytes += entry["s"]
                 continue
             send.append(rel)
-            if e["t"] == "f":
+            if entry["t"] == "f":
                 send_files += 1
-                send_bytes += e["s"]
+                send_bytes += entry["s"]
     finally:
         here.close()
     buf = bytearray()

@@ -107,43 +107,43 @@ def changes(
     if installed is not None:
         # the manifest's rows: the destination's where they are equal, else the one sent back
         moved_there = set(installed["moved"])
-        for p, row in installed["moved"].items():
+        for rel, row in installed["moved"].items():
             if row is None:
-                base.pop(p, None)
+                base.pop(rel, None)
             else:
-                base[p] = row
+                base[rel] = row
         for row in installed["source_entries"]:
             # the source's own entries of what relocation rewrote (manifest.source_of)
             base[row[0]] = row
     items: List[str] = []
     have = set()
     for row in src:
-        p = row[0]
-        have.add(p)
-        old = base.get(p)
+        rel = row[0]
+        have.add(rel)
+        old = base.get(rel)
         size = row[3] if row[1] == "f" else 0
         if old is None:
             out["added"] += 1
             out["added_bytes"] += size
-            items.append("%s %s" % (_flags(None, row), shown(p)))
-        elif old[1:] != row[1:] or p in moved_there:
+            items.append("%s %s" % (_flags(None, row), shown(rel)))
+        elif old[1:] != row[1:] or rel in moved_there:
             code, why = _flags(old, row), ""
             if old[1:] == row[1:]:
                 code, why = code[:2] + "?" * 9, " (changed at the destination since the install)"
                 out["changed_there"] += 1
             out["changed"] += 1
             out["changed_bytes"] += size
-            items.append("%s %s%s" % (code, shown(p), why))
+            items.append("%s %s%s" % (code, shown(rel), why))
         else:
             out["unchanged"] += 1
     gone = sorted(set(base) | set(now)) if installed is not None else sorted(now)
-    for p in gone:
-        if p in have or p == paths.INSTALLED_MANIFEST:
+    for rel in gone:
+        if rel in have or rel == paths.INSTALLED_MANIFEST:
             continue
-        row = now.get(p) or base.get(p)
+        row = now.get(rel) or base.get(rel)
         out["removed"] += 1
         out["removed_bytes"] += row[3] if row and row[1] == "f" else 0
-        items.append("*deleting   %s" % shown(p))
+        items.append("*deleting   %s" % shown(rel))
     out["items"] = items
     return out
 
@@ -199,7 +199,7 @@ def assess(
     # a staging already there (issue 45): what a cut stream of this very source left is resumed
     # (only the rest is sent and needs room), any other is removed first (its room is free)
     kept = facts.get("staged") or {}
-    this = "%s %s:%s" % (src_stat, getattr(args, "src_host", ""), getattr(args, "src_path", ""))
+    this = "%s %s:%s" % (src_stat, args.src_host, args.src_path)
     resumable = bool(kept) and not delta and not up_to_date and kept.get("source") == this
     freed = 0
     if resumable:
@@ -231,7 +231,7 @@ def assess(
                 % (
                     human(kept["bytes"]),
                     "a run resumes them" if resumable else "a run removes them first",
-                    getattr(args, "runbook", "") or "RUNBOOK",
+                    args.runbook or "RUNBOOK",
                 )
             )
         blockers.append(words)
@@ -326,9 +326,9 @@ def compose(args: argparse.Namespace) -> int:
 def source_blockers(args: argparse.Namespace, audit: str) -> List[str]:
     """What the source itself blocks, said the same by both composes (this one, rbkit.fanplan)."""
     out = []
-    if audit.startswith("failed") and not args.force and not getattr(args, "same_host", False):
+    if audit.startswith("failed") and not args.force and not args.same_host:
         out.append("the static checks on the source failed (%s): fix the venv or --force" % audit)
-    if getattr(args, "library_missing", ""):
+    if args.library_missing:
         # what the exports step refuses after the swap, refused before anything moves
         out.append(
             "the source has no %s under its site-packages: the exports step would "
@@ -366,13 +366,13 @@ def static_verdict(args: argparse.Namespace) -> str:
 
 def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
     """(number of paths, the first few) that differ between the plan's record of `side` and now."""
-    d = os.path.dirname(os.path.abspath(plan_path))
+    plan_dir = os.path.dirname(os.path.abspath(plan_path))
     record = ""
     if side == "source":
-        _fp, then = planstate.read_scan(os.path.join(d, "source.scan"))
+        _fp, then = planstate.read_scan(os.path.join(plan_dir, "source.scan"))
         _fp, now = planstate.read_scan(now_path)
     else:
-        was, then = planstate.read_state(os.path.join(d, "dest.state"))
+        was, then = planstate.read_state(os.path.join(plan_dir, "dest.state"))
         facts, now = planstate.read_state(now_path)
         if (was.get("exists"), was.get("installed_record")) != (
             facts.get("exists"),
@@ -383,12 +383,19 @@ def drift(plan_path: str, side: str, now_path: str) -> Tuple[int, str]:
                 if facts.get("exists")
                 else facts["dest"] + " (gone)"
             )
-    args, b = {r[0]: r for r in then}, {r[0]: r for r in now}
-    moved = sorted(p for p in set(args) | set(b) if args.get(p) != b.get(p))
+    then_rows, now_rows = {r[0]: r for r in then}, {r[0]: r for r in now}
+    moved = sorted(p for p in set(then_rows) | set(now_rows) if then_rows.get(p) != now_rows.get(p))
     said = []
-    for p in moved[:5]:
+    for rel in moved[:5]:
         said.append(
-            shown(p) + (" (new)" if p not in args else " (gone)" if p not in b else " (changed)")
+            shown(rel)
+            + (
+                " (new)"
+                if rel not in then_rows
+                else " (gone)"
+                if rel not in now_rows
+                else " (changed)"
+            )
         )
     if record:
         moved.append(record)
@@ -425,35 +432,37 @@ COMPOSE_FIELDS = (
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="rbkit liveplan")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("state")
-    s.add_argument("dest")
-    s.add_argument("--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)")
-    s.add_argument(
+    state_cmd = sub.add_parser("state")
+    state_cmd.add_argument("dest")
+    state_cmd.add_argument(
+        "--choices", required=True, help="the engine's choices (RB_ENGINE_CHOICES)"
+    )
+    state_cmd.add_argument(
         "--against-install",
         action="store_true",
         help="compare the entries with the install's manifest here (the plan's)",
     )
-    c = sub.add_parser("compose")
-    c.add_argument("--dir", required=True)
+    compose_cmd = sub.add_parser("compose")
+    compose_cmd.add_argument("--dir", required=True)
     for key in COMPOSE_FIELDS + ("route", "route-why"):
-        c.add_argument("--" + key, default="")
+        compose_cmd.add_argument("--" + key, default="")
     for flag in ("incremental", "markdown", "force", "same-host"):
-        c.add_argument("--" + flag, action="store_true")
-    dr = sub.add_parser("drift")
-    dr.add_argument("--plan", required=True)
-    dr.add_argument("--side", choices=("source", "dest"), required=True)
-    dr.add_argument("--now", required=True)
-    i = sub.add_parser(
+        compose_cmd.add_argument("--" + flag, action="store_true")
+    drift_cmd = sub.add_parser("drift")
+    drift_cmd.add_argument("--plan", required=True)
+    drift_cmd.add_argument("--side", choices=("source", "dest"), required=True)
+    drift_cmd.add_argument("--now", required=True)
+    installed_cmd = sub.add_parser(
         "installed",
         help="the install's manifest, never through a link (the "
         "manifest step's re-run copies it as root)",
     )
-    i.add_argument("dest")
-    r = sub.add_parser("read")
-    r.add_argument("plan")
-    r.add_argument("--name", required=True)
-    r.add_argument("--spec-sha", required=True)
-    r.add_argument("--kit-sha", required=True)
+    installed_cmd.add_argument("dest")
+    read_cmd = sub.add_parser("read")
+    read_cmd.add_argument("plan")
+    read_cmd.add_argument("--name", required=True)
+    read_cmd.add_argument("--spec-sha", required=True)
+    read_cmd.add_argument("--kit-sha", required=True)
     args = parser.parse_args(argv)
     try:
         if args.cmd in ("state", "compose"):
@@ -497,9 +506,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             sys.stdout.buffer.write(got[0])
             return 0
         if args.cmd == "drift":
-            n, first = drift(args.plan, args.side, args.now)
-            if n:
-                print("%d\t%s" % (n, first))
+            count, first = drift(args.plan, args.side, args.now)
+            if count:
+                print("%d\t%s" % (count, first))
                 return 1
             return 0
         return read_plan(args)

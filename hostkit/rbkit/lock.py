@@ -101,9 +101,9 @@ class Lock:
             pass
         os.close(self.fd)
         self.fd = None
-        for d in reversed(self.made):
+        for directory in reversed(self.made):
             try:
-                os.rmdir(d)
+                os.rmdir(directory)
             except OSError:
                 break
 
@@ -114,9 +114,9 @@ class Lock:
         while parent and not os.path.lexists(parent):
             missing.append(parent)
             parent = os.path.dirname(parent)
-        for d in reversed(missing):
-            os.mkdir(d, 0o755)
-            self.made.append(d)
+        for directory in reversed(missing):
+            os.mkdir(directory, 0o755)
+            self.made.append(directory)
 
     def _open(self) -> int:
         try:

@@ -56,8 +56,8 @@ def delta(new: dict, base: dict) -> dict:
         }
     before = {e["p"]: e for e in base["entries"]}
     send, same = [], []
-    for e in new["entries"]:
-        (same if linkable(before.get(e["p"]), e) else send).append(e)
+    for entry in new["entries"]:
+        (same if linkable(before.get(entry["p"]), entry) else send).append(entry)
     files = [e for e in send if e["t"] == "f"]
     return {
         "usable": True,
@@ -97,14 +97,20 @@ def check_tree(root: str, installed: dict) -> dict:
     uid = os.geteuid()
     # in the order the directories give; what is compared is keyed by path
     for rel, st in statwalk.walk(root, patterns, ordered=False):
-        w = want.pop(rel, None)
-        v = manifestfile.stat_values(root, rel, st)
+        wanted = want.pop(rel, None)
+        stat_row = manifestfile.stat_values(root, rel, st)
         why = owners.why_not_ours(rel, st, uid)
         if why is not None:
             # another user owns it or can write it: whatever its stat says, not the install's
             not_ours.append(why)
             changed.append(rel)
-        elif w is None or v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
+        elif wanted is None or stat_row[1:] != (
+            wanted.get("t"),
+            wanted.get("m"),
+            wanted.get("s"),
+            wanted.get("l"),
+            wanted.get("mt"),
+        ):
             changed.append(rel)
     changed.extend(want)
     changed.sort()
@@ -152,9 +158,9 @@ def build(
         for rel, st in statwalk.walk(root, patterns):
             # the entry (without_special'd with strip_special) and its stat_line, from one set
             # of stat values: the install records the lines' sha256 as its source's stat
-            v = manifestfile.stat_values(root, rel, st, strip_special)
-            lines.append(manifestfile.values_line(v))
-            entries.append(manifestfile.entry_from(v))
+            stat_row = manifestfile.stat_values(root, rel, st, strip_special)
+            lines.append(manifestfile.values_line(stat_row))
+            entries.append(manifestfile.entry_from(stat_row))
             disk += st.st_blocks * 512
         stat_fp = hashlib.sha256(b"".join(lines)).hexdigest()
         del lines
@@ -176,10 +182,10 @@ def build(
                 reused += 1
             else:
                 todo.append(file)
-        for file, h in zip(
+        for file, hexdigest in zip(
             todo, digests(root, [e["p"] for e in todo], algo, jobs, [e["s"] for e in todo])
         ):
-            file["h"] = h
+            file["h"] = hexdigest
     totals = {
         "entries": len(entries),
         "files": len(files),
@@ -239,17 +245,17 @@ def verify(
     # one pass, in the order the directories give (what is compared is keyed by path); what the
     # move excluded (caches: __pycache__, *.pyc) may appear once the venv has run there
     for rel, st in statwalk.walk(root, manifest["header"].get("excludes", ()), ordered=False):
-        w = want.get(rel)
-        if w is None:
+        wanted = want.get(rel)
+        if wanted is None:
             extra.append(rel)
             continue
         seen.add(rel)
-        v = manifestfile.stat_values(root, rel, st)
-        kind = v[1]
-        expected = (w.get("t"), w.get("m"), w.get("s"), w.get("l"))
-        if expected != v[1:5]:
+        stat_row = manifestfile.stat_values(root, rel, st)
+        kind = stat_row[1]
+        expected = (wanted.get("t"), wanted.get("m"), wanted.get("s"), wanted.get("l"))
+        if expected != stat_row[1:5]:
             key, want_v, value = next(
-                d for d in zip(("t", "m", "s", "l"), expected, v[1:5]) if d[1] != d[2]
+                d for d in zip(("t", "m", "s", "l"), expected, stat_row[1:5]) if d[1] != d[2]
             )
             differ.append({"p": rel, "what": key, "want": want_v, "have": value})
         elif kind == "f" and algo != "none":
@@ -263,14 +269,23 @@ def verify(
             got = received.get(rel)
             if got and got[0] and got[1:] == [st.st_ino, st.st_ctime_ns, st.st_size]:
                 streamed += 1
-                if w.get("h") != got[0]:
-                    differ.append({"p": rel, "what": "content", "want": w.get("h"), "have": got[0]})
+                if wanted.get("h") != got[0]:
+                    differ.append(
+                        {"p": rel, "what": "content", "want": wanted.get("h"), "have": got[0]}
+                    )
                 continue
-            to_hash.append(w)
+            to_hash.append(wanted)
     if to_hash:
-        for w, h in zip(to_hash, digests(root, [w["p"] for w in to_hash], algo, jobs)):
-            if w.get("h") != h:
-                differ.append({"p": w["p"], "what": "content", "want": w.get("h"), "have": h})
+        for wanted, hexdigest in zip(to_hash, digests(root, [w["p"] for w in to_hash], algo, jobs)):
+            if wanted.get("h") != hexdigest:
+                differ.append(
+                    {
+                        "p": wanted["p"],
+                        "what": "content",
+                        "want": wanted.get("h"),
+                        "have": hexdigest,
+                    }
+                )
     missing = sorted(set(want) - seen) if len(seen) != len(want) else []
     extra.sort()
     ok = not (missing or extra or differ)
@@ -296,14 +311,14 @@ def describe(result: dict) -> list[str]:
         lines.append(f"missing: {shown(rel)}")
     for rel in result["extra"]:
         lines.append(f"extra:   {shown(rel)}")
-    for d in result["differ"]:
+    for diff in result["differ"]:
         lines.append(
-            f"differs: {shown(d['p'])} ({d['what']}: expected {shown(str(d['want']))}, "
-            f"found {shown(str(d['have']))})"
+            f"differs: {shown(diff['p'])} ({diff['what']}: expected {shown(str(diff['want']))}, "
+            f"found {shown(str(diff['have']))})"
         )
-    c = result["counts"]
+    counts = result["counts"]
     listed = len(lines)
-    total = c["missing"] + c["extra"] + c["differ"]
+    total = counts["missing"] + counts["extra"] + counts["differ"]
     if total > listed:
         lines.append(f"... and {total - listed} more")
     return lines
@@ -347,9 +362,9 @@ def source_of(installed: dict) -> Optional[dict]:
     if not isinstance(kept, list) or not all(isinstance(e, dict) and "p" in e for e in kept):
         return None
     by_path = {e["p"]: e for e in kept}
-    m = {
+    manifest = {
         "header": {k: v for k, v in header.items() if k not in SOURCE_KEYS},
         "entries": [by_path.get(e["p"], e) for e in installed["entries"]],
         "totals": installed["totals"],
     }
-    return m
+    return manifest

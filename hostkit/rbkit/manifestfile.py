@@ -60,14 +60,14 @@ def entry_of(root: str, rel: str, st: os.stat_result) -> dict:
     return entry_from(stat_values(root, rel, st))
 
 
-def entry_from(v: tuple) -> dict:
-    """The entry whose STAT_KEYS values are `v` (stat_values): a file's mtime in whole seconds
+def entry_from(values: tuple) -> dict:
+    """The entry whose STAT_KEYS values are `values` (stat_values): a file's mtime in whole seconds
     (what tar restores: its default format keeps seconds), no mode for a link."""
-    if v[1] == "f":
-        return {"p": v[0], "t": "f", "m": v[2], "s": v[3], "mt": v[5]}
-    if v[1] == "l":
-        return {"p": v[0], "t": "l", "l": v[4]}
-    return {"p": v[0], "t": v[1], "m": v[2]}
+    if values[1] == "f":
+        return {"p": values[0], "t": "f", "m": values[2], "s": values[3], "mt": values[5]}
+    if values[1] == "l":
+        return {"p": values[0], "t": "l", "l": values[4]}
+    return {"p": values[0], "t": values[1], "m": values[2]}
 
 
 def without_special(entry: dict) -> dict:
@@ -93,21 +93,21 @@ def entry_line(entry: dict) -> str:
     put together here for a hashed file's usual values (str and int: faster than the encoder on a
     big tree, and every install writes two manifests of every entry)."""
     if entry.keys() == _FILE_KEYS:
-        h, m, mt, p, s = entry["h"], entry["m"], entry["mt"], entry["p"], entry["s"]
+        digest, mode, mtime, rel, size = entry["h"], entry["m"], entry["mt"], entry["p"], entry["s"]
         if (
-            type(h) is str
-            and type(p) is str
-            and type(m) is int
-            and type(mt) is int
-            and type(s) is int
+            type(digest) is str
+            and type(rel) is str
+            and type(mode) is int
+            and type(mtime) is int
+            and type(size) is int
             and entry["t"] == "f"
         ):
             return '{"h": %s, "m": %s, "mt": %s, "p": %s, "s": %s, "t": "f"}' % (
-                encode_str(h),
-                int.__repr__(m),
-                int.__repr__(mt),
-                encode_str(p),
-                int.__repr__(s),
+                encode_str(digest),
+                int.__repr__(mode),
+                int.__repr__(mtime),
+                encode_str(rel),
+                int.__repr__(size),
             )
     return _ENTRY.encode(entry)
 
@@ -117,14 +117,14 @@ def stat_line(entry: dict) -> bytes:
     writes (stat fingerprints compare with those of earlier installs), put together here for the
     usual values (str, int, None: faster than the encoder on a big tree)."""
     parts = []
-    for k in STAT_KEYS:
-        v = entry.get(k)
-        if v is None:
+    for key in STAT_KEYS:
+        value = entry.get(key)
+        if value is None:
             parts.append("null")
-        elif type(v) is str:
-            parts.append(encode_str(v))
-        elif type(v) is int:
-            parts.append(int.__repr__(v))
+        elif type(value) is str:
+            parts.append(encode_str(value))
+        elif type(value) is int:
+            parts.append(int.__repr__(value))
         else:
             return _STAT.encode([entry.get(k) for k in STAT_KEYS]).encode() + b"\n"
     return ("[" + ", ".join(parts) + "]\n").encode()
@@ -133,31 +133,39 @@ def stat_line(entry: dict) -> bytes:
 def stat_values(root: str, rel: str, st: os.stat_result, strip: bool = False) -> tuple:
     """An entry's STAT_KEYS values as a tuple (its modes `without_special` with `strip`), from
     the walk's lstat: what entry_of, a scan and a verify of every entry of a tree take."""
-    m = st.st_mode
-    fmt = stat.S_IFMT(m)
+    raw_mode = st.st_mode
+    fmt = stat.S_IFMT(raw_mode)
     if fmt == stat.S_IFLNK:
         return (rel, "l", None, None, os.readlink(os.path.join(root, rel)), None)
-    mode = m & ~SPECIAL_BITS & 0o7777 if strip else m & 0o7777
+    mode = raw_mode & ~SPECIAL_BITS & 0o7777 if strip else raw_mode & 0o7777
     if fmt == stat.S_IFREG:
         return (rel, "f", mode, st.st_size, None, int(st.st_mtime))
     return (rel, "d" if fmt == stat.S_IFDIR else "?", mode, None, None, None)
 
 
-def values_line(v: tuple) -> bytes:
-    """stat_line of the entry whose STAT_KEYS values are `v` (from stat_values): the same bytes."""
-    if v[1] == "f":
-        return ('[%s, "f", %d, %d, null, %d]\n' % (encode_str(v[0]), v[2], v[3], v[5])).encode()
-    if v[1] == "l":
-        return ('[%s, "l", null, null, %s, null]\n' % (encode_str(v[0]), encode_str(v[4]))).encode()
-    return ('[%s, "%s", %d, null, null, null]\n' % (encode_str(v[0]), v[1], v[2])).encode()
+def values_line(values: tuple) -> bytes:
+    """stat_line of the entry whose STAT_KEYS values are `values` (from stat_values): the same
+    bytes."""
+    if values[1] == "f":
+        return (
+            '[%s, "f", %d, %d, null, %d]\n'
+            % (encode_str(values[0]), values[2], values[3], values[5])
+        ).encode()
+    if values[1] == "l":
+        return (
+            '[%s, "l", null, null, %s, null]\n' % (encode_str(values[0]), encode_str(values[4]))
+        ).encode()
+    return (
+        '[%s, "%s", %d, null, null, null]\n' % (encode_str(values[0]), values[1], values[2])
+    ).encode()
 
 
 def stat_fingerprint(entries: Iterable[dict]) -> str:
     """sha256 over what a quick check compares (path, type, mode, size, link, mtime): no reading."""
-    h = hashlib.sha256()
-    for entrie in entries:
-        h.update(stat_line(entrie))
-    return h.hexdigest()
+    digester = hashlib.sha256()
+    for entry in entries:
+        digester.update(stat_line(entry))
+    return digester.hexdigest()
 
 
 def scan_header(root: str, patterns: Iterable[str], strip_special: bool) -> bytes:

@@ -115,17 +115,17 @@ def identity(path: str) -> Dict[str, Any]:
     except OSError:
         out["dev_ino"] = None
     chain: List[List[int]] = []
-    p = real
+    ancestor = real
     while True:
         try:
-            s = os.stat(p)
-            chain.append([s.st_dev, s.st_ino])
+            ancestor_st = os.stat(ancestor)
+            chain.append([ancestor_st.st_dev, ancestor_st.st_ino])
         except OSError:
             pass
-        parent = os.path.dirname(p)
-        if parent == p:
+        parent = os.path.dirname(ancestor)
+        if parent == ancestor:
             break
-        p = parent
+        ancestor = parent
     out["chain"] = chain
     out["boot_id"] = _read_id("/proc/sys/kernel/random/boot_id")
     out["machine_id"] = _read_id("/etc/machine-id") or _read_id("/var/lib/dbus/machine-id")
@@ -158,11 +158,11 @@ def _backup_or_staging_of(src: str, dest: str) -> bool:
 
 
 def _in_export(ident: Dict[str, Any]) -> Optional[str]:
-    m = ident.get("mount") or {}
-    if m.get("fstype") not in NETWORK_FS:
+    mount = ident.get("mount") or {}
+    if mount.get("fstype") not in NETWORK_FS:
         return None
-    rel = os.path.relpath(ident["realpath"], m["point"])
-    return os.path.normpath(os.path.join(m.get("root") or "/", rel))
+    rel = os.path.relpath(ident["realpath"], mount["point"])
+    return os.path.normpath(os.path.join(mount.get("root") or "/", rel))
 
 
 def same_or_nested(src: Dict[str, Any], dst: Dict[str, Any]) -> Optional[str]:

@@ -102,8 +102,8 @@ def screen(
         )
     )
     if plan["policy"] == "backup":
-        n = len(plan["backups"])
-        kept = "%d backup%s kept" % (n, "" if n == 1 else "s")
+        count = len(plan["backups"])
+        kept = "%d backup%s kept" % (count, "" if count == 1 else "s")
         evict = (
             ("; evicts %s once the new install passes its checks" % ", ".join(plan["evicts"]))
             if plan["evicts"]
@@ -120,8 +120,8 @@ def screen(
         skip = " (may skip)" if check.get("allow_skip") else ""
         names.append("%s%s%s" % (check.get("id"), implied, skip))
     out.append("  checks:      %s" % (", ".join(names) or "none"))
-    for b in plan["blockers"]:
-        out.append("  BLOCKED:     %s" % b)
+    for blocker in plan["blockers"]:
+        out.append("  BLOCKED:     %s" % blocker)
     return [printable(line) for line in out]
 
 

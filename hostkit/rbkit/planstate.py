@@ -18,8 +18,15 @@ from rbrules import paths, proven
 from . import safefs
 
 
-def _row(e: dict) -> list:
-    return [e["p"], e.get("t"), e.get("m"), e.get("s"), e.get("l"), e.get("mt")]
+def _row(entry: dict) -> list:
+    return [
+        entry["p"],
+        entry.get("t"),
+        entry.get("m"),
+        entry.get("s"),
+        entry.get("l"),
+        entry.get("mt"),
+    ]
 
 
 def _header(data: bytes) -> Optional[dict]:
@@ -51,13 +58,19 @@ class Against:
         self._want = {e["p"]: e for e in entries}
         self._moved: Dict[str, Optional[list]] = {}
 
-    def see(self, v: tuple) -> None:
-        w = self._want.pop(v[0], None)
-        if w is None:
-            if v[0] != paths.INSTALLED_MANIFEST:
-                self._moved[v[0]] = None
-        elif v[1:] != (w.get("t"), w.get("m"), w.get("s"), w.get("l"), w.get("mt")):
-            self._moved[v[0]] = _row(w)
+    def see(self, seen: tuple) -> None:
+        wanted = self._want.pop(seen[0], None)
+        if wanted is None:
+            if seen[0] != paths.INSTALLED_MANIFEST:
+                self._moved[seen[0]] = None
+        elif seen[1:] != (
+            wanted.get("t"),
+            wanted.get("m"),
+            wanted.get("s"),
+            wanted.get("l"),
+            wanted.get("mt"),
+        ):
+            self._moved[seen[0]] = _row(wanted)
 
     def result(self) -> dict:
         moved = dict(self._moved)

@@ -34,11 +34,11 @@ def prune_after_checks(ctx: Context) -> None:
     """keep_backups, applied once this run's new install proved itself (its checks passed, or
     the spec has none and its env file is written): an install that fails never evicts a good
     backup."""
-    s = ctx.swapped
+    swapped = ctx.swapped
     if (
-        s is None
-        or s.get("transient")
-        or s.get("policy") != "backup"
+        swapped is None
+        or swapped.get("transient")
+        or swapped.get("policy") != "backup"
         or not ctx.choices.keep_backups
     ):
         return

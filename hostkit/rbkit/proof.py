@@ -232,16 +232,18 @@ def prove_scripts(
             fh.write(_PROOF_HOOK)
         env = dict(child_env(), PYTHONPATH=hook, PYTHONDONTWRITEBYTECODE="1")
 
-        def one(i: int) -> None:
-            results[i] = run_quiet([os.path.join(dest, runs[i][0]), "--version"], timeout, env)
+        def one(index: int) -> None:
+            results[index] = run_quiet(
+                [os.path.join(dest, runs[index][0]), "--version"], timeout, env
+            )
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
         width = max(1, min(16, cpus.count()))
-        for k in range(0, len(threads), width):
-            for t in threads[k : k + width]:
-                t.start()
-            for t in threads[k : k + width]:
-                t.join()
+        for first in range(0, len(threads), width):
+            for thread in threads[first : first + width]:
+                thread.start()
+            for thread in threads[first : first + width]:
+                thread.join()
     finally:
         shutil.rmtree(hook, ignore_errors=True)
     real = os.path.realpath(dest)
@@ -316,7 +318,7 @@ def _cfg(root: str, key: str) -> str:
     except OSError:
         return ""
     for line in (got[0] if got else b"").decode("utf-8", "replace").splitlines():
-        k, _, value = line.partition("=")
-        if k.strip() == key:
+        name, _, value = line.partition("=")
+        if name.strip() == key:
             return value.strip()
     return ""

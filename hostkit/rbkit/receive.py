@@ -66,10 +66,10 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     if algo != "none":
         # hashing threads for big files: the cores tar and the decompressor leave; none on two
         # (tarstream: there each hand-over costs more than the thread gives)
-        n = jobs(ctx.choices.jobs)
+        cores = jobs(ctx.choices.jobs)
         if ctx.part is not None:
-            n = max(1, n // ctx.part[1])  # several streams: the cores shared among them
-        digester = tarstream.Digester(algo, min(8, n - 1) if n > 2 else 0)
+            cores = max(1, cores // ctx.part[1])  # several streams: the cores shared among them
+        digester = tarstream.Digester(algo, min(8, cores - 1) if cores > 2 else 0)
         argvs.append(digester.stage)
         names.append("digest reader")
     # never a setuid, setgid, sticky or world-write bit made (as root, --no-same-owner alone keeps
@@ -91,8 +91,8 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     if watch is not None:
         watch.stop(digester.off if digester is not None else None)
     if len(errs) == len(names):  # one text a stage (an inline stage's is empty)
-        for n, text in zip(names, errs):
-            said_capped(ctx, n, text or "")
+        for stage, text in zip(names, errs):
+            said_capped(ctx, stage, text or "")
     else:  # a stage that could not start: said first
         said_capped(ctx, "the receiving end", "\n".join(e for e in errs if e))
     bad = ["%s %s" % (n, exit_words(c)) for n, c in zip(names, codes) if c != 0]

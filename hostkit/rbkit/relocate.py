@@ -322,8 +322,8 @@ class ElsewhereChild:
         try:
             env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
             argv = launch.argv(sys.executable, "rbkit") + ["elsewhere", "--fd", str(fd)]
-            for o in olds:
-                argv += ["--old", o]
+            for old in olds:
+                argv += ["--old", old]
             self._p = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

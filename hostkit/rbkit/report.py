@@ -82,10 +82,10 @@ def gpu_verdict(probe_docs: dict) -> dict:
         if "checks" not in doc:
             unproven.append(f"{host}: no probe report")
             continue
-        for c in doc["checks"]:
-            if c.get("type") in GPU_CHECKS and c.get("status") == "skip":
-                unproven.append(f"{host}: {c.get('id')} skipped")
-            elif c.get("type") in ("devices", "matmul") and c.get("status") == "pass":
+        for check in doc["checks"]:
+            if check.get("type") in GPU_CHECKS and check.get("status") == "skip":
+                unproven.append(f"{host}: {check.get('id')} skipped")
+            elif check.get("type") in ("devices", "matmul") and check.get("status") == "pass":
                 proven = True
     if not probe_docs:
         unproven.append("no checks ran")
@@ -173,23 +173,27 @@ def _rate(mb_s) -> str:
 
 def table(doc: dict) -> str:
     rows = [("step", "host", "status", "time", "detail")]
-    for s in doc["steps"]:
-        f = s.get("facts", {})
-        detail = s["detail"]
-        if "bytes" in f:
+    for step in doc["steps"]:
+        facts = step.get("facts", {})
+        detail = step["detail"]
+        if "bytes" in facts:
             detail = (
-                f"{human(f['bytes'])} in {f.get('files', '?')} files"
-                + (f", {_rate(f['mb_s'])}" if "mb_s" in f else "")
+                f"{human(facts['bytes'])} in {facts.get('files', '?')} files"
+                + (f", {_rate(facts['mb_s'])}" if "mb_s" in facts else "")
                 + (f"; {detail}" if detail else "")
             )
-        rows.append((s["id"], s["host"] or "-", s["status"], f"{s['duration_s']:.1f}s", detail))
+        rows.append(
+            (step["id"], step["host"] or "-", step["status"], f"{step['duration_s']:.1f}s", detail)
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = []
     for row in rows:
         out.append("  ".join(str(row[i]).ljust(widths[i]) for i in range(4)) + "  " + str(row[4]))
-    c = doc["checks"]
-    if doc.get("probes") or any(c.values()):  # no line for checks that never ran
-        out.append(f"checks: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped")
+    checks = doc["checks"]
+    if doc.get("probes") or any(checks.values()):  # no line for checks that never ran
+        out.append(
+            f"checks: {checks['pass']} passed, {checks['fail']} failed, {checks['skip']} skipped"
+        )
     if gpu_words(doc):
         out.append(gpu_words(doc))
     out.append(f"outcome: {doc['outcome']}" + (f" ({doc['where']})" if doc.get("where") else ""))

@@ -128,18 +128,18 @@ class Context:
             ) from None
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if self._manifest_cache is None or self._manifest_cache[0] != key:
-            m, fp = manifestfile.load_fingerprinted(self.manifest)
-            self._manifest_cache = (key, m, fp)
+            doc, fp = manifestfile.load_fingerprinted(self.manifest)
+            self._manifest_cache = (key, doc, fp)
         return self._manifest_cache[1]
 
     def fingerprint(self) -> str:
         self.new_manifest()
         return self._manifest_cache[2]
 
-    def wrote_manifest(self, m: dict, fp: str) -> None:
-        """`m` (fingerprint `fp`) was just written to self.manifest: kept without reading it."""
+    def wrote_manifest(self, doc: dict, fp: str) -> None:
+        """`doc` (fingerprint `fp`) was just written to self.manifest: kept without reading it."""
         st = os.stat(self.manifest)
-        self._manifest_cache = ((st.st_mtime_ns, st.st_size, st.st_ino), m, fp)
+        self._manifest_cache = ((st.st_mtime_ns, st.st_size, st.st_ino), doc, fp)
 
     def installed(self) -> dict:
         """The current install's manifest (raises OSError, ValueError), read once per version of
@@ -148,16 +148,16 @@ class Context:
         why = installs.why_not_ours_install(self.dest)
         if why:
             raise ValueError("the install at %s is not proven ours: %s" % (self.dest, why))
-        key, m = load_keyed(
+        key, doc = load_keyed(
             os.path.join(self.dest, paths.INSTALLED_MANIFEST), self._installed_cache
         )
-        self.keep_installed(key, m)
-        return m
+        self.keep_installed(key, doc)
+        return doc
 
-    def keep_installed(self, key: Optional[tuple], m: Optional[dict]) -> None:
-        """Keep `m`, read from the install's manifest while it had stat `key` (_file_key), for
+    def keep_installed(self, key: Optional[tuple], doc: Optional[dict]) -> None:
+        """Keep `doc`, read from the install's manifest while it had stat `key` (_file_key), for
         `installed`; nothing is kept without both."""
-        self._installed_cache = (key, m) if key is not None and m is not None else None
+        self._installed_cache = (key, doc) if key is not None and doc is not None else None
 
 
 def _file_key(path: str) -> tuple:
@@ -368,11 +368,11 @@ def sha256_file(path: str) -> Optional[str]:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
-    h = hashlib.sha256()
+    digester = hashlib.sha256()
     with os.fdopen(fd, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+            digester.update(block)
+    return digester.hexdigest()
 
 
 def write_file(path: str, data: bytes, mode: int = 0o644) -> None:

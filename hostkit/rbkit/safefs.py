@@ -84,8 +84,8 @@ def create_excl(dir_fd: int, name: str, mode: int = 0o600) -> int:
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
-        view = view[n:]
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def temp_name(name: str) -> str:

@@ -34,7 +34,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     answer = channel.Answer(sys.stdout)
     ctx = runner.Context(args.root, emit=answer.event, log=channel.log, trace=answer.trace)
 
-    def scan(c: runner.Context) -> runner.Result:
+    def scan(_ctx: runner.Context) -> runner.Result:
         try:
             detail, facts = stream.scan_source(
                 args.root, args.exclude, args.names, args.special_modes, args.outside_links
@@ -161,15 +161,15 @@ def cmd_hash(args: argparse.Namespace) -> int:
                 b"".join(e["p"].encode("utf-8", "surrogateescape") + b"\0" for e in mf["entries"]),
                 0o600,
             )
-        t = mf["totals"]
+        totals = mf["totals"]
         fp = manifestfile.fingerprint(mf)
         return runner.Result(
             "%d files, %d symlinks, %s; fingerprint %s"
-            % (t["files"], t["links"], args.algo, fp[:16]),
+            % (totals["files"], totals["links"], args.algo, fp[:16]),
             {
-                "files": t["files"],
-                "links": t["links"],
-                "bytes": t["bytes"],
+                "files": totals["files"],
+                "links": totals["links"],
+                "bytes": totals["bytes"],
                 "fingerprint": fp,
                 "reused": mf["reused"],
             },
@@ -187,14 +187,16 @@ def cmd_delta(args: argparse.Namespace) -> int:
     answer = channel.Answer(sys.stdout)
 
     def delta(ctx: runner.Context) -> runner.Result:
-        d = manifest.delta(manifestfile.load(args.manifest), manifestfile.load(args.base))
+        facts = manifest.delta(manifestfile.load(args.manifest), manifestfile.load(args.base))
         runner.write_file(
             args.names_out,
-            b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in d.pop("send")),
+            b"".join(n.encode("utf-8", "surrogateescape") + b"\0" for n in facts.pop("send")),
             0o600,
         )
-        d["usable"] = int(d["usable"])
-        return runner.Result(d.get("why") or "%s files to send" % d.get("send_files"), d)
+        facts["usable"] = int(facts["usable"])
+        return runner.Result(
+            facts.get("why") or "%s files to send" % facts.get("send_files"), facts
+        )
 
     runner.run(
         runner.Context(args.manifest, emit=answer.event, log=channel.log, trace=answer.trace),

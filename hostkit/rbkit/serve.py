@@ -278,12 +278,12 @@ def cmd_receive(args: argparse.Namespace) -> int:
 def _part(text: str) -> tuple:
     """--part I/N: stream I (0-based) of N."""
     try:
-        i, n = (int(x) for x in text.split("/"))
+        index, count = (int(x) for x in text.split("/"))
     except ValueError:
         raise argparse.ArgumentTypeError("not I/N: %r" % text) from None
-    if not 0 <= i < n:
-        raise argparse.ArgumentTypeError("stream %d of %d" % (i, n))
-    return (i, n)
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError("stream %d of %d" % (index, count))
+    return (index, count)
 
 
 def cmd_staging(args: argparse.Namespace) -> int:
@@ -291,12 +291,14 @@ def cmd_staging(args: argparse.Namespace) -> int:
     return 0
 
 
-def _choices(p: argparse.ArgumentParser) -> None:
+def _choices(command: argparse.ArgumentParser) -> None:
     """serve's and run's options: the run's facts, the lock's holder and wait."""
-    add_run_options(p)
-    p.add_argument("--manifest", default="", help="the source's manifest on this host")
-    p.add_argument("--holder", default="rbkit engine", help="who holds the lock (named to others)")
-    p.add_argument(
+    add_run_options(command)
+    command.add_argument("--manifest", default="", help="the source's manifest on this host")
+    command.add_argument(
+        "--holder", default="rbkit engine", help="who holds the lock (named to others)"
+    )
+    command.add_argument(
         "--lock-wait",
         type=float,
         default=LOCK_WAIT_S,
@@ -304,14 +306,14 @@ def _choices(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _scan_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _scan_options(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The source's scan options (`scan`, and `source` which scans first)."""
-    p.add_argument("root")
-    p.add_argument("--exclude", action="append", default=[])
-    p.add_argument("--names")
-    p.add_argument("--special-modes", choices=choices.SPECIAL_MODES, default="refuse")
-    p.add_argument("--outside-links", choices=choices.OUTSIDE_LINKS, default="refuse")
-    return p
+    command.add_argument("root")
+    command.add_argument("--exclude", action="append", default=[])
+    command.add_argument("--names")
+    command.add_argument("--special-modes", choices=choices.SPECIAL_MODES, default="refuse")
+    command.add_argument("--outside-links", choices=choices.OUTSIDE_LINKS, default="refuse")
+    return command
 
 
 def parser() -> argparse.ArgumentParser:
@@ -321,33 +323,33 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve")
-    _choices(s)
-    s.set_defaults(fn=serve)
-    r = sub.add_parser("run")
-    r.add_argument("steps", nargs="+", choices=["current"] + list(REQUESTS))
-    _choices(r)
-    r.set_defaults(fn=cmd_run)
-    rc = sub.add_parser("receive")
-    rc.add_argument("--dest", required=True)
-    rc.add_argument("--state", required=True)
-    rc.add_argument("--compression", type=compression.compression_word, default="none")
-    add_choices_option(rc)
-    rc.add_argument(
+    serve_cmd = sub.add_parser("serve")
+    _choices(serve_cmd)
+    serve_cmd.set_defaults(fn=serve)
+    run_cmd = sub.add_parser("run")
+    run_cmd.add_argument("steps", nargs="+", choices=["current"] + list(REQUESTS))
+    _choices(run_cmd)
+    run_cmd.set_defaults(fn=cmd_run)
+    receive_cmd = sub.add_parser("receive")
+    receive_cmd.add_argument("--dest", required=True)
+    receive_cmd.add_argument("--state", required=True)
+    receive_cmd.add_argument("--compression", type=compression.compression_word, default="none")
+    add_choices_option(receive_cmd)
+    receive_cmd.add_argument(
         "--progress",
         type=float,
         default=0.0,
         metavar="S",
         help="a `progress BYTES` line every S seconds (0: none)",
     )
-    rc.add_argument(
+    receive_cmd.add_argument(
         "--part",
         type=_part,
         default=None,
         metavar="I/N",
         help="this is stream I of N (rbkit send's streams side by side)",
     )
-    rc.add_argument(
+    receive_cmd.add_argument(
         "--need",
         type=int,
         default=0,
@@ -355,120 +357,122 @@ def parser() -> argparse.ArgumentParser:
         help="the bytes the whole staging holds once every stream arrived (a file "
         "system that fills says how many are still to come)",
     )
-    rc.add_argument(
+    receive_cmd.add_argument(
         "--gate",
         action="store_true",
         help="say `gate ready JOBS CPUS`, then wait for `go I N` on stdin (rbkit relay)",
     )
-    rc.set_defaults(fn=cmd_receive)
-    sc = _scan_options(sub.add_parser("scan"))
-    sc.set_defaults(fn=sendside.cmd_scan)
-    so = _scan_options(sub.add_parser("source"))
-    so.add_argument(
+    receive_cmd.set_defaults(fn=cmd_receive)
+    scan_cmd = _scan_options(sub.add_parser("scan"))
+    scan_cmd.set_defaults(fn=sendside.cmd_scan)
+    source_cmd = _scan_options(sub.add_parser("source"))
+    source_cmd.add_argument(
         "--library-dir",
         action="append",
         default=[],
         help="a dir of site-packages the exports step puts first "
         "(cuda.library_path_first): said when the source lacks it",
     )
-    so.add_argument(
+    source_cmd.add_argument(
         "--installed-stat",
         default="",
         help="the destination install's source stat fingerprint (equal: no checks); "
         "`-`: read it from stdin after the scan",
     )
-    so.add_argument(
+    source_cmd.add_argument(
         "--checks-beside",
         choices=("auto", "no"),
         default="auto",
         help="auto: the static checks start with the scan on a host with cores to "
         "spare; no: once the installed stat (`-`) says they cannot be skipped",
     )
-    so.add_argument(
+    source_cmd.add_argument(
         "--audit",
         action="store_true",
         help="the words after it: the rbprobes command line of the static checks",
     )
-    so.set_defaults(fn=sendside.cmd_source)
-    h = sub.add_parser("hash")
-    h.add_argument("root")
-    h.add_argument("--exclude", action="append", default=[])
-    h.add_argument("--algo", choices=choices.ALGOS, default="sha256")
-    h.add_argument("--jobs", default="auto")
-    h.add_argument("--out", required=True)
-    h.add_argument("--names")
-    h.add_argument("--reuse")
-    h.add_argument(
+    source_cmd.set_defaults(fn=sendside.cmd_source)
+    hash_cmd = sub.add_parser("hash")
+    hash_cmd.add_argument("root")
+    hash_cmd.add_argument("--exclude", action="append", default=[])
+    hash_cmd.add_argument("--algo", choices=choices.ALGOS, default="sha256")
+    hash_cmd.add_argument("--jobs", default="auto")
+    hash_cmd.add_argument("--out", required=True)
+    hash_cmd.add_argument("--names")
+    hash_cmd.add_argument("--reuse")
+    hash_cmd.add_argument(
         "--scanned",
         help="the scan record this run's `engine source` wrote (NAMES.stat):"
         " its entries, not a new walk",
     )
-    h.add_argument(
+    hash_cmd.add_argument(
         "--special-modes",
         choices=choices.SPECIAL_MODES,
         default="refuse",
         help="strip: modes recorded without setuid/setgid/sticky/world-write",
     )
-    h.add_argument(
+    hash_cmd.add_argument(
         "--beside-stream",
         action="store_true",
         help="the stream runs on this host meanwhile: workers only where it leaves cores",
     )
-    h.set_defaults(fn=sendside.cmd_hash)
-    d = sub.add_parser("delta")
-    d.add_argument("manifest")
-    d.add_argument("base")
-    d.add_argument("--names-out", required=True)
-    d.set_defaults(fn=sendside.cmd_delta)
-    se = sub.add_parser("send")
-    se.add_argument("root")
-    se.add_argument("names")
-    se.add_argument("--compression", type=compression.compression_word, default="none")
-    se.add_argument(
+    hash_cmd.set_defaults(fn=sendside.cmd_hash)
+    delta_cmd = sub.add_parser("delta")
+    delta_cmd.add_argument("manifest")
+    delta_cmd.add_argument("base")
+    delta_cmd.add_argument("--names-out", required=True)
+    delta_cmd.set_defaults(fn=sendside.cmd_delta)
+    send_cmd = sub.add_parser("send")
+    send_cmd.add_argument("root")
+    send_cmd.add_argument("names")
+    send_cmd.add_argument("--compression", type=compression.compression_word, default="none")
+    send_cmd.add_argument(
         "--jobs",
         default="1",
         help="the cores the run may use here: one stream per two (rbkit stream)",
     )
-    se.add_argument(
+    send_cmd.add_argument(
         "--remote",
         action="store_true",
         help="the words after it: an ssh command line the stream is piped into",
     )
-    se.add_argument(
+    send_cmd.add_argument(
         "--local",
         action="store_true",
         help="the words after it: the receiving end's command, started here",
     )
-    se.add_argument(
+    send_cmd.add_argument(
         "--gate",
         metavar="PREFIX",
         default="",
         help="say ready, then split into PREFIX.N/ and send as told (rbkit relay)",
     )
-    se.set_defaults(fn=sendside.cmd_send)
-    rl = sub.add_parser("relay")
+    send_cmd.set_defaults(fn=sendside.cmd_send)
+    relay_cmd = sub.add_parser("relay")
     for end in ("src", "dst"):
-        rl.add_argument("--%s-name" % end, required=True)
-        rl.add_argument(
+        relay_cmd.add_argument("--%s-name" % end, required=True)
+        relay_cmd.add_argument(
             "--%s-ssh" % end,
             default="",
             help="the host's ssh words, quoted for a shell (empty: this machine)",
         )
-        rl.add_argument("--%s-kit" % end, required=True, help="the kit's directory there")
-        rl.add_argument("--%s-words" % end, required=True, help="the kit's words there, quoted")
-    rl.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
-    rl.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
-    rl.add_argument("--parts", required=True, help="where the source end splits its list")
-    rl.add_argument("--compression", type=compression.compression_word, default="none")
-    rl.add_argument("--jobs", default="auto", help="the cores the run may use here")
-    rl.add_argument("--most", type=int, default=streams.MAX_STREAMS)
-    rl.add_argument(
+        relay_cmd.add_argument("--%s-kit" % end, required=True, help="the kit's directory there")
+        relay_cmd.add_argument(
+            "--%s-words" % end, required=True, help="the kit's words there, quoted"
+        )
+    relay_cmd.add_argument("--send", required=True, help="`engine send ...` for the source, quoted")
+    relay_cmd.add_argument("--receive", required=True, help="`engine receive ...`, quoted")
+    relay_cmd.add_argument("--parts", required=True, help="where the source end splits its list")
+    relay_cmd.add_argument("--compression", type=compression.compression_word, default="none")
+    relay_cmd.add_argument("--jobs", default="auto", help="the cores the run may use here")
+    relay_cmd.add_argument("--most", type=int, default=streams.MAX_STREAMS)
+    relay_cmd.add_argument(
         "--streams",
         type=int,
         default=0,
         help="the streams compression auto's model chose (0: the relay's own rule)",
     )
-    rl.set_defaults(fn=sendside.cmd_relay)
+    relay_cmd.set_defaults(fn=sendside.cmd_relay)
     st = sub.add_parser("staging")
     st.add_argument("dest")
     st.set_defaults(fn=cmd_staging)

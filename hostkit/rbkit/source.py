@@ -70,8 +70,8 @@ def library_dirs(
     except FileNotFoundError:
         site = ""
     missing = []
-    for d in wanted:
-        rel = os.path.relpath(os.path.join(site, d), root) if site else d
+    for lib_dir in wanted:
+        rel = os.path.relpath(os.path.join(site, lib_dir), root) if site else lib_dir
         parts = rel.split("/")
         left_out = any(
             statwalk.excluded("/".join(parts[: i + 1]), excludes) for i in range(len(parts))
@@ -82,7 +82,7 @@ def library_dirs(
             or not os.path.isdir(os.path.join(root, rel))
             or os.path.islink(os.path.join(root, rel))
         ):
-            missing.append(d)
+            missing.append(lib_dir)
     where = os.path.relpath(site, root) if site else "lib/python3*/site-packages"
     if missing:
         return runner.Result(
@@ -98,16 +98,16 @@ def failed_checks(doc: Dict[str, Any], keep_links: bool) -> List[str]:
     """The check types that failed in an rbprobes document; links that leave the tree are the
     spec's to allow (transfer.outside_links: keep)."""
     failed = set()
-    for c in doc.get("checks") or [doc]:
-        refs = (c.get("values") or {}).get("refs") or []
-        if c.get("status") != "fail" or (
-            c.get("type") == "outside"
+    for check in doc.get("checks") or [doc]:
+        refs = (check.get("values") or {}).get("refs") or []
+        if check.get("status") != "fail" or (
+            check.get("type") == "outside"
             and keep_links
             and refs
             and all(r.get("kind") == "symlink" for r in refs)
         ):
             continue
-        failed.add(c.get("type") or "?")
+        failed.add(check.get("type") or "?")
     return sorted(failed)
 
 
@@ -155,10 +155,10 @@ class EarlyAudit:
                 self.cancel()
                 rc = 124
         texts = []
-        for f in (self._out, self._err):
-            f.seek(0)
-            texts.append(f.read().decode("utf-8", "replace"))
-            f.close()
+        for fh in (self._out, self._err):
+            fh.seek(0)
+            texts.append(fh.read().decode("utf-8", "replace"))
+            fh.close()
         return rc, texts[0], texts[1]
 
 

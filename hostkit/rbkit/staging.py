@@ -319,15 +319,15 @@ def resume_stage(ctx: Context, source: str) -> Result:
     removed += len(candidates) - len(kept)
     send: List[str] = []
     kept_bytes = send_bytes = send_files = total = 0
-    for e in mf["entries"]:
-        if e["t"] == "f":
-            total += e["s"]
-            if e["p"] in kept:
-                kept_bytes += e["s"]
+    for entry in mf["entries"]:
+        if entry["t"] == "f":
+            total += entry["s"]
+            if entry["p"] in kept:
+                kept_bytes += entry["s"]
                 continue
             send_files += 1
-            send_bytes += e["s"]
-        send.append(e["p"])
+            send_bytes += entry["s"]
+        send.append(entry["p"])
     names = os.path.join(ctx.state, "send.names")
     write_file(names, b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in send), 0o600)
     identity = identity_of(ctx.staging)
@@ -380,24 +380,24 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
             rel = rel_here + "/" + name if rel_here else name
             path = os.path.join(here, name)
             st = os.lstat(path)
-            e = wanted.get(rel)
+            entry = wanted.get(rel)
             if (
                 stat.S_ISDIR(st.st_mode)
-                and e is not None
-                and e["t"] == "d"
+                and entry is not None
+                and entry["t"] == "d"
                 and owners.why_not_ours(path, st) is None
             ):
                 continue
             if (
                 stat.S_ISREG(st.st_mode)
-                and e is not None
-                and e["t"] == "f"
-                and st.st_size == e["s"]
-                and stat.S_IMODE(st.st_mode) == e.get("m")
-                and int(st.st_mtime) == e.get("mt")
+                and entry is not None
+                and entry["t"] == "f"
+                and st.st_size == entry["s"]
+                and stat.S_IMODE(st.st_mode) == entry.get("m")
+                and int(st.st_mtime) == entry.get("mt")
                 and owners.why_not_ours(path, st) is None
             ):
-                candidates.append((rel, e, st))
+                candidates.append((rel, entry, st))
                 continue
             remove_tree(path)
             removed += 1
@@ -406,21 +406,21 @@ def _resume_walk(root: str, wanted: dict) -> Tuple[List[tuple], int]:
     return candidates, removed
 
 
-def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
+def _resume_hash(root: str, candidates: List[tuple], algo: str, threads: int) -> dict:
     """{rel: [digest, ino, ctime_ns, size]} of the candidates whose digest is the manifest's and
     that did not change while read; each other one is removed."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(item: tuple) -> Optional[list]:
-        rel, e, st = item
+        rel, entry, st = item
         path = os.path.join(root, rel)
         try:
-            got = filehash.digest(path, algo, size=e["s"])
+            got = filehash.digest(path, algo, size=entry["s"])
             after = os.lstat(path)
         except (OSError, filehash.Changed):
             got, after = None, None
         if (
-            got == e.get("h")
+            got == entry.get("h")
             and after is not None
             and after.st_ino == st.st_ino
             and after.st_ctime_ns == st.st_ctime_ns
@@ -431,7 +431,7 @@ def _resume_hash(root: str, candidates: List[tuple], algo: str, n: int) -> dict:
         return None
 
     kept = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(8, n))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(8, threads))) as pool:
         for item, got in zip(candidates, pool.map(one, candidates)):
             if got is not None:
                 kept[item[0]] = got

@@ -182,30 +182,30 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
             if rel in paths.IN_INSTALL or (test is not None and test(rel, name)):
                 continue
             st = entry.stat(follow_symlinks=False)
-            m = st.st_mode
+            mode = st.st_mode
             try:
-                if isreg(m):
+                if isreg(mode):
                     add(
                         (
                             '[%s, "f", %d, %d, null, %d]\n'
                             % (
                                 manifestfile.encode_str(rel),
-                                m & 0o7777,
+                                mode & 0o7777,
                                 st.st_size,
                                 int(st.st_mtime),
                             )
                         ).encode()
                     )
                     size += st.st_size
-                elif isdir(m):
+                elif isdir(mode):
                     subdirs.append(rel)
                     add(
                         (
                             '[%s, "d", %d, null, null, null]\n'
-                            % (manifestfile.encode_str(rel), m & 0o7777)
+                            % (manifestfile.encode_str(rel), mode & 0o7777)
                         ).encode()
                     )
-                elif islnk(m):
+                elif islnk(mode):
                     add(
                         (
                             '[%s, "l", null, null, %s, null]\n'
@@ -219,13 +219,13 @@ def _stat_lines(root: str, patterns: tuple, top: str, lines: List[bytes]) -> int
                     add(
                         (
                             '[%s, "?", %d, null, null, null]\n'
-                            % (manifestfile.encode_str(rel), m & 0o7777)
+                            % (manifestfile.encode_str(rel), mode & 0o7777)
                         ).encode()
                     )
             except UnicodeEncodeError:
                 continue
             if (st.st_uid != uid and st.st_uid != 0) or (
-                not islnk(m) and (m & 0o002 or (m & 0o020 and st.st_gid not in groups))
+                not islnk(mode) and (mode & 0o002 or (mode & 0o020 and st.st_gid not in groups))
             ):
                 lines[-1] = _not_ours_line(lines[-1], rel, st)
         stack.extend(reversed(subdirs))
@@ -266,22 +266,22 @@ def _start(
     frontier = [""]
     while frontier and len(frontier) < 4 * workers:
         deeper = []
-        for d in frontier:
+        for rel_dir in frontier:
             kept: List[tuple] = []
             dirs: List[str] = []
-            full = os.path.join(root, d) if d else root
+            full = os.path.join(root, rel_dir) if rel_dir else root
             with os.scandir(full) as it:
                 entries = sorted(it, key=operator.attrgetter("name"))
             for entry in entries:
-                rel = f"{d}/{entry.name}" if d else entry.name
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                 if rel in paths.IN_INSTALL or (test is not None and test(rel, entry.name)):
                     continue
                 st = entry.stat(follow_symlinks=False)
                 kept.append((rel, st))
                 if stat.S_ISDIR(st.st_mode):
                     dirs.append(rel)
-            listed[d] = own(kept)
-            subs[d] = dirs
+            listed[rel_dir] = own(kept)
+            subs[rel_dir] = dirs
             deeper.extend(dirs)
         frontier = deeper
     started = {"own": listed, "subs": subs, "units": frontier, "pids": [], "reads": {}, "task": -1}
@@ -299,14 +299,14 @@ def _own_lines(root: str, kept: List[tuple]) -> Tuple[bytes, int]:
     lines: List[bytes] = []
     size = 0
     for rel, st in kept:
-        v = manifestfile.stat_values(root, rel, st)
+        stat_row = manifestfile.stat_values(root, rel, st)
         try:
-            lines.append(manifestfile.values_line(v))
+            lines.append(manifestfile.values_line(stat_row))
         except UnicodeEncodeError:
             continue
         if owners.why_not_ours(rel, st) is not None:
             lines[-1] = _not_ours_line(lines[-1], rel, st)
-        if v[1] == "f":
+        if stat_row[1] == "f":
             size += st.st_size
     return b"".join(lines), size
 
@@ -359,8 +359,8 @@ class ForkedWalk:
 
 def _reap(started: dict) -> None:
     """What _start opened and forked: closed, every worker waited for."""
-    for r in started["reads"]:
-        os.close(r)
+    for read_fd in started["reads"]:
+        os.close(read_fd)
     started["reads"].clear()
     while started["pids"]:
         os.waitpid(started["pids"].pop(), 0)
@@ -383,27 +383,27 @@ def _fork(
     finally:
         os.close(task_w)
     for _ in range(workers):
-        r, w = os.pipe()
+        read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker: never returns into the caller's code
             code = 1
             try:
-                os.close(r)
+                os.close(read_fd)
                 while True:
-                    b = os.read(task_r, 4)
-                    if len(b) < 4:
+                    packed = os.read(task_r, 4)
+                    if len(packed) < 4:
                         break
-                    i = struct.unpack("<I", b)[0]
-                    data, size = unit(units[i])
-                    view = memoryview(_UNIT.pack(i, len(data), size) + data)
+                    index = struct.unpack("<I", packed)[0]
+                    data, size = unit(units[index])
+                    view = memoryview(_UNIT.pack(index, len(data), size) + data)
                     while view:
-                        view = view[os.write(w, view) :]
+                        view = view[os.write(write_fd, view) :]
                 code = 0
             finally:
                 os._exit(code)
-        os.close(w)
+        os.close(write_fd)
         started["pids"].append(pid)
-        started["reads"][r] = []
+        started["reads"][read_fd] = []
 
 
 def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
@@ -414,24 +414,24 @@ def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
     try:
         answers = []
         while reads:
-            for r in select.select(list(reads), [], [])[0]:
-                chunk = os.read(r, 1 << 20)
+            for read_fd in select.select(list(reads), [], [])[0]:
+                chunk = os.read(read_fd, 1 << 20)
                 if chunk:
-                    reads[r].append(chunk)
+                    reads[read_fd].append(chunk)
                 else:
-                    answers.append(b"".join(reads.pop(r)))
-                    os.close(r)
+                    answers.append(b"".join(reads.pop(read_fd)))
+                    os.close(read_fd)
         ok = True
         while pids:
             ok = os.waitpid(pids.pop(), 0)[1] == 0 and ok
         for data in answers if ok else ():
             at = 0
             while at + _UNIT.size <= len(data):
-                i, n, size = _UNIT.unpack_from(data, at)
+                index, length, size = _UNIT.unpack_from(data, at)
                 at += _UNIT.size
-                if i < len(done):
-                    done[i] = (data[at : at + n], size)
-                at += n
+                if index < len(done):
+                    done[index] = (data[at : at + length], size)
+                at += length
         if not ok or not all(d is not None for d in done):
             return None
     finally:
@@ -442,14 +442,14 @@ def _finish(started: dict) -> Optional[Tuple[List[bytes], int]]:
     total = 0
     stack = [""]
     while stack:  # the walk's order: a directory's entries, then each subtree
-        d = stack.pop()
-        if d in at_unit:
-            got = done[at_unit[d]]
+        rel_dir = stack.pop()
+        if rel_dir in at_unit:
+            got = done[at_unit[rel_dir]]
             assert got is not None
             out.append(got[0])
             total += got[1]
             continue
-        out.append(own[d][0])
-        total += own[d][1]
-        stack.extend(reversed(subs[d]))
+        out.append(own[rel_dir][0])
+        total += own[rel_dir][1]
+        stack.extend(reversed(subs[rel_dir]))
     return out, total

@@ -113,27 +113,27 @@ class _Budget:
         self.held = 0
         self.cv = threading.Condition()
 
-    def take(self, n: int, worker: _Hasher) -> None:
+    def take(self, size: int, worker: _Hasher) -> None:
         with self.cv:
-            while self.held and self.held + n > self.limit:
+            while self.held and self.held + size > self.limit:
                 self.cv.wait()
-            self.held += n
-            worker.pending += n
+            self.held += size
+            worker.pending += size
 
-    def give(self, n: int, worker: _Hasher) -> None:
+    def give(self, size: int, worker: _Hasher) -> None:
         with self.cv:
-            self.held -= n
-            worker.pending -= n
+            self.held -= size
+            worker.pending -= size
             self.cv.notify_all()
 
 
 def _number(field: bytes) -> int:
     """A header number: octal text, or GNU base-256 (first byte 0x80, or 0xff: negative)."""
     if field[:1] and field[0] & 0x80:
-        n = int.from_bytes(field[1:], "big")
+        value = int.from_bytes(field[1:], "big")
         if field[0] == 0xFF:
             raise ValueError("a negative number in a tar header")
-        return n
+        return value
     text = field.split(b"\0", 1)[0].strip(b" \0")
     return int(text, 8) if text else 0
 
@@ -210,29 +210,29 @@ class Digester:
                 self.off += mv.nbytes
                 return
             if self._left:
-                n = min(self._left, mv.nbytes)
+                taken = min(self._left, mv.nbytes)
                 if self._sink is not None:
-                    self._sink(mv[:n])
-                self._left -= n
-                self.off += n
-                mv = mv[n:]
+                    self._sink(mv[:taken])
+                self._left -= taken
+                self.off += taken
+                mv = mv[taken:]
                 if not self._left:
                     self._member_done()
                 continue
             if self._pad:
-                n = min(self._pad, mv.nbytes)
-                self._pad -= n
-                self.off += n
-                mv = mv[n:]
+                taken = min(self._pad, mv.nbytes)
+                self._pad -= taken
+                self.off += taken
+                mv = mv[taken:]
                 continue
             if not self._hdr and mv.nbytes >= BLOCK:
                 block = mv[:BLOCK].tobytes()
                 mv = mv[BLOCK:]
             else:
-                n = min(BLOCK - len(self._hdr), mv.nbytes)
-                self._hdr += mv[:n]
-                self.off += n - BLOCK  # the whole block is counted below
-                mv = mv[n:]
+                taken = min(BLOCK - len(self._hdr), mv.nbytes)
+                self._hdr += mv[:taken]
+                self.off += taken - BLOCK  # the whole block is counted below
+                mv = mv[taken:]
                 if len(self._hdr) < BLOCK:
                     self.off += BLOCK
                     return
@@ -240,32 +240,32 @@ class Digester:
             self.off += BLOCK
             self._header(block, self.off - BLOCK)
 
-    def _header(self, h: bytes, at: int) -> None:
-        if h == ZERO:
+    def _header(self, header: bytes, at: int) -> None:
+        if header == ZERO:
             self.ended = True
             return
         try:
-            want = _number(h[148:156])
-            size = _number(h[124:136])
+            want = _number(header[148:156])
+            size = _number(header[124:136])
         except ValueError as exc:
             self.corrupt = "the tar header at byte %d of the stream: %s" % (at, exc)
             return
-        unsigned = sum(h) - sum(h[148:156]) + 256  # the checksum field counts as spaces
-        if want != unsigned and want != unsigned - 256 * sum(1 for b in h if b > 127):
+        unsigned = sum(header) - sum(header[148:156]) + 256  # the checksum field counts as spaces
+        if want != unsigned and want != unsigned - 256 * sum(1 for b in header if b > 127):
             self.corrupt = "the tar header at byte %d of the stream fails its checksum" % at
             return
-        kind = h[156:157]
+        kind = header[156:157]
         if kind in (b"L", b"K", b"x", b"g"):
             self._meta = (kind, bytearray())
             self._sink = self._meta[1].extend
             self._expect(size)
             return
-        name = _text(h[0:100])
-        if h[257:263] == b"ustar\0":  # POSIX ustar: a prefix before the name
-            prefix = _text(h[345:500])
+        name = _text(header[0:100])
+        if header[257:263] == b"ustar\0":  # POSIX ustar: a prefix before the name
+            prefix = _text(header[345:500])
             if prefix:
                 name = prefix + b"/" + name
-        link = _text(h[157:257])
+        link = _text(header[157:257])
         meta = dict(self._global, **self._pending) if self._pending or self._global else {}
         self._pending = {}
         if meta:
@@ -340,10 +340,10 @@ class Digester:
         if not self._nworkers:
             return None
         if len(self._workers) < self._nworkers:
-            w = _Hasher(self._hash_loop)
-            self._workers.append(w)
-            w.thread.start()
-            return w
+            worker = _Hasher(self._hash_loop)
+            self._workers.append(worker)
+            worker.thread.start()
+            return worker
         with self._budget.cv:
             return min(self._workers, key=lambda w: w.pending)
 
@@ -352,9 +352,9 @@ class Digester:
         self._budget.take(piece.nbytes, worker)
         worker.queue.put((hasher, piece, None))
 
-    def _hash_loop(self, w: _Hasher) -> None:
+    def _hash_loop(self, worker: _Hasher) -> None:
         while True:
-            item = w.queue.get()
+            item = worker.queue.get()
             if item is None:
                 return
             hasher, piece, slot = item
@@ -368,7 +368,7 @@ class Digester:
                 # budget this thread never gives back
                 self.lost = "a hashing thread failed: %s: %s" % (type(exc).__name__, exc)
             if piece is not None:
-                self._budget.give(piece.nbytes, w)
+                self._budget.give(piece.nbytes, worker)
 
     def close(self) -> None:
         """Wait for the hashing threads (every digest is in its slot after this)."""
@@ -441,8 +441,8 @@ class Digester:
         view = memoryview(buf) if buf is not None else None
         first = True
         while True:
-            n = tee(in_fd, out_fd, CHUNK, 0)
-            if n < 0:
+            moved = tee(in_fd, out_fd, CHUNK, 0)
+            if moved < 0:
                 err = _errno()
                 if err == errno.EINTR:
                     continue
@@ -458,18 +458,18 @@ class Digester:
                         pass
                 return True
             first = False
-            if not n:
+            if not moved:
                 return True  # the end of in_fd
             if view is None:
-                data = os.read(in_fd, n)  # the pipe holds n bytes at least: all of them
-                while len(data) < n:
-                    data += os.read(in_fd, n - len(data))
+                data = os.read(in_fd, moved)  # the pipe holds `moved` bytes at least: all of them
+                while len(data) < moved:
+                    data += os.read(in_fd, moved - len(data))
                 self._parse(data)
                 continue
             got = 0
-            while got < n:
-                got += os.readv(in_fd, [view[got:n]])
-            self._parse(view[:n])
+            while got < moved:
+                got += os.readv(in_fd, [view[got:moved]])
+            self._parse(view[:moved])
 
     def _copy_stage(self, in_fd: int, out_fd: int) -> None:
         writing = True

@@ -18,8 +18,8 @@ def tar_bytes(files: Iterable[Tuple[str, bytes]]) -> bytes:
     files = list(files)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for d in sorted({p.split("/", 1)[0] for p, _ in files if "/" in p}):
-            info = tarfile.TarInfo(d)
+        for top in sorted({p.split("/", 1)[0] for p, _ in files if "/" in p}):
+            info = tarfile.TarInfo(top)
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
         for path, data in files:

@@ -180,16 +180,16 @@ def make_private(path: str) -> Optional[str]:
     while not os.path.lexists(probe):
         missing.append(probe)
         probe = os.path.dirname(probe)
-    for d in reversed(missing):
-        why = why_not_private(os.path.dirname(d), parent=True)
+    for directory in reversed(missing):
+        why = why_not_private(os.path.dirname(directory), parent=True)
         if why is not None:
             return why
         try:
-            os.mkdir(d, 0o700 if d == path else 0o755)
+            os.mkdir(directory, 0o700 if directory == path else 0o755)
         except FileExistsError:
             pass
         except OSError as exc:
-            return "cannot make %s: %s" % (d, exc.strerror)
+            return "cannot make %s: %s" % (directory, exc.strerror)
     return why_not_private(path)
 
 

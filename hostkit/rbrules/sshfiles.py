@@ -49,12 +49,12 @@ class SshSaid(Exception):
     """ssh -G failed: ssh's own words (a config file it cannot read)."""
 
 
-def known_hosts_path(f: str) -> str:
+def known_hosts_path(path: str) -> str:
     """A known_hosts file's name as the kernel reads it, lexically: `/dev/./null`, `//dev/null`
     and `/dev//null` are all /dev/null (posixpath.normpath keeps a leading `//`; Linux does not)."""
-    if f.startswith("~/"):
-        return "~/" + posixpath.normpath(f[2:]).lstrip("/")
-    return "/" + posixpath.normpath(f).lstrip("/")
+    if path.startswith("~/"):
+        return "~/" + posixpath.normpath(path[2:]).lstrip("/")
+    return "/" + posixpath.normpath(path).lstrip("/")
 
 
 def in_system(path: str) -> Optional[str]:
@@ -67,9 +67,9 @@ def config_files(words: List[str]) -> List[str]:
     return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-F"]
 
 
-def as_read(f: str) -> str:
+def as_read(path: str) -> str:
     """A known_hosts file as ssh reads it: ~/ this user's home, named as the kernel reads it."""
-    return f if f == "none" else known_hosts_path(os.path.expanduser(f))
+    return path if path == "none" else known_hosts_path(os.path.expanduser(path))
 
 
 def spec_named(words: List[str]) -> Dict[str, List[str]]:
@@ -120,17 +120,17 @@ def _who(host: str, key: str, path: str, named: bool) -> str:
 def _could_be_made(path: str) -> Optional[str]:
     """Why another user could make the missing file `path` (its nearest existing directory is
     writable by others, sticky or not), or None."""
-    d = os.path.dirname(path)
-    while d != "/" and not os.path.lexists(d):
-        d = os.path.dirname(d)
-    st = os.stat(d)
+    directory = os.path.dirname(path)
+    while directory != "/" and not os.path.lexists(directory):
+        directory = os.path.dirname(directory)
+    st = os.stat(directory)
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o022:
         return "directory %s is owned by %s, mode %04o: another user can make %s there" % (
-            d,
+            directory,
             owners.owner(st),
             mode,
-            path[len(d) :].lstrip("/").split("/")[0],
+            path[len(directory) :].lstrip("/").split("/")[0],
         )
     return None
 

@@ -33,9 +33,8 @@ RB_WITNESS_PID='' RB_WITNESS_FD=''
 # started with SIGINT ignored: a process that dies of it (rb::witness_start), and 1 once it did
 RB_INT_SENTINEL='' RB_INT_UNTRAPPED=0
 declare -a RB_TREE=() RB_KILLED=()
-RB_COMPRESSION_USED=none
-# the relay's streams compression auto's model chose (rb::measure_finish); 0: the relay's own rule
-RB_RELAY_STREAMS=0
+# the stream's compression, and the relay's streams compression auto's model chose (0: its rule)
+RB_COMPRESSION_USED=none RB_RELAY_STREAMS=0
 # the live plan: the hosts it reached, what its compose takes (runtime/liveplan.sh.j2)
 RB_PLAN_UP=''
 declare -a RB_PLAN_ARGS=()
