@@ -1,7 +1,7 @@
 """How long a second run waits for a destination's lock is one rule
 (rbrules.enginerules.LOCK_WAIT_S): the single-host engine (`rbkit serve`/`run`), a fan-out node
-and the runbook's RB_LOCK_WAIT default all take it from there. Before, serve waited 30 s and a fan-out node 10 s, for no reason
-either side stated (this test failed there).
+and the runbook's RB_LOCK_WAIT default all take it from there. Before, serve waited 30 s and a
+fan-out node 10 s, for no reason either side stated (this test failed there).
 """
 
 from __future__ import annotations
