@@ -8,7 +8,12 @@ the one host-side package the compiler imports (for the rules it renders into a 
               the kit's own entry file, from a private working directory
     cpus      how many CPUs this process may use (affinity, the cgroup's quota): one count for
               every place that sizes jobs or streams
-    common    the rules both sides state, each once: a byte count in words (`human`)
+    compression  the compression table, the words auto may choose, which a host has
+    streams   tar's record; how many streams and walkers; what the model counts a stream's ends
+    linkrate  compression auto's measurement of the link
+    enginerules  the engine's steps, the prove timeout, the lock's wait
+    choices   the install engine's choices (the schema the compiler emits through)
+    units     a byte count in words (`human`)
     links     whether a symbolic link leads outside the venv (the transfer's scan, the `outside`
               check)
     paths     the names a run keeps beside a destination: staging, lock, env file
