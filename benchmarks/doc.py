@@ -814,6 +814,18 @@ Issue 47's targets, still **not met**, each nearer:
   destination alone, and 0.8x the null relay's rate is 4.63 s for the whole run. On the second
   host: 25.0-29.3 CPU-s, at least 6.3 s, against 5.7. The streams: 3 now (the rule took 2), 450
   MB/s each, the transfer 5.68 s (7.58 with 2); the runbook 0.59x the seed, 0.82x hand zstd.
+- A fourth call (c9d72b0, the final constants; another host, slower: the sample's zstd -3 packed
+  123 MB/s a CPU there against 206; `results-three-h100-c9d72b0.json`), the 1 Gbit/s rows once
+  (the deadline cut the second round but for hand zstd) and the unshaped rows twice: the seed
+  63.73, hand lz4 38.83, hand zstd 29.58 (29.59 / 29.57), **the runbook 33.64** (zstd-3-T3, 1
+  stream), re-run 1.66; unshaped the null relay 4.59, the seed 20.72, hand zstd 13.12, **the
+  runbook 10.00** (10.99 / 9.00: 3 streams, then 4), re-run 1.44. Targets there: 0.528, 1.137,
+  0.459. The 1 Gbit/s runbook is the one row worse than on the first host: its one stream carried
+  240 MB/s of the tree, 105 MB/s on the wire where the seed's carried 119, with the source's CPU
+  set 46% busy: a limit of that one stream on that host, not the link's, and not found in the
+  call's time (the first host's one stream reached the wire: 123 MB/s). The model counts no
+  limit of a stream's sending end; a second stream there might have helped, one round on each
+  host does not say. Left open.
 - The one-host row (`benchmarks/one_host_rounds.sh`, the 7.2 GB venv in 4 streams, special_modes
   strip): 0 of 2 rounds failed (7.19 s, 10.42 s); the same rounds of the issue-45 base runbook
   (`onehost-base.sh`, 44a2c10) in the same call: 1 of 2 failed (`stream 2/4: receive exited 1;
