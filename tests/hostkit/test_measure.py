@@ -315,22 +315,11 @@ def test_the_streams_the_model_counts_are_the_relays():
     from rbkit import measure
 
     doc = {"sample_bytes": 8 << 20, "tree_bytes": 7 << 30, "tools": {"lz4": dict(LAB["lz4"])}}
-    four = "4:4.00:0-3:16"
-    assert (
-        measure.move_of(
-            doc, GBIT, False, "auto", {}, _ends(four, "4:4.00:4-7:16", "4:4.00:8-11:16")
-        ).streams
-        == 2
-    )
-    assert measure.move_of(doc, GBIT, False, "auto", {}, _ends("16:16.00:0-15:16")).streams == 8
-    # the most the model may choose apart: one a CPU of the fewest (4 of 16 usable), at most 8
-    assert (
-        measure.move_of(
-            doc, GBIT, False, "auto", {}, _ends(four, "4:4.00:4-7:16", "4:4.00:8-11:16")
-        ).most
-        == 4
-    )
-    assert measure.move_of(doc, GBIT, False, "auto", {}, _ends("16:16.00:0-15:16")).most == 8
+    narrow = _ends("4:4.00:0-3:16", "4:4.00:4-7:16", "4:4.00:8-11:16")
+    wide = _ends("16:16.00:0-15:16")
+    # the relay's rule, and the most the model may choose apart: one a CPU of the fewest, <= 8
+    counted = [measure.move_of(doc, GBIT, False, "auto", {}, e) for e in (narrow, wide)]
+    assert [(m.streams, m.most) for m in counted] == [(2, 4), (8, 8)]
     one = _ends("16:16.00:0-15:16", "1:1.00:4:16")
     assert measure.move_of(doc, GBIT, False, "8", {}, one).streams == 1
     assert (
