@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -27,9 +25,9 @@ from pathlib import Path
 
 from rbkit import fanout, fanreports, manifest, manifestfile, pathid, sender, stream
 
+from compiler.readback import read_settings
+
 ROOT = Path(__file__).resolve().parents[1]
-# the runbook's node script (templates/partials/fanout.sh.j2, RB_FAN_NODE_SCRIPT)
-NODE_SCRIPT = re.compile(r"^readonly RB_FAN_NODE_SCRIPT='(.*?)'$", re.S | re.M)
 
 
 def log(msg: str) -> None:
@@ -37,30 +35,8 @@ def log(msg: str) -> None:
 
 
 def settings(runbook: Path) -> dict:
-    """The runbook's `readonly NAME=value` and `readonly -a NAME=(...)` settings; a quoted value
-    may span lines (the JSON documents, one key a line: compiler.plan.keyed)."""
-    out: dict = {}
-    lines = runbook.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        m = re.match(r"^readonly (-a )?(RB_[A-Z_]+)=(.*)$", lines[i])
-        i += 1
-        if not m:
-            continue
-        value = m.group(3)
-        while True:
-            try:
-                words = shlex.split(value.strip("()") if m.group(1) else value)
-                break
-            except ValueError:
-                if i >= len(lines) or not value.startswith("'"):
-                    words = None  # not a value read here (a script)
-                    break
-                value += "\n" + lines[i]
-                i += 1
-        if words is not None:
-            out[m.group(2)] = words if m.group(1) else (words[0] if words else "")
-    return out
+    """The runbook's settings (compiler.plan.read_settings)."""
+    return read_settings(runbook.read_text())
 
 
 class Timer:
@@ -172,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     s = settings(a.runbook) if a.runbook else {}
     # the node script lives in fan-out runbooks; the other settings come from the runbook named
-    s["RB_FAN_NODE_SCRIPT"] = NODE_SCRIPT.search(
-        (ROOT / "generated" / "cluster8.sh").read_text()
-    ).group(1)
+    s["RB_FAN_NODE_SCRIPT"] = settings(ROOT / "generated" / "cluster8.sh")["RB_FAN_NODE_SCRIPT"]
     excludes = s.get("RB_EXCLUDE_ARGS", [])[1::2]
     comp = "zstd" if shutil.which("zstd") else "none"
     jobs = os.cpu_count() or 4

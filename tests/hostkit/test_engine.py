@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from rbrules import cpus, paths
 from rbrules.choices import Choices, ChoicesError
 
 from compiler import plan
+from compiler.readback import read_settings
 from tests.hostkit.test_fanout_delta import (
     PKG,
     bundle,
@@ -1182,11 +1182,8 @@ def test_an_oserror_the_kit_raised_with_its_own_words_keeps_them():
 
 def _choices_of(runbook: Path) -> str:
     """The value of RB_ENGINE_CHOICES: one key a line (compiler.plan.keyed), so it spans lines."""
-    found = re.search(
-        r"^readonly RB_ENGINE_CHOICES=('[^']*(?:'\"'\"'[^']*)*')$", runbook.read_text(), re.M
-    )
-    assert found, f"{runbook}: no RB_ENGINE_CHOICES"
-    (value,) = shlex.split(found.group(1))
+    value = read_settings(runbook.read_text()).get("RB_ENGINE_CHOICES")
+    assert isinstance(value, str), f"{runbook}: no RB_ENGINE_CHOICES"
     return value
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import re
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from compiler.readback import read_settings
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = re.compile(r"^readonly RB_FAN_NODE_SCRIPT='(.*?)'$", re.S | re.M)
 NOBODY = 65534
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files of another user (root)")
@@ -41,7 +41,7 @@ with open(os.path.join({marks!r}, "ran-%d" % os.getpid()), "w") as f:
 
 
 def node_script() -> str:
-    return SCRIPT.search((ROOT / "generated" / "cluster8.sh").read_text()).group(1)
+    return read_settings((ROOT / "generated" / "cluster8.sh").read_text())["RB_FAN_NODE_SCRIPT"]
 
 
 def make_bundle(path: Path, marks: Path) -> str:
