@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: c42dfb4172aca35ced7f8861bf5e911dd2cdea9723e6a31e69485a0036d2c600
+# sha256 of this file with these 64 digits zeroed: 08f73e22002889011e4766ba3912e1bb12c8d53d4d2701f9d96294024a0009ed
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7
-readonly RB_KIT_FILE=.kit/db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7.tar
+readonly RB_KIT_SHA256=c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f
+readonly RB_KIT_FILE=.kit/c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: f0e90643b7bcc0e915e8d6cafa10bd064a046c59532769055f371b4b81eec8b1
+# sha256 of this file with these 64 digits zeroed: 5e8d508979590f270624ad92c086d0fa655f9594dd3c6f3da970488064eafde3
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7
-readonly RB_KIT_FILE=.kit/db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7.tar
+readonly RB_KIT_SHA256=c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f
+readonly RB_KIT_FILE=.kit/c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: a5c610d66e41eb8b459ec4e39c3d2695f6e97f19173148450c7f9e5ab83026ac
+# sha256 of this file with these 64 digits zeroed: 15f26dce0a1fc4db6b65d7e086ee8131393d8fee13d845ec1a2313983ef77888
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7
-readonly RB_KIT_FILE=.kit/db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7.tar
+readonly RB_KIT_SHA256=c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f
+readonly RB_KIT_FILE=.kit/c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

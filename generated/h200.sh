@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 02a6e7b0b4d8df2d437f15dd82129dfb0ba80cc35219c60d92e13f097d1b9935
+# sha256 of this file with these 64 digits zeroed: 8ce4d62e2ecba97ade77a5b1734229bc3aa790ce0bfe3e6f05834b99ef20d42e
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7
-readonly RB_KIT_FILE=.kit/db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7.tar
+readonly RB_KIT_SHA256=c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f
+readonly RB_KIT_FILE=.kit/c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

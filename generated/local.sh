@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: eb06bb96023a61a938fe7a96f7d6dd822f92197d740bd291e9b345549dece3de
+# sha256 of this file with these 64 digits zeroed: 97ebf7b8c55bc6c7ade88827e17c2c9a25930d75ca493227db0c2045d8b8b9b1
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7
-readonly RB_KIT_FILE=.kit/db08c371ab6a4b3711fcf4937aa3834ac437a90bee04dcad1e3b0e6d196bede7.tar
+readonly RB_KIT_SHA256=c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f
+readonly RB_KIT_FILE=.kit/c838209bef6cf82022530b33015ffa7254798eca5f95c2b59a22bc016d5efc1f.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)
