@@ -150,32 +150,32 @@ def sample_of(files: List[Tuple[str, int]], want: int = MEASURE_SAMPLE) -> bytes
         starts.append(at)
         at += size
     parts: List[bytes] = []
-    for i in range(picks):
-        pos = min(max(0, (2 * i + 1) * total // (2 * picks) - piece // 2), total - piece)
-        k = bisect.bisect_right(starts, pos) - 1
+    for pick in range(picks):
+        pos = min(max(0, (2 * pick + 1) * total // (2 * picks) - piece // 2), total - piece)
+        index = bisect.bisect_right(starts, pos) - 1
         need, opened = piece, 0
-        while need > 0 and k < len(files) and opened < PICK_FILES:
-            path, size = files[k]
-            off = pos - starts[k] if opened == 0 else 0
+        while need > 0 and index < len(files) and opened < PICK_FILES:
+            path, size = files[index]
+            off = pos - starts[index] if opened == 0 else 0
             data = _read_at(path, off, min(need, size - off))
             parts.append(data)
             need -= len(data)
-            k += 1
+            index += 1
             opened += 1
     return b"".join(parts)
 
 
-def _read_at(path: str, offset: int, n: int) -> bytes:
-    """n bytes of the file the walk saw at `offset` (never a link put in its place since: read as
-    root), fewer where it is shorter now, none where it cannot be read."""
-    if n <= 0:
+def _read_at(path: str, offset: int, length: int) -> bytes:
+    """`length` bytes of the file the walk saw at `offset` (never a link put in its place since:
+    read as root), fewer where it is shorter now, none where it cannot be read."""
+    if length <= 0:
         return b""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return b""
     try:
-        return os.pread(fd, n, offset)
+        return os.pread(fd, length, offset)
     except OSError:
         return b""
     finally:
@@ -366,10 +366,15 @@ def _tail_cpu(
     """(ns on a CPU, ns waiting for one, ns, processes) of the watched processes over
     link_tail's windows, or None."""
     first = len(windows) - len(link_tail(windows))
-    args, b = used[first], used[-1]
-    if not procs or args is None or b is None or not windows:
+    before, after = used[first], used[-1]
+    if not procs or before is None or after is None or not windows:
         return None
-    return b[0] - args[0], b[1] - args[1], int((ends[-1][0] - ends[first][0]) * 1e9), procs
+    return (
+        after[0] - before[0],
+        after[1] - before[1],
+        int((ends[-1][0] - ends[first][0]) * 1e9),
+        procs,
+    )
 
 
 def read_link(line: str) -> Tuple[int, float, str, Dict[str, Any]]:

@@ -117,19 +117,19 @@ def stream_counts(move: Move) -> List[int]:
     return [max(1, move.streams)]
 
 
-def _apart(move: Move, tool: Optional[Tool], threads: int, n: int) -> Tuple[float, str]:
-    """(bytes of the tree a second, the stage that sets it) on machines of their own, in `n`
+def _apart(move: Move, tool: Optional[Tool], threads: int, count: int) -> Tuple[float, str]:
+    """(bytes of the tree a second, the stage that sets it) on machines of their own, in `count`
     streams."""
     ratio = tool.ratio if tool else 1.0
     packed = 1.0 / ratio  # bytes on the wire a byte of the tree
     cipher = 1.0 / move.link.cipher if move.link.cipher else 0.0  # CPU-s a wire byte, an end
-    limits = [(link_for(move.link, n) * ratio, "link"), (n * RECEIVER_RATE, "receivers")]
+    limits = [(link_for(move.link, count) * ratio, "link"), (count * RECEIVER_RATE, "receivers")]
     if cipher:
         limits.append((move.here.cpus / (2 * cipher * packed), "here"))
     src_cost, dst_cost = cipher * packed + SENDER_CPU, cipher * packed + RECEIVER_CPU
     if tool is not None:
-        limits.append((tool.pack * min(n * threads, move.src.cpus), "packers"))
-        limits.append((tool.unpack * min(n, move.dst.cpus), "unpackers"))
+        limits.append((tool.pack * min(count * threads, move.src.cpus), "packers"))
+        limits.append((tool.unpack * min(count, move.dst.cpus), "unpackers"))
         src_cost += 1.0 / tool.pack
         dst_cost += 1.0 / tool.unpack
     limits.append((move.src.cpus / src_cost, "src"))
@@ -156,19 +156,23 @@ def options(move: Move) -> List[Option]:
     fewest first) none, then each tool at each thread count from 1 to the source's CPUs over
     the streams (zstd -T; on shared CPUs one)."""
     out: List[Option] = []
-    for n in stream_counts(move):
+    for count in stream_counts(move):
         if move.shared:
-            out.append(Option("none", *_shared(move, None), None, n))
+            out.append(Option("none", *_shared(move, None), None, count))
         else:
-            out.append(Option("none", *_apart(move, None, 1, n), None, n))
+            out.append(Option("none", *_apart(move, None, 1, count), None, count))
         for tool in move.tools:
             most = 1
             if tool.threads and not move.shared:
-                most = max(1, int(move.src.cpus // n))
-            for k in range(1, most + 1):
-                rate, bound = _shared(move, tool) if move.shared else _apart(move, tool, k, n)
-                word = zstd_word(int(tool.name.split("-")[1]), k) if tool.threads else tool.name
-                out.append(Option(word, rate, bound, tool, n))
+                most = max(1, int(move.src.cpus // count))
+            for threads in range(1, most + 1):
+                rate, bound = (
+                    _shared(move, tool) if move.shared else _apart(move, tool, threads, count)
+                )
+                word = (
+                    zstd_word(int(tool.name.split("-")[1]), threads) if tool.threads else tool.name
+                )
+                out.append(Option(word, rate, bound, tool, count))
     return out
 
 
@@ -202,31 +206,31 @@ BOUND_WORDS = {
 }
 
 
-def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
+def said(decision: Decision, failed: Optional[Dict[str, str]] = None) -> str:
     """The decision's deciding figures in one line (the runbook logs `compression: CHOICE (auto,
     measured: THIS)`): the link and what limited it, the streams and each end's CPUs, then per
     option its MB/s through (the fastest thread count of each tool and level, and none), its
     ratio and per-core rates and its bound; `failed`: a tool that could not be measured, why."""
-    m = d.move
-    link = m.link
-    if m.shared:
+    move = decision.move
+    link = move.link
+    if move.shared:
         head = "link %s MB/s (CPUs shared by both ends and this machine: %s of them)" % (
             mb(link.rate),
-            _cpus(m.src.cpus),
+            _cpus(move.src.cpus),
         )
     else:
         head = "link %s MB/s a stream (%s)" % (mb(link.rate), _limit(link))
-        counts = stream_counts(m)
+        counts = stream_counts(move)
         head += "; %s, CPUs src %s, dst %s, here %s" % (
             _streams(counts[-1]) if len(counts) == 1 else "1 to %d streams" % counts[-1],
-            _cpus(m.src.cpus),
-            _cpus(m.dst.cpus),
-            _cpus(m.here.cpus),
+            _cpus(move.src.cpus),
+            _cpus(move.dst.cpus),
+            _cpus(move.here.cpus),
         )
-    several = len(stream_counts(m)) > 1
+    several = len(stream_counts(move)) > 1
     shown: List[str] = []
     seen = set()
-    for option in d.options:  # the fastest first: one entry a tool and level
+    for option in decision.options:  # the fastest first: one entry a tool and level
         key = option.word.rsplit("-T", 1)[0]
         if key in seen:
             continue
@@ -248,10 +252,10 @@ def said(d: Decision, failed: Optional[Dict[str, str]] = None) -> str:
         )
     for tool, why in sorted((failed or {}).items()):
         shown.append("%s: %s" % (tool, why))
-    text = "%s; MB/s through: %s: %s" % (head, ", ".join(shown), _spaced(d.choice))
+    text = "%s; MB/s through: %s: %s" % (head, ", ".join(shown), _spaced(decision.choice))
     if several:
-        text += " in " + _streams(d.streams)
-    if d.choice == "none":
+        text += " in " + _streams(decision.streams)
+    if decision.choice == "none":
         text += ", the link is as fast as any compressor"
     return text
 
@@ -267,8 +271,8 @@ def _streams(count: int) -> str:
     return "%d stream%s" % (count, "s" if count != 1 else "")
 
 
-def _cpus(n: float) -> str:
-    return "%d" % n if n == int(n) else "%.1f" % n
+def _cpus(count: float) -> str:
+    return "%d" % count if count == int(count) else "%.1f" % count
 
 
 def _limit(link: Link) -> str:

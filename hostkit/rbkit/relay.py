@@ -62,10 +62,10 @@ def read_line(fd: int, limit: int = 256) -> str:
     """One line from fd, a byte at a time: nothing past it is taken (the stream follows)."""
     got = b""
     while len(got) < limit:
-        b = os.read(fd, 1)
-        if not b or b == b"\n":
+        byte = os.read(fd, 1)
+        if not byte or byte == b"\n":
             break
-        got += b
+        got += byte
     return got.decode("ascii", "replace")
 
 
@@ -100,8 +100,8 @@ class End:
 class Pair:
     """One stream: `ssh SRC send --gate` | `ssh DST receive --gate`, started, not yet told to go."""
 
-    def __init__(self, relay: "Relay", k: int, fresh: bool) -> None:
-        self.k, self.relay, self.fresh = k, relay, fresh
+    def __init__(self, relay: "Relay", number: int, fresh: bool) -> None:
+        self.number, self.relay, self.fresh = number, relay, fresh
         relay.pairs.append(self)
         self.index = -1
         self.src_jobs: Optional[int] = None
@@ -164,17 +164,17 @@ class Pair:
                 self._pass(line)
 
     def _dst_out(self) -> None:
-        f = self.dst.stdout
-        first = f.readline().decode("utf-8", "replace").rstrip("\n").split("\t")
+        out = self.dst.stdout
+        first = out.readline().decode("utf-8", "replace").rstrip("\n").split("\t")
         if first[:2] == ["gate", "ready"] and len(first) in (3, 4) and first[2].isdigit():
             self.dst_cpus = cpus.read_token(first[3]) if len(first) == 4 else None
             self.dst_jobs = int(first[2])
         self.said.put("dst")
         self.over.wait()
         if self.live.is_set() and self.dst_jobs is not None:
-            self.relay.merged.read_file(self.index, f)
+            self.relay.merged.read_file(self.index, out)
         else:
-            f.read()
+            out.read()
 
     def ready(self, timeout: float) -> bool:
         """Both ends said ready (their connections made, their kits started); else `refused`
@@ -208,9 +208,9 @@ class Pair:
             return lines[-1]
         return "no answer within %d s" % READY_S if self.timed_out else "it ended without a word"
 
-    def split(self, n: int) -> int:
-        """Ask the source end (stream 0's) to split the list into n: the parts it made."""
-        os.write(self.g_w, b"split %d\n" % n)
+    def split(self, count: int) -> int:
+        """Ask the source end (stream 0's) to split the list into `count`: the parts it made."""
+        os.write(self.g_w, b"split %d\n" % count)
         while True:
             try:
                 got = self.said.get(timeout=READY_S)
@@ -221,13 +221,13 @@ class Pair:
             if got == "end":
                 return 1
 
-    def go(self, i: int, n: int) -> None:
-        self.index = i
+    def go(self, index: int, count: int) -> None:
+        self.index = index
         self.live.set()
         for line in self.held:
             sys.stderr.write(line)
         self.held = []
-        line = b"go %d %d\n" % (i, n)
+        line = b"go %d %d\n" % (index, count)
         # the destination's gate line first, then the tar; an end gone by now (its ssh died: a
         # signal, a closed connection) shows in its exit status, which the relay reports
         for fd in (self.p_w, self.g_w):
@@ -248,20 +248,20 @@ class Pair:
                 os.close(fd)
             except OSError:
                 pass
-        for p in (self.src, self.dst):
+        for child in (self.src, self.dst):
             try:
-                p.wait(5)
+                child.wait(5)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                child.kill()
+                child.wait()
         for thread in self.threads:
             thread.join(5)
 
     def kill(self) -> None:
         self.stopped = True
-        for p in (self.src, self.dst):
-            if p.poll() is None:
-                p.kill()
+        for child in (self.src, self.dst):
+            if child.poll() is None:
+                child.kill()
 
 
 class Relay:
@@ -299,8 +299,8 @@ class Relay:
         parent = os.getppid()
 
         def end(signum: int = signal.SIGTERM, _frame: Any = None) -> None:
-            for p in list(self.pairs):
-                p.kill()
+            for pair in list(self.pairs):
+                pair.kill()
             os._exit(128 + signum)
 
         done = threading.Event()
@@ -367,7 +367,7 @@ class Relay:
             want = min(self.most, streams.relay_streams(jobs, fewest))
         cpus_said = "CPUs usable: %s" % ", ".join("%s %s" % (n, u.why) for n, u in usable)
         pairs = [first]
-        n = first.split(want) if want > 1 else 1
+        count = first.split(want) if want > 1 else 1
         if want > 1:
             why = "below %d MB or no scan record to split" % (streams.STREAMS_MIN_BYTES >> 20)
         elif self.chosen == 1:
@@ -379,38 +379,38 @@ class Relay:
             )
         else:
             why = "the fewest jobs of the three machines is %d; %s" % (jobs, cpus_said)
-        if n > 1:
-            extra = [Pair(self, k, True) for k in range(1, n)]
-            for p in extra:
-                if p.ready(READY_S):
-                    pairs.append(p)
+        if count > 1:
+            extra = [Pair(self, k, True) for k in range(1, count)]
+            for pair in extra:
+                if pair.ready(READY_S):
+                    pairs.append(pair)
                 else:
-                    p.kill()
-                    p.stop()
+                    pair.kill()
+                    pair.stop()
                     self.say(
                         "stream %d: %s refused its own connection (%s)"
-                        % (p.k + 1, " and ".join(p.refused), p.why())
+                        % (pair.number + 1, " and ".join(pair.refused), pair.why())
                     )
-            if len(pairs) < n:
+            if len(pairs) < count:
                 got = first.split(len(pairs)) if len(pairs) > 1 else 1
-                for p in pairs[got:]:
-                    p.stop()
+                for pair in pairs[got:]:
+                    pair.stop()
                 why = "%d stream%s instead of %d: %d extra connection%s refused" % (
                     got,
                     "s" if got > 1 else "",
-                    n,
-                    n - len(pairs),
-                    "s" if n - len(pairs) > 1 else "",
+                    count,
+                    count - len(pairs),
+                    "s" if count - len(pairs) > 1 else "",
                 )
-                pairs, n = pairs[:got], got
+                pairs, count = pairs[:got], got
             else:
                 why = ""
-        if n > 1:
+        if count > 1:
             self.say(
                 "%d streams side by side (the fewest jobs of here %d, %s %d, %s %d: %s; %s), "
                 "stream 1 over the run's ssh connections, the others over their own%s"
                 % (
-                    n,
+                    count,
                     self.jobs,
                     self.src.name,
                     first.src_jobs or 0,
@@ -430,42 +430,42 @@ class Relay:
         return self._go(pairs)
 
     def _go(self, pairs: List[Pair]) -> int:
-        n = len(pairs)
-        self.merged = sender.Merged(n, sys.stdout, self.compression) if n > 1 else Through()
+        count = len(pairs)
+        self.merged = sender.Merged(count, sys.stdout, self.compression) if count > 1 else Through()
         failed: List[int] = []
         mutex = threading.Lock()
-        codes: List[List[int]] = [[] for _ in range(n)]
+        codes: List[List[int]] = [[] for _ in range(count)]
 
-        def wait(i: int) -> None:
-            p = pairs[i]
-            codes[i] = [p.src.wait(), p.dst.wait()]
-            for thread in p.threads:
+        def wait(slot: int) -> None:
+            pair = pairs[slot]
+            codes[slot] = [pair.src.wait(), pair.dst.wait()]
+            for thread in pair.threads:
                 thread.join()
-            if any(codes[i]):
+            if any(codes[slot]):
                 with mutex:
-                    failed.append(i)
+                    failed.append(slot)
                     if len(failed) == 1:
-                        for pair in pairs:  # one stream failed: the others are stopped
-                            pair.kill()
+                        for other in pairs:  # one stream failed: the others are stopped
+                            other.kill()
 
-        for i, p in enumerate(pairs):
-            p.go(i, n)
-        threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(n)]
+        for index, pair in enumerate(pairs):
+            pair.go(index, count)
+        threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(count)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         said = []
         lost: List[str] = []
-        for i in range(n):
+        for index in range(count):
             why = "; ".join(
                 "%s %s" % (label, stream.exit_words(c))
                 for label, c in zip(
-                    ("pack on %s" % self.src.name, "unpack on %s" % self.dst.name), codes[i]
+                    ("pack on %s" % self.src.name, "unpack on %s" % self.dst.name), codes[index]
                 )
                 if c
             )
-            if why and pairs[i].stopped and i != (failed or [-1])[0]:
+            if why and pairs[index].stopped and index != (failed or [-1])[0]:
                 why = "stopped here (another stream failed)"
             elif why:
                 # ssh's 255: the connection to that host closed (a killed sshd, a cut link), or
@@ -473,13 +473,13 @@ class Relay:
                 # host's connection still up?) and says which (`lost`: the hosts)
                 lost += [
                     end.name
-                    for end, c in zip((self.src, self.dst), codes[i])
+                    for end, c in zip((self.src, self.dst), codes[index])
                     if c == 255 and end.ssh and end.name not in lost
                 ]
             if why:
-                said.append(("stream %d/%d: " % (i + 1, n) if n > 1 else "") + why)
-                if not self.merged.done[i]:  # its receiving end said nothing of it
-                    self.merged.done[i] = ["failed", why]
+                said.append(("stream %d/%d: " % (index + 1, count) if count > 1 else "") + why)
+                if not self.merged.done[index]:  # its receiving end said nothing of it
+                    self.merged.done[index] = ["failed", why]
         self.merged.answer(
             failed[0] if failed else None, {"lost": " ".join(lost)} if lost else None
         )
@@ -500,8 +500,8 @@ class Through:
         self.heard = False
         self.held: List[str] = []
 
-    def read_file(self, i: int, f: Any) -> None:
-        for raw in f:
+    def read_file(self, index: int, fh: Any) -> None:
+        for raw in fh:
             line = raw.decode("utf-8", "replace")
             if line.startswith("done\t"):
                 self.heard = True
@@ -547,18 +547,22 @@ def gate_send(root: str, names: str, compression: str, prefix: str, jobs: int) -
     while True:
         words = read_line(0).split()
         if words[:1] == ["split"] and len(words) == 2 and words[1].isdigit():
-            n = int(words[1])
-            into = "%s.%d" % (prefix, n)
+            count = int(words[1])
+            into = "%s.%d" % (prefix, count)
             shutil.rmtree(into, ignore_errors=True)
             os.mkdir(into, 0o700)
-            parts = sender.split_names(names, n, into, streams.STREAMS_MIN_BYTES) if n > 1 else None
+            parts = (
+                sender.split_names(names, count, into, streams.STREAMS_MIN_BYTES)
+                if count > 1
+                else None
+            )
             sys.stderr.write("%s parts %d\n" % (GATE, len(parts) if parts else 1))
             sys.stderr.flush()
             continue
         if words[:1] == ["go"] and len(words) == 3 and all(w.isdigit() for w in words[1:]):
-            i, n = int(words[1]), int(words[2])
-            if n > 1:
-                names = os.path.join("%s.%d" % (prefix, n), "names.%d" % i)
+            index, count = int(words[1]), int(words[2])
+            if count > 1:
+                names = os.path.join("%s.%d" % (prefix, count), "names.%d" % index)
             return sender.send(root, names, compression)
         return 3
 
@@ -570,6 +574,6 @@ def gate_receive(jobs: int) -> Optional[tuple]:
     sys.stdout.flush()
     words = read_line(0).split()
     if words[:1] == ["go"] and len(words) == 3 and all(w.isdigit() for w in words[1:]):
-        i, n = int(words[1]), int(words[2])
-        return (i, n) if n > 1 else None
+        index, count = int(words[1]), int(words[2])
+        return (index, count) if count > 1 else None
     return False

@@ -32,9 +32,9 @@ def send_argvs(root: str, names: str, how: str) -> List[List[str]]:
     return argvs
 
 
-def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[List[str]]:
+def split_names(names: str, count: int, into: str, min_bytes: int = 0) -> Optional[List[str]]:
     """The list `names` (the scan's, NUL-separated, its stat lines at NAMES.stat and its files of
-    more than one link at NAMES.links) split into `n` lists in directory `into`, one per stream:
+    more than one link at NAMES.links) split into `count` lists in directory `into`, one per stream:
     each list keeps the scan's order and holds every directory (each stream's tar makes the
     directories it writes into before it writes there: parents first, as the scan lists them;
     two tars may both make one, tar takes a directory that is there); every other entry is in
@@ -74,34 +74,34 @@ def split_names(names: str, n: int, into: str, min_bytes: int = 0) -> Optional[L
     # the entries that are not directories, by size, each inode's names as one item
     items: Dict[Any, List[int]] = {}
     sizes: Dict[Any, int] = {}
-    for i, v in enumerate(values):
-        if v[1] == "d":
-            if not isinstance(v[2], int) or not v[2] & 0o200:
+    for index, value in enumerate(values):
+        if value[1] == "d":
+            if not isinstance(value[2], int) or not value[2] & 0o200:
                 return None
             continue
-        key = group.get(i, i)
-        items.setdefault(key, []).append(i)
+        key = group.get(index, index)
+        items.setdefault(key, []).append(index)
         if key not in sizes:
-            sizes[key] = (v[3] if v[1] == "f" and isinstance(v[3], int) else 0) + 512
-    if len(items) < n or sum(sizes.values()) - 512 * len(sizes) < min_bytes:
+            sizes[key] = (value[3] if value[1] == "f" and isinstance(value[3], int) else 0) + 512
+    if len(items) < count or sum(sizes.values()) - 512 * len(sizes) < min_bytes:
         return None
     where = [-1] * len(listed)
-    load = [0] * n
+    load = [0] * count
     for key in sorted(items, key=lambda k: -sizes[k]):
-        j = load.index(min(load))
-        load[j] += sizes[key]
-        for i in items[key]:
-            where[i] = j
-    out: List[List[bytes]] = [[] for _ in range(n)]
-    for i, name in enumerate(listed):
-        if where[i] < 0:
+        slot = load.index(min(load))
+        load[slot] += sizes[key]
+        for index in items[key]:
+            where[index] = slot
+    out: List[List[bytes]] = [[] for _ in range(count)]
+    for index, name in enumerate(listed):
+        if where[index] < 0:
             for part in out:
                 part.append(name)
         else:
-            out[where[i]].append(name)
+            out[where[index]].append(name)
     paths = []
-    for j, part in enumerate(out):
-        path = os.path.join(into, "names.%d" % j)
+    for slot, part in enumerate(out):
+        path = os.path.join(into, "names.%d" % slot)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with open(fd, "wb") as fh:
             fh.write(b"\0".join(part) + b"\0")
@@ -124,11 +124,11 @@ def send(
     stdout (Merged). Each stage's failure is named on stderr; returns the first non-zero
     exit code."""
     receiver = local or remote
-    n = stream_count(jobs) if receiver else 1
-    if n > 1:
+    count = stream_count(jobs) if receiver else 1
+    if count > 1:
         work = tempfile.mkdtemp(prefix="rbkit-send.")
         try:
-            parts = split_names(names, n, work, STREAMS_MIN_BYTES)
+            parts = split_names(names, count, work, STREAMS_MIN_BYTES)
             if parts:
                 return _send_parts(root, parts, compression, remote, local)
         finally:
@@ -149,12 +149,12 @@ def send(
     return 0
 
 
-def part_argv(receiver: List[str], remote: bool, part: int, n: int) -> List[str]:
-    """The receiving end's command for stream `part` of `n`: --part I/N after its words (for
+def part_argv(receiver: List[str], remote: bool, part: int, count: int) -> List[str]:
+    """The receiving end's command for stream `part` of `count`: --part I/N after its words (for
     ssh, the last word is the remote command line: the option is added to it)."""
     if remote:
-        return receiver[:-1] + [receiver[-1] + " --part %d/%d" % (part, n)]
-    return receiver + ["--part", "%d/%d" % (part, n)]
+        return receiver[:-1] + [receiver[-1] + " --part %d/%d" % (part, count)]
+    return receiver + ["--part", "%d/%d" % (part, count)]
 
 
 def _send_parts(
@@ -164,30 +164,30 @@ def _send_parts(
     remote: Optional[List[str]],
     local: Optional[List[str]],
 ) -> int:
-    n = len(parts)
+    count = len(parts)
     receiver = local or remote or []
-    merged = Merged(n, sys.stdout, compression)
-    procs: List[List[Any]] = [[] for _ in range(n)]
-    codes: List[Optional[List[int]]] = [None] * n
+    merged = Merged(count, sys.stdout, compression)
+    procs: List[List[Any]] = [[] for _ in range(count)]
+    codes: List[Optional[List[int]]] = [None] * count
     first: List[int] = []
     stopped: set = set()  # streams killed here because another one failed
     mutex = threading.Lock()
 
-    def started(i: int, running: List[Any]) -> None:
+    def started(slot: int, running: List[Any]) -> None:
         with mutex:
-            procs[i].extend(running)
+            procs[slot].extend(running)
             if first:
                 # another stream failed before this one's stages had all started: stopped now
-                stopped.add(i)
-                for p in running:
-                    if p.poll() is None:
-                        p.kill()
+                stopped.add(slot)
+                for child in running:
+                    if child.poll() is None:
+                        child.kill()
 
-    def one(i: int) -> None:
-        argvs: List[Any] = send_argvs(root, parts[i], compression)
-        argvs.append(part_argv(receiver, bool(remote), i, n))
+    def one(slot: int) -> None:
+        argvs: List[Any] = send_argvs(root, parts[slot], compression)
+        argvs.append(part_argv(receiver, bool(remote), slot, count))
         rfd, wfd = os.pipe()
-        reader = threading.Thread(target=merged.read, args=(i, rfd), daemon=True)
+        reader = threading.Thread(target=merged.read, args=(slot, rfd), daemon=True)
         reader.start()
         try:
             got, _ = stream.pipeline(
@@ -195,26 +195,26 @@ def _send_parts(
                 None,
                 stdin=subprocess.DEVNULL,
                 stdout=wfd,
-                started=lambda running: started(i, running),
+                started=lambda running: started(slot, running),
             )
         finally:
             os.close(wfd)
             reader.join()
-        codes[i] = got
+        codes[slot] = got
         if not any(got):
             return
         with mutex:
-            first.append(i)
+            first.append(slot)
             if len(first) > 1:
                 return
             # one stream failed: the run fails; the others are stopped, not waited for
-            for j, others in enumerate(procs):
+            for other_slot, others in enumerate(procs):
                 for other in others:
                     if other.poll() is None:
-                        stopped.add(j)
+                        stopped.add(other_slot)
                         other.kill()
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -222,19 +222,20 @@ def _send_parts(
     labels = ["tar", compression][: len(send_argvs(root, parts[0], compression))]
     labels.append("ssh" if remote else "receive")
     said, rc = [], 0
-    for i, got in enumerate(codes):
+    for index, got in enumerate(codes):
         bad = [(label, c) for label, c in zip(labels, got or [1]) if c != 0]
         if not bad:
             continue
-        if i in stopped and i != first[0]:
+        if index in stopped and index != first[0]:
             # killed here (SIGKILL: -9, 247 as a status) because another stream failed: never
             # the cause (issue 45: `send and receive on here exited 247`)
-            said.append("stream %d/%d: stopped (another stream failed)" % (i + 1, n))
+            said.append("stream %d/%d: stopped (another stream failed)" % (index + 1, count))
             continue
         said.extend(
-            "stream %d/%d: %s %s" % (i + 1, n, label, stream.exit_words(c)) for label, c in bad
+            "stream %d/%d: %s %s" % (index + 1, count, label, stream.exit_words(c))
+            for label, c in bad
         )
-        if i == first[0]:
+        if index == first[0]:
             rc = stream.status_of([c for _, c in bad])
     merged.answer(first[0] if first else None)
     if said:
@@ -249,25 +250,25 @@ class Merged:
     stream that failed first and in its own words, when one did; else of them all (its numbers
     summed, `streams` N)."""
 
-    def __init__(self, n: int, out: Any, compression: str) -> None:
-        self.n, self.out, self.compression = n, out, compression
+    def __init__(self, count: int, out: Any, compression: str) -> None:
+        self.count, self.out, self.compression = count, out, compression
         self.mutex = threading.Lock()
-        self.progress = [0] * n
-        self.events: List[List[dict]] = [[] for _ in range(n)]
-        self.done: List[Optional[List[str]]] = [None] * n
+        self.progress = [0] * count
+        self.events: List[List[dict]] = [[] for _ in range(count)]
+        self.done: List[Optional[List[str]]] = [None] * count
 
     def _write(self, text: str) -> None:
         with self.mutex:
             self.out.write(text)
             self.out.flush()
 
-    def read(self, i: int, fd: int) -> None:
+    def read(self, index: int, fd: int) -> None:
         with open(fd, "rb", closefd=True) as fh:
-            self.read_file(i, fh)
+            self.read_file(index, fh)
 
-    def read_file(self, i: int, f: Any) -> None:
-        """Stream i's answer, lines from the binary file f."""
-        for raw in f:
+    def read_file(self, index: int, fh: Any) -> None:
+        """Stream `index`'s answer, lines from the binary file `fh`."""
+        for raw in fh:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             kind, _, rest = line.partition("\t")
             if kind == "progress":
@@ -276,7 +277,7 @@ class Merged:
                 except ValueError:
                     continue
                 with self.mutex:
-                    self.progress[i] = value
+                    self.progress[index] = value
                     total = sum(self.progress)
                 self._write("progress\t%d\n" % total)
             elif kind == "event":
@@ -285,9 +286,9 @@ class Merged:
                 except ValueError:
                     continue
                 if isinstance(event, dict):
-                    self.events[i].append(event)
+                    self.events[index].append(event)
             elif kind == "done":
-                self.done[i] = rest.split("\t", 1)
+                self.done[index] = rest.split("\t", 1)
             elif kind == "log":
                 self._write(line + "\n")  # for the run's log only: passed on as it came
 
@@ -297,31 +298,31 @@ class Merged:
         relay saw itself (`lost`: the hosts whose connection closed)."""
         failed = [
             i
-            for i in range(self.n)
+            for i in range(self.count)
             if not self.done[i]
             or self.done[i][0] != "ok"
             or not any(e.get("step") == "receive" for e in self.events[i])
         ]
         lines: List[str] = []
         if failed:
-            i = first if first is not None and first in failed else failed[0]
+            index = first if first is not None and first in failed else failed[0]
             why = (
-                self.done[i][1]
-                if self.done[i] and len(self.done[i]) > 1
+                self.done[index][1]
+                if self.done[index] and len(self.done[index]) > 1
                 else "no answer from its receiving end"
             )
-            detail = "stream %d of %d: %s" % (i + 1, self.n, why)
+            detail = "stream %d of %d: %s" % (index + 1, self.count, why)
             # what the failed stream's end said of it (a full disk: where, what is free)
             said = next(
                 (
                     dict(e.get("facts") or {})
-                    for e in self.events[i]
+                    for e in self.events[index]
                     if e.get("step") == "receive" and e.get("status") == "failed"
                 ),
                 {},
             )
             said.update(more or {})
-            facts = dict(said, streams=self.n, failed_stream=i + 1)
+            facts = dict(said, streams=self.count, failed_stream=index + 1)
             event = {
                 "step": "receive",
                 "status": "failed",
@@ -331,12 +332,15 @@ class Merged:
                 ),
                 "facts": facts,
             }
-            for fact, v in sorted(said.items()):
-                if isinstance(v, (str, int, float)) and fact not in ("streams", "failed_stream"):
+            for fact, value in sorted(said.items()):
+                if isinstance(value, (str, int, float)) and fact not in (
+                    "streams",
+                    "failed_stream",
+                ):
                     lines.append(
-                        "set\t%s\t%s" % (fact, str(v).replace("\t", " ").replace("\n", " "))
+                        "set\t%s\t%s" % (fact, str(value).replace("\t", " ").replace("\n", " "))
                     )
-            lines.append("set\tstreams\t%d" % self.n)
+            lines.append("set\tstreams\t%d" % self.count)
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))
             lines.append("done\tfailed\t" + detail.replace("\t", " ").replace("\n", " "))
         else:
@@ -346,10 +350,10 @@ class Merged:
             for fact in facts:
                 if isinstance(facts[fact], int) and not isinstance(facts[fact], bool):
                     facts[fact] = sum((e.get("facts") or {}).get(fact, 0) for e in got)
-            facts["streams"] = self.n
+            facts["streams"] = self.count
             detail = "unpacked into %s in %d streams side by side (compression %s)" % (
                 facts.get("staging", "the staging"),
-                self.n,
+                self.count,
                 self.compression,
             )
             if "streamed" in facts:
@@ -361,8 +365,8 @@ class Merged:
                 "duration_s": max(e.get("duration_s", 0) for e in got),
                 "facts": facts,
             }
-            for fact, v in sorted(facts.items()):
-                lines.append("set\t%s\t%s" % (fact, v))
+            for fact, value in sorted(facts.items()):
+                lines.append("set\t%s\t%s" % (fact, value))
             lines.append("event\t" + json.dumps(event, sort_keys=True, separators=(",", ":")))
             lines.append("done\tok\t" + detail.replace("\t", " ").replace("\n", " "))
         self._write("".join(line + "\n" for line in lines))

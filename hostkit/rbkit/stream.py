@@ -85,8 +85,8 @@ def pipeline(
     errs: List[Any] = []
     prev = stdin
     not_started: Optional[str] = None
-    for i, argv in enumerate(argvs):
-        last = i == len(argvs) - 1
+    for index, argv in enumerate(argvs):
+        last = index == len(argvs) - 1
         if callable(argv):
             procs.append(_Inline(argv, prev))
             prev = procs[-1].stdout
@@ -94,7 +94,7 @@ def pipeline(
             continue
         err = tempfile.TemporaryFile() if capture else None
         try:
-            p = subprocess.Popen(
+            child = subprocess.Popen(
                 argv,
                 stdin=prev,
                 stdout=stdout if last else subprocess.PIPE,
@@ -107,32 +107,32 @@ def pipeline(
             if err is not None:
                 err.close()
             break
-        if i > 0:
+        if index > 0:
             _close(prev)  # the previous stage's output is the child's now
-        prev = p.stdout
-        procs.append(p)
+        prev = child.stdout
+        procs.append(child)
         errs.append(err)
     if not_started is not None:
         if procs and prev is not None:
             _close(prev)
-        for p in procs:
-            p.kill()
+        for child in procs:
+            child.kill()
     elif started is not None:
         started(procs)
     codes: List[int] = []
     deadline = None if timeout is None else time.monotonic() + timeout
-    for p in procs:
+    for child in procs:
         try:
             left = None if deadline is None else max(0.1, deadline - time.monotonic())
-            codes.append(p.wait(left))
+            codes.append(child.wait(left))
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
+            for stage in procs:
+                stage.kill()
             codes.append(124)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+    for child in procs:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
     codes += [127] * (len(argvs) - len(procs))
     texts = [not_started] if not_started else []
     for err in errs:

@@ -42,13 +42,13 @@ def cpulist(cpus: Iterable[int]) -> str:
     """A set of CPUs as the kernel lists them: `0-3,8-11`, `5`, `` for none."""
     out: List[str] = []
     run: List[int] = []
-    for c in sorted(set(cpus)):
-        if run and c == run[-1] + 1:
-            run.append(c)
+    for cpu in sorted(set(cpus)):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
             continue
         if run:
             out.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]))
-        run = [c]
+        run = [cpu]
     if run:
         out.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]))
     return ",".join(out)
@@ -62,10 +62,10 @@ def parse_cpulist(text: str) -> Set[int]:
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        args, b = int(lo), int(hi) if hi else int(lo)
-        if args < 0 or b < args or b - args > 1 << 16:
+        first, last = int(lo), int(hi) if hi else int(lo)
+        if first < 0 or last < first or last - first > 1 << 16:
             raise ValueError("not a CPU list: %r" % text)
-        got.update(range(args, b + 1))
+        got.update(range(first, last + 1))
     return got
 
 
@@ -81,14 +81,14 @@ def _unescape(field: str) -> str:
     """A mountinfo field: spaces, tabs, newlines and backslashes as octal escapes (`\\040`)."""
     if "\\" not in field:
         return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
+    out, index = [], 0
+    while index < len(field):
+        if field[index] == "\\" and field[index + 1 : index + 4].isdigit():
+            out.append(chr(int(field[index + 1 : index + 4], 8)))
+            index += 4
         else:
-            out.append(field[i])
-            i += 1
+            out.append(field[index])
+            index += 1
     return "".join(out)
 
 
@@ -143,8 +143,8 @@ def quota(root: str = "/") -> Optional[Tuple[float, str]]:
     for mount in _mounts(root):
         kind, opts = mount[0], mount[3]
         if kind == "cgroup2" and v2_path is not None:
-            for d in _dirs(root, mount, v2_path):
-                words = (_read(os.path.join(d, "cpu.max")) or "").split()
+            for cgroup_dir in _dirs(root, mount, v2_path):
+                words = (_read(os.path.join(cgroup_dir, "cpu.max")) or "").split()
                 if (
                     len(words) == 2
                     and words[0] != "max"
@@ -156,13 +156,16 @@ def quota(root: str = "/") -> Optional[Tuple[float, str]]:
                     if best is None or cpus < best[0]:
                         best = (cpus, "cgroup cpu.max %s %s" % (words[0], words[1]))
         elif kind == "cgroup" and "cpu" in opts and v1_path is not None:
-            for d in _dirs(root, mount, v1_path):
-                q = (_read(os.path.join(d, "cpu.cfs_quota_us")) or "").strip()
-                p = (_read(os.path.join(d, "cpu.cfs_period_us")) or "").strip()
-                if q.isdigit() and p.isdigit() and int(p) > 0 and int(q) > 0:
-                    cpus = int(q) / int(p)
+            for cgroup_dir in _dirs(root, mount, v1_path):
+                limit = (_read(os.path.join(cgroup_dir, "cpu.cfs_quota_us")) or "").strip()
+                period = (_read(os.path.join(cgroup_dir, "cpu.cfs_period_us")) or "").strip()
+                if limit.isdigit() and period.isdigit() and int(period) > 0 and int(limit) > 0:
+                    cpus = int(limit) / int(period)
                     if best is None or cpus < best[0]:
-                        best = (cpus, "cgroup cpu.cfs_quota_us %s / cpu.cfs_period_us %s" % (q, p))
+                        best = (
+                            cpus,
+                            "cgroup cpu.cfs_quota_us %s / cpu.cfs_period_us %s" % (limit, period),
+                        )
     return best
 
 
@@ -210,9 +213,14 @@ def jobs(value: object, of: Optional[Usable] = None) -> int:
     return max(1, int(str(value)))
 
 
-def token(u: Usable) -> str:
+def token(allowed: Usable) -> str:
     """Usable as one word for a line between hosts: `COUNT:SHARE:CPULIST:ONLINE`."""
-    return "%d:%.2f:%s:%d" % (u.count, u.share, cpulist(u.cpus) or "-", u.online)
+    return "%d:%.2f:%s:%d" % (
+        allowed.count,
+        allowed.share,
+        cpulist(allowed.cpus) or "-",
+        allowed.online,
+    )
 
 
 def read_token(word: str) -> Optional[Usable]:
@@ -221,15 +229,15 @@ def read_token(word: str) -> Optional[Usable]:
     if len(parts) != 4:
         return None
     try:
-        n, share, online = int(parts[0]), float(parts[1]), int(parts[3])
+        cpu_count, share, online = int(parts[0]), float(parts[1]), int(parts[3])
         cpus = tuple(sorted(parse_cpulist(parts[2]))) if parts[2] != "-" else ()
     except ValueError:
         return None
-    if n < 1 or share <= 0 or online < 1:
+    if cpu_count < 1 or share <= 0 or online < 1:
         return None
     said = ("%d" % share if share == int(share) else "%.2g" % share) + " of %d" % online
     if cpus and len(cpus) < online:
         said += " (affinity %s%s)" % (cpulist(cpus), "; a quota" if share < len(cpus) else "")
     elif share < online:
         said += " (a quota)"
-    return Usable(n, share, cpus, online, said)
+    return Usable(cpu_count, share, cpus, online, said)
