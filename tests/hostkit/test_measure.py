@@ -118,21 +118,17 @@ def test_shared_cpus_of_two_cores_run_the_stages_side_by_side(link, want):
 
 # the issue's figures (device, 16 cores): the lz4 and zstd of its log, per core, and a 1 Gbit/s
 # link that one stream fills with its ssh here 12% busy (the wire, not the cipher)
-DEVICE = {
-    "lz4": {"cpu_rate": 700_000_000, "unpack_cpu_rate": 2_500_000_000, "ratio": 2.4},
-    "zstd-1": {
-        "cpu_rate": 330_000_000,
-        "unpack_cpu_rate": 1_200_000_000,
-        "ratio": 4.2,
-        "threads": True,
-    },
-    "zstd-3": {
-        "cpu_rate": 160_000_000,
-        "unpack_cpu_rate": 1_100_000_000,
-        "ratio": 4.6,
-        "threads": True,
-    },
-}
+def _figures(lz4, zstd1, zstd3):
+    """Each tool's (packing, unpacking bytes a CPU second, ratio) as measure's figures."""
+    keys = ("cpu_rate", "unpack_cpu_rate", "ratio")
+    return {
+        "lz4": dict(zip(keys, lz4)),
+        "zstd-1": dict(zip(keys, zstd1), threads=True),
+        "zstd-3": dict(zip(keys, zstd3), threads=True),
+    }
+
+
+DEVICE = _figures((700e6, 2_500e6, 2.4), (330e6, 1_200e6, 4.2), (160e6, 1_100e6, 4.6))
 GBIT = 118_000_000
 
 
@@ -166,21 +162,7 @@ def test_three_machines_of_4_cpus_at_1_gbit_take_zstd_for_its_ratio_within_the_s
 
 # the device's venv (7.65 GB, 2026-12-07, an H100 host; docs/benchmarks.md): the ratios of the
 # kit's 8 MiB sample, the per-core rates of the whole tree packed on 4 CPUs
-TREE = {
-    "lz4": {"cpu_rate": 581_000_000, "unpack_cpu_rate": 1_520_000_000, "ratio": 1.67},
-    "zstd-1": {
-        "cpu_rate": 440_000_000,
-        "unpack_cpu_rate": 1_180_000_000,
-        "ratio": 1.965,
-        "threads": True,
-    },
-    "zstd-3": {
-        "cpu_rate": 351_000_000,
-        "unpack_cpu_rate": 1_240_000_000,
-        "ratio": 2.044,
-        "threads": True,
-    },
-}
+TREE = _figures((581e6, 1_520e6, 1.67), (440e6, 1_180e6, 1.965), (351e6, 1_240e6, 2.044))
 
 
 def test_apart_at_1_gbit_the_model_takes_one_stream_where_more_carry_no_more():
