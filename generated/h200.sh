@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: aa9a12d2bb0e2d23a0caec5741b999577f227edff17e4883d26512ac56ed5460
+# sha256 of this file with these 64 digits zeroed: 2965ae9cacfa6fc0e72f9914e9c3f516ef376ab7c6f030a825531b6bd65ba2c9
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=26fe33dfcb71943c3e52aad8d3258ba17b5019b90ada9110d13341c88ff7df27
-readonly RB_KIT_FILE=.kit/26fe33dfcb71943c3e52aad8d3258ba17b5019b90ada9110d13341c88ff7df27.tar
+readonly RB_KIT_SHA256=a5480d6207301b90832856042c15ccef5e44a3afa64752f71bee540a46e720da
+readonly RB_KIT_FILE=.kit/a5480d6207301b90832856042c15ccef5e44a3afa64752f71bee540a46e720da.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

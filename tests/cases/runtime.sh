@@ -1863,12 +1863,16 @@ rb::apply_compression() {
 # of this run. Exit 130, whichever the signal.
 #######################################
 rb::on_signal() {
+  # the witness first: a SIGINT it sends while `trap ''` changes INT's handler aborts bash 5.2
+  # (`trap_handler: bad signal 2`, exit 134)
+  if ((BASHPID == $$)); then
+    rb::witness_stop
+  fi
   trap '' INT TERM HUP PIPE
   trap - ERR
   if ((BASHPID != $$)); then
     exit 130
   fi
-  rb::witness_stop
   if ((RB_SIGNALLED)); then
     return 0
   fi
@@ -2011,14 +2015,16 @@ rb::witness() {
   done
 }
 
+# A SIGINT came: this shell and what it runs get it again 0.5 s later, and every 0.5 s, until
+# this shell acts on it (its trap stops the witness first) or is gone. Not at once: the group's
+# signal has just reached them, and a second one while a trap changes INT's handler aborts bash.
 rb::witnessed() {
   trap '' INT
   printf 'INT\n' >"${RB_WORK}/signal"
-  while kill -0 "$$" 2>/dev/null; do
+  while read -r -t 0.5 -u "${RB_WITNESS_FD}" _ || true; kill -0 "$$" 2>/dev/null; do
     RB_TREE=()
     rb::tree_pids "$$"
     kill -s INT "${RB_TREE[@]}" 2>/dev/null || true
-    read -r -t 0.5 -u "${RB_WITNESS_FD}" _ || true
   done
   exit 0
 }
@@ -2612,9 +2618,9 @@ rb::finish() {
   if [[ "${outcome}" == interrupted ]]; then
     rb::engine_stop now
   else
-    trap 'late=INT && trap "" INT TERM HUP' INT
-    trap 'late=TERM && trap "" INT TERM HUP' TERM
-    trap 'late=HUP && trap "" INT TERM HUP' HUP
+    trap 'late=INT; rb::witness_stop; trap "" INT TERM HUP' INT
+    trap 'late=TERM; rb::witness_stop; trap "" INT TERM HUP' TERM
+    trap 'late=HUP; rb::witness_stop; trap "" INT TERM HUP' HUP
     rb::engine_stop
   fi
   rb::hosts_let_go
@@ -3096,10 +3102,11 @@ rb::cleanup() {
     return 0
   fi
   # the run has ended and its report is written: a signal now is said, and cleaning up goes on
+  # (the witness stopped first: rb::on_signal says why)
+  rb::witness_stop
   trap 'rb::cleanup_signal INT' INT
   trap 'rb::cleanup_signal TERM' TERM
   trap 'rb::cleanup_signal HUP' HUP
-  rb::witness_stop
   local running pid
   local -a live=()
   # the background jobs still running and what they started (an ssh client, a kit's Python, its

@@ -230,10 +230,11 @@ def test_plan_connects_while_the_run_directory_is_checked_and_closes_on_refusal(
         # what ssh reads for the host judged first (ssh -G, which connects nowhere: issue 44)
         assert mine and mine[0].endswith(f"-G -- root@{addr}"), mine
         mine = [c for c in mine if not c.endswith(f"-G -- root@{addr}")]
-        # connected before the refusal, ran `true` only, then its connection closed
-        assert mine and mine[0].endswith(f"-- root@{addr} 'cd' '/' && 'true'"), mine
-        assert all("-O exit" in c or c.endswith("'true'") for c in mine), mine
-        assert "-O exit" in mine[-1], mine
+        # the early connection ran `true` only (where it got that far before the refusal: on a
+        # loaded machine the refusal may come first, and the connection is stopped before ssh
+        # starts), then every connection was closed
+        assert all("-O exit" in c or c.endswith(f"-- root@{addr} 'cd' '/' && 'true'") for c in mine)
+        assert mine and "-O exit" in mine[-1], mine
     assert not list(shared.iterdir())
 
     # reachable and the run directory private: the plan goes through the early connections
