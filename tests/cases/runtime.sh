@@ -1864,7 +1864,7 @@ rb::apply_compression() {
 #######################################
 rb::on_signal() {
   # the witness first: a SIGINT it sends while `trap ''` changes INT's handler aborts bash 5.2
-  # (`trap_handler: bad signal 2`, exit 134)
+  # (`trap_handler: bad signal 2`, then SIGABRT)
   if ((BASHPID == $$)); then
     rb::witness_stop
   fi
