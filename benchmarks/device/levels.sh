@@ -19,8 +19,12 @@ DEV_TOP=/tmp/rb-levels DEV_HERE=${here} DEV_SRC=${src}
 # shellcheck source=benchmarks/device/common.sh
 source "${here}/device/common.sh"
 dev_tools
-tarball=/dev/shm/rb-levels.tar
-trap 'rm -f "${tarball}"' EXIT
+# a private scratch directory (mktemp -d, 0700): no fixed name in /dev/shm another user could
+# plant first
+scratch=$(mktemp -d /dev/shm/rb-levels.XXXXXX)
+trap 'rm -rf "${scratch}"' EXIT
+tarball=${scratch}/tree.tar
+packed_file=${scratch}/packed
 tar -C "${src%/*}" -cf "${tarball}" "${src##*/}"
 total=$(stat -c %s "${tarball}")
 log "tar stream: ${total} bytes ($(nproc) CPUs here; packing on ${cpus})"
@@ -31,12 +35,12 @@ TIMEFORMAT='%R %U %S'
 for word in "${words[@]}"; do
   read -r -a argv <<<"${word}"
   [[ "${argv[0]}" != zstd ]] || argv+=(-T4)
-  timing=$( { time taskset -c "${cpus}" "${argv[@]}" -q -c <"${tarball}" >/dev/shm/rb-levels.out; } 2>&1 )
+  timing=$( { time taskset -c "${cpus}" "${argv[@]}" -q -c <"${tarball}" >"${packed_file}"; } 2>&1 )
   read -r wall user sys <<<"${timing##*$'\n'}"
-  packed=$(stat -c %s /dev/shm/rb-levels.out)
-  untime=$( { time taskset -c "${cpus}" "${argv[0]}" -q -d -c </dev/shm/rb-levels.out >/dev/null; } 2>&1 )
+  packed=$(stat -c %s "${packed_file}")
+  untime=$( { time taskset -c "${cpus}" "${argv[0]}" -q -d -c <"${packed_file}" >/dev/null; } 2>&1 )
   read -r _ uuser usys <<<"${untime##*$'\n'}"
-  rm -f /dev/shm/rb-levels.out
+  rm -f -- "${packed_file}"
   awk -v w="${word}" -v wall="${wall}" -v u="${user}" -v s="${sys}" -v p="${packed}" -v t="${total}" \
     -v uu="${uuser}" -v us="${usys}" 'BEGIN { cpu = u + s; printf "%s\t%.2f\t%.2f\t%d\t%.3f\t%.0f\t%.0f\t%.2f\n", w, wall, cpu, p, t / p, t / wall / 1e6, t / cpu / 1e6, uu + us }' |
     tee -a "${out}/levels.tsv"
