@@ -24,6 +24,8 @@
 # timed row), runbook.log (every run's terminal output and its run.log) and sshd.log.
 #
 # Environment: SRC (/opt/torch/.venv) and DST (/opt/rb-relay/.venv), as compiled into RUNBOOK;
+# ROWS: the rows to run, of `seed lz4 zstd cold rerun` (all; unshaped the null relay too);
+# BUSY=1: benchmarks/device/busy.py beside each row (its busiest threads in $OUT/busy.log);
 # SHAPE=0: unshaped rows only (where tc cannot shape, said and done so anyway); DEADLINE (s, 540
 # after the start): no row starts that would end past it by its last time; ROW_TIMEOUT (s, 240):
 # a row still running then is killed and counted failed; FORCE_PREFIX=1, TMPFS=0: as in
@@ -69,6 +71,9 @@ finish() {
   for f in "${logs}"/runbook-*.log; do
     [[ -e "${f}" ]] && printf '===== %s\n' "${f##*/}" && cat "${f}"
   done >"${out}/runbook.log" 2>/dev/null || true
+  for f in "${logs}"/busy-*.txt; do
+    [[ -e "${f}" ]] && printf '===== %s\n' "${f##*/}" && cat "${f}"
+  done >"${out}/busy.log" 2>/dev/null || true
   for f in "${logs}"/sshd-*.log "${logs}"/tc.err; do
     [[ -e "${f}" ]] && printf '===== %s\n' "${f##*/}" && cat "${f}"
   done >"${out}/sshd.log" 2>/dev/null || true
@@ -161,7 +166,7 @@ guess() {
 declare -A last=()
 # run row $1 (row_$1) in the current shape, timed; its record into $records
 timed() {
-  local n=$1 s e took rc note='' key="$1/${shape}" pid dog cs cd ch
+  local n=$1 s e took rc note='' key="$1/${shape}" pid dog cs cd ch busy=
   # shellcheck disable=SC2034 # filled by snap, read by spent
   local -a before=() after=()
   if ((SECONDS - t0 + ${last[${key}]:-$(guess "${n}")} > deadline)); then
@@ -172,6 +177,11 @@ timed() {
     seed | lz4 | zstd) prep ;;
     cold) rm -rf "${dst}" "${top}/run"; sync ;;
   esac
+  if [[ "${BUSY:-0}" == 1 ]]; then
+    python3 "${here}/device/busy.py" --set "src=${src_cpus}" --set "dst=${dst_cpus}" \
+      --set "here=${here_cpus}" --most "${row_timeout}" >"${logs}/busy-${n}-${shape}-${r}.txt" &
+    busy=$!
+  fi
   snap before
   s=${EPOCHREALTIME}
   # the row in a process group of its own (job control), killed whole past ROW_TIMEOUT
@@ -187,6 +197,10 @@ timed() {
   kill -- "-${dog}" 2>/dev/null || true
   wait "${dog}" 2>/dev/null || true
   snap after
+  if [[ -n "${busy}" ]]; then
+    kill -TERM "${busy}" 2>/dev/null || true
+    wait "${busy}" 2>/dev/null || true
+  fi
   took=$(awk -v s="${s}" -v e="${e}" 'BEGIN { printf "%.2f", e - s }')
   last[${key}]=${took%.*}
   if [[ "${n}" == cold || "${n}" == rerun ]]; then
@@ -215,7 +229,7 @@ for ((r = 1; r <= rounds; r++)); do
   fi
   for shape in "${order[@]}"; do
     if [[ "${shape}" == shaped ]]; then shape_on; else shape_off; fi
-    rows=(seed lz4 zstd cold rerun)
+    read -r -a rows <<<"${ROWS:-seed lz4 zstd cold rerun}"
     [[ "${shape}" == shaped ]] || rows=(nullN "${rows[@]}")
     for n in "${rows[@]}"; do
       timed "${n}"
