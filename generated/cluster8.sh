@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster8.yaml (sha256 f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster8.yaml
-# sha256 of this file with these 64 digits zeroed: 1d90f6bd35747226b802e616fec750d683803e21330bd8eef03b6aae298365cc
+# sha256 of this file with these 64 digits zeroed: 484cc3e10479e9742e8c66844dd13e3dd8d1d92cb24d2fe810cff9fc3f5f9b62
 # Install the SGLang venv on gpu[01-08] through Slurm (sbcast + srun) and compare the nodes.
 #
 # Usage: bash cluster8.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/cluster8.yaml
 readonly RB_SPEC_SHA256=f6850164418f58204549a9ade51db3f0388f567ac9b27ff0797e516c0330fd10
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1477ed3d8efa5ddd63d22feb64ceaf037bed100c3be3bbe80d4f2fcec2e67131
-readonly RB_KIT_FILE=.kit/1477ed3d8efa5ddd63d22feb64ceaf037bed100c3be3bbe80d4f2fcec2e67131.tar
+readonly RB_KIT_SHA256=049e6d7560e7032ef2467f425364d7306d93a7389287be85261e5bd1aae057b6
+readonly RB_KIT_FILE=.kit/049e6d7560e7032ef2467f425364d7306d93a7389287be85261e5bd1aae057b6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster8.yaml:9)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/local.yaml (sha256 b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/local.yaml
-# sha256 of this file with these 64 digits zeroed: 5dda27c400a59e86af942cbbfc342029976249c7cb40574f5b3a513bdc2b2ef6
+# sha256 of this file with these 64 digits zeroed: 53bf38e68524d7a56fee642510494fe932e335989049c2d63046b5c4d5de2c4e
 # Copy this project's venv to runs/local/venv on this machine and prove it works there.
 #
 # Usage: bash local.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/local.yaml
 readonly RB_SPEC_SHA256=b2199186b40a808158fda72768f340938814d31093d96aaf23e2f9757548ccd4
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=1477ed3d8efa5ddd63d22feb64ceaf037bed100c3be3bbe80d4f2fcec2e67131
-readonly RB_KIT_FILE=.kit/1477ed3d8efa5ddd63d22feb64ceaf037bed100c3be3bbe80d4f2fcec2e67131.tar
+readonly RB_KIT_SHA256=049e6d7560e7032ef2467f425364d7306d93a7389287be85261e5bd1aae057b6
+readonly RB_KIT_FILE=.kit/049e6d7560e7032ef2467f425364d7306d93a7389287be85261e5bd1aae057b6.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/local.yaml:9)

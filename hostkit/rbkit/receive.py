@@ -12,7 +12,7 @@ import json
 import os
 import re
 import stat
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from rbrules.compression import compression
 from rbrules.streams import TAR_RECORD
@@ -59,7 +59,9 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     if producer:
         argvs.append(producer)
         names.append("read")
+    read_by: Dict[int, int] = {}  # the decompressor's bytes read: the stream's packed bytes
     if table["unpack"]:
+        read_by[len(argvs)] = 0
         argvs.append(table["unpack"])
         names.append(table["tool"])
     digester = None
@@ -87,6 +89,7 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
         capture=True,
         umask=None if keep else 0o002,
         started=watch.start if watch else None,
+        read_by=read_by,
     )
     if watch is not None:
         watch.stop(digester.off if digester is not None else None)
@@ -124,6 +127,8 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     facts: dict = {"staging": ctx.staging}
     if digester is not None:
         facts["stream_bytes"] = digester.off  # what this end read of the tar stream
+    for packed in read_by.values():
+        facts["packed_bytes"] = packed  # what came on the wire, packed (its ratio: report.py)
     if ctx.choices.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)

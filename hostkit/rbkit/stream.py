@@ -71,6 +71,7 @@ def pipeline(
     stdout: Any = None,
     umask: Optional[int] = None,
     started: Optional[Callable[[List[Any]], None]] = None,
+    read_by: Optional[Dict[int, int]] = None,
 ) -> tuple:
     """Run argvs as one pipeline (each stage's stdout into the next; the first reads `stdin`,
     default ours; the last writes `stdout`, default ours), from /. Returns (one exit code per
@@ -80,7 +81,12 @@ def pipeline(
 
     A stage may be a function `fn(in_fd, out_fd) -> int` instead of an argv (not the last): it
     runs in a thread of this process between its neighbours (tarstream.Digester.stage), its
-    return value is its exit code (1 when it raised), its stderr text empty."""
+    return value is its exit code (1 when it raised), its stderr text empty.
+
+    `read_by`: {stage index: 0} for stages whose bytes read are wanted (the receiving end's
+    decompressor: the stream's packed bytes); each such stage's rchar (/proc/PID/io) once it
+    exited, read before it is reaped, replaces the 0; a stage /proc does not tell of is
+    removed."""
     procs: List[Any] = []
     errs: List[Any] = []
     prev = stdin
@@ -121,9 +127,16 @@ def pipeline(
         started(procs)
     codes: List[int] = []
     deadline = None if timeout is None else time.monotonic() + timeout
-    for child in procs:
+    for index, child in enumerate(procs):
         try:
             left = None if deadline is None else max(0.1, deadline - time.monotonic())
+            if read_by is not None and index in read_by:
+                got = _read_at_exit(child, left)
+                if got is None:
+                    del read_by[index]
+                else:
+                    read_by[index] = got
+                left = None if deadline is None else max(0.1, deadline - time.monotonic())
             codes.append(child.wait(left))
         except subprocess.TimeoutExpired:
             for stage in procs:
@@ -143,6 +156,36 @@ def pipeline(
         elif capture:
             texts.append("")
     return codes, texts
+
+
+def _read_at_exit(child: Any, timeout: Optional[float]) -> Optional[int]:
+    """The bytes `child` read in all (rchar of /proc/PID/io), once it exited and before it is
+    reaped (waitid WNOWAIT: its pid is not free yet, the figure is its own); None where this
+    is not Linux, the child is a thread stage, or it did not exit within `timeout`."""
+    pid = getattr(child, "pid", None)
+    if not isinstance(pid, int) or not hasattr(os, "waitid"):
+        return None
+    end = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except ChildProcessError:
+            return None  # reaped already
+        if exited is not None:
+            break
+        if end is not None and time.monotonic() >= end:
+            return None
+        time.sleep(pause)
+        pause = min(0.05, pause * 2)
+    try:
+        with open("/proc/%d/io" % pid, "rb") as fh:
+            for line in fh.read().splitlines():
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _close(stream: Any) -> None:

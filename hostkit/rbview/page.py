@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from rbkit.report import gpu_words
-from rbrules.units import human
+from rbkit.report import gpu_words, moved_words
 
 from .nodes import fold
 from .svg import FONT, esc
@@ -72,17 +71,9 @@ def page(report: Dict[str, Any], pictures: List[str], fanout: Optional[Dict[str,
     )
     for step in report.get("steps") or []:
         facts = step.get("facts") or {}
-        said = []
-        if "bytes" in facts:
-            said.append(
-                human(facts["bytes"])
-                + (" in %s files" % facts["files"] if "files" in facts else "")
-            )
-        if "mb_s" in facts:
-            said.append("%s MB/s" % facts["mb_s"])
+        moved = moved_words(facts)
         detail = "; ".join(
-            [", ".join(said)] * bool(said)
-            + [str(step.get("detail") or "")] * bool(step.get("detail"))
+            [moved] * bool(moved) + [str(step.get("detail") or "")] * bool(step.get("detail"))
         )
         seconds = step.get("duration_s")
         out.append(

@@ -3604,6 +3604,9 @@ step_transfer() {
     rb::pipe_failed "stream" "${labels[@]}" "${codes[@]}"
   fi
   streams=${RB_J[streams]:-1}
+  for k in stream_bytes packed_bytes; do # the tar stream's bytes, what came on the wire packed
+    [[ ! "${RB_J[${k}]:-}" =~ ^[0-9]+$ ]] || rb::fact "${k}" "${RB_J[${k}]}"
+  done
   if [[ -n "${hash_pid}" ]]; then
     if ! wait "${hash_pid}"; then
       cat "${RB_RUN_DIR}/manifest-build.err" >&2

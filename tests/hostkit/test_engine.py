@@ -32,6 +32,7 @@ from rbkit import (
     proof,
     receive,
     relocate,
+    report,
     runner,
     sendside,
     serve,
@@ -397,6 +398,43 @@ def test_the_stream_goes_through_the_one_compression_table(tmp_path, compression
     assert (Path(ctx.staging) / PKG / "data.bin").read_bytes() == (
         src / PKG / "data.bin"
     ).read_bytes()
+    # what came packed: the decompressor's bytes read (its own start reads a few KB more)
+    packed = stream.stat().st_size
+    if compression == "none":
+        assert "packed_bytes" not in event["facts"]
+    else:
+        assert packed <= event["facts"]["packed_bytes"] < packed + (64 << 10), (packed, event)
+        words = report.moved_words(dict(event["facts"], bytes=10 << 20, files=5, mb_s=3))
+        ratio = event["facts"]["stream_bytes"] / event["facts"]["packed_bytes"]
+        assert words.endswith(" on the wire (%.2fx)" % ratio), words
+
+
+def test_what_a_step_moved_is_said_alike_in_the_terminal_and_the_page():
+    facts = {"bytes": 7_200_000_000, "files": 49421, "mb_s": 240}
+    assert report.moved_words(facts) == "7.2 GB in 49421 files, 240 MB/s"
+    facts.update(stream_bytes=7_300_000_000, packed_bytes=3_200_000_000)
+    words = report.moved_words(facts)
+    assert words == "7.2 GB in 49421 files, 240 MB/s, 3.2 GB on the wire (2.28x)"
+    assert report.moved_words({"files": 3}) == ""
+    doc = {
+        "steps": [
+            {
+                "id": "transfer",
+                "host": "a",
+                "status": "ok",
+                "duration_s": 30.0,
+                "detail": "relay, compression zstd-3-T3",
+                "facts": facts,
+            }
+        ],
+        "checks": {"pass": 0, "fail": 0, "skip": 0},
+        "outcome": "ok",
+    }
+    assert words + "; relay, compression zstd-3-T3" in report.table(doc)
+    from rbview import page
+    from rbview.svg import esc
+
+    assert esc(words + "; relay, compression zstd-3-T3") in page.page(doc, [], None)
 
 
 def test_a_nodes_report_carries_its_checks(first_install):
