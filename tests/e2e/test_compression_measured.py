@@ -167,7 +167,12 @@ def test_a_capped_link_gets_a_compressor_and_the_tree_arrives_whole(
     assert choice == "lz4" or choice.startswith("zstd-"), why
     assert 10 <= link <= 40, (link, why)  # 200 Mbit/s is 25 MB/s; tbf's 1 MB burst shows above it
     assert f"compression {choice}" in r.stderr
-    assert report(tmp_path)["outcome"] == "ok"
+    doc = report(tmp_path)
+    assert doc["outcome"] == "ok"
+    # what came on the wire, packed: less than the tar stream, said in the summary's row
+    facts = next(s for s in doc["steps"] if s["id"] == "transfer")["facts"]
+    assert 0 < facts["packed_bytes"] < facts["stream_bytes"], facts
+    assert re.search(r"transfer .* on the wire \(\d+\.\d\dx\)", r.stderr), r.stderr[-2000:]
     src = snapshot(payload_torch.venv)
     got = snapshot(dst)
     moved = [
