@@ -24,9 +24,11 @@
 # timed row), runbook.log (every run's terminal output and its run.log) and sshd.log.
 #
 # Environment: SRC (/opt/torch/.venv) and DST (/opt/rb-relay/.venv), as compiled into RUNBOOK;
-# ROWS: the rows to run, of `seed lz4 zstd cold rerun` (all; unshaped the null relay too);
+# ROWS: the rows to run, of `seed lz4 zstd cold rerun` (all; unshaped the null relay too) and
+# zstd3t2, zstd3t3, zstd3t4 (the runbook's one stream by hand, zstd -3 with -T2..4);
 # BUSY=1: benchmarks/device/busy.py beside each row (its busiest threads in $OUT/busy.log);
-# SHAPE=0: unshaped rows only (where tc cannot shape, said and done so anyway); DEADLINE (s, 540
+# SHAPE=0: unshaped rows only, SHAPE=only: shaped rows only (where tc cannot shape, said and
+# done so: unshaped only); DEADLINE (s, 540
 # after the start): no row starts that would end past it by its last time; ROW_TIMEOUT (s, 240):
 # a row still running then is killed and counted failed; FORCE_PREFIX=1, TMPFS=0: as in
 # benchmarks/device/common.sh. Everything lives under /tmp/rb-device; the sshd are stopped at exit.
@@ -113,7 +115,9 @@ shape_on() {
 }
 shape_off() { tc qdisc del dev lo root 2>/dev/null || true; }
 shapes=(shaped unshaped)
-if [[ "${SHAPE:-1}" != 1 ]]; then
+if [[ "${SHAPE:-1}" == only ]]; then
+  shapes=(shaped)
+elif [[ "${SHAPE:-1}" != 1 ]]; then
   shapes=(unshaped)
 elif ! shape_on 2>"${logs}/tc.err"; then
   log "no shaping here (tc: $(tail -n 1 "${logs}/tc.err")): unshaped rows only"
@@ -147,6 +151,17 @@ spent() {
   awk -v j="${sum}" -v t="${tick}" 'BEGIN { printf "%.2f", j / t }'
 }
 
+# ---------------------------------------------------------------- the runbook's form by hand
+# the runbook's one stream by hand: its tar record, zstd -3 with 2, 3 or 4 threads (what bounds
+# the one stream at RATE: its packers, or the wire)
+row_zstd3() {
+  on 127.0.0.2 "${AES}" "tar -b 256 -cf - -C '${src}' . | zstd -q -3 -T$1 -c" |
+    on 127.0.0.3 "${AES}" "zstd -q -d -c | tar -b 256 -xf - -C '${hand}'"
+}
+row_zstd3t2() { row_zstd3 2; }
+row_zstd3t3() { row_zstd3 3; }
+row_zstd3t4() { row_zstd3 4; }
+
 # ---------------------------------------------------------------- the runbook's rows
 row_cold() { RB_RUN_DIR=${top}/run bash "${runbook}" 2>"${logs}/runbook-cold-${shape}-${r}.log" >&2; }
 row_rerun() { RB_RUN_DIR=${top}/run bash "${runbook}" 2>"${logs}/runbook-rerun-${shape}-${r}.log" >&2; }
@@ -158,7 +173,7 @@ guess() {
   case "${shape}/$1" in
     shaped/seed) echo $((bytes / bps)) ;;
     shaped/lz4) echo $((bytes / bps / 2)) ;;
-    shaped/zstd | shaped/cold) echo $((bytes / bps / 3)) ;;
+    shaped/zstd* | shaped/cold) echo $((bytes / bps / 3)) ;;
     */rerun) echo 5 ;;
     *) echo 30 ;;
   esac
@@ -174,7 +189,7 @@ timed() {
     return 0
   fi
   case "${n}" in
-    seed | lz4 | zstd) prep ;;
+    seed | lz4 | zstd*) prep ;;
     cold) rm -rf "${dst}" "${top}/run"; sync ;;
   esac
   if [[ "${BUSY:-0}" == 1 ]]; then

@@ -20,6 +20,9 @@ LABELS = {
     "seed": "the seed's one-liner: ssh a 'tar cf -' | ssh b 'tar xf -' (default cipher)",
     "lz4": "hand: aes128-gcm + lz4 -1",
     "zstd": "hand: aes128-gcm + zstd -1 -T{zstd_t}",
+    "zstd3t2": "hand, the runbook's stream: tar -b 256 | zstd -3 -T2, aes128-gcm",
+    "zstd3t3": "hand, the runbook's stream: tar -b 256 | zstd -3 -T3, aes128-gcm",
+    "zstd3t4": "hand, the runbook's stream: tar -b 256 | zstd -3 -T4, aes128-gcm",
     "cold": "runbook (compression auto, sha256, no checks), destination removed",
     "rerun": "runbook re-run, nothing changed",
 }
@@ -62,7 +65,7 @@ def main(argv: list) -> int:
     records, out, nbytes, rate, src, dst, here, streams, zstd_t = argv[1:10]
     nbytes = int(nbytes)
     rows = read(records)
-    names = ["seed", "lz4", "zstd", "cold", "rerun", "nullN"]
+    names = ["seed", "lz4", "zstd", "zstd3t2", "zstd3t3", "zstd3t4", "cold", "rerun", "nullN"]
     cores = {"src": cpus_in(src), "dst": cpus_in(dst), "here": cpus_in(here)}
 
     def med(n: str, shape: str):
