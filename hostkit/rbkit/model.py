@@ -7,8 +7,8 @@ processes here, `ssh | UNPACK | reader | tar` on the destination. Where the mach
 (their CPU sets do not overlap) the model chooses N too, from 1 to Move.most
 (rbrules.streams.relay_most: one a job and a CPU of the fewest), and the relay runs that many;
 where they share CPUs N is the relay's own rule (Move.streams, rbrules.streams.relay_streams).
-For each option (none, lz4, zstd at each measured level with -T1..K threads a stream, in N
-streams) its throughput in bytes of the tree a second is the smallest of:
+For each option (none, lz4, zstd at each measured level with -T the source's CPUs over the N
+streams, in N streams) its throughput in bytes of the tree a second is the smallest of:
 
     the link        the link's rate x the option's ratio; the link's rate for N streams is the
                     measured one stream's x N where that stream's cipher was its limit (this
@@ -27,7 +27,7 @@ Where the machines share CPUs (their CPU sets overlap on one kernel: `Move.share
 take turns on one pool of CPUs: the link's time for the packed bytes (measured with the ciphers
 on those CPUs) plus the packing and the unpacking, spread over the pool, never faster than the
 slowest stage alone (the lab: issue 37's measurements). The options are listed cheapest first
-(fewer streams, then none, the tools, fewer threads); the fastest is taken where it beats none by
+(fewer streams, then none, the tools); the fastest is taken where it beats none by
 MARGIN (a compressor) and a cheaper option by PAYS; else the cheaper (none where the link is
 faster than every option).
 
@@ -41,7 +41,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from rbrules.streams import RECEIVER_CPU, RECEIVER_RATE, SENDER_CPU
 
 MARGIN = 1.1  # a compressor is taken when it moves the tree this much faster than none
-PAYS = 1.03  # a costlier option (more threads, a higher level) over a cheaper one
+PAYS = 1.03  # a costlier option (more streams, a higher level) over a cheaper one
 STREAM_BUSY = 0.6  # this machine's ssh busy this much of a CPU: one stream's cipher was its limit
 
 
@@ -153,8 +153,11 @@ def _shared(move: Move, tool: Optional[Tool]) -> Tuple[float, str]:
 
 def options(move: Move) -> List[Option]:
     """Every option the move may run, cheapest first: for each stream count (stream_counts,
-    fewest first) none, then each tool at each thread count from 1 to the source's CPUs over
-    the streams (zstd -T; on shared CPUs one)."""
+    fewest first) none, then each tool; zstd with -T the source's CPUs over the streams (on
+    shared CPUs one): a thread with nothing to pack costs nothing, a thread short costs the wire
+    wherever the tree packs slower than the sample's average (issue 47, the device, 2026-12-07:
+    one stream of zstd -3 -T2, chosen as enough on average, carried 117 MB/s of a 1 Gbit/s wire
+    that hand zstd filled at 123, both its threads 92-94% busy in the tree's slow stretches)."""
     out: List[Option] = []
     for count in stream_counts(move):
         if move.shared:
@@ -162,23 +165,18 @@ def options(move: Move) -> List[Option]:
         else:
             out.append(Option("none", *_apart(move, None, 1, count), None, count))
         for tool in move.tools:
-            most = 1
+            threads = 1
             if tool.threads and not move.shared:
-                most = max(1, int(move.src.cpus // count))
-            for threads in range(1, most + 1):
-                rate, bound = (
-                    _shared(move, tool) if move.shared else _apart(move, tool, threads, count)
-                )
-                word = (
-                    zstd_word(int(tool.name.split("-")[1]), threads) if tool.threads else tool.name
-                )
-                out.append(Option(word, rate, bound, tool, count))
+                threads = max(1, int(move.src.cpus // count))
+            rate, bound = _shared(move, tool) if move.shared else _apart(move, tool, threads, count)
+            word = zstd_word(int(tool.name.split("-")[1]), threads) if tool.threads else tool.name
+            out.append(Option(word, rate, bound, tool, count))
     return out
 
 
 def decide(move: Move) -> Decision:
     """The option that moves the tree fastest: a compressor beats none by MARGIN, any option a
-    cheaper one (fewer streams, fewer threads, a lower level: listed before it) by PAYS; ties
+    cheaper one (fewer streams, a lower level: listed before it) by PAYS; ties
     stay with the cheaper."""
     tried = options(move)
     best = tried[0]
@@ -209,7 +207,7 @@ BOUND_WORDS = {
 def said(decision: Decision, failed: Optional[Dict[str, str]] = None) -> str:
     """The decision's deciding figures in one line (the runbook logs `compression: CHOICE (auto,
     measured: THIS)`): the link and what limited it, the streams and each end's CPUs, then per
-    option its MB/s through (the fastest thread count of each tool and level, and none), its
+    option its MB/s through (the fastest stream count of each tool and level, and none), its
     ratio and per-core rates and its bound; `failed`: a tool that could not be measured, why."""
     move = decision.move
     link = move.link
