@@ -833,6 +833,48 @@ Issue 47's targets, still **not met**, each nearer:
   the relay's rule: on c0901d4 the guard rows (the command above, medians of 3, load 0.5-1.3)
   took the runbook 6.20 s (5.84-6.70) against the hand lz4 pipeline's 4.22 (1.47x, at most
   1.75x) and its re-run 0.98 s against the null relay's 2.81 (0.35x, at most 0.75x).
+
+### One stream's limit (2026-12-07, third session; an H100 host)
+
+The question the fourth call left: what held the runbook's one stream under the wire? One call
+(the host's CPU an Intel Xeon with SHA-NI; the first host's speed: the runbook's 1 Gbit/s row
+30.33 s against hand zstd's 29.37, unshaped 8.14 against the null relay's 3.85, 0.473), with two
+new tools: `benchmarks/device/stages.sh` runs each stage of one relay stream alone on its
+machine's 4 CPUs over the whole tree (raw `benchmarks/device/stages-h100.tsv`), and
+`benchmarks/device/busy.py` samples every thread's CPU beside each row of `device_three.sh`
+(`BUSY=1`; raw `benchmarks/device/busy-h100-f0e458f.txt`, the rows
+`results-three-h100-f0e458f.json`). The runbook's transfer now says what came on the wire (the
+receiving end's decompressor's bytes read), so each run shows the ratio it got.
+
+| one stream's stage, alone (4 CPUs) | MB/s of the tree | CPU-s |
+|---|---:|---:|
+| the source's tar (`-b 256`, the page cache) | 2,085 | 4.2 |
+| tar into zstd -3 -T3 | 858 | 28.9 |
+| tar into zstd -3 -T2 | 585 | 32.3 |
+| tar into zstd -1 -T2 | 839 | 23.2 |
+| the destination's zstd -d | 1,021 | 12.4 |
+| the reader (`tarstream.Digester` between two pipes, 3 hashing threads; none) | 1,612 (959) | 13.9 (12.4) |
+| tar extracting | 1,266 | 7.7 |
+| zstd -d, the reader and tar together | 851 | 23.6 |
+
+Every stage alone carries two to seven times the 276 MB/s of the tree a 1 Gbit/s wire takes at
+zstd -3's ratio; sha256 on one core 1,440 MB/s. Yet the runbook's one stream (zstd -3 -T2, chosen
+as enough by the sample's average) carried 7.2 GB in 27.9 s, 3.2 GB on the wire (2.24x): 117 MB/s,
+where hand zstd -1 -T4 filled it at 123. busy.py names the stage: both zstd threads 92-94% busy in
+their busiest 2 s, 43-44% on the whole; every other thread of the stream at 38% or less (the
+destination's zstd -d 64%), the source's hash beside the stream two processes at 100% for 3.3 s.
+The tree packs unevenly: where it packs slower than its average, two threads fall under the
+wire, and the stream never makes it up later. So the model now gives zstd every CPU of the source
+a stream may use (-T the source's CPUs over the streams; -T4 for one stream of 4 CPUs): a thread
+with nothing to pack costs nothing, one short costs the wire. Not measured on the device with the
+change: the session's later calls found no machine (its budget went on eight refused starts).
+The fourth call's slower host (one stream at -T3, 10% short) is the same shape of shortfall, not
+shown to be the same cause.
+
+What else the call shows: the tree holds 447 files whose content another file has (42.5 MB, 0.6%
+of 7.5 GB): sending each content once would not move the 1 Gbit/s targets. The 1 Gbit/s targets
+stay out of reach for the ratio, as above: the runbook 1.033x hand zstd, its steps beside the
+transfer 2.4 s (preflight 1.09, verify 0.52, relocate 0.28, prove, swap).
 """
 
 
