@@ -834,19 +834,19 @@ Issue 47's targets, still **not met**, each nearer:
   took the runbook 6.20 s (5.84-6.70) against the hand lz4 pipeline's 4.22 (1.47x, at most
   1.75x) and its re-run 0.98 s against the null relay's 2.81 (0.35x, at most 0.75x).
 
-### One stream's limit (2026-12-07, third session; an H100 host)
+### One stream's limit (2026-12-07, third session; H100 hosts)
 
-The question the fourth call left: what held the runbook's one stream under the wire? One call
-(the host's CPU an Intel Xeon with SHA-NI; the first host's speed: the runbook's 1 Gbit/s row
-30.33 s against hand zstd's 29.37, unshaped 8.14 against the null relay's 3.85, 0.473), with two
-new tools: `benchmarks/device/stages.sh` runs each stage of one relay stream alone on its
-machine's 4 CPUs over the whole tree (raw `benchmarks/device/stages-h100.tsv`), and
-`benchmarks/device/busy.py` samples every thread's CPU beside each row of `device_three.sh`
-(`BUSY=1`; raw `benchmarks/device/busy-h100-f0e458f.txt`, the rows
-`results-three-h100-f0e458f.json`). The runbook's transfer now says what came on the wire (the
-receiving end's decompressor's bytes read), so each run shows the ratio it got.
+The question the fourth call left: what held the runbook's one stream under the wire? Two calls
+(the hosts' CPUs Intel Xeons with SHA-NI, both of the first host's speed), with two new tools:
+`benchmarks/device/stages.sh` runs each stage of one relay stream alone on its machine's 4 CPUs
+over the whole tree (raw `benchmarks/device/stages-h100.tsv`), and `benchmarks/device/busy.py`
+samples every thread's CPU beside each row of `device_three.sh` (`BUSY=1`; raw
+`benchmarks/device/busy-h100-f0e458f.txt`, `busy-h100-4989a4a.txt`, the rows
+`results-three-h100-f0e458f.json`, `results-three-h100-4989a4a.json`). The runbook's transfer
+now says what came on the wire (the receiving end's decompressor's bytes read), so every run
+shows the ratio it got.
 
-| one stream's stage, alone (4 CPUs) | MB/s of the tree | CPU-s |
+| one stream's stage, alone (4 CPUs; f0e458f) | MB/s of the tree | CPU-s |
 |---|---:|---:|
 | the source's tar (`-b 256`, the page cache) | 2,085 | 4.2 |
 | tar into zstd -3 -T3 | 858 | 28.9 |
@@ -858,23 +858,38 @@ receiving end's decompressor's bytes read), so each run shows the ratio it got.
 | zstd -d, the reader and tar together | 851 | 23.6 |
 
 Every stage alone carries two to seven times the 276 MB/s of the tree a 1 Gbit/s wire takes at
-zstd -3's ratio; sha256 on one core 1,440 MB/s. Yet the runbook's one stream (zstd -3 -T2, chosen
-as enough by the sample's average) carried 7.2 GB in 27.9 s, 3.2 GB on the wire (2.24x): 117 MB/s,
-where hand zstd -1 -T4 filled it at 123. busy.py names the stage: both zstd threads 92-94% busy in
-their busiest 2 s, 43-44% on the whole; every other thread of the stream at 38% or less (the
-destination's zstd -d 64%), the source's hash beside the stream two processes at 100% for 3.3 s.
-The tree packs unevenly: where it packs slower than its average, two threads fall under the
-wire, and the stream never makes it up later. So the model now gives zstd every CPU of the source
-a stream may use (-T the source's CPUs over the streams; -T4 for one stream of 4 CPUs): a thread
-with nothing to pack costs nothing, one short costs the wire. Not measured on the device with the
-change: the session's later calls found no machine (its budget went on eight refused starts).
-The fourth call's slower host (one stream at -T3, 10% short) is the same shape of shortfall, not
-shown to be the same cause.
+zstd -3's ratio; sha256 on one core 1,440 MB/s. The first call (f0e458f): the runbook 30.33 s at
+1 Gbit/s (zstd -3 -T2, one stream; transfer 27.91), hand zstd -1 -T4 29.37 (1.033x); unshaped
+8.14 against the null relay's 3.85 (0.473). Its one stream's two zstd threads were 92-94% busy
+in their busiest 2 s (43-44% on the whole), every other thread of the stream 38% or less.
 
-What else the call shows: the tree holds 447 files whose content another file has (42.5 MB, 0.6%
-of 7.5 GB): sending each content once would not move the 1 Gbit/s targets. The 1 Gbit/s targets
-stay out of reach for the ratio, as above: the runbook 1.033x hand zstd, its steps beside the
-transfer 2.4 s (preflight 1.09, verify 0.52, relocate 0.28, prove, swap).
+The second call (4989a4a; its rows one after the other, one round) put that to the test: the
+runbook's stream by hand (`tar -b 256 | zstd -3 -TN`, aes128-gcm, the rows `zstd3t2`,
+`zstd3t4`), then the runbook, whose model now gives zstd the source's CPUs (-T4):
+
+| row (4989a4a, 1 Gbit/s) | s | CPU-s src / dst / here |
+|---|---:|---:|
+| hand: tar -b 256, zstd -3 -T2 | 27.39 | 37.69 / 21.40 / 8.41 |
+| hand: tar -b 256, zstd -3 -T4 | 27.24 | 37.38 / 20.79 / 7.88 |
+| the runbook, cold (zstd-3-T4, 1 stream) | 30.32 | 44.88 / 32.33 / 8.89 |
+| its transfer step / its receiving end | 27.89 / 27.53 | |
+
+-T2 fills the wire as -T4 does (3,349 MB packed in 27.3 s: 123 MB/s, its threads 94% busy at
+their busiest again): the threads were not the limit, and the first call's reading of them was
+wrong. They cost nothing either (the same CPU seconds), so the model keeps giving zstd all of
+the source's CPUs (fewer options, the spare threads headroom). The runbook's stream is the
+wire's too: 3,239 MB packed (2.24x: its tree, without `__pycache__` and `*.pyc`, packs a little
+worse than the whole one, 2.28x) in its receiving end's 27.53 s, 118 MB/s with that end's own
+start and finish inside, 26.3 s of them the wire's. What separates the runbook from the hand
+pipeline at 1 Gbit/s is its fixed cost, about 1.6 s of the transfer step beside the wire's time
+(1.2 s of it inside the receiving end) and 2.4 s of steps around it (preflight 1.06, verify 0.55, relocate 0.28, prove, swap), not the
+stream. The fourth call's slower host (one stream at -T3, 240 MB/s of the tree) fits the same
+reading once its 2.24x ratio and a fixed cost like this host's 1.6 s are counted (114 MB/s on
+the wire), within 8% of the wire: an estimate, not measured again.
+
+The tree holds 447 files whose content another file has (42.5 MB, 0.6% of 7.5 GB): sending each
+content once would not move the 1 Gbit/s targets, which stay out of reach for the ratio, as
+above.
 """
 
 

@@ -154,10 +154,11 @@ def _shared(move: Move, tool: Optional[Tool]) -> Tuple[float, str]:
 def options(move: Move) -> List[Option]:
     """Every option the move may run, cheapest first: for each stream count (stream_counts,
     fewest first) none, then each tool; zstd with -T the source's CPUs over the streams (on
-    shared CPUs one): a thread with nothing to pack costs nothing, a thread short costs the wire
-    wherever the tree packs slower than the sample's average (issue 47, the device, 2026-12-07:
-    one stream of zstd -3 -T2, chosen as enough on average, carried 117 MB/s of a 1 Gbit/s wire
-    that hand zstd filled at 123, both its threads 92-94% busy in the tree's slow stretches)."""
+    shared CPUs one). A thread with nothing to pack costs nothing (issue 47, the device,
+    2026-12-07: by hand at 1 Gbit/s zstd -3 -T2 and -T4 took 27.39 and 27.24 s, 37.7 and 37.4
+    CPU-s), and the spare ones are headroom where the tree packs slower than the sample's
+    average (-T2's threads 94% busy at their busiest 2 s there), so the model weighs no
+    fewer."""
     out: List[Option] = []
     for count in stream_counts(move):
         if move.shared:

@@ -179,10 +179,10 @@ def test_apart_at_1_gbit_the_model_takes_one_stream_where_more_carry_no_more():
 
 
 def test_one_stream_packs_with_every_cpu_of_the_source_not_the_fewest_that_suffice():
-    """Issue 47 (the device, 2026-12-07): at 1 Gbit/s one stream of zstd -3 -T2 (the fewest
-    threads the sample's average said would fill the wire) fell 5% short of it, both threads
-    92-94% busy where the tree packs slower than its average. A thread with nothing to pack costs
-    nothing: zstd gets the source's CPUs over the streams, -T4 in one stream of 4 CPUs, -T2 in
+    """Issue 47 (the device, 2026-12-07): at 1 Gbit/s by hand zstd -3 -T2 and -T4 took the
+    same time and CPU seconds, -T2's threads 94% busy at their busiest where the tree packs
+    slower than its average: a thread with nothing to pack costs nothing, a spare one is
+    headroom. zstd gets the source's CPUs over the streams, -T4 in one stream of 4 CPUs, -T2 in
     two, -T1 in four; on 1 CPU -T1."""
     from rbkit import model
 
