@@ -139,6 +139,21 @@ dev_payload() {
   log "payload: ${DEV_SRC}, tar stream ${bytes} bytes (read in $((SECONDS - t)) s); nproc $(nproc)"
 }
 
+# dev_tree_tar NAME [TAR OPTION]...: the source's tree (DEV_SRC) as one tar stream in a private
+# scratch directory (mktemp -d under /dev/shm, 0700: no fixed name another user could plant
+# first), removed at exit; sets `scratch`, `tarball` and `total` (its bytes).
+dev_tree_tar() {
+  local name=$1
+  shift
+  scratch=$(mktemp -d "/dev/shm/${name}.XXXXXX")
+  # shellcheck disable=SC2064 # the directory made now
+  trap "rm -rf '${scratch}'" EXIT
+  tarball=${scratch}/tree.tar
+  tar -C "${DEV_SRC%/*}" "$@" -cf "${tarball}" "${DEV_SRC##*/}"
+  # shellcheck disable=SC2034 # read by the sourcing script
+  total=$(stat -c %s "${tarball}")
+}
+
 AES=aes128-gcm@openssh.com
 # on HOST CIPHER COMMAND: a fresh connection (no master), CIPHER '' for ssh's default
 on() {

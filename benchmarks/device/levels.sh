@@ -19,14 +19,8 @@ DEV_TOP=/tmp/rb-levels DEV_HERE=${here} DEV_SRC=${src}
 # shellcheck source=benchmarks/device/common.sh
 source "${here}/device/common.sh"
 dev_tools
-# a private scratch directory (mktemp -d, 0700): no fixed name in /dev/shm another user could
-# plant first
-scratch=$(mktemp -d /dev/shm/rb-levels.XXXXXX)
-trap 'rm -rf "${scratch}"' EXIT
-tarball=${scratch}/tree.tar
+dev_tree_tar rb-levels
 packed_file=${scratch}/packed
-tar -C "${src%/*}" -cf "${tarball}" "${src##*/}"
-total=$(stat -c %s "${tarball}")
 log "tar stream: ${total} bytes ($(nproc) CPUs here; packing on ${cpus})"
 WORDS=${WORDS:-"lz4 -1|zstd -1|zstd -2|zstd -3|zstd -4|zstd -5|zstd -6|zstd -7|zstd -1 --long=27|zstd -3 --long=27|zstd -5 --long=27"}
 printf 'word\twall_s\tcpu_s\tpacked\tratio\tin_MBps\tcpu_MBps_per_core\tunpack_cpu_s\n' | tee "${out}/levels.tsv"

@@ -24,13 +24,9 @@ DEV_TOP=/tmp/rb-stages DEV_HERE=${here} DEV_SRC=${src}
 # shellcheck source=benchmarks/device/common.sh
 source "${here}/device/common.sh"
 dev_tools
-scratch=$(mktemp -d /dev/shm/rb-stages.XXXXXX)
-trap 'rm -rf "${scratch}"' EXIT
-tarball=${scratch}/tree.tar
+dev_tree_tar rb-stages -b 256
 packed=${scratch}/tree.zst
 into=${scratch}/x
-tar -C "${src%/*}" -b 256 -cf "${tarball}" "${src##*/}"
-total=$(stat -c %s "${tarball}")
 zstd -q -3 -T0 -c <"${tarball}" >"${packed}"
 log "tree ${total} bytes, zstd -3 $(stat -c %s "${packed}") bytes; $(nproc) CPUs"
 log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-); sha_ni: $(grep -c -m1 -w sha_ni /proc/cpuinfo || true)"
