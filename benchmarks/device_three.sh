@@ -193,7 +193,7 @@ timed() {
     cold) rm -rf "${dst}" "${top}/run"; sync ;;
   esac
   if [[ "${BUSY:-0}" == 1 ]]; then
-    python3 "${here}/device/busy.py" --set "src=${src_cpus}" --set "dst=${dst_cpus}" \
+    python3 -I "${here}/device/busy.py" --set "src=${src_cpus}" --set "dst=${dst_cpus}" \
       --set "here=${here_cpus}" --most "${row_timeout}" >"${logs}/busy-${n}-${shape}-${r}.txt" &
     busy=$!
   fi

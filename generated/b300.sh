@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/b300.yaml (sha256 b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/b300.yaml
-# sha256 of this file with these 64 digits zeroed: 89494540260d09313364547d66354689c7b429a05627a88462c0e339c2703645
+# sha256 of this file with these 64 digits zeroed: 67888f82db6735e3af301563a3c8c3487e7209f80f838eff5ed16403eba54a0c
 # Move the SGLang + DDTree venv from ct200 to the 8x B300 node and prove it works on sm_103.
 #
 # Usage: bash b300.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/b300.yaml
 readonly RB_SPEC_SHA256=b3c420218defb2afae6505f6df5d739d3cbc014381c2d08d5b8fa624527a5579
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=effac284b161965898ce8744fe866d36795adc378539370059265c31ffcc3552
-readonly RB_KIT_FILE=.kit/effac284b161965898ce8744fe866d36795adc378539370059265c31ffcc3552.tar
+readonly RB_KIT_SHA256=e032bccef9ec3d4d624597e95700ec257547d3b55ce90891f858fed5fbf3c092
+readonly RB_KIT_FILE=.kit/e032bccef9ec3d4d624597e95700ec257547d3b55ce90891f858fed5fbf3c092.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/b300.yaml:7)

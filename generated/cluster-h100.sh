@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/cluster-h100.yaml (sha256 51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/cluster-h100.yaml
-# sha256 of this file with these 64 digits zeroed: acb5161cdfadc30606d77d94e5302f1f87ddfce9e727814b701edf8241cb8827
+# sha256 of this file with these 64 digits zeroed: ae6ceea7f5d468545d86db80f88323f567421b4ba2220b39880ec102aa7baa84
 # It extends specs/base.yaml (the sha256 above covers the whole chain).
 # Move the SGLang venv from ct200 to the 8x H100 node and prove it works on sm_90.
 #
@@ -43,8 +43,8 @@ readonly RB_SPEC=specs/cluster-h100.yaml
 readonly RB_SPEC_SHA256=51612bff75ddfea52430bb3a7c7595bb5fb2d4c4a045d43c14c7b3162db17525
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=effac284b161965898ce8744fe866d36795adc378539370059265c31ffcc3552
-readonly RB_KIT_FILE=.kit/effac284b161965898ce8744fe866d36795adc378539370059265c31ffcc3552.tar
+readonly RB_KIT_SHA256=e032bccef9ec3d4d624597e95700ec257547d3b55ce90891f858fed5fbf3c092
+readonly RB_KIT_FILE=.kit/e032bccef9ec3d4d624597e95700ec257547d3b55ce90891f858fed5fbf3c092.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/cluster-h100.yaml:8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # @generated from specs/h200.yaml (sha256 51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec) by runbook-compiler 0.1.0 -- DO NOT EDIT.
 # Edit the spec and recompile: compile specs/h200.yaml
-# sha256 of this file with these 64 digits zeroed: 4ef2661dc043f2a40759f4466b465fabd6fb03b285c04bc67baf10e2aa36bdb9
+# sha256 of this file with these 64 digits zeroed: d825b9b4e5f2d668112c8d931f1494d8a3de5f08576d42301b50e0cd7f5a6553
 # Move the H200 machine's torch venv to a new path on it and prove it on the GPU (sm_90).
 #
 # Usage: bash h200.sh [--list | --dry-run | --plan [--markdown] | --apply PLAN | --only STEP | --from STEP]
@@ -42,8 +42,8 @@ readonly RB_SPEC=specs/h200.yaml
 readonly RB_SPEC_SHA256=51665d1bd3efa80fae4b3b9f067d9addd2ac273046a116851e73fe8e549494ec
 readonly RB_COMPILER_VERSION=0.1.0
 # The kit (hostkit/): .kit/<sha256>.tar beside this runbook, checked against this hash.
-readonly RB_KIT_SHA256=effac284b161965898ce8744fe866d36795adc378539370059265c31ffcc3552
-readonly RB_KIT_FILE=.kit/effac284b161965898ce8744fe866d36795adc378539370059265c31ffcc3552.tar
+readonly RB_KIT_SHA256=e032bccef9ec3d4d624597e95700ec257547d3b55ce90891f858fed5fbf3c092
+readonly RB_KIT_FILE=.kit/e032bccef9ec3d4d624597e95700ec257547d3b55ce90891f858fed5fbf3c092.tar
 # AES-GCM first: the relay is CPU-bound.
 readonly RB_SSH_CIPHERS=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com
 # transfer (specs/h200.yaml:9)

@@ -141,7 +141,8 @@ dev_payload() {
 
 # dev_tree_tar NAME [TAR OPTION]...: the source's tree (DEV_SRC) as one tar stream in a private
 # scratch directory (mktemp -d under /dev/shm, 0700: no fixed name another user could plant
-# first), removed at exit; sets `scratch`, `tarball` and `total` (its bytes).
+# first), removed at exit (its EXIT trap replaces the caller's: for scripts without one); sets
+# `scratch`, `tarball` and `total` (its bytes).
 dev_tree_tar() {
   local name=$1
   shift

@@ -59,9 +59,10 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     if producer:
         argvs.append(producer)
         names.append("read")
-    read_by: Dict[int, int] = {}  # the decompressor's bytes read: the stream's packed bytes
+    # the decompressor's stage, its bytes read wanted (pipeline's read_by): the packed stream
+    unpack_at = len(argvs) if table["unpack"] else -1
+    read_by: Dict[int, int] = {unpack_at: 0} if table["unpack"] else {}
     if table["unpack"]:
-        read_by[len(argvs)] = 0
         argvs.append(table["unpack"])
         names.append(table["tool"])
     digester = None
@@ -127,8 +128,8 @@ def receive(ctx: Context, producer: Optional[List[str]] = None, need: int = 0) -
     facts: dict = {"staging": ctx.staging}
     if digester is not None:
         facts["stream_bytes"] = digester.off  # what this end read of the tar stream
-    for packed in read_by.values():
-        facts["packed_bytes"] = packed  # what came on the wire, packed (its ratio: report.py)
+    if unpack_at in read_by:
+        facts["packed_bytes"] = read_by[unpack_at]  # what came on the wire (report.moved_words)
     if ctx.choices.special_modes == "strip":
         # several streams: each strips the whole staging once its own tar is done (what another
         # stream's tar still writes, that stream strips)
